@@ -1,0 +1,90 @@
+// kvt::Transport: moves bytes described by MemDesc lists from this process's registered
+// memory into a peer's registered memory (DESIGN.md §3). It knows nothing about models.
+//
+// Lifecycle, as UCX and NIXL split it:
+//   1. registerMemory(desc)           -> MemHandle   (pin / ibv_reg_mr / ucp_mem_map)
+//   2. packRemoteKey(handle)          -> bytes       (exposes that region to peers)
+//      localConnInfo()                -> bytes       (how a peer reaches this transport)
+//      Both blobs travel to the peer over the control plane (protobuf, not our business here).
+//   3. peer: loadPeer({connInfo, keys}) -> PeerId    (connects, unpacks keys)
+//   4. post(local, remote, peer, notification) -> TransferId; progress(); poll(id)
+//
+// Semantics every transport keeps (the conformance suite checks them):
+// - post() never blocks. local[i] is copied to remote[i]; lengths must match pairwise; every
+//   local desc must lie inside a registration of this transport, every remote desc inside a
+//   key loaded for that peer, or post() returns kInvalidArgument naming the segment.
+// - poll() returns ok only once every byte is at the target (a flush / ack confirms it),
+//   kInProgress while running, and the transfer's error otherwise. A finished or failed
+//   transfer's id is forgotten after poll() reported the outcome once.
+// - The notification, when given, is delivered to the target after all of the transfer's
+//   data is visible there, and never for a failed or cancelled transfer.
+// - cancel() stops a transfer: afterwards poll() reports kCancelled, no more bytes of it are
+//   written, and no notification is delivered. Bytes already written may stay.
+// - A dead peer turns every pending transfer to it into an error (kUnavailable) within
+//   the transport's deadline; nothing stays pending forever.
+// - Threads: a Transport is driven by one thread (its owner's loop); every method is called
+//   from that thread. Implementations may run I/O threads inside; progress() is where their
+//   completions become visible.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/base/mem_desc.h"
+#include "common/base/status.h"
+
+namespace pd::kvt {
+
+using MemHandle = uint64_t;
+using PeerId = uint64_t;
+using TransferId = uint64_t;
+
+struct TransportCaps {
+  std::string name;            // "tcp", "ucx", "verbs", "loopback", "fault(tcp)"
+  bool hostMemory = true;      // can move kHost / kPinned memory
+  bool cudaMemory = false;     // can move kCuda memory directly (no staging)
+  bool oneSided = false;       // writes land without the target CPU touching the bytes
+  std::string details;         // e.g. the UCX transports in use: "tcp, sysv, posix"
+};
+
+// Everything a peer needs to reach us and write into what we exposed.
+struct PeerInfo {
+  std::string name;                     // for logs and metrics: "decode-0"
+  std::string connInfo;                 // from localConnInfo()
+  std::vector<std::string> remoteKeys;  // from packRemoteKey(), one per exposed region
+};
+
+struct Notification {
+  std::string peerName;  // the sender's PeerInfo::name as the sender announced it
+  std::string payload;   // opaque to the transport (the worker puts a request id here)
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual TransportCaps caps() const = 0;
+
+  virtual Result<MemHandle> registerMemory(const MemDesc& desc) = 0;
+  virtual Status deregisterMemory(MemHandle handle) = 0;
+  virtual Result<std::string> packRemoteKey(MemHandle handle) = 0;
+  virtual Result<std::string> localConnInfo() = 0;
+
+  virtual Result<PeerId> loadPeer(const PeerInfo& peer) = 0;
+  virtual Status unloadPeer(PeerId peer) = 0;
+
+  virtual Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
+                                  std::optional<std::string> notification) = 0;
+  virtual Status poll(TransferId id) = 0;
+  virtual Status cancel(TransferId id) = 0;
+
+  // Advances I/O; returns true when something happened (for callers that spin or sleep).
+  virtual bool progress() = 0;
+  // Notifications received from peers since the last call, in arrival order.
+  virtual std::vector<Notification> takeNotifications() = 0;
+};
+
+}  // namespace pd::kvt
