@@ -144,10 +144,10 @@ Takes (dict "ctx" "shmSize").
 
 {{/* The volume source of cluster.yaml: a ConfigMap, or a Secret when it holds API keys. */}}
 {{- define "pdserve.configVolumeSource" -}}
-{{- if .Values.clusterConfig.asSecret }}
+{{- if .Values.clusterConfig.asSecret -}}
 secret:
   secretName: {{ include "pdserve.configName" . }}
-{{- else }}
+{{- else -}}
 configMap:
   name: {{ include "pdserve.configName" . }}
 {{- end }}
@@ -155,17 +155,17 @@ configMap:
 
 {{/* The volume source of the model directory. */}}
 {{- define "pdserve.modelVolumeSource" -}}
-{{- if eq .Values.modelVolume.type "pvc" }}
-{{- if not .Values.modelVolume.pvc.claimName }}
+{{- if and (eq .Values.modelVolume.type "pvc") (not .Values.modelVolume.pvc.claimName) }}
 {{- fail "modelVolume.pvc.claimName is required when modelVolume.type is pvc (a ReadOnlyMany/ReadWriteMany claim holding the model directory)" }}
 {{- end }}
+{{- if and (eq .Values.modelVolume.type "hostPath") (not .Values.modelVolume.hostPath.path) }}
+{{- fail "modelVolume.hostPath.path is required when modelVolume.type is hostPath (the directory on every node that holds the model)" }}
+{{- end }}
+{{- if eq .Values.modelVolume.type "pvc" -}}
 persistentVolumeClaim:
   claimName: {{ .Values.modelVolume.pvc.claimName }}
   readOnly: true
-{{- else if eq .Values.modelVolume.type "hostPath" }}
-{{- if not .Values.modelVolume.hostPath.path }}
-{{- fail "modelVolume.hostPath.path is required when modelVolume.type is hostPath (the directory on every node that holds the model)" }}
-{{- end }}
+{{- else if eq .Values.modelVolume.type "hostPath" -}}
 hostPath:
   path: {{ .Values.modelVolume.hostPath.path }}
   type: {{ .Values.modelVolume.hostPath.type }}
@@ -232,14 +232,14 @@ enabled. Takes (dict "ctx" "pool"), pool being .Values.prefill or .Values.decode
 {{- $_ := set $requests $ctx.Values.rdma.resourceName (int $ctx.Values.rdma.count | toString) }}
 {{- $_ := set $limits $ctx.Values.rdma.resourceName (int $ctx.Values.rdma.count | toString) }}
 {{- end }}
+{{- $res := dict }}
 {{- with $requests }}
-requests:
-  {{- toYaml . | nindent 2 }}
+{{- $_ := set $res "requests" . }}
 {{- end }}
 {{- with $limits }}
-limits:
-  {{- toYaml . | nindent 2 }}
+{{- $_ := set $res "limits" . }}
 {{- end }}
+{{- toYaml $res }}
 {{- end }}
 
 {{/*
