@@ -251,8 +251,8 @@ RLIMIT_MEMLOCK for containers instead). Takes the root context.
 {{- define "pdserve.workerSecurityContext" -}}
 {{- $sc := deepCopy (.Values.workerSecurityContext | default dict) }}
 {{- if .Values.rdma.enabled }}
-{{- $caps := deepCopy ($sc.capabilities | default dict) }}
-{{- $add := $caps.add | default list }}
+{{- $caps := deepCopy (get $sc "capabilities" | default dict) }}
+{{- $add := get $caps "add" | default list }}
 {{- if not (has "IPC_LOCK" $add) }}
 {{- $add = append $add "IPC_LOCK" }}
 {{- end }}
