@@ -114,10 +114,16 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
     return s.numComputed >= s.numPromptTokens && s.numTokens - s.numComputed == 1;
   };
 
+  // A running sequence with nothing to compute (its KV is being sent, say) is left alone:
+  // it is neither scheduled nor a preemption victim.
+  for (size_t i = 0; i < numRunning; ++i) {
+    if (view.running[i].numTokens <= view.running[i].numComputed) scheduled[i] = 1;
+  }
+
   // 1. Decode first: one step for every running sequence past its prompt.
   for (size_t i = 0; i < numRunning; ++i) {
     const SeqView& s = view.running[i];
-    if (gone[i] || !isDecode(s)) continue;
+    if (gone[i] || scheduled[i] || !isDecode(s)) continue;
     const int count = std::min(s.numTokens - s.numComputed, budget);
     if (count <= 0) continue;
     if (tooBig(s, s.numComputed + count)) {

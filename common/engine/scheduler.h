@@ -65,7 +65,9 @@ struct SeqView {
 SeqView seqViewOf(const Request& request, Deadline deadline = {});
 
 struct SchedulerView {
-  std::span<const SeqView> running;  // sequences holding KV, oldest admission first
+  // Sequences holding KV, oldest admission first. One with nothing left to compute
+  // (numComputed == numTokens) is neither scheduled nor preempted.
+  std::span<const SeqView> running;
   std::span<const SeqView> waiting;  // queue order: preempted sequences first, then FCFS
   const KvCacheManager* kv = nullptr;
   // Sequences holding KV outside both lists (e.g. receiving KV from a prefill worker);
