@@ -239,3 +239,29 @@ TEST_CASE("sampling params are validated with the field named") {
   p.stopTokenIds = {3, -2};
   CHECK(p.validate().message().find("stop token id -2") != std::string::npos);
 }
+
+TEST_CASE("masks combine: min-p then top-k then top-p over what is left") {
+  // probabilities 0.4 0.3 0.15 0.09 0.06
+  std::vector<float> l;
+  for (double q : {0.4, 0.3, 0.15, 0.09, 0.06}) l.push_back(float(std::log(q)));
+  SamplingParams p = seeded(9);
+  p.topK = 3;     // {0, 1, 2}, renormalised 0.47 0.35 0.18
+  p.topP = 0.75f; // 0.47 < 0.75, 0.82 >= 0.75: {0, 1}
+  int counts[5] = {0, 0, 0, 0, 0};
+  for (uint64_t step = 0; step < 8000; ++step) ++counts[sample(l.data(), 5, p, step).id];
+  CHECK(counts[2] + counts[3] + counts[4] == 0);
+  CHECK(double(counts[0]) / 8000 == Approx(0.4 / 0.7).margin(0.03));
+  // top_k at or above the vocabulary is no mask at all.
+  p = seeded(9);
+  p.topK = 5;
+  std::set<int> seen;
+  for (uint64_t step = 0; step < 3000; ++step) seen.insert(sample(l.data(), 5, p, step).id);
+  CHECK(seen.size() == 5);
+  // Masked (-inf) logits are never drawn.
+  std::vector<float> masked = {0.0f, -INFINITY, 0.0f, -INFINITY};
+  p = seeded(3, 2.0f);
+  for (uint64_t step = 0; step < 2000; ++step) {
+    const int id = sample(masked.data(), 4, p, step).id;
+    REQUIRE((id == 0 || id == 2));
+  }
+}

@@ -368,3 +368,47 @@ TEST_CASE("random workloads: every plan applies, budgets hold, everything finish
     CHECK(sim.kv().numSequences() == 0);
   }
 }
+
+TEST_CASE("max_num_seqs counts running and external sequences") {
+  SchedulerConfig cfg = config(64, 2);
+  KvLayout l;
+  l.numLayers = 1;
+  l.numBlocks = 64;
+  l.blockSize = 4;
+  l.numKvHeads = 1;
+  l.headDim = 4;
+  auto kv = KvCacheManager::create(l, KvCacheManager::Backing::kAccountingOnly);
+  REQUIRE(kv.ok());
+  std::vector<SeqView> waiting(3);
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    waiting[i].id = 10 + i;
+    waiting[i].numTokens = waiting[i].numPromptTokens = 5;
+  }
+  Scheduler sched(cfg);
+  SchedulerView v;
+  v.waiting = waiting;
+  v.kv = kv->get();
+  CHECK(sched.schedule(v).admitted.size() == 2);
+  v.numExternalSeqs = 1;  // e.g. one request receiving KV from a prefill worker
+  StepPlan p = sched.schedule(v);
+  REQUIRE(p.admitted.size() == 1);
+  CHECK(p.admitted[0].seq == 10);
+  // A running sequence with nothing to compute (its KV is being sent) is never preempted,
+  // even when another needs its blocks.
+  REQUIRE((*kv)->allocate(1, 4 * 63).isOk());
+  REQUIRE((*kv)->allocate(2, 4).isOk());
+  std::vector<SeqView> running(2);
+  running[0].id = 1;
+  running[0].numTokens = running[0].numComputed = running[0].numPromptTokens = 252;
+  running[1].id = 2;
+  running[1].numPromptTokens = 4;
+  running[1].numComputed = 4;
+  running[1].numTokens = 5;  // needs a second block: none free
+  SchedulerView r;
+  r.running = running;
+  r.kv = kv->get();
+  StepPlan q = sched.schedule(r);
+  REQUIRE(q.preempted.size() == 1);
+  CHECK(q.preempted[0] == 2);  // itself, not the idle sequence 1
+  CHECK(q.entries.empty());
+}
