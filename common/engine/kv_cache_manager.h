@@ -152,6 +152,8 @@ class KvCacheManager {
   Status checkInvariants() const;
 
  private:
+  friend class KvCacheManagerTestPeer;  // tests corrupt state to prove checkInvariants() bites
+
   struct SeqTable {
     std::vector<BlockId> blocks;
     int numTokens = 0;

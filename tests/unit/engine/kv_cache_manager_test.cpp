@@ -401,3 +401,64 @@ TEST_CASE("random allocate/extend/reserve/share/free keeps every invariant") {
   CHECK(kv->numFreeBlocks() == kv->numTotalBlocks());
   REQUIRE_OK(kv->checkInvariants());
 }
+
+namespace pd::engine {
+// Reaches into the manager to break one rule at a time.
+class KvCacheManagerTestPeer {
+ public:
+  static void bumpRef(KvCacheManager& kv, BlockId b) { ++kv.meta_[size_t(b)].ref; }
+  static void pushFree(KvCacheManager& kv, BlockId b) { kv.freeUncached_.push_back(b); }
+  static void dropFree(KvCacheManager& kv) { kv.freeUncached_.pop_back(); }
+  static void setTokens(KvCacheManager& kv, SeqId s, int n) { kv.seqs_[s].numTokens = n; }
+  static void duplicateBlock(KvCacheManager& kv, SeqId s) {
+    auto& t = kv.seqs_[s];
+    t.blocks.back() = t.blocks.front();
+  }
+};
+}  // namespace pd::engine
+
+TEST_CASE("checkInvariants names the first broken rule") {
+  using Peer = KvCacheManagerTestPeer;
+  auto fresh = [] {
+    auto kv = makeKv(smallLayout(8, 4));
+    REQUIRE(kv->allocate(1, 8).isOk());  // blocks 0, 1
+    REQUIRE(kv->checkInvariants().isOk());
+    return kv;
+  };
+  auto expectViolation = [](const KvCacheManager& kv, const std::string& text) {
+    Status s = kv.checkInvariants();
+    INFO(s.toString());
+    CHECK(s.code() == StatusCode::kInternal);
+    CHECK(s.message().find(text) != std::string::npos);
+  };
+  {
+    auto kv = fresh();
+    Peer::bumpRef(*kv, 0);
+    expectViolation(*kv, "block 0 has ref count 2 but 1 tables hold it");
+  }
+  {
+    auto kv = fresh();
+    Peer::pushFree(*kv, 1);
+    expectViolation(*kv, "block 1 is referenced and also free");
+  }
+  {
+    auto kv = fresh();
+    Peer::pushFree(*kv, 7);  // 7 is already free
+    expectViolation(*kv, "block 7 is in the free lists twice");
+  }
+  {
+    auto kv = fresh();
+    Peer::dropFree(*kv);  // block 2 leaks: neither free nor held
+    expectViolation(*kv, "block 2 is neither free nor referenced");
+  }
+  {
+    auto kv = fresh();
+    Peer::setTokens(*kv, 1, 9);
+    expectViolation(*kv, "sequence 1 holds 2 blocks for 9 tokens (expected 3)");
+  }
+  {
+    auto kv = fresh();
+    Peer::duplicateBlock(*kv, 1);
+    expectViolation(*kv, "sequence 1 holds block 0 twice");
+  }
+}
