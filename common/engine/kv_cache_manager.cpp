@@ -48,9 +48,8 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& l
   }
   // Overflow check of totalBytes(): layers * blocks * blockBytes must fit in size_t.
   const size_t blockBytes = layout.blockBytes();
-  if (blockBytes == 0 ||
-      size_t(layout.numBlocks) > std::numeric_limits<size_t>::max() / blockBytes /
-                                     size_t(layout.numLayers)) {
+  if (blockBytes == 0 || size_t(layout.numBlocks) > std::numeric_limits<size_t>::max() /
+                                                        blockBytes / size_t(layout.numLayers)) {
     return invalidArgument("kv cache: layout " + layout.fingerprint() + " overflows size_t");
   }
   void* base = nullptr;
@@ -206,10 +205,9 @@ Status KvCacheManager::allocate(SeqId seq, int numTokens) {
 Status KvCacheManager::reserve(SeqId seq, int numTokens) {
   Status st = allocate(seq, numTokens);
   if (!st.isOk() && st.code() == StatusCode::kResourceExhausted) {
-    return resourceExhausted("kv cache: cannot reserve " + std::to_string(numTokens) +
-                             " tokens (" + std::to_string(blocksFor(numTokens)) +
-                             " blocks) for " + seqName(seq) + ": " +
-                             std::to_string(numFreeBlocks()) + " of " +
+    return resourceExhausted("kv cache: cannot reserve " + std::to_string(numTokens) + " tokens (" +
+                             std::to_string(blocksFor(numTokens)) + " blocks) for " + seqName(seq) +
+                             ": " + std::to_string(numFreeBlocks()) + " of " +
                              std::to_string(numTotalBlocks()) + " blocks free");
   }
   return st;
@@ -279,8 +277,7 @@ bool KvCacheManager::blockMatches(BlockId b, uint64_t parentHash,
   return std::equal(tokens.begin(), tokens.end(), stored);
 }
 
-PrefixMatch KvCacheManager::findCachedPrefix(std::span<const TokenId> tokens,
-                                             int maxTokens) const {
+PrefixMatch KvCacheManager::findCachedPrefix(std::span<const TokenId> tokens, int maxTokens) const {
   PrefixMatch match;
   const int bs = layout_.blockSize;
   const int limit = std::min<int>(maxTokens, int(tokens.size()));
@@ -385,8 +382,7 @@ Status KvCacheManager::checkLayer(int layerBegin, int layerEnd) const {
 }
 
 Result<DescList> layerSegmentsAt(const KvLayout& layout, const MemDesc& region,
-                                 std::span<const BlockId> blocks, int layerBegin,
-                                 int layerEnd) {
+                                 std::span<const BlockId> blocks, int layerBegin, int layerEnd) {
   // Pairing a list with itself cuts runs exactly where its own ids stop being consecutive.
   PD_ASSIGN_OR_RETURN(SegmentPairs pairs, pairedLayerSegments(layout, region, blocks, region,
                                                               blocks, layerBegin, layerEnd));
@@ -467,8 +463,8 @@ Status KvCacheManager::checkInvariants() const {
   for (const auto& [seq, t] : seqs_) {
     if (t.numTokens < 0) return fail(seqName(seq) + " has a negative token count");
     if (int(t.blocks.size()) != blocksFor(t.numTokens)) {
-      return fail(seqName(seq) + " holds " + std::to_string(t.blocks.size()) +
-                  " blocks for " + std::to_string(t.numTokens) + " tokens (expected " +
+      return fail(seqName(seq) + " holds " + std::to_string(t.blocks.size()) + " blocks for " +
+                  std::to_string(t.numTokens) + " tokens (expected " +
                   std::to_string(blocksFor(t.numTokens)) + ")");
     }
     if (t.numHashed < 0 || t.numHashed > t.numTokens / bs) {
@@ -490,18 +486,23 @@ Status KvCacheManager::checkInvariants() const {
   std::vector<uint8_t> inFree(size_t(n), 0);
   for (BlockId b : freeUncached_) {
     if (b < 0 || b >= n) return fail("free list holds out-of-range block " + std::to_string(b));
-    if (inFree[size_t(b)]++) return fail("block " + std::to_string(b) + " is in the free lists twice");
+    if (inFree[size_t(b)]++)
+      return fail("block " + std::to_string(b) + " is in the free lists twice");
     if (meta_[size_t(b)].hashed) {
       return fail("block " + std::to_string(b) + " is in the uncached free list but has a hash");
     }
   }
   for (BlockId b : lru_) {
-    if (b < 0 || b >= n) return fail("cached free list holds out-of-range block " + std::to_string(b));
-    if (inFree[size_t(b)]++) return fail("block " + std::to_string(b) + " is in the free lists twice");
+    if (b < 0 || b >= n)
+      return fail("cached free list holds out-of-range block " + std::to_string(b));
+    if (inFree[size_t(b)]++)
+      return fail("block " + std::to_string(b) + " is in the free lists twice");
     if (!meta_[size_t(b)].hashed || !meta_[size_t(b)].inLru) {
-      return fail("block " + std::to_string(b) + " is in the cached free list without a hash or mark");
+      return fail("block " + std::to_string(b) +
+                  " is in the cached free list without a hash or mark");
     }
-    if (*lruPos_[size_t(b)] != b) return fail("block " + std::to_string(b) + " has a stale LRU position");
+    if (*lruPos_[size_t(b)] != b)
+      return fail("block " + std::to_string(b) + " has a stale LRU position");
   }
   for (int b = 0; b < n; ++b) {
     const BlockMeta& m = meta_[size_t(b)];
@@ -525,8 +526,9 @@ Status KvCacheManager::checkInvariants() const {
       return fail("hash index entry for block " + std::to_string(b) + " is stale");
     }
   }
-  if (numFreeBlocks() + int(std::count_if(holders.begin(), holders.end(),
-                                          [](int32_t h) { return h > 0; })) != n) {
+  if (numFreeBlocks() +
+          int(std::count_if(holders.begin(), holders.end(), [](int32_t h) { return h > 0; })) !=
+      n) {
     return fail("free + referenced blocks do not add up to " + std::to_string(n));
   }
   return Status::ok();

@@ -47,10 +47,10 @@ struct PrefixMatch {
 };
 
 struct KvCacheStats {
-  uint64_t prefixQueries = 0;     // attachCachedPrefix calls
-  uint64_t prefixQueryTokens = 0; // tokens looked up
-  uint64_t prefixHitTokens = 0;   // tokens served from cached blocks
-  uint64_t evictions = 0;         // cached free blocks reused for fresh allocations
+  uint64_t prefixQueries = 0;      // attachCachedPrefix calls
+  uint64_t prefixQueryTokens = 0;  // tokens looked up
+  uint64_t prefixHitTokens = 0;    // tokens served from cached blocks
+  uint64_t evictions = 0;          // cached free blocks reused for fresh allocations
 };
 
 class KvCacheManager {
@@ -157,8 +157,8 @@ class KvCacheManager {
   struct SeqTable {
     std::vector<BlockId> blocks;
     int numTokens = 0;
-    int numHashed = 0;       // leading full blocks whose hash has been computed
-    uint64_t lastHash = 0;   // chain value after numHashed blocks
+    int numHashed = 0;      // leading full blocks whose hash has been computed
+    uint64_t lastHash = 0;  // chain value after numHashed blocks
   };
   struct BlockMeta {
     int32_t ref = 0;
@@ -180,9 +180,9 @@ class KvCacheManager {
   void* base_ = nullptr;
   size_t mappedBytes_ = 0;
   std::vector<BlockMeta> meta_;
-  std::vector<TokenId> blockTokens_;  // numBlocks * blockSize: tokens of hashed blocks
-  std::vector<BlockId> freeUncached_; // stack; lowest ids on top at start
-  std::list<BlockId> lru_;            // free cached blocks, least recently freed first
+  std::vector<TokenId> blockTokens_;   // numBlocks * blockSize: tokens of hashed blocks
+  std::vector<BlockId> freeUncached_;  // stack; lowest ids on top at start
+  std::list<BlockId> lru_;             // free cached blocks, least recently freed first
   std::vector<std::list<BlockId>::iterator> lruPos_;
   std::unordered_map<uint64_t, BlockId> byHash_;
   std::unordered_map<SeqId, SeqTable> seqs_;

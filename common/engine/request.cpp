@@ -24,14 +24,22 @@ constexpr bool kLegal[kNumRequestStates][kNumRequestStates] = {
 
 const char* requestStateName(RequestState s) {
   switch (s) {
-    case S::kQueued: return "queued";
-    case S::kPrefilling: return "prefilling";
-    case S::kWaitingKv: return "waiting_kv";
-    case S::kReceivingKv: return "receiving_kv";
-    case S::kDecoding: return "decoding";
-    case S::kFinished: return "finished";
-    case S::kFailed: return "failed";
-    case S::kCancelled: return "cancelled";
+    case S::kQueued:
+      return "queued";
+    case S::kPrefilling:
+      return "prefilling";
+    case S::kWaitingKv:
+      return "waiting_kv";
+    case S::kReceivingKv:
+      return "receiving_kv";
+    case S::kDecoding:
+      return "decoding";
+    case S::kFinished:
+      return "finished";
+    case S::kFailed:
+      return "failed";
+    case S::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -46,11 +54,16 @@ bool isLegalTransition(RequestState from, RequestState to) {
 
 const char* finishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -67,8 +80,8 @@ Request::Request(uint64_t id, std::vector<TokenId> prompt, SamplingParams params
   last_[size_t(S::kQueued)] = arrival_;
 }
 
-Result<Request> Request::create(uint64_t id, std::vector<TokenId> prompt,
-                                SamplingParams params, const Clock& clock, int vocab) {
+Result<Request> Request::create(uint64_t id, std::vector<TokenId> prompt, SamplingParams params,
+                                const Clock& clock, int vocab) {
   const std::string what = "request " + std::to_string(id) + ": ";
   if (prompt.empty()) return invalidArgument(what + "the prompt has no tokens");
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -118,8 +131,8 @@ Status Request::setNumComputed(int n) {
 Result<FinishReason> Request::appendToken(const SampledToken& token, int32_t eosTokenId) {
   if (state_ != S::kPrefilling && state_ != S::kDecoding && state_ != S::kWaitingKv &&
       state_ != S::kReceivingKv) {
-    return failedPrecondition("request " + std::to_string(id_) + ": cannot append a token in state " +
-                              requestStateName(state_));
+    return failedPrecondition("request " + std::to_string(id_) +
+                              ": cannot append a token in state " + requestStateName(state_));
   }
   if (token.id < 0) {
     return invalidArgument("request " + std::to_string(id_) + ": sampled token id " +
@@ -165,8 +178,9 @@ Status Request::fail(Status error) {
 RequestTimings Request::timings() const {
   RequestTimings t;
   t.numPreemptions = numPreemptions_;
-  const SteadyTime leftQueue =
-      firstLeftQueue_ ? *firstLeftQueue_ : (isTerminal(state_) ? *last_[size_t(state_)] : clock_->now());
+  const SteadyTime leftQueue = firstLeftQueue_
+                                   ? *firstLeftQueue_
+                                   : (isTerminal(state_) ? *last_[size_t(state_)] : clock_->now());
   t.queueSeconds = secondsBetween(arrival_, leftQueue);
   if (!tokenTimes_.empty()) {
     t.ttftSeconds = secondsBetween(arrival_, tokenTimes_.front());

@@ -1,18 +1,15 @@
 // engine::Request (DESIGN.md §3): one generation request inside a worker.
 //
-// An explicit state machine:
-//
-//   queued ──> prefilling ──> decoding ──> finished
-//     │  ^          │  ^          │
-//     │  └──────────┴──┼──────────┘   (preempted: blocks freed, recomputed later)
-//     v                │
-//   waiting_kv ──> receiving_kv ──> decoding        (disaggregated: KV pushed by a prefill
-//     │                 │                            worker into reserved blocks)
-//     └─────────────────┴──> queued | prefilling     (remote prefill failed: recompute)
-//
-//   prefilling | waiting_kv | receiving_kv ──> finished   (the first token ends the request;
-//                              a prefill worker's request ends after its first token)
-//   any non-terminal state ──> failed | cancelled
+// An explicit state machine; the legal moves (kLegal in request.cpp):
+//   queued       -> prefilling (admitted here) | waiting_kv (blocks reserved, a prefill
+//                   worker asked to push the prompt's KV)
+//   prefilling   -> decoding (prompt done, first token) | finished (the first token ends
+//                   it, or a prefill worker's request is done) | queued (preempted)
+//   waiting_kv   -> receiving_kv (KV arriving) | decoding (PrefillDone) | finished
+//                   | queued | prefilling (remote prefill failed: recompute here)
+//   receiving_kv -> decoding | finished | queued | prefilling
+//   decoding     -> finished | queued (preempted: blocks freed, recomputed later)
+//   every non-terminal state -> failed | cancelled; finished, failed, cancelled are final.
 //
 // Any other transition returns kFailedPrecondition naming both states. Each transition is
 // stamped with the request's Clock, and every latency figure (queue time, TTFT, ITL gaps,
@@ -58,10 +55,10 @@ const char* finishReasonName(FinishReason r);  // "stop", "length", ... (OpenAI'
 
 // Latencies of one request in seconds, all from the request's own state stamps.
 struct RequestTimings {
-  double queueSeconds = 0;             // arrival -> first time it left `queued`
-  std::optional<double> ttftSeconds;   // arrival -> first generated token
-  std::vector<double> itlSeconds;      // gaps between consecutive generated tokens
-  std::optional<double> e2eSeconds;    // arrival -> terminal state
+  double queueSeconds = 0;               // arrival -> first time it left `queued`
+  std::optional<double> ttftSeconds;     // arrival -> first generated token
+  std::vector<double> itlSeconds;        // gaps between consecutive generated tokens
+  std::optional<double> e2eSeconds;      // arrival -> terminal state
   std::optional<double> prefillSeconds;  // first left `queued` -> first token
   int numPreemptions = 0;
 };
@@ -71,8 +68,8 @@ class Request {
   // Validates the sampling params and the prompt (non-empty, ids in [0, vocab) when vocab
   // > 0). Resolves an unset seed to a random one so that the request samples
   // deterministically from here on, wherever it is sampled. State: queued, stamped now.
-  static Result<Request> create(uint64_t id, std::vector<TokenId> prompt,
-                                SamplingParams params, const Clock& clock, int vocab = 0);
+  static Result<Request> create(uint64_t id, std::vector<TokenId> prompt, SamplingParams params,
+                                const Clock& clock, int vocab = 0);
 
   uint64_t id() const { return id_; }
   RequestState state() const { return state_; }

@@ -138,8 +138,8 @@ inline uint64_t orderKey(float logit, int32_t id) {
 // the one where the cumulative mass crosses top_p is in the nucleus, so only the crossing
 // bucket is sorted. Fills idx with the nucleus (higher buckets in id order, then the
 // crossing bucket's prefix in ByLogitDesc order) and returns its size.
-size_t nucleusByHistogram(const float* logits, const float* w, int vocab, float minW,
-                          float topP, std::vector<int32_t>& idx) {
+size_t nucleusByHistogram(const float* logits, const float* w, int vocab, float minW, float topP,
+                          std::vector<int32_t>& idx) {
   constexpr int kBuckets = 1024;  // (exponent <= 127) << 3 | mantissa bits
   double mass[kBuckets] = {};
   auto bucketOf = [](float x) { return int(std::bit_cast<uint32_t>(x) >> 20); };
@@ -191,8 +191,8 @@ Status SamplingParams::validate() const {
     return invalidArgument("sampling: min_p " + std::to_string(minP) + " must be in [0, 1]");
   }
   if (logprobs < 0 || logprobs > kMaxLogprobs) {
-    return invalidArgument("sampling: logprobs " + std::to_string(logprobs) +
-                           " must be in [0, " + std::to_string(kMaxLogprobs) + "]");
+    return invalidArgument("sampling: logprobs " + std::to_string(logprobs) + " must be in [0, " +
+                           std::to_string(kMaxLogprobs) + "]");
   }
   if (maxTokens < 1) {
     return invalidArgument("sampling: max_tokens " + std::to_string(maxTokens) +
@@ -200,8 +200,7 @@ Status SamplingParams::validate() const {
   }
   for (int32_t id : stopTokenIds) {
     if (id < 0) {
-      return invalidArgument("sampling: stop token id " + std::to_string(id) +
-                             " must be >= 0");
+      return invalidArgument("sampling: stop token id " + std::to_string(id) + " must be >= 0");
     }
   }
   return Status::ok();
@@ -218,8 +217,7 @@ uint64_t randomSeed() {
   return (uint64_t(rd()) << 32) ^ uint64_t(rd());
 }
 
-SampledToken sample(const float* logits, int vocab, const SamplingParams& params,
-                    uint64_t step) {
+SampledToken sample(const float* logits, int vocab, const SamplingParams& params, uint64_t step) {
   SampledToken out;
   const float lmax = maxOf(logits, vocab);
   const int32_t argmax = int32_t(std::find(logits, logits + vocab, lmax) - logits);

@@ -35,15 +35,15 @@ inline constexpr int kMaxLogprobs = 20;
 inline constexpr float kGreedyTemperature = 1e-5f;
 
 struct SamplingParams {
-  float temperature = 1.0f;   // 0 = greedy
-  int topK = 0;               // <= 0: off
-  float topP = 1.0f;          // in (0, 1]; 1: off
-  float minP = 0.0f;          // in [0, 1]; 0: off
-  std::optional<uint64_t> seed;  // unset: Request draws one at creation
-  int logprobs = 0;           // alternatives to return, 0..kMaxLogprobs
+  float temperature = 1.0f;           // 0 = greedy
+  int topK = 0;                       // <= 0: off
+  float topP = 1.0f;                  // in (0, 1]; 1: off
+  float minP = 0.0f;                  // in [0, 1]; 0: off
+  std::optional<uint64_t> seed;       // unset: Request draws one at creation
+  int logprobs = 0;                   // alternatives to return, 0..kMaxLogprobs
   std::vector<int32_t> stopTokenIds;  // generation ends after one of these
-  int maxTokens = 16;         // generated tokens at most (>= 1)
-  bool ignoreEos = false;     // keep generating past the model's EOS token
+  int maxTokens = 16;                 // generated tokens at most (>= 1)
+  bool ignoreEos = false;             // keep generating past the model's EOS token
 
   bool greedy() const { return temperature < kGreedyTemperature; }
   // Checks every field's range; names the field and the allowed values.
@@ -62,8 +62,7 @@ struct SampledToken {
 // params.greedy(); otherwise the seed must be set (Request guarantees it); an unset seed
 // falls back to a fresh non-deterministic draw. Preconditions: vocab >= 1, logits finite
 // or -inf (masked), params validated.
-SampledToken sample(const float* logits, int vocab, const SamplingParams& params,
-                    uint64_t step);
+SampledToken sample(const float* logits, int vocab, const SamplingParams& params, uint64_t step);
 
 // The uniform draw in [0, 1) that sample() uses for (seed, step): exposed for tests and
 // for backends that sample on the device and must agree with the host.

@@ -56,13 +56,12 @@ Status SchedulerConfig::validate() const {
   }
   if (maxNumSeqs < 1 || maxNumSeqs > maxBatchTokens) {
     return invalidArgument("scheduler: max_num_seqs " + std::to_string(maxNumSeqs) +
-                           " must be in [1, max_batch_tokens = " +
-                           std::to_string(maxBatchTokens) +
+                           " must be in [1, max_batch_tokens = " + std::to_string(maxBatchTokens) +
                            "] so every running sequence can decode in one step");
   }
   if (!(admissionWatermark >= 0.0 && admissionWatermark < 1.0)) {
-    return invalidArgument("scheduler: admission_watermark " +
-                           std::to_string(admissionWatermark) + " must be in [0, 1)");
+    return invalidArgument("scheduler: admission_watermark " + std::to_string(admissionWatermark) +
+                           " must be in [0, 1)");
   }
   return Status::ok();
 }
@@ -91,10 +90,10 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
   auto tooBig = [&](const SeqView& s, int tokens) -> bool {
     if (kv.blocksFor(tokens) <= totalBlocks) return false;
     plan.rejected.push_back(
-        {s.id, resourceExhausted(seqName(s.id) + ": " + std::to_string(tokens) +
-                                 " tokens need " + std::to_string(kv.blocksFor(tokens)) +
-                                 " KV blocks, more than the " + std::to_string(totalBlocks) +
-                                 " the cache has")});
+        {s.id,
+         resourceExhausted(seqName(s.id) + ": " + std::to_string(tokens) + " tokens need " +
+                           std::to_string(kv.blocksFor(tokens)) + " KV blocks, more than the " +
+                           std::to_string(totalBlocks) + " the cache has")});
     return true;
   };
   // Preempts the newest running sequence not yet scheduled this step; returns its index.

@@ -53,11 +53,11 @@ struct SchedulerConfig {
 // What the scheduler needs to know of one sequence.
 struct SeqView {
   SeqId id = 0;
-  int numTokens = 0;        // prompt + generated tokens
+  int numTokens = 0;  // prompt + generated tokens
   int numPromptTokens = 0;
-  int numComputed = 0;      // tokens whose KV is in the cache (0 while waiting)
+  int numComputed = 0;              // tokens whose KV is in the cache (0 while waiting)
   std::span<const TokenId> tokens;  // for prefix-cache lookups; may be empty
-  Deadline deadline;        // waiting sequences give up at this time (unset: never)
+  Deadline deadline;                // waiting sequences give up at this time (unset: never)
 };
 
 // Builds the view of a request (tokens point into the request: keep it alive and unchanged
@@ -98,10 +98,10 @@ struct Rejection {
 };
 
 struct StepPlan {
-  std::vector<PlanEntry> entries;     // decode entries first, then prefill chunks
-  std::vector<Admission> admitted;    // waiting -> running this step (also in entries)
-  std::vector<SeqId> preempted;       // running -> waiting; their KV is freed
-  std::vector<Rejection> rejected;    // to fail; any KV they hold is freed
+  std::vector<PlanEntry> entries;   // decode entries first, then prefill chunks
+  std::vector<Admission> admitted;  // waiting -> running this step (also in entries)
+  std::vector<SeqId> preempted;     // running -> waiting; their KV is freed
+  std::vector<Rejection> rejected;  // to fail; any KV they hold is freed
   int numDecodeTokens = 0;
   int numPrefillTokens = 0;
 

@@ -18,8 +18,7 @@ using namespace pd::engine;
 namespace {
 
 double microsPer(int iters, const std::chrono::steady_clock::time_point& t0) {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-             .count() /
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
          iters;
 }
 
@@ -59,10 +58,13 @@ int main(int argc, char** argv) {
     int logprobs;
   };
   const Case cases[] = {
-      {"greedy", 0.0f, 0, 1.0f, 0.0f, 0},       {"temperature 0.8", 0.8f, 0, 1.0f, 0.0f, 0},
-      {"top_k 50", 0.8f, 50, 1.0f, 0.0f, 0},    {"top_p 0.9", 0.8f, 0, 0.9f, 0.0f, 0},
+      {"greedy", 0.0f, 0, 1.0f, 0.0f, 0},
+      {"temperature 0.8", 0.8f, 0, 1.0f, 0.0f, 0},
+      {"top_k 50", 0.8f, 50, 1.0f, 0.0f, 0},
+      {"top_p 0.9", 0.8f, 0, 0.9f, 0.0f, 0},
       {"top_k 50 + top_p 0.9", 0.8f, 50, 0.9f, 0.0f, 0},
-      {"min_p 0.05", 0.8f, 0, 1.0f, 0.05f, 0}, {"temperature 1 + 5 logprobs", 1.0f, 0, 1.0f, 0.0f, 5},
+      {"min_p 0.05", 0.8f, 0, 1.0f, 0.05f, 0},
+      {"temperature 1 + 5 logprobs", 1.0f, 0, 1.0f, 0.0f, 5},
   };
   for (const Case& c : cases) {
     SamplingParams p;

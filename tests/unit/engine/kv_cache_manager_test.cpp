@@ -1,12 +1,11 @@
-#include <catch2/catch.hpp>
+#include "common/engine/kv_cache_manager.h"
 
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <map>
 #include <random>
-
-#include "common/engine/kv_cache_manager.h"
 
 using namespace pd;
 using namespace pd::engine;
@@ -30,17 +29,18 @@ std::unique_ptr<KvCacheManager> makeKv(const KvLayout& l) {
   return std::move(kv).value();
 }
 
-#define REQUIRE_OK(expr)                          \
-  do {                                            \
-    ::pd::Status s_ = (expr);                     \
-    INFO(s_.toString());                          \
-    REQUIRE(s_.isOk());                           \
+#define REQUIRE_OK(expr)      \
+  do {                        \
+    ::pd::Status s_ = (expr); \
+    INFO(s_.toString());      \
+    REQUIRE(s_.isOk());       \
   } while (0)
 
 // Writes a block's "KV": every float of layer 0's K half holds the block's tokens, so a
 // block served from the prefix cache can be checked to really hold that content.
 void writeBlockContent(KvCacheManager& kv, BlockId b, std::span<const TokenId> toks) {
-  auto* f = reinterpret_cast<float*>(static_cast<uint8_t*>(kv.data()) + kv.layout().blockOffset(0, b));
+  auto* f =
+      reinterpret_cast<float*>(static_cast<uint8_t*>(kv.data()) + kv.layout().blockOffset(0, b));
   for (size_t t = 0; t < toks.size(); ++t) f[kv.layout().kOffsetInBlock(int(t))] = float(toks[t]);
 }
 bool blockHolds(const KvCacheManager& kv, BlockId b, std::span<const TokenId> toks) {
@@ -329,7 +329,8 @@ TEST_CASE("random allocate/extend/reserve/share/free keeps every invariant") {
       const SeqId s = next++;
       auto toks = randomTokens(pick(1, 30));
       if (kind == 0) {
-        Status st = pick(0, 1) ? kv->allocate(s, int(toks.size())) : kv->reserve(s, int(toks.size()));
+        Status st =
+            pick(0, 1) ? kv->allocate(s, int(toks.size())) : kv->reserve(s, int(toks.size()));
         if (st.code() == StatusCode::kResourceExhausted) {
           ++exhausted;
           CHECK(kv->numFreeBlocks() == freeBefore);

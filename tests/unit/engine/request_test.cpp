@@ -1,8 +1,7 @@
-#include <catch2/catch.hpp>
-
-#include <set>
-
 #include "common/engine/request.h"
+
+#include <catch2/catch.hpp>
+#include <set>
 
 using namespace pd;
 using namespace pd::engine;
@@ -52,19 +51,19 @@ TEST_CASE("Request::create validates the prompt and params and resolves the seed
 
 TEST_CASE("the transition table allows exactly the documented moves") {
   const std::set<std::pair<S, S>> legal = {
-      {S::kQueued, S::kPrefilling},      {S::kQueued, S::kWaitingKv},
-      {S::kQueued, S::kFailed},          {S::kQueued, S::kCancelled},
-      {S::kPrefilling, S::kQueued},      {S::kPrefilling, S::kDecoding},
-      {S::kPrefilling, S::kFinished},    {S::kPrefilling, S::kFailed},
-      {S::kPrefilling, S::kCancelled},   {S::kWaitingKv, S::kQueued},
-      {S::kWaitingKv, S::kPrefilling},   {S::kWaitingKv, S::kReceivingKv},
-      {S::kWaitingKv, S::kDecoding},     {S::kWaitingKv, S::kFinished},
-      {S::kWaitingKv, S::kFailed},       {S::kWaitingKv, S::kCancelled},
-      {S::kReceivingKv, S::kQueued},     {S::kReceivingKv, S::kPrefilling},
-      {S::kReceivingKv, S::kDecoding},   {S::kReceivingKv, S::kFinished},
-      {S::kReceivingKv, S::kFailed},     {S::kReceivingKv, S::kCancelled},
-      {S::kDecoding, S::kQueued},        {S::kDecoding, S::kFinished},
-      {S::kDecoding, S::kFailed},        {S::kDecoding, S::kCancelled},
+      {S::kQueued, S::kPrefilling},    {S::kQueued, S::kWaitingKv},
+      {S::kQueued, S::kFailed},        {S::kQueued, S::kCancelled},
+      {S::kPrefilling, S::kQueued},    {S::kPrefilling, S::kDecoding},
+      {S::kPrefilling, S::kFinished},  {S::kPrefilling, S::kFailed},
+      {S::kPrefilling, S::kCancelled}, {S::kWaitingKv, S::kQueued},
+      {S::kWaitingKv, S::kPrefilling}, {S::kWaitingKv, S::kReceivingKv},
+      {S::kWaitingKv, S::kDecoding},   {S::kWaitingKv, S::kFinished},
+      {S::kWaitingKv, S::kFailed},     {S::kWaitingKv, S::kCancelled},
+      {S::kReceivingKv, S::kQueued},   {S::kReceivingKv, S::kPrefilling},
+      {S::kReceivingKv, S::kDecoding}, {S::kReceivingKv, S::kFinished},
+      {S::kReceivingKv, S::kFailed},   {S::kReceivingKv, S::kCancelled},
+      {S::kDecoding, S::kQueued},      {S::kDecoding, S::kFinished},
+      {S::kDecoding, S::kFailed},      {S::kDecoding, S::kCancelled},
   };
   for (int f = 0; f < kNumRequestStates; ++f) {
     for (int t = 0; t < kNumRequestStates; ++t) {

@@ -1,11 +1,10 @@
-#include <catch2/catch.hpp>
+#include "common/engine/scheduler.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <deque>
 #include <map>
 #include <random>
-
-#include "common/engine/scheduler.h"
 
 using namespace pd;
 using namespace pd::engine;
@@ -204,8 +203,8 @@ SchedulerConfig config(int budget, int maxSeqs, double watermark = 0.0) {
 TEST_CASE("scheduler config is validated") {
   CHECK(config(16, 8).validate().isOk());
   CHECK(config(0, 1).validate().message().find("max_batch_tokens 0") != std::string::npos);
-  CHECK(config(8, 16).validate().message().find("max_num_seqs 16 must be in [1, max_batch_tokens = 8]") !=
-        std::string::npos);
+  CHECK(config(8, 16).validate().message().find(
+            "max_num_seqs 16 must be in [1, max_batch_tokens = 8]") != std::string::npos);
   CHECK(config(8, 4, 1.5).validate().code() == StatusCode::kInvalidArgument);
 }
 
@@ -293,7 +292,8 @@ TEST_CASE("a long request is not starved by a stream of short ones") {
   CHECK(big.finishedStep >= 0);
   // Short requests that arrived after it were not admitted before it.
   for (SeqId s : shorts) {
-    if (s > big.id && sim.seq(s).admittedStep >= 0) CHECK(sim.seq(s).admittedStep >= big.admittedStep);
+    if (s > big.id && sim.seq(s).admittedStep >= 0)
+      CHECK(sim.seq(s).admittedStep >= big.admittedStep);
   }
   sim.runUntilIdle(2000);
   CHECK(sim.idle());
@@ -309,7 +309,8 @@ TEST_CASE("requests that can never fit or that outlive their deadline are reject
   REQUIRE(p.rejected.size() == 2);
   CHECK(huge.rejected);
   CHECK(huge.rejection.code() == StatusCode::kResourceExhausted);
-  CHECK(huge.rejection.message().find("17 tokens need 5 KV blocks, more than the 4") != std::string::npos);
+  CHECK(huge.rejection.message().find("17 tokens need 5 KV blocks, more than the 4") !=
+        std::string::npos);
   CHECK(late.rejected);
   CHECK(late.rejection.code() == StatusCode::kDeadlineExceeded);
   CHECK(p.admitted.size() == 1);
