@@ -1,0 +1,465 @@
+#include "common/engine/kv_cache_manager.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <map>
+#include <random>
+
+using namespace pd;
+using namespace pd::engine;
+
+namespace {
+
+KvLayout smallLayout(int numBlocks, int blockSize = 4, int layers = 3) {
+  KvLayout l;
+  l.numLayers = layers;
+  l.numBlocks = numBlocks;
+  l.blockSize = blockSize;
+  l.numKvHeads = 2;
+  l.headDim = 8;
+  l.dtype = KvDtype::kF32;
+  return l;
+}
+
+std::unique_ptr<KvCacheManager> makeKv(const KvLayout& l) {
+  auto kv = KvCacheManager::create(l);
+  REQUIRE(kv.ok());
+  return std::move(kv).value();
+}
+
+#define REQUIRE_OK(expr)      \
+  do {                        \
+    ::pd::Status s_ = (expr); \
+    INFO(s_.toString());      \
+    REQUIRE(s_.isOk());       \
+  } while (0)
+
+// Writes a block's "KV": every float of layer 0's K half holds the block's tokens, so a
+// block served from the prefix cache can be checked to really hold that content.
+void writeBlockContent(KvCacheManager& kv, BlockId b, std::span<const TokenId> toks) {
+  auto* f =
+      reinterpret_cast<float*>(static_cast<uint8_t*>(kv.data()) + kv.layout().blockOffset(0, b));
+  for (size_t t = 0; t < toks.size(); ++t) f[kv.layout().kOffsetInBlock(int(t))] = float(toks[t]);
+}
+bool blockHolds(const KvCacheManager& kv, BlockId b, std::span<const TokenId> toks) {
+  auto* f = reinterpret_cast<const float*>(static_cast<const uint8_t*>(kv.data()) +
+                                           kv.layout().blockOffset(0, b));
+  for (size_t t = 0; t < toks.size(); ++t) {
+    if (f[kv.layout().kOffsetInBlock(int(t))] != float(toks[t])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("KvCacheManager validates the layout and maps a page-aligned region") {
+  KvLayout bad = smallLayout(0);
+  auto r = KvCacheManager::create(bad);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(r.status().message().find("must be positive") != std::string::npos);
+
+  KvLayout l = smallLayout(10);
+  auto kv = makeKv(l);
+  MemDesc region = kv->region();
+  CHECK(region.addr == reinterpret_cast<uintptr_t>(kv->data()));
+  CHECK(region.len == l.totalBytes());
+  CHECK(region.kind == MemKind::kHost);
+  CHECK(region.addr % size_t(sysconf(_SC_PAGESIZE)) == 0);
+  // Every byte is usable: touch the first and last.
+  auto* bytes = static_cast<uint8_t*>(kv->data());
+  bytes[0] = 1;
+  bytes[region.len - 1] = 2;
+  CHECK(bytes[region.len - 1] == 2);
+  CHECK(kv->numTotalBlocks() == 10);
+  CHECK(kv->numFreeBlocks() == 10);
+  CHECK(kv->usage() == 0.0);
+  REQUIRE_OK(kv->checkInvariants());
+
+  auto acct = KvCacheManager::create(l, KvCacheManager::Backing::kAccountingOnly);
+  REQUIRE(acct.ok());
+  CHECK((*acct)->data() == nullptr);
+  CHECK((*acct)->region().len == l.totalBytes());
+}
+
+TEST_CASE("allocate, extend and free keep counts and tables consistent") {
+  auto kv = makeKv(smallLayout(10, 4));
+  REQUIRE_OK(kv->allocate(1, 5));  // 2 blocks
+  CHECK(kv->blockTable(1).size() == 2);
+  CHECK(kv->numTokens(1) == 5);
+  CHECK(kv->numFreeBlocks() == 8);
+  CHECK(kv->usage() == Approx(0.2));
+  // A fresh cache hands out consecutive ids.
+  CHECK(kv->blockTable(1)[0] == 0);
+  CHECK(kv->blockTable(1)[1] == 1);
+  CHECK(kv->blocksNeeded(1, 8) == 0);
+  CHECK(kv->blocksNeeded(1, 9) == 1);
+  REQUIRE_OK(kv->extend(1, 8));
+  CHECK(kv->blockTable(1).size() == 2);
+  REQUIRE_OK(kv->extend(1, 9));
+  CHECK(kv->blockTable(1).size() == 3);
+  CHECK(kv->extend(2, 4).code() == StatusCode::kNotFound);
+  CHECK(kv->allocate(1, 1).code() == StatusCode::kAlreadyExists);
+  CHECK(kv->allocate(3, -1).code() == StatusCode::kInvalidArgument);
+  REQUIRE_OK(kv->checkInvariants());
+  REQUIRE_OK(kv->free(1));
+  CHECK(kv->numFreeBlocks() == 10);
+  CHECK(kv->free(1).code() == StatusCode::kNotFound);
+  REQUIRE_OK(kv->checkInvariants());
+}
+
+TEST_CASE("a reservation that does not fit fails whole and leaves nothing allocated") {
+  auto kv = makeKv(smallLayout(8, 16));
+  REQUIRE_OK(kv->reserve(1, 16 * 5));
+  const int freeBefore = kv->numFreeBlocks();
+  REQUIRE(freeBefore == 3);
+  Status s = kv->reserve(2, 16 * 3 + 1);  // 4 blocks
+  CHECK(s.code() == StatusCode::kResourceExhausted);
+  CHECK(s.message().find("cannot reserve 49 tokens (4 blocks)") != std::string::npos);
+  CHECK(kv->numFreeBlocks() == freeBefore);
+  CHECK_FALSE(kv->hasSequence(2));
+  // Extending past the pool also changes nothing.
+  Status e = kv->extend(1, 16 * 9);
+  CHECK(e.code() == StatusCode::kResourceExhausted);
+  CHECK(kv->numTokens(1) == 80);
+  CHECK(kv->blockTable(1).size() == 5);
+  CHECK(kv->numFreeBlocks() == freeBefore);
+  REQUIRE_OK(kv->checkInvariants());
+  // Exactly what is left fits.
+  REQUIRE_OK(kv->reserve(2, 16 * 3));
+  CHECK(kv->numFreeBlocks() == 0);
+  REQUIRE_OK(kv->checkInvariants());
+}
+
+TEST_CASE("prefix hashes let a new prompt share computed full blocks") {
+  auto kv = makeKv(smallLayout(16, 4));
+  std::vector<TokenId> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 full blocks + 2
+  REQUIRE_OK(kv->allocate(1, int(a.size())));
+  // Nothing is shareable until its KV has been computed.
+  CHECK(kv->findCachedPrefix(a, 10).numTokens == 0);
+  REQUIRE_OK(kv->cacheComputedBlocks(1, a, 10));
+  REQUIRE_OK(kv->checkInvariants());
+
+  std::vector<TokenId> b = {1, 2, 3, 4, 5, 6, 7, 8, 50, 51, 52};
+  auto cached = kv->allocateWithPrefix(2, b, int(b.size()));
+  REQUIRE(cached.ok());
+  CHECK(*cached == 8);
+  CHECK(kv->blockTable(2)[0] == kv->blockTable(1)[0]);
+  CHECK(kv->blockTable(2)[1] == kv->blockTable(1)[1]);
+  CHECK(kv->blockTable(2)[2] != kv->blockTable(1)[2]);
+  CHECK(kv->refCount(kv->blockTable(1)[0]) == 2);
+  CHECK(kv->refCount(kv->blockTable(1)[2]) == 1);
+  REQUIRE_OK(kv->checkInvariants());
+
+  // Same second block after a different first block: the chain does not match.
+  std::vector<TokenId> c = {9, 9, 9, 9, 5, 6, 7, 8, 1};
+  CHECK(kv->findCachedPrefix(c, 8).numTokens == 0);
+  // A prompt that is exactly the cached blocks keeps its last token to compute.
+  std::vector<TokenId> d = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto dc = kv->allocateWithPrefix(3, d, 8);
+  REQUIRE(dc.ok());
+  CHECK(*dc == 4);
+
+  // Freed blocks stay cached and reusable...
+  REQUIRE_OK(kv->free(1));
+  REQUIRE_OK(kv->free(2));
+  REQUIRE_OK(kv->free(3));
+  CHECK(kv->numFreeBlocks() == 16);
+  CHECK(kv->numCachedFreeBlocks() == 2);
+  PrefixMatch m = kv->findCachedPrefix(a, 10);
+  CHECK(m.numTokens == 8);
+  CHECK(m.numFreeBlocks == 2);
+  REQUIRE_OK(kv->checkInvariants());
+  // ...until fresh allocations need them: the uncached free blocks go first.
+  REQUIRE_OK(kv->allocate(10, 14 * 4));
+  CHECK(kv->findCachedPrefix(a, 10).numTokens == 8);
+  CHECK(kv->stats().evictions == 0);
+  REQUIRE_OK(kv->allocate(11, 4));  // evicts the least recently freed cached block
+  CHECK(kv->stats().evictions == 1);
+  REQUIRE_OK(kv->checkInvariants());
+  REQUIRE_OK(kv->allocate(12, 4));
+  CHECK(kv->stats().evictions == 2);
+  CHECK(kv->findCachedPrefix(a, 10).numTokens == 0);
+  CHECK(kv->numFreeBlocks() == 0);
+  REQUIRE_OK(kv->checkInvariants());
+}
+
+TEST_CASE("the prefix block freed last is evicted last") {
+  auto kv = makeKv(smallLayout(6, 2));
+  std::vector<TokenId> a = {1, 2, 3, 4, 5, 6};
+  REQUIRE_OK(kv->allocate(1, 6));
+  REQUIRE_OK(kv->cacheComputedBlocks(1, a, 6));
+  REQUIRE_OK(kv->free(1));
+  REQUIRE_OK(kv->allocate(2, 6));  // uses the 3 uncached blocks
+  REQUIRE_OK(kv->allocate(3, 2));  // evicts one: the tail block {5,6}
+  CHECK(kv->findCachedPrefix(a, 6).numTokens == 4);
+  REQUIRE_OK(kv->allocate(4, 2));
+  CHECK(kv->findCachedPrefix(a, 6).numTokens == 2);
+  REQUIRE_OK(kv->checkInvariants());
+}
+
+TEST_CASE("fork shares full blocks and copies the partial tail in every layer") {
+  KvLayout l = smallLayout(8, 4);
+  auto kv = makeKv(l);
+  REQUIRE_OK(kv->allocate(1, 6));
+  const BlockId tail = kv->blockTable(1)[1];
+  auto* bytes = static_cast<uint8_t*>(kv->data());
+  for (int layer = 0; layer < l.numLayers; ++layer) {
+    std::memset(bytes + l.blockOffset(layer, tail), 0x40 + layer, l.blockBytes());
+  }
+  REQUIRE_OK(kv->fork(1, 2));
+  auto t1 = kv->blockTable(1);
+  auto t2 = kv->blockTable(2);
+  REQUIRE(t2.size() == 2);
+  CHECK(t2[0] == t1[0]);
+  CHECK(kv->refCount(t1[0]) == 2);
+  CHECK(t2[1] != t1[1]);
+  for (int layer = 0; layer < l.numLayers; ++layer) {
+    CHECK(std::memcmp(bytes + l.blockOffset(layer, t2[1]), bytes + l.blockOffset(layer, tail),
+                      l.blockBytes()) == 0);
+  }
+  CHECK(kv->numTokens(2) == 6);
+  REQUIRE_OK(kv->checkInvariants());
+  CHECK(kv->fork(1, 2).code() == StatusCode::kAlreadyExists);
+  CHECK(kv->fork(9, 3).code() == StatusCode::kNotFound);
+  REQUIRE_OK(kv->free(1));
+  CHECK(kv->refCount(t2[0]) == 1);
+  REQUIRE_OK(kv->checkInvariants());
+}
+
+TEST_CASE("layerSegments coalesces consecutive block ids per layer") {
+  KvLayout l = smallLayout(16, 4, 4);
+  auto kv = makeKv(l);
+  const uintptr_t base = kv->region().addr;
+  REQUIRE_OK(kv->allocate(1, 12));  // blocks 0,1,2
+  auto segs = kv->layerSegments(SeqId(1), 0, 4);
+  REQUIRE(segs.ok());
+  REQUIRE(segs->size() == 4);
+  for (int layer = 0; layer < 4; ++layer) {
+    CHECK((*segs)[size_t(layer)].addr == base + l.blockOffset(layer, 0));
+    CHECK((*segs)[size_t(layer)].len == 3 * l.blockBytes());
+  }
+
+  std::vector<BlockId> blocks = {3, 4, 5, 9, 10, 2};
+  auto s2 = kv->layerSegments(std::span<const BlockId>(blocks), 1, 3);
+  REQUIRE(s2.ok());
+  REQUIRE(s2->size() == 6);
+  const std::vector<std::pair<BlockId, size_t>> runs = {{3, 3}, {9, 2}, {2, 1}};
+  size_t k = 0;
+  for (int layer = 1; layer < 3; ++layer) {
+    for (auto [first, n] : runs) {
+      CHECK((*s2)[k].addr == base + l.blockOffset(layer, first));
+      CHECK((*s2)[k].len == n * l.blockBytes());
+      CHECK(kv->region().contains((*s2)[k]));
+      ++k;
+    }
+  }
+  CHECK(totalBytes(*s2) == 2 * blocks.size() * l.blockBytes());
+
+  auto badLayer = kv->layerSegments(std::span<const BlockId>(blocks), 2, 5);
+  CHECK(badLayer.status().code() == StatusCode::kInvalidArgument);
+  std::vector<BlockId> badBlock = {1, 16};
+  auto bb = kv->layerSegments(std::span<const BlockId>(badBlock), 0, 1);
+  CHECK(bb.status().code() == StatusCode::kInvalidArgument);
+  CHECK(bb.status().message().find("block id 16") != std::string::npos);
+  CHECK(kv->layerSegments(SeqId(7), 0, 1).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("paired segments cut runs where either side breaks") {
+  KvLayout l = smallLayout(32, 4, 2);
+  MemDesc local;
+  local.addr = 0x100000;
+  local.len = l.totalBytes();
+  MemDesc remote;
+  remote.addr = 0x900000;
+  remote.len = l.totalBytes();
+  std::vector<BlockId> lb = {0, 1, 2, 3};
+  std::vector<BlockId> rb = {5, 6, 9, 10};
+  auto p = pairedLayerSegments(l, local, lb, remote, rb, 0, 2);
+  REQUIRE(p.ok());
+  REQUIRE(p->local.size() == 4);
+  REQUIRE(p->remote.size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    CHECK(p->local[i].len == 2 * l.blockBytes());
+    CHECK(p->remote[i].len == p->local[i].len);
+  }
+  CHECK(p->local[1].addr == local.addr + l.blockOffset(0, 2));
+  CHECK(p->remote[1].addr == remote.addr + l.blockOffset(0, 9));
+  CHECK(p->remote[2].addr == remote.addr + l.blockOffset(1, 5));
+  std::vector<BlockId> shorter = {1};
+  CHECK(pairedLayerSegments(l, local, lb, remote, shorter, 0, 1).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("random allocate/extend/reserve/share/free keeps every invariant") {
+  KvLayout l = smallLayout(48, 4, 1);
+  auto kv = makeKv(l);
+  std::mt19937 rng(12345);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+
+  // A few shared "system prompts" so prefix hits happen often.
+  std::vector<std::vector<TokenId>> stems(4);
+  for (auto& s : stems) {
+    for (int i = 0; i < 12; ++i) s.push_back(pick(0, 30));
+  }
+  std::map<SeqId, std::vector<TokenId>> live;  // the tokens each live sequence holds
+  SeqId next = 1;
+  int hits = 0, exhausted = 0;
+  auto randomTokens = [&](int n) {
+    std::vector<TokenId> t = stems[size_t(pick(0, 3))];
+    t.resize(size_t(std::min<int>(n, int(t.size()))));
+    while (int(t.size()) < n) t.push_back(pick(0, 30));
+    return t;
+  };
+  auto computeAll = [&](SeqId seq) {
+    auto& toks = live[seq];
+    auto table = kv->blockTable(seq);
+    for (size_t b = 0; b < toks.size() / 4; ++b) {
+      writeBlockContent(*kv, table[b], std::span<const TokenId>(toks).subspan(b * 4, 4));
+    }
+    REQUIRE_OK(kv->cacheComputedBlocks(seq, toks, int(toks.size())));
+  };
+
+  for (int op = 0; op < 4000; ++op) {
+    const int kind = pick(0, 9);
+    const int freeBefore = kv->numFreeBlocks();
+    if (kind <= 2) {  // new sequence, plain or with prefix reuse
+      const SeqId s = next++;
+      auto toks = randomTokens(pick(1, 30));
+      if (kind == 0) {
+        Status st =
+            pick(0, 1) ? kv->allocate(s, int(toks.size())) : kv->reserve(s, int(toks.size()));
+        if (st.code() == StatusCode::kResourceExhausted) {
+          ++exhausted;
+          CHECK(kv->numFreeBlocks() == freeBefore);
+          CHECK_FALSE(kv->hasSequence(s));
+        } else {
+          REQUIRE_OK(st);
+          live[s] = toks;
+        }
+      } else {
+        auto cached = kv->allocateWithPrefix(s, toks, int(toks.size()));
+        if (!cached.ok()) {
+          REQUIRE(cached.status().code() == StatusCode::kResourceExhausted);
+          ++exhausted;
+          CHECK(kv->numFreeBlocks() == freeBefore);
+          CHECK_FALSE(kv->hasSequence(s));
+        } else {
+          CHECK(*cached % 4 == 0);
+          CHECK(*cached < int(toks.size()));
+          if (*cached > 0) ++hits;
+          // Shared blocks really hold the KV computed for these tokens.
+          auto table = kv->blockTable(s);
+          for (int b = 0; b < *cached / 4; ++b) {
+            CHECK(blockHolds(*kv, table[size_t(b)],
+                             std::span<const TokenId>(toks).subspan(size_t(b) * 4, 4)));
+          }
+          live[s] = toks;
+        }
+      }
+    } else if (!live.empty()) {
+      auto it = live.begin();
+      std::advance(it, pick(0, int(live.size()) - 1));
+      const SeqId s = it->first;
+      if (kind <= 4) {  // grow by a few tokens
+        const int grow = pick(1, 9);
+        Status st = kv->extend(s, int(it->second.size()) + grow);
+        if (st.code() == StatusCode::kResourceExhausted) {
+          CHECK(kv->numFreeBlocks() == freeBefore);
+          CHECK(kv->numTokens(s) == int(it->second.size()));
+        } else {
+          REQUIRE_OK(st);
+          for (int i = 0; i < grow; ++i) it->second.push_back(pick(0, 30));
+        }
+      } else if (kind == 5) {  // compute (registers hashes)
+        computeAll(s);
+      } else if (kind == 6) {  // fork
+        const SeqId c = next++;
+        Status st = kv->fork(s, c);
+        if (st.isOk()) {
+          live[c] = it->second;
+        } else {
+          REQUIRE(st.code() == StatusCode::kResourceExhausted);
+          CHECK(kv->numFreeBlocks() == freeBefore);
+        }
+      } else {
+        REQUIRE_OK(kv->free(s));
+        live.erase(it);
+      }
+    }
+    for (const auto& [seq, toks] : live) {
+      REQUIRE(kv->numTokens(seq) == int(toks.size()));
+    }
+    Status inv = kv->checkInvariants();
+    INFO("after op " << op);
+    REQUIRE_OK(inv);
+  }
+  CHECK(hits > 50);
+  CHECK(exhausted > 10);
+  for (const auto& [seq, toks] : live) REQUIRE_OK(kv->free(seq));
+  CHECK(kv->numFreeBlocks() == kv->numTotalBlocks());
+  REQUIRE_OK(kv->checkInvariants());
+}
+
+namespace pd::engine {
+// Reaches into the manager to break one rule at a time.
+class KvCacheManagerTestPeer {
+ public:
+  static void bumpRef(KvCacheManager& kv, BlockId b) { ++kv.meta_[size_t(b)].ref; }
+  static void pushFree(KvCacheManager& kv, BlockId b) { kv.freeUncached_.push_back(b); }
+  static void dropFree(KvCacheManager& kv) { kv.freeUncached_.pop_back(); }
+  static void setTokens(KvCacheManager& kv, SeqId s, int n) { kv.seqs_[s].numTokens = n; }
+  static void duplicateBlock(KvCacheManager& kv, SeqId s) {
+    auto& t = kv.seqs_[s];
+    t.blocks.back() = t.blocks.front();
+  }
+};
+}  // namespace pd::engine
+
+TEST_CASE("checkInvariants names the first broken rule") {
+  using Peer = KvCacheManagerTestPeer;
+  auto fresh = [] {
+    auto kv = makeKv(smallLayout(8, 4));
+    REQUIRE(kv->allocate(1, 8).isOk());  // blocks 0, 1
+    REQUIRE(kv->checkInvariants().isOk());
+    return kv;
+  };
+  auto expectViolation = [](const KvCacheManager& kv, const std::string& text) {
+    Status s = kv.checkInvariants();
+    INFO(s.toString());
+    CHECK(s.code() == StatusCode::kInternal);
+    CHECK(s.message().find(text) != std::string::npos);
+  };
+  {
+    auto kv = fresh();
+    Peer::bumpRef(*kv, 0);
+    expectViolation(*kv, "block 0 has ref count 2 but 1 tables hold it");
+  }
+  {
+    auto kv = fresh();
+    Peer::pushFree(*kv, 1);
+    expectViolation(*kv, "block 1 is referenced and also free");
+  }
+  {
+    auto kv = fresh();
+    Peer::pushFree(*kv, 7);  // 7 is already free
+    expectViolation(*kv, "block 7 is in the free lists twice");
+  }
+  {
+    auto kv = fresh();
+    Peer::dropFree(*kv);  // block 2 leaks: neither free nor held
+    expectViolation(*kv, "block 2 is neither free nor referenced");
+  }
+  {
+    auto kv = fresh();
+    Peer::setTokens(*kv, 1, 9);
+    expectViolation(*kv, "sequence 1 holds 2 blocks for 9 tokens (expected 3)");
+  }
+  {
+    auto kv = fresh();
+    Peer::duplicateBlock(*kv, 1);
+    expectViolation(*kv, "sequence 1 holds block 0 twice");
+  }
+}
