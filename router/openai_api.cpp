@@ -1,0 +1,401 @@
+#include "router/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace pd::router {
+
+using nlohmann::json;
+
+json ApiError::toJson() const {
+  return json{{"error",
+               {{"message", message},
+                {"type", type},
+                {"param", param ? json(*param) : json(nullptr)},
+                {"code", code ? json(*code) : json(nullptr)}}}};
+}
+
+ApiError badRequest(std::string message, std::optional<std::string> param) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+namespace {
+
+// Field readers: each returns an error naming the field, or nullopt on success. A JSON null
+// counts as "not given", as in the OpenAI schemas where these fields are nullable.
+using MaybeError = std::optional<ApiError>;
+
+const char* typeName(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: return "a number";
+    default: return "an integer";
+  }
+}
+
+MaybeError wrongType(const std::string& field, const char* want, const json& got) {
+  return badRequest(field + ": expected " + want + ", got " + typeName(got), field);
+}
+
+bool present(const json& body, const char* field) {
+  auto it = body.find(field);
+  return it != body.end() && !it->is_null();
+}
+
+MaybeError readNumber(const json& body, const char* field, double lo, double hi, float* out) {
+  if (!present(body, field)) return std::nullopt;
+  const json& v = body[field];
+  if (!v.is_number()) return wrongType(field, "a number", v);
+  double d = v.get<double>();
+  if (!(d >= lo && d <= hi) || !std::isfinite(d)) {
+    return badRequest(std::string(field) + ": " + v.dump() + " is out of range [" +
+                          json(lo).dump() + ", " + json(hi).dump() + "]",
+                      field);
+  }
+  *out = static_cast<float>(d);
+  return std::nullopt;
+}
+
+template <typename Int>
+MaybeError readInt(const json& body, const char* field, int64_t lo, int64_t hi, Int* out) {
+  if (!present(body, field)) return std::nullopt;
+  const json& v = body[field];
+  if (!v.is_number_integer()) return wrongType(field, "an integer", v);
+  int64_t i = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)
+                  ? INT64_MAX
+                  : v.get<int64_t>();
+  if (i < lo || i > hi) {
+    return badRequest(std::string(field) + ": " + v.dump() + " is out of range [" +
+                          std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                      field);
+  }
+  *out = static_cast<Int>(i);
+  return std::nullopt;
+}
+
+MaybeError readBool(const json& body, const char* field, bool* out) {
+  if (!present(body, field)) return std::nullopt;
+  const json& v = body[field];
+  if (!v.is_boolean()) return wrongType(field, "a boolean", v);
+  *out = v.get<bool>();
+  return std::nullopt;
+}
+
+MaybeError readTokenIds(const json& v, const std::string& field, std::vector<int32_t>* out) {
+  out->clear();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& t = v[i];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return badRequest(field + "[" + std::to_string(i) + "]: expected a token id (integer >= 0)",
+                        field);
+    }
+    out->push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+MaybeError readPrompt(const json& body, GenerationRequest* r) {
+  if (!present(body, "prompt")) return badRequest("prompt: required", "prompt");
+  const json& p = body["prompt"];
+  if (p.is_string()) {
+    r->promptText = p.get<std::string>();
+    return std::nullopt;
+  }
+  if (!p.is_array()) return wrongType("prompt", "a string, an array of strings or token ids", p);
+  if (p.empty()) return badRequest("prompt: must not be empty", "prompt");
+  if (p[0].is_number_integer()) {
+    std::vector<int32_t> ids;
+    if (auto e = readTokenIds(p, "prompt", &ids)) return e;
+    r->promptIds = std::move(ids);
+    return std::nullopt;
+  }
+  // A batch of prompts: accepted in its one-element form only.
+  if (p.size() != 1) {
+    return badRequest("prompt: a batch of " + std::to_string(p.size()) +
+                          " prompts is not supported; send one prompt per request",
+                      "prompt");
+  }
+  if (p[0].is_string()) {
+    r->promptText = p[0].get<std::string>();
+    return std::nullopt;
+  }
+  if (p[0].is_array()) {
+    std::vector<int32_t> ids;
+    if (auto e = readTokenIds(p[0], "prompt[0]", &ids)) return e;
+    if (ids.empty()) return badRequest("prompt[0]: must not be empty", "prompt");
+    r->promptIds = std::move(ids);
+    return std::nullopt;
+  }
+  return wrongType("prompt[0]", "a string or an array of token ids", p[0]);
+}
+
+MaybeError readMessages(const json& body, GenerationRequest* r) {
+  if (!present(body, "messages")) return badRequest("messages: required", "messages");
+  const json& m = body["messages"];
+  if (!m.is_array()) return wrongType("messages", "an array", m);
+  if (m.empty()) return badRequest("messages: must not be empty", "messages");
+  for (size_t i = 0; i < m.size(); ++i) {
+    std::string at = "messages[" + std::to_string(i) + "]";
+    const json& msg = m[i];
+    if (!msg.is_object()) return wrongType(at, "an object", msg);
+    if (!msg.contains("role") || !msg["role"].is_string()) {
+      return badRequest(at + ".role: required string", "messages");
+    }
+    ChatMessage cm;
+    cm.role = msg["role"].get<std::string>();
+    if (cm.role != "system" && cm.role != "developer" && cm.role != "user" &&
+        cm.role != "assistant" && cm.role != "tool") {
+      return badRequest(at + ".role: '" + cm.role +
+                            "' is not one of system, developer, user, assistant, tool",
+                        "messages");
+    }
+    auto content = msg.find("content");
+    if (content == msg.end() || content->is_null()) {
+      if (cm.role != "assistant") return badRequest(at + ".content: required", "messages");
+    } else if (content->is_string()) {
+      cm.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& part = (*content)[k];
+        std::string partAt = at + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return badRequest(partAt + ": only {\"type\":\"text\",\"text\":...} parts are supported",
+                            "messages");
+        }
+        cm.content += part["text"].get<std::string>();
+      }
+    } else {
+      return wrongType(at + ".content", "a string or an array of text parts", *content);
+    }
+    r->messages.push_back(std::move(cm));
+  }
+  return std::nullopt;
+}
+
+MaybeError readStop(const json& body, const ApiLimits& limits, GenerationRequest* r) {
+  if (!present(body, "stop")) return std::nullopt;
+  const json& s = body["stop"];
+  if (s.is_string()) {
+    if (!s.get<std::string>().empty()) r->stop.push_back(s.get<std::string>());
+    return std::nullopt;
+  }
+  if (!s.is_array()) return wrongType("stop", "a string or an array of strings", s);
+  if (static_cast<int>(s.size()) > limits.maxStop) {
+    return badRequest("stop: at most " + std::to_string(limits.maxStop) + " stop strings", "stop");
+  }
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (!s[i].is_string()) return wrongType("stop[" + std::to_string(i) + "]", "a string", s[i]);
+    if (!s[i].get<std::string>().empty()) r->stop.push_back(s[i].get<std::string>());
+  }
+  return std::nullopt;
+}
+
+MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limits,
+                      GenerationRequest* r) {
+  if (present(body, "model")) {
+    if (!body["model"].is_string()) return wrongType("model", "a string", body["model"]);
+    r->model = body["model"].get<std::string>();
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto e = readPrompt(body, r)) return e;
+  } else {
+    if (auto e = readMessages(body, r)) return e;
+    if (auto e = readBool(body, "add_generation_prompt", &r->addGenerationPrompt)) return e;
+  }
+
+  constexpr int64_t kMaxTokensCap = 1 << 24;
+  int maxTokens = 0;
+  bool haveMax = false;
+  for (const char* field : {"max_completion_tokens", "max_tokens"}) {
+    if (haveMax || !present(body, field)) continue;
+    if (auto e = readInt(body, field, 0, kMaxTokensCap, &maxTokens)) return e;
+    haveMax = true;
+  }
+  if (haveMax) r->maxTokens = maxTokens;
+
+  if (auto e = readNumber(body, "temperature", 0.0, 2.0, &r->temperature)) return e;
+  if (auto e = readNumber(body, "top_p", 0.0, 1.0, &r->topP)) return e;
+  if (present(body, "top_p") && r->topP <= 0.0f) {
+    return badRequest("top_p: must be greater than 0", "top_p");
+  }
+  if (auto e = readInt(body, "top_k", -1, 1 << 20, &r->topK)) return e;
+  if (auto e = readNumber(body, "min_p", 0.0, 1.0, &r->minP)) return e;
+  if (present(body, "seed")) {
+    const json& s = body["seed"];
+    if (!s.is_number_integer()) return wrongType("seed", "an integer", s);
+    r->seed = s.is_number_unsigned() ? s.get<uint64_t>() : static_cast<uint64_t>(s.get<int64_t>());
+  }
+  if (auto e = readBool(body, "ignore_eos", &r->ignoreEos)) return e;
+  if (auto e = readStop(body, limits, r)) return e;
+  if (present(body, "stop_token_ids")) {
+    const json& s = body["stop_token_ids"];
+    if (!s.is_array()) return wrongType("stop_token_ids", "an array of token ids", s);
+    if (auto e = readTokenIds(s, "stop_token_ids", &r->stopTokenIds)) return e;
+  }
+  if (auto e = readInt(body, "n", 1, limits.maxN, &r->n)) return e;
+  if (auto e = readBool(body, "stream", &r->stream)) return e;
+  if (present(body, "stream_options")) {
+    const json& so = body["stream_options"];
+    if (!so.is_object()) return wrongType("stream_options", "an object", so);
+    if (!r->stream) {
+      return badRequest("stream_options: only allowed when stream is true", "stream_options");
+    }
+    // vLLM: include_usage defaults to true when the object is present.
+    r->includeUsage = true;
+    if (auto e = readBool(so, "include_usage", &r->includeUsage)) {
+      e->message = "stream_options." + e->message;
+      e->param = "stream_options.include_usage";
+      return e;
+    }
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    if (present(body, "logprobs")) {
+      if (auto e = readInt(body, "logprobs", 0, limits.maxLogprobs, &r->topLogprobs)) return e;
+      r->logprobs = true;
+    }
+    if (auto e = readBool(body, "echo", &r->echo)) return e;
+  } else {
+    if (auto e = readBool(body, "logprobs", &r->logprobs)) return e;
+    if (auto e = readInt(body, "top_logprobs", 0, limits.maxLogprobs, &r->topLogprobs)) return e;
+    if (present(body, "top_logprobs") && !r->logprobs) {
+      return badRequest("top_logprobs: requires logprobs to be true", "top_logprobs");
+    }
+  }
+  if (present(body, "user")) {
+    if (!body["user"].is_string()) return wrongType("user", "a string", body["user"]);
+    r->user = body["user"].get<std::string>();
+  }
+  if (r->maxTokens && *r->maxTokens == 0 && !r->echo) {
+    return badRequest("max_tokens: must be at least 1", "max_tokens");
+  }
+  return std::nullopt;
+}
+
+json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& lps, size_t textOffset) {
+  if (endpoint == Endpoint::kChat) {
+    json content = json::array();
+    for (const auto& lp : lps) {
+      auto bytesOf = [](const std::string& s) {
+        json b = json::array();
+        for (unsigned char c : s) b.push_back(int(c));
+        return b;
+      };
+      json top = json::array();
+      for (const auto& [tok, p] : lp.top)
+        top.push_back({{"token", tok}, {"logprob", p}, {"bytes", bytesOf(tok)}});
+      content.push_back({{"token", lp.token},
+                         {"logprob", lp.logprob},
+                         {"bytes", bytesOf(lp.token)},
+                         {"top_logprobs", top}});
+    }
+    return json{{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), tokenLogprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  size_t offset = textOffset;
+  for (const auto& lp : lps) {
+    tokens.push_back(lp.token);
+    tokenLogprobs.push_back(lp.logprob);
+    json alternatives = json::object();
+    for (const auto& [tok, p] : lp.top) alternatives[tok] = p;
+    top.push_back(alternatives);
+    offsets.push_back(offset);
+    offset += lp.token.size();
+  }
+  return json{{"tokens", tokens},
+              {"token_logprobs", tokenLogprobs},
+              {"top_logprobs", top},
+              {"text_offset", offsets}};
+}
+
+json finishJson(const std::optional<std::string>& reason) {
+  return reason ? json(*reason) : json(nullptr);
+}
+
+}  // namespace
+
+ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint,
+                                   const ApiLimits& limits) {
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return badRequest("request body is not valid JSON");
+  if (!parsed.is_object()) return badRequest("request body must be a JSON object");
+  GenerationRequest r;
+  r.endpoint = endpoint;
+  if (auto e = readFields(parsed, endpoint, limits, &r)) return *e;
+  return r;
+}
+
+json Usage::toJson() const {
+  return json{{"prompt_tokens", promptTokens},
+              {"completion_tokens", completionTokens},
+              {"total_tokens", promptTokens + completionTokens}};
+}
+
+json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta& d,
+                 bool wantLogprobs) {
+  json choice{{"index", d.index}};
+  if (endpoint == Endpoint::kChat) {
+    json delta = json::object();
+    if (d.first) delta["role"] = "assistant";
+    if (d.first || !d.text.empty()) delta["content"] = d.text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = d.text;
+  }
+  choice["logprobs"] =
+      wantLogprobs && !d.logprobs.empty() ? logprobsJson(endpoint, d.logprobs, 0) : json(nullptr);
+  choice["finish_reason"] = finishJson(d.finishReason);
+  return json{{"id", meta.id},
+              {"object", endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", json::array({choice})}};
+}
+
+json usageChunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage) {
+  return json{{"id", meta.id},
+              {"object", endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", json::array()},
+              {"usage", usage.toJson()}};
+}
+
+json fullResponse(Endpoint endpoint, const ResponseMeta& meta,
+                  const std::vector<ChoiceDelta>& choices, const Usage& usage, bool wantLogprobs) {
+  json out = json::array();
+  for (const auto& c : choices) {
+    json choice{{"index", c.index}};
+    if (endpoint == Endpoint::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = wantLogprobs ? logprobsJson(endpoint, c.logprobs, 0) : json(nullptr);
+    choice["finish_reason"] = finishJson(c.finishReason);
+    out.push_back(choice);
+  }
+  return json{{"id", meta.id},
+              {"object", endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", out},
+              {"usage", usage.toJson()}};
+}
+
+std::string sseEvent(const json& j) {
+  // Token text can end inside a UTF-8 sequence (logprob tokens): replace, never throw.
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace pd::router

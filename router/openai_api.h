@@ -1,0 +1,126 @@
+// The OpenAI HTTP surface of the router, as plain data: request parsing and validation, and
+// the JSON of responses, stream chunks and errors (shapes: ../shared/reference/
+// openai-api-metrics-deploy.md §1, as vLLM and the official SDKs use them).
+//
+// No I/O here: the HTTP server feeds bodies in and writes what these functions return.
+// Parsing never throws; every problem becomes an ApiError naming the field.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace pd::router {
+
+// An OpenAI error object plus its HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";  // OpenAI's string type
+  std::string message;
+  std::optional<std::string> param;             // the offending field, when there is one
+  std::optional<std::string> code;              // "model_not_found", "context_length_exceeded"
+
+  nlohmann::json toJson() const;  // {"error":{"message","type","param","code"}}
+};
+
+ApiError badRequest(std::string message, std::optional<std::string> param = std::nullopt);
+
+enum class Endpoint { kCompletions, kChat };
+
+struct ChatMessage {
+  std::string role;     // system | developer | user | assistant | tool
+  std::string content;  // text parts joined
+};
+
+// One validated generation request, before tokenization. Field names follow the API.
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  // Completions: exactly one of promptText / promptIds is set. Chat: messages.
+  std::optional<std::string> promptText;
+  std::optional<std::vector<int32_t>> promptIds;
+  std::vector<ChatMessage> messages;
+  bool addGenerationPrompt = true;
+
+  std::optional<int> maxTokens;  // absent: completions 16; chat: what remains of the context
+  float temperature = 1.0f;
+  float topP = 1.0f;
+  int topK = 0;  // 0 or -1: disabled
+  float minP = 0.0f;
+  std::optional<uint64_t> seed;
+  bool ignoreEos = false;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stopTokenIds;
+  int n = 1;
+  bool stream = false;
+  bool includeUsage = false;
+  // Completions: logprobs = N (0..20). Chat: logprobs bool + top_logprobs N.
+  bool logprobs = false;
+  int topLogprobs = 0;
+  bool echo = false;
+  std::string user;
+};
+
+// Limits the router enforces while parsing.
+struct ApiLimits {
+  int maxN = 4;
+  int maxLogprobs = 20;
+  int maxStop = 16;
+};
+
+using ParseResult = std::variant<GenerationRequest, ApiError>;
+
+// Parses and validates a request body for the endpoint. Unknown fields are accepted and
+// ignored, as vLLM does (clients send vendor extras); known fields with a wrong type or
+// range are a 400 naming the field.
+ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint,
+                                   const ApiLimits& limits = {});
+
+// ---- Responses ---------------------------------------------------------------------------
+
+struct TokenLogprob {
+  std::string token;  // text of the token
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // alternatives, best first
+};
+
+struct Usage {
+  int promptTokens = 0;
+  int completionTokens = 0;
+  nlohmann::json toJson() const;
+};
+
+// The part of one choice produced since the last chunk (or the whole choice, non-streaming).
+struct ChoiceDelta {
+  int index = 0;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;          // one per token in `text`, when requested
+  std::optional<std::string> finishReason;     // "stop" | "length" | "abort" | "error"
+  bool first = false;                          // chat: carries delta.role
+};
+
+struct ResponseMeta {
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+// A streamed chunk's JSON (object "text_completion" or "chat.completion.chunk").
+nlohmann::json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta& delta,
+                           bool wantLogprobs);
+// The usage-only chunk sent before [DONE] when stream_options.include_usage is set.
+nlohmann::json usageChunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage);
+// A whole non-streamed response; `choices` hold each choice's full text and logprobs.
+nlohmann::json fullResponse(Endpoint endpoint, const ResponseMeta& meta,
+                            const std::vector<ChoiceDelta>& choices, const Usage& usage,
+                            bool wantLogprobs);
+
+// "data: <compact json>\n\n"
+std::string sseEvent(const nlohmann::json& j);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+}  // namespace pd::router

@@ -1,0 +1,59 @@
+// A group of child processes that live and die together: what `pdserve up` supervises.
+//
+// Each child's stdout and stderr are forwarded line by line to our stderr with a
+// "[name] " prefix, so a cluster's logs read as one stream. stopAll() sends SIGTERM, waits up
+// to its deadline, then SIGKILLs what is left; the destructor calls it, so no child outlives
+// the group.
+// Threads: not thread-safe; one owner thread calls every method. Output forwarding runs on an
+// internal thread per child.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/base/status.h"
+
+namespace pd::tools {
+
+struct ChildExit {
+  std::string name;
+  pid_t pid = 0;
+  std::string description;  // "exited with status 1", "killed by signal 9 (Killed)"
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup() = default;
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  // Starts argv[0] (a path) with the given arguments. Errors name the program.
+  Result<pid_t> spawn(const std::string& name, const std::vector<std::string>& argv);
+
+  // Waits up to `timeout` for any child to exit; returns it, or nullopt on timeout.
+  std::optional<ChildExit> waitAny(std::chrono::milliseconds timeout);
+
+  // SIGTERM to every running child, up to `grace` for them to exit, then SIGKILL.
+  void stopAll(std::chrono::milliseconds grace = std::chrono::seconds(5));
+
+  size_t running() const;
+
+ private:
+  struct Child {
+    std::string name;
+    pid_t pid = 0;
+    bool running = true;
+    std::thread forwarder;
+  };
+  std::optional<ChildExit> reapOne(bool block);
+
+  std::vector<Child> children_;
+};
+
+}  // namespace pd::tools
