@@ -1,0 +1,39 @@
+// The CPU Backend: f32 compute, OpenBLAS for every linear layer and for GEMM-shaped prefill
+// attention, AVX2 kernels (kernels/include/pd/kernels) for everything else.
+//
+//   PD_ASSIGN_OR_RETURN(auto model, pd::engine::loadModel(dir));
+//   auto layout = pd::engine::kvLayoutFor(model->config, numBlocks, 16);
+//   // kvBase: layout.totalBytes() bytes owned by the caller (KvCacheManager)
+//   PD_ASSIGN_OR_RETURN(auto backend, pd::engine::createCpuBackend(model, layout, kvBase, {}));
+//   PD_RETURN_IF_ERROR(backend->forward(chunks, logits));
+//
+// Threads: numThreads (default: all cores) is used both by the backend's own pool and by
+// OpenBLAS; openblas_set_num_threads() is process-global, so every CPU backend in a process
+// should use the same count. Decode of a single token uses GEMV (each weight read once).
+#pragma once
+
+#include <memory>
+
+#include "common/base/status.h"
+#include "common/engine/backend.h"
+#include "common/engine/model_weights.h"
+
+namespace pd::engine {
+
+struct CpuBackendOptions {
+  int numThreads = 0;  // 0 = std::thread::hardware_concurrency()
+  // Prefill chunks with at least this many tokens use GEMM tiles for attention; shorter
+  // chunks and decode tokens use the paged online-softmax kernel.
+  int gemmAttentionMinTokens = 16;
+};
+
+// kvBase: the start of the KV region described by `layout` (f32 only on the CPU); it must
+// stay valid for the backend's lifetime. Fails when the layout does not match the model.
+Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWeights> model,
+                                                  const KvLayout& layout, void* kvBase,
+                                                  const CpuBackendOptions& options = {});
+
+// Sets OpenBLAS's thread count (process-global). Exposed for benchmarks and tools.
+void setBlasThreads(int n);
+
+}  // namespace pd::engine

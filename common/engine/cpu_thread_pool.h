@@ -1,0 +1,50 @@
+// A small fork-join pool for the CPU backend's attention and element-wise work.
+//
+// run() hands tasks [0, numTasks) to the pool's workers and to the calling thread and
+// returns when every task has finished. Workers block on a condition variable between
+// runs (no spinning), so they do not steal cycles from OpenBLAS's own threads while GEMMs
+// run. One caller at a time: run() is not reentrant and must not be called from a task.
+// Tasks must not throw.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace pd::engine {
+
+class CpuThreadPool {
+ public:
+  // numThreads counts the caller: numThreads - 1 workers are started (none when <= 1).
+  explicit CpuThreadPool(int numThreads);
+  ~CpuThreadPool();
+  CpuThreadPool(const CpuThreadPool&) = delete;
+  CpuThreadPool& operator=(const CpuThreadPool&) = delete;
+
+  int size() const { return int(workers_.size()) + 1; }
+
+  // fn(task, thread): thread in [0, size()) identifies the executing thread (0 = caller), so
+  // tasks can use per-thread scratch.
+  using TaskFn = std::function<void(int task, int thread)>;
+  void run(int numTasks, const TaskFn& fn);
+
+ private:
+  void workerLoop(int thread);
+  void drain(int thread);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  uint64_t generation_ = 0;
+  int pending_ = 0;  // workers that have not yet finished the current generation
+  bool stop_ = false;
+  const TaskFn* fn_ = nullptr;
+  int numTasks_ = 0;
+  std::atomic<int> next_{0};
+};
+
+}  // namespace pd::engine
