@@ -13,6 +13,7 @@
 #include "pd/kernels/attention.h"
 #include "pd/kernels/embedding.h"
 #include "pd/kernels/kv_cache.h"
+#include "pd/kernels/linear.h"
 #include "pd/kernels/norm.h"
 #include "pd/kernels/rope.h"
 
@@ -24,7 +25,7 @@ void setBlasThreads(int n) { openblas_set_num_threads(std::max(1, n)); }
 
 namespace {
 
-constexpr int kQueryTile = 64;  // query rows per GEMM attention tile
+constexpr int kQueryTile = 128;  // query rows per GEMM attention tile
 
 class CpuBackend final : public Backend {
  public:
@@ -102,12 +103,20 @@ void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
 
 void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, float* y,
                         float beta) {
-  if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, beta, y, 1);
-  } else {
+  if (n > opt_.skinnyMaxRows) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, beta, y,
                 out);
+    return;
   }
+  // Few rows (decode): stream W once, output columns split over the pool in multiples of 4.
+  const int64_t work = int64_t(n) * out * in;
+  const int tasks = (threads_ == 1 || work < 262144) ? 1 : threads_;
+  const int quads = (out + 3) / 4;
+  pool_.run(tasks, [&](int t, int) {
+    const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
+    const int e = std::min(out, int(int64_t(quads) * (t + 1) / tasks) * 4);
+    if (b < e) kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
+  });
 }
 
 Status CpuBackend::validate(std::span<const SeqChunk> batch, int* totalTokens,

@@ -9,7 +9,8 @@
 //
 // Threads: numThreads (default: all cores) is used both by the backend's own pool and by
 // OpenBLAS; openblas_set_num_threads() is process-global, so every CPU backend in a process
-// should use the same count. Decode of a single token uses GEMV (each weight read once).
+// should use the same count. Decode batches up to skinnyMaxRows tokens stream each weight
+// once through kernels/linear.h; prefill-sized batches use OpenBLAS sgemm.
 #pragma once
 
 #include <memory>
@@ -25,6 +26,9 @@ struct CpuBackendOptions {
   // Prefill chunks with at least this many tokens use GEMM tiles for attention; shorter
   // chunks and decode tokens use the paged online-softmax kernel.
   int gemmAttentionMinTokens = 16;
+  // Linear layers over at most this many token rows use the weight-streaming kernel
+  // (kernels/linear.h); larger batches use OpenBLAS sgemm.
+  int skinnyMaxRows = 32;
 };
 
 // kvBase: the start of the KV region described by `layout` (f32 only on the CPU); it must

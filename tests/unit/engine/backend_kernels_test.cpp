@@ -145,3 +145,27 @@ TEST_CASE("paged attention and the GEMM-tile softmax match naive causal GQA atte
     }
   }
 }
+
+#include "pd/kernels/linear.h"
+
+TEST_CASE("linearSkinny matches a scalar matmul for odd shapes and both betas") {
+  for (int m : {1, 2, 3, 8}) {
+    const int n = 11, k = 37, ldx = 40, ldy = 13;
+    auto x = randomVec(size_t(m) * ldx, 7 + m), w = randomVec(size_t(n) * k, 8);
+    auto y0 = randomVec(size_t(m) * ldy, 9);
+    for (float beta : {0.0f, 1.0f}) {
+      auto y = y0;
+      // Two column ranges, as two threads would split them.
+      kc::linearSkinny(x.data(), ldx, w.data(), y.data(), ldy, m, k, 0, 4, beta);
+      kc::linearSkinny(x.data(), ldx, w.data(), y.data(), ldy, m, k, 4, n, beta);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double s = beta * y0[i * ldy + j];
+          for (int p = 0; p < k; ++p) s += double(x[i * ldx + p]) * w[j * k + p];
+          CHECK(y[i * ldy + j] == Approx(s).margin(1e-5));
+        }
+        for (int j = n; j < ldy; ++j) CHECK(y[i * ldy + j] == y0[i * ldy + j]);  // untouched
+      }
+    }
+  }
+}
