@@ -1,6 +1,24 @@
 #include "common/engine/cpu_thread_pool.h"
 
+#include <immintrin.h>
+
+#include <chrono>
+
 namespace pd::engine {
+namespace {
+
+// Spins until pred() or kSpinMicros pass; returns pred().
+template <typename Pred>
+bool spinFor(Pred&& pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(CpuThreadPool::kSpinMicros);
+  for (int i = 0;; ++i) {
+    if (pred()) return true;
+    _mm_pause();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return pred();
+  }
+}
+
+}  // namespace
 
 CpuThreadPool::CpuThreadPool(int numThreads) {
   for (int i = 1; i < numThreads; ++i) workers_.emplace_back([this, i] { workerLoop(i); });
@@ -9,7 +27,7 @@ CpuThreadPool::CpuThreadPool(int numThreads) {
 CpuThreadPool::~CpuThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
@@ -29,34 +47,40 @@ void CpuThreadPool::run(int numTasks, const TaskFn& fn) {
     for (int i = 0; i < numTasks; ++i) fn(i, 0);
     return;
   }
+  fn_ = &fn;
+  numTasks_ = numTasks;
+  next_.store(0, std::memory_order_relaxed);
+  pending_.store(int(workers_.size()), std::memory_order_relaxed);
   {
+    // Under the lock so a worker that is about to block cannot miss the new generation.
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    numTasks_ = numTasks;
-    next_.store(0, std::memory_order_relaxed);
-    pending_ = int(workers_.size());
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   drain(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [this] { return pending_ == 0; });
+  if (!spinFor([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
   fn_ = nullptr;
 }
 
 void CpuThreadPool::workerLoop(int thread) {
   uint64_t seen = 0;
   for (;;) {
-    {
+    auto ready = [&] {
+      return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spinFor(ready)) {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      wake_.wait(lock, ready);
     }
+    if (stop_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
     drain(thread);
-    {
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_.notify_one();
+      done_.notify_one();
     }
   }
 }

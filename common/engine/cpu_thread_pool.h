@@ -1,14 +1,17 @@
-// A small fork-join pool for the CPU backend's attention and element-wise work.
+// A small fork-join pool for the CPU backend's attention, element-wise and decode-linear work.
 //
 // run() hands tasks [0, numTasks) to the pool's workers and to the calling thread and
-// returns when every task has finished. Workers block on a condition variable between
-// runs (no spinning), so they do not steal cycles from OpenBLAS's own threads while GEMMs
-// run. One caller at a time: run() is not reentrant and must not be called from a task.
+// returns when every task has finished. Between runs a worker spins for a short while
+// (kSpinMicros: decode issues a run every few tens of microseconds, and a futex wake-up
+// costs about as much as the work) and then blocks on a condition variable, so idle
+// workers do not steal cycles from OpenBLAS's own threads during long GEMMs.
+// One caller at a time: run() is not reentrant and must not be called from a task.
 // Tasks must not throw.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -18,6 +21,8 @@ namespace pd::engine {
 
 class CpuThreadPool {
  public:
+  static constexpr int kSpinMicros = 100;
+
   // numThreads counts the caller: numThreads - 1 workers are started (none when <= 1).
   explicit CpuThreadPool(int numThreads);
   ~CpuThreadPool();
@@ -39,9 +44,9 @@ class CpuThreadPool {
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  uint64_t generation_ = 0;
-  int pending_ = 0;  // workers that have not yet finished the current generation
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};  // workers that have not yet finished the current run
+  std::atomic<bool> stop_{false};
   const TaskFn* fn_ = nullptr;
   int numTasks_ = 0;
   std::atomic<int> next_{0};
