@@ -47,7 +47,7 @@ class CpuBackend final : public Backend {
     s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
     kc::ropeInvFreq(invFreq_.data(), cfg_.headDim, cfg_.rope.theta, cfg_.rope.llama3 ? &s : nullptr);
     threadScratch_.resize(threads_);
-    setBlasThreads(threads_);
+    setBlasThreads(1);
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -103,14 +103,22 @@ void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
 
 void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, float* y,
                         float beta) {
-  if (n > opt_.skinnyMaxRows) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, beta, y,
-                out);
-    return;
-  }
-  // Few rows (decode): stream W once, output columns split over the pool in multiples of 4.
+  // Output columns are split over the pool; every BLAS call is single-threaded, so OpenBLAS's
+  // own threads never compete with the pool (and concurrent backends stay independent).
   const int64_t work = int64_t(n) * out * in;
   const int tasks = (threads_ == 1 || work < 262144) ? 1 : threads_;
+  if (n > opt_.skinnyMaxRows) {
+    const int units = (out + 15) / 16;  // column slices in multiples of 16 (GEMM panel width)
+    pool_.run(tasks, [&](int t, int) {
+      const int b = std::min(out, int(int64_t(units) * t / tasks) * 16);
+      const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * 16);
+      if (b < e)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, e - b, in, 1.0f, x, in,
+                    w + size_t(b) * in, in, beta, y + b, out);
+    });
+    return;
+  }
+  // Few rows (decode): stream W once, output columns split in multiples of 4.
   const int quads = (out + 3) / 4;
   pool_.run(tasks, [&](int t, int) {
     const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
@@ -172,13 +180,9 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
   };
   std::vector<Item> items;
   items.reserve(batch.size() * nkv);
-  bool anyGemm = false;
   for (size_t c = 0; c < batch.size(); ++c) {
     for (int g = 0; g < nkv; ++g) items.push_back({int(c), g});
-    anyGemm |= batch[c].numTokens >= opt_.gemmAttentionMinTokens;
   }
-  // Inside the pool each GEMM runs single-threaded: the pool already uses every core.
-  if (anyGemm && threads_ > 1) setBlasThreads(1);
   auto runItem = [&](int i, int thread) {
     const Item it = items[i];
     const SeqChunk& s = batch[it.chunk];
@@ -222,7 +226,6 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
   } else {
     pool_.run(int(items.size()), runItem);
   }
-  if (anyGemm && threads_ > 1) setBlasThreads(threads_);
 }
 
 Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,

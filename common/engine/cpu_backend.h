@@ -7,10 +7,12 @@
 //   PD_ASSIGN_OR_RETURN(auto backend, pd::engine::createCpuBackend(model, layout, kvBase, {}));
 //   PD_RETURN_IF_ERROR(backend->forward(chunks, logits));
 //
-// Threads: numThreads (default: all cores) is used both by the backend's own pool and by
-// OpenBLAS; openblas_set_num_threads() is process-global, so every CPU backend in a process
-// should use the same count. Decode batches up to skinnyMaxRows tokens stream each weight
-// once through kernels/linear.h; prefill-sized batches use OpenBLAS sgemm.
+// Threads: numThreads (default: all cores) is the size of the backend's own fork-join pool,
+// which splits every linear layer by output columns and attention by (sequence, kv head).
+// OpenBLAS is set to ONE thread (process-global, openblas_set_num_threads) and called from
+// the pool's threads, so OpenBLAS's own threads never compete with the pool and several
+// backends in one process stay independent. Decode batches up to skinnyMaxRows tokens
+// stream each weight once through kernels/linear.h; larger batches use OpenBLAS sgemm.
 #pragma once
 
 #include <memory>
@@ -37,7 +39,8 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
                                                   const KvLayout& layout, void* kvBase,
                                                   const CpuBackendOptions& options = {});
 
-// Sets OpenBLAS's thread count (process-global). Exposed for benchmarks and tools.
+// Sets OpenBLAS's thread count (process-global). The CPU backend sets 1; exposed for
+// benchmarks that measure OpenBLAS alone.
 void setBlasThreads(int n);
 
 }  // namespace pd::engine
