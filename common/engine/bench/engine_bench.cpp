@@ -2,6 +2,7 @@
 // measured in the same run (STREAM-like triad bandwidth, OpenBLAS sgemm GFLOP/s).
 //
 //   build/common/engine/bench/engine_bench [--model DIR] [--threads N] [--quick]
+//                                          [--only prefill|decode]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
 #include <unistd.h>
@@ -79,13 +80,15 @@ int main(int argc, char** argv) {
   std::string modelDir;
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false;
+  std::string only;  // "", "prefill" or "decode"
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) modelDir = argv[++i];
     else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick]\n");
+      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode]\n");
       return 2;
     }
   }
@@ -117,9 +120,9 @@ int main(int argc, char** argv) {
   // ---- Ceilings ---------------------------------------------------------------------------
   const double weightBytes = double(cfg.decodeWeightParams()) * 4;
   const double bwModelSized = triadGBs(size_t(weightBytes / 3) & ~size_t(63), threads, 10);
-  const double bwLarge = triadGBs(size_t(512) << 20, threads, quick ? 2 : 4);
+  const double bwLarge = triadGBs(size_t(256) << 20, threads, quick ? 2 : 4);
   std::printf("memory bandwidth (triad, %d threads): %.1f GB/s at a model-sized working set "
-              "(%.0f MB), %.1f GB/s at 1.5 GB\n",
+              "(%.0f MB), %.1f GB/s at 768 MB (3 x 256 MB)\n",
               threads, bwModelSized, weightBytes / 1e6, bwLarge);
   const double gemmSquare = sgemmGflops(2048, 2048, 2048, quick ? 2 : 3);
   const double gemmPrefill = sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(1);
   std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
   for (int p : {128, 512, 2048}) {
+    if (only == "decode") break;
     const int blocks = (p + blockSize - 1) / blockSize;
     const auto layout = kvLayoutFor(cfg, blocks, blockSize);
     WeightBuffer kv(layout.totalBytes() / sizeof(float));
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
   const int ctx = 512;
   std::printf("\ndecode (%d tokens of context per sequence, one token per sequence per step):\n", ctx);
   for (int batch : {1, 8, 32}) {
+    if (only == "prefill") break;
     const int steps = quick ? 16 : (batch == 1 ? 64 : 32);
     const int perSeq = (ctx + steps + blockSize - 1) / blockSize;
     const auto layout = kvLayoutFor(cfg, perSeq * batch, blockSize);
