@@ -1,6 +1,8 @@
 // The CPU backend against an independent NumPy implementation (tests/reference) on the
 // tiny model and its variants: prefill logits for a 37-token prompt, then 5 greedy decode
 // steps, each row within 1e-4 relative error, and the same greedy tokens.
+#include <nlohmann/json.hpp>
+
 #include "tests/unit/engine/model_test_util.h"
 
 using namespace pd::engine;
@@ -8,8 +10,7 @@ using namespace pd::engine::test;
 
 namespace {
 
-void checkAgainstNumpy(const std::string& name, const MakeModelOptions& o) {
-  const std::string dir = makeTestModel(name, o);
+void checkDirAgainstNumpy(const std::string& name, const std::string& dir) {
   auto model = loadModel(dir);
   REQUIRE(model.status().toString() == "OK");
   TestKv kv((*model)->config, 64);
@@ -28,6 +29,10 @@ void checkAgainstNumpy(const std::string& name, const MakeModelOptions& o) {
     const int refArgmax = int(std::max_element(refRows[i].begin(), refRows[i].end()) - refRows[i].begin());
     if (i < generated.size()) CHECK(refArgmax == generated[i]);
   }
+}
+
+void checkAgainstNumpy(const std::string& name, const MakeModelOptions& o) {
+  checkDirAgainstNumpy(name, makeTestModel(name, o));
 }
 
 }  // namespace
@@ -100,4 +105,37 @@ TEST_CASE("llama3 rope_scaling matches NumPy and changes the logits") {
   const auto ra = runGreedy(*ba, kva, prompt, 0, 0, &ga);
   const auto rb = runGreedy(*bb, kvb, prompt, 0, 0, &gb);
   CHECK(relError(ra[0], rb[0]) > 1e-4);
+}
+
+TEST_CASE("MistralForCausalLM matches NumPy and refuses contexts past its sliding window") {
+  const std::string src = makeTestModel("llama_tiny", {});
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/mistral_tiny." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(src, dir);
+  auto edit = [&](int window) {
+    std::ifstream in(dir + "/config.json");
+    auto j = nlohmann::json::parse(in);
+    j["architectures"] = {"MistralForCausalLM"};
+    j["model_type"] = "mistral";
+    j["sliding_window"] = window;
+    std::ofstream(dir + "/config.json", std::ios::trunc) << j.dump(2);
+  };
+  edit(4096);
+  checkDirAgainstNumpy("mistral_tiny", dir);
+
+  edit(40);
+  auto model = loadModel(dir);
+  REQUIRE(model.ok());
+  TestKv kv((*model)->config, 8);
+  auto backend = makeBackend(*model, kv);
+  const auto prompt = testPrompt(41, 3);
+  const std::vector<int32_t> table = {0, 1, 2};
+  std::vector<float> logits((*model)->config.vocabSize);
+  SeqChunk c{prompt.data(), 40, 0, table.data(), 3, true};
+  CHECK(backend->forward({&c, 1}, logits.data()).isOk());
+  c = SeqChunk{prompt.data() + 40, 1, 40, table.data(), 3, true};
+  const pd::Status st = backend->forward({&c, 1}, logits.data());
+  CHECK(st.code() == pd::StatusCode::kOutOfRange);
+  CHECK_THAT(st.message(), Catch::Contains("sliding_window 40"));
+  std::filesystem::remove_all(dir);
 }
