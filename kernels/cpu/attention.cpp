@@ -51,10 +51,11 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
           }
           for (int j = 0; j < nh; ++j) {
             float tileMax = m[j];
-            for (int i = 0; i < np; ++i) {
-              s[j][i] = dot(qh[j], kRow[i], headDim) * scale;
-              tileMax = std::max(tileMax, s[j][i]);
-            }
+            int i = 0;
+            for (; i + 8 <= np; i += 8)
+              _mm256_storeu_ps(&s[j][i], _mm256_mul_ps(dot8(qh[j], kRow + i, headDim), _mm256_set1_ps(scale)));
+            for (; i < np; ++i) s[j][i] = dot(qh[j], kRow[i], headDim) * scale;
+            for (i = 0; i < np; ++i) tileMax = std::max(tileMax, s[j][i]);
             // Rescale what was accumulated under the old maximum once per tile.
             const float corr = std::exp(m[j] - tileMax);
             m[j] = tileMax;

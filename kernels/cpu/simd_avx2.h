@@ -62,6 +62,32 @@ inline float dot(const float* a, const float* b, int n) {
   return s;
 }
 
+// Eight dot products of q against rows r[0..7] (n floats each), returned as one vector:
+// the horizontal sums are folded together with hadd, one reduction for eight dots.
+inline __m256 dot8(const float* q, const float* const* r, int n) {
+  __m256 a[8];
+  for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[j] + i), a[j]);
+  }
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  if (i < n) {  // scalar tail (n not a multiple of 8)
+    alignas(32) float tail[8];
+    for (int j = 0; j < 8; ++j) {
+      float t = 0;
+      for (int p = i; p < n; ++p) t += q[p] * r[j][p];
+      tail[j] = t;
+    }
+    sum = _mm256_add_ps(sum, _mm256_load_ps(tail));
+  }
+  return sum;
+}
+
 // y[i] = y[i] * c + p * x[i]
 inline void scaleAddScaled(float* y, float c, float p, const float* x, int n) {
   const __m256 vc = _mm256_set1_ps(c), vp = _mm256_set1_ps(p);
