@@ -105,9 +105,12 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
                         float beta) {
   // Output columns are split over the pool; every BLAS call is single-threaded, so OpenBLAS's
   // own threads never compete with the pool (and concurrent backends stay independent).
+  // A few tasks per thread: tasks are claimed dynamically, so when a worker is descheduled
+  // (a busy machine) the others absorb its share instead of waiting for it.
   const int64_t work = int64_t(n) * out * in;
-  const int tasks = (threads_ == 1 || work < 262144) ? 1 : threads_;
+  const bool serial = threads_ == 1 || work < 262144;
   if (n > opt_.skinnyMaxRows) {
+    const int tasks = serial ? 1 : threads_ * 2;
     const int units = (out + 15) / 16;  // column slices in multiples of 16 (GEMM panel width)
     pool_.run(tasks, [&](int t, int) {
       const int b = std::min(out, int(int64_t(units) * t / tasks) * 16);
@@ -119,6 +122,7 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
     return;
   }
   // Few rows (decode): stream W once, output columns split in multiples of 4.
+  const int tasks = serial ? 1 : threads_ * 4;
   const int quads = (out + 3) / 4;
   pool_.run(tasks, [&](int t, int) {
     const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
