@@ -16,16 +16,17 @@ namespace pd::tools {
 namespace {
 
 void usage() {
-  std::fprintf(stderr,
-               "usage: pdserve generate --model DIR --prompt-ids 1,2,3 [--max-tokens N]\n"
-               "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed N]\n"
-               "                        [--threads N] [--ignore-eos] [--logits-out FILE]\n"
-               "  --prompt-ids    comma-separated token ids (text prompts need the tokenizer,\n"
-               "                  which is not wired into this command yet: --prompt is not accepted)\n"
-               "  --max-tokens    tokens to generate (default 16)\n"
-               "  --temperature   0 (default) = greedy; sampling arrives with common/engine/sampling.h\n"
-               "  --logits-out    writes each step's raw f32 logits (steps x vocab, little endian)\n"
-               "Prints the generated ids, comma-separated, on stdout.\n");
+  std::fprintf(
+      stderr,
+      "usage: pdserve generate --model DIR --prompt-ids 1,2,3 [--max-tokens N]\n"
+      "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed N]\n"
+      "                        [--threads N] [--ignore-eos] [--logits-out FILE]\n"
+      "  --prompt-ids    comma-separated token ids (text prompts need the tokenizer,\n"
+      "                  which is not wired into this command yet: --prompt is not accepted)\n"
+      "  --max-tokens    tokens to generate (default 16)\n"
+      "  --temperature   0 (default) = greedy; sampling arrives with common/engine/sampling.h\n"
+      "  --logits-out    writes each step's raw f32 logits (steps x vocab, little endian)\n"
+      "Prints the generated ids, comma-separated, on stdout.\n");
 }
 
 struct SamplingArgs {
@@ -83,11 +84,14 @@ int runGenerate(int argc, char** argv) {
       modelDir = value();
     } else if (a == "--prompt-ids") {
       if (!parseIds(value(), &prompt)) {
-        std::fprintf(stderr, "generate: --prompt-ids must be comma-separated non-negative integers\n");
+        std::fprintf(stderr,
+                     "generate: --prompt-ids must be comma-separated non-negative integers\n");
         return 2;
       }
     } else if (a == "--prompt") {
-      std::fprintf(stderr, "generate: --prompt TEXT needs the tokenizer, not wired in yet; use --prompt-ids\n");
+      std::fprintf(
+          stderr,
+          "generate: --prompt TEXT needs the tokenizer, not wired in yet; use --prompt-ids\n");
       return 2;
     } else if (a == "--max-tokens") {
       maxTokens = std::atoi(value());
@@ -123,8 +127,9 @@ int runGenerate(int argc, char** argv) {
     return 2;
   }
   if (!sampling.greedy()) {
-    std::fprintf(stderr, "generate: only greedy decoding (--temperature 0) is available until the "
-                         "sampler (common/engine/sampling.h) is plugged in\n");
+    std::fprintf(stderr,
+                 "generate: only greedy decoding (--temperature 0) is available until the "
+                 "sampler (common/engine/sampling.h) is plugged in\n");
     return 2;
   }
 
@@ -169,17 +174,25 @@ int runGenerate(int argc, char** argv) {
       std::fprintf(stderr, "generate: %s\n", st.toString().c_str());
       return 1;
     }
-    if (step == 0) prefillS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (logitsFile) logitsFile.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * 4));
+    if (step == 0)
+      prefillS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (logitsFile)
+      logitsFile.write(reinterpret_cast<const char*>(logits.data()),
+                       std::streamsize(logits.size() * 4));
     next = pickNextToken(logits.data(), cfg.vocabSize, sampling);
     out.push_back(next);
-    if (!ignoreEos && std::find(cfg.eosTokenIds.begin(), cfg.eosTokenIds.end(), next) != cfg.eosTokenIds.end()) break;
-    chunk = engine::SeqChunk{&next, 1, chunk.startPos + chunk.numTokens, table.data(), numBlocks, true};
+    if (!ignoreEos &&
+        std::find(cfg.eosTokenIds.begin(), cfg.eosTokenIds.end(), next) != cfg.eosTokenIds.end())
+      break;
+    chunk =
+        engine::SeqChunk{&next, 1, chunk.startPos + chunk.numTokens, table.data(), numBlocks, true};
   }
-  const double totalS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double totalS =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
   std::printf("\n");
-  std::fprintf(stderr, "generate: prompt %zu tokens in %.1f ms; %zu tokens generated, %.1f tok/s decode\n",
+  std::fprintf(stderr,
+               "generate: prompt %zu tokens in %.1f ms; %zu tokens generated, %.1f tok/s decode\n",
                prompt.size(), prefillS * 1e3, out.size(),
                out.size() > 1 ? double(out.size() - 1) / (totalS - prefillS) : 0.0);
   return 0;

@@ -37,7 +37,7 @@
 namespace pd::engine {
 
 struct SeqChunk {
-  const int32_t* tokens = nullptr;      // [numTokens]
+  const int32_t* tokens = nullptr;  // [numTokens]
   int numTokens = 0;
   int startPos = 0;                     // position of tokens[0] in its sequence
   const int32_t* blockTable = nullptr;  // [numBlocks] block ids in the KV pool

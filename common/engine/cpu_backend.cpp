@@ -1,12 +1,12 @@
 #include "common/engine/cpu_backend.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <cblas.h>
 
 #include "common/engine/cpu_thread_pool.h"
 #include "pd/kernels/activation.h"
@@ -45,7 +45,8 @@ class CpuBackend final : public Backend {
     s.lowFreqFactor = float(cfg_.rope.lowFreqFactor);
     s.highFreqFactor = float(cfg_.rope.highFreqFactor);
     s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
-    kc::ropeInvFreq(invFreq_.data(), cfg_.headDim, cfg_.rope.theta, cfg_.rope.llama3 ? &s : nullptr);
+    kc::ropeInvFreq(invFreq_.data(), cfg_.headDim, cfg_.rope.theta,
+                    cfg_.rope.llama3 ? &s : nullptr);
     threadScratch_.resize(threads_);
     setBlasThreads(1);
   }
@@ -65,9 +66,7 @@ class CpuBackend final : public Backend {
   void forRows(int n, int64_t workPerRow, Fn&& fn);
   void attention(std::span<const SeqChunk> batch, int layer);
 
-  float* layerKv(int layer) const {
-    return kv_ + layer * (layout_.layerBytes() / sizeof(float));
-  }
+  float* layerKv(int layer) const { return kv_ + layer * (layout_.layerBytes() / sizeof(float)); }
 
   std::shared_ptr<const ModelWeights> model_;
   const ModelConfig& cfg_;
@@ -139,21 +138,24 @@ Status CpuBackend::validate(std::span<const SeqChunk> batch, int* totalTokens,
     const SeqChunk& s = batch[c];
     const std::string where = "forward: chunk " + std::to_string(c) + ": ";
     if (s.numTokens <= 0 || !s.tokens)
-      return invalidArgument(where + "numTokens " + std::to_string(s.numTokens) + " (must be >= 1 with tokens)");
-    if (s.startPos < 0) return invalidArgument(where + "startPos " + std::to_string(s.startPos) + " < 0");
+      return invalidArgument(where + "numTokens " + std::to_string(s.numTokens) +
+                             " (must be >= 1 with tokens)");
+    if (s.startPos < 0)
+      return invalidArgument(where + "startPos " + std::to_string(s.startPos) + " < 0");
     const int64_t end = int64_t(s.startPos) + s.numTokens;
     if (cfg_.slidingWindow > 0 && end > cfg_.slidingWindow)
-      return outOfRange(where + "context " + std::to_string(end) + " exceeds the model's sliding_window " +
-                        std::to_string(cfg_.slidingWindow) + " (sliding-window attention is not implemented)");
+      return outOfRange(
+          where + "context " + std::to_string(end) + " exceeds the model's sliding_window " +
+          std::to_string(cfg_.slidingWindow) + " (sliding-window attention is not implemented)");
     if (int64_t(s.numBlocks) * layout_.blockSize < end || !s.blockTable)
-      return invalidArgument(where + "block table of " + std::to_string(s.numBlocks) + " blocks x " +
-                             std::to_string(layout_.blockSize) + " tokens does not cover position " +
-                             std::to_string(end - 1));
+      return invalidArgument(where + "block table of " + std::to_string(s.numBlocks) +
+                             " blocks x " + std::to_string(layout_.blockSize) +
+                             " tokens does not cover position " + std::to_string(end - 1));
     const int needBlocks = int((end + layout_.blockSize - 1) / layout_.blockSize);
     for (int b = 0; b < needBlocks; ++b)
       if (s.blockTable[b] < 0 || s.blockTable[b] >= layout_.numBlocks)
-        return outOfRange(where + "block id " + std::to_string(s.blockTable[b]) + " at table index " +
-                          std::to_string(b) + " is outside the pool [0, " +
+        return outOfRange(where + "block id " + std::to_string(s.blockTable[b]) +
+                          " at table index " + std::to_string(b) + " is outside the pool [0, " +
                           std::to_string(layout_.numBlocks) + ")");
     for (int t = 0; t < s.numTokens; ++t)
       if (s.tokens[t] < 0 || s.tokens[t] >= cfg_.vocabSize)
@@ -163,7 +165,8 @@ Status CpuBackend::validate(std::span<const SeqChunk> batch, int* totalTokens,
     total += s.numTokens;
     if (s.wantLogits) ++nl;
   }
-  if (total > (int64_t(1) << 24)) return invalidArgument("forward: batch of " + std::to_string(total) + " tokens is too large");
+  if (total > (int64_t(1) << 24))
+    return invalidArgument("forward: batch of " + std::to_string(total) + " tokens is too large");
   *totalTokens = int(total);
   *numLogits = nl;
   return Status::ok();
@@ -237,7 +240,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
   int T = 0, numLogits = 0;
   PD_RETURN_IF_ERROR(validate(batch, &T, &numLogits));
   if (T == 0) return Status::ok();
-  if (numLogits > 0 && !logits) return invalidArgument("forward: logits is null but chunks want logits");
+  if (numLogits > 0 && !logits)
+    return invalidArgument("forward: logits is null but chunks want logits");
 
   const int h = cfg_.hiddenSize, hd = cfg_.headDim, half = hd / 2;
   const int qDim = cfg_.qDim(), kvDim = cfg_.kvDim(), qkvRows = qDim + 2 * kvDim;
@@ -333,7 +337,8 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
   if (layout.dtype != KvDtype::kF32)
     return unimplemented(std::string("createCpuBackend: KV dtype ") + kvDtypeName(layout.dtype) +
                          " (the CPU backend computes in f32)");
-  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads || layout.headDim != c.headDim)
+  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads ||
+      layout.headDim != c.headDim)
     return invalidArgument("createCpuBackend: KV layout " + layout.fingerprint() +
                            " does not match the model (layers " + std::to_string(c.numLayers) +
                            ", kv heads " + std::to_string(c.numKvHeads) + ", head dim " +

@@ -10,7 +10,8 @@ namespace {
 // Spins until pred() or kSpinMicros pass; returns pred().
 template <typename Pred>
 bool spinFor(Pred&& pred) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(CpuThreadPool::kSpinMicros);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(CpuThreadPool::kSpinMicros);
   for (int i = 0;; ++i) {
     if (pred()) return true;
     _mm_pause();
@@ -69,7 +70,8 @@ void CpuThreadPool::workerLoop(int thread) {
   uint64_t seen = 0;
   for (;;) {
     auto ready = [&] {
-      return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen;
+      return stop_.load(std::memory_order_relaxed) ||
+             generation_.load(std::memory_order_acquire) != seen;
     };
     if (!spinFor(ready)) {
       std::unique_lock<std::mutex> lock(mu_);

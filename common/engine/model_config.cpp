@@ -1,25 +1,27 @@
 #include "common/engine/model_config.h"
 
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace pd::engine {
 
 const char* architectureName(Architecture a) {
   switch (a) {
-    case Architecture::kLlama: return "LlamaForCausalLM";
-    case Architecture::kMistral: return "MistralForCausalLM";
-    case Architecture::kQwen2: return "Qwen2ForCausalLM";
+    case Architecture::kLlama:
+      return "LlamaForCausalLM";
+    case Architecture::kMistral:
+      return "MistralForCausalLM";
+    case Architecture::kQwen2:
+      return "Qwen2ForCausalLM";
   }
   return "?";
 }
 
 int64_t ModelConfig::decodeWeightParams() const {
   const int64_t h = hiddenSize;
-  const int64_t perLayer = h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h +
-                           3 * h * intermediateSize + 2 * h;
+  const int64_t perLayer =
+      h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 3 * h * intermediateSize + 2 * h;
   return perLayer * numLayers + h + int64_t(vocabSize) * h;
 }
 
@@ -69,9 +71,12 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
   if (arch == j.end() || !arch->is_array() || arch->empty() || !(*arch)[0].is_string())
     return invalidArgument(src + ": missing \"architectures\" (e.g. [\"LlamaForCausalLM\"])");
   const std::string archName = (*arch)[0].get<std::string>();
-  if (archName == "LlamaForCausalLM") c.architecture = Architecture::kLlama;
-  else if (archName == "MistralForCausalLM") c.architecture = Architecture::kMistral;
-  else if (archName == "Qwen2ForCausalLM") c.architecture = Architecture::kQwen2;
+  if (archName == "LlamaForCausalLM")
+    c.architecture = Architecture::kLlama;
+  else if (archName == "MistralForCausalLM")
+    c.architecture = Architecture::kMistral;
+  else if (archName == "Qwen2ForCausalLM")
+    c.architecture = Architecture::kQwen2;
   else
     return unimplemented(src + ": unsupported architecture \"" + archName +
                          "\" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
@@ -87,14 +92,17 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
   PD_RETURN_IF_ERROR(readInt(j, "max_position_embeddings", false, &c.maxPositionEmbeddings, src));
   if (c.hiddenSize % c.numHeads != 0 && !j.contains("head_dim"))
     return invalidArgument(src + ": hidden_size " + std::to_string(c.hiddenSize) +
-                           " is not a multiple of num_attention_heads " + std::to_string(c.numHeads));
+                           " is not a multiple of num_attention_heads " +
+                           std::to_string(c.numHeads));
   c.headDim = c.hiddenSize / c.numHeads;
   PD_RETURN_IF_ERROR(readInt(j, "head_dim", false, &c.headDim, src));
   if (c.numHeads % c.numKvHeads != 0)
     return invalidArgument(src + ": num_attention_heads " + std::to_string(c.numHeads) +
-                           " is not a multiple of num_key_value_heads " + std::to_string(c.numKvHeads));
+                           " is not a multiple of num_key_value_heads " +
+                           std::to_string(c.numKvHeads));
   if (c.headDim % 2 != 0 || c.headDim > 512)
-    return unimplemented(src + ": head_dim " + std::to_string(c.headDim) + " (must be even and <= 512)");
+    return unimplemented(src + ": head_dim " + std::to_string(c.headDim) +
+                         " (must be even and <= 512)");
 
   double eps = 1e-6;
   PD_RETURN_IF_ERROR(readNumber(j, "rms_norm_eps", &eps, src));
@@ -111,15 +119,17 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
     c.tieWordEmbeddings = it->get<bool>();
   if (c.architecture == Architecture::kQwen2) {
     c.qkvBias = true;
-  } else if (auto it = j.find("attention_bias"); it != j.end() && it->is_boolean() && it->get<bool>()) {
+  } else if (auto it = j.find("attention_bias");
+             it != j.end() && it->is_boolean() && it->get<bool>()) {
     c.qkvBias = true;
     c.oBias = true;
   }
 
   // Sliding windows: Mistral applies sliding_window when set; Qwen2 only with use_sliding_window.
   if (auto it = j.find("sliding_window"); it != j.end() && it->is_number_integer()) {
-    const bool use = c.architecture == Architecture::kMistral ||
-                     (c.architecture == Architecture::kQwen2 && j.value("use_sliding_window", false));
+    const bool use =
+        c.architecture == Architecture::kMistral ||
+        (c.architecture == Architecture::kQwen2 && j.value("use_sliding_window", false));
     if (use) c.slidingWindow = it->get<int>();
   }
 
@@ -132,12 +142,15 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
     } else if (type == "llama3") {
       c.rope.llama3 = true;
       PD_RETURN_IF_ERROR(readNumber(*it, "factor", &c.rope.factor, src + ": rope_scaling"));
-      PD_RETURN_IF_ERROR(readNumber(*it, "low_freq_factor", &c.rope.lowFreqFactor, src + ": rope_scaling"));
-      PD_RETURN_IF_ERROR(readNumber(*it, "high_freq_factor", &c.rope.highFreqFactor, src + ": rope_scaling"));
+      PD_RETURN_IF_ERROR(
+          readNumber(*it, "low_freq_factor", &c.rope.lowFreqFactor, src + ": rope_scaling"));
+      PD_RETURN_IF_ERROR(
+          readNumber(*it, "high_freq_factor", &c.rope.highFreqFactor, src + ": rope_scaling"));
       PD_RETURN_IF_ERROR(readInt(*it, "original_max_position_embeddings", false,
                                  &c.rope.originalMaxPositionEmbeddings, src + ": rope_scaling"));
       if (c.rope.highFreqFactor <= c.rope.lowFreqFactor || c.rope.factor <= 0)
-        return invalidArgument(src + ": rope_scaling llama3 needs factor > 0 and high_freq_factor > low_freq_factor");
+        return invalidArgument(
+            src + ": rope_scaling llama3 needs factor > 0 and high_freq_factor > low_freq_factor");
     } else {
       return unimplemented(src + ": rope_scaling type \"" + type + "\" (supported: llama3)");
     }
@@ -146,7 +159,8 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
   if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer())
     c.bosTokenId = it->get<int>();
   if (auto it = j.find("eos_token_id"); it != j.end()) {
-    if (it->is_number_integer()) c.eosTokenIds.push_back(it->get<int>());
+    if (it->is_number_integer())
+      c.eosTokenIds.push_back(it->get<int>());
     else if (it->is_array())
       for (const auto& e : *it)
         if (e.is_number_integer()) c.eosTokenIds.push_back(e.get<int>());

@@ -42,9 +42,9 @@ struct ModelConfig {
   float rmsNormEps = 1e-6f;
   RopeConfig rope;
   bool tieWordEmbeddings = false;
-  bool qkvBias = false;  // Qwen2 always; Llama when attention_bias
-  bool oBias = false;    // Llama attention_bias also biases o_proj
-  int slidingWindow = 0; // 0 = none; Mistral's sliding_window (contexts past it are refused)
+  bool qkvBias = false;   // Qwen2 always; Llama when attention_bias
+  bool oBias = false;     // Llama attention_bias also biases o_proj
+  int slidingWindow = 0;  // 0 = none; Mistral's sliding_window (contexts past it are refused)
   int bosTokenId = -1;
   std::vector<int> eosTokenIds;
   std::string torchDtype;  // informational ("bfloat16", "float32", ...)

@@ -5,10 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/engine/safetensors.h"
 
@@ -104,13 +103,20 @@ const char* kSpecial[3] = {"<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"};
 ordered_json tokenizerJson() {
   ordered_json added = ordered_json::array();
   for (int i = 0; i < 3; ++i)
-    added.push_back({{"id", 256 + i}, {"content", kSpecial[i]}, {"single_word", false},
-                     {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", 256 + i},
+                     {"content", kSpecial[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   ordered_json vocab = ordered_json::object();
   const auto cp = bytesToUnicode();
   for (int b = 0; b < 256; ++b) vocab[utf8(cp[b])] = b;
-  ordered_json byteLevel = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                            {"trim_offsets", true}, {"use_regex", true}};
+  ordered_json byteLevel = {{"type", "ByteLevel"},
+                            {"add_prefix_space", false},
+                            {"trim_offsets", true},
+                            {"use_regex", true}};
   ordered_json bos = {{"SpecialToken", {{"id", kSpecial[0]}, {"type_id", 0}}}};
   ordered_json j;
   j["version"] = "1.0";
@@ -122,15 +128,24 @@ ordered_json tokenizerJson() {
   j["post_processor"] = {
       {"type", "TemplateProcessing"},
       {"single", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-      {"pair", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, bos,
-                {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
-      {"special_tokens", {{kSpecial[0], {{"id", kSpecial[0]}, {"ids", {256}}, {"tokens", {kSpecial[0]}}}}}}};
+      {"pair",
+       {bos,
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+        bos,
+        {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+      {"special_tokens",
+       {{kSpecial[0], {{"id", kSpecial[0]}, {"ids", {256}}, {"tokens", {kSpecial[0]}}}}}}};
   j["decoder"] = byteLevel;
-  j["model"] = {{"type", "BPE"},           {"dropout", nullptr},
-                {"unk_token", nullptr},    {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                {"byte_fallback", false},  {"ignore_merges", false},
-                {"vocab", vocab},          {"merges", ordered_json::array()}};
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", ordered_json::array()}};
   return j;
 }
 
@@ -147,9 +162,12 @@ Status writeText(const std::string& path, const std::string& text) {
 
 Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   Shape s;
-  if (o.preset == "tiny") s = {64, 2, 4, 2, 172, 259, 2048};
-  else if (o.preset == "small") s = {512, 8, 8, 4, 1376, 259, 4096};
-  else return invalidArgument("make-model: unknown preset \"" + o.preset + "\" (tiny|small)");
+  if (o.preset == "tiny")
+    s = {64, 2, 4, 2, 172, 259, 2048};
+  else if (o.preset == "small")
+    s = {512, 8, 8, 4, 1376, 259, 4096};
+  else
+    return invalidArgument("make-model: unknown preset \"" + o.preset + "\" (tiny|small)");
   if (o.dtype != "f32" && o.dtype != "bf16")
     return invalidArgument("make-model: unknown dtype \"" + o.dtype + "\" (f32|bf16)");
   if (o.numKvHeads > 0) {
@@ -158,7 +176,8 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
                              " must divide the " + std::to_string(s.heads) + " attention heads");
     s.kvHeads = o.numKvHeads;
   }
-  if (o.shards < 1 || o.shards > 99) return invalidArgument("make-model: shards must be in [1, 99]");
+  if (o.shards < 1 || o.shards > 99)
+    return invalidArgument("make-model: shards must be in [1, 99]");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return notFound(dir + ": cannot create directory: " + ec.message());
@@ -183,17 +202,21 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
       tensors.push_back(makeTensor(p + "self_attn.k_proj.bias", {kv}, rng, 0, 0.3f, bf16));
       tensors.push_back(makeTensor(p + "self_attn.v_proj.bias", {kv}, rng, 0, 0.3f, bf16));
     }
-    tensors.push_back(makeTensor(p + "self_attn.o_proj.weight", {h, q}, rng, 0, 1.0f / std::sqrt(float(q)), bf16));
-    tensors.push_back(makeTensor(p + "post_attention_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+    tensors.push_back(makeTensor(p + "self_attn.o_proj.weight", {h, q}, rng, 0,
+                                 1.0f / std::sqrt(float(q)), bf16));
+    tensors.push_back(
+        makeTensor(p + "post_attention_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
     tensors.push_back(makeTensor(p + "mlp.gate_proj.weight", {s.ffn, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "mlp.up_proj.weight", {s.ffn, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "mlp.down_proj.weight", {h, s.ffn}, rng, 0, inF, bf16));
   }
   tensors.push_back(makeTensor("model.norm.weight", {h}, rng, 1.0f, 0.2f, bf16));
   if (!o.tieEmbeddings)
-    tensors.push_back(makeTensor("lm_head.weight", {s.vocab, h}, rng, 0, 1.0f / std::sqrt(float(h)), bf16));
+    tensors.push_back(
+        makeTensor("lm_head.weight", {s.vocab, h}, rng, 0, 1.0f / std::sqrt(float(h)), bf16));
 
-  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"generator", "pdserve make-model"}};
+  const std::map<std::string, std::string> meta = {{"format", "pt"},
+                                                   {"generator", "pdserve make-model"}};
   if (o.shards == 1) {
     PD_RETURN_IF_ERROR(writeSafetensors(dir + "/model.safetensors", tensors, meta));
   } else {
@@ -230,8 +253,11 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   cfg["rms_norm_eps"] = 1e-5;
   cfg["rope_theta"] = 10000.0;
   if (o.ropeLlama3)
-    cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+    cfg["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", 8.0},
+                           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 8192}};
   else
     cfg["rope_scaling"] = nullptr;
   if (o.qkvBias) {
@@ -254,8 +280,8 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   ordered_json addedDecoder = ordered_json::object();
   for (int i = 0; i < 3; ++i)
     addedDecoder[std::to_string(256 + i)] = {{"content", kSpecial[i]}, {"lstrip", false},
-                                             {"normalized", false}, {"rstrip", false},
-                                             {"single_word", false}, {"special", true}};
+                                             {"normalized", false},    {"rstrip", false},
+                                             {"single_word", false},   {"special", true}};
   ordered_json tc;
   tc["add_bos_token"] = true;
   tc["add_eos_token"] = false;
@@ -272,8 +298,10 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
       "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
   PD_RETURN_IF_ERROR(writeText(dir + "/tokenizer_config.json", tc.dump(2)));
 
-  ordered_json gen = {{"bos_token_id", kMadeBosId}, {"eos_token_id", kMadeEosId},
-                      {"pad_token_id", kMadePadId}, {"do_sample", false}};
+  ordered_json gen = {{"bos_token_id", kMadeBosId},
+                      {"eos_token_id", kMadeEosId},
+                      {"pad_token_id", kMadePadId},
+                      {"do_sample", false}};
   PD_RETURN_IF_ERROR(writeText(dir + "/generation_config.json", gen.dump(2)));
   return Status::ok();
 }

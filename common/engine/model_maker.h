@@ -20,12 +20,12 @@ struct MakeModelOptions {
   std::string preset = "tiny";  // tiny | small
   uint64_t seed = 1;
   bool tieEmbeddings = false;
-  bool qkvBias = false;         // writes Qwen2ForCausalLM
-  std::string dtype = "f32";    // f32 | bf16
+  bool qkvBias = false;       // writes Qwen2ForCausalLM
+  std::string dtype = "f32";  // f32 | bf16
   // Variants for tests (hidden CLI flags):
-  int numKvHeads = 0;           // 0 = the preset's value
-  bool ropeLlama3 = false;      // rope_scaling {rope_type: llama3, factor 8, 1, 4, 8192}
-  int shards = 1;               // > 1 writes model-0000i-of-0000n.safetensors + index
+  int numKvHeads = 0;       // 0 = the preset's value
+  bool ropeLlama3 = false;  // rope_scaling {rope_type: llama3, factor 8, 1, 4, 8192}
+  int shards = 1;           // > 1 writes model-0000i-of-0000n.safetensors + index
 };
 
 // Writes into outDir (created if missing; existing files are overwritten).

@@ -7,10 +7,9 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "common/engine/safetensors.h"
 
@@ -105,7 +104,8 @@ class TensorSource {
   Status read(const std::string& name, const std::vector<int64_t>& shape, float* dst) const {
     auto it = where_.find(name);
     if (it == where_.end())
-      return notFound(dir_ + ": missing tensor " + name + " (expected shape " + shapeToString(shape) + ")");
+      return notFound(dir_ + ": missing tensor " + name + " (expected shape " +
+                      shapeToString(shape) + ")");
     const SafetensorsFile& f = files_[it->second];
     const TensorInfo* info = f.find(name);
     if (info->shape != shape)
@@ -155,7 +155,8 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
     w.qkv = WeightBuffer(size_t(qkvRows * h));
     PD_RETURN_IF_ERROR(src.read(p + "self_attn.q_proj.weight", {q, h}, w.qkv.data()));
     PD_RETURN_IF_ERROR(src.read(p + "self_attn.k_proj.weight", {kv, h}, w.qkv.data() + q * h));
-    PD_RETURN_IF_ERROR(src.read(p + "self_attn.v_proj.weight", {kv, h}, w.qkv.data() + (q + kv) * h));
+    PD_RETURN_IF_ERROR(
+        src.read(p + "self_attn.v_proj.weight", {kv, h}, w.qkv.data() + (q + kv) * h));
     if (c.qkvBias) {
       w.qkvBias = WeightBuffer(size_t(qkvRows));
       PD_RETURN_IF_ERROR(src.read(p + "self_attn.q_proj.bias", {q}, w.qkvBias.data()));

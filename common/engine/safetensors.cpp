@@ -7,7 +7,6 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 namespace pd::engine {
@@ -138,9 +137,12 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
       }
       TensorInfo info;
       const std::string dt = t.at("dtype").get<std::string>();
-      if (dt == "F32") info.dtype = TensorDtype::kF32;
-      else if (dt == "F16") info.dtype = TensorDtype::kF16;
-      else if (dt == "BF16") info.dtype = TensorDtype::kBF16;
+      if (dt == "F32")
+        info.dtype = TensorDtype::kF32;
+      else if (dt == "F16")
+        info.dtype = TensorDtype::kF16;
+      else if (dt == "BF16")
+        info.dtype = TensorDtype::kBF16;
       else
         return unimplemented(path + ": tensor " + name + " has dtype " + dt +
                              " (supported: F32, F16, BF16)");
@@ -151,8 +153,9 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
       info.begin = offs[0];
       info.end = offs[1];
       if (info.end - info.begin != uint64_t(info.numel()) * tensorDtypeBytes(info.dtype))
-        return dataLoss(path + ": tensor " + name + " shape " + shapeToString(info.shape) + " " + dt +
-                        " does not match its " + std::to_string(info.end - info.begin) + " bytes");
+        return dataLoss(path + ": tensor " + name + " shape " + shapeToString(info.shape) + " " +
+                        dt + " does not match its " + std::to_string(info.end - info.begin) +
+                        " bytes");
       f.tensors_[name] = std::move(info);
     }
   } catch (const std::exception& e) {
@@ -170,8 +173,7 @@ Status SafetensorsFile::readF32(const std::string& name, float* dst) const {
   const TensorInfo* t = find(name);
   if (!t) return notFound(path_ + ": no tensor named " + name);
   const uint64_t bytes = t->end - t->begin;
-  if (t->dtype == TensorDtype::kF32)
-    return preadAll(fd_, dst, bytes, dataStart_ + t->begin, path_);
+  if (t->dtype == TensorDtype::kF32) return preadAll(fd_, dst, bytes, dataStart_ + t->begin, path_);
   // Half-precision: read in chunks into a staging buffer, widen into dst.
   constexpr size_t kChunk = size_t(1) << 20;  // elements
   std::unique_ptr<uint16_t[]> stage(new uint16_t[kChunk]);

@@ -12,7 +12,7 @@ namespace {
 // Query heads handled together per pass over the keys: each K/V row loaded from the pool is
 // reused by all of them (the point of GQA on a bandwidth-bound decode).
 constexpr int kHeadsPerPass = 8;
-constexpr int kTile = 32;       // key positions scored before one online-softmax update
+constexpr int kTile = 32;  // key positions scored before one online-softmax update
 constexpr int kMaxHeadDim = 512;
 
 }  // namespace
@@ -53,7 +53,8 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
             float tileMax = m[j];
             int i = 0;
             for (; i + 8 <= np; i += 8)
-              _mm256_storeu_ps(&s[j][i], _mm256_mul_ps(dot8(qh[j], kRow + i, headDim), _mm256_set1_ps(scale)));
+              _mm256_storeu_ps(
+                  &s[j][i], _mm256_mul_ps(dot8(qh[j], kRow + i, headDim), _mm256_set1_ps(scale)));
             for (; i < np; ++i) s[j][i] = dot(qh[j], kRow[i], headDim) * scale;
             for (i = 0; i < np; ++i) tileMax = std::max(tileMax, s[j][i]);
             // Rescale what was accumulated under the old maximum once per tile.
@@ -82,8 +83,8 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
   }
 }
 
-void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols,
-                       int firstQueryPos, float scale) {
+void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols, int firstQueryPos,
+                       float scale) {
   using namespace detail;
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int r = 0; r < numRows; ++r) {
@@ -110,7 +111,8 @@ void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols,
     }
     const __m256 vinv = _mm256_set1_ps(1.0f / sum);
     i = 0;
-    for (; i + 8 <= valid; i += 8) _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), vinv));
+    for (; i + 8 <= valid; i += 8)
+      _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), vinv));
     for (; i < valid; ++i) row[i] *= 1.0f / sum;
     std::fill(row + valid, row + numCols, 0.0f);
   }

@@ -5,8 +5,7 @@
 namespace pd::kernels::cpu {
 
 void kvCacheWrite(float* layerKv, const float* k, const float* v, int rowStride,
-                  const int32_t* slots, int numTokens, int blockSize, int numKvHeads,
-                  int headDim) {
+                  const int32_t* slots, int numTokens, int blockSize, int numKvHeads, int headDim) {
   const size_t tokenElems = size_t(numKvHeads) * headDim;
   const size_t blockElems = 2 * size_t(blockSize) * tokenElems;
   for (int t = 0; t < numTokens; ++t) {
@@ -18,9 +17,8 @@ void kvCacheWrite(float* layerKv, const float* k, const float* v, int rowStride,
   }
 }
 
-void kvGatherHead(const float* layerKv, const int32_t* blockTable, int numPositions,
-                  int blockSize, int numKvHeads, int headDim, int kvHead, float* kOut,
-                  float* vOut) {
+void kvGatherHead(const float* layerKv, const int32_t* blockTable, int numPositions, int blockSize,
+                  int numKvHeads, int headDim, int kvHead, float* kOut, float* vOut) {
   const size_t tokenElems = size_t(numKvHeads) * headDim;
   const size_t blockElems = 2 * size_t(blockSize) * tokenElems;
   for (int p = 0; p < numPositions; ++p) {

@@ -1,7 +1,8 @@
 #include "pd/kernels/norm.h"
 
-#include <cmath>
 #include <immintrin.h>
+
+#include <cmath>
 
 namespace pd::kernels::cpu {
 

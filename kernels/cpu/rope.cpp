@@ -19,8 +19,9 @@ void ropeInvFreq(float* invFreq, int headDim, double theta, const RopeLlama3Scal
       if (wavelen > lowWavelen) {
         f = f / llama3->factor;
       } else if (wavelen >= highWavelen) {
-        const double smooth = (llama3->originalMaxPositionEmbeddings / wavelen - llama3->lowFreqFactor) /
-                              (llama3->highFreqFactor - llama3->lowFreqFactor);
+        const double smooth =
+            (llama3->originalMaxPositionEmbeddings / wavelen - llama3->lowFreqFactor) /
+            (llama3->highFreqFactor - llama3->lowFreqFactor);
         f = (1 - smooth) * f / llama3->factor + smooth * f;
       }
     }
@@ -40,8 +41,8 @@ void ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, i
   }
 }
 
-void applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim,
-               const float* cosT, const float* sinT) {
+void applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim, const float* cosT,
+               const float* sinT) {
   const int half = headDim / 2;
   for (int t = 0; t < numTokens; ++t) {
     const float* c = cosT + size_t(t) * half;

@@ -5,6 +5,7 @@
 //                                          [--only prefill|decode]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
+#include <cblas.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <cblas.h>
 
 #include "common/engine/cpu_backend.h"
 #include "common/engine/model_maker.h"
@@ -83,12 +82,18 @@ int main(int argc, char** argv) {
   std::string only;  // "", "prefill" or "decode"
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--model" && i + 1 < argc) modelDir = argv[++i];
-    else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (a == "--quick") quick = true;
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    if (a == "--model" && i + 1 < argc)
+      modelDir = argv[++i];
+    else if (a == "--threads" && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (a == "--quick")
+      quick = true;
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode]\n");
+      std::fprintf(
+          stderr,
+          "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode]\n");
       return 2;
     }
   }
@@ -111,21 +116,24 @@ int main(int argc, char** argv) {
   const ModelConfig& cfg = (*model)->config;
   setBlasThreads(threads);
 
-  std::printf("engine_bench: model %s (hidden %d, layers %d, heads %d/%d, ffn %d, vocab %d), "
-              "%.1f MB f32 weights, %d threads\n",
-              modelDir.c_str(), cfg.hiddenSize, cfg.numLayers, cfg.numHeads, cfg.numKvHeads,
-              cfg.intermediateSize, cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
+  std::printf(
+      "engine_bench: model %s (hidden %d, layers %d, heads %d/%d, ffn %d, vocab %d), "
+      "%.1f MB f32 weights, %d threads\n",
+      modelDir.c_str(), cfg.hiddenSize, cfg.numLayers, cfg.numHeads, cfg.numKvHeads,
+      cfg.intermediateSize, cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
   std::printf("OpenBLAS: core %s; config %s\n", openblas_get_corename(), openblas_get_config());
 
   // ---- Ceilings ---------------------------------------------------------------------------
   const double weightBytes = double(cfg.decodeWeightParams()) * 4;
   const double bwModelSized = triadGBs(size_t(weightBytes / 3) & ~size_t(63), threads, 10);
   const double bwLarge = triadGBs(size_t(256) << 20, threads, quick ? 2 : 4);
-  std::printf("memory bandwidth (triad, %d threads): %.1f GB/s at a model-sized working set "
-              "(%.0f MB), %.1f GB/s at 768 MB (3 x 256 MB)\n",
-              threads, bwModelSized, weightBytes / 1e6, bwLarge);
+  std::printf(
+      "memory bandwidth (triad, %d threads): %.1f GB/s at a model-sized working set "
+      "(%.0f MB), %.1f GB/s at 768 MB (3 x 256 MB)\n",
+      threads, bwModelSized, weightBytes / 1e6, bwLarge);
   const double gemmSquare = sgemmGflops(2048, 2048, 2048, quick ? 2 : 3);
-  const double gemmPrefill = sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
+  const double gemmPrefill =
+      sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
   const double gemmPeak = std::max(gemmSquare, gemmPrefill);
   std::printf("sgemm: %.1f GFLOP/s (2048^3), %.1f GFLOP/s (2048x%dx%d, the gate|up shape)\n",
               gemmSquare, gemmPrefill, 2 * cfg.intermediateSize, cfg.hiddenSize);
@@ -157,7 +165,8 @@ int main(int argc, char** argv) {
     }
     const double linearFlops = 2.0 * double(cfg.decodeWeightParams() - cfg.hiddenSize) * p -
                                2.0 * double(cfg.vocabSize) * cfg.hiddenSize * (p - 1);
-    const double attnFlops = 4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
+    const double attnFlops =
+        4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
     const double gflops = (linearFlops + attnFlops) / best / 1e9;
     std::printf("  %5d tokens: %8.0f tok/s  (%.1f ms, %.1f GFLOP/s = %.0f%% of sgemm peak)\n", p,
                 p / best, best * 1e3, gflops, 100.0 * gflops / gemmPeak);
@@ -165,7 +174,8 @@ int main(int argc, char** argv) {
 
   // ---- Decode -------------------------------------------------------------------------------
   const int ctx = 512;
-  std::printf("\ndecode (%d tokens of context per sequence, one token per sequence per step):\n", ctx);
+  std::printf("\ndecode (%d tokens of context per sequence, one token per sequence per step):\n",
+              ctx);
   for (int batch : {1, 8, 32}) {
     if (only == "prefill") break;
     const int steps = quick ? 16 : (batch == 1 ? 64 : 32);
@@ -188,7 +198,8 @@ int main(int argc, char** argv) {
     double total = 0;
     for (int step = -2; step < steps; ++step) {  // two warm-up steps
       const int pos = ctx + std::max(step, 0);
-      for (int s = 0; s < batch; ++s) chunks[s] = SeqChunk{&next[s], 1, pos, tables[s].data(), perSeq, true};
+      for (int s = 0; s < batch; ++s)
+        chunks[s] = SeqChunk{&next[s], 1, pos, tables[s].data(), perSeq, true};
       const auto t0 = Clock::now();
       if (!(*backend)->forward(chunks, logits.data()).isOk()) return 1;
       if (step >= 0) total += secondsSince(t0);
@@ -204,11 +215,12 @@ int main(int argc, char** argv) {
       const double floorModel = weightBytes / (bwModelSized * 1e9);
       const double floorLarge = weightBytes / (bwLarge * 1e9);
       const double stepS = total / steps;
-      std::printf("\n    bandwidth floor (%.1f MB weights / token): %.3f ms at %.1f GB/s -> %.0f%% of "
-                  "floor; %.3f ms at %.1f GB/s -> %.0f%%\n    (the %.1f MB of KV read per token at "
-                  "ctx %d is on top of the weights)",
-                  weightBytes / 1e6, floorModel * 1e3, bwModelSized, 100.0 * floorModel / stepS,
-                  floorLarge * 1e3, bwLarge, 100.0 * floorLarge / stepS, kvBytes / 1e6, ctx);
+      std::printf(
+          "\n    bandwidth floor (%.1f MB weights / token): %.3f ms at %.1f GB/s -> %.0f%% of "
+          "floor; %.3f ms at %.1f GB/s -> %.0f%%\n    (the %.1f MB of KV read per token at "
+          "ctx %d is on top of the weights)",
+          weightBytes / 1e6, floorModel * 1e3, bwModelSized, 100.0 * floorModel / stepS,
+          floorLarge * 1e3, bwLarge, 100.0 * floorLarge / stepS, kvBytes / 1e6, ctx);
     }
     std::printf("\n");
   }

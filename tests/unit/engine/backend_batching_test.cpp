@@ -71,8 +71,9 @@ TEST_CASE("a sequence batched with 7 others gives the same logits as alone") {
   batch.clear();
   std::vector<int32_t> extra = testPrompt(12, 77);
   for (int s = 0; s < 8; ++s) {
-    next[s] = int32_t(std::max_element(logits.begin() + s * vocab, logits.begin() + (s + 1) * vocab) -
-                      (logits.begin() + s * vocab));
+    next[s] =
+        int32_t(std::max_element(logits.begin() + s * vocab, logits.begin() + (s + 1) * vocab) -
+                (logits.begin() + s * vocab));
     const int pos = int(seqs[s].tokens.size());
     if (s % 3 == 1)  // a prefill chunk continuing at pos (wants no logits)
       batch.push_back({extra.data(), 12, pos, seqs[s].table.data(), 6, false});

@@ -1,9 +1,8 @@
 // The CPU kernels against plain scalar double-precision versions of the same math.
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "pd/kernels/activation.h"
 #include "pd/kernels/attention.h"
@@ -34,7 +33,8 @@ TEST_CASE("rmsNorm and swiGlu match scalar math") {
     double ss = 0;
     for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
     const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
-    for (int i = 0; i < dim; ++i) CHECK(out[r * dim + i] == Approx(x[r * dim + i] * inv * w[i]).epsilon(1e-6));
+    for (int i = 0; i < dim; ++i)
+      CHECK(out[r * dim + i] == Approx(x[r * dim + i] * inv * w[i]).epsilon(1e-6));
   }
   const int ffn = 45;
   auto gu = randomVec(rows * 2 * ffn, 3, 4.0f);
@@ -103,7 +103,8 @@ TEST_CASE("paged attention and the GEMM-tile softmax match naive causal GQA atte
       double mx = -1e300;
       for (int p = 0; p < len; ++p) {
         double d = 0;
-        for (int i = 0; i < hd; ++i) d += double(q[t * qStride + h * hd + i]) * k[p * tokenElems + g * hd + i];
+        for (int i = 0; i < hd; ++i)
+          d += double(q[t * qStride + h * hd + i]) * k[p * tokenElems + g * hd + i];
         s[p] = d * scale;
         mx = std::max(mx, s[p]);
       }
@@ -125,7 +126,8 @@ TEST_CASE("paged attention and the GEMM-tile softmax match naive causal GQA atte
   std::vector<float> kg(size_t(ctx) * hd), vg(size_t(ctx) * hd);
   for (int h = 0; h < numHeads; ++h) {
     const int g = h / (numHeads / numKvHeads);
-    kc::kvGatherHead(pool.data(), table.data(), ctx, blockSize, numKvHeads, hd, g, kg.data(), vg.data());
+    kc::kvGatherHead(pool.data(), table.data(), ctx, blockSize, numKvHeads, hd, g, kg.data(),
+                     vg.data());
     for (int p = 0; p < ctx; ++p)
       for (int i = 0; i < hd; ++i) REQUIRE(kg[p * hd + i] == k[p * tokenElems + g * hd + i]);
     std::vector<float> scores(size_t(n) * ctx);

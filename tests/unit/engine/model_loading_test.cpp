@@ -26,7 +26,8 @@ void writeText(const std::string& p, const std::string& s) {
 // A private copy of the tiny model that a test may break.
 std::string copyOfTiny(const std::string& name) {
   const std::string src = makeTestModel("llama_tiny", {});
-  const std::string dst = std::string(PD_TEST_MODEL_DIR) + "/broken_" + name + "." + std::to_string(::getpid());
+  const std::string dst =
+      std::string(PD_TEST_MODEL_DIR) + "/broken_" + name + "." + std::to_string(::getpid());
   fs::remove_all(dst);
   fs::copy(src, dst);
   return dst;
@@ -78,7 +79,8 @@ TEST_CASE("config.json of each architecture parses") {
 }
 
 TEST_CASE("config errors name the problem") {
-  auto c = parseModelConfig(R"({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})", "cfg.json");
+  auto c =
+      parseModelConfig(R"({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})", "cfg.json");
   REQUIRE(!c.ok());
   CHECK(c.status().code() == pd::StatusCode::kUnimplemented);
   CHECK_THAT(c.status().message(), Catch::Contains("unsupported architecture \"GPT2LMHeadModel\""));
@@ -86,9 +88,11 @@ TEST_CASE("config errors name the problem") {
   c = parseModelConfig(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})", "cfg.json");
   CHECK_THAT(c.status().message(), Catch::Contains("missing required key \"intermediate_size\""));
 
-  c = parseModelConfig(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 8,
+  c = parseModelConfig(
+      R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 8,
       "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
-      "rope_scaling": {"type": "yarn", "factor": 4.0}})", "cfg.json");
+      "rope_scaling": {"type": "yarn", "factor": 4.0}})",
+      "cfg.json");
   CHECK_THAT(c.status().message(), Catch::Contains("rope_scaling type \"yarn\""));
 
   c = parseModelConfig("{not json", "cfg.json");
@@ -179,7 +183,8 @@ TEST_CASE("a missing tensor is named") {
   auto m = loadModel(dir);
   REQUIRE(!m.ok());
   CHECK(m.status().code() == pd::StatusCode::kNotFound);
-  CHECK_THAT(m.status().message(), Catch::Contains("missing tensor model.layers.1.mlp.up_proj.weight"));
+  CHECK_THAT(m.status().message(),
+             Catch::Contains("missing tensor model.layers.1.mlp.up_proj.weight"));
   CHECK_THAT(m.status().message(), Catch::Contains("[172, 64]"));
   fs::remove_all(dir);
 }
@@ -192,8 +197,8 @@ TEST_CASE("a tensor whose shape does not match the config is named with both sha
   auto m = loadModel(dir);
   REQUIRE(!m.ok());
   CHECK(m.status().code() == pd::StatusCode::kInvalidArgument);
-  CHECK_THAT(m.status().message(),
-             Catch::Contains("model.layers.0.mlp.gate_proj.weight has shape [172, 64] but the config implies [200, 64]"));
+  CHECK_THAT(m.status().message(), Catch::Contains("model.layers.0.mlp.gate_proj.weight has shape "
+                                                   "[172, 64] but the config implies [200, 64]"));
   fs::remove_all(dir);
 }
 

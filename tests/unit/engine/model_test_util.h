@@ -5,14 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "common/engine/cpu_backend.h"
 #include "common/engine/model_maker.h"
@@ -113,14 +112,14 @@ inline double relError(const std::vector<float>& a, const std::vector<float>& b)
 // Runs tests/reference/llama_reference.py over `tokens` and returns the logits rows for
 // positions [first - 1, tokens.size()).
 inline std::vector<std::vector<float>> numpyReference(const std::string& modelDir,
-                                                      const std::vector<int32_t>& tokens,
-                                                      int first, int vocab) {
+                                                      const std::vector<int32_t>& tokens, int first,
+                                                      int vocab) {
   const std::string out = modelDir + "/ref." + std::to_string(::getpid()) + ".bin";
   std::string ids;
   for (size_t i = 0; i < tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(tokens[i]);
   const std::string cmd = "/usr/bin/python3 " + std::string(PD_SOURCE_DIR) +
-                          "/tests/reference/llama_reference.py --model " + modelDir +
-                          " --tokens " + ids + " --first " + std::to_string(first) + " --out " + out;
+                          "/tests/reference/llama_reference.py --model " + modelDir + " --tokens " +
+                          ids + " --first " + std::to_string(first) + " --out " + out;
   REQUIRE(std::system(cmd.c_str()) == 0);
   std::ifstream in(out, std::ios::binary);
   std::vector<std::vector<float>> rows;

@@ -28,7 +28,7 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
 // firstQueryPos + r and keeps columns [0, firstQueryPos + r] (column = key position); columns
 // beyond are set to 0 (so a following P*V GEMM over numCols columns is exact).
 // Scores are multiplied by scale before the softmax. numCols >= firstQueryPos + numRows.
-void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols,
-                       int firstQueryPos, float scale);
+void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols, int firstQueryPos,
+                       float scale);
 
 }  // namespace pd::kernels::cpu

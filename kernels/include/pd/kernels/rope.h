@@ -29,7 +29,7 @@ void ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, i
 
 // x: [numTokens][rowStride] with numHeads heads of headDim floats starting at x[t*rowStride]
 // (rotated in place). cosT, sinT: [numTokens][headDim/2] from ropeCosSin.
-void applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim,
-               const float* cosT, const float* sinT);
+void applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim, const float* cosT,
+               const float* sinT);
 
 }  // namespace pd::kernels::cpu
