@@ -7,6 +7,16 @@
 namespace pd::engine {
 namespace {
 
+constexpr uint64_t kFieldMask = (uint64_t(1) << 20) - 1;
+constexpr uint64_t kGenMask = (uint64_t(1) << 24) - 1;
+
+uint64_t pack(uint32_t gen, uint32_t numTasks, uint32_t next) {
+  return (uint64_t(gen & kGenMask) << 40) | (uint64_t(numTasks) << 20) | next;
+}
+uint32_t genOf(uint64_t s) { return uint32_t(s >> 40); }
+uint32_t numTasksOf(uint64_t s) { return uint32_t((s >> 20) & kFieldMask); }
+uint32_t nextOf(uint64_t s) { return uint32_t(s & kFieldMask); }
+
 // Spins until pred() or kSpinMicros pass; returns pred().
 template <typename Pred>
 bool spinFor(Pred&& pred) {
@@ -34,56 +44,61 @@ CpuThreadPool::~CpuThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void CpuThreadPool::drain(int thread) {
+uint32_t CpuThreadPool::claimAndRun(uint64_t s, int thread) {
   for (;;) {
-    const int task = next_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= numTasks_) return;
-    (*fn_)(task, thread);
+    const uint32_t n = numTasksOf(s), next = nextOf(s);
+    if (next >= n) return genOf(s);
+    // A successful CAS proves the run is still current; it stays current until this task
+    // finishes (the caller waits for every task), so fn_ is that run's function.
+    if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+      (*fn_.load(std::memory_order_acquire))(int(next), thread);
+      if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == int(n)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.notify_one();
+      }
+      s = state_.load(std::memory_order_acquire);
+    }
   }
 }
 
 void CpuThreadPool::run(int numTasks, const TaskFn& fn) {
   if (numTasks <= 0) return;
-  if (workers_.empty() || numTasks == 1) {
+  if (workers_.empty() || numTasks == 1 || numTasks > kMaxTasks) {
     for (int i = 0; i < numTasks; ++i) fn(i, 0);
     return;
   }
-  fn_ = &fn;
-  numTasks_ = numTasks;
-  next_.store(0, std::memory_order_relaxed);
-  pending_.store(int(workers_.size()), std::memory_order_relaxed);
+  fn_.store(&fn, std::memory_order_relaxed);
+  finished_.store(0, std::memory_order_relaxed);
+  ++generation_;
+  const uint64_t s = pack(generation_, uint32_t(numTasks), 0);
   {
-    // Under the lock so a worker that is about to block cannot miss the new generation.
+    // Under the lock so a worker about to sleep cannot miss the new run.
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+    state_.store(s, std::memory_order_release);
   }
   wake_.notify_all();
-  drain(0);
-  if (!spinFor([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+  claimAndRun(s, 0);
+  auto allDone = [&] { return finished_.load(std::memory_order_acquire) == numTasks; };
+  if (!spinFor(allDone)) {
     std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    done_.wait(lock, allDone);
   }
-  fn_ = nullptr;
 }
 
 void CpuThreadPool::workerLoop(int thread) {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
     auto ready = [&] {
       return stop_.load(std::memory_order_relaxed) ||
-             generation_.load(std::memory_order_acquire) != seen;
+             genOf(state_.load(std::memory_order_acquire)) != seen;
     };
     if (!spinFor(ready)) {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, ready);
     }
     if (stop_.load()) return;
-    seen = generation_.load(std::memory_order_acquire);
-    drain(thread);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_.notify_one();
-    }
+    seen = claimAndRun(state_.load(std::memory_order_acquire), thread);
   }
 }
 
