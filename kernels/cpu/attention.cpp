@@ -15,6 +15,34 @@ constexpr int kHeadsPerPass = 8;
 constexpr int kTile = 32;  // key positions scored before one online-softmax update
 constexpr int kMaxHeadDim = 512;
 
+// acc[d] += sum_i p[i] * v[i][d], 32 columns at a time held in registers across all keys
+// (an axpy per key would load and store acc once per key).
+inline void accumulatePV(float* acc, const float* p, const float* const* v, int np, int headDim) {
+  int d = 0;
+  for (; d + 32 <= headDim; d += 32) {
+    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
+    __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
+    for (int i = 0; i < np; ++i) {
+      const __m256 pi = _mm256_set1_ps(p[i]);
+      a0 = _mm256_fmadd_ps(pi, _mm256_loadu_ps(v[i] + d), a0);
+      a1 = _mm256_fmadd_ps(pi, _mm256_loadu_ps(v[i] + d + 8), a1);
+      a2 = _mm256_fmadd_ps(pi, _mm256_loadu_ps(v[i] + d + 16), a2);
+      a3 = _mm256_fmadd_ps(pi, _mm256_loadu_ps(v[i] + d + 24), a3);
+    }
+    _mm256_storeu_ps(acc + d, a0);
+    _mm256_storeu_ps(acc + d + 8, a1);
+    _mm256_storeu_ps(acc + d + 16, a2);
+    _mm256_storeu_ps(acc + d + 24, a3);
+  }
+  for (; d + 8 <= headDim; d += 8) {
+    __m256 a = _mm256_loadu_ps(acc + d);
+    for (int i = 0; i < np; ++i) a = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v[i] + d), a);
+    _mm256_storeu_ps(acc + d, a);
+  }
+  for (; d < headDim; ++d)
+    for (int i = 0; i < np; ++i) acc[d] += p[i] * v[i][d];
+}
+
 }  // namespace
 
 void pagedAttention(const float* q, int qStride, const float* layerKv, const int32_t* blockTable,
@@ -68,10 +96,9 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
             if (corr != 1.0f)
               for (int d = 0; d < headDim; ++d) acc[j][d] *= corr;
           }
-          for (int i = 0; i < np; ++i) {
-            const float* vRow = kRow[i] + size_t(blockSize) * tokenElems;
-            for (int j = 0; j < nh; ++j) axpy(acc[j], s[j][i], vRow, headDim);
-          }
+          const float* vRow[kTile];
+          for (int i = 0; i < np; ++i) vRow[i] = kRow[i] + size_t(blockSize) * tokenElems;
+          for (int j = 0; j < nh; ++j) accumulatePV(acc[j], s[j], vRow, np, headDim);
         }
         for (int j = 0; j < nh; ++j) {
           float* o = out + size_t(t) * outStride + size_t(g * group + h0 + j) * headDim;
