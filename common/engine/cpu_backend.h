@@ -30,7 +30,7 @@ struct CpuBackendOptions {
   int gemmAttentionMinTokens = 16;
   // Linear layers over at most this many token rows use the weight-streaming kernel
   // (kernels/linear.h); larger batches use OpenBLAS sgemm.
-  int skinnyMaxRows = 32;
+  int skinnyMaxRows = 16;
 };
 
 // kvBase: the start of the KV region described by `layout` (f32 only on the CPU); it must

@@ -36,7 +36,8 @@ inline void accumulatePV(float* acc, const float* p, const float* const* v, int 
   }
   for (; d + 8 <= headDim; d += 8) {
     __m256 a = _mm256_loadu_ps(acc + d);
-    for (int i = 0; i < np; ++i) a = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v[i] + d), a);
+    for (int i = 0; i < np; ++i)
+      a = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v[i] + d), a);
     _mm256_storeu_ps(acc + d, a);
   }
   for (; d < headDim; ++d)

@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false;
   std::string only;  // "", "prefill" or "decode"
+  int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc)
@@ -99,10 +100,12 @@ int main(int argc, char** argv) {
       quick = true;
     else if (a == "--only" && i + 1 < argc)
       only = argv[++i];
+    else if (a == "--skinny-max-rows" && i + 1 < argc)
+      skinnyMaxRows = std::atoi(argv[++i]);
     else {
-      std::fprintf(
-          stderr,
-          "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode]\n");
+      std::fprintf(stderr,
+                   "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only "
+                   "prefill|decode] [--skinny-max-rows N]\n");
       return 2;
     }
   }
@@ -158,6 +161,7 @@ int main(int argc, char** argv) {
     WeightBuffer kv(layout.totalBytes() / sizeof(float));
     CpuBackendOptions opt;
     opt.numThreads = threads;
+    opt.skinnyMaxRows = skinnyMaxRows;
     auto backend = createCpuBackend(*model, layout, kv.data(), opt);
     if (!backend.ok()) return 1;
     std::vector<int32_t> tokens(p), table(blocks);
@@ -181,8 +185,9 @@ int main(int argc, char** argv) {
     const double attnFlops =
         4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
     const double gflops = (linearFlops + attnFlops) / best / 1e9;
-    std::printf("  %5d tokens: %8.0f tok/s  (%.1f ms, %.1f GFLOP/s = %.0f%% of sgemm peak; %.1f CPU-ms)\n",
-                p, p / best, best * 1e3, gflops, 100.0 * gflops / gemmPeak, bestCpu * 1e3);
+    std::printf(
+        "  %5d tokens: %8.0f tok/s  (%.1f ms, %.1f GFLOP/s = %.0f%% of sgemm peak; %.1f CPU-ms)\n",
+        p, p / best, best * 1e3, gflops, 100.0 * gflops / gemmPeak, bestCpu * 1e3);
   }
 
   // ---- Decode -------------------------------------------------------------------------------
@@ -200,6 +205,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < kv.size(); ++i) kv.data()[i] = nd(rng);
     CpuBackendOptions opt;
     opt.numThreads = threads;
+    opt.skinnyMaxRows = skinnyMaxRows;
     auto backend = createCpuBackend(*model, layout, kv.data(), opt);
     if (!backend.ok()) return 1;
     std::vector<std::vector<int32_t>> tables(batch, std::vector<int32_t>(perSeq));
@@ -226,8 +232,9 @@ int main(int argc, char** argv) {
                           (logits.begin() + size_t(s) * cfg.vocabSize));
     }
     const double tokS = batch * steps / total;
-    std::printf("  batch %2d: %8.1f tok/s  (%.2f ms per step; %.2f CPU-ms per step over all threads)",
-                batch, tokS, total / steps * 1e3, cpu / steps * 1e3);
+    std::printf(
+        "  batch %2d: %8.1f tok/s  (%.2f ms per step; %.2f CPU-ms per step over all threads)",
+        batch, tokS, total / steps * 1e3, cpu / steps * 1e3);
     if (batch == 1) {
       const double kvBytes = 2.0 * ctx * cfg.kvDim() * 4 * cfg.numLayers;
       const double floorModel = weightBytes / (bwModelSized * 1e9);
