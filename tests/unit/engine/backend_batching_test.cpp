@@ -96,11 +96,6 @@ TEST_CASE("K/V land in the sequence's blocks and layer callbacks come in order")
   auto backend = makeBackend(model, kv);
   const auto prompt = testPrompt(20, 8);
   const std::vector<int32_t> table = {9, 4};  // 20 tokens: block 9 then block 4
-  std::vector<int> layers;
-  std::vector<float> logits(c.vocabSize);
-  SeqChunk chunk{prompt.data(), 20, 0, table.data(), 2, true};
-  REQUIRE(backend->forward({&chunk, 1}, logits.data(), [&](int l) { layers.push_back(l); }).isOk());
-  CHECK(layers == std::vector<int>{0, 1});
   const float* base = kv.data.data();
   auto blockNonZero = [&](int layer, int block, int tokens) {
     const float* p = base + kv.layout.blockOffset(layer, block) / sizeof(float);
@@ -114,6 +109,25 @@ TEST_CASE("K/V land in the sequence's blocks and layer callbacks come in order")
     }
     return nonZeroTokens == tokens;
   };
+  std::vector<int> layers;
+  std::vector<float> logits(c.vocabSize);
+  SeqChunk chunk{prompt.data(), 20, 0, table.data(), 2, true};
+  // When layer l is reported ready its K/V must already be in the cache (a prefill worker
+  // starts pushing it right then), and layer l+1's must not be written yet.
+  std::vector<int> readyAtCallback, nextEmptyAtCallback;
+  REQUIRE(backend
+              ->forward({&chunk, 1}, logits.data(),
+                        [&](int l) {
+                          layers.push_back(l);
+                          readyAtCallback.push_back(blockNonZero(l, 9, 16) &&
+                                                    blockNonZero(l, 4, 4));
+                          nextEmptyAtCallback.push_back(l + 1 >= c.numLayers ||
+                                                        blockNonZero(l + 1, 9, 0));
+                        })
+              .isOk());
+  CHECK(layers == std::vector<int>{0, 1});
+  CHECK(readyAtCallback == std::vector<int>{1, 1});
+  CHECK(nextEmptyAtCallback == std::vector<int>{1, 1});
   for (int l = 0; l < c.numLayers; ++l) {
     CHECK(blockNonZero(l, 9, 16));
     CHECK(blockNonZero(l, 4, 4));
