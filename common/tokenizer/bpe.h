@@ -1,0 +1,75 @@
+// The BPE model of a tokenizer.json: vocabulary, merges by rank, byte fallback, and a cache
+// of encoded words.
+//
+// Two symbol spaces:
+//  - byte-level (GPT-2, Llama 3, Qwen): words are raw bytes; vocabulary strings are mapped
+//    back from GPT-2's printable characters at load, so encoding never builds mapped strings;
+//  - character-level (SentencePiece-style, Llama 2, Mistral): words are UTF-8 and start as
+//    code points; characters missing from the vocabulary become <0xNN> byte tokens when
+//    byte_fallback is set, else the unknown token.
+// Merges apply lowest rank first, leftmost first among equal ranks.
+//
+// Thread-safety: encodeWord may be called from any thread; the word cache is guarded by a
+// mutex. Everything else is immutable after load.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/base/status.h"
+
+namespace pd::tok {
+
+using TokenId = int32_t;
+
+class BpeModel {
+ public:
+  // `model` is tokenizer.json's "model" object (type BPE). Errors name the field at fault.
+  static Result<std::unique_ptr<BpeModel>> fromJson(const nlohmann::json& model, bool byteLevel);
+
+  // Appends the ids of one pre-tokenized word.
+  void encodeWord(std::string_view word, std::vector<TokenId>& out) const;
+
+  // Registers an id <-> string pair that is not in the model's vocabulary (added tokens).
+  void addToken(const std::string& content, TokenId id);
+
+  size_t vocabSize() const { return idToToken_.size(); }
+  // The vocabulary string of `id` as tokenizer.json spells it ("Ġhello", "▁the", "<0x0A>").
+  // Empty for ids without a token.
+  const std::string& idToToken(TokenId id) const;
+  // Looks up a vocabulary string as tokenizer.json spells it.
+  bool tokenToId(std::string_view token, TokenId* id) const;
+  bool byteLevel() const { return byteLevel_; }
+
+ private:
+  BpeModel() = default;
+  void mergeWord(std::string_view word, std::vector<TokenId>& out) const;
+  void appendUnknown(std::string_view bytes, std::vector<TokenId>& out) const;
+
+  bool byteLevel_ = false;
+  bool ignoreMerges_ = false;
+  bool byteFallback_ = false;
+  TokenId unkId_ = -1;
+  // Keys in the model's symbol space (raw bytes when byte-level).
+  std::unordered_map<std::string, TokenId> vocab_;
+  std::unordered_map<std::string, TokenId> tokenStrings_;  // as spelled in the file
+  std::vector<std::string> idToToken_;
+  // (left id << 32 | right id) -> (rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, TokenId>> merges_;
+  std::array<TokenId, 256> byteIds_{};      // byte-level: the token of each single byte
+  std::array<TokenId, 256> fallbackIds_{};  // <0xNN> tokens
+
+  static constexpr size_t kMaxCachedWordBytes = 256;
+  static constexpr size_t kMaxCacheEntries = 1 << 17;
+  mutable std::mutex cacheMu_;
+  mutable std::unordered_map<std::string, std::vector<TokenId>> cache_;
+};
+
+}  // namespace pd::tok
