@@ -10,6 +10,7 @@ namespace {
 
 const Command kCommands[] = {
     {"version", "print the version", runVersion},
+    {"tokenize", "encode text or a chat with a model's tokenizer", runTokenize},
 };
 
 void printUsage() {
