@@ -112,7 +112,7 @@ const std::string& BpeModel::idToToken(TokenId id) const {
 }
 
 bool BpeModel::tokenToId(std::string_view token, TokenId* id) const {
-  auto it = tokenStrings_.find(std::string(token));
+  auto it = tokenStrings_.find(token);
   if (it == tokenStrings_.end()) return false;
   *id = it->second;
   return true;
@@ -132,31 +132,32 @@ void BpeModel::appendUnknown(std::string_view bytes, std::vector<TokenId>& out) 
 
 void BpeModel::encodeWord(std::string_view word, std::vector<TokenId>& out) const {
   if (word.empty()) return;
-  if (ignoreMerges_) {
-    auto it = vocab_.find(std::string(word));
-    if (it != vocab_.end()) {
-      out.push_back(it->second);
-      return;
-    }
+  if (byteLevel_ && word.size() == 1) {  // common (punctuation, spaces): no merge possible
+    TokenId id = byteIds_[static_cast<unsigned char>(word[0])];
+    if (id >= 0) out.push_back(id);
+    return;
   }
   bool cacheable = word.size() <= kMaxCachedWordBytes;
-  std::string key;
   if (cacheable) {
-    key.assign(word);
     std::lock_guard<std::mutex> lock(cacheMu_);
-    auto it = cache_.find(key);
+    auto it = cache_.find(word);
     if (it != cache_.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
   }
   size_t before = out.size();
-  mergeWord(word, out);
+  auto whole = ignoreMerges_ ? vocab_.find(word) : vocab_.end();
+  if (whole != vocab_.end()) {
+    out.push_back(whole->second);  // ignore_merges: a word in the vocabulary is one token
+  } else {
+    mergeWord(word, out);
+  }
   if (cacheable) {
     std::vector<TokenId> ids(out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
     std::lock_guard<std::mutex> lock(cacheMu_);
     if (cache_.size() >= kMaxCacheEntries) cache_.clear();  // bounded memory; refills quickly
-    cache_.emplace(std::move(key), std::move(ids));
+    cache_.emplace(std::string(word), std::move(ids));
   }
 }
 
@@ -178,7 +179,7 @@ void BpeModel::mergeWord(std::string_view word, std::vector<TokenId>& out) const
     while (pos < word.size()) {
       size_t start = pos;
       nextCodePoint(word, pos);
-      auto it = vocab_.find(std::string(word.substr(start, pos - start)));
+      auto it = vocab_.find(word.substr(start, pos - start));
       int idx = static_cast<int>(syms.size());
       syms.push_back({it == vocab_.end() ? -1 : it->second, idx - 1, idx + 1,
                       static_cast<uint32_t>(start), static_cast<uint32_t>(pos - start)});

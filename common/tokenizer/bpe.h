@@ -29,6 +29,14 @@ namespace pd::tok {
 
 using TokenId = int32_t;
 
+// Hash and equality that accept std::string_view, so lookups never allocate.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+};
+template <typename V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
 class BpeModel {
  public:
   // `model` is tokenizer.json's "model" object (type BPE). Errors name the field at fault.
@@ -58,8 +66,8 @@ class BpeModel {
   bool byteFallback_ = false;
   TokenId unkId_ = -1;
   // Keys in the model's symbol space (raw bytes when byte-level).
-  std::unordered_map<std::string, TokenId> vocab_;
-  std::unordered_map<std::string, TokenId> tokenStrings_;  // as spelled in the file
+  StringMap<TokenId> vocab_;
+  StringMap<TokenId> tokenStrings_;  // as spelled in the file
   std::vector<std::string> idToToken_;
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, TokenId>> merges_;
@@ -69,7 +77,7 @@ class BpeModel {
   static constexpr size_t kMaxCachedWordBytes = 256;
   static constexpr size_t kMaxCacheEntries = 1 << 17;
   mutable std::mutex cacheMu_;
-  mutable std::unordered_map<std::string, std::vector<TokenId>> cache_;
+  mutable StringMap<std::vector<TokenId>> cache_;
 };
 
 }  // namespace pd::tok

@@ -172,10 +172,11 @@ Result<std::string> normalizeUnicode(std::string_view s, NormalForm form) {
   if (U_FAILURE(err) || norm == nullptr) {
     return internalError(std::string("ICU normalizer unavailable: ") + u_errorName(err));
   }
-  // Fast path: most text (ASCII, already-composed) is unchanged.
-  icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), s.size()));
-  if (norm->isNormalized(u, err) && U_SUCCESS(err)) return std::string(s);
+  // Fast path: most text (ASCII, already-composed) is unchanged; checked on UTF-8 directly.
+  icu::StringPiece piece(s.data(), static_cast<int32_t>(s.size()));
+  if (norm->isNormalizedUTF8(piece, err) && U_SUCCESS(err)) return std::string(s);
   err = U_ZERO_ERROR;
+  icu::UnicodeString u = icu::UnicodeString::fromUTF8(piece);
   icu::UnicodeString out = norm->normalize(u, err);
   if (U_FAILURE(err)) return internalError(std::string("ICU normalize failed: ") + u_errorName(err));
   return fromUnicodeString(out);
