@@ -169,6 +169,51 @@ TEST_CASE("make-model tokenizer matches the reference") {
   checkAgainstReference(writeMakeModelFixture());
 }
 
+// Llama 2's vocabulary with the newer Metaspace pre-tokenizer and decoder instead of the
+// Prepend/Replace normalizer (the layout other SentencePiece conversions use).
+TEST_CASE("Metaspace pre-tokenizer and decoder match the reference") {
+  json tj = json::parse(test::readText(modelDir("llama2") + "/tokenizer.json"));
+  tj["normalizer"] = nullptr;
+  tj["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true},
+                         {"prepend_scheme", "always"}, {"split", false}};
+  tj["decoder"] = {{"type", "Sequence"},
+                   {"decoders", {{{"type", "ByteFallback"}},
+                                 {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true},
+                                  {"prepend_scheme", "always"}, {"split", false}}}}};
+  std::string dir = test::tempPath("metaspace");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << tj.dump();
+  std::filesystem::copy_file(modelDir("llama2") + "/tokenizer_config.json", dir + "/tokenizer_config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  checkAgainstReference(dir);
+}
+
+TEST_CASE("add_bos_token / add_eos_token in tokenizer_config.json decide BOS/EOS") {
+  auto t = Tokenizer::fromJson(makeModelTokenizerJson(),
+                               R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+                                   "add_bos_token": true, "add_eos_token": true})");
+  REQUIRE(t.ok());
+  auto ids = (*t)->encode("a");
+  REQUIRE(ids.ok());
+  CHECK(*ids == std::vector<TokenId>{256, 97, 257});
+  auto plain = (*t)->encode("a", false);
+  REQUIRE(plain.ok());
+  CHECK(*plain == std::vector<TokenId>{97});
+  // Without flags, a TemplateProcessing post-processor decides (Llama 3.1's layout).
+  auto tj = json::parse(makeModelTokenizerJson());
+  tj["post_processor"] = json::parse(R"({"type": "Sequence", "processors": [
+      {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+      {"type": "TemplateProcessing",
+       "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+       "pair": [],
+       "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [256], "tokens": ["<|begin_of_text|>"]}}}]})");
+  auto t2 = Tokenizer::fromJson(tj.dump(), R"({"bos_token": "<|begin_of_text|>"})");
+  REQUIRE(t2.ok());
+  auto ids2 = (*t2)->encode("a");
+  REQUIRE(ids2.ok());
+  CHECK(*ids2 == std::vector<TokenId>{256, 97});
+}
+
 TEST_CASE("decode round-trips the text for lossless tokenizers") {
   json corpus = json::parse(test::readText("tests/unit/tokenizer/corpus.json"));
   auto llama3 = Tokenizer::loadDir(modelDir("llama3"));
