@@ -228,7 +228,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
   void split(std::vector<std::string>& pieces, size_t) const override {
     if (addPrefixSpace_) {
       for (auto& p : pieces)
-        if (p.empty() || p[0] != ' ') p.insert(0, " ");
+        if (p.empty() || p[0] != ' ') p.insert(p.begin(), ' ');
     }
     if (re_) regexSplit(*re_, SplitBehavior::kIsolated, false, pieces);
   }
