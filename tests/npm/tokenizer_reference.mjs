@@ -41,7 +41,11 @@ if (mode === "encode") {
     if (tokenOf("bos_token")) ctx.bos_token = tokenOf("bos_token");
     if (tokenOf("eos_token")) ctx.eos_token = tokenOf("eos_token");
     Object.assign(ctx, c.extra ?? {});
-    return { prompt: template.render(ctx) };
+    try {
+      return { prompt: template.render(ctx) };
+    } catch (e) {
+      return { error: String(e?.message ?? e) };  // raise_exception and the like
+    }
   });
   writeFileSync(outPath, JSON.stringify(out));
 } else if (mode === "bench") {
