@@ -10,6 +10,33 @@ namespace pd::tok {
 
 using json = nlohmann::json;
 
+void MergeTable::reserve(size_t n) {
+  size_t cap = 16;
+  while (cap < n * 2) cap <<= 1;
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  size_ = 0;
+}
+
+void MergeTable::insert(TokenId left, TokenId right, int32_t rank, TokenId merged) {
+  if ((size_ + 1) * 2 > slots_.size()) {  // grow: rehash everything
+    std::vector<Slot> old = std::move(slots_);
+    reserve(std::max<size_t>(16, (size_ + 1) * 2));
+    for (const Slot& s : old)
+      if (s.rank >= 0) insert(static_cast<TokenId>(s.key >> 32), static_cast<TokenId>(s.key & 0xFFFFFFFFu), s.rank, s.merged);
+  }
+  uint64_t key = pack(left, right);
+  for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
+    Slot& s = slots_[i];
+    if (s.rank < 0) {
+      s = Slot{key, rank, merged};
+      ++size_;
+      return;
+    }
+    if (s.key == key) return;
+  }
+}
+
 Result<std::unique_ptr<BpeModel>> BpeModel::fromJson(const json& m, bool byteLevel) {
   if (!m.is_object()) return invalidArgument("tokenizer.json: 'model' is not an object");
   std::string type = m.value("type", std::string("BPE"));
@@ -63,7 +90,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::fromJson(const json& m, bool byteLev
   if (m.contains("merges")) {
     const auto& merges = m["merges"];
     if (!merges.is_array()) return invalidArgument("tokenizer.json: model.merges is not an array");
-    bpe->merges_.reserve(merges.size() * 2);
+    bpe->merges_.reserve(merges.size());
     int32_t rank = 0;
     for (const auto& mg : merges) {
       std::string a, b;
@@ -88,9 +115,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::fromJson(const json& m, bool byteLev
       // A merge whose parts or result are not in the vocabulary can never produce a token.
       if (ia != bpe->tokenStrings_.end() && ib != bpe->tokenStrings_.end() &&
           im != bpe->tokenStrings_.end()) {
-        uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
-                       static_cast<uint32_t>(ib->second);
-        bpe->merges_.emplace(key, std::make_pair(rank, im->second));
+        bpe->merges_.insert(ia->second, ib->second, rank, im->second);
       }
       ++rank;
     }
@@ -196,11 +221,10 @@ void BpeModel::mergeWord(std::string_view word, std::vector<TokenId>& out) const
   auto lookup = [&](int i, Cand* c) {
     int j = syms[i].next;
     if (j < 0 || syms[i].id < 0 || syms[j].id < 0) return false;
-    uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(syms[i].id)) << 32) |
-                   static_cast<uint32_t>(syms[j].id);
-    auto it = merges_.find(key);
-    if (it == merges_.end()) return false;
-    *c = {it->second.first, i, it->second.second};
+    int32_t rank;
+    TokenId merged;
+    if (!merges_.find(syms[i].id, syms[j].id, &rank, &merged)) return false;
+    *c = {rank, i, merged};
     return true;
   };
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;

@@ -37,6 +37,43 @@ struct StringHash {
 template <typename V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
+// Open-addressing table for merges: (left id, right id) -> (rank, merged id). The BPE inner
+// loop does one lookup per candidate pair; std::unordered_map's prime-modulo hashing and
+// node chasing cost several times more.
+class MergeTable {
+ public:
+  void reserve(size_t n);
+  // Keeps the first insertion of a pair (the lowest rank).
+  void insert(TokenId left, TokenId right, int32_t rank, TokenId merged);
+  bool find(TokenId left, TokenId right, int32_t* rank, TokenId* merged) const {
+    if (slots_.empty()) return false;
+    uint64_t key = pack(left, right);
+    for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.rank < 0) return false;
+      if (s.key == key) {
+        *rank = s.rank;
+        *merged = s.merged;
+        return true;
+      }
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t key = 0;
+    int32_t rank = -1;  // -1: empty
+    TokenId merged = -1;
+  };
+  static uint64_t pack(TokenId l, TokenId r) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
+  }
+  static size_t hash(uint64_t k) { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20); }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
 class BpeModel {
  public:
   // `model` is tokenizer.json's "model" object (type BPE). Errors name the field at fault.
@@ -69,8 +106,7 @@ class BpeModel {
   StringMap<TokenId> vocab_;
   StringMap<TokenId> tokenStrings_;  // as spelled in the file
   std::vector<std::string> idToToken_;
-  // (left id << 32 | right id) -> (rank, merged id)
-  std::unordered_map<uint64_t, std::pair<int32_t, TokenId>> merges_;
+  MergeTable merges_;
   std::array<TokenId, 256> byteIds_{};      // byte-level: the token of each single byte
   std::array<TokenId, 256> fallbackIds_{};  // <0xNN> tokens
 
