@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "common/base/log.h"
+
 namespace pd::tok {
 
 Result<std::shared_ptr<const Regex>> Regex::compile(std::string_view pattern) {
@@ -39,7 +41,17 @@ std::vector<std::pair<size_t, size_t>> Regex::findAll(std::string_view text) con
   size_t pos = 0;
   while (pos <= text.size()) {
     int rc = pcre2_match(code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
-    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH or a resource limit: no further matches
+    if (rc < 0) {
+      // A resource limit (not seen with the real patterns even on megabyte-long runs): the
+      // rest stays one unsplit piece, so no text is lost, and the reason is logged.
+      if (rc != PCRE2_ERROR_NOMATCH) {
+        PCRE2_UCHAR buf[256];
+        pcre2_get_error_message(rc, buf, sizeof(buf));
+        PD_LOG(kError, "tokenizer") << "regex '" << pattern_ << "' stopped at byte " << pos << " of "
+                                    << text.size() << ": " << reinterpret_cast<char*>(buf);
+      }
+      break;
+    }
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     size_t b = ov[0], e = ov[1];
     out.emplace_back(b, e);
