@@ -631,11 +631,18 @@ class Parser {
     if (tag == "for") return parseFor(line);
     if (tag == "set") return parseSet(line);
     if (tag == "macro") return parseMacro(line);
+    if (tag == "generation") {  // marks assistant text for training masks: renders its body
+      expect(Tok::kCloseStmt, "'%}'");
+      NodeP body = parseBlock({"endgeneration"});
+      identifier();
+      expect(Tok::kCloseStmt, "'%}'");
+      return body;
+    }
     if (tag == "break" || tag == "continue") {
       expect(Tok::kCloseStmt, "'%}'");
       return mk(tag == "break" ? NK::kBreak : NK::kContinue, line);
     }
-    fail(line, "unsupported tag '" + tag + "' (supported: if, for, set, macro, break, continue)");
+    fail(line, "unsupported tag '" + tag + "' (supported: if, for, set, macro, generation, break, continue)");
   }
 
   NodeP parseIf(int line) {

@@ -1,6 +1,8 @@
 #include "common/tokenizer/tokenizer.h"
 
+#include <cctype>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 

@@ -98,6 +98,9 @@ TEST_CASE("jinja subset: loops, namespaces, slicing, filters, tests, methods") {
   CHECK(render("{%- if a -%}  A  {%- elif b -%} B {%- else -%} C {%- endif -%}", {{"b", true}}) == "B");
   CHECK(render("{{ 'x' if false else 'y' }}{{ 7 // 2 }}{{ 7 % 3 }}{{ 'a' ~ 1 }}") == "y31a1");
   CHECK(render("{% macro greet(name, p='!') %}Hi {{ name }}{{ p }}{% endmacro %}{{ greet('Bo') }}") == "Hi Bo!");
+  CHECK(render("a{% generation %}b{% endgeneration %}c") == "abc");
+  CHECK(render("{% for x in [1, 2, 3, 4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}") == "13");
+  CHECK(render("{% set a, b = [1, 2] %}{{ b }}{{ a }}{% set t %}blk{{ a }}{% endset %}{{ t|upper }}") == "21BLK1");
   CHECK(render("{{ msgs|selectattr('role', 'equalto', 'user')|map(attribute='c')|join }}",
                {{"msgs", json::parse(R"([{"role":"user","c":"u1"},{"role":"bot","c":"b"},{"role":"user","c":"u2"}])")}}) ==
         "u1u2");
