@@ -3,6 +3,8 @@
 // equal the JavaScript reference (run live, one node process per tokenizer).
 #include <filesystem>
 #include <fstream>
+#include <atomic>
+#include <thread>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -249,6 +251,30 @@ TEST_CASE("BOS from the post-processor (Llama 2) and none for Llama 3's ByteLeve
   auto ids3 = (*llama3)->encode("Hello");
   REQUIRE(ids3.ok());
   CHECK(ids3->front() != 128000);
+}
+
+TEST_CASE("one tokenizer encodes from several threads at once with identical results") {
+  auto loaded = Tokenizer::loadDir(modelDir("qwen3"));
+  REQUIRE(loaded.ok());
+  auto tok = *loaded;
+  json corpus = json::parse(test::readText("tests/unit/tokenizer/corpus.json"));
+  std::vector<std::vector<TokenId>> want;
+  for (const auto& t : corpus) want.push_back(*tok->encode(t.get<std::string>()));
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = 0; i < corpus.size(); ++i) {
+          size_t j = (i * 7 + static_cast<size_t>(k) * 13 + static_cast<size_t>(round)) % corpus.size();
+          auto ids = tok->encode(corpus[j].get<std::string>());
+          if (!ids.ok() || *ids != want[j]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(mismatches.load() == 0);
 }
 
 TEST_CASE("streaming holds back incomplete UTF-8 and releases it whole") {
