@@ -347,11 +347,12 @@ Result<std::unique_ptr<PreTokenizer>> makePreTokenizer(const json& j) {
         new ByteLevelPreTokenizer(boolField(j, "add_prefix_space", false), re));
   }
   if (type == "Metaspace") {
-    std::string scheme = strField(j, "prepend_scheme", "");
+    // Older files say add_prefix_space, newer ones prepend_scheme; an explicit
+    // add_prefix_space=false wins (as in the JS reference).
+    std::string scheme = strField(j, "prepend_scheme", "always");
     MetaspacePreTokenizer::Scheme s = MetaspacePreTokenizer::Scheme::kAlways;
-    if (scheme.empty()) {
-      s = boolField(j, "add_prefix_space", true) ? MetaspacePreTokenizer::Scheme::kAlways
-                                                 : MetaspacePreTokenizer::Scheme::kNever;
+    if (!boolField(j, "add_prefix_space", true)) {
+      s = MetaspacePreTokenizer::Scheme::kNever;
     } else if (scheme == "first") {
       s = MetaspacePreTokenizer::Scheme::kFirst;
     } else if (scheme == "never") {

@@ -258,8 +258,8 @@ Status Tokenizer::load(std::string_view tokenizerJson, std::string_view configJs
         auto re = Regex::compile(regexEscape(rep));
         if (!re.ok()) return re.status();
         for (auto& t : tokenBytes_) t = replaceAll(std::move(t), **re, " ");
-        bool prefix = d.contains("add_prefix_space") ? d.value("add_prefix_space", true)
-                                                     : d.value("prepend_scheme", std::string("always")) != "never";
+        bool prefix = d.value("add_prefix_space", true) &&
+                      d.value("prepend_scheme", std::string("always")) != "never";
         if (prefix) textStrip_ = TextStrip{" ", 1, 0};
       } else if (type == "Strip") {
         std::string content = d.value("content", std::string(" "));
