@@ -12,9 +12,11 @@ using json = nlohmann::json;
 
 void MergeTable::reserve(size_t n) {
   size_t cap = 16;
-  while (cap < n * 2) cap <<= 1;
+  int bits = 4;
+  while (cap < n * 2) cap <<= 1, ++bits;
   slots_.assign(cap, Slot{});
   mask_ = cap - 1;
+  shift_ = 64 - bits;
   size_ = 0;
 }
 
@@ -26,7 +28,7 @@ void MergeTable::insert(TokenId left, TokenId right, int32_t rank, TokenId merge
       if (s.rank >= 0) insert(static_cast<TokenId>(s.key >> 32), static_cast<TokenId>(s.key & 0xFFFFFFFFu), s.rank, s.merged);
   }
   uint64_t key = pack(left, right);
-  for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
+  for (size_t i = hash(key);; i = (i + 1) & mask_) {
     Slot& s = slots_[i];
     if (s.rank < 0) {
       s = Slot{key, rank, merged};
@@ -81,6 +83,17 @@ Result<std::unique_ptr<BpeModel>> BpeModel::fromJson(const json& m, bool byteLev
       auto v = bpe->vocab_.find(std::string(1, static_cast<char>(b)));
       if (v != bpe->vocab_.end()) bpe->byteIds_[b] = v->second;
     }
+  }
+  if (!byteLevel) {
+    bpe->charIds_.assign(kCharTableSize, -1);
+    for (const auto& [key, id] : bpe->vocab_) {
+      size_t pos = 0;
+      if (key.empty()) continue;
+      char32_t cp = nextCodePoint(key, pos);
+      if (pos == key.size() && cp < kCharTableSize && cp != 0xFFFD) bpe->charIds_[cp] = id;
+    }
+    auto rep = bpe->vocab_.find(std::string_view("\xEF\xBF\xBD"));
+    if (rep != bpe->vocab_.end()) bpe->charIds_[0xFFFD] = rep->second;
   }
   if (m.contains("unk_token") && m["unk_token"].is_string()) {
     auto f = bpe->tokenStrings_.find(m["unk_token"].get<std::string>());
@@ -203,11 +216,17 @@ void BpeModel::mergeWord(std::string_view word, std::vector<TokenId>& out) const
     size_t pos = 0;
     while (pos < word.size()) {
       size_t start = pos;
-      nextCodePoint(word, pos);
-      auto it = vocab_.find(word.substr(start, pos - start));
+      char32_t cp = nextCodePoint(word, pos);
+      TokenId id = -1;
+      if (cp < kCharTableSize) {
+        id = charIds_[cp];
+      } else {
+        auto it = vocab_.find(word.substr(start, pos - start));
+        if (it != vocab_.end()) id = it->second;
+      }
       int idx = static_cast<int>(syms.size());
-      syms.push_back({it == vocab_.end() ? -1 : it->second, idx - 1, idx + 1,
-                      static_cast<uint32_t>(start), static_cast<uint32_t>(pos - start)});
+      syms.push_back({id, idx - 1, idx + 1, static_cast<uint32_t>(start),
+                      static_cast<uint32_t>(pos - start)});
     }
   }
   syms.back().next = -1;
@@ -227,7 +246,10 @@ void BpeModel::mergeWord(std::string_view word, std::vector<TokenId>& out) const
     *c = {rank, i, merged};
     return true;
   };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;
+  std::vector<Cand> storage;
+  storage.reserve(syms.size() * 2);
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue(std::greater<Cand>(),
+                                                                        std::move(storage));
   Cand c;
   for (int i = 0; i + 1 < static_cast<int>(syms.size()); ++i)
     if (lookup(i, &c)) queue.push(c);

@@ -48,7 +48,7 @@ class MergeTable {
   bool find(TokenId left, TokenId right, int32_t* rank, TokenId* merged) const {
     if (slots_.empty()) return false;
     uint64_t key = pack(left, right);
-    for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
+    for (size_t i = hash(key); ; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.rank < 0) return false;
       if (s.key == key) {
@@ -68,9 +68,11 @@ class MergeTable {
   static uint64_t pack(TokenId l, TokenId r) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
   }
-  static size_t hash(uint64_t k) { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20); }
+  // Fibonacci hashing: the top bits of the product mix every bit of both ids.
+  size_t hash(uint64_t k) const { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> shift_); }
   std::vector<Slot> slots_;
   size_t mask_ = 0;
+  int shift_ = 64;
   size_t size_ = 0;
 };
 
@@ -109,6 +111,10 @@ class BpeModel {
   MergeTable merges_;
   std::array<TokenId, 256> byteIds_{};      // byte-level: the token of each single byte
   std::array<TokenId, 256> fallbackIds_{};  // <0xNN> tokens
+  // Character-level models: the token of each single code point below kCharTableSize
+  // (-1: none), so the first step of BPE does no hashing.
+  static constexpr char32_t kCharTableSize = 0x30000;
+  std::vector<TokenId> charIds_;
 
   static constexpr size_t kMaxCachedWordBytes = 256;
   static constexpr size_t kMaxCacheEntries = 1 << 17;
