@@ -14,5 +14,6 @@ struct Command {
 };
 
 int runVersion(int argc, char** argv);
+int runBench(int argc, char** argv);
 
 }  // namespace pd::tools

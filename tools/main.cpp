@@ -10,6 +10,7 @@ namespace {
 
 const Command kCommands[] = {
     {"version", "print the version", runVersion},
+    {"bench", "load-test an OpenAI-compatible server (TTFT, ITL, goodput)", runBench},
 };
 
 void printUsage() {
