@@ -264,12 +264,12 @@ std::vector<std::pair<double, double>> cdfPoints(std::vector<double> values, siz
 }
 
 std::string svgChart(const std::string& title, const std::string& xLabel, const std::string& yLabel,
-                     const std::vector<ChartSeries>& series, const std::vector<ChartMarker>& xMarkers) {
+                     const std::vector<ChartSeries>& series, const std::vector<ChartMarker>& xMarkers, bool logX) {
   const double W = 720, H = 360, L = 70, R = 20, T = 36, B = 50;
   double xmin = INFINITY, xmax = -INFINITY, ymin = 0, ymax = -INFINITY;
   for (const auto& s : series)
     for (const auto& [x, y] : s.points) {
-      xmin = std::min(xmin, x);
+      if (!logX || x > 0) xmin = std::min(xmin, x);
       xmax = std::max(xmax, x);
       ymax = std::max(ymax, y);
       ymin = std::min(ymin, y);
@@ -280,14 +280,31 @@ std::string svgChart(const std::string& title, const std::string& xLabel, const 
   }
   if (!std::isfinite(xmin)) xmin = 0, xmax = 1;
   if (!std::isfinite(ymax)) ymax = 1;
-  if (xmin > 0 && xmin < 0.25 * xmax) xmin = 0;
+  if (!logX && xmin > 0 && xmin < 0.25 * xmax) xmin = 0;
   if (xmax <= xmin) xmax = xmin + 1;
   if (ymax <= ymin) ymax = ymin + 1;
-  const auto xt = niceTicks(xmin, xmax), yt = niceTicks(ymin, ymax);
-  xmin = std::min(xmin, xt.front());
-  xmax = std::max(xmax, xt.back());
+  ymax += (ymax - ymin) * 0.04;  // headroom so the top points are not on the frame
+  std::vector<double> xt;
+  if (logX) {
+    // Whole decades; values <= 0 (zero gaps) sit on the left edge.
+    if (!(xmin > 0)) xmin = 1;
+    xmin = std::pow(10.0, std::floor(std::log10(xmin)));
+    xmax = std::pow(10.0, std::ceil(std::log10(std::max(xmax, xmin * 10))));
+    for (double d = xmin; d <= xmax * 1.0001; d *= 10)
+      for (double k : {1.0, 2.0, 5.0})
+        if (d * k <= xmax * 1.0001) xt.push_back(d * k);
+  } else {
+    xt = niceTicks(xmin, xmax);
+    xmin = std::min(xmin, xt.front());
+    xmax = std::max(xmax, xt.back());
+  }
+  const auto yt = niceTicks(ymin, ymax);
   ymax = std::max(ymax, yt.back());
-  auto X = [&](double x) { return L + (x - xmin) / (xmax - xmin) * (W - L - R); };
+  auto X = [&](double x) {
+    if (logX)
+      return L + (std::log10(std::max(x, xmin)) - std::log10(xmin)) / (std::log10(xmax) - std::log10(xmin)) * (W - L - R);
+    return L + (x - xmin) / (xmax - xmin) * (W - L - R);
+  };
   auto Y = [&](double y) { return H - B - (y - ymin) / (ymax - ymin) * (H - T - B); };
   std::ostringstream o;
   o << std::fixed << std::setprecision(1);
@@ -333,8 +350,11 @@ std::string svgChart(const std::string& title, const std::string& xLabel, const 
   }
   for (const auto& m : xMarkers) {
     o << "<line x1=\"" << X(m.x) << "\" x2=\"" << X(m.x) << "\" y1=\"" << T << "\" y2=\"" << H - B
-      << "\" stroke=\"#d62728\" stroke-dasharray=\"5,4\" stroke-width=\"1.5\"/><text x=\"" << X(m.x) + 4
-      << "\" y=\"" << T + 14 << "\" fill=\"#d62728\">" << htmlEscape(m.label) << "</text>\n";
+      << "\" stroke=\"#d62728\" stroke-dasharray=\"5,4\" stroke-width=\"1.5\"/>";
+    // Labels near the right edge go on the line's left so they stay inside the chart.
+    const bool left = X(m.x) > W - R - 90;
+    o << "<text x=\"" << (left ? X(m.x) - 4 : X(m.x) + 4) << "\" y=\"" << T + 14 << "\" fill=\"#d62728\""
+      << (left ? " text-anchor=\"end\"" : "") << ">" << htmlEscape(m.label) << "</text>\n";
   }
   double ly = T + 14;
   for (const auto& s : series) {
@@ -368,12 +388,28 @@ std::string htmlReport(const RunInfo& info, const Aggregate& a, const std::vecto
   std::vector<ChartMarker> ttftMarks, itlMarks;
   if (info.slo.ttftMs) ttftMarks.push_back({*info.slo.ttftMs, "SLO " + fmt(*info.slo.ttftMs, 0) + " ms"});
   if (info.slo.itlMs) itlMarks.push_back({*info.slo.itlMs, "SLO " + fmt(*info.slo.itlMs, 0) + " ms"});
-  const TimeSeries ts = timeSeries(records, durationS);
+  // About 60 bins whatever the run's length, at a 1/2/5 step, never under 0.1 s.
+  double span = durationS;
+  for (const auto& r : records)
+    if (std::isfinite(r.e2eMs)) span = std::max(span, r.startS + r.e2eMs / 1000.0);
+  double binS = 0.1;
+  for (double m = 0.1; m <= 1e6; m *= 10) {
+    bool found = false;
+    for (double k : {1.0, 2.0, 5.0})
+      if (span / (k * m) <= 60) {
+        binS = k * m;
+        found = true;
+        break;
+      }
+    if (found) break;
+  }
+  const TimeSeries ts = timeSeries(records, durationS, binS);
   std::vector<std::pair<double, double>> tok, inflight, done;
   for (size_t i = 0; i < ts.outputTokensPerS.size(); ++i) {
-    tok.emplace_back(static_cast<double>(i), ts.outputTokensPerS[i]);
-    inflight.emplace_back(static_cast<double>(i), ts.inFlight[i]);
-    done.emplace_back(static_cast<double>(i), ts.completedPerS[i]);
+    const double mid = (static_cast<double>(i) + 0.5) * binS;
+    tok.emplace_back(mid, ts.outputTokensPerS[i]);
+    inflight.emplace_back(static_cast<double>(i) * binS, ts.inFlight[i]);
+    done.emplace_back(mid, ts.completedPerS[i]);
   }
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>pdserve bench " << htmlEscape(info.date)
@@ -415,19 +451,20 @@ std::string htmlReport(const RunInfo& info, const Aggregate& a, const std::vecto
       << " (missed TTFT " << a.missedTtft << ", ITL " << a.missedItl << ", TPOT " << a.missedTpot << ", E2E "
       << a.missedE2el << ").</p>\n";
   o << "<h2>Charts</h2>\n";
-  o << svgChart("TTFT CDF", "time to first token (ms)", "fraction of requests",
-                {{"TTFT", "#1f77b4", cdfPoints(ttft), ChartSeries::Style::kStep}}, ttftMarks);
-  o << svgChart("ITL CDF", "inter-token latency (ms)", "fraction of gaps",
-                {{"ITL", "#2ca02c", cdfPoints(itl), ChartSeries::Style::kStep}}, itlMarks);
+  o << svgChart("TTFT CDF", "time to first token (ms, log scale)", "fraction of requests",
+                {{"TTFT", "#1f77b4", cdfPoints(ttft), ChartSeries::Style::kStep}}, ttftMarks, /*logX=*/true);
+  o << svgChart("ITL CDF", "inter-token latency (ms, log scale; zero gaps at the left edge)", "fraction of gaps",
+                {{"ITL", "#2ca02c", cdfPoints(itl), ChartSeries::Style::kStep}}, itlMarks, /*logX=*/true);
   o << svgChart("Latency over time", "request start (s)", "ms",
                 {{"TTFT", "#1f77b4", thin(ttftOverTime, 3000), ChartSeries::Style::kDots},
                  {"TPOT", "#ff7f0e", thin(tpotOverTime, 3000), ChartSeries::Style::kDots}},
                 {});
-  o << svgChart("Throughput over time", "time (s)", "per second",
-                {{"output tokens/s", "#9467bd", tok, ChartSeries::Style::kLine},
-                 {"completed requests/s", "#8c564b", done, ChartSeries::Style::kLine}},
-                {});
-  o << svgChart("Requests in flight", "time (s)", "requests", {{"in flight", "#17becf", inflight, ChartSeries::Style::kStep}},
+  const std::string binNote = " (" + fmt(binS, binS < 1 ? 1 : 0) + " s bins)";
+  o << svgChart("Throughput over time" + binNote, "time (s)", "output tokens per second",
+                {{"output tokens/s", "#9467bd", tok, ChartSeries::Style::kLine}}, {});
+  o << svgChart("Requests over time" + binNote, "time (s)", "requests",
+                {{"in flight", "#17becf", inflight, ChartSeries::Style::kStep},
+                 {"completed per second", "#8c564b", done, ChartSeries::Style::kLine}},
                 {});
   o << "<h2>Terminal table</h2>\n<pre>" << htmlEscape(formatTable(info, a)) << "</pre>\n</body></html>\n";
   return o.str();

@@ -66,7 +66,8 @@ struct ChartMarker {
   std::string label;
 };
 std::string svgChart(const std::string& title, const std::string& xLabel, const std::string& yLabel,
-                     const std::vector<ChartSeries>& series, const std::vector<ChartMarker>& xMarkers);
+                     const std::vector<ChartSeries>& series, const std::vector<ChartMarker>& xMarkers,
+                     bool logX = false);
 // Empirical CDF of `values` as at most maxPoints (value, fraction <= value) points.
 std::vector<std::pair<double, double>> cdfPoints(std::vector<double> values, size_t maxPoints = 400);
 

@@ -190,36 +190,39 @@ Aggregate aggregate(const std::vector<RequestRecord>& records, double durationS,
   return a;
 }
 
-TimeSeries timeSeries(const std::vector<RequestRecord>& records, double durationS) {
+TimeSeries timeSeries(const std::vector<RequestRecord>& records, double durationS, double binS) {
+  if (!(binS > 0)) binS = 1.0;
   double end = durationS;
   for (const auto& r : records)
     if (!std::isnan(r.e2eMs)) end = std::max(end, r.startS + r.e2eMs / 1000.0);
-  const size_t bins = static_cast<size_t>(std::ceil(std::max(end, 1e-9)));
+  const size_t bins = static_cast<size_t>(std::max(1.0, std::ceil(end / binS - 1e-9)));
   TimeSeries ts;
+  ts.binS = binS;
   ts.outputTokensPerS.assign(bins, 0);
   ts.completedPerS.assign(bins, 0);
   ts.inFlight.assign(bins, 0);
-  auto bin = [&](double t) { return std::min(bins - 1, static_cast<size_t>(std::max(0.0, t))); };
+  const double perS = 1.0 / binS;
+  auto bin = [&](double t) { return std::min(bins - 1, static_cast<size_t>(std::max(0.0, t / binS))); };
   for (const auto& r : records) {
     if (std::isnan(r.e2eMs)) continue;
     const double endS = r.startS + r.e2eMs / 1000.0;
-    for (size_t b = static_cast<size_t>(std::ceil(r.startS)); b < bins && static_cast<double>(b) < endS; ++b)
+    for (size_t b = static_cast<size_t>(std::ceil(r.startS / binS)); b < bins && static_cast<double>(b) * binS < endS; ++b)
       ts.inFlight[b] += 1;
     if (!r.ok) continue;
-    ts.completedPerS[bin(endS)] += 1;
+    ts.completedPerS[bin(endS)] += perS;
     if (std::isnan(r.ttftMs)) continue;
     // Token arrival times: the first at TTFT, then one per recorded gap.
     double t = r.startS + r.ttftMs / 1000.0;
     double counted = 1;
-    ts.outputTokensPerS[bin(t)] += 1;
+    ts.outputTokensPerS[bin(t)] += perS;
     for (double g : r.itlsMs) {
       t += g / 1000.0;
-      ts.outputTokensPerS[bin(t)] += 1;
+      ts.outputTokensPerS[bin(t)] += perS;
       counted += 1;
     }
     // Tokens the usage reported beyond those seen in chunks land at the end of the stream.
     if (static_cast<double>(r.outputTokens) > counted)
-      ts.outputTokensPerS[bin(endS)] += static_cast<double>(r.outputTokens) - counted;
+      ts.outputTokensPerS[bin(endS)] += (static_cast<double>(r.outputTokens) - counted) * perS;
   }
   return ts;
 }

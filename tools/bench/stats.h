@@ -98,12 +98,14 @@ constexpr double kLateStartMs = 10.0;
 
 Aggregate aggregate(const std::vector<RequestRecord>& records, double durationS, const Slo& slo);
 
-// Per-second series over the run, for the report's charts: bins [i, i+1) s from the start.
+// Series over the run for the report's charts: bins [i*binS, (i+1)*binS) from the start;
+// rates are per second whatever the bin width.
 struct TimeSeries {
+  double binS = 1.0;
   std::vector<double> outputTokensPerS;
   std::vector<double> completedPerS;
   std::vector<double> inFlight;     // requests in flight at each bin's start
 };
-TimeSeries timeSeries(const std::vector<RequestRecord>& records, double durationS);
+TimeSeries timeSeries(const std::vector<RequestRecord>& records, double durationS, double binS = 1.0);
 
 }  // namespace pd::bench
