@@ -514,7 +514,7 @@ Result<std::string> compareResults(const std::vector<std::string>& paths) {
     const double base = valueOf(runs[0], k);
     for (size_t i = 0; i < runs.size(); ++i) {
       const double v = valueOf(runs[i], k);
-      std::string cell = fmt(v);
+      std::string cell = std::isfinite(v) && v == std::floor(v) && std::abs(v) < 1e12 ? fmt(v, 0) : fmt(v);
       if (i > 0 && std::isfinite(v) && std::isfinite(base) && base != 0) cell += " (" + fmt(v / base) + "x)";
       o << std::right << std::setw(cw) << cell;
     }
