@@ -28,6 +28,7 @@ using namespace pd::bench;
 
 const char kUsage[] = R"(usage: pdserve bench [options]
        pdserve bench compare A.json B.json ...
+       pdserve bench check [--allow-failures] RESULT.json
 
 Drives an OpenAI-compatible server with streaming requests and reports TTFT, TPOT, ITL,
 end-to-end latency, throughput and goodput (docs/bench.md).
@@ -163,6 +164,27 @@ int usageError(const Status& s) {
   return 2;
 }
 
+int runCheck(int argc, char** argv) {
+  bool allowFailures = false;
+  std::vector<std::string> paths;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--allow-failures")) allowFailures = true;
+    else paths.push_back(argv[i]);
+  }
+  if (paths.empty()) return usageError(invalidArgument("check: give a result JSON file"));
+  int rc = 0;
+  for (const auto& p : paths) {
+    auto r = checkResult(p, allowFailures);
+    if (r.ok()) {
+      std::printf("%s\n", r->c_str());
+    } else {
+      std::fprintf(stderr, "pdserve bench check: %s\n", r.status().message().c_str());
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
 int runCompare(int argc, char** argv) {
   std::vector<std::string> paths(argv + 1, argv + argc);
   auto r = compareResults(paths);
@@ -178,6 +200,7 @@ int runCompare(int argc, char** argv) {
 
 int runBench(int argc, char** argv) {
   if (argc >= 2 && !std::strcmp(argv[1], "compare")) return runCompare(argc - 1, argv + 1);
+  if (argc >= 2 && !std::strcmp(argv[1], "check")) return runCheck(argc - 1, argv + 1);
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
       std::fputs(kUsage, stdout);
@@ -316,7 +339,8 @@ int runBench(int argc, char** argv) {
   info.maxConcurrency = concurrency;
   info.timeScale = w.timeScale;
   info.seed = w.seed;
-  info.numPrompts = static_cast<int64_t>(workload->requests.size());
+  info.numPrompts = static_cast<int64_t>(run->records.size());
+  info.plannedRequests = static_cast<int64_t>(workload->requests.size());
   info.warmupRequests = w.warmup;
   info.promptSource = body.endpoint == Endpoint::kChat
                           ? ByteTextPrompter().name()

@@ -204,6 +204,7 @@ std::string resultJson(const RunInfo& info, const Aggregate& a, const std::vecto
   p["time_scale"] = info.timeScale;
   p["seed"] = info.seed;
   p["warmup_requests"] = info.warmupRequests;
+  p["planned_requests"] = info.plannedRequests;
   p["prompt_source"] = info.promptSource;
   json slo = json::object();
   if (info.slo.ttftMs) slo["ttft_ms"] = *info.slo.ttftMs;
@@ -473,6 +474,59 @@ std::string htmlReport(const RunInfo& info, const Aggregate& a, const std::vecto
 Status writeHtml(const std::string& path, const RunInfo& info, const Aggregate& a,
                  const std::vector<RequestRecord>& records, double durationS) {
   return writeFile(path, htmlReport(info, a, records, durationS));
+}
+
+Result<std::string> checkResult(const std::string& path, bool allowFailures) {
+  std::ifstream in(path);
+  if (!in) return notFound(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalidArgument(path + ": not a JSON object");
+  for (const char* k : {"num_prompts", "completed", "failed", "ttfts", "e2els", "itls", "output_lens", "errors"})
+    if (!j.contains(k)) return invalidArgument(path + ": missing key '" + k + "'");
+  std::vector<std::string> bad;
+  auto fail = [&](std::string m) {
+    if (bad.size() < 10) bad.push_back(std::move(m));
+  };
+  const int64_t n = j["num_prompts"].get<int64_t>();
+  const int64_t completed = j["completed"].get<int64_t>(), failed = j["failed"].get<int64_t>();
+  if (completed + failed != n)
+    fail("completed " + std::to_string(completed) + " + failed " + std::to_string(failed) + " != num_prompts " +
+         std::to_string(n));
+  if (!allowFailures && failed > 0) fail(std::to_string(failed) + " requests failed");
+  const size_t rows = j["ttfts"].size();
+  if (rows != static_cast<size_t>(n) || j["e2els"].size() != rows || j["itls"].size() != rows ||
+      j["output_lens"].size() != rows || j["errors"].size() != rows)
+    fail("per-request lists hold " + std::to_string(rows) + " entries for " + std::to_string(n) + " requests");
+  for (size_t i = 0; i < rows && i < j["e2els"].size() && i < j["itls"].size() && i < j["output_lens"].size(); ++i) {
+    const std::string err = j["errors"][i].is_string() ? j["errors"][i].get<std::string>() : "";
+    if (!err.empty()) {
+      if (!allowFailures) fail("request " + std::to_string(i) + ": " + err.substr(0, 200));
+      continue;
+    }
+    const auto& t = j["ttfts"][i];
+    const auto& e = j["e2els"][i];
+    if (!t.is_number() || !e.is_number()) {
+      fail("request " + std::to_string(i) + ": no TTFT or E2EL");
+      continue;
+    }
+    if (t.get<double>() > e.get<double>())
+      fail("request " + std::to_string(i) + ": TTFT " + fmt(t.get<double>() * 1000, 3) + " ms > E2EL " +
+           fmt(e.get<double>() * 1000, 3) + " ms");
+    const int64_t out = j["output_lens"][i].get<int64_t>();
+    const int64_t gaps = static_cast<int64_t>(j["itls"][i].size());
+    if (gaps != out - 1)
+      fail("request " + std::to_string(i) + ": " + std::to_string(gaps) + " inter-token gaps for " +
+           std::to_string(out) + " output tokens");
+  }
+  if (!bad.empty()) {
+    std::string m = path + ": " + std::to_string(bad.size()) + (bad.size() == 10 ? "+" : "") + " violations:";
+    for (const auto& b : bad) m += "\n  " + b;
+    return failedPrecondition(m);
+  }
+  return path + ": ok: " + std::to_string(n) + " requests accounted for (" + std::to_string(completed) +
+         " completed, " + std::to_string(failed) + " failed); TTFT <= E2EL and output_tokens - 1 gaps for each";
 }
 
 Result<std::string> compareResults(const std::vector<std::string>& paths) {

@@ -28,7 +28,8 @@ struct RunInfo {
   int64_t maxConcurrency = 0;  // 0: none
   double timeScale = 1;
   uint64_t seed = 0;
-  int64_t numPrompts = 0;      // measured requests planned
+  int64_t numPrompts = 0;      // measured requests sent
+  int64_t plannedRequests = 0; // measured requests in the plan (more when --duration or an abort cut it short)
   int64_t warmupRequests = 0;
   std::string promptSource;    // "token-ids" | "byte-approx" ...
   Slo slo;
@@ -53,6 +54,13 @@ Status writeHtml(const std::string& path, const RunInfo& info, const Aggregate& 
 // `pdserve bench compare`: the main figures of saved JSON results side by side, each run's
 // value with its ratio to the first run. Errors name the file that could not be read.
 Result<std::string> compareResults(const std::vector<std::string>& paths);
+
+// `pdserve bench check`: the invariants an end-to-end run must satisfy, read back from its
+// JSON: every planned request accounted for (completed + failed == num_prompts, the per-request
+// lists that long), no failures unless allowFailures, and for each completed request
+// TTFT <= E2EL and exactly output_tokens - 1 inter-token gaps. Returns a summary line, or an
+// error listing the first violations (request index and values).
+Result<std::string> checkResult(const std::string& path, bool allowFailures);
 
 // Building blocks, exposed for tests.
 struct ChartSeries {

@@ -202,3 +202,31 @@ TEST_CASE("table and compare", "[bench][report]") {
   CHECK_THAT(bad.status().message(), Catch::Contains("missing.json"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("check verifies an end-to-end run's invariants", "[bench][report]") {
+  auto rs = sampleRecords();
+  RunInfo info = sampleInfo();
+  const fs::path dir = tempDir();
+  const std::string good = (dir / "good.json").string();
+  REQUIRE(writeJson(good, info, aggregate(rs, 4.0, info.slo), rs).isOk());
+  auto ok = checkResult(good, /*allowFailures=*/true);
+  INFO(ok.status().toString());
+  REQUIRE(ok.ok());
+  CHECK_THAT(*ok, Catch::Contains("40 requests accounted for"));
+  // The sample has one failed request.
+  auto strict = checkResult(good, /*allowFailures=*/false);
+  REQUIRE_FALSE(strict.ok());
+  CHECK_THAT(strict.status().message(), Catch::Contains("request 7: HTTP 503"));
+  // A request missing a gap, one whose TTFT exceeds its E2EL, and a lost request.
+  rs[3].itlsMs.pop_back();
+  rs[5].ttftMs = rs[5].e2eMs + 1;
+  info.numPrompts = 41;
+  const std::string bad = (dir / "bad.json").string();
+  REQUIRE(writeJson(bad, info, aggregate(rs, 4.0, info.slo), rs).isOk());
+  auto r = checkResult(bad, true);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("!= num_prompts 41"));
+  CHECK_THAT(r.status().message(), Catch::Contains("request 3: 8 inter-token gaps for 10 output tokens"));
+  CHECK_THAT(r.status().message(), Catch::Contains("request 5: TTFT"));
+  fs::remove_all(dir);
+}
