@@ -313,6 +313,7 @@ int runBench(int argc, char** argv) {
   RunOptions ro;
   ro.maxConcurrency = concurrency;
   ro.durationS = w.durationS;
+  ro.handleSignals = true;
   ro.makeBody = [&body](const PlannedRequest& p) { return buildRequestBody(p, body); };
   const bool progress = hasFlag(a, "--progress") || (!hasFlag(a, "--no-progress") && isatty(2));
   if (progress) ro.onProgress = printProgress;

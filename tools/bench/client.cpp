@@ -7,13 +7,16 @@
 #include <utility>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <memory>
+#include <unordered_set>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
@@ -85,7 +88,8 @@ bool isRefusal(int status) { return status >= 400 && status < 500 && status != 4
 class Runner {
  public:
   Runner(const ClientOptions& c, const RunOptions& o, tcp::resolver::results_type eps)
-      : c_(c), o_(o), endpoints_(std::move(eps)), slotTimer_(ioc_), progressTimer_(ioc_) {
+      : c_(c), o_(o), endpoints_(std::move(eps)), slotTimer_(ioc_), progressTimer_(ioc_), dispatchTimer_(ioc_),
+        signals_(ioc_) {
     target_ = c_.server.basePath + endpointPath(c_.endpoint);
   }
 
@@ -98,6 +102,17 @@ class Runner {
  private:
   awaitable<void> main(const Workload& w) {
     asio::co_spawn(ioc_, progressLoop(), asio::detached);
+    if (o_.handleSignals) {
+      signals_.add(SIGINT);
+      signals_.add(SIGTERM);
+      signals_.async_wait([this](const beast::error_code& ec, int) {
+        if (ec) return;
+        interrupted_ = true;
+        if (abort_.empty()) abort_ = "interrupted by a signal";
+        dispatchTimer_.cancel();
+        for (auto* st : active_) st->cancel();
+      });
+    }
     if (!w.warmups.empty()) {
       warmup_ = true;
       co_await phase(w.warmups, &out_.warmups, /*useSchedule=*/false);
@@ -108,6 +123,8 @@ class Runner {
     out_.abortReason = abort_;
     finished_ = true;
     progressTimer_.cancel();
+    beast::error_code sec;
+    signals_.cancel(sec);
     for (auto& s : idle_) {
       beast::error_code ec;
       s->socket().shutdown(tcp::socket::shutdown_both, ec);
@@ -122,7 +139,7 @@ class Runner {
     total_ = static_cast<int64_t>(plan.size());
     sent_ = doneCount_ = failedCount_ = 0;
     size_t i = 0;
-    asio::steady_timer timer(ioc_);
+    asio::steady_timer& timer = dispatchTimer_;
     for (; i < plan.size() && abort_.empty(); ++i) {
       const PlannedRequest& p = plan[i];
       const auto due = t0_ + std::chrono::duration_cast<Clock::duration>(
@@ -227,10 +244,16 @@ class Runner {
     std::unique_ptr<beast::tcp_stream> s;
     for (int attempt = 0; attempt < 2; ++attempt) {
       beast::error_code ec;
+      if (s) active_.erase(s.get());
       s = takeIdle();
       const bool reused = s != nullptr;
-      if (!s) {
-        s = std::make_unique<beast::tcp_stream>(ioc_);
+      if (!s) s = std::make_unique<beast::tcp_stream>(ioc_);
+      active_.insert(s.get());
+      if (interrupted_) {
+        failure = "cancelled: interrupted";
+        break;
+      }
+      if (!reused) {
         s->expires_after(std::min(opTimeout(), std::chrono::duration_cast<Clock::duration>(ms(c_.connectTimeoutS))));
         co_await s->async_connect(endpoints_, asio::redirect_error(asio::use_awaitable, ec));
         if (ec) {
@@ -293,6 +316,8 @@ class Runner {
       keepAlive = bodyComplete && parser.keep_alive();
       break;
     }
+    if (s) active_.erase(s.get());
+    if (interrupted_ && !failure.empty()) failure = "cancelled: interrupted";
     const auto end = Clock::now();
     r->httpStatus = status;
     r->chunkTokens = acct.chunkTokens();
@@ -330,6 +355,10 @@ class Runner {
   std::string target_;
   asio::steady_timer slotTimer_;
   asio::steady_timer progressTimer_;
+  asio::steady_timer dispatchTimer_;
+  asio::signal_set signals_;
+  std::unordered_set<beast::tcp_stream*> active_;  // streams with a request on them
+  bool interrupted_ = false;
   std::vector<std::unique_ptr<beast::tcp_stream>> idle_;
   Clock::time_point t0_ = Clock::now();
   Clock::time_point lastSlotFreed_ = Clock::now();

@@ -55,6 +55,10 @@ struct RunOptions {
   // Stop sending when the first responses are all refusals (4xx other than 408/429): a wrong
   // model name or a bad option would otherwise fail every request in the plan.
   bool abortOnRefusal = true;
+  // SIGINT/SIGTERM stop the run: nothing new is sent, streams in flight are cancelled (recorded
+  // as "cancelled: interrupted"), and runLoad returns what was measured. For the CLI; tests
+  // leave it off.
+  bool handleSignals = false;
 };
 
 struct RunOutput {
