@@ -100,17 +100,22 @@ TEST_CASE("measured TTFT and gaps follow the scripted delays", "[bench][client]"
     gaps.insert(gaps.end(), r.itlsMs.begin(), r.itlsMs.end());
   }
   // Scripted: 60 ms to the first token, 15 ms between tokens. Loopback adds well under a
-  // millisecond; the margins absorb a busy CI machine.
-  CHECK(percentile(ttft, 50) == Approx(60).margin(15));
-  CHECK(percentile(gaps, 50) == Approx(15).margin(4));
-  CHECK(summarize(gaps).mean == Approx(15).margin(4));
+  // millisecond; timers never fire early, so the lower bounds are tight and the upper ones
+  // absorb a busy CI machine (2 cores shared by many builds).
+  CHECK(percentile(ttft, 50) >= 59.0);
+  CHECK(percentile(ttft, 50) <= 60 + 25);
+  CHECK(percentile(gaps, 50) >= 13.0);
+  CHECK(percentile(gaps, 50) <= 15 + 8);
+  CHECK(summarize(gaps).mean >= 14.0);
+  CHECK(summarize(gaps).mean <= 15 + 8);
   const Aggregate a = aggregate(out->records, out->durationS, *parseSlo("ttft_ms=200,itl_ms=100"));
   CHECK(a.completed == 12);
   CHECK(a.totalOutputTokens == 240);
   CHECK(a.maxConcurrentRequests <= 4);
   CHECK(a.goodRequests == 12);
   // 12 requests, 4 at a time, ~345 ms each: about three waves.
-  CHECK(out->durationS == Approx(3 * 0.345).margin(0.5));
+  CHECK(out->durationS >= 3 * 0.345 - 0.05);
+  CHECK(out->durationS <= 3 * 0.345 + 1.0);
   // Connections are kept alive and reused: 14 requests over at most 4 sockets (+1 for the
   // model list).
   CHECK(server.requestsServed() == 1 + 14);
@@ -225,3 +230,54 @@ TEST_CASE("one thousand concurrent streams on one generator thread", "[bench][cl
   WARN("1000 streams: wall " << wallS << " s, generator lag mean " << a.lagMeanMs << " ms, max " << a.lagMaxMs
                              << " ms, TTFT p50 " << a.ttft.median << " ms, ITL p99 " << a.itl.p99 << " ms");
 }
+
+#ifdef PD_PDSERVE_BIN
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+TEST_CASE("the pdserve bench command against the scripted server", "[bench][client][cli]") {
+  FakeOpenAiServer server;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("pd_bench_cli_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string out = (dir / "run").string();
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
+  const std::string bin = PD_PDSERVE_BIN;
+  // The same flow as the cluster's end-to-end test: run, then check the result's invariants.
+  const std::string cmd = bin + " bench --url " + url +
+                          " --prompt-len uniform:20:60 --output-len uniform:4:12 --num-requests 30 --rate 200"
+                          " --concurrency 8 --warmup 2 --seed 3 --slo ttft_ms=500,itl_ms=200 --no-progress"
+                          " --extra-body '{\"test_ttft_ms\": 5, \"test_itl_ms\": 2}' --out " + out +
+                          " > " + out + ".stdout 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  CHECK(std::system((bin + " bench check " + out + ".json > /dev/null").c_str()) == 0);
+  std::ifstream in(out + ".json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto j = nlohmann::json::parse(ss.str());
+  CHECK(j["model_id"] == "test-model");  // picked from GET /v1/models
+  CHECK(j["completed"] == 30);
+  CHECK(j["max_concurrency"] == 8);
+  CHECK(j["pdserve"]["good_requests"] == 30);
+  CHECK(fs::file_size(out + ".html") > 1000);
+  CHECK(fs::file_size(out + ".csv") > 100);
+  // A refused model: exit status 1 and the server's message on stderr.
+  const std::string bad = bin + " bench --url " + url + " --model nope --num-requests 3 --out " + out +
+                          "-bad > " + out + ".bad 2>&1";
+  CHECK(WEXITSTATUS(std::system(bad.c_str())) == 1);
+  std::ifstream badIn(out + ".bad");
+  std::stringstream badText;
+  badText << badIn.rdbuf();
+  CHECK_THAT(badText.str(), Catch::Contains("model 'nope' is not served") && Catch::Contains("test-model"));
+  // A usage error: exit status 2.
+  CHECK(WEXITSTATUS(std::system((bin + " bench --prompt-len gamma:1:2 > /dev/null 2>&1").c_str())) == 2);
+  fs::remove_all(dir);
+}
+#endif

@@ -2,6 +2,8 @@
 // its SVG charts, the terminal table and `bench compare`.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
