@@ -53,7 +53,7 @@ Result<ServerTarget> parseServerUrl(std::string_view url) {
   if (colon != std::string::npos && hostPort.find(']') == std::string::npos) {
     t.host = hostPort.substr(0, colon);
     t.port = hostPort.substr(colon + 1);
-    if (t.port.empty() || t.port.find_first_not_of("0123456789") != std::string::npos || std::stoi(t.port) < 1 ||
+    if (t.port.empty() || t.port.size() > 5 || t.port.find_first_not_of("0123456789") != std::string::npos || std::stoi(t.port) < 1 ||
         std::stoi(t.port) > 65535)
       return invalidArgument("--url: port '" + t.port + "' is not a number in [1, 65535]");
   } else {

@@ -476,7 +476,8 @@ Status writeHtml(const std::string& path, const RunInfo& info, const Aggregate& 
   return writeFile(path, htmlReport(info, a, records, durationS));
 }
 
-Result<std::string> checkResult(const std::string& path, bool allowFailures) {
+namespace {
+Result<std::string> checkResultOrThrow(const std::string& path, bool allowFailures) {
   std::ifstream in(path);
   if (!in) return notFound(path + ": cannot open");
   std::stringstream ss;
@@ -527,6 +528,16 @@ Result<std::string> checkResult(const std::string& path, bool allowFailures) {
   }
   return path + ": ok: " + std::to_string(n) + " requests accounted for (" + std::to_string(completed) +
          " completed, " + std::to_string(failed) + " failed); TTFT <= E2EL and output_tokens - 1 gaps for each";
+}
+}  // namespace
+
+Result<std::string> checkResult(const std::string& path, bool allowFailures) {
+  // Values of the wrong JSON type throw in nlohmann's accessors; report them as bad input.
+  try {
+    return checkResultOrThrow(path, allowFailures);
+  } catch (const nlohmann::json::exception& e) {
+    return invalidArgument(path + ": unexpected value type: " + e.what());
+  }
 }
 
 Result<std::string> compareResults(const std::vector<std::string>& paths) {
