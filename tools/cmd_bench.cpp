@@ -47,6 +47,7 @@ workload:
   --duration S              send nothing new after S seconds
   --rate R                  Poisson arrivals at R requests/s (instead of the trace's times)
   --time-scale F            multiply trace timestamps by F (0.5 = twice as fast; default 1)
+  --spread-ticks            spread rows sharing one trace timestamp over the gap to the next
   --concurrency N           at most N requests in flight; alone it makes a closed loop
   --max-prompt-tokens N     scale trace prompts (and prefix blocks) so the longest fits N;
                             cap synthetic prompts at N
@@ -79,7 +80,7 @@ const char* const kValueOptions[] = {
     "--max-output-tokens", "--warmup", "--seed", "--vocab-size", "--token-ids", "--temperature", "--extra-body",
     "--request-timeout", "--idle-timeout", "--slo", "--out"};
 const char* const kFlagOptions[] = {"--no-model-check", "--no-ignore-eos", "--continuous-usage", "--progress",
-                                    "--no-progress"};
+                                    "--no-progress", "--spread-ticks"};
 
 Result<Args> parseArgs(int argc, char** argv) {
   Args a;
@@ -228,6 +229,7 @@ int runBench(int argc, char** argv) {
                    number(a, "--length-scale", &w.lengthScale), number(a, "--max-output-tokens", &w.maxOutputTokens),
                    number(a, "--warmup", &w.warmup), number(a, "--seed", &w.seed), number(a, "--vocab-size", &vocab)})
     if (!s.isOk()) return usageError(s);
+  w.spreadTicks = hasFlag(a, "--spread-ticks");
   w.closedLoop = concurrency > 0 && w.rate <= 0 && a.values.count("--time-scale") == 0;
   if (w.tracePath.empty() && (a.values.count("--time-scale")))
     return usageError(invalidArgument("--time-scale needs --trace"));

@@ -204,11 +204,32 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
   lenRng = Rng(mix(o.seed, 0x1e9));
   double t = 0;
   const double t0 = haveTrace ? trace.rows.front().arrivalS : 0;
+  std::vector<double> traceTimes;
+  if (w.arrival == ArrivalMode::kTrace) {
+    traceTimes.reserve(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) traceTimes.push_back(trace.rows[static_cast<size_t>(i)].arrivalS - t0);
+    if (o.spreadTicks) {
+      double lastGap = 0;
+      for (size_t b = 0; b < traceTimes.size();) {
+        size_t e = b + 1;
+        while (e < traceTimes.size() && traceTimes[e] == traceTimes[b]) ++e;
+        // The gap to the next distinct time: from the trace itself, past the selected rows too.
+        double next = -1;
+        if (e < traceTimes.size()) next = traceTimes[e];
+        else if (e < trace.rows.size()) next = trace.rows[e].arrivalS - t0;
+        const double gap = next > traceTimes[b] ? next - traceTimes[b] : lastGap;
+        for (size_t k = b; k < e; ++k)
+          traceTimes[k] += gap * static_cast<double>(k - b) / static_cast<double>(e - b);
+        lastGap = gap;
+        b = e;
+      }
+    }
+  }
   for (int64_t i = 0; i < n; ++i) {
     PlannedRequest r = makeRequest(i);
     switch (w.arrival) {
       case ArrivalMode::kTrace:
-        r.scheduledS = (trace.rows[static_cast<size_t>(i)].arrivalS - t0) * o.timeScale;
+        r.scheduledS = traceTimes[static_cast<size_t>(i)] * o.timeScale;
         break;
       case ArrivalMode::kPoisson:
         if (i > 0) t += arrRng.exponential(o.rate);
@@ -233,6 +254,7 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
   if (o.maxOutputTokens > 0) d << ", output <= " << o.maxOutputTokens;
   d << "; arrivals " << arrivalModeName(w.arrival);
   if (w.arrival == ArrivalMode::kTrace && o.timeScale != 1.0) d << " x" << o.timeScale;
+  if (w.arrival == ArrivalMode::kTrace && o.spreadTicks) d << " (ticks spread)";
   if (w.arrival == ArrivalMode::kPoisson) d << " " << o.rate << "/s";
   d << "; " << w.requests.size() << " requests";
   if (o.warmup > 0) d << " + " << o.warmup << " warm-up";

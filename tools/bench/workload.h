@@ -51,6 +51,9 @@ struct WorkloadOptions {
   int64_t warmup = 0;             // warm-up requests (run first, excluded from every figure)
   uint64_t seed = 0;
   bool closedLoop = false;        // a concurrency cap without a rate: ignore trace timestamps
+  // Trace replay: rows that share one timestamp (the Mooncake conversation trace records
+  // arrivals in 3-second ticks) are spread evenly over the gap to the next timestamp.
+  bool spreadTicks = false;
 };
 
 struct PlannedRequest {
