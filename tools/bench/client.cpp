@@ -121,6 +121,15 @@ class Runner {
     if (abort_.empty()) co_await phase(w.requests, &out_.records, /*useSchedule=*/true);
     out_.durationS = std::chrono::duration<double>(Clock::now() - t0_).count();
     out_.abortReason = abort_;
+    if (o_.onProgress) {  // the final state, so a progress bar ends at its true count
+      ProgressInfo pi;
+      pi.elapsedS = out_.durationS;
+      pi.total = total_;
+      pi.sent = sent_;
+      pi.finished = doneCount_;
+      pi.failed = failedCount_;
+      o_.onProgress(pi);
+    }
     finished_ = true;
     progressTimer_.cancel();
     beast::error_code sec;
