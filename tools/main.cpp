@@ -13,6 +13,7 @@ const Command kCommands[] = {
     {"make-model", "write a small random-weight HF model directory", runMakeModel},
     {"generate", "run the engine in-process on token ids (greedy)", runGenerate},
     {"tokenize", "encode text or a chat with a model's tokenizer", runTokenize},
+    {"bench", "load-test an OpenAI-compatible server (TTFT, ITL, goodput)", runBench},
 };
 
 void printUsage() {

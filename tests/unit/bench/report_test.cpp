@@ -1,0 +1,234 @@
+// The JSON result (re-read, vLLM-compatible keys), the per-request CSV, the HTML report with
+// its SVG charts, the terminal table and `bench compare`.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tools/bench/report.h"
+#include "tools/bench/stats.h"
+
+using namespace pd::bench;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<RequestRecord> sampleRecords() {
+  std::vector<RequestRecord> rs;
+  for (int i = 0; i < 40; ++i) {
+    RequestRecord r;
+    r.index = i;
+    r.scheduledS = r.eligibleS = i * 0.1;
+    r.startS = r.scheduledS + 0.0005;
+    r.ok = i != 7;
+    r.httpStatus = r.ok ? 200 : 503;
+    r.promptTokens = r.plannedPromptTokens = 100 + i;
+    r.plannedOutputTokens = 10;
+    if (r.ok) {
+      r.ttftMs = 50 + 10 * (i % 5);
+      r.itlsMs.assign(9, 20.0 + (i % 3));
+      r.outputTokens = r.chunkTokens = 10;
+      r.e2eMs = r.ttftMs + 9 * (20.0 + (i % 3));
+      r.finishReason = "length";
+    } else {
+      r.error = "HTTP 503: {\"error\":{\"message\":\"busy, \\\"retry\\\"\"}}";
+      r.e2eMs = 3;
+    }
+    rs.push_back(r);
+  }
+  return rs;
+}
+
+RunInfo sampleInfo() {
+  RunInfo i;
+  i.date = "20261129-120000";
+  i.commandLine = "pdserve bench --url http://127.0.0.1:8000";
+  i.url = "http://127.0.0.1:8000";
+  i.endpoint = "/v1/completions";
+  i.backend = "openai";
+  i.model = "small";
+  i.workload = "prompt 100, output 10";
+  i.arrival = "poisson";
+  i.requestRate = 10;
+  i.numPrompts = 40;
+  i.slo = *parseSlo("ttft_ms=80,itl_ms=21.5");
+  return i;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+fs::path tempDir() {
+  fs::path d = fs::temp_directory_path() / ("pd_bench_report_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("JSON result re-reads with vLLM's keys and units", "[bench][report]") {
+  const auto rs = sampleRecords();
+  const RunInfo info = sampleInfo();
+  const Aggregate a = aggregate(rs, 4.0, info.slo);
+  const fs::path dir = tempDir();
+  REQUIRE(writeJson((dir / "r.json").string(), info, a, rs).isOk());
+  const auto j = nlohmann::json::parse(slurp(dir / "r.json"));
+  for (const char* k : {"date", "backend", "model_id", "num_prompts", "request_rate", "max_concurrency", "duration",
+                        "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                        "request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+                        "max_concurrent_requests", "input_lens", "output_lens", "ttfts", "itls", "errors"})
+    CHECK(j.contains(k));
+  for (const char* m : {"ttft", "tpot", "itl", "e2el"})
+    for (const char* s : {"mean", "median", "std", "p90", "p95", "p99"}) {
+      const std::string key = std::string(s) + "_" + m + "_ms";
+      INFO(key);
+      CHECK(j.contains(key));
+      CHECK(j[key].is_number());
+    }
+  CHECK(j["completed"] == 39);
+  CHECK(j["failed"] == 1);
+  CHECK(j["duration"].get<double>() == Approx(4.0));
+  CHECK(j["request_rate"].get<double>() == Approx(10));
+  CHECK(j["max_concurrency"].is_null());
+  CHECK(j["mean_ttft_ms"].get<double>() == Approx(a.ttft.mean));
+  CHECK(j["p99_itl_ms"].get<double>() == Approx(a.itl.p99));
+  // Per-request lists are in seconds, as vLLM writes them.
+  CHECK(j["ttfts"][0].get<double>() == Approx(0.050));
+  CHECK(j["itls"][1].size() == 9);
+  CHECK(j["itls"][1][0].get<double>() == Approx(0.021));
+  CHECK(j["ttfts"][7].is_null());
+  CHECK(j["errors"][7].get<std::string>().find("HTTP 503") == 0);
+  // Goodput: TTFT <= 80 (i % 5 < 4) and p99 gap <= 21.5 (i % 3 < 2).
+  int64_t good = 0;
+  for (int i = 0; i < 40; ++i) good += i != 7 && i % 5 < 4 && i % 3 < 2;
+  CHECK(j["pdserve"]["good_requests"] == good);
+  CHECK(j["request_goodput"].get<double>() == Approx(good / 4.0));
+  CHECK(j["pdserve"]["slo"]["ttft_ms"] == 80);
+  CHECK(j["pdserve"]["generator_lag"]["max_ms"].get<double>() == Approx(0.5).margin(1e-6));
+  CHECK(j["pdserve"]["errors_by_kind"]["HTTP 503"] == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CSV has one parseable row per request", "[bench][report]") {
+  const auto rs = sampleRecords();
+  const fs::path dir = tempDir();
+  REQUIRE(writeCsv((dir / "r.csv").string(), rs, sampleInfo().slo).isOk());
+  std::ifstream in(dir / "r.csv");
+  std::string header, line;
+  std::getline(in, header);
+  CHECK(header.rfind("index,scheduled_s,", 0) == 0);
+  const size_t cols = static_cast<size_t>(std::count(header.begin(), header.end(), ',')) + 1;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    // Split honouring quotes: the error text holds commas and quotes.
+    size_t fields = 1;
+    bool quoted = false;
+    for (char c : line) {
+      if (c == '"') quoted = !quoted;
+      else if (c == ',' && !quoted) ++fields;
+    }
+    CHECK(fields == cols);
+    CHECK_FALSE(quoted);
+    ++rows;
+  }
+  CHECK(rows == 40);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("HTML report is self-contained with the charts and SLO lines", "[bench][report]") {
+  const auto rs = sampleRecords();
+  const RunInfo info = sampleInfo();
+  const Aggregate a = aggregate(rs, 4.0, info.slo);
+  const fs::path dir = tempDir();
+  REQUIRE(writeHtml((dir / "r.html").string(), info, a, rs, 4.0).isOk());
+  const std::string html = slurp(dir / "r.html");
+  CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
+  size_t svgs = 0;
+  for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
+  CHECK(svgs == 5);
+  CHECK(html.find("TTFT CDF") != std::string::npos);
+  CHECK(html.find("ITL CDF") != std::string::npos);
+  CHECK(html.find("SLO 80 ms") != std::string::npos);
+  CHECK(html.find("SLO 22 ms") != std::string::npos);  // 21.5 rounded in the label
+  CHECK(html.find("Throughput over time") != std::string::npos);
+  CHECK(html.find("http://") == html.find("http://127.0.0.1"));  // no external resources
+  CHECK(html.find("<script") == std::string::npos);
+  CHECK(html.find("</html>") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CDF points and charts", "[bench][report]") {
+  const auto pts = cdfPoints({3, 1, 2, 4});
+  REQUIRE(pts.size() == 4);
+  CHECK(pts[0] == std::make_pair(1.0, 0.25));
+  CHECK(pts[3] == std::make_pair(4.0, 1.0));
+  std::vector<double> many(10000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<double>(i);
+  const auto thin = cdfPoints(many, 100);
+  REQUIRE(thin.size() == 100);
+  CHECK(thin.front().first == 0);
+  CHECK(thin.back().second == 1.0);
+  const std::string svg = svgChart("t", "x", "y", {{"s", "#000", pts, ChartSeries::Style::kStep}}, {{2.5, "SLO"}});
+  CHECK(svg.find("<polyline") != std::string::npos);
+  CHECK(svg.find("stroke-dasharray") != std::string::npos);
+}
+
+TEST_CASE("table and compare", "[bench][report]") {
+  const auto rs = sampleRecords();
+  const RunInfo info = sampleInfo();
+  const Aggregate a = aggregate(rs, 4.0, info.slo);
+  const std::string table = formatTable(info, a);
+  CHECK(table.find("Successful requests:                      39") != std::string::npos);
+  CHECK(table.find("Request goodput (req/s):") != std::string::npos);
+  CHECK(table.find("P99 ITL (ms):") != std::string::npos);
+  const fs::path dir = tempDir();
+  REQUIRE(writeJson((dir / "a.json").string(), info, a, rs).isOk());
+  const Aggregate b = aggregate(rs, 2.0, info.slo);  // same work in half the time
+  REQUIRE(writeJson((dir / "b.json").string(), info, b, rs).isOk());
+  auto cmp = compareResults({(dir / "a.json").string(), (dir / "b.json").string()});
+  REQUIRE(cmp.ok());
+  CHECK(cmp->find("request_throughput") != std::string::npos);
+  CHECK(cmp->find("(2.00x)") != std::string::npos);
+  CHECK(cmp->find("(0.50x)") != std::string::npos);
+  auto bad = compareResults({(dir / "missing.json").string()});
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("missing.json"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("check verifies an end-to-end run's invariants", "[bench][report]") {
+  auto rs = sampleRecords();
+  RunInfo info = sampleInfo();
+  const fs::path dir = tempDir();
+  const std::string good = (dir / "good.json").string();
+  REQUIRE(writeJson(good, info, aggregate(rs, 4.0, info.slo), rs).isOk());
+  auto ok = checkResult(good, /*allowFailures=*/true);
+  INFO(ok.status().toString());
+  REQUIRE(ok.ok());
+  CHECK_THAT(*ok, Catch::Contains("40 requests accounted for"));
+  // The sample has one failed request.
+  auto strict = checkResult(good, /*allowFailures=*/false);
+  REQUIRE_FALSE(strict.ok());
+  CHECK_THAT(strict.status().message(), Catch::Contains("request 7: HTTP 503"));
+  // A request missing a gap, one whose TTFT exceeds its E2EL, and a lost request.
+  rs[3].itlsMs.pop_back();
+  rs[5].ttftMs = rs[5].e2eMs + 1;
+  info.numPrompts = 41;
+  const std::string bad = (dir / "bad.json").string();
+  REQUIRE(writeJson(bad, info, aggregate(rs, 4.0, info.slo), rs).isOk());
+  auto r = checkResult(bad, true);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("!= num_prompts 41"));
+  CHECK_THAT(r.status().message(), Catch::Contains("request 3: 8 inter-token gaps for 10 output tokens"));
+  CHECK_THAT(r.status().message(), Catch::Contains("request 5: TTFT"));
+  fs::remove_all(dir);
+}

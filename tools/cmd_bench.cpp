@@ -1,0 +1,370 @@
+// `pdserve bench`: the load generator (tools/bench, docs/bench.md). This file is the command
+// line only: it parses options, runs pd_bench and writes the reports.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tools/bench/client.h"
+#include "tools/bench/report.h"
+#include "tools/bench/stats.h"
+#include "tools/bench/workload.h"
+#include "tools/commands.h"
+
+namespace pd::tools {
+namespace {
+
+using namespace pd::bench;
+
+const char kUsage[] = R"(usage: pdserve bench [options]
+       pdserve bench compare A.json B.json ...
+       pdserve bench check [--allow-failures] RESULT.json
+
+Drives an OpenAI-compatible server with streaming requests and reports TTFT, TPOT, ITL,
+end-to-end latency, throughput and goodput (docs/bench.md).
+
+server:
+  --url URL                 server base URL (default http://127.0.0.1:8000)
+  --model NAME              model name (default: the first one /v1/models lists)
+  --api-key KEY             bearer token (default $OPENAI_API_KEY)
+  --endpoint completions|chat   (default completions: token-id prompts, exact lengths)
+  --no-model-check          skip the GET /v1/models check before the run
+workload:
+  --trace FILE              replay an Azure 2023 CSV or Mooncake FAST'25 JSONL trace
+  --prompt-len SPEC         synthetic prompt length: N | uniform:MIN:MAX | lognormal:MEAN:SIGMA (default 256)
+  --output-len SPEC         synthetic output length, same forms (default 64)
+  --num-requests N          requests to send (default: every trace row)
+  --duration S              send nothing new after S seconds
+  --rate R                  Poisson arrivals at R requests/s (instead of the trace's times)
+  --time-scale F            multiply trace timestamps by F (0.5 = twice as fast; default 1)
+  --spread-ticks            spread rows sharing one trace timestamp over the gap to the next
+  --concurrency N           at most N requests in flight; alone it makes a closed loop
+  --max-prompt-tokens N     scale trace prompts (and prefix blocks) so the longest fits N;
+                            cap synthetic prompts at N
+  --length-scale F          multiply trace prompt lengths by F instead
+  --max-output-tokens N     cap output lengths at N
+  --warmup N                warm-up requests before the measured run (excluded; default 0)
+  --seed N                  seed for lengths, arrivals and prompt tokens (default 0)
+  --vocab-size V            token ids are drawn from [10, V-10) (default 256)
+  --token-ids MIN:MAX       token ids from [MIN, MAX) instead (keep special ids out)
+  --no-ignore-eos           do not send ignore_eos (outputs may end early)
+  --continuous-usage        ask for stream_options.continuous_usage_stats (vLLM)
+  --temperature T           send this temperature (default: server default)
+  --extra-body JSON         a JSON object merged into every request body
+  --request-timeout S       whole-request bound (default 900)
+  --idle-timeout S          longest silence inside one stream (default 120)
+report:
+  --slo ttft_ms=A,itl_ms=B  goodput targets (also tpot_ms, e2el_ms; itl_pct=P, default 99)
+  --out PREFIX              write PREFIX.json, PREFIX.csv, PREFIX.html (default bench-<date>)
+  --progress / --no-progress   live progress on stderr (default: when stderr is a terminal)
+)";
+
+struct Args {
+  std::map<std::string, std::string> values;
+  std::vector<std::string> flags;
+};
+
+const char* const kValueOptions[] = {
+    "--url", "--model", "--api-key", "--endpoint", "--trace", "--prompt-len", "--output-len", "--num-requests",
+    "--duration", "--rate", "--time-scale", "--concurrency", "--max-prompt-tokens", "--length-scale",
+    "--max-output-tokens", "--warmup", "--seed", "--vocab-size", "--token-ids", "--temperature", "--extra-body",
+    "--request-timeout", "--idle-timeout", "--slo", "--out"};
+const char* const kFlagOptions[] = {"--no-model-check", "--no-ignore-eos", "--continuous-usage", "--progress",
+                                    "--no-progress", "--spread-ticks"};
+
+Result<Args> parseArgs(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool hasValue = false;
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      hasValue = true;
+    }
+    bool known = false;
+    for (const char* o : kValueOptions) {
+      if (arg != o) continue;
+      known = true;
+      if (!hasValue) {
+        if (i + 1 >= argc) return invalidArgument(arg + " needs a value");
+        value = argv[++i];
+      }
+      a.values[arg] = value;
+    }
+    for (const char* f : kFlagOptions) {
+      if (arg != f) continue;
+      known = true;
+      if (hasValue) return invalidArgument(arg + " takes no value");
+      a.flags.push_back(arg);
+    }
+    if (!known) return invalidArgument("unknown option '" + std::string(argv[i]) + "' (see pdserve bench --help)");
+  }
+  return a;
+}
+
+template <typename T>
+Status number(const Args& a, const char* key, T* out) {
+  auto it = a.values.find(key);
+  if (it == a.values.end()) return Status::ok();
+  const std::string& s = it->second;
+  char* end = nullptr;
+  errno = 0;
+  if constexpr (std::is_floating_point_v<T>) {
+    const double v = std::strtod(s.c_str(), &end);
+    if (s.empty() || *end || errno || !std::isfinite(v)) return invalidArgument(std::string(key) + ": '" + s + "' is not a number");
+    *out = static_cast<T>(v);
+  } else {
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || *end || errno || v < 0) return invalidArgument(std::string(key) + ": '" + s + "' is not a non-negative integer");
+    *out = static_cast<T>(v);
+  }
+  return Status::ok();
+}
+
+bool hasFlag(const Args& a, const char* f) {
+  for (const auto& x : a.flags)
+    if (x == f) return true;
+  return false;
+}
+
+std::string utcStamp() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+void printProgress(const ProgressInfo& p) {
+  const int width = 30;
+  const double frac = p.total > 0 ? static_cast<double>(p.finished) / static_cast<double>(p.total) : 0;
+  const int fill = static_cast<int>(frac * width);
+  std::fprintf(stderr, "\r%s[%.*s%*s] %lld/%lld done, %lld failed, %lld in flight, %.1f s ", p.warmup ? "warm-up " : "",
+               fill, "##############################", width - fill, "", static_cast<long long>(p.finished),
+               static_cast<long long>(p.total), static_cast<long long>(p.failed), static_cast<long long>(p.inFlight),
+               p.elapsedS);
+  std::fflush(stderr);
+}
+
+int usageError(const Status& s) {
+  std::fprintf(stderr, "pdserve bench: %s\n", s.message().c_str());
+  return 2;
+}
+
+int runCheck(int argc, char** argv) {
+  bool allowFailures = false;
+  std::vector<std::string> paths;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--allow-failures")) allowFailures = true;
+    else paths.push_back(argv[i]);
+  }
+  if (paths.empty()) return usageError(invalidArgument("check: give a result JSON file"));
+  int rc = 0;
+  for (const auto& p : paths) {
+    auto r = checkResult(p, allowFailures);
+    if (r.ok()) {
+      std::printf("%s\n", r->c_str());
+    } else {
+      std::fprintf(stderr, "pdserve bench check: %s\n", r.status().message().c_str());
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+int runCompare(int argc, char** argv) {
+  std::vector<std::string> paths(argv + 1, argv + argc);
+  auto r = compareResults(paths);
+  if (!r.ok()) {
+    std::fprintf(stderr, "pdserve bench compare: %s\n", r.status().message().c_str());
+    return paths.empty() ? 2 : 1;
+  }
+  std::fputs(r->c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+int runBench(int argc, char** argv) {
+  if (argc >= 2 && !std::strcmp(argv[1], "compare")) return runCompare(argc - 1, argv + 1);
+  if (argc >= 2 && !std::strcmp(argv[1], "check")) return runCheck(argc - 1, argv + 1);
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  auto argsOr = parseArgs(argc, argv);
+  if (!argsOr.ok()) return usageError(argsOr.status());
+  const Args& a = *argsOr;
+  auto get = [&](const char* k, std::string def) {
+    auto it = a.values.find(k);
+    return it == a.values.end() ? def : it->second;
+  };
+
+  // ---- workload
+  WorkloadOptions w;
+  w.tracePath = get("--trace", "");
+  if (auto s = parseLengthSpec(get("--prompt-len", "256"), "--prompt-len"); s.ok()) w.promptLen = *s;
+  else return usageError(s.status());
+  if (auto s = parseLengthSpec(get("--output-len", "64"), "--output-len"); s.ok()) w.outputLen = *s;
+  else return usageError(s.status());
+  int64_t concurrency = 0, vocab = 256;
+  for (Status s : {number(a, "--num-requests", &w.numRequests), number(a, "--duration", &w.durationS),
+                   number(a, "--rate", &w.rate), number(a, "--time-scale", &w.timeScale),
+                   number(a, "--concurrency", &concurrency), number(a, "--max-prompt-tokens", &w.maxPromptTokens),
+                   number(a, "--length-scale", &w.lengthScale), number(a, "--max-output-tokens", &w.maxOutputTokens),
+                   number(a, "--warmup", &w.warmup), number(a, "--seed", &w.seed), number(a, "--vocab-size", &vocab)})
+    if (!s.isOk()) return usageError(s);
+  w.spreadTicks = hasFlag(a, "--spread-ticks");
+  w.closedLoop = concurrency > 0 && w.rate <= 0 && a.values.count("--time-scale") == 0;
+  if (w.tracePath.empty() && (a.values.count("--time-scale")))
+    return usageError(invalidArgument("--time-scale needs --trace"));
+
+  // ---- request bodies
+  BodyOptions body;
+  const std::string ep = get("--endpoint", "completions");
+  if (ep == "completions") body.endpoint = Endpoint::kCompletions;
+  else if (ep == "chat") body.endpoint = Endpoint::kChat;
+  else return usageError(invalidArgument("--endpoint: '" + ep + "' (allowed: completions, chat)"));
+  body.model = get("--model", "");
+  body.seed = w.seed;
+  body.ignoreEos = !hasFlag(a, "--no-ignore-eos");
+  body.continuousUsage = hasFlag(a, "--continuous-usage");
+  if (Status s = number(a, "--temperature", &body.temperature); !s.isOk()) return usageError(s);
+  if (vocab < 21) return usageError(invalidArgument("--vocab-size must be at least 21"));
+  body.ids = {10, vocab - 10};
+  if (a.values.count("--token-ids")) {
+    const std::string t = a.values.at("--token-ids");
+    long long lo = -1, hi = -1;
+    char tail = 0;
+    if (std::sscanf(t.c_str(), "%lld:%lld%c", &lo, &hi, &tail) != 2 || lo < 0 || hi <= lo || hi > (1ll << 31))
+      return usageError(invalidArgument("--token-ids: '" + t + "' is not MIN:MAX with 0 <= MIN < MAX"));
+    body.ids = {lo, hi};
+  }
+  body.extraJson = get("--extra-body", "");
+  if (!body.extraJson.empty()) {
+    auto j = nlohmann::json::parse(body.extraJson, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      return usageError(invalidArgument("--extra-body: not a JSON object: " + body.extraJson));
+  }
+
+  // ---- client
+  ClientOptions client;
+  auto target = parseServerUrl(get("--url", "http://127.0.0.1:8000"));
+  if (!target.ok()) return usageError(target.status());
+  client.server = *target;
+  client.endpoint = body.endpoint;
+  const char* envKey = std::getenv("OPENAI_API_KEY");
+  client.apiKey = get("--api-key", envKey ? envKey : "");
+  for (Status s : {number(a, "--request-timeout", &client.requestTimeoutS), number(a, "--idle-timeout", &client.idleTimeoutS)})
+    if (!s.isOk()) return usageError(s);
+
+  Slo slo;
+  if (a.values.count("--slo")) {
+    auto s = parseSlo(a.values.at("--slo"));
+    if (!s.ok()) return usageError(s.status());
+    slo = *s;
+  }
+  const std::string date = utcStamp();
+  const std::string out = get("--out", "bench-" + date);
+
+  auto workload = buildWorkload(w);
+  if (!workload.ok()) {
+    std::fprintf(stderr, "pdserve bench: %s\n", workload.status().message().c_str());
+    return workload.status().code() == StatusCode::kInvalidArgument && w.tracePath.empty() ? 2 : 1;
+  }
+
+  if (!hasFlag(a, "--no-model-check")) {
+    auto models = fetchModels(client, 10);
+    if (!models.ok()) {
+      std::fprintf(stderr, "pdserve bench: %s\n", models.status().message().c_str());
+      return 1;
+    }
+    if (models->httpStatus == 200 && !models->ids.empty()) {
+      if (body.model.empty()) {
+        body.model = models->ids.front();
+      } else if (std::find(models->ids.begin(), models->ids.end(), body.model) == models->ids.end()) {
+        std::string list;
+        for (const auto& id : models->ids) list += (list.empty() ? "" : ", ") + id;
+        std::fprintf(stderr, "pdserve bench: model '%s' is not served by %s (it serves: %s)\n", body.model.c_str(),
+                     client.server.url().c_str(), list.c_str());
+        return 1;
+      }
+    } else if (models->httpStatus == 401 || models->httpStatus == 403) {
+      std::fprintf(stderr, "pdserve bench: GET /v1/models: HTTP %d: %s\n", models->httpStatus, models->body.c_str());
+      return 1;
+    } else {
+      std::fprintf(stderr, "pdserve bench: warning: GET /v1/models gave HTTP %d; continuing\n", models->httpStatus);
+    }
+  }
+
+  RunOptions ro;
+  ro.maxConcurrency = concurrency;
+  ro.durationS = w.durationS;
+  ro.handleSignals = true;
+  ro.makeBody = [&body](const PlannedRequest& p) { return buildRequestBody(p, body); };
+  const bool progress = hasFlag(a, "--progress") || (!hasFlag(a, "--no-progress") && isatty(2));
+  if (progress) ro.onProgress = printProgress;
+
+  std::fprintf(stderr, "pdserve bench: %s -> %s%s\n", workload->describe.c_str(), client.server.url().c_str(),
+               endpointPath(body.endpoint));
+  auto run = runLoad(client, *workload, ro);
+  if (progress) std::fprintf(stderr, "\n");
+  if (!run.ok()) {
+    std::fprintf(stderr, "pdserve bench: %s\n", run.status().message().c_str());
+    return 1;
+  }
+
+  RunInfo info;
+  info.date = date;
+  for (int i = 0; i < argc; ++i) info.commandLine += (i ? " " : "pdserve ") + std::string(argv[i]);
+  info.url = client.server.url();
+  info.endpoint = endpointPath(body.endpoint);
+  info.backend = body.endpoint == Endpoint::kChat ? "openai-chat" : "openai";
+  info.model = body.model;
+  info.workload = workload->describe;
+  info.arrival = arrivalModeName(workload->arrival);
+  info.requestRate = w.rate;
+  info.maxConcurrency = concurrency;
+  info.timeScale = w.timeScale;
+  info.seed = w.seed;
+  info.numPrompts = static_cast<int64_t>(run->records.size());
+  info.plannedRequests = static_cast<int64_t>(workload->requests.size());
+  info.warmupRequests = w.warmup;
+  info.promptSource = body.endpoint == Endpoint::kChat
+                          ? ByteTextPrompter().name()
+                          : "token-ids[" + std::to_string(body.ids.minId) + "," + std::to_string(body.ids.maxId) + ")";
+  info.slo = slo;
+  info.abortReason = run->abortReason;
+  const Aggregate agg = aggregate(run->records, run->durationS, slo);
+  std::fputs(formatTable(info, agg).c_str(), stdout);
+  for (Status s : {writeJson(out + ".json", info, agg, run->records), writeCsv(out + ".csv", run->records, slo),
+                   writeHtml(out + ".html", info, agg, run->records, run->durationS)}) {
+    if (!s.isOk()) {
+      std::fprintf(stderr, "pdserve bench: %s\n", s.message().c_str());
+      return 1;
+    }
+  }
+  std::printf("wrote %s.json, %s.csv, %s.html\n", out.c_str(), out.c_str(), out.c_str());
+  if (!run->abortReason.empty()) {
+    std::fprintf(stderr, "pdserve bench: aborted: %s\n", run->abortReason.c_str());
+    return 1;
+  }
+  return agg.completed > 0 ? 0 : 1;
+}
+
+}  // namespace pd::tools
