@@ -1,0 +1,264 @@
+// ucx_bench: put bandwidth of the UCX transport between two processes on this machine, next
+// to its ceiling measured in the same run: ucx_perftest -t ucp_put_bw for the same sizes.
+//
+//   ucx_bench [--sizes 4k,64k,1m,64m] [--bytes 256m] [--errmode peer|none|both] [--no-perftest]
+//
+// For each segment size S the initiator posts transfers of 64 MiB made of S-byte segments
+// (back to back, `--bytes` in all) and times first post -> last completion (completion = the
+// flush confirmed the data at the target). ucx_perftest does the same puts from its own loop
+// (`-e` gives its endpoints the same peer error handling). Both report MiB/s.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/base/clock.h"
+#include "common/base/log.h"
+#include "kvtransfer/transports/ucx_transport.h"
+
+using namespace pd;
+using namespace pd::kvt;
+
+namespace {
+
+constexpr size_t kRegion = size_t{64} << 20;
+
+bool sendMsg(int fd, const std::string& m) {
+  uint32_t len = static_cast<uint32_t>(m.size());
+  std::string all(reinterpret_cast<const char*>(&len), 4);
+  all += m;
+  const char* p = all.data();
+  size_t n = all.size();
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool recvMsg(int fd, std::string* m) {
+  uint32_t len = 0;
+  auto readAll = [&](char* p, size_t n) {
+    while (n > 0) {
+      ssize_t r = ::recv(fd, p, n, 0);
+      if (r <= 0) return false;
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return true;
+  };
+  if (!readAll(reinterpret_cast<char*>(&len), 4)) return false;
+  m->resize(len);
+  return readAll(m->data(), len);
+}
+
+size_t parseSize(const std::string& s) {
+  size_t mult = 1;
+  char last = s.empty() ? 0 : s.back();
+  if (last == 'k' || last == 'K') mult = 1 << 10;
+  if (last == 'm' || last == 'M') mult = 1 << 20;
+  if (last == 'g' || last == 'G') mult = size_t{1} << 30;
+  return std::stoull(mult == 1 ? s : s.substr(0, s.size() - 1)) * mult;
+}
+
+// Target process: registers the region and progresses until the parent closes the socket.
+[[noreturn]] void targetMain(int fd, bool peerErr) {
+  UcxOptions o;
+  o.localName = "bench-target";
+  o.peerErrorHandling = peerErr;
+  auto t = makeUcxTransport(o);
+  if (!t.ok()) {
+    sendMsg(fd, "ERR " + t.status().toString());
+    _exit(1);
+  }
+  void* mem = mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  auto h = (*t)->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(mem), kRegion});
+  auto key = (*t)->packRemoteKey(*h);
+  sendMsg(fd, *(*t)->localConnInfo());
+  sendMsg(fd, *key);
+  for (;;) {
+    for (int i = 0; i < 256; ++i) (*t)->progress();
+    char c;
+    ssize_t r = ::recv(fd, &c, 1, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) _exit(0);
+  }
+}
+
+struct Figures {
+  double mibPerSec = 0;
+  std::string tls;
+};
+
+// Our transport's bandwidth for `size`-byte segments.
+Figures measureOurs(size_t size, size_t totalBytes, bool peerErr) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return {};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(sv[0]);
+    targetMain(sv[1], peerErr);
+  }
+  ::close(sv[1]);
+  Figures f;
+  std::string conn, key;
+  if (!recvMsg(sv[0], &conn) || conn.rfind("ERR", 0) == 0 || !recvMsg(sv[0], &key)) {
+    std::fprintf(stderr, "ucx_bench: target failed: %s\n", conn.c_str());
+  } else {
+    UcxOptions o;
+    o.localName = "bench";
+    o.peerErrorHandling = peerErr;
+    o.transferTimeout = std::chrono::seconds(120);
+    auto t = std::move(makeUcxTransport(o)).value();
+    void* src = mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    std::memset(src, 0x5a, kRegion);
+    auto h = t->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(src), kRegion});
+    auto peer = t->loadPeer(PeerInfo{"bench-target", conn, {key}});
+    const uint64_t base = ucxwire::decodeKey(key)->base;
+    if (!h.ok() || !peer.ok()) {
+      std::fprintf(stderr, "ucx_bench: setup failed\n");
+    } else {
+      const size_t perTransfer = std::max(size, std::min(kRegion, totalBytes));
+      auto runOnce = [&](size_t bytes) -> double {
+        std::vector<TransferId> ids;
+        const SteadyTime start = steadyNow();
+        for (size_t done = 0; done < bytes; done += perTransfer) {
+          DescList l, r;
+          for (size_t off = 0; off + size <= perTransfer; off += size) {
+            l.push_back(MemDesc{reinterpret_cast<uintptr_t>(src) + off, size});
+            r.push_back(MemDesc{base + off, size});
+          }
+          ids.push_back(*t->post(l, r, *peer, std::nullopt));
+        }
+        for (TransferId id : ids) {
+          Status s;
+          do {
+            t->progress();
+            s = t->poll(id);
+          } while (s.inProgress());
+          if (!s.isOk()) {
+            std::fprintf(stderr, "ucx_bench: transfer failed: %s\n", s.toString().c_str());
+            return 0;
+          }
+        }
+        return secondsBetween(start, steadyNow());
+      };
+      runOnce(perTransfer);  // warm-up: wires the endpoint, faults in the pages
+      const size_t transfers = std::max<size_t>(1, totalBytes / perTransfer);
+      double secs = runOnce(transfers * perTransfer);
+      if (secs > 0) f.mibPerSec = static_cast<double>(transfers * perTransfer) / secs / (1 << 20);
+      std::string caps = t->caps().details;
+      auto p = caps.find("peer bench-target: ");
+      f.tls = p == std::string::npos ? "?" : caps.substr(p + 19);
+    }
+  }
+  ::close(sv[0]);
+  ::waitpid(pid, nullptr, 0);
+  return f;
+}
+
+// ucx_perftest's overall put bandwidth (MB/s, 2^20 bytes) for the same size, or -1.
+double measurePerftest(size_t size, size_t totalBytes, bool peerErr, int port) {
+  const size_t iters = std::max<size_t>(16, totalBytes / size);
+  std::string common = " -t ucp_put_bw -s " + std::to_string(size) + " -n " + std::to_string(iters) +
+                       " -p " + std::to_string(port) + (peerErr ? " -e" : "");
+  std::string server = "ucx_perftest" + common + " >/dev/null 2>&1";
+  std::string client = "timeout 120 ucx_perftest 127.0.0.1" + common + " 2>/dev/null";
+  pid_t spid = ::fork();
+  if (spid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + server).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  double bw = -1;
+  if (FILE* p = popen(client.c_str(), "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, p)) {
+      if (std::strncmp(line, "Final:", 6) != 0) continue;
+      std::istringstream in(line + 6);
+      double v[8] = {};
+      for (double& x : v) in >> x;
+      bw = v[5];  // overall bandwidth
+    }
+    pclose(p);
+  }
+  ::kill(spid, SIGTERM);
+  ::waitpid(spid, nullptr, 0);
+  return bw;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<size_t> sizes = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  size_t totalBytes = size_t{256} << 20;
+  std::string errmode = "both";
+  bool perftest = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "ucx_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--sizes") {
+      sizes.clear();
+      std::istringstream in(next());
+      std::string s;
+      while (std::getline(in, s, ',')) sizes.push_back(parseSize(s));
+    } else if (a == "--bytes") {
+      totalBytes = parseSize(next());
+    } else if (a == "--errmode") {
+      errmode = next();
+    } else if (a == "--no-perftest") {
+      perftest = false;
+    } else {
+      std::fprintf(stderr, "usage: ucx_bench [--sizes 4k,1m,...] [--bytes 256m] "
+                           "[--errmode peer|none|both] [--no-perftest]\n");
+      return 2;
+    }
+  }
+  if (errmode != "peer" && errmode != "none" && errmode != "both") {
+    std::fprintf(stderr, "ucx_bench: --errmode must be peer, none or both (got '%s')\n", errmode.c_str());
+    return 2;
+  }
+  for (size_t s : sizes)
+    if (s == 0 || s > kRegion) {
+      std::fprintf(stderr, "ucx_bench: segment sizes must be in [1, 64m]\n");
+      return 2;
+    }
+  setLogLevel(LogLevel::kWarn);
+  std::printf("ucx_bench: %zu MiB per size, puts into one 64 MiB region, two processes\n", totalBytes >> 20);
+  std::printf("%-6s %-8s %12s %14s %7s  %s\n", "errmode", "segment", "ours MiB/s", "perftest MiB/s",
+              "ratio", "ucx transports");
+  int port = 13000 + static_cast<int>(getpid() % 2000);
+  for (bool peerErr : {true, false}) {
+    if ((peerErr && errmode == "none") || (!peerErr && errmode == "peer")) continue;
+    for (size_t size : sizes) {
+      Figures ours = measureOurs(size, totalBytes, peerErr);
+      double ref = perftest ? measurePerftest(size, totalBytes, peerErr, port++) : -1;
+      char sz[32];
+      if (size >= (1 << 20)) std::snprintf(sz, sizeof sz, "%zuM", size >> 20);
+      else std::snprintf(sz, sizeof sz, "%zuK", size >> 10);
+      char ratio[16] = "-";
+      if (ref > 0) std::snprintf(ratio, sizeof ratio, "%.0f%%", 100.0 * ours.mibPerSec / ref);
+      std::printf("%-7s %-8s %12.0f %14.0f %7s  %s\n", peerErr ? "peer" : "none", sz, ours.mibPerSec,
+                  ref, ratio, ours.tls.c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
