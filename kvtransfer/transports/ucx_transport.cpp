@@ -199,6 +199,7 @@ class UcxTransport final : public Transport {
 
   TransportCaps caps() const override;
   Result<MemHandle> registerMemory(const MemDesc& desc) override;
+  Result<UcxAllocation> allocateRegistered(size_t len);
   Status deregisterMemory(MemHandle handle) override;
   Result<std::string> packRemoteKey(MemHandle handle) override;
   Result<std::string> localConnInfo() override { return ucxwire::encodeConnInfo(address_); }
@@ -372,6 +373,32 @@ Result<MemHandle> UcxTransport::registerMemory(const MemDesc& desc) {
   MemHandle h = nextHandle_++;
   regs_[h] = Registration{desc, memh};
   return h;
+}
+
+Result<UcxAllocation> UcxTransport::allocateRegistered(size_t len) {
+  if (len == 0) return invalidArgument("ucx: cannot allocate 0 bytes");
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = len;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
+  if (s != UCS_OK)
+    return resourceExhausted("ucx: ucp_mem_map cannot allocate " + std::to_string(len) + " bytes: " + ucsText(s));
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  s = ucp_mem_query(memh, &attr);
+  if (s != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return internalError("ucx: ucp_mem_query failed: " + ucsText(s));
+  }
+  UcxAllocation a;
+  a.desc = MemDesc{reinterpret_cast<uintptr_t>(attr.address), len};
+  a.handle = nextHandle_++;
+  regs_[a.handle] = Registration{a.desc, memh};
+  return a;
 }
 
 Status UcxTransport::deregisterMemory(MemHandle handle) {
@@ -808,6 +835,12 @@ Status UcxTransport::cancel(TransferId id) {
 }
 
 }  // namespace
+
+Result<UcxAllocation> ucxAllocateRegistered(Transport& transport, size_t len) {
+  auto* ucx = dynamic_cast<UcxTransport*>(&transport);
+  if (!ucx) return invalidArgument("ucx: ucxAllocateRegistered needs a UCX transport, got '" + transport.caps().name + "'");
+  return ucx->allocateRegistered(len);
+}
 
 Result<std::unique_ptr<Transport>> makeUcxTransport(const UcxOptions& options) {
   if (options.maxPutBytes == 0 || options.sliceBytes == 0 || options.maxInflightBytes == 0)

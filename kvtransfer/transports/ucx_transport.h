@@ -58,6 +58,18 @@ struct UcxOptions {
 // initialise (the message carries UCX's reason).
 Result<std::unique_ptr<Transport>> makeUcxTransport(const UcxOptions& options = {});
 
+// Memory that UCX allocates and registers in one step (ucp_mem_map with UCP_MEM_MAP_ALLOCATE,
+// as ucx_perftest does). On one host with peerErrorHandling off, UCX backs it with shared
+// memory (posix/sysv) that peers map directly, so a put is one memcpy into the target instead
+// of an active-message round trip: a KV pool meant for same-host peers should be allocated
+// here. The handle behaves like registerMemory's; deregisterMemory frees the memory.
+// kInvalidArgument when `transport` is not a UCX transport or len is 0.
+struct UcxAllocation {
+  MemDesc desc;
+  MemHandle handle = 0;
+};
+Result<UcxAllocation> ucxAllocateRegistered(Transport& transport, size_t len);
+
 // Blob formats, exposed for tests and for tools that print them.
 namespace ucxwire {
 struct PackedKey {

@@ -315,7 +315,7 @@ void byteExactRounds(const char* tls) {
 
 }  // namespace
 
-TEST_CASE("ucx: random payloads arrive byte-exact, notification after the data (default transports)") {
+TEST_CASE("ucx: random payloads arrive byte-exact and the notification follows the data (default transports)") {
   byteExactRounds(nullptr);
 }
 
@@ -463,4 +463,44 @@ TEST_CASE("ucx: a peer killed mid-transfer fails the transfer within the deadlin
   } else {
     CHECK(again.status().code() == StatusCode::kUnavailable);
   }
+}
+
+TEST_CASE("ucx: a stalled peer misses the deadline and a later post reconnects") {
+  // Over tcp the target must progress for puts to land; SIGSTOP freezes it. Keepalive is set
+  // long so that the transfer deadline, not UCX's keepalive, is what fires.
+  setenv("UCX_TLS", "tcp", 1);
+  Target target("tcp");
+  UcxOptions o;
+  o.transferTimeout = 1500ms;
+  o.keepaliveInterval = 60s;
+  Initiator ini(target, o);
+  unsetenv("UCX_TLS");
+  const uintptr_t src = reinterpret_cast<uintptr_t>(ini.src.data());
+  auto id = ini.t->post({MemDesc{src, 4096}}, {MemDesc{target.base, 4096}}, ini.peer, {});
+  REQUIRE(id.ok());
+  REQUIRE(ini.wait(*id).isOk());
+
+  REQUIRE(::kill(target.pid, SIGSTOP) == 0);
+  id = ini.t->post({MemDesc{src, kTargetBytes}}, {MemDesc{target.base, kTargetBytes}}, ini.peer,
+                   std::string("late"));
+  REQUIRE(id.ok());
+  const SteadyTime start = steadyNow();
+  Status s = ini.wait(*id, 10s);
+  const double took = secondsBetween(start, steadyNow());
+  INFO("outcome " << s.toString() << " after " << took << " s");
+  CHECK(s.code() == StatusCode::kDeadlineExceeded);
+  CHECK(took >= 1.4);
+  CHECK(took < 3.0);
+  REQUIRE(::kill(target.pid, SIGCONT) == 0);
+
+  // The peer is alive again: the next post re-creates the endpoint and completes.
+  id = ini.t->post({MemDesc{src + 8192, 4096}}, {MemDesc{target.base + 8192, 4096}}, ini.peer,
+                   std::string("after-reconnect"));
+  REQUIRE(id.ok());
+  REQUIRE(ini.wait(*id, 15s).isOk());
+  uint64_t hash;
+  std::string from, payload;
+  REQUIRE(target.nextNotification(&hash, &from, &payload, Deadline::in(10s)));
+  CHECK(payload == "after-reconnect");  // never "late"
+  CHECK(target.rangeHash(8192, 4096) == hashBytes(ini.src.data() + 8192, 4096));
 }

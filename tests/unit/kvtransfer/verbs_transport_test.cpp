@@ -22,7 +22,7 @@ int deviceCount() {
 }
 }  // namespace
 
-TEST_CASE("verbs: the factory reports a missing device cleanly, or works with one") {
+TEST_CASE("verbs: the factory reports a missing device cleanly or works with one") {
   VerbsOptions tiny;
   tiny.maxSendWr = 1;
   CHECK(makeVerbsTransport(tiny).status().code() == StatusCode::kInvalidArgument);
