@@ -767,7 +767,8 @@ bool UcxTransport::progress() {
     }
 
   size_t budget = opt_.sliceBytes;
-  const SteadyTime now = steadyNow();
+  // An idle target spins here; skip the clock read when there is nothing to time.
+  const SteadyTime now = transfers_.empty() ? SteadyTime{} : steadyNow();
   for (auto& [id, tp] : transfers_) {
     Transfer* t = tp.get();
     if (t->phase == Phase::kPutting && budget > 0) any |= issue(t, &budget);
