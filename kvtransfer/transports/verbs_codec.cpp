@@ -152,6 +152,27 @@ Result<std::vector<WritePlan>> planWrites(const std::vector<SegmentPair>& pairs,
   return out;
 }
 
+SendWindow::SendWindow(uint32_t depth, uint32_t signalEvery)
+    : depth_(std::max<uint32_t>(depth, 2)), every_(std::clamp<uint32_t>(signalEvery, 1, std::max<uint32_t>(depth, 2) / 2)) {}
+
+bool SendWindow::onPost(uint64_t transfer, size_t index, size_t total) {
+  ++used_;
+  ++sinceSignal_;
+  const bool last = index + 1 == total;
+  if (!last && !shouldSignal(index, total, every_) && sinceSignal_ < every_) return false;
+  fifo_.push_back(Entry{transfer, sinceSignal_, last});
+  sinceSignal_ = 0;
+  return true;
+}
+
+std::optional<SendWindow::Completed> SendWindow::onCompletion() {
+  if (fifo_.empty()) return std::nullopt;
+  Entry e = fifo_.front();
+  fifo_.pop_front();
+  used_ -= std::min(used_, e.wrs);
+  return Completed{e.transfer, e.last};
+}
+
 ImmEncoding encodeImm(const std::string& payload, uint32_t seq) {
   ImmEncoding e;
   if (payload.size() <= kMaxInlinePayload) {

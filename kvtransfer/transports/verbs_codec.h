@@ -88,6 +88,43 @@ inline bool shouldSignal(size_t index, size_t total, uint32_t every) {
   return index + 1 == total || (every > 0 && (index + 1) % every == 0);
 }
 
+// Send-queue bookkeeping for one RC QP. A QP holds at most `depth` outstanding WRs; with
+// selective signalling an unsignalled WR's slot comes back only with the next signalled
+// completion, and completions arrive in posting order. The window decides which WRs to signal
+// (every `signalEvery`-th on the QP, and each transfer's last) and accounts the slots, so the
+// transport never overfills the queue and learns when a transfer's last WR completed.
+// A cancelled transfer's unsignalled tail is covered by the next signalled WR on the QP.
+class SendWindow {
+ public:
+  // signalEvery is clamped to [1, depth / 2] so room always comes back; depth >= 2.
+  SendWindow(uint32_t depth, uint32_t signalEvery);
+  uint32_t room() const { return depth_ - used_; }
+  uint32_t used() const { return used_; }
+  size_t signalledOutstanding() const { return fifo_.size(); }
+  // Records WR `index` of a transfer of `total` WRs as posted (room() must be > 0); returns
+  // true when it must carry IBV_SEND_SIGNALED.
+  bool onPost(uint64_t transfer, size_t index, size_t total);
+  struct Completed {
+    uint64_t transfer;
+    bool last;  // the transfer's final WR: every byte of it is at the target
+  };
+  // A (signalled) completion arrived; returns what it completed, nullopt when none was
+  // outstanding (a protocol error the caller reports).
+  std::optional<Completed> onCompletion();
+
+ private:
+  struct Entry {
+    uint64_t transfer;
+    uint32_t wrs;
+    bool last;
+  };
+  uint32_t depth_;
+  uint32_t every_;
+  uint32_t used_ = 0;
+  uint32_t sinceSignal_ = 0;
+  std::deque<Entry> fifo_;
+};
+
 // ---- notifications -------------------------------------------------------------------------
 constexpr uint32_t kImmFollows = 0x80000000u;
 constexpr size_t kMaxInlinePayload = 3;

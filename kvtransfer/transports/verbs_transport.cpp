@@ -43,13 +43,6 @@ struct Transfer {
   SteadyTime deadline;
 };
 
-// A signalled WR and how many send-queue slots its completion gives back.
-struct Signaled {
-  TransferId transfer;
-  uint32_t wrs;
-  bool last;  // the transfer's final WR
-};
-
 struct Peer {
   PeerId id = 0;
   std::string name;
@@ -57,9 +50,7 @@ struct Peer {
   std::vector<verbs::PackedKey> keys;
   Status failure;
   uint32_t nextSeq = 0;
-  uint32_t sqUsed = 0;
-  uint32_t sinceSignal = 0;
-  std::deque<Signaled> signaled;
+  verbs::SendWindow window{2, 1};  // replaced in loadPeer with the QP's real depth
   std::vector<ibv_mr*> garbage;  // notification buffers freed once the QP is quiet
 };
 
@@ -331,6 +322,7 @@ Result<PeerId> VerbsTransport::loadPeer(const PeerInfo& info) {
   if (!s.isOk()) return s.withContext("loading peer '" + info.name + "'");
   unconnected_.pop_front();
   peer->qp = q.qp;
+  peer->window = verbs::SendWindow(std::min<uint32_t>(opt_.maxSendWr, dev_.max_qp_wr), opt_.signalEvery);
   peer->id = nextPeer_++;
   byQpn_[q.qp->qp_num] = peer->id;
   PeerId id = peer->id;
@@ -442,8 +434,6 @@ Result<TransferId> VerbsTransport::post(const DescList& local, const DescList& r
 
 // Posts as many of the transfer's WRs as the send queue has room for.
 bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
-  const uint32_t sqCap = std::min<uint32_t>(opt_.maxSendWr, dev_.max_qp_wr);
-  const uint32_t every = std::max<uint32_t>(1, std::min(opt_.signalEvery, sqCap / 2));
   const size_t nWrites = t->writes.size();
   const bool follows = t->imm.follows;
   bool any = false;
@@ -451,10 +441,10 @@ bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
   ibv_send_wr wrs[kChain];
   std::vector<ibv_sge> sges[kChain];
   ibv_sge noteSge{};
-  while (t->posted < t->totalWrs && peer->sqUsed < sqCap) {
+  while (t->posted < t->totalWrs && peer->window.room() > 0) {
     size_t n = 0;
     size_t first = t->posted;
-    while (first + n < t->totalWrs && n < kChain && peer->sqUsed + n < sqCap) {
+    while (first + n < t->totalWrs && n < kChain && peer->window.room() > 0) {
       const size_t i = first + n;
       ibv_send_wr& wr = wrs[n];
       wr = ibv_send_wr{};
@@ -484,12 +474,8 @@ bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
           wr.wr.rdma.rkey = peer->keys.empty() ? 0 : peer->keys[0].rkey;
         }
       }
-      const bool signal = verbs::shouldSignal(i, t->totalWrs, every) || peer->sinceSignal + 1 >= every;
-      peer->sinceSignal++;
-      if (signal) {
+      if (peer->window.onPost(t->id, i, t->totalWrs)) {
         wr.send_flags = IBV_SEND_SIGNALED;
-        peer->signaled.push_back(Signaled{t->id, peer->sinceSignal, i + 1 == t->totalWrs});
-        peer->sinceSignal = 0;
         t->signaledOutstanding++;
       }
       if (n > 0) wrs[n - 1].next = &wr;
@@ -501,7 +487,6 @@ bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
       failPeer(peer, unavailable("verbs: ibv_post_send to peer '" + peer->name + "' failed: " + errnoText(e)));
       return true;
     }
-    peer->sqUsed += static_cast<uint32_t>(n);
     t->posted += n;
     any = true;
   }
@@ -511,7 +496,7 @@ bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
 
 void VerbsTransport::releaseNote(Transfer* t, Peer* peer) {
   if (!t->noteMr) return;
-  if (peer && !peer->signaled.empty()) peer->garbage.push_back(t->noteMr);  // HCA may still read it
+  if (peer && peer->window.signalledOutstanding() > 0) peer->garbage.push_back(t->noteMr);  // HCA may still read it
   else ibv_dereg_mr(t->noteMr);
   t->noteMr = nullptr;
 }
@@ -523,15 +508,13 @@ bool VerbsTransport::pollSend() {
     auto qit = byQpn_.find(wc[i].qp_num);
     if (qit == byQpn_.end()) continue;
     Peer* peer = peers_[qit->second].get();
-    if (peer->signaled.empty()) continue;
-    Signaled s = peer->signaled.front();
-    peer->signaled.pop_front();
-    peer->sqUsed -= std::min(peer->sqUsed, s.wrs);
-    if (peer->signaled.empty()) {
+    std::optional<verbs::SendWindow::Completed> s = peer->window.onCompletion();
+    if (!s) continue;
+    if (peer->window.signalledOutstanding() == 0) {
       for (ibv_mr* mr : peer->garbage) ibv_dereg_mr(mr);
       peer->garbage.clear();
     }
-    auto tit = transfers_.find(s.transfer);
+    auto tit = transfers_.find(s->transfer);
     Transfer* t = tit == transfers_.end() ? nullptr : tit->second.get();
     if (t) t->signaledOutstanding--;
     if (wc[i].status != IBV_WC_SUCCESS) {
@@ -540,7 +523,7 @@ bool VerbsTransport::pollSend() {
       failPeer(peer, why);
       continue;
     }
-    if (t && s.last && t->phase == Phase::kWaiting) {
+    if (t && s->last && t->phase == Phase::kWaiting) {
       t->phase = Phase::kDone;
       releaseNote(t, peer);
     }

@@ -199,3 +199,86 @@ TEST_CASE("verbs: notifications fit in the immediate or follow in a SEND") {
   CHECK(a.onMessage(3, m.data(), m.size()).status().code() == StatusCode::kFailedPrecondition);
   CHECK(a.onMessage(1, "ab", 2).status().code() == StatusCode::kDataLoss);
 }
+
+TEST_CASE("verbs: the send window signals periodically and never overfills the queue") {
+  SendWindow w(8, 3);
+  // One transfer of 10 WRs: the queue takes 8, signalled at WRs 3 and 6 (indexes 2, 5).
+  std::vector<size_t> signalled;
+  size_t posted = 0;
+  while (posted < 10 && w.room() > 0) {
+    if (w.onPost(7, posted, 10)) signalled.push_back(posted);
+    ++posted;
+  }
+  CHECK(posted == 8);
+  CHECK(w.used() == 8);
+  CHECK(signalled == std::vector<size_t>{2, 5});
+  auto c = w.onCompletion();  // covers WRs 0..2
+  REQUIRE(c);
+  CHECK(c->transfer == 7);
+  CHECK(!c->last);
+  CHECK(w.room() == 3);
+  while (posted < 10) {
+    REQUIRE(w.room() > 0);
+    if (w.onPost(7, posted, 10)) signalled.push_back(posted);
+    ++posted;
+  }
+  CHECK(signalled == std::vector<size_t>{2, 5, 8, 9});  // the last WR is always signalled
+  CHECK(!w.onCompletion()->last);  // WR 5
+  CHECK(!w.onCompletion()->last);  // WR 8
+  auto end = w.onCompletion();     // WR 9
+  REQUIRE(end);
+  CHECK(end->last);
+  CHECK(w.used() == 0);
+  CHECK(!w.onCompletion());  // nothing outstanding
+
+  // signalEvery larger than half the depth is clamped so room always comes back.
+  SendWindow tight(4, 100);
+  CHECK(!tight.onPost(1, 0, 50));
+  CHECK(tight.onPost(1, 1, 50));
+}
+
+TEST_CASE("verbs: the send window keeps its invariants over random traffic and cancels") {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 100; ++round) {
+    const uint32_t depth = 2 + rng() % 64;
+    const uint32_t every = 1 + rng() % 40;
+    SendWindow w(depth, every);
+    struct T {
+      uint64_t id;
+      size_t total, posted = 0;
+      bool cancelled = false, done = false;
+    };
+    std::vector<T> ts;
+    for (uint64_t id = 1; id <= 20; ++id) ts.push_back(T{id, 1 + rng() % 100});
+    size_t active = 0;
+    uint32_t unsignalledRun = 0;
+    std::vector<uint64_t> finished;
+    for (int step = 0; step < 20000 && finished.size() + 0 < ts.size(); ++step) {
+      T& t = ts[active];
+      if (rng() % 3 != 0 && w.room() > 0 && t.posted < t.total && !t.cancelled) {
+        const bool sig = w.onPost(t.id, t.posted, t.total);
+        unsignalledRun = sig ? 0 : unsignalledRun + 1;
+        REQUIRE(unsignalledRun < std::max<uint32_t>(1, std::min(every, depth / 2)));
+        ++t.posted;
+        if (rng() % 200 == 0) t.cancelled = true;  // stops posting mid-way
+      } else if (w.signalledOutstanding() > 0) {
+        auto c = w.onCompletion();
+        REQUIRE(c);
+        if (c->last) {
+          finished.push_back(c->transfer);
+          ts[c->transfer - 1].done = true;
+        }
+      }
+      REQUIRE(w.used() <= depth);
+      if ((t.posted == t.total || t.cancelled) && active + 1 < ts.size()) ++active;
+      if (active + 1 == ts.size() && (t.posted == t.total || t.cancelled) && w.signalledOutstanding() == 0) break;
+    }
+    // Every transfer that posted all its WRs finished exactly once, in posting order.
+    std::vector<uint64_t> want;
+    for (auto& t : ts)
+      if (t.posted == t.total) want.push_back(t.id);
+    REQUIRE(finished == want);
+    // Unsignalled tails of cancelled transfers hold at most every-1 slots.
+    CHECK(w.used() < std::max<uint32_t>(1, std::min(every, depth / 2)));
+  }
+}
