@@ -1,0 +1,244 @@
+// Device-independent verbs logic; the formats and the notification scheme are in verbs_codec.h.
+#include "kvtransfer/transports/verbs_codec.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pd::kvt::verbs {
+namespace {
+constexpr uint32_t kKeyMagic = 0x4b425256;   // "VRBK"
+constexpr uint32_t kConnMagic = 0x43425256;  // "VRBC"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kMaxSgeBytes = 1ull << 31;
+
+template <typename T>
+void put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+class Reader {
+ public:
+  Reader(const char* d, size_t n) : d_(d), n_(n) {}
+  template <typename T>
+  bool get(T* v) {
+    if (n_ - pos_ < sizeof(T)) return false;
+    std::memcpy(v, d_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool bytes(size_t n, std::string* out) {
+    if (n_ - pos_ < n) return false;
+    out->assign(d_ + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool atEnd() const { return pos_ == n_; }
+
+ private:
+  const char* d_;
+  size_t n_;
+  size_t pos_ = 0;
+};
+
+Status checkHeader(Reader& r, uint32_t want, const char* what, size_t size) {
+  uint32_t magic = 0, version = 0;
+  if (!r.get(&magic) || magic != want)
+    return invalidArgument(std::string("verbs: ") + what + " is not a verbs blob (bad magic; " +
+                           std::to_string(size) + " bytes)");
+  if (!r.get(&version) || version != kVersion)
+    return invalidArgument(std::string("verbs: ") + what + " has version " + std::to_string(version) +
+                           ", this build reads version " + std::to_string(kVersion));
+  return Status::ok();
+}
+}  // namespace
+
+std::string encodeKey(const PackedKey& key) {
+  std::string out;
+  put(&out, kKeyMagic);
+  put(&out, kVersion);
+  put(&out, key.addr);
+  put(&out, key.len);
+  put(&out, key.rkey);
+  return out;
+}
+
+Result<PackedKey> decodeKey(const std::string& blob) {
+  Reader r(blob.data(), blob.size());
+  PD_RETURN_IF_ERROR(checkHeader(r, kKeyMagic, "remote key", blob.size()));
+  PackedKey k;
+  if (!r.get(&k.addr) || !r.get(&k.len) || !r.get(&k.rkey) || !r.atEnd())
+    return dataLoss("verbs: remote key blob is truncated or has trailing bytes (" +
+                    std::to_string(blob.size()) + " bytes)");
+  if (k.len == 0 || k.addr + k.len < k.addr)
+    return invalidArgument("verbs: remote key has an empty or wrapping range");
+  return k;
+}
+
+std::string encodeConnInfo(const ConnInfo& c) {
+  std::string out;
+  put(&out, kConnMagic);
+  put(&out, kVersion);
+  put(&out, c.lid);
+  out.append(reinterpret_cast<const char*>(c.gid.data()), c.gid.size());
+  put(&out, c.gidIndex);
+  put(&out, c.port);
+  put(&out, c.mtu);
+  put(&out, c.qpn);
+  put(&out, c.psn);
+  put(&out, static_cast<uint16_t>(c.name.size()));
+  out += c.name;
+  return out;
+}
+
+Result<ConnInfo> decodeConnInfo(const std::string& blob) {
+  Reader r(blob.data(), blob.size());
+  PD_RETURN_IF_ERROR(checkHeader(r, kConnMagic, "connection info", blob.size()));
+  ConnInfo c;
+  std::string gid;
+  uint16_t nameLen = 0;
+  if (!r.get(&c.lid) || !r.bytes(16, &gid) || !r.get(&c.gidIndex) || !r.get(&c.port) ||
+      !r.get(&c.mtu) || !r.get(&c.qpn) || !r.get(&c.psn) || !r.get(&nameLen) ||
+      !r.bytes(nameLen, &c.name) || !r.atEnd())
+    return dataLoss("verbs: connection info is truncated or has trailing bytes (" +
+                    std::to_string(blob.size()) + " bytes)");
+  std::memcpy(c.gid.data(), gid.data(), 16);
+  if (c.qpn > 0xffffff || c.psn > 0xffffff)
+    return invalidArgument("verbs: connection info has a QP number or PSN wider than 24 bits");
+  if (c.mtu < 1 || c.mtu > 5)
+    return invalidArgument("verbs: connection info has MTU code " + std::to_string(c.mtu) +
+                           " (allowed 1..5 = 256..4096 bytes)");
+  return c;
+}
+
+Result<std::vector<WritePlan>> planWrites(const std::vector<SegmentPair>& pairs, const BatchLimits& limits) {
+  if (limits.maxSge == 0 || limits.maxMsgBytes == 0)
+    return invalidArgument("verbs: work request limits must be > 0 (maxSge " +
+                           std::to_string(limits.maxSge) + ", maxMsgBytes " +
+                           std::to_string(limits.maxMsgBytes) + ")");
+  const uint64_t maxMsg = std::min(limits.maxMsgBytes, kMaxSgeBytes);
+  std::vector<WritePlan> out;
+  for (const SegmentPair& p : pairs) {
+    uint64_t done = 0;
+    while (done < p.len) {
+      const uint64_t localAddr = p.localAddr + done;
+      const uint64_t remoteAddr = p.remoteAddr + done;
+      WritePlan* w = out.empty() ? nullptr : &out.back();
+      const bool joins = w && w->rkey == p.rkey && w->remoteAddr + w->bytes == remoteAddr &&
+                         w->bytes < maxMsg;
+      if (!joins) {
+        out.push_back(WritePlan{remoteAddr, p.rkey, 0, {}});
+        w = &out.back();
+      }
+      const uint64_t piece = std::min(p.len - done, maxMsg - w->bytes);
+      Sge* last = w->sges.empty() ? nullptr : &w->sges.back();
+      if (last && last->lkey == p.lkey && last->addr + last->len == localAddr) {
+        last->len += static_cast<uint32_t>(piece);  // <= maxMsg <= 2^31 in total
+      } else if (w->sges.size() < limits.maxSge) {
+        w->sges.push_back(Sge{localAddr, static_cast<uint32_t>(piece), p.lkey});
+      } else {
+        // This WRITE has no SGE left: start a new one at the same remote address.
+        out.push_back(WritePlan{remoteAddr, p.rkey, 0, {Sge{localAddr, 0, p.lkey}}});
+        w = &out.back();
+        const uint64_t fresh = std::min(p.len - done, maxMsg);
+        w->sges.back().len = static_cast<uint32_t>(fresh);
+        w->bytes = fresh;
+        done += fresh;
+        continue;
+      }
+      w->bytes += piece;
+      done += piece;
+    }
+  }
+  return out;
+}
+
+SendWindow::SendWindow(uint32_t depth, uint32_t signalEvery)
+    : depth_(std::max<uint32_t>(depth, 2)), every_(std::clamp<uint32_t>(signalEvery, 1, std::max<uint32_t>(depth, 2) / 2)) {}
+
+bool SendWindow::onPost(uint64_t transfer, size_t index, size_t total) {
+  ++used_;
+  ++sinceSignal_;
+  const bool last = index + 1 == total;
+  if (!last && !shouldSignal(index, total, every_) && sinceSignal_ < every_) return false;
+  fifo_.push_back(Entry{transfer, sinceSignal_, last});
+  sinceSignal_ = 0;
+  return true;
+}
+
+std::optional<SendWindow::Completed> SendWindow::onCompletion() {
+  if (fifo_.empty()) return std::nullopt;
+  Entry e = fifo_.front();
+  fifo_.pop_front();
+  used_ -= std::min(used_, e.wrs);
+  return Completed{e.transfer, e.last};
+}
+
+ImmEncoding encodeImm(const std::string& payload, uint32_t seq) {
+  ImmEncoding e;
+  if (payload.size() <= kMaxInlinePayload) {
+    e.imm = static_cast<uint32_t>(payload.size()) << 24;
+    for (size_t i = 0; i < payload.size(); ++i)
+      e.imm |= static_cast<uint32_t>(static_cast<uint8_t>(payload[i])) << (8 * i);
+    return e;
+  }
+  e.imm = kImmFollows | (seq & ~kImmFollows);
+  e.follows = true;
+  return e;
+}
+
+ImmDecoded decodeImm(uint32_t imm) {
+  ImmDecoded d;
+  if (imm & kImmFollows) {
+    d.follows = true;
+    d.seq = imm & ~kImmFollows;
+    return d;
+  }
+  const size_t len = std::min<size_t>((imm >> 24) & 0x3, kMaxInlinePayload);
+  for (size_t i = 0; i < len; ++i) d.inlinePayload.push_back(static_cast<char>((imm >> (8 * i)) & 0xff));
+  return d;
+}
+
+std::string encodeNoteMessage(uint32_t seq, const std::string& payload) {
+  std::string out;
+  put(&out, seq & ~kImmFollows);
+  out += payload;
+  return out;
+}
+
+Result<std::pair<uint32_t, std::string>> decodeNoteMessage(const char* data, size_t len) {
+  if (len < 4) return dataLoss("verbs: notification message of " + std::to_string(len) + " bytes is too short");
+  uint32_t seq;
+  std::memcpy(&seq, data, 4);
+  return std::make_pair(seq, std::string(data + 4, len - 4));
+}
+
+std::optional<std::string> NoteAssembler::onImm(uint64_t peer, uint32_t imm) {
+  ImmDecoded d = decodeImm(imm);
+  if (!d.follows) return d.inlinePayload;
+  pending_[peer].push_back(d.seq);
+  return std::nullopt;
+}
+
+Result<std::string> NoteAssembler::onMessage(uint64_t peer, const char* data, size_t len) {
+  PD_ASSIGN_OR_RETURN(auto msg, decodeNoteMessage(data, len));
+  auto it = pending_.find(peer);
+  if (it == pending_.end() || it->second.empty())
+    return failedPrecondition("verbs: notification message " + std::to_string(msg.first) +
+                              " from peer " + std::to_string(peer) + " was not announced by an immediate");
+  // RC keeps a QP's order, so the message answers the oldest announcement.
+  if (it->second.front() != msg.first)
+    return failedPrecondition("verbs: notification message " + std::to_string(msg.first) +
+                              " from peer " + std::to_string(peer) + " arrived while " +
+                              std::to_string(it->second.front()) + " was expected");
+  it->second.pop_front();
+  if (it->second.empty()) pending_.erase(it);
+  return std::move(msg.second);
+}
+
+size_t NoteAssembler::pending() const {
+  size_t n = 0;
+  for (auto& [p, q] : pending_) n += q.size();
+  return n;
+}
+
+}  // namespace pd::kvt::verbs

@@ -1,0 +1,165 @@
+// The device-independent half of the verbs transport: blob formats, how segment pairs become
+// RDMA WRITE work requests, and how notifications ride on immediate data. Pure functions over
+// plain values, so CI (which has no RDMA device) tests all of it; verbs_transport.cpp only
+// turns these plans into ibv_* calls.
+//
+// Notification scheme (chosen for verbs, documented here because both sides must agree):
+// the last RDMA WRITE of a transfer is IBV_WR_RDMA_WRITE_WITH_IMM. Its 32-bit immediate is
+//   bit 31 = 0: the payload is inline: bits 24..25 hold its length (0..3), bits 0..23 its bytes;
+//   bit 31 = 1: bits 0..30 are a per-QP sequence number, and the payload follows in one
+//               IBV_WR_SEND on the same QP whose message is [u32 seq][payload bytes].
+// RC delivers a QP's operations in order, so when the target sees the immediate (or the SEND
+// after it) every earlier WRITE of the transfer is already in its memory. The target matches
+// each SEND to a pending "follows" immediate of the same peer and sequence number; anything
+// else is a protocol error that the target logs and drops.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+
+namespace pd::kvt::verbs {
+
+// ---- blobs -----------------------------------------------------------------------------------
+struct PackedKey {
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint32_t rkey = 0;
+};
+std::string encodeKey(const PackedKey& key);
+Result<PackedKey> decodeKey(const std::string& blob);
+
+struct ConnInfo {
+  std::string name;                  // the sender's name, announced in notifications
+  uint16_t lid = 0;                  // InfiniBand LID (0 on RoCE)
+  std::array<uint8_t, 16> gid{};     // GID (RoCE, or global routing on IB)
+  uint8_t gidIndex = 0;
+  uint8_t port = 1;
+  uint8_t mtu = 0;                   // enum ibv_mtu value of the port's active MTU
+  uint32_t qpn = 0;                  // 24-bit queue pair number
+  uint32_t psn = 0;                  // 24-bit initial packet sequence number
+};
+std::string encodeConnInfo(const ConnInfo& info);
+Result<ConnInfo> decodeConnInfo(const std::string& blob);
+
+// ---- work requests -------------------------------------------------------------------------
+struct SegmentPair {
+  uint64_t localAddr = 0;
+  uint32_t lkey = 0;
+  uint64_t remoteAddr = 0;
+  uint32_t rkey = 0;
+  uint64_t len = 0;
+};
+
+struct Sge {
+  uint64_t addr = 0;
+  uint32_t len = 0;
+  uint32_t lkey = 0;
+};
+
+// One RDMA WRITE: a contiguous remote range filled from up to maxSge local pieces.
+struct WritePlan {
+  uint64_t remoteAddr = 0;
+  uint32_t rkey = 0;
+  uint64_t bytes = 0;
+  std::vector<Sge> sges;
+};
+
+struct BatchLimits {
+  uint32_t maxSge = 1;                 // device's max_sge (capped by the QP's cap.max_send_sge)
+  uint64_t maxMsgBytes = 1ull << 30;   // port's max_msg_sz; also split below 2^32 (sge.length)
+};
+
+// Packs segment pairs into as few WRITEs as the limits allow: a pair joins the previous WRITE
+// when its remote range continues it with the same rkey (locally contiguous pieces with the
+// same lkey merge into one SGE); a segment longer than maxMsgBytes is split. Zero-length
+// pairs are skipped. kInvalidArgument when a limit is zero.
+Result<std::vector<WritePlan>> planWrites(const std::vector<SegmentPair>& pairs, const BatchLimits& limits);
+
+// Selective signalling: WR `index` of `total` is signalled every `every` WRs and always last,
+// so the send queue is reclaimed regularly and the last completion proves the whole transfer.
+inline bool shouldSignal(size_t index, size_t total, uint32_t every) {
+  return index + 1 == total || (every > 0 && (index + 1) % every == 0);
+}
+
+// Send-queue bookkeeping for one RC QP. A QP holds at most `depth` outstanding WRs; with
+// selective signalling an unsignalled WR's slot comes back only with the next signalled
+// completion, and completions arrive in posting order. The window decides which WRs to signal
+// (every `signalEvery`-th on the QP, and each transfer's last) and accounts the slots, so the
+// transport never overfills the queue and learns when a transfer's last WR completed.
+// A cancelled transfer's unsignalled tail is covered by the next signalled WR on the QP.
+class SendWindow {
+ public:
+  // signalEvery is clamped to [1, depth / 2] so room always comes back; depth >= 2.
+  SendWindow(uint32_t depth, uint32_t signalEvery);
+  uint32_t room() const { return depth_ - used_; }
+  uint32_t used() const { return used_; }
+  size_t signalledOutstanding() const { return fifo_.size(); }
+  // Records WR `index` of a transfer of `total` WRs as posted (room() must be > 0); returns
+  // true when it must carry IBV_SEND_SIGNALED.
+  bool onPost(uint64_t transfer, size_t index, size_t total);
+  struct Completed {
+    uint64_t transfer;
+    bool last;  // the transfer's final WR: every byte of it is at the target
+  };
+  // A (signalled) completion arrived; returns what it completed, nullopt when none was
+  // outstanding (a protocol error the caller reports).
+  std::optional<Completed> onCompletion();
+
+ private:
+  struct Entry {
+    uint64_t transfer;
+    uint32_t wrs;
+    bool last;
+  };
+  uint32_t depth_;
+  uint32_t every_;
+  uint32_t used_ = 0;
+  uint32_t sinceSignal_ = 0;
+  std::deque<Entry> fifo_;
+};
+
+// ---- notifications -------------------------------------------------------------------------
+constexpr uint32_t kImmFollows = 0x80000000u;
+constexpr size_t kMaxInlinePayload = 3;
+
+struct ImmEncoding {
+  uint32_t imm = 0;        // host order; the transport converts with htonl / ntohl
+  bool follows = false;    // a SEND with encodeNoteMessage(seq, payload) must follow
+};
+// seq is only used (masked to 31 bits) when the payload does not fit in the immediate.
+ImmEncoding encodeImm(const std::string& payload, uint32_t seq);
+
+struct ImmDecoded {
+  bool follows = false;
+  uint32_t seq = 0;            // when follows
+  std::string inlinePayload;   // when !follows
+};
+ImmDecoded decodeImm(uint32_t imm);
+
+std::string encodeNoteMessage(uint32_t seq, const std::string& payload);
+Result<std::pair<uint32_t, std::string>> decodeNoteMessage(const char* data, size_t len);
+
+// Target side: turns immediates and follow-up messages from many peers into notifications in
+// arrival order. Not thread-safe; owned by the transport's loop.
+class NoteAssembler {
+ public:
+  // An immediate from `peer`; returns the payload when it was inline.
+  std::optional<std::string> onImm(uint64_t peer, uint32_t imm);
+  // A follow-up SEND from `peer`; returns the payload, or an error when no immediate announced
+  // it (a protocol violation, or a peer speaking another version).
+  Result<std::string> onMessage(uint64_t peer, const char* data, size_t len);
+  size_t pending() const;
+  void forgetPeer(uint64_t peer) { pending_.erase(peer); }
+
+ private:
+  std::map<uint64_t, std::deque<uint32_t>> pending_;  // announced, awaiting their SEND
+};
+
+}  // namespace pd::kvt::verbs

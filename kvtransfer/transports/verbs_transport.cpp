@@ -1,0 +1,652 @@
+// libibverbs transport; the contract is in verbs_transport.h, the device-independent logic
+// (blobs, work-request planning, notification scheme) in verbs_codec.h.
+#include "kvtransfer/transports/verbs_transport.h"
+
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "common/base/clock.h"
+#include "common/base/log.h"
+#include "kvtransfer/transports/verbs_codec.h"
+
+namespace pd::kvt {
+namespace {
+
+using verbs::WritePlan;
+
+std::string errnoText(int e) { return std::strerror(e); }
+
+enum class Phase { kPosting, kWaiting, kDone, kFailed, kCancelled };
+bool terminal(Phase p) { return p == Phase::kDone || p == Phase::kFailed || p == Phase::kCancelled; }
+
+struct Transfer {
+  TransferId id = 0;
+  PeerId peer = 0;
+  Phase phase = Phase::kPosting;
+  std::vector<WritePlan> writes;
+  std::optional<std::string> note;
+  verbs::ImmEncoding imm;
+  std::string noteMsg;       // [seq][payload] when the payload follows in a SEND
+  ibv_mr* noteMr = nullptr;
+  size_t totalWrs = 0;
+  size_t posted = 0;
+  int signaledOutstanding = 0;
+  Status error;
+  SteadyTime deadline;
+};
+
+struct Peer {
+  PeerId id = 0;
+  std::string name;
+  ibv_qp* qp = nullptr;
+  std::vector<verbs::PackedKey> keys;
+  Status failure;
+  uint32_t nextSeq = 0;
+  verbs::SendWindow window{2, 1};  // replaced in loadPeer with the QP's real depth
+  std::vector<ibv_mr*> garbage;  // notification buffers freed once the QP is quiet
+};
+
+struct PendingQp {
+  ibv_qp* qp;
+  uint32_t psn;
+};
+
+class VerbsTransport final : public Transport {
+ public:
+  explicit VerbsTransport(const VerbsOptions& o) : opt_(o) {}
+  ~VerbsTransport() override;
+  Status init(ibv_device* dev);
+
+  TransportCaps caps() const override;
+  Result<MemHandle> registerMemory(const MemDesc& desc) override;
+  Status deregisterMemory(MemHandle handle) override;
+  Result<std::string> packRemoteKey(MemHandle handle) override;
+  Result<std::string> localConnInfo() override;
+  Result<PeerId> loadPeer(const PeerInfo& peer) override;
+  Status unloadPeer(PeerId peer) override;
+  Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
+                          std::optional<std::string> notification) override;
+  Status poll(TransferId id) override;
+  Status cancel(TransferId id) override;
+  bool progress() override;
+  std::vector<Notification> takeNotifications() override {
+    std::vector<Notification> out;
+    out.swap(notes_);
+    return out;
+  }
+
+ private:
+  Status connectQp(ibv_qp* qp, uint32_t localPsn, const verbs::ConnInfo& remote);
+  bool postSome(Transfer* t, Peer* peer);
+  void failPeer(Peer* peer, const Status& why);
+  void fail(Transfer* t, Status s) {
+    if (terminal(t->phase)) return;
+    t->phase = Phase::kFailed;
+    t->error = std::move(s);
+  }
+  void releaseNote(Transfer* t, Peer* peer);
+  bool pollSend();
+  bool pollRecv();
+  Status postRecv(uint32_t slot);
+
+  VerbsOptions opt_;
+  std::string deviceName_;
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* sendCq_ = nullptr;
+  ibv_cq* recvCq_ = nullptr;
+  ibv_srq* srq_ = nullptr;
+  ibv_port_attr port_{};
+  ibv_device_attr dev_{};
+  ibv_gid gid_{};
+  std::vector<char> recvBuf_;
+  ibv_mr* recvMr_ = nullptr;
+  size_t slotBytes_ = 0;
+  std::mt19937 rng_{std::random_device{}()};
+
+  std::map<MemHandle, std::pair<MemDesc, ibv_mr*>> regs_;
+  std::deque<PendingQp> unconnected_;
+  std::map<PeerId, std::unique_ptr<Peer>> peers_;
+  std::map<uint32_t, PeerId> byQpn_;
+  std::map<TransferId, std::unique_ptr<Transfer>> transfers_;
+  verbs::NoteAssembler assembler_;
+  std::vector<Notification> notes_;
+  uint64_t nextHandle_ = 1, nextPeer_ = 1, nextTransfer_ = 1;
+};
+
+Status VerbsTransport::init(ibv_device* dev) {
+  deviceName_ = ibv_get_device_name(dev);
+  ctx_ = ibv_open_device(dev);
+  if (!ctx_) return unavailable("verbs: cannot open device " + deviceName_ + ": " + errnoText(errno));
+  if (ibv_query_device(ctx_, &dev_) != 0)
+    return unavailable("verbs: ibv_query_device(" + deviceName_ + ") failed: " + errnoText(errno));
+  if (ibv_query_port(ctx_, opt_.port, &port_) != 0)
+    return unavailable("verbs: " + deviceName_ + " has no port " + std::to_string(opt_.port));
+  if (port_.state != IBV_PORT_ACTIVE)
+    return unavailable("verbs: " + deviceName_ + " port " + std::to_string(opt_.port) + " is not active");
+  if (opt_.gidIndex >= 0 && ibv_query_gid(ctx_, opt_.port, opt_.gidIndex, &gid_) != 0)
+    return unavailable("verbs: cannot read GID " + std::to_string(opt_.gidIndex) + " of " + deviceName_);
+  pd_ = ibv_alloc_pd(ctx_);
+  if (!pd_) return unavailable("verbs: ibv_alloc_pd failed: " + errnoText(errno));
+  const int cqe = static_cast<int>(std::min<uint32_t>(opt_.maxSendWr * 4, dev_.max_cqe));
+  sendCq_ = ibv_create_cq(ctx_, cqe, nullptr, nullptr, 0);
+  recvCq_ = ibv_create_cq(ctx_, static_cast<int>(std::min<uint32_t>(opt_.recvSlots * 2, dev_.max_cqe)),
+                          nullptr, nullptr, 0);
+  if (!sendCq_ || !recvCq_) return unavailable("verbs: ibv_create_cq failed: " + errnoText(errno));
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = opt_.recvSlots;
+  sa.attr.max_sge = 1;
+  srq_ = ibv_create_srq(pd_, &sa);
+  if (!srq_) return unavailable("verbs: ibv_create_srq failed: " + errnoText(errno));
+  slotBytes_ = opt_.maxNotificationBytes + 4;
+  recvBuf_.assign(slotBytes_ * opt_.recvSlots, 0);
+  recvMr_ = ibv_reg_mr(pd_, recvBuf_.data(), recvBuf_.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (!recvMr_) return unavailable("verbs: cannot register receive buffers: " + errnoText(errno));
+  for (uint32_t s = 0; s < opt_.recvSlots; ++s) PD_RETURN_IF_ERROR(postRecv(s));
+  PD_LOG(kInfo, "kvt.verbs") << "device " << deviceName_ << " port " << int(opt_.port) << " ("
+                             << (port_.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand")
+                             << "), max_sge " << dev_.max_sge << ", max_msg_sz " << port_.max_msg_sz;
+  return Status::ok();
+}
+
+Status VerbsTransport::postRecv(uint32_t slot) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(recvBuf_.data() + slot * slotBytes_),
+              static_cast<uint32_t>(slotBytes_), recvMr_->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = slot;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  if (int e = ibv_post_srq_recv(srq_, &wr, &bad); e != 0)
+    return internalError("verbs: ibv_post_srq_recv failed: " + errnoText(e));
+  return Status::ok();
+}
+
+VerbsTransport::~VerbsTransport() {
+  for (auto& [id, p] : peers_) {
+    for (ibv_mr* mr : p->garbage) ibv_dereg_mr(mr);
+    if (p->qp) ibv_destroy_qp(p->qp);
+  }
+  for (auto& [id, t] : transfers_)
+    if (t->noteMr) ibv_dereg_mr(t->noteMr);
+  for (auto& q : unconnected_) ibv_destroy_qp(q.qp);
+  for (auto& [h, r] : regs_) ibv_dereg_mr(r.second);
+  if (recvMr_) ibv_dereg_mr(recvMr_);
+  if (srq_) ibv_destroy_srq(srq_);
+  if (sendCq_) ibv_destroy_cq(sendCq_);
+  if (recvCq_) ibv_destroy_cq(recvCq_);
+  if (pd_) ibv_dealloc_pd(pd_);
+  if (ctx_) ibv_close_device(ctx_);
+}
+
+TransportCaps VerbsTransport::caps() const {
+  TransportCaps c;
+  c.name = "verbs";
+  c.oneSided = true;
+  c.cudaMemory = false;  // GPUDirect needs nvidia-peermem; registerMemory tries and says
+  std::ostringstream d;
+  d << deviceName_ << " port " << int(opt_.port) << " "
+    << (port_.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand") << ", RC QPs";
+  c.details = d.str();
+  return c;
+}
+
+Result<MemHandle> VerbsTransport::registerMemory(const MemDesc& desc) {
+  if (desc.len == 0 || desc.addr == 0)
+    return invalidArgument("verbs: cannot register " + toString(desc) + ": empty range");
+  ibv_mr* mr = ibv_reg_mr(pd_, desc.ptr(), desc.len,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) {
+    int e = errno;
+    if (desc.kind == MemKind::kCuda)
+      return unimplemented("verbs: ibv_reg_mr of CUDA memory " + toString(desc) + " failed (" +
+                           errnoText(e) + "); GPUDirect RDMA needs the nvidia-peermem module");
+    return internalError("verbs: ibv_reg_mr of " + toString(desc) + " failed: " + errnoText(e));
+  }
+  MemHandle h = nextHandle_++;
+  regs_[h] = {desc, mr};
+  return h;
+}
+
+Status VerbsTransport::deregisterMemory(MemHandle handle) {
+  auto it = regs_.find(handle);
+  if (it == regs_.end()) return notFound("verbs: unknown memory handle " + std::to_string(handle));
+  for (auto& [id, t] : transfers_)
+    if (!terminal(t->phase))
+      for (const WritePlan& w : t->writes)
+        for (const verbs::Sge& s : w.sges)
+          if (s.lkey == it->second.second->lkey)
+            return failedPrecondition("verbs: memory handle " + std::to_string(handle) +
+                                      " is in use by transfer " + std::to_string(id));
+  ibv_dereg_mr(it->second.second);
+  regs_.erase(it);
+  return Status::ok();
+}
+
+Result<std::string> VerbsTransport::packRemoteKey(MemHandle handle) {
+  auto it = regs_.find(handle);
+  if (it == regs_.end()) return notFound("verbs: unknown memory handle " + std::to_string(handle));
+  return verbs::encodeKey(verbs::PackedKey{it->second.first.addr, it->second.first.len,
+                                           it->second.second->rkey});
+}
+
+Result<std::string> VerbsTransport::localConnInfo() {
+  ibv_qp_init_attr qa{};
+  qa.send_cq = sendCq_;
+  qa.recv_cq = recvCq_;
+  qa.srq = srq_;
+  qa.qp_type = IBV_QPT_RC;
+  qa.sq_sig_all = 0;
+  qa.cap.max_send_wr = std::min<uint32_t>(opt_.maxSendWr, dev_.max_qp_wr);
+  qa.cap.max_send_sge = std::min<uint32_t>(opt_.maxSge, dev_.max_sge);
+  ibv_qp* qp = ibv_create_qp(pd_, &qa);
+  if (!qp) return unavailable("verbs: ibv_create_qp failed: " + errnoText(errno));
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = opt_.port;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+  if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS); e) {
+    ibv_destroy_qp(qp);
+    return unavailable("verbs: QP RESET->INIT failed: " + errnoText(e));
+  }
+  const uint32_t psn = rng_() & 0xffffff;
+  unconnected_.push_back(PendingQp{qp, psn});
+  verbs::ConnInfo c;
+  c.name = opt_.localName;
+  c.lid = port_.lid;
+  std::memcpy(c.gid.data(), gid_.raw, 16);
+  c.gidIndex = static_cast<uint8_t>(std::max(opt_.gidIndex, 0));
+  c.port = opt_.port;
+  c.mtu = static_cast<uint8_t>(port_.active_mtu);
+  c.qpn = qp->qp_num;
+  c.psn = psn;
+  return verbs::encodeConnInfo(c);
+}
+
+Status VerbsTransport::connectQp(ibv_qp* qp, uint32_t localPsn, const verbs::ConnInfo& r) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(std::min<int>(port_.active_mtu, r.mtu));
+  a.dest_qp_num = r.qpn;
+  a.rq_psn = r.psn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.dlid = r.lid;
+  a.ah_attr.sl = 0;
+  a.ah_attr.port_num = opt_.port;
+  if (port_.link_layer == IBV_LINK_LAYER_ETHERNET || r.lid == 0) {
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, r.gid.data(), 16);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(std::max(opt_.gidIndex, 0));
+    a.ah_attr.grh.hop_limit = 1;
+  }
+  if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return unavailable("verbs: QP INIT->RTR failed: " + errnoText(e));
+  ibv_qp_attr s{};
+  s.qp_state = IBV_QPS_RTS;
+  s.timeout = 14;   // 4.096 us * 2^14 = 67 ms per try; 7 tries: a dead peer is seen in < 1 s
+  s.retry_cnt = 7;
+  s.rnr_retry = 7;  // the target reposts receives; wait rather than fail when it is behind
+  s.sq_psn = localPsn;
+  s.max_rd_atomic = 1;
+  if (int e = ibv_modify_qp(qp, &s, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                        IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+    return unavailable("verbs: QP RTR->RTS failed: " + errnoText(e));
+  return Status::ok();
+}
+
+Result<PeerId> VerbsTransport::loadPeer(const PeerInfo& info) {
+  PD_ASSIGN_OR_RETURN(verbs::ConnInfo conn, verbs::decodeConnInfo(info.connInfo));
+  auto peer = std::make_unique<Peer>();
+  peer->name = conn.name.empty() ? info.name : conn.name;
+  for (size_t i = 0; i < info.remoteKeys.size(); ++i) {
+    auto k = verbs::decodeKey(info.remoteKeys[i]);
+    if (!k.ok()) return k.status().withContext("loading peer '" + info.name + "', key " + std::to_string(i));
+    peer->keys.push_back(*k);
+  }
+  if (unconnected_.empty())
+    return failedPrecondition("verbs: loading peer '" + info.name +
+                              "': call localConnInfo() for it first (RC needs both QP numbers)");
+  PendingQp q = unconnected_.front();
+  Status s = connectQp(q.qp, q.psn, conn);
+  if (!s.isOk()) return s.withContext("loading peer '" + info.name + "'");
+  unconnected_.pop_front();
+  peer->qp = q.qp;
+  peer->window = verbs::SendWindow(std::min<uint32_t>(opt_.maxSendWr, dev_.max_qp_wr), opt_.signalEvery);
+  peer->id = nextPeer_++;
+  byQpn_[q.qp->qp_num] = peer->id;
+  PeerId id = peer->id;
+  peers_[id] = std::move(peer);
+  return id;
+}
+
+void VerbsTransport::failPeer(Peer* peer, const Status& why) {
+  if (peer->failure.isOk()) {
+    peer->failure = why;
+    PD_LOG(kWarn, "kvt.verbs") << why.message();
+  }
+  for (auto& [id, t] : transfers_)
+    if (t->peer == peer->id) fail(t.get(), why);
+  if (peer->qp) {
+    // Error state flushes the outstanding WRs (their completions come back with an error).
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    ibv_modify_qp(peer->qp, &a, IBV_QP_STATE);
+  }
+}
+
+Status VerbsTransport::unloadPeer(PeerId id) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return notFound("verbs: unknown peer " + std::to_string(id));
+  Peer* p = it->second.get();
+  for (auto& [tid, t] : transfers_)
+    if (t->peer == id) {
+      fail(t.get(), unavailable("verbs: peer '" + p->name + "' was unloaded"));
+      if (t->noteMr) {
+        ibv_dereg_mr(t->noteMr);
+        t->noteMr = nullptr;
+      }
+    }
+  byQpn_.erase(p->qp->qp_num);
+  assembler_.forgetPeer(id);
+  ibv_destroy_qp(p->qp);  // destroys outstanding WRs with it; no completion will name it
+  for (ibv_mr* mr : p->garbage) ibv_dereg_mr(mr);
+  peers_.erase(it);
+  return Status::ok();
+}
+
+Result<TransferId> VerbsTransport::post(const DescList& local, const DescList& remote, PeerId peerId,
+                                        std::optional<std::string> notification) {
+  auto pit = peers_.find(peerId);
+  if (pit == peers_.end()) return notFound("verbs: post to unknown peer " + std::to_string(peerId));
+  Peer* peer = pit->second.get();
+  if (!peer->failure.isOk()) return peer->failure;
+  if (local.size() != remote.size())
+    return invalidArgument("verbs: post has " + std::to_string(local.size()) + " local and " +
+                           std::to_string(remote.size()) + " remote segments");
+  if (notification && notification->size() > opt_.maxNotificationBytes)
+    return invalidArgument("verbs: notification of " + std::to_string(notification->size()) +
+                           " bytes exceeds the limit of " + std::to_string(opt_.maxNotificationBytes));
+  std::vector<verbs::SegmentPair> pairs;
+  pairs.reserve(local.size());
+  for (size_t i = 0; i < local.size(); ++i) {
+    const MemDesc& l = local[i];
+    const MemDesc& r = remote[i];
+    if (l.len != r.len)
+      return invalidArgument("verbs: segment " + std::to_string(i) + ": local length " +
+                             std::to_string(l.len) + " != remote length " + std::to_string(r.len));
+    if (l.len == 0) continue;
+    const ibv_mr* mr = nullptr;
+    for (auto& [h, reg] : regs_)
+      if (reg.first.contains(l)) {
+        mr = reg.second;
+        break;
+      }
+    if (!mr)
+      return invalidArgument("verbs: segment " + std::to_string(i) + ": local " + toString(l) +
+                             " is not inside memory registered with this transport");
+    const verbs::PackedKey* key = nullptr;
+    for (const auto& k : peer->keys)
+      if (r.addr >= k.addr && r.end() <= k.addr + k.len && r.end() > r.addr) {
+        key = &k;
+        break;
+      }
+    if (!key)
+      return invalidArgument("verbs: segment " + std::to_string(i) + ": remote " + toString(r) +
+                             " is not inside any key loaded for peer '" + peer->name + "'");
+    pairs.push_back(verbs::SegmentPair{l.addr, mr->lkey, r.addr, key->rkey, l.len});
+  }
+  verbs::BatchLimits limits{std::min<uint32_t>(opt_.maxSge, dev_.max_sge), port_.max_msg_sz};
+  PD_ASSIGN_OR_RETURN(auto writes, verbs::planWrites(pairs, limits));
+  auto t = std::make_unique<Transfer>();
+  t->id = nextTransfer_++;
+  t->peer = peerId;
+  t->writes = std::move(writes);
+  t->totalWrs = t->writes.size();
+  if (notification) {
+    t->imm = verbs::encodeImm(*notification, peer->nextSeq);
+    if (t->imm.follows) {
+      t->noteMsg = verbs::encodeNoteMessage(peer->nextSeq, *notification);
+      peer->nextSeq = (peer->nextSeq + 1) & ~verbs::kImmFollows;
+      t->noteMr = ibv_reg_mr(pd_, t->noteMsg.data(), t->noteMsg.size(), IBV_ACCESS_LOCAL_WRITE);
+      if (!t->noteMr) return internalError("verbs: cannot register a notification buffer: " + errnoText(errno));
+      t->totalWrs += 1;
+    }
+    if (t->writes.empty()) t->totalWrs += 1;  // a zero-length WRITE_WITH_IMM carries it
+  }
+  t->note = std::move(notification);
+  t->deadline = steadyNow() + opt_.transferTimeout;
+  if (t->totalWrs == 0) t->phase = Phase::kDone;
+  TransferId id = t->id;
+  transfers_[id] = std::move(t);
+  return id;
+}
+
+// Posts as many of the transfer's WRs as the send queue has room for.
+bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
+  const size_t nWrites = t->writes.size();
+  const bool follows = t->imm.follows;
+  bool any = false;
+  constexpr size_t kChain = 32;
+  ibv_send_wr wrs[kChain];
+  std::vector<ibv_sge> sges[kChain];
+  ibv_sge noteSge{};
+  while (t->posted < t->totalWrs && peer->window.room() > 0) {
+    size_t n = 0;
+    size_t first = t->posted;
+    while (first + n < t->totalWrs && n < kChain && peer->window.room() > 0) {
+      const size_t i = first + n;
+      ibv_send_wr& wr = wrs[n];
+      wr = ibv_send_wr{};
+      wr.wr_id = t->id;
+      const bool isSend = follows && i + 1 == t->totalWrs;
+      if (isSend) {
+        noteSge = ibv_sge{reinterpret_cast<uintptr_t>(t->noteMsg.data()),
+                          static_cast<uint32_t>(t->noteMsg.size()), t->noteMr->lkey};
+        wr.opcode = IBV_WR_SEND;
+        wr.sg_list = &noteSge;
+        wr.num_sge = 1;
+      } else {
+        const bool lastWrite = (nWrites == 0) || i + 1 == nWrites;
+        wr.opcode = (t->note && lastWrite) ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+        if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) wr.imm_data = htonl(t->imm.imm);
+        if (nWrites > 0) {
+          const WritePlan& w = t->writes[i];
+          sges[n].clear();
+          for (const verbs::Sge& s : w.sges) sges[n].push_back(ibv_sge{s.addr, s.len, s.lkey});
+          wr.sg_list = sges[n].data();
+          wr.num_sge = static_cast<int>(sges[n].size());
+          wr.wr.rdma.remote_addr = w.remoteAddr;
+          wr.wr.rdma.rkey = w.rkey;
+        } else {
+          // Zero-length WRITE_WITH_IMM: any key of the peer will do, no bytes move.
+          wr.wr.rdma.remote_addr = peer->keys.empty() ? 0 : peer->keys[0].addr;
+          wr.wr.rdma.rkey = peer->keys.empty() ? 0 : peer->keys[0].rkey;
+        }
+      }
+      if (peer->window.onPost(t->id, i, t->totalWrs)) {
+        wr.send_flags = IBV_SEND_SIGNALED;
+        t->signaledOutstanding++;
+      }
+      if (n > 0) wrs[n - 1].next = &wr;
+      ++n;
+    }
+    if (n == 0) break;
+    ibv_send_wr* bad = nullptr;
+    if (int e = ibv_post_send(peer->qp, &wrs[0], &bad); e != 0) {
+      failPeer(peer, unavailable("verbs: ibv_post_send to peer '" + peer->name + "' failed: " + errnoText(e)));
+      return true;
+    }
+    t->posted += n;
+    any = true;
+  }
+  if (t->posted == t->totalWrs && t->phase == Phase::kPosting) t->phase = Phase::kWaiting;
+  return any;
+}
+
+void VerbsTransport::releaseNote(Transfer* t, Peer* peer) {
+  if (!t->noteMr) return;
+  if (peer && peer->window.signalledOutstanding() > 0) peer->garbage.push_back(t->noteMr);  // HCA may still read it
+  else ibv_dereg_mr(t->noteMr);
+  t->noteMr = nullptr;
+}
+
+bool VerbsTransport::pollSend() {
+  ibv_wc wc[32];
+  int n = ibv_poll_cq(sendCq_, 32, wc);
+  for (int i = 0; i < n; ++i) {
+    auto qit = byQpn_.find(wc[i].qp_num);
+    if (qit == byQpn_.end()) continue;
+    Peer* peer = peers_[qit->second].get();
+    std::optional<verbs::SendWindow::Completed> s = peer->window.onCompletion();
+    if (!s) continue;
+    if (peer->window.signalledOutstanding() == 0) {
+      for (ibv_mr* mr : peer->garbage) ibv_dereg_mr(mr);
+      peer->garbage.clear();
+    }
+    auto tit = transfers_.find(s->transfer);
+    Transfer* t = tit == transfers_.end() ? nullptr : tit->second.get();
+    if (t) t->signaledOutstanding--;
+    if (wc[i].status != IBV_WC_SUCCESS) {
+      Status why = unavailable("verbs: peer '" + peer->name + "': work completion error: " +
+                               ibv_wc_status_str(wc[i].status));
+      failPeer(peer, why);
+      continue;
+    }
+    if (t && s->last && t->phase == Phase::kWaiting) {
+      t->phase = Phase::kDone;
+      releaseNote(t, peer);
+    }
+  }
+  return n > 0;
+}
+
+bool VerbsTransport::pollRecv() {
+  ibv_wc wc[32];
+  int n = ibv_poll_cq(recvCq_, 32, wc);
+  for (int i = 0; i < n; ++i) {
+    const uint32_t slot = static_cast<uint32_t>(wc[i].wr_id);
+    auto qit = byQpn_.find(wc[i].qp_num);
+    if (wc[i].status == IBV_WC_SUCCESS && qit != byQpn_.end()) {
+      Peer* peer = peers_[qit->second].get();
+      if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        if (auto payload = assembler_.onImm(peer->id, ntohl(wc[i].imm_data)))
+          notes_.push_back(Notification{peer->name, std::move(*payload)});
+      } else if (wc[i].opcode == IBV_WC_RECV) {
+        auto payload = assembler_.onMessage(peer->id, recvBuf_.data() + slot * slotBytes_, wc[i].byte_len);
+        if (payload.ok()) {
+          notes_.push_back(Notification{peer->name, std::move(payload).value()});
+        } else {
+          PD_LOG(kWarn, "kvt.verbs") << payload.status().message() << "; dropped";
+        }
+      }
+    }
+    if (wc[i].status != IBV_WC_WR_FLUSH_ERR) {
+      Status s = postRecv(slot);
+      if (!s.isOk()) {
+        PD_LOG(kError, "kvt.verbs") << s.message();
+      }
+    }
+  }
+  return n > 0;
+}
+
+bool VerbsTransport::progress() {
+  bool any = pollSend();
+  any |= pollRecv();
+  const SteadyTime now = steadyNow();
+  for (auto& [id, tp] : transfers_) {
+    Transfer* t = tp.get();
+    auto pit = peers_.find(t->peer);
+    Peer* peer = pit == peers_.end() ? nullptr : pit->second.get();
+    if (t->phase == Phase::kPosting && peer && peer->failure.isOk()) any |= postSome(t, peer);
+    if (!terminal(t->phase) && now >= t->deadline) {
+      Status why = deadlineExceeded("verbs: transfer " + std::to_string(id) + " not confirmed within " +
+                                    std::to_string(opt_.transferTimeout.count()) +
+                                    " ms; the QP is closed, re-exchange connection info to reconnect");
+      fail(t, why);
+      if (peer) failPeer(peer, why);
+      any = true;
+    }
+  }
+  return any;
+}
+
+Status VerbsTransport::poll(TransferId id) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end())
+    return notFound("verbs: unknown transfer " + std::to_string(id) +
+                    " (never posted, or its outcome was already reported)");
+  Transfer* t = it->second.get();
+  Status out;
+  switch (t->phase) {
+    case Phase::kDone: out = Status::ok(); break;
+    case Phase::kFailed: out = t->error; break;
+    case Phase::kCancelled: out = cancelled("verbs: transfer " + std::to_string(id) + " was cancelled"); break;
+    default: return Status(StatusCode::kInProgress, "verbs: transfer " + std::to_string(id) + " in progress");
+  }
+  auto pit = peers_.find(t->peer);
+  releaseNote(t, pit == peers_.end() ? nullptr : pit->second.get());
+  transfers_.erase(it);
+  return out;
+}
+
+Status VerbsTransport::cancel(TransferId id) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) return notFound("verbs: cancel of unknown transfer " + std::to_string(id));
+  Transfer* t = it->second.get();
+  if (t->phase == Phase::kDone || t->phase == Phase::kWaiting)
+    return failedPrecondition("verbs: transfer " + std::to_string(id) +
+                              " has posted its last write; too late to cancel");
+  if (!terminal(t->phase)) t->phase = Phase::kCancelled;
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> makeVerbsTransport(const VerbsOptions& options) {
+  if (options.maxSendWr < 2 || options.recvSlots == 0 || options.maxSge == 0)
+    return invalidArgument("verbs: maxSendWr must be >= 2, recvSlots and maxSge > 0");
+  if (options.transferTimeout.count() <= 0) return invalidArgument("verbs: transferTimeout must be > 0");
+  int n = 0;
+  errno = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list || n == 0) {
+    // NULL + ENOSYS means the kernel has no RDMA support at all; for the caller it is the same
+    // answer (no device here, move on to the next transport), so one message, detail in the log.
+    if (!list) {
+      PD_LOG(kInfo, "kvt.verbs") << "ibv_get_device_list failed: " << std::strerror(errno);
+    } else {
+      ibv_free_device_list(list);
+    }
+    return unavailable("verbs: no RDMA device found (ibv_get_device_list returned 0 devices)");
+  }
+  ibv_device* dev = nullptr;
+  std::string names;
+  for (int i = 0; i < n; ++i) {
+    const char* name = ibv_get_device_name(list[i]);
+    names += (names.empty() ? "" : ", ") + std::string(name);
+    if (!dev && (options.deviceName.empty() || options.deviceName == name)) dev = list[i];
+  }
+  if (!dev) {
+    ibv_free_device_list(list);
+    return notFound("verbs: RDMA device '" + options.deviceName + "' not found (have: " + names + ")");
+  }
+  auto t = std::make_unique<VerbsTransport>(options);
+  Status s = t->init(dev);
+  ibv_free_device_list(list);
+  if (!s.isOk()) return s;
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace pd::kvt

@@ -1,0 +1,49 @@
+// The libibverbs transport: RC queue pairs, RDMA WRITE into the peer's ibv_reg_mr memory, the
+// last WRITE carrying the notification as immediate data (scheme: verbs_codec.h).
+//
+// Connection setup is symmetric, because an RC QP must know its partner's QP number:
+//   1. each side calls localConnInfo() once per peer it will talk to (it creates a fresh QP
+//      and returns its LID/GID, QP number and PSN, plus this side's name);
+//   2. the blobs cross over the control channel (the caller's business);
+//   3. each side calls loadPeer() with the other's blob and keys; it connects the oldest QP
+//      handed out by localConnInfo() and not yet connected (INIT -> RTR -> RTS).
+// Both sides need the peer loaded even when only one writes: the target must own the QP whose
+// receive completions carry the notifications.
+//
+// Completion: the last WRITE of a transfer is always signalled; RC completes a QP's work
+// requests in order and only after the target acknowledged them, so its completion means every
+// byte is in the target's memory. A transfer past VerbsOptions::transferTimeout fails with
+// kDeadlineExceeded and its QP goes to the error state (re-exchange connection info to
+// reconnect); a dead peer shows up as a retry-exceeded completion -> kUnavailable.
+// cancel() stops posting; WRITEs already posted may still land; the immediate is never sent.
+//
+// No device: makeVerbsTransport() returns kUnavailable "verbs: no RDMA device found ..." and
+// the agent moves on to the next transport. Threads: one owner thread, as transport.h says.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/base/status.h"
+#include "kvtransfer/transport.h"
+
+namespace pd::kvt {
+
+struct VerbsOptions {
+  std::string localName = "verbs";   // announced to peers (Notification::peerName)
+  std::string deviceName;            // e.g. "mlx5_0"; empty = the first device found
+  uint8_t port = 1;
+  int gidIndex = 0;                  // RoCE needs a GID; on InfiniBand the LID is used
+  std::chrono::milliseconds transferTimeout{30000};
+  uint32_t maxSendWr = 1024;         // send queue depth per QP
+  uint32_t recvSlots = 256;          // notification receive buffers (shared receive queue)
+  uint32_t signalEvery = 64;         // selective signalling period
+  uint32_t maxSge = 16;              // capped by the device's limit
+  size_t maxNotificationBytes = 4096;
+};
+
+Result<std::unique_ptr<Transport>> makeVerbsTransport(const VerbsOptions& options = {});
+
+}  // namespace pd::kvt
