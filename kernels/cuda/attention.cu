@@ -7,7 +7,6 @@
 // banks); then lane j of a warp computes the score of key j for a row, the warp updates the
 // row's online softmax, and every lane accumulates p_j * V[j] into its slice of the row.
 #include <cmath>
-#include <mutex>
 
 #include "dtype_util.cuh"
 #include "pd/kernels/cuda/attention.h"
@@ -155,15 +154,6 @@ cudaError_t launchAttention(const float* q, int qStride, const void* layerKv,
                             int numWork, int blockSize, int numHeads, int numKvHeads, int headDim,
                             float scale, void* out, int outStride, cudaStream_t stream) {
   auto kernel = pagedAttentionKernel<KvT, OutT>;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in once per device; done on the
-  // first launch of each instantiation (which the backend makes before any graph capture).
-  static std::once_flag once;
-  static cudaError_t attrError = cudaSuccess;
-  std::call_once(once, [&] {
-    attrError = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(attnSharedBytes(kAttnMaxHeadDim)));
-  });
-  if (attrError != cudaSuccess) return attrError;
   const dim3 grid{unsigned(numWork), unsigned(numKvHeads), 1u};
   kernel<<<grid, kWarps * 32, attnSharedBytes(headDim), stream>>>(
       q, qStride, static_cast<const KvT*>(layerKv), blockTables, seqs, work, blockSize, numHeads,
@@ -171,7 +161,29 @@ cudaError_t launchAttention(const float* q, int qStride, const void* layerKv,
   return cudaGetLastError();
 }
 
+template <typename KvT, typename OutT>
+cudaError_t allowLargeShared() {
+  return cudaFuncSetAttribute(pagedAttentionKernel<KvT, OutT>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(attnSharedBytes(kAttnMaxHeadDim)));
+}
+
 }  // namespace
+
+cudaError_t pagedAttentionInit() {
+  // Above 48 KiB of dynamic shared memory (head dims over ~240) a kernel must opt in.
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (DType o : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const cudaError_t e = dispatchDtype(kv, [&](auto kvTag) {
+        return dispatchDtype(o, [&](auto oTag) {
+          return allowLargeShared<decltype(kvTag), decltype(oTag)>();
+        });
+      });
+      if (e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
 
 cudaError_t pagedAttention(const float* q, int qStride, const void* layerKv, DType kvDtype,
                            const int32_t* blockTables, const AttnSeq* seqs, const AttnWork* work,

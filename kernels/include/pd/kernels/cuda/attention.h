@@ -53,6 +53,10 @@ inline int attnWorkItems(int numTokens, int group) {
   return rows <= 0 ? 1 : (rows + kAttnRowsPerBlock - 1) / kAttnRowsPerBlock;
 }
 
+// Call once per device (current device) before pagedAttention, outside graph capture: lets
+// the kernel use more than 48 KiB of shared memory (needed for head dims above ~240).
+cudaError_t pagedAttentionInit();
+
 // q: [numQRows][qStride] f32, head h of token row t at q[t*qStride + h*headDim];
 // layerKv: [numBlocks][2][blockSize][numKvHeads][headDim] in kvDtype;
 // blockTables: [sum of tables] int32, seq s uses blockTables[seqs[s].blockTableOffset ..];
