@@ -87,18 +87,44 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 
   const int32_t* table = blockTables + s.blockTableOffset;
+  constexpr int kVec = int(16 / sizeof(KvT));  // elements per 16-byte load
   const size_t tokenElems = size_t(numKvHeads) * headDim;
   for (int kv0 = 0; kv0 < ctx; kv0 += kAttnKvTile) {
     const int n = min(kAttnKvTile, ctx - kv0);
     __syncthreads();  // the previous tile is consumed (and, the first time, q is loaded)
-    for (int i = threadIdx.x; i < n * headDim; i += blockDim.x) {
-      const int p = i / headDim, d = i % headDim;
-      const int pos = kv0 + p;
-      const size_t block = size_t(table[pos / blockSize]);
-      const size_t off = size_t(pos % blockSize);
-      const size_t kIdx = (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d;
-      ks[p * kStride + d] = toF32(layerKv[kIdx]);
-      vs[p * headDim + d] = toF32(layerKv[kIdx + size_t(blockSize) * tokenElems]);
+    if (headDim % kVec == 0) {
+      // 16-byte loads (the memory-bound part of decode), K and V both in flight before use.
+      // Aligned: cudaMalloc'd pool, and every row offset is a multiple of headDim.
+      const int vecPerRow = headDim / kVec;
+      for (int i = threadIdx.x; i < n * vecPerRow; i += blockDim.x) {
+        const int p = i / vecPerRow, d0 = (i % vecPerRow) * kVec;
+        const int pos = kv0 + p;
+        const size_t block = size_t(table[pos / blockSize]);
+        const size_t off = size_t(pos % blockSize);
+        const size_t kIdx =
+            (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d0;
+        const uint4 kRaw = *reinterpret_cast<const uint4*>(layerKv + kIdx);
+        const uint4 vRaw =
+            *reinterpret_cast<const uint4*>(layerKv + kIdx + size_t(blockSize) * tokenElems);
+        const KvT* kE = reinterpret_cast<const KvT*>(&kRaw);
+        const KvT* vE = reinterpret_cast<const KvT*>(&vRaw);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          ks[p * kStride + d0 + e] = toF32(kE[e]);
+          vs[p * headDim + d0 + e] = toF32(vE[e]);
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < n * headDim; i += blockDim.x) {
+        const int p = i / headDim, d = i % headDim;
+        const int pos = kv0 + p;
+        const size_t block = size_t(table[pos / blockSize]);
+        const size_t off = size_t(pos % blockSize);
+        const size_t kIdx =
+            (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d;
+        ks[p * kStride + d] = toF32(layerKv[kIdx]);
+        vs[p * headDim + d] = toF32(layerKv[kIdx + size_t(blockSize) * tokenElems]);
+      }
     }
     __syncthreads();
 #pragma unroll

@@ -36,7 +36,7 @@ TEST_CASE("createBackend: unknown backend names list the allowed values", "[back
   CHECK(b.status().message() == "backend \"tpu\" is not known (allowed: cpu, cuda)");
 }
 
-TEST_CASE("tensor-parallel plan splits heads, kv heads and ffn; the KV layout is per rank",
+TEST_CASE("tensor-parallel plan splits heads, kv heads and ffn and the KV layout is per rank",
           "[backend][tp]") {
   ModelConfig c;
   c.numHeads = 32;

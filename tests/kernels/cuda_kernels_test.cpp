@@ -279,7 +279,8 @@ TEST_CASE("cuda paged attention matches the CPU twin across block sizes, heads, 
                           {16, 1, 64},   // MQA, group 16 (one block per kv head)
                           {64, 2, 64},   // group 32: several blocks per decode token
                           {4, 2, 16},    // the tiny model's head dim
-                          {2, 1, 256}};  // the largest head dim
+                          {2, 1, 256},   // the largest head dim
+                          {2, 1, 6}};    // not a multiple of a 16-byte load: scalar path
   uint64_t seed = 100;
   for (int blockSize : {1, 8, 16, 32}) {
     for (const Shape& s : shapes) {
@@ -287,7 +288,10 @@ TEST_CASE("cuda paged attention matches the CPU twin across block sizes, heads, 
                      seed++);
     }
   }
-  for (DType kv : kDtypes)
-    for (DType out : kDtypes)
+  for (DType kv : kDtypes) {
+    for (DType out : kDtypes) {
       checkAttention(16, 8, 2, 128, kv, out, ragged, seed++);
+      checkAttention(8, 4, 2, 6, kv, out, ragged, seed++);
+    }
+  }
 }

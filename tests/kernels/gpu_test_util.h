@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,11 +21,17 @@
 namespace pd::kernels::cuda::test {
 
 // True when a CUDA device is usable; otherwise records why the test is skipped (Catch2 v2 has
-// no SKIP: the case passes with a warning naming the reason).
+// no SKIP: the case passes with a warning naming the reason). With PD_REQUIRE_GPU=1 in the
+// environment (kernels/check-gpu.sh) a missing device fails the case instead.
 inline bool haveGpu() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
+    const char* require = std::getenv("PD_REQUIRE_GPU");
+    if (require && std::string(require) == "1")
+      FAIL("PD_REQUIRE_GPU=1 but no CUDA device (cudaGetDeviceCount: "
+           << (e != cudaSuccess ? std::string(cudaGetErrorName(e)) : std::string("0 devices"))
+           << ")");
     WARN("skipped: no CUDA device (cudaGetDeviceCount: "
          << (e != cudaSuccess ? std::string(cudaGetErrorName(e)) : std::string("0 devices"))
          << ")");
