@@ -2,18 +2,18 @@
 // kernels live in kernels/cuda, the GEMMs in cuBLAS.
 #include "common/engine/cuda_backend.h"
 
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <type_traits>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
-
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include "common/base/log.h"
 #include "common/engine/tensor_parallel.h"
@@ -32,18 +32,18 @@ Status cudaError(const char* call, cudaError_t e) {
                        cudaGetErrorString(e) + ")");
 }
 
-#define PD_CUDA_TRY(call)                              \
-  do {                                                 \
-    const cudaError_t pdErr_ = (call);                 \
+#define PD_CUDA_TRY(call)                                       \
+  do {                                                          \
+    const cudaError_t pdErr_ = (call);                          \
     if (pdErr_ != cudaSuccess) return cudaError(#call, pdErr_); \
   } while (0)
 
-#define PD_CUBLAS_TRY(call)                                                              \
-  do {                                                                                   \
-    const cublasStatus_t pdSt_ = (call);                                                 \
-    if (pdSt_ != CUBLAS_STATUS_SUCCESS)                                                  \
-      return internalError(std::string("cuda backend: ") + #call + ": " +                \
-                           cublasGetStatusString(pdSt_));                                \
+#define PD_CUBLAS_TRY(call)                                               \
+  do {                                                                    \
+    const cublasStatus_t pdSt_ = (call);                                  \
+    if (pdSt_ != CUBLAS_STATUS_SUCCESS)                                   \
+      return internalError(std::string("cuda backend: ") + #call + ": " + \
+                           cublasGetStatusString(pdSt_));                 \
   } while (0)
 
 kcu::DType toKernelDtype(KvDtype d) { return static_cast<kcu::DType>(static_cast<uint8_t>(d)); }
@@ -156,8 +156,8 @@ class CudaBackendImpl final : public CudaBackend {
   float *lastX_ = nullptr, *logitsDev_ = nullptr;
   void *xn_ = nullptr, *attn_ = nullptr, *act_ = nullptr;
   int32_t* metaDev_ = nullptr;
-  int32_t* metaHost_ = nullptr;   // pinned
-  float* logitsHost_ = nullptr;   // pinned, [capS][vocab]
+  int32_t* metaHost_ = nullptr;  // pinned
+  float* logitsHost_ = nullptr;  // pinned, [capS][vocab]
 
   std::map<int, cudaGraphExec_t> graphs_;  // batch size -> instantiated decode step
   int64_t graphSteps_ = 0;
@@ -205,7 +205,8 @@ Status CudaBackendImpl::uploadWeight(const WeightBuffer& w, bool asF32, void** o
     const size_t n = std::min(kSlice, w.size() - off);
     cudaError_t e = cudaMemcpy(staging, w.data() + off, n * sizeof(float), cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
-      e = kcu::convertFromF32(staging, static_cast<char*>(dst) + off * kcu::dtypeBytes(dt), dt, n, stream_);
+      e = kcu::convertFromF32(staging, static_cast<char*>(dst) + off * kcu::dtypeBytes(dt), dt, n,
+                              stream_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
     if (e != cudaSuccess) st = cudaError("uploading weights", e);
   }
@@ -283,8 +284,8 @@ Status CudaBackendImpl::init() {
   pd::kernels::cpu::ropeInvFreq(invFreq.data(), cfg_.headDim, cfg_.rope.theta,
                                 cfg_.rope.llama3 ? &s : nullptr);
   PD_RETURN_IF_ERROR(deviceAlloc(&invFreq_, invFreq.size() * sizeof(float)));
-  PD_CUDA_TRY(cudaMemcpy(invFreq_, invFreq.data(), invFreq.size() * sizeof(float),
-                         cudaMemcpyHostToDevice));
+  PD_CUDA_TRY(
+      cudaMemcpy(invFreq_, invFreq.data(), invFreq.size() * sizeof(float), cudaMemcpyHostToDevice));
 
   if (opt_.kvDeviceBase) {
     kv_ = opt_.kvDeviceBase;
@@ -293,7 +294,8 @@ Status CudaBackendImpl::init() {
     PD_CUDA_TRY(cudaMemset(kv_, 0, layout_.totalBytes()));
   }
   layerEvents_.resize(cfg_.numLayers, nullptr);
-  for (cudaEvent_t& e : layerEvents_) PD_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (cudaEvent_t& e : layerEvents_)
+    PD_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 
   int maxGraph = 1;
   for (int b : opt_.graphBatchSizes) maxGraph = std::max(maxGraph, b);
@@ -335,14 +337,14 @@ Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
   PD_RETURN_IF_ERROR(alloc(&act_, size_t(capT) * ffn * wb));
   PD_RETURN_IF_ERROR(alloc(&metaDev_, ml_.words() * 4));
   PD_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&metaHost_), ml_.words() * 4));
-  PD_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&logitsHost_),
-                             size_t(capS) * cfg_.vocabSize * 4));
+  PD_CUDA_TRY(
+      cudaMallocHost(reinterpret_cast<void**>(&logitsHost_), size_t(capS) * cfg_.vocabSize * 4));
   std::memset(metaHost_, 0, ml_.words() * 4);
   return Status::ok();
 }
 
-Status CudaBackendImpl::validate(std::span<const SeqChunk> batch, int* totalTokens,
-                                 int* numLogits, int* tableEntries) const {
+Status CudaBackendImpl::validate(std::span<const SeqChunk> batch, int* totalTokens, int* numLogits,
+                                 int* tableEntries) const {
   int64_t total = 0, tables = 0;
   int nl = 0;
   for (size_t c = 0; c < batch.size(); ++c) {
@@ -351,20 +353,22 @@ Status CudaBackendImpl::validate(std::span<const SeqChunk> batch, int* totalToke
     if (s.numTokens <= 0 || !s.tokens)
       return invalidArgument(where + "numTokens " + std::to_string(s.numTokens) +
                              " (must be >= 1 with tokens)");
-    if (s.startPos < 0) return invalidArgument(where + "startPos " + std::to_string(s.startPos) + " < 0");
+    if (s.startPos < 0)
+      return invalidArgument(where + "startPos " + std::to_string(s.startPos) + " < 0");
     const int64_t end = int64_t(s.startPos) + s.numTokens;
     if (cfg_.slidingWindow > 0 && end > cfg_.slidingWindow)
-      return outOfRange(where + "context " + std::to_string(end) + " exceeds the model's sliding_window " +
-                        std::to_string(cfg_.slidingWindow) + " (sliding-window attention is not implemented)");
+      return outOfRange(
+          where + "context " + std::to_string(end) + " exceeds the model's sliding_window " +
+          std::to_string(cfg_.slidingWindow) + " (sliding-window attention is not implemented)");
     if (int64_t(s.numBlocks) * layout_.blockSize < end || !s.blockTable)
-      return invalidArgument(where + "block table of " + std::to_string(s.numBlocks) + " blocks x " +
-                             std::to_string(layout_.blockSize) + " tokens does not cover position " +
-                             std::to_string(end - 1));
+      return invalidArgument(where + "block table of " + std::to_string(s.numBlocks) +
+                             " blocks x " + std::to_string(layout_.blockSize) +
+                             " tokens does not cover position " + std::to_string(end - 1));
     const int need = int((end + layout_.blockSize - 1) / layout_.blockSize);
     for (int b = 0; b < need; ++b)
       if (s.blockTable[b] < 0 || s.blockTable[b] >= layout_.numBlocks)
-        return outOfRange(where + "block id " + std::to_string(s.blockTable[b]) + " at table index " +
-                          std::to_string(b) + " is outside the pool [0, " +
+        return outOfRange(where + "block id " + std::to_string(s.blockTable[b]) +
+                          " at table index " + std::to_string(b) + " is outside the pool [0, " +
                           std::to_string(layout_.numBlocks) + ")");
     for (int t = 0; t < s.numTokens; ++t)
       if (s.tokens[t] < 0 || s.tokens[t] >= cfg_.vocabSize)
@@ -375,7 +379,8 @@ Status CudaBackendImpl::validate(std::span<const SeqChunk> batch, int* totalToke
     tables += need;
     if (s.wantLogits) ++nl;
   }
-  if (total > (int64_t(1) << 24)) return invalidArgument("forward: batch of " + std::to_string(total) + " tokens is too large");
+  if (total > (int64_t(1) << 24))
+    return invalidArgument("forward: batch of " + std::to_string(total) + " tokens is too large");
   *totalTokens = int(total);
   *numLogits = nl;
   *tableEntries = int(tables);
@@ -463,8 +468,8 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
 
   if (rowsT > ml_.capT || rowsS > ml_.capS || W > ml_.capW || tab > ml_.capTab) {
     auto grow = [](int need, int have) { return std::max(need, have * 2); };
-    PD_RETURN_IF_ERROR(allocScratch(grow(rowsT, ml_.capT), grow(rowsS, ml_.capS),
-                                    grow(W, ml_.capW), grow(tab, ml_.capTab)));
+    PD_RETURN_IF_ERROR(allocScratch(grow(rowsT, ml_.capT), grow(rowsS, ml_.capS), grow(W, ml_.capW),
+                                    grow(tab, ml_.capTab)));
   }
 
   // Per-step metadata, built in pinned memory and uploaded with one copy.
@@ -494,14 +499,15 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
   }
   for (int c = S; c < rowsS; ++c) {  // graph padding: write nothing, attend to nothing
     seqs[c] = {c, 0, 0, 0};
-    for (int i = 0; i < kcu::attnWorkItems(1, group_); ++i) work[w++] = {c, i * kcu::kAttnRowsPerBlock};
+    for (int i = 0; i < kcu::attnWorkItems(1, group_); ++i)
+      work[w++] = {c, i * kcu::kAttnRowsPerBlock};
     ids[c] = 0;
     pos[c] = 0;
     slots[c] = -1;
     logitRows[c] = c;
   }
-  PD_CUDA_TRY(cudaMemcpyAsync(metaDev_, metaHost_, (ml_.tables() + to) * 4,
-                              cudaMemcpyHostToDevice, stream_));
+  PD_CUDA_TRY(cudaMemcpyAsync(metaDev_, metaHost_, (ml_.tables() + to) * 4, cudaMemcpyHostToDevice,
+                              stream_));
 
   if (graphSize > 0) {
     auto it = graphs_.find(graphSize);
@@ -587,10 +593,12 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
                          " (the attention kernel supports even head dims up to " +
                          std::to_string(kcu::kAttnMaxHeadDim) + ")");
   for (int b : options.graphBatchSizes)
-    if (b <= 0) return invalidArgument("createCudaBackend: graph batch size " + std::to_string(b) + " <= 0");
+    if (b <= 0)
+      return invalidArgument("createCudaBackend: graph batch size " + std::to_string(b) + " <= 0");
   int count = 0;
   cudaGetDeviceCount(&count);
-  PD_ASSIGN_OR_RETURN(const TensorParallelPlan plan, planTensorParallel(c, options.tensorParallelSize));
+  PD_ASSIGN_OR_RETURN(const TensorParallelPlan plan,
+                      planTensorParallel(c, options.tensorParallelSize));
   if (options.device < 0 || options.device + plan.size > count)
     return invalidArgument("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) +
                            " on device " + std::to_string(options.device) + " requires " +

@@ -15,10 +15,10 @@
 namespace pd::engine {
 
 struct TensorParallelPlan {
-  int size = 1;             // ranks
-  int headsPerRank = 0;     // query heads
-  int kvHeadsPerRank = 0;   // kv heads (and KV cache heads)
-  int ffnPerRank = 0;       // intermediate features
+  int size = 1;            // ranks
+  int headsPerRank = 0;    // query heads
+  int kvHeadsPerRank = 0;  // kv heads (and KV cache heads)
+  int ffnPerRank = 0;      // intermediate features
   // Rank r owns query heads [r*headsPerRank, (r+1)*headsPerRank), kv heads likewise, and
   // intermediate features [r*ffnPerRank, (r+1)*ffnPerRank). Row offsets into the fused
   // weights (model_weights.h) of rank r:

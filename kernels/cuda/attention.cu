@@ -26,9 +26,9 @@ static_assert(kRowsPerWarp * kWarps == kAttnRowsPerBlock);
 static_assert(kAttnKvTile <= 32, "one lane scores one key of a tile");
 
 size_t attnSharedBytes(int headDim) {
-  return sizeof(float) * (size_t(kAttnRowsPerBlock) * headDim +     // q rows (pre-scaled)
-                          size_t(kAttnKvTile) * (headDim + 1) +     // K tile, padded rows
-                          size_t(kAttnKvTile) * headDim);           // V tile
+  return sizeof(float) * (size_t(kAttnRowsPerBlock) * headDim +  // q rows (pre-scaled)
+                          size_t(kAttnKvTile) * (headDim + 1) +  // K tile, padded rows
+                          size_t(kAttnKvTile) * headDim);        // V tile
 }
 
 __device__ __forceinline__ float warpMax(float v) {
@@ -61,9 +61,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int ctx = s.startPos + lastToken + 1;  // keys [0, ctx) are visible to some row here
 
   extern __shared__ float smem[];
-  float* qs = smem;                                     // [kAttnRowsPerBlock][headDim]
-  float* ks = qs + kAttnRowsPerBlock * headDim;         // [kAttnKvTile][headDim + 1]
-  float* vs = ks + kAttnKvTile * (headDim + 1);         // [kAttnKvTile][headDim]
+  float* qs = smem;                              // [kAttnRowsPerBlock][headDim]
+  float* ks = qs + kAttnRowsPerBlock * headDim;  // [kAttnKvTile][headDim + 1]
+  float* vs = ks + kAttnKvTile * (headDim + 1);  // [kAttnKvTile][headDim]
   const int kStride = headDim + 1;
 
   for (int i = threadIdx.x; i < rowsHere * headDim; i += blockDim.x) {
@@ -201,9 +201,8 @@ cudaError_t pagedAttentionInit() {
   for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (DType o : {DType::kF32, DType::kF16, DType::kBF16}) {
       const cudaError_t e = dispatchDtype(kv, [&](auto kvTag) {
-        return dispatchDtype(o, [&](auto oTag) {
-          return allowLargeShared<decltype(kvTag), decltype(oTag)>();
-        });
+        return dispatchDtype(
+            o, [&](auto oTag) { return allowLargeShared<decltype(kvTag), decltype(oTag)>(); });
       });
       if (e != cudaSuccess) return e;
     }

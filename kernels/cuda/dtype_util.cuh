@@ -16,9 +16,13 @@ __device__ __forceinline__ float toF32(__nv_bfloat16 x) { return __bfloat162floa
 template <typename T>
 __device__ __forceinline__ T fromF32(float x);
 template <>
-__device__ __forceinline__ float fromF32<float>(float x) { return x; }
+__device__ __forceinline__ float fromF32<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half fromF32<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half fromF32<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 fromF32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -28,9 +32,12 @@ __device__ __forceinline__ __nv_bfloat16 fromF32<__nv_bfloat16>(float x) {
 template <typename Fn>
 inline cudaError_t dispatchDtype(DType d, Fn&& fn) {
   switch (d) {
-    case DType::kF32: return fn(float{});
-    case DType::kF16: return fn(__half{});
-    case DType::kBF16: return fn(__nv_bfloat16{});
+    case DType::kF32:
+      return fn(float{});
+    case DType::kF16:
+      return fn(__half{});
+    case DType::kBF16:
+      return fn(__nv_bfloat16{});
   }
   return cudaErrorInvalidValue;
 }

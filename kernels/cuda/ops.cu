@@ -20,8 +20,8 @@ constexpr int kThreads = 256;
 // Launch: grid = numRows blocks, block = kThreads; one block reduces one row.
 template <typename TOut>
 __global__ void rmsNormKernel(const float* __restrict__ x, int xStride,
-                              const float* __restrict__ weight, TOut* out, int outStride,
-                              int dim, float eps) {
+                              const float* __restrict__ weight, TOut* out, int outStride, int dim,
+                              float eps) {
   const float* row = x + size_t(blockIdx.x) * xStride;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += row[i] * row[i];
@@ -40,7 +40,8 @@ __global__ void rmsNormKernel(const float* __restrict__ x, int xStride,
   TOut* o = out + size_t(blockIdx.x) * outStride;
   // Read all of the row before any write: out may alias x (f32, same stride); each element
   // is read and written by the same thread, so the in-place case is safe.
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = fromF32<TOut>(row[i] * invRms * weight[i]);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x)
+    o[i] = fromF32<TOut>(row[i] * invRms * weight[i]);
 }
 
 // Launch: grid-stride over numTokens * halfDim.
@@ -60,9 +61,8 @@ __global__ void ropeCosSinKernel(const int32_t* __restrict__ positions, int numT
 }
 
 // Launch: grid-stride over numTokens * numHeads * (headDim/2) rotation pairs.
-__global__ void applyRopeKernel(float* x, int rowStride, int numTokens, int numHeads,
-                                int headDim, const float* __restrict__ cosT,
-                                const float* __restrict__ sinT) {
+__global__ void applyRopeKernel(float* x, int rowStride, int numTokens, int numHeads, int headDim,
+                                const float* __restrict__ cosT, const float* __restrict__ sinT) {
   const int half = headDim / 2;
   const size_t n = size_t(numTokens) * numHeads * half;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -106,8 +106,8 @@ __global__ void embeddingGatherKernel(const T* __restrict__ table, const int32_t
 template <typename T>
 __global__ void kvCacheWriteKernel(T* layerKv, const float* __restrict__ k,
                                    const float* __restrict__ v, int rowStride,
-                                   const int32_t* __restrict__ slots, int numTokens,
-                                   int blockSize, int tokenElems) {
+                                   const int32_t* __restrict__ slots, int numTokens, int blockSize,
+                                   int tokenElems) {
   const size_t n = size_t(numTokens) * tokenElems;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -169,13 +169,13 @@ cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out,
   return dispatchDtype(outDtype, [&](auto tag) {
     using T = decltype(tag);
     rmsNormKernel<T><<<numRows, kThreads, 0, stream>>>(x, xStride, weight, static_cast<T*>(out),
-                                                        outStride, dim, eps);
+                                                       outStride, dim, eps);
     return cudaGetLastError();
   });
 }
 
-cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq,
-                       int halfDim, float* cosOut, float* sinOut, cudaStream_t stream) {
+cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim,
+                       float* cosOut, float* sinOut, cudaStream_t stream) {
   const size_t n = size_t(numTokens) * halfDim;
   if (n == 0) return cudaSuccess;
   ropeCosSinKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(positions, numTokens, invFreq,
@@ -187,8 +187,8 @@ cudaError_t applyRope(float* x, int rowStride, int numTokens, int numHeads, int 
                       const float* cosT, const float* sinT, cudaStream_t stream) {
   const size_t n = size_t(numTokens) * numHeads * (headDim / 2);
   if (n == 0) return cudaSuccess;
-  applyRopeKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(x, rowStride, numTokens,
-                                                                 numHeads, headDim, cosT, sinT);
+  applyRopeKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(x, rowStride, numTokens, numHeads,
+                                                                 headDim, cosT, sinT);
   return cudaGetLastError();
 }
 
@@ -198,14 +198,14 @@ cudaError_t swiGlu(const float* gateUp, void* out, DType outDtype, int numRows, 
   if (n == 0) return cudaSuccess;
   return dispatchDtype(outDtype, [&](auto tag) {
     using T = decltype(tag);
-    swiGluKernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(gateUp, static_cast<T*>(out),
-                                                                   numRows, ffn);
+    swiGluKernel<T>
+        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(gateUp, static_cast<T*>(out), numRows, ffn);
     return cudaGetLastError();
   });
 }
 
-cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids,
-                            int numTokens, int dim, float* out, cudaStream_t stream) {
+cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids, int numTokens,
+                            int dim, float* out, cudaStream_t stream) {
   const size_t n = size_t(numTokens) * dim;
   if (n == 0) return cudaSuccess;
   return dispatchDtype(tableDtype, [&](auto tag) {
@@ -235,17 +235,18 @@ cudaError_t convertFromF32(const float* in, void* out, DType outDtype, size_t n,
   if (n == 0) return cudaSuccess;
   return dispatchDtype(outDtype, [&](auto tag) {
     using T = decltype(tag);
-    convertFromF32Kernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, static_cast<T*>(out), n);
+    convertFromF32Kernel<T>
+        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, static_cast<T*>(out), n);
     return cudaGetLastError();
   });
 }
 
-cudaError_t convertToF32(const void* in, DType inDtype, float* out, size_t n,
-                         cudaStream_t stream) {
+cudaError_t convertToF32(const void* in, DType inDtype, float* out, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return dispatchDtype(inDtype, [&](auto tag) {
     using T = decltype(tag);
-    convertToF32Kernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(in), out, n);
+    convertToF32Kernel<T>
+        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(in), out, n);
     return cudaGetLastError();
   });
 }
@@ -254,7 +255,8 @@ cudaError_t gatherRows(const float* in, int inStride, const int32_t* rows, int n
                        float* out, cudaStream_t stream) {
   const size_t n = size_t(numRows) * dim;
   if (n == 0) return cudaSuccess;
-  gatherRowsKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, inStride, rows, numRows, dim, out);
+  gatherRowsKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, inStride, rows, numRows, dim,
+                                                                  out);
   return cudaGetLastError();
 }
 

@@ -62,7 +62,7 @@ TEST_CASE("tensor-parallel plan splits heads, kv heads and ffn and the KV layout
   CHECK(planTensorParallel(c, 3).status().message() ==
         "tensor_parallel_size 3 is not supported (allowed: 1, 2, 4, 8)");
   c.numKvHeads = 4;
-  CHECK(planTensorParallel(c, 8).status().message().find("does not divide the model's 4 kv heads") !=
-        std::string::npos);
+  CHECK(planTensorParallel(c, 8).status().message().find(
+            "does not divide the model's 4 kv heads") != std::string::npos);
   CHECK(planTensorParallel(c, 1).ok());
 }

@@ -2,6 +2,8 @@
 // prompt + greedy decode, logits compared step by step (f32 weights and KV: tight; bf16
 // weights and KV: bf16 tolerance), CUDA-graph decode steps against eager ones, the
 // layer-by-layer KV readiness callback, and batch validation. Skips without a device.
+#include "common/engine/cuda_backend.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 #include <vector>
 
 #include "common/engine/cpu_backend.h"
-#include "common/engine/cuda_backend.h"
 #include "common/engine/model_maker.h"
 #include "common/engine/model_weights.h"
 #include "gpu_test_util.h"
@@ -90,8 +91,8 @@ std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<in
   return rows;
 }
 
-std::unique_ptr<CudaBackend> makeCuda(std::shared_ptr<const ModelWeights> m, KvDtype w,
-                                      KvDtype kv, bool graphs, int numBlocks = 16) {
+std::unique_ptr<CudaBackend> makeCuda(std::shared_ptr<const ModelWeights> m, KvDtype w, KvDtype kv,
+                                      bool graphs, int numBlocks = 16) {
   CudaBackendOptions o;
   o.weightDtype = w;
   o.useCudaGraphs = graphs;
@@ -122,8 +123,8 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny model", "[cuda]
     for (Variant v : {Variant{KvDtype::kF32, KvDtype::kF32, 1e-4},
                       Variant{KvDtype::kBF16, KvDtype::kBF16, 5e-2},
                       Variant{KvDtype::kF16, KvDtype::kF16, 2e-2}}) {
-      DYNAMIC_SECTION((bias ? "qwen2 " : "llama ") << "weights " << kvDtypeName(v.w) << " kv "
-                                                   << kvDtypeName(v.kv)) {
+      DYNAMIC_SECTION((bias ? "qwen2 " : "llama ")
+                      << "weights " << kvDtypeName(v.w) << " kv " << kvDtypeName(v.kv)) {
         auto gpu = makeCuda(model, v.w, v.kv, true);
         std::vector<int32_t> tokens;
         // In 16-bit a near-tie can flip a greedy token and with it every later row, so

@@ -9,6 +9,9 @@
 // The model is Llama-3.2-1B-shaped (hidden 2048, 16 layers, 32/8 heads, head dim 64, ffn 8192,
 // vocab 128256, tied embeddings) with seeded random weights made in memory: no download.
 //   cuda_bench [--model 1b|tiny] [--steps N]
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,9 +19,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
 
 #include "common/engine/cuda_backend.h"
 #include "pd/kernels/cuda/attention.h"
@@ -30,13 +30,13 @@ namespace kcu = pd::kernels::cuda;
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                   \
-  do {                                                                                     \
-    const cudaError_t e_ = (call);                                                         \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "cuda_bench: %s: %s\n", #call, cudaGetErrorString(e_));        \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+#define CHECK_CUDA(call)                                                           \
+  do {                                                                             \
+    const cudaError_t e_ = (call);                                                 \
+    if (e_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "cuda_bench: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                \
+    }                                                                              \
   } while (0)
 
 double now() {
@@ -65,11 +65,21 @@ std::shared_ptr<const ModelWeights> makeModelInMemory(const std::string& preset)
   auto m = std::make_shared<ModelWeights>();
   ModelConfig& c = m->config;
   if (preset == "tiny") {
-    c.hiddenSize = 64; c.intermediateSize = 172; c.numLayers = 2; c.numHeads = 4; c.numKvHeads = 2;
-    c.headDim = 16; c.vocabSize = 259;
+    c.hiddenSize = 64;
+    c.intermediateSize = 172;
+    c.numLayers = 2;
+    c.numHeads = 4;
+    c.numKvHeads = 2;
+    c.headDim = 16;
+    c.vocabSize = 259;
   } else {
-    c.hiddenSize = 2048; c.intermediateSize = 8192; c.numLayers = 16; c.numHeads = 32;
-    c.numKvHeads = 8; c.headDim = 64; c.vocabSize = 128256;
+    c.hiddenSize = 2048;
+    c.intermediateSize = 8192;
+    c.numLayers = 16;
+    c.numHeads = 32;
+    c.numKvHeads = 8;
+    c.headDim = 64;
+    c.vocabSize = 128256;
   }
   c.maxPositionEmbeddings = 8192;
   c.rmsNormEps = 1e-5f;
@@ -122,10 +132,9 @@ double gemmTflops(int size) {
   CHECK_CUDA(cudaMemset(b, 0x3c, size_t(size) * size * 2));
   const float alpha = 1, beta = 0;
   auto run = [&] {
-    const cublasStatus_t s =
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, size, size, size, &alpha, a, CUDA_R_16BF, size,
-                     b, CUDA_R_16BF, size, &beta, c, CUDA_R_32F, size, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t s = cublasGemmEx(
+        h, CUBLAS_OP_T, CUBLAS_OP_N, size, size, size, &alpha, a, CUDA_R_16BF, size, b, CUDA_R_16BF,
+        size, &beta, c, CUDA_R_32F, size, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
       std::fprintf(stderr, "cuda_bench: cublasGemmEx: %s\n", cublasGetStatusString(s));
       std::exit(1);
@@ -178,7 +187,8 @@ double attentionGBs(int numSeqs, int ctx, double* bytesOut) {
   CHECK_CUDA(cudaMemset(q, 0, size_t(numSeqs) * heads * hd * 4));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&out), size_t(numSeqs) * heads * hd * 2));
   std::vector<int32_t> tables(numBlocks);
-  for (int i = 0; i < numBlocks; ++i) tables[i] = int32_t((size_t(i) * 7919) % numBlocks);  // scattered
+  for (int i = 0; i < numBlocks; ++i)
+    tables[i] = int32_t((size_t(i) * 7919) % numBlocks);  // scattered
   std::vector<kcu::AttnSeq> seqs;
   std::vector<kcu::AttnWork> work;
   for (int s = 0; s < numSeqs; ++s) {
@@ -192,14 +202,15 @@ double attentionGBs(int numSeqs, int ctx, double* bytesOut) {
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dseqs), seqs.size() * sizeof(kcu::AttnSeq)));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dwork), work.size() * sizeof(kcu::AttnWork)));
   CHECK_CUDA(cudaMemcpy(dtab, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dseqs, seqs.data(), seqs.size() * sizeof(kcu::AttnSeq), cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dwork, work.data(), work.size() * sizeof(kcu::AttnWork), cudaMemcpyHostToDevice));
+  CHECK_CUDA(
+      cudaMemcpy(dseqs, seqs.data(), seqs.size() * sizeof(kcu::AttnSeq), cudaMemcpyHostToDevice));
+  CHECK_CUDA(
+      cudaMemcpy(dwork, work.data(), work.size() * sizeof(kcu::AttnWork), cudaMemcpyHostToDevice));
   CHECK_CUDA(kcu::pagedAttentionInit());
   auto run = [&] {
-    CHECK_CUDA(kcu::pagedAttention(q, heads * hd, pool, kcu::DType::kBF16, dtab, dseqs, dwork,
-                                   int(work.size()), bs, heads, kvHeads, hd,
-                                   1.0f / std::sqrt(float(hd)), out, kcu::DType::kBF16,
-                                   heads * hd, nullptr));
+    CHECK_CUDA(kcu::pagedAttention(
+        q, heads * hd, pool, kcu::DType::kBF16, dtab, dseqs, dwork, int(work.size()), bs, heads,
+        kvHeads, hd, 1.0f / std::sqrt(float(hd)), out, kcu::DType::kBF16, heads * hd, nullptr));
   };
   run();
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -226,8 +237,10 @@ int main(int argc, char** argv) {
   int steps = 30;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--model" && i + 1 < argc) preset = argv[++i];
-    else if (a == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
+    if (a == "--model" && i + 1 < argc)
+      preset = argv[++i];
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr, "usage: cuda_bench [--model 1b|tiny] [--steps N]\n");
       return 2;
@@ -251,14 +264,16 @@ int main(int argc, char** argv) {
   double attnBytes = 0;
   const double attnBw = attentionGBs(64, 4096, &attnBytes);
   rows.push_back({"paged decode attention, 64 seqs x 4096 ctx, bf16 KV, 32/8 heads x 128",
-                  fmt("%.0f GB/s", attnBw), fmt("%.0f GB/s", bw), fmt("%.0f%%", 100 * attnBw / bw)});
+                  fmt("%.0f GB/s", attnBw), fmt("%.0f GB/s", bw),
+                  fmt("%.0f%%", 100 * attnBw / bw)});
 
   std::printf("making the %s model in memory...\n", preset.c_str());
   auto model = makeModelInMemory(preset);
   const ModelConfig& c = model->config;
   const int ctx = 512, bs = 16, maxBatch = 128;
   const int blocksPerSeq = (ctx + steps + 8 + bs - 1) / bs;
-  const KvLayout layout = kvLayoutFor(c, maxBatch * blocksPerSeq + 2048 / bs + 1, bs, KvDtype::kBF16);
+  const KvLayout layout =
+      kvLayoutFor(c, maxBatch * blocksPerSeq + 2048 / bs + 1, bs, KvDtype::kBF16);
   CudaBackendOptions opt;
   opt.weightDtype = KvDtype::kBF16;
   auto backendR = createCudaBackend(model, layout, opt);
@@ -291,7 +306,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < steps; ++i) step(ctx + 3 + i);
     const double dt = now() - t0;
     const double tokS = double(batch) * steps / dt;
-    const double kvBytes = double(batch) * (ctx + 3 + steps / 2) * 2.0 * c.numLayers * c.kvDim() * 2.0;
+    const double kvBytes =
+        double(batch) * (ctx + 3 + steps / 2) * 2.0 * c.numLayers * c.kvDim() * 2.0;
     const double bound = double(batch) / ((weightBytes + kvBytes) / (bw * 1e9));
     rows.push_back({"decode batch " + std::to_string(batch) + ", ctx 512 (" +
                         fmt("%.2f ms/step", 1000 * dt / steps) + ")",
@@ -325,7 +341,8 @@ int main(int argc, char** argv) {
                     fmt("%.0f%%", 100 * tokS / bound)});
   }
 
-  std::printf("\n| %-72s | %-16s | %-40s | %-6s |\n", "measurement", "value", "ceiling (same run)", "ratio");
+  std::printf("\n| %-72s | %-16s | %-40s | %-6s |\n", "measurement", "value", "ceiling (same run)",
+              "ratio");
   std::printf("|%s|%s|%s|%s|\n", std::string(74, '-').c_str(), std::string(18, '-').c_str(),
               std::string(42, '-').c_str(), std::string(8, '-').c_str());
   for (const Row& r : rows)

@@ -145,10 +145,9 @@ TEST_CASE("cuda kvCacheWrite matches the CPU twin and skips negative slots", "[c
       auto dpool = uploadAs(pool0, dt);
       auto drows = upload(rows);
       auto dslots = upload(gpuSlots);
-      PD_CUDA_CHECK(kcu::kvCacheWrite(dpool->as(), dt, drows->as<float>() + 1,
-                                      drows->as<float>() + 1 + kvHeads * headDim, rowStride,
-                                      dslots->as<int32_t>(), tokens, blockSize, kvHeads, headDim,
-                                      nullptr));
+      PD_CUDA_CHECK(kcu::kvCacheWrite(
+          dpool->as(), dt, drows->as<float>() + 1, drows->as<float>() + 1 + kvHeads * headDim,
+          rowStride, dslots->as<int32_t>(), tokens, blockSize, kvHeads, headDim, nullptr));
       CHECK(relError(downloadAs(dpool->as(), dt, poolElems), want) == 0.0);
     }
   }
@@ -230,9 +229,8 @@ void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DT
   for (size_t c = 0; c < chunks.size(); ++c) {
     cpu::pagedAttention(q.data() + size_t(seqs[c].tokenStart) * qStride, qStride, pool.data(),
                         tables.data() + seqs[c].blockTableOffset, chunks[c].numTokens,
-                        chunks[c].startPos, blockSize, numHeads, numKvHeads, headDim, 0,
-                        numKvHeads, scale, want.data() + size_t(seqs[c].tokenStart) * outStride,
-                        outStride);
+                        chunks[c].startPos, blockSize, numHeads, numKvHeads, headDim, 0, numKvHeads,
+                        scale, want.data() + size_t(seqs[c].tokenStart) * outStride, outStride);
   }
   auto dpool = uploadAs(pool, kvDt);
   auto dq = upload(q);
@@ -241,11 +239,10 @@ void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DT
   auto dwork = upload(work);
   DevBuf out(want.size() * kcu::dtypeBytes(outDt));
   PD_CUDA_CHECK(kcu::pagedAttentionInit());
-  PD_CUDA_CHECK(kcu::pagedAttention(dq->as<float>(), qStride, dpool->as(), kvDt,
-                                    dtab->as<int32_t>(), dseqs->as<kcu::AttnSeq>(),
-                                    dwork->as<kcu::AttnWork>(), int(work.size()), blockSize,
-                                    numHeads, numKvHeads, headDim, scale, out.as(), outDt,
-                                    outStride, nullptr));
+  PD_CUDA_CHECK(kcu::pagedAttention(
+      dq->as<float>(), qStride, dpool->as(), kvDt, dtab->as<int32_t>(), dseqs->as<kcu::AttnSeq>(),
+      dwork->as<kcu::AttnWork>(), int(work.size()), blockSize, numHeads, numKvHeads, headDim, scale,
+      out.as(), outDt, outStride, nullptr));
   auto got = downloadAs(out.as(), outDt, want.size());
   // The one padding column per row is never written: keep it out of the comparison.
   std::vector<float> g, w;
@@ -256,16 +253,17 @@ void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DT
     }
   const double err = relError(g, w);
   INFO("blockSize " << blockSize << " heads " << numHeads << "/" << numKvHeads << " headDim "
-                    << headDim << " kv " << kcu::dtypeName(kvDt) << " out "
-                    << kcu::dtypeName(outDt) << " rel error " << err);
+                    << headDim << " kv " << kcu::dtypeName(kvDt) << " out " << kcu::dtypeName(outDt)
+                    << " rel error " << err);
   CHECK(err < (outDt == DType::kF32 ? 1e-5 : 1e-2));
 }
 
 }  // namespace
 
-TEST_CASE("cuda paged attention matches the CPU twin across block sizes, heads, GQA ratios "
-          "and ragged batches",
-          "[cuda][kernels][attention]") {
+TEST_CASE(
+    "cuda paged attention matches the CPU twin across block sizes, heads, GQA ratios "
+    "and ragged batches",
+    "[cuda][kernels][attention]") {
   if (!haveGpu()) return;
   // Decode tokens at assorted positions, a fresh prefill, a mid-sequence chunk, a chunk
   // ending exactly on a block boundary.

@@ -3,6 +3,9 @@
 // the thresholds are stated in: max |got - want| / max |want|.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -11,9 +14,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
-#include <cuda_runtime_api.h>
 
 #include "pd/kernels/cuda/dtype.h"
 #include "pd/kernels/cuda/ops.h"
@@ -54,7 +54,9 @@ class DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
   void poison() { PD_CUDA_CHECK(cudaMemset(p_, 0xff, bytes_)); }
   template <typename T = void>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:
@@ -118,7 +120,8 @@ inline std::vector<float> randomVec(size_t n, uint64_t seed, float lo = -1.0f, f
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);
   for (float& x : v) {
-    do x = d(rng); while (x == 0.0f);  // never zeros
+    do x = d(rng);
+    while (x == 0.0f);  // never zeros
   }
   return v;
 }

@@ -15,10 +15,10 @@
 // position, online softmax in f32, output divided by the running sum.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "pd/kernels/cuda/dtype.h"
 

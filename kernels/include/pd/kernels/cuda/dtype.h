@@ -6,10 +6,10 @@
 // The numeric values match engine::KvDtype (kv_layout.h) so the two convert by value.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <cuda_runtime_api.h>
 
 namespace pd::kernels::cuda {
 

@@ -9,10 +9,10 @@
 // Thread-safety: any host thread, any stream; outputs must not be written concurrently.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <cuda_runtime_api.h>
 
 #include "pd/kernels/cuda/dtype.h"
 
@@ -27,8 +27,8 @@ cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out,
 
 // positions: [numTokens], invFreq: [halfDim] (from the CPU ropeInvFreq),
 // cosOut, sinOut: [numTokens][halfDim]. Angles are formed in double, as on the CPU.
-cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq,
-                       int halfDim, float* cosOut, float* sinOut, cudaStream_t stream);
+cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim,
+                       float* cosOut, float* sinOut, cudaStream_t stream);
 
 // x: [numTokens][rowStride] f32, numHeads heads of headDim at x[t*rowStride] (in place),
 // cosT, sinT: [numTokens][headDim/2]. Hugging Face rotate_half convention.
@@ -41,8 +41,8 @@ cudaError_t swiGlu(const float* gateUp, void* out, DType outDtype, int numRows, 
 
 // table: [vocab][dim] in tableDtype, ids: [numTokens] (validated by the caller),
 // out: [numTokens][dim] f32.
-cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids,
-                            int numTokens, int dim, float* out, cudaStream_t stream);
+cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids, int numTokens,
+                            int dim, float* out, cudaStream_t stream);
 
 // layerKv: [numBlocks][2][blockSize][numKvHeads][headDim] in kvDtype (written),
 // k, v: [numTokens][rowStride] f32 with numKvHeads*headDim values at each row's start,
@@ -56,16 +56,14 @@ cudaError_t convertFromF32(const float* in, void* out, DType outDtype, size_t n,
                            cudaStream_t stream);
 
 // in: [n] in inDtype, out: [n] f32 (tests read 16-bit tensors back with it).
-cudaError_t convertToF32(const void* in, DType inDtype, float* out, size_t n,
-                         cudaStream_t stream);
+cudaError_t convertToF32(const void* in, DType inDtype, float* out, size_t n, cudaStream_t stream);
 
 // in: [*][inStride] f32, rows: [numRows] row indices, out: [numRows][dim] f32.
 cudaError_t gatherRows(const float* in, int inStride, const int32_t* rows, int numRows, int dim,
                        float* out, cudaStream_t stream);
 
 // y: [numRows][dim] f32, every row set to bias: [dim] (a GEMM with beta = 1 then adds it).
-cudaError_t broadcastRows(float* y, const float* bias, int numRows, int dim,
-                          cudaStream_t stream);
+cudaError_t broadcastRows(float* y, const float* bias, int numRows, int dim, cudaStream_t stream);
 
 // y: [numRows][dim] f32, y[r] += bias: [dim].
 cudaError_t addRows(float* y, const float* bias, int numRows, int dim, cudaStream_t stream);
