@@ -448,6 +448,8 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
   if (T == 0) return Status::ok();
   if (L > 0 && !logits) return invalidArgument("forward: logits is null but chunks want logits");
   PD_CUDA_TRY(cudaSetDevice(opt_.device));
+  // Normally idle already; after a failed step it may still be reading metaHost_.
+  PD_CUDA_TRY(cudaStreamSynchronize(stream_));
   const int S = int(batch.size());
 
   // A graph step: all chunks are single decode tokens that want logits, no layer callback.

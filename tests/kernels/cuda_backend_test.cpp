@@ -24,14 +24,14 @@ using pd::kernels::cuda::test::relError;
 
 namespace {
 
-std::shared_ptr<const ModelWeights> tinyModel(bool qkvBias = false) {
-  const std::string name = qkvBias ? "cuda_tiny_qwen2" : "cuda_tiny";
+std::shared_ptr<const ModelWeights> testModel(const std::string& preset, bool qkvBias) {
+  const std::string name = "cuda_" + preset + (qkvBias ? "_qwen2" : "");
   const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/" + name;
   if (!std::filesystem::exists(dir + "/config.json")) {
     std::filesystem::create_directories(PD_TEST_MODEL_DIR);
     const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
     MakeModelOptions o;
-    o.preset = "tiny";
+    o.preset = preset;
     o.seed = 11;
     o.qkvBias = qkvBias;
     REQUIRE(makeModel(o, tmp).toString() == "OK");
@@ -43,6 +43,7 @@ std::shared_ptr<const ModelWeights> tinyModel(bool qkvBias = false) {
   REQUIRE(m.status().toString() == "OK");
   return m.value();
 }
+std::shared_ptr<const ModelWeights> tinyModel() { return testModel("tiny", false); }
 
 // Two sequences: prompts of 40 and 23 tokens prefilled together (one chunk each, the second
 // in two chunks of 16 + 7), then `steps` greedy decode steps batched together. Returns every
@@ -104,10 +105,16 @@ std::unique_ptr<CudaBackend> makeCuda(std::shared_ptr<const ModelWeights> m, KvD
 
 }  // namespace
 
-TEST_CASE("cuda backend logits match the CPU backend on the tiny model", "[cuda][backend]") {
+TEST_CASE("cuda backend logits match the CPU backend on the tiny and small models",
+          "[cuda][backend]") {
   if (!haveGpu()) return;
-  for (bool bias : {false, true}) {
-    auto model = tinyModel(bias);
+  struct Which {
+    const char* preset;
+    bool bias;
+  };
+  for (Which which : {Which{"tiny", false}, Which{"tiny", true}, Which{"small", false}}) {
+    const bool bias = which.bias;
+    auto model = testModel(which.preset, bias);
     std::vector<float> cpuKv(kvLayoutFor(model->config, 16, 16).totalBytes() / 4, 0.0f);
     auto cpuB = createCpuBackend(model, kvLayoutFor(model->config, 16, 16), cpuKv.data(), {});
     REQUIRE(cpuB.status().toString() == "OK");
