@@ -4,7 +4,9 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#if defined(PD_HAVE_NCCL)
 #include <nccl.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -552,6 +554,7 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
 // the sharded forward pass will use (one communicator per rank, all-reduce after the
 // row-parallel o_proj / down_proj).
 Status setUpNcclGroup(int first, int size) {
+#if defined(PD_HAVE_NCCL)
   std::vector<ncclComm_t> comms(size, nullptr);
   std::vector<int> devs(size);
   for (int i = 0; i < size; ++i) devs[i] = first + i;
@@ -561,6 +564,10 @@ Status setUpNcclGroup(int first, int size) {
                          " devices: " + ncclGetErrorString(r));
   for (ncclComm_t c : comms) ncclCommDestroy(c);
   return Status::ok();
+#else
+  return unimplemented("cuda backend: tensor_parallel_size " + std::to_string(size) +
+                       " needs NCCL, which this build did not find (libnccl)");
+#endif
 }
 
 }  // namespace
