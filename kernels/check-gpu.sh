@@ -31,9 +31,10 @@ if [ -z "${PD_CUDA_ARCHITECTURES:-}" ]; then
 fi
 
 phase "configure + build (sm_${PD_CUDA_ARCHITECTURES}, -j${JOBS})"
+mkdir -p "$BUILD_DIR"
 timeout 120 cmake -S . -B "$BUILD_DIR" -G Ninja -DPD_WITH_CUDA=ON \
-  -DPD_CUDA_ARCHITECTURES="$PD_CUDA_ARCHITECTURES" -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR.configure.log" 2>&1 \
-  || { cat "$BUILD_DIR.configure.log"; echo "check-gpu: configure failed"; exit 1; }
+  -DPD_CUDA_ARCHITECTURES="$PD_CUDA_ARCHITECTURES" -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR/configure.log" 2>&1 \
+  || { cat "$BUILD_DIR/configure.log"; echo "check-gpu: configure failed"; exit 1; }
 timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target \
   test_backend_factory test_cuda_kernels test_cuda_backend cuda_bench \
   || { echo "check-gpu: build failed"; exit 1; }
