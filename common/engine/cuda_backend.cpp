@@ -601,6 +601,10 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
     return unimplemented("createCudaBackend: head_dim " + std::to_string(c.headDim) +
                          " (the attention kernel supports even head dims up to " +
                          std::to_string(kcu::kAttnMaxHeadDim) + ")");
+  if (reinterpret_cast<uintptr_t>(options.kvDeviceBase) % 256 != 0)
+    return invalidArgument(
+        "createCudaBackend: kvDeviceBase must be 256-byte aligned (as cudaMalloc returns): the "
+        "attention kernel reads K/V with 16-byte loads");
   for (int b : options.graphBatchSizes)
     if (b <= 0)
       return invalidArgument("createCudaBackend: graph batch size " + std::to_string(b) + " <= 0");

@@ -46,8 +46,8 @@ struct CudaBackendOptions {
   // Storage type of the weights and the GEMM inputs: kBF16 (default), kF16, or kF32 (plain
   // f32 GEMMs, used by tests to compare with the CPU backend tightly).
   KvDtype weightDtype = KvDtype::kBF16;
-  // Device memory holding layout.totalBytes() for the KV cache; null = the backend
-  // cudaMallocs and owns it.
+  // Device memory holding layout.totalBytes() for the KV cache (256-byte aligned, on
+  // `device`); null = the backend cudaMallocs and owns it.
   void* kvDeviceBase = nullptr;
   bool useCudaGraphs = true;
   std::vector<int> graphBatchSizes{1, 2, 4, 8, 16, 32, 64, 128};
