@@ -1,0 +1,233 @@
+// Batched causal paged attention (see pd/kernels/cuda/attention.h for the work split).
+//
+// Per block: kWarps warps, each owning up to kRowsPerWarp query rows (its registers hold the
+// rows' running max, running sum and output accumulator, headDim / 32 values per lane).
+// For each tile of kAttnKvTile key positions the block converts K and V of its kv head into
+// shared memory (K rows padded by one float so lanes reading different keys hit different
+// banks); then lane j of a warp computes the score of key j for a row, the warp updates the
+// row's online softmax, and every lane accumulates p_j * V[j] into its slice of the row.
+#include <cmath>
+
+#include "dtype_util.cuh"
+#include "pd/kernels/cuda/attention.h"
+
+namespace pd::kernels::cuda {
+
+using detail::dispatchDtype;
+using detail::fromF32;
+using detail::toF32;
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = kAttnRowsPerBlock / kWarps;
+constexpr int kMaxDimPerLane = kAttnMaxHeadDim / 32;
+static_assert(kRowsPerWarp * kWarps == kAttnRowsPerBlock);
+static_assert(kAttnKvTile <= 32, "one lane scores one key of a tile");
+
+size_t attnSharedBytes(int headDim) {
+  return sizeof(float) * (size_t(kAttnRowsPerBlock) * headDim +  // q rows (pre-scaled)
+                          size_t(kAttnKvTile) * (headDim + 1) +  // K tile, padded rows
+                          size_t(kAttnKvTile) * headDim);        // V tile
+}
+
+__device__ __forceinline__ float warpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Launch: grid = (numWork, numKvHeads), block = kWarps * 32 threads,
+// dynamic shared memory = attnSharedBytes(headDim).
+template <typename KvT, typename OutT>
+__global__ void __launch_bounds__(kWarps * 32)
+    pagedAttentionKernel(const float* __restrict__ q, int qStride, const KvT* __restrict__ layerKv,
+                         const int32_t* __restrict__ blockTables, const AttnSeq* __restrict__ seqs,
+                         const AttnWork* __restrict__ work, int blockSize, int numHeads,
+                         int numKvHeads, int headDim, float scale, OutT* __restrict__ out,
+                         int outStride) {
+  const AttnWork w = work[blockIdx.x];
+  const AttnSeq s = seqs[w.seq];
+  const int kvHead = blockIdx.y;
+  const int group = numHeads / numKvHeads;
+  const int totalRows = s.numTokens * group;
+  // Uniform over the block, so returning before __syncthreads is safe.
+  if (w.rowBegin >= totalRows) return;
+  const int rowsHere = min(kAttnRowsPerBlock, totalRows - w.rowBegin);
+  const int lastToken = (w.rowBegin + rowsHere - 1) / group;
+  const int ctx = s.startPos + lastToken + 1;  // keys [0, ctx) are visible to some row here
+
+  extern __shared__ float smem[];
+  float* qs = smem;                              // [kAttnRowsPerBlock][headDim]
+  float* ks = qs + kAttnRowsPerBlock * headDim;  // [kAttnKvTile][headDim + 1]
+  float* vs = ks + kAttnKvTile * (headDim + 1);  // [kAttnKvTile][headDim]
+  const int kStride = headDim + 1;
+
+  for (int i = threadIdx.x; i < rowsHere * headDim; i += blockDim.x) {
+    const int r = i / headDim, d = i % headDim;
+    const int row = w.rowBegin + r;
+    const int token = row / group, h = kvHead * group + row % group;
+    qs[i] = q[size_t(s.tokenStart + token) * qStride + size_t(h) * headDim + d] * scale;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kMaxDimPerLane];
+  int qpos[kRowsPerWarp];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+    const int r = warp + kWarps * j;
+    qpos[j] = r < rowsHere ? s.startPos + (w.rowBegin + r) / group : -1;
+#pragma unroll
+    for (int i = 0; i < kMaxDimPerLane; ++i) acc[j][i] = 0.0f;
+  }
+
+  const int32_t* table = blockTables + s.blockTableOffset;
+  constexpr int kVec = int(16 / sizeof(KvT));  // elements per 16-byte load
+  const size_t tokenElems = size_t(numKvHeads) * headDim;
+  for (int kv0 = 0; kv0 < ctx; kv0 += kAttnKvTile) {
+    const int n = min(kAttnKvTile, ctx - kv0);
+    __syncthreads();  // the previous tile is consumed (and, the first time, q is loaded)
+    if (headDim % kVec == 0) {
+      // 16-byte loads (the memory-bound part of decode), K and V both in flight before use.
+      // Aligned: cudaMalloc'd pool, and every row offset is a multiple of headDim.
+      const int vecPerRow = headDim / kVec;
+      for (int i = threadIdx.x; i < n * vecPerRow; i += blockDim.x) {
+        const int p = i / vecPerRow, d0 = (i % vecPerRow) * kVec;
+        const int pos = kv0 + p;
+        const size_t block = size_t(table[pos / blockSize]);
+        const size_t off = size_t(pos % blockSize);
+        const size_t kIdx =
+            (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d0;
+        const uint4 kRaw = *reinterpret_cast<const uint4*>(layerKv + kIdx);
+        const uint4 vRaw =
+            *reinterpret_cast<const uint4*>(layerKv + kIdx + size_t(blockSize) * tokenElems);
+        const KvT* kE = reinterpret_cast<const KvT*>(&kRaw);
+        const KvT* vE = reinterpret_cast<const KvT*>(&vRaw);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          ks[p * kStride + d0 + e] = toF32(kE[e]);
+          vs[p * headDim + d0 + e] = toF32(vE[e]);
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < n * headDim; i += blockDim.x) {
+        const int p = i / headDim, d = i % headDim;
+        const int pos = kv0 + p;
+        const size_t block = size_t(table[pos / blockSize]);
+        const size_t off = size_t(pos % blockSize);
+        const size_t kIdx =
+            (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d;
+        ks[p * kStride + d] = toF32(layerKv[kIdx]);
+        vs[p * headDim + d] = toF32(layerKv[kIdx + size_t(blockSize) * tokenElems]);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      if (qpos[j] < 0 || kv0 > qpos[j]) continue;  // warp-uniform: row absent or tile all masked
+      const int r = warp + kWarps * j;
+      float score = -INFINITY;
+      if (lane < n && kv0 + lane <= qpos[j]) {
+        const float* qr = qs + r * headDim;
+        const float* kr = ks + lane * kStride;
+        float dot = 0.0f;
+        for (int d = 0; d < headDim; ++d) dot = fmaf(qr[d], kr[d], dot);
+        score = dot;
+      }
+      const float tileMax = warpMax(score);  // finite: key kv0 <= qpos[j] is always visible
+      const float mNew = fmaxf(m[j], tileMax);
+      const float corr = expf(m[j] - mNew);  // m = -inf on the first tile gives 0
+      const float p = lane < n && kv0 + lane <= qpos[j] ? expf(score - mNew) : 0.0f;
+      l[j] = l[j] * corr + warpSum(p);
+#pragma unroll
+      for (int i = 0; i < kMaxDimPerLane; ++i) acc[j][i] *= corr;
+      for (int key = 0; key < n; ++key) {
+        const float pk = __shfl_sync(0xffffffffu, p, key);
+        const float* vr = vs + key * headDim;
+#pragma unroll
+        for (int i = 0; i < kMaxDimPerLane; ++i) {
+          const int d = lane + 32 * i;
+          if (d < headDim) acc[j][i] = fmaf(pk, vr[d], acc[j][i]);
+        }
+      }
+      m[j] = mNew;
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    if (qpos[j] < 0) continue;
+    const int row = w.rowBegin + warp + kWarps * j;
+    const int token = row / group, h = kvHead * group + row % group;
+    const float inv = 1.0f / l[j];
+    OutT* o = out + size_t(s.tokenStart + token) * outStride + size_t(h) * headDim;
+#pragma unroll
+    for (int i = 0; i < kMaxDimPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < headDim) o[d] = fromF32<OutT>(acc[j][i] * inv);
+    }
+  }
+}
+
+template <typename KvT, typename OutT>
+cudaError_t launchAttention(const float* q, int qStride, const void* layerKv,
+                            const int32_t* blockTables, const AttnSeq* seqs, const AttnWork* work,
+                            int numWork, int blockSize, int numHeads, int numKvHeads, int headDim,
+                            float scale, void* out, int outStride, cudaStream_t stream) {
+  auto kernel = pagedAttentionKernel<KvT, OutT>;
+  const dim3 grid{unsigned(numWork), unsigned(numKvHeads), 1u};
+  kernel<<<grid, kWarps * 32, attnSharedBytes(headDim), stream>>>(
+      q, qStride, static_cast<const KvT*>(layerKv), blockTables, seqs, work, blockSize, numHeads,
+      numKvHeads, headDim, scale, static_cast<OutT*>(out), outStride);
+  return cudaGetLastError();
+}
+
+template <typename KvT, typename OutT>
+cudaError_t allowLargeShared() {
+  return cudaFuncSetAttribute(pagedAttentionKernel<KvT, OutT>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(attnSharedBytes(kAttnMaxHeadDim)));
+}
+
+}  // namespace
+
+cudaError_t pagedAttentionInit() {
+  // Above 48 KiB of dynamic shared memory (head dims over ~240) a kernel must opt in.
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (DType o : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const cudaError_t e = dispatchDtype(kv, [&](auto kvTag) {
+        return dispatchDtype(
+            o, [&](auto oTag) { return allowLargeShared<decltype(kvTag), decltype(oTag)>(); });
+      });
+      if (e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t pagedAttention(const float* q, int qStride, const void* layerKv, DType kvDtype,
+                           const int32_t* blockTables, const AttnSeq* seqs, const AttnWork* work,
+                           int numWork, int blockSize, int numHeads, int numKvHeads, int headDim,
+                           float scale, void* out, DType outDtype, int outStride,
+                           cudaStream_t stream) {
+  if (numWork <= 0) return cudaSuccess;
+  if (headDim <= 0 || headDim > kAttnMaxHeadDim || numKvHeads <= 0 || numHeads % numKvHeads != 0 ||
+      blockSize <= 0)
+    return cudaErrorInvalidValue;
+  return dispatchDtype(kvDtype, [&](auto kvTag) {
+    using KvT = decltype(kvTag);
+    return dispatchDtype(outDtype, [&](auto outTag) {
+      using OutT = decltype(outTag);
+      return launchAttention<KvT, OutT>(q, qStride, layerKv, blockTables, seqs, work, numWork,
+                                        blockSize, numHeads, numKvHeads, headDim, scale, out,
+                                        outStride, stream);
+    });
+  });
+}
+
+}  // namespace pd::kernels::cuda

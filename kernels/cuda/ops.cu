@@ -1,0 +1,277 @@
+// CUDA twins of the elementwise / row kernels (see pd/kernels/cuda/ops.h). Kept deliberately
+// simple (grid-stride loops, one block per row for reductions): these ops are a few percent of
+// a step next to the GEMMs and attention, and simple code is easy to check without a GPU.
+#include <cmath>
+
+#include "dtype_util.cuh"
+#include "pd/kernels/cuda/ops.h"
+
+namespace pd::kernels::cuda {
+
+using detail::dispatchDtype;
+using detail::fromF32;
+using detail::gridFor;
+using detail::toF32;
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Launch: grid = numRows blocks, block = kThreads; one block reduces one row.
+template <typename TOut>
+__global__ void rmsNormKernel(const float* __restrict__ x, int xStride,
+                              const float* __restrict__ weight, TOut* out, int outStride, int dim,
+                              float eps) {
+  const float* row = x + size_t(blockIdx.x) * xStride;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += row[i] * row[i];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  __shared__ float warpSums[kThreads / 32];
+  __shared__ float invRms;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warpSums[warp] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) total += warpSums[w];
+    invRms = rsqrtf(total / float(dim) + eps);
+  }
+  __syncthreads();
+  TOut* o = out + size_t(blockIdx.x) * outStride;
+  // Read all of the row before any write: out may alias x (f32, same stride); each element
+  // is read and written by the same thread, so the in-place case is safe.
+  for (int i = threadIdx.x; i < dim; i += blockDim.x)
+    o[i] = fromF32<TOut>(row[i] * invRms * weight[i]);
+}
+
+// Launch: grid-stride over numTokens * halfDim.
+__global__ void ropeCosSinKernel(const int32_t* __restrict__ positions, int numTokens,
+                                 const float* __restrict__ invFreq, int halfDim, float* cosOut,
+                                 float* sinOut) {
+  const size_t n = size_t(numTokens) * halfDim;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const int t = int(i / halfDim), k = int(i % halfDim);
+    const double a = double(positions[t]) * double(invFreq[k]);
+    double s, c;
+    sincos(a, &s, &c);
+    cosOut[i] = float(c);
+    sinOut[i] = float(s);
+  }
+}
+
+// Launch: grid-stride over numTokens * numHeads * (headDim/2) rotation pairs.
+__global__ void applyRopeKernel(float* x, int rowStride, int numTokens, int numHeads, int headDim,
+                                const float* __restrict__ cosT, const float* __restrict__ sinT) {
+  const int half = headDim / 2;
+  const size_t n = size_t(numTokens) * numHeads * half;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const int k = int(i % half);
+    const size_t th = i / half;
+    const int h = int(th % numHeads), t = int(th / numHeads);
+    float* p = x + size_t(t) * rowStride + size_t(h) * headDim;
+    const float c = cosT[size_t(t) * half + k], s = sinT[size_t(t) * half + k];
+    const float a = p[k], b = p[k + half];
+    p[k] = a * c - b * s;
+    p[k + half] = b * c + a * s;
+  }
+}
+
+// Launch: grid-stride over numRows * ffn.
+template <typename TOut>
+__global__ void swiGluKernel(const float* __restrict__ gateUp, TOut* out, int numRows, int ffn) {
+  const size_t n = size_t(numRows) * ffn;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t r = i / ffn, j = i % ffn;
+    const float g = gateUp[r * 2 * ffn + j], u = gateUp[r * 2 * ffn + ffn + j];
+    out[i] = fromF32<TOut>(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+// Launch: grid-stride over numTokens * dim.
+template <typename T>
+__global__ void embeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
+                                      int numTokens, int dim, float* out) {
+  const size_t n = size_t(numTokens) * dim;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t t = i / dim, d = i % dim;
+    out[i] = toF32(table[size_t(ids[t]) * dim + d]);
+  }
+}
+
+// Launch: grid-stride over numTokens * numKvHeads * headDim.
+template <typename T>
+__global__ void kvCacheWriteKernel(T* layerKv, const float* __restrict__ k,
+                                   const float* __restrict__ v, int rowStride,
+                                   const int32_t* __restrict__ slots, int numTokens, int blockSize,
+                                   int tokenElems) {
+  const size_t n = size_t(numTokens) * tokenElems;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const int t = int(i / tokenElems), e = int(i % tokenElems);
+    const int slot = slots[t];
+    if (slot < 0) continue;
+    const size_t block = size_t(slot / blockSize), off = size_t(slot % blockSize);
+    const size_t kIdx = (block * 2 * blockSize + off) * tokenElems + e;
+    const size_t vIdx = kIdx + size_t(blockSize) * tokenElems;
+    layerKv[kIdx] = fromF32<T>(k[size_t(t) * rowStride + e]);
+    layerKv[vIdx] = fromF32<T>(v[size_t(t) * rowStride + e]);
+  }
+}
+
+// Launch: grid-stride over n.
+template <typename T>
+__global__ void convertFromF32Kernel(const float* __restrict__ in, T* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    out[i] = fromF32<T>(in[i]);
+}
+
+// Launch: grid-stride over n.
+template <typename T>
+__global__ void convertToF32Kernel(const T* __restrict__ in, float* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    out[i] = toF32(in[i]);
+}
+
+// Launch: grid-stride over numRows * dim.
+__global__ void gatherRowsKernel(const float* __restrict__ in, int inStride,
+                                 const int32_t* __restrict__ rows, int numRows, int dim,
+                                 float* out) {
+  const size_t n = size_t(numRows) * dim;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t r = i / dim, d = i % dim;
+    out[i] = in[size_t(rows[r]) * inStride + d];
+  }
+}
+
+// Launch: grid-stride over numRows * dim. add = false sets, add = true accumulates.
+__global__ void biasRowsKernel(float* y, const float* __restrict__ bias, int numRows, int dim,
+                               bool add) {
+  const size_t n = size_t(numRows) * dim;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float b = bias[i % dim];
+    y[i] = add ? y[i] + b : b;
+  }
+}
+
+}  // namespace
+
+cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out, DType outDtype,
+                    int outStride, int numRows, int dim, float eps, cudaStream_t stream) {
+  if (numRows <= 0) return cudaSuccess;
+  return dispatchDtype(outDtype, [&](auto tag) {
+    using T = decltype(tag);
+    rmsNormKernel<T><<<numRows, kThreads, 0, stream>>>(x, xStride, weight, static_cast<T*>(out),
+                                                       outStride, dim, eps);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim,
+                       float* cosOut, float* sinOut, cudaStream_t stream) {
+  const size_t n = size_t(numTokens) * halfDim;
+  if (n == 0) return cudaSuccess;
+  ropeCosSinKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(positions, numTokens, invFreq,
+                                                                  halfDim, cosOut, sinOut);
+  return cudaGetLastError();
+}
+
+cudaError_t applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim,
+                      const float* cosT, const float* sinT, cudaStream_t stream) {
+  const size_t n = size_t(numTokens) * numHeads * (headDim / 2);
+  if (n == 0) return cudaSuccess;
+  applyRopeKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(x, rowStride, numTokens, numHeads,
+                                                                 headDim, cosT, sinT);
+  return cudaGetLastError();
+}
+
+cudaError_t swiGlu(const float* gateUp, void* out, DType outDtype, int numRows, int ffn,
+                   cudaStream_t stream) {
+  const size_t n = size_t(numRows) * ffn;
+  if (n == 0) return cudaSuccess;
+  return dispatchDtype(outDtype, [&](auto tag) {
+    using T = decltype(tag);
+    swiGluKernel<T>
+        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(gateUp, static_cast<T*>(out), numRows, ffn);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids, int numTokens,
+                            int dim, float* out, cudaStream_t stream) {
+  const size_t n = size_t(numTokens) * dim;
+  if (n == 0) return cudaSuccess;
+  return dispatchDtype(tableDtype, [&](auto tag) {
+    using T = decltype(tag);
+    embeddingGatherKernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(table), ids, numTokens, dim, out);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t kvCacheWrite(void* layerKv, DType kvDtype, const float* k, const float* v,
+                         int rowStride, const int32_t* slots, int numTokens, int blockSize,
+                         int numKvHeads, int headDim, cudaStream_t stream) {
+  const int tokenElems = numKvHeads * headDim;
+  const size_t n = size_t(numTokens) * tokenElems;
+  if (n == 0) return cudaSuccess;
+  return dispatchDtype(kvDtype, [&](auto tag) {
+    using T = decltype(tag);
+    kvCacheWriteKernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(layerKv), k, v, rowStride, slots, numTokens, blockSize, tokenElems);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t convertFromF32(const float* in, void* out, DType outDtype, size_t n,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatchDtype(outDtype, [&](auto tag) {
+    using T = decltype(tag);
+    convertFromF32Kernel<T>
+        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, static_cast<T*>(out), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t convertToF32(const void* in, DType inDtype, float* out, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatchDtype(inDtype, [&](auto tag) {
+    using T = decltype(tag);
+    convertToF32Kernel<T>
+        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(in), out, n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t gatherRows(const float* in, int inStride, const int32_t* rows, int numRows, int dim,
+                       float* out, cudaStream_t stream) {
+  const size_t n = size_t(numRows) * dim;
+  if (n == 0) return cudaSuccess;
+  gatherRowsKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, inStride, rows, numRows, dim,
+                                                                  out);
+  return cudaGetLastError();
+}
+
+cudaError_t broadcastRows(float* y, const float* bias, int numRows, int dim, cudaStream_t stream) {
+  const size_t n = size_t(numRows) * dim;
+  if (n == 0) return cudaSuccess;
+  biasRowsKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(y, bias, numRows, dim, false);
+  return cudaGetLastError();
+}
+
+cudaError_t addRows(float* y, const float* bias, int numRows, int dim, cudaStream_t stream) {
+  const size_t n = size_t(numRows) * dim;
+  if (n == 0) return cudaSuccess;
+  biasRowsKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(y, bias, numRows, dim, true);
+  return cudaGetLastError();
+}
+
+}  // namespace pd::kernels::cuda

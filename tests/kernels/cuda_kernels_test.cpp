@@ -1,0 +1,295 @@
+// Every CUDA kernel against its CPU twin (pd/kernels/*.h) on random inputs (never zeros),
+// outputs NaN-poisoned before each run, relative error thresholds per dtype: f32 < 1e-5,
+// bf16 / f16 < 1e-2 (16-bit inputs are rounded the same way on the CPU side first).
+// Every case skips with a message when no CUDA device is present.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "pd/kernels/activation.h"
+#include "pd/kernels/attention.h"
+#include "pd/kernels/cuda/attention.h"
+#include "pd/kernels/cuda/ops.h"
+#include "pd/kernels/embedding.h"
+#include "pd/kernels/kv_cache.h"
+#include "pd/kernels/norm.h"
+#include "pd/kernels/rope.h"
+
+namespace cpu = pd::kernels::cpu;
+namespace kcu = pd::kernels::cuda;
+using kcu::DType;
+using namespace pd::kernels::cuda::test;
+
+namespace {
+const DType kDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+}
+
+TEST_CASE("cuda rmsNorm matches the CPU twin", "[cuda][kernels]") {
+  if (!haveGpu()) return;
+  const int rows = 7, dim = 200, stride = 211;
+  const auto x = randomVec(size_t(rows) * stride, 1, -3, 3);
+  const auto w = randomVec(dim, 2, 0.5f, 1.5f);
+  std::vector<float> want(size_t(rows) * dim);
+  cpu::rmsNorm(x.data(), stride, w.data(), want.data(), dim, rows, dim, 1e-5f);
+  auto dx = upload(x);
+  auto dw = upload(w);
+  for (DType dt : kDtypes) {
+    DYNAMIC_SECTION("out " << kcu::dtypeName(dt)) {
+      DevBuf out(size_t(rows) * dim * kcu::dtypeBytes(dt));
+      PD_CUDA_CHECK(kcu::rmsNorm(dx->as<float>(), stride, dw->as<float>(), out.as(), dt, dim, rows,
+                                 dim, 1e-5f, nullptr));
+      CHECK(relError(downloadAs(out.as(), dt, want.size()), want) < tolerance(dt));
+    }
+  }
+}
+
+TEST_CASE("cuda RoPE (cos/sin tables and rotation, llama3 scaling) matches the CPU twin",
+          "[cuda][kernels]") {
+  if (!haveGpu()) return;
+  for (int headDim : {64, 128}) {
+    for (bool llama3 : {false, true}) {
+      DYNAMIC_SECTION("headDim " << headDim << (llama3 ? " llama3" : "")) {
+        const int half = headDim / 2, tokens = 9, heads = 5, stride = heads * headDim + 7;
+        std::vector<float> invFreq(half);
+        cpu::RopeLlama3Scaling s;
+        cpu::ropeInvFreq(invFreq.data(), headDim, 500000.0, llama3 ? &s : nullptr);
+        std::vector<int32_t> pos(tokens);
+        std::mt19937 rng(3);
+        for (int32_t& p : pos) p = int32_t(rng() % 131072);
+        std::vector<float> cw(size_t(tokens) * half), sw(cw.size());
+        cpu::ropeCosSin(pos.data(), tokens, invFreq.data(), half, cw.data(), sw.data());
+        auto x = randomVec(size_t(tokens) * stride, 4);
+        auto want = x;
+        cpu::applyRope(want.data(), stride, tokens, heads, headDim, cw.data(), sw.data());
+
+        auto dpos = upload(pos);
+        auto dinv = upload(invFreq);
+        DevBuf dc(cw.size() * 4), ds(sw.size() * 4);
+        PD_CUDA_CHECK(kcu::ropeCosSin(dpos->as<int32_t>(), tokens, dinv->as<float>(), half,
+                                      dc.as<float>(), ds.as<float>(), nullptr));
+        CHECK(relError(download<float>(dc.as(), cw.size()), cw) < 1e-5);
+        CHECK(relError(download<float>(ds.as(), sw.size()), sw) < 1e-5);
+        auto dx = upload(x);
+        PD_CUDA_CHECK(kcu::applyRope(dx->as<float>(), stride, tokens, heads, headDim,
+                                     dc.as<float>(), ds.as<float>(), nullptr));
+        CHECK(relError(download<float>(dx->as(), x.size()), want) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda swiGlu matches the CPU twin", "[cuda][kernels]") {
+  if (!haveGpu()) return;
+  const int rows = 5, ffn = 300;
+  const auto gu = randomVec(size_t(rows) * 2 * ffn, 5, -4, 4);
+  std::vector<float> want(size_t(rows) * ffn);
+  cpu::swiGlu(gu.data(), want.data(), rows, ffn);
+  auto dgu = upload(gu);
+  for (DType dt : kDtypes) {
+    DYNAMIC_SECTION("out " << kcu::dtypeName(dt)) {
+      DevBuf out(want.size() * kcu::dtypeBytes(dt));
+      PD_CUDA_CHECK(kcu::swiGlu(dgu->as<float>(), out.as(), dt, rows, ffn, nullptr));
+      CHECK(relError(downloadAs(out.as(), dt, want.size()), want) < tolerance(dt));
+    }
+  }
+}
+
+TEST_CASE("cuda embeddingGather matches the CPU twin", "[cuda][kernels]") {
+  if (!haveGpu()) return;
+  const int vocab = 301, dim = 96, tokens = 11;
+  std::vector<int32_t> ids(tokens);
+  for (int i = 0; i < tokens; ++i) ids[i] = (i * 97 + 13) % vocab;
+  auto dids = upload(ids);
+  for (DType dt : kDtypes) {
+    DYNAMIC_SECTION("table " << kcu::dtypeName(dt)) {
+      const auto table = roundedTo(randomVec(size_t(vocab) * dim, 6), dt);
+      std::vector<float> want(size_t(tokens) * dim);
+      cpu::embeddingGather(table.data(), ids.data(), tokens, dim, want.data());
+      auto dt16 = uploadAs(table, dt);
+      DevBuf out(want.size() * 4);
+      PD_CUDA_CHECK(kcu::embeddingGather(dt16->as(), dt, dids->as<int32_t>(), tokens, dim,
+                                         out.as<float>(), nullptr));
+      // The table holds exactly representable values: the gather is exact.
+      CHECK(relError(download<float>(out.as(), want.size()), want) == 0.0);
+    }
+  }
+}
+
+TEST_CASE("cuda kvCacheWrite matches the CPU twin and skips negative slots", "[cuda][kernels]") {
+  if (!haveGpu()) return;
+  const int numBlocks = 6, blockSize = 8, kvHeads = 3, headDim = 32, tokens = 13;
+  const int rowStride = 4 * kvHeads * headDim + 5;
+  const size_t poolElems = size_t(numBlocks) * 2 * blockSize * kvHeads * headDim;
+  std::vector<int32_t> slots(tokens);
+  std::vector<int32_t> perm(numBlocks * blockSize);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+  for (int t = 0; t < tokens; ++t) slots[t] = perm[t];
+  auto rowsIn = randomVec(size_t(tokens) * rowStride, 8);
+  const float* k = rowsIn.data() + 1;
+  const float* v = rowsIn.data() + 1 + kvHeads * headDim;
+  for (DType dt : kDtypes) {
+    DYNAMIC_SECTION("cache " << kcu::dtypeName(dt)) {
+      const auto rows = roundedTo(rowsIn, dt);
+      const auto pool0 = roundedTo(randomVec(poolElems, 9), dt);  // a non-NaN "old" cache
+      auto want = pool0;
+      std::vector<int32_t> cpuSlots = slots;
+      cpu::kvCacheWrite(want.data(), rows.data() + 1, rows.data() + 1 + kvHeads * headDim,
+                        rowStride, cpuSlots.data(), tokens - 1, blockSize, kvHeads, headDim);
+      // The last token's slot is -1 on the GPU: it must not be written.
+      std::vector<int32_t> gpuSlots = slots;
+      gpuSlots[tokens - 1] = -1;
+      auto dpool = uploadAs(pool0, dt);
+      auto drows = upload(rows);
+      auto dslots = upload(gpuSlots);
+      PD_CUDA_CHECK(kcu::kvCacheWrite(
+          dpool->as(), dt, drows->as<float>() + 1, drows->as<float>() + 1 + kvHeads * headDim,
+          rowStride, dslots->as<int32_t>(), tokens, blockSize, kvHeads, headDim, nullptr));
+      CHECK(relError(downloadAs(dpool->as(), dt, poolElems), want) == 0.0);
+    }
+  }
+  (void)k;
+  (void)v;
+}
+
+TEST_CASE("cuda glue ops: conversions, gatherRows, broadcastRows, addRows", "[cuda][kernels]") {
+  if (!haveGpu()) return;
+  const int rows = 6, dim = 70, stride = 75;
+  const auto x = randomVec(size_t(rows) * stride, 10);
+  const auto bias = randomVec(dim, 11);
+  const std::vector<int32_t> pick{5, 0, 3};
+  auto dx = upload(x);
+  auto db = upload(bias);
+  auto dpick = upload(pick);
+  DevBuf g(size_t(pick.size()) * dim * 4);
+  PD_CUDA_CHECK(kcu::gatherRows(dx->as<float>(), stride, dpick->as<int32_t>(), int(pick.size()),
+                                dim, g.as<float>(), nullptr));
+  std::vector<float> want(pick.size() * dim);
+  for (size_t r = 0; r < pick.size(); ++r)
+    for (int d = 0; d < dim; ++d) want[r * dim + d] = x[size_t(pick[r]) * stride + d];
+  CHECK(relError(download<float>(g.as(), want.size()), want) == 0.0);
+
+  DevBuf y(size_t(rows) * dim * 4);
+  PD_CUDA_CHECK(kcu::broadcastRows(y.as<float>(), db->as<float>(), rows, dim, nullptr));
+  PD_CUDA_CHECK(kcu::addRows(y.as<float>(), db->as<float>(), rows, dim, nullptr));
+  std::vector<float> twice(size_t(rows) * dim);
+  for (size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * bias[i % dim];
+  CHECK(relError(download<float>(y.as(), twice.size()), twice) == 0.0);
+
+  for (DType dt : kDtypes) {
+    const auto r = roundedTo(x, dt);
+    auto d16 = uploadAs(x, dt);
+    CHECK(relError(downloadAs(d16->as(), dt, x.size()), r) == 0.0);
+  }
+}
+
+// Paged attention: a ragged batch of decode tokens and prefill chunks in one launch, each
+// chunk compared with the CPU twin over all kv heads.
+namespace {
+
+struct Chunk {
+  int startPos;
+  int numTokens;
+};
+
+void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DType kvDt,
+                    DType outDt, const std::vector<Chunk>& chunks, uint64_t seed) {
+  const int group = numHeads / numKvHeads;
+  const int qDim = numHeads * headDim, qStride = qDim + 3, outStride = qDim + 1;
+  int totalTokens = 0, blocksNeeded = 0;
+  for (const Chunk& c : chunks) {
+    totalTokens += c.numTokens;
+    blocksNeeded += (c.startPos + c.numTokens + blockSize - 1) / blockSize;
+  }
+  const int numBlocks = blocksNeeded + 3;
+  const size_t tokenElems = size_t(numKvHeads) * headDim;
+  const size_t poolElems = size_t(numBlocks) * 2 * blockSize * tokenElems;
+  const auto pool = roundedTo(randomVec(poolElems, seed, -2, 2), kvDt);
+  const auto q = randomVec(size_t(totalTokens) * qStride, seed + 1, -2, 2);
+
+  std::vector<int32_t> perm(numBlocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed + 2));
+  std::vector<int32_t> tables;
+  std::vector<kcu::AttnSeq> seqs;
+  std::vector<kcu::AttnWork> work;
+  int t = 0, next = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const int need = (chunks[c].startPos + chunks[c].numTokens + blockSize - 1) / blockSize;
+    seqs.push_back({t, chunks[c].numTokens, chunks[c].startPos, int32_t(tables.size())});
+    for (int b = 0; b < need; ++b) tables.push_back(perm[next++]);
+    kcu::appendAttnWork(work, int(c), chunks[c].numTokens, group);
+    t += chunks[c].numTokens;
+  }
+  const float scale = 1.0f / std::sqrt(float(headDim));
+  std::vector<float> want(size_t(totalTokens) * outStride, 0.0f);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    cpu::pagedAttention(q.data() + size_t(seqs[c].tokenStart) * qStride, qStride, pool.data(),
+                        tables.data() + seqs[c].blockTableOffset, chunks[c].numTokens,
+                        chunks[c].startPos, blockSize, numHeads, numKvHeads, headDim, 0, numKvHeads,
+                        scale, want.data() + size_t(seqs[c].tokenStart) * outStride, outStride);
+  }
+  auto dpool = uploadAs(pool, kvDt);
+  auto dq = upload(q);
+  auto dtab = upload(tables);
+  auto dseqs = upload(seqs);
+  auto dwork = upload(work);
+  DevBuf out(want.size() * kcu::dtypeBytes(outDt));
+  PD_CUDA_CHECK(kcu::pagedAttentionInit());
+  PD_CUDA_CHECK(kcu::pagedAttention(
+      dq->as<float>(), qStride, dpool->as(), kvDt, dtab->as<int32_t>(), dseqs->as<kcu::AttnSeq>(),
+      dwork->as<kcu::AttnWork>(), int(work.size()), blockSize, numHeads, numKvHeads, headDim, scale,
+      out.as(), outDt, outStride, nullptr));
+  auto got = downloadAs(out.as(), outDt, want.size());
+  // The one padding column per row is never written: keep it out of the comparison.
+  std::vector<float> g, w;
+  for (int r = 0; r < totalTokens; ++r)
+    for (int d = 0; d < qDim; ++d) {
+      g.push_back(got[size_t(r) * outStride + d]);
+      w.push_back(want[size_t(r) * outStride + d]);
+    }
+  const double err = relError(g, w);
+  INFO("blockSize " << blockSize << " heads " << numHeads << "/" << numKvHeads << " headDim "
+                    << headDim << " kv " << kcu::dtypeName(kvDt) << " out " << kcu::dtypeName(outDt)
+                    << " rel error " << err);
+  CHECK(err < (outDt == DType::kF32 ? 1e-5 : 1e-2));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "cuda paged attention matches the CPU twin across block sizes, heads, GQA ratios "
+    "and ragged batches",
+    "[cuda][kernels][attention]") {
+  if (!haveGpu()) return;
+  // Decode tokens at assorted positions, a fresh prefill, a mid-sequence chunk, a chunk
+  // ending exactly on a block boundary.
+  const std::vector<Chunk> ragged{{0, 1}, {37, 1}, {200, 1}, {0, 45}, {20, 17}, {15, 1}, {48, 16}};
+  struct Shape {
+    int heads, kvHeads, headDim;
+  };
+  const Shape shapes[] = {{4, 4, 64},    // MHA
+                          {8, 2, 128},   // GQA 4
+                          {32, 4, 128},  // GQA 8
+                          {16, 1, 64},   // MQA, group 16 (one block per kv head)
+                          {64, 2, 64},   // group 32: several blocks per decode token
+                          {4, 2, 16},    // the tiny model's head dim
+                          {2, 1, 256},   // the largest head dim
+                          {2, 1, 6}};    // not a multiple of a 16-byte load: scalar path
+  uint64_t seed = 100;
+  for (int blockSize : {1, 8, 16, 32}) {
+    for (const Shape& s : shapes) {
+      checkAttention(blockSize, s.heads, s.kvHeads, s.headDim, DType::kF32, DType::kF32, ragged,
+                     seed++);
+    }
+  }
+  for (DType kv : kDtypes) {
+    for (DType out : kDtypes) {
+      checkAttention(16, 8, 2, 128, kv, out, ragged, seed++);
+      checkAttention(8, 4, 2, 6, kv, out, ragged, seed++);
+    }
+  }
+}
