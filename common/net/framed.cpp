@@ -11,7 +11,8 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 
-#include <array>
+#include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <deque>
 #include <future>
@@ -61,6 +62,11 @@ namespace {
 
 std::atomic<uint64_t> gNextConnectionId{1};
 
+// The read buffer is kept between frames up to this size (no allocation per frame); a larger
+// frame's buffer is released after use so one big message does not pin memory.
+constexpr size_t kKeepReadBufferBytes = size_t{4} << 20;
+constexpr size_t kReadChunkBytes = size_t{64} << 10;
+
 std::string endpointText(const tcp::endpoint& ep) {
   return ep.address().to_string() + ":" + std::to_string(ep.port());
 }
@@ -70,8 +76,15 @@ double toMs(Duration d) { return std::chrono::duration<double, std::milli>(d).co
 // One frame ready to write: length prefix + payload, built on the sender's thread.
 using Frame = std::shared_ptr<const std::string>;
 
+// An envelope without a version gets kProtocolVersion as field 1 written in front of its
+// serialized bytes: the same bytes protobuf would write with the field set, without copying
+// the caller's message to set it.
+static_assert(kProtocolVersion > 0 && kProtocolVersion < 128, "one-byte varint");
+
 Result<Frame> buildFrame(const proto::Envelope& env, size_t maxFrameBytes) {
-  size_t size = env.ByteSizeLong();
+  const bool addVersion = env.version() == 0;
+  const size_t prefix = addVersion ? 2 : 0;
+  size_t size = env.ByteSizeLong() + prefix;
   if (size > maxFrameBytes) {
     return resourceExhausted("frame of " + std::to_string(size) + " bytes (" + bodyName(env) +
                              ") exceeds the " + std::to_string(maxFrameBytes) + "-byte limit");
@@ -82,7 +95,11 @@ Result<Frame> buildFrame(const proto::Envelope& env, size_t maxFrameBytes) {
   p[1] = static_cast<uint8_t>(size >> 16);
   p[2] = static_cast<uint8_t>(size >> 8);
   p[3] = static_cast<uint8_t>(size);
-  if (!env.SerializeToArray(p + 4, static_cast<int>(size))) {
+  if (addVersion) {
+    p[4] = 0x08;  // field 1, varint
+    p[5] = static_cast<uint8_t>(kProtocolVersion);
+  }
+  if (!env.SerializeToArray(p + 4 + prefix, static_cast<int>(size - prefix))) {
     return invalidArgument(std::string("cannot serialize a ") + bodyName(env) + " envelope");
   }
   return Frame(std::move(frame));
@@ -145,11 +162,10 @@ class Connection final : public FramedConnection,
     });
   }
 
-  Status send(proto::Envelope env) override {
+  Status send(const proto::Envelope& env) override {
     if (!open_.load(std::memory_order_acquire)) {
       return unavailable("connection " + remote_ + " is closed");
     }
-    env.set_version(kProtocolVersion);
     auto frame = buildFrame(env, options_.maxFrameBytes);
     if (!frame.ok()) return frame.status();
     return enqueue(std::move(frame).value());
@@ -197,7 +213,7 @@ class Connection final : public FramedConnection,
     }
     queuedBytes_.fetch_add(frame.value()->size());
     pushFrame(std::move(frame).value());
-    readHeader();
+    readMore();
   }
 
   void armTimer(Duration timeout, std::string what) {
@@ -217,14 +233,31 @@ class Connection final : public FramedConnection,
       return resourceExhausted("send queue to " + remote_ + " holds over " +
                                std::to_string(options_.maxQueuedBytes) + " bytes");
     }
-    asio::post(socket_.get_executor(), [self = shared_from_this(), frame = std::move(frame)] {
-      if (self->closed_ || self->closing_) {
-        self->queuedBytes_.fetch_sub(frame->size());
-        return;
-      }
-      self->pushFrame(frame);
-    });
+    // Frames gather under a short lock and one posted flush moves them all to the strand:
+    // a burst of sends costs one handler, not one each.
+    bool schedule = false;
+    {
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      sendPending_.push_back(std::move(frame));
+      if (!flushScheduled_) flushScheduled_ = schedule = true;
+    }
+    if (schedule) {
+      asio::post(socket_.get_executor(), [self = shared_from_this()] { self->flushPending(); });
+    }
     return Status::ok();
+  }
+
+  // On the strand.
+  void flushPending() {
+    std::vector<Frame> frames;
+    {
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      frames.swap(sendPending_);
+      flushScheduled_ = false;
+    }
+    if (closed_ || closing_) return;
+    for (auto& f : frames) queue_.push_back(std::move(f));
+    if (!writing_ && !queue_.empty()) writeQueued();
   }
 
   // On the strand. The frame's bytes are already counted in queuedBytes_.
@@ -266,66 +299,84 @@ class Connection final : public FramedConnection,
     }
   }
 
-  void readHeader() {
-    asio::async_read(socket_, asio::buffer(header_),
-                     [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-                       self->onHeader(ec, n);
-                     });
+  // Reads whatever the socket has into readBuf_ and handles every whole frame in it: a burst
+  // of small frames costs one read, not two per frame.
+  void readMore() {
+    if (readEnd_ == readBuf_.size()) {
+      // Room for at least the rest of the frame in progress (its length is known once the
+      // header is in), else a default chunk.
+      size_t want = kReadChunkBytes;
+      size_t have = readEnd_ - readBegin_;
+      if (have >= 4) want = std::max(want, 4 + frameLength(readBegin_) - have);
+      readBuf_.resize(readEnd_ + want);
+    }
+    socket_.async_read_some(
+        asio::buffer(readBuf_.data() + readEnd_, readBuf_.size() - readEnd_),
+        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+          self->onRead(ec, n);
+        });
   }
 
-  void onHeader(const boost::system::error_code& ec, size_t n) {
-    if (closed_ || closing_) return;
-    if (ec) {
-      readFailed(ec, n, 4, true);
-      return;
-    }
-    uint32_t len = (uint32_t{header_[0]} << 24) | (uint32_t{header_[1]} << 16) |
-                   (uint32_t{header_[2]} << 8) | uint32_t{header_[3]};
-    if (len > options_.maxFrameBytes) {
-      fail(resourceExhausted("peer " + remote_ + " announced a frame of " + std::to_string(len) +
-                             " bytes, over the " + std::to_string(options_.maxFrameBytes) +
-                             "-byte limit"));
-      return;
-    }
-    body_.resize(len);
-    if (len == 0) {
-      onBody({}, 0);
-      return;
-    }
-    asio::async_read(socket_, asio::buffer(body_),
-                     [self = shared_from_this()](const boost::system::error_code& ec2, size_t m) {
-                       self->onBody(ec2, m);
-                     });
+  uint32_t frameLength(size_t at) const {
+    return (uint32_t{readBuf_[at]} << 24) | (uint32_t{readBuf_[at + 1]} << 16) |
+           (uint32_t{readBuf_[at + 2]} << 8) | uint32_t{readBuf_[at + 3]};
   }
 
-  void onBody(const boost::system::error_code& ec, size_t n) {
+  void onRead(const boost::system::error_code& ec, size_t n) {
     if (closed_ || closing_) return;
     if (ec) {
-      readFailed(ec, n, body_.size(), false);
+      readFailed(ec);
       return;
     }
+    readEnd_ += n;
+    while (!closed_ && !closing_) {
+      size_t have = readEnd_ - readBegin_;
+      if (have < 4) break;
+      uint32_t len = frameLength(readBegin_);
+      if (len > options_.maxFrameBytes) {
+        fail(resourceExhausted("peer " + remote_ + " announced a frame of " +
+                               std::to_string(len) + " bytes, over the " +
+                               std::to_string(options_.maxFrameBytes) + "-byte limit"));
+        return;
+      }
+      if (have < 4 + size_t{len}) break;
+      const uint8_t* body = readBuf_.data() + readBegin_ + 4;
+      readBegin_ += 4 + size_t{len};
+      if (!handleFrame(body, len)) return;
+    }
+    if (closed_ || closing_) return;
+    // Move the partial frame (if any) to the front; drop a big buffer once it is idle.
+    size_t have = readEnd_ - readBegin_;
+    if (have == 0 && readBuf_.size() > kKeepReadBufferBytes) {
+      std::vector<uint8_t>(kReadChunkBytes).swap(readBuf_);
+    } else if (readBegin_ > 0) {
+      std::memmove(readBuf_.data(), readBuf_.data() + readBegin_, have);
+    }
+    readBegin_ = 0;
+    readEnd_ = have;
+    readMore();
+  }
+
+  // Returns false when the connection is done reading (closed, closing).
+  bool handleFrame(const uint8_t* data, uint32_t len) {
     proto::Envelope env;
-    if (!env.ParseFromArray(body_.data(), static_cast<int>(body_.size()))) {
-      fail(dataLoss("peer " + remote_ + " sent a frame of " + std::to_string(body_.size()) +
+    if (!env.ParseFromArray(data, static_cast<int>(len))) {
+      fail(dataLoss("peer " + remote_ + " sent a frame of " + std::to_string(len) +
                     " bytes that is not a valid Envelope"));
-      return;
+      return false;
     }
-    if (body_.capacity() > (size_t{1} << 20)) {
-      std::vector<uint8_t>().swap(body_);  // do not keep a large frame's buffer around
-    }
-    if (!established_) {
-      if (!handshake(env)) return;
-    } else if (env.body_case() == proto::Envelope::BODY_NOT_SET) {
+    if (!established_) return handshake(env);
+    if (env.body_case() == proto::Envelope::BODY_NOT_SET) {
       fail(invalidArgument("peer " + remote_ +
                            " sent an envelope with no known body (newer protocol?)"));
-      return;
-    } else if (env.has_hello()) {
-      fail(failedPrecondition("peer " + remote_ + " sent a second hello"));
-      return;
-    } else if (callbacks_.onMessage) {
-      callbacks_.onMessage(shared_from_this(), std::move(env));
+      return false;
     }
-    if (!closed_ && !closing_) readHeader();
+    if (env.has_hello()) {
+      fail(failedPrecondition("peer " + remote_ + " sent a second hello"));
+      return false;
+    }
+    if (callbacks_.onMessage) callbacks_.onMessage(shared_from_this(), std::move(env));
+    return true;
   }
 
   bool handshake(const proto::Envelope& env) {
@@ -354,15 +405,19 @@ class Connection final : public FramedConnection,
     return true;
   }
 
-  void readFailed(const boost::system::error_code& ec, size_t got, size_t want, bool header) {
+  void readFailed(const boost::system::error_code& ec) {
     if (ec == asio::error::operation_aborted) return;  // we closed the socket
     if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-      if (got == 0 && header) {
+      size_t have = readEnd_ - readBegin_;
+      if (have == 0) {
         closeNow(unavailable("peer " + remote_ + " closed the connection"));
+      } else if (have < 4) {
+        fail(dataLoss("peer " + remote_ + " closed the connection mid-frame header: got " +
+                      std::to_string(have) + " of 4 bytes"));
       } else {
-        fail(dataLoss("peer " + remote_ + " closed the connection mid-frame" +
-                      (header ? " header" : "") + ": got " +
-                      std::to_string(got) + " of " + std::to_string(want) + " bytes"));
+        fail(dataLoss("peer " + remote_ + " closed the connection mid-frame: got " +
+                      std::to_string(have - 4) + " of " +
+                      std::to_string(frameLength(readBegin_)) + " bytes"));
       }
       return;
     }
@@ -440,11 +495,17 @@ class Connection final : public FramedConnection,
   bool closing_ = false;  // an Error is being flushed; nothing else is read or sent
   bool closed_ = false;
   Status closingReason_;
-  std::array<uint8_t, 4> header_{};
-  std::vector<uint8_t> body_;
+  std::vector<uint8_t> readBuf_;
+  size_t readBegin_ = 0;  // first unconsumed byte
+  size_t readEnd_ = 0;    // one past the last byte read
   std::deque<Frame> queue_;
   std::vector<Frame> writeBatch_;
   bool writing_ = false;
+
+  // Sends from any thread, waiting for the strand.
+  std::mutex sendMutex_;
+  std::vector<Frame> sendPending_;
+  bool flushScheduled_ = false;
 
   std::atomic<bool> open_{false};
   std::atomic<size_t> queuedBytes_{0};

@@ -25,17 +25,23 @@
 //   PD_ASSIGN_OR_RETURN(auto conn, pd::net::FramedClient::connect(io, "127.0.0.1", 9000,
 //                                                  opts, cb, std::chrono::seconds(5)));
 //   pd::proto::Envelope env;  env.set_request_id(7);  env.mutable_cancel()->set_request_id(7);
-//   PD_RETURN_IF_ERROR(conn->send(std::move(env)));
+//   PD_RETURN_IF_ERROR(conn->send(env));
 //
 // Threads:
 //   - onOpen, onMessage and onClose of one connection run on that connection's strand: one at
 //     a time, in order, on some IoPool thread. Different connections run in parallel. They
 //     must not block (post heavy work to the owner's loop thread) and must not throw.
-//   - onClose runs exactly once per connection that was accepted or connected, also when the
-//     handshake failed (then onOpen never ran), and never before onOpen when onOpen ran.
-//     No onMessage follows it.
+//   - onClose runs exactly once per connection that a server accepted (also when the handshake
+//     failed; then onOpen never ran) and per client connection that connect() returned. A
+//     client connection that failed to connect reports through connect()'s result only.
+//     Nothing runs on a connection after its onClose.
 //   - send(), close(), isOpen(), peerHello() (after open) may be called from any thread,
 //     including from inside the callbacks.
+//   - What the callbacks capture must stay valid until onClose ran or the IoPool is destroyed
+//     (destroying the pool drops pending callbacks without running them). Servers and
+//     connections must go before their IoPool.
+//   - Policy on the peer's Hello (model fingerprint, role) is the owner's: check peerHello() in
+//     onOpen and close() with a reason if it does not fit.
 //   - FramedClient::connect() blocks the caller until the handshake is done or the timeout
 //     passes; do not call it from an IoPool thread (use connectAsync there).
 #pragma once
@@ -81,11 +87,13 @@ class FramedConnection {
   virtual ~FramedConnection() = default;
 
   // Queues one frame; frames go out in the order send() was called, never interleaved.
-  // Serialization happens on the caller's thread. Sets env.version. Never blocks.
+  // Serialization happens on the caller's thread; env is not copied. An env.version of 0 is
+  // sent as kProtocolVersion. Never blocks.
   // Errors: kUnavailable (closed or closing), kResourceExhausted (frame over maxFrameBytes,
   // or the send queue is full), kInvalidArgument (the message cannot be serialized).
-  virtual Status send(proto::Envelope env) = 0;
-  // Closes now (queued frames are dropped); onClose gets `reason`. Idempotent.
+  virtual Status send(const proto::Envelope& env) = 0;
+  // Closes now (queued frames are dropped); onClose gets `reason`. Idempotent. Dropping the
+  // last ConnectionPtr does not close a connection (its pending read keeps it alive): close().
   virtual void close(Status reason) = 0;
   virtual bool isOpen() const = 0;
   // The peer's Hello; valid once onOpen ran (or connect() returned).
