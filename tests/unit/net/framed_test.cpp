@@ -486,3 +486,56 @@ TEST_CASE("Status survives the wire") {
   CHECK(toProtoError(deadlineExceeded("x")).code() == proto::ERROR_DEADLINE_EXCEEDED);
   CHECK(toProtoError(Status(StatusCode::kInProgress, "x")).code() == proto::ERROR_INTERNAL);
 }
+
+TEST_CASE("random bytes after the handshake never take the server down") {
+  Events server;
+  Events healthy;
+  IoPool io(2);
+  ConnectionOptions o = options(proto::ROLE_ROUTER, "router");
+  o.maxFrameBytes = 4096;
+  auto srv = startServer(io, server, /*echo=*/false, o);
+  auto good = FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_DECODE, "d0"),
+                                    healthy.callbacks(false), 2s);
+  REQUIRE(good.ok());
+  std::mt19937 rng(7);
+  constexpr int kStreams = 60;
+  for (int i = 0; i < kStreams; ++i) {
+    std::string junk;
+    // Half the streams announce plausible lengths so the bytes reach the parser; the rest are
+    // raw noise (mostly oversized lengths).
+    int frames = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < frames; ++f) {
+      uint32_t len = i % 2 == 0 ? rng() % 64 : rng();
+      if (i % 2 == 0) junk += lengthPrefix(len);
+      for (uint32_t b = 0; b < (i % 2 == 0 ? len : 64u); ++b) junk += static_cast<char>(rng());
+    }
+    RawClient raw(srv->port());
+    REQUIRE(raw.write(helloFrame() + junk));
+    raw.shutdownWrite();
+    // Every stream ends in a close with a reason (some junk parses as messages first).
+    Status s = server.waitClose(static_cast<size_t>(i) + 1);
+    INFO("stream " << i << ": " << s.toString());
+    CHECK(s.code() != StatusCode::kInternal);  // not the wait's timeout placeholder
+    CHECK_FALSE(s.isOk());
+  }
+  // Still serving: the healthy connection round-trips and a new one connects.
+  proto::Envelope ping;
+  ping.set_request_id(1);
+  ping.mutable_cancel()->set_request_id(1);
+  size_t before = 0;
+  {
+    std::lock_guard<std::mutex> lock(server.mutex);
+    before = server.messages.size();  // junk that happened to parse as messages
+  }
+  REQUIRE(good.value()->send(ping).isOk());
+  REQUIRE(server.waitMessages(before + 1));
+  {
+    std::lock_guard<std::mutex> lock(server.mutex);
+    CHECK(server.messages.back().cancel().request_id() == 1);
+  }
+  CHECK(good.value()->isOpen());
+  auto again = FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_DECODE, "d1"),
+                                     {}, 2s);
+  CHECK(again.ok());
+  if (again.ok()) again.value()->close(cancelled("test done"));
+}
