@@ -19,19 +19,26 @@ using detail::MapReader;
 std::string_view toString(ModelPreset v) { return v == ModelPreset::kTiny ? "tiny" : "small"; }
 std::string_view toString(DType v) {
   switch (v) {
-    case DType::kAuto: return "auto";
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
+    case DType::kAuto:
+      return "auto";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
   }
   return "?";
 }
 std::string_view toString(Backend v) { return v == Backend::kCpu ? "cpu" : "cuda"; }
 std::string_view toString(TransportKind v) {
   switch (v) {
-    case TransportKind::kUcx: return "ucx";
-    case TransportKind::kVerbs: return "verbs";
-    case TransportKind::kTcp: return "tcp";
+    case TransportKind::kUcx:
+      return "ucx";
+    case TransportKind::kVerbs:
+      return "verbs";
+    case TransportKind::kTcp:
+      return "tcp";
   }
   return "?";
 }
@@ -41,8 +48,8 @@ std::string_view toString(RemotePrefillFailure v) {
 
 // TTFT: 5 ms .. 60 s, dense around the usual 0.1-2 s targets.
 std::vector<double> defaultTtftBucketsS() {
-  return {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-          1,     1.5,  2,     3,    5,     10,  20,   60};
+  return {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+          0.5,   0.75, 1,     1.5,  2,     3,   5,    10,  20,  60};
 }
 // ITL: from 1 ms, because a fast decode pool's 5-20 ms targets need resolution below 10 ms.
 std::vector<double> defaultItlBucketsS() {
@@ -65,9 +72,8 @@ const Choices<ModelPreset> kPresets = {{"tiny", ModelPreset::kTiny},
 const Choices<DType> kDTypes = {
     {"auto", DType::kAuto}, {"f32", DType::kF32}, {"bf16", DType::kBF16}, {"f16", DType::kF16}};
 const Choices<Backend> kBackends = {{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}};
-const Choices<TransportKind> kTransports = {{"ucx", TransportKind::kUcx},
-                                            {"verbs", TransportKind::kVerbs},
-                                            {"tcp", TransportKind::kTcp}};
+const Choices<TransportKind> kTransports = {
+    {"ucx", TransportKind::kUcx}, {"verbs", TransportKind::kVerbs}, {"tcp", TransportKind::kTcp}};
 const Choices<RemotePrefillFailure> kFailurePolicies = {
     {"recompute", RemotePrefillFailure::kRecompute}, {"fail", RemotePrefillFailure::kFail}};
 const Choices<LogLevel> kLogLevels = {{"debug", LogLevel::kDebug},
@@ -182,9 +188,9 @@ void readEngine(MapReader m, EngineConfig* c) {
   }
   if (hasBlocks) c->kvCacheBytes = 0;
   if (c->tensorParallelSize > 1 && c->backend != Backend::kCuda) {
-    m.errors()->add(m.node(), "engine.tensor_parallel_size: " +
-                                  std::to_string(c->tensorParallelSize) +
-                                  " needs backend cuda (the cpu backend runs one shard)");
+    m.errors()->add(m.node(),
+                    "engine.tensor_parallel_size: " + std::to_string(c->tensorParallelSize) +
+                        " needs backend cuda (the cpu backend runs one shard)");
   }
 }
 
@@ -215,15 +221,15 @@ void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* error
                           " is the same as router.port");
   }
   if (c->router.loadReportIntervalMs >= c->router.workerReportTimeoutMs) {
-    errors->add(root, "router.load_report_interval_ms: " +
-                          std::to_string(c->router.loadReportIntervalMs) +
-                          " must be less than router.worker_report_timeout_ms (" +
-                          std::to_string(c->router.workerReportTimeoutMs) + ")");
+    errors->add(
+        root, "router.load_report_interval_ms: " + std::to_string(c->router.loadReportIntervalMs) +
+                  " must be less than router.worker_report_timeout_ms (" +
+                  std::to_string(c->router.workerReportTimeoutMs) + ")");
   }
   if (c->model.maxModelLen > 0 && c->router.maxPromptTokens > c->model.maxModelLen) {
     errors->add(root, "router.max_prompt_tokens: " + std::to_string(c->router.maxPromptTokens) +
-                          " exceeds model.max_model_len (" +
-                          std::to_string(c->model.maxModelLen) + ")");
+                          " exceeds model.max_model_len (" + std::to_string(c->model.maxModelLen) +
+                          ")");
   }
   insertBound(&c->router.ttftBucketsS, c->pools.prefill.slo.ttftMs / 1000.0);
   insertBound(&c->router.itlBucketsS, c->pools.decode.slo.itlMs / 1000.0);

@@ -45,24 +45,24 @@ std::string_view toString(RemotePrefillFailure v);
 struct ModelConfig {
   std::string path = "models/small";  // a Hugging Face model directory (relative: to the cwd)
   ModelPreset preset = ModelPreset::kSmall;  // what `pdserve up` makes when path is missing
-  std::string name;           // served model id; "" in the file -> the last component of path
-  int64_t maxModelLen = 0;    // 0 -> max_position_embeddings of the model's config.json
-  DType dtype = DType::kAuto; // auto: f32 on the cpu backend, bf16 on cuda
+  std::string name;            // served model id; "" in the file -> the last component of path
+  int64_t maxModelLen = 0;     // 0 -> max_position_embeddings of the model's config.json
+  DType dtype = DType::kAuto;  // auto: f32 on the cpu backend, bf16 on cuda
 };
 
 // Latency buckets (seconds) of the router's histograms. Each pool's SLO target is always a
 // bucket boundary (loading inserts it) so attainment at the target is read exactly.
 struct RouterConfig {
   std::string host = "127.0.0.1";
-  int port = 8000;            // OpenAI HTTP API, /metrics, /health
-  int controlPort = 9000;     // workers dial this (framed protobuf, common/net)
-  std::vector<std::string> apiKeys;  // empty -> no authentication
-  int64_t shortPromptTokens = 256;   // uncached prompt tokens <= this stay on a decode worker
-  int64_t maxBodyBytes = 8 << 20;    // larger HTTP bodies get 413
-  int64_t maxPromptTokens = 0;       // 0 -> model.max_model_len
-  int64_t loadReportIntervalMs = 100;     // how often workers send LoadReport
-  int64_t workerReportTimeoutMs = 1000;   // a worker silent this long is out of rotation
-  int64_t requestTimeoutMs = 600000;      // whole-request deadline
+  int port = 8000;                       // OpenAI HTTP API, /metrics, /health
+  int controlPort = 9000;                // workers dial this (framed protobuf, common/net)
+  std::vector<std::string> apiKeys;      // empty -> no authentication
+  int64_t shortPromptTokens = 256;       // uncached prompt tokens <= this stay on a decode worker
+  int64_t maxBodyBytes = 8 << 20;        // larger HTTP bodies get 413
+  int64_t maxPromptTokens = 0;           // 0 -> model.max_model_len
+  int64_t loadReportIntervalMs = 100;    // how often workers send LoadReport
+  int64_t workerReportTimeoutMs = 1000;  // a worker silent this long is out of rotation
+  int64_t requestTimeoutMs = 600000;     // whole-request deadline
   std::vector<double> ttftBucketsS;
   std::vector<double> itlBucketsS;
   std::vector<double> e2eBucketsS;
@@ -70,7 +70,7 @@ struct RouterConfig {
 
 struct PrefillSlo {
   double ttftMs = 1000;
-  double percentile = 99;     // (0, 100]
+  double percentile = 99;  // (0, 100]
 };
 struct DecodeSlo {
   double itlMs = 50;
@@ -81,7 +81,7 @@ struct DecodeSlo {
 // (a fixed-size pool) when absent. Worker i of a pool binds host:(base_port + i), base_port 0
 // meaning an OS-chosen port that the worker reports when it registers.
 struct PrefillPoolConfig {
-  int replicas = 1;           // 0 allowed: every request is served colocated
+  int replicas = 1;  // 0 allowed: every request is served colocated
   int minReplicas = 1;
   int maxReplicas = 1;
   std::string host = "127.0.0.1";
@@ -89,7 +89,7 @@ struct PrefillPoolConfig {
   PrefillSlo slo;
 };
 struct DecodePoolConfig {
-  int replicas = 1;           // >= 1: decode workers own every request
+  int replicas = 1;  // >= 1: decode workers own every request
   int minReplicas = 1;
   int maxReplicas = 1;
   std::string host = "127.0.0.1";
@@ -105,14 +105,14 @@ struct PoolsConfig {
 // (the two keys are exclusive).
 struct EngineConfig {
   Backend backend = Backend::kCpu;
-  int threads = 0;            // cpu compute threads; 0 -> all cores
-  int blockSize = 16;         // tokens per KV block: 8, 16 or 32
-  int64_t numBlocks = 0;      // 0 -> derived from kvCacheBytes
+  int threads = 0;        // cpu compute threads; 0 -> all cores
+  int blockSize = 16;     // tokens per KV block: 8, 16 or 32
+  int64_t numBlocks = 0;  // 0 -> derived from kvCacheBytes
   int64_t kvCacheBytes = int64_t{256} << 20;
-  int64_t maxBatchTokens = 2048;    // per-step token budget (prefill chunks + decode tokens)
+  int64_t maxBatchTokens = 2048;  // per-step token budget (prefill chunks + decode tokens)
   int maxRunningRequests = 128;
-  int maxQueue = 1024;        // waiting requests beyond this are rejected (503)
-  int tensorParallelSize = 1; // 1, 2, 4, 8; > 1 needs the cuda backend
+  int maxQueue = 1024;         // waiting requests beyond this are rejected (503)
+  int tensorParallelSize = 1;  // 1, 2, 4, 8; > 1 needs the cuda backend
   bool enablePrefixCaching = true;
 };
 
@@ -130,7 +130,7 @@ struct LoggingConfig {
 };
 
 struct ClusterConfig {
-  std::string sourceName;     // the file (or name) it was parsed from, for messages
+  std::string sourceName;  // the file (or name) it was parsed from, for messages
   ModelConfig model;
   RouterConfig router;
   PoolsConfig pools;

@@ -187,8 +187,7 @@ void MapReader::readIntChoice(std::string_view key, int* out, const std::vector<
   *out = static_cast<int>(v);
 }
 
-void MapReader::readDouble(std::string_view key, double* out, double lo, bool loOpen,
-                           double hi) {
+void MapReader::readDouble(std::string_view key, double* out, double lo, bool loOpen, double hi) {
   YAML::Node n = scalarOrError(key, "a number");
   if (!n) return;
   double v = 0;
@@ -197,8 +196,8 @@ void MapReader::readDouble(std::string_view key, double* out, double lo, bool lo
     return;
   }
   if ((loOpen ? v <= lo : v < lo) || v > hi) {
-    errors_->add(n, pathOf(key) + ": " + n.Scalar() + " is out of range " +
-                        (loOpen ? "(" : "[") + formatDouble(lo) + ", " + formatDouble(hi) + "]");
+    errors_->add(n, pathOf(key) + ": " + n.Scalar() + " is out of range " + (loOpen ? "(" : "[") +
+                        formatDouble(lo) + ", " + formatDouble(hi) + "]");
     return;
   }
   *out = v;

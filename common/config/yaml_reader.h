@@ -79,8 +79,8 @@ class MapReader {
       std::string p = pathOf(key) + "[" + std::to_string(i) + "]";
       E v{};
       if (!n[i].IsScalar()) {
-        errors_->add(n[i], p + ": expected one of " + joinChoices(choices) + ", got " +
-                               describe(n[i]));
+        errors_->add(n[i],
+                     p + ": expected one of " + joinChoices(choices) + ", got " + describe(n[i]));
         ok = false;
         continue;
       }

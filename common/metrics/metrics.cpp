@@ -68,8 +68,8 @@ prometheus::Family<T>* familyFor(std::mutex& mutex,
 }  // namespace
 
 Counter Registry::counter(const std::string& name, const std::string& help, const Labels& labels) {
-  auto* f = familyFor(families_->mutex, families_->counters, prometheus::BuildCounter(), name,
-                      help, constantLabels_, *registry_);
+  auto* f = familyFor(families_->mutex, families_->counters, prometheus::BuildCounter(), name, help,
+                      constantLabels_, *registry_);
   return Counter(&f->Add(labels));
 }
 

@@ -94,14 +94,13 @@ void RouterMetrics::setPoolWorkers(std::string_view pool, int workers) {
 
 void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
   r_.gauge("pdserve_desired_replicas",
-           "Replicas the autoscaler recommends for the pool to meet its SLO.",
-           {{"pool", s(pool)}})
+           "Replicas the autoscaler recommends for the pool to meet its SLO.", {{"pool", s(pool)}})
       .set(replicas);
 }
 
 std::vector<double> defaultTransferBucketsS() {
   return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-          0.05,   0.1,     0.25,   0.5,   1,      2.5,    5,     10};
+          0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
 }
 
 WorkerMetrics::WorkerMetrics(Registry& registry, const std::vector<double>& transferBucketsS)

@@ -1,6 +1,8 @@
 // The one translation unit with Asio sockets: FramedConnection, FramedServer, FramedClient.
 #include "common/net/framed.h"
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -10,10 +12,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
-
-#include <algorithm>
 #include <cstring>
-#include <atomic>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -29,15 +28,24 @@ using tcp = asio::ip::tcp;
 
 const char* bodyName(const proto::Envelope& env) {
   switch (env.body_case()) {
-    case proto::Envelope::kHello: return "hello";
-    case proto::Envelope::kLoadReport: return "load_report";
-    case proto::Envelope::kGenerate: return "generate";
-    case proto::Envelope::kTokenChunk: return "token_chunk";
-    case proto::Envelope::kCancel: return "cancel";
-    case proto::Envelope::kPrefillRequest: return "prefill_request";
-    case proto::Envelope::kPrefillDone: return "prefill_done";
-    case proto::Envelope::kError: return "error";
-    case proto::Envelope::BODY_NOT_SET: return "none";
+    case proto::Envelope::kHello:
+      return "hello";
+    case proto::Envelope::kLoadReport:
+      return "load_report";
+    case proto::Envelope::kGenerate:
+      return "generate";
+    case proto::Envelope::kTokenChunk:
+      return "token_chunk";
+    case proto::Envelope::kCancel:
+      return "cancel";
+    case proto::Envelope::kPrefillRequest:
+      return "prefill_request";
+    case proto::Envelope::kPrefillDone:
+      return "prefill_done";
+    case proto::Envelope::kError:
+      return "error";
+    case proto::Envelope::BODY_NOT_SET:
+      return "none";
   }
   return "unknown";
 }
@@ -46,8 +54,7 @@ proto::Error toProtoError(const Status& status) {
   proto::Error e;
   int code = static_cast<int>(status.code());
   // pd.proto.ErrorCode mirrors StatusCode numerically from kInvalidArgument on.
-  e.set_code(code >= 2 && code <= 13 ? static_cast<proto::ErrorCode>(code)
-                                     : proto::ERROR_INTERNAL);
+  e.set_code(code >= 2 && code <= 13 ? static_cast<proto::ErrorCode>(code) : proto::ERROR_INTERNAL);
   e.set_message(status.message());
   return e;
 }
@@ -105,8 +112,7 @@ Result<Frame> buildFrame(const proto::Envelope& env, size_t maxFrameBytes) {
   return Frame(std::move(frame));
 }
 
-class Connection final : public FramedConnection,
-                         public std::enable_shared_from_this<Connection> {
+class Connection final : public FramedConnection, public std::enable_shared_from_this<Connection> {
  public:
   using ConnectDone = std::function<void(Result<ConnectionPtr>)>;
 
@@ -183,18 +189,18 @@ class Connection final : public FramedConnection,
 
  private:
   void connectTo(std::vector<tcp::endpoint> eps, Duration timeout) {
-    asio::async_connect(socket_, eps,
-                        [self = shared_from_this(), timeout](const boost::system::error_code& ec,
-                                                             const tcp::endpoint&) {
-                          if (self->closed_) return;
-                          if (ec) {
-                            self->closeNow(unavailable("connect to " + self->remote_ + ": " +
-                                                       ec.message()));
-                            return;
-                          }
-                          // The connect timer keeps running: it bounds the handshake too.
-                          self->beginHandshake(Duration::zero());
-                        });
+    asio::async_connect(
+        socket_, eps,
+        [self = shared_from_this(), timeout](const boost::system::error_code& ec,
+                                             const tcp::endpoint&) {
+          if (self->closed_) return;
+          if (ec) {
+            self->closeNow(unavailable("connect to " + self->remote_ + ": " + ec.message()));
+            return;
+          }
+          // The connect timer keeps running: it bounds the handshake too.
+          self->beginHandshake(Duration::zero());
+        });
   }
 
   // Sends our hello and reads the peer's. timeout zero: a timer is already armed.
@@ -310,11 +316,9 @@ class Connection final : public FramedConnection,
       if (have >= 4) want = std::max(want, 4 + frameLength(readBegin_) - have);
       readBuf_.resize(readEnd_ + want);
     }
-    socket_.async_read_some(
-        asio::buffer(readBuf_.data() + readEnd_, readBuf_.size() - readEnd_),
-        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-          self->onRead(ec, n);
-        });
+    socket_.async_read_some(asio::buffer(readBuf_.data() + readEnd_, readBuf_.size() - readEnd_),
+                            [self = shared_from_this()](const boost::system::error_code& ec,
+                                                        size_t n) { self->onRead(ec, n); });
   }
 
   uint32_t frameLength(size_t at) const {
@@ -334,9 +338,9 @@ class Connection final : public FramedConnection,
       if (have < 4) break;
       uint32_t len = frameLength(readBegin_);
       if (len > options_.maxFrameBytes) {
-        fail(resourceExhausted("peer " + remote_ + " announced a frame of " +
-                               std::to_string(len) + " bytes, over the " +
-                               std::to_string(options_.maxFrameBytes) + "-byte limit"));
+        fail(resourceExhausted("peer " + remote_ + " announced a frame of " + std::to_string(len) +
+                               " bytes, over the " + std::to_string(options_.maxFrameBytes) +
+                               "-byte limit"));
         return;
       }
       if (have < 4 + size_t{len}) break;
@@ -416,8 +420,8 @@ class Connection final : public FramedConnection,
                       std::to_string(have) + " of 4 bytes"));
       } else {
         fail(dataLoss("peer " + remote_ + " closed the connection mid-frame: got " +
-                      std::to_string(have - 4) + " of " +
-                      std::to_string(frameLength(readBegin_)) + " bytes"));
+                      std::to_string(have - 4) + " of " + std::to_string(frameLength(readBegin_)) +
+                      " bytes"));
       }
       return;
     }
@@ -515,27 +519,29 @@ class Connection final : public FramedConnection,
 // object by the moment it takes the io_context to cancel it.
 struct ServerState : std::enable_shared_from_this<ServerState> {
   ServerState(asio::io_context& ctx, ConnectionOptions o, ConnectionCallbacks c)
-      : ctx(ctx), acceptor(asio::make_strand(ctx)), options(std::move(o)),
+      : ctx(ctx),
+        acceptor(asio::make_strand(ctx)),
+        options(std::move(o)),
         callbacks(std::move(c)) {}
 
   void acceptNext() {
-    acceptor.async_accept(asio::make_strand(ctx), [self = shared_from_this()](
-                                                      const boost::system::error_code& ec,
-                                                      tcp::socket socket) {
-      if (ec) {
-        if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
-        // Out of descriptors and the like: log, back off a little, keep serving.
-        PD_LOG(kWarn, "net") << "accept failed: " << ec.message();
-        auto timer = std::make_shared<asio::steady_timer>(self->acceptor.get_executor());
-        timer->expires_after(std::chrono::milliseconds(50));
-        timer->async_wait([self, timer](const boost::system::error_code&) {
-          if (self->acceptor.is_open()) self->acceptNext();
+    acceptor.async_accept(
+        asio::make_strand(ctx),
+        [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
+          if (ec) {
+            if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+            // Out of descriptors and the like: log, back off a little, keep serving.
+            PD_LOG(kWarn, "net") << "accept failed: " << ec.message();
+            auto timer = std::make_shared<asio::steady_timer>(self->acceptor.get_executor());
+            timer->expires_after(std::chrono::milliseconds(50));
+            timer->async_wait([self, timer](const boost::system::error_code&) {
+              if (self->acceptor.is_open()) self->acceptNext();
+            });
+            return;
+          }
+          self->startConnection(std::move(socket));
+          self->acceptNext();
         });
-        return;
-      }
-      self->startConnection(std::move(socket));
-      self->acceptNext();
-    });
   }
 
   void startConnection(tcp::socket socket) {
@@ -614,8 +620,8 @@ Result<std::unique_ptr<FramedServer>> FramedServer::listen(IoPool& pool, const s
   auto addr = asio::ip::make_address(host, ec);
   if (ec) return invalidArgument(where + ": not an IP address (" + ec.message() + ")");
   if (port < 0 || port > 65535) return invalidArgument(where + ": port out of range");
-  auto state = std::make_shared<ServerState>(pool.context(), std::move(options),
-                                             std::move(callbacks));
+  auto state =
+      std::make_shared<ServerState>(pool.context(), std::move(options), std::move(callbacks));
   tcp::endpoint ep(addr, static_cast<uint16_t>(port));
   state->acceptor.open(ep.protocol(), ec);
   if (!ec) state->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
@@ -678,11 +684,11 @@ Result<ConnectionPtr> FramedClient::connectWithRetry(IoPool& pool, const std::st
                               std::to_string(static_cast<int64_t>(toMs(policy.totalTimeout))) +
                               " ms)");
     }
-    PD_LOG(kDebug, "net") << "connect attempt " << attempts << " failed: "
-                          << r.status().toString() << "; retrying in " << toMs(delay) << " ms";
+    PD_LOG(kDebug, "net") << "connect attempt " << attempts << " failed: " << r.status().toString()
+                          << "; retrying in " << toMs(delay) << " ms";
     std::this_thread::sleep_for(delay);
-    delay = std::min(policy.maxDelay,
-                     std::chrono::duration_cast<Duration>(delay * policy.multiplier));
+    delay =
+        std::min(policy.maxDelay, std::chrono::duration_cast<Duration>(delay * policy.multiplier));
   }
 }
 

@@ -218,10 +218,11 @@ int main(int argc, char** argv) {
     rtts.push_back(usSince(t0));
   }
   std::vector<double> raw = rawPingPong(rttIters);
-  std::printf("round trip (small envelope, %d iters): p50 %.1f us  p99 %.1f us   | raw TCP "
-              "ping-pong p50 %.1f us  p99 %.1f us\n",
-              rttIters, percentile(rtts, 50), percentile(rtts, 99), percentile(raw, 50),
-              percentile(raw, 99));
+  std::printf(
+      "round trip (small envelope, %d iters): p50 %.1f us  p99 %.1f us   | raw TCP "
+      "ping-pong p50 %.1f us  p99 %.1f us\n",
+      rttIters, percentile(rtts, 50), percentile(rtts, 99), percentile(raw, 50),
+      percentile(raw, 99));
 
   // 2. Small frames, pipelined, counted by the server.
   echo = false;
@@ -243,8 +244,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   double s = usSince(t0) / 1e6;
-  std::printf("small frames (token_chunk, %d): %.0f frames/s (%.2f us/frame)\n", frames,
-              frames / s, s * 1e6 / frames);
+  std::printf("small frames (token_chunk, %d): %.0f frames/s (%.2f us/frame)\n", frames, frames / s,
+              s * 1e6 / frames);
 
   // 3. Large frames.
   {

@@ -1,10 +1,9 @@
-#include <catch2/catch.hpp>
+#include "common/config/cluster_config.h"
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <set>
-
-#include "common/config/cluster_config.h"
 
 using namespace pd;
 using namespace pd::config;
@@ -91,8 +90,9 @@ TEST_CASE("an empty file is a valid cluster with the documented defaults") {
   CHECK(c.pools.decode.slo.percentile == 99);
   CHECK(c.engine.blockSize == 16);
   CHECK(c.engine.tensorParallelSize == 1);
-  CHECK(c.kvTransfer.transports ==
-        std::vector<TransportKind>{TransportKind::kUcx, TransportKind::kVerbs, TransportKind::kTcp});
+  CHECK(c.kvTransfer.transports == std::vector<TransportKind>{TransportKind::kUcx,
+                                                              TransportKind::kVerbs,
+                                                              TransportKind::kTcp});
   CHECK(c.kvTransfer.onRemotePrefillFailure == RemotePrefillFailure::kRecompute);
   CHECK(c.logging.level == LogLevel::kInfo);
   // The SLO targets (1 s, 50 ms) are already bucket bounds of the defaults.
@@ -129,7 +129,8 @@ TEST_CASE("replica bounds default to replicas and are checked") {
 }
 
 TEST_CASE("unknown keys name the full path and a suggestion") {
-  CHECK(errorOf("router:\n  prot: 8000\n") == "test.yaml: router.prot: unknown key (did you mean port?)");
+  CHECK(errorOf("router:\n  prot: 8000\n") ==
+        "test.yaml: router.prot: unknown key (did you mean port?)");
   CHECK(errorOf("engine: {blocksize: 16}") ==
         "test.yaml: engine.blocksize: unknown key (did you mean block_size?)");
   CHECK(errorOf("pools: {decode: {slo: {ttft_ms: 5}}}") ==
@@ -141,11 +142,16 @@ TEST_CASE("unknown keys name the full path and a suggestion") {
 }
 
 TEST_CASE("wrong types are named with what was expected") {
-  CHECK(errorOf("router: {port: http}") == "test.yaml: router.port: expected an integer, got \"http\"");
-  CHECK(errorOf("router: {port: \"8000\"}") == "test.yaml: router.port: expected an integer, got \"8000\"");
-  CHECK(errorOf("router: {port: 80.5}") == "test.yaml: router.port: expected an integer, got \"80.5\"");
-  CHECK(errorOf("router: {port: [1]}") == "test.yaml: router.port: expected an integer, got a list");
-  CHECK(errorOf("router: {port: }") == "test.yaml: router.port: expected an integer, got an empty value");
+  CHECK(errorOf("router: {port: http}") ==
+        "test.yaml: router.port: expected an integer, got \"http\"");
+  CHECK(errorOf("router: {port: \"8000\"}") ==
+        "test.yaml: router.port: expected an integer, got \"8000\"");
+  CHECK(errorOf("router: {port: 80.5}") ==
+        "test.yaml: router.port: expected an integer, got \"80.5\"");
+  CHECK(errorOf("router: {port: [1]}") ==
+        "test.yaml: router.port: expected an integer, got a list");
+  CHECK(errorOf("router: {port: }") ==
+        "test.yaml: router.port: expected an integer, got an empty value");
   CHECK(errorOf("router: 8000") == "test.yaml: router: expected a map of keys, got \"8000\"");
   CHECK(errorOf("- a\n- b\n") == "test.yaml: the document: expected a map of keys, got a list");
   CHECK(errorOf("engine: {enable_prefix_caching: yes}") ==
@@ -158,11 +164,16 @@ TEST_CASE("wrong types are named with what was expected") {
 }
 
 TEST_CASE("out-of-range and not-allowed values say what is allowed") {
-  CHECK(errorOf("engine: {block_size: 17}") == "test.yaml: engine.block_size: 17 is not one of 8, 16, 32");
-  CHECK(errorOf("router: {port: 70000}") == "test.yaml: router.port: 70000 is out of range [1, 65535]");
-  CHECK(errorOf("engine: {backend: gpu}") == "test.yaml: engine.backend: gpu is not one of cpu, cuda");
-  CHECK(errorOf("model: {dtype: fp8}") == "test.yaml: model.dtype: fp8 is not one of auto, f32, bf16, f16");
-  CHECK(errorOf("model: {preset: huge}") == "test.yaml: model.preset: huge is not one of tiny, small");
+  CHECK(errorOf("engine: {block_size: 17}") ==
+        "test.yaml: engine.block_size: 17 is not one of 8, 16, 32");
+  CHECK(errorOf("router: {port: 70000}") ==
+        "test.yaml: router.port: 70000 is out of range [1, 65535]");
+  CHECK(errorOf("engine: {backend: gpu}") ==
+        "test.yaml: engine.backend: gpu is not one of cpu, cuda");
+  CHECK(errorOf("model: {dtype: fp8}") ==
+        "test.yaml: model.dtype: fp8 is not one of auto, f32, bf16, f16");
+  CHECK(errorOf("model: {preset: huge}") ==
+        "test.yaml: model.preset: huge is not one of tiny, small");
   CHECK(errorOf("engine: {tensor_parallel_size: 3, backend: cuda}") ==
         "test.yaml: engine.tensor_parallel_size: 3 is not one of 1, 2, 4, 8");
   CHECK(errorOf("pools: {decode: {slo: {percentile: 0}}}") ==
@@ -192,18 +203,22 @@ TEST_CASE("lists are validated element by element") {
         "test.yaml: router.itl_buckets_s[0]: 0 is not positive");
   CHECK(errorOf("router: {e2e_buckets_s: [1, x]}") ==
         "test.yaml: router.e2e_buckets_s[1]: expected a number, got \"x\"");
-  CHECK(errorOf("router: {e2e_buckets_s: []}") == "test.yaml: router.e2e_buckets_s: must list at least one bound");
-  CHECK(errorOf("router: {api_keys: [a, b, a]}") == "test.yaml: router.api_keys[2]: duplicate of an earlier entry");
+  CHECK(errorOf("router: {e2e_buckets_s: []}") ==
+        "test.yaml: router.e2e_buckets_s: must list at least one bound");
+  CHECK(errorOf("router: {api_keys: [a, b, a]}") ==
+        "test.yaml: router.api_keys[2]: duplicate of an earlier entry");
   CHECK(parseOk("kv_transfer: {transports: [tcp, ucx]}").kvTransfer.transports ==
         std::vector<TransportKind>{TransportKind::kTcp, TransportKind::kUcx});
 }
 
 TEST_CASE("cross-field rules") {
-  CHECK(errorOf("router: {port: 9000}") == "test.yaml: router.control_port: 9000 is the same as router.port");
+  CHECK(errorOf("router: {port: 9000}") ==
+        "test.yaml: router.control_port: 9000 is the same as router.port");
   CHECK(errorOf("engine: {num_blocks: 100, kv_cache_bytes: 1048576}") ==
         "test.yaml: engine: num_blocks and kv_cache_bytes are exclusive; give one");
   CHECK(errorOf("engine: {tensor_parallel_size: 2}") ==
-        "test.yaml: engine.tensor_parallel_size: 2 needs backend cuda (the cpu backend runs one shard)");
+        "test.yaml: engine.tensor_parallel_size: 2 needs backend cuda (the cpu backend runs one "
+        "shard)");
   CHECK(errorOf("router: {load_report_interval_ms: 1000}") ==
         "test.yaml: router.load_report_interval_ms: 1000 must be less than "
         "router.worker_report_timeout_ms (1000)");

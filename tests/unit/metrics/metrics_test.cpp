@@ -1,12 +1,12 @@
-#include <catch2/catch.hpp>
+#include "common/metrics/metrics.h"
 
+#include <catch2/catch.hpp>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/config/cluster_config.h"
-#include "common/metrics/metrics.h"
 #include "common/metrics/pdserve_metrics.h"
 
 using namespace pd::metrics;
@@ -52,10 +52,11 @@ TEST_CASE("router histograms use the configured buckets, with the SLO as a bound
       "m.yaml");
   REQUIRE(cfg.ok());
   Registry reg;
-  RouterMetrics m(reg, {cfg->router.ttftBucketsS, cfg->router.itlBucketsS, cfg->router.e2eBucketsS});
-  m.observeTtft(kRouteDisaggregated, 0.2);   // <= 0.25
-  m.observeTtft(kRouteDisaggregated, 0.3);   // <= 1
-  m.observeTtft(kRouteDisaggregated, 5.0);   // +Inf only
+  RouterMetrics m(reg,
+                  {cfg->router.ttftBucketsS, cfg->router.itlBucketsS, cfg->router.e2eBucketsS});
+  m.observeTtft(kRouteDisaggregated, 0.2);  // <= 0.25
+  m.observeTtft(kRouteDisaggregated, 0.3);  // <= 1
+  m.observeTtft(kRouteDisaggregated, 5.0);  // +Inf only
   m.observeTtft(kRouteColocated, 0.05);
   m.observeItl(kRouteColocated, 0.015);
   m.observeE2e(kRouteColocated, 2);
@@ -64,17 +65,26 @@ TEST_CASE("router histograms use the configured buckets, with the SLO as a bound
   INFO(text);
   CHECK(hasLine(text, "# TYPE pdserve_time_to_first_token_seconds histogram"));
   // Cumulative counts per bound: 0.1 -> 0, 0.25 (the SLO) -> 1, 1 -> 2, +Inf -> 3.
-  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.1\"} 0"));
-  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.25\"} 1"));
-  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"1\"} 2"));
-  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"+Inf\"} 3"));
+  CHECK(hasLine(
+      text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.1\"} 0"));
+  CHECK(hasLine(
+      text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.25\"} 1"));
+  CHECK(hasLine(text,
+                "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"1\"} 2"));
+  CHECK(hasLine(
+      text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"+Inf\"} 3"));
   CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_count{route=\"disaggregated\"} 3"));
   CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_sum{route=\"disaggregated\"} 5.5"));
-  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"colocated\",le=\"0.1\"} 1"));
-  CHECK(hasLine(text, "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.01\"} 0"));
-  CHECK(hasLine(text, "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.02\"} 1"));
-  CHECK(hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"1\"} 0"));
-  CHECK(hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"10\"} 1"));
+  CHECK(hasLine(text,
+                "pdserve_time_to_first_token_seconds_bucket{route=\"colocated\",le=\"0.1\"} 1"));
+  CHECK(hasLine(text,
+                "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.01\"} 0"));
+  CHECK(hasLine(text,
+                "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.02\"} 1"));
+  CHECK(
+      hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"1\"} 0"));
+  CHECK(
+      hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"10\"} 1"));
   CHECK(hasLine(text, "pdserve_request_queue_time_seconds_bucket{route=\"colocated\",le=\"1\"} 1"));
 }
 
@@ -96,8 +106,10 @@ TEST_CASE("router counters and gauges") {
   m.setDesiredReplicas(kPoolDecode, 6);
   std::string text = reg.serialize();
   INFO(text);
-  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2"));
-  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"long_prompt\",route=\"disaggregated\"} 1"));
+  CHECK(hasLine(text,
+                "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2"));
+  CHECK(hasLine(text,
+                "pdserve_route_decisions_total{reason=\"long_prompt\",route=\"disaggregated\"} 1"));
   CHECK(hasLine(text, "pdserve_requests_finished_total{finished_reason=\"stop\"} 1"));
   CHECK(hasLine(text, "pdserve_prompt_tokens_total 150"));
   CHECK(hasLine(text, "pdserve_generation_tokens_total 36"));
@@ -135,13 +147,17 @@ TEST_CASE("worker metrics carry role and worker labels") {
   CHECK(hasLine(text, "pdserve_kv_cache_usage_perc{" + l + "} 0.25"));
   CHECK(hasLine(text, "pdserve_kv_cache_num_blocks{" + l + "} 1024"));
   CHECK(hasLine(text, "pdserve_kv_cache_free_blocks{" + l + "} 768"));
-  CHECK(hasLine(text, "pdserve_cache_config_info{" + l + ",block_size=\"16\",num_blocks=\"1024\"} 1"));
+  CHECK(hasLine(text,
+                "pdserve_cache_config_info{" + l + ",block_size=\"16\",num_blocks=\"1024\"} 1"));
   CHECK(hasLine(text, "pdserve_prefix_cache_hits_total{" + l + "} 128"));
   CHECK(hasLine(text, "pdserve_kv_transfer_bytes_total{" + l + ",transport=\"ucx\"} 2097152"));
-  CHECK(hasLine(text, "pdserve_kv_transfer_seconds_bucket{" + l + ",transport=\"ucx\",le=\"0.005\"} 1"));
-  CHECK(hasLine(text, "pdserve_kv_transfer_seconds_bucket{" + l + ",transport=\"ucx\",le=\"0.025\"} 2"));
+  CHECK(hasLine(text,
+                "pdserve_kv_transfer_seconds_bucket{" + l + ",transport=\"ucx\",le=\"0.005\"} 1"));
+  CHECK(hasLine(text,
+                "pdserve_kv_transfer_seconds_bucket{" + l + ",transport=\"ucx\",le=\"0.025\"} 2"));
   CHECK(hasLine(text, "pdserve_kv_transfer_seconds_count{" + l + ",transport=\"ucx\"} 2"));
-  CHECK(hasLine(text, "pdserve_kv_transfer_failures_total{" + l + ",reason=\"peer_unreachable\",transport=\"ucx\"} 1"));
+  CHECK(hasLine(text, "pdserve_kv_transfer_failures_total{" + l +
+                          ",reason=\"peer_unreachable\",transport=\"ucx\"} 1"));
   CHECK(hasLine(text, "pdserve_kv_transfer_fallbacks_total{" + l + ",from=\"ucx\",to=\"tcp\"} 1"));
   CHECK(hasLine(text, "pdserve_remote_prefill_total{" + l + ",outcome=\"recomputed\"} 1"));
 }
@@ -160,7 +176,9 @@ TEST_CASE("concurrent updates from several threads are all counted") {
   }
   for (auto& th : threads) th.join();
   std::string text = reg.serialize();
-  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2000"));
-  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"prefix_cached\",route=\"colocated\"} 2000"));
+  CHECK(hasLine(text,
+                "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2000"));
+  CHECK(hasLine(
+      text, "pdserve_route_decisions_total{reason=\"prefix_cached\",route=\"colocated\"} 2000"));
   CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_count{route=\"colocated\"} 4000"));
 }

@@ -1,14 +1,14 @@
-#include <catch2/catch.hpp>
+#include "common/net/framed.h"
 
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <future>
 #include <random>
 #include <thread>
 
-#include "common/net/framed.h"
 #include "common/net/request_table.h"
 #include "net_test_util.h"
 
@@ -28,7 +28,8 @@ ConnectionOptions options(proto::Role role, const std::string& id) {
 }
 
 std::unique_ptr<FramedServer> startServer(IoPool& io, Events& ev, bool echo,
-                                          ConnectionOptions o = options(proto::ROLE_ROUTER, "router")) {
+                                          ConnectionOptions o = options(proto::ROLE_ROUTER,
+                                                                        "router")) {
   auto s = FramedServer::listen(io, "127.0.0.1", 0, std::move(o), ev.callbacks(echo));
   REQUIRE(s.ok());
   REQUIRE(s.value()->port() > 0);
@@ -140,9 +141,9 @@ TEST_CASE("every message type makes the round trip") {
   Events client;
   IoPool io(2);
   auto srv = startServer(io, server, /*echo=*/true);
-  auto conn = FramedClient::connect(io, "127.0.0.1", srv->port(),
-                                    options(proto::ROLE_DECODE, "decode-0"), client.callbacks(false),
-                                    2s);
+  auto conn =
+      FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_DECODE, "decode-0"),
+                            client.callbacks(false), 2s);
   REQUIRE(conn.ok());
   // The handshake carried both hellos.
   CHECK(conn.value()->peerHello().worker_id() == "router");
@@ -227,7 +228,10 @@ TEST_CASE("1000 interleaved request ids on one connection") {
     call.onDone = [id, seen, &ok, &wrong, &finished, &allDone](const Status& s) {
       std::vector<uint32_t> want;
       for (int k = 0; k < kChunks; ++k) want.push_back(static_cast<uint32_t>(id * 10 + k));
-      if (s.isOk() && *seen == want) ++ok; else ++wrong;
+      if (s.isOk() && *seen == want)
+        ++ok;
+      else
+        ++wrong;
       if (++finished == kRequests) allDone.set_value();
     };
     REQUIRE(table.add(id, 10s, std::move(call)).isOk());
@@ -296,7 +300,8 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     REQUIRE(raw.write(helloFrame() + lengthPrefix(8) + std::string(8, '\xff')));
     Status s = server.waitClose(++closes);
     CHECK(s.code() == StatusCode::kDataLoss);
-    CHECK_THAT(s.message(), Catch::EndsWith("sent a frame of 8 bytes that is not a valid Envelope"));
+    CHECK_THAT(s.message(),
+               Catch::EndsWith("sent a frame of 8 bytes that is not a valid Envelope"));
     CHECK(raw.waitClosed());
     stillServing();
   }
@@ -306,7 +311,8 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     raw.shutdownWrite();
     Status s = server.waitClose(++closes);
     CHECK(s.code() == StatusCode::kDataLoss);
-    CHECK_THAT(s.message(), Catch::EndsWith("closed the connection mid-frame: got 10 of 100 bytes"));
+    CHECK_THAT(s.message(),
+               Catch::EndsWith("closed the connection mid-frame: got 10 of 100 bytes"));
     stillServing();
   }
   SECTION("a truncated length prefix followed by close") {
@@ -315,7 +321,8 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     raw.shutdownWrite();
     Status s = server.waitClose(++closes);
     CHECK(s.code() == StatusCode::kDataLoss);
-    CHECK_THAT(s.message(), Catch::EndsWith("closed the connection mid-frame header: got 2 of 4 bytes"));
+    CHECK_THAT(s.message(),
+               Catch::EndsWith("closed the connection mid-frame header: got 2 of 4 bytes"));
     stillServing();
   }
   SECTION("a wrong protocol version is rejected with an Error frame") {
@@ -354,7 +361,8 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     REQUIRE(raw.write(helloFrame() + frameOf(empty)));
     Status s = server.waitClose(++closes);
     CHECK(s.code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(s.message(), Catch::EndsWith("sent an envelope with no known body (newer protocol?)"));
+    CHECK_THAT(s.message(),
+               Catch::EndsWith("sent an envelope with no known body (newer protocol?)"));
     stillServing();
   }
   SECTION("silence past the handshake timeout") {
@@ -402,8 +410,9 @@ TEST_CASE("stopping the server closes its connections; clients see the close") {
   Events client;
   IoPool io(2);
   auto srv = startServer(io, server, false);
-  auto conn = FramedClient::connect(io, "127.0.0.1", srv->port(),
-                                    options(proto::ROLE_PREFILL, "p0"), client.callbacks(false), 2s);
+  auto conn =
+      FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_PREFILL, "p0"),
+                            client.callbacks(false), 2s);
   REQUIRE(conn.ok());
   srv->stop();
   CHECK(server.waitClose(1).code() == StatusCode::kCancelled);
@@ -426,7 +435,8 @@ TEST_CASE("connect errors are bounded and say why") {
   auto r = FramedClient::connect(io, "127.0.0.1", port, ConnectionOptions(), {}, 2s);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kUnavailable);
-  CHECK_THAT(r.status().message(), Catch::StartsWith("connect to 127.0.0.1:" + std::to_string(port)));
+  CHECK_THAT(r.status().message(),
+             Catch::StartsWith("connect to 127.0.0.1:" + std::to_string(port)));
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
 
   auto bad = FramedServer::listen(io, "not-an-ip", 0, ConnectionOptions(), {});
@@ -470,7 +480,8 @@ TEST_CASE("connectWithRetry waits for a server that starts late") {
   policy.totalTimeout = 300ms;
   late.reset();
   t0 = std::chrono::steady_clock::now();
-  auto never = FramedClient::connectWithRetry(io, "127.0.0.1", port, ConnectionOptions(), {}, policy);
+  auto never =
+      FramedClient::connectWithRetry(io, "127.0.0.1", port, ConnectionOptions(), {}, policy);
   took = std::chrono::steady_clock::now() - t0;
   REQUIRE_FALSE(never.ok());
   CHECK(never.status().code() == StatusCode::kUnavailable);
@@ -534,8 +545,8 @@ TEST_CASE("random bytes after the handshake never take the server down") {
     CHECK(server.messages.back().cancel().request_id() == 1);
   }
   CHECK(good.value()->isOpen());
-  auto again = FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_DECODE, "d1"),
-                                     {}, 2s);
+  auto again = FramedClient::connect(io, "127.0.0.1", srv->port(),
+                                     options(proto::ROLE_DECODE, "d1"), {}, 2s);
   CHECK(again.ok());
   if (again.ok()) again.value()->close(cancelled("test done"));
 }

@@ -58,7 +58,8 @@ class RawClient {
   }
   bool connected() const { return connected_; }
   bool write(const std::string& bytes) {
-    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
   }
   void shutdownWrite() { ::shutdown(fd_, SHUT_WR); }
   // Reads one frame; false on EOF, error or timeout.

@@ -1,8 +1,7 @@
-#include <catch2/catch.hpp>
-
-#include <future>
-
 #include "common/net/request_table.h"
+
+#include <catch2/catch.hpp>
+#include <future>
 
 using namespace pd;
 using namespace pd::net;
@@ -42,11 +41,13 @@ TEST_CASE("messages stream to their request until the last one") {
   RequestTable table(io);
   int messages = 0;
   std::vector<Status> ends;
-  REQUIRE(table.add(1, 10s, {[&](proto::Envelope&& env) {
-                               ++messages;
-                               return env.token_chunk().finish_reason() != proto::FINISH_NONE;
-                             },
-                             [&](const Status& s) { ends.push_back(s); }})
+  REQUIRE(table
+              .add(1, 10s,
+                   {[&](proto::Envelope&& env) {
+                      ++messages;
+                      return env.token_chunk().finish_reason() != proto::FINISH_NONE;
+                    },
+                    [&](const Status& s) { ends.push_back(s); }})
               .isOk());
   CHECK(table.dispatch(chunk(1, false)));
   CHECK(table.dispatch(chunk(1, false)));
@@ -80,12 +81,13 @@ TEST_CASE("ids, finish, failAll and destruction end each request exactly once") 
     table.failAll(unavailable("connection lost"));
     CHECK(table.size() == 0);
     REQUIRE(table.add(4, 10s, record(4)).isOk());  // ids can be reused once ended
-  }  // destroyed with 4 in flight
+  }                                                // destroyed with 4 in flight
   REQUIRE(ends.size() == 5);
   CHECK(ends[0].first == 1);
   CHECK(ends[0].second.code() == StatusCode::kCancelled);
   int unavailableCount = 0;
-  for (int i = 1; i <= 3; ++i) unavailableCount += ends[i].second.code() == StatusCode::kUnavailable;
+  for (int i = 1; i <= 3; ++i)
+    unavailableCount += ends[i].second.code() == StatusCode::kUnavailable;
   CHECK(unavailableCount == 3);
   CHECK(ends[4].first == 4);
   CHECK(ends[4].second.code() == StatusCode::kCancelled);
@@ -96,11 +98,13 @@ TEST_CASE("a callback may end its own request") {
   IoPool io(1);
   RequestTable table(io);
   Status end = internalError("not ended");
-  REQUIRE(table.add(9, 10s, {[&](proto::Envelope&&) {
-                               table.finish(9, dataLoss("bad chunk"));
-                               return false;
-                             },
-                             [&](const Status& s) { end = s; }})
+  REQUIRE(table
+              .add(9, 10s,
+                   {[&](proto::Envelope&&) {
+                      table.finish(9, dataLoss("bad chunk"));
+                      return false;
+                    },
+                    [&](const Status& s) { end = s; }})
               .isOk());
   CHECK(table.dispatch(chunk(9, false)));
   CHECK(end.code() == StatusCode::kDataLoss);
