@@ -205,6 +205,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
 
   // Sends our hello and reads the peer's. timeout zero: a timer is already armed.
   void beginHandshake(Duration timeout) {
+    tcpConnected_ = true;
     boost::system::error_code ec;
     socket_.set_option(tcp::no_delay(true), ec);  // token streaming: latency over batching
     if (timeout != Duration::zero()) armTimer(timeout, "handshake with " + remote_);
@@ -227,8 +228,10 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     timer_.async_wait([self = shared_from_this(), what = std::move(what),
                        timeout](const boost::system::error_code& ec) {
       if (ec || self->closed_ || self->established_) return;
-      self->fail(deadlineExceeded(what + ": no hello within " +
-                                  std::to_string(static_cast<int64_t>(toMs(timeout))) + " ms"));
+      std::string ms = std::to_string(static_cast<int64_t>(toMs(timeout)));
+      self->fail(
+          deadlineExceeded(what + (self->tcpConnected_ ? ": no hello within " + ms + " ms"
+                                                       : ": not connected within " + ms + " ms")));
     });
   }
 
@@ -495,6 +498,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   ConnectDone connectDone_;
 
   // Strand state.
+  bool tcpConnected_ = false;
   bool established_ = false;
   bool closing_ = false;  // an Error is being flushed; nothing else is read or sent
   bool closed_ = false;

@@ -439,6 +439,18 @@ TEST_CASE("connect errors are bounded and say why") {
              Catch::StartsWith("connect to 127.0.0.1:" + std::to_string(port)));
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
 
+  // A listener that never answers the handshake: the deadline ends the attempt.
+  MuteListener mute;
+  t0 = std::chrono::steady_clock::now();
+  auto silent = FramedClient::connect(io, "127.0.0.1", mute.port(), ConnectionOptions(), {}, 300ms);
+  auto waited = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(silent.ok());
+  CHECK(silent.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(silent.status().message() ==
+        "connect to 127.0.0.1:" + std::to_string(mute.port()) + ": no hello within 300 ms");
+  CHECK(waited >= 250ms);
+  CHECK(waited < 2s);
+
   auto bad = FramedServer::listen(io, "not-an-ip", 0, ConnectionOptions(), {});
   CHECK(bad.status().code() == StatusCode::kInvalidArgument);
 }

@@ -96,6 +96,29 @@ class RawClient {
   bool connected_ = false;
 };
 
+// A loopback listener that never accepts: the kernel completes TCP connects into its
+// backlog, and nobody ever says hello.
+class MuteListener {
+ public:
+  MuteListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ::listen(fd_, 8);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~MuteListener() { ::close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
 // Records a server's (or client's) events; waits are bounded.
 struct Events {
   std::mutex mutex;
