@@ -14,5 +14,7 @@ struct Command {
 };
 
 int runVersion(int argc, char** argv);
+int runMakeModel(int argc, char** argv);
+int runGenerate(int argc, char** argv);
 
 }  // namespace pd::tools

@@ -10,6 +10,8 @@ namespace {
 
 const Command kCommands[] = {
     {"version", "print the version", runVersion},
+    {"make-model", "write a small random-weight HF model directory", runMakeModel},
+    {"generate", "run the engine in-process on token ids (greedy)", runGenerate},
 };
 
 void printUsage() {

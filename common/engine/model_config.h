@@ -1,0 +1,64 @@
+// A decoder-only model's shape and hyper-parameters, read from a Hugging Face config.json.
+//
+// Supported architectures (DESIGN.md §4): LlamaForCausalLM (Llama 2/3 incl. rope_scaling type
+// "llama3", TinyLlama), MistralForCausalLM and Qwen2ForCausalLM (q/k/v bias, tied
+// embeddings), with grouped-query attention. Anything else is an error (kUnimplemented)
+// naming what is not supported, never a silently different model.
+// Plain value; parsing is start-up work and may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+
+namespace pd::engine {
+
+enum class Architecture { kLlama, kMistral, kQwen2 };
+
+const char* architectureName(Architecture a);  // the HF class name, e.g. "LlamaForCausalLM"
+
+struct RopeConfig {
+  double theta = 10000.0;
+  // rope_scaling type "llama3" (Llama 3.1+); the fields mirror config.json.
+  bool llama3 = false;
+  double factor = 8.0;
+  double lowFreqFactor = 1.0;
+  double highFreqFactor = 4.0;
+  int originalMaxPositionEmbeddings = 8192;
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  int hiddenSize = 0;
+  int intermediateSize = 0;
+  int numLayers = 0;
+  int numHeads = 0;
+  int numKvHeads = 0;
+  int headDim = 0;  // config "head_dim" when present, else hiddenSize / numHeads
+  int vocabSize = 0;
+  int maxPositionEmbeddings = 0;
+  float rmsNormEps = 1e-6f;
+  RopeConfig rope;
+  bool tieWordEmbeddings = false;
+  bool qkvBias = false;  // Qwen2 always; Llama when attention_bias
+  bool oBias = false;    // Llama attention_bias also biases o_proj
+  int slidingWindow = 0; // 0 = none; Mistral's sliding_window (contexts past it are refused)
+  int bosTokenId = -1;
+  std::vector<int> eosTokenIds;
+  std::string torchDtype;  // informational ("bfloat16", "float32", ...)
+
+  int qDim() const { return numHeads * headDim; }
+  int kvDim() const { return numKvHeads * headDim; }
+  // Weight parameters the forward pass reads per generated token (embedding row excluded,
+  // lm_head included): the bandwidth floor of batch-1 decode is this times sizeof(float).
+  int64_t decodeWeightParams() const;
+};
+
+// Parses config.json text. `source` names the file in error messages.
+Result<ModelConfig> parseModelConfig(const std::string& jsonText, const std::string& source);
+// Reads and parses DIR/config.json.
+Result<ModelConfig> loadModelConfig(const std::string& modelDir);
+
+}  // namespace pd::engine

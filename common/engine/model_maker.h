@@ -1,0 +1,39 @@
+// Writes a complete Hugging Face model directory with seeded random weights: config.json,
+// model.safetensors (or shards + model.safetensors.index.json), a byte-level BPE
+// tokenizer.json, tokenizer_config.json (with a Jinja chat template) and
+// generation_config.json. Used by `pdserve make-model` and by tests, which build their model
+// variants at test time. The text such a model produces is noise; it exists so the whole
+// cluster runs anywhere.
+//
+// Token ids: 0..255 are the 256 byte tokens (GPT-2 bytes-to-unicode mapping, no merges),
+// 256 "<|begin_of_text|>" (BOS), 257 "<|end_of_text|>" (EOS), 258 "<|pad|>".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/base/status.h"
+
+namespace pd::engine {
+
+struct MakeModelOptions {
+  std::string preset = "tiny";  // tiny | small
+  uint64_t seed = 1;
+  bool tieEmbeddings = false;
+  bool qkvBias = false;         // writes Qwen2ForCausalLM
+  std::string dtype = "f32";    // f32 | bf16
+  // Variants for tests (hidden CLI flags):
+  int numKvHeads = 0;           // 0 = the preset's value
+  bool ropeLlama3 = false;      // rope_scaling {rope_type: llama3, factor 8, 1, 4, 8192}
+  int shards = 1;               // > 1 writes model-0000i-of-0000n.safetensors + index
+};
+
+// Writes into outDir (created if missing; existing files are overwritten).
+Status makeModel(const MakeModelOptions& options, const std::string& outDir);
+
+// The special token ids make-model writes.
+inline constexpr int kMadeBosId = 256;
+inline constexpr int kMadeEosId = 257;
+inline constexpr int kMadePadId = 258;
+
+}  // namespace pd::engine

@@ -1,0 +1,119 @@
+#include "pd/kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/simd_avx2.h"
+
+namespace pd::kernels::cpu {
+namespace {
+
+// Query heads handled together per pass over the keys: each K/V row loaded from the pool is
+// reused by all of them (the point of GQA on a bandwidth-bound decode).
+constexpr int kHeadsPerPass = 8;
+constexpr int kTile = 32;       // key positions scored before one online-softmax update
+constexpr int kMaxHeadDim = 512;
+
+}  // namespace
+
+void pagedAttention(const float* q, int qStride, const float* layerKv, const int32_t* blockTable,
+                    int numTokens, int startPos, int blockSize, int numHeads, int numKvHeads,
+                    int headDim, int kvHeadBegin, int kvHeadEnd, float scale, float* out,
+                    int outStride) {
+  using namespace detail;
+  const int group = numHeads / numKvHeads;
+  const size_t tokenElems = size_t(numKvHeads) * headDim;
+  const size_t blockElems = 2 * size_t(blockSize) * tokenElems;
+  alignas(32) float acc[kHeadsPerPass][kMaxHeadDim];
+  float s[kHeadsPerPass][kTile];
+  float m[kHeadsPerPass], l[kHeadsPerPass];
+  const float* kRow[kTile];
+
+  for (int t = 0; t < numTokens; ++t) {
+    const int ctx = startPos + t + 1;
+    for (int g = kvHeadBegin; g < kvHeadEnd; ++g) {
+      for (int h0 = 0; h0 < group; h0 += kHeadsPerPass) {
+        const int nh = std::min(kHeadsPerPass, group - h0);
+        const float* qh[kHeadsPerPass];
+        for (int j = 0; j < nh; ++j) {
+          qh[j] = q + size_t(t) * qStride + size_t(g * group + h0 + j) * headDim;
+          m[j] = -std::numeric_limits<float>::infinity();
+          l[j] = 0.0f;
+          std::fill(acc[j], acc[j] + headDim, 0.0f);
+        }
+        for (int p0 = 0; p0 < ctx; p0 += kTile) {
+          const int np = std::min(kTile, ctx - p0);
+          for (int i = 0; i < np; ++i) {
+            const int p = p0 + i;
+            kRow[i] = layerKv + size_t(blockTable[p / blockSize]) * blockElems +
+                      size_t(p % blockSize) * tokenElems + size_t(g) * headDim;
+          }
+          for (int j = 0; j < nh; ++j) {
+            float tileMax = m[j];
+            int i = 0;
+            for (; i + 8 <= np; i += 8)
+              _mm256_storeu_ps(&s[j][i], _mm256_mul_ps(dot8(qh[j], kRow + i, headDim), _mm256_set1_ps(scale)));
+            for (; i < np; ++i) s[j][i] = dot(qh[j], kRow[i], headDim) * scale;
+            for (i = 0; i < np; ++i) tileMax = std::max(tileMax, s[j][i]);
+            // Rescale what was accumulated under the old maximum once per tile.
+            const float corr = std::exp(m[j] - tileMax);
+            m[j] = tileMax;
+            l[j] *= corr;
+            for (int i = 0; i < np; ++i) {
+              s[j][i] = std::exp(s[j][i] - tileMax);
+              l[j] += s[j][i];
+            }
+            if (corr != 1.0f)
+              for (int d = 0; d < headDim; ++d) acc[j][d] *= corr;
+          }
+          for (int i = 0; i < np; ++i) {
+            const float* vRow = kRow[i] + size_t(blockSize) * tokenElems;
+            for (int j = 0; j < nh; ++j) axpy(acc[j], s[j][i], vRow, headDim);
+          }
+        }
+        for (int j = 0; j < nh; ++j) {
+          float* o = out + size_t(t) * outStride + size_t(g * group + h0 + j) * headDim;
+          const float inv = 1.0f / l[j];
+          for (int d = 0; d < headDim; ++d) o[d] = acc[j][d] * inv;
+        }
+      }
+    }
+  }
+}
+
+void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols,
+                       int firstQueryPos, float scale) {
+  using namespace detail;
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int r = 0; r < numRows; ++r) {
+    float* row = scores + size_t(r) * ldScores;
+    const int valid = std::min(numCols, firstQueryPos + r + 1);
+    __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    int i = 0;
+    for (; i + 8 <= valid; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(row + i));
+    float mx = hmax(vmax);
+    for (; i < valid; ++i) mx = std::max(mx, row[i]);
+    mx *= scale;  // scale > 0, so max(scale * x) = scale * max(x)
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    i = 0;
+    for (; i + 8 <= valid; i += 8) {
+      const __m256 e = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(row + i), vscale, vmx));
+      _mm256_storeu_ps(row + i, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = hsum(vsum);
+    for (; i < valid; ++i) {
+      row[i] = std::exp(row[i] * scale - mx);
+      sum += row[i];
+    }
+    const __m256 vinv = _mm256_set1_ps(1.0f / sum);
+    i = 0;
+    for (; i + 8 <= valid; i += 8) _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), vinv));
+    for (; i < valid; ++i) row[i] *= 1.0f / sum;
+    std::fill(row + valid, row + numCols, 0.0f);
+  }
+}
+
+}  // namespace pd::kernels::cpu

@@ -1,0 +1,160 @@
+#!/usr/bin/python3
+"""Independent NumPy reference for the decoder architectures pdserve's engine runs.
+
+Reads a Hugging Face model directory itself (config.json, model.safetensors or shards with
+model.safetensors.index.json; F32/F16/BF16) and runs a full, cache-free causal forward pass
+in float64 over a token sequence. Supports LlamaForCausalLM (incl. rope_scaling llama3),
+MistralForCausalLM and Qwen2ForCausalLM (q/k/v bias, tied embeddings), with GQA.
+
+Usage:
+  llama_reference.py --model DIR --tokens 1,2,3,... --first N --out FILE
+Writes float32 logits for positions [N-1, len(tokens)) (row-major, little endian) to FILE:
+row 0 is the logits after the prompt of N tokens, row i those after token N-1+i.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        raw = data[base + b:base + e]
+        dt = info["dtype"]
+        if dt == "F32":
+            arr = np.frombuffer(raw, dtype="<f4")
+        elif dt == "F16":
+            arr = np.frombuffer(raw, dtype="<f2")
+        elif dt == "BF16":
+            arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise SystemExit(f"{path}: unsupported dtype {dt} for {name}")
+        out[name] = arr.astype(np.float64).reshape(info["shape"])
+    return out
+
+
+def load_weights(model_dir):
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        w = {}
+        for fn in files:
+            w.update(read_safetensors(os.path.join(model_dir, fn)))
+        return w
+    return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+
+
+def inv_frequencies(cfg, head_dim):
+    theta = float(cfg.get("rope_theta", 10000.0))
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    rs = cfg.get("rope_scaling")
+    if rs:
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind == "llama3":
+            factor = rs["factor"]
+            low, high = rs["low_freq_factor"], rs["high_freq_factor"]
+            orig = rs["original_max_position_embeddings"]
+            wavelen = 2 * math.pi / inv
+            smooth = (orig / wavelen - low) / (high - low)
+            blended = (1 - smooth) * inv / factor + smooth * inv
+            inv = np.where(wavelen > orig / low, inv / factor,
+                           np.where(wavelen < orig / high, inv, blended))
+        elif kind != "default":
+            raise SystemExit(f"rope_scaling {kind} not supported by the reference")
+    return inv
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rotate(x, cos, sin):
+    # HF rotate_half convention: pairs (i, i + d/2).
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def forward(cfg, w, tokens):
+    arch = cfg["architectures"][0]
+    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+        raise SystemExit(f"unsupported architecture {arch}")
+    hidden = cfg["hidden_size"]
+    n_heads = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_heads)
+    head_dim = cfg.get("head_dim") or hidden // n_heads
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    qkv_bias = arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
+    o_bias = arch != "Qwen2ForCausalLM" and cfg.get("attention_bias", False)
+    T = len(tokens)
+
+    x = w["model.embed_tokens.weight"][np.array(tokens)]
+    pos = np.arange(T, dtype=np.float64)
+    ang = pos[:, None] * inv_frequencies(cfg, head_dim)[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    mask = np.triu(np.full((T, T), -np.inf), k=1)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = h @ w[p + "self_attn.q_proj.weight"].T
+        k = h @ w[p + "self_attn.k_proj.weight"].T
+        v = h @ w[p + "self_attn.v_proj.weight"].T
+        if qkv_bias:
+            q = q + w[p + "self_attn.q_proj.bias"]
+            k = k + w[p + "self_attn.k_proj.bias"]
+            v = v + w[p + "self_attn.v_proj.bias"]
+        q = rotate(q.reshape(T, n_heads, head_dim), cos, sin)
+        k = rotate(k.reshape(T, n_kv, head_dim), cos, sin)
+        v = v.reshape(T, n_kv, head_dim)
+        rep = n_heads // n_kv
+        k = np.repeat(k, rep, axis=1)
+        v = np.repeat(v, rep, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(head_dim) + mask
+        scores = scores - scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        attn = np.einsum("hqk,khd->qhd", probs, v).reshape(T, n_heads * head_dim)
+        o = attn @ w[p + "self_attn.o_proj.weight"].T
+        if o_bias:
+            o = o + w[p + "self_attn.o_proj.bias"]
+        x = x + o
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        up = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
+    return x @ head.T
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokens", required=True)
+    ap.add_argument("--first", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    with open(os.path.join(a.model, "config.json")) as f:
+        cfg = json.load(f)
+    tokens = [int(t) for t in a.tokens.split(",")]
+    logits = forward(cfg, load_weights(a.model), tokens)
+    logits[a.first - 1:].astype("<f4").tofile(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
