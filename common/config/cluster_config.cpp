@@ -1,0 +1,280 @@
+#include "common/config/cluster_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "common/config/yaml_reader.h"
+
+namespace pd::config {
+
+using detail::Choices;
+using detail::ErrorList;
+using detail::MapReader;
+
+std::string_view toString(ModelPreset v) { return v == ModelPreset::kTiny ? "tiny" : "small"; }
+std::string_view toString(DType v) {
+  switch (v) {
+    case DType::kAuto: return "auto";
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+  }
+  return "?";
+}
+std::string_view toString(Backend v) { return v == Backend::kCpu ? "cpu" : "cuda"; }
+std::string_view toString(TransportKind v) {
+  switch (v) {
+    case TransportKind::kUcx: return "ucx";
+    case TransportKind::kVerbs: return "verbs";
+    case TransportKind::kTcp: return "tcp";
+  }
+  return "?";
+}
+std::string_view toString(RemotePrefillFailure v) {
+  return v == RemotePrefillFailure::kRecompute ? "recompute" : "fail";
+}
+
+// TTFT: 5 ms .. 60 s, dense around the usual 0.1-2 s targets.
+std::vector<double> defaultTtftBucketsS() {
+  return {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+          1,     1.5,  2,     3,    5,     10,  20,   60};
+}
+// ITL: from 1 ms, because a fast decode pool's 5-20 ms targets need resolution below 10 ms.
+std::vector<double> defaultItlBucketsS() {
+  return {0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
+          0.05,  0.075, 0.1,   0.15,  0.2,   0.3,  0.5,   1,    2,     5};
+}
+std::vector<double> defaultE2eBucketsS() {
+  return {0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600};
+}
+
+namespace {
+
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr int64_t kMaxTokens = int64_t{1} << 24;  // 16M tokens: beyond any context length
+constexpr int64_t kMaxReplicas = 1024;
+constexpr int64_t kHourMs = 3600 * 1000;
+
+const Choices<ModelPreset> kPresets = {{"tiny", ModelPreset::kTiny},
+                                       {"small", ModelPreset::kSmall}};
+const Choices<DType> kDTypes = {
+    {"auto", DType::kAuto}, {"f32", DType::kF32}, {"bf16", DType::kBF16}, {"f16", DType::kF16}};
+const Choices<Backend> kBackends = {{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}};
+const Choices<TransportKind> kTransports = {{"ucx", TransportKind::kUcx},
+                                            {"verbs", TransportKind::kVerbs},
+                                            {"tcp", TransportKind::kTcp}};
+const Choices<RemotePrefillFailure> kFailurePolicies = {
+    {"recompute", RemotePrefillFailure::kRecompute}, {"fail", RemotePrefillFailure::kFail}};
+const Choices<LogLevel> kLogLevels = {{"debug", LogLevel::kDebug},
+                                      {"info", LogLevel::kInfo},
+                                      {"warn", LogLevel::kWarn},
+                                      {"error", LogLevel::kError},
+                                      {"off", LogLevel::kOff}};
+
+void readModel(MapReader m, ModelConfig* c) {
+  m.readString("path", &c->path, false);
+  m.readEnum("preset", &c->preset, kPresets);
+  m.readString("name", &c->name, true);
+  m.readInt("max_model_len", &c->maxModelLen, 0, kMaxTokens);
+  m.readEnum("dtype", &c->dtype, kDTypes);
+  m.finish();
+  if (c->name.empty()) {
+    // The served id defaults to the directory's name: "models/small/" -> "small".
+    std::string p = c->path;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    size_t slash = p.find_last_of('/');
+    c->name = slash == std::string::npos ? p : p.substr(slash + 1);
+  }
+}
+
+void readRouter(MapReader m, RouterConfig* c) {
+  m.readString("host", &c->host, false);
+  m.readInt("port", &c->port, 1, 65535);
+  m.readInt("control_port", &c->controlPort, 1, 65535);
+  m.readStringList("api_keys", &c->apiKeys);
+  m.readInt("short_prompt_tokens", &c->shortPromptTokens, 0, kMaxTokens);
+  m.readInt("max_body_bytes", &c->maxBodyBytes, 1024, int64_t{1} << 30);
+  m.readInt("max_prompt_tokens", &c->maxPromptTokens, 0, kMaxTokens);
+  m.readInt("load_report_interval_ms", &c->loadReportIntervalMs, 1, 60000);
+  m.readInt("worker_report_timeout_ms", &c->workerReportTimeoutMs, 10, 600000);
+  m.readInt("request_timeout_ms", &c->requestTimeoutMs, 1, 24 * kHourMs);
+  m.readBuckets("ttft_buckets_s", &c->ttftBucketsS);
+  m.readBuckets("itl_buckets_s", &c->itlBucketsS);
+  m.readBuckets("e2e_buckets_s", &c->e2eBucketsS);
+  m.finish();
+}
+
+// Reads the replica keys of one pool; the bounds default to replicas.
+template <typename Pool>
+void readReplicas(MapReader& m, Pool* c, int64_t lowest) {
+  m.readInt("replicas", &c->replicas, lowest, kMaxReplicas);
+  c->minReplicas = c->replicas;
+  c->maxReplicas = c->replicas;
+  m.readInt("min_replicas", &c->minReplicas, lowest, kMaxReplicas);
+  m.readInt("max_replicas", &c->maxReplicas, lowest, kMaxReplicas);
+  m.readString("host", &c->host, false);
+  m.readInt("base_port", &c->basePort, 0, 65535);
+}
+
+template <typename Pool>
+void checkReplicas(MapReader& m, const Pool& c) {
+  if (c.minReplicas > c.maxReplicas) {
+    m.errors()->add(m.node(), m.pathOf("min_replicas") + ": " + std::to_string(c.minReplicas) +
+                                  " is greater than max_replicas (" +
+                                  std::to_string(c.maxReplicas) + ")");
+  } else if (c.replicas < c.minReplicas || c.replicas > c.maxReplicas) {
+    m.errors()->add(m.node(), m.pathOf("replicas") + ": " + std::to_string(c.replicas) +
+                                  " is outside [min_replicas, max_replicas] = [" +
+                                  std::to_string(c.minReplicas) + ", " +
+                                  std::to_string(c.maxReplicas) + "]");
+  }
+  if (c.basePort != 0 && c.basePort + c.maxReplicas - 1 > 65535) {
+    m.errors()->add(m.node(), m.pathOf("base_port") + ": " + std::to_string(c.basePort) +
+                                  " + max_replicas - 1 exceeds 65535");
+  }
+}
+
+void readPools(MapReader m, PoolsConfig* c) {
+  {
+    MapReader p = m.child("prefill");
+    readReplicas(p, &c->prefill, 0);
+    MapReader slo = p.child("slo");
+    slo.readDouble("ttft_ms", &c->prefill.slo.ttftMs, 0, true, 3600e3);
+    slo.readDouble("percentile", &c->prefill.slo.percentile, 0, true, 100);
+    slo.finish();
+    p.finish();
+    checkReplicas(p, c->prefill);
+  }
+  {
+    MapReader d = m.child("decode");
+    readReplicas(d, &c->decode, 1);
+    MapReader slo = d.child("slo");
+    slo.readDouble("itl_ms", &c->decode.slo.itlMs, 0, true, 600e3);
+    slo.readDouble("percentile", &c->decode.slo.percentile, 0, true, 100);
+    slo.finish();
+    d.finish();
+    checkReplicas(d, c->decode);
+  }
+  m.finish();
+}
+
+void readEngine(MapReader m, EngineConfig* c) {
+  m.readEnum("backend", &c->backend, kBackends);
+  m.readInt("threads", &c->threads, 0, 1024);
+  m.readIntChoice("block_size", &c->blockSize, {8, 16, 32});
+  bool hasBlocks = m.has("num_blocks");
+  bool hasBytes = m.has("kv_cache_bytes");
+  m.readInt("num_blocks", &c->numBlocks, 1, int64_t{1} << 32);
+  m.readInt("kv_cache_bytes", &c->kvCacheBytes, int64_t{1} << 20, int64_t{1} << 50);
+  m.readInt("max_batch_tokens", &c->maxBatchTokens, 1, kMaxTokens);
+  m.readInt("max_running_requests", &c->maxRunningRequests, 1, 65536);
+  m.readInt("max_queue", &c->maxQueue, 0, 1 << 20);
+  m.readIntChoice("tensor_parallel_size", &c->tensorParallelSize, {1, 2, 4, 8});
+  m.readBool("enable_prefix_caching", &c->enablePrefixCaching);
+  m.finish();
+  if (hasBlocks && hasBytes) {
+    m.errors()->add(m.node(), "engine: num_blocks and kv_cache_bytes are exclusive; give one");
+  }
+  if (hasBlocks) c->kvCacheBytes = 0;
+  if (c->tensorParallelSize > 1 && c->backend != Backend::kCuda) {
+    m.errors()->add(m.node(), "engine.tensor_parallel_size: " +
+                                  std::to_string(c->tensorParallelSize) +
+                                  " needs backend cuda (the cpu backend runs one shard)");
+  }
+}
+
+void readKvTransfer(MapReader m, KvTransferConfig* c) {
+  m.readEnumList("transports", &c->transports, kTransports);
+  m.readString("listen_host", &c->listenHost, false);
+  m.readInt("timeout_ms", &c->timeoutMs, 1, kHourMs);
+  m.readEnum("on_remote_prefill_failure", &c->onRemotePrefillFailure, kFailurePolicies);
+  m.finish();
+}
+
+void readLogging(MapReader m, LoggingConfig* c) {
+  m.readEnum("level", &c->level, kLogLevels);
+  m.finish();
+}
+
+// Makes the SLO target a bucket boundary, so `le="<target>"` gives attainment exactly.
+void insertBound(std::vector<double>* buckets, double bound) {
+  for (double b : *buckets) {
+    if (std::fabs(b - bound) <= 1e-12 * std::max(1.0, bound)) return;
+  }
+  buckets->insert(std::upper_bound(buckets->begin(), buckets->end(), bound), bound);
+}
+
+void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* errors) {
+  if (c->router.port == c->router.controlPort) {
+    errors->add(root, "router.control_port: " + std::to_string(c->router.controlPort) +
+                          " is the same as router.port");
+  }
+  if (c->router.loadReportIntervalMs >= c->router.workerReportTimeoutMs) {
+    errors->add(root, "router.load_report_interval_ms: " +
+                          std::to_string(c->router.loadReportIntervalMs) +
+                          " must be less than router.worker_report_timeout_ms (" +
+                          std::to_string(c->router.workerReportTimeoutMs) + ")");
+  }
+  if (c->model.maxModelLen > 0 && c->router.maxPromptTokens > c->model.maxModelLen) {
+    errors->add(root, "router.max_prompt_tokens: " + std::to_string(c->router.maxPromptTokens) +
+                          " exceeds model.max_model_len (" +
+                          std::to_string(c->model.maxModelLen) + ")");
+  }
+  insertBound(&c->router.ttftBucketsS, c->pools.prefill.slo.ttftMs / 1000.0);
+  insertBound(&c->router.itlBucketsS, c->pools.decode.slo.itlMs / 1000.0);
+}
+
+}  // namespace
+
+Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sourceName) {
+  if (sourceName.empty()) sourceName = "<string>";
+  ClusterConfig cfg;
+  cfg.sourceName = sourceName;
+  cfg.router.ttftBucketsS = defaultTtftBucketsS();
+  cfg.router.itlBucketsS = defaultItlBucketsS();
+  cfg.router.e2eBucketsS = defaultE2eBucketsS();
+
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    // yaml-cpp's what() repeats the mark; build the message from its parts instead.
+    return invalidArgument(sourceName + ":" + std::to_string(e.mark.line + 1) + ":" +
+                           std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
+  }
+
+  ErrorList errors;
+  try {
+    MapReader top(root, "", &errors);
+    readModel(top.child("model"), &cfg.model);
+    readRouter(top.child("router"), &cfg.router);
+    readPools(top.child("pools"), &cfg.pools);
+    readEngine(top.child("engine"), &cfg.engine);
+    readKvTransfer(top.child("kv_transfer"), &cfg.kvTransfer);
+    readLogging(top.child("logging"), &cfg.logging);
+    top.finish();
+  } catch (const YAML::Exception& e) {
+    // Readers check node kinds before converting, so this is a reader bug; still no crash.
+    return invalidArgument(sourceName + ": " + e.what());
+  }
+  if (!errors.empty()) return invalidArgument(errors.join(sourceName));
+  checkCrossFields(root, &cfg, &errors);
+  if (!errors.empty()) return invalidArgument(errors.join(sourceName));
+  return cfg;
+}
+
+Result<ClusterConfig> loadClusterConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return notFound(path + ": cannot open the cluster config file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return dataLoss(path + ": read error");
+  return parseClusterConfig(text.str(), path);
+}
+
+}  // namespace pd::config

@@ -1,0 +1,154 @@
+// The cluster configuration: one YAML file -> plain structs, validated at load (DESIGN.md §7).
+//
+//   PD_ASSIGN_OR_RETURN(pd::config::ClusterConfig cfg,
+//                       pd::config::loadClusterConfig("deploy/configs/local.yaml"));
+//   listen(cfg.router.host, cfg.router.port);
+//
+// Every key is optional and has a documented default (docs/config.md), so an empty file is a
+// valid single-machine CPU cluster. Loading rejects, with a message naming the file, the full
+// key path and what is allowed:
+//   - unknown keys     "local.yaml: router.prot: unknown key (did you mean port?)"
+//   - wrong types      "local.yaml: router.port: expected an integer, got \"http\""
+//   - bad values       "local.yaml: engine.block_size: 17 is not one of 8, 16, 32"
+//   - inconsistencies  "local.yaml: pools.decode.replicas: 9 is outside [min_replicas,
+//                       max_replicas] = [1, 4]"
+// When a file has several problems they are all reported, one per line, in file order.
+//
+// The structs are plain values: copy them freely, read them from any thread. Nothing here
+// touches the model directory or the network; checks that need those (does model.path exist,
+// is the port free) belong to the process that uses the value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/base/log.h"
+#include "common/base/status.h"
+
+namespace pd::config {
+
+enum class ModelPreset { kTiny, kSmall };
+enum class DType { kAuto, kF32, kBF16, kF16 };
+enum class Backend { kCpu, kCuda };
+enum class TransportKind { kUcx, kVerbs, kTcp };
+enum class RemotePrefillFailure { kRecompute, kFail };
+
+// The YAML spelling of each value ("small", "bf16", "cuda", "ucx", "recompute").
+std::string_view toString(ModelPreset v);
+std::string_view toString(DType v);
+std::string_view toString(Backend v);
+std::string_view toString(TransportKind v);
+std::string_view toString(RemotePrefillFailure v);
+
+struct ModelConfig {
+  std::string path = "models/small";  // a Hugging Face model directory (relative: to the cwd)
+  ModelPreset preset = ModelPreset::kSmall;  // what `pdserve up` makes when path is missing
+  std::string name;           // served model id; "" in the file -> the last component of path
+  int64_t maxModelLen = 0;    // 0 -> max_position_embeddings of the model's config.json
+  DType dtype = DType::kAuto; // auto: f32 on the cpu backend, bf16 on cuda
+};
+
+// Latency buckets (seconds) of the router's histograms. Each pool's SLO target is always a
+// bucket boundary (loading inserts it) so attainment at the target is read exactly.
+struct RouterConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;            // OpenAI HTTP API, /metrics, /health
+  int controlPort = 9000;     // workers dial this (framed protobuf, common/net)
+  std::vector<std::string> apiKeys;  // empty -> no authentication
+  int64_t shortPromptTokens = 256;   // uncached prompt tokens <= this stay on a decode worker
+  int64_t maxBodyBytes = 8 << 20;    // larger HTTP bodies get 413
+  int64_t maxPromptTokens = 0;       // 0 -> model.max_model_len
+  int64_t loadReportIntervalMs = 100;     // how often workers send LoadReport
+  int64_t workerReportTimeoutMs = 1000;   // a worker silent this long is out of rotation
+  int64_t requestTimeoutMs = 600000;      // whole-request deadline
+  std::vector<double> ttftBucketsS;
+  std::vector<double> itlBucketsS;
+  std::vector<double> e2eBucketsS;
+};
+
+struct PrefillSlo {
+  double ttftMs = 1000;
+  double percentile = 99;     // (0, 100]
+};
+struct DecodeSlo {
+  double itlMs = 50;
+  double percentile = 99;
+};
+
+// Replica bounds: min_replicas <= replicas <= max_replicas; both bounds default to replicas
+// (a fixed-size pool) when absent. Worker i of a pool binds host:(base_port + i), base_port 0
+// meaning an OS-chosen port that the worker reports when it registers.
+struct PrefillPoolConfig {
+  int replicas = 1;           // 0 allowed: every request is served colocated
+  int minReplicas = 1;
+  int maxReplicas = 1;
+  std::string host = "127.0.0.1";
+  int basePort = 0;
+  PrefillSlo slo;
+};
+struct DecodePoolConfig {
+  int replicas = 1;           // >= 1: decode workers own every request
+  int minReplicas = 1;
+  int maxReplicas = 1;
+  std::string host = "127.0.0.1";
+  int basePort = 0;
+  DecodeSlo slo;
+};
+struct PoolsConfig {
+  PrefillPoolConfig prefill;
+  DecodePoolConfig decode;
+};
+
+// KV cache size: num_blocks when given, otherwise as many blocks as fit in kv_cache_bytes
+// (the two keys are exclusive).
+struct EngineConfig {
+  Backend backend = Backend::kCpu;
+  int threads = 0;            // cpu compute threads; 0 -> all cores
+  int blockSize = 16;         // tokens per KV block: 8, 16 or 32
+  int64_t numBlocks = 0;      // 0 -> derived from kvCacheBytes
+  int64_t kvCacheBytes = int64_t{256} << 20;
+  int64_t maxBatchTokens = 2048;    // per-step token budget (prefill chunks + decode tokens)
+  int maxRunningRequests = 128;
+  int maxQueue = 1024;        // waiting requests beyond this are rejected (503)
+  int tensorParallelSize = 1; // 1, 2, 4, 8; > 1 needs the cuda backend
+  bool enablePrefixCaching = true;
+};
+
+struct KvTransferConfig {
+  // Preference order; the first one both peers support is used, tcp is the fallback.
+  std::vector<TransportKind> transports = {TransportKind::kUcx, TransportKind::kVerbs,
+                                           TransportKind::kTcp};
+  std::string listenHost = "127.0.0.1";
+  int64_t timeoutMs = 10000;  // a remote prefill (compute + transfer) past this has failed
+  RemotePrefillFailure onRemotePrefillFailure = RemotePrefillFailure::kRecompute;
+};
+
+struct LoggingConfig {
+  LogLevel level = LogLevel::kInfo;
+};
+
+struct ClusterConfig {
+  std::string sourceName;     // the file (or name) it was parsed from, for messages
+  ModelConfig model;
+  RouterConfig router;
+  PoolsConfig pools;
+  EngineConfig engine;
+  KvTransferConfig kvTransfer;
+  LoggingConfig logging;
+};
+
+// The default buckets (before the SLO targets are inserted).
+std::vector<double> defaultTtftBucketsS();
+std::vector<double> defaultItlBucketsS();
+std::vector<double> defaultE2eBucketsS();
+
+// Reads and validates a file. Errors: kNotFound (cannot open), kInvalidArgument (YAML syntax,
+// with line and column; or any schema problem). Thread-safe (no shared state).
+Result<ClusterConfig> loadClusterConfig(const std::string& path);
+
+// Same, from text; sourceName prefixes the messages ("<string>" if empty).
+Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sourceName);
+
+}  // namespace pd::config

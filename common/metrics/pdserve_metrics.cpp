@@ -1,0 +1,164 @@
+#include "common/metrics/pdserve_metrics.h"
+
+#include <string>
+
+namespace pd::metrics {
+
+namespace {
+std::string s(std::string_view v) { return std::string(v); }
+}  // namespace
+
+RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets)
+    : r_(registry), buckets_(std::move(buckets)) {
+  inFlight = r_.gauge("pdserve_requests_in_flight", "Requests accepted and not yet finished.");
+  promptTokens_ = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens of finished requests.");
+  generationTokens_ =
+      r_.counter("pdserve_generation_tokens_total", "Tokens generated for finished requests.");
+}
+
+void RouterMetrics::observeTtft(std::string_view route, double seconds) {
+  r_.histogram("pdserve_time_to_first_token_seconds",
+               "Time from request arrival to the first token sent to the client.", buckets_.ttftS,
+               {{"route", s(route)}})
+      .observe(seconds);
+}
+
+void RouterMetrics::observeItl(std::string_view route, double seconds) {
+  r_.histogram("pdserve_inter_token_latency_seconds",
+               "Time between successive tokens sent to the client.", buckets_.itlS,
+               {{"route", s(route)}})
+      .observe(seconds);
+}
+
+void RouterMetrics::observeE2e(std::string_view route, double seconds) {
+  r_.histogram("pdserve_e2e_request_latency_seconds",
+               "Time from request arrival to the last byte of the response.", buckets_.e2eS,
+               {{"route", s(route)}})
+      .observe(seconds);
+}
+
+void RouterMetrics::observeQueueTime(std::string_view route, double seconds) {
+  r_.histogram("pdserve_request_queue_time_seconds",
+               "Time requests waited in worker queues before their first forward step.",
+               buckets_.e2eS, {{"route", s(route)}})
+      .observe(seconds);
+}
+
+void RouterMetrics::routeDecision(std::string_view route, std::string_view reason) {
+  r_.counter("pdserve_route_decisions_total", "Routing decisions by route and reason.",
+             {{"route", s(route)}, {"reason", s(reason)}})
+      .inc();
+}
+
+void RouterMetrics::requestFinished(std::string_view finishedReason, int64_t promptTokens,
+                                    int64_t completionTokens) {
+  r_.counter("pdserve_requests_finished_total", "Finished requests by finish reason.",
+             {{"finished_reason", s(finishedReason)}})
+      .inc();
+  promptTokens_.inc(static_cast<double>(promptTokens));
+  generationTokens_.inc(static_cast<double>(completionTokens));
+}
+
+void RouterMetrics::requestError(std::string_view type) {
+  r_.counter("pdserve_request_errors_total", "Requests answered with an error, by type.",
+             {{"type", s(type)}})
+      .inc();
+}
+
+void RouterMetrics::setSlo(std::string_view pool, double targetSeconds, double percentile) {
+  r_.gauge("pdserve_slo_target_seconds",
+           "The pool's latency SLO target (prefill: TTFT, decode: ITL).", {{"pool", s(pool)}})
+      .set(targetSeconds);
+  r_.gauge("pdserve_slo_percentile", "The percentile the pool's SLO target applies to.",
+           {{"pool", s(pool)}})
+      .set(percentile);
+}
+
+void RouterMetrics::setSloWindow(std::string_view pool, double observedSeconds,
+                                 double attainmentRatio) {
+  r_.gauge("pdserve_slo_observed_seconds",
+           "The SLO percentile of the pool's latency over the autoscaler window.",
+           {{"pool", s(pool)}})
+      .set(observedSeconds);
+  r_.gauge("pdserve_slo_attainment_ratio",
+           "Fraction of the window's observations within the pool's SLO target.",
+           {{"pool", s(pool)}})
+      .set(attainmentRatio);
+}
+
+void RouterMetrics::setPoolWorkers(std::string_view pool, int workers) {
+  r_.gauge("pdserve_pool_workers", "Workers registered and reporting, per pool.",
+           {{"pool", s(pool)}})
+      .set(workers);
+}
+
+void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
+  r_.gauge("pdserve_desired_replicas",
+           "Replicas the autoscaler recommends for the pool to meet its SLO.",
+           {{"pool", s(pool)}})
+      .set(replicas);
+}
+
+std::vector<double> defaultTransferBucketsS() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+          0.05,   0.1,     0.25,   0.5,   1,      2.5,    5,     10};
+}
+
+WorkerMetrics::WorkerMetrics(Registry& registry, const std::vector<double>& transferBucketsS)
+    : r_(registry), transferBuckets_(transferBucketsS) {
+  running = r_.gauge("pdserve_num_requests_running", "Requests in the running batch.");
+  waiting = r_.gauge("pdserve_num_requests_waiting", "Requests waiting to be scheduled.");
+  kvCacheUsage = r_.gauge("pdserve_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).");
+  queuedPrefillTokens =
+      r_.gauge("pdserve_queued_prefill_tokens", "Prompt tokens waiting to be prefilled.");
+  kvNumBlocks = r_.gauge("pdserve_kv_cache_num_blocks", "KV cache blocks in the pool.");
+  kvFreeBlocks = r_.gauge("pdserve_kv_cache_free_blocks", "KV cache blocks free.");
+  transfersInFlight =
+      r_.gauge("pdserve_kv_transfers_in_flight", "KV transfers posted and not complete.");
+  promptTokens = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens prefilled.");
+  generationTokens = r_.counter("pdserve_generation_tokens_total", "Tokens generated.");
+  preemptions = r_.counter("pdserve_num_preemptions_total", "Requests preempted.");
+  prefixCacheQueries = r_.counter("pdserve_prefix_cache_queries_total",
+                                  "Prompt tokens looked up in the prefix cache.");
+  prefixCacheHits =
+      r_.counter("pdserve_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.");
+}
+
+void WorkerMetrics::setCacheConfig(int blockSize, int64_t numBlocks) {
+  r_.gauge("pdserve_cache_config_info", "KV cache configuration (value 1).",
+           {{"block_size", std::to_string(blockSize)}, {"num_blocks", std::to_string(numBlocks)}})
+      .set(1);
+  kvNumBlocks.set(static_cast<double>(numBlocks));
+}
+
+void WorkerMetrics::transferDone(std::string_view transport, uint64_t bytes, double seconds) {
+  r_.counter("pdserve_kv_transfer_bytes_total", "KV bytes transferred, by transport.",
+             {{"transport", s(transport)}})
+      .inc(static_cast<double>(bytes));
+  r_.histogram("pdserve_kv_transfer_seconds",
+               "Duration of one request's KV transfer, first post to last completion.",
+               transferBuckets_, {{"transport", s(transport)}})
+      .observe(seconds);
+}
+
+void WorkerMetrics::transferFailed(std::string_view transport, std::string_view reason) {
+  r_.counter("pdserve_kv_transfer_failures_total", "Failed KV transfers, by transport and reason.",
+             {{"transport", s(transport)}, {"reason", s(reason)}})
+      .inc();
+}
+
+void WorkerMetrics::transportFallback(std::string_view from, std::string_view to) {
+  r_.counter("pdserve_kv_transfer_fallbacks_total",
+             "KV transfers retried on another transport after a failure.",
+             {{"from", s(from)}, {"to", s(to)}})
+      .inc();
+}
+
+void WorkerMetrics::remotePrefill(std::string_view outcome) {
+  r_.counter("pdserve_remote_prefill_total",
+             "Remote prefills by outcome (ok, recomputed locally, failed).",
+             {{"outcome", s(outcome)}})
+      .inc();
+}
+
+}  // namespace pd::metrics

@@ -1,0 +1,115 @@
+// The pdserve metric sets, with the names of DESIGN.md §6 in one place.
+//
+// Router (one RouterMetrics over the router's Registry, served at the router's /metrics):
+//   pdserve_time_to_first_token_seconds{route}     histogram, router.ttft_buckets_s
+//   pdserve_inter_token_latency_seconds{route}     histogram, router.itl_buckets_s
+//   pdserve_e2e_request_latency_seconds{route}     histogram, router.e2e_buckets_s
+//   pdserve_request_queue_time_seconds{route}      histogram, router.e2e_buckets_s
+//   pdserve_route_decisions_total{route,reason}    counter
+//   pdserve_requests_finished_total{finished_reason}, pdserve_request_errors_total{type}
+//   pdserve_prompt_tokens_total, pdserve_generation_tokens_total, pdserve_requests_in_flight
+//   pdserve_slo_target_seconds{pool}, pdserve_slo_percentile{pool},
+//   pdserve_slo_observed_seconds{pool}, pdserve_slo_attainment_ratio{pool}
+//   pdserve_pool_workers{pool}, pdserve_desired_replicas{pool}
+// route is "colocated" or "disaggregated"; pool is "prefill" or "decode".
+//
+// Worker (one WorkerMetrics over a Registry made with constant labels {role, worker}):
+//   pdserve_num_requests_running, pdserve_num_requests_waiting, pdserve_kv_cache_usage_perc
+//   (0..1), pdserve_queued_prefill_tokens, pdserve_kv_cache_num_blocks,
+//   pdserve_kv_cache_free_blocks, pdserve_cache_config_info{block_size,num_blocks} (= 1),
+//   pdserve_prompt_tokens_total, pdserve_generation_tokens_total,
+//   pdserve_num_preemptions_total, pdserve_prefix_cache_queries_total /
+//   pdserve_prefix_cache_hits_total (tokens),
+//   pdserve_kv_transfer_bytes_total{transport}, pdserve_kv_transfer_seconds{transport}
+//   (histogram), pdserve_kv_transfer_failures_total{transport,reason},
+//   pdserve_kv_transfer_fallbacks_total{from,to}, pdserve_kv_transfers_in_flight,
+//   pdserve_remote_prefill_total{outcome} (ok | recomputed | failed)
+// The gauges mirror vLLM's num_requests_running/waiting and kv_cache_usage_perc so that an
+// Inference-Gateway endpoint picker or a KEDA trigger can use them unchanged.
+//
+// Threads: as Registry: every method from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "common/metrics/metrics.h"
+
+namespace pd::metrics {
+
+inline constexpr std::string_view kRouteColocated = "colocated";
+inline constexpr std::string_view kRouteDisaggregated = "disaggregated";
+inline constexpr std::string_view kPoolPrefill = "prefill";
+inline constexpr std::string_view kPoolDecode = "decode";
+
+// Histogram bounds in seconds (take them from config::RouterConfig; queue time uses e2eS).
+struct LatencyBuckets {
+  std::vector<double> ttftS;
+  std::vector<double> itlS;
+  std::vector<double> e2eS;
+};
+
+class RouterMetrics {
+ public:
+  RouterMetrics(Registry& registry, LatencyBuckets buckets);
+
+  void observeTtft(std::string_view route, double seconds);
+  void observeItl(std::string_view route, double seconds);
+  void observeE2e(std::string_view route, double seconds);
+  void observeQueueTime(std::string_view route, double seconds);
+  // reason: why this route ("short_prompt", "long_prompt", "no_prefill_worker", ...).
+  void routeDecision(std::string_view route, std::string_view reason);
+  // finishedReason: stop | length | abort | error; tokens add to the token counters.
+  void requestFinished(std::string_view finishedReason, int64_t promptTokens,
+                       int64_t completionTokens);
+  // type: the OpenAI error type or a short class ("overloaded", "timeout").
+  void requestError(std::string_view type);
+  void setSlo(std::string_view pool, double targetSeconds, double percentile);
+  // Over the autoscaler's window: the observed percentile and the fraction within target.
+  void setSloWindow(std::string_view pool, double observedSeconds, double attainmentRatio);
+  void setPoolWorkers(std::string_view pool, int workers);
+  void setDesiredReplicas(std::string_view pool, int replicas);
+
+  Gauge inFlight;  // requests accepted and not yet finished
+
+ private:
+  Registry& r_;
+  LatencyBuckets buckets_;
+  Counter promptTokens_;
+  Counter generationTokens_;
+};
+
+// Default bounds of pdserve_kv_transfer_seconds: 100 us .. 10 s.
+std::vector<double> defaultTransferBucketsS();
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(Registry& registry,
+                         const std::vector<double>& transferBucketsS = defaultTransferBucketsS());
+
+  void setCacheConfig(int blockSize, int64_t numBlocks);
+  void transferDone(std::string_view transport, uint64_t bytes, double seconds);
+  void transferFailed(std::string_view transport, std::string_view reason);
+  void transportFallback(std::string_view from, std::string_view to);
+  void remotePrefill(std::string_view outcome);
+
+  Gauge running;
+  Gauge waiting;
+  Gauge kvCacheUsage;  // used / total blocks, 0..1
+  Gauge queuedPrefillTokens;
+  Gauge kvNumBlocks;
+  Gauge kvFreeBlocks;
+  Gauge transfersInFlight;
+  Counter promptTokens;
+  Counter generationTokens;
+  Counter preemptions;
+  Counter prefixCacheQueries;
+  Counter prefixCacheHits;
+
+ private:
+  Registry& r_;
+  std::vector<double> transferBuckets_;
+};
+
+}  // namespace pd::metrics

@@ -1,0 +1,628 @@
+// The one translation unit with Asio sockets: FramedConnection, FramedServer, FramedClient.
+#include "common/net/framed.h"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+
+#include <array>
+#include <atomic>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "common/base/log.h"
+
+namespace pd::net {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+const char* bodyName(const proto::Envelope& env) {
+  switch (env.body_case()) {
+    case proto::Envelope::kHello: return "hello";
+    case proto::Envelope::kLoadReport: return "load_report";
+    case proto::Envelope::kGenerate: return "generate";
+    case proto::Envelope::kTokenChunk: return "token_chunk";
+    case proto::Envelope::kCancel: return "cancel";
+    case proto::Envelope::kPrefillRequest: return "prefill_request";
+    case proto::Envelope::kPrefillDone: return "prefill_done";
+    case proto::Envelope::kError: return "error";
+    case proto::Envelope::BODY_NOT_SET: return "none";
+  }
+  return "unknown";
+}
+
+proto::Error toProtoError(const Status& status) {
+  proto::Error e;
+  int code = static_cast<int>(status.code());
+  // pd.proto.ErrorCode mirrors StatusCode numerically from kInvalidArgument on.
+  e.set_code(code >= 2 && code <= 13 ? static_cast<proto::ErrorCode>(code)
+                                     : proto::ERROR_INTERNAL);
+  e.set_message(status.message());
+  return e;
+}
+
+Status fromProtoError(const proto::Error& error) {
+  int code = static_cast<int>(error.code());
+  StatusCode sc = code >= 2 && code <= 13 ? static_cast<StatusCode>(code) : StatusCode::kInternal;
+  return Status(sc, error.message());
+}
+
+namespace {
+
+std::atomic<uint64_t> gNextConnectionId{1};
+
+std::string endpointText(const tcp::endpoint& ep) {
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+double toMs(Duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+// One frame ready to write: length prefix + payload, built on the sender's thread.
+using Frame = std::shared_ptr<const std::string>;
+
+Result<Frame> buildFrame(const proto::Envelope& env, size_t maxFrameBytes) {
+  size_t size = env.ByteSizeLong();
+  if (size > maxFrameBytes) {
+    return resourceExhausted("frame of " + std::to_string(size) + " bytes (" + bodyName(env) +
+                             ") exceeds the " + std::to_string(maxFrameBytes) + "-byte limit");
+  }
+  auto frame = std::make_shared<std::string>(4 + size, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(frame->data());
+  p[0] = static_cast<uint8_t>(size >> 24);
+  p[1] = static_cast<uint8_t>(size >> 16);
+  p[2] = static_cast<uint8_t>(size >> 8);
+  p[3] = static_cast<uint8_t>(size);
+  if (!env.SerializeToArray(p + 4, static_cast<int>(size))) {
+    return invalidArgument(std::string("cannot serialize a ") + bodyName(env) + " envelope");
+  }
+  return Frame(std::move(frame));
+}
+
+class Connection final : public FramedConnection,
+                         public std::enable_shared_from_this<Connection> {
+ public:
+  using ConnectDone = std::function<void(Result<ConnectionPtr>)>;
+
+  // socket's executor is this connection's strand: every completion handler of the socket and
+  // the timer runs there, so the state below needs no lock (except the atomics read by
+  // other threads).
+  Connection(tcp::socket socket, ConnectionOptions options, ConnectionCallbacks callbacks)
+      : socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        options_(std::move(options)),
+        callbacks_(std::move(callbacks)),
+        id_(gNextConnectionId.fetch_add(1)) {}
+
+  // Server side: the socket is connected; say hello and wait for the peer's.
+  void startAccepted() {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] {
+      if (self->closed_) return;  // closed before it started (server stopping)
+      boost::system::error_code ec;
+      auto ep = self->socket_.remote_endpoint(ec);
+      self->remote_ = ec ? std::string("?") : endpointText(ep);
+      self->beginHandshake(self->options_.handshakeTimeout);
+    });
+  }
+
+  // Client side: resolve, connect, handshake, all within timeout; done runs once.
+  void startConnect(const std::string& host, int port, Duration timeout, ConnectDone done) {
+    asio::post(socket_.get_executor(), [self = shared_from_this(), host, port, timeout,
+                                        done = std::move(done)]() mutable {
+      if (self->closed_) return;
+      self->connectDone_ = std::move(done);
+      self->remote_ = host + ":" + std::to_string(port);
+      self->armTimer(timeout, "connect to " + self->remote_);
+      boost::system::error_code ec;
+      auto addr = asio::ip::make_address(host, ec);
+      if (!ec) {
+        self->connectTo({tcp::endpoint(addr, static_cast<uint16_t>(port))}, timeout);
+        return;
+      }
+      auto resolver = std::make_shared<tcp::resolver>(self->socket_.get_executor());
+      resolver->async_resolve(
+          host, std::to_string(port),
+          [self, resolver, host, timeout](const boost::system::error_code& rec,
+                                          tcp::resolver::results_type results) {
+            if (self->closed_) return;
+            if (rec) {
+              self->closeNow(invalidArgument("cannot resolve " + host + ": " + rec.message()));
+              return;
+            }
+            std::vector<tcp::endpoint> eps;
+            for (const auto& r : results) eps.push_back(r.endpoint());
+            self->connectTo(std::move(eps), timeout);
+          });
+    });
+  }
+
+  Status send(proto::Envelope env) override {
+    if (!open_.load(std::memory_order_acquire)) {
+      return unavailable("connection " + remote_ + " is closed");
+    }
+    env.set_version(kProtocolVersion);
+    auto frame = buildFrame(env, options_.maxFrameBytes);
+    if (!frame.ok()) return frame.status();
+    return enqueue(std::move(frame).value());
+  }
+
+  void close(Status reason) override {
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this(), reason = std::move(reason)] { self->closeNow(reason); });
+  }
+
+  bool isOpen() const override { return open_.load(std::memory_order_acquire); }
+  const proto::Hello& peerHello() const override { return peerHello_; }
+  std::string remoteAddress() const override { return remote_; }
+  uint64_t id() const override { return id_; }
+
+ private:
+  void connectTo(std::vector<tcp::endpoint> eps, Duration timeout) {
+    asio::async_connect(socket_, eps,
+                        [self = shared_from_this(), timeout](const boost::system::error_code& ec,
+                                                             const tcp::endpoint&) {
+                          if (self->closed_) return;
+                          if (ec) {
+                            self->closeNow(unavailable("connect to " + self->remote_ + ": " +
+                                                       ec.message()));
+                            return;
+                          }
+                          // The connect timer keeps running: it bounds the handshake too.
+                          self->beginHandshake(Duration::zero());
+                        });
+  }
+
+  // Sends our hello and reads the peer's. timeout zero: a timer is already armed.
+  void beginHandshake(Duration timeout) {
+    boost::system::error_code ec;
+    socket_.set_option(tcp::no_delay(true), ec);  // token streaming: latency over batching
+    if (timeout != Duration::zero()) armTimer(timeout, "handshake with " + remote_);
+    proto::Envelope hello;
+    hello.set_version(kProtocolVersion);
+    *hello.mutable_hello() = options_.hello;
+    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    auto frame = buildFrame(hello, options_.maxFrameBytes);
+    if (!frame.ok()) {
+      closeNow(frame.status());
+      return;
+    }
+    queuedBytes_.fetch_add(frame.value()->size());
+    pushFrame(std::move(frame).value());
+    readHeader();
+  }
+
+  void armTimer(Duration timeout, std::string what) {
+    timer_.expires_after(timeout);
+    timer_.async_wait([self = shared_from_this(), what = std::move(what),
+                       timeout](const boost::system::error_code& ec) {
+      if (ec || self->closed_ || self->established_) return;
+      self->fail(deadlineExceeded(what + ": no hello within " +
+                                  std::to_string(static_cast<int64_t>(toMs(timeout))) + " ms"));
+    });
+  }
+
+  Status enqueue(Frame frame) {
+    size_t queued = queuedBytes_.fetch_add(frame->size()) + frame->size();
+    if (queued > options_.maxQueuedBytes) {
+      queuedBytes_.fetch_sub(frame->size());
+      return resourceExhausted("send queue to " + remote_ + " holds over " +
+                               std::to_string(options_.maxQueuedBytes) + " bytes");
+    }
+    asio::post(socket_.get_executor(), [self = shared_from_this(), frame = std::move(frame)] {
+      if (self->closed_ || self->closing_) {
+        self->queuedBytes_.fetch_sub(frame->size());
+        return;
+      }
+      self->pushFrame(frame);
+    });
+    return Status::ok();
+  }
+
+  // On the strand. The frame's bytes are already counted in queuedBytes_.
+  void pushFrame(Frame frame) {
+    queue_.push_back(std::move(frame));
+    if (!writing_) writeQueued();
+  }
+
+  // Writes everything queued so far in one gather write; frames queued meanwhile wait for the
+  // next one. One write in flight at a time keeps frames whole and in order.
+  void writeQueued() {
+    writing_ = true;
+    writeBatch_.assign(queue_.begin(), queue_.end());
+    queue_.clear();
+    std::vector<asio::const_buffer> buffers;
+    buffers.reserve(writeBatch_.size());
+    for (const auto& f : writeBatch_) buffers.emplace_back(f->data(), f->size());
+    asio::async_write(socket_, buffers,
+                      [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+                        self->onWritten(ec, n);
+                      });
+  }
+
+  void onWritten(const boost::system::error_code& ec, size_t) {
+    size_t bytes = 0;
+    for (const auto& f : writeBatch_) bytes += f->size();
+    writeBatch_.clear();
+    writing_ = false;
+    if (closed_) return;
+    queuedBytes_.fetch_sub(bytes);
+    if (ec) {
+      closeNow(unavailable("write to " + remote_ + " failed: " + ec.message()));
+      return;
+    }
+    if (!queue_.empty()) {
+      writeQueued();
+    } else if (closing_) {
+      closeNow(closingReason_);
+    }
+  }
+
+  void readHeader() {
+    asio::async_read(socket_, asio::buffer(header_),
+                     [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+                       self->onHeader(ec, n);
+                     });
+  }
+
+  void onHeader(const boost::system::error_code& ec, size_t n) {
+    if (closed_ || closing_) return;
+    if (ec) {
+      readFailed(ec, n, 4, true);
+      return;
+    }
+    uint32_t len = (uint32_t{header_[0]} << 24) | (uint32_t{header_[1]} << 16) |
+                   (uint32_t{header_[2]} << 8) | uint32_t{header_[3]};
+    if (len > options_.maxFrameBytes) {
+      fail(resourceExhausted("peer " + remote_ + " announced a frame of " + std::to_string(len) +
+                             " bytes, over the " + std::to_string(options_.maxFrameBytes) +
+                             "-byte limit"));
+      return;
+    }
+    body_.resize(len);
+    if (len == 0) {
+      onBody({}, 0);
+      return;
+    }
+    asio::async_read(socket_, asio::buffer(body_),
+                     [self = shared_from_this()](const boost::system::error_code& ec2, size_t m) {
+                       self->onBody(ec2, m);
+                     });
+  }
+
+  void onBody(const boost::system::error_code& ec, size_t n) {
+    if (closed_ || closing_) return;
+    if (ec) {
+      readFailed(ec, n, body_.size(), false);
+      return;
+    }
+    proto::Envelope env;
+    if (!env.ParseFromArray(body_.data(), static_cast<int>(body_.size()))) {
+      fail(dataLoss("peer " + remote_ + " sent a frame of " + std::to_string(body_.size()) +
+                    " bytes that is not a valid Envelope"));
+      return;
+    }
+    if (body_.capacity() > (size_t{1} << 20)) {
+      std::vector<uint8_t>().swap(body_);  // do not keep a large frame's buffer around
+    }
+    if (!established_) {
+      if (!handshake(env)) return;
+    } else if (env.body_case() == proto::Envelope::BODY_NOT_SET) {
+      fail(invalidArgument("peer " + remote_ +
+                           " sent an envelope with no known body (newer protocol?)"));
+      return;
+    } else if (env.has_hello()) {
+      fail(failedPrecondition("peer " + remote_ + " sent a second hello"));
+      return;
+    } else if (callbacks_.onMessage) {
+      callbacks_.onMessage(shared_from_this(), std::move(env));
+    }
+    if (!closed_ && !closing_) readHeader();
+  }
+
+  bool handshake(const proto::Envelope& env) {
+    if (!env.has_hello()) {
+      reject(failedPrecondition("peer " + remote_ + " sent " + bodyName(env) +
+                                " as its first frame; expected hello"));
+      return false;
+    }
+    uint32_t v = env.hello().protocol_version();
+    if (v != kProtocolVersion || env.version() != kProtocolVersion) {
+      reject(failedPrecondition("protocol version mismatch: peer " + remote_ + " speaks " +
+                                std::to_string(v != kProtocolVersion ? v : env.version()) +
+                                ", this side speaks " + std::to_string(kProtocolVersion)));
+      return false;
+    }
+    peerHello_ = env.hello();
+    established_ = true;
+    open_.store(true, std::memory_order_release);
+    timer_.cancel();
+    if (connectDone_) {
+      auto done = std::move(connectDone_);
+      connectDone_ = nullptr;
+      done(ConnectionPtr(shared_from_this()));
+    }
+    if (callbacks_.onOpen) callbacks_.onOpen(shared_from_this());
+    return true;
+  }
+
+  void readFailed(const boost::system::error_code& ec, size_t got, size_t want, bool header) {
+    if (ec == asio::error::operation_aborted) return;  // we closed the socket
+    if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+      if (got == 0 && header) {
+        closeNow(unavailable("peer " + remote_ + " closed the connection"));
+      } else {
+        fail(dataLoss("peer " + remote_ + " closed the connection mid-frame" +
+                      (header ? " header" : "") + ": got " +
+                      std::to_string(got) + " of " + std::to_string(want) + " bytes"));
+      }
+      return;
+    }
+    closeNow(unavailable("read from " + remote_ + " failed: " + ec.message()));
+  }
+
+  // A protocol violation by the peer: logged once here, where it is understood.
+  void fail(Status reason) {
+    PD_LOG(kWarn, "net") << "closing connection " << id_ << " (" << remote_
+                         << "): " << reason.toString();
+    closeNow(std::move(reason));
+  }
+
+  // Tells the peer why (an Error frame), then closes once it is written or after 1 s.
+  void reject(Status reason) {
+    PD_LOG(kWarn, "net") << "rejecting connection " << id_ << " (" << remote_
+                         << "): " << reason.toString();
+    proto::Envelope env;
+    env.set_version(kProtocolVersion);
+    *env.mutable_error() = toProtoError(reason);
+    auto frame = buildFrame(env, options_.maxFrameBytes);
+    if (frame.ok()) {
+      queuedBytes_.fetch_add(frame.value()->size());
+      pushFrame(std::move(frame).value());
+    }
+    closing_ = true;
+    open_.store(false, std::memory_order_release);
+    closingReason_ = reason;
+    if (!writing_ && queue_.empty()) {
+      closeNow(reason);
+      return;
+    }
+    timer_.expires_after(std::chrono::seconds(1));
+    timer_.async_wait([self = shared_from_this(), reason](const boost::system::error_code& ec) {
+      if (!ec) self->closeNow(reason);
+    });
+  }
+
+  void closeNow(Status reason) {
+    if (closed_) return;
+    closed_ = true;
+    open_.store(false, std::memory_order_release);
+    PD_LOG(kDebug, "net") << "connection " << id_ << " (" << remote_
+                          << ") closed: " << reason.toString();
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    timer_.cancel();
+    queue_.clear();
+    // Move the callbacks out: they may hold the last reference to this connection (through a
+    // captured ConnectionPtr) and must not be destroyed while running.
+    ConnectionCallbacks callbacks = std::move(callbacks_);
+    callbacks_ = {};
+    if (connectDone_) {
+      // A client that never connected reports through connect()'s result, not onClose.
+      auto done = std::move(connectDone_);
+      connectDone_ = nullptr;
+      done(reason);
+      return;
+    }
+    if (callbacks.onClose) callbacks.onClose(shared_from_this(), reason);
+  }
+
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  ConnectionOptions options_;
+  ConnectionCallbacks callbacks_;
+  const uint64_t id_;
+  std::string remote_ = "?";
+  proto::Hello peerHello_;
+  ConnectDone connectDone_;
+
+  // Strand state.
+  bool established_ = false;
+  bool closing_ = false;  // an Error is being flushed; nothing else is read or sent
+  bool closed_ = false;
+  Status closingReason_;
+  std::array<uint8_t, 4> header_{};
+  std::vector<uint8_t> body_;
+  std::deque<Frame> queue_;
+  std::vector<Frame> writeBatch_;
+  bool writing_ = false;
+
+  std::atomic<bool> open_{false};
+  std::atomic<size_t> queuedBytes_{0};
+};
+
+// Server state lives behind a shared_ptr so the accept handler can outlive the FramedServer
+// object by the moment it takes the io_context to cancel it.
+struct ServerState : std::enable_shared_from_this<ServerState> {
+  ServerState(asio::io_context& ctx, ConnectionOptions o, ConnectionCallbacks c)
+      : ctx(ctx), acceptor(asio::make_strand(ctx)), options(std::move(o)),
+        callbacks(std::move(c)) {}
+
+  void acceptNext() {
+    acceptor.async_accept(asio::make_strand(ctx), [self = shared_from_this()](
+                                                      const boost::system::error_code& ec,
+                                                      tcp::socket socket) {
+      if (ec) {
+        if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+        // Out of descriptors and the like: log, back off a little, keep serving.
+        PD_LOG(kWarn, "net") << "accept failed: " << ec.message();
+        auto timer = std::make_shared<asio::steady_timer>(self->acceptor.get_executor());
+        timer->expires_after(std::chrono::milliseconds(50));
+        timer->async_wait([self, timer](const boost::system::error_code&) {
+          if (self->acceptor.is_open()) self->acceptNext();
+        });
+        return;
+      }
+      self->startConnection(std::move(socket));
+      self->acceptNext();
+    });
+  }
+
+  void startConnection(tcp::socket socket) {
+    ConnectionCallbacks cb;
+    std::weak_ptr<ServerState> weak = weak_from_this();
+    cb.onOpen = callbacks.onOpen;
+    cb.onMessage = callbacks.onMessage;
+    auto userClose = callbacks.onClose;
+    cb.onClose = [weak, userClose](const ConnectionPtr& c, const Status& reason) {
+      if (auto self = weak.lock()) {
+        std::lock_guard<std::mutex> lock(self->mutex);
+        self->live.erase(c->id());
+      }
+      if (userClose) userClose(c, reason);
+    };
+    auto conn = std::make_shared<Connection>(std::move(socket), options, std::move(cb));
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopped) {
+        conn->close(cancelled("server stopped"));
+      }
+      live[conn->id()] = conn;
+    }
+    conn->startAccepted();
+  }
+
+  void stop() {
+    std::vector<std::shared_ptr<Connection>> toClose;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopped) return;
+      stopped = true;
+      for (auto& [id, weak] : live) {
+        if (auto c = weak.lock()) toClose.push_back(std::move(c));
+      }
+    }
+    asio::post(acceptor.get_executor(), [self = shared_from_this()] {
+      boost::system::error_code ec;
+      self->acceptor.close(ec);
+    });
+    for (auto& c : toClose) c->close(cancelled("server stopped"));
+  }
+
+  asio::io_context& ctx;
+  tcp::acceptor acceptor;
+  ConnectionOptions options;
+  ConnectionCallbacks callbacks;
+  std::mutex mutex;
+  bool stopped = false;
+  std::unordered_map<uint64_t, std::weak_ptr<Connection>> live;
+  int port = 0;
+};
+
+class Server final : public FramedServer {
+ public:
+  explicit Server(std::shared_ptr<ServerState> state) : state_(std::move(state)) {}
+  ~Server() override { stop(); }
+  int port() const override { return state_->port; }
+  void stop() override { state_->stop(); }
+  size_t connectionCount() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->live.size();
+  }
+
+ private:
+  std::shared_ptr<ServerState> state_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<FramedServer>> FramedServer::listen(IoPool& pool, const std::string& host,
+                                                           int port, ConnectionOptions options,
+                                                           ConnectionCallbacks callbacks) {
+  std::string where = "listen on " + host + ":" + std::to_string(port);
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(host, ec);
+  if (ec) return invalidArgument(where + ": not an IP address (" + ec.message() + ")");
+  if (port < 0 || port > 65535) return invalidArgument(where + ": port out of range");
+  auto state = std::make_shared<ServerState>(pool.context(), std::move(options),
+                                             std::move(callbacks));
+  tcp::endpoint ep(addr, static_cast<uint16_t>(port));
+  state->acceptor.open(ep.protocol(), ec);
+  if (!ec) state->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) state->acceptor.bind(ep, ec);
+  if (!ec) state->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return unavailable(where + ": " + ec.message());
+  state->port = state->acceptor.local_endpoint(ec).port();
+  // The acceptor is only touched on its strand from here on.
+  asio::post(state->acceptor.get_executor(), [state] { state->acceptNext(); });
+  return std::unique_ptr<FramedServer>(new Server(std::move(state)));
+}
+
+void FramedClient::connectAsync(IoPool& pool, const std::string& host, int port,
+                                ConnectionOptions options, ConnectionCallbacks callbacks,
+                                Duration timeout, std::function<void(Result<ConnectionPtr>)> done) {
+  auto conn = std::make_shared<Connection>(tcp::socket(asio::make_strand(pool.context())),
+                                           std::move(options), std::move(callbacks));
+  conn->startConnect(host, port, timeout, std::move(done));
+}
+
+Result<ConnectionPtr> FramedClient::connect(IoPool& pool, const std::string& host, int port,
+                                            ConnectionOptions options,
+                                            ConnectionCallbacks callbacks, Duration timeout) {
+  if (pool.inPoolThread()) {
+    return failedPrecondition("FramedClient::connect called on an I/O thread; use connectAsync");
+  }
+  auto promise = std::make_shared<std::promise<Result<ConnectionPtr>>>();
+  auto future = promise->get_future();
+  connectAsync(pool, host, port, std::move(options), std::move(callbacks), timeout,
+               [promise](Result<ConnectionPtr> r) { promise->set_value(std::move(r)); });
+  // The connection's own timer bounds the attempt; the margin only covers a stopped pool.
+  if (future.wait_for(timeout + std::chrono::seconds(2)) != std::future_status::ready) {
+    return deadlineExceeded("connect to " + host + ":" + std::to_string(port) +
+                            ": the I/O pool did not answer");
+  }
+  return future.get();
+}
+
+Result<ConnectionPtr> FramedClient::connectWithRetry(IoPool& pool, const std::string& host,
+                                                     int port, const ConnectionOptions& options,
+                                                     const ConnectionCallbacks& callbacks,
+                                                     const RetryPolicy& policy) {
+  auto deadline = std::chrono::steady_clock::now() + policy.totalTimeout;
+  Duration delay = policy.initialDelay;
+  int attempts = 0;
+  for (;;) {
+    auto now = std::chrono::steady_clock::now();
+    Duration left = deadline - now;
+    Duration attempt = std::min(policy.attemptTimeout, left);
+    if (attempt <= Duration::zero()) attempt = std::chrono::milliseconds(1);
+    ++attempts;
+    auto r = connect(pool, host, port, options, callbacks, attempt);
+    if (r.ok()) return r;
+    StatusCode code = r.status().code();
+    if (code == StatusCode::kFailedPrecondition || code == StatusCode::kInvalidArgument) return r;
+    now = std::chrono::steady_clock::now();
+    if (now + delay >= deadline) {
+      return Status(code, r.status().message() + " (gave up after " + std::to_string(attempts) +
+                              " attempts in " +
+                              std::to_string(static_cast<int64_t>(toMs(policy.totalTimeout))) +
+                              " ms)");
+    }
+    PD_LOG(kDebug, "net") << "connect attempt " << attempts << " failed: "
+                          << r.status().toString() << "; retrying in " << toMs(delay) << " ms";
+    std::this_thread::sleep_for(delay);
+    delay = std::min(policy.maxDelay,
+                     std::chrono::duration_cast<Duration>(delay * policy.multiplier));
+  }
+}
+
+}  // namespace pd::net

@@ -1,0 +1,149 @@
+// Framed protobuf RPC over TCP (DESIGN.md §5): the control plane between router and workers.
+//
+// Wire: each frame is a 4-byte big-endian length followed by that many bytes of a serialized
+// pd.proto.Envelope. The first frame in each direction is a Hello whose protocol version must
+// equal kProtocolVersion. A connection is closed, with the reason logged and passed to
+// onClose, when the peer
+//   - announces a frame larger than maxFrameBytes      (kResourceExhausted)
+//   - sends bytes that do not parse as an Envelope     (kDataLoss)
+//   - sends an Envelope with no (known) body           (kInvalidArgument)
+//   - starts with anything but Hello, or another version (kFailedPrecondition; the peer gets
+//     an Error frame saying why before the close)
+//   - says nothing within handshakeTimeout             (kDeadlineExceeded)
+//   - closes mid-frame                                  (kDataLoss)
+//   - closes between frames                             (kUnavailable)
+// Nothing a peer sends can crash the process; the server keeps serving other connections.
+//
+// Usage (a worker dialing the router; the router runs a FramedServer):
+//   pd::net::IoPool io(2);
+//   pd::net::ConnectionOptions opts;
+//   opts.hello.set_role(pd::proto::ROLE_DECODE);
+//   opts.hello.set_worker_id("decode-0");
+//   pd::net::ConnectionCallbacks cb;
+//   cb.onMessage = [&](const pd::net::ConnectionPtr& c, pd::proto::Envelope&& env) {...};
+//   cb.onClose = [&](const pd::net::ConnectionPtr& c, const pd::Status& why) {...};
+//   PD_ASSIGN_OR_RETURN(auto conn, pd::net::FramedClient::connect(io, "127.0.0.1", 9000,
+//                                                  opts, cb, std::chrono::seconds(5)));
+//   pd::proto::Envelope env;  env.set_request_id(7);  env.mutable_cancel()->set_request_id(7);
+//   PD_RETURN_IF_ERROR(conn->send(std::move(env)));
+//
+// Threads:
+//   - onOpen, onMessage and onClose of one connection run on that connection's strand: one at
+//     a time, in order, on some IoPool thread. Different connections run in parallel. They
+//     must not block (post heavy work to the owner's loop thread) and must not throw.
+//   - onClose runs exactly once per connection that was accepted or connected, also when the
+//     handshake failed (then onOpen never ran), and never before onOpen when onOpen ran.
+//     No onMessage follows it.
+//   - send(), close(), isOpen(), peerHello() (after open) may be called from any thread,
+//     including from inside the callbacks.
+//   - FramedClient::connect() blocks the caller until the handshake is done or the timeout
+//     passes; do not call it from an IoPool thread (use connectAsync there).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/base/status.h"
+#include "common/net/io_pool.h"
+#include "common/proto/pdserve.pb.h"
+
+namespace pd::net {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kDefaultMaxFrameBytes = size_t{64} << 20;
+
+using Duration = std::chrono::steady_clock::duration;
+
+class FramedConnection;
+using ConnectionPtr = std::shared_ptr<FramedConnection>;
+
+struct ConnectionOptions {
+  // What this side says in its first frame (protocol_version and the envelope version are
+  // filled in). Role and worker id are what the peer's logs and tables will call us.
+  proto::Hello hello;
+  size_t maxFrameBytes = kDefaultMaxFrameBytes;  // both directions
+  // send() fails with kResourceExhausted while this many bytes wait to be written.
+  size_t maxQueuedBytes = size_t{256} << 20;
+  Duration handshakeTimeout = std::chrono::seconds(5);
+};
+
+struct ConnectionCallbacks {
+  std::function<void(const ConnectionPtr&)> onOpen;  // handshake done; peerHello() is valid
+  std::function<void(const ConnectionPtr&, proto::Envelope&&)> onMessage;
+  std::function<void(const ConnectionPtr&, const Status& reason)> onClose;
+};
+
+class FramedConnection {
+ public:
+  virtual ~FramedConnection() = default;
+
+  // Queues one frame; frames go out in the order send() was called, never interleaved.
+  // Serialization happens on the caller's thread. Sets env.version. Never blocks.
+  // Errors: kUnavailable (closed or closing), kResourceExhausted (frame over maxFrameBytes,
+  // or the send queue is full), kInvalidArgument (the message cannot be serialized).
+  virtual Status send(proto::Envelope env) = 0;
+  // Closes now (queued frames are dropped); onClose gets `reason`. Idempotent.
+  virtual void close(Status reason) = 0;
+  virtual bool isOpen() const = 0;
+  // The peer's Hello; valid once onOpen ran (or connect() returned).
+  virtual const proto::Hello& peerHello() const = 0;
+  virtual std::string remoteAddress() const = 0;  // "127.0.0.1:54321"
+  virtual uint64_t id() const = 0;                // unique within the process
+};
+
+class FramedServer {
+ public:
+  // Binds host:port (port 0: an OS-chosen port, see port()) and accepts until stop().
+  // callbacks apply to every accepted connection.
+  static Result<std::unique_ptr<FramedServer>> listen(IoPool& pool, const std::string& host,
+                                                      int port, ConnectionOptions options,
+                                                      ConnectionCallbacks callbacks);
+  virtual ~FramedServer() = default;  // stops
+  virtual int port() const = 0;
+  // Stops accepting and closes every live connection (their onClose runs with kCancelled).
+  // Any thread; idempotent.
+  virtual void stop() = 0;
+  virtual size_t connectionCount() const = 0;
+};
+
+// Backoff between connection attempts: initialDelay, then * multiplier up to maxDelay, until
+// the overall deadline passes.
+struct RetryPolicy {
+  Duration initialDelay = std::chrono::milliseconds(50);
+  Duration maxDelay = std::chrono::seconds(2);
+  double multiplier = 2.0;
+  Duration attemptTimeout = std::chrono::seconds(2);
+  Duration totalTimeout = std::chrono::seconds(30);
+};
+
+class FramedClient {
+ public:
+  // Connects and exchanges hellos within timeout. Errors: kUnavailable (refused, unreachable,
+  // closed during the handshake), kDeadlineExceeded, kFailedPrecondition (the server rejected
+  // our version or role), kInvalidArgument (host does not resolve).
+  static Result<ConnectionPtr> connect(IoPool& pool, const std::string& host, int port,
+                                       ConnectionOptions options, ConnectionCallbacks callbacks,
+                                       Duration timeout);
+  // The same, without blocking: done runs once, on a pool thread.
+  static void connectAsync(IoPool& pool, const std::string& host, int port,
+                           ConnectionOptions options, ConnectionCallbacks callbacks,
+                           Duration timeout, std::function<void(Result<ConnectionPtr>)> done);
+  // connect() until it succeeds, a non-retryable error (kFailedPrecondition,
+  // kInvalidArgument) occurs, or policy.totalTimeout passes. Blocking, like connect().
+  static Result<ConnectionPtr> connectWithRetry(IoPool& pool, const std::string& host, int port,
+                                                const ConnectionOptions& options,
+                                                const ConnectionCallbacks& callbacks,
+                                                const RetryPolicy& policy);
+};
+
+// "hello", "generate", ... for logs and messages; "none" when unset.
+const char* bodyName(const proto::Envelope& env);
+
+// Status <-> wire Error.
+proto::Error toProtoError(const Status& status);
+Status fromProtoError(const proto::Error& error);
+
+}  // namespace pd::net

@@ -1,0 +1,241 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "common/config/cluster_config.h"
+
+using namespace pd;
+using namespace pd::config;
+
+namespace {
+
+// The message of a config that must fail to load.
+std::string errorOf(const std::string& yaml) {
+  auto r = parseClusterConfig(yaml, "test.yaml");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  return r.status().message();
+}
+
+ClusterConfig parseOk(const std::string& yaml) {
+  auto r = parseClusterConfig(yaml, "test.yaml");
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  return std::move(r).value();
+}
+
+}  // namespace
+
+TEST_CASE("every example in deploy/configs loads") {
+  // Tests run from the source root (pd_add_test sets WORKING_DIRECTORY), so the directory is
+  // listed at test time: a new example is covered without touching this file.
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator("deploy/configs")) {
+    if (entry.path().extension() != ".yaml" && entry.path().extension() != ".yml") continue;
+    names.insert(entry.path().filename().string());
+    auto r = loadClusterConfig(entry.path().string());
+    INFO(entry.path().string() << ": " << r.status().message());
+    CHECK(r.ok());
+  }
+  CHECK(names.count("local.yaml") == 1);
+  CHECK(names.count("disaggregated-gpu.yaml") == 1);
+  CHECK(names.count("colocated.yaml") == 1);
+}
+
+TEST_CASE("the example configs hold what they say") {
+  auto local = loadClusterConfig("deploy/configs/local.yaml");
+  REQUIRE(local.ok());
+  CHECK(local->sourceName == "deploy/configs/local.yaml");
+  CHECK(local->engine.backend == Backend::kCpu);
+  CHECK(local->pools.prefill.replicas == 1);
+  CHECK(local->pools.decode.replicas == 1);
+  CHECK(local->router.host == "127.0.0.1");
+  CHECK(local->kvTransfer.transports == std::vector<TransportKind>{TransportKind::kTcp});
+  CHECK(local->model.name == "small");
+
+  auto gpu = loadClusterConfig("deploy/configs/disaggregated-gpu.yaml");
+  REQUIRE(gpu.ok());
+  CHECK(gpu->engine.backend == Backend::kCuda);
+  CHECK(gpu->kvTransfer.transports.front() == TransportKind::kUcx);
+  CHECK(gpu->pools.prefill.replicas == 2);
+  CHECK(gpu->pools.decode.replicas == 4);
+  CHECK(gpu->pools.decode.maxReplicas == 16);
+  CHECK(gpu->model.dtype == DType::kBF16);
+  CHECK(gpu->router.apiKeys.size() == 2);
+
+  auto colo = loadClusterConfig("deploy/configs/colocated.yaml");
+  REQUIRE(colo.ok());
+  CHECK(colo->pools.prefill.replicas == 0);
+  CHECK(colo->engine.numBlocks == 4096);
+  CHECK(colo->engine.kvCacheBytes == 0);
+}
+
+TEST_CASE("an empty file is a valid cluster with the documented defaults") {
+  ClusterConfig c = parseOk("");
+  CHECK(c.model.path == "models/small");
+  CHECK(c.model.name == "small");
+  CHECK(c.model.preset == ModelPreset::kSmall);
+  CHECK(c.model.dtype == DType::kAuto);
+  CHECK(c.router.port == 8000);
+  CHECK(c.router.controlPort == 9000);
+  CHECK(c.router.shortPromptTokens == 256);
+  CHECK(c.router.workerReportTimeoutMs == 1000);
+  CHECK(c.router.apiKeys.empty());
+  CHECK(c.pools.prefill.replicas == 1);
+  CHECK(c.pools.prefill.minReplicas == 1);
+  CHECK(c.pools.prefill.maxReplicas == 1);
+  CHECK(c.pools.prefill.slo.ttftMs == 1000);
+  CHECK(c.pools.decode.slo.itlMs == 50);
+  CHECK(c.pools.decode.slo.percentile == 99);
+  CHECK(c.engine.blockSize == 16);
+  CHECK(c.engine.tensorParallelSize == 1);
+  CHECK(c.kvTransfer.transports ==
+        std::vector<TransportKind>{TransportKind::kUcx, TransportKind::kVerbs, TransportKind::kTcp});
+  CHECK(c.kvTransfer.onRemotePrefillFailure == RemotePrefillFailure::kRecompute);
+  CHECK(c.logging.level == LogLevel::kInfo);
+  // The SLO targets (1 s, 50 ms) are already bucket bounds of the defaults.
+  CHECK(c.router.ttftBucketsS == defaultTtftBucketsS());
+  CHECK(c.router.itlBucketsS == defaultItlBucketsS());
+  CHECK(c.router.e2eBucketsS == defaultE2eBucketsS());
+}
+
+TEST_CASE("the SLO target becomes a histogram bound") {
+  ClusterConfig c = parseOk(
+      "router:\n  ttft_buckets_s: [0.1, 1, 10]\n  itl_buckets_s: [0.01, 0.1]\n"
+      "pools:\n  prefill: {slo: {ttft_ms: 350}}\n  decode: {slo: {itl_ms: 100}}\n");
+  CHECK(c.router.ttftBucketsS == std::vector<double>{0.1, 0.35, 1, 10});
+  CHECK(c.router.itlBucketsS == std::vector<double>{0.01, 0.1});
+}
+
+TEST_CASE("the model name defaults to the directory's name") {
+  CHECK(parseOk("model: {path: /models/Llama-3-8B/}").model.name == "Llama-3-8B");
+  CHECK(parseOk("model: {path: tiny}").model.name == "tiny");
+  CHECK(parseOk("model: {path: /m/x, name: served}").model.name == "served");
+}
+
+TEST_CASE("replica bounds default to replicas and are checked") {
+  ClusterConfig c = parseOk("pools: {decode: {replicas: 3, max_replicas: 6}}");
+  CHECK(c.pools.decode.minReplicas == 3);
+  CHECK(c.pools.decode.maxReplicas == 6);
+  CHECK(errorOf("pools:\n  decode:\n    replicas: 9\n    min_replicas: 1\n    max_replicas: 4\n") ==
+        "test.yaml: pools.decode.replicas: 9 is outside [min_replicas, max_replicas] = [1, 4]");
+  CHECK(errorOf("pools: {prefill: {replicas: 2, min_replicas: 3, max_replicas: 2}}") ==
+        "test.yaml: pools.prefill.min_replicas: 3 is greater than max_replicas (2)");
+  CHECK(errorOf("pools: {decode: {replicas: 0}}") ==
+        "test.yaml: pools.decode.replicas: 0 is out of range [1, 1024]");
+  CHECK(parseOk("pools: {prefill: {replicas: 0}}").pools.prefill.replicas == 0);
+}
+
+TEST_CASE("unknown keys name the full path and a suggestion") {
+  CHECK(errorOf("router:\n  prot: 8000\n") == "test.yaml: router.prot: unknown key (did you mean port?)");
+  CHECK(errorOf("engine: {blocksize: 16}") ==
+        "test.yaml: engine.blocksize: unknown key (did you mean block_size?)");
+  CHECK(errorOf("pools: {decode: {slo: {ttft_ms: 5}}}") ==
+        "test.yaml: pools.decode.slo.ttft_ms: unknown key (allowed: itl_ms, percentile)");
+  CHECK(errorOf("logging: {level: info, colour: true}") ==
+        "test.yaml: logging.colour: unknown key (allowed: level)");
+  CHECK(errorOf("modle: {path: x}") == "test.yaml: modle: unknown key (did you mean model?)");
+  CHECK(errorOf("router: {port: 1, port: 2}") == "test.yaml: router.port: duplicate key");
+}
+
+TEST_CASE("wrong types are named with what was expected") {
+  CHECK(errorOf("router: {port: http}") == "test.yaml: router.port: expected an integer, got \"http\"");
+  CHECK(errorOf("router: {port: \"8000\"}") == "test.yaml: router.port: expected an integer, got \"8000\"");
+  CHECK(errorOf("router: {port: 80.5}") == "test.yaml: router.port: expected an integer, got \"80.5\"");
+  CHECK(errorOf("router: {port: [1]}") == "test.yaml: router.port: expected an integer, got a list");
+  CHECK(errorOf("router: {port: }") == "test.yaml: router.port: expected an integer, got an empty value");
+  CHECK(errorOf("router: 8000") == "test.yaml: router: expected a map of keys, got \"8000\"");
+  CHECK(errorOf("- a\n- b\n") == "test.yaml: the document: expected a map of keys, got a list");
+  CHECK(errorOf("engine: {enable_prefix_caching: yes}") ==
+        "test.yaml: engine.enable_prefix_caching: expected true or false, got \"yes\"");
+  CHECK(errorOf("model: {path: {a: 1}}") == "test.yaml: model.path: expected a string, got a map");
+  CHECK(errorOf("pools: {prefill: {slo: {ttft_ms: fast}}}") ==
+        "test.yaml: pools.prefill.slo.ttft_ms: expected a number, got \"fast\"");
+  CHECK(errorOf("router: {api_keys: secret}") ==
+        "test.yaml: router.api_keys: expected a list of strings, got \"secret\"");
+}
+
+TEST_CASE("out-of-range and not-allowed values say what is allowed") {
+  CHECK(errorOf("engine: {block_size: 17}") == "test.yaml: engine.block_size: 17 is not one of 8, 16, 32");
+  CHECK(errorOf("router: {port: 70000}") == "test.yaml: router.port: 70000 is out of range [1, 65535]");
+  CHECK(errorOf("engine: {backend: gpu}") == "test.yaml: engine.backend: gpu is not one of cpu, cuda");
+  CHECK(errorOf("model: {dtype: fp8}") == "test.yaml: model.dtype: fp8 is not one of auto, f32, bf16, f16");
+  CHECK(errorOf("model: {preset: huge}") == "test.yaml: model.preset: huge is not one of tiny, small");
+  CHECK(errorOf("engine: {tensor_parallel_size: 3, backend: cuda}") ==
+        "test.yaml: engine.tensor_parallel_size: 3 is not one of 1, 2, 4, 8");
+  CHECK(errorOf("pools: {decode: {slo: {percentile: 0}}}") ==
+        "test.yaml: pools.decode.slo.percentile: 0 is out of range (0, 100]");
+  CHECK(errorOf("pools: {decode: {slo: {percentile: 100.5}}}") ==
+        "test.yaml: pools.decode.slo.percentile: 100.5 is out of range (0, 100]");
+  CHECK(errorOf("kv_transfer: {on_remote_prefill_failure: retry}") ==
+        "test.yaml: kv_transfer.on_remote_prefill_failure: retry is not one of recompute, fail");
+  CHECK(errorOf("logging: {level: verbose}") ==
+        "test.yaml: logging.level: verbose is not one of debug, info, warn, error, off");
+  CHECK(errorOf("model: {path: \"\"}") == "test.yaml: model.path: must not be empty");
+}
+
+TEST_CASE("lists are validated element by element") {
+  CHECK(errorOf("kv_transfer: {transports: [ucx, rdma]}") ==
+        "test.yaml: kv_transfer.transports[1]: rdma is not one of ucx, verbs, tcp");
+  CHECK(errorOf("kv_transfer: {transports: [tcp, ucx, tcp]}") ==
+        "test.yaml: kv_transfer.transports[2]: tcp is listed twice");
+  CHECK(errorOf("kv_transfer: {transports: []}") ==
+        "test.yaml: kv_transfer.transports: must list at least one of ucx, verbs, tcp");
+  CHECK(errorOf("kv_transfer: {transports: tcp}") ==
+        "test.yaml: kv_transfer.transports: expected a list of ucx, verbs, tcp, got \"tcp\"");
+  CHECK(errorOf("router: {ttft_buckets_s: [0.1, 0.5, 0.5]}") ==
+        "test.yaml: router.ttft_buckets_s[2]: 0.5 is not greater than the previous bound 0.5 "
+        "(bounds must be strictly increasing)");
+  CHECK(errorOf("router: {itl_buckets_s: [0, 0.1]}") ==
+        "test.yaml: router.itl_buckets_s[0]: 0 is not positive");
+  CHECK(errorOf("router: {e2e_buckets_s: [1, x]}") ==
+        "test.yaml: router.e2e_buckets_s[1]: expected a number, got \"x\"");
+  CHECK(errorOf("router: {e2e_buckets_s: []}") == "test.yaml: router.e2e_buckets_s: must list at least one bound");
+  CHECK(errorOf("router: {api_keys: [a, b, a]}") == "test.yaml: router.api_keys[2]: duplicate of an earlier entry");
+  CHECK(parseOk("kv_transfer: {transports: [tcp, ucx]}").kvTransfer.transports ==
+        std::vector<TransportKind>{TransportKind::kTcp, TransportKind::kUcx});
+}
+
+TEST_CASE("cross-field rules") {
+  CHECK(errorOf("router: {port: 9000}") == "test.yaml: router.control_port: 9000 is the same as router.port");
+  CHECK(errorOf("engine: {num_blocks: 100, kv_cache_bytes: 1048576}") ==
+        "test.yaml: engine: num_blocks and kv_cache_bytes are exclusive; give one");
+  CHECK(errorOf("engine: {tensor_parallel_size: 2}") ==
+        "test.yaml: engine.tensor_parallel_size: 2 needs backend cuda (the cpu backend runs one shard)");
+  CHECK(errorOf("router: {load_report_interval_ms: 1000}") ==
+        "test.yaml: router.load_report_interval_ms: 1000 must be less than "
+        "router.worker_report_timeout_ms (1000)");
+  CHECK(errorOf("model: {max_model_len: 2048}\nrouter: {max_prompt_tokens: 4096}") ==
+        "test.yaml: router.max_prompt_tokens: 4096 exceeds model.max_model_len (2048)");
+}
+
+TEST_CASE("several problems are all reported, in file order") {
+  CHECK(errorOf("engine:\n  block_size: 17\nrouter:\n  prot: 1\n  port: 0\n") ==
+        "test.yaml: engine.block_size: 17 is not one of 8, 16, 32\n"
+        "test.yaml: router.prot: unknown key (did you mean port?)\n"
+        "test.yaml: router.port: 0 is out of range [1, 65535]");
+}
+
+TEST_CASE("syntax errors and missing files") {
+  std::string msg = errorOf("router:\n  port: [8000\n");
+  CHECK(msg.rfind("test.yaml:3:1: YAML syntax error: ", 0) == 0);
+  auto missing = loadClusterConfig("deploy/configs/no-such-file.yaml");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK(missing.status().message() ==
+        "deploy/configs/no-such-file.yaml: cannot open the cluster config file");
+}
+
+TEST_CASE("a file path is named in messages") {
+  auto path = std::filesystem::temp_directory_path() / "pd_config_test_bad.yaml";
+  {
+    std::ofstream out(path);
+    out << "engine:\n  block_size: 17\n";
+  }
+  auto r = loadClusterConfig(path.string());
+  std::filesystem::remove(path);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message() == path.string() + ": engine.block_size: 17 is not one of 8, 16, 32");
+}

@@ -1,0 +1,166 @@
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config/cluster_config.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/pdserve_metrics.h"
+
+using namespace pd::metrics;
+
+namespace {
+bool hasLine(const std::string& text, const std::string& line) {
+  return ("\n" + text).find("\n" + line + "\n") != std::string::npos;
+}
+}  // namespace
+
+TEST_CASE("registry renders counters, gauges and constant labels") {
+  Registry reg(Labels{{"role", "decode"}});
+  Counter c = reg.counter("pdserve_test_total", "A test counter.", {{"kind", "a"}});
+  c.inc();
+  c.inc(2);
+  c.inc(-5);  // ignored
+  CHECK(c.value() == 3);
+  // The same name and labels give the same metric.
+  reg.counter("pdserve_test_total", "A test counter.", {{"kind", "a"}}).inc();
+  Gauge g = reg.gauge("pdserve_test_gauge", "A test gauge.");
+  g.set(7);
+  g.dec(2);
+  std::string text = reg.serialize();
+  INFO(text);
+  CHECK(hasLine(text, "# HELP pdserve_test_total A test counter."));
+  CHECK(hasLine(text, "# TYPE pdserve_test_total counter"));
+  CHECK(hasLine(text, "pdserve_test_total{role=\"decode\",kind=\"a\"} 4"));
+  CHECK(hasLine(text, "# TYPE pdserve_test_gauge gauge"));
+  CHECK(hasLine(text, "pdserve_test_gauge{role=\"decode\"} 5"));
+}
+
+TEST_CASE("a name reused with another type is a programming error") {
+  Registry reg;
+  reg.counter("pdserve_dup", "x");
+  CHECK_THROWS_AS(reg.gauge("pdserve_dup", "x"), std::invalid_argument);
+  CHECK_THROWS_AS(reg.counter("bad name", "x"), std::invalid_argument);
+}
+
+TEST_CASE("router histograms use the configured buckets, with the SLO as a bound") {
+  auto cfg = pd::config::parseClusterConfig(
+      "router: {ttft_buckets_s: [0.1, 1], itl_buckets_s: [0.01, 0.1], e2e_buckets_s: [1, 10]}\n"
+      "pools: {prefill: {slo: {ttft_ms: 250}}, decode: {slo: {itl_ms: 20}}}\n",
+      "m.yaml");
+  REQUIRE(cfg.ok());
+  Registry reg;
+  RouterMetrics m(reg, {cfg->router.ttftBucketsS, cfg->router.itlBucketsS, cfg->router.e2eBucketsS});
+  m.observeTtft(kRouteDisaggregated, 0.2);   // <= 0.25
+  m.observeTtft(kRouteDisaggregated, 0.3);   // <= 1
+  m.observeTtft(kRouteDisaggregated, 5.0);   // +Inf only
+  m.observeTtft(kRouteColocated, 0.05);
+  m.observeItl(kRouteColocated, 0.015);
+  m.observeE2e(kRouteColocated, 2);
+  m.observeQueueTime(kRouteColocated, 0.5);
+  std::string text = reg.serialize();
+  INFO(text);
+  CHECK(hasLine(text, "# TYPE pdserve_time_to_first_token_seconds histogram"));
+  // Cumulative counts per bound: 0.1 -> 0, 0.25 (the SLO) -> 1, 1 -> 2, +Inf -> 3.
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.1\"} 0"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.25\"} 1"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"1\"} 2"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"+Inf\"} 3"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_count{route=\"disaggregated\"} 3"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_sum{route=\"disaggregated\"} 5.5"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"colocated\",le=\"0.1\"} 1"));
+  CHECK(hasLine(text, "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.01\"} 0"));
+  CHECK(hasLine(text, "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.02\"} 1"));
+  CHECK(hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"1\"} 0"));
+  CHECK(hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"10\"} 1"));
+  CHECK(hasLine(text, "pdserve_request_queue_time_seconds_bucket{route=\"colocated\",le=\"1\"} 1"));
+}
+
+TEST_CASE("router counters and gauges") {
+  Registry reg;
+  RouterMetrics m(reg, {{0.1}, {0.01}, {1}});
+  m.routeDecision(kRouteColocated, "short_prompt");
+  m.routeDecision(kRouteColocated, "short_prompt");
+  m.routeDecision(kRouteDisaggregated, "long_prompt");
+  m.requestFinished("stop", 100, 20);
+  m.requestFinished("length", 50, 16);
+  m.requestError("overloaded");
+  m.inFlight.inc();
+  m.inFlight.inc();
+  m.inFlight.dec();
+  m.setSlo(kPoolPrefill, 0.5, 99);
+  m.setSloWindow(kPoolPrefill, 0.42, 0.995);
+  m.setPoolWorkers(kPoolDecode, 4);
+  m.setDesiredReplicas(kPoolDecode, 6);
+  std::string text = reg.serialize();
+  INFO(text);
+  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2"));
+  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"long_prompt\",route=\"disaggregated\"} 1"));
+  CHECK(hasLine(text, "pdserve_requests_finished_total{finished_reason=\"stop\"} 1"));
+  CHECK(hasLine(text, "pdserve_prompt_tokens_total 150"));
+  CHECK(hasLine(text, "pdserve_generation_tokens_total 36"));
+  CHECK(hasLine(text, "pdserve_request_errors_total{type=\"overloaded\"} 1"));
+  CHECK(hasLine(text, "pdserve_requests_in_flight 1"));
+  CHECK(hasLine(text, "pdserve_slo_target_seconds{pool=\"prefill\"} 0.5"));
+  CHECK(hasLine(text, "pdserve_slo_percentile{pool=\"prefill\"} 99"));
+  CHECK(hasLine(text, "pdserve_slo_observed_seconds{pool=\"prefill\"} 0.42"));
+  CHECK(hasLine(text, "pdserve_slo_attainment_ratio{pool=\"prefill\"} 0.995"));
+  CHECK(hasLine(text, "pdserve_pool_workers{pool=\"decode\"} 4"));
+  CHECK(hasLine(text, "pdserve_desired_replicas{pool=\"decode\"} 6"));
+}
+
+TEST_CASE("worker metrics carry role and worker labels") {
+  Registry reg(Labels{{"role", "prefill"}, {"worker", "p0"}});
+  WorkerMetrics w(reg);
+  w.running.set(3);
+  w.waiting.set(5);
+  w.kvCacheUsage.set(0.25);
+  w.setCacheConfig(16, 1024);
+  w.kvFreeBlocks.set(768);
+  w.promptTokens.inc(512);
+  w.prefixCacheQueries.inc(512);
+  w.prefixCacheHits.inc(128);
+  w.transferDone("ucx", 1 << 20, 0.003);
+  w.transferDone("ucx", 1 << 20, 0.02);
+  w.transferFailed("ucx", "peer_unreachable");
+  w.transportFallback("ucx", "tcp");
+  w.remotePrefill("recomputed");
+  std::string text = reg.serialize();
+  INFO(text);
+  const std::string l = "role=\"prefill\",worker=\"p0\"";
+  CHECK(hasLine(text, "pdserve_num_requests_running{" + l + "} 3"));
+  CHECK(hasLine(text, "pdserve_num_requests_waiting{" + l + "} 5"));
+  CHECK(hasLine(text, "pdserve_kv_cache_usage_perc{" + l + "} 0.25"));
+  CHECK(hasLine(text, "pdserve_kv_cache_num_blocks{" + l + "} 1024"));
+  CHECK(hasLine(text, "pdserve_kv_cache_free_blocks{" + l + "} 768"));
+  CHECK(hasLine(text, "pdserve_cache_config_info{" + l + ",block_size=\"16\",num_blocks=\"1024\"} 1"));
+  CHECK(hasLine(text, "pdserve_prefix_cache_hits_total{" + l + "} 128"));
+  CHECK(hasLine(text, "pdserve_kv_transfer_bytes_total{" + l + ",transport=\"ucx\"} 2097152"));
+  CHECK(hasLine(text, "pdserve_kv_transfer_seconds_bucket{" + l + ",transport=\"ucx\",le=\"0.005\"} 1"));
+  CHECK(hasLine(text, "pdserve_kv_transfer_seconds_bucket{" + l + ",transport=\"ucx\",le=\"0.025\"} 2"));
+  CHECK(hasLine(text, "pdserve_kv_transfer_seconds_count{" + l + ",transport=\"ucx\"} 2"));
+  CHECK(hasLine(text, "pdserve_kv_transfer_failures_total{" + l + ",reason=\"peer_unreachable\",transport=\"ucx\"} 1"));
+  CHECK(hasLine(text, "pdserve_kv_transfer_fallbacks_total{" + l + ",from=\"ucx\",to=\"tcp\"} 1"));
+  CHECK(hasLine(text, "pdserve_remote_prefill_total{" + l + ",outcome=\"recomputed\"} 1"));
+}
+
+TEST_CASE("concurrent updates from several threads are all counted") {
+  Registry reg;
+  RouterMetrics m(reg, {{0.1, 1}, {0.01}, {1}});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&m, t] {
+      for (int i = 0; i < 1000; ++i) {
+        m.routeDecision(kRouteColocated, t % 2 == 0 ? "short_prompt" : "prefix_cached");
+        m.observeTtft(kRouteColocated, 0.05);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::string text = reg.serialize();
+  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2000"));
+  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"prefix_cached\",route=\"colocated\"} 2000"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_count{route=\"colocated\"} 4000"));
+}
