@@ -117,8 +117,20 @@ Result<PeerId> LoopbackTransport::loadPeer(const PeerInfo& peer) {
       return unavailable("loopback transport: peer '" + peer.name + "' no longer exists");
     }
   }
+  Peer p{peer.name, info.instance(), {}};
+  for (size_t i = 0; i < peer.remoteKeys.size(); ++i) {
+    proto::LoopbackRemoteKey key;
+    if (!key.ParseFromString(peer.remoteKeys[i]) || key.token() == 0) {
+      return invalidArgument("loopback transport: peer '" + peer.name + "': remote key " + std::to_string(i) +
+                             " is not a loopback key");
+    }
+    MemDesc d;
+    d.addr = key.addr();
+    d.len = key.len();
+    p.keys.push_back(d);
+  }
   PeerId id = nextPeer_++;
-  peers_[id] = Peer{peer.name, info.instance()};
+  peers_[id] = std::move(p);
   return id;
 }
 
@@ -129,7 +141,8 @@ Status LoopbackTransport::unloadPeer(PeerId peer) {
 
 Result<TransferId> LoopbackTransport::post(const DescList& local, const DescList& remote, PeerId peer,
                                            std::optional<std::string> notification) {
-  if (!peers_.count(peer)) return notFound("loopback transport: no peer " + std::to_string(peer));
+  auto pit = peers_.find(peer);
+  if (pit == peers_.end()) return notFound("loopback transport: no peer " + std::to_string(peer));
   if (local.size() != remote.size()) {
     return invalidArgument("loopback transport: " + std::to_string(local.size()) + " local segments but " +
                            std::to_string(remote.size()) + " remote segments");
@@ -145,6 +158,12 @@ Result<TransferId> LoopbackTransport::post(const DescList& local, const DescList
     if (!inside) {
       return invalidArgument("loopback transport: segment " + std::to_string(i) + ": local " + toString(local[i]) +
                              " is not inside memory registered with this transport");
+    }
+    bool exposed = false;
+    for (const auto& k : pit->second.keys) exposed = exposed || k.contains(remote[i]);
+    if (!exposed) {
+      return invalidArgument("loopback transport: segment " + std::to_string(i) + ": remote " + toString(remote[i]) +
+                             " is not inside any region peer '" + pit->second.name + "' exposed");
     }
   }
   TransferId id = nextTransfer_++;

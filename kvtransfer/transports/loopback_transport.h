@@ -50,6 +50,7 @@ class LoopbackTransport final : public Transport {
   struct Peer {
     std::string name;
     uint64_t instance;
+    std::vector<MemDesc> keys;  // what the peer exposed (addresses in this process)
   };
   // Called by a sender's progress() with the registry lock held (so we cannot be destroyed).
   Status acceptWrite(const MemDesc& remote);

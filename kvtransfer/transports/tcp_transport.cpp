@@ -577,7 +577,7 @@ class TcpTransport::Impl {
                      std::vector<std::vector<Seg>> perStream) {
     if (p->dead.load()) {
       std::lock_guard lock(p->reasonMu);
-      complete(t, unavailable("tcp transport: peer '" + p->name + "' is dead: " + p->deathReason));
+      complete(*p, t, unavailable("tcp transport: peer '" + p->name + "' is dead: " + p->deathReason));
       return;
     }
     if (t->cancelled.load()) return;
@@ -674,7 +674,7 @@ class TcpTransport::Impl {
         if (t->writesInFlight == 0) resolveQuiesce(*t);
       }
       if (ec) {
-        if (!p->dead.load()) failPeer(p, "write failed: " + ec.message());
+        if (!p->dead.load() && ec != asio::error::operation_aborted) failPeer(p, "write failed: " + ec.message());
         return;
       }
       p->lastProgress = steadyNow();
@@ -686,7 +686,8 @@ class TcpTransport::Impl {
     asio::async_read(s->sock, asio::buffer(&s->ackHdr, sizeof(WireHeader)),
                      [this, p, s](boost::system::error_code ec, size_t) {
                        if (ec) {
-                         if (!p->dead.load()) {
+                         // Aborted = we closed the socket ourselves (failPeer, unload, shutdown).
+                         if (!p->dead.load() && ec != asio::error::operation_aborted) {
                            failPeer(p, ec == asio::error::eof ? std::string("connection closed by peer")
                                                               : "read failed: " + ec.message());
                          }
@@ -729,7 +730,7 @@ class TcpTransport::Impl {
       }
       if (--t->pendingEnds == 0) {
         if (!t->status.isOk()) {
-          complete(t, t->status);
+          complete(*p, t, t->status);
         } else if (t->notification && !t->notifyPhase && t->streamsUsed > 1) {
           // Every stream's data has landed: now the notification (one more End frame).
           t->notifyPhase = true;
@@ -743,16 +744,17 @@ class TcpTransport::Impl {
             pump(p, p->streams[0]);
           }
         } else {
-          complete(t, Status::ok());
+          complete(*p, t, Status::ok());
         }
       }
     }
     readAck(p, s);
   }
 
-  void complete(const std::shared_ptr<IoTransfer>& t, Status st) {
+  void complete(OutPeer& p, const std::shared_ptr<IoTransfer>& t, Status st) {
     if (t->done) return;
     t->done = true;
+    p.active.erase(t->id);
     {
       std::lock_guard lock(completedMu_);
       completed_.push_back({t->id, std::move(st)});
@@ -805,7 +807,7 @@ class TcpTransport::Impl {
     auto active = std::move(p->active);
     p->active.clear();
     for (auto& [id, t] : active) {
-      complete(t, Status(code, "tcp transport: peer '" + p->name + "' at " + p->endpoint + ": " + reason));
+      complete(*p, t, Status(code, "tcp transport: peer '" + p->name + "' at " + p->endpoint + ": " + reason));
     }
     for (auto& s : p->streams) {
       s->jobs.clear();
