@@ -230,6 +230,7 @@ class DecodeServiceImpl final : public DecodeService {
     target->set_block_size(static_cast<uint32_t>(engine_.kv().layout().blockSize));
     target->set_layout_fingerprint(bundle_.fingerprint);
     target->set_region_base(engine_.kv().region().addr);
+    target->set_num_blocks(static_cast<uint32_t>(engine_.kv().numTotalBlocks()));
     t.awaitingPrefill = true;
     t.remoteDeadline = Deadline::in(milliseconds(config_.kvTransfer.timeoutMs));
     PrefillPeer& peer = prefillPeers_[t.prefillAddress];

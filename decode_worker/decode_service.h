@@ -20,15 +20,10 @@
 
 namespace pd::decode {
 
-class DecodeService {
+class DecodeService : public worker::Service {
  public:
   static Result<std::unique_ptr<DecodeService>> create(config::ClusterConfig config,
                                                        worker::WorkerFlags flags);
-  virtual ~DecodeService() = default;
-  // Starts the status endpoint, the transfer agent, the router link and the loop thread.
-  virtual Status start() = 0;
-  // Fails in-flight requests, stops the loop and every thread. Idempotent.
-  virtual void stop() = 0;
   virtual int metricsPort() const = 0;
 };
 

@@ -1,8 +1,4 @@
 // pdserve-decode: a decode worker (see decode_service.h and docs/deploy.md for the flags).
-#include <cstdio>
-
-#include "common/base/log.h"
-#include "common/config/cluster_config.h"
 #include "decode_worker/decode_service.h"
 
 namespace {
@@ -14,30 +10,11 @@ constexpr const char* kUsage =
 }
 
 int main(int argc, char** argv) {
-  auto waitForSignal = pd::worker::blockTerminationSignals();
-  auto flags = pd::worker::parseWorkerFlags(argc - 1, argv + 1, kUsage);
-  if (!flags.ok()) {
-    if (flags.status().code() == pd::StatusCode::kCancelled) return 0;
-    std::fprintf(stderr, "pdserve-decode: %s\n", flags.status().message().c_str());
-    return 2;
-  }
-  auto config = pd::config::loadClusterConfig(flags->configPath);
-  if (!config.ok()) {
-    std::fprintf(stderr, "pdserve-decode: %s\n", config.status().message().c_str());
-    return 2;
-  }
-  pd::setLogLevel(config->logging.level);
-  auto service = pd::decode::DecodeService::create(config.value(), flags.value());
-  if (!service.ok()) {
-    std::fprintf(stderr, "pdserve-decode: %s\n", service.status().toString().c_str());
-    return 1;
-  }
-  if (auto s = service.value()->start(); !s.isOk()) {
-    std::fprintf(stderr, "pdserve-decode: %s\n", s.toString().c_str());
-    return 1;
-  }
-  int sig = waitForSignal();
-  PD_LOG(kInfo, "decode") << "signal " << sig << ": shutting down";
-  service.value()->stop();
-  return 0;
+  return pd::worker::runWorkerMain(
+      argc, argv, "pdserve-decode", kUsage,
+      [](pd::config::ClusterConfig config, pd::worker::WorkerFlags flags)
+          -> pd::Result<std::unique_ptr<pd::worker::Service>> {
+        PD_ASSIGN_OR_RETURN(auto service, pd::decode::DecodeService::create(std::move(config), std::move(flags)));
+        return std::unique_ptr<pd::worker::Service>(std::move(service));
+      });
 }

@@ -278,19 +278,41 @@ Status StatusEndpoint::start(const std::string& host, int port) {
 
 int StatusEndpoint::port() const { return server_ ? server_->port() : 0; }
 
-// ---- Signals ---------------------------------------------------------------------------------
+// ---- main ------------------------------------------------------------------------------------
 
-std::function<int()> blockTerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return [set] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    return sig;
-  };
+int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
+                  const ServiceFactory& create) {
+  // Block the signals before any thread starts so every thread inherits the mask and only
+  // sigwait() below sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto flags = parseWorkerFlags(argc - 1, argv + 1, usage);
+  if (!flags.ok()) {
+    if (flags.status().code() == StatusCode::kCancelled) return 0;
+    std::fprintf(stderr, "%s: %s\n", program, flags.status().message().c_str());
+    return 2;
+  }
+  auto config = config::loadClusterConfig(flags->configPath);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program, config.status().message().c_str());
+    return 2;
+  }
+  setLogLevel(config->logging.level);
+  auto service = create(config.value(), flags.value());
+  Status started = service.ok() ? service.value()->start() : service.status();
+  if (!started.isOk()) {
+    std::fprintf(stderr, "%s: %s\n", program, started.toString().c_str());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  PD_LOG(kInfo, "worker") << program << ": signal " << sig << ", shutting down";
+  service.value()->stop();
+  return 0;
 }
 
 }  // namespace pd::worker

@@ -128,8 +128,20 @@ class StatusEndpoint {
   std::unique_ptr<net::HttpServer> server_;
 };
 
-// Blocks SIGINT and SIGTERM in the calling thread (call first in main, before any thread
-// starts, so every thread inherits the mask) and returns a function that waits for one.
-std::function<int()> blockTerminationSignals();
+// What a worker process runs.
+class Service {
+ public:
+  virtual ~Service() = default;
+  virtual Status start() = 0;
+  // Ends in-flight work with an error the client can read and joins every thread.
+  virtual void stop() = 0;
+};
+using ServiceFactory =
+    std::function<Result<std::unique_ptr<Service>>(config::ClusterConfig, WorkerFlags)>;
+
+// A worker's main(): flags, config, create, start, wait for SIGINT or SIGTERM, stop.
+// Returns the process exit code (2 for usage and config errors, 1 for start-up failures).
+int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
+                  const ServiceFactory& create);
 
 }  // namespace pd::worker
