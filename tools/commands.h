@@ -16,5 +16,6 @@ struct Command {
 int runVersion(int argc, char** argv);
 int runMakeModel(int argc, char** argv);
 int runGenerate(int argc, char** argv);
+int runTokenize(int argc, char** argv);
 
 }  // namespace pd::tools

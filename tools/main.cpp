@@ -12,6 +12,7 @@ const Command kCommands[] = {
     {"version", "print the version", runVersion},
     {"make-model", "write a small random-weight HF model directory", runMakeModel},
     {"generate", "run the engine in-process on token ids (greedy)", runGenerate},
+    {"tokenize", "encode text or a chat with a model's tokenizer", runTokenize},
 };
 
 void printUsage() {

@@ -1,0 +1,134 @@
+// Chat templates: the real Llama 3 and Qwen3 templates and the default (ChatML) template
+// render byte-identical to @huggingface/jinja for every committed conversation; unsupported
+// Jinja is an error naming the construct.
+#include <fstream>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/jinja.h"
+#include "tests/unit/tokenizer/reference_util.h"
+
+namespace pd::tok {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+void checkTemplate(const ChatTemplate& tpl, const std::string& model, const std::string& templateFile) {
+  const std::string convPath = "tests/unit/tokenizer/conversations.json";
+  json convs = json::parse(test::readText(convPath));
+  REQUIRE(convs.size() >= 20);
+  json ref = test::runReference("chat", model, convPath, templateFile);
+  REQUIRE(ref.size() == convs.size());
+  for (size_t i = 0; i < convs.size(); ++i) {
+    ChatOptions opts;
+    opts.addGenerationPrompt = convs[i]["add_generation_prompt"].get<bool>();
+    auto got = tpl.render(convs[i]["messages"], opts);
+    INFO("conversation " << i << ": " << (got.ok() ? "" : got.status().toString()));
+    if (ref[i].contains("error")) {  // the reference refused (raise_exception): so must we
+      INFO("reference error: " << ref[i]["error"].get<std::string>());
+      CHECK_FALSE(got.ok());
+      continue;
+    }
+    REQUIRE(got.ok());
+    CHECK(json(*got).dump() == ref[i]["prompt"].dump());
+  }
+}
+
+TEST_CASE("chat templates render byte-identical to @huggingface/jinja") {
+  for (const std::string name : {"llama3", "qwen3"}) {
+    auto tok = Tokenizer::loadDir(test::modelDir(name));
+    REQUIRE(tok.ok());
+    auto tpl = ChatTemplate::forTokenizer(**tok);
+    INFO(name << ": " << tpl.status().toString());
+    REQUIRE(tpl.ok());
+    CHECK_FALSE(tpl->isDefault());
+    checkTemplate(*tpl, test::modelDir(name), "");
+  }
+}
+
+TEST_CASE("a model without a template gets the ChatML default, rendered like the reference") {
+  auto tok = Tokenizer::loadDir(test::modelDir("llama2"));
+  REQUIRE(tok.ok());
+  REQUIRE((*tok)->chatTemplate().empty());
+  auto tpl = ChatTemplate::forTokenizer(**tok);
+  REQUIRE(tpl.ok());
+  CHECK(tpl->isDefault());
+  std::string file = test::tempPath("default_template.jinja");
+  std::ofstream(file) << kDefaultChatTemplate;
+  checkTemplate(*tpl, test::modelDir("llama2"), file);
+  auto out = tpl->render(json::parse(R"([{"role":"user","content":"Hi"}])"));
+  REQUIRE(out.ok());
+  CHECK(*out == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST_CASE("well-known templates (Llama 2 chat, Zephyr, Mistral instruct) and a feature sweep match the reference") {
+  auto tok = Tokenizer::loadDir(test::modelDir("llama2"));
+  REQUIRE(tok.ok());
+  for (const char* name : {"llama2_chat", "zephyr", "mistral_instruct", "features"}) {
+    std::string file = std::string("tests/unit/tokenizer/templates/") + name + ".jinja";
+    auto tpl = ChatTemplate::fromString(test::readText(file), (*tok)->bosToken(), (*tok)->eosToken());
+    INFO(name << ": " << tpl.status().toString());
+    REQUIRE(tpl.ok());
+    checkTemplate(*tpl, test::modelDir("llama2"), file);
+  }
+}
+
+TEST_CASE("jinja subset: loops, namespaces, slicing, filters, tests, methods") {
+  auto render = [](const std::string& src, const json& ctx = json::object()) {
+    auto t = JinjaTemplate::parse(src);
+    INFO(t.status().toString());
+    REQUIRE(t.ok());
+    auto r = t->render(ctx);
+    INFO(r.status().toString());
+    REQUIRE(r.ok());
+    return *r;
+  };
+  CHECK(render("{% for x in xs %}{{ loop.index }}{{ x }}{% if not loop.last %},{% endif %}{% endfor %}",
+               {{"xs", {"a", "b", "c"}}}) == "1a,2b,3c");
+  CHECK(render("{% set ns = namespace(n=0) %}{% for x in xs %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}",
+               {{"xs", {1, 2, 3}}}) == "6");
+  CHECK(render("{{ 'hello'[1:3] }}{{ xs[::-1]|join('-') }}{{ 'abc'[-1] }}", {{"xs", {1, 2, 3}}}) == "el3-2-1c");
+  CHECK(render("{{ '  a  '|trim }}|{{ xs|length }}|{{ d|tojson }}",
+               {{"xs", {1, 2}}, {"d", {{"k", "v\n"}, {"n", 1}}}}) == "a|2|{\"k\": \"v\\n\", \"n\": 1}");
+  CHECK(render("{{ x is defined }} {{ y is not defined }} {{ none is none }}", {{"x", 1}}) == "True True True");
+  CHECK(render("{{ '\\n\\nx\\n'.strip('\\n') }}|{{ 'a,b,c'.split(',')[1] }}|{{ 'abc'.startswith('ab') }}") ==
+        "x|b|True");
+  CHECK(render("{%- if a -%}  A  {%- elif b -%} B {%- else -%} C {%- endif -%}", {{"b", true}}) == "B");
+  CHECK(render("{{ 'x' if false else 'y' }}{{ 7 // 2 }}{{ 7 % 3 }}{{ 'a' ~ 1 }}") == "y31a1");
+  CHECK(render("{% macro greet(name, p='!') %}Hi {{ name }}{{ p }}{% endmacro %}{{ greet('Bo') }}") == "Hi Bo!");
+  CHECK(render("a{% generation %}b{% endgeneration %}c") == "abc");
+  CHECK(render("{% for x in [1, 2, 3, 4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}") == "13");
+  CHECK(render("{% set a, b = [1, 2] %}{{ b }}{{ a }}{% set t %}blk{{ a }}{% endset %}{{ t|upper }}") == "21BLK1");
+  CHECK(render("{{ msgs|selectattr('role', 'equalto', 'user')|map(attribute='c')|join }}",
+               {{"msgs", json::parse(R"([{"role":"user","c":"u1"},{"role":"bot","c":"b"},{"role":"user","c":"u2"}])")}}) ==
+        "u1u2");
+}
+
+TEST_CASE("jinja: unsupported constructs and raise_exception are clear errors") {
+  auto parseErr = [](const std::string& src) {
+    auto t = JinjaTemplate::parse(src);
+    REQUIRE_FALSE(t.ok());
+    return t.status().message();
+  };
+  CHECK_THAT(parseErr("{% call foo() %}x{% endcall %}"), Catch::Contains("unsupported tag 'call'"));
+  CHECK_THAT(parseErr("{% if x %}open"), Catch::Contains("endif"));
+  CHECK_THAT(parseErr("{{ x "), Catch::Contains("not closed"));
+  auto t = JinjaTemplate::parse("{{ x|wordwrap }}");
+  REQUIRE(t.ok());
+  auto r = t->render(json::object());
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("unsupported filter 'wordwrap'"));
+  auto e = JinjaTemplate::parse("{{ raise_exception('Roles must alternate') }}");
+  REQUIRE(e.ok());
+  auto er = e->render(json::object());
+  REQUIRE_FALSE(er.ok());
+  CHECK_THAT(er.status().message(), Catch::Contains("Roles must alternate"));
+  auto tpl = ChatTemplate::fromString("{{ messages[0].content }}", "", "");
+  REQUIRE(tpl.ok());
+  CHECK_FALSE(tpl->render(json::parse(R"([{"content":"no role"}])")).ok());
+}
+
+}  // namespace
+}  // namespace pd::tok
