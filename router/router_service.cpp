@@ -85,6 +85,7 @@ struct Choice {
   std::string held;        // text not yet sent: may be the start of a stop string
   std::string text;        // everything sent (non-streaming: the answer)
   std::vector<TokenLogprob> logprobs;  // non-streaming
+  std::vector<int32_t> tokenIds;       // non-streaming, with return_token_ids
   int completionTokens = 0;
   bool done = false;
   std::string finishReason;  // set when done
@@ -485,6 +486,7 @@ class RouterServiceImpl final : public RouterService {
     }
     std::string delta;
     std::vector<TokenLogprob> lps;
+    std::vector<int32_t> ids(chunk.token_ids().begin(), chunk.token_ids().end());
     for (int k = 0; k < chunk.token_ids_size(); ++k) {
       int32_t id = int32_t(chunk.token_ids(k));
       delta += c->detok->push(id);
@@ -501,7 +503,7 @@ class RouterServiceImpl final : public RouterService {
       finish = "stop";
       cancelOnWorkerLocked(*c, "stop string matched");
     }
-    emitLocked(*s, *c, delta, std::move(lps), finish);
+    emitLocked(*s, *c, delta, std::move(lps), std::move(ids), finish);
     if (finish) {
       c->done = true;
       byWorkerRequest_.erase(c->workerRequestId);
@@ -555,17 +557,19 @@ class RouterServiceImpl final : public RouterService {
   }
 
   void emitLocked(Stream& s, Choice& c, const std::string& delta, std::vector<TokenLogprob> lps,
-                  const std::optional<std::string>& finish) {
+                  std::vector<int32_t> ids, const std::optional<std::string>& finish) {
     if (s.req.stream) {
-      if (delta.empty() && !finish && lps.empty()) return;
+      if (delta.empty() && !finish && lps.empty() && (ids.empty() || !s.req.returnTokenIds)) return;
       ChoiceDelta d;
       d.index = c.index;
       d.text = delta;
       d.logprobs = std::move(lps);
       d.finishReason = finish;
+      if (s.req.returnTokenIds) d.tokenIds = std::move(ids);
       s.http->sendEvent(sseEvent(streamChunk(s.req.endpoint, s.meta, d, s.req.logprobs)));
     } else {
       for (auto& lp : lps) c.logprobs.push_back(std::move(lp));
+      c.tokenIds.insert(c.tokenIds.end(), ids.begin(), ids.end());
     }
     c.text += delta;
     if (finish) c.finishReason = *finish;
@@ -592,6 +596,7 @@ class RouterServiceImpl final : public RouterService {
         d.text = (s.req.echo ? s.promptText : std::string()) + c.text;
         d.logprobs = c.logprobs;
         d.finishReason = c.finishReason;
+        if (s.req.returnTokenIds) d.tokenIds = c.tokenIds;
         out.push_back(std::move(d));
       }
       net::HttpHeaders headers{{"x-pdserve-route", routeName(s.route)},

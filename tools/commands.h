@@ -17,5 +17,6 @@ int runVersion(int argc, char** argv);
 int runMakeModel(int argc, char** argv);
 int runGenerate(int argc, char** argv);
 int runTokenize(int argc, char** argv);
+int runUp(int argc, char** argv);
 
 }  // namespace pd::tools
