@@ -20,8 +20,15 @@
 //   data is visible there, and never for a failed or cancelled transfer.
 // - cancel() stops a transfer: afterwards poll() reports kCancelled, no more bytes of it are
 //   written, and no notification is delivered. Bytes already written may stay.
+//   When it returns ok the transport no longer reads the transfer's local memory (bytes
+//   already handed to the network may still land shortly after). A transfer that already
+//   finished, or whose notification may already be on its way, cannot be cancelled:
+//   cancel() returns kFailedPrecondition and poll() reports the real outcome.
 // - A dead peer turns every pending transfer to it into an error (kUnavailable) within
-//   the transport's deadline; nothing stays pending forever.
+//   the transport's deadline; nothing stays pending forever. A post() to a peer already
+//   known dead may return kUnavailable at once instead of an id.
+// - Transports are created by name through makeTransport() (transport_factory.h), which
+//   also defines TransportOptions (peer deadline, names, transport-specific knobs).
 // - Threads: a Transport is driven by one thread (its owner's loop); every method is called
 //   from that thread. Implementations may run I/O threads inside; progress() is where their
 //   completions become visible.

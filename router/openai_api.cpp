@@ -275,6 +275,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
     if (!body["user"].is_string()) return wrongType("user", "a string", body["user"]);
     r->user = body["user"].get<std::string>();
   }
+  if (auto e = readBool(body, "return_token_ids", &r->returnTokenIds)) return e;
   if (r->maxTokens && *r->maxTokens == 0 && !r->echo) {
     return badRequest("max_tokens: must be at least 1", "max_tokens");
   }
@@ -355,6 +356,7 @@ json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta&
   choice["logprobs"] =
       wantLogprobs && !d.logprobs.empty() ? logprobsJson(endpoint, d.logprobs, 0) : json(nullptr);
   choice["finish_reason"] = finishJson(d.finishReason);
+  if (d.tokenIds) choice["token_ids"] = *d.tokenIds;
   return json{{"id", meta.id},
               {"object", endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
               {"created", meta.created},
@@ -383,6 +385,7 @@ json fullResponse(Endpoint endpoint, const ResponseMeta& meta,
     }
     choice["logprobs"] = wantLogprobs ? logprobsJson(endpoint, c.logprobs, 0) : json(nullptr);
     choice["finish_reason"] = finishJson(c.finishReason);
+    if (c.tokenIds) choice["token_ids"] = *c.tokenIds;
     out.push_back(choice);
   }
   return json{{"id", meta.id},

@@ -63,6 +63,7 @@ struct GenerationRequest {
   int topLogprobs = 0;
   bool echo = false;
   std::string user;
+  bool returnTokenIds = false;  // vLLM's extension: each choice carries its token_ids
 };
 
 // Limits the router enforces while parsing.
@@ -101,6 +102,7 @@ struct ChoiceDelta {
   std::vector<TokenLogprob> logprobs;          // one per token in `text`, when requested
   std::optional<std::string> finishReason;     // "stop" | "length" | "abort" | "error"
   bool first = false;                          // chat: carries delta.role
+  std::optional<std::vector<int32_t>> tokenIds;  // return_token_ids: the ids behind `text`
 };
 
 struct ResponseMeta {

@@ -18,5 +18,6 @@ int runMakeModel(int argc, char** argv);
 int runGenerate(int argc, char** argv);
 int runTokenize(int argc, char** argv);
 int runBench(int argc, char** argv);
+int runUp(int argc, char** argv);
 
 }  // namespace pd::tools

@@ -12,6 +12,7 @@ const Command kCommands[] = {
     {"version", "print the version", runVersion},
     {"make-model", "write a small random-weight HF model directory", runMakeModel},
     {"generate", "run the engine in-process on token ids (greedy)", runGenerate},
+    {"up", "start a local cluster (router + workers) and supervise it", runUp},
     {"tokenize", "encode text or a chat with a model's tokenizer", runTokenize},
     {"bench", "load-test an OpenAI-compatible server (TTFT, ITL, goodput)", runBench},
 };

@@ -126,6 +126,16 @@ void ProcessGroup::stopAll(std::chrono::milliseconds grace) {
   children_.clear();
 }
 
+Status ProcessGroup::signal(const std::string& name, int sig) {
+  for (auto& c : children_) {
+    if (c.name == name && c.running) {
+      ::kill(-c.pid, sig);
+      return Status::ok();
+    }
+  }
+  return notFound("no running process named '" + name + "'");
+}
+
 size_t ProcessGroup::running() const {
   size_t n = 0;
   for (const auto& c : children_) n += c.running ? 1 : 0;

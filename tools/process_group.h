@@ -43,6 +43,8 @@ class ProcessGroup {
   void stopAll(std::chrono::milliseconds grace = std::chrono::seconds(5));
 
   size_t running() const;
+  // Sends `sig` to the named running child's process group.
+  Status signal(const std::string& name, int sig);
 
  private:
   struct Child {

@@ -1,4 +1,4 @@
-// A small HTTP/1.1 server on Boost.Beast for the router: full responses and SSE streams,
+// A small HTTP/1.1 server on Boost.Beast for the router and the workers' /health, /metrics: full responses and SSE streams,
 // a request-body limit (413), keep-alive, and client-disconnect detection while streaming.
 //
 // Threads: the server runs on the io_context it is given (the caller runs that context on
@@ -17,7 +17,7 @@
 
 #include "common/base/status.h"
 
-namespace pd::router {
+namespace pd::net {
 
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
@@ -77,4 +77,4 @@ class HttpServer {
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace pd::router
+}  // namespace pd::net

@@ -1,4 +1,4 @@
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 
 #include <deque>
 #include <mutex>
@@ -9,7 +9,7 @@
 
 #include "common/base/log.h"
 
-namespace pd::router {
+namespace pd::net {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
@@ -378,4 +378,4 @@ uint16_t HttpServer::port() const {
   return ec ? 0 : ep.port();
 }
 
-}  // namespace pd::router
+}  // namespace pd::net

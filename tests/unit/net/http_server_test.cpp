@@ -7,9 +7,9 @@
 
 #include <boost/asio.hpp>
 
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 
-using namespace pd::router;
+using namespace pd::net;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 

@@ -1,0 +1,235 @@
+#include "common/engine/engine.h"
+
+#include <algorithm>
+
+#include "common/base/log.h"
+
+namespace pd::engine {
+
+namespace {
+std::string reqName(uint64_t id) { return "request " + std::to_string(id); }
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager> kv,
+               EngineOptions options, const Clock& clock)
+    : backend_(std::move(backend)),
+      kv_(std::move(kv)),
+      options_(options),
+      scheduler_(options.scheduler),
+      clock_(clock) {}
+
+int32_t Engine::eosTokenId() const {
+  const auto& eos = backend_->config().eosTokenIds;
+  return eos.empty() ? -1 : eos.front();
+}
+
+const Request* Engine::find(uint64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : &it->second;
+}
+
+Status Engine::submit(Request request) {
+  uint64_t id = request.id();
+  if (requests_.count(id)) return failedPrecondition(reqName(id) + ": already in the engine");
+  requests_.emplace(id, std::move(request));
+  waiting_.push_back(id);
+  return Status::ok();
+}
+
+Result<std::vector<BlockId>> Engine::submitRemote(Request request) {
+  uint64_t id = request.id();
+  if (requests_.count(id)) return failedPrecondition(reqName(id) + ": already in the engine");
+  PD_RETURN_IF_ERROR(kv_->reserve(id, request.numPromptTokens()));
+  auto table = kv_->blockTable(id);
+  std::vector<BlockId> blocks(table.begin(), table.end());
+  auto& r = requests_.emplace(id, std::move(request)).first->second;
+  Status s = r.transition(RequestState::kWaitingKv);
+  if (!s.isOk()) {
+    eraseRequest(id, /*freeKv=*/true);
+    return s;
+  }
+  remote_.insert(id);
+  return blocks;
+}
+
+Status Engine::completeRemote(uint64_t id, const SampledToken& first,
+                              std::vector<EngineEvent>* events) {
+  if (!remote_.count(id)) return notFound(reqName(id) + ": not waiting for remote KV");
+  Request& r = requests_.at(id);
+  remote_.erase(id);
+  PD_RETURN_IF_ERROR(r.setNumComputed(r.numPromptTokens()));
+  PD_RETURN_IF_ERROR(kv_->cacheComputedBlocks(id, r.tokens(), r.numComputed()));
+  PD_RETURN_IF_ERROR(r.transition(RequestState::kDecoding));
+  running_.push_back(id);
+  return sampleInto(r, nullptr, events, first);
+}
+
+Status Engine::recomputeRemote(uint64_t id) {
+  if (!remote_.count(id)) return notFound(reqName(id) + ": not waiting for remote KV");
+  Request& r = requests_.at(id);
+  remote_.erase(id);
+  PD_RETURN_IF_ERROR(kv_->free(id));
+  PD_RETURN_IF_ERROR(r.transition(RequestState::kQueued));
+  waiting_.push_front(id);
+  return Status::ok();
+}
+
+void Engine::cancel(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (!isTerminal(it->second.state())) (void)it->second.cancel();
+  eraseRequest(id, /*freeKv=*/true);
+}
+
+void Engine::release(uint64_t id) {
+  if (heldKv_.erase(id) && kv_->hasSequence(id)) (void)kv_->free(id);
+}
+
+void Engine::eraseRequest(uint64_t id, bool freeKv) {
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+  remote_.erase(id);
+  requests_.erase(id);
+  if (freeKv) {
+    heldKv_.erase(id);
+    if (kv_->hasSequence(id)) (void)kv_->free(id);
+  } else if (kv_->hasSequence(id)) {
+    heldKv_.insert(id);
+  }
+}
+
+void Engine::finishRequest(uint64_t id, FinishReason reason, std::vector<EngineEvent>* events) {
+  (void)requests_.at(id).finish(reason);
+  EngineEvent e;
+  e.kind = EngineEvent::Kind::kFinished;
+  e.requestId = id;
+  e.reason = reason;
+  events->push_back(std::move(e));
+  eraseRequest(id, options_.releaseKvOnFinish);
+}
+
+void Engine::failRequest(uint64_t id, Status error, std::vector<EngineEvent>* events) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (!isTerminal(it->second.state())) (void)it->second.fail(error);
+  EngineEvent e;
+  e.kind = EngineEvent::Kind::kFailed;
+  e.requestId = id;
+  e.error = std::move(error);
+  events->push_back(std::move(e));
+  eraseRequest(id, /*freeKv=*/true);
+}
+
+Status Engine::sampleInto(Request& r, const float* logits, std::vector<EngineEvent>* events,
+                          std::optional<SampledToken> given) {
+  SampledToken token =
+      given ? *given
+            : sample(logits, backend_->config().vocabSize, r.params(), r.nextSampleStep());
+  auto reason = r.appendToken(token, eosTokenId());
+  if (!reason.ok()) {
+    failRequest(r.id(), reason.status(), events);
+    return Status::ok();
+  }
+  uint64_t id = r.id();
+  EngineEvent e;
+  e.kind = EngineEvent::Kind::kToken;
+  e.requestId = id;
+  e.token = std::move(token);
+  events->push_back(std::move(e));
+  if (*reason != FinishReason::kNone) {
+    finishRequest(id, *reason, events);
+  } else if (r.state() == RequestState::kPrefilling) {
+    (void)r.transition(RequestState::kDecoding);
+  }
+  return Status::ok();
+}
+
+Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer) {
+  std::vector<SeqView> running, waiting;
+  running.reserve(running_.size());
+  waiting.reserve(waiting_.size());
+  for (uint64_t id : running_) running.push_back(seqViewOf(requests_.at(id)));
+  for (uint64_t id : waiting_) waiting.push_back(seqViewOf(requests_.at(id)));
+  SchedulerView view;
+  view.running = running;
+  view.waiting = waiting;
+  view.kv = kv_.get();
+  view.numExternalSeqs = static_cast<int>(remote_.size());
+  view.now = clock_.now();
+  StepPlan plan = scheduler_.schedule(view);
+  PD_RETURN_IF_ERROR(applyPlanToKv(plan, *kv_));
+
+  for (const auto& rej : plan.rejected) failRequest(rej.seq, rej.reason, events);
+  for (uint64_t id : plan.preempted) {
+    Request& r = requests_.at(id);
+    (void)r.transition(RequestState::kQueued);
+    running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+    waiting_.push_front(id);
+  }
+  for (const auto& adm : plan.admitted) {
+    Request& r = requests_.at(adm.seq);
+    (void)r.transition(RequestState::kPrefilling);
+    r.setNumCachedPromptTokens(adm.cachedTokens);
+    (void)r.setNumComputed(adm.cachedTokens);
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), adm.seq), waiting_.end());
+    running_.push_back(adm.seq);
+  }
+  if (plan.empty()) return Status::ok();
+
+  std::vector<SeqChunk> chunks;
+  chunks.reserve(plan.entries.size());
+  int numLogits = 0;
+  for (const auto& e : plan.entries) {
+    const Request& r = requests_.at(e.seq);
+    auto table = kv_->blockTable(e.seq);
+    SeqChunk c;
+    c.tokens = r.tokens().data() + e.start;
+    c.numTokens = e.count;
+    c.startPos = e.start;
+    c.blockTable = table.data();
+    c.numBlocks = static_cast<int>(table.size());
+    c.wantLogits = e.wantLogits;
+    numLogits += e.wantLogits ? 1 : 0;
+    chunks.push_back(c);
+  }
+  const int vocab = backend_->config().vocabSize;
+  logits_.resize(size_t(std::max(numLogits, 1)) * vocab);
+  LayerKvReadyFn layerFn;
+  if (onLayer) {
+    StepView sv{plan.entries, kv_.get()};
+    layerFn = [&onLayer, sv](int layer) { onLayer(layer, sv); };
+  }
+  Status s = backend_->forward(chunks, logits_.data(), layerFn);
+  if (!s.isOk()) {
+    PD_LOG(kError, "engine") << "forward failed: " << s.toString();
+    for (const auto& e : plan.entries) failRequest(e.seq, s, events);
+    return s;
+  }
+
+  int row = 0;
+  for (const auto& e : plan.entries) {
+    Request& r = requests_.at(e.seq);
+    PD_RETURN_IF_ERROR(r.setNumComputed(e.start + e.count));
+    PD_RETURN_IF_ERROR(kv_->cacheComputedBlocks(e.seq, r.tokens(), r.numComputed()));
+    if (!e.wantLogits) continue;
+    PD_RETURN_IF_ERROR(sampleInto(r, logits_.data() + size_t(row++) * vocab, events));
+  }
+  return Status::ok();
+}
+
+EngineLoad Engine::load() const {
+  EngineLoad l;
+  l.running = static_cast<int>(running_.size());
+  l.waiting = static_cast<int>(waiting_.size());
+  l.remote = static_cast<int>(remote_.size());
+  for (uint64_t id : waiting_) l.queuedPrefillTokens += requests_.at(id).numPromptTokens();
+  for (uint64_t id : running_) {
+    const Request& r = requests_.at(id);
+    l.queuedPrefillTokens += std::max(0, r.numPromptTokens() - r.numComputed());
+  }
+  l.freeBlocks = kv_->numFreeBlocks();
+  l.totalBlocks = kv_->numTotalBlocks();
+  return l;
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,135 @@
+// engine::Engine: the per-step core both workers run (DESIGN.md §3, §4). It owns the
+// requests, the KV cache manager, the scheduler and the backend, and turns one call of
+// step() into: schedule -> apply the plan to the KV cache -> one forward over the
+// flattened batch -> sample -> update request states. What happened comes back as events.
+//
+// Two ways in:
+//   - submit(): a request prefilled here (colocated on a decode worker; every request on a
+//     prefill worker);
+//   - submitRemote() + completeRemote() (decode worker, disaggregated): blocks are reserved
+//     for the whole prompt at once (no blocks, no admission), the prompt's KV is written
+//     into them from outside, and completeRemote() hands over the first token, after which
+//     the request decodes here like any other. recomputeRemote() falls back to a local
+//     prefill when the remote one failed.
+//
+// KV of finished requests: with releaseKvOnFinish (decode workers) it is freed at once; a
+// prefill worker turns it off and calls release() once its KV push is confirmed, so no
+// block is reused while a transfer still reads it.
+//
+// Threads: not thread-safe; owned and called by one worker loop thread. The layer callback
+// of step() runs on that thread during forward().
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/base/clock.h"
+#include "common/base/status.h"
+#include "common/engine/backend.h"
+#include "common/engine/kv_cache_manager.h"
+#include "common/engine/request.h"
+#include "common/engine/sampling.h"
+#include "common/engine/scheduler.h"
+
+namespace pd::engine {
+
+struct EngineEvent {
+  enum class Kind { kToken, kFinished, kFailed };
+  Kind kind = Kind::kToken;
+  uint64_t requestId = 0;
+  SampledToken token;                           // kToken
+  FinishReason reason = FinishReason::kNone;    // kFinished
+  Status error;                                 // kFailed
+};
+
+struct EngineOptions {
+  SchedulerConfig scheduler;
+  bool releaseKvOnFinish = true;
+};
+
+struct EngineLoad {
+  int running = 0;               // holding KV and computing (prefill or decode)
+  int waiting = 0;               // queued for admission
+  int remote = 0;                // blocks reserved, waiting for a prefill worker's KV
+  int64_t queuedPrefillTokens = 0;  // prompt tokens not yet computed
+  int freeBlocks = 0;
+  int totalBlocks = 0;
+};
+
+// The plan entries of the step being computed, with their block tables; valid only inside
+// the layer callback.
+struct StepView {
+  std::span<const PlanEntry> entries;
+  const KvCacheManager* kv = nullptr;
+};
+using StepLayerFn = std::function<void(int layer, const StepView& step)>;
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager> kv,
+         EngineOptions options, const Clock& clock = SystemClock::instance());
+
+  // Queues a request for a local prefill. Errors: an id already present.
+  Status submit(Request request);
+
+  // Reserves blocks for the request's whole prompt and parks it in waiting_kv; returns its
+  // block table (to put in a KvTarget). kResourceExhausted when the blocks are not free:
+  // nothing is kept then.
+  Result<std::vector<BlockId>> submitRemote(Request request);
+  // The prompt's KV is in place and `first` is the token the prefill worker sampled: the
+  // request decodes from here. Events for the first token (and its finish) are appended.
+  Status completeRemote(uint64_t id, const SampledToken& first, std::vector<EngineEvent>* events);
+  // The remote prefill failed: free the reserved blocks and queue a local prefill.
+  Status recomputeRemote(uint64_t id);
+
+  // Ends a request wherever it is and frees its KV; no event. Unknown ids are ignored
+  // (the request may have finished a moment ago).
+  void cancel(uint64_t id);
+  // Frees the KV that a finished request kept (releaseKvOnFinish off).
+  void release(uint64_t id);
+
+  // One scheduling step and forward pass. Events of this step are appended; a backend
+  // error fails the step's requests (reported as events) and is returned.
+  Status step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer = {});
+
+  bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
+  bool contains(uint64_t id) const { return requests_.count(id) != 0; }
+  const Request* find(uint64_t id) const;
+  EngineLoad load() const;
+
+  Backend& backend() { return *backend_; }
+  KvCacheManager& kv() { return *kv_; }
+  const KvCacheManager& kv() const { return *kv_; }
+  const ModelConfig& modelConfig() const { return backend_->config(); }
+
+ private:
+  void finishRequest(uint64_t id, FinishReason reason, std::vector<EngineEvent>* events);
+  void failRequest(uint64_t id, Status error, std::vector<EngineEvent>* events);
+  void eraseRequest(uint64_t id, bool freeKv);
+  // Samples from `logits` (or takes `given`), appends the token and finishes the request
+  // when it must. Request-level problems become kFailed events, not errors.
+  Status sampleInto(Request& r, const float* logits, std::vector<EngineEvent>* events,
+                    std::optional<SampledToken> given = std::nullopt);
+  int32_t eosTokenId() const;
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvCacheManager> kv_;
+  EngineOptions options_;
+  Scheduler scheduler_;
+  const Clock& clock_;
+
+  std::unordered_map<uint64_t, Request> requests_;
+  std::vector<uint64_t> running_;   // holding KV, oldest admission first
+  std::deque<uint64_t> waiting_;    // queue order
+  std::unordered_set<uint64_t> remote_;
+  std::unordered_set<uint64_t> heldKv_;  // finished, KV kept until release()
+  std::vector<float> logits_;
+};
+
+}  // namespace pd::engine

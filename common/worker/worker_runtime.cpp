@@ -1,0 +1,318 @@
+#include "common/worker/worker_runtime.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "common/base/log.h"
+#include "common/engine/cpu_backend.h"
+#include "common/engine/kv_cache_manager.h"
+
+namespace pd::worker {
+
+// ---- LoopInbox -------------------------------------------------------------------------------
+
+void LoopInbox::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(fn));
+  }
+  cv_.notify_one();
+}
+
+size_t LoopInbox::runPending(std::chrono::milliseconds timeout) {
+  std::deque<std::function<void()>> batch;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (queue_.empty() && timeout.count() > 0) {
+      cv_.wait_for(lock, timeout, [&] { return !queue_.empty(); });
+    }
+    batch.swap(queue_);
+  }
+  for (auto& fn : batch) fn();
+  return batch.size();
+}
+
+// ---- Flags -----------------------------------------------------------------------------------
+
+namespace {
+
+Result<int> parsePort(const std::string& flag, const std::string& value) {
+  char* end = nullptr;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || v < 0 || v > 65535) {
+    return invalidArgument(flag + ": '" + value + "' is not a port number (0..65535)");
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage) {
+  WorkerFlags f;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(usage, stdout);
+      return cancelled("help");
+    }
+    if (i + 1 >= argc) return invalidArgument(arg + ": missing value (see --help)");
+    std::string value = argv[++i];
+    if (arg == "--config") {
+      f.configPath = value;
+    } else if (arg == "--router") {
+      auto colon = value.rfind(':');
+      if (colon == std::string::npos) return invalidArgument("--router: expected HOST:PORT, got '" + value + "'");
+      f.routerHost = value.substr(0, colon);
+      PD_ASSIGN_OR_RETURN(f.routerPort, parsePort("--router", value.substr(colon + 1)));
+    } else if (arg == "--id") {
+      f.workerId = value;
+    } else if (arg == "--advertise-host") {
+      f.advertiseHost = value;
+    } else if (arg == "--port") {
+      PD_ASSIGN_OR_RETURN(f.port, parsePort(arg, value));
+    } else if (arg == "--transfer-port") {
+      PD_ASSIGN_OR_RETURN(f.transferPort, parsePort(arg, value));
+    } else if (arg == "--metrics-port") {
+      PD_ASSIGN_OR_RETURN(f.metricsPort, parsePort(arg, value));
+    } else if (arg == "--model") {
+      f.modelPath = value;
+    } else {
+      return invalidArgument("unknown flag '" + arg + "' (see --help)");
+    }
+  }
+  if (f.workerId.empty()) return invalidArgument("--id: required (a unique worker name)");
+  if (f.transferPort == 0 && f.port != 0) f.transferPort = f.port + 1;
+  return f;
+}
+
+// ---- Engine ----------------------------------------------------------------------------------
+
+Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish) {
+  if (config.engine.backend != config::Backend::kCpu) {
+    return unimplemented("engine.backend: '" + std::string(config::toString(config.engine.backend)) +
+                         "' is not available in this build of the workers; use cpu");
+  }
+  EngineBundle b;
+  PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
+  const auto& mc = b.model->config;
+  b.modelName = config.model.name.empty()
+                    ? std::filesystem::path(config.model.path).filename().string()
+                    : config.model.name;
+  b.maxModelLen = config.model.maxModelLen > 0 ? config.model.maxModelLen : mc.maxPositionEmbeddings;
+
+  engine::KvLayout probe = engine::kvLayoutFor(mc, 1, config.engine.blockSize);
+  int64_t numBlocks = config.engine.numBlocks > 0
+                          ? config.engine.numBlocks
+                          : config.engine.kvCacheBytes / int64_t(probe.blockBytes());
+  if (numBlocks < 1) {
+    return invalidArgument("engine.kv_cache_bytes: " + std::to_string(config.engine.kvCacheBytes) +
+                           " bytes hold no block of " + std::to_string(probe.blockBytes()) +
+                           " bytes for this model");
+  }
+  auto layout = engine::kvLayoutFor(mc, static_cast<int>(numBlocks), config.engine.blockSize);
+  PD_ASSIGN_OR_RETURN(auto kv, engine::KvCacheManager::create(layout));
+  engine::CpuBackendOptions cpu;
+  cpu.numThreads = config.engine.threads;
+  PD_ASSIGN_OR_RETURN(auto backend, engine::createCpuBackend(b.model, layout, kv->data(), cpu));
+  engine::EngineOptions opts;
+  opts.scheduler.maxBatchTokens = static_cast<int>(config.engine.maxBatchTokens);
+  opts.scheduler.maxNumSeqs = config.engine.maxRunningRequests;
+  opts.scheduler.enablePrefixCaching = config.engine.enablePrefixCaching;
+  opts.releaseKvOnFinish = releaseKvOnFinish;
+  PD_RETURN_IF_ERROR(opts.scheduler.validate());
+  b.fingerprint = b.modelName + "/" + layout.fingerprint();
+  b.engine = std::make_unique<engine::Engine>(std::move(backend), std::move(kv), opts);
+  return b;
+}
+
+// ---- Conversions -----------------------------------------------------------------------------
+
+engine::SamplingParams fromProto(const proto::SamplingParams& p) {
+  engine::SamplingParams s;
+  s.temperature = p.temperature();
+  s.topK = p.top_k();
+  s.topP = p.top_p() <= 0.0f ? 1.0f : p.top_p();
+  s.minP = p.min_p();
+  if (p.has_seed()) s.seed = p.seed();
+  s.logprobs = static_cast<int>(p.logprobs());
+  s.stopTokenIds.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.maxTokens = static_cast<int>(p.max_tokens());
+  s.ignoreEos = p.ignore_eos();
+  return s;
+}
+
+proto::SamplingParams toProto(const engine::SamplingParams& s) {
+  proto::SamplingParams p;
+  p.set_temperature(s.temperature);
+  p.set_top_k(s.topK);
+  p.set_top_p(s.topP);
+  p.set_min_p(s.minP);
+  if (s.seed) p.set_seed(*s.seed);
+  p.set_logprobs(static_cast<uint32_t>(s.logprobs));
+  for (int32_t id : s.stopTokenIds) p.add_stop_token_ids(static_cast<uint32_t>(id));
+  p.set_max_tokens(static_cast<uint32_t>(s.maxTokens));
+  p.set_ignore_eos(s.ignoreEos);
+  return p;
+}
+
+proto::TokenLogprob toProto(const engine::SampledToken& t) {
+  proto::TokenLogprob lp;
+  lp.set_token_id(static_cast<uint32_t>(t.id));
+  lp.set_logprob(t.logprob);
+  for (const auto& [id, logprob] : t.topLogprobs) {
+    auto* top = lp.add_top();
+    top->set_token_id(static_cast<uint32_t>(id));
+    top->set_logprob(logprob);
+  }
+  return lp;
+}
+
+engine::SampledToken fromProto(uint32_t tokenId, const proto::TokenLogprob& lp) {
+  engine::SampledToken t;
+  t.id = static_cast<int32_t>(tokenId);
+  t.logprob = lp.logprob();
+  for (const auto& top : lp.top()) t.topLogprobs.emplace_back(int32_t(top.token_id()), top.logprob());
+  return t;
+}
+
+// ---- RouterLink ------------------------------------------------------------------------------
+
+RouterLink::RouterLink(net::IoPool& io, LoopInbox& inbox, std::string host, int port,
+                       proto::Hello hello, Handlers handlers)
+    : io_(io), inbox_(inbox), host_(std::move(host)), port_(port), hello_(std::move(hello)),
+      handlers_(std::move(handlers)) {}
+
+RouterLink::~RouterLink() { stop(); }
+
+void RouterLink::start() { thread_ = std::thread([this] { connectLoop(); }); }
+
+void RouterLink::stop() {
+  stopping_ = true;
+  cv_.notify_all();
+  net::ConnectionPtr conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = conn_;
+  }
+  if (conn) conn->close(cancelled("worker shutting down"));
+  if (thread_.joinable()) thread_.join();
+}
+
+Status RouterLink::send(proto::Envelope env) {
+  net::ConnectionPtr conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = conn_;
+  }
+  if (!conn) return unavailable("router " + host_ + ":" + std::to_string(port_) + ": not connected");
+  return conn->send(std::move(env));
+}
+
+// Dials until connected, waits while the connection lives, and dials again after a drop.
+void RouterLink::connectLoop() {
+  while (!stopping_) {
+    net::ConnectionOptions opts;
+    opts.hello = hello_;
+    net::ConnectionCallbacks cb;
+    cb.onMessage = [this](const net::ConnectionPtr&, proto::Envelope&& env) {
+      auto shared = std::make_shared<proto::Envelope>(std::move(env));
+      inbox_.post([this, shared] { handlers_.onMessage(std::move(*shared)); });
+    };
+    cb.onClose = [this](const net::ConnectionPtr&, const Status& why) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        conn_.reset();
+      }
+      up_ = false;
+      cv_.notify_all();
+      inbox_.post([this, why] { handlers_.onState(false, why); });
+    };
+    net::RetryPolicy retry;
+    retry.totalTimeout = std::chrono::seconds(5);
+    auto conn = net::FramedClient::connectWithRetry(io_, host_, port_, opts, cb, retry);
+    if (!conn.ok()) {
+      PD_LOG(kWarn, "worker") << "router " << host_ << ":" << port_ << ": "
+                              << conn.status().toString() << "; retrying";
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_.load(); });
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conn_ = conn.value();
+    }
+    up_ = true;
+    PD_LOG(kInfo, "worker") << "registered with router " << host_ << ":" << port_;
+    inbox_.post([this] { handlers_.onState(true, Status::ok()); });
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return stopping_.load() || !conn_; });
+  }
+}
+
+// ---- StatusEndpoint --------------------------------------------------------------------------
+
+StatusEndpoint::StatusEndpoint(net::IoPool& io, metrics::Registry& registry,
+                               std::function<bool()> healthy)
+    : io_(io), registry_(registry), healthy_(std::move(healthy)) {}
+
+Status StatusEndpoint::start(const std::string& host, int port) {
+  net::HttpServerOptions opts;
+  opts.host = host;
+  opts.port = static_cast<uint16_t>(port);
+  server_ = std::make_unique<net::HttpServer>(
+      io_.context(), opts, [this](net::HttpRequest req, std::shared_ptr<net::HttpResponder> r) {
+        if (req.path() == "/health") {
+          bool ok = healthy_();
+          r->sendFull(ok ? 200 : 503, {{"content-type", "text/plain"}}, ok ? "ok\n" : "not ready\n");
+        } else if (req.path() == "/metrics") {
+          r->sendFull(200, {{"content-type", "text/plain; version=0.0.4"}}, registry_.serialize());
+        } else {
+          r->sendFull(404, {{"content-type", "text/plain"}}, "not found\n");
+        }
+      });
+  return server_->start();
+}
+
+int StatusEndpoint::port() const { return server_ ? server_->port() : 0; }
+
+// ---- main ------------------------------------------------------------------------------------
+
+int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
+                  const ServiceFactory& create) {
+  // Block the signals before any thread starts so every thread inherits the mask and only
+  // sigwait() below sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto flags = parseWorkerFlags(argc - 1, argv + 1, usage);
+  if (!flags.ok()) {
+    if (flags.status().code() == StatusCode::kCancelled) return 0;
+    std::fprintf(stderr, "%s: %s\n", program, flags.status().message().c_str());
+    return 2;
+  }
+  auto config = config::loadClusterConfig(flags->configPath);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program, config.status().message().c_str());
+    return 2;
+  }
+  setLogLevel(config->logging.level);
+  auto service = create(config.value(), flags.value());
+  Status started = service.ok() ? service.value()->start() : service.status();
+  if (!started.isOk()) {
+    std::fprintf(stderr, "%s: %s\n", program, started.toString().c_str());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  PD_LOG(kInfo, "worker") << program << ": signal " << sig << ", shutting down";
+  service.value()->stop();
+  return 0;
+}
+
+}  // namespace pd::worker

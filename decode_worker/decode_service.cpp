@@ -1,0 +1,528 @@
+#include "decode_worker/decode_service.h"
+
+#include <atomic>
+#include <deque>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/base/log.h"
+#include "common/metrics/pdserve_metrics.h"
+#include "common/net/io_pool.h"
+#include "kvtransfer/agent.h"
+
+namespace pd::decode {
+namespace {
+
+using engine::EngineEvent;
+using namespace std::chrono;
+
+constexpr const char* kTag = "decode";
+
+proto::FinishReason toProtoFinish(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kStop: return proto::FINISH_STOP;
+    case engine::FinishReason::kLength: return proto::FINISH_LENGTH;
+    case engine::FinishReason::kCancelled: return proto::FINISH_ABORT;
+    case engine::FinishReason::kError: return proto::FINISH_ERROR;
+    case engine::FinishReason::kNone: break;
+  }
+  return proto::FINISH_NONE;
+}
+
+
+std::vector<std::string> transportNames(const config::ClusterConfig& c) {
+  std::vector<std::string> names;
+  for (auto t : c.kvTransfer.transports) names.emplace_back(config::toString(t));
+  return names;
+}
+
+class DecodeServiceImpl final : public DecodeService {
+ public:
+  DecodeServiceImpl(config::ClusterConfig config, worker::WorkerFlags flags,
+                    worker::EngineBundle bundle)
+      : config_(std::move(config)),
+        flags_(std::move(flags)),
+        bundle_(std::move(bundle)),
+        engine_(*bundle_.engine),
+        io_(2, "decode-io"),
+        registry_(metrics::Labels{{"role", "decode"}, {"worker", flags_.workerId}}),
+        metrics_(registry_),
+        status_(io_, registry_, [this] { return ready_.load(); }) {}
+
+  ~DecodeServiceImpl() override { stop(); }
+
+  Status start() override {
+    PD_RETURN_IF_ERROR(status_.start(flags_.advertiseHost, flags_.metricsPort));
+    kvt::AgentOptions agentOpts;
+    agentOpts.name = flags_.workerId;
+    agentOpts.preference = transportNames(config_);
+    agentOpts.transport.listenHost = config_.kvTransfer.listenHost;
+    agentOpts.transport.listenPort = static_cast<uint16_t>(flags_.transferPort);
+    PD_ASSIGN_OR_RETURN(agent_, kvt::TransferAgent::create(agentOpts, *registry_.native()));
+    PD_RETURN_IF_ERROR(agent_->registerMemory(engine_.kv().region()).status());
+    PD_ASSIGN_OR_RETURN(agentMetadata_, agent_->localMetadata());
+    metrics_.setCacheConfig(engine_.kv().layout().blockSize, engine_.kv().numTotalBlocks());
+
+    proto::Hello hello;
+    hello.set_role(proto::ROLE_DECODE);
+    hello.set_worker_id(flags_.workerId);
+    hello.set_model_fingerprint(bundle_.fingerprint);
+    hello.set_block_size(static_cast<uint32_t>(engine_.kv().layout().blockSize));
+    hello.set_total_blocks(static_cast<uint64_t>(engine_.kv().numTotalBlocks()));
+    int routerPort = flags_.routerPort ? flags_.routerPort : config_.router.controlPort;
+    router_ = std::make_unique<worker::RouterLink>(
+        io_, inbox_, flags_.routerHost, routerPort, hello,
+        worker::RouterLink::Handlers{[this](proto::Envelope&& env) { onRouterMessage(std::move(env)); },
+                                     [this](bool up, const Status& why) { onRouterState(up, why); }});
+    loop_ = std::thread([this] { loop(); });
+    router_->start();
+    PD_LOG(kInfo, kTag) << flags_.workerId << ": model " << bundle_.modelName << ", "
+                        << engine_.kv().numTotalBlocks() << " KV blocks, transports "
+                        << agent_->transportNames().size() << ", metrics on port " << status_.port();
+    return Status::ok();
+  }
+
+  void stop() override {
+    if (stopping_.exchange(true)) return;
+    if (router_) router_->stop();
+    inbox_.post([] {});
+    if (loop_.joinable()) loop_.join();
+    io_.stop();
+  }
+
+  int metricsPort() const override { return status_.port(); }
+
+ private:
+  struct Tracked {
+    proto::Generate gen;
+    bool remote = false;           // asked a prefill worker for the prompt's KV
+    bool awaitingPrefill = false;  // PrefillRequest out, PrefillDone not yet in
+    std::string prefillAddress;
+    Deadline remoteDeadline;
+    SteadyTime received;
+    std::optional<SteadyTime> firstToken;
+    int completionTokens = 0;
+    bool wantLogprobs = false;
+  };
+  struct Blocked {  // a disaggregated request waiting for free blocks
+    uint64_t id;
+    engine::Request request;
+    Deadline deadline;
+  };
+  struct PrefillPeer {
+    net::ConnectionPtr conn;
+    bool connecting = false;
+    std::vector<proto::Envelope> queued;  // sent once connected
+    std::unordered_set<uint64_t> requests;
+  };
+
+  // ---- loop thread ---------------------------------------------------------------------------
+  void loop() {
+    auto nextReport = steadyNow();
+    while (!stopping_) {
+      inbox_.runPending(engine_.hasWork() ? milliseconds(0) : milliseconds(20));
+      agent_->progress();
+      (void)agent_->takeNotifications();  // PrefillDone, not notifications, drives the decode side
+      checkDeadlines();
+      admitBlocked();
+      if (engine_.hasWork()) {
+        std::vector<EngineEvent> events;
+        Status s = engine_.step(&events);
+        if (!s.isOk()) PD_LOG(kError, kTag) << "step failed: " << s.toString();
+        publish(events);
+      }
+      if (steadyNow() >= nextReport) {
+        sendLoadReport();
+        nextReport = steadyNow() + milliseconds(config_.router.loadReportIntervalMs);
+      }
+    }
+    // Shutting down: every request still here ends with an error the client can read.
+    std::vector<uint64_t> ids;
+    for (auto& [id, t] : tracked_) ids.push_back(id);
+    for (uint64_t id : ids) failRequest(id, unavailable("decode worker " + flags_.workerId + " is shutting down"));
+  }
+
+  void onRouterState(bool up, const Status& why) {
+    ready_ = up;
+    if (up) return;
+    // The router lost track of these requests; their clients are gone with it.
+    std::vector<uint64_t> ids;
+    for (auto& [id, t] : tracked_) ids.push_back(id);
+    for (uint64_t id : ids) cancelRequest(id, "router connection lost: " + why.message());
+  }
+
+  void onRouterMessage(proto::Envelope&& env) {
+    switch (env.body_case()) {
+      case proto::Envelope::kGenerate: onGenerate(std::move(*env.mutable_generate())); break;
+      case proto::Envelope::kCancel: cancelRequest(env.cancel().request_id(), env.cancel().reason()); break;
+      default:
+        PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from the router";
+    }
+  }
+
+  void onGenerate(proto::Generate gen) {
+    const uint64_t id = gen.request_id();
+    if (tracked_.count(id)) return sendError(id, failedPrecondition("request " + std::to_string(id) + " is already running here"));
+    engine::SamplingParams params = worker::fromProto(gen.sampling());
+    std::vector<int32_t> prompt(gen.prompt_token_ids().begin(), gen.prompt_token_ids().end());
+    if (int64_t(prompt.size()) + params.maxTokens > bundle_.maxModelLen) {
+      return sendError(id, outOfRange("prompt (" + std::to_string(prompt.size()) +
+                                      " tokens) + max_tokens (" + std::to_string(params.maxTokens) +
+                                      ") exceeds the model's context of " +
+                                      std::to_string(bundle_.maxModelLen) + " tokens"));
+    }
+    auto request = engine::Request::create(id, std::move(prompt), params, SystemClock::instance(),
+                                           engine_.modelConfig().vocabSize);
+    if (!request.ok()) return sendError(id, request.status());
+    auto load = engine_.load();
+    if (load.waiting + int(blocked_.size()) >= config_.engine.maxQueue) {
+      return sendError(id, resourceExhausted("decode worker " + flags_.workerId + ": queue full (" +
+                                             std::to_string(load.waiting) + " waiting)"));
+    }
+    Tracked t;
+    t.received = steadyNow();
+    t.wantLogprobs = gen.sampling().return_logprobs() || gen.sampling().logprobs() > 0;
+    t.remote = !gen.prefill_worker_address().empty();
+    t.prefillAddress = gen.prefill_worker_address();
+    t.gen = std::move(gen);
+    metrics_.promptTokens.inc(double(request->numPromptTokens()));
+    tracked_.emplace(id, std::move(t));
+    if (!tracked_.at(id).remote) {
+      (void)engine_.submit(std::move(request).value());
+      return;
+    }
+    blocked_.push_back({id, std::move(request).value(),
+                        Deadline::in(milliseconds(config_.kvTransfer.timeoutMs))});
+    admitBlocked();
+  }
+
+  // Disaggregated requests get all their prompt's blocks at once, in arrival order.
+  void admitBlocked() {
+    while (!blocked_.empty()) {
+      Blocked& b = blocked_.front();
+      int needed = engine_.kv().blocksFor(b.request.numPromptTokens());
+      if (needed > engine_.kv().numFreeBlocks()) return;
+      uint64_t id = b.id;
+      auto blocks = engine_.submitRemote(std::move(b.request));
+      blocked_.pop_front();
+      if (!blocks.ok()) {
+        failRequest(id, blocks.status());
+        continue;
+      }
+      sendPrefillRequest(id, blocks.value());
+    }
+  }
+
+  void sendPrefillRequest(uint64_t id, const std::vector<engine::BlockId>& blocks) {
+    Tracked& t = tracked_.at(id);
+    proto::Envelope env;
+    env.set_request_id(id);
+    auto* pr = env.mutable_prefill_request();
+    pr->set_request_id(id);
+    *pr->mutable_prompt_token_ids() = t.gen.prompt_token_ids();
+    *pr->mutable_sampling() = t.gen.sampling();
+    pr->set_deadline_ms(static_cast<uint64_t>(config_.kvTransfer.timeoutMs));
+    auto* target = pr->mutable_kv_target();
+    target->set_transfer_conn_info(agentMetadata_);
+    auto* layer = target->add_layers();
+    for (auto b : blocks) layer->add_block_ids(static_cast<uint32_t>(b));
+    target->set_block_size(static_cast<uint32_t>(engine_.kv().layout().blockSize));
+    target->set_layout_fingerprint(bundle_.fingerprint);
+    target->set_region_base(engine_.kv().region().addr);
+    target->set_num_blocks(static_cast<uint32_t>(engine_.kv().numTotalBlocks()));
+    t.awaitingPrefill = true;
+    t.remoteDeadline = Deadline::in(milliseconds(config_.kvTransfer.timeoutMs));
+    PrefillPeer& peer = prefillPeers_[t.prefillAddress];
+    peer.requests.insert(id);
+    if (peer.conn) {
+      Status s = peer.conn->send(std::move(env));
+      if (!s.isOk()) remotePrefillFailed(id, s);
+      return;
+    }
+    peer.queued.push_back(std::move(env));
+    if (!peer.connecting) connectPrefill(t.prefillAddress);
+  }
+
+  void connectPrefill(const std::string& address) {
+    auto colon = address.rfind(':');
+    PrefillPeer& peer = prefillPeers_[address];
+    peer.connecting = true;
+    net::ConnectionOptions opts;
+    opts.hello.set_role(proto::ROLE_DECODE);
+    opts.hello.set_worker_id(flags_.workerId);
+    opts.hello.set_model_fingerprint(bundle_.fingerprint);
+    net::ConnectionCallbacks cb;
+    cb.onMessage = [this, address](const net::ConnectionPtr&, proto::Envelope&& env) {
+      auto shared = std::make_shared<proto::Envelope>(std::move(env));
+      inbox_.post([this, address, shared] { onPrefillMessage(address, std::move(*shared)); });
+    };
+    cb.onClose = [this, address](const net::ConnectionPtr& c, const Status& why) {
+      inbox_.post([this, address, c, why] { onPrefillClosed(address, c, why); });
+    };
+    net::FramedClient::connectAsync(
+        io_, address.substr(0, colon), std::atoi(address.c_str() + colon + 1), opts, cb,
+        seconds(3), [this, address](Result<net::ConnectionPtr> r) {
+          inbox_.post([this, address, r = std::move(r)]() mutable { onPrefillConnected(address, std::move(r)); });
+        });
+  }
+
+  void onPrefillConnected(const std::string& address, Result<net::ConnectionPtr> r) {
+    PrefillPeer& peer = prefillPeers_[address];
+    peer.connecting = false;
+    if (!r.ok()) {
+      PD_LOG(kWarn, kTag) << "prefill worker " << address << ": " << r.status().toString();
+      failPeerRequests(address, r.status());
+      return;
+    }
+    if (r.value()->peerHello().model_fingerprint() != bundle_.fingerprint) {
+      Status why = failedPrecondition("prefill worker " + address + " serves '" +
+                                      r.value()->peerHello().model_fingerprint() + "', not '" +
+                                      bundle_.fingerprint + "'");
+      r.value()->close(why);
+      failPeerRequests(address, why);
+      return;
+    }
+    peer.conn = r.value();
+    for (auto& env : peer.queued) {
+      uint64_t id = env.request_id();
+      Status s = peer.conn->send(std::move(env));
+      if (!s.isOk()) remotePrefillFailed(id, s);
+    }
+    peer.queued.clear();
+  }
+
+  void onPrefillClosed(const std::string& address, const net::ConnectionPtr& c, const Status& why) {
+    auto it = prefillPeers_.find(address);
+    if (it == prefillPeers_.end() || it->second.conn != c) return;
+    it->second.conn.reset();
+    failPeerRequests(address, unavailable("prefill worker " + address + " disconnected: " + why.message()));
+  }
+
+  void failPeerRequests(const std::string& address, const Status& why) {
+    auto it = prefillPeers_.find(address);
+    if (it == prefillPeers_.end()) return;
+    std::vector<uint64_t> ids(it->second.requests.begin(), it->second.requests.end());
+    it->second.queued.clear();
+    for (uint64_t id : ids) remotePrefillFailed(id, why);
+  }
+
+  void onPrefillMessage(const std::string& address, proto::Envelope&& env) {
+    const uint64_t id = env.request_id();
+    auto it = tracked_.find(id);
+    if (it == tracked_.end() || !it->second.awaitingPrefill) return;  // cancelled meanwhile
+    if (env.body_case() == proto::Envelope::kError) {
+      return remotePrefillFailed(id, net::fromProtoError(env.error()));
+    }
+    if (env.body_case() != proto::Envelope::kPrefillDone) return;
+    Tracked& t = it->second;
+    t.awaitingPrefill = false;
+    prefillPeers_[address].requests.erase(id);
+    const auto& done = env.prefill_done();
+    std::vector<EngineEvent> events;
+    Status s = engine_.completeRemote(id, worker::fromProto(done.first_token_id(), done.first_logprob()), &events);
+    if (!s.isOk()) return failRequest(id, s);
+    metrics_.remotePrefill("ok");
+    publish(events);
+  }
+
+  void remotePrefillFailed(uint64_t id, const Status& why) {
+    auto it = tracked_.find(id);
+    if (it == tracked_.end() || !it->second.awaitingPrefill) return;
+    Tracked& t = it->second;
+    t.awaitingPrefill = false;
+    auto peer = prefillPeers_.find(t.prefillAddress);
+    if (peer != prefillPeers_.end()) {
+      peer->second.requests.erase(id);
+      if (peer->second.conn) {
+        proto::Envelope cancel;
+        cancel.set_request_id(id);
+        cancel.mutable_cancel()->set_request_id(id);
+        cancel.mutable_cancel()->set_reason(why.message());
+        (void)peer->second.conn->send(std::move(cancel));
+      }
+    }
+    if (config_.kvTransfer.onRemotePrefillFailure == config::RemotePrefillFailure::kRecompute &&
+        engine_.recomputeRemote(id).isOk()) {
+      PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message()
+                          << "); recomputing here";
+      metrics_.remotePrefill("recomputed");
+      return;
+    }
+    metrics_.remotePrefill("failed");
+    failRequest(id, unavailable("remote prefill failed: " + why.message()));
+  }
+
+  void checkDeadlines() {
+    while (!blocked_.empty() && blocked_.front().deadline.expired()) {
+      uint64_t id = blocked_.front().id;
+      int tokens = blocked_.front().request.numPromptTokens();
+      blocked_.pop_front();
+      failRequest(id, resourceExhausted("no free KV blocks for a " + std::to_string(tokens) +
+                                        "-token prompt within " +
+                                        std::to_string(config_.kvTransfer.timeoutMs) + " ms"));
+    }
+    std::vector<uint64_t> late;
+    for (auto& [id, t] : tracked_)
+      if (t.awaitingPrefill && t.remoteDeadline.expired()) late.push_back(id);
+    for (uint64_t id : late)
+      remotePrefillFailed(id, deadlineExceeded("no PrefillDone within " +
+                                               std::to_string(config_.kvTransfer.timeoutMs) + " ms"));
+  }
+
+  // Turns a step's events into one TokenChunk per request and sends them.
+  void publish(const std::vector<EngineEvent>& events) {
+    std::vector<uint64_t> order;
+    std::unordered_map<uint64_t, proto::Envelope> chunks;
+    for (const auto& e : events) {
+      auto it = tracked_.find(e.requestId);
+      if (it == tracked_.end()) continue;
+      Tracked& t = it->second;
+      auto [cit, fresh] = chunks.try_emplace(e.requestId);
+      if (fresh) {
+        order.push_back(e.requestId);
+        cit->second.set_request_id(e.requestId);
+        cit->second.mutable_token_chunk()->set_request_id(e.requestId);
+      }
+      auto* chunk = cit->second.mutable_token_chunk();
+      switch (e.kind) {
+        case EngineEvent::Kind::kToken:
+          chunk->add_token_ids(static_cast<uint32_t>(e.token.id));
+          if (t.wantLogprobs) *chunk->add_logprobs() = worker::toProto(e.token);
+          if (!t.firstToken) t.firstToken = steadyNow();
+          ++t.completionTokens;
+          metrics_.generationTokens.inc();
+          break;
+        case EngineEvent::Kind::kFinished:
+          chunk->set_finish_reason(toProtoFinish(e.reason));
+          fillSummary(e.requestId, t, chunk);
+          break;
+        case EngineEvent::Kind::kFailed:
+          chunk->set_finish_reason(proto::FINISH_ERROR);
+          *chunk->mutable_error() = net::toProtoError(e.error);
+          fillSummary(e.requestId, t, chunk);
+          break;
+      }
+    }
+    for (uint64_t id : order) {
+      auto& env = chunks.at(id);
+      bool last = env.token_chunk().finish_reason() != proto::FINISH_NONE;
+      (void)router_->send(std::move(env));
+      if (last) forget(id);
+    }
+  }
+
+  void fillSummary(uint64_t id, const Tracked& t, proto::TokenChunk* chunk) {
+    auto* usage = chunk->mutable_usage();
+    usage->set_prompt_tokens(static_cast<uint32_t>(t.gen.prompt_token_ids_size()));
+    usage->set_completion_tokens(static_cast<uint32_t>(t.completionTokens));
+    auto* timings = chunk->mutable_timings();
+    timings->set_decode_worker_id(flags_.workerId);
+    timings->set_prefill_worker_id(t.remote ? t.gen.prefill_worker_id() : flags_.workerId);
+    timings->set_route(t.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
+    if (t.firstToken) timings->set_first_token_ms(1e3 * secondsBetween(t.received, *t.firstToken));
+    (void)id;
+  }
+
+  void sendError(uint64_t id, const Status& error) {
+    proto::Envelope env;
+    env.set_request_id(id);
+    auto* chunk = env.mutable_token_chunk();
+    chunk->set_request_id(id);
+    chunk->set_finish_reason(proto::FINISH_ERROR);
+    *chunk->mutable_error() = net::toProtoError(error);
+    chunk->mutable_timings()->set_decode_worker_id(flags_.workerId);
+    (void)router_->send(std::move(env));
+  }
+
+  void failRequest(uint64_t id, const Status& error) {
+    engine_.cancel(id);
+    sendError(id, error);
+    forget(id);
+  }
+
+  void cancelRequest(uint64_t id, const std::string& reason) {
+    auto it = tracked_.find(id);
+    if (it == tracked_.end()) return;
+    if (it->second.awaitingPrefill) {
+      auto peer = prefillPeers_.find(it->second.prefillAddress);
+      if (peer != prefillPeers_.end() && peer->second.conn) {
+        proto::Envelope cancel;
+        cancel.set_request_id(id);
+        cancel.mutable_cancel()->set_request_id(id);
+        cancel.mutable_cancel()->set_reason(reason);
+        (void)peer->second.conn->send(std::move(cancel));
+      }
+    }
+    engine_.cancel(id);
+    forget(id);
+  }
+
+  void forget(uint64_t id) {
+    auto it = tracked_.find(id);
+    if (it == tracked_.end()) return;
+    auto peer = prefillPeers_.find(it->second.prefillAddress);
+    if (peer != prefillPeers_.end()) peer->second.requests.erase(id);
+    for (auto b = blocked_.begin(); b != blocked_.end(); ++b) {
+      if (b->id == id) {
+        blocked_.erase(b);
+        break;
+      }
+    }
+    tracked_.erase(it);
+  }
+
+  void sendLoadReport() {
+    auto load = engine_.load();
+    metrics_.running.set(load.running);
+    metrics_.waiting.set(load.waiting + int(blocked_.size()));
+    metrics_.queuedPrefillTokens.set(double(load.queuedPrefillTokens));
+    metrics_.kvFreeBlocks.set(load.freeBlocks);
+    metrics_.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
+    if (!router_->isUp()) return;
+    proto::Envelope env;
+    auto* r = env.mutable_load_report();
+    r->set_role(proto::ROLE_DECODE);
+    r->set_worker_id(flags_.workerId);
+    r->set_queued_prefill_tokens(static_cast<uint64_t>(load.queuedPrefillTokens));
+    r->set_running(static_cast<uint32_t>(load.running + load.remote));
+    r->set_waiting(static_cast<uint32_t>(load.waiting + int(blocked_.size())));
+    r->set_free_blocks(static_cast<uint64_t>(load.freeBlocks));
+    r->set_total_blocks(static_cast<uint64_t>(load.totalBlocks));
+    r->set_sent_at_unix_us(static_cast<uint64_t>(
+        duration_cast<microseconds>(system_clock::now().time_since_epoch()).count()));
+    (void)router_->send(std::move(env));
+  }
+
+  config::ClusterConfig config_;
+  worker::WorkerFlags flags_;
+  worker::EngineBundle bundle_;
+  engine::Engine& engine_;
+  net::IoPool io_;
+  metrics::Registry registry_;
+  metrics::WorkerMetrics metrics_;
+  worker::StatusEndpoint status_;
+  worker::LoopInbox inbox_;
+  std::unique_ptr<kvt::TransferAgent> agent_;
+  std::string agentMetadata_;
+  std::unique_ptr<worker::RouterLink> router_;
+  std::thread loop_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> ready_{false};
+
+  std::unordered_map<uint64_t, Tracked> tracked_;
+  std::deque<Blocked> blocked_;
+  std::unordered_map<std::string, PrefillPeer> prefillPeers_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DecodeService>> DecodeService::create(config::ClusterConfig config,
+                                                             worker::WorkerFlags flags) {
+  if (!flags.modelPath.empty()) config.model.path = flags.modelPath;
+  PD_ASSIGN_OR_RETURN(auto bundle, worker::buildEngine(config, /*releaseKvOnFinish=*/true));
+  return std::unique_ptr<DecodeService>(
+      new DecodeServiceImpl(std::move(config), std::move(flags), std::move(bundle)));
+}
+
+}  // namespace pd::decode

@@ -1,0 +1,328 @@
+#include "kvtransfer/agent.h"
+
+#include <algorithm>
+
+#include "common/base/log.h"
+#include "kvtransfer/kvt.pb.h"
+
+namespace pd::kvt {
+
+namespace {
+constexpr uint32_t kMetadataVersion = 1;
+}
+
+Result<std::unique_ptr<TransferAgent>> TransferAgent::create(const AgentOptions& options,
+                                                             prometheus::Registry& registry) {
+  TransportOptions topts = options.transport;
+  topts.localName = options.name;
+  std::vector<NamedTransport> transports;
+  std::string skipped;
+  auto add = [&](const std::string& name) {
+    for (const auto& t : transports) {
+      if (t.name == name) return;
+    }
+    auto t = makeTransport(name, topts);
+    if (!t.ok()) {
+      PD_LOG(kInfo, "kvt") << "agent '" << options.name << "': transport " << name
+                           << " skipped: " << t.status().message();
+      skipped += "\n  " + name + ": " + t.status().message();
+      return;
+    }
+    PD_LOG(kInfo, "kvt") << "agent '" << options.name << "': transport " << name << " ready ("
+                         << (*t)->caps().details << ")";
+    transports.push_back({name, std::move(t).value()});
+  };
+  for (const auto& name : options.preference) add(name);
+  if (transports.empty()) {
+    return unavailable("kvtransfer agent '" + options.name + "': no usable transport among the preference list:" +
+                       skipped);
+  }
+  // The fallback lane: tcp is always created when built in, even if not preferred.
+  if (options.fallbackToTcp) add("tcp");
+  return createWith(options, std::move(transports), registry);
+}
+
+Result<std::unique_ptr<TransferAgent>> TransferAgent::createWith(const AgentOptions& options,
+                                                                 std::vector<NamedTransport> transports,
+                                                                 prometheus::Registry& registry) {
+  if (transports.empty()) return invalidArgument("kvtransfer agent: no transports given");
+  for (const auto& t : transports) {
+    if (!t.transport) return invalidArgument("kvtransfer agent: transport '" + t.name + "' is null");
+  }
+  return std::unique_ptr<TransferAgent>(new TransferAgent(options, std::move(transports), registry));
+}
+
+TransferAgent::TransferAgent(const AgentOptions& options, std::vector<NamedTransport> transports,
+                             prometheus::Registry& registry)
+    : options_(options), transports_(std::move(transports)), metrics_(registry) {}
+
+TransferAgent::~TransferAgent() = default;
+
+std::vector<std::string> TransferAgent::transportNames() const {
+  std::vector<std::string> out;
+  for (const auto& t : transports_) out.push_back(t.name);
+  return out;
+}
+
+std::optional<size_t> TransferAgent::indexOf(const std::string& name) const {
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    if (transports_[i].name == name) return i;
+  }
+  return std::nullopt;
+}
+
+Result<RegionId> TransferAgent::registerMemory(const MemDesc& desc) {
+  RegionState rs;
+  rs.desc = desc;
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    auto& t = *transports_[i].transport;
+    auto h = t.registerMemory(desc);
+    Result<std::string> key = h.ok() ? t.packRemoteKey(*h) : Result<std::string>(h.status());
+    if (!key.ok()) {
+      if (h.ok()) (void)t.deregisterMemory(*h);
+      for (size_t j = 0; j < rs.handles.size(); ++j) (void)transports_[j].transport->deregisterMemory(rs.handles[j]);
+      return key.status().withContext("kvtransfer agent: registering " + toString(desc) + " with " +
+                                      transports_[i].name);
+    }
+    rs.handles.push_back(*h);
+    rs.keys.push_back(std::move(key).value());
+  }
+  RegionId id = nextRegion_++;
+  regions_[id] = std::move(rs);
+  regionOrder_.push_back(id);
+  return id;
+}
+
+Status TransferAgent::deregisterMemory(RegionId region) {
+  auto it = regions_.find(region);
+  if (it == regions_.end()) return notFound("kvtransfer agent: no region " + std::to_string(region));
+  Status first;
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    Status st = transports_[i].transport->deregisterMemory(it->second.handles[i]);
+    if (!st.isOk() && first.isOk()) first = st;
+  }
+  regions_.erase(it);
+  regionOrder_.erase(std::remove(regionOrder_.begin(), regionOrder_.end(), region), regionOrder_.end());
+  return first;
+}
+
+Result<std::string> TransferAgent::localMetadata() {
+  proto::AgentMetadata md;
+  md.set_version(kMetadataVersion);
+  md.set_name(options_.name);
+  for (RegionId r : regionOrder_) {
+    const auto& rs = regions_.at(r);
+    auto* reg = md.add_regions();
+    reg->set_addr(rs.desc.addr);
+    reg->set_len(rs.desc.len);
+    reg->set_kind(uint32_t(rs.desc.kind));
+    reg->set_device(rs.desc.device);
+  }
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    auto* tp = md.add_transports();
+    tp->set_transport(transports_[i].name);
+    PD_ASSIGN_OR_RETURN(std::string conn, transports_[i].transport->localConnInfo());
+    tp->set_conn_info(conn);
+    for (RegionId r : regionOrder_) tp->add_remote_keys(regions_.at(r).keys[i]);
+  }
+  return md.SerializeAsString();
+}
+
+Result<AgentPeer> TransferAgent::loadPeer(const std::string& metadata) {
+  proto::AgentMetadata md;
+  if (!md.ParseFromString(metadata)) {
+    return invalidArgument("kvtransfer agent: peer metadata is not a serialized AgentMetadata");
+  }
+  if (md.version() != kMetadataVersion) {
+    return failedPrecondition("kvtransfer agent: peer '" + md.name() + "' metadata version " +
+                              std::to_string(md.version()) + ", expected " + std::to_string(kMetadataVersion));
+  }
+  for (auto& [id, ps] : peers_) {
+    if (ps.name != md.name()) continue;
+    if (ps.metadata == metadata) return id;
+    PD_LOG(kInfo, "kvt") << "peer '" << md.name() << "' sent new metadata; reconnecting";
+    PD_RETURN_IF_ERROR(unloadPeer(id));
+    break;
+  }
+  auto peerInfoFor = [&](const std::string& name) -> std::optional<PeerInfo> {
+    for (const auto& tp : md.transports()) {
+      if (tp.transport() != name) continue;
+      PeerInfo pi;
+      pi.name = md.name();
+      pi.connInfo = tp.conn_info();
+      pi.remoteKeys.assign(tp.remote_keys().begin(), tp.remote_keys().end());
+      return pi;
+    }
+    return std::nullopt;
+  };
+
+  PeerState ps;
+  ps.name = md.name();
+  ps.metadata = metadata;
+  std::string why;
+  bool found = false;
+  for (size_t i = 0; i < transports_.size() && !found; ++i) {
+    const std::string& name = transports_[i].name;
+    auto pi = peerInfoFor(name);
+    if (!pi) {
+      why += "\n  " + name + ": the peer does not offer it";
+      continue;
+    }
+    auto id = transports_[i].transport->loadPeer(*pi);
+    if (!id.ok()) {
+      PD_LOG(kWarn, "kvt") << "peer '" << md.name() << "': " << name << " failed: " << id.status().message();
+      why += "\n  " + name + ": " + id.status().message();
+      continue;
+    }
+    ps.primary = Lane{i, *id};
+    found = true;
+  }
+  if (!found) {
+    return unavailable("kvtransfer agent: no common transport reaches peer '" + md.name() + "':" + why);
+  }
+  std::string lanes = laneName(ps.primary);
+  if (options_.fallbackToTcp && laneName(ps.primary) != "tcp") {
+    auto tcpIdx = indexOf("tcp");
+    auto pi = peerInfoFor("tcp");
+    if (tcpIdx && pi) {
+      auto id = transports_[*tcpIdx].transport->loadPeer(*pi);
+      if (id.ok()) {
+        ps.tcpLane = Lane{*tcpIdx, *id};
+        lanes += " (tcp as fallback)";
+      } else {
+        PD_LOG(kWarn, "kvt") << "peer '" << md.name() << "': no tcp fallback lane: " << id.status().message();
+      }
+    }
+  }
+  PD_LOG(kInfo, "kvt") << "peer '" << md.name() << "': using " << lanes;
+  AgentPeer id = nextPeer_++;
+  peers_[id] = std::move(ps);
+  return id;
+}
+
+Status TransferAgent::unloadPeer(AgentPeer peer) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return notFound("kvtransfer agent: no peer " + std::to_string(peer));
+  // Transfers to it end as cancelled; their ids stay pollable.
+  for (auto& [id, e] : entries_) {
+    if (e.peer == peer) (void)transports_[e.lane.transport].transport->cancel(e.inner);
+  }
+  Status st = transports_[it->second.primary.transport].transport->unloadPeer(it->second.primary.peer);
+  if (it->second.tcpLane) (void)transports_[it->second.tcpLane->transport].transport->unloadPeer(it->second.tcpLane->peer);
+  peers_.erase(it);
+  return st;
+}
+
+Result<std::string> TransferAgent::peerTransport(AgentPeer peer) const {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return notFound("kvtransfer agent: no peer " + std::to_string(peer));
+  return laneName(it->second.primary);
+}
+
+Result<std::string> TransferAgent::peerName(AgentPeer peer) const {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return notFound("kvtransfer agent: no peer " + std::to_string(peer));
+  return it->second.name;
+}
+
+Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList& remote, AgentPeer peer,
+                                          std::optional<std::string> notification) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return notFound("kvtransfer agent: no peer " + std::to_string(peer));
+  const PeerState& ps = it->second;
+  Entry e;
+  e.peer = peer;
+  e.lane = ps.primary;
+  e.start = steadyNow();
+  e.bytes = totalBytes(local);
+  auto id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, notification);
+  if (!id.ok()) {
+    // Argument errors are the caller's; anything else on a fabric lane may still go over tcp.
+    if (id.status().code() == StatusCode::kInvalidArgument || !ps.tcpLane) {
+      return id.status().withContext("kvtransfer agent: posting to peer '" + ps.name + "' over " + laneName(e.lane));
+    }
+    metrics_.onFailure(laneName(e.lane), id.status().code());
+    metrics_.onFallback(laneName(e.lane), "tcp");
+    PD_LOG(kWarn, "kvt") << "peer '" << ps.name << "': post over " << laneName(e.lane)
+                         << " failed (" << id.status().message() << "); sending over tcp instead";
+    e.lane = *ps.tcpLane;
+    e.fellBack = true;
+    id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, notification);
+    if (!id.ok()) return id.status().withContext("kvtransfer agent: tcp fallback to peer '" + ps.name + "'");
+  }
+  e.inner = *id;
+  if (ps.tcpLane && !e.fellBack) {
+    e.local = local;
+    e.remote = remote;
+    e.notification = std::move(notification);
+  }
+  AgentTransfer aid = nextTransfer_++;
+  entries_[aid] = std::move(e);
+  return aid;
+}
+
+Status TransferAgent::poll(AgentTransfer id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return notFound("kvtransfer agent: transfer " + std::to_string(id) + " is unknown or already reported");
+  }
+  Entry& e = it->second;
+  const std::string transport = laneName(e.lane);
+  Status st = transports_[e.lane.transport].transport->poll(e.inner);
+  if (st.inProgress()) return st;
+  if (st.isOk()) {
+    metrics_.onSuccess(transport, e.bytes, secondsBetween(e.start, steadyNow()));
+    entries_.erase(it);
+    return st;
+  }
+  if (st.code() == StatusCode::kCancelled) {
+    metrics_.onCancel(transport);
+    entries_.erase(it);
+    return st;
+  }
+  metrics_.onFailure(transport, st.code());
+  auto pit = peers_.find(e.peer);
+  if (!e.fellBack && pit != peers_.end() && pit->second.tcpLane) {
+    const PeerState& ps = pit->second;
+    auto retry = transports_[ps.tcpLane->transport].transport->post(e.local, e.remote, ps.tcpLane->peer,
+                                                                     e.notification);
+    if (retry.ok()) {
+      PD_LOG(kWarn, "kvt") << "peer '" << ps.name << "': transfer " << id << " failed over " << transport << " ("
+                           << st.message() << "); retrying once over tcp";
+      metrics_.onFallback(transport, "tcp");
+      e.lane = *ps.tcpLane;
+      e.inner = *retry;
+      e.fellBack = true;
+      e.local.clear();
+      e.remote.clear();
+      e.notification.reset();
+      return Status(StatusCode::kInProgress, "");
+    }
+    st = st.withContext("tcp fallback impossible too (" + retry.status().message() + ")");
+  }
+  entries_.erase(it);
+  return st;
+}
+
+Status TransferAgent::cancel(AgentTransfer id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return notFound("kvtransfer agent: transfer " + std::to_string(id) + " is unknown");
+  return transports_[it->second.lane.transport].transport->cancel(it->second.inner);
+}
+
+bool TransferAgent::progress() {
+  bool any = false;
+  for (auto& t : transports_) any = t.transport->progress() || any;
+  return any;
+}
+
+std::vector<Notification> TransferAgent::takeNotifications() {
+  std::vector<Notification> out;
+  for (auto& t : transports_) {
+    auto n = t.transport->takeNotifications();
+    out.insert(out.end(), std::make_move_iterator(n.begin()), std::make_move_iterator(n.end()));
+  }
+  return out;
+}
+
+}  // namespace pd::kvt

@@ -1,0 +1,131 @@
+// TransferAgent: the one object a worker talks to for KV transfers (DESIGN.md §3).
+//
+// It owns the transports (created by name through makeTransport()), registers every region
+// in all of them, and describes itself to peers as ONE protobuf blob (localMetadata():
+// name, regions, and per transport its connection info and remote keys) that the control
+// plane carries. loadPeer(blob) picks, per peer, the first transport of the preference list
+// (default ucx, verbs, tcp) that both sides have and that connects; when that is a fabric
+// transport and both sides also have tcp, tcp is loaded too as the fallback lane. A fabric
+// transfer that fails while the peer is alive on tcp is retried once over tcp, counted in
+// pdserve_kv_transfer_fallbacks_total and logged with the reason.
+//
+// Threads: one owner thread calls everything (the worker's loop). Errors are Status values
+// with messages for a person; nothing throws.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/base/clock.h"
+#include "kvtransfer/metrics.h"
+#include "kvtransfer/transport.h"
+#include "kvtransfer/transport_factory.h"
+
+namespace pd::kvt {
+
+using RegionId = uint64_t;
+using AgentPeer = uint64_t;
+using AgentTransfer = uint64_t;
+
+struct AgentOptions {
+  std::string name = "pdserve";  // announced to peers (Notification::peerName there)
+  std::vector<std::string> preference = {"ucx", "verbs", "tcp"};
+  TransportOptions transport;    // passed to every transport; localName is set to `name`
+  bool fallbackToTcp = true;
+};
+
+struct NamedTransport {
+  std::string name;  // the factory name it stands for ("ucx", "tcp", ...)
+  std::unique_ptr<Transport> transport;
+};
+
+class TransferAgent {
+ public:
+  // Creates the transports of options.preference in order. A name that is not built in or
+  // cannot initialise here is skipped with a log line saying why; kUnavailable if none is left.
+  static Result<std::unique_ptr<TransferAgent>> create(const AgentOptions& options,
+                                                       prometheus::Registry& registry);
+  // Takes ready transports (tests wrap them in FaultTransport); their order is the preference.
+  static Result<std::unique_ptr<TransferAgent>> createWith(const AgentOptions& options,
+                                                           std::vector<NamedTransport> transports,
+                                                           prometheus::Registry& registry);
+  ~TransferAgent();
+
+  std::vector<std::string> transportNames() const;
+
+  // Registers `desc` in every transport and exposes it to peers. Regions registered after
+  // localMetadata() was handed out need a fresh exchange before peers can write into them.
+  Result<RegionId> registerMemory(const MemDesc& desc);
+  Status deregisterMemory(RegionId region);
+
+  // The blob the control plane carries to peers (serialized proto::AgentMetadata).
+  Result<std::string> localMetadata();
+
+  // Loads a peer from its metadata blob. Loading the same name again returns the same id
+  // when the blob is unchanged and reconnects when it changed.
+  Result<AgentPeer> loadPeer(const std::string& metadata);
+  Status unloadPeer(AgentPeer peer);
+  // The transport chosen for a peer ("ucx", "tcp", ...).
+  Result<std::string> peerTransport(AgentPeer peer) const;
+  Result<std::string> peerName(AgentPeer peer) const;
+
+  // Copies local[i] (inside a region registered here) to remote[i] (inside a region the peer
+  // exposed, in the peer's address space); the notification reaches the peer after all data.
+  Result<AgentTransfer> post(const DescList& local, const DescList& remote, AgentPeer peer,
+                             std::optional<std::string> notification);
+  // ok once all data is at the target; kInProgress; or the error (a fallback retry, when
+  // one happens, is invisible here except in the metric and the log).
+  Status poll(AgentTransfer id);
+  Status cancel(AgentTransfer id);
+
+  bool progress();
+  std::vector<Notification> takeNotifications();
+
+ private:
+  struct Lane {
+    size_t transport = 0;  // index into transports_
+    PeerId peer = 0;
+  };
+  struct PeerState {
+    std::string name;
+    std::string metadata;
+    Lane primary;
+    std::optional<Lane> tcpLane;  // only when primary is not tcp
+  };
+  struct Entry {
+    AgentPeer peer = 0;
+    Lane lane;
+    TransferId inner = 0;
+    DescList local, remote;  // kept for the fallback retry
+    std::optional<std::string> notification;
+    bool fellBack = false;
+    SteadyTime start;
+    size_t bytes = 0;
+  };
+
+  TransferAgent(const AgentOptions& options, std::vector<NamedTransport> transports,
+                prometheus::Registry& registry);
+  const std::string& laneName(const Lane& lane) const { return transports_[lane.transport].name; }
+  std::optional<size_t> indexOf(const std::string& name) const;
+
+  AgentOptions options_;
+  std::vector<NamedTransport> transports_;
+  TransferMetrics metrics_;
+  struct RegionState {
+    MemDesc desc;
+    std::vector<MemHandle> handles;  // per transport
+    std::vector<std::string> keys;   // per transport
+  };
+  std::unordered_map<RegionId, RegionState> regions_;
+  std::vector<RegionId> regionOrder_;
+  std::unordered_map<AgentPeer, PeerState> peers_;
+  std::unordered_map<AgentTransfer, Entry> entries_;
+  RegionId nextRegion_ = 1;
+  AgentPeer nextPeer_ = 1;
+  AgentTransfer nextTransfer_ = 1;
+};
+
+}  // namespace pd::kvt

@@ -1,0 +1,575 @@
+// kvtransfer-bench: throughput and latency of every transport built in, between two
+// processes on this machine, next to the ceilings measured in the same run:
+//   - single-thread memcpy bandwidth,
+//   - raw loopback TCP (plain sockets, one stream, 4 MiB writes into a large buffer),
+//   - ucx_perftest ucp_put_bw (server + client on 127.0.0.1) when it is installed.
+// Then the realistic case: the KV of a 4,096-token prompt of a Llama-3-8B-shaped layout
+// (32 layers, 8 KV heads, head dim 128, bf16, 16-token blocks: 512 MiB in 8,192 segments of
+// 64 KiB, scattered blocks), sent whole and layer by layer.
+//
+//   kvtransfer-bench [--transports tcp,ucx] [--streams N] [--quick]
+//
+// The receiving process is this binary re-executed with --role recv (or --role rawrecv).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/engine/kv_layout.h"
+#include "kvtransfer/transceiver.h"
+#include "kvtransfer/transport_factory.h"
+
+extern char** environ;
+
+namespace pd::kvt::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double gbps(size_t bytes, double s) { return s > 0 ? double(bytes) / s / 1e9 : 0; }
+
+std::string hexOf(const std::string& b) {
+  static const char* d = "0123456789abcdef";
+  std::string o;
+  for (unsigned char c : b) {
+    o += d[c >> 4];
+    o += d[c & 15];
+  }
+  return o.empty() ? "-" : o;
+}
+std::string unhex(const std::string& h) {
+  std::string o;
+  if (h == "-") return o;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) o += char(std::stoi(h.substr(i, 2), nullptr, 16));
+  return o;
+}
+
+// Page-touched buffer (first-touch costs must not land in the measurements).
+std::unique_ptr<uint8_t[]> touched(size_t n, uint8_t v) {
+  std::unique_ptr<uint8_t[]> b(new uint8_t[n]);
+  std::memset(b.get(), v, n);
+  return b;
+}
+
+std::string sizeName(size_t n) {
+  if (n >= kMiB && n % kMiB == 0) return std::to_string(n / kMiB) + " MiB";
+  if (n >= kKiB && n % kKiB == 0) return std::to_string(n / kKiB) + " KiB";
+  return std::to_string(n) + " B";
+}
+
+// ---- child processes ------------------------------------------------------------------------
+struct Child {
+  pid_t pid = -1;
+  int in = -1;   // we write
+  int out = -1;  // we read
+  std::string buf;
+
+  static Child spawn(std::vector<std::string> args) {
+    int p2c[2], c2p[2];
+    if (::pipe(p2c) != 0 || ::pipe(c2p) != 0) {
+      std::perror("pipe");
+      std::exit(1);
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p2c[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, c2p[1], 1);
+    posix_spawn_file_actions_addclose(&fa, p2c[1]);
+    posix_spawn_file_actions_addclose(&fa, c2p[0]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    Child c;
+    if (posix_spawn(&c.pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) {
+      std::perror("posix_spawn");
+      std::exit(1);
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(p2c[0]);
+    ::close(c2p[1]);
+    c.in = p2c[1];
+    c.out = c2p[0];
+    return c;
+  }
+  void send(const std::string& line) {
+    std::string s = line + "\n";
+    (void)!::write(in, s.data(), s.size());
+  }
+  std::optional<std::string> line(int timeoutMs) {
+    auto end = Clock::now() + std::chrono::milliseconds(timeoutMs);
+    while (true) {
+      auto nl = buf.find('\n');
+      if (nl != std::string::npos) {
+        std::string l = buf.substr(0, nl);
+        buf.erase(0, nl + 1);
+        return l;
+      }
+      int left = int(std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count());
+      if (left <= 0) return std::nullopt;
+      pollfd p{out, POLLIN, 0};
+      if (::poll(&p, 1, left) <= 0) continue;
+      char tmp[4096];
+      ssize_t n = ::read(out, tmp, sizeof tmp);
+      if (n <= 0) return std::nullopt;
+      buf.append(tmp, size_t(n));
+    }
+  }
+  void finish() {
+    send("QUIT");
+    ::close(in);
+    for (int i = 0; i < 300; ++i) {
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) {
+        ::close(out);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    ::close(out);
+  }
+};
+
+std::string selfExe() {
+  char p[4096];
+  ssize_t n = ::readlink("/proc/self/exe", p, sizeof p - 1);
+  if (n <= 0) return "kvtransfer-bench";
+  p[n] = 0;
+  return p;
+}
+
+// Receiver for the transports: registers and exposes `bytes`, prints its PeerInfo, serves
+// until QUIT (the transport's I/O thread writes the data; this loop only harvests).
+int runReceiver(const std::string& name, size_t bytes) {
+  TransportOptions o;
+  o.localName = "bench-recv";
+  auto t = makeTransport(name, o);
+  if (!t.ok()) {
+    std::printf("ERROR %s\n", t.status().toString().c_str());
+    return 1;
+  }
+  auto buf = touched(bytes, 0);
+  MemDesc d;
+  d.addr = reinterpret_cast<uintptr_t>(buf.get());
+  d.len = bytes;
+  auto h = (*t)->registerMemory(d);
+  auto key = h.ok() ? (*t)->packRemoteKey(*h) : Result<std::string>(h.status());
+  auto conn = (*t)->localConnInfo();
+  if (!key.ok() || !conn.ok()) {
+    std::printf("ERROR registration failed\n");
+    return 1;
+  }
+  std::printf("INFO %s %s %zu\n", hexOf(*conn).c_str(), hexOf(*key).c_str(), size_t(d.addr));
+  std::fflush(stdout);
+  std::string pending;
+  size_t notes = 0;
+  while (true) {
+    (*t)->progress();
+    notes += (*t)->takeNotifications().size();
+    pollfd p{0, POLLIN, 0};
+    if (::poll(&p, 1, 1) > 0) {
+      char tmp[256];
+      ssize_t n = ::read(0, tmp, sizeof tmp);
+      if (n <= 0) break;
+      pending.append(tmp, size_t(n));
+      if (pending.find("QUIT") != std::string::npos) break;
+      if (pending.find("NOTES") != std::string::npos) {
+        pending.clear();
+        std::printf("NOTES %zu\n", notes);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+// Raw TCP ceiling receiver: accepts one connection and reads everything into a large buffer
+// (cycling), like a transport reading payloads into place; prints DONE <bytes> at EOF.
+int runRawReceiver(size_t bufBytes) {
+  int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 1) != 0) return 1;
+  socklen_t len = sizeof a;
+  ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+  auto buf = touched(bufBytes, 0);
+  std::printf("PORT %d\n", ntohs(a.sin_port));
+  std::fflush(stdout);
+  int s = ::accept(ls, nullptr, nullptr);
+  size_t total = 0, off = 0;
+  while (true) {
+    size_t want = std::min<size_t>(4 * kMiB, bufBytes - off);
+    ssize_t n = ::recv(s, buf.get() + off, want, 0);
+    if (n <= 0) break;
+    total += size_t(n);
+    off = (off + size_t(n)) % bufBytes;
+    // A 1-byte ack per 64 MiB keeps the sender honest about data having landed.
+  }
+  std::printf("DONE %zu\n", total);
+  std::fflush(stdout);
+  ::close(s);
+  ::close(ls);
+  char tmp[64];
+  while (::read(0, tmp, sizeof tmp) > 0) {
+  }
+  return 0;
+}
+
+// ---- ceilings -------------------------------------------------------------------------------
+double memcpyGBps() {
+  const size_t n = 512 * kMiB;
+  auto a = touched(n, 1), b = touched(n, 2);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto t = Clock::now();
+    std::memcpy(b.get(), a.get(), n);
+    best = std::max(best, gbps(n, secondsSince(t)));
+  }
+  return best;
+}
+
+double rawTcpGBps(size_t totalBytes) {
+  Child c = Child::spawn({selfExe(), "--role", "rawrecv", "--bytes", std::to_string(256 * kMiB)});
+  auto l = c.line(10000);
+  if (!l || l->rfind("PORT ", 0) != 0) return 0;
+  int port = std::stoi(l->substr(5));
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return 0;
+  int one = 1;
+  ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const size_t srcBytes = 256 * kMiB;
+  auto src = touched(srcBytes, 3);
+  auto t = Clock::now();
+  size_t sent = 0, off = 0;
+  while (sent < totalBytes) {
+    size_t want = std::min<size_t>(4 * kMiB, std::min(totalBytes - sent, srcBytes - off));
+    ssize_t n = ::send(s, src.get() + off, want, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += size_t(n);
+    off = (off + size_t(n)) % srcBytes;
+  }
+  ::shutdown(s, SHUT_WR);
+  auto done = c.line(60000);  // the receiver has read everything
+  double secs = secondsSince(t);
+  ::close(s);
+  c.finish();
+  if (!done || done->rfind("DONE ", 0) != 0) return 0;
+  return gbps(std::stoull(done->substr(5)), secs);
+}
+
+// ucx_perftest ucp_put_bw on 127.0.0.1, server + client; GB/s from the "Final:" line.
+std::optional<double> ucxPerftestGBps(size_t size, int iters) {
+  if (::system("command -v ucx_perftest >/dev/null 2>&1") != 0) return std::nullopt;
+  int port = 20000 + int(::getpid() % 20000);
+  Child server = Child::spawn({"/bin/sh", "-c", "exec ucx_perftest -p " + std::to_string(port) + " >/dev/null 2>&1"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::string cmd = "timeout 60 ucx_perftest 127.0.0.1 -p " + std::to_string(port) + " -t ucp_put_bw -s " +
+                    std::to_string(size) + " -n " + std::to_string(iters) + " 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  std::optional<double> out;
+  if (f) {
+    char line[1024];
+    while (std::fgets(line, sizeof line, f)) {
+      std::string l(line);
+      if (l.rfind("Final:", 0) != 0) continue;
+      std::istringstream in(l.substr(6));
+      double iters2, p50, avg, overall, bwAvg, bwOverall;
+      if (in >> iters2 >> p50 >> avg >> overall >> bwAvg >> bwOverall) out = bwOverall * 1024 * 1024 / 1e9;
+    }
+    ::pclose(f);
+  }
+  ::kill(server.pid, SIGKILL);
+  ::waitpid(server.pid, nullptr, 0);
+  ::close(server.in);
+  ::close(server.out);
+  return out;
+}
+
+// ---- the transport runs -------------------------------------------------------------------------
+struct Link {
+  std::unique_ptr<Transport> t;
+  Child recv;
+  PeerId peer = 0;
+  uintptr_t remote = 0;
+  std::unique_ptr<uint8_t[]> src;
+  size_t bytes = 0;
+
+  Status wait(TransferId id) {
+    auto end = Clock::now() + std::chrono::seconds(120);
+    while (Clock::now() < end) {
+      t->progress();
+      Status st = t->poll(id);
+      if (!st.inProgress()) return st;
+      std::this_thread::yield();
+    }
+    return deadlineExceeded("bench: transfer did not finish within 120 s");
+  }
+};
+
+Result<std::unique_ptr<Link>> connectLink(const std::string& name, size_t bytes, int streams) {
+  auto link = std::make_unique<Link>();
+  TransportOptions o;
+  o.localName = "bench-send";
+  o.tcpStreams = streams;
+  o.peerTimeout = std::chrono::milliseconds(30000);
+  PD_ASSIGN_OR_RETURN(link->t, makeTransport(name, o));
+  link->recv = Child::spawn({selfExe(), "--role", "recv", "--transport", name, "--bytes", std::to_string(bytes)});
+  auto l = link->recv.line(30000);
+  if (!l || l->rfind("INFO ", 0) != 0) return unavailable("bench: receiver for " + name + " did not start: " + l.value_or("(nothing)"));
+  std::istringstream in(l->substr(5));
+  std::string conn, key;
+  size_t addr = 0;
+  in >> conn >> key >> addr;
+  link->remote = addr;
+  link->bytes = bytes;
+  link->src = touched(bytes, 0x5a);
+  MemDesc d;
+  d.addr = reinterpret_cast<uintptr_t>(link->src.get());
+  d.len = bytes;
+  PD_ASSIGN_OR_RETURN(MemHandle h, link->t->registerMemory(d));
+  (void)h;
+  PeerInfo pi;
+  pi.name = "bench-recv";
+  pi.connInfo = unhex(conn);
+  pi.remoteKeys = {unhex(key)};
+  PD_ASSIGN_OR_RETURN(link->peer, link->t->loadPeer(pi));
+  return link;
+}
+
+struct Row {
+  size_t segSize = 0;
+  size_t segments = 0;
+  double gbps = 0;
+  double latencyUs = 0;
+};
+
+void segmentSweep(Link& link, const std::vector<size_t>& sizes, size_t total, int reps, std::vector<Row>& rows) {
+  for (size_t seg : sizes) {
+    Row r;
+    r.segSize = seg;
+    r.segments = std::max<size_t>(1, total / seg);
+    DescList local, remote;
+    for (size_t i = 0; i < r.segments; ++i) {
+      local.push_back(MemDesc{reinterpret_cast<uintptr_t>(link.src.get()) + i * seg, seg});
+      remote.push_back(MemDesc{link.remote + i * seg, seg});
+    }
+    for (int k = 0; k < reps; ++k) {
+      auto t = Clock::now();
+      auto id = link.t->post(local, remote, link.peer, std::nullopt);
+      if (!id.ok() || !link.wait(*id).isOk()) break;
+      r.gbps = std::max(r.gbps, gbps(r.segments * seg, secondsSince(t)));
+    }
+    // Latency: one segment, post -> confirmed at the target; the median of several.
+    std::vector<double> lat;
+    int n = seg <= kMiB ? 50 : seg <= 16 * kMiB ? 10 : 4;
+    for (int k = 0; k < n; ++k) {
+      auto t = Clock::now();
+      auto id = link.t->post({local[0]}, {remote[0]}, link.peer, std::string("lat"));
+      if (!id.ok() || !link.wait(*id).isOk()) break;
+      lat.push_back(secondsSince(t) * 1e6);
+    }
+    if (!lat.empty()) {
+      std::sort(lat.begin(), lat.end());
+      r.latencyUs = lat[lat.size() / 2];
+    }
+    rows.push_back(r);
+  }
+}
+
+struct LlamaResult {
+  double wholeMs = 0, layerMs = 0, firstLayerMs = 0;
+  size_t bytes = 0, segments = 0;
+};
+
+// Llama-3-8B-shaped KV of a 4,096-token prompt: 256 blocks per layer, scattered on both sides.
+LlamaResult llamaCase(Link& link, int reps) {
+  engine::KvLayout layout;
+  layout.numLayers = 32;
+  layout.numBlocks = 256;
+  layout.blockSize = 16;
+  layout.numKvHeads = 8;
+  layout.headDim = 128;
+  layout.dtype = engine::KvDtype::kBF16;
+  std::vector<int> srcBlocks(256), dstBlocks(256);
+  std::iota(srcBlocks.begin(), srcBlocks.end(), 0);
+  std::iota(dstBlocks.begin(), dstBlocks.end(), 0);
+  std::mt19937 rng(1);
+  std::shuffle(srcBlocks.begin(), srcBlocks.end(), rng);
+  std::shuffle(dstBlocks.begin(), dstBlocks.end(), rng);
+  KvSource src{reinterpret_cast<uintptr_t>(link.src.get()), layout, srcBlocks};
+  KvTarget dst{0, link.remote, layout, dstBlocks};
+  LlamaResult res;
+  res.bytes = layout.totalBytes();
+  auto whole = KvTransceiver::buildSegments(src, dst, 0, layout.numLayers);
+  if (!whole.ok()) return res;
+  res.segments = whole->local.size();
+  res.wholeMs = 1e9;
+  res.layerMs = 1e9;
+  res.firstLayerMs = 1e9;
+  for (int k = 0; k < reps; ++k) {
+    auto t = Clock::now();
+    auto id = link.t->post(whole->local, whole->remote, link.peer, std::string("whole"));
+    if (!id.ok() || !link.wait(*id).isOk()) return res;
+    res.wholeMs = std::min(res.wholeMs, secondsSince(t) * 1e3);
+  }
+  std::vector<Segments> layers;
+  for (int l = 0; l < layout.numLayers; ++l) layers.push_back(*KvTransceiver::buildSegments(src, dst, l, l + 1));
+  for (int k = 0; k < reps; ++k) {
+    auto t = Clock::now();
+    std::vector<TransferId> ids;
+    for (int l = 0; l < layout.numLayers; ++l) {
+      auto id = link.t->post(layers[size_t(l)].local, layers[size_t(l)].remote, link.peer, "layer " + std::to_string(l));
+      if (!id.ok()) return res;
+      ids.push_back(*id);
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!link.wait(ids[i]).isOk()) return res;
+      if (i == 0) res.firstLayerMs = std::min(res.firstLayerMs, secondsSince(t) * 1e3);
+    }
+    res.layerMs = std::min(res.layerMs, secondsSince(t) * 1e3);
+  }
+  return res;
+}
+
+int runDriver(std::vector<std::string> transports, int streams, bool quick) {
+  std::string load = "?";
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    char b[128] = {0};
+    if (std::fgets(b, sizeof b, f)) load = std::string(b).substr(0, 14);
+    std::fclose(f);
+  }
+  std::printf("kvtransfer-bench: two processes on this machine (%u hardware threads, load average %s)\n",
+              std::thread::hardware_concurrency(), load.c_str());
+  std::printf("throughput = best of %d; latency = post -> completion confirmed at the target, median\n",
+              quick ? 2 : 3);
+  std::printf("\n== ceilings (same run)\n");
+  double mc = memcpyGBps();
+  std::printf("  memcpy, 1 thread, 512 MiB:              %7.2f GB/s\n", mc);
+  double raw = 0;
+  for (int i = 0; i < 2; ++i) raw = std::max(raw, rawTcpGBps(quick ? 1024 * kMiB : 2048 * kMiB));
+  std::printf("  raw loopback TCP, 1 stream, 4 MiB writes: %7.2f GB/s (best of 2)\n", raw);
+  auto ucxCeil = ucxPerftestGBps(4 * kMiB, quick ? 100 : 400);
+  if (ucxCeil) {
+    std::printf("  ucx_perftest ucp_put_bw 4 MiB:           %7.2f GB/s\n", *ucxCeil);
+  } else {
+    std::printf("  ucx_perftest: not installed or failed\n");
+  }
+
+  const std::vector<size_t> sizes = {4 * kKiB, 64 * kKiB, 1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
+  const size_t total = quick ? 128 * kMiB : 256 * kMiB;
+  const int reps = quick ? 2 : 3;
+  for (const auto& name : transports) {
+    auto link = connectLink(name, 512 * kMiB, streams);
+    if (!link.ok()) {
+      std::printf("\n== %s: skipped: %s\n", name.c_str(), link.status().message().c_str());
+      continue;
+    }
+    std::printf("\n== %s (%s)\n", name.c_str(), (*link)->t->caps().details.c_str());
+    std::vector<Row> rows;
+    segmentSweep(**link, sizes, total, reps, rows);
+    const double ceil = name == "tcp" ? raw : name == "ucx" && ucxCeil ? *ucxCeil : mc;
+    const char* ceilName = name == "tcp" ? "raw TCP" : name == "ucx" && ucxCeil ? "ucx_perftest" : "memcpy";
+    std::printf("  %-9s %9s %9s %9s %14s\n", "segment", "segments", "GB/s", "% ceiling", "latency p50");
+    for (const auto& r : rows) {
+      std::printf("  %-9s %9zu %9.2f %8.0f%% %11.1f us\n", sizeName(r.segSize).c_str(), r.segments, r.gbps,
+                  ceil > 0 ? 100 * r.gbps / ceil : 0.0, r.latencyUs);
+    }
+    std::printf("  (%% of %s = %.2f GB/s)\n", ceilName, ceil);
+    LlamaResult lr = llamaCase(**link, quick ? 1 : 3);
+    std::printf("  Llama-3-8B KV, 4,096-token prompt (%zu MiB, %zu segments of 64 KiB):\n", lr.bytes / kMiB,
+                lr.segments);
+    std::printf("    whole:          %8.1f ms  %6.2f GB/s\n", lr.wholeMs, gbps(lr.bytes, lr.wholeMs / 1e3));
+    std::printf("    layer by layer: %8.1f ms  %6.2f GB/s  (first layer confirmed after %.1f ms)\n", lr.layerMs,
+                gbps(lr.bytes, lr.layerMs / 1e3), lr.firstLayerMs);
+    std::printf("    whole at %.0f%% of the %s ceiling\n",
+                ceil > 0 ? 100 * gbps(lr.bytes, lr.wholeMs / 1e3) / ceil : 0.0, ceilName);
+    (*link)->recv.finish();
+  }
+
+  // Wire-time projection for Llama-3-8B (128 KiB of KV per token), transport overhead aside.
+  std::printf("\n== projection: Llama-3-8B KV wire time per prompt (bytes / link rate)\n");
+  std::printf("  %-8s %10s %10s %10s %10s\n", "tokens", "KV MiB", "100 Gb/s", "200 Gb/s", "400 Gb/s");
+  for (size_t tokens : {1024u, 4096u, 16384u, 32768u, 131072u}) {
+    double bytes = double(tokens) * 128 * 1024;
+    std::printf("  %-8zu %10.0f %8.1f ms %7.1f ms %7.1f ms\n", tokens, bytes / kMiB, bytes * 8 / 100e9 * 1e3,
+                bytes * 8 / 200e9 * 1e3, bytes * 8 / 400e9 * 1e3);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pd::kvt::bench
+
+int main(int argc, char** argv) {
+  using namespace pd::kvt::bench;
+  std::string role = "driver", transport;
+  size_t bytes = 0;
+  std::vector<std::string> transports;
+  int streams = 1;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "kvtransfer-bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--role") {
+      role = next();
+    } else if (a == "--transport") {
+      transport = next();
+    } else if (a == "--bytes") {
+      bytes = std::stoull(next());
+    } else if (a == "--transports") {
+      std::stringstream in(next());
+      std::string t;
+      while (std::getline(in, t, ',')) transports.push_back(t);
+    } else if (a == "--streams") {
+      streams = std::stoi(next());
+    } else if (a == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: kvtransfer-bench [--transports tcp,ucx] [--streams N] [--quick]\n"
+                   "unknown argument: %s\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  if (role == "recv") return runReceiver(transport, bytes);
+  if (role == "rawrecv") return runRawReceiver(bytes);
+  if (transports.empty()) {
+    for (const auto& n : pd::kvt::builtTransports()) {
+      if (n != "loopback") transports.push_back(n);  // loopback cannot cross processes
+    }
+  }
+  return runDriver(transports, streams, quick);
+}

@@ -1,0 +1,45 @@
+// TransferMetrics: the pdserve_kv_transfer_* series (DESIGN.md §6), labelled per transport.
+//
+//   pdserve_kv_transfer_bytes_total{transport}            bytes of completed transfers
+//   pdserve_kv_transfers_total{transport,outcome}         outcome = ok | failed | cancelled
+//   pdserve_kv_transfer_latency_seconds{transport}        post -> completion, ok transfers
+//   pdserve_kv_transfer_failures_total{transport,code}    failed transfers by status code
+//   pdserve_kv_transfer_fallbacks_total{from,to}          fabric transfers retried over tcp
+//
+// The registry is owned by the caller and must outlive this object. prometheus-cpp metrics
+// are thread-safe, so any thread may call these.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "common/base/status.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace pd::kvt {
+
+class TransferMetrics {
+ public:
+  explicit TransferMetrics(prometheus::Registry& registry);
+
+  void onSuccess(const std::string& transport, size_t bytes, double seconds);
+  void onFailure(const std::string& transport, StatusCode code);
+  void onCancel(const std::string& transport);
+  void onFallback(const std::string& from, const std::string& to);
+
+ private:
+  prometheus::Family<prometheus::Counter>& bytes_;
+  prometheus::Family<prometheus::Counter>& transfers_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Counter>& failures_;
+  prometheus::Family<prometheus::Counter>& fallbacks_;
+};
+
+}  // namespace pd::kvt

@@ -1,0 +1,51 @@
+#include "kvtransfer/transport_factory.h"
+
+#include "kvtransfer/transports/loopback_transport.h"
+#include "kvtransfer/transports/tcp_transport.h"
+
+// The fabric transports (branch kvt-fabric) add their includes and blocks below, guarded
+// by the build options so a build without UCX / libibverbs still links.
+#if PD_HAVE_UCX
+// #include "kvtransfer/transports/ucx_transport.h"
+#endif
+#if PD_HAVE_VERBS
+// #include "kvtransfer/transports/verbs_transport.h"
+#endif
+
+namespace pd::kvt {
+
+namespace {
+// In preference order; the agent's default preference list is a subset of this.
+std::vector<std::string> compiledNames() {
+  std::vector<std::string> names;
+#if PD_HAVE_UCX && defined(PD_KVT_UCX_TRANSPORT)
+  names.push_back("ucx");
+#endif
+#if PD_HAVE_VERBS && defined(PD_KVT_VERBS_TRANSPORT)
+  names.push_back("verbs");
+#endif
+  names.push_back("tcp");
+  names.push_back("loopback");
+  return names;
+}
+}  // namespace
+
+std::vector<std::string> builtTransports() { return compiledNames(); }
+
+Result<std::unique_ptr<Transport>> makeTransport(const std::string& name,
+                                                 const TransportOptions& options) {
+  if (name == "tcp") return TcpTransport::create(options);
+  if (name == "loopback") return LoopbackTransport::create(options);
+#if PD_HAVE_UCX && defined(PD_KVT_UCX_TRANSPORT)
+  // if (name == "ucx") return UcxTransport::create(options);
+#endif
+#if PD_HAVE_VERBS && defined(PD_KVT_VERBS_TRANSPORT)
+  // if (name == "verbs") return VerbsTransport::create(options);
+#endif
+  std::string known;
+  for (const auto& n : compiledNames()) known += (known.empty() ? "" : ", ") + n;
+  return notFound("kvtransfer: transport '" + name + "' is not built into this binary (built: " +
+                  known + ")");
+}
+
+}  // namespace pd::kvt

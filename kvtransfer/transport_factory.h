@@ -1,0 +1,45 @@
+// makeTransport(name, options): the one place that knows which transports are compiled in.
+// The agent, the conformance suite and the benchmark create transports only through here,
+// so a new transport (ucx, verbs) plugs in by adding a block to transport_factory.cpp.
+//
+// Threads: the functions are thread-safe (they hold no state). The returned Transport keeps
+// the threading contract of transport.h.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "kvtransfer/transport.h"
+
+namespace pd::kvt {
+
+struct TransportOptions {
+  // Announced to peers; it becomes Notification::peerName on their side.
+  std::string localName = "pdserve";
+  // tcp: the address the transport accepts on (tests and benchmarks use loopback only).
+  std::string listenHost = "127.0.0.1";
+  uint16_t listenPort = 0;  // 0 = an ephemeral port
+  // tcp: sockets per peer; a large transfer is striped across them.
+  int tcpStreams = 1;
+  // A peer that makes no progress on pending transfers for this long is declared dead:
+  // every pending transfer to it fails with kUnavailable.
+  std::chrono::milliseconds peerTimeout{5000};
+  std::chrono::milliseconds connectTimeout{3000};
+  // Transport-specific knobs ("ucx.tls" = "tcp,sm"); unknown keys are ignored by others.
+  std::map<std::string, std::string> extra;
+};
+
+// Names compiled into this build, in the default preference order ("ucx", "verbs", "tcp",
+// "loopback"). A name listed here may still fail to initialise (no RDMA device).
+std::vector<std::string> builtTransports();
+
+// kNotFound for a name that is not compiled in (the message lists the ones that are);
+// kUnavailable when it is compiled in but cannot initialise here (the message says why).
+Result<std::unique_ptr<Transport>> makeTransport(const std::string& name,
+                                                 const TransportOptions& options);
+
+}  // namespace pd::kvt

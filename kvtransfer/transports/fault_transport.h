@@ -1,0 +1,75 @@
+// FaultTransport: decorates any Transport and injects the failures the agent and the
+// workers must survive (tests only). Everything not injected passes straight through.
+//
+//   failAfterPosts = N     posts after the first N succeed at post() but their transfer
+//                          fails with kInternal ("injected") at poll(); the peer stays alive.
+//   dropNotifications = N  the notification of the first N posts that carry one is dropped
+//                          (the data still goes): the target never hears of the transfer.
+//   latency = d            a transfer's outcome becomes visible no sooner than d after post.
+//   killAfterPosts = N     right after forwarding post N+1, the connection is killed: with a
+//                          `killer` (e.g. TcpTransport::dropConnections) for real, otherwise
+//                          simulated (pending transfers fail with kUnavailable, and the peer
+//                          stays dead).
+//
+// Threads: as transport.h (the decorator adds no threads).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <set>
+#include <unordered_map>
+
+#include "kvtransfer/transport.h"
+
+namespace pd::kvt {
+
+struct FaultOptions {
+  int failAfterPosts = -1;
+  int dropNotifications = 0;
+  std::chrono::milliseconds latency{0};
+  int killAfterPosts = -1;
+  std::function<void(PeerId)> killer;  // optional: kills the inner transport's connection
+};
+
+class FaultTransport final : public Transport {
+ public:
+  FaultTransport(std::unique_ptr<Transport> inner, FaultOptions options);
+
+  Transport& inner() { return *inner_; }
+  int postsSeen() const { return posts_; }
+  int notificationsDropped() const { return dropped_; }
+
+  TransportCaps caps() const override;
+  Result<MemHandle> registerMemory(const MemDesc& desc) override { return inner_->registerMemory(desc); }
+  Status deregisterMemory(MemHandle handle) override { return inner_->deregisterMemory(handle); }
+  Result<std::string> packRemoteKey(MemHandle handle) override { return inner_->packRemoteKey(handle); }
+  Result<std::string> localConnInfo() override { return inner_->localConnInfo(); }
+  Result<PeerId> loadPeer(const PeerInfo& peer) override { return inner_->loadPeer(peer); }
+  Status unloadPeer(PeerId peer) override;
+  Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
+                          std::optional<std::string> notification) override;
+  Status poll(TransferId id) override;
+  Status cancel(TransferId id) override;
+  bool progress() override { return inner_->progress(); }
+  std::vector<Notification> takeNotifications() override { return inner_->takeNotifications(); }
+
+ private:
+  struct Entry {
+    PeerId peer = 0;
+    std::optional<TransferId> innerId;  // absent when the failure is injected
+    std::optional<Status> outcome;
+    std::chrono::steady_clock::time_point visibleAt;
+  };
+  void killPeer(PeerId peer);
+
+  std::unique_ptr<Transport> inner_;
+  FaultOptions options_;
+  int posts_ = 0;
+  int dropped_ = 0;
+  TransferId nextId_ = 1;
+  std::unordered_map<TransferId, Entry> entries_;
+  std::set<PeerId> killed_;
+};
+
+}  // namespace pd::kvt

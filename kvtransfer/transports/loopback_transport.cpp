@@ -1,0 +1,255 @@
+#include "kvtransfer/transports/loopback_transport.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "kvtransfer/kvt.pb.h"
+
+namespace pd::kvt {
+
+namespace {
+
+uint64_t randomU64() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard lock(mu);
+  uint64_t v = 0;
+  while (v == 0) v = rng();
+  return v;
+}
+
+// Live loopback transports of this process by instance id. Holding the lock while copying
+// keeps a target alive until the copy and its notification are done.
+std::mutex& registryMu() {
+  static std::mutex mu;
+  return mu;
+}
+std::unordered_map<uint64_t, LoopbackTransport*>& registry() {
+  static std::unordered_map<uint64_t, LoopbackTransport*> r;
+  return r;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> LoopbackTransport::create(const TransportOptions& options) {
+  return std::unique_ptr<Transport>(new LoopbackTransport(options));
+}
+
+LoopbackTransport::LoopbackTransport(const TransportOptions& options)
+    : options_(options), instance_(randomU64()) {
+  std::lock_guard lock(registryMu());
+  registry()[instance_] = this;
+}
+
+LoopbackTransport::~LoopbackTransport() {
+  std::lock_guard lock(registryMu());
+  registry().erase(instance_);
+}
+
+TransportCaps LoopbackTransport::caps() const {
+  TransportCaps c;
+  c.name = "loopback";
+  c.oneSided = true;
+  c.details = "same-process memcpy";
+  return c;
+}
+
+Result<MemHandle> LoopbackTransport::registerMemory(const MemDesc& desc) {
+  if (desc.kind == MemKind::kCuda) {
+    return unimplemented("loopback transport: cannot register CUDA memory " + toString(desc));
+  }
+  if (desc.addr == 0 || desc.len == 0) {
+    return invalidArgument("loopback transport: cannot register an empty region " + toString(desc));
+  }
+  MemHandle h = nextHandle_++;
+  regions_[h] = desc;
+  return h;
+}
+
+Status LoopbackTransport::deregisterMemory(MemHandle handle) {
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) return notFound("loopback transport: no registration " + std::to_string(handle));
+  std::lock_guard lock(mu_);
+  for (auto e = exposures_.begin(); e != exposures_.end();) {
+    if (e->second.addr == it->second.addr && e->second.len == it->second.len) {
+      e = exposures_.erase(e);
+    } else {
+      ++e;
+    }
+  }
+  regions_.erase(it);
+  return Status::ok();
+}
+
+Result<std::string> LoopbackTransport::packRemoteKey(MemHandle handle) {
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) return notFound("loopback transport: no registration " + std::to_string(handle));
+  proto::LoopbackRemoteKey key;
+  key.set_token(randomU64());
+  key.set_addr(it->second.addr);
+  key.set_len(it->second.len);
+  std::lock_guard lock(mu_);
+  exposures_[key.token()] = it->second;
+  return key.SerializeAsString();
+}
+
+Result<std::string> LoopbackTransport::localConnInfo() {
+  proto::LoopbackConnInfo info;
+  info.set_pid(uint32_t(::getpid()));
+  info.set_instance(instance_);
+  return info.SerializeAsString();
+}
+
+Result<PeerId> LoopbackTransport::loadPeer(const PeerInfo& peer) {
+  proto::LoopbackConnInfo info;
+  if (!info.ParseFromString(peer.connInfo) || info.instance() == 0) {
+    return invalidArgument("loopback transport: peer '" + peer.name + "': connInfo is not a loopback blob");
+  }
+  if (info.pid() != uint32_t(::getpid())) {
+    return unavailable("loopback transport: peer '" + peer.name + "' lives in process " +
+                       std::to_string(info.pid()) + "; loopback only reaches this process");
+  }
+  {
+    std::lock_guard lock(registryMu());
+    if (!registry().count(info.instance())) {
+      return unavailable("loopback transport: peer '" + peer.name + "' no longer exists");
+    }
+  }
+  Peer p{peer.name, info.instance(), {}};
+  for (size_t i = 0; i < peer.remoteKeys.size(); ++i) {
+    proto::LoopbackRemoteKey key;
+    if (!key.ParseFromString(peer.remoteKeys[i]) || key.token() == 0) {
+      return invalidArgument("loopback transport: peer '" + peer.name + "': remote key " + std::to_string(i) +
+                             " is not a loopback key");
+    }
+    MemDesc d;
+    d.addr = key.addr();
+    d.len = key.len();
+    p.keys.push_back(d);
+  }
+  PeerId id = nextPeer_++;
+  peers_[id] = std::move(p);
+  return id;
+}
+
+Status LoopbackTransport::unloadPeer(PeerId peer) {
+  if (!peers_.erase(peer)) return notFound("loopback transport: no peer " + std::to_string(peer));
+  return Status::ok();
+}
+
+Result<TransferId> LoopbackTransport::post(const DescList& local, const DescList& remote, PeerId peer,
+                                           std::optional<std::string> notification) {
+  auto pit = peers_.find(peer);
+  if (pit == peers_.end()) return notFound("loopback transport: no peer " + std::to_string(peer));
+  if (local.size() != remote.size()) {
+    return invalidArgument("loopback transport: " + std::to_string(local.size()) + " local segments but " +
+                           std::to_string(remote.size()) + " remote segments");
+  }
+  for (size_t i = 0; i < local.size(); ++i) {
+    if (local[i].len != remote[i].len) {
+      return invalidArgument("loopback transport: segment " + std::to_string(i) + ": local length " +
+                             std::to_string(local[i].len) + " != remote length " + std::to_string(remote[i].len));
+    }
+    if (local[i].len == 0) continue;
+    bool inside = false;
+    for (const auto& [h, d] : regions_) inside = inside || d.contains(local[i]);
+    if (!inside) {
+      return invalidArgument("loopback transport: segment " + std::to_string(i) + ": local " + toString(local[i]) +
+                             " is not inside memory registered with this transport");
+    }
+    bool exposed = false;
+    for (const auto& k : pit->second.keys) exposed = exposed || k.contains(remote[i]);
+    if (!exposed) {
+      return invalidArgument("loopback transport: segment " + std::to_string(i) + ": remote " + toString(remote[i]) +
+                             " is not inside any region peer '" + pit->second.name + "' exposed");
+    }
+  }
+  TransferId id = nextTransfer_++;
+  queue_.push_back({id, peer, local, remote, std::move(notification)});
+  outcomes_[id] = std::nullopt;
+  return id;
+}
+
+Status LoopbackTransport::acceptWrite(const MemDesc& r) {
+  std::lock_guard lock(mu_);
+  for (const auto& [tok, d] : exposures_) {
+    if (r.addr >= d.addr && r.addr + r.len >= r.addr && r.addr + r.len <= d.addr + d.len) return Status::ok();
+  }
+  return invalidArgument("loopback transport: peer '" + options_.localName + "' refused a write of " +
+                         std::to_string(r.len) + " bytes at " + toString(r) + ": outside every exposed region");
+}
+
+void LoopbackTransport::deliver(Notification n) {
+  std::lock_guard lock(mu_);
+  notifications_.push_back(std::move(n));
+}
+
+bool LoopbackTransport::progress() {
+  bool any = false;
+  while (!queue_.empty()) {
+    Pending p = std::move(queue_.front());
+    queue_.pop_front();
+    any = true;
+    auto pit = peers_.find(p.peer);
+    Status st;
+    if (pit == peers_.end()) {
+      st = cancelled("loopback transport: peer unloaded");
+    } else {
+      std::lock_guard lock(registryMu());
+      auto it = registry().find(pit->second.instance);
+      if (it == registry().end()) {
+        st = unavailable("loopback transport: peer '" + pit->second.name + "' is gone");
+      } else {
+        LoopbackTransport* target = it->second;
+        for (size_t i = 0; i < p.local.size() && st.isOk(); ++i) {
+          if (p.local[i].len) st = target->acceptWrite(p.remote[i]);
+        }
+        if (st.isOk()) {
+          for (size_t i = 0; i < p.local.size(); ++i) {
+            if (p.local[i].len) std::memcpy(p.remote[i].ptr(), p.local[i].ptr(), p.local[i].len);
+          }
+          if (p.notification) target->deliver({options_.localName, std::move(*p.notification)});
+        }
+      }
+    }
+    auto o = outcomes_.find(p.id);
+    if (o != outcomes_.end()) o->second = std::move(st);
+  }
+  return any;
+}
+
+Status LoopbackTransport::poll(TransferId id) {
+  auto it = outcomes_.find(id);
+  if (it == outcomes_.end()) {
+    return notFound("loopback transport: transfer " + std::to_string(id) + " is unknown or already reported");
+  }
+  if (!it->second) return Status(StatusCode::kInProgress, "");
+  Status st = std::move(*it->second);
+  outcomes_.erase(it);
+  return st;
+}
+
+Status LoopbackTransport::cancel(TransferId id) {
+  auto it = outcomes_.find(id);
+  if (it == outcomes_.end()) return notFound("loopback transport: transfer " + std::to_string(id) + " is unknown");
+  if (it->second) return failedPrecondition("loopback transport: transfer " + std::to_string(id) + " already finished");
+  for (auto q = queue_.begin(); q != queue_.end(); ++q) {
+    if (q->id == id) {
+      queue_.erase(q);
+      break;
+    }
+  }
+  it->second = cancelled("loopback transport: transfer " + std::to_string(id) + " was cancelled");
+  return Status::ok();
+}
+
+std::vector<Notification> LoopbackTransport::takeNotifications() {
+  std::vector<Notification> out;
+  std::lock_guard lock(mu_);
+  out.swap(notifications_);
+  return out;
+}
+
+}  // namespace pd::kvt

@@ -1,0 +1,74 @@
+// LoopbackTransport: kvt::Transport between transports of the SAME process, by memcpy.
+// For unit tests of everything above the transport (agent, transceiver, FaultTransport) and
+// as the conformance suite's reference. A peer in another process is refused at loadPeer.
+//
+// post() only queues; progress() performs queued copies (owner thread), then delivers the
+// notification into the target transport. Destroying a transport makes it unreachable:
+// transfers queued to it fail with kUnavailable. Every write is checked against the regions
+// the target exposed, like tcp.
+//
+// Threads: as transport.h. Two loopback transports may be driven by two different threads.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "kvtransfer/transport.h"
+#include "kvtransfer/transport_factory.h"
+
+namespace pd::kvt {
+
+class LoopbackTransport final : public Transport {
+ public:
+  static Result<std::unique_ptr<Transport>> create(const TransportOptions& options);
+  explicit LoopbackTransport(const TransportOptions& options);
+  ~LoopbackTransport() override;
+
+  TransportCaps caps() const override;
+  Result<MemHandle> registerMemory(const MemDesc& desc) override;
+  Status deregisterMemory(MemHandle handle) override;
+  Result<std::string> packRemoteKey(MemHandle handle) override;
+  Result<std::string> localConnInfo() override;
+  Result<PeerId> loadPeer(const PeerInfo& peer) override;
+  Status unloadPeer(PeerId peer) override;
+  Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
+                          std::optional<std::string> notification) override;
+  Status poll(TransferId id) override;
+  Status cancel(TransferId id) override;
+  bool progress() override;
+  std::vector<Notification> takeNotifications() override;
+
+ private:
+  struct Pending {
+    TransferId id;
+    PeerId peer;
+    DescList local, remote;
+    std::optional<std::string> notification;
+  };
+  struct Peer {
+    std::string name;
+    uint64_t instance;
+    std::vector<MemDesc> keys;  // what the peer exposed (addresses in this process)
+  };
+  // Called by a sender's progress() with the registry lock held (so we cannot be destroyed).
+  Status acceptWrite(const MemDesc& remote);
+  void deliver(Notification n);
+
+  TransportOptions options_;
+  uint64_t instance_;
+  std::unordered_map<MemHandle, MemDesc> regions_;
+  std::unordered_map<PeerId, Peer> peers_;
+  std::deque<Pending> queue_;
+  std::unordered_map<TransferId, std::optional<Status>> outcomes_;
+  MemHandle nextHandle_ = 1;
+  PeerId nextPeer_ = 1;
+  TransferId nextTransfer_ = 1;
+
+  std::mutex mu_;  // guards exposures_ and notifications_ (touched by senders' threads)
+  std::unordered_map<uint64_t, MemDesc> exposures_;
+  std::vector<Notification> notifications_;
+};
+
+}  // namespace pd::kvt

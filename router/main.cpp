@@ -1,0 +1,70 @@
+// pdserve-router: the OpenAI-compatible router (see router_service.h, docs/deploy.md).
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "common/base/log.h"
+#include "router/router_service.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: pdserve-router [--config FILE] [--host IP] [--port N] [--control-port N] [--model DIR]\n"
+    "  Serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
+    "  /metrics, /version, /tokenize, /detokenize) and routes requests to the workers that\n"
+    "  register on the control port.\n";
+
+int usageError(const std::string& message) {
+  std::fprintf(stderr, "pdserve-router: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::string configPath = "deploy/configs/local.yaml", host, modelPath;
+  int port = -1, controlPort = -1;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) return usageError(arg + ": missing value (see --help)");
+    std::string value = argv[++i];
+    if (arg == "--config") configPath = value;
+    else if (arg == "--host") host = value;
+    else if (arg == "--model") modelPath = value;
+    else if (arg == "--port" || arg == "--control-port") {
+      char* end = nullptr;
+      long v = std::strtol(value.c_str(), &end, 10);
+      if (*end != '\0' || v < 0 || v > 65535) return usageError(arg + ": '" + value + "' is not a port number");
+      (arg == "--port" ? port : controlPort) = int(v);
+    } else {
+      return usageError("unknown flag '" + arg + "' (see --help)");
+    }
+  }
+  auto config = pd::config::loadClusterConfig(configPath);
+  if (!config.ok()) return usageError(config.status().message());
+  if (!modelPath.empty()) config->model.path = modelPath;
+  pd::setLogLevel(config->logging.level);
+  auto service = pd::router::RouterService::create({config.value(), host, port, controlPort});
+  pd::Status started = service.ok() ? service.value()->start() : service.status();
+  if (!started.isOk()) {
+    std::fprintf(stderr, "pdserve-router: %s\n", started.toString().c_str());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  PD_LOG(kInfo, "router") << "signal " << sig << ": shutting down";
+  service.value()->stop();
+  return 0;
+}

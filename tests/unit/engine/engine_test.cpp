@@ -1,0 +1,201 @@
+// engine::Engine on the tiny model: what it generates equals the backend driven by hand,
+// alone or batched, colocated or with the prompt's KV prefilled by another engine.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+
+#include "common/engine/engine.h"
+#include "model_test_util.h"
+
+using namespace pd;
+using namespace pd::engine;
+using namespace pd::engine::test;
+
+namespace {
+
+std::shared_ptr<const ModelWeights> tinyModel() {
+  static auto model = [] {
+    auto m = loadModel(makeTestModel("engine_tiny", MakeModelOptions{}));
+    REQUIRE(m.ok());
+    return m.value();
+  }();
+  return model;
+}
+
+std::unique_ptr<Engine> makeEngine(int numBlocks, int maxBatchTokens, bool releaseKv = true) {
+  auto model = tinyModel();
+  auto layout = kvLayoutFor(model->config, numBlocks, 16);
+  auto kv = KvCacheManager::create(layout);
+  REQUIRE(kv.ok());
+  auto backend = createCpuBackend(model, layout, kv.value()->data(), {1});
+  REQUIRE(backend.ok());
+  EngineOptions opts;
+  opts.scheduler.maxBatchTokens = maxBatchTokens;
+  opts.scheduler.maxNumSeqs = 16;
+  opts.releaseKvOnFinish = releaseKv;
+  return std::make_unique<Engine>(std::move(backend).value(), std::move(kv).value(), opts);
+}
+
+Request makeRequest(uint64_t id, std::vector<int32_t> prompt, SamplingParams params) {
+  auto r = Request::create(id, std::move(prompt), params, SystemClock::instance(),
+                           tinyModel()->config.vocabSize);
+  REQUIRE(r.ok());
+  return std::move(r).value();
+}
+
+SamplingParams greedy(int maxTokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.maxTokens = maxTokens;
+  p.ignoreEos = true;
+  return p;
+}
+
+// Steps until no work is left; returns generated ids per request.
+std::map<uint64_t, std::vector<int32_t>> runToEnd(Engine& engine,
+                                                  std::vector<EngineEvent>* all = nullptr) {
+  std::map<uint64_t, std::vector<int32_t>> out;
+  for (int guard = 0; engine.hasWork() && guard < 10000; ++guard) {
+    std::vector<EngineEvent> events;
+    REQUIRE(engine.step(&events).isOk());
+    for (auto& e : events) {
+      if (e.kind == EngineEvent::Kind::kToken) out[e.requestId].push_back(e.token.id);
+      if (all) all->push_back(e);
+    }
+  }
+  REQUIRE_FALSE(engine.hasWork());
+  return out;
+}
+
+std::vector<int32_t> handDrivenGreedy(const std::vector<int32_t>& prompt, int n) {
+  TestKv kv(tinyModel()->config, 64);
+  auto backend = makeBackend(tinyModel(), kv);
+  std::vector<int32_t> generated;
+  auto rows = runGreedy(*backend, kv, prompt, 0, n - 1, &generated);
+  generated.push_back(int32_t(std::max_element(rows.back().begin(), rows.back().end()) -
+                              rows.back().begin()));
+  return generated;
+}
+
+}  // namespace
+
+TEST_CASE("engine: chunked greedy generation equals the hand-driven backend") {
+  auto engine = makeEngine(64, /*maxBatchTokens=*/16);  // 37 tokens: chunks of 16, 16, 5
+  auto prompt = testPrompt(37, 11);
+  REQUIRE(engine->submit(makeRequest(1, prompt, greedy(8))).isOk());
+  std::vector<EngineEvent> events;
+  auto out = runToEnd(*engine, &events);
+  CHECK(out[1] == handDrivenGreedy(prompt, 8));
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.back().kind == EngineEvent::Kind::kFinished);
+  CHECK(events.back().reason == FinishReason::kLength);
+  CHECK(engine->kv().numFreeBlocks() == engine->kv().numTotalBlocks());
+  CHECK(engine->kv().checkInvariants().isOk());
+}
+
+TEST_CASE("engine: batched requests generate what each generates alone") {
+  auto engine = makeEngine(128, 64);
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  for (uint64_t id = 1; id <= 6; ++id) {
+    prompts[id] = testPrompt(5 + int(id) * 9, 100 + id);
+    REQUIRE(engine->submit(makeRequest(id, prompts[id], greedy(6))).isOk());
+  }
+  auto out = runToEnd(*engine);
+  for (auto& [id, prompt] : prompts) CHECK(out[id] == handDrivenGreedy(prompt, 6));
+
+  // Seeded sampling: the same seed gives the same tokens alone and in a batch.
+  SamplingParams seeded;
+  seeded.temperature = 0.9f;
+  seeded.topP = 0.95f;
+  seeded.seed = 1234;
+  seeded.maxTokens = 10;
+  seeded.ignoreEos = true;
+  auto alone = makeEngine(64, 64);
+  REQUIRE(alone->submit(makeRequest(7, prompts[3], seeded)).isOk());
+  auto aloneOut = runToEnd(*alone);
+  auto busy = makeEngine(128, 64);
+  for (uint64_t id = 1; id <= 5; ++id) REQUIRE(busy->submit(makeRequest(id, prompts[id], greedy(12))).isOk());
+  REQUIRE(busy->submit(makeRequest(7, prompts[3], seeded)).isOk());
+  CHECK(runToEnd(*busy)[7] == aloneOut[7]);
+}
+
+TEST_CASE("engine: KV prefilled by another engine decodes to the colocated result") {
+  auto prompt = testPrompt(41, 5);
+  auto colocated = makeEngine(64, 32);
+  REQUIRE(colocated->submit(makeRequest(1, prompt, greedy(7))).isOk());
+  auto expected = runToEnd(*colocated)[1];
+
+  auto prefill = makeEngine(64, 32, /*releaseKv=*/false);
+  auto decode = makeEngine(64, 32);
+  auto blocks = decode->submitRemote(makeRequest(1, prompt, greedy(7)));
+  REQUIRE(blocks.ok());
+  CHECK(decode->load().remote == 1);
+
+  // The prefill engine pushes each layer's KV as soon as it is computed, like the worker.
+  SamplingParams firstOnly = greedy(1);
+  REQUIRE(prefill->submit(makeRequest(1, prompt, firstOnly)).isOk());
+  const KvLayout& layout = prefill->kv().layout();
+  std::vector<int> layersSeen;
+  std::optional<SampledToken> first;
+  for (int guard = 0; prefill->hasWork() && guard < 100; ++guard) {
+    std::vector<EngineEvent> events;
+    REQUIRE(prefill->step(&events, [&](int layer, const StepView& step) {
+      layersSeen.push_back(layer);
+      for (const auto& e : step.entries) {
+        // The prefill side's table grows chunk by chunk; the target's was reserved whole.
+        auto local = step.kv->blockTable(e.seq);
+        std::span<const BlockId> remote(blocks.value().data(), local.size());
+        auto pairs = pairedLayerSegments(layout, step.kv->region(), local, decode->kv().region(),
+                                         remote, layer, layer + 1);
+        REQUIRE(pairs.ok());
+        for (size_t i = 0; i < pairs->local.size(); ++i)
+          std::memcpy(pairs->remote[i].ptr(), pairs->local[i].ptr(), pairs->local[i].len);
+      }
+    }).isOk());
+    for (auto& e : events)
+      if (e.kind == EngineEvent::Kind::kToken) first = e.token;
+  }
+  REQUIRE(first);
+  CHECK(first->id == expected[0]);
+  CHECK(layersSeen.size() == size_t(2 * layout.numLayers));  // 41 tokens in 2 chunks of <= 32
+  // The prefill engine keeps the blocks until the transfer is confirmed.
+  CHECK(prefill->kv().numFreeBlocks() < prefill->kv().numTotalBlocks());
+  prefill->release(1);
+  CHECK(prefill->kv().numFreeBlocks() == prefill->kv().numTotalBlocks());
+
+  std::vector<EngineEvent> events;
+  REQUIRE(decode->completeRemote(1, *first, &events).isOk());
+  REQUIRE(events.size() == 1);
+  auto out = runToEnd(*decode);
+  std::vector<int32_t> got{first->id};
+  got.insert(got.end(), out[1].begin(), out[1].end());
+  CHECK(got == expected);
+  CHECK(decode->kv().numFreeBlocks() == decode->kv().numTotalBlocks());
+}
+
+TEST_CASE("engine: cancel and refused reservations leave no block behind") {
+  auto engine = makeEngine(8, 32);  // 8 blocks of 16 tokens
+  REQUIRE(engine->submit(makeRequest(1, testPrompt(40, 1), greedy(50))).isOk());
+  std::vector<EngineEvent> events;
+  REQUIRE(engine->step(&events).isOk());
+  CHECK(engine->kv().numFreeBlocks() < 8);
+  engine->cancel(1);
+  CHECK_FALSE(engine->hasWork());
+  CHECK(engine->kv().numFreeBlocks() == 8);
+
+  auto refused = engine->submitRemote(makeRequest(2, testPrompt(200, 2), greedy(4)));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  CHECK_FALSE(engine->contains(2));
+  CHECK(engine->kv().numFreeBlocks() == 8);
+
+  // A remote request whose prefill failed is recomputed locally.
+  auto blocks = engine->submitRemote(makeRequest(3, testPrompt(30, 3), greedy(3)));
+  REQUIRE(blocks.ok());
+  REQUIRE(engine->recomputeRemote(3).isOk());
+  auto out = runToEnd(*engine);
+  CHECK(out[3] == handDrivenGreedy(testPrompt(30, 3), 3));
+  CHECK(engine->kv().numFreeBlocks() == 8);
+  CHECK(engine->kv().checkInvariants().isOk());
+}

@@ -1,0 +1,112 @@
+// FaultTransport and the factory on their own (the agent-level fault paths are in agent_test).
+#include "tests/unit/kvtransfer/kvt_test_util.h"
+
+namespace pd::kvt {
+namespace {
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+struct LoopPair {
+  explicit LoopPair(FaultOptions f) : src(4096), dst(4096) {
+    sender = std::make_unique<FaultTransport>(make("loopback", "s"), std::move(f));
+    receiver = make("loopback", "r");
+    REQUIRE(sender->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(src.data()), src.size()}).ok());
+    auto h = receiver->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(dst.data()), dst.size()});
+    REQUIRE(h.ok());
+    PeerInfo pi{"r", *receiver->localConnInfo(), {*receiver->packRemoteKey(*h)}};
+    auto p = sender->loadPeer(pi);
+    REQUIRE(p.ok());
+    peer = *p;
+  }
+  Result<TransferId> post(size_t n, std::optional<std::string> note) {
+    return sender->post({MemDesc{reinterpret_cast<uintptr_t>(src.data()), n}},
+                        {MemDesc{reinterpret_cast<uintptr_t>(dst.data()), n}}, peer, std::move(note));
+  }
+  std::vector<uint8_t> src, dst;
+  std::unique_ptr<FaultTransport> sender;
+  std::unique_ptr<Transport> receiver;
+  PeerId peer = 0;
+};
+
+TEST_CASE("fault transport: latency holds the outcome back, data moves at once", "[kvt][fault]") {
+  FaultOptions f;
+  f.latency = 60ms;
+  LoopPair lp(f);
+  lp.src.assign(4096, 0x42);
+  auto t0 = std::chrono::steady_clock::now();
+  auto id = lp.post(100, std::string("n"));
+  REQUIRE(id.ok());
+  lp.sender->progress();
+  CHECK(lp.sender->poll(*id).inProgress());
+  CHECK(lp.dst[99] == 0x42);
+  Status st;
+  do {
+    lp.sender->progress();
+    st = lp.sender->poll(*id);
+  } while (st.inProgress() && std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(st.isOk());
+  CHECK(std::chrono::steady_clock::now() - t0 >= 60ms);
+  CHECK(lp.sender->caps().name == "fault(loopback)");
+}
+
+TEST_CASE("fault transport: drops the first N notifications only", "[kvt][fault]") {
+  FaultOptions f;
+  f.dropNotifications = 2;
+  LoopPair lp(f);
+  for (int i = 0; i < 4; ++i) {
+    auto id = lp.post(10, "n" + std::to_string(i));
+    REQUIRE(id.ok());
+    lp.sender->progress();
+    REQUIRE(lp.sender->poll(*id).isOk());
+  }
+  auto notes = lp.receiver->takeNotifications();
+  REQUIRE(notes.size() == 2);
+  CHECK(notes[0].payload == "n2");
+  CHECK(notes[1].payload == "n3");
+  CHECK(lp.sender->notificationsDropped() == 2);
+}
+
+TEST_CASE("fault transport: a simulated kill fails pending transfers and later posts", "[kvt][fault]") {
+  FaultOptions f;
+  f.killAfterPosts = 1;
+  LoopPair lp(f);
+  auto a = lp.post(10, std::nullopt);
+  auto b = lp.post(10, std::nullopt);  // the kill lands right after this post
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  lp.sender->progress();
+  CHECK(lp.sender->poll(*a).code() == StatusCode::kUnavailable);
+  CHECK(lp.sender->poll(*b).code() == StatusCode::kUnavailable);
+  auto c = lp.post(10, std::nullopt);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("factory: names what is built and refuses the rest clearly", "[kvt][factory]") {
+  auto names = builtTransports();
+  CHECK(std::find(names.begin(), names.end(), "tcp") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "loopback") != names.end());
+  auto t = makeTransport("smoke-signals", TransportOptions{});
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(t.status().message(), Catch::Contains("smoke-signals") && Catch::Contains("tcp"));
+  TransportOptions bad;
+  bad.listenHost = "not-an-address";
+  CHECK(makeTransport("tcp", bad).status().code() == StatusCode::kInvalidArgument);
+  bad = TransportOptions{};
+  bad.tcpStreams = 0;
+  CHECK(makeTransport("tcp", bad).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("tcp transport: CUDA memory is refused with a reason", "[kvt][tcp]") {
+  auto t = make("tcp", "x");
+  MemDesc d{0x1000, 4096, 0, MemKind::kCuda};
+  auto h = t->registerMemory(d);
+  REQUIRE_FALSE(h.ok());
+  CHECK(h.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(h.status().message(), Catch::Contains("CUDA"));
+}
+
+}  // namespace
+}  // namespace pd::kvt

@@ -1,0 +1,139 @@
+#include "tools/local_cluster.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "common/base/log.h"
+#include "common/engine/model_maker.h"
+
+namespace pd::tools {
+
+using namespace std::chrono;
+
+Result<int> freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return internalError(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    return internalError(std::string("bind: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return int(ntohs(addr.sin_port));
+}
+
+Result<std::pair<int, std::string>> httpGet(int port, const std::string& path, milliseconds timeout) {
+  const auto deadline = steady_clock::now() + timeout;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  if (fd < 0) return internalError(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  auto waitFor = [&](short events) {
+    int left = int(duration_cast<milliseconds>(deadline - steady_clock::now()).count());
+    pollfd p{fd, events, 0};
+    return left > 0 && ::poll(&p, 1, left) == 1;
+  };
+  std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  std::string reply;
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 || errno == EINPROGRESS;
+  ok = ok && waitFor(POLLOUT) && ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == ssize_t(request.size());
+  while (ok && waitFor(POLLIN)) {
+    char buf[4096];
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    reply.append(buf, size_t(n));
+  }
+  ::close(fd);
+  if (reply.compare(0, 5, "HTTP/") != 0) return unavailable("127.0.0.1:" + std::to_string(port) + path + ": no HTTP answer");
+  int status = std::atoi(reply.c_str() + reply.find(' ') + 1);
+  auto bodyAt = reply.find("\r\n\r\n");
+  return std::make_pair(status, bodyAt == std::string::npos ? std::string() : reply.substr(bodyAt + 4));
+}
+
+namespace {
+
+// The value of `pdserve_pool_workers{pool="<pool>"}` in a metrics text, or -1.
+int poolWorkers(const std::string& metrics, const std::string& pool) {
+  const std::string key = "pdserve_pool_workers{pool=\"" + pool + "\"} ";
+  auto at = metrics.find(key);
+  return at == std::string::npos ? -1 : std::atoi(metrics.c_str() + at + key.size());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOptions& o) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  PD_ASSIGN_OR_RETURN(c->config_, config::loadClusterConfig(o.configPath));
+  auto& cfg = c->config_;
+  if (!std::filesystem::exists(cfg.model.path + "/config.json")) {
+    engine::MakeModelOptions m;
+    m.preset = cfg.model.preset == config::ModelPreset::kTiny ? "tiny" : "small";
+    PD_LOG(kInfo, "up") << "making the default '" << m.preset << "' model in " << cfg.model.path
+                        << " (seeded random weights: its text is noise)";
+    PD_RETURN_IF_ERROR(engine::makeModel(m, cfg.model.path));
+  }
+  int prefillN = o.prefillReplicas >= 0 ? o.prefillReplicas : cfg.pools.prefill.replicas;
+  int decodeN = o.decodeReplicas >= 0 ? o.decodeReplicas : cfg.pools.decode.replicas;
+  int httpPort = o.httpPort >= 0 ? o.httpPort : cfg.router.port;
+  int controlPort = o.controlPort >= 0 ? o.controlPort : cfg.router.controlPort;
+  if (httpPort == 0) {
+    PD_ASSIGN_OR_RETURN(httpPort, freePort());
+  }
+  if (controlPort == 0) {
+    PD_ASSIGN_OR_RETURN(controlPort, freePort());
+  }
+  c->httpPort_ = httpPort;
+  const std::string router = "127.0.0.1:" + std::to_string(controlPort);
+  auto bin = [&](const char* name) { return (std::filesystem::path(o.binDir) / name).string(); };
+
+  PD_RETURN_IF_ERROR(c->group_.spawn("router", {bin("pdserve-router"), "--config", o.configPath,
+                                                "--port", std::to_string(httpPort), "--control-port",
+                                                std::to_string(controlPort)}).status());
+  for (int i = 0; i < prefillN; ++i) {
+    std::string id = "prefill-" + std::to_string(i);
+    PD_RETURN_IF_ERROR(c->group_.spawn(id, {bin("pdserve-prefill"), "--config", o.configPath, "--id", id,
+                                            "--router", router}).status());
+  }
+  for (int i = 0; i < decodeN; ++i) {
+    std::string id = "decode-" + std::to_string(i);
+    PD_RETURN_IF_ERROR(c->group_.spawn(id, {bin("pdserve-decode"), "--config", o.configPath, "--id", id,
+                                            "--router", router}).status());
+  }
+  const auto deadline = steady_clock::now() + o.startTimeout;
+  while (steady_clock::now() < deadline) {
+    if (auto dead = c->group_.waitAny(milliseconds(200))) {
+      return unavailable(dead->name + " " + dead->description + " during start-up (see its [" + dead->name + "] log lines)");
+    }
+    auto health = httpGet(httpPort, "/health", seconds(2));
+    if (!health.ok() || health->first != 200) continue;
+    auto metrics = httpGet(httpPort, "/metrics", seconds(2));
+    if (metrics.ok() && poolWorkers(metrics->second, "prefill") >= prefillN &&
+        poolWorkers(metrics->second, "decode") >= decodeN) {
+      return c;
+    }
+  }
+  return deadlineExceeded("the cluster was not healthy within " + std::to_string(o.startTimeout.count()) + " s");
+}
+
+LocalCluster::~LocalCluster() { stop(); }
+
+void LocalCluster::stop() { group_.stopAll(); }
+
+Status LocalCluster::kill(const std::string& name) { return group_.signal(name, SIGKILL); }
+
+}  // namespace pd::tools

@@ -1,0 +1,57 @@
+// A whole pdserve cluster on this machine: a router, N prefill and M decode workers as child
+// processes, started in order and checked for health. `pdserve up` runs one interactively;
+// the end-to-end tests run one per test.
+//
+// Threads: not thread-safe; one owner. The destructor stops every process.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "common/base/status.h"
+#include "common/config/cluster_config.h"
+#include "tools/process_group.h"
+
+namespace pd::tools {
+
+struct LocalClusterOptions {
+  std::string configPath = "deploy/configs/local.yaml";
+  std::string binDir;              // where pdserve-router/-prefill/-decode are
+  int httpPort = -1;               // overrides router.port when >= 0 (0: a free port)
+  int controlPort = -1;            // overrides router.control_port when >= 0
+  int prefillReplicas = -1;        // overrides pools.prefill.replicas when >= 0
+  int decodeReplicas = -1;         // overrides pools.decode.replicas when >= 0
+  std::chrono::seconds startTimeout{120};
+};
+
+class LocalCluster {
+ public:
+  // Makes the configured model when its directory is missing (model.preset), starts the
+  // processes and waits until the router reports every worker healthy. Errors name the
+  // process that failed and point at its log lines.
+  static Result<std::unique_ptr<LocalCluster>> start(const LocalClusterOptions& options);
+  ~LocalCluster();
+
+  int httpPort() const { return httpPort_; }
+  const config::ClusterConfig& config() const { return config_; }
+  ProcessGroup& processes() { return group_; }
+  // Sends SIGKILL to the named process ("prefill-0", "decode-0", "router").
+  Status kill(const std::string& name);
+  void stop();
+
+ private:
+  LocalCluster() = default;
+  config::ClusterConfig config_;
+  ProcessGroup group_;
+  int httpPort_ = 0;
+};
+
+// GET http://127.0.0.1:port/path; returns (status, body). Deadline-bound.
+Result<std::pair<int, std::string>> httpGet(int port, const std::string& path,
+                                            std::chrono::milliseconds timeout);
+
+// A free TCP port on 127.0.0.1 (bound and released; another process could take it).
+Result<int> freePort();
+
+}  // namespace pd::tools
