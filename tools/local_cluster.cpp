@@ -35,7 +35,27 @@ Result<int> freePort() {
   return int(ntohs(addr.sin_port));
 }
 
-Result<std::pair<int, std::string>> httpGet(int port, const std::string& path, milliseconds timeout) {
+namespace {
+
+std::string dechunk(const std::string& body) {
+  std::string out;
+  size_t at = 0;
+  while (at < body.size()) {
+    size_t eol = body.find("\r\n", at);
+    if (eol == std::string::npos) break;
+    size_t n = std::strtoul(body.c_str() + at, nullptr, 16);
+    if (n == 0) break;
+    out.append(body, eol + 2, n);
+    at = eol + 2 + n + 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<HttpReply> httpRequest(int port, const std::string& method, const std::string& path,
+                              const std::string& body, milliseconds timeout,
+                              const std::vector<std::string>& extraHeaders) {
   const auto deadline = steady_clock::now() + timeout;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   if (fd < 0) return internalError(std::string("socket: ") + std::strerror(errno));
@@ -48,21 +68,38 @@ Result<std::pair<int, std::string>> httpGet(int port, const std::string& path, m
     pollfd p{fd, events, 0};
     return left > 0 && ::poll(&p, 1, left) == 1;
   };
-  std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  for (const auto& h : extraHeaders) request += h + "\r\n";
+  if (!body.empty() || method == "POST") {
+    request += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  request += "\r\n" + body;
   std::string reply;
   bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 || errno == EINPROGRESS;
-  ok = ok && waitFor(POLLOUT) && ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == ssize_t(request.size());
+  size_t sent = 0;
+  while (ok && sent < request.size() && waitFor(POLLOUT)) {
+    ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) ok = false;
+    else sent += size_t(n);
+  }
   while (ok && waitFor(POLLIN)) {
-    char buf[4096];
+    char buf[16384];
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     if (n <= 0) break;
     reply.append(buf, size_t(n));
   }
   ::close(fd);
-  if (reply.compare(0, 5, "HTTP/") != 0) return unavailable("127.0.0.1:" + std::to_string(port) + path + ": no HTTP answer");
-  int status = std::atoi(reply.c_str() + reply.find(' ') + 1);
+  if (reply.compare(0, 5, "HTTP/") != 0) {
+    return unavailable("127.0.0.1:" + std::to_string(port) + path + ": no HTTP answer");
+  }
+  HttpReply r;
+  r.status = std::atoi(reply.c_str() + reply.find(' ') + 1);
   auto bodyAt = reply.find("\r\n\r\n");
-  return std::make_pair(status, bodyAt == std::string::npos ? std::string() : reply.substr(bodyAt + 4));
+  r.headers = reply.substr(0, bodyAt);
+  for (auto& c : r.headers) c = char(std::tolower(static_cast<unsigned char>(c)));
+  r.body = bodyAt == std::string::npos ? std::string() : reply.substr(bodyAt + 4);
+  if (r.headers.find("transfer-encoding: chunked") != std::string::npos) r.body = dechunk(r.body);
+  return r;
 }
 
 namespace {
@@ -106,13 +143,19 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
                                                 std::to_string(controlPort)}).status());
   for (int i = 0; i < prefillN; ++i) {
     std::string id = "prefill-" + std::to_string(i);
+    PD_ASSIGN_OR_RETURN(int metricsPort, freePort());
+    c->metricsPorts_[id] = metricsPort;
     PD_RETURN_IF_ERROR(c->group_.spawn(id, {bin("pdserve-prefill"), "--config", o.configPath, "--id", id,
-                                            "--router", router}).status());
+                                            "--router", router, "--metrics-port",
+                                            std::to_string(metricsPort)}).status());
   }
   for (int i = 0; i < decodeN; ++i) {
     std::string id = "decode-" + std::to_string(i);
+    PD_ASSIGN_OR_RETURN(int metricsPort, freePort());
+    c->metricsPorts_[id] = metricsPort;
     PD_RETURN_IF_ERROR(c->group_.spawn(id, {bin("pdserve-decode"), "--config", o.configPath, "--id", id,
-                                            "--router", router}).status());
+                                            "--router", router, "--metrics-port",
+                                            std::to_string(metricsPort)}).status());
   }
   const auto deadline = steady_clock::now() + o.startTimeout;
   while (steady_clock::now() < deadline) {
@@ -120,10 +163,12 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
       return unavailable(dead->name + " " + dead->description + " during start-up (see its [" + dead->name + "] log lines)");
     }
     auto health = httpGet(httpPort, "/health", seconds(2));
-    if (!health.ok() || health->first != 200) continue;
-    auto metrics = httpGet(httpPort, "/metrics", seconds(2));
-    if (metrics.ok() && poolWorkers(metrics->second, "prefill") >= prefillN &&
-        poolWorkers(metrics->second, "decode") >= decodeN) {
+    if (!health.ok() || health->status != 200) continue;
+    std::vector<std::string> auth;
+    if (!cfg.router.apiKeys.empty()) auth.push_back("Authorization: Bearer " + cfg.router.apiKeys.front());
+    auto metrics = httpRequest(httpPort, "GET", "/metrics", "", seconds(2), auth);
+    if (metrics.ok() && poolWorkers(metrics->body, "prefill") >= prefillN &&
+        poolWorkers(metrics->body, "decode") >= decodeN) {
       return c;
     }
   }
@@ -131,6 +176,11 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
 }
 
 LocalCluster::~LocalCluster() { stop(); }
+
+int LocalCluster::metricsPort(const std::string& worker) const {
+  auto it = metricsPorts_.find(worker);
+  return it == metricsPorts_.end() ? 0 : it->second;
+}
 
 void LocalCluster::stop() { group_.stopAll(); }
 

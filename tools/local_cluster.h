@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -34,6 +35,8 @@ class LocalCluster {
   ~LocalCluster();
 
   int httpPort() const { return httpPort_; }
+  // The /health + /metrics port of a worker ("prefill-0", "decode-0"); 0 when unknown.
+  int metricsPort(const std::string& worker) const;
   const config::ClusterConfig& config() const { return config_; }
   ProcessGroup& processes() { return group_; }
   // Sends SIGKILL to the named process ("prefill-0", "decode-0", "router").
@@ -45,11 +48,22 @@ class LocalCluster {
   config::ClusterConfig config_;
   ProcessGroup group_;
   int httpPort_ = 0;
+  std::map<std::string, int> metricsPorts_;
 };
 
-// GET http://127.0.0.1:port/path; returns (status, body). Deadline-bound.
-Result<std::pair<int, std::string>> httpGet(int port, const std::string& path,
-                                            std::chrono::milliseconds timeout);
+struct HttpReply {
+  int status = 0;
+  std::string headers;  // the raw header block, lower-cased names
+  std::string body;     // chunked bodies are de-chunked
+};
+
+// One HTTP/1.1 request to 127.0.0.1:port with Connection: close; deadline-bound.
+Result<HttpReply> httpRequest(int port, const std::string& method, const std::string& path,
+                              const std::string& body, std::chrono::milliseconds timeout,
+                              const std::vector<std::string>& extraHeaders = {});
+inline Result<HttpReply> httpGet(int port, const std::string& path, std::chrono::milliseconds timeout) {
+  return httpRequest(port, "GET", path, "", timeout);
+}
 
 // A free TCP port on 127.0.0.1 (bound and released; another process could take it).
 Result<int> freePort();

@@ -1,0 +1,321 @@
+// End to end: router + prefill + decode processes on loopback, driven over HTTP.
+// Every cluster here is real (the same binaries `pdserve up` starts); nothing is faked.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/engine/model_maker.h"
+#include "tools/local_cluster.h"
+
+using namespace pd;
+using namespace pd::tools;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e";
+
+// The default served model (preset small), made once per build tree.
+std::string modelDir() {
+  static std::string dir = [] {
+    std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small";
+    if (!std::filesystem::exists(d + "/config.json")) {
+      engine::MakeModelOptions o;
+      o.preset = "small";
+      std::string tmp = d + ".tmp." + std::to_string(::getpid());
+      REQUIRE(engine::makeModel(o, tmp).isOk());
+      std::filesystem::rename(tmp, d);
+    }
+    return d;
+  }();
+  return dir;
+}
+
+struct ClusterSpec {
+  int64_t shortPromptTokens = 64;
+  std::string transports = "[tcp]";
+  std::string onFailure = "recompute";
+  std::string extraRouter;
+  int64_t timeoutMs = 20000;
+};
+
+std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
+  std::filesystem::create_directories(kWork);
+  std::string path = kWork + "/" + name + ".yaml";
+  std::ofstream(path) << "model: {path: " << modelDir() << ", name: small}\n"
+                      << "router:\n  short_prompt_tokens: " << spec.shortPromptTokens << "\n"
+                      << "  request_timeout_ms: 60000\n" << spec.extraRouter
+                      << "pools: {prefill: {replicas: 1}, decode: {replicas: 1}}\n"
+                      << "engine: {threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
+                      << "kv_transfer: {transports: " << spec.transports
+                      << ", timeout_ms: " << spec.timeoutMs
+                      << ", on_remote_prefill_failure: " << spec.onFailure << "}\n"
+                      << "logging: {level: warn}\n";
+  LocalClusterOptions o;
+  o.configPath = path;
+  o.binDir = std::string(PD_BINARY_DIR) + "/bin";
+  o.httpPort = 0;
+  o.controlPort = 0;
+  auto c = LocalCluster::start(o);
+  INFO(c.status().toString());
+  REQUIRE(c.ok());
+  return std::move(c).value();
+}
+
+std::vector<int32_t> prompt(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> p{engine::kMadeBosId};
+  while (int(p.size()) < n) p.push_back(int32_t(rng() % 256));
+  return p;
+}
+
+struct Completion {
+  int status = 0;
+  std::string headers;
+  json body;
+  std::vector<int32_t> ids;
+};
+
+Completion complete(LocalCluster& c, const std::vector<int32_t>& p, int maxTokens, json extra = {}) {
+  json req{{"model", "small"}, {"prompt", p}, {"max_tokens", maxTokens}, {"temperature", 0},
+           {"ignore_eos", true}, {"return_token_ids", true}};
+  for (auto& [k, v] : extra.items()) req[k] = v;
+  auto r = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 120s);
+  REQUIRE(r.ok());
+  Completion out{r->status, r->headers, json::parse(r->body, nullptr, false), {}};
+  if (out.status == 200) out.ids = out.body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  return out;
+}
+
+std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens) {
+  std::string ids;
+  for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
+  std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + modelDir() +
+                    " --prompt-ids " + ids + " --max-tokens " + std::to_string(maxTokens) +
+                    " --ignore-eos --threads 2 2>/dev/null";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  REQUIRE(f);
+  std::string out;
+  char buf[256];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  REQUIRE(::pclose(f) == 0);
+  std::vector<int32_t> result;
+  for (size_t at = 0; at < out.size();) {
+    result.push_back(std::atoi(out.c_str() + at));
+    at = out.find(',', at);
+    if (at == std::string::npos) break;
+    ++at;
+  }
+  return result;
+}
+
+// A worker metric's value from its /metrics text (first matching series), or -1.
+double workerMetric(LocalCluster& c, const std::string& worker, const std::string& name) {
+  auto r = httpGet(c.metricsPort(worker), "/metrics", 5s);
+  if (!r.ok()) return -1;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name, 0) == 0 && (line[name.size()] == ' ' || line[name.size()] == '{')) {
+      return std::atof(line.c_str() + line.rfind(' ') + 1);
+    }
+  }
+  return -1;
+}
+
+bool allBlocksFree(LocalCluster& c, const std::string& worker) {
+  for (int i = 0; i < 100; ++i) {
+    double total = workerMetric(c, worker, "pdserve_kv_cache_num_blocks");
+    double free = workerMetric(c, worker, "pdserve_kv_cache_free_blocks");
+    if (total > 0 && free == total) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
+// Opens a streaming request and returns the socket once `events` SSE events arrived.
+int openStream(LocalCluster& c, const json& req, int events, std::string* seen) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(c.httpPort()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string body = req.dump();
+  std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  REQUIRE(::send(fd, http.data(), http.size(), 0) == ssize_t(http.size()));
+  auto count = [&] {
+    int n = 0;
+    for (size_t at = seen->find("data: "); at != std::string::npos; at = seen->find("data: ", at + 1)) ++n;
+    return n;
+  };
+  char buf[4096];
+  while (count() < events) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    seen->append(buf, size_t(n));
+  }
+  return fd;
+}
+
+}  // namespace
+
+TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated over each transport") {
+  const std::vector<int> lengths{5, 9, 16, 17, 31, 48, 64, 100, 128, 200,
+                                 256, 300, 400, 512, 700, 900, 1100, 1400, 1700, 2000};
+  const int kTokens = 6;
+  std::vector<std::vector<int32_t>> expected;
+  for (size_t i = 0; i < lengths.size(); ++i) expected.push_back(generateCli(prompt(lengths[i], i), kTokens));
+
+  std::vector<std::pair<std::string, ClusterSpec>> setups{
+      {"colocated", ClusterSpec{/*shortPromptTokens=*/100000}},
+      {"disaggregated over tcp", ClusterSpec{0, "[tcp]"}}};
+#if PD_HAVE_UCX
+  setups.push_back({"disaggregated over ucx", ClusterSpec{0, "[ucx, tcp]"}});
+#endif
+  for (auto& [name, spec] : setups) {
+    SECTION(name) {
+      auto c = startCluster("identity", spec);
+      const std::string route = spec.shortPromptTokens > 0 ? "colocated" : "disaggregated";
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        INFO(name << ", prompt of " << lengths[i] << " tokens");
+        auto r = complete(*c, prompt(lengths[i], i), kTokens);
+        REQUIRE(r.status == 200);
+        CHECK(r.headers.find("x-pdserve-route: " + route) != std::string::npos);
+        CHECK(r.ids == expected[i]);
+        CHECK(r.body["usage"]["prompt_tokens"] == lengths[i]);
+        CHECK(r.body["usage"]["completion_tokens"] == kTokens);
+      }
+      if (route == "disaggregated") CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size());
+      CHECK(allBlocksFree(*c, "decode-0"));
+      CHECK(allBlocksFree(*c, "prefill-0"));
+    }
+  }
+}
+
+TEST_CASE("seeded sampling gives the same tokens colocated and disaggregated") {
+  json sampling{{"temperature", 0.9}, {"top_p", 0.95}, {"top_k", 50}, {"seed", 11}};
+  std::vector<std::vector<int32_t>> colocated, disaggregated;
+  {
+    auto c = startCluster("seeded-colocated", ClusterSpec{100000});
+    for (int n : {40, 300, 800}) colocated.push_back(complete(*c, prompt(n, n), 10, sampling).ids);
+  }
+  {
+    auto c = startCluster("seeded-disaggregated", ClusterSpec{0});
+    for (int n : {40, 300, 800}) {
+      auto r = complete(*c, prompt(n, n), 10, sampling);
+      CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+      disaggregated.push_back(r.ids);
+    }
+  }
+  REQUIRE(colocated.size() == 3);
+  CHECK(colocated[0].size() == 10);
+  CHECK(colocated == disaggregated);
+}
+
+TEST_CASE("a client that disconnects mid-stream frees its blocks on both workers") {
+  auto c = startCluster("disconnect", ClusterSpec{0});
+  std::string seen;
+  json req{{"model", "small"}, {"prompt", prompt(600, 3)}, {"max_tokens", 400}, {"stream", true},
+           {"ignore_eos", true}};
+  int fd = openStream(*c, req, 3, &seen);
+  CHECK(seen.find("x-pdserve-route: disaggregated") != std::string::npos);
+  CHECK(seen.find("\"text\"") != std::string::npos);
+  ::close(fd);
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
+  CHECK(workerMetric(*c, "decode-0", "pdserve_num_requests_running") == 0);
+}
+
+TEST_CASE("the prefill worker killed mid-request: recomputed on the decode worker, or failed") {
+  const auto p = prompt(2000, 42);
+  const auto expected = generateCli(p, 4);
+  {
+    auto c = startCluster("kill-prefill-recompute", ClusterSpec{0, "[tcp]", "recompute"});
+    std::thread killer([&] {
+      std::this_thread::sleep_for(150ms);
+      (void)c->kill("prefill-0");
+    });
+    auto r = complete(*c, p, 4);
+    killer.join();
+    REQUIRE(r.status == 200);
+    CHECK(r.ids == expected);
+    CHECK(allBlocksFree(*c, "decode-0"));
+  }
+  {
+    auto c = startCluster("kill-prefill-fail", ClusterSpec{0, "[tcp]", "fail"});
+    std::thread killer([&] {
+      std::this_thread::sleep_for(150ms);
+      (void)c->kill("prefill-0");
+    });
+    auto start = std::chrono::steady_clock::now();
+    auto r = complete(*c, p, 4);
+    killer.join();
+    CHECK(r.status == 503);
+    CHECK(r.body["error"]["message"].get<std::string>().find("remote prefill failed") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - start < 30s);
+    CHECK(allBlocksFree(*c, "decode-0"));
+  }
+}
+
+TEST_CASE("a decode worker killed mid-stream: an error event, then 503s") {
+  auto c = startCluster("kill-decode", ClusterSpec{100000});
+  std::string seen;
+  json req{{"model", "small"}, {"prompt", prompt(20, 1)}, {"max_tokens", 3000}, {"stream", true},
+           {"ignore_eos", true}};
+  int fd = openStream(*c, req, 2, &seen);
+  REQUIRE(c->kill("decode-0").isOk());
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) seen.append(buf, size_t(n));
+  ::close(fd);
+  CHECK(seen.find("\"error\"") != std::string::npos);
+  CHECK(seen.find("disconnected") != std::string::npos);
+  CHECK(seen.find("data: [DONE]") != std::string::npos);
+  auto health = httpGet(c->httpPort(), "/health", 5s);
+  REQUIRE(health.ok());
+  CHECK(health->status == 503);
+  CHECK(complete(*c, prompt(10, 2), 2).status == 503);
+}
+
+TEST_CASE("bad requests get OpenAI errors with the right status") {
+  auto c = startCluster("errors", ClusterSpec{64, "[tcp]", "recompute", "  api_keys: [sk-test]\n  max_body_bytes: 65536\n"});
+  const std::vector<std::string> auth{"Authorization: Bearer sk-test"};
+  auto post = [&](const std::string& body, std::vector<std::string> headers) {
+    auto r = httpRequest(c->httpPort(), "POST", "/v1/completions", body, 30s, headers);
+    REQUIRE(r.ok());
+    return std::make_pair(r->status, json::parse(r->body, nullptr, false));
+  };
+  CHECK(post(R"({"model":"small","prompt":"hi"})", {}).first == 401);
+  auto [s400, b400] = post(R"({"model":"small","prompt":"hi","temperature":"hot"})", auth);
+  CHECK(s400 == 400);
+  CHECK(b400["error"]["param"] == "temperature");
+  CHECK(post("{not json", auth).first == 400);
+  auto [s404, b404] = post(R"({"model":"gpt-9","prompt":"hi"})", auth);
+  CHECK(s404 == 404);
+  CHECK(b404["error"]["code"] == "model_not_found");
+  json tooLong{{"model", "small"}, {"prompt", prompt(5000, 1)}};
+  auto [s413, b413] = post(tooLong.dump(), auth);
+  CHECK(s413 == 413);
+  CHECK(b413["error"]["code"] == "context_length_exceeded");
+  CHECK(post(std::string(70000, ' '), auth).first == 413);
+  // The cluster still serves after all of that.
+  auto ok = post(R"({"model":"small","prompt":"hello","max_tokens":3})", auth);
+  CHECK(ok.first == 200);
+  CHECK(ok.second["usage"]["completion_tokens"] == 3);
+  auto health = httpGet(c->httpPort(), "/health", 5s);  // no key needed
+  CHECK(health->status == 200);
+}
