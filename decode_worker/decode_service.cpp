@@ -121,7 +121,9 @@ class DecodeServiceImpl final : public DecodeService {
   void loop() {
     auto nextReport = steadyNow();
     while (!stopping_) {
-      inbox_.runPending(engine_.hasWork() ? milliseconds(0) : milliseconds(20));
+      // While KV is arriving, stay responsive: fabric transports progress in agent_->progress().
+      inbox_.runPending(engine_.hasWork() ? milliseconds(0)
+                        : engine_.load().remote > 0 ? milliseconds(1) : milliseconds(20));
       agent_->progress();
       (void)agent_->takeNotifications();  // PrefillDone, not notifications, drives the decode side
       checkDeadlines();

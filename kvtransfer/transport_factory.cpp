@@ -3,13 +3,13 @@
 #include "kvtransfer/transports/loopback_transport.h"
 #include "kvtransfer/transports/tcp_transport.h"
 
-// The fabric transports (branch kvt-fabric) add their includes and blocks below, guarded
-// by the build options so a build without UCX / libibverbs still links.
+// The fabric transports, guarded by the build options so a build without UCX or libibverbs
+// still links.
 #if PD_HAVE_UCX
-// #include "kvtransfer/transports/ucx_transport.h"
+#include "kvtransfer/transports/ucx_transport.h"
 #endif
 #if PD_HAVE_VERBS
-// #include "kvtransfer/transports/verbs_transport.h"
+#include "kvtransfer/transports/verbs_transport.h"
 #endif
 
 namespace pd::kvt {
@@ -18,10 +18,10 @@ namespace {
 // In preference order; the agent's default preference list is a subset of this.
 std::vector<std::string> compiledNames() {
   std::vector<std::string> names;
-#if PD_HAVE_UCX && defined(PD_KVT_UCX_TRANSPORT)
+#if PD_HAVE_UCX
   names.push_back("ucx");
 #endif
-#if PD_HAVE_VERBS && defined(PD_KVT_VERBS_TRANSPORT)
+#if PD_HAVE_VERBS
   names.push_back("verbs");
 #endif
   names.push_back("tcp");
@@ -36,11 +36,21 @@ Result<std::unique_ptr<Transport>> makeTransport(const std::string& name,
                                                  const TransportOptions& options) {
   if (name == "tcp") return TcpTransport::create(options);
   if (name == "loopback") return LoopbackTransport::create(options);
-#if PD_HAVE_UCX && defined(PD_KVT_UCX_TRANSPORT)
-  // if (name == "ucx") return UcxTransport::create(options);
+#if PD_HAVE_UCX
+  if (name == "ucx") {
+    UcxOptions ucx;
+    ucx.localName = options.localName;
+    ucx.transferTimeout = options.peerTimeout;
+    return makeUcxTransport(ucx);
+  }
 #endif
-#if PD_HAVE_VERBS && defined(PD_KVT_VERBS_TRANSPORT)
-  // if (name == "verbs") return VerbsTransport::create(options);
+#if PD_HAVE_VERBS
+  if (name == "verbs") {
+    VerbsOptions verbs;
+    verbs.localName = options.localName;
+    verbs.transferTimeout = options.peerTimeout;
+    return makeVerbsTransport(verbs);
+  }
 #endif
   std::string known;
   for (const auto& n : compiledNames()) known += (known.empty() ? "" : ", ") + n;

@@ -200,7 +200,15 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
         CHECK(r.body["usage"]["prompt_tokens"] == lengths[i]);
         CHECK(r.body["usage"]["completion_tokens"] == kTokens);
       }
-      if (route == "disaggregated") CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size());
+      if (route == "disaggregated") {
+        CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size());
+        // The KV really moved over the transport this section names.
+        const std::string transport = name.substr(name.rfind(' ') + 1);
+        auto metrics = httpGet(c->metricsPort("prefill-0"), "/metrics", 5s);
+        REQUIRE(metrics.ok());
+        CHECK(metrics->body.find("pdserve_kv_transfers_total{outcome=\"ok\",transport=\"" + transport) !=
+              std::string::npos);
+      }
       CHECK(allBlocksFree(*c, "decode-0"));
       CHECK(allBlocksFree(*c, "prefill-0"));
     }
