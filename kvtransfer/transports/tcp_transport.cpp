@@ -70,6 +70,15 @@ struct WireHeader {
 };
 static_assert(sizeof(WireHeader) == 40, "the wire header is 40 bytes");
 
+// Asio's transfer_all moves at most 64 KiB per syscall; the bulk paths let the kernel take
+// (or give) as much as it can in one writev/readv instead.
+struct TransferAllInOne {
+  size_t total;
+  size_t operator()(const boost::system::error_code& ec, size_t done) const {
+    return ec || done >= total ? 0 : total - done;
+  }
+};
+
 std::string hex(uint64_t v) {
   std::ostringstream s;
   s << "0x" << std::hex << v;
@@ -222,6 +231,8 @@ class TcpTransport::Impl {
   void shutdown() {
     if (!thread_.joinable()) return;
     asio::post(io_, [this] {
+      // Completions already queued (a watchdog tick, an accept) must not re-arm anything.
+      stopping_ = true;
       boost::system::error_code ec;
       acceptor_.close(ec);
       watchdog_.cancel();
@@ -666,7 +677,8 @@ class TcpTransport::Impl {
     s->writing = true;
     s->writingFor = t;
     if (t) t->writesInFlight++;
-    asio::async_write(s->sock, s->bufs, [this, p, s, t](boost::system::error_code ec, size_t n) {
+    asio::async_write(s->sock, s->bufs, TransferAllInOne{asio::buffer_size(s->bufs)},
+                      [this, p, s, t](boost::system::error_code ec, size_t n) {
       s->writing = false;
       s->writingFor.reset();
       if (t) {
@@ -822,7 +834,7 @@ class TcpTransport::Impl {
                            std::min(std::chrono::milliseconds(200), options_.peerTimeout / 4));
     watchdog_.expires_after(period);
     watchdog_.async_wait([this](boost::system::error_code ec) {
-      if (ec) return;
+      if (ec || stopping_) return;
       auto now = steadyNow();
       for (auto& p : ioPeers_) {
         if (p->dead.load() || p->active.empty()) continue;
@@ -839,6 +851,10 @@ class TcpTransport::Impl {
   void doAccept() {
     auto c = std::make_shared<InConn>(io_);
     acceptor_.async_accept(c->sock, [this, c](boost::system::error_code ec) {
+      if (stopping_) {
+        closeIn(*c);
+        return;
+      }
       if (ec) {
         if (ec != asio::error::operation_aborted) {
           PD_LOG(kWarn, "kvt.tcp") << "accept failed: " << ec.message();
@@ -926,7 +942,8 @@ class TcpTransport::Impl {
             std::array<asio::mutable_buffer, 2> bufs = {
                 asio::buffer(reinterpret_cast<void*>(h.addr), h.len),
                 asio::buffer(&c->hdr, sizeof(WireHeader))};
-            asio::async_read(c->sock, bufs, [this, c](boost::system::error_code ec, size_t) {
+            asio::async_read(c->sock, bufs, TransferAllInOne{asio::buffer_size(bufs)},
+                             [this, c](boost::system::error_code ec, size_t) {
               if (ec) {
                 dropIn(c, ec.message(), false);
                 return;
@@ -1077,6 +1094,7 @@ class TcpTransport::Impl {
   // I/O thread.
   std::vector<std::shared_ptr<OutPeer>> ioPeers_;
   std::vector<std::shared_ptr<InConn>> inConns_;
+  bool stopping_ = false;
 
   // Shared.
   std::shared_mutex exposuresMu_;
