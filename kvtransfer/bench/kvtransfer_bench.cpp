@@ -16,6 +16,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <poll.h>
@@ -71,6 +72,13 @@ std::unique_ptr<uint8_t[]> touched(size_t n, uint8_t v) {
   std::unique_ptr<uint8_t[]> b(new uint8_t[n]);
   std::memset(b.get(), v, n);
   return b;
+}
+
+// CPU seconds (user + system, all threads) this process has used so far.
+double cpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 std::string sizeName(size_t n) {
@@ -195,9 +203,9 @@ int runReceiver(const std::string& name, size_t bytes) {
       if (n <= 0) break;
       pending.append(tmp, size_t(n));
       if (pending.find("QUIT") != std::string::npos) break;
-      if (pending.find("NOTES") != std::string::npos) {
+      if (pending.find("CPU") != std::string::npos) {
         pending.clear();
-        std::printf("NOTES %zu\n", notes);
+        std::printf("CPU %.6f\n", cpuSeconds());
         std::fflush(stdout);
       }
     }
@@ -221,7 +229,14 @@ int runRawReceiver(size_t bufBytes) {
   while (true) {
     pollfd p[2] = {{ls, POLLIN, 0}, {0, POLLIN, 0}};
     if (::poll(p, 2, -1) <= 0) continue;
-    if (p[1].revents) break;  // QUIT or EOF from the driver
+    if (p[1].revents) {  // CPU, or QUIT / EOF from the driver
+      char cmd[64];
+      ssize_t n = ::read(0, cmd, sizeof cmd);
+      if (n <= 0 || std::string(cmd, size_t(n)).find("CPU") == std::string::npos) break;
+      std::printf("CPU %.6f\n", cpuSeconds());
+      std::fflush(stdout);
+      continue;
+    }
     int s = ::accept(ls, nullptr, nullptr);
     if (s < 0) continue;
     // The sender names the read size first (8 bytes), so the ceiling can try several.
@@ -268,13 +283,22 @@ class RawTcp {
   }
   ~RawTcp() { child_.finish(); }
   // Best over a few read/write sizes: the ceiling is what plain sockets can do at their best.
+  // Also keeps the lowest CPU cost seen (both processes, CPU seconds per GB moved), which,
+  // unlike wall time, a busy shared machine barely disturbs.
   double measure(size_t totalBytes) {
     double best = 0;
     for (size_t chunk : {64 * kKiB, 256 * kKiB, 4 * kMiB}) best = std::max(best, measureChunk(totalBytes / 2, chunk));
     return best;
   }
+  double cpuPerGB() const { return cpuPerGB_; }
+  double childCpu() {
+    child_.send("CPU");
+    auto l = child_.line(10000);
+    return l && l->rfind("CPU ", 0) == 0 ? std::stod(l->substr(4)) : 0;
+  }
   double measureChunk(size_t totalBytes, size_t chunk) {
     if (port_ == 0) return 0;
+    const double cpu0 = cpuSeconds() + childCpu();
     int s = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -305,7 +329,10 @@ class RawTcp {
     double secs = secondsSince(t);
     ::close(s);
     if (!done || done->rfind("DONE ", 0) != 0) return 0;
-    return gbps(std::stoull(done->substr(5)), secs);
+    size_t bytes = std::stoull(done->substr(5));
+    double cpu = cpuSeconds() + childCpu() - cpu0;
+    if (bytes > 0) cpuPerGB_ = std::min(cpuPerGB_, cpu / (double(bytes) / 1e9));
+    return gbps(bytes, secs);
   }
 
  private:
@@ -313,6 +340,7 @@ class RawTcp {
   std::unique_ptr<uint8_t[]> src_;
   Child child_;
   int port_ = 0;
+  double cpuPerGB_ = 1e9;
 };
 
 // ucx_perftest ucp_put_bw on 127.0.0.1, server + client; GB/s from the "Final:" line.
@@ -351,6 +379,12 @@ struct Link {
   uintptr_t remote = 0;
   std::unique_ptr<uint8_t[]> src;
   size_t bytes = 0;
+
+  double cpuNow() {
+    recv.send("CPU");
+    auto l = recv.line(10000);
+    return cpuSeconds() + (l && l->rfind("CPU ", 0) == 0 ? std::stod(l->substr(4)) : 0);
+  }
 
   // Throughput runs sleep between polls (a spinning owner would steal a core from the I/O
   // thread and the receiver on a small machine); latency runs spin.
@@ -405,6 +439,7 @@ struct Row {
   size_t segments = 0;
   double gbps = 0;
   double latencyUs = 0;
+  double cpuPerGB = 1e9;  // both processes, CPU seconds per GB moved
 };
 
 void segmentSweep(Link& link, const std::vector<size_t>& sizes, size_t total, int reps, std::vector<Row>& rows) {
@@ -418,10 +453,12 @@ void segmentSweep(Link& link, const std::vector<size_t>& sizes, size_t total, in
       remote.push_back(MemDesc{link.remote + i * seg, seg});
     }
     for (int k = 0; k < reps; ++k) {
+      const double cpu0 = link.cpuNow();
       auto t = Clock::now();
       auto id = link.t->post(local, remote, link.peer, std::nullopt);
       if (!id.ok() || !link.wait(*id).isOk()) break;
       r.gbps = std::max(r.gbps, gbps(r.segments * seg, secondsSince(t)));
+      r.cpuPerGB = std::min(r.cpuPerGB, (link.cpuNow() - cpu0) / (double(r.segments * seg) / 1e9));
     }
     // Latency: one segment, post -> confirmed at the target; the median of several.
     std::vector<double> lat;
@@ -515,8 +552,9 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
   const int rounds = quick ? 2 : 4;
   const size_t rawBytes = 512 * kMiB;
   for (int i = 0; i < rounds; ++i) raw = std::max(raw, rawTcp.measure(rawBytes));
-  std::printf("  raw loopback TCP, 1 stream (best of 64K/256K/4M I/O sizes): %5.2f GB/s (best of %d, more rounds interleave below)\n",
-              raw, rounds);
+  std::printf("  raw loopback TCP, 1 stream (best of 64K/256K/4M I/O sizes): %5.2f GB/s, %.3f CPU s/GB "
+              "(best of %d, more rounds interleave below)\n",
+              raw, rawTcp.cpuPerGB(), rounds);
   auto ucxCeil = ucxPerftestGBps(4 * kMiB, quick ? 100 : 400);
   if (ucxCeil) {
     std::printf("  ucx_perftest ucp_put_bw 4 MiB:           %7.2f GB/s\n", *ucxCeil);
@@ -554,21 +592,25 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
         for (size_t i = 0; i < rows.size() && i < these.size(); ++i) {
           rows[i].gbps = std::max(rows[i].gbps, these[i].gbps);
           rows[i].latencyUs = std::min(rows[i].latencyUs, these[i].latencyUs);
+          rows[i].cpuPerGB = std::min(rows[i].cpuPerGB, these[i].cpuPerGB);
         }
       }
     }
     const double ceil = name == "tcp" ? raw : name == "ucx" && ucxCeil ? *ucxCeil : mc;
     const char* ceilName = name == "tcp" ? "raw TCP" : name == "ucx" && ucxCeil ? "ucx_perftest" : "memcpy";
-    std::printf("  %-9s %9s %9s %9s %14s\n", "segment", "segments", "GB/s", "% ceiling", "latency p50");
+    std::printf("  %-9s %9s %9s %9s %14s %10s\n", "segment", "segments", "GB/s", "% ceiling", "latency p50",
+                "CPU s/GB");
     for (const auto& r : rows) {
       double c = ceil;
       if (name == "ucx" && ucxBySize.count(r.segSize)) c = ucxBySize[r.segSize];
-      std::printf("  %-9s %9zu %9.2f %8.0f%% %11.1f us", sizeName(r.segSize).c_str(), r.segments, r.gbps,
-                  c > 0 ? 100 * r.gbps / c : 0.0, r.latencyUs);
+      std::printf("  %-9s %9zu %9.2f %8.0f%% %11.1f us %10.3f", sizeName(r.segSize).c_str(), r.segments, r.gbps,
+                  c > 0 ? 100 * r.gbps / c : 0.0, r.latencyUs, r.cpuPerGB);
       if (name == "ucx" && ucxBySize.count(r.segSize)) std::printf("   (ucx_perftest %.2f GB/s)", c);
       std::printf("\n");
     }
-    std::printf("  (%% of %s = %.2f GB/s)\n", ceilName, ceil);
+    std::printf("  (%% of %s = %.2f GB/s", ceilName, ceil);
+    if (name == "tcp") std::printf("; raw TCP costs %.3f CPU s/GB in both processes together", rawTcp.cpuPerGB());
+    std::printf(")\n");
     LlamaResult lr = llamaCase(**link, quick ? 1 : 3);
     std::printf("  Llama-3-8B KV, 4,096-token prompt (%zu MiB, %zu segments of 64 KiB):\n", lr.bytes / kMiB,
                 lr.segments);

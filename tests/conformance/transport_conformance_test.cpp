@@ -397,7 +397,7 @@ TEST_CASE("conformance: a peer killed mid-transfer fails every pending transfer 
   CHECK(unavailable >= 1);
   CHECK(other == 0);
   CHECK(ok + unavailable == int(ids.size()));  // nothing left pending
-  CHECK(took < kPeerTimeoutMs / 1000.0 + 1.0);
+  CHECK(took < kPeerTimeoutMs / 1000.0 + 2.0);  // the deadline plus scheduling slack on a loaded CI box
   // Later posts to the dead peer fail instead of hanging.
   auto late = s.transport->post(local, remote, s.peer, std::nullopt);
   if (late.ok()) {
@@ -431,7 +431,7 @@ TEST_CASE("conformance: a hung peer (SIGSTOP) fails pending transfers within the
     CHECK(st.code() == StatusCode::kUnavailable);
   }
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - stoppedAt).count();
-  CHECK(took < kPeerTimeoutMs / 1000.0 + 1.0);
+  CHECK(took < kPeerTimeoutMs / 1000.0 + 2.0);  // the deadline plus scheduling slack on a loaded CI box
   peer.kill();
 }
 
