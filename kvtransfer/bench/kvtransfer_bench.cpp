@@ -210,6 +210,7 @@ int runReceiver(const std::string& name, size_t bytes) {
       }
     }
   }
+  t->reset();  // stop its I/O thread before the buffer it writes into goes away
   return 0;
 }
 
@@ -373,11 +374,11 @@ std::optional<double> ucxPerftestGBps(size_t size, int iters) {
 
 // ---- the transport runs -------------------------------------------------------------------------
 struct Link {
+  std::unique_ptr<uint8_t[]> src;  // outlives the transport's I/O thread
   std::unique_ptr<Transport> t;
   Child recv;
   PeerId peer = 0;
   uintptr_t remote = 0;
-  std::unique_ptr<uint8_t[]> src;
   size_t bytes = 0;
 
   double cpuNow() {
