@@ -84,6 +84,10 @@ class TransferAgent {
   bool progress();
   std::vector<Notification> takeNotifications();
 
+  // Transfers posted whose outcome poll() has not reported yet (shutdown drains this to 0,
+  // with a deadline; tests check nothing is left pending).
+  size_t inFlight() const { return entries_.size(); }
+
  private:
   struct Lane {
     size_t transport = 0;  // index into transports_

@@ -11,8 +11,9 @@
 //
 // Threads: one internal I/O thread runs Asio; the Transport methods are called from the
 // owner's thread only (transport.h), and progress()/poll() are where the I/O thread's
-// completions become visible. cancel() waits (briefly, bounded) until the I/O thread no
-// longer reads the transfer's local memory.
+// completions become visible. loadPeer() blocks while it connects (at most
+// options.connectTimeout); cancel() waits (briefly, bounded) until the I/O thread no longer
+// reads the transfer's local memory. Striped streams share the one I/O thread.
 //
 // Peer death: a connection error, or no progress on pending work for options.peerTimeout,
 // fails every pending transfer to that peer with kUnavailable; the peer stays dead (later

@@ -238,6 +238,8 @@ int runPeer(const std::string& name, size_t bufBytes, int peerTimeoutMs, int inF
       ch.writeLine("ERROR unknown command " + cmd);
     }
   }
+  // The transport's I/O thread may still be writing into the buffer: stop it first.
+  t.reset();
   return 0;
 }
 

@@ -78,6 +78,7 @@ TEST_CASE("agent: a failed fabric transfer on a live peer is retried once over t
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_failures_total", {{"transport", "loopback"}, {"code", "INTERNAL"}}) == 1);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_bytes_total", {{"transport", "tcp"}}) == 200 * 1000);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_bytes_total", {{"transport", "loopback"}}) == 0);
+  CHECK(a.agent->inFlight() == 0);
 }
 
 TEST_CASE("agent: with fallback disabled the fabric failure reaches the caller", "[kvt][agent]") {
@@ -147,6 +148,7 @@ TEST_CASE("agent: tcp connection killed mid-transfer fails every pending transfe
     }
   }
   CHECK(failed >= 1);
+  CHECK(a.agent->inFlight() == 0);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_failures_total", {{"transport", "tcp"}, {"code", "UNAVAILABLE"}}) ==
         failed);
 }

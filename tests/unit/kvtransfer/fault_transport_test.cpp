@@ -110,3 +110,33 @@ TEST_CASE("tcp transport: CUDA memory is refused with a reason", "[kvt][tcp]") {
 
 }  // namespace
 }  // namespace pd::kvt
+
+namespace pd::kvt {
+namespace {
+
+TEST_CASE("tcp transport: a transfer with no segments delivers just its notification", "[kvt][tcp]") {
+  auto sender = testing::make("tcp", "s");
+  auto receiver = testing::make("tcp", "r");
+  std::vector<uint8_t> dst(4096);
+  auto h = receiver->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(dst.data()), dst.size()});
+  REQUIRE(h.ok());
+  PeerInfo pi{"r", *receiver->localConnInfo(), {*receiver->packRemoteKey(*h)}};
+  auto peer = sender->loadPeer(pi);
+  REQUIRE(peer.ok());
+  auto id = sender->post({}, {}, *peer, std::string("only a notification"));
+  REQUIRE(id.ok());
+  Status st;
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  do {
+    sender->progress();
+    st = sender->poll(*id);
+  } while (st.inProgress() && std::chrono::steady_clock::now() < end);
+  REQUIRE(st.isOk());
+  auto notes = receiver->takeNotifications();
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].peerName == "s");
+  CHECK(notes[0].payload == "only a notification");
+}
+
+}  // namespace
+}  // namespace pd::kvt
