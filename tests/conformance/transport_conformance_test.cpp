@@ -429,7 +429,9 @@ TEST_CASE("conformance: a hung peer (SIGSTOP) fails pending transfers within the
   for (TransferId id : ids) {
     Status st = s.wait(id, std::chrono::milliseconds(kPeerTimeoutMs + 3000));
     INFO(st.toString());
-    CHECK(st.code() == StatusCode::kUnavailable);
+    // A hung peer is not known dead: tcp declares it unreachable after its progress
+    // timeout, ucx reports the missed transfer deadline. Either way the transfer fails in time.
+    CHECK((st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded));
   }
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - stoppedAt).count();
   CHECK(took < kPeerTimeoutMs / 1000.0 + 2.0);  // the deadline plus scheduling slack on a loaded CI box
