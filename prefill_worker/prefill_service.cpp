@@ -103,6 +103,7 @@ class PrefillServiceImpl final : public PrefillService {
     MemDesc targetRegion;
     engine::KvLayout targetLayout;  // ours, with the target pool's block count
     std::vector<kvt::AgentTransfer> inflight;
+    int pushedTokens = 0;  // prompt tokens whose KV was posted for every layer
     std::optional<engine::SampledToken> first;
     bool computed = false;
     Status failed;
@@ -223,7 +224,9 @@ class PrefillServiceImpl final : public PrefillService {
       Job& job = it->second;
       // The blocks this chunk wrote; the target's table was reserved for the whole prompt.
       auto table = step.kv->blockTable(e.seq);
-      const int firstBlock = e.start / layout.blockSize;
+      // From the first block not yet pushed: on the first chunk that is block 0, so a prefix
+      // this worker had cached (and did not recompute) travels too.
+      const int firstBlock = job.pushedTokens / layout.blockSize;
       const int endBlock = (e.start + e.count + layout.blockSize - 1) / layout.blockSize;
       kvt::KvSource source{step.kv->region().addr, layout,
                            std::vector<int>(table.begin() + firstBlock, table.begin() + endBlock)};
@@ -242,6 +245,7 @@ class PrefillServiceImpl final : public PrefillService {
       }
       job.inflight.push_back(t.value());
       job.bytes += totalBytes(pairs->local);
+      if (layer == layout.numLayers - 1) job.pushedTokens = e.start + e.count;
     }
     agent_->progress();
   }

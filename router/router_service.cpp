@@ -450,6 +450,7 @@ class RouterServiceImpl final : public RouterService {
         if (it != workers_.end() && it->second.conn == c) {
           it->second.report = env.load_report();
           it->second.lastReport = steadyNow();
+          exportWorkerLoad(it->second);
         }
         return;
       }
@@ -457,6 +458,21 @@ class RouterServiceImpl final : public RouterService {
       default:
         PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << c->remoteAddress();
     }
+  }
+
+  // The router's view of each worker, from its load reports: what routing decided on.
+  void exportWorkerLoad(const Worker& w) {
+    metrics::Labels labels{{"worker", w.id},
+                           {"pool", std::string(w.role == WorkerRole::kPrefill ? metrics::kPoolPrefill : metrics::kPoolDecode)}};
+    const auto& r = w.report;
+    registry_.gauge("pdserve_worker_kv_free_blocks", "Free KV blocks per worker (load reports).", labels)
+        .set(double(r.free_blocks()));
+    registry_.gauge("pdserve_worker_kv_total_blocks", "KV blocks per worker (load reports).", labels)
+        .set(double(r.total_blocks()));
+    registry_.gauge("pdserve_worker_running", "Running requests per worker (load reports).", labels)
+        .set(double(r.running()));
+    registry_.gauge("pdserve_worker_queued_prefill_tokens", "Queued prefill tokens per worker (load reports).", labels)
+        .set(double(r.queued_prefill_tokens()));
   }
 
   void onChunkLocked(const proto::TokenChunk& chunk) {

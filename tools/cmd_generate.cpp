@@ -10,6 +10,8 @@
 
 #include "common/engine/cpu_backend.h"
 #include "common/engine/model_weights.h"
+#include "common/engine/sampling.h"
+#include "common/tokenizer/tokenizer.h"
 #include "tools/commands.h"
 
 namespace pd::tools {
@@ -18,31 +20,15 @@ namespace {
 void usage() {
   std::fprintf(
       stderr,
-      "usage: pdserve generate --model DIR --prompt-ids 1,2,3 [--max-tokens N]\n"
+      "usage: pdserve generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
       "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed N]\n"
       "                        [--threads N] [--ignore-eos] [--logits-out FILE]\n"
-      "  --prompt-ids    comma-separated token ids (text prompts need the tokenizer,\n"
-      "                  which is not wired into this command yet: --prompt is not accepted)\n"
+      "  --prompt-ids    comma-separated token ids\n"
+      "  --prompt        text, encoded with the model's tokenizer (special tokens added)\n"
       "  --max-tokens    tokens to generate (default 16)\n"
-      "  --temperature   0 (default) = greedy; sampling arrives with common/engine/sampling.h\n"
+      "  --temperature   0 (default) = greedy; with --seed the same seed gives the same tokens\n"
       "  --logits-out    writes each step's raw f32 logits (steps x vocab, little endian)\n"
-      "Prints the generated ids, comma-separated, on stdout.\n");
-}
-
-struct SamplingArgs {
-  float temperature = 0.0f;
-  int topK = 0;
-  float topP = 1.0f;
-  float minP = 0.0f;
-  uint64_t seed = 0;
-  bool greedy() const { return temperature <= 0.0f; }
-};
-
-// The sampling seam: the one place the next token is chosen from a row of logits. Greedy
-// (argmax, lowest id on ties) until common/engine/sampling.h's sampler is plugged in here.
-int32_t pickNextToken(const float* logits, int vocab, const SamplingArgs& args) {
-  (void)args;
-  return int32_t(std::max_element(logits, logits + vocab) - logits);
+      "Prints the generated ids, comma-separated, on stdout (and with --prompt the text on stderr).\n");
 }
 
 bool parseIds(const std::string& s, std::vector<int32_t>* out) {
@@ -67,7 +53,9 @@ int runGenerate(int argc, char** argv) {
   std::vector<int32_t> prompt;
   int maxTokens = 16, threads = 0;
   bool ignoreEos = false;
-  SamplingArgs sampling;
+  engine::SamplingParams sampling;
+  sampling.temperature = 0.0f;
+  std::string promptText;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* {
@@ -89,10 +77,7 @@ int runGenerate(int argc, char** argv) {
         return 2;
       }
     } else if (a == "--prompt") {
-      std::fprintf(
-          stderr,
-          "generate: --prompt TEXT needs the tokenizer, not wired in yet; use --prompt-ids\n");
-      return 2;
+      promptText = value();
     } else if (a == "--max-tokens") {
       maxTokens = std::atoi(value());
     } else if (a == "--threads") {
@@ -117,8 +102,19 @@ int runGenerate(int argc, char** argv) {
       return 2;
     }
   }
+  std::shared_ptr<const tok::Tokenizer> tokenizer;
+  if (!modelDir.empty() && !promptText.empty()) {
+    auto t = tok::Tokenizer::loadDir(modelDir);
+    auto ids = t.ok() ? t.value()->encode(promptText) : Result<std::vector<int32_t>>(t.status());
+    if (!ids.ok()) {
+      std::fprintf(stderr, "generate: %s\n", ids.status().toString().c_str());
+      return 1;
+    }
+    tokenizer = t.value();
+    prompt = ids.value();
+  }
   if (modelDir.empty() || prompt.empty()) {
-    std::fprintf(stderr, "generate: --model and --prompt-ids are required\n");
+    std::fprintf(stderr, "generate: --model and --prompt-ids or --prompt are required\n");
     usage();
     return 2;
   }
@@ -126,10 +122,10 @@ int runGenerate(int argc, char** argv) {
     std::fprintf(stderr, "generate: --max-tokens must be >= 1 and --threads >= 0\n");
     return 2;
   }
-  if (!sampling.greedy()) {
-    std::fprintf(stderr,
-                 "generate: only greedy decoding (--temperature 0) is available until the "
-                 "sampler (common/engine/sampling.h) is plugged in\n");
+  sampling.maxTokens = maxTokens;
+  if (!sampling.seed) sampling.seed = engine::randomSeed();
+  if (Status s = sampling.validate(); !s.isOk()) {
+    std::fprintf(stderr, "generate: %s\n", s.message().c_str());
     return 2;
   }
 
@@ -179,7 +175,8 @@ int runGenerate(int argc, char** argv) {
     if (logitsFile)
       logitsFile.write(reinterpret_cast<const char*>(logits.data()),
                        std::streamsize(logits.size() * 4));
-    next = pickNextToken(logits.data(), cfg.vocabSize, sampling);
+    // Step-indexed sampling: the same (seed, step) draws what a worker draws.
+    next = engine::sample(logits.data(), cfg.vocabSize, sampling, uint64_t(step)).id;
     out.push_back(next);
     if (!ignoreEos &&
         std::find(cfg.eosTokenIds.begin(), cfg.eosTokenIds.end(), next) != cfg.eosTokenIds.end())
@@ -191,6 +188,7 @@ int runGenerate(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
   std::printf("\n");
+  if (tokenizer) std::fprintf(stderr, "text: %s\n", tokenizer->decode(out).c_str());
   std::fprintf(stderr,
                "generate: prompt %zu tokens in %.1f ms; %zu tokens generated, %.1f tok/s decode\n",
                prompt.size(), prefillS * 1e3, out.size(),

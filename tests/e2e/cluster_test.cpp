@@ -99,12 +99,13 @@ Completion complete(LocalCluster& c, const std::vector<int32_t>& p, int maxToken
   return out;
 }
 
-std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens) {
+std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens,
+                                 const std::string& sampling = "") {
   std::string ids;
   for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
   std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + modelDir() +
                     " --prompt-ids " + ids + " --max-tokens " + std::to_string(maxTokens) +
-                    " --ignore-eos --threads 2 2>/dev/null";
+                    " --ignore-eos --threads 2 " + sampling + " 2>/dev/null";
   FILE* f = ::popen(cmd.c_str(), "r");
   REQUIRE(f);
   std::string out;
@@ -200,8 +201,11 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
         CHECK(r.body["usage"]["prompt_tokens"] == lengths[i]);
         CHECK(r.body["usage"]["completion_tokens"] == kTokens);
       }
+      // Again: the prefill worker now has these prompts in its prefix cache, and the cached
+      // blocks must reach the decode worker too.
+      for (size_t i : {size_t(9), size_t(19)}) CHECK(complete(*c, prompt(lengths[i], i), kTokens).ids == expected[i]);
       if (route == "disaggregated") {
-        CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size());
+        CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size() + 2);
         // The KV really moved over the transport this section names.
         const std::string transport = name.substr(name.rfind(' ') + 1);
         auto metrics = httpGet(c->metricsPort("prefill-0"), "/metrics", 5s);
@@ -215,7 +219,7 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
   }
 }
 
-TEST_CASE("seeded sampling gives the same tokens colocated and disaggregated") {
+TEST_CASE("seeded sampling gives the same tokens in pdserve generate, colocated and disaggregated") {
   json sampling{{"temperature", 0.9}, {"top_p", 0.95}, {"top_k", 50}, {"seed", 11}};
   std::vector<std::vector<int32_t>> colocated, disaggregated;
   {
@@ -233,6 +237,8 @@ TEST_CASE("seeded sampling gives the same tokens colocated and disaggregated") {
   REQUIRE(colocated.size() == 3);
   CHECK(colocated[0].size() == 10);
   CHECK(colocated == disaggregated);
+  // And the same as the engine in one process with the same seed.
+  CHECK(colocated[1] == generateCli(prompt(300, 300), 10, "--temperature 0.9 --top-p 0.95 --top-k 50 --seed 11"));
 }
 
 TEST_CASE("a client that disconnects mid-stream frees its blocks on both workers") {
@@ -288,7 +294,10 @@ TEST_CASE("a decode worker killed mid-stream: an error event, then 503s") {
   int fd = openStream(*c, req, 2, &seen);
   REQUIRE(c->kill("decode-0").isOk());
   char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) seen.append(buf, size_t(n));
+  // The connection stays open (keep-alive): read until the stream's end.
+  for (ssize_t n; seen.find("data: [DONE]") == std::string::npos && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+    seen.append(buf, size_t(n));
+  }
   ::close(fd);
   CHECK(seen.find("\"error\"") != std::string::npos);
   CHECK(seen.find("disconnected") != std::string::npos);

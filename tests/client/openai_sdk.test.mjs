@@ -1,0 +1,189 @@
+// The official OpenAI Node SDK (npm `openai`, pinned in tests/npm) against a real local
+// cluster started with `pdserve up`: completions and chat, streaming and not, the usage
+// chunk, stop strings, n=2, logprobs, error classes, and aborting a stream mid-way (its KV
+// blocks come back on both workers, as the router's per-worker gauges show).
+//
+// usage: node --test tests/client/openai_sdk.test.mjs   (env PDSERVE_BIN_DIR, PDSERVE_WORK_DIR)
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdirSync, writeFileSync, existsSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+const require = createRequire(new URL('../npm/package.json', import.meta.url));
+const { default: OpenAI } = await import(require.resolve('openai'));
+
+const binDir = process.env.PDSERVE_BIN_DIR ?? 'build/bin';
+const work = process.env.PDSERVE_WORK_DIR ?? 'build/test_client';
+const key = 'sk-pdserve-test';
+let cluster, client, port;
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = createServer().listen(0, '127.0.0.1', () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+}
+
+async function metrics() {
+  const r = await fetch(`http://127.0.0.1:${port}/metrics`, { headers: { Authorization: `Bearer ${key}` } });
+  return r.text();
+}
+
+function gauge(text, name, worker) {
+  const m = text.match(new RegExp(`^${name}\\{[^}]*worker="${worker}"[^}]*\\} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : NaN;
+}
+
+before(async () => {
+  mkdirSync(work, { recursive: true });
+  const model = path.resolve(work, 'small');
+  if (!existsSync(path.join(model, 'config.json'))) {
+    const made = spawnSync(path.join(binDir, 'pdserve'), ['make-model', '--preset', 'small', '--out', model]);
+    assert.equal(made.status, 0, String(made.stderr));
+  }
+  port = await freePort();
+  const control = await freePort();
+  const config = path.join(work, 'cluster.yaml');
+  writeFileSync(config, [
+    `model: {path: ${model}, name: small}`,
+    `router: {control_port: ${control}, short_prompt_tokens: 64, api_keys: [${key}], load_report_interval_ms: 50}`,
+    'pools: {prefill: {replicas: 1}, decode: {replicas: 1}}',
+    'engine: {threads: 2, kv_cache_bytes: 67108864}',
+    'kv_transfer: {transports: [tcp]}',
+    'logging: {level: warn}', ''].join('\n'));
+  cluster = spawn(path.join(binDir, 'pdserve'), ['up', '--config', config, '--port', String(port)],
+                  { stdio: ['ignore', 'pipe', 'inherit'] });
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('pdserve up did not come up within 120 s')), 120000);
+    let out = '';
+    cluster.stdout.on('data', (d) => {
+      out += d;
+      if (out.includes('pdserve is up')) { clearTimeout(timer); resolve(); }
+    });
+    cluster.on('exit', (code) => { clearTimeout(timer); reject(new Error(`pdserve up exited with ${code}`)); });
+  });
+  client = new OpenAI({ apiKey: key, baseURL: `http://127.0.0.1:${port}/v1`, maxRetries: 0, timeout: 60000 });
+});
+
+after(async () => {
+  if (!cluster || cluster.exitCode !== null) return;
+  const exited = new Promise((resolve) => cluster.on('exit', resolve));
+  cluster.kill('SIGINT');
+  await exited;
+});
+
+const longPrompt = Array.from({ length: 300 }, (_, i) => 32 + (i * 7) % 90);  // token ids: disaggregated
+
+test('models lists the served model', async () => {
+  const models = await client.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), ['small']);
+});
+
+test('completions, not streamed', async () => {
+  const r = await client.completions.create({ model: 'small', prompt: 'Hello', max_tokens: 5, temperature: 0, ignore_eos: true });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 5);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 5);
+});
+
+test('completions, streamed with the usage chunk, equal to the non-streamed text', async () => {
+  const body = { model: 'small', prompt: longPrompt, max_tokens: 8, temperature: 0, ignore_eos: true };
+  const whole = await client.completions.create(body);
+  const stream = await client.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.choices.length) {
+      text += chunk.choices[0].text;
+      finish = chunk.choices[0].finish_reason ?? finish;
+    } else {
+      usage = chunk.usage;
+    }
+  }
+  assert.ok(chunks >= 3);
+  assert.equal(text, whole.choices[0].text);
+  assert.equal(finish, 'length');
+  assert.deepEqual(usage, { prompt_tokens: 300, completion_tokens: 8, total_tokens: 308 });
+});
+
+test('chat, streamed and not', async () => {
+  const body = { model: 'small', messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hi' }],
+                 max_completion_tokens: 6, temperature: 0, ignore_eos: true };
+  const r = await client.chat.completions.create(body);
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(r.usage.completion_tokens, 6);
+  const stream = await client.chat.completions.create({ ...body, stream: true });
+  const deltas = [];
+  for await (const chunk of stream) deltas.push(chunk.choices[0]?.delta ?? {});
+  assert.equal(deltas[0].role, 'assistant');
+  assert.equal(deltas.map((d) => d.content ?? '').join(''), r.choices[0].message.content);
+});
+
+test('a stop string ends the text before it and cancels the worker', async () => {
+  const body = { model: 'small', prompt: longPrompt, max_tokens: 24, temperature: 0, ignore_eos: true };
+  const full = (await client.completions.create(body)).choices[0].text;
+  const chars = [...full];
+  assert.ok(chars.length >= 8, `need some text to cut, got ${JSON.stringify(full)}`);
+  const stop = chars.slice(5, 7).join('');
+  const cut = await client.completions.create({ ...body, stop: [stop] });
+  assert.equal(cut.choices[0].text, full.slice(0, full.indexOf(stop)));
+  assert.equal(cut.choices[0].finish_reason, 'stop');
+  assert.ok(cut.usage.completion_tokens < 24);
+});
+
+test('n=2 returns two choices', async () => {
+  const r = await client.completions.create({ model: 'small', prompt: 'Hi', max_tokens: 4, n: 2, seed: 5, ignore_eos: true });
+  assert.deepEqual(r.choices.map((c) => c.index).sort(), [0, 1]);
+  assert.equal(r.usage.completion_tokens, 8);
+});
+
+test('logprobs of the chosen tokens and top alternatives', async () => {
+  const r = await client.completions.create({ model: 'small', prompt: 'Hi', max_tokens: 4, temperature: 0, logprobs: 2, ignore_eos: true });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 4);
+  assert.equal(lp.token_logprobs.length, 4);
+  for (let i = 0; i < 4; i++) {
+    assert.ok(lp.token_logprobs[i] <= 0);
+    const top = Object.values(lp.top_logprobs[i]);
+    assert.ok(top.length >= 1 && top.length <= 2);
+    // Greedy: the chosen token is the most likely one.
+    assert.ok(Math.abs(Math.max(...top) - lp.token_logprobs[i]) < 1e-4);
+  }
+});
+
+test('errors arrive as the SDK error classes', async () => {
+  await assert.rejects(client.completions.create({ model: 'small', prompt: 'x', temperature: 5 }),
+                       (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'temperature');
+  const stranger = new OpenAI({ apiKey: 'wrong', baseURL: `http://127.0.0.1:${port}/v1`, maxRetries: 0 });
+  await assert.rejects(stranger.completions.create({ model: 'small', prompt: 'x' }),
+                       (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+  await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }),
+                       (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
+  await assert.rejects(client.completions.create({ model: 'small', prompt: Array(5000).fill(65) }),
+                       (e) => e instanceof OpenAI.APIError && e.status === 413 && e.code === 'context_length_exceeded');
+});
+
+test('aborting a stream mid-way frees its blocks on both workers', async () => {
+  const stream = await client.completions.create({ model: 'small', prompt: longPrompt, max_tokens: 1500,
+                                                   ignore_eos: true, stream: true });
+  let n = 0;
+  for await (const chunk of stream) { if (++n === 3) break; }  // closes the connection
+  let text = '';
+  for (let i = 0; i < 100; i++) {
+    text = await metrics();
+    const free = ['decode-0', 'prefill-0'].map((w) => gauge(text, 'pdserve_worker_kv_free_blocks', w));
+    const total = ['decode-0', 'prefill-0'].map((w) => gauge(text, 'pdserve_worker_kv_total_blocks', w));
+    if (free[0] === total[0] && free[1] === total[1] && gauge(text, 'pdserve_worker_running', 'decode-0') === 0) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(gauge(text, 'pdserve_worker_kv_free_blocks', 'decode-0'), gauge(text, 'pdserve_worker_kv_total_blocks', 'decode-0'));
+  assert.equal(gauge(text, 'pdserve_worker_kv_free_blocks', 'prefill-0'), gauge(text, 'pdserve_worker_kv_total_blocks', 'prefill-0'));
+  assert.match(text, /pdserve_requests_finished_total\{finished_reason="abort"\} [1-9]/);
+});
