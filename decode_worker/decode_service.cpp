@@ -31,12 +31,6 @@ proto::FinishReason toProtoFinish(engine::FinishReason r) {
 }
 
 
-std::vector<std::string> transportNames(const config::ClusterConfig& c) {
-  std::vector<std::string> names;
-  for (auto t : c.kvTransfer.transports) names.emplace_back(config::toString(t));
-  return names;
-}
-
 class DecodeServiceImpl final : public DecodeService {
  public:
   DecodeServiceImpl(config::ClusterConfig config, worker::WorkerFlags flags,
@@ -54,22 +48,10 @@ class DecodeServiceImpl final : public DecodeService {
 
   Status start() override {
     PD_RETURN_IF_ERROR(status_.start(flags_.advertiseHost, flags_.metricsPort));
-    kvt::AgentOptions agentOpts;
-    agentOpts.name = flags_.workerId;
-    agentOpts.preference = transportNames(config_);
-    agentOpts.transport.listenHost = config_.kvTransfer.listenHost;
-    agentOpts.transport.listenPort = static_cast<uint16_t>(flags_.transferPort);
-    PD_ASSIGN_OR_RETURN(agent_, kvt::TransferAgent::create(agentOpts, *registry_.native()));
-    PD_RETURN_IF_ERROR(agent_->registerMemory(engine_.kv().region()).status());
+    PD_ASSIGN_OR_RETURN(agent_, worker::startTransferAgent(config_, flags_, engine_.kv(), registry_));
     PD_ASSIGN_OR_RETURN(agentMetadata_, agent_->localMetadata());
     metrics_.setCacheConfig(engine_.kv().layout().blockSize, engine_.kv().numTotalBlocks());
-
-    proto::Hello hello;
-    hello.set_role(proto::ROLE_DECODE);
-    hello.set_worker_id(flags_.workerId);
-    hello.set_model_fingerprint(bundle_.fingerprint);
-    hello.set_block_size(static_cast<uint32_t>(engine_.kv().layout().blockSize));
-    hello.set_total_blocks(static_cast<uint64_t>(engine_.kv().numTotalBlocks()));
+    proto::Hello hello = worker::workerHello(proto::ROLE_DECODE, flags_, bundle_);
     int routerPort = flags_.routerPort ? flags_.routerPort : config_.router.controlPort;
     router_ = std::make_unique<worker::RouterLink>(
         io_, inbox_, flags_.routerHost, routerPort, hello,
@@ -476,24 +458,8 @@ class DecodeServiceImpl final : public DecodeService {
 
   void sendLoadReport() {
     auto load = engine_.load();
-    metrics_.running.set(load.running);
-    metrics_.waiting.set(load.waiting + int(blocked_.size()));
-    metrics_.queuedPrefillTokens.set(double(load.queuedPrefillTokens));
-    metrics_.kvFreeBlocks.set(load.freeBlocks);
-    metrics_.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
-    if (!router_->isUp()) return;
-    proto::Envelope env;
-    auto* r = env.mutable_load_report();
-    r->set_role(proto::ROLE_DECODE);
-    r->set_worker_id(flags_.workerId);
-    r->set_queued_prefill_tokens(static_cast<uint64_t>(load.queuedPrefillTokens));
-    r->set_running(static_cast<uint32_t>(load.running + load.remote));
-    r->set_waiting(static_cast<uint32_t>(load.waiting + int(blocked_.size())));
-    r->set_free_blocks(static_cast<uint64_t>(load.freeBlocks));
-    r->set_total_blocks(static_cast<uint64_t>(load.totalBlocks));
-    r->set_sent_at_unix_us(static_cast<uint64_t>(
-        duration_cast<microseconds>(system_clock::now().time_since_epoch()).count()));
-    (void)router_->send(std::move(env));
+    load.waiting += static_cast<int>(blocked_.size());
+    worker::publishLoad(proto::ROLE_DECODE, flags_.workerId, load, 0, metrics_, *router_);
   }
 
   config::ClusterConfig config_;

@@ -35,19 +35,11 @@ class PrefillServiceImpl final : public PrefillService {
 
   Status start() override {
     PD_RETURN_IF_ERROR(status_.start(flags_.advertiseHost, flags_.metricsPort));
-    kvt::AgentOptions agentOpts;
-    agentOpts.name = flags_.workerId;
-    for (auto t : config_.kvTransfer.transports) agentOpts.preference.emplace_back(config::toString(t));
-    agentOpts.transport.listenHost = config_.kvTransfer.listenHost;
-    agentOpts.transport.listenPort = static_cast<uint16_t>(flags_.transferPort);
-    PD_ASSIGN_OR_RETURN(agent_, kvt::TransferAgent::create(agentOpts, *registry_.native()));
-    PD_RETURN_IF_ERROR(agent_->registerMemory(engine_.kv().region()).status());
+    PD_ASSIGN_OR_RETURN(agent_, worker::startTransferAgent(config_, flags_, engine_.kv(), registry_));
     metrics_.setCacheConfig(engine_.kv().layout().blockSize, engine_.kv().numTotalBlocks());
 
     net::ConnectionOptions opts;
-    opts.hello.set_role(proto::ROLE_PREFILL);
-    opts.hello.set_worker_id(flags_.workerId);
-    opts.hello.set_model_fingerprint(bundle_.fingerprint);
+    opts.hello = worker::workerHello(proto::ROLE_PREFILL, flags_, bundle_);
     net::ConnectionCallbacks cb;
     cb.onOpen = [this](const net::ConnectionPtr& c) {
       if (c->peerHello().model_fingerprint() != bundle_.fingerprint) {
@@ -66,8 +58,6 @@ class PrefillServiceImpl final : public PrefillService {
                                                            flags_.port, opts, cb));
     proto::Hello hello = opts.hello;
     hello.set_address(flags_.advertiseHost + ":" + std::to_string(server_->port()));
-    hello.set_block_size(static_cast<uint32_t>(engine_.kv().layout().blockSize));
-    hello.set_total_blocks(static_cast<uint64_t>(engine_.kv().numTotalBlocks()));
     int routerPort = flags_.routerPort ? flags_.routerPort : config_.router.controlPort;
     router_ = std::make_unique<worker::RouterLink>(
         io_, inbox_, flags_.routerHost, routerPort, hello,
@@ -324,27 +314,9 @@ class PrefillServiceImpl final : public PrefillService {
   }
 
   void sendLoadReport() {
-    auto load = engine_.load();
-    metrics_.running.set(load.running);
-    metrics_.waiting.set(load.waiting);
-    metrics_.queuedPrefillTokens.set(double(load.queuedPrefillTokens));
-    metrics_.kvFreeBlocks.set(load.freeBlocks);
-    metrics_.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
     uint32_t inflight = 0;
     for (const auto& [id, job] : jobs_) inflight += uint32_t(job.inflight.size());
-    metrics_.transfersInFlight.set(inflight);
-    if (!router_->isUp()) return;
-    proto::Envelope env;
-    auto* r = env.mutable_load_report();
-    r->set_role(proto::ROLE_PREFILL);
-    r->set_worker_id(flags_.workerId);
-    r->set_queued_prefill_tokens(static_cast<uint64_t>(load.queuedPrefillTokens));
-    r->set_running(static_cast<uint32_t>(load.running));
-    r->set_waiting(static_cast<uint32_t>(load.waiting));
-    r->set_free_blocks(static_cast<uint64_t>(load.freeBlocks));
-    r->set_total_blocks(static_cast<uint64_t>(load.totalBlocks));
-    r->set_inflight_transfers(inflight);
-    (void)router_->send(std::move(env));
+    worker::publishLoad(proto::ROLE_PREFILL, flags_.workerId, engine_.load(), inflight, metrics_, *router_);
   }
 
   config::ClusterConfig config_;

@@ -98,13 +98,7 @@ void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
       .set(replicas);
 }
 
-std::vector<double> defaultTransferBucketsS() {
-  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-          0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
-}
-
-WorkerMetrics::WorkerMetrics(Registry& registry, const std::vector<double>& transferBucketsS)
-    : r_(registry), transferBuckets_(transferBucketsS) {
+WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   running = r_.gauge("pdserve_num_requests_running", "Requests in the running batch.");
   waiting = r_.gauge("pdserve_num_requests_waiting", "Requests waiting to be scheduled.");
   kvCacheUsage = r_.gauge("pdserve_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).");
@@ -128,29 +122,6 @@ void WorkerMetrics::setCacheConfig(int blockSize, int64_t numBlocks) {
            {{"block_size", std::to_string(blockSize)}, {"num_blocks", std::to_string(numBlocks)}})
       .set(1);
   kvNumBlocks.set(static_cast<double>(numBlocks));
-}
-
-void WorkerMetrics::transferDone(std::string_view transport, uint64_t bytes, double seconds) {
-  r_.counter("pdserve_kv_transfer_bytes_total", "KV bytes transferred, by transport.",
-             {{"transport", s(transport)}})
-      .inc(static_cast<double>(bytes));
-  r_.histogram("pdserve_kv_transfer_seconds",
-               "Duration of one request's KV transfer, first post to last completion.",
-               transferBuckets_, {{"transport", s(transport)}})
-      .observe(seconds);
-}
-
-void WorkerMetrics::transferFailed(std::string_view transport, std::string_view reason) {
-  r_.counter("pdserve_kv_transfer_failures_total", "Failed KV transfers, by transport and reason.",
-             {{"transport", s(transport)}, {"reason", s(reason)}})
-      .inc();
-}
-
-void WorkerMetrics::transportFallback(std::string_view from, std::string_view to) {
-  r_.counter("pdserve_kv_transfer_fallbacks_total",
-             "KV transfers retried on another transport after a failure.",
-             {{"from", s(from)}, {"to", s(to)}})
-      .inc();
 }
 
 void WorkerMetrics::remotePrefill(std::string_view outcome) {

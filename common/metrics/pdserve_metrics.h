@@ -20,10 +20,11 @@
 //   pdserve_prompt_tokens_total, pdserve_generation_tokens_total,
 //   pdserve_num_preemptions_total, pdserve_prefix_cache_queries_total /
 //   pdserve_prefix_cache_hits_total (tokens),
-//   pdserve_kv_transfer_bytes_total{transport}, pdserve_kv_transfer_seconds{transport}
-//   (histogram), pdserve_kv_transfer_failures_total{transport,reason},
-//   pdserve_kv_transfer_fallbacks_total{from,to}, pdserve_kv_transfers_in_flight,
-//   pdserve_remote_prefill_total{outcome} (ok | recomputed | failed)
+//   pdserve_kv_transfers_in_flight, pdserve_remote_prefill_total{outcome} (ok | recomputed |
+//   failed). The transfer layer's own metrics (pdserve_kv_transfer_bytes_total,
+//   pdserve_kv_transfers_total, pdserve_kv_transfer_latency_seconds, *_failures_total,
+//   *_fallbacks_total) are registered by kvt::TransferAgent (kvtransfer/metrics.h) in the same
+//   registry.
 // The gauges mirror vLLM's num_requests_running/waiting and kv_cache_usage_perc so that an
 // Inference-Gateway endpoint picker or a KEDA trigger can use them unchanged.
 //
@@ -80,18 +81,11 @@ class RouterMetrics {
   Counter generationTokens_;
 };
 
-// Default bounds of pdserve_kv_transfer_seconds: 100 us .. 10 s.
-std::vector<double> defaultTransferBucketsS();
-
 class WorkerMetrics {
  public:
-  explicit WorkerMetrics(Registry& registry,
-                         const std::vector<double>& transferBucketsS = defaultTransferBucketsS());
+  explicit WorkerMetrics(Registry& registry);
 
   void setCacheConfig(int blockSize, int64_t numBlocks);
-  void transferDone(std::string_view transport, uint64_t bytes, double seconds);
-  void transferFailed(std::string_view transport, std::string_view reason);
-  void transportFallback(std::string_view from, std::string_view to);
   void remotePrefill(std::string_view outcome);
 
   Gauge running;
@@ -109,7 +103,6 @@ class WorkerMetrics {
 
  private:
   Registry& r_;
-  std::vector<double> transferBuckets_;
 };
 
 }  // namespace pd::metrics

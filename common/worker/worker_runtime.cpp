@@ -128,6 +128,56 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   return b;
 }
 
+Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::ClusterConfig& config,
+                                                               const WorkerFlags& flags,
+                                                               const engine::KvCacheManager& kv,
+                                                               metrics::Registry& registry) {
+  kvt::AgentOptions opts;
+  opts.name = flags.workerId;
+  opts.preference.clear();
+  for (auto t : config.kvTransfer.transports) opts.preference.emplace_back(config::toString(t));
+  opts.transport.listenHost = config.kvTransfer.listenHost;
+  opts.transport.listenPort = static_cast<uint16_t>(flags.transferPort);
+  PD_ASSIGN_OR_RETURN(auto agent, kvt::TransferAgent::create(opts, *registry.native()));
+  PD_RETURN_IF_ERROR(agent->registerMemory(kv.region()).status());
+  return agent;
+}
+
+proto::Hello workerHello(proto::Role role, const WorkerFlags& flags, const EngineBundle& bundle) {
+  proto::Hello hello;
+  hello.set_role(role);
+  hello.set_worker_id(flags.workerId);
+  hello.set_model_fingerprint(bundle.fingerprint);
+  hello.set_block_size(static_cast<uint32_t>(bundle.engine->kv().layout().blockSize));
+  hello.set_total_blocks(static_cast<uint64_t>(bundle.engine->kv().numTotalBlocks()));
+  return hello;
+}
+
+void publishLoad(proto::Role role, const std::string& workerId, const engine::EngineLoad& load,
+                 uint32_t inflightTransfers, metrics::WorkerMetrics& metrics, RouterLink& router) {
+  metrics.running.set(load.running);
+  metrics.waiting.set(load.waiting);
+  metrics.queuedPrefillTokens.set(double(load.queuedPrefillTokens));
+  metrics.kvFreeBlocks.set(load.freeBlocks);
+  metrics.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
+  metrics.transfersInFlight.set(inflightTransfers);
+  if (!router.isUp()) return;
+  proto::Envelope env;
+  auto* r = env.mutable_load_report();
+  r->set_role(role);
+  r->set_worker_id(workerId);
+  r->set_queued_prefill_tokens(static_cast<uint64_t>(load.queuedPrefillTokens));
+  r->set_running(static_cast<uint32_t>(load.running + load.remote));
+  r->set_waiting(static_cast<uint32_t>(load.waiting));
+  r->set_free_blocks(static_cast<uint64_t>(load.freeBlocks));
+  r->set_total_blocks(static_cast<uint64_t>(load.totalBlocks));
+  r->set_inflight_transfers(inflightTransfers);
+  r->set_sent_at_unix_us(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                   std::chrono::system_clock::now().time_since_epoch())
+                                                   .count()));
+  (void)router.send(std::move(env));
+}
+
 // ---- Conversions -----------------------------------------------------------------------------
 
 engine::SamplingParams fromProto(const proto::SamplingParams& p) {

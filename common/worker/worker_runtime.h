@@ -23,9 +23,11 @@
 #include "common/engine/engine.h"
 #include "common/engine/model_weights.h"
 #include "common/metrics/metrics.h"
+#include "common/metrics/pdserve_metrics.h"
 #include "common/net/framed.h"
 #include "common/net/http_server.h"
 #include "common/proto/pdserve.pb.h"
+#include "kvtransfer/agent.h"
 
 namespace pd::worker {
 
@@ -73,6 +75,16 @@ struct EngineBundle {
 // EngineOptions. Errors name the model path, the backend or the KV size.
 Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish);
 
+// The transfer agent a worker runs: the config's transports in preference order, listening
+// on --transfer-port, with the engine's KV region registered in all of them.
+Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::ClusterConfig& config,
+                                                               const WorkerFlags& flags,
+                                                               const engine::KvCacheManager& kv,
+                                                               metrics::Registry& registry);
+
+// What a worker says in its first frame to the router and to peers.
+proto::Hello workerHello(proto::Role role, const WorkerFlags& flags, const EngineBundle& bundle);
+
 // proto <-> engine conversions.
 engine::SamplingParams fromProto(const proto::SamplingParams& p);
 proto::SamplingParams toProto(const engine::SamplingParams& p);
@@ -112,6 +124,11 @@ class RouterLink {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
+
+// Sets the worker's load gauges and, when the router link is up, sends a LoadReport.
+// `load.waiting` should include requests the worker holds outside the engine.
+void publishLoad(proto::Role role, const std::string& workerId, const engine::EngineLoad& load,
+                 uint32_t inflightTransfers, metrics::WorkerMetrics& metrics, RouterLink& router);
 
 // /health (200 when healthy() says so, else 503) and /metrics (the registry) on one port.
 class StatusEndpoint {

@@ -134,10 +134,6 @@ TEST_CASE("worker metrics carry role and worker labels") {
   w.promptTokens.inc(512);
   w.prefixCacheQueries.inc(512);
   w.prefixCacheHits.inc(128);
-  w.transferDone("ucx", 1 << 20, 0.003);
-  w.transferDone("ucx", 1 << 20, 0.02);
-  w.transferFailed("ucx", "peer_unreachable");
-  w.transportFallback("ucx", "tcp");
   w.remotePrefill("recomputed");
   std::string text = reg.serialize();
   INFO(text);
@@ -150,15 +146,6 @@ TEST_CASE("worker metrics carry role and worker labels") {
   CHECK(hasLine(text,
                 "pdserve_cache_config_info{" + l + ",block_size=\"16\",num_blocks=\"1024\"} 1"));
   CHECK(hasLine(text, "pdserve_prefix_cache_hits_total{" + l + "} 128"));
-  CHECK(hasLine(text, "pdserve_kv_transfer_bytes_total{" + l + ",transport=\"ucx\"} 2097152"));
-  CHECK(hasLine(text,
-                "pdserve_kv_transfer_seconds_bucket{" + l + ",transport=\"ucx\",le=\"0.005\"} 1"));
-  CHECK(hasLine(text,
-                "pdserve_kv_transfer_seconds_bucket{" + l + ",transport=\"ucx\",le=\"0.025\"} 2"));
-  CHECK(hasLine(text, "pdserve_kv_transfer_seconds_count{" + l + ",transport=\"ucx\"} 2"));
-  CHECK(hasLine(text, "pdserve_kv_transfer_failures_total{" + l +
-                          ",reason=\"peer_unreachable\",transport=\"ucx\"} 1"));
-  CHECK(hasLine(text, "pdserve_kv_transfer_fallbacks_total{" + l + ",from=\"ucx\",to=\"tcp\"} 1"));
   CHECK(hasLine(text, "pdserve_remote_prefill_total{" + l + ",outcome=\"recomputed\"} 1"));
 }
 
