@@ -29,17 +29,19 @@ TEST_CASE("every task of every run executes exactly once") {
   }
 }
 
-TEST_CASE("a slow task delays only its own run, and the caller drains the rest") {
+TEST_CASE("a slow task delays only its own run, and the others drain the rest") {
   CpuThreadPool pool(3);
-  std::atomic<int> ranByCaller{0};
+  // Which thread takes which task is up to the scheduler (on 2 cores the pool's threads may
+  // take them all before the caller starts): check that every task ran once, not who ran it.
+  std::vector<std::atomic<int>> ran(64);
   const auto t0 = std::chrono::steady_clock::now();
-  pool.run(64, [&](int task, int thread) {
+  pool.run(64, [&](int task, int) {
     if (task == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (thread == 0) ranByCaller.fetch_add(1);
+    ran[task].fetch_add(1);
   });
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(ms >= 20.0);
   CHECK(ms < 2000.0);
-  CHECK(ranByCaller.load() >= 1);
+  for (auto& r : ran) CHECK(r.load() == 1);
 }
