@@ -575,7 +575,9 @@ class RouterServiceImpl final : public RouterService {
   void emitLocked(Stream& s, Choice& c, const std::string& delta, std::vector<TokenLogprob> lps,
                   std::vector<int32_t> ids, const std::optional<std::string>& finish) {
     if (s.req.stream) {
-      if (delta.empty() && !finish && lps.empty() && (ids.empty() || !s.req.returnTokenIds)) return;
+      // One event per step that produced tokens, even when their text is held back (an
+      // unfinished UTF-8 sequence, a possible stop string): clients time tokens by events.
+      if (delta.empty() && !finish && ids.empty()) return;
       ChoiceDelta d;
       d.index = c.index;
       d.text = delta;

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# pdserve bench against a real local cluster (`pdserve up`) for a few seconds: every request
+# sent is accounted for, TTFT <= e2e, ITL gaps = output tokens - 1 (`pdserve bench check`),
+# and the JSON, CSV and HTML reports are written. Short and long prompts, so both routes run.
+# return_token_ids lets the client count the tokens of events whose text is held back (a
+# byte-level model often ends a step inside a UTF-8 sequence).
+# usage: bench_e2e.sh BIN_DIR WORK_DIR
+set -euo pipefail
+bin=$1 work=$2
+rm -rf "$work" && mkdir -p "$work"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port=$(free_port) control=$(free_port)
+"$bin/pdserve" make-model --preset small --out "$work/small" >/dev/null
+cat > "$work/cluster.yaml" <<YAML
+model: {path: $work/small, name: small}
+router: {control_port: $control, short_prompt_tokens: 64}
+pools: {prefill: {replicas: 1}, decode: {replicas: 1}}
+engine: {threads: 2, kv_cache_bytes: 67108864}
+kv_transfer: {transports: [tcp]}
+logging: {level: warn}
+YAML
+"$bin/pdserve" up --config "$work/cluster.yaml" --port "$port" > "$work/up.log" 2>&1 &
+up=$!
+trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null || true' EXIT
+for _ in $(seq 120); do
+  grep -q "pdserve is up" "$work/up.log" && break
+  kill -0 $up 2>/dev/null || { cat "$work/up.log"; exit 1; }
+  sleep 1
+done
+grep -q "pdserve is up" "$work/up.log" || { echo "cluster did not start"; cat "$work/up.log"; exit 1; }
+
+"$bin/pdserve" bench --url "http://127.0.0.1:$port" --prompt-len uniform:16:200 \
+  --output-len uniform:4:24 --num-requests 24 --rate 8 --concurrency 6 --vocab-size 256 \
+  --slo ttft_ms=2000,itl_ms=500 --extra-body '{"return_token_ids": true}' --no-progress \
+  --out "$work/e2e"
+"$bin/pdserve" bench check "$work/e2e.json"
+python3 - "$work/e2e.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["completed"] == 24 and r["failed"] == 0, (r["completed"], r["failed"])
+assert all(t > 0 for t in r["ttfts"]), "every request has a TTFT"
+print("bench e2e: 24 requests, mean TTFT %.1f ms, mean ITL %.1f ms" % (r["mean_ttft_ms"], r["mean_itl_ms"]))
+PY
+grep -q "<svg" "$work/e2e.html"
+test "$(wc -l < "$work/e2e.csv")" -eq 25
+# Both routes were taken: the router counted each decision.
+curl -s "http://127.0.0.1:$port/metrics" | grep -q 'pdserve_route_decisions_total{reason="long_prompt",route="disaggregated"}'
+curl -s "http://127.0.0.1:$port/metrics" | grep -q 'pdserve_route_decisions_total{reason="short_prompt",route="colocated"}'
+echo "bench e2e: ok"
