@@ -380,6 +380,7 @@ class DecodeServiceImpl final : public DecodeService {
         case EngineEvent::Kind::kFinished:
           chunk->set_finish_reason(toProtoFinish(e.reason));
           fillSummary(e.requestId, t, chunk);
+          chunk->mutable_timings()->set_queue_ms(1e3 * e.timings.queueSeconds);
           break;
         case EngineEvent::Kind::kFailed:
           chunk->set_finish_reason(proto::FINISH_ERROR);

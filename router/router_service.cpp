@@ -521,6 +521,7 @@ class RouterServiceImpl final : public RouterService {
     }
     emitLocked(*s, *c, delta, std::move(lps), std::move(ids), finish);
     if (finish) {
+      if (chunk.has_timings()) metrics_.observeQueueTime(routeLabel, chunk.timings().queue_ms() / 1e3);
       c->done = true;
       byWorkerRequest_.erase(c->workerRequestId);
       if (chunk.has_usage() && !stopped) c->completionTokens = int(chunk.usage().completion_tokens());

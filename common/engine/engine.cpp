@@ -99,11 +99,13 @@ void Engine::eraseRequest(uint64_t id, bool freeKv) {
 }
 
 void Engine::finishRequest(uint64_t id, FinishReason reason, std::vector<EngineEvent>* events) {
-  (void)requests_.at(id).finish(reason);
+  Request& r = requests_.at(id);
+  (void)r.finish(reason);
   EngineEvent e;
   e.kind = EngineEvent::Kind::kFinished;
   e.requestId = id;
   e.reason = reason;
+  e.timings = r.timings();
   events->push_back(std::move(e));
   eraseRequest(id, options_.releaseKvOnFinish);
 }
@@ -115,6 +117,7 @@ void Engine::failRequest(uint64_t id, Status error, std::vector<EngineEvent>* ev
   EngineEvent e;
   e.kind = EngineEvent::Kind::kFailed;
   e.requestId = id;
+  e.timings = it->second.timings();
   e.error = std::move(error);
   events->push_back(std::move(e));
   eraseRequest(id, /*freeKv=*/true);

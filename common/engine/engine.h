@@ -46,6 +46,7 @@ struct EngineEvent {
   SampledToken token;                           // kToken
   FinishReason reason = FinishReason::kNone;    // kFinished
   Status error;                                 // kFailed
+  RequestTimings timings;                       // kFinished, kFailed: the request's latencies
 };
 
 struct EngineOptions {
