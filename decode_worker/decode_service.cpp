@@ -30,7 +30,6 @@ proto::FinishReason toProtoFinish(engine::FinishReason r) {
   return proto::FINISH_NONE;
 }
 
-
 class DecodeServiceImpl final : public DecodeService {
  public:
   DecodeServiceImpl(config::ClusterConfig config, worker::WorkerFlags flags,
@@ -379,13 +378,13 @@ class DecodeServiceImpl final : public DecodeService {
           break;
         case EngineEvent::Kind::kFinished:
           chunk->set_finish_reason(toProtoFinish(e.reason));
-          fillSummary(e.requestId, t, chunk);
+          fillSummary(t, chunk);
           chunk->mutable_timings()->set_queue_ms(1e3 * e.timings.queueSeconds);
           break;
         case EngineEvent::Kind::kFailed:
           chunk->set_finish_reason(proto::FINISH_ERROR);
           *chunk->mutable_error() = net::toProtoError(e.error);
-          fillSummary(e.requestId, t, chunk);
+          fillSummary(t, chunk);
           break;
       }
     }
@@ -397,7 +396,7 @@ class DecodeServiceImpl final : public DecodeService {
     }
   }
 
-  void fillSummary(uint64_t id, const Tracked& t, proto::TokenChunk* chunk) {
+  void fillSummary(const Tracked& t, proto::TokenChunk* chunk) {
     auto* usage = chunk->mutable_usage();
     usage->set_prompt_tokens(static_cast<uint32_t>(t.gen.prompt_token_ids_size()));
     usage->set_completion_tokens(static_cast<uint32_t>(t.completionTokens));
@@ -406,7 +405,6 @@ class DecodeServiceImpl final : public DecodeService {
     timings->set_prefill_worker_id(t.remote ? t.gen.prefill_worker_id() : flags_.workerId);
     timings->set_route(t.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
     if (t.firstToken) timings->set_first_token_ms(1e3 * secondsBetween(t.received, *t.firstToken));
-    (void)id;
   }
 
   void sendError(uint64_t id, const Status& error) {
