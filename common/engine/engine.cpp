@@ -163,6 +163,7 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   PD_RETURN_IF_ERROR(applyPlanToKv(plan, *kv_));
 
   for (const auto& rej : plan.rejected) failRequest(rej.seq, rej.reason, events);
+  preemptions_ += int64_t(plan.preempted.size());
   for (uint64_t id : plan.preempted) {
     Request& r = requests_.at(id);
     (void)r.transition(RequestState::kQueued);
@@ -171,6 +172,8 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   }
   for (const auto& adm : plan.admitted) {
     Request& r = requests_.at(adm.seq);
+    prefixQueryTokens_ += r.numPromptTokens();
+    prefixHitTokens_ += adm.cachedTokens;
     (void)r.transition(RequestState::kPrefilling);
     r.setNumCachedPromptTokens(adm.cachedTokens);
     (void)r.setNumComputed(adm.cachedTokens);
@@ -232,6 +235,9 @@ EngineLoad Engine::load() const {
   }
   l.freeBlocks = kv_->numFreeBlocks();
   l.totalBlocks = kv_->numTotalBlocks();
+  l.preemptions = preemptions_;
+  l.prefixQueryTokens = prefixQueryTokens_;
+  l.prefixHitTokens = prefixHitTokens_;
   return l;
 }
 

@@ -61,6 +61,10 @@ struct EngineLoad {
   int64_t queuedPrefillTokens = 0;  // prompt tokens not yet computed
   int freeBlocks = 0;
   int totalBlocks = 0;
+  // Since the engine started:
+  int64_t preemptions = 0;
+  int64_t prefixQueryTokens = 0;  // prompt tokens of admitted requests
+  int64_t prefixHitTokens = 0;    // of those, found in the prefix cache
 };
 
 // The plan entries of the step being computed, with their block tables; valid only inside
@@ -131,6 +135,9 @@ class Engine {
   std::unordered_set<uint64_t> remote_;
   std::unordered_set<uint64_t> heldKv_;  // finished, KV kept until release()
   std::vector<float> logits_;
+  int64_t preemptions_ = 0;
+  int64_t prefixQueryTokens_ = 0;
+  int64_t prefixHitTokens_ = 0;
 };
 
 }  // namespace pd::engine

@@ -124,6 +124,16 @@ void WorkerMetrics::setCacheConfig(int blockSize, int64_t numBlocks) {
   kvNumBlocks.set(static_cast<double>(numBlocks));
 }
 
+void WorkerMetrics::syncEngineCounters(int64_t totalPreemptions, int64_t totalQueryTokens,
+                                       int64_t totalHitTokens) {
+  preemptions.inc(double(totalPreemptions - seenPreemptions_));
+  prefixCacheQueries.inc(double(totalQueryTokens - seenQueries_));
+  prefixCacheHits.inc(double(totalHitTokens - seenHits_));
+  seenPreemptions_ = totalPreemptions;
+  seenQueries_ = totalQueryTokens;
+  seenHits_ = totalHitTokens;
+}
+
 void WorkerMetrics::remotePrefill(std::string_view outcome) {
   r_.counter("pdserve_remote_prefill_total",
              "Remote prefills by outcome (ok, recomputed locally, failed).",

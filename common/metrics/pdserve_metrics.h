@@ -87,6 +87,9 @@ class WorkerMetrics {
 
   void setCacheConfig(int blockSize, int64_t numBlocks);
   void remotePrefill(std::string_view outcome);
+  // Brings the preemption and prefix-cache counters up to cumulative totals kept elsewhere
+  // (the engine's); counts only the growth since the last call.
+  void syncEngineCounters(int64_t totalPreemptions, int64_t totalQueryTokens, int64_t totalHitTokens);
 
   Gauge running;
   Gauge waiting;
@@ -103,6 +106,7 @@ class WorkerMetrics {
 
  private:
   Registry& r_;
+  int64_t seenPreemptions_ = 0, seenQueries_ = 0, seenHits_ = 0;
 };
 
 }  // namespace pd::metrics

@@ -161,6 +161,7 @@ void publishLoad(proto::Role role, const std::string& workerId, const engine::En
   metrics.kvFreeBlocks.set(load.freeBlocks);
   metrics.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
   metrics.transfersInFlight.set(inflightTransfers);
+  metrics.syncEngineCounters(load.preemptions, load.prefixQueryTokens, load.prefixHitTokens);
   if (!router.isUp()) return;
   proto::Envelope env;
   auto* r = env.mutable_load_report();

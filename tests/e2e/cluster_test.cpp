@@ -204,6 +204,12 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
       // Again: the prefill worker now has these prompts in its prefix cache, and the cached
       // blocks must reach the decode worker too.
       for (size_t i : {size_t(9), size_t(19)}) CHECK(complete(*c, prompt(lengths[i], i), kTokens).ids == expected[i]);
+      // The repeats were served from a prefix cache (the prefill worker's when disaggregated).
+      const std::string prefixWorker = route == "disaggregated" ? "prefill-0" : "decode-0";
+      for (int i = 0; i < 50 && workerMetric(*c, prefixWorker, "pdserve_prefix_cache_hits_total") <= 0; ++i) {
+        std::this_thread::sleep_for(100ms);
+      }
+      CHECK(workerMetric(*c, prefixWorker, "pdserve_prefix_cache_hits_total") >= 16);
       if (route == "disaggregated") {
         CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size() + 2);
         // The KV really moved over the transport this section names.

@@ -132,8 +132,8 @@ TEST_CASE("worker metrics carry role and worker labels") {
   w.setCacheConfig(16, 1024);
   w.kvFreeBlocks.set(768);
   w.promptTokens.inc(512);
-  w.prefixCacheQueries.inc(512);
-  w.prefixCacheHits.inc(128);
+  w.syncEngineCounters(1, 300, 100);
+  w.syncEngineCounters(2, 512, 128);  // cumulative totals: only the growth is counted
   w.remotePrefill("recomputed");
   std::string text = reg.serialize();
   INFO(text);
@@ -146,6 +146,8 @@ TEST_CASE("worker metrics carry role and worker labels") {
   CHECK(hasLine(text,
                 "pdserve_cache_config_info{" + l + ",block_size=\"16\",num_blocks=\"1024\"} 1"));
   CHECK(hasLine(text, "pdserve_prefix_cache_hits_total{" + l + "} 128"));
+  CHECK(hasLine(text, "pdserve_prefix_cache_queries_total{" + l + "} 512"));
+  CHECK(hasLine(text, "pdserve_num_preemptions_total{" + l + "} 2"));
   CHECK(hasLine(text, "pdserve_remote_prefill_total{" + l + ",outcome=\"recomputed\"} 1"));
 }
 
