@@ -30,18 +30,11 @@ proto::FinishReason toProtoFinish(engine::FinishReason r) {
   return proto::FINISH_NONE;
 }
 
-class DecodeServiceImpl final : public DecodeService {
+class DecodeServiceImpl final : public DecodeService, private worker::WorkerParts {
  public:
   DecodeServiceImpl(config::ClusterConfig config, worker::WorkerFlags flags,
                     worker::EngineBundle bundle)
-      : config_(std::move(config)),
-        flags_(std::move(flags)),
-        bundle_(std::move(bundle)),
-        engine_(*bundle_.engine),
-        io_(2, "decode-io"),
-        registry_(metrics::Labels{{"role", "decode"}, {"worker", flags_.workerId}}),
-        metrics_(registry_),
-        status_(io_, registry_, [this] { return ready_.load(); }) {}
+      : WorkerParts(std::move(config), std::move(flags), std::move(bundle), "decode") {}
 
   ~DecodeServiceImpl() override { stop(); }
 
@@ -461,21 +454,10 @@ class DecodeServiceImpl final : public DecodeService {
     worker::publishLoad(proto::ROLE_DECODE, flags_.workerId, load, 0, metrics_, *router_);
   }
 
-  config::ClusterConfig config_;
-  worker::WorkerFlags flags_;
-  worker::EngineBundle bundle_;
-  engine::Engine& engine_;
-  net::IoPool io_;
-  metrics::Registry registry_;
-  metrics::WorkerMetrics metrics_;
-  worker::StatusEndpoint status_;
-  worker::LoopInbox inbox_;
-  std::unique_ptr<kvt::TransferAgent> agent_;
   std::string agentMetadata_;
   std::unique_ptr<worker::RouterLink> router_;
   std::thread loop_;
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> ready_{false};
 
   std::unordered_map<uint64_t, Tracked> tracked_;
   std::deque<Blocked> blocked_;

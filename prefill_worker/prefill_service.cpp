@@ -18,18 +18,11 @@ using namespace std::chrono;
 
 constexpr const char* kTag = "prefill";
 
-class PrefillServiceImpl final : public PrefillService {
+class PrefillServiceImpl final : public PrefillService, private worker::WorkerParts {
  public:
   PrefillServiceImpl(config::ClusterConfig config, worker::WorkerFlags flags,
                      worker::EngineBundle bundle)
-      : config_(std::move(config)),
-        flags_(std::move(flags)),
-        bundle_(std::move(bundle)),
-        engine_(*bundle_.engine),
-        io_(2, "prefill-io"),
-        registry_(metrics::Labels{{"role", "prefill"}, {"worker", flags_.workerId}}),
-        metrics_(registry_),
-        status_(io_, registry_, [this] { return ready_.load(); }) {}
+      : WorkerParts(std::move(config), std::move(flags), std::move(bundle), "prefill") {}
 
   ~PrefillServiceImpl() override { stop(); }
 
@@ -319,21 +312,10 @@ class PrefillServiceImpl final : public PrefillService {
     worker::publishLoad(proto::ROLE_PREFILL, flags_.workerId, engine_.load(), inflight, metrics_, *router_);
   }
 
-  config::ClusterConfig config_;
-  worker::WorkerFlags flags_;
-  worker::EngineBundle bundle_;
-  engine::Engine& engine_;
-  net::IoPool io_;
-  metrics::Registry registry_;
-  metrics::WorkerMetrics metrics_;
-  worker::StatusEndpoint status_;
-  worker::LoopInbox inbox_;
-  std::unique_ptr<kvt::TransferAgent> agent_;
   std::unique_ptr<net::FramedServer> server_;
   std::unique_ptr<worker::RouterLink> router_;
   std::thread loop_;
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> ready_{false};
   std::unordered_map<uint64_t, Job> jobs_;
 };
 

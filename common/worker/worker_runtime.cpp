@@ -329,6 +329,19 @@ Status StatusEndpoint::start(const std::string& host, int port) {
 
 int StatusEndpoint::port() const { return server_ ? server_->port() : 0; }
 
+// ---- WorkerParts ----------------------------------------------------------------------------
+
+WorkerParts::WorkerParts(config::ClusterConfig config, WorkerFlags flags, EngineBundle bundle,
+                         const std::string& role)
+    : config_(std::move(config)),
+      flags_(std::move(flags)),
+      bundle_(std::move(bundle)),
+      engine_(*bundle_.engine),
+      io_(2, role + "-io"),
+      registry_(metrics::Labels{{"role", role}, {"worker", flags_.workerId}}),
+      metrics_(registry_),
+      status_(io_, registry_, [this] { return ready_.load(); }) {}
+
 // ---- main ------------------------------------------------------------------------------------
 
 int runWorkerMain(int argc, char** argv, const char* program, const char* usage,

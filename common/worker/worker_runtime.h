@@ -145,6 +145,29 @@ class StatusEndpoint {
   std::unique_ptr<net::HttpServer> server_;
 };
 
+// What every worker holds: its config, flags and engine, an I/O pool, a metrics registry
+// with the {role, worker} labels, the /health + /metrics endpoint (healthy once registered
+// with the router), the loop inbox and the transfer agent. Prefill and decode services
+// derive from it and add their request tables. Members are for the derived loop thread,
+// except where their own headers say otherwise.
+class WorkerParts {
+ protected:
+  WorkerParts(config::ClusterConfig config, WorkerFlags flags, EngineBundle bundle,
+              const std::string& role);
+
+  config::ClusterConfig config_;
+  WorkerFlags flags_;
+  EngineBundle bundle_;
+  engine::Engine& engine_;
+  net::IoPool io_;
+  metrics::Registry registry_;
+  metrics::WorkerMetrics metrics_;
+  std::atomic<bool> ready_{false};
+  StatusEndpoint status_;
+  LoopInbox inbox_;
+  std::unique_ptr<kvt::TransferAgent> agent_;
+};
+
 // What a worker process runs.
 class Service {
  public:
