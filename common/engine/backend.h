@@ -59,6 +59,19 @@ class Backend {
                          const LayerKvReadyFn& onLayerKvReady = {}) = 0;
 };
 
+// What a valid batch adds up to.
+struct BatchShape {
+  int totalTokens = 0;
+  int numLogits = 0;     // chunks with wantLogits
+  int tableEntries = 0;  // block-table entries the chunks use
+};
+
+// Checks a batch against the model and the KV layout before anything is computed: token ids
+// in the vocabulary, block tables covering every position with ids inside the pool, no
+// context beyond a sliding window (not implemented). Errors name the chunk and the value.
+Result<BatchShape> validateBatch(std::span<const SeqChunk> batch, const ModelConfig& config,
+                                 const KvLayout& layout);
+
 // The KV layout that holds `numBlocks` blocks of `blockSize` tokens per layer for `config`.
 inline KvLayout kvLayoutFor(const ModelConfig& config, int numBlocks, int blockSize = 16,
                             KvDtype dtype = KvDtype::kF32) {

@@ -58,7 +58,6 @@ class CpuBackend final : public Backend {
                  const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
-  Status validate(std::span<const SeqChunk> batch, int* totalTokens, int* numLogits) const;
   // y[n][out] = x[n][in] * W^T (+ beta * y)
   void linear(const float* x, int n, int in, const float* w, int out, float* y, float beta);
   // Splits [0, n) rows over the pool when the work is worth waking threads for.
@@ -130,48 +129,6 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
   });
 }
 
-Status CpuBackend::validate(std::span<const SeqChunk> batch, int* totalTokens,
-                            int* numLogits) const {
-  int64_t total = 0;
-  int nl = 0;
-  for (size_t c = 0; c < batch.size(); ++c) {
-    const SeqChunk& s = batch[c];
-    const std::string where = "forward: chunk " + std::to_string(c) + ": ";
-    if (s.numTokens <= 0 || !s.tokens)
-      return invalidArgument(where + "numTokens " + std::to_string(s.numTokens) +
-                             " (must be >= 1 with tokens)");
-    if (s.startPos < 0)
-      return invalidArgument(where + "startPos " + std::to_string(s.startPos) + " < 0");
-    const int64_t end = int64_t(s.startPos) + s.numTokens;
-    if (cfg_.slidingWindow > 0 && end > cfg_.slidingWindow)
-      return outOfRange(
-          where + "context " + std::to_string(end) + " exceeds the model's sliding_window " +
-          std::to_string(cfg_.slidingWindow) + " (sliding-window attention is not implemented)");
-    if (int64_t(s.numBlocks) * layout_.blockSize < end || !s.blockTable)
-      return invalidArgument(where + "block table of " + std::to_string(s.numBlocks) +
-                             " blocks x " + std::to_string(layout_.blockSize) +
-                             " tokens does not cover position " + std::to_string(end - 1));
-    const int needBlocks = int((end + layout_.blockSize - 1) / layout_.blockSize);
-    for (int b = 0; b < needBlocks; ++b)
-      if (s.blockTable[b] < 0 || s.blockTable[b] >= layout_.numBlocks)
-        return outOfRange(where + "block id " + std::to_string(s.blockTable[b]) +
-                          " at table index " + std::to_string(b) + " is outside the pool [0, " +
-                          std::to_string(layout_.numBlocks) + ")");
-    for (int t = 0; t < s.numTokens; ++t)
-      if (s.tokens[t] < 0 || s.tokens[t] >= cfg_.vocabSize)
-        return outOfRange(where + "token id " + std::to_string(s.tokens[t]) + " at index " +
-                          std::to_string(t) + " is outside the vocabulary [0, " +
-                          std::to_string(cfg_.vocabSize) + ")");
-    total += s.numTokens;
-    if (s.wantLogits) ++nl;
-  }
-  if (total > (int64_t(1) << 24))
-    return invalidArgument("forward: batch of " + std::to_string(total) + " tokens is too large");
-  *totalTokens = int(total);
-  *numLogits = nl;
-  return Status::ok();
-}
-
 void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
   const int hd = cfg_.headDim, nh = cfg_.numHeads, nkv = cfg_.numKvHeads, group = nh / nkv;
   const int qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
@@ -237,8 +194,8 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
 
 Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
                            const LayerKvReadyFn& onLayerKvReady) {
-  int T = 0, numLogits = 0;
-  PD_RETURN_IF_ERROR(validate(batch, &T, &numLogits));
+  PD_ASSIGN_OR_RETURN(const BatchShape shape, validateBatch(batch, cfg_, layout_));
+  const int T = shape.totalTokens, numLogits = shape.numLogits;
   if (T == 0) return Status::ok();
   if (numLogits > 0 && !logits)
     return invalidArgument("forward: logits is null but chunks want logits");

@@ -123,8 +123,6 @@ class CudaBackendImpl final : public CudaBackend {
   Status allocScratch(int capT, int capS, int capW, int capTab);
   void freeScratch();
   void dropGraphs();
-  Status validate(std::span<const SeqChunk> batch, int* totalTokens, int* numLogits,
-                  int* tableEntries) const;
   // y[n][out] (f32) = x[n][in] (weight dtype) * W^T + beta * y
   Status gemm(const void* x, int n, int in, const void* w, int out, float* y, float beta);
   Status enqueueStep(int T, int W, int L, bool recordEvents);
@@ -345,50 +343,6 @@ Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
   return Status::ok();
 }
 
-Status CudaBackendImpl::validate(std::span<const SeqChunk> batch, int* totalTokens, int* numLogits,
-                                 int* tableEntries) const {
-  int64_t total = 0, tables = 0;
-  int nl = 0;
-  for (size_t c = 0; c < batch.size(); ++c) {
-    const SeqChunk& s = batch[c];
-    const std::string where = "forward: chunk " + std::to_string(c) + ": ";
-    if (s.numTokens <= 0 || !s.tokens)
-      return invalidArgument(where + "numTokens " + std::to_string(s.numTokens) +
-                             " (must be >= 1 with tokens)");
-    if (s.startPos < 0)
-      return invalidArgument(where + "startPos " + std::to_string(s.startPos) + " < 0");
-    const int64_t end = int64_t(s.startPos) + s.numTokens;
-    if (cfg_.slidingWindow > 0 && end > cfg_.slidingWindow)
-      return outOfRange(
-          where + "context " + std::to_string(end) + " exceeds the model's sliding_window " +
-          std::to_string(cfg_.slidingWindow) + " (sliding-window attention is not implemented)");
-    if (int64_t(s.numBlocks) * layout_.blockSize < end || !s.blockTable)
-      return invalidArgument(where + "block table of " + std::to_string(s.numBlocks) +
-                             " blocks x " + std::to_string(layout_.blockSize) +
-                             " tokens does not cover position " + std::to_string(end - 1));
-    const int need = int((end + layout_.blockSize - 1) / layout_.blockSize);
-    for (int b = 0; b < need; ++b)
-      if (s.blockTable[b] < 0 || s.blockTable[b] >= layout_.numBlocks)
-        return outOfRange(where + "block id " + std::to_string(s.blockTable[b]) +
-                          " at table index " + std::to_string(b) + " is outside the pool [0, " +
-                          std::to_string(layout_.numBlocks) + ")");
-    for (int t = 0; t < s.numTokens; ++t)
-      if (s.tokens[t] < 0 || s.tokens[t] >= cfg_.vocabSize)
-        return outOfRange(where + "token id " + std::to_string(s.tokens[t]) + " at index " +
-                          std::to_string(t) + " is outside the vocabulary [0, " +
-                          std::to_string(cfg_.vocabSize) + ")");
-    total += s.numTokens;
-    tables += need;
-    if (s.wantLogits) ++nl;
-  }
-  if (total > (int64_t(1) << 24))
-    return invalidArgument("forward: batch of " + std::to_string(total) + " tokens is too large");
-  *totalTokens = int(total);
-  *numLogits = nl;
-  *tableEntries = int(tables);
-  return Status::ok();
-}
-
 Status CudaBackendImpl::gemm(const void* x, int n, int in, const void* w, int out, float* y,
                              float beta) {
   // Row-major y[n][out] = x[n][in] * W[out][in]^T is column-major y^T = W^T(op T) * x^T.
@@ -445,8 +399,8 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
 
 Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
                                 const LayerKvReadyFn& onLayerKvReady) {
-  int T = 0, L = 0, tab = 0;
-  PD_RETURN_IF_ERROR(validate(batch, &T, &L, &tab));
+  PD_ASSIGN_OR_RETURN(const BatchShape shape, validateBatch(batch, cfg_, layout_));
+  const int T = shape.totalTokens, L = shape.numLogits, tab = shape.tableEntries;
   if (T == 0) return Status::ok();
   if (L > 0 && !logits) return invalidArgument("forward: logits is null but chunks want logits");
   PD_CUDA_TRY(cudaSetDevice(opt_.device));

@@ -199,3 +199,20 @@ TEST_CASE("engine: cancel and refused reservations leave no block behind") {
   CHECK(engine->kv().numFreeBlocks() == 8);
   CHECK(engine->kv().checkInvariants().isOk());
 }
+
+TEST_CASE("backend: a batch that wants logits but gives nowhere to put them is refused") {
+  auto model = tinyModel();
+  TestKv kv(model->config, 8);
+  auto backend = makeBackend(model, kv);
+  std::vector<int32_t> tokens{256, 1, 2};
+  std::vector<int32_t> table{0};
+  SeqChunk chunk{tokens.data(), 3, 0, table.data(), 1, /*wantLogits=*/true};
+  Status s = backend->forward({&chunk, 1}, nullptr);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message() == "forward: logits is null but chunks want logits");
+  auto shape = validateBatch({&chunk, 1}, model->config, kv.layout);
+  REQUIRE(shape.ok());
+  CHECK(shape->totalTokens == 3);
+  CHECK(shape->numLogits == 1);
+  CHECK(shape->tableEntries == 1);
+}
