@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/base/log.h"
+#include "common/base/signals.h"
 #include "router/router_service.h"
 
 namespace {
@@ -24,11 +25,7 @@ int usageError(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = pd::blockTerminationSignals();
 
   std::string configPath = "deploy/configs/local.yaml", host, modelPath;
   int port = -1, controlPort = -1;

@@ -23,6 +23,15 @@ ApiError badRequest(std::string message, std::optional<std::string> param) {
   return e;
 }
 
+ApiError modelNotFound(const std::string& model) {
+  ApiError e;
+  e.status = 404;
+  e.message = "The model `" + model + "` does not exist.";
+  e.param = "model";
+  e.code = "model_not_found";
+  return e;
+}
+
 namespace {
 
 // Field readers: each returns an error naming the field, or nullopt on success. A JSON null

@@ -28,6 +28,8 @@ struct ApiError {
 };
 
 ApiError badRequest(std::string message, std::optional<std::string> param = std::nullopt);
+// 404 for a model this server does not serve, as OpenAI and vLLM word it.
+ApiError modelNotFound(const std::string& model);
 
 enum class Endpoint { kCompletions, kChat };
 

@@ -274,13 +274,8 @@ class RouterServiceImpl final : public RouterService {
     }
     GenerationRequest req = std::move(std::get<GenerationRequest>(parsed));
     if (!req.model.empty() && req.model != modelName_) {
-      ApiError e;
-      e.status = 404;
-      e.message = "The model `" + req.model + "` does not exist.";
-      e.param = "model";
-      e.code = "model_not_found";
       metrics_.requestError("model_not_found");
-      return sendError(r, e);
+      return sendError(r, modelNotFound(req.model));
     }
     std::string promptText;
     auto ids = promptIds(req, &promptText);
@@ -680,11 +675,7 @@ class RouterServiceImpl final : public RouterService {
     json body = json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object()) return sendError(r, badRequest("request body must be a JSON object"));
     if (body.contains("model") && body["model"].is_string() && body["model"] != modelName_) {
-      ApiError e;
-      e.status = 404;
-      e.message = "The model `" + body["model"].get<std::string>() + "` does not exist.";
-      e.code = "model_not_found";
-      return sendError(r, e);
+      return sendError(r, modelNotFound(body["model"].get<std::string>()));
     }
     std::vector<int32_t> ids;
     if (body.contains("messages")) {

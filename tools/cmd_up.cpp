@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/base/log.h"
+#include "common/base/signals.h"
 #include "tools/commands.h"
 #include "tools/local_cluster.h"
 
@@ -32,11 +33,7 @@ std::string selfDir() {
 }  // namespace
 
 int runUp(int argc, char** argv) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = blockTerminationSignals();
 
   LocalClusterOptions o;
   o.binDir = selfDir();

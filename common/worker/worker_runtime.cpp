@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "common/base/log.h"
+#include "common/base/signals.h"
 #include "common/engine/cpu_backend.h"
 #include "common/engine/kv_cache_manager.h"
 
@@ -346,13 +347,7 @@ WorkerParts::WorkerParts(config::ClusterConfig config, WorkerFlags flags, Engine
 
 int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
                   const ServiceFactory& create) {
-  // Block the signals before any thread starts so every thread inherits the mask and only
-  // sigwait() below sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = blockTerminationSignals();
 
   auto flags = parseWorkerFlags(argc - 1, argv + 1, usage);
   if (!flags.ok()) {
