@@ -10,6 +10,8 @@
 //   4. post(local, remote, peer, notification) -> TransferId; progress(); poll(id)
 //
 // Semantics every transport keeps (the conformance suite checks them):
+// - Registered memory stays valid until deregisterMemory() or the transport's destruction:
+//   the destructor winds connections down and may still read it.
 // - post() never blocks. local[i] is copied to remote[i]; lengths must match pairwise; every
 //   local desc must lie inside a registration of this transport, every remote desc inside a
 //   key loaded for that peer, or post() returns kInvalidArgument naming the segment.

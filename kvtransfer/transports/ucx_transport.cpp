@@ -223,7 +223,11 @@ class UcxTransport final : public Transport {
                                size_t len, const ucp_am_recv_param_t* param);
 
   Status connect(Peer* peer);
-  void closeEndpoint(Peer* peer, const Status& why, std::unique_ptr<Peer> keepAlive = nullptr);
+  // kForce discards what UCX has not sent yet: only for endpoints UCX reported failed. Every
+  // other endpoint gets kFlush (see the header: force-closing a live tcp connection crashed).
+  enum class Close { kFlush, kForce };
+  static Close closeModeFor(const Peer& p) { return p.failure.isOk() ? Close::kFlush : Close::kForce; }
+  void closeEndpoint(Peer* peer, const Status& why, Close how, std::unique_ptr<Peer> keepAlive = nullptr);
   void fail(Transfer* t, Status s);
   bool issue(Transfer* t, size_t* budget);
   void startNotify(Transfer* t, Peer* peer);
@@ -314,7 +318,8 @@ UcxTransport::~UcxTransport() {
     if (context_) ucp_cleanup(context_);
     return;
   }
-  for (auto& [id, peer] : peers_) closeEndpoint(peer.get(), unavailable("ucx: transport destroyed"));
+  for (auto& [id, peer] : peers_)
+    closeEndpoint(peer.get(), unavailable("ucx: transport destroyed"), closeModeFor(*peer));
   // Bounded: force-closed endpoints complete their requests promptly; never hang on exit.
   Deadline d = Deadline::in(std::chrono::seconds(2));
   while (!d.expired()) {
@@ -475,7 +480,7 @@ Status UcxTransport::connect(Peer* peer) {
     s = ucp_ep_rkey_unpack(peer->ep, k.packed.rkey.data(), &k.rkey);
     if (s != UCS_OK) {
       k.rkey = nullptr;
-      closeEndpoint(peer, unavailable("key unpack failed"));
+      closeEndpoint(peer, unavailable("key unpack failed"), Close::kFlush);
       return invalidArgument("ucx: remote key " + std::to_string(i) + " of peer '" + peer->name +
                              "' does not unpack: " + ucsText(s));
     }
@@ -512,7 +517,7 @@ Status UcxTransport::connect(Peer* peer) {
   return Status::ok();
 }
 
-void UcxTransport::closeEndpoint(Peer* peer, const Status& why, std::unique_ptr<Peer> keepAlive) {
+void UcxTransport::closeEndpoint(Peer* peer, const Status& why, Close how, std::unique_ptr<Peer> keepAlive) {
   for (auto& [id, t] : transfers_)
     if (t->peer == peer->id && !terminal(t->phase)) fail(t.get(), why);
   Closing c;
@@ -523,8 +528,10 @@ void UcxTransport::closeEndpoint(Peer* peer, const Status& why, std::unique_ptr<
     }
   if (peer->ep) {
     ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    if (how == Close::kForce) {
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    }
     ucs_status_ptr_t r = ucp_ep_close_nbx(peer->ep, &p);
     if (UCS_PTR_IS_PTR(r)) c.request = r;
     peer->ep = nullptr;
@@ -543,7 +550,7 @@ Status UcxTransport::unloadPeer(PeerId id) {
   std::unique_ptr<Peer> peer = std::move(it->second);
   peers_.erase(it);
   Peer* p = peer.get();
-  closeEndpoint(p, unavailable("ucx: peer '" + p->name + "' was unloaded"), std::move(peer));
+  closeEndpoint(p, unavailable("ucx: peer '" + p->name + "' was unloaded"), closeModeFor(*p), std::move(peer));
   return Status::ok();
 }
 
@@ -762,7 +769,7 @@ bool UcxTransport::progress() {
     if (peer->errorPending) {
       peer->errorPending = false;
       PD_LOG(kWarn, "kvt.ucx") << peer->failure.message();
-      closeEndpoint(peer.get(), peer->failure);
+      closeEndpoint(peer.get(), peer->failure, Close::kForce);
       any = true;
     }
 
@@ -782,7 +789,7 @@ bool UcxTransport::progress() {
           " not confirmed within " + std::to_string(opt_.transferTimeout.count()) + " ms");
       PD_LOG(kWarn, "kvt.ucx") << why.message() << "; closing the endpoint";
       fail(t, why);
-      if (Peer* p = findPeer(t->peer)) closeEndpoint(p, why);
+      if (Peer* p = findPeer(t->peer)) closeEndpoint(p, why, Close::kFlush);
       any = true;
     }
   }

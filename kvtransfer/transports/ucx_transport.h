@@ -11,6 +11,10 @@
 // fails its transfers (kUnavailable) instead of hanging; a transfer not finished within
 // UcxOptions::transferTimeout fails with kDeadlineExceeded and its endpoint is closed (it is
 // re-created from the peer's address on the next post, so a slow-but-alive peer recovers).
+// Only an endpoint whose peer UCX reported failed is force-closed; a stalled or healthy one
+// is closed with a flush, so puts UCX already queued may still land if a stalled peer wakes
+// up. (UCX 1.13's tcp transport crashed in a later ucp_worker_progress after force-closing
+// a connection whose peer was alive but stopped.)
 // cancel() stops issuing puts; puts already handed to UCX (at most one slice) may still land,
 // no notification is ever sent for it.
 //

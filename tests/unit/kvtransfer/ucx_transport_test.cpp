@@ -208,8 +208,8 @@ struct Target {
 };
 
 struct Initiator {
+  std::vector<uint8_t> src;  // registered with t: declared first so that it outlives t
   std::unique_ptr<Transport> t;
-  std::vector<uint8_t> src;
   PeerId peer = 0;
 
   Initiator(Target& target, UcxOptions o = {}) : src(kTargetBytes) {
