@@ -205,7 +205,10 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
     for (auto b : blocks) layer->add_block_ids(static_cast<uint32_t>(b));
     target->set_block_size(static_cast<uint32_t>(engine_.kv().layout().blockSize));
     target->set_layout_fingerprint(bundle_.fingerprint);
-    target->set_region_base(engine_.kv().region().addr);
+    const MemDesc region = engine_.kv().region();
+    target->set_region_base(region.addr);
+    target->set_region_kind(static_cast<uint32_t>(region.kind));
+    target->set_region_device(static_cast<uint32_t>(region.device));
     target->set_num_blocks(static_cast<uint32_t>(engine_.kv().numTotalBlocks()));
     t.awaitingPrefill = true;
     t.remoteDeadline = Deadline::in(milliseconds(config_.kvTransfer.timeoutMs));

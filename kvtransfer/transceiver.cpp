@@ -73,12 +73,8 @@ Result<Segments> KvTransceiver::buildSegments(const KvSource& src, const KvTarge
       size_t j = i + 1;
       while (j < n && src.blockIds[j] == src.blockIds[j - 1] + 1 && dst.blockIds[j] == dst.blockIds[j - 1] + 1) ++j;
       const size_t len = (j - i) * bb;
-      MemDesc l;
-      l.addr = src.base + sl.blockOffset(layer, src.blockIds[i]);
-      l.len = len;
-      MemDesc r;
-      r.addr = dst.base + dl.blockOffset(layer, dst.blockIds[i]);
-      r.len = len;
+      const MemDesc l{src.base + sl.blockOffset(layer, src.blockIds[i]), len, src.device, src.kind};
+      const MemDesc r{dst.base + dl.blockOffset(layer, dst.blockIds[i]), len, dst.device, dst.kind};
       out.local.push_back(l);
       out.remote.push_back(r);
       i = j;

@@ -34,6 +34,8 @@ struct KvSource {
   uintptr_t base = 0;
   engine::KvLayout layout;
   std::vector<int> blockIds;
+  MemKind kind = MemKind::kHost;  // of the region at base (kCuda: the CUDA backend's cache)
+  int device = 0;
 };
 
 // The remote side, as the decode worker described it: its peer (loaded into the agent), the
@@ -43,6 +45,8 @@ struct KvTarget {
   uintptr_t base = 0;
   engine::KvLayout layout;
   std::vector<int> blockIds;
+  MemKind kind = MemKind::kHost;
+  int device = 0;
 };
 
 enum class KvEventKind { kSent, kSendFailed, kReceived, kReceiveFailed };

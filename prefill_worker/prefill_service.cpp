@@ -179,6 +179,9 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
     for (auto b : job.targetBlocks) {
       if (b >= target.num_blocks()) return reject(c, id, invalidArgument("kv_target: block " + std::to_string(b) + " is outside the target's " + std::to_string(target.num_blocks()) + " blocks"));
     }
+    if (target.region_kind() > static_cast<uint32_t>(MemKind::kCuda))
+      return reject(c, id, invalidArgument("kv_target.region_kind " + std::to_string(target.region_kind()) +
+                                           " is not a memory kind (0 host, 1 pinned, 2 cuda)"));
     auto peer = agent_->loadPeer(target.transfer_conn_info());
     if (!peer.ok()) return reject(c, id, peer.status());
     engine::SamplingParams params = worker::fromProto(pr.sampling());
@@ -192,7 +195,8 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
     job.decode = c;
     job.peer = peer.value();
     job.targetLayout = targetLayout;
-    job.targetRegion = MemDesc{static_cast<uintptr_t>(target.region_base()), targetLayout.totalBytes(), 0, MemKind::kHost};
+    job.targetRegion = MemDesc{static_cast<uintptr_t>(target.region_base()), targetLayout.totalBytes(),
+                               static_cast<int>(target.region_device()), static_cast<MemKind>(target.region_kind())};
     job.received = steadyNow();
     job.deadline = Deadline::in(milliseconds(pr.deadline_ms() ? int64_t(pr.deadline_ms()) : config_.kvTransfer.timeoutMs));
     jobs_.emplace(id, std::move(job));
@@ -211,11 +215,14 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
       // this worker had cached (and did not recompute) travels too.
       const int firstBlock = job.pushedTokens / layout.blockSize;
       const int endBlock = (e.start + e.count + layout.blockSize - 1) / layout.blockSize;
-      kvt::KvSource source{step.kv->region().addr, layout,
-                           std::vector<int>(table.begin() + firstBlock, table.begin() + endBlock)};
+      const MemDesc region = step.kv->region();
+      kvt::KvSource source{region.addr, layout,
+                           std::vector<int>(table.begin() + firstBlock, table.begin() + endBlock),
+                           region.kind, region.device};
       kvt::KvTarget target{job.peer, job.targetRegion.addr, job.targetLayout,
                            std::vector<int>(job.targetBlocks.begin() + firstBlock,
-                                            job.targetBlocks.begin() + endBlock)};
+                                            job.targetBlocks.begin() + endBlock),
+                           job.targetRegion.kind, job.targetRegion.device};
       auto pairs = kvt::KvTransceiver::buildSegments(source, target, layer, layer + 1);
       if (!pairs.ok()) {
         job.failed = pairs.status();

@@ -31,8 +31,7 @@ uint64_t hashBlockTokens(uint64_t parentHash, std::span<const TokenId> tokens) {
 
 // ---- Construction -------------------------------------------------------------------------
 
-Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& layout,
-                                                               Backing backing) {
+Status KvCacheManager::validateLayout(const KvLayout& layout) {
   if (layout.numLayers <= 0 || layout.numBlocks <= 0 || layout.blockSize <= 0 ||
       layout.numKvHeads <= 0 || layout.headDim <= 0) {
     return invalidArgument("kv cache: layout " + layout.fingerprint() + " with " +
@@ -52,6 +51,12 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& l
                                                         blockBytes / size_t(layout.numLayers)) {
     return invalidArgument("kv cache: layout " + layout.fingerprint() + " overflows size_t");
   }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& layout,
+                                                               Backing backing) {
+  PD_RETURN_IF_ERROR(validateLayout(layout));
   void* base = nullptr;
   size_t mapped = 0;
   if (backing == Backing::kAllocate) {
@@ -65,6 +70,21 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& l
     }
   }
   return std::unique_ptr<KvCacheManager>(new KvCacheManager(layout, base, mapped));
+}
+
+Result<std::unique_ptr<KvCacheManager>> KvCacheManager::createOver(const KvLayout& layout,
+                                                                   const MemDesc& region) {
+  PD_RETURN_IF_ERROR(validateLayout(layout));
+  if (region.addr == 0 || region.len < layout.totalBytes()) {
+    return invalidArgument("kv cache: region " + toString(region) + " cannot hold layout " +
+                           layout.fingerprint() + " (" + std::to_string(layout.totalBytes()) +
+                           " bytes)");
+  }
+  std::unique_ptr<KvCacheManager> m(
+      new KvCacheManager(layout, reinterpret_cast<void*>(region.addr), 0));
+  m->kind_ = region.kind;
+  m->device_ = region.device;
+  return m;
 }
 
 KvCacheManager::KvCacheManager(const KvLayout& layout, void* base, size_t mappedBytes)
@@ -81,14 +101,15 @@ KvCacheManager::KvCacheManager(const KvLayout& layout, void* base, size_t mapped
 }
 
 KvCacheManager::~KvCacheManager() {
-  if (base_ != nullptr) munmap(base_, mappedBytes_);
+  if (mappedBytes_ > 0) munmap(base_, mappedBytes_);
 }
 
 MemDesc KvCacheManager::region() const {
   MemDesc d;
   d.addr = reinterpret_cast<uintptr_t>(base_);
   d.len = layout_.totalBytes();
-  d.kind = MemKind::kHost;
+  d.kind = kind_;
+  d.device = device_;
   return d;
 }
 
@@ -243,6 +264,11 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   }
   const SeqTable& p = it->second;
   const bool partialTail = p.numTokens % layout_.blockSize != 0;
+  if (partialTail && base_ != nullptr && kind_ != MemKind::kHost) {
+    return failedPrecondition("kv cache: fork " + seqName(parent) + " -> " + seqName(child) +
+                              ": copying a partial block of " + toString(region()) +
+                              " memory is not supported (host regions only)");
+  }
   if (partialTail && numFreeBlocks() == 0) {
     return resourceExhausted("kv cache: fork " + seqName(parent) + " -> " + seqName(child) +
                              ": no free block to copy the partial last block into");

@@ -64,15 +64,23 @@ class KvCacheManager {
   // region. Errors: kInvalidArgument for a bad layout, kResourceExhausted when mmap fails.
   static Result<std::unique_ptr<KvCacheManager>> create(const KvLayout& layout,
                                                         Backing backing = Backing::kAllocate);
+  // Bookkeeping over a region someone else owns and outlives this manager: the CUDA
+  // backend's KV cache in device memory (kind kCuda). region() returns it as given; the
+  // manager never reads or writes its bytes (fork() of a partial block, which copies on the
+  // host, is refused unless the region is host memory). Errors: as create(), and
+  // kInvalidArgument when the region is shorter than layout.totalBytes().
+  static Result<std::unique_ptr<KvCacheManager>> createOver(const KvLayout& layout,
+                                                            const MemDesc& region);
   ~KvCacheManager();
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
 
   // ---- The region ----------------------------------------------------------------------
   const KvLayout& layout() const { return layout_; }
+  // The region's base; host-addressable only when region().kind is kHost.
   void* data() const { return base_; }
-  // The whole region as one host descriptor (what kvtransfer registers). Its length is
-  // layout().totalBytes(); the mapping itself is rounded up to whole pages.
+  // The whole region as one descriptor (what kvtransfer registers). Its length is
+  // layout().totalBytes(); a mapping of our own is rounded up to whole pages.
   MemDesc region() const;
 
   // ---- Pool state ----------------------------------------------------------------------
@@ -169,6 +177,7 @@ class KvCacheManager {
   };
 
   KvCacheManager(const KvLayout& layout, void* base, size_t mappedBytes);
+  static Status validateLayout(const KvLayout& layout);
   Status checkLayer(int layerBegin, int layerEnd) const;
   BlockId takeFreeBlock();  // precondition: a free block exists
   void releaseBlock(BlockId b);
@@ -178,7 +187,9 @@ class KvCacheManager {
 
   KvLayout layout_;
   void* base_ = nullptr;
-  size_t mappedBytes_ = 0;
+  size_t mappedBytes_ = 0;  // > 0: base_ is our own mapping (munmap'd by the destructor)
+  MemKind kind_ = MemKind::kHost;
+  int device_ = 0;
   std::vector<BlockMeta> meta_;
   std::vector<TokenId> blockTokens_;   // numBlocks * blockSize: tokens of hashed blocks
   std::vector<BlockId> freeUncached_;  // stack; lowest ids on top at start

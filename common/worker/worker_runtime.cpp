@@ -9,6 +9,7 @@
 #include "common/base/log.h"
 #include "common/base/signals.h"
 #include "common/engine/cpu_backend.h"
+#include "common/engine/cuda_backend.h"
 #include "common/engine/kv_cache_manager.h"
 
 namespace pd::worker {
@@ -91,11 +92,57 @@ Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage) {
 
 // ---- Engine ----------------------------------------------------------------------------------
 
-Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish) {
-  if (config.engine.backend != config::Backend::kCpu) {
-    return unimplemented("engine.backend: '" + std::string(config::toString(config.engine.backend)) +
-                         "' is not available in this build of the workers; use cpu");
+namespace {
+
+// The storage type of the CUDA backend's weights and KV cache: model.dtype, auto -> bf16.
+engine::KvDtype cudaDtype(config::DType d) {
+  switch (d) {
+    case config::DType::kF32: return engine::KvDtype::kF32;
+    case config::DType::kF16: return engine::KvDtype::kF16;
+    case config::DType::kAuto:
+    case config::DType::kBF16: return engine::KvDtype::kBF16;
   }
+  return engine::KvDtype::kBF16;
+}
+
+struct BackendAndKv {
+  std::unique_ptr<engine::Backend> backend;
+  std::unique_ptr<engine::KvCacheManager> kv;
+};
+
+// engine.backend: cpu -> the KV cache in host memory the manager maps; cuda -> in device
+// memory the backend allocates, which the manager only keeps the books of.
+Result<BackendAndKv> makeBackend(const config::ClusterConfig& config,
+                                 std::shared_ptr<const engine::ModelWeights> model,
+                                 const engine::KvLayout& layout) {
+  BackendAndKv out;
+  if (config.engine.backend == config::Backend::kCpu) {
+    PD_ASSIGN_OR_RETURN(out.kv, engine::KvCacheManager::create(layout));
+    engine::CpuBackendOptions cpu;
+    cpu.numThreads = config.engine.threads;
+    PD_ASSIGN_OR_RETURN(out.backend, engine::createCpuBackend(std::move(model), layout, out.kv->data(), cpu));
+    return out;
+  }
+  Status device = engine::cudaDeviceAvailable();
+  if (!device.isOk()) return Status(device.code(), "engine.backend: cuda: " + device.message());
+  if (config.engine.tensorParallelSize > 1) {
+    // A tensor-parallel worker holds one KV region per GPU; the transfer path sends one.
+    return unimplemented("engine.tensor_parallel_size: " +
+                         std::to_string(config.engine.tensorParallelSize) +
+                         ": the workers serve tensor_parallel_size 1 only (KV transfer of "
+                         "per-GPU regions is not implemented)");
+  }
+  engine::CudaBackendOptions cuda;
+  cuda.weightDtype = layout.dtype;
+  PD_ASSIGN_OR_RETURN(auto backend, engine::createCudaBackend(std::move(model), layout, cuda));
+  PD_ASSIGN_OR_RETURN(out.kv, engine::KvCacheManager::createOver(layout, backend->kvRegion()));
+  out.backend = std::move(backend);
+  return out;
+}
+
+}  // namespace
+
+Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish) {
   EngineBundle b;
   PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
   const auto& mc = b.model->config;
@@ -104,7 +151,10 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
                     : config.model.name;
   b.maxModelLen = config.model.maxModelLen > 0 ? config.model.maxModelLen : mc.maxPositionEmbeddings;
 
-  engine::KvLayout probe = engine::kvLayoutFor(mc, 1, config.engine.blockSize);
+  const engine::KvDtype kvDtype = config.engine.backend == config::Backend::kCuda
+                              ? cudaDtype(config.model.dtype)
+                              : engine::KvDtype::kF32;
+  engine::KvLayout probe = engine::kvLayoutFor(mc, 1, config.engine.blockSize, kvDtype);
   int64_t numBlocks = config.engine.numBlocks > 0
                           ? config.engine.numBlocks
                           : config.engine.kvCacheBytes / int64_t(probe.blockBytes());
@@ -113,11 +163,8 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
                            " bytes hold no block of " + std::to_string(probe.blockBytes()) +
                            " bytes for this model");
   }
-  auto layout = engine::kvLayoutFor(mc, static_cast<int>(numBlocks), config.engine.blockSize);
-  PD_ASSIGN_OR_RETURN(auto kv, engine::KvCacheManager::create(layout));
-  engine::CpuBackendOptions cpu;
-  cpu.numThreads = config.engine.threads;
-  PD_ASSIGN_OR_RETURN(auto backend, engine::createCpuBackend(b.model, layout, kv->data(), cpu));
+  auto layout = engine::kvLayoutFor(mc, static_cast<int>(numBlocks), config.engine.blockSize, kvDtype);
+  PD_ASSIGN_OR_RETURN(auto parts, makeBackend(config, b.model, layout));
   engine::EngineOptions opts;
   opts.scheduler.maxBatchTokens = static_cast<int>(config.engine.maxBatchTokens);
   opts.scheduler.maxNumSeqs = config.engine.maxRunningRequests;
@@ -125,7 +172,7 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   opts.releaseKvOnFinish = releaseKvOnFinish;
   PD_RETURN_IF_ERROR(opts.scheduler.validate());
   b.fingerprint = b.modelName + "/" + layout.fingerprint();
-  b.engine = std::make_unique<engine::Engine>(std::move(backend), std::move(kv), opts);
+  b.engine = std::make_unique<engine::Engine>(std::move(parts.backend), std::move(parts.kv), opts);
   return b;
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -227,6 +228,44 @@ TEST_CASE("fork shares full blocks and copies the partial tail in every layer") 
   REQUIRE_OK(kv->free(1));
   CHECK(kv->refCount(t2[0]) == 1);
   REQUIRE_OK(kv->checkInvariants());
+}
+
+TEST_CASE("createOver keeps the books of a region it does not own, and never touches it") {
+  const KvLayout l = smallLayout(8);
+  // Device memory stands in as an address the manager must never dereference: a host
+  // address of a buffer we poison and check afterwards.
+  std::vector<uint8_t> bytes(l.totalBytes(), 0xA5);
+  MemDesc region{reinterpret_cast<uintptr_t>(bytes.data()), l.totalBytes(), 3, MemKind::kCuda};
+
+  MemDesc shortRegion = region;
+  shortRegion.len -= 1;
+  auto refused = KvCacheManager::createOver(l, shortRegion);
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(refused.status().message(), Catch::Contains("cannot hold layout"));
+
+  auto made = KvCacheManager::createOver(l, region);
+  REQUIRE(made.ok());
+  auto& kv = *made;
+  CHECK(kv->region().addr == region.addr);
+  CHECK(kv->region().len == l.totalBytes());
+  CHECK(kv->region().kind == MemKind::kCuda);
+  CHECK(kv->region().device == 3);
+
+  REQUIRE_OK(kv->allocate(1, 6));  // 1 full block + a partial one
+  auto segs = kv->layerSegments(1, 0, 1);
+  REQUIRE(segs.ok());
+  REQUIRE(segs->size() == 1);
+  CHECK((*segs)[0].addr == region.addr + l.blockOffset(0, kv->blockTable(1)[0]));
+  CHECK((*segs)[0].kind == MemKind::kCuda);
+  // Copying the partial tail would be a host memcpy on device memory: refused, nothing changed.
+  Status f = kv->fork(1, 2);
+  CHECK(f.code() == StatusCode::kFailedPrecondition);
+  CHECK(!kv->hasSequence(2));
+  REQUIRE_OK(kv->free(1));
+  REQUIRE_OK(kv->checkInvariants());
+  kv.reset();  // does not unmap what it does not own
+  CHECK(std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == 0xA5; }));
 }
 
 TEST_CASE("layerSegments coalesces consecutive block ids per layer") {
