@@ -251,9 +251,11 @@ void CudaBackendImpl::dropGraphs() {
 
 void CudaBackendImpl::freeScratch() {
   for (Rank& r : ranks_) {
+    if (ranks_.size() > 1) cudaSetDevice(r.device);
     for (void* p : r.scratch) cudaFree(p);
     r.scratch.clear();
   }
+  if (ranks_.size() > 1) cudaSetDevice(ranks_[0].device);
   if (metaHost_) cudaFreeHost(metaHost_);
   if (logitsHost_) cudaFreeHost(logitsHost_);
   metaHost_ = nullptr;
@@ -396,7 +398,10 @@ Status CudaBackendImpl::init() {
   size_t weightBytesRank0 = 0;
   for (const Rank& r : ranks_) {
     size_t w = (model_->embed.size() + layerElems / R) * wb;
-    if (r.index == 0) w += model_->lmHead.size() * wb, weightBytesRank0 = w;
+    if (r.index == 0) {
+      w += model_->lmHead.size() * wb;
+      weightBytesRank0 = w;
+    }
     const size_t kv = opt_.kvDeviceBase ? 0 : rankLayout_.totalBytes();
     need[r.device] += w + kv + (size_t(512) << 20);
   }
@@ -779,6 +784,11 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
     return invalidArgument("createCudaBackend: kvDeviceBase is for tensor_parallel_size 1; with " +
                            std::to_string(plan.size) +
                            " ranks the backend allocates one KV region per rank (kvRegions())");
+#if !defined(PD_HAVE_NCCL)
+  if (plan.size > 1 && !options.tpRanksShareDevice)
+    return unimplemented("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) +
+                         " needs NCCL, which this build did not find (libnccl)");
+#endif
   const int devicesNeeded = options.tpRanksShareDevice ? 1 : plan.size;
   if (options.device < 0 || options.device + devicesNeeded > count)
     return unavailable("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) +
