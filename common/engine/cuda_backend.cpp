@@ -1,5 +1,5 @@
 // The CUDA Backend (see cuda_backend.h). Host code only (compiled by the host compiler): the
-// kernels live in kernels/cuda, the GEMMs in cuBLAS.
+// kernels live in kernels/cuda, the GEMMs in cuBLAS, the tensor-parallel all-reduce in NCCL.
 #include "common/engine/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <type_traits>
@@ -48,6 +49,16 @@ Status cudaError(const char* call, cudaError_t e) {
                            cublasGetStatusString(pdSt_));                 \
   } while (0)
 
+#if defined(PD_HAVE_NCCL)
+#define PD_NCCL_TRY(call)                                                 \
+  do {                                                                    \
+    const ncclResult_t pdNr_ = (call);                                    \
+    if (pdNr_ != ncclSuccess)                                             \
+      return internalError(std::string("cuda backend: ") + #call + ": " + \
+                           ncclGetErrorString(pdNr_));                    \
+  } while (0)
+#endif
+
 kcu::DType toKernelDtype(KvDtype d) { return static_cast<kcu::DType>(static_cast<uint8_t>(d)); }
 
 cudaDataType_t cublasType(KvDtype d) {
@@ -60,15 +71,16 @@ std::string gib(size_t bytes) {
   return b;
 }
 
+// One rank's slice of a layer (TP = 1: the whole layer).
 struct DevLayer {
   float* inputNorm = nullptr;
-  void* qkv = nullptr;
-  float* qkvBias = nullptr;
-  void* o = nullptr;
-  float* oBias = nullptr;
+  void* qkv = nullptr;         // [rankQkvRows][hidden]
+  float* qkvBias = nullptr;    // [rankQkvRows] or null
+  void* o = nullptr;           // [hidden][rankQDim]
+  float* oBias = nullptr;      // [hidden], rank 0 only (added once before the all-reduce)
   float* postNorm = nullptr;
-  void* gateUp = nullptr;
-  void* down = nullptr;
+  void* gateUp = nullptr;      // [2*ffnPerRank][hidden]
+  void* down = nullptr;        // [hidden][ffnPerRank]
 };
 
 // Per-step metadata (int32 words), laid out at fixed offsets derived from the capacities so
@@ -85,24 +97,55 @@ struct MetaLayout {
   size_t words() const { return tables() + capTab; }
 };
 
+// Everything one tensor-parallel rank owns on its device. TP = 1 is one Rank.
+struct Rank {
+  int index = 0;
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::vector<void*> allocations;  // weights, KV (when owned), workspace: freed at the end
+  std::vector<DevLayer> layers;
+  void* embed = nullptr;           // replicated on every rank
+  const void* lmHead = nullptr;    // rank 0 only
+  float* finalNorm = nullptr;      // rank 0 only
+  float* invFreq = nullptr;
+  void* kv = nullptr;              // this rank's KV region (perRankKvLayout)
+  std::vector<cudaEvent_t> layerEvents;
+  cudaEvent_t reduceEvent = nullptr;  // ranks sharing a device: orders the local all-reduce
+#if defined(PD_HAVE_NCCL)
+  ncclComm_t comm = nullptr;
+#endif
+  // Scratch, sized by the backend's capacities.
+  std::vector<void*> scratch;
+  float *x = nullptr, *qkvOut = nullptr, *gu = nullptr, *cos = nullptr, *sin = nullptr;
+  float *lastX = nullptr, *logitsDev = nullptr;  // rank 0 only
+  void *xn = nullptr, *attn = nullptr, *act = nullptr;
+  int32_t* metaDev = nullptr;
+};
+
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(std::shared_ptr<const ModelWeights> model, const KvLayout& layout,
-                  const CudaBackendOptions& opt)
-      : model_(std::move(model)), cfg_(model_->config), layout_(layout), opt_(opt) {}
+                  const CudaBackendOptions& opt, const TensorParallelPlan& plan)
+      : model_(std::move(model)),
+        cfg_(model_->config),
+        layout_(layout),
+        rankLayout_(perRankKvLayout(layout, plan)),
+        opt_(opt),
+        plan_(plan) {}
   ~CudaBackendImpl() override;
 
   Status init();
 
   const ModelConfig& config() const override { return cfg_; }
   const KvLayout& kvLayout() const override { return layout_; }
-  MemDesc kvRegion() const override {
-    MemDesc d;
-    d.addr = reinterpret_cast<uintptr_t>(kv_);
-    d.len = layout_.totalBytes();
-    d.device = opt_.device;
-    d.kind = MemKind::kCuda;
-    return d;
+  const KvLayout& rankKvLayout() const override { return rankLayout_; }
+  int tensorParallelSize() const override { return plan_.size; }
+  MemDesc kvRegion() const override { return regionOf(ranks_[0]); }
+  std::vector<MemDesc> kvRegions() const override {
+    std::vector<MemDesc> v;
+    for (const Rank& r : ranks_) v.push_back(regionOf(r));
+    return v;
   }
   int64_t graphSteps() const override { return graphSteps_; }
 
@@ -110,67 +153,95 @@ class CudaBackendImpl final : public CudaBackend {
                  const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
+  MemDesc regionOf(const Rank& r) const {
+    MemDesc d;
+    d.addr = reinterpret_cast<uintptr_t>(r.kv);
+    d.len = rankLayout_.totalBytes();
+    d.device = r.device;
+    d.kind = MemKind::kCuda;
+    return d;
+  }
+  // Makes rank r's device current; a no-op at TP = 1 (forward() set it once).
+  Status use(const Rank& r) {
+    if (ranks_.size() > 1) PD_CUDA_TRY(cudaSetDevice(r.device));
+    return Status::ok();
+  }
   template <typename T>
-  Status deviceAlloc(T** p, size_t bytes) {
+  Status deviceAlloc(Rank& r, T** p, size_t bytes) {
     void* raw = nullptr;
     PD_CUDA_TRY(cudaMalloc(&raw, std::max<size_t>(bytes, 16)));
-    allocations_.push_back(raw);
+    r.allocations.push_back(raw);
     *p = static_cast<T*>(raw);
     return Status::ok();
   }
-  // Copies a host f32 tensor to new device memory in the weight dtype (asF32: keep f32).
-  Status uploadWeight(const WeightBuffer& w, bool asF32, void** out);
+  // Copies n host f32 values to new device memory of rank r in the weight dtype (asF32: keep
+  // f32). Rank r's device must be current.
+  Status uploadWeight(Rank& r, const float* src, size_t n, bool asF32, void** out);
+  Status initRank(Rank& r);
   Status allocScratch(int capT, int capS, int capW, int capTab);
   void freeScratch();
   void dropGraphs();
-  // y[n][out] (f32) = x[n][in] (weight dtype) * W^T + beta * y
-  Status gemm(const void* x, int n, int in, const void* w, int out, float* y, float beta);
+  Status syncAll();
+  // y[n][out] (f32) = x[n][in] (weight dtype) * W^T + beta * y, on rank r's handle.
+  Status gemm(const Rank& r, const void* x, int n, int in, const void* w, int out, float* y,
+              float beta);
+  // Sums every rank's x[0 .. n) and leaves the sum in each (in place).
+  Status allReduceX(size_t n);
   Status enqueueStep(int T, int W, int L, bool recordEvents);
-  void* layerKv(int l) const { return static_cast<char*>(kv_) + size_t(l) * layout_.layerBytes(); }
-  int32_t* meta(size_t off) const { return metaDev_ + off; }
+  void* layerKv(const Rank& r, int l) const {
+    return static_cast<char*>(r.kv) + size_t(l) * rankLayout_.layerBytes();
+  }
+  const int32_t* meta(const Rank& r, size_t off) const { return r.metaDev + off; }
 
   std::shared_ptr<const ModelWeights> model_;
   const ModelConfig& cfg_;
-  KvLayout layout_;
+  KvLayout layout_;      // the whole model's (what the engine and validateBatch see)
+  KvLayout rankLayout_;  // one rank's: numKvHeads / tp heads
   CudaBackendOptions opt_;
+  TensorParallelPlan plan_;
   kcu::DType wdt_ = kcu::DType::kBF16;
   kcu::DType kvdt_ = kcu::DType::kBF16;
   int group_ = 1;
+  bool graphsOn_ = true;  // opt_.useCudaGraphs && TP == 1
 
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
-  void* cublasWorkspace_ = nullptr;
-  std::vector<void*> allocations_;  // weights, KV (when owned), workspace: freed at the end
-  std::vector<DevLayer> layers_;
-  void* embed_ = nullptr;
-  const void* lmHead_ = nullptr;
-  float* finalNorm_ = nullptr;
-  float* invFreq_ = nullptr;
-  void* kv_ = nullptr;
-  std::vector<cudaEvent_t> layerEvents_;
-
-  // Scratch, sized by capacity (tokens capT, chunks capS, attention work capW, table capTab).
+  std::vector<Rank> ranks_;
   MetaLayout ml_;
-  std::vector<void*> scratch_;
-  float *x_ = nullptr, *qkvOut_ = nullptr, *gu_ = nullptr, *cos_ = nullptr, *sin_ = nullptr;
-  float *lastX_ = nullptr, *logitsDev_ = nullptr;
-  void *xn_ = nullptr, *attn_ = nullptr, *act_ = nullptr;
-  int32_t* metaDev_ = nullptr;
-  int32_t* metaHost_ = nullptr;  // pinned
+  int32_t* metaHost_ = nullptr;  // pinned (portable), uploaded to every rank
   float* logitsHost_ = nullptr;  // pinned, [capS][vocab]
 
-  std::map<int, cudaGraphExec_t> graphs_;  // batch size -> instantiated decode step
+  std::map<int, cudaGraphExec_t> graphs_;  // TP = 1: batch size -> instantiated decode step
   int64_t graphSteps_ = 0;
 };
 
 CudaBackendImpl::~CudaBackendImpl() {
-  if (stream_) cudaStreamSynchronize(stream_);
+  (void)syncAll();
+  if (!ranks_.empty()) cudaSetDevice(ranks_[0].device);
   dropGraphs();
   freeScratch();
-  for (cudaEvent_t e : layerEvents_) cudaEventDestroy(e);
-  for (void* p : allocations_) cudaFree(p);
-  if (cublas_) cublasDestroy(cublas_);
-  if (stream_) cudaStreamDestroy(stream_);
+  for (Rank& r : ranks_) {
+    cudaSetDevice(r.device);
+#if defined(PD_HAVE_NCCL)
+    if (r.comm) ncclCommDestroy(r.comm);
+#endif
+    for (cudaEvent_t e : r.layerEvents) cudaEventDestroy(e);
+    if (r.reduceEvent) cudaEventDestroy(r.reduceEvent);
+    for (void* p : r.allocations) cudaFree(p);
+    if (r.cublas) cublasDestroy(r.cublas);
+    if (r.stream) cudaStreamDestroy(r.stream);
+  }
+  if (!ranks_.empty()) cudaSetDevice(ranks_[0].device);
+}
+
+Status CudaBackendImpl::syncAll() {
+  Status first = Status::ok();
+  for (Rank& r : ranks_) {
+    if (!r.stream) continue;
+    if (ranks_.size() > 1) cudaSetDevice(r.device);
+    const cudaError_t e = cudaStreamSynchronize(r.stream);
+    if (e != cudaSuccess && first.isOk()) first = cudaError("cudaStreamSynchronize", e);
+  }
+  if (ranks_.size() > 1) cudaSetDevice(ranks_[0].device);
+  return first;
 }
 
 void CudaBackendImpl::dropGraphs() {
@@ -179,100 +250,106 @@ void CudaBackendImpl::dropGraphs() {
 }
 
 void CudaBackendImpl::freeScratch() {
-  for (void* p : scratch_) cudaFree(p);
-  scratch_.clear();
+  for (Rank& r : ranks_) {
+    if (ranks_.size() > 1) cudaSetDevice(r.device);
+    for (void* p : r.scratch) cudaFree(p);
+    r.scratch.clear();
+  }
+  if (ranks_.size() > 1) cudaSetDevice(ranks_[0].device);
   if (metaHost_) cudaFreeHost(metaHost_);
   if (logitsHost_) cudaFreeHost(logitsHost_);
   metaHost_ = nullptr;
   logitsHost_ = nullptr;
 }
 
-Status CudaBackendImpl::uploadWeight(const WeightBuffer& w, bool asF32, void** out) {
+Status CudaBackendImpl::uploadWeight(Rank& r, const float* src, size_t n, bool asF32, void** out) {
   const kcu::DType dt = asF32 ? kcu::DType::kF32 : wdt_;
   void* dst = nullptr;
-  PD_RETURN_IF_ERROR(deviceAlloc(&dst, w.size() * kcu::dtypeBytes(dt)));
+  PD_RETURN_IF_ERROR(deviceAlloc(r, &dst, n * kcu::dtypeBytes(dt)));
   *out = dst;
   if (dt == kcu::DType::kF32) {
-    PD_CUDA_TRY(cudaMemcpy(dst, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+    PD_CUDA_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
     return Status::ok();
   }
   // Stage f32 slices through one device buffer and convert on the device.
   constexpr size_t kSlice = size_t(16) << 20;  // floats
   float* staging = nullptr;
-  PD_CUDA_TRY(cudaMalloc(&staging, std::min(w.size(), kSlice) * sizeof(float)));
+  PD_CUDA_TRY(cudaMalloc(&staging, std::max<size_t>(std::min(n, kSlice), 1) * sizeof(float)));
   Status st = Status::ok();
-  for (size_t off = 0; off < w.size() && st.isOk(); off += kSlice) {
-    const size_t n = std::min(kSlice, w.size() - off);
-    cudaError_t e = cudaMemcpy(staging, w.data() + off, n * sizeof(float), cudaMemcpyHostToDevice);
+  for (size_t off = 0; off < n && st.isOk(); off += kSlice) {
+    const size_t m = std::min(kSlice, n - off);
+    cudaError_t e = cudaMemcpy(staging, src + off, m * sizeof(float), cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
-      e = kcu::convertFromF32(staging, static_cast<char*>(dst) + off * kcu::dtypeBytes(dt), dt, n,
-                              stream_);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+      e = kcu::convertFromF32(staging, static_cast<char*>(dst) + off * kcu::dtypeBytes(dt), dt, m,
+                              r.stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(r.stream);
     if (e != cudaSuccess) st = cudaError("uploading weights", e);
   }
   cudaFree(staging);
   return st;
 }
 
-Status CudaBackendImpl::init() {
-  wdt_ = toKernelDtype(opt_.weightDtype);
-  kvdt_ = toKernelDtype(layout_.dtype);
-  group_ = cfg_.numHeads / cfg_.numKvHeads;
-  PD_CUDA_TRY(cudaSetDevice(opt_.device));
-
-  // Memory check before any large allocation, so the error says what does not fit.
-  size_t weightElems = model_->embed.size() + model_->lmHead.size();
-  for (const LayerWeights& l : model_->layers)
-    weightElems += l.qkv.size() + l.o.size() + l.gateUp.size() + l.down.size();
-  const size_t weightBytes = weightElems * kcu::dtypeBytes(wdt_);
-  const size_t kvBytes = opt_.kvDeviceBase ? 0 : layout_.totalBytes();
-  size_t freeMem = 0, totalMem = 0;
-  PD_CUDA_TRY(cudaMemGetInfo(&freeMem, &totalMem));
-  if (weightBytes + kvBytes + (size_t(512) << 20) > freeMem)
-    return resourceExhausted("cuda backend: weights (" + gib(weightBytes) + " in " +
-                             kcu::dtypeName(wdt_) + ") + KV cache (" + gib(kvBytes) +
-                             ") + 0.5 GiB scratch do not fit in the " + gib(freeMem) +
-                             " free on device " + std::to_string(opt_.device));
-
-  PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  PD_CUBLAS_TRY(cublasCreate(&cublas_));
-  PD_CUBLAS_TRY(cublasSetStream(cublas_, stream_));
+Status CudaBackendImpl::initRank(Rank& r) {
+  PD_CUDA_TRY(cudaSetDevice(r.device));
+  const int R = plan_.size;
+  const size_t h = size_t(cfg_.hiddenSize);
+  PD_CUDA_TRY(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  PD_CUBLAS_TRY(cublasCreate(&r.cublas));
+  PD_CUBLAS_TRY(cublasSetStream(r.cublas, r.stream));
   // A fixed workspace keeps cuBLAS from allocating during graph capture.
   constexpr size_t kWorkspace = size_t(32) << 20;
-  PD_RETURN_IF_ERROR(deviceAlloc(&cublasWorkspace_, kWorkspace));
-  PD_CUBLAS_TRY(cublasSetWorkspace(cublas_, cublasWorkspace_, kWorkspace));
+  void* workspace = nullptr;
+  PD_RETURN_IF_ERROR(deviceAlloc(r, &workspace, kWorkspace));
+  PD_CUBLAS_TRY(cublasSetWorkspace(r.cublas, workspace, kWorkspace));
   PD_CUDA_TRY(kcu::pagedAttentionInit());
 
-  PD_RETURN_IF_ERROR(uploadWeight(model_->embed, false, &embed_));
-  lmHead_ = embed_;
-  if (!model_->lmHead.empty()) {
+  auto put = [&](const float* src, size_t n, bool asF32, auto** out) -> Status {
     void* p = nullptr;
-    PD_RETURN_IF_ERROR(uploadWeight(model_->lmHead, false, &p));
-    lmHead_ = p;
+    PD_RETURN_IF_ERROR(uploadWeight(r, src, n, asF32, &p));
+    *out = static_cast<std::remove_pointer_t<std::remove_reference_t<decltype(*out)>>*>(p);
+    return Status::ok();
+  };
+  auto putVec = [&](const std::vector<float>& v, bool asF32, auto** out) {
+    return put(v.data(), v.size(), asF32, out);
+  };
+  PD_RETURN_IF_ERROR(put(model_->embed.data(), model_->embed.size(), false, &r.embed));
+  if (r.index == 0) {
+    r.lmHead = r.embed;
+    if (!model_->lmHead.empty()) {
+      void* p = nullptr;
+      PD_RETURN_IF_ERROR(put(model_->lmHead.data(), model_->lmHead.size(), false, &p));
+      r.lmHead = p;
+    }
+    PD_RETURN_IF_ERROR(put(model_->finalNorm.data(), model_->finalNorm.size(), true, &r.finalNorm));
   }
-  void* p = nullptr;
-  PD_RETURN_IF_ERROR(uploadWeight(model_->finalNorm, true, &p));
-  finalNorm_ = static_cast<float*>(p);
-  layers_.resize(cfg_.numLayers);
+  r.layers.resize(cfg_.numLayers);
   for (int l = 0; l < cfg_.numLayers; ++l) {
     const LayerWeights& w = model_->layers[l];
-    DevLayer& d = layers_[l];
-    PD_RETURN_IF_ERROR(uploadWeight(w.inputNorm, true, &p));
-    d.inputNorm = static_cast<float*>(p);
-    PD_RETURN_IF_ERROR(uploadWeight(w.postNorm, true, &p));
-    d.postNorm = static_cast<float*>(p);
-    PD_RETURN_IF_ERROR(uploadWeight(w.qkv, false, &d.qkv));
-    PD_RETURN_IF_ERROR(uploadWeight(w.o, false, &d.o));
-    PD_RETURN_IF_ERROR(uploadWeight(w.gateUp, false, &d.gateUp));
-    PD_RETURN_IF_ERROR(uploadWeight(w.down, false, &d.down));
-    if (!w.qkvBias.empty()) {
-      PD_RETURN_IF_ERROR(uploadWeight(w.qkvBias, true, &p));
-      d.qkvBias = static_cast<float*>(p);
+    DevLayer& d = r.layers[l];
+    PD_RETURN_IF_ERROR(put(w.inputNorm.data(), w.inputNorm.size(), true, &d.inputNorm));
+    PD_RETURN_IF_ERROR(put(w.postNorm.data(), w.postNorm.size(), true, &d.postNorm));
+    if (R == 1) {  // the whole layer, straight from the host buffers
+      PD_RETURN_IF_ERROR(put(w.qkv.data(), w.qkv.size(), false, &d.qkv));
+      PD_RETURN_IF_ERROR(put(w.o.data(), w.o.size(), false, &d.o));
+      PD_RETURN_IF_ERROR(put(w.gateUp.data(), w.gateUp.size(), false, &d.gateUp));
+      PD_RETURN_IF_ERROR(put(w.down.data(), w.down.size(), false, &d.down));
+      if (!w.qkvBias.empty())
+        PD_RETURN_IF_ERROR(put(w.qkvBias.data(), w.qkvBias.size(), true, &d.qkvBias));
+    } else {  // column-parallel q|k|v, gate|up; row-parallel o, down (tensor_parallel.h)
+      const auto qkvRows = plan_.qkvRows(r.index);
+      const auto guRows = plan_.gateUpRows(r.index);
+      PD_RETURN_IF_ERROR(putVec(sliceRows(w.qkv.data(), h, qkvRows), false, &d.qkv));
+      PD_RETURN_IF_ERROR(
+          putVec(sliceColumns(w.o.data(), h, plan_.qDim(), plan_.oColumns(r.index)), false, &d.o));
+      PD_RETURN_IF_ERROR(putVec(sliceRows(w.gateUp.data(), h, guRows), false, &d.gateUp));
+      PD_RETURN_IF_ERROR(putVec(
+          sliceColumns(w.down.data(), h, plan_.ffn(), plan_.downColumns(r.index)), false, &d.down));
+      if (!w.qkvBias.empty())
+        PD_RETURN_IF_ERROR(putVec(sliceRows(w.qkvBias.data(), 1, qkvRows), true, &d.qkvBias));
     }
-    if (!w.oBias.empty()) {
-      PD_RETURN_IF_ERROR(uploadWeight(w.oBias, true, &p));
-      d.oBias = static_cast<float*>(p);
-    }
+    // The o_proj bias is added once: by rank 0, before the all-reduce sums the partials.
+    if (!w.oBias.empty() && r.index == 0)
+      PD_RETURN_IF_ERROR(put(w.oBias.data(), w.oBias.size(), true, &d.oBias));
   }
 
   std::vector<float> invFreq(cfg_.headDim / 2);
@@ -283,116 +360,266 @@ Status CudaBackendImpl::init() {
   s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
   pd::kernels::cpu::ropeInvFreq(invFreq.data(), cfg_.headDim, cfg_.rope.theta,
                                 cfg_.rope.llama3 ? &s : nullptr);
-  PD_RETURN_IF_ERROR(deviceAlloc(&invFreq_, invFreq.size() * sizeof(float)));
-  PD_CUDA_TRY(
-      cudaMemcpy(invFreq_, invFreq.data(), invFreq.size() * sizeof(float), cudaMemcpyHostToDevice));
+  PD_RETURN_IF_ERROR(put(invFreq.data(), invFreq.size(), true, &r.invFreq));
 
-  if (opt_.kvDeviceBase) {
-    kv_ = opt_.kvDeviceBase;
+  if (opt_.kvDeviceBase) {  // TP = 1 only (createCudaBackend checks)
+    r.kv = opt_.kvDeviceBase;
   } else {
-    PD_RETURN_IF_ERROR(deviceAlloc(&kv_, layout_.totalBytes()));
-    PD_CUDA_TRY(cudaMemset(kv_, 0, layout_.totalBytes()));
+    PD_RETURN_IF_ERROR(deviceAlloc(r, &r.kv, rankLayout_.totalBytes()));
+    PD_CUDA_TRY(cudaMemset(r.kv, 0, rankLayout_.totalBytes()));
   }
-  layerEvents_.resize(cfg_.numLayers, nullptr);
-  for (cudaEvent_t& e : layerEvents_)
+  r.layerEvents.resize(cfg_.numLayers, nullptr);
+  for (cudaEvent_t& e : r.layerEvents)
     PD_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  if (R > 1) PD_CUDA_TRY(cudaEventCreateWithFlags(&r.reduceEvent, cudaEventDisableTiming));
+  return Status::ok();
+}
+
+Status CudaBackendImpl::init() {
+  wdt_ = toKernelDtype(opt_.weightDtype);
+  kvdt_ = toKernelDtype(layout_.dtype);
+  group_ = cfg_.numHeads / cfg_.numKvHeads;
+  const int R = plan_.size;
+  graphsOn_ = opt_.useCudaGraphs && R == 1;
+  ranks_.resize(R);
+  for (int i = 0; i < R; ++i) {
+    ranks_[i].index = i;
+    ranks_[i].device = opt_.tpRanksShareDevice ? opt_.device : opt_.device + i;
+  }
+
+  // Memory check before any large allocation, so the error says what does not fit: per rank
+  // the replicated embedding, 1/R of every layer's matrices, 1/R of the KV cache, and on
+  // rank 0 the lm_head; summed per device (ranks may share one).
+  size_t layerElems = 0;
+  for (const LayerWeights& l : model_->layers)
+    layerElems += l.qkv.size() + l.o.size() + l.gateUp.size() + l.down.size();
+  const size_t wb = kcu::dtypeBytes(wdt_);
+  std::map<int, size_t> need;
+  size_t weightBytesRank0 = 0;
+  for (const Rank& r : ranks_) {
+    size_t w = (model_->embed.size() + layerElems / R) * wb;
+    if (r.index == 0) {
+      w += model_->lmHead.size() * wb;
+      weightBytesRank0 = w;
+    }
+    const size_t kv = opt_.kvDeviceBase ? 0 : rankLayout_.totalBytes();
+    need[r.device] += w + kv + (size_t(512) << 20);
+  }
+  for (const auto& [dev, bytes] : need) {
+    PD_CUDA_TRY(cudaSetDevice(dev));
+    size_t freeMem = 0, totalMem = 0;
+    PD_CUDA_TRY(cudaMemGetInfo(&freeMem, &totalMem));
+    if (bytes > freeMem)
+      return resourceExhausted("cuda backend: weights (in " + std::string(kcu::dtypeName(wdt_)) +
+                               ") + KV cache + 0.5 GiB scratch per rank need " + gib(bytes) +
+                               " on device " + std::to_string(dev) + ", " + gib(freeMem) +
+                               " free");
+  }
+
+  for (Rank& r : ranks_) PD_RETURN_IF_ERROR(initRank(r));
+  PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
+
+  if (R > 1 && !opt_.tpRanksShareDevice) {
+#if defined(PD_HAVE_NCCL)
+    std::vector<ncclComm_t> comms(R, nullptr);
+    std::vector<int> devs(R);
+    for (int i = 0; i < R; ++i) devs[i] = ranks_[i].device;
+    const ncclResult_t nr = ncclCommInitAll(comms.data(), R, devs.data());
+    if (nr != ncclSuccess)
+      return internalError("cuda backend: ncclCommInitAll over " + std::to_string(R) +
+                           " devices from " + std::to_string(opt_.device) + ": " +
+                           ncclGetErrorString(nr));
+    for (int i = 0; i < R; ++i) ranks_[i].comm = comms[i];
+    PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
+#else
+    return unimplemented("cuda backend: tensor_parallel_size " + std::to_string(R) +
+                         " needs NCCL, which this build did not find (libnccl)");
+#endif
+  }
 
   int maxGraph = 1;
   for (int b : opt_.graphBatchSizes) maxGraph = std::max(maxGraph, b);
   PD_RETURN_IF_ERROR(allocScratch(std::max(256, maxGraph), std::max(16, maxGraph),
                                   std::max(256, maxGraph * kcu::attnWorkItems(1, group_)), 4096));
-  PD_LOG(kInfo, "engine") << "cuda backend: device " << opt_.device << ", weights "
-                          << gib(weightBytes) << " " << kcu::dtypeName(wdt_) << ", KV "
-                          << gib(layout_.totalBytes()) << " " << kvDtypeName(layout_.dtype)
-                          << (opt_.useCudaGraphs ? ", CUDA graphs on" : ", CUDA graphs off");
+  std::string where = "device " + std::to_string(opt_.device);
+  if (R > 1)
+    where = "tensor_parallel_size " + std::to_string(R) +
+            (opt_.tpRanksShareDevice
+                 ? " with every rank on device " + std::to_string(opt_.device) +
+                       " (local all-reduce: a test set-up)"
+                 : " on devices " + std::to_string(ranks_.front().device) + ".." +
+                       std::to_string(ranks_.back().device) + " (NCCL all-reduce)");
+  const char* graphs = graphsOn_            ? ", CUDA graphs on"
+                       : opt_.useCudaGraphs ? ", CUDA graphs off (tensor_parallel_size > 1)"
+                                            : ", CUDA graphs off";
+  PD_LOG(kInfo, "engine") << "cuda backend: " << where << ", weights " << gib(weightBytesRank0)
+                          << " " << kcu::dtypeName(wdt_) << (R > 1 ? " on rank 0" : "")
+                          << ", KV " << gib(rankLayout_.totalBytes()) << " "
+                          << kvDtypeName(layout_.dtype) << (R > 1 ? " per rank" : "") << graphs;
   return Status::ok();
 }
 
 Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
-  PD_CUDA_TRY(cudaStreamSynchronize(stream_));
+  PD_RETURN_IF_ERROR(syncAll());
   dropGraphs();
   freeScratch();
-  const int h = cfg_.hiddenSize, qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
-  const int ffn = cfg_.intermediateSize, half = cfg_.headDim / 2;
+  const int h = cfg_.hiddenSize, half = cfg_.headDim / 2;
+  const int qkvRows = plan_.rankQkvRows(), ffn = plan_.ffnPerRank;
   const size_t wb = kcu::dtypeBytes(wdt_);
-  auto alloc = [&](auto** ptr, size_t bytes) -> Status {
-    void* raw = nullptr;
-    PD_CUDA_TRY(cudaMalloc(&raw, std::max<size_t>(bytes, 16)));
-    scratch_.push_back(raw);
-    // Zeroed so padding rows of a graph never hold NaN bit patterns.
-    PD_CUDA_TRY(cudaMemset(raw, 0, std::max<size_t>(bytes, 16)));
-    *ptr = static_cast<std::remove_pointer_t<std::remove_reference_t<decltype(*ptr)>>*>(raw);
-    return Status::ok();
-  };
   ml_ = {capT, capS, capW, capTab};
-  PD_RETURN_IF_ERROR(alloc(&x_, size_t(capT) * h * 4));
-  PD_RETURN_IF_ERROR(alloc(&qkvOut_, size_t(capT) * qkvRows * 4));
-  PD_RETURN_IF_ERROR(alloc(&gu_, size_t(capT) * 2 * ffn * 4));
-  PD_RETURN_IF_ERROR(alloc(&cos_, size_t(capT) * half * 4));
-  PD_RETURN_IF_ERROR(alloc(&sin_, size_t(capT) * half * 4));
-  PD_RETURN_IF_ERROR(alloc(&lastX_, size_t(capS) * h * 4));
-  PD_RETURN_IF_ERROR(alloc(&logitsDev_, size_t(capS) * cfg_.vocabSize * 4));
-  PD_RETURN_IF_ERROR(alloc(&xn_, size_t(capT) * h * wb));
-  PD_RETURN_IF_ERROR(alloc(&attn_, size_t(capT) * cfg_.qDim() * wb));
-  PD_RETURN_IF_ERROR(alloc(&act_, size_t(capT) * ffn * wb));
-  PD_RETURN_IF_ERROR(alloc(&metaDev_, ml_.words() * 4));
-  PD_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&metaHost_), ml_.words() * 4));
-  PD_CUDA_TRY(
-      cudaMallocHost(reinterpret_cast<void**>(&logitsHost_), size_t(capS) * cfg_.vocabSize * 4));
+  for (Rank& r : ranks_) {
+    PD_RETURN_IF_ERROR(use(r));
+    auto alloc = [&](auto** ptr, size_t bytes) -> Status {
+      void* raw = nullptr;
+      PD_CUDA_TRY(cudaMalloc(&raw, std::max<size_t>(bytes, 16)));
+      r.scratch.push_back(raw);
+      // Zeroed so padding rows of a graph never hold NaN bit patterns.
+      PD_CUDA_TRY(cudaMemset(raw, 0, std::max<size_t>(bytes, 16)));
+      *ptr = static_cast<std::remove_pointer_t<std::remove_reference_t<decltype(*ptr)>>*>(raw);
+      return Status::ok();
+    };
+    PD_RETURN_IF_ERROR(alloc(&r.x, size_t(capT) * h * 4));
+    PD_RETURN_IF_ERROR(alloc(&r.qkvOut, size_t(capT) * qkvRows * 4));
+    PD_RETURN_IF_ERROR(alloc(&r.gu, size_t(capT) * 2 * ffn * 4));
+    PD_RETURN_IF_ERROR(alloc(&r.cos, size_t(capT) * half * 4));
+    PD_RETURN_IF_ERROR(alloc(&r.sin, size_t(capT) * half * 4));
+    if (r.index == 0) {
+      PD_RETURN_IF_ERROR(alloc(&r.lastX, size_t(capS) * h * 4));
+      PD_RETURN_IF_ERROR(alloc(&r.logitsDev, size_t(capS) * cfg_.vocabSize * 4));
+    }
+    PD_RETURN_IF_ERROR(alloc(&r.xn, size_t(capT) * h * wb));
+    PD_RETURN_IF_ERROR(alloc(&r.attn, size_t(capT) * plan_.rankQDim() * wb));
+    PD_RETURN_IF_ERROR(alloc(&r.act, size_t(capT) * ffn * wb));
+    PD_RETURN_IF_ERROR(alloc(&r.metaDev, ml_.words() * 4));
+  }
+  PD_RETURN_IF_ERROR(use(ranks_[0]));
+  // Portable: every rank's device copies from these.
+  PD_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&metaHost_), ml_.words() * 4,
+                            cudaHostAllocPortable));
+  PD_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&logitsHost_),
+                            size_t(capS) * cfg_.vocabSize * 4, cudaHostAllocPortable));
   std::memset(metaHost_, 0, ml_.words() * 4);
   return Status::ok();
 }
 
-Status CudaBackendImpl::gemm(const void* x, int n, int in, const void* w, int out, float* y,
-                             float beta) {
+Status CudaBackendImpl::gemm(const Rank& r, const void* x, int n, int in, const void* w, int out,
+                             float* y, float beta) {
   // Row-major y[n][out] = x[n][in] * W[out][in]^T is column-major y^T = W^T(op T) * x^T.
   const float alpha = 1.0f;
   const cudaDataType_t t = cublasType(opt_.weightDtype);
-  PD_CUBLAS_TRY(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, t, in, x, t,
-                             in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+  PD_CUBLAS_TRY(cublasGemmEx(r.cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, t, in, x,
+                             t, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
                              CUBLAS_GEMM_DEFAULT));
   return Status::ok();
 }
 
+Status CudaBackendImpl::allReduceX(size_t n) {
+  if (ranks_.size() == 1) return Status::ok();
+  if (!opt_.tpRanksShareDevice) {
+#if defined(PD_HAVE_NCCL)
+    // One thread drives every rank, so the per-rank calls must be one NCCL group (otherwise
+    // the first call would wait for peers that are never launched).
+    PD_NCCL_TRY(ncclGroupStart());
+    for (Rank& r : ranks_) {
+      const ncclResult_t nr = ncclAllReduce(r.x, r.x, n, ncclFloat, ncclSum, r.comm, r.stream);
+      if (nr != ncclSuccess) {
+        ncclGroupEnd();
+        return internalError(std::string("cuda backend: ncclAllReduce: ") + ncclGetErrorString(nr));
+      }
+    }
+    PD_NCCL_TRY(ncclGroupEnd());
+    return Status::ok();
+#else
+    return unimplemented("cuda backend: tensor parallelism needs NCCL");
+#endif
+  }
+  // Ranks on one device (tests): rank 0 adds the others' partials once they are written, then
+  // every other rank copies the sum back; rank 0 waits for those copies before it writes x
+  // again. Same result as the NCCL sum up to the order of the additions.
+  Rank& r0 = ranks_[0];
+  if (n > size_t(std::numeric_limits<int>::max())) return invalidArgument("cuda backend: all-reduce too large");
+  for (size_t i = 1; i < ranks_.size(); ++i)
+    PD_CUDA_TRY(cudaEventRecord(ranks_[i].reduceEvent, ranks_[i].stream));
+  for (size_t i = 1; i < ranks_.size(); ++i) {
+    PD_CUDA_TRY(cudaStreamWaitEvent(r0.stream, ranks_[i].reduceEvent, 0));
+    PD_CUDA_TRY(kcu::addRows(r0.x, ranks_[i].x, 1, int(n), r0.stream));  // elementwise add
+  }
+  PD_CUDA_TRY(cudaEventRecord(r0.reduceEvent, r0.stream));
+  for (size_t i = 1; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    PD_CUDA_TRY(cudaStreamWaitEvent(r.stream, r0.reduceEvent, 0));
+    PD_CUDA_TRY(cudaMemcpyAsync(r.x, r0.x, n * 4, cudaMemcpyDeviceToDevice, r.stream));
+    PD_CUDA_TRY(cudaEventRecord(r.reduceEvent, r.stream));
+    PD_CUDA_TRY(cudaStreamWaitEvent(r0.stream, r.reduceEvent, 0));
+  }
+  return Status::ok();
+}
+
 // Enqueues one step over T token rows, W attention work items and L logits rows whose
-// metadata is already in metaDev_. recordEvents: record layerEvents_[l] after layer l's KV
-// write (not during graph capture).
+// metadata is already in every rank's metaDev. recordEvents: record each rank's
+// layerEvents[l] after its layer-l KV write (not during graph capture).
+//
+// Every rank holds the whole residual stream x. Per layer: each rank computes its heads'
+// q|k|v, writes its kv heads' K/V, attends, and multiplies its attention output by its o_proj
+// columns -- rank 0 into x with beta = 1 (residual, plus the o bias), the others into x with
+// beta = 0 (their partial) -- and the all-reduce leaves x + sum of partials in every rank's x.
+// The MLP does the same with gate|up rows and down_proj columns. At TP = 1 the all-reduce is
+// a no-op and this is the single-GPU step.
 Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
   const int h = cfg_.hiddenSize, hd = cfg_.headDim, half = hd / 2;
-  const int nh = cfg_.numHeads, nkv = cfg_.numKvHeads;
-  const int qDim = cfg_.qDim(), kvDim = cfg_.kvDim(), qkvRows = qDim + 2 * kvDim;
-  const int ffn = cfg_.intermediateSize;
+  const int nh = plan_.headsPerRank, nkv = plan_.kvHeadsPerRank;
+  const int qDim = plan_.rankQDim(), kvDim = plan_.rankKvDim(), qkvRows = plan_.rankQkvRows();
+  const int ffn = plan_.ffnPerRank;
   const float eps = cfg_.rmsNormEps, scale = 1.0f / std::sqrt(float(hd));
-  const auto* seqs = reinterpret_cast<const kcu::AttnSeq*>(meta(ml_.seqs()));
-  const auto* work = reinterpret_cast<const kcu::AttnWork*>(meta(ml_.work()));
+  const size_t xElems = size_t(T) * h;
 
-  PD_CUDA_TRY(kcu::embeddingGather(embed_, wdt_, meta(ml_.ids()), T, h, x_, stream_));
-  PD_CUDA_TRY(kcu::ropeCosSin(meta(ml_.pos()), T, invFreq_, half, cos_, sin_, stream_));
-  for (int l = 0; l < cfg_.numLayers; ++l) {
-    const DevLayer& w = layers_[l];
-    PD_CUDA_TRY(kcu::rmsNorm(x_, h, w.inputNorm, xn_, wdt_, h, T, h, eps, stream_));
-    if (w.qkvBias) PD_CUDA_TRY(kcu::broadcastRows(qkvOut_, w.qkvBias, T, qkvRows, stream_));
-    PD_RETURN_IF_ERROR(gemm(xn_, T, h, w.qkv, qkvRows, qkvOut_, w.qkvBias ? 1.0f : 0.0f));
-    PD_CUDA_TRY(kcu::applyRope(qkvOut_, qkvRows, T, nh, hd, cos_, sin_, stream_));
-    PD_CUDA_TRY(kcu::applyRope(qkvOut_ + qDim, qkvRows, T, nkv, hd, cos_, sin_, stream_));
-    PD_CUDA_TRY(kcu::kvCacheWrite(layerKv(l), kvdt_, qkvOut_ + qDim, qkvOut_ + qDim + kvDim,
-                                  qkvRows, meta(ml_.slots()), T, layout_.blockSize, nkv, hd,
-                                  stream_));
-    if (recordEvents) PD_CUDA_TRY(cudaEventRecord(layerEvents_[l], stream_));
-    PD_CUDA_TRY(kcu::pagedAttention(qkvOut_, qkvRows, layerKv(l), kvdt_, meta(ml_.tables()), seqs,
-                                    work, W, layout_.blockSize, nh, nkv, hd, scale, attn_, wdt_,
-                                    qDim, stream_));
-    if (w.oBias) PD_CUDA_TRY(kcu::addRows(x_, w.oBias, T, h, stream_));
-    PD_RETURN_IF_ERROR(gemm(attn_, T, qDim, w.o, h, x_, 1.0f));  // residual via beta = 1
-    PD_CUDA_TRY(kcu::rmsNorm(x_, h, w.postNorm, xn_, wdt_, h, T, h, eps, stream_));
-    PD_RETURN_IF_ERROR(gemm(xn_, T, h, w.gateUp, 2 * ffn, gu_, 0.0f));
-    PD_CUDA_TRY(kcu::swiGlu(gu_, act_, wdt_, T, ffn, stream_));
-    PD_RETURN_IF_ERROR(gemm(act_, T, ffn, w.down, h, x_, 1.0f));
+  for (Rank& r : ranks_) {
+    PD_RETURN_IF_ERROR(use(r));
+    PD_CUDA_TRY(kcu::embeddingGather(r.embed, wdt_, meta(r, ml_.ids()), T, h, r.x, r.stream));
+    PD_CUDA_TRY(kcu::ropeCosSin(meta(r, ml_.pos()), T, r.invFreq, half, r.cos, r.sin, r.stream));
   }
+  for (int l = 0; l < cfg_.numLayers; ++l) {
+    for (Rank& r : ranks_) {
+      PD_RETURN_IF_ERROR(use(r));
+      const DevLayer& w = r.layers[l];
+      const auto* seqs = reinterpret_cast<const kcu::AttnSeq*>(meta(r, ml_.seqs()));
+      const auto* work = reinterpret_cast<const kcu::AttnWork*>(meta(r, ml_.work()));
+      cudaStream_t s = r.stream;
+      PD_CUDA_TRY(kcu::rmsNorm(r.x, h, w.inputNorm, r.xn, wdt_, h, T, h, eps, s));
+      if (w.qkvBias) PD_CUDA_TRY(kcu::broadcastRows(r.qkvOut, w.qkvBias, T, qkvRows, s));
+      PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.qkv, qkvRows, r.qkvOut, w.qkvBias ? 1.0f : 0.0f));
+      PD_CUDA_TRY(kcu::applyRope(r.qkvOut, qkvRows, T, nh, hd, r.cos, r.sin, s));
+      PD_CUDA_TRY(kcu::applyRope(r.qkvOut + qDim, qkvRows, T, nkv, hd, r.cos, r.sin, s));
+      PD_CUDA_TRY(kcu::kvCacheWrite(layerKv(r, l), kvdt_, r.qkvOut + qDim, r.qkvOut + qDim + kvDim,
+                                    qkvRows, meta(r, ml_.slots()), T, rankLayout_.blockSize, nkv,
+                                    hd, s));
+      if (recordEvents) PD_CUDA_TRY(cudaEventRecord(r.layerEvents[l], s));
+      PD_CUDA_TRY(kcu::pagedAttention(r.qkvOut, qkvRows, layerKv(r, l), kvdt_,
+                                      meta(r, ml_.tables()), seqs, work, W, rankLayout_.blockSize,
+                                      nh, nkv, hd, scale, r.attn, wdt_, qDim, s));
+      const bool carriesResidual = r.index == 0;
+      if (w.oBias) PD_CUDA_TRY(kcu::addRows(r.x, w.oBias, T, h, s));  // rank 0 only
+      PD_RETURN_IF_ERROR(gemm(r, r.attn, T, qDim, w.o, h, r.x, carriesResidual ? 1.0f : 0.0f));
+    }
+    PD_RETURN_IF_ERROR(allReduceX(xElems));
+    for (Rank& r : ranks_) {
+      PD_RETURN_IF_ERROR(use(r));
+      const DevLayer& w = r.layers[l];
+      cudaStream_t s = r.stream;
+      PD_CUDA_TRY(kcu::rmsNorm(r.x, h, w.postNorm, r.xn, wdt_, h, T, h, eps, s));
+      PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.gateUp, 2 * ffn, r.gu, 0.0f));
+      PD_CUDA_TRY(kcu::swiGlu(r.gu, r.act, wdt_, T, ffn, s));
+      PD_RETURN_IF_ERROR(gemm(r, r.act, T, ffn, w.down, h, r.x, r.index == 0 ? 1.0f : 0.0f));
+    }
+    PD_RETURN_IF_ERROR(allReduceX(xElems));
+  }
+  // The final norm and lm_head run on rank 0 alone (its x is the whole residual stream).
+  Rank& r0 = ranks_[0];
+  PD_RETURN_IF_ERROR(use(r0));
   if (L > 0) {
-    PD_CUDA_TRY(kcu::gatherRows(x_, h, meta(ml_.logitRows()), L, h, lastX_, stream_));
-    PD_CUDA_TRY(kcu::rmsNorm(lastX_, h, finalNorm_, xn_, wdt_, h, L, h, eps, stream_));
-    PD_RETURN_IF_ERROR(gemm(xn_, L, h, lmHead_, cfg_.vocabSize, logitsDev_, 0.0f));
+    PD_CUDA_TRY(kcu::gatherRows(r0.x, h, meta(r0, ml_.logitRows()), L, h, r0.lastX, r0.stream));
+    PD_CUDA_TRY(kcu::rmsNorm(r0.lastX, h, r0.finalNorm, r0.xn, wdt_, h, L, h, eps, r0.stream));
+    PD_RETURN_IF_ERROR(gemm(r0, r0.xn, L, h, r0.lmHead, cfg_.vocabSize, r0.logitsDev, 0.0f));
   }
   return Status::ok();
 }
@@ -403,14 +630,15 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
   const int T = shape.totalTokens, L = shape.numLogits, tab = shape.tableEntries;
   if (T == 0) return Status::ok();
   if (L > 0 && !logits) return invalidArgument("forward: logits is null but chunks want logits");
-  PD_CUDA_TRY(cudaSetDevice(opt_.device));
-  // Normally idle already; after a failed step it may still be reading metaHost_.
-  PD_CUDA_TRY(cudaStreamSynchronize(stream_));
+  PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
+  // Normally idle already; after a failed step they may still be reading metaHost_.
+  PD_RETURN_IF_ERROR(syncAll());
   const int S = int(batch.size());
+  Rank& r0 = ranks_[0];
 
   // A graph step: all chunks are single decode tokens that want logits, no layer callback.
   int graphSize = 0;
-  if (opt_.useCudaGraphs && !onLayerKvReady) {
+  if (graphsOn_ && !onLayerKvReady) {
     bool decodeOnly = true;
     for (const SeqChunk& s : batch) decodeOnly = decodeOnly && s.numTokens == 1 && s.wantLogits;
     if (decodeOnly) {
@@ -430,7 +658,8 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
                                     grow(tab, ml_.capTab)));
   }
 
-  // Per-step metadata, built in pinned memory and uploaded with one copy.
+  // Per-step metadata, built in pinned memory and uploaded with one copy per rank (every
+  // rank has the same tokens, slots and tables; its KV holds other heads of the same slots).
   int32_t* ids = metaHost_ + ml_.ids();
   int32_t* pos = metaHost_ + ml_.pos();
   int32_t* slots = metaHost_ + ml_.slots();
@@ -464,16 +693,20 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
     slots[c] = -1;
     logitRows[c] = c;
   }
-  PD_CUDA_TRY(cudaMemcpyAsync(metaDev_, metaHost_, (ml_.tables() + to) * 4, cudaMemcpyHostToDevice,
-                              stream_));
+  for (Rank& r : ranks_) {
+    PD_RETURN_IF_ERROR(use(r));
+    PD_CUDA_TRY(cudaMemcpyAsync(r.metaDev, metaHost_, (ml_.tables() + to) * 4,
+                                cudaMemcpyHostToDevice, r.stream));
+  }
+  PD_RETURN_IF_ERROR(use(r0));
 
-  if (graphSize > 0) {
+  if (graphSize > 0) {  // TP = 1 only
     auto it = graphs_.find(graphSize);
     if (it == graphs_.end()) {
       cudaGraph_t graph = nullptr;
-      PD_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      PD_CUDA_TRY(cudaStreamBeginCapture(r0.stream, cudaStreamCaptureModeThreadLocal));
       const Status st = enqueueStep(graphSize, W, graphSize, false);
-      const cudaError_t endErr = cudaStreamEndCapture(stream_, &graph);
+      const cudaError_t endErr = cudaStreamEndCapture(r0.stream, &graph);
       if (!st.isOk()) {
         if (graph) cudaGraphDestroy(graph);
         return st;
@@ -485,43 +718,24 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
       if (instErr != cudaSuccess) return cudaError("cudaGraphInstantiate", instErr);
       it = graphs_.emplace(graphSize, exec).first;
     }
-    PD_CUDA_TRY(cudaGraphLaunch(it->second, stream_));
+    PD_CUDA_TRY(cudaGraphLaunch(it->second, r0.stream));
     ++graphSteps_;
   } else {
     PD_RETURN_IF_ERROR(enqueueStep(T, W, L, bool(onLayerKvReady)));
   }
   if (L > 0)
-    PD_CUDA_TRY(cudaMemcpyAsync(logitsHost_, logitsDev_, size_t(L) * cfg_.vocabSize * 4,
-                                cudaMemcpyDeviceToHost, stream_));
+    PD_CUDA_TRY(cudaMemcpyAsync(logitsHost_, r0.logitsDev, size_t(L) * cfg_.vocabSize * 4,
+                                cudaMemcpyDeviceToHost, r0.stream));
   if (onLayerKvReady) {
+    // Layer l is ready when every rank has written its kv heads of layer l.
     for (int l = 0; l < cfg_.numLayers; ++l) {
-      PD_CUDA_TRY(cudaEventSynchronize(layerEvents_[l]));
+      for (const Rank& r : ranks_) PD_CUDA_TRY(cudaEventSynchronize(r.layerEvents[l]));
       onLayerKvReady(l);
     }
   }
-  PD_CUDA_TRY(cudaStreamSynchronize(stream_));
+  PD_RETURN_IF_ERROR(syncAll());
   if (L > 0) std::memcpy(logits, logitsHost_, size_t(L) * cfg_.vocabSize * 4);
   return Status::ok();
-}
-
-// NCCL communicators for a tensor-parallel group on devices [first, first + size): the set-up
-// the sharded forward pass will use (one communicator per rank, all-reduce after the
-// row-parallel o_proj / down_proj).
-Status setUpNcclGroup(int first, int size) {
-#if defined(PD_HAVE_NCCL)
-  std::vector<ncclComm_t> comms(size, nullptr);
-  std::vector<int> devs(size);
-  for (int i = 0; i < size; ++i) devs[i] = first + i;
-  const ncclResult_t r = ncclCommInitAll(comms.data(), size, devs.data());
-  if (r != ncclSuccess)
-    return internalError("cuda backend: ncclCommInitAll over " + std::to_string(size) +
-                         " devices: " + ncclGetErrorString(r));
-  for (ncclComm_t c : comms) ncclCommDestroy(c);
-  return Status::ok();
-#else
-  return unimplemented("cuda backend: tensor_parallel_size " + std::to_string(size) +
-                       " needs NCCL, which this build did not find (libnccl)");
-#endif
 }
 
 }  // namespace
@@ -566,18 +780,22 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
   cudaGetDeviceCount(&count);
   PD_ASSIGN_OR_RETURN(const TensorParallelPlan plan,
                       planTensorParallel(c, options.tensorParallelSize));
-  if (options.device < 0 || options.device + plan.size > count)
-    return invalidArgument("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) +
-                           " on device " + std::to_string(options.device) + " requires " +
-                           std::to_string(options.device + plan.size) + " GPUs (found " +
-                           std::to_string(count) + ")");
-  if (plan.size > 1) {
-    PD_RETURN_IF_ERROR(setUpNcclGroup(options.device, plan.size));
+  if (plan.size > 1 && options.kvDeviceBase)
+    return invalidArgument("createCudaBackend: kvDeviceBase is for tensor_parallel_size 1; with " +
+                           std::to_string(plan.size) +
+                           " ranks the backend allocates one KV region per rank (kvRegions())");
+#if !defined(PD_HAVE_NCCL)
+  if (plan.size > 1 && !options.tpRanksShareDevice)
     return unimplemented("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) +
-                         ": the NCCL group sets up, but the sharded forward pass is not "
-                         "implemented yet (use tensor_parallel_size 1)");
-  }
-  auto b = std::make_unique<CudaBackendImpl>(std::move(model), layout, options);
+                         " needs NCCL, which this build did not find (libnccl)");
+#endif
+  const int devicesNeeded = options.tpRanksShareDevice ? 1 : plan.size;
+  if (options.device < 0 || options.device + devicesNeeded > count)
+    return unavailable("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) +
+                       " on device " + std::to_string(options.device) + " requires " +
+                       std::to_string(options.device + devicesNeeded) + " GPUs (found " +
+                       std::to_string(count) + ")");
+  auto b = std::make_unique<CudaBackendImpl>(std::move(model), layout, options, plan);
   PD_RETURN_IF_ERROR(b->init());
   return std::unique_ptr<CudaBackend>(std::move(b));
 }

@@ -7,26 +7,48 @@
 //   auto layout = pd::engine::kvLayoutFor(model->config, numBlocks, 16, KvDtype::kBF16);
 //   PD_ASSIGN_OR_RETURN(auto backend, pd::engine::createCudaBackend(model, layout, {}));
 //   MemDesc kv = backend->kvRegion();   // device memory, for kvtransfer registration
+//                                       // (kvRegions(): one per rank with tensor parallelism)
 //   PD_RETURN_IF_ERROR(backend->forward(chunks, logits /* host, f32 */));
 //
 // Threads: one host thread drives a backend (as Backend says); it owns one CUDA stream and
-// one cuBLAS handle, so backends on different threads/devices are independent. forward()
-// returns after the step's logits are on the host.
+// one cuBLAS handle per rank, so backends on different threads/devices are independent.
+// forward() returns after the step's logits are on the host (and every rank is idle).
+//
+// Tensor parallelism (tensorParallelSize 2/4/8, tensor_parallel.h): the same host thread
+// drives every rank -- rank r on device `device + r`, with its own stream, cuBLAS handle,
+// weight slices, KV cache and scratch. q|k|v and gate|up are column-parallel (rank r owns
+// query heads, kv heads and ffn features [r*perRank, (r+1)*perRank)), o_proj and down_proj
+// row-parallel; the embedding and the f32 residual stream are replicated, and after o_proj
+// and after down_proj an ncclAllReduce(sum) of the [tokens][hidden] f32 partials runs over
+// all ranks inside one ncclGroupStart/End (one thread issues every rank's call). The final
+// norm and lm_head run on rank 0 only, which alone holds them (other ranks' residual copies
+// are identical and unused after the last layer). TP = 1 is the same code with one rank and
+// no NCCL call. The KV cache is per rank: kvRegions()[r] holds rank r's kv heads
+// [r*kvHeadsPerRank, (r+1)*kvHeadsPerRank) in rankKvLayout() (numKvHeads / tp heads per
+// block, the same block ids and slots on every rank), so a KV transfer describes and moves
+// one region per rank; kvRegion() is rank 0's.
 //
 // Layer readiness: with onLayerKvReady set, forward() enqueues the whole step, records a CUDA
-// event after each layer's KV cache write, then waits for the events in layer order and
-// calls onLayerKvReady(l) as each completes -- while the GPU computes the later layers. (On
-// the GPU the callback cannot run before layer l's attention as on the CPU; what holds is
-// that layer l's K/V are in device memory when it runs.) Such steps are never graphed.
+// event on every rank after its layer-l KV cache write, then waits for the events in layer
+// order and calls onLayerKvReady(l) once every rank's layer-l event completed -- while the
+// GPUs compute the later layers. (On the GPU the callback cannot run before layer l's
+// attention as on the CPU; what holds is that layer l's K/V are in device memory on every
+// rank when it runs.) Such steps are never graphed.
 //
-// CUDA graphs: a step in which every chunk is one decode token that wants logits runs as
-// an instantiated graph for the smallest configured batch size >= the batch (padding rows
-// write nothing and attend to nothing). Graphs are captured on first use of a size and
-// dropped when the scratch buffers grow.
+// CUDA graphs: at TP = 1 a step in which every chunk is one decode token that wants logits
+// runs as an instantiated graph for the smallest configured batch size >= the batch (padding
+// rows write nothing and attend to nothing). Graphs are captured on first use of a size and
+// dropped when the scratch buffers grow. At TP > 1 graphs are off (steps run eagerly): a
+// capture would have to span one stream per device plus the NCCL group calls from one
+// thread, which no multi-GPU machine has been available to verify, and a wrong capture only
+// shows at launch; the cost is the kernel-launch overhead of decode steps at TP > 1.
 //
-// Errors: no device -> kUnavailable "cuda backend: no CUDA device found (...)"; a build
-// without CUDA -> kUnimplemented; malformed batches as Backend says; CUDA / cuBLAS failures
-// -> kInternal naming the call.
+// Errors: no device -> kUnavailable "cuda backend: no CUDA device found (...)"; fewer
+// visible devices than device + tensorParallelSize -> kUnavailable "... requires N GPUs
+// (found M)"; a tensor_parallel_size the model's heads / kv heads / ffn do not divide ->
+// // kInvalidArgument (planTensorParallel); TP > 1 in a build without NCCL -> kUnimplemented; a
+// build without CUDA -> kUnimplemented; malformed batches as Backend says; CUDA / cuBLAS /
+// NCCL failures -> kInternal naming the call.
 #pragma once
 
 #include <memory>
@@ -47,20 +69,35 @@ struct CudaBackendOptions {
   // f32 GEMMs, used by tests to compare with the CPU backend tightly).
   KvDtype weightDtype = KvDtype::kBF16;
   // Device memory holding layout.totalBytes() for the KV cache (256-byte aligned, on
-  // `device`); null = the backend cudaMallocs and owns it.
+  // `device`); null = the backend cudaMallocs and owns it. TP = 1 only (with TP the backend
+  // allocates one region per rank; a non-null value is refused).
   void* kvDeviceBase = nullptr;
   bool useCudaGraphs = true;
   std::vector<int> graphBatchSizes{1, 2, 4, 8, 16, 32, 64, 128};
-  // 1 runs on `device`; 2/4/8 need that many GPUs (devices [device, device + n)) -- see
-  // tensor_parallel.h. The sharded forward pass is not implemented yet (kUnimplemented after
-  // the device check and the NCCL communicator set-up).
+  // 1 runs on `device`; 2/4/8 shard the model over that many GPUs, devices
+  // [device, device + n), with NCCL all-reduces (see "Tensor parallelism" above). CUDA
+  // graphs are off at TP > 1.
   int tensorParallelSize = 1;
+  // Test set-up only: every rank on `device`, and the all-reduce done with an add kernel and
+  // device copies ordered by events between the ranks' streams instead of NCCL (which refuses
+  // two ranks on one GPU). It runs the whole sharded forward pass -- slices, per-rank KV,
+  // partial sums -- on a one-GPU machine so tests can compare it with TP = 1. Slower than
+  // TP = 1; not for serving.
+  bool tpRanksShareDevice = false;
 };
 
 class CudaBackend : public Backend {
  public:
-  // The device memory of the KV cache (kind kCuda), for kvtransfer registration.
+  // Rank 0's KV region (kind kCuda, device set): the whole KV cache at TP = 1.
   virtual MemDesc kvRegion() const = 0;
+  // One KV region per rank, in rank order (kind kCuda, `device` = that rank's GPU), each
+  // rankKvLayout().totalBytes() long, for kvtransfer registration: a block id names the same
+  // tokens in every region, rank r's holding kv heads [r*kvHeadsPerRank, (r+1)*...).
+  virtual std::vector<MemDesc> kvRegions() const = 0;
+  // The layout of one rank's region: kvLayout() with numKvHeads / tensorParallelSize heads
+  // (equal to kvLayout() at TP = 1). Its fingerprint() is what transfer peers must agree on.
+  virtual const KvLayout& rankKvLayout() const = 0;
+  virtual int tensorParallelSize() const = 0;
   // Steps run through a CUDA graph so far (tests and benchmarks read it).
   virtual int64_t graphSteps() const = 0;
 };

@@ -1,6 +1,10 @@
 // Runs in every build, with or without a GPU: `backend: cuda` is either served or refused
-// with a message naming why; the tensor-parallel plan checks the model's shape.
+// with a message naming why; the tensor-parallel plan checks the model's shape, and its
+// weight slices are exact copies of the right rows / columns (checked byte for byte).
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
+#include <vector>
 
 #include "common/engine/cuda_backend.h"
 #include "common/engine/tensor_parallel.h"
@@ -65,4 +69,132 @@ TEST_CASE("tensor-parallel plan splits heads, kv heads and ffn and the KV layout
   CHECK(planTensorParallel(c, 8).status().message().find(
             "does not divide the model's 4 kv heads") != std::string::npos);
   CHECK(planTensorParallel(c, 1).ok());
+}
+
+namespace {
+
+// A fused row-major matrix whose every element names its place: row * 100 + column.
+std::vector<float> numbered(int rows, int cols) {
+  std::vector<float> w(size_t(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) w[size_t(r) * cols + c] = float(r * 100 + c);
+  return w;
+}
+
+// Rows [begin, begin + count) of a numbered matrix, as sliceRows should copy them.
+void appendNumberedRows(std::vector<float>* out, int begin, int count, int cols) {
+  for (int r = begin; r < begin + count; ++r)
+    for (int c = 0; c < cols; ++c) out->push_back(float(r * 100 + c));
+}
+
+bool sameBytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("tensor-parallel slices of the fused weights are exact row / column copies",
+          "[backend][tp]") {
+  // 4 heads, 2 kv heads, head dim 2, hidden 3, ffn 6, over 2 ranks: q rows [0, 8), k rows
+  // [8, 12), v rows [12, 16) of the fused q|k|v; gate rows [0, 6), up rows [6, 12).
+  ModelConfig c;
+  c.numHeads = 4;
+  c.numKvHeads = 2;
+  c.headDim = 2;
+  c.hiddenSize = 3;
+  c.intermediateSize = 6;
+  auto p = planTensorParallel(c, 2);
+  REQUIRE(p.ok());
+  const int hidden = 3;
+  CHECK(p->qDim() == 8);
+  CHECK(p->kvDim() == 4);
+  CHECK(p->ffn() == 6);
+  CHECK(p->rankQkvRows() == 8);  // 2 q heads + 1 k head + 1 v head, 2 rows each
+
+  // Rank 1: q heads 2..3 (rows 4..7), kv head 1: k rows 10..11, v rows 14..15.
+  const auto qkv1 = p->qkvRows(1);
+  CHECK(qkv1[0] == RowRange{4, 4});
+  CHECK(qkv1[1] == RowRange{10, 2});
+  CHECK(qkv1[2] == RowRange{14, 2});
+  const auto qkv0 = p->qkvRows(0);
+  CHECK(qkv0[0] == RowRange{0, 4});
+  CHECK(qkv0[1] == RowRange{8, 2});
+  CHECK(qkv0[2] == RowRange{12, 2});
+
+  const std::vector<float> qkv = numbered(16, hidden);
+  std::vector<float> want;
+  appendNumberedRows(&want, 4, 4, hidden);
+  appendNumberedRows(&want, 10, 2, hidden);
+  appendNumberedRows(&want, 14, 2, hidden);
+  CHECK(sameBytes(sliceRows(qkv.data(), hidden, qkv1), want));
+
+  // The bias is the cols == 1 case: values 0, 100, ..., 1500 -> rank 1 takes rows as above.
+  const std::vector<float> bias = numbered(16, 1);
+  CHECK(sameBytes(sliceRows(bias.data(), 1, qkv1),
+                  {400, 500, 600, 700, 1000, 1100, 1400, 1500}));
+
+  // gate|up of rank 1: gate rows 3..5, up rows 9..11.
+  const auto gu1 = p->gateUpRows(1);
+  CHECK(gu1[0] == RowRange{3, 3});
+  CHECK(gu1[1] == RowRange{9, 3});
+  const std::vector<float> gateUp = numbered(12, hidden);
+  want.clear();
+  appendNumberedRows(&want, 3, 3, hidden);
+  appendNumberedRows(&want, 9, 3, hidden);
+  CHECK(sameBytes(sliceRows(gateUp.data(), hidden, gu1), want));
+
+  // o_proj [hidden][qDim]: rank 1 takes columns 4..7 of every row; down [hidden][ffn]: 3..5.
+  CHECK(p->oColumns(1) == RowRange{4, 4});
+  CHECK(p->downColumns(1) == RowRange{3, 3});
+  const std::vector<float> o = numbered(hidden, 8);
+  CHECK(sameBytes(sliceColumns(o.data(), hidden, 8, p->oColumns(1)),
+                  {4, 5, 6, 7, 104, 105, 106, 107, 204, 205, 206, 207}));
+  const std::vector<float> down = numbered(hidden, 6);
+  CHECK(sameBytes(sliceColumns(down.data(), hidden, 6, p->downColumns(0)),
+                  {0, 1, 2, 100, 101, 102, 200, 201, 202}));
+}
+
+TEST_CASE("tensor-parallel slices cover every row once and the row-parallel partials sum to "
+          "the full product",
+          "[backend][tp]") {
+  ModelConfig c;
+  c.numHeads = 8;
+  c.numKvHeads = 4;
+  c.headDim = 4;
+  c.hiddenSize = 5;
+  c.intermediateSize = 12;
+  for (int size : {1, 2, 4}) {
+    DYNAMIC_SECTION("tp " << size) {
+      auto p = planTensorParallel(c, size);
+      REQUIRE(p.ok());
+      const int qkvRows = p->qDim() + 2 * p->kvDim();
+      std::vector<int> seen(qkvRows, 0), seenGu(2 * p->ffn(), 0);
+      for (int r = 0; r < size; ++r) {
+        for (const RowRange& g : p->qkvRows(r))
+          for (int i = g.begin; i < g.begin + g.count; ++i) ++seen[i];
+        for (const RowRange& g : p->gateUpRows(r))
+          for (int i = g.begin; i < g.begin + g.count; ++i) ++seenGu[i];
+      }
+      CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+      CHECK(std::all_of(seenGu.begin(), seenGu.end(), [](int n) { return n == 1; }));
+
+      // o_proj y = W a with small integers (exact in f32): the sum over ranks of
+      // W[:, cols_r] a[cols_r] is y, which is what the all-reduce computes.
+      const int hidden = c.hiddenSize, in = p->qDim();
+      std::vector<float> w(size_t(hidden) * in), a(in);
+      for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i * 7 % 11) - 5);
+      for (int i = 0; i < in; ++i) a[i] = float(i % 5 - 2);
+      std::vector<float> full(hidden, 0.0f), summed(hidden, 0.0f);
+      for (int o = 0; o < hidden; ++o)
+        for (int i = 0; i < in; ++i) full[o] += w[size_t(o) * in + i] * a[i];
+      for (int r = 0; r < size; ++r) {
+        const RowRange cols = p->oColumns(r);
+        const std::vector<float> wr = sliceColumns(w.data(), hidden, in, cols);
+        for (int o = 0; o < hidden; ++o)
+          for (int i = 0; i < cols.count; ++i)
+            summed[o] += wr[size_t(o) * cols.count + i] * a[cols.begin + i];
+      }
+      CHECK(sameBytes(summed, full));
+    }
+  }
 }

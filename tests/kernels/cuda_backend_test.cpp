@@ -1,7 +1,10 @@
 // The CUDA backend against the CPU backend on the tiny model made by make-model: the same
 // prompt + greedy decode, logits compared step by step (f32 weights and KV: tight; bf16
 // weights and KV: bf16 tolerance), CUDA-graph decode steps against eager ones, the
-// layer-by-layer KV readiness callback, and batch validation. Skips without a device.
+// layer-by-layer KV readiness callback, and batch validation; tensor parallelism against
+// TP = 1 (logits, tokens, and each rank's KV region against the matching kv heads of the
+// TP = 1 cache): ranks sharing one GPU (runs on any GPU machine), NCCL over two GPUs (skips
+// with a message on fewer). Skips without a device.
 #include "common/engine/cuda_backend.h"
 
 #include <unistd.h>
@@ -206,4 +209,196 @@ TEST_CASE("cuda backend rejects malformed batches with a clear error", "[cuda][b
   std::vector<int32_t> ok{5}, farTable{99};
   SeqChunk d{ok.data(), 1, 0, farTable.data(), 1, true};
   CHECK(gpu->forward({&d, 1}, logits.data()).message().find("block id 99") != std::string::npos);
+}
+
+namespace {
+
+std::unique_ptr<CudaBackend> makeCudaTp(std::shared_ptr<const ModelWeights> m, KvDtype w,
+                                        KvDtype kv, int tp, bool shareDevice) {
+  CudaBackendOptions o;
+  o.weightDtype = w;
+  o.tensorParallelSize = tp;
+  o.tpRanksShareDevice = shareDevice;
+  const KvLayout layout = kvLayoutFor(m->config, 16, 16, kv);
+  auto b = createCudaBackend(std::move(m), layout, o);
+  REQUIRE(b.status().toString() == "OK");
+  return std::move(b).value();
+}
+
+// Every rank's KV region against the TP = 1 region: rank r's block holds kv heads
+// [r*kvPerRank, (r+1)*kvPerRank) of the same block id, token slot and K/V half. Returns the
+// relative error over all of them (f32 KV).
+double kvRegionsError(const CudaBackend& tp, const CudaBackend& one) {
+  const KvLayout& full = one.kvLayout();
+  const KvLayout& rank = tp.rankKvLayout();
+  const std::vector<MemDesc> regions = tp.kvRegions();
+  std::vector<float> want(full.totalBytes() / 4);
+  REQUIRE(cudaMemcpy(want.data(), one.kvRegion().ptr(), full.totalBytes(),
+                     cudaMemcpyDeviceToHost) == cudaSuccess);
+  std::vector<float> got(want.size()), regrouped(want.size());
+  const int perRank = rank.numKvHeads, hd = rank.headDim;
+  for (size_t r = 0; r < regions.size(); ++r) {
+    std::vector<float> mine(rank.totalBytes() / 4);
+    REQUIRE(cudaMemcpy(mine.data(), regions[r].ptr(), rank.totalBytes(), cudaMemcpyDeviceToHost) ==
+            cudaSuccess);
+    // Index (layer, block, kv half, token, head, dim) in each layout.
+    for (int l = 0; l < full.numLayers; ++l)
+      for (int b = 0; b < full.numBlocks; ++b)
+        for (int half = 0; half < 2; ++half)
+          for (int t = 0; t < full.blockSize; ++t)
+            for (int h = 0; h < perRank; ++h) {
+              const size_t src = rank.blockOffset(l, b) / 4 +
+                                 (half ? rank.vOffsetInBlock(t) : rank.kOffsetInBlock(t)) +
+                                 size_t(h) * hd;
+              const size_t dst = full.blockOffset(l, b) / 4 +
+                                 (half ? full.vOffsetInBlock(t) : full.kOffsetInBlock(t)) +
+                                 size_t(r * perRank + h) * hd;
+              std::copy(mine.begin() + src, mine.begin() + src + hd, regrouped.begin() + dst);
+            }
+  }
+  return relError(regrouped, want);
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: tensor parallel ranks sharing one GPU match tensor parallel 1",
+          "[cuda][backend][tp]") {
+  if (!haveGpu()) return;
+  struct Which {
+    const char* preset;
+    bool bias;
+    int tp;
+  };
+  // tiny: 4 heads, 2 kv heads, ffn 172 -> 1 kv head per rank; small at TP 4: 2 heads, 1 kv
+  // head, ffn 344 per rank. The Qwen2 variant slices the q|k|v bias and adds the o bias once.
+  for (Which which : {Which{"tiny", false, 2}, Which{"tiny", true, 2}, Which{"small", false, 4}}) {
+    auto model = testModel(which.preset, which.bias);
+    for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16}) {
+      DYNAMIC_SECTION(which.preset << (which.bias ? " qwen2" : " llama") << " tp " << which.tp
+                                   << " " << kvDtypeName(dt)) {
+        auto one = makeCuda(model, dt, dt, false);
+        auto tp = makeCudaTp(model, dt, dt, which.tp, true);
+        CHECK(tp->tensorParallelSize() == which.tp);
+        const std::vector<MemDesc> regions = tp->kvRegions();
+        REQUIRE(int(regions.size()) == which.tp);
+        CHECK(tp->rankKvLayout().numKvHeads == model->config.numKvHeads / which.tp);
+        for (const MemDesc& d : regions) {
+          CHECK(d.kind == MemKind::kCuda);
+          CHECK(d.device == 0);
+          CHECK(d.len == tp->rankKvLayout().totalBytes());
+        }
+        CHECK(tp->kvRegion().addr == regions[0].addr);
+
+        std::vector<int32_t> tokOne, tokTp;
+        const auto want = runTwoSeqs(*one, 8, &tokOne);
+        const auto got = runTwoSeqs(*tp, 8, &tokTp);
+        REQUIRE(got.size() == want.size());
+        // f32: the same math with the o_proj / down_proj sums split in rank partials; 16-bit:
+        // a near-tie can flip a greedy token, so only the prefill rows are compared.
+        const bool f32 = dt == KvDtype::kF32;
+        const size_t compareRows = f32 ? got.size() : 2;
+        if (f32) CHECK(tokTp == tokOne);
+        for (size_t r = 0; r < compareRows; ++r) {
+          const double err = relError(got[r], want[r]);
+          INFO("row " << r << " rel error " << err);
+          CHECK(err < (f32 ? 1e-4 : 2e-2));
+        }
+        if (f32) CHECK(kvRegionsError(*tp, *one) < 1e-4);
+        CHECK(tp->graphSteps() == 0);  // graphs are off at TP > 1
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda backend: tensor parallel layer readiness waits for every rank's KV",
+          "[cuda][backend][tp]") {
+  if (!haveGpu()) return;
+  auto model = tinyModel();
+  auto gpu = makeCudaTp(model, KvDtype::kF32, KvDtype::kF32, 2, true);
+  const KvLayout& L = gpu->rankKvLayout();
+  const std::vector<MemDesc> regions = gpu->kvRegions();
+  for (const MemDesc& d : regions) PD_CUDA_CHECK(cudaMemset(d.ptr(), 0xff, d.len));  // NaN
+  std::vector<int32_t> prompt(20, 65), table{3, 9};
+  SeqChunk c{prompt.data(), 20, 0, table.data(), 2, true};
+  std::vector<float> logits(model->config.vocabSize);
+  std::vector<int> seen;
+  const Status st = gpu->forward({&c, 1}, logits.data(), [&](int layer) {
+    seen.push_back(layer);
+    for (const MemDesc& d : regions) {
+      std::vector<float> blk(L.blockElems());
+      const char* src = static_cast<const char*>(d.ptr()) + L.blockOffset(layer, 3);
+      REQUIRE(cudaMemcpy(blk.data(), src, L.blockBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK(std::all_of(blk.begin(), blk.end(), [](float x) { return std::isfinite(x); }));
+    }
+  });
+  REQUIRE(st.toString() == "OK");
+  std::vector<int> all(model->config.numLayers);
+  std::iota(all.begin(), all.end(), 0);
+  CHECK(seen == all);
+  CHECK(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
+}
+
+TEST_CASE("cuda backend: tensor parallel 2 over NCCL on two GPUs matches tensor parallel 1",
+          "[cuda][backend][tp]") {
+  if (!haveGpu()) return;
+  int count = 0;
+  PD_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count < 2) {
+    // Not a failure even under PD_REQUIRE_GPU=1: that asks for a GPU, and the check machine
+    // has one; the sharded math is covered by the shared-device case above.
+    WARN("skipped: tensor_parallel_size 2 over NCCL needs 2 CUDA devices, found "
+         << count << " (a skip, not a failure, under PD_REQUIRE_GPU=1)");
+    return;
+  }
+  auto model = tinyModel();
+  auto one = makeCuda(model, KvDtype::kF32, KvDtype::kF32, false);
+  auto tp = makeCudaTp(model, KvDtype::kF32, KvDtype::kF32, 2, false);
+  const std::vector<MemDesc> regions = tp->kvRegions();
+  REQUIRE(regions.size() == 2);
+  CHECK(regions[0].device == 0);
+  CHECK(regions[1].device == 1);
+  std::vector<int32_t> tokOne, tokTp;
+  const auto want = runTwoSeqs(*one, 8, &tokOne);
+  const auto got = runTwoSeqs(*tp, 8, &tokTp);
+  REQUIRE(got.size() == want.size());
+  CHECK(tokTp == tokOne);
+  for (size_t r = 0; r < got.size(); ++r) {
+    const double err = relError(got[r], want[r]);
+    INFO("row " << r << " rel error " << err);
+    CHECK(err < 1e-4);
+  }
+  CHECK(kvRegionsError(*tp, *one) < 1e-4);
+}
+
+TEST_CASE("cuda backend: tensor parallel set-up errors name the numbers", "[cuda][backend][tp]") {
+  if (!haveGpu()) return;
+  int count = 0;
+  PD_CUDA_CHECK(cudaGetDeviceCount(&count));
+  auto model = tinyModel();
+  const KvLayout layout = kvLayoutFor(model->config, 16, 16, KvDtype::kBF16);
+  CudaBackendOptions o;
+  o.device = count - 1;  // the last device: TP 2 from there needs one more than exist
+  o.tensorParallelSize = 2;
+  auto b = createCudaBackend(model, layout, o);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().code() == StatusCode::kUnavailable);
+  CHECK(b.status().message() == "createCudaBackend: tensor_parallel_size 2 on device " +
+                                    std::to_string(count - 1) + " requires " +
+                                    std::to_string(count + 1) + " GPUs (found " +
+                                    std::to_string(count) + ")");
+  o.device = 0;
+  o.tensorParallelSize = 4;  // tiny has 2 kv heads
+  auto c = createCudaBackend(model, layout, o);
+  CHECK(c.status().code() == StatusCode::kInvalidArgument);
+  CHECK(c.status().message().find("does not divide the model's 2 kv heads") != std::string::npos);
+  o.tensorParallelSize = 2;
+  o.tpRanksShareDevice = true;
+  void* base = nullptr;
+  PD_CUDA_CHECK(cudaMalloc(&base, layout.totalBytes()));
+  o.kvDeviceBase = base;
+  auto d = createCudaBackend(model, layout, o);
+  cudaFree(base);
+  CHECK(d.status().code() == StatusCode::kInvalidArgument);
+  CHECK(d.status().message().find("kvDeviceBase is for tensor_parallel_size 1") !=
+        std::string::npos);
 }
