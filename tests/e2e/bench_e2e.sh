@@ -44,6 +44,10 @@ PY
 grep -q "<svg" "$work/e2e.html"
 test "$(wc -l < "$work/e2e.csv")" -eq 25
 # Both routes were taken: the router counted each decision.
-curl -s "http://127.0.0.1:$port/metrics" | grep -q 'pdserve_route_decisions_total{reason="long_prompt",route="disaggregated"}'
-curl -s "http://127.0.0.1:$port/metrics" | grep -q 'pdserve_route_decisions_total{reason="short_prompt",route="colocated"}'
+metrics=$(curl -s "http://127.0.0.1:$port/metrics")
+for want in '{reason="long_prompt",route="disaggregated"}' '{reason="short_prompt",route="colocated"}'; do
+  grep -qF "pdserve_route_decisions_total$want" <<<"$metrics" || {
+    echo "bench e2e: no route decision $want; the router counted:"
+    grep pdserve_route_decisions_total <<<"$metrics"; exit 1; }
+done
 echo "bench e2e: ok"
