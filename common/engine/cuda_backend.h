@@ -46,7 +46,7 @@
 // Errors: no device -> kUnavailable "cuda backend: no CUDA device found (...)"; fewer
 // visible devices than device + tensorParallelSize -> kUnavailable "... requires N GPUs
 // (found M)"; a tensor_parallel_size the model's heads / kv heads / ffn do not divide ->
-// // kInvalidArgument (planTensorParallel); TP > 1 in a build without NCCL -> kUnimplemented; a
+// kInvalidArgument (planTensorParallel); TP > 1 in a build without NCCL -> kUnimplemented; a
 // build without CUDA -> kUnimplemented; malformed batches as Backend says; CUDA / cuBLAS /
 // NCCL failures -> kInternal naming the call.
 #pragma once
