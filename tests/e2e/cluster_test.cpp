@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/engine/cuda_backend.h"
 #include "common/engine/model_maker.h"
 #include "tools/local_cluster.h"
 
@@ -49,16 +50,20 @@ struct ClusterSpec {
   std::string onFailure = "recompute";
   std::string extraRouter;
   int64_t timeoutMs = 20000;
+  std::string backend = "cpu";  // cuda: both workers on GPU 0, weights and KV in f32
 };
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
   std::filesystem::create_directories(kWork);
   std::string path = kWork + "/" + name + ".yaml";
-  std::ofstream(path) << "model: {path: " << modelDir() << ", name: small}\n"
+  const bool cuda = spec.backend == "cuda";
+  std::ofstream(path) << "model: {path: " << modelDir() << ", name: small"
+                      << (cuda ? ", dtype: f32" : "") << "}\n"
                       << "router:\n  short_prompt_tokens: " << spec.shortPromptTokens << "\n"
                       << "  request_timeout_ms: 60000\n" << spec.extraRouter
                       << "pools: {prefill: {replicas: 1}, decode: {replicas: 1}}\n"
-                      << "engine: {threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
+                      << "engine: {backend: " << spec.backend
+                      << ", threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
                       << "kv_transfer: {transports: " << spec.transports
                       << ", timeout_ms: " << spec.timeoutMs
                       << ", on_remote_prefill_failure: " << spec.onFailure << "}\n"
@@ -188,6 +193,16 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
 #if PD_HAVE_UCX
   setups.push_back({"disaggregated over ucx", ClusterSpec{0, "[ucx, tcp]"}});
 #endif
+  // The CUDA workers in f32 (cuBLAS f32 GEMMs) pick the CPU's greedy ids; over tcp the KV
+  // goes device -> pinned host -> socket -> pinned host -> device.
+  if (Status gpu = engine::cudaDeviceAvailable(); gpu.isOk()) {
+    ClusterSpec colocated{100000}, disaggregated{0, "[tcp]"};
+    colocated.backend = disaggregated.backend = "cuda";
+    setups.push_back({"cuda workers, colocated", colocated});
+    setups.push_back({"cuda workers, disaggregated over tcp", disaggregated});
+  } else {
+    WARN("skipped the cuda-worker sections: " << gpu.message());
+  }
   for (auto& [name, spec] : setups) {
     SECTION(name) {
       auto c = startCluster("identity", spec);
