@@ -19,6 +19,7 @@
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/detokenizer.h"
 #include "common/tokenizer/tokenizer.h"
+#include "router/autoscaler.h"
 #include "router/openai_api.h"
 #include "router/routing_policy.h"
 
@@ -28,6 +29,8 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono;
 constexpr const char* kTag = "router";
+// How often pdserve_desired_replicas is recomputed: one autoscaler window slice (60 s / 12).
+constexpr auto kAutoscaleTick = std::chrono::seconds(5);
 
 int64_t unixSeconds() {
   return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
@@ -120,6 +123,10 @@ class RouterServiceImpl final : public RouterService {
         maxModelLen_(maxModelLen),
         vocab_(vocab),
         policy_({cfg_.router.shortPromptTokens}),
+        autoscaler_(PoolSlo{cfg_.pools.prefill.slo.ttftMs / 1e3, cfg_.pools.prefill.slo.percentile,
+                            cfg_.pools.prefill.minReplicas, cfg_.pools.prefill.maxReplicas},
+                    PoolSlo{cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile,
+                            cfg_.pools.decode.minReplicas, cfg_.pools.decode.maxReplicas}),
         io_(2, "router-io"),
         metrics_(registry_, metrics::LatencyBuckets{cfg_.router.ttftBucketsS, cfg_.router.itlBucketsS,
                                                     cfg_.router.e2eBucketsS}) {
@@ -483,11 +490,18 @@ class RouterServiceImpl final : public RouterService {
     if (chunk.token_ids_size() > 0) {
       if (!s->firstTokenSeen) {
         s->firstTokenSeen = true;
-        metrics_.observeTtft(routeLabel, secondsBetween(s->received, now));
+        const double ttft = secondsBetween(s->received, now);
+        metrics_.observeTtft(routeLabel, ttft);
+        if (s->route == Route::kDisaggregated) autoscaler_.observeTtft(now, ttft);
       } else if (c->lastTokenAt) {
-        metrics_.observeItl(routeLabel, secondsBetween(*c->lastTokenAt, now));
+        const double itl = secondsBetween(*c->lastTokenAt, now);
+        metrics_.observeItl(routeLabel, itl);
+        autoscaler_.observeItl(now, itl);
       }
-      for (int k = 1; k < chunk.token_ids_size(); ++k) metrics_.observeItl(routeLabel, 0.0);
+      for (int k = 1; k < chunk.token_ids_size(); ++k) {
+        metrics_.observeItl(routeLabel, 0.0);
+        autoscaler_.observeItl(now, 0.0);
+      }
       c->lastTokenAt = now;
     }
     if (chunk.finish_reason() == proto::FINISH_ERROR) {
@@ -750,11 +764,37 @@ class RouterServiceImpl final : public RouterService {
     metrics_.setPoolWorkers(metrics::kPoolDecode, decode);
   }
 
+  // Every tick: pdserve_desired_replicas and the SLO window gauges of both pools; a change of
+  // recommendation is logged with its reason.
+  void autoscaleLocked(SteadyTime now) {
+    int prefill = 0, decode = 0;
+    for (const auto& v : snapshotLocked()) (v.role == WorkerRole::kPrefill ? prefill : decode) += v.healthy;
+    const std::pair<std::string_view, ScalingDecision> pools[] = {
+        {metrics::kPoolPrefill, autoscaler_.decidePrefill(prefill, now)},
+        {metrics::kPoolDecode, autoscaler_.decideDecode(decode, now)}};
+    for (const auto& [pool, d] : pools) {
+      metrics_.setSloWindow(pool, d.observedSeconds, d.attainment);
+      metrics_.setDesiredReplicas(pool, d.desired);
+      int& last = pool == metrics::kPoolPrefill ? lastDesiredPrefill_ : lastDesiredDecode_;
+      if (d.desired != last) {
+        PD_LOG(kInfo, kTag) << pool << " pool: " << d.current << " healthy, recommending " << d.desired
+                            << " (" << d.reason << ", " << d.samples << " samples)";
+        last = d.desired;
+      }
+    }
+  }
+
   // Request deadlines: a request past router.request_timeout_ms ends with a 503-class error.
+  // The autoscaler's recommendation is refreshed every kAutoscaleTick.
   void sweepLoop() {
+    SteadyTime nextAutoscale = steadyNow();
     while (!stopping_) {
       std::this_thread::sleep_for(milliseconds(100));
       std::lock_guard<std::mutex> lock(mu_);
+      if (const SteadyTime now = steadyNow(); now >= nextAutoscale) {
+        autoscaleLocked(now);
+        nextAutoscale = now + kAutoscaleTick;
+      }
       std::vector<std::shared_ptr<Stream>> late;
       for (auto& [rid, s] : byWorkerRequest_)
         if (!s->finished && s->deadline.expired()) late.push_back(s);
@@ -772,6 +812,8 @@ class RouterServiceImpl final : public RouterService {
   int64_t maxModelLen_;
   int vocab_;
   RoutingPolicy policy_;
+  Autoscaler autoscaler_;  // under mu_
+  int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // under mu_: for the change log
   net::IoPool io_;
   metrics::Registry registry_;
   metrics::RouterMetrics metrics_;

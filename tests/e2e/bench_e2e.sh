@@ -50,4 +50,17 @@ for want in '{reason="long_prompt",route="disaggregated"}' '{reason="short_promp
     echo "bench e2e: no route decision $want; the router counted:"
     grep pdserve_route_decisions_total <<<"$metrics"; exit 1; }
 done
+# The autoscaler saw the run: within a tick (5 s) the decode pool's observed ITL percentile is
+# the run's, and the recommendation for this fixed-size pool is its one replica.
+for _ in $(seq 70); do
+  metrics=$(curl -s "http://127.0.0.1:$port/metrics")
+  observed=$(sed -n 's/^pdserve_slo_observed_seconds{pool="decode"} //p' <<<"$metrics")
+  python3 -c "import sys; sys.exit(0 if float('${observed:-0}') > 0 else 1)" && break
+  sleep 0.1
+done
+grep -E '^pdserve_slo_observed_seconds\{pool="decode"\}' <<<"$metrics"
+python3 -c "import sys; sys.exit(0 if float('${observed:-0}') > 0 else 1)" ||
+  { echo "bench e2e: the autoscaler never observed the decode pool's ITL"; exit 1; }
+grep -qx 'pdserve_desired_replicas{pool="decode"} 1' <<<"$metrics" ||
+  { echo "bench e2e: no decode recommendation of 1 replica"; grep desired_replicas <<<"$metrics"; exit 1; }
 echo "bench e2e: ok"
