@@ -105,7 +105,9 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
       if (engine_.hasWork()) {
         std::vector<EngineEvent> events;
         Status s = engine_.step(&events);
-        if (!s.isOk()) PD_LOG(kError, kTag) << "step failed: " << s.toString();
+        if (!s.isOk()) {
+          PD_LOG(kError, kTag) << "step failed: " << s.toString();
+        }
         publish(events);
       }
       if (steadyNow() >= nextReport) {

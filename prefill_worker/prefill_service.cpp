@@ -107,7 +107,9 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
         Status s = engine_.step(&events, [this](int layer, const engine::StepView& step) {
           pushLayer(layer, step);
         });
-        if (!s.isOk()) PD_LOG(kError, kTag) << "step failed: " << s.toString();
+        if (!s.isOk()) {
+          PD_LOG(kError, kTag) << "step failed: " << s.toString();
+        }
         onEvents(events);
       }
       settleJobs();
@@ -177,7 +179,7 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
     engine::KvLayout targetLayout = engine_.kv().layout();
     targetLayout.numBlocks = static_cast<int>(target.num_blocks());
     for (auto b : job.targetBlocks) {
-      if (b >= target.num_blocks()) return reject(c, id, invalidArgument("kv_target: block " + std::to_string(b) + " is outside the target's " + std::to_string(target.num_blocks()) + " blocks"));
+      if (b < 0 || uint32_t(b) >= target.num_blocks()) return reject(c, id, invalidArgument("kv_target: block " + std::to_string(b) + " is outside the target's " + std::to_string(target.num_blocks()) + " blocks"));
     }
     if (target.region_kind() > static_cast<uint32_t>(MemKind::kCuda))
       return reject(c, id, invalidArgument("kv_target.region_kind " + std::to_string(target.region_kind()) +

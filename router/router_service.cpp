@@ -21,6 +21,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "router/autoscaler.h"
 #include "router/openai_api.h"
+#include "router/prefix_index.h"
 #include "router/routing_policy.h"
 
 namespace pd::router {
@@ -123,6 +124,8 @@ class RouterServiceImpl final : public RouterService {
         maxModelLen_(maxModelLen),
         vocab_(vocab),
         policy_({cfg_.router.shortPromptTokens}),
+        prefixAware_(cfg_.router.prefixAwareRouting && cfg_.engine.enablePrefixCaching),
+        prefixIndex_(cfg_.engine.blockSize),
         autoscaler_(PoolSlo{cfg_.pools.prefill.slo.ttftMs / 1e3, cfg_.pools.prefill.slo.percentile,
                             cfg_.pools.prefill.minReplicas, cfg_.pools.prefill.maxReplicas},
                     PoolSlo{cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile,
@@ -322,9 +325,13 @@ class RouterServiceImpl final : public RouterService {
     stream->deadline = Deadline::in(milliseconds(cfg_.router.requestTimeoutMs));
     stream->meta = {std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"), unixSeconds(), modelName_};
 
+    const std::vector<uint64_t> blocks = prefixAware_ ? prefixIndex_.blockHashes(prompt) : std::vector<uint64_t>{};
     std::lock_guard<std::mutex> lock(mu_);
     stream->meta.id += std::to_string(nextRequestId_);
-    auto plan = policy_.select(int64_t(prompt.size()), snapshotLocked());
+    std::vector<WorkerView> views = snapshotLocked();
+    if (!blocks.empty())
+      for (auto& v : views) v.cachedTokens = prefixIndex_.cachedTokens(v.id, blocks);
+    auto plan = policy_.select(int64_t(prompt.size()), views);
     if (!plan) {
       ApiError e;
       e.status = 503;
@@ -337,6 +344,11 @@ class RouterServiceImpl final : public RouterService {
     stream->decodeWorker = plan->decodeWorker;
     stream->prefillWorker = plan->prefillWorker;
     metrics_.routeDecision(routeName(plan->route), plan->reason);
+    metrics_.predictedCachedTokens(plan->cachedTokens);
+    // Both workers hold the prompt's blocks afterwards (the decode worker caches what it
+    // received), as far as their pools keep them.
+    for (const std::string& w : {plan->decodeWorker, plan->prefillWorker})
+      if (!w.empty() && !blocks.empty()) prefixIndex_.record(w, blocks, totalBlocksLocked(w));
     for (int i = 0; i < stream->req.n; ++i) {
       Choice c;
       c.index = i;
@@ -434,6 +446,7 @@ class RouterServiceImpl final : public RouterService {
       PD_LOG(kWarn, kTag) << "worker '" << it->first << "' left: " << why.message();
       const std::string id = it->first;
       workers_.erase(it);
+      prefixIndex_.forget(id);
       std::vector<std::shared_ptr<Stream>> affected;
       for (auto& [rid, s] : byWorkerRequest_)
         for (auto& ch : s->choices)
@@ -750,6 +763,11 @@ class RouterServiceImpl final : public RouterService {
     return out;
   }
 
+  int64_t totalBlocksLocked(const std::string& worker) const {
+    auto it = workers_.find(worker);
+    return it == workers_.end() ? 0 : int64_t(it->second.report.total_blocks());
+  }
+
   int healthyDecodeWorkers() {
     std::lock_guard<std::mutex> lock(mu_);
     int n = 0;
@@ -812,6 +830,8 @@ class RouterServiceImpl final : public RouterService {
   int64_t maxModelLen_;
   int vocab_;
   RoutingPolicy policy_;
+  const bool prefixAware_;
+  PrefixIndex prefixIndex_;  // under mu_ (blockHashes() is const and safe without it)
   Autoscaler autoscaler_;  // under mu_
   int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // under mu_: for the change log
   net::IoPool io_;

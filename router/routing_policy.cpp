@@ -22,38 +22,53 @@ std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens,
                                                const std::vector<WorkerView>& workers) const {
   const WorkerView* leastLoadedDecode = nullptr;
   const WorkerView* mostFreeDecode = nullptr;
-  const WorkerView* leastQueuedPrefill = nullptr;
   for (const auto& w : workers) {
-    if (!w.healthy) continue;
-    if (w.role == WorkerRole::kDecode) {
-      if (!leastLoadedDecode || decodeLoadKey(w) < decodeLoadKey(*leastLoadedDecode))
-        leastLoadedDecode = &w;
-      if (!mostFreeDecode || std::make_tuple(-w.freeBlocks, w.running + w.waiting, w.id) <
-                                 std::make_tuple(-mostFreeDecode->freeBlocks,
-                                                 mostFreeDecode->running + mostFreeDecode->waiting,
-                                                 mostFreeDecode->id))
-        mostFreeDecode = &w;
-    } else if (!leastQueuedPrefill ||
-               std::tie(w.queuedPrefillTokens, w.id) <
-                   std::tie(leastQueuedPrefill->queuedPrefillTokens, leastQueuedPrefill->id)) {
-      leastQueuedPrefill = &w;
-    }
+    if (!w.healthy || w.role != WorkerRole::kDecode) continue;
+    if (!leastLoadedDecode || decodeLoadKey(w) < decodeLoadKey(*leastLoadedDecode)) leastLoadedDecode = &w;
+    if (!mostFreeDecode || std::make_tuple(-w.freeBlocks, w.running + w.waiting, w.id) <
+                               std::make_tuple(-mostFreeDecode->freeBlocks,
+                                               mostFreeDecode->running + mostFreeDecode->waiting,
+                                               mostFreeDecode->id))
+      mostFreeDecode = &w;
   }
   if (!leastLoadedDecode) return std::nullopt;
+
+  // The colocated candidate: most of the prompt cached, among the not-much-busier workers.
+  const int loadLimit = leastLoadedDecode->running + leastLoadedDecode->waiting + config_.cacheLoadSlack;
+  const WorkerView* colocated = leastLoadedDecode;
+  for (const auto& w : workers) {
+    if (!w.healthy || w.role != WorkerRole::kDecode || w.running + w.waiting > loadLimit) continue;
+    if (std::make_tuple(-w.cachedTokens, decodeLoadKey(w)) <
+        std::make_tuple(-colocated->cachedTokens, decodeLoadKey(*colocated)))
+      colocated = &w;
+  }
+  // The prefill worker with the least work ahead of this prompt.
+  const WorkerView* prefill = nullptr;
+  auto prefillKey = [&](const WorkerView& w) {
+    return std::make_tuple(w.queuedPrefillTokens + promptTokens - w.cachedTokens, w.id);
+  };
+  for (const auto& w : workers) {
+    if (w.healthy && w.role == WorkerRole::kPrefill && (!prefill || prefillKey(w) < prefillKey(*prefill)))
+      prefill = &w;
+  }
 
   RoutePlan plan;
   if (promptTokens <= config_.shortPromptTokens) {
     plan.reason = "short_prompt";
-  } else if (!leastQueuedPrefill) {
+  } else if (promptTokens - colocated->cachedTokens <= config_.shortPromptTokens) {
+    plan.reason = "cached_prefix";
+  } else if (!prefill) {
     plan.reason = "no_prefill_worker";
   } else {
     plan.route = Route::kDisaggregated;
-    plan.prefillWorker = leastQueuedPrefill->id;
+    plan.prefillWorker = prefill->id;
     plan.decodeWorker = mostFreeDecode->id;
     plan.reason = "long_prompt";
+    plan.cachedTokens = prefill->cachedTokens;
     return plan;
   }
-  plan.decodeWorker = leastLoadedDecode->id;
+  plan.decodeWorker = colocated->id;
+  plan.cachedTokens = colocated->cachedTokens;
   return plan;
 }
 

@@ -2,11 +2,18 @@
 // snapshot of the workers' load reports. Pure: no I/O, no clock, no locks; the router calls
 // select() on its own thread with a snapshot it owns.
 //
-// Rules:
-// - prompt tokens <= shortPromptTokens: colocated on the least-loaded healthy decode worker;
-// - longer: the healthy prefill worker with the fewest queued prefill tokens, paired with the
-//   healthy decode worker with the most free KV blocks; with no healthy prefill worker the
-//   request is served colocated (reason "no_prefill_worker") rather than refused;
+// Rules (WorkerView::cachedTokens is how much of this prompt a worker is believed to hold in
+// its prefix cache, router/prefix_index.h; 0 everywhere without prefix-aware routing):
+// - the colocated candidate is the healthy decode worker holding the most of the prompt among
+//   those with at most cacheLoadSlack more requests (running + waiting) than the least
+//   loaded; with nothing cached, simply the least loaded;
+// - prompt tokens <= shortPromptTokens: colocated there ("short_prompt");
+// - longer, but its uncached part there <= shortPromptTokens: colocated there
+//   ("cached_prefix"): recomputing the prefix elsewhere would cost more than it saves;
+// - longer: disaggregated ("long_prompt") on the healthy prefill worker with the least work
+//   ahead of it -- queued prefill tokens plus this prompt's uncached tokens there -- paired
+//   with the healthy decode worker with the most free KV blocks; with no healthy prefill
+//   worker the request is served colocated ("no_prefill_worker") rather than refused;
 // - no healthy decode worker: no route (the router answers 503).
 #pragma once
 
@@ -28,6 +35,7 @@ struct WorkerView {
   int waiting = 0;
   int64_t freeBlocks = 0;
   int64_t totalBlocks = 0;
+  int64_t cachedTokens = 0;  // of the prompt being routed (filled in per request)
 };
 
 enum class Route { kColocated, kDisaggregated };
@@ -37,11 +45,13 @@ struct RoutePlan {
   Route route = Route::kColocated;
   std::string decodeWorker;
   std::string prefillWorker;  // empty when colocated
-  std::string reason;         // "short_prompt", "long_prompt", "no_prefill_worker"
+  std::string reason;  // "short_prompt", "cached_prefix", "long_prompt", "no_prefill_worker"
+  int64_t cachedTokens = 0;  // of the prompt, on the worker that will prefill it
 };
 
 struct RoutingConfig {
   int64_t shortPromptTokens = 256;
+  int cacheLoadSlack = 4;
 };
 
 class RoutingPolicy {

@@ -104,6 +104,7 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readInt("control_port", &c->controlPort, 1, 65535);
   m.readStringList("api_keys", &c->apiKeys);
   m.readInt("short_prompt_tokens", &c->shortPromptTokens, 0, kMaxTokens);
+  m.readBool("prefix_aware_routing", &c->prefixAwareRouting);
   m.readInt("max_body_bytes", &c->maxBodyBytes, 1024, int64_t{1} << 30);
   m.readInt("max_prompt_tokens", &c->maxPromptTokens, 0, kMaxTokens);
   m.readInt("load_report_interval_ms", &c->loadReportIntervalMs, 1, 60000);

@@ -50,6 +50,13 @@ void RouterMetrics::routeDecision(std::string_view route, std::string_view reaso
       .inc();
 }
 
+void RouterMetrics::predictedCachedTokens(int64_t tokens) {
+  r_.counter("pdserve_router_predicted_cached_tokens_total",
+             "Prompt tokens the router routed to a worker it expected to hold them in its prefix "
+             "cache (compare with the workers' pdserve_prefix_cache_hits_total).")
+      .inc(double(tokens));
+}
+
 void RouterMetrics::requestFinished(std::string_view finishedReason, int64_t promptTokens,
                                     int64_t completionTokens) {
   r_.counter("pdserve_requests_finished_total", "Finished requests by finish reason.",

@@ -61,6 +61,8 @@ class RouterMetrics {
   void observeQueueTime(std::string_view route, double seconds);
   // reason: why this route ("short_prompt", "long_prompt", "no_prefill_worker", ...).
   void routeDecision(std::string_view route, std::string_view reason);
+  // Prompt tokens the router expected the chosen worker to hold in its prefix cache.
+  void predictedCachedTokens(int64_t tokens);
   // finishedReason: stop | length | abort | error; tokens add to the token counters.
   void requestFinished(std::string_view finishedReason, int64_t promptTokens,
                        int64_t completionTokens);

@@ -48,9 +48,11 @@ struct ClusterSpec {
   int64_t shortPromptTokens = 64;
   std::string transports = "[tcp]";
   std::string onFailure = "recompute";
-  std::string extraRouter;
+  std::string extraRouter{};
   int64_t timeoutMs = 20000;
   std::string backend = "cpu";  // cuda: both workers on GPU 0, weights and KV in f32
+  // Off by default here: these tests send repeats and expect routing by length alone.
+  bool prefixAwareRouting = false;
 };
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
@@ -60,7 +62,9 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
   std::ofstream(path) << "model: {path: " << modelDir() << ", name: small"
                       << (cuda ? ", dtype: f32" : "") << "}\n"
                       << "router:\n  short_prompt_tokens: " << spec.shortPromptTokens << "\n"
-                      << "  request_timeout_ms: 60000\n" << spec.extraRouter
+                      << "  request_timeout_ms: 60000\n"
+                      << "  prefix_aware_routing: " << (spec.prefixAwareRouting ? "true" : "false") << "\n"
+                      << spec.extraRouter
                       << "pools: {prefill: {replicas: 1}, decode: {replicas: 1}}\n"
                       << "engine: {backend: " << spec.backend
                       << ", threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
@@ -238,6 +242,34 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
       CHECK(allBlocksFree(*c, "prefill-0"));
     }
   }
+}
+
+TEST_CASE("prefix-aware routing: a prompt extending one the decode worker received stays colocated") {
+  ClusterSpec spec{/*shortPromptTokens=*/64};
+  spec.prefixAwareRouting = true;
+  auto c = startCluster("prefix-routing", spec);
+  const auto first = prompt(600, 77);
+  auto r = complete(*c, first, 4);
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+
+  // The same 600 tokens and 30 more: 592 of them (37 full blocks) are on decode-0, which got
+  // them from the prefill worker; 38 uncached tokens are under the threshold of 64.
+  auto longer = first;
+  for (int32_t t : prompt(31, 78)) if (longer.size() < 630) longer.push_back(t);
+  const double hitsBefore = workerMetric(*c, "decode-0", "pdserve_prefix_cache_hits_total");
+  r = complete(*c, longer, 6);
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.find("x-pdserve-route: colocated") != std::string::npos);
+  CHECK(r.ids == generateCli(longer, 6));
+  // The decode worker really served the prefix from its cache.
+  CHECK(workerMetric(*c, "decode-0", "pdserve_prefix_cache_hits_total") - hitsBefore >= 592);
+  auto m = httpGet(c->httpPort(), "/metrics", 5s);
+  REQUIRE(m.ok());
+  CHECK(m->body.find("pdserve_route_decisions_total{reason=\"cached_prefix\",route=\"colocated\"} 1") !=
+        std::string::npos);
+  CHECK(m->body.find("pdserve_router_predicted_cached_tokens_total 592") != std::string::npos);
+  CHECK(allBlocksFree(*c, "decode-0"));
 }
 
 TEST_CASE("seeded sampling gives the same tokens in pdserve generate, colocated and disaggregated") {

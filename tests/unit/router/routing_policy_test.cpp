@@ -58,3 +58,44 @@ TEST_CASE("unhealthy workers get no work; no decode worker means no route") {
   CHECK(plan->reason == "no_prefill_worker");
   CHECK_FALSE(policy.select(10, {decode("d0", 0, 1, false), prefill("p0", 0)}).has_value());
 }
+
+TEST_CASE("a cached prefix draws a prompt to the worker holding it, within the load slack") {
+  RoutingPolicy policy({/*shortPromptTokens=*/256, /*cacheLoadSlack=*/4});
+  auto d0 = decode("d0", 1, 900), d1 = decode("d1", 4, 900), d2 = decode("d2", 9, 900);
+  d1.cachedTokens = 128;
+  d2.cachedTokens = 1024;  // holds more, but 8 requests busier than d0: beyond the slack
+  auto plan = policy.select(200, {d0, d1, d2, prefill("p0", 0)});
+  REQUIRE(plan);
+  CHECK(plan->decodeWorker == "d1");
+  CHECK(plan->reason == "short_prompt");
+  CHECK(plan->cachedTokens == 128);
+
+  // 1,100 tokens with 1,024 of them cached on d2 (now within the slack): 76 uncached tokens
+  // are short work there, so it stays colocated instead of being prefilled from scratch.
+  d2.running = 5;
+  plan = policy.select(1100, {d0, d1, d2, prefill("p0", 0)});
+  REQUIRE(plan);
+  CHECK(plan->route == Route::kColocated);
+  CHECK(plan->decodeWorker == "d2");
+  CHECK(plan->reason == "cached_prefix");
+  // With 300 uncached tokens it is long work: disaggregated.
+  plan = policy.select(1324, {d0, d1, d2, prefill("p0", 0)});
+  REQUIRE(plan);
+  CHECK(plan->route == Route::kDisaggregated);
+  CHECK(plan->reason == "long_prompt");
+}
+
+TEST_CASE("the prefill worker with the least work ahead wins: queued tokens plus uncached ones") {
+  RoutingPolicy policy({256});
+  auto p0 = prefill("p0", 100), p1 = prefill("p1", 900);
+  p1.cachedTokens = 1536;  // 2,000-token prompt: p0 has 100 + 2000 ahead, p1 900 + 464
+  auto plan = policy.select(2000, {decode("d0", 0, 900), p0, p1});
+  REQUIRE(plan);
+  CHECK(plan->prefillWorker == "p1");
+  CHECK(plan->cachedTokens == 1536);
+  p1.cachedTokens = 512;  // 900 + 1488 > 100 + 2000? no: 2388 > 2100 -> p0
+  plan = policy.select(2000, {decode("d0", 0, 900), p0, p1});
+  REQUIRE(plan);
+  CHECK(plan->prefillWorker == "p0");
+  CHECK(plan->cachedTokens == 0);
+}

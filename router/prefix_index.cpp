@@ -1,0 +1,61 @@
+#include "router/prefix_index.h"
+
+namespace pd::router {
+namespace {
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::vector<uint64_t> PrefixIndex::blockHashes(std::span<const int32_t> tokens) const {
+  std::vector<uint64_t> out;
+  out.reserve(tokens.size() / size_t(blockSize_));
+  uint64_t h = 0x70726566697821ULL;  // chain seed
+  for (size_t b = 0; (b + 1) * size_t(blockSize_) <= tokens.size(); ++b) {
+    for (size_t i = b * size_t(blockSize_); i < (b + 1) * size_t(blockSize_); ++i)
+      h = mix64(h ^ uint32_t(tokens[i]));
+    out.push_back(h);
+  }
+  return out;
+}
+
+int64_t PrefixIndex::cachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return 0;
+  size_t n = 0;
+  while (n < hashes.size() && it->second.where.count(hashes[n])) ++n;
+  return int64_t(n) * blockSize_;
+}
+
+void PrefixIndex::record(const std::string& worker, std::span<const uint64_t> hashes,
+                         int64_t capacityBlocks) {
+  if (hashes.empty()) return;
+  WorkerBlocks& w = workers_[worker];
+  // Later blocks are touched first, so a prefix's head ends up most recent: evicting from
+  // the tail drops suffixes before the prefixes they extend, as the workers' caches do.
+  for (auto h = hashes.rbegin(); h != hashes.rend(); ++h) {
+    auto found = w.where.find(*h);
+    if (found != w.where.end()) {
+      w.lru.splice(w.lru.begin(), w.lru, found->second);
+    } else {
+      w.lru.push_front(*h);
+      w.where.emplace(*h, w.lru.begin());
+    }
+  }
+  while (capacityBlocks > 0 && int64_t(w.lru.size()) > capacityBlocks) {
+    w.where.erase(w.lru.back());
+    w.lru.pop_back();
+  }
+}
+
+size_t PrefixIndex::blocksKnown(const std::string& worker) const {
+  auto it = workers_.find(worker);
+  return it == workers_.end() ? 0 : it->second.lru.size();
+}
+
+}  // namespace pd::router
