@@ -1,0 +1,141 @@
+// The arithmetic the CPU and CUDA samplers share (pd/kernels/sampling.h,
+// pd/kernels/cuda/sampling.h), written once for host and device so both compute the same
+// bits: the tempered weight w of a token, its fixed-point mass q, and its order key.
+//
+// Bit-exactness: every float/double operation is a single IEEE-rounded operation. On the
+// device the *_rn intrinsics keep nvcc from fusing a multiply and an add into an FMA; on the
+// host the including file must be compiled with -ffp-contract=off (kernels/CMakeLists.txt
+// sets it for cpu/sampling.cpp). Include this header only from those two files.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define PD_SAMPLING_HD __host__ __device__ __forceinline__
+#else
+#define PD_SAMPLING_HD inline
+#endif
+
+namespace pd::kernels::sampling_math {
+
+// Masses are fixed point with this many fraction bits (the most likely token weighs 2^40):
+// sums of up to 2^23 tokens fit in 64 bits, and integer sums do not depend on the order of
+// addition, so the CPU loop and the GPU's parallel reductions agree exactly.
+inline constexpr int kMassBits = 40;
+// q(w) > 0 exactly when w > 2^-41 (2^-41 itself rounds to even, i.e. to 0).
+inline constexpr float kMinKeptWeight = 0x1p-41f;
+
+PD_SAMPLING_HD float fadd(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+PD_SAMPLING_HD float fsub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+PD_SAMPLING_HD float fmul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+PD_SAMPLING_HD uint32_t floatBits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+#endif
+}
+PD_SAMPLING_HD float bitsFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+#endif
+}
+
+// exp(x) for x <= 0 in straight-line arithmetic (round to nearest by the 1.5 * 2^23 trick, a
+// degree-6 polynomial on [-ln2/2, ln2/2], the exponent added into the bits). Relative error
+// ~1e-7; x < -87 (including -inf, a masked token) gives exactly 0. Not guaranteed monotone
+// to the last bit, which is why nothing relies on w ordering tokens (keys do).
+PD_SAMPLING_HD float expNonPositive(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;
+  const float k = fsub(fadd(fmul(xc, 1.44269504088896341f), 12582912.0f), 12582912.0f);
+  const float r = fadd(fsub(xc, fmul(k, 0.693359375f)), fmul(k, 2.12194440e-4f));
+  float p = 1.9875691500e-4f;
+  p = fadd(fmul(p, r), 1.3981999507e-3f);
+  p = fadd(fmul(p, r), 8.3334519073e-3f);
+  p = fadd(fmul(p, r), 4.1665795894e-2f);
+  p = fadd(fmul(p, r), 1.6666665459e-1f);
+  p = fadd(fmul(p, r), 5.0000001201e-1f);
+  p = fadd(fadd(fmul(fmul(p, r), r), r), 1.0f);
+  const int32_t bits = int32_t(floatBits(p)) + (int32_t(k) << 23);
+  return x < -87.0f ? 0.0f : bitsFloat(uint32_t(bits));
+}
+
+// The weight of a token relative to the most likely one: exp((logit - lmax) * invT), in
+// [0, 1]. invT is 1 / temperature, rounded once (1.0f / t on the host, __frcp_rn on device).
+PD_SAMPLING_HD float tokenWeight(float logit, float lmax, float invT) {
+  return expNonPositive(fmul(fsub(logit, lmax), invT));
+}
+
+// round-half-even(w * 2^40) for w in [0, 1]: the 2^52 trick (w * 2^40 is exact in double,
+// adding 2^52 rounds it to an integer in the mantissa).
+PD_SAMPLING_HD uint64_t fixedMass(float w) {
+#if defined(__CUDA_ARCH__)
+  const double d = __dadd_rn(__dmul_rn(double(w), 0x1p40), 0x1p52);
+  return uint64_t(__double_as_longlong(d)) - 0x4330000000000000ULL;
+#else
+  const double d = double(w) * 0x1p40 + 0x1p52;
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u - 0x4330000000000000ULL;  // the bits of 2^52
+#endif
+}
+
+// (logit, id) as one integer ordered like (logit descending, id ascending): larger = better.
+// Unique per token, so "the k best" and "the smallest prefix reaching a mass" are sets.
+PD_SAMPLING_HD uint64_t orderKey(float logit, int32_t id) {
+  uint32_t b = floatBits(logit);
+  if (b == 0x80000000u) b = 0;  // -0 == +0, as the float comparison says
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // IEEE order -> unsigned order
+  return (uint64_t(b) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(id));
+}
+PD_SAMPLING_HD int32_t keyId(uint64_t key) { return int32_t(0xFFFFFFFFu - uint32_t(key)); }
+
+// The draw's target mass: floor(u * total) in [0, total), from u in [0, 1) and total >= 1.
+PD_SAMPLING_HD uint64_t drawTarget(double u, uint64_t total) {
+#if defined(__CUDA_ARCH__)
+  const double t = __dmul_rn(u, double(total));
+#else
+  const double t = u * double(total);
+#endif
+  const uint64_t target = uint64_t(t);
+  return target < total ? target : total - 1;
+}
+
+// Nucleus limit: ceil(topP * total) (a token is in the nucleus when the mass strictly before
+// it in key order is below this).
+PD_SAMPLING_HD uint64_t nucleusLimit(float topP, uint64_t total) {
+#if defined(__CUDA_ARCH__)
+  const double t = __dmul_rn(double(topP), double(total));
+#else
+  const double t = double(topP) * double(total);
+#endif
+  const uint64_t f = uint64_t(t);
+  return double(f) < t ? f + 1 : f;
+}
+
+}  // namespace pd::kernels::sampling_math
