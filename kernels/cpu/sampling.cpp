@@ -67,6 +67,13 @@ uint64_t keptMass(const float* w, int n, float minW) {
 
 inline bool inMinP(float w, float minW) { return w > kMinKeptWeight && w >= minW; }
 
+// The key order (orderKey(a) > orderKey(b)) in float comparisons, cheaper in the hot loops:
+// the same for finite and -inf logits (orderKey folds -0 into +0 as == does).
+struct Better {
+  const float* l;
+  bool operator()(int32_t a, int32_t b) const { return l[a] > l[b] || (l[a] == l[b] && a < b); }
+};
+
 struct Scratch {
   std::vector<float> w;
   std::vector<int32_t> idx;
@@ -81,9 +88,7 @@ Scratch& scratch() {
 // token for the common case of small k.
 void selectTopK(const float* logits, const float* w, int vocab, float minW, size_t k,
                 std::vector<int32_t>& idx) {
-  auto better = [logits](int32_t a, int32_t b) {
-    return orderKey(logits[a], a) > orderKey(logits[b], b);
-  };
+  const Better better{logits};
   idx.clear();
   for (int32_t i = 0; i < vocab; ++i) {
     if (!inMinP(w[i], minW)) continue;
@@ -99,14 +104,14 @@ void selectTopK(const float* logits, const float* w, int vocab, float minW, size
   std::sort(idx.begin(), idx.end(), better);
 }
 
-// top-p without top-k: the smallest key of the nucleus of D (tokens of D with key >= it are
-// F), and F's mass. Buckets D by the tempered distance d = (lmax - logit) / T in 1/32 steps:
-// d is monotone in the logit, so every token of a bucket before the one where the running
-// mass reaches the limit has a larger key than every token of that bucket and after. Only
-// the crossing bucket is sorted.
-uint64_t nucleusThreshold(const float* logits, const float* w, int vocab, float minW,
-                          float lmax, float invT, float topP, std::vector<uint64_t>& keys,
-                          uint64_t* massOut) {
+// top-p without top-k: the nucleus F of D (the largest keys whose mass strictly before them
+// is below ceil(topP * mass(D))) into idx in ascending id order; returns F's mass.
+// Buckets D by the tempered distance d = (lmax - logit) / T in 1/32 steps: d is monotone in
+// the logit, so every token of a bucket before the one where the running mass reaches the
+// limit has a larger key than every token of that bucket and after (and is in F). Only the
+// crossing bucket is sorted.
+uint64_t nucleus(const float* logits, const float* w, int vocab, float minW, float lmax,
+                 float invT, float topP, std::vector<int32_t>& idx, std::vector<uint64_t>& keys) {
   constexpr int kBuckets = 1024;
   auto bucketOf = [lmax, invT](float logit) {
     const float d = fmul(fmul(fsub(lmax, logit), invT), 32.0f);
@@ -127,19 +132,39 @@ uint64_t nucleusThreshold(const float* logits, const float* w, int vocab, float 
     if (before + mass[cross] >= limit) break;
     before += mass[cross];
   }
+  idx.clear();
   keys.clear();
   for (int32_t i = 0; i < vocab; ++i) {
-    if (inMinP(w[i], minW) && bucketOf(logits[i]) == cross) keys.push_back(orderKey(logits[i], i));
+    if (!inMinP(w[i], minW)) continue;
+    const int b = bucketOf(logits[i]);
+    if (b < cross) {
+      idx.push_back(i);
+    } else if (b == cross) {
+      keys.push_back(orderKey(logits[i], i));
+    }
   }
   std::sort(keys.begin(), keys.end(), std::greater<>());
-  uint64_t threshold = keys.empty() ? 0 : keys.front();
+  const size_t wholeBuckets = idx.size();
   for (uint64_t k : keys) {
     if (before >= limit) break;
-    threshold = k;
+    idx.push_back(keyId(k));
     before += fixedMass(w[keyId(k)]);
   }
-  *massOut = before;
-  return threshold;
+  std::sort(idx.begin() + std::ptrdiff_t(wholeBuckets), idx.end());
+  std::inplace_merge(idx.begin(), idx.begin() + std::ptrdiff_t(wholeBuckets), idx.end());
+  return before;
+}
+
+// Inverse CDF over ids (ascending) with masses q(w[id]); mass is their total.
+int32_t drawFrom(const float* w, const std::vector<int32_t>& ids, size_t n, uint64_t mass,
+                 double u, int32_t fallback) {
+  const uint64_t target = drawTarget(u, mass);
+  uint64_t acc = 0;
+  for (size_t i = 0; i < n; ++i) {
+    acc += fixedMass(w[ids[i]]);
+    if (acc > target) return ids[i];
+  }
+  return fallback;  // unreachable: the masses sum to `mass` > target
 }
 
 void sampleRow(const float* logits, int vocab, const SampleRowParams& p, int topN, int32_t* idOut,
@@ -157,14 +182,15 @@ void sampleRow(const float* logits, int vocab, const SampleRowParams& p, int top
     lse = lmax + float(std::log(double(raw) * 0x1p-40));
     if (p.temperature >= kSamplingGreedyTemperature) {
       const float invT = 1.0f / p.temperature;
-      if (invT != 1.0f) (void)weightsAndMass(logits, vocab, lmax, invT, w);
+      const uint64_t tempered = invT != 1.0f ? weightsAndMass(logits, vocab, lmax, invT, w) : raw;
       const float minW = p.minP;
       const bool topK = p.topK > 0 && p.topK < vocab;
       const bool topP = p.topP < 1.0f;
       std::vector<int32_t>& idx = sc.idx;
       if (!topK && !topP) {
         // No ordering needed: walk the ids once.
-        const uint64_t target = drawTarget(p.u, keptMass(w, vocab, minW));
+        // keptMass with minP 0 is the tempered total (q is 0 wherever w <= 2^-41).
+        const uint64_t target = drawTarget(p.u, minW > 0.0f ? keptMass(w, vocab, minW) : tempered);
         uint64_t acc = 0;
         for (int32_t i = 0; i < vocab; ++i) {
           if (!inMinP(w[i], minW)) continue;
@@ -188,29 +214,10 @@ void sampleRow(const float* logits, int vocab, const SampleRowParams& p, int top
           mass = before;
         }
         std::sort(idx.begin(), idx.begin() + std::ptrdiff_t(n));  // the draw walks ids ascending
-        const uint64_t target = drawTarget(p.u, mass);
-        uint64_t acc = 0;
-        for (size_t i = 0; i < n; ++i) {
-          acc += fixedMass(w[idx[i]]);
-          if (acc > target) {
-            chosen = idx[i];
-            break;
-          }
-        }
+        chosen = drawFrom(w, idx, n, mass, p.u, chosen);
       } else {
-        uint64_t mass = 0;
-        const uint64_t threshold =
-            nucleusThreshold(logits, w, vocab, minW, lmax, invT, p.topP, sc.keys, &mass);
-        const uint64_t target = drawTarget(p.u, mass);
-        uint64_t acc = 0;
-        for (int32_t i = 0; i < vocab; ++i) {
-          if (!inMinP(w[i], minW) || orderKey(logits[i], i) < threshold) continue;
-          acc += fixedMass(w[i]);
-          if (acc > target) {
-            chosen = i;
-            break;
-          }
-        }
+        const uint64_t mass = nucleus(logits, w, vocab, minW, lmax, invT, p.topP, idx, sc.keys);
+        chosen = drawFrom(w, idx, idx.size(), mass, p.u, chosen);
       }
     }
   }
@@ -220,13 +227,11 @@ void sampleRow(const float* logits, int vocab, const SampleRowParams& p, int top
   if (topN > 0) {
     // One pass keeping the best n in a small sorted array (n <= 20).
     const size_t want = size_t(std::min(topN, vocab));
-    auto better = [logits](int32_t a, int32_t b) {
-      return orderKey(logits[a], a) > orderKey(logits[b], b);
-    };
+    const Better better{logits};
     int32_t best[kSamplingMaxTopN + 1];
     size_t have = 0;
     for (int32_t i = 0; i < vocab; ++i) {
-      if (have == want && !better(i, best[have - 1])) continue;
+      if (have == want && !(logits[i] > logits[best[have - 1]])) continue;  // ties keep the lower id
       const size_t pos = size_t(std::upper_bound(best, best + have, i, better) - best);
       for (size_t j = have < want ? have : want - 1; j > pos; --j) best[j] = best[j - 1];
       best[pos] = i;
