@@ -8,6 +8,7 @@
 //   PD_ASSIGN_OR_RETURN(auto backend, pd::engine::createCudaBackend(model, layout, {}));
 //   MemDesc kv = backend->kvRegion();   // device memory, for kvtransfer registration
 //   PD_RETURN_IF_ERROR(backend->forward(chunks, logits /* host, f32 */));
+//   PD_RETURN_IF_ERROR(backend->forwardAndSample(chunks, rowParams, topN, tokens)); // or this
 //
 // Threads: one host thread drives a backend (as Backend says); it owns one CUDA stream and
 // one cuBLAS handle, so backends on different threads/devices are independent. forward()
@@ -30,6 +31,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,7 @@
 #include "common/engine/backend.h"
 #include "common/engine/cpu_backend.h"
 #include "common/engine/model_weights.h"
+#include "common/engine/sampling.h"
 
 namespace pd::engine {
 
@@ -63,6 +66,25 @@ class CudaBackend : public Backend {
   virtual MemDesc kvRegion() const = 0;
   // Steps run through a CUDA graph so far (tests and benchmarks read it).
   virtual int64_t graphSteps() const = 0;
+
+  // Device-side sampling: runs the step exactly as forward() does, then samples every logits
+  // row on the device (pd::kernels::cuda::sampleRows) and copies back only ids and logprobs
+  // instead of the [rows][vocab] f32 logits (0.5 MiB per row at a 128k vocabulary).
+  //   params: one per chunk with wantLogits, in batch order, made by
+  //           pd::engine::rowParams(request params, step) (masks + the (seed, step) draw);
+  //   topN:   0..kMaxLogprobs top logprobs for every row (pass the largest any row wants;
+  //           each row's list is most likely first, so a row wanting fewer keeps a prefix);
+  //   out:    [numLogits], filled (topLogprobs has topN entries).
+  // The tokens equal pd::engine::sample() on forward()'s logits with the same params and step:
+  // both are the same kernel definition with exact integer masses (sampling.h).
+  // How the engine uses it: where it calls forward() and then sample() per logits row, it can
+  // call this instead when its backend is a CudaBackend (the Engine does not yet).
+  // Errors: as forward(); a params count other than the logits rows, a topN out of range or
+  // invalid row params (named by row) -> kInvalidArgument.
+  virtual Status forwardAndSample(std::span<const SeqChunk> batch,
+                                  std::span<const pd::kernels::SampleRowParams> params, int topN,
+                                  SampledToken* out,
+                                  const LayerKvReadyFn& onLayerKvReady = {}) = 0;
 };
 
 // OK when this build has CUDA and at least one device is visible; otherwise the error a
