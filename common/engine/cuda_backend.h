@@ -67,24 +67,19 @@ class CudaBackend : public Backend {
   // Steps run through a CUDA graph so far (tests and benchmarks read it).
   virtual int64_t graphSteps() const = 0;
 
-  // Device-side sampling: runs the step exactly as forward() does, then samples every logits
-  // row on the device (pd::kernels::cuda::sampleRows) and copies back only ids and logprobs
-  // instead of the [rows][vocab] f32 logits (0.5 MiB per row at a 128k vocabulary).
-  //   params: one per chunk with wantLogits, in batch order, made by
-  //           pd::engine::rowParams(request params, step) (masks + the (seed, step) draw);
-  //   topN:   0..kMaxLogprobs top logprobs for every row (pass the largest any row wants;
-  //           each row's list is most likely first, so a row wanting fewer keeps a prefix);
-  //   out:    [numLogits], filled (topLogprobs has topN entries).
-  // The tokens equal pd::engine::sample() on forward()'s logits with the same params and step:
-  // both are the same kernel definition with exact integer masses (sampling.h).
-  // How the engine uses it: where it calls forward() and then sample() per logits row, it can
-  // call this instead when its backend is a CudaBackend (the Engine does not yet).
+  // Device-side sampling (Backend::forwardAndSample): runs the step exactly as forward()
+  // does, then samples every logits row on the device (pd::kernels::cuda::sampleRows) and
+  // copies back only ids and logprobs instead of the [rows][vocab] f32 logits (0.5 MiB per
+  // row at a 128k vocabulary). The tokens equal pd::engine::sample() on forward()'s logits
+  // with the same params and step: both are the same kernel definition with exact integer
+  // masses (pd/kernels/sampling.h). The Engine uses it because samplesOnDevice() is true.
   // Errors: as forward(); a params count other than the logits rows, a topN out of range or
   // invalid row params (named by row) -> kInvalidArgument.
-  virtual Status forwardAndSample(std::span<const SeqChunk> batch,
-                                  std::span<const pd::kernels::SampleRowParams> params, int topN,
-                                  SampledToken* out,
-                                  const LayerKvReadyFn& onLayerKvReady = {}) = 0;
+  bool samplesOnDevice() const override { return true; }
+  Status forwardAndSample(std::span<const SeqChunk> batch,
+                          std::span<const pd::kernels::SampleRowParams> params, int topN,
+                          SampledToken* out,
+                          const LayerKvReadyFn& onLayerKvReady = {}) override = 0;
 };
 
 // OK when this build has CUDA and at least one device is visible; otherwise the error a
