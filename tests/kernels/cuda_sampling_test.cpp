@@ -120,7 +120,7 @@ TEST_CASE("cuda sampleRows picks the CPU twin's tokens", "[cuda][kernels][sampli
   for (int vocab : {1000, 32000, 128256, 151936}) {
     for (int rows : {1, 7, 128}) {
       for (int kind = 0; kind < 4; ++kind) {
-        for (int topN : {0, 5, 20}) {
+        for (int topN : {0, 20}) {
           DYNAMIC_SECTION("vocab " << vocab << " rows " << rows << " kind " << kind << " topN "
                                    << topN) {
             // Rows cycle through the 192 parameter combinations; the offset moves the cycle so

@@ -81,8 +81,9 @@ PD_SAMPLING_HD float expNonPositive(float x) {
   p = fadd(fmul(p, r), 1.6666665459e-1f);
   p = fadd(fmul(p, r), 5.0000001201e-1f);
   p = fadd(fadd(fmul(fmul(p, r), r), r), 1.0f);
-  const int32_t bits = int32_t(floatBits(p)) + (int32_t(k) << 23);
-  return x < -87.0f ? 0.0f : bitsFloat(uint32_t(bits));
+  // Unsigned: k < 0 shifted left is well defined (two's complement wrap-around, as intended).
+  const uint32_t bits = floatBits(p) + (uint32_t(int32_t(k)) << 23);
+  return x < -87.0f ? 0.0f : bitsFloat(bits);
 }
 
 // The weight of a token relative to the most likely one: exp((logit - lmax) * invT), in
