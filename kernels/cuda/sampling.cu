@@ -15,8 +15,7 @@ using namespace pd::kernels::sampling_math;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kDigitBits = 8;
-constexpr int kDigits = 1 << kDigitBits;
+constexpr int kDigits = kRadixDigits;
 
 struct Shared {
   unsigned long long mass[kDigits];
@@ -86,68 +85,43 @@ struct Selected {
 // It stops as soon as that bucket is wholly in (count reached exactly, or a single token).
 __device__ Selected radixSelect(const Row& r, bool useMinP, unsigned long long floorKey,
                                 bool byMass, unsigned long long need, Shared& sh) {
-  unsigned long long prefix = 0, before = 0, beforeMass = 0;
-  for (int shift = 64 - kDigitBits; shift >= 0; shift -= kDigitBits) {
-    const unsigned long long prefixMask =
-        shift + kDigitBits >= 64 ? 0ULL : (~0ULL << (shift + kDigitBits));
+  RadixSelect sel;  // advanced by thread 0 only; the others read the broadcast prefix/shift
+  for (;;) {
     for (int d = threadIdx.x; d < kDigits; d += blockDim.x) {
       sh.mass[d] = 0;
       sh.count[d] = 0;
     }
     __syncthreads();
+    const unsigned long long mask = sel.prefixMask();
     for (int i = threadIdx.x; i < r.vocab; i += blockDim.x) {
       const unsigned long long key = orderKey(r.logits[i], i);
-      if ((key & prefixMask) != prefix || key < floorKey) continue;
+      if ((key & mask) != sel.prefix || key < floorKey) continue;
       unsigned long long q = 0;
       if (useMinP) {
         q = minPMass(r, i);
         if (q == 0) continue;
       }
-      const int digit = int((key >> shift) & (kDigits - 1));
+      const int digit = sel.digitOf(key);
       atomicAdd(&sh.count[digit], 1u);
       if (useMinP) atomicAdd(&sh.mass[digit], q);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      int chosen = -1;
-      for (int d = kDigits - 1; d >= 0; --d) {
-        const unsigned long long v = byMass ? sh.mass[d] : sh.count[d];
-        if (v > 0 && before + v >= need) {
-          chosen = d;
-          break;
-        }
-        before += v;
-        beforeMass += sh.mass[d];
-      }
-      unsigned long long done = 0, threshold = 0, mass = 0;
-      if (chosen < 0) {  // the whole domain is selected (only possible on the first pass)
-        done = 1;
-        threshold = floorKey;
-        mass = beforeMass;
-      } else {
-        const unsigned long long here = prefix | (static_cast<unsigned long long>(chosen) << shift);
-        const bool whole = sh.count[chosen] == 1 || (!byMass && before + sh.count[chosen] == need);
-        if (whole || shift == 0) {
-          done = 1;
-          threshold = here;
-          mass = beforeMass + sh.mass[chosen];
-        } else {
-          prefix = here;
-        }
-      }
-      sh.bcast[0] = done;
-      sh.bcast[1] = done ? threshold : prefix;
-      sh.bcast[2] = mass;
+      sel.step(sh.mass, sh.count, byMass, need, floorKey);
+      sh.bcast[0] = sel.done ? 1ULL : 0ULL;
+      sh.bcast[1] = sel.done ? sel.threshold : sel.prefix;
+      sh.bcast[2] = sel.done ? sel.mass : static_cast<unsigned long long>(sel.shift);
     }
     __syncthreads();
     const bool done = sh.bcast[0] != 0;
     const Selected s{sh.bcast[1], sh.bcast[2]};
-    prefix = sh.bcast[1];
+    if (!done) {
+      sel.prefix = sh.bcast[1];
+      sel.shift = int(sh.bcast[2]);
+    }
     __syncthreads();  // the histograms and bcast are rewritten next
     if (done) return s;
-    // Only thread 0 keeps before / beforeMass; the others never read them.
   }
-  return Selected{floorKey, 0};  // unreachable: keys are unique, the last digit ends it
 }
 
 // Inverse CDF in ascending id order over { i in D : key(i) >= floorKey } (mass `total`).

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -112,7 +113,164 @@ std::vector<float> randomLogits(int vocab, int kind, std::mt19937_64& rng) {
   return l;
 }
 
+// The CUDA kernel's algorithm run on the host: the same radix selection (sm::RadixSelect,
+// the code the kernel's thread 0 runs) over histograms built here sequentially, the same
+// passes in the same order. Checks the selection logic on the CPU (what it cannot check:
+// the kernel's synchronisation and reductions, left to cuda_sampling_test on a GPU).
+struct Emulated {
+  Out out;
+  int passes = 0;
+};
+Emulated emulateCudaKernel(const float* l, int vocab, const SampleRowParams& p, int topN) {
+  Emulated e;
+  uint64_t best = 0;
+  for (int i = 0; i < vocab; ++i) best = std::max(best, sm::orderKey(l[i], i));
+  const int32_t argmax = sm::keyId(best);
+  const float lmax = l[argmax];
+  const float invT = p.temperature >= pd::kernels::kSamplingGreedyTemperature
+                         ? 1.0f / p.temperature
+                         : 1.0f;
+  auto minPMass = [&](int i) -> uint64_t {
+    const float w = sm::tokenWeight(l[i], lmax, invT);
+    return (w > sm::kMinKeptWeight && w >= p.minP) ? sm::fixedMass(w) : 0;
+  };
+  auto select = [&](bool useMinP, uint64_t floorKey, bool byMass, uint64_t need) {
+    sm::RadixSelect sel;
+    while (!sel.done) {
+      uint64_t mass[sm::kRadixDigits] = {};
+      uint32_t count[sm::kRadixDigits] = {};
+      for (int i = 0; i < vocab; ++i) {
+        const uint64_t key = sm::orderKey(l[i], i);
+        if ((key & sel.prefixMask()) != sel.prefix || key < floorKey) continue;
+        const uint64_t q = useMinP ? minPMass(i) : 0;
+        if (useMinP && q == 0) continue;
+        ++count[sel.digitOf(key)];
+        mass[sel.digitOf(key)] += q;
+      }
+      sel.step(mass, count, byMass, need, floorKey);
+      ++e.passes;
+    }
+    return sel;
+  };
+  int32_t chosen = argmax;
+  float lse = std::numeric_limits<float>::infinity();
+  if (lmax > kNegInf) {
+    uint64_t raw = 0;
+    for (int i = 0; i < vocab; ++i) raw += sm::fixedMass(sm::tokenWeight(l[i], lmax, 1.0f));
+    lse = lmax + float(std::log(double(raw) * 0x1p-40));
+    if (p.temperature >= pd::kernels::kSamplingGreedyTemperature) {
+      uint64_t floorKey = 0, mass = 0;
+      if (p.topK > 0 && p.topK < vocab) {
+        const auto s = select(true, 0, false, uint64_t(p.topK));
+        floorKey = s.threshold;
+        mass = s.mass;
+      } else {
+        for (int i = 0; i < vocab; ++i) mass += minPMass(i);
+      }
+      if (p.topP < 1.0f) {
+        const auto s = select(true, floorKey, true, sm::nucleusLimit(p.topP, mass));
+        floorKey = s.threshold;
+        mass = s.mass;
+      }
+      // The kernel's draw: 32 warps own contiguous id ranges of `chunk` ids; the warp whose
+      // range holds the target scans it 32 ids at a time.
+      const uint64_t target = sm::drawTarget(p.u, mass);
+      constexpr int kWarps = 32;
+      const int chunk = ((vocab + kWarps - 1) / kWarps + 31) / 32 * 32;
+      auto massOf = [&](int i, int end) -> uint64_t {
+        if (i >= end || sm::orderKey(l[i], i) < floorKey) return 0;
+        return minPMass(i);
+      };
+      uint64_t warpMass[kWarps] = {};
+      for (int w = 0; w < kWarps; ++w) {
+        const int begin = w * chunk, end = std::min(begin + chunk, vocab);
+        for (int i = begin; i < end; ++i) warpMass[w] += massOf(i, end);
+      }
+      uint64_t acc = 0;
+      int sel = kWarps - 1;
+      for (int w = 0; w < kWarps; ++w) {
+        if (acc + warpMass[w] > target) {
+          sel = w;
+          break;
+        }
+        acc += warpMass[w];
+      }
+      const uint64_t local = target - acc;
+      const int begin = sel * chunk, end = std::min(begin + chunk, vocab);
+      uint64_t base = 0;
+      chosen = 0;  // the kernel's value when nothing is hit (never, when masses agree)
+      for (int start = begin; start < end; start += 32) {
+        uint64_t incl = 0;
+        int hit = -1;
+        for (int lane = 0; lane < 32; ++lane) {
+          incl += massOf(start + lane, end);
+          if (hit < 0 && base + incl > local) hit = lane;
+        }
+        if (hit >= 0) {
+          chosen = start + hit;
+          break;
+        }
+        base += incl;
+      }
+    }
+  }
+  e.out.id = chosen;
+  e.out.logprob = l[chosen] - lse;
+  if (topN > 0) {
+    const auto s = select(false, 0, false, uint64_t(topN));
+    std::vector<uint64_t> keys;
+    for (int i = 0; i < vocab; ++i) {
+      if (sm::orderKey(l[i], i) >= s.threshold) keys.push_back(sm::orderKey(l[i], i));
+    }
+    std::sort(keys.begin(), keys.end(), std::greater<>());
+    for (uint64_t k : keys) {
+      e.out.topIds.push_back(sm::keyId(k));
+      e.out.topLogprobs.push_back(l[sm::keyId(k)] - lse);
+    }
+  }
+  return e;
+}
+
 }  // namespace
+
+TEST_CASE("the CUDA kernel's radix selection, run on the host, picks the CPU kernel's tokens",
+          "[kernels][sampling]") {
+  std::mt19937_64 rng(2024);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
+  const int topKs[] = {0, 1, 20, 1000};
+  const float topPs[] = {1.0f, 0.95f, 0.6f, 0.1f};
+  const float minPs[] = {0.0f, 0.02f, 0.3f};
+  int compared = 0, maxPasses = 0;
+  for (int vocab : {1, 2, 33, 1000, 32000, 128256}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      const auto l = randomLogits(vocab, kind, rng);
+      for (int trial = 0; trial < (vocab > 100000 ? 12 : vocab > 10000 ? 40 : 200); ++trial) {
+        SampleRowParams p;
+        p.temperature = temps[rng() % 4];
+        p.topK = topKs[rng() % 4];
+        if (p.topK == 1000) p.topK = std::min(1000, vocab - 1);
+        p.topP = topPs[rng() % 4];
+        p.minP = minPs[rng() % 3];
+        p.u = uni(rng);
+        const int topN = std::min(int(rng() % 21), vocab);
+        INFO("vocab " << vocab << " kind " << kind << " T " << p.temperature << " topK " << p.topK
+                      << " topP " << p.topP << " minP " << p.minP << " u " << p.u);
+        const Emulated gpu = emulateCudaKernel(l.data(), vocab, p, topN);
+        const Out cpuOut = kernel(l.data(), vocab, p, topN);
+        REQUIRE(gpu.out.id == cpuOut.id);
+        REQUIRE(gpu.out.logprob == cpuOut.logprob);
+        REQUIRE(gpu.out.topIds == cpuOut.topIds);
+        REQUIRE(gpu.out.topLogprobs == cpuOut.topLogprobs);
+        maxPasses = std::max(maxPasses, gpu.passes);
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared == 4 * 4 * 200 + 4 * 40 + 4 * 12);
+  // Three selections at most (top-k, top-p, top-N), 8 digit passes each at most.
+  CHECK(maxPasses <= 24);
+}
 
 TEST_CASE("the draw is an inverse CDF in id order over the kept tokens", "[kernels][sampling]") {
   const std::vector<float> equal(4, 0.5f);

@@ -139,4 +139,67 @@ PD_SAMPLING_HD uint64_t nucleusLimit(float topP, uint64_t total) {
   return double(f) < t ? f + 1 : f;
 }
 
+// The CUDA sampler's radix selection, one digit at a time (the walk its thread 0 does after
+// each histogram pass; here so a CPU test can drive it with histograms built on the host).
+// Selects among a domain's tokens the set { key >= threshold } that is, by count, the `need`
+// largest keys, or, by mass, the smallest key-order prefix whose mass reaches `need`; all of
+// the domain when it holds less. Each pass histograms digit (key >> shift) & 255 of the
+// domain's keys whose bits above `shift + 8` equal `prefix`.
+inline constexpr int kRadixDigitBits = 8;
+inline constexpr int kRadixDigits = 1 << kRadixDigitBits;
+
+struct RadixSelect {
+  uint64_t prefix = 0;      // the bits above shift + 8 chosen so far
+  int shift = 64 - kRadixDigitBits;
+  uint64_t before = 0;      // count (or mass, byMass) of the domain above the prefix
+  uint64_t beforeMass = 0;  // mass of the domain above the prefix
+  bool done = false;
+  uint64_t threshold = 0;   // when done
+  uint64_t mass = 0;        // when done: the selected set's mass
+
+  // The key bits a token must match to be counted in this pass.
+  PD_SAMPLING_HD uint64_t prefixMask() const {
+    return shift + kRadixDigitBits >= 64 ? 0ULL : (~0ULL << (shift + kRadixDigitBits));
+  }
+  PD_SAMPLING_HD int digitOf(uint64_t key) const {
+    return int((key >> shift) & uint64_t(kRadixDigits - 1));
+  }
+  // Consumes this pass's histograms (count and mass per digit); either finishes or narrows
+  // the prefix to the digit where the running total reaches `need` and moves to the next.
+  template <typename MassT, typename CountT>
+  PD_SAMPLING_HD void step(const MassT* massHist, const CountT* countHist, bool byMass,
+                           uint64_t need, uint64_t floorKey) {
+    int chosen = -1;
+    for (int d = kRadixDigits - 1; d >= 0; --d) {
+      const uint64_t v = byMass ? uint64_t(massHist[d]) : uint64_t(countHist[d]);
+      if (v > 0 && before + v >= need) {
+        chosen = d;
+        break;
+      }
+      before += v;
+      beforeMass += uint64_t(massHist[d]);
+    }
+    if (chosen < 0) {  // the whole domain (only possible on the first pass)
+      done = true;
+      threshold = floorKey;
+      mass = beforeMass;
+      return;
+    }
+    const uint64_t here = prefix | (uint64_t(chosen) << shift);
+    const uint64_t count = uint64_t(countHist[chosen]);
+    // Done when the bucket is wholly in: a single token, or exactly the count still needed
+    // (keys are unique, so the last digit always ends it).
+    if (count == 1 || (!byMass && before + count == need) || shift == 0) {
+      done = true;
+      // The bucket's lowest possible key may lie below the domain's floor; the set is the
+      // domain's keys above `here`, so the floor still applies.
+      threshold = here > floorKey ? here : floorKey;
+      mass = beforeMass + uint64_t(massHist[chosen]);
+      return;
+    }
+    prefix = here;
+    shift -= kRadixDigitBits;
+  }
+};
+
 }  // namespace pd::kernels::sampling_math
