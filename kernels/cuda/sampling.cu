@@ -93,17 +93,30 @@ __device__ Selected radixSelect(const Row& r, bool useMinP, unsigned long long f
     }
     __syncthreads();
     const unsigned long long mask = sel.prefixMask();
-    for (int i = threadIdx.x; i < r.vocab; i += blockDim.x) {
-      const unsigned long long key = orderKey(r.logits[i], i);
-      if ((key & mask) != sel.prefix || key < floorKey) continue;
+    // Warp-uniform trip count, so every lane reaches the warp-wide intrinsics below.
+    for (int base = 0; base < r.vocab; base += blockDim.x) {
+      const int i = base + int(threadIdx.x);
+      int digit = -1;
       unsigned long long q = 0;
-      if (useMinP) {
-        q = minPMass(r, i);
-        if (q == 0) continue;
+      if (i < r.vocab) {
+        const unsigned long long key = orderKey(r.logits[i], i);
+        if ((key & mask) == sel.prefix && key >= floorKey) {
+          q = useMinP ? minPMass(r, i) : 1ULL;
+          if (q != 0) digit = sel.digitOf(key);
+        }
       }
-      const int digit = sel.digitOf(key);
-      atomicAdd(&sh.count[digit], 1u);
-      if (useMinP) atomicAdd(&sh.mass[digit], q);
+      // Most tokens share the leading digits: one shared atomic per (warp, digit) instead of
+      // one per token. Lanes with the same digit sum their masses exactly (q < 2^41, split
+      // into 24 + 17 bits so 32 lanes cannot overflow a 32-bit reduction).
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      const unsigned lo = __reduce_add_sync(peers, unsigned(q & 0xFFFFFFu));
+      const unsigned hi = __reduce_add_sync(peers, unsigned(q >> 24));
+      const bool leader = int(threadIdx.x % 32) == __ffs(peers) - 1;
+      if (digit >= 0 && leader) {
+        atomicAdd(&sh.count[digit], unsigned(__popc(peers)));
+        if (useMinP)
+          atomicAdd(&sh.mass[digit], (static_cast<unsigned long long>(hi) << 24) + lo);
+      }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
