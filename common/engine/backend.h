@@ -33,6 +33,7 @@
 #include "common/base/status.h"
 #include "common/engine/kv_layout.h"
 #include "common/engine/model_config.h"
+#include "common/engine/sampling.h"
 
 namespace pd::engine {
 
@@ -57,6 +58,20 @@ class Backend {
   // logits: [count of chunks with wantLogits][vocabSize], may be null when none want them.
   virtual Status forward(std::span<const SeqChunk> batch, float* logits,
                          const LayerKvReadyFn& onLayerKvReady = {}) = 0;
+
+  // Optional: backends that sample where the logits are (the CUDA backend) say so here, and
+  // the Engine then calls forwardAndSample() instead of forward() + sample() per row.
+  virtual bool samplesOnDevice() const { return false; }
+  // The step of forward(), then every logits row sampled as pd::engine::sample() would:
+  // params: one per chunk with wantLogits (rowParams(request params, step)); topN: top
+  // logprobs for every row (0..kMaxLogprobs, most likely first); out: [rows]. Returns the
+  // same tokens sample() picks from forward()'s logits. Default: kUnimplemented.
+  virtual Status forwardAndSample(std::span<const SeqChunk> batch,
+                                  std::span<const pd::kernels::SampleRowParams> params, int topN,
+                                  SampledToken* out, const LayerKvReadyFn& onLayerKvReady = {}) {
+    (void)batch, (void)params, (void)topN, (void)out, (void)onLayerKvReady;
+    return unimplemented("backend: forwardAndSample: this backend samples on the host");
+  }
 };
 
 // What a valid batch adds up to.

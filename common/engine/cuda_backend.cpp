@@ -22,6 +22,7 @@
 #include "common/engine/tensor_parallel.h"
 #include "pd/kernels/cuda/attention.h"
 #include "pd/kernels/cuda/ops.h"
+#include "pd/kernels/cuda/sampling.h"
 #include "pd/kernels/rope.h"
 
 namespace pd::engine {
@@ -123,6 +124,35 @@ struct Rank {
   int32_t* metaDev = nullptr;
 };
 
+// forwardAndSample's buffers: one device block [cap] params | [cap] ids | [cap] logprobs |
+// [cap][20] top ids | [cap][20] top logprobs, and its pinned host mirror (params copied in,
+// everything after them copied out with one copy). Grown on demand, freed with the backend.
+struct DeviceSampling {
+  using Params = pd::kernels::SampleRowParams;
+  static constexpr int kTop = pd::kernels::kSamplingMaxTopN;
+  int cap = 0;
+  char* dev = nullptr;
+  char* host = nullptr;
+  bool active = false;  // forward() samples instead of copying logits out
+  int topN = 0;
+
+  size_t idsOff() const { return size_t(cap) * sizeof(Params); }
+  size_t lpOff() const { return idsOff() + size_t(cap) * 4; }
+  size_t topIdsOff() const { return lpOff() + size_t(cap) * 4; }
+  size_t topLpOff() const { return topIdsOff() + size_t(cap) * kTop * 4; }
+  size_t bytes() const { return topLpOff() + size_t(cap) * kTop * 4; }
+  template <typename T>
+  T* at(char* base, size_t off) const {
+    return reinterpret_cast<T*>(base + off);
+  }
+  void release() {
+    if (dev) cudaFree(dev);
+    if (host) cudaFreeHost(host);
+    dev = host = nullptr;
+    cap = 0;
+  }
+};
+
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(std::shared_ptr<const ModelWeights> model, const KvLayout& layout,
@@ -151,6 +181,9 @@ class CudaBackendImpl final : public CudaBackend {
 
   Status forward(std::span<const SeqChunk> batch, float* logits,
                  const LayerKvReadyFn& onLayerKvReady) override;
+  Status forwardAndSample(std::span<const SeqChunk> batch,
+                          std::span<const pd::kernels::SampleRowParams> params, int topN,
+                          SampledToken* out, const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
   MemDesc regionOf(const Rank& r) const {
@@ -166,6 +199,8 @@ class CudaBackendImpl final : public CudaBackend {
     if (ranks_.size() > 1) PD_CUDA_TRY(cudaSetDevice(r.device));
     return Status::ok();
   }
+  // Enqueues the sampling of logits rows [0, L) and the copy of the results to sampling_.host.
+  Status enqueueSampling(int L);
   template <typename T>
   Status deviceAlloc(Rank& r, T** p, size_t bytes) {
     void* raw = nullptr;
@@ -211,6 +246,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::map<int, cudaGraphExec_t> graphs_;  // TP = 1: batch size -> instantiated decode step
   int64_t graphSteps_ = 0;
+  DeviceSampling sampling_;
 };
 
 CudaBackendImpl::~CudaBackendImpl() {
@@ -257,6 +293,7 @@ void CudaBackendImpl::freeScratch() {
   }
   if (ranks_.size() > 1) cudaSetDevice(ranks_[0].device);
   if (metaHost_) cudaFreeHost(metaHost_);
+  sampling_.release();
   if (logitsHost_) cudaFreeHost(logitsHost_);
   metaHost_ = nullptr;
   logitsHost_ = nullptr;
@@ -629,7 +666,8 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
   PD_ASSIGN_OR_RETURN(const BatchShape shape, validateBatch(batch, cfg_, layout_));
   const int T = shape.totalTokens, L = shape.numLogits, tab = shape.tableEntries;
   if (T == 0) return Status::ok();
-  if (L > 0 && !logits) return invalidArgument("forward: logits is null but chunks want logits");
+  if (L > 0 && !logits && !sampling_.active)
+    return invalidArgument("forward: logits is null but chunks want logits");
   PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
   // Normally idle already; after a failed step they may still be reading metaHost_.
   PD_RETURN_IF_ERROR(syncAll());
@@ -723,9 +761,12 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
   } else {
     PD_RETURN_IF_ERROR(enqueueStep(T, W, L, bool(onLayerKvReady)));
   }
-  if (L > 0)
+  if (L > 0 && sampling_.active) {
+    PD_RETURN_IF_ERROR(enqueueSampling(L));
+  } else if (L > 0) {
     PD_CUDA_TRY(cudaMemcpyAsync(logitsHost_, r0.logitsDev, size_t(L) * cfg_.vocabSize * 4,
                                 cudaMemcpyDeviceToHost, r0.stream));
+  }
   if (onLayerKvReady) {
     // Layer l is ready when every rank has written its kv heads of layer l.
     for (int l = 0; l < cfg_.numLayers; ++l) {
@@ -734,7 +775,78 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
     }
   }
   PD_RETURN_IF_ERROR(syncAll());
-  if (L > 0) std::memcpy(logits, logitsHost_, size_t(L) * cfg_.vocabSize * 4);
+  if (L > 0 && !sampling_.active) std::memcpy(logits, logitsHost_, size_t(L) * cfg_.vocabSize * 4);
+  return Status::ok();
+}
+
+Status CudaBackendImpl::enqueueSampling(int L) {
+  DeviceSampling& ds = sampling_;
+  Rank& r0 = ranks_[0];  // the logits are on rank 0
+  PD_CUDA_TRY(cudaMemcpyAsync(ds.dev, ds.host, size_t(L) * sizeof(DeviceSampling::Params),
+                              cudaMemcpyHostToDevice, r0.stream));
+  const int vocab = cfg_.vocabSize;
+  PD_CUDA_TRY(kcu::sampleRows(r0.logitsDev, vocab, L, vocab, ds.at<DeviceSampling::Params>(ds.dev, 0),
+                              ds.topN, ds.at<int32_t>(ds.dev, ds.idsOff()),
+                              ds.at<float>(ds.dev, ds.lpOff()),
+                              ds.at<int32_t>(ds.dev, ds.topIdsOff()),
+                              ds.at<float>(ds.dev, ds.topLpOff()), r0.stream));
+  PD_CUDA_TRY(cudaMemcpyAsync(ds.host + ds.idsOff(), ds.dev + ds.idsOff(),
+                              ds.bytes() - ds.idsOff(), cudaMemcpyDeviceToHost, r0.stream));
+  return Status::ok();
+}
+
+Status CudaBackendImpl::forwardAndSample(std::span<const SeqChunk> batch,
+                                         std::span<const pd::kernels::SampleRowParams> params,
+                                         int topN, SampledToken* out,
+                                         const LayerKvReadyFn& onLayerKvReady) {
+  int L = 0;
+  for (const SeqChunk& c : batch) L += c.wantLogits ? 1 : 0;
+  if (params.size() != size_t(L))
+    return invalidArgument("forwardAndSample: " + std::to_string(params.size()) +
+                           " sampling params for " + std::to_string(L) + " logits rows");
+  if (topN < 0 || topN > kMaxLogprobs || topN > cfg_.vocabSize)
+    return invalidArgument("forwardAndSample: topN " + std::to_string(topN) + " must be in [0, " +
+                           std::to_string(std::min(kMaxLogprobs, cfg_.vocabSize)) + "]");
+  if (L > 0 && !out) return invalidArgument("forwardAndSample: out is null but chunks want logits");
+  for (size_t r = 0; r < params.size(); ++r) {
+    const auto& p = params[r];
+    if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature) || !(p.topP > 0.0f) ||
+        !(p.topP <= 1.0f) || !(p.minP >= 0.0f) || !(p.minP <= 1.0f) || !(p.u >= 0.0) ||
+        !(p.u < 1.0))
+      return invalidArgument("forwardAndSample: row " + std::to_string(r) +
+                             ": temperature must be finite >= 0, top_p in (0, 1], min_p in "
+                             "[0, 1] and u in [0, 1)");
+  }
+  PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
+  DeviceSampling& ds = sampling_;
+  if (L > ds.cap) {
+    PD_RETURN_IF_ERROR(syncAll());  // nothing in flight reads the old buffers
+    ds.release();
+    DeviceSampling grown;
+    grown.cap = std::max(L, 16);
+    cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&grown.dev), grown.bytes());
+    if (e == cudaSuccess) e = cudaMallocHost(reinterpret_cast<void**>(&grown.host), grown.bytes());
+    if (e != cudaSuccess) {
+      grown.release();
+      return cudaError("forwardAndSample: sampling buffers", e);
+    }
+    ds = grown;
+  }
+  if (L > 0) std::memcpy(ds.host, params.data(), params.size_bytes());
+  ds.topN = topN;
+  ds.active = true;
+  const Status st = forward(batch, nullptr, onLayerKvReady);
+  ds.active = false;
+  PD_RETURN_IF_ERROR(st);
+  for (int r = 0; r < L; ++r) {
+    SampledToken& t = out[r];
+    t.id = ds.at<int32_t>(ds.host, ds.idsOff())[r];
+    t.logprob = ds.at<float>(ds.host, ds.lpOff())[r];
+    t.topLogprobs.clear();
+    for (int j = 0; j < topN; ++j)
+      t.topLogprobs.emplace_back(ds.at<int32_t>(ds.host, ds.topIdsOff())[size_t(r) * topN + j],
+                                 ds.at<float>(ds.host, ds.topLpOff())[size_t(r) * topN + j]);
+  }
   return Status::ok();
 }
 

@@ -9,6 +9,7 @@
 //   MemDesc kv = backend->kvRegion();   // device memory, for kvtransfer registration
 //                                       // (kvRegions(): one per rank with tensor parallelism)
 //   PD_RETURN_IF_ERROR(backend->forward(chunks, logits /* host, f32 */));
+//   PD_RETURN_IF_ERROR(backend->forwardAndSample(chunks, rowParams, topN, tokens)); // or this
 //
 // Threads: one host thread drives a backend (as Backend says); it owns one CUDA stream and
 // one cuBLAS handle per rank, so backends on different threads/devices are independent.
@@ -52,6 +53,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,7 @@
 #include "common/engine/backend.h"
 #include "common/engine/cpu_backend.h"
 #include "common/engine/model_weights.h"
+#include "common/engine/sampling.h"
 
 namespace pd::engine {
 
@@ -100,6 +103,20 @@ class CudaBackend : public Backend {
   virtual int tensorParallelSize() const = 0;
   // Steps run through a CUDA graph so far (tests and benchmarks read it).
   virtual int64_t graphSteps() const = 0;
+
+  // Device-side sampling (Backend::forwardAndSample): runs the step exactly as forward()
+  // does, then samples every logits row on the device (pd::kernels::cuda::sampleRows) and
+  // copies back only ids and logprobs instead of the [rows][vocab] f32 logits (0.5 MiB per
+  // row at a 128k vocabulary). The tokens equal pd::engine::sample() on forward()'s logits
+  // with the same params and step: both are the same kernel definition with exact integer
+  // masses (pd/kernels/sampling.h). The Engine uses it because samplesOnDevice() is true.
+  // Errors: as forward(); a params count other than the logits rows, a topN out of range or
+  // invalid row params (named by row) -> kInvalidArgument.
+  bool samplesOnDevice() const override { return true; }
+  Status forwardAndSample(std::span<const SeqChunk> batch,
+                          std::span<const pd::kernels::SampleRowParams> params, int topN,
+                          SampledToken* out,
+                          const LayerKvReadyFn& onLayerKvReady = {}) override = 0;
 };
 
 // OK when this build has CUDA and at least one device is visible; otherwise the error a

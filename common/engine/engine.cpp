@@ -199,13 +199,30 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
     chunks.push_back(c);
   }
   const int vocab = backend_->config().vocabSize;
-  logits_.resize(size_t(std::max(numLogits, 1)) * vocab);
+  if (!backend_->samplesOnDevice()) logits_.resize(size_t(std::max(numLogits, 1)) * vocab);
   LayerKvReadyFn layerFn;
   if (onLayer) {
     StepView sv{plan.entries, kv_.get()};
     layerFn = [&onLayer, sv](int layer) { onLayer(layer, sv); };
   }
-  Status s = backend_->forward(chunks, logits_.data(), layerFn);
+  // A backend that samples on the device gets every row's params and returns tokens; the
+  // others return logits, sampled below on the host. Either way the same tokens come back.
+  std::vector<SampledToken> sampled;
+  Status s;
+  if (backend_->samplesOnDevice()) {
+    std::vector<pd::kernels::SampleRowParams> params;
+    int topN = 0;
+    for (const auto& e : plan.entries) {
+      if (!e.wantLogits) continue;
+      const Request& r = requests_.at(e.seq);
+      params.push_back(rowParams(r.params(), r.nextSampleStep()));
+      topN = std::max(topN, std::min(r.params().logprobs, vocab));
+    }
+    sampled.resize(params.size());
+    s = backend_->forwardAndSample(chunks, params, topN, sampled.data(), layerFn);
+  } else {
+    s = backend_->forward(chunks, logits_.data(), layerFn);
+  }
   if (!s.isOk()) {
     PD_LOG(kError, "engine") << "forward failed: " << s.toString();
     for (const auto& e : plan.entries) failRequest(e.seq, s, events);
@@ -218,6 +235,12 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
     PD_RETURN_IF_ERROR(r.setNumComputed(e.start + e.count));
     PD_RETURN_IF_ERROR(kv_->cacheComputedBlocks(e.seq, r.tokens(), r.numComputed()));
     if (!e.wantLogits) continue;
+    if (!sampled.empty()) {
+      SampledToken& t = sampled[size_t(row++)];
+      t.topLogprobs.resize(size_t(std::min<int>(r.params().logprobs, int(t.topLogprobs.size()))));
+      PD_RETURN_IF_ERROR(sampleInto(r, nullptr, events, std::move(t)));
+      continue;
+    }
     PD_RETURN_IF_ERROR(sampleInto(r, logits_.data() + size_t(row++) * vocab, events));
   }
   return Status::ok();

@@ -10,9 +10,14 @@
 //
 // Masks follow vLLM's order: temperature, then min-p (keep tokens with probability >=
 // min_p * max probability), top-k, then top-p over what is left, renormalised (the smallest
-// set of most likely tokens whose mass reaches top_p; never empty). Every mask keeps a
+// set of most likely tokens whose mass reaches top_p; never empty). top-k and top-p keep a
 // prefix of the tokens sorted by (logit descending, id ascending), so ties are broken by the
-// lower id everywhere.
+// lower id everywhere. The draw is an inverse CDF over the kept tokens in ascending id order.
+//
+// The computation is pd::kernels::cpu::sampleRows (kernels/include/pd/kernels/sampling.h,
+// which defines it exactly: fixed-point masses, so sums are exact), and the CUDA twin
+// pd::kernels::cuda::sampleRows returns the same token for the same logits and draw: a
+// backend that samples on the device (CudaBackend::forwardAndSample) agrees with sample().
 //
 // Logprobs are those of the raw model distribution (log-softmax of the logits before
 // temperature and masks), as vLLM returns them by default.
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "pd/kernels/sampling.h"
 
 namespace pd::engine {
 
@@ -63,6 +69,10 @@ struct SampledToken {
 // falls back to a fresh non-deterministic draw. Preconditions: vocab >= 1, logits finite
 // or -inf (masked), params validated.
 SampledToken sample(const float* logits, int vocab, const SamplingParams& params, uint64_t step);
+
+// The kernel parameters of one row: the masks and the uniform draw for (seed, step) (a
+// fresh seed when unset and not greedy). For backends that sample on the device.
+pd::kernels::SampleRowParams rowParams(const SamplingParams& params, uint64_t step);
 
 // The uniform draw in [0, 1) that sample() uses for (seed, step): exposed for tests and
 // for backends that sample on the device and must agree with the host.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -400,5 +401,55 @@ TEST_CASE("cuda backend: tensor parallel set-up errors name the numbers", "[cuda
   cudaFree(base);
   CHECK(d.status().code() == StatusCode::kInvalidArgument);
   CHECK(d.status().message().find("kvDeviceBase is for tensor_parallel_size 1") !=
+TEST_CASE("cuda backend forwardAndSample returns the tokens sample() picks from forward()'s logits",
+          "[cuda][backend][sampling]") {
+  if (!haveGpu()) return;
+  auto model = tinyModel();
+  const int vocab = model->config.vocabSize;
+  auto gpu = makeCuda(model, KvDtype::kF32, KvDtype::kF32, true);
+  std::mt19937_64 rng(17);
+  std::vector<int32_t> p0(30), p1(12), t0{0, 1, 2}, t1{5, 4, 3};
+  for (auto& x : p0) x = int32_t(rng() % 256);
+  for (auto& x : p1) x = int32_t(rng() % 256);
+  // Prefill both (2 logits rows), then decode steps of 1 token each (graph steps).
+  std::vector<SeqChunk> steps[2] = {
+      {{p0.data(), 30, 0, t0.data(), 3, true}, {p1.data(), 12, 0, t1.data(), 3, true}},
+      {{p0.data() + 29, 1, 30, t0.data(), 3, true}, {p1.data() + 11, 1, 12, t1.data(), 3, true}}};
+  const int64_t graphsBefore = gpu->graphSteps();
+  for (const auto& batch : steps) {
+    for (int trial = 0; trial < 6; ++trial) {
+      SamplingParams sp[2];
+      for (int r = 0; r < 2; ++r) {
+        sp[r].temperature = trial == 0 ? 0.0f : 0.6f + 0.3f * float(r);
+        sp[r].topK = trial % 2 ? 40 : 0;
+        sp[r].topP = trial % 3 ? 0.9f : 1.0f;
+        sp[r].minP = trial == 5 ? 0.05f : 0.0f;
+        sp[r].logprobs = 5;
+        sp[r].seed = rng();
+      }
+      const uint64_t step = uint64_t(trial);
+      std::vector<float> logits(2 * size_t(vocab));
+      REQUIRE(gpu->forward(batch, logits.data()).toString() == "OK");
+      const pd::kernels::SampleRowParams rp[2] = {rowParams(sp[0], step), rowParams(sp[1], step)};
+      SampledToken got[2];
+      REQUIRE(gpu->forwardAndSample(batch, rp, 5, got).toString() == "OK");
+      for (int r = 0; r < 2; ++r) {
+        const SampledToken want = sample(logits.data() + size_t(r) * vocab, vocab, sp[r], step);
+        CHECK(got[r].id == want.id);
+        CHECK(std::fabs(got[r].logprob - want.logprob) < 1e-5f);
+        REQUIRE(got[r].topLogprobs.size() == 5);
+        for (int j = 0; j < 5; ++j) CHECK(got[r].topLogprobs[j].first == want.topLogprobs[j].first);
+      }
+    }
+  }
+  CHECK(gpu->graphSteps() - graphsBefore == 12);  // decode steps, sampled or not, were graphed
+  // Wrong parameter count and bad row params are refused with the problem named.
+  const pd::kernels::SampleRowParams one[1] = {};
+  SampledToken out[2];
+  CHECK(gpu->forwardAndSample(steps[1], one, 0, out).message().find("1 sampling params for 2") !=
+        std::string::npos);
+  pd::kernels::SampleRowParams badRows[2] = {};
+  badRows[1].topP = 0.0f;
+  CHECK(gpu->forwardAndSample(steps[1], badRows, 0, out).message().find("row 1") !=
         std::string::npos);
 }

@@ -5,7 +5,9 @@
 //     memcpy;
 //   - decode tokens/s at batch 1, 32, 128 (CUDA graphs, context 512) against the bandwidth
 //     bound (weights + KV bytes per step at memcpy speed);
-//   - prefill tokens/s for one 2,048-token chunk against the GEMM bound.
+//   - prefill tokens/s for one 2,048-token chunk against the GEMM bound;
+//   - the device sampler (temperature + top-p + 5 logprobs) at 1/32/128 rows of a 128k
+//     vocabulary, us per call, against the device-to-host copy of the logits it replaces.
 // The model is Llama-3.2-1B-shaped (hidden 2048, 16 layers, 32/8 heads, head dim 64, ffn 8192,
 // vocab 128256, tied embeddings) with seeded random weights made in memory: no download.
 //   cuda_bench [--model 1b|tiny] [--steps N]
@@ -23,6 +25,7 @@
 #include "common/engine/cuda_backend.h"
 #include "pd/kernels/cuda/attention.h"
 #include "pd/kernels/cuda/ops.h"
+#include "pd/kernels/cuda/sampling.h"
 
 using namespace pd;
 using namespace pd::engine;
@@ -230,6 +233,66 @@ double attentionGBs(int numSeqs, int ctx, double* bytesOut) {
   return bytes * reps / dt / 1e9;
 }
 
+// pd::kernels::cuda::sampleRows alone over rows x vocab f32 logits (normal-ish, sd ~2):
+// temperature 0.8, top-p 0.9, 5 logprobs, us per call; *copyUs: the device-to-host copy
+// (pinned) of the same logits, what a host sampler would need first.
+double samplingUs(int rows, int vocab, double* copyUs) {
+  const size_t n = size_t(rows) * vocab;
+  std::vector<float> host(n);
+  uint64_t s = 88172645463325252ull;
+  for (float& x : host) {  // sum of 4 uniforms: bell-shaped, sd ~2
+    float acc = 0;
+    for (int k = 0; k < 4; ++k) {
+      s ^= s << 13;
+      s ^= s >> 7;
+      s ^= s << 17;
+      acc += float(s >> 40) / float(1 << 24) * 2.0f - 1.0f;
+    }
+    x = acc * 3.5f;
+  }
+  std::vector<pd::kernels::SampleRowParams> params(rows);
+  for (int r = 0; r < rows; ++r) {
+    params[r].temperature = 0.8f;
+    params[r].topP = 0.9f;
+    params[r].u = (r + 0.5) / rows;
+  }
+  float *logits, *lp, *topLp, *pinned;
+  int32_t *ids, *topIds;
+  pd::kernels::SampleRowParams* dparams;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&logits), n * 4));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dparams), rows * sizeof(params[0])));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ids), rows * 4));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&lp), rows * 4));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&topIds), rows * 5 * 4));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&topLp), rows * 5 * 4));
+  CHECK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&pinned), n * 4));
+  CHECK_CUDA(cudaMemcpy(logits, host.data(), n * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dparams, params.data(), rows * sizeof(params[0]), cudaMemcpyHostToDevice));
+  auto run = [&] {
+    CHECK_CUDA(kcu::sampleRows(logits, vocab, rows, vocab, dparams, 5, ids, lp, topIds, topLp,
+                               nullptr));
+  };
+  run();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const int reps = 50;
+  double t0 = now();
+  for (int i = 0; i < reps; ++i) run();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double us = (now() - t0) / reps * 1e6;
+  CHECK_CUDA(cudaMemcpy(pinned, logits, n * 4, cudaMemcpyDeviceToHost));
+  t0 = now();
+  for (int i = 0; i < 10; ++i) CHECK_CUDA(cudaMemcpy(pinned, logits, n * 4, cudaMemcpyDeviceToHost));
+  *copyUs = (now() - t0) / 10 * 1e6;
+  cudaFree(logits);
+  cudaFree(dparams);
+  cudaFree(ids);
+  cudaFree(lp);
+  cudaFree(topIds);
+  cudaFree(topLp);
+  cudaFreeHost(pinned);
+  return us;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -266,6 +329,15 @@ int main(int argc, char** argv) {
   rows.push_back({"paged decode attention, 64 seqs x 4096 ctx, bf16 KV, 32/8 heads x 128",
                   fmt("%.0f GB/s", attnBw), fmt("%.0f GB/s", bw),
                   fmt("%.0f%%", 100 * attnBw / bw)});
+
+  for (int sampleRowsN : {1, 32, 128}) {
+    double copyUs = 0;
+    const double us = samplingUs(sampleRowsN, 128256, &copyUs);
+    rows.push_back({"device sampling, " + std::to_string(sampleRowsN) +
+                        " rows x 128256 vocab (T 0.8, top-p 0.9, 5 logprobs)",
+                    fmt("%.1f us", us), fmt("%.1f us (D2H copy of the logits)", copyUs),
+                    fmt("%.0f%%", 100 * us / copyUs)});
+  }
 
   std::printf("making the %s model in memory...\n", preset.c_str());
   auto model = makeModelInMemory(preset);

@@ -216,3 +216,103 @@ TEST_CASE("backend: a batch that wants logits but gives nowhere to put them is r
   CHECK(shape->numLogits == 1);
   CHECK(shape->tableEntries == 1);
 }
+
+namespace {
+
+// A backend that "samples on the device" with the CPU kernel: the CPU backend's logits, then
+// pd::kernels::cpu::sampleRows over all rows at once, as the CUDA backend does with its twin.
+// Lets the Engine's forwardAndSample path run (and be compared) without a GPU.
+class RowSamplingBackend final : public Backend {
+ public:
+  explicit RowSamplingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  const KvLayout& kvLayout() const override { return inner_->kvLayout(); }
+  Status forward(std::span<const SeqChunk> batch, float* logits,
+                 const LayerKvReadyFn& cb) override {
+    return inner_->forward(batch, logits, cb);
+  }
+  bool samplesOnDevice() const override { return true; }
+  Status forwardAndSample(std::span<const SeqChunk> batch,
+                          std::span<const pd::kernels::SampleRowParams> params, int topN,
+                          SampledToken* out, const LayerKvReadyFn& cb) override {
+    const int rows = int(params.size()), vocab = config().vocabSize;
+    std::vector<float> logits(size_t(std::max(rows, 1)) * vocab);
+    PD_RETURN_IF_ERROR(inner_->forward(batch, logits.data(), cb));
+    std::vector<int32_t> ids(static_cast<size_t>(rows)), topIds(static_cast<size_t>(rows) * topN);
+    std::vector<float> lps(static_cast<size_t>(rows)), topLps(static_cast<size_t>(rows) * topN);
+    pd::kernels::cpu::sampleRows(logits.data(), vocab, rows, vocab, params.data(), topN,
+                                 ids.data(), lps.data(), topIds.data(), topLps.data());
+    for (int r = 0; r < rows; ++r) {
+      out[r].id = ids[size_t(r)];
+      out[r].logprob = lps[size_t(r)];
+      out[r].topLogprobs.clear();
+      for (int j = 0; j < topN; ++j)
+        out[r].topLogprobs.emplace_back(topIds[size_t(r) * topN + j], topLps[size_t(r) * topN + j]);
+    }
+    ++calls;
+    return Status::ok();
+  }
+  int calls = 0;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+}  // namespace
+
+TEST_CASE("engine: a backend that samples the rows itself yields the host sampler's tokens") {
+  auto run = [](bool deviceSampling, int* calls) {
+    auto model = tinyModel();
+    auto layout = kvLayoutFor(model->config, 64, 16);
+    auto kv = KvCacheManager::create(layout);
+    REQUIRE(kv.ok());
+    auto cpuB = createCpuBackend(model, layout, kv.value()->data(), {1});
+    REQUIRE(cpuB.ok());
+    std::unique_ptr<Backend> backend = std::move(cpuB).value();
+    RowSamplingBackend* wrapped = nullptr;
+    if (deviceSampling) {
+      auto w = std::make_unique<RowSamplingBackend>(std::move(backend));
+      wrapped = w.get();
+      backend = std::move(w);
+    }
+    EngineOptions opts;
+    opts.scheduler.maxBatchTokens = 24;  // chunked prefill: rows without logits in between
+    opts.scheduler.maxNumSeqs = 16;
+    Engine engine(std::move(backend), std::move(kv).value(), opts);
+    for (uint64_t id = 1; id <= 4; ++id) {
+      SamplingParams p;
+      p.temperature = id == 1 ? 0.0f : 0.7f + 0.2f * float(id);
+      p.topK = id == 3 ? 20 : 0;
+      p.topP = id == 4 ? 0.8f : 1.0f;
+      p.minP = id == 2 ? 0.02f : 0.0f;
+      p.logprobs = int(id) * 3;  // rows want different counts: each keeps its own prefix
+      p.seed = 1000 + id;
+      p.maxTokens = 12;
+      p.ignoreEos = true;
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 10 + 7 * int(id); ++i) prompt.push_back(int32_t((i * 13 + id) % 200 + 3));
+      REQUIRE(engine.submit(makeRequest(id, prompt, p)).isOk());
+    }
+    std::vector<EngineEvent> events;
+    runToEnd(engine, &events);
+    if (wrapped) *calls = wrapped->calls;
+    return events;
+  };
+  int calls = 0;
+  const auto host = run(false, nullptr);
+  const auto device = run(true, &calls);
+  CHECK(calls > 0);
+  REQUIRE(host.size() == device.size());
+  int tokens = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    REQUIRE(host[i].kind == device[i].kind);
+    REQUIRE(host[i].requestId == device[i].requestId);
+    if (host[i].kind != EngineEvent::Kind::kToken) continue;
+    ++tokens;
+    CHECK(host[i].token.id == device[i].token.id);
+    CHECK(host[i].token.logprob == device[i].token.logprob);
+    REQUIRE(host[i].token.topLogprobs.size() == device[i].token.topLogprobs.size());
+    CHECK(host[i].token.topLogprobs == device[i].token.topLogprobs);
+  }
+  CHECK(tokens == 4 * 12);
+}
