@@ -50,7 +50,7 @@ class CudaCopier final : public DeviceCopier {
       return invalidArgument("device copier: " + toString(desc) + " is not CUDA memory (" + cudaText(e) + ")");
     }
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-      return invalidArgument("device copier: " + toString(desc) + " is labelled kCuda but is not device memory");
+      return invalidArgument("device copier: " + toString(desc) + " is labelled kCuda but is not CUDA device memory");
     }
     if (a.device != desc.device) {
       return invalidArgument("device copier: " + toString(desc) + " lives on device " + std::to_string(a.device));
