@@ -76,9 +76,13 @@ Result<Segments> KvTransceiver::buildSegments(const KvSource& src, const KvTarge
       MemDesc l;
       l.addr = src.base + sl.blockOffset(layer, src.blockIds[i]);
       l.len = len;
+      l.kind = src.kind;
+      l.device = src.device;
       MemDesc r;
       r.addr = dst.base + dl.blockOffset(layer, dst.blockIds[i]);
       r.len = len;
+      r.kind = dst.kind;
+      r.device = dst.device;
       out.local.push_back(l);
       out.remote.push_back(r);
       i = j;

@@ -34,6 +34,8 @@ struct KvSource {
   uintptr_t base = 0;
   engine::KvLayout layout;
   std::vector<int> blockIds;
+  MemKind kind = MemKind::kHost;  // kCuda for a GPU KV cache (the agent then picks a GPU path)
+  int device = 0;                 // CUDA ordinal for kCuda
 };
 
 // The remote side, as the decode worker described it: its peer (loaded into the agent), the
@@ -43,6 +45,8 @@ struct KvTarget {
   uintptr_t base = 0;
   engine::KvLayout layout;
   std::vector<int> blockIds;
+  MemKind kind = MemKind::kHost;  // the memory kind of the peer's KV region, as it described it
+  int device = 0;
 };
 
 enum class KvEventKind { kSent, kSendFailed, kReceived, kReceiveFailed };
