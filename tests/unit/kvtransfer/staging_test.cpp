@@ -111,6 +111,20 @@ TEST_CASE("staging: dma-buf range arithmetic aligns to pages around the region",
   CHECK(r.size == 8192);
 }
 
+TEST_CASE("staging: dma-buf export without a device is a clear error", "[kvt][staging]") {
+  std::string why;
+  if (cudaDeviceAvailable(&why)) {
+    WARN("a CUDA device is present; this case checks the device-free path only");
+    return;
+  }
+  std::vector<uint8_t> buf(4096);
+  auto h = exportDmaBuf(desc(buf, MemKind::kCuda));
+  REQUIRE(!h.ok());
+  CHECK((h.status().code() == StatusCode::kUnavailable || h.status().code() == StatusCode::kUnimplemented));
+  CHECK_THAT(h.status().message(), Catch::Contains("dma-buf export"));
+  CHECK_FALSE(dmaBufSupported(0).isOk());
+}
+
 TEST_CASE("staging: ring reuses a slot only after its copies and reports failed tags", "[kvt][staging]") {
   auto copier = std::make_shared<HostCopier>(HostCopierOptions{.delayPerBatch = 2ms, .failBatch = 2});
   {
