@@ -301,7 +301,6 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
     return !e.gpu || transports_[ps.tcpLane->transport].transport->caps().cudaMemory;
   };
   e.canFallBack = tcpCanCarry();
-  if (e.gpu) notePath(ps, e.lane);
   auto id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, notification);
   if (!id.ok()) {
     // Argument errors are the caller's; anything else on a fabric lane may still go over tcp.
@@ -314,11 +313,11 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
                          << " failed (" << id.status().message() << "); sending over tcp instead";
     e.lane = *ps.tcpLane;
     e.fellBack = true;
-    if (e.gpu) notePath(ps, e.lane);
     id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, notification);
     if (!id.ok()) return id.status().withContext("kvtransfer agent: tcp fallback to peer '" + ps.name + "'");
   }
   e.inner = *id;
+  if (e.gpu) notePath(ps, e.lane);  // the lane it actually went over
   if (e.canFallBack && !e.fellBack) {
     e.local = local;
     e.remote = remote;

@@ -27,7 +27,6 @@ class CudaCopier final : public DeviceCopier {
     for (size_t d = 0; d < perDevice_.size(); ++d) {
       auto& pd = perDevice_[d];
       if (!pd.stream) continue;
-      cudaSetDevice(int(d));
       cudaStreamSynchronize(pd.stream);
       for (cudaEvent_t e : pd.freeEvents) cudaEventDestroy(e);
       cudaStreamDestroy(pd.stream);
@@ -75,8 +74,18 @@ class CudaCopier final : public DeviceCopier {
   Result<CopyTicket> enqueue(CopyDirection dir, int device, std::span<const CopyPiece> pieces) override {
     std::lock_guard lock(mu_);
     if (device < 0 || device >= devices_) return invalidArgument("device copier: no device " + std::to_string(device));
+    // The calling thread's current device is put back afterwards: the copier must not change
+    // what a backend sharing the thread computes on.
+    int previous = -1;
+    cudaGetDevice(&previous);
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) return internalError("device copier: cudaSetDevice(" + std::to_string(device) + "): " + cudaText(e));
+    struct Restore {
+      int dev;
+      ~Restore() {
+        if (dev >= 0) cudaSetDevice(dev);
+      }
+    } restore{previous == device ? -1 : previous};
     auto& pd = perDevice_[size_t(device)];
     if (!pd.stream) {
       e = cudaStreamCreateWithFlags(&pd.stream, cudaStreamNonBlocking);
