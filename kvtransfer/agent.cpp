@@ -9,7 +9,22 @@ namespace pd::kvt {
 
 namespace {
 constexpr uint32_t kMetadataVersion = 1;
+
+std::optional<PeerInfo> peerInfoFrom(const proto::AgentMetadata& md, const std::string& name) {
+  for (const auto& tp : md.transports()) {
+    if (tp.transport() != name) continue;
+    PeerInfo pi;
+    pi.name = md.name();
+    pi.connInfo = tp.conn_info();
+    // An empty key: the peer did not register that region with this transport (GPU memory).
+    for (const auto& k : tp.remote_keys()) {
+      if (!k.empty()) pi.remoteKeys.push_back(k);
+    }
+    return pi;
+  }
+  return std::nullopt;
 }
+}  // namespace
 
 Result<std::unique_ptr<TransferAgent>> TransferAgent::create(const AgentOptions& options,
                                                              prometheus::Registry& registry) {
@@ -85,7 +100,7 @@ Result<RegionId> TransferAgent::registerMemory(const MemDesc& desc) {
     auto& t = *transports_[i].transport;
     if (gpu) {
       const TransportCaps caps = t.caps();
-      if (!caps.cudaMemory) {
+      if (!caps.cudaMemory || gpuRefused_.count(i)) {
         noGpu += "\n  " + transports_[i].name + ": cannot move GPU memory here" +
                  (caps.details.empty() ? std::string() : " (" + caps.details + ")");
         rs.handles.push_back(0);
@@ -96,6 +111,20 @@ Result<RegionId> TransferAgent::registerMemory(const MemDesc& desc) {
     }
     auto h = t.registerMemory(desc);
     Result<std::string> key = h.ok() ? t.packRemoteKey(*h) : Result<std::string>(h.status());
+    if (!key.ok() && gpu) {
+      // A transport that claims GPU memory but refuses it (verbs on a NIC without dma-buf) is
+      // skipped for GPU memory from now on; the next GPU-capable transport carries it.
+      if (h.ok()) (void)t.deregisterMemory(*h);
+      PD_LOG(kWarn, "kvt") << "agent '" << options_.name << "': " << transports_[i].name
+                           << " refused GPU memory (" << key.status().message()
+                           << "); GPU memory goes over the next transport that can move it";
+      noGpu += "\n  " + transports_[i].name + ": " + key.status().message();
+      gpuRefused_.insert(i);
+      rs.handles.push_back(0);
+      rs.keys.emplace_back();
+      rs.registered.push_back(false);
+      continue;
+    }
     if (!key.ok()) {
       if (h.ok()) (void)t.deregisterMemory(*h);
       rollback();
@@ -167,20 +196,7 @@ Result<AgentPeer> TransferAgent::loadPeer(const std::string& metadata) {
     PD_RETURN_IF_ERROR(unloadPeer(id));
     break;
   }
-  auto peerInfoFor = [&](const std::string& name) -> std::optional<PeerInfo> {
-    for (const auto& tp : md.transports()) {
-      if (tp.transport() != name) continue;
-      PeerInfo pi;
-      pi.name = md.name();
-      pi.connInfo = tp.conn_info();
-      // An empty key: the peer did not register that region with this transport (GPU memory).
-      for (const auto& k : tp.remote_keys()) {
-        if (!k.empty()) pi.remoteKeys.push_back(k);
-      }
-      return pi;
-    }
-    return std::nullopt;
-  };
+  auto peerInfoFor = [&](const std::string& name) { return peerInfoFrom(md, name); };
 
   PeerState ps;
   ps.name = md.name();
@@ -220,29 +236,8 @@ Result<AgentPeer> TransferAgent::loadPeer(const std::string& metadata) {
       }
     }
   }
-  // The GPU lane: the first preferred transport that can move GPU memory and the peer offers.
-  for (size_t i = 0; i < transports_.size() && !ps.gpuLane; ++i) {
-    if (!transports_[i].transport->caps().cudaMemory) {
-      ps.noGpuWhy += "\n  " + transports_[i].name + ": cannot move GPU memory here";
-      continue;
-    }
-    if (i == ps.primary.transport) {
-      ps.gpuLane = ps.primary;
-    } else if (ps.tcpLane && i == ps.tcpLane->transport) {
-      ps.gpuLane = ps.tcpLane;
-    } else if (auto pi = peerInfoFor(transports_[i].name)) {
-      auto id = transports_[i].transport->loadPeer(*pi);
-      if (id.ok()) {
-        ps.gpuLane = Lane{i, *id};
-        ps.gpuLaneOwned = true;
-        lanes += "; " + transports_[i].name + " for GPU memory";
-      } else {
-        ps.noGpuWhy += "\n  " + transports_[i].name + ": " + id.status().message();
-      }
-    } else {
-      ps.noGpuWhy += "\n  " + transports_[i].name + ": the peer does not offer it";
-    }
-  }
+  resolveGpuLane(ps);
+  if (ps.gpuLaneOwned) lanes += "; " + laneName(*ps.gpuLane) + " for GPU memory";
   PD_LOG(kInfo, "kvt") << "peer '" << md.name() << "': using " << lanes;
   AgentPeer id = nextPeer_++;
   peers_[id] = std::move(ps);
@@ -290,6 +285,7 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
   auto isCuda = [](const MemDesc& d) { return d.kind == MemKind::kCuda; };
   e.gpu = std::any_of(local.begin(), local.end(), isCuda) || std::any_of(remote.begin(), remote.end(), isCuda);
   if (e.gpu) {
+    if (ps.gpuLane && gpuRefused_.count(ps.gpuLane->transport)) resolveGpuLane(ps);
     if (!ps.gpuLane) {
       return failedPrecondition("kvtransfer agent: no transport to peer '" + ps.name + "' can move GPU memory:" +
                                 ps.noGpuWhy);
@@ -370,6 +366,44 @@ Status TransferAgent::poll(AgentTransfer id) {
   }
   entries_.erase(it);
   return st;
+}
+
+// The GPU lane: the first preferred transport that can move GPU memory, has not refused a
+// kCuda region here, and the peer offers. Re-resolved at post when its transport refused one
+// after the peer was loaded.
+void TransferAgent::resolveGpuLane(PeerState& ps) {
+  proto::AgentMetadata md;
+  (void)md.ParseFromString(ps.metadata);  // parsed once already in loadPeer
+  auto peerInfoFor = [&](const std::string& name) { return peerInfoFrom(md, name); };
+  if (ps.gpuLaneOwned) (void)transports_[ps.gpuLane->transport].transport->unloadPeer(ps.gpuLane->peer);
+  ps.gpuLane.reset();
+  ps.gpuLaneOwned = false;
+  ps.noGpuWhy.clear();
+  for (size_t i = 0; i < transports_.size() && !ps.gpuLane; ++i) {
+    if (!transports_[i].transport->caps().cudaMemory) {
+      ps.noGpuWhy += "\n  " + transports_[i].name + ": cannot move GPU memory here";
+      continue;
+    }
+    if (gpuRefused_.count(i)) {
+      ps.noGpuWhy += "\n  " + transports_[i].name + ": refused to register GPU memory here";
+      continue;
+    }
+    if (i == ps.primary.transport) {
+      ps.gpuLane = ps.primary;
+    } else if (ps.tcpLane && i == ps.tcpLane->transport) {
+      ps.gpuLane = ps.tcpLane;
+    } else if (auto pi = peerInfoFor(transports_[i].name)) {
+      auto id = transports_[i].transport->loadPeer(*pi);
+      if (id.ok()) {
+        ps.gpuLane = Lane{i, *id};
+        ps.gpuLaneOwned = true;
+      } else {
+        ps.noGpuWhy += "\n  " + transports_[i].name + ": " + id.status().message();
+      }
+    } else {
+      ps.noGpuWhy += "\n  " + transports_[i].name + ": the peer does not offer it";
+    }
+  }
 }
 
 void TransferAgent::notePath(PeerState& ps, const Lane& lane) {

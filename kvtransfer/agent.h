@@ -16,7 +16,8 @@
 // was built with CUDA), verbs (GPUDirect dma-buf), or tcp (staged through pinned host
 // memory). The path is logged once per peer and counted in pdserve_kv_transfer_gpu_path_total
 // {path="direct"|"staged"}. A failed direct GPU transfer falls back to tcp only when tcp can
-// stage GPU memory here.
+// stage GPU memory here. A transport that claims GPU memory but refuses a kCuda region (verbs on a NIC
+// without dma-buf) is logged and skipped for GPU memory from then on.
 //
 // Threads: one owner thread calls everything (the worker's loop). Errors are Status values
 // with messages for a person; nothing throws.
@@ -24,6 +25,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -129,6 +131,8 @@ class TransferAgent {
                 prometheus::Registry& registry);
   const std::string& laneName(const Lane& lane) const { return transports_[lane.transport].name; }
   std::optional<size_t> indexOf(const std::string& name) const;
+  // Picks ps.gpuLane (see the header comment), loading an extra lane when needed.
+  void resolveGpuLane(PeerState& ps);
   // Counts a GPU transfer's path and logs it the first time for this peer.
   void notePath(PeerState& ps, const Lane& lane);
 
@@ -143,6 +147,7 @@ class TransferAgent {
   };
   std::unordered_map<RegionId, RegionState> regions_;
   std::vector<RegionId> regionOrder_;
+  std::set<size_t> gpuRefused_;  // transports that claimed GPU memory but refused a kCuda region
   std::unordered_map<AgentPeer, PeerState> peers_;
   std::unordered_map<AgentTransfer, Entry> entries_;
   RegionId nextRegion_ = 1;

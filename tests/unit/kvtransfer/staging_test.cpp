@@ -413,6 +413,34 @@ TEST_CASE("staging: the agent sends GPU memory over the staging transport and co
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_gpu_path_total", {{"path", "direct"}}) == 0);
 }
 
+TEST_CASE("staging: a transport that claims GPU memory but refuses it is skipped, tcp carries it",
+          "[kvt][staging][agent]") {
+  // fault(loopback) stands in for verbs on a NIC without dma-buf: caps() says GPU memory,
+  // ibv_reg_dmabuf_mr says no. The peer is loaded BEFORE the refusal is known.
+  auto lanesFor = [](const std::string& who) {
+    std::vector<NamedTransport> v;
+    FaultOptions f;
+    f.claimCudaButRefuse = true;
+    v.push_back({"loopback", std::make_unique<FaultTransport>(make("loopback", who), f)});
+    v.push_back({"tcp", stagedTcp(who, std::make_shared<HostCopier>())});
+    return v;
+  };
+  Node a("prefill-0", lanesFor("prefill-0"), 4096);
+  Node b("decode-0", lanesFor("decode-0"), 4096);
+  std::vector<uint8_t> gpuA(512 * kKiB), gpuB(512 * kKiB, 0);
+  fillRandom(gpuA, 4);
+  REQUIRE(b.agent->registerMemory(desc(gpuB, MemKind::kCuda)).ok());
+  AgentPeer p = connect(a, b);
+  REQUIRE(a.agent->registerMemory(desc(gpuA, MemKind::kCuda)).ok());  // refused by fault, taken by tcp
+  auto id = a.agent->post({desc(gpuA, MemKind::kCuda)}, {desc(gpuB, MemKind::kCuda)}, p, "x");
+  INFO(id.status().toString());
+  REQUIRE(id.ok());
+  REQUIRE(waitAgent(*a.agent, *b.agent, *id).isOk());
+  CHECK(gpuA == gpuB);
+  CHECK(metricValue(a.registry, "pdserve_kv_transfer_gpu_path_total", {{"path", "staged"}}) == 1);
+  CHECK(metricValue(a.registry, "pdserve_kv_transfer_gpu_path_total", {{"path", "direct"}}) == 0);
+}
+
 TEST_CASE("staging: an agent with no GPU-capable transport refuses kCuda regions naming each transport",
           "[kvt][staging][agent]") {
   std::vector<NamedTransport> v;
