@@ -38,12 +38,12 @@ timeout 120 cmake -S . -B "$BUILD_DIR" -G Ninja -DPD_WITH_CUDA=ON \
   -DPD_CUDA_ARCHITECTURES="$PD_CUDA_ARCHITECTURES" -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR/configure.log" 2>&1 \
   || { cat "$BUILD_DIR/configure.log"; echo "check-gpu: configure failed"; exit 1; }
 timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target \
-  test_backend_factory test_cuda_kernels test_cuda_sampling test_cuda_backend cuda_bench \
+  test_backend_factory test_cuda_kernels test_cuda_sampling test_cuda_backend cuda_bench test_kvt_gpu \
   || { echo "check-gpu: build failed"; exit 1; }
 
 phase "GPU tests"
 fail=0
-(cd "$BUILD_DIR" && PD_REQUIRE_GPU=1 timeout 180 ctest -R "test_backend_factory|test_cuda_" \
+(cd "$BUILD_DIR" && PD_REQUIRE_GPU=1 timeout 180 ctest -R "test_backend_factory|test_cuda_|test_kvt_gpu" \
   --output-on-failure --timeout 120) || fail=1
 
 phase "benchmark"

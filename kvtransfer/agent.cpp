@@ -9,7 +9,22 @@ namespace pd::kvt {
 
 namespace {
 constexpr uint32_t kMetadataVersion = 1;
+
+std::optional<PeerInfo> peerInfoFrom(const proto::AgentMetadata& md, const std::string& name) {
+  for (const auto& tp : md.transports()) {
+    if (tp.transport() != name) continue;
+    PeerInfo pi;
+    pi.name = md.name();
+    pi.connInfo = tp.conn_info();
+    // An empty key: the peer did not register that region with this transport (GPU memory).
+    for (const auto& k : tp.remote_keys()) {
+      if (!k.empty()) pi.remoteKeys.push_back(k);
+    }
+    return pi;
+  }
+  return std::nullopt;
 }
+}  // namespace
 
 Result<std::unique_ptr<TransferAgent>> TransferAgent::create(const AgentOptions& options,
                                                              prometheus::Registry& registry) {
@@ -74,18 +89,54 @@ std::optional<size_t> TransferAgent::indexOf(const std::string& name) const {
 Result<RegionId> TransferAgent::registerMemory(const MemDesc& desc) {
   RegionState rs;
   rs.desc = desc;
+  const bool gpu = desc.kind == MemKind::kCuda;
+  std::string noGpu;
+  auto rollback = [&] {
+    for (size_t j = 0; j < rs.handles.size(); ++j) {
+      if (rs.registered[j]) (void)transports_[j].transport->deregisterMemory(rs.handles[j]);
+    }
+  };
   for (size_t i = 0; i < transports_.size(); ++i) {
     auto& t = *transports_[i].transport;
+    if (gpu) {
+      const TransportCaps caps = t.caps();
+      if (!caps.cudaMemory || gpuRefused_.count(i)) {
+        noGpu += "\n  " + transports_[i].name + ": cannot move GPU memory here" +
+                 (caps.details.empty() ? std::string() : " (" + caps.details + ")");
+        rs.handles.push_back(0);
+        rs.keys.emplace_back();
+        rs.registered.push_back(false);
+        continue;
+      }
+    }
     auto h = t.registerMemory(desc);
     Result<std::string> key = h.ok() ? t.packRemoteKey(*h) : Result<std::string>(h.status());
+    if (!key.ok() && gpu) {
+      // A transport that claims GPU memory but refuses it (verbs on a NIC without dma-buf) is
+      // skipped for GPU memory from now on; the next GPU-capable transport carries it.
+      if (h.ok()) (void)t.deregisterMemory(*h);
+      PD_LOG(kWarn, "kvt") << "agent '" << options_.name << "': " << transports_[i].name
+                           << " refused GPU memory (" << key.status().message()
+                           << "); GPU memory goes over the next transport that can move it";
+      noGpu += "\n  " + transports_[i].name + ": " + key.status().message();
+      gpuRefused_.insert(i);
+      rs.handles.push_back(0);
+      rs.keys.emplace_back();
+      rs.registered.push_back(false);
+      continue;
+    }
     if (!key.ok()) {
       if (h.ok()) (void)t.deregisterMemory(*h);
-      for (size_t j = 0; j < rs.handles.size(); ++j) (void)transports_[j].transport->deregisterMemory(rs.handles[j]);
+      rollback();
       return key.status().withContext("kvtransfer agent: registering " + toString(desc) + " with " +
                                       transports_[i].name);
     }
     rs.handles.push_back(*h);
     rs.keys.push_back(std::move(key).value());
+    rs.registered.push_back(true);
+  }
+  if (gpu && std::find(rs.registered.begin(), rs.registered.end(), true) == rs.registered.end()) {
+    return failedPrecondition("kvtransfer agent: no transport can move GPU memory " + toString(desc) + ":" + noGpu);
   }
   RegionId id = nextRegion_++;
   regions_[id] = std::move(rs);
@@ -98,6 +149,7 @@ Status TransferAgent::deregisterMemory(RegionId region) {
   if (it == regions_.end()) return notFound("kvtransfer agent: no region " + std::to_string(region));
   Status first;
   for (size_t i = 0; i < transports_.size(); ++i) {
+    if (!it->second.registered[i]) continue;
     Status st = transports_[i].transport->deregisterMemory(it->second.handles[i]);
     if (!st.isOk() && first.isOk()) first = st;
   }
@@ -144,17 +196,7 @@ Result<AgentPeer> TransferAgent::loadPeer(const std::string& metadata) {
     PD_RETURN_IF_ERROR(unloadPeer(id));
     break;
   }
-  auto peerInfoFor = [&](const std::string& name) -> std::optional<PeerInfo> {
-    for (const auto& tp : md.transports()) {
-      if (tp.transport() != name) continue;
-      PeerInfo pi;
-      pi.name = md.name();
-      pi.connInfo = tp.conn_info();
-      pi.remoteKeys.assign(tp.remote_keys().begin(), tp.remote_keys().end());
-      return pi;
-    }
-    return std::nullopt;
-  };
+  auto peerInfoFor = [&](const std::string& name) { return peerInfoFrom(md, name); };
 
   PeerState ps;
   ps.name = md.name();
@@ -194,6 +236,8 @@ Result<AgentPeer> TransferAgent::loadPeer(const std::string& metadata) {
       }
     }
   }
+  resolveGpuLane(ps);
+  if (ps.gpuLaneOwned) lanes += "; " + laneName(*ps.gpuLane) + " for GPU memory";
   PD_LOG(kInfo, "kvt") << "peer '" << md.name() << "': using " << lanes;
   AgentPeer id = nextPeer_++;
   peers_[id] = std::move(ps);
@@ -209,6 +253,9 @@ Status TransferAgent::unloadPeer(AgentPeer peer) {
   }
   Status st = transports_[it->second.primary.transport].transport->unloadPeer(it->second.primary.peer);
   if (it->second.tcpLane) (void)transports_[it->second.tcpLane->transport].transport->unloadPeer(it->second.tcpLane->peer);
+  if (it->second.gpuLaneOwned) {
+    (void)transports_[it->second.gpuLane->transport].transport->unloadPeer(it->second.gpuLane->peer);
+  }
   peers_.erase(it);
   return st;
 }
@@ -229,16 +276,31 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
                                           std::optional<std::string> notification) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return notFound("kvtransfer agent: no peer " + std::to_string(peer));
-  const PeerState& ps = it->second;
+  PeerState& ps = it->second;
   Entry e;
   e.peer = peer;
   e.lane = ps.primary;
   e.start = steadyNow();
   e.bytes = totalBytes(local);
+  auto isCuda = [](const MemDesc& d) { return d.kind == MemKind::kCuda; };
+  e.gpu = std::any_of(local.begin(), local.end(), isCuda) || std::any_of(remote.begin(), remote.end(), isCuda);
+  if (e.gpu) {
+    if (ps.gpuLane && gpuRefused_.count(ps.gpuLane->transport)) resolveGpuLane(ps);
+    if (!ps.gpuLane) {
+      return failedPrecondition("kvtransfer agent: no transport to peer '" + ps.name + "' can move GPU memory:" +
+                                ps.noGpuWhy);
+    }
+    e.lane = *ps.gpuLane;
+  }
+  auto tcpCanCarry = [&] {
+    if (!ps.tcpLane || ps.tcpLane->transport == e.lane.transport) return false;
+    return !e.gpu || transports_[ps.tcpLane->transport].transport->caps().cudaMemory;
+  };
+  e.canFallBack = tcpCanCarry();
   auto id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, notification);
   if (!id.ok()) {
     // Argument errors are the caller's; anything else on a fabric lane may still go over tcp.
-    if (id.status().code() == StatusCode::kInvalidArgument || !ps.tcpLane) {
+    if (id.status().code() == StatusCode::kInvalidArgument || !e.canFallBack) {
       return id.status().withContext("kvtransfer agent: posting to peer '" + ps.name + "' over " + laneName(e.lane));
     }
     metrics_.onFailure(laneName(e.lane), id.status().code());
@@ -251,7 +313,8 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
     if (!id.ok()) return id.status().withContext("kvtransfer agent: tcp fallback to peer '" + ps.name + "'");
   }
   e.inner = *id;
-  if (ps.tcpLane && !e.fellBack) {
+  if (e.gpu) notePath(ps, e.lane);  // the lane it actually went over
+  if (e.canFallBack && !e.fellBack) {
     e.local = local;
     e.remote = remote;
     e.notification = std::move(notification);
@@ -282,8 +345,8 @@ Status TransferAgent::poll(AgentTransfer id) {
   }
   metrics_.onFailure(transport, st.code());
   auto pit = peers_.find(e.peer);
-  if (!e.fellBack && pit != peers_.end() && pit->second.tcpLane) {
-    const PeerState& ps = pit->second;
+  if (!e.fellBack && e.canFallBack && pit != peers_.end() && pit->second.tcpLane) {
+    PeerState& ps = pit->second;
     auto retry = transports_[ps.tcpLane->transport].transport->post(e.local, e.remote, ps.tcpLane->peer,
                                                                      e.notification);
     if (retry.ok()) {
@@ -291,6 +354,7 @@ Status TransferAgent::poll(AgentTransfer id) {
                            << st.message() << "); retrying once over tcp";
       metrics_.onFallback(transport, "tcp");
       e.lane = *ps.tcpLane;
+      if (e.gpu) notePath(ps, e.lane);
       e.inner = *retry;
       e.fellBack = true;
       e.local.clear();
@@ -302,6 +366,53 @@ Status TransferAgent::poll(AgentTransfer id) {
   }
   entries_.erase(it);
   return st;
+}
+
+// The GPU lane: the first preferred transport that can move GPU memory, has not refused a
+// kCuda region here, and the peer offers. Re-resolved at post when its transport refused one
+// after the peer was loaded.
+void TransferAgent::resolveGpuLane(PeerState& ps) {
+  proto::AgentMetadata md;
+  (void)md.ParseFromString(ps.metadata);  // parsed once already in loadPeer
+  auto peerInfoFor = [&](const std::string& name) { return peerInfoFrom(md, name); };
+  if (ps.gpuLaneOwned) (void)transports_[ps.gpuLane->transport].transport->unloadPeer(ps.gpuLane->peer);
+  ps.gpuLane.reset();
+  ps.gpuLaneOwned = false;
+  ps.noGpuWhy.clear();
+  for (size_t i = 0; i < transports_.size() && !ps.gpuLane; ++i) {
+    if (!transports_[i].transport->caps().cudaMemory) {
+      ps.noGpuWhy += "\n  " + transports_[i].name + ": cannot move GPU memory here";
+      continue;
+    }
+    if (gpuRefused_.count(i)) {
+      ps.noGpuWhy += "\n  " + transports_[i].name + ": refused to register GPU memory here";
+      continue;
+    }
+    if (i == ps.primary.transport) {
+      ps.gpuLane = ps.primary;
+    } else if (ps.tcpLane && i == ps.tcpLane->transport) {
+      ps.gpuLane = ps.tcpLane;
+    } else if (auto pi = peerInfoFor(transports_[i].name)) {
+      auto id = transports_[i].transport->loadPeer(*pi);
+      if (id.ok()) {
+        ps.gpuLane = Lane{i, *id};
+        ps.gpuLaneOwned = true;
+      } else {
+        ps.noGpuWhy += "\n  " + transports_[i].name + ": " + id.status().message();
+      }
+    } else {
+      ps.noGpuWhy += "\n  " + transports_[i].name + ": the peer does not offer it";
+    }
+  }
+}
+
+void TransferAgent::notePath(PeerState& ps, const Lane& lane) {
+  const TransportCaps caps = transports_[lane.transport].transport->caps();
+  metrics_.onGpuPath(caps.cudaStaged ? "staged" : "direct");
+  if (ps.gpuPathLogged && lane.transport == ps.gpuLane->transport) return;
+  ps.gpuPathLogged = true;
+  PD_LOG(kInfo, "kvt") << "peer '" << ps.name << "': GPU memory goes over " << laneName(lane) << " "
+                       << (caps.cudaPath.empty() ? std::string("(GPU memory)") : caps.cudaPath);
 }
 
 Status TransferAgent::cancel(AgentTransfer id) {

@@ -9,12 +9,23 @@
 // transfer that fails while the peer is alive on tcp is retried once over tcp, counted in
 // pdserve_kv_transfer_fallbacks_total and logged with the reason.
 //
+// GPU memory (kCuda, issue 7): a kCuda region is registered only with the transports whose
+// caps().cudaMemory is true (kFailedPrecondition naming each transport's reason when none
+// is), and a transfer with a kCuda segment on either side goes over the first preferred
+// transport the peer offers whose caps().cudaMemory is true: ucx (direct GPU memory, when UCX
+// was built with CUDA), verbs (GPUDirect dma-buf), or tcp (staged through pinned host
+// memory). The path is logged once per peer and counted in pdserve_kv_transfer_gpu_path_total
+// {path="direct"|"staged"}. A failed direct GPU transfer falls back to tcp only when tcp can
+// stage GPU memory here. A transport that claims GPU memory but refuses a kCuda region (verbs on a NIC
+// without dma-buf) is logged and skipped for GPU memory from then on.
+//
 // Threads: one owner thread calls everything (the worker's loop). Errors are Status values
 // with messages for a person; nothing throws.
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -98,6 +109,10 @@ class TransferAgent {
     std::string metadata;
     Lane primary;
     std::optional<Lane> tcpLane;  // only when primary is not tcp
+    std::optional<Lane> gpuLane;  // the lane for kCuda transfers (may equal one of the above)
+    bool gpuLaneOwned = false;    // gpuLane was loaded for GPU memory alone (unload it too)
+    std::string noGpuWhy;         // why there is no gpuLane
+    bool gpuPathLogged = false;
   };
   struct Entry {
     AgentPeer peer = 0;
@@ -106,6 +121,8 @@ class TransferAgent {
     DescList local, remote;  // kept for the fallback retry
     std::optional<std::string> notification;
     bool fellBack = false;
+    bool canFallBack = false;  // a tcp lane exists that is not this lane and can move the memory
+    bool gpu = false;
     SteadyTime start;
     size_t bytes = 0;
   };
@@ -114,6 +131,10 @@ class TransferAgent {
                 prometheus::Registry& registry);
   const std::string& laneName(const Lane& lane) const { return transports_[lane.transport].name; }
   std::optional<size_t> indexOf(const std::string& name) const;
+  // Picks ps.gpuLane (see the header comment), loading an extra lane when needed.
+  void resolveGpuLane(PeerState& ps);
+  // Counts a GPU transfer's path and logs it the first time for this peer.
+  void notePath(PeerState& ps, const Lane& lane);
 
   AgentOptions options_;
   std::vector<NamedTransport> transports_;
@@ -121,10 +142,12 @@ class TransferAgent {
   struct RegionState {
     MemDesc desc;
     std::vector<MemHandle> handles;  // per transport
-    std::vector<std::string> keys;   // per transport
+    std::vector<std::string> keys;   // per transport; empty where not registered (kCuda)
+    std::vector<bool> registered;    // per transport
   };
   std::unordered_map<RegionId, RegionState> regions_;
   std::vector<RegionId> regionOrder_;
+  std::set<size_t> gpuRefused_;  // transports that claimed GPU memory but refused a kCuda region
   std::unordered_map<AgentPeer, PeerState> peers_;
   std::unordered_map<AgentTransfer, Entry> entries_;
   RegionId nextRegion_ = 1;

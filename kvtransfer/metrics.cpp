@@ -36,7 +36,12 @@ TransferMetrics::TransferMetrics(prometheus::Registry& registry)
       fallbacks_(prometheus::BuildCounter()
                      .Name("pdserve_kv_transfer_fallbacks_total")
                      .Help("Fabric KV transfers that failed on a live peer and were retried over tcp")
-                     .Register(registry)) {}
+                     .Register(registry)),
+      gpuPath_(prometheus::BuildCounter()
+                   .Name("pdserve_kv_transfer_gpu_path_total")
+                   .Help("KV transfers of GPU memory posted, by path: direct (ucx, verbs dma-buf) or "
+                         "staged (tcp through pinned host memory)")
+                   .Register(registry)) {}
 
 void TransferMetrics::onSuccess(const std::string& transport, size_t bytes, double seconds) {
   bytes_.Add({{"transport", transport}}).Increment(double(bytes));
@@ -56,5 +61,7 @@ void TransferMetrics::onCancel(const std::string& transport) {
 void TransferMetrics::onFallback(const std::string& from, const std::string& to) {
   fallbacks_.Add({{"from", from}, {"to", to}}).Increment();
 }
+
+void TransferMetrics::onGpuPath(const std::string& path) { gpuPath_.Add({{"path", path}}).Increment(); }
 
 }  // namespace pd::kvt

@@ -5,6 +5,9 @@
 //   pdserve_kv_transfer_latency_seconds{transport}        post -> completion, ok transfers
 //   pdserve_kv_transfer_failures_total{transport,code}    failed transfers by status code
 //   pdserve_kv_transfer_fallbacks_total{from,to}          fabric transfers retried over tcp
+//   pdserve_kv_transfer_gpu_path_total{path}              GPU-memory transfers posted, by path:
+//                                                         direct (ucx / verbs dma-buf) | staged
+//                                                         (tcp through pinned host memory)
 //
 // The registry is owned by the caller and must outlive this object. prometheus-cpp metrics
 // are thread-safe, so any thread may call these.
@@ -33,6 +36,7 @@ class TransferMetrics {
   void onFailure(const std::string& transport, StatusCode code);
   void onCancel(const std::string& transport);
   void onFallback(const std::string& from, const std::string& to);
+  void onGpuPath(const std::string& path);
 
  private:
   prometheus::Family<prometheus::Counter>& bytes_;
@@ -40,6 +44,7 @@ class TransferMetrics {
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Family<prometheus::Counter>& fallbacks_;
+  prometheus::Family<prometheus::Counter>& gpuPath_;
 };
 
 }  // namespace pd::kvt

@@ -34,8 +34,8 @@ struct KvSource {
   uintptr_t base = 0;
   engine::KvLayout layout;
   std::vector<int> blockIds;
-  MemKind kind = MemKind::kHost;  // of the region at base (kCuda: the CUDA backend's cache)
-  int device = 0;
+  MemKind kind = MemKind::kHost;  // kCuda for a GPU KV cache (the agent then picks a GPU path)
+  int device = 0;                 // CUDA ordinal for kCuda
 };
 
 // The remote side, as the decode worker described it: its peer (loaded into the agent), the
@@ -45,7 +45,7 @@ struct KvTarget {
   uintptr_t base = 0;
   engine::KvLayout layout;
   std::vector<int> blockIds;
-  MemKind kind = MemKind::kHost;
+  MemKind kind = MemKind::kHost;  // the memory kind of the peer's KV region, as it described it
   int device = 0;
 };
 

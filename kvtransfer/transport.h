@@ -54,7 +54,10 @@ using TransferId = uint64_t;
 struct TransportCaps {
   std::string name;            // "tcp", "ucx", "verbs", "loopback", "fault(tcp)"
   bool hostMemory = true;      // can move kHost / kPinned memory
-  bool cudaMemory = false;     // can move kCuda memory directly (no staging)
+  bool cudaMemory = false;     // can move kCuda memory (registerMemory accepts it)
+  bool cudaStaged = false;     // ... by staging it through pinned host memory (tcp), not directly
+  std::string cudaPath;        // how, for the log: "direct GPU memory", "GPUDirect dma-buf",
+                               // "staged through pinned host memory"; empty when !cudaMemory
   bool oneSided = false;       // writes land without the target CPU touching the bytes
   std::string details;         // e.g. the UCX transports in use: "tcp, sysv, posix"
 };

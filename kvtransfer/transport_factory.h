@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "kvtransfer/device_copy.h"
 #include "kvtransfer/transport.h"
 
 namespace pd::kvt {
@@ -29,6 +30,13 @@ struct TransportOptions {
   // every pending transfer to it fails with kUnavailable.
   std::chrono::milliseconds peerTimeout{5000};
   std::chrono::milliseconds connectTimeout{3000};
+  // tcp: how kCuda memory is staged (issue 7). Null = the CUDA copier when a device is present
+  // at run time (otherwise kCuda registration fails with the reason); tests pass a HostCopier.
+  std::shared_ptr<DeviceCopier> deviceCopier;
+  // tcp: the pinned bounce buffers per stream / per incoming connection, and their count. A
+  // chunk's device copy overlaps the socket I/O of the chunks before it.
+  size_t stageChunkBytes = 4 << 20;
+  int stageBuffers = 4;
   // Transport-specific knobs ("ucx.tls" = "tcp,sm"); unknown keys are ignored by others.
   std::map<std::string, std::string> extra;
 };

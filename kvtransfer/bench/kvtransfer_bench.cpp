@@ -4,9 +4,13 @@
 //   - raw loopback TCP (plain sockets, one stream, the best of 64 KiB / 256 KiB / 4 MiB
 //     send and recv sizes, read into a large buffer),
 //   - ucx_perftest ucp_put_bw (server + client on 127.0.0.1) when it is installed.
-// Then the realistic case: the KV of a 4,096-token prompt of a Llama-3-8B-shaped layout
+// Then tcp staged GPU memory (device to device through pinned bounce buffers), skipped
+// without a CUDA device. Then the realistic case: the KV of a 4,096-token prompt of a Llama-3-8B-shaped layout
 // (32 layers, 8 KV heads, head dim 128, bf16, 16-token blocks: 512 MiB in 8,192 segments of
 // 64 KiB, scattered blocks), sent whole and layer by layer.
+//
+// Last, tcp staged GPU memory (device to device through pinned bounce buffers; skipped
+// without a CUDA device) and a wire-time projection.
 //
 //   kvtransfer-bench [--transports tcp,ucx] [--streams N] [--quick]
 //
@@ -43,6 +47,7 @@
 extern char** environ;
 
 namespace pd::kvt::bench {
+void runStagedGpu(bool quick);  // staged_gpu_bench.cpp
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -622,6 +627,8 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
                 ceil > 0 ? 100 * gbps(lr.bytes, lr.wholeMs / 1e3) / ceil : 0.0, ceilName);
     (*link)->recv.finish();
   }
+
+  runStagedGpu(quick);
 
   // Wire-time projection for Llama-3-8B (128 KiB of KV per token), transport overhead aside.
   std::printf("\n== projection: Llama-3-8B KV wire time per prompt (bytes / link rate)\n");

@@ -10,7 +10,19 @@ FaultTransport::FaultTransport(std::unique_ptr<Transport> inner, FaultOptions op
 TransportCaps FaultTransport::caps() const {
   TransportCaps c = inner_->caps();
   c.name = "fault(" + c.name + ")";
+  if (options_.claimCudaButRefuse) {
+    c.cudaMemory = true;
+    c.cudaStaged = false;
+    c.cudaPath = "direct GPU memory (fault: always refused)";
+  }
   return c;
+}
+
+Result<MemHandle> FaultTransport::registerMemory(const MemDesc& desc) {
+  if (options_.claimCudaButRefuse && desc.kind == MemKind::kCuda) {
+    return unimplemented("fault transport: registering GPU memory " + toString(desc) + " refused (injected)");
+  }
+  return inner_->registerMemory(desc);
 }
 
 Status FaultTransport::unloadPeer(PeerId peer) {

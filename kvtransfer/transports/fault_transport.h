@@ -30,6 +30,9 @@ struct FaultOptions {
   std::chrono::milliseconds latency{0};
   int killAfterPosts = -1;
   std::function<void(PeerId)> killer;  // optional: kills the inner transport's connection
+  // caps() claims direct GPU memory but registering kCuda fails with kUnimplemented, as verbs
+  // does on a NIC without dma-buf support (the agent must move on to the next transport).
+  bool claimCudaButRefuse = false;
 };
 
 class FaultTransport final : public Transport {
@@ -41,7 +44,7 @@ class FaultTransport final : public Transport {
   int notificationsDropped() const { return dropped_; }
 
   TransportCaps caps() const override;
-  Result<MemHandle> registerMemory(const MemDesc& desc) override { return inner_->registerMemory(desc); }
+  Result<MemHandle> registerMemory(const MemDesc& desc) override;
   Status deregisterMemory(MemHandle handle) override { return inner_->deregisterMemory(handle); }
   Result<std::string> packRemoteKey(MemHandle handle) override { return inner_->packRemoteKey(handle); }
   Result<std::string> localConnInfo() override { return inner_->localConnInfo(); }

@@ -30,6 +30,7 @@
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "kvtransfer/kvt.pb.h"
+#include "kvtransfer/staging_ring.h"
 
 namespace pd::kvt {
 
@@ -49,6 +50,11 @@ constexpr size_t kStripeChunk = 1 << 20;
 constexpr size_t kMaxNotification = 1 << 20;
 constexpr size_t kMaxNameLen = 256;
 constexpr size_t kMaxAckMessage = 64 << 10;
+// Staging of kCuda memory (issue 7): pieces per bounce buffer, so a chunk's frames fit one
+// gathered write with room for the End frame; the smallest chunk holds any group piece.
+constexpr size_t kMaxStagePieces = (kMaxBatchBuffers - 4) / 2;
+constexpr size_t kMinStageChunk = 64 << 10;
+constexpr auto kStagePoll = std::chrono::microseconds(20);
 
 enum class FrameType : uint8_t {
   kHello = 1,  // token = receiver instance, addr = stream index, len = name bytes that follow
@@ -103,6 +109,7 @@ struct Seg {
   uint64_t token = 0;
   uint64_t remote = 0;
   size_t len = 0;
+  int device = -1;  // CUDA ordinal when `local` is kCuda memory (the job is staged)
 };
 
 struct OutPeer;
@@ -130,10 +137,12 @@ struct Job {
   bool final = false;       // its End frame is the transfer's last
   bool withNotify = false;  // its End frame carries the notification
   bool started = false;
+  bool staged = false;      // some local segment is kCuda: it goes through the stage ring
+  size_t nextOff = 0;       // staged: bytes of segs[next] already in a bounce buffer
 };
 
 struct OutStream {
-  explicit OutStream(asio::io_context& io) : sock(io) {}
+  explicit OutStream(asio::io_context& io) : sock(io), stageTimer(io) {}
   tcp::socket sock;
   int index = 0;
   std::deque<Job> jobs;
@@ -144,6 +153,17 @@ struct OutStream {
   std::deque<std::shared_ptr<IoTransfer>> awaitingAck;  // End frames in write order
   WireHeader ackHdr;
   std::string ackMsg;
+  // Staging (only for jobs with kCuda segments; created on first use). Slots
+  // [stageHead, stageHead + stageCount) hold chunks of the front job, copied or copying out of
+  // device memory, in wire order; stageFrames[slot] are their data frames.
+  std::unique_ptr<StagingRing> stage;
+  std::vector<std::vector<Seg>> stageFrames;
+  std::vector<CopyPiece> stagePieces;
+  size_t stageHead = 0;
+  size_t stageCount = 0;
+  uint64_t stageGen = 0;  // bumped when the ring is dropped; a late write completion is ignored
+  asio::steady_timer stageTimer;  // polls the head chunk's copy
+  bool stageTimerArmed = false;
 };
 
 struct RemoteKey {
@@ -178,6 +198,11 @@ struct InConn {
   std::vector<char> discard;
   uint64_t discardLeft = 0;
   std::vector<char> group;  // the group frame being read
+  // Staging into kCuda exposures: payload bytes land in slot stageSlot at stageOff, then an
+  // async copy moves them to the device; acks wait for every copy of the connection.
+  std::unique_ptr<StagingRing> stage;
+  size_t stageSlot = 0;
+  size_t stageOff = 0;
   std::deque<std::string> outq;  // serialized acks
   bool writing = false;
   bool closed = false;
@@ -227,6 +252,21 @@ class TcpTransport::Impl {
       return invalidArgument("tcp transport: tcpStreams must be in [1, 16], got " +
                              std::to_string(options_.tcpStreams));
     }
+    if (options_.stageChunkBytes < kMinStageChunk || options_.stageBuffers < 2 || options_.stageBuffers > 64) {
+      return invalidArgument("tcp transport: stageChunkBytes must be >= " + std::to_string(kMinStageChunk) +
+                             " and stageBuffers in [2, 64], got " + std::to_string(options_.stageChunkBytes) +
+                             " and " + std::to_string(options_.stageBuffers));
+    }
+    if (options_.deviceCopier) {
+      copier_ = options_.deviceCopier;
+    } else {
+      auto c = makeCudaCopier();
+      if (c.ok()) {
+        copier_ = std::move(c).value();
+      } else {
+        noCopierWhy_ = c.status().message();
+      }
+    }
     doAccept();
     armWatchdog();
     thread_ = std::thread([this] { io_.run(); });
@@ -255,21 +295,32 @@ class TcpTransport::Impl {
     TransportCaps c;
     c.name = "tcp";
     c.hostMemory = true;
-    c.cudaMemory = false;
+    c.cudaMemory = copier_ != nullptr;
+    c.cudaStaged = c.cudaMemory;
     c.oneSided = false;
     c.details = "asio, " + std::to_string(options_.tcpStreams) + " stream(s) per peer, listening on " +
                 options_.listenHost + ":" + std::to_string(port_);
+    if (copier_) {
+      c.cudaPath = "staged through pinned host memory";
+      c.details += "; GPU memory staged through pinned host memory (" + copier_->describe() + ", " +
+                   std::to_string(options_.stageBuffers) + " x " + std::to_string(options_.stageChunkBytes >> 10) +
+                   " KiB bounce buffers)";
+    }
     return c;
   }
 
   // ---- registration (owner thread) -------------------------------------------------------
   Result<MemHandle> registerMemory(const MemDesc& desc) {
-    if (desc.kind == MemKind::kCuda) {
-      return unimplemented("tcp transport: cannot register CUDA memory " + toString(desc) +
-                           " (stage it through host memory or use ucx)");
-    }
     if (desc.addr == 0 || desc.len == 0) {
       return invalidArgument("tcp transport: cannot register an empty region " + toString(desc));
+    }
+    if (desc.kind == MemKind::kCuda) {
+      if (!copier_) {
+        return failedPrecondition("tcp transport: cannot register CUDA memory " + toString(desc) +
+                                  ": staging it needs a CUDA device at run time (" + noCopierWhy_ + ")");
+      }
+      Status st = copier_->checkDeviceMemory(desc);
+      if (!st.isOk()) return st.withContext("tcp transport: registering " + toString(desc));
     }
     MemHandle h = nextHandle_++;
     regions_[h] = Region{desc, {}};
@@ -401,6 +452,7 @@ class TcpTransport::Impl {
     std::vector<Seg> segs;
     segs.reserve(local.size());
     size_t total = 0;
+    bool staged = false;
     const Region* lastRegion = nullptr;
     const RemoteKey* lastKey = nullptr;
     for (size_t i = 0; i < local.size(); ++i) {
@@ -440,7 +492,9 @@ class TcpTransport::Impl {
                                  " is not inside any region peer '" + peer->name + "' exposed");
         }
       }
-      segs.push_back({l.addr, lastKey->token, r.addr, l.len});
+      const int device = lastRegion->desc.kind == MemKind::kCuda ? lastRegion->desc.device : -1;
+      staged |= device >= 0;
+      segs.push_back({l.addr, lastKey->token, r.addr, l.len, device});
       total += l.len;
     }
 
@@ -458,14 +512,14 @@ class TcpTransport::Impl {
       for (const Seg& seg : segs) {
         for (size_t off = 0; off < seg.len; off += kStripeChunk) {
           size_t n = std::min(kStripeChunk, seg.len - off);
-          perStream[s].push_back({seg.local + off, seg.token, seg.remote + off, n});
+          perStream[s].push_back({seg.local + off, seg.token, seg.remote + off, n, seg.device});
           s = (s + 1) % nStreams;
         }
       }
     }
     entries_[t->id] = OwnerEntry{t, peerId, false, std::nullopt};
-    asio::post(io_, [this, p = peer, t, perStream = std::move(perStream)]() mutable {
-      startTransfer(p, t, std::move(perStream));
+    asio::post(io_, [this, p = peer, t, perStream = std::move(perStream), staged]() mutable {
+      startTransfer(p, t, std::move(perStream), staged);
     });
     return t->id;
   }
@@ -590,7 +644,7 @@ class TcpTransport::Impl {
   }
 
   void startTransfer(std::shared_ptr<OutPeer> p, std::shared_ptr<IoTransfer> t,
-                     std::vector<std::vector<Seg>> perStream) {
+                     std::vector<std::vector<Seg>> perStream, bool staged) {
     if (p->dead.load()) {
       std::lock_guard lock(p->reasonMu);
       complete(*p, t, unavailable("tcp transport: peer '" + p->name + "' is dead: " + p->deathReason));
@@ -614,6 +668,7 @@ class TcpTransport::Impl {
       j.segs = std::move(perStream[i]);
       j.final = single;
       j.withNotify = single && t->notification.has_value();
+      j.staged = staged && !j.segs.empty();
       t->pendingEnds++;
       p->streams[i]->jobs.push_back(std::move(j));
       pump(p, p->streams[i]);
@@ -627,6 +682,7 @@ class TcpTransport::Impl {
       auto t = j.t;
       if (t->cancelled.load() || t->done) {
         bool started = j.started;
+        if (j.staged) resetStage(*s);
         s->jobs.pop_front();
         if (started) {
           // Let the receiver drop any refusal state for it; the ack it would have sent never comes.
@@ -638,6 +694,10 @@ class TcpTransport::Impl {
           return;
         }
         continue;
+      }
+      if (j.staged) {
+        pumpStaged(p, s);
+        return;
       }
       j.started = true;
       s->bufs.clear();
@@ -720,6 +780,178 @@ class TcpTransport::Impl {
       p->lastProgress = steadyNow();
       pump(p, s);
     });
+  }
+
+  // ---- staging of kCuda memory, sender side (I/O thread) --------------------------------------
+  // The front job's chunks are copied device -> pinned slot ahead of the socket: while chunk k
+  // is written, chunks k+1.. are copying. A chunk is written as soon as its copy is done; a
+  // copy still running is polled (kStagePoll) with the peer deadline as its bound.
+  void pumpStaged(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s) {
+    Job& j = s->jobs.front();
+    auto t = j.t;
+    j.started = true;
+    if (!s->stage) {
+      s->stage = std::make_unique<StagingRing>(copier_, options_.stageChunkBytes, size_t(options_.stageBuffers),
+                                               options_.peerTimeout);
+      s->stageFrames.assign(s->stage->slots(), {});
+      s->stageHead = 0;
+      s->stageCount = 0;
+    }
+    StagingRing& ring = *s->stage;
+    const size_t nSlots = ring.slots();
+    while (s->stageCount < nSlots && j.next < j.segs.size()) {
+      const size_t slot = (s->stageHead + s->stageCount) % nSlots;
+      auto buf = ring.buffer(slot);
+      if (!buf.ok()) {
+        failStaged(p, s, t, buf.status().withContext("tcp transport: staging buffer"));
+        return;
+      }
+      auto& frames = s->stageFrames[slot];
+      frames.clear();
+      s->stagePieces.clear();
+      size_t off = 0;
+      int device = j.segs[j.next].device;
+      while (j.next < j.segs.size() && off < ring.slotBytes() && frames.size() < kMaxStagePieces) {
+        const Seg& seg = j.segs[j.next];
+        if (seg.device != device && !frames.empty()) break;  // one copy batch per device
+        const size_t n = std::min(seg.len - j.nextOff, ring.slotBytes() - off);
+        char* dst = *buf + off;
+        s->stagePieces.push_back({dst, reinterpret_cast<const void*>(seg.local + j.nextOff), n});
+        frames.push_back({reinterpret_cast<uintptr_t>(dst), seg.token, seg.remote + j.nextOff, n, -1});
+        off += n;
+        j.nextOff += n;
+        if (j.nextOff == seg.len) {
+          j.next++;
+          j.nextOff = 0;
+        }
+      }
+      Status st = ring.launch(slot, CopyDirection::kToHost, std::max(device, 0), s->stagePieces, t->id);
+      if (!st.isOk()) {
+        failStaged(p, s, t, st.withContext("tcp transport: copying GPU memory out"));
+        return;
+      }
+      s->stageCount++;
+    }
+    if (s->stageCount == 0) {  // defensive: a staged job always has data
+      failStaged(p, s, t, internalError("tcp transport: staged job without data"));
+      return;
+    }
+    const size_t head = s->stageHead;
+    std::vector<uint64_t> failed;
+    Status q = ring.query(head, &failed);
+    if (q.inProgress()) {
+      if (steadyNow() - ring.launchedAt(head) > options_.peerTimeout) {
+        failStaged(p, s, t, deadlineExceeded("tcp transport: a device-to-host copy of transfer " +
+                                             std::to_string(t->id) + " did not finish within " +
+                                             std::to_string(options_.peerTimeout.count()) + " ms"));
+        return;
+      }
+      armStageTimer(p, s);
+      return;
+    }
+    if (!q.isOk()) {
+      failStaged(p, s, t, q.withContext("tcp transport: copying GPU memory out for transfer " + std::to_string(t->id)));
+      return;
+    }
+    s->bufs.clear();
+    size_t nh = 0;
+    for (const Seg& f : s->stageFrames[head]) {
+      WireHeader& h = s->hdrs[nh++];
+      h = WireHeader{};
+      h.type = uint8_t(FrameType::kData);
+      h.transferId = t->id;
+      h.token = f.token;
+      h.addr = f.remote;
+      h.len = f.len;
+      s->bufs.push_back(asio::buffer(&h, sizeof h));
+      s->bufs.push_back(asio::buffer(reinterpret_cast<const void*>(f.local), f.len));
+    }
+    if (j.next == j.segs.size() && s->stageCount == 1) {
+      WireHeader& h = s->hdrs[nh++];
+      h = WireHeader{};
+      h.type = uint8_t(FrameType::kEnd);
+      h.transferId = t->id;
+      if (j.withNotify) {
+        h.flags = kFlagHasNotification;
+        h.len = t->notification->size();
+      }
+      s->bufs.push_back(asio::buffer(&h, sizeof h));
+      if (j.withNotify && !t->notification->empty()) s->bufs.push_back(asio::buffer(*t->notification));
+      s->awaitingAck.push_back(t);
+      if (j.final) t->finalSent = true;
+      s->jobs.pop_front();
+    }
+    startStagedWrite(p, s, t);
+  }
+
+  // startWrite's twin for a staged chunk: the head slot is free again once the write is done.
+  void startStagedWrite(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
+                        std::shared_ptr<IoTransfer> t) {
+    s->writing = true;
+    s->writingFor = t;
+    t->writesInFlight++;
+    const uint64_t gen = s->stageGen;
+    asio::async_write(s->sock, s->bufs, TransferAllInOne{asio::buffer_size(s->bufs)},
+                      [this, p, s, t, gen](boost::system::error_code ec, size_t) {
+      s->writing = false;
+      s->writingFor.reset();
+      if (gen == s->stageGen && s->stageCount > 0) {
+        s->stageHead = (s->stageHead + 1) % s->stage->slots();
+        s->stageCount--;
+      }
+      t->writesInFlight--;
+      if (t->writesInFlight == 0) resolveQuiesce(*t);
+      if (ec) {
+        if (!p->dead.load() && ec != asio::error::operation_aborted) failPeer(p, "write failed: " + ec.message());
+        return;
+      }
+      p->lastProgress = steadyNow();
+      pump(p, s);
+    });
+  }
+
+  void armStageTimer(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s) {
+    if (s->stageTimerArmed) return;
+    s->stageTimerArmed = true;
+    s->stageTimer.expires_after(kStagePoll);
+    s->stageTimer.async_wait([this, p, s](boost::system::error_code ec) {
+      s->stageTimerArmed = false;
+      if (ec || stopping_) return;
+      pump(p, s);
+    });
+  }
+
+  // Fails the transfer; pump() then drops the front job (an Abort tells the receiver) and the ring.
+  void failStaged(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
+                  const std::shared_ptr<IoTransfer>& t, Status st) {
+    PD_LOG(kWarn, "kvt.tcp") << "peer '" << p->name << "': transfer " << t->id << " failed: " << st.message();
+    complete(*p, t, std::move(st));
+    pump(p, s);
+  }
+
+  // Drops the stream's ring: waits (bounded, in the ring's destructor) for copies still reading
+  // device memory, then frees the bounce buffers. Never called while a write reads a slot,
+  // except from failPeer, whose closed socket no longer reads anything.
+  void resetStage(OutStream& s) {
+    if (!s.stage) return;
+    s.stage.reset();
+    s.stageHead = 0;
+    s.stageCount = 0;
+    s.stageGen++;
+  }
+
+  // cancel(): copies of `t` still reading its device memory must be done before cancel returns.
+  void quiesceStagedCopies(const std::shared_ptr<IoTransfer>& t) {
+    for (auto& p : ioPeers_) {
+      for (auto& s : p->streams) {
+        if (!s->stage || s->jobs.empty() || s->jobs.front().t != t) continue;
+        std::vector<uint64_t> ignored;
+        Status st = s->stage->waitAll(steadyNow() + options_.peerTimeout, &ignored);
+        if (st.code() == StatusCode::kDeadlineExceeded) {
+          PD_LOG(kError, "kvt.tcp") << "cancel of transfer " << t->id << ": " << st.message();
+        }
+      }
+    }
   }
 
   void readAck(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s) {
@@ -809,6 +1041,7 @@ class TcpTransport::Impl {
       return;
     }
     t->cancelled = true;
+    if (copier_) quiesceStagedCopies(t);
     // Forget it for the peer's liveness accounting; acks still in flight are matched and dropped.
     for (auto& p : ioPeers_) p->active.erase(t->id);
     t->done = true;
@@ -854,6 +1087,7 @@ class TcpTransport::Impl {
     for (auto& s : p->streams) {
       s->jobs.clear();
       s->awaitingAck.clear();
+      resetStage(*s);
     }
   }
 
@@ -962,7 +1196,12 @@ class TcpTransport::Impl {
       case FrameType::kData: {
         uint64_t tid = h.transferId;
         if (c->refused.count(tid) == 0) {
-          std::string why = validateWrite(h.token, h.addr, h.len);
+          int device = -1;
+          std::string why = validateWrite(h.token, h.addr, h.len, &device);
+          if (why.empty() && device >= 0) {
+            stagedRead(c, tid, device, h.addr, h.len);
+            return;
+          }
           if (why.empty()) {
             // A data frame is always followed by another frame (data, end or abort), so the
             // payload and the next header come in one read: half the syscalls for small
@@ -996,6 +1235,8 @@ class TcpTransport::Impl {
         bool hasNotify = h.flags & kFlagHasNotification;
         uint64_t tid = h.transferId;
         readText(c, h.len, [this, c, tid, hasNotify] {
+          // Staged data must be in device memory before the ack (and the notification).
+          if (c->stage && !drainStage(c)) return;
           auto it = c->refused.find(tid);
           if (it != c->refused.end()) {
             sendAck(c, tid, true, it->second);
@@ -1059,8 +1300,14 @@ class TcpTransport::Impl {
         return false;
       }
       if (c->refused.count(h.transferId) == 0) {
-        std::string why = validateWrite(h.token, h.addr, h.len);
-        if (why.empty()) {
+        int device = -1;
+        std::string why = validateWrite(h.token, h.addr, h.len, &device);
+        if (why.empty() && device >= 0) {
+          auto dst = reserveStage(c, h.len);
+          if (!dst) return false;
+          std::memcpy(*dst, p, h.len);
+          launchStaged(c, h.transferId, device, h.addr, *dst, h.len);
+        } else if (why.empty()) {
           std::memcpy(reinterpret_cast<void*>(h.addr), p, h.len);
         } else {
           PD_LOG(kWarn, "kvt.tcp") << "refusing transfer " << h.transferId << " from '" << c->peerName << "' ("
@@ -1075,7 +1322,8 @@ class TcpTransport::Impl {
 
   // Empty when [addr, addr+len) lies inside a region this transport registered and exposed
   // under `token`; otherwise the reason, for the sender and the log.
-  std::string validateWrite(uint64_t token, uint64_t addr, uint64_t len) {
+  // *device is the CUDA ordinal when the region is kCuda (the write is staged), -1 otherwise.
+  std::string validateWrite(uint64_t token, uint64_t addr, uint64_t len, int* device) {
     std::shared_lock lock(exposuresMu_);
     auto it = exposures_.find(token);
     if (it == exposures_.end()) {
@@ -1087,7 +1335,94 @@ class TcpTransport::Impl {
       return "write of " + std::to_string(len) + " bytes at " + hex(addr) + " is outside the exposed region " +
              toString(d);
     }
+    *device = d.kind == MemKind::kCuda ? d.device : -1;
     return {};
+  }
+
+  // ---- staging into kCuda exposures, receiver side (I/O thread) ------------------------------
+  // Payload bytes are read into the connection's bounce buffers; each piece is copied to the
+  // device asynchronously while the next one is read. A buffer is reused only after its copies
+  // finished (a short, bounded wait: the device copy is faster than the socket), and every
+  // End frame waits for all of the connection's copies before its ack / notification.
+  void stagedRead(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr, uint64_t left) {
+    if (left == 0) {
+      readHeader(c);
+      return;
+    }
+    auto dst = reserveStage(c, 1);
+    if (!dst) return;
+    const size_t n = std::min<uint64_t>(left, c->stage->slotBytes() - c->stageOff);
+    asio::async_read(c->sock, asio::buffer(*dst, n),
+                     [this, c, tid, device, addr, left, n, dst = *dst](boost::system::error_code ec, size_t) {
+                       if (ec) {
+                         dropIn(c, ec.message(), false);
+                         return;
+                       }
+                       launchStaged(c, tid, device, addr, dst, n);
+                       if (c->refused.count(tid)) {
+                         c->discardLeft = left - n;
+                         discardPayload(c);
+                         return;
+                       }
+                       stagedRead(c, tid, device, addr + n, left - n);
+                     });
+  }
+
+  // Room for `need` bytes in the current bounce buffer, moving to the next one (and waiting for
+  // its earlier copies) when full. nullopt when the connection was dropped.
+  std::optional<char*> reserveStage(const std::shared_ptr<InConn>& c, size_t need) {
+    if (!c->stage) {
+      c->stage = std::make_unique<StagingRing>(copier_, options_.stageChunkBytes, size_t(options_.stageBuffers),
+                                               options_.peerTimeout);
+      c->stageSlot = 0;
+      c->stageOff = 0;
+    }
+    StagingRing& ring = *c->stage;
+    if (ring.slotBytes() - c->stageOff < need) {
+      c->stageSlot = (c->stageSlot + 1) % ring.slots();
+      c->stageOff = 0;
+      std::vector<uint64_t> failed;
+      Status st = ring.wait(c->stageSlot, steadyNow() + options_.peerTimeout, &failed);
+      if (!noteStageErrors(c, st, failed)) return std::nullopt;
+    }
+    auto buf = ring.buffer(c->stageSlot);
+    if (!buf.ok()) {
+      dropIn(c, "staging buffer: " + buf.status().message(), true);
+      return std::nullopt;
+    }
+    return *buf + c->stageOff;
+  }
+
+  void launchStaged(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr, char* src, size_t n) {
+    CopyPiece piece{reinterpret_cast<void*>(addr), src, n};
+    Status st = c->stage->launch(c->stageSlot, CopyDirection::kToDevice, device, {&piece, 1}, tid);
+    c->stageOff += n;
+    if (!st.isOk()) {
+      PD_LOG(kWarn, "kvt.tcp") << "transfer " << tid << " from '" << c->peerName << "': " << st.message();
+      c->refused.emplace(tid, "copying into GPU memory failed: " + st.message());
+    }
+  }
+
+  // Waits for every copy of the connection; false when the connection was dropped.
+  bool drainStage(const std::shared_ptr<InConn>& c) {
+    std::vector<uint64_t> failed;
+    Status st = c->stage->waitAll(steadyNow() + options_.peerTimeout, &failed);
+    return noteStageErrors(c, st, failed);
+  }
+
+  // Failed copies refuse their transfers (the sender sees the reason); a copy that does not
+  // finish within the deadline drops the connection (the sender's transfers fail).
+  bool noteStageErrors(const std::shared_ptr<InConn>& c, const Status& st, const std::vector<uint64_t>& failed) {
+    if (st.code() == StatusCode::kDeadlineExceeded) {
+      dropIn(c, "a host-to-device copy did not finish within " + std::to_string(options_.peerTimeout.count()) +
+                    " ms", true);
+      return false;
+    }
+    for (uint64_t tid : failed) {
+      PD_LOG(kWarn, "kvt.tcp") << "transfer " << tid << " from '" << c->peerName << "': " << st.message();
+      c->refused.emplace(tid, "copying into GPU memory failed: " + st.message());
+    }
+    return true;
   }
 
   template <typename Fn>
@@ -1175,6 +1510,10 @@ class TcpTransport::Impl {
   std::vector<std::shared_ptr<OutPeer>> ioPeers_;
   std::vector<std::shared_ptr<InConn>> inConns_;
   bool stopping_ = false;
+
+  // Set in start(), read-only afterwards: stages kCuda memory (null: no device, see why).
+  std::shared_ptr<DeviceCopier> copier_;
+  std::string noCopierWhy_;
 
   // Shared.
   std::shared_mutex exposuresMu_;

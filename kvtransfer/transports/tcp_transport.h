@@ -9,6 +9,13 @@
 // A transfer completes when the receiver acknowledges that all of its data landed; its
 // notification is delivered on the receiver after all of its data (on every stream).
 //
+// GPU memory (kCuda) is staged (docs/kvtransfer.md "GPU memory"): with a DeviceCopier (a CUDA
+// device at run time, or options.deviceCopier) the sender copies kCuda segments chunk by chunk
+// into pinned bounce buffers and writes each chunk while the next ones copy; the receiver
+// reads payloads for kCuda regions into bounce buffers and copies them to the device, and
+// acks / notifies only after every copy finished. Host-only transfers never touch the copier.
+// Without a copier, registering kCuda memory is kFailedPrecondition with the reason.
+//
 // Threads: one internal I/O thread runs Asio; the Transport methods are called from the
 // owner's thread only (transport.h), and progress()/poll() are where the I/O thread's
 // completions become visible. loadPeer() blocks while it connects (at most

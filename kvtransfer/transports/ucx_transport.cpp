@@ -346,6 +346,7 @@ TransportCaps UcxTransport::caps() const {
   c.name = "ucx";
   c.hostMemory = true;
   c.cudaMemory = cudaSupported_;
+  if (cudaSupported_) c.cudaPath = "direct GPU memory";
   c.oneSided = true;
   std::ostringstream d;
   const char* tls = std::getenv("UCX_TLS");

@@ -401,6 +401,9 @@ TEST_CASE("cuda backend: tensor parallel set-up errors name the numbers", "[cuda
   cudaFree(base);
   CHECK(d.status().code() == StatusCode::kInvalidArgument);
   CHECK(d.status().message().find("kvDeviceBase is for tensor_parallel_size 1") !=
+        std::string::npos);
+}
+
 TEST_CASE("cuda backend forwardAndSample returns the tokens sample() picks from forward()'s logits",
           "[cuda][backend][sampling]") {
   if (!haveGpu()) return;

@@ -44,6 +44,20 @@ TEST_CASE("transceiver: consecutive blocks coalesce into one segment per layer",
   auto segs2 = KvTransceiver::buildSegments(src, dst2, 0, 1);
   REQUIRE(segs2.ok());
   CHECK(segs2->local.size() == 3);
+  CHECK(segs2->local[0].kind == MemKind::kHost);
+
+  // A GPU KV cache: every segment carries the memory kind and device of its side.
+  KvSource gsrc{0x10000, smallLayout(), {3, 4}, MemKind::kCuda, 1};
+  KvTarget gdst{1, 0x900000, smallLayout(), {7, 9}, MemKind::kCuda, 2};
+  auto g = KvTransceiver::buildSegments(gsrc, gdst, 0, 2);
+  REQUIRE(g.ok());
+  REQUIRE(g->local.size() == 4);
+  for (size_t i = 0; i < g->local.size(); ++i) {
+    CHECK(g->local[i].kind == MemKind::kCuda);
+    CHECK(g->local[i].device == 1);
+    CHECK(g->remote[i].kind == MemKind::kCuda);
+    CHECK(g->remote[i].device == 2);
+  }
 }
 
 TEST_CASE("transceiver: mismatched layouts and bad ranges are refused with a reason", "[kvt][transceiver]") {

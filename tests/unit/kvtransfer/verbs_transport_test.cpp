@@ -65,4 +65,10 @@ TEST_CASE("verbs: the factory reports a missing device cleanly or works with one
   }
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].payload == "req-42");
+
+  // GPU memory goes through dma-buf; where that is not available registration says why
+  // (host memory labelled kCuda is never accepted as device memory).
+  auto g = x->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(a.data()), a.size(), 0, MemKind::kCuda});
+  REQUIRE(!g.ok());
+  CHECK_THAT(g.status().message(), Catch::Contains("GPU memory"));
 }
