@@ -78,6 +78,18 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
             kRow[i] = layerKv + size_t(blockTable[p / blockSize]) * blockElems +
                       size_t(p % blockSize) * tokenElems + size_t(g) * headDim;
           }
+          // This head's K and V rows sit tokenElems apart (the other kv heads in between),
+          // a stride the hardware prefetchers follow poorly: ask for the next tile's rows
+          // while this one computes.
+          for (int p = p0 + kTile; p < std::min(ctx, p0 + 2 * kTile); ++p) {
+            const float* k = layerKv + size_t(blockTable[p / blockSize]) * blockElems +
+                             size_t(p % blockSize) * tokenElems + size_t(g) * headDim;
+            const float* v = k + size_t(blockSize) * tokenElems;
+            for (int d = 0; d < headDim; d += 16) {
+              _mm_prefetch(reinterpret_cast<const char*>(k + d), _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(v + d), _MM_HINT_T0);
+            }
+          }
           for (int j = 0; j < nh; ++j) {
             float tileMax = m[j];
             int i = 0;
@@ -90,7 +102,15 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
             const float corr = std::exp(m[j] - tileMax);
             m[j] = tileMax;
             l[j] *= corr;
-            for (int i = 0; i < np; ++i) {
+            const __m256 vmax = _mm256_set1_ps(tileMax);
+            __m256 vsum = _mm256_setzero_ps();
+            for (i = 0; i + 8 <= np; i += 8) {
+              const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(&s[j][i]), vmax));
+              _mm256_storeu_ps(&s[j][i], e);
+              vsum = _mm256_add_ps(vsum, e);
+            }
+            l[j] += hsum(vsum);
+            for (; i < np; ++i) {
               s[j][i] = std::exp(s[j][i] - tileMax);
               l[j] += s[j][i];
             }

@@ -196,7 +196,9 @@ int main(int argc, char** argv) {
               ctx);
   for (int batch : {1, 8, 32}) {
     if (only == "prefill") break;
-    const int steps = quick ? 16 : (batch == 1 ? 64 : 32);
+    // Batch 1 steps take ~3 ms: many of them, and the median, so a noisy neighbour's burst
+    // does not decide the figure.
+    const int steps = quick ? 16 : (batch == 1 ? 256 : 32);
     const int perSeq = (ctx + steps + blockSize - 1) / blockSize;
     const auto layout = kvLayoutFor(cfg, perSeq * batch, blockSize);
     WeightBuffer kv(layout.totalBytes() / sizeof(float));
@@ -215,6 +217,7 @@ int main(int argc, char** argv) {
     std::vector<float> logits(size_t(batch) * cfg.vocabSize);
     std::vector<SeqChunk> chunks(batch);
     double total = 0, cpu = 0;
+    std::vector<double> stepSeconds;
     for (int step = -2; step < steps; ++step) {  // two warm-up steps
       const int pos = ctx + std::max(step, 0);
       for (int s = 0; s < batch; ++s)
@@ -223,7 +226,8 @@ int main(int argc, char** argv) {
       const double c0 = processCpuSeconds();
       if (!(*backend)->forward(chunks, logits.data()).isOk()) return 1;
       if (step >= 0) {
-        total += secondsSince(t0);
+        stepSeconds.push_back(secondsSince(t0));
+        total += stepSeconds.back();
         cpu += processCpuSeconds() - c0;
       }
       for (int s = 0; s < batch; ++s)
@@ -231,15 +235,18 @@ int main(int argc, char** argv) {
                                            logits.begin() + size_t(s + 1) * cfg.vocabSize) -
                           (logits.begin() + size_t(s) * cfg.vocabSize));
     }
-    const double tokS = batch * steps / total;
+    std::nth_element(stepSeconds.begin(), stepSeconds.begin() + steps / 2, stepSeconds.end());
+    const double medianStep = stepSeconds[size_t(steps / 2)];
+    const double tokS = batch / medianStep;
     std::printf(
-        "  batch %2d: %8.1f tok/s  (%.2f ms per step; %.2f CPU-ms per step over all threads)",
-        batch, tokS, total / steps * 1e3, cpu / steps * 1e3);
+        "  batch %2d: %8.1f tok/s  (median step %.2f ms, mean %.2f ms; %.2f CPU-ms per step over "
+        "all threads)",
+        batch, tokS, medianStep * 1e3, total / steps * 1e3, cpu / steps * 1e3);
     if (batch == 1) {
       const double kvBytes = 2.0 * ctx * cfg.kvDim() * 4 * cfg.numLayers;
       const double floorModel = weightBytes / (bwModelSized * 1e9);
       const double floorLarge = weightBytes / (bwLarge * 1e9);
-      const double stepS = total / steps;
+      const double stepS = medianStep;
       std::printf(
           "\n    bandwidth floor (%.1f MB weights / token): %.3f ms at %.1f GB/s -> %.0f%% of "
           "floor; %.3f ms at %.1f GB/s -> %.0f%%\n    (the %.1f MB of KV read per token at "
