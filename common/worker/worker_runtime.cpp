@@ -123,15 +123,6 @@ Result<BackendAndKv> makeBackend(const config::ClusterConfig& config,
     PD_ASSIGN_OR_RETURN(out.backend, engine::createCpuBackend(std::move(model), layout, out.kv->data(), cpu));
     return out;
   }
-  Status device = engine::cudaDeviceAvailable();
-  if (!device.isOk()) return Status(device.code(), "engine.backend: cuda: " + device.message());
-  if (config.engine.tensorParallelSize > 1) {
-    // A tensor-parallel worker holds one KV region per GPU; the transfer path sends one.
-    return unimplemented("engine.tensor_parallel_size: " +
-                         std::to_string(config.engine.tensorParallelSize) +
-                         ": the workers serve tensor_parallel_size 1 only (KV transfer of "
-                         "per-GPU regions is not implemented)");
-  }
   engine::CudaBackendOptions cuda;
   cuda.weightDtype = layout.dtype;
   PD_ASSIGN_OR_RETURN(auto backend, engine::createCudaBackend(std::move(model), layout, cuda));
@@ -140,9 +131,24 @@ Result<BackendAndKv> makeBackend(const config::ClusterConfig& config,
   return out;
 }
 
+// What a cuda worker needs before anything is loaded: a device, and one GPU per worker.
+Status checkCudaWorker(const config::ClusterConfig& config) {
+  Status device = engine::cudaDeviceAvailable();
+  if (!device.isOk()) return Status(device.code(), "engine.backend: cuda: " + device.message());
+  if (config.engine.tensorParallelSize > 1) {
+    // A tensor-parallel worker holds one KV region per GPU; the transfer path moves one.
+    return unimplemented("engine.tensor_parallel_size: " +
+                         std::to_string(config.engine.tensorParallelSize) +
+                         ": the workers serve tensor_parallel_size 1 only (KV transfer of "
+                         "per-GPU regions is not implemented)");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish) {
+  if (config.engine.backend == config::Backend::kCuda) PD_RETURN_IF_ERROR(checkCudaWorker(config));
   EngineBundle b;
   PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
   const auto& mc = b.model->config;
