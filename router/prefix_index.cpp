@@ -1,16 +1,8 @@
 #include "router/prefix_index.h"
 
+#include "common/base/hash.h"
+
 namespace pd::router {
-namespace {
-
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 std::vector<uint64_t> PrefixIndex::blockHashes(std::span<const int32_t> tokens) const {
   std::vector<uint64_t> out;

@@ -8,16 +8,10 @@
 #include <limits>
 #include <string>
 
+#include "common/base/hash.h"
+
 namespace pd::engine {
 namespace {
-
-uint64_t mix64(uint64_t x) {
-  // splitmix64's finaliser: a full-avalanche bijection, so chained hashes stay well spread.
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 std::string seqName(SeqId seq) { return "sequence " + std::to_string(seq); }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/base/hash.h"
 #include "pd/kernels/sampling.h"
 
 namespace pd::engine {
@@ -11,13 +12,6 @@ namespace {
 
 static_assert(kGreedyTemperature == pd::kernels::kSamplingGreedyTemperature);
 static_assert(kMaxLogprobs <= pd::kernels::kSamplingMaxTopN);
-
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 }  // namespace
 

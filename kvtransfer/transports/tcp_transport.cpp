@@ -740,21 +740,7 @@ class TcpTransport::Impl {
         g.len = (bytes - before) + inner * sizeof(WireHeader);
       }
       bool endNow = j.next == j.segs.size() && s->bufs.size() + 2 <= kMaxBatchBuffers;
-      if (endNow) {
-        WireHeader& h = s->hdrs[nh++];
-        h = WireHeader{};
-        h.type = uint8_t(FrameType::kEnd);
-        h.transferId = t->id;
-        if (j.withNotify) {
-          h.flags = kFlagHasNotification;
-          h.len = t->notification->size();
-        }
-        s->bufs.push_back(asio::buffer(&h, sizeof h));
-        if (j.withNotify && !t->notification->empty()) s->bufs.push_back(asio::buffer(*t->notification));
-        s->awaitingAck.push_back(t);
-        if (j.final) t->finalSent = true;
-        s->jobs.pop_front();
-      }
+      if (endNow) appendEnd(*s, t, nh);
       startWrite(p, s, t);
       return;
     }
@@ -866,22 +852,28 @@ class TcpTransport::Impl {
       s->bufs.push_back(asio::buffer(&h, sizeof h));
       s->bufs.push_back(asio::buffer(reinterpret_cast<const void*>(f.local), f.len));
     }
-    if (j.next == j.segs.size() && s->stageCount == 1) {
-      WireHeader& h = s->hdrs[nh++];
-      h = WireHeader{};
-      h.type = uint8_t(FrameType::kEnd);
-      h.transferId = t->id;
-      if (j.withNotify) {
-        h.flags = kFlagHasNotification;
-        h.len = t->notification->size();
-      }
-      s->bufs.push_back(asio::buffer(&h, sizeof h));
-      if (j.withNotify && !t->notification->empty()) s->bufs.push_back(asio::buffer(*t->notification));
-      s->awaitingAck.push_back(t);
-      if (j.final) t->finalSent = true;
-      s->jobs.pop_front();
-    }
+    if (j.next == j.segs.size() && s->stageCount == 1) appendEnd(*s, t, nh);
     startStagedWrite(p, s, t);
+  }
+
+  // Ends the stream's front job: its END frame (with the notification when the job carries
+  // it) goes into s.bufs after header slot nh, the transfer waits for the receiver's ack,
+  // and the job leaves the queue.
+  static void appendEnd(OutStream& s, const std::shared_ptr<IoTransfer>& t, size_t& nh) {
+    const Job& j = s.jobs.front();
+    WireHeader& h = s.hdrs[nh++];
+    h = WireHeader{};
+    h.type = uint8_t(FrameType::kEnd);
+    h.transferId = t->id;
+    if (j.withNotify) {
+      h.flags = kFlagHasNotification;
+      h.len = t->notification->size();
+    }
+    s.bufs.push_back(asio::buffer(&h, sizeof h));
+    if (j.withNotify && !t->notification->empty()) s.bufs.push_back(asio::buffer(*t->notification));
+    s.awaitingAck.push_back(t);
+    if (j.final) t->finalSent = true;
+    s.jobs.pop_front();
   }
 
   // startWrite's twin for a staged chunk: the head slot is free again once the write is done.
