@@ -40,7 +40,7 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
 
   Status start() override {
     PD_RETURN_IF_ERROR(status_.start(flags_.advertiseHost, flags_.metricsPort));
-    PD_ASSIGN_OR_RETURN(agent_, worker::startTransferAgent(config_, flags_, engine_.kv(), registry_));
+    PD_ASSIGN_OR_RETURN(agent_, worker::startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
     PD_ASSIGN_OR_RETURN(agentMetadata_, agent_->localMetadata());
     metrics_.setCacheConfig(engine_.kv().layout().blockSize, engine_.kv().numTotalBlocks());
     proto::Hello hello = worker::workerHello(proto::ROLE_DECODE, flags_, bundle_);
@@ -207,10 +207,12 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
     for (auto b : blocks) layer->add_block_ids(static_cast<uint32_t>(b));
     target->set_block_size(static_cast<uint32_t>(engine_.kv().layout().blockSize));
     target->set_layout_fingerprint(bundle_.fingerprint);
-    const MemDesc region = engine_.kv().region();
-    target->set_region_base(region.addr);
-    target->set_region_kind(static_cast<uint32_t>(region.kind));
-    target->set_region_device(static_cast<uint32_t>(region.device));
+    for (const MemDesc& region : bundle_.kvRegions) {
+      auto* r = target->add_regions();
+      r->set_base(region.addr);
+      r->set_kind(static_cast<uint32_t>(region.kind));
+      r->set_device(static_cast<uint32_t>(region.device));
+    }
     target->set_num_blocks(static_cast<uint32_t>(engine_.kv().numTotalBlocks()));
     t.awaitingPrefill = true;
     t.remoteDeadline = Deadline::in(milliseconds(config_.kvTransfer.timeoutMs));

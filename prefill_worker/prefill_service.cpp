@@ -28,7 +28,7 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
 
   Status start() override {
     PD_RETURN_IF_ERROR(status_.start(flags_.advertiseHost, flags_.metricsPort));
-    PD_ASSIGN_OR_RETURN(agent_, worker::startTransferAgent(config_, flags_, engine_.kv(), registry_));
+    PD_ASSIGN_OR_RETURN(agent_, worker::startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
     metrics_.setCacheConfig(engine_.kv().layout().blockSize, engine_.kv().numTotalBlocks());
 
     net::ConnectionOptions opts;
@@ -83,8 +83,8 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
     net::ConnectionPtr decode;
     kvt::AgentPeer peer = 0;
     std::vector<engine::BlockId> targetBlocks;
-    MemDesc targetRegion;
-    engine::KvLayout targetLayout;  // ours, with the target pool's block count
+    std::vector<MemDesc> targetRegions;  // one per tensor-parallel rank, as ours
+    engine::KvLayout targetLayout;  // ours (per rank), with the target pool's block count
     std::vector<kvt::AgentTransfer> inflight;
     int pushedTokens = 0;  // prompt tokens whose KV was posted for every layer
     std::optional<engine::SampledToken> first;
@@ -181,9 +181,19 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
     for (auto b : job.targetBlocks) {
       if (b < 0 || uint32_t(b) >= target.num_blocks()) return reject(c, id, invalidArgument("kv_target: block " + std::to_string(b) + " is outside the target's " + std::to_string(target.num_blocks()) + " blocks"));
     }
-    if (target.region_kind() > static_cast<uint32_t>(MemKind::kCuda))
-      return reject(c, id, invalidArgument("kv_target.region_kind " + std::to_string(target.region_kind()) +
-                                           " is not a memory kind (0 host, 1 pinned, 2 cuda)"));
+    if (size_t(target.regions_size()) != bundle_.kvRegions.size()) {
+      return reject(c, id, invalidArgument("kv_target: " + std::to_string(target.regions_size()) +
+                                           " KV regions, this worker has " +
+                                           std::to_string(bundle_.kvRegions.size()) +
+                                           " (one per tensor-parallel rank)"));
+    }
+    for (const auto& r : target.regions()) {
+      if (r.kind() > static_cast<uint32_t>(MemKind::kCuda))
+        return reject(c, id, invalidArgument("kv_target.regions: kind " + std::to_string(r.kind()) +
+                                             " is not a memory kind (0 host, 1 pinned, 2 cuda)"));
+      job.targetRegions.push_back(MemDesc{static_cast<uintptr_t>(r.base()), targetLayout.totalBytes(),
+                                          static_cast<int>(r.device()), static_cast<MemKind>(r.kind())});
+    }
     auto peer = agent_->loadPeer(target.transfer_conn_info());
     if (!peer.ok()) return reject(c, id, peer.status());
     engine::SamplingParams params = worker::fromProto(pr.sampling());
@@ -197,8 +207,6 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
     job.decode = c;
     job.peer = peer.value();
     job.targetLayout = targetLayout;
-    job.targetRegion = MemDesc{static_cast<uintptr_t>(target.region_base()), targetLayout.totalBytes(),
-                               static_cast<int>(target.region_device()), static_cast<MemKind>(target.region_kind())};
     job.received = steadyNow();
     job.deadline = Deadline::in(milliseconds(pr.deadline_ms() ? int64_t(pr.deadline_ms()) : config_.kvTransfer.timeoutMs));
     jobs_.emplace(id, std::move(job));
@@ -217,27 +225,31 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
       // this worker had cached (and did not recompute) travels too.
       const int firstBlock = job.pushedTokens / layout.blockSize;
       const int endBlock = (e.start + e.count + layout.blockSize - 1) / layout.blockSize;
-      const MemDesc region = step.kv->region();
-      kvt::KvSource source{region.addr, layout,
-                           std::vector<int>(table.begin() + firstBlock, table.begin() + endBlock),
-                           region.kind, region.device};
-      kvt::KvTarget target{job.peer, job.targetRegion.addr, job.targetLayout,
-                           std::vector<int>(job.targetBlocks.begin() + firstBlock,
-                                            job.targetBlocks.begin() + endBlock),
-                           job.targetRegion.kind, job.targetRegion.device};
-      auto pairs = kvt::KvTransceiver::buildSegments(source, target, layer, layer + 1);
-      if (!pairs.ok()) {
-        job.failed = pairs.status();
-        continue;
+      const std::vector<int> blocks(table.begin() + firstBlock, table.begin() + endBlock);
+      const std::vector<int> targetBlocks(job.targetBlocks.begin() + firstBlock,
+                                          job.targetBlocks.begin() + endBlock);
+      // Tensor parallelism: rank r's region goes to the target's rank r region (same block
+      // ids, the same share of the kv heads), one transfer per rank.
+      for (size_t r = 0; r < bundle_.kvRegions.size() && job.failed.isOk(); ++r) {
+        const MemDesc& mine = bundle_.kvRegions[r];
+        const MemDesc& theirs = job.targetRegions[r];
+        kvt::KvSource source{mine.addr, layout, blocks, mine.kind, mine.device};
+        kvt::KvTarget target{job.peer, theirs.addr, job.targetLayout, targetBlocks, theirs.kind,
+                             theirs.device};
+        auto pairs = kvt::KvTransceiver::buildSegments(source, target, layer, layer + 1);
+        if (!pairs.ok()) {
+          job.failed = pairs.status();
+          break;
+        }
+        auto t = agent_->post(pairs->local, pairs->remote, job.peer, std::nullopt);
+        if (!t.ok()) {
+          job.failed = t.status();
+          break;
+        }
+        job.inflight.push_back(t.value());
+        job.bytes += totalBytes(pairs->local);
       }
-      auto t = agent_->post(pairs->local, pairs->remote, job.peer, std::nullopt);
-      if (!t.ok()) {
-        job.failed = t.status();
-        continue;
-      }
-      job.inflight.push_back(t.value());
-      job.bytes += totalBytes(pairs->local);
-      if (layer == layout.numLayers - 1) job.pushedTokens = e.start + e.count;
+      if (job.failed.isOk() && layer == layout.numLayers - 1) job.pushedTokens = e.start + e.count;
     }
     agent_->progress();
   }

@@ -108,6 +108,7 @@ engine::KvDtype cudaDtype(config::DType d) {
 struct BackendAndKv {
   std::unique_ptr<engine::Backend> backend;
   std::unique_ptr<engine::KvCacheManager> kv;
+  std::vector<MemDesc> regions;  // one per tensor-parallel rank
 };
 
 // engine.backend: cpu -> the KV cache in host memory the manager maps; cuda -> in device
@@ -121,34 +122,29 @@ Result<BackendAndKv> makeBackend(const config::ClusterConfig& config,
     engine::CpuBackendOptions cpu;
     cpu.numThreads = config.engine.threads;
     PD_ASSIGN_OR_RETURN(out.backend, engine::createCpuBackend(std::move(model), layout, out.kv->data(), cpu));
+    out.regions = {out.kv->region()};
     return out;
   }
   engine::CudaBackendOptions cuda;
   cuda.weightDtype = layout.dtype;
+  cuda.tensorParallelSize = config.engine.tensorParallelSize;
   PD_ASSIGN_OR_RETURN(auto backend, engine::createCudaBackend(std::move(model), layout, cuda));
-  PD_ASSIGN_OR_RETURN(out.kv, engine::KvCacheManager::createOver(layout, backend->kvRegion()));
+  // Every rank's region has the same layout and block ids: the books are kept once, over
+  // rank 0's region, in the per-rank layout that transfer offsets are computed in.
+  out.regions = backend->kvRegions();
+  PD_ASSIGN_OR_RETURN(out.kv, engine::KvCacheManager::createOver(backend->rankKvLayout(), out.regions[0]));
   out.backend = std::move(backend);
   return out;
-}
-
-// What a cuda worker needs before anything is loaded: a device, and one GPU per worker.
-Status checkCudaWorker(const config::ClusterConfig& config) {
-  Status device = engine::cudaDeviceAvailable();
-  if (!device.isOk()) return Status(device.code(), "engine.backend: cuda: " + device.message());
-  if (config.engine.tensorParallelSize > 1) {
-    // A tensor-parallel worker holds one KV region per GPU; the transfer path moves one.
-    return unimplemented("engine.tensor_parallel_size: " +
-                         std::to_string(config.engine.tensorParallelSize) +
-                         ": the workers serve tensor_parallel_size 1 only (KV transfer of "
-                         "per-GPU regions is not implemented)");
-  }
-  return Status::ok();
 }
 
 }  // namespace
 
 Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish) {
-  if (config.engine.backend == config::Backend::kCuda) PD_RETURN_IF_ERROR(checkCudaWorker(config));
+  if (config.engine.backend == config::Backend::kCuda) {
+    // Before the model is loaded: without a device there is nothing to load it onto.
+    Status device = engine::cudaDeviceAvailable();
+    if (!device.isOk()) return Status(device.code(), "engine.backend: cuda: " + device.message());
+  }
   EngineBundle b;
   PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
   const auto& mc = b.model->config;
@@ -177,14 +173,17 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   opts.scheduler.enablePrefixCaching = config.engine.enablePrefixCaching;
   opts.releaseKvOnFinish = releaseKvOnFinish;
   PD_RETURN_IF_ERROR(opts.scheduler.validate());
-  b.fingerprint = b.modelName + "/" + layout.fingerprint();
+  // Peers must agree on what one region's blocks hold: the per-rank layout and the rank count.
+  b.fingerprint = b.modelName + "/" + parts.kv->layout().fingerprint();
+  if (parts.regions.size() > 1) b.fingerprint += ".tp" + std::to_string(parts.regions.size());
+  b.kvRegions = std::move(parts.regions);
   b.engine = std::make_unique<engine::Engine>(std::move(parts.backend), std::move(parts.kv), opts);
   return b;
 }
 
 Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::ClusterConfig& config,
                                                                const WorkerFlags& flags,
-                                                               const engine::KvCacheManager& kv,
+                                                               const std::vector<MemDesc>& kvRegions,
                                                                metrics::Registry& registry) {
   kvt::AgentOptions opts;
   opts.name = flags.workerId;
@@ -193,7 +192,7 @@ Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::Clu
   opts.transport.listenHost = config.kvTransfer.listenHost;
   opts.transport.listenPort = static_cast<uint16_t>(flags.transferPort);
   PD_ASSIGN_OR_RETURN(auto agent, kvt::TransferAgent::create(opts, *registry.native()));
-  PD_RETURN_IF_ERROR(agent->registerMemory(kv.region()).status());
+  for (const MemDesc& region : kvRegions) PD_RETURN_IF_ERROR(agent->registerMemory(region).status());
   return agent;
 }
 

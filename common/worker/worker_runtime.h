@@ -66,6 +66,9 @@ Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage);
 struct EngineBundle {
   std::shared_ptr<const engine::ModelWeights> model;
   std::unique_ptr<engine::Engine> engine;
+  // The KV cache as the transfer agent registers it: one region per tensor-parallel rank, in
+  // rank order, each laid out as engine->kv().layout() (a rank's share of the kv heads).
+  std::vector<MemDesc> kvRegions;
   std::string modelName;        // served model id
   std::string fingerprint;      // model name + KV layout; peers must agree
   int64_t maxModelLen = 0;
@@ -76,10 +79,10 @@ struct EngineBundle {
 Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish);
 
 // The transfer agent a worker runs: the config's transports in preference order, listening
-// on --transfer-port, with the engine's KV region registered in all of them.
+// on --transfer-port, with every KV region (one per rank) registered in all of them.
 Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::ClusterConfig& config,
                                                                const WorkerFlags& flags,
-                                                               const engine::KvCacheManager& kv,
+                                                               const std::vector<MemDesc>& kvRegions,
                                                                metrics::Registry& registry);
 
 // What a worker says in its first frame to the router and to peers.

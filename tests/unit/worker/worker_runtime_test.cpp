@@ -30,7 +30,10 @@ TEST_CASE("a cpu worker keeps its KV cache in host memory, in f32") {
   CHECK(region.addr != 0);
   CHECK(b->engine->kv().layout().dtype == engine::KvDtype::kF32);
   CHECK(b->engine->kv().numTotalBlocks() == 64);
-  CHECK_THAT(b->fingerprint, Catch::Contains("f32"));
+  CHECK_THAT(b->fingerprint, Catch::EndsWith("f32"));
+  REQUIRE(b->kvRegions.size() == 1);  // what the transfer agent registers
+  CHECK(b->kvRegions[0].addr == region.addr);
+  CHECK(b->kvRegions[0].len == region.len);
 }
 
 TEST_CASE("a cuda worker keeps its KV cache in device memory, or says why it cannot start") {
@@ -48,14 +51,28 @@ TEST_CASE("a cuda worker keeps its KV cache in device memory, or says why it can
   CHECK(region.kind == MemKind::kCuda);
   CHECK(region.len == b->engine->kv().layout().totalBytes());
   CHECK(b->engine->kv().layout().dtype == engine::KvDtype::kBF16);  // model.dtype auto
-  CHECK_THAT(b->fingerprint, Catch::Contains("bf16"));
+  CHECK_THAT(b->fingerprint, Catch::EndsWith("bf16"));
+  REQUIRE(b->kvRegions.size() == 1);
+  CHECK(b->kvRegions[0].addr == region.addr);
 }
 
-TEST_CASE("a tensor-parallel cuda worker is refused by name") {
+TEST_CASE("a tensor-parallel cuda worker has one KV region per GPU, or says how many it needs") {
   auto b = worker::buildEngine(configFor("cuda", ", tensor_parallel_size: 2"), true);
-  REQUIRE(!b.ok());
-  // Without a device the device check speaks first; with one, the TP limit does.
-  const bool named = b.status().message().find("engine.backend: cuda") != std::string::npos ||
-                     b.status().message().find("engine.tensor_parallel_size: 2") != std::string::npos;
-  CHECK(named);
+  const Status device = engine::cudaDeviceAvailable();
+  if (!device.isOk()) {
+    REQUIRE(!b.ok());
+    CHECK(b.status().message() == "engine.backend: cuda: " + device.message());
+    return;
+  }
+  if (!b.ok()) {  // one GPU: the backend names the shortfall
+    CHECK(b.status().code() == StatusCode::kUnavailable);
+    CHECK_THAT(b.status().message(), Catch::Contains("requires 2 GPUs"));
+    return;
+  }
+  REQUIRE(b->kvRegions.size() == 2);
+  CHECK(b->kvRegions[0].device != b->kvRegions[1].device);
+  // The books are kept in the per-rank layout: half of the tiny model's 2 kv heads.
+  CHECK(b->engine->kv().layout().numKvHeads == 1);
+  CHECK(b->kvRegions[1].len == b->engine->kv().layout().totalBytes());
+  CHECK_THAT(b->fingerprint, Catch::EndsWith(".tp2"));
 }
