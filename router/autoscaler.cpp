@@ -118,10 +118,12 @@ ScalingDecision Autoscaler::decide(LatencyWindow& w, const PoolSlo& slo, int cur
   d.attainment = w.fractionWithin(slo.targetSeconds);
   int desired = d.current;
   const double pct = slo.percentile;
-  if (d.samples < opt_.minSamples) {
+  d.ratio = d.observedSeconds / slo.targetSeconds;
+  d.enoughSamples = d.samples >= opt_.minSamples;
+  if (!d.enoughSamples) {
     d.reason = "hold: " + std::to_string(d.samples) + " samples < " + std::to_string(opt_.minSamples);
   } else {
-    const double ratio = d.observedSeconds / slo.targetSeconds;
+    const double ratio = d.ratio;
     if (ratio > 1 + opt_.tolerance) {
       const int base = std::max(d.current, 1);
       desired = std::clamp(int(std::ceil(base * ratio)), d.current + 1, 2 * base);

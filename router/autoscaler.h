@@ -53,6 +53,8 @@ struct ScalingDecision {
   int64_t samples = 0;           // observations in the window
   double observedSeconds = 0;    // the SLO percentile over the window (0 without samples)
   double attainment = 1;         // fraction of observations within target (1 without samples)
+  double ratio = 0;              // observedSeconds / target
+  bool enoughSamples = false;    // samples >= minSamples: the percentile means something
   std::string reason;            // "hold: 3 samples < 20", "scale up: p99 0.84 s > 0.5 s", ...
 };
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -19,6 +20,7 @@
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/detokenizer.h"
 #include "common/tokenizer/tokenizer.h"
+#include "router/adaptive_threshold.h"
 #include "router/autoscaler.h"
 #include "router/openai_api.h"
 #include "router/prefix_index.h"
@@ -130,11 +132,15 @@ class RouterServiceImpl final : public RouterService {
                             cfg_.pools.prefill.minReplicas, cfg_.pools.prefill.maxReplicas},
                     PoolSlo{cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile,
                             cfg_.pools.decode.minReplicas, cfg_.pools.decode.maxReplicas}),
+        threshold_(cfg_.router.adaptiveThreshold
+                       ? std::optional<AdaptiveThreshold>(AdaptiveThreshold(cfg_.router.shortPromptTokens))
+                       : std::nullopt),
         io_(2, "router-io"),
         metrics_(registry_, metrics::LatencyBuckets{cfg_.router.ttftBucketsS, cfg_.router.itlBucketsS,
                                                     cfg_.router.e2eBucketsS}) {
     metrics_.setSlo(metrics::kPoolPrefill, cfg_.pools.prefill.slo.ttftMs / 1e3, cfg_.pools.prefill.slo.percentile);
     metrics_.setSlo(metrics::kPoolDecode, cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile);
+    metrics_.setShortPromptTokens(cfg_.router.shortPromptTokens);
   }
 
   ~RouterServiceImpl() override { stop(); }
@@ -782,14 +788,25 @@ class RouterServiceImpl final : public RouterService {
     metrics_.setPoolWorkers(metrics::kPoolDecode, decode);
   }
 
-  // Every tick: pdserve_desired_replicas and the SLO window gauges of both pools; a change of
-  // recommendation is logged with its reason.
+  // Every tick: pdserve_desired_replicas and the SLO window gauges of both pools (a change of
+  // recommendation is logged with its reason), and the adaptive threshold when it is on.
   void autoscaleLocked(SteadyTime now) {
     int prefill = 0, decode = 0;
     for (const auto& v : snapshotLocked()) (v.role == WorkerRole::kPrefill ? prefill : decode) += v.healthy;
     const std::pair<std::string_view, ScalingDecision> pools[] = {
         {metrics::kPoolPrefill, autoscaler_.decidePrefill(prefill, now)},
         {metrics::kPoolDecode, autoscaler_.decideDecode(decode, now)}};
+    if (threshold_) {
+      std::string why;
+      const int64_t before = threshold_->value();
+      const int64_t after = threshold_->update({pools[0].second.ratio, pools[0].second.enoughSamples},
+                                               {pools[1].second.ratio, pools[1].second.enoughSamples}, &why);
+      if (after != before) {
+        policy_.setShortPromptTokens(after);
+        metrics_.setShortPromptTokens(after);
+        PD_LOG(kInfo, kTag) << "short_prompt_tokens " << before << " -> " << after << " (" << why << ")";
+      }
+    }
     for (const auto& [pool, d] : pools) {
       metrics_.setSloWindow(pool, d.observedSeconds, d.attainment);
       metrics_.setDesiredReplicas(pool, d.desired);
@@ -833,6 +850,7 @@ class RouterServiceImpl final : public RouterService {
   const bool prefixAware_;
   PrefixIndex prefixIndex_;  // under mu_ (blockHashes() is const and safe without it)
   Autoscaler autoscaler_;  // under mu_
+  std::optional<AdaptiveThreshold> threshold_;  // under mu_; set when router.adaptive_threshold
   int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // under mu_: for the change log
   net::IoPool io_;
   metrics::Registry registry_;

@@ -62,6 +62,8 @@ class RoutingPolicy {
   std::optional<RoutePlan> select(int64_t promptTokens, const std::vector<WorkerView>& workers) const;
 
   const RoutingConfig& config() const { return config_; }
+  // The adaptive threshold (router/adaptive_threshold.h) moves it; the caller serialises.
+  void setShortPromptTokens(int64_t tokens) { config_.shortPromptTokens = tokens; }
 
  private:
   RoutingConfig config_;

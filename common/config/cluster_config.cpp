@@ -105,6 +105,7 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readStringList("api_keys", &c->apiKeys);
   m.readInt("short_prompt_tokens", &c->shortPromptTokens, 0, kMaxTokens);
   m.readBool("prefix_aware_routing", &c->prefixAwareRouting);
+  m.readBool("adaptive_threshold", &c->adaptiveThreshold);
   m.readInt("max_body_bytes", &c->maxBodyBytes, 1024, int64_t{1} << 30);
   m.readInt("max_prompt_tokens", &c->maxPromptTokens, 0, kMaxTokens);
   m.readInt("load_report_interval_ms", &c->loadReportIntervalMs, 1, 60000);
@@ -114,6 +115,10 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readBuckets("itl_buckets_s", &c->itlBucketsS);
   m.readBuckets("e2e_buckets_s", &c->e2eBucketsS);
   m.finish();
+  if (c->adaptiveThreshold && c->shortPromptTokens == 0) {
+    m.errors()->add(m.node(), "router.adaptive_threshold: true needs short_prompt_tokens >= 1 "
+                              "(0 sends every prompt to the prefill pool, on purpose)");
+  }
 }
 
 // Reads the replica keys of one pool; the bounds default to replicas.

@@ -59,6 +59,7 @@ struct RouterConfig {
   std::vector<std::string> apiKeys;      // empty -> no authentication
   int64_t shortPromptTokens = 256;       // uncached prompt tokens <= this stay on a decode worker
   bool prefixAwareRouting = true;        // route on predicted prefix-cache hits (router/prefix_index.h)
+  bool adaptiveThreshold = false;        // move shortPromptTokens with the pools' SLO headroom
   int64_t maxBodyBytes = 8 << 20;        // larger HTTP bodies get 413
   int64_t maxPromptTokens = 0;           // 0 -> model.max_model_len
   int64_t loadReportIntervalMs = 100;    // how often workers send LoadReport

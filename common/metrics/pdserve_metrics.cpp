@@ -99,6 +99,13 @@ void RouterMetrics::setPoolWorkers(std::string_view pool, int workers) {
       .set(workers);
 }
 
+void RouterMetrics::setShortPromptTokens(int64_t tokens) {
+  r_.gauge("pdserve_short_prompt_tokens",
+           "Uncached prompt tokens at or under which a request is served colocated (the "
+           "routing threshold now in use).")
+      .set(double(tokens));
+}
+
 void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
   r_.gauge("pdserve_desired_replicas",
            "Replicas the autoscaler recommends for the pool to meet its SLO.", {{"pool", s(pool)}})

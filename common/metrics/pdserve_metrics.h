@@ -73,6 +73,8 @@ class RouterMetrics {
   void setSloWindow(std::string_view pool, double observedSeconds, double attainmentRatio);
   void setPoolWorkers(std::string_view pool, int workers);
   void setDesiredReplicas(std::string_view pool, int replicas);
+  // The routing threshold in use (router.short_prompt_tokens, moved by the adaptive threshold).
+  void setShortPromptTokens(int64_t tokens);
 
   Gauge inFlight;  // requests accepted and not yet finished
 

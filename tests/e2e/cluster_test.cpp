@@ -53,6 +53,7 @@ struct ClusterSpec {
   std::string backend = "cpu";  // cuda: both workers on GPU 0, weights and KV in f32
   // Off by default here: these tests send repeats and expect routing by length alone.
   bool prefixAwareRouting = false;
+  std::string pools = "{prefill: {replicas: 1}, decode: {replicas: 1}}";
 };
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
@@ -65,7 +66,7 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
                       << "  request_timeout_ms: 60000\n"
                       << "  prefix_aware_routing: " << (spec.prefixAwareRouting ? "true" : "false") << "\n"
                       << spec.extraRouter
-                      << "pools: {prefill: {replicas: 1}, decode: {replicas: 1}}\n"
+                      << "pools: " << spec.pools << "\n"
                       << "engine: {backend: " << spec.backend
                       << ", threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
                       << "kv_transfer: {transports: " << spec.transports
@@ -270,6 +271,35 @@ TEST_CASE("prefix-aware routing: a prompt extending one the decode worker receiv
         std::string::npos);
   CHECK(m->body.find("pdserve_router_predicted_cached_tokens_total 592") != std::string::npos);
   CHECK(allBlocksFree(*c, "decode-0"));
+}
+
+TEST_CASE("adaptive threshold: a prefill pool missing its SLO pulls prompts onto the decode pool") {
+  // A TTFT target no request can meet and an ITL target every one meets: after one tick with
+  // enough samples in both windows the router raises short_prompt_tokens from 64.
+  ClusterSpec spec{/*shortPromptTokens=*/64};
+  spec.extraRouter = "  adaptive_threshold: true\n";
+  spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 1}}, decode: {replicas: 1, slo: {itl_ms: 60000}}}";
+  auto c = startCluster("adaptive-threshold", spec);
+  auto routerMetric = [&](const std::string& name) {
+    auto m = httpGet(c->httpPort(), "/metrics", 5s);
+    REQUIRE(m.ok());
+    const auto at = m->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::atof(m->body.c_str() + at + name.size() + 2);
+  };
+  CHECK(routerMetric("pdserve_short_prompt_tokens") == 64);
+  const auto longPrompt = prompt(70, 5);
+  CHECK(complete(*c, longPrompt, 2).headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+  for (int i = 0; i < 24; ++i) REQUIRE(complete(*c, prompt(70 + i, 100 + uint64_t(i)), 2).status == 200);
+  double threshold = 64;
+  for (int i = 0; i < 80 && threshold <= 64; ++i) {  // the tick is every 5 s
+    std::this_thread::sleep_for(100ms);
+    threshold = routerMetric("pdserve_short_prompt_tokens");
+  }
+  // Steps of 25%: 80 after the first tick (a slow machine may fit a second one, 100).
+  CHECK((threshold == 80 || threshold == 100));
+  // The same 70-token prompt is now short: served colocated.
+  auto r = complete(*c, longPrompt, 2);
+  CHECK(r.headers.find("x-pdserve-route: colocated") != std::string::npos);
 }
 
 TEST_CASE("seeded sampling gives the same tokens in pdserve generate, colocated and disaggregated") {

@@ -81,6 +81,7 @@ TEST_CASE("an empty file is a valid cluster with the documented defaults") {
   CHECK(c.router.controlPort == 9000);
   CHECK(c.router.shortPromptTokens == 256);
   CHECK(c.router.prefixAwareRouting);
+  CHECK_FALSE(c.router.adaptiveThreshold);
   CHECK(c.router.workerReportTimeoutMs == 1000);
   CHECK(c.router.apiKeys.empty());
   CHECK(c.pools.prefill.replicas == 1);
@@ -155,6 +156,9 @@ TEST_CASE("wrong types are named with what was expected") {
         "test.yaml: router.port: expected an integer, got an empty value");
   CHECK(errorOf("router: 8000") == "test.yaml: router: expected a map of keys, got \"8000\"");
   CHECK(errorOf("- a\n- b\n") == "test.yaml: the document: expected a map of keys, got a list");
+  CHECK(errorOf("router: {adaptive_threshold: true, short_prompt_tokens: 0}") ==
+        "test.yaml: router.adaptive_threshold: true needs short_prompt_tokens >= 1 (0 sends "
+        "every prompt to the prefill pool, on purpose)");
   CHECK(errorOf("router: {prefix_aware_routing: 1}") ==
         "test.yaml: router.prefix_aware_routing: expected true or false, got \"1\"");
   CHECK(errorOf("engine: {enable_prefix_caching: yes}") ==
