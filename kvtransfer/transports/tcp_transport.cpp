@@ -752,20 +752,25 @@ class TcpTransport::Impl {
     s->writingFor = t;
     if (t) t->writesInFlight++;
     asio::async_write(s->sock, s->bufs, TransferAllInOne{asio::buffer_size(s->bufs)},
-                      [this, p, s, t](boost::system::error_code ec, size_t n) {
-      s->writing = false;
-      s->writingFor.reset();
-      if (t) {
-        t->writesInFlight--;
-        if (t->writesInFlight == 0) resolveQuiesce(*t);
-      }
-      if (ec) {
-        if (!p->dead.load() && ec != asio::error::operation_aborted) failPeer(p, "write failed: " + ec.message());
-        return;
-      }
-      p->lastProgress = steadyNow();
-      pump(p, s);
-    });
+                      [this, p, s, t](boost::system::error_code ec, size_t) { onWritten(p, s, t, ec); });
+  }
+
+  // Every write's completion: the stream is free again, the transfer has one write fewer in
+  // flight, and the stream pumps on (or the peer fails).
+  void onWritten(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
+                 const std::shared_ptr<IoTransfer>& t, boost::system::error_code ec) {
+    s->writing = false;
+    s->writingFor.reset();
+    if (t) {
+      t->writesInFlight--;
+      if (t->writesInFlight == 0) resolveQuiesce(*t);
+    }
+    if (ec) {
+      if (!p->dead.load() && ec != asio::error::operation_aborted) failPeer(p, "write failed: " + ec.message());
+      return;
+    }
+    p->lastProgress = steadyNow();
+    pump(p, s);
   }
 
   // ---- staging of kCuda memory, sender side (I/O thread) --------------------------------------
@@ -885,20 +890,11 @@ class TcpTransport::Impl {
     const uint64_t gen = s->stageGen;
     asio::async_write(s->sock, s->bufs, TransferAllInOne{asio::buffer_size(s->bufs)},
                       [this, p, s, t, gen](boost::system::error_code ec, size_t) {
-      s->writing = false;
-      s->writingFor.reset();
-      if (gen == s->stageGen && s->stageCount > 0) {
+      if (gen == s->stageGen && s->stageCount > 0) {  // the chunk's slot is free again
         s->stageHead = (s->stageHead + 1) % s->stage->slots();
         s->stageCount--;
       }
-      t->writesInFlight--;
-      if (t->writesInFlight == 0) resolveQuiesce(*t);
-      if (ec) {
-        if (!p->dead.load() && ec != asio::error::operation_aborted) failPeer(p, "write failed: " + ec.message());
-        return;
-      }
-      p->lastProgress = steadyNow();
-      pump(p, s);
+      onWritten(p, s, t, ec);
     });
   }
 
