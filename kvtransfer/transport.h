@@ -7,6 +7,9 @@
 //      localConnInfo()                -> bytes       (how a peer reaches this transport)
 //      Both blobs travel to the peer over the control plane (protobuf, not our business here).
 //   3. peer: loadPeer({connInfo, keys}) -> PeerId    (connects, unpacks keys)
+//      peerConnInfo(peerId)           -> bytes       (what that peer needs to connect back:
+//      transports whose connections are pairs, like verbs RC QPs, answer an offer with the
+//      endpoint made for it; the others return localConnInfo())
 //   4. post(local, remote, peer, notification) -> TransferId; progress(); poll(id)
 //
 // Semantics every transport keeps (the conformance suite checks them):
@@ -86,6 +89,9 @@ class Transport {
   virtual Result<std::string> localConnInfo() = 0;
 
   virtual Result<PeerId> loadPeer(const PeerInfo& peer) = 0;
+  // The connection info a peer loaded here needs to load us back (the reply of a two-step
+  // exchange, agent.h). Transports with symmetric endpoints need nothing per peer.
+  virtual Result<std::string> peerConnInfo(PeerId /*peer*/) { return localConnInfo(); }
   virtual Status unloadPeer(PeerId peer) = 0;
 
   virtual Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,

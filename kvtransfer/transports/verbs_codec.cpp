@@ -87,6 +87,7 @@ std::string encodeConnInfo(const ConnInfo& c) {
   put(&out, c.psn);
   put(&out, static_cast<uint16_t>(c.name.size()));
   out += c.name;
+  if (c.peerQpn) put(&out, *c.peerQpn);
   return out;
 }
 
@@ -98,16 +99,37 @@ Result<ConnInfo> decodeConnInfo(const std::string& blob) {
   uint16_t nameLen = 0;
   if (!r.get(&c.lid) || !r.bytes(16, &gid) || !r.get(&c.gidIndex) || !r.get(&c.port) ||
       !r.get(&c.mtu) || !r.get(&c.qpn) || !r.get(&c.psn) || !r.get(&nameLen) ||
-      !r.bytes(nameLen, &c.name) || !r.atEnd())
-    return dataLoss("verbs: connection info is truncated or has trailing bytes (" +
-                    std::to_string(blob.size()) + " bytes)");
+      !r.bytes(nameLen, &c.name))
+    return dataLoss("verbs: connection info is truncated (" + std::to_string(blob.size()) + " bytes)");
+  if (!r.atEnd()) {
+    uint32_t peerQpn = 0;
+    if (!r.get(&peerQpn) || !r.atEnd())
+      return dataLoss("verbs: connection info has trailing bytes (" + std::to_string(blob.size()) + " bytes)");
+    c.peerQpn = peerQpn;
+  }
   std::memcpy(c.gid.data(), gid.data(), 16);
-  if (c.qpn > 0xffffff || c.psn > 0xffffff)
+  if (c.qpn > 0xffffff || c.psn > 0xffffff || (c.peerQpn && *c.peerQpn > 0xffffff))
     return invalidArgument("verbs: connection info has a QP number or PSN wider than 24 bits");
   if (c.mtu < 1 || c.mtu > 5)
     return invalidArgument("verbs: connection info has MTU code " + std::to_string(c.mtu) +
                            " (allowed 1..5 = 256..4096 bytes)");
   return c;
+}
+
+Result<std::optional<uint32_t>> PendingQps::choose(const ConnInfo& remote) const {
+  if (!remote.peerQpn) {
+    if (order_.empty()) return std::optional<uint32_t>();
+    return std::optional<uint32_t>(order_.front());
+  }
+  if (std::find(order_.begin(), order_.end(), *remote.peerQpn) == order_.end())
+    return failedPrecondition("verbs: peer '" + remote.name + "' answers QP " + std::to_string(*remote.peerQpn) +
+                              ", which is not a QP offered here and still unconnected (" +
+                              std::to_string(order_.size()) + " pending)");
+  return std::optional<uint32_t>(*remote.peerQpn);
+}
+
+void PendingQps::take(uint32_t qpn) {
+  order_.erase(std::remove(order_.begin(), order_.end(), qpn), order_.end());
 }
 
 Result<std::vector<WritePlan>> planWrites(const std::vector<SegmentPair>& pairs, const BatchLimits& limits) {

@@ -44,9 +44,35 @@ struct ConnInfo {
   uint8_t mtu = 0;                   // enum ibv_mtu value of the port's active MTU
   uint32_t qpn = 0;                  // 24-bit queue pair number
   uint32_t psn = 0;                  // 24-bit initial packet sequence number
+  // Set in a REPLY: the QP number of the receiver's QP that `qpn` is already connected to.
+  // Absent in an OFFER (a QP waiting for its partner). Encoded as an optional trailing u32.
+  std::optional<uint32_t> peerQpn;
 };
 std::string encodeConnInfo(const ConnInfo& info);
 Result<ConnInfo> decodeConnInfo(const std::string& blob);
+
+// ---- QP pairing ------------------------------------------------------------------------------
+// Which local QP a loaded connection info connects (verbs_transport.h, "Connection set-up").
+// localConnInfo() creates a QP and offers it (offer()); loadPeer() asks choose():
+//   - a REPLY (peerQpn set) connects exactly the pending QP it names; a QP number that is not
+//     pending here (never offered, already connected, or from another transport instance) is
+//     kFailedPrecondition, never a guess;
+//   - an OFFER connects the oldest pending QP when there is one (the symmetric protocol: both
+//     sides called localConnInfo() once per peer), and otherwise needs a fresh QP (nullopt):
+//     the answering side of the two-step exchange creates one per offer.
+// Device-free so CI tests it; the transport keeps the ibv_qp* per QP number.
+class PendingQps {
+ public:
+  void offer(uint32_t qpn) { order_.push_back(qpn); }
+  Result<std::optional<uint32_t>> choose(const ConnInfo& remote) const;
+  // The QP got connected (or destroyed): it is no longer pending.
+  void take(uint32_t qpn);
+  size_t size() const { return order_.size(); }
+  const std::deque<uint32_t>& all() const { return order_; }
+
+ private:
+  std::deque<uint32_t> order_;  // oldest first
+};
 
 // ---- work requests -------------------------------------------------------------------------
 struct SegmentPair {

@@ -49,6 +49,8 @@ struct Peer {
   PeerId id = 0;
   std::string name;
   ibv_qp* qp = nullptr;
+  uint32_t localPsn = 0;   // ours, for peerConnInfo()
+  uint32_t remoteQpn = 0;  // the peer's QP ours is connected to
   std::vector<verbs::PackedKey> keys;
   Status failure;
   uint32_t nextSeq = 0;
@@ -73,6 +75,7 @@ class VerbsTransport final : public Transport {
   Result<std::string> packRemoteKey(MemHandle handle) override;
   Result<std::string> localConnInfo() override;
   Result<PeerId> loadPeer(const PeerInfo& peer) override;
+  Result<std::string> peerConnInfo(PeerId peer) override;
   Status unloadPeer(PeerId peer) override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
                           std::optional<std::string> notification) override;
@@ -86,6 +89,8 @@ class VerbsTransport final : public Transport {
   }
 
  private:
+  Result<PendingQp> createQp();
+  verbs::ConnInfo describe(const ibv_qp* qp, uint32_t psn) const;
   Status connectQp(ibv_qp* qp, uint32_t localPsn, const verbs::ConnInfo& remote);
   bool postSome(Transfer* t, Peer* peer);
   void failPeer(Peer* peer, const Status& why);
@@ -116,7 +121,8 @@ class VerbsTransport final : public Transport {
   std::mt19937 rng_{std::random_device{}()};
 
   std::map<MemHandle, std::pair<MemDesc, ibv_mr*>> regs_;
-  std::deque<PendingQp> unconnected_;
+  verbs::PendingQps pending_;                // QPs offered by localConnInfo(), oldest first
+  std::map<uint32_t, PendingQp> pendingQps_;  // ... by QP number
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::map<uint32_t, PeerId> byQpn_;
   std::map<TransferId, std::unique_ptr<Transfer>> transfers_;
@@ -181,7 +187,7 @@ VerbsTransport::~VerbsTransport() {
   }
   for (auto& [id, t] : transfers_)
     if (t->noteMr) ibv_dereg_mr(t->noteMr);
-  for (auto& q : unconnected_) ibv_destroy_qp(q.qp);
+  for (auto& [qpn, q] : pendingQps_) ibv_destroy_qp(q.qp);
   for (auto& [h, r] : regs_) ibv_dereg_mr(r.second);
   if (recvMr_) ibv_dereg_mr(recvMr_);
   if (srq_) ibv_destroy_srq(srq_);
@@ -257,7 +263,7 @@ Result<std::string> VerbsTransport::packRemoteKey(MemHandle handle) {
                                            it->second.second->rkey});
 }
 
-Result<std::string> VerbsTransport::localConnInfo() {
+Result<PendingQp> VerbsTransport::createQp() {
   ibv_qp_init_attr qa{};
   qa.send_cq = sendCq_;
   qa.recv_cq = recvCq_;
@@ -277,8 +283,10 @@ Result<std::string> VerbsTransport::localConnInfo() {
     ibv_destroy_qp(qp);
     return unavailable("verbs: QP RESET->INIT failed: " + errnoText(e));
   }
-  const uint32_t psn = rng_() & 0xffffff;
-  unconnected_.push_back(PendingQp{qp, psn});
+  return PendingQp{qp, static_cast<uint32_t>(rng_() & 0xffffff)};
+}
+
+verbs::ConnInfo VerbsTransport::describe(const ibv_qp* qp, uint32_t psn) const {
   verbs::ConnInfo c;
   c.name = opt_.localName;
   c.lid = port_.lid;
@@ -288,6 +296,21 @@ Result<std::string> VerbsTransport::localConnInfo() {
   c.mtu = static_cast<uint8_t>(port_.active_mtu);
   c.qpn = qp->qp_num;
   c.psn = psn;
+  return c;
+}
+
+Result<std::string> VerbsTransport::localConnInfo() {
+  PD_ASSIGN_OR_RETURN(PendingQp q, createQp());
+  pending_.offer(q.qp->qp_num);
+  pendingQps_[q.qp->qp_num] = q;
+  return verbs::encodeConnInfo(describe(q.qp, q.psn));
+}
+
+Result<std::string> VerbsTransport::peerConnInfo(PeerId id) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return notFound("verbs: peerConnInfo of unknown peer " + std::to_string(id));
+  verbs::ConnInfo c = describe(it->second->qp, it->second->localPsn);
+  c.peerQpn = it->second->remoteQpn;
   return verbs::encodeConnInfo(c);
 }
 
@@ -333,14 +356,29 @@ Result<PeerId> VerbsTransport::loadPeer(const PeerInfo& info) {
     if (!k.ok()) return k.status().withContext("loading peer '" + info.name + "', key " + std::to_string(i));
     peer->keys.push_back(*k);
   }
-  if (unconnected_.empty())
-    return failedPrecondition("verbs: loading peer '" + info.name +
-                              "': call localConnInfo() for it first (RC needs both QP numbers)");
-  PendingQp q = unconnected_.front();
+  // A reply connects the QP we offered it; an offer the oldest pending QP, or a fresh one.
+  auto chosen = pending_.choose(conn);
+  if (!chosen.ok()) return chosen.status().withContext("loading peer '" + info.name + "'");
+  PendingQp q{};
+  if (*chosen) {
+    q = pendingQps_.at(**chosen);
+  } else {
+    auto fresh = createQp();
+    if (!fresh.ok()) return fresh.status().withContext("loading peer '" + info.name + "'");
+    q = *fresh;
+  }
   Status s = connectQp(q.qp, q.psn, conn);
-  if (!s.isOk()) return s.withContext("loading peer '" + info.name + "'");
-  unconnected_.pop_front();
+  if (!s.isOk()) {
+    if (!*chosen) ibv_destroy_qp(q.qp);
+    return s.withContext("loading peer '" + info.name + "'");
+  }
+  if (*chosen) {
+    pending_.take(**chosen);
+    pendingQps_.erase(**chosen);
+  }
   peer->qp = q.qp;
+  peer->localPsn = q.psn;
+  peer->remoteQpn = conn.qpn;
   peer->window = verbs::SendWindow(std::min<uint32_t>(opt_.maxSendWr, dev_.max_qp_wr), opt_.signalEvery);
   peer->id = nextPeer_++;
   byQpn_[q.qp->qp_num] = peer->id;

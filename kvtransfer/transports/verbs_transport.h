@@ -1,14 +1,20 @@
 // The libibverbs transport: RC queue pairs, RDMA WRITE into the peer's ibv_reg_mr memory, the
 // last WRITE carrying the notification as immediate data (scheme: verbs_codec.h).
 //
-// Connection setup is symmetric, because an RC QP must know its partner's QP number:
-//   1. each side calls localConnInfo() once per peer it will talk to (it creates a fresh QP
-//      and returns its LID/GID, QP number and PSN, plus this side's name);
-//   2. the blobs cross over the control channel (the caller's business);
-//   3. each side calls loadPeer() with the other's blob and keys; it connects the oldest QP
-//      handed out by localConnInfo() and not yet connected (INIT -> RTR -> RTS).
-// Both sides need the peer loaded even when only one writes: the target must own the QP whose
-// receive completions carry the notifications.
+// Connection set-up: an RC QP must know its partner's QP number, so every peer pair needs a
+// two-way exchange, one QP per pair on each side (pairing rules: verbs::PendingQps):
+//   1. the offering side calls localConnInfo() once per peer: it creates a fresh QP (INIT) and
+//      returns an OFFER (LID/GID, QP number, PSN, this side's name);
+//   2. the answering side calls loadPeer() with the offer: it creates a fresh QP, connects it
+//      to the offered one (INIT -> RTR -> RTS) and peerConnInfo(peer) returns the REPLY, which
+//      also names the offered QP number;
+//   3. the offering side calls loadPeer() with the reply: it connects exactly the QP named
+//      there, so replies from many peers may come back in any order.
+// The older symmetric form still works: both sides call localConnInfo() and load each other's
+// offer; an offer then connects the oldest pending QP (so an agent that both offers and
+// answers must not mix the two forms). Both sides need the peer loaded even when only one
+// writes: the target must own the QP whose receive completions carry the notifications.
+// An offered QP that is never answered stays pending until the transport is destroyed.
 //
 // Completion: the last WRITE of a transfer is always signalled; RC completes a QP's work
 // requests in order and only after the target acknowledged them, so its completion means every

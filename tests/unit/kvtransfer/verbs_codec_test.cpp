@@ -61,6 +61,78 @@ TEST_CASE("verbs: connection info round-trips and is validated") {
   CHECK(decodeConnInfo(encodeKey(PackedKey{1, 1, 1})).status().code() == StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("verbs: a reply's peer QP number round-trips; an offer has none") {
+  ConnInfo offer;
+  offer.name = "decode-0";
+  offer.mtu = 3;
+  offer.qpn = 0x111;
+  offer.psn = 7;
+  auto o = decodeConnInfo(encodeConnInfo(offer));
+  REQUIRE(o.ok());
+  CHECK(!o->peerQpn.has_value());
+  ConnInfo reply = offer;
+  reply.name = "prefill-1";
+  reply.qpn = 0x222;
+  reply.peerQpn = 0x111;
+  const std::string blob = encodeConnInfo(reply);
+  CHECK(blob.size() == encodeConnInfo(offer).size() + std::string("prefill-1").size() - 8 + 4);
+  auto r = decodeConnInfo(blob);
+  REQUIRE(r.ok());
+  REQUIRE(r->peerQpn.has_value());
+  CHECK(*r->peerQpn == 0x111u);
+  CHECK(r->qpn == 0x222u);
+  CHECK(r->name == "prefill-1");
+  // Anything but nothing or exactly four bytes after the name is refused.
+  CHECK(decodeConnInfo(encodeConnInfo(offer) + "xy").status().code() == StatusCode::kDataLoss);
+  CHECK(decodeConnInfo(blob + "z").status().code() == StatusCode::kDataLoss);
+  ConnInfo wide = reply;
+  wide.peerQpn = 0x1000000;
+  CHECK(decodeConnInfo(encodeConnInfo(wide)).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("verbs: a reply connects exactly the QP it names, an offer the oldest or a fresh one") {
+  PendingQps pending;
+  ConnInfo offer;
+  offer.name = "decode-0";
+  offer.qpn = 0x50;
+  // Nothing offered here: an offer needs a fresh QP, a reply is refused with a reason.
+  auto fresh = pending.choose(offer);
+  REQUIRE(fresh.ok());
+  CHECK(!fresh->has_value());
+  ConnInfo reply = offer;
+  reply.name = "prefill-2";
+  reply.peerQpn = 0x10;
+  auto none = pending.choose(reply);
+  CHECK(none.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(none.status().message(), Catch::Contains("prefill-2") && Catch::Contains("QP 16"));
+
+  // Three QPs offered to three peers; their replies come back in another order.
+  pending.offer(0x10);
+  pending.offer(0x20);
+  pending.offer(0x30);
+  for (uint32_t qpn : {0x30u, 0x10u}) {
+    reply.peerQpn = qpn;
+    auto c = pending.choose(reply);
+    REQUIRE(c.ok());
+    REQUIRE(c->has_value());
+    CHECK(**c == qpn);  // paired by number, not "oldest"
+    pending.take(qpn);
+  }
+  CHECK(pending.size() == 1);
+  // A reply naming a QP that is already connected is refused, not paired with another.
+  reply.peerQpn = 0x30;
+  CHECK(pending.choose(reply).status().code() == StatusCode::kFailedPrecondition);
+  // An offer (no peer QP number) takes the oldest pending QP: the symmetric protocol.
+  auto oldest = pending.choose(offer);
+  REQUIRE(oldest.ok());
+  REQUIRE(oldest->has_value());
+  CHECK(**oldest == 0x20u);
+  pending.take(0x20);
+  CHECK(pending.size() == 0);
+  pending.take(0x99);  // unknown: nothing happens
+  CHECK(pending.all().empty());
+}
+
 namespace {
 // Applies a plan to byte arrays, as the HCA would: gather local SGEs, write remote range.
 void apply(const std::vector<WritePlan>& plan, const std::vector<uint8_t>& src, uint64_t srcBase,

@@ -3,6 +3,7 @@
 #include <infiniband/verbs.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -71,4 +72,72 @@ TEST_CASE("verbs: the factory reports a missing device cleanly or works with one
   auto g = x->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(a.data()), a.size(), 0, MemKind::kCuda});
   REQUIRE(!g.ok());
   CHECK_THAT(g.status().message(), Catch::Contains("GPU memory"));
+}
+
+TEST_CASE("verbs: the two-step exchange connects one QP pair per peer, replies in any order") {
+  if (deviceCount() == 0) {
+    CHECK(!makeVerbsTransport().ok());  // nothing to connect here; the pairing rules are in verbs_codec_test
+    return;
+  }
+  // One offering transport (the decode side) and two answering ones (prefill workers).
+  VerbsOptions od, oa, ob;
+  od.localName = "decode";
+  oa.localName = "prefill-a";
+  ob.localName = "prefill-b";
+  auto d = makeVerbsTransport(od);
+  auto a = makeVerbsTransport(oa);
+  auto b = makeVerbsTransport(ob);
+  REQUIRE(d.ok());
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  std::vector<uint8_t> target(1 << 16, 0), fromA(1 << 15, 0xa), fromB(1 << 15, 0xb);
+  auto ht = (*d)->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(target.data()), target.size()});
+  auto ha = (*a)->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(fromA.data()), fromA.size()});
+  auto hb = (*b)->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(fromB.data()), fromB.size()});
+  REQUIRE(ht.ok());
+  REQUIRE(ha.ok());
+  REQUIRE(hb.ok());
+  auto key = (*d)->packRemoteKey(*ht);
+  REQUIRE(key.ok());
+  auto offerA = (*d)->localConnInfo();
+  auto offerB = (*d)->localConnInfo();
+  REQUIRE(offerA.ok());
+  REQUIRE(offerB.ok());
+  auto pa = (*a)->loadPeer(PeerInfo{"decode", *offerA, {*key}});
+  auto pb = (*b)->loadPeer(PeerInfo{"decode", *offerB, {*key}});
+  REQUIRE(pa.ok());
+  REQUIRE(pb.ok());
+  auto replyA = (*a)->peerConnInfo(*pa);
+  auto replyB = (*b)->peerConnInfo(*pb);
+  REQUIRE(replyA.ok());
+  REQUIRE(replyB.ok());
+  // B answers first: pairing is by QP number, not by age.
+  REQUIRE((*d)->loadPeer(PeerInfo{"prefill-b", *replyB, {}}).ok());
+  REQUIRE((*d)->loadPeer(PeerInfo{"prefill-a", *replyA, {}}).ok());
+  auto half = [&](size_t at) { return MemDesc{reinterpret_cast<uintptr_t>(target.data()) + at, 1 << 15}; };
+  auto ia = (*a)->post({MemDesc{reinterpret_cast<uintptr_t>(fromA.data()), fromA.size()}}, {half(0)}, *pa,
+                       std::string("from-a-1234"));
+  auto ib = (*b)->post({MemDesc{reinterpret_cast<uintptr_t>(fromB.data()), fromB.size()}}, {half(1 << 15)}, *pb,
+                       std::string("b"));
+  REQUIRE(ia.ok());
+  REQUIRE(ib.ok());
+  Deadline dl = Deadline::in(10s);
+  Status sa(StatusCode::kInProgress, ""), sb(StatusCode::kInProgress, "");
+  std::vector<Notification> notes;
+  while ((sa.inProgress() || sb.inProgress() || notes.size() < 2) && !dl.expired()) {
+    (*a)->progress();
+    (*b)->progress();
+    (*d)->progress();
+    if (sa.inProgress()) sa = (*a)->poll(*ia);
+    if (sb.inProgress()) sb = (*b)->poll(*ib);
+    for (auto& n : (*d)->takeNotifications()) notes.push_back(n);
+  }
+  REQUIRE(sa.isOk());
+  REQUIRE(sb.isOk());
+  CHECK(std::count(target.begin(), target.begin() + (1 << 15), 0xa) == 1 << 15);
+  CHECK(std::count(target.begin() + (1 << 15), target.end(), 0xb) == 1 << 15);
+  REQUIRE(notes.size() == 2);
+  for (const auto& n : notes) CHECK(n.payload == (n.peerName == "prefill-a" ? "from-a-1234" : "b"));
+  // A reply loaded twice names a QP that is no longer pending: refused, not mis-paired.
+  CHECK((*d)->loadPeer(PeerInfo{"prefill-a", *replyA, {}}).status().code() == StatusCode::kFailedPrecondition);
 }
