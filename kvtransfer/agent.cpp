@@ -158,7 +158,8 @@ Status TransferAgent::deregisterMemory(RegionId region) {
   return first;
 }
 
-Result<std::string> TransferAgent::localMetadata() {
+// Our name and regions; the caller adds the transports.
+proto::AgentMetadata TransferAgent::metadataHead() const {
   proto::AgentMetadata md;
   md.set_version(kMetadataVersion);
   md.set_name(options_.name);
@@ -170,12 +171,43 @@ Result<std::string> TransferAgent::localMetadata() {
     reg->set_kind(uint32_t(rs.desc.kind));
     reg->set_device(rs.desc.device);
   }
+  return md;
+}
+
+void TransferAgent::addTransport(proto::AgentMetadata* md, size_t i, std::string connInfo) const {
+  auto* tp = md->add_transports();
+  tp->set_transport(transports_[i].name);
+  tp->set_conn_info(std::move(connInfo));
+  for (RegionId r : regionOrder_) tp->add_remote_keys(regions_.at(r).keys[i]);
+}
+
+Result<std::string> TransferAgent::localMetadata() {
+  proto::AgentMetadata md = metadataHead();
   for (size_t i = 0; i < transports_.size(); ++i) {
-    auto* tp = md.add_transports();
-    tp->set_transport(transports_[i].name);
     PD_ASSIGN_OR_RETURN(std::string conn, transports_[i].transport->localConnInfo());
-    tp->set_conn_info(conn);
-    for (RegionId r : regionOrder_) tp->add_remote_keys(regions_.at(r).keys[i]);
+    addTransport(&md, i, std::move(conn));
+  }
+  return md.SerializeAsString();
+}
+
+Result<std::string> TransferAgent::peerMetadata(AgentPeer peer) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return notFound("kvtransfer agent: peerMetadata of unknown peer " + std::to_string(peer));
+  const PeerState& ps = it->second;
+  proto::AgentMetadata md = metadataHead();
+  // Only the transports that have a lane to this peer: answering on another one would make
+  // an endpoint (a verbs QP) that nobody connects.
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    std::optional<Lane> lane;
+    for (const std::optional<Lane>& l : {std::optional<Lane>(ps.primary), ps.tcpLane, ps.gpuLane}) {
+      if (l && l->transport == i) lane = l;
+    }
+    if (!lane) continue;
+    auto conn = transports_[i].transport->peerConnInfo(lane->peer);
+    if (!conn.ok()) {
+      return conn.status().withContext("kvtransfer agent: reply to peer '" + ps.name + "' over " + transports_[i].name);
+    }
+    addTransport(&md, i, std::move(conn).value());
   }
   return md.SerializeAsString();
 }

@@ -9,6 +9,18 @@
 // transfer that fails while the peer is alive on tcp is retried once over tcp, counted in
 // pdserve_kv_transfer_fallbacks_total and logged with the reason.
 //
+// Connecting two agents is a two-step exchange, because some transports (verbs RC QPs) make
+// one endpoint per peer pair and each end must know the other's:
+//   1. OFFER: the connecting side (a decode worker) calls localMetadata() once PER PEER; each
+//      call makes fresh endpoints (a new verbs QP) and the blob goes to that peer only;
+//   2. REPLY: the peer calls loadPeer(offer) (verbs: a fresh QP connected to the offered one),
+//      then peerMetadata(peer): its own metadata with, per transport it loaded, the connection
+//      info that peer needs (verbs: its QP, naming the offered QP);
+//   3. the connecting side calls loadPeer(reply): verbs connects exactly the QP it offered to
+//      that peer; tcp and ucx load as usual.
+// Only after step 3 can fabric transfers flow in either direction. Loading the offer again on
+// the answering side (the same blob in every request) returns the same peer.
+//
 // GPU memory (kCuda, issue 7): a kCuda region is registered only with the transports whose
 // caps().cudaMemory is true (kFailedPrecondition naming each transport's reason when none
 // is), and a transfer with a kCuda segment on either side goes over the first preferred
@@ -36,6 +48,9 @@
 #include "kvtransfer/transport_factory.h"
 
 namespace pd::kvt {
+namespace proto {
+class AgentMetadata;
+}
 
 using RegionId = uint64_t;
 using AgentPeer = uint64_t;
@@ -75,9 +90,13 @@ class TransferAgent {
   // The blob the control plane carries to peers (serialized proto::AgentMetadata).
   Result<std::string> localMetadata();
 
-  // Loads a peer from its metadata blob. Loading the same name again returns the same id
-  // when the blob is unchanged and reconnects when it changed.
+  // Loads a peer from its metadata blob (an offer or a reply, see above). Loading the same
+  // name again returns the same id when the blob is unchanged and reconnects when it changed.
   Result<AgentPeer> loadPeer(const std::string& metadata);
+  // The reply to a loaded peer's offer (serialized proto::AgentMetadata): this agent's regions
+  // and, for each transport with a lane to that peer, Transport::peerConnInfo() and our keys.
+  // kNotFound for an unknown peer.
+  Result<std::string> peerMetadata(AgentPeer peer);
   Status unloadPeer(AgentPeer peer);
   // The transport chosen for a peer ("ucx", "tcp", ...).
   Result<std::string> peerTransport(AgentPeer peer) const;
@@ -131,6 +150,8 @@ class TransferAgent {
                 prometheus::Registry& registry);
   const std::string& laneName(const Lane& lane) const { return transports_[lane.transport].name; }
   std::optional<size_t> indexOf(const std::string& name) const;
+  proto::AgentMetadata metadataHead() const;
+  void addTransport(proto::AgentMetadata* md, size_t transport, std::string connInfo) const;
   // Picks ps.gpuLane (see the header comment), loading an extra lane when needed.
   void resolveGpuLane(PeerState& ps);
   // Counts a GPU transfer's path and logs it the first time for this peer.
