@@ -41,7 +41,6 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
   Status start() override {
     PD_RETURN_IF_ERROR(status_.start(flags_.advertiseHost, flags_.metricsPort));
     PD_ASSIGN_OR_RETURN(agent_, worker::startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
-    PD_ASSIGN_OR_RETURN(agentMetadata_, agent_->localMetadata());
     metrics_.setCacheConfig(engine_.kv().layout().blockSize, engine_.kv().numTotalBlocks());
     proto::Hello hello = worker::workerHello(proto::ROLE_DECODE, flags_, bundle_);
     int routerPort = flags_.routerPort ? flags_.routerPort : config_.router.controlPort;
@@ -84,10 +83,15 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
     engine::Request request;
     Deadline deadline;
   };
+  // One connection per prefill worker. After the hello comes the kvtransfer exchange
+  // (KvConnect in pdserve.proto): PrefillRequests wait in `queued` until the reply is loaded.
   struct PrefillPeer {
     net::ConnectionPtr conn;
     bool connecting = false;
-    std::vector<proto::Envelope> queued;  // sent once connected
+    bool kvReady = false;      // the prefill worker's KvConnect reply is loaded
+    std::string offer;         // our KvConnect offer on this connection; every request carries it
+    Deadline kvDeadline;       // for the reply
+    std::vector<proto::Envelope> queued;  // sent once kvReady
     std::unordered_set<uint64_t> requests;
   };
 
@@ -201,8 +205,7 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
     *pr->mutable_prompt_token_ids() = t.gen.prompt_token_ids();
     *pr->mutable_sampling() = t.gen.sampling();
     pr->set_deadline_ms(static_cast<uint64_t>(config_.kvTransfer.timeoutMs));
-    auto* target = pr->mutable_kv_target();
-    target->set_transfer_conn_info(agentMetadata_);
+    auto* target = pr->mutable_kv_target();  // transfer_conn_info: set in sendToPrefill
     auto* layer = target->add_layers();
     for (auto b : blocks) layer->add_block_ids(static_cast<uint32_t>(b));
     target->set_block_size(static_cast<uint32_t>(engine_.kv().layout().blockSize));
@@ -218,13 +221,17 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
     t.remoteDeadline = Deadline::in(milliseconds(config_.kvTransfer.timeoutMs));
     PrefillPeer& peer = prefillPeers_[t.prefillAddress];
     peer.requests.insert(id);
-    if (peer.conn) {
-      Status s = peer.conn->send(std::move(env));
-      if (!s.isOk()) remotePrefillFailed(id, s);
-      return;
-    }
+    if (peer.conn && peer.kvReady) return sendToPrefill(peer, id, std::move(env));
     peer.queued.push_back(std::move(env));
-    if (!peer.connecting) connectPrefill(t.prefillAddress);
+    if (!peer.conn && !peer.connecting) connectPrefill(t.prefillAddress);
+  }
+
+  // The offer made for this connection is the request's KV target endpoint: the prefill
+  // worker loaded it at KvConnect, so loading it again finds the same (connected) peer.
+  void sendToPrefill(PrefillPeer& peer, uint64_t id, proto::Envelope&& env) {
+    env.mutable_prefill_request()->mutable_kv_target()->set_transfer_conn_info(peer.offer);
+    Status s = peer.conn->send(std::move(env));
+    if (!s.isOk()) remotePrefillFailed(id, s);
   }
 
   void connectPrefill(const std::string& address) {
@@ -267,18 +274,65 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
       return;
     }
     peer.conn = r.value();
-    for (auto& env : peer.queued) {
-      uint64_t id = env.request_id();
-      Status s = peer.conn->send(std::move(env));
-      if (!s.isOk()) remotePrefillFailed(id, s);
+    peer.kvReady = false;
+    // Step 1 of the kvtransfer exchange: a fresh offer for this prefill worker alone (verbs
+    // makes one QP per offer; RC cannot share it between peers).
+    auto offer = agent_->localMetadata();
+    if (!offer.ok()) return dropPrefill(address, offer.status().withContext("KV offer to prefill worker " + address));
+    peer.offer = std::move(offer).value();
+    peer.kvDeadline = Deadline::in(milliseconds(config_.kvTransfer.timeoutMs));
+    proto::Envelope env;
+    env.set_request_id(0);
+    env.mutable_kv_connect()->set_metadata(peer.offer);
+    Status s = peer.conn->send(std::move(env));
+    if (!s.isOk()) dropPrefill(address, s);
+  }
+
+  // Step 3: the prefill worker's reply (or its refusal). Loading it connects our side; then
+  // the queued requests go, minus those that failed or were cancelled meanwhile.
+  void onPrefillConnectionMessage(const std::string& address, proto::Envelope&& env) {
+    auto it = prefillPeers_.find(address);
+    if (it == prefillPeers_.end() || !it->second.conn) return;
+    PrefillPeer& peer = it->second;
+    if (env.body_case() == proto::Envelope::kError) {
+      return dropPrefill(address, net::fromProtoError(env.error()));
     }
-    peer.queued.clear();
+    if (env.body_case() != proto::Envelope::kKvConnect || peer.kvReady) {
+      PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from prefill worker " << address;
+      return;
+    }
+    auto loaded = agent_->loadPeer(env.kv_connect().metadata());
+    if (!loaded.ok()) {
+      return dropPrefill(address, loaded.status().withContext("loading prefill worker " + address + "'s KV reply"));
+    }
+    peer.kvReady = true;
+    PD_LOG(kInfo, kTag) << "prefill worker " << address << ": KV over " << agent_->peerTransport(*loaded).value();
+    std::vector<proto::Envelope> queued;
+    queued.swap(peer.queued);
+    for (auto& q : queued) {
+      const uint64_t id = q.request_id();
+      if (peer.requests.count(id) && peer.conn) sendToPrefill(peer, id, std::move(q));
+    }
+  }
+
+  // Closes the connection (the next request reconnects) and fails its requests with `why`.
+  void dropPrefill(const std::string& address, const Status& why) {
+    auto it = prefillPeers_.find(address);
+    if (it == prefillPeers_.end()) return;
+    PD_LOG(kWarn, kTag) << "prefill worker " << address << ": " << why.toString();
+    it->second.kvReady = false;
+    if (auto c = std::move(it->second.conn)) {
+      it->second.conn.reset();
+      c->close(why);  // onPrefillClosed ignores it: conn is no longer this connection
+    }
+    failPeerRequests(address, why);
   }
 
   void onPrefillClosed(const std::string& address, const net::ConnectionPtr& c, const Status& why) {
     auto it = prefillPeers_.find(address);
     if (it == prefillPeers_.end() || it->second.conn != c) return;
     it->second.conn.reset();
+    it->second.kvReady = false;
     failPeerRequests(address, unavailable("prefill worker " + address + " disconnected: " + why.message()));
   }
 
@@ -291,6 +345,7 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
   }
 
   void onPrefillMessage(const std::string& address, proto::Envelope&& env) {
+    if (env.request_id() == 0) return onPrefillConnectionMessage(address, std::move(env));
     const uint64_t id = env.request_id();
     auto it = tracked_.find(id);
     if (it == tracked_.end() || !it->second.awaitingPrefill) return;  // cancelled meanwhile
@@ -345,6 +400,12 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
                                         "-token prompt within " +
                                         std::to_string(config_.kvTransfer.timeoutMs) + " ms"));
     }
+    std::vector<std::string> silent;  // connected, no KvConnect reply in time
+    for (auto& [address, p] : prefillPeers_)
+      if (p.conn && !p.kvReady && p.kvDeadline.expired()) silent.push_back(address);
+    for (const auto& address : silent)
+      dropPrefill(address, deadlineExceeded("prefill worker " + address + " did not answer KvConnect within " +
+                                            std::to_string(config_.kvTransfer.timeoutMs) + " ms"));
     std::vector<uint64_t> late;
     for (auto& [id, t] : tracked_)
       if (t.awaitingPrefill && t.remoteDeadline.expired()) late.push_back(id);
@@ -461,7 +522,6 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
     worker::publishLoad(proto::ROLE_DECODE, flags_.workerId, load, 0, metrics_, *router_);
   }
 
-  std::string agentMetadata_;
   std::unique_ptr<worker::RouterLink> router_;
   std::thread loop_;
   std::atomic<bool> stopping_{false};

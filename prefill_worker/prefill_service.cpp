@@ -131,6 +131,7 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
 
   void onDecodeMessage(const net::ConnectionPtr& c, proto::Envelope&& env) {
     switch (env.body_case()) {
+      case proto::Envelope::kKvConnect: return onKvConnect(c, env.kv_connect());
       case proto::Envelope::kPrefillRequest: return onPrefillRequest(c, env.prefill_request());
       case proto::Envelope::kCancel: return endJob(env.cancel().request_id(), Status::ok(), /*notify=*/false);
       default:
@@ -154,6 +155,26 @@ class PrefillServiceImpl final : public PrefillService, private worker::WorkerPa
     env.set_request_id(id);
     *env.mutable_error() = net::toProtoError(why);
     (void)c->send(std::move(env));
+  }
+
+  // Step 2 of the kvtransfer exchange (KvConnect in pdserve.proto): load the decode worker's
+  // offer and answer with what it needs to connect back to us; an Error with request_id 0
+  // when that fails, so the decode worker fails its queued requests at once.
+  void onKvConnect(const net::ConnectionPtr& c, const proto::KvConnect& kc) {
+    auto peer = agent_->loadPeer(kc.metadata());
+    Result<std::string> reply = peer.ok() ? agent_->peerMetadata(*peer) : Result<std::string>(peer.status());
+    if (!reply.ok()) {
+      Status why = reply.status().withContext("prefill worker " + flags_.workerId + ": KvConnect from " +
+                                              c->peerHello().worker_id());
+      PD_LOG(kWarn, kTag) << why.toString();
+      return reject(c, 0, why);
+    }
+    proto::Envelope env;
+    env.set_request_id(0);
+    env.mutable_kv_connect()->set_metadata(std::move(reply).value());
+    (void)c->send(std::move(env));
+    PD_LOG(kInfo, kTag) << "decode worker " << c->peerHello().worker_id() << ": KV over "
+                        << agent_->peerTransport(*peer).value();
   }
 
   void onPrefillRequest(const net::ConnectionPtr& c, const proto::PrefillRequest& pr) {

@@ -44,6 +44,8 @@ const char* bodyName(const proto::Envelope& env) {
       return "prefill_done";
     case proto::Envelope::kError:
       return "error";
+    case proto::Envelope::kKvConnect:
+      return "kv_connect";
     case proto::Envelope::BODY_NOT_SET:
       return "none";
   }
