@@ -409,9 +409,15 @@ class DecodeServiceImpl final : public DecodeService, private worker::WorkerPart
     std::vector<uint64_t> late;
     for (auto& [id, t] : tracked_)
       if (t.awaitingPrefill && t.remoteDeadline.expired()) late.push_back(id);
-    for (uint64_t id : late)
-      remotePrefillFailed(id, deadlineExceeded("no PrefillDone within " +
-                                               std::to_string(config_.kvTransfer.timeoutMs) + " ms"));
+    for (uint64_t id : late) {
+      // Say what it waited for: the prefill worker's KvConnect answer, or its PrefillDone.
+      const std::string& address = tracked_.at(id).prefillAddress;
+      auto peer = prefillPeers_.find(address);
+      const bool handshaking = peer != prefillPeers_.end() && peer->second.conn && !peer->second.kvReady;
+      remotePrefillFailed(id, deadlineExceeded((handshaking ? "prefill worker " + address + " did not answer KvConnect"
+                                                            : std::string("no PrefillDone")) +
+                                               " within " + std::to_string(config_.kvTransfer.timeoutMs) + " ms"));
+    }
   }
 
   // Turns a step's events into one TokenChunk per request and sends them.
