@@ -704,15 +704,7 @@ class TcpTransport::Impl {
       size_t nh = 0;
       size_t bytes = 0;
       auto addData = [&](const Seg& seg) {
-        WireHeader& h = s->hdrs[nh++];
-        h = WireHeader{};
-        h.type = uint8_t(FrameType::kData);
-        h.transferId = t->id;
-        h.token = seg.token;
-        h.addr = seg.remote;
-        h.len = seg.len;
-        s->bufs.push_back(asio::buffer(&h, sizeof h));
-        s->bufs.push_back(asio::buffer(reinterpret_cast<const void*>(seg.local), seg.len));
+        appendData(*s, t->id, seg, nh);
         bytes += seg.len;
       };
       // Leave room for an End frame and its notification (2 buffers).
@@ -846,19 +838,23 @@ class TcpTransport::Impl {
     }
     s->bufs.clear();
     size_t nh = 0;
-    for (const Seg& f : s->stageFrames[head]) {
-      WireHeader& h = s->hdrs[nh++];
-      h = WireHeader{};
-      h.type = uint8_t(FrameType::kData);
-      h.transferId = t->id;
-      h.token = f.token;
-      h.addr = f.remote;
-      h.len = f.len;
-      s->bufs.push_back(asio::buffer(&h, sizeof h));
-      s->bufs.push_back(asio::buffer(reinterpret_cast<const void*>(f.local), f.len));
-    }
+    for (const Seg& f : s->stageFrames[head]) appendData(*s, t->id, f, nh);
     if (j.next == j.segs.size() && s->stageCount == 1) appendEnd(*s, t, nh);
     startStagedWrite(p, s, t);
+  }
+
+  // A DATA frame for `seg` into s.bufs: its header in slot nh, then the payload gathered
+  // straight from seg.local (host memory, or a pinned staging slot): no copy.
+  static void appendData(OutStream& s, uint64_t transferId, const Seg& seg, size_t& nh) {
+    WireHeader& h = s.hdrs[nh++];
+    h = WireHeader{};
+    h.type = uint8_t(FrameType::kData);
+    h.transferId = transferId;
+    h.token = seg.token;
+    h.addr = seg.remote;
+    h.len = seg.len;
+    s.bufs.push_back(asio::buffer(&h, sizeof h));
+    s.bufs.push_back(asio::buffer(reinterpret_cast<const void*>(seg.local), seg.len));
   }
 
   // Ends the stream's front job: its END frame (with the notification when the job carries
