@@ -29,6 +29,7 @@ using namespace pd::bench;
 const char kUsage[] = R"(usage: pdserve bench [options]
        pdserve bench compare A.json B.json ...
        pdserve bench check [--allow-failures] RESULT.json
+       pdserve bench mixed [options]   (short streams vs arriving long prompts; --help)
 
 Drives an OpenAI-compatible server with streaming requests and reports TTFT, TPOT, ITL,
 end-to-end latency, throughput and goodput (docs/bench.md).
@@ -202,6 +203,7 @@ int runCompare(int argc, char** argv) {
 int runBench(int argc, char** argv) {
   if (argc >= 2 && !std::strcmp(argv[1], "compare")) return runCompare(argc - 1, argv + 1);
   if (argc >= 2 && !std::strcmp(argv[1], "check")) return runCheck(argc - 1, argv + 1);
+  if (argc >= 2 && !std::strcmp(argv[1], "mixed")) return runBenchMixed(argc - 1, argv + 1);
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
       std::fputs(kUsage, stdout);

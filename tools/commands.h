@@ -18,6 +18,7 @@ int runMakeModel(int argc, char** argv);
 int runGenerate(int argc, char** argv);
 int runTokenize(int argc, char** argv);
 int runBench(int argc, char** argv);
+int runBenchMixed(int argc, char** argv);  // `pdserve bench mixed`
 int runUp(int argc, char** argv);
 
 }  // namespace pd::tools

@@ -40,8 +40,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/engine/kv_layout.h"
-#include "kvtransfer/transceiver.h"
+#include "kvtransfer/block_segments.h"
 #include "kvtransfer/transport_factory.h"
 
 extern char** environ;
@@ -490,24 +489,19 @@ struct LlamaResult {
 
 // Llama-3-8B-shaped KV of a 4,096-token prompt: 256 blocks per layer, scattered on both sides.
 LlamaResult llamaCase(Link& link, int reps) {
-  engine::KvLayout layout;
-  layout.numLayers = 32;
-  layout.numBlocks = 256;
-  layout.blockSize = 16;
-  layout.numKvHeads = 8;
-  layout.headDim = 128;
-  layout.dtype = engine::KvDtype::kBF16;
+  // Llama-3-8B: 32 layers, 8 KV heads x 128, bf16, 16-token blocks: 2 (K|V) x 16 x 8 x 128 x 2 B.
+  constexpr size_t kBlockBytes = 2 * 16 * 8 * 128 * 2;
+  BlockPool srcPool{reinterpret_cast<uintptr_t>(link.src.get()), kBlockBytes, 256, 32};
+  BlockPool dstPool{link.remote, kBlockBytes, 256, 32};
   std::vector<int> srcBlocks(256), dstBlocks(256);
   std::iota(srcBlocks.begin(), srcBlocks.end(), 0);
   std::iota(dstBlocks.begin(), dstBlocks.end(), 0);
   std::mt19937 rng(1);
   std::shuffle(srcBlocks.begin(), srcBlocks.end(), rng);
   std::shuffle(dstBlocks.begin(), dstBlocks.end(), rng);
-  KvSource src{reinterpret_cast<uintptr_t>(link.src.get()), layout, srcBlocks};
-  KvTarget dst{0, link.remote, layout, dstBlocks};
   LlamaResult res;
-  res.bytes = layout.totalBytes();
-  auto whole = KvTransceiver::buildSegments(src, dst, 0, layout.numLayers);
+  res.bytes = srcPool.totalBytes();
+  auto whole = blockSegments(srcPool, srcBlocks, dstPool, dstBlocks, 0, srcPool.numLayers);
   if (!whole.ok()) return res;
   res.segments = whole->local.size();
   res.wholeMs = 1e9;
@@ -520,11 +514,11 @@ LlamaResult llamaCase(Link& link, int reps) {
     res.wholeMs = std::min(res.wholeMs, secondsSince(t) * 1e3);
   }
   std::vector<Segments> layers;
-  for (int l = 0; l < layout.numLayers; ++l) layers.push_back(*KvTransceiver::buildSegments(src, dst, l, l + 1));
+  for (int l = 0; l < srcPool.numLayers; ++l) layers.push_back(*blockSegments(srcPool, srcBlocks, dstPool, dstBlocks, l, l + 1));
   for (int k = 0; k < reps; ++k) {
     auto t = Clock::now();
     std::vector<TransferId> ids;
-    for (int l = 0; l < layout.numLayers; ++l) {
+    for (int l = 0; l < srcPool.numLayers; ++l) {
       auto id = link.t->post(layers[size_t(l)].local, layers[size_t(l)].remote, link.peer, "layer " + std::to_string(l));
       if (!id.ok()) return res;
       ids.push_back(*id);

@@ -1,5 +1,5 @@
 // buildEngine: the engine a worker builds from its config, on the cpu backend and on cuda.
-#include "common/worker/worker_runtime.h"
+#include "worker/engine_setup.h"
 
 #include <catch2/catch.hpp>
 

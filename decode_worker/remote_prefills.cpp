@@ -1,0 +1,305 @@
+#include "decode_worker/remote_prefills.h"
+
+#include "common/base/log.h"
+
+namespace pd::decode {
+
+using namespace std::chrono;
+
+namespace {
+constexpr const char* kTag = "decode";
+}  // namespace
+
+RemotePrefills::RemotePrefills(worker::WorkerLoop& loop, Callbacks callbacks)
+    : loop_(loop), callbacks_(std::move(callbacks)) {}
+
+worker::WorkerLoop::TimerId RemotePrefills::deadline(uint64_t id, std::function<Status()> why) {
+  return loop_.at(steadyNow() + milliseconds(loop_.config().kvTransfer.timeoutMs), [this, id, why] {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    it->second.deadlineTimer = 0;
+    failed(id, why());
+  });
+}
+
+void RemotePrefills::start(proto::Generate gen, engine::Request request) {
+  const uint64_t id = gen.request_id();
+  Remote r;
+  r.address = gen.prefill_worker_address();
+  r.gen = std::move(gen);
+  const int tokens = request.numPromptTokens();
+  requests_.emplace(id, std::move(r));
+  requests_.at(id).deadlineTimer = deadline(id, [this, tokens] {
+    return resourceExhausted("no free KV blocks for a " + std::to_string(tokens) + "-token prompt within " +
+                             std::to_string(loop_.config().kvTransfer.timeoutMs) + " ms");
+  });
+  waiting_.push_back({id, std::move(request)});
+  admitWaiting();
+}
+
+// Disaggregated requests get all their prompt's blocks at once, in arrival order.
+void RemotePrefills::admitWaiting() {
+  engine::Engine& engine = loop_.engine();
+  while (!waiting_.empty()) {
+    Waiting& w = waiting_.front();
+    if (engine.kv().blocksFor(w.request.numPromptTokens()) > engine.kv().numFreeBlocks()) return;
+    const uint64_t id = w.id;
+    auto blocks = engine.submitRemote(std::move(w.request));
+    waiting_.pop_front();
+    if (!blocks.ok()) {
+      failed(id, blocks.status());
+      continue;
+    }
+    reserved(id, std::move(blocks).value());
+  }
+}
+
+void RemotePrefills::reserved(uint64_t id, std::vector<engine::BlockId> blocks) {
+  Remote& r = requests_.at(id);
+  r.state = State::kConnecting;
+  r.blocks = std::move(blocks);
+  loop_.cancelTimer(r.deadlineTimer);
+  const std::string address = r.address;
+  r.deadlineTimer = deadline(id, [this, address] {
+    auto peer = peers_.find(address);
+    const bool handshaking = peer != peers_.end() && peer->second.conn && !peer->second.kvReady;
+    return deadlineExceeded((handshaking ? "prefill worker " + address + " did not answer KvConnect"
+                                         : std::string("no PrefillDone")) +
+                            " within " + std::to_string(loop_.config().kvTransfer.timeoutMs) + " ms");
+  });
+  Peer& peer = peers_[address];
+  peer.requests.insert(id);
+  if (peer.conn && peer.kvReady) return sendPrefillRequest(peer, id);
+  if (!peer.conn && !peer.connecting) connect(address);
+}
+
+// The offer made for this connection is the request's KV target endpoint: the prefill worker
+// loaded it at KvConnect, so loading it again finds the same (connected) peer.
+void RemotePrefills::sendPrefillRequest(Peer& peer, uint64_t id) {
+  Remote& r = requests_.at(id);
+  const worker::EngineBundle& bundle = loop_.bundle();
+  const engine::KvCacheManager& kv = loop_.engine().kv();
+  worker::KvTargetSpec target;
+  target.connInfo = peer.offer;
+  target.fingerprint = bundle.fingerprint;
+  target.blockSize = kv.layout().blockSize;
+  target.numBlocks = kv.numTotalBlocks();
+  target.blockIds.assign(r.blocks.begin(), r.blocks.end());
+  target.regions = bundle.kvRegions;
+  proto::Envelope env;
+  env.set_request_id(id);
+  auto* pr = env.mutable_prefill_request();
+  pr->set_request_id(id);
+  *pr->mutable_prompt_token_ids() = r.gen.prompt_token_ids();
+  *pr->mutable_sampling() = r.gen.sampling();
+  pr->set_deadline_ms(static_cast<uint64_t>(loop_.config().kvTransfer.timeoutMs));
+  *pr->mutable_kv_target() = worker::toProto(target);
+  r.state = State::kRequested;
+  if (Status s = peer.conn->send(std::move(env)); !s.isOk()) failed(id, s);
+}
+
+void RemotePrefills::connect(const std::string& address) {
+  const auto colon = address.rfind(':');
+  Peer& peer = peers_[address];
+  peer.connecting = true;
+  net::ConnectionOptions opts;
+  opts.hello.set_role(proto::ROLE_DECODE);
+  opts.hello.set_worker_id(loop_.flags().workerId);
+  opts.hello.set_model_fingerprint(loop_.bundle().fingerprint);
+  net::ConnectionCallbacks cb;
+  cb.onMessage = [this, address](const net::ConnectionPtr&, proto::Envelope&& env) {
+    auto shared = std::make_shared<proto::Envelope>(std::move(env));
+    loop_.post([this, address, shared] { onPeerMessage(address, std::move(*shared)); });
+  };
+  cb.onClose = [this, address](const net::ConnectionPtr& c, const Status& why) {
+    loop_.post([this, address, c, why] { onPeerClosed(address, c, why); });
+  };
+  const milliseconds timeout(std::min<int64_t>(3000, loop_.config().kvTransfer.timeoutMs));
+  net::FramedClient::connectAsync(loop_.io(), address.substr(0, colon), std::atoi(address.c_str() + colon + 1), opts,
+                                  cb, timeout, [this, address](Result<net::ConnectionPtr> r) {
+                                    loop_.post([this, address, r = std::move(r)]() mutable {
+                                      onConnected(address, std::move(r));
+                                    });
+                                  });
+}
+
+void RemotePrefills::onConnected(const std::string& address, Result<net::ConnectionPtr> r) {
+  Peer& peer = peers_[address];
+  peer.connecting = false;
+  if (!r.ok()) {
+    PD_LOG(kWarn, kTag) << "prefill worker " << address << ": " << r.status().toString();
+    return failPeerRequests(address, r.status());
+  }
+  const std::string& fingerprint = loop_.bundle().fingerprint;
+  if (r.value()->peerHello().model_fingerprint() != fingerprint) {
+    Status why = failedPrecondition("prefill worker " + address + " serves '" +
+                                    r.value()->peerHello().model_fingerprint() + "', not '" + fingerprint + "'");
+    r.value()->close(why);
+    return failPeerRequests(address, why);
+  }
+  peer.conn = r.value();
+  peer.kvReady = false;
+  // Step 1 of the kvtransfer exchange: a fresh offer for this prefill worker alone (verbs
+  // makes one QP per offer; RC cannot share it between peers).
+  auto offer = loop_.agent().localMetadata();
+  if (!offer.ok()) return dropPeer(address, offer.status().withContext("KV offer to prefill worker " + address));
+  peer.offer = std::move(offer).value();
+  peer.kvTimer = loop_.at(steadyNow() + milliseconds(loop_.config().kvTransfer.timeoutMs), [this, address] {
+    auto it = peers_.find(address);
+    if (it == peers_.end()) return;
+    it->second.kvTimer = 0;
+    if (it->second.conn && !it->second.kvReady) {
+      dropPeer(address, deadlineExceeded("prefill worker " + address + " did not answer KvConnect within " +
+                                         std::to_string(loop_.config().kvTransfer.timeoutMs) + " ms"));
+    }
+  });
+  proto::Envelope env;
+  env.set_request_id(0);
+  env.mutable_kv_connect()->set_metadata(peer.offer);
+  if (Status s = peer.conn->send(std::move(env)); !s.isOk()) dropPeer(address, s);
+}
+
+void RemotePrefills::onPeerMessage(const std::string& address, proto::Envelope&& env) {
+  if (env.request_id() == 0) return onKvConnectReply(address, std::move(env));
+  const uint64_t id = env.request_id();
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second.state != State::kRequested || it->second.address != address) return;
+  if (env.body_case() == proto::Envelope::kError) return failed(id, net::fromProtoError(env.error()));
+  if (env.body_case() == proto::Envelope::kPrefillDone) return onPrefillDone(id, env.prefill_done());
+}
+
+// Step 3: the prefill worker's reply (or its refusal). Loading it connects our side; then the
+// requests waiting on this peer go.
+void RemotePrefills::onKvConnectReply(const std::string& address, proto::Envelope&& env) {
+  auto it = peers_.find(address);
+  if (it == peers_.end() || !it->second.conn) return;
+  Peer& peer = it->second;
+  if (env.body_case() == proto::Envelope::kError) return dropPeer(address, net::fromProtoError(env.error()));
+  if (env.body_case() != proto::Envelope::kKvConnect || peer.kvReady) {
+    PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from prefill worker " << address;
+    return;
+  }
+  auto loaded = loop_.agent().loadPeer(env.kv_connect().metadata());
+  if (!loaded.ok()) {
+    return dropPeer(address, loaded.status().withContext("loading prefill worker " + address + "'s KV reply"));
+  }
+  peer.kvReady = true;
+  loop_.cancelTimer(peer.kvTimer);
+  PD_LOG(kInfo, kTag) << "prefill worker " << address << ": KV over " << loop_.agent().peerTransport(*loaded).value();
+  const std::vector<uint64_t> ids(peer.requests.begin(), peer.requests.end());
+  for (uint64_t id : ids) {
+    auto r = requests_.find(id);
+    if (r != requests_.end() && r->second.state == State::kConnecting && peer.conn) sendPrefillRequest(peer, id);
+  }
+}
+
+// Closes the connection (the next request reconnects) and fails its requests with `why`.
+void RemotePrefills::dropPeer(const std::string& address, const Status& why) {
+  auto it = peers_.find(address);
+  if (it == peers_.end()) return;
+  PD_LOG(kWarn, kTag) << "prefill worker " << address << ": " << why.toString();
+  it->second.kvReady = false;
+  loop_.cancelTimer(it->second.kvTimer);
+  if (auto c = std::move(it->second.conn)) {
+    it->second.conn.reset();
+    c->close(why);  // onPeerClosed ignores it: conn is no longer this connection
+  }
+  failPeerRequests(address, why);
+}
+
+void RemotePrefills::onPeerClosed(const std::string& address, const net::ConnectionPtr& c, const Status& why) {
+  auto it = peers_.find(address);
+  if (it == peers_.end() || it->second.conn != c) return;
+  it->second.conn.reset();
+  it->second.kvReady = false;
+  loop_.cancelTimer(it->second.kvTimer);
+  failPeerRequests(address, unavailable("prefill worker " + address + " disconnected: " + why.message()));
+}
+
+void RemotePrefills::failPeerRequests(const std::string& address, const Status& why) {
+  auto it = peers_.find(address);
+  if (it == peers_.end()) return;
+  const std::vector<uint64_t> ids(it->second.requests.begin(), it->second.requests.end());
+  for (uint64_t id : ids) failed(id, why);
+}
+
+void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) {
+  forget(id);
+  std::vector<engine::EngineEvent> events;
+  Status s = loop_.engine().completeRemote(id, worker::fromProto(done.first_token_id(), done.first_logprob()), &events);
+  if (!s.isOk()) {
+    loop_.engine().cancel(id);
+    return callbacks_.onFailed(id, s);
+  }
+  loop_.metrics().remotePrefill("ok");
+  callbacks_.onKvReady(id, events);
+}
+
+void RemotePrefills::sendCancel(const Remote& r, const std::string& reason) {
+  if (r.state != State::kRequested) return;
+  auto peer = peers_.find(r.address);
+  if (peer == peers_.end() || !peer->second.conn) return;
+  proto::Envelope cancel;
+  cancel.set_request_id(r.gen.request_id());
+  cancel.mutable_cancel()->set_request_id(r.gen.request_id());
+  cancel.mutable_cancel()->set_reason(reason);
+  (void)peer->second.conn->send(std::move(cancel));
+}
+
+void RemotePrefills::failed(uint64_t id, const Status& why) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  const bool hasBlocks = it->second.state != State::kWaitingBlocks;
+  sendCancel(it->second, why.message());
+  forget(id);
+  if (hasBlocks && loop_.config().kvTransfer.onRemotePrefillFailure == config::RemotePrefillFailure::kRecompute &&
+      loop_.engine().recomputeRemote(id).isOk()) {
+    PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message() << "); recomputing here";
+    loop_.metrics().remotePrefill("recomputed");
+    return;
+  }
+  if (hasBlocks) loop_.metrics().remotePrefill("failed");
+  loop_.engine().cancel(id);
+  callbacks_.onFailed(id, hasBlocks ? unavailable("remote prefill failed: " + why.message()) : why);
+}
+
+void RemotePrefills::cancel(uint64_t id, const std::string& reason) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  sendCancel(it->second, reason);
+  forget(id);
+  loop_.engine().cancel(id);
+}
+
+void RemotePrefills::forget(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  loop_.cancelTimer(it->second.deadlineTimer);
+  auto peer = peers_.find(it->second.address);
+  if (peer != peers_.end()) peer->second.requests.erase(id);
+  for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
+    if (w->id == id) {
+      waiting_.erase(w);
+      break;
+    }
+  }
+  requests_.erase(it);
+}
+
+void RemotePrefills::shutdown(const Status& why) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, r] : requests_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    sendCancel(requests_.at(id), why.message());
+    forget(id);
+    loop_.engine().cancel(id);
+    callbacks_.onFailed(id, why);
+  }
+  for (auto& [address, peer] : peers_) {
+    loop_.cancelTimer(peer.kvTimer);
+    if (peer.conn) peer.conn->close(why);
+  }
+  peers_.clear();
+}
+
+}  // namespace pd::decode

@@ -1,0 +1,210 @@
+#include "prefill_worker/prefill_jobs.h"
+
+#include "common/base/log.h"
+#include "kvtransfer/block_segments.h"
+
+namespace pd::prefill {
+
+using namespace std::chrono;
+
+namespace {
+constexpr const char* kTag = "prefill";
+}  // namespace
+
+void PrefillJobs::reject(const net::ConnectionPtr& decode, uint64_t id, const Status& why) {
+  proto::Envelope env;
+  env.set_request_id(id);
+  *env.mutable_error() = net::toProtoError(why);
+  (void)decode->send(std::move(env));
+}
+
+void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& pr) {
+  engine::Engine& engine = loop_.engine();
+  const worker::EngineBundle& bundle = loop_.bundle();
+  const uint64_t id = pr.request_id();
+  if (jobs_.count(id)) return reject(decode, id, failedPrecondition("request " + std::to_string(id) + " is already being prefilled here"));
+  auto target = worker::fromProto(pr.kv_target());
+  if (!target.ok()) return reject(decode, id, target.status());
+  if (target->fingerprint != bundle.fingerprint) {
+    return reject(decode, id, failedPrecondition("KV layout '" + target->fingerprint + "' does not match this worker's '" +
+                                                 bundle.fingerprint + "'"));
+  }
+  std::vector<int32_t> prompt(pr.prompt_token_ids().begin(), pr.prompt_token_ids().end());
+  if (int(target->blockIds.size()) < engine.kv().blocksFor(int(prompt.size()))) {
+    return reject(decode, id, invalidArgument("kv_target: " + std::to_string(target->blockIds.size()) +
+                                              " blocks cannot hold a " + std::to_string(prompt.size()) + "-token prompt"));
+  }
+  if (target->regions.size() != bundle.kvRegions.size()) {
+    return reject(decode, id, invalidArgument("kv_target: " + std::to_string(target->regions.size()) +
+                                              " KV regions, this worker has " + std::to_string(bundle.kvRegions.size()) +
+                                              " (one per tensor-parallel rank)"));
+  }
+  auto peer = loop_.agent().loadPeer(target->connInfo);
+  if (!peer.ok()) return reject(decode, id, peer.status());
+  engine::SamplingParams params = worker::fromProto(pr.sampling());
+  params.maxTokens = 1;  // the first token; the decode worker samples the rest
+  auto request = engine::Request::create(id, std::move(prompt), params, SystemClock::instance(),
+                                         engine.modelConfig().vocabSize);
+  if (!request.ok()) return reject(decode, id, request.status());
+  loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
+  if (Status s = engine.submit(std::move(request).value()); !s.isOk()) return reject(decode, id, s);
+  Job job;
+  job.decode = decode;
+  job.peer = peer.value();
+  job.target = std::move(target).value();
+  job.received = steadyNow();
+  const int64_t deadlineMs = pr.deadline_ms() ? int64_t(pr.deadline_ms()) : loop_.config().kvTransfer.timeoutMs;
+  job.deadlineTimer = loop_.at(steadyNow() + milliseconds(deadlineMs), [this, id, deadlineMs] {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return;
+    it->second.deadlineTimer = 0;
+    end(id, deadlineExceeded("prefill and KV push did not finish within the request's " + std::to_string(deadlineMs) + " ms"),
+        /*reply=*/true);
+  });
+  jobs_.emplace(id, std::move(job));
+}
+
+void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
+  const engine::KvLayout& layout = step.kv->layout();
+  const auto& regions = loop_.bundle().kvRegions;
+  for (const auto& e : step.entries) {
+    auto it = jobs_.find(e.seq);
+    if (it == jobs_.end() || !it->second.failed.isOk()) continue;
+    Job& job = it->second;
+    // The blocks this chunk wrote, from the first block not yet pushed: on the first chunk
+    // that is block 0, so a prefix this worker had cached (and did not recompute) travels too.
+    auto table = step.kv->blockTable(e.seq);
+    const int firstBlock = job.pushedTokens / layout.blockSize;
+    const int endBlock = (e.start + e.count + layout.blockSize - 1) / layout.blockSize;
+    const std::span<const int> blocks(table.data() + firstBlock, size_t(endBlock - firstBlock));
+    const std::span<const int> targetBlocks(job.target.blockIds.data() + firstBlock, size_t(endBlock - firstBlock));
+    engine::KvLayout targetLayout = layout;
+    targetLayout.numBlocks = job.target.numBlocks;
+    // Tensor parallelism: rank r's region goes to the target's rank r region (same block
+    // ids, the same share of the kv heads), one transfer per rank.
+    for (size_t r = 0; r < regions.size() && job.failed.isOk(); ++r) {
+      auto segments = kvt::blockSegments(worker::kvBlockPool(layout, regions[r]), blocks,
+                                         worker::kvBlockPool(targetLayout, job.target.regions[r]), targetBlocks, layer,
+                                         layer + 1);
+      if (!segments.ok()) {
+        job.failed = segments.status();
+        break;
+      }
+      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, std::nullopt);
+      if (!t.ok()) {
+        job.failed = t.status();
+        break;
+      }
+      job.inflight.push_back(t.value());
+      job.bytes += totalBytes(segments->local);
+    }
+    if (job.failed.isOk() && layer == layout.numLayers - 1) job.pushedTokens = e.start + e.count;
+  }
+  loop_.agent().progress();
+}
+
+void PrefillJobs::onStepEvents(const std::vector<engine::EngineEvent>& events) {
+  for (const auto& e : events) {
+    auto it = jobs_.find(e.requestId);
+    if (it == jobs_.end()) continue;
+    Job& job = it->second;
+    switch (e.kind) {
+      case engine::EngineEvent::Kind::kToken: job.first = e.token; break;
+      case engine::EngineEvent::Kind::kFinished:
+        job.state = State::kPushing;
+        job.computedAt = steadyNow();
+        break;
+      case engine::EngineEvent::Kind::kFailed:
+        if (job.failed.isOk()) job.failed = e.error;
+        break;
+    }
+  }
+}
+
+void PrefillJobs::settle() {
+  std::vector<uint64_t> done, failed;
+  for (auto& [id, job] : jobs_) {
+    for (size_t i = 0; i < job.inflight.size();) {
+      Status s = loop_.agent().poll(job.inflight[i]);
+      if (s.inProgress()) {
+        ++i;
+        continue;
+      }
+      if (!s.isOk() && job.failed.isOk()) job.failed = s;
+      job.inflight.erase(job.inflight.begin() + long(i));
+    }
+    if (!job.failed.isOk()) failed.push_back(id);
+    else if (job.state == State::kPushing && job.inflight.empty()) done.push_back(id);
+  }
+  for (uint64_t id : done) finish(id);
+  for (uint64_t id : failed) end(id, jobs_.at(id).failed, /*reply=*/true);
+}
+
+bool PrefillJobs::hasTransfers() const {
+  for (const auto& [id, job] : jobs_)
+    if (!job.inflight.empty()) return true;
+  return false;
+}
+
+uint32_t PrefillJobs::transfersInFlight() const {
+  uint32_t n = 0;
+  for (const auto& [id, job] : jobs_) n += uint32_t(job.inflight.size());
+  return n;
+}
+
+void PrefillJobs::finish(uint64_t id) {
+  Job& job = jobs_.at(id);
+  proto::Envelope env;
+  env.set_request_id(id);
+  auto* d = env.mutable_prefill_done();
+  d->set_request_id(id);
+  d->set_first_token_id(static_cast<uint32_t>(job.first->id));
+  *d->mutable_first_logprob() = worker::toProto(*job.first);
+  d->set_bytes_transferred(job.bytes);
+  auto* t = d->mutable_timings();
+  t->set_prefill_worker_id(loop_.flags().workerId);
+  t->set_route(proto::ROUTE_DISAGGREGATED);
+  t->set_prefill_ms(1e3 * secondsBetween(job.received, *job.computedAt));
+  t->set_transfer_ms(1e3 * secondsBetween(*job.computedAt, steadyNow()));
+  if (auto name = loop_.agent().peerTransport(job.peer); name.ok()) t->set_transport(name.value());
+  (void)job.decode->send(std::move(env));
+  loop_.cancelTimer(job.deadlineTimer);
+  loop_.engine().release(id);
+  jobs_.erase(id);
+}
+
+void PrefillJobs::end(uint64_t id, const Status& why, bool reply) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  for (auto t : job.inflight) (void)loop_.agent().cancel(t);
+  if (reply) {
+    PD_LOG(kWarn, kTag) << "request " << id << ": " << why.toString();
+    reject(job.decode, id, why);
+  }
+  loop_.cancelTimer(job.deadlineTimer);
+  loop_.engine().cancel(id);
+  loop_.engine().release(id);
+  jobs_.erase(it);
+}
+
+void PrefillJobs::cancel(uint64_t id) { end(id, Status::ok(), /*reply=*/false); }
+
+void PrefillJobs::dropConnection(const net::ConnectionPtr& decode, const Status& why) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, job] : jobs_)
+    if (job.decode == decode) ids.push_back(id);
+  if (!ids.empty()) {
+    PD_LOG(kWarn, kTag) << "decode worker " << decode->peerHello().worker_id() << " went away (" << why.message()
+                        << "); dropping " << ids.size() << " request(s)";
+  }
+  for (uint64_t id : ids) end(id, why, /*reply=*/false);
+}
+
+void PrefillJobs::shutdown(const Status& why) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, job] : jobs_) ids.push_back(id);
+  for (uint64_t id : ids) end(id, why, /*reply=*/true);
+}
+
+}  // namespace pd::prefill

@@ -1,0 +1,76 @@
+// PrefillJobs: the prefill side of the remote-prefill lifecycle (docs/architecture.md,
+// "Remote prefill, prefill side"). It owns every PrefillRequest this worker accepted, from
+// admission to the PrefillDone (or Error) it sends back, and nothing else touches them.
+//
+//   accept() --> COMPUTING --(every chunk computed, first token sampled)--> PUSHING
+//   COMPUTING / PUSHING --(all layers posted and confirmed at the target)--> DONE: PrefillDone
+//   COMPUTING / PUSHING --(transfer error | deadline | step failure)--> FAILED: Error to decode
+//   COMPUTING / PUSHING --(Cancel | decode connection closed | shutdown)--> ENDED: no reply
+//
+// Deadline: one per job, PrefillRequest.deadline_ms (or kv_transfer.timeout_ms), a loop
+// timer; it covers compute and push. Blocks: the job's own KV blocks stay held (engine
+// release off) until the terminal state, after every transfer that reads them finished or was
+// cancelled (TransferAgent::cancel returns once the transport no longer reads them), so no
+// block is reused while a transfer still reads it. The target blocks belong to the decode
+// worker; PrefillDone is the one signal that they are filled (sent only after the transport
+// confirmed every write at the target).
+//
+// Threads: the loop thread only.
+#pragma once
+
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/net/framed.h"
+#include "worker/proto_convert.h"
+#include "worker/worker_loop.h"
+
+namespace pd::prefill {
+
+class PrefillJobs {
+ public:
+  explicit PrefillJobs(worker::WorkerLoop& loop) : loop_(loop) {}
+
+  // Validates the request against this worker's model and KV layout, loads the target's
+  // transfer peer and queues the prompt. On failure the decode worker gets an Error naming
+  // the problem and nothing is kept.
+  void accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& request);
+  // The decode worker ended the request (Cancel) or went away: end without a reply.
+  void cancel(uint64_t id);
+  void dropConnection(const net::ConnectionPtr& decode, const Status& why);
+  void shutdown(const Status& why);
+
+  // Loop hooks.
+  void onLayerDone(int layer, const engine::StepView& step);
+  void onStepEvents(const std::vector<engine::EngineEvent>& events);
+  void settle();  // polls transfers; moves jobs to their terminal states
+  bool hasTransfers() const;
+  uint32_t transfersInFlight() const;
+
+ private:
+  enum class State { kComputing, kPushing };
+  struct Job {
+    State state = State::kComputing;
+    net::ConnectionPtr decode;
+    kvt::AgentPeer peer = 0;
+    worker::KvTargetSpec target;
+    std::vector<kvt::AgentTransfer> inflight;
+    int pushedTokens = 0;  // prompt tokens whose KV was posted for every layer
+    std::optional<engine::SampledToken> first;
+    Status failed;         // the first failure; the job ends FAILED at the next settle()
+    worker::WorkerLoop::TimerId deadlineTimer = 0;
+    SteadyTime received;
+    std::optional<SteadyTime> computedAt;
+    uint64_t bytes = 0;
+  };
+
+  void reject(const net::ConnectionPtr& decode, uint64_t id, const Status& why);
+  void finish(uint64_t id);                        // DONE
+  void end(uint64_t id, const Status& why, bool reply);  // FAILED (reply) or ENDED
+
+  worker::WorkerLoop& loop_;
+  std::unordered_map<uint64_t, Job> jobs_;
+};
+
+}  // namespace pd::prefill

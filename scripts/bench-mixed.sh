@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The mixed-load benchmark of issue 10 (docs/performance.md "Mixed load"): S short streams
+# decode while L long prompts arrive; run against two local clusters on this machine:
+#   disaggregated: 1 prefill + 1 decode worker, one engine thread each, TCP KV;
+#   colocated:     1 decode worker with two engine threads, no prefill pool.
+# Usage: scripts/bench-mixed.sh [BUILD_DIR] [-- extra `pdserve bench mixed` options]
+# Needs the small model (models/small; `pdserve up` makes it on first use).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+shift || true
+[ "${1:-}" = "--" ] && shift
+EXTRA=("$@")
+BIN="$BUILD/bin"
+WORK=$(mktemp -d)
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+config() {  # $1: prefill replicas, $2: engine threads
+  cat <<YAML
+model: {path: models/small, preset: small, name: small, dtype: f32}
+router: {host: 127.0.0.1, port: 8100, control_port: 9100, short_prompt_tokens: 256, request_timeout_ms: 120000}
+pools:
+  prefill: {replicas: $1, slo: {ttft_ms: 2000, percentile: 90}}
+  decode: {replicas: 1, slo: {itl_ms: 100, percentile: 90}}
+engine: {backend: cpu, threads: $2, block_size: 16, kv_cache_bytes: 134217728, max_batch_tokens: 1024, max_running_requests: 32}
+kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 10000, on_remote_prefill_failure: recompute}
+logging: {level: warn}
+YAML
+}
+
+run() {  # $1: label, $2: prefill replicas, $3: threads
+  config "$2" "$3" > "$WORK/$1.yaml"
+  "$BIN/pdserve" up --config "$WORK/$1.yaml" > "$WORK/$1.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 300); do
+    grep -q "pdserve is up" "$WORK/$1.log" && break
+    kill -0 "$PID" 2>/dev/null || { cat "$WORK/$1.log"; exit 1; }
+    sleep 0.2
+  done
+  "$BIN/pdserve" bench mixed --url http://127.0.0.1:8100 --label "$1" "${EXTRA[@]}" || RC=1
+  kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+}
+
+RC=0
+run "disaggregated (1 prefill + 1 decode, 1 thread each)" 1 1
+run "colocated (1 decode worker, 2 threads)" 0 2
+exit $RC

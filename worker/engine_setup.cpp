@@ -1,0 +1,132 @@
+#include "worker/engine_setup.h"
+
+#include <filesystem>
+
+#include "common/engine/cpu_backend.h"
+#include "common/engine/cuda_backend.h"
+#include "common/engine/kv_cache_manager.h"
+
+namespace pd::worker {
+
+namespace {
+
+// The storage type of the CUDA backend's weights and KV cache: model.dtype, auto -> bf16.
+engine::KvDtype cudaDtype(config::DType d) {
+  switch (d) {
+    case config::DType::kF32: return engine::KvDtype::kF32;
+    case config::DType::kF16: return engine::KvDtype::kF16;
+    case config::DType::kAuto:
+    case config::DType::kBF16: return engine::KvDtype::kBF16;
+  }
+  return engine::KvDtype::kBF16;
+}
+
+struct BackendAndKv {
+  std::unique_ptr<engine::Backend> backend;
+  std::unique_ptr<engine::KvCacheManager> kv;
+  std::vector<MemDesc> regions;  // one per tensor-parallel rank
+};
+
+// engine.backend: cpu -> the KV cache in host memory the manager maps; cuda -> in device
+// memory the backend allocates, which the manager only keeps the books of.
+Result<BackendAndKv> makeBackend(const config::ClusterConfig& config,
+                                 std::shared_ptr<const engine::ModelWeights> model,
+                                 const engine::KvLayout& layout) {
+  BackendAndKv out;
+  if (config.engine.backend == config::Backend::kCpu) {
+    PD_ASSIGN_OR_RETURN(out.kv, engine::KvCacheManager::create(layout));
+    engine::CpuBackendOptions cpu;
+    cpu.numThreads = config.engine.threads;
+    PD_ASSIGN_OR_RETURN(out.backend, engine::createCpuBackend(std::move(model), layout, out.kv->data(), cpu));
+    out.regions = {out.kv->region()};
+    return out;
+  }
+  engine::CudaBackendOptions cuda;
+  cuda.weightDtype = layout.dtype;
+  cuda.tensorParallelSize = config.engine.tensorParallelSize;
+  PD_ASSIGN_OR_RETURN(auto backend, engine::createCudaBackend(std::move(model), layout, cuda));
+  // Every rank's region has the same layout and block ids: the books are kept once, over
+  // rank 0's region, in the per-rank layout that transfer offsets are computed in.
+  out.regions = backend->kvRegions();
+  PD_ASSIGN_OR_RETURN(out.kv, engine::KvCacheManager::createOver(backend->rankKvLayout(), out.regions[0]));
+  out.backend = std::move(backend);
+  return out;
+}
+
+}  // namespace
+
+Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish) {
+  if (config.engine.backend == config::Backend::kCuda) {
+    // Before the model is loaded: without a device there is nothing to load it onto.
+    Status device = engine::cudaDeviceAvailable();
+    if (!device.isOk()) return Status(device.code(), "engine.backend: cuda: " + device.message());
+  }
+  EngineBundle b;
+  PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
+  const auto& mc = b.model->config;
+  b.modelName = config.model.name.empty()
+                    ? std::filesystem::path(config.model.path).filename().string()
+                    : config.model.name;
+  b.maxModelLen = config.model.maxModelLen > 0 ? config.model.maxModelLen : mc.maxPositionEmbeddings;
+
+  const engine::KvDtype kvDtype = config.engine.backend == config::Backend::kCuda
+                              ? cudaDtype(config.model.dtype)
+                              : engine::KvDtype::kF32;
+  engine::KvLayout probe = engine::kvLayoutFor(mc, 1, config.engine.blockSize, kvDtype);
+  int64_t numBlocks = config.engine.numBlocks > 0
+                          ? config.engine.numBlocks
+                          : config.engine.kvCacheBytes / int64_t(probe.blockBytes());
+  if (numBlocks < 1) {
+    return invalidArgument("engine.kv_cache_bytes: " + std::to_string(config.engine.kvCacheBytes) +
+                           " bytes hold no block of " + std::to_string(probe.blockBytes()) +
+                           " bytes for this model");
+  }
+  auto layout = engine::kvLayoutFor(mc, static_cast<int>(numBlocks), config.engine.blockSize, kvDtype);
+  PD_ASSIGN_OR_RETURN(auto parts, makeBackend(config, b.model, layout));
+  engine::EngineOptions opts;
+  opts.scheduler.maxBatchTokens = static_cast<int>(config.engine.maxBatchTokens);
+  opts.scheduler.maxNumSeqs = config.engine.maxRunningRequests;
+  opts.scheduler.enablePrefixCaching = config.engine.enablePrefixCaching;
+  opts.releaseKvOnFinish = releaseKvOnFinish;
+  PD_RETURN_IF_ERROR(opts.scheduler.validate());
+  // Peers must agree on what one region's blocks hold: the per-rank layout and the rank count.
+  b.fingerprint = b.modelName + "/" + parts.kv->layout().fingerprint();
+  if (parts.regions.size() > 1) b.fingerprint += ".tp" + std::to_string(parts.regions.size());
+  b.kvRegions = std::move(parts.regions);
+  b.engine = std::make_unique<engine::Engine>(std::move(parts.backend), std::move(parts.kv), opts);
+  return b;
+}
+
+Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::ClusterConfig& config,
+                                                               const WorkerFlags& flags,
+                                                               const std::vector<MemDesc>& kvRegions,
+                                                               metrics::Registry& registry) {
+  kvt::AgentOptions opts;
+  opts.name = flags.workerId;
+  opts.preference.clear();
+  for (auto t : config.kvTransfer.transports) opts.preference.emplace_back(config::toString(t));
+  opts.transport.listenHost = config.kvTransfer.listenHost;
+  opts.transport.listenPort = static_cast<uint16_t>(flags.transferPort);
+  PD_ASSIGN_OR_RETURN(auto agent, kvt::TransferAgent::create(opts, *registry.native()));
+  for (const MemDesc& region : kvRegions) PD_RETURN_IF_ERROR(agent->registerMemory(region).status());
+  return agent;
+}
+
+
+
+proto::Hello workerHello(proto::Role role, const WorkerFlags& flags, const EngineBundle& bundle) {
+  proto::Hello hello;
+  hello.set_role(role);
+  hello.set_worker_id(flags.workerId);
+  hello.set_model_fingerprint(bundle.fingerprint);
+  hello.set_block_size(static_cast<uint32_t>(bundle.engine->kv().layout().blockSize));
+  hello.set_total_blocks(static_cast<uint64_t>(bundle.engine->kv().numTotalBlocks()));
+  return hello;
+}
+
+kvt::BlockPool kvBlockPool(const engine::KvLayout& layout, const MemDesc& region) {
+  return kvt::BlockPool{region.addr, layout.blockBytes(), layout.numBlocks, layout.numLayers, region.kind,
+                        region.device};
+}
+
+}  // namespace pd::worker

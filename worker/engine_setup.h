@@ -1,0 +1,56 @@
+// What a worker builds at start from the cluster config: the engine (model, backend, KV
+// cache), the transfer agent with the KV cache registered, and the Hello it introduces itself
+// with. Also the one mapping from the engine's KV layout to kvtransfer's model-free block
+// pools (kvtransfer/block_segments.h).
+//
+// Called from the starting thread, before any loop runs. Errors name the model path, the
+// backend, the key or the KV size.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/base/mem_desc.h"
+#include "common/base/status.h"
+#include "common/config/cluster_config.h"
+#include "common/engine/engine.h"
+#include "common/engine/model_weights.h"
+#include "common/metrics/metrics.h"
+#include "common/proto/pdserve.pb.h"
+#include "kvtransfer/agent.h"
+#include "kvtransfer/block_segments.h"
+#include "worker/flags.h"
+
+namespace pd::worker {
+
+struct EngineBundle {
+  std::shared_ptr<const engine::ModelWeights> model;
+  std::unique_ptr<engine::Engine> engine;
+  // The KV cache as the transfer agent registers it: one region per tensor-parallel rank, in
+  // rank order, each laid out as engine->kv().layout() (a rank's share of the kv heads).
+  std::vector<MemDesc> kvRegions;
+  std::string modelName;        // served model id
+  std::string fingerprint;      // model name + KV layout; peers must agree
+  int64_t maxModelLen = 0;
+};
+
+// Loads the model and builds the engine as the config says. releaseKvOnFinish as for
+// EngineOptions.
+Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish);
+
+// The transfer agent a worker runs: the config's transports in preference order, listening
+// on --transfer-port, with every KV region (one per rank) registered in all of them.
+Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::ClusterConfig& config,
+                                                               const WorkerFlags& flags,
+                                                               const std::vector<MemDesc>& kvRegions,
+                                                               metrics::Registry& registry);
+
+// What a worker says in its first frame to the router and to peers.
+proto::Hello workerHello(proto::Role role, const WorkerFlags& flags, const EngineBundle& bundle);
+
+// A KV region (one rank's) laid out as `layout`, as kvtransfer sees it: numBlocks may be a
+// peer's pool size (its layer stride), everything else is ours.
+kvt::BlockPool kvBlockPool(const engine::KvLayout& layout, const MemDesc& region);
+
+}  // namespace pd::worker

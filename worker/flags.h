@@ -1,0 +1,26 @@
+// pdserve-prefill / pdserve-decode command-line flags (docs/deploy.md lists them).
+#pragma once
+
+#include <string>
+
+#include "common/base/status.h"
+
+namespace pd::worker {
+
+struct WorkerFlags {
+  std::string configPath = "deploy/configs/local.yaml";
+  std::string routerHost = "127.0.0.1";
+  int routerPort = 0;       // 0: the config's router.control_port
+  std::string workerId;     // required
+  std::string advertiseHost = "127.0.0.1";
+  int port = 0;             // control RPC from peers (prefill); 0 = OS-chosen
+  int transferPort = 0;     // kvtransfer tcp data port; 0 = --port + 1 when --port is set
+  int metricsPort = 0;      // /health and /metrics; 0 = OS-chosen
+  std::string modelPath;    // overrides model.path
+};
+
+// Parses argv (after the program name). Errors name the flag. --help prints `usage`
+// and returns kCancelled.
+Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage);
+
+}  // namespace pd::worker

@@ -1,0 +1,98 @@
+#include "worker/load_reporter.h"
+
+#include <atomic>
+
+#include <boost/asio/steady_timer.hpp>
+
+namespace pd::worker {
+
+// Everything the timer's handlers touch, kept alive by them until the last one ran.
+struct LoadReporter::Shared {
+  Shared(net::IoPool& io, RouterLink& r, metrics::WorkerMetrics& m, proto::Role ro, std::string id,
+         std::chrono::milliseconds iv)
+      : timer(io.context()), router(r), metrics(m), role(ro), workerId(std::move(id)), interval(iv) {}
+  boost::asio::steady_timer timer;
+  RouterLink& router;
+  metrics::WorkerMetrics& metrics;
+  const proto::Role role;
+  const std::string workerId;
+  const std::chrono::milliseconds interval;
+  std::atomic<int64_t> stepStartNs{0};  // 0: no step running
+  std::mutex mu;  // guards snapshot, stopped, and every use of router/metrics by the timer
+  LoadSnapshot snapshot;
+  bool stopped = false;
+};
+
+LoadReporter::LoadReporter(net::IoPool& io, RouterLink& router, metrics::WorkerMetrics& metrics, proto::Role role,
+                           std::string workerId, std::chrono::milliseconds interval)
+    : shared_(std::make_shared<Shared>(io, router, metrics, role, std::move(workerId), interval)) {}
+
+LoadReporter::~LoadReporter() { stop(); }
+
+int64_t LoadReporter::nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void LoadReporter::stepStarted() { shared_->stepStartNs.store(nowNs(), std::memory_order_relaxed); }
+void LoadReporter::stepEnded() { shared_->stepStartNs.store(0, std::memory_order_relaxed); }
+
+void LoadReporter::start() { schedule(shared_); }
+
+void LoadReporter::stop() {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->stopped = true;
+  shared_->timer.cancel();
+}
+
+void LoadReporter::publish(const LoadSnapshot& snapshot) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->snapshot = snapshot;
+}
+
+proto::Envelope LoadReporter::reportFor(proto::Role role, const std::string& workerId, const LoadSnapshot& s,
+                                        double stepRunningMs) {
+  proto::Envelope env;
+  auto* r = env.mutable_load_report();
+  r->set_role(role);
+  r->set_worker_id(workerId);
+  r->set_queued_prefill_tokens(static_cast<uint64_t>(s.engine.queuedPrefillTokens));
+  r->set_running(static_cast<uint32_t>(s.engine.running + s.engine.remote));
+  r->set_waiting(static_cast<uint32_t>(s.engine.waiting + s.heldWaiting));
+  r->set_free_blocks(static_cast<uint64_t>(s.engine.freeBlocks));
+  r->set_total_blocks(static_cast<uint64_t>(s.engine.totalBlocks));
+  r->set_inflight_transfers(s.inflightTransfers);
+  r->set_step_running_ms(stepRunningMs);
+  r->set_sent_at_unix_us(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count()));
+  return env;
+}
+
+void LoadReporter::schedule(std::shared_ptr<Shared> shared) {
+  {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    if (shared->stopped) return;
+    const LoadSnapshot& s = shared->snapshot;
+    const auto& load = s.engine;
+    auto& m = shared->metrics;
+    m.running.set(load.running);
+    m.waiting.set(load.waiting + s.heldWaiting);
+    m.queuedPrefillTokens.set(double(load.queuedPrefillTokens));
+    m.kvFreeBlocks.set(load.freeBlocks);
+    m.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
+    m.transfersInFlight.set(s.inflightTransfers);
+    m.syncEngineCounters(load.preemptions, load.prefixQueryTokens, load.prefixHitTokens);
+    if (shared->router.isUp()) {
+      const int64_t started = shared->stepStartNs.load(std::memory_order_relaxed);
+      const double stepMs = started ? double(nowNs() - started) / 1e6 : 0.0;
+      (void)shared->router.send(reportFor(shared->role, shared->workerId, s, stepMs));
+    }
+    shared->timer.expires_after(shared->interval);
+  }
+  shared->timer.async_wait([shared](boost::system::error_code ec) {
+    if (!ec) schedule(shared);
+  });
+}
+
+}  // namespace pd::worker

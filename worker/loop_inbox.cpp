@@ -1,0 +1,26 @@
+#include "worker/loop_inbox.h"
+
+namespace pd::worker {
+
+void LoopInbox::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(fn));
+  }
+  cv_.notify_one();
+}
+
+size_t LoopInbox::runPending(std::chrono::microseconds timeout) {
+  std::deque<std::function<void()>> batch;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (queue_.empty() && timeout.count() > 0) {
+      cv_.wait_for(lock, timeout, [&] { return !queue_.empty(); });
+    }
+    batch.swap(queue_);
+  }
+  for (auto& fn : batch) fn();
+  return batch.size();
+}
+
+}  // namespace pd::worker

@@ -1,0 +1,97 @@
+#include "worker/proto_convert.h"
+
+namespace pd::worker {
+
+engine::SamplingParams fromProto(const proto::SamplingParams& p) {
+  engine::SamplingParams s;
+  s.temperature = p.temperature();
+  s.topK = p.top_k();
+  s.topP = p.top_p() <= 0.0f ? 1.0f : p.top_p();
+  s.minP = p.min_p();
+  if (p.has_seed()) s.seed = p.seed();
+  s.logprobs = static_cast<int>(p.logprobs());
+  s.stopTokenIds.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.maxTokens = static_cast<int>(p.max_tokens());
+  s.ignoreEos = p.ignore_eos();
+  return s;
+}
+
+proto::SamplingParams toProto(const engine::SamplingParams& s) {
+  proto::SamplingParams p;
+  p.set_temperature(s.temperature);
+  p.set_top_k(s.topK);
+  p.set_top_p(s.topP);
+  p.set_min_p(s.minP);
+  if (s.seed) p.set_seed(*s.seed);
+  p.set_logprobs(static_cast<uint32_t>(s.logprobs));
+  for (int32_t id : s.stopTokenIds) p.add_stop_token_ids(static_cast<uint32_t>(id));
+  p.set_max_tokens(static_cast<uint32_t>(s.maxTokens));
+  p.set_ignore_eos(s.ignoreEos);
+  return p;
+}
+
+proto::TokenLogprob toProto(const engine::SampledToken& t) {
+  proto::TokenLogprob lp;
+  lp.set_token_id(static_cast<uint32_t>(t.id));
+  lp.set_logprob(t.logprob);
+  for (const auto& [id, logprob] : t.topLogprobs) {
+    auto* top = lp.add_top();
+    top->set_token_id(static_cast<uint32_t>(id));
+    top->set_logprob(logprob);
+  }
+  return lp;
+}
+
+engine::SampledToken fromProto(uint32_t tokenId, const proto::TokenLogprob& lp) {
+  engine::SampledToken t;
+  t.id = static_cast<int32_t>(tokenId);
+  t.logprob = lp.logprob();
+  for (const auto& top : lp.top()) t.topLogprobs.emplace_back(int32_t(top.token_id()), top.logprob());
+  return t;
+}
+
+proto::KvTarget toProto(const KvTargetSpec& t) {
+  proto::KvTarget p;
+  p.set_transfer_conn_info(t.connInfo);
+  auto* layer = p.add_layers();
+  for (int b : t.blockIds) layer->add_block_ids(static_cast<uint32_t>(b));
+  p.set_block_size(static_cast<uint32_t>(t.blockSize));
+  p.set_layout_fingerprint(t.fingerprint);
+  p.set_num_blocks(static_cast<uint32_t>(t.numBlocks));
+  for (const MemDesc& region : t.regions) {
+    auto* r = p.add_regions();
+    r->set_base(region.addr);
+    r->set_kind(static_cast<uint32_t>(region.kind));
+    r->set_device(static_cast<uint32_t>(region.device));
+  }
+  return p;
+}
+
+Result<KvTargetSpec> fromProto(const proto::KvTarget& p) {
+  if (p.layers_size() != 1) {
+    return invalidArgument("kv_target: expected one block table for all layers, got " + std::to_string(p.layers_size()));
+  }
+  KvTargetSpec t;
+  t.connInfo = p.transfer_conn_info();
+  t.fingerprint = p.layout_fingerprint();
+  t.blockSize = static_cast<int>(p.block_size());
+  t.numBlocks = static_cast<int>(p.num_blocks());
+  for (uint32_t b : p.layers(0).block_ids()) {
+    if (b >= p.num_blocks()) {
+      return invalidArgument("kv_target: block " + std::to_string(b) + " is outside the target's " +
+                             std::to_string(p.num_blocks()) + " blocks");
+    }
+    t.blockIds.push_back(static_cast<int>(b));
+  }
+  for (const auto& r : p.regions()) {
+    if (r.kind() > static_cast<uint32_t>(MemKind::kCuda)) {
+      return invalidArgument("kv_target.regions: kind " + std::to_string(r.kind()) +
+                             " is not a memory kind (0 host, 1 pinned, 2 cuda)");
+    }
+    t.regions.push_back(MemDesc{static_cast<uintptr_t>(r.base()), 0, static_cast<int>(r.device()),
+                                static_cast<MemKind>(r.kind())});
+  }
+  return t;
+}
+
+}  // namespace pd::worker

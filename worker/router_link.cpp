@@ -1,0 +1,79 @@
+#include "worker/router_link.h"
+
+#include "common/base/log.h"
+
+namespace pd::worker {
+
+RouterLink::RouterLink(net::IoPool& io, LoopInbox& inbox, std::string host, int port,
+                       proto::Hello hello, Handlers handlers)
+    : io_(io), inbox_(inbox), host_(std::move(host)), port_(port), hello_(std::move(hello)),
+      handlers_(std::move(handlers)) {}
+
+RouterLink::~RouterLink() { stop(); }
+
+void RouterLink::start() { thread_ = std::thread([this] { connectLoop(); }); }
+
+void RouterLink::stop() {
+  stopping_ = true;
+  cv_.notify_all();
+  net::ConnectionPtr conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = conn_;
+  }
+  if (conn) conn->close(cancelled("worker shutting down"));
+  if (thread_.joinable()) thread_.join();
+}
+
+Status RouterLink::send(proto::Envelope env) {
+  net::ConnectionPtr conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = conn_;
+  }
+  if (!conn) return unavailable("router " + host_ + ":" + std::to_string(port_) + ": not connected");
+  return conn->send(std::move(env));
+}
+
+// Dials until connected, waits while the connection lives, and dials again after a drop.
+void RouterLink::connectLoop() {
+  while (!stopping_) {
+    net::ConnectionOptions opts;
+    opts.hello = hello_;
+    net::ConnectionCallbacks cb;
+    cb.onMessage = [this](const net::ConnectionPtr&, proto::Envelope&& env) {
+      auto shared = std::make_shared<proto::Envelope>(std::move(env));
+      inbox_.post([this, shared] { handlers_.onMessage(std::move(*shared)); });
+    };
+    cb.onClose = [this](const net::ConnectionPtr&, const Status& why) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        conn_.reset();
+      }
+      up_ = false;
+      cv_.notify_all();
+      inbox_.post([this, why] { handlers_.onState(false, why); });
+    };
+    net::RetryPolicy retry;
+    retry.totalTimeout = std::chrono::seconds(5);
+    auto conn = net::FramedClient::connectWithRetry(io_, host_, port_, opts, cb, retry);
+    if (!conn.ok()) {
+      PD_LOG(kWarn, "worker") << "router " << host_ << ":" << port_ << ": "
+                              << conn.status().toString() << "; retrying";
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_.load(); });
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conn_ = conn.value();
+    }
+    up_ = true;
+    PD_LOG(kInfo, "worker") << "registered with router " << host_ << ":" << port_;
+    inbox_.post([this] { handlers_.onState(true, Status::ok()); });
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return stopping_.load() || !conn_; });
+  }
+}
+
+}  // namespace pd::worker

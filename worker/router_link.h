@@ -1,0 +1,53 @@
+// The worker's link to the router: dials it (retrying with backoff) from its own thread, says
+// Hello with our role, and dials again after a drop. Incoming envelopes and state changes are
+// posted to the loop's inbox; send() may be called from any thread (it fails while down), so
+// the load reporter sends from the I/O pool while the loop computes.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/base/status.h"
+#include "common/net/framed.h"
+#include "common/net/io_pool.h"
+#include "common/proto/pdserve.pb.h"
+#include "worker/loop_inbox.h"
+
+namespace pd::worker {
+
+class RouterLink {
+ public:
+  struct Handlers {
+    std::function<void(proto::Envelope&&)> onMessage;         // loop thread
+    std::function<void(bool up, const Status& why)> onState;  // loop thread
+  };
+  RouterLink(net::IoPool& io, LoopInbox& inbox, std::string host, int port, proto::Hello hello,
+             Handlers handlers);
+  ~RouterLink();
+  void start();
+  void stop();
+  Status send(proto::Envelope env);
+  bool isUp() const { return up_.load(); }
+
+ private:
+  void connectLoop();
+
+  net::IoPool& io_;
+  LoopInbox& inbox_;
+  std::string host_;
+  int port_;
+  proto::Hello hello_;
+  Handlers handlers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  net::ConnectionPtr conn_;
+  std::atomic<bool> up_{false};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace pd::worker

@@ -1,0 +1,122 @@
+#include "worker/worker_loop.h"
+
+#include <algorithm>
+
+#include "common/base/log.h"
+
+namespace pd::worker {
+
+using namespace std::chrono;
+
+namespace {
+// With nothing to do the loop sleeps at most this long between looks at its timers.
+constexpr auto kMaxIdleWait = milliseconds(20);
+}  // namespace
+
+WorkerLoop::WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBundle bundle, proto::Role role)
+    : config_(std::move(config)),
+      flags_(std::move(flags)),
+      bundle_(std::move(bundle)),
+      role_(role),
+      io_(2, std::string(roleName()) + "-io"),
+      registry_(metrics::Labels{{"role", roleName()}, {"worker", flags_.workerId}}),
+      metrics_(registry_),
+      status_(io_, registry_, [this] { return registered_.load() && !stopping_.load(); }) {}
+
+WorkerLoop::~WorkerLoop() { stop(); }
+
+const char* WorkerLoop::roleName() const { return role_ == proto::ROLE_PREFILL ? "prefill" : "decode"; }
+
+Status WorkerLoop::prepare() {
+  PD_RETURN_IF_ERROR(status_.start(flags_.advertiseHost, flags_.metricsPort));
+  PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
+  metrics_.setCacheConfig(engine().kv().layout().blockSize, engine().kv().numTotalBlocks());
+  return Status::ok();
+}
+
+void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
+  policy_ = &role;
+  const int routerPort = flags_.routerPort ? flags_.routerPort : config_.router.controlPort;
+  router_ = std::make_unique<RouterLink>(
+      io_, inbox_, flags_.routerHost, routerPort, std::move(hello),
+      RouterLink::Handlers{[this](proto::Envelope&& env) { policy_->onRouterMessage(std::move(env)); },
+                           [this](bool up, const Status& why) {
+                             registered_ = up;
+                             policy_->onRouterState(up, why);
+                           }});
+  reporter_ = std::make_unique<LoadReporter>(io_, *router_, metrics_, role_, flags_.workerId,
+                                             milliseconds(config_.router.loadReportIntervalMs));
+  thread_ = std::thread([this] { loop(); });
+  router_->start();
+  reporter_->start();
+}
+
+void WorkerLoop::stop() {
+  if (stopping_.exchange(true)) return;
+  if (reporter_) reporter_->stop();
+  if (router_) router_->stop();
+  inbox_.post([] {});
+  if (thread_.joinable()) thread_.join();
+  io_.stop();
+}
+
+WorkerLoop::TimerId WorkerLoop::at(SteadyTime when, std::function<void()> fn) {
+  const TimerId id = nextTimer_++;
+  timers_.emplace(std::make_pair(when, id), std::move(fn));
+  timerAt_.emplace(id, when);
+  return id;
+}
+
+void WorkerLoop::cancelTimer(TimerId id) {
+  auto it = timerAt_.find(id);
+  if (it == timerAt_.end()) return;
+  timers_.erase({it->second, id});
+  timerAt_.erase(it);
+}
+
+void WorkerLoop::runDueTimers() {
+  const SteadyTime now = steadyNow();
+  while (!timers_.empty() && timers_.begin()->first.first <= now) {
+    auto node = timers_.extract(timers_.begin());
+    timerAt_.erase(node.key().second);
+    node.mapped()();  // may add or cancel timers
+  }
+}
+
+microseconds WorkerLoop::idleWait() const {
+  if (bundle_.engine->hasWork()) return microseconds(0);
+  auto wait = std::min(duration_cast<microseconds>(kMaxIdleWait), policy_->pollInterval());
+  if (!timers_.empty()) {
+    auto untilNext = duration_cast<microseconds>(timers_.begin()->first.first - steadyNow());
+    wait = std::clamp(untilNext, microseconds(0), wait);
+  }
+  return wait;
+}
+
+void WorkerLoop::loop() {
+  std::vector<engine::EngineEvent> events;
+  while (!stopping_) {
+    inbox_.runPending(idleWait());
+    runDueTimers();
+    agent_->progress();
+    policy_->poll();
+    if (engine().hasWork()) {
+      events.clear();
+      reporter_->stepStarted();
+      Status s = engine().step(&events, [this](int layer, const engine::StepView& step) {
+        policy_->onLayerDone(layer, step);
+      });
+      reporter_->stepEnded();
+      if (!s.isOk()) PD_LOG(kError, roleName()) << "step failed: " << s.toString();
+      policy_->onStepEvents(events);
+    }
+    LoadSnapshot snapshot;
+    snapshot.engine = engine().load();
+    policy_->addLoad(snapshot);
+    reporter_->publish(snapshot);
+  }
+  // Stopping: the role ends every request with an error its client can read.
+  policy_->shutdown(unavailable(std::string(roleName()) + " worker " + flags_.workerId + " is shutting down"));
+}
+
+}  // namespace pd::worker

@@ -1,0 +1,128 @@
+// WorkerLoop: the one loop a worker process runs (DESIGN.md §3, §10; docs/architecture.md).
+// It owns the engine, the KV cache (through the engine), the transfer agent, the link to the
+// router, the load reporter, the /health + /metrics endpoint and the per-request deadlines,
+// and runs them on ONE loop thread. What a worker does with them is its role, a RolePolicy
+// plugged in at start: the prefill role (prefill_worker/) and the decode role with colocated
+// prefill (decode_worker/).
+//
+// One iteration: run what other threads posted -> fire due timers -> role.poll() (transfers,
+// peers) -> one engine step (the role sees each finished layer and the step's events) ->
+// publish the load snapshot. The loop never waits on another process: exchanges with peers
+// are asynchronous (Asio callbacks post their results here) and every wait is a timer. Load
+// reports and /health are served from the I/O pool, so they keep flowing during a long step.
+//
+// Threads: the constructor, prepare(), run() and stop() are for the owner (the service);
+// post() from any thread; every other method, and every RolePolicy method, on the loop thread
+// (before run(): on the owner's, while no loop runs).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/base/clock.h"
+#include "common/base/status.h"
+#include "common/config/cluster_config.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/pdserve_metrics.h"
+#include "common/net/io_pool.h"
+#include "kvtransfer/agent.h"
+#include "worker/engine_setup.h"
+#include "worker/flags.h"
+#include "worker/load_reporter.h"
+#include "worker/loop_inbox.h"
+#include "worker/router_link.h"
+#include "worker/status_endpoint.h"
+
+namespace pd::worker {
+
+// A role plugged into the loop. Every method runs on the loop thread.
+class RolePolicy {
+ public:
+  virtual ~RolePolicy() = default;
+  virtual void onRouterMessage(proto::Envelope&& env) = 0;
+  virtual void onRouterState(bool up, const Status& why) {}
+  // Layer `layer` of the step being computed is in the KV cache (prefill: push it now).
+  virtual void onLayerDone(int layer, const engine::StepView& step) {}
+  virtual void onStepEvents(const std::vector<engine::EngineEvent>& events) = 0;
+  // Once per iteration before the step: settle transfers, admit what waited.
+  virtual void poll() {}
+  // How soon poll() must run again when nothing arrives: 0 while transfers we post are in
+  // flight, ~1 ms while KV arrives (fabric transports progress in the agent), else the
+  // loop's idle tick.
+  virtual std::chrono::microseconds pollInterval() const { return std::chrono::milliseconds(20); }
+  // What the role holds outside the engine.
+  virtual void addLoad(LoadSnapshot& load) const {}
+  // The loop is stopping: end every request with `why` (clients read it).
+  virtual void shutdown(const Status& why) = 0;
+};
+
+class WorkerLoop {
+ public:
+  using TimerId = uint64_t;
+
+  WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBundle bundle, proto::Role role);
+  ~WorkerLoop();
+
+  // Starts the status endpoint and the transfer agent; the role binds its own servers after.
+  Status prepare();
+  // Starts the loop thread, the router link (saying `hello`) and the load reporter.
+  void run(RolePolicy& role, proto::Hello hello);
+  // Stops the router link and the reporter, lets the role end its requests on the loop
+  // thread, joins it, then stops the I/O pool. Idempotent.
+  void stop();
+
+  // Any thread: runs `fn` on the loop thread.
+  void post(std::function<void()> fn) { inbox_.post(std::move(fn)); }
+
+  // Loop thread: `fn` runs at or after `when` unless cancelled first. Cancelling a timer that
+  // fired or never existed is a no-op.
+  TimerId at(SteadyTime when, std::function<void()> fn);
+  void cancelTimer(TimerId id);
+
+  const config::ClusterConfig& config() const { return config_; }
+  const WorkerFlags& flags() const { return flags_; }
+  const EngineBundle& bundle() const { return bundle_; }
+  engine::Engine& engine() { return *bundle_.engine; }
+  net::IoPool& io() { return io_; }
+  metrics::Registry& registry() { return registry_; }
+  metrics::WorkerMetrics& metrics() { return metrics_; }
+  kvt::TransferAgent& agent() { return *agent_; }
+  RouterLink& router() { return *router_; }
+  int metricsPort() const { return status_.port(); }
+  const char* roleName() const;
+
+ private:
+  void loop();
+  void runDueTimers();
+  std::chrono::microseconds idleWait() const;
+
+  config::ClusterConfig config_;
+  WorkerFlags flags_;
+  EngineBundle bundle_;
+  proto::Role role_;
+  net::IoPool io_;
+  metrics::Registry registry_;
+  metrics::WorkerMetrics metrics_;
+  std::atomic<bool> registered_{false};
+  StatusEndpoint status_;
+  LoopInbox inbox_;
+  std::unique_ptr<kvt::TransferAgent> agent_;
+  std::unique_ptr<RouterLink> router_;
+  std::unique_ptr<LoadReporter> reporter_;
+  RolePolicy* policy_ = nullptr;
+
+  // Timers, loop thread only.
+  std::map<std::pair<SteadyTime, TimerId>, std::function<void()>> timers_;
+  std::unordered_map<TimerId, SteadyTime> timerAt_;
+  TimerId nextTimer_ = 1;
+
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace pd::worker

@@ -1,0 +1,27 @@
+// A worker process's main(): flags, config, create the service, start it, wait for SIGINT or
+// SIGTERM, stop it.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "common/base/status.h"
+#include "common/config/cluster_config.h"
+#include "worker/flags.h"
+
+namespace pd::worker {
+
+// What a worker process runs.
+class Service {
+ public:
+  virtual ~Service() = default;
+  virtual Status start() = 0;
+  // Ends in-flight work with an error the client can read and joins every thread.
+  virtual void stop() = 0;
+};
+using ServiceFactory = std::function<Result<std::unique_ptr<Service>>(config::ClusterConfig, WorkerFlags)>;
+
+// Returns the process exit code (2 for usage and config errors, 1 for start-up failures).
+int runWorkerMain(int argc, char** argv, const char* program, const char* usage, const ServiceFactory& create);
+
+}  // namespace pd::worker
