@@ -19,7 +19,7 @@
 // percentile is read to within one bucket (5% wide, the upper edge is reported).
 //
 // Pure: no I/O, no locks; time is passed in. Threads: the caller serialises access (the
-// router calls it under its own mutex).
+// router calls it on its loop strand, router/router_loop.h).
 #pragma once
 
 #include <array>

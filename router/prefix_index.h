@@ -11,7 +11,8 @@
 // It can be wrong both ways (a worker evicted early, or blocks a worker shared); a wrong
 // guess costs only the recompute the router would have caused without it.
 //
-// Not thread-safe: the router calls it under its own mutex.
+// Not thread-safe: the router calls it on its loop strand (router/router_loop.h);
+// blockHashes() is const and reads only the block size, so any thread may call it.
 #pragma once
 
 #include <cstdint>

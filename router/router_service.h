@@ -9,8 +9,14 @@
 // router.worker_report_timeout_ms gets no new work. A worker that disconnects fails its
 // requests with an error event; a client that disconnects cancels its request everywhere.
 //
-// Threads: HTTP and control-plane callbacks run on the router's I/O threads; all router
-// state is behind one mutex (work per event is small: a table lookup, a detokenizer step).
+// Threads: no router-wide lock. HTTP handlers and control-plane callbacks run on the
+// router's I/O threads; they parse there and post everything else. One loop strand owns the
+// worker and request tables and the routing state (router/router_loop.h); each request's
+// detokenizer, stop matching and sends run on that request's own strand
+// (router/request_stream.h), so requests stream in parallel. Deadlines (request timeout,
+// worker report timeout, autoscaler tick) are Asio timers on those strands, not a poller.
+// create() and the methods below are called from one controlling thread (main); stop() must
+// not be called from an I/O thread (it joins them).
 #pragma once
 
 #include <memory>

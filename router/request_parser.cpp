@@ -1,0 +1,126 @@
+#include "router/request_parser.h"
+
+#include <algorithm>
+
+namespace pd::router {
+
+using nlohmann::json;
+
+RequestParser::RequestParser(std::shared_ptr<const tok::Tokenizer> tokenizer, std::unique_ptr<tok::ChatTemplate> chat,
+                             ParserLimits limits)
+    : tokenizer_(std::move(tokenizer)), chat_(std::move(chat)), limits_(std::move(limits)) {}
+
+std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const GenerationRequest& req,
+                                                                      std::string* text) const {
+  if (req.endpoint == Endpoint::kChat) {
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    for (const auto& m : req.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+    tok::ChatOptions opts;
+    opts.addGenerationPrompt = req.addGenerationPrompt;
+    auto rendered = chat_->render(messages, opts);
+    if (!rendered.ok()) return badRequest("messages: " + rendered.status().message(), "messages");
+    *text = rendered.value();
+    auto ids = tokenizer_->encode(*text, /*addSpecialTokens=*/false);
+    if (!ids.ok()) return badRequest("messages: " + ids.status().message(), "messages");
+    return ids.value();
+  }
+  if (req.promptIds) {
+    for (int32_t id : *req.promptIds)
+      if (id >= limits_.vocab)
+        return badRequest("prompt: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                              std::to_string(limits_.vocab),
+                          "prompt");
+    if (req.echo) *text = tokenizer_->decode(*req.promptIds);
+    return *req.promptIds;
+  }
+  *text = *req.promptText;
+  auto ids = tokenizer_->encode(*req.promptText, /*addSpecialTokens=*/true);
+  if (!ids.ok()) return badRequest("prompt: " + ids.status().message(), "prompt");
+  return ids.value();
+}
+
+std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::string& body,
+                                                                      Endpoint endpoint) const {
+  auto parsed = parseGenerationRequest(body, endpoint);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return Rejection{*e, e->type};
+  ParsedGenerate out;
+  out.req = std::move(std::get<GenerationRequest>(parsed));
+  if (!out.req.model.empty() && out.req.model != limits_.modelName) {
+    return Rejection{modelNotFound(out.req.model), "model_not_found"};
+  }
+  auto ids = promptIds(out.req, &out.promptText);
+  if (auto* e = std::get_if<ApiError>(&ids)) return Rejection{*e, e->type};
+  out.prompt = std::move(std::get<std::vector<int32_t>>(ids));
+  const int64_t maxModelLen = limits_.maxModelLen;
+  const int64_t limit =
+      limits_.maxPromptTokens > 0 ? std::min<int64_t>(limits_.maxPromptTokens, maxModelLen) : maxModelLen;
+  const int64_t promptTokens = int64_t(out.prompt.size());
+  if (promptTokens >= limit) {
+    ApiError e;
+    e.status = 413;
+    e.message = "This model's maximum context length is " + std::to_string(limit) + " tokens; the prompt has " +
+                std::to_string(promptTokens) + " tokens.";
+    e.param = endpoint == Endpoint::kChat ? "messages" : "prompt";
+    e.code = "context_length_exceeded";
+    return Rejection{e, "context_length_exceeded"};
+  }
+  if (out.prompt.empty()) return Rejection{badRequest("prompt: must not be empty", "prompt"), ""};
+  int maxTokens = out.req.maxTokens                  ? *out.req.maxTokens
+                  : endpoint == Endpoint::kCompletions ? 16
+                                                       : int(maxModelLen - promptTokens);
+  if (promptTokens + maxTokens > maxModelLen) {
+    return Rejection{badRequest("max_tokens: " + std::to_string(maxTokens) + " + " + std::to_string(promptTokens) +
+                                    " prompt tokens exceeds the context of " + std::to_string(maxModelLen) + " tokens",
+                                "max_tokens"),
+                     ""};
+  }
+  out.maxTokens = maxTokens == 0 ? 1 : maxTokens;  // echo-only requests still run one step
+  return out;
+}
+
+std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) const {
+  json body = json::parse(text, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) return badRequest("request body must be a JSON object");
+  if (body.contains("model") && body["model"].is_string() && body["model"] != limits_.modelName) {
+    return modelNotFound(body["model"].get<std::string>());
+  }
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {
+    auto parsed = parseGenerationRequest(text, Endpoint::kChat);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+    std::string rendered;
+    auto got = promptIds(std::get<GenerationRequest>(parsed), &rendered);
+    if (auto* e = std::get_if<ApiError>(&got)) return *e;
+    ids = std::get<std::vector<int32_t>>(got);
+  } else {
+    if (!body.contains("prompt") || !body["prompt"].is_string()) return badRequest("prompt: required string", "prompt");
+    bool addSpecial = body.value("add_special_tokens", true);
+    auto got = tokenizer_->encode(body["prompt"].get<std::string>(), addSpecial);
+    if (!got.ok()) return badRequest("prompt: " + got.status().message(), "prompt");
+    ids = got.value();
+  }
+  json out{{"count", ids.size()}, {"max_model_len", limits_.maxModelLen}, {"tokens", ids}};
+  if (body.value("return_token_strs", false)) {
+    json strs = json::array();
+    for (int32_t id : ids) strs.push_back(tokenizer_->idToToken(id));
+    out["token_strs"] = strs;
+  }
+  return out;
+}
+
+std::variant<json, ApiError> RequestParser::detokenize(const std::string& text) const {
+  json body = json::parse(text, nullptr, false);
+  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+    return badRequest("tokens: required array of token ids", "tokens");
+  }
+  std::vector<int32_t> ids;
+  for (const auto& t : body["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= limits_.vocab) {
+      return badRequest("tokens: " + t.dump() + " is not a token id of this model", "tokens");
+    }
+    ids.push_back(int32_t(t.get<int64_t>()));
+  }
+  return json{{"prompt", tokenizer_->decode(ids)}};
+}
+
+}  // namespace pd::router

@@ -1,0 +1,67 @@
+// The parse stage of a request (DESIGN.md §6): an OpenAI request body -> a validated internal
+// request with its prompt tokenized once, or the OpenAI error to answer with. Also the bodies
+// of /tokenize and /detokenize, which share the prompt rules.
+//
+// Threads: immutable after construction; every method may be called from any thread at once
+// (the tokenizer and chat template are immutable, tokenizer.h, chat_template.h). No I/O.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+#include "router/openai_api.h"
+
+namespace pd::router {
+
+// A generation request that passed every check: ready to route.
+struct ParsedGenerate {
+  GenerationRequest req;
+  std::vector<int32_t> prompt;  // not empty, shorter than the context
+  std::string promptText;       // the rendered prompt (echo)
+  int maxTokens = 1;            // >= 1; prompt + maxTokens fits the context
+};
+
+// Why a request was refused, and the pdserve_request_errors label it counts under (empty:
+// not counted; empty prompts and oversized max_tokens never were, and still are not).
+struct Rejection {
+  ApiError error;
+  std::string errorMetric;
+};
+
+struct ParserLimits {
+  std::string modelName;
+  int64_t maxModelLen = 0;
+  int vocab = 0;
+  int64_t maxPromptTokens = 0;  // router.max_prompt_tokens; <= 0: the context length
+};
+
+class RequestParser {
+ public:
+  RequestParser(std::shared_ptr<const tok::Tokenizer> tokenizer, std::unique_ptr<tok::ChatTemplate> chat,
+                ParserLimits limits);
+
+  std::variant<ParsedGenerate, Rejection> parseGenerate(const std::string& body, Endpoint endpoint) const;
+  // /tokenize and /detokenize: the response body or a 400/404.
+  std::variant<nlohmann::json, ApiError> tokenize(const std::string& body) const;
+  std::variant<nlohmann::json, ApiError> detokenize(const std::string& body) const;
+
+  const std::shared_ptr<const tok::Tokenizer>& tokenizer() const { return tokenizer_; }
+  const ParserLimits& limits() const { return limits_; }
+
+ private:
+  // Tokenizes the prompt of a parsed request; errors are 400s naming the field.
+  std::variant<std::vector<int32_t>, ApiError> promptIds(const GenerationRequest& req, std::string* text) const;
+
+  std::shared_ptr<const tok::Tokenizer> tokenizer_;
+  std::unique_ptr<tok::ChatTemplate> chat_;
+  ParserLimits limits_;
+};
+
+}  // namespace pd::router

@@ -1,0 +1,390 @@
+#include "router/request_stream.h"
+
+#include <algorithm>
+#include <span>
+
+#include <boost/asio/post.hpp>
+
+#include "common/base/log.h"
+#include "router/http_reply.h"
+
+namespace pd::router {
+namespace {
+
+constexpr const char* kTag = "router";
+
+std::string finishName(proto::FinishReason r) {
+  switch (r) {
+    case proto::FINISH_STOP: return "stop";
+    case proto::FINISH_LENGTH: return "length";
+    case proto::FINISH_ABORT: return "abort";
+    case proto::FINISH_ERROR: return "error";
+    default: return "";
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<RequestStream> RequestStream::create(boost::asio::io_context& io, RequestSpec spec,
+                                                     std::shared_ptr<net::HttpResponder> http,
+                                                     std::shared_ptr<const tok::Tokenizer> tokenizer,
+                                                     StreamOwner& owner, metrics::RouterMetrics& metrics,
+                                                     const StreamSettings& settings) {
+  return std::shared_ptr<RequestStream>(
+      new RequestStream(io, std::move(spec), std::move(http), std::move(tokenizer), owner, metrics, settings));
+}
+
+RequestStream::RequestStream(boost::asio::io_context& io, RequestSpec spec, std::shared_ptr<net::HttpResponder> http,
+                             std::shared_ptr<const tok::Tokenizer> tokenizer, StreamOwner& owner,
+                             metrics::RouterMetrics& metrics, const StreamSettings& settings)
+    : strand_(boost::asio::make_strand(io)),
+      deadlineTimer_(strand_),
+      spec_(std::move(spec)),
+      http_(std::move(http)),
+      tokenizer_(std::move(tokenizer)),
+      owner_(owner),
+      metrics_(metrics),
+      settings_(settings) {
+  meta_ = {std::string(spec_.parsed.req.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"), spec_.createdUnixSeconds,
+           settings_.modelName};
+}
+
+template <typename F>
+void RequestStream::onStrand(F&& f) {
+  boost::asio::post(strand_, [self = shared_from_this(), f = std::forward<F>(f)]() mutable { f(); });
+}
+
+void RequestStream::start(Dispatch dispatch) {
+  onStrand([this, d = std::move(dispatch)]() mutable { startOnStrand(std::move(d)); });
+}
+
+void RequestStream::refuse(ApiError error, std::string errorMetric) {
+  onStrand([this, error = std::move(error), metric = std::move(errorMetric)] {
+    finished_ = true;
+    metrics_.requestError(metric);
+    sendError(http_, error);
+  });
+}
+
+void RequestStream::deliver(proto::TokenChunk chunk) {
+  onStrand([this, chunk = std::move(chunk)] { onChunk(chunk); });
+}
+
+void RequestStream::fail(Status why) {
+  onStrand([this, why = std::move(why)] { failOnStrand(why); });
+}
+
+// ---- dispatch ---------------------------------------------------------------------------------
+
+void RequestStream::startOnStrand(Dispatch d) {
+  meta_.id += d.responseId;
+  route_ = d.plan.route;
+  decodeWorker_ = d.plan.decodeWorker;
+  prefillWorker_ = d.plan.prefillWorker;
+  decodeConn_ = d.decodeConn;
+  // Set before anything is answered: a client leaving while we dispatch still cancels.
+  std::weak_ptr<RequestStream> weak = weak_from_this();
+  http_->onDisconnect([weak] {
+    if (auto self = weak.lock()) self->onStrand([raw = self.get()] { raw->abort("client disconnected"); });
+  });
+  std::vector<uint64_t> unsent;
+  for (size_t i = 0; i < d.workerRequestIds.size(); ++i) {
+    Choice c;
+    c.index = int(i);
+    c.workerRequestId = d.workerRequestIds[i];
+    c.detok = std::make_unique<tok::IncrementalDetokenizer>(tokenizer_, /*skipSpecialTokens=*/true);
+    if (!sendGenerate(c, d)) {
+      c.done = true;
+      unsent.push_back(c.workerRequestId);
+    }
+    choices_.push_back(std::move(c));
+  }
+  if (!unsent.empty()) owner_.choicesEnded(std::move(unsent));
+  metrics_.inFlight.inc();
+  startResponse();
+  deadlineTimer_.expires_at(spec_.received + std::chrono::milliseconds(settings_.requestTimeoutMs));
+  deadlineTimer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec) return;  // the request ended first
+    self->failOnStrand(
+        deadlineExceeded("request did not finish within " + std::to_string(self->settings_.requestTimeoutMs) + " ms"));
+  });
+  bool anySent = false;
+  for (const auto& c : choices_) anySent |= !c.done;
+  if (!anySent) failOnStrand(unavailable("decode worker " + decodeWorker_ + " is unreachable"));
+}
+
+bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
+  const auto& q = spec_.parsed.req;
+  proto::Envelope env;
+  env.set_request_id(c.workerRequestId);
+  auto* g = env.mutable_generate();
+  g->set_request_id(c.workerRequestId);
+  for (int32_t id : spec_.parsed.prompt) g->add_prompt_token_ids(uint32_t(id));
+  auto* s = g->mutable_sampling();
+  s->set_temperature(q.temperature);
+  s->set_top_k(q.topK);
+  s->set_top_p(q.topP);
+  s->set_min_p(q.minP);
+  if (q.seed) s->set_seed(*q.seed + uint64_t(c.index));  // n choices differ, each reproducible
+  s->set_max_tokens(uint32_t(spec_.parsed.maxTokens));
+  for (int32_t id : q.stopTokenIds) s->add_stop_token_ids(uint32_t(id));
+  s->set_ignore_eos(q.ignoreEos);
+  s->set_logprobs(uint32_t(q.topLogprobs));
+  s->set_return_logprobs(q.logprobs);
+  g->set_route(d.plan.route == Route::kColocated ? proto::ROUTE_COLOCATED : proto::ROUTE_DISAGGREGATED);
+  if (d.plan.route == Route::kDisaggregated) {
+    g->set_prefill_worker_id(d.plan.prefillWorker);
+    g->set_prefill_worker_address(d.prefillAddress);
+  }
+  g->set_deadline_ms(uint64_t(settings_.requestTimeoutMs));
+  Status sent = d.decodeConn ? d.decodeConn->send(env) : unavailable("not connected");
+  if (!sent.isOk()) {
+    PD_LOG(kWarn, kTag) << "decode worker " << d.plan.decodeWorker << ": " << sent.toString();
+  }
+  return sent.isOk();
+}
+
+// Streaming: the headers and, per choice, the chat role delta or the echoed prompt.
+void RequestStream::startResponse() {
+  const auto& req = spec_.parsed.req;
+  if (!req.stream) return;
+  net::HttpHeaders h{{"x-pdserve-route", routeName(route_)},
+                     {"x-pdserve-decode-worker", decodeWorker_},
+                     {"x-request-id", meta_.id}};
+  if (!prefillWorker_.empty()) h["x-pdserve-prefill-worker"] = prefillWorker_;
+  http_->startStream(200, std::move(h));
+  for (const auto& c : choices_) {
+    ChoiceDelta d;
+    d.index = c.index;
+    d.first = req.endpoint == Endpoint::kChat;
+    if (req.echo) d.text = spec_.parsed.promptText;
+    if (d.first || !d.text.empty()) http_->sendEvent(sseEvent(streamChunk(req.endpoint, meta_, d, false)));
+  }
+}
+
+// ---- stream -----------------------------------------------------------------------------------
+
+void RequestStream::onChunk(const proto::TokenChunk& chunk) {
+  Choice* c = nullptr;
+  for (auto& ch : choices_)
+    if (ch.workerRequestId == chunk.request_id()) c = &ch;
+  if (finished_ || !c || c->done) return;  // late: the choice or the request ended meanwhile
+  const auto& req = spec_.parsed.req;
+  const auto routeLabel = routeName(route_);
+  if (chunk.token_ids_size() > 0) observeTiming(*c, chunk, steadyNow());
+  if (chunk.finish_reason() == proto::FINISH_ERROR) {
+    Status why = net::fromProtoError(chunk.error());
+    if (why.isOk()) why = internalError("the worker failed the request without a reason");
+    return failOnStrand(why);
+  }
+  std::string delta;
+  std::vector<TokenLogprob> lps;
+  std::vector<int32_t> ids(chunk.token_ids().begin(), chunk.token_ids().end());
+  for (int k = 0; k < chunk.token_ids_size(); ++k) {
+    delta += c->detok->push(int32_t(chunk.token_ids(k)));
+    ++c->completionTokens;
+    if (req.logprobs && k < chunk.logprobs_size()) lps.push_back(logprobOf(chunk.logprobs(k)));
+  }
+  std::optional<std::string> finish;
+  if (chunk.finish_reason() != proto::FINISH_NONE) {
+    delta += c->detok->finish();
+    finish = finishName(chunk.finish_reason());
+  }
+  const bool stopped = applyStop(*c, delta, finish.has_value());
+  if (stopped) {
+    finish = "stop";
+    cancelOnWorker(*c, "stop string matched");
+  }
+  emit(*c, delta, std::move(lps), std::move(ids), finish);
+  if (finish) {
+    if (chunk.has_timings()) metrics_.observeQueueTime(routeLabel, chunk.timings().queue_ms() / 1e3);
+    endChoice(*c);
+    if (chunk.has_usage() && !stopped) c->completionTokens = int(chunk.usage().completion_tokens());
+    maybeComplete();
+  }
+}
+
+// TTFT once per request, ITL per token after a choice's first; tokens that arrive together
+// are 0 s apart. The metrics are observed here, the autoscaler's window in the loop.
+void RequestStream::observeTiming(Choice& c, const proto::TokenChunk& chunk, SteadyTime now) {
+  const auto routeLabel = routeName(route_);
+  TokenTiming t;
+  t.at = now;
+  if (!firstTokenSeen_) {
+    firstTokenSeen_ = true;
+    const double ttft = secondsBetween(spec_.received, now);
+    metrics_.observeTtft(routeLabel, ttft);
+    if (route_ == Route::kDisaggregated) t.ttft = ttft;
+  } else if (c.lastTokenAt) {
+    const double itl = secondsBetween(*c.lastTokenAt, now);
+    metrics_.observeItl(routeLabel, itl);
+    t.itl = itl;
+  }
+  for (int k = 1; k < chunk.token_ids_size(); ++k) metrics_.observeItl(routeLabel, 0.0);
+  t.zeroItls = chunk.token_ids_size() - 1;
+  c.lastTokenAt = now;
+  if (t.ttft || t.itl || t.zeroItls > 0) owner_.observeTokens(t);
+}
+
+TokenLogprob RequestStream::logprobOf(const proto::TokenLogprob& lp) const {
+  TokenLogprob t;
+  int32_t id = int32_t(lp.token_id());
+  t.token = tokenizer_->decode(std::span<const int32_t>(&id, 1));
+  t.logprob = lp.logprob();
+  for (const auto& top : lp.top()) {
+    int32_t tid = int32_t(top.token_id());
+    t.top.emplace_back(tokenizer_->decode(std::span<const int32_t>(&tid, 1)), top.logprob());
+  }
+  return t;
+}
+
+// Appends `delta` to the choice's held text and moves to `delta` what can be sent: text
+// that cannot be the start of a stop string. Returns true when a stop string matched
+// (the text is cut before it).
+bool RequestStream::applyStop(Choice& c, std::string& delta, bool final) {
+  const auto& stops = spec_.parsed.req.stop;
+  if (stops.empty()) return false;
+  c.held += delta;
+  delta.clear();
+  size_t cut = std::string::npos;
+  for (const auto& stop : stops) cut = std::min(cut, c.held.find(stop));
+  if (cut != std::string::npos) {
+    delta = c.held.substr(0, cut);
+    c.held.clear();
+    return true;
+  }
+  size_t keep = 0;
+  if (!final) {
+    for (const auto& stop : stops) {
+      for (size_t k = std::min(stop.size() - 1, c.held.size()); k > keep; --k) {
+        if (c.held.compare(c.held.size() - k, k, stop, 0, k) == 0) {
+          keep = k;
+          break;
+        }
+      }
+    }
+    // Never split a UTF-8 sequence: back up to a character boundary.
+    while (keep < c.held.size() && (static_cast<unsigned char>(c.held[c.held.size() - keep]) & 0xC0) == 0x80) ++keep;
+  }
+  delta = c.held.substr(0, c.held.size() - keep);
+  c.held.erase(0, c.held.size() - keep);
+  return false;
+}
+
+void RequestStream::emit(Choice& c, const std::string& delta, std::vector<TokenLogprob> lps, std::vector<int32_t> ids,
+                         const std::optional<std::string>& finish) {
+  const auto& req = spec_.parsed.req;
+  if (req.stream) {
+    // One event per step that produced tokens, even when their text is held back (an
+    // unfinished UTF-8 sequence, a possible stop string): clients time tokens by events.
+    if (delta.empty() && !finish && ids.empty()) return;
+    ChoiceDelta d;
+    d.index = c.index;
+    d.text = delta;
+    d.logprobs = std::move(lps);
+    d.finishReason = finish;
+    if (req.returnTokenIds) d.tokenIds = std::move(ids);
+    http_->sendEvent(sseEvent(streamChunk(req.endpoint, meta_, d, req.logprobs)));
+  } else {
+    for (auto& lp : lps) c.logprobs.push_back(std::move(lp));
+    c.tokenIds.insert(c.tokenIds.end(), ids.begin(), ids.end());
+  }
+  c.text += delta;
+  if (finish) c.finishReason = *finish;
+}
+
+void RequestStream::endChoice(Choice& c) {
+  if (c.done) return;
+  c.done = true;
+  owner_.choicesEnded({c.workerRequestId});
+}
+
+void RequestStream::maybeComplete() {
+  for (const auto& c : choices_)
+    if (!c.done) return;
+  if (finished_) return;
+  endRequest();
+  const auto& req = spec_.parsed.req;
+  Usage usage;
+  usage.promptTokens = int(spec_.parsed.prompt.size());
+  for (const auto& c : choices_) usage.completionTokens += c.completionTokens;
+  if (req.stream) {
+    if (req.includeUsage) http_->sendEvent(sseEvent(usageChunk(req.endpoint, meta_, usage)));
+    http_->sendEvent(kSseDone);
+    http_->endStream();
+  } else {
+    std::vector<ChoiceDelta> out;
+    for (auto& c : choices_) {
+      ChoiceDelta d;
+      d.index = c.index;
+      d.text = (req.echo ? spec_.parsed.promptText : std::string()) + c.text;
+      d.logprobs = c.logprobs;
+      d.finishReason = c.finishReason;
+      if (req.returnTokenIds) d.tokenIds = c.tokenIds;
+      out.push_back(std::move(d));
+    }
+    net::HttpHeaders headers{{"x-pdserve-route", routeName(route_)},
+                             {"x-pdserve-decode-worker", decodeWorker_},
+                             {"x-request-id", meta_.id}};
+    if (!prefillWorker_.empty()) headers["x-pdserve-prefill-worker"] = prefillWorker_;
+    sendJson(http_, 200, fullResponse(req.endpoint, meta_, out, usage, req.logprobs), std::move(headers));
+  }
+  std::string reason;
+  for (const auto& c : choices_) reason = c.finishReason;
+  metrics_.observeE2e(routeName(route_), secondsBetween(spec_.received, steadyNow()));
+  metrics_.requestFinished(reason, usage.promptTokens, usage.completionTokens);
+  metrics_.inFlight.dec();
+}
+
+// Ends every unfinished choice with an error.
+void RequestStream::failOnStrand(const Status& why) {
+  if (finished_) return;
+  for (auto& c : choices_) {
+    if (!c.done) cancelOnWorker(c, "request failed: " + why.message());
+  }
+  endRequest();
+  ApiError e = apiErrorFor(why);
+  metrics_.requestError(e.type);
+  metrics_.inFlight.dec();
+  if (spec_.parsed.req.stream) {
+    http_->sendEvent(sseEvent(e.toJson()));
+    http_->sendEvent(kSseDone);
+    http_->endStream();
+  } else {
+    sendError(http_, e);
+  }
+}
+
+// The client went away: cancel everything, answer nothing.
+void RequestStream::abort(const std::string& reason) {
+  if (finished_) return;
+  for (auto& c : choices_)
+    if (!c.done) cancelOnWorker(c, reason);
+  endRequest();
+  metrics_.requestFinished("abort", int64_t(spec_.parsed.prompt.size()), 0);
+  metrics_.inFlight.dec();
+}
+
+// The request ended: no deadline any more, and every choice leaves the request table.
+void RequestStream::endRequest() {
+  finished_ = true;
+  deadlineTimer_.cancel();
+  std::vector<uint64_t> ended;
+  for (auto& c : choices_) {
+    if (!c.done) ended.push_back(c.workerRequestId);
+    c.done = true;
+  }
+  if (!ended.empty()) owner_.choicesEnded(std::move(ended));
+}
+
+void RequestStream::cancelOnWorker(const Choice& c, const std::string& reason) {
+  // A closed connection refuses the send: the worker left and holds nothing of it any more.
+  if (!decodeConn_) return;
+  proto::Envelope env;
+  env.set_request_id(c.workerRequestId);
+  env.mutable_cancel()->set_request_id(c.workerRequestId);
+  env.mutable_cancel()->set_reason(reason);
+  (void)decodeConn_->send(env);
+}
+
+}  // namespace pd::router

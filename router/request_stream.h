@@ -1,0 +1,156 @@
+// One HTTP generation request after routing: the dispatch stage (Generate to the decode
+// worker, one per choice) and the stream stage (each TokenChunk -> detokenized text, stop
+// strings matched, SSE events or the final JSON), with the request's deadline timer.
+//
+// Ending, exactly once per request: every choice finished (the full answer, or usage and
+// [DONE]); an error (a worker error, the decode worker left, the deadline passed: an error
+// event or an error response); or the client went away (nothing is answered). Every end
+// cancels the choices still running on the decode worker; a stop-string match cancels its
+// choice there too.
+//
+// Threads: every public method may be called from any thread and never blocks: it posts onto
+// the stream's own strand, where all of its state lives. Streams therefore detokenize and
+// send in parallel with each other and with the router loop. The spec is immutable and may
+// be read from any thread. The owner (router/router_loop.h) must outlive the executor's
+// threads; the stream keeps itself alive while work for it is queued.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+
+#include "common/base/clock.h"
+#include "common/base/status.h"
+#include "common/metrics/pdserve_metrics.h"
+#include "common/net/framed.h"
+#include "common/net/http_server.h"
+#include "common/tokenizer/detokenizer.h"
+#include "router/openai_api.h"
+#include "router/request_parser.h"
+#include "router/routing_policy.h"
+
+namespace pd::router {
+
+// What the request is: fixed before it is routed.
+struct RequestSpec {
+  ParsedGenerate parsed;
+  std::vector<uint64_t> prefixBlocks;  // prompt block hashes (prefix-aware routing), or none
+  SteadyTime received;
+  int64_t createdUnixSeconds = 0;
+};
+
+// Where the router loop sent it.
+struct Dispatch {
+  std::string responseId;  // "cmpl-7"
+  RoutePlan plan;
+  net::ConnectionPtr decodeConn;
+  std::string prefillAddress;              // disaggregated: where the decode worker dials the prefill worker
+  std::vector<uint64_t> workerRequestIds;  // one per choice
+};
+
+// The token timing of one TokenChunk, for the autoscaler.
+struct TokenTiming {
+  SteadyTime at;
+  std::optional<double> ttft;  // the request's first token, when it was disaggregated
+  std::optional<double> itl;   // since this choice's previous token
+  int zeroItls = 0;            // further tokens in the same chunk
+};
+
+// The router loop, as a stream sees it. Both calls are thread-safe and never block.
+class StreamOwner {
+ public:
+  virtual ~StreamOwner() = default;
+  // These choices ended here: drop them from the request table.
+  virtual void choicesEnded(std::vector<uint64_t> workerRequestIds) = 0;
+  virtual void observeTokens(const TokenTiming& timing) = 0;
+};
+
+struct StreamSettings {
+  std::string modelName;
+  int64_t requestTimeoutMs = 0;
+};
+
+class RequestStream : public std::enable_shared_from_this<RequestStream> {
+ public:
+  static std::shared_ptr<RequestStream> create(boost::asio::io_context& io, RequestSpec spec,
+                                               std::shared_ptr<net::HttpResponder> http,
+                                               std::shared_ptr<const tok::Tokenizer> tokenizer, StreamOwner& owner,
+                                               metrics::RouterMetrics& metrics, const StreamSettings& settings);
+
+  const RequestSpec& spec() const { return spec_; }
+
+  // Dispatch: sends Generate per choice, starts the SSE response, arms the deadline, and
+  // watches for the client leaving. Called once, before any other call below.
+  void start(Dispatch dispatch);
+  // Routing found no worker: answers `error` (never started).
+  void refuse(ApiError error, std::string errorMetric);
+  // A TokenChunk for one of the choices (late ones are ignored).
+  void deliver(proto::TokenChunk chunk);
+  // Ends the request with an error, if it has not ended.
+  void fail(Status why);
+
+ private:
+  struct Choice {
+    int index = 0;
+    uint64_t workerRequestId = 0;
+    std::unique_ptr<tok::IncrementalDetokenizer> detok;
+    std::string held;                    // text not yet sent: may be the start of a stop string
+    std::string text;                    // everything sent (non-streaming: the answer)
+    std::vector<TokenLogprob> logprobs;  // non-streaming
+    std::vector<int32_t> tokenIds;       // non-streaming, with return_token_ids
+    int completionTokens = 0;
+    bool done = false;
+    std::string finishReason;  // set when done
+    std::optional<SteadyTime> lastTokenAt;
+  };
+
+  RequestStream(boost::asio::io_context& io, RequestSpec spec, std::shared_ptr<net::HttpResponder> http,
+                std::shared_ptr<const tok::Tokenizer> tokenizer, StreamOwner& owner, metrics::RouterMetrics& metrics,
+                const StreamSettings& settings);
+
+  // On the strand.
+  void startOnStrand(Dispatch dispatch);
+  bool sendGenerate(const Choice& c, const Dispatch& d);
+  void startResponse();
+  void onChunk(const proto::TokenChunk& chunk);
+  void observeTiming(Choice& c, const proto::TokenChunk& chunk, SteadyTime now);
+  TokenLogprob logprobOf(const proto::TokenLogprob& lp) const;
+  bool applyStop(Choice& c, std::string& delta, bool final);
+  void emit(Choice& c, const std::string& delta, std::vector<TokenLogprob> lps, std::vector<int32_t> ids,
+            const std::optional<std::string>& finish);
+  void endChoice(Choice& c);
+  void maybeComplete();
+  void failOnStrand(const Status& why);
+  void abort(const std::string& reason);
+  void cancelOnWorker(const Choice& c, const std::string& reason);
+  void endRequest();
+
+  template <typename F>
+  void onStrand(F&& f);
+
+  boost::asio::strand<boost::asio::io_context::executor_type> strand_;
+  boost::asio::steady_timer deadlineTimer_;
+  const RequestSpec spec_;
+  const std::shared_ptr<net::HttpResponder> http_;
+  const std::shared_ptr<const tok::Tokenizer> tokenizer_;
+  StreamOwner& owner_;
+  metrics::RouterMetrics& metrics_;
+  const StreamSettings settings_;
+
+  // Strand state.
+  ResponseMeta meta_;
+  Route route_ = Route::kColocated;
+  std::string decodeWorker_, prefillWorker_;  // for the x-pdserve-* headers
+  net::ConnectionPtr decodeConn_;
+  std::vector<Choice> choices_;
+  bool firstTokenSeen_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace pd::router

@@ -1,0 +1,198 @@
+#include "router/router_loop.h"
+
+#include <unordered_set>
+
+#include <boost/asio/post.hpp>
+
+#include "common/base/log.h"
+
+namespace pd::router {
+namespace {
+
+constexpr const char* kTag = "router";
+// How often pdserve_desired_replicas is recomputed: one autoscaler window slice (60 s / 12).
+constexpr auto kAutoscaleTick = std::chrono::seconds(5);
+
+}  // namespace
+
+RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig& cfg, std::string modelName,
+                       metrics::Registry& registry, metrics::RouterMetrics& metrics)
+    : strand_(boost::asio::make_strand(io)),
+      cfg_(cfg),
+      modelName_(std::move(modelName)),
+      metrics_(metrics),
+      prefixAware_(cfg.router.prefixAwareRouting && cfg.engine.enablePrefixCaching),
+      hasher_(cfg.engine.blockSize),
+      workers_(strand_, modelName_, std::chrono::milliseconds(cfg.router.workerReportTimeoutMs), registry, metrics),
+      policy_({cfg.router.shortPromptTokens}),
+      prefixIndex_(cfg.engine.blockSize),
+      autoscaler_(PoolSlo{cfg.pools.prefill.slo.ttftMs / 1e3, cfg.pools.prefill.slo.percentile,
+                          cfg.pools.prefill.minReplicas, cfg.pools.prefill.maxReplicas},
+                  PoolSlo{cfg.pools.decode.slo.itlMs / 1e3, cfg.pools.decode.slo.percentile,
+                          cfg.pools.decode.minReplicas, cfg.pools.decode.maxReplicas}),
+      threshold_(cfg.router.adaptiveThreshold
+                     ? std::optional<AdaptiveThreshold>(AdaptiveThreshold(cfg.router.shortPromptTokens))
+                     : std::nullopt),
+      autoscaleTimer_(strand_) {}
+
+template <typename F>
+void RouterLoop::onStrand(F&& f) {
+  boost::asio::post(strand_, std::forward<F>(f));
+}
+
+void RouterLoop::start() {
+  onStrand([this] { scheduleAutoscale(std::chrono::steady_clock::duration::zero()); });
+}
+
+std::vector<uint64_t> RouterLoop::blockHashes(std::span<const int32_t> prompt) const {
+  return prefixAware_ ? hasher_.blockHashes(prompt) : std::vector<uint64_t>{};
+}
+
+// ---- control plane ----------------------------------------------------------------------------
+
+void RouterLoop::workerOpened(net::ConnectionPtr conn) {
+  onStrand([this, conn = std::move(conn)] {
+    if (Status s = workers_.add(conn); !s.isOk()) conn->close(s);
+  });
+}
+
+void RouterLoop::workerMessage(net::ConnectionPtr conn, proto::Envelope env) {
+  onStrand([this, conn = std::move(conn), env = std::move(env)]() mutable {
+    switch (env.body_case()) {
+      case proto::Envelope::kLoadReport: return workers_.onLoadReport(conn, env.load_report());
+      case proto::Envelope::kTokenChunk: return onChunk(std::move(*env.mutable_token_chunk()));
+      default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << conn->remoteAddress();
+    }
+  });
+}
+
+void RouterLoop::workerClosed(net::ConnectionPtr conn, Status why) {
+  onStrand([this, conn = std::move(conn), why = std::move(why)] { onWorkerClosed(conn, why); });
+}
+
+void RouterLoop::onWorkerClosed(const net::ConnectionPtr& conn, const Status& why) {
+  const std::string id = workers_.remove(conn);
+  if (id.empty()) return;
+  PD_LOG(kWarn, kTag) << "worker '" << id << "' left: " << why.message();
+  prefixIndex_.forget(id);
+  // Every request with a choice still running there fails (once, however many choices).
+  std::unordered_set<RequestStream*> affected;
+  for (const auto& [rid, e] : requests_)
+    if (e.decodeWorker == id && affected.insert(e.stream.get()).second)
+      e.stream->fail(unavailable("decode worker '" + id + "' disconnected"));
+}
+
+// The chunk goes to its request's strand; the table entry stays until the stream says the
+// choice ended (a chunk that arrives after that is dropped here).
+void RouterLoop::onChunk(proto::TokenChunk&& chunk) {
+  auto it = requests_.find(chunk.request_id());
+  if (it == requests_.end()) return;  // finished or cancelled meanwhile
+  it->second.stream->deliver(std::move(chunk));
+}
+
+// ---- requests ---------------------------------------------------------------------------------
+
+void RouterLoop::submit(std::shared_ptr<RequestStream> stream) {
+  onStrand([this, stream = std::move(stream)] { route(stream); });
+}
+
+void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
+  const RequestSpec& spec = stream->spec();
+  const std::vector<uint64_t>& blocks = spec.prefixBlocks;
+  std::vector<WorkerView> views = workers_.snapshot();
+  if (!blocks.empty())
+    for (auto& v : views) v.cachedTokens = prefixIndex_.cachedTokens(v.id, blocks);
+  auto plan = policy_.select(int64_t(spec.parsed.prompt.size()), views);
+  if (!plan) {
+    ApiError e;
+    e.status = 503;
+    e.type = "service_unavailable";
+    e.message = "no healthy decode worker; retry later";
+    return stream->refuse(std::move(e), "no_worker");
+  }
+  metrics_.routeDecision(routeName(plan->route), plan->reason);
+  metrics_.predictedCachedTokens(plan->cachedTokens);
+  // Both workers hold the prompt's blocks afterwards (the decode worker caches what it
+  // received), as far as their pools keep them.
+  for (const std::string& w : {plan->decodeWorker, plan->prefillWorker})
+    if (!w.empty() && !blocks.empty()) prefixIndex_.record(w, blocks, workers_.totalBlocks(w));
+  Dispatch d;
+  d.responseId = std::to_string(nextRequestId_);
+  if (const auto* w = workers_.find(plan->decodeWorker)) d.decodeConn = w->conn;
+  if (plan->route == Route::kDisaggregated) {
+    if (const auto* w = workers_.find(plan->prefillWorker)) d.prefillAddress = w->address;
+  }
+  for (int i = 0; i < spec.parsed.req.n; ++i) {
+    const uint64_t id = nextRequestId_++;
+    d.workerRequestIds.push_back(id);
+    requests_[id] = Entry{stream, plan->decodeWorker};
+  }
+  d.plan = std::move(*plan);
+  stream->start(std::move(d));
+}
+
+void RouterLoop::choicesEnded(std::vector<uint64_t> workerRequestIds) {
+  onStrand([this, ids = std::move(workerRequestIds)] {
+    for (uint64_t id : ids) requests_.erase(id);
+  });
+}
+
+void RouterLoop::observeTokens(const TokenTiming& t) {
+  onStrand([this, t] {
+    if (t.ttft) autoscaler_.observeTtft(t.at, *t.ttft);
+    if (t.itl) autoscaler_.observeItl(t.at, *t.itl);
+    for (int k = 0; k < t.zeroItls; ++k) autoscaler_.observeItl(t.at, 0.0);
+  });
+}
+
+void RouterLoop::healthyDecodeWorkers(std::function<void(int)> done) {
+  onStrand([this, done = std::move(done)] {
+    int n = 0;
+    for (const auto& v : workers_.snapshot()) n += v.healthy && v.role == WorkerRole::kDecode;
+    done(n);
+  });
+}
+
+// ---- autoscaler -------------------------------------------------------------------------------
+
+void RouterLoop::scheduleAutoscale(std::chrono::steady_clock::duration after) {
+  autoscaleTimer_.expires_after(after);
+  autoscaleTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    autoscale(steadyNow());
+    scheduleAutoscale(kAutoscaleTick);
+  });
+}
+
+// Every tick: pdserve_desired_replicas and the SLO window gauges of both pools (a change of
+// recommendation is logged with its reason), and the adaptive threshold when it is on.
+void RouterLoop::autoscale(SteadyTime now) {
+  int prefill = 0, decode = 0;
+  for (const auto& v : workers_.snapshot()) (v.role == WorkerRole::kPrefill ? prefill : decode) += v.healthy;
+  const std::pair<std::string_view, ScalingDecision> pools[] = {
+      {metrics::kPoolPrefill, autoscaler_.decidePrefill(prefill, now)},
+      {metrics::kPoolDecode, autoscaler_.decideDecode(decode, now)}};
+  if (threshold_) {
+    std::string why;
+    const int64_t before = threshold_->value();
+    const int64_t after = threshold_->update({pools[0].second.ratio, pools[0].second.enoughSamples},
+                                             {pools[1].second.ratio, pools[1].second.enoughSamples}, &why);
+    if (after != before) {
+      policy_.setShortPromptTokens(after);
+      metrics_.setShortPromptTokens(after);
+      PD_LOG(kInfo, kTag) << "short_prompt_tokens " << before << " -> " << after << " (" << why << ")";
+    }
+  }
+  for (const auto& [pool, d] : pools) {
+    metrics_.setSloWindow(pool, d.observedSeconds, d.attainment);
+    metrics_.setDesiredReplicas(pool, d.desired);
+    int& last = pool == metrics::kPoolPrefill ? lastDesiredPrefill_ : lastDesiredDecode_;
+    if (d.desired != last) {
+      PD_LOG(kInfo, kTag) << pool << " pool: " << d.current << " healthy, recommending " << d.desired << " ("
+                          << d.reason << ", " << d.samples << " samples)";
+      last = d.desired;
+    }
+  }
+}
+
+}  // namespace pd::router

@@ -1,0 +1,103 @@
+// The router loop: one Asio strand that owns the router's shared state -- the worker table
+// (router/worker_registry.h), the request table (worker request id -> its stream), the
+// routing policy, the prefix index, the autoscaler and the adaptive threshold -- and runs the
+// route stage of each request (DESIGN.md §6). The control plane's callbacks and the HTTP
+// handlers post into it; it hands each request's per-token work (detokenizing, stop strings,
+// SSE) to that request's own strand (router/request_stream.h), so nothing slow runs here.
+//
+// Timers, all on the strand, no polling: each worker's report timeout (in the registry), the
+// autoscaler tick (pdserve_desired_replicas, SLO window gauges, adaptive threshold), and
+// each request's deadline (on the request's strand).
+//
+// Threads: every public method may be called from any thread and never blocks; the work
+// runs on the strand, on an IoPool thread. blockHashes() is pure and runs on the caller.
+// The loop must outlive the IoPool's threads (stop the pool, then destroy the loop).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+
+#include "common/config/cluster_config.h"
+#include "common/metrics/pdserve_metrics.h"
+#include "common/net/framed.h"
+#include "router/adaptive_threshold.h"
+#include "router/autoscaler.h"
+#include "router/prefix_index.h"
+#include "router/request_stream.h"
+#include "router/routing_policy.h"
+#include "router/worker_registry.h"
+
+namespace pd::router {
+
+class RouterLoop final : public StreamOwner {
+ public:
+  RouterLoop(boost::asio::io_context& io, const config::ClusterConfig& cfg, std::string modelName,
+             metrics::Registry& registry, metrics::RouterMetrics& metrics);
+
+  // Starts the autoscaler tick (its first run is immediate).
+  void start();
+
+  // Control plane: a worker's connection opened (Hello received), sent a message, closed.
+  void workerOpened(net::ConnectionPtr conn);
+  void workerMessage(net::ConnectionPtr conn, proto::Envelope env);
+  void workerClosed(net::ConnectionPtr conn, Status why);
+
+  // Route stage: picks the workers for a parsed request and starts its stream there, or
+  // has the stream answer 503 when no decode worker is healthy.
+  void submit(std::shared_ptr<RequestStream> stream);
+  // done(number of healthy decode workers) runs on the strand; it must not block.
+  void healthyDecodeWorkers(std::function<void(int)> done);
+
+  // The prompt's block hashes for prefix-aware routing (none when it is off). Any thread.
+  std::vector<uint64_t> blockHashes(std::span<const int32_t> prompt) const;
+
+  // StreamOwner.
+  void choicesEnded(std::vector<uint64_t> workerRequestIds) override;
+  void observeTokens(const TokenTiming& timing) override;
+
+ private:
+  struct Entry {
+    std::shared_ptr<RequestStream> stream;
+    std::string decodeWorker;
+  };
+
+  template <typename F>
+  void onStrand(F&& f);
+  void route(const std::shared_ptr<RequestStream>& stream);
+  void onChunk(proto::TokenChunk&& chunk);
+  void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
+  void scheduleAutoscale(std::chrono::steady_clock::duration after);
+  void autoscale(SteadyTime now);
+
+  boost::asio::strand<boost::asio::io_context::executor_type> strand_;
+  const config::ClusterConfig& cfg_;
+  const std::string modelName_;
+  metrics::RouterMetrics& metrics_;
+  const bool prefixAware_;
+  // blockHashes() only reads the block size, so the hasher is shared without the strand;
+  // the index (which workers hold what) lives on it.
+  const PrefixIndex hasher_;
+
+  // Strand state.
+  WorkerRegistry workers_;
+  RoutingPolicy policy_;
+  PrefixIndex prefixIndex_;
+  Autoscaler autoscaler_;
+  std::optional<AdaptiveThreshold> threshold_;  // set when router.adaptive_threshold
+  int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // for the change log
+  boost::asio::steady_timer autoscaleTimer_;
+  std::unordered_map<uint64_t, Entry> requests_;  // by worker request id, until the choice ends
+  uint64_t nextRequestId_ = 1;
+};
+
+}  // namespace pd::router

@@ -1,0 +1,148 @@
+#include "router/worker_registry.h"
+
+#include "common/base/log.h"
+
+namespace pd::router {
+namespace {
+constexpr const char* kTag = "router";
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
+                               std::chrono::milliseconds reportTimeout, metrics::Registry& registry,
+                               metrics::RouterMetrics& metrics)
+    : executor_(std::move(executor)),
+      modelName_(std::move(modelName)),
+      reportTimeout_(reportTimeout),
+      registry_(registry),
+      metrics_(metrics) {}
+
+Status WorkerRegistry::add(const net::ConnectionPtr& c) {
+  const auto& hello = c->peerHello();
+  if (hello.role() != proto::ROLE_PREFILL && hello.role() != proto::ROLE_DECODE) {
+    return failedPrecondition("only prefill and decode workers register here");
+  }
+  if (hello.model_fingerprint().rfind(modelName_ + "/", 0) != 0) {
+    return failedPrecondition("worker serves '" + hello.model_fingerprint() + "', this router serves '" + modelName_ +
+                              "'");
+  }
+  if (auto it = workers_.find(hello.worker_id()); it != workers_.end() && it->second->conn->isOpen()) {
+    return failedPrecondition("worker id '" + hello.worker_id() + "' is already registered");
+  }
+  auto w = std::make_unique<Worker>(executor_);
+  w->id = hello.worker_id();
+  w->role = hello.role() == proto::ROLE_PREFILL ? WorkerRole::kPrefill : WorkerRole::kDecode;
+  w->address = hello.address();
+  w->conn = c;
+  w->lastReport = steadyNow();
+  w->report.set_total_blocks(hello.total_blocks());
+  w->report.set_free_blocks(hello.total_blocks());
+  armReportTimer(*w, w->lastReport + reportTimeout_);
+  PD_LOG(kInfo, kTag) << (hello.role() == proto::ROLE_PREFILL ? "prefill" : "decode") << " worker '"
+                      << hello.worker_id() << "' registered from " << c->remoteAddress();
+  // A worker that re-registers under its id (its old connection closed, the close not yet
+  // seen) replaces the old entry, whose timer is cancelled with it.
+  workers_[w->id] = std::move(w);
+  updatePoolGauges();
+  return Status::ok();
+}
+
+std::string WorkerRegistry::remove(const net::ConnectionPtr& c) {
+  std::string id;
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    if (it->second->conn != c) continue;
+    id = it->first;
+    workers_.erase(it);
+    break;
+  }
+  updatePoolGauges();
+  return id;
+}
+
+void WorkerRegistry::onLoadReport(const net::ConnectionPtr& c, const proto::LoadReport& report) {
+  auto it = workers_.find(report.worker_id());
+  if (it == workers_.end() || it->second->conn != c) return;
+  Worker& w = *it->second;
+  w.report = report;
+  w.lastReport = steadyNow();
+  if (!w.reportsFresh) {
+    PD_LOG(kInfo, kTag) << "worker '" << w.id << "' reports again";
+    w.reportsFresh = true;
+    armReportTimer(w, w.lastReport + reportTimeout_);
+  }
+  // A fresh report does not touch the pending timer: when it fires it re-arms itself for
+  // lastReport + timeout, so a report costs no timer cancellation.
+  exportLoad(w);
+}
+
+void WorkerRegistry::armReportTimer(Worker& w, SteadyTime at) {
+  w.reportTimer.expires_at(at);
+  w.reportTimer.async_wait([this, id = w.id, conn = std::weak_ptr<net::FramedConnection>(w.conn)](
+                               const boost::system::error_code& ec) {
+    if (ec) return;  // cancelled: the worker left or was replaced (its entry is gone)
+    if (auto c = conn.lock()) onReportTimer(id, c);
+  });
+}
+
+void WorkerRegistry::onReportTimer(const std::string& id, const net::ConnectionPtr& conn) {
+  auto it = workers_.find(id);
+  if (it == workers_.end() || it->second->conn != conn) return;
+  Worker& w = *it->second;
+  const SteadyTime due = w.lastReport + reportTimeout_;
+  if (steadyNow() < due) return armReportTimer(w, due);
+  w.reportsFresh = false;
+  PD_LOG(kWarn, kTag) << "worker '" << w.id << "' sent no load report for " << reportTimeout_.count()
+                      << " ms: no new work until it does";
+}
+
+std::vector<WorkerView> WorkerRegistry::snapshot() const {
+  std::vector<WorkerView> out;
+  out.reserve(workers_.size());
+  for (const auto& [id, w] : workers_) {
+    WorkerView v;
+    v.id = id;
+    v.role = w->role;
+    v.healthy = w->conn->isOpen() && w->reportsFresh;
+    v.queuedPrefillTokens = int64_t(w->report.queued_prefill_tokens());
+    v.running = int(w->report.running());
+    v.waiting = int(w->report.waiting());
+    v.freeBlocks = int64_t(w->report.free_blocks());
+    v.totalBlocks = int64_t(w->report.total_blocks());
+    out.push_back(v);
+  }
+  return out;
+}
+
+const WorkerRegistry::Worker* WorkerRegistry::find(const std::string& id) const {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : it->second.get();
+}
+
+int64_t WorkerRegistry::totalBlocks(const std::string& id) const {
+  const Worker* w = find(id);
+  return w ? int64_t(w->report.total_blocks()) : 0;
+}
+
+void WorkerRegistry::updatePoolGauges() {
+  int prefill = 0, decode = 0;
+  for (const auto& [id, w] : workers_) (w->role == WorkerRole::kPrefill ? prefill : decode)++;
+  metrics_.setPoolWorkers(metrics::kPoolPrefill, prefill);
+  metrics_.setPoolWorkers(metrics::kPoolDecode, decode);
+}
+
+// The router's view of each worker, from its load reports: what routing decided on.
+void WorkerRegistry::exportLoad(const Worker& w) {
+  metrics::Labels labels{{"worker", w.id},
+                         {"pool", std::string(w.role == WorkerRole::kPrefill ? metrics::kPoolPrefill
+                                                                             : metrics::kPoolDecode)}};
+  const auto& r = w.report;
+  registry_.gauge("pdserve_worker_kv_free_blocks", "Free KV blocks per worker (load reports).", labels)
+      .set(double(r.free_blocks()));
+  registry_.gauge("pdserve_worker_kv_total_blocks", "KV blocks per worker (load reports).", labels)
+      .set(double(r.total_blocks()));
+  registry_.gauge("pdserve_worker_running", "Running requests per worker (load reports).", labels)
+      .set(double(r.running()));
+  registry_.gauge("pdserve_worker_queued_prefill_tokens", "Queued prefill tokens per worker (load reports).", labels)
+      .set(double(r.queued_prefill_tokens()));
+}
+
+}  // namespace pd::router

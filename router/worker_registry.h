@@ -1,0 +1,77 @@
+// The router's table of registered workers (DESIGN.md §6): who said Hello on the control
+// port, their last LoadReport, and the immutable load snapshot routing decides on. A worker
+// whose reports stop for report_timeout is unhealthy (it gets no new work) until it reports
+// again; a per-worker timer says so, there is no polling.
+//
+// Threads: not thread-safe. Every method, and the report timers' handlers, run on the
+// executor given to the constructor (the router loop's strand, router/router_loop.h); the
+// registry must be destroyed on it or after the executor's threads stopped. Sending on the
+// connections it hands out is thread-safe (framed.h).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "common/base/clock.h"
+#include "common/base/status.h"
+#include "common/metrics/pdserve_metrics.h"
+#include "common/net/framed.h"
+#include "router/routing_policy.h"
+
+namespace pd::router {
+
+class WorkerRegistry {
+ public:
+  struct Worker {
+    explicit Worker(const boost::asio::any_io_executor& ex) : reportTimer(ex) {}
+    std::string id;
+    WorkerRole role = WorkerRole::kDecode;
+    std::string address;  // prefill: where decode workers dial it
+    net::ConnectionPtr conn;
+    proto::LoadReport report;
+    SteadyTime lastReport;
+    bool reportsFresh = true;  // false once report_timeout passed without a report
+    boost::asio::steady_timer reportTimer;
+  };
+
+  WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
+                 std::chrono::milliseconds reportTimeout, metrics::Registry& registry,
+                 metrics::RouterMetrics& metrics);
+
+  // A connection finished its handshake: registers the worker, or says why it may not
+  // (kFailedPrecondition: not a worker, another model, an id already registered); the caller
+  // closes the connection with that reason.
+  Status add(const net::ConnectionPtr& conn);
+  // The connection closed: the id of the worker it registered, or "" when it registered none.
+  std::string remove(const net::ConnectionPtr& conn);
+  // A LoadReport from conn; ignored unless conn is the registered connection of the worker.
+  void onLoadReport(const net::ConnectionPtr& conn, const proto::LoadReport& report);
+
+  // One view per registered worker, healthy = connected and reporting.
+  std::vector<WorkerView> snapshot() const;
+  // nullptr when no such worker is registered.
+  const Worker* find(const std::string& id) const;
+  int64_t totalBlocks(const std::string& id) const;
+
+ private:
+  void armReportTimer(Worker& w, SteadyTime at);
+  void onReportTimer(const std::string& id, const net::ConnectionPtr& conn);
+  void updatePoolGauges();
+  void exportLoad(const Worker& w);
+
+  boost::asio::any_io_executor executor_;
+  const std::string modelName_;
+  const std::chrono::milliseconds reportTimeout_;
+  metrics::Registry& registry_;
+  metrics::RouterMetrics& metrics_;
+  // unique_ptr: a timer's handler finds its worker by id; the entry never moves under it.
+  std::unordered_map<std::string, std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace pd::router

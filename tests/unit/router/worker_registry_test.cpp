@@ -1,0 +1,103 @@
+// The router's worker table: Hello checks, and the per-worker report timer that takes a
+// silent worker out of routing and puts it back on its next report (no polling).
+#include "router/worker_registry.h"
+
+#include <catch2/catch.hpp>
+
+#include <boost/asio/io_context.hpp>
+
+namespace pd::router {
+namespace {
+
+using namespace std::chrono_literals;
+
+class FakeConnection final : public net::FramedConnection {
+ public:
+  FakeConnection(proto::Role role, std::string id, std::string fingerprint) {
+    hello_.set_role(role);
+    hello_.set_worker_id(std::move(id));
+    hello_.set_model_fingerprint(std::move(fingerprint));
+    hello_.set_total_blocks(64);
+  }
+  Status send(const proto::Envelope&) override { return open_ ? Status::ok() : unavailable("closed"); }
+  void close(Status) override { open_ = false; }
+  bool isOpen() const override { return open_; }
+  const proto::Hello& peerHello() const override { return hello_; }
+  std::string remoteAddress() const override { return "127.0.0.1:1"; }
+  uint64_t id() const override { return 1; }
+
+ private:
+  proto::Hello hello_;
+  bool open_ = true;
+};
+
+net::ConnectionPtr worker(proto::Role role, std::string id, std::string fingerprint = "m/abc") {
+  return std::make_shared<FakeConnection>(role, std::move(id), std::move(fingerprint));
+}
+
+bool healthy(const WorkerRegistry& r, const std::string& id) {
+  for (const auto& v : r.snapshot())
+    if (v.id == id) return v.healthy;
+  return false;
+}
+
+struct Fixture {
+  boost::asio::io_context io;
+  metrics::Registry registry;
+  metrics::RouterMetrics metrics{registry, metrics::LatencyBuckets{}};
+  WorkerRegistry workers{io.get_executor(), "m", 60ms, registry, metrics};
+  // run_for leaves the context stopped once it ran out of timers: restart it every time.
+  void runFor(std::chrono::milliseconds d) {
+    io.restart();
+    io.run_for(d);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("workers register once, for this model, as prefill or decode") {
+  Fixture f;
+  auto d0 = worker(proto::ROLE_DECODE, "decode-0");
+  REQUIRE(f.workers.add(d0).isOk());
+  CHECK(f.workers.add(worker(proto::ROLE_DECODE, "decode-0")).code() == StatusCode::kFailedPrecondition);
+  CHECK(f.workers.add(worker(proto::ROLE_DECODE, "decode-1", "other/abc")).code() ==
+        StatusCode::kFailedPrecondition);
+  CHECK(f.workers.add(worker(proto::ROLE_ROUTER, "r")).code() == StatusCode::kFailedPrecondition);
+  REQUIRE(f.workers.find("decode-0") != nullptr);
+  CHECK(f.workers.totalBlocks("decode-0") == 64);
+  CHECK(healthy(f.workers, "decode-0"));
+  CHECK(f.workers.remove(worker(proto::ROLE_DECODE, "x")).empty());
+  CHECK(f.workers.remove(d0) == "decode-0");
+  CHECK(f.workers.snapshot().empty());
+}
+
+TEST_CASE("a worker silent past the report timeout gets no work until it reports again") {
+  Fixture f;
+  auto p0 = worker(proto::ROLE_PREFILL, "prefill-0");
+  REQUIRE(f.workers.add(p0).isOk());
+  proto::LoadReport report;
+  report.set_worker_id("prefill-0");
+  report.set_queued_prefill_tokens(7);
+  // Reports inside the timeout keep it healthy: the timer re-arms from the last report.
+  for (int i = 0; i < 4; ++i) {
+    f.runFor(30ms);
+    f.workers.onLoadReport(p0, report);
+    CHECK(healthy(f.workers, "prefill-0"));
+  }
+  f.runFor(150ms);
+  CHECK_FALSE(healthy(f.workers, "prefill-0"));
+  // A report from another connection claiming its id does not count.
+  f.workers.onLoadReport(worker(proto::ROLE_PREFILL, "prefill-0"), report);
+  CHECK_FALSE(healthy(f.workers, "prefill-0"));
+  f.workers.onLoadReport(p0, report);
+  CHECK(healthy(f.workers, "prefill-0"));
+  CHECK(f.workers.snapshot().at(0).queuedPrefillTokens == 7);
+  f.runFor(150ms);
+  CHECK_FALSE(healthy(f.workers, "prefill-0"));
+  // A closed connection is unhealthy whatever its reports said.
+  f.workers.onLoadReport(p0, report);
+  p0->close(unavailable("gone"));
+  CHECK_FALSE(healthy(f.workers, "prefill-0"));
+}
+
+}  // namespace pd::router
