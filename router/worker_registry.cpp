@@ -3,8 +3,11 @@
 #include "common/base/log.h"
 
 namespace pd::router {
+
 namespace {
 constexpr const char* kTag = "router";
+constexpr const char* kHealthyHelp =
+    "1 while the worker is connected and reports within router.worker_report_timeout_ms (it gets new work), else 0.";
 }  // namespace
 
 WorkerRegistry::WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
@@ -51,6 +54,7 @@ std::string WorkerRegistry::remove(const net::ConnectionPtr& c) {
   for (auto it = workers_.begin(); it != workers_.end(); ++it) {
     if (it->second->conn != c) continue;
     id = it->first;
+    registry_.gauge("pdserve_worker_healthy", kHealthyHelp, labelsFor(*it->second)).set(0);
     workers_.erase(it);
     break;
   }
@@ -90,6 +94,7 @@ void WorkerRegistry::onReportTimer(const std::string& id, const net::ConnectionP
   const SteadyTime due = w.lastReport + reportTimeout_;
   if (steadyNow() < due) return armReportTimer(w, due);
   w.reportsFresh = false;
+  registry_.gauge("pdserve_worker_healthy", kHealthyHelp, labelsFor(w)).set(0);
   PD_LOG(kWarn, kTag) << "worker '" << w.id << "' sent no load report for " << reportTimeout_.count()
                       << " ms: no new work until it does";
 }
@@ -129,12 +134,16 @@ void WorkerRegistry::updatePoolGauges() {
   metrics_.setPoolWorkers(metrics::kPoolDecode, decode);
 }
 
+metrics::Labels WorkerRegistry::labelsFor(const Worker& w) {
+  return {{"worker", w.id},
+          {"pool", std::string(w.role == WorkerRole::kPrefill ? metrics::kPoolPrefill : metrics::kPoolDecode)}};
+}
+
 // The router's view of each worker, from its load reports: what routing decided on.
 void WorkerRegistry::exportLoad(const Worker& w) {
-  metrics::Labels labels{{"worker", w.id},
-                         {"pool", std::string(w.role == WorkerRole::kPrefill ? metrics::kPoolPrefill
-                                                                             : metrics::kPoolDecode)}};
+  const metrics::Labels labels = labelsFor(w);
   const auto& r = w.report;
+  registry_.gauge("pdserve_worker_healthy", kHealthyHelp, labels).set(1);
   registry_.gauge("pdserve_worker_kv_free_blocks", "Free KV blocks per worker (load reports).", labels)
       .set(double(r.free_blocks()));
   registry_.gauge("pdserve_worker_kv_total_blocks", "KV blocks per worker (load reports).", labels)

@@ -63,6 +63,7 @@ class WorkerRegistry {
   void armReportTimer(Worker& w, SteadyTime at);
   void onReportTimer(const std::string& id, const net::ConnectionPtr& conn);
   void updatePoolGauges();
+  static metrics::Labels labelsFor(const Worker& w);
   void exportLoad(const Worker& w);
 
   boost::asio::any_io_executor executor_;

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -418,4 +419,72 @@ TEST_CASE("bad requests get OpenAI errors with the right status") {
   CHECK(ok.second["usage"]["completion_tokens"] == 3);
   auto health = httpGet(c->httpPort(), "/health", 5s);  // no key needed
   CHECK(health->status == 200);
+}
+
+// Issue 10: the decode worker never waits on a peer. A prefill worker stopped (SIGSTOP) in the
+// middle of a remote prefill delays that request alone: a colocated stream on the same decode
+// worker keeps its pace, both workers stay healthy in the router (the stop is shorter than
+// router.worker_report_timeout_ms), and the delayed request still gets its exact greedy ids.
+TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
+  ClusterSpec spec;
+  spec.extraRouter = "  worker_report_timeout_ms: 3000\n";
+  auto c = startCluster("sigstop-prefill", spec);
+  const auto longPrompt = prompt(400, 77);
+  const auto expected = generateCli(longPrompt, 8);
+  auto healthy = [&](const std::string& worker) {
+    auto r = httpGet(c->httpPort(), "/metrics", 5s);
+    if (!r.ok()) return false;
+    return r->body.find("pdserve_worker_healthy{pool=\"" + std::string(worker[0] == 'p' ? "prefill" : "decode") +
+                        "\",worker=\"" + worker + "\"} 1") != std::string::npos;
+  };
+  REQUIRE(healthy("prefill-0"));
+  REQUIRE(healthy("decode-0"));
+
+  // A colocated stream: we record when each event arrives.
+  std::vector<std::chrono::steady_clock::time_point> arrivals;
+  std::string seen;
+  std::thread streamer([&] {
+    json req{{"model", "small"}, {"prompt", prompt(20, 5)}, {"max_tokens", 250}, {"temperature", 0},
+             {"ignore_eos", true}, {"stream", true}};
+    int fd = openStream(*c, req, 1, &seen);
+    char buf[4096];
+    while (seen.find("[DONE]") == std::string::npos) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      seen.append(buf, size_t(n));
+      arrivals.push_back(std::chrono::steady_clock::now());
+    }
+    ::close(fd);
+  });
+  std::this_thread::sleep_for(300ms);
+  Completion delayed;
+  std::chrono::steady_clock::duration delayedTook{};
+  std::thread longRequest([&] {
+    auto t0 = std::chrono::steady_clock::now();
+    delayed = complete(*c, longPrompt, 8);
+    delayedTook = std::chrono::steady_clock::now() - t0;
+  });
+  std::this_thread::sleep_for(50ms);  // the PrefillRequest is on the prefill worker
+  REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
+  bool alwaysHealthy = true;
+  for (int i = 0; i < 15; ++i) {  // 1.5 s stopped
+    std::this_thread::sleep_for(100ms);
+    alwaysHealthy = alwaysHealthy && healthy("decode-0") && healthy("prefill-0");
+  }
+  REQUIRE(c->processes().signal("prefill-0", SIGCONT).isOk());
+  longRequest.join();
+  streamer.join();
+
+  CHECK(alwaysHealthy);
+  CHECK(delayed.status == 200);
+  CHECK(delayed.ids == expected);
+  CHECK(delayed.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+  CHECK(delayedTook >= 1500ms);
+  CHECK(seen.find("[DONE]") != std::string::npos);
+  std::chrono::steady_clock::duration maxGap{};
+  for (size_t i = 1; i < arrivals.size(); ++i) maxGap = std::max(maxGap, arrivals[i] - arrivals[i - 1]);
+  INFO("max gap between stream reads: " << std::chrono::duration_cast<std::chrono::milliseconds>(maxGap).count() << " ms");
+  CHECK(maxGap < 500ms);  // a decode step here is ~10-30 ms; the stop lasts 1.5 s
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
 }
