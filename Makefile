@@ -27,7 +27,7 @@ test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 serve: build
-	$(BUILD_DIR)/tools/pdserve up
+	$(BUILD_DIR)/bin/pdserve up
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -20,7 +20,7 @@ for mode in length prefix; do
   up=$!
   for _ in $(seq 120); do grep -q "pdserve is up" "$out/$mode.up.log" && break; sleep 1; done
   "$bin/pdserve" bench --url http://127.0.0.1:18081 \
-    --trace ../shared/traces/mooncake_fast25_conversation_trace.jsonl --spread-ticks \
+    --trace data/traces/mooncake_fast25_conversation_trace.jsonl --spread-ticks \
     --duration "$duration" --length-scale "$scale" --max-output-tokens 32 \
     --warmup 4 --slo ttft_ms=2000,itl_ms=200 --extra-body '{"return_token_ids": true}' \
     --no-progress --out "$out/$mode" | tee "$out/$mode.txt"

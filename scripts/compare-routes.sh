@@ -17,7 +17,7 @@ for mode in colocated disaggregated; do
   "$bin/pdserve" up --config "$out/$mode.yaml" > "$out/$mode.up.log" 2>&1 &
   up=$!
   for _ in $(seq 120); do grep -q "pdserve is up" "$out/$mode.up.log" && break; sleep 1; done
-  "$bin/pdserve" bench --url http://127.0.0.1:18080 --trace ../shared/traces/azure_llm_2023_conv.csv \
+  "$bin/pdserve" bench --url http://127.0.0.1:18080 --trace data/traces/azure_llm_2023_conv.csv \
     --time-scale "$scale" --duration "$duration" --max-prompt-tokens 1024 --max-output-tokens 64 \
     --warmup 4 --slo ttft_ms=1500,itl_ms=200 --extra-body '{"return_token_ids": true}' \
     --no-progress --out "$out/$mode" | tee "$out/$mode.txt"

@@ -1,4 +1,4 @@
-// Trace parsers on the real public traces in ../shared/traces: the figures below are the
+// Trace parsers on the real public traces in data/traces: the figures below are the
 // ones its README states (nearest-rank percentiles, means, totals, prefix reuse).
 #include <catch2/catch.hpp>
 
@@ -17,7 +17,7 @@ namespace {
 
 std::string tracesDir() {
   if (const char* env = std::getenv("PD_TRACES_DIR")) return env;
-  return std::string(PD_SOURCE_DIR) + "/../shared/traces";
+  return std::string(PD_SOURCE_DIR) + "/data/traces";
 }
 
 Trace load(const std::string& file) {

@@ -17,7 +17,7 @@ using namespace pd::bench;
 namespace {
 std::string tracesDir() {
   if (const char* env = std::getenv("PD_TRACES_DIR")) return env;
-  return std::string(PD_SOURCE_DIR) + "/../shared/traces";
+  return std::string(PD_SOURCE_DIR) + "/data/traces";
 }
 }  // namespace
 
