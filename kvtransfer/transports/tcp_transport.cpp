@@ -109,6 +109,7 @@ Result<MemHandle> TcpTransport::Impl::registerMemory(const MemDesc& desc) {
   }
   MemHandle h = nextHandle_++;
   regions_[h] = Region{desc, {}};
+  matcher_.addRegion(h, desc);
   return h;
 }
 
@@ -120,6 +121,7 @@ Status TcpTransport::Impl::deregisterMemory(MemHandle handle) {
     for (uint64_t tok : it->second.tokens) exposures_.erase(tok);
   }
   regions_.erase(it);
+  matcher_.removeRegion(handle);
   return Status::ok();
 }
 
@@ -166,6 +168,7 @@ Result<PeerId> TcpTransport::Impl::loadPeer(const PeerInfo& peer) {
                              " is not a tcp key");
     }
     p->keys.push_back({key.token(), key.addr(), key.len()});
+    p->keyRanges.push_back({key.addr(), key.len()});
   }
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(info.host(), ec);
@@ -224,60 +227,26 @@ Result<TransferId> TcpTransport::Impl::post(const DescList& local, const DescLis
     return unavailable("tcp transport: peer '" + peer->name + "' at " + peer->endpoint +
                        " is dead: " + peer->deathReason);
   }
-  if (local.size() != remote.size()) {
-    return invalidArgument("tcp transport: " + std::to_string(local.size()) + " local segments but " +
-                           std::to_string(remote.size()) + " remote segments");
-  }
   if (notification && notification->size() > kMaxNotification) {
     return invalidArgument("tcp transport: notification of " + std::to_string(notification->size()) +
                            " bytes exceeds the limit of " + std::to_string(kMaxNotification));
   }
+  PD_ASSIGN_OR_RETURN(auto matches, matcher_.match(local, remote, peer->keyRanges, peer->name));
   std::vector<Seg> segs;
-  segs.reserve(local.size());
+  segs.reserve(matches.size());
   size_t total = 0;
   bool staged = false;
-  const Region* lastRegion = nullptr;
-  const RemoteKey* lastKey = nullptr;
-  for (size_t i = 0; i < local.size(); ++i) {
-    const MemDesc& l = local[i];
-    const MemDesc& r = remote[i];
-    if (l.len != r.len) {
-      return invalidArgument("tcp transport: segment " + std::to_string(i) + ": local length " +
-                             std::to_string(l.len) + " != remote length " + std::to_string(r.len));
+  const Region* region = nullptr;
+  MemHandle regionHandle = 0;
+  for (const SegmentMatch& m : matches) {
+    const MemDesc& l = local[m.index];
+    if (!region || regionHandle != m.region) {
+      region = &regions_.at(m.region);
+      regionHandle = m.region;
     }
-    if (l.len == 0) continue;
-    if (!lastRegion || !lastRegion->desc.contains(l)) {
-      lastRegion = nullptr;
-      for (const auto& [h, reg] : regions_) {
-        if (reg.desc.contains(l)) {
-          lastRegion = &reg;
-          break;
-        }
-      }
-      if (!lastRegion) {
-        return invalidArgument("tcp transport: segment " + std::to_string(i) + ": local " + toString(l) +
-                               " is not inside memory registered with this transport");
-      }
-    }
-    auto inKey = [&](const RemoteKey* k) {
-      return k && r.addr >= k->addr && r.addr + r.len >= r.addr && r.addr + r.len <= k->addr + k->len;
-    };
-    if (!inKey(lastKey)) {
-      lastKey = nullptr;
-      for (const auto& k : peer->keys) {
-        if (inKey(&k)) {
-          lastKey = &k;
-          break;
-        }
-      }
-      if (!lastKey) {
-        return invalidArgument("tcp transport: segment " + std::to_string(i) + ": remote " + toString(r) +
-                               " is not inside any region peer '" + peer->name + "' exposed");
-      }
-    }
-    const int device = lastRegion->desc.kind == MemKind::kCuda ? lastRegion->desc.device : -1;
+    const int device = region->desc.kind == MemKind::kCuda ? region->desc.device : -1;
     staged |= device >= 0;
-    segs.push_back({l.addr, lastKey->token, r.addr, l.len, device});
+    segs.push_back({l.addr, peer->keys[m.key].token, remote[m.index].addr, l.len, device});
     total += l.len;
   }
 

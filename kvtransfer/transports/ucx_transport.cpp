@@ -15,6 +15,7 @@
 
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "kvtransfer/segment_matcher.h"
 
 namespace pd::kvt {
 
@@ -178,6 +179,7 @@ struct Peer {
   std::string address;  // the peer's worker address
   ucp_ep_h ep = nullptr;
   std::vector<RemoteKey> keys;
+  std::vector<KeyRange> keyRanges;  // keys' addresses, in the same order, for matcher_
   Status failure;         // set once the peer is known dead; posts to it fail fast
   bool errorPending = false;  // the error callback fired; close the endpoint in progress()
   std::string lanes;      // transports UCX picked for this endpoint
@@ -245,6 +247,7 @@ class UcxTransport final : public Transport {
   std::string memTypes_;
 
   std::map<MemHandle, Registration> regs_;
+  SegmentMatcher matcher_{"ucx"};  // mirrors regs_
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::map<TransferId, std::unique_ptr<Transfer>> transfers_;  // ordered: oldest issues first
   std::vector<std::unique_ptr<Transfer>> zombies_;  // reported, but UCX still holds requests
@@ -378,6 +381,7 @@ Result<MemHandle> UcxTransport::registerMemory(const MemDesc& desc) {
   if (s != UCS_OK) return internalError("ucx: ucp_mem_map of " + toString(desc) + " failed: " + ucsText(s));
   MemHandle h = nextHandle_++;
   regs_[h] = Registration{desc, memh};
+  matcher_.addRegion(h, desc);
   return h;
 }
 
@@ -404,6 +408,7 @@ Result<UcxAllocation> UcxTransport::allocateRegistered(size_t len) {
   a.desc = MemDesc{reinterpret_cast<uintptr_t>(attr.address), len};
   a.handle = nextHandle_++;
   regs_[a.handle] = Registration{a.desc, memh};
+  matcher_.addRegion(a.handle, a.desc);
   return a;
 }
 
@@ -418,6 +423,7 @@ Status UcxTransport::deregisterMemory(MemHandle handle) {
                                     " is in use by transfer " + std::to_string(id));
   ucp_mem_unmap(context_, it->second.memh);
   regs_.erase(it);
+  matcher_.removeRegion(handle);
   return Status::ok();
 }
 
@@ -451,6 +457,7 @@ Result<PeerId> UcxTransport::loadPeer(const PeerInfo& info) {
     auto k = ucxwire::decodeKey(info.remoteKeys[i]);
     if (!k.ok())
       return k.status().withContext("loading peer '" + peer->name + "', key " + std::to_string(i));
+    peer->keyRanges.push_back(KeyRange{k->base, k->len});
     peer->keys.push_back(RemoteKey{std::move(k).value(), nullptr});
   }
   peer->id = nextPeer_++;
@@ -583,50 +590,21 @@ Result<TransferId> UcxTransport::post(const DescList& local, const DescList& rem
   Peer* peer = findPeer(peerId);
   if (!peer) return notFound("ucx: post to unknown peer " + std::to_string(peerId));
   if (!peer->failure.isOk()) return peer->failure;
-  if (local.size() != remote.size())
-    return invalidArgument("ucx: post has " + std::to_string(local.size()) + " local and " +
-                           std::to_string(remote.size()) + " remote segments");
   if (notification && notification->size() > opt_.maxNotificationBytes)
     return invalidArgument("ucx: notification of " + std::to_string(notification->size()) +
                            " bytes exceeds the limit of " + std::to_string(opt_.maxNotificationBytes));
   auto t = std::make_unique<Transfer>();
-  t->segs.reserve(local.size());
-  const Registration* lastReg = nullptr;
-  size_t lastKey = 0;
-  for (size_t i = 0; i < local.size(); ++i) {
-    const MemDesc& l = local[i];
-    const MemDesc& r = remote[i];
-    if (l.len != r.len)
-      return invalidArgument("ucx: segment " + std::to_string(i) + ": local length " +
-                             std::to_string(l.len) + " != remote length " + std::to_string(r.len));
-    if (l.len == 0) continue;
-    if (!lastReg || !lastReg->desc.contains(l)) {
-      lastReg = nullptr;
-      for (auto& [h, reg] : regs_)
-        if (reg.desc.contains(l)) {
-          lastReg = &reg;
-          break;
-        }
-      if (!lastReg)
-        return invalidArgument("ucx: segment " + std::to_string(i) + ": local " + toString(l) +
-                               " is not inside memory registered with this transport");
+  PD_ASSIGN_OR_RETURN(auto matches, matcher_.match(local, remote, peer->keyRanges, peer->name));
+  t->segs.reserve(matches.size());
+  const Registration* reg = nullptr;
+  MemHandle regHandle = 0;
+  for (const SegmentMatch& m : matches) {
+    if (!reg || regHandle != m.region) {
+      reg = &regs_.at(m.region);
+      regHandle = m.region;
     }
-    auto inKey = [&](size_t k) {
-      const auto& p = peer->keys[k].packed;
-      return r.addr >= p.base && r.end() <= p.base + p.len && r.end() > r.addr;
-    };
-    if (lastKey >= peer->keys.size() || !inKey(lastKey)) {
-      lastKey = peer->keys.size();
-      for (size_t k = 0; k < peer->keys.size(); ++k)
-        if (inKey(k)) {
-          lastKey = k;
-          break;
-        }
-      if (lastKey == peer->keys.size())
-        return invalidArgument("ucx: segment " + std::to_string(i) + ": remote " + toString(r) +
-                               " is not inside any key loaded for peer '" + peer->name + "'");
-    }
-    t->segs.push_back(Segment{reinterpret_cast<char*>(l.addr), r.addr, l.len, lastReg->memh, lastKey});
+    const MemDesc& l = local[m.index];
+    t->segs.push_back(Segment{reinterpret_cast<char*>(l.addr), remote[m.index].addr, l.len, reg->memh, m.key});
   }
   t->id = nextTransfer_++;
   t->peer = peerId;

@@ -32,6 +32,7 @@
 
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "kvtransfer/segment_matcher.h"
 #include "kvtransfer/staging_ring.h"
 
 namespace pd::kvt {
@@ -178,6 +179,7 @@ struct OutPeer {
   std::string name;
   std::string endpoint;
   std::vector<RemoteKey> keys;  // owner thread only
+  std::vector<KeyRange> keyRanges;  // keys' addresses, for SegmentMatcher (owner thread only)
   std::vector<std::shared_ptr<OutStream>> streams;
   std::atomic<bool> dead{false};
   std::mutex reasonMu;
@@ -351,6 +353,7 @@ class TcpTransport::Impl {
 
   // Owner thread.
   std::unordered_map<MemHandle, Region> regions_;
+  SegmentMatcher matcher_{"tcp transport"};  // mirrors regions_
   std::unordered_map<PeerId, std::shared_ptr<OutPeer>> peers_;
   std::unordered_map<TransferId, OwnerEntry> entries_;
   MemHandle nextHandle_ = 1;

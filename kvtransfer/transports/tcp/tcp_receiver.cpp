@@ -220,7 +220,7 @@ std::string TcpTransport::Impl::validateWrite(uint64_t token, uint64_t addr, uin
            " names an unknown or withdrawn exposure token";
   }
   const MemDesc& d = it->second;
-  if (addr < d.addr || addr + len < addr || addr + len > d.addr + d.len) {
+  if (!KeyRange{d.addr, d.len}.covers(addr, len)) {
     return "write of " + std::to_string(len) + " bytes at " + hex(addr) + " is outside the exposed region " +
            toString(d);
   }
