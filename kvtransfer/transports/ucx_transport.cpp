@@ -15,104 +15,71 @@
 
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "kvtransfer/kvt.pb.h"
+#include "kvtransfer/transports/blob_codec.h"
 #include "kvtransfer/segment_matcher.h"
 
 namespace pd::kvt {
 
 // ---- Blob formats --------------------------------------------------------------------------
-// Both blobs start with a magic and a version so a blob from another transport (or another
-// version of this one) is refused with a message instead of being misread.
+// kvt.proto's UcxConnInfo / UcxRemoteKey. Both carry a magic and a version so a blob from
+// another transport (or another version of this one) is refused with a message instead of
+// being misread.
 namespace ucxwire {
 namespace {
 constexpr uint32_t kKeyMagic = 0x4b584355;   // "UCXK"
 constexpr uint32_t kAddrMagic = 0x41584355;  // "UCXA"
-constexpr uint32_t kVersion = 1;
-
-template <typename T>
-void put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-class Reader {
- public:
-  explicit Reader(const std::string& s) : s_(s) {}
-  template <typename T>
-  bool get(T* v) {
-    if (s_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, s_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool bytes(size_t n, std::string* out) {
-    if (s_.size() - pos_ < n) return false;
-    out->assign(s_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool atEnd() const { return pos_ == s_.size(); }
-
- private:
-  const std::string& s_;
-  size_t pos_ = 0;
-};
+// 1 was the hand-written binary layout; 2 is the protobuf messages.
+constexpr uint32_t kVersion = 2;
 }  // namespace
 
 std::string encodeKey(const PackedKey& key) {
-  std::string out;
-  put(&out, kKeyMagic);
-  put(&out, kVersion);
-  put(&out, key.base);
-  put(&out, key.len);
-  put(&out, key.kind);
-  put(&out, key.device);
-  put(&out, static_cast<uint32_t>(key.rkey.size()));
-  out += key.rkey;
-  return out;
+  proto::UcxRemoteKey m;
+  m.set_magic(kKeyMagic);
+  m.set_version(kVersion);
+  m.set_base(key.base);
+  m.set_len(key.len);
+  m.set_kind(key.kind);
+  m.set_device(key.device);
+  m.set_rkey(key.rkey);
+  return m.SerializeAsString();
 }
 
 Result<PackedKey> decodeKey(const std::string& blob) {
-  Reader r(blob);
-  uint32_t magic = 0, version = 0, rkeyLen = 0;
+  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::UcxRemoteKey>(blob, kKeyMagic, kVersion, "ucx: remote key blob",
+                                                                  "a UCX key"));
+  if (!m.has_base() || !m.has_len() || !m.has_kind() || !m.has_device() || !m.has_rkey())
+    return dataLoss("ucx: remote key blob lacks some of its fields (truncated? " + std::to_string(blob.size()) +
+                    " bytes)");
+  if (m.kind() > static_cast<uint8_t>(MemKind::kCuda))
+    return invalidArgument("ucx: remote key names unknown memory kind " + std::to_string(m.kind()));
   PackedKey k;
-  if (!r.get(&magic) || magic != kKeyMagic)
-    return invalidArgument("ucx: remote key blob is not a UCX key (bad magic; " +
-                           std::to_string(blob.size()) + " bytes)");
-  if (!r.get(&version) || version != kVersion)
-    return invalidArgument("ucx: remote key blob has version " + std::to_string(version) +
-                           ", this build reads version " + std::to_string(kVersion));
-  if (!r.get(&k.base) || !r.get(&k.len) || !r.get(&k.kind) || !r.get(&k.device) ||
-      !r.get(&rkeyLen) || !r.bytes(rkeyLen, &k.rkey) || !r.atEnd())
-    return dataLoss("ucx: remote key blob is truncated or has trailing bytes (" +
-                    std::to_string(blob.size()) + " bytes)");
-  if (k.kind > static_cast<uint8_t>(MemKind::kCuda))
-    return invalidArgument("ucx: remote key names unknown memory kind " + std::to_string(k.kind));
+  k.base = m.base();
+  k.len = m.len();
+  k.kind = static_cast<uint8_t>(m.kind());
+  k.device = m.device();
+  k.rkey = m.rkey();
   if (k.len == 0 || k.base + k.len < k.base)
     return invalidArgument("ucx: remote key has an empty or wrapping range");
+  if (k.rkey.empty()) return invalidArgument("ucx: remote key carries no packed rkey");
   return k;
 }
 
 std::string encodeConnInfo(const std::string& workerAddress) {
-  std::string out;
-  put(&out, kAddrMagic);
-  put(&out, kVersion);
-  put(&out, static_cast<uint32_t>(workerAddress.size()));
-  out += workerAddress;
-  return out;
+  proto::UcxConnInfo m;
+  m.set_magic(kAddrMagic);
+  m.set_version(kVersion);
+  m.set_worker_address(workerAddress);
+  return m.SerializeAsString();
 }
 
 Result<std::string> decodeConnInfo(const std::string& blob) {
-  Reader r(blob);
-  uint32_t magic = 0, version = 0, len = 0;
-  std::string addr;
-  if (!r.get(&magic) || magic != kAddrMagic)
-    return invalidArgument("ucx: connection info is not a UCX worker address (bad magic; " +
-                           std::to_string(blob.size()) + " bytes)");
-  if (!r.get(&version) || version != kVersion)
-    return invalidArgument("ucx: connection info has version " + std::to_string(version) +
-                           ", this build reads version " + std::to_string(kVersion));
-  if (!r.get(&len) || !r.bytes(len, &addr) || !r.atEnd() || len == 0)
-    return dataLoss("ucx: connection info is truncated or has trailing bytes");
-  return addr;
+  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::UcxConnInfo>(blob, kAddrMagic, kVersion, "ucx: connection info",
+                                                                 "a UCX worker address"));
+  if (!m.has_worker_address() || m.worker_address().empty())
+    return dataLoss("ucx: connection info carries no worker address (truncated? " + std::to_string(blob.size()) +
+                    " bytes)");
+  return m.worker_address();
 }
 }  // namespace ucxwire
 
