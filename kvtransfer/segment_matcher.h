@@ -40,7 +40,7 @@ struct KeyRange {
 struct SegmentMatch {
   size_t index = 0;      // position in the local / remote lists; empty pairs have no match
   MemHandle region = 0;  // the registration that holds local[index]
-  size_t key = 0;        // position, in the key list given to match(), of the key holding remote[index]
+  size_t key = 0;  // position, in the key list given to match(), of the key holding remote[index]
 };
 
 class SegmentMatcher {
