@@ -65,6 +65,7 @@ Result<MemHandle> LoopbackTransport::registerMemory(const MemDesc& desc) {
   }
   MemHandle h = nextHandle_++;
   regions_[h] = desc;
+  matcher_.addRegion(h, desc);
   return h;
 }
 
@@ -80,6 +81,7 @@ Status LoopbackTransport::deregisterMemory(MemHandle handle) {
     }
   }
   regions_.erase(it);
+  matcher_.removeRegion(handle);
   return Status::ok();
 }
 
@@ -124,10 +126,7 @@ Result<PeerId> LoopbackTransport::loadPeer(const PeerInfo& peer) {
       return invalidArgument("loopback transport: peer '" + peer.name + "': remote key " + std::to_string(i) +
                              " is not a loopback key");
     }
-    MemDesc d;
-    d.addr = key.addr();
-    d.len = key.len();
-    p.keys.push_back(d);
+    p.keys.push_back(KeyRange{key.addr(), key.len()});
   }
   PeerId id = nextPeer_++;
   peers_[id] = std::move(p);
@@ -143,29 +142,7 @@ Result<TransferId> LoopbackTransport::post(const DescList& local, const DescList
                                            std::optional<std::string> notification) {
   auto pit = peers_.find(peer);
   if (pit == peers_.end()) return notFound("loopback transport: no peer " + std::to_string(peer));
-  if (local.size() != remote.size()) {
-    return invalidArgument("loopback transport: " + std::to_string(local.size()) + " local segments but " +
-                           std::to_string(remote.size()) + " remote segments");
-  }
-  for (size_t i = 0; i < local.size(); ++i) {
-    if (local[i].len != remote[i].len) {
-      return invalidArgument("loopback transport: segment " + std::to_string(i) + ": local length " +
-                             std::to_string(local[i].len) + " != remote length " + std::to_string(remote[i].len));
-    }
-    if (local[i].len == 0) continue;
-    bool inside = false;
-    for (const auto& [h, d] : regions_) inside = inside || d.contains(local[i]);
-    if (!inside) {
-      return invalidArgument("loopback transport: segment " + std::to_string(i) + ": local " + toString(local[i]) +
-                             " is not inside memory registered with this transport");
-    }
-    bool exposed = false;
-    for (const auto& k : pit->second.keys) exposed = exposed || k.contains(remote[i]);
-    if (!exposed) {
-      return invalidArgument("loopback transport: segment " + std::to_string(i) + ": remote " + toString(remote[i]) +
-                             " is not inside any region peer '" + pit->second.name + "' exposed");
-    }
-  }
+  PD_RETURN_IF_ERROR(matcher_.match(local, remote, pit->second.keys, pit->second.name).status());
   TransferId id = nextTransfer_++;
   queue_.push_back({id, peer, local, remote, std::move(notification)});
   outcomes_[id] = std::nullopt;
@@ -175,7 +152,7 @@ Result<TransferId> LoopbackTransport::post(const DescList& local, const DescList
 Status LoopbackTransport::acceptWrite(const MemDesc& r) {
   std::lock_guard lock(mu_);
   for (const auto& [tok, d] : exposures_) {
-    if (r.addr >= d.addr && r.addr + r.len >= r.addr && r.addr + r.len <= d.addr + d.len) return Status::ok();
+    if (KeyRange{d.addr, d.len}.covers(r.addr, r.len)) return Status::ok();
   }
   return invalidArgument("loopback transport: peer '" + options_.localName + "' refused a write of " +
                          std::to_string(r.len) + " bytes at " + toString(r) + ": outside every exposed region");

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kvtransfer/segment_matcher.h"
 #include "kvtransfer/transport.h"
 #include "kvtransfer/transport_factory.h"
 
@@ -50,7 +51,7 @@ class LoopbackTransport final : public Transport {
   struct Peer {
     std::string name;
     uint64_t instance;
-    std::vector<MemDesc> keys;  // what the peer exposed (addresses in this process)
+    std::vector<KeyRange> keys;  // what the peer exposed (addresses in this process)
   };
   // Called by a sender's progress() with the registry lock held (so we cannot be destroyed).
   Status acceptWrite(const MemDesc& remote);
@@ -59,6 +60,7 @@ class LoopbackTransport final : public Transport {
   TransportOptions options_;
   uint64_t instance_;
   std::unordered_map<MemHandle, MemDesc> regions_;
+  SegmentMatcher matcher_{"loopback transport"};  // mirrors regions_
   std::unordered_map<PeerId, Peer> peers_;
   std::deque<Pending> queue_;
   std::unordered_map<TransferId, std::optional<Status>> outcomes_;

@@ -15,103 +15,71 @@
 
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "kvtransfer/kvt.pb.h"
+#include "kvtransfer/transports/blob_codec.h"
+#include "kvtransfer/segment_matcher.h"
 
 namespace pd::kvt {
 
 // ---- Blob formats --------------------------------------------------------------------------
-// Both blobs start with a magic and a version so a blob from another transport (or another
-// version of this one) is refused with a message instead of being misread.
+// kvt.proto's UcxConnInfo / UcxRemoteKey. Both carry a magic and a version so a blob from
+// another transport (or another version of this one) is refused with a message instead of
+// being misread.
 namespace ucxwire {
 namespace {
 constexpr uint32_t kKeyMagic = 0x4b584355;   // "UCXK"
 constexpr uint32_t kAddrMagic = 0x41584355;  // "UCXA"
-constexpr uint32_t kVersion = 1;
-
-template <typename T>
-void put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-class Reader {
- public:
-  explicit Reader(const std::string& s) : s_(s) {}
-  template <typename T>
-  bool get(T* v) {
-    if (s_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, s_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool bytes(size_t n, std::string* out) {
-    if (s_.size() - pos_ < n) return false;
-    out->assign(s_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool atEnd() const { return pos_ == s_.size(); }
-
- private:
-  const std::string& s_;
-  size_t pos_ = 0;
-};
+// 1 was the hand-written binary layout; 2 is the protobuf messages.
+constexpr uint32_t kVersion = 2;
 }  // namespace
 
 std::string encodeKey(const PackedKey& key) {
-  std::string out;
-  put(&out, kKeyMagic);
-  put(&out, kVersion);
-  put(&out, key.base);
-  put(&out, key.len);
-  put(&out, key.kind);
-  put(&out, key.device);
-  put(&out, static_cast<uint32_t>(key.rkey.size()));
-  out += key.rkey;
-  return out;
+  proto::UcxRemoteKey m;
+  m.set_magic(kKeyMagic);
+  m.set_version(kVersion);
+  m.set_base(key.base);
+  m.set_len(key.len);
+  m.set_kind(key.kind);
+  m.set_device(key.device);
+  m.set_rkey(key.rkey);
+  return m.SerializeAsString();
 }
 
 Result<PackedKey> decodeKey(const std::string& blob) {
-  Reader r(blob);
-  uint32_t magic = 0, version = 0, rkeyLen = 0;
+  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::UcxRemoteKey>(blob, kKeyMagic, kVersion, "ucx: remote key blob",
+                                                                  "a UCX key"));
+  if (!m.has_base() || !m.has_len() || !m.has_kind() || !m.has_device() || !m.has_rkey())
+    return dataLoss("ucx: remote key blob lacks some of its fields (truncated? " + std::to_string(blob.size()) +
+                    " bytes)");
+  if (m.kind() > static_cast<uint8_t>(MemKind::kCuda))
+    return invalidArgument("ucx: remote key names unknown memory kind " + std::to_string(m.kind()));
   PackedKey k;
-  if (!r.get(&magic) || magic != kKeyMagic)
-    return invalidArgument("ucx: remote key blob is not a UCX key (bad magic; " +
-                           std::to_string(blob.size()) + " bytes)");
-  if (!r.get(&version) || version != kVersion)
-    return invalidArgument("ucx: remote key blob has version " + std::to_string(version) +
-                           ", this build reads version " + std::to_string(kVersion));
-  if (!r.get(&k.base) || !r.get(&k.len) || !r.get(&k.kind) || !r.get(&k.device) ||
-      !r.get(&rkeyLen) || !r.bytes(rkeyLen, &k.rkey) || !r.atEnd())
-    return dataLoss("ucx: remote key blob is truncated or has trailing bytes (" +
-                    std::to_string(blob.size()) + " bytes)");
-  if (k.kind > static_cast<uint8_t>(MemKind::kCuda))
-    return invalidArgument("ucx: remote key names unknown memory kind " + std::to_string(k.kind));
+  k.base = m.base();
+  k.len = m.len();
+  k.kind = static_cast<uint8_t>(m.kind());
+  k.device = m.device();
+  k.rkey = m.rkey();
   if (k.len == 0 || k.base + k.len < k.base)
     return invalidArgument("ucx: remote key has an empty or wrapping range");
+  if (k.rkey.empty()) return invalidArgument("ucx: remote key carries no packed rkey");
   return k;
 }
 
 std::string encodeConnInfo(const std::string& workerAddress) {
-  std::string out;
-  put(&out, kAddrMagic);
-  put(&out, kVersion);
-  put(&out, static_cast<uint32_t>(workerAddress.size()));
-  out += workerAddress;
-  return out;
+  proto::UcxConnInfo m;
+  m.set_magic(kAddrMagic);
+  m.set_version(kVersion);
+  m.set_worker_address(workerAddress);
+  return m.SerializeAsString();
 }
 
 Result<std::string> decodeConnInfo(const std::string& blob) {
-  Reader r(blob);
-  uint32_t magic = 0, version = 0, len = 0;
-  std::string addr;
-  if (!r.get(&magic) || magic != kAddrMagic)
-    return invalidArgument("ucx: connection info is not a UCX worker address (bad magic; " +
-                           std::to_string(blob.size()) + " bytes)");
-  if (!r.get(&version) || version != kVersion)
-    return invalidArgument("ucx: connection info has version " + std::to_string(version) +
-                           ", this build reads version " + std::to_string(kVersion));
-  if (!r.get(&len) || !r.bytes(len, &addr) || !r.atEnd() || len == 0)
-    return dataLoss("ucx: connection info is truncated or has trailing bytes");
-  return addr;
+  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::UcxConnInfo>(blob, kAddrMagic, kVersion, "ucx: connection info",
+                                                                 "a UCX worker address"));
+  if (!m.has_worker_address() || m.worker_address().empty())
+    return dataLoss("ucx: connection info carries no worker address (truncated? " + std::to_string(blob.size()) +
+                    " bytes)");
+  return m.worker_address();
 }
 }  // namespace ucxwire
 
@@ -178,6 +146,7 @@ struct Peer {
   std::string address;  // the peer's worker address
   ucp_ep_h ep = nullptr;
   std::vector<RemoteKey> keys;
+  std::vector<KeyRange> keyRanges;  // keys' addresses, in the same order, for matcher_
   Status failure;         // set once the peer is known dead; posts to it fail fast
   bool errorPending = false;  // the error callback fired; close the endpoint in progress()
   std::string lanes;      // transports UCX picked for this endpoint
@@ -245,6 +214,7 @@ class UcxTransport final : public Transport {
   std::string memTypes_;
 
   std::map<MemHandle, Registration> regs_;
+  SegmentMatcher matcher_{"ucx"};  // mirrors regs_
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::map<TransferId, std::unique_ptr<Transfer>> transfers_;  // ordered: oldest issues first
   std::vector<std::unique_ptr<Transfer>> zombies_;  // reported, but UCX still holds requests
@@ -378,6 +348,7 @@ Result<MemHandle> UcxTransport::registerMemory(const MemDesc& desc) {
   if (s != UCS_OK) return internalError("ucx: ucp_mem_map of " + toString(desc) + " failed: " + ucsText(s));
   MemHandle h = nextHandle_++;
   regs_[h] = Registration{desc, memh};
+  matcher_.addRegion(h, desc);
   return h;
 }
 
@@ -404,6 +375,7 @@ Result<UcxAllocation> UcxTransport::allocateRegistered(size_t len) {
   a.desc = MemDesc{reinterpret_cast<uintptr_t>(attr.address), len};
   a.handle = nextHandle_++;
   regs_[a.handle] = Registration{a.desc, memh};
+  matcher_.addRegion(a.handle, a.desc);
   return a;
 }
 
@@ -418,6 +390,7 @@ Status UcxTransport::deregisterMemory(MemHandle handle) {
                                     " is in use by transfer " + std::to_string(id));
   ucp_mem_unmap(context_, it->second.memh);
   regs_.erase(it);
+  matcher_.removeRegion(handle);
   return Status::ok();
 }
 
@@ -451,6 +424,7 @@ Result<PeerId> UcxTransport::loadPeer(const PeerInfo& info) {
     auto k = ucxwire::decodeKey(info.remoteKeys[i]);
     if (!k.ok())
       return k.status().withContext("loading peer '" + peer->name + "', key " + std::to_string(i));
+    peer->keyRanges.push_back(KeyRange{k->base, k->len});
     peer->keys.push_back(RemoteKey{std::move(k).value(), nullptr});
   }
   peer->id = nextPeer_++;
@@ -583,50 +557,21 @@ Result<TransferId> UcxTransport::post(const DescList& local, const DescList& rem
   Peer* peer = findPeer(peerId);
   if (!peer) return notFound("ucx: post to unknown peer " + std::to_string(peerId));
   if (!peer->failure.isOk()) return peer->failure;
-  if (local.size() != remote.size())
-    return invalidArgument("ucx: post has " + std::to_string(local.size()) + " local and " +
-                           std::to_string(remote.size()) + " remote segments");
   if (notification && notification->size() > opt_.maxNotificationBytes)
     return invalidArgument("ucx: notification of " + std::to_string(notification->size()) +
                            " bytes exceeds the limit of " + std::to_string(opt_.maxNotificationBytes));
   auto t = std::make_unique<Transfer>();
-  t->segs.reserve(local.size());
-  const Registration* lastReg = nullptr;
-  size_t lastKey = 0;
-  for (size_t i = 0; i < local.size(); ++i) {
-    const MemDesc& l = local[i];
-    const MemDesc& r = remote[i];
-    if (l.len != r.len)
-      return invalidArgument("ucx: segment " + std::to_string(i) + ": local length " +
-                             std::to_string(l.len) + " != remote length " + std::to_string(r.len));
-    if (l.len == 0) continue;
-    if (!lastReg || !lastReg->desc.contains(l)) {
-      lastReg = nullptr;
-      for (auto& [h, reg] : regs_)
-        if (reg.desc.contains(l)) {
-          lastReg = &reg;
-          break;
-        }
-      if (!lastReg)
-        return invalidArgument("ucx: segment " + std::to_string(i) + ": local " + toString(l) +
-                               " is not inside memory registered with this transport");
+  PD_ASSIGN_OR_RETURN(auto matches, matcher_.match(local, remote, peer->keyRanges, peer->name));
+  t->segs.reserve(matches.size());
+  const Registration* reg = nullptr;
+  MemHandle regHandle = 0;
+  for (const SegmentMatch& m : matches) {
+    if (!reg || regHandle != m.region) {
+      reg = &regs_.at(m.region);
+      regHandle = m.region;
     }
-    auto inKey = [&](size_t k) {
-      const auto& p = peer->keys[k].packed;
-      return r.addr >= p.base && r.end() <= p.base + p.len && r.end() > r.addr;
-    };
-    if (lastKey >= peer->keys.size() || !inKey(lastKey)) {
-      lastKey = peer->keys.size();
-      for (size_t k = 0; k < peer->keys.size(); ++k)
-        if (inKey(k)) {
-          lastKey = k;
-          break;
-        }
-      if (lastKey == peer->keys.size())
-        return invalidArgument("ucx: segment " + std::to_string(i) + ": remote " + toString(r) +
-                               " is not inside any key loaded for peer '" + peer->name + "'");
-    }
-    t->segs.push_back(Segment{reinterpret_cast<char*>(l.addr), r.addr, l.len, lastReg->memh, lastKey});
+    const MemDesc& l = local[m.index];
+    t->segs.push_back(Segment{reinterpret_cast<char*>(l.addr), remote[m.index].addr, l.len, reg->memh, m.key});
   }
   t->id = nextTransfer_++;
   t->peer = peerId;

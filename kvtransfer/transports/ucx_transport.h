@@ -74,7 +74,9 @@ struct UcxAllocation {
 };
 Result<UcxAllocation> ucxAllocateRegistered(Transport& transport, size_t len);
 
-// Blob formats, exposed for tests and for tools that print them.
+// Blob formats (kvt.proto UcxRemoteKey / UcxConnInfo), exposed for tests and for tools that
+// print them. Decoding never crashes: bytes that are not such a message or are cut short are
+// kDataLoss; another blob (bad magic), another version or bad values are kInvalidArgument.
 namespace ucxwire {
 struct PackedKey {
   uint64_t base = 0;

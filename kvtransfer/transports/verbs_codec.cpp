@@ -4,11 +4,15 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kvtransfer/kvt.pb.h"
+#include "kvtransfer/transports/blob_codec.h"
+
 namespace pd::kvt::verbs {
 namespace {
 constexpr uint32_t kKeyMagic = 0x4b425256;   // "VRBK"
 constexpr uint32_t kConnMagic = 0x43425256;  // "VRBC"
-constexpr uint32_t kVersion = 1;
+// 1 was the hand-written binary layout; 2 is kvt.proto's VerbsRemoteKey / VerbsConnInfo.
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kMaxSgeBytes = 1ull << 31;
 
 template <typename T>
@@ -16,103 +20,71 @@ void put(std::string* out, T v) {
   out->append(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
-class Reader {
- public:
-  Reader(const char* d, size_t n) : d_(d), n_(n) {}
-  template <typename T>
-  bool get(T* v) {
-    if (n_ - pos_ < sizeof(T)) return false;
-    std::memcpy(v, d_ + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool bytes(size_t n, std::string* out) {
-    if (n_ - pos_ < n) return false;
-    out->assign(d_ + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool atEnd() const { return pos_ == n_; }
-
- private:
-  const char* d_;
-  size_t n_;
-  size_t pos_ = 0;
-};
-
-Status checkHeader(Reader& r, uint32_t want, const char* what, size_t size) {
-  uint32_t magic = 0, version = 0;
-  if (!r.get(&magic) || magic != want)
-    return invalidArgument(std::string("verbs: ") + what + " is not a verbs blob (bad magic; " +
-                           std::to_string(size) + " bytes)");
-  if (!r.get(&version) || version != kVersion)
-    return invalidArgument(std::string("verbs: ") + what + " has version " + std::to_string(version) +
-                           ", this build reads version " + std::to_string(kVersion));
-  return Status::ok();
-}
 }  // namespace
 
 std::string encodeKey(const PackedKey& key) {
-  std::string out;
-  put(&out, kKeyMagic);
-  put(&out, kVersion);
-  put(&out, key.addr);
-  put(&out, key.len);
-  put(&out, key.rkey);
-  return out;
+  proto::VerbsRemoteKey m;
+  m.set_magic(kKeyMagic);
+  m.set_version(kVersion);
+  m.set_addr(key.addr);
+  m.set_len(key.len);
+  m.set_rkey(key.rkey);
+  return m.SerializeAsString();
 }
 
 Result<PackedKey> decodeKey(const std::string& blob) {
-  Reader r(blob.data(), blob.size());
-  PD_RETURN_IF_ERROR(checkHeader(r, kKeyMagic, "remote key", blob.size()));
-  PackedKey k;
-  if (!r.get(&k.addr) || !r.get(&k.len) || !r.get(&k.rkey) || !r.atEnd())
-    return dataLoss("verbs: remote key blob is truncated or has trailing bytes (" +
+  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::VerbsRemoteKey>(blob, kKeyMagic, kVersion, "verbs: remote key", "a verbs blob"));
+  if (!m.has_addr() || !m.has_len() || !m.has_rkey())
+    return dataLoss("verbs: remote key blob lacks its address, length or rkey (truncated? " +
                     std::to_string(blob.size()) + " bytes)");
+  PackedKey k{m.addr(), m.len(), m.rkey()};
   if (k.len == 0 || k.addr + k.len < k.addr)
     return invalidArgument("verbs: remote key has an empty or wrapping range");
   return k;
 }
 
 std::string encodeConnInfo(const ConnInfo& c) {
-  std::string out;
-  put(&out, kConnMagic);
-  put(&out, kVersion);
-  put(&out, c.lid);
-  out.append(reinterpret_cast<const char*>(c.gid.data()), c.gid.size());
-  put(&out, c.gidIndex);
-  put(&out, c.port);
-  put(&out, c.mtu);
-  put(&out, c.qpn);
-  put(&out, c.psn);
-  put(&out, static_cast<uint16_t>(c.name.size()));
-  out += c.name;
-  if (c.peerQpn) put(&out, *c.peerQpn);
-  return out;
+  proto::VerbsConnInfo m;
+  m.set_magic(kConnMagic);
+  m.set_version(kVersion);
+  if (c.peerQpn) m.set_peer_qpn(*c.peerQpn);
+  m.set_name(c.name);
+  m.set_lid(c.lid);
+  m.set_gid(std::string(reinterpret_cast<const char*>(c.gid.data()), c.gid.size()));
+  m.set_gid_index(c.gidIndex);
+  m.set_port(c.port);
+  m.set_mtu(c.mtu);
+  m.set_qpn(c.qpn);
+  m.set_psn(c.psn);
+  return m.SerializeAsString();
 }
 
 Result<ConnInfo> decodeConnInfo(const std::string& blob) {
-  Reader r(blob.data(), blob.size());
-  PD_RETURN_IF_ERROR(checkHeader(r, kConnMagic, "connection info", blob.size()));
-  ConnInfo c;
-  std::string gid;
-  uint16_t nameLen = 0;
-  if (!r.get(&c.lid) || !r.bytes(16, &gid) || !r.get(&c.gidIndex) || !r.get(&c.port) ||
-      !r.get(&c.mtu) || !r.get(&c.qpn) || !r.get(&c.psn) || !r.get(&nameLen) ||
-      !r.bytes(nameLen, &c.name))
-    return dataLoss("verbs: connection info is truncated (" + std::to_string(blob.size()) + " bytes)");
-  if (!r.atEnd()) {
-    uint32_t peerQpn = 0;
-    if (!r.get(&peerQpn) || !r.atEnd())
-      return dataLoss("verbs: connection info has trailing bytes (" + std::to_string(blob.size()) + " bytes)");
-    c.peerQpn = peerQpn;
-  }
-  std::memcpy(c.gid.data(), gid.data(), 16);
-  if (c.qpn > 0xffffff || c.psn > 0xffffff || (c.peerQpn && *c.peerQpn > 0xffffff))
+  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::VerbsConnInfo>(blob, kConnMagic, kVersion, "verbs: connection info", "a verbs blob"));
+  if (!m.has_name() || !m.has_lid() || !m.has_gid() || !m.has_gid_index() || !m.has_port() || !m.has_mtu() ||
+      !m.has_qpn() || !m.has_psn())
+    return dataLoss("verbs: connection info lacks some of its fields (truncated? " + std::to_string(blob.size()) +
+                    " bytes)");
+  if (m.gid().size() != 16)
+    return invalidArgument("verbs: connection info has a GID of " + std::to_string(m.gid().size()) +
+                           " bytes (16 expected)");
+  if (m.lid() > 0xffff || m.gid_index() > 0xff || m.port() > 0xff)
+    return invalidArgument("verbs: connection info has a LID, GID index or port number out of range");
+  if (m.qpn() > 0xffffff || m.psn() > 0xffffff || (m.has_peer_qpn() && m.peer_qpn() > 0xffffff))
     return invalidArgument("verbs: connection info has a QP number or PSN wider than 24 bits");
-  if (c.mtu < 1 || c.mtu > 5)
-    return invalidArgument("verbs: connection info has MTU code " + std::to_string(c.mtu) +
+  if (m.mtu() < 1 || m.mtu() > 5)
+    return invalidArgument("verbs: connection info has MTU code " + std::to_string(m.mtu()) +
                            " (allowed 1..5 = 256..4096 bytes)");
+  ConnInfo c;
+  c.name = m.name();
+  c.lid = static_cast<uint16_t>(m.lid());
+  std::memcpy(c.gid.data(), m.gid().data(), 16);
+  c.gidIndex = static_cast<uint8_t>(m.gid_index());
+  c.port = static_cast<uint8_t>(m.port());
+  c.mtu = static_cast<uint8_t>(m.mtu());
+  c.qpn = m.qpn();
+  c.psn = m.psn();
+  if (m.has_peer_qpn()) c.peerQpn = m.peer_qpn();
   return c;
 }
 

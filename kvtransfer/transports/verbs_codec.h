@@ -27,6 +27,11 @@
 namespace pd::kvt::verbs {
 
 // ---- blobs -----------------------------------------------------------------------------------
+// Serialized as kvt.proto's VerbsRemoteKey / VerbsConnInfo. Decoding never crashes on any
+// input: bytes that are not such a message, or are cut short, are kDataLoss; another blob
+// (bad magic), another version or out-of-range values are kInvalidArgument, naming which.
+// Unknown fields are skipped (protobuf's rule), so trailing bytes that happen to form valid
+// fields are not detected.
 struct PackedKey {
   uint64_t addr = 0;
   uint64_t len = 0;
@@ -45,7 +50,7 @@ struct ConnInfo {
   uint32_t qpn = 0;                  // 24-bit queue pair number
   uint32_t psn = 0;                  // 24-bit initial packet sequence number
   // Set in a REPLY: the QP number of the receiver's QP that `qpn` is already connected to.
-  // Absent in an OFFER (a QP waiting for its partner). Encoded as an optional trailing u32.
+  // Absent in an OFFER (a QP waiting for its partner).
   std::optional<uint32_t> peerQpn;
 };
 std::string encodeConnInfo(const ConnInfo& info);

@@ -17,6 +17,7 @@
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "kvtransfer/device_copy.h"
+#include "kvtransfer/segment_matcher.h"
 #include "kvtransfer/transports/verbs_codec.h"
 
 namespace pd::kvt {
@@ -52,6 +53,7 @@ struct Peer {
   uint32_t localPsn = 0;   // ours, for peerConnInfo()
   uint32_t remoteQpn = 0;  // the peer's QP ours is connected to
   std::vector<verbs::PackedKey> keys;
+  std::vector<KeyRange> keyRanges;  // keys' addresses, in the same order, for matcher_
   Status failure;
   uint32_t nextSeq = 0;
   verbs::SendWindow window{2, 1};  // replaced in loadPeer with the QP's real depth
@@ -121,6 +123,7 @@ class VerbsTransport final : public Transport {
   std::mt19937 rng_{std::random_device{}()};
 
   std::map<MemHandle, std::pair<MemDesc, ibv_mr*>> regs_;
+  SegmentMatcher matcher_{"verbs"};  // mirrors regs_
   verbs::PendingQps pending_;                // QPs offered by localConnInfo(), oldest first
   std::map<uint32_t, PendingQp> pendingQps_;  // ... by QP number
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
@@ -238,6 +241,7 @@ Result<MemHandle> VerbsTransport::registerMemory(const MemDesc& desc) {
   }
   MemHandle h = nextHandle_++;
   regs_[h] = {desc, mr};
+  matcher_.addRegion(h, desc);
   return h;
 }
 
@@ -253,6 +257,7 @@ Status VerbsTransport::deregisterMemory(MemHandle handle) {
                                       " is in use by transfer " + std::to_string(id));
   ibv_dereg_mr(it->second.second);
   regs_.erase(it);
+  matcher_.removeRegion(handle);
   return Status::ok();
 }
 
@@ -354,6 +359,7 @@ Result<PeerId> VerbsTransport::loadPeer(const PeerInfo& info) {
   for (size_t i = 0; i < info.remoteKeys.size(); ++i) {
     auto k = verbs::decodeKey(info.remoteKeys[i]);
     if (!k.ok()) return k.status().withContext("loading peer '" + info.name + "', key " + std::to_string(i));
+    peer->keyRanges.push_back(KeyRange{k->addr, k->len});
     peer->keys.push_back(*k);
   }
   // A reply connects the QP we offered it; an offer the oldest pending QP, or a fresh one.
@@ -428,40 +434,16 @@ Result<TransferId> VerbsTransport::post(const DescList& local, const DescList& r
   if (pit == peers_.end()) return notFound("verbs: post to unknown peer " + std::to_string(peerId));
   Peer* peer = pit->second.get();
   if (!peer->failure.isOk()) return peer->failure;
-  if (local.size() != remote.size())
-    return invalidArgument("verbs: post has " + std::to_string(local.size()) + " local and " +
-                           std::to_string(remote.size()) + " remote segments");
   if (notification && notification->size() > opt_.maxNotificationBytes)
     return invalidArgument("verbs: notification of " + std::to_string(notification->size()) +
                            " bytes exceeds the limit of " + std::to_string(opt_.maxNotificationBytes));
+  PD_ASSIGN_OR_RETURN(auto matches, matcher_.match(local, remote, peer->keyRanges, peer->name));
   std::vector<verbs::SegmentPair> pairs;
-  pairs.reserve(local.size());
-  for (size_t i = 0; i < local.size(); ++i) {
-    const MemDesc& l = local[i];
-    const MemDesc& r = remote[i];
-    if (l.len != r.len)
-      return invalidArgument("verbs: segment " + std::to_string(i) + ": local length " +
-                             std::to_string(l.len) + " != remote length " + std::to_string(r.len));
-    if (l.len == 0) continue;
-    const ibv_mr* mr = nullptr;
-    for (auto& [h, reg] : regs_)
-      if (reg.first.contains(l)) {
-        mr = reg.second;
-        break;
-      }
-    if (!mr)
-      return invalidArgument("verbs: segment " + std::to_string(i) + ": local " + toString(l) +
-                             " is not inside memory registered with this transport");
-    const verbs::PackedKey* key = nullptr;
-    for (const auto& k : peer->keys)
-      if (r.addr >= k.addr && r.end() <= k.addr + k.len && r.end() > r.addr) {
-        key = &k;
-        break;
-      }
-    if (!key)
-      return invalidArgument("verbs: segment " + std::to_string(i) + ": remote " + toString(r) +
-                             " is not inside any key loaded for peer '" + peer->name + "'");
-    pairs.push_back(verbs::SegmentPair{l.addr, mr->lkey, r.addr, key->rkey, l.len});
+  pairs.reserve(matches.size());
+  for (const SegmentMatch& m : matches) {
+    const ibv_mr* mr = regs_.at(m.region).second;
+    const MemDesc& l = local[m.index];
+    pairs.push_back(verbs::SegmentPair{l.addr, mr->lkey, remote[m.index].addr, peer->keys[m.key].rkey, l.len});
   }
   verbs::BatchLimits limits{std::min<uint32_t>(opt_.maxSge, dev_.max_sge), port_.max_msg_sz};
   PD_ASSIGN_OR_RETURN(auto writes, verbs::planWrites(pairs, limits));

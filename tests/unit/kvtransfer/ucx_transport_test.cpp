@@ -560,3 +560,38 @@ TEST_CASE("ucx: memory UCX allocates is registered and usable as both ends of a 
   CHECK(std::memcmp(pa, pb, a->desc.len) == 0);
   CHECK(t->deregisterMemory(a->handle).isOk());
 }
+
+TEST_CASE("ucx: key and connection blobs (kvt.proto) round-trip; damaged ones are refused, never misread") {
+  ucxwire::PackedKey k;
+  k.base = 0x7f0000001000ull;
+  k.len = 1 << 20;
+  k.kind = static_cast<uint8_t>(MemKind::kPinned);
+  k.device = 0;
+  k.rkey = std::string("\x01\x00\x02rkey-bytes", 13);
+  const std::string key = ucxwire::encodeKey(k);
+  auto back = ucxwire::decodeKey(key);
+  REQUIRE(back.ok());
+  CHECK(back->base == k.base);
+  CHECK(back->len == k.len);
+  CHECK(back->kind == k.kind);
+  CHECK(back->rkey == k.rkey);
+  for (size_t n = 0; n < key.size(); ++n) {
+    auto cut = ucxwire::decodeKey(key.substr(0, n));
+    CHECK(cut.status().code() == (n < 5 ? StatusCode::kInvalidArgument : StatusCode::kDataLoss));
+  }
+  CHECK_THAT(ucxwire::decodeKey("garbage").status().message(), Catch::Contains("not a UCX key"));
+  ucxwire::PackedKey badKind = k;
+  badKind.kind = 7;
+  CHECK_THAT(ucxwire::decodeKey(ucxwire::encodeKey(badKind)).status().message(), Catch::Contains("memory kind 7"));
+  ucxwire::PackedKey empty = k;
+  empty.len = 0;
+  CHECK(ucxwire::decodeKey(ucxwire::encodeKey(empty)).status().code() == StatusCode::kInvalidArgument);
+
+  const std::string conn = ucxwire::encodeConnInfo("worker-address-bytes");
+  auto addr = ucxwire::decodeConnInfo(conn);
+  REQUIRE(addr.ok());
+  CHECK(*addr == "worker-address-bytes");
+  for (size_t n = 0; n < conn.size(); ++n) CHECK(!ucxwire::decodeConnInfo(conn.substr(0, n)).ok());
+  CHECK_THAT(ucxwire::decodeConnInfo(key).status().message(), Catch::Contains("not a UCX worker address"));
+  CHECK(ucxwire::decodeConnInfo(ucxwire::encodeConnInfo("")).status().code() == StatusCode::kDataLoss);
+}

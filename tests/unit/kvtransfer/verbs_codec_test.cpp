@@ -2,10 +2,12 @@
 #include <catch2/catch.hpp>
 #include <random>
 
+#include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/transports/verbs_codec.h"
 
 using namespace pd;
 using namespace pd::kvt::verbs;
+namespace proto = pd::kvt::proto;
 
 TEST_CASE("verbs: remote keys round-trip and bad blobs are refused with a reason") {
   PackedKey k{0x7f0012345000ull, 1ull << 33, 0xdeadbeef};
@@ -16,16 +18,55 @@ TEST_CASE("verbs: remote keys round-trip and bad blobs are refused with a reason
   CHECK(back->len == k.len);
   CHECK(back->rkey == k.rkey);
 
-  CHECK(decodeKey(blob.substr(0, blob.size() - 1)).status().code() == StatusCode::kDataLoss);
-  CHECK(decodeKey(blob + "x").status().code() == StatusCode::kDataLoss);
+  // Every blob cut short is refused: mid-field it does not parse, at a field boundary it lacks
+  // a field (both kDataLoss); before the magic is complete it is not a verbs blob at all.
+  for (size_t n = 0; n < blob.size(); ++n) {
+    auto cut = decodeKey(blob.substr(0, n));
+    CHECK(!cut.ok());
+    CHECK(cut.status().code() == (n < 5 ? StatusCode::kInvalidArgument : StatusCode::kDataLoss));
+  }
+  CHECK(decodeKey(blob + "x").status().code() == StatusCode::kDataLoss);  // a tag without its value
   std::string wrongMagic = blob;
-  wrongMagic[0] ^= 1;
+  wrongMagic[1] ^= 1;  // byte 0 is the tag of field 1, bytes 1..4 the magic
   CHECK(decodeKey(wrongMagic).status().message().find("bad magic") != std::string::npos);
-  std::string wrongVersion = blob;
-  wrongVersion[4] = 9;
-  CHECK(decodeKey(wrongVersion).status().message().find("version 9") != std::string::npos);
+  proto::VerbsRemoteKey m;
+  REQUIRE(m.ParseFromString(blob));
+  m.set_version(9);
+  CHECK(decodeKey(m.SerializeAsString()).status().message().find("version 9") != std::string::npos);
+  m.set_version(2);
+  m.clear_rkey();
+  CHECK(decodeKey(m.SerializeAsString()).status().code() == StatusCode::kDataLoss);
   CHECK(decodeKey(encodeKey(PackedKey{1, 0, 1})).status().code() == StatusCode::kInvalidArgument);
   CHECK(decodeKey(encodeKey(PackedKey{~0ull - 4, 100, 1})).status().code() == StatusCode::kInvalidArgument);
+  // Another transport's key, and the connection info, are not verbs keys.
+  pd::kvt::proto::TcpRemoteKey tcp;
+  tcp.set_token(1);
+  tcp.set_addr(k.addr);
+  tcp.set_len(k.len);
+  CHECK(decodeKey(tcp.SerializeAsString()).status().message().find("bad magic") != std::string::npos);
+  ConnInfo c;
+  c.mtu = 1;
+  CHECK(decodeKey(encodeConnInfo(c)).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("verbs: blobs decode to an error, never a crash, whatever the bytes") {
+  std::mt19937 rng(7);
+  const std::string key = encodeKey(PackedKey{0x1000, 0x1000, 5});
+  ConnInfo c;
+  c.name = "x";
+  c.mtu = 3;
+  const std::string conn = encodeConnInfo(c);
+  for (int i = 0; i < 2000; ++i) {
+    std::string junk(rng() % 64, '\0');
+    for (char& ch : junk) ch = static_cast<char>(rng());
+    CHECK(!decodeKey(junk).ok());
+    CHECK(!decodeConnInfo(junk).ok());
+    // Flipped bytes of a real blob: an error or a validated value, nothing else.
+    std::string flipped = i % 2 ? key : conn;
+    flipped[rng() % flipped.size()] ^= static_cast<char>(1 + rng() % 255);
+    (void)decodeKey(flipped);
+    (void)decodeConnInfo(flipped);
+  }
 }
 
 TEST_CASE("verbs: connection info round-trips and is validated") {
@@ -57,6 +98,14 @@ TEST_CASE("verbs: connection info round-trips and is validated") {
   CHECK(decodeConnInfo(encodeConnInfo(badMtu)).status().message().find("MTU") != std::string::npos);
   std::string blob = encodeConnInfo(c);
   CHECK(decodeConnInfo(blob.substr(0, 20)).status().code() == StatusCode::kDataLoss);
+  for (size_t n = 0; n < blob.size(); ++n) CHECK(!decodeConnInfo(blob.substr(0, n)).ok());
+  proto::VerbsConnInfo m;
+  REQUIRE(m.ParseFromString(blob));
+  m.set_gid("short");
+  CHECK(decodeConnInfo(m.SerializeAsString()).status().message().find("GID") != std::string::npos);
+  m.set_gid(std::string(16, '\0'));
+  m.set_port(256);
+  CHECK(decodeConnInfo(m.SerializeAsString()).status().code() == StatusCode::kInvalidArgument);
   // A key blob is not connection info.
   CHECK(decodeConnInfo(encodeKey(PackedKey{1, 1, 1})).status().code() == StatusCode::kInvalidArgument);
 }
@@ -75,16 +124,20 @@ TEST_CASE("verbs: a reply's peer QP number round-trips; an offer has none") {
   reply.qpn = 0x222;
   reply.peerQpn = 0x111;
   const std::string blob = encodeConnInfo(reply);
-  CHECK(blob.size() == encodeConnInfo(offer).size() + std::string("prefill-1").size() - 8 + 4);
   auto r = decodeConnInfo(blob);
   REQUIRE(r.ok());
   REQUIRE(r->peerQpn.has_value());
   CHECK(*r->peerQpn == 0x111u);
   CHECK(r->qpn == 0x222u);
   CHECK(r->name == "prefill-1");
-  // Anything but nothing or exactly four bytes after the name is refused.
-  CHECK(decodeConnInfo(encodeConnInfo(offer) + "xy").status().code() == StatusCode::kDataLoss);
+  // A reply cut short never reads as an offer: the peer QP number comes first on the wire, so
+  // every strict prefix lacks a field the decoder requires.
+  for (size_t n = 0; n < blob.size(); ++n) CHECK(!decodeConnInfo(blob.substr(0, n)).ok());
   CHECK(decodeConnInfo(blob + "z").status().code() == StatusCode::kDataLoss);
+  // Unknown fields (a later version's) are skipped, as protobuf does.
+  auto later = decodeConnInfo(blob + std::string("\xa0\x01\x05", 3));  // field 20, varint 5
+  REQUIRE(later.ok());
+  CHECK(*later->peerQpn == 0x111u);
   ConnInfo wide = reply;
   wide.peerQpn = 0x1000000;
   CHECK(decodeConnInfo(encodeConnInfo(wide)).status().code() == StatusCode::kInvalidArgument);

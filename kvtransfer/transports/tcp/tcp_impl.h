@@ -1,0 +1,382 @@
+// Internal to TcpTransport (tcp_transport.h has the contract): the state its owner-thread
+// API, sender, receiver, GPU staging and watchdog share, and TcpTransport::Impl, whose member
+// functions are defined across tcp_transport.cpp and the files of this folder:
+//   tcp_transport.cpp  owner thread: registration, peers, post / poll / cancel
+//   tcp_sender.cpp     I/O thread: connecting streams, framing and writing jobs, reading acks
+//   tcp_receiver.cpp   I/O thread: accepting, validating and landing frames, writing acks
+//   tcp_staging.cpp    I/O thread: kCuda memory through pinned bounce buffers, both sides
+//   tcp_watchdog.cpp   I/O thread: peer death (no progress within peerTimeout, socket errors)
+// Only these files include it (it pulls in Asio and opens namespace tcpimpl into pd::kvt);
+// the threading rules are the ones of the members below: "owner thread", "I/O thread" or
+// guarded by the named mutex.
+#pragma once
+
+#include "kvtransfer/transports/tcp_transport.h"
+
+#include <netinet/tcp.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <random>
+#include <shared_mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "common/base/clock.h"
+#include "common/base/log.h"
+#include "kvtransfer/segment_matcher.h"
+#include "kvtransfer/staging_ring.h"
+
+namespace pd::kvt {
+namespace tcpimpl {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+inline constexpr uint32_t kMagic = 0x544b4450;  // "PDKT" little-endian; also catches endianness
+inline constexpr uint16_t kWireVersion = 1;
+inline constexpr size_t kMaxBatchBytes = 4 << 20;   // bounds cancel latency and interleaving
+inline constexpr size_t kMaxBatchBuffers = 256;     // per gathered write (Asio issues 64 per writev)
+inline constexpr size_t kSmallPayload = 16 << 10;   // smaller payloads travel in group frames
+inline constexpr size_t kMaxGroupBytes = 8 << 20;   // receiver-side bound on one group frame
+inline constexpr size_t kStripeMinBytes = 4 << 20;  // smaller transfers stay on one stream
+inline constexpr size_t kStripeChunk = 1 << 20;
+inline constexpr size_t kMaxNotification = 1 << 20;
+inline constexpr size_t kMaxNameLen = 256;
+inline constexpr size_t kMaxAckMessage = 64 << 10;
+// Staging of kCuda memory (issue 7): pieces per bounce buffer, so a chunk's frames fit one
+// gathered write with room for the End frame; the smallest chunk holds any group piece.
+inline constexpr size_t kMaxStagePieces = (kMaxBatchBuffers - 4) / 2;
+inline constexpr size_t kMinStageChunk = 64 << 10;
+inline constexpr auto kStagePoll = std::chrono::microseconds(20);
+
+enum class FrameType : uint8_t {
+  kHello = 1,  // token = receiver instance, addr = stream index, len = name bytes that follow
+  kData = 2,   // token, addr, len: payload of len bytes follows
+  kEnd = 3,    // end of this stream's share of a transfer; len = notification bytes that follow
+  kAbort = 4,  // the sender cancelled the transfer (the receiver forgets its state)
+  kAck = 5,    // receiver -> sender: flags = 0 ok / 1 refused; len = message bytes that follow
+  kGroup = 6,  // len bytes follow: back-to-back (data header, payload) pairs of small payloads,
+               // which the receiver reads in one go and copies into place
+};
+inline constexpr uint8_t kFlagHasNotification = 1;
+inline constexpr uint8_t kFlagRefused = 1;
+
+struct WireHeader {
+  uint32_t magic = kMagic;
+  uint8_t type = 0;
+  uint8_t flags = 0;
+  uint16_t version = kWireVersion;
+  uint64_t transferId = 0;
+  uint64_t token = 0;
+  uint64_t addr = 0;
+  uint64_t len = 0;
+};
+static_assert(sizeof(WireHeader) == 40, "the wire header is 40 bytes");
+
+// Asio's transfer_all moves at most 64 KiB per syscall; the bulk paths let the kernel take
+// (or give) as much as it can in one writev/readv instead.
+struct TransferAllInOne {
+  size_t total;
+  size_t operator()(const boost::system::error_code& ec, size_t done) const {
+    return ec || done >= total ? 0 : total - done;
+  }
+};
+
+inline std::string hex(uint64_t v) {
+  std::ostringstream s;
+  s << "0x" << std::hex << v;
+  return s.str();
+}
+
+inline uint64_t randomU64() {
+  static thread_local std::mt19937_64 rng{std::random_device{}() ^
+                                          uint64_t(std::chrono::steady_clock::now().time_since_epoch().count())};
+  uint64_t v = 0;
+  while (v == 0) v = rng();
+  return v;
+}
+
+// One (local -> remote) piece as it goes on the wire.
+struct Seg {
+  uintptr_t local = 0;
+  uint64_t token = 0;
+  uint64_t remote = 0;
+  size_t len = 0;
+  int device = -1;  // CUDA ordinal when `local` is kCuda memory (the job is staged)
+};
+
+struct OutPeer;
+
+// I/O-thread state of one transfer (shared with the owner only through atomics).
+struct IoTransfer {
+  TransferId id = 0;
+  std::optional<std::string> notification;
+  std::atomic<bool> cancelled{false};
+  // I/O thread only below.
+  Status status;
+  int pendingEnds = 0;     // End frames written or queued whose ack is outstanding
+  int streamsUsed = 0;
+  bool notifyPhase = false;
+  bool finalSent = false;  // the frame that makes the transfer visible has been written
+  int writesInFlight = 0;  // gathered writes that still read local memory
+  bool done = false;
+  std::vector<std::promise<bool>> quiesceWaiters;
+};
+
+struct Job {
+  std::shared_ptr<IoTransfer> t;
+  std::vector<Seg> segs;
+  size_t next = 0;
+  bool final = false;       // its End frame is the transfer's last
+  bool withNotify = false;  // its End frame carries the notification
+  bool started = false;
+  bool staged = false;      // some local segment is kCuda: it goes through the stage ring
+  size_t nextOff = 0;       // staged: bytes of segs[next] already in a bounce buffer
+};
+
+struct OutStream {
+  explicit OutStream(asio::io_context& io) : sock(io), stageTimer(io) {}
+  tcp::socket sock;
+  int index = 0;
+  std::deque<Job> jobs;
+  bool writing = false;
+  std::shared_ptr<IoTransfer> writingFor;
+  std::array<WireHeader, kMaxBatchBuffers> hdrs;
+  std::vector<asio::const_buffer> bufs;
+  std::deque<std::shared_ptr<IoTransfer>> awaitingAck;  // End frames in write order
+  WireHeader ackHdr;
+  std::string ackMsg;
+  // Staging (only for jobs with kCuda segments; created on first use). Slots
+  // [stageHead, stageHead + stageCount) hold chunks of the front job, copied or copying out of
+  // device memory, in wire order; stageFrames[slot] are their data frames.
+  std::unique_ptr<StagingRing> stage;
+  std::vector<std::vector<Seg>> stageFrames;
+  std::vector<CopyPiece> stagePieces;
+  size_t stageHead = 0;
+  size_t stageCount = 0;
+  uint64_t stageGen = 0;  // bumped when the ring is dropped; a late write completion is ignored
+  asio::steady_timer stageTimer;  // polls the head chunk's copy
+  bool stageTimerArmed = false;
+};
+
+struct RemoteKey {
+  uint64_t token = 0;
+  uint64_t addr = 0;
+  uint64_t len = 0;
+};
+
+struct OutPeer {
+  PeerId id = 0;
+  std::string name;
+  std::string endpoint;
+  std::vector<RemoteKey> keys;  // owner thread only
+  std::vector<KeyRange> keyRanges;  // keys' addresses, for SegmentMatcher (owner thread only)
+  std::vector<std::shared_ptr<OutStream>> streams;
+  std::atomic<bool> dead{false};
+  std::mutex reasonMu;
+  std::string deathReason;
+  // I/O thread only.
+  std::unordered_map<TransferId, std::shared_ptr<IoTransfer>> active;
+  SteadyTime lastProgress = steadyNow();
+};
+
+struct InConn {
+  explicit InConn(asio::io_context& io) : sock(io) {}
+  tcp::socket sock;
+  std::string remote;
+  std::string peerName;
+  bool helloDone = false;
+  WireHeader hdr;
+  std::string text;  // name / notification being read
+  std::unordered_map<uint64_t, std::string> refused;  // transferId -> reason
+  std::vector<char> discard;
+  uint64_t discardLeft = 0;
+  std::vector<char> group;  // the group frame being read
+  // Staging into kCuda exposures: payload bytes land in slot stageSlot at stageOff, then an
+  // async copy moves them to the device; acks wait for every copy of the connection.
+  std::unique_ptr<StagingRing> stage;
+  size_t stageSlot = 0;
+  size_t stageOff = 0;
+  std::deque<std::string> outq;  // serialized acks
+  bool writing = false;
+  bool closed = false;
+};
+
+struct Completion {
+  TransferId id;
+  Status status;
+};
+
+struct OwnerEntry {
+  std::shared_ptr<IoTransfer> t;
+  PeerId peer = 0;
+  bool cancelled = false;
+  std::optional<Status> outcome;
+};
+
+struct Region {
+  MemDesc desc;
+  std::vector<uint64_t> tokens;
+};
+
+}  // namespace tcpimpl
+
+using namespace tcpimpl;  // the Impl's members name these types unqualified
+
+class TcpTransport::Impl {
+ public:
+  explicit Impl(const TransportOptions& options)
+      : options_(options), acceptor_(io_), instance_(randomU64()), watchdog_(io_) {}
+
+  ~Impl() { shutdown(); }
+
+  // ---- owner thread (tcp_transport.cpp) ---------------------------------------------------
+  Status start();
+  void shutdown();
+  TransportCaps caps() const;
+  Result<MemHandle> registerMemory(const MemDesc& desc);
+  Status deregisterMemory(MemHandle handle);
+  Result<std::string> packRemoteKey(MemHandle handle);
+  Result<std::string> localConnInfo();
+  Result<PeerId> loadPeer(const PeerInfo& peer);
+  Status unloadPeer(PeerId id);
+  void dropConnections(PeerId id);
+  Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peerId,
+                          std::optional<std::string> notification);
+  void harvest();
+  Status poll(TransferId id);
+  Status cancel(TransferId id);
+  bool progress();
+  std::vector<Notification> takeNotifications();
+
+ private:
+  // ---- sender side, I/O thread (tcp_sender.cpp) -------------------------------------------
+  void connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoint ep, uint64_t remoteInstance,
+                      std::shared_ptr<std::promise<Status>> done);
+  void startTransfer(std::shared_ptr<OutPeer> p, std::shared_ptr<IoTransfer> t,
+                     std::vector<std::vector<Seg>> perStream, bool staged);
+  void pump(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s);
+  void startWrite(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
+                  std::shared_ptr<IoTransfer> t);
+  // Every write's completion: the stream is free again, the transfer has one write fewer in
+  // flight, and the stream pumps on (or the peer fails).
+  void onWritten(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
+                 const std::shared_ptr<IoTransfer>& t, boost::system::error_code ec);
+  // A DATA frame for `seg` into s.bufs: its header in slot nh, then the payload gathered
+  // straight from seg.local (host memory, or a pinned staging slot): no copy.
+  static void appendData(OutStream& s, uint64_t transferId, const Seg& seg, size_t& nh);
+  // Ends the stream's front job: its END frame (with the notification when the job carries
+  // it) goes into s.bufs after header slot nh, the transfer waits for the receiver's ack,
+  // and the job leaves the queue.
+  static void appendEnd(OutStream& s, const std::shared_ptr<IoTransfer>& t, size_t& nh);
+  void readAck(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s);
+  void onAck(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s);
+  void complete(OutPeer& p, const std::shared_ptr<IoTransfer>& t, Status st);
+  void cancelOnIo(const std::shared_ptr<IoTransfer>& t, const std::shared_ptr<std::promise<bool>>& prom);
+  static void resolveQuiesce(IoTransfer& t);
+
+  // ---- staging of kCuda memory, both sides, I/O thread (tcp_staging.cpp) -------------------
+  // The front job's chunks are copied device -> pinned slot ahead of the socket: while chunk k
+  // is written, chunks k+1.. are copying. A chunk is written as soon as its copy is done; a
+  // copy still running is polled (kStagePoll) with the peer deadline as its bound.
+  void pumpStaged(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s);
+  // startWrite's twin for a staged chunk: the head slot is free again once the write is done.
+  void startStagedWrite(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
+                        std::shared_ptr<IoTransfer> t);
+  void armStageTimer(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s);
+  // Fails the transfer; pump() then drops the front job (an Abort tells the receiver) and the ring.
+  void failStaged(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
+                  const std::shared_ptr<IoTransfer>& t, Status st);
+  // Drops the stream's ring: waits (bounded, in the ring's destructor) for copies still reading
+  // device memory, then frees the bounce buffers. Never called while a write reads a slot,
+  // except from failPeer, whose closed socket no longer reads anything.
+  void resetStage(OutStream& s);
+  // cancel(): copies of `t` still reading its device memory must be done before cancel returns.
+  void quiesceStagedCopies(const std::shared_ptr<IoTransfer>& t);
+  // Payload bytes are read into the connection's bounce buffers; each piece is copied to the
+  // device asynchronously while the next one is read. A buffer is reused only after its copies
+  // finished (a short, bounded wait: the device copy is faster than the socket), and every
+  // End frame waits for all of the connection's copies before its ack / notification.
+  void stagedRead(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr, uint64_t left);
+  // Room for `need` bytes in the current bounce buffer, moving to the next one (and waiting for
+  // its earlier copies) when full. nullopt when the connection was dropped.
+  std::optional<char*> reserveStage(const std::shared_ptr<InConn>& c, size_t need);
+  void launchStaged(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr, char* src, size_t n);
+  // Waits for every copy of the connection; false when the connection was dropped.
+  bool drainStage(const std::shared_ptr<InConn>& c);
+  // Failed copies refuse their transfers (the sender sees the reason); a copy that does not
+  // finish within the deadline drops the connection (the sender's transfers fail).
+  bool noteStageErrors(const std::shared_ptr<InConn>& c, const Status& st, const std::vector<uint64_t>& failed);
+
+  // ---- peer death, I/O thread (tcp_watchdog.cpp) ------------------------------------------
+  void closePeerSockets(OutPeer& p);
+  void failPeer(const std::shared_ptr<OutPeer>& p, const std::string& reason,
+                StatusCode code = StatusCode::kUnavailable);
+  void armWatchdog();
+
+  // ---- receiver side, I/O thread (tcp_receiver.cpp) ---------------------------------------
+  void doAccept();
+  void closeIn(InConn& c);
+  void dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn);
+  void readHeader(std::shared_ptr<InConn> c);
+  void onHeader(const std::shared_ptr<InConn>& c);
+  // Copies each (header, payload) of a group frame into place after the same checks as a
+  // data frame; false (connection dropped) when the group is malformed.
+  bool scatterGroup(const std::shared_ptr<InConn>& c);
+  // Empty when [addr, addr+len) lies inside a region this transport registered and exposed
+  // under `token`; otherwise the reason, for the sender and the log.
+  // *device is the CUDA ordinal when the region is kCuda (the write is staged), -1 otherwise.
+  std::string validateWrite(uint64_t token, uint64_t addr, uint64_t len, int* device);
+  template <typename Fn>
+  void readText(const std::shared_ptr<InConn>& c, uint64_t len, Fn&& then);
+  void discardPayload(std::shared_ptr<InConn> c);
+  void sendAck(const std::shared_ptr<InConn>& c, uint64_t tid, bool refused, const std::string& msg);
+  void flushAcks(const std::shared_ptr<InConn>& c);
+
+  TransportOptions options_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+  uint64_t instance_;
+  asio::steady_timer watchdog_;
+  std::thread thread_;
+
+  // Owner thread.
+  std::unordered_map<MemHandle, Region> regions_;
+  SegmentMatcher matcher_{"tcp transport"};  // mirrors regions_
+  std::unordered_map<PeerId, std::shared_ptr<OutPeer>> peers_;
+  std::unordered_map<TransferId, OwnerEntry> entries_;
+  MemHandle nextHandle_ = 1;
+  PeerId nextPeer_ = 1;
+  TransferId nextTransfer_ = 1;
+  bool harvested_ = false;
+
+  // I/O thread.
+  std::vector<std::shared_ptr<OutPeer>> ioPeers_;
+  std::vector<std::shared_ptr<InConn>> inConns_;
+  bool stopping_ = false;
+
+  // Set in start(), read-only afterwards: stages kCuda memory (null: no device, see why).
+  std::shared_ptr<DeviceCopier> copier_;
+  std::string noCopierWhy_;
+
+  // Shared.
+  std::shared_mutex exposuresMu_;
+  std::unordered_map<uint64_t, MemDesc> exposures_;  // token -> exposed region
+  std::mutex completedMu_;
+  std::vector<Completion> completed_;
+  std::mutex notifyMu_;
+  std::vector<Notification> notifications_;
+};
+
+}  // namespace pd::kvt
