@@ -46,7 +46,8 @@ endfunction()
 
 function(pd_check_layering)
   set(engine pd_engine pd_engine_core pd_engine_cpu pd_engine_model pd_engine_backends)
-  set(transfer pd_kvtransfer pd_kvt_device pd_kvt_ucx pd_kvt_verbs pd_kvt_verbs_codec)
+  set(transfer pd_kvtransfer pd_kvt_device pd_kvt_proto pd_kvt_segments pd_kvt_ucx pd_kvt_verbs
+      pd_kvt_verbs_codec)
   set(roles pd_prefill_service pd_decode_service)
   set(common pd_config pd_proto pd_net pd_http pd_metrics pd_tokenizer ${engine})
   pd_forbid(TARGETS pd_base NEVER ${common} ${transfer} pd_worker ${roles} pd_router pd_router_api)
