@@ -39,10 +39,13 @@ struct Mailbox {
       cv.notify_all();
     };
     cb.onMessage = [this, reply](const net::ConnectionPtr& c, proto::Envelope&& env) {
+      // Recorded before the reply goes out: whoever sees the reply's effect sees this too.
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        got.push_back(env);
+        cv.notify_all();
+      }
       if (reply) reply(c, env);
-      std::lock_guard<std::mutex> lock(mu);
-      got.push_back(std::move(env));
-      cv.notify_all();
     };
     cb.onClose = [this](const net::ConnectionPtr&, const Status&) {
       std::lock_guard<std::mutex> lock(mu);
