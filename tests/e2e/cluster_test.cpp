@@ -18,6 +18,7 @@
 
 #include "common/engine/cuda_backend.h"
 #include "common/engine/model_maker.h"
+#include "tests/test_skip.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
@@ -186,29 +187,14 @@ int openStream(LocalCluster& c, const json& req, int events, std::string* seen) 
 
 }  // namespace
 
-TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated over each transport") {
+// Each setup serves 20 prompts of 5..2,000 tokens (and two repeats from the prefix cache) with
+// the greedy ids of `pdserve generate`.
+static void checkGreedyIdentity(const std::vector<std::pair<std::string, ClusterSpec>>& setups) {
   const std::vector<int> lengths{5, 9, 16, 17, 31, 48, 64, 100, 128, 200,
                                  256, 300, 400, 512, 700, 900, 1100, 1400, 1700, 2000};
   const int kTokens = 6;
   std::vector<std::vector<int32_t>> expected;
   for (size_t i = 0; i < lengths.size(); ++i) expected.push_back(generateCli(prompt(lengths[i], i), kTokens));
-
-  std::vector<std::pair<std::string, ClusterSpec>> setups{
-      {"colocated", ClusterSpec{/*shortPromptTokens=*/100000}},
-      {"disaggregated over tcp", ClusterSpec{0, "[tcp]"}}};
-#if PD_HAVE_UCX
-  setups.push_back({"disaggregated over ucx", ClusterSpec{0, "[ucx, tcp]"}});
-#endif
-  // The CUDA workers in f32 (cuBLAS f32 GEMMs) pick the CPU's greedy ids; over tcp the KV
-  // goes device -> pinned host -> socket -> pinned host -> device.
-  if (Status gpu = engine::cudaDeviceAvailable(); gpu.isOk()) {
-    ClusterSpec colocated{100000}, disaggregated{0, "[tcp]"};
-    colocated.backend = disaggregated.backend = "cuda";
-    setups.push_back({"cuda workers, colocated", colocated});
-    setups.push_back({"cuda workers, disaggregated over tcp", disaggregated});
-  } else {
-    WARN("skipped the cuda-worker sections: " << gpu.message());
-  }
   for (auto& [name, spec] : setups) {
     SECTION(name) {
       auto c = startCluster("identity", spec);
@@ -244,6 +230,26 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
       CHECK(allBlocksFree(*c, "prefill-0"));
     }
   }
+}
+
+TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated over each transport") {
+  std::vector<std::pair<std::string, ClusterSpec>> setups{
+      {"colocated", ClusterSpec{/*shortPromptTokens=*/100000}},
+      {"disaggregated over tcp", ClusterSpec{0, "[tcp]"}}};
+#if PD_HAVE_UCX
+  setups.push_back({"disaggregated over ucx", ClusterSpec{0, "[ucx, tcp]"}});
+#endif
+  checkGreedyIdentity(setups);
+}
+
+// The CUDA workers in f32 (cuBLAS f32 GEMMs) pick the CPU's greedy ids; over tcp the KV goes
+// device -> pinned host -> socket -> pinned host -> device.
+TEST_CASE("greedy ids are identical with cuda workers: colocated, disaggregated over tcp") {
+  Status gpu = engine::cudaDeviceAvailable();
+  pd::test::requireGpu(gpu.isOk() ? "" : gpu.message());
+  ClusterSpec colocated{100000}, disaggregated{0, "[tcp]"};
+  colocated.backend = disaggregated.backend = "cuda";
+  checkGreedyIdentity({{"cuda workers, colocated", colocated}, {"cuda workers, disaggregated over tcp", disaggregated}});
 }
 
 TEST_CASE("prefix-aware routing: a prompt extending one the decode worker received stays colocated") {

@@ -16,26 +16,19 @@
 #include <vector>
 
 #include "pd/kernels/cuda/dtype.h"
+#include "tests/test_skip.h"
 #include "pd/kernels/cuda/ops.h"
 
 namespace pd::kernels::cuda::test {
 
-// True when a CUDA device is usable; otherwise records why the test is skipped (Catch2 v2 has
-// no SKIP: the case passes with a warning naming the reason). With PD_REQUIRE_GPU=1 in the
-// environment (kernels/check-gpu.sh) a missing device fails the case instead.
+// True when a CUDA device is usable. Otherwise the case is a ctest skip naming the reason, or
+// a failure under PD_REQUIRE_GPU=1 (tests/test_skip.h): this never returns false.
 inline bool haveGpu() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    const char* require = std::getenv("PD_REQUIRE_GPU");
-    if (require && std::string(require) == "1")
-      FAIL("PD_REQUIRE_GPU=1 but no CUDA device (cudaGetDeviceCount: "
-           << (e != cudaSuccess ? std::string(cudaGetErrorName(e)) : std::string("0 devices"))
-           << ")");
-    WARN("skipped: no CUDA device (cudaGetDeviceCount: "
-         << (e != cudaSuccess ? std::string(cudaGetErrorName(e)) : std::string("0 devices"))
-         << ")");
-    return false;
+    pd::test::requireGpu("no CUDA device (cudaGetDeviceCount: " +
+                         (e != cudaSuccess ? std::string(cudaGetErrorName(e)) : std::string("0 devices")) + ")");
   }
   return true;
 }
