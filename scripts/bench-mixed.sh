@@ -24,7 +24,7 @@ router: {host: 127.0.0.1, port: 8100, control_port: 9100, short_prompt_tokens: 2
 pools:
   prefill: {replicas: $1, slo: {ttft_ms: 2000, percentile: 90}}
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 90}}
-engine: {backend: cpu, threads: $2, block_size: 16, kv_cache_bytes: 134217728, max_batch_tokens: 1024, max_running_requests: 32}
+engine: {backend: cpu, threads: $2, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024, max_running_requests: 32}
 kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 10000, on_remote_prefill_failure: recompute}
 logging: {level: warn}
 YAML

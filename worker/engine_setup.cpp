@@ -72,14 +72,16 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   const engine::KvDtype kvDtype = config.engine.backend == config::Backend::kCuda
                               ? cudaDtype(config.model.dtype)
                               : engine::KvDtype::kF32;
+  // engine.kv_cache_bytes is the whole cache: a block id holds blockBytes in every layer (and
+  // with tensor parallelism every rank's share of the kv heads, so the sum over the ranks).
   engine::KvLayout probe = engine::kvLayoutFor(mc, 1, config.engine.blockSize, kvDtype);
-  int64_t numBlocks = config.engine.numBlocks > 0
-                          ? config.engine.numBlocks
-                          : config.engine.kvCacheBytes / int64_t(probe.blockBytes());
+  const int64_t bytesPerBlock = int64_t(probe.totalBytes());
+  int64_t numBlocks = config.engine.numBlocks > 0 ? config.engine.numBlocks : config.engine.kvCacheBytes / bytesPerBlock;
   if (numBlocks < 1) {
     return invalidArgument("engine.kv_cache_bytes: " + std::to_string(config.engine.kvCacheBytes) +
-                           " bytes hold no block of " + std::to_string(probe.blockBytes()) +
-                           " bytes for this model");
+                           " bytes hold no block of " + std::to_string(bytesPerBlock) + " bytes (" +
+                           std::to_string(probe.blockBytes()) + " in each of " + std::to_string(probe.numLayers) +
+                           " layers) for this model");
   }
   auto layout = engine::kvLayoutFor(mc, static_cast<int>(numBlocks), config.engine.blockSize, kvDtype);
   PD_ASSIGN_OR_RETURN(auto parts, makeBackend(config, b.model, layout));

@@ -2,6 +2,8 @@
 #include "worker/engine_setup.h"
 
 #include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
 
 #include "common/engine/cuda_backend.h"
 #include "common/engine/model_maker.h"
@@ -75,4 +77,39 @@ TEST_CASE("a tensor-parallel cuda worker has one KV region per GPU, or says how 
   CHECK(b->engine->kv().layout().numKvHeads == 1);
   CHECK(b->kvRegions[1].len == b->engine->kv().layout().totalBytes());
   CHECK_THAT(b->fingerprint, Catch::EndsWith(".tp2"));
+}
+
+namespace {
+// This process's resident set, in bytes (VmRSS of /proc/self/status).
+int64_t residentBytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("engine.kv_cache_bytes is the size of the whole KV cache, and what stays resident") {
+  const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
+  const int64_t setting = 32 << 20;
+  auto config = config::parseClusterConfig(
+      "model: {path: " + model + "}\nengine: {backend: cpu, kv_cache_bytes: " + std::to_string(setting) + "}\n",
+      "test.yaml");
+  REQUIRE(config.ok());
+  const int64_t before = residentBytes();
+  auto b = worker::buildEngine(*config, true);
+  REQUIRE(b.ok());
+  const auto& layout = b->engine->kv().layout();
+  const int64_t cache = int64_t(layout.totalBytes());
+  const int64_t oneBlock = int64_t(layout.blockBytes()) * layout.numLayers;  // a block id in every layer
+  CHECK(cache <= setting);
+  CHECK(cache > setting - oneBlock);
+  CHECK(int64_t(b->kvRegions[0].len) == cache);
+  // Every page of the cache touched, as a busy worker would: the process grows by the
+  // setting (plus the model and the engine's buffers), not by a multiple of it.
+  std::memset(b->kvRegions[0].ptr(), 1, b->kvRegions[0].len);
+  const int64_t grew = residentBytes() - before;
+  INFO("resident growth " << grew << " bytes for kv_cache_bytes " << setting);
+  CHECK(grew >= cache);
+  CHECK(grew < setting + (16 << 20));
 }
