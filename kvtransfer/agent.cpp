@@ -223,8 +223,11 @@ Result<AgentPeer> TransferAgent::loadPeer(const std::string& metadata) {
   }
   for (auto& [id, ps] : peers_) {
     if (ps.name != md.name()) continue;
-    if (ps.metadata == metadata) return id;
-    PD_LOG(kInfo, "kvt") << "peer '" << md.name() << "' sent new metadata; reconnecting";
+    const bool alive = transports_[ps.primary.transport].transport->peerAlive(ps.primary.peer);
+    if (ps.metadata == metadata && alive) return id;
+    PD_LOG(kInfo, "kvt") << "peer '" << md.name() << "' "
+                         << (alive ? "sent new metadata" : "lost its " + laneName(ps.primary) + " connection")
+                         << "; reconnecting";
     PD_RETURN_IF_ERROR(unloadPeer(id));
     break;
   }

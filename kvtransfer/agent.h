@@ -91,7 +91,9 @@ class TransferAgent {
   Result<std::string> localMetadata();
 
   // Loads a peer from its metadata blob (an offer or a reply, see above). Loading the same
-  // name again returns the same id when the blob is unchanged and reconnects when it changed.
+  // name again returns the same id when the blob is unchanged and its lane alive
+  // (Transport::peerAlive), and reconnects (a new id) when the blob changed or the lane died.
+  // It never waits for a connection: tcp connects in the background.
   Result<AgentPeer> loadPeer(const std::string& metadata);
   // The reply to a loaded peer's offer (serialized proto::AgentMetadata): this agent's regions
   // and, for each transport with a lane to that peer, Transport::peerConnInfo() and our keys.

@@ -93,6 +93,9 @@ class Transport {
   // exchange, agent.h). Transports with symmetric endpoints need nothing per peer.
   virtual Result<std::string> peerConnInfo(PeerId /*peer*/) { return localConnInfo(); }
   virtual Status unloadPeer(PeerId peer) = 0;
+  // False once the transport gave up on a loaded peer (its connection failed or died): posts
+  // to it fail at once. The agent then connects again at the next loadPeer of that peer.
+  virtual bool peerAlive(PeerId /*peer*/) const { return true; }
 
   virtual Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
                                   std::optional<std::string> notification) = 0;

@@ -49,6 +49,7 @@ class FaultTransport final : public Transport {
   Result<std::string> packRemoteKey(MemHandle handle) override { return inner_->packRemoteKey(handle); }
   Result<std::string> localConnInfo() override { return inner_->localConnInfo(); }
   Result<PeerId> loadPeer(const PeerInfo& peer) override { return inner_->loadPeer(peer); }
+  bool peerAlive(PeerId peer) const override { return inner_->peerAlive(peer); }
   Result<std::string> peerConnInfo(PeerId peer) override { return inner_->peerConnInfo(peer); }
   Status unloadPeer(PeerId peer) override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,

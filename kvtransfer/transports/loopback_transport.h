@@ -1,5 +1,5 @@
 // LoopbackTransport: kvt::Transport between transports of the SAME process, by memcpy.
-// For unit tests of everything above the transport (agent, transceiver, FaultTransport) and
+// For unit tests of everything above the transport (agent, FaultTransport) and
 // as the conformance suite's reference. A peer in another process is refused at loadPeer.
 //
 // post() only queues; progress() performs queued copies (owner thread), then delivers the

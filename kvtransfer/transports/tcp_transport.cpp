@@ -61,13 +61,17 @@ Status TcpTransport::Impl::start() {
 
 void TcpTransport::Impl::shutdown() {
   if (!thread_.joinable()) return;
-  asio::post(io_, [this] {
+  // Every loaded peer, connected or still connecting (ioPeers_ has only the connected ones).
+  std::vector<std::shared_ptr<OutPeer>> loaded;
+  for (auto& [id, p] : peers_) loaded.push_back(p);
+  asio::post(io_, [this, loaded] {
     // Completions already queued (a watchdog tick, an accept) must not re-arm anything.
     stopping_ = true;
     boost::system::error_code ec;
     acceptor_.close(ec);
     watchdog_.cancel();
     for (auto& p : ioPeers_) closePeerSockets(*p);
+    for (auto& p : loaded) closePeerSockets(*p);
     for (auto& c : inConns_) closeIn(*c);
     work_.reset();
   });
@@ -178,24 +182,24 @@ Result<PeerId> TcpTransport::Impl::loadPeer(const PeerInfo& peer) {
   p->name = peer.name;
   p->endpoint = info.host() + ":" + std::to_string(info.port());
 
-  // Connect every stream on the I/O thread; the owner waits, bounded by connectTimeout.
-  auto done = std::make_shared<std::promise<Status>>();
-  auto fut = done->get_future();
-  uint64_t remoteInstance = info.instance();
-  asio::post(io_, [this, p, ep, remoteInstance, done] {
-    connectStreams(p, ep, remoteInstance, done);
-  });
-  if (fut.wait_for(options_.connectTimeout) != std::future_status::ready) {
-    asio::post(io_, [this, p] { failPeer(p, "connect timed out"); });
-    return unavailable("tcp transport: connecting to peer '" + peer.name + "' at " + p->endpoint +
-                       " timed out after " + std::to_string(options_.connectTimeout.count()) + " ms");
+  // The connection is made on the I/O thread; the owner never waits for it (a peer that is
+  // slow, stopped or unreachable must not stall the worker's loop). Transfers posted before it
+  // is up wait for it; if it fails, or is not up within connectTimeout, they fail with it and
+  // peerAlive() turns false.
+  // The streams exist before the owner returns: post() stripes over them from its thread.
+  for (int i = 0; i < options_.tcpStreams; ++i) {
+    p->streams.push_back(std::make_shared<OutStream>(io_));
+    p->streams.back()->index = i;
   }
-  Status st = fut.get();
-  if (!st.isOk()) return st;
+  const uint64_t remoteInstance = info.instance();
+  asio::post(io_, [this, p, ep, remoteInstance] { connectStreams(p, ep, remoteInstance); });
   peers_[p->id] = p;
-  PD_LOG(kDebug, "kvt.tcp") << "peer '" << peer.name << "' at " << p->endpoint << " connected with "
-                            << p->streams.size() << " stream(s)";
   return p->id;
+}
+
+bool TcpTransport::Impl::peerAlive(PeerId id) const {
+  auto it = peers_.find(id);
+  return it != peers_.end() && !it->second->dead.load();
 }
 
 Status TcpTransport::Impl::unloadPeer(PeerId id) {
@@ -360,6 +364,7 @@ Status TcpTransport::deregisterMemory(MemHandle h) { return impl_->deregisterMem
 Result<std::string> TcpTransport::packRemoteKey(MemHandle h) { return impl_->packRemoteKey(h); }
 Result<std::string> TcpTransport::localConnInfo() { return impl_->localConnInfo(); }
 Result<PeerId> TcpTransport::loadPeer(const PeerInfo& p) { return impl_->loadPeer(p); }
+bool TcpTransport::peerAlive(PeerId p) const { return impl_->peerAlive(p); }
 Status TcpTransport::unloadPeer(PeerId p) { return impl_->unloadPeer(p); }
 Result<TransferId> TcpTransport::post(const DescList& l, const DescList& r, PeerId p,
                                       std::optional<std::string> n) {

@@ -18,8 +18,9 @@
 //
 // Threads: one internal I/O thread runs Asio; the Transport methods are called from the
 // owner's thread only (transport.h), and progress()/poll() are where the I/O thread's
-// completions become visible. loadPeer() blocks while it connects (at most
-// options.connectTimeout); cancel() waits (briefly, bounded) until the I/O thread no longer
+// completions become visible. loadPeer() returns at once and connects in the background:
+// transfers posted meanwhile wait for the connection, and fail with the peer when it is
+// refused or not up within options.connectTimeout; cancel() waits (briefly, bounded) until the I/O thread no longer
 // reads the transfer's local memory. Striped streams share the one I/O thread.
 //
 // Peer death: a connection error, or no progress on pending work for options.peerTimeout,
@@ -48,6 +49,7 @@ class TcpTransport final : public Transport {
   Result<std::string> localConnInfo() override;
   Result<PeerId> loadPeer(const PeerInfo& peer) override;
   Status unloadPeer(PeerId peer) override;
+  bool peerAlive(PeerId peer) const override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
                           std::optional<std::string> notification) override;
   Status poll(TransferId id) override;

@@ -180,11 +180,13 @@ struct OutPeer {
   std::string endpoint;
   std::vector<RemoteKey> keys;  // owner thread only
   std::vector<KeyRange> keyRanges;  // keys' addresses, for SegmentMatcher (owner thread only)
-  std::vector<std::shared_ptr<OutStream>> streams;
+  std::vector<std::shared_ptr<OutStream>> streams;  // made by loadPeer; the vector never changes after
+  std::unique_ptr<asio::steady_timer> connectTimer;  // fails the peer if it is not connected in time
   std::atomic<bool> dead{false};
   std::mutex reasonMu;
   std::string deathReason;
   // I/O thread only.
+  bool connected = false;  // every stream connected and greeted: jobs may be written
   std::unordered_map<TransferId, std::shared_ptr<IoTransfer>> active;
   SteadyTime lastProgress = steadyNow();
 };
@@ -248,6 +250,7 @@ class TcpTransport::Impl {
   Result<std::string> packRemoteKey(MemHandle handle);
   Result<std::string> localConnInfo();
   Result<PeerId> loadPeer(const PeerInfo& peer);
+  bool peerAlive(PeerId id) const;
   Status unloadPeer(PeerId id);
   void dropConnections(PeerId id);
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peerId,
@@ -260,8 +263,7 @@ class TcpTransport::Impl {
 
  private:
   // ---- sender side, I/O thread (tcp_sender.cpp) -------------------------------------------
-  void connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoint ep, uint64_t remoteInstance,
-                      std::shared_ptr<std::promise<Status>> done);
+  void connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoint ep, uint64_t remoteInstance);
   void startTransfer(std::shared_ptr<OutPeer> p, std::shared_ptr<IoTransfer> t,
                      std::vector<std::vector<Seg>> perStream, bool staged);
   void pump(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s);

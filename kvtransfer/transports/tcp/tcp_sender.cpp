@@ -4,23 +4,21 @@
 
 namespace pd::kvt {
 
-void TcpTransport::Impl::connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoint ep, uint64_t remoteInstance,
-                    std::shared_ptr<std::promise<Status>> done) {
-  auto remaining = std::make_shared<int>(options_.tcpStreams);
-  auto failed = std::make_shared<bool>(false);
-  for (int i = 0; i < options_.tcpStreams; ++i) {
-    auto s = std::make_shared<OutStream>(io_);
-    s->index = i;
-    p->streams.push_back(s);
-    s->sock.async_connect(ep, [this, p, s, remaining, failed, done, remoteInstance](boost::system::error_code ec) {
-      if (*failed) return;
-      if (ec) {
-        *failed = true;
-        failPeer(p, "connect failed: " + ec.message());
-        done->set_value(unavailable("tcp transport: cannot connect to peer '" + p->name + "' at " +
-                                    p->endpoint + ": " + ec.message()));
-        return;
-      }
+// Connects and greets every stream; transfers posted meanwhile wait on the streams (pump()
+// writes nothing before `connected`). A refused or failed connection, or none within
+// connectTimeout, fails the peer and with it every transfer waiting for it.
+void TcpTransport::Impl::connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoint ep, uint64_t remoteInstance) {
+  p->connectTimer = std::make_unique<asio::steady_timer>(io_);
+  p->connectTimer->expires_after(options_.connectTimeout);
+  p->connectTimer->async_wait([this, p](boost::system::error_code ec) {
+    if (ec || p->connected) return;
+    failPeer(p, "connect timed out after " + std::to_string(options_.connectTimeout.count()) + " ms");
+  });
+  auto remaining = std::make_shared<int>(int(p->streams.size()));
+  for (const auto& s : p->streams) {
+    s->sock.async_connect(ep, [this, p, s, remaining, remoteInstance](boost::system::error_code ec) {
+      if (p->dead.load() || stopping_) return;
+      if (ec) return failPeer(p, "cannot connect: " + ec.message());
       boost::system::error_code ig;
       s->sock.set_option(tcp::no_delay(true), ig);
       // Hello: who we are (for Notification::peerName) and whom we meant to reach.
@@ -32,22 +30,19 @@ void TcpTransport::Impl::connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoin
       h.len = options_.localName.size();
       std::memcpy(hello->data(), &h, sizeof h);
       hello->append(options_.localName);
-      asio::async_write(s->sock, asio::buffer(*hello),
-                        [this, p, s, hello, remaining, failed, done](boost::system::error_code wec, size_t) {
-                          if (*failed) return;
-                          if (wec) {
-                            *failed = true;
-                            failPeer(p, "hello failed: " + wec.message());
-                            done->set_value(unavailable("tcp transport: peer '" + p->name + "' at " +
-                                                        p->endpoint + ": " + wec.message()));
-                            return;
-                          }
-                          readAck(p, s);
-                          if (--*remaining == 0) {
-                            ioPeers_.push_back(p);
-                            done->set_value(Status::ok());
-                          }
-                        });
+      asio::async_write(s->sock, asio::buffer(*hello), [this, p, s, hello, remaining](boost::system::error_code wec, size_t) {
+        if (p->dead.load() || stopping_) return;
+        if (wec) return failPeer(p, "hello failed: " + wec.message());
+        readAck(p, s);
+        if (--*remaining > 0) return;
+        p->connected = true;
+        p->connectTimer->cancel();
+        p->lastProgress = steadyNow();
+        ioPeers_.push_back(p);
+        PD_LOG(kDebug, "kvt.tcp") << "peer '" << p->name << "' at " << p->endpoint << " connected with "
+                                  << p->streams.size() << " stream(s)";
+        for (auto& stream : p->streams) pump(p, stream);
+      });
     });
   }
 }
@@ -85,7 +80,7 @@ void TcpTransport::Impl::startTransfer(std::shared_ptr<OutPeer> p, std::shared_p
 }
 
 void TcpTransport::Impl::pump(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s) {
-  if (s->writing || p->dead.load()) return;
+  if (s->writing || p->dead.load() || !p->connected) return;
   while (!s->jobs.empty()) {
     Job& j = s->jobs.front();
     auto t = j.t;

@@ -5,6 +5,7 @@
 namespace pd::kvt {
 
 void TcpTransport::Impl::closePeerSockets(OutPeer& p) {
+  if (p.connectTimer) p.connectTimer->cancel();
   for (auto& s : p.streams) {
     boost::system::error_code ec;
     s->sock.shutdown(tcp::socket::shutdown_both, ec);

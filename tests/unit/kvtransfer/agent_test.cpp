@@ -36,6 +36,44 @@ Status sendOnce(Node& a, Node& b, AgentPeer peer, size_t len, size_t dstOff, std
   return waitAgent(*a.agent, *b.agent, *id);
 }
 
+// Issue 10: the worker's loop calls loadPeer, so it must not wait for a connection. A peer
+// whose tcp port is closed loads at once; its transfer fails with the reason; the next load
+// of the same blob sees the dead lane and connects again (a new peer id), instead of handing
+// back a peer that fails every transfer.
+TEST_CASE("agent: loading an unreachable tcp peer never blocks; the dead lane reconnects at the next load",
+          "[kvt][agent]") {
+  std::vector<NamedTransport> ta;
+  ta.push_back({"tcp", make("tcp", "a")});
+  Node a("a", std::move(ta), 1 << 16);
+  std::string gone;
+  {
+    std::vector<NamedTransport> tb;
+    tb.push_back({"tcp", make("tcp", "b")});
+    Node b("b", std::move(tb), 1 << 16);
+    gone = b.agent->localMetadata().value();
+  }  // b's port is closed now
+  const auto t0 = std::chrono::steady_clock::now();
+  auto peer = a.agent->loadPeer(gone);
+  REQUIRE(peer.ok());
+  CHECK(std::chrono::steady_clock::now() - t0 < 200ms);
+  proto::AgentMetadata md;
+  REQUIRE(md.ParseFromString(gone));
+  const MemDesc remote{md.regions(0).addr(), 4096};
+  auto id = a.agent->post({MemDesc{a.base(), 4096}}, {remote}, *peer, std::nullopt);
+  REQUIRE(id.ok());
+  Status st = deadlineExceeded("pending");
+  for (int i = 0; i < 5000 && (st = a.agent->poll(*id)).inProgress(); ++i) {
+    a.agent->progress();
+    std::this_thread::sleep_for(1ms);
+  }
+  INFO(st.toString());
+  CHECK(st.code() == StatusCode::kUnavailable);
+  CHECK_THAT(st.message(), Catch::Contains("cannot connect"));
+  auto again = a.agent->loadPeer(gone);
+  REQUIRE(again.ok());
+  CHECK(*again != *peer);
+}
+
 TEST_CASE("agent: picks the first transport both sides have and keeps tcp as fallback lane", "[kvt][agent]") {
   Node a("prefill-0", lanes("prefill-0", {}, false), kBytes);
   Node b("decode-0", lanes("decode-0", {}, false), kBytes);
