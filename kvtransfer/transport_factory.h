@@ -24,6 +24,11 @@ struct TransportOptions {
   // tcp: the address the transport accepts on (tests and benchmarks use loopback only).
   std::string listenHost = "127.0.0.1";
   uint16_t listenPort = 0;  // 0 = an ephemeral port
+  // tcp: the address put in the connection info, which peers dial. Empty: listenHost, which
+  // must then not be a wildcard (localConnInfo() refuses: a peer dialling 0.0.0.0 reaches
+  // itself). A worker sets it from --advertise-host. ucx and verbs advertise what their
+  // devices have (the UCX worker address, the verbs GID/LID), restricted by UCX_NET_DEVICES.
+  std::string advertiseHost;
   // tcp: sockets per peer; a large transfer is striped across them.
   int tcpStreams = 1;
   // A peer that makes no progress on pending transfers for this long is declared dead:

@@ -92,7 +92,7 @@ class PrefillServiceImpl final : public PrefillService {
     cb.onClose = [this](const net::ConnectionPtr& c, const Status& why) {
       loop_.post([this, c, why] { role_.onDecodeClosed(c, why); });
     };
-    PD_ASSIGN_OR_RETURN(server_, net::FramedServer::listen(loop_.io(), loop_.config().pools.prefill.host, flags.port,
+    PD_ASSIGN_OR_RETURN(server_, net::FramedServer::listen(loop_.io(), loop_.bindHost(), flags.port,
                                                            opts, cb));
     proto::Hello hello = opts.hello;
     hello.set_address(flags.advertiseHost + ":" + std::to_string(server_->port()));

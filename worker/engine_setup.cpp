@@ -108,6 +108,8 @@ Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::Clu
   opts.preference.clear();
   for (auto t : config.kvTransfer.transports) opts.preference.emplace_back(config::toString(t));
   opts.transport.listenHost = config.kvTransfer.listenHost;
+  // Peers dial the advertised address, never the bind (which may be 0.0.0.0).
+  opts.transport.advertiseHost = flags.advertiseHost;
   opts.transport.listenPort = static_cast<uint16_t>(flags.transferPort);
   PD_ASSIGN_OR_RETURN(auto agent, kvt::TransferAgent::create(opts, *registry.native()));
   for (const MemDesc& region : kvRegions) PD_RETURN_IF_ERROR(agent->registerMemory(region).status());

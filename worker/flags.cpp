@@ -39,6 +39,9 @@ Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage) {
       f.workerId = value;
     } else if (arg == "--advertise-host") {
       f.advertiseHost = value;
+    } else if (arg == "--bind-host") {
+      if (value.empty()) return invalidArgument("--bind-host: empty (give an address, 0.0.0.0 for all interfaces)");
+      f.bindHost = value;
     } else if (arg == "--port") {
       PD_ASSIGN_OR_RETURN(f.port, parsePort(arg, value));
     } else if (arg == "--transfer-port") {

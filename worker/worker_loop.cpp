@@ -18,6 +18,9 @@ WorkerLoop::WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBu
       flags_(std::move(flags)),
       bundle_(std::move(bundle)),
       role_(role),
+      bindHost_(!flags_.bindHost.empty()         ? flags_.bindHost
+                : role == proto::ROLE_PREFILL ? config_.pools.prefill.host
+                                              : config_.pools.decode.host),
       io_(2, std::string(roleName()) + "-io"),
       registry_(metrics::Labels{{"role", roleName()}, {"worker", flags_.workerId}}),
       metrics_(registry_),
@@ -28,7 +31,15 @@ WorkerLoop::~WorkerLoop() { stop(); }
 const char* WorkerLoop::roleName() const { return role_ == proto::ROLE_PREFILL ? "prefill" : "decode"; }
 
 Status WorkerLoop::prepare() {
-  PD_RETURN_IF_ERROR(status_.start(flags_.advertiseHost, flags_.metricsPort));
+  config::WorkerEndpoints endpoints{roleName(),
+                                    bindHost_,
+                                    flags_.bindHost.empty() ? "pools." + std::string(roleName()) + ".host"
+                                                            : "--bind-host",
+                                    config_.kvTransfer.listenHost,
+                                    flags_.advertiseHost,
+                                    {flags_.routerHost}};
+  PD_RETURN_IF_ERROR(config::checkEndpoints(endpoints));
+  PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
   metrics_.setCacheConfig(engine().kv().layout().blockSize, engine().kv().numTotalBlocks());
   return Status::ok();

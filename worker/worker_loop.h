@@ -27,6 +27,7 @@
 #include "common/base/clock.h"
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
+#include "common/config/endpoints.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/pdserve_metrics.h"
 #include "common/net/io_pool.h"
@@ -68,7 +69,9 @@ class WorkerLoop {
   WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBundle bundle, proto::Role role);
   ~WorkerLoop();
 
-  // Starts the status endpoint and the transfer agent; the role binds its own servers after.
+  // Checks the endpoints' bind and advertised addresses (config::checkEndpoints: a wildcard
+  // or, facing other hosts, a loopback address is never advertised), then starts the status
+  // endpoint and the transfer agent; the role binds its own servers after, to bindHost().
   Status prepare();
   // Starts the loop thread, the router link (saying `hello`) and the load reporter.
   void run(RolePolicy& role, proto::Hello hello);
@@ -94,6 +97,8 @@ class WorkerLoop {
   kvt::TransferAgent& agent() { return *agent_; }
   RouterLink& router() { return *router_; }
   int metricsPort() const { return status_.port(); }
+  // Where control and metrics endpoints bind: --bind-host, else pools.<role>.host.
+  const std::string& bindHost() const { return bindHost_; }
   const char* roleName() const;
 
  private:
@@ -105,6 +110,7 @@ class WorkerLoop {
   WorkerFlags flags_;
   EngineBundle bundle_;
   proto::Role role_;
+  std::string bindHost_;
   net::IoPool io_;
   metrics::Registry registry_;
   metrics::WorkerMetrics metrics_;

@@ -19,6 +19,18 @@
 
 namespace pd::kvt {
 
+namespace {
+
+// Any-address binds ("0.0.0.0", "::"): kvtransfer links only pd_base, so it cannot use
+// config::isWildcardHost.
+bool isWildcardAddress(const std::string& host) {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(host, ec);
+  return host.empty() || (!ec && addr.is_unspecified());
+}
+
+}  // namespace
+
 // ---- owner thread ------------------------------------------------------------------------------
 Status TcpTransport::Impl::start() {
   boost::system::error_code ec;
@@ -89,7 +101,8 @@ TransportCaps TcpTransport::Impl::caps() const {
   c.cudaStaged = c.cudaMemory;
   c.oneSided = false;
   c.details = "asio, " + std::to_string(options_.tcpStreams) + " stream(s) per peer, listening on " +
-              options_.listenHost + ":" + std::to_string(port_);
+              options_.listenHost + ":" + std::to_string(port_) +
+              (options_.advertiseHost.empty() ? "" : ", advertised as " + options_.advertiseHost);
   if (copier_) {
     c.cudaPath = "staged through pinned host memory";
     c.details += "; GPU memory staged through pinned host memory (" + copier_->describe() + ", " +
@@ -146,9 +159,15 @@ Result<std::string> TcpTransport::Impl::packRemoteKey(MemHandle handle) {
 }
 
 Result<std::string> TcpTransport::Impl::localConnInfo() {
+  const std::string& host = options_.advertiseHost.empty() ? options_.listenHost : options_.advertiseHost;
+  if (isWildcardAddress(host)) {
+    return failedPrecondition("tcp transport: listening on " + options_.listenHost +
+                              " with no advertised address: peers cannot dial a wildcard address (set the "
+                              "advertised host, --advertise-host on a worker)");
+  }
   proto::TcpConnInfo info;
   info.set_version(kWireVersion);
-  info.set_host(options_.listenHost);
+  info.set_host(host);
   info.set_port(port_);
   info.set_instance(instance_);
   return info.SerializeAsString();

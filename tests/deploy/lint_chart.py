@@ -71,8 +71,8 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # The command lines the processes implement (the serving code's contract).
 REQUIRED_FLAGS = {
     "router": ["--config", "--host", "--port", "--control-port"],
-    "prefill": ["--config", "--router", "--id", "--advertise-host", "--port", "--metrics-port"],
-    "decode": ["--config", "--router", "--id", "--advertise-host", "--port", "--metrics-port"],
+    "prefill": ["--config", "--router", "--id", "--advertise-host", "--bind-host", "--port", "--metrics-port"],
+    "decode": ["--config", "--router", "--id", "--advertise-host", "--bind-host", "--port", "--metrics-port"],
 }
 BINARIES = {"router": "pdserve-router", "prefill": "pdserve-prefill", "decode": "pdserve-decode"}
 TWINS = ("deployment", "service", "pdb", "servicemonitor")

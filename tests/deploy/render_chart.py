@@ -36,7 +36,7 @@ CHART = "deploy/k8s/pdserve"
 EXAMPLES = "deploy/k8s/examples"
 NAMESPACE = "llm"
 RELEASE = "pdserve"
-WORKER_FLAGS = ["--config", "--router", "--id", "--advertise-host", "--port", "--metrics-port"]
+WORKER_FLAGS = ["--config", "--router", "--id", "--advertise-host", "--bind-host", "--port", "--metrics-port"]
 ROUTER_FLAGS = ["--config", "--host", "--port", "--control-port"]
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -95,6 +95,8 @@ NEGATIVE = [
                                                            "max_replicas": 0}}},
                           "autoscaling": {"prefill": {"enabled": True}}}, "below the KEDA minimum"),
     ("unknown volume type", {"modelVolume": {"type": "nfs"}}, 'modelVolume.type: "nfs" is not one of'),
+    ("loopback KV endpoint", {"config": {"kv_transfer": {"listen_host": "127.0.0.1"}}},
+     "config.kv_transfer.listen_host: 127.0.0.1 is a loopback address"),
     ("KV usage as a percentage", {"autoscaling": {"decode": {"enabled": True, "kvCacheUsage": 80}}},
      "is a fraction in (0, 1]"),
 ]
@@ -322,6 +324,15 @@ class Checker:
         if flags.get("--advertise-host") != "$(POD_IP)" or \
                 env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "status.podIP":
             self.err(where, "--advertise-host is not the pod IP")
+        # Peers dial the pod IP: the endpoints must bind an address that accepts it (issue 11: a
+        # control port left on pools.<pool>.host's default 127.0.0.1 refused every decode pod).
+        if flags.get("--bind-host") not in ("0.0.0.0", "::"):
+            self.err(where, f"--bind-host {flags.get('--bind-host')!r} is not a wildcard: peers dialling the pod IP "
+                            "would be refused")
+        kv_host = cfg.get("kv_transfer", {}).get("listen_host", "127.0.0.1")
+        if kv_host not in ("0.0.0.0", "::"):
+            self.err(where, f"config.kv_transfer.listen_host {kv_host!r} is not a wildcard: peers dialling the pod "
+                            "IP's tcp KV port would be refused")
         # --router must reach the control Service on the control port
         m = re.fullmatch(r"([a-z0-9-]+)\.([a-z0-9-]+)\.svc:(\d+)", flags.get("--router", ""))
         svc = self.svcs.get(m.group(1)) if m else None

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Multi-host bed tests (issue 11): a router, 2 prefill and 2 decode hosts, each its own network
+namespace, running the cluster the Helm chart renders. Cases share one cluster where they can.
+
+  bed_test.py --build BUILD_DIR --case tcp|ucx|faults [--ucx 0|1]
+
+Exit 0: passed; 1: failed; 77: skipped (no namespaces here: not root), unless
+PD_REQUIRE_NETNS=1 (set by .ci/run), which makes that a failure.
+"""
+import argparse
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import netbed  # noqa: E402
+
+SKIP = 77
+FAILURES = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+    return cond
+
+
+def prompt(n, seed):
+    rng = random.Random(seed)
+    return [257] + [rng.randrange(256) for _ in range(n - 1)]  # 257: the made model's BOS
+
+
+def make_model(build):
+    d = os.path.join(build, "test_models", "bed_small")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        tmp = f"{d}.tmp.{os.getpid()}"
+        subprocess.run([os.path.join(build, "bin", "pdserve"), "make-model", "--out", tmp, "--preset", "small"],
+                       check=True, capture_output=True)
+        os.rename(tmp, d)
+    return d
+
+
+def reference(build, model, p, n):
+    """Greedy ids from `pdserve generate` (one process, no cluster)."""
+    r = subprocess.run([os.path.join(build, "bin", "pdserve"), "generate", "--model", model, "--prompt-ids",
+                        ",".join(map(str, p)), "--max-tokens", str(n), "--ignore-eos", "--threads", "2"],
+                       capture_output=True, text=True, check=True, timeout=120)
+    return [int(x) for x in r.stdout.strip().split(",") if x.strip()]
+
+
+def complete(c, p, n, host="router-0", timeout=60, **extra):
+    import json
+    body = {"model": "small", "prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    body.update(extra)
+    status, head, text = c.http(c.url("/v1/completions", host), body, timeout=timeout)
+    ids = None
+    if status == 200:
+        try:
+            ids = json.loads(text)["choices"][0]["token_ids"]
+        except (ValueError, KeyError):
+            pass
+    return status, head, text, ids
+
+
+def disaggregates(c, build, model, transport):
+    """Long prompts go through a prefill host and their KV crosses the bed over `transport`;
+    the greedy ids equal pdserve generate's."""
+    lengths = [40, 100, 200, 333, 64, 150]
+    refs = [reference(build, model, prompt(n, i), 6) for i, n in enumerate(lengths)]
+    before = sum(c.metric(h, "pdserve_remote_prefill_total", 'outcome="ok"') for h in c.decode_hosts)
+    # All at once, so the router spreads them over both prefill and both decode hosts.
+    results = [None] * len(lengths)
+    threads = [threading.Thread(target=lambda i=i, n=n: results.__setitem__(i, complete(c, prompt(n, i), 6)))
+               for i, n in enumerate(lengths)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, n in enumerate(lengths):
+        status, head, text, ids = results[i]
+        check(status == 200, f"{transport}: prompt of {n} tokens answered (got {status} {text[:200]})")
+        check("x-pdserve-route: disaggregated" in head, f"{transport}: prompt of {n} tokens disaggregated")
+        check(ids == refs[i], f"{transport}: prompt of {n} tokens: ids {ids} == pdserve generate {refs[i]}")
+    short = reference(build, model, prompt(10, 99), 6)
+    status, head, _, ids = complete(c, prompt(10, 99), 6)
+    check(status == 200 and "x-pdserve-route: colocated" in head and ids == short, f"{transport}: short prompt colocated, same ids")
+    ok = sum(c.metric(h, "pdserve_remote_prefill_total", 'outcome="ok"') for h in c.decode_hosts) - before
+    check(ok == len(lengths), f"{transport}: decode hosts count {ok} remote prefills ok, want {len(lengths)}")
+    per_decode = [c.metric(h, "pdserve_remote_prefill_total", 'outcome="ok"') for h in c.decode_hosts]
+    print(f"     remote prefills per decode host: {per_decode}", flush=True)
+    moved = [c.metric(h, "pdserve_kv_transfers_total", f'transport="{transport}",outcome="ok"')
+             for h in c.prefill_hosts]
+    check(sum(moved) >= len(lengths), f"{transport}: the prefill hosts pushed KV over {transport} (per host: {moved})")
+    fallbacks = sum(c.metric(h, "pdserve_kv_transfer_fallbacks_total") for h in c.prefill_hosts)
+    check(fallbacks <= 0, f"{transport}: no fallback to another transport ({fallbacks})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--case", required=True, choices=["tcp", "ucx", "faults"])
+    ap.add_argument("--ucx", type=int, default=1)
+    a = ap.parse_args()
+    ok, why = netbed.can_make_namespaces()
+    if not ok:
+        if os.environ.get("PD_REQUIRE_NETNS") == "1":
+            print(f"FAIL: PD_REQUIRE_NETNS=1 but the bed cannot run here: {why}")
+            return 1
+        print(f"SKIP: the multi-host bed needs network namespaces: {why}")
+        return SKIP
+    if a.case == "ucx" and not a.ucx:
+        print("SKIP: this build has no UCX (PD_WITH_UCX)")
+        return SKIP
+    import bed_cluster
+    build = os.path.abspath(a.build)
+    model = make_model(build)
+    work = os.path.join(build, "test_bed", a.case)
+    started = time.time()
+    if a.case == "tcp":
+        over = {"config": {"kv_transfer": {"transports": ["tcp"]}}}
+    elif a.case == "faults":
+        import bed_faults
+        over = bed_faults.values()
+    elif a.case == "ucx":
+        over = {"config": {"kv_transfer": {"transports": ["ucx", "tcp"]}},
+                "ucx": {"tls": "tcp", "netDevices": "eth0"}}
+    with bed_cluster.Cluster(build, model, work, over) as c:
+        print(f"bed up in {time.time() - started:.1f}s: " +
+              ", ".join(f"{h}={c.bed.addr[h]}" for h in c.bed.hosts), flush=True)
+        if a.case in ("tcp", "ucx"):
+            disaggregates(c, build, model, a.case)
+        else:
+            bed_faults.run(c, build, model, check, complete, prompt, reference)
+    print(f"{a.case}: {len(FAILURES)} failure(s) in {time.time() - started:.1f}s")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
