@@ -34,19 +34,26 @@ class DecodeRole final : public worker::RolePolicy {
                           [this](uint64_t, const std::vector<EngineEvent>& events) { publish(events); },
                           [this](uint64_t id, const Status& why) { sendErrorAndForget(id, why); }}) {}
 
-  void onRouterMessage(proto::Envelope&& env) override {
+  void onRouterMessage(worker::RouterId from, proto::Envelope&& env) override {
     switch (env.body_case()) {
-      case proto::Envelope::kGenerate: return onGenerate(std::move(*env.mutable_generate()));
-      case proto::Envelope::kCancel: return cancel(env.cancel().request_id(), env.cancel().reason());
+      case proto::Envelope::kGenerate: return onGenerate(from, std::move(*env.mutable_generate()));
+      case proto::Envelope::kCancel: {
+        // Only the router that sent a request may cancel it.
+        auto it = streams_.find(env.cancel().request_id());
+        if (it != streams_.end() && it->second.router == from) cancel(it->first, env.cancel().reason());
+        return;
+      }
       default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from the router";
     }
   }
 
-  void onRouterState(bool up, const Status& why) override {
+  void onRouterState(worker::RouterId router, bool up, const Status& why) override {
     if (up) return;
-    // The router lost track of these requests; their clients are gone with it.
+    // That router lost track of its requests; their clients are gone with it. The requests
+    // of other routers go on.
     std::vector<uint64_t> ids;
-    for (auto& [id, s] : streams_) ids.push_back(id);
+    for (auto& [id, s] : streams_)
+      if (s.router == router) ids.push_back(id);
     for (uint64_t id : ids) cancel(id, "router connection lost: " + why.message());
   }
 
@@ -70,6 +77,7 @@ class DecodeRole final : public worker::RolePolicy {
  private:
   // What the role keeps per request to build its chunks.
   struct Stream {
+    worker::RouterId router = 0;  // the router that sent it: its chunks go back there
     proto::Generate gen;
     bool remote = false;
     SteadyTime received;
@@ -78,26 +86,29 @@ class DecodeRole final : public worker::RolePolicy {
     bool wantLogprobs = false;
   };
 
-  void onGenerate(proto::Generate gen) {
+  void onGenerate(worker::RouterId from, proto::Generate gen) {
     const uint64_t id = gen.request_id();
-    if (streams_.count(id)) return sendError(id, failedPrecondition("request " + std::to_string(id) + " is already running here"));
+    if (streams_.count(id)) {
+      return sendError(from, id, failedPrecondition("request " + std::to_string(id) + " is already running here"));
+    }
     engine::SamplingParams params = worker::fromProto(gen.sampling());
     std::vector<int32_t> prompt(gen.prompt_token_ids().begin(), gen.prompt_token_ids().end());
     const int64_t maxLen = loop_.bundle().maxModelLen;
     if (int64_t(prompt.size()) + params.maxTokens > maxLen) {
-      return sendError(id, outOfRange("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+      return sendError(from, id, outOfRange("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
                                       std::to_string(params.maxTokens) + ") exceeds the model's context of " +
                                       std::to_string(maxLen) + " tokens"));
     }
     auto request = engine::Request::create(id, std::move(prompt), params, SystemClock::instance(),
                                            engine_.modelConfig().vocabSize);
-    if (!request.ok()) return sendError(id, request.status());
+    if (!request.ok()) return sendError(from, id, request.status());
     const auto load = engine_.load();
     if (load.waiting + remote_.waitingForBlocks() >= loop_.config().engine.maxQueue) {
-      return sendError(id, resourceExhausted("decode worker " + loop_.flags().workerId + ": queue full (" +
+      return sendError(from, id, resourceExhausted("decode worker " + loop_.flags().workerId + ": queue full (" +
                                              std::to_string(load.waiting) + " waiting)"));
     }
     Stream s;
+    s.router = from;
     s.received = steadyNow();
     s.wantLogprobs = gen.sampling().return_logprobs() || gen.sampling().logprobs() > 0;
     s.remote = !gen.prefill_worker_address().empty();
@@ -146,7 +157,7 @@ class DecodeRole final : public worker::RolePolicy {
     for (uint64_t id : order) {
       auto& env = chunks.at(id);
       const bool last = env.token_chunk().finish_reason() != proto::FINISH_NONE;
-      (void)loop_.router().send(std::move(env));
+      (void)loop_.routers().send(streams_.at(id).router, std::move(env));
       if (last) streams_.erase(id);
     }
   }
@@ -163,7 +174,7 @@ class DecodeRole final : public worker::RolePolicy {
     if (s.firstToken) timings->set_first_token_ms(1e3 * secondsBetween(s.received, *s.firstToken));
   }
 
-  void sendError(uint64_t id, const Status& error) {
+  void sendError(worker::RouterId router, uint64_t id, const Status& error) {
     proto::Envelope env;
     env.set_request_id(id);
     auto* chunk = env.mutable_token_chunk();
@@ -171,12 +182,14 @@ class DecodeRole final : public worker::RolePolicy {
     chunk->set_finish_reason(proto::FINISH_ERROR);
     *chunk->mutable_error() = net::toProtoError(error);
     chunk->mutable_timings()->set_decode_worker_id(loop_.flags().workerId);
-    (void)loop_.router().send(std::move(env));
+    (void)loop_.routers().send(router, std::move(env));
   }
 
   void sendErrorAndForget(uint64_t id, const Status& error) {
-    sendError(id, error);
-    streams_.erase(id);
+    auto it = streams_.find(id);
+    if (it == streams_.end()) return;
+    sendError(it->second.router, id, error);
+    streams_.erase(it);
   }
 
   void cancel(uint64_t id, const std::string& reason) {

@@ -26,7 +26,7 @@ class PrefillRole final : public worker::RolePolicy {
   }
   void onDecodeClosed(const net::ConnectionPtr& c, const Status& why) { jobs_.dropConnection(c, why); }
 
-  void onRouterMessage(proto::Envelope&& env) override {
+  void onRouterMessage(worker::RouterId, proto::Envelope&& env) override {
     PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from the router";
   }
   void onLayerDone(int layer, const engine::StepView& step) override { jobs_.onLayerDone(layer, step); }

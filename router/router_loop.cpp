@@ -117,18 +117,24 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
   for (const std::string& w : {plan->decodeWorker, plan->prefillWorker})
     if (!w.empty() && !blocks.empty()) prefixIndex_.record(w, blocks, workers_.totalBlocks(w));
   Dispatch d;
-  d.responseId = std::to_string(nextRequestId_);
   if (const auto* w = workers_.find(plan->decodeWorker)) d.decodeConn = w->conn;
   if (plan->route == Route::kDisaggregated) {
     if (const auto* w = workers_.find(plan->prefillWorker)) d.prefillAddress = w->address;
   }
   for (int i = 0; i < spec.parsed.req.n; ++i) {
-    const uint64_t id = nextRequestId_++;
+    const uint64_t id = newRequestId();
     d.workerRequestIds.push_back(id);
     requests_[id] = Entry{stream, plan->decodeWorker};
   }
+  d.responseId = std::to_string(d.workerRequestIds.front());
   d.plan = std::move(*plan);
   stream->start(std::move(d));
+}
+
+uint64_t RouterLoop::newRequestId() {
+  uint64_t id = 0;
+  while (id == 0 || requests_.count(id)) id = idRng_();  // 0 means "connection-level" on the wire
+  return id;
 }
 
 void RouterLoop::choicesEnded(std::vector<uint64_t> workerRequestIds) {

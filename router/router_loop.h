@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -97,7 +98,10 @@ class RouterLoop final : public StreamOwner {
   int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // for the change log
   boost::asio::steady_timer autoscaleTimer_;
   std::unordered_map<uint64_t, Entry> requests_;  // by worker request id, until the choice ends
-  uint64_t nextRequestId_ = 1;
+  // Worker request ids are random 64-bit values, not a sequence: workers serve several
+  // routers at once (issue 11), and the ids of two routers must not collide on a worker.
+  uint64_t newRequestId();
+  std::mt19937_64 idRng_{std::random_device{}()};
 };
 
 }  // namespace pd::router

@@ -31,10 +31,21 @@ Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage) {
     if (arg == "--config") {
       f.configPath = value;
     } else if (arg == "--router") {
-      auto colon = value.rfind(':');
-      if (colon == std::string::npos) return invalidArgument("--router: expected HOST:PORT, got '" + value + "'");
-      f.routerHost = value.substr(0, colon);
-      PD_ASSIGN_OR_RETURN(f.routerPort, parsePort("--router", value.substr(colon + 1)));
+      f.routers.clear();
+      for (size_t at = 0; at <= value.size();) {
+        size_t comma = value.find(',', at);
+        if (comma == std::string::npos) comma = value.size();
+        const std::string one = value.substr(at, comma - at);
+        const auto colon = one.rfind(':');
+        if (one.empty() || colon == std::string::npos || colon == 0) {
+          return invalidArgument("--router: expected HOST:PORT[,HOST:PORT...], got '" + value + "'");
+        }
+        RouterTarget t;
+        t.host = one.substr(0, colon);
+        PD_ASSIGN_OR_RETURN(t.port, parsePort("--router", one.substr(colon + 1)));
+        f.routers.push_back(std::move(t));
+        at = comma + 1;
+      }
     } else if (arg == "--id") {
       f.workerId = value;
     } else if (arg == "--advertise-host") {

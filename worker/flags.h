@@ -2,15 +2,22 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/base/status.h"
 
 namespace pd::worker {
 
+// One --router entry. A host that resolves to several addresses (a headless Service) is one
+// router per address (worker/router_links.h).
+struct RouterTarget {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: the config's router.control_port
+};
+
 struct WorkerFlags {
   std::string configPath = "deploy/configs/local.yaml";
-  std::string routerHost = "127.0.0.1";
-  int routerPort = 0;       // 0: the config's router.control_port
+  std::vector<RouterTarget> routers{RouterTarget{}};  // --router HOST:PORT[,HOST:PORT...]
   std::string workerId;     // required
   // The address peers on other hosts dial (prefill control, tcp KV): this host's own address,
   // never a wildcard (the chart passes the pod IP). See common/config/endpoints.h.

@@ -8,22 +8,22 @@ namespace pd::worker {
 
 // Everything the timer's handlers touch, kept alive by them until the last one ran.
 struct LoadReporter::Shared {
-  Shared(net::IoPool& io, RouterLink& r, metrics::WorkerMetrics& m, proto::Role ro, std::string id,
+  Shared(net::IoPool& io, RouterLinks& r, metrics::WorkerMetrics& m, proto::Role ro, std::string id,
          std::chrono::milliseconds iv)
-      : timer(io.context()), router(r), metrics(m), role(ro), workerId(std::move(id)), interval(iv) {}
+      : timer(io.context()), routers(r), metrics(m), role(ro), workerId(std::move(id)), interval(iv) {}
   boost::asio::steady_timer timer;
-  RouterLink& router;
+  RouterLinks& routers;
   metrics::WorkerMetrics& metrics;
   const proto::Role role;
   const std::string workerId;
   const std::chrono::milliseconds interval;
   std::atomic<int64_t> stepStartNs{0};  // 0: no step running
-  std::mutex mu;  // guards snapshot, stopped, and every use of router/metrics by the timer
+  std::mutex mu;  // guards snapshot, stopped, and every use of routers/metrics by the timer
   LoadSnapshot snapshot;
   bool stopped = false;
 };
 
-LoadReporter::LoadReporter(net::IoPool& io, RouterLink& router, metrics::WorkerMetrics& metrics, proto::Role role,
+LoadReporter::LoadReporter(net::IoPool& io, RouterLinks& router, metrics::WorkerMetrics& metrics, proto::Role role,
                            std::string workerId, std::chrono::milliseconds interval)
     : shared_(std::make_shared<Shared>(io, router, metrics, role, std::move(workerId), interval)) {}
 
@@ -83,11 +83,9 @@ void LoadReporter::schedule(std::shared_ptr<Shared> shared) {
     m.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
     m.transfersInFlight.set(s.inflightTransfers);
     m.syncEngineCounters(load.preemptions, load.prefixQueryTokens, load.prefixHitTokens);
-    if (shared->router.isUp()) {
-      const int64_t started = shared->stepStartNs.load(std::memory_order_relaxed);
-      const double stepMs = started ? double(nowNs() - started) / 1e6 : 0.0;
-      (void)shared->router.send(reportFor(shared->role, shared->workerId, s, stepMs));
-    }
+    const int64_t started = shared->stepStartNs.load(std::memory_order_relaxed);
+    const double stepMs = started ? double(nowNs() - started) / 1e6 : 0.0;
+    shared->routers.broadcast(reportFor(shared->role, shared->workerId, s, stepMs));
     shared->timer.expires_after(shared->interval);
   }
   shared->timer.async_wait([shared](boost::system::error_code ec) {

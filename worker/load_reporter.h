@@ -1,6 +1,7 @@
 // LoadReporter: the worker's LoadReports to the router and its load gauges, OFF the loop
 // thread. The loop publishes a snapshot after every iteration (cheap: a copy under a mutex);
-// a timer on the I/O pool sends the latest one every router.load_report_interval_ms. So the
+// a timer on the I/O pool sends the latest one to every router every
+// router.load_report_interval_ms. So the
 // router keeps hearing from a worker whose loop is inside a long step (a 2,000-token prefill
 // chunk on one core takes seconds), instead of marking it unhealthy and routing around it.
 // A report says how long the current step has been running, so a stuck loop stays visible.
@@ -18,7 +19,7 @@
 #include "common/metrics/pdserve_metrics.h"
 #include "common/net/io_pool.h"
 #include "common/proto/pdserve.pb.h"
-#include "worker/router_link.h"
+#include "worker/router_links.h"
 
 namespace pd::worker {
 
@@ -30,7 +31,7 @@ struct LoadSnapshot {
 
 class LoadReporter {
  public:
-  LoadReporter(net::IoPool& io, RouterLink& router, metrics::WorkerMetrics& metrics, proto::Role role,
+  LoadReporter(net::IoPool& io, RouterLinks& routers, metrics::WorkerMetrics& metrics, proto::Role role,
                std::string workerId, std::chrono::milliseconds interval);
   ~LoadReporter();
 

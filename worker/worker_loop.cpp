@@ -24,7 +24,7 @@ WorkerLoop::WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBu
       io_(2, std::string(roleName()) + "-io"),
       registry_(metrics::Labels{{"role", roleName()}, {"worker", flags_.workerId}}),
       metrics_(registry_),
-      status_(io_, registry_, [this] { return registered_.load() && !stopping_.load(); }) {}
+      status_(io_, registry_, [this] { return !stopping_.load() && routersUp_.load(); }) {}
 
 WorkerLoop::~WorkerLoop() { stop(); }
 
@@ -37,7 +37,7 @@ Status WorkerLoop::prepare() {
                                                             : "--bind-host",
                                     config_.kvTransfer.listenHost,
                                     flags_.advertiseHost,
-                                    {flags_.routerHost}};
+                                    routerHosts()};
   PD_RETURN_IF_ERROR(config::checkEndpoints(endpoints));
   PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
@@ -45,27 +45,35 @@ Status WorkerLoop::prepare() {
   return Status::ok();
 }
 
+std::vector<std::string> WorkerLoop::routerHosts() const {
+  std::vector<std::string> hosts;
+  for (const auto& r : flags_.routers) hosts.push_back(r.host);
+  return hosts;
+}
+
 void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
   policy_ = &role;
-  const int routerPort = flags_.routerPort ? flags_.routerPort : config_.router.controlPort;
-  router_ = std::make_unique<RouterLink>(
-      io_, inbox_, flags_.routerHost, routerPort, std::move(hello),
-      RouterLink::Handlers{[this](proto::Envelope&& env) { policy_->onRouterMessage(std::move(env)); },
-                           [this](bool up, const Status& why) {
-                             registered_ = up;
-                             policy_->onRouterState(up, why);
-                           }});
-  reporter_ = std::make_unique<LoadReporter>(io_, *router_, metrics_, role_, flags_.workerId,
+  std::vector<RouterTarget> targets = flags_.routers;
+  for (auto& t : targets)
+    if (t.port == 0) t.port = config_.router.controlPort;
+  routers_ = std::make_unique<RouterLinks>(
+      io_, inbox_, std::move(targets), std::move(hello),
+      RouterLinks::Handlers{[this](RouterId from, proto::Envelope&& env) { policy_->onRouterMessage(from, std::move(env)); },
+                            [this](RouterId router, bool up, const Status& why) {
+                              routersUp_ = routers_->anyUp();
+                              policy_->onRouterState(router, up, why);
+                            }});
+  reporter_ = std::make_unique<LoadReporter>(io_, *routers_, metrics_, role_, flags_.workerId,
                                              milliseconds(config_.router.loadReportIntervalMs));
   thread_ = std::thread([this] { loop(); });
-  router_->start();
+  routers_->start();
   reporter_->start();
 }
 
 void WorkerLoop::stop() {
   if (stopping_.exchange(true)) return;
   if (reporter_) reporter_->stop();
-  if (router_) router_->stop();
+  if (routers_) routers_->stop();
   inbox_.post([] {});
   if (thread_.joinable()) thread_.join();
   io_.stop();

@@ -36,7 +36,7 @@
 #include "worker/flags.h"
 #include "worker/load_reporter.h"
 #include "worker/loop_inbox.h"
-#include "worker/router_link.h"
+#include "worker/router_links.h"
 #include "worker/status_endpoint.h"
 
 namespace pd::worker {
@@ -45,8 +45,9 @@ namespace pd::worker {
 class RolePolicy {
  public:
   virtual ~RolePolicy() = default;
-  virtual void onRouterMessage(proto::Envelope&& env) = 0;
-  virtual void onRouterState(bool up, const Status& why) {}
+  // From router `from` (a worker serves every router it is linked to).
+  virtual void onRouterMessage(RouterId from, proto::Envelope&& env) = 0;
+  virtual void onRouterState(RouterId router, bool up, const Status& why) {}
   // Layer `layer` of the step being computed is in the KV cache (prefill: push it now).
   virtual void onLayerDone(int layer, const engine::StepView& step) {}
   virtual void onStepEvents(const std::vector<engine::EngineEvent>& events) = 0;
@@ -73,9 +74,9 @@ class WorkerLoop {
   // or, facing other hosts, a loopback address is never advertised), then starts the status
   // endpoint and the transfer agent; the role binds its own servers after, to bindHost().
   Status prepare();
-  // Starts the loop thread, the router link (saying `hello`) and the load reporter.
+  // Starts the loop thread, the router links (saying `hello`) and the load reporter.
   void run(RolePolicy& role, proto::Hello hello);
-  // Stops the router link and the reporter, lets the role end its requests on the loop
+  // Stops the router links and the reporter, lets the role end its requests on the loop
   // thread, joins it, then stops the I/O pool. Idempotent.
   void stop();
 
@@ -95,7 +96,7 @@ class WorkerLoop {
   metrics::Registry& registry() { return registry_; }
   metrics::WorkerMetrics& metrics() { return metrics_; }
   kvt::TransferAgent& agent() { return *agent_; }
-  RouterLink& router() { return *router_; }
+  RouterLinks& routers() { return *routers_; }
   int metricsPort() const { return status_.port(); }
   // Where control and metrics endpoints bind: --bind-host, else pools.<role>.host.
   const std::string& bindHost() const { return bindHost_; }
@@ -104,6 +105,7 @@ class WorkerLoop {
  private:
   void loop();
   void runDueTimers();
+  std::vector<std::string> routerHosts() const;
   std::chrono::microseconds idleWait() const;
 
   config::ClusterConfig config_;
@@ -114,11 +116,11 @@ class WorkerLoop {
   net::IoPool io_;
   metrics::Registry registry_;
   metrics::WorkerMetrics metrics_;
-  std::atomic<bool> registered_{false};
+  std::atomic<bool> routersUp_{false};  // registered with at least one router: /health says 200
   StatusEndpoint status_;
   LoopInbox inbox_;
   std::unique_ptr<kvt::TransferAgent> agent_;
-  std::unique_ptr<RouterLink> router_;
+  std::unique_ptr<RouterLinks> routers_;
   std::unique_ptr<LoadReporter> reporter_;
   RolePolicy* policy_ = nullptr;
 

@@ -78,7 +78,7 @@ struct Harness {
     REQUIRE(config.ok());
     worker::WorkerFlags flags;
     flags.workerId = "decode-t";
-    flags.routerPort = routerServer->port();
+    flags.routers = {worker::RouterTarget{"127.0.0.1", routerServer->port()}};
     auto d = decode::DecodeService::create(std::move(config).value(), flags);
     REQUIRE(d.ok());
     decode = std::move(d).value();
