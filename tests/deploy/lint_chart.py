@@ -341,8 +341,8 @@ class Lint:
         router = cfg.get("router", {})
         if router.get("port") == router.get("control_port"):
             self.err(where, "config.router.port equals config.router.control_port")
-        if merged.get("router", {}).get("replicas") != 1:
-            self.err(where, "router.replicas must be 1")
+        if merged.get("router", {}).get("replicas", 1) < 1:
+            self.err(where, "router.replicas must be >= 1")
         if merged.get("config", {}).get("pools", {}).get("decode", {}).get("replicas", 1) < 1:
             self.err(where, "config.pools.decode.replicas must be >= 1")
 

@@ -79,7 +79,7 @@ EVERYTHING = {
 }
 NEGATIVE = [
     ("no model claim", {}, "modelVolume.pvc.claimName is required"),
-    ("two routers", {"router": {"replicas": 2}}, "router.replicas: 2 is not supported"),
+    ("no router", {"router": {"replicas": 0}}, "router.replicas: 0: at least 1 router is needed"),
     ("model outside the mount", {"config": {"model": {"path": "/data/m"}}},
      "is not under modelVolume.mountPath"),
     ("GPUs != TP", {"decode": {"gpus": 2}}, "decode.gpus (2) must equal config.engine.tensor_parallel_size"),
@@ -302,8 +302,10 @@ class Checker:
         if flags.get("--control-port") != str(cfg["router"]["control_port"]) or \
                 ports.get("control") != cfg["router"]["control_port"]:
             self.err(where, "--control-port / control port differ from config.router.control_port")
-        if spec.get("replicas") != 1 or spec.get("strategy", {}).get("type") != "Recreate":
-            self.err(where, "the router must be 1 replica with the Recreate strategy")
+        strategy = spec.get("strategy", {})
+        if spec.get("replicas", 0) < 1 or strategy.get("type") != "RollingUpdate" or \
+                strategy.get("rollingUpdate", {}).get("maxUnavailable") != 0:
+            self.err(where, "the router must have >= 1 replica and a rolling update that keeps one serving")
 
     def check_worker(self, where, role, c, flags, ports, env, mounts, vols, spec, pod, cfg):
         pool = self.values[role]

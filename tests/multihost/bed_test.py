@@ -2,7 +2,7 @@
 """Multi-host bed tests (issue 11): a router, 2 prefill and 2 decode hosts, each its own network
 namespace, running the cluster the Helm chart renders. Cases share one cluster where they can.
 
-  bed_test.py --build BUILD_DIR --case tcp|ucx|faults [--ucx 0|1]
+  bed_test.py --build BUILD_DIR --case tcp|ucx|faults|routers [--ucx 0|1]
 
 Exit 0: passed; 1: failed; 77: skipped (no namespaces here: not root), unless
 PD_REQUIRE_NETNS=1 (set by .ci/run), which makes that a failure.
@@ -104,7 +104,7 @@ def disaggregates(c, build, model, transport):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["tcp", "ucx", "faults"])
+    ap.add_argument("--case", required=True, choices=["tcp", "ucx", "faults", "routers"])
     ap.add_argument("--ucx", type=int, default=1)
     a = ap.parse_args()
     ok, why = netbed.can_make_namespaces()
@@ -130,11 +130,17 @@ def main():
     elif a.case == "ucx":
         over = {"config": {"kv_transfer": {"transports": ["ucx", "tcp"]}},
                 "ucx": {"tls": "tcp", "netDevices": "eth0"}}
-    with bed_cluster.Cluster(build, model, work, over) as c:
+    elif a.case == "routers":
+        over = {"router": {"replicas": 2}, "config": {"kv_transfer": {"transports": ["tcp"]},
+                                                       "router": {"short_prompt_tokens": 64}}}
+    with bed_cluster.Cluster(build, model, work, over, routers=2 if a.case == "routers" else 1) as c:
         print(f"bed up in {time.time() - started:.1f}s: " +
               ", ".join(f"{h}={c.bed.addr[h]}" for h in c.bed.hosts), flush=True)
         if a.case in ("tcp", "ucx"):
             disaggregates(c, build, model, a.case)
+        elif a.case == "routers":
+            import bed_routers
+            bed_routers.run(c, build, model, check, complete, prompt, reference)
         else:
             bed_faults.run(c, build, model, check, complete, prompt, reference)
     print(f"{a.case}: {len(FAILURES)} failure(s) in {time.time() - started:.1f}s")

@@ -95,9 +95,10 @@ pdserve.io/model: {{ include "pdserve.modelLabel" . | quote }}
 {{- end }}
 
 {{/*
-host:port the workers dial to register (--router). The control Service publishes not-ready
-router pods: the router only turns ready once a decode worker registered, and the workers
-must reach it before that.
+host:port the workers dial to register (--router). The control Service is headless: the name
+resolves to every router pod and each worker registers with all of them (it resolves the name
+again every 10 s). It publishes not-ready router pods: a router only turns ready once a decode
+worker registered, and the workers must reach it before that.
 */}}
 {{- define "pdserve.routerControlAddress" -}}
 {{- printf "%s-router-control.%s.svc:%v" (include "pdserve.fullname" .) .Release.Namespace .Values.config.router.control_port }}
