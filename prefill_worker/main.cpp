@@ -3,7 +3,7 @@
 
 namespace {
 constexpr const char* kUsage =
-    "usage: pdserve-prefill --id NAME [--config FILE] [--router HOST:PORT] [--advertise-host IP] [--bind-host IP]\n"
+    "usage: pdserve-prefill --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] [--bind-host IP]\n"
     "                       [--port N] [--transfer-port N] [--metrics-port N] [--model DIR]\n"
     "  Prefills long prompts for decode workers and pushes their KV, layer by layer.\n";
 }
