@@ -63,6 +63,7 @@ class DecodeRole final : public worker::RolePolicy {
     return engine_.load().remote > 0 ? std::chrono::milliseconds(1) : std::chrono::milliseconds(20);
   }
   void addLoad(worker::LoadSnapshot& load) const override { load.heldWaiting = remote_.waitingForBlocks(); }
+  bool idle() const override { return streams_.empty(); }
 
   void shutdown(const Status& why) override {
     remote_.shutdown(why);
@@ -90,6 +91,9 @@ class DecodeRole final : public worker::RolePolicy {
     const uint64_t id = gen.request_id();
     if (streams_.count(id)) {
       return sendError(from, id, failedPrecondition("request " + std::to_string(id) + " is already running here"));
+    }
+    if (loop_.draining()) {  // sent before the router saw our draining report
+      return sendError(from, id, unavailable("decode worker " + loop_.flags().workerId + " is draining"));
     }
     engine::SamplingParams params = worker::fromProto(gen.sampling());
     std::vector<int32_t> prompt(gen.prompt_token_ids().begin(), gen.prompt_token_ids().end());
@@ -220,6 +224,7 @@ class DecodeServiceImpl final : public DecodeService {
                         << loop_.agent().transportNames().size() << ", metrics on port " << loop_.metricsPort();
     return Status::ok();
   }
+  void drain(std::chrono::milliseconds timeout) override { loop_.drain(timeout); }
   void stop() override { loop_.stop(); }
   int metricsPort() const override { return loop_.metricsPort(); }
 

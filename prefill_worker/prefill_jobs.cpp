@@ -23,6 +23,7 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   const worker::EngineBundle& bundle = loop_.bundle();
   const uint64_t id = pr.request_id();
   if (jobs_.count(id)) return reject(decode, id, failedPrecondition("request " + std::to_string(id) + " is already being prefilled here"));
+  if (loop_.draining()) return reject(decode, id, unavailable("prefill worker " + loop_.flags().workerId + " is draining"));
   auto target = worker::fromProto(pr.kv_target());
   if (!target.ok()) return reject(decode, id, target.status());
   if (target->fingerprint != bundle.fingerprint) {

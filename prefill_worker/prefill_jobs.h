@@ -46,6 +46,7 @@ class PrefillJobs {
   void onStepEvents(const std::vector<engine::EngineEvent>& events);
   void settle();  // polls transfers; moves jobs to their terminal states
   bool hasTransfers() const;
+  bool empty() const { return jobs_.empty(); }
   uint32_t transfersInFlight() const;
 
  private:

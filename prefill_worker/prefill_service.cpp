@@ -37,6 +37,7 @@ class PrefillRole final : public worker::RolePolicy {
   }
   void addLoad(worker::LoadSnapshot& load) const override { load.inflightTransfers = jobs_.transfersInFlight(); }
   void shutdown(const Status& why) override { jobs_.shutdown(why); }
+  bool idle() const override { return jobs_.empty(); }
 
  private:
   // Step 2 of the kvtransfer exchange (KvConnect in pdserve.proto): load the decode worker's
@@ -102,6 +103,7 @@ class PrefillServiceImpl final : public PrefillService {
     return Status::ok();
   }
 
+  void drain(std::chrono::milliseconds timeout) override { loop_.drain(timeout); }
   void stop() override {
     if (server_) server_->stop();
     loop_.stop();

@@ -7,7 +7,7 @@ namespace pd::router {
 namespace {
 constexpr const char* kTag = "router";
 constexpr const char* kHealthyHelp =
-    "1 while the worker is connected and reports within router.worker_report_timeout_ms (it gets new work), else 0.";
+    "1 while the worker is connected, reports within router.worker_report_timeout_ms and is not draining (it gets new work), else 0.";
 }  // namespace
 
 WorkerRegistry::WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
@@ -106,7 +106,7 @@ std::vector<WorkerView> WorkerRegistry::snapshot() const {
     WorkerView v;
     v.id = id;
     v.role = w->role;
-    v.healthy = w->conn->isOpen() && w->reportsFresh;
+    v.healthy = w->conn->isOpen() && w->reportsFresh && !w->report.draining();
     v.queuedPrefillTokens = int64_t(w->report.queued_prefill_tokens());
     v.running = int(w->report.running());
     v.waiting = int(w->report.waiting());
@@ -143,7 +143,7 @@ metrics::Labels WorkerRegistry::labelsFor(const Worker& w) {
 void WorkerRegistry::exportLoad(const Worker& w) {
   const metrics::Labels labels = labelsFor(w);
   const auto& r = w.report;
-  registry_.gauge("pdserve_worker_healthy", kHealthyHelp, labels).set(1);
+  registry_.gauge("pdserve_worker_healthy", kHealthyHelp, labels).set(r.draining() ? 0 : 1);
   registry_.gauge("pdserve_worker_kv_free_blocks", "Free KV blocks per worker (load reports).", labels)
       .set(double(r.free_blocks()));
   registry_.gauge("pdserve_worker_kv_total_blocks", "KV blocks per worker (load reports).", labels)

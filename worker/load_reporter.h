@@ -27,6 +27,7 @@ struct LoadSnapshot {
   engine::EngineLoad engine;
   int heldWaiting = 0;             // requests the role holds outside the engine (waiting for blocks)
   uint32_t inflightTransfers = 0;  // KV transfers posted and not yet settled
+  bool draining = false;           // the worker takes no new work (WorkerLoop::drain)
 };
 
 class LoadReporter {

@@ -3,8 +3,8 @@
 namespace pd::worker {
 
 StatusEndpoint::StatusEndpoint(net::IoPool& io, metrics::Registry& registry,
-                               std::function<bool()> healthy)
-    : io_(io), registry_(registry), healthy_(std::move(healthy)) {}
+                               std::function<std::optional<std::string>()> unhealthy)
+    : io_(io), registry_(registry), unhealthy_(std::move(unhealthy)) {}
 
 Status StatusEndpoint::start(const std::string& host, int port) {
   net::HttpServerOptions opts;
@@ -13,8 +13,8 @@ Status StatusEndpoint::start(const std::string& host, int port) {
   server_ = std::make_unique<net::HttpServer>(
       io_.context(), opts, [this](net::HttpRequest req, std::shared_ptr<net::HttpResponder> r) {
         if (req.path() == "/health") {
-          bool ok = healthy_();
-          r->sendFull(ok ? 200 : 503, {{"content-type", "text/plain"}}, ok ? "ok\n" : "not ready\n");
+          const auto why = unhealthy_();
+          r->sendFull(why ? 503 : 200, {{"content-type", "text/plain"}}, why ? *why + "\n" : "ok\n");
         } else if (req.path() == "/metrics") {
           r->sendFull(200, {{"content-type", "text/plain; version=0.0.4"}}, registry_.serialize());
         } else {

@@ -1,10 +1,11 @@
-// A worker's /health (200 when healthy() says so, else 503 with the reason) and /metrics (the
+// A worker's /health (200 when healthy, else 503 with the reason: "draining", ...) and /metrics (the
 // registry) on one port. Served from the I/O pool's threads, so both answer while the loop
 // thread computes a long step.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/base/status.h"
@@ -16,8 +17,9 @@ namespace pd::worker {
 
 class StatusEndpoint {
  public:
-  // healthy() runs on an I/O thread.
-  StatusEndpoint(net::IoPool& io, metrics::Registry& registry, std::function<bool()> healthy);
+  // unhealthy() runs on an I/O thread: nullopt when healthy, else why not ("draining").
+  StatusEndpoint(net::IoPool& io, metrics::Registry& registry,
+                 std::function<std::optional<std::string>()> unhealthy);
   // Binds host:port (0: OS-chosen).
   Status start(const std::string& host, int port);
   int port() const;
@@ -25,7 +27,7 @@ class StatusEndpoint {
  private:
   net::IoPool& io_;
   metrics::Registry& registry_;
-  std::function<bool()> healthy_;
+  std::function<std::optional<std::string>()> unhealthy_;
   std::unique_ptr<net::HttpServer> server_;
 };
 

@@ -24,7 +24,12 @@ WorkerLoop::WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBu
       io_(2, std::string(roleName()) + "-io"),
       registry_(metrics::Labels{{"role", roleName()}, {"worker", flags_.workerId}}),
       metrics_(registry_),
-      status_(io_, registry_, [this] { return !stopping_.load() && routersUp_.load(); }) {}
+      status_(io_, registry_, [this]() -> std::optional<std::string> {
+        if (stopping_.load()) return "stopping";
+        if (draining_.load()) return "draining";
+        if (!routersUp_.load()) return "not registered with a router";
+        return std::nullopt;
+      }) {}
 
 WorkerLoop::~WorkerLoop() { stop(); }
 
@@ -68,6 +73,21 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
   thread_ = std::thread([this] { loop(); });
   routers_->start();
   reporter_->start();
+}
+
+void WorkerLoop::drain(milliseconds timeout) {
+  if (!thread_.joinable() || draining_.exchange(true)) return;
+  PD_LOG(kInfo, roleName()) << flags_.workerId << ": draining";
+  const auto deadline = steadyNow() + timeout;
+  post([] {});  // the loop publishes the draining snapshot at once
+  while (steadyNow() < deadline) {
+    // idle_ is refreshed by the loop after every iteration; a fresh iteration first.
+    idle_ = false;
+    post([] {});
+    std::this_thread::sleep_for(milliseconds(20));
+    if (idle_.load()) break;
+  }
+  PD_LOG(kInfo, roleName()) << flags_.workerId << ": " << (idle_.load() ? "drained" : "drain timed out");
 }
 
 void WorkerLoop::stop() {
@@ -131,8 +151,10 @@ void WorkerLoop::loop() {
     }
     LoadSnapshot snapshot;
     snapshot.engine = engine().load();
+    snapshot.draining = draining_.load();
     policy_->addLoad(snapshot);
     reporter_->publish(snapshot);
+    idle_ = policy_->idle() && !engine().hasWork();
   }
   // Stopping: the role ends every request with an error its client can read.
   policy_->shutdown(unavailable(std::string(roleName()) + " worker " + flags_.workerId + " is shutting down"));

@@ -59,6 +59,8 @@ class RolePolicy {
   virtual std::chrono::microseconds pollInterval() const { return std::chrono::milliseconds(20); }
   // What the role holds outside the engine.
   virtual void addLoad(LoadSnapshot& load) const {}
+  // No request of this role is in flight (the drain waits for it).
+  virtual bool idle() const = 0;
   // The loop is stopping: end every request with `why` (clients read it).
   virtual void shutdown(const Status& why) = 0;
 };
@@ -76,6 +78,10 @@ class WorkerLoop {
   Status prepare();
   // Starts the loop thread, the router links (saying `hello`) and the load reporter.
   void run(RolePolicy& role, proto::Hello hello);
+  // Drains: /health says 503 "draining", load reports say draining (the router routes nothing
+  // new here), the role refuses new work (it asks draining()), and this waits until the role
+  // is idle or `timeout` passed. stop() ends whatever is left.
+  void drain(std::chrono::milliseconds timeout);
   // Stops the router links and the reporter, lets the role end its requests on the loop
   // thread, joins it, then stops the I/O pool. Idempotent.
   void stop();
@@ -98,6 +104,7 @@ class WorkerLoop {
   kvt::TransferAgent& agent() { return *agent_; }
   RouterLinks& routers() { return *routers_; }
   int metricsPort() const { return status_.port(); }
+  bool draining() const { return draining_.load(); }
   // Where control and metrics endpoints bind: --bind-host, else pools.<role>.host.
   const std::string& bindHost() const { return bindHost_; }
   const char* roleName() const;
@@ -117,6 +124,8 @@ class WorkerLoop {
   metrics::Registry registry_;
   metrics::WorkerMetrics metrics_;
   std::atomic<bool> routersUp_{false};  // registered with at least one router: /health says 200
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> idle_{true};        // the role's idle(), as of the last iteration
   StatusEndpoint status_;
   LoopInbox inbox_;
   std::unique_ptr<kvt::TransferAgent> agent_;

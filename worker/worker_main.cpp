@@ -33,7 +33,11 @@ int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
   }
   int sig = 0;
   sigwait(&signals, &sig);
-  PD_LOG(kInfo, "worker") << program << ": signal " << sig << ", shutting down";
+  // SIGTERM (Kubernetes, pdserve up) drains first; a second signal during the drain is not
+  // waited for: the drain has its own deadline, engine.drain_timeout_ms.
+  PD_LOG(kInfo, "worker") << program << ": signal " << sig << ", draining (up to "
+                          << config->engine.drainTimeoutMs << " ms), then shutting down";
+  service.value()->drain(std::chrono::milliseconds(config->engine.drainTimeoutMs));
   service.value()->stop();
   return 0;
 }

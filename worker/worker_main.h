@@ -2,6 +2,7 @@
 // SIGTERM, stop it.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 
@@ -16,6 +17,8 @@ class Service {
  public:
   virtual ~Service() = default;
   virtual Status start() = 0;
+  // Takes no new work and waits up to `timeout` for the in-flight requests to finish.
+  virtual void drain(std::chrono::milliseconds timeout) = 0;
   // Ends in-flight work with an error the client can read and joins every thread.
   virtual void stop() = 0;
 };

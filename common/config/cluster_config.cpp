@@ -188,6 +188,7 @@ void readEngine(MapReader m, EngineConfig* c) {
   m.readInt("max_queue", &c->maxQueue, 0, 1 << 20);
   m.readIntChoice("tensor_parallel_size", &c->tensorParallelSize, {1, 2, 4, 8});
   m.readBool("enable_prefix_caching", &c->enablePrefixCaching);
+  m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
   m.finish();
   if (hasBlocks && hasBytes) {
     m.errors()->add(m.node(), "engine: num_blocks and kv_cache_bytes are exclusive; give one");

@@ -116,6 +116,9 @@ struct EngineConfig {
   int maxQueue = 1024;         // waiting requests beyond this are rejected (503)
   int tensorParallelSize = 1;  // 1, 2, 4, 8; > 1 needs the cuda backend
   bool enablePrefixCaching = true;
+  // SIGTERM: the worker stops taking work and gives its in-flight requests this long to
+  // finish before it ends the rest (docs/architecture.md, "Shutdown and drain").
+  int64_t drainTimeoutMs = 30000;
 };
 
 struct KvTransferConfig {

@@ -50,7 +50,7 @@ CONFIG_KEYS = {
     "pools": {"prefill", "decode"},
     "engine": {"backend", "threads", "block_size", "num_blocks", "kv_cache_bytes",
                "max_batch_tokens", "max_running_requests", "max_queue",
-               "tensor_parallel_size", "enable_prefix_caching"},
+               "tensor_parallel_size", "enable_prefix_caching", "drain_timeout_ms"},
     "kv_transfer": {"transports", "listen_host", "timeout_ms", "on_remote_prefill_failure"},
     "logging": {"level"},
 }

@@ -80,6 +80,8 @@ EVERYTHING = {
 NEGATIVE = [
     ("no model claim", {}, "modelVolume.pvc.claimName is required"),
     ("no router", {"router": {"replicas": 0}}, "router.replicas: 0: at least 1 router is needed"),
+    ("grace shorter than the drain", {"decode": {"terminationGracePeriodSeconds": 20}},
+     "decode.terminationGracePeriodSeconds (20 s) must exceed config.engine.drain_timeout_ms (30000 ms)"),
     ("model outside the mount", {"config": {"model": {"path": "/data/m"}}},
      "is not under modelVolume.mountPath"),
     ("GPUs != TP", {"decode": {"gpus": 2}}, "decode.gpus (2) must equal config.engine.tensor_parallel_size"),

@@ -494,3 +494,51 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
 }
+
+// Issue 12 (graceful drain): SIGTERM on a decode worker stops new work at once (the router
+// routes around it) while its stream finishes with every token and [DONE]; then the process
+// exits 0.
+TEST_CASE("a decode worker drains on SIGTERM: its stream finishes, new requests go elsewhere, it exits 0") {
+  ClusterSpec spec{/*shortPromptTokens=*/100000};
+  spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 2}}";
+  auto c = startCluster("drain-decode", spec);
+  json req{{"model", "small"}, {"prompt", prompt(20, 11)}, {"max_tokens", 200}, {"temperature", 0},
+           {"ignore_eos", true}, {"stream", true}};
+  std::string seen;
+  int fd = openStream(*c, req, 3, &seen);
+  const auto at = seen.find("x-pdserve-decode-worker: ");
+  REQUIRE(at != std::string::npos);
+  const std::string draining = seen.substr(at + 25, seen.find('\r', at) - at - 25);
+  const std::string other = draining == "decode-0" ? "decode-1" : "decode-0";
+  REQUIRE(c->processes().signal(draining, SIGTERM).isOk());
+
+  // The router stops routing to it within a few load reports.
+  bool routedAround = false;
+  for (int i = 0; i < 50 && !routedAround; ++i) {
+    auto m = httpGet(c->httpPort(), "/metrics", 5s);
+    routedAround = m.ok() && m->body.find("pdserve_worker_healthy{pool=\"decode\",worker=\"" + draining + "\"} 0") !=
+                                 std::string::npos;
+    if (!routedAround) std::this_thread::sleep_for(50ms);
+  }
+  CHECK(routedAround);
+  for (int i = 0; i < 3; ++i) {
+    auto r = complete(*c, prompt(12, 100 + i), 4);
+    CHECK(r.status == 200);
+    CHECK(r.headers.find("x-pdserve-decode-worker: " + other) != std::string::npos);
+  }
+  // The stream it was serving finishes whole.
+  char buf[4096];
+  while (seen.find("[DONE]") == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    seen.append(buf, size_t(n));
+  }
+  ::close(fd);
+  CHECK(seen.find("[DONE]") != std::string::npos);
+  CHECK(seen.find("\"error\"") == std::string::npos);
+  CHECK(seen.find("\"finish_reason\":\"length\"") != std::string::npos);
+  auto exit = c->processes().waitAny(15s);
+  REQUIRE(exit.has_value());
+  CHECK(exit->name == draining);
+  CHECK(exit->description == "exited with status 0");
+}
