@@ -56,8 +56,8 @@ namespace pd::kvt {
 struct CmaOptions {
   std::string localName = "pdserve";
   std::chrono::milliseconds peerTimeout{5000};  // END -> ACK deadline (a stalled peer)
-  int copyThreads = 2;                           // process_vm_writev in parallel
-  size_t sliceBytes = 4 << 20;                   // per process_vm_writev call
+  int copyThreads = 2;                          // process_vm_writev in parallel
+  size_t sliceBytes = 4 << 20;                  // per process_vm_writev call
 };
 
 // kUnavailable when this kernel has no process_vm_writev (ENOSYS) or the node facts cannot be
