@@ -274,6 +274,7 @@ Result<AgentPeer> TransferAgent::loadPeer(const std::string& metadata) {
   resolveGpuLane(ps);
   if (ps.gpuLaneOwned) lanes += "; " + laneName(*ps.gpuLane) + " for GPU memory";
   PD_LOG(kInfo, "kvt") << "peer '" << md.name() << "': using " << lanes;
+  metrics_.onPeerLane(laneName(ps.primary), +1);
   AgentPeer id = nextPeer_++;
   peers_[id] = std::move(ps);
   return id;
@@ -291,6 +292,7 @@ Status TransferAgent::unloadPeer(AgentPeer peer) {
   if (it->second.gpuLaneOwned) {
     (void)transports_[it->second.gpuLane->transport].transport->unloadPeer(it->second.gpuLane->peer);
   }
+  metrics_.onPeerLane(laneName(it->second.primary), -1);
   peers_.erase(it);
   return st;
 }

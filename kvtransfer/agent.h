@@ -4,7 +4,8 @@
 // in all of them, and describes itself to peers as ONE protobuf blob (localMetadata():
 // name, regions, and per transport its connection info and remote keys) that the control
 // plane carries. loadPeer(blob) picks, per peer, the first transport of the preference list
-// (default ucx, verbs, tcp) that both sides have and that connects; when that is a fabric
+// (default cma, ucx, verbs, tcp) that both sides have and that connects (cma: only a peer on
+// this node); the lane is logged and counted in pdserve_kv_peers{transport}; when that is a fabric
 // transport and both sides also have tcp, tcp is loaded too as the fallback lane. A fabric
 // transfer that fails while the peer is alive on tcp is retried once over tcp, counted in
 // pdserve_kv_transfer_fallbacks_total and logged with the reason.
@@ -58,7 +59,9 @@ using AgentTransfer = uint64_t;
 
 struct AgentOptions {
   std::string name = "pdserve";  // announced to peers (Notification::peerName there)
-  std::vector<std::string> preference = {"ucx", "verbs", "tcp"};
+  // cma first: it loads only peers on this node (kUnavailable otherwise, and the next name is
+  // tried), so same-node peers move KV at memory speed and the rest are unaffected.
+  std::vector<std::string> preference = {"cma", "ucx", "verbs", "tcp"};
   TransportOptions transport;    // passed to every transport; localName is set to `name`
   bool fallbackToTcp = true;
 };

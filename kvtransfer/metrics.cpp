@@ -2,6 +2,7 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
@@ -41,7 +42,11 @@ TransferMetrics::TransferMetrics(prometheus::Registry& registry)
                    .Name("pdserve_kv_transfer_gpu_path_total")
                    .Help("KV transfers of GPU memory posted, by path: direct (ucx, verbs dma-buf) or "
                          "staged (tcp through pinned host memory)")
-                   .Register(registry)) {}
+                   .Register(registry)),
+      peers_(prometheus::BuildGauge()
+                 .Name("pdserve_kv_peers")
+                 .Help("Transfer peers loaded now, by the transport their transfers use (cma: same node)")
+                 .Register(registry)) {}
 
 void TransferMetrics::onSuccess(const std::string& transport, size_t bytes, double seconds) {
   bytes_.Add({{"transport", transport}}).Increment(double(bytes));
@@ -60,6 +65,15 @@ void TransferMetrics::onCancel(const std::string& transport) {
 
 void TransferMetrics::onFallback(const std::string& from, const std::string& to) {
   fallbacks_.Add({{"from", from}, {"to", to}}).Increment();
+}
+
+void TransferMetrics::onPeerLane(const std::string& transport, int delta) {
+  auto& g = peers_.Add({{"transport", transport}});
+  if (delta >= 0) {
+    g.Increment(double(delta));
+  } else {
+    g.Decrement(double(-delta));
+  }
 }
 
 void TransferMetrics::onGpuPath(const std::string& path) { gpuPath_.Add({{"path", path}}).Increment(); }

@@ -5,6 +5,8 @@
 //   pdserve_kv_transfer_latency_seconds{transport}        post -> completion, ok transfers
 //   pdserve_kv_transfer_failures_total{transport,code}    failed transfers by status code
 //   pdserve_kv_transfer_fallbacks_total{from,to}          fabric transfers retried over tcp
+//   pdserve_kv_peers{transport}                           peers loaded now, by the lane their
+//                                                         transfers use (cma = same node)
 //   pdserve_kv_transfer_gpu_path_total{path}              GPU-memory transfers posted, by path:
 //                                                         direct (ucx / verbs dma-buf) | staged
 //                                                         (tcp through pinned host memory)
@@ -22,6 +24,7 @@ namespace prometheus {
 class Registry;
 class Counter;
 class Histogram;
+class Gauge;
 template <typename T>
 class Family;
 }  // namespace prometheus
@@ -37,6 +40,8 @@ class TransferMetrics {
   void onCancel(const std::string& transport);
   void onFallback(const std::string& from, const std::string& to);
   void onGpuPath(const std::string& path);
+  // A peer was loaded with `transport` as its primary lane / unloaded.
+  void onPeerLane(const std::string& transport, int delta);
 
  private:
   prometheus::Family<prometheus::Counter>& bytes_;
@@ -45,6 +50,7 @@ class TransferMetrics {
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Family<prometheus::Counter>& fallbacks_;
   prometheus::Family<prometheus::Counter>& gpuPath_;
+  prometheus::Family<prometheus::Gauge>& peers_;
 };
 
 }  // namespace pd::kvt

@@ -55,7 +55,7 @@ using PeerId = uint64_t;
 using TransferId = uint64_t;
 
 struct TransportCaps {
-  std::string name;            // "tcp", "ucx", "verbs", "loopback", "fault(tcp)"
+  std::string name;            // "cma", "tcp", "ucx", "verbs", "loopback", "fault(tcp)"
   bool hostMemory = true;      // can move kHost / kPinned memory
   bool cudaMemory = false;     // can move kCuda memory (registerMemory accepts it)
   bool cudaStaged = false;     // ... by staging it through pinned host memory (tcp), not directly

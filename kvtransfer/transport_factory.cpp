@@ -5,6 +5,9 @@
 
 // The fabric transports, guarded by the build options so a build without UCX or libibverbs
 // still links.
+#if PD_HAVE_CMA
+#include "kvtransfer/transports/cma_transport.h"
+#endif
 #if PD_HAVE_UCX
 #include "kvtransfer/transports/ucx_transport.h"
 #endif
@@ -18,6 +21,11 @@ namespace {
 // In preference order; the agent's default preference list is a subset of this.
 std::vector<std::string> compiledNames() {
   std::vector<std::string> names;
+#if PD_HAVE_CMA
+  // First: it refuses any peer not on this node at loadPeer, so the agent moves on to the
+  // next name for those, and same-node peers get memory-speed transfers (issue 18).
+  names.push_back("cma");
+#endif
 #if PD_HAVE_UCX
   names.push_back("ucx");
 #endif
@@ -36,6 +44,9 @@ Result<std::unique_ptr<Transport>> makeTransport(const std::string& name,
                                                  const TransportOptions& options) {
   if (name == "tcp") return TcpTransport::create(options);
   if (name == "loopback") return LoopbackTransport::create(options);
+#if PD_HAVE_CMA
+  if (name == "cma") return makeCmaTransport(cmaOptionsFrom(options));
+#endif
 #if PD_HAVE_UCX
   if (name == "ucx") {
     UcxOptions ucx;

@@ -42,12 +42,13 @@ struct TransportOptions {
   // chunk's device copy overlaps the socket I/O of the chunks before it.
   size_t stageChunkBytes = 4 << 20;
   int stageBuffers = 4;
-  // Transport-specific knobs ("ucx.tls" = "tcp,sm"); unknown keys are ignored by others.
+  // Transport-specific knobs ("ucx.tls" = "tcp,sm"; "cma.threads" = "2", "cma.slice_bytes");
+  // unknown keys are ignored by others.
   std::map<std::string, std::string> extra;
 };
 
-// Names compiled into this build, in the default preference order ("ucx", "verbs", "tcp",
-// "loopback"). A name listed here may still fail to initialise (no RDMA device).
+// Names compiled into this build, in the default preference order ("cma", "ucx", "verbs",
+// "tcp", "loopback"; cma only on Linux). A name listed here may still fail to initialise (no RDMA device).
 std::vector<std::string> builtTransports();
 
 // kNotFound for a name that is not compiled in (the message lists the ones that are);

@@ -33,6 +33,8 @@ std::string_view toString(DType v) {
 std::string_view toString(Backend v) { return v == Backend::kCpu ? "cpu" : "cuda"; }
 std::string_view toString(TransportKind v) {
   switch (v) {
+    case TransportKind::kCma:
+      return "cma";
     case TransportKind::kUcx:
       return "ucx";
     case TransportKind::kVerbs:
@@ -73,7 +75,8 @@ const Choices<DType> kDTypes = {
     {"auto", DType::kAuto}, {"f32", DType::kF32}, {"bf16", DType::kBF16}, {"f16", DType::kF16}};
 const Choices<Backend> kBackends = {{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}};
 const Choices<TransportKind> kTransports = {
-    {"ucx", TransportKind::kUcx}, {"verbs", TransportKind::kVerbs}, {"tcp", TransportKind::kTcp}};
+    {"cma", TransportKind::kCma}, {"ucx", TransportKind::kUcx}, {"verbs", TransportKind::kVerbs},
+    {"tcp", TransportKind::kTcp}};
 const Choices<RemotePrefillFailure> kFailurePolicies = {
     {"recompute", RemotePrefillFailure::kRecompute}, {"fail", RemotePrefillFailure::kFail}};
 const Choices<LogLevel> kLogLevels = {{"debug", LogLevel::kDebug},

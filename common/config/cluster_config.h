@@ -32,7 +32,7 @@ namespace pd::config {
 enum class ModelPreset { kTiny, kSmall };
 enum class DType { kAuto, kF32, kBF16, kF16 };
 enum class Backend { kCpu, kCuda };
-enum class TransportKind { kUcx, kVerbs, kTcp };
+enum class TransportKind { kCma, kUcx, kVerbs, kTcp };  // cma: same-node only (issue 18)
 enum class RemotePrefillFailure { kRecompute, kFail };
 
 // The YAML spelling of each value ("small", "bf16", "cuda", "ucx", "recompute").
@@ -122,9 +122,10 @@ struct EngineConfig {
 };
 
 struct KvTransferConfig {
-  // Preference order; the first one both peers support is used, tcp is the fallback.
-  std::vector<TransportKind> transports = {TransportKind::kUcx, TransportKind::kVerbs,
-                                           TransportKind::kTcp};
+  // Preference order; the first one both peers support and that connects is used, tcp is the
+  // fallback. cma connects only to peers on this node, so it goes first.
+  std::vector<TransportKind> transports = {TransportKind::kCma, TransportKind::kUcx,
+                                           TransportKind::kVerbs, TransportKind::kTcp};
   std::string listenHost = "127.0.0.1";
   int64_t timeoutMs = 10000;  // a remote prefill (compute + transfer) past this has failed
   RemotePrefillFailure onRemotePrefillFailure = RemotePrefillFailure::kRecompute;

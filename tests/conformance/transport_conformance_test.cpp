@@ -344,7 +344,7 @@ TEST_CASE("conformance: cancel stops a transfer and suppresses its notification"
     std::this_thread::sleep_for(10ms);
   }
   CHECK_FALSE(peer.nextNote(300));  // no notification for a cancelled transfer
-  if (name == "tcp" || name == "loopback") {
+  if (name == "tcp" || name == "loopback" || name == "cma") {
     // Cancelled right after post: most of the 128 MiB never went out.
     CHECK(peer.query("LAYSUM " + big.payload) != big.sum);
   }
@@ -500,5 +500,44 @@ TEST_CASE("conformance(tcp): a transfer striped over 3 streams arrives whole, no
     expectNote(peer, sent);
   }
 }
+
+#if PD_HAVE_CMA
+TEST_CASE("conformance(cma): a peer that is not on this node is refused at loadPeer, with the reason",
+          "[conformance][cma]") {
+  Peer peer("cma", kMiB);
+  proto::CmaConnInfo real;
+  REQUIRE(real.ParseFromString(peer.info().connInfo));
+  auto refused = [&](proto::CmaConnInfo forged) {
+    PeerInfo pi = peer.info();
+    pi.connInfo = forged.SerializeAsString();
+    auto t = makeTransport("cma", TransportOptions{});
+    REQUIRE(t.ok());
+    auto id = (*t)->loadPeer(pi);
+    REQUIRE_FALSE(id.ok());
+    CHECK(id.status().code() == StatusCode::kUnavailable);  // the agent moves on to the next transport
+    return id.status().message();
+  };
+  proto::CmaConnInfo other = real;
+  other.set_boot_id("00000000-0000-0000-0000-000000000000");
+  CHECK_THAT(refused(other), Catch::Contains("is on another node"));
+  other = real;
+  other.set_pid_ns(real.pid_ns() + 1);
+  CHECK_THAT(refused(other), Catch::Contains("another pid namespace"));
+  other = real;
+  other.set_instance(real.instance() ^ 1);  // the pid is alive but is not that transport
+  CHECK_THAT(refused(other), Catch::Contains("is not that peer"));
+  other = real;
+  other.set_socket("pdserve-kvt-cma-nobody");
+  CHECK_THAT(refused(other), Catch::Contains("cannot reach its control socket"));
+  // The real blob still connects and moves bytes.
+  Sender s("cma", 4096, peer.info());
+  std::memset(s.buf.get(), 0x5A, 4096);
+  auto id = s.transport->post({MemDesc{reinterpret_cast<uintptr_t>(s.buf.get()), 4096}}, {MemDesc{peer.addr(), 4096}},
+                              s.peer, std::nullopt);
+  REQUIRE(id.ok());
+  REQUIRE(s.wait(*id, 10s).isOk());
+  CHECK(peer.query("SUM " + std::to_string(peer.guard()) + " 4096") == checksumRange(s.buf.get(), 4096));
+}
+#endif
 
 }  // namespace pd::kvt::conformance

@@ -236,6 +236,10 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
   std::vector<std::pair<std::string, ClusterSpec>> setups{
       {"colocated", ClusterSpec{/*shortPromptTokens=*/100000}},
       {"disaggregated over tcp", ClusterSpec{0, "[tcp]"}}};
+#if PD_HAVE_CMA
+  // Both workers run on this machine, so cma connects (issue 18); tcp is its fallback lane.
+  setups.push_back({"disaggregated over cma", ClusterSpec{0, "[cma, tcp]"}});
+#endif
 #if PD_HAVE_UCX
   setups.push_back({"disaggregated over ucx", ClusterSpec{0, "[ucx, tcp]"}});
 #endif

@@ -92,7 +92,7 @@ TEST_CASE("an empty file is a valid cluster with the documented defaults") {
   CHECK(c.pools.decode.slo.percentile == 99);
   CHECK(c.engine.blockSize == 16);
   CHECK(c.engine.tensorParallelSize == 1);
-  CHECK(c.kvTransfer.transports == std::vector<TransportKind>{TransportKind::kUcx,
+  CHECK(c.kvTransfer.transports == std::vector<TransportKind>{TransportKind::kCma, TransportKind::kUcx,
                                                               TransportKind::kVerbs,
                                                               TransportKind::kTcp});
   CHECK(c.kvTransfer.onRemotePrefillFailure == RemotePrefillFailure::kRecompute);
@@ -196,13 +196,13 @@ TEST_CASE("out-of-range and not-allowed values say what is allowed") {
 
 TEST_CASE("lists are validated element by element") {
   CHECK(errorOf("kv_transfer: {transports: [ucx, rdma]}") ==
-        "test.yaml: kv_transfer.transports[1]: rdma is not one of ucx, verbs, tcp");
+        "test.yaml: kv_transfer.transports[1]: rdma is not one of cma, ucx, verbs, tcp");
   CHECK(errorOf("kv_transfer: {transports: [tcp, ucx, tcp]}") ==
         "test.yaml: kv_transfer.transports[2]: tcp is listed twice");
   CHECK(errorOf("kv_transfer: {transports: []}") ==
-        "test.yaml: kv_transfer.transports: must list at least one of ucx, verbs, tcp");
+        "test.yaml: kv_transfer.transports: must list at least one of cma, ucx, verbs, tcp");
   CHECK(errorOf("kv_transfer: {transports: tcp}") ==
-        "test.yaml: kv_transfer.transports: expected a list of ucx, verbs, tcp, got \"tcp\"");
+        "test.yaml: kv_transfer.transports: expected a list of cma, ucx, verbs, tcp, got \"tcp\"");
   CHECK(errorOf("router: {ttft_buckets_s: [0.1, 0.5, 0.5]}") ==
         "test.yaml: router.ttft_buckets_s[2]: 0.5 is not greater than the previous bound 0.5 "
         "(bounds must be strictly increasing)");

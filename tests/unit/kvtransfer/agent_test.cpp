@@ -229,3 +229,36 @@ TEST_CASE("agent: bad metadata and unknown ids are clear errors", "[kvt][agent]"
 
 }  // namespace
 }  // namespace pd::kvt
+
+#if PD_HAVE_CMA
+namespace pd::kvt {
+namespace {
+std::vector<NamedTransport> sameNodeLanes(const std::string& who) {
+  std::vector<NamedTransport> v;
+  v.push_back({"cma", testing::make("cma", who)});
+  v.push_back({"tcp", testing::make("tcp", who)});
+  return v;
+}
+}  // namespace
+
+TEST_CASE("agent: a same-node peer gets the cma lane, tcp stays the fallback, the lane is in the metrics",
+          "[kvt][agent][cma]") {
+  using namespace testing;
+  // Both agents live in this process: same node and pid namespace, so cma connects.
+  Node a("prefill-0", sameNodeLanes("prefill-0"), kBytes);
+  Node b("decode-0", sameNodeLanes("decode-0"), kBytes);
+  AgentPeer p = connect(a, b);
+  CHECK(a.agent->peerTransport(p).value() == "cma");
+  CHECK(metricValue(a.registry, "pdserve_kv_peers", {{"transport", "cma"}}) == 1);
+  fillPattern(a.buf, 9);
+  REQUIRE(sendOnce(a, b, p, 256 * 1024, 8192, "over cma").isOk());
+  CHECK(std::memcmp(b.buf.data() + 8192, a.buf.data(), 256 * 1024) == 0);
+  auto notes = b.agent->takeNotifications();
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].payload == "over cma");
+  CHECK(metricValue(a.registry, "pdserve_kv_transfers_total", {{"transport", "cma"}, {"outcome", "ok"}}) == 1);
+  REQUIRE(a.agent->unloadPeer(p).isOk());
+  CHECK(metricValue(a.registry, "pdserve_kv_peers", {{"transport", "cma"}}) == 0);
+}
+}  // namespace pd::kvt
+#endif

@@ -30,7 +30,8 @@ inline double metricValue(const prometheus::Registry& registry, const std::strin
       std::map<std::string, std::string> have;
       for (const auto& l : m.label) have[l.name] = l.value;
       if (have != labels) continue;
-      return fam.type == prometheus::MetricType::Histogram ? double(m.histogram.sample_count) : m.counter.value;
+      if (fam.type == prometheus::MetricType::Histogram) return double(m.histogram.sample_count);
+      return fam.type == prometheus::MetricType::Gauge ? m.gauge.value : m.counter.value;
     }
   }
   return 0;
