@@ -1,5 +1,5 @@
 // LoopInbox: how other threads hand work to a worker's loop thread. Asio callbacks (control
-// connections, the router link) never touch loop state; they post closures here, and the loop
+// connections, the router links) never touch loop state; they post closures here, and the loop
 // runs them between engine steps.
 #pragma once
 

@@ -1,7 +1,7 @@
 // WorkerLoop: the one loop a worker process runs (DESIGN.md §3, §10; docs/architecture.md).
-// It owns the engine, the KV cache (through the engine), the transfer agent, the link to the
-// router, the load reporter, the /health + /metrics endpoint and the per-request deadlines,
-// and runs them on ONE loop thread. What a worker does with them is its role, a RolePolicy
+// It owns the engine, the KV cache (through the engine), the transfer agent, the links to
+// every router, the load reporter, the /health + /metrics endpoint, the per-request deadlines
+// and the drain, and runs them on ONE loop thread. What a worker does with them is its role, a RolePolicy
 // plugged in at start: the prefill role (prefill_worker/) and the decode role with colocated
 // prefill (decode_worker/).
 //
@@ -11,8 +11,8 @@
 // are asynchronous (Asio callbacks post their results here) and every wait is a timer. Load
 // reports and /health are served from the I/O pool, so they keep flowing during a long step.
 //
-// Threads: the constructor, prepare(), run() and stop() are for the owner (the service);
-// post() from any thread; every other method, and every RolePolicy method, on the loop thread
+// Threads: the constructor, prepare(), run(), drain() and stop() are for the owner (the
+// service); post() and draining() from any thread; every other method, and every RolePolicy method, on the loop thread
 // (before run(): on the owner's, while no loop runs).
 #pragma once
 
