@@ -224,13 +224,12 @@ void RemotePrefills::failPeerRequests(const std::string& address, const Status& 
 }
 
 void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) {
-  forget(id);
   std::vector<engine::EngineEvent> events;
   Status s = loop_.engine().completeRemote(id, worker::fromProto(done.first_token_id(), done.first_logprob()), &events);
-  if (!s.isOk()) {
-    loop_.engine().cancel(id);
-    return callbacks_.onFailed(id, s);
-  }
+  // A PrefillDone the engine refuses (a first token outside the vocabulary) is the prefill
+  // worker's failure: this request recomputes or fails, the batch it would join is untouched.
+  if (!s.isOk()) return failed(id, s.withContext("PrefillDone from prefill worker " + requests_.at(id).address));
+  forget(id);
   loop_.metrics().remotePrefill("ok");
   callbacks_.onKvReady(id, events);
 }

@@ -55,6 +55,12 @@ Result<std::vector<BlockId>> Engine::submitRemote(Request request) {
 Status Engine::completeRemote(uint64_t id, const SampledToken& first,
                               std::vector<EngineEvent>* events) {
   if (!remote_.count(id)) return notFound(reqName(id) + ": not waiting for remote KV");
+  // Checked before anything changes: a bad id from a peer must fail this request alone (it
+  // stays waiting for KV, so the caller can recompute it), never the next batch it joins.
+  if (first.id < 0 || first.id >= modelConfig().vocabSize) {
+    return invalidArgument(reqName(id) + ": first token id " + std::to_string(first.id) +
+                           " is outside the vocabulary of " + std::to_string(modelConfig().vocabSize));
+  }
   Request& r = requests_.at(id);
   remote_.erase(id);
   PD_RETURN_IF_ERROR(r.setNumComputed(r.numPromptTokens()));

@@ -89,6 +89,7 @@ class Engine {
   Result<std::vector<BlockId>> submitRemote(Request request);
   // The prompt's KV is in place and `first` is the token the prefill worker sampled: the
   // request decodes from here. Events for the first token (and its finish) are appended.
+  // kInvalidArgument, changing nothing, when `first` is not a token of the model.
   Status completeRemote(uint64_t id, const SampledToken& first, std::vector<EngineEvent>* events);
   // The remote prefill failed: free the reserved blocks and queue a local prefill.
   Status recomputeRemote(uint64_t id);

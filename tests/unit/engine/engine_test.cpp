@@ -174,6 +174,26 @@ TEST_CASE("engine: KV prefilled by another engine decodes to the colocated resul
   CHECK(decode->kv().numFreeBlocks() == decode->kv().numTotalBlocks());
 }
 
+TEST_CASE("engine: a first token outside the vocabulary fails that remote request alone") {
+  auto engine = makeEngine(64, 32);
+  REQUIRE(engine->submit(makeRequest(1, testPrompt(12, 1), greedy(6))).isOk());
+  auto blocks = engine->submitRemote(makeRequest(2, testPrompt(30, 2), greedy(6)));
+  REQUIRE(blocks.ok());
+  SampledToken bad;
+  bad.id = 1 << 20;
+  std::vector<EngineEvent> events;
+  Status s = engine->completeRemote(2, bad, &events);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("outside the vocabulary"));
+  CHECK(events.empty());
+  CHECK(engine->load().remote == 1);  // still waiting for KV: the caller recomputes it
+  REQUIRE(engine->recomputeRemote(2).isOk());
+  auto out = runToEnd(*engine);
+  CHECK(out[1] == handDrivenGreedy(testPrompt(12, 1), 6));  // the other request is untouched
+  CHECK(out[2] == handDrivenGreedy(testPrompt(30, 2), 6));
+  CHECK(engine->kv().checkInvariants().isOk());
+}
+
 TEST_CASE("engine: cancel and refused reservations leave no block behind") {
   auto engine = makeEngine(8, 32);  // 8 blocks of 16 tokens
   REQUIRE(engine->submit(makeRequest(1, testPrompt(40, 1), greedy(50))).isOk());
