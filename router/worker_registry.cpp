@@ -29,7 +29,16 @@ Status WorkerRegistry::add(const net::ConnectionPtr& c) {
                               "'");
   }
   if (auto it = workers_.find(hello.worker_id()); it != workers_.end() && it->second->conn->isOpen()) {
-    return failedPrecondition("worker id '" + hello.worker_id() + "' is already registered");
+    // A live worker keeps its id. One that stopped reporting is presumed gone (its process
+    // restarted, or the connection died without a reset reaching us): the id is released to
+    // the new connection instead of locking the worker out until TCP gives up.
+    if (it->second->reportsFresh && steadyNow() - it->second->lastReport < reportTimeout_) {
+      return failedPrecondition("worker id '" + hello.worker_id() + "' is already registered");
+    }
+    PD_LOG(kWarn, kTag) << "worker '" << hello.worker_id() << "' registers again from " << c->remoteAddress()
+                        << "; its old connection from " << it->second->conn->remoteAddress()
+                        << " sent no report for " << reportTimeout_.count() << " ms: closing it";
+    it->second->conn->close(unavailable("replaced by a new registration of worker '" + hello.worker_id() + "'"));
   }
   auto w = std::make_unique<Worker>(executor_);
   w->id = hello.worker_id();

@@ -35,8 +35,12 @@ Status RouterLink::send(proto::Envelope env) {
   return conn->send(std::move(env));
 }
 
-// Dials until connected, waits while the connection lives, and dials again after a drop.
+// Dials until connected, waits while the connection lives, and dials again after a drop. A
+// connection the router closes at once (it refused the registration: a duplicate id, another
+// model) is retried with a growing backoff, and the reason is logged; it never leaves the
+// link waiting on a connection that is already gone.
 void RouterLink::connectLoop() {
+  auto backoff = std::chrono::milliseconds(200);
   while (!stopping_) {
     net::ConnectionOptions opts;
     opts.hello = hello_;
@@ -45,10 +49,11 @@ void RouterLink::connectLoop() {
       auto shared = std::make_shared<proto::Envelope>(std::move(env));
       inbox_.post([this, shared] { handlers_.onMessage(std::move(*shared)); });
     };
-    cb.onClose = [this](const net::ConnectionPtr&, const Status& why) {
+    cb.onClose = [this](const net::ConnectionPtr& c, const Status& why) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        conn_.reset();
+        if (conn_ == c) conn_.reset();
+        lastClose_ = why;
       }
       up_ = false;
       cv_.notify_all();
@@ -64,15 +69,30 @@ void RouterLink::connectLoop() {
       cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_.load(); });
       continue;
     }
+    const auto openedAt = std::chrono::steady_clock::now();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      conn_ = conn.value();
+      // It may have closed already (a refusal right after the hello): then it is not ours.
+      if (conn.value()->isOpen()) conn_ = conn.value();
     }
-    up_ = true;
-    PD_LOG(kInfo, "worker") << "registered with router " << host_ << ":" << port_;
-    inbox_.post([this] { handlers_.onState(true, Status::ok()); });
+    if (conn_) {
+      up_ = true;
+      PD_LOG(kInfo, "worker") << "registered with router " << host_ << ":" << port_;
+      inbox_.post([this] { handlers_.onState(true, Status::ok()); });
+    }
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return stopping_.load() || !conn_; });
+    while (!stopping_ && conn_ && conn_->isOpen()) cv_.wait_for(lock, std::chrono::seconds(1));
+    conn_.reset();
+    if (stopping_) break;
+    // A connection that did not last was most likely refused: back off, and say why.
+    if (std::chrono::steady_clock::now() - openedAt < std::chrono::seconds(5)) {
+      PD_LOG(kWarn, "worker") << "router " << host_ << ":" << port_ << " closed the registration ("
+                              << lastClose_.message() << "); registering again in " << backoff.count() << " ms";
+      cv_.wait_for(lock, backoff, [this] { return stopping_.load(); });
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+    } else {
+      backoff = std::chrono::milliseconds(200);
+    }
   }
 }
 

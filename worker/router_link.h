@@ -45,6 +45,7 @@ class RouterLink {
   std::mutex mu_;
   std::condition_variable cv_;
   net::ConnectionPtr conn_;
+  Status lastClose_;  // why the last connection closed (guarded by mu_)
   std::atomic<bool> up_{false};
   std::atomic<bool> stopping_{false};
   std::thread thread_;

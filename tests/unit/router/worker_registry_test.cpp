@@ -100,4 +100,24 @@ TEST_CASE("a worker silent past the report timeout gets no work until it reports
   CHECK_FALSE(healthy(f.workers, "prefill-0"));
 }
 
+
+TEST_CASE("a worker id held by a silent connection is released to the worker's new registration") {
+  Fixture f;
+  auto old = worker(proto::ROLE_DECODE, "decode-0");
+  REQUIRE(f.workers.add(old).isOk());
+  // While the old connection reports, the id stays its own.
+  proto::LoadReport report;
+  report.set_worker_id("decode-0");
+  f.workers.onLoadReport(old, report);
+  CHECK(f.workers.add(worker(proto::ROLE_DECODE, "decode-0")).code() == StatusCode::kFailedPrecondition);
+  // Silent past the report timeout (a restarted worker whose old connection TCP has not
+  // noticed yet): the new registration wins and the old connection is closed.
+  f.runFor(150ms);
+  auto fresh = worker(proto::ROLE_DECODE, "decode-0");
+  REQUIRE(f.workers.add(fresh).isOk());
+  CHECK_FALSE(old->isOpen());
+  f.workers.onLoadReport(fresh, report);
+  CHECK(healthy(f.workers, "decode-0"));
+}
+
 }  // namespace pd::router

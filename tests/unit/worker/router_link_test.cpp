@@ -1,0 +1,50 @@
+// RouterLink against a fake router that refuses the first registration (closes it right after
+// the hello, as a router does for an id it still holds): the link must not wait on the dead
+// connection; it registers again, after a backoff, and ends up up.
+#include "worker/router_link.h"
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
+
+#include "common/net/io_pool.h"
+
+using namespace pd;
+using namespace std::chrono_literals;
+
+TEST_CASE("a refused registration is retried with a backoff until the router accepts it") {
+  net::IoPool io{2, "test-io"};
+  std::atomic<int> opened{0};
+  net::ConnectionOptions ro;
+  ro.hello.set_role(proto::ROLE_ROUTER);
+  ro.hello.set_worker_id("router-fake");
+  net::ConnectionCallbacks cb;
+  cb.onOpen = [&](const net::ConnectionPtr& c) {
+    if (opened++ == 0) c->close(failedPrecondition("worker id 'decode-t' is already registered"));
+  };
+  auto server = net::FramedServer::listen(io, "127.0.0.1", 0, ro, cb);
+  REQUIRE(server.ok());
+
+  worker::LoopInbox inbox;
+  std::vector<bool> states;
+  proto::Hello hello;
+  hello.set_role(proto::ROLE_DECODE);
+  hello.set_worker_id("decode-t");
+  worker::RouterLink link(io, inbox, "127.0.0.1", server.value()->port(), hello,
+                          worker::RouterLink::Handlers{[](proto::Envelope&&) {},
+                                                       [&](bool up, const Status&) { states.push_back(up); }});
+  const auto t0 = std::chrono::steady_clock::now();
+  link.start();
+  while (!(link.isUp() && opened.load() >= 2) && std::chrono::steady_clock::now() - t0 < 10s) {
+    inbox.runPending(std::chrono::milliseconds(20));
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(opened.load() == 2);
+  CHECK(link.isUp());
+  CHECK(took >= 150ms);  // it backed off before registering again
+  for (int i = 0; i < 10; ++i) inbox.runPending(std::chrono::milliseconds(10));
+  REQUIRE_FALSE(states.empty());
+  CHECK(states.back());
+  link.stop();
+  server.value()->stop();
+}
