@@ -42,11 +42,11 @@ class LoadReporter {
   void stepStarted();
   void stepEnded();
 
-  // The LoadReport for a snapshot (tests read it).
-  static proto::Envelope reportFor(proto::Role role, const std::string& workerId, const LoadSnapshot& s,
-                                   double stepRunningMs);
 
  private:
+  // The LoadReport for a snapshot.
+  static proto::Envelope reportFor(proto::Role role, const std::string& workerId, const LoadSnapshot& s,
+                                   double stepRunningMs);
   struct Shared;
   static int64_t nowNs();
   static void schedule(std::shared_ptr<Shared> shared);
