@@ -61,7 +61,9 @@ int main(int argc, char** argv) {
   }
   int sig = 0;
   sigwait(&signals, &sig);
-  PD_LOG(kInfo, "router") << "signal " << sig << ": shutting down";
+  PD_LOG(kInfo, "router") << "signal " << sig << ": draining (up to " << config->router.drainTimeoutMs
+                          << " ms), then shutting down";
+  service.value()->drain(std::chrono::milliseconds(config->router.drainTimeoutMs));
   service.value()->stop();
   return 0;
 }

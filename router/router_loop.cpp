@@ -96,8 +96,31 @@ void RouterLoop::submit(std::shared_ptr<RequestStream> stream) {
   onStrand([this, stream = std::move(stream)] { route(stream); });
 }
 
+void RouterLoop::inFlight(std::function<void(size_t)> done) {
+  onStrand([this, done = std::move(done)] {
+    std::unordered_set<RequestStream*> streams;
+    for (const auto& [rid, e] : requests_) streams.insert(e.stream.get());
+    done(streams.size());
+  });
+}
+
+void RouterLoop::failAll(Status why) {
+  onStrand([this, why = std::move(why)] {
+    std::unordered_set<RequestStream*> failed;
+    for (const auto& [rid, e] : requests_)
+      if (failed.insert(e.stream.get()).second) e.stream->fail(why);
+  });
+}
+
 void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
   const RequestSpec& spec = stream->spec();
+  if (draining_) {
+    ApiError e;
+    e.status = 503;
+    e.type = "service_unavailable";
+    e.message = "this router is shutting down; retry (another router takes the request)";
+    return stream->refuse(std::move(e), "draining");
+  }
   const std::vector<uint64_t>& blocks = spec.prefixBlocks;
   std::vector<WorkerView> views = workers_.snapshot();
   if (!blocks.empty())

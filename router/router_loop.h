@@ -14,6 +14,7 @@
 // The loop must outlive the IoPool's threads (stop the pool, then destroy the loop).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -59,6 +60,14 @@ class RouterLoop final : public StreamOwner {
   // done(number of healthy decode workers) runs on the strand; it must not block.
   void healthyDecodeWorkers(std::function<void(int)> done);
 
+  // Drain (SIGTERM): from now on new requests are refused with a 503 that says so.
+  void startDrain() { draining_ = true; }
+  bool draining() const { return draining_.load(); }
+  // done(requests still streaming) runs on the strand.
+  void inFlight(std::function<void(size_t)> done);
+  // Ends every request still streaming with `why` (an error event, then [DONE]).
+  void failAll(Status why);
+
   // The prompt's block hashes for prefix-aware routing (none when it is off). Any thread.
   std::vector<uint64_t> blockHashes(std::span<const int32_t> prompt) const;
 
@@ -81,6 +90,7 @@ class RouterLoop final : public StreamOwner {
   void autoscale(SteadyTime now);
 
   boost::asio::strand<boost::asio::io_context::executor_type> strand_;
+  std::atomic<bool> draining_{false};
   const config::ClusterConfig& cfg_;
   const std::string modelName_;
   metrics::RouterMetrics& metrics_;

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -86,6 +88,27 @@ class RouterServiceImpl final : public RouterService {
 
   // The pool goes last but before the loop and the streams it runs: once its threads are
   // joined nothing touches them, and what its queue still holds is dropped with it.
+  void drain(std::chrono::milliseconds timeout) override {
+    loop_.startDrain();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto streaming = [this] {
+      auto n = std::make_shared<std::promise<size_t>>();
+      auto f = n->get_future();
+      loop_.inFlight([n](size_t count) { n->set_value(count); });
+      return f.wait_for(std::chrono::seconds(2)) == std::future_status::ready ? f.get() : size_t(1);
+    };
+    size_t left = streaming();
+    while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      left = streaming();
+    }
+    if (left == 0) return;
+    PD_LOG(kWarn, "router") << "drain timed out with " << left << " request(s) streaming: ending them";
+    loop_.failAll(unavailable("this router is shutting down; the request did not finish within router.drain_timeout_ms"));
+    // Let the streams write their error events before the servers stop.
+    for (int i = 0; i < 40 && streaming() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+
   void stop() override {
     if (stopping_.exchange(true)) return;
     if (http_) http_->stop();
@@ -101,6 +124,7 @@ class RouterServiceImpl final : public RouterService {
   void onHttp(net::HttpRequest req, std::shared_ptr<net::HttpResponder> r) {
     const std::string path = req.path();
     if (path == "/health") {
+      if (loop_.draining()) return r->sendFull(503, {{"content-type", "text/plain"}}, "draining\n");
       return loop_.healthyDecodeWorkers([r](int healthy) {
         bool ok = healthy > 0;
         r->sendFull(ok ? 200 : 503, {{"content-type", "text/plain"}}, ok ? "" : "no healthy decode worker\n");

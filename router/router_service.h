@@ -19,6 +19,7 @@
 // not be called from an I/O thread (it joins them).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -40,6 +41,9 @@ class RouterService {
   static Result<std::unique_ptr<RouterService>> create(RouterOptions options);
   virtual ~RouterService() = default;
   virtual Status start() = 0;
+  // SIGTERM: /health says 503 draining and new requests are refused with a 503; streams in
+  // flight get up to `timeout` to finish, then end with an error event and [DONE].
+  virtual void drain(std::chrono::milliseconds timeout) = 0;
   virtual void stop() = 0;
   virtual int httpPort() const = 0;
   virtual int controlPort() const = 0;

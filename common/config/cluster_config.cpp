@@ -113,6 +113,7 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readInt("max_prompt_tokens", &c->maxPromptTokens, 0, kMaxTokens);
   m.readInt("load_report_interval_ms", &c->loadReportIntervalMs, 1, 60000);
   m.readInt("worker_report_timeout_ms", &c->workerReportTimeoutMs, 10, 600000);
+  m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
   m.readInt("request_timeout_ms", &c->requestTimeoutMs, 1, 24 * kHourMs);
   m.readBuckets("ttft_buckets_s", &c->ttftBucketsS);
   m.readBuckets("itl_buckets_s", &c->itlBucketsS);

@@ -64,6 +64,7 @@ struct RouterConfig {
   int64_t maxPromptTokens = 0;           // 0 -> model.max_model_len
   int64_t loadReportIntervalMs = 100;    // how often workers send LoadReport
   int64_t workerReportTimeoutMs = 1000;  // a worker silent this long is out of rotation
+  int64_t drainTimeoutMs = 30000;        // SIGTERM: in-flight streams may finish this long
   int64_t requestTimeoutMs = 600000;     // whole-request deadline
   std::vector<double> ttftBucketsS;
   std::vector<double> itlBucketsS;

@@ -45,7 +45,7 @@ CONFIG_KEYS = {
     "model": {"path", "preset", "name", "max_model_len", "dtype"},
     "router": {"host", "port", "control_port", "api_keys", "short_prompt_tokens",
                "max_body_bytes", "max_prompt_tokens", "load_report_interval_ms",
-               "worker_report_timeout_ms", "request_timeout_ms", "ttft_buckets_s",
+               "worker_report_timeout_ms", "drain_timeout_ms", "request_timeout_ms", "ttft_buckets_s",
                "itl_buckets_s", "e2e_buckets_s"},
     "pools": {"prefill", "decode"},
     "engine": {"backend", "threads", "block_size", "num_blocks", "kv_cache_bytes",

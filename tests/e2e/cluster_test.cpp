@@ -546,3 +546,30 @@ TEST_CASE("a decode worker drains on SIGTERM: its stream finishes, new requests 
   CHECK(exit->name == draining);
   CHECK(exit->description == "exited with status 0");
 }
+
+// Issue 12: a router stopped with SIGTERM ends every open stream with an error event and
+// [DONE] (after router.drain_timeout_ms), never by just dropping the connection; it exits 0.
+TEST_CASE("a router stopped under traffic ends its streams with an error event and [DONE]") {
+  ClusterSpec spec{/*shortPromptTokens=*/100000};
+  spec.extraRouter = "  drain_timeout_ms: 300\n";
+  auto c = startCluster("drain-router", spec);
+  json req{{"model", "small"}, {"prompt", prompt(20, 21)}, {"max_tokens", 1500}, {"temperature", 0},
+           {"ignore_eos", true}, {"stream", true}};
+  std::string seen;
+  int fd = openStream(*c, req, 3, &seen);
+  REQUIRE(c->processes().signal("router", SIGTERM).isOk());
+  char buf[4096];
+  while (true) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    seen.append(buf, size_t(n));
+  }
+  ::close(fd);
+  CHECK(seen.find("\"error\"") != std::string::npos);
+  CHECK(seen.find("shutting down") != std::string::npos);
+  CHECK(seen.find("data: [DONE]") != std::string::npos);
+  auto exit = c->processes().waitAny(15s);
+  REQUIRE(exit.has_value());
+  CHECK(exit->name == "router");
+  CHECK(exit->description == "exited with status 0");
+}
