@@ -60,7 +60,7 @@ class DecodeRole final : public worker::RolePolicy {
   void onStepEvents(const std::vector<EngineEvent>& events) override { publish(events); }
   void poll() override { remote_.admitWaiting(); }
   std::chrono::microseconds pollInterval() const override {
-    return engine_.load().remote > 0 ? std::chrono::milliseconds(1) : std::chrono::milliseconds(20);
+    return remote_.anyInFlight() ? std::chrono::milliseconds(1) : std::chrono::milliseconds(20);
   }
   void addLoad(worker::LoadSnapshot& load) const override { load.heldWaiting = remote_.waitingForBlocks(); }
   bool idle() const override { return streams_.empty(); }

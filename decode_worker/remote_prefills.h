@@ -50,6 +50,7 @@ class RemotePrefills {
   // Reserves blocks for waiting requests, in arrival order (loop poll).
   void admitWaiting();
   int waitingForBlocks() const { return int(waiting_.size()); }
+  bool anyInFlight() const { return !requests_.empty(); }
   bool contains(uint64_t id) const { return requests_.count(id) != 0; }
   // Ends every request (FAILED, no recompute) and closes the peer connections.
   void shutdown(const Status& why);

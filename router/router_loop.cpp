@@ -5,6 +5,7 @@
 #include <boost/asio/post.hpp>
 
 #include "common/base/log.h"
+#include "common/base/random.h"
 
 namespace pd::router {
 namespace {
@@ -156,7 +157,7 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
 
 uint64_t RouterLoop::newRequestId() {
   uint64_t id = 0;
-  while (id == 0 || requests_.count(id)) id = idRng_();  // 0 means "connection-level" on the wire
+  while (id == 0 || requests_.count(id)) id = randomNonZeroU64();  // 0 is "connection-level" on the wire
   return id;
 }
 

@@ -19,7 +19,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -111,7 +110,6 @@ class RouterLoop final : public StreamOwner {
   // Worker request ids are random 64-bit values, not a sequence: workers serve several
   // routers at once (issue 11), and the ids of two routers must not collide on a worker.
   uint64_t newRequestId();
-  std::mt19937_64 idRng_{std::random_device{}()};
 };
 
 }  // namespace pd::router

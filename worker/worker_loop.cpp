@@ -79,9 +79,9 @@ void WorkerLoop::drain(milliseconds timeout) {
   if (!thread_.joinable() || draining_.exchange(true)) return;
   PD_LOG(kInfo, roleName()) << flags_.workerId << ": draining";
   const auto deadline = steadyNow() + timeout;
-  post([] {});  // the loop publishes the draining snapshot at once
   while (steadyNow() < deadline) {
-    // idle_ is refreshed by the loop after every iteration; a fresh iteration first.
+    // The loop refreshes idle_ after every iteration: clear it and wake the loop, so what is
+    // read next is from an iteration that saw the draining flag.
     idle_ = false;
     post([] {});
     std::this_thread::sleep_for(milliseconds(20));

@@ -19,11 +19,11 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
+#include "common/base/random.h"
 #include "common/base/log.h"
 #include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/segment_matcher.h"
@@ -41,15 +41,6 @@ constexpr size_t kMaxNotification = 64 << 10;  // one SOCK_SEQPACKET message car
 constexpr int kPollTickMs = 50;
 
 using Clock = std::chrono::steady_clock;
-
-uint64_t randomU64() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard lock(mu);
-  uint64_t v = 0;
-  while (v == 0) v = rng();
-  return v;
-}
 
 std::string errnoText(int e) {
   return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")";
@@ -145,7 +136,7 @@ struct Incoming {
 class CmaTransport final : public Transport {
  public:
   CmaTransport(const CmaOptions& o, std::string bootId, uint64_t pidNs)
-      : opts_(o), bootId_(std::move(bootId)), pidNs_(pidNs), instance_(randomU64()) {
+      : opts_(o), bootId_(std::move(bootId)), pidNs_(pidNs), instance_(randomNonZeroU64()) {
     probe_ = instance_;
   }
 
@@ -234,7 +225,7 @@ class CmaTransport final : public Transport {
     key.set_version(kBlobVersion);
     key.set_addr(it->second.addr);
     key.set_len(it->second.len);
-    key.set_token(randomU64());
+    key.set_token(randomNonZeroU64());
     key.set_instance(instance_);
     std::lock_guard lock(mu_);
     exposures_[key.token()] = it->second;

@@ -3,22 +3,13 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <random>
 
+#include "common/base/random.h"
 #include "kvtransfer/kvt.pb.h"
 
 namespace pd::kvt {
 
 namespace {
-
-uint64_t randomU64() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard lock(mu);
-  uint64_t v = 0;
-  while (v == 0) v = rng();
-  return v;
-}
 
 // Live loopback transports of this process by instance id. Holding the lock while copying
 // keeps a target alive until the copy and its notification are done.
@@ -38,7 +29,7 @@ Result<std::unique_ptr<Transport>> LoopbackTransport::create(const TransportOpti
 }
 
 LoopbackTransport::LoopbackTransport(const TransportOptions& options)
-    : options_(options), instance_(randomU64()) {
+    : options_(options), instance_(randomNonZeroU64()) {
   std::lock_guard lock(registryMu());
   registry()[instance_] = this;
 }
@@ -89,7 +80,7 @@ Result<std::string> LoopbackTransport::packRemoteKey(MemHandle handle) {
   auto it = regions_.find(handle);
   if (it == regions_.end()) return notFound("loopback transport: no registration " + std::to_string(handle));
   proto::LoopbackRemoteKey key;
-  key.set_token(randomU64());
+  key.set_token(randomNonZeroU64());
   key.set_addr(it->second.addr);
   key.set_len(it->second.len);
   std::lock_guard lock(mu_);

@@ -146,7 +146,7 @@ Result<std::string> TcpTransport::Impl::packRemoteKey(MemHandle handle) {
   auto it = regions_.find(handle);
   if (it == regions_.end()) return notFound("tcp transport: no registration " + std::to_string(handle));
   proto::TcpRemoteKey key;
-  key.set_token(randomU64());
+  key.set_token(randomNonZeroU64());
   key.set_addr(it->second.desc.addr);
   key.set_len(it->second.desc.len);
   key.set_instance(instance_);

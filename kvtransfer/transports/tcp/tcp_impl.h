@@ -23,7 +23,6 @@
 #include <deque>
 #include <future>
 #include <mutex>
-#include <random>
 #include <shared_mutex>
 #include <sstream>
 #include <thread>
@@ -32,6 +31,7 @@
 
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "common/base/random.h"
 #include "kvtransfer/segment_matcher.h"
 #include "kvtransfer/staging_ring.h"
 
@@ -95,14 +95,6 @@ inline std::string hex(uint64_t v) {
   std::ostringstream s;
   s << "0x" << std::hex << v;
   return s.str();
-}
-
-inline uint64_t randomU64() {
-  static thread_local std::mt19937_64 rng{std::random_device{}() ^
-                                          uint64_t(std::chrono::steady_clock::now().time_since_epoch().count())};
-  uint64_t v = 0;
-  while (v == 0) v = rng();
-  return v;
 }
 
 // One (local -> remote) piece as it goes on the wire.
@@ -237,7 +229,7 @@ using namespace tcpimpl;  // the Impl's members name these types unqualified
 class TcpTransport::Impl {
  public:
   explicit Impl(const TransportOptions& options)
-      : options_(options), acceptor_(io_), instance_(randomU64()), watchdog_(io_) {}
+      : options_(options), acceptor_(io_), instance_(randomNonZeroU64()), watchdog_(io_) {}
 
   ~Impl() { shutdown(); }
 
