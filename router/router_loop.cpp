@@ -35,7 +35,14 @@ RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig&
       threshold_(cfg.router.adaptiveThreshold
                      ? std::optional<AdaptiveThreshold>(AdaptiveThreshold(cfg.router.shortPromptTokens))
                      : std::nullopt),
-      autoscaleTimer_(strand_) {}
+      autoscaleTimer_(strand_) {
+  // A decode worker whose reports stopped is cut off (its reports come from its I/O threads,
+  // never blocked by a long step): its streams would stall until the request deadline.
+  workers_.onSilent([this](const std::string& id) {
+    migrateFrom(id, unavailable("decode worker '" + id + "' sent no load report for " +
+                                std::to_string(cfg_.router.workerReportTimeoutMs) + " ms"));
+  });
+}
 
 template <typename F>
 void RouterLoop::onStrand(F&& f) {
@@ -77,11 +84,13 @@ void RouterLoop::onWorkerClosed(const net::ConnectionPtr& conn, const Status& wh
   if (id.empty()) return;
   PD_LOG(kWarn, kTag) << "worker '" << id << "' left: " << why.message();
   prefixIndex_.forget(id);
-  // Every request with a choice still running there fails (once, however many choices).
-  std::unordered_set<RequestStream*> affected;
+  migrateFrom(id, unavailable("decode worker '" + id + "' disconnected"));
+}
+
+void RouterLoop::migrateFrom(const std::string& id, const Status& why) {
+  std::unordered_set<RequestStream*> affected;  // once per request, however many choices
   for (const auto& [rid, e] : requests_)
-    if (e.decodeWorker == id && affected.insert(e.stream.get()).second)
-      e.stream->workerLost(unavailable("decode worker '" + id + "' disconnected"));
+    if (e.decodeWorker == id && affected.insert(e.stream.get()).second) e.stream->workerLost(why);
 }
 
 // The chunk goes to its request's strand; the table entry stays until the stream says the

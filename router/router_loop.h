@@ -95,6 +95,8 @@ class RouterLoop final : public StreamOwner {
   Dispatch dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n);
   void onChunk(proto::TokenChunk&& chunk);
   void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
+  // Every request streaming from decode worker `id` moves elsewhere (router/request_stream.h).
+  void migrateFrom(const std::string& id, const Status& why);
   void scheduleAutoscale(std::chrono::steady_clock::duration after);
   void autoscale(SteadyTime now);
 

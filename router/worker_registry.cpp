@@ -108,6 +108,7 @@ void WorkerRegistry::onReportTimer(const std::string& id, const net::ConnectionP
   registry_.gauge("pdserve_worker_healthy", kHealthyHelp, labelsFor(w)).set(0);
   PD_LOG(kWarn, kTag) << "worker '" << w.id << "' sent no load report for " << reportTimeout_.count()
                       << " ms: no new work until it does";
+  if (onSilent_) onSilent_(w.id);
 }
 
 void WorkerRegistry::notePrefillRouted(const std::string& id, int64_t tokens) {

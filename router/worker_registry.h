@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -62,6 +63,10 @@ class WorkerRegistry {
   void notePrefillRouted(const std::string& id, int64_t tokens);
   static constexpr std::chrono::milliseconds kDispatchSettle{250};
 
+  // Called (on the executor) when a worker's reports stop for report_timeout: it is cut off
+  // or gone, and what it streams cannot be counted on (the loop migrates it).
+  void onSilent(std::function<void(const std::string& id)> callback) { onSilent_ = std::move(callback); }
+
   // One view per registered worker, healthy = connected and reporting.
   std::vector<WorkerView> snapshot() const;
   // nullptr when no such worker is registered.
@@ -82,6 +87,7 @@ class WorkerRegistry {
   metrics::RouterMetrics& metrics_;
   // unique_ptr: a timer's handler finds its worker by id; the entry never moves under it.
   std::unordered_map<std::string, std::unique_ptr<Worker>> workers_;
+  std::function<void(const std::string&)> onSilent_;
 };
 
 }  // namespace pd::router

@@ -205,12 +205,18 @@ std::vector<int32_t> readStreamIds(int fd, std::string* seen) {
   return ids;
 }
 
-// The router's value of a series (the first line starting with `series`), or -1.
+// The router's value of a series: `name` or `name{labels...}` as the first line starting with
+// it spells it (the labels given must be the series' leading ones), or -1.
 double routerMetric(LocalCluster& c, const std::string& series) {
   auto r = httpGet(c.httpPort(), "/metrics", 5s);
   if (!r.ok()) return -1;
-  const auto at = r->body.find(series);
-  return at == std::string::npos ? -1 : std::atof(r->body.c_str() + r->body.find(' ', at) + 1);
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(series, 0) != 0) continue;
+    const char next = line[series.size()];
+    if (series.back() == '}' || next == ' ' || next == '{') return std::atof(line.c_str() + line.rfind(' ') + 1);
+  }
+  return -1;
 }
 
 std::string headerValue(const std::string& seen, const std::string& name) {
@@ -384,6 +390,26 @@ TEST_CASE("a client that disconnects mid-stream frees its blocks on both workers
   CHECK(workerMetric(*c, "decode-0", "pdserve_num_requests_running") == 0);
 }
 
+// Issue 12: the abort leak users file most. 100 clients leave, half before their first token
+// (right after sending) and half mid-stream, on colocated and disaggregated prompts; then
+// every block is free on both workers, nothing is in flight, and greedy output is unchanged.
+TEST_CASE("100 client aborts, before the first token and mid-stream: no block leaks, output unchanged") {
+  auto c = startCluster("aborts", ClusterSpec{/*shortPromptTokens=*/64});
+  for (int i = 0; i < 100; ++i) {
+    const bool early = i % 2 == 0;
+    json req{{"model", "small"}, {"prompt", prompt(i % 4 < 2 ? 20 : 100, 500 + i)}, {"max_tokens", 100},
+             {"stream", true}, {"ignore_eos", true}};
+    std::string seen;
+    int fd = openStream(*c, req, early ? 0 : 2, &seen);
+    ::close(fd);
+  }
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
+  CHECK(routerMetric(*c, "pdserve_requests_in_flight") == 0);
+  const auto p = prompt(300, 77);
+  CHECK(complete(*c, p, 8).ids == generateCli(p, 8));
+}
+
 TEST_CASE("the prefill worker killed mid-request: recomputed on the decode worker, or failed") {
   const auto p = prompt(2000, 42);
   const auto expected = generateCli(p, 4);
@@ -463,6 +489,34 @@ TEST_CASE("a decode worker killed mid-stream: the stream continues on another on
   const std::string other = first == "decode-0" ? "decode-1" : "decode-0";
   CHECK(allBlocksFree(*c, other));
   CHECK(allBlocksFree(*c, "prefill-0"));
+}
+
+// A stopped decode worker (SIGSTOP: a hung host, a partition) keeps its connection open but
+// stops reporting: after router.worker_report_timeout_ms its stream moves on. Resumed, it
+// gets the cancel and frees everything.
+TEST_CASE("a decode worker stopped mid-stream: the stream moves on after the report timeout, same tokens") {
+  ClusterSpec spec{/*shortPromptTokens=*/100000};
+  spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 2}}";
+  spec.extraRouter = "  worker_report_timeout_ms: 800\n";
+  auto c = startCluster("migrate-stop", spec);
+  const auto p = prompt(20, 33);
+  const int kTokens = 300;
+  const auto expected = generateCli(p, kTokens);
+  json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
+           {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true}};
+  std::string seen;
+  int fd = openStream(*c, req, 4, &seen);
+  const std::string stopped = headerValue(seen, "x-pdserve-decode-worker");
+  REQUIRE(c->processes().signal(stopped, SIGSTOP).isOk());
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ids = readStreamIds(fd, &seen);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE(c->processes().signal(stopped, SIGCONT).isOk());
+  CHECK(seen.find("\"error\"") == std::string::npos);
+  CHECK(ids == expected);
+  CHECK(took < 20s);
+  CHECK(routerMetric(*c, "pdserve_request_migrations_total{reason=\"worker_lost\"}") == 1);
+  CHECK(allBlocksFree(*c, stopped));
 }
 
 // A drain that times out ends the worker's requests with `unavailable`: they move on too.
