@@ -275,13 +275,13 @@ void RemotePrefills::failed(uint64_t id, const Status& why) {
 
 Status RemotePrefills::recomputeStall(int promptTokens) const {
   const engine::EngineLoad load = loop_.engine().load();
-  if (load.running == 0 || load.prefillTokensPerS <= 0) return Status::ok();
+  if (load.decoding == 0 || load.prefillTokensPerS <= 0) return Status::ok();
   const int64_t chunk = std::min<int64_t>(promptTokens, loop_.config().engine.maxBatchTokens);
   const double stepMs = 1e3 * double(chunk) / load.prefillTokensPerS;
   const double itlMs = loop_.config().pools.decode.slo.itlMs;
   if (stepMs <= itlMs) return Status::ok();
   return resourceExhausted("recomputing its " + std::to_string(promptTokens) + " prompt tokens here would stretch the " +
-                           std::to_string(load.running) + " running streams' steps to ~" +
+                           std::to_string(load.decoding) + " running streams' steps to ~" +
                            std::to_string(int(stepMs)) + " ms, past the " + std::to_string(int(itlMs)) +
                            " ms ITL target");
 }

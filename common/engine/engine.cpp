@@ -273,6 +273,7 @@ EngineLoad Engine::load() const {
   for (uint64_t id : running_) {
     const Request& r = requests_.at(id);
     l.queuedPrefillTokens += std::max(0, r.numPromptTokens() - r.numComputed());
+    l.decoding += r.numComputed() >= r.numPromptTokens();
   }
   l.freeBlocks = kv_->numFreeBlocks();
   l.totalBlocks = kv_->numTotalBlocks();

@@ -56,6 +56,7 @@ struct EngineOptions {
 
 struct EngineLoad {
   int running = 0;               // holding KV and computing (prefill or decode)
+  int decoding = 0;              // of those, past their prompt: streams that a long step stalls
   int waiting = 0;               // queued for admission
   int remote = 0;                // blocks reserved, waiting for a prefill worker's KV
   int64_t queuedPrefillTokens = 0;  // prompt tokens not yet computed

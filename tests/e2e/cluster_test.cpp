@@ -327,9 +327,10 @@ TEST_CASE("prefix-aware routing: a prompt extending one the decode worker receiv
 
 TEST_CASE("adaptive threshold: a prefill pool missing its SLO pulls prompts onto the decode pool") {
   // A TTFT target no request can meet and an ITL target every one meets: after one tick with
-  // enough samples in both windows the router raises short_prompt_tokens from 64.
+  // enough samples in both windows the router raises short_prompt_tokens from 64. (Overload
+  // shedding, which would refuse these prompts against that target, is not what is tested.)
   ClusterSpec spec{/*shortPromptTokens=*/64};
-  spec.extraRouter = "  adaptive_threshold: true\n";
+  spec.extraRouter = "  adaptive_threshold: true\n  overload_shedding: false\n";
   spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 1}}, decode: {replicas: 1, slo: {itl_ms: 60000}}}";
   auto c = startCluster("adaptive-threshold", spec);
   auto routerMetric = [&](const std::string& name) {
@@ -537,7 +538,10 @@ TEST_CASE("a decode worker whose drain times out: its stream moves to another on
   const auto ids = readStreamIds(fd, &seen);
   CHECK(seen.find("\"error\"") == std::string::npos);
   CHECK(ids == expected);
-  CHECK(routerMetric(*c, "pdserve_request_migrations_total{reason=\"worker_gave_up\"}") == 1);
+  // It gave the request up (an unavailable error), or its connection closed first at exit.
+  CHECK(std::max(0.0, routerMetric(*c, "pdserve_request_migrations_total{reason=\"worker_gave_up\"}")) +
+            std::max(0.0, routerMetric(*c, "pdserve_request_migrations_total{reason=\"worker_lost\"}")) ==
+        1);
   auto exit = c->processes().waitAny(15s);
   REQUIRE(exit.has_value());
   CHECK(exit->name == draining);
