@@ -18,22 +18,26 @@ namespace {
 struct ServerFixture {
   explicit ServerFixture(HttpHandler handler, size_t maxBody = 1024) {
     HttpServerOptions opts;
-    opts.port = 0;
     opts.maxBodyBytes = maxBody;
+    init(opts, std::move(handler));
+  }
+  ServerFixture(HttpServerOptions opts, HttpHandler handler) { init(opts, std::move(handler)); }
+  void init(HttpServerOptions opts, HttpHandler handler) {
+    opts.port = 0;
     server = std::make_unique<HttpServer>(io, opts, std::move(handler));
     REQUIRE(server->start().isOk());
-    thread = std::thread([this] { io.run(); });
+    for (auto& t : threads) t = std::thread([this] { io.run(); });
   }
   ~ServerFixture() {
     server->stop();
     work.reset();
     io.stop();
-    thread.join();
+    for (auto& t : threads) t.join();
   }
   net::io_context io;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work{io.get_executor()};
   std::unique_ptr<HttpServer> server;
-  std::thread thread;
+  std::thread threads[2];
 };
 
 // Sends raw bytes and reads until the server closes or `until` appears in the reply.
@@ -140,4 +144,168 @@ TEST_CASE("a client that disconnects mid-stream fires onDisconnect") {
   auto r = gotResponder.get_future().get();
   r->sendEvent("data: late\n\n");
   r->endStream();
+}
+
+// ---- Hardening (issue 13) ------------------------------------------------------------------
+
+namespace {
+
+// A blocking loopback socket with a receive timeout, for clients that misbehave on purpose.
+struct RawSocket {
+  explicit RawSocket(uint16_t port, int timeoutMs = 5000) : s(io) {
+    s.connect({net::ip::make_address("127.0.0.1"), port});
+    timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
+    ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  // Reads until EOF/reset (true) or the receive timeout (false); what came is in `got`.
+  bool readUntilClosed(std::string* got = nullptr) {
+    char buf[4096];
+    for (;;) {
+      ssize_t n = ::recv(s.native_handle(), buf, sizeof buf, 0);
+      if (n > 0) {
+        if (got) got->append(buf, size_t(n));
+        continue;
+      }
+      if (n == 0) return true;
+      return errno == ECONNRESET;
+    }
+  }
+  // True when the server has closed it already (no waiting).
+  bool closedNow() {
+    char b;
+    ssize_t n = ::recv(s.native_handle(), &b, 1, MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+  }
+  net::io_context io;
+  tcp::socket s;
+};
+
+}  // namespace
+
+TEST_CASE("a handler that throws still gets its request answered: a 500 with the OpenAI error shape") {
+  ServerFixture f([](HttpRequest req, std::shared_ptr<HttpResponder> r) {
+    if (req.path() == "/throw") throw std::runtime_error("type must be boolean, but is string");
+    r->sendFull(200, {}, "ok");
+  });
+  std::string reply = exchange(f.server->port(), "GET /throw HTTP/1.1\r\nHost: a\r\n\r\n");
+  CHECK(reply.find("HTTP/1.1 500") == 0);
+  CHECK(reply.find("\"type\":\"internal_error\"") != std::string::npos);
+  CHECK(reply.find("\"param\":null,\"code\":null") != std::string::npos);
+  // The connection is closed after it (exchange returned without a timeout), and the server serves on.
+  CHECK(exchange(f.server->port(), "GET / HTTP/1.1\r\nConnection: close\r\n\r\n").find("HTTP/1.1 200 OK") == 0);
+}
+
+TEST_CASE("a handler that never answers: the server answers 504 at responseTimeoutMs and fires onDisconnect") {
+  HttpServerOptions o;
+  o.responseTimeoutMs = 300;
+  std::promise<void> disconnected;
+  std::shared_ptr<HttpResponder> kept;
+  ServerFixture f(o, [&](HttpRequest, std::shared_ptr<HttpResponder> r) {
+    r->onDisconnect([&] { disconnected.set_value(); });
+    kept = r;  // holds it and never answers
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  std::string reply = exchange(f.server->port(), "GET /stuck HTTP/1.1\r\nHost: a\r\n\r\n");
+  auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(reply.find("HTTP/1.1 504") == 0);
+  CHECK(reply.find("did not answer within 300 ms") != std::string::npos);
+  CHECK(waited >= std::chrono::milliseconds(250));
+  CHECK(waited < std::chrono::seconds(5));
+  CHECK(disconnected.get_future().wait_for(std::chrono::seconds(2)) == std::future_status::ready);
+  kept->sendFull(200, {}, "too late");  // ignored, harmless
+}
+
+TEST_CASE("slowloris: a client that trickles its headers or sends nothing is closed at the header deadline") {
+  HttpServerOptions o;
+  o.headerTimeoutMs = 400;
+  ServerFixture f(o, [](HttpRequest, std::shared_ptr<HttpResponder> r) { r->sendFull(200, {}, "ok"); });
+  SECTION("silent") {
+    RawSocket c(f.server->port());
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK(c.readUntilClosed());
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  }
+  SECTION("trickling: a byte every 100 ms never finishes the headers") {
+    RawSocket c(f.server->port());
+    const std::string head = "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    auto t0 = std::chrono::steady_clock::now();
+    bool closed = false;
+    for (char ch : head) {
+      boost::system::error_code ec;
+      net::write(c.s, net::buffer(&ch, 1), ec);
+      if (ec) {
+        closed = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!closed) closed = c.readUntilClosed();
+    CHECK(closed);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2000));
+  }
+  SECTION("a slow body is cut at bodyTimeoutMs") {
+    HttpServerOptions ob;
+    ob.bodyTimeoutMs = 300;
+    ServerFixture fb(ob, [](HttpRequest, std::shared_ptr<HttpResponder> r) { r->sendFull(200, {}, "ok"); });
+    RawSocket c(fb.server->port());
+    net::write(c.s, net::buffer(std::string("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n{")));
+    auto t0 = std::chrono::steady_clock::now();
+    std::string got;
+    CHECK(c.readUntilClosed(&got));
+    CHECK(got.empty());
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  }
+}
+
+TEST_CASE("idle keep-alive connections are closed at keepAliveTimeoutMs") {
+  HttpServerOptions o;
+  o.keepAliveTimeoutMs = 300;
+  ServerFixture f(o, [](HttpRequest, std::shared_ptr<HttpResponder> r) { r->sendFull(200, {}, "ok"); });
+  RawSocket c(f.server->port());
+  net::write(c.s, net::buffer(std::string("GET / HTTP/1.1\r\nHost: a\r\n\r\n")));
+  std::string got;
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(c.readUntilClosed(&got));
+  CHECK(got.find("HTTP/1.1 200 OK") == 0);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+}
+
+TEST_CASE("hundreds of idle sockets against max_connections: the excess is closed at once, a fresh client is answered") {
+  HttpServerOptions o;
+  o.maxConnections = 32;
+  o.headerTimeoutMs = 1000;
+  ServerFixture f(o, [](HttpRequest, std::shared_ptr<HttpResponder> r) { r->sendFull(200, {}, "ok"); });
+  std::vector<std::unique_ptr<RawSocket>> idle;
+  for (int i = 0; i < 300; ++i) idle.push_back(std::make_unique<RawSocket>(f.server->port()));
+  // Well before the header deadline only the refused ones are closed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int closedAtOnce = 0;
+  for (auto& s : idle) closedAtOnce += s->closedNow() ? 1 : 0;
+  CHECK(closedAtOnce == 300 - 32);
+  CHECK(f.server->stats().refusedConnections >= 300 - 32);
+  CHECK(f.server->stats().openConnections <= 32);
+  // The idle ones hold their slots until the header deadline; then a new client gets in.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  CHECK(exchange(f.server->port(), "GET / HTTP/1.1\r\nConnection: close\r\n\r\n").find("HTTP/1.1 200 OK") == 0);
+}
+
+TEST_CASE("HTTP/1.0 clients get a close-delimited stream, never chunked encoding") {
+  ServerFixture f([](HttpRequest, std::shared_ptr<HttpResponder> r) {
+    std::thread([r] {
+      r->startStream(200, {});
+      for (int i = 0; i < 3; ++i) r->sendEvent("data: {\"i\":" + std::to_string(i) + "}\n\n");
+      r->sendEvent("data: [DONE]\n\n");
+      r->endStream();
+    }).detach();
+  });
+  std::string reply = exchange(f.server->port(), "POST /s HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+  CHECK(reply.find("HTTP/1.0 200 OK") == 0);
+  CHECK(reply.find("Transfer-Encoding") == std::string::npos);
+  CHECK(reply.find("chunked") == std::string::npos);
+  // The events follow the headers as they were sent, and the connection closes after [DONE].
+  auto body = reply.substr(reply.find("\r\n\r\n") + 4);
+  CHECK(body == "data: {\"i\":0}\n\ndata: {\"i\":1}\n\ndata: {\"i\":2}\n\ndata: [DONE]\n\n");
+  // HTTP/1.1 still gets chunks.
+  std::string chunked = exchange(f.server->port(), "POST /s HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+  CHECK(chunked.find("Transfer-Encoding: chunked") != std::string::npos);
 }
