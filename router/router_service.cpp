@@ -163,7 +163,8 @@ class RouterServiceImpl final : public RouterService {
     if (path == "/metrics") {
       using config::MetricsAuth;
       const auto mode = cfg_.router.metricsAuth;
-      const std::string_view token = KeySet::bearerToken(req.header("authorization"));
+      const std::string authorization = req.header("authorization");  // token views into it
+      const std::string_view token = KeySet::bearerToken(authorization);
       if ((mode == MetricsAuth::kApiKey && apiKeys_.match(token) < 0) ||
           (mode == MetricsAuth::kBearerFile && metricsToken_.match(token) < 0)) {
         metrics_.requestError("authentication_error");

@@ -425,6 +425,13 @@ class Session final : public SessionBase {
     responseTimer_.cancel();
     release();
     if constexpr (kTls) {
+      if (watching_ || writing_) {
+        // An operation is still pending on the stream (the peer went away mid-response):
+        // no close_notify, which would overlap it.
+        beast::error_code ignored;
+        lowest().socket().close(ignored);
+        return;
+      }
       // close_notify, so that a close-delimited body is not mistaken for a truncated one;
       // bounded, since the peer need not answer.
       lowest().expires_after(std::chrono::seconds(2));

@@ -80,7 +80,7 @@ TEST_CASE("full responses, keep-alive and request fields") {
   CHECK(reply.find("GET /health  ") != std::string::npos);
 }
 
-TEST_CASE("a body over the limit is a 413 with an OpenAI error; garbage is a 400") {
+TEST_CASE("a body over the limit is a 413 with an OpenAI error, garbage is a 400") {
   ServerFixture f([](HttpRequest, std::shared_ptr<HttpResponder> r) { r->sendFull(200, {}, "ok"); },
                   /*maxBody=*/16);
   std::string big = "POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 17\r\n\r\n" +

@@ -109,7 +109,7 @@ std::string tlsGet(uint16_t port, const std::string& caFile, std::string* body, 
 
 }  // namespace
 
-TEST_CASE("TLS: a verifying client gets answers; plain HTTP, a wrong CA and TLS 1.1 fail cleanly") {
+TEST_CASE("TLS: a verifying client gets answers, while plain HTTP, a wrong CA and TLS 1.1 fail cleanly") {
   Certs certs;
   TlsServer srv(certs);
   const uint16_t port = srv.server->port();
