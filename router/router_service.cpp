@@ -68,8 +68,12 @@ class RouterServiceImpl final : public RouterService {
     rateLimitedTokens_ = registry_.counter("pdserve_router_rate_limited_total",
                                            "Requests refused with 429 by router.rate_limits", {{"limit", "tokens_per_s"}});
     httpConnections_ = registry_.gauge("pdserve_router_http_connections", "Open connections on the HTTP API port");
-    httpRefused_ = registry_.counter("pdserve_router_http_connections_refused_total",
-                                     "Connections closed at accept: router.max_connections were open");
+    httpRefused_ = registry_.counter("pdserve_router_http_connections_closed_total",
+                                     "Connections closed because router.max_connections were open",
+                                     {{"reason", "refused"}});
+    httpEvicted_ = registry_.counter("pdserve_router_http_connections_closed_total",
+                                     "Connections closed because router.max_connections were open",
+                                     {{"reason", "evicted_idle"}});
   }
 
   ~RouterServiceImpl() override { stop(); }
@@ -292,8 +296,11 @@ class RouterServiceImpl final : public RouterService {
     if (!http_) return;
     const auto st = http_->stats();
     httpConnections_.set(double(st.openConnections));
-    const uint64_t seen = refusedSeen_.exchange(st.refusedConnections);
-    if (st.refusedConnections > seen) httpRefused_.inc(double(st.refusedConnections - seen));
+    // The server counts; the registry's counters follow it at each scrape.
+    const uint64_t refused = refusedSeen_.exchange(st.refusedConnections);
+    if (st.refusedConnections > refused) httpRefused_.inc(double(st.refusedConnections - refused));
+    const uint64_t evicted = evictedSeen_.exchange(st.evictedConnections);
+    if (st.evictedConnections > evicted) httpEvicted_.inc(double(st.evictedConnections - evicted));
   }
 
   json modelsJson() const {
@@ -322,9 +329,9 @@ class RouterServiceImpl final : public RouterService {
   std::unique_ptr<net::FramedServer> control_;
   std::unique_ptr<net::HttpServer> http_;
   std::atomic<bool> stopping_{false};
-  metrics::Counter rateLimitedRequests_, rateLimitedTokens_, httpRefused_;
+  metrics::Counter rateLimitedRequests_, rateLimitedTokens_, httpRefused_, httpEvicted_;
   metrics::Gauge httpConnections_;
-  std::atomic<uint64_t> refusedSeen_{0};
+  std::atomic<uint64_t> refusedSeen_{0}, evictedSeen_{0};
   const int64_t startedAt_ = unixSeconds();
 };
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <optional>
 #include <type_traits>
@@ -55,10 +56,17 @@ std::string errorBody(const std::string& message, const std::string& type) {
 
 class SessionBase;
 
-// Connection accounting shared by the acceptor and its sessions.
-struct Counters {
+// Connection accounting shared by the acceptor and its sessions, and the connections that
+// are not inside a request (connecting, waiting for or reading one), oldest first: at the
+// cap, the acceptor closes the oldest of those to make room. So a flood of idle or
+// slowloris sockets cannot lock clients out: a new connection sends its request at once and
+// is then no longer a candidate, while the flood's sockets are.
+struct Connections {
   std::atomic<size_t> open{0};
   std::atomic<uint64_t> refused{0};
+  std::atomic<uint64_t> evicted{0};
+  std::mutex mu;
+  std::list<std::weak_ptr<SessionBase>> idle;
 };
 
 class Responder final : public HttpResponder {
@@ -109,6 +117,10 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
  public:
   virtual ~SessionBase() = default;
   virtual net::any_io_executor executor() = 0;
+  // From the acceptor, any thread: close this connection unless a request began meanwhile.
+  virtual void evict() = 0;
+  // Where this session is in Connections::idle; guarded by Connections::mu.
+  std::optional<std::list<std::weak_ptr<SessionBase>>::iterator> idleAt;
   // On the strand:
   virtual void writeFull(int status, HttpHeaders headers, std::string body) = 0;
   virtual void writeStreamHeader(int status, HttpHeaders headers) = 0;
@@ -131,17 +143,27 @@ class Session final : public SessionBase {
   static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
 
   template <class... StreamArgs>
-  Session(const HttpServerOptions& options, HttpHandler handler, std::shared_ptr<Counters> counters,
+  Session(const HttpServerOptions& options, HttpHandler handler, std::shared_ptr<Connections> conns,
           StreamArgs&&... streamArgs)
       : stream_(std::forward<StreamArgs>(streamArgs)...),
         options_(options),
         handler_(std::move(handler)),
-        counters_(std::move(counters)),
+        conns_(std::move(conns)),
         responseTimer_(stream_.get_executor()) {}
 
-  ~Session() override { release(); }
+  ~Session() override {
+    markBusy();
+    release();
+  }
+
+  void evict() override {
+    net::post(stream_.get_executor(), [self = self()] {
+      if (!self->inRequest_) self->close();
+    });
+  }
 
   void start() {
+    markIdle();
     net::dispatch(stream_.get_executor(), [self = self()] {
       // The first request's header deadline counts from accept (and covers the handshake).
       self->headerDeadline_ = std::chrono::steady_clock::now() + ms(self->options_.headerTimeoutMs);
@@ -244,6 +266,8 @@ class Session final : public SessionBase {
   // between requests under the keep-alive timeout. Bytes already buffered (a pipelined
   // request) go straight to the header read.
   void waitForRequest(bool first) {
+    inRequest_ = false;
+    markIdle();
     if (buffer_.size() > 0) return readHeader(first);
     if (first) lowest().expires_at(headerDeadline_);
     else lowest().expires_after(ms(options_.keepAliveTimeoutMs));
@@ -274,6 +298,8 @@ class Session final : public SessionBase {
 
   void onReadError(beast::error_code ec) {
     lowest().expires_never();
+    inRequest_ = true;
+    markBusy();
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
         ec == net::error::operation_aborted || ec == net::error::connection_reset ||
         ec == net::ssl::error::stream_truncated) {
@@ -299,6 +325,8 @@ class Session final : public SessionBase {
 
   void onRequest() {
     lowest().expires_never();
+    inRequest_ = true;
+    markBusy();
     auto& msg = parser_->get();
     HttpRequest req;
     req.method = std::string(msg.method_string());
@@ -423,6 +451,7 @@ class Session final : public SessionBase {
     closed_ = true;
     queue_.clear();
     responseTimer_.cancel();
+    markBusy();
     release();
     if constexpr (kTls) {
       if (watching_ || writing_) {
@@ -450,14 +479,26 @@ class Session final : public SessionBase {
   void release() {
     if (counted_) {
       counted_ = false;
-      counters_->open.fetch_sub(1);
+      conns_->open.fetch_sub(1);
+    }
+  }
+
+  void markIdle() {
+    std::lock_guard<std::mutex> lock(conns_->mu);
+    if (!idleAt && !closed_) idleAt = conns_->idle.insert(conns_->idle.end(), weak_from_this());
+  }
+  void markBusy() {
+    std::lock_guard<std::mutex> lock(conns_->mu);
+    if (idleAt) {
+      conns_->idle.erase(*idleAt);
+      idleAt.reset();
     }
   }
 
   Stream stream_;
   const HttpServerOptions options_;
   HttpHandler handler_;
-  std::shared_ptr<Counters> counters_;
+  std::shared_ptr<Connections> conns_;
   net::steady_timer responseTimer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -465,6 +506,7 @@ class Session final : public SessionBase {
   std::deque<WriteOp> queue_;
   Clock::time_point headerDeadline_{};
   bool counted_ = true;
+  bool inRequest_ = false;  // from a request's arrival to the end of its response
   bool writing_ = false;
   bool watching_ = false;
   bool responseEnded_ = true;
@@ -526,24 +568,45 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
         self->retry.async_wait([self](beast::error_code) { self->accept(); });
         return;
       }
-      if (self->counters->open.load() >= self->options.maxConnections) {
-        self->counters->refused.fetch_add(1);
-        if (logAllowed()) {
-          PD_LOG(kWarn, "http") << "refusing a connection: " << self->options.maxConnections
-                                << " are open (router.max_connections)";
+      auto& conns = *self->conns;
+      if (conns.open.load() >= self->options.maxConnections) {
+        // At the cap: make room by closing the oldest connection that is not inside a
+        // request; when every one is, refuse this one.
+        std::shared_ptr<SessionBase> victim;
+        {
+          std::lock_guard<std::mutex> lock(conns.mu);
+          while (!victim && !conns.idle.empty()) {
+            victim = conns.idle.front().lock();
+            if (victim) victim->idleAt.reset();
+            conns.idle.pop_front();
+          }
         }
-        beast::error_code ignored;
-        socket.close(ignored);
-        return self->accept();
+        if (victim) {
+          conns.evicted.fetch_add(1);
+          victim->evict();
+          if (logAllowed()) {
+            PD_LOG(kWarn, "http") << self->options.maxConnections
+                                  << " connections are open (router.max_connections): closing the oldest idle one";
+          }
+        } else {
+          conns.refused.fetch_add(1);
+          if (logAllowed()) {
+            PD_LOG(kWarn, "http") << "refusing a connection: " << self->options.maxConnections
+                                  << " are open and busy (router.max_connections)";
+          }
+          beast::error_code ignored;
+          socket.close(ignored);
+          return self->accept();
+        }
       }
-      self->counters->open.fetch_add(1);
+      conns.open.fetch_add(1);
       socket.set_option(tcp::no_delay(true), ec);
       if (self->tls) {
         std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(self->options, self->handler,
-                                                                        self->counters, std::move(socket), *self->tls)
+                                                                        self->conns, std::move(socket), *self->tls)
             ->start();
       } else {
-        std::make_shared<Session<beast::tcp_stream>>(self->options, self->handler, self->counters,
+        std::make_shared<Session<beast::tcp_stream>>(self->options, self->handler, self->conns,
                                                      std::move(socket))
             ->start();
       }
@@ -583,7 +646,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   HttpHandler handler;
   tcp::acceptor acceptor;
   net::steady_timer retry;
-  std::shared_ptr<Counters> counters = std::make_shared<Counters>();
+  std::shared_ptr<Connections> conns = std::make_shared<Connections>();
   std::shared_ptr<net::ssl::context> tls;
 };
 
@@ -637,7 +700,7 @@ uint16_t HttpServer::port() const {
 }
 
 HttpServerStats HttpServer::stats() const {
-  return HttpServerStats{impl_->counters->open.load(), impl_->counters->refused.load()};
+  return HttpServerStats{impl_->conns->open.load(), impl_->conns->refused.load(), impl_->conns->evicted.load()};
 }
 
 }  // namespace pd::net

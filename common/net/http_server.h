@@ -4,9 +4,9 @@
 //
 // Hardening (issue 13): every wait of a connection has a deadline (TLS handshake and headers,
 // body, keep-alive idle, the handler's first response byte); the number of open connections
-// is capped (beyond it new ones are closed at once); a handler that throws gets its request
-// answered with a 500 instead of a connection left open forever; HTTP/1.0 clients get
-// close-delimited streams, never chunked encoding.
+// is capped (at the cap the oldest idle connection makes room, or the new one is closed); a
+// handler that throws gets its request answered with a 500 instead of a connection left
+// open forever; HTTP/1.0 clients get close-delimited streams, never chunked encoding.
 //
 // Threads: the server runs on the io_context it is given (the caller runs that context on
 // one or more threads). The handler is called on an I/O thread and must not block: it
@@ -75,7 +75,9 @@ struct HttpServerOptions {
   // was read, or the server answers 504 itself, fires onDisconnect and closes. 0: no limit.
   // Once a stream has started, its pace is the handler's business.
   int64_t responseTimeoutMs = 0;
-  // Open connections beyond this are closed as soon as they are accepted.
+  // At this many open connections, a new one makes the server close the oldest connection
+  // that is not inside a request (idle, or still sending its headers or body); when all are
+  // inside one, the new connection is closed as soon as it is accepted.
   size_t maxConnections = 4096;
   // Both set: the port speaks TLS only (PEM files: the certificate chain, the private key).
   std::string tlsCertFile;
@@ -84,7 +86,8 @@ struct HttpServerOptions {
 
 struct HttpServerStats {
   size_t openConnections = 0;
-  uint64_t refusedConnections = 0;  // closed at accept: over maxConnections
+  uint64_t refusedConnections = 0;  // closed at accept: maxConnections open, all in a request
+  uint64_t evictedConnections = 0;  // idle ones closed to make room for a new one
 };
 
 class HttpServer {
