@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <deque>
+#include <fstream>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -627,6 +628,10 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     // TLS 1.2 is the floor (RFC 8996 deprecates 1.0 and 1.1).
     if (SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION) != 1) {
       return internalError("http: cannot set the minimum TLS version");
+    }
+    // OpenSSL's own message for a missing file is a bare "asio.ssl error": say it plainly.
+    for (const auto& [what, path] : {std::pair{"certificate", o.tlsCertFile}, std::pair{"private key", o.tlsKeyFile}}) {
+      if (!std::ifstream(path)) return invalidArgument(std::string("TLS ") + what + " file '" + path + "' cannot be read");
     }
     beast::error_code ec;
     ctx->use_certificate_chain_file(o.tlsCertFile, ec);

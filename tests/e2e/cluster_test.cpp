@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -21,6 +22,7 @@
 #include "common/engine/model_maker.h"
 #include "tests/test_skip.h"
 #include "tools/local_cluster.h"
+#include "tools/process_group.h"
 
 using namespace pd;
 using namespace pd::tools;
@@ -834,4 +836,58 @@ TEST_CASE("per-key rate limits: a burst of M out of N at once, the rest 429 with
   auto at = m->body.find(series);
   REQUIRE(at != std::string::npos);
   CHECK(std::atof(m->body.c_str() + at + series.size()) == 5);
+}
+
+// Issue 13: router.tls on the real router binary. Certificates are made here with the openssl
+// CLI (never committed); curl is the client: verified against the right CA it is answered, a
+// plain-HTTP client and a client trusting another CA fail, and so does TLS 1.1.
+TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wrong CA and TLS 1.1") {
+  if (std::system("command -v openssl >/dev/null 2>&1 && command -v curl >/dev/null 2>&1") != 0) {
+    pd::test::skipTest("needs the openssl and curl CLIs (scripts/setup installs both)");
+  }
+  const std::string dir = kWork + "/tls." + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto sh = [&](const std::string& cmd) { return std::system(("cd " + dir + " && " + cmd).c_str()); };
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1";
+  REQUIRE(sh("openssl req -x509" + ec + " -keyout ca.key -out ca.pem -subj /CN=ca >/dev/null 2>&1") == 0);
+  REQUIRE(sh("openssl req" + ec + " -keyout s.key -out s.csr -subj /CN=localhost >/dev/null 2>&1") == 0);
+  REQUIRE(sh("printf 'subjectAltName=IP:127.0.0.1\\n' > ext && openssl x509 -req -in s.csr -CA ca.pem -CAkey ca.key "
+             "-CAcreateserial -out s.pem -days 1 -extfile ext >/dev/null 2>&1") == 0);
+  REQUIRE(sh("openssl req -x509" + ec + " -keyout other.key -out other.pem -subj /CN=other >/dev/null 2>&1") == 0);
+  auto port = freePort();
+  auto control = freePort();
+  REQUIRE(port.ok());
+  REQUIRE(control.ok());
+  std::ofstream(dir + "/cluster.yaml") << "model: {path: " << modelDir() << ", name: small}\n"
+                                       << "router: {tls: {cert_file: " << dir << "/s.pem, key_file: " << dir
+                                       << "/s.key}}\nlogging: {level: warn}\n";
+  ProcessGroup group;
+  REQUIRE(group.spawn("router", {std::string(PD_BINARY_DIR) + "/bin/pdserve-router", "--config", dir + "/cluster.yaml",
+                                 "--port", std::to_string(*port), "--control-port", std::to_string(*control)})
+              .ok());
+  const std::string url = " https://127.0.0.1:" + std::to_string(*port) + "/v1/models";
+  // curl's exit status and the HTTP status it saw ("000" when there was no HTTP answer).
+  auto curl = [&](const std::string& flags, std::string* code) {
+    std::string cmd = "curl -s -m 5 -o /dev/null -w '%{http_code}' " + flags + url + " 2>/dev/null";
+    FILE* f = ::popen(cmd.c_str(), "r");
+    char buf[16] = {0};
+    size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    *code = std::string(buf, n);
+    int st = ::pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  std::string code;
+  for (int i = 0; i < 100 && curl("--cacert " + dir + "/ca.pem", &code) != 0; ++i) std::this_thread::sleep_for(100ms);
+  CHECK(code == "200");
+  CHECK(curl("--cacert " + dir + "/other.pem", &code) == 60);  // peer certificate cannot be verified
+  CHECK(curl("--cacert " + dir + "/ca.pem --tlsv1.1 --tls-max 1.1", &code) != 0);
+  CHECK(code == "000");
+  // Plain HTTP to the TLS port: no HTTP answer (curl 52: empty reply), not a hang.
+  std::string plain = "curl -s -m 5 -o /dev/null http://127.0.0.1:" + std::to_string(*port) + "/v1/models";
+  int st = std::system(plain.c_str());
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 52));
+  CHECK(curl("--cacert " + dir + "/ca.pem", &code) == 0);  // still serving
+  CHECK(code == "200");
+  group.stopAll();
+  std::filesystem::remove_all(dir);
 }
