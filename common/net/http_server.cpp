@@ -443,11 +443,14 @@ class Session final : public SessionBase {
 
   void afterResponse() {
     if (closed_ || writing_ || !responseEnded_) return;
-    if (!keepAlive_) return close();
+    if (!keepAlive_) return close(/*graceful=*/true);
     waitForRequest(/*first=*/false);
   }
 
-  void close() {
+  // `graceful`: after a complete response, with nothing pending on the stream. Every other
+  // close (errors, deadlines, eviction, a client gone) may have a read or write pending, and
+  // a TLS close_notify must not overlap it, so those just close the socket.
+  void close(bool graceful = false) {
     if (closed_) return;
     closed_ = true;
     queue_.clear();
@@ -455,9 +458,7 @@ class Session final : public SessionBase {
     markBusy();
     release();
     if constexpr (kTls) {
-      if (watching_ || writing_) {
-        // An operation is still pending on the stream (the peer went away mid-response):
-        // no close_notify, which would overlap it.
+      if (!graceful || watching_ || writing_) {
         beast::error_code ignored;
         lowest().socket().close(ignored);
         return;

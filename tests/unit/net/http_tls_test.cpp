@@ -56,6 +56,12 @@ struct TlsServer {
     o.tlsCertFile = c.dir + "/server.pem";
     o.tlsKeyFile = c.dir + "/server.key";
     server = std::make_unique<HttpServer>(io, o, [](HttpRequest req, std::shared_ptr<HttpResponder> r) {
+      if (req.path() == "/stream") {
+        r->startStream(200, {});
+        r->sendEvent("data: 1\n\n");
+        r->sendEvent("data: [DONE]\n\n");
+        return r->endStream();
+      }
       r->sendFull(200, {}, "hello over tls " + req.path());
     });
     auto s = server->start();
@@ -107,7 +113,40 @@ std::string tlsGet(uint16_t port, const std::string& caFile, std::string* body, 
   return "";
 }
 
+// An HTTP/1.0 stream over TLS: its body ends with the connection, so the server must end
+// it with a close_notify, or the client cannot tell the end from a truncation.
+std::string tlsStream10(uint16_t port, const std::string& caFile, std::string* body) {
+  net::io_context io;
+  ssl::context ctx(ssl::context::tls_client);
+  ctx.set_verify_mode(ssl::verify_peer);
+  ctx.load_verify_file(caFile);
+  beast::ssl_stream<beast::tcp_stream> s(io, ctx);
+  beast::error_code ec;
+  beast::get_lowest_layer(s).expires_after(std::chrono::seconds(5));
+  beast::get_lowest_layer(s).connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), ec);
+  if (!ec) s.handshake(ssl::stream_base::client, ec);
+  if (ec) return "connect/handshake: " + ec.message();
+  http::request<http::empty_body> req(http::verb::post, "/stream", 10);
+  http::write(s, req, ec);
+  if (ec) return "write: " + ec.message();
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  http::read(s, buf, res, ec);
+  if (ec) return "read: " + ec.message();
+  if (res.chunked()) return "chunked";
+  *body = res.body();
+  return "";
+}
+
 }  // namespace
+
+TEST_CASE("TLS: an HTTP/1.0 stream ends with close_notify, never looking truncated") {
+  Certs certs;
+  TlsServer srv(certs);
+  std::string body;
+  CHECK(tlsStream10(srv.server->port(), certs.dir + "/ca.pem", &body) == "");
+  CHECK(body == "data: 1\n\ndata: [DONE]\n\n");
+}
 
 TEST_CASE("TLS: a verifying client gets answers, while plain HTTP, a wrong CA and TLS 1.1 fail cleanly") {
   Certs certs;
