@@ -1,6 +1,6 @@
 # Finds pdserve's dependencies and defines imported targets under pd:: names.
 # Required: Threads, Boost (Asio, Beast: header-only), Protobuf, yaml-cpp, prometheus-cpp,
-# OpenBLAS, nlohmann_json, PCRE2. Optional (PD_WITH_*): CUDA, UCX, libibverbs.
+# OpenBLAS, nlohmann_json, PCRE2, OpenSSL. Optional (PD_WITH_*): CUDA, UCX, libibverbs.
 
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
@@ -9,6 +9,8 @@ find_package(Protobuf REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(prometheus-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
+# TLS on the router's HTTP API and SHA-256 of API keys (docs/security-http.md).
+find_package(OpenSSL REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 add_library(pd::pcre2 ALIAS PkgConfig::PCRE2)
 

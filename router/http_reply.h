@@ -19,7 +19,7 @@ namespace pd::router {
 // `headers` gain content-type: application/json.
 void sendJson(const std::shared_ptr<net::HttpResponder>& r, int status, const nlohmann::json& j,
               net::HttpHeaders headers = {});
-// The error object with its status; 429 and 503 carry retry-after: 1.
+// The error object with its status; 429 and 503 carry retry-after (e.retryAfterS, else 1).
 void sendError(const std::shared_ptr<net::HttpResponder>& r, const ApiError& e);
 // A worker error as the HTTP status and OpenAI error object the client sees.
 ApiError apiErrorFor(const Status& s);

@@ -7,6 +7,7 @@
 
 #include "common/base/log.h"
 #include "common/base/signals.h"
+#include "router/api_keys.h"
 #include "router/router_service.h"
 
 namespace {
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   if (!modelPath.empty()) config->model.path = modelPath;
   pd::setLogLevel(config->logging.level);
   auto service = pd::router::RouterService::create({config.value(), host, port, controlPort});
+  pd::router::wipeSecrets(&config->router.apiKeys);  // the service keeps their hashes only
   pd::Status started = service.ok() ? service.value()->start() : service.status();
   if (!started.isOk()) {
     std::fprintf(stderr, "pdserve-router: %s\n", started.toString().c_str());

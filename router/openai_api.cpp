@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "router/json_body.h"
+
 namespace pd::router {
 
 using nlohmann::json;
@@ -26,7 +28,7 @@ ApiError badRequest(std::string message, std::optional<std::string> param) {
 ApiError modelNotFound(const std::string& model) {
   ApiError e;
   e.status = 404;
-  e.message = "The model `" + model + "` does not exist.";
+  e.message = "The model `" + quoteForMessage(model) + "` does not exist.";
   e.param = "model";
   e.code = "model_not_found";
   return e;
@@ -163,7 +165,7 @@ MaybeError readMessages(const json& body, GenerationRequest* r) {
     cm.role = msg["role"].get<std::string>();
     if (cm.role != "system" && cm.role != "developer" && cm.role != "user" &&
         cm.role != "assistant" && cm.role != "tool") {
-      return badRequest(at + ".role: '" + cm.role +
+      return badRequest(at + ".role: '" + quoteForMessage(cm.role) +
                             "' is not one of system, developer, user, assistant, tool",
                         "messages");
     }
@@ -176,12 +178,24 @@ MaybeError readMessages(const json& body, GenerationRequest* r) {
       for (size_t k = 0; k < content->size(); ++k) {
         const json& part = (*content)[k];
         std::string partAt = at + ".content[" + std::to_string(k) + "]";
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-          return badRequest(partAt + ": only {\"type\":\"text\",\"text\":...} parts are supported",
-                            "messages");
+        // Each check names the path; json::value() would throw on a non-string "type".
+        if (!part.is_object()) return wrongType(partAt, "an object", part);
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string()) {
+          return badRequest(partAt + ".type: expected a string (only \"text\" parts are supported), got " +
+                                (type == part.end() ? std::string("nothing") : typeName(*type)),
+                            partAt + ".type");
         }
-        cm.content += part["text"].get<std::string>();
+        if (type->get_ref<const std::string&>() != "text") {
+          return badRequest(partAt + ".type: '" + quoteForMessage(type->get_ref<const std::string&>()) +
+                                "' is not supported; only \"text\" parts are",
+                            partAt + ".type");
+        }
+        auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          return badRequest(partAt + ".text: required string", partAt + ".text");
+        }
+        cm.content += text->get_ref<const std::string&>();
       }
     } else {
       return wrongType(at + ".content", "a string or an array of text parts", *content);
@@ -337,9 +351,9 @@ json finishJson(const std::optional<std::string>& reason) {
 
 ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint,
                                    const ApiLimits& limits) {
-  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return badRequest("request body is not valid JSON");
-  if (!parsed.is_object()) return badRequest("request body must be a JSON object");
+  auto body_ = parseJsonBody(body);
+  if (auto* e = std::get_if<ApiError>(&body_)) return *e;
+  const json& parsed = std::get<json>(body_);
   GenerationRequest r;
   r.endpoint = endpoint;
   if (auto e = readFields(parsed, endpoint, limits, &r)) return *e;

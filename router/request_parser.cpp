@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "router/json_body.h"
+
 namespace pd::router {
 
 using nlohmann::json;
@@ -94,8 +96,24 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
 }
 
 std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) const {
-  json body = json::parse(text, nullptr, false);
-  if (body.is_discarded() || !body.is_object()) return badRequest("request body must be a JSON object");
+  auto parsedBody = parseJsonBody(text);
+  if (auto* e = std::get_if<ApiError>(&parsedBody)) return *e;
+  const json& body = std::get<json>(parsedBody);
+  // Every optional field is type-checked by name: json::value() would throw on a wrong type,
+  // and an exception on the I/O thread used to leave the request unanswered (issue 13).
+  for (const char* field : {"add_special_tokens", "return_token_strs", "add_generation_prompt", "split_special_tokens"}) {
+    auto it = body.find(field);
+    if (it != body.end() && !it->is_null() && !it->is_boolean()) {
+      return badRequest(std::string(field) + ": expected a boolean", field);
+    }
+  }
+  auto flag = [&](const char* field, bool dflt) {
+    auto it = body.find(field);
+    return it == body.end() || it->is_null() ? dflt : it->get<bool>();
+  };
+  if (body.contains("model") && !body["model"].is_null() && !body["model"].is_string()) {
+    return badRequest("model: expected a string", "model");
+  }
   if (body.contains("model") && body["model"].is_string() && body["model"] != limits_.modelName) {
     return modelNotFound(body["model"].get<std::string>());
   }
@@ -109,19 +127,13 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
     ids = std::get<std::vector<int32_t>>(got);
   } else {
     if (!body.contains("prompt") || !body["prompt"].is_string()) return badRequest("prompt: required string", "prompt");
-    bool addSpecial = body.value("add_special_tokens", true);
-    bool split = true;
-    if (body.contains("split_special_tokens")) {
-      if (!body["split_special_tokens"].is_boolean())
-        return badRequest("split_special_tokens: must be a boolean", "split_special_tokens");
-      split = body["split_special_tokens"].get<bool>();
-    }
-    auto got = encodePrompt(body["prompt"].get<std::string>(), addSpecial, split);
+    bool addSpecial = flag("add_special_tokens", true);
+    auto got = encodePrompt(body["prompt"].get<std::string>(), addSpecial, flag("split_special_tokens", true));
     if (!got.ok()) return badRequest("prompt: " + got.status().message(), "prompt");
     ids = got.value();
   }
   json out{{"count", ids.size()}, {"max_model_len", limits_.maxModelLen}, {"tokens", ids}};
-  if (body.value("return_token_strs", false)) {
+  if (flag("return_token_strs", false)) {
     json strs = json::array();
     for (int32_t id : ids) strs.push_back(tokenizer_->idToToken(id));
     out["token_strs"] = strs;
@@ -130,14 +142,23 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
 }
 
 std::variant<json, ApiError> RequestParser::detokenize(const std::string& text) const {
-  json body = json::parse(text, nullptr, false);
-  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+  auto parsedBody = parseJsonBody(text);
+  if (auto* e = std::get_if<ApiError>(&parsedBody)) return *e;
+  const json& body = std::get<json>(parsedBody);
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
     return badRequest("tokens: required array of token ids", "tokens");
   }
   std::vector<int32_t> ids;
-  for (const auto& t : body["tokens"]) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= limits_.vocab) {
-      return badRequest("tokens: " + t.dump() + " is not a token id of this model", "tokens");
+  const json& tokens = body["tokens"];
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const json& t = tokens[i];
+    // The message names the position, never the value: a value can be any size (issue 13).
+    if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() >= uint64_t(limits_.vocab)) ||
+        t.get<int64_t>() < 0 || t.get<int64_t>() >= limits_.vocab) {
+      return badRequest("tokens[" + std::to_string(i) + "]: expected a token id of this model (an integer in [0, " +
+                            std::to_string(limits_.vocab) + ")), got " +
+                            (t.is_number_integer() ? std::to_string(t.get<int64_t>()) : std::string(t.type_name())),
+                        "tokens");
     }
     ids.push_back(int32_t(t.get<int64_t>()));
   }

@@ -4,7 +4,9 @@
 // (router/request_stream.h, on the request's strand).
 #include "router/router_service.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -22,8 +24,10 @@
 #include "common/net/io_pool.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
+#include "router/api_keys.h"
 #include "router/http_reply.h"
 #include "router/openai_api.h"
+#include "router/rate_limiter.h"
 #include "router/request_parser.h"
 #include "router/request_stream.h"
 #include "router/router_loop.h"
@@ -42,8 +46,11 @@ int64_t unixSeconds() {
 class RouterServiceImpl final : public RouterService {
  public:
   RouterServiceImpl(RouterOptions o, std::shared_ptr<const tok::Tokenizer> tokenizer,
-                    std::unique_ptr<tok::ChatTemplate> chat, std::string modelName, int64_t maxModelLen, int vocab)
+                    std::unique_ptr<tok::ChatTemplate> chat, std::string modelName, int64_t maxModelLen, int vocab,
+                    KeySet apiKeys)
       : options_(std::move(o)),
+        apiKeys_(std::move(apiKeys)),
+        rateLimiter_(options_.config.router.rateLimits),
         cfg_(options_.config),
         modelName_(modelName),
         parser_(std::move(tokenizer), std::move(chat),
@@ -56,6 +63,17 @@ class RouterServiceImpl final : public RouterService {
     metrics_.setSlo(metrics::kPoolPrefill, cfg_.pools.prefill.slo.ttftMs / 1e3, cfg_.pools.prefill.slo.percentile);
     metrics_.setSlo(metrics::kPoolDecode, cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile);
     metrics_.setShortPromptTokens(cfg_.router.shortPromptTokens);
+    rateLimitedRequests_ = registry_.counter("pdserve_router_rate_limited_total",
+                                             "Requests refused with 429 by router.rate_limits", {{"limit", "requests_per_s"}});
+    rateLimitedTokens_ = registry_.counter("pdserve_router_rate_limited_total",
+                                           "Requests refused with 429 by router.rate_limits", {{"limit", "tokens_per_s"}});
+    httpConnections_ = registry_.gauge("pdserve_router_http_connections", "Open connections on the HTTP API port");
+    httpRefused_ = registry_.counter("pdserve_router_http_connections_closed_total",
+                                     "Connections closed because router.max_connections were open",
+                                     {{"reason", "refused"}});
+    httpEvicted_ = registry_.counter("pdserve_router_http_connections_closed_total",
+                                     "Connections closed because router.max_connections were open",
+                                     {{"reason", "evicted_idle"}});
   }
 
   ~RouterServiceImpl() override { stop(); }
@@ -72,16 +90,30 @@ class RouterServiceImpl final : public RouterService {
     std::string host = options_.host.empty() ? cfg_.router.host : options_.host;
     PD_ASSIGN_OR_RETURN(control_, net::FramedServer::listen(io_, host, controlPort, copts, cb));
 
+    if (cfg_.router.metricsAuth == config::MetricsAuth::kBearerFile) {
+      PD_RETURN_IF_ERROR(loadMetricsToken());
+    }
     net::HttpServerOptions hopts;
     hopts.host = host;
     hopts.port = static_cast<uint16_t>(options_.port >= 0 ? options_.port : cfg_.router.port);
     hopts.maxBodyBytes = static_cast<size_t>(cfg_.router.maxBodyBytes);
+    hopts.maxConnections = static_cast<size_t>(cfg_.router.maxConnections);
+    hopts.headerTimeoutMs = cfg_.router.headerTimeoutMs;
+    hopts.bodyTimeoutMs = cfg_.router.bodyTimeoutMs;
+    hopts.keepAliveTimeoutMs = cfg_.router.keepaliveTimeoutMs;
+    // A backstop behind the request streams' own deadline: whatever goes wrong inside the
+    // router, a request is answered (504) or its connection closed.
+    hopts.responseTimeoutMs = cfg_.router.requestTimeoutMs + 10000;
+    hopts.tlsCertFile = cfg_.router.tlsCertFile;
+    hopts.tlsKeyFile = cfg_.router.tlsKeyFile;
     http_ = std::make_unique<net::HttpServer>(
         io_.context(), hopts,
         [this](net::HttpRequest req, std::shared_ptr<net::HttpResponder> r) { onHttp(std::move(req), std::move(r)); });
-    PD_RETURN_IF_ERROR(http_->start());
+    if (Status s = http_->start(); !s.isOk()) {
+      return cfg_.router.tlsCertFile.empty() ? s : Status(s.code(), "router.tls: " + s.message());
+    }
     loop_.start();
-    PD_LOG(kInfo, kTag) << "serving " << modelName_ << " on http://" << host << ":" << http_->port()
+    PD_LOG(kInfo, kTag) << "serving " << modelName_ << " on " << (hopts.tlsCertFile.empty() ? "http" : "https") << "://" << host << ":" << http_->port()
                         << ", workers register on port " << control_->port();
     return Status::ok();
   }
@@ -130,16 +162,40 @@ class RouterServiceImpl final : public RouterService {
         r->sendFull(ok ? 200 : 503, {{"content-type", "text/plain"}}, ok ? "" : "no healthy decode worker\n");
       });
     }
-    if (!cfg_.router.apiKeys.empty() && !authorized(req)) {
-      ApiError e;
-      e.status = 401;
-      e.message = "missing or invalid API key (send Authorization: Bearer <key>)";
-      e.code = "invalid_api_key";
-      metrics_.requestError("authentication_error");
-      return sendError(r, e);
-    }
+    // /metrics has its own rule (router.metrics_auth): Prometheus and KEDA scrape it, and they
+    // hold no API key by default.
     if (path == "/metrics") {
+      using config::MetricsAuth;
+      const auto mode = cfg_.router.metricsAuth;
+      const std::string authorization = req.header("authorization");  // token views into it
+      const std::string_view token = KeySet::bearerToken(authorization);
+      if ((mode == MetricsAuth::kApiKey && apiKeys_.match(token) < 0) ||
+          (mode == MetricsAuth::kBearerFile && metricsToken_.match(token) < 0)) {
+        metrics_.requestError("authentication_error");
+        return sendError(r, unauthorized(mode == MetricsAuth::kApiKey
+                                             ? "/metrics needs an API key (router.metrics_auth: api_key); send "
+                                               "Authorization: Bearer <key>"
+                                             : "/metrics needs the token of router.metrics_bearer_file; send "
+                                               "Authorization: Bearer <token>"));
+      }
+      publishConnectionStats();
       return r->sendFull(200, {{"content-type", "text/plain; version=0.0.4"}}, registry_.serialize());
+    }
+    int keyIndex = -1;
+    if (!apiKeys_.empty()) {
+      keyIndex = apiKeys_.match(KeySet::bearerToken(req.header("authorization")));
+      if (keyIndex < 0) {
+        metrics_.requestError("authentication_error");
+        return sendError(r, unauthorized("missing or invalid API key (send Authorization: Bearer <key>)"));
+      }
+    }
+    // Without keys, a client is its address (behind a proxy: the proxy's; docs/security-http.md).
+    const std::string client = keyIndex >= 0 ? "key:" + std::to_string(keyIndex) : "addr:" + hostOf(req.remoteAddress);
+    const bool limited = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
+                         path == "/detokenize";
+    if (limited && rateLimiter_.enabled()) {
+      auto d = rateLimiter_.admitRequest(client);
+      if (!d.ok) return sendError(r, rateLimited(d));
     }
     if (path == "/version") return sendJson(r, 200, json{{"version", PD_VERSION}});
     if (path == "/load") return sendJson(r, 200, json{{"server_load", metrics_.inFlight.value()}});
@@ -151,8 +207,8 @@ class RouterServiceImpl final : public RouterService {
       e.message = req.method + " " + path + ": use POST";
       return sendError(r, e);
     }
-    if (path == "/v1/completions") return onGenerate(req, r, Endpoint::kCompletions);
-    if (path == "/v1/chat/completions") return onGenerate(req, r, Endpoint::kChat);
+    if (path == "/v1/completions") return onGenerate(req, r, Endpoint::kCompletions, client);
+    if (path == "/v1/chat/completions") return onGenerate(req, r, Endpoint::kChat, client);
     if (path == "/tokenize") return answer(r, parser_.tokenize(req.body));
     if (path == "/detokenize") return answer(r, parser_.detokenize(req.body));
     ApiError e;
@@ -163,7 +219,8 @@ class RouterServiceImpl final : public RouterService {
   }
 
   // Parse here; route, dispatch and stream happen on the loop and the request's strand.
-  void onGenerate(const net::HttpRequest& httpReq, const std::shared_ptr<net::HttpResponder>& r, Endpoint endpoint) {
+  void onGenerate(const net::HttpRequest& httpReq, const std::shared_ptr<net::HttpResponder>& r, Endpoint endpoint,
+                  const std::string& client) {
     auto parsed = parser_.parseGenerate(httpReq.body, endpoint);
     if (auto* no = std::get_if<Rejection>(&parsed)) {
       if (!no->errorMetric.empty()) metrics_.requestError(no->errorMetric);
@@ -171,6 +228,12 @@ class RouterServiceImpl final : public RouterService {
     }
     RequestSpec spec;
     spec.parsed = std::move(std::get<ParsedGenerate>(parsed));
+    if (rateLimiter_.enabled()) {
+      // What the request may cost, charged now (router/rate_limiter.h says why).
+      const int64_t tokens = int64_t(spec.parsed.prompt.size()) + int64_t(spec.parsed.req.n) * spec.parsed.maxTokens;
+      auto d = rateLimiter_.admitTokens(client, tokens);
+      if (!d.ok) return sendError(r, rateLimited(d));
+    }
     spec.prefixBlocks = loop_.blockHashes(spec.parsed.prompt);
     spec.received = steadyNow();
     spec.createdUnixSeconds = unixSeconds();
@@ -183,14 +246,61 @@ class RouterServiceImpl final : public RouterService {
     sendJson(r, 200, std::get<json>(result));
   }
 
-  bool authorized(const net::HttpRequest& req) const {
-    std::string h = req.header("authorization");
-    const std::string prefix = "Bearer ";
-    if (h.compare(0, prefix.size(), prefix) != 0) return false;
-    std::string key = h.substr(prefix.size());
-    for (const auto& k : cfg_.router.apiKeys)
-      if (k == key) return true;
-    return false;
+  static ApiError unauthorized(std::string message) {
+    ApiError e;
+    e.status = 401;
+    e.type = "authentication_error";
+    e.message = std::move(message);
+    e.code = "invalid_api_key";
+    return e;
+  }
+
+  ApiError rateLimited(const RateLimiter::Decision& d) {
+    (d.limit == "tokens_per_s" ? rateLimitedTokens_ : rateLimitedRequests_).inc();
+    ApiError e;
+    e.status = 429;
+    e.type = "rate_limit_exceeded";
+    e.code = "rate_limit_exceeded";
+    e.param = d.limit;
+    e.message = d.message;
+    e.retryAfterS = d.retryAfterS;
+    return e;
+  }
+
+  static std::string hostOf(const std::string& address) {
+    auto colon = address.rfind(':');
+    return colon == std::string::npos ? address : address.substr(0, colon);
+  }
+
+  // The token of router.metrics_bearer_file (surrounding whitespace dropped: files written by
+  // `echo` end in a newline), held as its hash like the API keys.
+  Status loadMetricsToken() {
+    const std::string& path = cfg_.router.metricsBearerFile;
+    std::ifstream in(path);
+    if (!in) return notFound("router.metrics_bearer_file: cannot read '" + path + "'");
+    std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto notSpace = [](unsigned char c) { return !std::isspace(c); };
+    token.erase(token.begin(), std::find_if(token.begin(), token.end(), notSpace));
+    token.erase(std::find_if(token.rbegin(), token.rend(), notSpace).base(), token.end());
+    if (token.empty()) return invalidArgument("router.metrics_bearer_file: '" + path + "' is empty");
+    std::vector<std::string> one{token};
+    wipeSecret(&token);
+    auto set = KeySet::fromEntries(one, "router.metrics_bearer_file");
+    wipeSecrets(&one);
+    if (!set.ok()) return set.status();
+    metricsToken_ = std::move(set).value();
+    return Status::ok();
+  }
+
+  void publishConnectionStats() {
+    if (!http_) return;
+    const auto st = http_->stats();
+    httpConnections_.set(double(st.openConnections));
+    // The server counts; the registry's counters follow it at each scrape.
+    const uint64_t refused = refusedSeen_.exchange(st.refusedConnections);
+    if (st.refusedConnections > refused) httpRefused_.inc(double(st.refusedConnections - refused));
+    const uint64_t evicted = evictedSeen_.exchange(st.evictedConnections);
+    if (st.evictedConnections > evicted) httpEvicted_.inc(double(st.evictedConnections - evicted));
   }
 
   json modelsJson() const {
@@ -204,6 +314,9 @@ class RouterServiceImpl final : public RouterService {
   }
 
   RouterOptions options_;
+  const KeySet apiKeys_;  // hashes only; options_.config.router.apiKeys was wiped in create()
+  KeySet metricsToken_;   // router.metrics_bearer_file, set in start()
+  RateLimiter rateLimiter_;
   const config::ClusterConfig& cfg_;
   const std::string modelName_;
   const RequestParser parser_;
@@ -216,12 +329,18 @@ class RouterServiceImpl final : public RouterService {
   std::unique_ptr<net::FramedServer> control_;
   std::unique_ptr<net::HttpServer> http_;
   std::atomic<bool> stopping_{false};
+  metrics::Counter rateLimitedRequests_, rateLimitedTokens_, httpRefused_, httpEvicted_;
+  metrics::Gauge httpConnections_;
+  std::atomic<uint64_t> refusedSeen_{0}, evictedSeen_{0};
   const int64_t startedAt_ = unixSeconds();
 };
 
 }  // namespace
 
 Result<std::unique_ptr<RouterService>> RouterService::create(RouterOptions options) {
+  // Only hashes stay in memory: the plain entries are wiped from this copy of the config.
+  PD_ASSIGN_OR_RETURN(KeySet keys, KeySet::fromEntries(options.config.router.apiKeys, "router.api_keys"));
+  wipeSecrets(&options.config.router.apiKeys);
   const auto& cfg = options.config;
   PD_ASSIGN_OR_RETURN(auto tokenizer, tok::Tokenizer::loadDir(cfg.model.path));
   PD_ASSIGN_OR_RETURN(auto chat, tok::ChatTemplate::forTokenizer(*tokenizer));
@@ -236,7 +355,7 @@ Result<std::unique_ptr<RouterService>> RouterService::create(RouterOptions optio
       cfg.model.name.empty() ? std::filesystem::path(cfg.model.path).filename().string() : cfg.model.name;
   return std::unique_ptr<RouterService>(new RouterServiceImpl(std::move(options), std::move(tokenizer),
                                                               std::make_unique<tok::ChatTemplate>(std::move(chat)),
-                                                              std::move(name), maxModelLen, vocab));
+                                                              std::move(name), maxModelLen, vocab, std::move(keys)));
 }
 
 }  // namespace pd::router

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "common/base/log.h"
@@ -157,6 +158,26 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
                                             "--router", router, "--metrics-port",
                                             std::to_string(metricsPort)}).status());
   }
+  // What /metrics wants (router.metrics_auth): nothing, an API key (the first one given in
+  // plain text; a sha256: entry cannot be sent), or the token of metrics_bearer_file.
+  std::vector<std::string> metricsAuth;
+  if (cfg.router.metricsAuth == config::MetricsAuth::kApiKey) {
+    for (const auto& k : cfg.router.apiKeys) {
+      if (k.rfind("sha256:", 0) != 0) {
+        metricsAuth.push_back("Authorization: Bearer " + k);
+        break;
+      }
+    }
+    if (metricsAuth.empty()) {
+      return failedPrecondition("router.metrics_auth is api_key and every router.api_keys entry is a sha256: hash: "
+                                "the cluster's readiness cannot be read from /metrics");
+    }
+  } else if (cfg.router.metricsAuth == config::MetricsAuth::kBearerFile) {
+    std::ifstream in(cfg.router.metricsBearerFile);
+    std::string token;
+    in >> token;
+    metricsAuth.push_back("Authorization: Bearer " + token);
+  }
   const auto deadline = steady_clock::now() + o.startTimeout;
   while (steady_clock::now() < deadline) {
     if (auto dead = c->group_.waitAny(milliseconds(200))) {
@@ -164,9 +185,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
     }
     auto health = httpGet(httpPort, "/health", seconds(2));
     if (!health.ok() || health->status != 200) continue;
-    std::vector<std::string> auth;
-    if (!cfg.router.apiKeys.empty()) auth.push_back("Authorization: Bearer " + cfg.router.apiKeys.front());
-    auto metrics = httpRequest(httpPort, "GET", "/metrics", "", seconds(2), auth);
+    auto metrics = httpRequest(httpPort, "GET", "/metrics", "", seconds(2), metricsAuth);
     if (metrics.ok() && poolWorkers(metrics->body, "prefill") >= prefillN &&
         poolWorkers(metrics->body, "decode") >= decodeN) {
       return c;

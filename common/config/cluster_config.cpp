@@ -48,6 +48,18 @@ std::string_view toString(RemotePrefillFailure v) {
   return v == RemotePrefillFailure::kRecompute ? "recompute" : "fail";
 }
 
+std::string_view toString(MetricsAuth v) {
+  switch (v) {
+    case MetricsAuth::kNone:
+      return "none";
+    case MetricsAuth::kApiKey:
+      return "api_key";
+    case MetricsAuth::kBearerFile:
+      return "bearer_file";
+  }
+  return "?";
+}
+
 // TTFT: 5 ms .. 60 s, dense around the usual 0.1-2 s targets.
 std::vector<double> defaultTtftBucketsS() {
   return {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
@@ -79,6 +91,9 @@ const Choices<TransportKind> kTransports = {
     {"tcp", TransportKind::kTcp}};
 const Choices<RemotePrefillFailure> kFailurePolicies = {
     {"recompute", RemotePrefillFailure::kRecompute}, {"fail", RemotePrefillFailure::kFail}};
+const Choices<MetricsAuth> kMetricsAuth = {{"none", MetricsAuth::kNone},
+                                           {"api_key", MetricsAuth::kApiKey},
+                                           {"bearer_file", MetricsAuth::kBearerFile}};
 const Choices<LogLevel> kLogLevels = {{"debug", LogLevel::kDebug},
                                       {"info", LogLevel::kInfo},
                                       {"warn", LogLevel::kWarn},
@@ -106,6 +121,43 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readInt("port", &c->port, 1, 65535);
   m.readInt("control_port", &c->controlPort, 1, 65535);
   m.readStringList("api_keys", &c->apiKeys);
+  for (size_t i = 0; i < c->apiKeys.size(); ++i) {
+    // A hash entry must be one; never echo an entry (it may be a key).
+    const std::string& k = c->apiKeys[i];
+    if (k.rfind("sha256:", 0) != 0) continue;
+    const std::string hex = k.substr(7);
+    if (hex.size() != 64 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+      m.errors()->add(m.node(), "router.api_keys[" + std::to_string(i) +
+                                    "]: a sha256: entry needs 64 hex digits after the prefix (printf %s KEY | "
+                                    "sha256sum), got " + std::to_string(hex.size()) + " characters");
+    }
+  }
+  m.readInt("max_connections", &c->maxConnections, 1, 1 << 20);
+  m.readInt("header_timeout_ms", &c->headerTimeoutMs, 100, kHourMs);
+  m.readInt("body_timeout_ms", &c->bodyTimeoutMs, 100, kHourMs);
+  m.readInt("keepalive_timeout_ms", &c->keepaliveTimeoutMs, 100, kHourMs);
+  {
+    MapReader tls = m.child("tls");
+    tls.readString("cert_file", &c->tlsCertFile, false);
+    tls.readString("key_file", &c->tlsKeyFile, false);
+    tls.finish();
+    if (c->tlsCertFile.empty() != c->tlsKeyFile.empty()) {
+      m.errors()->add(m.node(), std::string("router.tls: ") +
+                                    (c->tlsCertFile.empty() ? "key_file is set but cert_file is not"
+                                                            : "cert_file is set but key_file is not") +
+                                    "; give both (TLS) or neither (plain HTTP)");
+    }
+  }
+  {
+    MapReader rl = m.child("rate_limits");
+    rl.readDouble("requests_per_s", &c->rateLimits.requestsPerS, 0, false, 1e9);
+    rl.readInt("request_burst", &c->rateLimits.requestBurst, 0, int64_t{1} << 40);
+    rl.readDouble("tokens_per_s", &c->rateLimits.tokensPerS, 0, false, 1e12);
+    rl.readInt("token_burst", &c->rateLimits.tokenBurst, 0, int64_t{1} << 50);
+    rl.finish();
+  }
+  m.readEnum("metrics_auth", &c->metricsAuth, kMetricsAuth);
+  m.readString("metrics_bearer_file", &c->metricsBearerFile, true);  // "": unset (the chart's default)
   m.readInt("short_prompt_tokens", &c->shortPromptTokens, 0, kMaxTokens);
   m.readBool("prefix_aware_routing", &c->prefixAwareRouting);
   m.readBool("adaptive_threshold", &c->adaptiveThreshold);
@@ -121,6 +173,16 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readBuckets("itl_buckets_s", &c->itlBucketsS);
   m.readBuckets("e2e_buckets_s", &c->e2eBucketsS);
   m.finish();
+  if (c->metricsAuth == MetricsAuth::kBearerFile && c->metricsBearerFile.empty()) {
+    m.errors()->add(m.node(), "router.metrics_bearer_file: required when metrics_auth is bearer_file");
+  }
+  if (c->metricsAuth != MetricsAuth::kBearerFile && !c->metricsBearerFile.empty()) {
+    m.errors()->add(m.node(), "router.metrics_bearer_file: only used with metrics_auth: bearer_file (it is " +
+                                  std::string(toString(c->metricsAuth)) + ")");
+  }
+  if (c->metricsAuth == MetricsAuth::kApiKey && c->apiKeys.empty()) {
+    m.errors()->add(m.node(), "router.metrics_auth: api_key needs router.api_keys");
+  }
   if (c->adaptiveThreshold && c->shortPromptTokens == 0) {
     m.errors()->add(m.node(), "router.adaptive_threshold: true needs short_prompt_tokens >= 1 "
                               "(0 sends every prompt to the prefill pool, on purpose)");

@@ -50,13 +50,40 @@ struct ModelConfig {
   DType dtype = DType::kAuto;  // auto: f32 on the cpu backend, bf16 on cuda
 };
 
+// Per-API-key token buckets (docs/security-http.md). 0 disables a limit; a burst of 0 means
+// one second's worth of its rate (at least 1).
+struct RateLimitConfig {
+  double requestsPerS = 0;
+  int64_t requestBurst = 0;
+  double tokensPerS = 0;  // prompt tokens + max_tokens, charged at admission
+  int64_t tokenBurst = 0;
+  bool enabled() const { return requestsPerS > 0 || tokensPerS > 0; }
+};
+
+// Who may read the router's /metrics: anyone on the port (Prometheus, KEDA), holders of an
+// API key, or holders of the bearer token in metrics_bearer_file.
+enum class MetricsAuth { kNone, kApiKey, kBearerFile };
+std::string_view toString(MetricsAuth v);
+
 // Latency buckets (seconds) of the router's histograms. Each pool's SLO target is always a
 // bucket boundary (loading inserts it) so attainment at the target is read exactly.
 struct RouterConfig {
   std::string host = "127.0.0.1";
   int port = 8000;                       // OpenAI HTTP API, /metrics, /health
   int controlPort = 9000;                // workers dial this (framed protobuf, common/net)
-  std::vector<std::string> apiKeys;      // empty -> no authentication
+  // Empty -> no authentication. An entry is a key, or "sha256:<64 hex>" (the key's SHA-256);
+  // the router keeps only hashes in memory either way.
+  std::vector<std::string> apiKeys;
+  // HTTP hardening (issue 13, docs/security-http.md).
+  int64_t maxConnections = 4096;         // open HTTP connections beyond this are closed at accept
+  int64_t headerTimeoutMs = 10000;       // accept / first byte of a request -> end of its headers
+  int64_t bodyTimeoutMs = 60000;         // end of the headers -> end of the body
+  int64_t keepaliveTimeoutMs = 60000;    // idle between requests on one connection
+  std::string tlsCertFile;               // router.tls.cert_file / key_file: both or none (PEM)
+  std::string tlsKeyFile;
+  RateLimitConfig rateLimits;
+  MetricsAuth metricsAuth = MetricsAuth::kNone;
+  std::string metricsBearerFile;         // metrics_auth: bearer_file reads the token here
   int64_t shortPromptTokens = 256;       // uncached prompt tokens <= this stay on a decode worker
   bool prefixAwareRouting = true;        // route on predicted prefix-cache hits (router/prefix_index.h)
   bool adaptiveThreshold = false;        // move shortPromptTokens with the pools' SLO headroom

@@ -1,10 +1,18 @@
-// A small HTTP/1.1 server on Boost.Beast for the router and the workers' /health, /metrics: full responses and SSE streams,
-// a request-body limit (413), keep-alive, and client-disconnect detection while streaming.
+// A small HTTP/1.1 server on Boost.Beast for the router and the workers' /health, /metrics:
+// full responses and SSE streams, a request-body limit (413), keep-alive, client-disconnect
+// detection while streaming, and optional TLS (OpenSSL, TLS 1.2+).
+//
+// Hardening (issue 13): every wait of a connection has a deadline (TLS handshake and headers,
+// body, keep-alive idle, the handler's first response byte); the number of open connections
+// is capped (at the cap the oldest idle connection makes room, or the new one is closed); a
+// handler that throws gets its request answered with a 500 instead of a connection left
+// open forever; HTTP/1.0 clients get close-delimited streams, never chunked encoding.
 //
 // Threads: the server runs on the io_context it is given (the caller runs that context on
 // one or more threads). The handler is called on an I/O thread and must not block: it
 // answers at once or keeps the HttpResponder and answers later from any thread. Every
-// HttpResponder method is thread-safe (it posts onto its connection's strand).
+// HttpResponder method is thread-safe (it posts onto its connection's strand). A handler
+// should not throw; if it does, the server logs it and answers 500.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +64,30 @@ struct HttpServerOptions {
   uint16_t port = 8000;  // 0 picks a free port
   size_t maxBodyBytes = 4 << 20;
   size_t maxHeaderBytes = 64 << 10;
-  int idleTimeoutSeconds = 120;  // a connection that sends nothing for this long is closed
+  // From accept (or from the first byte of a later request on a kept-alive connection) to
+  // the end of the headers, the TLS handshake included. Past it the connection is closed:
+  // a client that trickles its headers (slowloris) or connects and says nothing holds a
+  // connection slot this long at most.
+  int64_t headerTimeoutMs = 10000;
+  int64_t bodyTimeoutMs = 60000;       // end of the headers -> end of the body
+  int64_t keepAliveTimeoutMs = 60000;  // idle between two requests of one connection
+  // The handler must begin its response (sendFull or startStream) this long after the request
+  // was read, or the server answers 504 itself, fires onDisconnect and closes. 0: no limit.
+  // Once a stream has started, its pace is the handler's business.
+  int64_t responseTimeoutMs = 0;
+  // At this many open connections, a new one makes the server close the oldest connection
+  // that is not inside a request (idle, or still sending its headers or body); when all are
+  // inside one, the new connection is closed as soon as it is accepted.
+  size_t maxConnections = 4096;
+  // Both set: the port speaks TLS only (PEM files: the certificate chain, the private key).
+  std::string tlsCertFile;
+  std::string tlsKeyFile;
+};
+
+struct HttpServerStats {
+  size_t openConnections = 0;
+  uint64_t refusedConnections = 0;  // closed at accept: maxConnections open, all in a request
+  uint64_t evictedConnections = 0;  // idle ones closed to make room for a new one
 };
 
 class HttpServer {
@@ -71,6 +102,7 @@ class HttpServer {
   // Stops accepting; open connections finish their current response.
   void stop();
   uint16_t port() const;
+  HttpServerStats stats() const;
 
  private:
   struct Impl;

@@ -46,7 +46,10 @@ CONFIG_KEYS = {
     "router": {"host", "port", "control_port", "api_keys", "short_prompt_tokens",
                "max_body_bytes", "max_prompt_tokens", "load_report_interval_ms",
                "worker_report_timeout_ms", "drain_timeout_ms", "request_timeout_ms", "ttft_buckets_s",
-               "itl_buckets_s", "e2e_buckets_s"},
+               "itl_buckets_s", "e2e_buckets_s",
+               # HTTP hardening (docs/security-http.md)
+               "max_connections", "header_timeout_ms", "body_timeout_ms", "keepalive_timeout_ms",
+               "tls", "rate_limits", "metrics_auth", "metrics_bearer_file"},
     "pools": {"prefill", "decode"},
     "engine": {"backend", "threads", "block_size", "num_blocks", "kv_cache_bytes",
                "max_batch_tokens", "max_running_requests", "max_queue",

@@ -77,7 +77,26 @@ EVERYTHING = {
                     "decode": {"routerRecommendation": True, "kvCacheUsage": 0.85}},
     "workerSecurityContext": {"capabilities": {"add": ["SYS_NICE"]}},
 }
+# /metrics behind a token (docs/security-http.md): the router's ServiceMonitor must send it.
+METRICS_AUTH_FILE = {
+    "config": {"router": {"metrics_auth": "bearer_file",
+                          "metrics_bearer_file": "/etc/pdserve/metrics-token/token"}},
+    "metrics": {"serviceMonitor": {"enabled": True, "bearerTokenSecret": {"name": "pdserve-metrics"}}},
+}
+METRICS_AUTH_KEY = {
+    "config": {"router": {"api_keys": ["sha256:" + "0" * 64], "metrics_auth": "api_key"}},
+    "clusterConfig": {"asSecret": True},
+    "metrics": {"serviceMonitor": {"enabled": True,
+                                   "bearerTokenSecret": {"name": "prometheus-key", "key": "api-key"}}},
+}
 NEGATIVE = [
+    ("metrics auth, ServiceMonitor without a token",
+     {"config": {"router": {"api_keys": ["k"], "metrics_auth": "api_key"}},
+      "metrics": {"serviceMonitor": {"enabled": True}}},
+     "metrics.serviceMonitor.bearerTokenSecret.name is empty: Prometheus could not scrape the router"),
+    ("metrics token file outside the mount",
+     {**METRICS_AUTH_FILE, "config": {"router": {"metrics_auth": "bearer_file", "metrics_bearer_file": "/tmp/t"}}},
+     "config.router.metrics_bearer_file must be /etc/pdserve/metrics-token/token"),
     ("no model claim", {}, "modelVolume.pvc.claimName is required"),
     ("no router", {"router": {"replicas": 0}}, "router.replicas: 0: at least 1 router is needed"),
     ("grace shorter than the drain", {"decode": {"terminationGracePeriodSeconds": 20}},
@@ -433,6 +452,36 @@ class Checker:
                   and port in {p["name"] for p in s["spec"]["ports"]}]
             if not ok:
                 self.err(f"ServiceMonitor {m['metadata']['name']}", f"selects no Service with port {port}")
+        self.check_metrics_auth()
+
+    def check_metrics_auth(self):
+        """With config.router.metrics_auth on, the router's ServiceMonitor sends the token (else
+        every scrape is a 401 and KEDA reads nothing), and bearer_file mounts it in the router."""
+        auth = self.values["config"]["router"].get("metrics_auth", "none")
+        secret = self.values["metrics"]["serviceMonitor"]["bearerTokenSecret"]
+        for _, m in self.by_kind("ServiceMonitor"):
+            if not m["metadata"]["name"].endswith("-router"):
+                continue
+            got = m["spec"]["endpoints"][0].get("bearerTokenSecret")
+            want = {"name": secret["name"], "key": secret["key"]} if auth != "none" else None
+            if got != want:
+                self.err(f"ServiceMonitor {m['metadata']['name']}",
+                         f"bearerTokenSecret {got}, want {want} (config.router.metrics_auth: {auth})")
+        router = self.deps.get(f"{RELEASE}-router")
+        if router is None:
+            return
+        pod = router["spec"]["template"]["spec"]
+        mounts = {v["mountPath"]: v["name"] for v in pod["containers"][0].get("volumeMounts", [])}
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        if auth == "bearer_file":
+            path = self.values["config"]["router"]["metrics_bearer_file"]
+            d = os.path.dirname(path)
+            v = vols.get(mounts.get(d, ""), {})
+            if v.get("secret", {}).get("secretName") != secret["name"] or \
+                    os.path.basename(path) not in [i["path"] for i in v["secret"].get("items", [])]:
+                self.err("router", f"metrics_bearer_file {path} is not the mounted Secret {secret['name']}")
+        elif "/etc/pdserve/metrics-token" in mounts:
+            self.err("router", "mounts a metrics token although metrics_auth is not bearer_file")
 
     # ---- cluster.yaml ---------------------------------------------------------------------
     def check_config(self):
@@ -546,6 +595,8 @@ def scenarios(root):
                 out.append((f"examples/{name}", yaml.safe_load(f)))
     gpu = dict(out)["examples/gpu-rdma.yaml"]
     out.append(("everything", merge(gpu, EVERYTHING)))
+    out.append(("metrics auth bearer_file", merge(MODEL_PVC, METRICS_AUTH_FILE)))
+    out.append(("metrics auth api_key", merge(MODEL_PVC, METRICS_AUTH_KEY)))
     return out
 
 
@@ -608,6 +659,8 @@ MUTATIONS = [
      "{{- if not .Values.autoscaling.prefill.enabled }}\n  replicas:", "{{- if true }}\n  replicas:",
      "replicas set although KEDA owns the pool"),
     ("shm on disk", "templates/_helpers.tpl", "    medium: Memory\n", "", "/dev/shm is not a memory emptyDir"),
+    ("ServiceMonitor without the metrics token", "templates/router-servicemonitor.yaml",
+     "      bearerTokenSecret:\n", "      bearerTokenSecretX:\n", "bearerTokenSecret None, want"),
     ("missing fail for a bad volume type", "templates/_helpers.tpl",
      '{{- fail (printf "modelVolume.type: %q is not one of pvc, hostPath" .Values.modelVolume.type) }}\n', "",
      "[refuse: unknown volume type] rendered"),

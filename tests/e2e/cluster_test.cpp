@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -21,6 +22,7 @@
 #include "common/engine/model_maker.h"
 #include "tests/test_skip.h"
 #include "tools/local_cluster.h"
+#include "tools/process_group.h"
 
 using namespace pd;
 using namespace pd::tools;
@@ -760,4 +762,190 @@ TEST_CASE("a router stopped under traffic ends its streams with an error event a
   REQUIRE(exit.has_value());
   CHECK(exit->name == "router");
   CHECK(exit->description == "exited with status 0");
+}
+
+// Issue 13, the router's HTTP plane, against the real router: hostile bodies get 400s that
+// name the field (and the router keeps serving), keys configured as hashes work, /metrics has
+// its own credential, and an HTTP/1.0 client gets a close-delimited stream.
+TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metrics auth, HTTP/1.0 streams") {
+  std::filesystem::create_directories(kWork);
+  const std::string tokenFile = kWork + "/metrics-token";
+  std::ofstream(tokenFile) << "metrics-secret\n";
+  ClusterSpec spec;
+  spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
+  // sk-hashed is given as its hash: printf %s sk-hashed | sha256sum
+  spec.extraRouter = "  api_keys: ['sha256:c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6', sk-plain]\n"
+                     "  metrics_auth: bearer_file\n  metrics_bearer_file: " + tokenFile + "\n";
+  auto c = startCluster("http-plane", spec);
+  const std::vector<std::string> key{"Authorization: Bearer sk-hashed"};
+  auto post = [&](const std::string& path, const std::string& body) {
+    auto r = httpRequest(c->httpPort(), "POST", path, body, 10s, key);
+    REQUIRE(r.ok());  // answered, within 10 s
+    return std::make_pair(r->status, json::parse(r->body, nullptr, false));
+  };
+
+  // 1. 70k nested arrays (140 KB): a 400 with a short message, not a crashed router.
+  auto [sDeep, bDeep] = post("/detokenize", "{\"tokens\":" + std::string(70000, '[') + std::string(70000, ']') + "}");
+  CHECK(sDeep == 400);
+  CHECK(bDeep["error"]["message"].get<std::string>().find("deeper than 64 levels") != std::string::npos);
+  CHECK(bDeep["error"]["message"].get<std::string>().size() < 200);
+  // A huge non-id element is named by position, not echoed.
+  auto [sBig, bBig] = post("/detokenize", "{\"tokens\":[1,\"" + std::string(100000, 'x') + "\"]}");
+  CHECK(sBig == 400);
+  CHECK(bBig["error"]["message"].get<std::string>().rfind("tokens[1]: ", 0) == 0);
+  CHECK(bBig["error"]["message"].get<std::string>().size() < 200);
+  // 2. Wrong-typed fields and unknown content parts: answered, naming the field.
+  auto [sYes, bYes] = post("/tokenize", R"({"prompt":"hi","add_special_tokens":"yes"})");
+  CHECK(sYes == 400);
+  CHECK(bYes["error"]["param"] == "add_special_tokens");
+  auto [sPart, bPart] = post("/tokenize", R"({"messages":[{"role":"user","content":[{"type":5}]}]})");
+  CHECK(sPart == 400);
+  CHECK(bPart["error"]["param"] == "messages[0].content[0].type");
+  auto [sChat, bChat] =
+      post("/v1/chat/completions", R"({"model":"small","messages":[{"role":"user","content":[{"type":5}]}]})");
+  CHECK(sChat == 400);
+  CHECK(bChat["error"]["param"] == "messages[0].content[0].type");
+
+  // 3. Keys: the hashed one and the plain one work, anything else is a 401.
+  CHECK(post("/v1/completions", R"({"model":"small","prompt":"hello","max_tokens":2})").first == 200);
+  CHECK(httpRequest(c->httpPort(), "GET", "/v1/models", "", 5s, {"Authorization: Bearer sk-plain"})->status == 200);
+  CHECK(httpRequest(c->httpPort(), "GET", "/v1/models", "", 5s, {"Authorization: Bearer sk-other"})->status == 401);
+  CHECK(httpRequest(c->httpPort(), "GET", "/v1/models", "", 5s,
+                    {"Authorization: Bearer c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6"})->status == 401);  // the hash is not the key
+  // 4. /metrics wants its own token, not an API key.
+  CHECK(httpGet(c->httpPort(), "/metrics", 5s)->status == 401);
+  CHECK(httpRequest(c->httpPort(), "GET", "/metrics", "", 5s, key)->status == 401);
+  auto m = httpRequest(c->httpPort(), "GET", "/metrics", "", 5s, {"Authorization: Bearer metrics-secret"});
+  REQUIRE(m.ok());
+  CHECK(m->status == 200);
+  CHECK(m->body.find("pdserve_router_http_connections ") != std::string::npos);
+
+  // 5. HTTP/1.0: a close-delimited SSE stream, no chunked encoding.
+  {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(c->httpPort()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    timeval tv{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string body = R"({"model":"small","prompt":"hello","max_tokens":4,"stream":true})";
+    std::string http = "POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer sk-plain\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body;
+    REQUIRE(::send(fd, http.data(), http.size(), 0) == ssize_t(http.size()));
+    std::string seen;
+    char buf[4096];
+    ssize_t n = 0;
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) seen.append(buf, size_t(n));
+    ::close(fd);
+    CHECK(n == 0);  // the router closed the connection: that ends the body
+    CHECK(seen.rfind("HTTP/1.0 200", 0) == 0);
+    CHECK(seen.find("Transfer-Encoding") == std::string::npos);
+    CHECK(seen.size() > 14);
+    CHECK(seen.substr(seen.size() - 14) == "data: [DONE]\n\n");
+  }
+  // The router served on through all of that.
+  CHECK(post("/v1/completions", R"({"model":"small","prompt":"hello again","max_tokens":2})").first == 200);
+  CHECK(httpGet(c->httpPort(), "/health", 5s)->status == 200);
+}
+
+// Issue 13: per-key token buckets on the real router. 8 requests at once against a burst of 3:
+// exactly 3 are served, 5 get a 429 with Retry-After; another key is not affected; after
+// Retry-After the key passes again.
+TEST_CASE("per-key rate limits: a burst of M out of N at once, the rest 429 with Retry-After, then they pass") {
+  ClusterSpec spec;
+  spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
+  spec.extraRouter = "  api_keys: [sk-a, sk-b]\n  rate_limits: {requests_per_s: 0.5, request_burst: 3}\n";
+  auto c = startCluster("rate-limits", spec);
+  const std::string body = R"({"model":"small","prompt":"hello","max_tokens":1})";
+  std::vector<std::thread> threads;
+  std::vector<Result<HttpReply>> replies(8, Result<HttpReply>(unavailable("not sent")));
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      replies[i] = httpRequest(c->httpPort(), "POST", "/v1/completions", body, 60s, {"Authorization: Bearer sk-a"});
+    });
+  }
+  for (auto& t : threads) t.join();
+  int served = 0, limited = 0, retryAfter = 0;
+  for (auto& r : replies) {
+    REQUIRE(r.ok());
+    if (r->status == 200) ++served;
+    if (r->status != 429) continue;
+    ++limited;
+    auto j = json::parse(r->body, nullptr, false);
+    CHECK(j["error"]["type"] == "rate_limit_exceeded");
+    CHECK(j["error"]["code"] == "rate_limit_exceeded");
+    CHECK(j["error"]["param"] == "requests_per_s");
+    auto at = r->headers.find("retry-after: ");
+    REQUIRE(at != std::string::npos);
+    retryAfter = std::max(retryAfter, std::atoi(r->headers.c_str() + at + 13));
+  }
+  CHECK(served == 3);
+  CHECK(limited == 5);
+  CHECK((retryAfter >= 1 && retryAfter <= 2));  // one request at 0.5/s
+  // Another key has its own bucket.
+  CHECK(httpRequest(c->httpPort(), "POST", "/v1/completions", body, 60s, {"Authorization: Bearer sk-b"})->status == 200);
+  std::this_thread::sleep_for(std::chrono::seconds(retryAfter));
+  CHECK(httpRequest(c->httpPort(), "POST", "/v1/completions", body, 60s, {"Authorization: Bearer sk-a"})->status == 200);
+  auto m = httpGet(c->httpPort(), "/metrics", 5s);
+  REQUIRE(m.ok());
+  const std::string series = "pdserve_router_rate_limited_total{limit=\"requests_per_s\"} ";
+  auto at = m->body.find(series);
+  REQUIRE(at != std::string::npos);
+  CHECK(std::atof(m->body.c_str() + at + series.size()) == 5);
+}
+
+// Issue 13: router.tls on the real router binary. Certificates are made here with the openssl
+// CLI (never committed); curl is the client: verified against the right CA it is answered, a
+// plain-HTTP client and a client trusting another CA fail, and so does TLS 1.1.
+TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wrong CA and TLS 1.1") {
+  if (std::system("command -v openssl >/dev/null 2>&1 && command -v curl >/dev/null 2>&1") != 0) {
+    pd::test::skipTest("needs the openssl and curl CLIs (scripts/setup installs both)");
+  }
+  const std::string dir = kWork + "/tls." + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto sh = [&](const std::string& cmd) { return std::system(("cd " + dir + " && " + cmd).c_str()); };
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1";
+  REQUIRE(sh("openssl req -x509" + ec + " -keyout ca.key -out ca.pem -subj /CN=ca >/dev/null 2>&1") == 0);
+  REQUIRE(sh("openssl req" + ec + " -keyout s.key -out s.csr -subj /CN=localhost >/dev/null 2>&1") == 0);
+  REQUIRE(sh("printf 'subjectAltName=IP:127.0.0.1\\n' > ext && openssl x509 -req -in s.csr -CA ca.pem -CAkey ca.key "
+             "-CAcreateserial -out s.pem -days 1 -extfile ext >/dev/null 2>&1") == 0);
+  REQUIRE(sh("openssl req -x509" + ec + " -keyout other.key -out other.pem -subj /CN=other >/dev/null 2>&1") == 0);
+  auto port = freePort();
+  auto control = freePort();
+  REQUIRE(port.ok());
+  REQUIRE(control.ok());
+  std::ofstream(dir + "/cluster.yaml") << "model: {path: " << modelDir() << ", name: small}\n"
+                                       << "router: {tls: {cert_file: " << dir << "/s.pem, key_file: " << dir
+                                       << "/s.key}}\nlogging: {level: warn}\n";
+  ProcessGroup group;
+  REQUIRE(group.spawn("router", {std::string(PD_BINARY_DIR) + "/bin/pdserve-router", "--config", dir + "/cluster.yaml",
+                                 "--port", std::to_string(*port), "--control-port", std::to_string(*control)})
+              .ok());
+  const std::string url = " https://127.0.0.1:" + std::to_string(*port) + "/v1/models";
+  // curl's exit status and the HTTP status it saw ("000" when there was no HTTP answer).
+  auto curl = [&](const std::string& flags, std::string* code) {
+    std::string cmd = "curl -s -m 5 -o /dev/null -w '%{http_code}' " + flags + url + " 2>/dev/null";
+    FILE* f = ::popen(cmd.c_str(), "r");
+    char buf[16] = {0};
+    size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    *code = std::string(buf, n);
+    int st = ::pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  std::string code;
+  for (int i = 0; i < 100 && curl("--cacert " + dir + "/ca.pem", &code) != 0; ++i) std::this_thread::sleep_for(100ms);
+  CHECK(code == "200");
+  CHECK(curl("--cacert " + dir + "/other.pem", &code) == 60);  // peer certificate cannot be verified
+  CHECK(curl("--cacert " + dir + "/ca.pem --tlsv1.1 --tls-max 1.1", &code) != 0);
+  CHECK(code == "000");
+  // Plain HTTP to the TLS port: no HTTP answer (curl 52: empty reply), not a hang.
+  std::string plain = "curl -s -m 5 -o /dev/null http://127.0.0.1:" + std::to_string(*port) + "/v1/models";
+  int st = std::system(plain.c_str());
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 52));
+  CHECK(curl("--cacert " + dir + "/ca.pem", &code) == 0);  // still serving
+  CHECK(code == "200");
+  group.stopAll();
+  std::filesystem::remove_all(dir);
 }

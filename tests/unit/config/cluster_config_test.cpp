@@ -261,3 +261,47 @@ TEST_CASE("a file path is named in messages") {
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message() == path.string() + ": engine.block_size: 17 is not one of 8, 16, 32");
 }
+
+TEST_CASE("router HTTP hardening keys: defaults, tls both-or-none, hashed keys, rate limits, metrics auth") {
+  auto d = parseOk("");
+  CHECK(d.router.maxConnections == 4096);
+  CHECK(d.router.headerTimeoutMs == 10000);
+  CHECK(d.router.bodyTimeoutMs == 60000);
+  CHECK(d.router.keepaliveTimeoutMs == 60000);
+  CHECK(d.router.tlsCertFile.empty());
+  CHECK(!d.router.rateLimits.enabled());
+  CHECK(d.router.metricsAuth == MetricsAuth::kNone);
+
+  auto c = parseOk(
+      "router:\n  max_connections: 100\n  header_timeout_ms: 2000\n  tls: {cert_file: /c.pem, key_file: /k.pem}\n"
+      "  api_keys: [sk-1, 'sha256:2179e632e89277f18aa600491b68ad55121fd6caa045e047fdeb426088a5a5f1']\n"
+      "  rate_limits: {requests_per_s: 0.5, request_burst: 3, tokens_per_s: 1000}\n"
+      "  metrics_auth: bearer_file\n  metrics_bearer_file: /run/secrets/metrics-token\n");
+  CHECK(c.router.maxConnections == 100);
+  CHECK(c.router.tlsKeyFile == "/k.pem");
+  CHECK(c.router.rateLimits.requestsPerS == 0.5);
+  CHECK(c.router.rateLimits.requestBurst == 3);
+  CHECK(c.router.rateLimits.enabled());
+  CHECK(c.router.metricsAuth == MetricsAuth::kBearerFile);
+
+  CHECK(errorOf("router: {tls: {cert_file: /c.pem}}").find(
+            "router.tls: cert_file is set but key_file is not; give both (TLS) or neither") != std::string::npos);
+  CHECK(errorOf("router: {tls: {key_file: /k.pem}}").find("router.tls: key_file is set but cert_file is not") !=
+        std::string::npos);
+  CHECK(errorOf("router: {tls: {cert: /c.pem}}").find("router.tls.cert: unknown key") != std::string::npos);
+  // A malformed hash entry is named by index; its value is never echoed.
+  std::string bad = errorOf("router: {api_keys: [sk-secret-1, 'sha256:abcd']}");
+  CHECK(bad.find("router.api_keys[1]: a sha256: entry needs 64 hex digits") != std::string::npos);
+  CHECK(bad.find("abcd") == std::string::npos);
+  CHECK(errorOf("router: {rate_limits: {requests_per_s: -1}}").find("router.rate_limits.requests_per_s") !=
+        std::string::npos);
+  CHECK(errorOf("router: {rate_limits: {tokens: 5}}").find("router.rate_limits.tokens: unknown key") !=
+        std::string::npos);
+  CHECK(errorOf("router: {metrics_auth: basic}").find("router.metrics_auth: basic is not one of none, api_key, "
+                                                       "bearer_file") != std::string::npos);
+  CHECK(errorOf("router: {metrics_auth: bearer_file}").find(
+            "router.metrics_bearer_file: required when metrics_auth is bearer_file") != std::string::npos);
+  CHECK(errorOf("router: {metrics_auth: api_key}").find("router.metrics_auth: api_key needs router.api_keys") !=
+        std::string::npos);
+  CHECK(errorOf("router: {max_connections: 0}").find("router.max_connections") != std::string::npos);
+}
