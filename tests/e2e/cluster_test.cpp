@@ -147,6 +147,19 @@ double workerMetric(LocalCluster& c, const std::string& worker, const std::strin
   return -1;
 }
 
+// The value of the first series of `name` whose labels contain `label` (e.g. `outcome="ok"`), or -1.
+double workerMetricWith(LocalCluster& c, const std::string& worker, const std::string& name, const std::string& label) {
+  auto r = httpGet(c.metricsPort(worker), "/metrics", 5s);
+  if (!r.ok()) return -1;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) == 0 && line.find(label) != std::string::npos && line.find(label) < line.find('}')) {
+      return std::atof(line.c_str() + line.rfind(' ') + 1);
+    }
+  }
+  return -1;
+}
+
 bool allBlocksFree(LocalCluster& c, const std::string& worker) {
   for (int i = 0; i < 100; ++i) {
     double total = workerMetric(c, worker, "pdserve_kv_cache_num_blocks");
@@ -497,6 +510,80 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   CHECK(maxGap < 500ms);  // a decode step here is ~10-30 ms; the stop lasts 1.5 s
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
+}
+
+// Issue 12 (KV fencing), the slow-but-alive writer: the prefill worker is stopped (SIGSTOP) in
+// the middle of request A's transfer; the decode worker gives up on it (kv_transfer.timeout_ms)
+// and recomputes A locally; request B then runs on the decode worker (colocated) while A's old
+// blocks are free (tcp: the revoked grant fences them) or quarantined (cma: one-sided writes
+// land without the receiver's check, so A's blocks are held until the prefill worker
+// acknowledges the cancel); the prefill worker resumes (SIGCONT) and its stale layers of A go
+// out. B's and A's greedy ids must equal `pdserve generate`'s, and every block comes back.
+static void checkSlowButAliveWriter(const std::string& transports, const std::string& lane) {
+  ClusterSpec spec;
+  spec.shortPromptTokens = 64;
+  spec.transports = transports;
+  spec.timeoutMs = 1500;
+  spec.extraRouter = "  worker_report_timeout_ms: 10000\n";
+  auto c = startCluster("fence-" + lane, spec);
+  const auto promptA = prompt(1500, 1201);
+  const auto promptB = prompt(40, 1202);
+  const auto expectedA = generateCli(promptA, 4);
+  const auto expectedB = generateCli(promptB, 120);
+  // One disaggregated request first: the lane is up, and it is the one this case is about.
+  REQUIRE(complete(*c, prompt(300, 1203), 2).status == 200);
+  if (workerMetricWith(*c, "decode-0", "pdserve_kv_peers", "transport=\"" + lane + "\"") != 1) {
+    pd::test::skipTest("the " + lane + " lane did not come up here");
+  }
+
+  Completion a, b;
+  std::thread first([&] { a = complete(*c, promptA, 4); });
+  std::this_thread::sleep_for(250ms);  // A's prefill is computing and pushing layers
+  REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
+  std::this_thread::sleep_for(2000ms);  // past the decode's 1.5 s deadline: A failed over
+  const double quarantined = workerMetric(*c, "decode-0", "pdserve_kv_blocks_quarantined");
+  std::thread second([&] { b = complete(*c, promptB, 120); });
+  std::this_thread::sleep_for(400ms);  // B holds blocks and decodes
+  REQUIRE(c->processes().signal("prefill-0", SIGCONT).isOk());
+  const auto resumed = std::chrono::steady_clock::now();
+  first.join();
+  second.join();
+  // Quarantined blocks come back once the prefill worker acknowledged the cancel.
+  double releaseMs = -1;
+  for (int i = 0; i < 200; ++i) {
+    if (workerMetric(*c, "decode-0", "pdserve_kv_blocks_quarantined") == 0) {
+      releaseMs = double(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - resumed).count());
+      break;
+    }
+    std::this_thread::sleep_for(25ms);
+  }
+  INFO("lane " << lane << ": " << quarantined << " blocks quarantined while the prefill worker was stopped; released "
+               << releaseMs << " ms after SIGCONT; writes rejected: "
+               << workerMetricWith(*c, "decode-0", "pdserve_kv_writes_rejected_total", "reason="));
+  std::printf("fencing e2e (%s): %.0f blocks quarantined during the stop, released %.0f ms after SIGCONT\n", lane.c_str(),
+              quarantined, releaseMs);
+  CHECK(a.status == 200);
+  CHECK(a.ids == expectedA);
+  CHECK(b.status == 200);
+  CHECK(b.ids == expectedB);
+  CHECK(b.headers.find("x-pdserve-route: colocated") != std::string::npos);
+  if (lane == "tcp") {
+    CHECK(quarantined == 0);  // the receiver's check is the fence: A's blocks were free at once
+  } else {
+    CHECK(quarantined > 0);  // one-sided writer: held until it acknowledged
+  }
+  CHECK(releaseMs >= 0);
+  CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"recomputed\"") >= 1);
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
+}
+
+TEST_CASE("KV fencing over tcp: a prefill worker stopped mid-transfer cannot write into the next request's blocks") {
+  checkSlowButAliveWriter("[tcp]", "tcp");
+}
+
+TEST_CASE("KV fencing over cma: a stopped prefill worker's blocks stay quarantined until it acknowledges") {
+  checkSlowButAliveWriter("[cma, tcp]", "cma");
 }
 
 // Issue 12 (graceful drain): SIGTERM on a decode worker stops new work at once (the router
