@@ -224,7 +224,7 @@ TEST_CASE("engine: cancel and refused reservations leave no block behind") {
 // KV fencing (issue 12): a remote request's reserved blocks move to a quarantine holder; the
 // request then recomputes (or is cancelled) without them, they are never handed out while
 // held, and freeing the holder gives them all back.
-TEST_CASE("engine: quarantined remote blocks are not reused; a recompute gets fresh blocks; release frees them") {
+TEST_CASE("engine: quarantined remote blocks are not reused, a recompute gets fresh blocks, release frees them") {
   auto engine = makeEngine(8, 32);  // 8 blocks of 16 tokens
   auto blocks = engine->submitRemote(makeRequest(3, testPrompt(30, 3), greedy(3)));
   REQUIRE(blocks.ok());

@@ -44,7 +44,7 @@ Status write(Node& from, Receiver& to, AgentPeer peer, size_t len, size_t dstOff
   return waitAgent(*from.agent, *to.agent, *id);
 }
 
-TEST_CASE("tcp write grants: only a live grant's ranges take writes; a replay after revoke is refused and counted",
+TEST_CASE("tcp write grants: only a live grant's ranges take writes, a replay after revoke is refused and counted",
           "[kvt][grant]") {
   Receiver decode;
   std::vector<NamedTransport> tp;
@@ -111,7 +111,7 @@ TEST_CASE("tcp write grants: only a live grant's ranges take writes; a replay af
 }
 
 // One-sided lanes fence nothing: the agent says so, and the owner must quarantine.
-TEST_CASE("agent: a lane that is not receiver-fenced makes the peer unfenced; unfencedLanesDead follows the lanes",
+TEST_CASE("agent: a lane that is not receiver-fenced makes the peer unfenced, unfencedLanesDead follows the lanes",
           "[kvt][grant]") {
   std::vector<NamedTransport> ta, tb;
   FaultOptions oneSided;
