@@ -66,6 +66,10 @@ struct GenerationRequest {
   bool echo = false;
   std::string user;
   bool returnTokenIds = false;  // vLLM's extension: each choice carries its token_ids
+  // transformers' split_special_tokens: special-token text in the prompt or in message
+  // contents is encoded as plain text. pdserve defaults to true (transformers to false), so
+  // client text never becomes a control token; false lets it through (docs/serving.md).
+  bool splitSpecialTokens = true;
 };
 
 // Limits the router enforces while parsing.

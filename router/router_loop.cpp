@@ -80,7 +80,7 @@ void RouterLoop::onWorkerClosed(const net::ConnectionPtr& conn, const Status& wh
   std::unordered_set<RequestStream*> affected;
   for (const auto& [rid, e] : requests_)
     if (e.decodeWorker == id && affected.insert(e.stream.get()).second)
-      e.stream->fail(unavailable("decode worker '" + id + "' disconnected"));
+      e.stream->workerLost(unavailable("decode worker '" + id + "' disconnected"));
 }
 
 // The chunk goes to its request's strand; the table entry stays until the stream says the
@@ -122,37 +122,62 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
     e.message = "this router is shutting down; retry (another router takes the request)";
     return stream->refuse(std::move(e), "draining");
   }
-  const std::vector<uint64_t>& blocks = spec.prefixBlocks;
-  std::vector<WorkerView> views = workers_.snapshot();
-  if (!blocks.empty())
-    for (auto& v : views) v.cachedTokens = prefixIndex_.cachedTokens(v.id, blocks);
-  auto plan = policy_.select(int64_t(spec.parsed.prompt.size()), views);
-  if (!plan) {
+  auto p = plan(int64_t(spec.parsed.prompt.size()), spec.prefixBlocks, "");
+  if (!p) {
     ApiError e;
     e.status = 503;
     e.type = "service_unavailable";
     e.message = "no healthy decode worker; retry later";
     return stream->refuse(std::move(e), "no_worker");
   }
-  metrics_.routeDecision(routeName(plan->route), plan->reason);
-  metrics_.predictedCachedTokens(plan->cachedTokens);
+  Dispatch d = dispatch(stream, std::move(*p), spec.parsed.req.n);
+  d.responseId = std::to_string(d.workerRequestIds.front());
+  stream->start(std::move(d));
+}
+
+std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
+                                          const std::string& exclude) {
+  std::vector<WorkerView> views = workers_.snapshot();
+  if (!exclude.empty()) std::erase_if(views, [&](const WorkerView& v) { return v.id == exclude; });
+  if (!blocks.empty())
+    for (auto& v : views) v.cachedTokens = prefixIndex_.cachedTokens(v.id, blocks);
+  auto p = policy_.select(promptTokens, views);
+  if (!p) return std::nullopt;
+  metrics_.routeDecision(routeName(p->route), p->reason);
+  metrics_.predictedCachedTokens(p->cachedTokens);
   // Both workers hold the prompt's blocks afterwards (the decode worker caches what it
   // received), as far as their pools keep them.
-  for (const std::string& w : {plan->decodeWorker, plan->prefillWorker})
+  for (const std::string& w : {p->decodeWorker, p->prefillWorker})
     if (!w.empty() && !blocks.empty()) prefixIndex_.record(w, blocks, workers_.totalBlocks(w));
+  return p;
+}
+
+Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n) {
   Dispatch d;
-  if (const auto* w = workers_.find(plan->decodeWorker)) d.decodeConn = w->conn;
-  if (plan->route == Route::kDisaggregated) {
-    if (const auto* w = workers_.find(plan->prefillWorker)) d.prefillAddress = w->address;
+  if (const auto* w = workers_.find(plan.decodeWorker)) d.decodeConn = w->conn;
+  if (plan.route == Route::kDisaggregated) {
+    if (const auto* w = workers_.find(plan.prefillWorker)) d.prefillAddress = w->address;
   }
-  for (int i = 0; i < spec.parsed.req.n; ++i) {
+  for (int i = 0; i < n; ++i) {
     const uint64_t id = newRequestId();
     d.workerRequestIds.push_back(id);
-    requests_[id] = Entry{stream, plan->decodeWorker};
+    requests_[id] = Entry{stream, plan.decodeWorker};
   }
-  d.responseId = std::to_string(d.workerRequestIds.front());
-  d.plan = std::move(*plan);
-  stream->start(std::move(d));
+  d.plan = std::move(plan);
+  return d;
+}
+
+// The prompt grew by the streamed tokens, so it is routed again by length (no prefix
+// hashes: the index has none for the generated part), never back to the worker it left.
+void RouterLoop::migrate(std::shared_ptr<RequestStream> stream, std::vector<uint64_t> oldIds, int64_t promptTokens,
+                         std::string leftWorker) {
+  onStrand([this, stream = std::move(stream), oldIds = std::move(oldIds), promptTokens,
+            left = std::move(leftWorker)] {
+    for (uint64_t id : oldIds) requests_.erase(id);
+    auto p = plan(promptTokens, {}, left);
+    if (!p) return stream->resume(std::nullopt, unavailable("no other decode worker can continue it"));
+    stream->resume(dispatch(stream, std::move(*p), int(oldIds.size())), Status());
+  });
 }
 
 uint64_t RouterLoop::newRequestId() {

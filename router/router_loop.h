@@ -73,6 +73,8 @@ class RouterLoop final : public StreamOwner {
   // StreamOwner.
   void choicesEnded(std::vector<uint64_t> workerRequestIds) override;
   void observeTokens(const TokenTiming& timing) override;
+  void migrate(std::shared_ptr<RequestStream> stream, std::vector<uint64_t> oldIds, int64_t promptTokens,
+               std::string leftWorker) override;
 
  private:
   struct Entry {
@@ -83,6 +85,11 @@ class RouterLoop final : public StreamOwner {
   template <typename F>
   void onStrand(F&& f);
   void route(const std::shared_ptr<RequestStream>& stream);
+  // The plan for a prompt (prefix blocks: its hashes, or none), skipping worker `exclude`.
+  std::optional<RoutePlan> plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
+                                const std::string& exclude);
+  // The Dispatch of `plan`: n fresh worker request ids, entered in the request table.
+  Dispatch dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n);
   void onChunk(proto::TokenChunk&& chunk);
   void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
   void scheduleAutoscale(std::chrono::steady_clock::duration after);
