@@ -18,7 +18,7 @@ constexpr size_t kBytes = 1 << 16;
 // A receiver made through TransferAgent::create (so the agent installs its reject counter),
 // with tcp only and region keys that do not authorise writes.
 struct Receiver {
-  Receiver() : buf(kBytes, 0xEE) {
+  explicit Receiver(size_t bytes = kBytes) : buf(bytes, 0xEE) {
     AgentOptions o;
     o.name = "decode";
     o.preference = {"tcp"};
@@ -27,7 +27,7 @@ struct Receiver {
     auto a = TransferAgent::create(o, registry);
     REQUIRE(a.ok());
     agent = std::move(a).value();
-    REQUIRE(agent->registerMemory(MemDesc{base(), kBytes}).ok());
+    REQUIRE(agent->registerMemory(MemDesc{base(), bytes}).ok());
   }
   uintptr_t base() const { return reinterpret_cast<uintptr_t>(buf.data()); }
   double rejected(const std::string& reason) const {
@@ -108,6 +108,45 @@ TEST_CASE("tcp write grants: only a live grant's ranges take writes, a replay af
     auto bad = decode.agent->grantWrite(*writer, {MemDesc{reinterpret_cast<uintptr_t>(other.data()), 4096}});
     CHECK(bad.status().code() == StatusCode::kInvalidArgument);
   }
+}
+
+// The revoke is a fence even while a write under the grant is landing: once revokeWrite()
+// returned, not one more byte of it changes the target (the landing frame's connection is
+// closed, later frames are refused), and the writer's transfer fails.
+TEST_CASE("tcp write grants: a revoke in the middle of a landing write stops it at once", "[kvt][grant]") {
+  constexpr size_t kBig = 128 << 20;
+  Receiver decode(kBig);
+  std::vector<NamedTransport> tp;
+  tp.push_back({"tcp", make("tcp", "prefill")});
+  Node prefill("prefill", std::move(tp), kBig, /*fallback=*/false);
+  std::memset(prefill.buf.data(), 0x42, kBig);
+  auto toDecode = prefill.agent->loadPeer(decode.agent->localMetadata().value());
+  REQUIRE(toDecode.ok());
+  auto writer = decode.agent->loadPeer(prefill.agent->localMetadata().value());
+  REQUIRE(writer.ok());
+  auto grant = decode.agent->grantWrite(*writer, {MemDesc{decode.base(), kBig}});
+  REQUIRE(grant.ok());
+  auto id = prefill.agent->post({MemDesc{prefill.base(), kBig}}, {MemDesc{decode.base(), kBig}}, *toDecode,
+                                std::nullopt, *grant);
+  REQUIRE(id.ok());
+  // Wait until the first bytes landed, then revoke while the rest is on its way.
+  const volatile uint8_t* first = decode.buf.data();
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  while (*first != 0x42 && std::chrono::steady_clock::now() < end) std::this_thread::yield();
+  REQUIRE(*first == 0x42);
+  REQUIRE(decode.agent->revokeWrite(*grant).isOk());
+  auto landed = [&] {
+    size_t n = 0;
+    for (size_t i = 0; i < kBig; i += 4096) n += decode.buf[i] == 0x42;
+    return n;
+  };
+  const size_t atRevoke = landed();
+  Status st = waitAgent(*prefill.agent, *decode.agent, *id);
+  INFO(st.toString() << "; pages landed at the revoke: " << atRevoke << " of " << kBig / 4096);
+  CHECK_FALSE(st.isOk());
+  std::this_thread::sleep_for(200ms);
+  CHECK(landed() == atRevoke);
+  CHECK(atRevoke < kBig / 4096);  // the revoke really came mid-write
 }
 
 // One-sided lanes fence nothing: the agent says so, and the owner must quarantine.
