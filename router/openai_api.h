@@ -23,6 +23,7 @@ struct ApiError {
   std::string message;
   std::optional<std::string> param;             // the offending field, when there is one
   std::optional<std::string> code;              // "model_not_found", "context_length_exceeded"
+  std::optional<int> retryAfterS;               // 429/503: the Retry-After header (default 1)
 
   nlohmann::json toJson() const;  // {"error":{"message","type","param","code"}}
 };

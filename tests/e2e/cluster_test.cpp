@@ -503,6 +503,48 @@ TEST_CASE("a decode worker whose drain times out: its stream moves to another on
   CHECK(exit->description == "exited with status 0");
 }
 
+// Issue 12: overload. A burst of long prompts far past what the prefill worker can start within
+// its TTFT target: the router admits what fits and refuses the rest at once with 429 and a
+// Retry-After (never a hang or a timeout), every admitted request completes, nothing leaks,
+// and once the queue drained a request passes again.
+TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for what would miss the TTFT target") {
+  ClusterSpec spec{/*shortPromptTokens=*/64};
+  spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 400}}, decode: {replicas: 1}}";
+  auto c = startCluster("overload", spec);
+  REQUIRE(complete(*c, prompt(600, 40), 2).status == 200);  // the prefill worker measures its rate
+  const int kBurst = 12;
+  std::vector<Result<HttpReply>> replies(kBurst, Result<HttpReply>(unavailable("not sent")));
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kBurst; ++i) {
+    clients.emplace_back([&, i] {
+      json req{{"model", "small"}, {"prompt", prompt(1500, 41 + i)}, {"max_tokens", 4}, {"temperature", 0},
+               {"ignore_eos", true}};
+      replies[i] = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 120s);
+      std::this_thread::sleep_for(1ms);
+    });
+    std::this_thread::sleep_for(5ms);
+  }
+  for (auto& t : clients) t.join();
+  int ok = 0, shed = 0;
+  for (const auto& r : replies) {
+    REQUIRE(r.ok());
+    INFO(r->status << " " << r->body);
+    if (r->status == 200) ++ok;
+    if (r->status == 429) {
+      ++shed;
+      CHECK(r->body.find("overloaded") != std::string::npos);
+      CHECK(r->headers.find("retry-after: ") != std::string::npos);
+    }
+    CHECK((r->status == 200 || r->status == 429));
+  }
+  CHECK(ok >= 1);
+  CHECK(shed >= 1);
+  CHECK(routerMetric(*c, "pdserve_request_errors_total{type=\"overloaded\"}") == shed);
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
+  CHECK(complete(*c, prompt(1500, 99), 2).status == 200);  // drained: admitted again
+}
+
 TEST_CASE("bad requests get OpenAI errors with the right status") {
   auto c = startCluster("errors", ClusterSpec{64, "[tcp]", "recompute", "  api_keys: [sk-test]\n  max_body_bytes: 65536\n"});
   const std::vector<std::string> auth{"Authorization: Bearer sk-test"};
