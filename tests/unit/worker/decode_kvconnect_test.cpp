@@ -311,11 +311,13 @@ TEST_CASE("decode KV fencing: over a receiver-fenced lane (tcp) the blocks are f
   const double total = metric(port, "pdserve_kv_cache_num_blocks");
   REQUIRE(total > 0);
   h.generate(21);
-  REQUIRE(h.prefill.waitFor([&] { return h.prefill.count(proto::Envelope::kPrefillRequest) == 1; }, 10s));
-  {
-    std::lock_guard<std::mutex> lock(kv.mu);
-    CHECK_FALSE(kv.target.write_grant().empty());  // the request's epoch travels in its target
-  }
+  // The request's epoch travels in its target (recorded by the fake after the mailbox saw it).
+  CHECK(eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(kv.mu);
+        return !kv.target.write_grant().empty();
+      },
+      10s));
   CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") < total; }, 2s));  // reserved
   auto chunk = h.finalChunk(21, 10s);
   REQUIRE(chunk.has_value());
