@@ -58,7 +58,10 @@ class DecodeRole final : public worker::RolePolicy {
   }
 
   void onStepEvents(const std::vector<EngineEvent>& events) override { publish(events); }
-  void poll() override { remote_.admitWaiting(); }
+  void poll() override {
+    remote_.admitWaiting();
+    remote_.pollQuarantine();
+  }
   std::chrono::microseconds pollInterval() const override {
     return remote_.anyInFlight() ? std::chrono::milliseconds(1) : std::chrono::milliseconds(20);
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/base/log.h"
+#include "kvtransfer/block_segments.h"
 
 namespace pd::decode {
 
@@ -88,6 +89,20 @@ void RemotePrefills::sendPrefillRequest(Peer& peer, uint64_t id) {
   target.numBlocks = kv.numTotalBlocks();
   target.blockIds.assign(r.blocks.begin(), r.blocks.end());
   target.regions = bundle.kvRegions;
+  // The request's epoch: a grant for exactly its blocks, in every layer of every rank's
+  // region, to this prefill worker alone. Revoked when the request leaves REQUESTED.
+  DescList ranges;
+  for (const MemDesc& region : bundle.kvRegions) {
+    const kvt::BlockPool pool = worker::kvBlockPool(kv.layout(), region);
+    auto segs = kvt::blockSegments(pool, r.blocks, pool, r.blocks, 0, kv.layout().numLayers);
+    if (!segs.ok()) return failed(id, segs.status().withContext("KV write grant"));
+    ranges.insert(ranges.end(), segs->remote.begin(), segs->remote.end());
+  }
+  auto grant = loop_.agent().grantWrite(peer.kvPeer, ranges);
+  if (!grant.ok()) return failed(id, grant.status());
+  r.grant = std::move(grant).value();
+  r.kvPeer = peer.kvPeer;
+  target.writeGrant = r.grant;
   proto::Envelope env;
   env.set_request_id(id);
   auto* pr = env.mutable_prefill_request();
@@ -164,6 +179,7 @@ void RemotePrefills::onConnected(const std::string& address, Result<net::Connect
 void RemotePrefills::onPeerMessage(const std::string& address, proto::Envelope&& env) {
   if (env.request_id() == 0) return onKvConnectReply(address, std::move(env));
   const uint64_t id = env.request_id();
+  if (env.body_case() == proto::Envelope::kCancel && env.cancel().ack()) return onCancelAck(address, id);
   auto it = requests_.find(id);
   if (it == requests_.end() || it->second.state != State::kRequested || it->second.address != address) return;
   if (env.body_case() == proto::Envelope::kError) return failed(id, net::fromProtoError(env.error()));
@@ -186,7 +202,18 @@ void RemotePrefills::onKvConnectReply(const std::string& address, proto::Envelop
     return dropPeer(address, loaded.status().withContext("loading prefill worker " + address + "'s KV reply"));
   }
   peer.kvReady = true;
+  peer.kvPeer = *loaded;
   loop_.cancelTimer(peer.kvTimer);
+  // Holds from an earlier connection to this worker: ask again (an acknowledgement may have
+  // been lost with that connection; a worker that holds nothing of the request answers at once).
+  for (const auto& [holder, q] : quarantine_) {
+    if (q.address != address) continue;
+    proto::Envelope cancel;
+    cancel.set_request_id(q.requestId);
+    cancel.mutable_cancel()->set_request_id(q.requestId);
+    cancel.mutable_cancel()->set_reason("KV fencing: acknowledge that nothing of this request is in flight");
+    (void)peer.conn->send(std::move(cancel));
+  }
   PD_LOG(kInfo, kTag) << "prefill worker " << address << ": KV over " << loop_.agent().peerTransport(*loaded).value();
   const std::vector<uint64_t> ids(peer.requests.begin(), peer.requests.end());
   for (uint64_t id : ids) {
@@ -230,7 +257,10 @@ void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) 
   Status s = loop_.engine().completeRemote(id, worker::fromProto(done.first_token_id(), done.first_logprob()), &events);
   // A PrefillDone the engine refuses (a first token outside the vocabulary) is the prefill
   // worker's failure: this request recomputes or fails, the batch it would join is untouched.
-  if (!s.isOk()) return failed(id, s.withContext("PrefillDone from prefill worker " + requests_.at(id).address));
+  Remote& r = requests_.at(id);
+  r.writerDone = true;  // PrefillDone comes only after every write was confirmed at the target
+  (void)fenceWrites(id, r);  // replays of the grant are refused from now on
+  if (!s.isOk()) return failed(id, s.withContext("PrefillDone from prefill worker " + r.address));
   forget(id);
   loop_.metrics().remotePrefill("ok");
   callbacks_.onKvReady(id, events);
@@ -247,12 +277,91 @@ void RemotePrefills::sendCancel(const Remote& r, const std::string& reason) {
   (void)peer->second.conn->send(std::move(cancel));
 }
 
+bool RemotePrefills::fenceWrites(uint64_t id, Remote& r) {
+  if (r.state != State::kRequested || r.grant.empty()) return true;  // no writer was told
+  Status revoked = loop_.agent().revokeWrite(r.grant);
+  r.grant.clear();
+  if (!revoked.isOk()) {
+    PD_LOG(kWarn, kTag) << "request " << id << ": revoking its KV write grant: " << revoked.toString();
+    return r.writerDone;
+  }
+  return r.writerDone || loop_.agent().receiverFenced(r.kvPeer);
+}
+
+void RemotePrefills::quarantine(uint64_t id, const Remote& r, const std::string& why) {
+  const engine::SeqId holder = nextHolder_++;
+  if (Status s = loop_.engine().quarantineRemote(id, holder); !s.isOk()) {
+    // Not expected (the request holds its reservation until here); the blocks stay with the
+    // request and are freed with it: say so loudly, it is the unfenced case.
+    PD_LOG(kError, kTag) << "request " << id << ": cannot quarantine its KV blocks (" << s.toString()
+                         << "); freeing them although prefill worker " << r.address << " may still write them";
+    return;
+  }
+  Quarantined q;
+  q.requestId = id;
+  q.address = r.address;
+  q.kvPeer = r.kvPeer;
+  q.blocks = int(r.blocks.size());
+  q.since = steadyNow();
+  quarantinedBlocks_ += q.blocks;
+  loop_.metrics().kvBlocksQuarantined.set(quarantinedBlocks_);
+  PD_LOG(kInfo, kTag) << "request " << id << " (" << why << "): " << q.blocks
+                      << " KV block(s) quarantined until prefill worker " << r.address
+                      << " acknowledges the cancel or is gone (its KV lane is one-sided)";
+  quarantine_.emplace(holder, std::move(q));
+}
+
+void RemotePrefills::release(engine::SeqId holder, const std::string& why) {
+  auto it = quarantine_.find(holder);
+  if (it == quarantine_.end()) return;
+  const double held = secondsBetween(it->second.since, steadyNow());
+  PD_LOG(kInfo, kTag) << "request " << it->second.requestId << ": " << it->second.blocks
+                      << " quarantined KV block(s) released after " << int64_t(held * 1e3) << " ms: " << why;
+  (void)loop_.engine().kv().free(holder);
+  quarantinedBlocks_ -= it->second.blocks;
+  loop_.metrics().kvBlocksQuarantined.set(quarantinedBlocks_);
+  loop_.metrics().kvQuarantineSeconds.observe(held);
+  quarantine_.erase(it);
+}
+
+void RemotePrefills::onCancelAck(const std::string& address, uint64_t id) {
+  std::vector<engine::SeqId> holders;
+  for (const auto& [holder, q] : quarantine_) {
+    if (q.requestId == id && q.address == address) holders.push_back(holder);
+  }
+  for (engine::SeqId h : holders) release(h, "prefill worker " + address + " acknowledged the cancel");
+}
+
+void RemotePrefills::pollQuarantine() {
+  if (quarantine_.empty()) return;
+  const auto now = steadyNow();
+  const auto lease = milliseconds(loop_.config().kvTransfer.timeoutMs);
+  std::vector<std::pair<engine::SeqId, std::string>> gone;
+  for (auto& [holder, q] : quarantine_) {
+    auto peer = peers_.find(q.address);
+    const bool connected = peer != peers_.end() && peer->second.conn;
+    if (!connected && loop_.agent().unfencedLanesDead(q.kvPeer)) {
+      gone.emplace_back(holder, "prefill worker " + q.address + " is gone (control connection closed, KV lane dead)");
+      continue;
+    }
+    if (!q.leaseLogged && now - q.since > lease) {
+      q.leaseLogged = true;
+      PD_LOG(kWarn, kTag) << "request " << q.requestId << ": " << q.blocks << " KV block(s) still quarantined "
+                          << lease.count() << " ms after its remote prefill ended: prefill worker " << q.address
+                          << " has neither acknowledged the cancel nor gone away; holding them (a one-sided "
+                             "writer may still write them)";
+    }
+  }
+  for (auto& [holder, why] : gone) release(holder, why);
+}
+
 void RemotePrefills::failed(uint64_t id, const Status& why) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   const bool hasBlocks = it->second.state != State::kWaitingBlocks;
   const Status stall = recomputeStall(it->second.gen.prompt_token_ids_size());
   sendCancel(it->second, why.message());
+  if (!fenceWrites(id, it->second)) quarantine(id, it->second, "failed: " + why.message());
   forget(id);
   if (hasBlocks && !stall.isOk()) {
     PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message() << "); not recomputing: "
@@ -290,6 +399,7 @@ void RemotePrefills::cancel(uint64_t id, const std::string& reason) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   sendCancel(it->second, reason);
+  if (!fenceWrites(id, it->second)) quarantine(id, it->second, "cancelled: " + reason);
   forget(id);
   loop_.engine().cancel(id);
 }
@@ -314,6 +424,7 @@ void RemotePrefills::shutdown(const Status& why) {
   for (auto& [id, r] : requests_) ids.push_back(id);
   for (uint64_t id : ids) {
     sendCancel(requests_.at(id), why.message());
+    (void)fenceWrites(id, requests_.at(id));  // the process ends: its memory goes with it
     forget(id);
     loop_.engine().cancel(id);
     callbacks_.onFailed(id, why);
@@ -323,6 +434,9 @@ void RemotePrefills::shutdown(const Status& why) {
     if (peer.conn) peer.conn->close(why);
   }
   peers_.clear();
+  std::vector<engine::SeqId> holders;
+  for (const auto& [holder, q] : quarantine_) holders.push_back(holder);
+  for (engine::SeqId h : holders) release(h, "shutting down");
 }
 
 }  // namespace pd::decode

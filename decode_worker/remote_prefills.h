@@ -12,6 +12,15 @@
 //        also fail (429) when recomputing would break the ITL SLO of the running streams
 //   any --(cancel(): client or router)--> CANCELLED: Cancel to the prefill worker; the
 //        engine frees the reserved blocks
+//   FAILED / CANCELLED after the PrefillRequest went out --> QUARANTINED (KV fencing, issue
+//        12; docs/reliability-fencing.md): the request's write grant is revoked; when every
+//        lane to that prefill worker is receiver-fenced (tcp) the revoke is the fence and the
+//        blocks are freed at once; otherwise (cma, ucx, verbs: one-sided writes) they move to
+//        a quarantine holder (Engine::quarantineRemote) and are released only when the prefill
+//        worker acknowledges the Cancel (Cancel{ack}) or is known gone (its control connection
+//        closed AND TransferAgent::unfencedLanesDead: for cma its process exited). A recompute uses
+//        fresh blocks. Past the lease (kv_transfer.timeout_ms) the hold is logged, never
+//        dropped on a timer alone. On a new connection to that worker the Cancel is sent again.
 //
 // Deadlines (loop timers, kv_transfer.timeout_ms each): WAITING_BLOCKS from start();
 // CONNECTING + REQUESTED together from the reservation. A prefill worker that is slow,
@@ -55,6 +64,10 @@ class RemotePrefills {
   bool contains(uint64_t id) const { return requests_.count(id) != 0; }
   // Ends every request (FAILED, no recompute) and closes the peer connections.
   void shutdown(const Status& why);
+  // Releases quarantined blocks whose writer is known gone; logs holds past their lease
+  // (loop poll).
+  void pollQuarantine();
+  int quarantinedBlocks() const { return quarantinedBlocks_; }
 
  private:
   enum class State { kWaitingBlocks, kConnecting, kRequested };
@@ -64,6 +77,18 @@ class RemotePrefills {
     std::string address;  // the prefill worker's control address
     std::vector<engine::BlockId> blocks;
     worker::WorkerLoop::TimerId deadlineTimer = 0;
+    std::string grant;          // TransferAgent::grantWrite for `blocks` ("" until REQUESTED)
+    kvt::AgentPeer kvPeer = 0;  // the prefill worker's kvtransfer peer the grant is for
+    bool writerDone = false;    // PrefillDone: every write confirmed, nothing can land later
+  };
+  // Blocks a remote prefill that ended may still be writing (QUARANTINED).
+  struct Quarantined {
+    uint64_t requestId = 0;
+    std::string address;
+    kvt::AgentPeer kvPeer = 0;
+    int blocks = 0;
+    SteadyTime since;
+    bool leaseLogged = false;
   };
   struct Waiting {
     uint64_t id;
@@ -77,6 +102,7 @@ class RemotePrefills {
     bool kvReady = false;
     std::string offer;  // our KvConnect offer on this connection; every request carries it
     worker::WorkerLoop::TimerId kvTimer = 0;
+    kvt::AgentPeer kvPeer = 0;  // loaded from its KvConnect reply (valid while kvReady)
     std::unordered_set<uint64_t> requests;
   };
 
@@ -97,6 +123,13 @@ class RemotePrefills {
   // stream there: the request fails with 429 instead (docs/serving.md, "Overload").
   Status recomputeStall(int promptTokens) const;
   void sendCancel(const Remote& r, const std::string& reason);
+  // Revokes the request's write grant. True when no write of it can land any more (nothing
+  // was requested, the writer confirmed all, or every lane is receiver-fenced).
+  bool fenceWrites(uint64_t id, Remote& r);
+  // Moves the request's reserved blocks into the quarantine (the engine keeps them held).
+  void quarantine(uint64_t id, const Remote& r, const std::string& why);
+  void release(engine::SeqId holder, const std::string& why);
+  void onCancelAck(const std::string& address, uint64_t id);
   void forget(uint64_t id);
   worker::WorkerLoop::TimerId deadline(uint64_t id, std::function<Status()> why);
 
@@ -105,6 +138,9 @@ class RemotePrefills {
   std::unordered_map<uint64_t, Remote> requests_;
   std::deque<Waiting> waiting_;
   std::unordered_map<std::string, Peer> peers_;
+  std::unordered_map<engine::SeqId, Quarantined> quarantine_;  // holder sequence -> hold
+  engine::SeqId nextHolder_ = (engine::SeqId(1) << 63) | 1;   // far from the router's ids
+  int quarantinedBlocks_ = 0;
 };
 
 }  // namespace pd::decode

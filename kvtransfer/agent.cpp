@@ -30,6 +30,11 @@ Result<std::unique_ptr<TransferAgent>> TransferAgent::create(const AgentOptions&
                                                              prometheus::Registry& registry) {
   TransportOptions topts = options.transport;
   topts.localName = options.name;
+  topts.onWriteRejected = [count = writeRejectCounter(registry), also = options.transport.onWriteRejected](
+                              const std::string& reason) {
+    count(reason);
+    if (also) also(reason);
+  };
   std::vector<NamedTransport> transports;
   std::string skipped;
   auto add = [&](const std::string& name) {
@@ -309,8 +314,77 @@ Result<std::string> TransferAgent::peerName(AgentPeer peer) const {
   return it->second.name;
 }
 
+Result<std::string> TransferAgent::grantWrite(AgentPeer peer, const DescList& ranges) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return notFound("kvtransfer agent: grantWrite for unknown peer " + std::to_string(peer));
+  const PeerState& ps = it->second;
+  proto::AgentGrant out;
+  std::vector<std::pair<size_t, std::string>> made;  // for the rollback
+  for (const std::optional<Lane>& l : {std::optional<Lane>(ps.primary), ps.tcpLane, ps.gpuLane}) {
+    if (!l) continue;
+    bool seen = false;
+    for (const auto& e : out.entries()) seen = seen || e.transport() == laneName(*l);
+    if (seen) continue;
+    auto g = transports_[l->transport].transport->grantWrite(ranges);
+    if (!g.ok()) {
+      for (auto& [t, key] : made) (void)transports_[t].transport->revokeWrite(key);
+      return g.status().withContext("kvtransfer agent: write grant for peer '" + ps.name + "' over " + laneName(*l));
+    }
+    made.emplace_back(l->transport, *g);
+    auto* e = out.add_entries();
+    e->set_transport(laneName(*l));
+    e->set_grant(std::move(g).value());
+  }
+  return out.SerializeAsString();
+}
+
+Status TransferAgent::revokeWrite(const std::string& grant) {
+  proto::AgentGrant g;
+  if (!g.ParseFromString(grant)) return invalidArgument("kvtransfer agent: revokeWrite: not an agent write grant");
+  Status first;
+  for (const auto& e : g.entries()) {
+    auto i = indexOf(e.transport());
+    if (!i) continue;
+    Status st = transports_[*i].transport->revokeWrite(e.grant());
+    if (!st.isOk() && first.isOk()) first = st.withContext("kvtransfer agent: revoking over " + e.transport());
+  }
+  return first;
+}
+
+bool TransferAgent::receiverFenced(AgentPeer peer) const {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return false;
+  const PeerState& ps = it->second;
+  for (const std::optional<Lane>& l : {std::optional<Lane>(ps.primary), ps.tcpLane, ps.gpuLane}) {
+    if (l && !transports_[l->transport].transport->caps().receiverFenced) return false;
+  }
+  return true;
+}
+
+bool TransferAgent::unfencedLanesDead(AgentPeer peer) const {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return false;
+  const PeerState& ps = it->second;
+  for (const std::optional<Lane>& l : {std::optional<Lane>(ps.primary), ps.tcpLane, ps.gpuLane}) {
+    if (!l) continue;
+    const Transport& t = *transports_[l->transport].transport;
+    if (!t.caps().receiverFenced && t.peerAlive(l->peer)) return false;
+  }
+  return true;
+}
+
+std::string TransferAgent::grantFor(const std::string& grant, const Lane& lane) const {
+  if (grant.empty()) return {};
+  proto::AgentGrant g;
+  if (!g.ParseFromString(grant)) return {};
+  for (const auto& e : g.entries()) {
+    if (e.transport() == laneName(lane)) return e.grant();
+  }
+  return {};
+}
+
 Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList& remote, AgentPeer peer,
-                                          std::optional<std::string> notification) {
+                                          std::optional<std::string> notification, const std::string& grant) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return notFound("kvtransfer agent: no peer " + std::to_string(peer));
   PeerState& ps = it->second;
@@ -334,7 +408,8 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
     return !e.gpu || transports_[ps.tcpLane->transport].transport->caps().cudaMemory;
   };
   e.canFallBack = tcpCanCarry();
-  auto id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, notification);
+  auto id = transports_[e.lane.transport].transport->postGranted(local, remote, e.lane.peer,
+                                                                 grantFor(grant, e.lane), notification);
   if (!id.ok()) {
     // Argument errors are the caller's; anything else on a fabric lane may still go over tcp.
     if (id.status().code() == StatusCode::kInvalidArgument || !e.canFallBack) {
@@ -346,12 +421,14 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
                          << " failed (" << id.status().message() << "); sending over tcp instead";
     e.lane = *ps.tcpLane;
     e.fellBack = true;
-    id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, notification);
+    id = transports_[e.lane.transport].transport->postGranted(local, remote, e.lane.peer, grantFor(grant, e.lane),
+                                                              notification);
     if (!id.ok()) return id.status().withContext("kvtransfer agent: tcp fallback to peer '" + ps.name + "'");
   }
   e.inner = *id;
   if (e.gpu) notePath(ps, e.lane);  // the lane it actually went over
   if (e.canFallBack && !e.fellBack) {
+    e.grant = grant;
     e.local = local;
     e.remote = remote;
     e.notification = std::move(notification);
@@ -384,8 +461,8 @@ Status TransferAgent::poll(AgentTransfer id) {
   auto pit = peers_.find(e.peer);
   if (!e.fellBack && e.canFallBack && pit != peers_.end() && pit->second.tcpLane) {
     PeerState& ps = pit->second;
-    auto retry = transports_[ps.tcpLane->transport].transport->post(e.local, e.remote, ps.tcpLane->peer,
-                                                                     e.notification);
+    auto retry = transports_[ps.tcpLane->transport].transport->postGranted(
+        e.local, e.remote, ps.tcpLane->peer, grantFor(e.grant, *ps.tcpLane), e.notification);
     if (retry.ok()) {
       PD_LOG(kWarn, "kvt") << "peer '" << ps.name << "': transfer " << id << " failed over " << transport << " ("
                            << st.message() << "); retrying once over tcp";

@@ -109,8 +109,26 @@ class TransferAgent {
 
   // Copies local[i] (inside a region registered here) to remote[i] (inside a region the peer
   // exposed, in the peer's address space); the notification reaches the peer after all data.
+  // `grant` (optional) is the target's grantWrite() blob for this transfer (KvTarget carries
+  // it): each lane's writes carry that transport's grant.
   Result<AgentTransfer> post(const DescList& local, const DescList& remote, AgentPeer peer,
-                             std::optional<std::string> notification);
+                             std::optional<std::string> notification, const std::string& grant = {});
+
+  // Write grants (transport.h, KV fencing): the receiving side grants `peer` writes into
+  // `ranges` (inside regions registered here) over every lane it has to that peer, as one
+  // blob (serialized proto::AgentGrant) for the writer's post(). revokeWrite() withdraws it
+  // on every transport; the first error is returned, the rest are still revoked.
+  Result<std::string> grantWrite(AgentPeer peer, const DescList& ranges);
+  Status revokeWrite(const std::string& grant);
+  // True when every lane to `peer` is receiverFenced (tcp): a revoked grant fences its writes
+  // at once. False for an unknown peer (nothing is known, so nothing is fenced).
+  bool receiverFenced(AgentPeer peer) const;
+  // True when `peer` is loaded and every lane to it that is not receiver-fenced is dead
+  // (Transport::peerAlive false: its connection failed, or for cma its process exited), so
+  // none of its one-sided writes can still land (receiver-fenced lanes are fenced by the
+  // revoke). False for an unknown peer (unloaded or replaced: that says nothing about the
+  // writer).
+  bool unfencedLanesDead(AgentPeer peer) const;
   // ok once all data is at the target; kInProgress; or the error (a fallback retry, when
   // one happens, is invisible here except in the metric and the log).
   Status poll(AgentTransfer id);
@@ -144,6 +162,7 @@ class TransferAgent {
     TransferId inner = 0;
     DescList local, remote;  // kept for the fallback retry
     std::optional<std::string> notification;
+    std::string grant;       // kept for the fallback retry
     bool fellBack = false;
     bool canFallBack = false;  // a tcp lane exists that is not this lane and can move the memory
     bool gpu = false;
@@ -155,6 +174,8 @@ class TransferAgent {
                 prometheus::Registry& registry);
   const std::string& laneName(const Lane& lane) const { return transports_[lane.transport].name; }
   std::optional<size_t> indexOf(const std::string& name) const;
+  // The grant bytes of `lane`'s transport inside an agent grant blob ("" when none).
+  std::string grantFor(const std::string& grant, const Lane& lane) const;
   proto::AgentMetadata metadataHead() const;
   void addTransport(proto::AgentMetadata* md, size_t transport, std::string connInfo) const;
   // Picks ps.gpuLane (see the header comment), loading an extra lane when needed.

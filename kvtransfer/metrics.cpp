@@ -17,6 +17,15 @@ prometheus::Histogram::BucketBoundaries latencyBuckets() {
 }
 }  // namespace
 
+std::function<void(const std::string&)> writeRejectCounter(prometheus::Registry& registry) {
+  auto* family = &prometheus::BuildCounter()
+                      .Name("pdserve_kv_writes_rejected_total")
+                      .Help("Incoming KV writes the receiver refused, by reason (unknown_grant: stale, replayed "
+                            "or forged; outside_grant; grant_required; outside_region)")
+                      .Register(registry);
+  return [family](const std::string& reason) { family->Add({{"reason", reason}}).Increment(); };
+}
+
 TransferMetrics::TransferMetrics(prometheus::Registry& registry)
     : bytes_(prometheus::BuildCounter()
                  .Name("pdserve_kv_transfer_bytes_total")

@@ -10,11 +10,14 @@
 //   pdserve_kv_transfer_gpu_path_total{path}              GPU-memory transfers posted, by path:
 //                                                         direct (ucx / verbs dma-buf) | staged
 //                                                         (tcp through pinned host memory)
+//   pdserve_kv_writes_rejected_total{reason}              incoming writes refused by the
+//                                                         receiver (writeRejectCounter below)
 //
 // The registry is owned by the caller and must outlive this object. prometheus-cpp metrics
 // are thread-safe, so any thread may call these.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -30,6 +33,10 @@ class Family;
 }  // namespace prometheus
 
 namespace pd::kvt {
+
+// pdserve_kv_writes_rejected_total{reason}: the TransportOptions::onWriteRejected the agent
+// gives its transports (thread-safe; reasons as transport_factory.h lists them).
+std::function<void(const std::string& reason)> writeRejectCounter(prometheus::Registry& registry);
 
 class TransferMetrics {
  public:

@@ -12,6 +12,21 @@
 //      endpoint made for it; the others return localConnInfo())
 //   4. post(local, remote, peer, notification) -> TransferId; progress(); poll(id)
 //
+// Scoped write grants (KV fencing and per-request write capabilities, issues 12 and 13;
+// docs/kvtransfer.md "Write grants"): the receiving side calls grantWrite(ranges) for the
+// memory one writer may fill (a request's blocks), hands the grant to that writer over the
+// control plane, and calls revokeWrite(grant) when the request ends. The writer passes the
+// grant to postGranted(). What a revoked grant guarantees depends on caps().receiverFenced:
+//   true  (tcp; loopback): the receiver checks every write against its live grants before a
+//         byte lands; once revokeWrite() returned, no write under that grant lands (a write of
+//         it still in flight is refused, its transfer fails on the sender naming why, and the
+//         refusal is counted through TransportOptions::onWriteRejected). The memory may be
+//         reused at once.
+//   false (cma, ucx, verbs): writes are one-sided (the receiver never sees them); a grant is
+//         the empty string (the region keys authorise the write) and revoking it guarantees
+//         nothing: the owner must keep the memory out of reuse until the writer is known done
+//         (its acknowledgement, or its death), see docs/kvtransfer.md.
+//
 // Semantics every transport keeps (the conformance suite checks them):
 // - Registered memory stays valid until deregisterMemory() or the transport's destruction:
 //   the destructor winds connections down and may still read it.
@@ -62,6 +77,9 @@ struct TransportCaps {
   std::string cudaPath;        // how, for the log: "direct GPU memory", "GPUDirect dma-buf",
                                // "staged through pinned host memory"; empty when !cudaMemory
   bool oneSided = false;       // writes land without the target CPU touching the bytes
+  // The receiver checks every incoming write against its live write grants (grantWrite), so
+  // revokeWrite() fences a writer at once. False: revoking a grant fences nothing.
+  bool receiverFenced = false;
   std::string details;         // e.g. the UCX transports in use: "tcp, sysv, posix"
 };
 
@@ -99,6 +117,23 @@ class Transport {
 
   virtual Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
                                   std::optional<std::string> notification) = 0;
+
+  // Receiving side: a capability (opaque bytes for the writer) that lets a peer write only
+  // into `ranges`, each inside memory registered here. receiverFenced transports make a fresh
+  // unguessable one per call; the others return "" (nothing per grant: the region keys
+  // authorise writes). kInvalidArgument names a range outside every registration.
+  virtual Result<std::string> grantWrite(const DescList& /*ranges*/) { return std::string(); }
+  // Withdraws a grant: on receiverFenced transports no write under it lands after this
+  // returns (later and replayed writes are refused); kNotFound for an unknown grant. The
+  // others return ok and fence nothing.
+  virtual Status revokeWrite(const std::string& /*grant*/) { return Status::ok(); }
+  // Writing side: post() whose writes carry `grant` (from the receiver's grantWrite()). An
+  // empty grant is post(). Transports without receiver-checked grants ignore it.
+  virtual Result<TransferId> postGranted(const DescList& local, const DescList& remote, PeerId peer,
+                                         const std::string& /*grant*/,
+                                         std::optional<std::string> notification) {
+    return post(local, remote, peer, std::move(notification));
+  }
   virtual Status poll(TransferId id) = 0;
   virtual Status cancel(TransferId id) = 0;
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,17 @@ struct TransportOptions {
   // chunk's device copy overlaps the socket I/O of the chunks before it.
   size_t stageChunkBytes = 4 << 20;
   int stageBuffers = 4;
+  // Receiving side, transports with caps().receiverFenced (tcp): when true, a region key
+  // (packRemoteKey) names a region but does not authorise writes: every write must carry a
+  // live grant (Transport::grantWrite). A decode worker sets it, so a forged or stale write
+  // without its request's grant is refused. Others ignore it.
+  bool requireWriteGrant = false;
+  // Called (on a transport I/O thread) once per refused incoming write, with the reason:
+  // "unknown_grant" (never granted or revoked: a stale or replayed write), "outside_grant",
+  // "grant_required" (a region key without a grant while requireWriteGrant),
+  // "outside_region", "unknown_key". The agent counts them in
+  // pdserve_kv_writes_rejected_total{reason}. Must be thread-safe.
+  std::function<void(const std::string& reason)> onWriteRejected;
   // Transport-specific knobs ("ucx.tls" = "tcp,sm"; "cma.threads" = "2", "cma.slice_bytes");
   // unknown keys are ignored by others.
   std::map<std::string, std::string> extra;

@@ -91,7 +91,7 @@ void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
         job.failed = segments.status();
         break;
       }
-      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, std::nullopt);
+      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, std::nullopt, job.target.writeGrant);
       if (!t.ok()) {
         job.failed = t.status();
         break;
@@ -139,12 +139,36 @@ void PrefillJobs::settle() {
   }
   for (uint64_t id : done) finish(id);
   for (uint64_t id : failed) end(id, jobs_.at(id).failed, /*reply=*/true);
+  for (auto it = ending_.begin(); it != ending_.end();) {
+    auto& inflight = it->second.inflight;
+    for (size_t i = 0; i < inflight.size();) {
+      if (loop_.agent().poll(inflight[i]).inProgress()) {
+        ++i;
+      } else {
+        inflight.erase(inflight.begin() + long(i));
+      }
+    }
+    if (!inflight.empty()) {
+      ++it;
+      continue;
+    }
+    if (it->second.ackTo) sendCancelAck(it->second.ackTo, it->first);
+    it = ending_.erase(it);
+  }
+}
+
+void PrefillJobs::sendCancelAck(const net::ConnectionPtr& decode, uint64_t id) {
+  proto::Envelope env;
+  env.set_request_id(id);
+  env.mutable_cancel()->set_request_id(id);
+  env.mutable_cancel()->set_ack(true);
+  (void)decode->send(std::move(env));
 }
 
 bool PrefillJobs::hasTransfers() const {
   for (const auto& [id, job] : jobs_)
     if (!job.inflight.empty()) return true;
-  return false;
+  return !ending_.empty();
 }
 
 uint32_t PrefillJobs::transfersInFlight() const {
@@ -174,11 +198,28 @@ void PrefillJobs::finish(uint64_t id) {
   jobs_.erase(id);
 }
 
-void PrefillJobs::end(uint64_t id, const Status& why, bool reply) {
+void PrefillJobs::end(uint64_t id, const Status& why, bool reply, net::ConnectionPtr ackTo) {
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
+  if (it == jobs_.end()) {
+    // Nothing of it here (never accepted, or already ended): once an earlier ending of the
+    // same id is settled, nothing of it can land.
+    if (ackTo) {
+      if (auto e = ending_.find(id); e != ending_.end()) {
+        e->second.ackTo = std::move(ackTo);
+      } else {
+        sendCancelAck(ackTo, id);
+      }
+    }
+    return;
+  }
   Job& job = it->second;
+  // cancel() returns once the transport no longer reads our blocks (transport.h); the ids are
+  // polled on (settle) until each reports its terminal state, and only then is a Cancel
+  // acknowledged: then no byte of the request can still land at the target.
   for (auto t : job.inflight) (void)loop_.agent().cancel(t);
+  Ending& ending = ending_[id];
+  ending.inflight.insert(ending.inflight.end(), job.inflight.begin(), job.inflight.end());
+  if (ackTo) ending.ackTo = std::move(ackTo);
   if (reply) {
     PD_LOG(kWarn, kTag) << "request " << id << ": " << why.toString();
     reject(job.decode, id, why);
@@ -189,7 +230,10 @@ void PrefillJobs::end(uint64_t id, const Status& why, bool reply) {
   jobs_.erase(it);
 }
 
-void PrefillJobs::cancel(uint64_t id) { end(id, Status::ok(), /*reply=*/false); }
+void PrefillJobs::cancel(const net::ConnectionPtr& decode, uint64_t id) {
+  end(id, Status::ok(), /*reply=*/false, decode);
+  settle();  // acknowledges at once when nothing was in flight
+}
 
 void PrefillJobs::dropConnection(const net::ConnectionPtr& decode, const Status& why) {
   std::vector<uint64_t> ids;

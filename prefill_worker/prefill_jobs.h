@@ -5,7 +5,10 @@
 //   accept() --> COMPUTING --(every chunk computed, first token sampled)--> PUSHING
 //   COMPUTING / PUSHING --(all layers posted and confirmed at the target)--> DONE: PrefillDone
 //   COMPUTING / PUSHING --(transfer error | deadline | step failure)--> FAILED: Error to decode
-//   COMPUTING / PUSHING --(Cancel | decode connection closed | shutdown)--> ENDED: no reply
+//   COMPUTING / PUSHING --(Cancel | decode connection closed | shutdown)--> ENDED: no reply,
+//        except the Cancel acknowledgement (Cancel{ack}): sent once every transfer posted for
+//        the request reached a terminal poll state, so no byte of it can land at the decode
+//        worker any more (KV fencing; at once when nothing was in flight or the job is unknown)
 //
 // Deadline: one per job, PrefillRequest.deadline_ms (or kv_transfer.timeout_ms), a loop
 // timer; it covers compute and push. Blocks: the job's own KV blocks stay held (engine
@@ -36,8 +39,9 @@ class PrefillJobs {
   // transfer peer and queues the prompt. On failure the decode worker gets an Error naming
   // the problem and nothing is kept.
   void accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& request);
-  // The decode worker ended the request (Cancel) or went away: end without a reply.
-  void cancel(uint64_t id);
+  // The decode worker ended the request (Cancel): end it, and acknowledge on `decode` once its
+  // transfers are terminal. An unknown id is acknowledged at once (nothing of it is here).
+  void cancel(const net::ConnectionPtr& decode, uint64_t id);
   void dropConnection(const net::ConnectionPtr& decode, const Status& why);
   void shutdown(const Status& why);
 
@@ -46,7 +50,7 @@ class PrefillJobs {
   void onStepEvents(const std::vector<engine::EngineEvent>& events);
   void settle();  // polls transfers; moves jobs to their terminal states
   bool hasTransfers() const;
-  bool empty() const { return jobs_.empty(); }
+  bool empty() const { return jobs_.empty() && ending_.empty(); }
   uint32_t transfersInFlight() const;
 
  private:
@@ -66,12 +70,22 @@ class PrefillJobs {
     uint64_t bytes = 0;
   };
 
+  // An ended job's transfers, cancelled, polled to their terminal states by settle(); then
+  // the Cancel acknowledgement goes to `ackTo` (null: no acknowledgement).
+  struct Ending {
+    net::ConnectionPtr ackTo;
+    std::vector<kvt::AgentTransfer> inflight;
+  };
+
   void reject(const net::ConnectionPtr& decode, uint64_t id, const Status& why);
+  void sendCancelAck(const net::ConnectionPtr& decode, uint64_t id);
   void finish(uint64_t id);                        // DONE
-  void end(uint64_t id, const Status& why, bool reply);  // FAILED (reply) or ENDED
+  // FAILED (reply) or ENDED; ackTo: the connection to acknowledge a Cancel on.
+  void end(uint64_t id, const Status& why, bool reply, net::ConnectionPtr ackTo = nullptr);
 
   worker::WorkerLoop& loop_;
   std::unordered_map<uint64_t, Job> jobs_;
+  std::unordered_map<uint64_t, Ending> ending_;
 };
 
 }  // namespace pd::prefill

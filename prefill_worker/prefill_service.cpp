@@ -20,7 +20,7 @@ class PrefillRole final : public worker::RolePolicy {
     switch (env.body_case()) {
       case proto::Envelope::kKvConnect: return onKvConnect(c, env.kv_connect());
       case proto::Envelope::kPrefillRequest: return jobs_.accept(c, env.prefill_request());
-      case proto::Envelope::kCancel: return jobs_.cancel(env.cancel().request_id());
+      case proto::Envelope::kCancel: return jobs_.cancel(c, env.cancel().request_id());
       default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << c->remoteAddress();
     }
   }

@@ -58,6 +58,7 @@ proto::KvTarget toProto(const KvTargetSpec& t) {
   p.set_block_size(static_cast<uint32_t>(t.blockSize));
   p.set_layout_fingerprint(t.fingerprint);
   p.set_num_blocks(static_cast<uint32_t>(t.numBlocks));
+  p.set_write_grant(t.writeGrant);
   for (const MemDesc& region : t.regions) {
     auto* r = p.add_regions();
     r->set_base(region.addr);
@@ -76,6 +77,7 @@ Result<KvTargetSpec> fromProto(const proto::KvTarget& p) {
   t.fingerprint = p.layout_fingerprint();
   t.blockSize = static_cast<int>(p.block_size());
   t.numBlocks = static_cast<int>(p.num_blocks());
+  t.writeGrant = p.write_grant();
   for (uint32_t b : p.layers(0).block_ids()) {
     if (b >= p.num_blocks()) {
       return invalidArgument("kv_target: block " + std::to_string(b) + " is outside the target's " +

@@ -29,6 +29,7 @@ struct KvTargetSpec {
   int numBlocks = 0;            // blocks per layer in the target's pool (its layer stride)
   std::vector<int> blockIds;
   std::vector<MemDesc> regions;  // base, kind and device per rank (len is not sent)
+  std::string writeGrant;        // the decode agent's grant for these blocks (opaque here)
 };
 proto::KvTarget toProto(const KvTargetSpec& t);
 // kInvalidArgument naming the field when the table is not exactly one, a block id is outside

@@ -74,10 +74,19 @@ Status Engine::recomputeRemote(uint64_t id) {
   if (!remote_.count(id)) return notFound(reqName(id) + ": not waiting for remote KV");
   Request& r = requests_.at(id);
   remote_.erase(id);
-  PD_RETURN_IF_ERROR(kv_->free(id));
+  if (kv_->hasSequence(id)) PD_RETURN_IF_ERROR(kv_->free(id));
   PD_RETURN_IF_ERROR(r.transition(RequestState::kQueued));
   waiting_.push_front(id);
   return Status::ok();
+}
+
+Status Engine::quarantineRemote(uint64_t id, SeqId holder) {
+  if (!remote_.count(id)) return notFound(reqName(id) + ": not waiting for remote KV");
+  if (requests_.count(holder)) {
+    return Status(StatusCode::kAlreadyExists, reqName(id) + ": quarantine holder " + std::to_string(holder) +
+                                                  " is a request id");
+  }
+  return kv_->rename(id, holder);
 }
 
 void Engine::cancel(uint64_t id) {

@@ -96,8 +96,15 @@ class Engine {
   // request decodes from here. Events for the first token (and its finish) are appended.
   // kInvalidArgument, changing nothing, when `first` is not a token of the model.
   Status completeRemote(uint64_t id, const SampledToken& first, std::vector<EngineEvent>* events);
-  // The remote prefill failed: free the reserved blocks and queue a local prefill.
+  // The remote prefill failed: free the reserved blocks and queue a local prefill (into
+  // fresh blocks: after quarantineRemote() the request holds none).
   Status recomputeRemote(uint64_t id);
+  // KV fencing: the remote prefill of `id` ended but its writer may still land bytes in the
+  // reserved blocks. They move, untouched, to the KV sequence `holder` (kv().rename), which
+  // keeps them out of the free pool until kv().free(holder); the request keeps waiting for
+  // KV without blocks, so recomputeRemote() or cancel() follow as usual. `holder` must be
+  // an id no request uses. Errors: kNotFound (not waiting for remote KV), kAlreadyExists.
+  Status quarantineRemote(uint64_t id, SeqId holder);
 
   // Ends a request wherever it is and frees its KV; no event. Unknown ids are ignored
   // (the request may have finished a moment ago).

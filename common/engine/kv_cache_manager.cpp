@@ -249,6 +249,19 @@ Status KvCacheManager::free(SeqId seq) {
   return Status::ok();
 }
 
+Status KvCacheManager::rename(SeqId from, SeqId to) {
+  auto it = seqs_.find(from);
+  if (it == seqs_.end()) return notFound("kv cache: rename: unknown " + seqName(from));
+  if (hasSequence(to)) {
+    return Status(StatusCode::kAlreadyExists, "kv cache: rename " + seqName(from) + " -> " + seqName(to) +
+                                                  ": the target already has blocks");
+  }
+  SeqTable t = std::move(it->second);
+  seqs_.erase(it);
+  seqs_.emplace(to, std::move(t));
+  return Status::ok();
+}
+
 Status KvCacheManager::fork(SeqId parent, SeqId child) {
   auto it = seqs_.find(parent);
   if (it == seqs_.end()) return notFound("kv cache: fork: unknown parent " + seqName(parent));

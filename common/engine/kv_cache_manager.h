@@ -126,6 +126,11 @@ class KvCacheManager {
   // into a fresh block (in every layer) so both can append without clobbering each other.
   // Errors: kNotFound, kAlreadyExists, kResourceExhausted (nothing changed).
   Status fork(SeqId parent, SeqId child);
+  // Moves `from`'s blocks, unchanged (no copy, ref counts as they are), to the new sequence
+  // `to`: the owner changes, the blocks stay out of the free pool until free(to). KV fencing
+  // uses it to keep blocks a remote writer may still fill after their request ended.
+  // Errors: kNotFound (from), kAlreadyExists (to); nothing changed then.
+  Status rename(SeqId from, SeqId to);
 
   // ---- Prefix cache --------------------------------------------------------------------
   // The longest chain of cached full blocks matching the start of `tokens`, covering at

@@ -129,6 +129,11 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   kvFreeBlocks = r_.gauge("pdserve_kv_cache_free_blocks", "KV cache blocks free.");
   transfersInFlight =
       r_.gauge("pdserve_kv_transfers_in_flight", "KV transfers posted and not complete.");
+  kvBlocksQuarantined = r_.gauge("pdserve_kv_blocks_quarantined",
+                                 "KV blocks held after their remote prefill ended, until its writer is known done.");
+  kvQuarantineSeconds = r_.histogram("pdserve_kv_quarantine_seconds",
+                                     "Time KV blocks spent quarantined, from the remote prefill's end to release.",
+                                     {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300});
   promptTokens = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens prefilled.");
   generationTokens = r_.counter("pdserve_generation_tokens_total", "Tokens generated.");
   preemptions = r_.counter("pdserve_num_preemptions_total", "Requests preempted.");

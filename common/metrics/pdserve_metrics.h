@@ -21,7 +21,9 @@
 //   pdserve_num_preemptions_total, pdserve_prefix_cache_queries_total /
 //   pdserve_prefix_cache_hits_total (tokens),
 //   pdserve_kv_transfers_in_flight, pdserve_remote_prefill_total{outcome} (ok | recomputed |
-//   failed). The transfer layer's own metrics (pdserve_kv_transfer_bytes_total,
+//   failed), pdserve_kv_blocks_quarantined (KV blocks a remote prefill that ended may still be
+//   writing, held until its writer is known done: docs/reliability-fencing.md) and
+//   pdserve_kv_quarantine_seconds (histogram: time from quarantine to release). The transfer layer's own metrics (pdserve_kv_transfer_bytes_total,
 //   pdserve_kv_transfers_total, pdserve_kv_transfer_latency_seconds, *_failures_total,
 //   *_fallbacks_total) are registered by kvt::TransferAgent (kvtransfer/metrics.h) in the same
 //   registry.
@@ -104,6 +106,8 @@ class WorkerMetrics {
   Gauge kvNumBlocks;
   Gauge kvFreeBlocks;
   Gauge transfersInFlight;
+  Gauge kvBlocksQuarantined;
+  Histogram kvQuarantineSeconds;
   Counter promptTokens;
   Counter generationTokens;
   Counter preemptions;

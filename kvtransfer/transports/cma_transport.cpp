@@ -337,6 +337,15 @@ class CmaTransport final : public Transport {
     return id;
   }
 
+  // False once the peer is known dead: its pidfd reported the process gone, a write into it
+  // failed with ESRCH, or its control socket closed. KV fencing (docs/kvtransfer.md) relies on
+  // this: a dead cma peer writes no more into our memory (its writes are its own syscalls).
+  bool peerAlive(PeerId peer) const override {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(peer);
+    return it != peers_.end() && !it->second->dead;
+  }
+
   Status unloadPeer(PeerId peer) override {
     std::vector<std::shared_ptr<Job>> waiting;
     {
@@ -807,7 +816,7 @@ class CmaTransport final : public Transport {
   MemHandle nextHandle_ = 1;
 
   // mu_ guards everything below (owner, copy threads and I/O thread meet here).
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable workCv_, idleCv_;
   bool stopping_ = false;
   bool changed_ = false;

@@ -9,6 +9,7 @@ FaultTransport::FaultTransport(std::unique_ptr<Transport> inner, FaultOptions op
 
 TransportCaps FaultTransport::caps() const {
   TransportCaps c = inner_->caps();
+  if (options_.receiverFenced) c.receiverFenced = *options_.receiverFenced;
   c.name = "fault(" + c.name + ")";
   if (options_.claimCudaButRefuse) {
     c.cudaMemory = true;
@@ -32,6 +33,11 @@ Status FaultTransport::unloadPeer(PeerId peer) {
 
 Result<TransferId> FaultTransport::post(const DescList& local, const DescList& remote, PeerId peer,
                                         std::optional<std::string> notification) {
+  return postGranted(local, remote, peer, std::string(), std::move(notification));
+}
+
+Result<TransferId> FaultTransport::postGranted(const DescList& local, const DescList& remote, PeerId peer,
+                                               const std::string& grant, std::optional<std::string> notification) {
   if (killed_.count(peer)) {
     return unavailable("fault transport: peer " + std::to_string(peer) + " connection was killed (injected)");
   }
@@ -48,7 +54,7 @@ Result<TransferId> FaultTransport::post(const DescList& local, const DescList& r
       PD_LOG(kDebug, "kvt.fault") << "dropping the notification of post " << n;
       notification.reset();
     }
-    PD_ASSIGN_OR_RETURN(TransferId inner, inner_->post(local, remote, peer, std::move(notification)));
+    PD_ASSIGN_OR_RETURN(TransferId inner, inner_->postGranted(local, remote, peer, grant, std::move(notification)));
     e.innerId = inner;
   }
   TransferId id = nextId_++;

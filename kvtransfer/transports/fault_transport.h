@@ -17,6 +17,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -33,6 +34,9 @@ struct FaultOptions {
   // caps() claims direct GPU memory but registering kCuda fails with kUnimplemented, as verbs
   // does on a NIC without dma-buf support (the agent must move on to the next transport).
   bool claimCudaButRefuse = false;
+  // Overrides caps().receiverFenced (tests of KV fencing: a tcp lane that claims to be
+  // one-sided, so its owner must quarantine instead of relying on the receiver's check).
+  std::optional<bool> receiverFenced;
 };
 
 class FaultTransport final : public Transport {
@@ -54,6 +58,10 @@ class FaultTransport final : public Transport {
   Status unloadPeer(PeerId peer) override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
                           std::optional<std::string> notification) override;
+  Result<TransferId> postGranted(const DescList& local, const DescList& remote, PeerId peer,
+                                 const std::string& grant, std::optional<std::string> notification) override;
+  Result<std::string> grantWrite(const DescList& ranges) override { return inner_->grantWrite(ranges); }
+  Status revokeWrite(const std::string& grant) override { return inner_->revokeWrite(grant); }
   Status poll(TransferId id) override;
   Status cancel(TransferId id) override;
   bool progress() override { return inner_->progress(); }

@@ -44,6 +44,7 @@ TransportCaps LoopbackTransport::caps() const {
   c.name = "loopback";
   c.oneSided = true;
   c.details = "same-process memcpy";
+  c.receiverFenced = true;
   return c;
 }
 
@@ -131,17 +132,71 @@ Status LoopbackTransport::unloadPeer(PeerId peer) {
 
 Result<TransferId> LoopbackTransport::post(const DescList& local, const DescList& remote, PeerId peer,
                                            std::optional<std::string> notification) {
+  return postGranted(local, remote, peer, std::string(), std::move(notification));
+}
+
+Result<TransferId> LoopbackTransport::postGranted(const DescList& local, const DescList& remote, PeerId peer,
+                                                  const std::string& grant, std::optional<std::string> notification) {
   auto pit = peers_.find(peer);
   if (pit == peers_.end()) return notFound("loopback transport: no peer " + std::to_string(peer));
+  uint64_t token = 0;
+  if (!grant.empty()) {
+    proto::LoopbackRemoteKey g;
+    if (!g.ParseFromString(grant) || g.token() == 0) return invalidArgument("loopback transport: not a write grant");
+    token = g.token();
+  }
   PD_RETURN_IF_ERROR(matcher_.match(local, remote, pit->second.keys, pit->second.name).status());
   TransferId id = nextTransfer_++;
-  queue_.push_back({id, peer, local, remote, std::move(notification)});
+  queue_.push_back({id, peer, local, remote, std::move(notification), token});
   outcomes_[id] = std::nullopt;
   return id;
 }
 
-Status LoopbackTransport::acceptWrite(const MemDesc& r) {
+Result<std::string> LoopbackTransport::grantWrite(const DescList& ranges) {
+  if (ranges.empty()) return invalidArgument("loopback transport: a write grant over no memory");
+  for (const MemDesc& r : ranges) {
+    bool in = false;
+    for (const auto& [h, d] : regions_) in = in || KeyRange{d.addr, d.len}.covers(r.addr, r.len);
+    if (!in || r.len == 0) {
+      return invalidArgument("loopback transport: write grant range " + toString(r) +
+                             " is empty or outside every registered region");
+    }
+  }
+  proto::LoopbackRemoteKey g;  // token only: a grant names no region of its own
   std::lock_guard lock(mu_);
+  uint64_t token = randomNonZeroU64();
+  while (grants_.count(token) || exposures_.count(token)) token = randomNonZeroU64();
+  grants_[token] = ranges;
+  g.set_token(token);
+  return g.SerializeAsString();
+}
+
+Status LoopbackTransport::revokeWrite(const std::string& grant) {
+  proto::LoopbackRemoteKey g;
+  if (!g.ParseFromString(grant) || g.token() == 0) return invalidArgument("loopback transport: not a write grant");
+  // Senders copy while holding the registry lock: once we hold it, no copy under the grant runs.
+  std::lock_guard reg(registryMu());
+  std::lock_guard lock(mu_);
+  if (!grants_.erase(g.token())) return notFound("loopback transport: revokeWrite: grant unknown or already revoked");
+  return Status::ok();
+}
+
+Status LoopbackTransport::acceptWrite(const MemDesc& r, uint64_t grant) {
+  std::lock_guard lock(mu_);
+  auto refuse = [&](const char* reason, const std::string& why) {
+    if (options_.onWriteRejected) options_.onWriteRejected(reason);
+    return invalidArgument("loopback transport: peer '" + options_.localName + "' refused a write of " +
+                           std::to_string(r.len) + " bytes at " + toString(r) + ": " + why);
+  };
+  if (grant != 0) {
+    auto g = grants_.find(grant);
+    if (g == grants_.end()) return refuse("unknown_grant", "it names a revoked write grant (a stale or forged write)");
+    for (const MemDesc& d : g->second) {
+      if (KeyRange{d.addr, d.len}.covers(r.addr, r.len)) return Status::ok();
+    }
+    return refuse("outside_grant", "outside the memory its write grant covers");
+  }
+  if (options_.requireWriteGrant) return refuse("grant_required", "no write grant, and this receiver requires one");
   for (const auto& [tok, d] : exposures_) {
     if (KeyRange{d.addr, d.len}.covers(r.addr, r.len)) return Status::ok();
   }
@@ -172,7 +227,7 @@ bool LoopbackTransport::progress() {
       } else {
         LoopbackTransport* target = it->second;
         for (size_t i = 0; i < p.local.size() && st.isOk(); ++i) {
-          if (p.local[i].len) st = target->acceptWrite(p.remote[i]);
+          if (p.local[i].len) st = target->acceptWrite(p.remote[i], p.grant);
         }
         if (st.isOk()) {
           for (size_t i = 0; i < p.local.size(); ++i) {

@@ -5,7 +5,10 @@
 // post() only queues; progress() performs queued copies (owner thread), then delivers the
 // notification into the target transport. Destroying a transport makes it unreachable:
 // transfers queued to it fail with kUnavailable. Every write is checked against the regions
-// the target exposed, like tcp.
+// the target exposed, like tcp, and write grants are receiver-checked like tcp's
+// (caps().receiverFenced): a write under a grant must lie inside its ranges, and a revoked
+// grant is refused (revokeWrite takes the lock every sender holds while it copies, so no copy
+// under the grant is in progress once it returns).
 //
 // Threads: as transport.h. Two loopback transports may be driven by two different threads.
 #pragma once
@@ -36,6 +39,10 @@ class LoopbackTransport final : public Transport {
   Status unloadPeer(PeerId peer) override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
                           std::optional<std::string> notification) override;
+  Result<TransferId> postGranted(const DescList& local, const DescList& remote, PeerId peer,
+                                 const std::string& grant, std::optional<std::string> notification) override;
+  Result<std::string> grantWrite(const DescList& ranges) override;
+  Status revokeWrite(const std::string& grant) override;
   Status poll(TransferId id) override;
   Status cancel(TransferId id) override;
   bool progress() override;
@@ -47,6 +54,7 @@ class LoopbackTransport final : public Transport {
     PeerId peer;
     DescList local, remote;
     std::optional<std::string> notification;
+    uint64_t grant = 0;  // the target's grant token; 0: the region keys
   };
   struct Peer {
     std::string name;
@@ -54,7 +62,7 @@ class LoopbackTransport final : public Transport {
     std::vector<KeyRange> keys;  // what the peer exposed (addresses in this process)
   };
   // Called by a sender's progress() with the registry lock held (so we cannot be destroyed).
-  Status acceptWrite(const MemDesc& remote);
+  Status acceptWrite(const MemDesc& remote, uint64_t grant);
   void deliver(Notification n);
 
   TransportOptions options_;
@@ -70,6 +78,7 @@ class LoopbackTransport final : public Transport {
 
   std::mutex mu_;  // guards exposures_ and notifications_ (touched by senders' threads)
   std::unordered_map<uint64_t, MemDesc> exposures_;
+  std::unordered_map<uint64_t, std::vector<MemDesc>> grants_;  // token -> granted ranges
   std::vector<Notification> notifications_;
 };
 

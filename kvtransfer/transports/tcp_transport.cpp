@@ -100,6 +100,7 @@ TransportCaps TcpTransport::Impl::caps() const {
   c.cudaMemory = copier_ != nullptr;
   c.cudaStaged = c.cudaMemory;
   c.oneSided = false;
+  c.receiverFenced = true;  // validateWrite checks every frame against the live grants
   c.details = "asio, " + std::to_string(options_.tcpStreams) + " stream(s) per peer, listening on " +
               options_.listenHost + ":" + std::to_string(port_) +
               (options_.advertiseHost.empty() ? "" : ", advertised as " + options_.advertiseHost);
@@ -240,8 +241,71 @@ void TcpTransport::Impl::dropConnections(PeerId id) {
   asio::post(io_, [this, p] { failPeer(p, "connection dropped (test hook)"); });
 }
 
+Result<std::string> TcpTransport::Impl::grantWrite(const DescList& ranges) {
+  if (ranges.empty()) return invalidArgument("tcp transport: a write grant over no memory");
+  Grant g;
+  for (const MemDesc& r : ranges) {
+    const Region* in = nullptr;
+    for (const auto& [h, region] : regions_) {
+      if (KeyRange{region.desc.addr, region.desc.len}.covers(r.addr, r.len)) in = &region;
+    }
+    if (!in || r.len == 0) {
+      return invalidArgument("tcp transport: write grant range " + toString(r) +
+                             " is empty or outside every registered region");
+    }
+    MemDesc d = in->desc;
+    d.addr = r.addr;
+    d.len = r.len;
+    g.ranges.push_back(d);
+  }
+  std::sort(g.ranges.begin(), g.ranges.end(), [](const MemDesc& a, const MemDesc& b) { return a.addr < b.addr; });
+  proto::TcpGrant out;
+  out.set_instance(instance_);
+  std::unique_lock lock(exposuresMu_);
+  uint64_t token = randomNonZeroU64();
+  while (grants_.count(token) || exposures_.count(token)) token = randomNonZeroU64();
+  grants_.emplace(token, std::move(g));
+  out.set_token(token);
+  return out.SerializeAsString();
+}
+
+Status TcpTransport::Impl::revokeWrite(const std::string& grant) {
+  proto::TcpGrant g;
+  if (!g.ParseFromString(grant) || g.token() == 0 || g.instance() != instance_) {
+    return invalidArgument("tcp transport: revokeWrite: not a write grant of this transport");
+  }
+  {
+    std::unique_lock lock(exposuresMu_);
+    if (grants_.erase(g.token()) == 0) return notFound("tcp transport: revokeWrite: grant unknown or already revoked");
+  }
+  // From here on validateWrite refuses the token. A frame validated before that may still be
+  // landing: its connection is closed (on the I/O thread, between two reads), so not one
+  // more byte of it lands; the sender's transfers on it fail (that writer is stale anyway).
+  auto prom = std::make_shared<std::promise<void>>();
+  auto fut = prom->get_future();
+  asio::post(io_, [this, token = g.token(), prom] {
+    const auto conns = inConns_;
+    for (const auto& c : conns) {
+      if (c->landingGrant == token) dropIn(c, "a write under a revoked grant was landing", true);
+    }
+    prom->set_value();
+  });
+  if (fut.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    return internalError("tcp transport: revokeWrite: the I/O thread did not fence the grant within 5 s");
+  }
+  return Status::ok();
+}
+
 Result<TransferId> TcpTransport::Impl::post(const DescList& local, const DescList& remote, PeerId peerId,
-                        std::optional<std::string> notification) {
+                        std::optional<std::string> notification, const std::string& grant) {
+  uint64_t grantToken = 0;
+  if (!grant.empty()) {
+    proto::TcpGrant g;
+    if (!g.ParseFromString(grant) || g.token() == 0) {
+      return invalidArgument("tcp transport: the write grant is not a tcp grant");
+    }
+    grantToken = g.token();
+  }
   auto pit = peers_.find(peerId);
   if (pit == peers_.end()) return notFound("tcp transport: no peer " + std::to_string(peerId));
   auto& peer = pit->second;
@@ -269,7 +333,7 @@ Result<TransferId> TcpTransport::Impl::post(const DescList& local, const DescLis
     }
     const int device = region->desc.kind == MemKind::kCuda ? region->desc.device : -1;
     staged |= device >= 0;
-    segs.push_back({l.addr, peer->keys[m.key].token, remote[m.index].addr, l.len, device});
+    segs.push_back({l.addr, grantToken ? grantToken : peer->keys[m.key].token, remote[m.index].addr, l.len, device});
     total += l.len;
   }
 
@@ -389,6 +453,12 @@ Result<TransferId> TcpTransport::post(const DescList& l, const DescList& r, Peer
                                       std::optional<std::string> n) {
   return impl_->post(l, r, p, std::move(n));
 }
+Result<TransferId> TcpTransport::postGranted(const DescList& l, const DescList& r, PeerId p, const std::string& g,
+                                             std::optional<std::string> n) {
+  return impl_->post(l, r, p, std::move(n), g);
+}
+Result<std::string> TcpTransport::grantWrite(const DescList& ranges) { return impl_->grantWrite(ranges); }
+Status TcpTransport::revokeWrite(const std::string& grant) { return impl_->revokeWrite(grant); }
 Status TcpTransport::poll(TransferId id) { return impl_->poll(id); }
 Status TcpTransport::cancel(TransferId id) { return impl_->cancel(id); }
 bool TcpTransport::progress() { return impl_->progress(); }

@@ -6,6 +6,11 @@
 // receiver checks every data header against the regions it registered AND exposed through
 // packRemoteKey() and reads the payload directly into place; a write outside them is refused
 // (its bytes are discarded, the transfer fails on the sender with the receiver's reason).
+// Write grants (receiverFenced, transport.h): grantWrite() makes a fresh random 64-bit token
+// bound to exactly the granted ranges; a write carrying it must lie inside one of them, and
+// once revokeWrite() returned the token is refused (a frame of it that was landing has its
+// connection closed first). With options.requireWriteGrant a region key's token no longer
+// authorises writes. Refusals are counted through options.onWriteRejected.
 // A transfer completes when the receiver acknowledges that all of its data landed; its
 // notification is delivered on the receiver after all of its data (on every stream).
 //
@@ -52,6 +57,10 @@ class TcpTransport final : public Transport {
   bool peerAlive(PeerId peer) const override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
                           std::optional<std::string> notification) override;
+  Result<TransferId> postGranted(const DescList& local, const DescList& remote, PeerId peer,
+                                 const std::string& grant, std::optional<std::string> notification) override;
+  Result<std::string> grantWrite(const DescList& ranges) override;
+  Status revokeWrite(const std::string& grant) override;
   Status poll(TransferId id) override;
   Status cancel(TransferId id) override;
   bool progress() override;

@@ -234,6 +234,16 @@ int runPeer(const std::string& name, size_t bufBytes, int peerTimeoutMs, int inF
       in >> seed >> size >> segs;
       if (!(in >> shift)) shift = 0;
       ch.writeLine("SUM " + std::to_string(layoutSum(seed, size, segs, shift)));
+    } else if (cmd == "GRANT") {
+      size_t off = 0, len = 0;
+      in >> off >> len;
+      auto g = t->grantWrite({MemDesc{reinterpret_cast<uintptr_t>(buf) + off, len}});
+      ch.writeLine(g.ok() ? "GRANT " + (g->empty() ? std::string("-") : toHex(*g)) : "ERROR " + g.status().toString());
+    } else if (cmd == "REVOKE") {
+      std::string hex;
+      in >> hex;
+      Status st = t->revokeWrite(hex == "-" ? std::string() : fromHex(hex));
+      ch.writeLine("REVOKED " + std::to_string(int(st.code())));
     } else {
       ch.writeLine("ERROR unknown command " + cmd);
     }

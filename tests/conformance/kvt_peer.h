@@ -53,6 +53,8 @@ class LineChannel {
 //   SUM <off> <len>             -> SUM <checksum of allocation[off, +len)> (guards included)
 //   LAYSUM <seed> <size> <segs> [shift] -> SUM <checksum of that layout's destination
 //                                  segments, shifted by `shift` bytes>
+//   GRANT <off> <len>           -> GRANT <hex of grantWrite({buffer + off, len})> ("-" if empty)
+//   REVOKE <hex | ->            -> REVOKED <StatusCode of revokeWrite, as an int>
 // and reports every notification "<seed> <size> <segs>" as
 //   NOTE <peerName> <payload> <checksum of its destination segments at delivery time>.
 // DIE destroys the transport at once (the in-process stand-in for a killed process).

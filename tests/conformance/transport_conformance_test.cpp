@@ -112,6 +112,22 @@ class Peer {
   }
   void stop() { REQUIRE(pid_ > 0); ::kill(pid_, SIGSTOP); }
 
+  // A command whose one answer line starts with `prefix`; returns the rest.
+  std::string ask(const std::string& cmd, const std::string& prefix) {
+    REQUIRE(ch_->writeLine(cmd));
+    while (true) {
+      auto l = ch_->readLine(20000);
+      REQUIRE(l);
+      if (l->rfind("NOTE ", 0) == 0) {
+        notes_.push_back(*l);
+        continue;
+      }
+      INFO(*l);
+      REQUIRE(l->rfind(prefix, 0) == 0);
+      return l->substr(prefix.size());
+    }
+  }
+
   uint64_t query(const std::string& cmd) {
     REQUIRE(ch_->writeLine(cmd));
     while (true) {
@@ -436,6 +452,52 @@ TEST_CASE("conformance: a hung peer (SIGSTOP) fails pending transfers within the
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - stoppedAt).count();
   CHECK(took < kPeerTimeoutMs / 1000.0 + 2.0);  // the deadline plus scheduling slack on a loaded CI box
   peer.kill();
+}
+
+// Write grants (transport.h, KV fencing issues 12/13). Every transport: a granted write lands.
+// Receiver-fenced ones (caps().receiverFenced) also refuse, before a byte lands, a write
+// outside the grant's ranges and any write under the grant after its revoke (a replay of the
+// captured capability); the others return an empty grant, which fences nothing.
+TEST_CASE("conformance: write grants: revoked, replayed and out-of-range writes are refused where receiver-fenced",
+          "[conformance][grant]") {
+  const std::string name = GENERATE(from_range(transportsUnderTest()));
+  CAPTURE(name);
+  Peer peer(name, kMiB);
+  Sender s(name, 64 * 1024, peer.info());
+  const bool fenced = s.transport->caps().receiverFenced;
+  CAPTURE(fenced);
+  const std::string grantHex = peer.ask("GRANT 4096 8192", "GRANT ");
+  const std::string grant = grantHex == "-" ? std::string() : fromHex(grantHex);
+  CHECK(grant.empty() != fenced);
+  auto send = [&](size_t dstOff, uint8_t fill) {
+    std::memset(s.buf.get(), fill, 8192);
+    MemDesc local{reinterpret_cast<uintptr_t>(s.buf.get()), 8192};
+    MemDesc remote{peer.addr() + dstOff, 8192};
+    auto id = s.transport->postGranted({local}, {remote}, s.peer, grant, std::nullopt);
+    REQUIRE(id.ok());
+    return s.wait(*id, 10s);
+  };
+  auto sumAt = [&](size_t off) { return peer.query("SUM " + std::to_string(peer.guard() + off) + " 8192"); };
+  const uint64_t beyond = sumAt(16384);
+  Status first = send(4096, 0x11);
+  INFO(first.toString());
+  REQUIRE(first.isOk());
+  const uint64_t landed = sumAt(4096);
+  CHECK(landed == checksumRange(s.buf.get(), 8192));
+  if (!fenced) {
+    CHECK(peer.ask("REVOKE -", "REVOKED ") == "0");
+    return;
+  }
+  Status outside = send(16384, 0x22);
+  CHECK(outside.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(outside.message(), Catch::Contains("outside the memory its write grant covers"));
+  CHECK(sumAt(16384) == beyond);
+  CHECK(peer.ask("REVOKE " + grantHex, "REVOKED ") == "0");
+  Status replay = send(4096, 0x33);
+  CHECK(replay.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(replay.message(), Catch::Contains("revoked write grant"));
+  CHECK(sumAt(4096) == landed);
+  CHECK(peer.ask("REVOKE " + grantHex, "REVOKED ") == std::to_string(int(StatusCode::kNotFound)));
 }
 
 TEST_CASE("conformance(tcp): the receiver refuses writes outside what it exposed", "[conformance][tcp]") {

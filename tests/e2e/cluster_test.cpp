@@ -152,6 +152,19 @@ double workerMetric(LocalCluster& c, const std::string& worker, const std::strin
   return -1;
 }
 
+// The value of the first series of `name` whose labels contain `label` (e.g. `outcome="ok"`), or -1.
+double workerMetricWith(LocalCluster& c, const std::string& worker, const std::string& name, const std::string& label) {
+  auto r = httpGet(c.metricsPort(worker), "/metrics", 5s);
+  if (!r.ok()) return -1;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) == 0 && line.find(label) != std::string::npos && line.find(label) < line.find('}')) {
+      return std::atof(line.c_str() + line.rfind(' ') + 1);
+    }
+  }
+  return -1;
+}
+
 bool allBlocksFree(LocalCluster& c, const std::string& worker) {
   for (int i = 0; i < 100; ++i) {
     double total = workerMetric(c, worker, "pdserve_kv_cache_num_blocks");
@@ -687,6 +700,86 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   CHECK(maxGap < 500ms);  // a decode step here is ~10-30 ms; the stop lasts 1.5 s
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
+}
+
+// Issue 12 (KV fencing), the slow-but-alive writer: the prefill worker is stopped (SIGSTOP) in
+// the middle of request A's prefill; the decode worker gives up on it (kv_transfer.timeout_ms,
+// on_remote_prefill_failure: fail) and A's reserved blocks leave it; request B then runs on the
+// decode worker (colocated; freed blocks are reused first, so without fencing B gets A's
+// blocks) while the prefill worker resumes (SIGCONT) and pushes the stale layers of its step.
+// tcp: the revoked grant is refused at the receiver, so A's blocks were free at once; cma: the
+// writes land without the receiver's check, so A's blocks are quarantined until the prefill
+// worker acknowledges the cancel. Either way B's greedy ids equal `pdserve generate`'s (without
+// the fence the stale layers overwrite B's KV), and every block comes back.
+static void checkSlowButAliveWriter(const std::string& transports, const std::string& lane, int stopAfterMs = 100) {
+  ClusterSpec spec;
+  spec.shortPromptTokens = 400;
+  spec.transports = transports;
+  spec.timeoutMs = 1500;
+  spec.onFailure = "fail";
+  spec.extraRouter = "  worker_report_timeout_ms: 10000\n";
+  auto c = startCluster("fence-" + lane, spec);
+  const auto promptA = prompt(1200, 1201);
+  const auto promptB = prompt(380, 1202);  // 30 blocks with its tokens: A's first 30 without fencing
+  const auto expectedB = generateCli(promptB, 100);
+  // One disaggregated request first: the lane is up, and it is the one this case is about.
+  auto warm = complete(*c, prompt(420, 1203), 2);
+  INFO(warm.body.dump());
+  REQUIRE(warm.status == 200);
+  if (workerMetricWith(*c, "decode-0", "pdserve_kv_peers", "transport=\"" + lane + "\"") != 1) {
+    pd::test::skipTest("the " + lane + " lane did not come up here");
+  }
+  INFO("decode KV blocks: " << workerMetric(*c, "decode-0", "pdserve_kv_cache_num_blocks"));
+
+  Completion a, b;
+  std::thread first([&] { a = complete(*c, promptA, 4); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(stopAfterMs));  // A's prefill is computing and pushing layers
+  REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
+  std::this_thread::sleep_for(2000ms);  // past the decode's 1.5 s deadline: A failed
+  const double quarantined = workerMetric(*c, "decode-0", "pdserve_kv_blocks_quarantined");
+  std::thread second([&] { b = complete(*c, promptB, 100); });
+  std::this_thread::sleep_for(1200ms);  // B's prompt is in its blocks and it decodes
+  REQUIRE(c->processes().signal("prefill-0", SIGCONT).isOk());
+  const auto resumed = std::chrono::steady_clock::now();
+  // Quarantined blocks come back once the prefill worker acknowledged the cancel.
+  double releaseMs = -1;
+  for (int i = 0; i < 400; ++i) {
+    if (workerMetric(*c, "decode-0", "pdserve_kv_blocks_quarantined") == 0) {
+      releaseMs = double(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - resumed).count());
+      break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  first.join();
+  second.join();
+  INFO("lane " << lane << ": " << quarantined << " blocks quarantined while the prefill worker was stopped; released "
+               << releaseMs << " ms after SIGCONT; writes rejected: "
+               << workerMetricWith(*c, "decode-0", "pdserve_kv_writes_rejected_total", "reason="));
+  std::printf("fencing e2e (%s): %.0f blocks quarantined during the stop, released %.0f ms after SIGCONT\n", lane.c_str(),
+              quarantined, releaseMs);
+  INFO("A (given up on by the decode worker): HTTP " << a.status);  // 503, or 200 where the router migrates it
+  CHECK(b.status == 200);
+  CHECK(b.ids == expectedB);
+  CHECK(b.headers.find("x-pdserve-route: colocated") != std::string::npos);
+  if (lane == "tcp") {
+    CHECK(quarantined == 0);  // the receiver's check is the fence: A's blocks were free at once
+    // ... and the stale writer did write: its writes under A's revoked grant were refused.
+    CHECK(workerMetricWith(*c, "decode-0", "pdserve_kv_writes_rejected_total", "unknown_grant") >= 1);
+  } else {
+    CHECK(quarantined > 0);  // one-sided writer: held until it acknowledged
+  }
+  CHECK(releaseMs >= 0);
+  CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"failed\"") >= 1);
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
+}
+
+TEST_CASE("KV fencing over tcp: a prefill worker stopped mid-transfer cannot write into the next request's blocks") {
+  checkSlowButAliveWriter("[tcp]", "tcp");
+}
+
+TEST_CASE("KV fencing over cma: a stopped prefill worker's blocks stay quarantined until it acknowledges") {
+  checkSlowButAliveWriter("[cma, tcp]", "cma");
 }
 
 // Issue 12 (graceful drain): SIGTERM on a decode worker stops new work at once (the router

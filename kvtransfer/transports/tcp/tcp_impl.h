@@ -195,6 +195,10 @@ struct InConn {
   std::vector<char> discard;
   uint64_t discardLeft = 0;
   std::vector<char> group;  // the group frame being read
+  // The write grant of the data frame whose payload is being read into place (0: none, or a
+  // region token): revokeWrite() closes the connection when it is its grant, so that no byte
+  // of the frame lands after the revoke.
+  uint64_t landingGrant = 0;
   // Staging into kCuda exposures: payload bytes land in slot stageSlot at stageOff, then an
   // async copy moves them to the device; acks wait for every copy of the connection.
   std::unique_ptr<StagingRing> stage;
@@ -222,6 +226,20 @@ struct Region {
   std::vector<uint64_t> tokens;
 };
 
+// A live write grant (grantWrite): the only ranges a write under its token may touch, sorted
+// by address, each inside one registered region (kind and device are that region's).
+struct Grant {
+  std::vector<MemDesc> ranges;
+  // The range covering [addr, addr + len), or null.
+  const MemDesc* find(uint64_t addr, uint64_t len) const {
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), addr,
+                               [](uint64_t a, const MemDesc& d) { return a < d.addr; });
+    if (it == ranges.begin()) return nullptr;
+    --it;
+    return KeyRange{it->addr, it->len}.covers(addr, len) ? &*it : nullptr;
+  }
+};
+
 }  // namespace tcpimpl
 
 using namespace tcpimpl;  // the Impl's members name these types unqualified
@@ -246,7 +264,9 @@ class TcpTransport::Impl {
   Status unloadPeer(PeerId id);
   void dropConnections(PeerId id);
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peerId,
-                          std::optional<std::string> notification);
+                          std::optional<std::string> notification, const std::string& grant = {});
+  Result<std::string> grantWrite(const DescList& ranges);
+  Status revokeWrite(const std::string& grant);
   void harvest();
   Status poll(TransferId id);
   Status cancel(TransferId id);
@@ -329,7 +349,12 @@ class TcpTransport::Impl {
   // Empty when [addr, addr+len) lies inside a region this transport registered and exposed
   // under `token`; otherwise the reason, for the sender and the log.
   // *device is the CUDA ordinal when the region is kCuda (the write is staged), -1 otherwise.
-  std::string validateWrite(uint64_t token, uint64_t addr, uint64_t len, int* device);
+  // Tokens are looked up as write grants first (the write must lie inside one of the grant's
+  // ranges), then as region tokens (refused while options.requireWriteGrant). *reason is the
+  // refusal's label for onWriteRejected.
+  std::string validateWrite(uint64_t token, uint64_t addr, uint64_t len, int* device, const char** reason);
+  // A refused transfer: logged, remembered for its End frame's ack, counted.
+  void refuse(const std::shared_ptr<InConn>& c, uint64_t tid, const std::string& why, const char* reason);
   template <typename Fn>
   void readText(const std::shared_ptr<InConn>& c, uint64_t len, Fn&& then);
   void discardPayload(std::shared_ptr<InConn> c);
@@ -367,6 +392,7 @@ class TcpTransport::Impl {
   // Shared.
   std::shared_mutex exposuresMu_;
   std::unordered_map<uint64_t, MemDesc> exposures_;  // token -> exposed region
+  std::unordered_map<uint64_t, Grant> grants_;       // token -> live write grant
   std::mutex completedMu_;
   std::vector<Completion> completed_;
   std::mutex notifyMu_;

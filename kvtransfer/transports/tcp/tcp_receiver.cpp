@@ -60,6 +60,7 @@ void TcpTransport::Impl::readHeader(std::shared_ptr<InConn> c) {
 }
 
 void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
+  c->landingGrant = 0;  // the previous frame's payload, if any, is in place
   const WireHeader& h = c->hdr;
   if (h.magic != kMagic || h.version != kWireVersion) {
     dropIn(c, "protocol error: bad magic or wire version", true);
@@ -91,7 +92,9 @@ void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
       uint64_t tid = h.transferId;
       if (c->refused.count(tid) == 0) {
         int device = -1;
-        std::string why = validateWrite(h.token, h.addr, h.len, &device);
+        const char* reason = "";
+        std::string why = validateWrite(h.token, h.addr, h.len, &device, &reason);
+        if (why.empty()) c->landingGrant = h.token;
         if (why.empty() && device >= 0) {
           stagedRead(c, tid, device, h.addr, h.len);
           return;
@@ -113,9 +116,7 @@ void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
           });
           return;
         }
-        PD_LOG(kWarn, "kvt.tcp") << "refusing transfer " << tid << " from '" << c->peerName << "' ("
-                                 << c->remote << "): " << why;
-        c->refused[tid] = why;
+        refuse(c, tid, why, reason);
       }
       c->discardLeft = h.len;
       discardPayload(c);
@@ -193,7 +194,8 @@ bool TcpTransport::Impl::scatterGroup(const std::shared_ptr<InConn>& c) {
     }
     if (c->refused.count(h.transferId) == 0) {
       int device = -1;
-      std::string why = validateWrite(h.token, h.addr, h.len, &device);
+      const char* reason = "";
+      std::string why = validateWrite(h.token, h.addr, h.len, &device, &reason);
       if (why.empty() && device >= 0) {
         auto dst = reserveStage(c, h.len);
         if (!dst) return false;
@@ -202,9 +204,7 @@ bool TcpTransport::Impl::scatterGroup(const std::shared_ptr<InConn>& c) {
       } else if (why.empty()) {
         std::memcpy(reinterpret_cast<void*>(h.addr), p, h.len);
       } else {
-        PD_LOG(kWarn, "kvt.tcp") << "refusing transfer " << h.transferId << " from '" << c->peerName << "' ("
-                                 << c->remote << "): " << why;
-        c->refused[h.transferId] = why;
+        refuse(c, h.transferId, why, reason);
       }
     }
     p += h.len;
@@ -212,20 +212,46 @@ bool TcpTransport::Impl::scatterGroup(const std::shared_ptr<InConn>& c) {
   return true;
 }
 
-std::string TcpTransport::Impl::validateWrite(uint64_t token, uint64_t addr, uint64_t len, int* device) {
+std::string TcpTransport::Impl::validateWrite(uint64_t token, uint64_t addr, uint64_t len, int* device,
+                                             const char** reason) {
   std::shared_lock lock(exposuresMu_);
+  if (auto g = grants_.find(token); g != grants_.end()) {
+    const MemDesc* d = g->second.find(addr, len);
+    if (!d) {
+      *reason = "outside_grant";
+      return "write of " + std::to_string(len) + " bytes at " + hex(addr) +
+             " is outside the memory its write grant covers";
+    }
+    *device = d->kind == MemKind::kCuda ? d->device : -1;
+    return {};
+  }
   auto it = exposures_.find(token);
   if (it == exposures_.end()) {
+    *reason = "unknown_grant";
     return "write of " + std::to_string(len) + " bytes at " + hex(addr) +
-           " names an unknown or withdrawn exposure token";
+           " names an unknown or withdrawn exposure token or a revoked write grant (a stale or forged write)";
+  }
+  if (options_.requireWriteGrant) {
+    *reason = "grant_required";
+    return "write of " + std::to_string(len) + " bytes at " + hex(addr) +
+           " carries a region key but no write grant, and this receiver requires one";
   }
   const MemDesc& d = it->second;
   if (!KeyRange{d.addr, d.len}.covers(addr, len)) {
+    *reason = "outside_region";
     return "write of " + std::to_string(len) + " bytes at " + hex(addr) + " is outside the exposed region " +
            toString(d);
   }
   *device = d.kind == MemKind::kCuda ? d.device : -1;
   return {};
+}
+
+void TcpTransport::Impl::refuse(const std::shared_ptr<InConn>& c, uint64_t tid, const std::string& why,
+                                const char* reason) {
+  PD_LOG(kWarn, "kvt.tcp") << "refusing transfer " << tid << " from '" << c->peerName << "' (" << c->remote
+                           << "): " << why;
+  c->refused[tid] = why;
+  if (options_.onWriteRejected) options_.onWriteRejected(reason);
 }
 
 template <typename Fn>

@@ -2,6 +2,7 @@
 // alone or batched, colocated or with the prompt's KV prefilled by another engine.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -240,6 +241,55 @@ TEST_CASE("engine: cancel and refused reservations leave no block behind") {
   REQUIRE(engine->recomputeRemote(3).isOk());
   auto out = runToEnd(*engine);
   CHECK(out[3] == handDrivenGreedy(testPrompt(30, 3), 3));
+  CHECK(engine->kv().numFreeBlocks() == 8);
+  CHECK(engine->kv().checkInvariants().isOk());
+}
+
+// KV fencing (issue 12): a remote request's reserved blocks move to a quarantine holder; the
+// request then recomputes (or is cancelled) without them, they are never handed out while
+// held, and freeing the holder gives them all back.
+TEST_CASE("engine: quarantined remote blocks are not reused, a recompute gets fresh blocks, release frees them") {
+  auto engine = makeEngine(8, 32);  // 8 blocks of 16 tokens
+  auto blocks = engine->submitRemote(makeRequest(3, testPrompt(30, 3), greedy(3)));
+  REQUIRE(blocks.ok());
+  REQUIRE(blocks->size() == 2);
+  const SeqId holder = (SeqId(1) << 63) | 1;
+  CHECK(engine->quarantineRemote(99, holder).code() == StatusCode::kNotFound);  // not a remote request
+  REQUIRE(engine->quarantineRemote(3, holder).isOk());
+  CHECK(engine->kv().checkInvariants().isOk());
+  CHECK(engine->kv().numFreeBlocks() == 6);
+  CHECK(engine->kv().blockTable(holder).size() == 2);
+  REQUIRE(engine->recomputeRemote(3).isOk());
+  // Another request and the recompute run meanwhile: none of them gets a quarantined block.
+  REQUIRE(engine->submit(makeRequest(4, testPrompt(20, 4), greedy(20))).isOk());
+  std::map<uint64_t, std::vector<int32_t>> out;
+  for (int guard = 0; engine->hasWork() && guard < 1000; ++guard) {
+    std::vector<EngineEvent> events;
+    REQUIRE(engine->step(&events).isOk());
+    for (auto& e : events)
+      if (e.kind == EngineEvent::Kind::kToken) out[e.requestId].push_back(e.token.id);
+    for (uint64_t id : {uint64_t(3), uint64_t(4)}) {
+      if (!engine->kv().hasSequence(id)) continue;
+      for (BlockId b : engine->kv().blockTable(id)) {
+        CHECK(std::find(blocks->begin(), blocks->end(), b) == blocks->end());
+      }
+    }
+    CHECK(engine->kv().checkInvariants().isOk());
+  }
+  CHECK(out[3] == handDrivenGreedy(testPrompt(30, 3), 3));
+  CHECK(out[4] == handDrivenGreedy(testPrompt(20, 4), 20));
+  CHECK(engine->kv().numFreeBlocks() == 6);  // still held
+  REQUIRE(engine->kv().free(holder).isOk());
+  CHECK(engine->kv().numFreeBlocks() == 8);
+  CHECK(engine->kv().checkInvariants().isOk());
+  // The cancel path: quarantine, cancel, release.
+  auto again = engine->submitRemote(makeRequest(5, testPrompt(30, 5), greedy(3)));
+  REQUIRE(again.ok());
+  REQUIRE(engine->quarantineRemote(5, holder + 1).isOk());
+  engine->cancel(5);
+  CHECK_FALSE(engine->contains(5));
+  CHECK(engine->kv().numFreeBlocks() == 6);
+  REQUIRE(engine->kv().free(holder + 1).isOk());
   CHECK(engine->kv().numFreeBlocks() == 8);
   CHECK(engine->kv().checkInvariants().isOk());
 }

@@ -6,9 +6,19 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <prometheus/registry.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/net/framed.h"
 #include "common/net/io_pool.h"
+#include "kvtransfer/agent.h"
+#include "tests/test_skip.h"
 #include "decode_worker/decode_service.h"
 #include "kvtransfer/kvt.pb.h"
 #include "tests/unit/engine/model_test_util.h"
@@ -62,7 +72,7 @@ struct Mailbox {
 };
 
 struct Harness {
-  explicit Harness(int64_t timeoutMs) {
+  explicit Harness(int64_t timeoutMs, const std::string& transports = "[tcp]") {
     net::ConnectionOptions ro;
     ro.hello.set_role(proto::ROLE_ROUTER);
     ro.hello.set_worker_id("router-fake");
@@ -72,7 +82,7 @@ struct Harness {
     const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
     auto config = config::parseClusterConfig(
         "model: {path: " + model + "}\nengine: {backend: cpu, num_blocks: 64}\n"
-        "kv_transfer: {transports: [tcp], timeout_ms: " + std::to_string(timeoutMs) +
+        "kv_transfer: {transports: " + transports + ", timeout_ms: " + std::to_string(timeoutMs) +
             ", on_remote_prefill_failure: fail}\nlogging: {level: warn}\n",
         "test.yaml");
     REQUIRE(config.ok());
@@ -185,4 +195,191 @@ TEST_CASE("decode KvConnect: a refusal fails the queued request at once with the
   std::lock_guard<std::mutex> lock(h.prefill.mu);
   CHECK(h.prefill.count(proto::Envelope::kKvConnect) == 2);
   CHECK(h.prefill.count(proto::Envelope::kPrefillRequest) == 0);
+}
+
+// ---- KV fencing (issue 12): the decode side's quarantine, against a fake prefill worker that
+// has a real TransferAgent (it answers KvConnect with its real reply, so the decode worker
+// loads a real lane to it) and never pushes: the decode worker's deadline fails the request.
+namespace {
+
+// The decode worker's /metrics, by a plain HTTP/1.0 GET.
+std::string metricsText(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+    (void)::send(fd, req.data(), req.size(), 0);
+    char buf[8192];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// The first series of `name` whose line contains `label` (or any, when empty); -1 if none.
+double metric(int port, const std::string& name, const std::string& label = "") {
+  std::istringstream in(metricsText(port));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name, 0) != 0 || (line[name.size()] != ' ' && line[name.size()] != '{')) continue;
+    if (!label.empty() && line.find(label) == std::string::npos) continue;
+    return std::atof(line.c_str() + line.rfind(' ') + 1);
+  }
+  return -1;
+}
+
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return pred();
+}
+
+// The fake prefill worker's kvtransfer side: a real agent (driven under a mutex: io threads).
+struct FakePrefillKv {
+  explicit FakePrefillKv(std::vector<std::string> transports) : buf(1 << 16, 0x5A) {
+    kvt::AgentOptions o;
+    o.name = "prefill-fake";
+    o.preference = std::move(transports);
+    auto a = kvt::TransferAgent::create(o, registry);
+    REQUIRE(a.ok());
+    agent = std::move(a).value();
+    REQUIRE(agent->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(buf.data()), buf.size()}).ok());
+  }
+  // Answers KvConnect with the real reply; records the PrefillRequest's target.
+  void handle(const net::ConnectionPtr& c, const proto::Envelope& env) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (env.body_case() == proto::Envelope::kKvConnect) {
+      auto p = agent->loadPeer(env.kv_connect().metadata());
+      REQUIRE(p.ok());
+      peer = *p;
+      proto::Envelope reply;
+      reply.set_request_id(0);
+      reply.mutable_kv_connect()->set_metadata(agent->peerMetadata(*p).value());
+      (void)c->send(std::move(reply));
+    } else if (env.body_case() == proto::Envelope::kPrefillRequest) {
+      target = env.prefill_request().kv_target();
+    }
+  }
+  // A write of 64 bytes into the target's first region under the target's grant, waited for.
+  Status staleWrite() {
+    std::lock_guard<std::mutex> lock(mu);
+    MemDesc local{reinterpret_cast<uintptr_t>(buf.data()), 64};
+    MemDesc remote{uintptr_t(target.regions(0).base()), 64};
+    auto id = agent->post({local}, {remote}, peer, std::nullopt, target.write_grant());
+    if (!id.ok()) return id.status();
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < end) {
+      agent->progress();
+      Status st = agent->poll(*id);
+      if (!st.inProgress()) return st;
+      std::this_thread::sleep_for(1ms);
+    }
+    return deadlineExceeded("test: stale write still pending");
+  }
+  std::mutex mu;
+  prometheus::Registry registry;
+  std::vector<uint8_t> buf;
+  std::unique_ptr<kvt::TransferAgent> agent;
+  kvt::AgentPeer peer = 0;
+  proto::KvTarget target;
+};
+
+void ackCancel(const net::ConnectionPtr& c, uint64_t id) {
+  proto::Envelope ack;
+  ack.set_request_id(id);
+  ack.mutable_cancel()->set_request_id(id);
+  ack.mutable_cancel()->set_ack(true);
+  REQUIRE(c->send(std::move(ack)).isOk());
+}
+
+}  // namespace
+
+TEST_CASE("decode KV fencing: over a receiver-fenced lane (tcp) the blocks are free at once, the revoked grant is refused") {
+  Harness h(600, "[tcp]");
+  FakePrefillKv kv({"tcp"});
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { kv.handle(c, env); });
+  const int port = h.decode->metricsPort();
+  const double total = metric(port, "pdserve_kv_cache_num_blocks");
+  REQUIRE(total > 0);
+  h.generate(21);
+  // The request's epoch travels in its target (recorded by the fake after the mailbox saw it).
+  CHECK(eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(kv.mu);
+        return !kv.target.write_grant().empty();
+      },
+      10s));
+  CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") < total; }, 2s));  // reserved
+  auto chunk = h.finalChunk(21, 10s);
+  REQUIRE(chunk.has_value());
+  CHECK(chunk->finish_reason() == proto::FINISH_ERROR);
+  // The decode worker gave up: the blocks are free at once, nothing is quarantined.
+  CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == total; }, 2s));
+  CHECK(metric(port, "pdserve_kv_blocks_quarantined") == 0);
+  REQUIRE(h.prefill.waitFor([&] { return h.prefill.count(proto::Envelope::kCancel) == 1; }, 5s));
+  // The slow-but-alive writer's late write under the revoked grant is refused and counted.
+  Status late = kv.staleWrite();
+  CHECK(late.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(late.message(), Catch::Contains("revoked write grant"));
+  CHECK(metric(port, "pdserve_kv_writes_rejected_total", "unknown_grant") == 1);
+}
+
+TEST_CASE("decode KV fencing: over a one-sided lane (cma) the blocks stay quarantined until the cancel is acknowledged "
+          "or the writer is gone") {
+  Harness h(600, "[cma, tcp]");
+  auto kv = std::make_unique<FakePrefillKv>(std::vector<std::string>{"cma", "tcp"});
+  std::mutex kvMu;  // kv is destroyed mid-test (the writer dies)
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) {
+    std::lock_guard<std::mutex> lock(kvMu);
+    if (kv) kv->handle(c, env);
+  });
+  const int port = h.decode->metricsPort();
+  const double total = metric(port, "pdserve_kv_cache_num_blocks");
+  REQUIRE(total > 0);
+  h.generate(31);
+  auto chunk = h.finalChunk(31, 10s);
+  REQUIRE(chunk.has_value());
+  CHECK(chunk->finish_reason() == proto::FINISH_ERROR);
+  if (metric(port, "pdserve_kv_peers", "transport=\"cma\"") != 1) pd::test::skipTest("cma does not connect here");
+  // Cancelled, not acknowledged: the 3 blocks of the 40-token prompt are held.
+  const double held = metric(port, "pdserve_kv_blocks_quarantined");
+  CHECK(held == 3);
+  CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == total - held; }, 2s));
+  std::this_thread::sleep_for(300ms);  // no timer frees them
+  CHECK(metric(port, "pdserve_kv_blocks_quarantined") == held);
+  REQUIRE(h.prefill.waitFor([&] { return h.prefill.count(proto::Envelope::kCancel) == 1; }, 5s));
+  net::ConnectionPtr conn;
+  {
+    std::lock_guard<std::mutex> lock(h.prefill.mu);
+    conn = h.prefill.conn;
+  }
+  SECTION("the acknowledgement releases them") {
+    ackCancel(conn, 999);  // another request's ack releases nothing
+    std::this_thread::sleep_for(200ms);
+    CHECK(metric(port, "pdserve_kv_blocks_quarantined") == held);
+    ackCancel(conn, 31);
+    CHECK(eventually([&] { return metric(port, "pdserve_kv_blocks_quarantined") == 0; }, 5s));
+    CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == total; }, 2s));
+    CHECK(metric(port, "pdserve_kv_quarantine_seconds_count") == 1);
+  }
+  SECTION("the writer going away (its KV lanes dead, its control connection closed) releases them") {
+    {
+      std::lock_guard<std::mutex> lock(kvMu);
+      kv.reset();  // its transports close their sockets: the decode's lanes to it die
+    }
+    std::this_thread::sleep_for(300ms);
+    CHECK(metric(port, "pdserve_kv_blocks_quarantined") == held);  // its control connection is still up
+    conn->close(unavailable("test: the prefill worker exits"));
+    CHECK(eventually([&] { return metric(port, "pdserve_kv_blocks_quarantined") == 0; }, 10s));
+    CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == total; }, 2s));
+  }
 }
