@@ -112,6 +112,7 @@ void RemotePrefills::sendPrefillRequest(Peer& peer, uint64_t id) {
   pr->set_deadline_ms(static_cast<uint64_t>(loop_.config().kvTransfer.timeoutMs));
   *pr->mutable_kv_target() = worker::toProto(target);
   r.state = State::kRequested;
+  r.requestedAt = steadyNow();
   if (Status s = peer.conn->send(std::move(env)); !s.isOk()) failed(id, s);
 }
 
@@ -177,6 +178,7 @@ void RemotePrefills::onConnected(const std::string& address, Result<net::Connect
 }
 
 void RemotePrefills::onPeerMessage(const std::string& address, proto::Envelope&& env) {
+  if (auto p = peers_.find(address); p != peers_.end()) p->second.lastHeard = steadyNow();
   if (env.request_id() == 0) return onKvConnectReply(address, std::move(env));
   const uint64_t id = env.request_id();
   if (env.body_case() == proto::Envelope::kCancel && env.cancel().ack()) return onCancelAck(address, id);
@@ -359,7 +361,7 @@ void RemotePrefills::failed(uint64_t id, const Status& why) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   const bool hasBlocks = it->second.state != State::kWaitingBlocks;
-  const Status stall = recomputeStall(it->second.gen.prompt_token_ids_size());
+  const Status stall = recomputeStall(it->second);
   sendCancel(it->second, why.message());
   if (!fenceWrites(id, it->second)) quarantine(id, it->second, "failed: " + why.message());
   forget(id);
@@ -382,7 +384,14 @@ void RemotePrefills::failed(uint64_t id, const Status& why) {
   callbacks_.onFailed(id, hasBlocks ? unavailable("remote prefill failed: " + why.message()) : why);
 }
 
-Status RemotePrefills::recomputeStall(int promptTokens) const {
+Status RemotePrefills::recomputeStall(const Remote& r) const {
+  // Overloaded, not broken: the prefill worker answered since it got this request (other
+  // requests' replies), so it is alive and merely behind. A silent one may be dead or cut
+  // off, and recomputing here is the only way left to serve the request.
+  const auto peer = peers_.find(r.address);
+  if (r.state != State::kRequested || peer == peers_.end() || !(peer->second.lastHeard > r.requestedAt))
+    return Status::ok();
+  const int promptTokens = r.gen.prompt_token_ids_size();
   const engine::EngineLoad load = loop_.engine().load();
   if (load.decoding == 0 || load.prefillTokensPerS <= 0) return Status::ok();
   const int64_t chunk = std::min<int64_t>(promptTokens, loop_.config().engine.maxBatchTokens);

@@ -80,6 +80,7 @@ class RemotePrefills {
     std::string grant;          // TransferAgent::grantWrite for `blocks` ("" until REQUESTED)
     kvt::AgentPeer kvPeer = 0;  // the prefill worker's kvtransfer peer the grant is for
     bool writerDone = false;    // PrefillDone: every write confirmed, nothing can land later
+    SteadyTime requestedAt;     // when the PrefillRequest went (REQUESTED)
   };
   // Blocks a remote prefill that ended may still be writing (QUARANTINED).
   struct Quarantined {
@@ -104,6 +105,7 @@ class RemotePrefills {
     worker::WorkerLoop::TimerId kvTimer = 0;
     kvt::AgentPeer kvPeer = 0;  // loaded from its KvConnect reply (valid while kvReady)
     std::unordered_set<uint64_t> requests;
+    SteadyTime lastHeard;       // its last message on this connection
   };
 
   void reserved(uint64_t id, std::vector<engine::BlockId> blocks);
@@ -117,11 +119,12 @@ class RemotePrefills {
   void failPeerRequests(const std::string& address, const Status& why);
   void onPrefillDone(uint64_t id, const proto::PrefillDone& done);
   void failed(uint64_t id, const Status& why);  // FAILED: recompute or fail
-  // Why recomputing a prompt of this length here would break the decode pool's ITL SLO for
-  // the streams running on this worker (ok: it would not, or nothing runs). Under overload a
-  // remote prefill times out, and piling its prefill onto the decode pool would stall every
-  // stream there: the request fails with 429 instead (docs/serving.md, "Overload").
-  Status recomputeStall(int promptTokens) const;
+  // Why recomputing this request here would break the decode pool's ITL SLO for the streams
+  // running on this worker, when its prefill worker is alive but behind (it answered since it
+  // got the request). Under overload a remote prefill times out, and piling its prefill onto
+  // the decode pool would stall every stream there: the request fails with 429 instead
+  // (docs/serving.md, "Overload"). ok: recompute as configured.
+  Status recomputeStall(const Remote& r) const;
   void sendCancel(const Remote& r, const std::string& reason);
   // Revokes the request's write grant. True when no write of it can land any more (nothing
   // was requested, the writer confirmed all, or every lane is receiver-fenced).
