@@ -9,6 +9,7 @@ find_package(Protobuf REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(prometheus-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
+find_package(OpenSSL REQUIRED)  # libcrypto: cluster authentication (common/base/cluster_auth.h)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 add_library(pd::pcre2 ALIAS PkgConfig::PCRE2)
 
