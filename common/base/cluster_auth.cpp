@@ -73,6 +73,10 @@ std::string proof(const std::string& secret, const Transcript& transcript) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+bool constantTimeEqual(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && (a.empty() || CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0);
+}
+
 bool verifyProof(const std::string& secret, const Transcript& transcript, std::string_view got) {
   const std::string want = proof(secret, transcript);
   if (want.size() != kProofBytes || got.size() != kProofBytes) return false;

@@ -55,6 +55,9 @@ class Transcript {
 // HMAC-SHA256(secret, transcript): kProofBytes bytes.
 std::string proof(const std::string& secret, const Transcript& transcript);
 
+// a == b in time that depends only on the lengths (CRYPTO_memcmp).
+bool constantTimeEqual(std::string_view a, std::string_view b);
+
 // True when `got` equals proof(secret, transcript), compared in constant time.
 bool verifyProof(const std::string& secret, const Transcript& transcript, std::string_view got);
 
