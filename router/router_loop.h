@@ -78,12 +78,13 @@ class RouterLoop final : public StreamOwner {
   struct Entry {
     std::shared_ptr<RequestStream> stream;
     std::string decodeWorker;
+    uint64_t decodeConnId = 0;  // the connection it was dispatched on: the only one heard for it
   };
 
   template <typename F>
   void onStrand(F&& f);
   void route(const std::shared_ptr<RequestStream>& stream);
-  void onChunk(proto::TokenChunk&& chunk);
+  void onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chunk);
   void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
   void scheduleAutoscale(std::chrono::steady_clock::duration after);
   void autoscale(SteadyTime now);

@@ -239,6 +239,16 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       hello.mutable_hello()->set_auth_nonce(*nonce);
     }
     ownHello_ = hello.hello();
+    if (authenticated()) {
+      // Only what the transcript covers goes out before the peer proved itself; the rest of
+      // our hello follows in our Auth frame.
+      proto::Hello minimal;
+      minimal.set_protocol_version(kProtocolVersion);
+      minimal.set_role(ownHello_.role());
+      minimal.set_worker_id(ownHello_.worker_id());
+      minimal.set_auth_nonce(ownHello_.auth_nonce());
+      *hello.mutable_hello() = std::move(minimal);
+    }
     auto frame = buildFrame(hello, options_.maxFrameBytes);
     if (!frame.ok()) {
       closeNow(frame.status());
@@ -474,6 +484,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     proto::Envelope env;
     env.set_version(kProtocolVersion);
     env.mutable_auth()->set_proof(proofFor(isClient()));
+    *env.mutable_auth()->mutable_hello() = ownHello_;
     auto frame = buildFrame(env, options_.maxFrameBytes);
     if (!frame.ok()) return fail(frame.status());
     queuedBytes_.fetch_add(frame.value()->size());
@@ -499,6 +510,16 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       return authFailed("peer " + remote_ + " (" + peerHello_.worker_id() +
                         ") sent a wrong proof (another cluster secret, or a proof replayed from "
                         "another connection)");
+    }
+    if (env.auth().has_hello()) {
+      // The peer's full hello; what the proof covered must not change.
+      const proto::Hello& full = env.auth().hello();
+      if (full.role() != peerHello_.role() || full.worker_id() != peerHello_.worker_id() ||
+          full.auth_nonce() != peerHello_.auth_nonce()) {
+        return authFailed("peer " + remote_ + " (" + peerHello_.worker_id() +
+                          ") changed its role, id or nonce after its proof");
+      }
+      peerHello_ = full;
     }
     if (!isClient()) sendProof();
     return establish();

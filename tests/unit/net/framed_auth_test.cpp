@@ -37,6 +37,7 @@ ConnectionOptions opts(proto::Role role, const std::string& id, const std::strin
   ConnectionOptions o;
   o.hello.set_role(role);
   o.hello.set_worker_id(id);
+  o.hello.set_model_fingerprint("fp-" + id);
   if (!secret.empty()) o.clusterSecret = secretOf(secret);
   o.plane = plane;
   o.onAuthFailure = [counter](const std::string& p, const Status& why) {
@@ -75,6 +76,7 @@ TEST_CASE("framed auth: the same secret on both sides opens, and messages flow")
   REQUIRE(c.ok());
   CHECK(c.value()->peerHello().worker_id() == "router");
   CHECK(c.value()->peerHello().auth_nonce().size() == auth::kNonceBytes);
+  CHECK(c.value()->peerHello().model_fingerprint() == "fp-router");  // the full hello, after the proof
   proto::Envelope env;
   env.set_request_id(5);
   env.mutable_cancel()->set_request_id(5);
@@ -166,13 +168,17 @@ TEST_CASE("framed auth: a proof replayed from another connection is refused and 
     REQUIRE(first.connected());
     proto::Envelope serverHello;
     REQUIRE(first.readFrame(&serverHello));
+    // Before the client proved anything the server says no more than the transcript needs.
+    CHECK(serverHello.hello().worker_id() == "router");
+    CHECK(serverHello.hello().model_fingerprint().empty());
     proto::Envelope hello = rawHello(nonce);
     REQUIRE(first.write(frameOf(hello)));
     firstProof = handshakeProof(kSecret, true, hello.hello(), serverHello.hello());
     REQUIRE(first.write(frameOf(authFrame(firstProof))));
     proto::Envelope reply;
     REQUIRE(first.readFrame(&reply));
-    REQUIRE(reply.has_auth());  // proved: the server proves itself back
+    REQUIRE(reply.has_auth());  // proved: the server proves itself back, with its full hello
+    CHECK(reply.auth().hello().model_fingerprint() == "fp-router");
     CHECK(handshakeProof(kSecret, false, hello.hello(), serverHello.hello()) == reply.auth().proof());
   }
   CHECK(p.serverAuth.count() == 0);
