@@ -341,7 +341,7 @@ class TcpTransport::Impl {
   bool authenticated() const { return options_.clusterSecret && !options_.clusterSecret->empty(); }
   // Sender: the receiver's challenge read, say hello (with a proof when we hold the secret).
   void sendHello(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s, uint64_t remoteInstance,
-                 std::shared_ptr<int> remaining);
+                 std::shared_ptr<int> remaining, bool thenFail);
   void closeIn(InConn& c);
   void dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn);
   void readHeader(std::shared_ptr<InConn> c);

@@ -31,19 +31,23 @@ void TcpTransport::Impl::connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoin
             (ch.len != 0 && ch.len != auth::kNonceBytes)) {
           return failPeer(p, "the receiver's first frame is not a challenge (another wire version?)");
         }
-        if ((ch.len != 0) != authenticated()) {
-          return failPeer(p, std::string("authentication failed: ") +
-                                 (authenticated() ? "the receiver has no cluster secret and this side has one"
-                                                  : "the receiver requires the cluster secret and this side has none"),
+        if (ch.len == 0 && authenticated()) {
+          // Never write to a receiver that cannot check who writes: fail closed.
+          return failPeer(p, "authentication failed: the receiver has no cluster secret and this side has one",
                           StatusCode::kFailedPrecondition);
         }
+        if (ch.len != 0 && !authenticated()) {
+          // Say hello without a proof, so the receiver logs and counts the refusal, then fail.
+          s->challenge.clear();
+          return sendHello(p, s, remoteInstance, remaining, /*thenFail=*/true);
+        }
         s->challenge.assign(ch.len, '\0');
-        if (ch.len == 0) return sendHello(p, s, remoteInstance, remaining);
+        if (ch.len == 0) return sendHello(p, s, remoteInstance, remaining, false);
         asio::async_read(s->sock, asio::buffer(s->challenge),
                          [this, p, s, remaining, remoteInstance](boost::system::error_code nec, size_t) {
           if (p->dead.load() || stopping_) return;
           if (nec) return failPeer(p, "challenge not read: " + nec.message());
-          sendHello(p, s, remoteInstance, remaining);
+          sendHello(p, s, remoteInstance, remaining, false);
         });
       });
     });
@@ -51,7 +55,7 @@ void TcpTransport::Impl::connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoin
 }
 
 void TcpTransport::Impl::sendHello(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s, uint64_t remoteInstance,
-                                   std::shared_ptr<int> remaining) {
+                                   std::shared_ptr<int> remaining, bool thenFail) {
   // Hello: who we are (for Notification::peerName), whom we meant to reach, and, with a
   // cluster secret, the proof over the receiver's challenge.
   auto hello = std::make_shared<std::string>(sizeof(WireHeader), '\0');
@@ -68,8 +72,13 @@ void TcpTransport::Impl::sendHello(std::shared_ptr<OutPeer> p, std::shared_ptr<O
   std::memcpy(hello->data(), &h, sizeof h);
   hello->append(options_.localName);
   hello->append(proof);
-  asio::async_write(s->sock, asio::buffer(*hello), [this, p, s, hello, remaining](boost::system::error_code wec, size_t) {
+  asio::async_write(s->sock, asio::buffer(*hello), [this, p, s, hello, remaining, thenFail](boost::system::error_code wec,
+                                                                                          size_t) {
     if (p->dead.load() || stopping_) return;
+    if (thenFail) {
+      return failPeer(p, "authentication failed: the receiver requires the cluster secret and this side has none",
+                      StatusCode::kFailedPrecondition);
+    }
     if (wec) return failPeer(p, "hello failed: " + wec.message());
     readAck(p, s);
     if (--*remaining > 0) return;
