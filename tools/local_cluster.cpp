@@ -209,9 +209,13 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
     std::string id = "prefill-" + std::to_string(i);
     PD_ASSIGN_OR_RETURN(int metricsPort, freePort());
     c->metricsPorts_[id] = metricsPort;
-    PD_RETURN_IF_ERROR(c->group_.spawn(id, {bin("pdserve-prefill"), "--config", configPath, "--id", id,
-                                            "--router", router, "--metrics-port",
-                                            std::to_string(metricsPort)}).status());
+    std::vector<std::string> argv{bin("pdserve-prefill"), "--config", configPath, "--id", id, "--router", router,
+                                  "--metrics-port", std::to_string(metricsPort)};
+    // pools.prefill.base_port: worker i's control port is base_port + i (0: OS-chosen).
+    if (cfg.pools.prefill.basePort != 0) {
+      argv.insert(argv.end(), {"--port", std::to_string(cfg.pools.prefill.basePort + i)});
+    }
+    PD_RETURN_IF_ERROR(c->group_.spawn(id, argv).status());
   }
   for (int i = 0; i < decodeN; ++i) {
     std::string id = "decode-" + std::to_string(i);
