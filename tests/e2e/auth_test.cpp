@@ -2,6 +2,11 @@
 // generates) against peers that do not hold the cluster secret.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -262,4 +267,68 @@ TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
   }
   CHECK(failures == 1);
   conn.value()->close(cancelled("done"));
+}
+
+TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a request it was not given") {
+  const int prefillPort = freePort().value();
+  auto c = startCluster("inject", prefillPort);
+  // A user's stream, dispatched to decode-0 before the insider exists.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(c->httpPort()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  timeval tv{60, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string body = R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 48, "stream": true})";
+  const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  REQUIRE(::send(fd, http.data(), http.size(), 0) == ssize_t(http.size()));
+  std::string seen;
+  char buf[4096];
+  while (seen.find("\"id\":\"") == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    seen.append(buf, size_t(n));
+  }
+  // The response id ends with the worker request id (router_loop.cpp: responseId).
+  size_t at = seen.find("\"id\":\"") + 6;
+  size_t end = seen.find('"', at);
+  std::string id = seen.substr(at, end - at);
+  size_t digits = id.find_first_of("0123456789");
+  REQUIRE(digits != std::string::npos);
+  const uint64_t requestId = std::stoull(id.substr(digits));
+
+  // An insider: it holds the secret and registers as a decode worker, then speaks for the
+  // user's request.
+  net::IoPool io(2);
+  auto insider = net::FramedClient::connect(io, "127.0.0.1", c->controlPort(),
+                                            peer(proto::ROLE_DECODE, "insider", c->config().cluster.secret, "small/x"),
+                                            {}, 5s);
+  REQUIRE(insider.ok());
+  proto::Envelope env;
+  env.set_request_id(requestId);
+  auto* chunk = env.mutable_token_chunk();
+  chunk->set_request_id(requestId);
+  chunk->add_token_ids(65);
+  chunk->set_finish_reason(proto::FINISH_STOP);
+  REQUIRE(insider.value()->send(env).isOk());
+  double dropped = -1;
+  for (int i = 0; i < 50 && dropped < 1; ++i) {
+    dropped = routerMetric(*c, R"(pdserve_control_messages_dropped_total{reason="wrong_worker"})");
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK(dropped == 1);
+  // The user's stream runs to its own end: 48 tokens, finish_reason length, not the insider's stop.
+  while (seen.find("[DONE]") == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    seen.append(buf, size_t(n));
+  }
+  ::close(fd);
+  CHECK(seen.find("[DONE]") != std::string::npos);
+  CHECK(seen.find("\"finish_reason\":\"length\"") != std::string::npos);
+  CHECK(seen.find("\"finish_reason\":\"stop\"") == std::string::npos);
+  insider.value()->close(cancelled("done"));
 }
