@@ -170,8 +170,8 @@ def main():
               ", ".join(f"{h}={c.bed.addr[h]}" for h in c.bed.hosts), flush=True)
         if a.case in ("tcp", "ucx"):
             disaggregates(c, build, model, a.case)
-        if a.case == "tcp":
-            intruder(c, work)
+            if a.case == "tcp":
+                intruder(c, work)
         elif a.case == "routers":
             import bed_routers
             bed_routers.run(c, build, model, check, complete, prompt, reference)
