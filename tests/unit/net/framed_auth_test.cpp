@@ -196,13 +196,11 @@ TEST_CASE("framed auth: a proof replayed from another connection is refused and 
   REQUIRE(p.serverAuth.waitCount(1));
   CHECK_THAT(p.serverAuth.reasons[0], Catch::Contains("wrong proof"));
   // Only the first opened (its onOpen may still be running on the other I/O thread).
-  for (int i = 0; i < 200; ++i) {
-    std::lock_guard<std::mutex> lock(p.serverEvents.mutex);
-    if (p.serverEvents.opens >= 1) break;
-    std::this_thread::sleep_for(10ms);
+  {
+    std::unique_lock<std::mutex> lock(p.serverEvents.mutex);
+    p.serverEvents.cv.wait_for(lock, 5s, [&] { return p.serverEvents.opens >= 1; });
+    CHECK(p.serverEvents.opens == 1);
   }
-  std::lock_guard<std::mutex> lock(p.serverEvents.mutex);
-  CHECK(p.serverEvents.opens == 1);
 }
 
 TEST_CASE("framed auth: a server replaying another connection's proof is refused by the client") {
