@@ -9,7 +9,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -331,4 +333,60 @@ TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a r
   CHECK(seen.find("\"finish_reason\":\"length\"") != std::string::npos);
   CHECK(seen.find("\"finish_reason\":\"stop\"") == std::string::npos);
   insider.value()->close(cancelled("done"));
+}
+
+TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the prefill loop") {
+  const int prefillPort = freePort().value();
+  auto c = startCluster("unreachable", prefillPort);
+  const std::string& secret = c->config().cluster.secret;
+  net::IoPool io(2);
+  std::string fingerprint;
+  {
+    auto probe = net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "probe", secret),
+                                            {}, 5s);
+    REQUIRE(probe.ok());
+    fingerprint = probe.value()->peerHello().model_fingerprint();
+    probe.value()->close(cancelled("done"));
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int replies = 0;
+  net::ConnectionCallbacks cb;
+  cb.onMessage = [&](const net::ConnectionPtr&, proto::Envelope&&) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++replies;
+    cv.notify_all();
+  };
+  auto conn = net::FramedClient::connect(io, "127.0.0.1", prefillPort,
+                                         peer(proto::ROLE_DECODE, "decode-far", secret, fingerprint), cb, 5s);
+  REQUIRE(conn.ok());
+  // Three offers, each a new peer whose only KV endpoint is an address nobody answers
+  // (10.255.255.1 is not routed here; a connect to it hangs or fails, never succeeds).
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    kvt::proto::TcpConnInfo info;
+    info.set_version(2);
+    info.set_host("10.255.255.1");
+    info.set_port(9);
+    info.set_instance(1000 + i);
+    kvt::proto::AgentMetadata offer;
+    offer.set_version(1);
+    offer.set_name("far-" + std::to_string(i));
+    auto* t = offer.add_transports();
+    t->set_transport("tcp");
+    t->set_conn_info(info.SerializeAsString());
+    proto::Envelope env;
+    env.mutable_kv_connect()->set_metadata(offer.SerializeAsString());
+    REQUIRE(conn.value()->send(env).isOk());
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, 15s, [&] { return replies >= 3; }));
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  INFO("3 KvConnect replies in " << ms << " ms");
+  CHECK(ms < 1500);  // a loop that dialed in line would take 3 x kv connect timeout (3 s)
+  // And the prefill worker serves a long prompt meanwhile.
+  CHECK(completion(*c) == 200);
+  conn.value()->close(cancelled("done"));
 }
