@@ -625,6 +625,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   void closeNow(Status reason) {
     if (closed_) return;
     closed_ = true;
+    leavePending();  // its place among the server's handshakes is free now, not at destruction
     open_.store(false, std::memory_order_release);
     PD_LOG(kDebug, "net") << "connection " << id_ << " (" << remote_
                           << ") closed: " << reason.toString();
