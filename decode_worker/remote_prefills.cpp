@@ -1,5 +1,7 @@
 #include "decode_worker/remote_prefills.h"
 
+#include <algorithm>
+
 #include "common/base/log.h"
 
 namespace pd::decode {
@@ -249,8 +251,17 @@ void RemotePrefills::failed(uint64_t id, const Status& why) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   const bool hasBlocks = it->second.state != State::kWaitingBlocks;
+  const Status stall = recomputeStall(it->second.gen.prompt_token_ids_size());
   sendCancel(it->second, why.message());
   forget(id);
+  if (hasBlocks && !stall.isOk()) {
+    PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message() << "); not recomputing: "
+                        << stall.message();
+    loop_.metrics().remotePrefill("refused_recompute");
+    loop_.engine().cancel(id);
+    return callbacks_.onFailed(id, resourceExhausted("remote prefill failed (" + why.message() + ") and " +
+                                                     stall.message() + "; retry later"));
+  }
   if (hasBlocks && loop_.config().kvTransfer.onRemotePrefillFailure == config::RemotePrefillFailure::kRecompute &&
       loop_.engine().recomputeRemote(id).isOk()) {
     PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message() << "); recomputing here";
@@ -260,6 +271,19 @@ void RemotePrefills::failed(uint64_t id, const Status& why) {
   if (hasBlocks) loop_.metrics().remotePrefill("failed");
   loop_.engine().cancel(id);
   callbacks_.onFailed(id, hasBlocks ? unavailable("remote prefill failed: " + why.message()) : why);
+}
+
+Status RemotePrefills::recomputeStall(int promptTokens) const {
+  const engine::EngineLoad load = loop_.engine().load();
+  if (load.running == 0 || load.prefillTokensPerS <= 0) return Status::ok();
+  const int64_t chunk = std::min<int64_t>(promptTokens, loop_.config().engine.maxBatchTokens);
+  const double stepMs = 1e3 * double(chunk) / load.prefillTokensPerS;
+  const double itlMs = loop_.config().pools.decode.slo.itlMs;
+  if (stepMs <= itlMs) return Status::ok();
+  return resourceExhausted("recomputing its " + std::to_string(promptTokens) + " prompt tokens here would stretch the " +
+                           std::to_string(load.running) + " running streams' steps to ~" +
+                           std::to_string(int(stepMs)) + " ms, past the " + std::to_string(int(itlMs)) +
+                           " ms ITL target");
 }
 
 void RemotePrefills::cancel(uint64_t id, const std::string& reason) {

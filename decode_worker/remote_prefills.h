@@ -8,7 +8,8 @@
 //   REQUESTED --(PrefillDone)--> KV_READY: the engine decodes from the first token (handed off)
 //   any --(Error | prefill disconnects | refused KvConnect | deadline)--> FAILED:
 //        Cancel to the prefill worker; recompute here (the engine frees the reserved blocks
-//        and queues a local prefill) or, per kv_transfer.on_remote_prefill_failure, fail
+//        and queues a local prefill) or, per kv_transfer.on_remote_prefill_failure, fail;
+//        also fail (429) when recomputing would break the ITL SLO of the running streams
 //   any --(cancel(): client or router)--> CANCELLED: Cancel to the prefill worker; the
 //        engine frees the reserved blocks
 //
@@ -90,6 +91,11 @@ class RemotePrefills {
   void failPeerRequests(const std::string& address, const Status& why);
   void onPrefillDone(uint64_t id, const proto::PrefillDone& done);
   void failed(uint64_t id, const Status& why);  // FAILED: recompute or fail
+  // Why recomputing a prompt of this length here would break the decode pool's ITL SLO for
+  // the streams running on this worker (ok: it would not, or nothing runs). Under overload a
+  // remote prefill times out, and piling its prefill onto the decode pool would stall every
+  // stream there: the request fails with 429 instead (docs/serving.md, "Overload").
+  Status recomputeStall(int promptTokens) const;
   void sendCancel(const Remote& r, const std::string& reason);
   void forget(uint64_t id);
   worker::WorkerLoop::TimerId deadline(uint64_t id, std::function<Status()> why);

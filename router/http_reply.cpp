@@ -11,7 +11,7 @@ void sendJson(const std::shared_ptr<net::HttpResponder>& r, int status, const js
 
 void sendError(const std::shared_ptr<net::HttpResponder>& r, const ApiError& e) {
   net::HttpHeaders h;
-  if (e.status == 429 || e.status == 503) h["retry-after"] = "1";
+  if (e.status == 429 || e.status == 503) h["retry-after"] = std::to_string(e.retryAfterS.value_or(1));
   sendJson(r, e.status, e.toJson(), std::move(h));
 }
 

@@ -285,6 +285,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
     r->user = body["user"].get<std::string>();
   }
   if (auto e = readBool(body, "return_token_ids", &r->returnTokenIds)) return e;
+  if (auto e = readBool(body, "split_special_tokens", &r->splitSpecialTokens)) return e;
   if (r->maxTokens && *r->maxTokens == 0 && !r->echo) {
     return badRequest("max_tokens: must be at least 1", "max_tokens");
   }

@@ -23,6 +23,7 @@ struct ApiError {
   std::string message;
   std::optional<std::string> param;             // the offending field, when there is one
   std::optional<std::string> code;              // "model_not_found", "context_length_exceeded"
+  std::optional<int> retryAfterS;               // 429/503: the Retry-After header (default 1)
 
   nlohmann::json toJson() const;  // {"error":{"message","type","param","code"}}
 };
@@ -66,6 +67,10 @@ struct GenerationRequest {
   bool echo = false;
   std::string user;
   bool returnTokenIds = false;  // vLLM's extension: each choice carries its token_ids
+  // transformers' split_special_tokens: special-token text in the prompt or in message
+  // contents is encoded as plain text. pdserve defaults to true (transformers to false), so
+  // client text never becomes a control token; false lets it through (docs/serving.md).
+  bool splitSpecialTokens = true;
 };
 
 // Limits the router enforces while parsing.

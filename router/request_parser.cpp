@@ -10,6 +10,13 @@ RequestParser::RequestParser(std::shared_ptr<const tok::Tokenizer> tokenizer, st
                              ParserLimits limits)
     : tokenizer_(std::move(tokenizer)), chat_(std::move(chat)), limits_(std::move(limits)) {}
 
+Result<std::vector<int32_t>> RequestParser::encodePrompt(const std::string& text, bool addSpecialTokens,
+                                                       bool splitSpecialTokens) const {
+  const tok::TextRange all{0, text.size()};
+  return tokenizer_->encode(text, addSpecialTokens,
+                            splitSpecialTokens ? std::span(&all, 1) : std::span<const tok::TextRange>());
+}
+
 std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const GenerationRequest& req,
                                                                       std::string* text) const {
   if (req.endpoint == Endpoint::kChat) {
@@ -17,10 +24,18 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
     for (const auto& m : req.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
     tok::ChatOptions opts;
     opts.addGenerationPrompt = req.addGenerationPrompt;
-    auto rendered = chat_->render(messages, opts);
-    if (!rendered.ok()) return badRequest("messages: " + rendered.status().message(), "messages");
-    *text = rendered.value();
-    auto ids = tokenizer_->encode(*text, /*addSpecialTokens=*/false);
+    tok::ChatTemplate::Rendered rendered;
+    if (req.splitSpecialTokens) {
+      auto r = chat_->renderLiteral(messages, *tokenizer_, opts);
+      if (!r.ok()) return badRequest("messages: " + r.status().message(), "messages");
+      rendered = std::move(r).value();
+    } else {
+      auto r = chat_->render(messages, opts);
+      if (!r.ok()) return badRequest("messages: " + r.status().message(), "messages");
+      rendered.text = std::move(r).value();
+    }
+    *text = rendered.text;
+    auto ids = tokenizer_->encode(*text, /*addSpecialTokens=*/false, rendered.literal);
     if (!ids.ok()) return badRequest("messages: " + ids.status().message(), "messages");
     return ids.value();
   }
@@ -34,7 +49,7 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
     return *req.promptIds;
   }
   *text = *req.promptText;
-  auto ids = tokenizer_->encode(*req.promptText, /*addSpecialTokens=*/true);
+  auto ids = encodePrompt(*req.promptText, /*addSpecialTokens=*/true, req.splitSpecialTokens);
   if (!ids.ok()) return badRequest("prompt: " + ids.status().message(), "prompt");
   return ids.value();
 }
@@ -95,7 +110,13 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
   } else {
     if (!body.contains("prompt") || !body["prompt"].is_string()) return badRequest("prompt: required string", "prompt");
     bool addSpecial = body.value("add_special_tokens", true);
-    auto got = tokenizer_->encode(body["prompt"].get<std::string>(), addSpecial);
+    bool split = true;
+    if (body.contains("split_special_tokens")) {
+      if (!body["split_special_tokens"].is_boolean())
+        return badRequest("split_special_tokens: must be a boolean", "split_special_tokens");
+      split = body["split_special_tokens"].get<bool>();
+    }
+    auto got = encodePrompt(body["prompt"].get<std::string>(), addSpecial, split);
     if (!got.ok()) return badRequest("prompt: " + got.status().message(), "prompt");
     ids = got.value();
   }

@@ -58,6 +58,9 @@ class RequestParser {
  private:
   // Tokenizes the prompt of a parsed request; errors are 400s naming the field.
   std::variant<std::vector<int32_t>, ApiError> promptIds(const GenerationRequest& req, std::string* text) const;
+  // A completions prompt or /tokenize text; splitSpecialTokens: its special-token text stays plain.
+  Result<std::vector<int32_t>> encodePrompt(const std::string& text, bool addSpecialTokens,
+                                            bool splitSpecialTokens) const;
 
   std::shared_ptr<const tok::Tokenizer> tokenizer_;
   std::unique_ptr<tok::ChatTemplate> chat_;

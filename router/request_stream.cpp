@@ -74,14 +74,34 @@ void RequestStream::fail(Status why) {
   onStrand([this, why = std::move(why)] { failOnStrand(why); });
 }
 
+void RequestStream::workerLost(Status why) {
+  onStrand([this, why = std::move(why)] { migrateOnStrand(why, "worker_lost"); });
+}
+
+void RequestStream::resume(std::optional<Dispatch> dispatch, Status why) {
+  onStrand([this, d = std::move(dispatch), why = std::move(why)]() mutable {
+    migrating_ = false;
+    if (finished_) {  // the deadline or the client ended it meanwhile: the new ids go unused
+      if (d) owner_.choicesEnded(std::move(d->workerRequestIds));
+      return;
+    }
+    if (!d) return failOnStrand(unavailable(lostWhy_.message() + "; " + why.message()));
+    resumeOnStrand(std::move(*d));
+  });
+}
+
 // ---- dispatch ---------------------------------------------------------------------------------
 
-void RequestStream::startOnStrand(Dispatch d) {
-  meta_.id += d.responseId;
+void RequestStream::setDispatch(const Dispatch& d) {
   route_ = d.plan.route;
   decodeWorker_ = d.plan.decodeWorker;
   prefillWorker_ = d.plan.prefillWorker;
   decodeConn_ = d.decodeConn;
+}
+
+void RequestStream::startOnStrand(Dispatch d) {
+  meta_.id += d.responseId;
+  setDispatch(d);
   // Set before anything is answered: a client leaving while we dispatch still cancels.
   std::weak_ptr<RequestStream> weak = weak_from_this();
   http_->onDisconnect([weak] {
@@ -119,14 +139,16 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
   env.set_request_id(c.workerRequestId);
   auto* g = env.mutable_generate();
   g->set_request_id(c.workerRequestId);
+  // After a migration the choice's own tokens so far are part of its prompt.
   for (int32_t id : spec_.parsed.prompt) g->add_prompt_token_ids(uint32_t(id));
+  for (int32_t id : c.generated) g->add_prompt_token_ids(uint32_t(id));
   auto* s = g->mutable_sampling();
   s->set_temperature(q.temperature);
   s->set_top_k(q.topK);
   s->set_top_p(q.topP);
   s->set_min_p(q.minP);
   if (q.seed) s->set_seed(*q.seed + uint64_t(c.index));  // n choices differ, each reproducible
-  s->set_max_tokens(uint32_t(spec_.parsed.maxTokens));
+  s->set_max_tokens(uint32_t(spec_.parsed.maxTokens - int(c.generated.size())));
   for (int32_t id : q.stopTokenIds) s->add_stop_token_ids(uint32_t(id));
   s->set_ignore_eos(q.ignoreEos);
   s->set_logprobs(uint32_t(q.topLogprobs));
@@ -136,7 +158,9 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
     g->set_prefill_worker_id(d.plan.prefillWorker);
     g->set_prefill_worker_address(d.prefillAddress);
   }
-  g->set_deadline_ms(uint64_t(settings_.requestTimeoutMs));
+  const auto left = spec_.received + std::chrono::milliseconds(settings_.requestTimeoutMs) - steadyNow();
+  g->set_deadline_ms(uint64_t(std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(left).count())));
   Status sent = d.decodeConn ? d.decodeConn->send(env) : unavailable("not connected");
   if (!sent.isOk()) {
     PD_LOG(kWarn, kTag) << "decode worker " << d.plan.decodeWorker << ": " << sent.toString();
@@ -168,13 +192,18 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
   Choice* c = nullptr;
   for (auto& ch : choices_)
     if (ch.workerRequestId == chunk.request_id()) c = &ch;
-  if (finished_ || !c || c->done) return;  // late: the choice or the request ended meanwhile
+  // Late: the choice or the request ended meanwhile, or the choice is moving to another
+  // worker (what its old one still sends is not part of the answer: it was cancelled there).
+  if (finished_ || migrating_ || !c || c->done) return;
   const auto& req = spec_.parsed.req;
   const auto routeLabel = routeName(route_);
   if (chunk.token_ids_size() > 0) observeTiming(*c, chunk, steadyNow());
   if (chunk.finish_reason() == proto::FINISH_ERROR) {
     Status why = net::fromProtoError(chunk.error());
     if (why.isOk()) why = internalError("the worker failed the request without a reason");
+    // unavailable: the worker gave the request up (draining, shutting down): another may
+    // take it. Anything else is about the request itself.
+    if (why.code() == StatusCode::kUnavailable) return migrateOnStrand(why, "worker_gave_up");
     return failOnStrand(why);
   }
   std::string delta;
@@ -182,6 +211,7 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
   std::vector<int32_t> ids(chunk.token_ids().begin(), chunk.token_ids().end());
   for (int k = 0; k < chunk.token_ids_size(); ++k) {
     delta += c->detok->push(int32_t(chunk.token_ids(k)));
+    c->generated.push_back(int32_t(chunk.token_ids(k)));
     ++c->completionTokens;
     if (req.logprobs && k < chunk.logprobs_size()) lps.push_back(logprobOf(chunk.logprobs(k)));
   }
@@ -199,7 +229,8 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
   if (finish) {
     if (chunk.has_timings()) metrics_.observeQueueTime(routeLabel, chunk.timings().queue_ms() / 1e3);
     endChoice(*c);
-    if (chunk.has_usage() && !stopped) c->completionTokens = int(chunk.usage().completion_tokens());
+    if (chunk.has_usage() && !stopped)
+      c->completionTokens = c->tokensBeforeMove + int(chunk.usage().completion_tokens());
     maybeComplete();
   }
 }
@@ -353,6 +384,45 @@ void RequestStream::failOnStrand(const Status& why) {
   } else {
     sendError(http_, e);
   }
+}
+
+// Cancels the unfinished choices where they run and asks the loop for another decode worker;
+// resume() continues them there. Without migrations left the request fails with `why`.
+void RequestStream::migrateOnStrand(const Status& why, const char* reason) {
+  if (finished_ || migrating_) return;
+  if (migrations_ >= settings_.maxMigrations) return failOnStrand(why);
+  std::vector<uint64_t> oldIds;
+  size_t longest = 0;
+  for (auto& c : choices_) {
+    if (c.done) continue;
+    cancelOnWorker(c, "moving to another decode worker");
+    oldIds.push_back(c.workerRequestId);
+    longest = std::max(longest, c.generated.size());
+  }
+  if (oldIds.empty()) return;
+  ++migrations_;
+  migrating_ = true;
+  lostWhy_ = why;
+  metrics_.requestMigrated(reason);
+  PD_LOG(kInfo, kTag) << meta_.id << ": moving " << oldIds.size() << " choice(s) off decode worker "
+                      << decodeWorker_ << " (" << why.message() << "), migration " << migrations_ << " of "
+                      << settings_.maxMigrations;
+  owner_.migrate(shared_from_this(), std::move(oldIds), int64_t(spec_.parsed.prompt.size() + longest),
+                 decodeWorker_);
+}
+
+// The gap of the move counts as one inter-token latency: it is what the client waited.
+void RequestStream::resumeOnStrand(Dispatch d) {
+  setDispatch(d);
+  size_t next = 0;
+  bool allSent = true;
+  for (auto& c : choices_) {
+    if (c.done) continue;
+    c.workerRequestId = d.workerRequestIds.at(next++);
+    c.tokensBeforeMove = int(c.generated.size());
+    allSent = allSent && sendGenerate(c, d);
+  }
+  if (!allSent) failOnStrand(unavailable(lostWhy_.message() + "; decode worker " + decodeWorker_ + " is unreachable"));
 }
 
 // The client went away: cancel everything, answer nothing.

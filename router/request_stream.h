@@ -3,10 +3,18 @@
 // strings matched, SSE events or the final JSON), with the request's deadline timer.
 //
 // Ending, exactly once per request: every choice finished (the full answer, or usage and
-// [DONE]); an error (a worker error, the decode worker left, the deadline passed: an error
-// event or an error response); or the client went away (nothing is answered). Every end
-// cancels the choices still running on the decode worker; a stop-string match cancels its
-// choice there too.
+// [DONE]); an error (a worker error, the deadline passed: an error event or an error
+// response); or the client went away (nothing is answered). Every end cancels the choices
+// still running on the decode worker; a stop-string match cancels its choice there too.
+//
+// Migration (docs/serving.md, "Request migration"): when the decode worker is lost (its
+// connection closed) or gives the request up with an `unavailable` error (it drains or shuts
+// down), the unfinished choices continue on another decode worker, at most
+// router.max_migrations times per request: each is sent again as its prompt plus every token
+// it already streamed, asking for the tokens it still may produce. The client's stream goes
+// on with the next token; the detokenizer, stop strings and counts carry over, so nothing is
+// duplicated or missing. Greedy choices continue exactly; a seeded sampled choice continues
+// from a fresh generator (its tokens after the move differ from an unmoved run).
 //
 // Threads: every public method may be called from any thread and never blocks: it posts onto
 // the stream's own strand, where all of its state lives. Streams therefore detokenize and
@@ -62,18 +70,26 @@ struct TokenTiming {
   int zeroItls = 0;            // further tokens in the same chunk
 };
 
-// The router loop, as a stream sees it. Both calls are thread-safe and never block.
+class RequestStream;
+
+// The router loop, as a stream sees it. Every call is thread-safe and never blocks.
 class StreamOwner {
  public:
   virtual ~StreamOwner() = default;
   // These choices ended here: drop them from the request table.
   virtual void choicesEnded(std::vector<uint64_t> workerRequestIds) = 0;
   virtual void observeTokens(const TokenTiming& timing) = 0;
+  // Migration: the choices `oldIds` leave their decode worker `leftWorker`; route a prompt
+  // of `promptTokens` tokens to another one and answer with stream->resume(): a Dispatch with one
+  // new worker request id per old id (in order), or nullopt when no decode worker is left.
+  virtual void migrate(std::shared_ptr<RequestStream> stream, std::vector<uint64_t> oldIds,
+                       int64_t promptTokens, std::string leftWorker) = 0;
 };
 
 struct StreamSettings {
   std::string modelName;
   int64_t requestTimeoutMs = 0;
+  int maxMigrations = 0;
 };
 
 class RequestStream : public std::enable_shared_from_this<RequestStream> {
@@ -94,6 +110,11 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   void deliver(proto::TokenChunk chunk);
   // Ends the request with an error, if it has not ended.
   void fail(Status why);
+  // The decode worker serving this request is gone (`why`): migrate, or fail when no
+  // migration is left.
+  void workerLost(Status why);
+  // The router loop's answer to StreamOwner::migrate (nullopt: fail with `why`).
+  void resume(std::optional<Dispatch> dispatch, Status why);
 
  private:
   struct Choice {
@@ -104,6 +125,8 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
     std::string text;                    // everything sent (non-streaming: the answer)
     std::vector<TokenLogprob> logprobs;  // non-streaming
     std::vector<int32_t> tokenIds;       // non-streaming, with return_token_ids
+    std::vector<int32_t> generated;      // every token received (a migration resends them)
+    int tokensBeforeMove = 0;            // generated.size() when it moved to this worker
     int completionTokens = 0;
     bool done = false;
     std::string finishReason;  // set when done
@@ -117,6 +140,7 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   // On the strand.
   void startOnStrand(Dispatch dispatch);
   bool sendGenerate(const Choice& c, const Dispatch& d);
+  void setDispatch(const Dispatch& d);
   void startResponse();
   void onChunk(const proto::TokenChunk& chunk);
   void observeTiming(Choice& c, const proto::TokenChunk& chunk, SteadyTime now);
@@ -127,6 +151,8 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   void endChoice(Choice& c);
   void maybeComplete();
   void failOnStrand(const Status& why);
+  void migrateOnStrand(const Status& why, const char* reason);
+  void resumeOnStrand(Dispatch d);
   void abort(const std::string& reason);
   void cancelOnWorker(const Choice& c, const std::string& reason);
   void endRequest();
@@ -151,6 +177,9 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   std::vector<Choice> choices_;
   bool firstTokenSeen_ = false;
   bool finished_ = false;
+  int migrations_ = 0;
+  bool migrating_ = false;  // between migrateOnStrand and the loop's answer
+  Status lostWhy_;          // why the last migration started
 };
 
 }  // namespace pd::router

@@ -6,6 +6,7 @@
 
 #include "common/base/log.h"
 #include "common/base/random.h"
+#include "router/admission.h"
 
 namespace pd::router {
 namespace {
@@ -80,7 +81,7 @@ void RouterLoop::onWorkerClosed(const net::ConnectionPtr& conn, const Status& wh
   std::unordered_set<RequestStream*> affected;
   for (const auto& [rid, e] : requests_)
     if (e.decodeWorker == id && affected.insert(e.stream.get()).second)
-      e.stream->fail(unavailable("decode worker '" + id + "' disconnected"));
+      e.stream->workerLost(unavailable("decode worker '" + id + "' disconnected"));
 }
 
 // The chunk goes to its request's strand; the table entry stays until the stream says the
@@ -131,37 +132,91 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
     e.message = "this router is shutting down; retry (another router takes the request)";
     return stream->refuse(std::move(e), "draining");
   }
-  const std::vector<uint64_t>& blocks = spec.prefixBlocks;
-  std::vector<WorkerView> views = workers_.snapshot();
-  if (!blocks.empty())
-    for (auto& v : views) v.cachedTokens = prefixIndex_.cachedTokens(v.id, blocks);
-  auto plan = policy_.select(int64_t(spec.parsed.prompt.size()), views);
-  if (!plan) {
+  const int64_t promptTokens = int64_t(spec.parsed.prompt.size());
+  WorkerView prefilling;
+  auto p = plan(promptTokens, spec.prefixBlocks, "", &prefilling);
+  if (!p) {
     ApiError e;
     e.status = 503;
     e.type = "service_unavailable";
     e.message = "no healthy decode worker; retry later";
     return stream->refuse(std::move(e), "no_worker");
   }
-  metrics_.routeDecision(routeName(plan->route), plan->reason);
-  metrics_.predictedCachedTokens(plan->cachedTokens);
+  if (cfg_.router.overloadShedding) {
+    const double targetS = cfg_.pools.prefill.slo.ttftMs / 1e3;
+    const AdmissionVerdict v = admitPrefill(prefilling, targetS);
+    if (!v.admit) {
+      ApiError e;
+      e.status = 429;
+      e.type = "rate_limit_exceeded";
+      e.code = "overloaded";
+      e.retryAfterS = v.retryAfterS;
+      e.message = "overloaded: the prompts queued on worker " + prefilling.id + " need about " +
+                  std::to_string(int(v.predictedWaitS * 1e3)) + " ms before this one could start, past the " +
+                  std::to_string(int(cfg_.pools.prefill.slo.ttftMs)) + " ms TTFT target; retry after " +
+                  std::to_string(v.retryAfterS) + " s";
+      return stream->refuse(std::move(e), "overloaded");
+    }
+  }
+  commit(*p, promptTokens, spec.prefixBlocks);
+  Dispatch d = dispatch(stream, std::move(*p), spec.parsed.req.n);
+  d.responseId = std::to_string(d.workerRequestIds.front());
+  stream->start(std::move(d));
+}
+
+std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
+                                          const std::string& exclude, WorkerView* prefilling) {
+  std::vector<WorkerView> views = workers_.snapshot();
+  if (!exclude.empty()) std::erase_if(views, [&](const WorkerView& v) { return v.id == exclude; });
+  if (!blocks.empty())
+    for (auto& v : views) v.cachedTokens = prefixIndex_.cachedTokens(v.id, blocks);
+  auto p = policy_.select(promptTokens, views);
+  if (!p) return std::nullopt;
+  const std::string& who = p->route == Route::kDisaggregated ? p->prefillWorker : p->decodeWorker;
+  for (const auto& v : views)
+    if (v.id == who) *prefilling = v;
+  return p;
+}
+
+void RouterLoop::commit(const RoutePlan& p, int64_t promptTokens, const std::vector<uint64_t>& blocks) {
+  metrics_.routeDecision(routeName(p.route), p.reason);
+  metrics_.predictedCachedTokens(p.cachedTokens);
   // Both workers hold the prompt's blocks afterwards (the decode worker caches what it
   // received), as far as their pools keep them.
-  for (const std::string& w : {plan->decodeWorker, plan->prefillWorker})
+  for (const std::string& w : {p.decodeWorker, p.prefillWorker})
     if (!w.empty() && !blocks.empty()) prefixIndex_.record(w, blocks, workers_.totalBlocks(w));
+  workers_.notePrefillRouted(p.route == Route::kDisaggregated ? p.prefillWorker : p.decodeWorker,
+                             std::max<int64_t>(0, promptTokens - p.cachedTokens));
+}
+
+Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n) {
   Dispatch d;
-  if (const auto* w = workers_.find(plan->decodeWorker)) d.decodeConn = w->conn;
-  if (plan->route == Route::kDisaggregated) {
-    if (const auto* w = workers_.find(plan->prefillWorker)) d.prefillAddress = w->address;
+  if (const auto* w = workers_.find(plan.decodeWorker)) d.decodeConn = w->conn;
+  if (plan.route == Route::kDisaggregated) {
+    if (const auto* w = workers_.find(plan.prefillWorker)) d.prefillAddress = w->address;
   }
-  for (int i = 0; i < spec.parsed.req.n; ++i) {
+  for (int i = 0; i < n; ++i) {
     const uint64_t id = newRequestId();
     d.workerRequestIds.push_back(id);
-    requests_[id] = Entry{stream, plan->decodeWorker, d.decodeConn ? d.decodeConn->id() : 0};
+    requests_[id] = Entry{stream, plan.decodeWorker, d.decodeConn ? d.decodeConn->id() : 0};
   }
-  d.responseId = std::to_string(d.workerRequestIds.front());
-  d.plan = std::move(*plan);
-  stream->start(std::move(d));
+  d.plan = std::move(plan);
+  return d;
+}
+
+// The prompt grew by the streamed tokens, so it is routed again by length (no prefix
+// hashes: the index has none for the generated part), never back to the worker it left.
+void RouterLoop::migrate(std::shared_ptr<RequestStream> stream, std::vector<uint64_t> oldIds, int64_t promptTokens,
+                         std::string leftWorker) {
+  onStrand([this, stream = std::move(stream), oldIds = std::move(oldIds), promptTokens,
+            left = std::move(leftWorker)] {
+    for (uint64_t id : oldIds) requests_.erase(id);
+    WorkerView prefilling;
+    auto p = plan(promptTokens, {}, left, &prefilling);
+    if (!p) return stream->resume(std::nullopt, unavailable("no other decode worker can continue it"));
+    commit(*p, promptTokens, {});  // an admitted request is never shed: it moves
+    stream->resume(dispatch(stream, std::move(*p), int(oldIds.size())), Status());
+  });
 }
 
 uint64_t RouterLoop::newRequestId() {

@@ -73,6 +73,8 @@ class RouterLoop final : public StreamOwner {
   // StreamOwner.
   void choicesEnded(std::vector<uint64_t> workerRequestIds) override;
   void observeTokens(const TokenTiming& timing) override;
+  void migrate(std::shared_ptr<RequestStream> stream, std::vector<uint64_t> oldIds, int64_t promptTokens,
+               std::string leftWorker) override;
 
  private:
   struct Entry {
@@ -84,6 +86,14 @@ class RouterLoop final : public StreamOwner {
   template <typename F>
   void onStrand(F&& f);
   void route(const std::shared_ptr<RequestStream>& stream);
+  // The plan for a prompt (prefix blocks: its hashes, or none), skipping worker `exclude`;
+  // *prefilling gets the view of the worker that will prefill it.
+  std::optional<RoutePlan> plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
+                                const std::string& exclude, WorkerView* prefilling);
+  // The plan is taken: metrics, the prefix index and the prefilling worker's queue learn it.
+  void commit(const RoutePlan& plan, int64_t promptTokens, const std::vector<uint64_t>& blocks);
+  // The Dispatch of `plan`: n fresh worker request ids, entered in the request table.
+  Dispatch dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n);
   void onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chunk);
   void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
   void scheduleAutoscale(std::chrono::steady_clock::duration after);

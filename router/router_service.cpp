@@ -53,7 +53,7 @@ class RouterServiceImpl final : public RouterService {
         metrics_(registry_, metrics::LatencyBuckets{cfg_.router.ttftBucketsS, cfg_.router.itlBucketsS,
                                                     cfg_.router.e2eBucketsS}),
         loop_(io_.context(), cfg_, modelName_, registry_, metrics_),
-        streamSettings_{modelName_, cfg_.router.requestTimeoutMs} {
+        streamSettings_{modelName_, cfg_.router.requestTimeoutMs, cfg_.router.maxMigrations} {
     metrics_.setSlo(metrics::kPoolPrefill, cfg_.pools.prefill.slo.ttftMs / 1e3, cfg_.pools.prefill.slo.percentile);
     metrics_.setSlo(metrics::kPoolDecode, cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile);
     metrics_.setShortPromptTokens(cfg_.router.shortPromptTokens);

@@ -77,6 +77,8 @@ void WorkerRegistry::onLoadReport(const net::ConnectionPtr& c, const proto::Load
   Worker& w = *it->second;
   w.report = report;
   w.lastReport = steadyNow();
+  while (!w.unreported.empty() && w.lastReport - w.unreported.front().first > kDispatchSettle)
+    w.unreported.pop_front();
   if (!w.reportsFresh) {
     PD_LOG(kInfo, kTag) << "worker '" << w.id << "' reports again";
     w.reportsFresh = true;
@@ -108,6 +110,10 @@ void WorkerRegistry::onReportTimer(const std::string& id, const net::ConnectionP
                       << " ms: no new work until it does";
 }
 
+void WorkerRegistry::notePrefillRouted(const std::string& id, int64_t tokens) {
+  if (auto it = workers_.find(id); it != workers_.end()) it->second->unreported.emplace_back(steadyNow(), tokens);
+}
+
 std::vector<WorkerView> WorkerRegistry::snapshot() const {
   std::vector<WorkerView> out;
   out.reserve(workers_.size());
@@ -121,6 +127,8 @@ std::vector<WorkerView> WorkerRegistry::snapshot() const {
     v.waiting = int(w->report.waiting());
     v.freeBlocks = int64_t(w->report.free_blocks());
     v.totalBlocks = int64_t(w->report.total_blocks());
+    v.prefillTokensPerS = w->report.prefill_tokens_per_s();
+    for (const auto& [at, tokens] : w->unreported) v.unreportedPrefillTokens += tokens;
     out.push_back(v);
   }
   return out;
@@ -161,6 +169,10 @@ void WorkerRegistry::exportLoad(const Worker& w) {
       .set(double(r.running()));
   registry_.gauge("pdserve_worker_queued_prefill_tokens", "Queued prefill tokens per worker (load reports).", labels)
       .set(double(r.queued_prefill_tokens()));
+  registry_.gauge("pdserve_worker_prefill_tokens_per_second",
+                  "Prompt tokens per second the worker measured (load reports; admission predicts queue waits from it).",
+                  labels)
+      .set(r.prefill_tokens_per_s());
 }
 
 }  // namespace pd::router

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -38,6 +39,8 @@ class WorkerRegistry {
     SteadyTime lastReport;
     bool reportsFresh = true;  // false once report_timeout passed without a report
     boost::asio::steady_timer reportTimer;
+    // Prompt tokens routed here and when, until a report surely counts them.
+    std::deque<std::pair<SteadyTime, int64_t>> unreported;
   };
 
   WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
@@ -52,6 +55,12 @@ class WorkerRegistry {
   std::string remove(const net::ConnectionPtr& conn);
   // A LoadReport from conn; ignored unless conn is the registered connection of the worker.
   void onLoadReport(const net::ConnectionPtr& conn, const proto::LoadReport& report);
+
+  // A prompt of `tokens` uncached tokens was routed to worker `id` to prefill. A burst
+  // arrives faster than load reports: until a report received kDispatchSettle after this
+  // one, the tokens count in the worker's unreportedPrefillTokens.
+  void notePrefillRouted(const std::string& id, int64_t tokens);
+  static constexpr std::chrono::milliseconds kDispatchSettle{250};
 
   // One view per registered worker, healthy = connected and reporting.
   std::vector<WorkerView> snapshot() const;

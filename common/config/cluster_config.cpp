@@ -116,6 +116,8 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readInt("worker_report_timeout_ms", &c->workerReportTimeoutMs, 10, 600000);
   m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
   m.readInt("request_timeout_ms", &c->requestTimeoutMs, 1, 24 * kHourMs);
+  m.readBool("overload_shedding", &c->overloadShedding);
+  m.readInt("max_migrations", &c->maxMigrations, 0, 16);
   m.readBuckets("ttft_buckets_s", &c->ttftBucketsS);
   m.readBuckets("itl_buckets_s", &c->itlBucketsS);
   m.readBuckets("e2e_buckets_s", &c->e2eBucketsS);

@@ -66,6 +66,12 @@ struct RouterConfig {
   int64_t workerReportTimeoutMs = 1000;  // a worker silent this long is out of rotation
   int64_t drainTimeoutMs = 30000;        // SIGTERM: in-flight streams may finish this long
   int64_t requestTimeoutMs = 600000;     // whole-request deadline
+  // Refuse (429 + Retry-After) a request whose predicted queue wait before its prefill
+  // exceeds pools.prefill.slo.ttft_ms (router/admission.h).
+  bool overloadShedding = true;
+  // A request whose decode worker dies or gives it up (drain, shutdown) continues on another
+  // one this many times at most (0: it fails with the worker's error instead).
+  int maxMigrations = 2;
   std::vector<double> ttftBucketsS;
   std::vector<double> itlBucketsS;
   std::vector<double> e2eBucketsS;

@@ -215,6 +215,7 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   // others return logits, sampled below on the host. Either way the same tokens come back.
   std::vector<SampledToken> sampled;
   Status s;
+  const SteadyTime forwardStart = clock_.now();
   if (backend_->samplesOnDevice()) {
     std::vector<pd::kernels::SampleRowParams> params;
     int topN = 0;
@@ -235,6 +236,7 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
     return s;
   }
 
+  notePrefillRate(plan, secondsBetween(forwardStart, clock_.now()));
   int row = 0;
   for (const auto& e : plan.entries) {
     Request& r = requests_.at(e.seq);
@@ -252,6 +254,16 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   return Status::ok();
 }
 
+void Engine::notePrefillRate(const StepPlan& plan, double seconds) {
+  int64_t prefillTokens = 0;
+  for (const auto& e : plan.entries)
+    if (!e.isDecode) prefillTokens += e.count;
+  if (prefillTokens == 0 || seconds <= 0) return;
+  const double rate = double(prefillTokens) / seconds;
+  constexpr double kWeight = 0.3;  // of the newest step: follows a change within a few steps
+  prefillTokensPerS_ = prefillTokensPerS_ == 0 ? rate : (1 - kWeight) * prefillTokensPerS_ + kWeight * rate;
+}
+
 EngineLoad Engine::load() const {
   EngineLoad l;
   l.running = static_cast<int>(running_.size());
@@ -267,6 +279,7 @@ EngineLoad Engine::load() const {
   l.preemptions = preemptions_;
   l.prefixQueryTokens = prefixQueryTokens_;
   l.prefixHitTokens = prefixHitTokens_;
+  l.prefillTokensPerS = prefillTokensPerS_;
   return l;
 }
 

@@ -65,6 +65,10 @@ struct EngineLoad {
   int64_t preemptions = 0;
   int64_t prefixQueryTokens = 0;  // prompt tokens of admitted requests
   int64_t prefixHitTokens = 0;    // of those, found in the prefix cache
+  // Prompt tokens computed per second in steps that computed some (an exponential moving
+  // average of tokens / step time; decode rows in the same step count against it, so it
+  // errs low). 0 until the first such step. The router predicts queue waits from it.
+  double prefillTokensPerS = 0;
 };
 
 // The plan entries of the step being computed, with their block tables; valid only inside
@@ -123,6 +127,8 @@ class Engine {
   Status sampleInto(Request& r, const float* logits, std::vector<EngineEvent>* events,
                     std::optional<SampledToken> given = std::nullopt);
   int32_t eosTokenId() const;
+  // Folds a forward pass of `seconds` over `plan` into prefillTokensPerS_.
+  void notePrefillRate(const StepPlan& plan, double seconds);
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCacheManager> kv_;
@@ -139,6 +145,7 @@ class Engine {
   int64_t preemptions_ = 0;
   int64_t prefixQueryTokens_ = 0;
   int64_t prefixHitTokens_ = 0;
+  double prefillTokensPerS_ = 0;
 };
 
 }  // namespace pd::engine

@@ -93,6 +93,13 @@ void RouterMetrics::requestError(std::string_view type) {
       .inc();
 }
 
+void RouterMetrics::requestMigrated(std::string_view reason) {
+  r_.counter("pdserve_request_migrations_total",
+             "Requests whose unfinished choices continued on another decode worker, by reason.",
+             {{"reason", s(reason)}})
+      .inc();
+}
+
 void RouterMetrics::setSlo(std::string_view pool, double targetSeconds, double percentile) {
   r_.gauge("pdserve_slo_target_seconds",
            "The pool's latency SLO target (prefill: TTFT, decode: ITL).", {{"pool", s(pool)}})

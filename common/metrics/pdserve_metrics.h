@@ -78,6 +78,8 @@ class RouterMetrics {
                        int64_t completionTokens);
   // type: the OpenAI error type or a short class ("overloaded", "timeout").
   void requestError(std::string_view type);
+  // A request moved its unfinished choices to another decode worker (reason: worker_lost, worker_gave_up).
+  void requestMigrated(std::string_view reason);
   void setSlo(std::string_view pool, double targetSeconds, double percentile);
   // Over the autoscaler's window: the observed percentile and the fraction within target.
   void setSloWindow(std::string_view pool, double observedSeconds, double attainmentRatio);

@@ -1,5 +1,7 @@
 #include "common/tokenizer/chat_template.h"
 
+#include <string_view>
+
 namespace pd::tok {
 
 const char* const kDefaultChatTemplate =
@@ -46,6 +48,71 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages,
   for (auto it = tokens_.begin(); it != tokens_.end(); ++it) ctx[it.key()] = it.value();
   for (auto it = options.extra.begin(); it != options.extra.end(); ++it) ctx[it.key()] = it.value();
   return template_.render(ctx);
+}
+
+namespace {
+constexpr std::string_view kOpen = "\xEF\xB7\x90";   // U+FDD0
+constexpr std::string_view kClose = "\xEF\xB7\x91";  // U+FDD1
+}  // namespace
+
+Result<ChatTemplate::Rendered> ChatTemplate::renderLiteral(const nlohmann::ordered_json& messages,
+                                                           const Tokenizer& tokenizer,
+                                                           const ChatOptions& options) const {
+  nlohmann::ordered_json marked = messages;
+  bool anyMarked = false;
+  if (marked.is_array()) {
+    for (size_t i = 0; i < marked.size(); ++i) {
+      auto& m = marked[i];
+      if (!m.is_object() || !m.contains("content") || !m["content"].is_string()) continue;
+      const std::string content = m["content"].get<std::string>();
+      if (content.find(kOpen) != std::string::npos || content.find(kClose) != std::string::npos)
+        return invalidArgument("chat: messages[" + std::to_string(i) +
+                               "].content holds U+FDD0 or U+FDD1, which are reserved");
+      auto specials = tokenizer.findSpecialTokens(content);
+      if (specials.empty()) continue;
+      std::string wrapped;
+      size_t at = 0;
+      for (const auto& r : specials) {
+        wrapped.append(content, at, r.begin - at);
+        wrapped.append(kOpen).append(content, r.begin, r.end - r.begin).append(kClose);
+        at = r.end;
+      }
+      wrapped.append(content, at);
+      m["content"] = std::move(wrapped);
+      anyMarked = true;
+    }
+  }
+  PD_ASSIGN_OR_RETURN(std::string text, render(marked, options));
+  Rendered out;
+  if (!anyMarked) {
+    out.text = std::move(text);
+    return out;
+  }
+  out.text.reserve(text.size());
+  constexpr size_t kNone = std::string::npos;
+  size_t open = kNone;  // where the marked text being read began in out.text
+  const auto broken = [] {
+    return invalidArgument(
+        "chat: the chat template split special-token text inside a message's content; send "
+        "split_special_tokens: false to let that text be special tokens");
+  };
+  for (size_t i = 0; i < text.size();) {
+    std::string_view rest = std::string_view(text).substr(i);
+    if (rest.starts_with(kOpen)) {
+      if (open != kNone) return broken();
+      open = out.text.size();
+      i += kOpen.size();
+    } else if (rest.starts_with(kClose)) {
+      if (open == kNone) return broken();
+      out.literal.push_back({open, out.text.size()});
+      open = kNone;
+      i += kClose.size();
+    } else {
+      out.text.push_back(text[i++]);
+    }
+  }
+  if (open != kNone) return broken();
+  return out;
 }
 
 }  // namespace pd::tok

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +40,21 @@ class ChatTemplate {
   // fields (tool_calls, ...) pass through to the template. Errors name what is wrong.
   Result<std::string> render(const nlohmann::ordered_json& messages,
                              const ChatOptions& options = {}) const;
+
+  // A rendered conversation in which special-token text inside message contents stays plain
+  // text: `literal` holds its ranges, for Tokenizer::encode(text, false, literal). The
+  // template's own special tokens are untouched, and a conversation whose contents hold no
+  // special-token text renders and encodes exactly as render() + encode() do.
+  // How: each special-token string in a content is wrapped in U+FDD0 ... U+FDD1
+  // (noncharacters, reserved for internal use) before rendering, and the markers are found
+  // and removed afterwards. Errors (kInvalidArgument, naming the message): a content that
+  // holds a marker itself, or a template that split or dropped a marked string.
+  struct Rendered {
+    std::string text;
+    std::vector<TextRange> literal;
+  };
+  Result<Rendered> renderLiteral(const nlohmann::ordered_json& messages, const Tokenizer& tokenizer,
+                                 const ChatOptions& options = {}) const;
 
   bool isDefault() const { return isDefault_; }
   const std::string& source() const { return source_; }

@@ -281,8 +281,13 @@ Status Tokenizer::load(std::string_view tokenizerJson, std::string_view configJs
   return Status::ok();
 }
 
-void Tokenizer::splitAddedTokens(std::string_view text,
+void Tokenizer::splitAddedTokens(std::string_view text, std::span<const TextRange> literal,
                                  std::vector<std::pair<std::string_view, int>>& out) const {
+  auto overlapsLiteral = [&](size_t begin, size_t end) {
+    for (const auto& r : literal)
+      if (begin < r.end && r.begin < end) return true;
+    return false;
+  };
   size_t start = 0, i = 0, n = text.size();
   const auto& rootChildren = addedTrie_->children;
   while (i < n) {
@@ -306,7 +311,7 @@ void Tokenizer::splitAddedTokens(std::string_view text,
       node = it->second.get();
       ++j;
     }
-    if (match < 0) {
+    if (match < 0 || (isSpecial(added_[match].id) && overlapsLiteral(i, i + matchLen))) {
       ++i;
       continue;
     }
@@ -318,10 +323,27 @@ void Tokenizer::splitAddedTokens(std::string_view text,
   if (start < n) out.emplace_back(text.substr(start), -1);
 }
 
+std::vector<TextRange> Tokenizer::findSpecialTokens(std::string_view text) const {
+  std::vector<std::pair<std::string_view, int>> sections;
+  splitAddedTokens(text, {}, sections);
+  std::vector<TextRange> out;
+  for (const auto& [sv, a] : sections) {
+    if (a < 0 || !isSpecial(added_[a].id)) continue;
+    size_t begin = size_t(sv.data() - text.data());
+    out.push_back({begin, begin + sv.size()});
+  }
+  return out;
+}
+
 Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, bool addSpecialTokens) const {
+  return encode(text, addSpecialTokens, {});
+}
+
+Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, bool addSpecialTokens,
+                                               std::span<const TextRange> literal) const {
   if (!isValidUtf8(text)) return invalidArgument("tokenize: text is not valid UTF-8");
   std::vector<std::pair<std::string_view, int>> sections;
-  splitAddedTokens(text, sections);
+  splitAddedTokens(text, literal, sections);
   for (size_t i = 0; i < sections.size(); ++i) {
     int a = sections[i].second;
     if (a < 0) continue;

@@ -43,6 +43,12 @@ struct AddedToken {
   bool rstrip = false;
 };
 
+// A byte range [begin, end) of a text.
+struct TextRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
 struct DecodeOptions {
   // Drop special tokens (added tokens marked special, plus additional_special_tokens).
   bool skipSpecialTokens = false;
@@ -62,6 +68,14 @@ class Tokenizer {
 
   // Fails only for text that is not valid UTF-8.
   Result<std::vector<TokenId>> encode(std::string_view text, bool addSpecialTokens = true) const;
+  // The same, except that special tokens' text overlapping a `literal` range is encoded as
+  // plain text, never as the special token (client text must not become <|eot_id|> unless the
+  // request asks for it). Added tokens that are not special still match, as in the reference.
+  // Text without special-token strings in those ranges encodes exactly as encode() does.
+  Result<std::vector<TokenId>> encode(std::string_view text, bool addSpecialTokens,
+                                      std::span<const TextRange> literal) const;
+  // The ranges of `text` that match a special token (as encode() would split them).
+  std::vector<TextRange> findSpecialTokens(std::string_view text) const;
 
   // Ids outside the vocabulary decode to nothing. Invalid UTF-8 produced by byte tokens
   // becomes U+FFFD, as the reference decoders do.
@@ -99,8 +113,10 @@ class Tokenizer {
  private:
   Tokenizer();
   Status load(std::string_view tokenizerJson, std::string_view configJson);
-  void splitAddedTokens(std::string_view text, std::vector<std::pair<std::string_view, int>>& out)
-      const;
+  // Splits text into plain sections (-1) and added-token matches (their index in added_);
+  // special tokens overlapping a literal range are not matched.
+  void splitAddedTokens(std::string_view text, std::span<const TextRange> literal,
+                        std::vector<std::pair<std::string_view, int>>& out) const;
 
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> preTokenizer_;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -56,6 +57,7 @@ struct ClusterSpec {
   // Off by default here: these tests send repeats and expect routing by length alone.
   bool prefixAwareRouting = false;
   std::string pools = "{prefill: {replicas: 1}, decode: {replicas: 1}}";
+  std::string extraEngine{};  // more keys of the engine map: ", drain_timeout_ms: 200"
 };
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
@@ -70,7 +72,8 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
                       << spec.extraRouter
                       << "pools: " << spec.pools << "\n"
                       << "engine: {backend: " << spec.backend
-                      << ", threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
+                      << ", threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512" << spec.extraEngine
+                      << "}\n"
                       << "kv_transfer: {transports: " << spec.transports
                       << ", timeout_ms: " << spec.timeoutMs
                       << ", on_remote_prefill_failure: " << spec.onFailure << "}\n"
@@ -183,6 +186,38 @@ int openStream(LocalCluster& c, const json& req, int events, std::string* seen) 
     seen->append(buf, size_t(n));
   }
   return fd;
+}
+
+// Reads a stream to its end; returns the token ids of its events (return_token_ids).
+std::vector<int32_t> readStreamIds(int fd, std::string* seen) {
+  char buf[4096];
+  for (ssize_t n; seen->find("data: [DONE]") == std::string::npos && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    seen->append(buf, size_t(n));
+  ::close(fd);
+  std::vector<int32_t> ids;
+  std::istringstream in(*seen);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    json event = json::parse(line.substr(6), nullptr, false);
+    if (event.is_discarded() || !event.contains("choices") || event["choices"].empty()) continue;
+    for (const auto& id : event["choices"][0].value("token_ids", json::array())) ids.push_back(id.get<int32_t>());
+  }
+  return ids;
+}
+
+// The router's value of a series (the first line starting with `series`), or -1.
+double routerMetric(LocalCluster& c, const std::string& series) {
+  auto r = httpGet(c.httpPort(), "/metrics", 5s);
+  if (!r.ok()) return -1;
+  const auto at = r->body.find(series);
+  return at == std::string::npos ? -1 : std::atof(r->body.c_str() + r->body.find(' ', at) + 1);
+}
+
+std::string headerValue(const std::string& seen, const std::string& name) {
+  const auto at = seen.find(name + ": ");
+  if (at == std::string::npos) return "";
+  const auto from = at + name.size() + 2;
+  return seen.substr(from, seen.find('\r', from) - from);
 }
 
 }  // namespace
@@ -400,6 +435,101 @@ TEST_CASE("a decode worker killed mid-stream: an error event, then 503s") {
   REQUIRE(health.ok());
   CHECK(health->status == 503);
   CHECK(complete(*c, prompt(10, 2), 2).status == 503);
+}
+
+// Issue 12: request migration. The stream goes on on the other decode worker from the next
+// token, and the whole answer is the unmigrated greedy one (pdserve generate). The prompt is
+// long enough to be prefilled remotely, before and after the move.
+TEST_CASE("a decode worker killed mid-stream: the stream continues on another one, same greedy tokens") {
+  ClusterSpec spec{/*shortPromptTokens=*/64};
+  spec.pools = "{prefill: {replicas: 1}, decode: {replicas: 2}}";
+  auto c = startCluster("migrate-kill", spec);
+  const auto p = prompt(100, 31);
+  const int kTokens = 160;
+  const auto expected = generateCli(p, kTokens);
+  json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
+           {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true}};
+  std::string seen;
+  int fd = openStream(*c, req, 4, &seen);
+  const std::string first = headerValue(seen, "x-pdserve-decode-worker");
+  REQUIRE(!first.empty());
+  REQUIRE(c->kill(first).isOk());
+  const auto ids = readStreamIds(fd, &seen);
+  INFO(seen.substr(0, 600));
+  CHECK(seen.find("\"error\"") == std::string::npos);
+  CHECK(seen.find("\"finish_reason\":\"length\"") != std::string::npos);
+  CHECK(ids == expected);
+  CHECK(routerMetric(*c, "pdserve_request_migrations_total{reason=\"worker_lost\"}") == 1);
+  const std::string other = first == "decode-0" ? "decode-1" : "decode-0";
+  CHECK(allBlocksFree(*c, other));
+  CHECK(allBlocksFree(*c, "prefill-0"));
+}
+
+// A drain that times out ends the worker's requests with `unavailable`: they move on too.
+TEST_CASE("a decode worker whose drain times out: its stream moves to another one and finishes") {
+  ClusterSpec spec{/*shortPromptTokens=*/100000};
+  spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 2}}";
+  spec.extraEngine = ", drain_timeout_ms: 150";
+  auto c = startCluster("migrate-drain", spec);
+  const auto p = prompt(20, 32);
+  const int kTokens = 400;
+  const auto expected = generateCli(p, kTokens);
+  json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
+           {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true}};
+  std::string seen;
+  int fd = openStream(*c, req, 4, &seen);
+  const std::string draining = headerValue(seen, "x-pdserve-decode-worker");
+  REQUIRE(c->processes().signal(draining, SIGTERM).isOk());
+  const auto ids = readStreamIds(fd, &seen);
+  CHECK(seen.find("\"error\"") == std::string::npos);
+  CHECK(ids == expected);
+  CHECK(routerMetric(*c, "pdserve_request_migrations_total{reason=\"worker_gave_up\"}") == 1);
+  auto exit = c->processes().waitAny(15s);
+  REQUIRE(exit.has_value());
+  CHECK(exit->name == draining);
+  CHECK(exit->description == "exited with status 0");
+}
+
+// Issue 12: overload. A burst of long prompts far past what the prefill worker can start within
+// its TTFT target: the router admits what fits and refuses the rest at once with 429 and a
+// Retry-After (never a hang or a timeout), every admitted request completes, nothing leaks,
+// and once the queue drained a request passes again.
+TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for what would miss the TTFT target") {
+  ClusterSpec spec{/*shortPromptTokens=*/64};
+  spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 400}}, decode: {replicas: 1}}";
+  auto c = startCluster("overload", spec);
+  REQUIRE(complete(*c, prompt(600, 40), 2).status == 200);  // the prefill worker measures its rate
+  const int kBurst = 12;
+  std::vector<Result<HttpReply>> replies(kBurst, Result<HttpReply>(unavailable("not sent")));
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kBurst; ++i) {
+    clients.emplace_back([&, i] {
+      json req{{"model", "small"}, {"prompt", prompt(1500, 41 + i)}, {"max_tokens", 4}, {"temperature", 0},
+               {"ignore_eos", true}};
+      replies[i] = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 120s);
+      std::this_thread::sleep_for(1ms);
+    });
+    std::this_thread::sleep_for(5ms);
+  }
+  for (auto& t : clients) t.join();
+  int ok = 0, shed = 0;
+  for (const auto& r : replies) {
+    REQUIRE(r.ok());
+    INFO(r->status << " " << r->body);
+    if (r->status == 200) ++ok;
+    if (r->status == 429) {
+      ++shed;
+      CHECK(r->body.find("overloaded") != std::string::npos);
+      CHECK(r->headers.find("retry-after: ") != std::string::npos);
+    }
+    CHECK((r->status == 200 || r->status == 429));
+  }
+  CHECK(ok >= 1);
+  CHECK(shed >= 1);
+  CHECK(routerMetric(*c, "pdserve_request_errors_total{type=\"overloaded\"}") == shed);
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
+  CHECK(complete(*c, prompt(1500, 99), 2).status == 200);  // drained: admitted again
 }
 
 TEST_CASE("bad requests get OpenAI errors with the right status") {

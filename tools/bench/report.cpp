@@ -142,6 +142,12 @@ std::string formatTable(const RunInfo& info, const Aggregate& a) {
   row("Late starts (> " + fmt(kLateStartMs, 0) + " ms):", std::to_string(a.lateStarts));
   if (a.lateStarts > 0 && a.lagMaxMs > 100)
     o << "  note: the generator itself was late; figures may understate the server's capacity\n";
+  if (a.shed > 0) {
+    sect("Shed (HTTP 429)");
+    row("Requests shed:", std::to_string(a.shed) + " (" +
+                              fmt(100.0 * double(a.shed) / double(a.completed + a.failed), 1) + "%)");
+    row("First 429 sent at (s):", fmt(a.firstShedS, 2));
+  }
   if (!a.errorsByKind.empty()) {
     sect("Errors");
     for (const auto& [k, v] : a.errorsByKind) row(k + ":", std::to_string(v));
@@ -222,6 +228,8 @@ std::string resultJson(const RunInfo& info, const Aggregate& a, const std::vecto
   json kinds = json::object();
   for (const auto& [k, v] : a.errorsByKind) kinds[k] = v;
   p["errors_by_kind"] = kinds;
+  p["shed_requests"] = a.shed;
+  p["first_shed_s"] = std::isnan(a.firstShedS) ? json(nullptr) : json(a.firstShedS);
   p["aborted"] = info.abortReason.empty() ? json(nullptr) : json(info.abortReason);
   j["pdserve"] = std::move(p);
   return j.dump(1);

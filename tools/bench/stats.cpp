@@ -149,6 +149,10 @@ Aggregate aggregate(const std::vector<RequestRecord>& records, double durationS,
     if (!r.ok) {
       ++a.failed;
       ++a.errorsByKind[errorKind(r)];
+      if (r.httpStatus == 429) {
+        ++a.shed;
+        if (!(r.startS >= a.firstShedS)) a.firstShedS = r.startS;
+      }
       continue;
     }
     ++a.completed;

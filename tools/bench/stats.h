@@ -93,6 +93,9 @@ struct Aggregate {
   double lagMeanMs = 0, lagMaxMs = 0;
   int64_t lateStarts = 0;           // lag > kLateStartMs
   std::map<std::string, int64_t> errorsByKind;  // "HTTP 503" / "timeout" / "connect" -> count
+  // Load shedding: requests refused with HTTP 429, and when the first was sent (s from the start).
+  int64_t shed = 0;
+  double firstShedS = kNaN;
 };
 constexpr double kLateStartMs = 10.0;
 

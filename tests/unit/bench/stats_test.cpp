@@ -83,6 +83,23 @@ RequestRecord rec(double startS, double ttft, std::vector<double> itls, bool ok 
 }
 }  // namespace
 
+TEST_CASE("shed requests: HTTP 429s counted, with the send time of the first", "[bench][stats]") {
+  std::vector<RequestRecord> rs;
+  rs.push_back(rec(0.0, 100, {20}));
+  for (double at : {2.5, 1.5}) {
+    RequestRecord r = rec(at, kNaN, {}, /*ok=*/false);
+    r.httpStatus = 429;
+    r.error = "HTTP 429: overloaded";
+    rs.push_back(r);
+  }
+  rs.push_back(rec(3.0, kNaN, {}, /*ok=*/false));  // a 503 is a failure, not a shed request
+  const Aggregate a = aggregate(rs, 4.0, Slo{});
+  CHECK(a.shed == 2);
+  CHECK(a.firstShedS == Approx(1.5));
+  CHECK(a.failed == 3);
+  CHECK(std::isnan(aggregate({rs[0]}, 4.0, Slo{}).firstShedS));
+}
+
 TEST_CASE("goodput counts requests meeting every target and which target each missed", "[bench][stats]") {
   std::vector<RequestRecord> rs;
   rs.push_back(rec(0.0, 100, {20, 20, 20}));    // good

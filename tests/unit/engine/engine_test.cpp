@@ -23,7 +23,8 @@ std::shared_ptr<const ModelWeights> tinyModel() {
   return model;
 }
 
-std::unique_ptr<Engine> makeEngine(int numBlocks, int maxBatchTokens, bool releaseKv = true) {
+std::unique_ptr<Engine> makeEngine(int numBlocks, int maxBatchTokens, bool releaseKv = true,
+                                   const Clock& clock = SystemClock::instance()) {
   auto model = tinyModel();
   auto layout = kvLayoutFor(model->config, numBlocks, 16);
   auto kv = KvCacheManager::create(layout);
@@ -34,7 +35,7 @@ std::unique_ptr<Engine> makeEngine(int numBlocks, int maxBatchTokens, bool relea
   opts.scheduler.maxBatchTokens = maxBatchTokens;
   opts.scheduler.maxNumSeqs = 16;
   opts.releaseKvOnFinish = releaseKv;
-  return std::make_unique<Engine>(std::move(backend).value(), std::move(kv).value(), opts);
+  return std::make_unique<Engine>(std::move(backend).value(), std::move(kv).value(), opts, clock);
 }
 
 Request makeRequest(uint64_t id, std::vector<int32_t> prompt, SamplingParams params) {
@@ -92,6 +93,29 @@ TEST_CASE("engine: chunked greedy generation equals the hand-driven backend") {
   CHECK(events.back().reason == FinishReason::kLength);
   CHECK(engine->kv().numFreeBlocks() == engine->kv().numTotalBlocks());
   CHECK(engine->kv().checkInvariants().isOk());
+}
+
+// Each now() is 10 ms after the previous one: a forward pass takes exactly 10 ms.
+class TickingClock final : public Clock {
+ public:
+  SteadyTime now() const override { return SteadyTime(std::chrono::milliseconds(10 * ++ticks_)); }
+
+ private:
+  mutable int64_t ticks_ = 0;
+};
+
+TEST_CASE("engine: the prefill rate follows prompt tokens per forward pass, decode steps aside") {
+  TickingClock clock;
+  auto engine = makeEngine(64, /*maxBatchTokens=*/16, true, clock);
+  CHECK(engine->load().prefillTokensPerS == 0);  // nothing measured yet
+  REQUIRE(engine->submit(makeRequest(1, testPrompt(32, 3), greedy(4))).isOk());
+  std::vector<EngineEvent> events;
+  REQUIRE(engine->step(&events).isOk());  // 16 prompt tokens in 10 ms
+  CHECK(engine->load().prefillTokensPerS == Approx(1600));
+  REQUIRE(engine->step(&events).isOk());  // 16 more: the average stays
+  CHECK(engine->load().prefillTokensPerS == Approx(1600));
+  runToEnd(*engine);  // decode steps carry no prompt tokens and leave it alone
+  CHECK(engine->load().prefillTokensPerS == Approx(1600));
 }
 
 TEST_CASE("engine: batched requests generate what each generates alone") {

@@ -3,6 +3,7 @@
 // equal the JavaScript reference (run live, one node process per tokenizer).
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -234,6 +235,39 @@ TEST_CASE("decode round-trips the text for lossless tokenizers") {
     // Qwen normalizes to NFC; special tokens split the text, each part normalized alone.
     if (text.find("<|") == std::string::npos) CHECK((*qwen3)->decode(*qids) == *nfc);
   }
+}
+
+TEST_CASE("special-token text inside a literal range is encoded as plain text") {
+  auto loaded = Tokenizer::loadDir(modelDir("llama3"));
+  REQUIRE(loaded.ok());
+  const Tokenizer& tok = **loaded;
+  const TokenId eot = *tok.tokenToId("<|eot_id|>");
+  const std::string text = "hi<|eot_id|>there";
+  auto parsed = tok.encode(text, false);
+  REQUIRE(parsed.ok());
+  CHECK(std::count(parsed->begin(), parsed->end(), eot) == 1);
+  const TextRange all{0, text.size()};
+  auto literal = tok.encode(text, false, std::span(&all, 1));
+  REQUIRE(literal.ok());
+  CHECK(std::count(literal->begin(), literal->end(), eot) == 0);
+  CHECK(tok.decode(*literal) == text);  // the same text, as ordinary tokens
+  // A range that only covers "hi" leaves the special token after it alone.
+  const TextRange head{0, 2};
+  auto partial = tok.encode(text, false, std::span(&head, 1));
+  REQUIRE(partial.ok());
+  CHECK(*partial == *parsed);
+  // Text without special-token strings encodes identically with or without the ranges.
+  json corpus = json::parse(test::readText("tests/unit/tokenizer/corpus.json"));
+  for (const auto& t : corpus) {
+    std::string plain = t.get<std::string>();
+    if (!tok.findSpecialTokens(plain).empty()) continue;
+    const TextRange whole{0, plain.size()};
+    CHECK(*tok.encode(plain, true, std::span(&whole, 1)) == *tok.encode(plain, true));
+  }
+  auto found = tok.findSpecialTokens(text);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].begin == 2);
+  CHECK(found[0].end == 12);
 }
 
 TEST_CASE("BOS from the post-processor (Llama 2) and none for Llama 3's ByteLevel one") {

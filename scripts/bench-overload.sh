@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The overload benchmark of issue 12 (docs/performance.md "Overload"): a 1 prefill + 1 decode
+# cluster on this machine; first its capacity (closed loop over the Azure conversation
+# trace's lengths, CONCURRENCY streams, CAPACITY_S seconds: completed requests/s), then the
+# same trace's lengths at 3x that rate (Poisson) for OVERLOAD_S seconds, once with the
+# router's overload shedding on and once off. Prints the p99 TTFT/ITL of admitted requests,
+# the share shed and the time to the first 429 for both.
+# Usage: scripts/bench-overload.sh [BUILD_DIR]   (env: CAPACITY_S=30 OVERLOAD_S=60 FACTOR=3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+BIN="$BUILD/bin"
+CAPACITY_S=${CAPACITY_S:-30}
+OVERLOAD_S=${OVERLOAD_S:-60}
+FACTOR=${FACTOR:-3}
+CONCURRENCY=${CONCURRENCY:-4}
+TRACE=data/traces/azure_llm_2023_conv.csv
+WORK=$(mktemp -d)
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+config() {  # $1: overload_shedding true|false
+  cat <<YAML
+model: {path: models/small, preset: small, name: small, dtype: f32}
+router: {host: 127.0.0.1, port: 8110, control_port: 9110, short_prompt_tokens: 256, request_timeout_ms: 300000, overload_shedding: $1}
+pools:
+  prefill: {replicas: 1, slo: {ttft_ms: 2000, percentile: 99}}
+  decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}
+engine: {backend: cpu, threads: 1, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024, max_running_requests: 64}
+kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 60000, on_remote_prefill_failure: recompute}
+logging: {level: warn}
+YAML
+}
+
+up() {  # $1: label, $2: shedding
+  config "$2" > "$WORK/$1.yaml"
+  "$BIN/pdserve" up --config "$WORK/$1.yaml" > "$WORK/$1.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 300); do
+    grep -q "pdserve is up" "$WORK/$1.log" && return 0
+    kill -0 "$PID" 2>/dev/null || { cat "$WORK/$1.log"; exit 1; }
+    sleep 0.2
+  done
+  echo "cluster $1 did not start"; cat "$WORK/$1.log"; exit 1
+}
+down() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
+
+# A fixed length scale (not --max-prompt-tokens alone, which scales by the longest selected
+# prompt): both runs then send the same length distribution.
+COMMON=(--url http://127.0.0.1:8110 --trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64
+        --slo ttft_ms=2000,itl_ms=100 --warmup 2)
+
+up capacity true
+"$BIN/pdserve" bench "${COMMON[@]}" --concurrency "$CONCURRENCY" --duration "$CAPACITY_S" --out "$WORK/capacity" > /dev/null
+down
+CAPACITY=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['request_throughput'])" "$WORK/capacity.json")
+RATE=$(python3 -c "print(round($CAPACITY * $FACTOR, 3))")
+echo "capacity: $CAPACITY req/s (closed loop, $CONCURRENCY streams); overload rate: $RATE req/s for $OVERLOAD_S s"
+
+for shedding in true false; do
+  up "shedding-$shedding" "$shedding"
+  "$BIN/pdserve" bench "${COMMON[@]}" --rate "$RATE" --duration "$OVERLOAD_S" --out "$WORK/overload-$shedding" > /dev/null || true
+  down
+done
+python3 - "$WORK" <<'PY'
+import json, sys
+print("| shedding | sent | admitted | shed | first 429 (s) | p99 TTFT admitted (ms) | p99 ITL (ms) | other errors | goodput (req/s) |")
+print("|---|---|---|---|---|---|---|---|---|")
+for s in ("true", "false"):
+    j = json.load(open(f"{sys.argv[1]}/overload-{s}.json"))
+    p = j["pdserve"]
+    sent = j["completed"] + j["failed"]
+    shed = p["shed_requests"]
+    other = j["failed"] - shed
+    first = "-" if p["first_shed_s"] is None else f'{p["first_shed_s"]:.1f}'
+    print(f'| {"on" if s == "true" else "off"} | {sent} | {j["completed"]} | {shed} ({100*shed/max(sent,1):.0f}%) | {first} '
+          f'| {j["p99_ttft_ms"]:.0f} | {j["p99_itl_ms"]:.0f} | {other} | {j.get("request_goodput", 0):.2f} |')
+PY
