@@ -172,7 +172,7 @@ TEST_CASE("e2e auth: a peer without the credential gets no KV metadata from a pr
   REQUIRE_FALSE(none.ok());
   CHECK_THAT(none.status().message(), Catch::Contains("authentication failed"));
   double failures = -1;
-  for (int i = 0; i < 50 && failures < 2; ++i) {
+  for (int i = 0; i < 200 && failures < 2; ++i) {
     failures = workerMetric(*c, "prefill-0", R"(pdserve_auth_failures_total{plane="prefill_control"})");
     std::this_thread::sleep_for(50ms);
   }
@@ -263,7 +263,7 @@ TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
   CHECK_FALSE(s.isOk());
   CHECK(s.code() != StatusCode::kInProgress);
   double failures = -1;
-  for (int i = 0; i < 50 && failures < 1; ++i) {
+  for (int i = 0; i < 200 && failures < 1; ++i) {
     failures = workerMetric(*c, "prefill-0", R"(pdserve_auth_failures_total{plane="kv_tcp"})");
     std::this_thread::sleep_for(50ms);
   }
@@ -283,7 +283,7 @@ TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a r
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
   timeval tv{60, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  const std::string body = R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 48, "stream": true})";
+  const std::string body = R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 48, "ignore_eos": true, "stream": true})";
   const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   REQUIRE(::send(fd, http.data(), http.size(), 0) == ssize_t(http.size()));
@@ -317,7 +317,7 @@ TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a r
   chunk->set_finish_reason(proto::FINISH_STOP);
   REQUIRE(insider.value()->send(env).isOk());
   double dropped = -1;
-  for (int i = 0; i < 50 && dropped < 1; ++i) {
+  for (int i = 0; i < 200 && dropped < 1; ++i) {
     dropped = routerMetric(*c, R"(pdserve_control_messages_dropped_total{reason="wrong_worker"})");
     std::this_thread::sleep_for(50ms);
   }
