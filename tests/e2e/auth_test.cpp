@@ -350,11 +350,14 @@ TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the
   }
   std::mutex mu;
   std::condition_variable cv;
-  int replies = 0;
+  int replies = 0, kvReplies = 0;
+  std::string errors;
   net::ConnectionCallbacks cb;
-  cb.onMessage = [&](const net::ConnectionPtr&, proto::Envelope&&) {
+  cb.onMessage = [&](const net::ConnectionPtr&, proto::Envelope&& env) {
     std::lock_guard<std::mutex> lock(mu);
     ++replies;
+    kvReplies += env.has_kv_connect();
+    if (env.has_error()) errors += env.error().message() + "; ";
     cv.notify_all();
   };
   auto conn = net::FramedClient::connect(io, "127.0.0.1", prefillPort,
@@ -384,7 +387,8 @@ TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the
     REQUIRE(cv.wait_for(lock, 15s, [&] { return replies >= 3; }));
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  INFO("3 KvConnect replies in " << ms << " ms");
+  INFO("3 KvConnect replies in " << ms << " ms; errors: " << errors);
+  CHECK(kvReplies == 3);  // each offer loaded (its endpoint dialed on the transport's I/O thread)
   CHECK(ms < 1500);  // a loop that dialed in line would take 3 x kv connect timeout (3 s)
   // And the prefill worker serves a long prompt meanwhile.
   CHECK(completion(*c) == 200);
