@@ -120,7 +120,7 @@ void RemotePrefills::connect(const std::string& address) {
   const auto colon = address.rfind(':');
   Peer& peer = peers_[address];
   peer.connecting = true;
-  net::ConnectionOptions opts;
+  net::ConnectionOptions opts = loop_.controlOptions("prefill_link");
   opts.hello.set_role(proto::ROLE_DECODE);
   opts.hello.set_worker_id(loop_.flags().workerId);
   opts.hello.set_model_fingerprint(loop_.bundle().fingerprint);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/cluster_auth.h"
 #include "common/base/status.h"
 #include "kvtransfer/device_copy.h"
 #include "kvtransfer/transport.h"
@@ -36,6 +37,18 @@ struct TransportOptions {
   // every pending transfer to it fails with kUnavailable.
   std::chrono::milliseconds peerTimeout{5000};
   std::chrono::milliseconds connectTimeout{3000};
+  // tcp: the cluster secret (cluster.secret_file; docs/security-internal.md). Set: every
+  // incoming connection must answer the receiver's challenge with HMAC-SHA256 over it before
+  // it may write; a writer without it (or with another) is closed and counted. Null: the
+  // port is open, as before issue 13. Both ends must agree: a mixed pair fails closed.
+  // ucx / verbs / cma take no secret: their connection info only travels inside the
+  // authenticated control plane (KvConnect, PrefillRequest).
+  std::shared_ptr<const std::string> clusterSecret;
+  // tcp: runs on the transport's I/O thread for each incoming connection refused for
+  // authentication, with the reason (the worker counts pdserve_auth_failures_total{plane="kv_tcp"}).
+  std::function<void(const std::string& why)> onAuthFailure;
+  // tcp: an incoming connection that has not sent a valid hello within this long is closed.
+  std::chrono::milliseconds handshakeTimeout{3000};
   // tcp: how kCuda memory is staged (issue 7). Null = the CUDA copier when a device is present
   // at run time (otherwise kCuda registration fails with the reason); tests pass a HostCopier.
   std::shared_ptr<DeviceCopier> deviceCopier;

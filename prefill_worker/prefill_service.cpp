@@ -77,7 +77,9 @@ class PrefillServiceImpl final : public PrefillService {
     PD_RETURN_IF_ERROR(loop_.prepare());
     const auto& bundle = loop_.bundle();
     const auto& flags = loop_.flags();
-    net::ConnectionOptions opts;
+    // Decode workers must prove the cluster secret before anything of theirs is read: no
+    // fingerprint check, no KvConnect (which loads their transfer endpoint) before that.
+    net::ConnectionOptions opts = loop_.controlOptions("prefill_control");
     opts.hello = worker::workerHello(proto::ROLE_PREFILL, flags, bundle);
     net::ConnectionCallbacks cb;
     cb.onOpen = [fingerprint = bundle.fingerprint](const net::ConnectionPtr& c) {

@@ -69,7 +69,7 @@ void RouterLoop::workerMessage(net::ConnectionPtr conn, proto::Envelope env) {
   onStrand([this, conn = std::move(conn), env = std::move(env)]() mutable {
     switch (env.body_case()) {
       case proto::Envelope::kLoadReport: return workers_.onLoadReport(conn, env.load_report());
-      case proto::Envelope::kTokenChunk: return onChunk(std::move(*env.mutable_token_chunk()));
+      case proto::Envelope::kTokenChunk: return onChunk(conn, std::move(*env.mutable_token_chunk()));
       default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << conn->remoteAddress();
     }
   });
@@ -94,10 +94,19 @@ void RouterLoop::migrateFrom(const std::string& id, const Status& why) {
 }
 
 // The chunk goes to its request's strand; the table entry stays until the stream says the
-// choice ended (a chunk that arrives after that is dropped here).
-void RouterLoop::onChunk(proto::TokenChunk&& chunk) {
+// choice ended (a chunk that arrives after that is dropped here). Only the connection the
+// request was dispatched to may speak for it (issue 13): another worker's tokens, stop or
+// error for it are dropped, logged and counted.
+void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chunk) {
   auto it = requests_.find(chunk.request_id());
   if (it == requests_.end()) return;  // finished or cancelled meanwhile
+  if (it->second.decodeConnId == 0 || it->second.decodeConnId != from->id()) {
+    PD_LOG(kWarn, kTag) << "dropping a token chunk for request " << chunk.request_id() << " from '"
+                        << from->peerHello().worker_id() << "' (" << from->remoteAddress()
+                        << "): it was dispatched to '" << it->second.decodeWorker << "'";
+    metrics_.controlMessageDropped("wrong_worker");
+    return;
+  }
   it->second.stream->deliver(std::move(chunk));
 }
 
@@ -198,7 +207,7 @@ Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, Rout
   for (int i = 0; i < n; ++i) {
     const uint64_t id = newRequestId();
     d.workerRequestIds.push_back(id);
-    requests_[id] = Entry{stream, plan.decodeWorker};
+    requests_[id] = Entry{stream, plan.decodeWorker, d.decodeConn ? d.decodeConn->id() : 0};
   }
   d.plan = std::move(plan);
   return d;

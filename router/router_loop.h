@@ -80,6 +80,7 @@ class RouterLoop final : public StreamOwner {
   struct Entry {
     std::shared_ptr<RequestStream> stream;
     std::string decodeWorker;
+    uint64_t decodeConnId = 0;  // the connection it was dispatched on: the only one heard for it
   };
 
   template <typename F>
@@ -93,7 +94,7 @@ class RouterLoop final : public StreamOwner {
   void commit(const RoutePlan& plan, int64_t promptTokens, const std::vector<uint64_t>& blocks);
   // The Dispatch of `plan`: n fresh worker request ids, entered in the request table.
   Dispatch dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n);
-  void onChunk(proto::TokenChunk&& chunk);
+  void onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chunk);
   void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
   // Every request streaming from decode worker `id` moves elsewhere (router/request_stream.h).
   void migrateFrom(const std::string& id, const Status& why);

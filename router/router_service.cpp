@@ -37,6 +37,7 @@ namespace {
 
 using nlohmann::json;
 constexpr const char* kTag = "router";
+constexpr size_t kControlMaxFrameBytes = size_t{16} << 20;
 
 int64_t unixSeconds() {
   using namespace std::chrono;
@@ -82,6 +83,19 @@ class RouterServiceImpl final : public RouterService {
     net::ConnectionOptions copts;
     copts.hello.set_role(proto::ROLE_ROUTER);
     copts.hello.set_worker_id("router");
+    // Real control messages are small (the largest, a Generate, is ~4 bytes per prompt
+    // token): 16 MiB holds a 4M-token prompt, and bounds what one worker connection buffers.
+    copts.maxFrameBytes = kControlMaxFrameBytes;
+    copts.plane = "router_control";
+    metrics::setInternalAuth(registry_, cfg_.cluster.authenticated());
+    if (cfg_.cluster.authenticated()) {
+      copts.clusterSecret = std::make_shared<const std::string>(cfg_.cluster.secret);
+    } else {
+      PD_LOG(kWarn, kTag) << "internal planes are UNAUTHENTICATED (no cluster.secret_file): any peer that reaches "
+                             "the control port can register as a worker and receive user traffic "
+                             "(docs/security-internal.md)";
+    }
+    copts.onAuthFailure = [this](const std::string& plane, const Status&) { metrics::authFailure(registry_, plane); };
     net::ConnectionCallbacks cb;
     cb.onOpen = [this](const net::ConnectionPtr& c) { loop_.workerOpened(c); };
     cb.onMessage = [this](const net::ConnectionPtr& c, proto::Envelope&& env) { loop_.workerMessage(c, std::move(env)); };

@@ -24,6 +24,14 @@ struct LocalClusterOptions {
   int prefillReplicas = -1;        // overrides pools.prefill.replicas when >= 0
   int decodeReplicas = -1;         // overrides pools.decode.replicas when >= 0
   std::chrono::seconds startTimeout{120};
+  // Where the cluster's generated files go (its secret, the config that names it). Empty: a
+  // fresh private directory under $TMPDIR, removed when the cluster is destroyed.
+  std::string runDir;
+  // When the config names no cluster.secret_file: generate a fresh 0600 secret in runDir and
+  // start every process with a copy of the config that points at it, so the default local
+  // cluster's internal planes are authenticated (docs/security-internal.md). false: run the
+  // config as it is (unauthenticated when it names no secret).
+  bool generateSecret = true;
 };
 
 class LocalCluster {
@@ -35,9 +43,13 @@ class LocalCluster {
   ~LocalCluster();
 
   int httpPort() const { return httpPort_; }
+  int controlPort() const { return controlPort_; }  // the router's, which workers dial
   // The /health + /metrics port of a worker ("prefill-0", "decode-0"); 0 when unknown.
   int metricsPort(const std::string& worker) const;
   const config::ClusterConfig& config() const { return config_; }
+  // The config file the processes were started with (the generated one when a secret was made).
+  const std::string& configPath() const { return configPath_; }
+  const std::string& runDir() const { return runDir_; }
   ProcessGroup& processes() { return group_; }
   // Sends SIGKILL to the named process ("prefill-0", "decode-0", "router").
   Status kill(const std::string& name);
@@ -46,8 +58,12 @@ class LocalCluster {
  private:
   LocalCluster() = default;
   config::ClusterConfig config_;
+  std::string configPath_;
+  std::string runDir_;
+  bool ownsRunDir_ = false;
   ProcessGroup group_;
   int httpPort_ = 0;
+  int controlPort_ = 0;
   std::map<std::string, int> metricsPorts_;
 };
 

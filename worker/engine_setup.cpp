@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "common/engine/cpu_backend.h"
+#include "common/metrics/pdserve_metrics.h"
 #include "common/engine/cuda_backend.h"
 #include "common/engine/kv_cache_manager.h"
 
@@ -114,6 +115,12 @@ Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::Clu
   // KV fencing (docs/reliability-fencing.md): a write into this worker's KV must carry the
   // live grant of its request; a region key alone (a forged or stale write) is refused.
   opts.transport.requireWriteGrant = true;
+  // The KV TCP port takes writes only from peers that prove the cluster secret; ucx, verbs and
+  // cma connection info reaches peers only over the (authenticated) control plane.
+  if (config.cluster.authenticated()) {
+    opts.transport.clusterSecret = std::make_shared<const std::string>(config.cluster.secret);
+  }
+  opts.transport.onAuthFailure = [&registry](const std::string&) { metrics::authFailure(registry, "kv_tcp"); };
   PD_ASSIGN_OR_RETURN(auto agent, kvt::TransferAgent::create(opts, *registry.native()));
   for (const MemDesc& region : kvRegions) PD_RETURN_IF_ERROR(agent->registerMemory(region).status());
   return agent;

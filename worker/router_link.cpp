@@ -5,8 +5,8 @@
 namespace pd::worker {
 
 RouterLink::RouterLink(net::IoPool& io, LoopInbox& inbox, std::string host, int port,
-                       proto::Hello hello, Handlers handlers)
-    : io_(io), inbox_(inbox), host_(std::move(host)), port_(port), hello_(std::move(hello)),
+                       net::ConnectionOptions options, Handlers handlers)
+    : io_(io), inbox_(inbox), host_(std::move(host)), port_(port), options_(std::move(options)),
       handlers_(std::move(handlers)) {}
 
 RouterLink::~RouterLink() { stop(); }
@@ -42,8 +42,7 @@ Status RouterLink::send(proto::Envelope env) {
 void RouterLink::connectLoop() {
   auto backoff = std::chrono::milliseconds(200);
   while (!stopping_) {
-    net::ConnectionOptions opts;
-    opts.hello = hello_;
+    net::ConnectionOptions opts = options_;
     net::ConnectionCallbacks cb;
     cb.onMessage = [this](const net::ConnectionPtr&, proto::Envelope&& env) {
       auto shared = std::make_shared<proto::Envelope>(std::move(env));

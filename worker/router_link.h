@@ -25,7 +25,8 @@ class RouterLink {
     std::function<void(proto::Envelope&&)> onMessage;         // loop thread
     std::function<void(bool up, const Status& why)> onState;  // loop thread
   };
-  RouterLink(net::IoPool& io, LoopInbox& inbox, std::string host, int port, proto::Hello hello,
+  // options: the hello and the cluster credential (ConnectionOptions.clusterSecret) it dials with.
+  RouterLink(net::IoPool& io, LoopInbox& inbox, std::string host, int port, net::ConnectionOptions options,
              Handlers handlers);
   ~RouterLink();
   void start();
@@ -40,7 +41,7 @@ class RouterLink {
   LoopInbox& inbox_;
   std::string host_;
   int port_;
-  proto::Hello hello_;
+  const net::ConnectionOptions options_;
   Handlers handlers_;
   std::mutex mu_;
   std::condition_variable cv_;

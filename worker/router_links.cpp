@@ -9,12 +9,12 @@
 
 namespace pd::worker {
 
-RouterLinks::RouterLinks(net::IoPool& io, LoopInbox& inbox, std::vector<RouterTarget> targets, proto::Hello hello,
+RouterLinks::RouterLinks(net::IoPool& io, LoopInbox& inbox, std::vector<RouterTarget> targets, net::ConnectionOptions options,
                          Handlers handlers, std::chrono::milliseconds reresolve)
     : io_(io),
       inbox_(inbox),
       targets_(std::move(targets)),
-      hello_(std::move(hello)),
+      options_(std::move(options)),
       handlers_(std::move(handlers)),
       reresolve_(reresolve) {}
 
@@ -55,7 +55,7 @@ void RouterLinks::sync() {
       const auto colon = address.rfind(':');
       const RouterId id = nextId_++;
       auto link = std::make_shared<RouterLink>(
-          io_, inbox_, address.substr(0, colon), std::atoi(address.c_str() + colon + 1), hello_,
+          io_, inbox_, address.substr(0, colon), std::atoi(address.c_str() + colon + 1), options_,
           RouterLink::Handlers{[this, id](proto::Envelope&& env) { handlers_.onMessage(id, std::move(env)); },
                                [this, id](bool up, const Status& why) { handlers_.onState(id, up, why); }});
       links_[address] = Link{id, link};

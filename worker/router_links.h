@@ -34,7 +34,7 @@ class RouterLinks {
     std::function<void(RouterId, bool up, const Status& why)> onState;  // loop thread
   };
   // `targets` with their ports filled in.
-  RouterLinks(net::IoPool& io, LoopInbox& inbox, std::vector<RouterTarget> targets, proto::Hello hello,
+  RouterLinks(net::IoPool& io, LoopInbox& inbox, std::vector<RouterTarget> targets, net::ConnectionOptions options,
               Handlers handlers, std::chrono::milliseconds reresolve = std::chrono::seconds(10));
   ~RouterLinks();
 
@@ -59,7 +59,7 @@ class RouterLinks {
   net::IoPool& io_;
   LoopInbox& inbox_;
   const std::vector<RouterTarget> targets_;
-  const proto::Hello hello_;
+  const net::ConnectionOptions options_;  // every link's hello and cluster credential
   const Handlers handlers_;
   const std::chrono::milliseconds reresolve_;
   mutable std::mutex mu_;  // guards links_ and nextId_

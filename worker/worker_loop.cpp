@@ -18,6 +18,7 @@ WorkerLoop::WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBu
       flags_(std::move(flags)),
       bundle_(std::move(bundle)),
       role_(role),
+      secret_(config_.cluster.authenticated() ? std::make_shared<const std::string>(config_.cluster.secret) : nullptr),
       bindHost_(!flags_.bindHost.empty()         ? flags_.bindHost
                 : role == proto::ROLE_PREFILL ? config_.pools.prefill.host
                                               : config_.pools.decode.host),
@@ -44,6 +45,13 @@ Status WorkerLoop::prepare() {
                                     flags_.advertiseHost,
                                     routerHosts()};
   PD_RETURN_IF_ERROR(config::checkEndpoints(endpoints));
+  metrics::setInternalAuth(registry_, secret_ != nullptr);
+  if (!secret_) {
+    PD_LOG(kWarn, roleName()) << flags_.workerId
+                              << ": internal planes are UNAUTHENTICATED (no cluster.secret_file): any peer that reaches "
+                                 "the control and KV ports can register, take traffic and write KV "
+                                 "(docs/security-internal.md)";
+  }
   PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
   metrics_.setCacheConfig(engine().kv().layout().blockSize, engine().kv().numTotalBlocks());
@@ -62,7 +70,12 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
   for (auto& t : targets)
     if (t.port == 0) t.port = config_.router.controlPort;
   routers_ = std::make_unique<RouterLinks>(
-      io_, inbox_, std::move(targets), std::move(hello),
+      io_, inbox_, std::move(targets),
+      [&] {
+        net::ConnectionOptions o = controlOptions("router_link");
+        o.hello = std::move(hello);
+        return o;
+      }(),
       RouterLinks::Handlers{[this](RouterId from, proto::Envelope&& env) { policy_->onRouterMessage(from, std::move(env)); },
                             [this](RouterId router, bool up, const Status& why) {
                               routersUp_ = routers_->anyUp();
@@ -97,6 +110,14 @@ void WorkerLoop::stop() {
   inbox_.post([] {});
   if (thread_.joinable()) thread_.join();
   io_.stop();
+}
+
+net::ConnectionOptions WorkerLoop::controlOptions(std::string plane) {
+  net::ConnectionOptions o;
+  o.clusterSecret = secret_;
+  o.plane = std::move(plane);
+  o.onAuthFailure = [this](const std::string& p, const Status&) { metrics::authFailure(registry_, p); };
+  return o;
 }
 
 WorkerLoop::TimerId WorkerLoop::at(SteadyTime when, std::function<void()> fn) {

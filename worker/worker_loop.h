@@ -94,6 +94,12 @@ class WorkerLoop {
   TimerId at(SteadyTime when, std::function<void()> fn);
   void cancelTimer(TimerId id);
 
+  // Options for a control connection of this worker on `plane` (router_link, prefill_control,
+  // prefill_link): the cluster secret when one is configured, and its auth failures counted in
+  // pdserve_auth_failures_total{plane}. Any thread.
+  net::ConnectionOptions controlOptions(std::string plane);
+  const auth::ClusterSecret& clusterSecret() const { return secret_; }
+
   const config::ClusterConfig& config() const { return config_; }
   const WorkerFlags& flags() const { return flags_; }
   const EngineBundle& bundle() const { return bundle_; }
@@ -119,6 +125,7 @@ class WorkerLoop {
   WorkerFlags flags_;
   EngineBundle bundle_;
   proto::Role role_;
+  auth::ClusterSecret secret_;  // null: unauthenticated internal planes
   std::string bindHost_;
   net::IoPool io_;
   metrics::Registry registry_;

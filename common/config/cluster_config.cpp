@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include "common/base/cluster_auth.h"
 #include "common/config/yaml_reader.h"
 
 namespace pd::config {
@@ -277,6 +278,18 @@ void readKvTransfer(MapReader m, KvTransferConfig* c) {
   m.finish();
 }
 
+void readCluster(MapReader m, ClusterIdentityConfig* c) {
+  m.readString("secret_file", &c->secretFile, false);
+  m.finish();
+  if (c->secretFile.empty()) return;
+  auto secret = auth::readSecretFile(c->secretFile);
+  if (!secret.ok()) {
+    m.errors()->add(m.node()["secret_file"], m.pathOf("secret_file") + ": " + secret.status().message());
+    return;
+  }
+  c->secret = std::move(secret).value();
+}
+
 void readLogging(MapReader m, LoggingConfig* c) {
   m.readEnum("level", &c->level, kLogLevels);
   m.finish();
@@ -332,6 +345,7 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
   ErrorList errors;
   try {
     MapReader top(root, "", &errors);
+    readCluster(top.child("cluster"), &cfg.cluster);
     readModel(top.child("model"), &cfg.model);
     readRouter(top.child("router"), &cfg.router);
     readPools(top.child("pools"), &cfg.pools);

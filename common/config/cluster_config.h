@@ -169,8 +169,20 @@ struct LoggingConfig {
   LogLevel level = LogLevel::kInfo;
 };
 
+// Cluster identity (issue 13, docs/security-internal.md). With a secret file every internal
+// connection (router <- workers, prefill <- decode, KV TCP) is mutually authenticated with
+// it; without one the internal planes are open and every process warns at start. Loading
+// reads the file (the one exception to "nothing here touches the filesystem": a secret that
+// is missing, short or readable by others must stop the process at start, naming the key).
+struct ClusterIdentityConfig {
+  std::string secretFile;  // "" -> unauthenticated internal planes
+  std::string secret;      // the file's bytes (trailing whitespace stripped); never logged
+  bool authenticated() const { return !secret.empty(); }
+};
+
 struct ClusterConfig {
   std::string sourceName;  // the file (or name) it was parsed from, for messages
+  ClusterIdentityConfig cluster;
   ModelConfig model;
   RouterConfig router;
   PoolsConfig pools;

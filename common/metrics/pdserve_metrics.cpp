@@ -8,6 +8,27 @@ namespace {
 std::string s(std::string_view v) { return std::string(v); }
 }  // namespace
 
+void setInternalAuth(Registry& registry, bool authenticated) {
+  registry
+      .gauge("pdserve_internal_auth_enabled",
+             "1 when the internal planes require the cluster secret (cluster.secret_file), 0 when they are open.")
+      .set(authenticated ? 1 : 0);
+}
+
+void authFailure(Registry& registry, std::string_view plane) {
+  registry
+      .counter("pdserve_auth_failures_total", "Internal connections refused for failing cluster authentication.",
+               {{"plane", std::string(plane)}})
+      .inc();
+}
+
+void RouterMetrics::controlMessageDropped(std::string_view reason) {
+  r_.counter("pdserve_control_messages_dropped_total",
+             "Worker messages the router dropped (a request that was not dispatched to that worker).",
+             {{"reason", std::string(reason)}})
+      .inc();
+}
+
 RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets)
     : r_(registry), buckets_(std::move(buckets)) {
   inFlight = r_.gauge("pdserve_requests_in_flight", "Requests accepted and not yet finished.");

@@ -27,6 +27,12 @@
 //   pdserve_kv_transfers_total, pdserve_kv_transfer_latency_seconds, *_failures_total,
 //   *_fallbacks_total) are registered by kvt::TransferAgent (kvtransfer/metrics.h) in the same
 //   registry.
+// Both (cluster identity, issue 13; docs/security-internal.md):
+//   pdserve_internal_auth_enabled (1: the internal planes require cluster.secret_file's
+//   secret, 0: they are open), pdserve_auth_failures_total{plane} (handshakes refused for
+//   authentication: router_control, router_link, prefill_control, prefill_link, kv_tcp).
+// Router: pdserve_control_messages_dropped_total{reason} (a worker's message for a request
+//   it was not given: wrong_worker).
 // The gauges mirror vLLM's num_requests_running/waiting and kv_cache_usage_perc so that an
 // Inference-Gateway endpoint picker or a KEDA trigger can use them unchanged.
 //
@@ -52,6 +58,10 @@ struct LatencyBuckets {
   std::vector<double> itlS;
   std::vector<double> e2eS;
 };
+
+// Cluster identity metrics, in any registry.
+void setInternalAuth(Registry& registry, bool authenticated);
+void authFailure(Registry& registry, std::string_view plane);
 
 class RouterMetrics {
  public:
@@ -79,6 +89,8 @@ class RouterMetrics {
   void setDesiredReplicas(std::string_view pool, int replicas);
   // The routing threshold in use (router.short_prompt_tokens, moved by the adaptive threshold).
   void setShortPromptTokens(int64_t tokens);
+  // A worker's message dropped by the router (reason: wrong_worker).
+  void controlMessageDropped(std::string_view reason);
 
   Gauge inFlight;  // requests accepted and not yet finished
 

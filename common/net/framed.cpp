@@ -46,6 +46,8 @@ const char* bodyName(const proto::Envelope& env) {
       return "error";
     case proto::Envelope::kKvConnect:
       return "kv_connect";
+    case proto::Envelope::kAuth:
+      return "auth";
     case proto::Envelope::BODY_NOT_SET:
       return "none";
   }
@@ -70,6 +72,9 @@ Status fromProtoError(const proto::Error& error) {
 namespace {
 
 std::atomic<uint64_t> gNextConnectionId{1};
+std::atomic<size_t> gReadBufferBytes{0};
+
+constexpr const char* kAuthTag = "pdserve/framed-auth/v1";
 
 // The read buffer is kept between frames up to this size (no allocation per frame); a larger
 // frame's buffer is released after use so one big message does not pin memory.
@@ -128,6 +133,15 @@ class Connection final : public FramedConnection, public std::enable_shared_from
         callbacks_(std::move(callbacks)),
         id_(gNextConnectionId.fetch_add(1)) {}
 
+  ~Connection() override {
+    gReadBufferBytes.fetch_sub(accountedReadBytes_);
+    leavePending();
+  }
+
+  // Server side: `pending` counts the server's connections still in their handshake; this
+  // one leaves it once established or closed.
+  void setPendingCounter(std::shared_ptr<std::atomic<size_t>> pending) { pending_ = std::move(pending); }
+
   // Server side: the socket is connected; say hello and wait for the peer's.
   void startAccepted() {
     asio::post(socket_.get_executor(), [self = shared_from_this()] {
@@ -144,6 +158,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     asio::post(socket_.get_executor(), [self = shared_from_this(), host, port, timeout,
                                         done = std::move(done)]() mutable {
       if (self->closed_) return;
+      self->clientSide_ = true;
       self->connectDone_ = std::move(done);
       self->remote_ = host + ":" + std::to_string(port);
       self->armTimer(timeout, "connect to " + self->remote_);
@@ -215,6 +230,25 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     hello.set_version(kProtocolVersion);
     *hello.mutable_hello() = options_.hello;
     hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    if (authenticated()) {
+      auto nonce = auth::randomNonce();
+      if (!nonce.ok()) {
+        fail(nonce.status());
+        return;
+      }
+      hello.mutable_hello()->set_auth_nonce(*nonce);
+    }
+    ownHello_ = hello.hello();
+    if (authenticated()) {
+      // Only what the transcript covers goes out before the peer proved itself; the rest of
+      // our hello follows in our Auth frame.
+      proto::Hello minimal;
+      minimal.set_protocol_version(kProtocolVersion);
+      minimal.set_role(ownHello_.role());
+      minimal.set_worker_id(ownHello_.worker_id());
+      minimal.set_auth_nonce(ownHello_.auth_nonce());
+      *hello.mutable_hello() = std::move(minimal);
+    }
     auto frame = buildFrame(hello, options_.maxFrameBytes);
     if (!frame.ok()) {
       closeNow(frame.status());
@@ -314,12 +348,14 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   // of small frames costs one read, not two per frame.
   void readMore() {
     if (readEnd_ == readBuf_.size()) {
-      // Room for at least the rest of the frame in progress (its length is known once the
-      // header is in), else a default chunk.
+      // Room for more of the frame in progress, growing with what arrived (at most doubling
+      // what is held), never with what the header announces: a peer that announces 64 MiB and
+      // sends 4 bytes costs a chunk, not 64 MiB (issue 13).
       size_t want = kReadChunkBytes;
       size_t have = readEnd_ - readBegin_;
-      if (have >= 4) want = std::max(want, 4 + frameLength(readBegin_) - have);
+      if (have >= 4) want = std::min<size_t>(4 + frameLength(readBegin_) - have, std::max(want, have));
       readBuf_.resize(readEnd_ + want);
+      accountReadBuffer();
     }
     socket_.async_read_some(asio::buffer(readBuf_.data() + readEnd_, readBuf_.size() - readEnd_),
                             [self = shared_from_this()](const boost::system::error_code& ec,
@@ -342,10 +378,13 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       size_t have = readEnd_ - readBegin_;
       if (have < 4) break;
       uint32_t len = frameLength(readBegin_);
-      if (len > options_.maxFrameBytes) {
+      // Until the peer is known (hello, proof), only handshake-sized frames.
+      const size_t limit = established_ ? options_.maxFrameBytes
+                                        : std::min(options_.maxFrameBytes, kMaxHandshakeFrameBytes);
+      if (len > limit) {
         fail(resourceExhausted("peer " + remote_ + " announced a frame of " + std::to_string(len) +
-                               " bytes, over the " + std::to_string(options_.maxFrameBytes) +
-                               "-byte limit"));
+                               " bytes, over the " + std::to_string(limit) + "-byte limit" +
+                               (established_ ? "" : " of a handshake frame")));
         return;
       }
       if (have < 4 + size_t{len}) break;
@@ -358,6 +397,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     size_t have = readEnd_ - readBegin_;
     if (have == 0 && readBuf_.size() > kKeepReadBufferBytes) {
       std::vector<uint8_t>(kReadChunkBytes).swap(readBuf_);
+      accountReadBuffer();
     } else if (readBegin_ > 0) {
       std::memmove(readBuf_.data(), readBuf_.data() + readBegin_, have);
     }
@@ -388,7 +428,18 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     return true;
   }
 
+  bool authenticated() const { return options_.clusterSecret && !options_.clusterSecret->empty(); }
+  bool isClient() const { return clientSide_; }
+
   bool handshake(const proto::Envelope& env) {
+    if (gotHello_) return verifyPeerProof(env);
+    if (env.has_error() && isClient()) {
+      // The server refused us before its hello was even answered (version, overload).
+      Status why = fromProtoError(env.error());
+      PD_LOG(kWarn, "net") << "connection " << id_ << " (" << remote_ << ") refused by the peer: " << why.toString();
+      closeNow(why);
+      return false;
+    }
     if (!env.has_hello()) {
       reject(failedPrecondition("peer " + remote_ + " sent " + bodyName(env) +
                                 " as its first frame; expected hello"));
@@ -402,7 +453,91 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       return false;
     }
     peerHello_ = env.hello();
+    gotHello_ = true;
+    const std::string& peerNonce = peerHello_.auth_nonce();
+    if (!authenticated()) {
+      if (!peerNonce.empty()) {
+        return authFailed("peer " + remote_ + " (" + peerHello_.worker_id() +
+                          ") requires cluster authentication and this side has no cluster.secret_file");
+      }
+      return establish();
+    }
+    if (peerNonce.empty()) {
+      return authFailed("peer " + remote_ + " (" + peerHello_.worker_id() +
+                        ") sent no cluster credential (no cluster.secret_file on its side?)");
+    }
+    if (peerNonce.size() != auth::kNonceBytes) {
+      return authFailed("peer " + remote_ + " sent a " + std::to_string(peerNonce.size()) + "-byte nonce");
+    }
+    if (isClient()) sendProof();  // the server proves itself only to a client that proved first
+    return true;
+  }
+
+  // Transcript order is always (client, server), whichever side computes it.
+  std::string proofFor(bool fromClient) const {
+    const proto::Hello& client = isClient() ? ownHello_ : peerHello_;
+    const proto::Hello& server = isClient() ? peerHello_ : ownHello_;
+    return handshakeProof(*options_.clusterSecret, fromClient, client, server);
+  }
+
+  void sendProof() {
+    proto::Envelope env;
+    env.set_version(kProtocolVersion);
+    env.mutable_auth()->set_proof(proofFor(isClient()));
+    *env.mutable_auth()->mutable_hello() = ownHello_;
+    auto frame = buildFrame(env, options_.maxFrameBytes);
+    if (!frame.ok()) return fail(frame.status());
+    queuedBytes_.fetch_add(frame.value()->size());
+    pushFrame(std::move(frame).value());
+  }
+
+  bool verifyPeerProof(const proto::Envelope& env) {
+    if (env.has_error()) {
+      // Our proof was refused (or the peer has no secret): the peer's Error says why.
+      Status why = fromProtoError(env.error());
+      PD_LOG(kWarn, "net") << "connection " << id_ << " (" << remote_ << ", " << options_.plane
+                           << ") refused by the peer during authentication: " << why.toString();
+      if (options_.onAuthFailure) options_.onAuthFailure(options_.plane, why);
+      closeNow(why);
+      return false;
+    }
+    if (!env.has_auth()) {
+      return authFailed("peer " + remote_ + " (" + peerHello_.worker_id() + ") sent " + bodyName(env) +
+                        " before proving it holds the cluster secret");
+    }
+    const std::string want = proofFor(!isClient());
+    if (want.empty() || !auth::constantTimeEqual(want, env.auth().proof())) {
+      return authFailed("peer " + remote_ + " (" + peerHello_.worker_id() +
+                        ") sent a wrong proof (another cluster secret, or a proof replayed from "
+                        "another connection)");
+    }
+    if (env.auth().has_hello()) {
+      // The peer's full hello; what the proof covered must not change.
+      const proto::Hello& full = env.auth().hello();
+      if (full.role() != peerHello_.role() || full.worker_id() != peerHello_.worker_id() ||
+          full.auth_nonce() != peerHello_.auth_nonce()) {
+        return authFailed("peer " + remote_ + " (" + peerHello_.worker_id() +
+                          ") changed its role, id or nonce after its proof");
+      }
+      peerHello_ = full;
+    }
+    if (!isClient()) sendProof();
+    return establish();
+  }
+
+  // Refuses the peer: it reads only "authentication failed"; the log has why.
+  bool authFailed(const std::string& why) {
+    Status reason = failedPrecondition("authentication failed: " + why);
+    PD_LOG(kWarn, "net") << "authentication failed on " << options_.plane << " connection " << id_ << " from "
+                         << remote_ << ": " << why;
+    if (options_.onAuthFailure) options_.onAuthFailure(options_.plane, reason);
+    rejectWith(failedPrecondition("authentication failed"), reason);
+    return false;
+  }
+
+  bool establish() {
     established_ = true;
+    leavePending();
     open_.store(true, std::memory_order_release);
     timer_.cancel();
     if (connectDone_) {
@@ -412,6 +547,23 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     }
     if (callbacks_.onOpen) callbacks_.onOpen(shared_from_this());
     return true;
+  }
+
+  void leavePending() {
+    if (pending_ && !leftPending_) {
+      leftPending_ = true;
+      pending_->fetch_sub(1);
+    }
+  }
+
+  void accountReadBuffer() {
+    const size_t now = readBuf_.capacity();
+    if (now >= accountedReadBytes_) {
+      gReadBufferBytes.fetch_add(now - accountedReadBytes_);
+    } else {
+      gReadBufferBytes.fetch_sub(accountedReadBytes_ - now);
+    }
+    accountedReadBytes_ = now;
   }
 
   void readFailed(const boost::system::error_code& ec) {
@@ -444,9 +596,14 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   void reject(Status reason) {
     PD_LOG(kWarn, "net") << "rejecting connection " << id_ << " (" << remote_
                          << "): " << reason.toString();
+    rejectWith(reason, reason);
+  }
+
+  // The peer reads `toPeer`; onClose gets `reason`.
+  void rejectWith(const Status& toPeer, Status reason) {
     proto::Envelope env;
     env.set_version(kProtocolVersion);
-    *env.mutable_error() = toProtoError(reason);
+    *env.mutable_error() = toProtoError(toPeer);
     auto frame = buildFrame(env, options_.maxFrameBytes);
     if (frame.ok()) {
       queuedBytes_.fetch_add(frame.value()->size());
@@ -468,6 +625,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   void closeNow(Status reason) {
     if (closed_) return;
     closed_ = true;
+    leavePending();  // its place among the server's handshakes is free now, not at destruction
     open_.store(false, std::memory_order_release);
     PD_LOG(kDebug, "net") << "connection " << id_ << " (" << remote_
                           << ") closed: " << reason.toString();
@@ -497,11 +655,17 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   const uint64_t id_;
   std::string remote_ = "?";
   proto::Hello peerHello_;
+  proto::Hello ownHello_;  // as sent (with our nonce): half of the auth transcript
   ConnectDone connectDone_;
+  bool clientSide_ = false;  // set by startConnect: connectDone_ is gone once established
+  std::shared_ptr<std::atomic<size_t>> pending_;  // server side; see setPendingCounter
+  bool leftPending_ = false;
+  size_t accountedReadBytes_ = 0;  // readBuf_'s capacity as counted in gReadBufferBytes
 
   // Strand state.
   bool tcpConnected_ = false;
-  bool established_ = false;
+  bool gotHello_ = false;     // the peer's hello was accepted (authenticated: its proof is next)
+  bool established_ = false;  // open: authenticated when a secret is configured
   bool closing_ = false;  // an Error is being flushed; nothing else is read or sent
   bool closed_ = false;
   Status closingReason_;
@@ -564,6 +728,16 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
       if (userClose) userClose(c, reason);
     };
     auto conn = std::make_shared<Connection>(std::move(socket), options, std::move(cb));
+    // Unauthenticated peers may hold only maxPendingHandshakes connections (and memory: each
+    // is limited to handshake-sized frames) at a time.
+    if (pending->fetch_add(1) >= options.maxPendingHandshakes) {
+      pending->fetch_sub(1);
+      PD_LOG(kWarn, "net") << options.plane << ": " << options.maxPendingHandshakes
+                           << " connections are already in their handshake; closing a new one";
+      conn->close(resourceExhausted(options.plane + ": too many connections in their handshake"));
+    } else {
+      conn->setPendingCounter(pending);
+    }
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopped) {
@@ -598,6 +772,7 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
   std::mutex mutex;
   bool stopped = false;
   std::unordered_map<uint64_t, std::weak_ptr<Connection>> live;
+  std::shared_ptr<std::atomic<size_t>> pending = std::make_shared<std::atomic<size_t>>(0);
   int port = 0;
 };
 
@@ -617,6 +792,18 @@ class Server final : public FramedServer {
 };
 
 }  // namespace
+
+std::string handshakeProof(const std::string& secret, bool fromClient, const proto::Hello& clientHello,
+                           const proto::Hello& serverHello) {
+  auth::Transcript t(kAuthTag);
+  t.add(fromClient ? "client->server" : "server->client");
+  t.add(clientHello.auth_nonce()).add(serverHello.auth_nonce());
+  t.add(uint64_t(clientHello.role())).add(clientHello.worker_id());
+  t.add(uint64_t(serverHello.role())).add(serverHello.worker_id());
+  return auth::proof(secret, t);
+}
+
+size_t bufferedReadBytes() { return gReadBufferBytes.load(); }
 
 Result<std::unique_ptr<FramedServer>> FramedServer::listen(IoPool& pool, const std::string& host,
                                                            int port, ConnectionOptions options,

@@ -10,9 +10,28 @@
 //   - starts with anything but Hello, or another version (kFailedPrecondition; the peer gets
 //     an Error frame saying why before the close)
 //   - says nothing within handshakeTimeout             (kDeadlineExceeded)
+//   - fails cluster authentication (below)             (kFailedPrecondition "authentication
+//     failed: ..."; the peer gets an Error frame that says only "authentication failed")
 //   - closes mid-frame                                  (kDataLoss)
 //   - closes between frames                             (kUnavailable)
 // Nothing a peer sends can crash the process; the server keeps serving other connections.
+//
+// Memory (issue 13): the read buffer grows with the bytes received, never with the length a
+// header announces (at most doubling what is already held), so a peer announcing a 64 MiB
+// frame costs what it actually sends. Before the handshake is done a frame may be at most
+// kMaxHandshakeFrameBytes, and a server holds at most maxPendingHandshakes connections that
+// have not finished it (more are closed at once): unauthenticated peers cost a bounded amount.
+// bufferedReadBytes() is the process-wide total held in read buffers.
+//
+// Cluster authentication (options.clusterSecret set; docs/security-internal.md): each hello
+// carries a fresh 32-byte nonce (RAND_bytes); the client then sends Auth{HMAC-SHA256(secret,
+// transcript)}, the server verifies it and only then answers with its own proof, which the
+// client verifies. The transcript (handshakeProof) holds a protocol tag, the direction, both
+// nonces and both hellos' role and worker id, so a proof is good for one connection and one
+// direction only. onOpen (and connect()'s result) comes only after the peer's proof verified.
+// Without a secret the connection is unauthenticated, as before issue 13. A mixed pair (one
+// side with a secret, the other without) fails closed on both sides. Every refusal is logged
+// with the reason and the peer's address and reported to options.onAuthFailure.
 //
 // Usage (a worker dialing the router; the router runs a FramedServer):
 //   pd::net::IoPool io(2);
@@ -52,6 +71,7 @@
 #include <memory>
 #include <string>
 
+#include "common/base/cluster_auth.h"
 #include "common/base/status.h"
 #include "common/net/io_pool.h"
 #include "common/proto/pdserve.pb.h"
@@ -60,6 +80,8 @@ namespace pd::net {
 
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kDefaultMaxFrameBytes = size_t{64} << 20;
+// Hello and Auth frames are small (a hello's transfer_conn_info is a few KiB at most).
+inline constexpr size_t kMaxHandshakeFrameBytes = size_t{64} << 10;
 
 using Duration = std::chrono::steady_clock::duration;
 
@@ -74,6 +96,16 @@ struct ConnectionOptions {
   // send() fails with kResourceExhausted while this many bytes wait to be written.
   size_t maxQueuedBytes = size_t{256} << 20;
   Duration handshakeTimeout = std::chrono::seconds(5);
+  // Servers: connections still in their handshake beyond this many are closed on accept.
+  size_t maxPendingHandshakes = 64;
+  // The cluster secret (cluster.secret_file). Null or empty: this side is unauthenticated.
+  auth::ClusterSecret clusterSecret;
+  // The plane's name in logs and in onAuthFailure ("router_control", "prefill_control").
+  std::string plane = "control";
+  // Runs on the connection's strand once per handshake refused for authentication (a wrong,
+  // missing or replayed proof, a mixed pair), with the reason. The owner counts it
+  // (pdserve_auth_failures_total{plane}). Must not block.
+  std::function<void(const std::string& plane, const Status& why)> onAuthFailure;
 };
 
 struct ConnectionCallbacks {
@@ -146,6 +178,14 @@ class FramedClient {
                                                 const ConnectionCallbacks& callbacks,
                                                 const RetryPolicy& policy);
 };
+
+// The proof a side of an authenticated handshake sends: HMAC-SHA256(secret, transcript of
+// the direction, both hellos' nonce, role and worker id). Exposed for tests that play a peer.
+std::string handshakeProof(const std::string& secret, bool fromClient, const proto::Hello& clientHello,
+                           const proto::Hello& serverHello);
+
+// Bytes held in the read buffers of every framed connection of this process.
+size_t bufferedReadBytes();
 
 // "hello", "generate", ... for logs and messages; "none" when unset.
 const char* bodyName(const proto::Envelope& env);

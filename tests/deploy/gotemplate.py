@@ -25,6 +25,8 @@ import json
 import math
 import posixpath
 import re
+import secrets
+import string
 
 import yaml
 
@@ -344,6 +346,11 @@ SPRIG = {
     "indent": lambda n, s: (" " * int(n)) + s.replace("\n", "\n" + " " * int(n)),
     "nindent": lambda n, s: "\n" + (" " * int(n)) + s.replace("\n", "\n" + " " * int(n)),
     "sha256sum": lambda s: hashlib.sha256(s.encode()).hexdigest(),
+    "b64enc": lambda s: base64.b64encode(go_str(s).encode()).decode(),
+    "randAlphaNum": lambda n: "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(to_int(n))),
+    # Helm's lookup needs a live cluster; `helm template` (what this renderer stands for)
+    # gets an empty map, and so do we.
+    "lookup": lambda api, kind, ns, name: {},
     "b64enc": lambda s: base64.b64encode(s.encode()).decode(),
     "printf": go_printf,
     "print": lambda *a: "".join(go_str(x) for x in a),

@@ -56,6 +56,7 @@ CONFIG_KEYS = {
                "tensor_parallel_size", "enable_prefix_caching", "drain_timeout_ms"},
     "kv_transfer": {"transports", "listen_host", "timeout_ms", "on_remote_prefill_failure"},
     "logging": {"level"},
+    "cluster": {"secret_file"},
 }
 POOL_KEYS = {"replicas", "min_replicas", "max_replicas", "host", "base_port", "slo"}
 SLO_KEYS = {"prefill": {"ttft_ms", "percentile"}, "decode": {"itl_ms", "percentile"}}
@@ -315,7 +316,10 @@ class Lint:
 
     def check_configmap_renders_config(self):
         text = self.templates.get("configmap.yaml", "")
-        if not re.search(r"cluster\.yaml:\s*\|\s*\n\s*\{\{-?\s*toYaml \.Values\.config\b", text):
+        helpers = self.templates.get("_helpers.tpl", "")
+        # cluster.yaml is .Values.config plus cluster.secret_file (pdserve.renderedConfig, issue 13).
+        if not (re.search(r"cluster\.yaml:\s*\|\s*\n\s*\{\{-?\s*include \"pdserve\.renderedConfig\" \.", text)
+                and re.search(r"\$cfg := deepCopy \.Values\.config\b", helpers)):
             self.err("configmap.yaml", "does not render cluster.yaml from .Values.config")
 
     def check_merged(self, merged, where):

@@ -105,6 +105,8 @@ NEGATIVE = [
      "is not under modelVolume.mountPath"),
     ("GPUs != TP", {"decode": {"gpus": 2}}, "decode.gpus (2) must equal config.engine.tensor_parallel_size"),
     ("unknown config key", {"config": {"tracing": {"on": True}}}, "config.tracing: unknown key"),
+    ("cluster key beside the chart's secret", {"config": {"cluster": {"secret_file": "/x"}}},
+     "config.cluster: the chart sets cluster.secret_file"),
     ("same router ports", {"config": {"router": {"control_port": 8000}}}, "must differ"),
     ("HTTPRoute without parents", {"httpRoute": {"enabled": True}}, "httpRoute.parentRefs is required"),
     ("Multus without networks", {"multus": {"enabled": True}}, "multus.networks is required"),
@@ -486,6 +488,7 @@ class Checker:
     # ---- cluster.yaml ---------------------------------------------------------------------
     def check_config(self):
         objs = self.by_kind("Secret" if self.values["clusterConfig"]["asSecret"] else "ConfigMap")
+        objs = [o for o in objs if not o[1]["metadata"]["name"].endswith("-cluster-secret")]
         if len(objs) != 1:
             self.err("config", f"expected one config object, got {len(objs)}")
             return
@@ -495,11 +498,45 @@ class Checker:
             self.err("config", "no cluster.yaml key")
             return
         cfg = yaml.safe_load(text)
-        if cfg != self.values["config"]:
+        want = copy.deepcopy(self.values["config"])
+        cs = self.values["clusterSecret"]
+        if cs["enabled"]:
+            # The chart names the mounted secret (issue 13); every pod must mount it there.
+            want["cluster"] = {"secret_file": "/etc/pdserve-secret/" + cs["key"]}
+            self.check_cluster_secret(cs)
+        if cfg != want:
             self.err("config", f"rendered cluster.yaml differs from .Values.config:\n{text}")
         for k in cfg:
             if k not in CONFIG_KEYS:
                 self.err("config", f"cluster.yaml has key {k!r}")
+
+    def check_cluster_secret(self, cs):
+        fullname = next((n[:-len("-router")] for n in self.deps if n.endswith("-router")), RELEASE)
+        name = cs["existingSecret"] or f"{fullname}-cluster-secret"
+        made = [o for _, o in self.by_kind("Secret") if o["metadata"]["name"] == name]
+        if cs["existingSecret"]:
+            if made:
+                self.err("cluster secret", f"the chart made Secret {name} although existingSecret names it")
+        elif len(made) != 1:
+            self.err("cluster secret", f"expected the chart to make Secret {name}")
+        else:
+            import base64
+            raw = base64.b64decode((made[0].get("data") or {}).get(cs["key"], ""))
+            if len(raw) < 32:
+                self.err("cluster secret", f"Secret {name} holds {len(raw)} bytes under {cs['key']}; >= 32 needed")
+        for where, o in self.by_kind("Deployment"):
+            pod = o["spec"]["template"]["spec"]
+            vols = {v["name"]: v for v in pod.get("volumes", [])}
+            v = vols.get("cluster-secret")
+            if not v or v.get("secret", {}).get("secretName") != name:
+                self.err(where, f"no cluster-secret volume from Secret {name}")
+                continue
+            if v["secret"].get("defaultMode") != 0o400:
+                self.err(where, "the cluster secret must be mounted with mode 0400 (the processes refuse others' read)")
+            for c in pod["containers"]:
+                mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+                if mounts.get("cluster-secret", {}).get("mountPath") != "/etc/pdserve-secret":
+                    self.err(where, f"container {c['name']} does not mount the cluster secret at /etc/pdserve-secret")
 
     # ---- KEDA -----------------------------------------------------------------------------
     def check_scaled_objects(self):
@@ -597,6 +634,10 @@ def scenarios(root):
     out.append(("everything", merge(gpu, EVERYTHING)))
     out.append(("metrics auth bearer_file", merge(MODEL_PVC, METRICS_AUTH_FILE)))
     out.append(("metrics auth api_key", merge(MODEL_PVC, METRICS_AUTH_KEY)))
+    # Issue 13: the user's own Secret, and the planes left open on purpose.
+    out.append(("existing cluster secret", merge(MODEL_PVC, {"clusterSecret": {"existingSecret": "my-secret",
+                                                                              "key": "token"}})))
+    out.append(("unauthenticated", merge(MODEL_PVC, {"clusterSecret": {"enabled": False}})))
     return out
 
 
@@ -639,6 +680,8 @@ def run_all(root, show=None, quiet=False):
 
 # Breaks the render checks must catch (file, old, new, expected text in a problem).
 MUTATIONS = [
+    ("cluster secret readable by all", "templates/_helpers.tpl", "defaultMode: 256", "defaultMode: 420",
+     "mounted with mode 0400"),
     ("resources indented wrong", "templates/decode-deployment.yaml",
      '(dict "ctx" . "pool" .Values.decode) | nindent 12', '(dict "ctx" . "pool" .Values.decode) | nindent 10',
      "unknown container field(s) ['limits', 'requests'] (indentation?)"),

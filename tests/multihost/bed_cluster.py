@@ -2,11 +2,14 @@
 
 The chart is rendered with the project's renderer (tests/deploy/render_chart.py, a Go-template
 emulation of Helm): its ConfigMap gives the one cluster.yaml every process reads, and each
-Deployment gives its container's command line and UCX environment. The downward API's
+Deployment gives its container's command line and UCX environment. The chart's cluster Secret
+(issue 13) becomes a 0600 file in the work directory, and cluster.secret_file points at it, as
+the pod's /etc/pdserve-secret mount does. The downward API's
 $(POD_NAME) and $(POD_IP) become the bed host's name and address; the control Service's DNS
 name (--router <release>-router-control.<ns>.svc:PORT) resolves, through each namespace's
 /etc/hosts, to the router host(s).
 """
+import base64
 import json
 import os
 import re
@@ -29,23 +32,33 @@ def deep_merge(a, b):
 
 
 def render(values):
-    """(cluster_yaml_text, {role: (args, env)}) from the chart with these values."""
+    """(cluster_yaml_text, {role: (args, env)}, cluster secret bytes or None) from the chart."""
     renderer = render_chart.Renderer(ROOT)
     _, manifests, _ = renderer.render(values)
-    cfg, workloads = None, {}
+    cfg, workloads, secret = None, {}, None
     for name, text in manifests.items():
         for doc in yaml.safe_load_all(text):
             if not doc:
                 continue
             if doc["kind"] in ("ConfigMap", "Secret") and "cluster.yaml" in str(doc.get("data", doc.get("stringData"))):
                 cfg = (doc.get("data") or doc.get("stringData"))["cluster.yaml"]
+            if doc["kind"] == "Secret" and doc["metadata"]["name"].endswith("-cluster-secret"):
+                secret = base64.b64decode(next(iter(doc["data"].values())))
             if doc["kind"] == "Deployment":
                 c = doc["spec"]["template"]["spec"]["containers"][0]
                 role = doc["metadata"]["labels"]["pdserve.io/role"]
                 env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
                 workloads[role] = (c["command"] + c.get("args", []), env)
     assert cfg is not None, "the chart rendered no cluster.yaml"
-    return cfg, workloads
+    return cfg, workloads, secret
+
+
+def write_secret(path, data):
+    """A secret file as the processes require it: mode 0600."""
+    fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
 
 
 def expand(argv, pod_name, pod_ip):
@@ -55,7 +68,7 @@ def expand(argv, pod_name, pod_ip):
 class Cluster:
     """Router(s), prefill and decode workers, each on its own bed host, plus a client host."""
 
-    def __init__(self, build_dir, model_dir, work_dir, values_over, routers=1, prefill=2, decode=2):
+    def __init__(self, build_dir, model_dir, work_dir, values_over, routers=1, prefill=2, decode=2, extra_hosts=()):
         self.build_dir, self.work_dir = build_dir, work_dir
         os.makedirs(work_dir, exist_ok=True)
         base = yaml.safe_load(open(os.path.join(ROOT, "deploy", "k8s", "examples", "cpu-kind.yaml")))
@@ -74,15 +87,20 @@ class Cluster:
         })
         values = deep_merge(values, values_over)
         self.values = values
-        self.cluster_yaml, self.workloads = render(values)
+        self.cluster_yaml, self.workloads, self.secret = render(values)
+        self.cfg = yaml.safe_load(self.cluster_yaml)
+        if (self.cfg.get("cluster") or {}).get("secret_file"):
+            assert self.secret is not None, "cluster.yaml names a secret file but the chart made no Secret"
+            path = os.path.join(work_dir, "cluster-secret")
+            write_secret(path, self.secret)
+            self.cfg["cluster"]["secret_file"] = path
         self.config_path = os.path.join(work_dir, "cluster.yaml")
         with open(self.config_path, "w") as f:
-            f.write(self.cluster_yaml)
-        self.cfg = yaml.safe_load(self.cluster_yaml)
+            yaml.safe_dump(self.cfg, f)
         self.router_hosts = [f"router-{i}" for i in range(routers)]
         self.prefill_hosts = [f"prefill-{i}" for i in range(prefill)]
         self.decode_hosts = [f"decode-{i}" for i in range(decode)]
-        hosts = self.router_hosts + self.prefill_hosts + self.decode_hosts + ["client"]
+        hosts = self.router_hosts + self.prefill_hosts + self.decode_hosts + ["client"] + list(extra_hosts)
         router_args = self.workloads["router"][0]
         svc = re.match(r"([^:]+):", self.workloads["decode"][0][self.workloads["decode"][0].index("--router") + 1])
         self.bed = netbed.Bed(hosts, hosts_file={svc.group(1): self.router_hosts})
@@ -113,6 +131,14 @@ class Cluster:
         argv = expand(argv, host, self.bed.addr[host])
         argv[0] = os.path.join(self.build_dir, "bin", argv[0])
         argv[argv.index("--config") + 1] = self.config_path
+        self.procs[host] = self.bed.spawn(host, argv, env=env, log=os.path.join(self.work_dir, host + ".log"))
+
+    def start_as(self, host, role, config_path):
+        """A `role` process on an extra host, with its own cluster.yaml (a wrong secret, say)."""
+        argv, env = self.workloads[role]
+        argv = expand(argv, host, self.bed.addr[host])
+        argv[0] = os.path.join(self.build_dir, "bin", argv[0])
+        argv[argv.index("--config") + 1] = config_path
         self.procs[host] = self.bed.spawn(host, argv, env=env, log=os.path.join(self.work_dir, host + ".log"))
 
     def kill(self, host, sig=9):

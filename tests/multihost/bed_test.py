@@ -101,6 +101,36 @@ def disaggregates(c, build, model, transport):
     check(fallbacks <= 0, f"{transport}: no fallback to another transport ({fallbacks})")
 
 
+def intruder(c, work):
+    """Issue 13: the bed runs with the chart's cluster secret; a decode worker on another host
+    (its own netns) with a wrong secret cannot register, and the cluster serves on."""
+    import copy
+    import yaml
+    import bed_cluster
+    check(c.metric("router-0", "pdserve_internal_auth_enabled") == 1, "auth: the router's internal planes are authenticated")
+    cfg = copy.deepcopy(c.cfg)
+    wrong = os.path.join(work, "wrong-secret")
+    bed_cluster.write_secret(wrong, os.urandom(24).hex().encode())
+    cfg["cluster"]["secret_file"] = wrong
+    path = os.path.join(work, "intruder.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    before = c.metric("router-0", "pdserve_auth_failures_total", 'plane="router_control"')
+    c.start_as("intruder", "decode", path)
+    after = before
+    deadline = time.time() + 60
+    while time.time() < deadline and after <= before:
+        time.sleep(0.3)
+        after = c.metric("router-0", "pdserve_auth_failures_total", 'plane="router_control"')
+    check(after > before, f"auth: the router refused the intruder ({before} -> {after} auth failures)")
+    healthy = c.metric("router-0", "pdserve_worker_healthy", 'pool="decode"')
+    check(healthy == len(c.decode_hosts), f"auth: the intruder is not a decode worker ({healthy} healthy)")
+    check("authentication failed" in c.log_tail("intruder", 20000), "auth: the intruder's log says authentication failed")
+    status, head, text, _ = complete(c, prompt(10, 7), 4)
+    check(status == 200, f"auth: the cluster still serves ({status})")
+    c.kill("intruder")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -133,11 +163,15 @@ def main():
     elif a.case == "routers":
         over = {"router": {"replicas": 2}, "config": {"kv_transfer": {"transports": ["tcp"]},
                                                        "router": {"short_prompt_tokens": 64}}}
-    with bed_cluster.Cluster(build, model, work, over, routers=2 if a.case == "routers" else 1) as c:
+    extra = ("intruder",) if a.case == "tcp" else ()
+    with bed_cluster.Cluster(build, model, work, over, routers=2 if a.case == "routers" else 1,
+                             extra_hosts=extra) as c:
         print(f"bed up in {time.time() - started:.1f}s: " +
               ", ".join(f"{h}={c.bed.addr[h]}" for h in c.bed.hosts), flush=True)
         if a.case in ("tcp", "ucx"):
             disaggregates(c, build, model, a.case)
+            if a.case == "tcp":
+                intruder(c, work)
         elif a.case == "routers":
             import bed_routers
             bed_routers.run(c, build, model, check, complete, prompt, reference)

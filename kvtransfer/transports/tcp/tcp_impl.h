@@ -42,7 +42,8 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 inline constexpr uint32_t kMagic = 0x544b4450;  // "PDKT" little-endian; also catches endianness
-inline constexpr uint16_t kWireVersion = 1;
+// 2: the receiver speaks first (a kChallenge frame), and the hello may carry a proof (issue 13).
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kMaxBatchBytes = 4 << 20;   // bounds cancel latency and interleaving
 inline constexpr size_t kMaxBatchBuffers = 256;     // per gathered write (Asio issues 64 per writev)
 inline constexpr size_t kSmallPayload = 16 << 10;   // smaller payloads travel in group frames
@@ -66,7 +67,21 @@ enum class FrameType : uint8_t {
   kAck = 5,    // receiver -> sender: flags = 0 ok / 1 refused; len = message bytes that follow
   kGroup = 6,  // len bytes follow: back-to-back (data header, payload) pairs of small payloads,
                // which the receiver reads in one go and copies into place
+  kChallenge = 7,  // receiver -> sender, the first frame of every connection: len = nonce
+                   // bytes that follow (kNonceBytes with a cluster secret, 0 without one)
 };
+// Hello flag: the name is followed by an auth::kProofBytes proof (kvHelloProof).
+inline constexpr uint8_t kFlagHasProof = 2;
+inline constexpr const char* kKvAuthTag = "pdserve/kv-tcp-auth/v1";
+
+// What a writer proves in its hello: it holds the cluster secret, on this connection (the
+// receiver's fresh nonce), to this receiver instance, for this stream and name.
+inline std::string kvHelloProof(const std::string& secret, const std::string& nonce, uint64_t instance,
+                                uint64_t stream, const std::string& name) {
+  auth::Transcript t(kKvAuthTag);
+  t.add("writer->receiver").add(nonce).add(instance).add(stream).add(name);
+  return auth::proof(secret, t);
+}
 inline constexpr uint8_t kFlagHasNotification = 1;
 inline constexpr uint8_t kFlagRefused = 1;
 
@@ -147,6 +162,8 @@ struct OutStream {
   std::deque<std::shared_ptr<IoTransfer>> awaitingAck;  // End frames in write order
   WireHeader ackHdr;
   std::string ackMsg;
+  WireHeader challengeHdr;  // the receiver's first frame
+  std::string challenge;    // its nonce
   // Staging (only for jobs with kCuda segments; created on first use). Slots
   // [stageHead, stageHead + stageCount) hold chunks of the front job, copied or copying out of
   // device memory, in wire order; stageFrames[slot] are their data frames.
@@ -184,8 +201,10 @@ struct OutPeer {
 };
 
 struct InConn {
-  explicit InConn(asio::io_context& io) : sock(io) {}
+  explicit InConn(asio::io_context& io) : sock(io), helloTimer(io) {}
   tcp::socket sock;
+  asio::steady_timer helloTimer;  // closes a connection that does not say (and prove) hello in time
+  std::string nonce;              // our challenge (empty without a cluster secret)
   std::string remote;
   std::string peerName;
   bool helloDone = false;
@@ -339,9 +358,15 @@ class TcpTransport::Impl {
 
   // ---- receiver side, I/O thread (tcp_receiver.cpp) ---------------------------------------
   void doAccept();
+  bool authenticated() const { return options_.clusterSecret && !options_.clusterSecret->empty(); }
+  // Sender: the receiver's challenge read, say hello (with a proof when we hold the secret).
+  void sendHello(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s, uint64_t remoteInstance,
+                 std::shared_ptr<int> remaining, bool thenFail);
   void closeIn(InConn& c);
   void dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn);
   void readHeader(std::shared_ptr<InConn> c);
+  // The hello's text (name, then the proof when flagged) is in c->text: check it.
+  void onHelloText(const std::shared_ptr<InConn>& c, bool hasProof, uint64_t stream);
   void onHeader(const std::shared_ptr<InConn>& c);
   // Copies each (header, payload) of a group frame into place after the same checks as a
   // data frame; false (connection dropped) when the group is malformed.

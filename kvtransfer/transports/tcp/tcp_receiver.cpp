@@ -23,6 +23,31 @@ void TcpTransport::Impl::doAccept() {
     auto rep = c->sock.remote_endpoint(ig);
     c->remote = rep.address().to_string() + ":" + std::to_string(rep.port());
     inConns_.push_back(c);
+    // The receiver speaks first: its challenge (a fresh nonce with a cluster secret, an empty
+    // one without), so a writer proves the secret on this connection, and a mixed pair sees
+    // the mismatch at once. No hello (and proof) within handshakeTimeout: closed.
+    WireHeader ch;
+    ch.type = uint8_t(FrameType::kChallenge);
+    if (authenticated()) {
+      auto nonce = auth::randomNonce();
+      if (!nonce.ok()) {
+        dropIn(c, nonce.status().message(), true);
+        doAccept();
+        return;
+      }
+      c->nonce = std::move(nonce).value();
+    }
+    ch.len = c->nonce.size();
+    auto frame = std::make_shared<std::string>(reinterpret_cast<const char*>(&ch), sizeof ch);
+    frame->append(c->nonce);
+    asio::async_write(c->sock, asio::buffer(*frame), [this, c, frame](boost::system::error_code wec, size_t) {
+      if (wec) dropIn(c, "challenge not written: " + wec.message(), false);
+    });
+    c->helloTimer.expires_after(options_.handshakeTimeout);
+    c->helloTimer.async_wait([this, c](boost::system::error_code tec) {
+      if (tec || c->helloDone || c->closed) return;
+      dropIn(c, "no hello within " + std::to_string(options_.handshakeTimeout.count()) + " ms", true);
+    });
     readHeader(c);
     doAccept();
   });
@@ -31,6 +56,7 @@ void TcpTransport::Impl::doAccept() {
 void TcpTransport::Impl::closeIn(InConn& c) {
   if (c.closed) return;
   c.closed = true;
+  c.helloTimer.cancel();
   boost::system::error_code ec;
   c.sock.shutdown(tcp::socket::shutdown_both, ec);
   c.sock.close(ec);
@@ -46,6 +72,35 @@ void TcpTransport::Impl::dropIn(const std::shared_ptr<InConn>& c, const std::str
   }
   closeIn(*c);
   inConns_.erase(std::remove(inConns_.begin(), inConns_.end(), c), inConns_.end());
+}
+
+void TcpTransport::Impl::onHelloText(const std::shared_ptr<InConn>& c, bool hasProof, uint64_t stream) {
+  std::string name = c->text;
+  std::string proof;
+  if (hasProof) {
+    proof = name.substr(name.size() - auth::kProofBytes);
+    name.resize(name.size() - auth::kProofBytes);
+  }
+  std::string why;
+  if (authenticated() && !hasProof) {
+    why = "the writer sent no cluster credential (no cluster.secret_file on its side?)";
+  } else if (!authenticated() && hasProof) {
+    why = "the writer requires cluster authentication and this side has no cluster.secret_file";
+  } else if (authenticated() &&
+             !auth::constantTimeEqual(kvHelloProof(*options_.clusterSecret, c->nonce, instance_, stream, name), proof)) {
+    why = "the writer's proof is wrong (another cluster secret, or replayed)";
+  }
+  if (!why.empty()) {
+    PD_LOG(kWarn, "kvt.tcp") << "authentication failed on kv_tcp connection from '" << name << "' (" << c->remote
+                             << "): " << why;
+    if (options_.onAuthFailure) options_.onAuthFailure(why);
+    dropIn(c, "authentication failed: " + why, false);
+    return;
+  }
+  c->peerName = std::move(name);
+  c->helloDone = true;
+  c->helloTimer.cancel();
+  readHeader(c);
 }
 
 void TcpTransport::Impl::readHeader(std::shared_ptr<InConn> c) {
@@ -73,7 +128,9 @@ void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
   }
   switch (type) {
     case FrameType::kHello: {
-      if (c->helloDone || h.len > kMaxNameLen) {
+      const bool hasProof = h.flags & kFlagHasProof;
+      if (c->helloDone || h.len > kMaxNameLen + (hasProof ? auth::kProofBytes : 0) ||
+          (hasProof && h.len < auth::kProofBytes)) {
         dropIn(c, "protocol error: bad hello", true);
         return;
       }
@@ -81,11 +138,8 @@ void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
         dropIn(c, "hello names another transport instance (stale connection info?)", true);
         return;
       }
-      readText(c, h.len, [this, c] {
-        c->peerName = c->text;
-        c->helloDone = true;
-        readHeader(c);
-      });
+      const uint64_t stream = h.addr;
+      readText(c, h.len, [this, c, hasProof, stream] { onHelloText(c, hasProof, stream); });
       return;
     }
     case FrameType::kData: {

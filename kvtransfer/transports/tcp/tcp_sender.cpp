@@ -21,30 +21,75 @@ void TcpTransport::Impl::connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoin
       if (ec) return failPeer(p, "cannot connect: " + ec.message());
       boost::system::error_code ig;
       s->sock.set_option(tcp::no_delay(true), ig);
-      // Hello: who we are (for Notification::peerName) and whom we meant to reach.
-      auto hello = std::make_shared<std::string>(sizeof(WireHeader), '\0');
-      WireHeader h;
-      h.type = uint8_t(FrameType::kHello);
-      h.token = remoteInstance;
-      h.addr = uint64_t(s->index);
-      h.len = options_.localName.size();
-      std::memcpy(hello->data(), &h, sizeof h);
-      hello->append(options_.localName);
-      asio::async_write(s->sock, asio::buffer(*hello), [this, p, s, hello, remaining](boost::system::error_code wec, size_t) {
+      // The receiver speaks first: its challenge, answered in our hello.
+      asio::async_read(s->sock, asio::buffer(&s->challengeHdr, sizeof(WireHeader)),
+                       [this, p, s, remaining, remoteInstance](boost::system::error_code rec, size_t) {
         if (p->dead.load() || stopping_) return;
-        if (wec) return failPeer(p, "hello failed: " + wec.message());
-        readAck(p, s);
-        if (--*remaining > 0) return;
-        p->connected = true;
-        p->connectTimer->cancel();
-        p->lastProgress = steadyNow();
-        ioPeers_.push_back(p);
-        PD_LOG(kDebug, "kvt.tcp") << "peer '" << p->name << "' at " << p->endpoint << " connected with "
-                                  << p->streams.size() << " stream(s)";
-        for (auto& stream : p->streams) pump(p, stream);
+        if (rec) return failPeer(p, "no challenge from the receiver: " + rec.message());
+        const WireHeader& ch = s->challengeHdr;
+        if (ch.magic != kMagic || ch.version != kWireVersion || FrameType(ch.type) != FrameType::kChallenge ||
+            (ch.len != 0 && ch.len != auth::kNonceBytes)) {
+          return failPeer(p, "the receiver's first frame is not a challenge (another wire version?)");
+        }
+        if (ch.len == 0 && authenticated()) {
+          // Never write to a receiver that cannot check who writes: fail closed.
+          return failPeer(p, "authentication failed: the receiver has no cluster secret and this side has one",
+                          StatusCode::kFailedPrecondition);
+        }
+        if (ch.len != 0 && !authenticated()) {
+          // Say hello without a proof, so the receiver logs and counts the refusal, then fail.
+          s->challenge.clear();
+          return sendHello(p, s, remoteInstance, remaining, /*thenFail=*/true);
+        }
+        s->challenge.assign(ch.len, '\0');
+        if (ch.len == 0) return sendHello(p, s, remoteInstance, remaining, false);
+        asio::async_read(s->sock, asio::buffer(s->challenge),
+                         [this, p, s, remaining, remoteInstance](boost::system::error_code nec, size_t) {
+          if (p->dead.load() || stopping_) return;
+          if (nec) return failPeer(p, "challenge not read: " + nec.message());
+          sendHello(p, s, remoteInstance, remaining, false);
+        });
       });
     });
   }
+}
+
+void TcpTransport::Impl::sendHello(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s, uint64_t remoteInstance,
+                                   std::shared_ptr<int> remaining, bool thenFail) {
+  // Hello: who we are (for Notification::peerName), whom we meant to reach, and, with a
+  // cluster secret, the proof over the receiver's challenge.
+  auto hello = std::make_shared<std::string>(sizeof(WireHeader), '\0');
+  WireHeader h;
+  h.type = uint8_t(FrameType::kHello);
+  h.token = remoteInstance;
+  h.addr = uint64_t(s->index);
+  std::string proof;
+  if (authenticated()) {
+    proof = kvHelloProof(*options_.clusterSecret, s->challenge, remoteInstance, uint64_t(s->index), options_.localName);
+    h.flags = kFlagHasProof;
+  }
+  h.len = options_.localName.size() + proof.size();
+  std::memcpy(hello->data(), &h, sizeof h);
+  hello->append(options_.localName);
+  hello->append(proof);
+  asio::async_write(s->sock, asio::buffer(*hello), [this, p, s, hello, remaining, thenFail](boost::system::error_code wec,
+                                                                                          size_t) {
+    if (p->dead.load() || stopping_) return;
+    if (thenFail) {
+      return failPeer(p, "authentication failed: the receiver requires the cluster secret and this side has none",
+                      StatusCode::kFailedPrecondition);
+    }
+    if (wec) return failPeer(p, "hello failed: " + wec.message());
+    readAck(p, s);
+    if (--*remaining > 0) return;
+    p->connected = true;
+    p->connectTimer->cancel();
+    p->lastProgress = steadyNow();
+    ioPeers_.push_back(p);
+    PD_LOG(kDebug, "kvt.tcp") << "peer '" << p->name << "' at " << p->endpoint << " connected with "
+                              << p->streams.size() << " stream(s)";
+    for (auto& stream : p->streams) pump(p, stream);
+  });
 }
 
 void TcpTransport::Impl::startTransfer(std::shared_ptr<OutPeer> p, std::shared_ptr<IoTransfer> t,

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <unistd.h>
 
 using namespace pd;
 using namespace pd::config;
@@ -304,4 +305,56 @@ TEST_CASE("router HTTP hardening keys: defaults, tls both-or-none, hashed keys, 
   CHECK(errorOf("router: {metrics_auth: api_key}").find("router.metrics_auth: api_key needs router.api_keys") !=
         std::string::npos);
   CHECK(errorOf("router: {max_connections: 0}").find("router.max_connections") != std::string::npos);
+}
+
+// ---- cluster.secret_file (issue 13) -------------------------------------------------------
+
+namespace {
+
+// A file under the test's temp dir with the given bytes and mode.
+std::string secretFile(const std::string& name, const std::string& bytes, std::filesystem::perms mode) {
+  auto dir = std::filesystem::temp_directory_path() / ("pd_config_secret_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = (dir / name).string();
+  std::filesystem::remove(path);
+  std::ofstream(path, std::ios::binary) << bytes;
+  std::filesystem::permissions(path, mode);
+  return path;
+}
+
+constexpr auto kOwnerOnly = std::filesystem::perms::owner_read | std::filesystem::perms::owner_write;
+
+}  // namespace
+
+TEST_CASE("cluster.secret_file: a private file of at least 32 bytes is the cluster secret") {
+  const std::string bytes(40, 'k');
+  auto path = secretFile("good", bytes + "\n", kOwnerOnly);
+  auto cfg = parseOk("cluster:\n  secret_file: " + path + "\n");
+  CHECK(cfg.cluster.secretFile == path);
+  CHECK(cfg.cluster.secret == bytes);  // the editor's newline is not part of it
+  CHECK(cfg.cluster.authenticated());
+  CHECK_FALSE(parseOk("").cluster.authenticated());
+}
+
+TEST_CASE("cluster.secret_file: missing, empty, short or readable by others is refused by key and file") {
+  auto missing = errorOf("cluster:\n  secret_file: /nonexistent/pdserve.secret\n");
+  CHECK_THAT(missing, Catch::Contains("cluster.secret_file") && Catch::Contains("/nonexistent/pdserve.secret") &&
+                          Catch::Contains("does not exist"));
+
+  auto empty = secretFile("empty", "\n", kOwnerOnly);
+  CHECK_THAT(errorOf("cluster:\n  secret_file: " + empty + "\n"),
+             Catch::Contains("cluster.secret_file") && Catch::Contains(empty) && Catch::Contains("empty"));
+
+  auto shortFile = secretFile("short", std::string(31, 'k'), kOwnerOnly);
+  CHECK_THAT(errorOf("cluster:\n  secret_file: " + shortFile + "\n"),
+             Catch::Contains("cluster.secret_file") && Catch::Contains("31 bytes") && Catch::Contains("at least 32"));
+
+  auto groupReadable = secretFile("group", std::string(40, 'k'), kOwnerOnly | std::filesystem::perms::group_read);
+  CHECK_THAT(errorOf("cluster:\n  secret_file: " + groupReadable + "\n"),
+             Catch::Contains("cluster.secret_file") && Catch::Contains(groupReadable) && Catch::Contains("0640"));
+  auto worldReadable = secretFile("world", std::string(40, 'k'), kOwnerOnly | std::filesystem::perms::others_read);
+  CHECK_THAT(errorOf("cluster:\n  secret_file: " + worldReadable + "\n"), Catch::Contains("0604"));
+
+  CHECK_THAT(errorOf("cluster:\n  secret: abc\n"), Catch::Contains("cluster.secret: unknown key"));
+  CHECK_THAT(errorOf("cluster:\n  secret_file: \"\"\n"), Catch::Contains("cluster.secret_file"));
 }

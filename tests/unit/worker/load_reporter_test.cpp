@@ -32,10 +32,10 @@ TEST_CASE("load reports reach the router while the loop is blocked in a step") {
   REQUIRE(server.ok());
 
   worker::LoopInbox inbox;
-  proto::Hello hello;
-  hello.set_role(proto::ROLE_PREFILL);
-  hello.set_worker_id("prefill-t");
-  worker::RouterLinks routers(io, inbox, {worker::RouterTarget{"127.0.0.1", server.value()->port()}}, hello,
+  net::ConnectionOptions lo;
+  lo.hello.set_role(proto::ROLE_PREFILL);
+  lo.hello.set_worker_id("prefill-t");
+  worker::RouterLinks routers(io, inbox, {worker::RouterTarget{"127.0.0.1", server.value()->port()}}, lo,
                               worker::RouterLinks::Handlers{[](worker::RouterId, proto::Envelope&&) {},
                                                             [](worker::RouterId, bool, const Status&) {}});
   routers.start();

@@ -27,10 +27,10 @@ TEST_CASE("a refused registration is retried with a backoff until the router acc
 
   worker::LoopInbox inbox;
   std::vector<bool> states;
-  proto::Hello hello;
-  hello.set_role(proto::ROLE_DECODE);
-  hello.set_worker_id("decode-t");
-  worker::RouterLink link(io, inbox, "127.0.0.1", server.value()->port(), hello,
+  net::ConnectionOptions lo;
+  lo.hello.set_role(proto::ROLE_DECODE);
+  lo.hello.set_worker_id("decode-t");
+  worker::RouterLink link(io, inbox, "127.0.0.1", server.value()->port(), lo,
                           worker::RouterLink::Handlers{[](proto::Envelope&&) {},
                                                        [&](bool up, const Status&) { states.push_back(up); }});
   const auto t0 = std::chrono::steady_clock::now();

@@ -133,6 +133,7 @@ Takes (dict "ctx" "shmSize").
 {{- define "pdserve.workerVolumes" -}}
 - name: config
   {{- include "pdserve.configVolumeSource" .ctx | nindent 2 }}
+{{- include "pdserve.clusterSecretVolume" .ctx }}
 - name: model
   {{- include "pdserve.modelVolumeSource" .ctx | nindent 2 }}
 - name: dshm
@@ -141,6 +142,33 @@ Takes (dict "ctx" "shmSize").
     {{- with .shmSize }}
     sizeLimit: {{ . }}
     {{- end }}
+{{- end }}
+
+{{/* The cluster secret's name: the user's existing Secret, or the one the chart makes. */}}
+{{- define "pdserve.clusterSecretName" -}}
+{{- .Values.clusterSecret.existingSecret | default (printf "%s-cluster-secret" (include "pdserve.fullname" .)) }}
+{{- end }}
+
+{{/* The cluster secret volume (mode 0400: the processes refuse a secret others can read). */}}
+{{- define "pdserve.clusterSecretVolume" -}}
+{{- if .Values.clusterSecret.enabled }}
+- name: cluster-secret
+  secret:
+    secretName: {{ include "pdserve.clusterSecretName" . }}
+    defaultMode: 256
+    items:
+      - key: {{ .Values.clusterSecret.key }}
+        path: {{ .Values.clusterSecret.key }}
+{{- end }}
+{{- end }}
+
+{{/* The cluster YAML as rendered: .Values.config plus cluster.secret_file when the chart mounts the secret. */}}
+{{- define "pdserve.renderedConfig" -}}
+{{- $cfg := deepCopy .Values.config }}
+{{- if .Values.clusterSecret.enabled }}
+{{- $_ := set $cfg "cluster" (dict "secret_file" (printf "/etc/pdserve-secret/%s" .Values.clusterSecret.key)) }}
+{{- end }}
+{{- toYaml $cfg }}
 {{- end }}
 
 {{/* The volume source of cluster.yaml: a ConfigMap, or a Secret when it holds API keys. */}}
@@ -180,6 +208,11 @@ hostPath:
 - name: config
   mountPath: /etc/pdserve
   readOnly: true
+{{- if .Values.clusterSecret.enabled }}
+- name: cluster-secret
+  mountPath: /etc/pdserve-secret
+  readOnly: true
+{{- end }}
 - name: model
   mountPath: {{ .Values.modelVolume.mountPath }}
   readOnly: true

@@ -1,0 +1,396 @@
+// End to end, issue 13: a real cluster (the binaries `pdserve up` starts, with the secret it
+// generates) against peers that do not hold the cluster secret.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/engine/model_maker.h"
+#include "common/net/framed.h"
+#include "kvtransfer/kvt.pb.h"
+#include "kvtransfer/transport_factory.h"
+#include "tests/unit/net/net_test_util.h"
+#include "tools/local_cluster.h"
+
+using namespace pd;
+using namespace pd::tools;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e_auth";
+
+std::string modelDir() {
+  static std::string dir = [] {
+    std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small";
+    if (!std::filesystem::exists(d + "/config.json")) {
+      engine::MakeModelOptions o;
+      o.preset = "small";
+      std::string tmp = d + ".tmp." + std::to_string(::getpid());
+      REQUIRE(engine::makeModel(o, tmp).isOk());
+      std::filesystem::rename(tmp, d);
+    }
+    return d;
+  }();
+  return dir;
+}
+
+// One prefill (on a known control port) and one decode worker, KV over tcp.
+std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillPort) {
+  std::filesystem::create_directories(kWork);
+  std::string path = kWork + "/" + name + ".yaml";
+  std::ofstream(path) << "model: {path: " << modelDir() << ", name: small}\n"
+                      << "router: {short_prompt_tokens: 0, prefix_aware_routing: false}\n"
+                      << "pools: {prefill: {replicas: 1, base_port: " << prefillPort
+                      << "}, decode: {replicas: 1}}\n"
+                      << "engine: {backend: cpu, threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
+                      << "kv_transfer: {transports: [tcp], timeout_ms: 20000}\n"
+                      << "logging: {level: warn}\n";
+  LocalClusterOptions o;
+  o.configPath = path;
+  o.binDir = std::string(PD_BINARY_DIR) + "/bin";
+  o.httpPort = 0;
+  o.controlPort = 0;
+  o.runDir = kWork + "/" + name + ".run";
+  auto c = LocalCluster::start(o);
+  INFO(c.status().toString());
+  REQUIRE(c.ok());
+  return std::move(c).value();
+}
+
+// The value of a metric series (name plus its exact label text) in a /metrics body, or -1.
+double metricIn(const std::string& body, const std::string& series) {
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(series + " ", 0) == 0) return std::atof(line.c_str() + series.size() + 1);
+  }
+  return -1;
+}
+double routerMetric(LocalCluster& c, const std::string& series) {
+  auto r = httpGet(c.httpPort(), "/metrics", 5s);
+  return r.ok() ? metricIn(r->body, series) : -1;
+}
+double workerMetric(LocalCluster& c, const std::string& worker, const std::string& series) {
+  auto r = httpGet(c.metricsPort(worker), "/metrics", 5s);
+  if (!r.ok()) return -1;
+  // Worker series carry the constant labels {role, worker} first.
+  std::istringstream in(r->body);
+  const auto brace = series.find('{');
+  const std::string name = series.substr(0, brace);
+  const std::string labels = brace == std::string::npos ? "" : series.substr(brace + 1, series.size() - brace - 2);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) != 0 || (!labels.empty() && line.find(labels) == std::string::npos)) continue;
+    return std::atof(line.c_str() + line.rfind(' ') + 1);
+  }
+  return -1;
+}
+
+net::ConnectionOptions peer(proto::Role role, const std::string& id, const std::string& secret,
+                            const std::string& fingerprint = "") {
+  net::ConnectionOptions o;
+  o.hello.set_role(role);
+  o.hello.set_worker_id(id);
+  o.hello.set_model_fingerprint(fingerprint);
+  if (!secret.empty()) o.clusterSecret = std::make_shared<const std::string>(secret);
+  o.handshakeTimeout = 3s;
+  return o;
+}
+
+int completion(LocalCluster& c) {
+  auto r = httpRequest(c.httpPort(), "POST", "/v1/completions",
+                       R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 4})", 60s,
+                       {"Content-Type: application/json"});
+  return r.ok() ? r->status : -1;
+}
+
+}  // namespace
+
+TEST_CASE("e2e auth: a worker without the cluster credential cannot register or receive traffic") {
+  const int prefillPort = freePort().value();
+  auto c = startCluster("router_auth", prefillPort);
+  REQUIRE(c->config().cluster.authenticated());  // pdserve up made the default cluster authenticated
+  CHECK(routerMetric(*c, "pdserve_internal_auth_enabled") == 1);
+  net::IoPool io(2);
+  auto none = net::FramedClient::connect(io, "127.0.0.1", c->controlPort(),
+                                         peer(proto::ROLE_DECODE, "evil-decode", ""), {}, 5s);
+  REQUIRE_FALSE(none.ok());
+  CHECK_THAT(none.status().message(), Catch::Contains("authentication failed"));
+  auto wrong = net::FramedClient::connect(
+      io, "127.0.0.1", c->controlPort(),
+      peer(proto::ROLE_DECODE, "evil-decode", std::string(40, 'w')), {}, 5s);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK_THAT(wrong.status().message(), Catch::Contains("authentication failed"));
+  CHECK(routerMetric(*c, R"(pdserve_auth_failures_total{plane="router_control"})") == 2);
+  CHECK(routerMetric(*c, R"(pdserve_pool_workers{pool="decode"})") == 1);
+  // The cluster serves on, over its own (authenticated) workers, prefill included.
+  CHECK(completion(*c) == 200);
+  // The same peer with the cluster's secret gets in: the refusals above were the credential's.
+  auto right = net::FramedClient::connect(io, "127.0.0.1", c->controlPort(),
+                                          peer(proto::ROLE_DECODE, "probe", c->config().cluster.secret), {}, 5s);
+  REQUIRE(right.ok());
+  right.value()->close(cancelled("done"));
+}
+
+TEST_CASE("e2e auth: a peer without the credential gets no KV metadata from a prefill worker") {
+  const int prefillPort = freePort().value();
+  auto c = startCluster("prefill_auth", prefillPort);
+  // By hand: the prefill worker's first hello says nothing a peer could use.
+  net::testing::RawClient raw(prefillPort);
+  REQUIRE(raw.connected());
+  proto::Envelope first;
+  REQUIRE(raw.readFrame(&first));
+  REQUIRE(first.has_hello());
+  CHECK(first.hello().worker_id() == "prefill-0");
+  CHECK(first.hello().model_fingerprint().empty());
+  CHECK(first.hello().transfer_conn_info().empty());
+  CHECK(first.hello().address().empty());
+  CHECK(first.hello().auth_nonce().size() == auth::kNonceBytes);
+  // A hello without a credential, then a KvConnect: an Error, a close, never a KvConnect reply.
+  REQUIRE(raw.write(net::testing::helloFrame()));
+  proto::Envelope kc;
+  kc.set_version(net::kProtocolVersion);
+  kc.mutable_kv_connect()->set_metadata("x");
+  REQUIRE(raw.write(net::testing::frameOf(kc)));
+  proto::Envelope reply;
+  REQUIRE(raw.readFrame(&reply));
+  CHECK(reply.has_error());
+  CHECK(reply.error().message() == "authentication failed");
+  CHECK(raw.waitClosed());
+  // Through the client library: refused, counted by the prefill worker.
+  net::IoPool io(2);
+  auto none = net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "evil", ""), {}, 5s);
+  REQUIRE_FALSE(none.ok());
+  CHECK_THAT(none.status().message(), Catch::Contains("authentication failed"));
+  double failures = -1;
+  for (int i = 0; i < 200 && failures < 2; ++i) {
+    failures = workerMetric(*c, "prefill-0", R"(pdserve_auth_failures_total{plane="prefill_control"})");
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK(failures == 2);
+}
+
+TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
+  const int prefillPort = freePort().value();
+  auto c = startCluster("kv_auth", prefillPort);
+  const std::string& secret = c->config().cluster.secret;
+  net::IoPool io(2);
+  // Learn the fingerprint, then play an authenticated decode worker to get the prefill
+  // worker's KV connection info (the only way to it is the authenticated control plane).
+  std::string fingerprint;
+  {
+    auto probe = net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "probe", secret),
+                                            {}, 5s);
+    REQUIRE(probe.ok());
+    fingerprint = probe.value()->peerHello().model_fingerprint();
+    probe.value()->close(cancelled("done"));
+  }
+  REQUIRE_FALSE(fingerprint.empty());
+  // Our writer: a tcp transport with no secret, and a buffer to write from.
+  kvt::TransportOptions to;
+  to.localName = "intruder";
+  to.connectTimeout = 2000ms;
+  auto writer = kvt::makeTransport("tcp", to);
+  REQUIRE(writer.ok());
+  std::vector<uint8_t> buf(4096, 0x5a);
+  MemDesc local;
+  local.addr = reinterpret_cast<uintptr_t>(buf.data());
+  local.len = buf.size();
+  REQUIRE(writer.value()->registerMemory(local).ok());
+  kvt::proto::AgentMetadata offer;
+  offer.set_version(1);
+  offer.set_name("intruder");
+  auto* t = offer.add_transports();
+  t->set_transport("tcp");
+  t->set_conn_info(writer.value()->localConnInfo().value());
+
+  auto replyPromise = std::make_shared<std::promise<proto::Envelope>>();
+  auto replied = std::make_shared<std::atomic<bool>>(false);
+  net::ConnectionCallbacks cb;
+  cb.onMessage = [replyPromise, replied](const net::ConnectionPtr&, proto::Envelope&& env) {
+    if (!replied->exchange(true)) replyPromise->set_value(std::move(env));
+  };
+  auto conn = net::FramedClient::connect(io, "127.0.0.1", prefillPort,
+                                         peer(proto::ROLE_DECODE, "decode-intruder", secret, fingerprint), cb, 5s);
+  REQUIRE(conn.ok());
+  proto::Envelope env;
+  env.mutable_kv_connect()->set_metadata(offer.SerializeAsString());
+  REQUIRE(conn.value()->send(env).isOk());
+  auto f = replyPromise->get_future();
+  REQUIRE(f.wait_for(10s) == std::future_status::ready);
+  proto::Envelope reply = f.get();
+  INFO(reply.DebugString());
+  REQUIRE(reply.has_kv_connect());
+  kvt::proto::AgentMetadata md;
+  REQUIRE(md.ParseFromString(reply.kv_connect().metadata()));
+  const kvt::proto::TransportPeerInfo* tcp = nullptr;
+  for (const auto& tp : md.transports())
+    if (tp.transport() == "tcp") tcp = &tp;
+  REQUIRE(tcp != nullptr);
+  REQUIRE(tcp->remote_keys_size() > 0);
+  kvt::proto::TcpRemoteKey key;
+  REQUIRE(key.ParseFromString(tcp->remote_keys(0)));
+
+  // Now write without the secret: refused before a byte lands.
+  kvt::PeerInfo pi;
+  pi.name = "prefill-0";
+  pi.connInfo = tcp->conn_info();
+  pi.remoteKeys.assign(tcp->remote_keys().begin(), tcp->remote_keys().end());
+  auto pid = writer.value()->loadPeer(pi);
+  REQUIRE(pid.ok());
+  MemDesc remote;
+  remote.addr = key.addr();
+  remote.len = buf.size();
+  auto id = writer.value()->post({local}, {remote}, *pid, std::nullopt);
+  REQUIRE(id.ok());
+  Status s = Status(StatusCode::kInProgress, "");
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (s.code() == StatusCode::kInProgress && std::chrono::steady_clock::now() < deadline) {
+    writer.value()->progress();
+    s = writer.value()->poll(*id);
+    std::this_thread::sleep_for(5ms);
+  }
+  INFO(s.toString());
+  CHECK_FALSE(s.isOk());
+  CHECK(s.code() != StatusCode::kInProgress);
+  double failures = -1;
+  for (int i = 0; i < 200 && failures < 1; ++i) {
+    failures = workerMetric(*c, "prefill-0", R"(pdserve_auth_failures_total{plane="kv_tcp"})");
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK(failures == 1);
+  conn.value()->close(cancelled("done"));
+}
+
+TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a request it was not given") {
+  const int prefillPort = freePort().value();
+  auto c = startCluster("inject", prefillPort);
+  // A user's stream, dispatched to decode-0 before the insider exists.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(c->httpPort()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  timeval tv{60, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string body = R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 48, "ignore_eos": true, "stream": true})";
+  const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  REQUIRE(::send(fd, http.data(), http.size(), 0) == ssize_t(http.size()));
+  std::string seen;
+  char buf[4096];
+  while (seen.find("\"id\":\"") == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    seen.append(buf, size_t(n));
+  }
+  // The response id ends with the worker request id (router_loop.cpp: responseId).
+  size_t at = seen.find("\"id\":\"") + 6;
+  size_t end = seen.find('"', at);
+  std::string id = seen.substr(at, end - at);
+  size_t digits = id.find_first_of("0123456789");
+  REQUIRE(digits != std::string::npos);
+  const uint64_t requestId = std::stoull(id.substr(digits));
+
+  // An insider: it holds the secret and registers as a decode worker, then speaks for the
+  // user's request.
+  net::IoPool io(2);
+  auto insider = net::FramedClient::connect(io, "127.0.0.1", c->controlPort(),
+                                            peer(proto::ROLE_DECODE, "insider", c->config().cluster.secret, "small/x"),
+                                            {}, 5s);
+  REQUIRE(insider.ok());
+  proto::Envelope env;
+  env.set_request_id(requestId);
+  auto* chunk = env.mutable_token_chunk();
+  chunk->set_request_id(requestId);
+  chunk->add_token_ids(65);
+  chunk->set_finish_reason(proto::FINISH_STOP);
+  REQUIRE(insider.value()->send(env).isOk());
+  double dropped = -1;
+  for (int i = 0; i < 200 && dropped < 1; ++i) {
+    dropped = routerMetric(*c, R"(pdserve_control_messages_dropped_total{reason="wrong_worker"})");
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK(dropped == 1);
+  // The user's stream runs to its own end: 48 tokens, finish_reason length, not the insider's stop.
+  while (seen.find("[DONE]") == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    seen.append(buf, size_t(n));
+  }
+  ::close(fd);
+  CHECK(seen.find("[DONE]") != std::string::npos);
+  CHECK(seen.find("\"finish_reason\":\"length\"") != std::string::npos);
+  CHECK(seen.find("\"finish_reason\":\"stop\"") == std::string::npos);
+  insider.value()->close(cancelled("done"));
+}
+
+TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the prefill loop") {
+  const int prefillPort = freePort().value();
+  auto c = startCluster("unreachable", prefillPort);
+  const std::string& secret = c->config().cluster.secret;
+  net::IoPool io(2);
+  std::string fingerprint;
+  {
+    auto probe = net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "probe", secret),
+                                            {}, 5s);
+    REQUIRE(probe.ok());
+    fingerprint = probe.value()->peerHello().model_fingerprint();
+    probe.value()->close(cancelled("done"));
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int replies = 0, kvReplies = 0;
+  std::string errors;
+  net::ConnectionCallbacks cb;
+  cb.onMessage = [&](const net::ConnectionPtr&, proto::Envelope&& env) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++replies;
+    kvReplies += env.has_kv_connect();
+    if (env.has_error()) errors += env.error().message() + "; ";
+    cv.notify_all();
+  };
+  auto conn = net::FramedClient::connect(io, "127.0.0.1", prefillPort,
+                                         peer(proto::ROLE_DECODE, "decode-far", secret, fingerprint), cb, 5s);
+  REQUIRE(conn.ok());
+  // Three offers, each a new peer whose only KV endpoint is an address nobody answers
+  // (10.255.255.1 is not routed here; a connect to it hangs or fails, never succeeds).
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    kvt::proto::TcpConnInfo info;
+    info.set_version(2);
+    info.set_host("10.255.255.1");
+    info.set_port(9);
+    info.set_instance(1000 + i);
+    kvt::proto::AgentMetadata offer;
+    offer.set_version(1);
+    offer.set_name("far-" + std::to_string(i));
+    auto* t = offer.add_transports();
+    t->set_transport("tcp");
+    t->set_conn_info(info.SerializeAsString());
+    proto::Envelope env;
+    env.mutable_kv_connect()->set_metadata(offer.SerializeAsString());
+    REQUIRE(conn.value()->send(env).isOk());
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, 15s, [&] { return replies >= 3; }));
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  INFO("3 KvConnect replies in " << ms << " ms; errors: " << errors);
+  CHECK(kvReplies == 3);  // each offer loaded (its endpoint dialed on the transport's I/O thread)
+  CHECK(ms < 1500);  // a loop that dialed in line would take 3 x kv connect timeout (3 s)
+  // And the prefill worker serves a long prompt meanwhile.
+  CHECK(completion(*c) == 200);
+  conn.value()->close(cancelled("done"));
+}
