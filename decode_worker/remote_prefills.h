@@ -13,7 +13,7 @@
 //   any --(cancel(): client or router)--> CANCELLED: Cancel to the prefill worker; the
 //        engine frees the reserved blocks
 //   FAILED / CANCELLED after the PrefillRequest went out --> QUARANTINED (KV fencing, issue
-//        12; docs/reliability-fencing.md): the request's write grant is revoked; when every
+//        12; docs/reliability.md): the request's write grant is revoked; when every
 //        lane to that prefill worker is receiver-fenced (tcp) the revoke is the fence and the
 //        blocks are freed at once; otherwise (cma, ucx, verbs: one-sided writes) they move to
 //        a quarantine holder (Engine::quarantineRemote) and are released only when the prefill

@@ -37,7 +37,7 @@ struct TransportOptions {
   // every pending transfer to it fails with kUnavailable.
   std::chrono::milliseconds peerTimeout{5000};
   std::chrono::milliseconds connectTimeout{3000};
-  // tcp: the cluster secret (cluster.secret_file; docs/security-internal.md). Set: every
+  // tcp: the cluster secret (cluster.secret_file; docs/security.md). Set: every
   // incoming connection must answer the receiver's challenge with HMAC-SHA256 over it before
   // it may write; a writer without it (or with another) is closed and counted. Null: the
   // port is open, as before issue 13. Both ends must agree: a mixed pair fails closed.

@@ -93,7 +93,7 @@ class RouterServiceImpl final : public RouterService {
     } else {
       PD_LOG(kWarn, kTag) << "internal planes are UNAUTHENTICATED (no cluster.secret_file): any peer that reaches "
                              "the control port can register as a worker and receive user traffic "
-                             "(docs/security-internal.md)";
+                             "(docs/security.md)";
     }
     copts.onAuthFailure = [this](const std::string& plane, const Status&) { metrics::authFailure(registry_, plane); };
     net::ConnectionCallbacks cb;
@@ -203,7 +203,7 @@ class RouterServiceImpl final : public RouterService {
         return sendError(r, unauthorized("missing or invalid API key (send Authorization: Bearer <key>)"));
       }
     }
-    // Without keys, a client is its address (behind a proxy: the proxy's; docs/security-http.md).
+    // Without keys, a client is its address (behind a proxy: the proxy's; docs/security.md).
     const std::string client = keyIndex >= 0 ? "key:" + std::to_string(keyIndex) : "addr:" + hostOf(req.remoteAddress);
     const bool limited = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
                          path == "/detokenize";

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Opens N idle connections to a router (in 2 processes), then times fresh requests.
 
-Usage: scripts/http-idle-flood.py PORT N   (docs/security-http.md, "Measured"; each of the two
+Usage: scripts/http-idle-flood.py PORT N   (docs/security.md, "Measured"; each of the two
 client processes holds N/2 sockets, so ulimit -n must allow that)
 """
 import multiprocessing as mp, socket, sys, time

@@ -29,7 +29,7 @@ struct LocalClusterOptions {
   std::string runDir;
   // When the config names no cluster.secret_file: generate a fresh 0600 secret in runDir and
   // start every process with a copy of the config that points at it, so the default local
-  // cluster's internal planes are authenticated (docs/security-internal.md). false: run the
+  // cluster's internal planes are authenticated (docs/security.md). false: run the
   // config as it is (unauthenticated when it names no secret).
   bool generateSecret = true;
 };

@@ -112,7 +112,7 @@ Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::Clu
   // Peers dial the advertised address, never the bind (which may be 0.0.0.0).
   opts.transport.advertiseHost = flags.advertiseHost;
   opts.transport.listenPort = static_cast<uint16_t>(flags.transferPort);
-  // KV fencing (docs/reliability-fencing.md): a write into this worker's KV must carry the
+  // KV fencing (docs/reliability.md): a write into this worker's KV must carry the
   // live grant of its request; a region key alone (a forged or stale write) is refused.
   opts.transport.requireWriteGrant = true;
   // The KV TCP port takes writes only from peers that prove the cluster secret; ucx, verbs and

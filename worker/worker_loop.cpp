@@ -50,7 +50,7 @@ Status WorkerLoop::prepare() {
     PD_LOG(kWarn, roleName()) << flags_.workerId
                               << ": internal planes are UNAUTHENTICATED (no cluster.secret_file): any peer that reaches "
                                  "the control and KV ports can register, take traffic and write KV "
-                                 "(docs/security-internal.md)";
+                                 "(docs/security.md)";
   }
   PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));

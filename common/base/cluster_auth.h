@@ -1,4 +1,4 @@
-// Cluster identity (issue 13, docs/security-internal.md): the primitives both internal planes
+// Cluster identity (issue 13, docs/security.md): the primitives both internal planes
 // (the framed control plane in common/net, the KV TCP transport in kvtransfer) use to prove
 // that a peer knows the cluster secret (cluster.secret_file), without sending it.
 //

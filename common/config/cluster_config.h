@@ -50,7 +50,7 @@ struct ModelConfig {
   DType dtype = DType::kAuto;  // auto: f32 on the cpu backend, bf16 on cuda
 };
 
-// Per-API-key token buckets (docs/security-http.md). 0 disables a limit; a burst of 0 means
+// Per-API-key token buckets (docs/security.md). 0 disables a limit; a burst of 0 means
 // one second's worth of its rate (at least 1).
 struct RateLimitConfig {
   double requestsPerS = 0;
@@ -74,7 +74,7 @@ struct RouterConfig {
   // Empty -> no authentication. An entry is a key, or "sha256:<64 hex>" (the key's SHA-256);
   // the router keeps only hashes in memory either way.
   std::vector<std::string> apiKeys;
-  // HTTP hardening (issue 13, docs/security-http.md).
+  // HTTP hardening (issue 13, docs/security.md).
   int64_t maxConnections = 4096;         // open HTTP connections beyond this are closed at accept
   int64_t headerTimeoutMs = 10000;       // accept / first byte of a request -> end of its headers
   int64_t bodyTimeoutMs = 60000;         // end of the headers -> end of the body
@@ -169,7 +169,7 @@ struct LoggingConfig {
   LogLevel level = LogLevel::kInfo;
 };
 
-// Cluster identity (issue 13, docs/security-internal.md). With a secret file every internal
+// Cluster identity (issue 13, docs/security.md). With a secret file every internal
 // connection (router <- workers, prefill <- decode, KV TCP) is mutually authenticated with
 // it; without one the internal planes are open and every process warns at start. Loading
 // reads the file (the one exception to "nothing here touches the filesystem": a secret that

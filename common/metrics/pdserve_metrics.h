@@ -22,12 +22,12 @@
 //   pdserve_prefix_cache_hits_total (tokens),
 //   pdserve_kv_transfers_in_flight, pdserve_remote_prefill_total{outcome} (ok | recomputed |
 //   failed), pdserve_kv_blocks_quarantined (KV blocks a remote prefill that ended may still be
-//   writing, held until its writer is known done: docs/reliability-fencing.md) and
+//   writing, held until its writer is known done: docs/reliability.md) and
 //   pdserve_kv_quarantine_seconds (histogram: time from quarantine to release). The transfer layer's own metrics (pdserve_kv_transfer_bytes_total,
 //   pdserve_kv_transfers_total, pdserve_kv_transfer_latency_seconds, *_failures_total,
 //   *_fallbacks_total) are registered by kvt::TransferAgent (kvtransfer/metrics.h) in the same
 //   registry.
-// Both (cluster identity, issue 13; docs/security-internal.md):
+// Both (cluster identity, issue 13; docs/security.md):
 //   pdserve_internal_auth_enabled (1: the internal planes require cluster.secret_file's
 //   secret, 0: they are open), pdserve_auth_failures_total{plane} (handshakes refused for
 //   authentication: router_control, router_link, prefill_control, prefill_link, kv_tcp).

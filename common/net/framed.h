@@ -23,7 +23,7 @@
 // have not finished it (more are closed at once): unauthenticated peers cost a bounded amount.
 // bufferedReadBytes() is the process-wide total held in read buffers.
 //
-// Cluster authentication (options.clusterSecret set; docs/security-internal.md): each hello
+// Cluster authentication (options.clusterSecret set; docs/security.md): each hello
 // carries a fresh 32-byte nonce (RAND_bytes); the client then sends Auth{HMAC-SHA256(secret,
 // transcript)}, the server verifies it and only then answers with its own proof, which the
 // client verifies. The transcript (handshakeProof) holds a protocol tag, the direction, both

@@ -47,7 +47,7 @@ CONFIG_KEYS = {
                "max_body_bytes", "max_prompt_tokens", "load_report_interval_ms",
                "worker_report_timeout_ms", "drain_timeout_ms", "request_timeout_ms", "ttft_buckets_s",
                "itl_buckets_s", "e2e_buckets_s",
-               # HTTP hardening (docs/security-http.md)
+               # HTTP hardening (docs/security.md)
                "max_connections", "header_timeout_ms", "body_timeout_ms", "keepalive_timeout_ms",
                "tls", "rate_limits", "metrics_auth", "metrics_bearer_file"},
     "pools": {"prefill", "decode"},

@@ -77,7 +77,7 @@ EVERYTHING = {
                     "decode": {"routerRecommendation": True, "kvCacheUsage": 0.85}},
     "workerSecurityContext": {"capabilities": {"add": ["SYS_NICE"]}},
 }
-# /metrics behind a token (docs/security-http.md): the router's ServiceMonitor must send it.
+# /metrics behind a token (docs/security.md): the router's ServiceMonitor must send it.
 METRICS_AUTH_FILE = {
     "config": {"router": {"metrics_auth": "bearer_file",
                           "metrics_bearer_file": "/etc/pdserve/metrics-token/token"}},
