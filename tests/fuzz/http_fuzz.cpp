@@ -42,10 +42,12 @@ void route(const net::HttpRequest& req) {
   const std::string path = req.path();
   (void)req.header("content-type");
   if (req.method != "POST") return;
-  if (path == "/v1/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kCompletions);
-  if (path == "/v1/chat/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kChat);
-  if (path == "/tokenize") (void)parser().tokenize(req.body);
-  if (path == "/detokenize") (void)parser().detokenize(req.body);
+  fuzz::routerCall(req.body, path == "/detokenize", [&] {
+    if (path == "/v1/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kCompletions);
+    if (path == "/v1/chat/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kChat);
+    if (path == "/tokenize") (void)parser().tokenize(req.body);
+    if (path == "/detokenize") (void)parser().detokenize(req.body);
+  });
 }
 
 }  // namespace
@@ -53,7 +55,11 @@ void route(const net::HttpRequest& req) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const net::HttpServerOptions limits;  // the server's defaults (the router passes its own body limit)
   // A small body limit as well, so the 413 path is reached by small inputs.
-  const size_t bodyLimit = size > 0 && (data[0] & 1) ? 64 : limits.maxBodyBytes;
+  // Byte 0 picks the body limit; the rest is what the client sends.
+  if (size < 1) return 0;
+  const size_t bodyLimit = (data[0] & 1) ? 64 : limits.maxBodyBytes;
+  ++data;
+  --size;
   // Beast reads what the socket returned in pieces into a buffer and parses from there (as
   // http::async_read does); here the pieces have a fuzzed size. [pos, pos + avail) is read
   // but not yet parsed.

@@ -39,16 +39,11 @@ void checkError(const router::ApiError& e) {
   dumpLikeTheServer(e.toJson());
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 1) return 0;
-  const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
-  const auto& p = parser();
-  switch (data[0] % 4) {
+void parseOne(const router::RequestParser& p, int which, const std::string& body) {
+  switch (which) {
     case 0:
     case 1: {
-      auto endpoint = data[0] % 4 == 0 ? router::Endpoint::kCompletions : router::Endpoint::kChat;
+      auto endpoint = which == 0 ? router::Endpoint::kCompletions : router::Endpoint::kChat;
       auto r = p.parseGenerate(body, endpoint);
       if (auto* ok = std::get_if<router::ParsedGenerate>(&r)) {
         PD_FUZZ_CHECK(!ok->prompt.empty(), "a parsed prompt is not empty");
@@ -73,5 +68,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
   }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
+  const int which = data[0] % 4;
+  fuzz::routerCall(body, which == 3, [&] { parseOne(parser(), which, body); });
   return 0;
 }

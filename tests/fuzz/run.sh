@@ -5,7 +5,8 @@
 #   tests/fuzz/run.sh BUILD_DIR SECONDS [TARGET...]
 # Env: FUZZ_JOBS (build parallelism, default 2), FUZZ_LOG_DIR (per-target logs; default
 # BUILD_DIR/logs), FUZZ_KEEP_CORPUS=1 (keep what the runs found in BUILD_DIR/corpus between
-# runs; default: start from the seeds each time, so a CI result depends on the commit only).
+# runs; default: start from the seeds each time, so a CI result depends on the commit only),
+# FUZZ_WORK_DIR (where the corpora and crash inputs go; default BUILD_DIR).
 # Exit 77 (a ctest skip) when clang++-14 is not installed.
 set -euo pipefail
 if [ $# -lt 2 ]; then
@@ -20,6 +21,7 @@ ALL_TARGETS=(openai http framed tokenizer chat_template jinja config kv_blobs)
 [ $# -gt 0 ] && TARGETS=("$@") || TARGETS=("${ALL_TARGETS[@]}")
 JOBS=${FUZZ_JOBS:-2}
 LOG_DIR=${FUZZ_LOG_DIR:-$BUILD_DIR/logs}
+WORK_DIR=${FUZZ_WORK_DIR:-$BUILD_DIR}
 
 command -v clang++-14 >/dev/null || { echo "skip: clang++-14 is not installed"; exit 77; }
 
@@ -50,13 +52,15 @@ export PD_FUZZ_TOKENIZERS=$(IFS=:; echo "${toks[*]:-}")
 # Every sanitizer finding is fatal and reported with its stack.
 export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0:symbolize=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+# The agent logs every refused peer: thousands of lines a second under a fuzzer.
+export PDSERVE_LOG_LEVEL=${PDSERVE_LOG_LEVEL:-off}
 
 mkdir -p "$LOG_DIR"
 failed=()
 for t in "${TARGETS[@]}"; do
   seeds=$SRC/tests/fuzz/corpus/$t
-  work=$BUILD_DIR/corpus/$t
-  art=$BUILD_DIR/artifacts/$t/
+  work=$WORK_DIR/corpus/$t
+  art=$WORK_DIR/artifacts/$t/
   [ "${FUZZ_KEEP_CORPUS:-0}" = 1 ] || rm -rf "$work"
   mkdir -p "$work" "$art"
   dict=()
@@ -68,12 +72,12 @@ for t in "${TARGETS[@]}"; do
     -max_len=8192 -print_final_stats=1 -artifact_prefix="$art" "${dict[@]}" "$work" "$seeds" >"$log" 2>&1
   rc=$?
   set -e
-  stats=$(grep -E '^#[0-9]+.*(DONE|INITED)' "$log" | tail -1 || true)
-  execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}' || true)
+  stats=$(grep -aE '^#[0-9]+.*(DONE|INITED)' "$log" | tail -1 || true)
+  execs=$(grep -aE '^stat::number_of_executed_units' "$log" | awk '{print $2}' || true)
   echo "fuzz: $t rc=$rc execs=${execs:-?} corpus=$(ls "$work" | wc -l) $stats"
-  if [ $rc -ne 0 ] || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:' "$log"; then
+  if [ $rc -ne 0 ] || grep -aqE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:' "$log"; then
     failed+=("$t")
-    grep -E 'ERROR:|runtime error:|SUMMARY:|Test unit written|invariant failed' "$log" | head -20 || true
+    grep -aE 'ERROR:|runtime error:|SUMMARY:|Test unit written|invariant failed' "$log" | head -20 || true
     echo "fuzz: $t FAILED; input saved in $art (log: $log)"
   fi
 done

@@ -60,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     // Ids a client sends (/detokenize, prompt ids): any int32, in or out of the vocabulary.
     std::vector<tok::TokenId> ids(size / 4);
-    std::memcpy(ids.data(), data, ids.size() * 4);
+    if (!ids.empty()) std::memcpy(ids.data(), data, ids.size() * 4);
     // Mostly in range, so the decoder's paths are reached; op bit 1 keeps the raw values.
     if ((op & 2) == 0 && vocab > 0) {
       for (auto& id : ids) id = static_cast<tok::TokenId>(static_cast<uint32_t>(id) % (vocab + 2));
