@@ -6,7 +6,8 @@
 # finding (halt_on_error, -fno-sanitize-recover=all), and the cluster processes the e2e cases
 # start write their reports to BUILD_DIR/sanitizer-logs, which must stay empty.
 #   tests/sanitize/run.sh BUILD_DIR [SANITIZERS] [CTEST_REGEX]
-# Env: SAN_JOBS (build and ctest parallelism, default 2).
+# Env: SAN_JOBS (build and ctest parallelism, default 2); SAN_TARGETS (build only these
+# targets, e.g. "test_router_api test_tokenizer", with a matching CTEST_REGEX; default: all).
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 BUILD_DIR [address,undefined|thread] [CTEST_REGEX]" >&2
@@ -30,7 +31,8 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     { cat "$BUILD_DIR/configure.log"; exit 1; }
 fi
 t0=$(date +%s)
-cmake --build "$BUILD_DIR" -j "$JOBS" >"$BUILD_DIR/build.log" 2>&1 ||
+# shellcheck disable=SC2086
+cmake --build "$BUILD_DIR" -j "$JOBS" ${SAN_TARGETS:+--target $SAN_TARGETS} >"$BUILD_DIR/build.log" 2>&1 ||
   { tail -50 "$BUILD_DIR/build.log"; echo "sanitize: build failed (log: $BUILD_DIR/build.log)"; exit 1; }
 t1=$(date +%s)
 echo "sanitize: built in $((t1 - t0)) s"
