@@ -23,6 +23,11 @@ void RouterLink::stop() {
   }
   if (conn) conn->close(cancelled("worker shutting down"));
   if (thread_.joinable()) thread_.join();
+  // A connection's onClose runs on an I/O thread and uses this object: wait (bounded) for the
+  // last one, so the destructor cannot free it under the callback (ASan: heap-use-after-free
+  // in test_worker_load_reporter, docs/security-fuzz.md).
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::seconds(2), [this] { return closesPending_ <= 0; });
 }
 
 Status RouterLink::send(proto::Envelope env) {
@@ -49,14 +54,15 @@ void RouterLink::connectLoop() {
       inbox_.post([this, shared] { handlers_.onMessage(std::move(*shared)); });
     };
     cb.onClose = [this](const net::ConnectionPtr& c, const Status& why) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (conn_ == c) conn_.reset();
-        lastClose_ = why;
-      }
+      // All of it under the lock: once stop() sees closesPending_ drop, nothing here touches
+      // this object any more.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (conn_ == c) conn_.reset();
+      lastClose_ = why;
       up_ = false;
-      cv_.notify_all();
       inbox_.post([this, why] { handlers_.onState(false, why); });
+      --closesPending_;
+      cv_.notify_all();
     };
     net::RetryPolicy retry;
     retry.totalTimeout = std::chrono::seconds(5);
@@ -71,6 +77,7 @@ void RouterLink::connectLoop() {
     const auto openedAt = std::chrono::steady_clock::now();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      ++closesPending_;  // connect() returned it: its onClose runs exactly once (framed.h)
       // It may have closed already (a refusal right after the hello): then it is not ours.
       if (conn.value()->isOpen()) conn_ = conn.value();
     }
@@ -81,6 +88,8 @@ void RouterLink::connectLoop() {
     }
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_ && conn_ && conn_->isOpen()) cv_.wait_for(lock, std::chrono::seconds(1));
+    // Stopping before stop() saw this connection: close it here, so its onClose runs now.
+    if (stopping_ && conn.value()->isOpen()) conn.value()->close(cancelled("worker shutting down"));
     conn_.reset();
     if (stopping_) break;
     // A connection that did not last was most likely refused: back off, and say why.

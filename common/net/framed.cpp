@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "common/base/log.h"
+#include "common/net/frame_codec.h"
 
 namespace pd::net {
 
@@ -381,10 +382,8 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       // Until the peer is known (hello, proof), only handshake-sized frames.
       const size_t limit = established_ ? options_.maxFrameBytes
                                         : std::min(options_.maxFrameBytes, kMaxHandshakeFrameBytes);
-      if (len > limit) {
-        fail(resourceExhausted("peer " + remote_ + " announced a frame of " + std::to_string(len) +
-                               " bytes, over the " + std::to_string(limit) + "-byte limit" +
-                               (established_ ? "" : " of a handshake frame")));
+      if (Status st = checkFrameLength(len, limit, remote_); !st.isOk()) {
+        fail(established_ ? std::move(st) : resourceExhausted(st.message() + " of a handshake frame"));
         return;
       }
       if (have < 4 + size_t{len}) break;
@@ -408,22 +407,13 @@ class Connection final : public FramedConnection, public std::enable_shared_from
 
   // Returns false when the connection is done reading (closed, closing).
   bool handleFrame(const uint8_t* data, uint32_t len) {
+    // The decode rules live in frame_codec.h (pure, fuzzed); this is the socket side.
     proto::Envelope env;
-    if (!env.ParseFromArray(data, static_cast<int>(len))) {
-      fail(dataLoss("peer " + remote_ + " sent a frame of " + std::to_string(len) +
-                    " bytes that is not a valid Envelope"));
+    if (Status st = decodeEnvelope(data, len, established_, remote_, &env); !st.isOk()) {
+      fail(std::move(st));
       return false;
     }
     if (!established_) return handshake(env);
-    if (env.body_case() == proto::Envelope::BODY_NOT_SET) {
-      fail(invalidArgument("peer " + remote_ +
-                           " sent an envelope with no known body (newer protocol?)"));
-      return false;
-    }
-    if (env.has_hello()) {
-      fail(failedPrecondition("peer " + remote_ + " sent a second hello"));
-      return false;
-    }
     if (callbacks_.onMessage) callbacks_.onMessage(shared_from_this(), std::move(env));
     return true;
   }
@@ -440,16 +430,8 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       closeNow(why);
       return false;
     }
-    if (!env.has_hello()) {
-      reject(failedPrecondition("peer " + remote_ + " sent " + bodyName(env) +
-                                " as its first frame; expected hello"));
-      return false;
-    }
-    uint32_t v = env.hello().protocol_version();
-    if (v != kProtocolVersion || env.version() != kProtocolVersion) {
-      reject(failedPrecondition("protocol version mismatch: peer " + remote_ + " speaks " +
-                                std::to_string(v != kProtocolVersion ? v : env.version()) +
-                                ", this side speaks " + std::to_string(kProtocolVersion)));
+    if (Status st = checkHello(env, remote_); !st.isOk()) {
+      reject(std::move(st));
       return false;
     }
     peerHello_ = env.hello();

@@ -35,6 +35,26 @@ std::string pyStrip(const std::string& s, const Value* chars, bool left, bool ri
   return out;
 }
 
+// A macro call nests a whole interpreter's frames; a macro that calls itself without end
+// must be a render error, not a stack overflow (found by tests/fuzz). Per thread: a template
+// renders on one thread, and several threads may render at once.
+constexpr int kMaxMacroDepth = 100;
+thread_local int tMacroDepth = 0;
+
+class MacroDepth {
+ public:
+  MacroDepth(int line, const std::string& name) {
+    if (tMacroDepth >= kMaxMacroDepth) {
+      fail(line, "macro '" + name + "': calls nested deeper than " + std::to_string(kMaxMacroDepth) +
+                     " levels (unbounded recursion?)");
+    }
+    ++tMacroDepth;
+  }
+  ~MacroDepth() { --tMacroDepth; }
+  MacroDepth(const MacroDepth&) = delete;
+  MacroDepth& operator=(const MacroDepth&) = delete;
+};
+
 class Interpreter {
  public:
   explicit Interpreter(std::string& out) : out_(out) {}
@@ -163,6 +183,7 @@ class Interpreter {
     // Weak: the scope owns the macro, so a strong reference back would leak both.
     std::weak_ptr<Scope> defScope = scope;
     scope->vars[n->name] = makeFunction(n->name, [def, defScope](std::vector<Value>& args, Kwargs& kwargs, int line) {
+      MacroDepth depth(line, def->name);
       auto s = std::make_shared<Scope>();
       s->parent = defScope.lock();
       if (args.size() > def->kwargs.size())

@@ -7,9 +7,31 @@
 namespace pd::tok::jinja {
 namespace {
 
+// Recursive descent nests C++ frames per bracket, unary operator, `not`, `else` and block
+// level; a bound keeps a pathological template an error instead of a stack overflow (found by
+// tests/fuzz). Real chat templates nest a few levels; each bracket counts twice here.
+constexpr int kMaxNesting = 256;
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> toks) : t_(std::move(toks)) {}
+
+  // One level of nesting while it lives; fails the parse past kMaxNesting.
+  class Nest {
+   public:
+    Nest(Parser& p, int line) : p_(p) {
+      if (++p_.depth_ > kMaxNesting) {
+        fail(line, "template nested deeper than " + std::to_string(kMaxNesting) +
+                       " levels (brackets, operators or blocks)");
+      }
+    }
+    ~Nest() { --p_.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
 
   NodeP parseTemplate() {
     auto block = parseBlock({});
@@ -54,6 +76,7 @@ class Parser {
   // Parses statements until a {% tag %} whose name is in `stops` (left unconsumed after
   // "{%"), or the end.
   NodeP parseBlock(const std::vector<std::string>& stops) {
+    Nest nest(*this, peek().line);
     auto block = mk(NK::kBlock, peek().line);
     for (;;) {
       const Token& tk = peek();
@@ -211,6 +234,7 @@ class Parser {
 
   // ---- expressions ----
   NodeP parseExpr() {
+    Nest nest(*this, peek().line);
     NodeP e = parseTernaryNoIf();
     if (isName("if")) {
       int line = peek().line;
@@ -252,6 +276,7 @@ class Parser {
     return l;
   }
   NodeP parseNot() {
+    Nest nest(*this, peek().line);
     if (isName("not")) {
       int line = next().line;
       auto n = mk(NK::kNot, line);
@@ -324,6 +349,7 @@ class Parser {
     return l;
   }
   NodeP parseUnary() {
+    Nest nest(*this, peek().line);
     if (isOp("-") || isOp("+")) {
       int line = peek().line;
       bool neg = next().text == "-";
@@ -517,6 +543,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t p_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -189,5 +189,41 @@ TEST_CASE("jinja: unsupported constructs and raise_exception are clear errors") 
   CHECK_FALSE(tpl->render(json::parse(R"([{"content":"no role"}])")).ok());
 }
 
+// Found by tests/fuzz (jinja target): deep nesting and unbounded recursion overflowed the
+// stack instead of failing. A template comes from the model's files, but a bad one must be an
+// error at load (or render), never a crash of the router.
+TEST_CASE("jinja: nesting and recursion too deep are errors, not stack overflows") {
+  auto parseErr = [](const std::string& src) {
+    auto t = JinjaTemplate::parse(src);
+    REQUIRE_FALSE(t.ok());
+    return t.status().message();
+  };
+  const int deep = 100000;
+  CHECK_THAT(parseErr("{{ " + std::string(deep, '(') + "1" + std::string(deep, ')') + " }}"),
+             Catch::Contains("nested deeper than"));
+  CHECK_THAT(parseErr("{{ " + std::string(deep, '[') + std::string(deep, ']') + " }}"),
+             Catch::Contains("nested deeper than"));
+  CHECK_THAT(parseErr("{{ " + std::string(deep, '-') + "1 }}"), Catch::Contains("nested deeper than"));
+  std::string ifs;
+  for (int i = 0; i < 5000; ++i) ifs += "{% if x %}";
+  for (int i = 0; i < 5000; ++i) ifs += "{% endif %}";
+  CHECK_THAT(parseErr(ifs), Catch::Contains("nested deeper than"));
+  // Shallow nesting still parses and renders.
+  auto ok = JinjaTemplate::parse("{{ " + std::string(50, '(') + "1" + std::string(50, ')') + " }}");
+  REQUIRE(ok.ok());
+  CHECK(ok->render(json::object()).value() == "1");
+  // A macro that calls itself without end.
+  auto rec = JinjaTemplate::parse("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+  REQUIRE(rec.ok());
+  auto r = rec->render(json::object());
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("calls nested deeper than"));
+  // Bounded recursion is fine.
+  auto fact = JinjaTemplate::parse(
+      "{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(5) }}");
+  REQUIRE(fact.ok());
+  CHECK(fact->render(json::object()).value() == "54321");
+}
+
 }  // namespace
 }  // namespace pd::tok

@@ -1,0 +1,110 @@
+// Shared by the libFuzzer targets (tests/fuzz/*_fuzz.cpp): the fixture paths and a check
+// that turns a broken invariant into a crash libFuzzer records.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/tokenizer/tokenizer.h"
+
+namespace pd::fuzz {
+
+// A broken invariant is a finding: abort so libFuzzer saves the input.
+#define PD_FUZZ_CHECK(cond, what)                                             \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      std::fprintf(stderr, "fuzz invariant failed: %s (%s)\n", what, #cond); \
+      std::abort();                                                           \
+    }                                                                         \
+  } while (0)
+
+// The source tree and tests/fuzz/data, compiled in.
+inline std::string repoDir() { return PD_FUZZ_REPO_DIR; }
+inline std::string dataDir() { return repoDir() + "/tests/fuzz/data"; }
+
+// Where a target writes its seed inputs, made by the project's own encoders, when
+// $PD_FUZZ_WRITE_SEEDS names a folder (how tests/fuzz/corpus/<target>/ was made); empty: no.
+inline std::string seedDir() {
+  const char* d = std::getenv("PD_FUZZ_WRITE_SEEDS");
+  return d ? d : "";
+}
+
+// A tokenizer directory, or abort: a fuzzer with no fixture tests nothing.
+inline std::shared_ptr<const tok::Tokenizer> loadTokenizerOrDie(const std::string& dir) {
+  auto t = tok::Tokenizer::loadDir(dir);
+  if (!t.ok()) {
+    std::fprintf(stderr, "fuzz: cannot load the tokenizer in %s: %s\n", dir.c_str(),
+                 t.status().toString().c_str());
+    std::abort();
+  }
+  return *t;
+}
+
+// The directories in $PD_FUZZ_TOKENIZERS (colon-separated; run.sh passes the npm reference
+// tokenizers when tests/npm is installed), always with the committed tiny byte-level one.
+inline std::vector<std::string> tokenizerDirs() {
+  std::vector<std::string> dirs = {dataDir() + "/tiny_tokenizer"};
+  if (const char* env = std::getenv("PD_FUZZ_TOKENIZERS")) {
+    std::stringstream ss(env);
+    std::string d;
+    while (std::getline(ss, d, ':')) {
+      if (!d.empty()) dirs.push_back(d);
+    }
+  }
+  return dirs;
+}
+
+// Two known router bugs are fixed on another branch of issue 13 (the integrator merges both):
+//  - a wrongly typed "add_special_tokens" or content-part "type" makes json::value() throw
+//    type_error 302 out of the parser: the request is never answered;
+//  - /detokenize dumps a deeply nested token recursively and overflows the stack.
+// Until that merge the router targets step over exactly these two, so they do not stop every
+// run before other findings; PD_FUZZ_STRICT_ROUTER=1 turns the tolerance off.
+inline bool tolerateKnownRouterBugs() {
+  static const bool strict = [] {
+    const char* e = std::getenv("PD_FUZZ_STRICT_ROUTER");
+    return e && std::string(e) == "1";
+  }();
+  return !strict;
+}
+
+// Nesting depth of JSON-ish text (brackets outside strings).
+inline int jsonDepth(std::string_view s) {
+  int depth = 0, most = 0;
+  bool inString = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (inString) {
+      if (c == '\\') ++i;
+      else if (c == '"') inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      most = std::max(most, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return most;
+}
+
+// Runs one router parse call; the known bugs above end the input quietly (when tolerated).
+template <typename F>
+void routerCall(std::string_view body, bool isDetokenize, F&& call) {
+  if (tolerateKnownRouterBugs() && isDetokenize && jsonDepth(body) > 256) return;
+  try {
+    call();
+  } catch (const nlohmann::json::type_error& e) {
+    if (!tolerateKnownRouterBugs() || e.id != 302) throw;
+  }
+}
+
+}  // namespace pd::fuzz
