@@ -14,4 +14,15 @@ AdmissionVerdict admitPrefill(const WorkerView& w, double maxQueueWaitS) {
   return v;
 }
 
+AdmissionVerdict admitDecode(const WorkerView& w, double itlTargetS) {
+  AdmissionVerdict v;
+  const int streams = w.running + w.unreportedStreams;
+  const double itlS = w.decodeStepMs / 1e3;
+  if (streams < 2 || itlS <= itlTargetS) return v;
+  v.admit = false;
+  v.predictedWaitS = itlS;
+  v.retryAfterS = 1;
+  return v;
+}
+
 }  // namespace pd::router

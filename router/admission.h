@@ -23,4 +23,12 @@ struct AdmissionVerdict {
 // since it started) is never shed against: there is nothing to predict from.
 AdmissionVerdict admitPrefill(const WorkerView& prefilling, double maxQueueWaitS);
 
+// The decode side: a decode worker whose recent steps already take longer than the ITL target
+// while it runs two or more streams is past its capacity, and every stream added lengthens
+// its steps further: refused (Retry-After 1 s: streams end all the time); predictedWaitS is
+// then that step time. (No extrapolation to one more stream: at small batches a step costs
+// about the same whatever the batch, and a per-stream model would refuse far too early.)
+// A worker with fewer than two streams, or no measured step, admits.
+AdmissionVerdict admitDecode(const WorkerView& decoding, double itlTargetS);
+
 }  // namespace pd::router

@@ -142,8 +142,8 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
     return stream->refuse(std::move(e), "draining");
   }
   const int64_t promptTokens = int64_t(spec.parsed.prompt.size());
-  WorkerView prefilling;
-  auto p = plan(promptTokens, spec.prefixBlocks, "", &prefilling);
+  WorkerView prefilling, decoding;
+  auto p = plan(promptTokens, spec.prefixBlocks, "", &prefilling, &decoding);
   if (!p) {
     ApiError e;
     e.status = 503;
@@ -152,19 +152,26 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
     return stream->refuse(std::move(e), "no_worker");
   }
   if (cfg_.router.overloadShedding) {
-    const double targetS = cfg_.pools.prefill.slo.ttftMs / 1e3;
-    const AdmissionVerdict v = admitPrefill(prefilling, targetS);
-    if (!v.admit) {
+    const auto shed = [&](const AdmissionVerdict& v, const std::string& why) {
       ApiError e;
       e.status = 429;
       e.type = "rate_limit_exceeded";
       e.code = "overloaded";
       e.retryAfterS = v.retryAfterS;
-      e.message = "overloaded: the prompts queued on worker " + prefilling.id + " need about " +
-                  std::to_string(int(v.predictedWaitS * 1e3)) + " ms before this one could start, past the " +
-                  std::to_string(int(cfg_.pools.prefill.slo.ttftMs)) + " ms TTFT target; retry after " +
-                  std::to_string(v.retryAfterS) + " s";
-      return stream->refuse(std::move(e), "overloaded");
+      e.message = "overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s";
+      stream->refuse(std::move(e), "overloaded");
+    };
+    const AdmissionVerdict queue = admitPrefill(prefilling, cfg_.pools.prefill.slo.ttftMs / 1e3);
+    if (!queue.admit) {
+      return shed(queue, "the prompts queued on worker " + prefilling.id + " need about " +
+                             std::to_string(int(queue.predictedWaitS * 1e3)) + " ms before this one could start, past the " +
+                             std::to_string(int(cfg_.pools.prefill.slo.ttftMs)) + " ms TTFT target");
+    }
+    const AdmissionVerdict streams = admitDecode(decoding, cfg_.pools.decode.slo.itlMs / 1e3);
+    if (!streams.admit) {
+      return shed(streams, "decode worker " + decoding.id + " already steps every " +
+                               std::to_string(int(streams.predictedWaitS * 1e3)) + " ms, past the " +
+                               std::to_string(int(cfg_.pools.decode.slo.itlMs)) + " ms ITL target");
     }
   }
   commit(*p, promptTokens, spec.prefixBlocks);
@@ -174,7 +181,8 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
 }
 
 std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
-                                          const std::string& exclude, WorkerView* prefilling) {
+                                          const std::string& exclude, WorkerView* prefilling,
+                                          WorkerView* decoding) {
   std::vector<WorkerView> views = workers_.snapshot();
   if (!exclude.empty()) std::erase_if(views, [&](const WorkerView& v) { return v.id == exclude; });
   if (!blocks.empty())
@@ -182,8 +190,10 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
   auto p = policy_.select(promptTokens, views);
   if (!p) return std::nullopt;
   const std::string& who = p->route == Route::kDisaggregated ? p->prefillWorker : p->decodeWorker;
-  for (const auto& v : views)
+  for (const auto& v : views) {
     if (v.id == who) *prefilling = v;
+    if (v.id == p->decodeWorker) *decoding = v;
+  }
   return p;
 }
 
@@ -194,8 +204,8 @@ void RouterLoop::commit(const RoutePlan& p, int64_t promptTokens, const std::vec
   // received), as far as their pools keep them.
   for (const std::string& w : {p.decodeWorker, p.prefillWorker})
     if (!w.empty() && !blocks.empty()) prefixIndex_.record(w, blocks, workers_.totalBlocks(w));
-  workers_.notePrefillRouted(p.route == Route::kDisaggregated ? p.prefillWorker : p.decodeWorker,
-                             std::max<int64_t>(0, promptTokens - p.cachedTokens));
+  workers_.noteRouted(p.route == Route::kDisaggregated ? p.prefillWorker : p.decodeWorker,
+                      std::max<int64_t>(0, promptTokens - p.cachedTokens), p.decodeWorker);
 }
 
 Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n) {
@@ -220,8 +230,8 @@ void RouterLoop::migrate(std::shared_ptr<RequestStream> stream, std::vector<uint
   onStrand([this, stream = std::move(stream), oldIds = std::move(oldIds), promptTokens,
             left = std::move(leftWorker)] {
     for (uint64_t id : oldIds) requests_.erase(id);
-    WorkerView prefilling;
-    auto p = plan(promptTokens, {}, left, &prefilling);
+    WorkerView prefilling, decoding;
+    auto p = plan(promptTokens, {}, left, &prefilling, &decoding);
     if (!p) return stream->resume(std::nullopt, unavailable("no other decode worker can continue it"));
     commit(*p, promptTokens, {});  // an admitted request is never shed: it moves
     stream->resume(dispatch(stream, std::move(*p), int(oldIds.size())), Status());

@@ -87,9 +87,9 @@ class RouterLoop final : public StreamOwner {
   void onStrand(F&& f);
   void route(const std::shared_ptr<RequestStream>& stream);
   // The plan for a prompt (prefix blocks: its hashes, or none), skipping worker `exclude`;
-  // *prefilling gets the view of the worker that will prefill it.
+  // *prefilling and *decoding get the views of the workers that will prefill and decode it.
   std::optional<RoutePlan> plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
-                                const std::string& exclude, WorkerView* prefilling);
+                                const std::string& exclude, WorkerView* prefilling, WorkerView* decoding);
   // The plan is taken: metrics, the prefix index and the prefilling worker's queue learn it.
   void commit(const RoutePlan& plan, int64_t promptTokens, const std::vector<uint64_t>& blocks);
   // The Dispatch of `plan`: n fresh worker request ids, entered in the request table.

@@ -37,8 +37,11 @@ struct WorkerView {
   int64_t totalBlocks = 0;
   int64_t cachedTokens = 0;  // of the prompt being routed (filled in per request)
   double prefillTokensPerS = 0;  // measured by the worker (0: not known yet)
-  // Prompt tokens routed to it that its reports may not show yet (WorkerRegistry).
+  double decodeStepMs = 0;       // its decode steps' forward time and sequences (0: not known yet)
+  double decodeStepRows = 0;
+  // Prompt tokens and streams routed to it that its reports may not show yet (WorkerRegistry).
   int64_t unreportedPrefillTokens = 0;
+  int unreportedStreams = 0;
 };
 
 enum class Route { kColocated, kDisaggregated };

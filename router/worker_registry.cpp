@@ -79,6 +79,8 @@ void WorkerRegistry::onLoadReport(const net::ConnectionPtr& c, const proto::Load
   w.lastReport = steadyNow();
   while (!w.unreported.empty() && w.lastReport - w.unreported.front().first > kDispatchSettle)
     w.unreported.pop_front();
+  while (!w.unreportedStreams.empty() && w.lastReport - w.unreportedStreams.front() > kDispatchSettle)
+    w.unreportedStreams.pop_front();
   if (!w.reportsFresh) {
     PD_LOG(kInfo, kTag) << "worker '" << w.id << "' reports again";
     w.reportsFresh = true;
@@ -111,8 +113,10 @@ void WorkerRegistry::onReportTimer(const std::string& id, const net::ConnectionP
   if (onSilent_) onSilent_(w.id);
 }
 
-void WorkerRegistry::notePrefillRouted(const std::string& id, int64_t tokens) {
-  if (auto it = workers_.find(id); it != workers_.end()) it->second->unreported.emplace_back(steadyNow(), tokens);
+void WorkerRegistry::noteRouted(const std::string& prefilling, int64_t tokens, const std::string& decoding) {
+  const SteadyTime now = steadyNow();
+  if (auto it = workers_.find(prefilling); it != workers_.end()) it->second->unreported.emplace_back(now, tokens);
+  if (auto it = workers_.find(decoding); it != workers_.end()) it->second->unreportedStreams.push_back(now);
 }
 
 std::vector<WorkerView> WorkerRegistry::snapshot() const {
@@ -129,7 +133,10 @@ std::vector<WorkerView> WorkerRegistry::snapshot() const {
     v.freeBlocks = int64_t(w->report.free_blocks());
     v.totalBlocks = int64_t(w->report.total_blocks());
     v.prefillTokensPerS = w->report.prefill_tokens_per_s();
+    v.decodeStepMs = w->report.decode_step_ms();
+    v.decodeStepRows = w->report.decode_step_rows();
     for (const auto& [at, tokens] : w->unreported) v.unreportedPrefillTokens += tokens;
+    v.unreportedStreams = int(w->unreportedStreams.size());
     out.push_back(v);
   }
   return out;

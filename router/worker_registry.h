@@ -40,8 +40,10 @@ class WorkerRegistry {
     SteadyTime lastReport;
     bool reportsFresh = true;  // false once report_timeout passed without a report
     boost::asio::steady_timer reportTimer;
-    // Prompt tokens routed here and when, until a report surely counts them.
+    // Prompt tokens routed here to prefill, and streams routed here to decode, and when, until
+    // a report surely counts them.
     std::deque<std::pair<SteadyTime, int64_t>> unreported;
+    std::deque<SteadyTime> unreportedStreams;
   };
 
   WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
@@ -57,10 +59,11 @@ class WorkerRegistry {
   // A LoadReport from conn; ignored unless conn is the registered connection of the worker.
   void onLoadReport(const net::ConnectionPtr& conn, const proto::LoadReport& report);
 
-  // A prompt of `tokens` uncached tokens was routed to worker `id` to prefill. A burst
-  // arrives faster than load reports: until a report received kDispatchSettle after this
-  // one, the tokens count in the worker's unreportedPrefillTokens.
-  void notePrefillRouted(const std::string& id, int64_t tokens);
+  // A request was routed: `tokens` uncached prompt tokens to worker `prefilling` to prefill,
+  // and its stream to `decoding` (the same worker when colocated). A burst arrives faster
+  // than load reports: until a report received kDispatchSettle after this one, they count in
+  // the workers' unreportedPrefillTokens / unreportedStreams.
+  void noteRouted(const std::string& prefilling, int64_t tokens, const std::string& decoding);
   static constexpr std::chrono::milliseconds kDispatchSettle{250};
 
   // Called (on the executor) when a worker's reports stop for report_timeout: it is cut off

@@ -245,7 +245,7 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
     return s;
   }
 
-  notePrefillRate(plan, secondsBetween(forwardStart, clock_.now()));
+  noteStep(plan, secondsBetween(forwardStart, clock_.now()));
   int row = 0;
   for (const auto& e : plan.entries) {
     Request& r = requests_.at(e.seq);
@@ -263,14 +263,21 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   return Status::ok();
 }
 
-void Engine::notePrefillRate(const StepPlan& plan, double seconds) {
-  int64_t prefillTokens = 0;
-  for (const auto& e : plan.entries)
-    if (!e.isDecode) prefillTokens += e.count;
-  if (prefillTokens == 0 || seconds <= 0) return;
-  const double rate = double(prefillTokens) / seconds;
+void Engine::noteStep(const StepPlan& plan, double seconds) {
+  if (seconds <= 0) return;
   constexpr double kWeight = 0.3;  // of the newest step: follows a change within a few steps
-  prefillTokensPerS_ = prefillTokensPerS_ == 0 ? rate : (1 - kWeight) * prefillTokensPerS_ + kWeight * rate;
+  const auto fold = [](double& avg, double v) { avg = avg == 0 ? v : (1 - kWeight) * avg + kWeight * v; };
+  int64_t prefillTokens = 0;
+  bool anyDecode = false;
+  for (const auto& e : plan.entries) {
+    if (!e.isDecode) prefillTokens += e.count;
+    anyDecode |= e.isDecode;
+  }
+  if (prefillTokens > 0) fold(prefillTokensPerS_, double(prefillTokens) / seconds);
+  if (anyDecode) {
+    fold(decodeStepMs_, seconds * 1e3);
+    fold(decodeStepRows_, double(plan.entries.size()));
+  }
 }
 
 EngineLoad Engine::load() const {
@@ -290,6 +297,8 @@ EngineLoad Engine::load() const {
   l.prefixQueryTokens = prefixQueryTokens_;
   l.prefixHitTokens = prefixHitTokens_;
   l.prefillTokensPerS = prefillTokensPerS_;
+  l.decodeStepMs = decodeStepMs_;
+  l.decodeStepRows = decodeStepRows_;
   return l;
 }
 

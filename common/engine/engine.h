@@ -70,6 +70,11 @@ struct EngineLoad {
   // average of tokens / step time; decode rows in the same step count against it, so it
   // errs low). 0 until the first such step. The router predicts queue waits from it.
   double prefillTokensPerS = 0;
+  // Steps that carried decode rows: their forward time (ms) and sequences per step, both
+  // moving averages like the rate above. The router predicts the inter-token latency one
+  // more stream would bring from them (router/admission.h). 0 until the first such step.
+  double decodeStepMs = 0;
+  double decodeStepRows = 0;
 };
 
 // The plan entries of the step being computed, with their block tables; valid only inside
@@ -135,8 +140,8 @@ class Engine {
   Status sampleInto(Request& r, const float* logits, std::vector<EngineEvent>* events,
                     std::optional<SampledToken> given = std::nullopt);
   int32_t eosTokenId() const;
-  // Folds a forward pass of `seconds` over `plan` into prefillTokensPerS_.
-  void notePrefillRate(const StepPlan& plan, double seconds);
+  // Folds a forward pass of `seconds` over `plan` into the step averages of EngineLoad.
+  void noteStep(const StepPlan& plan, double seconds);
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCacheManager> kv_;
@@ -154,6 +159,7 @@ class Engine {
   int64_t prefixQueryTokens_ = 0;
   int64_t prefixHitTokens_ = 0;
   double prefillTokensPerS_ = 0;
+  double decodeStepMs_ = 0, decodeStepRows_ = 0;
 };
 
 }  // namespace pd::engine

@@ -30,5 +30,31 @@ TEST_CASE("admission: shed when queued prompt tokens over the prefill rate excee
   CHECK(admitPrefill(worker(1000000, 0, 0), 1.0).admit);
 }
 
+TEST_CASE("admission: shed at a decode worker whose steps already pass the ITL target") {
+  WorkerView w;
+  w.id = "decode-0";
+  w.decodeStepRows = 8;
+  w.running = 8;
+  w.decodeStepMs = 50;
+  CHECK(admitDecode(w, 0.050).admit);  // at the target
+  w.decodeStepMs = 60;
+  auto refused = admitDecode(w, 0.050);
+  CHECK_FALSE(refused.admit);
+  CHECK(refused.predictedWaitS == Approx(0.060));
+  CHECK(refused.retryAfterS == 1);
+  // One stream with a long step (a colocated prefill chunk) is no overload; two are, also when
+  // the second is routed but not yet reported.
+  WorkerView one;
+  one.running = 1;
+  one.decodeStepMs = 500;
+  one.decodeStepRows = 1;
+  CHECK(admitDecode(one, 0.050).admit);
+  one.unreportedStreams = 1;
+  CHECK_FALSE(admitDecode(one, 0.050).admit);
+  WorkerView fresh;  // nothing measured yet
+  fresh.running = 50;
+  CHECK(admitDecode(fresh, 0.050).admit);
+}
+
 }  // namespace
 }  // namespace pd::router
