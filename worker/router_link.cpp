@@ -25,7 +25,7 @@ void RouterLink::stop() {
   if (thread_.joinable()) thread_.join();
   // A connection's onClose runs on an I/O thread and uses this object: wait (bounded) for the
   // last one, so the destructor cannot free it under the callback (ASan: heap-use-after-free
-  // in test_worker_load_reporter, docs/security-fuzz.md).
+  // in test_worker_load_reporter, docs/security.md).
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, std::chrono::seconds(2), [this] { return closesPending_ <= 0; });
 }

@@ -62,49 +62,4 @@ inline std::vector<std::string> tokenizerDirs() {
   return dirs;
 }
 
-// Two known router bugs are fixed on another branch of issue 13 (the integrator merges both):
-//  - a wrongly typed "add_special_tokens" or content-part "type" makes json::value() throw
-//    type_error 302 out of the parser: the request is never answered;
-//  - /detokenize dumps a deeply nested token recursively and overflows the stack.
-// Until that merge the router targets step over exactly these two, so they do not stop every
-// run before other findings; PD_FUZZ_STRICT_ROUTER=1 turns the tolerance off.
-inline bool tolerateKnownRouterBugs() {
-  static const bool strict = [] {
-    const char* e = std::getenv("PD_FUZZ_STRICT_ROUTER");
-    return e && std::string(e) == "1";
-  }();
-  return !strict;
-}
-
-// Nesting depth of JSON-ish text (brackets outside strings).
-inline int jsonDepth(std::string_view s) {
-  int depth = 0, most = 0;
-  bool inString = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (inString) {
-      if (c == '\\') ++i;
-      else if (c == '"') inString = false;
-    } else if (c == '"') {
-      inString = true;
-    } else if (c == '[' || c == '{') {
-      most = std::max(most, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return most;
-}
-
-// Runs one router parse call; the known bugs above end the input quietly (when tolerated).
-template <typename F>
-void routerCall(std::string_view body, bool isDetokenize, F&& call) {
-  if (tolerateKnownRouterBugs() && isDetokenize && jsonDepth(body) > 256) return;
-  try {
-    call();
-  } catch (const nlohmann::json::type_error& e) {
-    if (!tolerateKnownRouterBugs() || e.id != 302) throw;
-  }
-}
-
 }  // namespace pd::fuzz

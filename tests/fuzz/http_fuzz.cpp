@@ -42,12 +42,10 @@ void route(const net::HttpRequest& req) {
   const std::string path = req.path();
   (void)req.header("content-type");
   if (req.method != "POST") return;
-  fuzz::routerCall(req.body, path == "/detokenize", [&] {
-    if (path == "/v1/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kCompletions);
-    if (path == "/v1/chat/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kChat);
-    if (path == "/tokenize") (void)parser().tokenize(req.body);
-    if (path == "/detokenize") (void)parser().detokenize(req.body);
-  });
+  if (path == "/v1/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kCompletions);
+  if (path == "/v1/chat/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kChat);
+  if (path == "/tokenize") (void)parser().tokenize(req.body);
+  if (path == "/detokenize") (void)parser().detokenize(req.body);
 }
 
 }  // namespace

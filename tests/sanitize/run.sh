@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sanitizer run (docs/security-fuzz.md): configures BUILD_DIR as a second tree of this
+# The sanitizer run (docs/security.md): configures BUILD_DIR as a second tree of this
 # checkout built with gcc and -fsanitize=<SANITIZERS> (PD_SANITIZE; default address,undefined),
 # builds the unit tests, the e2e test and the programs the e2e clusters start, and runs their
 # ctest cases there. Any sanitizer report fails the run: the test process aborts on the first
