@@ -763,8 +763,14 @@ static void checkSlowButAliveWriter(const std::string& transports, const std::st
   CHECK(b.headers.find("x-pdserve-route: colocated") != std::string::npos);
   if (lane == "tcp") {
     CHECK(quarantined == 0);  // the receiver's check is the fence: A's blocks were free at once
-    // ... and the stale writer did write: its writes under A's revoked grant were refused.
-    CHECK(workerMetricWith(*c, "decode-0", "pdserve_kv_writes_rejected_total", "unknown_grant") >= 1);
+    // ... and the stale writer did write: its writes under A's revoked grant were refused
+    // (they land whenever the resumed writer gets to them: wait for the count, bounded).
+    double rejected = -1;
+    for (int i = 0; i < 100 && rejected < 1; ++i) {
+      rejected = workerMetricWith(*c, "decode-0", "pdserve_kv_writes_rejected_total", "unknown_grant");
+      if (rejected < 1) std::this_thread::sleep_for(50ms);
+    }
+    CHECK(rejected >= 1);
   } else {
     CHECK(quarantined > 0);  // one-sided writer: held until it acknowledged
   }
