@@ -20,36 +20,24 @@
 #include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/transport_factory.h"
 #include "tests/unit/net/net_test_util.h"
+#include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
 using namespace pd::tools;
+using pd::test::routerMetric;
+using pd::test::workerMetric;
 using namespace std::chrono_literals;
 
 namespace {
 
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e_auth";
 
-std::string modelDir() {
-  static std::string dir = [] {
-    std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small";
-    if (!std::filesystem::exists(d + "/config.json")) {
-      engine::MakeModelOptions o;
-      o.preset = "small";
-      std::string tmp = d + ".tmp." + std::to_string(::getpid());
-      REQUIRE(engine::makeModel(o, tmp).isOk());
-      std::filesystem::rename(tmp, d);
-    }
-    return d;
-  }();
-  return dir;
-}
-
 // One prefill (on a known control port) and one decode worker, KV over tcp.
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillPort) {
   std::filesystem::create_directories(kWork);
   std::string path = kWork + "/" + name + ".yaml";
-  std::ofstream(path) << "model: {path: " << modelDir() << ", name: small}\n"
+  std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
                       << "router: {short_prompt_tokens: 0, prefix_aware_routing: false}\n"
                       << "pools: {prefill: {replicas: 1, base_port: " << prefillPort
                       << "}, decode: {replicas: 1}}\n"
@@ -66,33 +54,6 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillP
   INFO(c.status().toString());
   REQUIRE(c.ok());
   return std::move(c).value();
-}
-
-// The value of a metric series (name plus its exact label text) in a /metrics body, or -1.
-double metricIn(const std::string& body, const std::string& series) {
-  std::istringstream in(body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(series + " ", 0) == 0) return std::atof(line.c_str() + series.size() + 1);
-  }
-  return -1;
-}
-double routerMetric(LocalCluster& c, const std::string& series) {
-  auto r = httpGet(c.httpPort(), "/metrics", 5s);
-  return r.ok() ? metricIn(r->body, series) : -1;
-}
-double workerMetric(LocalCluster& c, const std::string& worker, const std::string& series) {
-  auto r = httpGet(c.metricsPort(worker), "/metrics", 5s);
-  if (!r.ok()) return -1;
-  // Worker series carry the constant labels {role, worker} first.
-  std::istringstream in(r->body);
-  const auto brace = series.find('{');
-  const std::string name = series.substr(0, brace);
-  const std::string labels = brace == std::string::npos ? "" : series.substr(brace + 1, series.size() - brace - 2);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) != 0 || (!labels.empty() && line.find(labels) == std::string::npos)) continue;
-    return std::atof(line.c_str() + line.rfind(' ') + 1);
-  }
-  return -1;
 }
 
 net::ConnectionOptions peer(proto::Role role, const std::string& id, const std::string& secret,

@@ -21,33 +21,20 @@
 #include "common/engine/cuda_backend.h"
 #include "common/engine/model_maker.h"
 #include "tests/test_skip.h"
+#include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
 #include "tools/process_group.h"
 
 using namespace pd;
 using namespace pd::tools;
+using pd::test::routerMetric;
+using pd::test::workerMetric;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
 
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e";
-
-// The default served model (preset small), made once per build tree.
-std::string modelDir() {
-  static std::string dir = [] {
-    std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small";
-    if (!std::filesystem::exists(d + "/config.json")) {
-      engine::MakeModelOptions o;
-      o.preset = "small";
-      std::string tmp = d + ".tmp." + std::to_string(::getpid());
-      REQUIRE(engine::makeModel(o, tmp).isOk());
-      std::filesystem::rename(tmp, d);
-    }
-    return d;
-  }();
-  return dir;
-}
 
 struct ClusterSpec {
   int64_t shortPromptTokens = 64;
@@ -66,7 +53,7 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
   std::filesystem::create_directories(kWork);
   std::string path = kWork + "/" + name + ".yaml";
   const bool cuda = spec.backend == "cuda";
-  std::ofstream(path) << "model: {path: " << modelDir() << ", name: small"
+  std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small"
                       << (cuda ? ", dtype: f32" : "") << "}\n"
                       << "router:\n  short_prompt_tokens: " << spec.shortPromptTokens << "\n"
                       << "  request_timeout_ms: 60000\n"
@@ -120,7 +107,7 @@ std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens,
                                  const std::string& sampling = "") {
   std::string ids;
   for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
-  std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + modelDir() +
+  std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + pd::test::e2eModelDir() +
                     " --prompt-ids " + ids + " --max-tokens " + std::to_string(maxTokens) +
                     " --ignore-eos --threads 2 " + sampling + " 2>/dev/null";
   FILE* f = ::popen(cmd.c_str(), "r");
@@ -137,32 +124,6 @@ std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens,
     ++at;
   }
   return result;
-}
-
-// A worker metric's value from its /metrics text (first matching series), or -1.
-double workerMetric(LocalCluster& c, const std::string& worker, const std::string& name) {
-  auto r = httpGet(c.metricsPort(worker), "/metrics", 5s);
-  if (!r.ok()) return -1;
-  std::istringstream in(r->body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name, 0) == 0 && (line[name.size()] == ' ' || line[name.size()] == '{')) {
-      return std::atof(line.c_str() + line.rfind(' ') + 1);
-    }
-  }
-  return -1;
-}
-
-// The value of the first series of `name` whose labels contain `label` (e.g. `outcome="ok"`), or -1.
-double workerMetricWith(LocalCluster& c, const std::string& worker, const std::string& name, const std::string& label) {
-  auto r = httpGet(c.metricsPort(worker), "/metrics", 5s);
-  if (!r.ok()) return -1;
-  std::istringstream in(r->body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) == 0 && line.find(label) != std::string::npos && line.find(label) < line.find('}')) {
-      return std::atof(line.c_str() + line.rfind(' ') + 1);
-    }
-  }
-  return -1;
 }
 
 bool allBlocksFree(LocalCluster& c, const std::string& worker) {
@@ -218,20 +179,6 @@ std::vector<int32_t> readStreamIds(int fd, std::string* seen) {
     for (const auto& id : event["choices"][0].value("token_ids", json::array())) ids.push_back(id.get<int32_t>());
   }
   return ids;
-}
-
-// The router's value of a series: `name` or `name{labels...}` as the first line starting with
-// it spells it (the labels given must be the series' leading ones), or -1.
-double routerMetric(LocalCluster& c, const std::string& series) {
-  auto r = httpGet(c.httpPort(), "/metrics", 5s);
-  if (!r.ok()) return -1;
-  std::istringstream in(r->body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(series, 0) != 0) continue;
-    const char next = line[series.size()];
-    if (series.back() == '}' || next == ' ' || next == '{') return std::atof(line.c_str() + line.rfind(' ') + 1);
-  }
-  return -1;
 }
 
 std::string headerValue(const std::string& seen, const std::string& name) {
@@ -348,20 +295,14 @@ TEST_CASE("adaptive threshold: a prefill pool missing its SLO pulls prompts onto
   spec.extraRouter = "  adaptive_threshold: true\n  overload_shedding: false\n";
   spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 1}}, decode: {replicas: 1, slo: {itl_ms: 60000}}}";
   auto c = startCluster("adaptive-threshold", spec);
-  auto routerMetric = [&](const std::string& name) {
-    auto m = httpGet(c->httpPort(), "/metrics", 5s);
-    REQUIRE(m.ok());
-    const auto at = m->body.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::atof(m->body.c_str() + at + name.size() + 2);
-  };
-  CHECK(routerMetric("pdserve_short_prompt_tokens") == 64);
+  CHECK(routerMetric(*c, "pdserve_short_prompt_tokens") == 64);
   const auto longPrompt = prompt(70, 5);
   CHECK(complete(*c, longPrompt, 2).headers.find("x-pdserve-route: disaggregated") != std::string::npos);
   for (int i = 0; i < 24; ++i) REQUIRE(complete(*c, prompt(70 + i, 100 + uint64_t(i)), 2).status == 200);
   double threshold = 64;
   for (int i = 0; i < 80 && threshold <= 64; ++i) {  // the tick is every 5 s
     std::this_thread::sleep_for(100ms);
-    threshold = routerMetric("pdserve_short_prompt_tokens");
+    threshold = routerMetric(*c, "pdserve_short_prompt_tokens");
   }
   // Steps of 25%: 80 after the first tick (a slow machine may fit a second one, 100).
   CHECK((threshold == 80 || threshold == 100));
@@ -1015,7 +956,7 @@ TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wron
   auto control = freePort();
   REQUIRE(port.ok());
   REQUIRE(control.ok());
-  std::ofstream(dir + "/cluster.yaml") << "model: {path: " << modelDir() << ", name: small}\n"
+  std::ofstream(dir + "/cluster.yaml") << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
                                        << "router: {tls: {cert_file: " << dir << "/s.pem, key_file: " << dir
                                        << "/s.key}}\nlogging: {level: warn}\n";
   ProcessGroup group;

@@ -1,0 +1,62 @@
+// Helpers shared by the end-to-end tests (tests/e2e): the served model and reading /metrics.
+// Test code only: failures are Catch2 REQUIREs; no state but the model made once per build tree.
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "common/engine/model_maker.h"
+#include "tools/local_cluster.h"
+
+namespace pd::test {
+
+// The default served model (preset small), made once per build tree and shared by the tests.
+inline std::string e2eModelDir() {
+  static std::string dir = [] {
+    std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small";
+    if (!std::filesystem::exists(d + "/config.json")) {
+      engine::MakeModelOptions o;
+      o.preset = "small";
+      std::string tmp = d + ".tmp." + std::to_string(::getpid());
+      REQUIRE(engine::makeModel(o, tmp).isOk());
+      std::filesystem::rename(tmp, d);
+    }
+    return d;
+  }();
+  return dir;
+}
+
+// The value of the first series in a /metrics body named `name{...}` or `name`, whose labels
+// contain each of `labels` ("" for any), or -1. `series` is `name` or `name{a="x",b="y"}`:
+// the labels given must appear in that order, as Prometheus writes them after any constant
+// labels (a worker's role and worker).
+inline double metricValue(const std::string& body, const std::string& series) {
+  const auto brace = series.find('{');
+  const std::string name = series.substr(0, brace);
+  const std::string labels = brace == std::string::npos ? "" : series.substr(brace + 1, series.size() - brace - 2);
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name, 0) != 0 || (line[name.size()] != ' ' && line[name.size()] != '{')) continue;
+    if (!labels.empty() && line.find(labels) == std::string::npos) continue;
+    return std::atof(line.c_str() + line.rfind(' ') + 1);
+  }
+  return -1;
+}
+
+inline double routerMetric(tools::LocalCluster& c, const std::string& series) {
+  auto r = tools::httpGet(c.httpPort(), "/metrics", std::chrono::seconds(5));
+  return r.ok() ? metricValue(r->body, series) : -1;
+}
+
+inline double workerMetric(tools::LocalCluster& c, const std::string& worker, const std::string& series) {
+  auto r = tools::httpGet(c.metricsPort(worker), "/metrics", std::chrono::seconds(5));
+  return r.ok() ? metricValue(r->body, series) : -1;
+}
+
+}  // namespace pd::test
