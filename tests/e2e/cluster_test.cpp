@@ -126,6 +126,11 @@ std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens,
   return result;
 }
 
+// A worker series whose labels contain `label` (e.g. `reason="x"` or just `x`), or -1.
+double workerMetricWith(LocalCluster& c, const std::string& worker, const std::string& name, const std::string& label) {
+  return workerMetric(c, worker, name + "{" + label + "}");
+}
+
 bool allBlocksFree(LocalCluster& c, const std::string& worker) {
   for (int i = 0; i < 100; ++i) {
     double total = workerMetric(c, worker, "pdserve_kv_cache_num_blocks");
