@@ -103,12 +103,15 @@ void WorkerLoop::drain(milliseconds timeout) {
   PD_LOG(kInfo, roleName()) << flags_.workerId << ": " << (idle_.load() ? "drained" : "drain timed out");
 }
 
+// The loop thread ends before the router links do: its last iteration ends every request
+// through the links (their clients read why), and the closures the links posted to the inbox
+// hold the links, so none may run after the links are gone (an ASan use-after-free before).
 void WorkerLoop::stop() {
   if (stopping_.exchange(true)) return;
   if (reporter_) reporter_->stop();
-  if (routers_) routers_->stop();
   inbox_.post([] {});
   if (thread_.joinable()) thread_.join();
+  if (routers_) routers_->stop();
   io_.stop();
 }
 
