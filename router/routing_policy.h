@@ -37,8 +37,7 @@ struct WorkerView {
   int64_t totalBlocks = 0;
   int64_t cachedTokens = 0;  // of the prompt being routed (filled in per request)
   double prefillTokensPerS = 0;  // measured by the worker (0: not known yet)
-  double decodeStepMs = 0;       // its decode steps' forward time and sequences (0: not known yet)
-  double decodeStepRows = 0;
+  double decodeStepMs = 0;       // its decode steps' forward time (0: not known yet)
   // Prompt tokens and streams routed to it that its reports may not show yet (WorkerRegistry).
   int64_t unreportedPrefillTokens = 0;
   int unreportedStreams = 0;

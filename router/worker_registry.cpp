@@ -134,7 +134,6 @@ std::vector<WorkerView> WorkerRegistry::snapshot() const {
     v.totalBlocks = int64_t(w->report.total_blocks());
     v.prefillTokensPerS = w->report.prefill_tokens_per_s();
     v.decodeStepMs = w->report.decode_step_ms();
-    v.decodeStepRows = w->report.decode_step_rows();
     for (const auto& [at, tokens] : w->unreported) v.unreportedPrefillTokens += tokens;
     v.unreportedStreams = int(w->unreportedStreams.size());
     out.push_back(v);

@@ -274,10 +274,7 @@ void Engine::noteStep(const StepPlan& plan, double seconds) {
     anyDecode |= e.isDecode;
   }
   if (prefillTokens > 0) fold(prefillTokensPerS_, double(prefillTokens) / seconds);
-  if (anyDecode) {
-    fold(decodeStepMs_, seconds * 1e3);
-    fold(decodeStepRows_, double(plan.entries.size()));
-  }
+  if (anyDecode) fold(decodeStepMs_, seconds * 1e3);
 }
 
 EngineLoad Engine::load() const {
@@ -298,7 +295,6 @@ EngineLoad Engine::load() const {
   l.prefixHitTokens = prefixHitTokens_;
   l.prefillTokensPerS = prefillTokensPerS_;
   l.decodeStepMs = decodeStepMs_;
-  l.decodeStepRows = decodeStepRows_;
   return l;
 }
 

@@ -70,11 +70,10 @@ struct EngineLoad {
   // average of tokens / step time; decode rows in the same step count against it, so it
   // errs low). 0 until the first such step. The router predicts queue waits from it.
   double prefillTokensPerS = 0;
-  // Steps that carried decode rows: their forward time (ms) and sequences per step, both
-  // moving averages like the rate above. The router predicts the inter-token latency one
-  // more stream would bring from them (router/admission.h). 0 until the first such step.
+  // Steps that carried decode rows: their forward time (ms), a moving average like the rate
+  // above: what every stream's inter-token latency is now. The router refuses new streams
+  // at a worker past its ITL target (router/admission.h). 0 until the first such step.
   double decodeStepMs = 0;
-  double decodeStepRows = 0;
 };
 
 // The plan entries of the step being computed, with their block tables; valid only inside
@@ -159,7 +158,7 @@ class Engine {
   int64_t prefixQueryTokens_ = 0;
   int64_t prefixHitTokens_ = 0;
   double prefillTokensPerS_ = 0;
-  double decodeStepMs_ = 0, decodeStepRows_ = 0;
+  double decodeStepMs_ = 0;
 };
 
 }  // namespace pd::engine

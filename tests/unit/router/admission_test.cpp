@@ -33,7 +33,6 @@ TEST_CASE("admission: shed when queued prompt tokens over the prefill rate excee
 TEST_CASE("admission: shed at a decode worker whose steps already pass the ITL target") {
   WorkerView w;
   w.id = "decode-0";
-  w.decodeStepRows = 8;
   w.running = 8;
   w.decodeStepMs = 50;
   CHECK(admitDecode(w, 0.050).admit);  // at the target
@@ -47,7 +46,6 @@ TEST_CASE("admission: shed at a decode worker whose steps already pass the ITL t
   WorkerView one;
   one.running = 1;
   one.decodeStepMs = 500;
-  one.decodeStepRows = 1;
   CHECK(admitDecode(one, 0.050).admit);
   one.unreportedStreams = 1;
   CHECK_FALSE(admitDecode(one, 0.050).admit);
