@@ -67,6 +67,15 @@ net::ConnectionOptions peer(proto::Role role, const std::string& id, const std::
   return o;
 }
 
+// The prefill worker's model fingerprint, as an authenticated decode worker learns it.
+std::string prefillFingerprint(net::IoPool& io, int prefillPort, const std::string& secret) {
+  auto probe = net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "probe", secret), {}, 5s);
+  REQUIRE(probe.ok());
+  std::string fingerprint = probe.value()->peerHello().model_fingerprint();
+  probe.value()->close(cancelled("done"));
+  return fingerprint;
+}
+
 int completion(LocalCluster& c) {
   auto r = httpRequest(c.httpPort(), "POST", "/v1/completions",
                        R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 4})", 60s,
@@ -147,14 +156,7 @@ TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
   net::IoPool io(2);
   // Learn the fingerprint, then play an authenticated decode worker to get the prefill
   // worker's KV connection info (the only way to it is the authenticated control plane).
-  std::string fingerprint;
-  {
-    auto probe = net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "probe", secret),
-                                            {}, 5s);
-    REQUIRE(probe.ok());
-    fingerprint = probe.value()->peerHello().model_fingerprint();
-    probe.value()->close(cancelled("done"));
-  }
+  const std::string fingerprint = prefillFingerprint(io, prefillPort, secret);
   REQUIRE_FALSE(fingerprint.empty());
   // Our writer: a tcp transport with no secret, and a buffer to write from.
   kvt::TransportOptions to;
@@ -236,14 +238,7 @@ TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a r
   const int prefillPort = freePort().value();
   auto c = startCluster("inject", prefillPort);
   // A user's stream, dispatched to decode-0 before the insider exists.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(c->httpPort()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  timeval tv{60, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  int fd = pd::test::connectLoopback(c->httpPort(), 60);
   const std::string body = R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 48, "ignore_eos": true, "stream": true})";
   const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -301,14 +296,7 @@ TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the
   auto c = startCluster("unreachable", prefillPort);
   const std::string& secret = c->config().cluster.secret;
   net::IoPool io(2);
-  std::string fingerprint;
-  {
-    auto probe = net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "probe", secret),
-                                            {}, 5s);
-    REQUIRE(probe.ok());
-    fingerprint = probe.value()->peerHello().model_fingerprint();
-    probe.value()->close(cancelled("done"));
-  }
+  const std::string fingerprint = prefillFingerprint(io, prefillPort, secret);
   std::mutex mu;
   std::condition_variable cv;
   int replies = 0, kvReplies = 0;

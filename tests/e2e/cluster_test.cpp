@@ -143,14 +143,7 @@ bool allBlocksFree(LocalCluster& c, const std::string& worker) {
 
 // Opens a streaming request and returns the socket once `events` SSE events arrived.
 int openStream(LocalCluster& c, const json& req, int events, std::string* seen) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(c.httpPort()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  int fd = pd::test::connectLoopback(c.httpPort(), 30);
   std::string body = req.dump();
   std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -867,14 +860,7 @@ TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metri
 
   // 5. HTTP/1.0: a close-delimited SSE stream, no chunked encoding.
   {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(uint16_t(c->httpPort()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    timeval tv{30, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int fd = pd::test::connectLoopback(c->httpPort(), 30);
     std::string body = R"({"model":"small","prompt":"hello","max_tokens":4,"stream":true})";
     std::string http = "POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer sk-plain\r\nContent-Length: " +
                        std::to_string(body.size()) + "\r\n\r\n" + body;

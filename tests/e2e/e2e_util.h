@@ -2,6 +2,9 @@
 // Test code only: failures are Catch2 REQUIREs; no state but the model made once per build tree.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -47,6 +50,19 @@ inline double metricValue(const std::string& body, const std::string& series) {
     return std::atof(line.c_str() + line.rfind(' ') + 1);
   }
   return -1;
+}
+
+// A TCP socket connected to 127.0.0.1:port whose reads give up after timeoutS seconds.
+inline int connectLoopback(int port, int timeoutS) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  timeval tv{timeoutS, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
 }
 
 inline double routerMetric(tools::LocalCluster& c, const std::string& series) {
