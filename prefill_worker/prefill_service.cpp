@@ -79,7 +79,7 @@ class PrefillServiceImpl final : public PrefillService {
     const auto& flags = loop_.flags();
     // Decode workers must prove the cluster secret before anything of theirs is read: no
     // fingerprint check, no KvConnect (which loads their transfer endpoint) before that.
-    net::ConnectionOptions opts = loop_.controlOptions("prefill_control");
+    net::ConnectionOptions opts = loop_.leasedControlOptions("prefill_control");
     opts.hello = worker::workerHello(proto::ROLE_PREFILL, flags, bundle);
     net::ConnectionCallbacks cb;
     cb.onOpen = [fingerprint = bundle.fingerprint](const net::ConnectionPtr& c) {

@@ -22,6 +22,14 @@ void authFailure(Registry& registry, std::string_view plane) {
       .inc();
 }
 
+void leaseExpired(Registry& registry, std::string_view plane) {
+  registry
+      .counter("pdserve_peer_leases_expired_total",
+               "Internal connections closed because the peer sent nothing (not even a heartbeat) for its lease.",
+               {{"plane", std::string(plane)}})
+      .inc();
+}
+
 void RouterMetrics::controlMessageDropped(std::string_view reason) {
   r_.counter("pdserve_control_messages_dropped_total",
              "Worker messages the router dropped (a request that was not dispatched to that worker).",

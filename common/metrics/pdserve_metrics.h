@@ -30,7 +30,9 @@
 // Both (cluster identity, issue 13; docs/security.md):
 //   pdserve_internal_auth_enabled (1: the internal planes require cluster.secret_file's
 //   secret, 0: they are open), pdserve_auth_failures_total{plane} (handshakes refused for
-//   authentication: router_control, router_link, prefill_control, prefill_link, kv_tcp).
+//   authentication: router_control, router_link, prefill_control, prefill_link, kv_tcp),
+//   pdserve_peer_leases_expired_total{plane} (workers: decode <-> prefill connections closed
+//   for the peer's silence past kv_transfer.lease_ms: prefill_control, prefill_link).
 // Router: pdserve_control_messages_dropped_total{reason} (a worker's message for a request
 //   it was not given: wrong_worker).
 // The gauges mirror vLLM's num_requests_running/waiting and kv_cache_usage_perc so that an
@@ -62,6 +64,8 @@ struct LatencyBuckets {
 // Cluster identity metrics, in any registry.
 void setInternalAuth(Registry& registry, bool authenticated);
 void authFailure(Registry& registry, std::string_view plane);
+// pdserve_peer_leases_expired_total{plane}: a connection closed for its peer's silence (issue 12).
+void leaseExpired(Registry& registry, std::string_view plane);
 
 class RouterMetrics {
  public:

@@ -54,7 +54,8 @@ CONFIG_KEYS = {
     "engine": {"backend", "threads", "block_size", "num_blocks", "kv_cache_bytes",
                "max_batch_tokens", "max_running_requests", "max_queue",
                "tensor_parallel_size", "enable_prefix_caching", "drain_timeout_ms"},
-    "kv_transfer": {"transports", "listen_host", "timeout_ms", "on_remote_prefill_failure"},
+    "kv_transfer": {"transports", "listen_host", "timeout_ms", "heartbeat_ms", "lease_ms",
+                    "on_remote_prefill_failure"},
     "logging": {"level"},
     "cluster": {"secret_file"},
 }
