@@ -334,6 +334,19 @@ void RemotePrefills::onCancelAck(const std::string& address, uint64_t id) {
   for (engine::SeqId h : holders) release(h, "prefill worker " + address + " acknowledged the cancel");
 }
 
+void RemotePrefills::exportStates() {
+  int64_t waiting = 0, connecting = 0, requested = 0;
+  for (const auto& [id, r] : requests_) {
+    waiting += r.state == State::kWaitingBlocks;
+    connecting += r.state == State::kConnecting;
+    requested += r.state == State::kRequested;
+  }
+  auto& m = loop_.metrics();
+  m.remotePrefillsIn("waiting_blocks", waiting);
+  m.remotePrefillsIn("connecting", connecting);
+  m.remotePrefillsIn("requested", requested);
+}
+
 void RemotePrefills::pollQuarantine() {
   if (quarantine_.empty()) return;
   const auto now = steadyNow();

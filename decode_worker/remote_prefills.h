@@ -73,6 +73,8 @@ class RemotePrefills {
   // their lease (loop poll).
   void pollQuarantine();
   int quarantinedBlocks() const { return quarantinedBlocks_; }
+  // pdserve_remote_prefills{state} for WAITING_BLOCKS, CONNECTING and REQUESTED (loop poll).
+  void exportStates();
 
  private:
   enum class State { kWaitingBlocks, kConnecting, kRequested };

@@ -31,7 +31,10 @@ class PrefillRole final : public worker::RolePolicy {
   }
   void onLayerDone(int layer, const engine::StepView& step) override { jobs_.onLayerDone(layer, step); }
   void onStepEvents(const std::vector<engine::EngineEvent>& events) override { jobs_.onStepEvents(events); }
-  void poll() override { jobs_.settle(); }
+  void poll() override {
+    jobs_.settle();
+    jobs_.exportStates();
+  }
   std::chrono::microseconds pollInterval() const override {
     return jobs_.hasTransfers() ? std::chrono::microseconds(0) : std::chrono::milliseconds(20);
   }

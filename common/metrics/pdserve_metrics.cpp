@@ -189,6 +189,14 @@ void WorkerMetrics::syncEngineCounters(int64_t totalPreemptions, int64_t totalQu
   seenHits_ = totalHitTokens;
 }
 
+void WorkerMetrics::remotePrefillsIn(std::string_view state, int64_t count) {
+  r_.gauge("pdserve_remote_prefills",
+           "Remote prefills in each state of their lifecycle now (docs/architecture.md): waiting_blocks, "
+           "connecting, requested on decode workers; computing, pushing, ending on prefill workers.",
+           {{"state", s(state)}})
+      .set(double(count));
+}
+
 void WorkerMetrics::remotePrefill(std::string_view outcome) {
   r_.counter("pdserve_remote_prefill_total",
              "Remote prefills by outcome (ok, recomputed locally, failed).",

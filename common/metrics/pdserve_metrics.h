@@ -111,6 +111,9 @@ class WorkerMetrics {
 
   void setCacheConfig(int blockSize, int64_t numBlocks);
   void remotePrefill(std::string_view outcome);
+  // pdserve_remote_prefills{state}: how many remote prefills are in `state` now (issue 12:
+  // every state of the lifecycle has a deadline and a metric).
+  void remotePrefillsIn(std::string_view state, int64_t count);
   // Brings the preemption and prefix-cache counters up to cumulative totals kept elsewhere
   // (the engine's); counts only the growth since the last call.
   void syncEngineCounters(int64_t totalPreemptions, int64_t totalQueryTokens, int64_t totalHitTokens);

@@ -657,8 +657,12 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   });
   std::this_thread::sleep_for(50ms);  // the PrefillRequest is on the prefill worker
   REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
+  std::this_thread::sleep_for(100ms);
+  // The lifecycle's state gauge (issue 12): the decode worker waits on it in REQUESTED.
+  const double requestedWhileStopped =
+      workerMetricWith(*c, "decode-0", "pdserve_remote_prefills", "state=\"requested\"");
   bool alwaysHealthy = true;
-  for (int i = 0; i < 15; ++i) {  // 1.5 s stopped
+  for (int i = 0; i < 14; ++i) {  // 1.5 s stopped
     std::this_thread::sleep_for(100ms);
     alwaysHealthy = alwaysHealthy && healthy("decode-0") && healthy("prefill-0");
   }
@@ -667,6 +671,11 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   streamer.join();
 
   CHECK(alwaysHealthy);
+  CHECK(requestedWhileStopped == 1);
+  for (const char* state : {"waiting_blocks", "connecting", "requested"})
+    CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefills", "state=\"" + std::string(state) + "\"") == 0);
+  for (const char* state : {"computing", "pushing", "ending"})
+    CHECK(workerMetricWith(*c, "prefill-0", "pdserve_remote_prefills", "state=\"" + std::string(state) + "\"") == 0);
   CHECK(delayed.status == 200);
   CHECK(delayed.ids == expected);
   CHECK(delayed.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
