@@ -2,7 +2,9 @@
 # The mixed-load benchmark of issue 10 (docs/performance.md "Mixed load"): S short streams
 # decode while L long prompts arrive; run against two local clusters on this machine:
 #   disaggregated: 1 prefill + 1 decode worker, one engine thread each, TCP KV;
-#   colocated:     1 decode worker with two engine threads, no prefill pool.
+#   colocated:     1 decode worker with two engine threads, no prefill pool, with SLO-sized
+#                  prefill chunks (the default) and, for the same-run comparison, without
+#                  (engine.slo_sized_prefill_chunks: false: max_batch_tokens chunks).
 # Usage: scripts/bench-mixed.sh [BUILD_DIR] [-- extra `pdserve bench mixed` options]
 # Needs the small model (models/small; `pdserve up` makes it on first use).
 set -euo pipefail
@@ -17,21 +19,21 @@ PID=
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-config() {  # $1: prefill replicas, $2: engine threads
+config() {  # $1: prefill replicas, $2: engine threads, $3: SLO-sized prefill chunks (true/false)
   cat <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
 router: {host: 127.0.0.1, port: 8100, control_port: 9100, short_prompt_tokens: 256, request_timeout_ms: 120000}
 pools:
   prefill: {replicas: $1, slo: {ttft_ms: 2000, percentile: 90}}
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 90}}
-engine: {backend: cpu, threads: $2, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024, max_running_requests: 32}
+engine: {backend: cpu, threads: $2, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024, max_running_requests: 32, slo_sized_prefill_chunks: $3}
 kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 10000, on_remote_prefill_failure: recompute}
 logging: {level: warn}
 YAML
 }
 
-run() {  # $1: label, $2: prefill replicas, $3: threads
-  config "$2" "$3" > "$WORK/$1.yaml"
+run() {  # $1: label, $2: prefill replicas, $3: threads, $4: SLO-sized prefill chunks
+  config "$2" "$3" "$4" > "$WORK/$1.yaml"
   "$BIN/pdserve" up --config "$WORK/$1.yaml" > "$WORK/$1.log" 2>&1 &
   PID=$!
   for _ in $(seq 1 300); do
@@ -44,6 +46,7 @@ run() {  # $1: label, $2: prefill replicas, $3: threads
 }
 
 RC=0
-run "disaggregated (1 prefill + 1 decode, 1 thread each)" 1 1
-run "colocated (1 decode worker, 2 threads)" 0 2
+run "disaggregated (1 prefill + 1 decode, 1 thread each)" 1 1 true
+run "colocated (1 decode worker, 2 threads)" 0 2 true
+run "colocated, fixed 1,024-token chunks" 0 2 false
 exit $RC

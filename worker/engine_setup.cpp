@@ -91,6 +91,9 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   opts.scheduler.maxNumSeqs = config.engine.maxRunningRequests;
   opts.scheduler.enablePrefixCaching = config.engine.enablePrefixCaching;
   opts.releaseKvOnFinish = releaseKvOnFinish;
+  // Only steps with decode rows are capped, so this matters where streams decode.
+  if (config.engine.sloSizedPrefillChunks) opts.prefillChunks.itlTargetMs = config.pools.decode.slo.itlMs;
+  opts.prefillChunks.minTokens = config.engine.minPrefillChunkTokens;
   PD_RETURN_IF_ERROR(opts.scheduler.validate());
   // Peers must agree on what one region's blocks hold: the per-rank layout and the rank count.
   b.fingerprint = b.modelName + "/" + parts.kv->layout().fingerprint();

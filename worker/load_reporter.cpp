@@ -82,6 +82,7 @@ void LoadReporter::schedule(std::shared_ptr<Shared> shared) {
     m.running.set(load.running);
     m.waiting.set(load.waiting + s.heldWaiting);
     m.queuedPrefillTokens.set(double(load.queuedPrefillTokens));
+    m.prefillChunkTokens.set(load.prefillChunkTokens);
     m.kvFreeBlocks.set(load.freeBlocks);
     m.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
     m.transfersInFlight.set(s.inflightTransfers);

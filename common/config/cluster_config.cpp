@@ -258,6 +258,8 @@ void readEngine(MapReader m, EngineConfig* c) {
   m.readIntChoice("tensor_parallel_size", &c->tensorParallelSize, {1, 2, 4, 8});
   m.readBool("enable_prefix_caching", &c->enablePrefixCaching);
   m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
+  m.readBool("slo_sized_prefill_chunks", &c->sloSizedPrefillChunks);
+  m.readInt("min_prefill_chunk_tokens", &c->minPrefillChunkTokens, 1, kMaxTokens);
   m.finish();
   if (hasBlocks && hasBytes) {
     m.errors()->add(m.node(), "engine: num_blocks and kv_cache_bytes are exclusive; give one");

@@ -153,6 +153,11 @@ struct EngineConfig {
   // SIGTERM: the worker stops taking work and gives its in-flight requests this long to
   // finish before it ends the rest (docs/architecture.md, "Shutdown and drain").
   int64_t drainTimeoutMs = 30000;
+  // SLO-sized chunked prefill (engine::PrefillChunkOptions): a step that also decodes
+  // computes at most the prompt tokens predicted to keep it within pools.decode.slo.itl_ms,
+  // and at least minPrefillChunkTokens. Off: max_batch_tokens alone.
+  bool sloSizedPrefillChunks = true;
+  int minPrefillChunkTokens = 32;
 };
 
 struct KvTransferConfig {

@@ -1,6 +1,7 @@
 #include "common/engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/base/log.h"
 
@@ -174,6 +175,7 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   view.kv = kv_.get();
   view.numExternalSeqs = static_cast<int>(remote_.size());
   view.now = clock_.now();
+  view.prefillTokenBudget = prefillChunkTokens();
   StepPlan plan = scheduler_.schedule(view);
   PD_RETURN_IF_ERROR(applyPlanToKv(plan, *kv_));
 
@@ -275,6 +277,32 @@ void Engine::noteStep(const StepPlan& plan, double seconds) {
   }
   if (prefillTokens > 0) fold(prefillTokensPerS_, double(prefillTokens) / seconds);
   if (anyDecode) fold(decodeStepMs_, seconds * 1e3);
+  if (anyDecode && prefillTokens == 0) fold(pureDecodeStepMs_, seconds * 1e3);
+  const double targetMs = options_.prefillChunks.itlTargetMs;
+  if (targetMs > 0 && anyDecode && prefillTokens > 0) {
+    // A step that used (nearly) its cap, or overran the target whatever it used, says where
+    // the cap should be; a step short of prompt work and within the target says nothing.
+    const int cap = prefillChunkTokens();
+    const double stepMs = seconds * 1e3;
+    if (stepMs > targetMs || prefillTokens * 10 >= cap * 9) {
+      const double scale = std::clamp(targetMs / stepMs, 0.5, 2.0);
+      prefillChunkCap_ = clampChunk(std::lround(double(prefillTokens) * scale));
+    }
+  }
+}
+
+int Engine::clampChunk(int64_t tokens) const {
+  const int most = options_.scheduler.maxBatchTokens;
+  return int(std::clamp<int64_t>(tokens, std::min(options_.prefillChunks.minTokens, most), most));
+}
+
+int Engine::prefillChunkTokens() const {
+  const double targetMs = options_.prefillChunks.itlTargetMs;
+  if (targetMs <= 0) return options_.scheduler.maxBatchTokens;
+  if (prefillChunkCap_ > 0) return prefillChunkCap_;
+  // Not taught yet: what the prefill rate fits beside a pure decode step.
+  if (prefillTokensPerS_ <= 0 || pureDecodeStepMs_ <= 0) return options_.scheduler.maxBatchTokens;
+  return clampChunk(std::llround(prefillTokensPerS_ * (targetMs - pureDecodeStepMs_) / 1e3));
 }
 
 EngineLoad Engine::load() const {
@@ -295,6 +323,7 @@ EngineLoad Engine::load() const {
   l.prefixHitTokens = prefixHitTokens_;
   l.prefillTokensPerS = prefillTokensPerS_;
   l.decodeStepMs = decodeStepMs_;
+  l.prefillChunkTokens = prefillChunkTokens();
   return l;
 }
 

@@ -49,9 +49,23 @@ struct EngineEvent {
   RequestTimings timings;                       // kFinished, kFailed: the request's latencies
 };
 
+// SLO-sized chunked prefill (issue 14): in a step that also decodes, the prompt tokens
+// computed are capped so the step stays within itlTargetMs, never below minTokens (prefills
+// always progress) nor above max_batch_tokens. The cap follows the measured steps: each
+// step that decoded and prefilled scales it by target / its time (at most x2 or /2 a step),
+// so it settles on the largest chunk whose step meets the target at the current batch and
+// context, whatever fixed costs a prefill adds to a step (a per-token model misses those and
+// shrinks the chunks it measures, and with them its own estimate). It starts from the
+// measured prefill rate and pure-decode step time.
+struct PrefillChunkOptions {
+  double itlTargetMs = 0;  // 0: off (max_batch_tokens alone)
+  int minTokens = 32;
+};
+
 struct EngineOptions {
   SchedulerConfig scheduler;
   bool releaseKvOnFinish = true;
+  PrefillChunkOptions prefillChunks;
 };
 
 struct EngineLoad {
@@ -74,6 +88,9 @@ struct EngineLoad {
   // above: what every stream's inter-token latency is now. The router refuses new streams
   // at a worker past its ITL target (router/admission.h). 0 until the first such step.
   double decodeStepMs = 0;
+  // The prompt tokens a step with decode rows may compute now (PrefillChunkOptions), or
+  // max_batch_tokens when chunks are not SLO-sized or nothing is measured yet.
+  int prefillChunkTokens = 0;
 };
 
 // The plan entries of the step being computed, with their block tables; valid only inside
@@ -141,6 +158,9 @@ class Engine {
   int32_t eosTokenId() const;
   // Folds a forward pass of `seconds` over `plan` into the step averages of EngineLoad.
   void noteStep(const StepPlan& plan, double seconds);
+  // The scheduler's prefillTokenBudget (PrefillChunkOptions).
+  int prefillChunkTokens() const;
+  int clampChunk(int64_t tokens) const;  // into [minTokens, max_batch_tokens]
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCacheManager> kv_;
@@ -159,6 +179,10 @@ class Engine {
   int64_t prefixHitTokens_ = 0;
   double prefillTokensPerS_ = 0;
   double decodeStepMs_ = 0;
+  // SLO-sized chunks: the time of steps with decode rows and no prompt tokens (a moving
+  // average; 0: not measured) and the cap the steps taught (0: not yet: start estimate).
+  double pureDecodeStepMs_ = 0;
+  int prefillChunkCap_ = 0;
 };
 
 }  // namespace pd::engine

@@ -140,6 +140,9 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
     plan.numDecodeTokens += count;
   }
 
+  // Streams are waiting on this step: its prefill share is what the ITL target leaves.
+  if (plan.numDecodeTokens > 0 && view.prefillTokenBudget >= 0) budget = std::min(budget, view.prefillTokenBudget);
+
   // 2. Running prefills continue, oldest first, each as far as budget and blocks allow.
   for (size_t i = 0; i < numRunning && budget > 0; ++i) {
     const SeqView& s = view.running[i];

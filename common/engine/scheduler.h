@@ -8,7 +8,10 @@
 //   - decode first: every running sequence whose prompt is computed gets its next token
 //     before any prefill chunk is considered;
 //   - chunked prefill under a per-step token budget (max_batch_tokens): running prefills
-//     continue (oldest first), then waiting sequences are admitted in queue order;
+//     continue (oldest first), then waiting sequences are admitted in queue order; in a step
+//     that carries decode rows the prefill chunks also stay within the view's
+//     prefillTokenBudget (the engine sizes it to the ITL target: SLO-sized chunks), so a long
+//     colocated prompt does not stretch the streams' step;
 //   - admission only when the KV manager has blocks for the sequence's next chunk (after
 //     any cached prefix it can share) plus a small watermark kept for decode growth; the
 //     queue head blocks those behind it, so a large request is never starved by small ones;
@@ -74,6 +77,10 @@ struct SchedulerView {
   // they count against max_num_seqs.
   int numExternalSeqs = 0;
   SteadyTime now{};
+  // Prompt tokens a step that has decode rows may also compute (chunks of prefills and
+  // admissions together); < 0: no limit but max_batch_tokens. Steps without decode rows
+  // ignore it (nothing waits on them).
+  int prefillTokenBudget = -1;
 };
 
 // One sequence's share of a step: compute tokens [start, start + count); wantLogits when

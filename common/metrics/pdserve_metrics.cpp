@@ -154,6 +154,8 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   kvCacheUsage = r_.gauge("pdserve_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).");
   queuedPrefillTokens =
       r_.gauge("pdserve_queued_prefill_tokens", "Prompt tokens waiting to be prefilled.");
+  prefillChunkTokens = r_.gauge("pdserve_prefill_chunk_tokens",
+                                "Prompt tokens a step that also decodes may compute now (SLO-sized chunked prefill).");
   kvNumBlocks = r_.gauge("pdserve_kv_cache_num_blocks", "KV cache blocks in the pool.");
   kvFreeBlocks = r_.gauge("pdserve_kv_cache_free_blocks", "KV cache blocks free.");
   transfersInFlight =

@@ -122,6 +122,7 @@ class WorkerMetrics {
   Gauge waiting;
   Gauge kvCacheUsage;  // used / total blocks, 0..1
   Gauge queuedPrefillTokens;
+  Gauge prefillChunkTokens;
   Gauge kvNumBlocks;
   Gauge kvFreeBlocks;
   Gauge transfersInFlight;

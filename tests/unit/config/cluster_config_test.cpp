@@ -243,6 +243,10 @@ TEST_CASE("cross-field rules") {
   REQUIRE(defaults.ok());
   CHECK(defaults->kvTransfer.heartbeatMs == 500);
   CHECK(defaults->kvTransfer.leaseMs == 3000);
+  CHECK(defaults->engine.sloSizedPrefillChunks);
+  CHECK(defaults->engine.minPrefillChunkTokens == 32);
+  CHECK(errorOf("engine: {min_prefill_chunk_tokens: 0}") ==
+        "test.yaml: engine.min_prefill_chunk_tokens: 0 is out of range [1, 16777216]");
 }
 
 TEST_CASE("several problems are all reported, in file order") {

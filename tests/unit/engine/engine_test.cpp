@@ -119,6 +119,72 @@ TEST_CASE("engine: the prefill rate follows prompt tokens per forward pass, deco
   CHECK(engine->load().prefillTokensPerS == Approx(1600));
 }
 
+// A forward pass costs 2 ms, plus 20 ms when it computes prompt tokens at all, plus 1 ms per
+// prompt token, plus whatever a test adds (a neighbour's burst): a step-time curve with a
+// fixed prefill cost, which a per-token model would get wrong.
+class StepCostClock final : public Clock {
+ public:
+  SteadyTime now() const override { return SteadyTime(std::chrono::microseconds(us_)); }
+  void charge(double ms) const { us_ += int64_t(ms * 1000); }
+
+ private:
+  mutable int64_t us_ = 0;
+};
+
+TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose step meets the ITL target") {
+  StepCostClock clock;
+  auto model = tinyModel();
+  auto layout = kvLayoutFor(model->config, 256, 16);
+  auto kv = KvCacheManager::create(layout);
+  REQUIRE(kv.ok());
+  auto backend = createCpuBackend(model, layout, kv.value()->data(), {1});
+  REQUIRE(backend.ok());
+  EngineOptions opts;
+  opts.scheduler.maxBatchTokens = 256;
+  opts.scheduler.maxNumSeqs = 16;
+  opts.prefillChunks.itlTargetMs = 50;  // 2 + 20 + p <= 50: p = 28
+  opts.prefillChunks.minTokens = 4;
+  Engine engine(std::move(backend).value(), std::move(kv).value(), opts, clock);
+  CHECK(engine.load().prefillChunkTokens == 256);  // nothing measured: max_batch_tokens
+  double extraMs = 0;
+  std::vector<double> mixedStepMs;
+  // The forward pass is timed between two now() calls: the layer callback charges its cost.
+  auto step = [&] {
+    std::vector<EngineEvent> events;
+    StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
+      if (done) return;
+      done = true;
+      int prompt = 0;
+      bool decode = false;
+      for (const auto& e : v.entries) {
+        prompt += e.isDecode ? 0 : e.count;
+        decode |= e.isDecode;
+      }
+      const double ms = 2 + (prompt > 0 ? 20 + prompt : 0) + extraMs;
+      clock.charge(ms);
+      if (decode && prompt > 0) mixedStepMs.push_back(ms);
+    };
+    REQUIRE(engine.step(&events, charge).isOk());
+  };
+  REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(200))).isOk());
+  step();  // the stream's prompt alone: 20 tokens in 42 ms (476 tokens/s)
+  step();  // pure decode steps: 2 ms
+  step();
+  // From the rate: 476 tokens/s x (50 - 2) ms = 23 tokens, a step of 45 ms.
+  CHECK(engine.load().prefillChunkTokens == 23);
+  REQUIRE(engine.submit(makeRequest(2, testPrompt(2000, 6), greedy(1))).isOk());
+  for (int i = 0; i < 12; ++i) step();
+  CHECK(engine.load().prefillChunkTokens == 28);
+  for (double ms : mixedStepMs) CHECK(ms <= 50);
+  // A neighbour stalls one step by 100 ms: the cap halves, then climbs back within a few steps.
+  extraMs = 100;
+  step();
+  extraMs = 0;
+  CHECK(engine.load().prefillChunkTokens == 14);
+  for (int i = 0; i < 6; ++i) step();
+  CHECK(engine.load().prefillChunkTokens == 28);
+}
+
 TEST_CASE("engine: batched requests generate what each generates alone") {
   auto engine = makeEngine(128, 64);
   std::map<uint64_t, std::vector<int32_t>> prompts;

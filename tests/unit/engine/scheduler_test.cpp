@@ -68,7 +68,7 @@ class Sim {
     return add(std::move(p), maxNew);
   }
 
-  StepPlan step() {
+  StepPlan step(int prefillTokenBudget = -1) {
     std::vector<SeqView> run, wait;
     for (SeqId id : running_) run.push_back(view(seqs_[id]));
     for (SeqId id : waiting_) wait.push_back(view(seqs_[id]));
@@ -77,6 +77,7 @@ class Sim {
     v.waiting = wait;
     v.kv = kv_.get();
     v.now = clock_.now();
+    v.prefillTokenBudget = prefillTokenBudget;
     StepPlan plan = sched_.schedule(v);
     checkPlan(plan);
     REQUIRE_OK(applyPlanToKv(plan, *kv_));
@@ -276,6 +277,34 @@ TEST_CASE("a waiting request is not admitted without blocks for its next chunk")
   for (const PlanEntry& e : p.entries) CHECK(e.seq != late.id);
   CHECK(sim.runUntilIdle(50) < 50);
   CHECK(late.generated == 1);
+}
+
+// SLO-sized chunks (issue 14): with streams decoding, prompt tokens stay within the
+// prefill budget; with none, the whole max_batch_tokens goes to the prefill.
+TEST_CASE("with decode rows in the step, prefill chunks and admissions keep to the prefill budget") {
+  Sim sim(256, 16, config(64, 8));
+  sim.add(4, 8);
+  sim.step(/*prefillTokenBudget=*/10);  // no decode row yet: the budget does not apply
+  REQUIRE(sim.running().size() == 1);
+  SimSeq& longPrompt = sim.add(100, 1);
+  StepPlan p = sim.step(10);
+  REQUIRE(p.entries.size() == 2);
+  CHECK(p.numDecodeTokens == 1);
+  CHECK(p.numPrefillTokens == 10);
+  sim.add(30, 1);  // waiting behind the long prompt
+  for (int i = 0; i < 5; ++i) {
+    p = sim.step(10);
+    CHECK(p.numDecodeTokens == 1);
+    CHECK(p.numPrefillTokens <= 10);  // the running prefill and the admission share it
+  }
+  CHECK(longPrompt.numComputed == 60);
+  // The stream ends (8 tokens): what is left of the prompts goes at max_batch_tokens again.
+  while (sim.seq(1).generated < 8) sim.step(10);
+  p = sim.step(10);
+  CHECK(p.numDecodeTokens == 0);
+  CHECK(p.numPrefillTokens > 10);
+  sim.runUntilIdle(100);
+  CHECK(sim.kv().numFreeBlocks() == 256);
 }
 
 TEST_CASE("a long request is not starved by a stream of short ones") {
