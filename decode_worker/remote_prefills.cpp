@@ -420,7 +420,9 @@ Status RemotePrefills::recomputeStall(const Remote& r) const {
   const int promptTokens = r.gen.prompt_token_ids_size();
   const engine::EngineLoad load = loop_.engine().load();
   if (load.decoding == 0 || load.prefillTokensPerS <= 0) return Status::ok();
-  const int64_t chunk = std::min<int64_t>(promptTokens, loop_.config().engine.maxBatchTokens);
+  // The chunk a step beside the streams would take: SLO-sized when engine.slo_sized_prefill_chunks
+  // (then it fits by construction), max_batch_tokens otherwise.
+  const int64_t chunk = std::min<int64_t>(promptTokens, load.prefillChunkTokens);
   const double stepMs = 1e3 * double(chunk) / load.prefillTokensPerS;
   const double itlMs = loop_.config().pools.decode.slo.itlMs;
   if (stepMs <= itlMs) return Status::ok();

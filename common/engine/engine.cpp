@@ -322,7 +322,10 @@ EngineLoad Engine::load() const {
   l.prefixQueryTokens = prefixQueryTokens_;
   l.prefixHitTokens = prefixHitTokens_;
   l.prefillTokensPerS = prefillTokensPerS_;
-  l.decodeStepMs = decodeStepMs_;
+  // With SLO-sized chunks the prompt work in a step yields to the ITL target, so what the
+  // streams cost by themselves is the capacity signal (a mixed step sits near the target by
+  // design and would read as "full").
+  l.decodeStepMs = options_.prefillChunks.itlTargetMs > 0 && pureDecodeStepMs_ > 0 ? pureDecodeStepMs_ : decodeStepMs_;
   l.prefillChunkTokens = prefillChunkTokens();
   return l;
 }

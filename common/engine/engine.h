@@ -86,7 +86,9 @@ struct EngineLoad {
   double prefillTokensPerS = 0;
   // Steps that carried decode rows: their forward time (ms), a moving average like the rate
   // above: what every stream's inter-token latency is now. The router refuses new streams
-  // at a worker past its ITL target (router/admission.h). 0 until the first such step.
+  // at a worker past its ITL target (router/admission.h). 0 until the first such step. With
+  // SLO-sized chunks, only the steps without prompt tokens: the streams' own cost (the
+  // chunks beside them are sized to the target).
   double decodeStepMs = 0;
   // The prompt tokens a step with decode rows may compute now (PrefillChunkOptions), or
   // max_batch_tokens when chunks are not SLO-sized or nothing is measured yet.
