@@ -205,6 +205,7 @@ void RemotePrefills::onKvConnectReply(const std::string& address, proto::Envelop
   }
   peer.kvReady = true;
   peer.kvPeer = *loaded;
+  peer.redialDelay = milliseconds(0);
   loop_.cancelTimer(peer.kvTimer);
   // Holds from an earlier connection to this worker: ask again (an acknowledgement may have
   // been lost with that connection; a worker that holds nothing of the request answers at once).
@@ -361,8 +362,8 @@ void RemotePrefills::pollQuarantine() {
       continue;
     }
     // Its connection closed (a lease that ran out, a reset) but the writer may live: only a
-    // new connection can carry the Cancel and its acknowledgement, so dial it again (at most
-    // once per kRedialInterval) rather than hold the blocks until a request goes there.
+    // new connection can carry the Cancel and its acknowledgement, so dial it again rather
+    // than hold the blocks until a request goes there.
     if (!connected && (peer == peers_.end() || !peer->second.connecting)) redial.push_back(q.address);
     if (!q.leaseLogged && now - q.since > lease) {
       q.leaseLogged = true;
@@ -376,9 +377,12 @@ void RemotePrefills::pollQuarantine() {
   for (const std::string& address : redial) {
     Peer& peer = peers_[address];
     if (peer.conn || peer.connecting || now < peer.redialAt) continue;
-    peer.redialAt = now + kRedialInterval;
-    PD_LOG(kInfo, kTag) << "prefill worker " << address << ": reconnecting to ask it to acknowledge cancels of "
-                        << "quarantined KV blocks";
+    // Backoff (500 ms doubling to 8 s, reset by a connection that loads): a writer that stays
+    // unreachable costs a dial now and then, not one per poll.
+    peer.redialDelay = peer.redialDelay == milliseconds(0) ? kFirstRedial : std::min(2 * peer.redialDelay, kMaxRedial);
+    peer.redialAt = now + peer.redialDelay;
+    PD_LOG(kDebug, kTag) << "prefill worker " << address << ": reconnecting to ask it to acknowledge cancels of "
+                         << "quarantined KV blocks";
     connect(address);
   }
 }

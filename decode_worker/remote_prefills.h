@@ -114,8 +114,10 @@ class RemotePrefills {
     std::unordered_set<uint64_t> requests;
     SteadyTime lastHeard;       // its last message on this connection
     SteadyTime redialAt{};      // pollQuarantine: no new connection for quarantined holds before
+    std::chrono::milliseconds redialDelay{0};  // the backoff of those dials (0: none yet)
   };
-  static constexpr std::chrono::milliseconds kRedialInterval{500};
+  static constexpr std::chrono::milliseconds kFirstRedial{500};
+  static constexpr std::chrono::milliseconds kMaxRedial{8000};
 
   void reserved(uint64_t id, std::vector<engine::BlockId> blocks);
   void sendPrefillRequest(Peer& peer, uint64_t id);
