@@ -91,7 +91,22 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
                                 "max_tokens"),
                      ""};
   }
-  out.maxTokens = maxTokens == 0 ? 1 : maxTokens;  // echo-only requests still run one step
+  if (out.req.minTokens > maxTokens) {
+    return Rejection{badRequest("min_tokens: " + std::to_string(out.req.minTokens) + " exceeds max_tokens " +
+                                    std::to_string(maxTokens),
+                                "min_tokens"),
+                     ""};
+  }
+  for (const auto& [id, bias] : out.req.logitBias) {
+    if (id >= limits_.vocab) {
+      return Rejection{badRequest("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                      std::to_string(limits_.vocab),
+                                  "logit_bias"),
+                       ""};
+    }
+  }
+  out.discardOutput = maxTokens == 0;  // echo-only (max_tokens 0 without echo was refused)
+  out.maxTokens = maxTokens == 0 ? 1 : maxTokens;
   return out;
 }
 
