@@ -462,7 +462,14 @@ json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& lps, size_
     tokens.push_back(lp.token);
     tokenLogprobs.push_back(lp.logprob);
     json alternatives = json::object();
-    for (const auto& [tok, p] : lp.top) alternatives[tok] = p;
+    for (size_t k = 0; k < lp.top.size(); ++k) {
+      const auto& [tok, p] = lp.top[k];
+      if (alternatives.contains(tok) && k < lp.topIds.size()) {
+        alternatives["token_id:" + std::to_string(lp.topIds[k])] = p;
+      } else {
+        alternatives[tok] = p;
+      }
+    }
     top.push_back(alternatives);
     offsets.push_back(offset);
     offset += lp.token.size();

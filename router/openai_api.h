@@ -103,6 +103,11 @@ struct TokenLogprob {
   std::string token;  // text of the token
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;  // alternatives, best first
+  // The alternatives' token ids, parallel to `top` (empty: unknown). Completions key their
+  // alternatives by text, and different tokens can share one (every lone byte of a UTF-8
+  // sequence decodes to U+FFFD): a repeated text is keyed "token_id:<id>" instead, vLLM's
+  // return_tokens_as_token_ids form, so all N alternatives are returned.
+  std::vector<int32_t> topIds;
 };
 
 struct Usage {

@@ -282,6 +282,7 @@ TokenLogprob RequestStream::logprobOf(const proto::TokenLogprob& lp) const {
   for (const auto& top : lp.top()) {
     int32_t tid = int32_t(top.token_id());
     t.top.emplace_back(tokenizer_->decode(std::span<const int32_t>(&tid, 1)), top.logprob());
+    t.topIds.push_back(tid);
   }
   return t;
 }

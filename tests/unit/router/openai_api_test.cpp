@@ -226,3 +226,25 @@ TEST_CASE("stream chunks, usage chunk and full responses have OpenAI's shapes") 
   CHECK(sseEvent(streamChunk(Endpoint::kCompletions, meta, partial, false)).find("\xef\xbf\xbd") !=
         std::string::npos);
 }
+
+TEST_CASE("completions logprobs: alternatives that decode to the same text are all returned") {
+  // Lone bytes of UTF-8 sequences all decode to U+FFFD: keyed by text they used to collapse
+  // (logprobs: 20 returned 12 entries on a byte-level vocabulary).
+  TokenLogprob lp;
+  lp.token = "a";
+  lp.logprob = -0.5f;
+  lp.top = {{"a", -0.5f}, {"\xEF\xBF\xBD", -1.0f}, {"\xEF\xBF\xBD", -2.0f}, {"b", -3.0f}};
+  lp.topIds = {97, 200, 201, 98};
+  ChoiceDelta c;
+  c.text = "a";
+  c.logprobs = {lp};
+  ResponseMeta meta{"cmpl-1", 1, "m"};
+  json full = fullResponse(Endpoint::kCompletions, meta, {c}, Usage{1, 1}, true);
+  const json& top = full["choices"][0]["logprobs"]["top_logprobs"][0];
+  CHECK(top.size() == 4);
+  CHECK(top["\xEF\xBF\xBD"] == -1.0f);
+  CHECK(top["token_id:201"] == -2.0f);
+  // Chat lists them: every entry is there with its own text.
+  json chat = fullResponse(Endpoint::kChat, meta, {c}, Usage{1, 1}, true);
+  CHECK(chat["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size() == 4);
+}
