@@ -293,6 +293,9 @@ TokenLogprob RequestStream::logprobOf(const proto::TokenLogprob& lp) const {
 bool RequestStream::applyStop(Choice& c, std::string& delta, bool final) {
   const auto& stops = spec_.parsed.req.stop;
   if (stops.empty()) return false;
+  // min_tokens holds stop strings back too, as vLLM does: matching starts with the chunk that
+  // reaches min_tokens (the worker masks the stop ids and EOS until then).
+  if (int(c.generated.size()) < spec_.parsed.req.minTokens) return false;
   c.held += delta;
   delta.clear();
   size_t cut = std::string::npos;

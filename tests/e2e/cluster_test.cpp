@@ -357,6 +357,17 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
     CHECK(echo.ids.empty());
     CHECK(echo.body["usage"]["completion_tokens"] == 0);
     CHECK(echo.body["choices"][0]["finish_reason"] == "length");
+    // A stop string of the first token's text ends the answer at once, unless min_tokens.
+    REQUIRE(plain[0] < 128);  // a byte-level id: its text is that one ASCII character
+    const json stopString{{"stop", std::string(1, char(plain[0]))}};
+    auto cut = complete(*c, prompt(300, 5), 8, stopString);
+    CHECK(cut.body["choices"][0]["text"] == "");
+    CHECK(cut.body["choices"][0]["finish_reason"] == "stop");
+    json held = stopString;
+    held["min_tokens"] = 3;
+    auto notCut = complete(*c, prompt(300, 5), 8, held);
+    CHECK(notCut.body["usage"]["completion_tokens"] >= 3);
+    CHECK(notCut.ids.size() >= 3);
   }
   {
     auto c = startCluster("seeded-disaggregated", disaggregatedSpec);
