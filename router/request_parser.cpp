@@ -134,7 +134,12 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
   }
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
-    auto parsed = parseGenerationRequest(text, Endpoint::kChat);
+    // The chat fields /tokenize shares with generation; its own flags (return_token_strs,
+    // add_special_tokens) are not generation fields, which the allow-list would refuse.
+    json chat = json::object();
+    for (const char* field : {"model", "messages", "add_generation_prompt", "split_special_tokens"})
+      if (body.contains(field)) chat[field] = body[field];
+    auto parsed = parseGenerationRequest(chat.dump(), Endpoint::kChat);
     if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
     std::string rendered;
     auto got = promptIds(std::get<GenerationRequest>(parsed), &rendered);

@@ -104,6 +104,14 @@ TEST_CASE("logit_bias ids are checked against the vocabulary; min_tokens against
   REQUIRE(std::holds_alternative<ParsedGenerate>(echo));
   CHECK(std::get<ParsedGenerate>(echo).discardOutput);
   CHECK(std::get<ParsedGenerate>(echo).maxTokens == 1);
+
+  // /tokenize with messages keeps its own flags (they are not generation fields).
+  auto tokenized = parser.tokenize(json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                                        {"return_token_strs", true},
+                                        {"add_special_tokens", false}}
+                                       .dump());
+  REQUIRE(std::holds_alternative<json>(tokenized));
+  CHECK(std::get<json>(tokenized).contains("token_strs"));
 }
 
 }  // namespace pd::router
