@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/engine/kv_cache_manager.h"
+#include "common/engine/logits_processors.h"
 #include "common/engine/sampling.h"
 #include "common/engine/scheduler.h"
 
@@ -78,6 +79,26 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     for (int it = 0; it < iters; ++it) sum += sample(logits.data(), vocab, p, uint64_t(it)).id;
     std::printf("sample   %-28s        %8.1f us/token (checksum %ld)\n", c.name,
+                microsPer(iters, t0), sum % 1000);
+  }
+
+  // The logits processors on top (logits_processors.h): a row copy, the edits over a 2k-token
+  // history (1k prompt, 1k output), and the greedy pass for the raw logprobs.
+  {
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.seed = 1;
+    p.presencePenalty = 0.5f;
+    p.frequencyPenalty = 0.5f;
+    p.repetitionPenalty = 1.1f;
+    p.logitBias = {{1, 5.0f}, {2, -5.0f}};
+    std::vector<int32_t> history(2048);
+    for (size_t i = 0; i < history.size(); ++i) history[i] = int32_t((i * 7919) % size_t(vocab));
+    long sum = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int it = 0; it < iters; ++it)
+      sum += sampleWithProcessors(logits.data(), vocab, p, uint64_t(it), history, 1024, -1).id;
+    std::printf("sample   %-28s        %8.1f us/token (checksum %ld)\n", "t 0.8 + penalties, 2k history",
                 microsPer(iters, t0), sum % 1000);
   }
 
