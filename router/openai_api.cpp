@@ -309,8 +309,9 @@ MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRe
                       "logit_bias");
   }
   for (const auto& [key, value] : b.items()) {
-    // Decimal digits only, as the key of a token id (no sign, no spaces, at most 9 digits).
-    const bool id = !key.empty() && key.size() <= 9 &&
+    // Decimal digits only, as the key of a token id (no sign, no spaces, no leading zero, so
+    // one id has one key and no two entries add up; at most 9 digits).
+    const bool id = !key.empty() && key.size() <= 9 && (key.size() == 1 || key[0] != '0') &&
                     std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (!id) {
       return badRequest("logit_bias: key '" + quoteForMessage(key) + "' is not a token id", "logit_bias");

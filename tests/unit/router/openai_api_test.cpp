@@ -111,6 +111,8 @@ TEST_CASE("penalties, logit_bias, min_tokens and best_of are read with their ran
         "logit_bias[5]: 101 is out of range [-100, 100]");
   CHECK(parseErr(R"({"prompt":"x","logit_bias":{"-5":1}})").message == "logit_bias: key '-5' is not a token id");
   CHECK(param(R"({"prompt":"x","logit_bias":{"abc":1}})") == "logit_bias");
+  CHECK(parseErr(R"({"prompt":"x","logit_bias":{"07":1}})").message == "logit_bias: key '07' is not a token id");
+  CHECK(parseOk(R"({"prompt":"x","logit_bias":{"0":1}})").logitBias.size() == 1);
   CHECK(param(R"({"prompt":"x","logit_bias":[1]})") == "logit_bias");
   CHECK(param(R"({"prompt":"x","logit_bias":{"1":"a"}})") == "logit_bias[1]");
   json many = {{"prompt", "x"}, {"logit_bias", json::object()}};
