@@ -1,7 +1,10 @@
 #include "router/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <string_view>
 
 #include "router/json_body.h"
 
@@ -223,8 +226,112 @@ MaybeError readStop(const json& body, const ApiLimits& limits, GenerationRequest
   return std::nullopt;
 }
 
+// The fields each endpoint implements. Anything else that is not null is refused by name:
+// a field pdserve does not implement must never be accepted and ignored (a wrong answer with a
+// 200). docs/serving.md "API fields" lists them, and what the metadata fields mean here.
+constexpr std::string_view kBothFields[] = {
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "seed", "ignore_eos", "stop", "stop_token_ids", "n", "stream", "stream_options",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
+    "response_format", "user", "metadata", "store", "service_tier", "return_token_ids",
+    "split_special_tokens"};
+constexpr std::string_view kCompletionsFields[] = {"prompt", "logprobs", "echo", "best_of"};
+constexpr std::string_view kChatFields[] = {"messages", "add_generation_prompt", "logprobs",
+                                            "top_logprobs"};
+
+bool listed(std::span<const std::string_view> fields, const std::string& name) {
+  return std::find(fields.begin(), fields.end(), name) != fields.end();
+}
+
+MaybeError notSupported(const std::string& field, const std::string& why = "") {
+  return badRequest(field + ": not supported by pdserve" + why, field);
+}
+
+MaybeError refuseUnknownFields(const json& body, Endpoint endpoint) {
+  if (!body.is_object()) return std::nullopt;  // parseJsonBody already refused it
+  for (const auto& [name, value] : body.items()) {
+    if (value.is_null() || listed(kBothFields, name)) continue;
+    if (listed(endpoint == Endpoint::kCompletions ? std::span(kCompletionsFields) : std::span(kChatFields), name)) {
+      continue;
+    }
+    return notSupported(quoteForMessage(name));
+  }
+  return std::nullopt;
+}
+
+// Metadata that changes nothing pdserve does, accepted with the value that says so:
+// `metadata` (an object; only ever stored with `store`), `store` false (nothing is stored),
+// `service_tier` "auto" or "default" (there is one tier).
+MaybeError readMetadataFields(const json& body) {
+  if (present(body, "metadata") && !body["metadata"].is_object()) {
+    return wrongType("metadata", "an object", body["metadata"]);
+  }
+  bool store = false;
+  if (auto e = readBool(body, "store", &store)) return e;
+  if (store) return notSupported("store", " (completions are never stored; send false)");
+  if (present(body, "service_tier")) {
+    const json& t = body["service_tier"];
+    if (!t.is_string()) return wrongType("service_tier", "a string", t);
+    if (t != "auto" && t != "default") {
+      return notSupported("service_tier", ": '" + quoteForMessage(t.get<std::string>()) +
+                                               "' (only \"auto\" and \"default\": there is one tier)");
+    }
+  }
+  return std::nullopt;
+}
+
+// response_format: plain text only (the default); JSON modes need constrained decoding.
+MaybeError readResponseFormat(const json& body) {
+  if (!present(body, "response_format")) return std::nullopt;
+  const json& f = body["response_format"];
+  if (!f.is_object()) return wrongType("response_format", "an object", f);
+  auto type = f.find("type");
+  if (type == f.end() || !type->is_string()) {
+    return badRequest("response_format.type: required string", "response_format");
+  }
+  if (*type != "text") {
+    return badRequest("response_format: type '" + quoteForMessage(type->get<std::string>()) +
+                          "' is not supported by pdserve (only \"text\")",
+                      "response_format");
+  }
+  return std::nullopt;
+}
+
+// logit_bias: {"<token id>": bias in [-100, 100]}; the ids are checked against the
+// vocabulary by the parser (RequestParser), which knows it.
+MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRequest* r) {
+  if (!present(body, "logit_bias")) return std::nullopt;
+  const json& b = body["logit_bias"];
+  if (!b.is_object()) return wrongType("logit_bias", "an object of token id -> bias", b);
+  if (int64_t(b.size()) > limits.maxLogitBias) {
+    return badRequest("logit_bias: at most " + std::to_string(limits.maxLogitBias) + " entries, got " +
+                          std::to_string(b.size()),
+                      "logit_bias");
+  }
+  for (const auto& [key, value] : b.items()) {
+    // Decimal digits only, as the key of a token id (no sign, no spaces, no leading zero, so
+    // one id has one key and no two entries add up; at most 9 digits).
+    const bool id = !key.empty() && key.size() <= 9 && (key.size() == 1 || key[0] != '0') &&
+                    std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!id) {
+      return badRequest("logit_bias: key '" + quoteForMessage(key) + "' is not a token id", "logit_bias");
+    }
+    if (!value.is_number()) return wrongType("logit_bias[" + key + "]", "a number", value);
+    const double bias = value.get<double>();
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      return badRequest("logit_bias[" + key + "]: " + value.dump() + " is out of range [-100, 100]",
+                        "logit_bias");
+    }
+    r->logitBias.emplace_back(std::stoi(key), float(bias));
+  }
+  return std::nullopt;
+}
+
 MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limits,
                       GenerationRequest* r) {
+  if (auto e = refuseUnknownFields(body, endpoint)) return e;
+  if (auto e = readMetadataFields(body)) return e;
+  if (auto e = readResponseFormat(body)) return e;
   if (present(body, "model")) {
     if (!body["model"].is_string()) return wrongType("model", "a string", body["model"]);
     r->model = body["model"].get<std::string>();
@@ -265,7 +372,26 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
     if (!s.is_array()) return wrongType("stop_token_ids", "an array of token ids", s);
     if (auto e = readTokenIds(s, "stop_token_ids", &r->stopTokenIds)) return e;
   }
+  if (auto e = readNumber(body, "presence_penalty", -2.0, 2.0, &r->presencePenalty)) return e;
+  if (auto e = readNumber(body, "frequency_penalty", -2.0, 2.0, &r->frequencyPenalty)) return e;
+  if (auto e = readNumber(body, "repetition_penalty", 0.0, 2.0, &r->repetitionPenalty)) return e;
+  if (present(body, "repetition_penalty") && r->repetitionPenalty <= 0.0f) {
+    return badRequest("repetition_penalty: must be greater than 0", "repetition_penalty");
+  }
+  if (auto e = readLogitBias(body, limits, r)) return e;
+  if (auto e = readInt(body, "min_tokens", 0, kMaxTokensCap, &r->minTokens)) return e;
   if (auto e = readInt(body, "n", 1, limits.maxN, &r->n)) return e;
+  if (endpoint == Endpoint::kCompletions && present(body, "best_of")) {
+    // Best-of-n ranking is not implemented; best_of == n (every candidate returned) is what
+    // pdserve does anyway.
+    int bestOf = 1;
+    if (auto e = readInt(body, "best_of", 1, limits.maxN, &bestOf)) return e;
+    if (bestOf != r->n) {
+      return badRequest("best_of: " + std::to_string(bestOf) + " is not supported by pdserve (only best_of equal to n, " +
+                            std::to_string(r->n) + ": candidates are not ranked)",
+                        "best_of");
+    }
+  }
   if (auto e = readBool(body, "stream", &r->stream)) return e;
   if (present(body, "stream_options")) {
     const json& so = body["stream_options"];
@@ -275,6 +401,11 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
     }
     // vLLM: include_usage defaults to true when the object is present.
     r->includeUsage = true;
+    for (const auto& [name, value] : so.items()) {
+      if (name != "include_usage" && !value.is_null()) {
+        return notSupported("stream_options." + quoteForMessage(name));
+      }
+    }
     if (auto e = readBool(so, "include_usage", &r->includeUsage)) {
       e->message = "stream_options." + e->message;
       e->param = "stream_options.include_usage";
@@ -332,7 +463,14 @@ json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& lps, size_
     tokens.push_back(lp.token);
     tokenLogprobs.push_back(lp.logprob);
     json alternatives = json::object();
-    for (const auto& [tok, p] : lp.top) alternatives[tok] = p;
+    for (size_t k = 0; k < lp.top.size(); ++k) {
+      const auto& [tok, p] = lp.top[k];
+      if (alternatives.contains(tok) && k < lp.topIds.size()) {
+        alternatives["token_id:" + std::to_string(lp.topIds[k])] = p;
+      } else {
+        alternatives[tok] = p;
+      }
+    }
     top.push_back(alternatives);
     offsets.push_back(offset);
     offset += lp.token.size();

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -58,6 +59,12 @@ struct GenerationRequest {
   bool ignoreEos = false;
   std::vector<std::string> stop;
   std::vector<int32_t> stopTokenIds;
+  // Logits processors (common/engine/logits_processors.h has the definitions).
+  float presencePenalty = 0.0f;    // [-2, 2]
+  float frequencyPenalty = 0.0f;   // [-2, 2]
+  float repetitionPenalty = 1.0f;  // (0, 2]
+  std::vector<std::pair<int32_t, float>> logitBias;  // ids checked against the vocabulary later
+  int minTokens = 0;               // <= max_tokens (checked once max_tokens is known)
   int n = 1;
   bool stream = false;
   bool includeUsage = false;
@@ -78,13 +85,15 @@ struct ApiLimits {
   int maxN = 4;
   int maxLogprobs = 20;
   int maxStop = 16;
+  int maxLogitBias = 1024;  // = pd::engine::kMaxLogitBias
 };
 
 using ParseResult = std::variant<GenerationRequest, ApiError>;
 
-// Parses and validates a request body for the endpoint. Unknown fields are accepted and
-// ignored, as vLLM does (clients send vendor extras); known fields with a wrong type or
-// range are a 400 naming the field.
+// Parses and validates a request body for the endpoint. Each endpoint has an allow-list of
+// the fields pdserve implements (docs/serving.md "API fields"): any other field that is not
+// null is a 400 naming it ("<field>: not supported by pdserve"), never silently ignored; known
+// fields with a wrong type or range are a 400 naming the field.
 ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint,
                                    const ApiLimits& limits = {});
 
@@ -94,6 +103,11 @@ struct TokenLogprob {
   std::string token;  // text of the token
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;  // alternatives, best first
+  // The alternatives' token ids, parallel to `top` (empty: unknown). Completions key their
+  // alternatives by text, and different tokens can share one (every lone byte of a UTF-8
+  // sequence decodes to U+FFFD): a repeated text is keyed "token_id:<id>" instead, vLLM's
+  // return_tokens_as_token_ids form, so all N alternatives are returned.
+  std::vector<int32_t> topIds;
 };
 
 struct Usage {

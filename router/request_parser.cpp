@@ -91,7 +91,22 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
                                 "max_tokens"),
                      ""};
   }
-  out.maxTokens = maxTokens == 0 ? 1 : maxTokens;  // echo-only requests still run one step
+  if (out.req.minTokens > maxTokens) {
+    return Rejection{badRequest("min_tokens: " + std::to_string(out.req.minTokens) + " exceeds max_tokens " +
+                                    std::to_string(maxTokens),
+                                "min_tokens"),
+                     ""};
+  }
+  for (const auto& [id, bias] : out.req.logitBias) {
+    if (id >= limits_.vocab) {
+      return Rejection{badRequest("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                      std::to_string(limits_.vocab),
+                                  "logit_bias"),
+                       ""};
+    }
+  }
+  out.discardOutput = maxTokens == 0;  // echo-only (max_tokens 0 without echo was refused)
+  out.maxTokens = maxTokens == 0 ? 1 : maxTokens;
   return out;
 }
 
@@ -119,7 +134,12 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
   }
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
-    auto parsed = parseGenerationRequest(text, Endpoint::kChat);
+    // The chat fields /tokenize shares with generation; its own flags (return_token_strs,
+    // add_special_tokens) are not generation fields, which the allow-list would refuse.
+    json chat = json::object();
+    for (const char* field : {"model", "messages", "add_generation_prompt", "split_special_tokens"})
+      if (body.contains(field)) chat[field] = body[field];
+    auto parsed = parseGenerationRequest(chat.dump(), Endpoint::kChat);
     if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
     std::string rendered;
     auto got = promptIds(std::get<GenerationRequest>(parsed), &rendered);

@@ -26,6 +26,9 @@ struct ParsedGenerate {
   std::vector<int32_t> prompt;  // not empty, shorter than the context
   std::string promptText;       // the rendered prompt (echo)
   int maxTokens = 1;            // >= 1; prompt + maxTokens fits the context
+  // echo with max_tokens 0: the workers still run one step (their requests need
+  // max_tokens >= 1), and its token is not part of the answer (no text, no usage).
+  bool discardOutput = false;
 };
 
 // Why a request was refused, and the pdserve_request_errors label it counts under (empty:

@@ -153,6 +153,16 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
   s->set_ignore_eos(q.ignoreEos);
   s->set_logprobs(uint32_t(q.topLogprobs));
   s->set_return_logprobs(q.logprobs);
+  s->set_presence_penalty(q.presencePenalty);
+  s->set_frequency_penalty(q.frequencyPenalty);
+  s->set_repetition_penalty(q.repetitionPenalty);
+  for (const auto& [id, bias] : q.logitBias) {
+    auto* b = s->add_logit_bias();
+    b->set_token_id(uint32_t(id));
+    b->set_bias(bias);
+  }
+  s->set_min_tokens(uint32_t(q.minTokens));
+  s->set_generated_in_prompt(uint32_t(c.generated.size()));  // penalties and min_tokens count them
   g->set_route(d.plan.route == Route::kColocated ? proto::ROUTE_COLOCATED : proto::ROUTE_DISAGGREGATED);
   if (d.plan.route == Route::kDisaggregated) {
     g->set_prefill_worker_id(d.plan.prefillWorker);
@@ -205,6 +215,13 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
     // take it. Anything else is about the request itself.
     if (why.code() == StatusCode::kUnavailable) return migrateOnStrand(why, "worker_gave_up");
     return failOnStrand(why);
+  }
+  if (spec_.parsed.discardOutput) {  // echo-only: the one token run is not answered
+    if (chunk.finish_reason() == proto::FINISH_NONE) return;
+    emit(*c, "", {}, {}, std::string("length"));
+    endChoice(*c);
+    maybeComplete();
+    return;
   }
   std::string delta;
   std::vector<TokenLogprob> lps;
@@ -265,6 +282,7 @@ TokenLogprob RequestStream::logprobOf(const proto::TokenLogprob& lp) const {
   for (const auto& top : lp.top()) {
     int32_t tid = int32_t(top.token_id());
     t.top.emplace_back(tokenizer_->decode(std::span<const int32_t>(&tid, 1)), top.logprob());
+    t.topIds.push_back(tid);
   }
   return t;
 }
@@ -275,6 +293,9 @@ TokenLogprob RequestStream::logprobOf(const proto::TokenLogprob& lp) const {
 bool RequestStream::applyStop(Choice& c, std::string& delta, bool final) {
   const auto& stops = spec_.parsed.req.stop;
   if (stops.empty()) return false;
+  // min_tokens holds stop strings back too, as vLLM does: matching starts with the chunk that
+  // reaches min_tokens (the worker masks the stop ids and EOS until then).
+  if (int(c.generated.size()) < spec_.parsed.req.minTokens) return false;
   c.held += delta;
   delta.clear();
   size_t cut = std::string::npos;

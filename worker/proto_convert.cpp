@@ -13,6 +13,12 @@ engine::SamplingParams fromProto(const proto::SamplingParams& p) {
   s.stopTokenIds.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.maxTokens = static_cast<int>(p.max_tokens());
   s.ignoreEos = p.ignore_eos();
+  s.presencePenalty = p.presence_penalty();
+  s.frequencyPenalty = p.frequency_penalty();
+  s.repetitionPenalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+  for (const auto& b : p.logit_bias()) s.logitBias.emplace_back(static_cast<int32_t>(b.token_id()), b.bias());
+  s.minTokens = static_cast<int>(p.min_tokens());
+  s.generatedInPrompt = static_cast<int>(p.generated_in_prompt());
   return s;
 }
 
@@ -27,6 +33,16 @@ proto::SamplingParams toProto(const engine::SamplingParams& s) {
   for (int32_t id : s.stopTokenIds) p.add_stop_token_ids(static_cast<uint32_t>(id));
   p.set_max_tokens(static_cast<uint32_t>(s.maxTokens));
   p.set_ignore_eos(s.ignoreEos);
+  p.set_presence_penalty(s.presencePenalty);
+  p.set_frequency_penalty(s.frequencyPenalty);
+  p.set_repetition_penalty(s.repetitionPenalty);
+  for (const auto& [id, bias] : s.logitBias) {
+    auto* b = p.add_logit_bias();
+    b->set_token_id(static_cast<uint32_t>(id));
+    b->set_bias(bias);
+  }
+  p.set_min_tokens(static_cast<uint32_t>(s.minTokens));
+  p.set_generated_in_prompt(static_cast<uint32_t>(s.generatedInPrompt));
   return p;
 }
 

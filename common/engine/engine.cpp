@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/base/log.h"
+#include "common/engine/logits_processors.h"
 
 namespace pd::engine {
 
@@ -141,9 +142,14 @@ void Engine::failRequest(uint64_t id, Status error, std::vector<EngineEvent>* ev
 
 Status Engine::sampleInto(Request& r, const float* logits, std::vector<EngineEvent>* events,
                           std::optional<SampledToken> given) {
+  const int vocab = backend_->config().vocabSize;
+  const SamplingParams& params = r.params();
   SampledToken token =
       given ? *given
-            : sample(logits, backend_->config().vocabSize, r.params(), r.nextSampleStep());
+      : params.processesLogits()
+          ? sampleWithProcessors(logits, vocab, params, r.nextSampleStep(), r.tokens(),
+                                 size_t(r.numPromptTokens() - params.generatedInPrompt), eosTokenId())
+          : sample(logits, vocab, params, r.nextSampleStep());
   auto reason = r.appendToken(token, eosTokenId());
   if (!reason.ok()) {
     failRequest(r.id(), reason.status(), events);
@@ -216,7 +222,13 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
     chunks.push_back(c);
   }
   const int vocab = backend_->config().vocabSize;
-  if (!backend_->samplesOnDevice()) logits_.resize(size_t(std::max(numLogits, 1)) * vocab);
+  // Logits processors run on the host (logits_processors.h): a step with such a row brings
+  // every row's logits back and samples them all here, the same tokens the device would pick
+  // for the rows without processors (sampling.h: one definition, two twins).
+  bool sampleOnDevice = backend_->samplesOnDevice();
+  for (const auto& e : plan.entries)
+    if (e.wantLogits && requests_.at(e.seq).params().processesLogits()) sampleOnDevice = false;
+  if (!sampleOnDevice) logits_.resize(size_t(std::max(numLogits, 1)) * vocab);
   LayerKvReadyFn layerFn;
   if (onLayer) {
     StepView sv{plan.entries, kv_.get()};
@@ -227,7 +239,7 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   std::vector<SampledToken> sampled;
   Status s;
   const SteadyTime forwardStart = clock_.now();
-  if (backend_->samplesOnDevice()) {
+  if (sampleOnDevice) {
     std::vector<pd::kernels::SampleRowParams> params;
     int topN = 0;
     for (const auto& e : plan.entries) {

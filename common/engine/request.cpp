@@ -93,6 +93,16 @@ Result<Request> Request::create(uint64_t id, std::vector<TokenId> prompt, Sampli
   }
   Status st = params.validate();
   if (!st.isOk()) return st.withContext(what.substr(0, what.size() - 2));
+  for (const auto& [tokenId, bias] : params.logitBias) {
+    if (vocab > 0 && tokenId >= vocab) {
+      return invalidArgument(what + "logit_bias token id " + std::to_string(tokenId) +
+                             " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  if (params.generatedInPrompt > int(prompt.size())) {
+    return invalidArgument(what + "generated_in_prompt " + std::to_string(params.generatedInPrompt) +
+                           " exceeds the prompt's " + std::to_string(prompt.size()) + " tokens");
+  }
   if (!params.seed) params.seed = randomSeed();
   return Request(id, std::move(prompt), std::move(params), clock);
 }

@@ -34,6 +34,33 @@ Status SamplingParams::validate() const {
     return invalidArgument("sampling: max_tokens " + std::to_string(maxTokens) +
                            " must be at least 1");
   }
+  if (!(presencePenalty >= -2.0f && presencePenalty <= 2.0f)) {
+    return invalidArgument("sampling: presence_penalty " + std::to_string(presencePenalty) +
+                           " must be in [-2, 2]");
+  }
+  if (!(frequencyPenalty >= -2.0f && frequencyPenalty <= 2.0f)) {
+    return invalidArgument("sampling: frequency_penalty " + std::to_string(frequencyPenalty) +
+                           " must be in [-2, 2]");
+  }
+  if (!(repetitionPenalty > 0.0f && repetitionPenalty <= 2.0f)) {
+    return invalidArgument("sampling: repetition_penalty " + std::to_string(repetitionPenalty) +
+                           " must be in (0, 2]");
+  }
+  if (logitBias.size() > size_t(kMaxLogitBias)) {
+    return invalidArgument("sampling: logit_bias has " + std::to_string(logitBias.size()) +
+                           " entries, at most " + std::to_string(kMaxLogitBias));
+  }
+  for (const auto& [id, bias] : logitBias) {
+    if (id < 0 || !(bias >= -100.0f && bias <= 100.0f)) {
+      return invalidArgument("sampling: logit_bias entry (" + std::to_string(id) + ", " +
+                             std::to_string(bias) + ") needs a token id >= 0 and a bias in [-100, 100]");
+    }
+  }
+  if (minTokens < 0 || generatedInPrompt < 0) {
+    return invalidArgument("sampling: min_tokens " + std::to_string(minTokens) +
+                           " and generated_in_prompt " + std::to_string(generatedInPrompt) +
+                           " must be >= 0");
+  }
   for (int32_t id : stopTokenIds) {
     if (id < 0) {
       return invalidArgument("sampling: stop token id " + std::to_string(id) + " must be >= 0");

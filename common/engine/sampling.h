@@ -19,8 +19,8 @@
 // pd::kernels::cuda::sampleRows returns the same token for the same logits and draw: a
 // backend that samples on the device (CudaBackend::forwardAndSample) agrees with sample().
 //
-// Logprobs are those of the raw model distribution (log-softmax of the logits before
-// temperature and masks), as vLLM returns them by default.
+// Logprobs are those of the raw model distribution (log-softmax of the logits before the
+// logits processors, temperature and masks), as vLLM returns them by default.
 //
 // Threads: sample() is reentrant; it keeps per-thread scratch buffers.
 #pragma once
@@ -37,6 +37,8 @@
 namespace pd::engine {
 
 inline constexpr int kMaxLogprobs = 20;
+// logit_bias entries per request at most (the router's limit too; OpenAI documents none).
+inline constexpr int kMaxLogitBias = 1024;
 // Temperatures below this are greedy (as in vLLM): dividing by them would overflow.
 inline constexpr float kGreedyTemperature = 1e-5f;
 
@@ -51,7 +53,24 @@ struct SamplingParams {
   int maxTokens = 16;                 // generated tokens at most (>= 1)
   bool ignoreEos = false;             // keep generating past the model's EOS token
 
+  // Logits processors (common/engine/logits_processors.h): applied to the model's logits
+  // before temperature and the masks, so also before greedy's argmax. All off by default.
+  float presencePenalty = 0.0f;    // [-2, 2] (OpenAI): minus this once per generated token id
+  float frequencyPenalty = 0.0f;   // [-2, 2] (OpenAI): minus this per occurrence in the output
+  float repetitionPenalty = 1.0f;  // (0, 2] (vLLM): over prompt and output ids; 1: off
+  std::vector<std::pair<int32_t, float>> logitBias;  // (token id, bias in [-100, 100])
+  int minTokens = 0;  // EOS and stopTokenIds masked until this many tokens are generated
+  // The last `generatedInPrompt` prompt tokens are earlier output of this same request (a
+  // request migrated to another worker resumes with its output appended to the prompt):
+  // they count as generated for the penalties and min_tokens.
+  int generatedInPrompt = 0;
+
   bool greedy() const { return temperature < kGreedyTemperature; }
+  // Whether any logits processor is on (the row then needs its logits on the host).
+  bool processesLogits() const {
+    return presencePenalty != 0.0f || frequencyPenalty != 0.0f || repetitionPenalty != 1.0f ||
+           !logitBias.empty() || minTokens > 0;
+  }
   // Checks every field's range; names the field and the allowed values.
   Status validate() const;
 };

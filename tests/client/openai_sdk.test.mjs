@@ -1,7 +1,8 @@
 // The official OpenAI Node SDK (npm `openai`, pinned in tests/npm) against a real local
 // cluster started with `pdserve up`: completions and chat, streaming and not, the usage
-// chunk, stop strings, n=2, logprobs, error classes, and aborting a stream mid-way (its KV
-// blocks come back on both workers, as the router's per-worker gauges show).
+// chunk, stop strings, n=2, logprobs, penalties and logit_bias, refused fields, error classes,
+// and aborting a stream mid-way (its KV blocks come back on both workers, as the router's
+// per-worker gauges show).
 //
 // usage: node --test tests/client/openai_sdk.test.mjs   (env PDSERVE_BIN_DIR, PDSERVE_WORK_DIR)
 import { test, before, after } from 'node:test';
@@ -156,6 +157,35 @@ test('logprobs of the chosen tokens and top alternatives', async () => {
     // Greedy: the chosen token is the most likely one.
     assert.ok(Math.abs(Math.max(...top) - lp.token_logprobs[i]) < 1e-4);
   }
+});
+
+test('penalties, logit_bias and min_tokens pass through the SDK, on both routes', async () => {
+  // logit_bias +100 on one token: greedy picks it every time, also for the first token that
+  // the prefill worker samples (the 300-token prompt is disaggregated).
+  for (const prompt of ['Hello', longPrompt]) {
+    const r = await client.completions.create({
+      model: 'small', prompt, max_tokens: 4, temperature: 0, ignore_eos: true, return_token_ids: true,
+      logit_bias: { 200: 100 }, presence_penalty: 0.5, frequency_penalty: 0.5, repetition_penalty: 1.2,
+      min_tokens: 2 });
+    assert.deepEqual(r.choices[0].token_ids, [200, 200, 200, 200]);
+  }
+  const chat = await client.chat.completions.create({
+    model: 'small', messages: [{ role: 'user', content: 'Hi' }], max_completion_tokens: 3, temperature: 0,
+    logit_bias: { 200: 100 }, response_format: { type: 'text' }, return_token_ids: true });
+  assert.deepEqual(chat.choices[0].token_ids, [200, 200, 200]);
+});
+
+test('fields pdserve does not implement are a BadRequestError naming them', async () => {
+  const refused = (param) => (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === param;
+  await assert.rejects(client.completions.create({ model: 'small', prompt: 'x', suffix: 'y' }), refused('suffix'));
+  await assert.rejects(client.completions.create({ model: 'small', prompt: 'x', best_of: 2 }), refused('best_of'));
+  const messages = [{ role: 'user', content: 'x' }];
+  await assert.rejects(client.chat.completions.create({
+    model: 'small', messages,
+    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }] }),
+  refused('tools'));
+  await assert.rejects(client.chat.completions.create({ model: 'small', messages, response_format: { type: 'json_object' } }),
+                       refused('response_format'));
 });
 
 test('errors arrive as the SDK error classes', async () => {

@@ -317,24 +317,87 @@ TEST_CASE("adaptive threshold: a prefill pool missing its SLO pulls prompts onto
   CHECK(r.headers.find("x-pdserve-route: colocated") != std::string::npos);
 }
 
-TEST_CASE("seeded sampling gives the same tokens in pdserve generate, colocated and disaggregated") {
+// The logits processors requests of the next test: greedy, so any difference between the
+// paths is a processor applied differently (the prefill worker samples the first token).
+const json kPenalised{{"presence_penalty", 0.8}, {"frequency_penalty", 0.6}, {"repetition_penalty", 1.5}};
+constexpr int32_t kBiasedToken = 200;
+const json kBiased{{"logit_bias", {{std::to_string(kBiasedToken), 100}}}};
+
+// Penalties, stop_token_ids, min_tokens and logit_bias, greedy, on one cluster: the ids of
+// each. `first` is the unprocessed greedy run's first token: as a stop id it ends the request
+// at once, unless min_tokens masks it.
+std::vector<std::vector<int32_t>> processedIds(LocalCluster& c, const std::string& route, int32_t first) {
+  const json stopAtFirst{{"ignore_eos", false}, {"stop_token_ids", {first}}};
+  json minTokens = stopAtFirst;
+  minTokens["min_tokens"] = 6;
+  std::vector<std::vector<int32_t>> out;
+  for (const json& extra : {kPenalised, stopAtFirst, minTokens, kBiased}) {
+    INFO(extra.dump());
+    auto r = complete(c, prompt(300, 5), 8, extra);
+    INFO(r.body.dump());
+    REQUIRE(r.status == 200);
+    CHECK(r.headers.find("x-pdserve-route: " + route) != std::string::npos);
+    out.push_back(r.ids);
+  }
+  return out;
+}
+
+TEST_CASE("seeded sampling and the logits processors give the same tokens colocated and disaggregated") {
   json sampling{{"temperature", 0.9}, {"top_p", 0.95}, {"top_k", 50}, {"seed", 11}};
-  std::vector<std::vector<int32_t>> colocated, disaggregated;
+  std::vector<std::vector<int32_t>> colocated, disaggregated, processedColocated, processedDisaggregated;
+  std::vector<int32_t> plain;
+  // Back-to-back requests on a busy machine must not be shed: this test is about tokens.
+  ClusterSpec colocatedSpec{100000}, disaggregatedSpec{0};
+  colocatedSpec.extraRouter = disaggregatedSpec.extraRouter = "  overload_shedding: false\n";
   {
-    auto c = startCluster("seeded-colocated", ClusterSpec{100000});
+    auto c = startCluster("seeded-colocated", colocatedSpec);
     for (int n : {40, 300, 800}) colocated.push_back(complete(*c, prompt(n, n), 10, sampling).ids);
+    plain = complete(*c, prompt(300, 5), 8).ids;
+    REQUIRE(plain.size() == 8);
+    processedColocated = processedIds(*c, "colocated", plain[0]);
+    // logprobs: 20 returns 20 alternatives (texts that collide are keyed by token id).
+    auto lp = complete(*c, prompt(40, 1), 2, {{"logprobs", 20}});
+    REQUIRE(lp.status == 200);
+    for (const auto& top : lp.body["choices"][0]["logprobs"]["top_logprobs"]) CHECK(top.size() == 20);
+    // echo with max_tokens 0: the prompt alone, no token, no completion tokens.
+    auto echo = complete(*c, prompt(40, 1), 0, {{"echo", true}});
+    REQUIRE(echo.status == 200);
+    CHECK(echo.ids.empty());
+    CHECK(echo.body["usage"]["completion_tokens"] == 0);
+    CHECK(echo.body["choices"][0]["finish_reason"] == "length");
+    // A stop string of the first token's text ends the answer at once, unless min_tokens.
+    REQUIRE(plain[0] < 128);  // a byte-level id: its text is that one ASCII character
+    const json stopString{{"stop", std::string(1, char(plain[0]))}};
+    auto cut = complete(*c, prompt(300, 5), 8, stopString);
+    CHECK(cut.body["choices"][0]["text"] == "");
+    CHECK(cut.body["choices"][0]["finish_reason"] == "stop");
+    json held = stopString;
+    held["min_tokens"] = 3;
+    auto notCut = complete(*c, prompt(300, 5), 8, held);
+    CHECK(notCut.body["usage"]["completion_tokens"] >= 3);
+    CHECK(notCut.ids.size() >= 3);
   }
   {
-    auto c = startCluster("seeded-disaggregated", ClusterSpec{0});
+    auto c = startCluster("seeded-disaggregated", disaggregatedSpec);
     for (int n : {40, 300, 800}) {
       auto r = complete(*c, prompt(n, n), 10, sampling);
       CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
       disaggregated.push_back(r.ids);
     }
+    processedDisaggregated = processedIds(*c, "disaggregated", plain[0]);
   }
   REQUIRE(colocated.size() == 3);
   CHECK(colocated[0].size() == 10);
   CHECK(colocated == disaggregated);
+  // The processors: identical on both paths, and each really changed the greedy output.
+  CHECK(processedColocated == processedDisaggregated);
+  REQUIRE(processedColocated.size() == 4);
+  CHECK(processedColocated[0] != plain);
+  CHECK(processedColocated[1] == std::vector<int32_t>{plain[0]});  // the stop id ends it at once
+  REQUIRE(processedColocated[2].size() >= 6);  // min_tokens: not before 6 tokens
+  for (int i = 0; i < 6; ++i) CHECK(processedColocated[2][size_t(i)] != plain[0]);
+  CHECK(processedColocated[3] == std::vector<int32_t>(8, kBiasedToken));
+  CHECK(std::count(plain.begin(), plain.end(), kBiasedToken) < 8);
   // And the same as the engine in one process with the same seed.
   CHECK(colocated[1] == generateCli(prompt(300, 300), 10, "--temperature 0.9 --top-p 0.95 --top-k 50 --seed 11"));
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/engine/kv_cache_manager.h"
+#include "common/engine/logits_processors.h"
 #include "common/engine/sampling.h"
 #include "common/engine/scheduler.h"
 
@@ -56,6 +57,10 @@ int main(int argc, char** argv) {
     float topP;
     float minP;
     int logprobs;
+    // The logits processors on top (logits_processors.h): a row copy, the penalties and two
+    // logit_bias entries over a 2k-token history (1k prompt, 1k output), and the greedy pass
+    // over the raw row for the logprobs.
+    bool processors = false;
   };
   const Case cases[] = {
       {"greedy", 0.0f, 0, 1.0f, 0.0f, 0},
@@ -65,7 +70,10 @@ int main(int argc, char** argv) {
       {"top_k 50 + top_p 0.9", 0.8f, 50, 0.9f, 0.0f, 0},
       {"min_p 0.05", 0.8f, 0, 1.0f, 0.05f, 0},
       {"temperature 1 + 5 logprobs", 1.0f, 0, 1.0f, 0.0f, 5},
+      {"t 0.8 + penalties, 2k history", 0.8f, 0, 1.0f, 0.0f, 0, true},
   };
+  std::vector<int32_t> history(2048);
+  for (size_t i = 0; i < history.size(); ++i) history[i] = int32_t((i * 7919) % size_t(vocab));
   for (const Case& c : cases) {
     SamplingParams p;
     p.temperature = c.temperature;
@@ -74,9 +82,17 @@ int main(int argc, char** argv) {
     p.minP = c.minP;
     p.logprobs = c.logprobs;
     p.seed = 1;
+    if (c.processors) {
+      p.presencePenalty = p.frequencyPenalty = 0.5f;
+      p.repetitionPenalty = 1.1f;
+      p.logitBias = {{1, 5.0f}, {2, -5.0f}};
+    }
     long sum = 0;
     auto t0 = std::chrono::steady_clock::now();
-    for (int it = 0; it < iters; ++it) sum += sample(logits.data(), vocab, p, uint64_t(it)).id;
+    for (int it = 0; it < iters; ++it) {
+      sum += c.processors ? sampleWithProcessors(logits.data(), vocab, p, uint64_t(it), history, 1024, -1).id
+                          : sample(logits.data(), vocab, p, uint64_t(it)).id;
+    }
     std::printf("sample   %-28s        %8.1f us/token (checksum %ld)\n", c.name,
                 microsPer(iters, t0), sum % 1000);
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "common/engine/engine.h"
@@ -420,26 +421,41 @@ class RowSamplingBackend final : public Backend {
 
 }  // namespace
 
+// Four requests of different prompt lengths with paramsFor(id), run to the end on the CPU
+// backend, host-sampled or through RowSamplingBackend; *calls: its forwardAndSample calls.
+std::vector<EngineEvent> runFour(bool deviceSampling, int* calls,
+                                 const std::function<SamplingParams(uint64_t)>& paramsFor) {
+  auto model = tinyModel();
+  auto layout = kvLayoutFor(model->config, 64, 16);
+  auto kv = KvCacheManager::create(layout);
+  REQUIRE(kv.ok());
+  auto cpuB = createCpuBackend(model, layout, kv.value()->data(), {1});
+  REQUIRE(cpuB.ok());
+  std::unique_ptr<Backend> backend = std::move(cpuB).value();
+  RowSamplingBackend* wrapped = nullptr;
+  if (deviceSampling) {
+    auto w = std::make_unique<RowSamplingBackend>(std::move(backend));
+    wrapped = w.get();
+    backend = std::move(w);
+  }
+  EngineOptions opts;
+  opts.scheduler.maxBatchTokens = 24;  // chunked prefill: rows without logits in between
+  opts.scheduler.maxNumSeqs = 16;
+  Engine engine(std::move(backend), std::move(kv).value(), opts);
+  for (uint64_t id = 1; id <= 4; ++id) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 10 + 7 * int(id); ++i) prompt.push_back(int32_t((i * 13 + id) % 200 + 3));
+    REQUIRE(engine.submit(makeRequest(id, prompt, paramsFor(id))).isOk());
+  }
+  std::vector<EngineEvent> events;
+  runToEnd(engine, &events);
+  if (wrapped) *calls = wrapped->calls;
+  return events;
+}
+
 TEST_CASE("engine: a backend that samples the rows itself yields the host sampler's tokens") {
   auto run = [](bool deviceSampling, int* calls) {
-    auto model = tinyModel();
-    auto layout = kvLayoutFor(model->config, 64, 16);
-    auto kv = KvCacheManager::create(layout);
-    REQUIRE(kv.ok());
-    auto cpuB = createCpuBackend(model, layout, kv.value()->data(), {1});
-    REQUIRE(cpuB.ok());
-    std::unique_ptr<Backend> backend = std::move(cpuB).value();
-    RowSamplingBackend* wrapped = nullptr;
-    if (deviceSampling) {
-      auto w = std::make_unique<RowSamplingBackend>(std::move(backend));
-      wrapped = w.get();
-      backend = std::move(w);
-    }
-    EngineOptions opts;
-    opts.scheduler.maxBatchTokens = 24;  // chunked prefill: rows without logits in between
-    opts.scheduler.maxNumSeqs = 16;
-    Engine engine(std::move(backend), std::move(kv).value(), opts);
-    for (uint64_t id = 1; id <= 4; ++id) {
+    return runFour(deviceSampling, calls, [](uint64_t id) {
       SamplingParams p;
       p.temperature = id == 1 ? 0.0f : 0.7f + 0.2f * float(id);
       p.topK = id == 3 ? 20 : 0;
@@ -449,14 +465,8 @@ TEST_CASE("engine: a backend that samples the rows itself yields the host sample
       p.seed = 1000 + id;
       p.maxTokens = 12;
       p.ignoreEos = true;
-      std::vector<int32_t> prompt;
-      for (int i = 0; i < 10 + 7 * int(id); ++i) prompt.push_back(int32_t((i * 13 + id) % 200 + 3));
-      REQUIRE(engine.submit(makeRequest(id, prompt, p)).isOk());
-    }
-    std::vector<EngineEvent> events;
-    runToEnd(engine, &events);
-    if (wrapped) *calls = wrapped->calls;
-    return events;
+      return p;
+    });
   };
   int calls = 0;
   const auto host = run(false, nullptr);
@@ -475,4 +485,50 @@ TEST_CASE("engine: a backend that samples the rows itself yields the host sample
     CHECK(host[i].token.topLogprobs == device[i].token.topLogprobs);
   }
   CHECK(tokens == 4 * 12);
+}
+
+TEST_CASE("engine: logits processors sample on the host, the same tokens whichever backend samples the others") {
+  // Requests 1 and 3 have processors: a step holding them brings every row's logits back and
+  // samples on the host; the others still get the device's tokens. Request 3's +100 bias
+  // makes greedy pick its token every time (the first token too).
+  static constexpr int32_t kBiased = 77;
+  auto paramsFor = [](uint64_t id) {
+    SamplingParams p;
+    p.temperature = id % 2 ? 0.0f : 0.9f;
+    p.seed = 50 + id;
+    p.maxTokens = 10;
+    p.ignoreEos = true;
+    p.logprobs = 2;
+    if (id == 1) {
+      // Negative: encourage the tokens already generated (so the output changes visibly).
+      p.presencePenalty = -2.0f;
+      p.frequencyPenalty = -2.0f;
+      p.repetitionPenalty = 1.5f;
+    }
+    if (id == 3) p.logitBias = {{kBiased, 100.0f}};
+    return p;
+  };
+  int calls = 0;
+  const auto host = runFour(false, nullptr, paramsFor);
+  const auto device = runFour(true, &calls, paramsFor);
+  REQUIRE(host.size() == device.size());
+  std::map<uint64_t, std::vector<int32_t>> ids;
+  for (size_t i = 0; i < host.size(); ++i) {
+    REQUIRE(host[i].requestId == device[i].requestId);
+    if (host[i].kind != EngineEvent::Kind::kToken) continue;
+    CHECK(host[i].token.id == device[i].token.id);
+    CHECK(host[i].token.topLogprobs.size() == device[i].token.topLogprobs.size());
+    ids[host[i].requestId].push_back(host[i].token.id);
+  }
+  CHECK(ids[3] == std::vector<int32_t>(10, kBiased));
+  // The penalties changed request 1's greedy output.
+  SamplingParams plain = paramsFor(1);
+  plain.presencePenalty = plain.frequencyPenalty = 0.0f;
+  plain.repetitionPenalty = 1.0f;
+  const auto unpenalised = runFour(false, nullptr, [&](uint64_t id) { return id == 1 ? plain : paramsFor(id); });
+  std::vector<int32_t> plainIds;
+  for (const auto& e : unpenalised)
+    if (e.kind == EngineEvent::Kind::kToken && e.requestId == 1) plainIds.push_back(e.token.id);
+  CHECK(plainIds.size() == 10);
+  CHECK(plainIds != ids[1]);
 }

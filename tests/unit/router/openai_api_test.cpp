@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <catch2/catch.hpp>
 
 #include "router/openai_api.h"
@@ -25,7 +27,7 @@ TEST_CASE("completions: every prompt form and the sampling fields") {
   auto r = parseOk(R"({"model":"m","prompt":"hello","max_tokens":7,"temperature":0,
       "top_p":0.9,"top_k":5,"min_p":0.1,"seed":42,"ignore_eos":true,"stop":["\n\n","END"],
       "n":2,"stream":true,"stream_options":{"include_usage":true},"logprobs":3,"echo":true,
-      "user":"u1","some_vendor_extra":{"x":1}})");
+      "user":"u1"})");
   CHECK(r.model == "m");
   CHECK(r.promptText == std::optional<std::string>("hello"));
   CHECK(r.maxTokens == std::optional<int>(7));
@@ -74,6 +76,92 @@ TEST_CASE("completions: invalid fields are a 400 naming the field") {
   CHECK(parseErr(R"({"prompt":"x","top_p":0})").param == std::optional<std::string>("top_p"));
   CHECK(parseErr("{not json").message == "request body is not valid JSON");
   CHECK(parseErr("[1,2]").message == "request body must be a JSON object");
+}
+
+TEST_CASE("penalties, logit_bias, min_tokens and best_of are read with their ranges") {
+  auto r = parseOk(R"({"prompt":"x","presence_penalty":-2,"frequency_penalty":1.5,
+      "repetition_penalty":1.2,"logit_bias":{"7":100,"12":-5.5},"min_tokens":3,"best_of":2,"n":2})");
+  CHECK(r.presencePenalty == -2.0f);
+  CHECK(r.frequencyPenalty == 1.5f);
+  CHECK(r.repetitionPenalty == Approx(1.2f));
+  auto bias = r.logitBias;
+  std::sort(bias.begin(), bias.end());
+  CHECK(bias == std::vector<std::pair<int32_t, float>>{{7, 100.0f}, {12, -5.5f}});
+  CHECK(r.minTokens == 3);
+  // Defaults: off.
+  auto d = parseOk(R"({"prompt":"x"})");
+  CHECK(d.presencePenalty == 0.0f);
+  CHECK(d.frequencyPenalty == 0.0f);
+  CHECK(d.repetitionPenalty == 1.0f);
+  CHECK(d.logitBias.empty());
+  CHECK(d.minTokens == 0);
+  CHECK(parseOk(R"({"prompt":"x","best_of":1})").n == 1);
+
+  auto param = [](const std::string& body, Endpoint ep = Endpoint::kCompletions) {
+    return parseErr(body, ep).param.value_or("");
+  };
+  CHECK(parseErr(R"({"prompt":"x","presence_penalty":2.5})").message ==
+        "presence_penalty: 2.5 is out of range [-2.0, 2.0]");
+  CHECK(param(R"({"prompt":"x","frequency_penalty":-3})") == "frequency_penalty");
+  CHECK(param(R"({"prompt":"x","frequency_penalty":"1"})") == "frequency_penalty");
+  CHECK(parseErr(R"({"prompt":"x","repetition_penalty":0})").message ==
+        "repetition_penalty: must be greater than 0");
+  CHECK(param(R"({"prompt":"x","repetition_penalty":2.01})") == "repetition_penalty");
+  CHECK(parseErr(R"({"prompt":"x","logit_bias":{"5":101}})").message ==
+        "logit_bias[5]: 101 is out of range [-100, 100]");
+  CHECK(parseErr(R"({"prompt":"x","logit_bias":{"-5":1}})").message == "logit_bias: key '-5' is not a token id");
+  CHECK(param(R"({"prompt":"x","logit_bias":{"abc":1}})") == "logit_bias");
+  CHECK(parseErr(R"({"prompt":"x","logit_bias":{"07":1}})").message == "logit_bias: key '07' is not a token id");
+  CHECK(parseOk(R"({"prompt":"x","logit_bias":{"0":1}})").logitBias.size() == 1);
+  CHECK(param(R"({"prompt":"x","logit_bias":[1]})") == "logit_bias");
+  CHECK(param(R"({"prompt":"x","logit_bias":{"1":"a"}})") == "logit_bias[1]");
+  json many = {{"prompt", "x"}, {"logit_bias", json::object()}};
+  for (int i = 0; i < 1025; ++i) many["logit_bias"][std::to_string(i)] = 1;
+  CHECK(parseErr(many.dump()).message == "logit_bias: at most 1024 entries, got 1025");
+  CHECK(param(R"({"prompt":"x","min_tokens":-1})") == "min_tokens");
+  CHECK(parseErr(R"({"prompt":"x","best_of":3,"n":2})").message ==
+        "best_of: 3 is not supported by pdserve (only best_of equal to n, 2: candidates are not ranked)");
+  CHECK(param(R"({"prompt":"x","best_of":2})") == "best_of");
+}
+
+TEST_CASE("every field pdserve does not implement is a 400 naming it") {
+  for (const char* field : {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "suffix",
+                            "audio", "modalities", "prediction", "reasoning_effort", "use_beam_search",
+                            "skip_special_tokens", "guided_json", "some_vendor_extra"}) {
+    INFO(field);
+    json body{{"prompt", "x"}, {field, json::array({1})}};
+    auto e = parseErr(body.dump());
+    CHECK(e.status == 400);
+    CHECK(e.param == std::optional<std::string>(field));
+    CHECK(e.message == std::string(field) + ": not supported by pdserve");
+    json chat{{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}, {field, "auto"}};
+    CHECK(parseErr(chat.dump(), Endpoint::kChat).param == std::optional<std::string>(field));
+  }
+  // Each endpoint's own fields only.
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  CHECK(parseErr("{" + msgs + R"(,"echo":true})", Endpoint::kChat).param == std::optional<std::string>("echo"));
+  CHECK(parseErr("{" + msgs + R"(,"best_of":1})", Endpoint::kChat).param == std::optional<std::string>("best_of"));
+  CHECK(parseErr(R"({"prompt":"x","messages":[]})").param == std::optional<std::string>("messages"));
+  CHECK(parseErr(R"({"prompt":"x","top_logprobs":2})").param == std::optional<std::string>("top_logprobs"));
+  // null is "not given", as in OpenAI's schemas.
+  parseOk(R"({"prompt":"x","tools":null,"suffix":null,"response_format":null})");
+  // response_format: plain text only.
+  parseOk("{" + msgs + R"(,"response_format":{"type":"text"}})", Endpoint::kChat);
+  CHECK(parseErr("{" + msgs + R"(,"response_format":{"type":"json_object"}})", Endpoint::kChat).message ==
+        "response_format: type 'json_object' is not supported by pdserve (only \"text\")");
+  CHECK(parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{}}})", Endpoint::kChat)
+            .param == std::optional<std::string>("response_format"));
+  CHECK(parseErr(R"({"prompt":"x","response_format":"text"})").param == std::optional<std::string>("response_format"));
+  // stream_options: include_usage only.
+  CHECK(parseErr(R"({"prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true}})").param ==
+        std::optional<std::string>("stream_options.continuous_usage_stats"));
+  // Metadata: accepted with the values that change nothing.
+  auto m = parseOk(R"({"prompt":"x","user":"u","metadata":{"k":"v"},"store":false,"service_tier":"auto"})");
+  CHECK(m.user == "u");
+  parseOk(R"({"prompt":"x","service_tier":"default"})");
+  CHECK(parseErr(R"({"prompt":"x","store":true})").param == std::optional<std::string>("store"));
+  CHECK(parseErr(R"({"prompt":"x","service_tier":"flex"})").param == std::optional<std::string>("service_tier"));
+  CHECK(parseErr(R"({"prompt":"x","metadata":"k"})").param == std::optional<std::string>("metadata"));
 }
 
 TEST_CASE("chat: messages, content parts and logprob fields") {
@@ -139,4 +227,26 @@ TEST_CASE("stream chunks, usage chunk and full responses have OpenAI's shapes") 
   ChoiceDelta partial{0, "\xe4\xbd", {}, std::nullopt, false};
   CHECK(sseEvent(streamChunk(Endpoint::kCompletions, meta, partial, false)).find("\xef\xbf\xbd") !=
         std::string::npos);
+}
+
+TEST_CASE("completions logprobs: alternatives that decode to the same text are all returned") {
+  // Lone bytes of UTF-8 sequences all decode to U+FFFD: keyed by text they used to collapse
+  // (logprobs: 20 returned 12 entries on a byte-level vocabulary).
+  TokenLogprob lp;
+  lp.token = "a";
+  lp.logprob = -0.5f;
+  lp.top = {{"a", -0.5f}, {"\xEF\xBF\xBD", -1.0f}, {"\xEF\xBF\xBD", -2.0f}, {"b", -3.0f}};
+  lp.topIds = {97, 200, 201, 98};
+  ChoiceDelta c;
+  c.text = "a";
+  c.logprobs = {lp};
+  ResponseMeta meta{"cmpl-1", 1, "m"};
+  json full = fullResponse(Endpoint::kCompletions, meta, {c}, Usage{1, 1}, true);
+  const json& top = full["choices"][0]["logprobs"]["top_logprobs"][0];
+  CHECK(top.size() == 4);
+  CHECK(top["\xEF\xBF\xBD"] == -1.0f);
+  CHECK(top["token_id:201"] == -2.0f);
+  // Chat lists them: every entry is there with its own text.
+  json chat = fullResponse(Endpoint::kChat, meta, {c}, Usage{1, 1}, true);
+  CHECK(chat["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size() == 4);
 }

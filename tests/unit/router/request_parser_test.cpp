@@ -75,4 +75,43 @@ TEST_CASE("special-token text from clients stays plain text unless split_special
 }
 
 }  // namespace
+TEST_CASE("logit_bias ids are checked against the vocabulary; min_tokens against max_tokens; echo-only") {
+  std::shared_ptr<const tok::Tokenizer> tok;
+  RequestParser parser = llama3Parser(&tok);
+  const int vocab = int(tok->vocabSize());
+  auto parse = [&](json body) { return parser.parseGenerate(body.dump(), Endpoint::kCompletions); };
+  auto error = [&](json body) {
+    auto got = parse(std::move(body));
+    REQUIRE(std::holds_alternative<Rejection>(got));
+    return std::get<Rejection>(got).error;
+  };
+  json ok{{"prompt", "hi"}, {"logit_bias", {{std::to_string(vocab - 1), 5}}}, {"min_tokens", 16}};
+  auto got = parse(ok);
+  REQUIRE(std::holds_alternative<ParsedGenerate>(got));
+  CHECK(std::get<ParsedGenerate>(got).req.logitBias.size() == 1);
+  CHECK_FALSE(std::get<ParsedGenerate>(got).discardOutput);
+
+  auto e = error({{"prompt", "hi"}, {"logit_bias", {{std::to_string(vocab), 5}}}});
+  CHECK(e.param == std::optional<std::string>("logit_bias"));
+  CHECK(e.message == "logit_bias: token id " + std::to_string(vocab) + " is outside the vocabulary of " +
+                         std::to_string(vocab));
+  // min_tokens <= max_tokens, the completions default of 16 included (vLLM's rule).
+  CHECK(error({{"prompt", "hi"}, {"min_tokens", 17}}).message == "min_tokens: 17 exceeds max_tokens 16");
+  CHECK(error({{"prompt", "hi"}, {"min_tokens", 3}, {"max_tokens", 2}}).param == std::optional<std::string>("min_tokens"));
+
+  // echo with max_tokens 0: one step runs on the worker, its token is discarded.
+  auto echo = parse({{"prompt", "hi"}, {"echo", true}, {"max_tokens", 0}});
+  REQUIRE(std::holds_alternative<ParsedGenerate>(echo));
+  CHECK(std::get<ParsedGenerate>(echo).discardOutput);
+  CHECK(std::get<ParsedGenerate>(echo).maxTokens == 1);
+
+  // /tokenize with messages keeps its own flags (they are not generation fields).
+  auto tokenized = parser.tokenize(json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                                        {"return_token_strs", true},
+                                        {"add_special_tokens", false}}
+                                       .dump());
+  REQUIRE(std::holds_alternative<json>(tokenized));
+  CHECK(std::get<json>(tokenized).contains("token_strs"));
+}
+
 }  // namespace pd::router
