@@ -87,6 +87,20 @@ struct CudaBackendOptions {
   // partial sums -- on a one-GPU machine so tests can compare it with TP = 1. Slower than
   // TP = 1; not for serving.
   bool tpRanksShareDevice = false;
+  // Weights: a model with host tensors (loadModel) is uploaded from them; a described one
+  // (describeModel: config and dir only) is streamed from its safetensors files in the stored
+  // dtype through a pinned staging buffer of this many bytes (weight_stream.h), each rank
+  // reading only its slices -- no host copy of the model.
+  size_t weightStagingBytes = size_t(64) << 20;
+  // > 0 (at most 1): the KV cache is what this fraction of each rank's device leaves after
+  // its weights and the measured activation peak (kv_budget.h), and layout.numBlocks must be
+  // 0; kvLayout() then holds the block count chosen (the smallest over the ranks). The
+  // scratch buffers are allocated up front for reserveTokens tokens in reserveSeqs sequences
+  // per step (the engine's max_batch_tokens / max_running_requests), so the peak measured is
+  // the one served with. Not with kvDeviceBase or tpRanksShareDevice.
+  double gpuMemoryUtilization = 0;
+  int reserveTokens = 0;
+  int reserveSeqs = 0;
 };
 
 class CudaBackend : public Backend {
@@ -103,6 +117,8 @@ class CudaBackend : public Backend {
   virtual int tensorParallelSize() const = 0;
   // Steps run through a CUDA graph so far (tests and benchmarks read it).
   virtual int64_t graphSteps() const = 0;
+  // Seconds the weights took to reach the device (streamed or uploaded), all ranks.
+  virtual double weightLoadSeconds() const = 0;
 
   // Device-side sampling (Backend::forwardAndSample): runs the step exactly as forward()
   // does, then samples every logits row on the device (pd::kernels::cuda::sampleRows) and

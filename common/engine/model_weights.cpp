@@ -97,6 +97,14 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
   return std::shared_ptr<const ModelWeights>(std::move(m));
 }
 
+Result<std::shared_ptr<const ModelWeights>> describeModel(const std::string& dir) {
+  PD_ASSIGN_OR_RETURN(ModelConfig c, loadModelConfig(dir));
+  auto m = std::make_shared<ModelWeights>();
+  m->config = std::move(c);
+  m->dir = dir;
+  return std::shared_ptr<const ModelWeights>(std::move(m));
+}
+
 Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& dir) {
   PD_ASSIGN_OR_RETURN(ModelConfig c, loadModelConfig(dir));
   return loadModelWeights(dir, c);
