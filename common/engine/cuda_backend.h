@@ -3,13 +3,18 @@
 // output, the residual stream / RoPE / softmax in f32, paged attention and the other ops from
 // kernels/include/pd/kernels/cuda. Decode steps of the common batch sizes run as CUDA graphs.
 //
-//   PD_ASSIGN_OR_RETURN(auto model, pd::engine::loadModel(dir));
+//   PD_ASSIGN_OR_RETURN(auto model, pd::engine::describeModel(dir));  // weights stay on disk
 //   auto layout = pd::engine::kvLayoutFor(model->config, numBlocks, 16, KvDtype::kBF16);
 //   PD_ASSIGN_OR_RETURN(auto backend, pd::engine::createCudaBackend(model, layout, {}));
 //   MemDesc kv = backend->kvRegion();   // device memory, for kvtransfer registration
 //                                       // (kvRegions(): one per rank with tensor parallelism)
 //   PD_RETURN_IF_ERROR(backend->forward(chunks, logits /* host, f32 */));
 //   PD_RETURN_IF_ERROR(backend->forwardAndSample(chunks, rowParams, topN, tokens)); // or this
+//
+// Weights: a described model (describeModel) is streamed from its safetensors files to each
+// rank's device in the stored dtype through a bounded pinned buffer (weight_stream.h; no host
+// copy, each rank reads its slices); a loaded one (loadModel, host f32) is uploaded from host
+// memory (tests compare the two). weightLoadSeconds() says how long either took.
 //
 // Threads: one host thread drives a backend (as Backend says); it owns one CUDA stream and
 // one cuBLAS handle per rank, so backends on different threads/devices are independent.
