@@ -115,11 +115,12 @@ class Streamer {
     const size_t sb = tensorDtypeBytes(from), db = tensorDtypeBytes(to);
     const bool conv = from != to;
     const size_t perElem = sb + (conv ? db : 0);  // staging bytes one element needs
+    const size_t room = half_ - kAlign;            // the converted run starts aligned (send)
     const size_t rowCols = size_t(p.shape.size() > 1 ? p.shape[1] : 1);
     if (size_t(p.cols.count) == rowCols) {
       // Whole rows: one contiguous byte range of the file, cut into chunks.
       const size_t begin = size_t(p.rows.begin) * rowCols, n = size_t(p.rows.count) * rowCols;
-      const size_t chunk = std::max<size_t>(1, half_ / perElem);
+      const size_t chunk = std::max<size_t>(1, room / perElem);
       for (size_t done = 0; done < n; done += chunk) {
         const size_t m = std::min(chunk, n - done);
         char* raw = nextHalf();
@@ -131,11 +132,11 @@ class Streamer {
     }
     // A column slice: each row's run of columns is one read; as many rows per chunk as fit.
     const size_t rowElems = size_t(p.cols.count);
-    if (rowElems * perElem > half_)
+    if (rowElems * perElem > room)
       return invalidArgument("weight stream: tensor " + p.name + ": a row slice of " +
                              std::to_string(rowElems * perElem) + " staging bytes exceeds half of the " +
                              std::to_string(2 * half_) + "-byte staging buffer");
-    const size_t rowsPerChunk = half_ / (rowElems * perElem);
+    const size_t rowsPerChunk = room / (rowElems * perElem);
     for (size_t r = 0; r < size_t(p.rows.count); r += rowsPerChunk) {
       const size_t m = std::min(rowsPerChunk, size_t(p.rows.count) - r);
       char* raw = nextHalf();
@@ -161,7 +162,8 @@ class Streamer {
     stats_.fileBytesRead += n * tensorDtypeBytes(from);
     const char* out = raw;
     if (from != to) {
-      char* conv = raw + n * tensorDtypeBytes(from);
+      // Behind the raw run, aligned: an odd count of 16-bit values would misalign f32 stores.
+      char* conv = raw + (n * tensorDtypeBytes(from) + kAlign - 1) / kAlign * kAlign;
       convert(raw, from, conv, to, n);
       out = conv;
     }
@@ -173,6 +175,7 @@ class Streamer {
     return Status::ok();
   }
 
+  static constexpr size_t kAlign = 64;
   const Checkpoint& ckpt_;
   DeviceWeightCopier& copier_;
   WeightLoadStats& stats_;
