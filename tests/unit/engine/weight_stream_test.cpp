@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include "common/engine/model_weights.h"
 #include "common/engine/tensor_parallel.h"
@@ -25,6 +26,19 @@ std::string bf16Model(const std::string& name, const std::string& preset, bool b
   o.qkvBias = bias;
   o.seed = 11;
   return test::makeTestModel(name, o);
+}
+
+// The f32 host loader's weights: what the streamed images are compared with. Made once per
+// directory for the life of the test process.
+std::shared_ptr<const ModelWeights> hostWeights(const std::string& dir) {
+  static std::map<std::string, std::shared_ptr<const ModelWeights>> made;
+  auto& m = made[dir];
+  if (!m) {
+    auto r = loadModel(dir);
+    REQUIRE(r.ok());
+    m = *r;
+  }
+  return m;
 }
 
 // The device image must be `want` (host f32, exactly representable in bf16) in bf16.
@@ -92,9 +106,7 @@ class DiscardingCopier final : public DeviceWeightCopier {
 
 TEST_CASE("a bf16 model streams to the device in bf16: the bytes the f32 loader reads, fused") {
   const std::string dir = bf16Model("stream_tiny_bf16_bias", "tiny", true);
-  auto host = loadModel(dir);
-  REQUIRE(host.ok());
-  const ModelWeights& w = **host;
+  const ModelWeights& w = *hostWeights(dir);
   const ModelConfig& c = w.config;
 
   HostWeightCopier dev;
@@ -160,9 +172,7 @@ TEST_CASE("matrices stream in the dtype the device asks for: bf16 widened to f32
 
 TEST_CASE("a tensor-parallel rank streams only its slices, as tensor_parallel.h cuts them") {
   const std::string dir = bf16Model("stream_tiny_bf16_bias", "tiny", true);
-  auto host = loadModel(dir);
-  REQUIRE(host.ok());
-  const ModelWeights& w = **host;
+  const ModelWeights& w = *hostWeights(dir);
   const ModelConfig& c = w.config;
   auto plan = planTensorParallel(c, 2);
   REQUIRE(plan.ok());
