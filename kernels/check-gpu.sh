@@ -1,53 +1,115 @@
 #!/usr/bin/env bash
-# check-gpu.sh: the CUDA backend's GPU check, in one command on a machine with a GPU.
-#   1. configures and builds the CUDA targets (PD_WITH_CUDA=ON, the GPU's own architecture
-#      unless PD_CUDA_ARCHITECTURES is set) into $BUILD_DIR (default build-gpu);
-#   2. runs every GPU test with PD_REQUIRE_GPU=1, so a missing device FAILS instead of
-#      skipping: the CUDA kernels (the sampler included) against their CPU twins, the CUDA
-#      backend against the CPU backend, graphs, layer KV events, device sampling, the backend
-#      factory;
-#   3. runs cuda_bench, which prints one table (GEMM and memcpy ceilings, paged decode
-#      attention bandwidth, decode tokens/s at batch 1/32/128, prefill tokens/s at 2,048,
-#      device sampling us at 1/32/128 rows of a 128k vocabulary).
-# Needs only the repo, scripts/setup's packages and the CUDA toolkit (nvcc, cuBLAS, NCCL).
-# Sized to finish in well under 8 minutes on one H200 (16 cores): each phase has a timeout.
+# check-gpu.sh: the whole device check, one prepared command for a machine with a GPU.
+#   device     nvidia-smi, the GPU's compute capability (the build's architecture);
+#   build      configures PD_WITH_CUDA=ON (Release) into $BUILD_DIR (default build-gpu) and
+#              builds the GPU tests, cuda_bench, the e2e test and the cluster's binaries;
+#   gpu-tests  every GPU test with PD_REQUIRE_GPU=1, so a missing device FAILS instead of
+#              skipping: the CUDA kernels (the sampler included) against their CPU twins, the
+#              CUDA backend against the CPU backend (logits within bf16 tolerance on generated
+#              models), weights streamed from a bf16 checkpoint against host-uploaded ones,
+#              KV sized by gpu_memory_utilization, graphs, layer KV events, device sampling,
+#              the backend factory, the worker's cuda engine set-up, GPU-memory transfers;
+#   e2e-cuda   a cuda cluster end to end (tests/e2e/cluster_test.cpp "greedy ids are identical
+#              with cuda workers"): colocated, and disaggregated over tcp-staged GPU memory,
+#              greedy ids identical between the two cuda paths (and the CPU's);
+#   bench      cuda_bench: GEMM against the cuBLAS peak and device copies measured in the same
+#              run, paged decode attention, decode/prefill tokens/s of a 1B-shaped bf16 model;
+#   rdma       when ibv_devices lists a device: the verbs unit tests and the transport
+#              conformance suite (which includes verbs once a device initialises).
+# Results: every phase's log and a summary (results.txt: phase, PASS/FAIL/SKIP, seconds) under
+# $OUT when set (the device tool's output folder), else $BUILD_DIR/check-gpu.
+# Every phase has a timeout, and the phases share one deadline (CHECK_GPU_BUDGET_S, default
+# 470 s) so the whole check ends within 8 minutes on a 16-core H200 machine.
 # Exit status: 0 all passed; 1 a build/test/bench failure; 2 no GPU or no toolchain.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
+RESULTS=${OUT:-$BUILD_DIR/check-gpu}
+BUDGET=${CHECK_GPU_BUDGET_S:-470}
+mkdir -p "$RESULTS"
+: >"$RESULTS/results.txt"
 start=$(date +%s)
-phase() { echo; echo "=== check-gpu: $* (t+$(( $(date +%s) - start ))s)"; }
+fail=0
 
-phase "device"
-if ! nvidia-smi -L; then
-  echo "check-gpu: no GPU visible (nvidia-smi failed): nothing to check"; exit 2
+elapsed() { echo $(( $(date +%s) - start )); }
+# Seconds a phase may take: its own limit, or what is left of the budget if less (>= 1).
+limit() { local left=$(( BUDGET - $(elapsed) )); (( left < 1 )) && left=1; (( $1 < left )) && echo "$1" || echo "$left"; }
+record() { printf '%-10s %-4s %4ss  %s\n' "$1" "$2" "$3" "${4:-}" | tee -a "$RESULTS/results.txt"; }
+# run_phase NAME LIMIT_S CMD...: runs CMD under timeout, its output to the terminal and to
+# $RESULTS/NAME.log; records PASS/FAIL (a timeout says so) and sets fail=1 on failure.
+run_phase() {
+  local name=$1 lim; lim=$(limit "$2"); shift 2
+  echo; echo "=== check-gpu: $name (t+$(elapsed)s, limit ${lim}s)"
+  local t0; t0=$(date +%s)
+  # A shell function of this script runs in a child bash (timeout runs programs only).
+  if declare -F "$1" >/dev/null; then set -- bash -c "$(declare -f "$1"); $*"; fi
+  timeout --kill-after=10 "$lim" "$@" 2>&1 | tee "$RESULTS/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local took=$(( $(date +%s) - t0 ))
+  if [ "$rc" = 0 ]; then record "$name" PASS "$took"
+  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then record "$name" FAIL "$took" "timed out after ${lim}s"; fail=1
+  else record "$name" FAIL "$took" "exit $rc"; fail=1
+  fi
+  return "$rc"
+}
+finish() {
+  echo; echo "=== check-gpu: done in $(elapsed)s: $([ "$fail" = 0 ] && echo PASSED || echo FAILED)"
+  echo "results in $RESULTS"
+  record total "$([ "$fail" = 0 ] && echo PASS || echo FAIL)" "$(elapsed)"
+  exit "$fail"
+}
+
+echo "=== check-gpu: device"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >"$RESULTS/device.log" 2>&1; then
+  cat "$RESULTS/device.log" 2>/dev/null
+  echo "check-gpu: no GPU visible (nvidia-smi failed): nothing to check"
+  record device SKIP "$(elapsed)" "no GPU visible (nvidia-smi)"
+  exit 2
 fi
+cat "$RESULTS/device.log"
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv >>"$RESULTS/device.log" 2>&1
 for tool in cmake ninja /usr/local/cuda/bin/nvcc; do
   command -v "$tool" >/dev/null 2>&1 || [ -x "$tool" ] || {
-    echo "check-gpu: $tool is missing (run scripts/setup; the CUDA toolkit goes to /usr/local/cuda)"; exit 2; }
+    echo "check-gpu: $tool is missing (run scripts/setup; the CUDA toolkit goes to /usr/local/cuda)"
+    record device SKIP "$(elapsed)" "$tool missing"
+    exit 2; }
 done
 if [ -z "${PD_CUDA_ARCHITECTURES:-}" ]; then
   cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
   PD_CUDA_ARCHITECTURES=${cap:-90}
 fi
+export BUILD_DIR JOBS PD_CUDA_ARCHITECTURES  # the phases' functions run in child shells
+record device PASS "$(elapsed)" "$(head -1 "$RESULTS/device.log"), sm_${PD_CUDA_ARCHITECTURES}"
 
-phase "configure + build (sm_${PD_CUDA_ARCHITECTURES}, -j${JOBS})"
-mkdir -p "$BUILD_DIR"
-timeout 120 cmake -S . -B "$BUILD_DIR" -G Ninja -DPD_WITH_CUDA=ON \
-  -DPD_CUDA_ARCHITECTURES="$PD_CUDA_ARCHITECTURES" -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR/configure.log" 2>&1 \
-  || { cat "$BUILD_DIR/configure.log"; echo "check-gpu: configure failed"; exit 1; }
-timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target \
-  test_backend_factory test_cuda_kernels test_cuda_sampling test_cuda_backend cuda_bench test_kvt_gpu \
-  || { echo "check-gpu: build failed"; exit 1; }
+build() {
+  mkdir -p "$BUILD_DIR"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DPD_WITH_CUDA=ON -DPD_CUDA_ARCHITECTURES="$PD_CUDA_ARCHITECTURES" \
+    -DCMAKE_BUILD_TYPE=Release || return 1
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target \
+    test_backend_factory test_cuda_kernels test_cuda_sampling test_cuda_backend test_kvt_gpu \
+    test_worker_engine_setup cuda_bench test_e2e test_kvt_verbs test_kvt_conformance
+}
+run_phase build 300 build || finish
 
-phase "GPU tests"
-fail=0
-(cd "$BUILD_DIR" && PD_REQUIRE_GPU=1 timeout 180 ctest -R "test_backend_factory|test_cuda_|test_kvt_gpu" \
-  --output-on-failure --timeout 120) || fail=1
+# The GPU tests through ctest (each case its own process, skips turned into failures).
+run_phase gpu-tests 150 env PD_REQUIRE_GPU=1 ctest --test-dir "$BUILD_DIR" \
+  -R "test_backend_factory|test_cuda_|test_kvt_gpu|test_worker_engine_setup|gpu_skip_semantics" \
+  --output-on-failure --timeout 120 -j 4
 
-phase "benchmark"
-timeout 180 "$BUILD_DIR/tests/kernels/cuda_bench" || fail=1
+run_phase e2e-cuda 150 env PD_REQUIRE_GPU=1 "$BUILD_DIR/tests/e2e/test_e2e" \
+  "greedy ids are identical with cuda workers*" --durations yes
 
-phase "done: $([ $fail = 0 ] && echo PASSED || echo FAILED)"
-exit $fail
+run_phase bench 120 "$BUILD_DIR/tests/kernels/cuda_bench"
+
+if command -v ibv_devices >/dev/null 2>&1 && [ "$(ibv_devices 2>/dev/null | tail -n +3 | grep -c .)" -gt 0 ]; then
+  rdma() {
+    ibv_devices || return 1
+    ctest --test-dir "$BUILD_DIR" -R "test_kvt_verbs|test_kvt_conformance" --output-on-failure --timeout 90
+  }
+  run_phase rdma 90 rdma
+else
+  echo; echo "=== check-gpu: rdma: no RDMA device (ibv_devices lists none or is missing): skipped"
+  record rdma SKIP 0 "no RDMA device"
+fi
+finish

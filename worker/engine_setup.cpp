@@ -1,11 +1,14 @@
 #include "worker/engine_setup.h"
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 
+#include "common/base/log.h"
 #include "common/engine/cpu_backend.h"
-#include "common/metrics/pdserve_metrics.h"
 #include "common/engine/cuda_backend.h"
 #include "common/engine/kv_cache_manager.h"
+#include "common/metrics/pdserve_metrics.h"
 
 namespace pd::worker {
 
@@ -45,6 +48,11 @@ Result<BackendAndKv> makeBackend(const config::ClusterConfig& config,
   engine::CudaBackendOptions cuda;
   cuda.weightDtype = layout.dtype;
   cuda.tensorParallelSize = config.engine.tensorParallelSize;
+  // layout.numBlocks is 0 then: the backend sizes the cache from what the GPU has left after
+  // the weights and the scratch of the largest step the scheduler will form.
+  cuda.gpuMemoryUtilization = config.engine.gpuMemoryUtilization;
+  cuda.reserveTokens = static_cast<int>(config.engine.maxBatchTokens);
+  cuda.reserveSeqs = config.engine.maxRunningRequests;
   PD_ASSIGN_OR_RETURN(auto backend, engine::createCudaBackend(std::move(model), layout, cuda));
   // Every rank's region has the same layout and block ids: the books are kept once, over
   // rank 0's region, in the per-rank layout that transfer offsets are computed in.
@@ -63,7 +71,14 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
     if (!device.isOk()) return Status(device.code(), "engine.backend: cuda: " + device.message());
   }
   EngineBundle b;
-  PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
+  const auto loadStart = std::chrono::steady_clock::now();
+  // cpu: the f32 host weights the backend computes from; cuda: the config only -- the backend
+  // streams the tensors to the device in their dtype (weight_stream.h), no host copy.
+  if (config.engine.backend == config::Backend::kCuda) {
+    PD_ASSIGN_OR_RETURN(b.model, engine::describeModel(config.model.path));
+  } else {
+    PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
+  }
   const auto& mc = b.model->config;
   b.modelName = config.model.name.empty()
                     ? std::filesystem::path(config.model.path).filename().string()
@@ -77,8 +92,11 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   // with tensor parallelism every rank's share of the kv heads, so the sum over the ranks).
   engine::KvLayout probe = engine::kvLayoutFor(mc, 1, config.engine.blockSize, kvDtype);
   const int64_t bytesPerBlock = int64_t(probe.totalBytes());
+  const bool byUtilization = config.engine.gpuMemoryUtilization > 0;  // cuda only (config checks)
   int64_t numBlocks = config.engine.numBlocks > 0 ? config.engine.numBlocks : config.engine.kvCacheBytes / bytesPerBlock;
-  if (numBlocks < 1) {
+  if (byUtilization) {
+    numBlocks = 0;
+  } else if (numBlocks < 1) {
     return invalidArgument("engine.kv_cache_bytes: " + std::to_string(config.engine.kvCacheBytes) +
                            " bytes hold no block of " + std::to_string(bytesPerBlock) + " bytes (" +
                            std::to_string(probe.blockBytes()) + " in each of " + std::to_string(probe.numLayers) +
@@ -86,6 +104,17 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   }
   auto layout = engine::kvLayoutFor(mc, static_cast<int>(numBlocks), config.engine.blockSize, kvDtype);
   PD_ASSIGN_OR_RETURN(auto parts, makeBackend(config, b.model, layout));
+  b.loadSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - loadStart).count();
+  {
+    const auto& kl = parts.backend->kvLayout();  // the blocks chosen (gpu_memory_utilization)
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.2f s", b.loadSeconds);
+    PD_LOG(kInfo, "engine") << "model " << config.model.path << " loaded on " << config::toString(config.engine.backend)
+                            << " in " << secs << "; KV cache " << kl.numBlocks << " blocks of " << kl.blockSize
+                            << " tokens = " << int64_t(kl.numBlocks) * kl.blockSize << " tokens of context ("
+                            << (kl.totalBytes() >> 20) << " MiB"
+                            << (byUtilization ? ", by engine.gpu_memory_utilization" : "") << ")";
+  }
   engine::EngineOptions opts;
   opts.scheduler.maxBatchTokens = static_cast<int>(config.engine.maxBatchTokens);
   opts.scheduler.maxNumSeqs = config.engine.maxRunningRequests;

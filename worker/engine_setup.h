@@ -33,6 +33,9 @@ struct EngineBundle {
   std::string modelName;        // served model id
   std::string fingerprint;      // model name + KV layout; peers must agree
   int64_t maxModelLen = 0;
+  // Seconds from opening the model to the backend ready (cpu: f32 host weights read; cuda:
+  // weights streamed to the device, KV cache allocated): pdserve_model_load_seconds.
+  double loadSeconds = 0;
 };
 
 // Loads the model and builds the engine as the config says. releaseKvOnFinish as for

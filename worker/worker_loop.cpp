@@ -55,6 +55,7 @@ Status WorkerLoop::prepare() {
   PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
   metrics_.setCacheConfig(engine().kv().layout().blockSize, engine().kv().numTotalBlocks());
+  metrics_.modelLoadSeconds.set(bundle_.loadSeconds);
   return Status::ok();
 }
 

@@ -250,8 +250,10 @@ void readEngine(MapReader m, EngineConfig* c) {
   m.readIntChoice("block_size", &c->blockSize, {8, 16, 32});
   bool hasBlocks = m.has("num_blocks");
   bool hasBytes = m.has("kv_cache_bytes");
+  bool hasUtil = m.has("gpu_memory_utilization");
   m.readInt("num_blocks", &c->numBlocks, 1, int64_t{1} << 32);
   m.readInt("kv_cache_bytes", &c->kvCacheBytes, int64_t{1} << 20, int64_t{1} << 50);
+  m.readDouble("gpu_memory_utilization", &c->gpuMemoryUtilization, 0, true, 1);
   m.readInt("max_batch_tokens", &c->maxBatchTokens, 1, kMaxTokens);
   m.readInt("max_running_requests", &c->maxRunningRequests, 1, 65536);
   m.readInt("max_queue", &c->maxQueue, 0, 1 << 20);
@@ -264,7 +266,18 @@ void readEngine(MapReader m, EngineConfig* c) {
   if (hasBlocks && hasBytes) {
     m.errors()->add(m.node(), "engine: num_blocks and kv_cache_bytes are exclusive; give one");
   }
-  if (hasBlocks) c->kvCacheBytes = 0;
+  for (const auto& [given, key] : {std::pair{hasBlocks, "num_blocks"}, std::pair{hasBytes, "kv_cache_bytes"}}) {
+    if (hasUtil && given) {
+      m.errors()->add(m.node(), std::string("engine: gpu_memory_utilization and ") + key +
+                                    " are exclusive; give one");
+    }
+  }
+  if (hasBlocks || hasUtil) c->kvCacheBytes = 0;
+  if (hasUtil && c->backend != Backend::kCuda) {
+    m.errors()->add(m.node()["gpu_memory_utilization"],
+                    "engine.gpu_memory_utilization: is a fraction of a GPU's memory and needs backend cuda "
+                    "(the cpu backend's KV cache is sized by kv_cache_bytes or num_blocks)");
+  }
   if (c->tensorParallelSize > 1 && c->backend != Backend::kCuda) {
     m.errors()->add(m.node(),
                     "engine.tensor_parallel_size: " + std::to_string(c->tensorParallelSize) +

@@ -137,14 +137,17 @@ struct PoolsConfig {
   DecodePoolConfig decode;
 };
 
-// KV cache size: num_blocks when given, otherwise as many blocks as fit in kv_cache_bytes
-// (the two keys are exclusive).
+// KV cache size: num_blocks when given; gpu_memory_utilization (backend cuda) when given: what
+// that fraction of each GPU's memory leaves after the weights and the measured activation
+// peak (common/engine/kv_budget.h); otherwise as many blocks as fit in kv_cache_bytes. The
+// three keys are exclusive.
 struct EngineConfig {
   Backend backend = Backend::kCpu;
   int threads = 0;        // cpu compute threads; 0 -> all cores
   int blockSize = 16;     // tokens per KV block: 8, 16 or 32
   int64_t numBlocks = 0;  // 0 -> derived from kvCacheBytes
-  int64_t kvCacheBytes = int64_t{256} << 20;
+  int64_t kvCacheBytes = int64_t{256} << 20;  // 0 when num_blocks or gpu_memory_utilization
+  double gpuMemoryUtilization = 0;              // (0, 1]; 0: not given
   int64_t maxBatchTokens = 2048;  // per-step token budget (prefill chunks + decode tokens)
   int maxRunningRequests = 128;
   int maxQueue = 1024;         // waiting requests beyond this are rejected (503)

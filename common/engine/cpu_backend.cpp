@@ -290,6 +290,10 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
                                                   const KvLayout& layout, void* kvBase,
                                                   const CpuBackendOptions& options) {
   if (!model) return invalidArgument("createCpuBackend: no model");
+  if (!model->hasHostTensors())
+    return invalidArgument("createCpuBackend: the model from " + model->dir +
+                           " has no weights in host memory (describeModel): the CPU backend "
+                           "computes from loadModel's f32 weights");
   const ModelConfig& c = model->config;
   if (layout.dtype != KvDtype::kF32)
     return unimplemented(std::string("createCpuBackend: KV dtype ") + kvDtypeName(layout.dtype) +

@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,7 +20,9 @@
 #include <vector>
 
 #include "common/base/log.h"
+#include "common/engine/kv_budget.h"
 #include "common/engine/tensor_parallel.h"
+#include "common/engine/weight_stream.h"
 #include "pd/kernels/cuda/attention.h"
 #include "pd/kernels/cuda/ops.h"
 #include "pd/kernels/cuda/sampling.h"
@@ -66,10 +69,10 @@ cudaDataType_t cublasType(KvDtype d) {
   return d == KvDtype::kF32 ? CUDA_R_32F : d == KvDtype::kF16 ? CUDA_R_16F : CUDA_R_16BF;
 }
 
-std::string gib(size_t bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f GiB", double(bytes) / double(1ull << 30));
-  return b;
+std::string gib(size_t bytes) { return formatGiB(bytes); }
+
+TensorDtype toTensorDtype(KvDtype d) {
+  return d == KvDtype::kF32 ? TensorDtype::kF32 : d == KvDtype::kF16 ? TensorDtype::kF16 : TensorDtype::kBF16;
 }
 
 // One rank's slice of a layer (TP = 1: the whole layer).
@@ -105,6 +108,8 @@ struct Rank {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   std::vector<void*> allocations;  // weights, KV (when owned), workspace: freed at the end
+  size_t weightBytes = 0;          // device bytes of this rank's weights
+  size_t freeBeforeInit = 0;       // cudaMemGetInfo free before this rank's set-up (gpu_memory_utilization)
   std::vector<DevLayer> layers;
   void* embed = nullptr;           // replicated on every rank
   const void* lmHead = nullptr;    // rank 0 only
@@ -153,6 +158,38 @@ struct DeviceSampling {
   }
 };
 
+// streamWeightsToDevice's copier for one rank: pinned staging, cudaMalloc'ed images kept in
+// the rank's allocations (freed with the backend, also after a failed load), copies on the
+// rank's stream. The rank's device is current.
+class CudaWeightCopier final : public DeviceWeightCopier {
+ public:
+  explicit CudaWeightCopier(Rank& r) : r_(r) {}
+  Result<void*> allocStaging(size_t bytes) override {
+    void* p = nullptr;
+    PD_CUDA_TRY(cudaHostAlloc(&p, std::max<size_t>(bytes, 16), cudaHostAllocDefault));
+    return p;
+  }
+  void freeStaging(void* p) override { cudaFreeHost(p); }
+  Result<void*> allocDevice(size_t bytes) override {
+    void* p = nullptr;
+    PD_CUDA_TRY(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    r_.allocations.push_back(p);
+    r_.weightBytes += bytes;
+    return p;
+  }
+  Status copyAsync(void* dst, const void* src, size_t bytes) override {
+    PD_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, r_.stream));
+    return Status::ok();
+  }
+  Status waitCopies() override {
+    PD_CUDA_TRY(cudaStreamSynchronize(r_.stream));
+    return Status::ok();
+  }
+
+ private:
+  Rank& r_;
+};
+
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(std::shared_ptr<const ModelWeights> model, const KvLayout& layout,
@@ -178,6 +215,7 @@ class CudaBackendImpl final : public CudaBackend {
     return v;
   }
   int64_t graphSteps() const override { return graphSteps_; }
+  double weightLoadSeconds() const override { return loadSeconds_; }
 
   Status forward(std::span<const SeqChunk> batch, float* logits,
                  const LayerKvReadyFn& onLayerKvReady) override;
@@ -212,6 +250,14 @@ class CudaBackendImpl final : public CudaBackend {
   // Copies n host f32 values to new device memory of rank r in the weight dtype (asF32: keep
   // f32). Rank r's device must be current.
   Status uploadWeight(Rank& r, const float* src, size_t n, bool asF32, void** out);
+  // Rank r's weights from the model's host f32 tensors (loadModel) or, for a described model,
+  // streamed from its checkpoint (weight_stream.h).
+  Status uploadRankWeights(Rank& r);
+  Status streamRankWeights(Rank& r);
+  // gpu_memory_utilization: sizes layout_ from what the ranks' devices have left, then
+  // allocates every rank's KV region.
+  Status sizeKvByUtilization();
+  Status allocRankKv(Rank& r);
   Status initRank(Rank& r);
   Status allocScratch(int capT, int capS, int capW, int capTab);
   void freeScratch();
@@ -246,6 +292,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::map<int, cudaGraphExec_t> graphs_;  // TP = 1: batch size -> instantiated decode step
   int64_t graphSteps_ = 0;
+  double loadSeconds_ = 0;
   DeviceSampling sampling_;
 };
 
@@ -303,6 +350,7 @@ Status CudaBackendImpl::uploadWeight(Rank& r, const float* src, size_t n, bool a
   const kcu::DType dt = asF32 ? kcu::DType::kF32 : wdt_;
   void* dst = nullptr;
   PD_RETURN_IF_ERROR(deviceAlloc(r, &dst, n * kcu::dtypeBytes(dt)));
+  r.weightBytes += n * kcu::dtypeBytes(dt);
   *out = dst;
   if (dt == kcu::DType::kF32) {
     PD_CUDA_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
@@ -326,20 +374,9 @@ Status CudaBackendImpl::uploadWeight(Rank& r, const float* src, size_t n, bool a
   return st;
 }
 
-Status CudaBackendImpl::initRank(Rank& r) {
-  PD_CUDA_TRY(cudaSetDevice(r.device));
+Status CudaBackendImpl::uploadRankWeights(Rank& r) {
   const int R = plan_.size;
   const size_t h = size_t(cfg_.hiddenSize);
-  PD_CUDA_TRY(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
-  PD_CUBLAS_TRY(cublasCreate(&r.cublas));
-  PD_CUBLAS_TRY(cublasSetStream(r.cublas, r.stream));
-  // A fixed workspace keeps cuBLAS from allocating during graph capture.
-  constexpr size_t kWorkspace = size_t(32) << 20;
-  void* workspace = nullptr;
-  PD_RETURN_IF_ERROR(deviceAlloc(r, &workspace, kWorkspace));
-  PD_CUBLAS_TRY(cublasSetWorkspace(r.cublas, workspace, kWorkspace));
-  PD_CUDA_TRY(kcu::pagedAttentionInit());
-
   auto put = [&](const float* src, size_t n, bool asF32, auto** out) -> Status {
     void* p = nullptr;
     PD_RETURN_IF_ERROR(uploadWeight(r, src, n, asF32, &p));
@@ -389,6 +426,115 @@ Status CudaBackendImpl::initRank(Rank& r) {
       PD_RETURN_IF_ERROR(put(w.oBias.data(), w.oBias.size(), true, &d.oBias));
   }
 
+  return Status::ok();
+}
+
+Status CudaBackendImpl::streamRankWeights(Rank& r) {
+  CudaWeightCopier copier(r);
+  WeightStreamOptions o;
+  o.matrixDtype = toTensorDtype(opt_.weightDtype);
+  o.stagingBytes = opt_.weightStagingBytes;
+  o.tensorParallelSize = plan_.size;
+  o.rank = r.index;
+  WeightLoadStats st;
+  PD_ASSIGN_OR_RETURN(DeviceModel m, streamWeightsToDevice(model_->dir, cfg_, o, copier, &st));
+  auto f32 = [](const DeviceTensor& t) { return static_cast<float*>(t.data); };
+  r.embed = m.embed.data;
+  if (r.index == 0) {
+    r.lmHead = m.lmHead.data ? m.lmHead.data : r.embed;
+    r.finalNorm = f32(m.finalNorm);
+  }
+  r.layers.resize(cfg_.numLayers);
+  for (int l = 0; l < cfg_.numLayers; ++l) {
+    const DeviceLayer& s = m.layers[l];
+    DevLayer& d = r.layers[l];
+    d.inputNorm = f32(s.inputNorm);
+    d.postNorm = f32(s.postNorm);
+    d.qkv = s.qkv.data;
+    d.qkvBias = f32(s.qkvBias);
+    d.o = s.o.data;
+    d.oBias = f32(s.oBias);
+    d.gateUp = s.gateUp.data;
+    d.down = s.down.data;
+  }
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.2f s (%.2f GiB/s)", st.seconds,
+                st.seconds > 0 ? double(st.deviceBytes) / double(1ull << 30) / st.seconds : 0.0);
+  PD_LOG(kInfo, "engine") << "cuda backend: rank " << r.index << " streamed " << gib(st.deviceBytes)
+                          << " of weights (" << kcu::dtypeName(wdt_) << " matrices, f32 norms) from "
+                          << model_->dir << " in " << rate << ", read " << gib(st.fileBytesRead)
+                          << " through " << (st.stagingBytes >> 20) << " MiB of pinned staging";
+  return Status::ok();
+}
+
+Status CudaBackendImpl::allocRankKv(Rank& r) {
+  PD_CUDA_TRY(cudaSetDevice(r.device));
+  PD_RETURN_IF_ERROR(deviceAlloc(r, &r.kv, rankLayout_.totalBytes()));
+  PD_CUDA_TRY(cudaMemset(r.kv, 0, rankLayout_.totalBytes()));
+  return Status::ok();
+}
+
+Status CudaBackendImpl::sizeKvByUtilization() {
+  KvLayout one = rankLayout_;
+  one.numBlocks = 1;
+  int64_t blocks = kMaxKvBlocks;
+  std::string detail;
+  for (Rank& r : ranks_) {
+    PD_CUDA_TRY(cudaSetDevice(r.device));
+    size_t freeMem = 0, totalMem = 0;
+    PD_CUDA_TRY(cudaMemGetInfo(&freeMem, &totalMem));
+    // Everything this rank's set-up took beyond its weights: scratch for the reserved step,
+    // the cuBLAS workspace, pinned-mapping and context growth -- the activation peak.
+    const size_t used = r.freeBeforeInit > freeMem ? r.freeBeforeInit - freeMem : 0;
+    KvBudgetInput in;
+    in.deviceTotalBytes = totalMem;
+    in.utilization = opt_.gpuMemoryUtilization;
+    in.weightBytes = r.weightBytes;
+    in.activationBytes = used > r.weightBytes ? used - r.weightBytes : 0;
+    in.bytesPerBlock = one.totalBytes();
+    in.blockSize = layout_.blockSize;
+    auto b = kvBudgetFromUtilization(in);
+    if (!b.ok())
+      return Status(b.status().code(), "cuda backend: device " + std::to_string(r.device) + ": " +
+                                           b.status().message());
+    if (b->kvBytes > freeMem)
+      return resourceExhausted("cuda backend: engine.gpu_memory_utilization gives device " +
+                               std::to_string(r.device) + " a KV cache of " + gib(b->kvBytes) +
+                               " but only " + gib(freeMem) +
+                               " is free (other processes use the device): lower it");
+    blocks = std::min(blocks, b->numBlocks);
+    if (r.index == 0)
+      detail = "share " + gib(b->shareBytes) + " of " + gib(totalMem) + ", weights " + gib(in.weightBytes) +
+               ", activation peak " + gib(in.activationBytes);
+  }
+  layout_.numBlocks = int(blocks);
+  rankLayout_ = perRankKvLayout(layout_, plan_);
+  for (Rank& r : ranks_) PD_RETURN_IF_ERROR(allocRankKv(r));
+  PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
+  PD_LOG(kInfo, "engine") << "cuda backend: KV cache by gpu_memory_utilization " << opt_.gpuMemoryUtilization
+                          << " (" << detail << "): " << blocks << " blocks of " << layout_.blockSize
+                          << " tokens = " << blocks * layout_.blockSize << " tokens of context, "
+                          << gib(rankLayout_.totalBytes()) << (plan_.size > 1 ? " per rank" : "");
+  return Status::ok();
+}
+
+Status CudaBackendImpl::initRank(Rank& r) {
+  PD_CUDA_TRY(cudaSetDevice(r.device));
+  const int R = plan_.size;
+  PD_CUDA_TRY(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  PD_CUBLAS_TRY(cublasCreate(&r.cublas));
+  PD_CUBLAS_TRY(cublasSetStream(r.cublas, r.stream));
+  // A fixed workspace keeps cuBLAS from allocating during graph capture.
+  constexpr size_t kWorkspace = size_t(32) << 20;
+  void* workspace = nullptr;
+  PD_RETURN_IF_ERROR(deviceAlloc(r, &workspace, kWorkspace));
+  PD_CUBLAS_TRY(cublasSetWorkspace(r.cublas, workspace, kWorkspace));
+  PD_CUDA_TRY(kcu::pagedAttentionInit());
+
+  const auto t0 = std::chrono::steady_clock::now();
+  PD_RETURN_IF_ERROR(model_->hasHostTensors() ? uploadRankWeights(r) : streamRankWeights(r));
+  loadSeconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
   std::vector<float> invFreq(cfg_.headDim / 2);
   pd::kernels::cpu::RopeLlama3Scaling s;
   s.factor = float(cfg_.rope.factor);
@@ -397,13 +543,14 @@ Status CudaBackendImpl::initRank(Rank& r) {
   s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
   pd::kernels::cpu::ropeInvFreq(invFreq.data(), cfg_.headDim, cfg_.rope.theta,
                                 cfg_.rope.llama3 ? &s : nullptr);
-  PD_RETURN_IF_ERROR(put(invFreq.data(), invFreq.size(), true, &r.invFreq));
+  void* invFreqDev = nullptr;
+  PD_RETURN_IF_ERROR(uploadWeight(r, invFreq.data(), invFreq.size(), true, &invFreqDev));
+  r.invFreq = static_cast<float*>(invFreqDev);
 
   if (opt_.kvDeviceBase) {  // TP = 1 only (createCudaBackend checks)
     r.kv = opt_.kvDeviceBase;
-  } else {
-    PD_RETURN_IF_ERROR(deviceAlloc(r, &r.kv, rankLayout_.totalBytes()));
-    PD_CUDA_TRY(cudaMemset(r.kv, 0, rankLayout_.totalBytes()));
+  } else if (opt_.gpuMemoryUtilization <= 0) {  // otherwise sizeKvByUtilization, after scratch
+    PD_RETURN_IF_ERROR(allocRankKv(r));
   }
   r.layerEvents.resize(cfg_.numLayers, nullptr);
   for (cudaEvent_t& e : r.layerEvents)
@@ -427,19 +574,21 @@ Status CudaBackendImpl::init() {
   // Memory check before any large allocation, so the error says what does not fit: per rank
   // the replicated embedding, 1/R of every layer's matrices, 1/R of the KV cache, and on
   // rank 0 the lm_head; summed per device (ranks may share one).
-  size_t layerElems = 0;
-  for (const LayerWeights& l : model_->layers)
-    layerElems += l.qkv.size() + l.o.size() + l.gateUp.size() + l.down.size();
+  // Sizes from the config, so a described model (nothing in host memory) is checked as well.
+  const size_t h = size_t(cfg_.hiddenSize), ffn = size_t(cfg_.intermediateSize);
+  const size_t layerElems = size_t(cfg_.numLayers) *
+                            ((size_t(cfg_.qDim()) + 2 * size_t(cfg_.kvDim())) * h + h * size_t(cfg_.qDim()) + 3 * ffn * h);
+  const size_t embedElems = size_t(cfg_.vocabSize) * h;
   const size_t wb = kcu::dtypeBytes(wdt_);
   std::map<int, size_t> need;
   size_t weightBytesRank0 = 0;
   for (const Rank& r : ranks_) {
-    size_t w = (model_->embed.size() + layerElems / R) * wb;
+    size_t w = (embedElems + layerElems / R) * wb;
     if (r.index == 0) {
-      w += model_->lmHead.size() * wb;
+      w += (cfg_.tieWordEmbeddings ? 0 : embedElems) * wb;
       weightBytesRank0 = w;
     }
-    const size_t kv = opt_.kvDeviceBase ? 0 : rankLayout_.totalBytes();
+    const size_t kv = opt_.kvDeviceBase || opt_.gpuMemoryUtilization > 0 ? 0 : rankLayout_.totalBytes();
     need[r.device] += w + kv + (size_t(512) << 20);
   }
   for (const auto& [dev, bytes] : need) {
@@ -453,7 +602,12 @@ Status CudaBackendImpl::init() {
                                " free");
   }
 
-  for (Rank& r : ranks_) PD_RETURN_IF_ERROR(initRank(r));
+  for (Rank& r : ranks_) {
+    PD_CUDA_TRY(cudaSetDevice(r.device));
+    size_t totalMem = 0;
+    PD_CUDA_TRY(cudaMemGetInfo(&r.freeBeforeInit, &totalMem));
+    PD_RETURN_IF_ERROR(initRank(r));
+  }
   PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
 
   if (R > 1 && !opt_.tpRanksShareDevice) {
@@ -476,8 +630,13 @@ Status CudaBackendImpl::init() {
 
   int maxGraph = 1;
   for (int b : opt_.graphBatchSizes) maxGraph = std::max(maxGraph, b);
-  PD_RETURN_IF_ERROR(allocScratch(std::max(256, maxGraph), std::max(16, maxGraph),
-                                  std::max(256, maxGraph * kcu::attnWorkItems(1, group_)), 4096));
+  // The reserved step (gpu_memory_utilization): its scratch now, so the peak is measured.
+  const int capT = std::max({256, maxGraph, opt_.reserveTokens});
+  const int capS = std::max({16, maxGraph, opt_.reserveSeqs});
+  const int capW = std::max({256, maxGraph * kcu::attnWorkItems(1, group_),
+                             kcu::attnWorkItems(opt_.reserveTokens, group_) + opt_.reserveSeqs});
+  PD_RETURN_IF_ERROR(allocScratch(capT, capS, capW, 4096));
+  if (opt_.gpuMemoryUtilization > 0) PD_RETURN_IF_ERROR(sizeKvByUtilization());
   std::string where = "device " + std::to_string(opt_.device);
   if (R > 1)
     where = "tensor_parallel_size " + std::to_string(R) +
@@ -875,8 +1034,21 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
                            " does not match the model (layers " + std::to_string(c.numLayers) +
                            ", kv heads " + std::to_string(c.numKvHeads) + ", head dim " +
                            std::to_string(c.headDim) + ")");
-  if (layout.blockSize <= 0 || layout.numBlocks <= 0)
+  if (options.gpuMemoryUtilization != 0) {
+    if (!(options.gpuMemoryUtilization > 0 && options.gpuMemoryUtilization <= 1))
+      return invalidArgument("createCudaBackend: gpuMemoryUtilization " +
+                             std::to_string(options.gpuMemoryUtilization) + " is outside (0, 1]");
+    if (layout.blockSize <= 0 || layout.numBlocks != 0)
+      return invalidArgument(
+          "createCudaBackend: with gpuMemoryUtilization the KV layout needs blockSize > 0 and "
+          "numBlocks 0 (the backend sizes it)");
+    if (options.kvDeviceBase || options.tpRanksShareDevice)
+      return invalidArgument(
+          "createCudaBackend: gpuMemoryUtilization sizes a KV cache the backend allocates on "
+          "devices of its own: not with kvDeviceBase or tpRanksShareDevice");
+  } else if (layout.blockSize <= 0 || layout.numBlocks <= 0) {
     return invalidArgument("createCudaBackend: KV layout needs blockSize > 0 and numBlocks > 0");
+  }
   if (c.headDim > kcu::kAttnMaxHeadDim || c.headDim % 2 != 0)
     return unimplemented("createCudaBackend: head_dim " + std::to_string(c.headDim) +
                          " (the attention kernel supports even head dims up to " +

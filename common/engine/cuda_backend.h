@@ -3,13 +3,18 @@
 // output, the residual stream / RoPE / softmax in f32, paged attention and the other ops from
 // kernels/include/pd/kernels/cuda. Decode steps of the common batch sizes run as CUDA graphs.
 //
-//   PD_ASSIGN_OR_RETURN(auto model, pd::engine::loadModel(dir));
+//   PD_ASSIGN_OR_RETURN(auto model, pd::engine::describeModel(dir));  // weights stay on disk
 //   auto layout = pd::engine::kvLayoutFor(model->config, numBlocks, 16, KvDtype::kBF16);
 //   PD_ASSIGN_OR_RETURN(auto backend, pd::engine::createCudaBackend(model, layout, {}));
 //   MemDesc kv = backend->kvRegion();   // device memory, for kvtransfer registration
 //                                       // (kvRegions(): one per rank with tensor parallelism)
 //   PD_RETURN_IF_ERROR(backend->forward(chunks, logits /* host, f32 */));
 //   PD_RETURN_IF_ERROR(backend->forwardAndSample(chunks, rowParams, topN, tokens)); // or this
+//
+// Weights: a described model (describeModel) is streamed from its safetensors files to each
+// rank's device in the stored dtype through a bounded pinned buffer (weight_stream.h; no host
+// copy, each rank reads its slices); a loaded one (loadModel, host f32) is uploaded from host
+// memory (tests compare the two). weightLoadSeconds() says how long either took.
 //
 // Threads: one host thread drives a backend (as Backend says); it owns one CUDA stream and
 // one cuBLAS handle per rank, so backends on different threads/devices are independent.
@@ -87,6 +92,20 @@ struct CudaBackendOptions {
   // partial sums -- on a one-GPU machine so tests can compare it with TP = 1. Slower than
   // TP = 1; not for serving.
   bool tpRanksShareDevice = false;
+  // Weights: a model with host tensors (loadModel) is uploaded from them; a described one
+  // (describeModel: config and dir only) is streamed from its safetensors files in the stored
+  // dtype through a pinned staging buffer of this many bytes (weight_stream.h), each rank
+  // reading only its slices -- no host copy of the model.
+  size_t weightStagingBytes = size_t(64) << 20;
+  // > 0 (at most 1): the KV cache is what this fraction of each rank's device leaves after
+  // its weights and the measured activation peak (kv_budget.h), and layout.numBlocks must be
+  // 0; kvLayout() then holds the block count chosen (the smallest over the ranks). The
+  // scratch buffers are allocated up front for reserveTokens tokens in reserveSeqs sequences
+  // per step (the engine's max_batch_tokens / max_running_requests), so the peak measured is
+  // the one served with. Not with kvDeviceBase or tpRanksShareDevice.
+  double gpuMemoryUtilization = 0;
+  int reserveTokens = 0;
+  int reserveSeqs = 0;
 };
 
 class CudaBackend : public Backend {
@@ -103,6 +122,8 @@ class CudaBackend : public Backend {
   virtual int tensorParallelSize() const = 0;
   // Steps run through a CUDA graph so far (tests and benchmarks read it).
   virtual int64_t graphSteps() const = 0;
+  // Seconds the weights took to reach the device (streamed or uploaded), all ranks.
+  virtual double weightLoadSeconds() const = 0;
 
   // Device-side sampling (Backend::forwardAndSample): runs the step exactly as forward()
   // does, then samples every logits row on the device (pd::kernels::cuda::sampleRows) and

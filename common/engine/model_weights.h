@@ -64,11 +64,17 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   const float* lmHeadData() const { return lmHead.empty() ? embed.data() : lmHead.data(); }
+  // False for describeModel()'s weights: the config and dir only, the tensors still on disk.
+  bool hasHostTensors() const { return !embed.empty(); }
   size_t totalBytes() const;
 };
 
 // Loads DIR (config.json + safetensors). Start-up work; any thread.
 Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& modelDir);
+// The config and directory only, no tensor read: for backends that stream the weights from
+// `dir` to their device in the stored dtype (the CUDA backend, weight_stream.h) instead of
+// holding an f32 host copy. The CPU backend refuses such a model.
+Result<std::shared_ptr<const ModelWeights>> describeModel(const std::string& modelDir);
 // Loads the weights for an already parsed config (tests use this to vary the config).
 Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& modelDir,
                                                              const ModelConfig& config);

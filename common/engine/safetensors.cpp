@@ -70,6 +70,30 @@ float f16ToF32(uint16_t h) {
   return f;
 }
 
+uint16_t f32ToF16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
+  const uint32_t absBits = bits & 0x7fffffffu;
+  if (absBits > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+  if (absBits >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds past 65504: inf
+  int exp = int(absBits >> 23) - 127 + 15;
+  uint32_t mant = absBits & 0x7fffffu;
+  if (exp <= 0) {  // subnormal (or zero) in f16
+    if (exp < -10) return sign;
+    mant |= 0x800000u;
+    const int shift = 14 - exp;  // 24-bit mantissa down to the subnormal's 10 bits
+    uint32_t half = mant >> shift;
+    const uint32_t rest = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rest > mid || (rest == mid && (half & 1u))) ++half;
+    return uint16_t(sign | half);
+  }
+  uint32_t half = (uint32_t(exp) << 10) | (mant >> 13);
+  const uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into exp: fine
+  return uint16_t(sign | half);
+}
+
 SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -187,6 +211,17 @@ Status SafetensorsFile::readF32(const std::string& name, float* dst) const {
       for (size_t i = 0; i < m; ++i) dst[done + i] = f16ToF32(stage[i]);
   }
   return Status::ok();
+}
+
+Status SafetensorsFile::readBytes(const std::string& name, uint64_t byteOffset, size_t len,
+                                  void* dst) const {
+  const TensorInfo* t = find(name);
+  if (!t) return notFound(path_ + ": no tensor named " + name);
+  const uint64_t bytes = t->end - t->begin;
+  if (byteOffset > bytes || len > bytes - byteOffset)
+    return outOfRange(path_ + ": tensor " + name + ": bytes [" + std::to_string(byteOffset) + ", " +
+                      std::to_string(byteOffset + len) + ") outside its " + std::to_string(bytes));
+  return preadAll(fd_, dst, len, dataStart_ + t->begin + byteOffset, path_);
 }
 
 Status writeSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,

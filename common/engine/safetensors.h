@@ -54,6 +54,9 @@ class SafetensorsFile {
 
   // Reads tensor `name` converted to f32 into dst (numel floats).
   Status readF32(const std::string& name, float* dst) const;
+  // Reads len bytes of tensor `name` in its stored dtype, from byteOffset within the
+  // tensor, into dst. kOutOfRange when the range leaves the tensor.
+  Status readBytes(const std::string& name, uint64_t byteOffset, size_t len, void* dst) const;
 
  private:
   std::string path_;
@@ -80,5 +83,6 @@ Status writeSafetensors(const std::string& path, const std::vector<TensorToWrite
 float bf16ToF32(uint16_t v);
 uint16_t f32ToBf16(float f);  // round to nearest even
 float f16ToF32(uint16_t v);
+uint16_t f32ToF16(float f);  // round to nearest even; overflow -> inf, NaN stays NaN
 
 }  // namespace pd::engine

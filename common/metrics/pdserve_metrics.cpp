@@ -157,7 +157,11 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   prefillChunkTokens = r_.gauge("pdserve_prefill_chunk_tokens",
                                 "Prompt tokens a step that also decodes may compute now (SLO-sized chunked prefill).");
   kvNumBlocks = r_.gauge("pdserve_kv_cache_num_blocks", "KV cache blocks in the pool.");
+  kvCapacityTokens = r_.gauge("pdserve_kv_cache_capacity_tokens",
+                              "Tokens of context the KV cache holds (blocks x block size).");
   kvFreeBlocks = r_.gauge("pdserve_kv_cache_free_blocks", "KV cache blocks free.");
+  modelLoadSeconds = r_.gauge("pdserve_model_load_seconds",
+                              "Seconds from opening the model to the backend ready (weights loaded, KV allocated).");
   transfersInFlight =
       r_.gauge("pdserve_kv_transfers_in_flight", "KV transfers posted and not complete.");
   kvBlocksQuarantined = r_.gauge("pdserve_kv_blocks_quarantined",
@@ -179,6 +183,7 @@ void WorkerMetrics::setCacheConfig(int blockSize, int64_t numBlocks) {
            {{"block_size", std::to_string(blockSize)}, {"num_blocks", std::to_string(numBlocks)}})
       .set(1);
   kvNumBlocks.set(static_cast<double>(numBlocks));
+  kvCapacityTokens.set(static_cast<double>(numBlocks) * blockSize);
 }
 
 void WorkerMetrics::syncEngineCounters(int64_t totalPreemptions, int64_t totalQueryTokens,

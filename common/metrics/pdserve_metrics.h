@@ -16,7 +16,9 @@
 // Worker (one WorkerMetrics over a Registry made with constant labels {role, worker}):
 //   pdserve_num_requests_running, pdserve_num_requests_waiting, pdserve_kv_cache_usage_perc
 //   (0..1), pdserve_queued_prefill_tokens, pdserve_kv_cache_num_blocks,
+//   pdserve_kv_cache_capacity_tokens (blocks x block size: tokens of context the cache holds),
 //   pdserve_kv_cache_free_blocks, pdserve_cache_config_info{block_size,num_blocks} (= 1),
+//   pdserve_model_load_seconds (opening the model to the backend ready, at start),
 //   pdserve_prompt_tokens_total, pdserve_generation_tokens_total,
 //   pdserve_num_preemptions_total, pdserve_prefix_cache_queries_total /
 //   pdserve_prefix_cache_hits_total (tokens),
@@ -109,6 +111,8 @@ class WorkerMetrics {
  public:
   explicit WorkerMetrics(Registry& registry);
 
+  // The KV pool's shape: pdserve_cache_config_info, pdserve_kv_cache_num_blocks and
+  // pdserve_kv_cache_capacity_tokens.
   void setCacheConfig(int blockSize, int64_t numBlocks);
   void remotePrefill(std::string_view outcome);
   // pdserve_remote_prefills{state}: how many remote prefills are in `state` now (issue 12:
@@ -124,7 +128,9 @@ class WorkerMetrics {
   Gauge queuedPrefillTokens;
   Gauge prefillChunkTokens;
   Gauge kvNumBlocks;
+  Gauge kvCapacityTokens;  // set with kvNumBlocks by setCacheConfig
   Gauge kvFreeBlocks;
+  Gauge modelLoadSeconds;
   Gauge transfersInFlight;
   Gauge kvBlocksQuarantined;
   Histogram kvQuarantineSeconds;

@@ -51,7 +51,7 @@ CONFIG_KEYS = {
                "max_connections", "header_timeout_ms", "body_timeout_ms", "keepalive_timeout_ms",
                "tls", "rate_limits", "metrics_auth", "metrics_bearer_file"},
     "pools": {"prefill", "decode"},
-    "engine": {"backend", "threads", "block_size", "num_blocks", "kv_cache_bytes",
+    "engine": {"backend", "threads", "block_size", "num_blocks", "kv_cache_bytes", "gpu_memory_utilization",
                "max_batch_tokens", "max_running_requests", "max_queue",
                "tensor_parallel_size", "enable_prefix_caching", "drain_timeout_ms",
                "slo_sized_prefill_chunks", "min_prefill_chunk_tokens"},

@@ -454,3 +454,88 @@ TEST_CASE("cuda backend forwardAndSample returns the tokens sample() picks from 
   CHECK(gpu->forwardAndSample(steps[1], badRows, 0, out).message().find("row 1") !=
         std::string::npos);
 }
+
+namespace {
+// A bf16 checkpoint (make-model --dtype bf16), as loadModel's f32 host copy or described only.
+std::string bf16ModelDir() {
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_small_bf16";
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
+    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+    MakeModelOptions o;
+    o.preset = "small";
+    o.seed = 11;
+    o.dtype = "bf16";
+    REQUIRE(makeModel(o, tmp).toString() == "OK");
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  return dir;
+}
+}  // namespace
+
+TEST_CASE("weights streamed from a bf16 checkpoint give the host-uploaded backend's logits exactly",
+          "[cuda][backend][stream]") {
+  if (!haveGpu()) return;
+  const std::string dir = bf16ModelDir();
+  auto host = loadModel(dir);
+  REQUIRE(host.status().toString() == "OK");
+  auto described = describeModel(dir);
+  REQUIRE(described.status().toString() == "OK");
+  REQUIRE(!(*described)->hasHostTensors());
+  for (int tp : {1, 2}) {
+    INFO("tensor_parallel_size " << tp << " (ranks sharing the device)");
+    CudaBackendOptions o;
+    o.useCudaGraphs = false;
+    o.tensorParallelSize = tp;
+    o.tpRanksShareDevice = tp > 1;
+    o.weightStagingBytes = 1 << 20;  // many chunks per tensor
+    const KvLayout layout = kvLayoutFor((*host)->config, 16, 16, KvDtype::kBF16);
+    auto uploaded = createCudaBackend(*host, layout, o);
+    REQUIRE(uploaded.status().toString() == "OK");
+    auto streamed = createCudaBackend(*described, layout, o);
+    REQUIRE(streamed.status().toString() == "OK");
+    CHECK((*streamed)->weightLoadSeconds() > 0);
+    std::vector<int32_t> a, b;
+    const auto want = runTwoSeqs(**uploaded, 6, &a);
+    const auto got = runTwoSeqs(**streamed, 6, &b);
+    CHECK(a == b);
+    REQUIRE(want.size() == got.size());
+    for (size_t i = 0; i < want.size(); ++i) CHECK(want[i] == got[i]);  // same bf16 weights: bit-exact
+  }
+}
+
+TEST_CASE("gpu_memory_utilization sizes the KV cache from the device and serves the same logits",
+          "[cuda][backend][utilization]") {
+  if (!haveGpu()) return;
+  auto model = tinyModel();
+  CudaBackendOptions o;
+  o.useCudaGraphs = false;
+  o.gpuMemoryUtilization = 0.3;
+  o.reserveTokens = 2048;
+  o.reserveSeqs = 64;
+  auto sized = createCudaBackend(model, kvLayoutFor(model->config, 0, 16, KvDtype::kBF16), o);
+  REQUIRE(sized.status().toString() == "OK");
+  const KvLayout& l = (*sized)->kvLayout();
+  INFO("blocks " << l.numBlocks << ", " << l.totalBytes() << " bytes");
+  CHECK(l.numBlocks > 1000);  // a tiny model: 30% of any GPU holds a great many blocks
+  CHECK((*sized)->kvRegion().len == l.totalBytes());
+  auto fixed = makeCuda(model, KvDtype::kBF16, KvDtype::kBF16, false);
+  std::vector<int32_t> a, b;
+  const auto want = runTwoSeqs(*fixed, 4, &a);
+  const auto got = runTwoSeqs(**sized, 4, &b);
+  CHECK(a == b);
+  for (size_t i = 0; i < want.size(); ++i) CHECK(want[i] == got[i]);
+  // A layout with blocks and a utilization both is refused, as is a fraction above 1.
+  auto both = createCudaBackend(model, kvLayoutFor(model->config, 16, 16, KvDtype::kBF16), o);
+  CHECK_THAT(both.status().message(), Catch::Contains("numBlocks 0 (the backend sizes it)"));
+  o.gpuMemoryUtilization = 1.5;
+  auto over = createCudaBackend(model, kvLayoutFor(model->config, 0, 16, KvDtype::kBF16), o);
+  CHECK_THAT(over.status().message(), Catch::Contains("outside (0, 1]"));
+  // A share smaller than the weights and scratch: the error names every term.
+  o.gpuMemoryUtilization = 1e-6;
+  auto tiny = createCudaBackend(model, kvLayoutFor(model->config, 0, 16, KvDtype::kBF16), o);
+  CHECK(tiny.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(tiny.status().message(), Catch::Contains("activation peak"));
+}

@@ -3,7 +3,7 @@
 //     device-to-device cudaMemcpy GB/s;
 //   - paged decode attention's achieved HBM bandwidth (bytes of K/V read / time) against the
 //     memcpy;
-//   - decode tokens/s at batch 1, 32, 128 (CUDA graphs, context 512) against the bandwidth
+//   - decode tokens/s at batch 1, 8, 32, 128 (CUDA graphs, context 512) against the bandwidth
 //     bound (weights + KV bytes per step at memcpy speed);
 //   - prefill tokens/s for one 2,048-token chunk against the GEMM bound;
 //   - the device sampler (temperature + top-p + 5 logprobs) at 1/32/128 rows of a 128k
@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
   const double layerParams = double(c.decodeWeightParams()) - double(c.vocabSize) * c.hiddenSize;
   std::vector<float> logits(size_t(maxBatch) * c.vocabSize);
 
-  for (int batch : {1, 32, 128}) {
+  for (int batch : {1, 8, 32, 128}) {
     std::vector<std::vector<int32_t>> tables(batch, std::vector<int32_t>(blocksPerSeq));
     for (int s = 0; s < batch; ++s)
       for (int i = 0; i < blocksPerSeq; ++i) tables[s][i] = s * blocksPerSeq + i;

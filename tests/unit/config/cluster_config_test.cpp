@@ -224,6 +224,17 @@ TEST_CASE("cross-field rules") {
         "test.yaml: router.control_port: 9000 is the same as router.port");
   CHECK(errorOf("engine: {num_blocks: 100, kv_cache_bytes: 1048576}") ==
         "test.yaml: engine: num_blocks and kv_cache_bytes are exclusive; give one");
+  CHECK(errorOf("engine: {backend: cuda, gpu_memory_utilization: 0.9, num_blocks: 100}") ==
+        "test.yaml: engine: gpu_memory_utilization and num_blocks are exclusive; give one");
+  CHECK(errorOf("engine: {backend: cuda, gpu_memory_utilization: 0.9, kv_cache_bytes: 1048576}") ==
+        "test.yaml: engine: gpu_memory_utilization and kv_cache_bytes are exclusive; give one");
+  CHECK(errorOf("engine: {gpu_memory_utilization: 0.5}") ==
+        "test.yaml: engine.gpu_memory_utilization: is a fraction of a GPU's memory and needs backend "
+        "cuda (the cpu backend's KV cache is sized by kv_cache_bytes or num_blocks)");
+  CHECK_THAT(errorOf("engine: {backend: cuda, gpu_memory_utilization: 1.5}"),
+             Catch::StartsWith("test.yaml: engine.gpu_memory_utilization: "));
+  CHECK_THAT(errorOf("engine: {backend: cuda, gpu_memory_utilization: 0}"),
+             Catch::StartsWith("test.yaml: engine.gpu_memory_utilization: "));
   CHECK(errorOf("engine: {tensor_parallel_size: 2}") ==
         "test.yaml: engine.tensor_parallel_size: 2 needs backend cuda (the cpu backend runs one "
         "shard)");
@@ -372,4 +383,14 @@ TEST_CASE("cluster.secret_file: missing, empty, short or readable by others is r
 
   CHECK_THAT(errorOf("cluster:\n  secret: abc\n"), Catch::Contains("cluster.secret: unknown key"));
   CHECK_THAT(errorOf("cluster:\n  secret_file: \"\"\n"), Catch::Contains("cluster.secret_file"));
+}
+
+TEST_CASE("engine.gpu_memory_utilization: a fraction in (0, 1] that replaces the byte-sized KV cache") {
+  const ClusterConfig c = parseOk("engine: {backend: cuda, gpu_memory_utilization: 0.85}");
+  CHECK(c.engine.gpuMemoryUtilization == 0.85);
+  CHECK(c.engine.kvCacheBytes == 0);  // not the default 256 MiB as well
+  CHECK(c.engine.numBlocks == 0);
+  const ClusterConfig d = parseOk("engine: {backend: cuda}");
+  CHECK(d.engine.gpuMemoryUtilization == 0);  // not given: kv_cache_bytes' default applies
+  CHECK(d.engine.kvCacheBytes == int64_t{256} << 20);
 }

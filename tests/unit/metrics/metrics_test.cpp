@@ -131,6 +131,7 @@ TEST_CASE("worker metrics carry role and worker labels") {
   w.kvCacheUsage.set(0.25);
   w.setCacheConfig(16, 1024);
   w.kvFreeBlocks.set(768);
+  w.modelLoadSeconds.set(1.5);
   w.promptTokens.inc(512);
   w.syncEngineCounters(1, 300, 100);
   w.syncEngineCounters(2, 512, 128);  // cumulative totals: only the growth is counted
@@ -142,7 +143,9 @@ TEST_CASE("worker metrics carry role and worker labels") {
   CHECK(hasLine(text, "pdserve_num_requests_waiting{" + l + "} 5"));
   CHECK(hasLine(text, "pdserve_kv_cache_usage_perc{" + l + "} 0.25"));
   CHECK(hasLine(text, "pdserve_kv_cache_num_blocks{" + l + "} 1024"));
+  CHECK(hasLine(text, "pdserve_kv_cache_capacity_tokens{" + l + "} 16384"));
   CHECK(hasLine(text, "pdserve_kv_cache_free_blocks{" + l + "} 768"));
+  CHECK(hasLine(text, "pdserve_model_load_seconds{" + l + "} 1.5"));
   CHECK(hasLine(text,
                 "pdserve_cache_config_info{" + l + ",block_size=\"16\",num_blocks=\"1024\"} 1"));
   CHECK(hasLine(text, "pdserve_prefix_cache_hits_total{" + l + "} 128"));

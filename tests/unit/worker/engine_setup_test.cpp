@@ -79,6 +79,28 @@ TEST_CASE("a tensor-parallel cuda worker has one KV region per GPU, or says how 
   CHECK_THAT(b->fingerprint, Catch::EndsWith(".tp2"));
 }
 
+TEST_CASE("a cuda worker sizes its KV cache by engine.gpu_memory_utilization, or says why it cannot start") {
+  const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
+  auto c = config::parseClusterConfig(
+      "model: {path: " + model + "}\nengine: {backend: cuda, gpu_memory_utilization: 0.5, max_batch_tokens: 512}\n",
+      "test.yaml");
+  REQUIRE(c.ok());
+  auto b = worker::buildEngine(*c, true);
+  const Status device = engine::cudaDeviceAvailable();
+  if (!device.isOk()) {
+    REQUIRE(!b.ok());
+    CHECK(b.status().message() == "engine.backend: cuda: " + device.message());
+    return;
+  }
+  REQUIRE(b.ok());
+  // Half of a GPU for a 64-wide model: far more blocks than the 256 MiB default would give.
+  const auto& layout = b->engine->kv().layout();
+  CHECK(b->engine->kv().numTotalBlocks() == layout.numBlocks);
+  CHECK(int64_t(layout.totalBytes()) > int64_t{1} << 30);
+  CHECK(b->kvRegions[0].len == layout.totalBytes());
+  CHECK(b->loadSeconds > 0);
+}
+
 namespace {
 // This process's resident set, in bytes (VmRSS of /proc/self/status).
 int64_t residentBytes() {
@@ -112,4 +134,5 @@ TEST_CASE("engine.kv_cache_bytes is the size of the whole KV cache, and what sta
   INFO("resident growth " << grew << " bytes for kv_cache_bytes " << setting);
   CHECK(grew >= cache);
   CHECK(grew < setting + (16 << 20));
+  CHECK(b->loadSeconds > 0);  // pdserve_model_load_seconds
 }
