@@ -114,6 +114,8 @@ void PrefillJobs::onStepEvents(const std::vector<engine::EngineEvent>& events) {
       case engine::EngineEvent::Kind::kFinished:
         job.state = State::kPushing;
         job.computedAt = steadyNow();
+        job.queueS = e.timings.queueSeconds;
+        job.computeS = e.timings.prefillSeconds.value_or(0);
         break;
       case engine::EngineEvent::Kind::kFailed:
         if (job.failed.isOk()) job.failed = e.error;
@@ -189,7 +191,12 @@ void PrefillJobs::finish(uint64_t id) {
   auto* t = d->mutable_timings();
   t->set_prefill_worker_id(loop_.flags().workerId);
   t->set_route(proto::ROUTE_DISAGGREGATED);
-  t->set_prefill_ms(1e3 * secondsBetween(job.received, *job.computedAt));
+  // Three consecutive intervals of this host's clock: engine queue, compute to the first
+  // token, and the KV push left after it (layers were posted while later ones computed, so
+  // only the tail is exposed).
+  t->set_ttft_split(true);
+  t->set_prefill_queue_ms(1e3 * job.queueS);
+  t->set_prefill_ms(1e3 * job.computeS);
   t->set_transfer_ms(1e3 * secondsBetween(*job.computedAt, steadyNow()));
   if (auto name = loop_.agent().peerTransport(job.peer); name.ok()) t->set_transport(name.value());
   (void)job.decode->send(std::move(env));

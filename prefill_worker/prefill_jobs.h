@@ -67,6 +67,7 @@ class PrefillJobs {
     worker::WorkerLoop::TimerId deadlineTimer = 0;
     SteadyTime received;
     std::optional<SteadyTime> computedAt;
+    double queueS = 0, computeS = 0;  // the engine's queue and prefill time (PrefillDone timings)
     uint64_t bytes = 0;
   };
 

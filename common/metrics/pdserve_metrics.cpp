@@ -65,6 +65,15 @@ void RouterMetrics::observeQueueTime(std::string_view route, double seconds) {
       .observe(seconds);
 }
 
+void RouterMetrics::observeTtftPhase(std::string_view route, std::string_view phase, double seconds) {
+  r_.histogram("pdserve_request_ttft_phase_seconds",
+               "Time to first token split into phases (router_queue, decode_admission, kv_connect, "
+               "prefill_queue, prefill_compute, kv_transfer, decode_first_token, other), each measured "
+               "by the process it happens in.",
+               buckets_.ttftS, {{"route", s(route)}, {"phase", s(phase)}})
+      .observe(seconds);
+}
+
 void RouterMetrics::routeDecision(std::string_view route, std::string_view reason) {
   r_.counter("pdserve_route_decisions_total", "Routing decisions by route and reason.",
              {{"route", s(route)}, {"reason", s(reason)}})

@@ -5,6 +5,7 @@
 //   pdserve_inter_token_latency_seconds{route}     histogram, router.itl_buckets_s
 //   pdserve_e2e_request_latency_seconds{route}     histogram, router.e2e_buckets_s
 //   pdserve_request_queue_time_seconds{route}      histogram, router.e2e_buckets_s
+//   pdserve_request_ttft_phase_seconds{route,phase} histogram, router.ttft_buckets_s
 //   pdserve_route_decisions_total{route,reason}    counter
 //   pdserve_requests_finished_total{finished_reason}, pdserve_request_errors_total{type}
 //   pdserve_prompt_tokens_total, pdserve_generation_tokens_total, pdserve_requests_in_flight
@@ -71,6 +72,9 @@ class RouterMetrics {
   void observeItl(std::string_view route, double seconds);
   void observeE2e(std::string_view route, double seconds);
   void observeQueueTime(std::string_view route, double seconds);
+  // One phase of a request's TTFT split (router/ttft_split.h: router_queue, decode_admission,
+  // kv_connect, prefill_queue, prefill_compute, kv_transfer, decode_first_token, other).
+  void observeTtftPhase(std::string_view route, std::string_view phase, double seconds);
   // reason: why this route ("short_prompt", "long_prompt", "no_prefill_worker", ...).
   void routeDecision(std::string_view route, std::string_view reason);
   // Prompt tokens the router expected the chosen worker to hold in its prefix cache.
