@@ -41,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -59,6 +60,18 @@ struct LatencyBuckets {
   std::vector<double> itlS;
   std::vector<double> e2eS;
 };
+
+// metrics.vllm_compatible_names (docs/metrics.md has the table and why each pair means the
+// same): the registry also exports vLLM's names, each series with model_name=<modelName>
+// added to its labels (the router's keep their route label; the workers' their role and
+// worker). Router: vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
+// vllm:time_per_output_token_seconds, vllm:e2e_request_latency_seconds,
+// vllm:request_success_total. Worker (per engine, as vLLM counts): vllm:num_requests_running,
+// vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:prompt_tokens_total,
+// vllm:generation_tokens_total, vllm:num_preemptions_total, vllm:prefix_cache_queries_total,
+// vllm:prefix_cache_hits_total.
+enum class MetricsProcess { kRouter, kWorker };
+void exportVllmNames(Registry& registry, MetricsProcess process, const std::string& modelName);
 
 // Cluster identity metrics, in any registry.
 void setInternalAuth(Registry& registry, bool authenticated);
