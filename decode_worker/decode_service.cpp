@@ -92,6 +92,7 @@ class DecodeRole final : public worker::RolePolicy {
     proto::Generate gen;
     bool remote = false;
     SteadyTime received;
+    double inboxS = 0;  // the Generate's wait for the loop, before the engine saw it
     std::optional<SteadyTime> firstToken;
     std::optional<proto::Timings> remoteSplit;  // PrefillDone's part of the TTFT split
     SteadyTime kvReadyAt;                       // when that PrefillDone arrived
@@ -100,6 +101,8 @@ class DecodeRole final : public worker::RolePolicy {
   };
 
   void onGenerate(worker::RouterId from, proto::Generate gen) {
+    // Up to here (before the engine request exists): the wait for the loop.
+    const double inboxS = secondsBetween(loop_.postedAt(), steadyNow());
     const uint64_t id = gen.request_id();
     if (streams_.count(id)) {
       return sendError(from, id, failedPrecondition("request " + std::to_string(id) + " is already running here"));
@@ -126,6 +129,7 @@ class DecodeRole final : public worker::RolePolicy {
     Stream s;
     s.router = from;
     s.received = steadyNow();
+    s.inboxS = inboxS;
     s.wantLogprobs = gen.sampling().return_logprobs() || gen.sampling().logprobs() > 0;
     s.remote = !gen.prefill_worker_address().empty();
     loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
@@ -208,9 +212,9 @@ class DecodeRole final : public worker::RolePolicy {
     auto* timings = chunk->mutable_timings();
     timings->set_ttft_split(true);
     timings->set_route(s.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
-    // Colocated: the engine queue. Disaggregated: arrival -> blocks reserved (its queued ->
-    // waiting_kv move is the reservation).
-    timings->set_queue_ms(1e3 * t.queueSeconds);
+    // The Generate's wait for the loop, then colocated: the engine queue; disaggregated:
+    // arrival -> blocks reserved (its queued -> waiting_kv move is the reservation).
+    timings->set_queue_ms(1e3 * (s.inboxS + t.queueSeconds));
     if (s.remoteSplit) {
       timings->set_kv_connect_ms(s.remoteSplit->kv_connect_ms());
       timings->set_prefill_queue_ms(s.remoteSplit->prefill_queue_ms());

@@ -256,7 +256,7 @@ void RemotePrefills::failPeerRequests(const std::string& address, const Status& 
 }
 
 void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) {
-  const SteadyTime arrived = steadyNow();
+  const SteadyTime arrived = loop_.postedAt();  // on the wire here, before the loop was free
   std::vector<engine::EngineEvent> events;
   Status s = loop_.engine().completeRemote(id, worker::fromProto(done.first_token_id(), done.first_logprob()), &events);
   // A PrefillDone the engine refuses (a first token outside the vocabulary) is the prefill

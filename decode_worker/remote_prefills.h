@@ -48,7 +48,8 @@ class RemotePrefills {
     // KV_READY: the engine holds the request now; `events` are its first token (and finish).
     // `split` holds the remote part of its TTFT split (proto Timings: prefill_queue_ms,
     // prefill_ms and transfer_ms as the prefill worker measured them, kv_connect_ms on this
-    // host); `at` is when the PrefillDone arrived here.
+    // host); `at` is when the PrefillDone arrived here (its connection read it: the wait for
+    // the loop is part of the hand-off).
     std::function<void(uint64_t id, const proto::Timings& split, SteadyTime at,
                        const std::vector<engine::EngineEvent>& events)>
         onKvReady;

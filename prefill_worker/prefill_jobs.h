@@ -68,6 +68,7 @@ class PrefillJobs {
     SteadyTime received;
     std::optional<SteadyTime> computedAt;
     double queueS = 0, computeS = 0;  // the engine's queue and prefill time (PrefillDone timings)
+    double inboxS = 0;                // the PrefillRequest's wait for the loop before accept()
     uint64_t bytes = 0;
   };
 
