@@ -56,6 +56,7 @@ CONFIG_KEYS = {
                "tensor_parallel_size", "enable_prefix_caching", "drain_timeout_ms"},
     "kv_transfer": {"transports", "listen_host", "timeout_ms", "on_remote_prefill_failure"},
     "logging": {"level"},
+    "metrics": {"vllm_compatible_names"},
     "cluster": {"secret_file"},
 }
 POOL_KEYS = {"replicas", "min_replicas", "max_replicas", "host", "base_port", "slo"}
