@@ -68,6 +68,7 @@ class DecodeRole final : public worker::RolePolicy {
   void poll() override {
     remote_.admitWaiting();
     remote_.pollQuarantine();
+    remote_.exportStates();
   }
   std::chrono::microseconds pollInterval() const override {
     return remote_.anyInFlight() ? std::chrono::milliseconds(1) : std::chrono::milliseconds(20);

@@ -121,7 +121,7 @@ void RemotePrefills::connect(const std::string& address) {
   const auto colon = address.rfind(':');
   Peer& peer = peers_[address];
   peer.connecting = true;
-  net::ConnectionOptions opts = loop_.controlOptions("prefill_link");
+  net::ConnectionOptions opts = loop_.leasedControlOptions("prefill_link");
   opts.hello.set_role(proto::ROLE_DECODE);
   opts.hello.set_worker_id(loop_.flags().workerId);
   opts.hello.set_model_fingerprint(loop_.bundle().fingerprint);
@@ -342,11 +342,25 @@ void RemotePrefills::onCancelAck(const std::string& address, uint64_t id) {
   for (engine::SeqId h : holders) release(h, "prefill worker " + address + " acknowledged the cancel");
 }
 
+void RemotePrefills::exportStates() {
+  int64_t waiting = 0, connecting = 0, requested = 0;
+  for (const auto& [id, r] : requests_) {
+    waiting += r.state == State::kWaitingBlocks;
+    connecting += r.state == State::kConnecting;
+    requested += r.state == State::kRequested;
+  }
+  auto& m = loop_.metrics();
+  m.remotePrefillsIn("waiting_blocks", waiting);
+  m.remotePrefillsIn("connecting", connecting);
+  m.remotePrefillsIn("requested", requested);
+}
+
 void RemotePrefills::pollQuarantine() {
   if (quarantine_.empty()) return;
   const auto now = steadyNow();
   const auto lease = milliseconds(loop_.config().kvTransfer.timeoutMs);
   std::vector<std::pair<engine::SeqId, std::string>> gone;
+  std::vector<std::string> redial;
   for (auto& [holder, q] : quarantine_) {
     auto peer = peers_.find(q.address);
     const bool connected = peer != peers_.end() && peer->second.conn;
@@ -354,6 +368,10 @@ void RemotePrefills::pollQuarantine() {
       gone.emplace_back(holder, "prefill worker " + q.address + " is gone (control connection closed, KV lane dead)");
       continue;
     }
+    // Its connection closed (a lease that ran out, a reset) but the writer may live: only a
+    // new connection can carry the Cancel and its acknowledgement, so dial it again (at most
+    // once per kRedialInterval) rather than hold the blocks until a request goes there.
+    if (!connected && (peer == peers_.end() || !peer->second.connecting)) redial.push_back(q.address);
     if (!q.leaseLogged && now - q.since > lease) {
       q.leaseLogged = true;
       PD_LOG(kWarn, kTag) << "request " << q.requestId << ": " << q.blocks << " KV block(s) still quarantined "
@@ -363,6 +381,14 @@ void RemotePrefills::pollQuarantine() {
     }
   }
   for (auto& [holder, why] : gone) release(holder, why);
+  for (const std::string& address : redial) {
+    Peer& peer = peers_[address];
+    if (peer.conn || peer.connecting || now < peer.redialAt) continue;
+    peer.redialAt = now + kRedialInterval;
+    PD_LOG(kInfo, kTag) << "prefill worker " << address << ": reconnecting to ask it to acknowledge cancels of "
+                        << "quarantined KV blocks";
+    connect(address);
+  }
 }
 
 void RemotePrefills::failed(uint64_t id, const Status& why) {

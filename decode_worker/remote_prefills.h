@@ -6,7 +6,7 @@
 //   start() --> WAITING_BLOCKS --(blocks reserved for the whole prompt)--> CONNECTING
 //   CONNECTING --(prefill worker's KvConnect reply loaded)--> REQUESTED (PrefillRequest sent)
 //   REQUESTED --(PrefillDone)--> KV_READY: the engine decodes from the first token (handed off)
-//   any --(Error | prefill disconnects | refused KvConnect | deadline)--> FAILED:
+//   any --(Error | prefill disconnects or its lease runs out | refused KvConnect | deadline)--> FAILED:
 //        Cancel to the prefill worker; recompute here (the engine frees the reserved blocks
 //        and queues a local prefill) or, per kv_transfer.on_remote_prefill_failure, fail;
 //        also fail (429) when recomputing would break the ITL SLO of the running streams
@@ -20,10 +20,14 @@
 //        worker acknowledges the Cancel (Cancel{ack}) or is known gone (its control connection
 //        closed AND TransferAgent::unfencedLanesDead: for cma its process exited). A recompute uses
 //        fresh blocks. Past the lease (kv_transfer.timeout_ms) the hold is logged, never
-//        dropped on a timer alone. On a new connection to that worker the Cancel is sent again.
+//        dropped on a timer alone. On a new connection to that worker the Cancel is sent again;
+//        with holds waiting and no connection (a lease ran out, a reset) it is dialled again.
 //
 // Deadlines (loop timers, kv_transfer.timeout_ms each): WAITING_BLOCKS from start();
-// CONNECTING + REQUESTED together from the reservation. A prefill worker that is slow,
+// CONNECTING + REQUESTED together from the reservation. Leases: the connection to each
+// prefill worker carries heartbeats both ways (net keepalive, kv_transfer.heartbeat_ms) and is
+// closed when the prefill worker is silent for kv_transfer.lease_ms, so a stopped or cut-off
+// prefill worker fails its requests here within the lease, not the whole timeout. A prefill worker that is slow,
 // stopped or unreachable delays only the requests sent to it: nothing here waits on it.
 //
 // Threads: the loop thread only.
@@ -70,10 +74,13 @@ class RemotePrefills {
   bool contains(uint64_t id) const { return requests_.count(id) != 0; }
   // Ends every request (FAILED, no recompute) and closes the peer connections.
   void shutdown(const Status& why);
-  // Releases quarantined blocks whose writer is known gone; logs holds past their lease
-  // (loop poll).
+  // Releases quarantined blocks whose writer is known gone; reconnects to a writer that may
+  // live but whose connection closed, so that its acknowledgement can come; logs holds past
+  // their lease (loop poll).
   void pollQuarantine();
   int quarantinedBlocks() const { return quarantinedBlocks_; }
+  // pdserve_remote_prefills{state} for WAITING_BLOCKS, CONNECTING and REQUESTED (loop poll).
+  void exportStates();
 
  private:
   enum class State { kWaitingBlocks, kConnecting, kRequested };
@@ -113,7 +120,9 @@ class RemotePrefills {
     kvt::AgentPeer kvPeer = 0;  // loaded from its KvConnect reply (valid while kvReady)
     std::unordered_set<uint64_t> requests;
     SteadyTime lastHeard;       // its last message on this connection
+    SteadyTime redialAt{};      // pollQuarantine: no new connection for quarantined holds before
   };
+  static constexpr std::chrono::milliseconds kRedialInterval{500};
 
   void reserved(uint64_t id, std::vector<engine::BlockId> blocks);
   void sendPrefillRequest(Peer& peer, uint64_t id);

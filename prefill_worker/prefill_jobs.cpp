@@ -127,6 +127,18 @@ void PrefillJobs::onStepEvents(const std::vector<engine::EngineEvent>& events) {
   }
 }
 
+void PrefillJobs::exportStates() {
+  int64_t computing = 0, pushing = 0;
+  for (const auto& [id, job] : jobs_) {
+    computing += job.state == State::kComputing;
+    pushing += job.state == State::kPushing;
+  }
+  auto& m = loop_.metrics();
+  m.remotePrefillsIn("computing", computing);
+  m.remotePrefillsIn("pushing", pushing);
+  m.remotePrefillsIn("ending", int64_t(ending_.size()));
+}
+
 void PrefillJobs::settle() {
   std::vector<uint64_t> done, failed;
   for (auto& [id, job] : jobs_) {

@@ -52,6 +52,9 @@ class PrefillJobs {
   bool hasTransfers() const;
   bool empty() const { return jobs_.empty() && ending_.empty(); }
   uint32_t transfersInFlight() const;
+  // pdserve_remote_prefills{state} for COMPUTING, PUSHING and the ended jobs whose transfers
+  // are still being cancelled (loop poll).
+  void exportStates();
 
  private:
   enum class State { kComputing, kPushing };

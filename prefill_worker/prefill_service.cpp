@@ -31,7 +31,10 @@ class PrefillRole final : public worker::RolePolicy {
   }
   void onLayerDone(int layer, const engine::StepView& step) override { jobs_.onLayerDone(layer, step); }
   void onStepEvents(const std::vector<engine::EngineEvent>& events) override { jobs_.onStepEvents(events); }
-  void poll() override { jobs_.settle(); }
+  void poll() override {
+    jobs_.settle();
+    jobs_.exportStates();
+  }
   std::chrono::microseconds pollInterval() const override {
     return jobs_.hasTransfers() ? std::chrono::microseconds(0) : std::chrono::milliseconds(20);
   }
@@ -79,7 +82,7 @@ class PrefillServiceImpl final : public PrefillService {
     const auto& flags = loop_.flags();
     // Decode workers must prove the cluster secret before anything of theirs is read: no
     // fingerprint check, no KvConnect (which loads their transfer endpoint) before that.
-    net::ConnectionOptions opts = loop_.controlOptions("prefill_control");
+    net::ConnectionOptions opts = loop_.leasedControlOptions("prefill_control");
     opts.hello = worker::workerHello(proto::ROLE_PREFILL, flags, bundle);
     net::ConnectionCallbacks cb;
     cb.onOpen = [fingerprint = bundle.fingerprint](const net::ConnectionPtr& c) {

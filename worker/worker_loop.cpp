@@ -125,6 +125,14 @@ net::ConnectionOptions WorkerLoop::controlOptions(std::string plane) {
   return o;
 }
 
+net::ConnectionOptions WorkerLoop::leasedControlOptions(std::string plane) {
+  net::ConnectionOptions o = controlOptions(std::move(plane));
+  o.keepaliveInterval = std::chrono::milliseconds(config_.kvTransfer.heartbeatMs);
+  o.leaseTimeout = std::chrono::milliseconds(config_.kvTransfer.leaseMs);
+  o.onLeaseExpired = [this](const std::string& p, const Status&) { metrics::leaseExpired(registry_, p); };
+  return o;
+}
+
 WorkerLoop::TimerId WorkerLoop::at(SteadyTime when, std::function<void()> fn) {
   const TimerId id = nextTimer_++;
   timers_.emplace(std::make_pair(when, id), std::move(fn));

@@ -100,6 +100,10 @@ class WorkerLoop {
   // prefill_link): the cluster secret when one is configured, and its auth failures counted in
   // pdserve_auth_failures_total{plane}. Any thread.
   net::ConnectionOptions controlOptions(std::string plane);
+  // The same with the kv_transfer lease (heartbeat_ms, lease_ms): the decode <-> prefill planes,
+  // where a remote prefill lives under it (docs/reliability.md, "Leases"). Leases that expire
+  // are counted in pdserve_peer_leases_expired_total{plane}.
+  net::ConnectionOptions leasedControlOptions(std::string plane);
   const auth::ClusterSecret& clusterSecret() const { return secret_; }
 
   const config::ClusterConfig& config() const { return config_; }

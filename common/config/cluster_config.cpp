@@ -274,6 +274,8 @@ void readKvTransfer(MapReader m, KvTransferConfig* c) {
   m.readEnumList("transports", &c->transports, kTransports);
   m.readString("listen_host", &c->listenHost, false);
   m.readInt("timeout_ms", &c->timeoutMs, 1, kHourMs);
+  m.readInt("heartbeat_ms", &c->heartbeatMs, 10, 60000);
+  m.readInt("lease_ms", &c->leaseMs, 0, kHourMs);
   m.readEnum("on_remote_prefill_failure", &c->onRemotePrefillFailure, kFailurePolicies);
   m.finish();
 }
@@ -318,6 +320,11 @@ void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* error
         root, "router.load_report_interval_ms: " + std::to_string(c->router.loadReportIntervalMs) +
                   " must be less than router.worker_report_timeout_ms (" +
                   std::to_string(c->router.workerReportTimeoutMs) + ")");
+  }
+  if (c->kvTransfer.leaseMs > 0 && c->kvTransfer.leaseMs < 3 * c->kvTransfer.heartbeatMs) {
+    errors->add(root, "kv_transfer.lease_ms: " + std::to_string(c->kvTransfer.leaseMs) +
+                          " must be at least 3 x kv_transfer.heartbeat_ms (" +
+                          std::to_string(c->kvTransfer.heartbeatMs) + "), or 0 for no lease");
   }
   if (c->model.maxModelLen > 0 && c->router.maxPromptTokens > c->model.maxModelLen) {
     errors->add(root, "router.max_prompt_tokens: " + std::to_string(c->router.maxPromptTokens) +

@@ -162,6 +162,10 @@ struct KvTransferConfig {
                                            TransportKind::kVerbs, TransportKind::kTcp};
   std::string listenHost = "127.0.0.1";
   int64_t timeoutMs = 10000;  // a remote prefill (compute + transfer) past this has failed
+  // Leases on the decode <-> prefill control connections (net keepalive): each side sends a
+  // heartbeat every heartbeatMs; a peer silent for leaseMs is lost (0: no lease).
+  int64_t heartbeatMs = 500;
+  int64_t leaseMs = 3000;
   RemotePrefillFailure onRemotePrefillFailure = RemotePrefillFailure::kRecompute;
 };
 

@@ -44,6 +44,14 @@ void authFailure(Registry& registry, std::string_view plane) {
       .inc();
 }
 
+void leaseExpired(Registry& registry, std::string_view plane) {
+  registry
+      .counter("pdserve_peer_leases_expired_total",
+               "Internal connections closed because the peer sent nothing (not even a heartbeat) for its lease.",
+               {{"plane", std::string(plane)}})
+      .inc();
+}
+
 void RouterMetrics::controlMessageDropped(std::string_view reason) {
   r_.counter("pdserve_control_messages_dropped_total",
              "Worker messages the router dropped (a request that was not dispatched to that worker).",
@@ -210,6 +218,14 @@ void WorkerMetrics::syncEngineCounters(int64_t totalPreemptions, int64_t totalQu
   seenPreemptions_ = totalPreemptions;
   seenQueries_ = totalQueryTokens;
   seenHits_ = totalHitTokens;
+}
+
+void WorkerMetrics::remotePrefillsIn(std::string_view state, int64_t count) {
+  r_.gauge("pdserve_remote_prefills",
+           "Remote prefills in each state of their lifecycle now (docs/architecture.md): waiting_blocks, "
+           "connecting, requested on decode workers; computing, pushing, ending on prefill workers.",
+           {{"state", s(state)}})
+      .set(double(count));
 }
 
 void WorkerMetrics::remotePrefill(std::string_view outcome) {

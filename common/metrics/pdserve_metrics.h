@@ -31,7 +31,9 @@
 // Both (cluster identity, issue 13; docs/security.md):
 //   pdserve_internal_auth_enabled (1: the internal planes require cluster.secret_file's
 //   secret, 0: they are open), pdserve_auth_failures_total{plane} (handshakes refused for
-//   authentication: router_control, router_link, prefill_control, prefill_link, kv_tcp).
+//   authentication: router_control, router_link, prefill_control, prefill_link, kv_tcp),
+//   pdserve_peer_leases_expired_total{plane} (workers: decode <-> prefill connections closed
+//   for the peer's silence past kv_transfer.lease_ms: prefill_control, prefill_link).
 // Router: pdserve_control_messages_dropped_total{reason} (a worker's message for a request
 //   it was not given: wrong_worker).
 // The gauges mirror vLLM's num_requests_running/waiting and kv_cache_usage_perc so that an
@@ -76,6 +78,8 @@ void exportVllmNames(Registry& registry, MetricsProcess process, const std::stri
 // Cluster identity metrics, in any registry.
 void setInternalAuth(Registry& registry, bool authenticated);
 void authFailure(Registry& registry, std::string_view plane);
+// pdserve_peer_leases_expired_total{plane}: a connection closed for its peer's silence (issue 12).
+void leaseExpired(Registry& registry, std::string_view plane);
 
 class RouterMetrics {
  public:
@@ -124,6 +128,9 @@ class WorkerMetrics {
 
   void setCacheConfig(int blockSize, int64_t numBlocks);
   void remotePrefill(std::string_view outcome);
+  // pdserve_remote_prefills{state}: how many remote prefills are in `state` now (issue 12:
+  // every state of the lifecycle has a deadline and a metric).
+  void remotePrefillsIn(std::string_view state, int64_t count);
   // Brings the preemption and prefix-cache counters up to cumulative totals kept elsewhere
   // (the engine's); counts only the growth since the last call.
   void syncEngineCounters(int64_t totalPreemptions, int64_t totalQueryTokens, int64_t totalHitTokens);

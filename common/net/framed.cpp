@@ -49,6 +49,8 @@ const char* bodyName(const proto::Envelope& env) {
       return "kv_connect";
     case proto::Envelope::kAuth:
       return "auth";
+    case proto::Envelope::kHeartbeat:
+      return "heartbeat";
     case proto::Envelope::BODY_NOT_SET:
       return "none";
   }
@@ -130,6 +132,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   Connection(tcp::socket socket, ConnectionOptions options, ConnectionCallbacks callbacks)
       : socket_(std::move(socket)),
         timer_(socket_.get_executor()),
+        keepaliveTimer_(socket_.get_executor()),
         options_(std::move(options)),
         callbacks_(std::move(callbacks)),
         id_(gNextConnectionId.fetch_add(1)) {}
@@ -231,6 +234,8 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     hello.set_version(kProtocolVersion);
     *hello.mutable_hello() = options_.hello;
     hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    hello.mutable_hello()->set_keepalive_interval_ms(
+        uint32_t(std::chrono::duration_cast<std::chrono::milliseconds>(options_.keepaliveInterval).count()));
     if (authenticated()) {
       auto nonce = auth::randomNonce();
       if (!nonce.ok()) {
@@ -375,6 +380,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       return;
     }
     readEnd_ += n;
+    lastHeard_ = std::chrono::steady_clock::now();
     while (!closed_ && !closing_) {
       size_t have = readEnd_ - readBegin_;
       if (have < 4) break;
@@ -414,6 +420,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       return false;
     }
     if (!established_) return handshake(env);
+    if (env.has_heartbeat()) return true;  // heard (onRead noted when); nothing for the owner
     if (callbacks_.onMessage) callbacks_.onMessage(shared_from_this(), std::move(env));
     return true;
   }
@@ -522,6 +529,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     leavePending();
     open_.store(true, std::memory_order_release);
     timer_.cancel();
+    startKeepalive();
     if (connectDone_) {
       auto done = std::move(connectDone_);
       connectDone_ = nullptr;
@@ -529,6 +537,51 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     }
     if (callbacks_.onOpen) callbacks_.onOpen(shared_from_this());
     return true;
+  }
+
+  // Keepalive (framed.h): heartbeats go out every keepaliveInterval and the lease is checked
+  // on the same ticks (or every quarter lease when this side sends none).
+  void startKeepalive() {
+    const Duration peerInterval = std::chrono::milliseconds(peerHello_.keepalive_interval_ms());
+    if (peerInterval == Duration::zero()) return;  // the peer neither sends nor understands them
+    sendHeartbeats_ = options_.keepaliveInterval > Duration::zero();
+    if (options_.leaseTimeout > Duration::zero()) lease_ = std::max(options_.leaseTimeout, 3 * peerInterval);
+    if (!sendHeartbeats_ && lease_ == Duration::zero()) return;
+    lastHeard_ = std::chrono::steady_clock::now();
+    keepaliveTick_ = sendHeartbeats_ ? options_.keepaliveInterval : lease_ / 4;
+    if (lease_ > Duration::zero()) keepaliveTick_ = std::min(keepaliveTick_, lease_ / 2);
+    armKeepalive();
+  }
+
+  void armKeepalive() {
+    keepaliveTimer_.expires_after(keepaliveTick_);
+    keepaliveTimer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->closed_ || self->closing_) return;
+      self->onKeepaliveTick();
+    });
+  }
+
+  void onKeepaliveTick() {
+    const Duration silent = std::chrono::steady_clock::now() - lastHeard_;
+    if (lease_ > Duration::zero() && silent > lease_) {
+      Status why = deadlineExceeded("peer " + remote_ + " (" + peerHello_.worker_id() + ") silent for " +
+                                    std::to_string(int64_t(toMs(silent))) + " ms (lease " +
+                                    std::to_string(int64_t(toMs(lease_))) + " ms)");
+      if (options_.onLeaseExpired) options_.onLeaseExpired(options_.plane, why);
+      fail(std::move(why));
+      return;
+    }
+    if (sendHeartbeats_) {
+      static const Frame heartbeat = [] {
+        proto::Envelope env;
+        env.set_version(kProtocolVersion);
+        env.mutable_heartbeat();
+        return buildFrame(env, kMaxHandshakeFrameBytes).value();
+      }();
+      queuedBytes_.fetch_add(heartbeat->size());
+      pushFrame(heartbeat);
+    }
+    armKeepalive();
   }
 
   void leavePending() {
@@ -615,6 +668,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
     timer_.cancel();
+    keepaliveTimer_.cancel();
     queue_.clear();
     // Move the callbacks out: they may hold the last reference to this connection (through a
     // captured ConnectionPtr) and must not be destroyed while running.
@@ -632,6 +686,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
 
   tcp::socket socket_;
   asio::steady_timer timer_;
+  asio::steady_timer keepaliveTimer_;
   ConnectionOptions options_;
   ConnectionCallbacks callbacks_;
   const uint64_t id_;
@@ -657,6 +712,11 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   std::deque<Frame> queue_;
   std::vector<Frame> writeBatch_;
   bool writing_ = false;
+  // Keepalive (startKeepalive): lease_ zero means the peer is never timed out.
+  bool sendHeartbeats_ = false;
+  Duration lease_ = Duration::zero();
+  Duration keepaliveTick_ = Duration::zero();
+  std::chrono::steady_clock::time_point lastHeard_;
 
   // Sends from any thread, waiting for the strand.
   std::mutex sendMutex_;

@@ -33,6 +33,17 @@
 // side with a secret, the other without) fails closed on both sides. Every refusal is logged
 // with the reason and the peer's address and reported to options.onAuthFailure.
 //
+// Keepalive (options.keepaliveInterval set; issue 12, docs/reliability.md "Leases"): the hello
+// announces the interval and, once open, this side sends a Heartbeat frame at least that often
+// from the connection's strand (an I/O thread, so a busy owner loop does not stop it; a stopped
+// or dead process does). With options.leaseTimeout set, a connection whose peer announced
+// keepalive and from which no byte arrived for the lease is closed with kDeadlineExceeded
+// ("... silent for N ms") and options.onLeaseExpired runs: a stopped, hung or cut-off peer is
+// found within the lease plus one check interval, with no traffic of the owner's own. The lease
+// is never shorter than three of the peer's announced intervals. A peer that announced no
+// keepalive (an older build) is never timed out and is sent no heartbeats. Heartbeats count
+// as heard and never reach onMessage.
+//
 // Usage (a worker dialing the router; the router runs a FramedServer):
 //   pd::net::IoPool io(2);
 //   pd::net::ConnectionOptions opts;
@@ -106,6 +117,12 @@ struct ConnectionOptions {
   // missing or replayed proof, a mixed pair), with the reason. The owner counts it
   // (pdserve_auth_failures_total{plane}). Must not block.
   std::function<void(const std::string& plane, const Status& why)> onAuthFailure;
+  // Keepalive (above). Zero: off. Both are per side; a plane's owners set both.
+  Duration keepaliveInterval = Duration::zero();
+  Duration leaseTimeout = Duration::zero();
+  // Runs on the connection's strand when it is closed for silence, before onClose. Must not
+  // block.
+  std::function<void(const std::string& plane, const Status& why)> onLeaseExpired;
 };
 
 struct ConnectionCallbacks {

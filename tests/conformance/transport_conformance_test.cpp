@@ -18,6 +18,7 @@
 #include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/transport_factory.h"
 #include "tests/conformance/kvt_peer.h"
+#include "tests/faults/fault_report.h"
 
 extern char** environ;
 
@@ -452,6 +453,12 @@ TEST_CASE("conformance: a hung peer (SIGSTOP) fails pending transfers within the
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - stoppedAt).count();
   CHECK(took < kPeerTimeoutMs / 1000.0 + 2.0);  // the deadline plus scheduling slack on a loaded CI box
   peer.kill();
+  char measured[96];
+  std::snprintf(measured, sizeof measured, "8 pending transfers failed %.2f s after the stop", took);
+  pd::test::recordFault({"transport stalled: the receiving peer stopped (SIGSTOP), " + name,
+                         "every pending transfer fails within the transport deadline (+2 s slack); later posts fail, "
+                         "never hang",
+                         "the transport's progress deadline (" + std::to_string(kPeerTimeoutMs) + " ms here)", measured});
 }
 
 // Write grants (transport.h, KV fencing issues 12/13). Every transport: a granted write lands.

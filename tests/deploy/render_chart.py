@@ -102,6 +102,9 @@ NEGATIVE = [
     ("no router", {"router": {"replicas": 0}}, "router.replicas: 0: at least 1 router is needed"),
     ("grace shorter than the drain", {"decode": {"terminationGracePeriodSeconds": 20}},
      "decode.terminationGracePeriodSeconds (20 s) must exceed config.engine.drain_timeout_ms (30000 ms)"),
+    ("router grace shorter than preStop + drain", {"router": {"terminationGracePeriodSeconds": 30}},
+     "router.terminationGracePeriodSeconds (30 s) must exceed router.preStopSleepSeconds (5 s) plus "
+     "config.router.drain_timeout_ms (30000 ms)"),
     ("model outside the mount", {"config": {"model": {"path": "/data/m"}}},
      "is not under modelVolume.mountPath"),
     ("GPUs != TP", {"decode": {"gpus": 2}}, "decode.gpus (2) must equal config.engine.tensor_parallel_size"),
@@ -340,6 +343,11 @@ class Checker:
         if spec.get("replicas", 0) < 1 or strategy.get("type") != "RollingUpdate" or \
                 strategy.get("rollingUpdate", {}).get("maxUnavailable") != 0:
             self.err(where, "the router must have >= 1 replica and a rolling update that keeps one serving")
+        # Deletion (issue 12): a preStop sleep keeps it serving while its endpoints go, then the drain.
+        sleep = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+        if self.values["router"]["preStopSleepSeconds"] > 0 and \
+                sleep != ["sleep", str(self.values["router"]["preStopSleepSeconds"])]:
+            self.err(where, f"router preStop is {sleep}, not a sleep of router.preStopSleepSeconds")
 
     def check_worker(self, where, role, c, flags, ports, env, mounts, vols, spec, pod, cfg):
         pool = self.values[role]

@@ -24,11 +24,13 @@
 #include "common/engine/model_maker.h"
 #include "tests/test_skip.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/faults/fault_report.h"
 #include "tools/local_cluster.h"
 #include "tools/process_group.h"
 
 using namespace pd;
 using namespace pd::tools;
+using pd::test::recordFault;
 using pd::test::routerMetric;
 using pd::test::workerMetric;
 using nlohmann::json;
@@ -49,7 +51,8 @@ struct ClusterSpec {
   bool prefixAwareRouting = false;
   std::string pools = "{prefill: {replicas: 1}, decode: {replicas: 1}}";
   std::string extraEngine{};  // more keys of the engine map: ", drain_timeout_ms: 200"
-  std::string extraTop{};     // more top-level sections: "metrics: {vllm_compatible_names: true}\n"
+  std::string extraKvTransfer{};  // more keys of the kv_transfer map: ", lease_ms: 800"
+  std::string extraTop{};         // more top-level sections: "metrics: {vllm_compatible_names: true}\n"
 };
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
@@ -68,7 +71,7 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
                       << "}\n"
                       << "kv_transfer: {transports: " << spec.transports
                       << ", timeout_ms: " << spec.timeoutMs
-                      << ", on_remote_prefill_failure: " << spec.onFailure << "}\n"
+                      << ", on_remote_prefill_failure: " << spec.onFailure << spec.extraKvTransfer << "}\n"
                       << "logging: {level: warn}\n"
                       << spec.extraTop;
   LocalClusterOptions o;
@@ -181,6 +184,11 @@ std::vector<int32_t> readStreamIds(int fd, std::string* seen) {
     for (const auto& id : event["choices"][0].value("token_ids", json::array())) ids.push_back(id.get<int32_t>());
   }
   return ids;
+}
+
+std::string msSince(std::chrono::steady_clock::time_point t0) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()) +
+         " ms";
 }
 
 std::string headerValue(const std::string& seen, const std::string& name) {
@@ -367,18 +375,24 @@ TEST_CASE("100 client aborts, before the first token and mid-stream: no block le
   CHECK(routerMetric(*c, "pdserve_requests_in_flight") == 0);
   const auto p = prompt(300, 77);
   CHECK(complete(*c, p, 8).ids == generateCli(p, 8));
+  recordFault({"client abort, before the first token and mid-stream, 100 times",
+               "blocks free on decode and prefill workers, 0 requests in flight, the next request's greedy ids equal",
+               "the HTTP connection closes: at once", "100 aborts, 0 blocks held after"});
 }
 
 TEST_CASE("the prefill worker killed mid-request: recomputed on the decode worker, or failed") {
   const auto p = prompt(2000, 42);
   const auto expected = generateCli(p, 4);
+  std::string measured;
   {
     auto c = startCluster("kill-prefill-recompute", ClusterSpec{0, "[tcp]", "recompute"});
     std::thread killer([&] {
       std::this_thread::sleep_for(150ms);
       (void)c->kill("prefill-0");
     });
+    const auto t0 = std::chrono::steady_clock::now();
     auto r = complete(*c, p, 4);
+    measured = "recompute: answered in " + msSince(t0);
     killer.join();
     REQUIRE(r.status == 200);
     CHECK(r.ids == expected);
@@ -396,8 +410,12 @@ TEST_CASE("the prefill worker killed mid-request: recomputed on the decode worke
     CHECK(r.status == 503);
     CHECK(r.body["error"]["message"].get<std::string>().find("remote prefill failed") != std::string::npos);
     CHECK(std::chrono::steady_clock::now() - start < 30s);
+    measured += "; fail: 503 in " + msSince(start);
     CHECK(allBlocksFree(*c, "decode-0"));
   }
+  recordFault({"prefill worker killed mid-transfer",
+               "recompute: same greedy ids; fail: 503 naming it; blocks free on the decode worker; ends < 30 s",
+               "its connection resets: at once", measured});
 }
 
 TEST_CASE("a decode worker killed mid-stream: an error event, then 503s") {
@@ -439,7 +457,9 @@ TEST_CASE("a decode worker killed mid-stream: the stream continues on another on
   const std::string first = headerValue(seen, "x-pdserve-decode-worker");
   REQUIRE(!first.empty());
   REQUIRE(c->kill(first).isOk());
+  const auto killedAt = std::chrono::steady_clock::now();
   const auto ids = readStreamIds(fd, &seen);
+  const std::string tookToEnd = msSince(killedAt);
   INFO(seen.substr(0, 600));
   CHECK(seen.find("\"error\"") == std::string::npos);
   CHECK(seen.find("\"finish_reason\":\"length\"") != std::string::npos);
@@ -448,6 +468,10 @@ TEST_CASE("a decode worker killed mid-stream: the stream continues on another on
   const std::string other = first == "decode-0" ? "decode-1" : "decode-0";
   CHECK(allBlocksFree(*c, other));
   CHECK(allBlocksFree(*c, "prefill-0"));
+  recordFault({"decode worker killed mid-stream",
+               "the stream goes on with no duplicated or missing token, greedy ids equal; blocks free on the survivors",
+               "its control connection closes: at once",
+               "1 migration; the rest of the stream (" + std::to_string(kTokens) + " tokens in all) took " + tookToEnd});
 }
 
 // A stopped decode worker (SIGSTOP: a hung host, a partition) keeps its connection open but
@@ -476,6 +500,11 @@ TEST_CASE("a decode worker stopped mid-stream: the stream moves on after the rep
   CHECK(took < 20s);
   CHECK(routerMetric(*c, "pdserve_request_migrations_total{reason=\"worker_lost\"}") == 1);
   CHECK(allBlocksFree(*c, stopped));
+  recordFault({"decode worker stopped (SIGSTOP) mid-stream",
+               "stream complete with the same greedy ids; the stopped worker frees everything once resumed",
+               "its load reports stop: router.worker_report_timeout_ms (800 ms here)",
+               "stream finished " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+                   " ms after the stop"});
 }
 
 // A drain that times out ends the worker's requests with `unavailable`: they move on too.
@@ -493,7 +522,9 @@ TEST_CASE("a decode worker whose drain times out: its stream moves to another on
   int fd = openStream(*c, req, 4, &seen);
   const std::string draining = headerValue(seen, "x-pdserve-decode-worker");
   REQUIRE(c->processes().signal(draining, SIGTERM).isOk());
+  const auto termAt = std::chrono::steady_clock::now();
   const auto ids = readStreamIds(fd, &seen);
+  const std::string streamEnd = msSince(termAt);
   CHECK(seen.find("\"error\"") == std::string::npos);
   CHECK(ids == expected);
   // It gave the request up (an unavailable error), or its connection closed first at exit.
@@ -504,6 +535,10 @@ TEST_CASE("a decode worker whose drain times out: its stream moves to another on
   REQUIRE(exit.has_value());
   CHECK(exit->name == draining);
   CHECK(exit->description == "exited with status 0");
+  recordFault({"SIGTERM under load, the drain past engine.drain_timeout_ms",
+               "the stream moves to another decode worker and finishes with the same greedy ids; exit 0",
+               "SIGTERM: at once; the request is given up after drain_timeout_ms (150 ms here)",
+               "stream complete " + streamEnd + " after SIGTERM"});
 }
 
 // Issue 12: overload. A burst of long prompts far past what the prefill worker can start within
@@ -546,6 +581,10 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
   CHECK(complete(*c, prompt(1500, 99), 2).status == 200);  // drained: admitted again
+  recordFault({"overload: a burst of 12 long prompts past the prefill pool's TTFT target",
+               "every request answered (200 or 429 with Retry-After, never a timeout); blocks free; admitted again once drained",
+               "at admission: predicted queue wait > pools.prefill.slo.ttft_ms (400 ms here)",
+               std::to_string(ok) + " admitted, " + std::to_string(shed) + " shed; the 3x trace run is in docs/performance.md"});
 }
 
 TEST_CASE("bad requests get OpenAI errors with the right status") {
@@ -622,8 +661,12 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   });
   std::this_thread::sleep_for(50ms);  // the PrefillRequest is on the prefill worker
   REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
+  std::this_thread::sleep_for(100ms);
+  // The lifecycle's state gauge (issue 12): the decode worker waits on it in REQUESTED.
+  const double requestedWhileStopped =
+      workerMetricWith(*c, "decode-0", "pdserve_remote_prefills", "state=\"requested\"");
   bool alwaysHealthy = true;
-  for (int i = 0; i < 15; ++i) {  // 1.5 s stopped
+  for (int i = 0; i < 14; ++i) {  // 1.5 s stopped
     std::this_thread::sleep_for(100ms);
     alwaysHealthy = alwaysHealthy && healthy("decode-0") && healthy("prefill-0");
   }
@@ -632,6 +675,11 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   streamer.join();
 
   CHECK(alwaysHealthy);
+  CHECK(requestedWhileStopped == 1);
+  for (const char* state : {"waiting_blocks", "connecting", "requested"})
+    CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefills", "state=\"" + std::string(state) + "\"") == 0);
+  for (const char* state : {"computing", "pushing", "ending"})
+    CHECK(workerMetricWith(*c, "prefill-0", "pdserve_remote_prefills", "state=\"" + std::string(state) + "\"") == 0);
   CHECK(delayed.status == 200);
   CHECK(delayed.ids == expected);
   CHECK(delayed.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
@@ -643,6 +691,12 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   CHECK(maxGap < 500ms);  // a decode step here is ~10-30 ms; the stop lasts 1.5 s
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
+  recordFault({"prefill worker stopped for 1.5 s (shorter than its lease), short streams beside it",
+               "the delayed request's ids equal; the other stream's largest gap < 500 ms; blocks free",
+               "not a fault yet: within kv_transfer.lease_ms (3 s) and timeout_ms",
+               "delayed request " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(delayedTook).count()) +
+                   " ms; largest stream gap " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(maxGap).count()) + " ms"});
 }
 
 // Issue 12 (KV fencing), the slow-but-alive writer: the prefill worker is stopped (SIGSTOP) in
@@ -654,11 +708,16 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
 // writes land without the receiver's check, so A's blocks are quarantined until the prefill
 // worker acknowledges the cancel. Either way B's greedy ids equal `pdserve generate`'s (without
 // the fence the stale layers overwrite B's KV), and every block comes back.
-static void checkSlowButAliveWriter(const std::string& transports, const std::string& lane, int stopAfterMs = 100) {
+// leaseMs: the decode <-> prefill lease; longer than the 3.2 s stop, the cancel is acknowledged
+// on the connection that stayed up; shorter, the lease closes it during the stop and the decode
+// worker dials the resumed writer again for the acknowledgement.
+static void checkSlowButAliveWriter(const std::string& transports, const std::string& lane, int leaseMs = 10000) {
+  const int stopAfterMs = 100;
   ClusterSpec spec;
   spec.shortPromptTokens = 400;
   spec.transports = transports;
   spec.timeoutMs = 1500;
+  spec.extraKvTransfer = ", heartbeat_ms: 100, lease_ms: " + std::to_string(leaseMs);
   spec.onFailure = "fail";
   spec.extraRouter = "  worker_report_timeout_ms: 10000\n";
   auto c = startCluster("fence-" + lane, spec);
@@ -718,9 +777,21 @@ static void checkSlowButAliveWriter(const std::string& transports, const std::st
     CHECK(quarantined > 0);  // one-sided writer: held until it acknowledged
   }
   CHECK(releaseMs >= 0);
+  CHECK(workerMetricWith(*c, "decode-0", "pdserve_peer_leases_expired_total", "plane=\"prefill_link\"") ==
+        (leaseMs < 3200 ? 1 : -1));  // -1: never expired, the series does not exist
   CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"failed\"") >= 1);
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
+  char measured[160];
+  std::snprintf(measured, sizeof measured, "%.0f blocks quarantined during the stop, released %.0f ms after SIGCONT",
+                quarantined, releaseMs);
+  recordFault({"prefill worker stopped during its transfer, resumed after the decode gave up (" + lane +
+                   (leaseMs < 3200 ? ", its lease ran out meanwhile" : "") + ")",
+               "the next request that got those blocks keeps its greedy ids; stale writes refused (tcp) or landing "
+               "in quarantined blocks only (cma); every block back",
+               leaseMs < spec.timeoutMs ? "kv_transfer.lease_ms (" + std::to_string(leaseMs) + " ms here)"
+                                        : "kv_transfer.timeout_ms (1.5 s here)",
+               measured});
 }
 
 TEST_CASE("KV fencing over tcp: a prefill worker stopped mid-transfer cannot write into the next request's blocks") {
@@ -729,6 +800,50 @@ TEST_CASE("KV fencing over tcp: a prefill worker stopped mid-transfer cannot wri
 
 TEST_CASE("KV fencing over cma: a stopped prefill worker's blocks stay quarantined until it acknowledges") {
   checkSlowButAliveWriter("[cma, tcp]", "cma");
+}
+
+TEST_CASE("KV fencing over cma, the lease ran out during the stop: the resumed writer is dialled again to acknowledge") {
+  checkSlowButAliveWriter("[cma, tcp]", "cma", /*leaseMs=*/1000);
+}
+
+// Issue 12 (leases): a prefill worker stopped (SIGSTOP: a hung host) in the middle of a remote
+// prefill sends no heartbeat any more; the decode worker's lease on the connection runs out
+// (kv_transfer.lease_ms, far below kv_transfer.timeout_ms here) and it recomputes the request
+// itself, with the same greedy ids. Resumed, the prefill worker finds its connection gone and
+// frees what it held.
+TEST_CASE("a prefill worker stopped mid-request: its lease runs out long before the KV timeout, the decode recomputes") {
+  ClusterSpec spec;
+  spec.timeoutMs = 30000;
+  spec.extraKvTransfer = ", heartbeat_ms: 100, lease_ms: 800";
+  spec.extraRouter = "  worker_report_timeout_ms: 20000\n";  // the router keeps both in rotation
+  auto c = startCluster("lease-prefill", spec);
+  const auto p = prompt(1200, 1301);
+  const auto expected = generateCli(p, 4);
+  REQUIRE(complete(*c, prompt(300, 1302), 2).status == 200);  // the lane to the prefill worker is up
+  Completion r;
+  std::chrono::steady_clock::time_point stoppedAt;
+  std::thread client([&] { r = complete(*c, p, 4); });
+  std::this_thread::sleep_for(100ms);  // its prefill is computing on the prefill worker
+  REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
+  stoppedAt = std::chrono::steady_clock::now();
+  client.join();
+  const auto detectedIn = std::chrono::steady_clock::now() - stoppedAt;
+  REQUIRE(c->processes().signal("prefill-0", SIGCONT).isOk());
+  INFO(r.body.dump());
+  CHECK(r.status == 200);
+  CHECK(r.ids == expected);
+  CHECK(detectedIn < 8s);  // lease 0.8 s + the recompute here; the KV timeout is 30 s
+  CHECK(workerMetricWith(*c, "decode-0", "pdserve_peer_leases_expired_total", "plane=\"prefill_link\"") == 1);
+  CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"recomputed\"") == 1);
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
+  CHECK(complete(*c, prompt(300, 1303), 2).status == 200);  // and the prefill worker serves again
+  recordFault({"prefill worker stopped (SIGSTOP) mid-request, not resumed in time",
+               "the decode worker recomputes with the same greedy ids long before kv_transfer.timeout_ms; "
+               "blocks free on both once resumed; the prefill worker serves again",
+               "its heartbeats stop: kv_transfer.lease_ms (800 ms here, heartbeat 100 ms)",
+               "answered " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(detectedIn).count()) +
+                   " ms after the stop (lease + local recompute)"});
 }
 
 // Issue 12 (graceful drain): SIGTERM on a decode worker stops new work at once (the router
@@ -777,6 +892,10 @@ TEST_CASE("a decode worker drains on SIGTERM: its stream finishes, new requests 
   REQUIRE(exit.has_value());
   CHECK(exit->name == draining);
   CHECK(exit->description == "exited with status 0");
+  recordFault({"SIGTERM under load (graceful drain)",
+               "the stream finishes whole; new requests go to the other worker; exit 0",
+               "SIGTERM: at once; the router stops routing to it within a few load reports",
+               routedAround ? "routed around, stream whole, exit 0" : "not routed around"});
 }
 
 // Issue 12: a router stopped with SIGTERM ends every open stream with an error event and
@@ -804,6 +923,9 @@ TEST_CASE("a router stopped under traffic ends its streams with an error event a
   REQUIRE(exit.has_value());
   CHECK(exit->name == "router");
   CHECK(exit->description == "exited with status 0");
+  recordFault({"router stopped (SIGTERM) under traffic",
+               "every open stream ends with an error event and [DONE]; exit 0",
+               "SIGTERM: at once; streams get router.drain_timeout_ms (300 ms here)", "stream ended with the error event"});
 }
 
 // Issue 13, the router's HTTP plane, against the real router: hostile bodies get 400s that

@@ -59,7 +59,7 @@ def heals(c, complete, prompt, check, what):
     check(ok, f"{what}: long prompts disaggregate again (remote prefill ok) after the heal")
 
 
-def run(c, build, model, check, complete, prompt, reference):
+def run(c, build, model, check, complete, prompt, reference, faults):
     long_p = prompt(1200, 1)
     ref_long = reference(build, model, long_p, 8)
     short_p = prompt(12, 2)
@@ -88,6 +88,11 @@ def run(c, build, model, check, complete, prompt, reference):
     for h in c.prefill_hosts:
         c.bed.link(h, True)
     heals(c, complete, prompt, check, "prefill links back up")
+    faults.record("links of both prefill hosts down mid-transfer, then restored",
+                  "the long request recomputes with the same ids within the KV timeout + 8 s; a short one beside "
+                  "it is undisturbed (< 5 s); everything heals",
+                  f"no packets, no reset: kv_transfer.lease_ms / timeout_ms ({KV_TIMEOUT_S:.0f} s here)",
+                  f"long request ended in {long_call.seconds:.1f} s, short in {short_call.seconds:.1f} s")
 
     # 2. Decode and prefill partitioned (the router still reaches both): long prompts recompute
     # within kv_transfer.timeout_ms; short ones are undisturbed.
@@ -112,6 +117,10 @@ def run(c, build, model, check, complete, prompt, reference):
         for p in c.prefill_hosts:
             c.bed.heal(d, p)
     heals(c, complete, prompt, check, "decode|prefill partition healed")
+    faults.record("decode and prefill hosts partitioned (the router reaches both)",
+                  "long prompts recompute with the same ids; short ones undisturbed; everything heals",
+                  f"no packets, no reset: kv_transfer.lease_ms / timeout_ms ({KV_TIMEOUT_S:.0f} s here)",
+                  "long requests ended in " + ", ".join(f"{x.seconds:.1f} s" for x in calls))
 
     # 3. Router and decode-1 partitioned: decode-1's in-flight streams end within the request
     # deadline with an error; new requests go to decode-0 and succeed; decode-1 comes back.
@@ -130,3 +139,8 @@ def run(c, build, model, check, complete, prompt, reference):
           f"router|decode-1 partition: each ended complete or with an error naming it {[x.result[2][-120:] for x in calls]}")
     c.bed.heal("router-0", "decode-1")
     heals(c, complete, prompt, check, "router|decode-1 partition healed")
+    faults.record("router and a decode host partitioned",
+                  "its in-flight requests end within the request deadline, complete or with an error naming it; "
+                  "new requests go to the other decode host; it comes back",
+                  "its load reports stop: router.worker_report_timeout_ms (1 s)",
+                  "in-flight requests ended in " + ", ".join(f"{s} s" for _, s in ends))

@@ -25,7 +25,7 @@ def stream(c, p, n, host, out):
     out.update(status=status, done=done, ids=ids)
 
 
-def run(c, build, model, check, complete, prompt, reference):
+def run(c, build, model, check, complete, prompt, reference, faults):
     for r in c.router_hosts:
         for pool, hosts in (("prefill", c.prefill_hosts), ("decode", c.decode_hosts)):
             n = c.metric(r, "pdserve_worker_healthy", f'pool="{pool}"')
@@ -62,3 +62,8 @@ def run(c, build, model, check, complete, prompt, reference):
         total = c.metric(h, "pdserve_kv_cache_num_blocks")
         check(free == total, f"{h}: every KV block free after the kill ({free}/{total})")
     print(f"     router killed {time.time() - killed_at:.1f}s before the last check", flush=True)
+    faults.record("one of two routers killed (SIGKILL) under traffic",
+                  "streams through the other router finish with the exact ids; it keeps every worker healthy "
+                  "and serves new requests; every KV block free",
+                  "the killed router's connections close: at once",
+                  f"checked {time.time() - killed_at:.1f} s after the kill")

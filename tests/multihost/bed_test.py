@@ -8,6 +8,7 @@ Exit 0: passed; 1: failed; 77: skipped (no namespaces here: not root), unless
 PD_REQUIRE_NETNS=1 (set by .ci/run), which makes that a failure.
 """
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -28,6 +29,25 @@ def check(cond, what):
     if not cond:
         FAILURES.append(what)
     return cond
+
+
+class FaultLog:
+    """The bed's records for the fault table of docs/reliability.md (tests/faults/fault_table.py,
+    the same format as tests/faults/fault_report.h). record() closes one scenario: it passed when no
+    check failed since the previous record."""
+
+    def __init__(self, build, test):
+        self.dir = os.path.join(build, "fault-records")
+        self.test = test
+        self.mark = len(FAILURES)
+
+    def record(self, fault, asserted, detected, measured):
+        os.makedirs(self.dir, exist_ok=True)
+        slug = "".join(ch if ch.isalnum() else "-" for ch in f"{fault} {self.test}")[:120]
+        with open(os.path.join(self.dir, slug + ".json"), "w") as f:
+            json.dump({"fault": fault, "test": self.test, "asserted": asserted, "detected": detected,
+                       "measured": measured, "passed": len(FAILURES) == self.mark, "time": time.time()}, f, indent=2)
+        self.mark = len(FAILURES)
 
 
 def prompt(n, seed):
@@ -174,9 +194,9 @@ def main():
                 intruder(c, work)
         elif a.case == "routers":
             import bed_routers
-            bed_routers.run(c, build, model, check, complete, prompt, reference)
+            bed_routers.run(c, build, model, check, complete, prompt, reference, FaultLog(build, "bed_routers"))
         else:
-            bed_faults.run(c, build, model, check, complete, prompt, reference)
+            bed_faults.run(c, build, model, check, complete, prompt, reference, FaultLog(build, "bed_faults"))
     print(f"{a.case}: {len(FAILURES)} failure(s) in {time.time() - started:.1f}s")
     return 1 if FAILURES else 0
 

@@ -232,6 +232,17 @@ TEST_CASE("cross-field rules") {
         "router.worker_report_timeout_ms (1000)");
   CHECK(errorOf("model: {max_model_len: 2048}\nrouter: {max_prompt_tokens: 4096}") ==
         "test.yaml: router.max_prompt_tokens: 4096 exceeds model.max_model_len (2048)");
+  CHECK(errorOf("kv_transfer: {heartbeat_ms: 500, lease_ms: 1000}") ==
+        "test.yaml: kv_transfer.lease_ms: 1000 must be at least 3 x kv_transfer.heartbeat_ms (500), or 0 for no "
+        "lease");
+  auto leases = parseClusterConfig("kv_transfer: {heartbeat_ms: 100, lease_ms: 0}", "test.yaml");
+  REQUIRE(leases.ok());
+  CHECK(leases->kvTransfer.heartbeatMs == 100);
+  CHECK(leases->kvTransfer.leaseMs == 0);
+  auto defaults = parseClusterConfig("", "test.yaml");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->kvTransfer.heartbeatMs == 500);
+  CHECK(defaults->kvTransfer.leaseMs == 3000);
 }
 
 TEST_CASE("several problems are all reported, in file order") {

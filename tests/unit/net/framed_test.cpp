@@ -2,6 +2,8 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include <poll.h>
+
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -561,4 +563,76 @@ TEST_CASE("random bytes after the handshake never take the server down") {
                                      options(proto::ROLE_DECODE, "d1"), {}, 2s);
   CHECK(again.ok());
   if (again.ok()) again.value()->close(cancelled("test done"));
+}
+
+// Issue 12 (leases): the keepalive of framed.h.
+TEST_CASE("keepalive: heartbeats keep a quiet connection open, a silent peer is closed within its lease") {
+  Events server;
+  Events client;
+  std::atomic<int> expired{0};
+  IoPool io(2);
+  ConnectionOptions o = options(proto::ROLE_PREFILL, "prefill-0");
+  o.keepaliveInterval = 20ms;
+  o.leaseTimeout = 150ms;
+  o.plane = "prefill_control";
+  o.onLeaseExpired = [&](const std::string& plane, const Status&) {
+    CHECK(plane == "prefill_control");
+    ++expired;
+  };
+  auto srv = startServer(io, server, /*echo=*/false, o);
+
+  SECTION("two sides with keepalive stay open through silence, and heartbeats never reach onMessage") {
+    ConnectionOptions co = options(proto::ROLE_DECODE, "decode-0");
+    co.keepaliveInterval = 20ms;
+    co.leaseTimeout = 150ms;
+    auto c = FramedClient::connect(io, "127.0.0.1", srv->port(), co, client.callbacks(false), 2s);
+    REQUIRE(c.ok());
+    std::this_thread::sleep_for(700ms);  // > 4 leases with nothing sent by either owner
+    CHECK(c.value()->isOpen());
+    CHECK(c.value()->peerHello().keepalive_interval_ms() == 20);
+    std::lock_guard<std::mutex> lock(server.mutex);
+    CHECK(server.closes.empty());
+    CHECK(server.messages.empty());
+    CHECK(client.messages.empty());
+    CHECK(expired == 0);
+  }
+  SECTION("a peer that announced keepalive and then says nothing is closed after the lease") {
+    RawClient raw(srv->port());
+    proto::Envelope hello;
+    hello.set_version(kProtocolVersion);
+    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    hello.mutable_hello()->set_role(proto::ROLE_DECODE);
+    hello.mutable_hello()->set_worker_id("stopped");
+    hello.mutable_hello()->set_keepalive_interval_ms(20);
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(raw.write(frameOf(hello)));
+    Status why = server.waitClose(1);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(why.code() == StatusCode::kDeadlineExceeded);
+    CHECK_THAT(why.message(), Catch::Contains("(stopped) silent for") && Catch::Contains("lease 150 ms"));
+    CHECK(took >= 150ms);
+    CHECK(took < 1s);
+    CHECK(expired == 1);
+    // It was sent heartbeats while it was open (after the server's hello).
+    proto::Envelope env;
+    REQUIRE(raw.readFrame(&env));
+    CHECK(env.has_hello());
+    REQUIRE(raw.readFrame(&env));
+    CHECK(env.has_heartbeat());
+  }
+  SECTION("a peer that announced no keepalive (an older build) is never timed out and sent no heartbeat") {
+    RawClient raw(srv->port());
+    REQUIRE(raw.write(helloFrame()));
+    proto::Envelope env;
+    REQUIRE(raw.readFrame(&env));
+    CHECK(env.has_hello());
+    CHECK(env.hello().keepalive_interval_ms() == 20);
+    std::this_thread::sleep_for(500ms);
+    std::lock_guard<std::mutex> lock(server.mutex);
+    CHECK(server.closes.empty());
+    CHECK(expired == 0);
+    // Nothing more arrives (the socket's 5 s receive timeout would be hit): check with a poll.
+    pollfd p{raw.fd(), POLLIN, 0};
+    CHECK(::poll(&p, 1, 100) == 0);
+  }
 }

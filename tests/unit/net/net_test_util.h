@@ -57,6 +57,7 @@ class RawClient {
     if (fd_ >= 0) ::close(fd_);
   }
   bool connected() const { return connected_; }
+  int fd() const { return fd_; }
   bool write(const std::string& bytes) {
     return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
            static_cast<ssize_t>(bytes.size());
