@@ -31,7 +31,14 @@ class DecodeRole final : public worker::RolePolicy {
       : loop_(loop),
         engine_(loop.engine()),
         remote_(loop, RemotePrefills::Callbacks{
-                          [this](uint64_t, const std::vector<EngineEvent>& events) { publish(events); },
+                          [this](uint64_t id, const proto::Timings& split, SteadyTime at,
+                                 const std::vector<EngineEvent>& events) {
+                            if (auto it = streams_.find(id); it != streams_.end()) {
+                              it->second.remoteSplit = split;
+                              it->second.kvReadyAt = at;
+                            }
+                            publish(events);
+                          },
                           [this](uint64_t id, const Status& why) { sendErrorAndForget(id, why); }}) {}
 
   void onRouterMessage(worker::RouterId from, proto::Envelope&& env) override {
@@ -86,12 +93,17 @@ class DecodeRole final : public worker::RolePolicy {
     proto::Generate gen;
     bool remote = false;
     SteadyTime received;
+    double inboxS = 0;  // the Generate's wait for the loop, before the engine saw it
     std::optional<SteadyTime> firstToken;
+    std::optional<proto::Timings> remoteSplit;  // PrefillDone's part of the TTFT split
+    SteadyTime kvReadyAt;                       // when that PrefillDone arrived
     int completionTokens = 0;
     bool wantLogprobs = false;
   };
 
   void onGenerate(worker::RouterId from, proto::Generate gen) {
+    // Up to here (before the engine request exists): the wait for the loop.
+    const double inboxS = secondsBetween(loop_.postedAt(), steadyNow());
     const uint64_t id = gen.request_id();
     if (streams_.count(id)) {
       return sendError(from, id, failedPrecondition("request " + std::to_string(id) + " is already running here"));
@@ -118,6 +130,7 @@ class DecodeRole final : public worker::RolePolicy {
     Stream s;
     s.router = from;
     s.received = steadyNow();
+    s.inboxS = inboxS;
     s.wantLogprobs = gen.sampling().return_logprobs() || gen.sampling().logprobs() > 0;
     s.remote = !gen.prefill_worker_address().empty();
     loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
@@ -129,8 +142,9 @@ class DecodeRole final : public worker::RolePolicy {
 
   // Turns a step's events into one TokenChunk per request and sends them.
   void publish(const std::vector<EngineEvent>& events) {
-    std::vector<uint64_t> order;
+    std::vector<uint64_t> order, first;
     std::unordered_map<uint64_t, proto::Envelope> chunks;
+    std::unordered_map<uint64_t, engine::RequestTimings> finished;
     for (const auto& e : events) {
       auto it = streams_.find(e.requestId);
       if (it == streams_.end()) continue;
@@ -146,7 +160,10 @@ class DecodeRole final : public worker::RolePolicy {
         case EngineEvent::Kind::kToken:
           chunk->add_token_ids(static_cast<uint32_t>(e.token.id));
           if (s.wantLogprobs) *chunk->add_logprobs() = worker::toProto(e.token);
-          if (!s.firstToken) s.firstToken = steadyNow();
+          if (!s.firstToken) {
+            s.firstToken = steadyNow();
+            first.push_back(e.requestId);
+          }
           ++s.completionTokens;
           loop_.metrics().generationTokens.inc();
           break;
@@ -154,6 +171,7 @@ class DecodeRole final : public worker::RolePolicy {
           chunk->set_finish_reason(toProtoFinish(e.reason));
           fillSummary(s, chunk);
           chunk->mutable_timings()->set_queue_ms(1e3 * e.timings.queueSeconds);
+          finished.emplace(e.requestId, e.timings);
           break;
         case EngineEvent::Kind::kFailed:
           chunk->set_finish_reason(proto::FINISH_ERROR);
@@ -161,6 +179,12 @@ class DecodeRole final : public worker::RolePolicy {
           fillSummary(s, chunk);
           break;
       }
+    }
+    for (uint64_t id : first) {
+      const auto f = finished.find(id);
+      const engine::Request* r = engine_.find(id);
+      if (f != finished.end()) fillSplit(streams_.at(id), f->second, chunks.at(id).mutable_token_chunk());
+      else if (r) fillSplit(streams_.at(id), r->timings(), chunks.at(id).mutable_token_chunk());
     }
     for (uint64_t id : order) {
       auto& env = chunks.at(id);
@@ -180,6 +204,30 @@ class DecodeRole final : public worker::RolePolicy {
     timings->set_prefill_worker_id(s.remote ? s.gen.prefill_worker_id() : me);
     timings->set_route(s.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
     if (s.firstToken) timings->set_first_token_ms(1e3 * secondsBetween(s.received, *s.firstToken));
+  }
+
+  // The decode worker's part of the TTFT split, on the chunk with the first token (proto
+  // Timings.ttft_split): every figure is an interval of this host's clock, or the prefill
+  // worker's own intervals as it sent them. `t` is the engine's view of the request.
+  void fillSplit(const Stream& s, const engine::RequestTimings& t, proto::TokenChunk* chunk) {
+    auto* timings = chunk->mutable_timings();
+    timings->set_ttft_split(true);
+    timings->set_route(s.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
+    // The Generate's wait for the loop, then colocated: the engine queue; disaggregated:
+    // arrival -> blocks reserved (its queued -> waiting_kv move is the reservation).
+    timings->set_queue_ms(1e3 * (s.inboxS + t.queueSeconds));
+    if (s.remoteSplit) {
+      timings->set_kv_connect_ms(s.remoteSplit->kv_connect_ms());
+      timings->set_prefill_queue_ms(s.remoteSplit->prefill_queue_ms());
+      timings->set_prefill_ms(s.remoteSplit->prefill_ms());
+      timings->set_transfer_ms(s.remoteSplit->transfer_ms());
+      timings->set_transport(s.remoteSplit->transport());
+      timings->set_handoff_ms(1e3 * secondsBetween(s.kvReadyAt, *s.firstToken));
+    } else {
+      // Colocated, or a remote prefill that failed and was recomputed here: the local
+      // prefill (for a recompute it includes the failed attempt).
+      timings->set_prefill_ms(1e3 * t.prefillSeconds.value_or(0));
+    }
   }
 
   void sendError(worker::RouterId router, uint64_t id, const Status& error) {

@@ -60,6 +60,7 @@ void RemotePrefills::admitWaiting() {
 void RemotePrefills::reserved(uint64_t id, std::vector<engine::BlockId> blocks) {
   Remote& r = requests_.at(id);
   r.state = State::kConnecting;
+  r.reservedAt = steadyNow();
   r.blocks = std::move(blocks);
   loop_.cancelTimer(r.deadlineTimer);
   const std::string address = r.address;
@@ -256,6 +257,7 @@ void RemotePrefills::failPeerRequests(const std::string& address, const Status& 
 }
 
 void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) {
+  const SteadyTime arrived = loop_.postedAt();  // on the wire here, before the loop was free
   std::vector<engine::EngineEvent> events;
   Status s = loop_.engine().completeRemote(id, worker::fromProto(done.first_token_id(), done.first_logprob()), &events);
   // A PrefillDone the engine refuses (a first token outside the vocabulary) is the prefill
@@ -264,9 +266,15 @@ void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) 
   r.writerDone = true;  // PrefillDone comes only after every write was confirmed at the target
   (void)fenceWrites(id, r);  // replays of the grant are refused from now on
   if (!s.isOk()) return failed(id, s.withContext("PrefillDone from prefill worker " + r.address));
+  proto::Timings split;
+  split.set_kv_connect_ms(1e3 * secondsBetween(r.reservedAt, r.requestedAt));
+  split.set_prefill_queue_ms(done.timings().prefill_queue_ms());
+  split.set_prefill_ms(done.timings().prefill_ms());
+  split.set_transfer_ms(done.timings().transfer_ms());
+  split.set_transport(done.timings().transport());
   forget(id);
   loop_.metrics().remotePrefill("ok");
-  callbacks_.onKvReady(id, events);
+  callbacks_.onKvReady(id, split, arrived, events);
 }
 
 void RemotePrefills::sendCancel(const Remote& r, const std::string& reason) {

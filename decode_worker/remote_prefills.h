@@ -50,7 +50,13 @@ class RemotePrefills {
  public:
   struct Callbacks {
     // KV_READY: the engine holds the request now; `events` are its first token (and finish).
-    std::function<void(uint64_t id, const std::vector<engine::EngineEvent>& events)> onKvReady;
+    // `split` holds the remote part of its TTFT split (proto Timings: prefill_queue_ms,
+    // prefill_ms and transfer_ms as the prefill worker measured them, kv_connect_ms on this
+    // host); `at` is when the PrefillDone arrived here (its connection read it: the wait for
+    // the loop is part of the hand-off).
+    std::function<void(uint64_t id, const proto::Timings& split, SteadyTime at,
+                       const std::vector<engine::EngineEvent>& events)>
+        onKvReady;
     // FAILED without recompute: the request is gone from the engine; tell the client.
     std::function<void(uint64_t id, const Status& why)> onFailed;
   };
@@ -87,6 +93,7 @@ class RemotePrefills {
     std::string grant;          // TransferAgent::grantWrite for `blocks` ("" until REQUESTED)
     kvt::AgentPeer kvPeer = 0;  // the prefill worker's kvtransfer peer the grant is for
     bool writerDone = false;    // PrefillDone: every write confirmed, nothing can land later
+    SteadyTime reservedAt;      // when its blocks were reserved (CONNECTING)
     SteadyTime requestedAt;     // when the PrefillRequest went (REQUESTED)
   };
   // Blocks a remote prefill that ended may still be writing (QUARANTINED).

@@ -19,6 +19,8 @@ void PrefillJobs::reject(const net::ConnectionPtr& decode, uint64_t id, const St
 }
 
 void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& pr) {
+  // Up to here (before the engine request exists): the wait for the loop.
+  const double inboxS = secondsBetween(loop_.postedAt(), steadyNow());
   engine::Engine& engine = loop_.engine();
   const worker::EngineBundle& bundle = loop_.bundle();
   const uint64_t id = pr.request_id();
@@ -54,6 +56,7 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   job.peer = peer.value();
   job.target = std::move(target).value();
   job.received = steadyNow();
+  job.inboxS = inboxS;
   const int64_t deadlineMs = pr.deadline_ms() ? int64_t(pr.deadline_ms()) : loop_.config().kvTransfer.timeoutMs;
   job.deadlineTimer = loop_.at(steadyNow() + milliseconds(deadlineMs), [this, id, deadlineMs] {
     auto it = jobs_.find(id);
@@ -114,6 +117,8 @@ void PrefillJobs::onStepEvents(const std::vector<engine::EngineEvent>& events) {
       case engine::EngineEvent::Kind::kFinished:
         job.state = State::kPushing;
         job.computedAt = steadyNow();
+        job.queueS = e.timings.queueSeconds;
+        job.computeS = e.timings.prefillSeconds.value_or(0);
         break;
       case engine::EngineEvent::Kind::kFailed:
         if (job.failed.isOk()) job.failed = e.error;
@@ -201,7 +206,13 @@ void PrefillJobs::finish(uint64_t id) {
   auto* t = d->mutable_timings();
   t->set_prefill_worker_id(loop_.flags().workerId);
   t->set_route(proto::ROUTE_DISAGGREGATED);
-  t->set_prefill_ms(1e3 * secondsBetween(job.received, *job.computedAt));
+  // Three consecutive intervals of this host's clock: the request's wait for the loop and
+  // the engine queue, compute to the first
+  // token, and the KV push left after it (layers were posted while later ones computed, so
+  // only the tail is exposed).
+  t->set_ttft_split(true);
+  t->set_prefill_queue_ms(1e3 * (job.inboxS + job.queueS));
+  t->set_prefill_ms(1e3 * job.computeS);
   t->set_transfer_ms(1e3 * secondsBetween(*job.computedAt, steadyNow()));
   if (auto name = loop_.agent().peerTransport(job.peer); name.ok()) t->set_transport(name.value());
   (void)job.decode->send(std::move(env));

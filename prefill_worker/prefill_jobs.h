@@ -70,6 +70,8 @@ class PrefillJobs {
     worker::WorkerLoop::TimerId deadlineTimer = 0;
     SteadyTime received;
     std::optional<SteadyTime> computedAt;
+    double queueS = 0, computeS = 0;  // the engine's queue and prefill time (PrefillDone timings)
+    double inboxS = 0;                // the PrefillRequest's wait for the loop before accept()
     uint64_t bytes = 0;
   };
 

@@ -499,9 +499,11 @@ ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint,
 }
 
 json Usage::toJson() const {
-  return json{{"prompt_tokens", promptTokens},
-              {"completion_tokens", completionTokens},
-              {"total_tokens", promptTokens + completionTokens}};
+  json j{{"prompt_tokens", promptTokens},
+         {"completion_tokens", completionTokens},
+         {"total_tokens", promptTokens + completionTokens}};
+  if (pdserveTiming) j["pdserve_timing"] = *pdserveTiming;
+  return j;
 }
 
 json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta& d,

@@ -113,6 +113,8 @@ struct TokenLogprob {
 struct Usage {
   int promptTokens = 0;
   int completionTokens = 0;
+  // pdserve's extension: the request's TTFT split (router/ttft_split.h), as "pdserve_timing".
+  std::optional<nlohmann::json> pdserveTiming;
   nlohmann::json toJson() const;
 };
 

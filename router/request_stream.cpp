@@ -108,6 +108,7 @@ void RequestStream::startOnStrand(Dispatch d) {
     if (auto self = weak.lock()) self->onStrand([raw = self.get()] { raw->abort("client disconnected"); });
   });
   std::vector<uint64_t> unsent;
+  dispatchedAt_ = steadyNow();
   for (size_t i = 0; i < d.workerRequestIds.size(); ++i) {
     Choice c;
     c.index = int(i);
@@ -262,6 +263,10 @@ void RequestStream::observeTiming(Choice& c, const proto::TokenChunk& chunk, Ste
     firstTokenSeen_ = true;
     const double ttft = secondsBetween(spec_.received, now);
     metrics_.observeTtft(routeLabel, ttft);
+    if (chunk.has_timings() && chunk.timings().ttft_split()) {
+      ttftSplit_ = assembleTtftSplit(ttft, secondsBetween(spec_.received, dispatchedAt_), chunk.timings());
+      for (const auto& [phase, seconds] : ttftSplit_->phases) metrics_.observeTtftPhase(routeLabel, phase, seconds);
+    }
     if (route_ == Route::kDisaggregated) t.ttft = ttft;
   } else if (c.lastTokenAt) {
     const double itl = secondsBetween(*c.lastTokenAt, now);
@@ -360,6 +365,7 @@ void RequestStream::maybeComplete() {
   Usage usage;
   usage.promptTokens = int(spec_.parsed.prompt.size());
   for (const auto& c : choices_) usage.completionTokens += c.completionTokens;
+  if (ttftSplit_) usage.pdserveTiming = ttftSplitJson(*ttftSplit_);
   if (req.stream) {
     if (req.includeUsage) http_->sendEvent(sseEvent(usageChunk(req.endpoint, meta_, usage)));
     http_->sendEvent(kSseDone);
@@ -379,6 +385,7 @@ void RequestStream::maybeComplete() {
                              {"x-pdserve-decode-worker", decodeWorker_},
                              {"x-request-id", meta_.id}};
     if (!prefillWorker_.empty()) headers["x-pdserve-prefill-worker"] = prefillWorker_;
+    if (ttftSplit_) headers["server-timing"] = serverTimingHeader(*ttftSplit_);
     sendJson(http_, 200, fullResponse(req.endpoint, meta_, out, usage, req.logprobs), std::move(headers));
   }
   std::string reason;

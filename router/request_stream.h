@@ -42,6 +42,7 @@
 #include "router/openai_api.h"
 #include "router/request_parser.h"
 #include "router/routing_policy.h"
+#include "router/ttft_split.h"
 
 namespace pd::router {
 
@@ -176,6 +177,8 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   net::ConnectionPtr decodeConn_;
   std::vector<Choice> choices_;
   bool firstTokenSeen_ = false;
+  SteadyTime dispatchedAt_;            // the first Generate went: the end of router_queue
+  std::optional<TtftSplit> ttftSplit_;  // from the first token's chunk (router/ttft_split.h)
   bool finished_ = false;
   int migrations_ = 0;
   bool migrating_ = false;  // between migrateOnStrand and the loop's answer

@@ -88,6 +88,8 @@ class RouterServiceImpl final : public RouterService {
     copts.maxFrameBytes = kControlMaxFrameBytes;
     copts.plane = "router_control";
     metrics::setInternalAuth(registry_, cfg_.cluster.authenticated());
+    if (cfg_.metrics.vllmCompatibleNames)
+      metrics::exportVllmNames(registry_, metrics::MetricsProcess::kRouter, modelName_);
     if (cfg_.cluster.authenticated()) {
       copts.clusterSecret = std::make_shared<const std::string>(cfg_.cluster.secret);
     } else {

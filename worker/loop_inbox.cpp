@@ -5,13 +5,13 @@ namespace pd::worker {
 void LoopInbox::post(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(fn));
+    queue_.push_back({steadyNow(), std::move(fn)});
   }
   cv_.notify_one();
 }
 
 size_t LoopInbox::runPending(std::chrono::microseconds timeout) {
-  std::deque<std::function<void()>> batch;
+  std::deque<Item> batch;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (queue_.empty() && timeout.count() > 0) {
@@ -19,7 +19,10 @@ size_t LoopInbox::runPending(std::chrono::microseconds timeout) {
     }
     batch.swap(queue_);
   }
-  for (auto& fn : batch) fn();
+  for (auto& item : batch) {
+    runningPostedAt_ = item.postedAt;
+    item.fn();
+  }
   return batch.size();
 }
 

@@ -9,6 +9,8 @@
 #include <functional>
 #include <mutex>
 
+#include "common/base/clock.h"
+
 namespace pd::worker {
 
 // A multi-producer queue of closures that one consumer thread runs.
@@ -19,11 +21,20 @@ class LoopInbox {
   // Loop thread: runs everything queued; when nothing was queued, first waits up to
   // `timeout` for something to arrive. Returns how many closures ran.
   size_t runPending(std::chrono::microseconds timeout);
+  // Loop thread, inside a closure runPending runs: when that closure was posted. A message
+  // handler reads it as the message's arrival on this host: the time it then waited for the
+  // loop (an engine step running) belongs to the request's latency (the TTFT split).
+  SteadyTime postedAt() const { return runningPostedAt_; }
 
  private:
+  struct Item {
+    SteadyTime postedAt;
+    std::function<void()> fn;
+  };
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Item> queue_;
+  SteadyTime runningPostedAt_{};  // loop thread only
 };
 
 }  // namespace pd::worker

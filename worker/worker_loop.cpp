@@ -46,6 +46,8 @@ Status WorkerLoop::prepare() {
                                     routerHosts()};
   PD_RETURN_IF_ERROR(config::checkEndpoints(endpoints));
   metrics::setInternalAuth(registry_, secret_ != nullptr);
+  if (config_.metrics.vllmCompatibleNames)
+    metrics::exportVllmNames(registry_, metrics::MetricsProcess::kWorker, bundle_.modelName);
   if (!secret_) {
     PD_LOG(kWarn, roleName()) << flags_.workerId
                               << ": internal planes are UNAUTHENTICATED (no cluster.secret_file): any peer that reaches "

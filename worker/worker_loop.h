@@ -88,6 +88,8 @@ class WorkerLoop {
 
   // Any thread: runs `fn` on the loop thread.
   void post(std::function<void()> fn) { inbox_.post(std::move(fn)); }
+  // Inside a posted closure (a message handler): when it was posted (LoopInbox::postedAt).
+  SteadyTime postedAt() const { return inbox_.postedAt(); }
 
   // Loop thread: `fn` runs at or after `when` unless cancelled first. Cancelling a timer that
   // fired or never existed is a no-op.

@@ -312,6 +312,11 @@ void readLogging(MapReader m, LoggingConfig* c) {
   m.finish();
 }
 
+void readMetrics(MapReader m, MetricsConfig* c) {
+  m.readBool("vllm_compatible_names", &c->vllmCompatibleNames);
+  m.finish();
+}
+
 // Makes the SLO target a bucket boundary, so `le="<target>"` gives attainment exactly.
 void insertBound(std::vector<double>* buckets, double bound) {
   for (double b : *buckets) {
@@ -374,6 +379,7 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
     readEngine(top.child("engine"), &cfg.engine);
     readKvTransfer(top.child("kv_transfer"), &cfg.kvTransfer);
     readLogging(top.child("logging"), &cfg.logging);
+    readMetrics(top.child("metrics"), &cfg.metrics);
     top.finish();
   } catch (const YAML::Exception& e) {
     // Readers check node kinds before converting, so this is a reader bug; still no crash.

@@ -181,6 +181,14 @@ struct LoggingConfig {
   LogLevel level = LogLevel::kInfo;
 };
 
+// What /metrics exports besides pdserve's own names (docs/metrics.md).
+struct MetricsConfig {
+  // Also export vLLM's names (vllm:time_to_first_token_seconds, vllm:num_requests_waiting,
+  // ...) with a model_name label, for the metrics that mean the same thing, so dashboards,
+  // alerts and autoscalers written against vLLM work unchanged.
+  bool vllmCompatibleNames = false;
+};
+
 // Cluster identity (issue 13, docs/security.md). With a secret file every internal
 // connection (router <- workers, prefill <- decode, KV TCP) is mutually authenticated with
 // it; without one the internal planes are open and every process warns at start. Loading
@@ -201,6 +209,7 @@ struct ClusterConfig {
   EngineConfig engine;
   KvTransferConfig kvTransfer;
   LoggingConfig logging;
+  MetricsConfig metrics;
 };
 
 // The default buckets (before the SLO targets are inserted).

@@ -7,7 +7,10 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <prometheus/check_names.h>
+
 #include <mutex>
+#include <stdexcept>
 #include <sstream>
 #include <unordered_map>
 
@@ -86,9 +89,43 @@ Histogram Registry::histogram(const std::string& name, const std::string& help,
   return Histogram(&f->Add(labels, buckets));
 }
 
+void Registry::setAliases(std::vector<Alias> aliases, Labels extraLabels) {
+  for (const auto& a : aliases) {
+    if (!prometheus::CheckMetricName(a.to) || a.to == a.from)
+      throw std::invalid_argument("metric alias '" + a.to + "' of '" + a.from + "' is not a valid new name");
+  }
+  for (const auto& [name, value] : extraLabels) {
+    if (!prometheus::CheckLabelName(name))
+      throw std::invalid_argument("metric alias label '" + name + "' is not a valid label name");
+  }
+  std::lock_guard<std::mutex> lock(families_->mutex);
+  aliases_ = std::move(aliases);
+  aliasLabels_ = std::move(extraLabels);
+}
+
 std::string Registry::serialize() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::vector<Alias> aliases;
+  Labels extra;
+  {
+    std::lock_guard<std::mutex> lock(families_->mutex);
+    aliases = aliases_;
+    extra = aliasLabels_;
+  }
+  const size_t own = families.size();
+  for (const auto& a : aliases) {
+    for (size_t i = 0; i < own; ++i) {
+      if (families[i].name != a.from) continue;
+      prometheus::MetricFamily copy = families[i];
+      copy.name = a.to;
+      copy.help += " (alias of " + a.from + ")";
+      for (auto& m : copy.metric)
+        for (const auto& [name, value] : extra) m.label.push_back({name, value});
+      families.push_back(std::move(copy));
+    }
+  }
   std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  prometheus::TextSerializer().Serialize(out, families);
   return out.str();
 }
 

@@ -90,8 +90,18 @@ class Registry {
   Histogram histogram(const std::string& name, const std::string& help,
                       const std::vector<double>& buckets, const Labels& labels = {});
 
+  // Each family named `from` is also written as `to`, every series with `extraLabels` added:
+  // the same values under a second name, made when serialize() runs, so the two can never
+  // disagree (vLLM-compatible names, pdserve_metrics.h). Replaces earlier aliases; call it at
+  // start-up. `to` must be a valid metric name (':' is allowed, as in "vllm:...") and differ
+  // from every family's own name: std::invalid_argument otherwise.
+  struct Alias {
+    std::string from, to;
+  };
+  void setAliases(std::vector<Alias> aliases, Labels extraLabels);
+
   // The text exposition format (version 0.0.4) of every metric (families grouped by type, in
-  // the order they were made).
+  // the order they were made), then the aliases.
   std::string serialize() const;
 
   // The underlying registry, e.g. for a prometheus::Exposer.
@@ -100,6 +110,8 @@ class Registry {
  private:
   struct Families;  // name -> family, per type (behind a mutex)
   Labels constantLabels_;
+  std::vector<Alias> aliases_;  // guarded by families_->mutex
+  Labels aliasLabels_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Families> families_;
 };

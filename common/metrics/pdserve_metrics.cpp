@@ -8,6 +8,28 @@ namespace {
 std::string s(std::string_view v) { return std::string(v); }
 }  // namespace
 
+void exportVllmNames(Registry& registry, MetricsProcess process, const std::string& modelName) {
+  std::vector<Registry::Alias> aliases;
+  if (process == MetricsProcess::kRouter) {
+    aliases = {{"pdserve_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"},
+               {"pdserve_inter_token_latency_seconds", "vllm:inter_token_latency_seconds"},
+               // vLLM's name for the same per-token gap before 0.11; dashboards still use it.
+               {"pdserve_inter_token_latency_seconds", "vllm:time_per_output_token_seconds"},
+               {"pdserve_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds"},
+               {"pdserve_requests_finished_total", "vllm:request_success_total"}};
+  } else {
+    aliases = {{"pdserve_num_requests_running", "vllm:num_requests_running"},
+               {"pdserve_num_requests_waiting", "vllm:num_requests_waiting"},
+               {"pdserve_kv_cache_usage_perc", "vllm:kv_cache_usage_perc"},
+               {"pdserve_prompt_tokens_total", "vllm:prompt_tokens_total"},
+               {"pdserve_generation_tokens_total", "vllm:generation_tokens_total"},
+               {"pdserve_num_preemptions_total", "vllm:num_preemptions_total"},
+               {"pdserve_prefix_cache_queries_total", "vllm:prefix_cache_queries_total"},
+               {"pdserve_prefix_cache_hits_total", "vllm:prefix_cache_hits_total"}};
+  }
+  registry.setAliases(std::move(aliases), {{"model_name", modelName}});
+}
+
 void setInternalAuth(Registry& registry, bool authenticated) {
   registry
       .gauge("pdserve_internal_auth_enabled",
@@ -70,6 +92,15 @@ void RouterMetrics::observeQueueTime(std::string_view route, double seconds) {
   r_.histogram("pdserve_request_queue_time_seconds",
                "Time requests waited in worker queues before their first forward step.",
                buckets_.e2eS, {{"route", s(route)}})
+      .observe(seconds);
+}
+
+void RouterMetrics::observeTtftPhase(std::string_view route, std::string_view phase, double seconds) {
+  r_.histogram("pdserve_request_ttft_phase_seconds",
+               "Time to first token split into phases (router_queue, decode_admission, kv_connect, "
+               "prefill_queue, prefill_compute, kv_transfer, decode_first_token, other), each measured "
+               "by the process it happens in.",
+               buckets_.ttftS, {{"route", s(route)}, {"phase", s(phase)}})
       .observe(seconds);
 }
 

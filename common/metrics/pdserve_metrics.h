@@ -5,6 +5,7 @@
 //   pdserve_inter_token_latency_seconds{route}     histogram, router.itl_buckets_s
 //   pdserve_e2e_request_latency_seconds{route}     histogram, router.e2e_buckets_s
 //   pdserve_request_queue_time_seconds{route}      histogram, router.e2e_buckets_s
+//   pdserve_request_ttft_phase_seconds{route,phase} histogram, router.ttft_buckets_s
 //   pdserve_route_decisions_total{route,reason}    counter
 //   pdserve_requests_finished_total{finished_reason}, pdserve_request_errors_total{type}
 //   pdserve_prompt_tokens_total, pdserve_generation_tokens_total, pdserve_requests_in_flight
@@ -44,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -63,6 +65,18 @@ struct LatencyBuckets {
   std::vector<double> e2eS;
 };
 
+// metrics.vllm_compatible_names (docs/metrics.md has the table and why each pair means the
+// same): the registry also exports vLLM's names, each series with model_name=<modelName>
+// added to its labels (the router's keep their route label; the workers' their role and
+// worker). Router: vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
+// vllm:time_per_output_token_seconds, vllm:e2e_request_latency_seconds,
+// vllm:request_success_total. Worker (per engine, as vLLM counts): vllm:num_requests_running,
+// vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:prompt_tokens_total,
+// vllm:generation_tokens_total, vllm:num_preemptions_total, vllm:prefix_cache_queries_total,
+// vllm:prefix_cache_hits_total.
+enum class MetricsProcess { kRouter, kWorker };
+void exportVllmNames(Registry& registry, MetricsProcess process, const std::string& modelName);
+
 // Cluster identity metrics, in any registry.
 void setInternalAuth(Registry& registry, bool authenticated);
 void authFailure(Registry& registry, std::string_view plane);
@@ -77,6 +91,9 @@ class RouterMetrics {
   void observeItl(std::string_view route, double seconds);
   void observeE2e(std::string_view route, double seconds);
   void observeQueueTime(std::string_view route, double seconds);
+  // One phase of a request's TTFT split (router/ttft_split.h: router_queue, decode_admission,
+  // kv_connect, prefill_queue, prefill_compute, kv_transfer, decode_first_token, other).
+  void observeTtftPhase(std::string_view route, std::string_view phase, double seconds);
   // reason: why this route ("short_prompt", "long_prompt", "no_prefill_worker", ...).
   void routeDecision(std::string_view route, std::string_view reason);
   // Prompt tokens the router expected the chosen worker to hold in its prefix cache.

@@ -110,7 +110,17 @@ test('completions, streamed with the usage chunk, equal to the non-streamed text
   assert.ok(chunks >= 3);
   assert.equal(text, whole.choices[0].text);
   assert.equal(finish, 'length');
-  assert.deepEqual(usage, { prompt_tokens: 300, completion_tokens: 8, total_tokens: 308 });
+  const { pdserve_timing: timing, ...counts } = usage;
+  assert.deepEqual(counts, { prompt_tokens: 300, completion_tokens: 8, total_tokens: 308 });
+  // pdserve's TTFT split (docs/metrics.md) reaches the SDK user as an extra usage key.
+  assert.ok(['colocated', 'disaggregated'].includes(timing.route), JSON.stringify(timing));
+  let phases = 0;
+  for (const [k, v] of Object.entries(timing)) {
+    if (k === 'route' || k === 'ttft_ms') continue;
+    assert.ok(v >= 0, k);
+    phases += v;
+  }
+  assert.ok(timing.ttft_ms > 0 && phases <= timing.ttft_ms + 0.01, JSON.stringify(timing));
 });
 
 test('chat, streamed and not', async () => {

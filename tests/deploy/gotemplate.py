@@ -14,8 +14,11 @@ It follows Go's semantics where the chart depends on them:
     Helm would print "<no value>"), so a typo in a values path cannot pass.
 Unknown functions are errors at parse time, as in Go.
 
+Method calls: a field or variable whose value is a Python callable is called with the
+command's arguments (the renderer's `.Files.Get "path"`).
+
 Not supported (the chart does not use them): `block`, `template` with pipelines other than a
-field, `break`/`continue`, method calls, complex numbers.
+field, `break`/`continue`, complex numbers.
 """
 
 import base64
@@ -742,6 +745,17 @@ class Engine:
             except Exception as e:  # wrong arity or types: Go would fail the render too
                 raise TemplateError(f"{where}: error calling {name}: {e}") from e
         if len(cmd) > 1 or piped is not _NOARG:
+            method = self.eval_arg(head, dot, scope, where) if head.kind in ("field", "var") else None
+            if callable(method):
+                args = [self.eval_arg(a, dot, scope, where) for a in cmd[1:]]
+                if piped is not _NOARG:
+                    args.append(piped)
+                try:
+                    return method(*args)
+                except (Fail, TemplateError):
+                    raise
+                except Exception as e:  # Go fails the render when a method returns an error
+                    raise TemplateError(f"{where}: error calling {self.describe(head)}: {e}") from e
             raise TemplateError(f"{where}: can't give argument to non-function {self.describe(head)}")
         return self.eval_arg(head, dot, scope, where)
 

@@ -10,6 +10,7 @@ from gotemplate import Engine, Fail, TemplateError, helmify  # noqa: E402
 
 CASES = [
     # (template, data (helmified: numbers become float64), expected output)
+    ('{{ .Files.Get "a" | nindent 2 }}', {"Files": {"Get": lambda p: "x:\n  " + p}}, "\n  x:\n    a"),
     ("a  {{- 3 }}  b", {}, "a3  b"),
     ("{{ 3 -}}  \n b", {}, "3b"),
     ("x\n{{- /* gone */}}\ny", {}, "x\ny"),

@@ -58,6 +58,7 @@ CONFIG_KEYS = {
     "kv_transfer": {"transports", "listen_host", "timeout_ms", "heartbeat_ms", "lease_ms",
                     "on_remote_prefill_failure"},
     "logging": {"level"},
+    "metrics": {"vllm_compatible_names"},
     "cluster": {"secret_file"},
 }
 POOL_KEYS = {"replicas", "min_replicas", "max_replicas", "host", "base_port", "slo"}

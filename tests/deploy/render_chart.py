@@ -22,6 +22,7 @@ Usage: render_chart.py [--root REPO] [--show SCENARIO]   (--show prints the rend
 
 import argparse
 import copy
+import json
 import os
 import re
 import sys
@@ -156,6 +157,14 @@ class Renderer:
             with open(os.path.join(tdir, name)) as f:
                 self.engine.add(name, f.read())
 
+    def file_text(self, path):
+        """Helm's .Files.Get: a chart file's text (links followed, as helm does); "" if none."""
+        full = os.path.join(self.chart_dir, path)
+        if not os.path.isfile(full):
+            return ""
+        with open(full) as f:
+            return f.read()
+
     def render(self, user_values):
         values = merge(self.defaults, user_values)
         dot = {
@@ -164,6 +173,7 @@ class Renderer:
                         "IsInstall": True, "IsUpgrade": False, "Revision": 1.0},
             "Chart": {"Name": self.chart["name"], "Version": self.chart["version"],
                       "AppVersion": self.chart["appVersion"]},
+            "Files": {"Get": self.file_text},
         }
         manifests, notes = {}, ""
         for name in self.files:
@@ -178,8 +188,8 @@ class Renderer:
 
 
 class Checker:
-    def __init__(self, scenario, values, manifests, notes):
-        self.scenario, self.values, self.notes = scenario, values, notes
+    def __init__(self, scenario, values, manifests, notes, root):
+        self.scenario, self.values, self.notes, self.root = scenario, values, notes, root
         self.errors = []
         self.objs = []
         for name, text in manifests.items():
@@ -204,7 +214,8 @@ class Checker:
         self.deps = {o["metadata"]["name"]: o for _, o in self.by_kind("Deployment")}
         self.svcs = {o["metadata"]["name"]: o for _, o in self.by_kind("Service")}
         for check in (self.check_deployments, self.check_selectors, self.check_config,
-                      self.check_scaled_objects, self.check_routes, self.check_expected_objects):
+                      self.check_scaled_objects, self.check_routes, self.check_dashboard,
+                      self.check_expected_objects):
             try:
                 check()
             except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
@@ -493,10 +504,32 @@ class Checker:
         elif "/etc/pdserve/metrics-token" in mounts:
             self.err("router", "mounts a metrics token although metrics_auth is not bearer_file")
 
+    # ---- the Grafana dashboard ConfigMap ------------------------------------------------------
+    def check_dashboard(self):
+        """metrics.grafanaDashboard: the sidecar's label, and deploy/grafana/pdserve.json verbatim."""
+        g = self.values["metrics"]["grafanaDashboard"]
+        maps = [o for _, o in self.by_kind("ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+        if not g["enabled"]:
+            if maps:
+                self.err("dashboard", "a dashboard ConfigMap although metrics.grafanaDashboard.enabled is false")
+            return
+        if len(maps) != 1:
+            self.err("dashboard", f"expected one dashboard ConfigMap, got {len(maps)}")
+            return
+        m = maps[0]
+        for k, v in g["labels"].items():
+            if m["metadata"]["labels"].get(k) != v:
+                self.err("dashboard", f"label {k}={v!r} missing (the Grafana sidecar selects on it)")
+        with open(os.path.join(self.root, "deploy/grafana/pdserve.json")) as f:
+            want = f.read()
+        got = m.get("data", {}).get("pdserve.json")
+        if got is None or json.loads(got) != json.loads(want):
+            self.err("dashboard", "data.pdserve.json is not deploy/grafana/pdserve.json")
+
     # ---- cluster.yaml ---------------------------------------------------------------------
     def check_config(self):
         objs = self.by_kind("Secret" if self.values["clusterConfig"]["asSecret"] else "ConfigMap")
-        objs = [o for o in objs if not o[1]["metadata"]["name"].endswith("-cluster-secret")]
+        objs = [o for o in objs if not o[1]["metadata"]["name"].endswith(("-cluster-secret", "-dashboard"))]
         if len(objs) != 1:
             self.err("config", f"expected one config object, got {len(objs)}")
             return
@@ -623,6 +656,7 @@ class Checker:
         v = self.values
         want["PodDisruptionBudget"] = sum(v[r]["pdb"]["enabled"] for r in ("router", "prefill", "decode"))
         want["ServiceMonitor"] = 3 if v["metrics"]["serviceMonitor"]["enabled"] else 0
+        want["ConfigMap"] = (0 if v["clusterConfig"]["asSecret"] else 1) + (1 if v["metrics"]["grafanaDashboard"]["enabled"] else 0)
         want["ScaledObject"] = sum(v["autoscaling"][r]["enabled"] for r in ("prefill", "decode"))
         want["Ingress"] = 1 if v["ingress"]["enabled"] else 0
         want["HTTPRoute"] = 1 if v["httpRoute"]["enabled"] else 0
@@ -646,6 +680,8 @@ def scenarios(root):
     out.append(("existing cluster secret", merge(MODEL_PVC, {"clusterSecret": {"existingSecret": "my-secret",
                                                                               "key": "token"}})))
     out.append(("unauthenticated", merge(MODEL_PVC, {"clusterSecret": {"enabled": False}})))
+    out.append(("grafana dashboard", merge(MODEL_PVC, {"metrics": {"grafanaDashboard": {"enabled": True}},
+                                                       "config": {"metrics": {"vllm_compatible_names": True}}})))
     return out
 
 
@@ -667,7 +703,7 @@ def run_all(root, show=None, quiet=False):
             for f, text in manifests.items():
                 print(f"# ---- {f}\n{text}")
             print(f"# ---- NOTES.txt\n{notes}")
-        c = Checker(name, values, manifests, notes)
+        c = Checker(name, values, manifests, notes, root)
         errors += c.run()
         n_objs += len(c.objs)
         say(f"rendered {name}: {len(c.objs)} objects")
@@ -712,6 +748,12 @@ MUTATIONS = [
     ("shm on disk", "templates/_helpers.tpl", "    medium: Memory\n", "", "/dev/shm is not a memory emptyDir"),
     ("ServiceMonitor without the metrics token", "templates/router-servicemonitor.yaml",
      "      bearerTokenSecret:\n", "      bearerTokenSecretX:\n", "bearerTokenSecret None, want"),
+    ("dashboard without the sidecar's label", "templates/grafana-dashboard.yaml",
+     "    {{- with .Values.metrics.grafanaDashboard.labels }}", "    {{- with .Values.metrics.grafanaDashboard.annotations }}",
+     "label grafana_dashboard='1' missing"),
+    ("dashboard not the repository's", "templates/grafana-dashboard.yaml",
+     '{{- .Files.Get "dashboards/pdserve.json" | nindent 4 }}', '{{- "{}" | nindent 4 }}',
+     "data.pdserve.json is not deploy/grafana/pdserve.json"),
     ("missing fail for a bad volume type", "templates/_helpers.tpl",
      '{{- fail (printf "modelVolume.type: %q is not one of pvc, hostPath" .Values.modelVolume.type) }}\n', "",
      "[refuse: unknown volume type] rendered"),
@@ -724,7 +766,7 @@ def self_test(root):
     failures = 0
     for desc, rel, old, new, expect in MUTATIONS:
         with tempfile.TemporaryDirectory() as tmp:
-            for sub in (CHART, EXAMPLES):
+            for sub in (CHART, EXAMPLES, "deploy/grafana"):
                 shutil.copytree(os.path.join(root, sub), os.path.join(tmp, sub))
             path = os.path.join(tmp, CHART, rel)
             with open(path) as f:

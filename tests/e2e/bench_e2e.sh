@@ -32,13 +32,22 @@ grep -q "pdserve is up" "$work/up.log" || { echo "cluster did not start"; cat "$
 "$bin/pdserve" bench --url "http://127.0.0.1:$port" --prompt-len uniform:16:200 \
   --output-len uniform:4:24 --num-requests 24 --rate 8 --concurrency 6 --vocab-size 256 \
   --slo ttft_ms=2000,itl_ms=500 --extra-body '{"return_token_ids": true}' --no-progress \
-  --out "$work/e2e"
+  --out "$work/e2e" | tee "$work/bench.out"
 "$bin/pdserve" bench check "$work/e2e.json"
+grep -q -- "TTFT split, disaggregated (server, ms)" "$work/bench.out"
 python3 - "$work/e2e.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["completed"] == 24 and r["failed"] == 0, (r["completed"], r["failed"])
 assert all(t > 0 for t in r["ttfts"]), "every request has a TTFT"
+# pdserve's TTFT split (usage.pdserve_timing), per route: every request carried one.
+split = r["pdserve"]["ttft_split"]
+assert set(split) == {"colocated", "disaggregated"}, split.keys()
+assert sum(split[route]["ttft"]["count"] for route in split) == 24, split
+for phase in ("prefill_compute", "kv_transfer"):
+    s = split["disaggregated"][phase]
+    assert s["p50_ms"] > 0 and s["p99_ms"] >= s["p90_ms"] >= s["p50_ms"], (phase, s)
+assert "kv_transfer" not in split["colocated"], split["colocated"]
 print("bench e2e: 24 requests, mean TTFT %.1f ms, mean ITL %.1f ms" % (r["mean_ttft_ms"], r["mean_itl_ms"]))
 PY
 grep -q "<svg" "$work/e2e.html"

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -50,6 +52,7 @@ struct ClusterSpec {
   std::string pools = "{prefill: {replicas: 1}, decode: {replicas: 1}}";
   std::string extraEngine{};  // more keys of the engine map: ", drain_timeout_ms: 200"
   std::string extraKvTransfer{};  // more keys of the kv_transfer map: ", lease_ms: 800"
+  std::string extraTop{};         // more top-level sections: "metrics: {vllm_compatible_names: true}\n"
 };
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
@@ -69,7 +72,8 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
                       << "kv_transfer: {transports: " << spec.transports
                       << ", timeout_ms: " << spec.timeoutMs
                       << ", on_remote_prefill_failure: " << spec.onFailure << spec.extraKvTransfer << "}\n"
-                      << "logging: {level: warn}\n";
+                      << "logging: {level: warn}\n"
+                      << spec.extraTop;
   LocalClusterOptions o;
   o.configPath = path;
   o.binDir = std::string(PD_BINARY_DIR) + "/bin";
@@ -1164,4 +1168,170 @@ TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wron
   CHECK(code == "200");
   group.stopAll();
   std::filesystem::remove_all(dir);
+}
+
+// ---- the TTFT split, the dashboard's queries, vLLM's names (issue 17) -------------------------
+
+namespace {
+
+// The metric names a PromQL expression reads: identifiers that are not functions, keywords,
+// grouping labels, label matchers, strings, ranges or Grafana variables.
+std::set<std::string> promqlMetricNames(std::string expr) {
+  static const std::regex kDrop(R"re("[^"]*"|\{[^}]*\}|\[[^\]]*\]|\$\w+|\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\))re");
+  expr = std::regex_replace(expr, kDrop, " ");
+  static const std::set<std::string> kKeywords{"and", "or", "unless", "bool", "offset", "by", "without"};
+  static const std::regex kIdent(R"([A-Za-z_:][A-Za-z0-9_:]*)");
+  std::set<std::string> names;
+  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), kIdent); it != std::sregex_iterator(); ++it) {
+    const size_t end = size_t(it->position() + it->length());
+    size_t next = expr.find_first_not_of(' ', end);
+    const bool call = next != std::string::npos && expr[next] == '(';
+    const bool number = it->position() > 0 && (std::isdigit(expr[size_t(it->position()) - 1]) || expr[size_t(it->position()) - 1] == '.');
+    if (!call && !number && !kKeywords.count(it->str())) names.insert(it->str());
+  }
+  return names;
+}
+
+bool hasSeries(const std::string& body, const std::string& name) {
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(name, 0) == 0 && line.size() > name.size() && (line[name.size()] == '{' || line[name.size()] == ' '))
+      return true;
+  return false;
+}
+
+// Every "<phase>_ms" of a pdserve_timing object: non-negative, and their sum within ttft_ms.
+double checkSplit(const json& t, const std::string& route) {
+  INFO(t.dump());
+  REQUIRE(t.is_object());
+  CHECK(t["route"] == route);
+  const double ttft = t["ttft_ms"].get<double>();
+  CHECK(ttft > 0);
+  double sum = 0;
+  for (const auto& [k, v] : t.items()) {
+    if (k == "route" || k == "ttft_ms") continue;
+    CHECK(v.get<double>() >= 0);
+    sum += v.get<double>();
+  }
+  CHECK(sum <= ttft + 0.01);  // each figure is rounded to a microsecond
+  return ttft;
+}
+
+}  // namespace
+
+TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative phases within their TTFT") {
+  ClusterSpec spec{/*shortPromptTokens=*/64};
+  spec.extraTop = "metrics: {vllm_compatible_names: true}\n";
+  auto c = startCluster("ttft-split", spec);
+
+  // Colocated, not streamed: usage.pdserve_timing and a Server-Timing header.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = complete(*c, prompt(20, 5), 4);
+  const double wallMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.find("x-pdserve-route: colocated") != std::string::npos);
+  const json& colo = r.body["usage"]["pdserve_timing"];
+  CHECK(checkSplit(colo, "colocated") <= wallMs);  // the router's TTFT is inside what the client measured
+  CHECK(colo.contains("prefill_compute_ms"));
+  CHECK_FALSE(colo.contains("kv_transfer_ms"));
+  CHECK(colo["prefill_compute_ms"].get<double>() > 0);
+  const std::string st = headerValue(r.headers, "server-timing");
+  CHECK(st.find("decode_admission;dur=") != std::string::npos);
+  CHECK(st.find("ttft;dur=") != std::string::npos);
+
+  // Disaggregated, streamed with include_usage: the split is in the usage chunk.
+  json req{{"model", "small"}, {"prompt", prompt(300, 6)}, {"max_tokens", 4}, {"temperature", 0},
+           {"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  const auto t1 = std::chrono::steady_clock::now();
+  auto s = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 120s);
+  const double streamWallMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+  REQUIRE(s.ok());
+  REQUIRE(s->status == 200);
+  CHECK(s->headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+  json disagg;
+  std::istringstream in(s->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    json ev = json::parse(line.substr(6), nullptr, false);
+    if (!ev.is_discarded() && ev.contains("usage") && ev["usage"].is_object()) disagg = ev["usage"]["pdserve_timing"];
+  }
+  CHECK(checkSplit(disagg, "disaggregated") <= streamWallMs);
+  for (const char* phase : {"router_queue_ms", "decode_admission_ms", "kv_connect_ms", "prefill_queue_ms",
+                            "prefill_compute_ms", "kv_transfer_ms", "decode_first_token_ms", "other_ms"})
+    CHECK(disagg.contains(phase));
+  CHECK(disagg["prefill_compute_ms"].get<double>() > 0);
+  CHECK(disagg["kv_transfer_ms"].get<double>() > 0);
+
+  // The histograms: one observation per phase per request.
+  CHECK(routerMetric(*c, R"(pdserve_request_ttft_phase_seconds_count{phase="kv_transfer",route="disaggregated"})") == 1);
+  CHECK(routerMetric(*c, R"(pdserve_request_ttft_phase_seconds_count{phase="prefill_compute",route="colocated"})") == 1);
+  CHECK(routerMetric(*c, R"(pdserve_request_ttft_phase_seconds_count{phase="kv_transfer",route="colocated"})") == -1);
+
+  // vLLM's names, switched on: the same values as pdserve's, with model_name.
+  const std::string router = httpGet(c->httpPort(), "/metrics", 5s).value().body;
+  const std::string decode = httpGet(c->metricsPort("decode-0"), "/metrics", 5s).value().body;
+  using pd::test::metricValue;
+  for (const char* route : {"colocated", "disaggregated"}) {
+    const std::string l = std::string("{route=\"") + route + "\"";
+    CHECK(metricValue(router, "vllm:time_to_first_token_seconds_count" + l + ",model_name=\"small\"}") ==
+          metricValue(router, "pdserve_time_to_first_token_seconds_count" + l + "}"));
+    CHECK(metricValue(router, "vllm:inter_token_latency_seconds_count" + l + ",model_name=\"small\"}") ==
+          metricValue(router, "pdserve_inter_token_latency_seconds_count" + l + "}"));
+    CHECK(metricValue(router, "vllm:time_per_output_token_seconds_sum" + l + ",model_name=\"small\"}") ==
+          metricValue(router, "pdserve_inter_token_latency_seconds_sum" + l + "}"));
+    CHECK(metricValue(router, "vllm:e2e_request_latency_seconds_sum" + l + ",model_name=\"small\"}") ==
+          metricValue(router, "pdserve_e2e_request_latency_seconds_sum" + l + "}"));
+  }
+  CHECK(metricValue(router, R"(vllm:time_to_first_token_seconds_count{route="disaggregated",model_name="small"})") == 1);
+  CHECK(metricValue(router, R"(vllm:request_success_total{finished_reason="length",model_name="small"})") == 2);
+  CHECK(metricValue(router, R"(pdserve_requests_finished_total{finished_reason="length"})") == 2);
+  for (const char* name : {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
+                           "generation_tokens_total", "num_preemptions_total", "prefix_cache_queries_total",
+                           "prefix_cache_hits_total"}) {
+    INFO(name);
+    const double ours = metricValue(decode, std::string("pdserve_") + name);
+    CHECK(ours >= 0);
+    CHECK(metricValue(decode, std::string("vllm:") + name + "{role=\"decode\",worker=\"decode-0\",model_name=\"small\"}") == ours);
+  }
+  CHECK(metricValue(decode, "vllm:prompt_tokens_total") == 320);    // both prompts were submitted here
+  CHECK(metricValue(decode, "vllm:generation_tokens_total") == 8);
+
+  // The Grafana dashboard (deploy/grafana/pdserve.json): every metric a panel queries is in the
+  // live /metrics of the router or a worker, once traffic of both routes and an error ran.
+  REQUIRE(complete(*c, prompt(8, 7), 2, {{"model", "no-such-model"}}).status == 404);
+  std::ifstream file(std::string(PD_SOURCE_DIR) + "/deploy/grafana/pdserve.json");
+  REQUIRE(file);
+  const json dash = json::parse(file);
+  const std::vector<std::string> bodies{httpGet(c->httpPort(), "/metrics", 5s).value().body,
+                                        httpGet(c->metricsPort("decode-0"), "/metrics", 5s).value().body,
+                                        httpGet(c->metricsPort("prefill-0"), "/metrics", 5s).value().body};
+  int queried = 0;
+  for (const auto& panel : dash["panels"]) {
+    for (const auto& target : panel["targets"]) {
+      const auto names = promqlMetricNames(target["expr"].get<std::string>());
+      INFO(panel["title"].get<std::string>() << ": " << target["expr"].get<std::string>());
+      CHECK_FALSE(names.empty());
+      for (const auto& name : names) {
+        INFO(name);
+        ++queried;
+        bool found = false;
+        for (const auto& b : bodies) found = found || hasSeries(b, name);
+        CHECK(found);
+      }
+    }
+  }
+  CHECK(queried >= 30);
+  // The extraction itself: a made-up name is found, functions and labels are not names.
+  CHECK(promqlMetricNames(R"(histogram_quantile(0.9, sum by (le, route) (rate(pdserve_x_bucket{a="b"}[$__rate_interval]))) / on (pool) pdserve_y)") ==
+        std::set<std::string>{"pdserve_x_bucket", "pdserve_y"});
+  CHECK_FALSE(hasSeries(bodies[0], "pdserve_no_such_metric"));
+}
+
+TEST_CASE("vLLM metric names are off by default") {
+  auto c = startCluster("vllm-names-off", ClusterSpec{64});
+  REQUIRE(complete(*c, prompt(20, 8), 2).status == 200);
+  const std::string router = httpGet(c->httpPort(), "/metrics", 5s).value().body;
+  CHECK(router.find("pdserve_time_to_first_token_seconds_count") != std::string::npos);
+  CHECK(router.find("vllm:") == std::string::npos);
+  CHECK(httpGet(c->metricsPort("decode-0"), "/metrics", 5s).value().body.find("vllm:") == std::string::npos);
 }

@@ -336,6 +336,8 @@ class Runner {
     r->outputTokens = acct.usageCompletionTokens() >= 0 ? acct.usageCompletionTokens() : acct.chunkTokens();
     if (acct.usagePromptTokens() >= 0) r->promptTokens = acct.usagePromptTokens();
     r->itlsMs = acct.takeItls();
+    r->ttftSplitMs = acct.ttftSplitMs();
+    r->ttftSplitRoute = acct.ttftSplitRoute();
     if (!failure.empty()) {
       r->error = failure;
     } else if (status != 200) {

@@ -23,6 +23,20 @@ std::string fmt(double v, int prec = 2) {
 
 json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
+// The TTFT split's phases in the order a request passes them (router/ttft_split.h), then
+// any the server added that this build does not know, then the TTFT itself.
+std::vector<std::string> phaseOrder(const std::map<std::string, Summary>& phases) {
+  static const char* const kOrder[] = {"router_queue", "decode_admission", "kv_connect",         "prefill_queue",
+                                       "prefill_compute", "kv_transfer",   "decode_first_token", "other"};
+  std::vector<std::string> out;
+  for (const char* p : kOrder)
+    if (phases.count(p)) out.push_back(p);
+  for (const auto& [p, s] : phases)
+    if (p != "ttft" && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  if (phases.count("ttft")) out.push_back("ttft");
+  return out;
+}
+
 void addMetric(json& j, const char* name, const Summary& s) {
   const std::string n(name);
   j["mean_" + n + "_ms"] = num(s.mean);
@@ -129,6 +143,16 @@ std::string formatTable(const RunInfo& info, const Aggregate& a) {
   metric("Time per Output Token (excl. 1st token)", "TPOT", a.tpot);
   metric("Inter-token Latency", "ITL", a.itl);
   metric("End-to-end Latency", "E2EL", a.e2el);
+  for (const auto& [route, phases] : a.ttftSplit) {
+    sect("TTFT split, " + (route.empty() ? std::string("-") : route) + " (server, ms)");
+    o << std::left << std::setw(22) << "phase" << std::right << std::setw(10) << "p50" << std::setw(10) << "p90"
+      << std::setw(10) << "p99" << std::setw(8) << "n" << "\n";
+    for (const auto& phase : phaseOrder(phases)) {
+      const Summary& s = phases.at(phase);
+      o << std::left << std::setw(22) << phase << std::right << std::setw(10) << fmt(s.median, 3) << std::setw(10)
+        << fmt(s.p90, 3) << std::setw(10) << fmt(s.p99, 3) << std::setw(8) << s.count << "\n";
+    }
+  }
   if (a.haveSlo) {
     sect("SLO " + info.slo.describe());
     row("Requests meeting every target:", std::to_string(a.goodRequests) + " of " + std::to_string(a.completed));
@@ -228,6 +252,12 @@ std::string resultJson(const RunInfo& info, const Aggregate& a, const std::vecto
   json kinds = json::object();
   for (const auto& [k, v] : a.errorsByKind) kinds[k] = v;
   p["errors_by_kind"] = kinds;
+  json split = json::object();
+  for (const auto& [route, phases] : a.ttftSplit)
+    for (const auto& [phase, s] : phases)
+      split[route][phase] = {{"count", s.count}, {"mean_ms", num(s.mean)}, {"p50_ms", num(s.median)},
+                             {"p90_ms", num(s.p90)}, {"p99_ms", num(s.p99)}};
+  p["ttft_split"] = split;
   p["shed_requests"] = a.shed;
   p["first_shed_s"] = std::isnan(a.firstShedS) ? json(nullptr) : json(a.firstShedS);
   p["aborted"] = info.abortReason.empty() ? json(nullptr) : json(info.abortReason);

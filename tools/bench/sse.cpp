@@ -79,6 +79,14 @@ void StreamAccounting::onEvent(const SseEvent& ev, double tMs) {
   int64_t k = -1;
   if (j.contains("usage") && j["usage"].is_object()) {
     const auto& u = j["usage"];
+    if (u.contains("pdserve_timing") && u["pdserve_timing"].is_object()) {
+      split_.clear();
+      for (const auto& [key, v] : u["pdserve_timing"].items()) {
+        if (key == "route" && v.is_string()) splitRoute_ = v.get<std::string>();
+        if (key.size() > 3 && key.compare(key.size() - 3, 3, "_ms") == 0 && v.is_number())
+          split_[key.substr(0, key.size() - 3)] = v.get<double>();
+      }
+    }
     if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer())
       usagePrompt_ = u["prompt_tokens"].get<int64_t>();
     if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer()) {

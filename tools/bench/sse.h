@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,11 @@ class StreamAccounting {
   int64_t usagePromptTokens() const { return usagePrompt_; }          // -1 when absent
   int64_t usageCompletionTokens() const { return usageCompletion_; }  // -1 when absent
   const std::string& finishReason() const { return finishReason_; }
+  // pdserve's TTFT split from the usage chunk's "pdserve_timing" (router/ttft_split.h):
+  // phase -> ms (the "<phase>_ms" keys, "ttft" among them), and its route; empty when the
+  // server sent none (any other server).
+  const std::map<std::string, double>& ttftSplitMs() const { return split_; }
+  const std::string& ttftSplitRoute() const { return splitRoute_; }
 
  private:
   void fail(std::string why);
@@ -72,6 +78,8 @@ class StreamAccounting {
   int64_t usagePrompt_ = -1, usageCompletion_ = -1;
   int64_t cumulativeSeen_ = 0;
   std::string finishReason_;
+  std::map<std::string, double> split_;
+  std::string splitRoute_;
 };
 
 }  // namespace pd::bench

@@ -135,6 +135,7 @@ Aggregate aggregate(const std::vector<RequestRecord>& records, double durationS,
   a.durationS = durationS;
   a.haveSlo = !slo.empty();
   std::vector<double> ttft, tpot, itl, e2el;
+  std::map<std::string, std::map<std::string, std::vector<double>>> split;
   std::vector<std::pair<double, int>> events;  // (time, +1 start / -1 end) for concurrency
   double lagSum = 0;
   for (const auto& r : records) {
@@ -162,6 +163,7 @@ Aggregate aggregate(const std::vector<RequestRecord>& records, double durationS,
     e2el.push_back(r.e2eMs);
     tpot.push_back(r.tpotMs());
     itl.insert(itl.end(), r.itlsMs.begin(), r.itlsMs.end());
+    for (const auto& [phase, ms] : r.ttftSplitMs) split[r.ttftSplitRoute][phase].push_back(ms);
     if (a.haveSlo) {
       const SloCheck c = checkSlo(r, slo);
       a.goodRequests += c.good;
@@ -176,6 +178,8 @@ Aggregate aggregate(const std::vector<RequestRecord>& records, double durationS,
   a.tpot = summarize(std::move(tpot));
   a.itl = summarize(std::move(itl));
   a.e2el = summarize(std::move(e2el));
+  for (auto& [route, phases] : split)
+    for (auto& [phase, values] : phases) a.ttftSplit[route][phase] = summarize(std::move(values));
   if (durationS > 0) {
     a.requestThroughput = static_cast<double>(a.completed) / durationS;
     a.outputThroughput = static_cast<double>(a.totalOutputTokens) / durationS;

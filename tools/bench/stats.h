@@ -53,6 +53,9 @@ struct RequestRecord {
   double ttftMs = kNaN;          // send -> first chunk that carries a token
   double e2eMs = kNaN;           // send -> end of the stream
   std::vector<double> itlsMs;    // one entry per token after the first (see docs/bench.md)
+  // pdserve's server-side TTFT split (usage.pdserve_timing): phase -> ms, and its route.
+  std::map<std::string, double> ttftSplitMs;
+  std::string ttftSplitRoute;
 
   double lagMs() const { return (startS - eligibleS) * 1000.0; }
   // (e2e - ttft) / (outputTokens - 1); NaN for fewer than two tokens (vLLM's definition).
@@ -96,6 +99,9 @@ struct Aggregate {
   // Load shedding: requests refused with HTTP 429, and when the first was sent (s from the start).
   int64_t shed = 0;
   double firstShedS = kNaN;
+  // pdserve's TTFT split over the successful requests that carried one: route -> phase ->
+  // summary (ms; "ttft" is the router's own TTFT, the phases sum to at most it).
+  std::map<std::string, std::map<std::string, Summary>> ttftSplit;
 };
 constexpr double kLateStartMs = 10.0;
 

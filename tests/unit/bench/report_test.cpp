@@ -232,3 +232,39 @@ TEST_CASE("check verifies an end-to-end run's invariants", "[bench][report]") {
   CHECK_THAT(r.status().message(), Catch::Contains("request 5: TTFT"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("the TTFT split: percentiles per route and phase in the table and the JSON", "[bench][report]") {
+  auto rs = sampleRecords();
+  for (auto& r : rs) {
+    if (!r.ok || r.index % 2) continue;  // half carry a split, all disaggregated
+    r.ttftSplitRoute = "disaggregated";
+    r.ttftSplitMs = {{"router_queue", 0.5}, {"prefill_compute", double(r.index)}, {"kv_transfer", 2}, {"ttft", 40}};
+  }
+  rs[1].ttftSplitRoute = "colocated";  // odd and ok: one colocated
+  rs[1].ttftSplitMs = {{"prefill_compute", 7}, {"ttft", 9}};
+  const RunInfo info = sampleInfo();
+  const Aggregate a = aggregate(rs, 4.0, info.slo);
+  REQUIRE(a.ttftSplit.size() == 2);
+  const Summary& pc = a.ttftSplit.at("disaggregated").at("prefill_compute");
+  CHECK(pc.count == 20);        // even indexes 0..38
+  CHECK(pc.median == Approx(19));  // 0, 2, ..., 38
+  CHECK(pc.p99 == Approx(percentile({0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38}, 99)));
+  const std::string table = formatTable(info, a);
+  CHECK(table.find("TTFT split, disaggregated (server, ms)") != std::string::npos);
+  CHECK(table.find("TTFT split, colocated (server, ms)") != std::string::npos);
+  // The order a request passes: router_queue before prefill_compute before kv_transfer, ttft last.
+  const size_t section = table.find("TTFT split, disaggregated");
+  const auto at = [&](const char* s) { return table.find(s, section); };
+  CHECK(at("router_queue") < at("prefill_compute"));
+  CHECK(at("prefill_compute") < at("kv_transfer"));
+  const fs::path dir = tempDir();
+  REQUIRE(writeJson((dir / "s.json").string(), info, a, rs).isOk());
+  std::ifstream in(dir / "s.json");
+  const auto j = nlohmann::json::parse(in);
+  const auto& kt = j["pdserve"]["ttft_split"]["disaggregated"]["kv_transfer"];
+  CHECK(kt["count"] == 20);
+  CHECK(kt["p50_ms"].get<double>() == Approx(2));
+  CHECK(kt["p90_ms"].get<double>() == Approx(2));
+  CHECK(j["pdserve"]["ttft_split"]["colocated"]["ttft"]["p99_ms"].get<double>() == Approx(9));
+  fs::remove_all(dir);
+}

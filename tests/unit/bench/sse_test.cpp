@@ -95,3 +95,19 @@ TEST_CASE("errors inside the stream are surfaced", "[bench][sse]") {
   CHECK(b.failed());
   CHECK_THAT(b.error(), Catch::Contains("malformed chunk"));
 }
+
+TEST_CASE("the usage chunk's pdserve_timing becomes the request's TTFT split", "[bench][sse]") {
+  StreamAccounting a(/*chat=*/false);
+  a.onEvent(data(text("He")), 20);
+  a.onEvent(data(R"({"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"pdserve_timing":)"
+                 R"({"route":"disaggregated","ttft_ms":12.5,"router_queue_ms":0.25,"kv_transfer_ms":3,)"
+                 R"("prefill_compute_ms":8,"other_ms":1.25,"note":"x","bad_ms":"y"}}})"),
+            21);
+  CHECK(a.ttftSplitRoute() == "disaggregated");
+  const std::map<std::string, double> want{
+      {"ttft", 12.5}, {"router_queue", 0.25}, {"kv_transfer", 3}, {"prefill_compute", 8}, {"other", 1.25}};
+  CHECK(a.ttftSplitMs() == want);
+  StreamAccounting plain(false);  // any other server: no split
+  plain.onEvent(data(R"({"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}})"), 5);
+  CHECK(plain.ttftSplitMs().empty());
+}

@@ -174,3 +174,61 @@ TEST_CASE("concurrent updates from several threads are all counted") {
       text, "pdserve_route_decisions_total{reason=\"prefix_cached\",route=\"colocated\"} 2000"));
   CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_count{route=\"colocated\"} 4000"));
 }
+
+TEST_CASE("aliases: the same series under a second name with extra labels; ':' names are accepted") {
+  Registry reg(Labels{{"role", "decode"}});
+  // prometheus-cpp takes ':' in a metric's own name too (recording-rule style names).
+  CHECK_NOTHROW(reg.gauge("pdserve:colon_test", "A gauge with a colon in its name.").set(1));
+  Gauge g = reg.gauge("pdserve_test_waiting", "Waiting.");
+  g.set(3);
+  Histogram h = reg.histogram("pdserve_test_seconds", "Latency.", {0.1, 1}, {{"route", "colocated"}});
+  h.observe(0.05);
+  h.observe(0.5);
+  reg.setAliases({{"pdserve_test_waiting", "vllm:num_requests_waiting"}, {"pdserve_test_seconds", "vllm:test_seconds"}},
+                 {{"model_name", "small"}});
+  g.set(4);  // aliases are made at serialize(): they always hold the current value
+  std::string text = reg.serialize();
+  INFO(text);
+  CHECK(hasLine(text, "pdserve_test_waiting{role=\"decode\"} 4"));
+  CHECK(hasLine(text, "# TYPE vllm:num_requests_waiting gauge"));
+  CHECK(hasLine(text, "vllm:num_requests_waiting{role=\"decode\",model_name=\"small\"} 4"));
+  CHECK(hasLine(text, "vllm:test_seconds_bucket{role=\"decode\",route=\"colocated\",model_name=\"small\",le=\"0.1\"} 1"));
+  CHECK(hasLine(text, "vllm:test_seconds_count{role=\"decode\",route=\"colocated\",model_name=\"small\"} 2"));
+  CHECK(text.find("pdserve:colon_test{role=\"decode\"} 1") != std::string::npos);
+  CHECK_THROWS_AS(reg.setAliases({{"pdserve_test_waiting", "bad name"}}, {}), std::invalid_argument);
+  CHECK_THROWS_AS(reg.setAliases({{"a", "b"}}, {{"bad-label", "x"}}), std::invalid_argument);
+  reg.setAliases({}, {});
+  CHECK(reg.serialize().find("vllm:") == std::string::npos);
+}
+
+TEST_CASE("exportVllmNames: the router's and the worker's vLLM names, only with the switch") {
+  Registry router;
+  RouterMetrics rm(router, LatencyBuckets{{0.1, 1}, {0.01, 0.1}, {1, 10}});
+  rm.observeTtft("disaggregated", 0.2);
+  rm.observeItl("disaggregated", 0.02);
+  rm.observeE2e("disaggregated", 2);
+  rm.requestFinished("length", 10, 4);
+  CHECK(router.serialize().find("vllm:") == std::string::npos);
+  exportVllmNames(router, MetricsProcess::kRouter, "small");
+  std::string text = router.serialize();
+  INFO(text);
+  CHECK(hasLine(text, "vllm:time_to_first_token_seconds_count{route=\"disaggregated\",model_name=\"small\"} 1"));
+  CHECK(hasLine(text, "vllm:inter_token_latency_seconds_count{route=\"disaggregated\",model_name=\"small\"} 1"));
+  CHECK(hasLine(text, "vllm:time_per_output_token_seconds_count{route=\"disaggregated\",model_name=\"small\"} 1"));
+  CHECK(hasLine(text, "vllm:e2e_request_latency_seconds_sum{route=\"disaggregated\",model_name=\"small\"} 2"));
+  CHECK(hasLine(text, "vllm:request_success_total{finished_reason=\"length\",model_name=\"small\"} 1"));
+  // Token counters are per engine (workers), as vLLM counts them: not on the router.
+  CHECK(text.find("vllm:prompt_tokens_total") == std::string::npos);
+
+  Registry worker(Labels{{"role", "decode"}, {"worker", "decode-0"}});
+  WorkerMetrics wm(worker);
+  wm.waiting.set(2);
+  wm.kvCacheUsage.set(0.25);
+  wm.promptTokens.inc(7);
+  exportVllmNames(worker, MetricsProcess::kWorker, "small");
+  text = worker.serialize();
+  CHECK(hasLine(text, "vllm:num_requests_waiting{role=\"decode\",worker=\"decode-0\",model_name=\"small\"} 2"));
+  CHECK(hasLine(text, "vllm:kv_cache_usage_perc{role=\"decode\",worker=\"decode-0\",model_name=\"small\"} 0.25"));
+  CHECK(hasLine(text, "vllm:prompt_tokens_total{role=\"decode\",worker=\"decode-0\",model_name=\"small\"} 7"));
+  CHECK(hasLine(text, "vllm:num_requests_running{role=\"decode\",worker=\"decode-0\",model_name=\"small\"} 0"));
+}
