@@ -385,7 +385,7 @@ TEST_CASE("cluster.secret_file: missing, empty, short or readable by others is r
   CHECK_THAT(errorOf("cluster:\n  secret_file: \"\"\n"), Catch::Contains("cluster.secret_file"));
 }
 
-TEST_CASE("engine.gpu_memory_utilization: a fraction in (0, 1] that replaces the byte-sized KV cache") {
+TEST_CASE("engine.gpu_memory_utilization: a fraction above 0, at most 1, that replaces the byte-sized KV cache") {
   const ClusterConfig c = parseOk("engine: {backend: cuda, gpu_memory_utilization: 0.85}");
   CHECK(c.engine.gpuMemoryUtilization == 0.85);
   CHECK(c.engine.kvCacheBytes == 0);  // not the default 256 MiB as well

@@ -53,7 +53,7 @@ TEST_CASE("a share the weights and activations fill holds no KV and says what it
         "it, or shrink the model, model.dtype or engine.max_batch_tokens");
 }
 
-TEST_CASE("utilization outside (0, 1] and empty blocks are refused; block ids stay int32") {
+TEST_CASE("utilization outside 0 to 1 and empty blocks are refused, block ids stay int32") {
   KvBudgetInput in = eightB();
   for (double u : {0.0, -0.5, 1.01}) {
     in.utilization = u;
