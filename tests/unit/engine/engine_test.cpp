@@ -26,7 +26,7 @@ std::shared_ptr<const ModelWeights> tinyModel() {
 }
 
 std::unique_ptr<Engine> makeEngine(int numBlocks, int maxBatchTokens, bool releaseKv = true,
-                                   const Clock& clock = SystemClock::instance()) {
+                                   const Clock& clock = SystemClock::instance(), PrefillChunkOptions chunks = {}) {
   auto model = tinyModel();
   auto layout = kvLayoutFor(model->config, numBlocks, 16);
   auto kv = KvCacheManager::create(layout);
@@ -37,6 +37,7 @@ std::unique_ptr<Engine> makeEngine(int numBlocks, int maxBatchTokens, bool relea
   opts.scheduler.maxBatchTokens = maxBatchTokens;
   opts.scheduler.maxNumSeqs = 16;
   opts.releaseKvOnFinish = releaseKv;
+  opts.prefillChunks = chunks;
   return std::make_unique<Engine>(std::move(backend).value(), std::move(kv).value(), opts, clock);
 }
 
@@ -134,18 +135,11 @@ class StepCostClock final : public Clock {
 
 TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose step meets the ITL target") {
   StepCostClock clock;
-  auto model = tinyModel();
-  auto layout = kvLayoutFor(model->config, 256, 16);
-  auto kv = KvCacheManager::create(layout);
-  REQUIRE(kv.ok());
-  auto backend = createCpuBackend(model, layout, kv.value()->data(), {1});
-  REQUIRE(backend.ok());
-  EngineOptions opts;
-  opts.scheduler.maxBatchTokens = 256;
-  opts.scheduler.maxNumSeqs = 16;
-  opts.prefillChunks.itlTargetMs = 50;  // 2 + 20 + p <= 50: p = 28
-  opts.prefillChunks.minTokens = 4;
-  Engine engine(std::move(backend).value(), std::move(kv).value(), opts, clock);
+  PrefillChunkOptions chunks;
+  chunks.itlTargetMs = 50;  // 2 + 20 + p <= 50: p = 28
+  chunks.minTokens = 4;
+  auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
+  Engine& engine = *engineOwner;
   CHECK(engine.load().prefillChunkTokens == 256);  // nothing measured: max_batch_tokens
   double extraMs = 0;
   std::vector<double> mixedStepMs;
