@@ -228,11 +228,16 @@ void WorkerMetrics::syncEngineCounters(int64_t totalPreemptions, int64_t totalQu
 }
 
 void WorkerMetrics::remotePrefillsIn(std::string_view state, int64_t count) {
-  r_.gauge("pdserve_remote_prefills",
-           "Remote prefills in each state of their lifecycle now (docs/architecture.md): waiting_blocks, "
-           "connecting, requested on decode workers; computing, pushing, ending on prefill workers.",
-           {{"state", s(state)}})
-      .set(double(count));
+  // Called every loop poll: the series is looked up in the registry once per state.
+  auto it = remotePrefillStates_.find(state);
+  if (it == remotePrefillStates_.end()) {
+    Gauge g = r_.gauge("pdserve_remote_prefills",
+                       "Remote prefills in each state of their lifecycle now (docs/architecture.md): waiting_blocks, "
+                       "connecting, requested on decode workers; computing, pushing, ending on prefill workers.",
+                       {{"state", s(state)}});
+    it = remotePrefillStates_.emplace(s(state), g).first;
+  }
+  it->second.set(double(count));
 }
 
 void WorkerMetrics::remotePrefill(std::string_view outcome) {

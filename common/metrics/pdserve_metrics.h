@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -133,7 +134,7 @@ class WorkerMetrics {
   void setCacheConfig(int blockSize, int64_t numBlocks);
   void remotePrefill(std::string_view outcome);
   // pdserve_remote_prefills{state}: how many remote prefills are in `state` now (issue 12:
-  // every state of the lifecycle has a deadline and a metric).
+  // every state of the lifecycle has a deadline and a metric). The worker's loop thread only.
   void remotePrefillsIn(std::string_view state, int64_t count);
   // Brings the preemption and prefix-cache counters up to cumulative totals kept elsewhere
   // (the engine's); counts only the growth since the last call.
@@ -160,6 +161,7 @@ class WorkerMetrics {
  private:
   Registry& r_;
   int64_t seenPreemptions_ = 0, seenQueries_ = 0, seenHits_ = 0;
+  std::map<std::string, Gauge, std::less<>> remotePrefillStates_;  // remotePrefillsIn's series
 };
 
 }  // namespace pd::metrics

@@ -13,25 +13,12 @@
 #include <string>
 
 #include "common/net/http_server.h"
-#include "router/request_parser.h"
-#include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/fuzz_parser.h"
 
 namespace {
 
 namespace http = boost::beast::http;
 using namespace pd;
-
-const router::RequestParser& parser() {
-  static const router::RequestParser* p = [] {
-    auto tok = fuzz::loadTokenizerOrDie(fuzz::dataDir() + "/tiny_tokenizer");
-    auto chat = tok::ChatTemplate::forTokenizer(*tok);
-    PD_FUZZ_CHECK(chat.ok(), "the tiny tokenizer's chat template renders");
-    router::ParserLimits limits{"small", 4096, static_cast<int>(tok->vocabSize()), 0};
-    return new router::RequestParser(tok, std::make_unique<tok::ChatTemplate>(std::move(*chat)),
-                                     limits);
-  }();
-  return *p;
-}
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -42,10 +29,11 @@ void route(const net::HttpRequest& req) {
   const std::string path = req.path();
   (void)req.header("content-type");
   if (req.method != "POST") return;
-  if (path == "/v1/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kCompletions);
-  if (path == "/v1/chat/completions") (void)parser().parseGenerate(req.body, router::Endpoint::kChat);
-  if (path == "/tokenize") (void)parser().tokenize(req.body);
-  if (path == "/detokenize") (void)parser().detokenize(req.body);
+  const router::RequestParser& parser = fuzz::tinyRequestParser();
+  if (path == "/v1/completions") (void)parser.parseGenerate(req.body, router::Endpoint::kCompletions);
+  if (path == "/v1/chat/completions") (void)parser.parseGenerate(req.body, router::Endpoint::kChat);
+  if (path == "/tokenize") (void)parser.tokenize(req.body);
+  if (path == "/detokenize") (void)parser.detokenize(req.body);
 }
 
 }  // namespace

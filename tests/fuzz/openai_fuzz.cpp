@@ -8,25 +8,11 @@
 #include <string>
 #include <variant>
 
-#include "router/request_parser.h"
-#include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/fuzz_parser.h"
 
 namespace {
 
 using namespace pd;
-
-const router::RequestParser& parser() {
-  static const router::RequestParser* p = [] {
-    auto tok = fuzz::loadTokenizerOrDie(fuzz::dataDir() + "/tiny_tokenizer");
-    auto chat = tok::ChatTemplate::forTokenizer(*tok);
-    PD_FUZZ_CHECK(chat.ok(), "the tiny tokenizer's chat template renders");
-    // The limits of a small model as router_service.cpp builds them.
-    router::ParserLimits limits{"small", 4096, static_cast<int>(tok->vocabSize()), 0};
-    return new router::RequestParser(tok, std::make_unique<tok::ChatTemplate>(std::move(*chat)),
-                                     limits);
-  }();
-  return *p;
-}
 
 // As http_reply.cpp writes a body: invalid UTF-8 from the request is replaced, not thrown.
 void dumpLikeTheServer(const nlohmann::json& j) {
@@ -76,6 +62,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   const int which = data[0] % 4;
-  parseOne(parser(), which, body);
+  parseOne(fuzz::tinyRequestParser(), which, body);
   return 0;
 }
