@@ -1,26 +1,32 @@
 #include "router/admission.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace pd::router {
 
-AdmissionVerdict admitPrefill(const WorkerView& w, double maxQueueWaitS) {
+AdmissionVerdict admitPrefill(const WorkerView& w, int64_t promptTokens, double ttftTargetS) {
   AdmissionVerdict v;
   if (w.prefillTokensPerS <= 0) return v;
-  v.predictedWaitS = double(w.queuedPrefillTokens + w.unreportedPrefillTokens) / w.prefillTokensPerS;
-  if (v.predictedWaitS <= maxQueueWaitS) return v;
+  const int64_t ahead = std::max(w.queuedPrefillTokens, w.routedPrefillTokens);
+  v.predictedS = double(ahead + std::max<int64_t>(0, promptTokens)) / w.prefillTokensPerS;
+  if (ahead == 0 || v.predictedS <= ttftTargetS) return v;
   v.admit = false;
-  v.retryAfterS = std::max(1, int(std::ceil(v.predictedWaitS - maxQueueWaitS)));
+  v.retryAfterS = std::max(1, int(std::ceil(v.predictedS - ttftTargetS)));
   return v;
 }
 
 AdmissionVerdict admitDecode(const WorkerView& w, double itlTargetS) {
   AdmissionVerdict v;
-  const int streams = w.running + w.unreportedStreams;
-  const double itlS = w.decodeStepMs / 1e3;
-  if (streams < 2 || itlS <= itlTargetS) return v;
+  const int streams = std::max(w.running + w.waiting, w.routedStreams);
+  if (w.decodeStepPerStreamMs >= 0) {
+    v.predictedS = (w.decodeStepBaseMs + w.decodeStepPerStreamMs * (streams + 1) + w.decodeSmallChunkMs) / 1e3;
+    if (streams == 0 || v.predictedS <= itlTargetS) return v;
+  } else {
+    v.predictedS = w.decodeStepMs / 1e3;
+    if (streams < 2 || v.predictedS <= itlTargetS) return v;
+  }
   v.admit = false;
-  v.predictedWaitS = itlS;
   v.retryAfterS = 1;
   return v;
 }

@@ -1,12 +1,18 @@
 // Overload shedding (issue 12; docs/serving.md, "Overload"). A request is refused with 429
-// and Retry-After when the wait predicted before its prefill can start -- the prompt tokens
-// already queued on the worker that will prefill it, over that worker's measured prefill
-// rate -- would alone exceed the TTFT target: it would miss its SLO anyway, and admitting it
-// would push every request behind it past the target too. So the requests that are admitted
-// keep their TTFT, and the refused ones learn when to come back.
+// and Retry-After when the router predicts it would miss its SLO and, by being admitted,
+// push the requests behind it past theirs too: so the admitted requests keep their SLO and
+// the refused ones learn when to come back.
+//
+// Both sides predict from what the workers measured (their load reports) and from this
+// router's own outstanding work on them (WorkerView::routedPrefillTokens / routedStreams),
+// which a report cannot show yet: it is taken between engine steps, and a prompt reaches a
+// prefill worker through the decode worker. Of the two, the larger counts: the report also
+// holds other routers' work, the router's count also what the report missed.
 //
 // Pure policy (no clock, no I/O); the router loop calls it on its strand.
 #pragma once
+
+#include <cstdint>
 
 #include "router/routing_policy.h"
 
@@ -14,21 +20,28 @@ namespace pd::router {
 
 struct AdmissionVerdict {
   bool admit = true;
-  double predictedWaitS = 0;  // queued tokens ahead of this prompt / prefill rate
-  int retryAfterS = 0;        // refused: seconds until that wait is predicted to be within target
+  double predictedS = 0;  // prefill: the predicted TTFT; decode: the predicted step time
+  int retryAfterS = 0;    // refused: seconds until the prediction is within target
 };
 
-// `prefilling`: the view of the worker that will prefill the prompt (the prefill worker when
-// disaggregated, else the decode worker). A worker whose rate is not measured yet (no prefill
-// since it started) is never shed against: there is nothing to predict from.
-AdmissionVerdict admitPrefill(const WorkerView& prefilling, double maxQueueWaitS);
+// The prefill side. `prefilling` is the view of the worker that will prefill the prompt (the
+// prefill worker when disaggregated, else the decode worker), `promptTokens` the prompt's
+// uncached tokens. The predicted TTFT is (tokens ahead + promptTokens) / its measured
+// prefill rate: the worker computes its queue first come, first served, batch by batch.
+// Refused when that passes the TTFT target while something is ahead; a prompt with nothing
+// ahead is admitted whatever it costs (refusing it helps no one: a prompt longer than the
+// target allows is admitted when the worker is idle). A worker whose rate is not measured
+// yet (no prefill since it started) is never shed against: there is nothing to predict from.
+AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens, double ttftTargetS);
 
-// The decode side: a decode worker whose recent steps already take longer than the ITL target
-// while it runs two or more streams is past its capacity, and every stream added lengthens
-// its steps further: refused (Retry-After 1 s: streams end all the time); predictedWaitS is
-// then that step time. (No extrapolation to one more stream: at small batches a step costs
-// about the same whatever the batch, and a per-stream model would refuse far too early.)
-// A worker with fewer than two streams, or no measured step, admits.
+// The decode side: the step time one more stream would give every stream of `decoding`,
+// from its fitted step cost (base + per stream x streams, step_cost_model.h), plus what the
+// smallest prompt chunk adds to a step when it prefills beside its streams (a worker that
+// prefills colocated prompts keeps room for them: its chunks cannot shrink below that), must
+// stay within the ITL target; a worker with no stream yet admits (one stream alone is not made
+// faster by refusing it). Before the worker's steps taught it the line, the measured step
+// time decides: a worker already stepping slower than the target with two or more streams
+// refuses. Refusals say Retry-After 1 s: streams end all the time.
 AdmissionVerdict admitDecode(const WorkerView& decoding, double itlTargetS);
 
 }  // namespace pd::router

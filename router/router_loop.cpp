@@ -107,7 +107,21 @@ void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chu
     metrics_.controlMessageDropped("wrong_worker");
     return;
   }
-  it->second.stream->deliver(std::move(chunk));
+  Entry& e = it->second;
+  if (e.prefillTokens > 0) {  // the first chunk: the prompt is prefilled (or failed)
+    workers_.prefillSettled(e.prefillWorker, e.prefillTokens);
+    e.prefillTokens = 0;
+  }
+  e.stream->deliver(std::move(chunk));
+}
+
+void RouterLoop::forget(uint64_t workerRequestId) {
+  auto it = requests_.find(workerRequestId);
+  if (it == requests_.end()) return;
+  const Entry& e = it->second;
+  if (e.prefillTokens > 0) workers_.prefillSettled(e.prefillWorker, e.prefillTokens);
+  workers_.streamEnded(e.decodeWorker);
+  requests_.erase(it);
 }
 
 // ---- requests ---------------------------------------------------------------------------------
@@ -161,21 +175,22 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
       e.message = "overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s";
       stream->refuse(std::move(e), "overloaded");
     };
-    const AdmissionVerdict queue = admitPrefill(prefilling, cfg_.pools.prefill.slo.ttftMs / 1e3);
+    const AdmissionVerdict queue =
+        admitPrefill(prefilling, promptTokens - p->cachedTokens, cfg_.pools.prefill.slo.ttftMs / 1e3);
     if (!queue.admit) {
-      return shed(queue, "the prompts queued on worker " + prefilling.id + " need about " +
-                             std::to_string(int(queue.predictedWaitS * 1e3)) + " ms before this one could start, past the " +
+      return shed(queue, "with the prompts queued on worker " + prefilling.id + ", this one's first token is predicted at " +
+                             std::to_string(int(queue.predictedS * 1e3)) + " ms, past the " +
                              std::to_string(int(cfg_.pools.prefill.slo.ttftMs)) + " ms TTFT target");
     }
     const AdmissionVerdict streams = admitDecode(decoding, cfg_.pools.decode.slo.itlMs / 1e3);
     if (!streams.admit) {
-      return shed(streams, "decode worker " + decoding.id + " already steps every " +
-                               std::to_string(int(streams.predictedWaitS * 1e3)) + " ms, past the " +
+      return shed(streams, "one more stream on decode worker " + decoding.id + " would make its steps take about " +
+                               std::to_string(int(streams.predictedS * 1e3)) + " ms, past the " +
                                std::to_string(int(cfg_.pools.decode.slo.itlMs)) + " ms ITL target");
     }
   }
-  commit(*p, promptTokens, spec.prefixBlocks);
-  Dispatch d = dispatch(stream, std::move(*p), spec.parsed.req.n);
+  commit(*p, spec.prefixBlocks);
+  Dispatch d = dispatch(stream, std::move(*p), spec.parsed.req.n, promptTokens);
   d.responseId = std::to_string(d.workerRequestIds.front());
   stream->start(std::move(d));
 }
@@ -197,27 +212,31 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
   return p;
 }
 
-void RouterLoop::commit(const RoutePlan& p, int64_t promptTokens, const std::vector<uint64_t>& blocks) {
+void RouterLoop::commit(const RoutePlan& p, const std::vector<uint64_t>& blocks) {
   metrics_.routeDecision(routeName(p.route), p.reason);
   metrics_.predictedCachedTokens(p.cachedTokens);
   // Both workers hold the prompt's blocks afterwards (the decode worker caches what it
   // received), as far as their pools keep them.
   for (const std::string& w : {p.decodeWorker, p.prefillWorker})
     if (!w.empty() && !blocks.empty()) prefixIndex_.record(w, blocks, workers_.totalBlocks(w));
-  workers_.noteRouted(p.route == Route::kDisaggregated ? p.prefillWorker : p.decodeWorker,
-                      std::max<int64_t>(0, promptTokens - p.cachedTokens), p.decodeWorker);
 }
 
-Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n) {
+Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n,
+                              int64_t promptTokens) {
   Dispatch d;
   if (const auto* w = workers_.find(plan.decodeWorker)) d.decodeConn = w->conn;
   if (plan.route == Route::kDisaggregated) {
     if (const auto* w = workers_.find(plan.prefillWorker)) d.prefillAddress = w->address;
   }
+  const std::string& prefilling = plan.route == Route::kDisaggregated ? plan.prefillWorker : plan.decodeWorker;
+  const int64_t uncached = std::max<int64_t>(0, promptTokens - plan.cachedTokens);
+  workers_.noteRouted(prefilling, uncached, plan.decodeWorker, n);
   for (int i = 0; i < n; ++i) {
     const uint64_t id = newRequestId();
     d.workerRequestIds.push_back(id);
-    requests_[id] = Entry{stream, plan.decodeWorker, d.decodeConn ? d.decodeConn->id() : 0};
+    // The choices share the prompt's prefill on the worker; the first one carries its count.
+    requests_[id] = Entry{stream, plan.decodeWorker, d.decodeConn ? d.decodeConn->id() : 0, prefilling,
+                          i == 0 ? uncached : 0};
   }
   d.plan = std::move(plan);
   return d;
@@ -229,12 +248,12 @@ void RouterLoop::migrate(std::shared_ptr<RequestStream> stream, std::vector<uint
                          std::string leftWorker) {
   onStrand([this, stream = std::move(stream), oldIds = std::move(oldIds), promptTokens,
             left = std::move(leftWorker)] {
-    for (uint64_t id : oldIds) requests_.erase(id);
+    for (uint64_t id : oldIds) forget(id);
     WorkerView prefilling, decoding;
     auto p = plan(promptTokens, {}, left, &prefilling, &decoding);
     if (!p) return stream->resume(std::nullopt, unavailable("no other decode worker can continue it"));
-    commit(*p, promptTokens, {});  // an admitted request is never shed: it moves
-    stream->resume(dispatch(stream, std::move(*p), int(oldIds.size())), Status());
+    commit(*p, {});  // an admitted request is never shed: it moves
+    stream->resume(dispatch(stream, std::move(*p), int(oldIds.size()), promptTokens), Status());
   });
 }
 
@@ -246,7 +265,7 @@ uint64_t RouterLoop::newRequestId() {
 
 void RouterLoop::choicesEnded(std::vector<uint64_t> workerRequestIds) {
   onStrand([this, ids = std::move(workerRequestIds)] {
-    for (uint64_t id : ids) requests_.erase(id);
+    for (uint64_t id : ids) forget(id);
   });
 }
 

@@ -81,6 +81,10 @@ class RouterLoop final : public StreamOwner {
     std::shared_ptr<RequestStream> stream;
     std::string decodeWorker;
     uint64_t decodeConnId = 0;  // the connection it was dispatched on: the only one heard for it
+    // What this choice counts in the registry's routed work (WorkerRegistry::noteRouted):
+    // prompt tokens on `prefillWorker` until the first chunk arrives, a stream on decodeWorker.
+    std::string prefillWorker;
+    int64_t prefillTokens = 0;
   };
 
   template <typename F>
@@ -90,11 +94,14 @@ class RouterLoop final : public StreamOwner {
   // *prefilling and *decoding get the views of the workers that will prefill and decode it.
   std::optional<RoutePlan> plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
                                 const std::string& exclude, WorkerView* prefilling, WorkerView* decoding);
-  // The plan is taken: metrics, the prefix index and the prefilling worker's queue learn it.
-  void commit(const RoutePlan& plan, int64_t promptTokens, const std::vector<uint64_t>& blocks);
-  // The Dispatch of `plan`: n fresh worker request ids, entered in the request table.
-  Dispatch dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n);
+  // The plan is taken: metrics and the prefix index learn it.
+  void commit(const RoutePlan& plan, const std::vector<uint64_t>& blocks);
+  // The Dispatch of `plan`: n fresh worker request ids, entered in the request table, their
+  // work counted on the workers (the prompt's uncached tokens once, a stream per choice).
+  Dispatch dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n, int64_t promptTokens);
   void onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chunk);
+  // Removes a choice from the request table and its work from the workers' counts.
+  void forget(uint64_t workerRequestId);
   void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
   // Every request streaming from decode worker `id` moves elsewhere (router/request_stream.h).
   void migrateFrom(const std::string& id, const Status& why);

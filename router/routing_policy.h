@@ -30,7 +30,7 @@ struct WorkerView {
   std::string id;
   WorkerRole role = WorkerRole::kDecode;
   bool healthy = false;
-  int64_t queuedPrefillTokens = 0;
+  int64_t queuedPrefillTokens = 0;  // its report's, less what this router saw prefilled since
   int running = 0;
   int waiting = 0;
   int64_t freeBlocks = 0;
@@ -38,9 +38,17 @@ struct WorkerView {
   int64_t cachedTokens = 0;  // of the prompt being routed (filled in per request)
   double prefillTokensPerS = 0;  // measured by the worker (0: not known yet)
   double decodeStepMs = 0;       // its decode steps' forward time (0: not known yet)
-  // Prompt tokens and streams routed to it that its reports may not show yet (WorkerRegistry).
-  int64_t unreportedPrefillTokens = 0;
-  int unreportedStreams = 0;
+  // Its decode step time against batch size (perStreamMs < 0: not known yet), and what a
+  // minimum prompt chunk adds to a step (common/engine/step_cost_model.h).
+  double decodeStepBaseMs = 0;
+  double decodeStepPerStreamMs = -1;
+  double decodeSmallChunkMs = 0;
+  // This router's own outstanding work on it (WorkerRegistry::noteRouted): prompt tokens
+  // routed to it to prefill that have no first token yet, and streams routed to it that
+  // have not ended. Its reports cover every router's requests but lag; these are exact
+  // for this router's and current.
+  int64_t routedPrefillTokens = 0;
+  int routedStreams = 0;
 };
 
 enum class Route { kColocated, kDisaggregated };

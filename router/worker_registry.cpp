@@ -1,5 +1,7 @@
 #include "router/worker_registry.h"
 
+#include <algorithm>
+
 #include "common/base/log.h"
 
 namespace pd::router {
@@ -77,10 +79,7 @@ void WorkerRegistry::onLoadReport(const net::ConnectionPtr& c, const proto::Load
   Worker& w = *it->second;
   w.report = report;
   w.lastReport = steadyNow();
-  while (!w.unreported.empty() && w.lastReport - w.unreported.front().first > kDispatchSettle)
-    w.unreported.pop_front();
-  while (!w.unreportedStreams.empty() && w.lastReport - w.unreportedStreams.front() > kDispatchSettle)
-    w.unreportedStreams.pop_front();
+  w.settledSinceReport = 0;
   if (!w.reportsFresh) {
     PD_LOG(kInfo, kTag) << "worker '" << w.id << "' reports again";
     w.reportsFresh = true;
@@ -113,10 +112,31 @@ void WorkerRegistry::onReportTimer(const std::string& id, const net::ConnectionP
   if (onSilent_) onSilent_(w.id);
 }
 
-void WorkerRegistry::noteRouted(const std::string& prefilling, int64_t tokens, const std::string& decoding) {
-  const SteadyTime now = steadyNow();
-  if (auto it = workers_.find(prefilling); it != workers_.end()) it->second->unreported.emplace_back(now, tokens);
-  if (auto it = workers_.find(decoding); it != workers_.end()) it->second->unreportedStreams.push_back(now);
+void WorkerRegistry::noteRouted(const std::string& prefilling, int64_t tokens, const std::string& decoding,
+                                int streams) {
+  if (auto it = workers_.find(prefilling); it != workers_.end()) {
+    it->second->routedPrefillTokens += tokens;
+    exportRouted(*it->second);
+  }
+  if (auto it = workers_.find(decoding); it != workers_.end()) {
+    it->second->routedStreams += streams;
+    exportRouted(*it->second);
+  }
+}
+
+void WorkerRegistry::prefillSettled(const std::string& prefilling, int64_t tokens) {
+  if (auto it = workers_.find(prefilling); it != workers_.end()) {
+    it->second->routedPrefillTokens = std::max<int64_t>(0, it->second->routedPrefillTokens - tokens);
+    it->second->settledSinceReport += tokens;
+    exportRouted(*it->second);
+  }
+}
+
+void WorkerRegistry::streamEnded(const std::string& decoding) {
+  if (auto it = workers_.find(decoding); it != workers_.end()) {
+    it->second->routedStreams = std::max(0, it->second->routedStreams - 1);
+    exportRouted(*it->second);
+  }
 }
 
 std::vector<WorkerView> WorkerRegistry::snapshot() const {
@@ -127,15 +147,20 @@ std::vector<WorkerView> WorkerRegistry::snapshot() const {
     v.id = id;
     v.role = w->role;
     v.healthy = w->conn->isOpen() && w->reportsFresh && !w->report.draining();
-    v.queuedPrefillTokens = int64_t(w->report.queued_prefill_tokens());
+    v.queuedPrefillTokens = std::max<int64_t>(0, int64_t(w->report.queued_prefill_tokens()) - w->settledSinceReport);
     v.running = int(w->report.running());
     v.waiting = int(w->report.waiting());
     v.freeBlocks = int64_t(w->report.free_blocks());
     v.totalBlocks = int64_t(w->report.total_blocks());
     v.prefillTokensPerS = w->report.prefill_tokens_per_s();
     v.decodeStepMs = w->report.decode_step_ms();
-    for (const auto& [at, tokens] : w->unreported) v.unreportedPrefillTokens += tokens;
-    v.unreportedStreams = int(w->unreportedStreams.size());
+    if (w->report.has_decode_step_cost()) {
+      v.decodeStepBaseMs = w->report.decode_step_cost().base_ms();
+      v.decodeStepPerStreamMs = w->report.decode_step_cost().per_stream_ms();
+      v.decodeSmallChunkMs = w->report.decode_step_cost().small_chunk_ms();
+    }
+    v.routedPrefillTokens = w->routedPrefillTokens;
+    v.routedStreams = w->routedStreams;
     out.push_back(v);
   }
   return out;
@@ -180,6 +205,18 @@ void WorkerRegistry::exportLoad(const Worker& w) {
                   "Prompt tokens per second the worker measured (load reports; admission predicts queue waits from it).",
                   labels)
       .set(r.prefill_tokens_per_s());
+}
+
+// This router's outstanding work per worker (noteRouted): what admission counts next to the
+// reports; both back at 0 when the router is idle (anything else is a leak).
+void WorkerRegistry::exportRouted(const Worker& w) {
+  const metrics::Labels labels = labelsFor(w);
+  registry_.gauge("pdserve_router_routed_prefill_tokens",
+                  "Prompt tokens this router routed to the worker that have no first token yet.", labels)
+      .set(double(w.routedPrefillTokens));
+  registry_.gauge("pdserve_router_routed_streams", "Streams this router routed to the worker that have not ended.",
+                  labels)
+      .set(double(w.routedStreams));
 }
 
 }  // namespace pd::router

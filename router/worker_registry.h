@@ -10,7 +10,6 @@
 #pragma once
 
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,10 +39,12 @@ class WorkerRegistry {
     SteadyTime lastReport;
     bool reportsFresh = true;  // false once report_timeout passed without a report
     boost::asio::steady_timer reportTimer;
-    // Prompt tokens routed here to prefill, and streams routed here to decode, and when, until
-    // a report surely counts them.
-    std::deque<std::pair<SteadyTime, int64_t>> unreported;
-    std::deque<SteadyTime> unreportedStreams;
+    // This router's own work here (WorkerView::routedPrefillTokens / routedStreams).
+    int64_t routedPrefillTokens = 0;
+    int routedStreams = 0;
+    // Of the routed tokens, those whose first token arrived since the last report: the
+    // report (taken up to a report interval earlier) may still count them as queued.
+    int64_t settledSinceReport = 0;
   };
 
   WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
@@ -59,12 +60,17 @@ class WorkerRegistry {
   // A LoadReport from conn; ignored unless conn is the registered connection of the worker.
   void onLoadReport(const net::ConnectionPtr& conn, const proto::LoadReport& report);
 
-  // A request was routed: `tokens` uncached prompt tokens to worker `prefilling` to prefill,
-  // and its stream to `decoding` (the same worker when colocated). A burst arrives faster
-  // than load reports: until a report received kDispatchSettle after this one, they count in
-  // the workers' unreportedPrefillTokens / unreportedStreams.
-  void noteRouted(const std::string& prefilling, int64_t tokens, const std::string& decoding);
-  static constexpr std::chrono::milliseconds kDispatchSettle{250};
+  // This router's outstanding work per worker, which admission reads next to the reports
+  // (a report lags: it is taken between engine steps, and a request reaches a prefill worker
+  // through the decode worker). `tokens` uncached prompt tokens were routed to `prefilling`
+  // and `streams` streams to `decoding` (the same worker when colocated); the tokens count
+  // until the request's first token (prefillSettled), a stream until it ends (streamEnded).
+  // The tokens settled since a worker's last report are taken off its reported queue in
+  // snapshot(). Unknown ids are ignored; the counts never go below 0 (a worker that
+  // re-registered under its id starts from 0).
+  void noteRouted(const std::string& prefilling, int64_t tokens, const std::string& decoding, int streams);
+  void prefillSettled(const std::string& prefilling, int64_t tokens);
+  void streamEnded(const std::string& decoding);
 
   // Called (on the executor) when a worker's reports stop for report_timeout: it is cut off
   // or gone, and what it streams cannot be counted on (the loop migrates it).
@@ -82,6 +88,7 @@ class WorkerRegistry {
   void updatePoolGauges();
   static metrics::Labels labelsFor(const Worker& w);
   void exportLoad(const Worker& w);
+  void exportRouted(const Worker& w);
 
   boost::asio::any_io_executor executor_;
   const std::string modelName_;

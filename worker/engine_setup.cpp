@@ -121,7 +121,10 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   opts.scheduler.enablePrefixCaching = config.engine.enablePrefixCaching;
   opts.releaseKvOnFinish = releaseKvOnFinish;
   // Only steps with decode rows are capped, so this matters where streams decode.
-  if (config.engine.sloSizedPrefillChunks) opts.prefillChunks.itlTargetMs = config.pools.decode.slo.itlMs;
+  if (config.engine.sloSizedPrefillChunks) {
+    opts.prefillChunks.itlTargetMs = config.pools.decode.slo.itlMs;
+    opts.prefillChunks.percentile = config.pools.decode.slo.percentile;
+  }
   opts.prefillChunks.minTokens = config.engine.minPrefillChunkTokens;
   PD_RETURN_IF_ERROR(opts.scheduler.validate());
   // Peers must agree on what one region's blocks hold: the per-rank layout and the rank count.

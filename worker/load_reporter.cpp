@@ -65,6 +65,11 @@ proto::Envelope LoadReporter::reportFor(proto::Role role, const std::string& wor
   r->set_step_running_ms(stepRunningMs);
   r->set_prefill_tokens_per_s(s.engine.prefillTokensPerS);
   r->set_decode_step_ms(s.engine.decodeStepMs);
+  if (const auto& cost = s.engine.decodeStepCost) {
+    r->mutable_decode_step_cost()->set_base_ms(cost->baseMs);
+    r->mutable_decode_step_cost()->set_per_stream_ms(cost->perStreamMs);
+    r->mutable_decode_step_cost()->set_small_chunk_ms(cost->smallChunkMs);
+  }
   r->set_draining(s.draining);
   r->set_sent_at_unix_us(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -83,6 +88,11 @@ void LoadReporter::schedule(std::shared_ptr<Shared> shared) {
     m.waiting.set(load.waiting + s.heldWaiting);
     m.queuedPrefillTokens.set(double(load.queuedPrefillTokens));
     m.prefillChunkTokens.set(load.prefillChunkTokens);
+    if (load.decodeStepCost) {
+      m.decodeStepBaseMs.set(load.decodeStepCost->baseMs);
+      m.decodeStepPerStreamMs.set(load.decodeStepCost->perStreamMs);
+      m.decodeSmallChunkMs.set(load.decodeStepCost->smallChunkMs);
+    }
     m.kvFreeBlocks.set(load.freeBlocks);
     m.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);
     m.transfersInFlight.set(s.inflightTransfers);

@@ -282,22 +282,33 @@ void Engine::noteStep(const StepPlan& plan, double seconds) {
   constexpr double kWeight = 0.3;  // of the newest step: follows a change within a few steps
   const auto fold = [](double& avg, double v) { avg = avg == 0 ? v : (1 - kWeight) * avg + kWeight * v; };
   int64_t prefillTokens = 0;
-  bool anyDecode = false;
+  int decodeRows = 0;
   for (const auto& e : plan.entries) {
     if (!e.isDecode) prefillTokens += e.count;
-    anyDecode |= e.isDecode;
+    decodeRows += e.isDecode;
   }
+  const bool anyDecode = decodeRows > 0;
   if (prefillTokens > 0) fold(prefillTokensPerS_, double(prefillTokens) / seconds);
   if (anyDecode) fold(decodeStepMs_, seconds * 1e3);
-  if (anyDecode && prefillTokens == 0) fold(pureDecodeStepMs_, seconds * 1e3);
+  if (anyDecode && prefillTokens == 0) {
+    fold(pureDecodeStepMs_, seconds * 1e3);
+    decodeCost_.observe(decodeRows, seconds * 1e3);
+  }
   const double targetMs = options_.prefillChunks.itlTargetMs;
   if (targetMs > 0 && anyDecode && prefillTokens > 0) {
-    // A step that used (nearly) its cap, or overran the target whatever it used, says where
-    // the cap should be; a step short of prompt work and within the target says nothing.
-    const int cap = prefillChunkTokens();
     const double stepMs = seconds * 1e3;
-    if (stepMs > targetMs || prefillTokens * 10 >= cap * 9) {
-      const double scale = std::clamp(targetMs / stepMs, 0.5, 2.0);
+    if (prefillTokens <= options_.prefillChunks.minTokens) decodeCost_.observeSmallChunk(decodeRows, stepMs);
+    // The aim tracks the percentile (PrefillChunkOptions).
+    constexpr double kAimStep = 0.05;
+    const double q = std::clamp(options_.prefillChunks.percentile / 100, 0.0, 1.0);
+    prefillChunkAim_ = std::clamp(prefillChunkAim_ * std::exp(stepMs > targetMs ? -kAimStep * q : kAimStep * (1 - q)),
+                                  0.5, 1.0);
+    // A step that used (nearly) its cap, or overran the aim whatever it used, says where
+    // the cap should be; a step short of prompt work and within the aim says nothing.
+    const int cap = prefillChunkTokens();
+    const double aimMs = targetMs * prefillChunkAim_;
+    if (stepMs > aimMs || prefillTokens * 10 >= cap * 9) {
+      const double scale = std::clamp(aimMs / stepMs, 0.5, 2.0);
       prefillChunkCap_ = clampChunk(std::lround(double(prefillTokens) * scale));
     }
   }
@@ -314,7 +325,7 @@ int Engine::prefillChunkTokens() const {
   if (prefillChunkCap_ > 0) return prefillChunkCap_;
   // Not taught yet: what the prefill rate fits beside a pure decode step.
   if (prefillTokensPerS_ <= 0 || pureDecodeStepMs_ <= 0) return options_.scheduler.maxBatchTokens;
-  return clampChunk(std::llround(prefillTokensPerS_ * (targetMs - pureDecodeStepMs_) / 1e3));
+  return clampChunk(std::llround(prefillTokensPerS_ * (targetMs * prefillChunkAim_ - pureDecodeStepMs_) / 1e3));
 }
 
 EngineLoad Engine::load() const {
@@ -339,6 +350,7 @@ EngineLoad Engine::load() const {
   // design and would read as "full").
   l.decodeStepMs = options_.prefillChunks.itlTargetMs > 0 && pureDecodeStepMs_ > 0 ? pureDecodeStepMs_ : decodeStepMs_;
   l.prefillChunkTokens = prefillChunkTokens();
+  l.decodeStepCost = decodeCost_.line();
   return l;
 }
 

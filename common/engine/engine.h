@@ -36,6 +36,7 @@
 #include "common/engine/request.h"
 #include "common/engine/sampling.h"
 #include "common/engine/scheduler.h"
+#include "common/engine/step_cost_model.h"
 
 namespace pd::engine {
 
@@ -57,8 +58,14 @@ struct EngineEvent {
 // context, whatever fixed costs a prefill adds to a step (a per-token model misses those and
 // shrinks the chunks it measures, and with them its own estimate). It starts from the
 // measured prefill rate and pure-decode step time.
+//
+// The SLO is a percentile, and steps vary, so the cap aims below the target: at
+// target x aim, where aim (in [0.5, 1]) tracks the percentile: each mixed step past the
+// target lowers it by ~5% x percentile, each within it raises it by ~5% x (1 - percentile),
+// which settles where (1 - percentile) of the mixed steps overrun the target.
 struct PrefillChunkOptions {
   double itlTargetMs = 0;  // 0: off (max_batch_tokens alone)
+  double percentile = 99;  // of the ITL target, (0, 100]
   int minTokens = 32;
 };
 
@@ -93,6 +100,9 @@ struct EngineLoad {
   // The prompt tokens a step with decode rows may compute now (PrefillChunkOptions), or
   // max_batch_tokens when chunks are not SLO-sized or nothing is measured yet.
   int prefillChunkTokens = 0;
+  // Decode step time against batch size (step_cost_model.h), once the steps taught it: the
+  // router predicts one more stream's effect from it (router/admission.h).
+  std::optional<StepCostModel::Line> decodeStepCost;
 };
 
 // The plan entries of the step being computed, with their block tables; valid only inside
@@ -185,6 +195,8 @@ class Engine {
   // average; 0: not measured) and the cap the steps taught (0: not yet: start estimate).
   double pureDecodeStepMs_ = 0;
   int prefillChunkCap_ = 0;
+  double prefillChunkAim_ = 1;  // PrefillChunkOptions: the fraction of the target aimed at
+  StepCostModel decodeCost_;  // over the steps without prompt tokens
 };
 
 }  // namespace pd::engine

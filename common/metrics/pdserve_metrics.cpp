@@ -187,6 +187,12 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
       r_.gauge("pdserve_queued_prefill_tokens", "Prompt tokens waiting to be prefilled.");
   prefillChunkTokens = r_.gauge("pdserve_prefill_chunk_tokens",
                                 "Prompt tokens a step that also decodes may compute now (SLO-sized chunked prefill).");
+  decodeStepBaseMs = r_.gauge("pdserve_decode_step_cost_ms",
+                              "Fitted decode step time: the fixed part (part=base), per stream (part=per_stream) and what a "
+                              "minimum prompt chunk adds (part=small_chunk); 0 until the steps spread over two batch sizes.",
+                              {{"part", "base"}});
+  decodeStepPerStreamMs = r_.gauge("pdserve_decode_step_cost_ms", "", {{"part", "per_stream"}});
+  decodeSmallChunkMs = r_.gauge("pdserve_decode_step_cost_ms", "", {{"part", "small_chunk"}});
   kvNumBlocks = r_.gauge("pdserve_kv_cache_num_blocks", "KV cache blocks in the pool.");
   kvCapacityTokens = r_.gauge("pdserve_kv_cache_capacity_tokens",
                               "Tokens of context the KV cache holds (blocks x block size).");

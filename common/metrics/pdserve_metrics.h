@@ -145,6 +145,7 @@ class WorkerMetrics {
   Gauge kvCacheUsage;  // used / total blocks, 0..1
   Gauge queuedPrefillTokens;
   Gauge prefillChunkTokens;
+  Gauge decodeStepBaseMs, decodeStepPerStreamMs, decodeSmallChunkMs;  // the fitted decode step cost
   Gauge kvNumBlocks;
   Gauge kvCapacityTokens;  // set with kvNumBlocks by setCacheConfig
   Gauge kvFreeBlocks;

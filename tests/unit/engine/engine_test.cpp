@@ -171,13 +171,55 @@ TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose ste
   for (int i = 0; i < 12; ++i) step();
   CHECK(engine.load().prefillChunkTokens == 28);
   for (double ms : mixedStepMs) CHECK(ms <= 50);
-  // A neighbour stalls one step by 100 ms: the cap halves, then climbs back within a few steps.
+  // A neighbour stalls one step by 100 ms: the cap halves, then climbs back within a few steps,
+  // to a little below where it was: one overrun in ~20 steps is more than the 1% that the
+  // p99 target allows, so the cap now aims ~5% under the target (2 + 20 + 25 = 47 ms).
   extraMs = 100;
   step();
   extraMs = 0;
   CHECK(engine.load().prefillChunkTokens == 14);
   for (int i = 0; i < 6; ++i) step();
-  CHECK(engine.load().prefillChunkTokens == 28);
+  CHECK(engine.load().prefillChunkTokens == 25);
+}
+
+TEST_CASE("engine: SLO-sized chunks aim below the ITL target until its percentile holds") {
+  StepCostClock clock;
+  PrefillChunkOptions chunks;
+  chunks.itlTargetMs = 50;
+  chunks.percentile = 99;
+  chunks.minTokens = 4;
+  auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
+  Engine& engine = *engineOwner;
+  // Every 10th step that prefills beside the stream costs 8 ms more (a neighbour, a cache
+  // miss): aimed at 50 ms, 10% of those steps would overrun; aimed lower, about 1%.
+  std::vector<double> mixedStepMs;
+  auto step = [&] {
+    std::vector<EngineEvent> events;
+    StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
+      if (done) return;
+      done = true;
+      int prompt = 0;
+      bool decode = false;
+      for (const auto& e : v.entries) {
+        prompt += e.isDecode ? 0 : e.count;
+        decode |= e.isDecode;
+      }
+      const bool mixed = decode && prompt > 0;
+      const double noise = mixed && mixedStepMs.size() % 10 == 9 ? 8 : 0;
+      const double ms = 2 + (prompt > 0 ? 20 + prompt : 0) + noise;
+      clock.charge(ms);
+      if (mixed) mixedStepMs.push_back(ms);
+    };
+    REQUIRE(engine.step(&events, charge).isOk());
+  };
+  REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(800))).isOk());
+  for (uint64_t id = 2; id <= 9; ++id) REQUIRE(engine.submit(makeRequest(id, testPrompt(2000, 6 + int(id)), greedy(1))).isOk());
+  for (int i = 0; i < 2000 && mixedStepMs.size() < 450; ++i) step();
+  REQUIRE(mixedStepMs.size() >= 450);
+  int overruns = 0;
+  for (size_t i = 250; i < 450; ++i) overruns += mixedStepMs[i] > 50;
+  CHECK(overruns <= 4);  // <= 2% of the last 200 (10% if the cap aimed at the target)
+  CHECK(engine.load().prefillChunkTokens >= 15);  // and the chunks did not collapse: 20 fit
 }
 
 TEST_CASE("engine: batched requests generate what each generates alone") {

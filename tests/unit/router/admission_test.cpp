@@ -1,4 +1,4 @@
-// Overload shedding: refuse exactly when the predicted queue wait passes the target.
+// Overload shedding: refuse exactly when the predicted TTFT or step time passes the target.
 #include <catch2/catch.hpp>
 
 #include "router/admission.h"
@@ -6,31 +6,81 @@
 namespace pd::router {
 namespace {
 
-WorkerView worker(int64_t queued, int64_t unreported, double rate) {
+WorkerView worker(int64_t queued, int64_t routed, double rate) {
   WorkerView w;
   w.id = "prefill-0";
   w.queuedPrefillTokens = queued;
-  w.unreportedPrefillTokens = unreported;
+  w.routedPrefillTokens = routed;
   w.prefillTokensPerS = rate;
   return w;
 }
 
-TEST_CASE("admission: shed when queued prompt tokens over the prefill rate exceed the TTFT target") {
-  // 2,000 tokens/s, 1 s target: up to 2,000 queued tokens are admitted.
-  CHECK(admitPrefill(worker(0, 0, 2000), 1.0).admit);
-  CHECK(admitPrefill(worker(2000, 0, 2000), 1.0).admit);
-  auto refused = admitPrefill(worker(1500, 600, 2000), 1.0);  // routed but not yet reported counts
+TEST_CASE("admission: shed when the tokens ahead and the prompt over the prefill rate pass the TTFT target") {
+  // 2,000 tokens/s, 1 s target: 1,500 queued + a 500-token prompt is exactly 1 s.
+  CHECK(admitPrefill(worker(0, 0, 2000), 500, 1.0).admit);
+  auto at = admitPrefill(worker(1500, 0, 2000), 500, 1.0);
+  CHECK(at.admit);
+  CHECK(at.predictedS == Approx(1.0));
+  auto refused = admitPrefill(worker(1500, 0, 2000), 600, 1.0);
   CHECK_FALSE(refused.admit);
-  CHECK(refused.predictedWaitS == Approx(1.05));
+  CHECK(refused.predictedS == Approx(1.05));
   CHECK(refused.retryAfterS == 1);
-  auto deep = admitPrefill(worker(20000, 0, 2000), 1.0);  // 10 s of work queued
+  auto deep = admitPrefill(worker(20000, 0, 2000), 0, 1.0);  // 10 s of work queued
   CHECK_FALSE(deep.admit);
   CHECK(deep.retryAfterS == 9);
   // No measured rate yet: nothing to predict from, never shed.
-  CHECK(admitPrefill(worker(1000000, 0, 0), 1.0).admit);
+  CHECK(admitPrefill(worker(1000000, 0, 0), 100, 1.0).admit);
+  // Nothing ahead: a prompt longer than the target allows is still admitted.
+  CHECK(admitPrefill(worker(0, 0, 2000), 10000, 1.0).admit);
 }
 
-TEST_CASE("admission: shed at a decode worker whose steps already pass the ITL target") {
+TEST_CASE("admission: the router's own outstanding tokens count when the report has not caught up") {
+  // The report says 200 queued; this router has 1,900 routed there without a first token
+  // (a report taken during a long step, or prompts still on their way through the decode
+  // worker): the larger counts.
+  auto refused = admitPrefill(worker(200, 1900, 2000), 200, 1.0);
+  CHECK_FALSE(refused.admit);
+  CHECK(refused.predictedS == Approx(1.05));
+  // Other routers' work shows only in the report: it counts when it is the larger.
+  CHECK_FALSE(admitPrefill(worker(1900, 200, 2000), 200, 1.0).admit);
+  CHECK(admitPrefill(worker(200, 200, 2000), 200, 1.0).admit);
+}
+
+WorkerView decodeWorker(int running, double baseMs, double perStreamMs, double smallChunkMs = 0) {
+  WorkerView w;
+  w.id = "decode-0";
+  w.running = running;
+  w.decodeStepBaseMs = baseMs;
+  w.decodeStepPerStreamMs = perStreamMs;
+  w.decodeSmallChunkMs = smallChunkMs;
+  return w;
+}
+
+TEST_CASE("admission: a decode worker refuses the stream that would take its steps past the ITL target") {
+  // 20 ms + 4 ms per stream, 100 ms target: 20 streams fit, the 21st does not.
+  auto ok = admitDecode(decodeWorker(19, 20, 4), 0.100);
+  CHECK(ok.admit);
+  CHECK(ok.predictedS == Approx(0.100));
+  auto refused = admitDecode(decodeWorker(20, 20, 4), 0.100);
+  CHECK_FALSE(refused.admit);
+  CHECK(refused.predictedS == Approx(0.104));
+  CHECK(refused.retryAfterS == 1);
+  // Before its steps show it: the stream count is the larger of the report's and this
+  // router's own (routed, not ended).
+  WorkerView burst = decodeWorker(3, 20, 4);
+  burst.routedStreams = 20;
+  CHECK_FALSE(admitDecode(burst, 0.100).admit);
+  WorkerView queued = decodeWorker(15, 20, 4);  // running + waiting are all streams to be
+  queued.waiting = 5;
+  CHECK_FALSE(admitDecode(queued, 0.100).admit);
+  // A worker that prefills beside its streams keeps room for the smallest chunk: 15 ms.
+  CHECK_FALSE(admitDecode(decodeWorker(17, 20, 4, 15), 0.100).admit);
+  CHECK(admitDecode(decodeWorker(15, 20, 4, 15), 0.100).admit);
+  // No stream yet: admitted, whatever the prediction.
+  CHECK(admitDecode(decodeWorker(0, 500, 4), 0.100).admit);
+}
+
+TEST_CASE("admission: without a fitted line, shed at a decode worker whose steps already pass the ITL target") {
   WorkerView w;
   w.id = "decode-0";
   w.running = 8;
@@ -39,7 +89,7 @@ TEST_CASE("admission: shed at a decode worker whose steps already pass the ITL t
   w.decodeStepMs = 60;
   auto refused = admitDecode(w, 0.050);
   CHECK_FALSE(refused.admit);
-  CHECK(refused.predictedWaitS == Approx(0.060));
+  CHECK(refused.predictedS == Approx(0.060));
   CHECK(refused.retryAfterS == 1);
   // One stream with a long step (a colocated prefill chunk) is no overload; two are, also when
   // the second is routed but not yet reported.
@@ -47,7 +97,7 @@ TEST_CASE("admission: shed at a decode worker whose steps already pass the ITL t
   one.running = 1;
   one.decodeStepMs = 500;
   CHECK(admitDecode(one, 0.050).admit);
-  one.unreportedStreams = 1;
+  one.routedStreams = 2;
   CHECK_FALSE(admitDecode(one, 0.050).admit);
   WorkerView fresh;  // nothing measured yet
   fresh.running = 50;

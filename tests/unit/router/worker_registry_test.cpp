@@ -121,3 +121,46 @@ TEST_CASE("a worker id held by a silent connection is released to the worker's n
 }
 
 }  // namespace pd::router
+
+namespace pd::router {
+namespace {
+WorkerView viewOf(const WorkerRegistry& r, const std::string& id) {
+  for (const auto& v : r.snapshot())
+    if (v.id == id) return v;
+  FAIL("no worker " << id);
+  return {};
+}
+}  // namespace
+
+TEST_CASE("the router's outstanding work per worker: routed until the first token or the end, and off a stale report") {
+  Fixture f;
+  auto p0 = worker(proto::ROLE_PREFILL, "prefill-0");
+  auto d0 = worker(proto::ROLE_DECODE, "decode-0");
+  REQUIRE(f.workers.add(p0).isOk());
+  REQUIRE(f.workers.add(d0).isOk());
+  f.workers.noteRouted("prefill-0", 1500, "decode-0", 1);
+  f.workers.noteRouted("prefill-0", 700, "decode-0", 2);  // n = 2
+  CHECK(viewOf(f.workers, "prefill-0").routedPrefillTokens == 2200);
+  CHECK(viewOf(f.workers, "decode-0").routedStreams == 3);
+  // A report taken while both were queued, then the first one's first token arrives: the
+  // report still says 2,200 queued, the view takes the 1,500 prefilled since off it.
+  proto::LoadReport report;
+  report.set_worker_id("prefill-0");
+  report.set_queued_prefill_tokens(2200);
+  f.workers.onLoadReport(p0, report);
+  f.workers.prefillSettled("prefill-0", 1500);
+  CHECK(viewOf(f.workers, "prefill-0").routedPrefillTokens == 700);
+  CHECK(viewOf(f.workers, "prefill-0").queuedPrefillTokens == 700);
+  // The next report is the worker's word again.
+  report.set_queued_prefill_tokens(900);  // another router's prompt arrived too
+  f.workers.onLoadReport(p0, report);
+  CHECK(viewOf(f.workers, "prefill-0").queuedPrefillTokens == 900);
+  // Streams end one by one; nothing goes below zero, unknown workers are ignored.
+  for (int i = 0; i < 5; ++i) f.workers.streamEnded("decode-0");
+  f.workers.prefillSettled("prefill-0", 10000);
+  f.workers.noteRouted("gone", 5, "gone", 1);
+  CHECK(viewOf(f.workers, "decode-0").routedStreams == 0);
+  CHECK(viewOf(f.workers, "prefill-0").routedPrefillTokens == 0);
+}
+
+}  // namespace pd::router
