@@ -1,6 +1,5 @@
 #include "router/admission.h"
 
-#include <algorithm>
 #include <cmath>
 
 namespace pd::router {
@@ -18,9 +17,9 @@ AdmissionVerdict admitPrefill(const WorkerView& w, int64_t promptTokens, double 
 
 AdmissionVerdict admitDecode(const WorkerView& w, double itlTargetS) {
   AdmissionVerdict v;
-  const int streams = std::max(w.running + w.waiting, w.routedStreams);
-  if (w.decodeStepPerStreamMs >= 0) {
-    v.predictedS = (w.decodeStepBaseMs + w.decodeStepPerStreamMs * (streams + 1) + w.decodeSmallChunkMs) / 1e3;
+  const int streams = w.streams();
+  if (const auto stepMs = w.predictedDecodeStepMs(streams + 1)) {
+    v.predictedS = *stepMs / 1e3;
     if (streams == 0 || v.predictedS <= itlTargetS) return v;
   } else {
     v.predictedS = w.decodeStepMs / 1e3;

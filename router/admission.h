@@ -35,10 +35,10 @@ struct AdmissionVerdict {
 AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens, double ttftTargetS);
 
 // The decode side: the step time one more stream would give every stream of `decoding`,
-// from its fitted step cost (base + per stream x streams, step_cost_model.h), plus what the
-// smallest prompt chunk adds to a step when it prefills beside its streams (a worker that
-// prefills colocated prompts keeps room for them: its chunks cannot shrink below that), must
-// stay within the ITL target; a worker with no stream yet admits (one stream alone is not made
+// from its fitted step cost (base + per stream x streams, step_cost_model.h), must stay
+// within the ITL target (prompts that its prefill chunks would push past the target are
+// routed to a prefill worker instead: "protect_itl", routing_policy.h); a worker with no
+// stream yet admits (one stream alone is not made
 // faster by refusing it). Before the worker's steps taught it the line, the measured step
 // time decides: a worker already stepping slower than the target with two or more streams
 // refuses. Refusals say Retry-After 1 s: streams end all the time.

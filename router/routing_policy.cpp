@@ -60,10 +60,16 @@ std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens,
   } else if (!prefill) {
     plan.reason = "no_prefill_worker";
   } else {
+    plan.reason = "long_prompt";
+  }
+  if (prefill && plan.reason != "long_prompt" && config_.itlTargetMs > 0 && colocated->streams() > 0) {
+    const auto step = colocated->predictedDecodeStepMs(colocated->streams() + 1);
+    if (step && *step + colocated->decodeSmallChunkMs > config_.itlTargetMs) plan.reason = "protect_itl";
+  }
+  if (plan.reason == "long_prompt" || plan.reason == "protect_itl") {
     plan.route = Route::kDisaggregated;
     plan.prefillWorker = prefill->id;
     plan.decodeWorker = mostFreeDecode->id;
-    plan.reason = "long_prompt";
     plan.cachedTokens = prefill->cachedTokens;
     return plan;
   }

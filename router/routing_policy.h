@@ -14,9 +14,15 @@
 //   ahead of it -- queued prefill tokens plus this prompt's uncached tokens there -- paired
 //   with the healthy decode worker with the most free KV blocks; with no healthy prefill
 //   worker the request is served colocated ("no_prefill_worker") rather than refused;
+// - with itlTargetMs set (overload control on), a prompt that would go colocated goes
+//   disaggregated instead ("protect_itl") when the colocated worker cannot prefill beside its
+//   streams within the target: its fitted step cost with one more stream plus what its
+//   smallest prompt chunk adds passes itlTargetMs (the chunks cannot shrink further, so every
+//   stream there would miss its ITL while the prompt is prefilled) and a prefill worker is up;
 // - no healthy decode worker: no route (the router answers 503).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -43,6 +49,13 @@ struct WorkerView {
   double decodeStepBaseMs = 0;
   double decodeStepPerStreamMs = -1;
   double decodeSmallChunkMs = 0;
+  // The step time predicted with `streams` streams (nullopt: no fitted line yet).
+  std::optional<double> predictedDecodeStepMs(int streams) const {
+    if (decodeStepPerStreamMs < 0) return std::nullopt;
+    return decodeStepBaseMs + decodeStepPerStreamMs * streams;
+  }
+  // Streams it serves or will: the larger of its report's and this router's count.
+  int streams() const { return std::max(running + waiting, routedStreams); }
   // This router's own outstanding work on it (WorkerRegistry::noteRouted): prompt tokens
   // routed to it to prefill that have no first token yet, and streams routed to it that
   // have not ended. Its reports cover every router's requests but lag; these are exact
@@ -65,6 +78,7 @@ struct RoutePlan {
 struct RoutingConfig {
   int64_t shortPromptTokens = 256;
   int cacheLoadSlack = 4;
+  double itlTargetMs = 0;  // 0: no "protect_itl" rule
 };
 
 class RoutingPolicy {

@@ -297,7 +297,10 @@ void Engine::noteStep(const StepPlan& plan, double seconds) {
   const double targetMs = options_.prefillChunks.itlTargetMs;
   if (targetMs > 0 && anyDecode && prefillTokens > 0) {
     const double stepMs = seconds * 1e3;
-    if (prefillTokens <= options_.prefillChunks.minTokens) decodeCost_.observeSmallChunk(decodeRows, stepMs);
+    if (prefillTokens <= options_.prefillChunks.minTokens) {
+      decodeCost_.observeSmallChunk(decodeRows, stepMs);
+      smallChunkSeenAt_ = clock_.now();
+    }
     // The aim tracks the percentile (PrefillChunkOptions).
     constexpr double kAimStep = 0.05;
     const double q = std::clamp(options_.prefillChunks.percentile / 100, 0.0, 1.0);
@@ -351,6 +354,8 @@ EngineLoad Engine::load() const {
   l.decodeStepMs = options_.prefillChunks.itlTargetMs > 0 && pureDecodeStepMs_ > 0 ? pureDecodeStepMs_ : decodeStepMs_;
   l.prefillChunkTokens = prefillChunkTokens();
   l.decodeStepCost = decodeCost_.line();
+  if (l.decodeStepCost && clock_.now() - smallChunkSeenAt_ > EngineLoad::kSmallChunkTtl)
+    l.decodeStepCost->smallChunkMs = 0;
   return l;
 }
 

@@ -101,8 +101,12 @@ struct EngineLoad {
   // max_batch_tokens when chunks are not SLO-sized or nothing is measured yet.
   int prefillChunkTokens = 0;
   // Decode step time against batch size (step_cost_model.h), once the steps taught it: the
-  // router predicts one more stream's effect from it (router/admission.h).
+  // router predicts one more stream's effect from it (router/admission.h). Its smallChunkMs
+  // is 0 once no small chunk was computed beside streams for kSmallChunkTtl: the router then
+  // sends a colocated prompt again (routing_policy.h, "protect_itl"), which measures anew,
+  // so an old figure cannot keep prompts off a worker for good.
   std::optional<StepCostModel::Line> decodeStepCost;
+  static constexpr std::chrono::seconds kSmallChunkTtl{10};
 };
 
 // The plan entries of the step being computed, with their block tables; valid only inside
@@ -196,7 +200,8 @@ class Engine {
   double pureDecodeStepMs_ = 0;
   int prefillChunkCap_ = 0;
   double prefillChunkAim_ = 1;  // PrefillChunkOptions: the fraction of the target aimed at
-  StepCostModel decodeCost_;  // over the steps without prompt tokens
+  StepCostModel decodeCost_;  // over the steps without prompt tokens (and small chunks)
+  SteadyTime smallChunkSeenAt_{};
 };
 
 }  // namespace pd::engine

@@ -18,7 +18,10 @@ void StepCostModel::observeSmallChunk(int streams, double ms) {
   const auto l = line();
   if (!l || streams <= 0 || ms <= 0) return;
   const double excess = std::max(0.0, ms - l->stepMs(streams));
-  smallChunkMs_ = smallChunkMs_ == 0 ? excess : kDecay * smallChunkMs_ + (1 - kDecay) * excess;
+  // These steps are rarer (routing sends prompts elsewhere while they cost too much), so the
+  // average follows the last few.
+  constexpr double kWeight = 0.2;
+  smallChunkMs_ = smallChunkMs_ == 0 ? excess : (1 - kWeight) * smallChunkMs_ + kWeight * excess;
 }
 
 std::optional<StepCostModel::Line> StepCostModel::line() const {

@@ -222,6 +222,45 @@ TEST_CASE("engine: SLO-sized chunks aim below the ITL target until its percentil
   CHECK(engine.load().prefillChunkTokens >= 15);  // and the chunks did not collapse: 20 fit
 }
 
+TEST_CASE("engine: the decode step cost line and a small chunk's cost, forgotten when no longer seen") {
+  StepCostClock clock;
+  PrefillChunkOptions chunks;
+  chunks.itlTargetMs = 50;  // minTokens 32: the prompts below are all small chunks
+  auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
+  Engine& engine = *engineOwner;
+  auto step = [&] {
+    std::vector<EngineEvent> events;
+    StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
+      if (done) return;
+      done = true;
+      int prompt = 0, streams = 0;
+      for (const auto& e : v.entries) {
+        prompt += e.isDecode ? 0 : e.count;
+        streams += e.isDecode;
+      }
+      clock.charge(5 + 2.0 * streams + (prompt > 0 ? 20 + prompt : 0));
+    };
+    REQUIRE(engine.step(&events, charge).isOk());
+  };
+  REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(100))).isOk());
+  for (int i = 0; i < 4; ++i) step();  // its prompt, then 3 steps of one stream
+  CHECK_FALSE(engine.load().decodeStepCost);  // one batch size: no line yet
+  REQUIRE(engine.submit(makeRequest(2, testPrompt(10, 6), greedy(100))).isOk());
+  REQUIRE(engine.submit(makeRequest(3, testPrompt(10, 7), greedy(100))).isOk());
+  for (int i = 0; i < 5; ++i) step();  // their prompts beside the stream, then 3 streams
+  auto cost = engine.load().decodeStepCost;
+  REQUIRE(cost);
+  CHECK(cost->baseMs == Approx(5).margin(0.01));
+  CHECK(cost->perStreamMs == Approx(2).margin(0.01));
+  REQUIRE(engine.submit(makeRequest(4, testPrompt(20, 8), greedy(100))).isOk());
+  step();  // 20 prompt tokens beside 3 streams: 11 + 40 ms, 40 over the line
+  cost = engine.load().decodeStepCost;
+  REQUIRE(cost);
+  CHECK(cost->smallChunkMs == Approx(40).margin(0.01));
+  clock.charge(1e3 * double(EngineLoad::kSmallChunkTtl.count()) + 1);
+  CHECK(engine.load().decodeStepCost->smallChunkMs == 0);
+}
+
 TEST_CASE("engine: batched requests generate what each generates alone") {
   auto engine = makeEngine(128, 64);
   std::map<uint64_t, std::vector<int32_t>> prompts;

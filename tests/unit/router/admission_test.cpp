@@ -46,13 +46,12 @@ TEST_CASE("admission: the router's own outstanding tokens count when the report 
   CHECK(admitPrefill(worker(200, 200, 2000), 200, 1.0).admit);
 }
 
-WorkerView decodeWorker(int running, double baseMs, double perStreamMs, double smallChunkMs = 0) {
+WorkerView decodeWorker(int running, double baseMs, double perStreamMs) {
   WorkerView w;
   w.id = "decode-0";
   w.running = running;
   w.decodeStepBaseMs = baseMs;
   w.decodeStepPerStreamMs = perStreamMs;
-  w.decodeSmallChunkMs = smallChunkMs;
   return w;
 }
 
@@ -73,9 +72,6 @@ TEST_CASE("admission: a decode worker refuses the stream that would take its ste
   WorkerView queued = decodeWorker(15, 20, 4);  // running + waiting are all streams to be
   queued.waiting = 5;
   CHECK_FALSE(admitDecode(queued, 0.100).admit);
-  // A worker that prefills beside its streams keeps room for the smallest chunk: 15 ms.
-  CHECK_FALSE(admitDecode(decodeWorker(17, 20, 4, 15), 0.100).admit);
-  CHECK(admitDecode(decodeWorker(15, 20, 4, 15), 0.100).admit);
   // No stream yet: admitted, whatever the prediction.
   CHECK(admitDecode(decodeWorker(0, 500, 4), 0.100).admit);
 }

@@ -99,3 +99,35 @@ TEST_CASE("the prefill worker with the least work ahead wins: queued tokens plus
   CHECK(plan->prefillWorker == "p0");
   CHECK(plan->cachedTokens == 0);
 }
+
+TEST_CASE("protect_itl: a short prompt goes to the prefill pool when prefilling it beside the streams would break ITL") {
+  RoutingPolicy policy({/*shortPromptTokens=*/256, /*cacheLoadSlack=*/4, /*itlTargetMs=*/100});
+  auto d0 = decode("d0", 10, 900);
+  d0.decodeStepBaseMs = 20;
+  d0.decodeStepPerStreamMs = 4;  // 11 streams: 64 ms
+  d0.decodeSmallChunkMs = 30;    // + the smallest chunk: 94 ms, within the target
+  auto plan = policy.select(100, {d0, prefill("p0", 0)});
+  REQUIRE(plan);
+  CHECK(plan->route == Route::kColocated);
+  CHECK(plan->reason == "short_prompt");
+  d0.decodeSmallChunkMs = 40;  // 104 ms: every stream there would miss while it prefills
+  plan = policy.select(100, {d0, prefill("p0", 0)});
+  REQUIRE(plan);
+  CHECK(plan->route == Route::kDisaggregated);
+  CHECK(plan->reason == "protect_itl");
+  CHECK(plan->prefillWorker == "p0");
+  CHECK(plan->decodeWorker == "d0");
+  // No prefill worker: colocated still (refusing is admission's call, not routing's).
+  plan = policy.select(100, {d0});
+  REQUIRE(plan);
+  CHECK(plan->route == Route::kColocated);
+  // No stream there, no fitted line, or the rule off: colocated.
+  auto idle = d0;
+  idle.running = 0;
+  CHECK(policy.select(100, {idle, prefill("p0", 0)})->route == Route::kColocated);
+  auto unknown = d0;
+  unknown.decodeStepPerStreamMs = -1;
+  CHECK(policy.select(100, {unknown, prefill("p0", 0)})->route == Route::kColocated);
+  RoutingPolicy off({256, 4, 0});
+  CHECK(off.select(100, {d0, prefill("p0", 0)})->route == Route::kColocated);
+}
