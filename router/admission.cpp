@@ -1,18 +1,26 @@
 #include "router/admission.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace pd::router {
 
-AdmissionVerdict admitPrefill(const WorkerView& w, int64_t promptTokens, double ttftTargetS) {
+AdmissionVerdict admitPrefill(const WorkerView& w, int64_t promptTokens, double ttftTargetS, double scale) {
   AdmissionVerdict v;
   if (w.prefillTokensPerS <= 0) return v;
   const int64_t ahead = std::max(w.queuedPrefillTokens, w.routedPrefillTokens);
-  v.predictedS = double(ahead + std::max<int64_t>(0, promptTokens)) / w.prefillTokensPerS;
+  v.predictedS = scale * double(ahead + std::max<int64_t>(0, promptTokens)) / w.prefillTokensPerS;
   if (ahead == 0 || v.predictedS <= ttftTargetS) return v;
   v.admit = false;
   v.retryAfterS = std::max(1, int(std::ceil(v.predictedS - ttftTargetS)));
   return v;
+}
+
+void TtftCalibration::observe(double predictedS, double observedS) {
+  if (predictedS <= 0 || observedS < 0) return;
+  constexpr double kStep = 0.05;
+  const bool over = observedS > predictedS * scale_;
+  scale_ = std::clamp(scale_ * std::exp(over ? kStep * p_ : -kStep * (1 - p_)), 0.5, 4.0);
 }
 
 AdmissionVerdict admitDecode(const WorkerView& w, double itlTargetS) {

@@ -32,7 +32,28 @@ struct AdmissionVerdict {
 // ahead is admitted whatever it costs (refusing it helps no one: a prompt longer than the
 // target allows is admitted when the worker is idle). A worker whose rate is not measured
 // yet (no prefill since it started) is never shed against: there is nothing to predict from.
-AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens, double ttftTargetS);
+// `scale` multiplies the prediction before it is compared (TtftCalibration::scale()).
+AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens, double ttftTargetS,
+                              double scale = 1);
+
+// What the admitted requests' first tokens really took against what admitPrefill predicted:
+// the prediction misses what the rate does not see (the gaps between engine steps, the
+// hand-offs between processes, a machine busier than when the rate was measured), and the
+// SLO is a percentile. scale() tracks the SLO percentile of observed / predicted by
+// stochastic approximation: each request whose ratio passes the scale raises it by ~5% x p,
+// each below lowers it by ~5% x (1 - p), within [0.5, 4]; so ~(1 - p) of admitted requests
+// exceed their scaled prediction, and a prediction scaled within the target is met at the
+// percentile. Pure state; the router loop's strand owns it.
+class TtftCalibration {
+ public:
+  explicit TtftCalibration(double percentile) : p_(percentile / 100) {}
+  void observe(double predictedS, double observedS);
+  double scale() const { return scale_; }
+
+ private:
+  double p_;
+  double scale_ = 1;
+};
 
 // The decode side: the step time one more stream would give every stream of `decoding`,
 // from its fitted step cost (base + per stream x streams, step_cost_model.h), must stay

@@ -36,7 +36,8 @@ RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig&
       threshold_(cfg.router.adaptiveThreshold
                      ? std::optional<AdaptiveThreshold>(AdaptiveThreshold(cfg.router.shortPromptTokens))
                      : std::nullopt),
-      autoscaleTimer_(strand_) {
+      autoscaleTimer_(strand_),
+      ttftCalibration_(cfg.pools.prefill.slo.percentile) {
   // A decode worker whose reports stopped is cut off (its reports come from its I/O threads,
   // never blocked by a long step): its streams would stall until the request deadline.
   workers_.onSilent([this](const std::string& id) {
@@ -113,6 +114,11 @@ void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chu
     workers_.prefillSettled(e.prefillWorker, e.prefillTokens);
     e.prefillTokens = 0;
   }
+  if (e.predictedTtftS > 0 && chunk.token_ids_size() > 0) {
+    ttftCalibration_.observe(e.predictedTtftS, secondsBetween(e.routedAt, steadyNow()));
+    metrics_.setTtftPredictionScale(ttftCalibration_.scale());
+    e.predictedTtftS = 0;
+  }
   e.stream->deliver(std::move(chunk));
 }
 
@@ -166,6 +172,7 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
     e.message = "no healthy decode worker; retry later";
     return stream->refuse(std::move(e), "no_worker");
   }
+  double predictedTtftS = 0;  // unscaled, for the calibration
   if (cfg_.router.overloadShedding) {
     const auto shed = [&](const AdmissionVerdict& v, const std::string& why) {
       ApiError e;
@@ -176,8 +183,10 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
       e.message = "overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s";
       stream->refuse(std::move(e), "overloaded");
     };
+    const double scale = ttftCalibration_.scale();
     const AdmissionVerdict queue =
-        admitPrefill(prefilling, promptTokens - p->cachedTokens, cfg_.pools.prefill.slo.ttftMs / 1e3);
+        admitPrefill(prefilling, promptTokens - p->cachedTokens, cfg_.pools.prefill.slo.ttftMs / 1e3, scale);
+    predictedTtftS = queue.predictedS / scale;
     if (!queue.admit) {
       return shed(queue, "with the prompts queued on worker " + prefilling.id + ", this one's first token is predicted at " +
                              std::to_string(int(queue.predictedS * 1e3)) + " ms, past the " +
@@ -193,6 +202,11 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
   commit(*p, spec.prefixBlocks);
   Dispatch d = dispatch(stream, std::move(*p), spec.parsed.req.n, promptTokens);
   d.responseId = std::to_string(d.workerRequestIds.front());
+  if (predictedTtftS > 0) {
+    Entry& first = requests_.at(d.workerRequestIds.front());
+    first.predictedTtftS = predictedTtftS;
+    first.routedAt = steadyNow();
+  }
   stream->start(std::move(d));
 }
 

@@ -32,6 +32,7 @@
 #include "common/metrics/pdserve_metrics.h"
 #include "common/net/framed.h"
 #include "router/adaptive_threshold.h"
+#include "router/admission.h"
 #include "router/autoscaler.h"
 #include "router/prefix_index.h"
 #include "router/request_stream.h"
@@ -85,6 +86,10 @@ class RouterLoop final : public StreamOwner {
     // prompt tokens on `prefillWorker` until the first chunk arrives, a stream on decodeWorker.
     std::string prefillWorker;
     int64_t prefillTokens = 0;
+    // Admission's TTFT prediction for it and when it was routed, until its first token
+    // calibrates the next predictions (TtftCalibration); 0: none made.
+    double predictedTtftS = 0;
+    SteadyTime routedAt{};
   };
 
   template <typename F>
@@ -126,6 +131,7 @@ class RouterLoop final : public StreamOwner {
   std::optional<AdaptiveThreshold> threshold_;  // set when router.adaptive_threshold
   int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // for the change log
   boost::asio::steady_timer autoscaleTimer_;
+  TtftCalibration ttftCalibration_;
   std::unordered_map<uint64_t, Entry> requests_;  // by worker request id, until the choice ends
   // Worker request ids are random 64-bit values, not a sequence: workers serve several
   // routers at once (issue 11), and the ids of two routers must not collide on a worker.

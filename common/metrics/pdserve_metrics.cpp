@@ -179,6 +179,12 @@ void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
       .set(replicas);
 }
 
+void RouterMetrics::setTtftPredictionScale(double scale) {
+  r_.gauge("pdserve_router_ttft_prediction_scale",
+           "What overload admission multiplies its TTFT predictions by: the SLO percentile of observed / predicted TTFT of admitted requests.")
+      .set(scale);
+}
+
 WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   running = r_.gauge("pdserve_num_requests_running", "Requests in the running batch.");
   waiting = r_.gauge("pdserve_num_requests_waiting", "Requests waiting to be scheduled.");

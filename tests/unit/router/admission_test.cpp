@@ -100,5 +100,25 @@ TEST_CASE("admission: without a fitted line, shed at a decode worker whose steps
   CHECK(admitDecode(fresh, 0.050).admit);
 }
 
+TEST_CASE("admission: the TTFT calibration settles on the percentile of observed / predicted") {
+  TtftCalibration cal(99);
+  CHECK(cal.scale() == 1);
+  // Requests take 1.0x to 1.6x their prediction, uniformly (deterministic sweep): the 99th
+  // percentile of the ratio is ~1.594.
+  for (int round = 0; round < 60; ++round)
+    for (int i = 0; i < 100; ++i) cal.observe(1.0, 1.0 + 0.6 * ((i * 37) % 100) / 100.0);
+  CHECK(cal.scale() == Approx(1.594).epsilon(0.04));
+  // The scaled prediction is what admission compares: 1,000 tokens at 1,000 tokens/s is 1 s,
+  // x the scale passes a 1.5 s target.
+  CHECK_FALSE(admitPrefill(worker(500, 0, 1000), 500, 1.5, cal.scale()).admit);
+  CHECK(admitPrefill(worker(500, 0, 1000), 500, 1.5, 1.0).admit);
+  // Pessimistic predictions bring it down, never below 0.5; nonsense is ignored.
+  for (int i = 0; i < 20000; ++i) cal.observe(1.0, 0.1);
+  CHECK(cal.scale() == Approx(0.5));
+  cal.observe(0, 5);
+  cal.observe(1, -1);
+  CHECK(cal.scale() == Approx(0.5));
+}
+
 }  // namespace
 }  // namespace pd::router
