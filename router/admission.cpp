@@ -16,18 +16,15 @@ AdmissionVerdict admitPrefill(const WorkerView& w, int64_t promptTokens, double 
   return v;
 }
 
-void TtftCalibration::observe(double predictedS, double observedS) {
-  if (predictedS <= 0 || observedS < 0) return;
-  constexpr double kStep = 0.05;
-  const bool over = observedS > predictedS * scale_;
-  scale_ = std::clamp(scale_ * std::exp(over ? kStep * p_ : -kStep * (1 - p_)), 0.5, 4.0);
+void PercentileScale::observe(bool exceeded) {
+  value_ = std::clamp(value_ * std::exp(exceeded ? step_ * p_ : -step_ * (1 - p_)), 0.5, 4.0);
 }
 
-AdmissionVerdict admitDecode(const WorkerView& w, double itlTargetS) {
+AdmissionVerdict admitDecode(const WorkerView& w, double itlTargetS, double scale) {
   AdmissionVerdict v;
   const int streams = w.streams();
   if (const auto stepMs = w.predictedDecodeStepMs(streams + 1)) {
-    v.predictedS = *stepMs / 1e3;
+    v.predictedS = scale * *stepMs / 1e3;
     if (streams == 0 || v.predictedS <= itlTargetS) return v;
   } else {
     v.predictedS = w.decodeStepMs / 1e3;

@@ -32,27 +32,29 @@ struct AdmissionVerdict {
 // ahead is admitted whatever it costs (refusing it helps no one: a prompt longer than the
 // target allows is admitted when the worker is idle). A worker whose rate is not measured
 // yet (no prefill since it started) is never shed against: there is nothing to predict from.
-// `scale` multiplies the prediction before it is compared (TtftCalibration::scale()).
+// `scale` multiplies the prediction before it is compared (PercentileScale).
 AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens, double ttftTargetS,
                               double scale = 1);
 
-// What the admitted requests' first tokens really took against what admitPrefill predicted:
-// the prediction misses what the rate does not see (the gaps between engine steps, the
-// hand-offs between processes, a machine busier than when the rate was measured), and the
-// SLO is a percentile. scale() tracks the SLO percentile of observed / predicted by
-// stochastic approximation: each request whose ratio passes the scale raises it by ~5% x p,
-// each below lowers it by ~5% x (1 - p), within [0.5, 4]; so ~(1 - p) of admitted requests
-// exceed their scaled prediction, and a prediction scaled within the target is met at the
-// percentile. Pure state; the router loop's strand owns it.
-class TtftCalibration {
+// A prediction multiplier that makes an SLO percentile hold where the prediction alone would
+// not: predictions miss what their inputs do not see (the gaps between engine steps, the
+// hand-offs between processes, a machine busier than when the rates were measured, steps
+// that vary around their mean), and an SLO is a percentile, not a mean. By stochastic
+// approximation each observation past its bound raises the scale by step x p, each within it
+// lowers it by step x (1 - p) (multiplicatively, within [0.5, 4]), which settles where a
+// fraction (1 - p) of observations pass: e.g. admitted requests whose TTFT passed their
+// scaled prediction (the scale is then the p-quantile of observed / predicted), or gaps
+// past the ITL target (the scale then tightens decode admission until p of the gaps meet
+// it). Pure state; the router loop's strand owns it.
+class PercentileScale {
  public:
-  explicit TtftCalibration(double percentile) : p_(percentile / 100) {}
-  void observe(double predictedS, double observedS);
-  double scale() const { return scale_; }
+  PercentileScale(double percentile, double step) : p_(percentile / 100), step_(step) {}
+  void observe(bool exceeded);
+  double value() const { return value_; }
 
  private:
-  double p_;
-  double scale_ = 1;
+  double p_, step_;
+  double value_ = 1;
 };
 
 // The decode side: the step time one more stream would give every stream of `decoding`,
@@ -63,6 +65,7 @@ class TtftCalibration {
 // faster by refusing it). Before the worker's steps taught it the line, the measured step
 // time decides: a worker already stepping slower than the target with two or more streams
 // refuses. Refusals say Retry-After 1 s: streams end all the time.
-AdmissionVerdict admitDecode(const WorkerView& decoding, double itlTargetS);
+// `scale` multiplies the predicted step time before it is compared (PercentileScale).
+AdmissionVerdict admitDecode(const WorkerView& decoding, double itlTargetS, double scale = 1);
 
 }  // namespace pd::router

@@ -37,7 +37,9 @@ RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig&
                      ? std::optional<AdaptiveThreshold>(AdaptiveThreshold(cfg.router.shortPromptTokens))
                      : std::nullopt),
       autoscaleTimer_(strand_),
-      ttftCalibration_(cfg.pools.prefill.slo.percentile) {
+      // Per request, per gap: the ITL scale sees ~100x more observations.
+      ttftScale_(cfg.pools.prefill.slo.percentile, 0.05),
+      itlScale_(cfg.pools.decode.slo.percentile, 0.002) {
   // A decode worker whose reports stopped is cut off (its reports come from its I/O threads,
   // never blocked by a long step): its streams would stall until the request deadline.
   workers_.onSilent([this](const std::string& id) {
@@ -115,8 +117,8 @@ void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chu
     e.prefillTokens = 0;
   }
   if (e.predictedTtftS > 0 && chunk.token_ids_size() > 0) {
-    ttftCalibration_.observe(e.predictedTtftS, secondsBetween(e.routedAt, steadyNow()));
-    metrics_.setTtftPredictionScale(ttftCalibration_.scale());
+    ttftScale_.observe(secondsBetween(e.routedAt, steadyNow()) > e.predictedTtftS * ttftScale_.value());
+    metrics_.admissionScaleTtft.set(ttftScale_.value());
     e.predictedTtftS = 0;
   }
   e.stream->deliver(std::move(chunk));
@@ -183,7 +185,7 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
       e.message = "overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s";
       stream->refuse(std::move(e), "overloaded");
     };
-    const double scale = ttftCalibration_.scale();
+    const double scale = ttftScale_.value();
     const AdmissionVerdict queue =
         admitPrefill(prefilling, promptTokens - p->cachedTokens, cfg_.pools.prefill.slo.ttftMs / 1e3, scale);
     predictedTtftS = queue.predictedS / scale;
@@ -192,7 +194,7 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
                              std::to_string(int(queue.predictedS * 1e3)) + " ms, past the " +
                              std::to_string(int(cfg_.pools.prefill.slo.ttftMs)) + " ms TTFT target");
     }
-    const AdmissionVerdict streams = admitDecode(decoding, cfg_.pools.decode.slo.itlMs / 1e3);
+    const AdmissionVerdict streams = admitDecode(decoding, cfg_.pools.decode.slo.itlMs / 1e3, itlScale_.value());
     if (!streams.admit) {
       return shed(streams, "one more stream on decode worker " + decoding.id + " would make its steps take about " +
                                std::to_string(int(streams.predictedS * 1e3)) + " ms, past the " +
@@ -289,6 +291,11 @@ void RouterLoop::observeTokens(const TokenTiming& t) {
     if (t.ttft) autoscaler_.observeTtft(t.at, *t.ttft);
     if (t.itl) autoscaler_.observeItl(t.at, *t.itl);
     for (int k = 0; k < t.zeroItls; ++k) autoscaler_.observeItl(t.at, 0.0);
+    if (t.itl && cfg_.router.overloadShedding) {
+      itlScale_.observe(*t.itl > cfg_.pools.decode.slo.itlMs / 1e3);
+      for (int k = 0; k < t.zeroItls; ++k) itlScale_.observe(false);
+      metrics_.admissionScaleItl.set(itlScale_.value());
+    }
   });
 }
 

@@ -87,7 +87,7 @@ class RouterLoop final : public StreamOwner {
     std::string prefillWorker;
     int64_t prefillTokens = 0;
     // Admission's TTFT prediction for it and when it was routed, until its first token
-    // calibrates the next predictions (TtftCalibration); 0: none made.
+    // calibrates the next predictions (ttftScale_); 0: none made.
     double predictedTtftS = 0;
     SteadyTime routedAt{};
   };
@@ -131,7 +131,9 @@ class RouterLoop final : public StreamOwner {
   std::optional<AdaptiveThreshold> threshold_;  // set when router.adaptive_threshold
   int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // for the change log
   boost::asio::steady_timer autoscaleTimer_;
-  TtftCalibration ttftCalibration_;
+  // Overload admission's prediction scales (router/admission.h): TTFT against what admitted
+  // requests took, decode steps against the ITL gaps streams saw.
+  PercentileScale ttftScale_, itlScale_;
   std::unordered_map<uint64_t, Entry> requests_;  // by worker request id, until the choice ends
   // Worker request ids are random 64-bit values, not a sequence: workers serve several
   // routers at once (issue 11), and the ids of two routers must not collide on a worker.

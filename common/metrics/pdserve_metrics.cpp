@@ -62,6 +62,13 @@ void RouterMetrics::controlMessageDropped(std::string_view reason) {
 RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets)
     : r_(registry), buckets_(std::move(buckets)) {
   inFlight = r_.gauge("pdserve_requests_in_flight", "Requests accepted and not yet finished.");
+  const std::string scaleHelp =
+      "What overload admission multiplies its predictions by so that the SLO percentile holds: "
+      "slo=ttft (predicted TTFT), slo=itl (predicted decode step).";
+  admissionScaleTtft = r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "ttft"}});
+  admissionScaleItl = r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "itl"}});
+  admissionScaleTtft.set(1);
+  admissionScaleItl.set(1);
   promptTokens_ = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens of finished requests.");
   generationTokens_ =
       r_.counter("pdserve_generation_tokens_total", "Tokens generated for finished requests.");
@@ -177,12 +184,6 @@ void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
   r_.gauge("pdserve_desired_replicas",
            "Replicas the autoscaler recommends for the pool to meet its SLO.", {{"pool", s(pool)}})
       .set(replicas);
-}
-
-void RouterMetrics::setTtftPredictionScale(double scale) {
-  r_.gauge("pdserve_router_ttft_prediction_scale",
-           "What overload admission multiplies its TTFT predictions by: the SLO percentile of observed / predicted TTFT of admitted requests.")
-      .set(scale);
 }
 
 WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {

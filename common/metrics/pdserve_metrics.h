@@ -111,8 +111,8 @@ class RouterMetrics {
   void setSloWindow(std::string_view pool, double observedSeconds, double attainmentRatio);
   void setPoolWorkers(std::string_view pool, int workers);
   void setDesiredReplicas(std::string_view pool, int replicas);
-  // Overload admission's TTFT prediction multiplier (router/admission.h, TtftCalibration).
-  void setTtftPredictionScale(double scale);
+  // Overload admission's prediction multipliers (router/admission.h, PercentileScale).
+  Gauge admissionScaleTtft, admissionScaleItl;
   // The routing threshold in use (router.short_prompt_tokens, moved by the adaptive threshold).
   void setShortPromptTokens(int64_t tokens);
   // A worker's message dropped by the router (reason: wrong_worker).

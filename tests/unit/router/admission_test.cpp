@@ -100,24 +100,38 @@ TEST_CASE("admission: without a fitted line, shed at a decode worker whose steps
   CHECK(admitDecode(fresh, 0.050).admit);
 }
 
-TEST_CASE("admission: the TTFT calibration settles on the percentile of observed / predicted") {
-  TtftCalibration cal(99);
-  CHECK(cal.scale() == 1);
-  // Requests take 1.0x to 1.6x their prediction, uniformly (deterministic sweep): the 99th
-  // percentile of the ratio is ~1.594.
+TEST_CASE("admission: a percentile scale settles where (1 - p) of observations exceed their bound") {
+  // TTFT: requests take 1.0x to 1.6x their prediction, uniformly (deterministic sweep); the
+  // scale becomes the 99th percentile of the ratio, ~1.594.
+  PercentileScale ttft(99, 0.05);
+  CHECK(ttft.value() == 1);
   for (int round = 0; round < 60; ++round)
-    for (int i = 0; i < 100; ++i) cal.observe(1.0, 1.0 + 0.6 * ((i * 37) % 100) / 100.0);
-  CHECK(cal.scale() == Approx(1.594).epsilon(0.04));
+    for (int i = 0; i < 100; ++i) ttft.observe(1.0 + 0.6 * ((i * 37) % 100) / 100.0 > ttft.value());
+  CHECK(ttft.value() == Approx(1.594).epsilon(0.04));
   // The scaled prediction is what admission compares: 1,000 tokens at 1,000 tokens/s is 1 s,
   // x the scale passes a 1.5 s target.
-  CHECK_FALSE(admitPrefill(worker(500, 0, 1000), 500, 1.5, cal.scale()).admit);
+  CHECK_FALSE(admitPrefill(worker(500, 0, 1000), 500, 1.5, ttft.value()).admit);
   CHECK(admitPrefill(worker(500, 0, 1000), 500, 1.5, 1.0).admit);
-  // Pessimistic predictions bring it down, never below 0.5; nonsense is ignored.
-  for (int i = 0; i < 20000; ++i) cal.observe(1.0, 0.1);
-  CHECK(cal.scale() == Approx(0.5));
-  cal.observe(0, 5);
-  cal.observe(1, -1);
-  CHECK(cal.scale() == Approx(0.5));
+  // ITL: gaps exceed the target while streams are admitted up to the prediction; each gap's
+  // step is ~ the predicted step (20 + 4 per stream) x 1.25 here, so admission must aim at
+  // target / 1.25: the scale goes to ~1.25 and the 17th stream is refused (20 + 4 x 17 = 88 ms,
+  // x 1.25 = 110 ms) where the unscaled prediction would admit up to 20.
+  PercentileScale itl(99, 0.002);
+  int streams = 10;
+  for (int i = 0; i < 20000; ++i) {
+    if (admitDecode(decodeWorker(streams, 20, 4), 0.100, itl.value()).admit) ++streams;
+    const double gapMs = (20 + 4.0 * streams) * (1.1 + 0.15 * ((i * 37) % 100) / 100.0);
+    itl.observe(gapMs > 100);
+    if (i % 7 == 0) --streams;  // streams end
+  }
+  CHECK(itl.value() > 1.1);
+  CHECK_FALSE(admitDecode(decodeWorker(17, 20, 4), 0.100, itl.value()).admit);
+  CHECK(admitDecode(decodeWorker(17, 20, 4), 0.100, 1.0).admit);
+  // Bounds: never below 0.5 nor above 4.
+  PercentileScale low(99, 0.05), high(99, 0.05);
+  for (int i = 0; i < 20000; ++i) low.observe(false), high.observe(true);
+  CHECK(low.value() == Approx(0.5));
+  CHECK(high.value() == Approx(4));
 }
 
 }  // namespace
