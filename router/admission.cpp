@@ -27,7 +27,7 @@ AdmissionVerdict admitDecode(const WorkerView& w, double itlTargetS, double scal
     v.predictedS = scale * *stepMs / 1e3;
     if (streams == 0 || v.predictedS <= itlTargetS) return v;
   } else {
-    v.predictedS = w.decodeStepMs / 1e3;
+    v.predictedS = scale * w.decodeStepMs / 1e3;
     if (streams < 2 || v.predictedS <= itlTargetS) return v;
   }
   v.admit = false;

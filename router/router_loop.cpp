@@ -295,6 +295,7 @@ void RouterLoop::observeTokens(const TokenTiming& t) {
       itlScale_.observe(*t.itl > cfg_.pools.decode.slo.itlMs / 1e3);
       for (int k = 0; k < t.zeroItls; ++k) itlScale_.observe(false);
       metrics_.admissionScaleItl.set(itlScale_.value());
+      policy_.setItlPredictionScale(itlScale_.value());
     }
   });
 }

@@ -64,7 +64,7 @@ std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens,
   }
   if (prefill && plan.reason != "long_prompt" && config_.itlTargetMs > 0 && colocated->streams() > 0) {
     const auto step = colocated->predictedDecodeStepMs(colocated->streams() + 1);
-    if (step && *step + colocated->decodeSmallChunkMs > config_.itlTargetMs) plan.reason = "protect_itl";
+    if (step && (*step + colocated->decodeSmallChunkMs) * itlScale_ > config_.itlTargetMs) plan.reason = "protect_itl";
   }
   if (plan.reason == "long_prompt" || plan.reason == "protect_itl") {
     plan.route = Route::kDisaggregated;

@@ -17,7 +17,7 @@
 // - with itlTargetMs set (overload control on), a prompt that would go colocated goes
 //   disaggregated instead ("protect_itl") when the colocated worker cannot prefill beside its
 //   streams within the target: its fitted step cost with one more stream plus what its
-//   smallest prompt chunk adds passes itlTargetMs (the chunks cannot shrink further, so every
+//   smallest prompt chunk adds, times the ITL prediction scale, passes itlTargetMs (the chunks cannot shrink further, so every
 //   stream there would miss its ITL while the prompt is prefilled) and a prefill worker is up;
 // - no healthy decode worker: no route (the router answers 503).
 #pragma once
@@ -91,9 +91,12 @@ class RoutingPolicy {
   const RoutingConfig& config() const { return config_; }
   // The adaptive threshold (router/adaptive_threshold.h) moves it; the caller serialises.
   void setShortPromptTokens(int64_t tokens) { config_.shortPromptTokens = tokens; }
+  // What "protect_itl" multiplies its predicted step by (router/admission.h, PercentileScale).
+  void setItlPredictionScale(double scale) { itlScale_ = scale; }
 
  private:
   RoutingConfig config_;
+  double itlScale_ = 1;
 };
 
 }  // namespace pd::router

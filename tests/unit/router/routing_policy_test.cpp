@@ -130,4 +130,9 @@ TEST_CASE("protect_itl: a short prompt goes to the prefill pool when prefilling 
   CHECK(policy.select(100, {unknown, prefill("p0", 0)})->route == Route::kColocated);
   RoutingPolicy off({256, 4, 0});
   CHECK(off.select(100, {d0, prefill("p0", 0)})->route == Route::kColocated);
+  // The ITL prediction scale (gaps run 20% over the predictions): 94 ms x 1.2 passes 100.
+  d0.decodeSmallChunkMs = 30;
+  CHECK(policy.select(100, {d0, prefill("p0", 0)})->reason == "short_prompt");
+  policy.setItlPredictionScale(1.2);
+  CHECK(policy.select(100, {d0, prefill("p0", 0)})->reason == "protect_itl");
 }
