@@ -89,7 +89,7 @@ std::string sizeName(size_t n) {
 
 // Receiver for the transports: registers and exposes `bytes`, prints its PeerInfo, serves
 // until QUIT (the transport's I/O thread writes the data; this loop only harvests).
-int runReceiver(const std::string& name, size_t bytes) {
+int runReceiver(const std::string& name, size_t bytes, int streams) {
   TransportOptions o;
   o.localName = "bench-recv";
   auto t = makeTransport(name, o);
@@ -108,7 +108,11 @@ int runReceiver(const std::string& name, size_t bytes) {
     std::printf("ERROR registration failed\n");
     return 1;
   }
-  std::printf("INFO %s %s %zu\n", hexOf(*conn).c_str(), hexOf(*key).c_str(), size_t(d.addr));
+  // tcp's like-for-like ceiling lands in this same buffer, from this same process.
+  std::unique_ptr<TcpLikeReceiver> like;
+  if (name == "tcp") like = std::make_unique<TcpLikeReceiver>(streams, buf.get(), bytes);
+  std::printf("INFO %s %s %zu %d\n", hexOf(*conn).c_str(), hexOf(*key).c_str(), size_t(d.addr),
+              like ? like->port() : 0);
   std::fflush(stdout);
   std::string pending;
   size_t notes = 0;
@@ -364,6 +368,7 @@ struct Link {
   PeerId peer = 0;
   uintptr_t remote = 0;
   size_t bytes = 0;
+  int likePort = 0;  // tcp: the receiver's TcpLikeReceiver
 
   double cpuNow() {
     recv.send("CPU");
@@ -396,13 +401,14 @@ Result<std::unique_ptr<Link>> connectLink(const std::string& name, size_t bytes,
   o.tcpStreams = streams;
   o.peerTimeout = std::chrono::milliseconds(30000);
   PD_ASSIGN_OR_RETURN(link->t, makeTransport(name, o));
-  link->recv = Child::spawn({selfExe(), "--role", "recv", "--transport", name, "--bytes", std::to_string(bytes)});
+  link->recv = Child::spawn({selfExe(), "--role", "recv", "--transport", name, "--bytes", std::to_string(bytes),
+                            "--streams", std::to_string(streams)});
   auto l = link->recv.line(30000);
   if (!l || l->rfind("INFO ", 0) != 0) return unavailable("bench: receiver for " + name + " did not start: " + l.value_or("(nothing)"));
   std::istringstream in(l->substr(5));
   std::string conn, key;
   size_t addr = 0;
-  in >> conn >> key >> addr;
+  in >> conn >> key >> addr >> link->likePort;
   link->remote = addr;
   link->bytes = bytes;
   link->src = touched(bytes, 0x5a);
@@ -477,7 +483,11 @@ struct LlamaResult {
 };
 
 // Llama-3-8B-shaped KV of a 4,096-token prompt: 256 blocks per layer, scattered on both sides.
-LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling) {
+// The like-for-like ceiling of the layer-by-layer case, when it differs from the whole's
+// (tcp: the same transfers posted back to back); null = the whole's figure.
+using LayersCeiling = std::function<double(const std::vector<Segments>& layers)>;
+
+LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const LayersCeiling& layersCeiling) {
   // Llama-3-8B: 32 layers, 8 KV heads x 128, bf16, 16-token blocks: 2 (K|V) x 16 x 8 x 128 x 2 B.
   constexpr size_t kBlockBytes = 2 * 16 * 8 * 128 * 2;
   BlockPool srcPool{reinterpret_cast<uintptr_t>(link.src.get()), kBlockBytes, 256, 32};
@@ -519,9 +529,14 @@ LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling) {
       if (i == 0) res.firstLayerMs = std::min(res.firstLayerMs, secondsSince(t) * 1e3);
     }
     res.layerMs = std::min(res.layerMs, secondsSince(t) * 1e3);
-    // The layers together are the whole list: what cutting it into 32 transfers costs is the
-    // transport's to pay, so the ceiling is the same raw figure as for the whole.
-    res.layerCeilMs = res.wholeCeilMs;
+    if (layersCeiling) {
+      double g = layersCeiling(layers);
+      if (g > 0) res.layerCeilMs = std::min(res.layerCeilMs, double(res.bytes) / g / 1e6);
+    } else {
+      // The layers together are the whole list: what cutting it into 32 transfers costs is
+      // the transport's to pay, so the ceiling is the same raw figure as for the whole.
+      res.layerCeilMs = res.wholeCeilMs;
+    }
   }
   return res;
 }
@@ -608,13 +623,13 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
     std::printf("\n== %s (%s)\n", name.c_str(), lk.t->caps().details.c_str());
     Ceiling ceiling;
     std::string ceilName;
-    std::unique_ptr<TcpLike> tcpLike;  // tcp's ceiling: its own receiver process
+    std::unique_ptr<TcpLike> tcpLike;  // tcp's ceiling, into the transport's receiver
     if (name == "cma") {
       const CmaLike c = cmaLike();
       ceiling = [&lk, c](const DescList& l, const DescList& r) { return rawCmaGBps(lk.recv.pid, l, r, c.threads, c.slice); };
       ceilName = "raw process_vm_writev, " + std::to_string(c.threads) + " threads, " + sizeName(c.slice) + " batches";
     } else if (name == "tcp") {
-      tcpLike = std::make_unique<TcpLike>(streams, lk.bytes);
+      tcpLike = std::make_unique<TcpLike>(streams, lk.likePort);
       if (tcpLike->ok()) {
         ceiling = [&tcpLike, &lk](const DescList& l, const DescList& r) { return tcpLike->measure(l, r, lk.remote); };
       }
@@ -699,7 +714,15 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
         return it == ucxBySize.end() ? 0.0 : it->second;
       };
     }
-    LlamaResult lr = llamaCase(lk, quick ? 2 : 3, llamaCeil);
+    LayersCeiling layersCeil;
+    if (name == "tcp" && tcpLike && tcpLike->ok()) {
+      layersCeil = [&tcpLike, &lk](const std::vector<Segments>& layers) {
+        std::vector<TcpLike::Transfer> ts;
+        for (size_t l = 0; l < layers.size(); ++l) ts.push_back({layers[l].local, layers[l].remote, "layer " + std::to_string(l)});
+        return tcpLike->measureMany(ts, lk.remote);
+      };
+    }
+    LlamaResult lr = llamaCase(lk, quick ? 2 : 3, llamaCeil, layersCeil);
     std::printf("  Llama-3-8B KV, 4,096-token prompt (%zu MiB, %zu segments of 64 KiB):\n", lr.bytes / kMiB,
                 lr.segments);
     std::printf("  %-22s %9s %9s %8s\n", "", "GB/s", "ceiling", "ratio");
@@ -787,9 +810,8 @@ int main(int argc, char** argv) {
     }
   }
   ::signal(SIGPIPE, SIG_IGN);
-  if (role == "recv") return runReceiver(transport, bytes);
+  if (role == "recv") return runReceiver(transport, bytes, streams);
   if (role == "rawrecv") return runRawReceiver(bytes);
-  if (role == "tcplike") return runTcpLikeReceiver(streams, bytes);
   if (transports.empty()) {
     for (const auto& n : pd::kvt::builtTransports()) {
       if (n != "loopback") transports.push_back(n);  // loopback cannot cross processes

@@ -219,49 +219,43 @@ void readLoop(std::vector<InConn>& conns, uint8_t* dest, size_t destBytes, const
 
 }  // namespace
 
-int runTcpLikeReceiver(int streams, size_t destBytes) {
-  int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+TcpLikeReceiver::TcpLikeReceiver(int streams, uint8_t* dest, size_t destBytes) {
+  listenFd_ = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 16) != 0) return 1;
   socklen_t len = sizeof a;
-  ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
-  auto dest = touched(destBytes, 0);
-  std::printf("PORT %d\n", ntohs(a.sin_port));
-  std::fflush(stdout);
-  std::vector<InConn> conns(size_t(std::max(streams, 1)));
-  for (auto& c : conns) {
-    pollfd p{ls, POLLIN, 0};
-    if (::poll(&p, 1, 10000) <= 0) return 1;  // the driver connects at once
-    c.fd = ::accept(ls, nullptr, nullptr);
-    if (c.fd < 0) return 1;
-    setNoDelay(c.fd);
-    setNonBlocking(c.fd);
+  if (::bind(listenFd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listenFd_, 16) != 0 ||
+      ::getsockname(listenFd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    return;
   }
-  ::close(ls);
-  std::atomic<bool> stop{false};
-  std::thread reader([&] { readLoop(conns, dest.get(), destBytes, stop); });
-  std::string in;
-  char buf[256];
-  for (ssize_t n; (n = ::read(0, buf, sizeof buf)) > 0;) {
-    in.append(buf, size_t(n));
-    if (in.find("QUIT") != std::string::npos) break;
-  }
-  stop = true;
-  reader.join();
-  for (auto& c : conns) ::close(c.fd);
-  return 0;
+  port_ = ntohs(a.sin_port);
+  reader_ = std::thread([this, streams, dest, destBytes] {
+    std::vector<InConn> conns(size_t(std::max(streams, 1)));
+    for (auto& c : conns) {
+      pollfd p{listenFd_, POLLIN, 0};
+      while (!stop_.load() && ::poll(&p, 1, 100) <= 0) {
+      }
+      if (stop_.load() || (c.fd = ::accept(listenFd_, nullptr, nullptr)) < 0) return;
+      setNoDelay(c.fd);
+      setNonBlocking(c.fd);
+    }
+    readLoop(conns, dest, destBytes, stop_);
+    for (auto& c : conns) ::close(c.fd);
+  });
 }
 
-TcpLike::TcpLike(int streams, size_t destBytes) {
-  child_ = Child::spawn({selfExe(), "--role", "tcplike", "--streams", std::to_string(std::max(streams, 1)),
-                         "--bytes", std::to_string(destBytes)});
-  auto l = child_.line(30000);
-  if (!l || l->rfind("PORT ", 0) != 0) return;
+TcpLikeReceiver::~TcpLikeReceiver() {
+  stop_ = true;
+  if (reader_.joinable()) reader_.join();
+  if (listenFd_ >= 0) ::close(listenFd_);
+}
+
+TcpLike::TcpLike(int streams, int port) {
+  if (port <= 0) return;
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(std::stoi(l->substr(5))));
+  a.sin_port = htons(uint16_t(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   for (int i = 0; i < std::max(streams, 1); ++i) {
     int s = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -278,56 +272,65 @@ TcpLike::TcpLike(int streams, size_t destBytes) {
 }
 
 TcpLike::~TcpLike() {
-  child_.finish();
   for (int fd : fds_) ::close(fd);
 }
 
 double TcpLike::measure(const DescList& local, const DescList& remote, uintptr_t remoteBase,
                         const std::optional<std::string>& notification) {
-  if (fds_.empty() || local.size() != remote.size()) return 0;
-  // Striping as TcpTransport::Impl::post().
-  const size_t nStreams = fds_.size();
-  std::vector<std::vector<Piece>> perStream(nStreams);
-  size_t total = 0, s = 0;
-  for (const MemDesc& d : local) total += d.len;
-  for (size_t i = 0; i < local.size(); ++i) {
-    const uint64_t off = remote[i].addr - remoteBase;
-    if (nStreams == 1 || total < kStripeMinBytes) {
-      perStream[0].push_back({local[i].addr, off, local[i].len});
-      continue;
-    }
-    for (size_t o = 0; o < local[i].len; o += kStripeChunk) {
-      perStream[s].push_back({local[i].addr + o, off + o, std::min(kStripeChunk, local[i].len - o)});
-      s = (s + 1) % nStreams;
-    }
-  }
+  return measureMany({Transfer{local, remote, notification}}, remoteBase);
+}
+
+double TcpLike::measureMany(const std::vector<Transfer>& transfers, uintptr_t remoteBase) {
+  if (fds_.empty()) return 0;
   struct Out {
     int fd = -1;
     std::vector<Write> writes;
     size_t w = 0, at = 0;
+    size_t dones = 0;  // expected: one per transfer this stream carries
     RawHeader done;
-    size_t doneGot = 0;
-    bool active = false;
-    bool ready = true;  // the last call did not block
+    size_t doneGot = 0;  // bytes of all of its dones so far
+    bool ready = true;   // the last call did not block
+    bool active() const { return doneGot < dones * sizeof done; }
   };
-  std::vector<Out> outs;
-  for (size_t i = 0; i < nStreams; ++i) {
-    if (perStream[i].empty()) continue;
-    // With several streams the transport sends the notification in a separate end frame after
-    // every stream's ack; the ceiling leaves that round trip out.
-    Out o;
-    o.fd = fds_[i];
-    o.writes = planStream(perStream[i], nStreams == 1 ? notification : std::nullopt);
-    o.active = true;
-    outs.push_back(std::move(o));
+  const size_t nStreams = fds_.size();
+  std::vector<Out> outs(nStreams);
+  size_t total = 0;
+  for (const Transfer& tr : transfers) {
+    if (tr.local.size() != tr.remote.size()) return 0;
+    // Striping as TcpTransport::Impl::post().
+    std::vector<std::vector<Piece>> perStream(nStreams);
+    size_t bytes = 0, s = 0;
+    for (const MemDesc& d : tr.local) bytes += d.len;
+    total += bytes;
+    for (size_t i = 0; i < tr.local.size(); ++i) {
+      const uint64_t off = tr.remote[i].addr - remoteBase;
+      if (nStreams == 1 || bytes < kStripeMinBytes) {
+        perStream[0].push_back({tr.local[i].addr, off, tr.local[i].len});
+        continue;
+      }
+      for (size_t o = 0; o < tr.local[i].len; o += kStripeChunk) {
+        perStream[s].push_back({tr.local[i].addr + o, off + o, std::min(kStripeChunk, tr.local[i].len - o)});
+        s = (s + 1) % nStreams;
+      }
+    }
+    for (size_t i = 0; i < nStreams; ++i) {
+      if (perStream[i].empty()) continue;
+      // With several streams the transport sends the notification in a separate end frame
+      // after every stream's ack; the ceiling leaves that round trip out.
+      auto ws = planStream(perStream[i], nStreams == 1 ? tr.notification : std::nullopt);
+      for (auto& w : ws) outs[i].writes.push_back(std::move(w));
+      outs[i].dones++;
+    }
   }
+  for (size_t i = 0; i < nStreams; ++i) outs[i].fd = fds_[i];
+  std::erase_if(outs, [](const Out& o) { return o.dones == 0; });
   // Each stream writes (or reads its "done") until the call would block, then waits for poll().
   auto t = Clock::now();
   for (size_t left = outs.size(); left > 0;) {
     std::vector<pollfd> ps;
     std::vector<Out*> which;
     for (auto& o : outs) {
-      while (o.ready && o.active && o.w < o.writes.size()) {
+      while (o.ready && o.active() && o.w < o.writes.size()) {
         auto& iov = o.writes[o.w].iov;
         const int cnt = int(std::min(kAsioMaxIov, iov.size() - o.at));
         ssize_t n = ::writev(o.fd, iov.data() + o.at, cnt);
@@ -342,20 +345,18 @@ double TcpLike::measure(const DescList& local, const DescList& remote, uintptr_t
           o.at = 0;
         }
       }
-      while (o.ready && o.active && o.w == o.writes.size()) {
-        ssize_t n = ::recv(o.fd, reinterpret_cast<char*>(&o.done) + o.doneGot, sizeof o.done - o.doneGot, 0);
+      while (o.ready && o.active() && o.w == o.writes.size()) {
+        const size_t in = o.doneGot % sizeof o.done;
+        ssize_t n = ::recv(o.fd, reinterpret_cast<char*>(&o.done) + in, sizeof o.done - in, 0);
         if (n < 0 && errno == EAGAIN) {
           o.ready = false;
           break;
         }
         if (n <= 0) return 0;
         o.doneGot += size_t(n);
-        if (o.doneGot == sizeof o.done) {
-          o.active = false;
-          --left;
-        }
+        if (!o.active()) --left;
       }
-      if (o.active) {
+      if (o.active()) {
         ps.push_back({o.fd, short(o.w < o.writes.size() ? POLLOUT : POLLIN), 0});
         which.push_back(&o);
       }

@@ -16,10 +16,13 @@
 // stream ends a measurement instead, as cheap as the transport's ack), notifications, the
 // owner thread. So it bounds the transport from above on the same lane.
 //
-// Threads: one object on the driver's thread; the receiver is a child process.
+// Threads: TcpLike on the driver's thread; TcpLikeReceiver's own reader thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <thread>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -28,11 +31,31 @@
 
 namespace pd::kvt::bench {
 
+// The receiving end, inside the transport's own receiver process (kvtransfer-bench --role
+// recv), landing in the very memory the transport lands in: same process, same pages. Listens
+// on loopback at construction; one thread accepts `streams` connections and then reads them
+// until destruction.
+class TcpLikeReceiver {
+ public:
+  TcpLikeReceiver(int streams, uint8_t* dest, size_t destBytes);
+  ~TcpLikeReceiver();
+  TcpLikeReceiver(const TcpLikeReceiver&) = delete;
+  TcpLikeReceiver& operator=(const TcpLikeReceiver&) = delete;
+  int port() const { return port_; }  // 0: could not listen
+
+ private:
+  int listenFd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread reader_;
+};
+
+// The sending end, in the driver.
 class TcpLike {
  public:
-  // Spawns the receiver (this binary, --role tcplike) with `destBytes` of destination memory
-  // and connects `streams` sockets to it; ok() is false when that failed.
-  TcpLike(int streams, size_t destBytes);
+  // Connects `streams` sockets to a TcpLikeReceiver on loopback `port`; ok() is false when
+  // that failed.
+  TcpLike(int streams, int port);
   ~TcpLike();
   TcpLike(const TcpLike&) = delete;
   TcpLike& operator=(const TcpLike&) = delete;
@@ -43,13 +66,16 @@ class TcpLike {
   double measure(const DescList& local, const DescList& remote, uintptr_t remoteBase,
                  const std::optional<std::string>& notification = std::nullopt);
 
+  // Several transfers posted back to back (the transport pipelines them: no wait between
+  // them), timed until the last one's "done".
+  struct Transfer {
+    DescList local, remote;
+    std::optional<std::string> notification;
+  };
+  double measureMany(const std::vector<Transfer>& transfers, uintptr_t remoteBase);
+
  private:
-  Child child_;
   std::vector<int> fds_;
 };
-
-// The receiver process (--role tcplike --streams N --bytes B): prints "PORT <p>", accepts N
-// connections, reads frames on one thread until QUIT or EOF on stdin.
-int runTcpLikeReceiver(int streams, size_t destBytes);
 
 }  // namespace pd::kvt::bench
