@@ -4,25 +4,27 @@
 //   - cma: raw process_vm_writev of the same segment list into the same receiver process, with
 //     the transport's thread count and batching (<= slice bytes, <= 1,024 iovecs per call);
 //     single-thread memcpy is printed too, as the memory ceiling;
-//   - tcp: raw loopback TCP with the transport's stream count and its 4 MiB write size
-//     (plain sockets read into a large buffer); the best of 64 KiB / 256 KiB / 4 MiB on one
-//     stream is printed too;
+//   - tcp: raw loopback TCP moving the transport's own frames: its stream count, batches,
+//     readv/writev sizes, socket options and one I/O thread per side, into the transport's
+//     receiver process and buffer, without validation, acks or notifications (tcp_like.h);
+//     plain 1-stream sockets (best of 64 KiB / 256 KiB / 4 MiB) are printed for reference;
 //   - ucx: ucx_perftest ucp_put_bw at each segment size with the same UCX_TLS (inherited) and
 //     -e (peer error handling, as the transport's endpoints), when ucx_perftest is installed
 //     (Debian ucx-utils); the figure without -e is printed as what shared memory would give.
+//     When the transport beats perftest -e at any size, perftest bounds nothing on that lane
+//     and no ucx ratio is printed (n/a*; docs/kvtransfer.md "ucx: no like-for-like ceiling").
+// A ceiling the transport beats by more than 10% gets no ratio (n/a*) in any table.
 // The table prints transport GB/s, ceiling GB/s and their ratio for 4 KiB .. 64 MiB segments
-// and the Llama-3-8B case, whole and layer by layer.
-// Then tcp staged GPU memory (device to device through pinned bounce buffers), skipped
-// without a CUDA device. Then the realistic case: the KV of a 4,096-token prompt of a Llama-3-8B-shaped layout
-// (32 layers, 8 KV heads, head dim 128, bf16, 16-token blocks: 512 MiB in 8,192 segments of
-// 64 KiB, scattered blocks), sent whole and layer by layer.
-//
+// and the realistic case: the KV of a 4,096-token prompt of a Llama-3-8B-shaped layout (32
+// layers, 8 KV heads, head dim 128, bf16, 16-token blocks: 512 MiB in 8,192 segments of 64
+// KiB, scattered blocks), sent whole and layer by layer.
 // Last, tcp staged GPU memory (device to device through pinned bounce buffers; skipped
 // without a CUDA device) and a wire-time projection.
 //
 //   kvtransfer-bench [--transports tcp,ucx] [--streams N] [--quick]
 //
-// The receiving process is this binary re-executed with --role recv (or --role rawrecv).
+// The receiving process is this binary re-executed with --role recv (or --role rawrecv for the
+// plain-socket reference).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -10,7 +10,9 @@
 //     payload, payloads under 16 KiB in group frames, the end header in the last batch),
 //     gathered straight from the same source segments, <= 64 iovecs per writev (Asio's limit);
 //   - reads: header, then for every frame its payload (into place at the frame's offset, or a
-//     group into a scratch buffer) together with the next header in one readv.
+//     group into a scratch buffer) together with the next header in one readv;
+//   - memory: the same source segments, and the receiving thread runs in the transport's own
+//     receiver process, landing in the buffer the transport lands in.
 // Left out: everything the transport does beyond moving bytes: validating headers against
 // exposures and grants, scattering group frames, per-transfer acks (one 40-byte "done" per
 // stream ends a measurement instead, as cheap as the transport's ack), notifications, the
