@@ -4,25 +4,27 @@
 //   - cma: raw process_vm_writev of the same segment list into the same receiver process, with
 //     the transport's thread count and batching (<= slice bytes, <= 1,024 iovecs per call);
 //     single-thread memcpy is printed too, as the memory ceiling;
-//   - tcp: raw loopback TCP with the transport's stream count and its 4 MiB write size
-//     (plain sockets read into a large buffer); the best of 64 KiB / 256 KiB / 4 MiB on one
-//     stream is printed too;
+//   - tcp: raw loopback TCP moving the transport's own frames: its stream count, batches,
+//     readv/writev sizes, socket options and one I/O thread per side, into the transport's
+//     receiver process and buffer, without validation, acks or notifications (tcp_like.h);
+//     plain 1-stream sockets (best of 64 KiB / 256 KiB / 4 MiB) are printed for reference;
 //   - ucx: ucx_perftest ucp_put_bw at each segment size with the same UCX_TLS (inherited) and
 //     -e (peer error handling, as the transport's endpoints), when ucx_perftest is installed
 //     (Debian ucx-utils); the figure without -e is printed as what shared memory would give.
+//     When the transport beats perftest -e at any size, perftest bounds nothing on that lane
+//     and no ucx ratio is printed (n/a*; docs/kvtransfer.md "ucx: no like-for-like ceiling").
+// A ceiling the transport beats by more than 10% gets no ratio (n/a*) in any table.
 // The table prints transport GB/s, ceiling GB/s and their ratio for 4 KiB .. 64 MiB segments
-// and the Llama-3-8B case, whole and layer by layer.
-// Then tcp staged GPU memory (device to device through pinned bounce buffers), skipped
-// without a CUDA device. Then the realistic case: the KV of a 4,096-token prompt of a Llama-3-8B-shaped layout
-// (32 layers, 8 KV heads, head dim 128, bf16, 16-token blocks: 512 MiB in 8,192 segments of
-// 64 KiB, scattered blocks), sent whole and layer by layer.
-//
+// and the realistic case: the KV of a 4,096-token prompt of a Llama-3-8B-shaped layout (32
+// layers, 8 KV heads, head dim 128, bf16, 16-token blocks: 512 MiB in 8,192 segments of 64
+// KiB, scattered blocks), sent whole and layer by layer.
 // Last, tcp staged GPU memory (device to device through pinned bounce buffers; skipped
 // without a CUDA device) and a wire-time projection.
 //
 //   kvtransfer-bench [--transports tcp,ucx] [--streams N] [--quick]
 //
-// The receiving process is this binary re-executed with --role recv (or --role rawrecv).
+// The receiving process is this binary re-executed with --role recv (or --role rawrecv for the
+// plain-socket reference).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -53,23 +55,17 @@
 #include <thread>
 #include <vector>
 
+#include "kvtransfer/bench/bench_util.h"
+#include "kvtransfer/bench/tcp_like.h"
 #include "kvtransfer/block_segments.h"
 #include "kvtransfer/transport_factory.h"
 #if PD_HAVE_CMA
 #include "kvtransfer/transports/cma_transport.h"
 #endif
 
-extern char** environ;
-
 namespace pd::kvt::bench {
 void runStagedGpu(bool quick);  // staged_gpu_bench.cpp
 namespace {
-
-using Clock = std::chrono::steady_clock;
-constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
-
-double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-double gbps(size_t bytes, double s) { return s > 0 ? double(bytes) / s / 1e9 : 0; }
 
 std::string hexOf(const std::string& b) {
   static const char* d = "0123456789abcdef";
@@ -87,110 +83,15 @@ std::string unhex(const std::string& h) {
   return o;
 }
 
-// Page-touched buffer (first-touch costs must not land in the measurements).
-std::unique_ptr<uint8_t[]> touched(size_t n, uint8_t v) {
-  std::unique_ptr<uint8_t[]> b(new uint8_t[n]);
-  std::memset(b.get(), v, n);
-  return b;
-}
-
-// CPU seconds (user + system, all threads) this process has used so far.
-double cpuSeconds() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
 std::string sizeName(size_t n) {
   if (n >= kMiB && n % kMiB == 0) return std::to_string(n / kMiB) + " MiB";
   if (n >= kKiB && n % kKiB == 0) return std::to_string(n / kKiB) + " KiB";
   return std::to_string(n) + " B";
 }
 
-// ---- child processes ------------------------------------------------------------------------
-struct Child {
-  pid_t pid = -1;
-  int in = -1;   // we write
-  int out = -1;  // we read
-  std::string buf;
-
-  static Child spawn(std::vector<std::string> args) {
-    int p2c[2], c2p[2];
-    if (::pipe(p2c) != 0 || ::pipe(c2p) != 0) {
-      std::perror("pipe");
-      std::exit(1);
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, p2c[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, c2p[1], 1);
-    posix_spawn_file_actions_addclose(&fa, p2c[1]);
-    posix_spawn_file_actions_addclose(&fa, c2p[0]);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    Child c;
-    if (posix_spawn(&c.pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) {
-      std::perror("posix_spawn");
-      std::exit(1);
-    }
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(p2c[0]);
-    ::close(c2p[1]);
-    c.in = p2c[1];
-    c.out = c2p[0];
-    return c;
-  }
-  void send(const std::string& line) {
-    std::string s = line + "\n";
-    (void)!::write(in, s.data(), s.size());
-  }
-  std::optional<std::string> line(int timeoutMs) {
-    auto end = Clock::now() + std::chrono::milliseconds(timeoutMs);
-    while (true) {
-      auto nl = buf.find('\n');
-      if (nl != std::string::npos) {
-        std::string l = buf.substr(0, nl);
-        buf.erase(0, nl + 1);
-        return l;
-      }
-      int left = int(std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count());
-      if (left <= 0) return std::nullopt;
-      pollfd p{out, POLLIN, 0};
-      if (::poll(&p, 1, left) <= 0) continue;
-      char tmp[4096];
-      ssize_t n = ::read(out, tmp, sizeof tmp);
-      if (n <= 0) return std::nullopt;
-      buf.append(tmp, size_t(n));
-    }
-  }
-  void finish() {
-    send("QUIT");
-    ::close(in);
-    for (int i = 0; i < 300; ++i) {
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) {
-        ::close(out);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    ::close(out);
-  }
-};
-
-std::string selfExe() {
-  char p[4096];
-  ssize_t n = ::readlink("/proc/self/exe", p, sizeof p - 1);
-  if (n <= 0) return "kvtransfer-bench";
-  p[n] = 0;
-  return p;
-}
-
 // Receiver for the transports: registers and exposes `bytes`, prints its PeerInfo, serves
 // until QUIT (the transport's I/O thread writes the data; this loop only harvests).
-int runReceiver(const std::string& name, size_t bytes) {
+int runReceiver(const std::string& name, size_t bytes, int streams) {
   TransportOptions o;
   o.localName = "bench-recv";
   auto t = makeTransport(name, o);
@@ -209,7 +110,11 @@ int runReceiver(const std::string& name, size_t bytes) {
     std::printf("ERROR registration failed\n");
     return 1;
   }
-  std::printf("INFO %s %s %zu\n", hexOf(*conn).c_str(), hexOf(*key).c_str(), size_t(d.addr));
+  // tcp's like-for-like ceiling lands in this same buffer, from this same process.
+  std::unique_ptr<TcpLikeReceiver> like;
+  if (name == "tcp") like = std::make_unique<TcpLikeReceiver>(streams, buf.get(), bytes);
+  std::printf("INFO %s %s %zu %d\n", hexOf(*conn).c_str(), hexOf(*key).c_str(), size_t(d.addr),
+              like ? like->port() : 0);
   std::fflush(stdout);
   std::string pending;
   size_t notes = 0;
@@ -317,64 +222,11 @@ class RawTcp {
     for (size_t chunk : {64 * kKiB, 256 * kKiB, 4 * kMiB}) best = std::max(best, measureChunk(totalBytes / 2, chunk));
     return best;
   }
-  // Like for like with the tcp transport: `streams` sockets in parallel, each writing `chunk`
-  // bytes per send (the transport's batch bound, 4 MiB).
-  double measureStreams(size_t totalBytes, int streams, size_t chunk = 4 * kMiB) {
-    if (streams <= 1) return measureChunk(totalBytes, chunk);
-    if (port_ == 0) return 0;
-    std::vector<int> socks;
-    for (int i = 0; i < streams; ++i) {
-      int s = connectOne(chunk);
-      if (s < 0) break;
-      socks.push_back(s);
-    }
-    auto t = Clock::now();
-    std::vector<std::thread> ts;
-    const size_t per = totalBytes / socks.size();
-    for (size_t i = 0; i < socks.size(); ++i) {
-      ts.emplace_back([&, i] {
-        size_t sent = 0, off = (i * per) % kBuf;
-        while (sent < per) {
-          size_t want = std::min<size_t>(chunk, std::min(per - sent, kBuf - off));
-          ssize_t n = ::send(socks[i], src_.get() + off, want, MSG_NOSIGNAL);
-          if (n <= 0) break;
-          sent += size_t(n);
-          off = (off + size_t(n)) % kBuf;
-        }
-        ::shutdown(socks[i], SHUT_WR);
-      });
-    }
-    for (auto& th : ts) th.join();
-    size_t bytes = 0;
-    for (size_t i = 0; i < socks.size(); ++i) {
-      auto done = child_.line(60000);
-      if (done && done->rfind("DONE ", 0) == 0) bytes += std::stoull(done->substr(5));
-    }
-    double secs = secondsSince(t);
-    for (int s : socks) ::close(s);
-    return gbps(bytes, secs);
-  }
   double cpuPerGB() const { return cpuPerGB_; }
   double childCpu() {
     child_.send("CPU");
     auto l = child_.line(10000);
     return l && l->rfind("CPU ", 0) == 0 ? std::stod(l->substr(4)) : 0;
-  }
-  int connectOne(size_t chunk) {
-    int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int one = 1;
-    uint64_t c64 = chunk;
-    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0 ||
-        ::send(s, &c64, sizeof c64, MSG_NOSIGNAL) != sizeof c64) {
-      ::close(s);
-      return -1;
-    }
-    return s;
   }
   double measureChunk(size_t totalBytes, size_t chunk) {
     if (port_ == 0) return 0;
@@ -432,7 +284,8 @@ std::optional<double> ucxPerftestGBps(size_t size, int iters, bool errorHandling
   Child server = Child::spawn({"/bin/sh", "-c", "exec ucx_perftest -p " + std::to_string(port) + " >/dev/null 2>&1"});
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   std::string cmd = "timeout 60 ucx_perftest 127.0.0.1 -p " + std::to_string(port) + " -t ucp_put_bw" + (errorHandling ? " -e" : "") + " -s " +
-                    std::to_string(size) + " -n " + std::to_string(iters) + " 2>&1";
+                    std::to_string(size) + " -n " + std::to_string(iters) + " -w " +
+                    std::to_string(std::max(1, iters / 10)) + " 2>&1";
   FILE* f = ::popen(cmd.c_str(), "r");
   std::optional<double> out;
   if (f) {
@@ -517,6 +370,7 @@ struct Link {
   PeerId peer = 0;
   uintptr_t remote = 0;
   size_t bytes = 0;
+  int likePort = 0;  // tcp: the receiver's TcpLikeReceiver
 
   double cpuNow() {
     recv.send("CPU");
@@ -549,13 +403,14 @@ Result<std::unique_ptr<Link>> connectLink(const std::string& name, size_t bytes,
   o.tcpStreams = streams;
   o.peerTimeout = std::chrono::milliseconds(30000);
   PD_ASSIGN_OR_RETURN(link->t, makeTransport(name, o));
-  link->recv = Child::spawn({selfExe(), "--role", "recv", "--transport", name, "--bytes", std::to_string(bytes)});
+  link->recv = Child::spawn({selfExe(), "--role", "recv", "--transport", name, "--bytes", std::to_string(bytes),
+                            "--streams", std::to_string(streams)});
   auto l = link->recv.line(30000);
   if (!l || l->rfind("INFO ", 0) != 0) return unavailable("bench: receiver for " + name + " did not start: " + l.value_or("(nothing)"));
   std::istringstream in(l->substr(5));
   std::string conn, key;
   size_t addr = 0;
-  in >> conn >> key >> addr;
+  in >> conn >> key >> addr >> link->likePort;
   link->remote = addr;
   link->bytes = bytes;
   link->src = touched(bytes, 0x5a);
@@ -579,6 +434,7 @@ struct Row {
   double ceilGBps = 0;    // the like-for-like ceiling, best of the same rounds
   double latencyUs = 0;
   double cpuPerGB = 1e9;  // both processes, CPU seconds per GB moved
+  bool ceilBounds = true;  // false: the ceiling was shown not to bound this transport
 };
 
 // The like-for-like ceiling of one transfer's segment lists (GB/s), measured right after the
@@ -629,7 +485,11 @@ struct LlamaResult {
 };
 
 // Llama-3-8B-shaped KV of a 4,096-token prompt: 256 blocks per layer, scattered on both sides.
-LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling) {
+// The like-for-like ceiling of the layer-by-layer case, when it differs from the whole's
+// (tcp: the same transfers posted back to back); null = the whole's figure.
+using LayersCeiling = std::function<double(const std::vector<Segments>& layers)>;
+
+LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const LayersCeiling& layersCeiling) {
   // Llama-3-8B: 32 layers, 8 KV heads x 128, bf16, 16-token blocks: 2 (K|V) x 16 x 8 x 128 x 2 B.
   constexpr size_t kBlockBytes = 2 * 16 * 8 * 128 * 2;
   BlockPool srcPool{reinterpret_cast<uintptr_t>(link.src.get()), kBlockBytes, 256, 32};
@@ -671,15 +531,33 @@ LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling) {
       if (i == 0) res.firstLayerMs = std::min(res.firstLayerMs, secondsSince(t) * 1e3);
     }
     res.layerMs = std::min(res.layerMs, secondsSince(t) * 1e3);
-    // The layers together are the whole list: what cutting it into 32 transfers costs is the
-    // transport's to pay, so the ceiling is the same raw figure as for the whole.
-    res.layerCeilMs = res.wholeCeilMs;
+    if (layersCeiling) {
+      double g = layersCeiling(layers);
+      if (g > 0) res.layerCeilMs = std::min(res.layerCeilMs, double(res.bytes) / g / 1e6);
+    } else {
+      // The layers together are the whole list: what cutting it into 32 transfers costs is
+      // the transport's to pay, so the ceiling is the same raw figure as for the whole.
+      res.layerCeilMs = res.wholeCeilMs;
+    }
   }
   return res;
 }
 
+// A ratio is printed only against a ceiling that bounds the transport: one the transport beats
+// by more than noise (10%) is no ceiling of it, and its "ratio" would say nothing (issue 18).
+bool isBound(double g, double c) { return c > 0 && g <= 1.1 * c; }
+std::string ratioText(double g, double c) {
+  if (c <= 0) return "n/a";
+  if (!isBound(g, c)) return "n/a*";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f%%", 100 * g / c);
+  return b;
+}
+constexpr const char* kNotABound =
+    "  * ceiling more than 10% below the transport: it bounds nothing, so no ratio is printed\n";
+
 void printRatioRow(const char* label, double g, double c) {
-  std::printf("  %-22s %9.2f %9.2f %7.0f%%\n", label, g, c, c > 0 ? 100 * g / c : 0.0);
+  std::printf("  %-22s %9.2f %9.2f %8s\n", label, g, c, ratioText(g, c).c_str());
 }
 
 int runDriver(std::vector<std::string> transports, int streams, bool quick) {
@@ -734,6 +612,7 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
     std::string name;
     double llamaGBps = 0, llamaCeil = 0;
     double minRatioAt1MiB = 1e9;
+    bool unbounded = false;  // some row's ceiling was below the transport (no ratio)
   };
   std::vector<Summary> summaries;
   for (const auto& name : transports) {
@@ -746,15 +625,19 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
     std::printf("\n== %s (%s)\n", name.c_str(), lk.t->caps().details.c_str());
     Ceiling ceiling;
     std::string ceilName;
+    std::unique_ptr<TcpLike> tcpLike;  // tcp's ceiling, into the transport's receiver
     if (name == "cma") {
       const CmaLike c = cmaLike();
       ceiling = [&lk, c](const DescList& l, const DescList& r) { return rawCmaGBps(lk.recv.pid, l, r, c.threads, c.slice); };
       ceilName = "raw process_vm_writev, " + std::to_string(c.threads) + " threads, " + sizeName(c.slice) + " batches";
     } else if (name == "tcp") {
-      ceiling = [&rawTcp, streams](const DescList& l, const DescList&) {
-        return rawTcp.measureStreams(std::max<size_t>(totalBytes(l), 64 * kMiB), streams);
-      };
-      ceilName = "raw loopback TCP, " + std::to_string(streams) + " stream(s), 4 MiB writes";
+      tcpLike = std::make_unique<TcpLike>(streams, lk.likePort);
+      if (tcpLike->ok()) {
+        ceiling = [&tcpLike, &lk](const DescList& l, const DescList& r) { return tcpLike->measure(l, r, lk.remote); };
+      }
+      ceilName = "raw loopback TCP moving the same frames: " + std::to_string(streams) +
+                 " stream(s), the transport's batches and readv/writev sizes, one I/O thread per side, no "
+                 "validation or acks (tcp_like.h)" + (tcpLike->ok() ? "" : ": DID NOT START");
     } else if (name == "ucx" && !ucxBySize.empty()) {
       ceiling = [&ucxBySize](const DescList& l, const DescList&) {
         auto it = ucxBySize.find(l.empty() ? 0 : l[0].len);
@@ -785,26 +668,72 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
                 "latency p50", "CPU s/GB");
     Summary sum;
     sum.name = name;
+    // ucx_perftest is another program run before the sweep: if the transport beats it at any
+    // size it has been shown not to bound the transport on this lane, and no ucx row gets a
+    // ratio (cma's and tcp's ceilings are measured right after each transfer: judged per row).
+    if (name == "ucx") {
+      const bool bounds = std::all_of(rows.begin(), rows.end(),
+                                      [](const Row& r) { return r.ceilGBps <= 0 || isBound(r.gbps, r.ceilGBps); });
+      if (!bounds) {
+        for (auto& r : rows) r.ceilBounds = false;
+      }
+    }
+    bool footnote = false;
     for (const auto& r : rows) {
-      std::printf("  %-9s %9zu %9.2f %9.2f %7.0f%% %11.1f us %10.3f\n", sizeName(r.segSize).c_str(), r.segments,
-                  r.gbps, r.ceilGBps, r.ceilGBps > 0 ? 100 * r.gbps / r.ceilGBps : 0.0, r.latencyUs, r.cpuPerGB);
-      if (r.segSize >= kMiB && r.ceilGBps > 0) sum.minRatioAt1MiB = std::min(sum.minRatioAt1MiB, r.gbps / r.ceilGBps);
+      const bool bound = r.ceilBounds && isBound(r.gbps, r.ceilGBps);
+      std::printf("  %-9s %9zu %9.2f %9.2f %8s %11.1f us %10.3f\n", sizeName(r.segSize).c_str(), r.segments, r.gbps,
+                  r.ceilGBps, r.ceilGBps > 0 && !bound ? "n/a*" : ratioText(r.gbps, r.ceilGBps).c_str(), r.latencyUs,
+                  r.cpuPerGB);
+      footnote |= r.ceilGBps > 0 && !bound;
+      if (r.segSize < kMiB || r.ceilGBps <= 0) continue;
+      if (bound) {
+        sum.minRatioAt1MiB = std::min(sum.minRatioAt1MiB, r.gbps / r.ceilGBps);
+      } else {
+        sum.unbounded = true;
+      }
+    }
+    const bool ucxUnbounded = name == "ucx" && footnote;
+    if (footnote && !ucxUnbounded) std::printf("%s", kNotABound);
+    if (ucxUnbounded) {
+      // Why (docs/kvtransfer.md "ucx: no like-for-like ceiling here"): with peer error handling
+      // UCX 1.13 keeps only tcp between two local processes, where ucp_put is emulated with
+      // active messages; ucx_perftest -e drives the same emulation its own way, slower.
+      std::printf("  * ucx_perftest -e runs more than 10%% below the transport at some size, so it bounds nothing and no\n"
+                  "  ucx ratio is printed at any size\n"
+                  "  (docs/kvtransfer.md \"ucx: no like-for-like ceiling here\"; the endpoint's lane is in the line above)\n");
+      const auto at4 = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.segSize == 4 * kMiB; });
+      if (lk.t->caps().details.find("tcp/") != std::string::npos && at4 != rows.end() && raw > 0) {
+        std::printf("  for scale only: its lane is tcp, raw 1-stream loopback TCP (reference above) %.2f GB/s, ucx at "
+                    "4 MiB %.2f GB/s (%.0f%%)\n",
+                    raw, at4->gbps, 100 * at4->gbps / raw);
+      }
     }
     Ceiling llamaCeil = ceiling;
-    if (name == "ucx" && !ucxBySize.empty()) {
+    if (name == "ucx" && sum.unbounded) {
+      llamaCeil = nullptr;  // perftest bounds nothing here (above): no Llama ratio either
+    } else if (name == "ucx" && !ucxBySize.empty()) {
       // 64 KiB segments: perftest at 64 KiB.
       llamaCeil = [&ucxBySize](const DescList&, const DescList&) {
         auto it = ucxBySize.find(64 * kKiB);
         return it == ucxBySize.end() ? 0.0 : it->second;
       };
     }
-    LlamaResult lr = llamaCase(lk, quick ? 2 : 3, llamaCeil);
+    LayersCeiling layersCeil;
+    if (name == "tcp" && tcpLike && tcpLike->ok()) {
+      layersCeil = [&tcpLike, &lk](const std::vector<Segments>& layers) {
+        std::vector<TcpLike::Transfer> ts;
+        for (size_t l = 0; l < layers.size(); ++l) ts.push_back({layers[l].local, layers[l].remote, "layer " + std::to_string(l)});
+        return tcpLike->measureMany(ts, lk.remote);
+      };
+    }
+    LlamaResult lr = llamaCase(lk, quick ? 2 : 3, llamaCeil, layersCeil);
     std::printf("  Llama-3-8B KV, 4,096-token prompt (%zu MiB, %zu segments of 64 KiB):\n", lr.bytes / kMiB,
                 lr.segments);
     std::printf("  %-22s %9s %9s %8s\n", "", "GB/s", "ceiling", "ratio");
     auto g = [&](double ms) { return ms < 1e8 ? gbps(lr.bytes, ms / 1e3) : 0.0; };
     printRatioRow("whole", g(lr.wholeMs), g(lr.wholeCeilMs));
     printRatioRow("layer by layer", g(lr.layerMs), g(lr.layerCeilMs));
+    if (lr.wholeCeilMs < 1e8 && !isBound(g(lr.wholeMs), g(lr.wholeCeilMs))) std::printf("%s", kNotABound);
     std::printf("    whole %.1f ms; layer by layer %.1f ms, first layer confirmed after %.1f ms\n", lr.wholeMs,
                 lr.layerMs, lr.firstLayerMs);
     sum.llamaGBps = g(lr.wholeMs);
@@ -816,12 +745,13 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
   std::printf("\n== targets (issue 18)\n");
   for (const auto& s : summaries) {
     // A "ceiling" the transport beats by more than noise is no bound: say so instead of "met".
-    const char* verdict = s.minRatioAt1MiB >= 1e8   ? "no ceiling measured"
-                          : s.minRatioAt1MiB > 1.25 ? "ceiling below the transport: not a bound"
+    const char* verdict = s.unbounded               ? "n/a: the ceiling is below the transport, not a bound"
+                          : s.minRatioAt1MiB >= 1e8 ? "no ceiling measured"
                           : s.minRatioAt1MiB >= 0.9 ? "met"
                                                     : "NOT met";
-    std::printf("  %-5s >= 90%% of its ceiling at >= 1 MiB segments: %s (lowest %.0f%%)\n", s.name.c_str(), verdict,
-                s.minRatioAt1MiB < 1e8 ? 100 * s.minRatioAt1MiB : 0.0);
+    std::printf("  %-5s >= 90%% of its ceiling at >= 1 MiB segments: %s", s.name.c_str(), verdict);
+    if (s.minRatioAt1MiB < 1e8) std::printf(" (lowest ratio %.0f%%)", 100 * s.minRatioAt1MiB);
+    std::printf("\n");
     if (s.name == "cma") {
       std::printf("  cma   Llama 512 MiB >= 10 GB/s and >= 80%% of its ceiling: %.2f GB/s, %.0f%%: %s\n", s.llamaGBps,
                   s.llamaCeil > 0 ? 100 * s.llamaGBps / s.llamaCeil : 0.0,
@@ -884,7 +814,7 @@ int main(int argc, char** argv) {
     }
   }
   ::signal(SIGPIPE, SIG_IGN);
-  if (role == "recv") return runReceiver(transport, bytes);
+  if (role == "recv") return runReceiver(transport, bytes, streams);
   if (role == "rawrecv") return runRawReceiver(bytes);
   if (transports.empty()) {
     for (const auto& n : pd::kvt::builtTransports()) {

@@ -33,6 +33,7 @@
 #include "common/base/log.h"
 #include "common/base/random.h"
 #include "kvtransfer/segment_matcher.h"
+#include "kvtransfer/transports/tcp/tcp_batching.h"
 #include "kvtransfer/staging_ring.h"
 
 namespace pd::kvt {
@@ -44,12 +45,8 @@ using asio::ip::tcp;
 inline constexpr uint32_t kMagic = 0x544b4450;  // "PDKT" little-endian; also catches endianness
 // 2: the receiver speaks first (a kChallenge frame), and the hello may carry a proof (issue 13).
 inline constexpr uint16_t kWireVersion = 2;
-inline constexpr size_t kMaxBatchBytes = 4 << 20;   // bounds cancel latency and interleaving
-inline constexpr size_t kMaxBatchBuffers = 256;     // per gathered write (Asio issues 64 per writev)
-inline constexpr size_t kSmallPayload = 16 << 10;   // smaller payloads travel in group frames
+// kMaxBatchBytes, kMaxBatchBuffers, kSmallPayload, kStripeMinBytes, kStripeChunk: tcp_batching.h.
 inline constexpr size_t kMaxGroupBytes = 8 << 20;   // receiver-side bound on one group frame
-inline constexpr size_t kStripeMinBytes = 4 << 20;  // smaller transfers stay on one stream
-inline constexpr size_t kStripeChunk = 1 << 20;
 inline constexpr size_t kMaxNotification = 1 << 20;
 inline constexpr size_t kMaxNameLen = 256;
 inline constexpr size_t kMaxAckMessage = 64 << 10;
@@ -95,7 +92,7 @@ struct WireHeader {
   uint64_t addr = 0;
   uint64_t len = 0;
 };
-static_assert(sizeof(WireHeader) == 40, "the wire header is 40 bytes");
+static_assert(sizeof(WireHeader) == kWireHeaderBytes, "the wire header is 40 bytes");
 
 // Asio's transfer_all moves at most 64 KiB per syscall; the bulk paths let the kernel take
 // (or give) as much as it can in one writev/readv instead.
