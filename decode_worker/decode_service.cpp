@@ -99,6 +99,7 @@ class DecodeRole final : public worker::RolePolicy {
     SteadyTime kvReadyAt;                       // when that PrefillDone arrived
     int completionTokens = 0;
     bool wantLogprobs = false;
+    uint32_t cachedPromptTokens = 0;  // the prefix hit where the prompt was prefilled
   };
 
   void onGenerate(worker::RouterId from, proto::Generate gen) {
@@ -163,6 +164,9 @@ class DecodeRole final : public worker::RolePolicy {
           if (!s.firstToken) {
             s.firstToken = steadyNow();
             first.push_back(e.requestId);
+            // Recomputed here after a failed remote prefill: the local hit is the actual one.
+            if (s.remoteSplit) s.cachedPromptTokens = s.remoteSplit->prefill_cached_tokens();
+            else if (const engine::Request* r = engine_.find(e.requestId)) s.cachedPromptTokens = uint32_t(r->numCachedPromptTokens());
           }
           ++s.completionTokens;
           loop_.metrics().generationTokens.inc();
@@ -198,6 +202,7 @@ class DecodeRole final : public worker::RolePolicy {
     auto* usage = chunk->mutable_usage();
     usage->set_prompt_tokens(static_cast<uint32_t>(s.gen.prompt_token_ids_size()));
     usage->set_completion_tokens(static_cast<uint32_t>(s.completionTokens));
+    usage->set_cached_tokens(s.cachedPromptTokens);
     auto* timings = chunk->mutable_timings();
     const std::string& me = loop_.flags().workerId;
     timings->set_decode_worker_id(me);

@@ -203,6 +203,8 @@ void PrefillJobs::finish(uint64_t id) {
   d->set_first_token_id(static_cast<uint32_t>(job.first->id));
   *d->mutable_first_logprob() = worker::toProto(*job.first);
   d->set_bytes_transferred(job.bytes);
+  // The actual prefix hit, which the router compares with its prediction (docs/kv_events.md).
+  if (const engine::Request* r = loop_.engine().find(id)) d->set_cached_prompt_tokens(uint32_t(r->numCachedPromptTokens()));
   auto* t = d->mutable_timings();
   t->set_prefill_worker_id(loop_.flags().workerId);
   t->set_route(proto::ROUTE_DISAGGREGATED);

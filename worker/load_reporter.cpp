@@ -66,6 +66,7 @@ proto::Envelope LoadReporter::reportFor(proto::Role role, const std::string& wor
   r->set_prefill_tokens_per_s(s.engine.prefillTokensPerS);
   r->set_decode_step_ms(s.engine.decodeStepMs);
   r->set_draining(s.draining);
+  r->set_kv_event_seq(s.kvEventSeq);
   r->set_sent_at_unix_us(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count()));

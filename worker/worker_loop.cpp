@@ -72,6 +72,8 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
   std::vector<RouterTarget> targets = flags_.routers;
   for (auto& t : targets)
     if (t.port == 0) t.port = config_.router.controlPort;
+  const bool publish = config_.engine.publishKvEvents && config_.engine.enablePrefixCaching;
+  hello.set_kv_events(publish);
   routers_ = std::make_unique<RouterLinks>(
       io_, inbox_, std::move(targets),
       [&] {
@@ -79,16 +81,37 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
         o.hello = std::move(hello);
         return o;
       }(),
-      RouterLinks::Handlers{[this](RouterId from, proto::Envelope&& env) { policy_->onRouterMessage(from, std::move(env)); },
-                            [this](RouterId router, bool up, const Status& why) {
-                              routersUp_ = routers_->anyUp();
-                              policy_->onRouterState(router, up, why);
-                            }});
+      RouterLinks::Handlers{
+          [this](RouterId from, proto::Envelope&& env) { onRouterMessage(from, std::move(env)); },
+          [this](RouterId router, bool up, const Status& why) { onRouterState(router, up, why); }});
+  if (publish) {
+    kvEvents_ = std::make_unique<KvEventPublisher>(
+        engine().kv(),
+        KvEventPublisher::Sink{[this](const proto::Envelope& env) { routers_->broadcast(env, true); },
+                               [this](RouterId to, proto::Envelope env) { (void)routers_->send(to, std::move(env)); }},
+        registry_);
+  }
   reporter_ = std::make_unique<LoadReporter>(io_, *routers_, metrics_, role_, flags_.workerId,
                                              milliseconds(config_.router.loadReportIntervalMs));
   thread_ = std::thread([this] { loop(); });
   routers_->start();
   reporter_->start();
+}
+
+// KV events are the loop's, not the role's: a router's resync request is answered here.
+void WorkerLoop::onRouterMessage(RouterId from, proto::Envelope&& env) {
+  if (env.body_case() == proto::Envelope::kKvResync) {
+    if (kvEvents_ && routers_->takesKvEvents(from)) kvEvents_->snapshotTo(from);
+    return;
+  }
+  policy_->onRouterMessage(from, std::move(env));
+}
+
+// A router that registered us starts from a snapshot of our cache (docs/kv_events.md).
+void WorkerLoop::onRouterState(RouterId router, bool up, const Status& why) {
+  routersUp_ = routers_->anyUp();
+  if (up && kvEvents_ && routers_->takesKvEvents(router)) kvEvents_->snapshotTo(router);
+  policy_->onRouterState(router, up, why);
 }
 
 void WorkerLoop::drain(milliseconds timeout) {
@@ -184,8 +207,11 @@ void WorkerLoop::loop() {
       if (!s.isOk()) PD_LOG(kError, roleName()) << "step failed: " << s.toString();
       policy_->onStepEvents(events);
     }
+    // Before the load snapshot: a report never names a batch that was not sent yet.
+    if (kvEvents_) kvEvents_->flush();
     LoadSnapshot snapshot;
     snapshot.engine = engine().load();
+    snapshot.kvEventSeq = kvEvents_ ? kvEvents_->seq() : 0;
     snapshot.draining = draining_.load();
     policy_->addLoad(snapshot);
     reporter_->publish(snapshot);

@@ -34,6 +34,7 @@
 #include "kvtransfer/agent.h"
 #include "worker/engine_setup.h"
 #include "worker/flags.h"
+#include "worker/kv_event_publisher.h"
 #include "worker/load_reporter.h"
 #include "worker/loop_inbox.h"
 #include "worker/router_links.h"
@@ -123,6 +124,8 @@ class WorkerLoop {
 
  private:
   void loop();
+  void onRouterMessage(RouterId from, proto::Envelope&& env);
+  void onRouterState(RouterId router, bool up, const Status& why);
   void runDueTimers();
   std::vector<std::string> routerHosts() const;
   std::chrono::microseconds idleWait() const;
@@ -144,6 +147,8 @@ class WorkerLoop {
   std::unique_ptr<kvt::TransferAgent> agent_;
   std::unique_ptr<RouterLinks> routers_;
   std::unique_ptr<LoadReporter> reporter_;
+  // Set when engine.publish_kv_events and prefix caching are on (docs/kv_events.md).
+  std::unique_ptr<KvEventPublisher> kvEvents_;
   RolePolicy* policy_ = nullptr;
 
   // Timers, loop thread only.
