@@ -205,9 +205,13 @@ void WorkerLoop::loop() {
       });
       reporter_->stepEnded();
       if (!s.isOk()) PD_LOG(kError, roleName()) << "step failed: " << s.toString();
+      // The blocks this step named go out before its tokens: a router that has a request's
+      // last chunk has the KV events of its prompt.
+      if (kvEvents_) kvEvents_->flush();
       policy_->onStepEvents(events);
     }
-    // Before the load snapshot: a report never names a batch that was not sent yet.
+    // What the role's handlers changed (frees, reservations that evicted). Before the load
+    // snapshot: a report never names a batch that was not sent yet.
     if (kvEvents_) kvEvents_->flush();
     LoadSnapshot snapshot;
     snapshot.engine = engine().load();
