@@ -164,15 +164,16 @@ class DecodeRole final : public worker::RolePolicy {
           if (!s.firstToken) {
             s.firstToken = steadyNow();
             first.push_back(e.requestId);
-            // Recomputed here after a failed remote prefill: the local hit is the actual one.
-            if (s.remoteSplit) s.cachedPromptTokens = s.remoteSplit->prefill_cached_tokens();
-            else if (const engine::Request* r = engine_.find(e.requestId)) s.cachedPromptTokens = uint32_t(r->numCachedPromptTokens());
           }
           ++s.completionTokens;
           loop_.metrics().generationTokens.inc();
           break;
         case EngineEvent::Kind::kFinished:
           chunk->set_finish_reason(toProtoFinish(e.reason));
+          // Where the prompt was prefilled: the prefill worker's hit, or ours (colocated, or
+          // recomputed here after a failed remote prefill: no split then).
+          s.cachedPromptTokens = s.remoteSplit ? s.remoteSplit->prefill_cached_tokens()
+                                               : uint32_t(e.timings.cachedPromptTokens);
           fillSummary(s, chunk);
           chunk->mutable_timings()->set_queue_ms(1e3 * e.timings.queueSeconds);
           finished.emplace(e.requestId, e.timings);

@@ -358,6 +358,29 @@ TEST_CASE("KV events: the router's exact index predicts the worker's actual pref
   CHECK(workerMetric(*c, "decode-0", "pdserve_kv_event_batches_total{kind=\"snapshot\"}") >= 1);
 }
 
+TEST_CASE("KV events, disaggregated: the prefill worker's actual hit is what its exact index predicted") {
+  ClusterSpec spec{/*shortPromptTokens=*/64};
+  spec.prefixAwareRouting = true;
+  auto c = startCluster("kv-events-disagg", spec);
+  for (const char* w : {"prefill-0", "decode-0"}) {
+    REQUIRE(waitRouterMetric(*c, "pdserve_router_kv_index_current{worker=\"" + std::string(w) + "\"}",
+                             [](double v) { return v == 1; }) == 1);
+  }
+  const auto a = prompt(300, 95);
+  auto r = complete(*c, a, 2);
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+  // 200 of a's tokens and 200 new ones: 192 cached on both workers, 208 uncached > 64.
+  std::vector<int32_t> b(a.begin(), a.begin() + 200);
+  for (int32_t t : prompt(200, 96)) b.push_back(t);
+  r = complete(*c, b, 2);
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"exact\"}") == 192);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"actual\"}") == 192);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_predictions_total{index=\"exact\",outcome=\"match\"}") == 2);
+}
+
 TEST_CASE("KV events off on either side: the router routes on the predicted index") {
   ClusterSpec spec;
   spec.prefixAwareRouting = true;
