@@ -23,20 +23,29 @@ uint64_t unixUsNow() {
 
 }  // namespace
 
-void appendKvEvents(std::span<const engine::KvBlockEvent> events, proto::KvEventBatch* batch) {
-  proto::KvEvent* last = nullptr;
-  for (const auto& e : events) {
-    const auto kind = toProtoKind(e.kind);
-    const bool merge = last && last->kind() == kind &&
-                       ((kind == proto::KvEvent::BLOCK_STORED && last->block_hashes_size() > 0 &&
-                         last->block_hashes(last->block_hashes_size() - 1) == e.parentHash) ||
-                        kind == proto::KvEvent::BLOCK_REMOVED);
-    if (!merge) {
-      last = batch->add_events();
-      last->set_kind(kind);
-      if (kind == proto::KvEvent::BLOCK_STORED) last->set_parent_block_hash(e.parentHash);
+std::vector<std::span<const engine::KvBlockEvent>> kvEventRuns(std::span<const engine::KvBlockEvent> events) {
+  using Kind = engine::KvBlockEvent::Kind;
+  std::vector<std::span<const engine::KvBlockEvent>> runs;
+  size_t begin = 0;
+  for (size_t i = 1; i <= events.size(); ++i) {
+    const bool continues = i < events.size() && events[i].kind == events[i - 1].kind &&
+                           (events[i].kind == Kind::kRemoved ||
+                            (events[i].kind == Kind::kStored && events[i].parentHash == events[i - 1].hash));
+    if (!continues) {
+      runs.push_back(events.subspan(begin, i - begin));
+      begin = i;
     }
-    if (kind != proto::KvEvent::ALL_BLOCKS_CLEARED) last->add_block_hashes(e.hash);
+  }
+  return runs;
+}
+
+void appendKvEvents(std::span<const engine::KvBlockEvent> events, proto::KvEventBatch* batch) {
+  for (const auto run : kvEventRuns(events)) {
+    proto::KvEvent* e = batch->add_events();
+    e->set_kind(toProtoKind(run.front().kind));
+    if (run.front().kind == engine::KvBlockEvent::Kind::kAllCleared) continue;
+    if (run.front().kind == engine::KvBlockEvent::Kind::kStored) e->set_parent_block_hash(run.front().parentHash);
+    for (const auto& b : run) e->add_block_hashes(b.hash);
   }
 }
 
@@ -66,6 +75,7 @@ void KvEventPublisher::flush() {
   seq_.store(b->seq());
   sink_.broadcast(env);
   batches_.inc();
+  if (sink_.tap) sink_.tap(events, createdUs);
 }
 
 void KvEventPublisher::snapshotTo(RouterId router) {

@@ -24,8 +24,12 @@
 
 namespace pd::worker {
 
-// The proto form of `events`, consecutive events of one kind merged into one KvEvent when
-// they continue each other (a stored chain: each block's parent the one before it).
+// `events` cut into runs that one wire event can carry: consecutive events of one kind that
+// continue each other (stored: each block's parent the block before it; removed: any).
+// ALL_BLOCKS_CLEARED is always a run of its own.
+std::vector<std::span<const engine::KvBlockEvent>> kvEventRuns(std::span<const engine::KvBlockEvent> events);
+
+// The proto form of `events`: one KvEvent per run.
 void appendKvEvents(std::span<const engine::KvBlockEvent> events, proto::KvEventBatch* batch);
 
 class KvEventPublisher {
@@ -33,6 +37,9 @@ class KvEventPublisher {
   struct Sink {
     std::function<void(const proto::Envelope&)> broadcast;  // to every router that takes events
     std::function<void(RouterId, proto::Envelope)> sendTo;  // to one router
+    // Optional: every flushed batch's events as the cache recorded them (token ids included),
+    // with their creation time: the ZeroMQ publisher (worker/zmq_kv_publisher.h).
+    std::function<void(std::span<const engine::KvBlockEvent>, uint64_t createdUnixUs)> tap;
   };
   // Turns the manager's event recording on. maxEventsPerFrame bounds one frame of a
   // snapshot (a large cache is sent as several frames with one seq).

@@ -57,6 +57,12 @@ Status WorkerLoop::prepare() {
   PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
   metrics_.setCacheConfig(engine().kv().layout().blockSize, engine().kv().numTotalBlocks());
+  if (const auto& ev = config_.engine.kvEvents; !ev.zmqEndpoint.empty() && config_.engine.enablePrefixCaching) {
+    PD_ASSIGN_OR_RETURN(zmq_, ZmqKvPublisher::bind(ev.zmqEndpoint, ev.zmqTopic, engine().kv().layout().blockSize,
+                                                   config_.engine.backend == config::Backend::kCuda ? "GPU" : "CPU"));
+    PD_LOG(kInfo, roleName()) << flags_.workerId << ": KV events on " << zmq_->endpoint() << " (topic '"
+                              << ev.zmqTopic << "')";
+  }
   metrics_.modelLoadSeconds.set(bundle_.loadSeconds);
   return Status::ok();
 }
@@ -72,7 +78,7 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
   std::vector<RouterTarget> targets = flags_.routers;
   for (auto& t : targets)
     if (t.port == 0) t.port = config_.router.controlPort;
-  const bool publish = config_.engine.publishKvEvents && config_.engine.enablePrefixCaching;
+  const bool publish = config_.engine.kvEvents.publish && config_.engine.enablePrefixCaching;
   hello.set_kv_events(publish);
   routers_ = std::make_unique<RouterLinks>(
       io_, inbox_, std::move(targets),
@@ -84,12 +90,18 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
       RouterLinks::Handlers{
           [this](RouterId from, proto::Envelope&& env) { onRouterMessage(from, std::move(env)); },
           [this](RouterId router, bool up, const Status& why) { onRouterState(router, up, why); }});
-  if (publish) {
-    kvEvents_ = std::make_unique<KvEventPublisher>(
-        engine().kv(),
-        KvEventPublisher::Sink{[this](const proto::Envelope& env) { routers_->broadcast(env, true); },
-                               [this](RouterId to, proto::Envelope env) { (void)routers_->send(to, std::move(env)); }},
-        registry_);
+  if (publish || zmq_) {
+    KvEventPublisher::Sink sink{[this, publish](const proto::Envelope& env) {
+                                  if (publish) routers_->broadcast(env, true);
+                                },
+                                [this](RouterId to, proto::Envelope env) { (void)routers_->send(to, std::move(env)); },
+                                nullptr};
+    if (zmq_) {
+      sink.tap = [this](std::span<const engine::KvBlockEvent> events, uint64_t createdUs) {
+        zmq_->publish(events, createdUs);
+      };
+    }
+    kvEvents_ = std::make_unique<KvEventPublisher>(engine().kv(), std::move(sink), registry_);
   }
   reporter_ = std::make_unique<LoadReporter>(io_, *routers_, metrics_, role_, flags_.workerId,
                                              milliseconds(config_.router.loadReportIntervalMs));

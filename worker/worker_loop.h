@@ -35,6 +35,7 @@
 #include "worker/engine_setup.h"
 #include "worker/flags.h"
 #include "worker/kv_event_publisher.h"
+#include "worker/zmq_kv_publisher.h"
 #include "worker/load_reporter.h"
 #include "worker/loop_inbox.h"
 #include "worker/router_links.h"
@@ -147,8 +148,10 @@ class WorkerLoop {
   std::unique_ptr<kvt::TransferAgent> agent_;
   std::unique_ptr<RouterLinks> routers_;
   std::unique_ptr<LoadReporter> reporter_;
-  // Set when engine.publish_kv_events and prefix caching are on (docs/kv_events.md).
+  // Set when prefix caching and engine.kv_events.publish or .zmq_endpoint are on
+  // (docs/kv_events.md); zmq_ is bound in prepare() when zmq_endpoint is set.
   std::unique_ptr<KvEventPublisher> kvEvents_;
+  std::unique_ptr<ZmqKvPublisher> zmq_;
   RolePolicy* policy_ = nullptr;
 
   // Timers, loop thread only.

@@ -157,7 +157,12 @@ struct EngineConfig {
   int maxQueue = 1024;         // waiting requests beyond this are rejected (503)
   int tensorParallelSize = 1;  // 1, 2, 4, 8; > 1 needs the cuda backend
   bool enablePrefixCaching = true;
-  bool publishKvEvents = true;  // send KV events to routers that take them (docs/kv_events.md)
+  // engine.kv_events (docs/kv_events.md): the prefix cache's block events.
+  struct KvEvents {
+    bool publish = true;          // to routers that take them, over the control connection
+    std::string zmqEndpoint;      // also on a ZeroMQ PUB socket bound here (vLLM's schema); "": off
+    std::string zmqTopic = "kv-events";
+  } kvEvents;
   // SIGTERM: the worker stops taking work and gives its in-flight requests this long to
   // finish before it ends the rest (docs/architecture.md, "Shutdown and drain").
   int64_t drainTimeoutMs = 30000;
