@@ -1,5 +1,7 @@
 #include "router/kv_event_index.h"
 
+#include "router/prefix_index.h"
+
 namespace pd::router {
 
 void KvEventIndex::addWorker(const std::string& worker) {
@@ -84,10 +86,7 @@ bool KvEventIndex::takeResyncDue(const std::string& worker, SteadyTime now) {
 
 int64_t KvEventIndex::cachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const {
   auto it = workers_.find(worker);
-  if (it == workers_.end()) return 0;
-  size_t n = 0;
-  while (n < hashes.size() && it->second.blocks.count(hashes[n])) ++n;
-  return int64_t(n) * blockSize_;
+  return it == workers_.end() ? 0 : leadingCachedTokens(it->second.blocks, hashes, blockSize_);
 }
 
 size_t KvEventIndex::blocks(const std::string& worker) const {

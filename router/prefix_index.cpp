@@ -10,10 +10,7 @@ std::vector<uint64_t> PrefixIndex::blockHashes(std::span<const int32_t> tokens) 
 
 int64_t PrefixIndex::cachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const {
   auto it = workers_.find(worker);
-  if (it == workers_.end()) return 0;
-  size_t n = 0;
-  while (n < hashes.size() && it->second.where.count(hashes[n])) ++n;
-  return int64_t(n) * blockSize_;
+  return it == workers_.end() ? 0 : leadingCachedTokens(it->second.where, hashes, blockSize_);
 }
 
 void PrefixIndex::record(const std::string& worker, std::span<const uint64_t> hashes,

@@ -5,23 +5,12 @@
 #include <catch2/catch.hpp>
 #include <numeric>
 
+#include "tests/unit/worker/small_kv.h"
+
 using namespace pd;
 using namespace pd::worker;
 
 namespace {
-
-std::unique_ptr<engine::KvCacheManager> makeKv(int numBlocks) {
-  engine::KvLayout l;
-  l.numLayers = 1;
-  l.numBlocks = numBlocks;
-  l.blockSize = 2;
-  l.numKvHeads = 1;
-  l.headDim = 4;
-  l.dtype = engine::KvDtype::kF32;
-  auto kv = engine::KvCacheManager::create(l, engine::KvCacheManager::Backing::kAccountingOnly);
-  REQUIRE(kv.ok());
-  return std::move(kv).value();
-}
 
 struct Sent {
   std::vector<proto::Envelope> all;
@@ -31,7 +20,7 @@ struct Sent {
 }  // namespace
 
 TEST_CASE("kv event publisher: one batch per flush, chains merged, snapshots framed with the last seq") {
-  auto kv = makeKv(8);
+  auto kv = pd::test::smallAccountingKv(8, 2);
   metrics::Registry reg;
   Sent sent;
   KvEventPublisher pub(*kv,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tests/test_skip.h"
+#include "tests/unit/worker/small_kv.h"
 #include "worker/kv_event_publisher.h"
 
 #if PD_HAVE_ZMQ
@@ -135,17 +136,9 @@ TEST_CASE("zmq kv events: a SUB socket decodes stored and removed blocks in vLLM
   auto pub = ZmqKvPublisher::bind("tcp://127.0.0.1:*", "kv-events", 2, "CPU");
   INFO(pub.status().toString());
   REQUIRE(pub.ok());
-  engine::KvLayout l;
-  l.numLayers = 1;
-  l.numBlocks = 4;
-  l.blockSize = 2;
-  l.numKvHeads = 1;
-  l.headDim = 4;
-  l.dtype = engine::KvDtype::kF32;
-  auto kv = engine::KvCacheManager::create(l, engine::KvCacheManager::Backing::kAccountingOnly);
-  REQUIRE(kv.ok());
+  auto kv = pd::test::smallAccountingKv(4, 2);
   metrics::Registry reg;
-  KvEventPublisher events(**kv,
+  KvEventPublisher events(*kv,
                           KvEventPublisher::Sink{[](const proto::Envelope&) {}, [](RouterId, proto::Envelope) {},
                                                  [&](std::span<const engine::KvBlockEvent> ev, uint64_t us) {
                                                    pub.value()->publish(ev, us);
@@ -161,9 +154,9 @@ TEST_CASE("zmq kv events: a SUB socket decodes stored and removed blocks in vLLM
   std::optional<Message> got;
   for (int i = 0; i < 200 && (!got || i < 4); ++i) {  // 4+: every block ends cached
     const std::vector<int32_t> warm = {100 + i, 101};
-    REQUIRE((*kv)->allocate(1000 + i, 2).isOk());
-    REQUIRE((*kv)->cacheComputedBlocks(1000 + i, warm, 2).isOk());
-    REQUIRE((*kv)->free(1000 + i).isOk());
+    REQUIRE(kv->allocate(1000 + i, 2).isOk());
+    REQUIRE(kv->cacheComputedBlocks(1000 + i, warm, 2).isOk());
+    REQUIRE(kv->free(1000 + i).isOk());
     events.flush();
     if (!got) got = receive(sub, 20);
   }
@@ -173,10 +166,10 @@ TEST_CASE("zmq kv events: a SUB socket decodes stored and removed blocks in vLLM
   const uint64_t nextSeq = pub.value()->sent();
 
   std::vector<int32_t> a = {1, 2, 3, 4, 5, 6};
-  REQUIRE((*kv)->numCachedFreeBlocks() >= 3);
-  const size_t evicted = size_t(3 - ((*kv)->numFreeBlocks() - (*kv)->numCachedFreeBlocks()));
-  REQUIRE((*kv)->allocate(1, 6).isOk());  // evicts warm-up blocks: a removed event first
-  REQUIRE((*kv)->cacheComputedBlocks(1, a, 6).isOk());
+  REQUIRE(kv->numCachedFreeBlocks() >= 3);
+  const size_t evicted = size_t(3 - (kv->numFreeBlocks() - kv->numCachedFreeBlocks()));
+  REQUIRE(kv->allocate(1, 6).isOk());  // evicts warm-up blocks: a removed event first
+  REQUIRE(kv->cacheComputedBlocks(1, a, 6).isOk());
   const auto before = std::chrono::system_clock::now();
   events.flush();
   auto m = receive(sub, 2000);
@@ -202,10 +195,10 @@ TEST_CASE("zmq kv events: a SUB socket decodes stored and removed blocks in vLLM
 
   // A prompt sharing a's first block: one block stored, its parent named.
   std::vector<int32_t> c = {1, 2, 9, 9};
-  REQUIRE((*kv)->free(1).isOk());
-  auto cached = (*kv)->allocateWithPrefix(3, c, 4);
+  REQUIRE(kv->free(1).isOk());
+  auto cached = kv->allocateWithPrefix(3, c, 4);
   REQUIRE(cached.ok());
-  REQUIRE((*kv)->cacheComputedBlocks(3, c, 4).isOk());
+  REQUIRE(kv->cacheComputedBlocks(3, c, 4).isOk());
   events.flush();
   m = receive(sub, 2000);
   REQUIRE(m);
