@@ -207,7 +207,8 @@ class DecodeRole final : public worker::RolePolicy {
     auto* timings = chunk->mutable_timings();
     const std::string& me = loop_.flags().workerId;
     timings->set_decode_worker_id(me);
-    timings->set_prefill_worker_id(s.remote ? s.gen.prefill_worker_id() : me);
+    // Who computed the prompt: after a failed remote prefill recomputed here, this worker.
+    timings->set_prefill_worker_id(s.remote && s.remoteSplit ? s.gen.prefill_worker_id() : me);
     timings->set_route(s.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
     if (s.firstToken) timings->set_first_token_ms(1e3 * secondsBetween(s.received, *s.firstToken));
   }

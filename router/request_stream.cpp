@@ -96,6 +96,7 @@ void RequestStream::setDispatch(const Dispatch& d) {
   route_ = d.plan.route;
   predictedCached_ = d.plan.predictedCachedTokens;
   exactCached_ = d.plan.exactCachedTokens;
+  plannedPrefiller_ = d.plan.route == Route::kDisaggregated ? d.plan.prefillWorker : d.plan.decodeWorker;
   decodeWorker_ = d.plan.decodeWorker;
   prefillWorker_ = d.plan.prefillWorker;
   decodeConn_ = d.decodeConn;
@@ -252,8 +253,10 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
     if (chunk.has_usage() && !stopped)
       c->completionTokens = c->tokensBeforeMove + int(chunk.usage().completion_tokens());
     // The prediction against the worker's actual prefix hit, once per request, for the
-    // prompt as first routed (a migrated choice was routed without prefix hashes).
-    if (chunk.has_usage() && !hitCounted_ && c->tokensBeforeMove == 0 && chunk.finish_reason() != proto::FINISH_ERROR) {
+    // prompt as first routed (a migrated choice was routed without prefix hashes), when it
+    // was prefilled where planned (not recomputed elsewhere after a failed remote prefill).
+    if (chunk.has_usage() && !hitCounted_ && c->tokensBeforeMove == 0 && chunk.finish_reason() != proto::FINISH_ERROR &&
+        chunk.timings().prefill_worker_id() == plannedPrefiller_) {
       hitCounted_ = true;
       metrics_.prefixHit(predictedCached_, exactCached_, int64_t(chunk.usage().cached_tokens()));
     }
