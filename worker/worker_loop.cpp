@@ -79,6 +79,7 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
   for (auto& t : targets)
     if (t.port == 0) t.port = config_.router.controlPort;
   const bool publish = config_.engine.kvEvents.publish && config_.engine.enablePrefixCaching;
+  kvToRouters_ = publish;
   hello.set_kv_events(publish);
   routers_ = std::make_unique<RouterLinks>(
       io_, inbox_, std::move(targets),
@@ -113,7 +114,7 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
 // KV events are the loop's, not the role's: a router's resync request is answered here.
 void WorkerLoop::onRouterMessage(RouterId from, proto::Envelope&& env) {
   if (env.body_case() == proto::Envelope::kKvResync) {
-    if (kvEvents_ && routers_->takesKvEvents(from)) kvEvents_->snapshotTo(from);
+    if (kvToRouters_ && kvEvents_ && routers_->takesKvEvents(from)) kvEvents_->snapshotTo(from);
     return;
   }
   policy_->onRouterMessage(from, std::move(env));
@@ -122,7 +123,7 @@ void WorkerLoop::onRouterMessage(RouterId from, proto::Envelope&& env) {
 // A router that registered us starts from a snapshot of our cache (docs/kv_events.md).
 void WorkerLoop::onRouterState(RouterId router, bool up, const Status& why) {
   routersUp_ = routers_->anyUp();
-  if (up && kvEvents_ && routers_->takesKvEvents(router)) kvEvents_->snapshotTo(router);
+  if (up && kvToRouters_ && kvEvents_ && routers_->takesKvEvents(router)) kvEvents_->snapshotTo(router);
   policy_->onRouterState(router, up, why);
 }
 

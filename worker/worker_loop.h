@@ -152,6 +152,7 @@ class WorkerLoop {
   // (docs/kv_events.md); zmq_ is bound in prepare() when zmq_endpoint is set.
   std::unique_ptr<KvEventPublisher> kvEvents_;
   std::unique_ptr<ZmqKvPublisher> zmq_;
+  bool kvToRouters_ = false;  // engine.kv_events.publish: batches and snapshots go to routers
   RolePolicy* policy_ = nullptr;
 
   // Timers, loop thread only.
