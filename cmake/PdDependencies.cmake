@@ -1,6 +1,7 @@
 # Finds pdserve's dependencies and defines imported targets under pd:: names.
 # Required: Threads, Boost (Asio, Beast: header-only), Protobuf, yaml-cpp, prometheus-cpp,
-# OpenBLAS, nlohmann_json, PCRE2, OpenSSL. Optional (PD_WITH_*): CUDA, UCX, libibverbs.
+# OpenBLAS, nlohmann_json, PCRE2, OpenSSL. Optional (PD_WITH_*): CUDA, UCX, libibverbs, ZeroMQ
+# with msgpack-c (the vLLM-schema KV-event publisher, docs/kv_events.md).
 
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
@@ -67,6 +68,22 @@ if(PD_HAVE_VERBS)
   add_library(pd::verbs ALIAS pd_verbs)
 endif()
 
+# ZeroMQ + msgpack-c (Debian: libzmq3-dev, libmsgpack-dev): the worker's optional KV-event PUB socket
+set(PD_ZMQ_FOUND FALSE)
+if(NOT PD_WITH_ZMQ STREQUAL "OFF")
+  pkg_check_modules(ZMQ IMPORTED_TARGET libzmq)
+  pkg_check_modules(MSGPACK IMPORTED_TARGET msgpack)
+  if(ZMQ_FOUND AND MSGPACK_FOUND)
+    set(PD_ZMQ_FOUND TRUE)
+  endif()
+endif()
+pd_resolve_option(PD_WITH_ZMQ PD_ZMQ_FOUND PD_HAVE_ZMQ)
+if(PD_HAVE_ZMQ)
+  add_library(pd_zmq INTERFACE)
+  target_link_libraries(pd_zmq INTERFACE PkgConfig::ZMQ PkgConfig::MSGPACK)
+  add_library(pd::zmq ALIAS pd_zmq)
+endif()
+
 # CUDA (nvcc + cuBLAS + NCCL)
 set(PD_CUDA_FOUND FALSE)
 if(NOT PD_WITH_CUDA STREQUAL "OFF")
@@ -100,6 +117,7 @@ function(pd_print_summary)
   message(STATUS "  OpenBLAS          ${OPENBLAS_LIBRARY}")
   message(STATUS "  UCX               ${PD_HAVE_UCX} (PD_WITH_UCX=${PD_WITH_UCX}, found ${UCX_VERSION})")
   message(STATUS "  libibverbs        ${PD_HAVE_VERBS} (PD_WITH_VERBS=${PD_WITH_VERBS})")
+  message(STATUS "  ZeroMQ + msgpack  ${PD_HAVE_ZMQ} (PD_WITH_ZMQ=${PD_WITH_ZMQ}, found ${ZMQ_VERSION} / ${MSGPACK_VERSION})")
   message(STATUS "  CUDA              ${PD_HAVE_CUDA} (PD_WITH_CUDA=${PD_WITH_CUDA}, ${CUDAToolkit_VERSION}, archs ${PD_CUDA_ARCHITECTURES})")
   message(STATUS "  NCCL              ${NCCL_LIBRARY}")
   message(STATUS "  tests             ${PD_BUILD_TESTS}   benchmarks ${PD_BUILD_BENCHMARKS}")

@@ -99,6 +99,7 @@ class DecodeRole final : public worker::RolePolicy {
     SteadyTime kvReadyAt;                       // when that PrefillDone arrived
     int completionTokens = 0;
     bool wantLogprobs = false;
+    uint32_t cachedPromptTokens = 0;  // the prefix hit where the prompt was prefilled
   };
 
   void onGenerate(worker::RouterId from, proto::Generate gen) {
@@ -169,6 +170,10 @@ class DecodeRole final : public worker::RolePolicy {
           break;
         case EngineEvent::Kind::kFinished:
           chunk->set_finish_reason(toProtoFinish(e.reason));
+          // Where the prompt was prefilled: the prefill worker's hit, or ours (colocated, or
+          // recomputed here after a failed remote prefill: no split then).
+          s.cachedPromptTokens = s.remoteSplit ? s.remoteSplit->prefill_cached_tokens()
+                                               : uint32_t(e.timings.cachedPromptTokens);
           fillSummary(s, chunk);
           chunk->mutable_timings()->set_queue_ms(1e3 * e.timings.queueSeconds);
           finished.emplace(e.requestId, e.timings);
@@ -198,10 +203,12 @@ class DecodeRole final : public worker::RolePolicy {
     auto* usage = chunk->mutable_usage();
     usage->set_prompt_tokens(static_cast<uint32_t>(s.gen.prompt_token_ids_size()));
     usage->set_completion_tokens(static_cast<uint32_t>(s.completionTokens));
+    usage->set_cached_tokens(s.cachedPromptTokens);
     auto* timings = chunk->mutable_timings();
     const std::string& me = loop_.flags().workerId;
     timings->set_decode_worker_id(me);
-    timings->set_prefill_worker_id(s.remote ? s.gen.prefill_worker_id() : me);
+    // Who computed the prompt: after a failed remote prefill recomputed here, this worker.
+    timings->set_prefill_worker_id(s.remote && s.remoteSplit ? s.gen.prefill_worker_id() : me);
     timings->set_route(s.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
     if (s.firstToken) timings->set_first_token_ms(1e3 * secondsBetween(s.received, *s.firstToken));
   }

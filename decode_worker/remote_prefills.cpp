@@ -272,6 +272,7 @@ void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) 
   split.set_prefill_ms(done.timings().prefill_ms());
   split.set_transfer_ms(done.timings().transfer_ms());
   split.set_transport(done.timings().transport());
+  split.set_prefill_cached_tokens(done.cached_prompt_tokens());
   forget(id);
   loop_.metrics().remotePrefill("ok");
   callbacks_.onKvReady(id, split, arrived, events);

@@ -119,6 +119,7 @@ void PrefillJobs::onStepEvents(const std::vector<engine::EngineEvent>& events) {
         job.computedAt = steadyNow();
         job.queueS = e.timings.queueSeconds;
         job.computeS = e.timings.prefillSeconds.value_or(0);
+        job.cachedTokens = e.timings.cachedPromptTokens;
         break;
       case engine::EngineEvent::Kind::kFailed:
         if (job.failed.isOk()) job.failed = e.error;
@@ -203,6 +204,8 @@ void PrefillJobs::finish(uint64_t id) {
   d->set_first_token_id(static_cast<uint32_t>(job.first->id));
   *d->mutable_first_logprob() = worker::toProto(*job.first);
   d->set_bytes_transferred(job.bytes);
+  // The actual prefix hit, which the router compares with its prediction (docs/kv_events.md).
+  d->set_cached_prompt_tokens(uint32_t(job.cachedTokens));
   auto* t = d->mutable_timings();
   t->set_prefill_worker_id(loop_.flags().workerId);
   t->set_route(proto::ROUTE_DISAGGREGATED);

@@ -71,6 +71,7 @@ class PrefillJobs {
     SteadyTime received;
     std::optional<SteadyTime> computedAt;
     double queueS = 0, computeS = 0;  // the engine's queue and prefill time (PrefillDone timings)
+    int cachedTokens = 0;             // the engine's prefix hit for the prompt (PrefillDone)
     double inboxS = 0;                // the PrefillRequest's wait for the loop before accept()
     uint64_t bytes = 0;
   };

@@ -5,23 +5,12 @@
 namespace pd::router {
 
 std::vector<uint64_t> PrefixIndex::blockHashes(std::span<const int32_t> tokens) const {
-  std::vector<uint64_t> out;
-  out.reserve(tokens.size() / size_t(blockSize_));
-  uint64_t h = 0x70726566697821ULL;  // chain seed
-  for (size_t b = 0; (b + 1) * size_t(blockSize_) <= tokens.size(); ++b) {
-    for (size_t i = b * size_t(blockSize_); i < (b + 1) * size_t(blockSize_); ++i)
-      h = mix64(h ^ uint32_t(tokens[i]));
-    out.push_back(h);
-  }
-  return out;
+  return blockHashChain(tokens, blockSize_);  // the workers' own names (common/base/hash.h)
 }
 
 int64_t PrefixIndex::cachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const {
   auto it = workers_.find(worker);
-  if (it == workers_.end()) return 0;
-  size_t n = 0;
-  while (n < hashes.size() && it->second.where.count(hashes[n])) ++n;
-  return int64_t(n) * blockSize_;
+  return it == workers_.end() ? 0 : leadingCachedTokens(it->second.where, hashes, blockSize_);
 }
 
 void PrefixIndex::record(const std::string& worker, std::span<const uint64_t> hashes,

@@ -24,6 +24,16 @@
 
 namespace pd::router {
 
+// Tokens of the longest run of leading `hashes` that `held` (anything with count(hash))
+// contains: the prefix a cache holding those blocks would serve. Shared by the predicted and
+// the exact index (router/kv_event_index.h).
+template <typename Held>
+int64_t leadingCachedTokens(const Held& held, std::span<const uint64_t> hashes, int blockSize) {
+  size_t n = 0;
+  while (n < hashes.size() && held.count(hashes[n])) ++n;
+  return int64_t(n) * blockSize;
+}
+
 class PrefixIndex {
  public:
   explicit PrefixIndex(int blockSize) : blockSize_(blockSize > 0 ? blockSize : 16) {}

@@ -94,6 +94,9 @@ void RequestStream::resume(std::optional<Dispatch> dispatch, Status why) {
 
 void RequestStream::setDispatch(const Dispatch& d) {
   route_ = d.plan.route;
+  predictedCached_ = d.plan.predictedCachedTokens;
+  exactCached_ = d.plan.exactCachedTokens;
+  plannedPrefiller_ = d.plan.route == Route::kDisaggregated ? d.plan.prefillWorker : d.plan.decodeWorker;
   decodeWorker_ = d.plan.decodeWorker;
   prefillWorker_ = d.plan.prefillWorker;
   decodeConn_ = d.decodeConn;
@@ -249,6 +252,14 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
     endChoice(*c);
     if (chunk.has_usage() && !stopped)
       c->completionTokens = c->tokensBeforeMove + int(chunk.usage().completion_tokens());
+    // The prediction against the worker's actual prefix hit, once per request, for the
+    // prompt as first routed (a migrated choice was routed without prefix hashes), when it
+    // was prefilled where planned (not recomputed elsewhere after a failed remote prefill).
+    if (chunk.has_usage() && !hitCounted_ && c->tokensBeforeMove == 0 && chunk.finish_reason() != proto::FINISH_ERROR &&
+        chunk.timings().prefill_worker_id() == plannedPrefiller_) {
+      hitCounted_ = true;
+      metrics_.prefixHit(predictedCached_, exactCached_, int64_t(chunk.usage().cached_tokens()));
+    }
     maybeComplete();
   }
 }

@@ -173,6 +173,10 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   // Strand state.
   ResponseMeta meta_;
   Route route_ = Route::kColocated;
+  int64_t predictedCached_ = 0;  // the plan's prefix-hit figures (RoutePlan)
+  int64_t exactCached_ = -1;
+  std::string plannedPrefiller_;  // the worker the plan's figures are about
+  bool hitCounted_ = false;      // metrics_.prefixHit ran
   std::string decodeWorker_, prefillWorker_;  // for the x-pdserve-* headers
   net::ConnectionPtr decodeConn_;
   std::vector<Choice> choices_;

@@ -24,11 +24,13 @@ RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig&
       modelName_(std::move(modelName)),
       metrics_(metrics),
       prefixAware_(cfg.router.prefixAwareRouting && cfg.engine.enablePrefixCaching),
+      exactRouting_(prefixAware_ && cfg.router.exactPrefixRouting),
       hasher_(cfg.engine.blockSize),
       workers_(strand_, modelName_, std::chrono::milliseconds(cfg.router.workerReportTimeoutMs), registry, metrics),
       policy_({cfg.router.shortPromptTokens, RoutingConfig{}.cacheLoadSlack,
                cfg.router.overloadShedding ? cfg.pools.decode.slo.itlMs : 0}),
       prefixIndex_(cfg.engine.blockSize),
+      exactIndex_(cfg.engine.blockSize, std::chrono::milliseconds(cfg.router.kvEventMaxLagMs)),
       autoscaler_(PoolSlo{cfg.pools.prefill.slo.ttftMs / 1e3, cfg.pools.prefill.slo.percentile,
                           cfg.pools.prefill.minReplicas, cfg.pools.prefill.maxReplicas},
                   PoolSlo{cfg.pools.decode.slo.itlMs / 1e3, cfg.pools.decode.slo.percentile,
@@ -65,14 +67,20 @@ std::vector<uint64_t> RouterLoop::blockHashes(std::span<const int32_t> prompt) c
 
 void RouterLoop::workerOpened(net::ConnectionPtr conn) {
   onStrand([this, conn = std::move(conn)] {
-    if (Status s = workers_.add(conn); !s.isOk()) conn->close(s);
+    if (Status s = workers_.add(conn); !s.isOk()) return conn->close(s);
+    // A worker that publishes KV events is indexed exactly once its snapshot arrives.
+    if (exactRouting_ && conn->peerHello().kv_events()) {
+      exactIndex_.addWorker(conn->peerHello().worker_id());
+      metrics_.setKvIndexCurrent(conn->peerHello().worker_id(), false);
+    }
   });
 }
 
 void RouterLoop::workerMessage(net::ConnectionPtr conn, proto::Envelope env) {
   onStrand([this, conn = std::move(conn), env = std::move(env)]() mutable {
     switch (env.body_case()) {
-      case proto::Envelope::kLoadReport: return workers_.onLoadReport(conn, env.load_report());
+      case proto::Envelope::kLoadReport: return onLoadReport(conn, env.load_report());
+      case proto::Envelope::kKvEvents: return onKvEvents(conn, env.kv_events());
       case proto::Envelope::kTokenChunk: return onChunk(conn, std::move(*env.mutable_token_chunk()));
       default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << conn->remoteAddress();
     }
@@ -88,6 +96,10 @@ void RouterLoop::onWorkerClosed(const net::ConnectionPtr& conn, const Status& wh
   if (id.empty()) return;
   PD_LOG(kWarn, kTag) << "worker '" << id << "' left: " << why.message();
   prefixIndex_.forget(id);
+  exactIndex_.forget(id);
+  metrics_.setPrefixIndexBlocks(id, "predicted", 0);
+  metrics_.setPrefixIndexBlocks(id, "exact", 0);
+  metrics_.setKvIndexCurrent(id, false);
   migrateFrom(id, unavailable("decode worker '" + id + "' disconnected"));
 }
 
@@ -95,6 +107,51 @@ void RouterLoop::migrateFrom(const std::string& id, const Status& why) {
   std::unordered_set<RequestStream*> affected;  // once per request, however many choices
   for (const auto& [rid, e] : requests_)
     if (e.decodeWorker == id && affected.insert(e.stream.get()).second) e.stream->workerLost(why);
+}
+
+std::string RouterLoop::registeredId(const net::ConnectionPtr& conn) const {
+  const std::string& id = conn->peerHello().worker_id();
+  const auto* w = workers_.find(id);
+  return w && w->conn == conn ? id : std::string();
+}
+
+void RouterLoop::onLoadReport(const net::ConnectionPtr& from, const proto::LoadReport& report) {
+  workers_.onLoadReport(from, report);
+  const std::string id = registeredId(from);
+  if (id.empty() || !exactIndex_.tracks(id)) return;
+  const SteadyTime now = steadyNow();
+  exactIndex_.noteReportedSeq(id, report.kv_event_seq(), now);
+  const bool current = exactIndex_.current(id, now);
+  metrics_.setKvIndexCurrent(id, current);
+  // Behind for longer than router.kv_event_max_lag_ms (a batch lost, or a snapshot request
+  // lost): start again from a snapshot.
+  if (!current) askResync(from, id, "lag");
+}
+
+void RouterLoop::onKvEvents(const net::ConnectionPtr& from, const proto::KvEventBatch& batch) {
+  const std::string id = registeredId(from);
+  if (id.empty()) return;
+  const KvEventIndex::Applied applied = exactIndex_.apply(id, batch);
+  if (applied == KvEventIndex::Applied::kApplied && batch.created_unix_us() > 0) {
+    const auto nowUs = std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+    metrics_.observeKvEventLag(std::max<double>(0, double(nowUs - int64_t(batch.created_unix_us())) / 1e6));
+  }
+  if (applied == KvEventIndex::Applied::kGap) {
+    PD_LOG(kWarn, kTag) << "worker '" << id << "': KV event batch " << batch.seq() << " after "
+                        << exactIndex_.appliedSeq(id) << "; asking for a snapshot, predicted index meanwhile";
+    askResync(from, id, "gap");
+  }
+  metrics_.setPrefixIndexBlocks(id, "exact", int64_t(exactIndex_.blocks(id)));
+  metrics_.setKvIndexCurrent(id, exactIndex_.current(id, steadyNow()));
+}
+
+void RouterLoop::askResync(const net::ConnectionPtr& conn, const std::string& id, std::string_view reason) {
+  if (!exactIndex_.takeResyncDue(id, steadyNow())) return;
+  proto::Envelope env;
+  env.mutable_kv_resync()->set_last_applied_seq(exactIndex_.appliedSeq(id));
+  if (conn->send(env).isOk()) metrics_.kvEventResync(reason);
 }
 
 // The chunk goes to its request's strand; the table entry stays until the stream says the
@@ -217,13 +274,28 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
                                           WorkerView* decoding) {
   std::vector<WorkerView> views = workers_.snapshot();
   if (!exclude.empty()) std::erase_if(views, [&](const WorkerView& v) { return v.id == exclude; });
-  if (!blocks.empty())
-    for (auto& v : views) v.cachedTokens = prefixIndex_.cachedTokens(v.id, blocks);
+  if (!blocks.empty()) {
+    // A worker's cache never serves a prompt's last token (one is computed for its logits),
+    // so a prompt of whole blocks can hit at most all but its last one.
+    const size_t usable = std::min(blocks.size(), size_t(std::max<int64_t>(0, promptTokens - 1)) /
+                                                      size_t(prefixIndex_.blockSize()));
+    const std::span<const uint64_t> lookup(blocks.data(), usable);
+    const SteadyTime now = steadyNow();
+    for (auto& v : views) {
+      v.predictedCachedTokens = prefixIndex_.cachedTokens(v.id, lookup);
+      v.exactCachedTokens = exactIndex_.current(v.id, now) ? exactIndex_.cachedTokens(v.id, lookup) : -1;
+      v.cachedTokens = v.exactCachedTokens >= 0 ? v.exactCachedTokens : v.predictedCachedTokens;
+    }
+  }
   auto p = policy_.select(promptTokens, views);
   if (!p) return std::nullopt;
   const std::string& who = p->route == Route::kDisaggregated ? p->prefillWorker : p->decodeWorker;
   for (const auto& v : views) {
-    if (v.id == who) *prefilling = v;
+    if (v.id == who) {
+      *prefilling = v;
+      p->predictedCachedTokens = v.predictedCachedTokens;
+      p->exactCachedTokens = v.exactCachedTokens;
+    }
     if (v.id == p->decodeWorker) *decoding = v;
   }
   return p;
@@ -235,7 +307,10 @@ void RouterLoop::commit(const RoutePlan& p, const std::vector<uint64_t>& blocks)
   // Both workers hold the prompt's blocks afterwards (the decode worker caches what it
   // received), as far as their pools keep them.
   for (const std::string& w : {p.decodeWorker, p.prefillWorker})
-    if (!w.empty() && !blocks.empty()) prefixIndex_.record(w, blocks, workers_.totalBlocks(w));
+    if (!w.empty() && !blocks.empty()) {
+      prefixIndex_.record(w, blocks, workers_.totalBlocks(w));
+      metrics_.setPrefixIndexBlocks(w, "predicted", int64_t(prefixIndex_.blocksKnown(w)));
+    }
 }
 
 Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, RoutePlan plan, int n,

@@ -34,6 +34,7 @@
 #include "router/adaptive_threshold.h"
 #include "router/admission.h"
 #include "router/autoscaler.h"
+#include "router/kv_event_index.h"
 #include "router/prefix_index.h"
 #include "router/request_stream.h"
 #include "router/routing_policy.h"
@@ -107,6 +108,12 @@ class RouterLoop final : public StreamOwner {
   void onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chunk);
   // Removes a choice from the request table and its work from the workers' counts.
   void forget(uint64_t workerRequestId);
+  // KV events (docs/kv_events.md): a batch, and the seq a load report names.
+  void onKvEvents(const net::ConnectionPtr& from, const proto::KvEventBatch& batch);
+  void onLoadReport(const net::ConnectionPtr& from, const proto::LoadReport& report);
+  // The registered id of the worker on `conn` ("" when conn is not its registered connection).
+  std::string registeredId(const net::ConnectionPtr& conn) const;
+  void askResync(const net::ConnectionPtr& conn, const std::string& id, std::string_view reason);
   void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
   // Every request streaming from decode worker `id` moves elsewhere (router/request_stream.h).
   void migrateFrom(const std::string& id, const Status& why);
@@ -119,6 +126,7 @@ class RouterLoop final : public StreamOwner {
   const std::string modelName_;
   metrics::RouterMetrics& metrics_;
   const bool prefixAware_;
+  const bool exactRouting_;  // prefixAware_ and router.exact_prefix_routing
   // blockHashes() only reads the block size, so the hasher is shared without the strand;
   // the index (which workers hold what) lives on it.
   const PrefixIndex hasher_;
@@ -126,7 +134,8 @@ class RouterLoop final : public StreamOwner {
   // Strand state.
   WorkerRegistry workers_;
   RoutingPolicy policy_;
-  PrefixIndex prefixIndex_;
+  PrefixIndex prefixIndex_;  // predicted: every worker, the fallback
+  KvEventIndex exactIndex_;  // exact: workers that publish KV events
   Autoscaler autoscaler_;
   std::optional<AdaptiveThreshold> threshold_;  // set when router.adaptive_threshold
   int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // for the change log

@@ -82,6 +82,9 @@ class RouterServiceImpl final : public RouterService {
   Status start() override {
     net::ConnectionOptions copts;
     copts.hello.set_role(proto::ROLE_ROUTER);
+    // Workers send KV events only to a router that says it takes them (docs/kv_events.md).
+    copts.hello.set_kv_events(cfg_.router.prefixAwareRouting && cfg_.router.exactPrefixRouting &&
+                              cfg_.engine.enablePrefixCaching);
     copts.hello.set_worker_id("router");
     // Real control messages are small (the largest, a Generate, is ~4 bytes per prompt
     // token): 16 MiB holds a 4M-token prompt, and bounds what one worker connection buffers.

@@ -42,6 +42,10 @@ struct WorkerView {
   int64_t freeBlocks = 0;
   int64_t totalBlocks = 0;
   int64_t cachedTokens = 0;  // of the prompt being routed (filled in per request)
+  // Where cachedTokens came from: the exact index's figure when the worker's is current (else
+  // -1), and the predicted index's, which it falls back to (docs/kv_events.md).
+  int64_t exactCachedTokens = -1;
+  int64_t predictedCachedTokens = 0;
   double prefillTokensPerS = 0;  // measured by the worker (0: not known yet)
   double decodeStepMs = 0;       // its decode steps' forward time (0: not known yet)
   // Its decode step time against batch size (perStreamMs < 0: not known yet), and what a
@@ -73,6 +77,9 @@ struct RoutePlan {
   std::string prefillWorker;  // empty when colocated
   std::string reason;  // "short_prompt", "cached_prefix", "long_prompt", "no_prefill_worker"
   int64_t cachedTokens = 0;  // of the prompt, on the worker that will prefill it
+  // That worker's WorkerView figures (the router compares them with its actual hit).
+  int64_t exactCachedTokens = -1;
+  int64_t predictedCachedTokens = 0;
 };
 
 struct RoutingConfig {

@@ -71,6 +71,7 @@ proto::Envelope LoadReporter::reportFor(proto::Role role, const std::string& wor
     r->mutable_decode_step_cost()->set_small_chunk_ms(cost->smallChunkMs);
   }
   r->set_draining(s.draining);
+  r->set_kv_event_seq(s.kvEventSeq);
   r->set_sent_at_unix_us(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count()));

@@ -28,6 +28,7 @@ struct LoadSnapshot {
   int heldWaiting = 0;             // requests the role holds outside the engine (waiting for blocks)
   uint32_t inflightTransfers = 0;  // KV transfers posted and not yet settled
   bool draining = false;           // the worker takes no new work (WorkerLoop::drain)
+  uint64_t kvEventSeq = 0;         // the last KvEventBatch sent (worker/kv_event_publisher.h)
 };
 
 class LoadReporter {

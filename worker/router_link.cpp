@@ -40,6 +40,11 @@ Status RouterLink::send(proto::Envelope env) {
   return conn->send(std::move(env));
 }
 
+bool RouterLink::peerTakesKvEvents() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return conn_ && conn_->isOpen() && conn_->peerHello().kv_events();
+}
+
 // Dials until connected, waits while the connection lives, and dials again after a drop. A
 // connection the router closes at once (it refused the registration: a duplicate id, another
 // model) is retried with a growing backoff, and the reason is logged; it never leaves the

@@ -33,6 +33,8 @@ class RouterLink {
   void stop();
   Status send(proto::Envelope env);
   bool isUp() const { return up_.load(); }
+  // The router's hello said it takes KV events (proto Hello.kv_events); false while down.
+  bool peerTakesKvEvents();
 
  private:
   void connectLoop();

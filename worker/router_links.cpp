@@ -118,14 +118,21 @@ Status RouterLinks::send(RouterId router, proto::Envelope env) {
   return link->send(std::move(env));
 }
 
-void RouterLinks::broadcast(const proto::Envelope& env) {
+void RouterLinks::broadcast(const proto::Envelope& env, bool kvEventsOnly) {
   std::vector<std::shared_ptr<RouterLink>> links;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [address, l] : links_)
-      if (l.link->isUp()) links.push_back(l.link);
+      if (l.link->isUp() && (!kvEventsOnly || l.link->peerTakesKvEvents())) links.push_back(l.link);
   }
   for (auto& l : links) (void)l->send(env);
+}
+
+bool RouterLinks::takesKvEvents(RouterId router) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [address, l] : links_)
+    if (l.id == router) return l.link->peerTakesKvEvents();
+  return false;
 }
 
 bool RouterLinks::anyUp() const {

@@ -42,8 +42,11 @@ class RouterLinks {
   void stop();
   // kUnavailable when that link is gone or down.
   Status send(RouterId router, proto::Envelope env);
-  // To every link that is up (load reports).
-  void broadcast(const proto::Envelope& env);
+  // To every link that is up (load reports); kvEventsOnly: to those whose router takes KV
+  // events (RouterLink::peerTakesKvEvents).
+  void broadcast(const proto::Envelope& env, bool kvEventsOnly = false);
+  // Whether link `router` is up and its router takes KV events.
+  bool takesKvEvents(RouterId router) const;
   bool anyUp() const;
 
  private:

@@ -57,6 +57,12 @@ Status WorkerLoop::prepare() {
   PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
   metrics_.setCacheConfig(engine().kv().layout().blockSize, engine().kv().numTotalBlocks());
+  if (const auto& ev = config_.engine.kvEvents; !ev.zmqEndpoint.empty() && config_.engine.enablePrefixCaching) {
+    PD_ASSIGN_OR_RETURN(zmq_, ZmqKvPublisher::bind(ev.zmqEndpoint, ev.zmqTopic, engine().kv().layout().blockSize,
+                                                   config_.engine.backend == config::Backend::kCuda ? "GPU" : "CPU"));
+    PD_LOG(kInfo, roleName()) << flags_.workerId << ": KV events on " << zmq_->endpoint() << " (topic '"
+                              << ev.zmqTopic << "')";
+  }
   metrics_.modelLoadSeconds.set(bundle_.loadSeconds);
   return Status::ok();
 }
@@ -72,6 +78,9 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
   std::vector<RouterTarget> targets = flags_.routers;
   for (auto& t : targets)
     if (t.port == 0) t.port = config_.router.controlPort;
+  const bool publish = config_.engine.kvEvents.publish && config_.engine.enablePrefixCaching;
+  kvToRouters_ = publish;
+  hello.set_kv_events(publish);
   routers_ = std::make_unique<RouterLinks>(
       io_, inbox_, std::move(targets),
       [&] {
@@ -79,16 +88,43 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
         o.hello = std::move(hello);
         return o;
       }(),
-      RouterLinks::Handlers{[this](RouterId from, proto::Envelope&& env) { policy_->onRouterMessage(from, std::move(env)); },
-                            [this](RouterId router, bool up, const Status& why) {
-                              routersUp_ = routers_->anyUp();
-                              policy_->onRouterState(router, up, why);
-                            }});
+      RouterLinks::Handlers{
+          [this](RouterId from, proto::Envelope&& env) { onRouterMessage(from, std::move(env)); },
+          [this](RouterId router, bool up, const Status& why) { onRouterState(router, up, why); }});
+  if (publish || zmq_) {
+    KvEventPublisher::Sink sink{[this, publish](const proto::Envelope& env) {
+                                  if (publish) routers_->broadcast(env, true);
+                                },
+                                [this](RouterId to, proto::Envelope env) { (void)routers_->send(to, std::move(env)); },
+                                nullptr};
+    if (zmq_) {
+      sink.tap = [this](std::span<const engine::KvBlockEvent> events, uint64_t createdUs) {
+        zmq_->publish(events, createdUs);
+      };
+    }
+    kvEvents_ = std::make_unique<KvEventPublisher>(engine().kv(), std::move(sink), registry_);
+  }
   reporter_ = std::make_unique<LoadReporter>(io_, *routers_, metrics_, role_, flags_.workerId,
                                              milliseconds(config_.router.loadReportIntervalMs));
   thread_ = std::thread([this] { loop(); });
   routers_->start();
   reporter_->start();
+}
+
+// KV events are the loop's, not the role's: a router's resync request is answered here.
+void WorkerLoop::onRouterMessage(RouterId from, proto::Envelope&& env) {
+  if (env.body_case() == proto::Envelope::kKvResync) {
+    if (kvToRouters_ && kvEvents_ && routers_->takesKvEvents(from)) kvEvents_->snapshotTo(from);
+    return;
+  }
+  policy_->onRouterMessage(from, std::move(env));
+}
+
+// A router that registered us starts from a snapshot of our cache (docs/kv_events.md).
+void WorkerLoop::onRouterState(RouterId router, bool up, const Status& why) {
+  routersUp_ = routers_->anyUp();
+  if (up && kvToRouters_ && kvEvents_ && routers_->takesKvEvents(router)) kvEvents_->snapshotTo(router);
+  policy_->onRouterState(router, up, why);
 }
 
 void WorkerLoop::drain(milliseconds timeout) {
@@ -182,10 +218,17 @@ void WorkerLoop::loop() {
       });
       reporter_->stepEnded();
       if (!s.isOk()) PD_LOG(kError, roleName()) << "step failed: " << s.toString();
+      // The blocks this step named go out before its tokens: a router that has a request's
+      // last chunk has the KV events of its prompt.
+      if (kvEvents_) kvEvents_->flush();
       policy_->onStepEvents(events);
     }
+    // What the role's handlers changed (frees, reservations that evicted). Before the load
+    // snapshot: a report never names a batch that was not sent yet.
+    if (kvEvents_) kvEvents_->flush();
     LoadSnapshot snapshot;
     snapshot.engine = engine().load();
+    snapshot.kvEventSeq = kvEvents_ ? kvEvents_->seq() : 0;
     snapshot.draining = draining_.load();
     policy_->addLoad(snapshot);
     reporter_->publish(snapshot);

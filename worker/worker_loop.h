@@ -34,6 +34,8 @@
 #include "kvtransfer/agent.h"
 #include "worker/engine_setup.h"
 #include "worker/flags.h"
+#include "worker/kv_event_publisher.h"
+#include "worker/zmq_kv_publisher.h"
 #include "worker/load_reporter.h"
 #include "worker/loop_inbox.h"
 #include "worker/router_links.h"
@@ -123,6 +125,8 @@ class WorkerLoop {
 
  private:
   void loop();
+  void onRouterMessage(RouterId from, proto::Envelope&& env);
+  void onRouterState(RouterId router, bool up, const Status& why);
   void runDueTimers();
   std::vector<std::string> routerHosts() const;
   std::chrono::microseconds idleWait() const;
@@ -144,6 +148,11 @@ class WorkerLoop {
   std::unique_ptr<kvt::TransferAgent> agent_;
   std::unique_ptr<RouterLinks> routers_;
   std::unique_ptr<LoadReporter> reporter_;
+  // Set when prefix caching and engine.kv_events.publish or .zmq_endpoint are on
+  // (docs/kv_events.md); zmq_ is bound in prepare() when zmq_endpoint is set.
+  std::unique_ptr<KvEventPublisher> kvEvents_;
+  std::unique_ptr<ZmqKvPublisher> zmq_;
+  bool kvToRouters_ = false;  // engine.kv_events.publish: batches and snapshots go to routers
   RolePolicy* policy_ = nullptr;
 
   // Timers, loop thread only.

@@ -161,6 +161,8 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readString("metrics_bearer_file", &c->metricsBearerFile, true);  // "": unset (the chart's default)
   m.readInt("short_prompt_tokens", &c->shortPromptTokens, 0, kMaxTokens);
   m.readBool("prefix_aware_routing", &c->prefixAwareRouting);
+  m.readBool("exact_prefix_routing", &c->exactPrefixRouting);
+  m.readInt("kv_event_max_lag_ms", &c->kvEventMaxLagMs, 1, 600000);
   m.readBool("adaptive_threshold", &c->adaptiveThreshold);
   m.readInt("max_body_bytes", &c->maxBodyBytes, 1024, int64_t{1} << 30);
   m.readInt("max_prompt_tokens", &c->maxPromptTokens, 0, kMaxTokens);
@@ -259,6 +261,18 @@ void readEngine(MapReader m, EngineConfig* c) {
   m.readInt("max_queue", &c->maxQueue, 0, 1 << 20);
   m.readIntChoice("tensor_parallel_size", &c->tensorParallelSize, {1, 2, 4, 8});
   m.readBool("enable_prefix_caching", &c->enablePrefixCaching);
+  {
+    MapReader k = m.child("kv_events");
+    k.readBool("publish", &c->kvEvents.publish);
+    k.readString("zmq_endpoint", &c->kvEvents.zmqEndpoint, true);
+    k.readString("zmq_topic", &c->kvEvents.zmqTopic, true);
+    k.finish();
+    const std::string& e = c->kvEvents.zmqEndpoint;
+    if (!e.empty() && e.rfind("tcp://", 0) != 0 && e.rfind("ipc://", 0) != 0) {
+      m.errors()->add(m.node(), "engine.kv_events.zmq_endpoint: '" + e +
+                                    "' is not a ZeroMQ endpoint to bind (tcp://host:port or ipc://path)");
+    }
+  }
   m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
   m.readBool("slo_sized_prefill_chunks", &c->sloSizedPrefillChunks);
   m.readInt("min_prefill_chunk_tokens", &c->minPrefillChunkTokens, 1, kMaxTokens);

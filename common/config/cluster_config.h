@@ -86,6 +86,10 @@ struct RouterConfig {
   std::string metricsBearerFile;         // metrics_auth: bearer_file reads the token here
   int64_t shortPromptTokens = 256;       // uncached prompt tokens <= this stay on a decode worker
   bool prefixAwareRouting = true;        // route on predicted prefix-cache hits (router/prefix_index.h)
+  // With prefix-aware routing: route a worker that publishes KV events on its exact index
+  // (router/kv_event_index.h, docs/kv_events.md); the predicted index when off or stale.
+  bool exactPrefixRouting = true;
+  int64_t kvEventMaxLagMs = 1000;        // the exact index of a worker this far behind is stale
   bool adaptiveThreshold = false;        // move shortPromptTokens with the pools' SLO headroom
   int64_t maxBodyBytes = 8 << 20;        // larger HTTP bodies get 413
   int64_t maxPromptTokens = 0;           // 0 -> model.max_model_len
@@ -153,6 +157,12 @@ struct EngineConfig {
   int maxQueue = 1024;         // waiting requests beyond this are rejected (503)
   int tensorParallelSize = 1;  // 1, 2, 4, 8; > 1 needs the cuda backend
   bool enablePrefixCaching = true;
+  // engine.kv_events (docs/kv_events.md): the prefix cache's block events.
+  struct KvEvents {
+    bool publish = true;          // to routers that take them, over the control connection
+    std::string zmqEndpoint;      // also on a ZeroMQ PUB socket bound here (vLLM's schema); "": off
+    std::string zmqTopic = "kv-events";
+  } kvEvents;
   // SIGTERM: the worker stops taking work and gives its in-flight requests this long to
   // finish before it ends the rest (docs/architecture.md, "Shutdown and drain").
   int64_t drainTimeoutMs = 30000;

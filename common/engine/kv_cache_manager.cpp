@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <utility>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -16,12 +18,6 @@ namespace {
 std::string seqName(SeqId seq) { return "sequence " + std::to_string(seq); }
 
 }  // namespace
-
-uint64_t hashBlockTokens(uint64_t parentHash, std::span<const TokenId> tokens) {
-  uint64_t h = mix64(parentHash ^ (uint64_t(tokens.size()) << 32));
-  for (TokenId t : tokens) h = mix64(h ^ uint32_t(t));
-  return h;
-}
 
 // ---- Construction -------------------------------------------------------------------------
 
@@ -136,6 +132,7 @@ BlockId KvCacheManager::takeFreeBlock() {
     byHash_.erase(m.hash);
     m.hashed = false;
     ++stats_.evictions;
+    if (recordEvents_) pushEvent({KvBlockEvent::Kind::kRemoved, m.hash, m.parentHash, {}});
   }
   meta_[size_t(b)].ref = 1;
   return b;
@@ -396,11 +393,62 @@ Status KvCacheManager::cacheComputedBlocks(SeqId seq, std::span<const TokenId> t
       m.parentHash = t.lastHash;
       std::copy(blockToks.begin(), blockToks.end(), &blockTokens_[size_t(b) * bs]);
       byHash_.emplace(h, b);
+      if (recordEvents_)
+        pushEvent({KvBlockEvent::Kind::kStored, h, t.lastHash, std::vector<int32_t>(blockToks.begin(), blockToks.end())});
     }
     t.lastHash = h;
     t.numHashed = i + 1;
   }
   return Status::ok();
+}
+
+// ---- KV events ----------------------------------------------------------------------------
+
+void KvCacheManager::setEventRecording(bool on) {
+  recordEvents_ = on;
+  if (!on) {
+    events_.clear();
+    oldestPendingUs_ = 0;
+  }
+}
+
+void KvCacheManager::pushEvent(KvBlockEvent e) {
+  if (events_.empty()) {
+    oldestPendingUs_ = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count());
+  }
+  events_.push_back(std::move(e));
+}
+
+std::vector<KvBlockEvent> KvCacheManager::takeEvents() {
+  oldestPendingUs_ = 0;
+  return std::exchange(events_, {});
+}
+
+std::vector<KvBlockEvent> KvCacheManager::snapshotEvents() const {
+  std::vector<KvBlockEvent> out;
+  out.push_back({KvBlockEvent::Kind::kAllCleared, 0, 0, {}});
+  // Parents first: walk down from every block whose parent is not named (a root, or a
+  // block whose predecessor was evicted before it).
+  std::unordered_map<uint64_t, std::vector<BlockId>> children;
+  std::vector<BlockId> todo;
+  for (BlockId b = 0; b < layout_.numBlocks; ++b) {
+    const BlockMeta& m = meta_[size_t(b)];
+    if (!m.hashed) continue;
+    if (byHash_.count(m.parentHash)) children[m.parentHash].push_back(b);
+    else todo.push_back(b);
+  }
+  const int bs = layout_.blockSize;
+  while (!todo.empty()) {
+    const BlockId b = todo.back();
+    todo.pop_back();
+    const BlockMeta& m = meta_[size_t(b)];
+    const int32_t* toks = &blockTokens_[size_t(b) * size_t(bs)];
+    out.push_back({KvBlockEvent::Kind::kStored, m.hash, m.parentHash, std::vector<int32_t>(toks, toks + bs)});
+    if (auto c = children.find(m.hash); c != children.end()) todo.insert(todo.end(), c->second.begin(), c->second.end());
+  }
+  return out;
 }
 
 // ---- Descriptors --------------------------------------------------------------------------

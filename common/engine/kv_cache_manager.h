@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/base/hash.h"
 #include "common/base/mem_desc.h"
 #include "common/base/status.h"
 #include "common/engine/kv_layout.h"
@@ -44,6 +45,18 @@ struct PrefixMatch {
   std::vector<BlockId> blocks;  // the cached blocks, in order
   int numFreeBlocks = 0;        // how many of `blocks` sit in the free pool now (attaching
                                 // them takes them out of it)
+};
+
+// A change of the prefix cache's named blocks (docs/kv_events.md): what a router's exact index
+// and vLLM-style KV-event consumers track. Stored: a block became findable by `hash` (its
+// predecessor `parentHash`, kRootBlockHash for block 0, holding `tokens`); Removed: the block
+// named `hash` was evicted; AllCleared: forget everything (only ever the head of a snapshot).
+struct KvBlockEvent {
+  enum class Kind { kStored, kRemoved, kAllCleared };
+  Kind kind = Kind::kStored;
+  uint64_t hash = 0;
+  uint64_t parentHash = 0;
+  std::vector<int32_t> tokens;  // kStored only
 };
 
 struct KvCacheStats {
@@ -151,6 +164,19 @@ class KvCacheManager {
   // (numComputed beyond tokens or beyond the sequence's allocated slots).
   Status cacheComputedBlocks(SeqId seq, std::span<const TokenId> tokens, int numComputed);
 
+  // ---- KV events (docs/kv_events.md) ---------------------------------------------------------
+  // Off by default. While on, every block that gets a name (cacheComputedBlocks) and every
+  // named block evicted appends an event, in the order they happen; takeEvents() hands them
+  // over and empties the buffer. Turning it off drops what is pending.
+  void setEventRecording(bool on);
+  bool eventRecording() const { return recordEvents_; }
+  std::vector<KvBlockEvent> takeEvents();
+  // Unix time (microseconds) of the oldest event takeEvents() would return; 0 when none.
+  uint64_t oldestPendingEventUnixUs() const { return oldestPendingUs_; }
+  // The whole named state as events: AllCleared, then one Stored per named block, every
+  // block after the block its parentHash names when that one is named too. Read-only.
+  std::vector<KvBlockEvent> snapshotEvents() const;
+
   // ---- Transfer descriptors ------------------------------------------------------------
   // Per layer in [layerBegin, layerEnd), the block table as coalesced byte ranges of this
   // region: consecutive block ids in one layer form one segment. Layer-major order.
@@ -189,6 +215,7 @@ class KvCacheManager {
   void acquireCached(BlockId b);
   bool blockMatches(BlockId b, uint64_t parentHash, std::span<const TokenId> tokens) const;
   Status grow(SeqTable& t, int newNumTokens);
+  void pushEvent(KvBlockEvent e);
 
   KvLayout layout_;
   void* base_ = nullptr;
@@ -203,6 +230,9 @@ class KvCacheManager {
   std::unordered_map<uint64_t, BlockId> byHash_;
   std::unordered_map<SeqId, SeqTable> seqs_;
   KvCacheStats stats_;
+  bool recordEvents_ = false;
+  std::vector<KvBlockEvent> events_;
+  uint64_t oldestPendingUs_ = 0;
 };
 
 // layerSegments over any region with this layout (for instance a peer's region, whose
@@ -225,10 +255,9 @@ Result<SegmentPairs> pairedLayerSegments(const KvLayout& layout, const MemDesc& 
                                          std::span<const BlockId> remoteBlocks, int layerBegin,
                                          int layerEnd);
 
-// The chained block hash used by the prefix cache (exposed so routers or tests can compute
-// the same names): hash of `tokens` chained with `parentHash` (kRootBlockHash for the first
-// block).
-inline constexpr uint64_t kRootBlockHash = 0x70647365727665ULL;  // "pdserve"
-uint64_t hashBlockTokens(uint64_t parentHash, std::span<const TokenId> tokens);
+// The chained block hash of the prefix cache: one definition in common/base/hash.h, shared
+// with the router's indexes.
+using ::pd::hashBlockTokens;
+using ::pd::kRootBlockHash;
 
 }  // namespace pd::engine

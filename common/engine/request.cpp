@@ -188,6 +188,7 @@ Status Request::fail(Status error) {
 RequestTimings Request::timings() const {
   RequestTimings t;
   t.numPreemptions = numPreemptions_;
+  t.cachedPromptTokens = numCachedPrompt_;
   const SteadyTime leftQueue = firstLeftQueue_
                                    ? *firstLeftQueue_
                                    : (isTerminal(state_) ? *last_[size_t(state_)] : clock_->now());

@@ -61,6 +61,7 @@ struct RequestTimings {
   std::optional<double> e2eSeconds;      // arrival -> terminal state
   std::optional<double> prefillSeconds;  // first left `queued` -> first token
   int numPreemptions = 0;
+  int cachedPromptTokens = 0;  // prompt tokens served from the prefix cache (at last admission)
 };
 
 class Request {

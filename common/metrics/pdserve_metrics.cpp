@@ -124,6 +124,62 @@ void RouterMetrics::predictedCachedTokens(int64_t tokens) {
       .inc(double(tokens));
 }
 
+void RouterMetrics::prefixHit(int64_t predicted, int64_t exact, int64_t actual) {
+  const auto tokens = [&](const char* source, int64_t n) {
+    r_.counter("pdserve_router_prefix_hit_tokens_total",
+               "Prompt tokens served from a prefix cache: as the predicted index expected (source=predicted), "
+               "as the exact KV-event index expected (source=exact, requests whose worker's index was current) "
+               "and as the worker reported (source=actual, and actual_exact_indexed for the requests counted "
+               "in source=exact).",
+               {{"source", source}})
+        .inc(double(n));
+  };
+  const auto outcome = [&](const char* index, int64_t n) {
+    r_.counter("pdserve_router_prefix_predictions_total",
+               "Requests whose predicted prefix hit matched the worker's actual one, by index "
+               "(outcome=match|over|under).",
+               {{"index", index}, {"outcome", n == actual ? "match" : n > actual ? "over" : "under"}})
+        .inc();
+  };
+  tokens("predicted", predicted);
+  tokens("actual", actual);
+  outcome("predicted", predicted);
+  if (exact >= 0) {
+    tokens("exact", exact);
+    tokens("actual_exact_indexed", actual);
+    outcome("exact", exact);
+  }
+}
+
+void RouterMetrics::setPrefixIndexBlocks(std::string_view worker, std::string_view index, int64_t blocks) {
+  r_.gauge("pdserve_router_prefix_index_blocks",
+           "Blocks the router's prefix index holds for a worker (index=exact: from its KV events; "
+           "predicted: from what was routed to it).",
+           {{"worker", s(worker)}, {"index", s(index)}})
+      .set(double(blocks));
+}
+
+void RouterMetrics::setKvIndexCurrent(std::string_view worker, bool current) {
+  r_.gauge("pdserve_router_kv_index_current",
+           "1 while the worker is routed on its exact KV-event index, 0 on the predicted one.",
+           {{"worker", s(worker)}})
+      .set(current ? 1.0 : 0.0);
+}
+
+void RouterMetrics::observeKvEventLag(double seconds) {
+  r_.histogram("pdserve_router_kv_event_lag_seconds",
+               "KV event batch created on the worker -> applied to the router's exact index (two hosts' "
+               "clocks: skew adds to it).",
+               {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5})
+      .observe(seconds);
+}
+
+void RouterMetrics::kvEventResync(std::string_view reason) {
+  r_.counter("pdserve_router_kv_event_resyncs_total", "KV event snapshots the router asked a worker for.",
+             {{"reason", s(reason)}})
+      .inc();
+}
+
 void RouterMetrics::requestFinished(std::string_view finishedReason, int64_t promptTokens,
                                     int64_t completionTokens) {
   r_.counter("pdserve_requests_finished_total", "Finished requests by finish reason.",

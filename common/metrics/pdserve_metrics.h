@@ -99,6 +99,20 @@ class RouterMetrics {
   void routeDecision(std::string_view route, std::string_view reason);
   // Prompt tokens the router expected the chosen worker to hold in its prefix cache.
   void predictedCachedTokens(int64_t tokens);
+  // KV events and the exact prefix index (docs/kv_events.md).
+  // A request's prefix hit as the predicted index saw it, as the exact index saw it (< 0: the
+  // worker's exact index was not current), and as the worker reported it:
+  // pdserve_router_prefix_hit_tokens_total{source} and
+  // pdserve_router_prefix_predictions_total{index, outcome=match|over|under}.
+  void prefixHit(int64_t predicted, int64_t exact, int64_t actual);
+  // pdserve_router_prefix_index_blocks{worker, index=exact|predicted}.
+  void setPrefixIndexBlocks(std::string_view worker, std::string_view index, int64_t blocks);
+  // pdserve_router_kv_index_current{worker}: 1 while the worker is routed on its exact index.
+  void setKvIndexCurrent(std::string_view worker, bool current);
+  // pdserve_router_kv_event_lag_seconds: batch creation on the worker -> applied here.
+  void observeKvEventLag(double seconds);
+  // pdserve_router_kv_event_resyncs_total{reason=gap|lag}: snapshots asked of a worker.
+  void kvEventResync(std::string_view reason);
   // finishedReason: stop | length | abort | error; tokens add to the token counters.
   void requestFinished(std::string_view finishedReason, int64_t promptTokens,
                        int64_t completionTokens);

@@ -51,6 +51,10 @@ const char* bodyName(const proto::Envelope& env) {
       return "auth";
     case proto::Envelope::kHeartbeat:
       return "heartbeat";
+    case proto::Envelope::kKvEvents:
+      return "kv_events";
+    case proto::Envelope::kKvResync:
+      return "kv_resync";
     case proto::Envelope::BODY_NOT_SET:
       return "none";
   }

@@ -50,6 +50,7 @@ struct ClusterSpec {
   // Off by default here: these tests send repeats and expect routing by length alone.
   bool prefixAwareRouting = false;
   std::string pools = "{prefill: {replicas: 1}, decode: {replicas: 1}}";
+  std::string kvCache = "kv_cache_bytes: 67108864";  // or "num_blocks: N"
   std::string extraEngine{};  // more keys of the engine map: ", drain_timeout_ms: 200"
   std::string extraKvTransfer{};  // more keys of the kv_transfer map: ", lease_ms: 800"
   std::string extraTop{};         // more top-level sections: "metrics: {vllm_compatible_names: true}\n"
@@ -67,7 +68,7 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
                       << spec.extraRouter
                       << "pools: " << spec.pools << "\n"
                       << "engine: {backend: " << spec.backend
-                      << ", threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512" << spec.extraEngine
+                      << ", threads: 2, " << spec.kvCache << ", max_batch_tokens: 512" << spec.extraEngine
                       << "}\n"
                       << "kv_transfer: {transports: " << spec.transports
                       << ", timeout_ms: " << spec.timeoutMs
@@ -295,6 +296,112 @@ TEST_CASE("prefix-aware routing: a prompt extending one the decode worker receiv
         std::string::npos);
   CHECK(m->body.find("pdserve_router_predicted_cached_tokens_total 592") != std::string::npos);
   CHECK(allBlocksFree(*c, "decode-0"));
+}
+
+// Waits (bounded) until the router's /metrics series reaches `pred`; returns its last value.
+template <typename Pred>
+double waitRouterMetric(LocalCluster& c, const std::string& series, Pred pred) {
+  double v = routerMetric(c, series);
+  for (int i = 0; i < 100 && !pred(v); ++i) {
+    std::this_thread::sleep_for(50ms);
+    v = routerMetric(c, series);
+  }
+  return v;
+}
+
+TEST_CASE("KV events: the router's exact index predicts the worker's actual prefix hit, evictions included") {
+  ClusterSpec spec;
+  spec.prefixAwareRouting = true;
+  spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
+  spec.kvCache = "num_blocks: 40";  // 640 tokens of 16: one long generation evicts
+  // The ZeroMQ publisher rides on the same events (its wire format: test_worker_kv_events);
+  // here it must not disturb them. A build without ZeroMQ refuses the key, so only with it.
+  if (PD_HAVE_ZMQ) spec.extraEngine = ", kv_events: {zmq_endpoint: 'tcp://127.0.0.1:*'}";
+  auto c = startCluster("kv-events", spec);
+  const std::string exactBlocks = "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"decode-0\"}";
+  const auto hit = [&](const std::string& source) {
+    return routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"" + source + "\"}");
+  };
+  // The worker's snapshot on registration makes its exact index current.
+  REQUIRE(waitRouterMetric(*c, "pdserve_router_kv_index_current{worker=\"decode-0\"}", [](double v) { return v == 1; }) == 1);
+
+  const auto a = prompt(200, 91);
+  REQUIRE(complete(*c, a, 4).status == 200);
+  // 203 tokens computed (the last generated token's KV is never needed): 12 full blocks named.
+  CHECK(waitRouterMetric(*c, exactBlocks, [](double v) { return v >= 12; }) >= 12);
+  auto ext = a;
+  for (int32_t t : prompt(21, 92)) if (ext.size() < 220) ext.push_back(t);
+  REQUIRE(complete(*c, ext, 4).status == 200);
+  // Both indexes expected a's 12 blocks, and the worker served them.
+  CHECK(hit("exact") == 192);
+  CHECK(hit("predicted") == 192);
+  CHECK(hit("actual") == 192);
+  CHECK(routerMetric(*c, exactBlocks) == 13);  // ext's 223 computed tokens
+
+  // A short prompt generating 500 tokens needs 33 of the 40 blocks: the worker evicts the
+  // tail of ext's cached blocks. The predicted index, which only counts prompt blocks routed
+  // (14 + 1 of 40), still believes a is cached; the exact index heard the evictions.
+  REQUIRE(complete(*c, prompt(20, 93), 500).status == 200);
+  // Its 32 computed blocks named, ext's evicted to make room: never more than the pool.
+  CHECK(routerMetric(*c, exactBlocks) <= 40);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_index_blocks{index=\"predicted\",worker=\"decode-0\"}") == 14);
+  REQUIRE(complete(*c, a, 4).status == 200);
+  const double exact = hit("exact") - 192;
+  const double predicted = hit("predicted") - 192;
+  const double actual = hit("actual") - 192;
+  INFO("exact " << exact << " predicted " << predicted << " actual " << actual);
+  CHECK(actual < 192);         // the worker really lost part of a
+  CHECK(exact == actual);      // the exact index knew which part
+  CHECK(predicted == 192);     // the predicted one would have been wrong
+  CHECK(hit("actual_exact_indexed") == hit("actual"));  // every request was exactly indexed
+  CHECK(routerMetric(*c, "pdserve_router_prefix_predictions_total{index=\"exact\",outcome=\"match\"}") == 4);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_predictions_total{index=\"predicted\",outcome=\"over\"}") == 1);
+  // Lag was measured for every applied batch.
+  CHECK(routerMetric(*c, "pdserve_router_kv_event_lag_seconds_count") >= 1);
+  CHECK(workerMetric(*c, "decode-0", "pdserve_kv_event_batches_total{kind=\"snapshot\"}") >= 1);
+}
+
+TEST_CASE("KV events, disaggregated: the prefill worker's actual hit is what its exact index predicted") {
+  ClusterSpec spec{/*shortPromptTokens=*/64};
+  spec.prefixAwareRouting = true;
+  auto c = startCluster("kv-events-disagg", spec);
+  for (const char* w : {"prefill-0", "decode-0"}) {
+    REQUIRE(waitRouterMetric(*c, "pdserve_router_kv_index_current{worker=\"" + std::string(w) + "\"}",
+                             [](double v) { return v == 1; }) == 1);
+  }
+  const auto a = prompt(300, 95);
+  auto r = complete(*c, a, 2);
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+  // 200 of a's tokens and 200 new ones: 192 cached on both workers, 208 uncached > 64.
+  std::vector<int32_t> b(a.begin(), a.begin() + 200);
+  for (int32_t t : prompt(200, 96)) b.push_back(t);
+  r = complete(*c, b, 2);
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"exact\"}") == 192);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"actual\"}") == 192);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_predictions_total{index=\"exact\",outcome=\"match\"}") == 2);
+}
+
+TEST_CASE("KV events off on either side: the router routes on the predicted index") {
+  ClusterSpec spec;
+  spec.prefixAwareRouting = true;
+  spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
+  SECTION("a router that does not take them (an old router): the worker sends none") {
+    spec.extraRouter = "  exact_prefix_routing: false\n";
+  }
+  SECTION("a worker that does not publish them (an old worker)") { spec.extraEngine = ", kv_events: {publish: false}"; }
+  auto c = startCluster("kv-events-off", spec);
+  const auto a = prompt(200, 94);
+  REQUIRE(complete(*c, a, 4).status == 200);
+  REQUIRE(complete(*c, a, 4).status == 200);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"predicted\"}") == 192);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"actual\"}") == 192);
+  CHECK(routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"exact\"}") == -1);  // never counted
+  CHECK(routerMetric(*c, "pdserve_router_kv_index_current{worker=\"decode-0\"}") == -1);
+  // No snapshot went out: the worker has no publisher, or the router did not ask.
+  CHECK(workerMetric(*c, "decode-0", "pdserve_kv_event_batches_total{kind=\"snapshot\"}") <= 0);
 }
 
 TEST_CASE("adaptive threshold: a prefill pool missing its SLO pulls prompts onto the decode pool") {

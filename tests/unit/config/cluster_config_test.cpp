@@ -394,3 +394,25 @@ TEST_CASE("engine.gpu_memory_utilization: a fraction above 0, at most 1, that re
   CHECK(d.engine.gpuMemoryUtilization == 0);  // not given: kv_cache_bytes' default applies
   CHECK(d.engine.kvCacheBytes == int64_t{256} << 20);
 }
+
+TEST_CASE("KV event keys: defaults, the exact index, the ZeroMQ endpoint checked") {
+  auto d = parseOk("");
+  CHECK(d.router.exactPrefixRouting);
+  CHECK(d.router.kvEventMaxLagMs == 1000);
+  CHECK(d.engine.kvEvents.publish);
+  CHECK(d.engine.kvEvents.zmqEndpoint.empty());
+  CHECK(d.engine.kvEvents.zmqTopic == "kv-events");
+  auto c = parseOk(
+      "router: {exact_prefix_routing: false, kv_event_max_lag_ms: 250}\n"
+      "engine: {kv_events: {publish: false, zmq_endpoint: 'tcp://*:5557', zmq_topic: pd}}\n");
+  CHECK_FALSE(c.router.exactPrefixRouting);
+  CHECK(c.router.kvEventMaxLagMs == 250);
+  CHECK_FALSE(c.engine.kvEvents.publish);
+  CHECK(c.engine.kvEvents.zmqEndpoint == "tcp://*:5557");
+  CHECK(c.engine.kvEvents.zmqTopic == "pd");
+  CHECK(errorOf("engine: {kv_events: {zmq_endpoint: 'localhost:5557'}}")
+            .find("engine.kv_events.zmq_endpoint: 'localhost:5557' is not a ZeroMQ endpoint") != std::string::npos);
+  CHECK(errorOf("engine: {kv_events: {replay_endpoint: x}}").find("engine.kv_events.replay_endpoint: unknown key") !=
+        std::string::npos);
+  CHECK(errorOf("router: {kv_event_max_lag_ms: 0}").find("router.kv_event_max_lag_ms") != std::string::npos);
+}

@@ -201,6 +201,64 @@ TEST_CASE("the prefix block freed last is evicted last") {
   REQUIRE_OK(kv->checkInvariants());
 }
 
+TEST_CASE("KV events: stored blocks carry the shared hash chain, evictions say which, snapshots parents first") {
+  auto kv = makeKv(smallLayout(6, 2));
+  std::vector<TokenId> a = {1, 2, 3, 4, 5, 6};
+  REQUIRE_OK(kv->allocate(1, 6));
+  REQUIRE_OK(kv->cacheComputedBlocks(1, a, 6));
+  CHECK(kv->takeEvents().empty());  // recording is off by default
+  REQUIRE_OK(kv->free(1));
+  kv->setEventRecording(true);
+  std::vector<TokenId> b = {7, 8, 9, 10};
+  REQUIRE_OK(kv->allocate(2, 4));
+  CHECK(kv->oldestPendingEventUnixUs() == 0);
+  REQUIRE_OK(kv->cacheComputedBlocks(2, b, 4));
+  CHECK(kv->oldestPendingEventUnixUs() > 0);
+  auto ev = kv->takeEvents();
+  // The names the router computes for the same tokens (common/base/hash.h).
+  const auto names = blockHashChain(b, 2);
+  REQUIRE(ev.size() == 2);
+  CHECK(ev[0].kind == KvBlockEvent::Kind::kStored);
+  CHECK(ev[0].hash == names[0]);
+  CHECK(ev[0].parentHash == kRootBlockHash);
+  CHECK(ev[0].tokens == std::vector<int32_t>{7, 8});
+  CHECK(ev[1].hash == names[1]);
+  CHECK(ev[1].parentHash == names[0]);
+  CHECK(kv->takeEvents().empty());
+  CHECK(kv->oldestPendingEventUnixUs() == 0);
+  // A shared prefix names nothing new.
+  REQUIRE_OK(kv->allocate(3, 2));
+  REQUIRE_OK(kv->cacheComputedBlocks(3, std::vector<TokenId>{7, 8}, 2));
+  CHECK(kv->takeEvents().empty());
+  // No uncached block is left: the next allocation evicts one of a's cached blocks, and says so.
+  CHECK(kv->numCachedFreeBlocks() == 3);
+  CHECK(kv->numFreeBlocks() == 3);
+  REQUIRE_OK(kv->allocate(4, 2));
+  ev = kv->takeEvents();
+  const auto aNames = blockHashChain(a, 2);
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].kind == KvBlockEvent::Kind::kRemoved);
+  CHECK(std::count(aNames.begin(), aNames.end(), ev[0].hash) == 1);
+  // The snapshot: cleared, then every named block, each after its named parent.
+  auto snap = kv->snapshotEvents();
+  REQUIRE(!snap.empty());
+  CHECK(snap[0].kind == KvBlockEvent::Kind::kAllCleared);
+  CHECK(snap.size() == 1 + 2 + 2);  // b's two blocks, a's two left
+  std::vector<uint64_t> seen;
+  for (size_t i = 1; i < snap.size(); ++i) {
+    CHECK(snap[i].kind == KvBlockEvent::Kind::kStored);
+    CHECK(snap[i].tokens.size() == 2);
+    for (size_t j = 1; j < snap.size(); ++j)
+      if (snap[j].hash == snap[i].parentHash) CHECK(std::count(seen.begin(), seen.end(), snap[j].hash) == 1);
+    seen.push_back(snap[i].hash);
+  }
+  kv->setEventRecording(false);
+  REQUIRE_OK(kv->free(2));
+  REQUIRE_OK(kv->allocate(6, 2));
+  CHECK(kv->takeEvents().empty());
+  REQUIRE_OK(kv->checkInvariants());
+}
+
 TEST_CASE("fork shares full blocks and copies the partial tail in every layer") {
   KvLayout l = smallLayout(8, 4);
   auto kv = makeKv(l);
