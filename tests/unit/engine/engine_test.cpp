@@ -133,6 +133,23 @@ class StepCostClock final : public Clock {
   mutable int64_t us_ = 0;
 };
 
+// One engine step whose forward pass costs cost(prompt tokens, decode rows) ms on `clock`:
+// the pass is timed between two now() calls, so the layer callback charges it, once.
+void stepCosting(Engine& engine, const StepCostClock& clock, const std::function<double(int, int)>& cost) {
+  std::vector<EngineEvent> events;
+  StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
+    if (done) return;
+    done = true;
+    int prompt = 0, decodeRows = 0;
+    for (const auto& e : v.entries) {
+      prompt += e.isDecode ? 0 : e.count;
+      decodeRows += e.isDecode;
+    }
+    clock.charge(cost(prompt, decodeRows));
+  };
+  REQUIRE(engine.step(&events, charge).isOk());
+}
+
 TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose step meets the ITL target") {
   StepCostClock clock;
   PrefillChunkOptions chunks;
@@ -143,23 +160,12 @@ TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose ste
   CHECK(engine.load().prefillChunkTokens == 256);  // nothing measured: max_batch_tokens
   double extraMs = 0;
   std::vector<double> mixedStepMs;
-  // The forward pass is timed between two now() calls: the layer callback charges its cost.
   auto step = [&] {
-    std::vector<EngineEvent> events;
-    StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
-      if (done) return;
-      done = true;
-      int prompt = 0;
-      bool decode = false;
-      for (const auto& e : v.entries) {
-        prompt += e.isDecode ? 0 : e.count;
-        decode |= e.isDecode;
-      }
+    stepCosting(engine, clock, [&](int prompt, int decodeRows) {
       const double ms = 2 + (prompt > 0 ? 20 + prompt : 0) + extraMs;
-      clock.charge(ms);
-      if (decode && prompt > 0) mixedStepMs.push_back(ms);
-    };
-    REQUIRE(engine.step(&events, charge).isOk());
+      if (decodeRows > 0 && prompt > 0) mixedStepMs.push_back(ms);
+      return ms;
+    });
   };
   REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(200))).isOk());
   step();  // the stream's prompt alone: 20 tokens in 42 ms (476 tokens/s)
@@ -194,23 +200,13 @@ TEST_CASE("engine: SLO-sized chunks aim below the ITL target until its percentil
   // miss): aimed at 50 ms, 10% of those steps would overrun; aimed lower, about 1%.
   std::vector<double> mixedStepMs;
   auto step = [&] {
-    std::vector<EngineEvent> events;
-    StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
-      if (done) return;
-      done = true;
-      int prompt = 0;
-      bool decode = false;
-      for (const auto& e : v.entries) {
-        prompt += e.isDecode ? 0 : e.count;
-        decode |= e.isDecode;
-      }
-      const bool mixed = decode && prompt > 0;
+    stepCosting(engine, clock, [&](int prompt, int decodeRows) {
+      const bool mixed = decodeRows > 0 && prompt > 0;
       const double noise = mixed && mixedStepMs.size() % 10 == 9 ? 8 : 0;
       const double ms = 2 + (prompt > 0 ? 20 + prompt : 0) + noise;
-      clock.charge(ms);
       if (mixed) mixedStepMs.push_back(ms);
-    };
-    REQUIRE(engine.step(&events, charge).isOk());
+      return ms;
+    });
   };
   REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(800))).isOk());
   for (uint64_t id = 2; id <= 9; ++id) REQUIRE(engine.submit(makeRequest(id, testPrompt(2000, 6 + int(id)), greedy(1))).isOk());
@@ -229,18 +225,7 @@ TEST_CASE("engine: the decode step cost line and a small chunk's cost, forgotten
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
   Engine& engine = *engineOwner;
   auto step = [&] {
-    std::vector<EngineEvent> events;
-    StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
-      if (done) return;
-      done = true;
-      int prompt = 0, streams = 0;
-      for (const auto& e : v.entries) {
-        prompt += e.isDecode ? 0 : e.count;
-        streams += e.isDecode;
-      }
-      clock.charge(5 + 2.0 * streams + (prompt > 0 ? 20 + prompt : 0));
-    };
-    REQUIRE(engine.step(&events, charge).isOk());
+    stepCosting(engine, clock, [](int prompt, int streams) { return 5 + 2.0 * streams + (prompt > 0 ? 20 + prompt : 0); });
   };
   REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(100))).isOk());
   for (int i = 0; i < 4; ++i) step();  // its prompt, then 3 steps of one stream
