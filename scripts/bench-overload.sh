@@ -47,9 +47,13 @@ up() {  # $1: label, $2: shedding
 down() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 
 # A fixed length scale (not --max-prompt-tokens alone, which scales by the longest selected
-# prompt): both runs then send the same length distribution.
+# prompt): both runs then send the same length distribution. return_token_ids: every chunk
+# says how many tokens it carries, so the ITL is per token, as the SLO is. Without it a token
+# whose text the detokenizer holds back (a partial UTF-8 character: ~1 in 5 tokens of the
+# random-weight model) arrives as an empty-text chunk the bench cannot count, and its gap is
+# merged into the next one (docs/bench.md, "What is measured").
 COMMON=(--url http://127.0.0.1:8110 --trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64
-        --slo ttft_ms=2000,itl_ms=100 --warmup 2)
+        --slo ttft_ms=2000,itl_ms=100 --warmup 2 --extra-body '{"return_token_ids": true}')
 
 up capacity true
 "$BIN/pdserve" bench "${COMMON[@]}" --concurrency "$CONCURRENCY" --duration "$CAPACITY_S" --out "$WORK/capacity" > /dev/null

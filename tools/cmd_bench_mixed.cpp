@@ -110,6 +110,9 @@ int runBenchMixed(int argc, char** argv) {
   body.model = model;
   body.ids = {10, static_cast<int64_t>(vocab) - 10};
   body.seed = static_cast<uint64_t>(seed);
+  // Stream gaps per token: with token ids every chunk says how many tokens it carries, so a
+  // token whose text is held back (an incomplete UTF-8 character) still ends its gap.
+  body.extraJson = R"({"return_token_ids": true})";
   RunOptions ro;
   ro.abortOnRefusal = false;  // errors are what this benchmark reports
   ro.handleSignals = true;

@@ -31,9 +31,17 @@ inline constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
 inline double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 inline double gbps(size_t bytes, double s) { return s > 0 ? double(bytes) / s / 1e9 : 0; }
 
-// Page-touched buffer (first-touch costs must not land in the measurements).
-inline std::unique_ptr<uint8_t[]> touched(size_t n, uint8_t v) {
-  std::unique_ptr<uint8_t[]> b(new uint8_t[n]);
+// Page-aligned, page-touched buffer. Aligned like the product's KV regions (mmap'd): a
+// malloc'd buffer this large starts 16 bytes into a page, so every 64 KiB segment would span
+// one page more than in the product. First-touch costs must not land in the measurements.
+struct FreeDeleter {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<uint8_t[], FreeDeleter>;
+inline Buffer touched(size_t n, uint8_t v) {
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  Buffer b(static_cast<uint8_t*>(std::aligned_alloc(page, (n + page - 1) / page * page)));
+  if (!b) throw std::bad_alloc();
   std::memset(b.get(), v, n);
   return b;
 }

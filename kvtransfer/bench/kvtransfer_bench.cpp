@@ -269,7 +269,7 @@ class RawTcp {
 
  private:
   static constexpr size_t kBuf = 256 * kMiB;
-  std::unique_ptr<uint8_t[]> src_;
+  Buffer src_;
   Child child_;
   int port_ = 0;
   double cpuPerGB_ = 1e9;
@@ -364,7 +364,7 @@ double rawCmaGBps(pid_t pid, const DescList& local, const DescList& remote, int 
 
 // ---- the transport runs -------------------------------------------------------------------------
 struct Link {
-  std::unique_ptr<uint8_t[]> src;  // outlives the transport's I/O thread
+  Buffer src;  // outlives the transport's I/O thread
   std::unique_ptr<Transport> t;
   Child recv;
   PeerId peer = 0;
