@@ -217,7 +217,9 @@ void WorkerLoop::loop() {
         policy_->onLayerDone(layer, step);
       });
       reporter_->stepEnded();
-      if (!s.isOk()) PD_LOG(kError, roleName()) << "step failed: " << s.toString();
+      if (!s.isOk()) {
+        PD_LOG(kError, roleName()) << "step failed: " << s.toString();
+      }
       // The blocks this step named go out before its tokens: a router that has a request's
       // last chunk has the KV events of its prompt.
       if (kvEvents_) kvEvents_->flush();
