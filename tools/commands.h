@@ -20,5 +20,6 @@ int runTokenize(int argc, char** argv);
 int runBench(int argc, char** argv);
 int runBenchMixed(int argc, char** argv);  // `pdserve bench mixed`
 int runUp(int argc, char** argv);
+int runPlan(int argc, char** argv);
 
 }  // namespace pd::tools

@@ -15,6 +15,7 @@ const Command kCommands[] = {
     {"up", "start a local cluster (router + workers) and supervise it", runUp},
     {"tokenize", "encode text or a chat with a model's tokenizer", runTokenize},
     {"bench", "load-test an OpenAI-compatible server (TTFT, ITL, goodput)", runBench},
+    {"plan", "size prefill/decode pools for a trace and SLOs on a named GPU (simulated)", runPlan},
 };
 
 void printUsage() {

@@ -1,0 +1,160 @@
+// `pdserve plan`'s simulator (tools/plan): the cost model by hand, one request through the
+// real engine matching the cost model step by step, determinism, and the layout search.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+
+#include "tools/plan/planner.h"
+
+using namespace pd::plan;
+namespace engine = pd::engine;
+
+namespace {
+
+CostModel h100(const char* model = "llama-3-8b", int tp = 1) {
+  auto m = findModel(model);
+  REQUIRE(m.ok());
+  auto g = findGpu("h100-sxm");
+  REQUIRE(g.ok());
+  return CostModel(*m, deviceOf(*g), tp);
+}
+
+std::vector<int32_t> promptOf(int n, int salt = 0) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), 100 + (salt * 997) % 60000);
+  return p;
+}
+
+double stepOf(const CostModel& c, int tokens, int startPos) {
+  engine::SeqChunk ch;
+  ch.numTokens = tokens;
+  ch.startPos = startPos;
+  ch.wantLogits = true;
+  return c.stepSeconds(std::span<const engine::SeqChunk>(&ch, 1));
+}
+
+}  // namespace
+
+TEST_CASE("plan: the cost model is the roofline of the step, by hand") {
+  const CostModel c = h100();
+  const auto& m = c.model().config;  // Llama-3-8B: 32 layers, 4096 hidden, 8 KV heads of 128
+  REQUIRE(c.model().params() == 8030261248);  // the published 8.03B
+  // One decode token at position 0: memory bound, the weights (and 1 token of KV) once.
+  const double linear = 32.0 * (4096.0 * (4096 + 2 * 1024) + 4096.0 * 4096 + 3 * 4096.0 * 14336);
+  const double flops = 2 * linear + 4.0 * 32 * 4096 * 1 + 2.0 * 4096 * 128256;
+  const double bytes = 8030261248.0 * 2 + 1 * 2.0 * 32 * 1024 * 2;
+  const double expected = 1e-3 + std::max(flops / (989e12 * 0.6), bytes / (3350e9 * 0.8));
+  CHECK(stepOf(c, 1, 0) == Approx(expected).epsilon(1e-12));
+  CHECK(m.numLayers == 32);
+  // A 4,096-token prefill is compute bound: more than 100x the decode step.
+  CHECK(stepOf(c, 4096, 0) > 5 * stepOf(c, 1, 0));
+  // KV transfer: 128 KiB per token of Llama-3-8B; over 50 GB/s with no prefill to hide
+  // behind, the whole; behind a long prefill, only the last layer.
+  CHECK(c.model().kvBytesPerToken() == 131072);
+  CHECK(c.kvTransferSeconds(1000, 50e9, 0) == Approx(1000 * 131072 / 50e9));
+  CHECK(c.kvTransferSeconds(1000, 50e9, 10) == Approx(1000 * 131072 / 50e9 / 32));
+}
+
+TEST_CASE("plan: tensor parallelism only where the weights need it") {
+  SimOptions so;
+  CHECK(fittingTensorParallel(h100().model(), h100().device(), so, 8192) == 1);
+  CHECK(fittingTensorParallel(h100("llama-3-70b").model(), h100().device(), so, 8192) == 2);
+  auto l40s = findGpu("l40s");
+  REQUIRE(l40s.ok());
+  CHECK(fittingTensorParallel(h100("llama-3-70b").model(), deviceOf(*l40s), so, 8192) == 4);
+}
+
+TEST_CASE("plan: one colocated request is the cost model's steps through the real engine") {
+  const CostModel c = h100();
+  SimOptions so;
+  so.layout = Layout{0, 1, 1, 256};
+  so.sloSizedPrefillChunks = false;
+  const std::vector<SimRequest> one = {{0.5, promptOf(200), 4}};
+  auto r = simulate(c, so, one);
+  REQUIRE(r.ok());
+  const RequestOutcome& o = r->outcomes.at(0);
+  REQUIRE(o.finished);
+  CHECK_FALSE(o.disaggregated);
+  // Prefill of 200 tokens yields the first token; each decode step one more.
+  CHECK(o.ttftS == Approx(stepOf(c, 200, 0)).epsilon(1e-6));
+  REQUIRE(o.itlsS.size() == 3);
+  for (int k = 0; k < 3; ++k) CHECK(o.itlsS[size_t(k)] == Approx(stepOf(c, 1, 200 + k)).epsilon(1e-6));
+  CHECK(r->summary.good == 1);
+  CHECK(r->summary.steps == 4);
+}
+
+TEST_CASE("plan: a long prompt is prefilled remotely and its KV moved before the first token") {
+  const CostModel c = h100();
+  SimOptions so;
+  so.layout = Layout{1, 1, 1, 256};
+  so.kvLinkBytesPerS = 1e9;  // slow enough that the transfer is not hidden by the prefill
+  const std::vector<SimRequest> one = {{0, promptOf(2000), 3}};
+  auto r = simulate(c, so, one);
+  REQUIRE(r.ok());
+  const RequestOutcome& o = r->outcomes.at(0);
+  REQUIRE(o.finished);
+  CHECK(o.disaggregated);
+  const double prefill = stepOf(c, 2000, 0);
+  CHECK(o.ttftS == Approx(prefill + c.kvTransferSeconds(2000, 1e9, prefill)).epsilon(1e-6));
+  REQUIRE(o.itlsS.size() == 2);
+  CHECK(o.itlsS[0] == Approx(stepOf(c, 1, 2000)).epsilon(1e-6));
+}
+
+TEST_CASE("plan: the simulation is deterministic, and overload shows in the SLOs") {
+  const CostModel c = h100();
+  SimOptions so;
+  so.layout = Layout{1, 1, 1, 512};
+  so.slo = Slo{0.5, 0.05, 99};
+  std::vector<SimRequest> rs;
+  for (int i = 0; i < 300; ++i) rs.push_back({0.01 * i, promptOf(100 + (i * 37) % 3000, i), 20 + i % 50});
+  auto a = simulate(c, so, rs);
+  auto b = simulate(c, so, rs);
+  INFO(a.status().toString());
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->summary.finished == 300);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    CHECK(a->outcomes[i].ttftS == b->outcomes[i].ttftS);
+    CHECK(a->outcomes[i].itlsS == b->outcomes[i].itlsS);
+  }
+  // 300 requests in 3 s, up to 3,000-token prompts, on one prefill worker: TTFT piles up.
+  CHECK(a->summary.ttftP99 > a->summary.ttftP50);
+  CHECK(a->summary.attainment < 1.0);
+}
+
+TEST_CASE("plan: the search ranks every layout and names why the others lose") {
+  auto m = findModel("llama-3-8b");
+  auto g = findGpu("a100-80gb");
+  REQUIRE(m.ok());
+  REQUIRE(g.ok());
+  PlanOptions po;
+  po.devices = 2;
+  po.bisections = 2;
+  po.thresholds = {512};
+  po.sim.slo = Slo{1.0, 0.05, 99};
+  RequestSource source = [](double rate) -> pd::Result<std::vector<SimRequest>> {
+    std::vector<SimRequest> rs;
+    const double gap = rate > 0 ? 1.0 / rate : 0.2;
+    for (int i = 0; i < 40; ++i) rs.push_back({gap * i, promptOf(64 + (i * 211) % 2000, i), 32});
+    return rs;
+  };
+  auto ranked = searchLayouts(*m, deviceOf(*g), po, source);
+  INFO(ranked.status().toString());
+  REQUIRE(ranked.ok());
+  REQUIRE(ranked->size() == 2);  // colocated x2, 1P + 1D
+  CHECK(ranked->front().verdict == "best");
+  CHECK(ranked->front().maxRate >= ranked->back().maxRate);
+  CHECK(ranked->front().maxRate > 0);
+  CHECK_FALSE(ranked->back().verdict.empty());
+  po.devices = 0;
+  CHECK_FALSE(searchLayouts(*m, deviceOf(*g), po, source).ok());
+}
+
+TEST_CASE("plan: unknown names are refused with the known ones listed") {
+  auto g = findGpu("h800");
+  REQUIRE_FALSE(g.ok());
+  CHECK_THAT(g.status().message(), Catch::Contains("h800") && Catch::Contains("h100-sxm, h200"));
+  auto m = findModel("/nonexistent/model");
+  REQUIRE_FALSE(m.ok());
+  CHECK_THAT(m.status().message(), Catch::Contains("llama-3-8b"));
+}

@@ -1,0 +1,226 @@
+// `pdserve plan`: size the prefill and decode pools for a trace and SLOs on a named GPU by
+// simulating every layout with the production scheduler and routing policy
+// (tools/plan/planner.h; docs/plan.md says how to read the output).
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "tools/bench/workload.h"
+#include "tools/commands.h"
+#include "tools/plan/planner.h"
+
+namespace pd::tools {
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: pdserve plan --trace FILE --gpu G --slo ttft_ms=A,itl_ms=B[,percentile=P] [options]
+
+Simulates every layout of --gpus devices (colocated; each prefill/decode split with short-prompt
+thresholds 256/512/1024/2048) serving the trace, with pdserve's own scheduler and router
+policy, and prints them best first by goodput (requests/s meeting both SLOs).
+
+  --trace FILE              Azure LLM (CSV) or Mooncake (JSONL) trace, as pdserve bench reads it
+  --gpu G                   h100-sxm | h200 | a100-80gb | l40s | b200
+  --model M                 llama-3-8b (default) | llama-3-70b | qwen2.5-7b | a model dir / config.json
+  --slo ttft_ms=A,itl_ms=B[,percentile=P]   targets (percentile default 99)
+  --gpus N                  devices in all (default 8)
+  --duration S              only the trace's first S seconds (after --time-scale)
+  --time-scale X            multiply the trace's gaps by X (0.5: twice the rate)
+  --num-requests N          only the first N requests
+  --max-prompt-tokens N, --length-scale X, --max-output-tokens N   as in pdserve bench
+  --max-batch-tokens N      engine.max_batch_tokens (default 8192)
+  --max-running-requests N  engine.max_running_requests (default 256)
+  --kv-link-gbps G          KV link between workers, Gb/s (default: the GPU's NIC)
+  --attainment P            percent of requests that must meet both SLOs (default 90)
+Progress goes to stderr.
+)";
+
+struct Args {
+  std::map<std::string, std::string> values;
+};
+
+Result<Args> parseArgs(int argc, char** argv) {
+  static const char* kOptions[] = {"--trace", "--gpu", "--model", "--slo", "--gpus", "--duration", "--time-scale",
+                                   "--num-requests", "--max-prompt-tokens", "--length-scale", "--max-output-tokens",
+                                   "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment"};
+  static const char* kNotYet[] = {"--calibrate", "--html"};
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    for (const char* n : kNotYet)
+      if (arg == n) return unimplemented(arg + ": not implemented yet (docs/plan.md, \"Not yet\")");
+    bool known = false;
+    for (const char* o : kOptions) {
+      if (arg != o) continue;
+      if (i + 1 >= argc) return invalidArgument(arg + " needs a value");
+      a.values[arg] = argv[++i];
+      known = true;
+    }
+    if (!known) return invalidArgument("unknown option '" + arg + "' (see pdserve plan --help)");
+  }
+  return a;
+}
+
+Status number(const Args& a, const char* key, double* out) {
+  auto it = a.values.find(key);
+  if (it == a.values.end()) return Status::ok();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(it->second.c_str(), &end);
+  if (it->second.empty() || *end || errno || !std::isfinite(v) || v < 0)
+    return invalidArgument(std::string(key) + ": '" + it->second + "' is not a non-negative number");
+  *out = v;
+  return Status::ok();
+}
+
+Result<plan::Slo> parseSlo(const std::string& spec) {
+  plan::Slo slo;
+  bool ttft = false, itl = false;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', pos), spec.size());
+    const std::string item = spec.substr(pos, comma - pos);
+    const size_t eq = item.find('=');
+    char* end = nullptr;
+    const double v = eq == std::string::npos ? 0 : std::strtod(item.c_str() + eq + 1, &end);
+    if (eq == std::string::npos || !end || *end || !(v > 0))
+      return invalidArgument("--slo: '" + item + "' is not key=positive number");
+    const std::string key = item.substr(0, eq);
+    if (key == "ttft_ms") slo.ttftS = v / 1000, ttft = true;
+    else if (key == "itl_ms") slo.itlS = v / 1000, itl = true;
+    else if (key == "percentile" && v <= 100) slo.percentile = v;
+    else return invalidArgument("--slo: unknown key or value '" + item + "' (keys: ttft_ms, itl_ms, percentile)");
+    pos = comma + 1;
+  }
+  if (!ttft || !itl) return invalidArgument("--slo: needs both ttft_ms and itl_ms");
+  return slo;
+}
+
+int usageError(const Status& s) {
+  std::fprintf(stderr, "pdserve plan: %s\n", s.message().c_str());
+  return 2;
+}
+
+}  // namespace
+
+int runPlan(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  auto args = parseArgs(argc, argv);
+  if (!args.ok()) return usageError(args.status());
+  const Args& a = *args;
+  auto get = [&](const char* k, const char* def) {
+    auto it = a.values.find(k);
+    return it == a.values.end() ? std::string(def) : it->second;
+  };
+  if (!a.values.count("--trace")) return usageError(invalidArgument("--trace is required"));
+  if (!a.values.count("--gpu")) return usageError(invalidArgument("--gpu is required"));
+  if (!a.values.count("--slo")) return usageError(invalidArgument("--slo is required"));
+  auto gpu = plan::findGpu(get("--gpu", ""));
+  if (!gpu.ok()) return usageError(gpu.status());
+  auto model = plan::findModel(get("--model", "llama-3-8b"));
+  if (!model.ok()) return usageError(model.status());
+  auto slo = parseSlo(get("--slo", ""));
+  if (!slo.ok()) return usageError(slo.status());
+
+  double gpus = 8, duration = 0, timeScale = 1, numRequests = 0, maxPrompt = 0, lengthScale = 0, maxOutput = 0;
+  double maxBatch = 8192, maxRunning = 256, linkGbps = 0, attainment = 90;
+  for (Status s : {number(a, "--gpus", &gpus), number(a, "--duration", &duration), number(a, "--time-scale", &timeScale),
+                   number(a, "--num-requests", &numRequests), number(a, "--max-prompt-tokens", &maxPrompt),
+                   number(a, "--length-scale", &lengthScale), number(a, "--max-output-tokens", &maxOutput),
+                   number(a, "--max-batch-tokens", &maxBatch), number(a, "--max-running-requests", &maxRunning),
+                   number(a, "--kv-link-gbps", &linkGbps), number(a, "--attainment", &attainment)})
+    if (!s.isOk()) return usageError(s);
+
+  bench::WorkloadOptions w;
+  w.tracePath = get("--trace", "");
+  w.durationS = duration;
+  w.timeScale = timeScale;
+  w.numRequests = int64_t(numRequests);
+  w.maxPromptTokens = int64_t(maxPrompt);
+  w.lengthScale = lengthScale;
+  w.maxOutputTokens = int64_t(maxOutput);
+  auto traceWorkload = bench::buildWorkload(w);
+  if (!traceWorkload.ok()) return usageError(traceWorkload.status());
+  if (traceWorkload->requests.size() < 2) return usageError(invalidArgument("--trace: fewer than 2 requests selected"));
+  const double traceSpanS = traceWorkload->requests.back().scheduledS - traceWorkload->requests.front().scheduledS;
+  const int vocab = model->config.vocabSize;
+  auto toSim = [vocab](const bench::Workload& wl) {
+    std::vector<plan::SimRequest> out;
+    for (const auto& r : wl.requests) {
+      plan::SimRequest s;
+      s.arrivalS = r.scheduledS;
+      s.prompt = bench::promptTokenIds(r, {10, vocab - 10}, 0);
+      s.outputTokens = int(std::max<int64_t>(1, r.outputTokens));
+      out.push_back(std::move(s));
+    }
+    return out;
+  };
+  // Rate 0: the trace as selected. Otherwise Poisson arrivals at `rate` over the same span,
+  // with the trace's lengths in its order (pdserve bench --rate's workload; seed fixed).
+  plan::RequestSource source = [&](double rate) -> Result<std::vector<plan::SimRequest>> {
+    if (rate <= 0) return toSim(*traceWorkload);
+    bench::WorkloadOptions p = w;
+    p.rate = rate;
+    p.durationS = std::max(traceSpanS, 1.0);
+    p.numRequests = 0;
+    auto wl = bench::buildWorkload(p);
+    if (!wl.ok()) return wl.status();
+    return toSim(*wl);
+  };
+  const size_t traceRequests = traceWorkload->requests.size();
+
+  plan::PlanOptions po;
+  if (!(attainment > 0 && attainment <= 100)) return usageError(invalidArgument("--attainment: must be in (0, 100]"));
+  po.devices = int(gpus);
+  po.attainment = attainment / 100;
+  po.sim.slo = *slo;
+  po.sim.scheduler.maxBatchTokens = int(maxBatch);
+  po.sim.scheduler.maxNumSeqs = int(maxRunning);
+  po.sim.kvLinkBytesPerS = linkGbps * 1e9 / 8;
+  if (Status s = po.sim.scheduler.validate(); !s.isOk()) return usageError(s);
+  const plan::Device device = plan::deviceOf(*gpu);
+  std::fprintf(stderr, "pdserve plan: %zu requests (%s), %s on %d x %s\n", traceRequests,
+               traceWorkload->describe.c_str(), model->name.c_str(), po.devices, gpu->description.c_str());
+  auto ranked = plan::searchLayouts(*model, device, po, source, [](int done, int total, const plan::Layout& l) {
+    std::fprintf(stderr, "  [%d/%d] %s: done\n", done + 1, total, l.describe().c_str());
+  });
+  if (!ranked.ok()) {
+    std::fprintf(stderr, "pdserve plan: %s\n", ranked.status().message().c_str());
+    return 1;
+  }
+  const auto& best = ranked->front();
+  const double offered = best.maxRateScale > 0 ? best.maxRate / best.maxRateScale : 0;
+  std::printf("best: %s -- up to %.2f req/s (%.2fx the trace's mean %.2f req/s) with %.0f%% of requests within "
+              "TTFT %.0f ms and ITL p%g %.0f ms\n",
+              best.layout.describe().c_str(), best.maxRate, best.maxRateScale, offered, 100 * po.attainment,
+              1000 * slo->ttftS, slo->percentile, 1000 * slo->itlS);
+  std::printf("  (%lld KV blocks of %d tokens per worker; cost model: %s roofline at %.0f%% compute / %.0f%% "
+              "bandwidth efficiency, uncalibrated: docs/plan.md)\n\n",
+              (long long)best.summary.kvBlocksPerWorker, po.sim.blockSize, device.name.c_str(),
+              100 * device.efficiency.compute, 100 * device.efficiency.memory);
+  std::printf("%-34s %9s %8s | %8s %8s %8s | %7s %6s  %s\n", "layout", "max req/s", "per GPU", "TTFT p99",
+              "ITL p99", "attained", "at 1x", "disagg", "verdict");
+  for (const auto& c : *ranked) {
+    const auto& m = c.atMaxRate;
+    std::printf("%-34s %9.2f %8.3f | %6.0fms %6.1fms %7.1f%% | %6.1f%% %5.0f%%  %s\n", c.layout.describe().c_str(),
+                c.maxRate, c.maxRate / c.layout.devices(), 1000 * m.ttftP99, 1000 * m.itlP99, 100 * m.attainment,
+                100 * c.summary.attainment,
+                c.summary.requests ? 100.0 * double(c.summary.disaggregated) / double(c.summary.requests) : 0.0,
+                c.verdict.c_str());
+  }
+  std::printf("\nmax req/s: the highest Poisson rate, with the trace's lengths over its %.0f s, at which >= %.0f%%\n"
+              "of the requests meet both SLOs; TTFT/ITL p99 and attained are at that rate; at 1x and disagg\n"
+              "replay the trace's own arrivals.\n",
+              traceSpanS, 100 * po.attainment);
+  return 0;
+}
+
+}  // namespace pd::tools

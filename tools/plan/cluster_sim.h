@@ -1,0 +1,91 @@
+// plan::simulate: a discrete-event simulation of one pdserve layout serving a trace, built
+// from the production policy code, not copies of it:
+//   - every worker is a real engine::Engine (its Scheduler, KvCacheManager with the prefix
+//     cache, SLO-sized prefill chunks, step-cost model) over a SimBackend that computes
+//     nothing and advances the worker's ManualClock by CostModel::stepSeconds;
+//   - each arrival is routed by router::RoutingPolicy over WorkerViews filled from the
+//     engines' load, as the router fills them from load reports;
+//   - a disaggregated request is prefilled on a prefill worker's engine (one token), its KV
+//     moves to the decode worker in CostModel::kvTransferSeconds, and the decode engine takes
+//     it with submitRemote / completeRemote, as the decode worker does.
+// Not simulated (docs/plan.md): the router's admission control and autoscaler, request
+// migration, failures, load-report lag and the router's own latency.
+//
+// Deterministic: the same inputs give the same result (no wall clock, no unseeded random).
+// Not thread-safe; each call is independent.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/engine/scheduler.h"
+#include "tools/plan/cost_model.h"
+
+namespace pd::plan {
+
+struct Layout {
+  int prefillWorkers = 0;            // 0: colocated only
+  int decodeWorkers = 1;
+  int tensorParallel = 1;            // devices per worker
+  int64_t shortPromptTokens = 256;   // router.short_prompt_tokens
+
+  int devices() const { return (prefillWorkers + decodeWorkers) * tensorParallel; }
+  std::string describe() const;      // "colocated x4", "2P + 2D (threshold 512)", with "TP2"
+};
+
+struct Slo {
+  double ttftS = 2.0;
+  double itlS = 0.1;
+  double percentile = 99;
+};
+
+struct SimOptions {
+  Layout layout;
+  Slo slo;
+  engine::SchedulerConfig scheduler;   // max_batch_tokens, max_running_requests, prefix caching
+  bool sloSizedPrefillChunks = true;   // engine.slo_sized_prefill_chunks
+  int minPrefillChunkTokens = 32;
+  int blockSize = 16;
+  double memoryUtilization = 0.9;
+  double kvLinkBytesPerS = 0;          // 0: the device's NIC
+  double horizonS = 0;                 // stop here (0: the last arrival + 600 s); unfinished requests miss
+};
+
+struct SimRequest {
+  double arrivalS = 0;
+  std::vector<int32_t> prompt;
+  int outputTokens = 1;
+};
+
+struct RequestOutcome {
+  bool finished = false;
+  bool disaggregated = false;
+  double ttftS = -1;
+  std::vector<double> itlsS;
+  double endS = 0;
+};
+
+struct SimSummary {
+  int64_t requests = 0, finished = 0, good = 0, disaggregated = 0, reserveFallbacks = 0;
+  double durationS = 0;      // first arrival -> last token
+  double goodput = 0;        // requests meeting both SLOs per second
+  double attainment = 0;     // good / requests
+  double ttftP50 = 0, ttftP90 = 0, ttftP99 = 0;  // over finished requests, seconds
+  double itlP50 = 0, itlP90 = 0, itlP99 = 0;     // every gap of every finished request
+  int64_t steps = 0;
+  int64_t kvBlocksPerWorker = 0;
+};
+
+struct SimResult {
+  std::vector<RequestOutcome> outcomes;  // in input order
+  SimSummary summary;
+};
+
+// Errors: the model does not fit a worker's devices (names the bytes), or an empty layout.
+Result<SimResult> simulate(const CostModel& cost, const SimOptions& options, const std::vector<SimRequest>& requests);
+
+// numpy's linear-interpolation percentile of `values` (0 when empty).
+double percentileOf(std::vector<double> values, double p);
+
+}  // namespace pd::plan

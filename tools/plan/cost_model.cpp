@@ -1,0 +1,82 @@
+#include "tools/plan/cost_model.h"
+
+#include <algorithm>
+
+namespace pd::plan {
+
+Device deviceOf(const GpuSpec& gpu, const Efficiency& e) {
+  Device d;
+  d.name = gpu.name;
+  d.flops = gpu.bf16Tflops * 1e12;
+  d.bytesPerS = gpu.memoryGBps * 1e9;
+  d.memoryBytes = gpu.memoryGiB * double(1ull << 30);
+  d.peerBytesPerS = gpu.peerGBps * 1e9;
+  d.nicBytesPerS = gpu.nicGbps * 1e9 / 8;
+  d.efficiency = e;
+  return d;
+}
+
+CostModel::CostModel(ModelShape model, Device device, int tensorParallel)
+    : model_(std::move(model)), device_(std::move(device)), tp_(std::max(1, tensorParallel)) {
+  const auto& c = model_.config;
+  const double h = c.hiddenSize;
+  linearParams_ = double(c.numLayers) * (h * (c.qDim() + 2 * c.kvDim()) + double(c.qDim()) * h +
+                                         3 * h * c.intermediateSize);
+}
+
+StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
+  const auto& c = model_.config;
+  const double kvPerToken = double(model_.kvBytesPerToken());
+  StepWork w;
+  double attended = 0, contextBytes = 0;
+  int logits = 0;
+  for (const auto& ch : batch) {
+    const double n = ch.numTokens, s = ch.startPos;
+    w.tokens += ch.numTokens;
+    attended += n * s + n * (n + 1) / 2;     // causal: token i sees s + i + 1 positions
+    contextBytes += (s + n) * kvPerToken;    // read once per chunk, written n
+    logits += ch.wantLogits ? 1 : 0;
+  }
+  w.flops = 2 * linearParams_ * double(w.tokens) + 4.0 * c.numLayers * c.qDim() * attended +
+            2.0 * c.hiddenSize * c.vocabSize * logits;
+  w.bytes = double(model_.params()) * model_.weightBytes + contextBytes;
+  return w;
+}
+
+double CostModel::stepSeconds(std::span<const engine::SeqChunk> batch) const {
+  const StepWork w = work(batch);
+  const Efficiency& e = device_.efficiency;
+  const double compute = w.flops / tp_ / (device_.flops * e.compute);
+  const double memory = w.bytes / tp_ / (device_.bytesPerS * e.memory);
+  double allReduce = 0;
+  if (tp_ > 1 && device_.peerBytesPerS > 0) {
+    // Two ring all-reduces per layer over the step's activations, ~10 us of latency each.
+    const double bytes = double(w.tokens) * model_.config.hiddenSize * model_.weightBytes;
+    const double one = 2.0 * (tp_ - 1) / tp_ * bytes / device_.peerBytesPerS + 10e-6;
+    allReduce = 2.0 * model_.config.numLayers * one;
+  }
+  return e.stepOverheadMs / 1000 + std::max(compute, memory) + allReduce;
+}
+
+double CostModel::kvTransferSeconds(int64_t tokens, double bytesPerS, double prefillSeconds) const {
+  if (bytesPerS <= 0) return 0;
+  const double total = double(tokens) * double(model_.kvBytesPerToken()) / bytesPerS;
+  const double lastLayer = total / model_.config.numLayers;
+  // Layers 0..L-2 are pushed while later layers compute; the link is the bound if slower.
+  const double overlapped = total - lastLayer;
+  const double computeWindow = prefillSeconds * (model_.config.numLayers - 1) / model_.config.numLayers;
+  return std::max(0.0, overlapped - computeWindow) + lastLayer;
+}
+
+double CostModel::weightBytesPerDevice() const { return double(model_.params()) * model_.weightBytes / tp_; }
+
+int64_t CostModel::kvBlocks(int blockSize, double memoryUtilization) const {
+  // Activations of a 8k-token step plus workspace: a fixed reserve per device.
+  constexpr double kActivationReserve = 2.0 * (1ull << 30);
+  const double free = device_.memoryBytes * memoryUtilization - weightBytesPerDevice() - kActivationReserve;
+  if (free <= 0) return 0;
+  const double blockBytes = double(model_.kvBytesPerToken()) * blockSize / tp_;
+  return int64_t(free / blockBytes);
+}
+
+}  // namespace pd::plan

@@ -1,0 +1,77 @@
+// plan::CostModel: how long one engine step takes on a device, and how long a prompt's KV
+// takes to move between workers -- the only two things `pdserve plan`'s simulator does not
+// run for real (tools/plan/cluster_sim.h runs the engine's own scheduler around them).
+//
+// A step is a roofline: time = overhead + max(FLOPs / (peak x compute efficiency),
+// bytes / (bandwidth x memory efficiency)) + tensor-parallel all-reduces, where
+//   FLOPs = 2 x linear params x tokens (q|k|v, o, gate|up, down)
+//         + 4 x layers x q dim x (attended positions summed over the step's tokens)
+//         + 2 x hidden x vocab x rows sampled;
+//   bytes = the weights once per step + each chunk's KV context read once + the KV written.
+// Divided by the tensor-parallel degree; each layer adds two ring all-reduces of the step's
+// activations over the GPUs' peer link.
+//
+// The efficiencies are what calibration measures (Efficiency's defaults are assumptions,
+// docs/plan.md says which figures are measured). Pure and immutable: any thread.
+#pragma once
+
+#include <span>
+
+#include "common/engine/backend.h"
+#include "tools/plan/hardware.h"
+
+namespace pd::plan {
+
+struct Efficiency {
+  double compute = 0.6;        // of the dense peak, in prompt-heavy steps
+  double memory = 0.8;         // of the bandwidth, in decode steps
+  double stepOverheadMs = 1.0;  // per step: scheduling, launches, sampling
+};
+
+struct Device {
+  std::string name;          // a GpuSpec name, or the calibrated local device
+  double flops = 0;          // peak FLOP/s in the weights' dtype
+  double bytesPerS = 0;      // memory bandwidth
+  double memoryBytes = 0;    // per device
+  double peerBytesPerS = 0;  // device to device in a node
+  double nicBytesPerS = 0;   // between nodes
+  Efficiency efficiency;
+};
+Device deviceOf(const GpuSpec& gpu, const Efficiency& e = {});
+
+struct StepWork {
+  double flops = 0;
+  double bytes = 0;
+  int64_t tokens = 0;
+};
+
+class CostModel {
+ public:
+  CostModel(ModelShape model, Device device, int tensorParallel = 1);
+
+  StepWork work(std::span<const engine::SeqChunk> batch) const;
+  double stepSeconds(std::span<const engine::SeqChunk> batch) const;
+
+  // The time from a prefill's end to its KV being in the decode worker, over a link of
+  // `bytesPerS`: with the layer-by-layer push all but the last layer overlap the prefill
+  // (`prefillSeconds`), so only what the link could not keep up with, plus the last layer, is left.
+  double kvTransferSeconds(int64_t tokens, double bytesPerS, double prefillSeconds) const;
+
+  // KV blocks one worker (all its tensor-parallel ranks) holds when it may use
+  // `memoryUtilization` of each device: what is left after the weights and an activation
+  // reserve. 0 when the weights do not fit.
+  int64_t kvBlocks(int blockSize, double memoryUtilization) const;
+  double weightBytesPerDevice() const;
+
+  const ModelShape& model() const { return model_; }
+  const Device& device() const { return device_; }
+  int tensorParallel() const { return tp_; }
+
+ private:
+  ModelShape model_;
+  Device device_;
+  int tp_;
+  double linearParams_;  // per token, all layers
+};
+
+}  // namespace pd::plan

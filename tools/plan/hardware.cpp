@@ -1,0 +1,100 @@
+#include "tools/plan/hardware.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace pd::plan {
+
+const std::vector<GpuSpec>& gpuCatalog() {
+  // Dense rates from NVIDIA's datasheets (docs/plan.md lists them); the NIC is the per-GPU
+  // adapter of the vendor's reference node (DGX/HGX: one ConnectX per GPU).
+  static const std::vector<GpuSpec> kGpus = {
+      {"h100-sxm", "NVIDIA H100 SXM5 80GB", 989, 1979, 3350, 80, 450, 400},
+      {"h200", "NVIDIA H200 SXM 141GB", 989, 1979, 4800, 141, 450, 400},
+      {"a100-80gb", "NVIDIA A100 SXM4 80GB", 312, 0, 2039, 80, 300, 200},
+      {"l40s", "NVIDIA L40S 48GB (PCIe, no NVLink)", 362, 733, 864, 48, 32, 200},
+      {"b200", "NVIDIA B200 (HGX B200) 180GB", 2250, 4500, 8000, 180, 900, 400},
+  };
+  return kGpus;
+}
+
+Result<GpuSpec> findGpu(std::string_view name) {
+  std::string known;
+  for (const auto& g : gpuCatalog()) {
+    if (g.name == name) return g;
+    known += (known.empty() ? "" : ", ") + g.name;
+  }
+  return invalidArgument("--gpu: unknown GPU \"" + std::string(name) + "\" (known: " + known + ")");
+}
+
+int64_t ModelShape::params() const {
+  const auto& c = config;
+  const int64_t h = c.hiddenSize;
+  const int64_t perLayer = h * (c.qDim() + 2 * c.kvDim()) + int64_t(c.qDim()) * h + 3 * h * c.intermediateSize + 2 * h;
+  const int64_t embeddings = int64_t(c.vocabSize) * h * (c.tieWordEmbeddings ? 1 : 2);
+  return perLayer * c.numLayers + h + embeddings;
+}
+
+int64_t ModelShape::kvBytesPerToken() const {
+  return int64_t(2) * config.numLayers * config.kvDim() * kvBytes;
+}
+
+namespace {
+
+// Presets as the config.json of the published checkpoints (the keys the engine reads).
+struct Preset {
+  const char* name;
+  const char* json;
+};
+const Preset kPresets[] = {
+    {"llama-3-8b",
+     R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+         "rope_theta": 500000.0, "torch_dtype": "bfloat16"})"},
+    {"llama-3-70b",
+     R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672,
+         "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+         "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+         "rope_theta": 500000.0, "torch_dtype": "bfloat16"})"},
+    {"qwen2.5-7b",
+     R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+         "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+         "vocab_size": 152064, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+         "rope_theta": 1000000.0, "torch_dtype": "bfloat16"})"},
+};
+
+}  // namespace
+
+Result<ModelShape> findModel(std::string_view nameOrPath) {
+  ModelShape m;
+  m.name = std::string(nameOrPath);
+  for (const auto& p : kPresets) {
+    if (nameOrPath == p.name) {
+      auto c = engine::parseModelConfig(p.json, std::string("preset ") + p.name);
+      if (!c.ok()) return c.status();
+      m.config = *c;
+      return m;
+    }
+  }
+  namespace fs = std::filesystem;
+  fs::path path(nameOrPath);
+  if (fs::is_directory(path)) path /= "config.json";
+  std::ifstream in(path);
+  if (!in) {
+    std::string known;
+    for (const auto& p : kPresets) known += (known.empty() ? "" : ", ") + std::string(p.name);
+    return invalidArgument("--model: \"" + std::string(nameOrPath) + "\" is neither a preset (" + known +
+                           ") nor a readable config.json or model directory");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto c = engine::parseModelConfig(text.str(), path.string());
+  if (!c.ok()) return c.status();
+  m.config = *c;
+  m.name = path.parent_path().filename().string().empty() ? path.string() : path.parent_path().filename().string();
+  return m;
+}
+
+}  // namespace pd::plan
