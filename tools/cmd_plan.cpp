@@ -1,6 +1,7 @@
 // `pdserve plan`: size the prefill and decode pools for a trace and SLOs on a named GPU by
 // simulating every layout with the production scheduler and routing policy
 // (tools/plan/planner.h; docs/plan.md says how to read the output).
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -11,13 +12,15 @@
 
 #include "tools/bench/workload.h"
 #include "tools/commands.h"
+#include "tools/plan/calibrate.h"
 #include "tools/plan/planner.h"
 
 namespace pd::tools {
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: pdserve plan --trace FILE --gpu G --slo ttft_ms=A,itl_ms=B[,percentile=P] [options]
+constexpr const char* kUsage = R"(usage: pdserve plan --trace FILE (--gpu G | --calibration F) --slo ttft_ms=A,itl_ms=B[,percentile=P] [options]
+       pdserve plan --calibrate --model DIR [--threads N] --out F
 
 Simulates every layout of --gpus devices (colocated; each prefill/decode split with short-prompt
 thresholds 256/512/1024/2048) serving the trace, with pdserve's own scheduler and router
@@ -36,6 +39,13 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --max-running-requests N  engine.max_running_requests (default 256)
   --kv-link-gbps G          KV link between workers, Gb/s (default: the GPU's NIC)
   --attainment P            percent of requests that must meet both SLOs (default 90)
+  --layout L                simulate only this layout: colocated:N or NpMd (e.g. 1p1d), at the
+                            trace's arrivals or at --rate R (Poisson); prints its percentiles
+  --threshold N             router.short_prompt_tokens for --layout (default 256)
+  --calibration F           a CPU device measured by --calibrate instead of a --gpu; its workers
+                            get --kv-cache-bytes (default 268435456) and --kv-link-gbps (default 20)
+  --calibrate               measure the CPU backend's steps on --model DIR with --threads
+                            (default 1) and write the fitted device to --out
 Progress goes to stderr.
 )";
 
@@ -46,14 +56,19 @@ struct Args {
 Result<Args> parseArgs(int argc, char** argv) {
   static const char* kOptions[] = {"--trace", "--gpu", "--model", "--slo", "--gpus", "--duration", "--time-scale",
                                    "--num-requests", "--max-prompt-tokens", "--length-scale", "--max-output-tokens",
-                                   "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment"};
-  static const char* kNotYet[] = {"--calibrate", "--html"};
+                                   "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment",
+                                   "--layout", "--threshold", "--rate", "--calibration", "--kv-cache-bytes",
+                                   "--threads", "--out"};
+  static const char* kFlags[] = {"--calibrate"};
+  static const char* kNotYet[] = {"--html"};
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     for (const char* n : kNotYet)
       if (arg == n) return unimplemented(arg + ": not implemented yet (docs/plan.md, \"Not yet\")");
     bool known = false;
+    for (const char* f : kFlags)
+      if (arg == f) a.values[arg] = "", known = true;
     for (const char* o : kOptions) {
       if (arg != o) continue;
       if (i + 1 >= argc) return invalidArgument(arg + " needs a value");
@@ -105,6 +120,57 @@ int usageError(const Status& s) {
   return 2;
 }
 
+// "colocated:N" or "NpMd" (case-insensitive), e.g. "1p1d".
+Result<plan::Layout> parseLayout(std::string text, int64_t threshold) {
+  for (auto& ch : text) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  plan::Layout l;
+  l.shortPromptTokens = threshold;
+  int p = 0, d = 0, n = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "colocated:%d%c", &n, &tail) == 1 && n >= 1) {
+    l.prefillWorkers = 0, l.decodeWorkers = n;
+    return l;
+  }
+  if (std::sscanf(text.c_str(), "%dp%dd%c", &p, &d, &tail) == 2 && p >= 0 && d >= 1) {
+    l.prefillWorkers = p, l.decodeWorkers = d;
+    return l;
+  }
+  return invalidArgument("--layout: '" + text + "' (expected colocated:N or NpMd, e.g. 1p1d)");
+}
+
+int runCalibrate(const Args& a) {
+  if (!a.values.count("--model") || !a.values.count("--out"))
+    return usageError(invalidArgument("--calibrate needs --model DIR (a model with weights) and --out FILE"));
+  double threads = 1;
+  if (Status s = number(a, "--threads", &threads); !s.isOk() || threads < 1) return usageError(invalidArgument("--threads: a positive integer"));
+  const std::string dir = a.values.at("--model");
+  std::fprintf(stderr, "pdserve plan --calibrate: measuring %s on %d thread(s)\n", dir.c_str(), int(threads));
+  auto c = plan::calibrateCpu(dir, int(threads));
+  if (!c.ok()) {
+    std::fprintf(stderr, "pdserve plan: %s\n", c.status().message().c_str());
+    return 1;
+  }
+  std::printf("%6s %8s %8s %12s %12s %8s\n", "batch", "tokens", "context", "measured ms", "fitted ms", "error");
+  for (const auto& p : c->points)
+    std::printf("%6d %8d %8d %12.3f %12.3f %7.1f%%\n", p.batch, p.tokensPerSeq, p.context, 1000 * p.seconds,
+                1000 * p.predicted, 100 * (p.predicted - p.seconds) / p.seconds);
+  std::printf("fitted: %.1f GFLOP/s (half of it at %.0f tokens a step), %.2f GB/s, %.3f ms per step (rms error %.1f%%)\n",
+              c->flopsPerS / 1e9, c->halfRateTokens, c->bytesPerS / 1e9, c->stepOverheadMs, 100 * c->rmsRelativeError);
+  if (Status s = plan::writeCalibration(a.values.at("--out"), *c); !s.isOk()) {
+    std::fprintf(stderr, "pdserve plan: %s\n", s.message().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+void printSummaryLine(const char* label, const plan::SimSummary& s) {
+  std::printf("%-10s TTFT p50/p90/p99 %7.1f %7.1f %7.1f ms | ITL p50/p90/p99 %6.1f %6.1f %6.1f ms | %lld/%lld finished, "
+              "%.1f%% within the SLOs, %lld disaggregated\n",
+              label, 1000 * s.ttftP50, 1000 * s.ttftP90, 1000 * s.ttftP99, 1000 * s.itlP50, 1000 * s.itlP90,
+              1000 * s.itlP99, (long long)s.finished, (long long)s.requests, 100 * s.attainment,
+              (long long)s.disaggregated);
+}
+
 }  // namespace
 
 int runPlan(int argc, char** argv) {
@@ -116,29 +182,48 @@ int runPlan(int argc, char** argv) {
   auto args = parseArgs(argc, argv);
   if (!args.ok()) return usageError(args.status());
   const Args& a = *args;
+  if (a.values.count("--calibrate")) return runCalibrate(a);
   auto get = [&](const char* k, const char* def) {
     auto it = a.values.find(k);
     return it == a.values.end() ? std::string(def) : it->second;
   };
   if (!a.values.count("--trace")) return usageError(invalidArgument("--trace is required"));
-  if (!a.values.count("--gpu")) return usageError(invalidArgument("--gpu is required"));
+  if (a.values.count("--gpu") == a.values.count("--calibration"))
+    return usageError(invalidArgument("give one device: --gpu NAME or --calibration FILE"));
   if (!a.values.count("--slo")) return usageError(invalidArgument("--slo is required"));
-  auto gpu = plan::findGpu(get("--gpu", ""));
-  if (!gpu.ok()) return usageError(gpu.status());
   auto model = plan::findModel(get("--model", "llama-3-8b"));
   if (!model.ok()) return usageError(model.status());
   auto slo = parseSlo(get("--slo", ""));
   if (!slo.ok()) return usageError(slo.status());
 
-  double gpus = 8, duration = 0, timeScale = 1, numRequests = 0, maxPrompt = 0, lengthScale = 0, maxOutput = 0;
-  double maxBatch = 8192, maxRunning = 256, linkGbps = 0, attainment = 90;
+  const bool cpu = a.values.count("--calibration") != 0;
+  double gpus = cpu ? 1 : 8, duration = 0, timeScale = 1, numRequests = 0, maxPrompt = 0, lengthScale = 0,
+         maxOutput = 0;
+  double maxBatch = 8192, maxRunning = 256, linkGbps = cpu ? 20 : 0, attainment = 90, threshold = 256, rate = 0;
+  double kvCacheBytes = cpu ? 268435456 : 0;
   for (Status s : {number(a, "--gpus", &gpus), number(a, "--duration", &duration), number(a, "--time-scale", &timeScale),
                    number(a, "--num-requests", &numRequests), number(a, "--max-prompt-tokens", &maxPrompt),
                    number(a, "--length-scale", &lengthScale), number(a, "--max-output-tokens", &maxOutput),
                    number(a, "--max-batch-tokens", &maxBatch), number(a, "--max-running-requests", &maxRunning),
-                   number(a, "--kv-link-gbps", &linkGbps), number(a, "--attainment", &attainment)})
+                   number(a, "--kv-link-gbps", &linkGbps), number(a, "--attainment", &attainment),
+                   number(a, "--threshold", &threshold), number(a, "--rate", &rate),
+                   number(a, "--kv-cache-bytes", &kvCacheBytes)})
     if (!s.isOk()) return usageError(s);
 
+  plan::Device device;
+  std::string deviceDescription;
+  if (cpu) {
+    auto c = plan::readCalibration(get("--calibration", ""));
+    if (!c.ok()) return usageError(c.status());
+    device = plan::deviceOf(*c, linkGbps * 1e9 / 8);
+    model->weightBytes = model->kvBytes = c->dtypeBytes;
+    deviceDescription = device.name;
+  } else {
+    auto gpu = plan::findGpu(get("--gpu", ""));
+    if (!gpu.ok()) return usageError(gpu.status());
+    device = plan::deviceOf(*gpu);
+    deviceDescription = gpu->description;
+  }
   bench::WorkloadOptions w;
   w.tracePath = get("--trace", "");
   w.durationS = duration;
@@ -185,10 +270,32 @@ int runPlan(int argc, char** argv) {
   po.sim.scheduler.maxBatchTokens = int(maxBatch);
   po.sim.scheduler.maxNumSeqs = int(maxRunning);
   po.sim.kvLinkBytesPerS = linkGbps * 1e9 / 8;
+  po.sim.kvCacheBytes = kvCacheBytes;
+  po.sim.layout.shortPromptTokens = int64_t(threshold);
   if (Status s = po.sim.scheduler.validate(); !s.isOk()) return usageError(s);
-  const plan::Device device = plan::deviceOf(*gpu);
-  std::fprintf(stderr, "pdserve plan: %zu requests (%s), %s on %d x %s\n", traceRequests,
-               traceWorkload->describe.c_str(), model->name.c_str(), po.devices, gpu->description.c_str());
+  std::fprintf(stderr, "pdserve plan: %zu requests (%s), %s on %s\n", traceRequests, traceWorkload->describe.c_str(),
+               model->name.c_str(), deviceDescription.c_str());
+  const char* costNote = device.calibrated ? "calibrated on this machine" : "uncalibrated: docs/plan.md";
+
+  if (a.values.count("--layout")) {
+    auto layout = parseLayout(get("--layout", ""), int64_t(threshold));
+    if (!layout.ok()) return usageError(layout.status());
+    auto requests = source(rate);
+    if (!requests.ok()) return usageError(requests.status());
+    plan::SimOptions so = po.sim;
+    so.layout = *layout;
+    const plan::CostModel cost(*model, device, 1);
+    auto r = plan::simulate(cost, so, *requests);
+    if (!r.ok()) {
+      std::fprintf(stderr, "pdserve plan: %s\n", r.status().message().c_str());
+      return 1;
+    }
+    std::printf("%s, %s (%s), %s:\n", layout->describe().c_str(), device.name.c_str(), costNote,
+                rate > 0 ? ("Poisson " + std::to_string(rate) + " req/s").c_str() : "the trace's arrivals");
+    printSummaryLine("simulated", r->summary);
+    return 0;
+  }
+
   auto ranked = plan::searchLayouts(*model, device, po, source, [](int done, int total, const plan::Layout& l) {
     std::fprintf(stderr, "  [%d/%d] %s: done\n", done + 1, total, l.describe().c_str());
   });
@@ -203,9 +310,9 @@ int runPlan(int argc, char** argv) {
               best.layout.describe().c_str(), best.maxRate, best.maxRateScale, offered, 100 * po.attainment,
               1000 * slo->ttftS, slo->percentile, 1000 * slo->itlS);
   std::printf("  (%lld KV blocks of %d tokens per worker; cost model: %s roofline at %.0f%% compute / %.0f%% "
-              "bandwidth efficiency, uncalibrated: docs/plan.md)\n\n",
+              "bandwidth efficiency, %s)\n\n",
               (long long)best.summary.kvBlocksPerWorker, po.sim.blockSize, device.name.c_str(),
-              100 * device.efficiency.compute, 100 * device.efficiency.memory);
+              100 * device.efficiency.compute, 100 * device.efficiency.memory, costNote);
   std::printf("%-34s %9s %8s | %8s %8s %8s | %7s %6s  %s\n", "layout", "max req/s", "per GPU", "TTFT p99",
               "ITL p99", "attained", "at 1x", "disagg", "verdict");
   for (const auto& c : *ranked) {

@@ -132,7 +132,7 @@ class Simulation {
   Status makeWorkers() {
     const Layout& l = o_.layout;
     if (l.decodeWorkers < 1) return invalidArgument("plan: a layout needs at least one decode worker");
-    blocks_ = cost_.kvBlocks(o_.blockSize, o_.memoryUtilization);
+    blocks_ = cost_.kvBlocks(o_.blockSize, o_.memoryUtilization, o_.kvCacheBytes);
     if (blocks_ <= 0) {
       return failedPrecondition("plan: " + cost_.model().name + " does not fit " + std::to_string(l.tensorParallel) +
                                 " x " + cost_.device().name + ": " +
@@ -150,7 +150,7 @@ class Simulation {
       w.clock = std::make_unique<ManualClock>();
       const engine::KvLayout layout =
           engine::kvLayoutFor(cost_.model().config, int(std::min<int64_t>(blocks_, 1 << 30)), o_.blockSize,
-                              engine::KvDtype::kBF16);
+                              cost_.model().kvBytes == 4 ? engine::KvDtype::kF32 : engine::KvDtype::kBF16);
       auto kv = engine::KvCacheManager::create(layout, engine::KvCacheManager::Backing::kAccountingOnly);
       if (!kv.ok()) return kv.status();
       engine::EngineOptions eo;

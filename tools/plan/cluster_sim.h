@@ -48,6 +48,7 @@ struct SimOptions {
   int minPrefillChunkTokens = 32;
   int blockSize = 16;
   double memoryUtilization = 0.9;
+  double kvCacheBytes = 0;             // > 0: engine.kv_cache_bytes per worker instead
   double kvLinkBytesPerS = 0;          // 0: the device's NIC
   double horizonS = 0;                 // stop here (0: the last arrival + 600 s); unfinished requests miss
 };

@@ -37,8 +37,8 @@ StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
     contextBytes += (s + n) * kvPerToken;    // read once per chunk, written n
     logits += ch.wantLogits ? 1 : 0;
   }
-  w.flops = 2 * linearParams_ * double(w.tokens) + 4.0 * c.numLayers * c.qDim() * attended +
-            2.0 * c.hiddenSize * c.vocabSize * logits;
+  w.linearFlops = 2 * linearParams_ * double(w.tokens);
+  w.flops = w.linearFlops + 4.0 * c.numLayers * c.qDim() * attended + 2.0 * c.hiddenSize * c.vocabSize * logits;
   w.bytes = double(model_.params()) * model_.weightBytes + contextBytes;
   return w;
 }
@@ -46,7 +46,7 @@ StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
 double CostModel::stepSeconds(std::span<const engine::SeqChunk> batch) const {
   const StepWork w = work(batch);
   const Efficiency& e = device_.efficiency;
-  const double compute = w.flops / tp_ / (device_.flops * e.compute);
+  const double compute = w.effectiveFlops(e.halfRateTokens) / tp_ / (device_.flops * e.compute);
   const double memory = w.bytes / tp_ / (device_.bytesPerS * e.memory);
   double allReduce = 0;
   if (tp_ > 1 && device_.peerBytesPerS > 0) {
@@ -55,7 +55,7 @@ double CostModel::stepSeconds(std::span<const engine::SeqChunk> batch) const {
     const double one = 2.0 * (tp_ - 1) / tp_ * bytes / device_.peerBytesPerS + 10e-6;
     allReduce = 2.0 * model_.config.numLayers * one;
   }
-  return e.stepOverheadMs / 1000 + std::max(compute, memory) + allReduce;
+  return e.stepOverheadMs / 1000 + (device_.additive ? compute + memory : std::max(compute, memory)) + allReduce;
 }
 
 double CostModel::kvTransferSeconds(int64_t tokens, double bytesPerS, double prefillSeconds) const {
@@ -70,7 +70,8 @@ double CostModel::kvTransferSeconds(int64_t tokens, double bytesPerS, double pre
 
 double CostModel::weightBytesPerDevice() const { return double(model_.params()) * model_.weightBytes / tp_; }
 
-int64_t CostModel::kvBlocks(int blockSize, double memoryUtilization) const {
+int64_t CostModel::kvBlocks(int blockSize, double memoryUtilization, double kvCacheBytes) const {
+  if (kvCacheBytes > 0) return int64_t(kvCacheBytes / (double(model_.kvBytesPerToken()) * blockSize));
   // Activations of a 8k-token step plus workspace: a fixed reserve per device.
   constexpr double kActivationReserve = 2.0 * (1ull << 30);
   const double free = device_.memoryBytes * memoryUtilization - weightBytesPerDevice() - kActivationReserve;

@@ -11,6 +11,10 @@
 // Divided by the tensor-parallel degree; each layer adds two ring all-reduces of the step's
 // activations over the GPUs' peer link.
 //
+// A calibrated device (tools/plan/calibrate.h) is fitted the other way round: its FLOP/s
+// and bytes/s are what the real engine achieved, at efficiency 1, and on a CPU compute and
+// memory time add up (`additive`) instead of overlapping.
+//
 // The efficiencies are what calibration measures (Efficiency's defaults are assumptions,
 // docs/plan.md says which figures are measured). Pure and immutable: any thread.
 #pragma once
@@ -26,6 +30,9 @@ struct Efficiency {
   double compute = 0.6;        // of the dense peak, in prompt-heavy steps
   double memory = 0.8;         // of the bandwidth, in decode steps
   double stepOverheadMs = 1.0;  // per step: scheduling, launches, sampling
+  // Matrix products over few rows run below the peak: the linear layers of a step of T
+  // tokens reach T / (T + halfRateTokens) of it (0: always the peak). Calibrated on a CPU.
+  double halfRateTokens = 0;
 };
 
 struct Device {
@@ -36,13 +43,21 @@ struct Device {
   double peerBytesPerS = 0;  // device to device in a node
   double nicBytesPerS = 0;   // between nodes
   Efficiency efficiency;
+  bool additive = false;     // compute + memory time (a CPU) instead of their max (a GPU)
+  bool calibrated = false;   // fitted to measured steps of the engine
 };
 Device deviceOf(const GpuSpec& gpu, const Efficiency& e = {});
 
 struct StepWork {
-  double flops = 0;
+  double flops = 0;        // all of it
+  double linearFlops = 0;  // of which the linear layers (the part whose rate depends on the rows)
   double bytes = 0;
   int64_t tokens = 0;
+  // The FLOPs at the peak rate that take as long as this step's, for `halfRateTokens`.
+  double effectiveFlops(double halfRateTokens) const {
+    if (halfRateTokens <= 0 || tokens == 0) return flops;
+    return flops - linearFlops + linearFlops * (double(tokens) + halfRateTokens) / double(tokens);
+  }
 };
 
 class CostModel {
@@ -59,8 +74,9 @@ class CostModel {
 
   // KV blocks one worker (all its tensor-parallel ranks) holds when it may use
   // `memoryUtilization` of each device: what is left after the weights and an activation
-  // reserve. 0 when the weights do not fit.
-  int64_t kvBlocks(int blockSize, double memoryUtilization) const;
+  // reserve; 0 when the weights do not fit. With `kvCacheBytes` > 0 (engine.kv_cache_bytes:
+  // the whole cache), that many bytes instead.
+  int64_t kvBlocks(int blockSize, double memoryUtilization, double kvCacheBytes = 0) const;
   double weightBytesPerDevice() const;
 
   const ModelShape& model() const { return model_; }

@@ -12,7 +12,7 @@ namespace pd::plan {
 int fittingTensorParallel(const ModelShape& model, const Device& device, const SimOptions& sim, int64_t longestTokens) {
   for (int tp : {1, 2, 4, 8}) {
     const CostModel cost(model, device, tp);
-    if (cost.kvBlocks(sim.blockSize, sim.memoryUtilization) * sim.blockSize >= longestTokens) return tp;
+    if (cost.kvBlocks(sim.blockSize, sim.memoryUtilization, sim.kvCacheBytes) * sim.blockSize >= longestTokens) return tp;
   }
   return 0;
 }

@@ -2,8 +2,13 @@
 // real engine matching the cost model step by step, determinism, and the layout search.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <numeric>
 
+#include "common/engine/model_maker.h"
+#include "tools/plan/calibrate.h"
 #include "tools/plan/planner.h"
 
 using namespace pd::plan;
@@ -157,4 +162,38 @@ TEST_CASE("plan: unknown names are refused with the known ones listed") {
   auto m = findModel("/nonexistent/model");
   REQUIRE_FALSE(m.ok());
   CHECK_THAT(m.status().message(), Catch::Contains("llama-3-8b"));
+}
+
+TEST_CASE("plan: calibration measures the real CPU backend and its file round-trips") {
+  const std::string dir = "/tmp/pd_plan_test_tiny_" + std::to_string(::getpid());
+  pd::engine::MakeModelOptions mo;
+  mo.preset = "tiny";
+  REQUIRE(pd::engine::makeModel(mo, dir).isOk());
+  auto c = calibrateCpu(dir, 1);
+  INFO(c.status().toString());
+  REQUIRE(c.ok());
+  REQUIRE(c->points.size() == 8);
+  for (const auto& p : c->points) {
+    CHECK(p.seconds > 0);
+    CHECK(p.predicted > 0);
+  }
+  CHECK(c->flopsPerS > 0);
+  CHECK(c->bytesPerS > 0);
+  // A bigger prompt chunk takes longer, measured and fitted.
+  CHECK(c->points[3].seconds > c->points[0].seconds);
+  CHECK(c->points[3].predicted > c->points[0].predicted);
+
+  const std::string file = dir + "/calibration.json";
+  REQUIRE(writeCalibration(file, *c).isOk());
+  auto back = readCalibration(file);
+  REQUIRE(back.ok());
+  CHECK(back->flopsPerS == Approx(c->flopsPerS));
+  CHECK(back->bytesPerS == Approx(c->bytesPerS));
+  CHECK(back->halfRateTokens == c->halfRateTokens);
+  CHECK(back->threads == 1);
+  const Device d = deviceOf(*back, 2.5e9);
+  CHECK(d.additive);
+  CHECK(d.calibrated);
+  CHECK_FALSE(readCalibration(dir + "/missing.json").ok());
+  std::filesystem::remove_all(dir);
 }
