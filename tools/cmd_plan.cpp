@@ -154,8 +154,10 @@ int runCalibrate(const Args& a) {
   for (const auto& p : c->points)
     std::printf("%6d %8d %8d %12.3f %12.3f %7.1f%%\n", p.batch, p.tokensPerSeq, p.context, 1000 * p.seconds,
                 1000 * p.predicted, 100 * (p.predicted - p.seconds) / p.seconds);
-  std::printf("fitted: %.1f GFLOP/s (half of it at %.0f tokens a step), %.2f GB/s, %.3f ms per step (rms error %.1f%%)\n",
-              c->flopsPerS / 1e9, c->halfRateTokens, c->bytesPerS / 1e9, c->stepOverheadMs, 100 * c->rmsRelativeError);
+  std::printf("fitted: %.1f GFLOP/s (half of it at %.0f tokens a step), weights %.2f GB/s, KV %.2f GB/s, %.3f ms per "
+              "step (rms error %.1f%%)\n",
+              c->flopsPerS / 1e9, c->halfRateTokens, c->bytesPerS / 1e9, c->kvBytesPerS / 1e9, c->stepOverheadMs,
+              100 * c->rmsRelativeError);
   if (Status s = plan::writeCalibration(a.values.at("--out"), *c); !s.isOk()) {
     std::fprintf(stderr, "pdserve plan: %s\n", s.message().c_str());
     return 1;

@@ -20,28 +20,31 @@ struct Shape {
   int batch, tokensPerSeq, context;
 };
 // Prompt-heavy steps (compute) and decode batches (weights and KV): both sides of the fit.
-constexpr Shape kShapes[] = {{1, 32, 0},  {1, 128, 0}, {1, 512, 0}, {1, 1024, 0},
-                             {1, 1, 256}, {4, 1, 256}, {16, 1, 256}, {32, 1, 256}};
+// Decode at two contexts separates the weights' streaming from the KV context's paged reads.
+constexpr Shape kShapes[] = {{1, 32, 0},  {1, 128, 0}, {1, 512, 0},   {1, 1024, 0}, {1, 1, 256},
+                             {4, 1, 256}, {16, 1, 256}, {32, 1, 256}, {1, 1, 1024}, {8, 1, 1024}};
+constexpr int kUnknowns = 4;  // overhead, 1 / FLOP rate, 1 / weight bandwidth, 1 / KV bandwidth
 constexpr int kBlockSize = 16;
 
-// Solves the 3x3 system a x = b (Gaussian elimination with partial pivoting); false if singular.
-bool solve3(double a[3][3], double b[3], double x[3]) {
-  for (int c = 0; c < 3; ++c) {
+// Solves the kUnknowns-square system a x = b (Gaussian elimination with partial pivoting);
+// false if singular.
+bool solve(double a[kUnknowns][kUnknowns], double b[kUnknowns], double x[kUnknowns]) {
+  for (int c = 0; c < kUnknowns; ++c) {
     int p = c;
-    for (int r = c + 1; r < 3; ++r)
+    for (int r = c + 1; r < kUnknowns; ++r)
       if (std::abs(a[r][c]) > std::abs(a[p][c])) p = r;
     if (std::abs(a[p][c]) < 1e-300) return false;
     std::swap(a[c], a[p]);
     std::swap(b[c], b[p]);
-    for (int r = c + 1; r < 3; ++r) {
+    for (int r = c + 1; r < kUnknowns; ++r) {
       const double f = a[r][c] / a[c][c];
-      for (int k = c; k < 3; ++k) a[r][k] -= f * a[c][k];
+      for (int k = c; k < kUnknowns; ++k) a[r][k] -= f * a[c][k];
       b[r] -= f * b[c];
     }
   }
-  for (int c = 2; c >= 0; --c) {
+  for (int c = kUnknowns - 1; c >= 0; --c) {
     double s = b[c];
-    for (int k = c + 1; k < 3; ++k) s -= a[c][k] * x[k];
+    for (int k = c + 1; k < kUnknowns; ++k) s -= a[c][k] * x[k];
     x[c] = s / a[c][c];
   }
   return true;
@@ -111,38 +114,42 @@ Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
     works.push_back(accounting.work(batch));
   }
 
-  // Least squares of t = o + effective FLOPs * a + bytes * b on the relative error (rows
-  // over t), for each half-rate row count on a grid; the best fit wins. When the best
-  // overhead is negative (noise), o = 0 and the two rates are fitted alone.
+  // Least squares of t = o + effective FLOPs * a + weight bytes * b + KV bytes * k on the
+  // relative error (rows over t), for each half-rate row count on a grid; the best fit wins.
+  // When the best overhead is negative (noise), o = 0 and the rates are fitted alone.
   struct Fit {
-    double x[3] = {};
+    double x[kUnknowns] = {};
     double halfRate = 0;
     double sq = 1e300;
   };
+  auto predict = [&](const Fit& f, size_t i) {
+    return f.x[0] + works[i].effectiveFlops(f.halfRate) * f.x[1] + (works[i].bytes - works[i].kvBytes) * f.x[2] +
+           works[i].kvBytes * f.x[3];
+  };
   auto fitAt = [&](double halfRate, bool withOverhead, Fit* f) {
-    double ata[3][3] = {}, atb[3] = {};
+    double ata[kUnknowns][kUnknowns] = {}, atb[kUnknowns] = {};
     for (size_t i = 0; i < c.points.size(); ++i) {
       const double t = c.points[i].seconds;
-      const double row[3] = {withOverhead ? 1 / t : 0, works[i].effectiveFlops(halfRate) / t, works[i].bytes / t};
-      for (int r = 0; r < 3; ++r) {
-        for (int k = 0; k < 3; ++k) ata[r][k] += row[r] * row[k];
+      const double row[kUnknowns] = {withOverhead ? 1 / t : 0, works[i].effectiveFlops(halfRate) / t,
+                                     (works[i].bytes - works[i].kvBytes) / t, works[i].kvBytes / t};
+      for (int r = 0; r < kUnknowns; ++r) {
+        for (int k = 0; k < kUnknowns; ++k) ata[r][k] += row[r] * row[k];
         atb[r] += row[r];  // target t / t = 1
       }
     }
     if (!withOverhead) ata[0][0] = 1;  // o = 0
-    if (!solve3(ata, atb, f->x) || !(f->x[1] > 0) || !(f->x[2] > 0)) return false;
+    if (!solve(ata, atb, f->x) || !(f->x[1] > 0) || !(f->x[2] > 0) || !(f->x[3] > 0)) return false;
     f->halfRate = halfRate;
     f->sq = 0;
-    for (size_t i = 0; i < c.points.size(); ++i) {
-      const double p = f->x[0] + works[i].effectiveFlops(halfRate) * f->x[1] + works[i].bytes * f->x[2];
-      f->sq += std::pow((p - c.points[i].seconds) / c.points[i].seconds, 2);
-    }
+    for (size_t i = 0; i < c.points.size(); ++i) f->sq += std::pow(predict(*f, i) / c.points[i].seconds - 1, 2);
     return true;
   };
   Fit best;
   for (double halfRate : {0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0}) {
     Fit f;
-    if (fitAt(halfRate, true, &f) && f.x[0] < 0 && !fitAt(halfRate, false, &f)) continue;
+    if (!fitAt(halfRate, true, &f) || f.x[0] < 0) {
+      if (!fitAt(halfRate, false, &f)) continue;
+    }
     if (f.sq < best.sq) best = f;
   }
   if (best.sq >= 1e300) {
@@ -154,13 +161,10 @@ Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
   c.stepOverheadMs = std::max(0.0, best.x[0]) * 1000;
   c.flopsPerS = 1 / best.x[1];
   c.bytesPerS = 1 / best.x[2];
+  c.kvBytesPerS = 1 / best.x[3];
+  for (size_t i = 0; i < c.points.size(); ++i) c.points[i].predicted = predict(best, i);
   double sq = 0;
-  for (size_t i = 0; i < c.points.size(); ++i) {
-    auto& p = c.points[i];
-    p.predicted = c.stepOverheadMs / 1000 + works[i].effectiveFlops(c.halfRateTokens) / c.flopsPerS +
-                  works[i].bytes / c.bytesPerS;
-    sq += std::pow((p.predicted - p.seconds) / p.seconds, 2);
-  }
+  for (const auto& p : c.points) sq += std::pow((p.predicted - p.seconds) / p.seconds, 2);
   c.rmsRelativeError = std::sqrt(sq / double(c.points.size()));
   return c;
 }
@@ -170,6 +174,7 @@ Device deviceOf(const Calibration& c, double linkBytesPerS) {
   d.name = "cpu (" + std::to_string(c.threads) + " thread" + (c.threads == 1 ? "" : "s") + ", calibrated)";
   d.flops = c.flopsPerS;
   d.bytesPerS = c.bytesPerS;
+  d.kvBytesPerS = c.kvBytesPerS;
   d.peerBytesPerS = d.nicBytesPerS = linkBytesPerS;
   d.efficiency = Efficiency{1, 1, c.stepOverheadMs, c.halfRateTokens};
   d.additive = true;
@@ -184,6 +189,7 @@ Status writeCalibration(const std::string& path, const Calibration& c) {
   j["dtype_bytes"] = c.dtypeBytes;
   j["flops_per_s"] = c.flopsPerS;
   j["bytes_per_s"] = c.bytesPerS;
+  j["kv_bytes_per_s"] = c.kvBytesPerS;
   j["step_overhead_ms"] = c.stepOverheadMs;
   j["half_rate_tokens"] = c.halfRateTokens;
   j["rms_relative_error"] = c.rmsRelativeError;
@@ -213,12 +219,13 @@ Result<Calibration> readCalibration(const std::string& path) {
   double threads = 0, dtype = 0;
   PD_RETURN_IF_ERROR(number("flops_per_s", &c.flopsPerS));
   PD_RETURN_IF_ERROR(number("bytes_per_s", &c.bytesPerS));
+  PD_RETURN_IF_ERROR(number("kv_bytes_per_s", &c.kvBytesPerS));
   PD_RETURN_IF_ERROR(number("step_overhead_ms", &c.stepOverheadMs));
   PD_RETURN_IF_ERROR(number("half_rate_tokens", &c.halfRateTokens));
   PD_RETURN_IF_ERROR(number("threads", &threads));
   PD_RETURN_IF_ERROR(number("dtype_bytes", &dtype));
-  if (!(c.flopsPerS > 0 && c.bytesPerS > 0))
-    return invalidArgument("--calibration " + path + ": flops_per_s and bytes_per_s must be positive");
+  if (!(c.flopsPerS > 0 && c.bytesPerS > 0 && c.kvBytesPerS > 0))
+    return invalidArgument("--calibration " + path + ": flops_per_s, bytes_per_s and kv_bytes_per_s must be positive");
   c.threads = int(threads);
   c.dtypeBytes = int(dtype);
   if (j.contains("model_dir") && j["model_dir"].is_string()) c.modelDir = j["model_dir"].get<std::string>();

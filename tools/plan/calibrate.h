@@ -3,11 +3,12 @@
 // (`pdserve plan --calibrate`, docs/plan.md "Calibration").
 //
 // Measured: prefill chunks of 32..1,024 tokens and decode batches of 1..32 streams at 256
-// tokens of context, each the median of several runs after a warm-up, with the backend on
-// `threads` threads. Fitted: step = overhead + FLOPs / F + bytes / B (a CPU does not
-// overlap compute and memory traffic), with the linear layers' rate falling off at few rows
-// (Efficiency::halfRateTokens, searched on a grid), least squares on the relative error;
-// the residual of every point is kept in the file.
+// and 1,024 tokens of context, each the median of several runs after a warm-up, with the
+// backend on `threads` threads. Fitted: step = overhead + FLOPs / F + weight bytes / B +
+// KV bytes / K (a CPU does not overlap compute and memory traffic, and its paged attention
+// reads KV slower than it streams weights), with the linear layers' rate falling off at few
+// rows (Efficiency::halfRateTokens, searched on a grid), least squares on the relative
+// error; the residual of every point is kept in the file.
 //
 // Threads: calibrateCpu() runs the backend on the calling thread (and its pool); the file
 // functions are pure I/O. Errors name the model directory or the file and the problem.
@@ -34,7 +35,8 @@ struct Calibration {
   int threads = 1;
   int dtypeBytes = 4;     // the CPU backend computes in f32
   double flopsPerS = 0;
-  double bytesPerS = 0;
+  double bytesPerS = 0;       // streaming the weights
+  double kvBytesPerS = 0;     // the KV context's paged reads
   double stepOverheadMs = 0;
   double halfRateTokens = 0;  // Efficiency::halfRateTokens
   double rmsRelativeError = 0;

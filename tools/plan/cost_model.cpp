@@ -39,6 +39,7 @@ StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
   }
   w.linearFlops = 2 * linearParams_ * double(w.tokens);
   w.flops = w.linearFlops + 4.0 * c.numLayers * c.qDim() * attended + 2.0 * c.hiddenSize * c.vocabSize * logits;
+  w.kvBytes = contextBytes;
   w.bytes = double(model_.params()) * model_.weightBytes + contextBytes;
   return w;
 }
@@ -47,7 +48,8 @@ double CostModel::stepSeconds(std::span<const engine::SeqChunk> batch) const {
   const StepWork w = work(batch);
   const Efficiency& e = device_.efficiency;
   const double compute = w.effectiveFlops(e.halfRateTokens) / tp_ / (device_.flops * e.compute);
-  const double memory = w.bytes / tp_ / (device_.bytesPerS * e.memory);
+  const double kvRate = device_.kvBytesPerS > 0 ? device_.kvBytesPerS : device_.bytesPerS;
+  const double memory = ((w.bytes - w.kvBytes) / device_.bytesPerS + w.kvBytes / kvRate) / tp_ / e.memory;
   double allReduce = 0;
   if (tp_ > 1 && device_.peerBytesPerS > 0) {
     // Two ring all-reduces per layer over the step's activations, ~10 us of latency each.

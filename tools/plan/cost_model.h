@@ -39,6 +39,7 @@ struct Device {
   std::string name;          // a GpuSpec name, or the calibrated local device
   double flops = 0;          // peak FLOP/s in the weights' dtype
   double bytesPerS = 0;      // memory bandwidth
+  double kvBytesPerS = 0;    // for the KV context's paged reads, when calibrated apart (0: bytesPerS)
   double memoryBytes = 0;    // per device
   double peerBytesPerS = 0;  // device to device in a node
   double nicBytesPerS = 0;   // between nodes
@@ -51,7 +52,8 @@ Device deviceOf(const GpuSpec& gpu, const Efficiency& e = {});
 struct StepWork {
   double flops = 0;        // all of it
   double linearFlops = 0;  // of which the linear layers (the part whose rate depends on the rows)
-  double bytes = 0;
+  double bytes = 0;        // all of it
+  double kvBytes = 0;      // of which the KV context read and written
   int64_t tokens = 0;
   // The FLOPs at the peak rate that take as long as this step's, for `halfRateTokens`.
   double effectiveFlops(double halfRateTokens) const {

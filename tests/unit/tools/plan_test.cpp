@@ -172,7 +172,7 @@ TEST_CASE("plan: calibration measures the real CPU backend and its file round-tr
   auto c = calibrateCpu(dir, 1);
   INFO(c.status().toString());
   REQUIRE(c.ok());
-  REQUIRE(c->points.size() == 8);
+  REQUIRE(c->points.size() == 10);
   for (const auto& p : c->points) {
     CHECK(p.seconds > 0);
     CHECK(p.predicted > 0);

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Issue 15's validation on this machine: `pdserve plan`'s simulated TTFT / ITL percentiles
+# against `pdserve bench` on `pdserve up` in the same layout, with the same requests.
+# 1. calibrates the CPU backend (one engine thread, as each worker below);
+# 2. per trace mix: runs a 1 prefill + 1 decode cluster (small model, tcp KV), replays the
+#    trace's lengths as Poisson arrivals at RATE for DURATION s, and simulates the same;
+# 3. prints both rows and their ratio for p50 / p90.
+# usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE=1.5 DURATION=60 MIXES="conv code mooncake")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+BIN="$BUILD/bin"
+RATE=${RATE:-1.5}
+DURATION=${DURATION:-60}
+MIXES=${MIXES:-"conv code mooncake"}
+WORK=$(mktemp -d)
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+"$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/cal.json"
+
+cat > "$WORK/cluster.yaml" <<YAML
+model: {path: models/small, preset: small, name: small, dtype: f32}
+router: {host: 127.0.0.1, port: 8120, control_port: 9120, short_prompt_tokens: 256, request_timeout_ms: 300000, overload_shedding: false}
+pools:
+  prefill: {replicas: 1, slo: {ttft_ms: 2000, percentile: 99}}
+  decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}
+engine: {backend: cpu, threads: 1, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024, max_running_requests: 64}
+kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 60000, on_remote_prefill_failure: recompute}
+logging: {level: warn}
+YAML
+
+for mix in $MIXES; do
+  case $mix in
+    conv) TRACE=data/traces/azure_llm_2023_conv.csv ;;
+    code) TRACE=data/traces/azure_llm_2023_code.csv ;;
+    mooncake) TRACE=data/traces/mooncake_fast25_conversation_trace.jsonl ;;
+    *) echo "unknown mix $mix"; exit 2 ;;
+  esac
+  LENGTHS=(--trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64)
+  "$BIN/pdserve" up --config "$WORK/cluster.yaml" > "$WORK/up.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 300); do grep -q "pdserve is up" "$WORK/up.log" && break; sleep 0.2; done
+  "$BIN/pdserve" bench --url http://127.0.0.1:8120 "${LENGTHS[@]}" --rate "$RATE" --duration "$DURATION" \
+    --warmup 2 --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix" > /dev/null
+  kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+  "$BIN/pdserve" plan --calibration "$WORK/cal.json" --model models/small --kv-cache-bytes 268435456 \
+    --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
+    "${LENGTHS[@]}" --duration "$DURATION" --layout 1p1d --threshold 256 --rate "$RATE" 2> /dev/null \
+    | tail -1 > "$WORK/$mix.sim"
+  python3 - "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" <<'PY'
+import json, re, sys
+j = json.load(open(sys.argv[1]))
+sim = open(sys.argv[2]).read()
+nums = [float(x) for x in re.findall(r"(\d+\.\d+)", sim)]
+s_ttft, s_itl = nums[0:3], nums[3:6]
+m_ttft = [j["median_ttft_ms"], j["p90_ttft_ms"], j["p99_ttft_ms"]]
+m_itl = [j["median_itl_ms"], j["p90_itl_ms"], j["p99_itl_ms"]]
+def row(name, m, s):
+    r = " ".join(f"{a:8.1f} {b:8.1f} ({b / a if a else float('nan'):4.2f}x)" for a, b in zip(m, s))
+    print(f"| {sys.argv[3]} | {name} | {r} |")
+row("TTFT p50 / p90 / p99 ms (measured, simulated)", m_ttft, s_ttft)
+row("ITL p50 / p90 / p99 ms (measured, simulated)", m_itl, s_itl)
+print(f"|   | completed {j['completed']} measured; {sim.split('|')[-1].strip()} simulated |")
+PY
+done
