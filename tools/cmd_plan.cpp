@@ -28,7 +28,7 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
 
   --trace FILE              Azure LLM (CSV) or Mooncake (JSONL) trace, as pdserve bench reads it
   --gpu G                   h100-sxm | h200 | a100-80gb | l40s | b200
-  --model M                 llama-3-8b (default) | llama-3-70b | qwen2.5-7b | a model dir / config.json
+  --model M                 llama-3-8b (default) | llama-3-70b | llama-2-13b | qwen2.5-7b | a model dir / config.json
   --slo ttft_ms=A,itl_ms=B[,percentile=P]   targets (percentile default 99)
   --gpus N                  devices in all (default 8)
   --duration S              only the trace's first S seconds (after --time-scale)
@@ -44,6 +44,7 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --threshold N             router.short_prompt_tokens for --layout (default 256)
   --calibration F           a CPU device measured by --calibrate instead of a --gpu; its workers
                             get --kv-cache-bytes (default 268435456) and --kv-link-gbps (default 20)
+  --no-slo-sized-chunks     engine.slo_sized_prefill_chunks: false (prompts in max_batch_tokens chunks)
   --calibrate               measure the CPU backend's steps on --model DIR with --threads
                             (default 1) and write the fitted device to --out
 Progress goes to stderr.
@@ -59,7 +60,7 @@ Result<Args> parseArgs(int argc, char** argv) {
                                    "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment",
                                    "--layout", "--threshold", "--rate", "--calibration", "--kv-cache-bytes",
                                    "--threads", "--out"};
-  static const char* kFlags[] = {"--calibrate"};
+  static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks"};
   static const char* kNotYet[] = {"--html"};
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -274,6 +275,7 @@ int runPlan(int argc, char** argv) {
   po.sim.kvLinkBytesPerS = linkGbps * 1e9 / 8;
   po.sim.kvCacheBytes = kvCacheBytes;
   po.sim.layout.shortPromptTokens = int64_t(threshold);
+  po.sim.sloSizedPrefillChunks = !a.values.count("--no-slo-sized-chunks");
   if (Status s = po.sim.scheduler.validate(); !s.isOk()) return usageError(s);
   std::fprintf(stderr, "pdserve plan: %zu requests (%s), %s on %s\n", traceRequests, traceWorkload->describe.c_str(),
                model->name.c_str(), deviceDescription.c_str());

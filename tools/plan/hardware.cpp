@@ -58,6 +58,13 @@ const Preset kPresets[] = {
          "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
          "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
          "rope_theta": 500000.0, "torch_dtype": "bfloat16"})"},
+    // Llama-2-13B: the shape of OPT-13B (40 layers, 5120 wide, 40 heads, no GQA), for
+    // DistServe's setting (docs/plan.md).
+    {"llama-2-13b",
+     R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 5120, "intermediate_size": 13824,
+         "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
+         "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+         "rope_theta": 10000.0, "torch_dtype": "float16"})"},
     {"qwen2.5-7b",
      R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
          "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,

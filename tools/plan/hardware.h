@@ -41,7 +41,7 @@ struct ModelShape {
   int64_t kvBytesPerToken() const;        // K and V of one token over all layers
 };
 
-// Presets: llama-3-8b, llama-3-70b, qwen2.5-7b. Anything else is read as a model directory
+// Presets: llama-3-8b, llama-3-70b, llama-2-13b, qwen2.5-7b. Anything else is read as a model directory
 // (DIR/config.json) or a path to a config.json.
 Result<ModelShape> findModel(std::string_view nameOrPath);
 
