@@ -242,6 +242,36 @@ void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
       .set(replicas);
 }
 
+void RouterMetrics::setAutoscalerSignals(std::string_view pool, const AutoscalerSignals& a) {
+  const Labels labels{{"pool", s(pool)}};
+  r_.gauge("pdserve_autoscaler_capacity_replicas",
+           "Replicas the capacity model needs for the pool's work now at the scale-up utilization "
+           "(-1: no measured prefill rate or fitted step line yet).",
+           labels)
+      .set(a.capacityReplicas);
+  r_.gauge("pdserve_autoscaler_latency_replicas",
+           "Replicas the observed-percentile rule recommends (-1: too few samples in the window).", labels)
+      .set(a.latencyReplicas);
+  r_.gauge("pdserve_autoscaler_demand",
+           "The pool's work as the capacity model sees it: prefill, prompt tokens/s to serve (queued tokens / TTFT "
+           "target + arrival rate); decode, streams running or waiting.",
+           labels)
+      .set(a.demand);
+  r_.gauge("pdserve_autoscaler_worker_capacity",
+           "What one worker serves within the SLO: prefill, its measured prompt tokens/s; decode, streams its fitted "
+           "step line allows within the ITL target at the scale-up utilization.",
+           labels)
+      .set(a.workerCapacity);
+  r_.gauge("pdserve_autoscaler_predicted_seconds",
+           "Predicted from the load reports: prefill, the queue's share of TTFT (queued tokens / pool rate); decode, "
+           "the step time at the pool's streams per worker.",
+           labels)
+      .set(a.predictedSeconds);
+  r_.gauge("pdserve_autoscaler_idle_seconds", "How long the pool has had no queued or running work and no arrival.",
+           labels)
+      .set(a.idleSeconds);
+}
+
 WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   running = r_.gauge("pdserve_num_requests_running", "Requests in the running batch.");
   waiting = r_.gauge("pdserve_num_requests_waiting", "Requests waiting to be scheduled.");
