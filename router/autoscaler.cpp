@@ -156,10 +156,10 @@ ScalingDecision Autoscaler::decidePrefill(int currentReplicas, const PoolLoad& l
   const auto queued = double(std::max<int64_t>(0, load.queuedPrefillTokens));
   const bool busy = queued > 0 || arrivals > 0;
   int downTarget = -1;
+  d.demand = queued / target + arrivals;
   if (load.prefillTokensPerS > 0) {
     const double rate = load.prefillTokensPerS;
     d.workerCapacity = rate;
-    d.demand = queued / target + arrivals;
     d.capacityReplicas = replicasFor(d.demand / (rate * opt_.scaleUpUtilization));
     downTarget = replicasFor(d.demand / (rate * opt_.scaleDownUtilization));
     d.predictedSeconds = d.current > 0 ? queued / (d.current * rate) : 0;
@@ -179,23 +179,29 @@ ScalingDecision Autoscaler::decideDecode(int currentReplicas, const PoolLoad& lo
   if (anyDecodeArrival_ && lastDecodeArrival_ > st.lastBusy) st.lastBusy = lastDecodeArrival_;
   const bool busy = streams > 0;
   int downTarget = -1;
-  if (load.stepPerStreamMs >= 0) {
+  d.demand = streams;
+  const bool line = load.stepPerStreamMs >= 0;
+  if (line || load.maxStreamsPerWorker > 0) {
     const double targetMs = decode_.targetSeconds * 1e3;
-    // Streams per worker whose step stays within the target at utilization u (at least one:
-    // a worker too slow for the target still serves a stream).
+    // Streams per worker whose step stays within the target at utilization u, and that it
+    // runs at once (at least one: a worker too slow for the target still serves a stream).
     auto perWorker = [&](double u) {
-      if (load.stepPerStreamMs <= 0) return 1e6;
-      return std::max(1.0, std::floor((targetMs * u - load.stepBaseMs) / load.stepPerStreamMs));
+      double k = 1e6;
+      if (line && load.stepPerStreamMs > 0) k = std::floor((targetMs * u - load.stepBaseMs) / load.stepPerStreamMs);
+      if (load.maxStreamsPerWorker > 0) {
+        k = std::min(k, std::floor(load.maxStreamsPerWorker * u / opt_.scaleUpUtilization));
+      }
+      return std::max(1.0, k);
     };
     d.workerCapacity = perWorker(opt_.scaleUpUtilization);
-    d.demand = streams;
     d.capacityReplicas = replicasFor(streams / d.workerCapacity);
     downTarget = replicasFor(streams / perWorker(opt_.scaleDownUtilization));
-    if (d.current > 0) {
+    if (d.current > 0 && line) {
       const double each = std::ceil(double(streams) / d.current);
       d.predictedSeconds = each > 0 ? (load.stepBaseMs + load.stepPerStreamMs * each) / 1e3 : 0;
     }
-    d.reason = fmt("capacity: %.0f streams, %.0f per worker within the ITL target", d.demand, d.workerCapacity);
+    d.reason = fmt("capacity: %.0f streams, %.0f per worker within the ITL target%s", d.demand, d.workerCapacity,
+                   line ? "" : " (max_running_requests; no step line yet)");
   }
   combine(st, decode_, busy, downTarget, now, d);
   return d;

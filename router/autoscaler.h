@@ -13,7 +13,9 @@
 //            need = ceil((Q + A*T) / (r * T * u));
 //        decode: a worker's fitted step line (base + perStream x streams) allows
 //          k = floor((ITL target * u - base) / perStream) streams within the ITL target
-//          (at least 1); the pool holds S streams (running + waiting):  need = ceil(S / k).
+//          (at least 1), and it runs at most max_running_requests x u / u_up of them (the
+//          rest wait, invisible to the ITL percentile); the pool holds S streams (running +
+//          waiting):  need = ceil(S / k). Without a fitted line yet, the bound alone.
 //        u is scaleUpUtilization for growing and scaleDownUtilization (< u_up) for
 //        shrinking: the gap between them is the hysteresis band that keeps a steady load
 //        near a boundary from flapping. Unknown (no measured rate / no fitted line yet): no
@@ -91,6 +93,10 @@ struct PoolLoad {
   int streams = 0;
   double stepBaseMs = 0;
   double stepPerStreamMs = -1;
+  // Decode: the most streams a worker runs at once (engine.max_running_requests; 0: no
+  // bound). The rest wait without a token, so no ITL shows them: the capacity model counts
+  // them against this bound.
+  int maxStreamsPerWorker = 0;
 };
 
 struct ScalingDecision {
@@ -103,7 +109,7 @@ struct ScalingDecision {
   double ratio = 0;              // observedSeconds / target
   bool enoughSamples = false;    // samples >= minSamples: the percentile means something
   int latencyReplicas = -1;      // its recommendation (-1: no opinion)
-  // The capacity model (-1 / 0 where it has no opinion yet).
+  // The capacity model (-1 / 0 where it has no opinion yet; demand is always filled in).
   int capacityReplicas = -1;     // the need at scaleUpUtilization
   double demand = 0;             // prefill: tokens/s to serve (Q / T + A); decode: streams
   double workerCapacity = 0;     // prefill: measured tokens/s per worker; decode: streams per

@@ -439,7 +439,8 @@ void RouterLoop::autoscale(SteadyTime now) {
   int prefill = 0, decode = 0;
   const auto views = workers_.snapshot();
   for (const auto& v : views) (v.role == WorkerRole::kPrefill ? prefill : decode) += v.healthy;
-  const auto [prefillLoad, decodeLoad] = poolLoads(views);
+  auto [prefillLoad, decodeLoad] = poolLoads(views);
+  decodeLoad.maxStreamsPerWorker = cfg_.engine.maxRunningRequests;
   const std::pair<std::string_view, ScalingDecision> pools[] = {
       {metrics::kPoolPrefill, autoscaler_.decidePrefill(prefill, prefillLoad, now)},
       {metrics::kPoolDecode, autoscaler_.decideDecode(decode, decodeLoad, now)}};

@@ -19,7 +19,7 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: pdserve up [--config deploy/configs/local.yaml] [--port N]\n"
+               "usage: pdserve up [--config deploy/configs/local.yaml] [--port N] [--control-port N]\n"
                "                  [--prefill N] [--decode N] [--no-autoscale]\n"
                "  Starts a router, N prefill and M decode workers (the config's pools), makes the\n"
                "  configured model on first use, waits until all are healthy, prints the URL, and\n"
@@ -54,6 +54,7 @@ int runUp(int argc, char** argv) {
     std::string v = argv[++i];
     if (a == "--config") o.configPath = v;
     else if (a == "--port") o.httpPort = std::atoi(v.c_str());
+    else if (a == "--control-port") o.controlPort = std::atoi(v.c_str());  // 0: a free one
     else if (a == "--prefill") o.prefillReplicas = std::atoi(v.c_str());
     else if (a == "--decode") o.decodeReplicas = std::atoi(v.c_str());
     else {

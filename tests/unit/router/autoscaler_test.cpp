@@ -190,6 +190,37 @@ TEST_CASE("burst: a decode queue scales out at once, in bounded steps, before an
   CHECK(a.decideDecode(4, decodeLoad(200), at(130)).desired == 4);
 }
 
+TEST_CASE("queued streams past max_running_requests scale out while every ITL is within target") {
+  PoolSlo decode{0.050, 99, 1, 4};
+  Autoscaler a(PoolSlo{}, decode);
+  // The running streams step fast (10 ms gaps against 50 ms: the percentile says shrink),
+  // but each worker runs 4 at most and 10 are there: 6 wait, with no gap to observe.
+  for (int i = 0; i < 100; ++i) a.observeItl(at(5), 0.010);
+  auto load = decodeLoad(10);
+  load.maxStreamsPerWorker = 4;
+  auto d = a.decideDecode(1, load, at(6));
+  CHECK(d.latencyReplicas == 0);
+  CHECK(d.workerCapacity == 4);  // the bound, tighter than the line's 6
+  CHECK(d.capacityReplicas == 3);
+  CHECK(d.desired == 3);
+  // Before the line is fitted the bound alone decides.
+  Autoscaler early(PoolSlo{}, decode);
+  PoolLoad unfitted;
+  unfitted.streams = 10;
+  unfitted.maxStreamsPerWorker = 4;
+  d = early.decideDecode(1, unfitted, at(6));
+  CHECK(d.capacityReplicas == 3);
+  CHECK(d.predictedSeconds == 0);
+  CHECK_THAT(d.reason, Catch::Contains("max_running_requests; no step line yet"));
+  // Shrinking plans the bound at the lower utilization: 4 x 0.6 / 0.8 = 3 per worker, so 7
+  // streams keep 3 workers (7 / 4 -> 2 would be needed to grow, 7 / 3 -> 3 to shrink).
+  AutoscalerOptions o;
+  o.scaleDownCooldown = 0s;
+  Autoscaler band(PoolSlo{}, decode, o);
+  unfitted.streams = 7;
+  CHECK(band.decideDecode(3, unfitted, at(6)).desired == 3);
+}
+
 TEST_CASE("ramp: prefill arrivals growing over a minute are met step by step, never overshooting") {
   PoolSlo prefill{1.0, 99, 1, 8};
   AutoscalerOptions o;
@@ -226,6 +257,7 @@ TEST_CASE("a prefill queue predicts its TTFT and scales out before the percentil
   Autoscaler blind(prefill, PoolSlo{});
   d = blind.decidePrefill(1, prefillLoad(30000, 0), at(10));
   CHECK(d.capacityReplicas == -1);
+  CHECK(d.demand == Approx(30000));  // the work is known; what a worker does is not
   CHECK(d.desired == 1);
 }
 
