@@ -279,30 +279,26 @@ TEST_CASE("steady load: the size holds, tick after tick, for ten minutes") {
 
 TEST_CASE("flapping bait: a load on the 1 <-> 2 boundary scales once and stays") {
   PoolSlo decode{0.050, 99, 1, 4};
-  SECTION("alternating every tick across the scale-up boundary") {
+  // Replays streams(t) every 5 s for ten minutes from one worker, the actuator keeping up;
+  // returns the final size and how many times it changed.
+  const auto replay = [&](auto streams) {
     Autoscaler a(PoolSlo{}, decode);
     int current = 1, changes = 0;
     for (int t = 0; t < 600; t += 5) {
-      const int streams = (t / 5) % 2 ? 7 : 6;  // 7 needs 2 workers at 80%; 6 fits one
-      auto d = a.decideDecode(current, decodeLoad(streams), at(t));
+      auto d = a.decideDecode(current, decodeLoad(streams(t)), at(t));
       changes += d.desired != current;
       current = d.desired;
     }
-    // Up once at the first 7; 6 streams on one worker would run above 60%, so it stays.
-    CHECK(current == 2);
-    CHECK(changes == 1);
+    return std::pair{current, changes};
+  };
+  SECTION("alternating every tick across the scale-up boundary") {
+    // 7 needs 2 workers at 80%; 6 fits one. Up once at the first 7; 6 streams on one worker
+    // would run above 60%, so it stays.
+    CHECK(replay([](int t) { return (t / 5) % 2 ? 7 : 6; }) == std::pair{2, 1});
   }
   SECTION("dipping below the scale-down boundary for less than the cooldown") {
-    Autoscaler a(PoolSlo{}, decode);
-    int current = 1, changes = 0;
-    for (int t = 0; t < 600; t += 5) {
-      const int streams = (t / 20) % 2 ? 3 : 9;  // 20 s at 9 (2 workers), 20 s at 3 (1 would do)
-      auto d = a.decideDecode(current, decodeLoad(streams), at(t));
-      changes += d.desired != current;
-      current = d.desired;
-    }
-    CHECK(current == 2);
-    CHECK(changes == 1);
+    // 20 s at 9 (2 workers), 20 s at 3 (1 would do, but not for the 60 s cooldown).
+    CHECK(replay([](int t) { return (t / 20) % 2 ? 3 : 9; }) == std::pair{2, 1});
   }
   SECTION("a lower load that lasts past the cooldown does scale down, one step") {
     Autoscaler a(PoolSlo{}, decode);
