@@ -27,9 +27,11 @@
 //      latencies say the pool is busy at the size it has).
 //   3. idleness: no queued or running work and no arrival for idleAfter -> the minimum.
 // Combination, from the previous recommendation D (the current size on the first call):
+//   - idle for idleAfter -> min_replicas at once (stale latencies in the window do not count);
 //   - up = max(capacity need at u_up, percentile rule's); up > D -> min(up, D + maxStepUp),
-//     at once, unless the last scale-up is younger than scaleUpCooldown;
-//   - idle for idleAfter -> min_replicas at once;
+//     at once, unless the last scale-up is younger than scaleUpCooldown. The percentile
+//     rule's call for more waits one window after a change of size (its window then mixes
+//     both sizes; the capacity model reacts meanwhile);
 //   - else a lower target (capacity need at u_down, or the percentile rule's one fewer
 //     when the capacity model has no opinion), not vetoed, that has held continuously for
 //     scaleDownCooldown and no change within scaleDownCooldown -> max(target, D - maxStepDown);
