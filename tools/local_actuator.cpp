@@ -11,8 +11,9 @@ namespace {
 constexpr const char* kTag = "up";
 
 std::pair<int, int> bounds(const config::ClusterConfig& cfg, Pool pool) {
-  return pool == Pool::kPrefill ? std::pair{cfg.pools.prefill.minReplicas, cfg.pools.prefill.maxReplicas}
-                                : std::pair{cfg.pools.decode.minReplicas, cfg.pools.decode.maxReplicas};
+  return pool == Pool::kPrefill
+             ? std::pair{cfg.pools.prefill.minReplicas, cfg.pools.prefill.maxReplicas}
+             : std::pair{cfg.pools.decode.minReplicas, cfg.pools.decode.maxReplicas};
 }
 
 // Logged and on the console: the person running `pdserve up` sees each scaling action.
@@ -61,7 +62,8 @@ std::string LocalActuator::describe() const {
   for (Pool pool : {Pool::kPrefill, Pool::kDecode}) {
     if (!pools_[int(pool)]) continue;
     auto [lo, hi] = bounds(cluster_.config(), pool);
-    out += std::string(out.empty() ? "" : ", ") + poolName(pool) + " " + std::to_string(lo) + ".." + std::to_string(hi);
+    out += std::string(out.empty() ? "" : ", ") + poolName(pool) + " " + std::to_string(lo) + ".." +
+           std::to_string(hi);
   }
   return out.empty() ? "off" : out;
 }
@@ -102,11 +104,12 @@ void LocalActuator::act(Pool pool, const std::string& metrics) {
   for (int i = 0; i < step.start; ++i) {
     auto id = cluster_.startWorker(pool);
     if (!id.ok()) {
-      PD_LOG(kWarn, kTag) << "scaling " << name << ": cannot start a worker: " << id.status().message();
+      PD_LOG(kWarn, kTag) << "scaling " << name
+                          << ": cannot start a worker: " << id.status().message();
       return;
     }
-    announce("scaling " + sizes + std::to_string(p.live + i + 1) + ": started " + *id + " (router recommends " +
-             std::to_string(p.desired) + "; " + step.why + ")");
+    announce("scaling " + sizes + std::to_string(p.live + i + 1) + ": started " + *id +
+             " (router recommends " + std::to_string(p.desired) + "; " + step.why + ")");
   }
   if (step.drainOne) {
     const std::string& id = live.back();
@@ -114,8 +117,9 @@ void LocalActuator::act(Pool pool, const std::string& metrics) {
       PD_LOG(kWarn, kTag) << "scaling " << name << ": cannot drain " << id << ": " << s.message();
       return;
     }
-    announce("scaling " + sizes + std::to_string(p.live - 1) + ": draining " + id + " (router recommends " +
-             std::to_string(p.desired) + "; " + step.why + "; it finishes its streams within " +
+    announce("scaling " + sizes + std::to_string(p.live - 1) + ": draining " + id +
+             " (router recommends " + std::to_string(p.desired) + "; " + step.why +
+             "; it finishes its streams within " +
              std::to_string(cluster_.config().engine.drainTimeoutMs) + " ms, then exits)");
   }
 }

@@ -26,16 +26,16 @@ namespace pd::tools {
 struct PoolActuation {
   int minReplicas = 1;
   int maxReplicas = 1;
-  int desired = -1;     // the router's recommendation (-1: none read)
-  int live = 0;         // workers running and not draining
-  int registered = 0;   // the router's pdserve_pool_workers{pool} (-1: unknown)
-  int draining = 0;     // workers drained that have not exited yet
+  int desired = -1;    // the router's recommendation (-1: none read)
+  int live = 0;        // workers running and not draining
+  int registered = 0;  // the router's pdserve_pool_workers{pool} (-1: unknown)
+  int draining = 0;    // workers drained that have not exited yet
 };
 
 struct ActuationStep {
-  int start = 0;         // workers to start now
-  bool drainOne = false; // drain the newest live worker
-  std::string why;       // "2 wanted, 1 running", "waiting for decode to register", ...
+  int start = 0;          // workers to start now
+  bool drainOne = false;  // drain the newest live worker
+  std::string why;        // "2 wanted, 1 running", "waiting for decode to register", ...
 };
 
 // Pure: what to do for one pool now.
