@@ -48,7 +48,7 @@ Outcome complete(int port, int maxTokens, int seed) {
            {"max_tokens", maxTokens},
            {"temperature", 0},
            {"ignore_eos", true}};
-  auto r = httpRequest(port, "POST", "/v1/completions", req.dump(), 120s);
+  auto r = httpRequest(port, "POST", "/v1/completions", req.dump(), 170s);
   Outcome o;
   if (!r.ok()) {
     o.error = r.status().toString();
@@ -82,7 +82,7 @@ TEST_CASE(
       << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
       << "router:\n"
       << "  short_prompt_tokens: 100000\n"
-      << "  request_timeout_ms: 60000\n"
+      << "  request_timeout_ms: 160000\n"
       << "  prefix_aware_routing: false\n"
       << "  overload_shedding: false\n"
       << "  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 20, scale_up_cooldown_ms: "
@@ -136,10 +136,12 @@ TEST_CASE(
       outcomes.push_back(o);
     });
   };
-  // A queue building up: 10 long streams arriving 150 ms apart (so the worker's steps spread
-  // over batch sizes and its step line is fitted while they arrive).
+  // A queue building up: 10 streams arriving 150 ms apart (so the worker's steps spread over
+  // batch sizes and its step line is fitted while they arrive). 160 tokens: long enough to
+  // queue for seconds, short enough that a sanitized build (~10x slower steps) finishes them
+  // within request_timeout_ms.
   for (int i = 0; i < 10; ++i) {
-    send(400, i);
+    send(160, i);
     std::this_thread::sleep_for(150ms);
   }
   double capacitySeen = -1, desiredSeen = -1;
