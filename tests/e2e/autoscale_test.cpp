@@ -87,7 +87,7 @@ TEST_CASE(
       << "  overload_shedding: false\n"
       << "  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 20, scale_up_cooldown_ms: "
          "1000,\n"
-      << "               scale_down_cooldown_ms: 2000, idle_after_ms: 2000}\n"
+      << "               scale_down_cooldown_ms: 60000, idle_after_ms: 2000}\n"
       << "pools:\n"
       << "  prefill: {replicas: 0}\n"
       << "  decode: {replicas: 1, min_replicas: 1, max_replicas: 2, slo: {itl_ms: 200, percentile: "
@@ -177,7 +177,7 @@ TEST_CASE(
   CHECK(outcomes.size() == 14);
   CHECK(onNew >= 1);
 
-  // Idle: back to one worker, the extra one drained.
+  // Idle for idle_after_ms: back to one worker, the extra one drained.
   {
     INFO(readFile(log));
     REQUIRE(waitWorkers(1, 30s));
@@ -192,6 +192,8 @@ TEST_CASE(
   }
   INFO(text);
   CHECK(text.find("recommending 2 (scale up: capacity: ") != std::string::npos);
+  // The way back is idleness (the scale-down cooldown is longer than the whole test).
+  CHECK(text.find("recommending 1 (idle: no work for 2 s") != std::string::npos);
   CHECK(text.find("pdserve up: scaling decode pool 1 -> 2: started decode-1") != std::string::npos);
   CHECK(text.find("pdserve up: scaling decode pool 2 -> 1: draining decode-1") !=
         std::string::npos);
