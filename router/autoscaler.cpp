@@ -10,9 +10,10 @@ namespace {
 constexpr double kFirstEdge = 1e-4;  // seconds
 constexpr double kGrowth = 1.05;
 
-std::string fmt(const char* f, double a, double b, double c) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
+template <typename... Args>
+std::string fmt(const char* f, Args... args) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, f, args...);
   return buf;
 }
 
@@ -20,7 +21,7 @@ std::string fmt(const char* f, double a, double b, double c) {
 
 // ---- LatencyWindow ---------------------------------------------------------------------------
 
-LatencyWindow::LatencyWindow(std::chrono::seconds window, int slices)
+LatencyWindow::LatencyWindow(std::chrono::milliseconds window, int slices)
     : sliceLength_(std::chrono::duration_cast<std::chrono::nanoseconds>(window) / std::max(slices, 1)),
       slices_(size_t(std::max(slices, 1))),
       sliceIndex_(size_t(std::max(slices, 1)), -1) {}
@@ -94,6 +95,15 @@ double LatencyWindow::fractionWithin(double seconds) const {
 
 // ---- Autoscaler ------------------------------------------------------------------------------
 
+namespace {
+
+double secondsOf(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// ceil(x) for a replica count, without a float's 2.0000001 becoming 3.
+int replicasFor(double x) { return x <= 0 ? 0 : int(std::min(1e6, std::ceil(x - 1e-9))); }
+
+}  // namespace
+
 Autoscaler::Autoscaler(PoolSlo prefill, PoolSlo decode, AutoscalerOptions options)
     : prefill_(prefill),
       decode_(decode),
@@ -101,43 +111,175 @@ Autoscaler::Autoscaler(PoolSlo prefill, PoolSlo decode, AutoscalerOptions option
       ttft_(options.window, options.slices),
       itl_(options.window, options.slices) {}
 
-ScalingDecision Autoscaler::decidePrefill(int currentReplicas, SteadyTime now) {
-  return decide(ttft_, prefill_, currentReplicas, now);
+void Autoscaler::observePrefillArrival(SteadyTime at, int64_t tokens) {
+  if (tokens > 0) prefillArrivals_.emplace_back(at, tokens);
 }
 
-ScalingDecision Autoscaler::decideDecode(int currentReplicas, SteadyTime now) {
-  return decide(itl_, decode_, currentReplicas, now);
+void Autoscaler::observeDecodeArrival(SteadyTime at) {
+  lastDecodeArrival_ = std::max(lastDecodeArrival_, at);
+  anyDecodeArrival_ = true;
 }
 
-ScalingDecision Autoscaler::decide(LatencyWindow& w, const PoolSlo& slo, int current, SteadyTime now) const {
+double Autoscaler::prefillArrivalRate(SteadyTime now) {
+  while (!prefillArrivals_.empty() && prefillArrivals_.front().first <= now - opt_.rateWindow) {
+    prefillArrivals_.pop_front();
+  }
+  double tokens = 0;
+  for (const auto& [at, n] : prefillArrivals_) tokens += double(n);
+  return tokens / std::max(1e-3, secondsOf(opt_.rateWindow));
+}
+
+void Autoscaler::percentileRule(LatencyWindow& w, const PoolSlo& slo, SteadyTime now, ScalingDecision& d) const {
   w.advance(now);
-  ScalingDecision d;
-  d.current = std::max(current, 0);
   d.samples = w.count();
   d.observedSeconds = w.quantile(slo.percentile / 100.0);
   d.attainment = w.fractionWithin(slo.targetSeconds);
-  int desired = d.current;
-  const double pct = slo.percentile;
   d.ratio = d.observedSeconds / slo.targetSeconds;
   d.enoughSamples = d.samples >= opt_.minSamples;
-  if (!d.enoughSamples) {
-    d.reason = "hold: " + std::to_string(d.samples) + " samples < " + std::to_string(opt_.minSamples);
+  if (!d.enoughSamples) return;
+  if (d.ratio > 1 + opt_.tolerance) {
+    const int base = std::max(d.current, 1);
+    d.latencyReplicas = std::clamp(int(std::ceil(base * d.ratio)), d.current + 1, 2 * base);
+  } else if (d.ratio < opt_.scaleDownBelow) {
+    d.latencyReplicas = std::max(0, d.current - 1);
   } else {
-    const double ratio = d.ratio;
-    if (ratio > 1 + opt_.tolerance) {
-      const int base = std::max(d.current, 1);
-      desired = std::clamp(int(std::ceil(base * ratio)), d.current + 1, 2 * base);
-      d.reason = fmt("scale up: p%g %.4g s > target %.4g s", pct, d.observedSeconds, slo.targetSeconds);
-    } else if (ratio < opt_.scaleDownBelow) {
-      desired = d.current - 1;
-      d.reason = fmt("scale down: p%g %.4g s < %.4g s", pct, d.observedSeconds,
-                     slo.targetSeconds * opt_.scaleDownBelow);
+    d.latencyReplicas = d.current;
+  }
+}
+
+ScalingDecision Autoscaler::decidePrefill(int currentReplicas, const PoolLoad& load, SteadyTime now) {
+  ScalingDecision d;
+  d.current = std::max(currentReplicas, 0);
+  percentileRule(ttft_, prefill_, now, d);
+  const double target = prefill_.targetSeconds;
+  const double arrivals = prefillArrivalRate(now);
+  const auto queued = double(std::max<int64_t>(0, load.queuedPrefillTokens));
+  const bool busy = queued > 0 || arrivals > 0;
+  int downTarget = -1;
+  d.demand = queued / target + arrivals;
+  if (load.prefillTokensPerS > 0) {
+    const double rate = load.prefillTokensPerS;
+    d.workerCapacity = rate;
+    d.capacityReplicas = replicasFor(d.demand / (rate * opt_.scaleUpUtilization));
+    downTarget = replicasFor(d.demand / (rate * opt_.scaleDownUtilization));
+    d.predictedSeconds = d.current > 0 ? queued / (d.current * rate) : 0;
+    d.reason = fmt("capacity: %.0f tokens/s of work (queue / TTFT target + arrivals), %.0f tokens/s per worker",
+                   d.demand, rate);
+  }
+  combine(prefillState_, prefill_, busy, downTarget, now, d);
+  return d;
+}
+
+ScalingDecision Autoscaler::decideDecode(int currentReplicas, const PoolLoad& load, SteadyTime now) {
+  ScalingDecision d;
+  d.current = std::max(currentReplicas, 0);
+  percentileRule(itl_, decode_, now, d);
+  const int streams = std::max(0, load.streams);
+  PoolState& st = decodeState_;
+  if (anyDecodeArrival_ && lastDecodeArrival_ > st.lastBusy) st.lastBusy = lastDecodeArrival_;
+  const bool busy = streams > 0;
+  int downTarget = -1;
+  d.demand = streams;
+  const bool line = load.stepPerStreamMs >= 0;
+  if (line || load.maxStreamsPerWorker > 0) {
+    const double targetMs = decode_.targetSeconds * 1e3;
+    // Streams per worker whose step stays within the target at utilization u, and that it
+    // runs at once (at least one: a worker too slow for the target still serves a stream).
+    auto perWorker = [&](double u) {
+      double k = 1e6;
+      if (line && load.stepPerStreamMs > 0) k = std::floor((targetMs * u - load.stepBaseMs) / load.stepPerStreamMs);
+      if (load.maxStreamsPerWorker > 0) {
+        k = std::min(k, std::floor(load.maxStreamsPerWorker * u / opt_.scaleUpUtilization));
+      }
+      return std::max(1.0, k);
+    };
+    d.workerCapacity = perWorker(opt_.scaleUpUtilization);
+    d.capacityReplicas = replicasFor(streams / d.workerCapacity);
+    downTarget = replicasFor(streams / perWorker(opt_.scaleDownUtilization));
+    if (d.current > 0 && line) {
+      const double each = std::ceil(double(streams) / d.current);
+      d.predictedSeconds = each > 0 ? (load.stepBaseMs + load.stepPerStreamMs * each) / 1e3 : 0;
+    }
+    d.reason = fmt("capacity: %.0f streams, %.0f per worker within the ITL target%s", d.demand, d.workerCapacity,
+                   line ? "" : " (max_running_requests; no step line yet)");
+  }
+  combine(st, decode_, busy, downTarget, now, d);
+  return d;
+}
+
+void Autoscaler::combine(PoolState& st, const PoolSlo& slo, bool busy, int downTarget, SteadyTime now,
+                         ScalingDecision& d) const {
+  const int lo = slo.minReplicas, hi = std::max(slo.minReplicas, slo.maxReplicas);
+  if (!st.started) {
+    st.started = true;
+    st.desired = std::clamp(d.current, lo, hi);
+    st.lastBusy = std::max(st.lastBusy, now);  // a pool just met is not idle yet
+  }
+  if (busy) st.lastBusy = now;
+  d.idleSeconds = std::max(0.0, secondsOf(now - st.lastBusy));
+  const int was = st.desired;
+  const std::string capacityWhy = d.reason;
+  // The percentile rule looks at a window that mixes sizes after a change: its call for more
+  // waits one window after a change (the capacity model reacts meanwhile).
+  const bool latencyFresh = !st.changed || now - st.lastChange >= opt_.window;
+  const int latencyUp = latencyFresh ? d.latencyReplicas : -1;
+  const int up = std::min(hi, std::max(d.capacityReplicas, latencyUp));
+  auto pct = [&](const char* verb) {
+    return fmt("%s: p%g %.4g s, target %.4g s", verb, slo.percentile, d.observedSeconds, slo.targetSeconds);
+  };
+  int next = was;
+  if (!busy && now - st.lastBusy >= opt_.idleAfter) {
+    next = lo;
+    d.reason = fmt("idle: no work for %.0f s", d.idleSeconds);
+    st.lowering = false;
+  } else if (up > was) {
+    if (!st.grown || now - st.lastUp >= opt_.scaleUpCooldown) {
+      next = std::min(up, was + std::max(1, opt_.maxStepUp));
+      d.reason = "scale up: " + (d.capacityReplicas >= latencyUp ? capacityWhy : pct("latency"));
+      st.lastUp = now;
+      st.grown = true;
     } else {
-      d.reason = fmt("hold: p%g %.4g s near target %.4g s", pct, d.observedSeconds, slo.targetSeconds);
+      d.reason = "hold: scale-up cooldown (" + (d.capacityReplicas >= latencyUp ? capacityWhy : pct("latency")) + ")";
+    }
+    st.lowering = false;
+  } else {
+    // A lower target: the capacity model's at the scale-down utilization, or the percentile
+    // rule's one fewer where the capacity model knows nothing. A percentile at or near the
+    // target (the rule's "hold", or more) vetoes it: the pool is busy at the size it has.
+    int lower = downTarget >= 0 ? downTarget
+                : d.latencyReplicas >= 0 && d.latencyReplicas < d.current ? d.latencyReplicas
+                                                                          : -1;
+    const bool veto = d.latencyReplicas >= 0 && d.latencyReplicas >= d.current;
+    lower = lower < 0 ? -1 : std::clamp(lower, lo, hi);
+    if (lower >= 0 && lower < was && !veto) {
+      if (!st.lowering) {
+        st.lowering = true;
+        st.lowerSince = now;
+      }
+      const double heldS = secondsOf(now - st.lowerSince);
+      if (now - st.lowerSince >= opt_.scaleDownCooldown && (!st.changed || now - st.lastChange >= opt_.scaleDownCooldown)) {
+        next = std::max(lower, was - std::max(1, opt_.maxStepDown));
+        d.reason = "scale down: " + (downTarget >= 0 ? capacityWhy : pct("latency"));
+      } else {
+        d.reason = fmt("hold: %d would do, for %.0f of %.0f s of scale-down cooldown", lower, heldS,
+                       secondsOf(opt_.scaleDownCooldown));
+      }
+    } else {
+      st.lowering = false;
+      if (veto) d.reason = pct("hold");
+      else if (d.reason.empty())
+        d.reason = fmt("hold: %lld samples < %d, no capacity measurement yet", (long long)d.samples, opt_.minSamples);
+      else d.reason = "hold: " + capacityWhy;
     }
   }
-  d.desired = std::clamp(desired, slo.minReplicas, std::max(slo.minReplicas, slo.maxReplicas));
-  return d;
+  next = std::clamp(next, lo, hi);
+  if (next != was) {
+    st.lastChange = now;
+    st.changed = true;
+    st.lowering = false;
+  }
+  st.desired = next;
+  d.desired = next;
 }
 
 }  // namespace pd::router

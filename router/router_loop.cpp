@@ -12,8 +12,43 @@ namespace pd::router {
 namespace {
 
 constexpr const char* kTag = "router";
-// How often pdserve_desired_replicas is recomputed: one autoscaler window slice (60 s / 12).
-constexpr auto kAutoscaleTick = std::chrono::seconds(5);
+
+AutoscalerOptions autoscalerOptions(const config::RouterConfig::Autoscaler& a) {
+  AutoscalerOptions o;
+  o.window = std::chrono::milliseconds(a.windowMs);
+  o.minSamples = a.minSamples;
+  o.scaleUpUtilization = a.scaleUpUtilization;
+  o.scaleDownUtilization = a.scaleDownUtilization;
+  o.scaleUpCooldown = std::chrono::milliseconds(a.scaleUpCooldownMs);
+  o.scaleDownCooldown = std::chrono::milliseconds(a.scaleDownCooldownMs);
+  o.idleAfter = std::chrono::milliseconds(a.idleAfterMs);
+  o.maxStepUp = a.maxStepUp;
+  o.maxStepDown = a.maxStepDown;
+  return o;
+}
+
+// The autoscaler's view of each pool, from the healthy workers' views (as admission reads them).
+std::pair<PoolLoad, PoolLoad> poolLoads(const std::vector<WorkerView>& views) {
+  PoolLoad prefill, decode;
+  int rates = 0, lines = 0;
+  double rateSum = 0, baseSum = 0, perStreamSum = 0;
+  for (const auto& v : views) {
+    if (!v.healthy) continue;
+    if (v.role == WorkerRole::kPrefill) {
+      prefill.queuedPrefillTokens += std::max(v.queuedPrefillTokens, v.routedPrefillTokens);
+      if (v.prefillTokensPerS > 0) rateSum += v.prefillTokensPerS, ++rates;
+    } else {
+      decode.streams += v.streams();
+      if (v.decodeStepPerStreamMs >= 0) baseSum += v.decodeStepBaseMs, perStreamSum += v.decodeStepPerStreamMs, ++lines;
+    }
+  }
+  if (rates > 0) prefill.prefillTokensPerS = rateSum / rates;
+  if (lines > 0) {
+    decode.stepBaseMs = baseSum / lines;
+    decode.stepPerStreamMs = perStreamSum / lines;
+  }
+  return {prefill, decode};
+}
 
 }  // namespace
 
@@ -34,7 +69,8 @@ RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig&
       autoscaler_(PoolSlo{cfg.pools.prefill.slo.ttftMs / 1e3, cfg.pools.prefill.slo.percentile,
                           cfg.pools.prefill.minReplicas, cfg.pools.prefill.maxReplicas},
                   PoolSlo{cfg.pools.decode.slo.itlMs / 1e3, cfg.pools.decode.slo.percentile,
-                          cfg.pools.decode.minReplicas, cfg.pools.decode.maxReplicas}),
+                          cfg.pools.decode.minReplicas, cfg.pools.decode.maxReplicas},
+                  autoscalerOptions(cfg.router.autoscaler)),
       threshold_(cfg.router.adaptiveThreshold
                      ? std::optional<AdaptiveThreshold>(AdaptiveThreshold(cfg.router.shortPromptTokens))
                      : std::nullopt),
@@ -323,6 +359,9 @@ Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, Rout
   const std::string& prefilling = plan.route == Route::kDisaggregated ? plan.prefillWorker : plan.decodeWorker;
   const int64_t uncached = std::max<int64_t>(0, promptTokens - plan.cachedTokens);
   workers_.noteRouted(prefilling, uncached, plan.decodeWorker, n);
+  const SteadyTime now = steadyNow();
+  autoscaler_.observeDecodeArrival(now);
+  if (plan.route == Route::kDisaggregated) autoscaler_.observePrefillArrival(now, uncached);
   for (int i = 0; i < n; ++i) {
     const uint64_t id = newRequestId();
     d.workerRequestIds.push_back(id);
@@ -390,7 +429,7 @@ void RouterLoop::scheduleAutoscale(std::chrono::steady_clock::duration after) {
   autoscaleTimer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     autoscale(steadyNow());
-    scheduleAutoscale(kAutoscaleTick);
+    scheduleAutoscale(std::chrono::milliseconds(cfg_.router.autoscaler.tickMs));
   });
 }
 
@@ -398,10 +437,13 @@ void RouterLoop::scheduleAutoscale(std::chrono::steady_clock::duration after) {
 // recommendation is logged with its reason), and the adaptive threshold when it is on.
 void RouterLoop::autoscale(SteadyTime now) {
   int prefill = 0, decode = 0;
-  for (const auto& v : workers_.snapshot()) (v.role == WorkerRole::kPrefill ? prefill : decode) += v.healthy;
+  const auto views = workers_.snapshot();
+  for (const auto& v : views) (v.role == WorkerRole::kPrefill ? prefill : decode) += v.healthy;
+  auto [prefillLoad, decodeLoad] = poolLoads(views);
+  decodeLoad.maxStreamsPerWorker = cfg_.engine.maxRunningRequests;
   const std::pair<std::string_view, ScalingDecision> pools[] = {
-      {metrics::kPoolPrefill, autoscaler_.decidePrefill(prefill, now)},
-      {metrics::kPoolDecode, autoscaler_.decideDecode(decode, now)}};
+      {metrics::kPoolPrefill, autoscaler_.decidePrefill(prefill, prefillLoad, now)},
+      {metrics::kPoolDecode, autoscaler_.decideDecode(decode, decodeLoad, now)}};
   if (threshold_) {
     std::string why;
     const int64_t before = threshold_->value();
@@ -416,10 +458,12 @@ void RouterLoop::autoscale(SteadyTime now) {
   for (const auto& [pool, d] : pools) {
     metrics_.setSloWindow(pool, d.observedSeconds, d.attainment);
     metrics_.setDesiredReplicas(pool, d.desired);
+    metrics_.setAutoscalerSignals(pool, {d.capacityReplicas, d.latencyReplicas, d.demand, d.workerCapacity,
+                                         d.predictedSeconds, d.idleSeconds});
     int& last = pool == metrics::kPoolPrefill ? lastDesiredPrefill_ : lastDesiredDecode_;
     if (d.desired != last) {
       PD_LOG(kInfo, kTag) << pool << " pool: " << d.current << " healthy, recommending " << d.desired << " ("
-                          << d.reason << ", " << d.samples << " samples)";
+                          << d.reason << "; " << d.samples << " latency samples)";
       last = d.desired;
     }
   }

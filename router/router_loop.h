@@ -6,7 +6,8 @@
 // SSE) to that request's own strand (router/request_stream.h), so nothing slow runs here.
 //
 // Timers, all on the strand, no polling: each worker's report timeout (in the registry), the
-// autoscaler tick (pdserve_desired_replicas, SLO window gauges, adaptive threshold), and
+// autoscaler tick every router.autoscaler.tick_ms (pdserve_desired_replicas and the signals
+// behind it, from the workers' views and the latency windows; the adaptive threshold), and
 // each request's deadline (on the request's strand).
 //
 // Threads: every public method may be called from any thread and never blocks; the work

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -10,6 +11,7 @@
 #include "common/base/log.h"
 #include "common/base/signals.h"
 #include "tools/commands.h"
+#include "tools/local_actuator.h"
 #include "tools/local_cluster.h"
 
 namespace pd::tools {
@@ -17,11 +19,14 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: pdserve up [--config deploy/configs/local.yaml] [--port N]\n"
-               "                  [--prefill N] [--decode N]\n"
+               "usage: pdserve up [--config deploy/configs/local.yaml] [--port N] [--control-port N]\n"
+               "                  [--prefill N] [--decode N] [--no-autoscale]\n"
                "  Starts a router, N prefill and M decode workers (the config's pools), makes the\n"
                "  configured model on first use, waits until all are healthy, prints the URL, and\n"
-               "  stops them all on Ctrl-C. A worker that dies stops the cluster.\n");
+               "  stops them all on Ctrl-C. A worker that dies stops the cluster.\n"
+               "  A pool whose max_replicas exceeds its min_replicas is scaled within those bounds\n"
+               "  to the router's pdserve_desired_replicas (workers are drained before they stop);\n"
+               "  --no-autoscale (or router.autoscaler.local_actuator: false) keeps the sizes fixed.\n");
 }
 
 std::string selfDir() {
@@ -37,13 +42,19 @@ int runUp(int argc, char** argv) {
 
   LocalClusterOptions o;
   o.binDir = selfDir();
+  bool autoscale = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") return usage(), 0;
+    if (a == "--no-autoscale") {
+      autoscale = false;
+      continue;
+    }
     if (i + 1 >= argc) return usage(), 2;
     std::string v = argv[++i];
     if (a == "--config") o.configPath = v;
     else if (a == "--port") o.httpPort = std::atoi(v.c_str());
+    else if (a == "--control-port") o.controlPort = std::atoi(v.c_str());  // 0: a free one
     else if (a == "--prefill") o.prefillReplicas = std::atoi(v.c_str());
     else if (a == "--decode") o.decodeReplicas = std::atoi(v.c_str());
     else {
@@ -56,6 +67,7 @@ int runUp(int argc, char** argv) {
     std::fprintf(stderr, "pdserve up: %s\n", cluster.status().message().c_str());
     return 1;
   }
+  LocalActuator actuator(*cluster.value(), autoscale);
   const int port = cluster.value()->httpPort();
   const auto& cfg = cluster.value()->config();
   std::string model = cfg.model.name.empty() ? std::filesystem::path(cfg.model.path).filename().string() : cfg.model.name;
@@ -63,11 +75,16 @@ int runUp(int argc, char** argv) {
       "\npdserve is up: http://127.0.0.1:%d/v1  (model '%s', %d prefill + %d decode workers)\n"
       "try:\n  curl -s http://127.0.0.1:%d/v1/completions -H 'Content-Type: application/json' \\\n"
       "    -d '{\"model\": \"%s\", \"prompt\": \"Hello\", \"max_tokens\": 16}'\n"
-      "metrics: http://127.0.0.1:%d/metrics    stop: Ctrl-C\n\n",
+      "metrics: http://127.0.0.1:%d/metrics    autoscaling: %s    stop: Ctrl-C\n\n",
       port, model.c_str(), o.prefillReplicas >= 0 ? o.prefillReplicas : cfg.pools.prefill.replicas,
-      o.decodeReplicas >= 0 ? o.decodeReplicas : cfg.pools.decode.replicas, port, model.c_str(), port);
+      o.decodeReplicas >= 0 ? o.decodeReplicas : cfg.pools.decode.replicas, port, model.c_str(), port,
+      actuator.describe().c_str());
   std::fflush(stdout);
   timespec tick{0, 200 * 1000 * 1000};
+  // The actuator polls at the router's tick, at most once a second: its recommendation
+  // changes no faster.
+  const auto pollEvery = std::chrono::milliseconds(std::min<int64_t>(1000, cfg.router.autoscaler.tickMs));
+  auto nextPoll = std::chrono::steady_clock::now();
   while (true) {
     int sig = sigtimedwait(&signals, nullptr, &tick);
     if (sig > 0) {
@@ -75,11 +92,20 @@ int runUp(int argc, char** argv) {
       cluster.value()->stop();
       return 0;
     }
-    if (auto dead = cluster.value()->processes().waitAny(std::chrono::milliseconds(0))) {
+    while (auto dead = cluster.value()->processes().waitAny(std::chrono::milliseconds(0))) {
+      if (cluster.value()->expectedExit(*dead)) {
+        std::printf("pdserve up: %s stopped (drained, %s)\n", dead->name.c_str(), dead->description.c_str());
+        std::fflush(stdout);
+        continue;
+      }
       std::fprintf(stderr, "pdserve up: %s %s; stopping the cluster\n", dead->name.c_str(),
                    dead->description.c_str());
       cluster.value()->stop();
       return 1;
+    }
+    if (std::chrono::steady_clock::now() >= nextPoll) {
+      actuator.poll();
+      nextPoll = std::chrono::steady_clock::now() + pollEvery;
     }
   }
 }

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <fcntl.h>
@@ -41,6 +43,16 @@ Result<int> freePort() {
   }
   ::close(fd);
   return int(ntohs(addr.sin_port));
+}
+
+const char* poolName(Pool pool) { return pool == Pool::kPrefill ? "prefill" : "decode"; }
+
+double poolGauge(const std::string& metrics, const std::string& name, const std::string& pool) {
+  const std::string key = name + "{pool=\"" + pool + "\"} ";
+  for (size_t at = metrics.find(key); at != std::string::npos; at = metrics.find(key, at + 1)) {
+    if (at == 0 || metrics[at - 1] == '\n') return std::atof(metrics.c_str() + at + key.size());
+  }
+  return -1;
 }
 
 namespace {
@@ -112,12 +124,6 @@ Result<HttpReply> httpRequest(int port, const std::string& method, const std::st
 
 namespace {
 
-// The value of `pdserve_pool_workers{pool="<pool>"}` in a metrics text, or -1.
-int poolWorkers(const std::string& metrics, const std::string& pool) {
-  const std::string key = "pdserve_pool_workers{pool=\"" + pool + "\"} ";
-  auto at = metrics.find(key);
-  return at == std::string::npos ? -1 : std::atoi(metrics.c_str() + at + key.size());
-}
 
 
 // A fresh cluster secret (32 random bytes, hex) in runDir/cluster.secret, 0600, and a copy of
@@ -199,33 +205,15 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   }
   c->httpPort_ = httpPort;
   c->controlPort_ = controlPort;
-  const std::string router = "127.0.0.1:" + std::to_string(controlPort);
   auto bin = [&](const char* name) { return (std::filesystem::path(o.binDir) / name).string(); };
 
   const std::string& configPath = c->configPath_;
   PD_RETURN_IF_ERROR(c->group_.spawn("router", {bin("pdserve-router"), "--config", configPath,
                                                 "--port", std::to_string(httpPort), "--control-port",
                                                 std::to_string(controlPort)}).status());
-  for (int i = 0; i < prefillN; ++i) {
-    std::string id = "prefill-" + std::to_string(i);
-    PD_ASSIGN_OR_RETURN(int metricsPort, freePort());
-    c->metricsPorts_[id] = metricsPort;
-    std::vector<std::string> argv{bin("pdserve-prefill"), "--config", configPath, "--id", id, "--router", router,
-                                  "--metrics-port", std::to_string(metricsPort)};
-    // pools.prefill.base_port: worker i's control port is base_port + i (0: OS-chosen).
-    if (cfg.pools.prefill.basePort != 0) {
-      argv.insert(argv.end(), {"--port", std::to_string(cfg.pools.prefill.basePort + i)});
-    }
-    PD_RETURN_IF_ERROR(c->group_.spawn(id, argv).status());
-  }
-  for (int i = 0; i < decodeN; ++i) {
-    std::string id = "decode-" + std::to_string(i);
-    PD_ASSIGN_OR_RETURN(int metricsPort, freePort());
-    c->metricsPorts_[id] = metricsPort;
-    PD_RETURN_IF_ERROR(c->group_.spawn(id, {bin("pdserve-decode"), "--config", configPath, "--id", id,
-                                            "--router", router, "--metrics-port",
-                                            std::to_string(metricsPort)}).status());
-  }
+  c->binDir_ = o.binDir;
+  for (int i = 0; i < prefillN; ++i) PD_RETURN_IF_ERROR(c->startWorker(Pool::kPrefill).status());
+  for (int i = 0; i < decodeN; ++i) PD_RETURN_IF_ERROR(c->startWorker(Pool::kDecode).status());
   // What /metrics wants (router.metrics_auth): nothing, an API key (the first one given in
   // plain text; a sha256: entry cannot be sent), or the token of metrics_bearer_file.
   std::vector<std::string> metricsAuth;
@@ -246,6 +234,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
     in >> token;
     metricsAuth.push_back("Authorization: Bearer " + token);
   }
+  c->metricsAuth_ = metricsAuth;
   const auto deadline = steady_clock::now() + o.startTimeout;
   while (steady_clock::now() < deadline) {
     if (auto dead = c->group_.waitAny(milliseconds(200))) {
@@ -253,9 +242,9 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
     }
     auto health = httpGet(httpPort, "/health", seconds(2));
     if (!health.ok() || health->status != 200) continue;
-    auto metrics = httpRequest(httpPort, "GET", "/metrics", "", seconds(2), metricsAuth);
-    if (metrics.ok() && poolWorkers(metrics->body, "prefill") >= prefillN &&
-        poolWorkers(metrics->body, "decode") >= decodeN) {
+    auto metrics = c->routerMetrics(seconds(2));
+    if (metrics.ok() && poolGauge(*metrics, "pdserve_pool_workers", "prefill") >= prefillN &&
+        poolGauge(*metrics, "pdserve_pool_workers", "decode") >= decodeN) {
       return c;
     }
   }
@@ -275,7 +264,93 @@ int LocalCluster::metricsPort(const std::string& worker) const {
   return it == metricsPorts_.end() ? 0 : it->second;
 }
 
-void LocalCluster::stop() { group_.stopAll(); }
+void LocalCluster::stop() {
+  group_.stopAll();
+  workers_.clear();
+}
+
+Result<std::string> LocalCluster::startWorker(Pool pool) {
+  const auto& cfg = config_;
+  const int basePort = pool == Pool::kPrefill ? cfg.pools.prefill.basePort : cfg.pools.decode.basePort;
+  std::set<int> slots;
+  for (const auto& [id, w] : workers_)
+    if (w.pool == pool) slots.insert(w.slot);
+  int slot = 0;
+  while (slots.count(slot)) ++slot;
+  const std::string id = std::string(poolName(pool)) + "-" + std::to_string(nextId_[int(pool)]);
+  PD_ASSIGN_OR_RETURN(int metricsPort, freePort());
+  const std::string program = pool == Pool::kPrefill ? "pdserve-prefill" : "pdserve-decode";
+  std::vector<std::string> argv{(std::filesystem::path(binDir_) / program).string(), "--config", configPath_, "--id", id,
+                                "--router", "127.0.0.1:" + std::to_string(controlPort_), "--metrics-port",
+                                std::to_string(metricsPort)};
+  // pools.prefill.base_port: a prefill worker's control port is base_port + its slot (0:
+  // OS-chosen); decode workers take no inbound connections from other workers.
+  if (pool == Pool::kPrefill && basePort != 0) argv.insert(argv.end(), {"--port", std::to_string(basePort + slot)});
+  PD_RETURN_IF_ERROR(group_.spawn(id, argv).status());
+  ++nextId_[int(pool)];
+  metricsPorts_[id] = metricsPort;
+  workers_[id] = Worker{pool, slot, false, {}};
+  return id;
+}
+
+Status LocalCluster::drainWorker(const std::string& id) {
+  auto it = workers_.find(id);
+  if (it == workers_.end() || it->second.draining) return notFound("no live worker named '" + id + "'");
+  PD_RETURN_IF_ERROR(group_.signal(id, SIGTERM));
+  it->second.draining = true;
+  it->second.killAt = steady_clock::now() + drainDeadline();
+  return Status::ok();
+}
+
+std::chrono::milliseconds LocalCluster::drainDeadline() const {
+  return milliseconds(config_.engine.drainTimeoutMs) + seconds(5);
+}
+
+std::vector<std::string> LocalCluster::liveWorkers(Pool pool) const {
+  std::vector<std::pair<int, std::string>> byAge;  // ids are "<pool>-<n>", n in start order
+  for (const auto& [id, w] : workers_)
+    if (w.pool == pool && !w.draining) byAge.emplace_back(std::atoi(id.c_str() + id.rfind('-') + 1), id);
+  std::sort(byAge.begin(), byAge.end());
+  std::vector<std::string> out;
+  for (auto& [n, id] : byAge) out.push_back(std::move(id));
+  return out;
+}
+
+std::vector<std::string> LocalCluster::drainingWorkers(Pool pool) const {
+  std::vector<std::string> out;
+  for (const auto& [id, w] : workers_)
+    if (w.pool == pool && w.draining) out.push_back(id);
+  return out;
+}
+
+std::vector<std::string> LocalCluster::killOverdueDrains() {
+  std::vector<std::string> killed;
+  const auto now = steady_clock::now();
+  for (auto& [id, w] : workers_) {
+    if (w.draining && now >= w.killAt && group_.signal(id, SIGKILL).isOk()) {
+      killed.push_back(id);
+      w.killAt = now + seconds(3600);  // once
+    }
+  }
+  return killed;
+}
+
+bool LocalCluster::expectedExit(const ChildExit& exit) {
+  auto it = workers_.find(exit.name);
+  if (it == workers_.end() || !it->second.draining) {
+    if (it != workers_.end()) workers_.erase(it);
+    return false;
+  }
+  workers_.erase(it);
+  metricsPorts_.erase(exit.name);
+  return true;
+}
+
+Result<std::string> LocalCluster::routerMetrics(milliseconds timeout) const {
+  PD_ASSIGN_OR_RETURN(HttpReply r, httpRequest(httpPort_, "GET", "/metrics", "", timeout, metricsAuth_));
+  if (r.status != 200) return unavailable("the router's /metrics answered " + std::to_string(r.status));
+  return r.body;
+}
 
 Status LocalCluster::kill(const std::string& name) { return group_.signal(name, SIGKILL); }
 

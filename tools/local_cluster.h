@@ -1,6 +1,7 @@
 // A whole pdserve cluster on this machine: a router, N prefill and M decode workers as child
 // processes, started in order and checked for health. `pdserve up` runs one interactively;
-// the end-to-end tests run one per test.
+// the end-to-end tests run one per test. Workers can be added and drained while it runs
+// (startWorker / drainWorker), which is what the local actuator does (tools/local_actuator.h).
 //
 // Threads: not thread-safe; one owner. The destructor stops every process.
 #pragma once
@@ -34,6 +35,9 @@ struct LocalClusterOptions {
   bool generateSecret = true;
 };
 
+enum class Pool { kPrefill, kDecode };
+const char* poolName(Pool pool);  // "prefill", "decode": the router's pool label
+
 class LocalCluster {
  public:
   // Makes the configured model when its directory is missing (model.preset), starts the
@@ -55,6 +59,29 @@ class LocalCluster {
   Status kill(const std::string& name);
   void stop();
 
+  // One more worker of `pool`, started now (not waited for): its id is the pool's next
+  // unused number ("decode-2"; ids are never reused, so the router never confuses a new
+  // worker with a gone one), its port slot the lowest one no live or draining worker holds
+  // (pools.<pool>.base_port + slot when base_port is set; its metrics port a free one).
+  Result<std::string> startWorker(Pool pool);
+  // Sends SIGTERM to the worker: it drains (stops taking work, finishes its streams within
+  // engine.drain_timeout_ms, exits 0; worker/). From now on it is not live; its exit is
+  // expected (expectedExit) and it is SIGKILLed only once drainDeadline() has passed.
+  Status drainWorker(const std::string& id);
+  // The pool's workers that are running and not draining, oldest first; and those draining.
+  std::vector<std::string> liveWorkers(Pool pool) const;
+  std::vector<std::string> drainingWorkers(Pool pool) const;
+  // How long a drained worker may take before it is killed: its drain timeout plus a grace
+  // for the process to exit.
+  std::chrono::milliseconds drainDeadline() const;
+  // SIGKILLs every draining worker past drainDeadline(); returns their ids.
+  std::vector<std::string> killOverdueDrains();
+  // An exit reaped from processes(): true (and the worker forgotten) when it is a worker this
+  // cluster drained; false for anything else (a crash: the caller decides).
+  bool expectedExit(const ChildExit& exit);
+  // The router's /metrics body, with whatever router.metrics_auth asks for.
+  Result<std::string> routerMetrics(std::chrono::milliseconds timeout) const;
+
  private:
   LocalCluster() = default;
   config::ClusterConfig config_;
@@ -64,8 +91,21 @@ class LocalCluster {
   ProcessGroup group_;
   int httpPort_ = 0;
   int controlPort_ = 0;
+  std::string binDir_;
+  std::vector<std::string> metricsAuth_;  // headers for the router's /metrics
   std::map<std::string, int> metricsPorts_;
+  struct Worker {
+    Pool pool = Pool::kDecode;
+    int slot = 0;
+    bool draining = false;
+    std::chrono::steady_clock::time_point killAt{};
+  };
+  std::map<std::string, Worker> workers_;  // running workers by id
+  int nextId_[2] = {0, 0};                 // per pool
 };
+
+// The value of `name{pool="<pool>"}` in a Prometheus text, or -1 when absent.
+double poolGauge(const std::string& metrics, const std::string& name, const std::string& pool);
 
 struct HttpReply {
   int status = 0;

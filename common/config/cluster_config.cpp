@@ -175,6 +175,27 @@ void readRouter(MapReader m, RouterConfig* c) {
   m.readBuckets("ttft_buckets_s", &c->ttftBucketsS);
   m.readBuckets("itl_buckets_s", &c->itlBucketsS);
   m.readBuckets("e2e_buckets_s", &c->e2eBucketsS);
+  {
+    MapReader a = m.child("autoscaler");
+    auto& as = c->autoscaler;
+    a.readInt("tick_ms", &as.tickMs, 10, 600000);
+    a.readInt("window_ms", &as.windowMs, 100, 3600000);
+    a.readInt("min_samples", &as.minSamples, 1, 1000000);
+    a.readDouble("scale_up_utilization", &as.scaleUpUtilization, 0, true, 1);
+    a.readDouble("scale_down_utilization", &as.scaleDownUtilization, 0, true, 1);
+    a.readInt("scale_up_cooldown_ms", &as.scaleUpCooldownMs, 0, 3600000);
+    a.readInt("scale_down_cooldown_ms", &as.scaleDownCooldownMs, 0, 3600000);
+    a.readInt("idle_after_ms", &as.idleAfterMs, 0, 24 * kHourMs);
+    a.readInt("max_step_up", &as.maxStepUp, 1, kMaxReplicas);
+    a.readInt("max_step_down", &as.maxStepDown, 1, kMaxReplicas);
+    a.readBool("local_actuator", &as.localActuator);
+    a.finish();
+    if (as.scaleDownUtilization > as.scaleUpUtilization) {
+      a.errors()->add(a.node(), "router.autoscaler.scale_down_utilization: " + std::to_string(as.scaleDownUtilization) +
+                                    " is above scale_up_utilization (" + std::to_string(as.scaleUpUtilization) +
+                                    "): the pool would flap between two sizes");
+    }
+  }
   m.finish();
   if (c->metricsAuth == MetricsAuth::kBearerFile && c->metricsBearerFile.empty()) {
     m.errors()->add(m.node(), "router.metrics_bearer_file: required when metrics_auth is bearer_file");

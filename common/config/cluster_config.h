@@ -106,6 +106,23 @@ struct RouterConfig {
   std::vector<double> ttftBucketsS;
   std::vector<double> itlBucketsS;
   std::vector<double> e2eBucketsS;
+  // router.autoscaler: how pdserve_desired_replicas is computed (router/autoscaler.h,
+  // docs/serving.md "Autoscaling"), and whether `pdserve up` acts on it.
+  struct Autoscaler {
+    int64_t tickMs = 5000;                // how often the recommendation is recomputed
+    int64_t windowMs = 60000;             // the observed-percentile window
+    int minSamples = 20;                  // fewer in the window: the percentile rule abstains
+    double scaleUpUtilization = 0.8;      // the capacity model plans workers this full
+    double scaleDownUtilization = 0.6;    // and shrinks only to a size this full (< up)
+    int64_t scaleUpCooldownMs = 10000;    // between two scale-ups
+    int64_t scaleDownCooldownMs = 60000;  // a lower target must hold this long
+    int64_t idleAfterMs = 60000;          // no work this long: the pool's min_replicas
+    int maxStepUp = 2;                    // replicas per decision, up
+    int maxStepDown = 1;                  // and down (idle goes to the minimum at once)
+    // `pdserve up`: start and stop worker processes of a pool whose max_replicas exceeds its
+    // min_replicas to follow the recommendation (tools/local_actuator.h).
+    bool localActuator = true;
+  } autoscaler;
 };
 
 struct PrefillSlo {

@@ -242,6 +242,37 @@ void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
       .set(replicas);
 }
 
+void RouterMetrics::setAutoscalerSignals(std::string_view pool, const AutoscalerSignals& a) {
+  const struct {
+    const char* name;
+    const char* help;
+    double value;
+  } gauges[] = {
+      {"pdserve_autoscaler_capacity_replicas",
+       "Replicas the capacity model needs for the pool's work now at the scale-up utilization (-1: no measured "
+       "prefill rate or fitted step line yet).",
+       double(a.capacityReplicas)},
+      {"pdserve_autoscaler_latency_replicas",
+       "Replicas the observed-percentile rule recommends (-1: too few samples in the window).",
+       double(a.latencyReplicas)},
+      {"pdserve_autoscaler_demand",
+       "The pool's work as the capacity model sees it: prefill, prompt tokens/s to serve (queued tokens / TTFT "
+       "target + arrival rate); decode, streams running or waiting.",
+       a.demand},
+      {"pdserve_autoscaler_worker_capacity",
+       "What one worker serves within the SLO: prefill, its measured prompt tokens/s; decode, streams its fitted "
+       "step line allows within the ITL target at the scale-up utilization.",
+       a.workerCapacity},
+      {"pdserve_autoscaler_predicted_seconds",
+       "Predicted from the load reports: prefill, the queue's share of TTFT (queued tokens / pool rate); decode, "
+       "the step time at the pool's streams per worker.",
+       a.predictedSeconds},
+      {"pdserve_autoscaler_idle_seconds", "How long the pool has had no queued or running work and no arrival.",
+       a.idleSeconds},
+  };
+  for (const auto& g : gauges) r_.gauge(g.name, g.help, {{"pool", s(pool)}}).set(g.value);
+}
+
 WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   running = r_.gauge("pdserve_num_requests_running", "Requests in the running batch.");
   waiting = r_.gauge("pdserve_num_requests_waiting", "Requests waiting to be scheduled.");

@@ -12,6 +12,8 @@
 //   pdserve_slo_target_seconds{pool}, pdserve_slo_percentile{pool},
 //   pdserve_slo_observed_seconds{pool}, pdserve_slo_attainment_ratio{pool}
 //   pdserve_pool_workers{pool}, pdserve_desired_replicas{pool}
+//   pdserve_autoscaler_{capacity_replicas,latency_replicas,demand,worker_capacity,
+//                       predicted_seconds,idle_seconds}{pool}
 // route is "colocated" or "disaggregated"; pool is "prefill" or "decode".
 //
 // Worker (one WorkerMetrics over a Registry made with constant labels {role, worker}):
@@ -125,6 +127,18 @@ class RouterMetrics {
   void setSloWindow(std::string_view pool, double observedSeconds, double attainmentRatio);
   void setPoolWorkers(std::string_view pool, int workers);
   void setDesiredReplicas(std::string_view pool, int replicas);
+  // The autoscaler's inputs behind pdserve_desired_replicas (router/autoscaler.h,
+  // docs/metrics.md): pdserve_autoscaler_{capacity,latency}_replicas (-1: no opinion),
+  // _demand, _worker_capacity, _predicted_seconds and _idle_seconds, per pool.
+  struct AutoscalerSignals {
+    int capacityReplicas = -1;
+    int latencyReplicas = -1;
+    double demand = 0;
+    double workerCapacity = 0;
+    double predictedSeconds = 0;
+    double idleSeconds = 0;
+  };
+  void setAutoscalerSignals(std::string_view pool, const AutoscalerSignals& s);
   // Overload admission's prediction multipliers (router/admission.h, PercentileScale).
   Gauge admissionScaleTtft, admissionScaleItl;
   // The routing threshold in use (router.short_prompt_tokens, moved by the adaptive threshold).

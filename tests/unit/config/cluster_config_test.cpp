@@ -333,6 +333,38 @@ TEST_CASE("router HTTP hardening keys: defaults, tls both-or-none, hashed keys, 
   CHECK(errorOf("router: {max_connections: 0}").find("router.max_connections") != std::string::npos);
 }
 
+TEST_CASE("router.autoscaler: defaults, every key, and what is refused") {
+  auto d = parseOk("model: {path: /m}\n");
+  CHECK(d.router.autoscaler.tickMs == 5000);
+  CHECK(d.router.autoscaler.windowMs == 60000);
+  CHECK(d.router.autoscaler.idleAfterMs == 60000);
+  CHECK(d.router.autoscaler.localActuator);
+  auto c = parseOk(
+      "router:\n  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 5, scale_up_utilization: 0.9,\n"
+      "    scale_down_utilization: 0.5, scale_up_cooldown_ms: 1000, scale_down_cooldown_ms: 2000,\n"
+      "    idle_after_ms: 3000, max_step_up: 4, max_step_down: 2, local_actuator: false}\n");
+  const auto& a = c.router.autoscaler;
+  CHECK(a.tickMs == 250);
+  CHECK(a.windowMs == 4000);
+  CHECK(a.minSamples == 5);
+  CHECK(a.scaleUpUtilization == 0.9);
+  CHECK(a.scaleDownUtilization == 0.5);
+  CHECK(a.scaleUpCooldownMs == 1000);
+  CHECK(a.scaleDownCooldownMs == 2000);
+  CHECK(a.idleAfterMs == 3000);
+  CHECK(a.maxStepUp == 4);
+  CHECK(a.maxStepDown == 2);
+  CHECK_FALSE(a.localActuator);
+  CHECK(errorOf("router: {autoscaler: {scale_down_utilization: 0.9}}")
+            .find("router.autoscaler.scale_down_utilization: 0.900000 is above scale_up_utilization (0.800000)") !=
+        std::string::npos);
+  CHECK(errorOf("router: {autoscaler: {tick_ms: 0}}").find("router.autoscaler.tick_ms") != std::string::npos);
+  CHECK(errorOf("router: {autoscaler: {scale_up_utilization: 0}}").find("router.autoscaler.scale_up_utilization") !=
+        std::string::npos);
+  CHECK(errorOf("router: {autoscaler: {cooldown_ms: 5}}").find("router.autoscaler.cooldown_ms: unknown key") !=
+        std::string::npos);
+}
+
 // ---- cluster.secret_file (issue 13) -------------------------------------------------------
 
 namespace {
