@@ -2,8 +2,9 @@
 // measured in the same run (STREAM-like triad bandwidth, OpenBLAS sgemm GFLOP/s).
 //
 //   build/common/engine/bench/engine_bench [--model DIR] [--threads N] [--quick]
-//                                          [--only prefill|decode|llama]
-//                                          [--llama-bench PATH] [--write-gguf PATH]
+//                                          [--only prefill|decode|llama] [--batch 1|8|32]
+//                                          [--llama-bench PATH] [--rounds N]
+//                                          [--write-gguf PATH]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
 // --llama-bench PATH: also runs that llama-bench binary on the same weights (written as an f32
@@ -281,6 +282,8 @@ int main(int argc, char** argv) {
   std::string only;  // "", "prefill" or "decode"
   int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
   std::string llamaBench, writeGguf;
+  int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
+  int rounds = 0;     // llama.cpp comparison rounds: 0 = 3 (1 with --quick)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc)
@@ -293,6 +296,10 @@ int main(int argc, char** argv) {
       only = argv[++i];
     else if (a == "--skinny-max-rows" && i + 1 < argc)
       skinnyMaxRows = std::atoi(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::atoi(argv[++i]);
+    else if (a == "--batch" && i + 1 < argc)
+      onlyBatch = std::atoi(argv[++i]);
     else if (a == "--llama-bench" && i + 1 < argc)
       llamaBench = argv[++i];
     else if (a == "--write-gguf" && i + 1 < argc)
@@ -300,8 +307,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only "
-                   "prefill|decode|llama] [--skinny-max-rows N] [--llama-bench PATH] "
-                   "[--write-gguf PATH]\n");
+                   "prefill|decode|llama] [--batch N] [--skinny-max-rows N] [--llama-bench PATH] "
+                   "[--rounds N] [--write-gguf PATH]\n");
       return 2;
     }
   }
@@ -367,7 +374,8 @@ int main(int argc, char** argv) {
   opt.numThreads = threads;
   opt.skinnyMaxRows = skinnyMaxRows;
   std::mt19937_64 rng(1);
-  std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
+  if (only.empty() || only == "prefill")
+    std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
   for (int p : {128, 512, 2048}) {
     if (only == "decode" || only == "llama") break;
     const int reps = quick ? 1 : (p >= 2048 ? 2 : 3);
@@ -387,10 +395,12 @@ int main(int argc, char** argv) {
 
   // ---- Decode -------------------------------------------------------------------------------
   const int ctx = 512;
-  std::printf("\ndecode (%d tokens of context per sequence, one token per sequence per step):\n",
-              ctx);
+  if (only.empty() || only == "decode")
+    std::printf(
+        "\ndecode (%d tokens of context per sequence, one token per sequence per step):\n", ctx);
   for (int batch : {1, 8, 32}) {
     if (only == "prefill" || only == "llama") break;
+    if (onlyBatch > 0 && batch != onlyBatch) continue;
     // Batch 1 steps take ~3 ms: many of them, and the median, so a noisy neighbour's burst
     // does not decide the figure.
     const int steps = quick ? 16 : (batch == 1 ? 256 : 32);
@@ -425,7 +435,7 @@ int main(int argc, char** argv) {
   }
 
   if (!llamaBench.empty()) {
-    if (auto st = compareWithLlamaBench(*model, llamaBench, opt, quick ? 1 : 3, rng); !st.isOk())
+    if (auto st = compareWithLlamaBench(*model, llamaBench, opt, rounds > 0 ? rounds : (quick ? 1 : 3), rng); !st.isOk())
       return fail(st);
   }
   return 0;
