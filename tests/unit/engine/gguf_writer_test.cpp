@@ -30,20 +30,16 @@ struct ParsedGguf {
   uint64_t dataStart = 0;
   std::string bytes;
 
-  uint32_t u32(const std::string& key) const {
+  template <typename T>
+  T number(const std::string& key, uint32_t type) const {
     const auto& v = kv.at(key);
-    REQUIRE(v.first == kGgufTypeU32);
-    uint32_t x;
-    std::memcpy(&x, v.second.data(), 4);
+    REQUIRE(v.first == type);
+    T x;
+    std::memcpy(&x, v.second.data(), sizeof x);
     return x;
   }
-  float f32(const std::string& key) const {
-    const auto& v = kv.at(key);
-    REQUIRE(v.first == kGgufTypeF32);
-    float x;
-    std::memcpy(&x, v.second.data(), 4);
-    return x;
-  }
+  uint32_t u32(const std::string& key) const { return number<uint32_t>(key, kGgufTypeU32); }
+  float f32(const std::string& key) const { return number<float>(key, kGgufTypeF32); }
   std::string str(const std::string& key) const {
     const auto& v = kv.at(key);
     REQUIRE(v.first == kGgufTypeString);
