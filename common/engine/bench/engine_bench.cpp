@@ -20,10 +20,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -91,7 +90,6 @@ double sgemmGflops(int m, int n, int k, int reps) {
   }
   return 2.0 * m * n * double(k) / best / 1e9;
 }
-
 
 int fail(const pd::Status& st) {
   std::fprintf(stderr, "engine_bench: %s\n", st.toString().c_str());
