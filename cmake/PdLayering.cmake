@@ -45,7 +45,8 @@ function(pd_forbid)
 endfunction()
 
 function(pd_check_layering)
-  set(engine pd_engine pd_engine_core pd_engine_cpu pd_engine_model pd_engine_backends)
+  set(engine pd_engine pd_engine_core pd_engine_cpu pd_engine_model pd_engine_backends
+      pd_engine_gguf)
   set(transfer pd_kvtransfer pd_kvt_device pd_kvt_proto pd_kvt_segments pd_kvt_ucx pd_kvt_verbs
       pd_kvt_verbs_codec)
   set(roles pd_prefill_service pd_decode_service)

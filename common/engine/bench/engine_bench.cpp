@@ -2,9 +2,15 @@
 // measured in the same run (STREAM-like triad bandwidth, OpenBLAS sgemm GFLOP/s).
 //
 //   build/common/engine/bench/engine_bench [--model DIR] [--threads N] [--quick]
-//                                          [--only prefill|decode]
+//                                          [--only prefill|decode|llama] [--batch 1|8|32]
+//                                          [--llama-bench PATH] [--rounds N]
+//                                          [--write-gguf PATH]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
+// --llama-bench PATH: also runs that llama-bench binary on the same weights (written as an f32
+// GGUF to a temporary file) and prints its `tg128 @ d512` and `pp2048` next to ours, measured
+// the same way (mean over 5 repetitions of tokens / wall time), interleaved ours, theirs,
+// ours, theirs so the machine's noise hits both. --write-gguf PATH writes the GGUF and exits.
 #include <cblas.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,11 +21,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/engine/bench/gguf_writer.h"
 #include "common/engine/cpu_backend.h"
 #include "common/engine/model_maker.h"
 #include "common/engine/model_weights.h"
@@ -82,6 +91,186 @@ double sgemmGflops(int m, int n, int k, int reps) {
   return 2.0 * m * n * double(k) / best / 1e9;
 }
 
+int fail(const pd::Status& st) {
+  std::fprintf(stderr, "engine_bench: %s\n", st.toString().c_str());
+  return 1;
+}
+
+// One forward of a p-token prompt from position 0, `reps` times after one warm-up; wall seconds
+// per repetition. The backend (and its pool) lives only for the measurement.
+pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const ModelWeights>& model,
+                                               int p, const CpuBackendOptions& opt, int reps,
+                                               std::mt19937_64& rng, double* bestCpu) {
+  const ModelConfig& cfg = model->config;
+  const int blockSize = 16;
+  const int blocks = (p + blockSize - 1) / blockSize;
+  const auto layout = kvLayoutFor(cfg, blocks, blockSize);
+  WeightBuffer kv(layout.totalBytes() / sizeof(float));
+  auto backend = createCpuBackend(model, layout, kv.data(), opt);
+  if (!backend.ok()) return backend.status();
+  std::vector<int32_t> tokens(p), table(blocks);
+  for (auto& t : tokens) t = int32_t(rng() % 256);
+  for (int b = 0; b < blocks; ++b) table[b] = b;
+  std::vector<float> logits(cfg.vocabSize);
+  SeqChunk c{tokens.data(), p, 0, table.data(), blocks, true};
+  std::vector<double> out;
+  for (int r = 0; r < reps + 1; ++r) {  // the first run warms up
+    const auto t0 = Clock::now();
+    const double c0 = processCpuSeconds();
+    PD_RETURN_IF_ERROR((*backend)->forward({&c, 1}, logits.data()));
+    if (r > 0) {
+      out.push_back(secondsSince(t0));
+      if (bestCpu) *bestCpu = std::min(*bestCpu, processCpuSeconds() - c0);
+    }
+  }
+  return out;
+}
+
+// Greedy decode of `batch` sequences that each hold `ctx` tokens of context. The cache is
+// filled with noise instead of prefilled: its contents do not change the work.
+class DecodeBench {
+ public:
+  static pd::Result<std::unique_ptr<DecodeBench>> create(
+      const std::shared_ptr<const ModelWeights>& model, int batch, int ctx, int maxSteps,
+      const CpuBackendOptions& opt, std::mt19937_64& rng) {
+    auto b = std::unique_ptr<DecodeBench>(new DecodeBench);
+    const ModelConfig& cfg = model->config;
+    const int blockSize = 16;
+    b->cfg_ = cfg;
+    b->batch_ = batch;
+    b->ctx_ = ctx;
+    b->perSeq_ = (ctx + maxSteps + blockSize - 1) / blockSize;
+    const auto layout = kvLayoutFor(cfg, b->perSeq_ * batch, blockSize);
+    b->kv_ = WeightBuffer(layout.totalBytes() / sizeof(float));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (size_t i = 0; i < b->kv_.size(); ++i) b->kv_.data()[i] = nd(rng);
+    auto backend = createCpuBackend(model, layout, b->kv_.data(), opt);
+    if (!backend.ok()) return backend.status();
+    b->backend_ = std::move(*backend);
+    b->tables_.assign(batch, std::vector<int32_t>(b->perSeq_));
+    for (int s = 0; s < batch; ++s)
+      for (int k = 0; k < b->perSeq_; ++k) b->tables_[s][k] = s * b->perSeq_ + k;
+    return b;
+  }
+
+  // `steps` steps from position ctx (each call starts there again). stepSeconds (optional):
+  // wall seconds of each forward; cpuSeconds (optional): process CPU time of the forwards.
+  pd::Status run(int steps, std::vector<double>* stepSeconds, double* cpuSeconds) {
+    std::vector<int32_t> next(batch_, 65);
+    std::vector<float> logits(size_t(batch_) * cfg_.vocabSize);
+    std::vector<SeqChunk> chunks(batch_);
+    for (int step = 0; step < steps; ++step) {
+      for (int s = 0; s < batch_; ++s)
+        chunks[s] = SeqChunk{&next[s], 1, ctx_ + step, tables_[s].data(), perSeq_, true};
+      const auto t0 = Clock::now();
+      const double c0 = processCpuSeconds();
+      PD_RETURN_IF_ERROR(backend_->forward(chunks, logits.data()));
+      if (stepSeconds) stepSeconds->push_back(secondsSince(t0));
+      if (cpuSeconds) *cpuSeconds += processCpuSeconds() - c0;
+      for (int s = 0; s < batch_; ++s) {
+        const auto row = logits.begin() + ptrdiff_t(s) * cfg_.vocabSize;
+        next[s] = int32_t(std::max_element(row, row + cfg_.vocabSize) - row);
+      }
+    }
+    return pd::Status::ok();
+  }
+
+ private:
+  DecodeBench() = default;
+  ModelConfig cfg_;
+  int batch_ = 0, ctx_ = 0, perSeq_ = 0;
+  WeightBuffer kv_;
+  std::unique_ptr<Backend> backend_;
+  std::vector<std::vector<int32_t>> tables_;
+};
+
+// Runs `llamaBench args -o json` and returns the first result's avg_ts (tokens/s, the mean
+// over its repetitions). Its stderr goes to `logPath`, named in the error when it fails.
+pd::Result<double> llamaBenchTokensPerSecond(const std::string& llamaBench,
+                                             const std::string& args,
+                                             const std::string& logPath) {
+  const std::string cmd = "'" + llamaBench + "' " + args + " -o json 2>'" + logPath + "'";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return pd::internalError("cannot run " + cmd);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int rc = pclose(f);
+  if (rc != 0)
+    return pd::internalError("llama-bench failed (status " + std::to_string(rc) + "): " + cmd +
+                        " (its log: " + logPath + ")");
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  if (!j.is_array() || j.empty() || !j[0].contains("avg_ts") || !j[0]["avg_ts"].is_number())
+    return pd::internalError("llama-bench printed no avg_ts: " + cmd + " (its log: " + logPath + ")");
+  return j[0]["avg_ts"].get<double>();
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+// Decode tg128 @ d512 and prefill pp2048, ours and llama.cpp's, `rounds` times interleaved.
+// Ours is measured as llama-bench measures: 5 repetitions after a warm-up, each repetition's
+// tokens / wall seconds (decode: the whole 128-token loop, not per-step medians), averaged.
+pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& model,
+                                 const std::string& llamaBench, const CpuBackendOptions& opt,
+                                 int rounds, std::mt19937_64& rng) {
+  if (llamaBench.find('\'') != std::string::npos)
+    return pd::invalidArgument("--llama-bench: a path with a single quote is not supported");
+  char dir[] = "/tmp/pdserve_llama_XXXXXX";
+  if (!mkdtemp(dir)) return pd::internalError("mkdtemp failed");
+  const std::string gguf = std::string(dir) + "/model.gguf", log = std::string(dir) + "/log";
+  PD_RETURN_IF_ERROR(writeLlamaGguf(*model, gguf));
+  // -lm none: weights read into anonymous memory, as ours are (no file-backed pages).
+  const std::string common =
+      "-m '" + gguf + "' -t " + std::to_string(opt.numThreads) + " -r 5 -lm none";
+  const int ctx = 512, gen = 128, prompt = 2048, reps = 5;
+  std::printf(
+      "\nllama.cpp (%s) on the same weights (%s, f32; its defaults otherwise), %d threads:\n",
+      llamaBench.c_str(), gguf.c_str(), opt.numThreads);
+  std::vector<double> oursTg, theirsTg, oursPp, theirsPp;
+  for (int r = 0; r < rounds; ++r) {
+    {
+      auto bench = DecodeBench::create(model, 1, ctx, gen, opt, rng);
+      if (!bench.ok()) return bench.status();
+      PD_RETURN_IF_ERROR((*bench)->run(1, nullptr, nullptr));  // warm-up, as llama-bench
+      std::vector<double> ts;
+      for (int i = 0; i < reps; ++i) {
+        const auto t0 = Clock::now();
+        PD_RETURN_IF_ERROR((*bench)->run(gen, nullptr, nullptr));
+        ts.push_back(gen / secondsSince(t0));
+      }
+      oursTg.push_back(mean(ts));
+    }
+    PD_ASSIGN_OR_RETURN(
+        const double tg,
+        llamaBenchTokensPerSecond(llamaBench, common + " -p 0 -n 128 -d 512", log));
+    theirsTg.push_back(tg);
+    PD_ASSIGN_OR_RETURN(auto secs, prefillSeconds(model, prompt, opt, reps, rng, nullptr));
+    std::vector<double> ts;
+    for (double s : secs) ts.push_back(prompt / s);
+    oursPp.push_back(mean(ts));
+    PD_ASSIGN_OR_RETURN(const double pp,
+                        llamaBenchTokensPerSecond(llamaBench, common + " -p 2048 -n 0", log));
+    theirsPp.push_back(pp);
+    std::printf(
+        "  round %d: tg128 @ d512 ours %7.1f  llama.cpp %7.1f tok/s (%.2fx) | pp2048 ours "
+        "%7.1f  llama.cpp %7.1f tok/s (%.2fx)\n",
+        r + 1, oursTg.back(), tg, oursTg.back() / tg, oursPp.back(), pp, oursPp.back() / pp);
+    std::fflush(stdout);
+  }
+  std::printf(
+      "  mean:    tg128 @ d512 ours %7.1f  llama.cpp %7.1f tok/s (%.2fx) | pp2048 ours %7.1f  "
+      "llama.cpp %7.1f tok/s (%.2fx)\n",
+      mean(oursTg), mean(theirsTg), mean(oursTg) / mean(theirsTg), mean(oursPp), mean(theirsPp),
+      mean(oursPp) / mean(theirsPp));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return pd::Status::ok();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,6 +279,9 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;  // "", "prefill" or "decode"
   int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
+  std::string llamaBench, writeGguf;
+  int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
+  int rounds = 0;     // llama.cpp comparison rounds: 0 = 3 (1 with --quick)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc)
@@ -102,10 +294,19 @@ int main(int argc, char** argv) {
       only = argv[++i];
     else if (a == "--skinny-max-rows" && i + 1 < argc)
       skinnyMaxRows = std::atoi(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::atoi(argv[++i]);
+    else if (a == "--batch" && i + 1 < argc)
+      onlyBatch = std::atoi(argv[++i]);
+    else if (a == "--llama-bench" && i + 1 < argc)
+      llamaBench = argv[++i];
+    else if (a == "--write-gguf" && i + 1 < argc)
+      writeGguf = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only "
-                   "prefill|decode] [--skinny-max-rows N]\n");
+                   "prefill|decode|llama] [--batch N] [--skinny-max-rows N] [--llama-bench PATH] "
+                   "[--rounds N] [--write-gguf PATH]\n");
       return 2;
     }
   }
@@ -127,6 +328,19 @@ int main(int argc, char** argv) {
   }
   const ModelConfig& cfg = (*model)->config;
   setBlasThreads(threads);
+  if (!writeGguf.empty()) {
+    if (auto st = writeLlamaGguf(**model, writeGguf); !st.isOk()) return fail(st);
+    std::printf("engine_bench: wrote %s\n", writeGguf.c_str());
+    return 0;
+  }
+  if (!only.empty() && only != "prefill" && only != "decode" && only != "llama") {
+    std::fprintf(stderr, "engine_bench: --only must be prefill, decode or llama\n");
+    return 2;
+  }
+  if (only == "llama" && llamaBench.empty()) {
+    std::fprintf(stderr, "engine_bench: --only llama needs --llama-bench PATH\n");
+    return 2;
+  }
 
   std::printf(
       "engine_bench: model %s (hidden %d, layers %d, heads %d/%d, ffn %d, vocab %d), "
@@ -137,49 +351,36 @@ int main(int argc, char** argv) {
 
   // ---- Ceilings ---------------------------------------------------------------------------
   const double weightBytes = double(cfg.decodeWeightParams()) * 4;
-  const double bwModelSized = triadGBs(size_t(weightBytes / 3) & ~size_t(63), threads, 10);
-  const double bwLarge = triadGBs(size_t(256) << 20, threads, quick ? 2 : 4);
-  std::printf(
-      "memory bandwidth (triad, %d threads): %.1f GB/s at a model-sized working set "
-      "(%.0f MB), %.1f GB/s at 768 MB (3 x 256 MB)\n",
-      threads, bwModelSized, weightBytes / 1e6, bwLarge);
-  const double gemmSquare = sgemmGflops(2048, 2048, 2048, quick ? 2 : 3);
-  const double gemmPrefill =
-      sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
-  const double gemmPeak = std::max(gemmSquare, gemmPrefill);
-  std::printf("sgemm: %.1f GFLOP/s (2048^3), %.1f GFLOP/s (2048x%dx%d, the gate|up shape)\n",
-              gemmSquare, gemmPrefill, 2 * cfg.intermediateSize, cfg.hiddenSize);
+  double bwModelSized = 0, bwLarge = 0, gemmPeak = 0;
+  if (only != "llama") {  // the llama.cpp comparison alone needs no ceilings
+    bwModelSized = triadGBs(size_t(weightBytes / 3) & ~size_t(63), threads, 10);
+    bwLarge = triadGBs(size_t(256) << 20, threads, quick ? 2 : 4);
+    std::printf(
+        "memory bandwidth (triad, %d threads): %.1f GB/s at a model-sized working set "
+        "(%.0f MB), %.1f GB/s at 768 MB (3 x 256 MB)\n",
+        threads, bwModelSized, weightBytes / 1e6, bwLarge);
+    const double gemmSquare = sgemmGflops(2048, 2048, 2048, quick ? 2 : 3);
+    const double gemmPrefill =
+        sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
+    gemmPeak = std::max(gemmSquare, gemmPrefill);
+    std::printf("sgemm: %.1f GFLOP/s (2048^3), %.1f GFLOP/s (2048x%dx%d, the gate|up shape)\n",
+                gemmSquare, gemmPrefill, 2 * cfg.intermediateSize, cfg.hiddenSize);
+  }
 
   // ---- Prefill ------------------------------------------------------------------------------
-  const int blockSize = 16;
+  CpuBackendOptions opt;
+  opt.numThreads = threads;
+  opt.skinnyMaxRows = skinnyMaxRows;
   std::mt19937_64 rng(1);
-  std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
+  if (only.empty() || only == "prefill")
+    std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
   for (int p : {128, 512, 2048}) {
-    if (only == "decode") break;
-    const int blocks = (p + blockSize - 1) / blockSize;
-    const auto layout = kvLayoutFor(cfg, blocks, blockSize);
-    WeightBuffer kv(layout.totalBytes() / sizeof(float));
-    CpuBackendOptions opt;
-    opt.numThreads = threads;
-    opt.skinnyMaxRows = skinnyMaxRows;
-    auto backend = createCpuBackend(*model, layout, kv.data(), opt);
-    if (!backend.ok()) return 1;
-    std::vector<int32_t> tokens(p), table(blocks);
-    for (auto& t : tokens) t = int32_t(rng() % 256);
-    for (int b = 0; b < blocks; ++b) table[b] = b;
-    std::vector<float> logits(cfg.vocabSize);
-    SeqChunk c{tokens.data(), p, 0, table.data(), blocks, true};
-    double best = 1e30, bestCpu = 1e30;
+    if (only == "decode" || only == "llama") break;
     const int reps = quick ? 1 : (p >= 2048 ? 2 : 3);
-    for (int r = 0; r < reps + 1; ++r) {  // first run warms up
-      const auto t0 = Clock::now();
-      const double c0 = processCpuSeconds();
-      if (!(*backend)->forward({&c, 1}, logits.data()).isOk()) return 1;
-      if (r > 0) {
-        best = std::min(best, secondsSince(t0));
-        bestCpu = std::min(bestCpu, processCpuSeconds() - c0);
-      }
-    }
+    double bestCpu = 1e30;
+    auto secs = prefillSeconds(*model, p, opt, reps, rng, &bestCpu);
+    if (!secs.ok()) return fail(secs.status());
+    const double best = *std::min_element(secs->begin(), secs->end());
     const double linearFlops = 2.0 * double(cfg.decodeWeightParams() - cfg.hiddenSize) * p -
                                2.0 * double(cfg.vocabSize) * cfg.hiddenSize * (p - 1);
     const double attnFlops =
@@ -192,49 +393,23 @@ int main(int argc, char** argv) {
 
   // ---- Decode -------------------------------------------------------------------------------
   const int ctx = 512;
-  std::printf("\ndecode (%d tokens of context per sequence, one token per sequence per step):\n",
-              ctx);
+  if (only.empty() || only == "decode")
+    std::printf(
+        "\ndecode (%d tokens of context per sequence, one token per sequence per step):\n", ctx);
   for (int batch : {1, 8, 32}) {
-    if (only == "prefill") break;
+    if (only == "prefill" || only == "llama") break;
+    if (onlyBatch > 0 && batch != onlyBatch) continue;
     // Batch 1 steps take ~3 ms: many of them, and the median, so a noisy neighbour's burst
     // does not decide the figure.
     const int steps = quick ? 16 : (batch == 1 ? 256 : 32);
-    const int perSeq = (ctx + steps + blockSize - 1) / blockSize;
-    const auto layout = kvLayoutFor(cfg, perSeq * batch, blockSize);
-    WeightBuffer kv(layout.totalBytes() / sizeof(float));
-    // The cache contents do not change the work: fill it with noise instead of prefilling.
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (size_t i = 0; i < kv.size(); ++i) kv.data()[i] = nd(rng);
-    CpuBackendOptions opt;
-    opt.numThreads = threads;
-    opt.skinnyMaxRows = skinnyMaxRows;
-    auto backend = createCpuBackend(*model, layout, kv.data(), opt);
-    if (!backend.ok()) return 1;
-    std::vector<std::vector<int32_t>> tables(batch, std::vector<int32_t>(perSeq));
-    for (int s = 0; s < batch; ++s)
-      for (int b = 0; b < perSeq; ++b) tables[s][b] = s * perSeq + b;
-    std::vector<int32_t> next(batch, 65);
-    std::vector<float> logits(size_t(batch) * cfg.vocabSize);
-    std::vector<SeqChunk> chunks(batch);
-    double total = 0, cpu = 0;
+    auto bench = DecodeBench::create(*model, batch, ctx, steps, opt, rng);
+    if (!bench.ok()) return fail(bench.status());
     std::vector<double> stepSeconds;
-    for (int step = -2; step < steps; ++step) {  // two warm-up steps
-      const int pos = ctx + std::max(step, 0);
-      for (int s = 0; s < batch; ++s)
-        chunks[s] = SeqChunk{&next[s], 1, pos, tables[s].data(), perSeq, true};
-      const auto t0 = Clock::now();
-      const double c0 = processCpuSeconds();
-      if (!(*backend)->forward(chunks, logits.data()).isOk()) return 1;
-      if (step >= 0) {
-        stepSeconds.push_back(secondsSince(t0));
-        total += stepSeconds.back();
-        cpu += processCpuSeconds() - c0;
-      }
-      for (int s = 0; s < batch; ++s)
-        next[s] = int32_t(std::max_element(logits.begin() + size_t(s) * cfg.vocabSize,
-                                           logits.begin() + size_t(s + 1) * cfg.vocabSize) -
-                          (logits.begin() + size_t(s) * cfg.vocabSize));
-    }
+    double cpu = 0;
+    if (auto st = (*bench)->run(2, nullptr, nullptr); !st.isOk()) return fail(st);  // warm-up
+    if (auto st = (*bench)->run(steps, &stepSeconds, &cpu); !st.isOk()) return fail(st);
+    double total = 0;
+    for (double x : stepSeconds) total += x;
     std::nth_element(stepSeconds.begin(), stepSeconds.begin() + steps / 2, stepSeconds.end());
     const double medianStep = stepSeconds[size_t(steps / 2)];
     const double tokS = batch / medianStep;
@@ -255,6 +430,11 @@ int main(int argc, char** argv) {
           floorLarge * 1e3, bwLarge, 100.0 * floorLarge / stepS, kvBytes / 1e6, ctx);
     }
     std::printf("\n");
+  }
+
+  if (!llamaBench.empty()) {
+    if (auto st = compareWithLlamaBench(*model, llamaBench, opt, rounds > 0 ? rounds : (quick ? 1 : 3), rng); !st.isOk())
+      return fail(st);
   }
   return 0;
 }

@@ -172,3 +172,24 @@ TEST_CASE("linearSkinny matches a scalar matmul for odd shapes and both betas") 
     }
   }
 }
+
+// Batch-1 decode takes the eight-row path, batches of two or more the four-row one: a token's
+// outputs must be bit-identical either way, or its greedy ids would depend on the batch.
+TEST_CASE("linearSkinny gives one input row the same bits alone as beside another row") {
+  const int n = 45, k = 75, ldx = 80;  // 8-row groups, a 4-row group, a scalar tail
+  auto x = randomVec(size_t(2) * ldx, 21), w = randomVec(size_t(n) * k, 22);
+  for (float beta : {0.0f, 1.0f}) {
+    auto y1 = randomVec(size_t(n), 23), y2 = randomVec(size_t(2) * n, 24);
+    std::copy(y1.begin(), y1.end(), y2.begin());
+    const auto y0 = y1;
+    kc::linearSkinny(x.data(), ldx, w.data(), y1.data(), n, 1, k, 0, 28, beta);
+    kc::linearSkinny(x.data(), ldx, w.data(), y1.data(), n, 1, k, 28, n, beta);
+    kc::linearSkinny(x.data(), ldx, w.data(), y2.data(), n, 2, k, 0, n, beta);
+    for (int j = 0; j < n; ++j) {
+      CHECK(y1[j] == y2[j]);
+      double s = beta * y0[j];
+      for (int p = 0; p < k; ++p) s += double(x[p]) * w[j * k + p];
+      CHECK(y1[j] == Approx(s).margin(1e-5));
+    }
+  }
+}
