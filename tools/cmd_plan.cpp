@@ -13,6 +13,7 @@
 #include "tools/bench/workload.h"
 #include "tools/commands.h"
 #include "tools/plan/calibrate.h"
+#include "tools/plan/plan_report.h"
 #include "tools/plan/planner.h"
 
 namespace pd::tools {
@@ -44,6 +45,8 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --threshold N             router.short_prompt_tokens for --layout (default 256)
   --calibration F           a CPU device measured by --calibrate instead of a --gpu; its workers
                             get --kv-cache-bytes (default 268435456) and --kv-link-gbps (default 20)
+  --html FILE               also write the SLO-attainment curves against rate of the best layouts
+                            (every rate the search simulated) and the ranking, as one HTML page
   --no-slo-sized-chunks     engine.slo_sized_prefill_chunks: false (prompts in max_batch_tokens chunks)
   --calibrate               measure the CPU backend's steps on --model DIR with --threads
                             (default 1) and write the fitted device to --out
@@ -59,14 +62,11 @@ Result<Args> parseArgs(int argc, char** argv) {
                                    "--num-requests", "--max-prompt-tokens", "--length-scale", "--max-output-tokens",
                                    "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment",
                                    "--layout", "--threshold", "--rate", "--calibration", "--kv-cache-bytes",
-                                   "--threads", "--out"};
+                                   "--threads", "--out", "--html"};
   static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks"};
-  static const char* kNotYet[] = {"--html"};
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    for (const char* n : kNotYet)
-      if (arg == n) return unimplemented(arg + ": not implemented yet (docs/plan.md, \"Not yet\")");
     bool known = false;
     for (const char* f : kFlags)
       if (arg == f) a.values[arg] = "", known = true;
@@ -282,6 +282,8 @@ int runPlan(int argc, char** argv) {
   const char* costNote = device.calibrated ? "calibrated on this machine" : "uncalibrated: docs/plan.md";
 
   if (a.values.count("--layout")) {
+    if (a.values.count("--html"))
+      return usageError(invalidArgument("--html draws the layout search's curves; it does not go with --layout"));
     auto layout = parseLayout(get("--layout", ""), int64_t(threshold));
     if (!layout.ok()) return usageError(layout.status());
     auto requests = source(rate);
@@ -331,6 +333,21 @@ int runPlan(int argc, char** argv) {
               "of the requests meet both SLOs; TTFT/ITL p99 and attained are at that rate; at 1x and disagg\n"
               "replay the trace's own arrivals.\n",
               traceSpanS, 100 * po.attainment);
+  if (a.values.count("--html")) {
+    plan::PlanReportInfo info;
+    info.commandLine = "pdserve";
+    for (int i = 0; i < argc; ++i) info.commandLine += " " + std::string(argv[i]);
+    info.trace = std::to_string(traceRequests) + " requests (" + traceWorkload->describe + ")";
+    info.model = model->name;
+    info.device = deviceDescription + " (" + costNote + ")";
+    info.slo = *slo;
+    info.attainment = po.attainment;
+    if (Status s = plan::writePlanHtml(get("--html", ""), info, *ranked); !s.isOk()) {
+      std::fprintf(stderr, "pdserve plan: --html: %s\n", s.message().c_str());
+      return 1;
+    }
+    std::printf("wrote %s\n", get("--html", "").c_str());
+  }
   return 0;
 }
 

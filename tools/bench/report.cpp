@@ -49,6 +49,8 @@ void addMetric(json& j, const char* name, const Summary& s) {
   j["max_" + n + "_ms"] = num(s.max);
 }
 
+}  // namespace
+
 Status writeFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return unavailable(path + ": cannot open for writing");
@@ -71,6 +73,8 @@ std::string htmlEscape(const std::string& s) {
   }
   return o;
 }
+
+namespace {
 
 std::string csvField(const std::string& s) {
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;

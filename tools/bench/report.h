@@ -62,7 +62,9 @@ Result<std::string> compareResults(const std::vector<std::string>& paths);
 // error listing the first violations (request index and values).
 Result<std::string> checkResult(const std::string& path, bool allowFailures);
 
-// Building blocks, exposed for tests.
+// Building blocks, exposed for tests and for the other HTML reports (pdserve plan --html).
+Status writeFile(const std::string& path, const std::string& text);
+std::string htmlEscape(const std::string& s);
 struct ChartSeries {
   std::string name;
   std::string color;

@@ -116,7 +116,9 @@ Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
 
   // Least squares of t = o + effective FLOPs * a + weight bytes * b + KV bytes * k on the
   // relative error (rows over t), for each half-rate row count on a grid; the best fit wins.
-  // When the best overhead is negative (noise), o = 0 and the rates are fitted alone.
+  // Noise (a busy machine, a model too small to separate the terms) can drive a term below
+  // zero; then the fit is constrained: o = 0 first, then the KV context read at the weights'
+  // rate (k = b), then both. FLOPs and weight bytes must keep positive rates.
   struct Fit {
     double x[kUnknowns] = {};
     double halfRate = 0;
@@ -126,19 +128,24 @@ Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
     return f.x[0] + works[i].effectiveFlops(f.halfRate) * f.x[1] + (works[i].bytes - works[i].kvBytes) * f.x[2] +
            works[i].kvBytes * f.x[3];
   };
-  auto fitAt = [&](double halfRate, bool withOverhead, Fit* f) {
+  auto fitAt = [&](double halfRate, bool withOverhead, bool kvAtWeightRate, Fit* f) {
     double ata[kUnknowns][kUnknowns] = {}, atb[kUnknowns] = {};
     for (size_t i = 0; i < c.points.size(); ++i) {
       const double t = c.points[i].seconds;
+      const double weights = works[i].bytes - works[i].kvBytes;
       const double row[kUnknowns] = {withOverhead ? 1 / t : 0, works[i].effectiveFlops(halfRate) / t,
-                                     (works[i].bytes - works[i].kvBytes) / t, works[i].kvBytes / t};
+                                     (kvAtWeightRate ? works[i].bytes : weights) / t,
+                                     kvAtWeightRate ? 0 : works[i].kvBytes / t};
       for (int r = 0; r < kUnknowns; ++r) {
         for (int k = 0; k < kUnknowns; ++k) ata[r][k] += row[r] * row[k];
         atb[r] += row[r];  // target t / t = 1
       }
     }
-    if (!withOverhead) ata[0][0] = 1;  // o = 0
-    if (!solve(ata, atb, f->x) || !(f->x[1] > 0) || !(f->x[2] > 0) || !(f->x[3] > 0)) return false;
+    if (!withOverhead) ata[0][0] = 1;    // o = 0
+    if (kvAtWeightRate) ata[3][3] = 1;   // k = 0 here, b below
+    if (!solve(ata, atb, f->x)) return false;
+    if (kvAtWeightRate) f->x[3] = f->x[2];
+    if (!(f->x[0] >= 0) || !(f->x[1] > 0) || !(f->x[2] > 0) || !(f->x[3] > 0)) return false;
     f->halfRate = halfRate;
     f->sq = 0;
     for (size_t i = 0; i < c.points.size(); ++i) f->sq += std::pow(predict(*f, i) / c.points[i].seconds - 1, 2);
@@ -147,10 +154,10 @@ Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
   Fit best;
   for (double halfRate : {0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0}) {
     Fit f;
-    if (!fitAt(halfRate, true, &f) || f.x[0] < 0) {
-      if (!fitAt(halfRate, false, &f)) continue;
+    if (fitAt(halfRate, true, false, &f) || fitAt(halfRate, false, false, &f) || fitAt(halfRate, true, true, &f) ||
+        fitAt(halfRate, false, true, &f)) {
+      if (f.sq < best.sq) best = f;
     }
-    if (f.sq < best.sq) best = f;
   }
   if (best.sq >= 1e300) {
     return failedPrecondition("plan --calibrate: the step times of " + modelDir +

@@ -54,12 +54,14 @@ Result<Candidate> evaluate(const CostModel& cost, const PlanOptions& options, co
     if (!r.ok()) return r.status();
     return r->summary;
   };
+  Candidate c;
   auto run = [&](double scale) -> Result<SimSummary> {
     auto rs = source(scale * traceRate);
     if (!rs.ok()) return rs.status();
-    return simulateAt(*rs);
+    auto summary = simulateAt(*rs);
+    if (summary.ok()) c.curve.push_back(RatePoint{scale * traceRate, *summary});
+    return summary;
   };
-  Candidate c;
   c.layout = layout;
   auto replay = simulateAt(trace);
   if (!replay.ok()) return replay.status();
@@ -99,6 +101,7 @@ Result<Candidate> evaluate(const CostModel& cost, const PlanOptions& options, co
     if (r->attainment >= options.attainment) pass = m, passed = *r;
     else fail = m;
   }
+  std::sort(c.curve.begin(), c.curve.end(), [](const RatePoint& a, const RatePoint& b) { return a.rate < b.rate; });
   c.maxRateScale = pass;
   c.maxRate = pass * traceRate;
   c.atMaxRate = passed;

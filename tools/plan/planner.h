@@ -32,12 +32,19 @@ struct PlanOptions {
   int bisections = 6;
 };
 
+// One probe of the rate search: a Poisson rate and what the layout attained at it.
+struct RatePoint {
+  double rate = 0;  // requests/s
+  SimSummary summary;
+};
+
 struct Candidate {
   Layout layout;
   SimSummary summary;       // at the trace's own rate
   double maxRateScale = 0;  // that rate over the trace's mean rate (0: none found)
   double maxRate = 0;       // the highest Poisson rate (requests/s) that keeps the attainment
   SimSummary atMaxRate;
+  std::vector<RatePoint> curve;  // every rate the search simulated, by rate: the SLO-attainment curve
   std::string verdict;      // "best", or why it loses to the best
 };
 

@@ -4,11 +4,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 
 #include "common/engine/model_maker.h"
 #include "tools/plan/calibrate.h"
+#include "tools/plan/plan_report.h"
 #include "tools/plan/planner.h"
 
 using namespace pd::plan;
@@ -151,6 +153,26 @@ TEST_CASE("plan: the search ranks every layout and names why the others lose") {
   CHECK(ranked->front().maxRate >= ranked->back().maxRate);
   CHECK(ranked->front().maxRate > 0);
   CHECK_FALSE(ranked->back().verdict.empty());
+  // The attainment curve: every rate simulated, by rate, and the max rate's point on it.
+  for (const Candidate& c : *ranked) {
+    REQUIRE(c.curve.size() >= 2);
+    for (size_t i = 1; i < c.curve.size(); ++i) CHECK(c.curve[i - 1].rate < c.curve[i].rate);
+    const auto at = std::find_if(c.curve.begin(), c.curve.end(), [&](const RatePoint& p) { return p.rate == c.maxRate; });
+    REQUIRE(at != c.curve.end());
+    CHECK(at->summary.attainment >= po.attainment);
+    CHECK(at->summary.attainment == c.atMaxRate.attainment);
+    for (const RatePoint& p : c.curve)  // the max rate is the highest that passed
+      if (p.rate > c.maxRate) CHECK(p.summary.attainment < po.attainment);
+  }
+  PlanReportInfo info;
+  info.commandLine = "pdserve plan --html <x>";
+  info.attainment = po.attainment;
+  const std::string html = planHtml(info, *ranked);
+  CHECK(html.find("&lt;x&gt;") != std::string::npos);  // escaped
+  size_t charts = 0;
+  for (size_t at = html.find("<svg"); at != std::string::npos; at = html.find("<svg", at + 1)) ++charts;
+  CHECK(charts == 3);
+  for (const Candidate& c : *ranked) CHECK(html.find(c.layout.describe()) != std::string::npos);
   po.devices = 0;
   CHECK_FALSE(searchLayouts(*m, deviceOf(*g), po, source).ok());
 }

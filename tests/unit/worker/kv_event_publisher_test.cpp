@@ -25,7 +25,8 @@ TEST_CASE("kv event publisher: one batch per flush, chains merged, snapshots fra
   Sent sent;
   KvEventPublisher pub(*kv,
                        KvEventPublisher::Sink{[&](const proto::Envelope& e) { sent.all.push_back(e); },
-                                              [&](RouterId r, proto::Envelope e) { sent.to.emplace_back(r, std::move(e)); }},
+                                              [&](RouterId r, proto::Envelope e) { sent.to.emplace_back(r, std::move(e)); },
+                                              /*tap=*/{}},
                        reg, /*maxEventsPerFrame=*/2);
   pub.flush();
   CHECK(sent.all.empty());  // nothing changed: no batch, no seq
