@@ -65,19 +65,34 @@ echo "capacity: $CAPACITY req/s (closed loop, $CONCURRENCY streams); overload ra
 for shedding in true false; do
   up "shedding-$shedding" "$shedding"
   "$BIN/pdserve" bench "${COMMON[@]}" --rate "$RATE" --duration "$OVERLOAD_S" --out "$WORK/overload-$shedding" > /dev/null || true
+  # The router's own view of the same run: its histograms carry the SLO targets as bounds.
+  curl -s http://127.0.0.1:8110/metrics > "$WORK/router-$shedding.prom" || true
   down
 done
 python3 - "$WORK" <<'PY'
 import json, sys
-print("| shedding | sent | admitted | shed | first 429 (s) | p99 TTFT admitted (ms) | p99 ITL (ms) | other errors | goodput (req/s) |")
-print("|---|---|---|---|---|---|---|---|---|")
+import re
+def within(prom, name, bound):
+    """Share of the router's observations of histogram `name` at or under `bound` (all routes)."""
+    le, total = 0.0, 0.0
+    for m in re.finditer(name + r'_bucket\{[^}]*le="([^"]+)"[^}]*\} (\S+)', prom):
+        if m.group(1) == "+Inf": total += float(m.group(2))
+        elif abs(float(m.group(1)) - bound) < 1e-9: le += float(m.group(2))
+    return f"{100 * le / total:.1f}%" if total else "-"
+print("| shedding | sent | admitted | shed | first 429 (s) | p99 TTFT admitted (ms) | p99 ITL (ms) | other errors | goodput (req/s) "
+      "| router: TTFT <= 2 s | router: gaps <= 100 ms |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for s in ("true", "false"):
     j = json.load(open(f"{sys.argv[1]}/overload-{s}.json"))
+    try: prom = open(f"{sys.argv[1]}/router-{s}.prom").read()
+    except OSError: prom = ""
     p = j["pdserve"]
     sent = j["completed"] + j["failed"]
     shed = p["shed_requests"]
     other = j["failed"] - shed
     first = "-" if p["first_shed_s"] is None else f'{p["first_shed_s"]:.1f}'
     print(f'| {"on" if s == "true" else "off"} | {sent} | {j["completed"]} | {shed} ({100*shed/max(sent,1):.0f}%) | {first} '
-          f'| {j["p99_ttft_ms"]:.0f} | {j["p99_itl_ms"]:.0f} | {other} | {j.get("request_goodput", 0):.2f} |')
+          f'| {j["p99_ttft_ms"]:.0f} | {j["p99_itl_ms"]:.0f} | {other} | {j.get("request_goodput", 0):.2f} '
+          f'| {within(prom, "pdserve_time_to_first_token_seconds", 2.0)} '
+          f'| {within(prom, "pdserve_inter_token_latency_seconds", 0.1)} |')
 PY
