@@ -8,6 +8,8 @@
 
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
+#include "common/engine/model_weights.h"
+#include "common/metrics/metrics.h"
 #include "worker/flags.h"
 
 namespace pd::worker {
@@ -21,6 +23,13 @@ class Service {
   virtual void drain(std::chrono::milliseconds timeout) = 0;
   // Ends in-flight work with an error the client can read and joins every thread.
   virtual void stop() = 0;
+  // The model the engine computes from (EngineBundle::model), for the next service of this
+  // process to be built on (a role switch, flex_worker/): cpu: the f32 host weights; cuda:
+  // the description. Valid after create(); the pointer outlives the service.
+  virtual std::shared_ptr<const engine::ModelWeights> weights() const = 0;
+  // The service's metrics (one registry per service, constant labels role and worker): what
+  // /metrics serves. Valid for the service's life; any thread.
+  virtual metrics::Registry& registry() = 0;
 };
 using ServiceFactory = std::function<Result<std::unique_ptr<Service>>(config::ClusterConfig, WorkerFlags)>;
 
