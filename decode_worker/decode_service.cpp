@@ -288,6 +288,8 @@ class DecodeServiceImpl final : public DecodeService {
   int metricsPort() const override { return loop_.metricsPort(); }
   std::shared_ptr<const engine::ModelWeights> weights() const override { return loop_.bundle().model; }
   metrics::Registry& registry() override { return loop_.registry(); }
+  // The gauge RemotePrefills keeps on the loop thread: thread-safe to read from here.
+  int64_t kvBlocksQuarantined() override { return int64_t(loop_.metrics().kvBlocksQuarantined.value()); }
 
  private:
   worker::WorkerLoop loop_;

@@ -109,6 +109,32 @@ void FlexWorker::runSwitch(Role from, Role to) {
     old = service_.get();
   }
   old->drain(std::chrono::milliseconds(config_.engine.drainTimeoutMs));
+  // KV fencing (docs/reliability.md): blocks quarantined over a one-sided lane may still be
+  // written by a prefill worker that has not acknowledged its cancel. A process that exits is
+  // safe (the writes then fail); this one would free that memory and map the new role's KV
+  // cache, possibly at the same addresses. The drained loop still runs and resolves the
+  // quarantine (acknowledgements, redials); wait for it, as long as a remote prefill may
+  // take. Still held then: never freed on a timer -- the process exits instead.
+  if (const int64_t held = old->kvBlocksQuarantined(); held > 0) {
+    PD_LOG(kInfo, kTag) << flags_.workerId << ": " << held << " KV block(s) quarantined; waiting up to "
+                        << config_.kvTransfer.timeoutMs << " ms for their writers before the switch";
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.kvTransfer.timeoutMs);
+    while (old->kvBlocksQuarantined() > 0 && !shuttingDown_.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (const int64_t still = old->kvBlocksQuarantined(); still > 0 && !shuttingDown_.load()) {
+      Status why = unavailable(flags_.workerId + ": role switch " + roleName(from) + " -> " + roleName(to) + ": " +
+                               std::to_string(still) +
+                               " KV block(s) still quarantined (a remote writer may still write into them): not "
+                               "reusing this process's memory; exiting for the supervisor to restart it");
+      PD_LOG(kError, kTag) << why.toString();
+      old->stop();  // the process exits next (main sees failure()); the memory is never reused
+      std::lock_guard<std::mutex> lock(mu_);
+      failure_ = why;
+      switching_ = false;
+      return;
+    }
+  }
   old->stop();
   std::shared_ptr<const engine::ModelWeights> weights = old->weights();
   {

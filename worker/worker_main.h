@@ -30,6 +30,11 @@ class Service {
   // The service's metrics (one registry per service, constant labels role and worker): what
   // /metrics serves. Valid for the service's life; any thread.
   virtual metrics::Registry& registry() = 0;
+  // KV blocks a remote writer may still write into: on a decode worker, those quarantined
+  // after a remote prefill ended over a one-sided lane (cma, ucx, verbs; docs/reliability.md).
+  // While any are held the process must not free or reuse that memory -- a role switch
+  // waits for 0 (flex_worker/). Any thread.
+  virtual int64_t kvBlocksQuarantined() { return 0; }
 };
 using ServiceFactory = std::function<Result<std::unique_ptr<Service>>(config::ClusterConfig, WorkerFlags)>;
 
