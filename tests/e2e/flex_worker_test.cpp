@@ -4,8 +4,8 @@
 // makes flex-0 drain and come back as a decode worker under the same id, a second SIGUSR1
 // makes it drain its streams (what is left migrates) and come back as a prefill worker. Every
 // request completes with the greedy ids of `pdserve generate`; the router sees the pools
-// change; pdserve_role_switches_total counts each direction once; the KV caches end idle and
-// SIGTERM still ends the process with status 0. No timing is asserted beyond generous
+// change; pdserve_role_switches_total counts each direction once; the KV caches end idle; and
+// SIGUSR1, SIGUSR1, SIGTERM in quick succession still end the process with status 0. No timing is asserted beyond generous
 // deadlines: a busy 2-core machine only makes it slower.
 #include <catch2/catch.hpp>
 
@@ -286,7 +286,13 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   CHECK(allFree(flexMetric));
   CHECK(allFree([&](const std::string& s) { return pd::test::workerMetric(c, "decode-0", s); }));
 
-  // SIGTERM still drains and ends it with status 0.
+  // A third switch, a fourth request and SIGTERM at once: whether each lands during the switch
+  // (ignored / the switch's drain finishes and no role starts) or after it, the process
+  // drains and ends with status 0.
+  REQUIRE(c.processes().signal("flex-0", SIGUSR1).isOk());
+  std::this_thread::sleep_for(20ms);
+  REQUIRE(c.processes().signal("flex-0", SIGUSR1).isOk());
+  std::this_thread::sleep_for(20ms);
   REQUIRE(c.processes().signal("flex-0", SIGTERM).isOk());
   auto exit = c.processes().waitAny(40s);
   REQUIRE(exit.has_value());
