@@ -46,8 +46,9 @@ Result<Role> parseRole(std::string_view text);
 inline Role otherRole(Role role) { return role == Role::kPrefill ? Role::kDecode : Role::kPrefill; }
 
 // The role's service (prefill_worker/ or decode_worker/), built on `weights` when set.
-Result<std::unique_ptr<worker::Service>> createService(Role role, config::ClusterConfig config, worker::WorkerFlags flags,
-                                                       std::shared_ptr<const engine::ModelWeights> weights);
+Result<std::unique_ptr<worker::Service>> createService(
+    Role role, config::ClusterConfig config, worker::WorkerFlags flags,
+    std::shared_ptr<const engine::ModelWeights> weights);
 
 inline constexpr const char* kRoleSwitchesMetric = "pdserve_role_switches_total";
 
@@ -81,9 +82,9 @@ class FlexWorker {
   const config::ClusterConfig config_;
   const worker::WorkerFlags flags_;
   mutable std::mutex mu_;
-  std::unique_ptr<worker::Service> service_;  // guarded by mu_; null between roles
-  Role role_;                                  // guarded by mu_
-  std::optional<Status> failure_;              // guarded by mu_
+  std::unique_ptr<worker::Service> service_;           // guarded by mu_; null between roles
+  Role role_;                                          // guarded by mu_
+  std::optional<Status> failure_;                      // guarded by mu_
   std::map<std::pair<Role, Role>, int64_t> switches_;  // guarded by mu_
   std::atomic<bool> switching_{false};
   std::atomic<bool> shuttingDown_{false};

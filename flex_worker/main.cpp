@@ -17,8 +17,10 @@
 namespace {
 constexpr const char* kProgram = "pdserve-worker";
 constexpr const char* kUsage =
-    "usage: pdserve-worker --role prefill|decode --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]]\n"
-    "                      [--advertise-host IP] [--bind-host IP] [--port N] [--transfer-port N] [--metrics-port N]\n"
+    "usage: pdserve-worker --role prefill|decode --id NAME [--config FILE] [--router "
+    "HOST:PORT[,HOST:PORT...]]\n"
+    "                      [--advertise-host IP] [--bind-host IP] [--port N] [--transfer-port N] "
+    "[--metrics-port N]\n"
     "                      [--model DIR]\n"
     "  A worker that starts in --role and switches to the other role on SIGUSR1: it drains (as on\n"
     "  SIGTERM), then serves the other role on the same weights and ports, under the same id.\n"
@@ -90,7 +92,8 @@ int main(int argc, char** argv) {
       continue;
     }
     PD_LOG(kInfo, "worker") << kProgram << ": signal " << sig << ", draining (up to " << drainMs
-                            << " ms), then shutting down" << (worker.switching() ? " (after the role switch's drain)" : "");
+                            << " ms), then shutting down"
+                            << (worker.switching() ? " (after the role switch's drain)" : "");
     worker.shutdown();
     return worker.failure() ? 1 : 0;
   }

@@ -5,12 +5,11 @@
 // makes it drain its streams (what is left migrates) and come back as a prefill worker. Every
 // request completes with the greedy ids of `pdserve generate`; the router sees the pools
 // change; pdserve_role_switches_total counts each direction once; the KV caches end idle; and
-// SIGUSR1, SIGUSR1, SIGTERM in quick succession still end the process with status 0. No timing is asserted beyond generous
-// deadlines: a busy 2-core machine only makes it slower.
-#include <catch2/catch.hpp>
-
+// SIGUSR1, SIGUSR1, SIGTERM in quick succession still end the process with status 0. No timing is
+// asserted beyond generous deadlines: a busy 2-core machine only makes it slower.
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -56,9 +55,9 @@ std::vector<int32_t> prompt(int n, uint64_t seed) {
 std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens) {
   std::string ids;
   for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
-  std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + pd::test::e2eModelDir() +
-                    " --prompt-ids " + ids + " --max-tokens " + std::to_string(maxTokens) +
-                    " --ignore-eos --threads 1 2>/dev/null";
+  std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " +
+                    pd::test::e2eModelDir() + " --prompt-ids " + ids + " --max-tokens " +
+                    std::to_string(maxTokens) + " --ignore-eos --threads 1 2>/dev/null";
   FILE* f = ::popen(cmd.c_str(), "r");
   REQUIRE(f);
   std::string out;
@@ -81,8 +80,8 @@ struct Outcome {
   std::string route;   // x-pdserve-route
   std::string worker;  // x-pdserve-decode-worker (the first one, before any migration)
   std::vector<int32_t> ids;
-  bool done = false;   // data: [DONE] arrived
-  std::string error;   // transport error, non-200 body or an error event
+  bool done = false;  // data: [DONE] arrived
+  std::string error;  // transport error, non-200 body or an error event
 };
 
 std::string header(const std::string& headers, const std::string& name) {
@@ -94,7 +93,7 @@ std::string header(const std::string& headers, const std::string& name) {
 
 // One streamed completion (SSE), read to its end.
 Outcome stream(int port, const std::vector<int32_t>& p, size_t index) {
-  json req{{"model", "small"}, {"prompt", p},    {"max_tokens", kTokens},     {"temperature", 0},
+  json req{{"model", "small"},   {"prompt", p},    {"max_tokens", kTokens},   {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true}};
   Outcome o;
   o.promptIndex = index;
@@ -120,31 +119,35 @@ Outcome stream(int port, const std::vector<int32_t>& p, size_t index) {
       continue;
     }
     if (!event.contains("choices") || event["choices"].empty()) continue;
-    for (const auto& id : event["choices"][0].value("token_ids", json::array())) o.ids.push_back(id.get<int32_t>());
+    for (const auto& id : event["choices"][0].value("token_ids", json::array()))
+      o.ids.push_back(id.get<int32_t>());
   }
   return o;
 }
 
 }  // namespace
 
-TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under load, no request lost") {
+TEST_CASE(
+    "pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under load, no request lost") {
   std::filesystem::create_directories(kWork);
   const std::string config = kWork + "/cluster.yaml";
   // Prompts over 64 tokens go to the prefill pool when it has a worker; a refused remote
   // prefill (the prefill worker draining) is recomputed on the decode worker.
-  std::ofstream(config) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
-                        << "router:\n"
-                        << "  short_prompt_tokens: 64\n"
-                        << "  request_timeout_ms: 110000\n"
-                        << "  prefix_aware_routing: false\n"
-                        << "  overload_shedding: false\n"
-                        << "pools: {prefill: {replicas: 0}, decode: {replicas: 1}}\n"
-                        << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
-                        << "         drain_timeout_ms: 20000}\n"
-                        << "kv_transfer: {transports: [tcp], timeout_ms: 20000, on_remote_prefill_failure: recompute}\n"
-                        << "logging: {level: info}\n";
-  const std::vector<std::vector<int32_t>> prompts{prompt(12, 1), prompt(30, 2), prompt(200, 3), prompt(450, 4),
-                                                  prompt(20, 5), prompt(700, 6)};
+  std::ofstream(config)
+      << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
+      << "router:\n"
+      << "  short_prompt_tokens: 64\n"
+      << "  request_timeout_ms: 110000\n"
+      << "  prefix_aware_routing: false\n"
+      << "  overload_shedding: false\n"
+      << "pools: {prefill: {replicas: 0}, decode: {replicas: 1}}\n"
+      << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
+      << "         drain_timeout_ms: 20000}\n"
+      << "kv_transfer: {transports: [tcp], timeout_ms: 20000, on_remote_prefill_failure: "
+         "recompute}\n"
+      << "logging: {level: info}\n";
+  const std::vector<std::vector<int32_t>> prompts{prompt(12, 1),  prompt(30, 2), prompt(200, 3),
+                                                  prompt(450, 4), prompt(20, 5), prompt(700, 6)};
   std::vector<std::vector<int32_t>> expected;
   for (const auto& p : prompts) expected.push_back(generateCli(p, kTokens));
 
@@ -166,9 +169,10 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   // signals reach the worker itself.
   REQUIRE(c.processes()
               .spawn("flex-0", {"/bin/sh", "-c",
-                                "exec " + o.binDir + "/pdserve-worker --role prefill --config " + c.configPath() +
-                                    " --id flex-0 --router 127.0.0.1:" + std::to_string(c.controlPort()) +
-                                    " --metrics-port " + std::to_string(*metricsPort) + " > " + log + " 2>&1"})
+                                "exec " + o.binDir + "/pdserve-worker --role prefill --config " +
+                                    c.configPath() + " --id flex-0 --router 127.0.0.1:" +
+                                    std::to_string(c.controlPort()) + " --metrics-port " +
+                                    std::to_string(*metricsPort) + " > " + log + " 2>&1"})
               .ok());
   const auto pool = [&](const char* name) {
     auto m = c.routerMetrics(5s);
@@ -182,7 +186,8 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   const auto waitPools = [&](int prefill, int decode, seconds limit) {
     for (auto deadline = steady_clock::now() + limit; steady_clock::now() < deadline;
          std::this_thread::sleep_for(100ms)) {
-      if (auto dead = c.processes().waitAny(0ms)) FAIL(dead->name << " " << dead->description << ":\n" << readFile(log));
+      if (auto dead = c.processes().waitAny(0ms))
+        FAIL(dead->name << " " << dead->description << ":\n" << readFile(log));
       if (pool("prefill") == prefill && pool("decode") == decode) return true;
     }
     return false;
@@ -263,13 +268,15 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   // Every request completed, with the reference's ids.
   size_t ok = 0;
   for (const auto& out : outcomes) {
-    INFO("prompt " << out.promptIndex << " (" << prompts[out.promptIndex].size() << " tokens), status " << out.status
-                   << ", route " << out.route << ", worker " << out.worker << ": " << out.error);
+    INFO("prompt " << out.promptIndex << " (" << prompts[out.promptIndex].size()
+                   << " tokens), status " << out.status << ", route " << out.route << ", worker "
+                   << out.worker << ": " << out.error);
     CHECK(out.status == 200);
     CHECK(out.error.empty());
     CHECK(out.done);
     CHECK(out.ids == expected[out.promptIndex]);
-    ok += out.status == 200 && out.error.empty() && out.done && out.ids == expected[out.promptIndex];
+    ok +=
+        out.status == 200 && out.error.empty() && out.done && out.ids == expected[out.promptIndex];
   }
   CHECK(outcomes.size() > beforeFirst);
 
@@ -277,8 +284,10 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   CHECK(flexMetric("pdserve_role_switches_total{from=\"decode\",to=\"prefill\"}") == 1);
   // Idle again: every KV block free on both workers, nothing in flight at the router.
   const auto allFree = [&](auto metric) {
-    for (auto deadline = steady_clock::now() + 20s; steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
-      const double total = metric("pdserve_kv_cache_num_blocks"), free = metric("pdserve_kv_cache_free_blocks");
+    for (auto deadline = steady_clock::now() + 20s; steady_clock::now() < deadline;
+         std::this_thread::sleep_for(100ms)) {
+      const double total = metric("pdserve_kv_cache_num_blocks"),
+                   free = metric("pdserve_kv_cache_free_blocks");
       if (total > 0 && free == total) return true;
     }
     return false;
@@ -304,6 +313,8 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   CHECK(text.find("switching role prefill -> decode") != std::string::npos);
   CHECK(text.find("switching role decode -> prefill") != std::string::npos);
   CHECK(text.find("weights kept from the previous role") != std::string::npos);
-  std::printf("flex worker e2e: %zu requests, %zu complete and identical, %ld disaggregated, %ld on flex-0 as decode\n",
-              outcomes.size(), ok, served(disaggregated), served(onFlexDecode));
+  std::printf(
+      "flex worker e2e: %zu requests, %zu complete and identical, %ld disaggregated, %ld on flex-0 "
+      "as decode\n",
+      outcomes.size(), ok, served(disaggregated), served(onFlexDecode));
 }

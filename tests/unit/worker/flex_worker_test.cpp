@@ -2,6 +2,8 @@
 // framed server): the worker registers as decode, switches on request, and registers again
 // under the same id as prefill, its engine built on the same weights object; a second
 // request while a switch runs is refused; shutdown() during a switch ends cleanly.
+#include "flex_worker/flex_worker.h"
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
@@ -11,7 +13,6 @@
 
 #include "common/net/framed.h"
 #include "common/net/io_pool.h"
-#include "flex_worker/flex_worker.h"
 #include "tests/unit/engine/model_test_util.h"
 
 using namespace pd;
@@ -54,10 +55,11 @@ struct FakeRouter {
 
 config::ClusterConfig flexConfig() {
   const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
-  auto config = config::parseClusterConfig("model: {path: " + model +
-                                               "}\nengine: {backend: cpu, num_blocks: 64, drain_timeout_ms: 5000}\n"
-                                               "kv_transfer: {transports: [tcp]}\nlogging: {level: warn}\n",
-                                           "test.yaml");
+  auto config = config::parseClusterConfig(
+      "model: {path: " + model +
+          "}\nengine: {backend: cpu, num_blocks: 64, drain_timeout_ms: 5000}\n"
+          "kv_transfer: {transports: [tcp]}\nlogging: {level: warn}\n",
+      "test.yaml");
   REQUIRE(config.ok());
   return std::move(config).value();
 }
