@@ -286,6 +286,10 @@ class DecodeServiceImpl final : public DecodeService {
   void drain(std::chrono::milliseconds timeout) override { loop_.drain(timeout); }
   void stop() override { loop_.stop(); }
   int metricsPort() const override { return loop_.metricsPort(); }
+  std::shared_ptr<const engine::ModelWeights> weights() const override { return loop_.bundle().model; }
+  metrics::Registry& registry() override { return loop_.registry(); }
+  // The gauge RemotePrefills keeps on the loop thread: thread-safe to read from here.
+  int64_t kvBlocksQuarantined() override { return int64_t(loop_.metrics().kvBlocksQuarantined.value()); }
 
  private:
   worker::WorkerLoop loop_;
@@ -294,9 +298,10 @@ class DecodeServiceImpl final : public DecodeService {
 
 }  // namespace
 
-Result<std::unique_ptr<DecodeService>> DecodeService::create(config::ClusterConfig config, worker::WorkerFlags flags) {
+Result<std::unique_ptr<DecodeService>> DecodeService::create(config::ClusterConfig config, worker::WorkerFlags flags,
+                                                     std::shared_ptr<const engine::ModelWeights> weights) {
   if (!flags.modelPath.empty()) config.model.path = flags.modelPath;
-  PD_ASSIGN_OR_RETURN(auto bundle, worker::buildEngine(config, /*releaseKvOnFinish=*/true));
+  PD_ASSIGN_OR_RETURN(auto bundle, worker::buildEngine(config, /*releaseKvOnFinish=*/true, std::move(weights)));
   return std::unique_ptr<DecodeService>(new DecodeServiceImpl(std::move(config), std::move(flags), std::move(bundle)));
 }
 

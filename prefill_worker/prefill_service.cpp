@@ -116,6 +116,8 @@ class PrefillServiceImpl final : public PrefillService {
 
   int controlPort() const override { return server_ ? server_->port() : 0; }
   int metricsPort() const override { return loop_.metricsPort(); }
+  std::shared_ptr<const engine::ModelWeights> weights() const override { return loop_.bundle().model; }
+  metrics::Registry& registry() override { return loop_.registry(); }
 
  private:
   worker::WorkerLoop loop_;
@@ -125,9 +127,10 @@ class PrefillServiceImpl final : public PrefillService {
 
 }  // namespace
 
-Result<std::unique_ptr<PrefillService>> PrefillService::create(config::ClusterConfig config, worker::WorkerFlags flags) {
+Result<std::unique_ptr<PrefillService>> PrefillService::create(config::ClusterConfig config, worker::WorkerFlags flags,
+                                                     std::shared_ptr<const engine::ModelWeights> weights) {
   if (!flags.modelPath.empty()) config.model.path = flags.modelPath;
-  PD_ASSIGN_OR_RETURN(auto bundle, worker::buildEngine(config, /*releaseKvOnFinish=*/false));
+  PD_ASSIGN_OR_RETURN(auto bundle, worker::buildEngine(config, /*releaseKvOnFinish=*/false, std::move(weights)));
   return std::unique_ptr<PrefillService>(new PrefillServiceImpl(std::move(config), std::move(flags), std::move(bundle)));
 }
 

@@ -19,7 +19,9 @@ namespace pd::prefill {
 
 class PrefillService : public worker::Service {
  public:
-  static Result<std::unique_ptr<PrefillService>> create(config::ClusterConfig config, worker::WorkerFlags flags);
+  // `weights`: see worker::buildEngine's `preloaded` (null: load config.model.path).
+  static Result<std::unique_ptr<PrefillService>> create(config::ClusterConfig config, worker::WorkerFlags flags,
+                                                    std::shared_ptr<const engine::ModelWeights> weights = nullptr);
   virtual int controlPort() const = 0;
   virtual int metricsPort() const = 0;
 };

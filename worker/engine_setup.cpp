@@ -64,7 +64,8 @@ Result<BackendAndKv> makeBackend(const config::ClusterConfig& config,
 
 }  // namespace
 
-Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish) {
+Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish,
+                                 std::shared_ptr<const engine::ModelWeights> preloaded) {
   if (config.engine.backend == config::Backend::kCuda) {
     // Before the model is loaded: without a device there is nothing to load it onto.
     Status device = engine::cudaDeviceAvailable();
@@ -72,9 +73,12 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   }
   EngineBundle b;
   const auto loadStart = std::chrono::steady_clock::now();
+  const bool reused = preloaded != nullptr;
   // cpu: the f32 host weights the backend computes from; cuda: the config only -- the backend
   // streams the tensors to the device in their dtype (weight_stream.h), no host copy.
-  if (config.engine.backend == config::Backend::kCuda) {
+  if (preloaded) {
+    b.model = std::move(preloaded);
+  } else if (config.engine.backend == config::Backend::kCuda) {
     PD_ASSIGN_OR_RETURN(b.model, engine::describeModel(config.model.path));
   } else {
     PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
@@ -109,8 +113,9 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
     const auto& kl = parts.backend->kvLayout();  // the blocks chosen (gpu_memory_utilization)
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.2f s", b.loadSeconds);
-    PD_LOG(kInfo, "engine") << "model " << config.model.path << " loaded on " << config::toString(config.engine.backend)
-                            << " in " << secs << "; KV cache " << kl.numBlocks << " blocks of " << kl.blockSize
+    PD_LOG(kInfo, "engine") << "model " << config.model.path
+                            << (reused ? " (weights kept from the previous role) ready on " : " loaded on ")
+                            << config::toString(config.engine.backend) << " in " << secs << "; KV cache " << kl.numBlocks << " blocks of " << kl.blockSize
                             << " tokens = " << int64_t(kl.numBlocks) * kl.blockSize << " tokens of context ("
                             << (kl.totalBytes() >> 20) << " MiB"
                             << (byUtilization ? ", by engine.gpu_memory_utilization" : "") << ")";

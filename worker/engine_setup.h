@@ -39,8 +39,14 @@ struct EngineBundle {
 };
 
 // Loads the model and builds the engine as the config says. releaseKvOnFinish as for
-// EngineOptions.
-Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish);
+// EngineOptions. `preloaded`, when set, is the model an earlier engine of this process
+// computed from (EngineBundle::model, made by buildEngine with the same config.model.path and
+// engine.backend): a role switch (flex_worker/) builds its new engine on it instead of
+// reading the files again. cpu: the f32 host weights are shared, not re-read; cuda: it is
+// only the description, and the backend streams the tensors to the device again (the old
+// engine, its device weights and KV cache are gone by then). The KV cache is always new.
+Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish,
+                                 std::shared_ptr<const engine::ModelWeights> preloaded = nullptr);
 
 // The transfer agent a worker runs: the config's transports in preference order, listening
 // on --transfer-port, with every KV region (one per rank) registered in all of them.

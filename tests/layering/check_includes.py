@@ -10,19 +10,22 @@ import re
 import sys
 
 ROOT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
-PROJECT_DIRS = ["common/", "kernels/", "kvtransfer/", "worker/", "prefill_worker/", "decode_worker/", "router/", "tools/"]
+PROJECT_DIRS = ["common/", "kernels/", "kvtransfer/", "worker/", "prefill_worker/", "decode_worker/", "flex_worker/",
+                "router/", "tools/"]
 ROLES = ["prefill_worker/", "decode_worker/"]
 # module prefix -> include prefixes it must never use (longest prefix wins)
 FORBIDDEN = {
     "common/base/": [d for d in PROJECT_DIRS if d != "common/"] + ["common/config/", "common/proto/", "common/net/",
                                                                     "common/metrics/", "common/tokenizer/", "common/engine/"],
     "kernels/": [d for d in PROJECT_DIRS if d != "kernels/"],
-    "common/": ["kvtransfer/", "worker/", "router/", "tools/"] + ROLES,
-    "kvtransfer/": ["common/engine/", "worker/", "router/", "tools/"] + ROLES,
-    "worker/": ["router/", "tools/"] + ROLES,
-    "prefill_worker/": ["decode_worker/", "router/", "tools/"],
-    "decode_worker/": ["prefill_worker/", "router/", "tools/"],
-    "router/": ["common/engine/", "kvtransfer/", "worker/", "tools/"] + ROLES,
+    "common/": ["kvtransfer/", "worker/", "flex_worker/", "router/", "tools/"] + ROLES,
+    "kvtransfer/": ["common/engine/", "worker/", "flex_worker/", "router/", "tools/"] + ROLES,
+    "worker/": ["flex_worker/", "router/", "tools/"] + ROLES,
+    "prefill_worker/": ["decode_worker/", "flex_worker/", "router/", "tools/"],
+    "decode_worker/": ["prefill_worker/", "flex_worker/", "router/", "tools/"],
+    # pdserve-worker: both roles, switched at run time; above them, below nothing but tools/.
+    "flex_worker/": ["router/", "tools/"],
+    "router/": ["common/engine/", "kvtransfer/", "worker/", "flex_worker/", "tools/"] + ROLES,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
