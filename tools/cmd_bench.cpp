@@ -258,7 +258,8 @@ int runBench(int argc, char** argv) {
       w.phases.push_back(*p);
     }
   }
-  w.closedLoop = concurrency > 0 && w.rate <= 0 && a.values.count("--time-scale") == 0;
+  // Phases carry their own rates: --concurrency is then only a cap.
+  w.closedLoop = concurrency > 0 && w.rate <= 0 && a.values.count("--time-scale") == 0 && a.phases.empty();
   if (w.tracePath.empty() && (a.values.count("--time-scale")))
     return usageError(invalidArgument("--time-scale needs --trace"));
 

@@ -7,7 +7,8 @@
 // process: the scraper has its own io_context per scrape.
 // Errors: a scrape that fails (no answer, timeout, non-200, an unparseable body) is recorded
 // as a gap in the timeline with its reason and never stops the run. Every scrape is bounded
-// by timeoutMs; a slow server delays the next scrape, it never piles them up.
+// by timeoutMs (from connect to the last byte; resolving a host name is not, so give an address
+// where that matters); a slow server delays the next scrape, it never piles them up.
 #pragma once
 
 #include <chrono>
