@@ -84,7 +84,10 @@ echo "shifting mix: ${PHASE_S} s each of short ($SHORT_PROMPT at $SHORT_RATE/s),
      "short; output $OUTPUT; SLO $SLO; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
 for mode in scaling fixed; do
   if [ "$mode" = scaling ]; then up "$mode"; else up "$mode" --no-autoscale; fi
+  before=$(cut -d' ' -f1-3 /proc/loadavg)
   "$BIN/pdserve" bench "${COMMON[@]}" --out "$OUT/$mode" > "$OUT/$mode.txt" || true
+  # The cluster's own load is about 2; much more means something else shared the cores.
+  echo "$mode: load average before $before, after $(cut -d' ' -f1-3 /proc/loadavg)"
   down
 done
 
