@@ -10,6 +10,8 @@
 #include <ctime>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 
 #include "tools/bench/client.h"
 #include "tools/bench/report.h"
+#include "tools/bench/scraper.h"
 #include "tools/bench/stats.h"
 #include "tools/bench/workload.h"
 #include "tools/commands.h"
@@ -47,6 +50,9 @@ workload:
   --num-requests N          requests to send (default: every trace row)
   --duration S              send nothing new after S seconds
   --rate R                  Poisson arrivals at R requests/s (instead of the trace's times)
+  --phase SPEC              one phase of a phased synthetic run (repeat it; phases run in order):
+                            prompt-len=LEN,output-len=LEN,rate=R,duration=S (LEN as --prompt-len;
+                            left-out lengths and rate default to --prompt-len/--output-len/--rate)
   --time-scale F            multiply trace timestamps by F (0.5 = twice as fast; default 1)
   --spread-ticks            spread rows sharing one trace timestamp over the gap to the next
   --concurrency N           at most N requests in flight; alone it makes a closed loop
@@ -66,6 +72,12 @@ workload:
   --idle-timeout S          longest silence inside one stream (default 120)
 report:
   --slo ttft_ms=A,itl_ms=B  goodput targets (also tpot_ms, e2el_ms; itl_pct=P, default 99)
+  --metrics-url URL         scrape this Prometheus endpoint during the run (the router's
+                            http://HOST:PORT/metrics) into a timeline: JSON and HTML charts
+  --metrics-interval-ms N   scrape period (default 1000)
+  --metrics-timeout-ms N    bound on one scrape (default: the period, at most 5000); a failed
+                            scrape is a gap in the timeline, never an abort
+  --metrics-token TOKEN     bearer token for the metrics endpoint (router.metrics_auth)
   --out PREFIX              write PREFIX.json, PREFIX.csv, PREFIX.html (default bench-<date>)
   --progress / --no-progress   live progress on stderr (default: when stderr is a terminal)
 )";
@@ -73,13 +85,15 @@ report:
 struct Args {
   std::map<std::string, std::string> values;
   std::vector<std::string> flags;
+  std::vector<std::string> phases;  // --phase, in order (the only repeatable option)
 };
 
 const char* const kValueOptions[] = {
     "--url", "--model", "--api-key", "--endpoint", "--trace", "--prompt-len", "--output-len", "--num-requests",
     "--duration", "--rate", "--time-scale", "--concurrency", "--max-prompt-tokens", "--length-scale",
     "--max-output-tokens", "--warmup", "--seed", "--vocab-size", "--token-ids", "--temperature", "--extra-body",
-    "--request-timeout", "--idle-timeout", "--slo", "--out"};
+    "--request-timeout", "--idle-timeout", "--slo", "--out", "--phase", "--metrics-url", "--metrics-interval-ms",
+    "--metrics-timeout-ms", "--metrics-token"};
 const char* const kFlagOptions[] = {"--no-model-check", "--no-ignore-eos", "--continuous-usage", "--progress",
                                     "--no-progress", "--spread-ticks"};
 
@@ -103,7 +117,8 @@ Result<Args> parseArgs(int argc, char** argv) {
         if (i + 1 >= argc) return invalidArgument(arg + " needs a value");
         value = argv[++i];
       }
-      a.values[arg] = value;
+      if (arg == "--phase") a.phases.push_back(value);
+      else a.values[arg] = value;
     }
     for (const char* f : kFlagOptions) {
       if (arg != f) continue;
@@ -232,7 +247,19 @@ int runBench(int argc, char** argv) {
                    number(a, "--warmup", &w.warmup), number(a, "--seed", &w.seed), number(a, "--vocab-size", &vocab)})
     if (!s.isOk()) return usageError(s);
   w.spreadTicks = hasFlag(a, "--spread-ticks");
-  w.closedLoop = concurrency > 0 && w.rate <= 0 && a.values.count("--time-scale") == 0;
+  {
+    PhaseSpec defaults;
+    defaults.promptLen = w.promptLen;
+    defaults.outputLen = w.outputLen;
+    defaults.rate = w.rate;
+    for (size_t k = 0; k < a.phases.size(); ++k) {
+      auto p = parsePhaseSpec(a.phases[k], static_cast<int>(k + 1), defaults);
+      if (!p.ok()) return usageError(p.status());
+      w.phases.push_back(*p);
+    }
+  }
+  // Phases carry their own rates: --concurrency is then only a cap.
+  w.closedLoop = concurrency > 0 && w.rate <= 0 && a.values.count("--time-scale") == 0 && a.phases.empty();
   if (w.tracePath.empty() && (a.values.count("--time-scale")))
     return usageError(invalidArgument("--time-scale needs --trace"));
 
@@ -281,6 +308,22 @@ int runBench(int argc, char** argv) {
     if (!s.ok()) return usageError(s.status());
     slo = *s;
   }
+  std::optional<ScrapeOptions> scrape;
+  if (a.values.count("--metrics-url")) {
+    auto so = parseMetricsUrl(a.values.at("--metrics-url"));
+    if (!so.ok()) return usageError(so.status());
+    for (Status s : {number(a, "--metrics-interval-ms", &so->intervalMs), number(a, "--metrics-timeout-ms", &so->timeoutMs)})
+      if (!s.isOk()) return usageError(s);
+    if (so->intervalMs < 50 || so->intervalMs > 600000)
+      return usageError(invalidArgument("--metrics-interval-ms must be in [50, 600000]"));
+    if (!a.values.count("--metrics-timeout-ms")) so->timeoutMs = std::min<int64_t>(so->intervalMs, 5000);
+    if (so->timeoutMs < 10) return usageError(invalidArgument("--metrics-timeout-ms must be >= 10"));
+    so->bearer = get("--metrics-token", "");
+    scrape = *so;
+  } else {
+    for (const char* k : {"--metrics-interval-ms", "--metrics-timeout-ms", "--metrics-token"})
+      if (a.values.count(k)) return usageError(invalidArgument(std::string(k) + " needs --metrics-url"));
+  }
   const std::string date = utcStamp();
   const std::string out = get("--out", "bench-" + date);
 
@@ -317,6 +360,7 @@ int runBench(int argc, char** argv) {
   RunOptions ro;
   ro.maxConcurrency = concurrency;
   ro.durationS = w.durationS;
+  if (!workload->phases.empty()) ro.durationS = workload->phases.back().endS;
   ro.handleSignals = true;
   ro.makeBody = [&body](const PlannedRequest& p) { return buildRequestBody(p, body); };
   const bool progress = hasFlag(a, "--progress") || (!hasFlag(a, "--no-progress") && isatty(2));
@@ -324,8 +368,16 @@ int runBench(int argc, char** argv) {
 
   std::fprintf(stderr, "pdserve bench: %s -> %s%s\n", workload->describe.c_str(), client.server.url().c_str(),
                endpointPath(body.endpoint));
+  // The scraper starts before the warm-ups so the timeline shows the cluster as the run found it.
+  std::unique_ptr<MetricsScraper> scraper;
+  if (scrape) {
+    scraper = std::make_unique<MetricsScraper>(*scrape);
+    scraper->start();
+  }
   auto run = runLoad(client, *workload, ro);
   if (progress) std::fprintf(stderr, "\n");
+  MetricsTimeline timeline;
+  if (scraper) timeline = scraper->stop(run.ok() ? run->measuredStart : std::chrono::steady_clock::now());
   if (!run.ok()) {
     std::fprintf(stderr, "pdserve bench: %s\n", run.status().message().c_str());
     return 1;
@@ -352,8 +404,17 @@ int runBench(int argc, char** argv) {
                           : "token-ids[" + std::to_string(body.ids.minId) + "," + std::to_string(body.ids.maxId) + ")";
   info.slo = slo;
   info.abortReason = run->abortReason;
+  info.phases = workload->phases;
+  info.haveTimeline = scrape.has_value();
+  info.timeline = std::move(timeline);
+  if (info.haveTimeline && info.timeline.failedScrapes() > 0)
+    std::fprintf(stderr, "pdserve bench: warning: %lld of %zu metrics scrapes failed (first: %s)\n",
+                 static_cast<long long>(info.timeline.failedScrapes()), info.timeline.samples.size(),
+                 std::find_if(info.timeline.samples.begin(), info.timeline.samples.end(),
+                              [](const TimelineSample& s) { return !s.ok; })
+                     ->error.c_str());
   const Aggregate agg = aggregate(run->records, run->durationS, slo);
-  std::fputs(formatTable(info, agg).c_str(), stdout);
+  std::fputs(formatTable(info, agg, run->records).c_str(), stdout);
   for (Status s : {writeJson(out + ".json", info, agg, run->records), writeCsv(out + ".csv", run->records, slo),
                    writeHtml(out + ".html", info, agg, run->records, run->durationS)}) {
     if (!s.isOk()) {

@@ -35,6 +35,7 @@ grep -q "pdserve is up" "$work/up.log" || { echo "cluster did not start"; cat "$
 "$bin/pdserve" bench --url "http://127.0.0.1:$port" --prompt-len uniform:16:200 \
   --output-len uniform:4:24 --num-requests 24 --rate 8 --concurrency 6 --vocab-size 256 \
   --slo ttft_ms=2000,itl_ms=500 --extra-body '{"return_token_ids": true}' --no-progress \
+  --metrics-url "http://127.0.0.1:$port/metrics" --metrics-interval-ms 200 \
   --out "$work/e2e" | tee "$work/bench.out"
 "$bin/pdserve" bench check "$work/e2e.json"
 grep -q -- "TTFT split, disaggregated (server, ms)" "$work/bench.out"
@@ -51,9 +52,20 @@ for phase in ("prefill_compute", "kv_transfer"):
     s = split["disaggregated"][phase]
     assert s["p50_ms"] > 0 and s["p99_ms"] >= s["p90_ms"] >= s["p50_ms"], (phase, s)
 assert "kv_transfer" not in split["colocated"], split["colocated"]
+# The metrics timeline (--metrics-url): the router was scraped during the run, and its pool
+# gauges are series (1 prefill + 1 decode worker; a worker late with its load report on a busy
+# machine may read 0 for a moment, so only the peak is checked).
+tl = r["pdserve"]["timeline"]
+assert tl["scrapes"] >= 3 and tl["failed_scrapes"] == 0, (tl["scrapes"], tl["failed_scrapes"], tl["gaps"])
+series = {s["key"]: s["points"] for s in tl["series"]}
+for pool in ("prefill", "decode"):
+    pts = series['pdserve_pool_workers{pool="%s"}' % pool]
+    assert len(pts) >= 3 and max(v for _, v in pts) == 1, (pool, pts)
+assert "pdserve_short_prompt_tokens" in series, sorted(series)
 print("bench e2e: 24 requests, mean TTFT %.1f ms, mean ITL %.1f ms" % (r["mean_ttft_ms"], r["mean_itl_ms"]))
 PY
 grep -q "<svg" "$work/e2e.html"
+grep -q "Replicas per pool" "$work/e2e.html"
 test "$(wc -l < "$work/e2e.csv")" -eq 25
 # Both routes were taken: the router counted each decision.
 metrics=$(curl -s "http://127.0.0.1:$port/metrics")

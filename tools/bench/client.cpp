@@ -119,6 +119,7 @@ class Runner {
       warmup_ = false;
     }
     if (abort_.empty()) co_await phase(w.requests, &out_.records, /*useSchedule=*/true);
+    out_.measuredStart = t0_;
     out_.durationS = std::chrono::duration<double>(Clock::now() - t0_).count();
     out_.abortReason = abort_;
     if (o_.onProgress) {  // the final state, so a progress bar ends at its true count
@@ -434,6 +435,47 @@ Result<ModelList> fetchModels(const ClientOptions& client, double timeoutS) {
       for (const auto& m : j["data"])
         if (m.is_object() && m.contains("id") && m["id"].is_string()) ml.ids.push_back(m["id"].get<std::string>());
     result = std::move(ml);
+    s.socket().shutdown(tcp::socket::shutdown_both, ec);
+  };
+  asio::co_spawn(ioc, task(), asio::detached);
+  ioc.run();
+  return result;
+}
+
+Result<HttpText> httpGetText(const ServerTarget& server, const std::string& path, double timeoutS,
+                             const std::string& bearer) {
+  PD_ASSIGN_OR_RETURN(auto eps, resolve(server));
+  asio::io_context ioc;
+  Result<HttpText> result = unavailable("GET " + path + ": no response");
+  auto task = [&]() -> awaitable<void> {
+    beast::tcp_stream s(ioc);
+    beast::error_code ec;
+    s.expires_after(ms(timeoutS));
+    co_await s.async_connect(eps, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      result = unavailable("connect to " + server.host + ":" + server.port + ": " + ec.message());
+      co_return;
+    }
+    http::request<http::empty_body> req{http::verb::get, path, 11};
+    req.set(http::field::host, server.host);
+    req.set(http::field::user_agent, "pdserve-bench");
+    req.set(http::field::connection, "close");
+    if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
+    co_await http::async_write(s, req, asio::redirect_error(asio::use_awaitable, ec));
+    beast::flat_buffer buf;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64 << 20);
+    if (!ec) co_await http::async_read(s, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      result = unavailable(ec == beast::error::timeout
+                               ? "timeout after " + std::to_string(static_cast<int64_t>(timeoutS * 1000)) + " ms"
+                               : "GET " + path + ": " + ec.message());
+      co_return;
+    }
+    HttpText t;
+    t.httpStatus = static_cast<int>(parser.get().result_int());
+    t.body = std::move(parser.get().body());
+    result = std::move(t);
     s.socket().shutdown(tcp::socket::shutdown_both, ec);
   };
   asio::co_spawn(ioc, task(), asio::detached);

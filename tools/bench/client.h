@@ -10,6 +10,7 @@
 // fails only when the URL cannot be resolved. Every network wait has a deadline.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -66,6 +67,9 @@ struct RunOutput {
   std::vector<RequestRecord> records;  // the measured requests that were sent, in plan order
   double durationS = 0;                 // measured phase: first send -> last request finished
   std::string abortReason;              // non-empty when the run stopped early
+  // When the measured phase began (its time 0), on the steady clock: the metrics timeline
+  // (scraper.h) is aligned to it.
+  std::chrono::steady_clock::time_point measuredStart{};
 };
 
 Result<RunOutput> runLoad(const ClientOptions& client, const Workload& workload, const RunOptions& opts);
@@ -78,5 +82,15 @@ struct ModelList {
   std::string body;
 };
 Result<ModelList> fetchModels(const ClientOptions& client, double timeoutS);
+
+// One GET of `path` on `server` (Connection: close), bounded by timeoutS from connect to the
+// last byte; bodies over 64 MiB are an error. A bearer token is sent when not empty. Safe
+// from any thread (each call has its own io_context). Errors: no HTTP response.
+struct HttpText {
+  int httpStatus = 0;
+  std::string body;
+};
+Result<HttpText> httpGetText(const ServerTarget& server, const std::string& path, double timeoutS,
+                             const std::string& bearer = "");
 
 }  // namespace pd::bench

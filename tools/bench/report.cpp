@@ -51,6 +51,28 @@ void addMetric(json& j, const char* name, const Summary& s) {
 
 }  // namespace
 
+double sloAttainment(const Aggregate& a) {
+  const int64_t n = a.completed + a.failed;
+  if (!a.haveSlo || n == 0) return kNaN;
+  return static_cast<double>(a.goodRequests) / static_cast<double>(n);
+}
+
+std::vector<PhaseResult> phaseResults(const RunInfo& info, const std::vector<RequestRecord>& records) {
+  std::vector<PhaseResult> out;
+  for (const auto& w : info.phases) {
+    std::vector<RequestRecord> in;
+    for (const auto& r : records)
+      if (r.scheduledS >= w.startS && r.scheduledS < w.endS) in.push_back(r);
+    PhaseResult pr;
+    pr.window = w;
+    pr.requests = static_cast<int64_t>(in.size());
+    pr.agg = aggregate(in, w.endS - w.startS, info.slo);
+    pr.sloAttainment = sloAttainment(pr.agg);
+    out.push_back(std::move(pr));
+  }
+  return out;
+}
+
 Status writeFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return unavailable(path + ": cannot open for writing");
@@ -113,7 +135,7 @@ std::string tickLabel(double v) {
 
 }  // namespace
 
-std::string formatTable(const RunInfo& info, const Aggregate& a) {
+std::string formatTable(const RunInfo& info, const Aggregate& a, const std::vector<RequestRecord>& records) {
   std::ostringstream o;
   auto row = [&](const std::string& k, const std::string& v) { o << std::left << std::setw(42) << k << v << "\n"; };
   auto sect = [&](const std::string& title) {
@@ -164,7 +186,27 @@ std::string formatTable(const RunInfo& info, const Aggregate& a) {
     if (info.slo.itlMs) row("Missed ITL:", std::to_string(a.missedItl));
     if (info.slo.tpotMs) row("Missed TPOT:", std::to_string(a.missedTpot));
     if (info.slo.e2elMs) row("Missed E2EL:", std::to_string(a.missedE2el));
+    row("SLO attainment (good / sent):", fmt(100 * sloAttainment(a), 1) + "%");
   }
+  if (!info.phases.empty()) {
+    sect("Phases");
+    o << std::left << std::setw(7) << "phase" << std::right << std::setw(9) << "start s" << std::setw(6) << "reqs"
+      << std::setw(6) << "good" << std::setw(9) << "attain%" << std::setw(10) << "goodput" << std::setw(11)
+      << "p99 TTFT" << std::setw(10) << "p99 ITL" << "\n";
+    int k = 0;
+    for (const auto& ph : phaseResults(info, records)) {
+      o << std::left << std::setw(7) << ++k << std::right << std::setw(9) << fmt(ph.window.startS, 1) << std::setw(6)
+        << ph.requests << std::setw(6) << ph.agg.goodRequests << std::setw(9)
+        << (std::isnan(ph.sloAttainment) ? std::string("-") : fmt(100 * ph.sloAttainment, 1)) << std::setw(10)
+        << (ph.agg.haveSlo ? fmt(ph.agg.requestGoodput, 3) : std::string("-")) << std::setw(11) << fmt(ph.agg.ttft.p99, 1)
+        << std::setw(10) << fmt(ph.agg.itl.p99, 1) << "\n";
+    }
+    o << "  (phase k: requests scheduled in it; goodput = good / phase length; ms)\n";
+  }
+  if (info.haveTimeline)
+    row("Metrics timeline:", std::to_string(info.timeline.samples.size()) + " scrapes, " +
+                                 std::to_string(info.timeline.failedScrapes()) + " failed, " +
+                                 std::to_string(info.timeline.info.size()) + " series");
   sect("Generator");
   row("Start lag mean / max (ms):", fmt(a.lagMeanMs, 3) + " / " + fmt(a.lagMaxMs, 3));
   row("Late starts (> " + fmt(kLateStartMs, 0) + " ms):", std::to_string(a.lateStarts));
@@ -265,6 +307,29 @@ std::string resultJson(const RunInfo& info, const Aggregate& a, const std::vecto
   p["shed_requests"] = a.shed;
   p["first_shed_s"] = std::isnan(a.firstShedS) ? json(nullptr) : json(a.firstShedS);
   p["aborted"] = info.abortReason.empty() ? json(nullptr) : json(info.abortReason);
+  p["slo_attainment"] = num(sloAttainment(a));
+  if (!info.phases.empty()) {
+    json phases = json::array();
+    for (const auto& ph : phaseResults(info, records))
+      phases.push_back({{"start_s", ph.window.startS},
+                        {"end_s", ph.window.endS},
+                        {"workload", ph.window.spec.describe()},
+                        {"prompt_len", ph.window.spec.promptLen.describe()},
+                        {"output_len", ph.window.spec.outputLen.describe()},
+                        {"rate", ph.window.spec.rate},
+                        {"requests", ph.requests},
+                        {"completed", ph.agg.completed},
+                        {"failed", ph.agg.failed},
+                        {"good_requests", ph.agg.goodRequests},
+                        {"slo_attainment", num(ph.sloAttainment)},
+                        {"request_goodput", ph.agg.haveSlo ? json(ph.agg.requestGoodput) : json(nullptr)},
+                        {"p99_ttft_ms", num(ph.agg.ttft.p99)},
+                        {"p99_itl_ms", num(ph.agg.itl.p99)},
+                        {"mean_ttft_ms", num(ph.agg.ttft.mean)},
+                        {"mean_itl_ms", num(ph.agg.itl.mean)}});
+    p["phases"] = std::move(phases);
+  }
+  if (info.haveTimeline) p["timeline"] = timelineJson(info.timeline);
   j["pdserve"] = std::move(p);
   return j.dump(1);
 }
@@ -409,6 +474,120 @@ std::string svgChart(const std::string& title, const std::string& xLabel, const 
   return o.str();
 }
 
+namespace {
+
+// Per-bin p99 and max of (time, value) points over bins of binS seconds; empty bins are left
+// out (no point), so a line does not drop to zero where nothing happened.
+void binnedTails(const std::vector<std::pair<double, double>>& pts, double binS,
+                 std::vector<std::pair<double, double>>* p99, std::vector<std::pair<double, double>>* mx) {
+  std::map<int64_t, std::vector<double>> bins;
+  for (const auto& [t, v] : pts)
+    if (std::isfinite(v) && t >= 0) bins[static_cast<int64_t>(std::floor(t / binS))].push_back(v);
+  for (auto& [b, vs] : bins) {
+    const double mid = (static_cast<double>(b) + 0.5) * binS;
+    p99->emplace_back(mid, percentile(vs, 99));
+    mx->emplace_back(mid, *std::max_element(vs.begin(), vs.end()));
+  }
+}
+
+// The charts over time of a phased or scraped run: the pools' workers and desired replicas,
+// the routing threshold, and the client's TTFT and ITL tails against the SLO, with the
+// router's own observed percentile; phase boundaries are marked on each.
+std::string overTimeSection(const RunInfo& info, const std::vector<RequestRecord>& records, double binS) {
+  std::vector<ChartMarker> marks;
+  for (size_t k = 0; k < info.phases.size(); ++k)
+    marks.push_back({info.phases[k].startS, "phase " + std::to_string(k + 1)});
+  double span = 0;
+  for (const auto& r : records)
+    if (std::isfinite(r.e2eMs)) span = std::max(span, r.startS + r.e2eMs / 1000.0);
+  if (!info.phases.empty()) span = std::max(span, info.phases.back().endS);
+  const MetricsTimeline& tl = info.timeline;
+  // Only the run's own window (warm-up scrapes are before 0).
+  auto inRun = [&](std::vector<std::pair<double, double>> v, double scale = 1) {
+    std::vector<std::pair<double, double>> o;
+    for (auto [t, y] : v)
+      if (t >= 0 && std::isfinite(y)) o.emplace_back(t, y * scale);
+    return o;
+  };
+  std::ostringstream o;
+  o << "<h2>Over time</h2>\n";
+  if (!info.phases.empty()) {
+    o << "<table><tr><th>phase</th><th>from s</th><th>to s</th><th class=\"k\">workload</th><th>requests</th>"
+         "<th>good</th><th>SLO attainment</th><th>goodput req/s</th><th>p99 TTFT ms</th><th>p99 ITL ms</th></tr>";
+    int k = 0;
+    for (const auto& ph : phaseResults(info, records))
+      o << "<tr><td>" << ++k << "</td><td>" << fmt(ph.window.startS, 1) << "</td><td>" << fmt(ph.window.endS, 1)
+        << "</td><td class=\"k\">" << htmlEscape(ph.window.spec.describe()) << "</td><td>" << ph.requests
+        << "</td><td>" << ph.agg.goodRequests << "</td><td>"
+        << (std::isnan(ph.sloAttainment) ? std::string("-") : fmt(100 * ph.sloAttainment, 1) + "%") << "</td><td>"
+        << (ph.agg.haveSlo ? fmt(ph.agg.requestGoodput, 3) : std::string("-")) << "</td><td>"
+        << fmt(ph.agg.ttft.p99, 1) << "</td><td>" << fmt(ph.agg.itl.p99, 1) << "</td></tr>";
+    o << "</table>\n";
+  }
+  static const char* const kActual[] = {"#1f77b4", "#2ca02c", "#9467bd", "#8c564b"};
+  static const char* const kDesired[] = {"#aec7e8", "#98df8a", "#c5b0d5", "#c49c94"};
+  if (info.haveTimeline) {
+    o << "<p>Router metrics from " << htmlEscape(tl.url) << " every " << tl.intervalMs << " ms: "
+      << tl.samples.size() << " scrapes, " << tl.failedScrapes() << " failed (gaps).</p>\n";
+    // Pools: every *_workers{pool} series and the matching desired replicas.
+    std::vector<std::string> pools;
+    for (const auto& [key, meta] : tl.info)
+      if (meta.labels.count("pool") && (meta.name == "pdserve_desired_replicas" ||
+                                        (meta.name.size() > 8 && meta.name.compare(meta.name.size() - 8, 8, "_workers") == 0)))
+        if (std::find(pools.begin(), pools.end(), meta.labels.at("pool")) == pools.end())
+          pools.push_back(meta.labels.at("pool"));
+    std::vector<ChartSeries> replicas;
+    for (size_t i = 0; i < pools.size(); ++i) {
+      for (const auto& [key, meta] : tl.info) {
+        if (!meta.labels.count("pool") || meta.labels.at("pool") != pools[i]) continue;
+        const bool desired = meta.name == "pdserve_desired_replicas";
+        const bool workers = meta.name.size() > 8 && meta.name.compare(meta.name.size() - 8, 8, "_workers") == 0;
+        if (!desired && !workers) continue;
+        replicas.push_back({pools[i] + (desired ? " desired" : " workers"), (desired ? kDesired : kActual)[i % 4],
+                            inRun(tl.series(key)), ChartSeries::Style::kStep});
+      }
+    }
+    if (!replicas.empty())
+      o << svgChart("Replicas per pool: workers and desired (router)", "time (s)",
+                    "replicas", replicas, marks);
+    for (const auto& [key, meta] : tl.info)
+      if (meta.name == "pdserve_short_prompt_tokens")
+        o << svgChart("Routing threshold (pdserve_short_prompt_tokens)", "time (s)", "uncached prompt tokens",
+                      {{"threshold", "#ff7f0e", inRun(tl.series(key)), ChartSeries::Style::kStep}}, marks);
+  }
+  std::vector<std::pair<double, double>> ttfts, gaps;
+  for (const auto& r : records) {
+    if (!r.ok || !std::isfinite(r.ttftMs)) continue;
+    ttfts.emplace_back(r.startS, r.ttftMs);
+    double t = r.startS + r.ttftMs / 1000.0;
+    for (double g : r.itlsMs) {
+      t += g / 1000.0;
+      gaps.emplace_back(t, g);
+    }
+  }
+  auto latencyChart = [&](const std::string& what, const std::vector<std::pair<double, double>>& pts,
+                          const std::optional<double>& slo, const std::string& pool, const char* color) {
+    std::vector<std::pair<double, double>> p99, mx;
+    binnedTails(pts, binS, &p99, &mx);
+    std::vector<ChartSeries> series{{"client p99 per bin", color, p99, ChartSeries::Style::kLine},
+                                    {"client max per bin", "#bbbbbb", mx, ChartSeries::Style::kDots}};
+    if (slo) series.push_back({"SLO " + fmt(*slo, 0) + " ms", "#d62728", {{0, *slo}, {std::max(span, binS), *slo}},
+                               ChartSeries::Style::kLine});
+    if (info.haveTimeline)
+      for (const auto& [key, meta] : tl.info)
+        if (meta.name == "pdserve_slo_observed_seconds" && meta.labels.count("pool") && meta.labels.at("pool") == pool)
+          series.push_back({"router " + pool + " window pct", "#17becf",
+                            inRun(tl.series(key), 1000.0), ChartSeries::Style::kStep});
+    const std::string note = " (" + fmt(binS, binS < 1 ? 1 : 0) + " s bins)";
+    o << svgChart(what + " over time" + note, "time (s)", "ms", series, marks);
+  };
+  latencyChart("TTFT (by request start)", ttfts, info.slo.ttftMs, "prefill", "#1f77b4");
+  latencyChart("ITL (by token arrival)", gaps, info.slo.itlMs, "decode", "#2ca02c");
+  return o.str();
+}
+
+}  // namespace
+
 std::string htmlReport(const RunInfo& info, const Aggregate& a, const std::vector<RequestRecord>& records,
                        double durationS) {
   std::vector<double> ttft, itl;
@@ -509,7 +688,8 @@ std::string htmlReport(const RunInfo& info, const Aggregate& a, const std::vecto
                 {{"in flight", "#17becf", inflight, ChartSeries::Style::kStep},
                  {"completed per second", "#8c564b", done, ChartSeries::Style::kLine}},
                 {});
-  o << "<h2>Terminal table</h2>\n<pre>" << htmlEscape(formatTable(info, a)) << "</pre>\n</body></html>\n";
+  if (info.haveTimeline || !info.phases.empty()) o << overTimeSection(info, records, binS);
+  o << "<h2>Terminal table</h2>\n<pre>" << htmlEscape(formatTable(info, a, records)) << "</pre>\n</body></html>\n";
   return o.str();
 }
 

@@ -12,6 +12,8 @@
 
 #include "common/base/status.h"
 #include "tools/bench/stats.h"
+#include "tools/bench/timeline.h"
+#include "tools/bench/workload.h"
 
 namespace pd::bench {
 
@@ -34,10 +36,25 @@ struct RunInfo {
   std::string promptSource;    // "token-ids" | "byte-approx" ...
   Slo slo;
   std::string abortReason;
+  std::vector<PhaseWindow> phases;  // a phased workload's phases (--phase), else empty
+  bool haveTimeline = false;        // --metrics-url: `timeline` holds the router's gauges
+  MetricsTimeline timeline;
 };
 
+// One phase's figures: the requests scheduled in [startS, endS), rates over the phase's length.
+struct PhaseResult {
+  PhaseWindow window;
+  int64_t requests = 0;
+  Aggregate agg;
+  double sloAttainment = kNaN;      // good / requests (failed ones count as misses); NaN without an SLO
+};
+std::vector<PhaseResult> phaseResults(const RunInfo& info, const std::vector<RequestRecord>& records);
+// good / (completed + failed); NaN without an SLO or a request.
+double sloAttainment(const Aggregate& a);
+
 // The vLLM-style result table (plus percentiles, goodput and generator lag).
-std::string formatTable(const RunInfo& info, const Aggregate& a);
+// With records, a phased run also gets its per-phase rows.
+std::string formatTable(const RunInfo& info, const Aggregate& a, const std::vector<RequestRecord>& records = {});
 
 // The JSON result object and its file.
 std::string resultJson(const RunInfo& info, const Aggregate& a, const std::vector<RequestRecord>& records);

@@ -108,6 +108,52 @@ Result<LengthSpec> parseLengthSpec(std::string_view text, std::string_view optio
   return s;
 }
 
+std::string PhaseSpec::describe() const {
+  std::ostringstream o;
+  o << "prompt " << promptLen.describe() << ", output " << outputLen.describe() << ", " << rate << "/s for "
+    << durationS << " s";
+  return o.str();
+}
+
+Result<PhaseSpec> parsePhaseSpec(std::string_view text, int number, const PhaseSpec& defaults) {
+  const std::string opt = "--phase " + std::to_string(number);
+  static const char kFields[] = " (fields: prompt-len, output-len, rate, duration)";
+  PhaseSpec p = defaults;
+  bool haveDuration = false;
+  std::vector<std::string> seen;
+  if (text.empty()) return invalidArgument(opt + ": empty; give e.g. prompt-len=uniform:16:128,rate=3,duration=30");
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string_view item = text.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    pos = comma == std::string_view::npos ? text.size() + 1 : comma + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos)
+      return invalidArgument(opt + ": '" + std::string(item) + "' is not FIELD=VALUE" + kFields);
+    const std::string key(item.substr(0, eq));
+    const std::string_view value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      return invalidArgument(opt + ": field '" + key + "' given twice");
+    seen.push_back(key);
+    if (key == "prompt-len" || key == "output-len") {
+      auto l = parseLengthSpec(value, opt + " " + key);
+      if (!l.ok()) return l.status();
+      (key == "prompt-len" ? p.promptLen : p.outputLen) = *l;
+    } else if (key == "rate" || key == "duration") {
+      double v = 0;
+      if (!parseNum(value, &v) || !(v > 0))
+        return invalidArgument(opt + ": " + key + " '" + std::string(value) + "' is not a number > 0");
+      if (key == "rate") p.rate = v;
+      else p.durationS = v, haveDuration = true;
+    } else {
+      return invalidArgument(opt + ": unknown field '" + key + "'" + kFields);
+    }
+  }
+  if (!haveDuration) return invalidArgument(opt + ": duration is missing (duration=SECONDS)");
+  if (!(p.rate > 0)) return invalidArgument(opt + ": rate is missing (rate=R, or --rate for every phase)");
+  return p;
+}
+
 const char* arrivalModeName(ArrivalMode m) {
   switch (m) {
     case ArrivalMode::kTrace: return "trace";
@@ -121,6 +167,67 @@ const char* endpointPath(Endpoint e) {
   return e == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions";
 }
 
+namespace {
+
+// A phased workload: Poisson arrivals within each phase's window, phases back to back.
+Result<Workload> buildPhased(const WorkloadOptions& o) {
+  if (!o.tracePath.empty()) return invalidArgument("--phase is for synthetic lengths; it cannot be used with --trace");
+  if (o.durationS > 0) return invalidArgument("--phase sets the run's length (the phases' durations); drop --duration");
+  if (o.numRequests > 0) return invalidArgument("--phase plans requests by time; drop --num-requests");
+  if (o.closedLoop) return invalidArgument("--phase needs open-loop arrivals (each phase has a rate)");
+  Workload w;
+  w.arrival = ArrivalMode::kPoisson;
+  Rng lenRng(mix(o.seed, 0x1e9));
+  Rng arrRng(mix(o.seed, 0xa11));
+  auto lengths = [&](PlannedRequest& r, const PhaseSpec& p) {
+    r.promptTokens = drawLength(p.promptLen, lenRng);
+    r.outputTokens = drawLength(p.outputLen, lenRng);
+    if (o.maxPromptTokens > 0) r.promptTokens = std::min(r.promptTokens, o.maxPromptTokens);
+    if (o.maxOutputTokens > 0) r.outputTokens = std::min(r.outputTokens, o.maxOutputTokens);
+  };
+  for (int64_t i = 0; i < o.warmup; ++i) {  // warm-ups look like the first phase
+    PlannedRequest r;
+    r.index = i;
+    r.warmup = true;
+    r.phase = 0;
+    lengths(r, o.phases.front());
+    w.warmups.push_back(std::move(r));
+  }
+  lenRng = Rng(mix(o.seed, 0x1e9));
+  double start = 0;
+  int64_t index = 0;
+  for (size_t k = 0; k < o.phases.size(); ++k) {
+    const PhaseSpec& p = o.phases[k];
+    if (!(p.rate > 0) || !(p.durationS > 0))
+      return invalidArgument("--phase " + std::to_string(k + 1) + ": rate and duration must be > 0");
+    const double end = start + p.durationS;
+    // The first arrival of a phase is one gap after its start (memoryless: as if the phase's
+    // process had been running), so a phase boundary is not a burst.
+    for (double t = start + arrRng.exponential(p.rate); t < end; t += arrRng.exponential(p.rate)) {
+      PlannedRequest r;
+      r.index = index++;
+      r.scheduledS = t;
+      r.phase = static_cast<int>(k);
+      lengths(r, p);
+      w.requests.push_back(std::move(r));
+    }
+    w.phases.push_back({start, end, p});
+    start = end;
+  }
+  if (w.requests.empty()) return invalidArgument("--phase: the phases plan no request (raise a rate or a duration)");
+  std::ostringstream d;
+  d << w.phases.size() << " phases: ";
+  for (size_t k = 0; k < w.phases.size(); ++k) d << (k ? "; " : "") << (k + 1) << ") " << w.phases[k].spec.describe();
+  if (o.maxPromptTokens > 0) d << "; prompt <= " << o.maxPromptTokens;
+  if (o.maxOutputTokens > 0) d << "; output <= " << o.maxOutputTokens;
+  d << "; arrivals poisson; " << w.requests.size() << " requests";
+  if (o.warmup > 0) d << " + " << o.warmup << " warm-up";
+  w.describe = d.str();
+  return w;
+}
+
+}  // namespace
+
 Result<Workload> buildWorkload(const WorkloadOptions& o) {
   if (o.numRequests < 0) return invalidArgument("--num-requests must be >= 0");
   if (o.durationS < 0) return invalidArgument("--duration must be >= 0");
@@ -128,6 +235,7 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
   if (o.rate < 0) return invalidArgument("--rate must be >= 0");
   if (o.warmup < 0) return invalidArgument("--warmup must be >= 0");
   if (o.maxPromptTokens < 0 || o.maxOutputTokens < 0) return invalidArgument("--max-*-tokens must be >= 0");
+  if (!o.phases.empty()) return buildPhased(o);
   Workload w;
   Trace trace;
   const bool haveTrace = !o.tracePath.empty();

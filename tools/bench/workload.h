@@ -37,6 +37,20 @@ enum class ArrivalMode {
 };
 const char* arrivalModeName(ArrivalMode m);
 
+// One phase of a phased synthetic workload (`--phase`, repeatable): Poisson arrivals at
+// `rate` for `durationS`, lengths from its own distributions; phases run back to back.
+struct PhaseSpec {
+  LengthSpec promptLen{LengthSpec::Kind::kFixed, 256, 0};
+  LengthSpec outputLen{LengthSpec::Kind::kFixed, 64, 0};
+  double rate = 0;                // requests/s, > 0
+  double durationS = 0;           // > 0
+  std::string describe() const;   // "prompt uniform[16,128], output 32, 3/s for 30 s"
+};
+// Parses "prompt-len=uniform:16:128,output-len=32,rate=3,duration=30". Fields left out take
+// `defaults`' values (the run's --prompt-len / --output-len / --rate); duration must be given
+// and rate must end up > 0. Errors name the phase ("--phase 2") and the bad field.
+Result<PhaseSpec> parsePhaseSpec(std::string_view text, int number, const PhaseSpec& defaults);
+
 struct WorkloadOptions {
   std::string tracePath;          // empty: synthetic lengths from promptLen / outputLen
   LengthSpec promptLen{LengthSpec::Kind::kFixed, 256, 0};
@@ -54,6 +68,9 @@ struct WorkloadOptions {
   // Trace replay: rows that share one timestamp (the Mooncake conversation trace records
   // arrivals in 3-second ticks) are spread evenly over the gap to the next timestamp.
   bool spreadTicks = false;
+  // Not empty: a phased synthetic workload; promptLen / outputLen / rate / durationS and a
+  // trace are then not used (buildWorkload refuses a trace, --duration and --num-requests).
+  std::vector<PhaseSpec> phases;
 };
 
 struct PlannedRequest {
@@ -64,6 +81,13 @@ struct PlannedRequest {
   std::vector<int64_t> hashIds;   // shared prefix blocks, blockTokens each (may be empty)
   int64_t blockTokens = 0;
   bool warmup = false;
+  int phase = -1;                 // index into Workload::phases; -1 when the workload has none
+};
+
+// Where a phase of a phased workload sits in the schedule: [startS, endS).
+struct PhaseWindow {
+  double startS = 0, endS = 0;
+  PhaseSpec spec;
 };
 
 struct Workload {
@@ -73,6 +97,7 @@ struct Workload {
   double lengthScale = 1.0;       // the factor applied to trace prompt lengths
   std::string traceFormat;        // "" for synthetic
   std::string describe;           // one line for the report
+  std::vector<PhaseWindow> phases;  // phased workloads only, in order, contiguous from 0
 };
 
 // Limits for closed-loop runs bounded only by --duration (the plan must be finite).

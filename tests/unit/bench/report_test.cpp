@@ -268,3 +268,78 @@ TEST_CASE("the TTFT split: percentiles per route and phase in the table and the 
   CHECK(j["pdserve"]["ttft_split"]["colocated"]["ttft"]["p99_ms"].get<double>() == Approx(9));
   fs::remove_all(dir);
 }
+
+TEST_CASE("a phased run with a metrics timeline: per-phase figures, the timeline JSON and charts",
+          "[bench][report][timeline]") {
+  const auto rs = sampleRecords();  // 40 requests scheduled 0.1 s apart
+  RunInfo info = sampleInfo();
+  PhaseSpec first, second;
+  first.rate = 10, first.durationS = 2;
+  second.rate = 10, second.durationS = 2;
+  info.phases = {{0, 2, first}, {2, 4, second}};
+  info.haveTimeline = true;
+  info.timeline.url = "http://127.0.0.1:8000/metrics";
+  info.timeline.intervalMs = 1000;
+  info.timeline.addScrape(-0.5, parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 1\n"), 1);
+  info.timeline.addScrape(0.5, parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 1\n"
+                                                   "pdserve_desired_replicas{pool=\"decode\"} 2\n"
+                                                   "pdserve_short_prompt_tokens 256\n"
+                                                   "pdserve_slo_observed_seconds{pool=\"prefill\"} 0.07\n"),
+                          1);
+  info.timeline.addGap(1.5, "timeout after 1000 ms", 1000);
+  info.timeline.addScrape(2.5, parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 2\n"
+                                                   "pdserve_desired_replicas{pool=\"decode\"} 2\n"),
+                          1);
+  const Aggregate a = aggregate(rs, 4.0, info.slo);
+
+  const auto phases = phaseResults(info, rs);
+  REQUIRE(phases.size() == 2);
+  CHECK(phases[0].requests == 20);
+  CHECK(phases[1].requests == 20);
+  CHECK(phases[0].agg.failed == 1);  // request 7
+  CHECK(phases[0].agg.goodRequests + phases[1].agg.goodRequests == a.goodRequests);
+  CHECK(phases[1].agg.requestGoodput == Approx(phases[1].agg.goodRequests / 2.0));
+  CHECK(phases[0].sloAttainment == Approx(phases[0].agg.goodRequests / 20.0));
+
+  const auto j = nlohmann::json::parse(resultJson(info, a, rs));
+  const auto& p = j["pdserve"];
+  CHECK(p["slo_attainment"].get<double>() == Approx(double(a.goodRequests) / 40.0));
+  REQUIRE(p["phases"].size() == 2);
+  CHECK(p["phases"][1]["start_s"] == 2.0);
+  CHECK(p["phases"][1]["end_s"] == 4.0);
+  CHECK(p["phases"][1]["requests"] == 20);
+  CHECK(p["phases"][0]["failed"] == 1);
+  CHECK(p["phases"][0]["good_requests"] == phases[0].agg.goodRequests);
+  CHECK(p["phases"][0]["prompt_len"] == "256");
+  const auto& tl = p["timeline"];
+  CHECK(tl["scrapes"] == 4);
+  CHECK(tl["failed_scrapes"] == 1);
+  CHECK(tl["gaps"][0]["error"] == "timeout after 1000 ms");
+  bool sawWorkers = false;
+  for (const auto& s : tl["series"])
+    if (s["key"] == "pdserve_pool_workers{pool=\"decode\"}") {
+      sawWorkers = true;
+      CHECK(s["points"].size() == 3);
+      CHECK(s["points"][2] == nlohmann::json::parse("[2.5, 2.0]"));
+    }
+  CHECK(sawWorkers);
+
+  const std::string table = formatTable(info, a, rs);
+  CHECK_THAT(table, Catch::Contains("Phases"));
+  CHECK_THAT(table, Catch::Contains("SLO attainment"));
+  CHECK_THAT(table, Catch::Contains("4 scrapes, 1 failed"));
+
+  const std::string html = htmlReport(info, a, rs, 4.0);
+  for (const char* want : {"Over time", "Replicas per pool", "decode workers", "decode desired", "Routing threshold",
+                           "TTFT (by request start) over time", "ITL (by token arrival) over time", "phase 2",
+                           "router prefill window pct", "client p99 per bin", "SLO 80 ms", "4 scrapes, 1 failed"})
+    CHECK_THAT(html, Catch::Contains(want));
+  size_t svgs = 0;
+  for (size_t at = html.find("<svg"); at != std::string::npos; at = html.find("<svg", at + 1)) ++svgs;
+  CHECK(svgs == 5 + 4);
+
+  // Without phases or a timeline the report is as before.
+  const RunInfo plain = sampleInfo();
+  CHECK(htmlReport(plain, a, rs, 4.0).find("Over time") == std::string::npos);
+  CHECK_FALSE(nlohmann::json::parse(resultJson(plain, a, rs))["pdserve"].contains("timeline"));
+}
