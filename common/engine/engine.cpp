@@ -303,7 +303,9 @@ void Engine::noteStep(const StepPlan& plan, double seconds) {
     }
     // The aim tracks the percentile (PrefillChunkOptions).
     constexpr double kAimStep = 0.05;
-    const double q = std::clamp(options_.prefillChunks.percentile / 100, 0.0, 1.0);
+    // Half the overruns the percentile allows: the SLO counts every gap a stream sees, and
+    // the loop's work between steps and the hop to the client add to these step times.
+    const double q = 1 - (1 - std::clamp(options_.prefillChunks.percentile / 100, 0.0, 1.0)) / 2;
     prefillChunkAim_ = std::clamp(prefillChunkAim_ * std::exp(stepMs > targetMs ? -kAimStep * q : kAimStep * (1 - q)),
                                   0.5, 1.0);
     // A step that used (nearly) its cap, or overran the aim whatever it used, says where

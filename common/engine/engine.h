@@ -61,8 +61,10 @@ struct EngineEvent {
 //
 // The SLO is a percentile, and steps vary, so the cap aims below the target: at
 // target x aim, where aim (in [0.5, 1]) tracks the percentile: each mixed step past the
-// target lowers it by ~5% x percentile, each within it raises it by ~5% x (1 - percentile),
-// which settles where (1 - percentile) of the mixed steps overrun the target.
+// target lowers it by ~5% x q, each within it raises it by ~5% x (1 - q), which settles
+// where (1 - q) of the mixed steps overrun the target. q leaves half of the overruns the
+// percentile allows to what the step time does not see (the loop's work between steps,
+// the hop to the router and client): q = 1 - (1 - percentile) / 2, 99.5% for a p99 SLO.
 struct PrefillChunkOptions {
   double itlTargetMs = 0;  // 0: off (max_batch_tokens alone)
   double percentile = 99;  // of the ITL target, (0, 100]
