@@ -34,6 +34,29 @@ namespace {
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e_auth";
 
 // One prefill (on a known control port) and one decode worker, KV over tcp.
+// Whether 127.0.0.1:port can be bound now.
+bool portIsFree(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(uint16_t(port));
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
+// A prefill worker's port: it listens there and on port + 1 (--transfer-port's default), so
+// both must be free; one free port alone lost the second to a parallel test's socket.
+int freePrefillPort() {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    const int port = freePort().value();
+    if (port < 65535 && portIsFree(port + 1)) return port;
+  }
+  FAIL("no two adjacent free ports on 127.0.0.1");
+  return 0;
+}
+
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillPort) {
   std::filesystem::create_directories(kWork);
   std::string path = kWork + "/" + name + ".yaml";
@@ -86,7 +109,7 @@ int completion(LocalCluster& c) {
 }  // namespace
 
 TEST_CASE("e2e auth: a worker without the cluster credential cannot register or receive traffic") {
-  const int prefillPort = freePort().value();
+  const int prefillPort = freePrefillPort();
   auto c = startCluster("router_auth", prefillPort);
   REQUIRE(c->config().cluster.authenticated());  // pdserve up made the default cluster authenticated
   CHECK(routerMetric(*c, "pdserve_internal_auth_enabled") == 1);
@@ -112,7 +135,7 @@ TEST_CASE("e2e auth: a worker without the cluster credential cannot register or 
 }
 
 TEST_CASE("e2e auth: a peer without the credential gets no KV metadata from a prefill worker") {
-  const int prefillPort = freePort().value();
+  const int prefillPort = freePrefillPort();
   auto c = startCluster("prefill_auth", prefillPort);
   // By hand: the prefill worker's first hello says nothing a peer could use.
   net::testing::RawClient raw(prefillPort);
@@ -150,7 +173,7 @@ TEST_CASE("e2e auth: a peer without the credential gets no KV metadata from a pr
 }
 
 TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
-  const int prefillPort = freePort().value();
+  const int prefillPort = freePrefillPort();
   auto c = startCluster("kv_auth", prefillPort);
   const std::string& secret = c->config().cluster.secret;
   net::IoPool io(2);
@@ -237,7 +260,7 @@ TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
 }
 
 TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a request it was not given") {
-  const int prefillPort = freePort().value();
+  const int prefillPort = freePrefillPort();
   auto c = startCluster("inject", prefillPort);
   // A user's stream, dispatched to decode-0 before the insider exists.
   int fd = pd::test::connectLoopback(c->httpPort(), 60);
@@ -294,7 +317,7 @@ TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a r
 }
 
 TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the prefill loop") {
-  const int prefillPort = freePort().value();
+  const int prefillPort = freePrefillPort();
   auto c = startCluster("unreachable", prefillPort);
   const std::string& secret = c->config().cluster.secret;
   net::IoPool io(2);

@@ -111,27 +111,9 @@ Completion complete(LocalCluster& c, const std::vector<int32_t>& p, int maxToken
   return out;
 }
 
-std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens,
-                                 const std::string& sampling = "") {
-  std::string ids;
-  for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
-  std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + pd::test::e2eModelDir() +
-                    " --prompt-ids " + ids + " --max-tokens " + std::to_string(maxTokens) +
-                    " --ignore-eos --threads 2 " + sampling + " 2>/dev/null";
-  FILE* f = ::popen(cmd.c_str(), "r");
-  REQUIRE(f);
-  std::string out;
-  char buf[256];
-  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  REQUIRE(::pclose(f) == 0);
-  std::vector<int32_t> result;
-  for (size_t at = 0; at < out.size();) {
-    result.push_back(std::atoi(out.c_str() + at));
-    at = out.find(',', at);
-    if (at == std::string::npos) break;
-    ++at;
-  }
-  return result;
+// The workers here run two engine threads; the reference does too.
+std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens, const std::string& sampling = "") {
+  return pd::test::generateCli(p, maxTokens, 2, sampling);
 }
 
 // A worker series whose labels contain `label` (e.g. `reason="x"` or just `x`), or -1.

@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <vector>
+#include <cstdlib>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -33,6 +36,31 @@ inline std::string e2eModelDir() {
     return d;
   }();
   return dir;
+}
+
+// What `pdserve generate` (one process, no cluster) produces for `prompt`: the reference a
+// served request's token ids must equal. `flags` are more generate flags (sampling, seed).
+inline std::vector<int32_t> generateCli(const std::vector<int32_t>& prompt, int maxTokens, int threads,
+                                        const std::string& flags = "") {
+  std::string ids;
+  for (size_t i = 0; i < prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(prompt[i]);
+  const std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + e2eModelDir() +
+                          " --prompt-ids " + ids + " --max-tokens " + std::to_string(maxTokens) +
+                          " --ignore-eos --threads " + std::to_string(threads) + " " + flags + " 2>/dev/null";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  REQUIRE(f);
+  std::string out;
+  char buf[256];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  REQUIRE(::pclose(f) == 0);
+  std::vector<int32_t> result;
+  for (size_t at = 0; at < out.size();) {
+    result.push_back(std::atoi(out.c_str() + at));
+    at = out.find(',', at);
+    if (at == std::string::npos) break;
+    ++at;
+  }
+  return result;
 }
 
 // The value of the first series in a /metrics body named `name{...}` or `name`, whose labels

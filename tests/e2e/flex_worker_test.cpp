@@ -53,25 +53,7 @@ std::vector<int32_t> prompt(int n, uint64_t seed) {
 
 // The greedy ids of `pdserve generate` (no cluster): the reference every request must match.
 std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens) {
-  std::string ids;
-  for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
-  std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " +
-                    pd::test::e2eModelDir() + " --prompt-ids " + ids + " --max-tokens " +
-                    std::to_string(maxTokens) + " --ignore-eos --threads 1 2>/dev/null";
-  FILE* f = ::popen(cmd.c_str(), "r");
-  REQUIRE(f);
-  std::string out;
-  char buf[256];
-  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  REQUIRE(::pclose(f) == 0);
-  std::vector<int32_t> result;
-  for (size_t at = 0; at < out.size();) {
-    result.push_back(std::atoi(out.c_str() + at));
-    at = out.find(',', at);
-    if (at == std::string::npos) break;
-    ++at;
-  }
-  return result;
+  return pd::test::generateCli(p, maxTokens, 1);
 }
 
 struct Outcome {

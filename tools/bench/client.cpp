@@ -402,44 +402,16 @@ Result<RunOutput> runLoad(const ClientOptions& client, const Workload& workload,
 }
 
 Result<ModelList> fetchModels(const ClientOptions& client, double timeoutS) {
-  PD_ASSIGN_OR_RETURN(auto eps, resolve(client.server));
-  asio::io_context ioc;
-  Result<ModelList> result = unavailable("GET /v1/models: no response");
-  auto task = [&]() -> awaitable<void> {
-    beast::tcp_stream s(ioc);
-    beast::error_code ec;
-    s.expires_after(ms(timeoutS));
-    co_await s.async_connect(eps, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) {
-      result = unavailable("cannot connect to " + client.server.url() + ": " + ec.message());
-      co_return;
-    }
-    http::request<http::empty_body> req{http::verb::get, client.server.basePath + "/v1/models", 11};
-    req.set(http::field::host, client.server.host);
-    req.set(http::field::user_agent, "pdserve-bench");
-    if (!client.apiKey.empty()) req.set(http::field::authorization, "Bearer " + client.apiKey);
-    co_await http::async_write(s, req, asio::redirect_error(asio::use_awaitable, ec));
-    beast::flat_buffer buf;
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(16 << 20);
-    if (!ec) co_await http::async_read(s, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) {
-      result = unavailable("GET " + client.server.url() + "/v1/models: " + ec.message());
-      co_return;
-    }
-    ModelList ml;
-    ml.httpStatus = static_cast<int>(parser.get().result_int());
-    ml.body = parser.get().body();
-    nlohmann::json j = nlohmann::json::parse(ml.body, nullptr, false);
-    if (!j.is_discarded() && j.is_object() && j.contains("data") && j["data"].is_array())
-      for (const auto& m : j["data"])
-        if (m.is_object() && m.contains("id") && m["id"].is_string()) ml.ids.push_back(m["id"].get<std::string>());
-    result = std::move(ml);
-    s.socket().shutdown(tcp::socket::shutdown_both, ec);
-  };
-  asio::co_spawn(ioc, task(), asio::detached);
-  ioc.run();
-  return result;
+  PD_ASSIGN_OR_RETURN(HttpText t, httpGetText(client.server, client.server.basePath + "/v1/models", timeoutS,
+                                              client.apiKey));
+  ModelList ml;
+  ml.httpStatus = t.httpStatus;
+  ml.body = std::move(t.body);
+  nlohmann::json j = nlohmann::json::parse(ml.body, nullptr, false);
+  if (!j.is_discarded() && j.is_object() && j.contains("data") && j["data"].is_array())
+    for (const auto& m : j["data"])
+      if (m.is_object() && m.contains("id") && m["id"].is_string()) ml.ids.push_back(m["id"].get<std::string>());
+  return ml;
 }
 
 Result<HttpText> httpGetText(const ServerTarget& server, const std::string& path, double timeoutS,
@@ -453,7 +425,7 @@ Result<HttpText> httpGetText(const ServerTarget& server, const std::string& path
     s.expires_after(ms(timeoutS));
     co_await s.async_connect(eps, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
-      result = unavailable("connect to " + server.host + ":" + server.port + ": " + ec.message());
+      result = unavailable("cannot connect to " + server.host + ":" + server.port + ": " + ec.message());
       co_return;
     }
     http::request<http::empty_body> req{http::verb::get, path, 11};
