@@ -3,10 +3,13 @@
 #include "common/tokenizer/jinja/jinja_interpreter.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <functional>
+#include <unordered_set>
 #include <vector>
 
 #include "common/tokenizer/jinja/jinja_lexer.h"
@@ -54,6 +57,62 @@ class MacroDepth {
   MacroDepth(const MacroDepth&) = delete;
   MacroDepth& operator=(const MacroDepth&) = delete;
 };
+
+// Template integers are 64-bit, as the references' are in practice; an operation past that range
+// is a render error, not undefined behaviour (found by tests/fuzz).
+int64_t checkedInt(int line, const std::string& op, int64_t a, int64_t b) {
+  int64_t r = 0;
+  bool overflow = false;
+  if (op == "+") overflow = __builtin_add_overflow(a, b, &r);
+  else if (op == "-") overflow = __builtin_sub_overflow(a, b, &r);
+  else if (op == "*") overflow = __builtin_mul_overflow(a, b, &r);
+  if (overflow) {
+    fail(line, "integer overflow: " + std::to_string(a) + " " + op + " " + std::to_string(b) +
+                   " is outside 64 bits");
+  }
+  return r;
+}
+
+// a ** b for b >= 0 by squaring: a loop of b multiplications would run for ever on 1 ** 10**18.
+int64_t checkedPow(int line, int64_t a, int64_t b) {
+  int64_t r = 1;
+  for (;;) {
+    if (b & 1) r = checkedInt(line, "*", r, a);
+    b >>= 1;
+    if (b == 0) return r;
+    a = checkedInt(line, "*", a, a);
+  }
+}
+
+// Whether `v` is, or holds anywhere inside it, the array or dict at `container`. A container
+// put inside itself (ns.x = ns, xs.append(xs)) would be a cycle: repr and equality would never
+// end and its shared pointers would never be freed (found by tests/fuzz). `seen` keeps the
+// walk linear where values share parts.
+bool holds(const Value& v, const void* container, std::unordered_set<const void*>& seen) {
+  const void* self = v.kind == Value::Kind::kArray ? static_cast<const void*>(v.arr.get())
+                     : v.kind == Value::Kind::kObject ? static_cast<const void*>(v.obj.get())
+                                                      : nullptr;
+  if (self == nullptr || !seen.insert(self).second) return false;
+  if (self == container) return true;
+  if (v.kind == Value::Kind::kArray) {
+    for (const Value& item : *v.arr)
+      if (holds(item, container, seen)) return true;
+  } else {
+    for (const auto& [key, item] : v.obj->items)
+      if (holds(item, container, seen)) return true;
+  }
+  return false;
+}
+
+void refuseCycle(int line, const Value& v, const void* container, const std::string& what) {
+  std::unordered_set<const void*> seen;
+  if (holds(v, container, seen)) fail(line, what + " would contain itself");
+}
+
+// What a template may build in one value: generous for any chat template, small enough that
+// "x" * 10**15 or range(10**15) is an error naming the limit, not an allocation that never ends.
+constexpr int64_t kMaxSequenceItems = int64_t{1} << 20;
+constexpr int64_t kMaxStringBytes = int64_t{1} << 24;
 
 class Interpreter {
  public:
@@ -172,6 +231,7 @@ class Interpreter {
       if (!target || target->kind != Value::Kind::kObject || !target->isNamespace)
         fail(n->line, "cannot set attribute '" + n->names[1] + "' of '" + n->names[0] +
                           "': it is not a namespace()");
+      refuseCycle(n->line, v, target->obj.get(), "namespace '" + n->names[0] + "'");
       target->obj->set(n->names[1], v);
       return;
     }
@@ -248,7 +308,7 @@ class Interpreter {
       case NK::kNot: return Value::boolean(!truthy(eval(n->kids[0], scope)));
       case NK::kNeg: {
         Value v = eval(n->kids[0], scope);
-        if (v.kind == Value::Kind::kInt) return Value::integer(-v.i);
+        if (v.kind == Value::Kind::kInt) return Value::integer(checkedInt(n->line, "-", 0, v.i));
         if (v.kind == Value::Kind::kFloat) return Value::real(-v.f);
         fail(n->line, std::string("cannot negate ") + kindName(v));
       }
@@ -340,10 +400,11 @@ class Interpreter {
     std::vector<Value> out;
     if (c > 0) {
       int64_t s = clamp(a, hasA, 0, 0, len), e = clamp(b, hasB, len, 0, len);
-      for (int64_t k = s; k < e; k += c) out.push_back(items[static_cast<size_t>(k)]);
+      // A step past the end stops at the end: k + c could overflow for a huge step.
+      for (int64_t k = s; k < e; k += std::min(c, e - k)) out.push_back(items[static_cast<size_t>(k)]);
     } else {
       int64_t s = clamp(a, hasA, len - 1, -1, len - 1), e = clamp(b, hasB, -1, -1, len - 1);
-      for (int64_t k = s; k > e; k += c) out.push_back(items[static_cast<size_t>(k)]);
+      for (int64_t k = s; k > e; k += std::max(c, e - k)) out.push_back(items[static_cast<size_t>(k)]);
     }
     if (isStr) {
       std::string r;
@@ -530,6 +591,7 @@ class Interpreter {
       if (name == "append") {
         return fn([me](std::vector<Value>& a, Kwargs&, int ln) {
           if (a.size() != 1) fail(ln, "append() takes one argument");
+          refuseCycle(ln, a[0], me.arr.get(), "the list");
           me.arr->push_back(a[0]);
           return Value::none();
         });
@@ -588,6 +650,10 @@ class Interpreter {
       }
     }
     if (op == "*" && a.isString() && b.kind == Value::Kind::kInt) {
+      if (b.i > 0 && static_cast<int64_t>(a.s.size()) > kMaxStringBytes / b.i) {
+        fail(line, "string repeated " + std::to_string(b.i) + " times would be over " +
+                       std::to_string(kMaxStringBytes) + " bytes");
+      }
       std::string r;
       for (int64_t k = 0; k < b.i; ++k) r += a.s;
       return Value::str(r);
@@ -596,9 +662,9 @@ class Interpreter {
       fail(line, "unsupported operand types for " + op + ": " + kindName(a) + " and " + kindName(b));
     }
     bool ints = a.kind == Value::Kind::kInt && b.kind == Value::Kind::kInt;
-    if (op == "+") return ints ? Value::integer(a.i + b.i) : Value::real(a.num() + b.num());
-    if (op == "-") return ints ? Value::integer(a.i - b.i) : Value::real(a.num() - b.num());
-    if (op == "*") return ints ? Value::integer(a.i * b.i) : Value::real(a.num() * b.num());
+    if (op == "+") return ints ? Value::integer(checkedInt(line, op, a.i, b.i)) : Value::real(a.num() + b.num());
+    if (op == "-") return ints ? Value::integer(checkedInt(line, op, a.i, b.i)) : Value::real(a.num() - b.num());
+    if (op == "*") return ints ? Value::integer(checkedInt(line, op, a.i, b.i)) : Value::real(a.num() * b.num());
     if (op == "/") {
       if (b.num() == 0) fail(line, "division by zero");
       return Value::real(a.num() / b.num());
@@ -606,6 +672,7 @@ class Interpreter {
     if (op == "//" || op == "%") {
       if (b.num() == 0) fail(line, "division by zero");
       if (ints) {
+        if (a.i == INT64_MIN && b.i == -1) fail(line, "integer overflow: " + std::to_string(a.i) + " " + op + " -1");
         int64_t q = a.i / b.i, r = a.i % b.i;
         if (r != 0 && ((r < 0) != (b.i < 0))) --q, r += b.i;
         return Value::integer(op == "//" ? q : r);
@@ -614,11 +681,7 @@ class Interpreter {
       return Value::real(op == "//" ? q : a.num() - q * b.num());
     }
     if (op == "**") {
-      if (ints && b.i >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < b.i; ++k) r *= a.i;
-        return Value::integer(r);
-      }
+      if (ints && b.i >= 0) return Value::integer(checkedPow(line, a.i, b.i));
       return Value::real(std::pow(a.num(), b.num()));
     }
     fail(line, "unsupported operator '" + op + "'");
@@ -786,7 +849,13 @@ class Interpreter {
     }
     if (name == "int") {
       if (v.kind == Value::Kind::kInt) return v;
-      if (v.kind == Value::Kind::kFloat) return Value::integer(static_cast<int64_t>(v.f));
+      if (v.kind == Value::Kind::kFloat) {
+        // The cast of a float outside int64's range is undefined; 2**63 is exact as a double.
+        if (!(v.f > -9223372036854775808.0 && v.f < 9223372036854775808.0)) {
+          fail(line, "filter 'int': " + std::to_string(v.f) + " is outside 64-bit integers");
+        }
+        return Value::integer(static_cast<int64_t>(v.f));
+      }
       if (v.isString()) {
         try { return Value::integer(std::stoll(v.s)); } catch (...) { return Value::integer(0); }
       }
@@ -800,7 +869,7 @@ class Interpreter {
       return Value::real(0);
     }
     if (name == "abs") {
-      if (v.kind == Value::Kind::kInt) return Value::integer(v.i < 0 ? -v.i : v.i);
+      if (v.kind == Value::Kind::kInt) return Value::integer(v.i < 0 ? checkedInt(line, "-", 0, v.i) : v.i);
       if (v.kind == Value::Kind::kFloat) return Value::real(std::fabs(v.f));
       fail(line, "filter 'abs' needs a number");
     }
@@ -899,8 +968,19 @@ ScopeP makeGlobals(const nlohmann::ordered_json& context) {
     else if (a.size() >= 2) start = a[0].i, stop = a[1].i;
     if (a.size() == 3) step = a[2].i;
     if (a.empty() || a.size() > 3 || step == 0) fail(line, "range() takes 1 to 3 integer arguments, step not 0");
+    // The count, in unsigned arithmetic: stop - start may not fit in int64.
+    uint64_t span = step > 0 ? (stop > start ? uint64_t(stop) - uint64_t(start) : 0)
+                             : (start > stop ? uint64_t(start) - uint64_t(stop) : 0);
+    uint64_t stride = step > 0 ? uint64_t(step) : uint64_t(0) - uint64_t(step);
+    uint64_t count = span == 0 ? 0 : (span - 1) / stride + 1;
+    if (count > uint64_t(kMaxSequenceItems)) {
+      fail(line, "range() of " + std::to_string(count) + " items is over the limit of " +
+                     std::to_string(kMaxSequenceItems));
+    }
     Value out = Value::array();
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.arr->push_back(Value::integer(k));
+    // Unsigned steps wrap where the last one would pass int64's end; C++20 defines the casts.
+    uint64_t k = uint64_t(start);
+    for (uint64_t done = 0; done < count; ++done, k += uint64_t(step)) out.arr->push_back(Value::integer(int64_t(k)));
     return out;
   });
   g->vars["namespace"] = makeFunction("namespace", [](std::vector<Value>& a, Kwargs& kw, int line) {

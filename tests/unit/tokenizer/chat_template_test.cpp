@@ -225,5 +225,47 @@ TEST_CASE("jinja: nesting and recursion too deep are errors, not stack overflows
   CHECK(fact->render(json::object()).value() == "54321");
 }
 
+// Found by tests/fuzz (jinja target, under UBSan): 64-bit integer arithmetic overflowed, and
+// sizes with no bound could allocate without end. Each is now a render error that names it.
+TEST_CASE("jinja: integer overflow and oversized values are render errors") {
+  auto render = [](const std::string& src) {
+    auto t = JinjaTemplate::parse(src);
+    REQUIRE(t.ok());
+    return t->render(json::object());
+  };
+  auto err = [&](const std::string& src) {
+    auto r = render(src);
+    REQUIRE_FALSE(r.ok());
+    return r.status().message();
+  };
+  CHECK_THAT(err("{{ 15246456918183936 * 11112 }}"), Catch::Contains("integer overflow"));
+  CHECK_THAT(err("{{ 9223372036854775807 + 1 }}"), Catch::Contains("integer overflow"));
+  CHECK_THAT(err("{{ -9223372036854775807 - 2 }}"), Catch::Contains("integer overflow"));
+  CHECK_THAT(err("{{ 7 ** 99 }}"), Catch::Contains("integer overflow"));
+  CHECK_THAT(err("{{ (-9223372036854775807 - 1) // -1 }}"), Catch::Contains("integer overflow"));
+  CHECK_THAT(err("{{ -(-9223372036854775807 - 1) }}"), Catch::Contains("integer overflow"));
+  CHECK_THAT(err("{{ (10.0 ** 300)|int }}"), Catch::Contains("outside 64-bit integers"));
+  CHECK_THAT(err("{{ 'ab' * 100000000 }}"), Catch::Contains("bytes"));
+  CHECK_THAT(err("{{ range(1000000000000)|length }}"), Catch::Contains("over the limit"));
+  // In range, exact results still render; a huge exponent of 1 finishes (by squaring).
+  CHECK(render("{{ 3 ** 39 }}").value() == "4052555153018976267");
+  CHECK(render("{{ 1 ** 1000000000000000000 }}").value() == "1");
+  CHECK(render("{{ -7 // 2 }} {{ -7 % 2 }} {{ (-5)|abs }}").value() == "-4 1 5");
+  CHECK(render("{{ range(9223372036854775806, 9223372036854775807)|list }}").value() ==
+        "[9223372036854775806]");
+  CHECK(render("{{ range(10, 0, -3)|list }}").value() == "[10, 7, 4, 1]");
+  CHECK(render("{{ [1, 2, 3, 4][1::9223372036854775807] }}").value() == "[2]");
+  CHECK(render("{{ [1, 2, 3, 4][2::-9223372036854775807] }}").value() == "[3]");
+  CHECK(render("{{ 'ab' * 3 }}").value() == "ababab");
+  // A container put inside itself would be a cycle that repr never finishes.
+  CHECK_THAT(err("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns }}"), Catch::Contains("contain itself"));
+  CHECK_THAT(err("{% set ns = namespace(n=[]) %}{% set ns.n = [1, [ns]] %}"), Catch::Contains("contain itself"));
+  CHECK_THAT(err("{% set xs = [] %}{{ xs.append([xs]) }}"), Catch::Contains("contain itself"));
+  // A value shared twice is not a cycle.
+  auto shared = render("{% set xs = [1] %}{% set ys = [] %}{% set _ = ys.append(xs) %}{% set _ = ys.append(xs) %}{{ ys }}");
+  REQUIRE(shared.ok());
+  CHECK(shared.value() == "[[1], [1]]");
+}
+
 }  // namespace
 }  // namespace pd::tok
