@@ -4,12 +4,16 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "common/base/clock.h"
 #include "common/engine/cpu_backend.h"
+#include "common/engine/engine.h"
+#include "common/engine/kv_cache_manager.h"
 #include "common/engine/model_weights.h"
 
 namespace pd::plan {
@@ -21,8 +25,9 @@ struct Shape {
 };
 // Prompt-heavy steps (compute) and decode batches (weights and KV): both sides of the fit.
 // Decode at two contexts separates the weights' streaming from the KV context's paged reads.
-constexpr Shape kShapes[] = {{1, 32, 0},  {1, 128, 0}, {1, 512, 0},   {1, 1024, 0}, {1, 1, 256},
-                             {4, 1, 256}, {16, 1, 256}, {32, 1, 256}, {1, 1, 1024}, {8, 1, 1024}};
+constexpr Shape kShapes[] = {{1, 32, 0},  {1, 64, 0},  {1, 128, 0},  {1, 256, 0},  {1, 512, 0},
+                             {1, 1024, 0}, {1, 1, 256}, {2, 1, 256},  {4, 1, 256},  {8, 1, 256},
+                             {16, 1, 256}, {32, 1, 256}, {1, 1, 1024}, {4, 1, 1024}, {8, 1, 1024}};
 constexpr int kUnknowns = 4;  // overhead, 1 / FLOP rate, 1 / weight bandwidth, 1 / KV bandwidth
 constexpr int kBlockSize = 16;
 
@@ -50,21 +55,119 @@ bool solve(double a[kUnknowns][kUnknowns], double b[kUnknowns], double x[kUnknow
   return true;
 }
 
+constexpr int kRounds = 11;  // samples of each shape; the first warms caches and is dropped
+
+// One shape's own Engine, over the shared weights, with its own KV cache: step() of a real
+// Engine (scheduler, KV bookkeeping, forward, sampling: what a worker's loop runs each step).
+// A prefill shape submits one request whose whole prompt is one chunk, steps once and
+// cancels it; a decode shape keeps `batch` requests, prefilled to `context` tokens before the
+// rounds, and steps them once a sample. Every prompt is distinct, so no prefix-cache hit
+// shortens a prefill.
+class ShapeRunner {
+ public:
+  static Result<std::unique_ptr<ShapeRunner>> create(std::shared_ptr<const engine::ModelWeights> weights,
+                                                     const Shape& shape, int threads) {
+    const engine::ModelConfig& cfg = weights->config;
+    // Decode shapes grow by one token a round.
+    const int perSeq = (shape.context + shape.tokensPerSeq + kRounds + kBlockSize) / kBlockSize;
+    const engine::KvLayout layout = engine::kvLayoutFor(cfg, shape.batch * perSeq, kBlockSize);
+    PD_ASSIGN_OR_RETURN(auto kv, engine::KvCacheManager::create(layout));
+    engine::CpuBackendOptions bo;
+    bo.numThreads = threads;
+    PD_ASSIGN_OR_RETURN(auto backend, engine::createCpuBackend(std::move(weights), layout, kv->data(), bo));
+    engine::EngineOptions eo;  // a worker's, with prefix caching off and room for the shape
+    eo.scheduler.maxBatchTokens = std::max(shape.tokensPerSeq, 1024);
+    eo.scheduler.maxNumSeqs = shape.batch;
+    eo.scheduler.enablePrefixCaching = false;
+    eo.scheduler.admissionWatermark = 0;  // the cache holds the shape exactly
+    PD_RETURN_IF_ERROR(eo.scheduler.validate());
+    auto r = std::unique_ptr<ShapeRunner>(new ShapeRunner(shape, cfg));
+    r->engine_ = std::make_unique<engine::Engine>(std::move(backend), std::move(kv), eo);
+    if (shape.tokensPerSeq == 1) PD_RETURN_IF_ERROR(r->formDecodeBatch());
+    return r;
+  }
+
+  // Seconds of one step of the shape.
+  Result<double> sample() {
+    if (shape_.tokensPerSeq == 1) return timedStep();
+    PD_ASSIGN_OR_RETURN(uint64_t id, submit(shape_.tokensPerSeq, 1));
+    auto dt = timedStep();
+    engine_->cancel(id);
+    return dt;
+  }
+
+ private:
+  ShapeRunner(const Shape& shape, const engine::ModelConfig& cfg)
+      : shape_(shape), vocab_(cfg.vocabSize), eos_(cfg.eosTokenIds) {}
+
+  Status formDecodeBatch() {
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < shape_.batch; ++i) {
+      PD_ASSIGN_OR_RETURN(uint64_t id, submit(shape_.context, kRounds + 4));
+      ids.push_back(id);
+    }
+    for (int guard = 0;; ++guard) {
+      bool decoding = true;
+      for (uint64_t id : ids) decoding = decoding && engine_->find(id) && engine_->find(id)->numGenerated() >= 1;
+      if (decoding) return Status::ok();
+      if (guard > 1000) return internalError("plan --calibrate: the decode batch never formed");
+      PD_RETURN_IF_ERROR(timedStep().status());
+    }
+  }
+
+  Result<uint64_t> submit(int promptTokens, int maxTokens) {
+    std::vector<int32_t> prompt(static_cast<size_t>(promptTokens));
+    for (auto& t : prompt) {
+      do nextToken_ = (nextToken_ + 1) % vocab_;
+      while (std::find(eos_.begin(), eos_.end(), nextToken_) != eos_.end());
+      t = nextToken_;
+    }
+    engine::SamplingParams sp;
+    sp.temperature = 0;
+    sp.maxTokens = maxTokens;
+    sp.ignoreEos = true;
+    const uint64_t id = nextId_++;
+    PD_ASSIGN_OR_RETURN(auto r, engine::Request::create(id, std::move(prompt), sp, SystemClock::instance(), vocab_));
+    PD_RETURN_IF_ERROR(engine_->submit(std::move(r)));
+    return id;
+  }
+
+  Result<double> timedStep() {
+    events_.clear();
+    const auto t0 = std::chrono::steady_clock::now();
+    PD_RETURN_IF_ERROR(engine_->step(&events_));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  Shape shape_;
+  int vocab_;
+  std::vector<int> eos_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::vector<engine::EngineEvent> events_;
+  uint64_t nextId_ = 1;
+  int32_t nextToken_ = 0;
+};
+
 }  // namespace
 
 Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
   auto weights = engine::loadModel(modelDir);
   if (!weights.ok()) return weights.status();
   const engine::ModelConfig& cfg = (*weights)->config;
-  int maxBlocks = 0;
-  for (const Shape& s : kShapes)
-    maxBlocks = std::max(maxBlocks, s.batch * ((s.context + s.tokensPerSeq + kBlockSize - 1) / kBlockSize));
-  const engine::KvLayout layout = engine::kvLayoutFor(cfg, maxBlocks, kBlockSize);
-  std::vector<float> kv(layout.totalBytes() / sizeof(float));
-  engine::CpuBackendOptions bo;
-  bo.numThreads = threads;
-  auto backend = engine::createCpuBackend(*weights, layout, kv.data(), bo);
-  if (!backend.ok()) return backend.status();
+  std::vector<std::unique_ptr<ShapeRunner>> runners;
+  for (const Shape& s : kShapes) {
+    PD_ASSIGN_OR_RETURN(auto r, ShapeRunner::create(*weights, s, threads));
+    runners.push_back(std::move(r));
+  }
+  // Rounds over every shape, not each shape's runs back to back: the machine's pace drifts
+  // over seconds (a shared host, clocks), and the fit needs the shapes measured alike.
+  std::vector<std::vector<double>> times(runners.size());
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t i = 0; i < runners.size(); ++i) {
+      PD_ASSIGN_OR_RETURN(double dt, runners[i]->sample());
+      if (round > 0) times[i].push_back(dt);
+    }
+  }
 
   // The same shape through the cost model's accounting (dtype f32) gives each point's work.
   ModelShape shape;
@@ -79,38 +182,28 @@ Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
   c.modelDir = modelDir;
   c.threads = threads;
   std::vector<StepWork> works;
-  for (const Shape& s : kShapes) {
-    std::vector<std::vector<int32_t>> tokens(size_t(s.batch), std::vector<int32_t>(size_t(s.tokensPerSeq), 7));
+  for (size_t k = 0; k < std::size(kShapes); ++k) {
+    const Shape& s = kShapes[k];
+    CalibrationPoint p;
+    p.batch = s.batch;
+    p.tokensPerSeq = s.tokensPerSeq;
+    p.context = s.context;
+    std::nth_element(times[k].begin(), times[k].begin() + long(times[k].size() / 2), times[k].end());
+    p.seconds = times[k][times[k].size() / 2];
+    c.points.push_back(p);
+    // The work of that step as the cost model counts it: the same sequences and lengths.
     std::vector<std::vector<int32_t>> tables(size_t(s.batch));
     std::vector<engine::SeqChunk> batch(size_t(s.batch));
     const int perSeq = (s.context + s.tokensPerSeq + kBlockSize - 1) / kBlockSize;
     for (int i = 0; i < s.batch; ++i) {
       tables[size_t(i)].resize(size_t(perSeq));
-      std::iota(tables[size_t(i)].begin(), tables[size_t(i)].end(), i * perSeq);
       engine::SeqChunk& ch = batch[size_t(i)];
-      ch.tokens = tokens[size_t(i)].data();
       ch.numTokens = s.tokensPerSeq;
       ch.startPos = s.context;
       ch.blockTable = tables[size_t(i)].data();
       ch.numBlocks = perSeq;
       ch.wantLogits = true;
     }
-    std::vector<float> logits(size_t(s.batch) * size_t(cfg.vocabSize));
-    const int runs = s.tokensPerSeq > 1 ? 3 : 9;
-    std::vector<double> times;
-    for (int r = 0; r <= runs; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      PD_RETURN_IF_ERROR((*backend)->forward(batch, logits.data()));
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) times.push_back(dt);  // the first run warms caches and the pool
-    }
-    std::nth_element(times.begin(), times.begin() + long(times.size() / 2), times.end());
-    CalibrationPoint p;
-    p.batch = s.batch;
-    p.tokensPerSeq = s.tokensPerSeq;
-    p.context = s.context;
-    p.seconds = times[times.size() / 2];
-    c.points.push_back(p);
     works.push_back(accounting.work(batch));
   }
 
@@ -152,7 +245,7 @@ Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
     return true;
   };
   Fit best;
-  for (double halfRate : {0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0}) {
+  for (double halfRate : {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0, 128.0, 256.0}) {
     Fit f;
     if (fitAt(halfRate, true, false, &f) || fitAt(halfRate, false, false, &f) || fitAt(halfRate, true, true, &f) ||
         fitAt(halfRate, false, true, &f)) {
@@ -186,6 +279,17 @@ Device deviceOf(const Calibration& c, double linkBytesPerS) {
   d.efficiency = Efficiency{1, 1, c.stepOverheadMs, c.halfRateTokens};
   d.additive = true;
   d.calibrated = true;
+  // Measured over fitted at each point; points of one row count (decode at two contexts)
+  // share their geometric mean.
+  std::map<int, std::pair<double, int>> decode, prefill;  // rows -> (sum of log scale, points)
+  for (const auto& p : c.points) {
+    if (!(p.seconds > 0 && p.predicted > 0)) continue;
+    auto& slot = p.tokensPerSeq == 1 ? decode[p.batch] : prefill[p.batch * p.tokensPerSeq];
+    slot.first += std::log(p.seconds / p.predicted);
+    ++slot.second;
+  }
+  for (auto [curve, points] : {std::pair{&d.decodeScale, &decode}, std::pair{&d.prefillScale, &prefill}})
+    for (const auto& [rows, sum] : *points) curve->push_back({double(rows), std::exp(sum.first / sum.second)});
   return d;
 }
 
@@ -236,6 +340,22 @@ Result<Calibration> readCalibration(const std::string& path) {
   c.threads = int(threads);
   c.dtypeBytes = int(dtype);
   if (j.contains("model_dir") && j["model_dir"].is_string()) c.modelDir = j["model_dir"].get<std::string>();
+  if (j.contains("points")) {  // each point's measured and fitted time: the device's scale curves
+    if (!j["points"].is_array()) return invalidArgument("--calibration " + path + ": \"points\" must be an array");
+    for (const auto& p : j["points"]) {
+      const auto positive = [&](const char* key) {
+        return p.is_object() && p.contains(key) && p[key].is_number() && p[key].get<double>() > 0;
+      };
+      if (!positive("batch") || !positive("tokens_per_seq") || !positive("seconds") || !positive("predicted") ||
+          !p.contains("context") || !p["context"].is_number_integer()) {
+        return invalidArgument("--calibration " + path +
+                               ": each of \"points\" needs positive batch, tokens_per_seq, seconds, predicted "
+                               "and an integer context");
+      }
+      c.points.push_back({p["batch"].get<int>(), p["tokens_per_seq"].get<int>(), p["context"].get<int>(),
+                          p["seconds"].get<double>(), p["predicted"].get<double>()});
+    }
+  }
   return c;
 }
 

@@ -2,15 +2,17 @@
 // model's device to them, so `pdserve plan` predicts this machine's workers
 // (`pdserve plan --calibrate`, docs/plan.md "Calibration").
 //
-// Measured: prefill chunks of 32..1,024 tokens and decode batches of 1..32 streams at 256
-// and 1,024 tokens of context, each the median of several runs after a warm-up, with the
-// backend on `threads` threads. Fitted: step = overhead + FLOPs / F + weight bytes / B +
-// KV bytes / K (a CPU does not overlap compute and memory traffic, and its paged attention
-// reads KV slower than it streams weights), with the linear layers' rate falling off at few
-// rows (Efficiency::halfRateTokens, searched on a grid), least squares on the relative
-// error; the residual of every point is kept in the file.
+// Measured: step() of a real Engine on the CPU backend (scheduler, KV bookkeeping, forward,
+// sampling) for prefill chunks of 32..1,024 tokens and decode batches of 1..32 streams at 256
+// and 1,024 tokens of context, in rounds over every shape (the median of each shape's steps
+// after a warm-up round), with the backend on `threads` threads. Fitted: step = overhead +
+// FLOPs / F + weight bytes / B + KV bytes / K (a CPU does not overlap compute and memory
+// traffic, and its paged attention reads KV slower than it streams weights), with the linear
+// layers' rate falling off at few rows (Efficiency::halfRateTokens, searched on a grid),
+// least squares on the relative error. Every point's measured and fitted time is kept in
+// the file: deviceOf() turns their ratios into the device's scale curves (cost_model.h).
 //
-// Threads: calibrateCpu() runs the backend on the calling thread (and its pool); the file
+// Threads: calibrateCpu() runs its engines on the calling thread (and their pools); the file
 // functions are pure I/O. Errors name the model directory or the file and the problem.
 #pragma once
 

@@ -1,6 +1,7 @@
 #include "tools/plan/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace pd::plan {
 
@@ -57,7 +58,30 @@ double CostModel::stepSeconds(std::span<const engine::SeqChunk> batch) const {
     const double one = 2.0 * (tp_ - 1) / tp_ * bytes / device_.peerBytesPerS + 10e-6;
     allReduce = 2.0 * model_.config.numLayers * one;
   }
-  return e.stepOverheadMs / 1000 + (device_.additive ? compute + memory : std::max(compute, memory)) + allReduce;
+  double scale = 1;
+  if (!device_.decodeScale.empty() || !device_.prefillScale.empty()) {
+    int64_t promptTokens = 0, decodeRows = 0;
+    for (const auto& ch : batch) {
+      if (ch.numTokens == 1) ++decodeRows;
+      else promptTokens += ch.numTokens;
+    }
+    scale = promptTokens > 0 ? scaleAt(device_.prefillScale, double(promptTokens))
+                             : scaleAt(device_.decodeScale, double(decodeRows));
+  }
+  return scale * (e.stepOverheadMs / 1000 + (device_.additive ? compute + memory : std::max(compute, memory))) +
+         allReduce;
+}
+
+double scaleAt(const std::vector<Device::ScalePoint>& curve, double rows) {
+  if (curve.empty()) return 1;
+  if (rows <= curve.front().rows) return curve.front().scale;
+  if (rows >= curve.back().rows) return curve.back().scale;
+  size_t k = 1;
+  while (curve[k].rows < rows) ++k;
+  const auto& a = curve[k - 1];
+  const auto& b = curve[k];
+  const double f = std::log(rows / a.rows) / std::log(b.rows / a.rows);
+  return a.scale + f * (b.scale - a.scale);
 }
 
 double CostModel::kvTransferSeconds(int64_t tokens, double bytesPerS, double prefillSeconds) const {

@@ -13,13 +13,17 @@
 //
 // A calibrated device (tools/plan/calibrate.h) is fitted the other way round: its FLOP/s
 // and bytes/s are what the real engine achieved, at efficiency 1, and on a CPU compute and
-// memory time add up (`additive`) instead of overlapping.
+// memory time add up (`additive`) instead of overlapping. The fit is a line through kernels
+// that are not one (the CPU backend streams weights through its own kernel up to 16 rows and
+// calls sgemm above), so a calibrated step is also scaled by its measured over fitted time,
+// interpolated between the calibration's points (Device::decodeScale, prefillScale).
 //
 // The efficiencies are what calibration measures (Efficiency's defaults are assumptions,
 // docs/plan.md says which figures are measured). Pure and immutable: any thread.
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include "common/engine/backend.h"
 #include "tools/plan/hardware.h"
@@ -46,7 +50,18 @@ struct Device {
   Efficiency efficiency;
   bool additive = false;     // compute + memory time (a CPU) instead of their max (a GPU)
   bool calibrated = false;   // fitted to measured steps of the engine
+  // Measured over fitted step time at the calibration's points, piecewise linear in
+  // log(rows) and flat beyond the ends: by decode streams for steps without prompt tokens,
+  // by prompt tokens for steps with them (a mixed step's linear layers see both, and its
+  // prompt tokens are most of its rows). Empty: no scaling (a GPU from its data sheet).
+  struct ScalePoint {
+    double rows = 0;
+    double scale = 1;
+  };
+  std::vector<ScalePoint> decodeScale, prefillScale;  // rows ascending
 };
+// The scale at `rows` on a curve (1 when it is empty).
+double scaleAt(const std::vector<Device::ScalePoint>& curve, double rows);
 Device deviceOf(const GpuSpec& gpu, const Efficiency& e = {});
 
 struct StepWork {

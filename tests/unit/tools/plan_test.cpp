@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "common/engine/model_maker.h"
+#include "common/engine/model_weights.h"
 #include "tools/plan/calibrate.h"
 #include "tools/plan/plan_report.h"
 #include "tools/plan/planner.h"
@@ -186,7 +188,18 @@ TEST_CASE("plan: unknown names are refused with the known ones listed") {
   CHECK_THAT(m.status().message(), Catch::Contains("llama-3-8b"));
 }
 
-TEST_CASE("plan: calibration measures the real CPU backend and its file round-trips") {
+TEST_CASE("plan: a calibrated device's scale curve interpolates in log rows, flat past its ends") {
+  const std::vector<Device::ScalePoint> curve = {{1, 0.8}, {4, 1.2}, {16, 1.0}};
+  CHECK(scaleAt({}, 7) == 1);
+  CHECK(scaleAt(curve, 0.5) == Approx(0.8));
+  CHECK(scaleAt(curve, 1) == Approx(0.8));
+  CHECK(scaleAt(curve, 2) == Approx(1.0));  // halfway in log between 1 and 4
+  CHECK(scaleAt(curve, 4) == Approx(1.2));
+  CHECK(scaleAt(curve, 8) == Approx(1.1));
+  CHECK(scaleAt(curve, 1000) == Approx(1.0));
+}
+
+TEST_CASE("plan: calibration measures the real engine's steps and its file round-trips") {
   const std::string dir = "/tmp/pd_plan_test_tiny_" + std::to_string(::getpid());
   pd::engine::MakeModelOptions mo;
   mo.preset = "tiny";
@@ -194,16 +207,20 @@ TEST_CASE("plan: calibration measures the real CPU backend and its file round-tr
   auto c = calibrateCpu(dir, 1);
   INFO(c.status().toString());
   REQUIRE(c.ok());
-  REQUIRE(c->points.size() == 10);
+  REQUIRE(c->points.size() == 15);
   for (const auto& p : c->points) {
     CHECK(p.seconds > 0);
     CHECK(p.predicted > 0);
   }
   CHECK(c->flopsPerS > 0);
   CHECK(c->bytesPerS > 0);
-  // A bigger prompt chunk takes longer, measured and fitted.
-  CHECK(c->points[3].seconds > c->points[0].seconds);
-  CHECK(c->points[3].predicted > c->points[0].predicted);
+  // A bigger prompt chunk takes longer, measured and fitted (points 0 and 5: 32 and 1,024
+  // tokens), and so does a bigger decode batch (6 and 11: 1 and 32 streams).
+  REQUIRE(c->points[5].tokensPerSeq == 1024);
+  CHECK(c->points[5].seconds > c->points[0].seconds);
+  CHECK(c->points[5].predicted > c->points[0].predicted);
+  REQUIRE(c->points[11].batch == 32);
+  CHECK(c->points[11].seconds > c->points[6].seconds);
 
   const std::string file = dir + "/calibration.json";
   REQUIRE(writeCalibration(file, *c).isOk());
@@ -213,9 +230,42 @@ TEST_CASE("plan: calibration measures the real CPU backend and its file round-tr
   CHECK(back->bytesPerS == Approx(c->bytesPerS));
   CHECK(back->halfRateTokens == c->halfRateTokens);
   CHECK(back->threads == 1);
+  REQUIRE(back->points.size() == c->points.size());
   const Device d = deviceOf(*back, 2.5e9);
   CHECK(d.additive);
   CHECK(d.calibrated);
+  CHECK(d.decodeScale.size() == 6);   // 1..32 streams (1, 4 and 8 at two contexts)
+  CHECK(d.prefillScale.size() == 6);  // 32..1,024 prompt tokens
+  // Scaled, the cost model gives a prompt chunk's measured time at each calibration point
+  // (one point per size), and a decode batch's within the spread of its two contexts.
+  ModelShape shape;
+  shape.config = (*engine::loadModel(dir))->config;
+  shape.weightBytes = shape.kvBytes = 4;
+  const CostModel model(shape, d);
+  for (const auto& p : back->points) {
+    std::vector<engine::SeqChunk> batch(size_t(p.batch));
+    std::vector<std::vector<int32_t>> tables(size_t(p.batch));
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int blocks = (p.context + p.tokensPerSeq + 15) / 16;
+      tables[i].resize(size_t(blocks));
+      batch[i].numTokens = p.tokensPerSeq;
+      batch[i].startPos = p.context;
+      batch[i].blockTable = tables[i].data();
+      batch[i].numBlocks = blocks;
+      batch[i].wantLogits = true;
+    }
+    INFO("batch " << p.batch << " tokens " << p.tokensPerSeq << " context " << p.context);
+    if (p.tokensPerSeq > 1) CHECK(model.stepSeconds(batch) == Approx(p.seconds).epsilon(1e-6));
+    else CHECK(model.stepSeconds(batch) == Approx(p.seconds).epsilon(0.5));
+  }
   CHECK_FALSE(readCalibration(dir + "/missing.json").ok());
+  {
+    std::ofstream bad(dir + "/bad.json");
+    bad << R"({"flops_per_s": 1e10, "bytes_per_s": 1e10, "kv_bytes_per_s": 1e10, "step_overhead_ms": 0,
+               "half_rate_tokens": 0, "threads": 1, "dtype_bytes": 4, "points": [{"batch": 1}]})";
+  }
+  auto bad = readCalibration(dir + "/bad.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("points"));
   std::filesystem::remove_all(dir);
 }
