@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 15's validation on this machine: `pdserve plan`'s simulated TTFT / ITL percentiles
 # against `pdserve bench` on `pdserve up` in the same layout, with the same requests.
-# 1. calibrates the CPU backend (one engine thread, as each worker below);
+# 1. per mix, calibrates the CPU backend (one engine thread, as each worker below) just
+#    before its run: this machine's pace drifts by up to 10% over minutes;
 # 2. per trace mix: runs a 1 prefill + 1 decode cluster (small model, tcp KV), replays the
 #    trace's lengths as Poisson arrivals for DURATION s, and simulates the same. The rate is
 #    the mix's own, below what the prefill worker sustains (Mooncake's prompts are long:
@@ -20,7 +21,6 @@ PID=
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-"$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/cal.json"
 
 cat > "$WORK/cluster.yaml" <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
@@ -41,6 +41,7 @@ for mix in $MIXES; do
     *) echo "unknown mix $mix"; exit 2 ;;
   esac
   LENGTHS=(--trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64)
+  "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/cal.json" | tail -1
   "$BIN/pdserve" up --config "$WORK/cluster.yaml" > "$WORK/up.log" 2>&1 &
   PID=$!
   for _ in $(seq 1 300); do grep -q "pdserve is up" "$WORK/up.log" && break; sleep 0.2; done
