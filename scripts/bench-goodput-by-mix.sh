@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Issue 14's goodput-by-mix benchmark (docs/performance.md "Goodput by trace mix"): the same
+# two cores served three ways, on three trace mixes, with the same requests:
+#   adaptive      1 prefill + 1 decode worker (an engine thread each), short-prompt threshold
+#                 256 moving with the pools' SLO headroom (router.adaptive_threshold),
+#                 SLO-sized prefill chunks and protect_itl routing: the default layout,
+#                 adapting by itself;
+#   colocated     1 decode worker with both threads and no prefill pool;
+#   colocated_slo the same with SLO-sized prefill chunks;
+#   disaggregated 1 prefill + 1 decode worker, the threshold fixed at 256.
+# Each mix replays its trace's lengths (x0.35, prompts <= 1,500 tokens, outputs <= 64) as
+# Poisson arrivals for DURATION s at the mix's rate (near what 1 + 1 sustains), and prints
+# goodput (requests within both SLOs per second) and attainment per layout.
+# Usage: scripts/bench-goodput-by-mix.sh [BUILD_DIR]
+#   env: DURATION=40 MIXES="conv code mooncake" SLO=ttft_ms=2000,itl_ms=100 RATE (every mix's)
+#        LAYOUTS="adaptive colocated colocated_slo disaggregated"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+BIN="$BUILD/bin"
+DURATION=${DURATION:-40}
+MIXES=${MIXES:-"conv code mooncake"}
+LAYOUTS=${LAYOUTS:-"adaptive colocated colocated_slo disaggregated"}
+SLO=${SLO:-ttft_ms=2000,itl_ms=100}
+WORK=$(mktemp -d)
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+[ -f models/small/config.json ] || "$BIN/pdserve" make-model --preset small --out models/small > /dev/null
+
+config() {  # $1: layout
+  local prefill=1 threads=1 threshold=256 adaptive=false
+  case $1 in
+    adaptive) adaptive=true ;;
+    colocated) prefill=0 threads=2 ;;
+    colocated_slo) prefill=0 threads=2 adaptive=true ;;
+    disaggregated) ;;
+    *) echo "unknown layout $1" >&2; exit 2 ;;
+  esac
+  cat <<YAML
+model: {path: models/small, preset: small, name: small, dtype: f32}
+router: {host: 127.0.0.1, port: 8130, control_port: 9130, short_prompt_tokens: $threshold,
+         adaptive_threshold: $adaptive, request_timeout_ms: 300000}
+pools:
+  prefill: {replicas: $prefill, slo: {ttft_ms: 2000, percentile: 99}}
+  decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}
+engine: {backend: cpu, threads: $threads, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024,
+         max_running_requests: 64, slo_sized_prefill_chunks: $adaptive}
+kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 60000, on_remote_prefill_failure: recompute}
+logging: {level: warn}
+YAML
+}
+
+echo "goodput by mix: $DURATION s per run, SLO $SLO; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
+for mix in $MIXES; do
+  case $mix in
+    conv) TRACE=data/traces/azure_llm_2023_conv.csv MIX_RATE=${RATE:-3} ;;
+    code) TRACE=data/traces/azure_llm_2023_code.csv MIX_RATE=${RATE:-2} ;;
+    mooncake) TRACE=data/traces/mooncake_fast25_conversation_trace.jsonl MIX_RATE=${RATE:-0.6} ;;
+    *) echo "unknown mix $mix"; exit 2 ;;
+  esac
+  for layout in $LAYOUTS; do
+    config "$layout" > "$WORK/$layout.yaml"
+    "$BIN/pdserve" up --config "$WORK/$layout.yaml" > "$WORK/up.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 300); do
+      grep -q "pdserve is up" "$WORK/up.log" && break
+      kill -0 "$PID" 2>/dev/null || { cat "$WORK/up.log"; exit 1; }
+      sleep 0.2
+    done
+    "$BIN/pdserve" bench --url http://127.0.0.1:8130 --trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 \
+      --max-output-tokens 64 --rate "$MIX_RATE" --duration "$DURATION" --slo "$SLO" --warmup 2 \
+      --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix-$layout" > /dev/null || true
+    kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+  done
+  python3 - "$WORK" "$mix" "$MIX_RATE" $LAYOUTS <<'PY'
+import json, sys
+work, mix, rate = sys.argv[1:4]
+rows = {}
+for layout in sys.argv[4:]:
+    try:
+        rows[layout] = json.load(open(f"{work}/{mix}-{layout}.json"))
+    except OSError:
+        rows[layout] = None
+for layout, j in rows.items():
+    if j is None:
+        print(f"| {mix} @ {rate}/s | {layout} | no report |")
+        continue
+    p = j["pdserve"]
+    print(f'| {mix} @ {rate}/s | {layout} | {j["request_goodput"]:.2f} req/s | {100 * p["slo_attainment"]:.1f}% '
+          f'| {j["completed"]} done, {j["failed"]} failed | p99 TTFT {j["p99_ttft_ms"]:.0f} ms | p99 ITL {j["p99_itl_ms"]:.0f} ms |')
+PY
+done
