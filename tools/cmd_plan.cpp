@@ -253,9 +253,8 @@ int runPlan(int argc, char** argv) {
   };
   // Rate 0: the trace as selected. Otherwise Poisson arrivals at `rate` for --duration (as
   // pdserve bench --rate --duration sends them; without --duration over the selected rows'
-  // span), with the trace's lengths in its order (bench's workload; seed fixed). The span
-  // of the selected rows is shorter than --duration where the trace's first rows are sparse:
-  // the Azure code mix sent 51 simulated requests against bench's 76.
+  // span, which is shorter where the trace's first rows are sparse), with the trace's
+  // lengths in its order (bench's workload; seed fixed).
   plan::RequestSource source = [&](double rate) -> Result<std::vector<plan::SimRequest>> {
     if (rate <= 0) return toSim(*traceWorkload);
     bench::WorkloadOptions p = w;

@@ -3,7 +3,6 @@
 #include "common/tokenizer/jinja/jinja_interpreter.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
