@@ -23,9 +23,9 @@ MIXES=${MIXES:-"conv code mooncake"}
 LAYOUTS=${LAYOUTS:-"adaptive colocated colocated_slo disaggregated"}
 SLO=${SLO:-ttft_ms=2000,itl_ms=100}
 WORK=$(mktemp -d)
+source scripts/lib/cluster.sh
 PID=
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+trap 'pd_down; rm -rf "$WORK"' EXIT
 
 [ -f models/small/config.json ] || "$BIN/pdserve" make-model --preset small --out models/small > /dev/null
 
@@ -54,25 +54,15 @@ YAML
 
 echo "goodput by mix: $DURATION s per run, SLO $SLO; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
 for mix in $MIXES; do
-  case $mix in
-    conv) TRACE=data/traces/azure_llm_2023_conv.csv MIX_RATE=${RATE:-3} ;;
-    code) TRACE=data/traces/azure_llm_2023_code.csv MIX_RATE=${RATE:-2} ;;
-    mooncake) TRACE=data/traces/mooncake_fast25_conversation_trace.jsonl MIX_RATE=${RATE:-0.6} ;;
-    *) echo "unknown mix $mix"; exit 2 ;;
-  esac
+  TRACE=$(pd_mix_trace "$mix")
+  case $mix in conv) MIX_RATE=${RATE:-3} ;; code) MIX_RATE=${RATE:-2} ;; *) MIX_RATE=${RATE:-0.6} ;; esac
   for layout in $LAYOUTS; do
     config "$layout" > "$WORK/$layout.yaml"
-    "$BIN/pdserve" up --config "$WORK/$layout.yaml" > "$WORK/up.log" 2>&1 &
-    PID=$!
-    for _ in $(seq 1 300); do
-      grep -q "pdserve is up" "$WORK/up.log" && break
-      kill -0 "$PID" 2>/dev/null || { cat "$WORK/up.log"; exit 1; }
-      sleep 0.2
-    done
+    pd_up "$WORK/$layout.yaml" "$WORK/up.log"
     "$BIN/pdserve" bench --url http://127.0.0.1:8130 --trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 \
       --max-output-tokens 64 --rate "$MIX_RATE" --duration "$DURATION" --slo "$SLO" --warmup 2 \
       --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix-$layout" > /dev/null || true
-    kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+    pd_down
   done
   python3 - "$WORK" "$mix" "$MIX_RATE" $LAYOUTS <<'PY'
 import json, sys

@@ -15,9 +15,9 @@ shift || true
 EXTRA=("$@")
 BIN="$BUILD/bin"
 WORK=$(mktemp -d)
+source scripts/lib/cluster.sh
 PID=
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+trap 'pd_down; rm -rf "$WORK"' EXIT
 
 config() {  # $1: prefill replicas, $2: engine threads, $3: SLO-sized prefill chunks (true/false)
   cat <<YAML
@@ -34,15 +34,9 @@ YAML
 
 run() {  # $1: label, $2: prefill replicas, $3: threads, $4: SLO-sized prefill chunks
   config "$2" "$3" "$4" > "$WORK/$1.yaml"
-  "$BIN/pdserve" up --config "$WORK/$1.yaml" > "$WORK/$1.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 300); do
-    grep -q "pdserve is up" "$WORK/$1.log" && break
-    kill -0 "$PID" 2>/dev/null || { cat "$WORK/$1.log"; exit 1; }
-    sleep 0.2
-  done
+  pd_up "$WORK/$1.yaml" "$WORK/$1.log"
   "$BIN/pdserve" bench mixed --url http://127.0.0.1:8100 --label "$1" "${EXTRA[@]}" || RC=1
-  kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+  pd_down
 }
 
 RC=0

@@ -16,9 +16,9 @@ FACTOR=${FACTOR:-3}
 CONCURRENCY=${CONCURRENCY:-4}
 TRACE=data/traces/azure_llm_2023_conv.csv
 WORK=$(mktemp -d)
+source scripts/lib/cluster.sh
 PID=
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+trap 'pd_down; rm -rf "$WORK"' EXIT
 
 config() {  # $1: overload_shedding true|false
   cat <<YAML
@@ -35,16 +35,8 @@ YAML
 
 up() {  # $1: label, $2: shedding
   config "$2" > "$WORK/$1.yaml"
-  "$BIN/pdserve" up --config "$WORK/$1.yaml" > "$WORK/$1.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 300); do
-    grep -q "pdserve is up" "$WORK/$1.log" && return 0
-    kill -0 "$PID" 2>/dev/null || { cat "$WORK/$1.log"; exit 1; }
-    sleep 0.2
-  done
-  echo "cluster $1 did not start"; cat "$WORK/$1.log"; exit 1
+  pd_up "$WORK/$1.yaml" "$WORK/$1.log"
 }
-down() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 
 # A fixed length scale (not --max-prompt-tokens alone, which scales by the longest selected
 # prompt): both runs then send the same length distribution. return_token_ids: every chunk
@@ -57,7 +49,7 @@ COMMON=(--url http://127.0.0.1:8110 --trace "$TRACE" --length-scale 0.35 --max-p
 
 up capacity true
 "$BIN/pdserve" bench "${COMMON[@]}" --concurrency "$CONCURRENCY" --duration "$CAPACITY_S" --out "$WORK/capacity" > /dev/null
-down
+pd_down
 CAPACITY=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['request_throughput'])" "$WORK/capacity.json")
 RATE=$(python3 -c "print(round($CAPACITY * $FACTOR, 3))")
 echo "capacity: $CAPACITY req/s (closed loop, $CONCURRENCY streams); overload rate: $RATE req/s for $OVERLOAD_S s"
@@ -67,7 +59,7 @@ for shedding in true false; do
   "$BIN/pdserve" bench "${COMMON[@]}" --rate "$RATE" --duration "$OVERLOAD_S" --out "$WORK/overload-$shedding" > /dev/null || true
   # The router's own view of the same run: its histograms carry the SLO targets as bounds.
   curl -s http://127.0.0.1:8110/metrics > "$WORK/router-$shedding.prom" || true
-  down
+  pd_down
 done
 python3 - "$WORK" <<'PY'
 import json, sys

@@ -27,9 +27,9 @@ PORT=${PORT:-8120}
 CONTROL=${CONTROL:-9120}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
+source scripts/lib/cluster.sh
 PID=
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+trap 'pd_down; rm -rf "$WORK"' EXIT
 
 [ -f models/small/config.json ] || "$BIN/pdserve" make-model --preset small --out models/small > /dev/null
 
@@ -60,16 +60,8 @@ YAML
 up() {  # $1: label, $2...: extra pdserve up flags
   local label=$1
   shift
-  "$BIN/pdserve" up --config "$WORK/cluster.yaml" "$@" > "$OUT/$label-up.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 300); do
-    grep -q "pdserve is up" "$OUT/$label-up.log" && return 0
-    kill -0 "$PID" 2>/dev/null || { cat "$OUT/$label-up.log"; exit 1; }
-    sleep 0.2
-  done
-  echo "cluster $label did not start"; cat "$OUT/$label-up.log"; exit 1
+  pd_up "$WORK/cluster.yaml" "$OUT/$label-up.log" "$@"
 }
-down() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 
 PHASES=(--phase "prompt-len=$SHORT_PROMPT,rate=$SHORT_RATE,duration=$PHASE_S"
         --phase "prompt-len=$LONG_PROMPT,rate=$LONG_RATE,duration=$PHASE_S"
@@ -88,7 +80,7 @@ for mode in scaling fixed; do
   "$BIN/pdserve" bench "${COMMON[@]}" --out "$OUT/$mode" > "$OUT/$mode.txt" || true
   # The cluster's own load is about 2; much more means something else shared the cores.
   echo "$mode: load average before $before, after $(cut -d' ' -f1-3 /proc/loadavg)"
-  down
+  pd_down
 done
 
 python3 - "$OUT" <<'PY'

@@ -17,9 +17,9 @@ BIN="$BUILD/bin"
 DURATION=${DURATION:-60}
 MIXES=${MIXES:-"conv code mooncake"}
 WORK=$(mktemp -d)
+source scripts/lib/cluster.sh
 PID=
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+trap 'pd_down; rm -rf "$WORK"' EXIT
 
 
 cat > "$WORK/cluster.yaml" <<YAML
@@ -34,20 +34,14 @@ logging: {level: warn}
 YAML
 
 for mix in $MIXES; do
-  case $mix in
-    conv) TRACE=data/traces/azure_llm_2023_conv.csv MIX_RATE=${RATE:-1.5} ;;
-    code) TRACE=data/traces/azure_llm_2023_code.csv MIX_RATE=${RATE:-1.5} ;;
-    mooncake) TRACE=data/traces/mooncake_fast25_conversation_trace.jsonl MIX_RATE=${RATE:-0.6} ;;
-    *) echo "unknown mix $mix"; exit 2 ;;
-  esac
+  TRACE=$(pd_mix_trace "$mix")
+  [ "$mix" = mooncake ] && MIX_RATE=${RATE:-0.6} || MIX_RATE=${RATE:-1.5}
   LENGTHS=(--trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64)
   "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/cal.json" | tail -1
-  "$BIN/pdserve" up --config "$WORK/cluster.yaml" > "$WORK/up.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 300); do grep -q "pdserve is up" "$WORK/up.log" && break; sleep 0.2; done
+  pd_up "$WORK/cluster.yaml" "$WORK/up.log"
   "$BIN/pdserve" bench --url http://127.0.0.1:8120 "${LENGTHS[@]}" --rate "$MIX_RATE" --duration "$DURATION" \
     --warmup 2 --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix" > /dev/null
-  kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+  pd_down
   "$BIN/pdserve" plan --calibration "$WORK/cal.json" --model models/small --kv-cache-bytes 268435456 \
     --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
     "${LENGTHS[@]}" --duration "$DURATION" --layout 1p1d --threshold 256 --rate "$MIX_RATE" 2> /dev/null \
