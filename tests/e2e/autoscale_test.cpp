@@ -10,7 +10,6 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -23,17 +22,11 @@ using namespace pd::tools;
 using nlohmann::json;
 using namespace std::chrono;
 using namespace std::chrono_literals;
+using pd::test::readFile;
 
 namespace {
 
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e_autoscale";
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 struct Outcome {
   int status = 0;

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -32,6 +31,7 @@ using namespace pd;
 using namespace pd::tools;
 using pd::test::recordFault;
 using pd::test::routerMetric;
+using pd::test::randomPrompt;
 using pd::test::workerMetric;
 using nlohmann::json;
 using namespace std::chrono_literals;
@@ -84,13 +84,6 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
   INFO(c.status().toString());
   REQUIRE(c.ok());
   return std::move(c).value();
-}
-
-std::vector<int32_t> prompt(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> p{engine::kMadeBosId};
-  while (int(p.size()) < n) p.push_back(int32_t(rng() % 256));
-  return p;
 }
 
 struct Completion {
@@ -193,14 +186,14 @@ static void checkGreedyIdentity(const std::vector<std::pair<std::string, Cluster
                                  256, 300, 400, 512, 700, 900, 1100, 1400, 1700, 2000};
   const int kTokens = 6;
   std::vector<std::vector<int32_t>> expected;
-  for (size_t i = 0; i < lengths.size(); ++i) expected.push_back(generateCli(prompt(lengths[i], i), kTokens));
+  for (size_t i = 0; i < lengths.size(); ++i) expected.push_back(generateCli(randomPrompt(lengths[i], i), kTokens));
   for (auto& [name, spec] : setups) {
     SECTION(name) {
       auto c = startCluster("identity", spec);
       const std::string route = spec.shortPromptTokens > 0 ? "colocated" : "disaggregated";
       for (size_t i = 0; i < lengths.size(); ++i) {
         INFO(name << ", prompt of " << lengths[i] << " tokens");
-        auto r = complete(*c, prompt(lengths[i], i), kTokens);
+        auto r = complete(*c, randomPrompt(lengths[i], i), kTokens);
         REQUIRE(r.status == 200);
         CHECK(r.headers.find("x-pdserve-route: " + route) != std::string::npos);
         CHECK(r.ids == expected[i]);
@@ -209,7 +202,7 @@ static void checkGreedyIdentity(const std::vector<std::pair<std::string, Cluster
       }
       // Again: the prefill worker now has these prompts in its prefix cache, and the cached
       // blocks must reach the decode worker too.
-      for (size_t i : {size_t(9), size_t(19)}) CHECK(complete(*c, prompt(lengths[i], i), kTokens).ids == expected[i]);
+      for (size_t i : {size_t(9), size_t(19)}) CHECK(complete(*c, randomPrompt(lengths[i], i), kTokens).ids == expected[i]);
       // The repeats were served from a prefix cache (the prefill worker's when disaggregated).
       const std::string prefixWorker = route == "disaggregated" ? "prefill-0" : "decode-0";
       for (int i = 0; i < 50 && workerMetric(*c, prefixWorker, "pdserve_prefix_cache_hits_total") <= 0; ++i) {
@@ -259,7 +252,7 @@ TEST_CASE("prefix-aware routing: a prompt extending one the decode worker receiv
   ClusterSpec spec{/*shortPromptTokens=*/64};
   spec.prefixAwareRouting = true;
   auto c = startCluster("prefix-routing", spec);
-  const auto first = prompt(600, 77);
+  const auto first = randomPrompt(600, 77);
   auto r = complete(*c, first, 4);
   REQUIRE(r.status == 200);
   CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
@@ -267,7 +260,7 @@ TEST_CASE("prefix-aware routing: a prompt extending one the decode worker receiv
   // The same 600 tokens and 30 more: 592 of them (37 full blocks) are on decode-0, which got
   // them from the prefill worker; 38 uncached tokens are under the threshold of 64.
   auto longer = first;
-  for (int32_t t : prompt(31, 78)) if (longer.size() < 630) longer.push_back(t);
+  for (int32_t t : randomPrompt(31, 78)) if (longer.size() < 630) longer.push_back(t);
   const double hitsBefore = workerMetric(*c, "decode-0", "pdserve_prefix_cache_hits_total");
   r = complete(*c, longer, 6);
   REQUIRE(r.status == 200);
@@ -310,12 +303,12 @@ TEST_CASE("KV events: the router's exact index predicts the worker's actual pref
   // The worker's snapshot on registration makes its exact index current.
   REQUIRE(waitRouterMetric(*c, "pdserve_router_kv_index_current{worker=\"decode-0\"}", [](double v) { return v == 1; }) == 1);
 
-  const auto a = prompt(200, 91);
+  const auto a = randomPrompt(200, 91);
   REQUIRE(complete(*c, a, 4).status == 200);
   // 203 tokens computed (the last generated token's KV is never needed): 12 full blocks named.
   CHECK(waitRouterMetric(*c, exactBlocks, [](double v) { return v >= 12; }) >= 12);
   auto ext = a;
-  for (int32_t t : prompt(21, 92)) if (ext.size() < 220) ext.push_back(t);
+  for (int32_t t : randomPrompt(21, 92)) if (ext.size() < 220) ext.push_back(t);
   REQUIRE(complete(*c, ext, 4).status == 200);
   // Both indexes expected a's 12 blocks, and the worker served them.
   CHECK(hit("exact") == 192);
@@ -326,7 +319,7 @@ TEST_CASE("KV events: the router's exact index predicts the worker's actual pref
   // A short prompt generating 500 tokens needs 33 of the 40 blocks: the worker evicts the
   // tail of ext's cached blocks. The predicted index, which only counts prompt blocks routed
   // (14 + 1 of 40), still believes a is cached; the exact index heard the evictions.
-  REQUIRE(complete(*c, prompt(20, 93), 500).status == 200);
+  REQUIRE(complete(*c, randomPrompt(20, 93), 500).status == 200);
   // Its 32 computed blocks named, ext's evicted to make room: never more than the pool.
   CHECK(routerMetric(*c, exactBlocks) <= 40);
   CHECK(routerMetric(*c, "pdserve_router_prefix_index_blocks{index=\"predicted\",worker=\"decode-0\"}") == 14);
@@ -354,13 +347,13 @@ TEST_CASE("KV events, disaggregated: the prefill worker's actual hit is what its
     REQUIRE(waitRouterMetric(*c, "pdserve_router_kv_index_current{worker=\"" + std::string(w) + "\"}",
                              [](double v) { return v == 1; }) == 1);
   }
-  const auto a = prompt(300, 95);
+  const auto a = randomPrompt(300, 95);
   auto r = complete(*c, a, 2);
   REQUIRE(r.status == 200);
   CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
   // 200 of a's tokens and 200 new ones: 192 cached on both workers, 208 uncached > 64.
   std::vector<int32_t> b(a.begin(), a.begin() + 200);
-  for (int32_t t : prompt(200, 96)) b.push_back(t);
+  for (int32_t t : randomPrompt(200, 96)) b.push_back(t);
   r = complete(*c, b, 2);
   REQUIRE(r.status == 200);
   CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
@@ -378,7 +371,7 @@ TEST_CASE("KV events off on either side: the router routes on the predicted inde
   }
   SECTION("a worker that does not publish them (an old worker)") { spec.extraEngine = ", kv_events: {publish: false}"; }
   auto c = startCluster("kv-events-off", spec);
-  const auto a = prompt(200, 94);
+  const auto a = randomPrompt(200, 94);
   REQUIRE(complete(*c, a, 4).status == 200);
   REQUIRE(complete(*c, a, 4).status == 200);
   CHECK(routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"predicted\"}") == 192);
@@ -398,9 +391,9 @@ TEST_CASE("adaptive threshold: a prefill pool missing its SLO pulls prompts onto
   spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 1}}, decode: {replicas: 1, slo: {itl_ms: 60000}}}";
   auto c = startCluster("adaptive-threshold", spec);
   CHECK(routerMetric(*c, "pdserve_short_prompt_tokens") == 64);
-  const auto longPrompt = prompt(70, 5);
+  const auto longPrompt = randomPrompt(70, 5);
   CHECK(complete(*c, longPrompt, 2).headers.find("x-pdserve-route: disaggregated") != std::string::npos);
-  for (int i = 0; i < 24; ++i) REQUIRE(complete(*c, prompt(70 + i, 100 + uint64_t(i)), 2).status == 200);
+  for (int i = 0; i < 24; ++i) REQUIRE(complete(*c, randomPrompt(70 + i, 100 + uint64_t(i)), 2).status == 200);
   double threshold = 64;
   for (int i = 0; i < 80 && threshold <= 64; ++i) {  // the tick is every 5 s
     std::this_thread::sleep_for(100ms);
@@ -429,7 +422,7 @@ std::vector<std::vector<int32_t>> processedIds(LocalCluster& c, const std::strin
   std::vector<std::vector<int32_t>> out;
   for (const json& extra : {kPenalised, stopAtFirst, minTokens, kBiased}) {
     INFO(extra.dump());
-    auto r = complete(c, prompt(300, 5), 8, extra);
+    auto r = complete(c, randomPrompt(300, 5), 8, extra);
     INFO(r.body.dump());
     REQUIRE(r.status == 200);
     CHECK(r.headers.find("x-pdserve-route: " + route) != std::string::npos);
@@ -447,16 +440,16 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
   colocatedSpec.extraRouter = disaggregatedSpec.extraRouter = "  overload_shedding: false\n";
   {
     auto c = startCluster("seeded-colocated", colocatedSpec);
-    for (int n : {40, 300, 800}) colocated.push_back(complete(*c, prompt(n, n), 10, sampling).ids);
-    plain = complete(*c, prompt(300, 5), 8).ids;
+    for (int n : {40, 300, 800}) colocated.push_back(complete(*c, randomPrompt(n, n), 10, sampling).ids);
+    plain = complete(*c, randomPrompt(300, 5), 8).ids;
     REQUIRE(plain.size() == 8);
     processedColocated = processedIds(*c, "colocated", plain[0]);
     // logprobs: 20 returns 20 alternatives (texts that collide are keyed by token id).
-    auto lp = complete(*c, prompt(40, 1), 2, {{"logprobs", 20}});
+    auto lp = complete(*c, randomPrompt(40, 1), 2, {{"logprobs", 20}});
     REQUIRE(lp.status == 200);
     for (const auto& top : lp.body["choices"][0]["logprobs"]["top_logprobs"]) CHECK(top.size() == 20);
     // echo with max_tokens 0: the prompt alone, no token, no completion tokens.
-    auto echo = complete(*c, prompt(40, 1), 0, {{"echo", true}});
+    auto echo = complete(*c, randomPrompt(40, 1), 0, {{"echo", true}});
     REQUIRE(echo.status == 200);
     CHECK(echo.ids.empty());
     CHECK(echo.body["usage"]["completion_tokens"] == 0);
@@ -464,19 +457,19 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
     // A stop string of the first token's text ends the answer at once, unless min_tokens.
     REQUIRE(plain[0] < 128);  // a byte-level id: its text is that one ASCII character
     const json stopString{{"stop", std::string(1, char(plain[0]))}};
-    auto cut = complete(*c, prompt(300, 5), 8, stopString);
+    auto cut = complete(*c, randomPrompt(300, 5), 8, stopString);
     CHECK(cut.body["choices"][0]["text"] == "");
     CHECK(cut.body["choices"][0]["finish_reason"] == "stop");
     json held = stopString;
     held["min_tokens"] = 3;
-    auto notCut = complete(*c, prompt(300, 5), 8, held);
+    auto notCut = complete(*c, randomPrompt(300, 5), 8, held);
     CHECK(notCut.body["usage"]["completion_tokens"] >= 3);
     CHECK(notCut.ids.size() >= 3);
   }
   {
     auto c = startCluster("seeded-disaggregated", disaggregatedSpec);
     for (int n : {40, 300, 800}) {
-      auto r = complete(*c, prompt(n, n), 10, sampling);
+      auto r = complete(*c, randomPrompt(n, n), 10, sampling);
       CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
       disaggregated.push_back(r.ids);
     }
@@ -495,13 +488,13 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
   CHECK(processedColocated[3] == std::vector<int32_t>(8, kBiasedToken));
   CHECK(std::count(plain.begin(), plain.end(), kBiasedToken) < 8);
   // And the same as the engine in one process with the same seed.
-  CHECK(colocated[1] == generateCli(prompt(300, 300), 10, "--temperature 0.9 --top-p 0.95 --top-k 50 --seed 11"));
+  CHECK(colocated[1] == generateCli(randomPrompt(300, 300), 10, "--temperature 0.9 --top-p 0.95 --top-k 50 --seed 11"));
 }
 
 TEST_CASE("a client that disconnects mid-stream frees its blocks on both workers") {
   auto c = startCluster("disconnect", ClusterSpec{0});
   std::string seen;
-  json req{{"model", "small"}, {"prompt", prompt(600, 3)}, {"max_tokens", 400}, {"stream", true},
+  json req{{"model", "small"}, {"prompt", randomPrompt(600, 3)}, {"max_tokens", 400}, {"stream", true},
            {"ignore_eos", true}};
   int fd = openStream(*c, req, 3, &seen);
   CHECK(seen.find("x-pdserve-route: disaggregated") != std::string::npos);
@@ -523,7 +516,7 @@ TEST_CASE("100 client aborts, before the first token and mid-stream: no block le
   auto c = startCluster("aborts", spec);
   for (int i = 0; i < 100; ++i) {
     const bool early = i % 2 == 0;
-    json req{{"model", "small"}, {"prompt", prompt(i % 4 < 2 ? 20 : 100, 500 + i)}, {"max_tokens", 100},
+    json req{{"model", "small"}, {"prompt", randomPrompt(i % 4 < 2 ? 20 : 100, 500 + i)}, {"max_tokens", 100},
              {"stream", true}, {"ignore_eos", true}};
     std::string seen;
     int fd = openStream(*c, req, early ? 0 : 2, &seen);
@@ -532,7 +525,7 @@ TEST_CASE("100 client aborts, before the first token and mid-stream: no block le
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
   CHECK(routerMetric(*c, "pdserve_requests_in_flight") == 0);
-  const auto p = prompt(300, 77);
+  const auto p = randomPrompt(300, 77);
   CHECK(complete(*c, p, 8).ids == generateCli(p, 8));
   recordFault({"client abort, before the first token and mid-stream, 100 times",
                "blocks free on decode and prefill workers, 0 requests in flight, the next request's greedy ids equal",
@@ -540,7 +533,7 @@ TEST_CASE("100 client aborts, before the first token and mid-stream: no block le
 }
 
 TEST_CASE("the prefill worker killed mid-request: recomputed on the decode worker, or failed") {
-  const auto p = prompt(2000, 42);
+  const auto p = randomPrompt(2000, 42);
   const auto expected = generateCli(p, 4);
   std::string measured;
   {
@@ -580,7 +573,7 @@ TEST_CASE("the prefill worker killed mid-request: recomputed on the decode worke
 TEST_CASE("a decode worker killed mid-stream: an error event, then 503s") {
   auto c = startCluster("kill-decode", ClusterSpec{100000});
   std::string seen;
-  json req{{"model", "small"}, {"prompt", prompt(20, 1)}, {"max_tokens", 3000}, {"stream", true},
+  json req{{"model", "small"}, {"prompt", randomPrompt(20, 1)}, {"max_tokens", 3000}, {"stream", true},
            {"ignore_eos", true}};
   int fd = openStream(*c, req, 2, &seen);
   REQUIRE(c->kill("decode-0").isOk());
@@ -596,7 +589,7 @@ TEST_CASE("a decode worker killed mid-stream: an error event, then 503s") {
   auto health = httpGet(c->httpPort(), "/health", 5s);
   REQUIRE(health.ok());
   CHECK(health->status == 503);
-  CHECK(complete(*c, prompt(10, 2), 2).status == 503);
+  CHECK(complete(*c, randomPrompt(10, 2), 2).status == 503);
 }
 
 // Issue 12: request migration. The stream goes on on the other decode worker from the next
@@ -606,7 +599,7 @@ TEST_CASE("a decode worker killed mid-stream: the stream continues on another on
   ClusterSpec spec{/*shortPromptTokens=*/64};
   spec.pools = "{prefill: {replicas: 1}, decode: {replicas: 2}}";
   auto c = startCluster("migrate-kill", spec);
-  const auto p = prompt(100, 31);
+  const auto p = randomPrompt(100, 31);
   const int kTokens = 160;
   const auto expected = generateCli(p, kTokens);
   json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
@@ -641,7 +634,7 @@ TEST_CASE("a decode worker stopped mid-stream: the stream moves on after the rep
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 2}}";
   spec.extraRouter = "  worker_report_timeout_ms: 800\n";
   auto c = startCluster("migrate-stop", spec);
-  const auto p = prompt(20, 33);
+  const auto p = randomPrompt(20, 33);
   const int kTokens = 300;
   const auto expected = generateCli(p, kTokens);
   json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
@@ -672,7 +665,7 @@ TEST_CASE("a decode worker whose drain times out: its stream moves to another on
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 2}}";
   spec.extraEngine = ", drain_timeout_ms: 150";
   auto c = startCluster("migrate-drain", spec);
-  const auto p = prompt(20, 32);
+  const auto p = randomPrompt(20, 32);
   const int kTokens = 400;
   const auto expected = generateCli(p, kTokens);
   json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
@@ -708,13 +701,13 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
   ClusterSpec spec{/*shortPromptTokens=*/64};
   spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 400}}, decode: {replicas: 1}}";
   auto c = startCluster("overload", spec);
-  REQUIRE(complete(*c, prompt(600, 40), 2).status == 200);  // the prefill worker measures its rate
+  REQUIRE(complete(*c, randomPrompt(600, 40), 2).status == 200);  // the prefill worker measures its rate
   const int kBurst = 12;
   std::vector<Result<HttpReply>> replies(kBurst, Result<HttpReply>(unavailable("not sent")));
   std::vector<std::thread> clients;
   for (int i = 0; i < kBurst; ++i) {
     clients.emplace_back([&, i] {
-      json req{{"model", "small"}, {"prompt", prompt(1500, 41 + i)}, {"max_tokens", 4}, {"temperature", 0},
+      json req{{"model", "small"}, {"prompt", randomPrompt(1500, 41 + i)}, {"max_tokens", 4}, {"temperature", 0},
                {"ignore_eos", true}};
       replies[i] = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 120s);
       std::this_thread::sleep_for(1ms);
@@ -749,7 +742,7 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
   };
   CHECK(settlesAtZero("pdserve_router_routed_prefill_tokens{pool=\"prefill\",worker=\"prefill-0\"}"));
   CHECK(settlesAtZero("pdserve_router_routed_streams{pool=\"decode\",worker=\"decode-0\"}"));
-  CHECK(complete(*c, prompt(1500, 99), 2).status == 200);  // drained: admitted again
+  CHECK(complete(*c, randomPrompt(1500, 99), 2).status == 200);  // drained: admitted again
   recordFault({"overload: a burst of 12 long prompts past the prefill pool's TTFT target",
                "every request answered (200 or 429 with Retry-After, never a timeout); blocks free; admitted again once drained",
                "at admission: predicted TTFT (tokens ahead + the prompt, over the prefill rate) > pools.prefill.slo.ttft_ms (400 ms here)",
@@ -772,7 +765,7 @@ TEST_CASE("bad requests get OpenAI errors with the right status") {
   auto [s404, b404] = post(R"({"model":"gpt-9","prompt":"hi"})", auth);
   CHECK(s404 == 404);
   CHECK(b404["error"]["code"] == "model_not_found");
-  json tooLong{{"model", "small"}, {"prompt", prompt(5000, 1)}};
+  json tooLong{{"model", "small"}, {"prompt", randomPrompt(5000, 1)}};
   auto [s413, b413] = post(tooLong.dump(), auth);
   CHECK(s413 == 413);
   CHECK(b413["error"]["code"] == "context_length_exceeded");
@@ -793,7 +786,7 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   ClusterSpec spec;
   spec.extraRouter = "  worker_report_timeout_ms: 3000\n";
   auto c = startCluster("sigstop-prefill", spec);
-  const auto longPrompt = prompt(400, 77);
+  const auto longPrompt = randomPrompt(400, 77);
   const auto expected = generateCli(longPrompt, 8);
   auto healthy = [&](const std::string& worker) {
     auto r = httpGet(c->httpPort(), "/metrics", 5s);
@@ -808,7 +801,7 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   std::vector<std::chrono::steady_clock::time_point> arrivals;
   std::string seen;
   std::thread streamer([&] {
-    json req{{"model", "small"}, {"prompt", prompt(20, 5)}, {"max_tokens", 250}, {"temperature", 0},
+    json req{{"model", "small"}, {"prompt", randomPrompt(20, 5)}, {"max_tokens", 250}, {"temperature", 0},
              {"ignore_eos", true}, {"stream", true}};
     int fd = openStream(*c, req, 1, &seen);
     char buf[4096];
@@ -890,11 +883,11 @@ static void checkSlowButAliveWriter(const std::string& transports, const std::st
   spec.onFailure = "fail";
   spec.extraRouter = "  worker_report_timeout_ms: 10000\n";
   auto c = startCluster("fence-" + lane, spec);
-  const auto promptA = prompt(1200, 1201);
-  const auto promptB = prompt(380, 1202);  // 30 blocks with its tokens: A's first 30 without fencing
+  const auto promptA = randomPrompt(1200, 1201);
+  const auto promptB = randomPrompt(380, 1202);  // 30 blocks with its tokens: A's first 30 without fencing
   const auto expectedB = generateCli(promptB, 100);
   // One disaggregated request first: the lane is up, and it is the one this case is about.
-  auto warm = complete(*c, prompt(420, 1203), 2);
+  auto warm = complete(*c, randomPrompt(420, 1203), 2);
   INFO(warm.body.dump());
   REQUIRE(warm.status == 200);
   if (workerMetricWith(*c, "decode-0", "pdserve_kv_peers", "transport=\"" + lane + "\"") != 1) {
@@ -986,9 +979,9 @@ TEST_CASE("a prefill worker stopped mid-request: its lease runs out long before 
   spec.extraKvTransfer = ", heartbeat_ms: 100, lease_ms: 800";
   spec.extraRouter = "  worker_report_timeout_ms: 20000\n";  // the router keeps both in rotation
   auto c = startCluster("lease-prefill", spec);
-  const auto p = prompt(1200, 1301);
+  const auto p = randomPrompt(1200, 1301);
   const auto expected = generateCli(p, 4);
-  REQUIRE(complete(*c, prompt(300, 1302), 2).status == 200);  // the lane to the prefill worker is up
+  REQUIRE(complete(*c, randomPrompt(300, 1302), 2).status == 200);  // the lane to the prefill worker is up
   Completion r;
   std::chrono::steady_clock::time_point stoppedAt;
   std::thread client([&] { r = complete(*c, p, 4); });
@@ -1006,7 +999,7 @@ TEST_CASE("a prefill worker stopped mid-request: its lease runs out long before 
   CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"recomputed\"") == 1);
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
-  CHECK(complete(*c, prompt(300, 1303), 2).status == 200);  // and the prefill worker serves again
+  CHECK(complete(*c, randomPrompt(300, 1303), 2).status == 200);  // and the prefill worker serves again
   recordFault({"prefill worker stopped (SIGSTOP) mid-request, not resumed in time",
                "the decode worker recomputes with the same greedy ids long before kv_transfer.timeout_ms; "
                "blocks free on both once resumed; the prefill worker serves again",
@@ -1022,7 +1015,7 @@ TEST_CASE("a decode worker drains on SIGTERM: its stream finishes, new requests 
   ClusterSpec spec{/*shortPromptTokens=*/100000};
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 2}}";
   auto c = startCluster("drain-decode", spec);
-  json req{{"model", "small"}, {"prompt", prompt(20, 11)}, {"max_tokens", 200}, {"temperature", 0},
+  json req{{"model", "small"}, {"prompt", randomPrompt(20, 11)}, {"max_tokens", 200}, {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}};
   std::string seen;
   int fd = openStream(*c, req, 3, &seen);
@@ -1042,7 +1035,7 @@ TEST_CASE("a decode worker drains on SIGTERM: its stream finishes, new requests 
   }
   CHECK(routedAround);
   for (int i = 0; i < 3; ++i) {
-    auto r = complete(*c, prompt(12, 100 + i), 4);
+    auto r = complete(*c, randomPrompt(12, 100 + i), 4);
     CHECK(r.status == 200);
     CHECK(r.headers.find("x-pdserve-decode-worker: " + other) != std::string::npos);
   }
@@ -1073,7 +1066,7 @@ TEST_CASE("a router stopped under traffic ends its streams with an error event a
   ClusterSpec spec{/*shortPromptTokens=*/100000};
   spec.extraRouter = "  drain_timeout_ms: 300\n";
   auto c = startCluster("drain-router", spec);
-  json req{{"model", "small"}, {"prompt", prompt(20, 21)}, {"max_tokens", 1500}, {"temperature", 0},
+  json req{{"model", "small"}, {"prompt", randomPrompt(20, 21)}, {"max_tokens", 1500}, {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}};
   std::string seen;
   int fd = openStream(*c, req, 3, &seen);
@@ -1332,7 +1325,7 @@ TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative 
 
   // Colocated, not streamed: usage.pdserve_timing and a Server-Timing header.
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = complete(*c, prompt(20, 5), 4);
+  auto r = complete(*c, randomPrompt(20, 5), 4);
   const double wallMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   REQUIRE(r.status == 200);
   CHECK(r.headers.find("x-pdserve-route: colocated") != std::string::npos);
@@ -1346,7 +1339,7 @@ TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative 
   CHECK(st.find("ttft;dur=") != std::string::npos);
 
   // Disaggregated, streamed with include_usage: the split is in the usage chunk.
-  json req{{"model", "small"}, {"prompt", prompt(300, 6)}, {"max_tokens", 4}, {"temperature", 0},
+  json req{{"model", "small"}, {"prompt", randomPrompt(300, 6)}, {"max_tokens", 4}, {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
   const auto t1 = std::chrono::steady_clock::now();
   auto s = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 120s);
@@ -1404,7 +1397,7 @@ TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative 
 
   // The Grafana dashboard (deploy/grafana/pdserve.json): every metric a panel queries is in the
   // live /metrics of the router or a worker, once traffic of both routes and an error ran.
-  REQUIRE(complete(*c, prompt(8, 7), 2, {{"model", "no-such-model"}}).status == 404);
+  REQUIRE(complete(*c, randomPrompt(8, 7), 2, {{"model", "no-such-model"}}).status == 404);
   std::ifstream file(std::string(PD_SOURCE_DIR) + "/deploy/grafana/pdserve.json");
   REQUIRE(file);
   const json dash = json::parse(file);
@@ -1435,7 +1428,7 @@ TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative 
 
 TEST_CASE("vLLM metric names are off by default") {
   auto c = startCluster("vllm-names-off", ClusterSpec{64});
-  REQUIRE(complete(*c, prompt(20, 8), 2).status == 200);
+  REQUIRE(complete(*c, randomPrompt(20, 8), 2).status == 200);
   const std::string router = httpGet(c->httpPort(), "/metrics", 5s).value().body;
   CHECK(router.find("pdserve_time_to_first_token_seconds_count") != std::string::npos);
   CHECK(router.find("vllm:") == std::string::npos);

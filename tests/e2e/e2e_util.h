@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -36,6 +38,22 @@ inline std::string e2eModelDir() {
     return d;
   }();
   return dir;
+}
+
+// A prompt of `n` ids: BOS, then bytes drawn from `seed` (the same ids for the same seed).
+inline std::vector<int32_t> randomPrompt(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> p{engine::kMadeBosId};
+  while (int(p.size()) < n) p.push_back(int32_t(rng() % 256));
+  return p;
+}
+
+// A whole file's text ("" when it cannot be read): a process's log for a failure message.
+inline std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 // What `pdserve generate` (one process, no cluster) produces for `prompt`: the reference a

@@ -16,7 +16,6 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -31,30 +30,13 @@ using namespace pd::tools;
 using nlohmann::json;
 using namespace std::chrono;
 using namespace std::chrono_literals;
+using pd::test::randomPrompt;
+using pd::test::readFile;
 
 namespace {
 
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e_flex_worker";
 constexpr int kTokens = 16;
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<int32_t> prompt(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> p{engine::kMadeBosId};
-  while (int(p.size()) < n) p.push_back(int32_t(rng() % 256));
-  return p;
-}
-
-// The greedy ids of `pdserve generate` (no cluster): the reference every request must match.
-std::vector<int32_t> generateCli(const std::vector<int32_t>& p, int maxTokens) {
-  return pd::test::generateCli(p, maxTokens, 1);
-}
 
 struct Outcome {
   size_t promptIndex = 0;
@@ -128,10 +110,10 @@ TEST_CASE(
       << "kv_transfer: {transports: [tcp], timeout_ms: 20000, on_remote_prefill_failure: "
          "recompute}\n"
       << "logging: {level: info}\n";
-  const std::vector<std::vector<int32_t>> prompts{prompt(12, 1),  prompt(30, 2), prompt(200, 3),
-                                                  prompt(450, 4), prompt(20, 5), prompt(700, 6)};
+  const std::vector<std::vector<int32_t>> prompts{randomPrompt(12, 1),  randomPrompt(30, 2), randomPrompt(200, 3),
+                                                  randomPrompt(450, 4), randomPrompt(20, 5), randomPrompt(700, 6)};
   std::vector<std::vector<int32_t>> expected;
-  for (const auto& p : prompts) expected.push_back(generateCli(p, kTokens));
+  for (const auto& p : prompts) expected.push_back(pd::test::generateCli(p, kTokens, 1));  // the reference ids
 
   LocalClusterOptions o;
   o.configPath = config;

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <numeric>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
