@@ -59,6 +59,9 @@ for shedding in true false; do
   "$BIN/pdserve" bench "${COMMON[@]}" --rate "$RATE" --duration "$OVERLOAD_S" --out "$WORK/overload-$shedding" > /dev/null || true
   # The router's own view of the same run: its histograms carry the SLO targets as bounds.
   curl -s http://127.0.0.1:8110/metrics > "$WORK/router-$shedding.prom" || true
+  # The decode worker's own steps: which of them pass the ITL target, and the loop's time
+  # between them (pdserve_engine_step_seconds, pdserve_engine_step_gap_seconds).
+  curl -s "$(pd_worker_metrics_url "$WORK/shedding-$shedding.log" decode-0)" > "$WORK/decode-$shedding.prom" || true
   pd_down
 done
 python3 - "$WORK" <<'PY'
@@ -87,4 +90,29 @@ for s in ("true", "false"):
           f'| {j["p99_ttft_ms"]:.0f} | {j["p99_itl_ms"]:.0f} | {other} | {j.get("request_goodput", 0):.2f} '
           f'| {within(prom, "pdserve_time_to_first_token_seconds", 2.0)} '
           f'| {within(prom, "pdserve_inter_token_latency_seconds", 0.1)} |')
+
+def buckets(prom, name, kind=None):
+    """The cumulative buckets of histogram `name` (the series with kind=`kind`, if given)."""
+    out = {}
+    for m in re.finditer(name + r'_bucket\{([^}]*)\} (\S+)', prom):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if kind is not None and labels.get("kind") != kind: continue
+        out[labels["le"]] = out.get(labels["le"], 0) + float(m.group(2))
+    return out
+print()
+print("decode-0's own steps (its /metrics): how many of each kind, the share past the 100 ms target, and the loop's gap between steps")
+print("| shedding | decode steps | past 100 ms | mixed steps | past 100 ms | gaps <= 1 ms | gaps > 10 ms |")
+print("|---|---|---|---|---|---|---|")
+for s in ("true", "false"):
+    try: prom = open(f"{sys.argv[1]}/decode-{s}.prom").read()
+    except OSError: prom = ""
+    row = [f'{"on" if s == "true" else "off"}']
+    for kind in ("decode", "mixed"):
+        b = buckets(prom, "pdserve_engine_step_seconds", kind)
+        n = b.get("+Inf", 0)
+        row += [f"{n:.0f}", f"{100 * (n - b.get('0.1', 0)) / n:.2f}%" if n else "-"]
+    g = buckets(prom, "pdserve_engine_step_gap_seconds")
+    n = g.get("+Inf", 0)
+    row += [f"{100 * g.get('0.001', 0) / n:.1f}%" if n else "-", f"{100 * (n - g.get('0.01', 0)) / n:.2f}%" if n else "-"]
+    print("| " + " | ".join(row) + " |")
 PY

@@ -79,6 +79,10 @@ int runUp(int argc, char** argv) {
       port, model.c_str(), o.prefillReplicas >= 0 ? o.prefillReplicas : cfg.pools.prefill.replicas,
       o.decodeReplicas >= 0 ? o.decodeReplicas : cfg.pools.decode.replicas, port, model.c_str(), port,
       actuator.describe().c_str());
+  // Each worker's own /metrics (its steps, KV pool, transfers), for an SRE or a benchmark.
+  for (Pool pool : {Pool::kPrefill, Pool::kDecode})
+    for (const std::string& id : cluster.value()->liveWorkers(pool))
+      std::printf("worker metrics: %s http://127.0.0.1:%d/metrics\n", id.c_str(), cluster.value()->metricsPort(id));
   std::fflush(stdout);
   timespec tick{0, 200 * 1000 * 1000};
   // The actuator polls at the router's tick, at most once a second: its recommendation

@@ -170,6 +170,8 @@ Status Engine::sampleInto(Request& r, const float* logits, std::vector<EngineEve
 }
 
 Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer) {
+  const SteadyTime periodStart = workSince_.value_or(clock_.now());
+  workSince_.reset();
   std::vector<SeqView> running, waiting;
   running.reserve(running_.size());
   waiting.reserve(waiting_.size());
@@ -183,6 +185,11 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   view.now = clock_.now();
   view.prefillTokenBudget = prefillChunkTokens();
   StepPlan plan = scheduler_.schedule(view);
+  lastStep_ = {};
+  for (const auto& e : plan.entries) {
+    lastStep_.decodeRows += e.isDecode;
+    if (!e.isDecode) lastStep_.promptTokens += e.count;
+  }
   PD_RETURN_IF_ERROR(applyPlanToKv(plan, *kv_));
 
   for (const auto& rej : plan.rejected) failRequest(rej.seq, rej.reason, events);
@@ -259,7 +266,7 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
     return s;
   }
 
-  noteStep(plan, secondsBetween(forwardStart, clock_.now()));
+  noteStep(secondsBetween(forwardStart, clock_.now()));
   int row = 0;
   for (const auto& e : plan.entries) {
     Request& r = requests_.at(e.seq);
@@ -274,19 +281,18 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
     }
     PD_RETURN_IF_ERROR(sampleInto(r, logits_.data() + size_t(row++) * vocab, events));
   }
+  const SteadyTime end = clock_.now();
+  sizePrefillChunks(1e3 * secondsBetween(periodStart, end));
+  if (hasWork()) workSince_ = end;
   return Status::ok();
 }
 
-void Engine::noteStep(const StepPlan& plan, double seconds) {
+void Engine::noteStep(double seconds) {
   if (seconds <= 0) return;
   constexpr double kWeight = 0.3;  // of the newest step: follows a change within a few steps
   const auto fold = [](double& avg, double v) { avg = avg == 0 ? v : (1 - kWeight) * avg + kWeight * v; };
-  int64_t prefillTokens = 0;
-  int decodeRows = 0;
-  for (const auto& e : plan.entries) {
-    if (!e.isDecode) prefillTokens += e.count;
-    decodeRows += e.isDecode;
-  }
+  const int64_t prefillTokens = lastStep_.promptTokens;
+  const int decodeRows = lastStep_.decodeRows;
   const bool anyDecode = decodeRows > 0;
   if (prefillTokens > 0) fold(prefillTokensPerS_, double(prefillTokens) / seconds);
   if (anyDecode) fold(decodeStepMs_, seconds * 1e3);
@@ -294,28 +300,29 @@ void Engine::noteStep(const StepPlan& plan, double seconds) {
     fold(pureDecodeStepMs_, seconds * 1e3);
     decodeCost_.observe(decodeRows, seconds * 1e3);
   }
-  const double targetMs = options_.prefillChunks.itlTargetMs;
-  if (targetMs > 0 && anyDecode && prefillTokens > 0) {
-    const double stepMs = seconds * 1e3;
-    if (prefillTokens <= options_.prefillChunks.minTokens) {
-      decodeCost_.observeSmallChunk(decodeRows, stepMs);
-      smallChunkSeenAt_ = clock_.now();
-    }
-    // The aim tracks the percentile (PrefillChunkOptions).
-    constexpr double kAimStep = 0.05;
-    // Half the overruns the percentile allows: the SLO counts every gap a stream sees, and
-    // the loop's work between steps and the hop to the client add to these step times.
-    const double q = 1 - (1 - std::clamp(options_.prefillChunks.percentile / 100, 0.0, 1.0)) / 2;
-    prefillChunkAim_ = std::clamp(prefillChunkAim_ * std::exp(stepMs > targetMs ? -kAimStep * q : kAimStep * (1 - q)),
-                                  0.5, 1.0);
-    // A step that used (nearly) its cap, or overran the aim whatever it used, says where
-    // the cap should be; a step short of prompt work and within the aim says nothing.
-    const int cap = prefillChunkTokens();
-    const double aimMs = targetMs * prefillChunkAim_;
-    if (stepMs > aimMs || prefillTokens * 10 >= cap * 9) {
-      const double scale = std::clamp(aimMs / stepMs, 0.5, 2.0);
-      prefillChunkCap_ = clampChunk(std::lround(double(prefillTokens) * scale));
-    }
+  if (options_.prefillChunks.itlTargetMs > 0 && anyDecode && prefillTokens > 0 &&
+      prefillTokens <= options_.prefillChunks.minTokens) {
+    decodeCost_.observeSmallChunk(decodeRows, seconds * 1e3);
+    smallChunkSeenAt_ = clock_.now();
+  }
+}
+
+void Engine::sizePrefillChunks(double periodMs) {
+  const double budgetMs = options_.prefillChunks.periodBudgetMs();
+  const int64_t prefillTokens = lastStep_.promptTokens;
+  if (budgetMs <= 0 || lastStep_.decodeRows == 0 || prefillTokens == 0 || periodMs <= 0) return;
+  // The aim tracks the percentile (PrefillChunkOptions).
+  constexpr double kAimStep = 0.05;
+  const double q = 1 - (1 - std::clamp(options_.prefillChunks.percentile / 100, 0.0, 1.0)) / 2;
+  prefillChunkAim_ =
+      std::clamp(prefillChunkAim_ * std::exp(periodMs > budgetMs ? -kAimStep * q : kAimStep * (1 - q)), 0.5, 1.0);
+  // A step that used (nearly) its cap, or overran the aim whatever it used, says where the
+  // cap should be; a step short of prompt work and within the aim says nothing.
+  const int cap = prefillChunkTokens();
+  const double aimMs = budgetMs * prefillChunkAim_;
+  if (periodMs > aimMs || prefillTokens * 10 >= cap * 9) {
+    const double scale = std::clamp(aimMs / periodMs, 0.5, 2.0);
+    prefillChunkCap_ = clampChunk(std::lround(double(prefillTokens) * scale));
   }
 }
 
@@ -325,12 +332,12 @@ int Engine::clampChunk(int64_t tokens) const {
 }
 
 int Engine::prefillChunkTokens() const {
-  const double targetMs = options_.prefillChunks.itlTargetMs;
-  if (targetMs <= 0) return options_.scheduler.maxBatchTokens;
+  const double budgetMs = options_.prefillChunks.periodBudgetMs();
+  if (budgetMs <= 0) return options_.scheduler.maxBatchTokens;
   if (prefillChunkCap_ > 0) return prefillChunkCap_;
   // Not taught yet: what the prefill rate fits beside a pure decode step.
   if (prefillTokensPerS_ <= 0 || pureDecodeStepMs_ <= 0) return options_.scheduler.maxBatchTokens;
-  return clampChunk(std::llround(prefillTokensPerS_ * (targetMs * prefillChunkAim_ - pureDecodeStepMs_) / 1e3));
+  return clampChunk(std::llround(prefillTokensPerS_ * (budgetMs * prefillChunkAim_ - pureDecodeStepMs_) / 1e3));
 }
 
 EngineLoad Engine::load() const {

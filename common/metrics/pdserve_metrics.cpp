@@ -273,6 +273,14 @@ void RouterMetrics::setAutoscalerSignals(std::string_view pool, const Autoscaler
   for (const auto& g : gauges) r_.gauge(g.name, g.help, {{"pool", s(pool)}}).set(g.value);
 }
 
+void WorkerMetrics::observeStep(int decodeRows, int64_t promptTokens, double seconds) {
+  if (promptTokens > 0) {
+    (decodeRows > 0 ? mixedStepSeconds_ : prefillStepSeconds_).observe(seconds);
+  } else if (decodeRows > 0) {
+    decodeStepSeconds_.observe(seconds);
+  }
+}
+
 WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   running = r_.gauge("pdserve_num_requests_running", "Requests in the running batch.");
   waiting = r_.gauge("pdserve_num_requests_waiting", "Requests waiting to be scheduled.");
@@ -300,6 +308,19 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   kvQuarantineSeconds = r_.histogram("pdserve_kv_quarantine_seconds",
                                      "Time KV blocks spent quarantined, from the remote prefill's end to release.",
                                      {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300});
+  const auto stepHistogram = [this](const char* kind) {
+    return r_.histogram("pdserve_engine_step_seconds",
+                        "One engine step (schedule, forward, sample), by what it computed: streams only (decode), "
+                        "streams and prompt tokens (mixed), prompt tokens only (prefill).",
+                        {0.005, 0.01, 0.025, 0.05, 0.075, 0.09, 0.1, 0.125, 0.15, 0.25, 0.5, 1, 2.5}, {{"kind", kind}});
+  };
+  decodeStepSeconds_ = stepHistogram("decode");
+  mixedStepSeconds_ = stepHistogram("mixed");
+  prefillStepSeconds_ = stepHistogram("prefill");
+  stepGapSeconds = r_.histogram("pdserve_engine_step_gap_seconds",
+                                "The worker loop's time between one step's end and the next one's start while work "
+                                "was waiting (tokens out, messages, timers).",
+                                {0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1});
   promptTokens = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens prefilled.");
   generationTokens = r_.counter("pdserve_generation_tokens_total", "Tokens generated.");
   preemptions = r_.counter("pdserve_num_preemptions_total", "Requests preempted.");

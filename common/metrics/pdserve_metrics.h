@@ -183,6 +183,14 @@ class WorkerMetrics {
   Gauge transfersInFlight;
   Gauge kvBlocksQuarantined;
   Histogram kvQuarantineSeconds;
+  // pdserve_engine_step_seconds{kind}: one engine step, scheduling to sampled tokens, by what
+  // it computed: "decode" (streams only), "mixed" (streams and prompt tokens), "prefill"
+  // (prompt tokens only). What each stream in it waited for its next token, before the hop
+  // to the router. A step that computed nothing is not counted.
+  void observeStep(int decodeRows, int64_t promptTokens, double seconds);
+  // The loop's time from one step's end to the next one's start while work was waiting:
+  // handing out tokens, KV events, messages and timers. Added to every stream's gap.
+  Histogram stepGapSeconds;
   Counter promptTokens;
   Counter generationTokens;
   Counter preemptions;
@@ -193,6 +201,7 @@ class WorkerMetrics {
   Registry& r_;
   int64_t seenPreemptions_ = 0, seenQueries_ = 0, seenHits_ = 0;
   std::map<std::string, Gauge, std::less<>> remotePrefillStates_;  // remotePrefillsIn's series
+  Histogram decodeStepSeconds_, mixedStepSeconds_, prefillStepSeconds_;  // observeStep's
 };
 
 }  // namespace pd::metrics

@@ -22,6 +22,11 @@ pd_down() {
   PID=
 }
 
+# pd_worker_metrics_url LOG ID: the /metrics URL of worker ID, from the cluster's log.
+pd_worker_metrics_url() {
+  sed -n "s/^worker metrics: $2 \(http[^ ]*\)$/\1/p" "$1" | head -1
+}
+
 # pd_mix_trace MIX: the trace file of conv, code or mooncake.
 pd_mix_trace() {
   case $1 in
