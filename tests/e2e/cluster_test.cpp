@@ -209,6 +209,13 @@ static void checkGreedyIdentity(const std::vector<std::pair<std::string, Cluster
         std::this_thread::sleep_for(100ms);
       }
       CHECK(workerMetric(*c, prefixWorker, "pdserve_prefix_cache_hits_total") >= 16);
+      // Each worker timed the steps it ran, by kind: the decode worker decoded every stream;
+      // a prefill worker only prefills; colocated prompts were prefilled on the decode worker.
+      CHECK(workerMetricWith(*c, "decode-0", "pdserve_engine_step_seconds_count", "kind=\"decode\"") >= kTokens - 1);
+      CHECK(workerMetricWith(*c, "prefill-0", "pdserve_engine_step_seconds_count", "kind=\"decode\"") == 0);
+      CHECK(workerMetricWith(*c, route == "disaggregated" ? "prefill-0" : "decode-0", "pdserve_engine_step_seconds_count",
+                             "kind=\"prefill\"") >= 1);
+      CHECK(workerMetric(*c, "decode-0", "pdserve_engine_step_gap_seconds_count") >= 1);
       if (route == "disaggregated") {
         CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size() + 2);
         // The KV really moved over the transport this section names.
