@@ -54,9 +54,8 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& l
     mapped = (layout.totalBytes() + page - 1) / page * page;
     // Transparent huge pages where the region spans one: a KV transfer between processes on
     // one node (cma) pins and copies the region page by page, and 2 MiB pages made it 1.85x
-    // faster (7.9 -> 14.6 GB/s for 512 MiB, docs/performance.md); attention's reads of the
-    // blocks miss the TLB less too. The mapping is over-sized by one huge page and trimmed,
-    // so the region starts on a huge-page boundary.
+    // faster (7.9 -> 14.6 GB/s for 512 MiB, docs/performance.md). The mapping is over-sized
+    // by one huge page and trimmed, so the region starts on a huge-page boundary.
     constexpr size_t kHuge = size_t(2) << 20;
     const size_t extra = mapped >= kHuge ? kHuge : 0;
     void* raw = mmap(nullptr, mapped + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
