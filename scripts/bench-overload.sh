@@ -67,13 +67,20 @@ done
 python3 - "$WORK" <<'PY'
 import json, sys
 import re
+def buckets(prom, name, kind=None):
+    """The cumulative buckets of histogram `name`, by upper bound, summed over its series (those
+    with kind=`kind` only, if given)."""
+    out = {}
+    for m in re.finditer(name + r'_bucket\{([^}]*)\} (\S+)', prom):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if kind is not None and labels.get("kind") != kind: continue
+        le = labels["le"] if labels["le"] == "+Inf" else float(labels["le"])
+        out[le] = out.get(le, 0) + float(m.group(2))
+    return out
 def within(prom, name, bound):
-    """Share of the router's observations of histogram `name` at or under `bound` (all routes)."""
-    le, total = 0.0, 0.0
-    for m in re.finditer(name + r'_bucket\{[^}]*le="([^"]+)"[^}]*\} (\S+)', prom):
-        if m.group(1) == "+Inf": total += float(m.group(2))
-        elif abs(float(m.group(1)) - bound) < 1e-9: le += float(m.group(2))
-    return f"{100 * le / total:.1f}%" if total else "-"
+    """Share of the observations of histogram `name` at or under `bound` (all series)."""
+    b = buckets(prom, name)
+    return f"{100 * b.get(bound, 0) / b['+Inf']:.1f}%" if b.get("+Inf") else "-"
 print("| shedding | sent | admitted | shed | first 429 (s) | p99 TTFT admitted (ms) | p99 ITL (ms) | other errors | goodput (req/s) "
       "| router: TTFT <= 2 s | router: gaps <= 100 ms |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -91,14 +98,6 @@ for s in ("true", "false"):
           f'| {within(prom, "pdserve_time_to_first_token_seconds", 2.0)} '
           f'| {within(prom, "pdserve_inter_token_latency_seconds", 0.1)} |')
 
-def buckets(prom, name, kind=None):
-    """The cumulative buckets of histogram `name` (the series with kind=`kind`, if given)."""
-    out = {}
-    for m in re.finditer(name + r'_bucket\{([^}]*)\} (\S+)', prom):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if kind is not None and labels.get("kind") != kind: continue
-        out[labels["le"]] = out.get(labels["le"], 0) + float(m.group(2))
-    return out
 print()
 print("decode-0's own steps (its /metrics): how many of each kind, the share past the 100 ms target, and the loop's gap between steps")
 print("| shedding | decode steps | past 100 ms | mixed steps | past 100 ms | gaps <= 1 ms | gaps > 10 ms |")
@@ -110,9 +109,9 @@ for s in ("true", "false"):
     for kind in ("decode", "mixed"):
         b = buckets(prom, "pdserve_engine_step_seconds", kind)
         n = b.get("+Inf", 0)
-        row += [f"{n:.0f}", f"{100 * (n - b.get('0.1', 0)) / n:.2f}%" if n else "-"]
+        row += [f"{n:.0f}", f"{100 * (n - b.get(0.1, 0)) / n:.2f}%" if n else "-"]
     g = buckets(prom, "pdserve_engine_step_gap_seconds")
     n = g.get("+Inf", 0)
-    row += [f"{100 * g.get('0.001', 0) / n:.1f}%" if n else "-", f"{100 * (n - g.get('0.01', 0)) / n:.2f}%" if n else "-"]
+    row += [f"{100 * g.get(0.001, 0) / n:.1f}%" if n else "-", f"{100 * (n - g.get(0.01, 0)) / n:.2f}%" if n else "-"]
     print("| " + " | ".join(row) + " |")
 PY
