@@ -205,10 +205,6 @@ microseconds WorkerLoop::idleWait() const {
 
 void WorkerLoop::loop() {
   std::vector<engine::EngineEvent> events;
-  // When the last step ended with work still waiting: the loop's time until the next step
-  // starts is part of every stream's gap (pdserve_engine_step_gap_seconds).
-  bool workLeft = false;
-  SteadyTime lastStepEnd{};
   while (!stopping_) {
     inbox_.runPending(idleWait());
     runDueTimers();
@@ -216,16 +212,13 @@ void WorkerLoop::loop() {
     policy_->poll();
     if (engine().hasWork()) {
       events.clear();
-      const SteadyTime started = steadyNow();
-      if (workLeft) metrics_.stepGapSeconds.observe(secondsBetween(lastStepEnd, started));
       reporter_->stepStarted();
       Status s = engine().step(&events, [this](int layer, const engine::StepView& step) {
         policy_->onLayerDone(layer, step);
       });
       reporter_->stepEnded();
-      const SteadyTime ended = steadyNow();
-      metrics_.observeStep(engine().lastStep().decodeRows, engine().lastStep().promptTokens,
-                           secondsBetween(started, ended));
+      const engine::StepRecord& step = engine().lastStep();
+      metrics_.observeStep(step.decodeRows, step.promptTokens, step.seconds, step.gapSeconds);
       if (!s.isOk()) {
         PD_LOG(kError, roleName()) << "step failed: " << s.toString();
       }
@@ -233,10 +226,6 @@ void WorkerLoop::loop() {
       // last chunk has the KV events of its prompt.
       if (kvEvents_) kvEvents_->flush();
       policy_->onStepEvents(events);
-      workLeft = engine().hasWork();
-      lastStepEnd = ended;
-    } else {
-      workLeft = false;
     }
     // What the role's handlers changed (frees, reservations that evicted). Before the load
     // snapshot: a report never names a batch that was not sent yet.

@@ -170,7 +170,8 @@ Status Engine::sampleInto(Request& r, const float* logits, std::vector<EngineEve
 }
 
 Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer) {
-  const SteadyTime periodStart = workSince_.value_or(clock_.now());
+  const SteadyTime stepStart = clock_.now();
+  const double gapSeconds = workSince_ ? secondsBetween(*workSince_, stepStart) : 0;
   workSince_.reset();
   std::vector<SeqView> running, waiting;
   running.reserve(running_.size());
@@ -186,6 +187,7 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   view.prefillTokenBudget = prefillChunkTokens();
   StepPlan plan = scheduler_.schedule(view);
   lastStep_ = {};
+  lastStep_.gapSeconds = gapSeconds;
   for (const auto& e : plan.entries) {
     lastStep_.decodeRows += e.isDecode;
     if (!e.isDecode) lastStep_.promptTokens += e.count;
@@ -282,7 +284,8 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
     PD_RETURN_IF_ERROR(sampleInto(r, logits_.data() + size_t(row++) * vocab, events));
   }
   const SteadyTime end = clock_.now();
-  sizePrefillChunks(1e3 * secondsBetween(periodStart, end));
+  lastStep_.seconds = secondsBetween(stepStart, end);
+  sizePrefillChunks(1e3 * (lastStep_.gapSeconds + lastStep_.seconds));
   if (hasWork()) workSince_ = end;
   return Status::ok();
 }

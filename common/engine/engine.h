@@ -124,10 +124,15 @@ struct StepView {
 };
 using StepLayerFn = std::function<void(int layer, const StepView& step)>;
 
-// What one step() computed: its decode rows and prompt tokens (both 0: nothing ran).
-struct StepShape {
-  int decodeRows = 0;
+// What one step() computed and how long its streams waited for it.
+struct StepRecord {
+  int decodeRows = 0;        // both 0: nothing ran
   int64_t promptTokens = 0;
+  // From step()'s start to its sampled tokens; 0 when the step failed or had nothing to run.
+  double seconds = 0;
+  // From the previous step's end to this one's start, when that step left work to do (the
+  // caller's loop between steps); 0 otherwise. gapSeconds + seconds is the step's period.
+  double gapSeconds = 0;
 };
 
 class Engine {
@@ -167,8 +172,8 @@ class Engine {
   Status step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer = {});
 
   bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
-  // The shape of the last step() (its plan, whether or not the forward succeeded).
-  const StepShape& lastStep() const { return lastStep_; }
+  // The last step(): its plan's shape whether or not the forward succeeded, and its times.
+  const StepRecord& lastStep() const { return lastStep_; }
   bool contains(uint64_t id) const { return requests_.count(id) != 0; }
   const Request* find(uint64_t id) const;
   EngineLoad load() const;
@@ -224,7 +229,7 @@ class Engine {
   double prefillChunkAim_ = 1;  // PrefillChunkOptions: the fraction of the target aimed at
   StepCostModel decodeCost_;  // over the steps without prompt tokens (and small chunks)
   SteadyTime smallChunkSeenAt_{};
-  StepShape lastStep_;
+  StepRecord lastStep_;
   std::optional<SteadyTime> workSince_;  // the last step's end, when it left work to do
 };
 

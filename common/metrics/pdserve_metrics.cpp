@@ -273,7 +273,9 @@ void RouterMetrics::setAutoscalerSignals(std::string_view pool, const Autoscaler
   for (const auto& g : gauges) r_.gauge(g.name, g.help, {{"pool", s(pool)}}).set(g.value);
 }
 
-void WorkerMetrics::observeStep(int decodeRows, int64_t promptTokens, double seconds) {
+void WorkerMetrics::observeStep(int decodeRows, int64_t promptTokens, double seconds, double gapSeconds) {
+  if (seconds <= 0) return;
+  if (gapSeconds > 0) stepGapSeconds_.observe(gapSeconds);
   if (promptTokens > 0) {
     (decodeRows > 0 ? mixedStepSeconds_ : prefillStepSeconds_).observe(seconds);
   } else if (decodeRows > 0) {
@@ -317,10 +319,10 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   decodeStepSeconds_ = stepHistogram("decode");
   mixedStepSeconds_ = stepHistogram("mixed");
   prefillStepSeconds_ = stepHistogram("prefill");
-  stepGapSeconds = r_.histogram("pdserve_engine_step_gap_seconds",
-                                "The worker loop's time between one step's end and the next one's start while work "
-                                "was waiting (tokens out, messages, timers).",
-                                {0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1});
+  stepGapSeconds_ = r_.histogram("pdserve_engine_step_gap_seconds",
+                                 "The worker loop's time between one step's end and the next one's start while work "
+                                 "was waiting (tokens out, messages, timers).",
+                                 {0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1});
   promptTokens = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens prefilled.");
   generationTokens = r_.counter("pdserve_generation_tokens_total", "Tokens generated.");
   preemptions = r_.counter("pdserve_num_preemptions_total", "Requests preempted.");

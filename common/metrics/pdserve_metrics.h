@@ -183,14 +183,13 @@ class WorkerMetrics {
   Gauge transfersInFlight;
   Gauge kvBlocksQuarantined;
   Histogram kvQuarantineSeconds;
-  // pdserve_engine_step_seconds{kind}: one engine step, scheduling to sampled tokens, by what
+  // One engine step (engine::StepRecord's fields): pdserve_engine_step_seconds{kind}, by what
   // it computed: "decode" (streams only), "mixed" (streams and prompt tokens), "prefill"
-  // (prompt tokens only). What each stream in it waited for its next token, before the hop
-  // to the router. A step that computed nothing is not counted.
-  void observeStep(int decodeRows, int64_t promptTokens, double seconds);
-  // The loop's time from one step's end to the next one's start while work was waiting:
-  // handing out tokens, KV events, messages and timers. Added to every stream's gap.
-  Histogram stepGapSeconds;
+  // (prompt tokens only); and pdserve_engine_step_gap_seconds, the loop's time before it
+  // while work was waiting (tokens out, KV events, messages, timers). Together what each
+  // stream waited for its next token, before the hop to the router. A step that computed
+  // nothing is not counted; a gap of 0 (none) neither.
+  void observeStep(int decodeRows, int64_t promptTokens, double seconds, double gapSeconds);
   Counter promptTokens;
   Counter generationTokens;
   Counter preemptions;
@@ -201,7 +200,7 @@ class WorkerMetrics {
   Registry& r_;
   int64_t seenPreemptions_ = 0, seenQueries_ = 0, seenHits_ = 0;
   std::map<std::string, Gauge, std::less<>> remotePrefillStates_;  // remotePrefillsIn's series
-  Histogram decodeStepSeconds_, mixedStepSeconds_, prefillStepSeconds_;  // observeStep's
+  Histogram decodeStepSeconds_, mixedStepSeconds_, prefillStepSeconds_, stepGapSeconds_;  // observeStep's
 };
 
 }  // namespace pd::metrics
