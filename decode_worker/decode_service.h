@@ -25,7 +25,6 @@ class DecodeService : public worker::Service {
   // `weights`: see worker::buildEngine's `preloaded` (null: load config.model.path).
   static Result<std::unique_ptr<DecodeService>> create(config::ClusterConfig config, worker::WorkerFlags flags,
                                                     std::shared_ptr<const engine::ModelWeights> weights = nullptr);
-  virtual int metricsPort() const = 0;
 };
 
 }  // namespace pd::decode

@@ -5,6 +5,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: pdserve-decode --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] [--bind-host IP]\n"
     "                      [--transfer-port N] [--metrics-port N] [--model DIR]\n"
+    "                      [--ports-file PATH]\n"
     "  Serves the requests a pdserve-router gives it: colocated prefill + decode for short\n"
     "  prompts, KV received from a prefill worker for long ones.\n";
 }

@@ -74,6 +74,7 @@ Status FlexWorker::start() {
   PD_ASSIGN_OR_RETURN(auto service, createService(role_, config_, flags_, nullptr));
   exportSwitches(*service);
   PD_RETURN_IF_ERROR(service->start());
+  PD_RETURN_IF_ERROR(worker::writeServicePorts(flags_, *service));
   service_ = std::move(service);
   PD_LOG(kInfo, kTag) << flags_.workerId << ": serving as " << roleName(role_)
                       << " (SIGUSR1 switches to the other role)";
@@ -174,6 +175,8 @@ void FlexWorker::runSwitch(Role from, Role to) {
       exportSwitches(**created);
     }
     started = created.value()->start();
+    // Rewritten for the new role: with --metrics-port 0 its port is a new one.
+    if (started.isOk()) started = worker::writeServicePorts(flags_, **created);
     if (started.isOk()) {
       std::lock_guard<std::mutex> lock(mu_);
       service_ = std::move(created).value();

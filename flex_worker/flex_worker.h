@@ -9,8 +9,8 @@
 //   (its ports, KV cache and threads are released) -> create the other role's service on the
 //   SAME weights (worker::buildEngine's `preloaded`: cpu shares the f32 host weights, cuda
 //   streams them to the device again) with a KV cache built for the new role -> start it:
-//   it binds the same --port / --transfer-port / --metrics-port and registers with the
-//   router under the same --id in its new role.
+//   it binds the same --port / --transfer-port / --metrics-port (a 0 is chosen anew, and
+//   --ports-file rewritten) and registers with the router under the same --id in its new role.
 //
 // pdserve_role_switches_total{from,to} counts the switches of this process; each service has
 // its own metrics registry, so the count is kept here and written into every new one.

@@ -21,7 +21,7 @@ constexpr const char* kUsage =
     "HOST:PORT[,HOST:PORT...]]\n"
     "                      [--advertise-host IP] [--bind-host IP] [--port N] [--transfer-port N] "
     "[--metrics-port N]\n"
-    "                      [--model DIR]\n"
+    "                      [--model DIR] [--ports-file PATH]\n"
     "  A worker that starts in --role and switches to the other role on SIGUSR1: it drains (as on\n"
     "  SIGTERM), then serves the other role on the same weights and ports, under the same id.\n"
     "  --port is the prefill role's control port (the decode role takes no inbound control).\n";

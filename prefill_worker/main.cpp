@@ -5,6 +5,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: pdserve-prefill --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] [--bind-host IP]\n"
     "                       [--port N] [--transfer-port N] [--metrics-port N] [--model DIR]\n"
+    "                       [--ports-file PATH]\n"
     "  Prefills long prompts for decode workers and pushes their KV, layer by layer.\n";
 }
 

@@ -23,7 +23,6 @@ class PrefillService : public worker::Service {
   static Result<std::unique_ptr<PrefillService>> create(config::ClusterConfig config, worker::WorkerFlags flags,
                                                     std::shared_ptr<const engine::ModelWeights> weights = nullptr);
   virtual int controlPort() const = 0;
-  virtual int metricsPort() const = 0;
 };
 
 }  // namespace pd::prefill

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/base/log.h"
+#include "common/base/ports_file.h"
 #include "common/base/signals.h"
 #include "router/api_keys.h"
 #include "router/router_service.h"
@@ -14,9 +15,11 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: pdserve-router [--config FILE] [--host IP] [--port N] [--control-port N] [--model DIR]\n"
+    "                      [--ports-file PATH]\n"
     "  Serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
     "  /metrics, /version, /tokenize, /detokenize) and routes requests to the workers that\n"
-    "  register on the control port.\n";
+    "  register on the control port. --ports-file: once both listen, write their ports there\n"
+    "  ('http N', 'control N'; common/base/ports_file.h), e.g. after --port 0.\n";
 
 int usageError(const std::string& message) {
   std::fprintf(stderr, "pdserve-router: %s\n", message.c_str());
@@ -28,7 +31,7 @@ int usageError(const std::string& message) {
 int main(int argc, char** argv) {
   const sigset_t signals = pd::blockTerminationSignals();
 
-  std::string configPath = "deploy/configs/local.yaml", host, modelPath;
+  std::string configPath = "deploy/configs/local.yaml", host, modelPath, portsFile;
   int port = -1, controlPort = -1;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -41,6 +44,7 @@ int main(int argc, char** argv) {
     if (arg == "--config") configPath = value;
     else if (arg == "--host") host = value;
     else if (arg == "--model") modelPath = value;
+    else if (arg == "--ports-file") portsFile = value;
     else if (arg == "--port" || arg == "--control-port") {
       char* end = nullptr;
       long v = std::strtol(value.c_str(), &end, 10);
@@ -57,6 +61,10 @@ int main(int argc, char** argv) {
   auto service = pd::router::RouterService::create({config.value(), host, port, controlPort});
   pd::router::wipeSecrets(&config->router.apiKeys);  // the service keeps their hashes only
   pd::Status started = service.ok() ? service.value()->start() : service.status();
+  if (started.isOk() && !portsFile.empty()) {
+    started = pd::writePortsFile(portsFile, {{"http", service.value()->httpPort()},
+                                             {"control", service.value()->controlPort()}});
+  }
   if (!started.isOk()) {
     std::fprintf(stderr, "pdserve-router: %s\n", started.toString().c_str());
     return 1;

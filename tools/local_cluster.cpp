@@ -22,6 +22,7 @@
 #include <fstream>
 
 #include "common/base/cluster_auth.h"
+#include "common/base/ports_file.h"
 #include "common/base/log.h"
 #include "common/engine/model_maker.h"
 
@@ -124,7 +125,10 @@ Result<HttpReply> httpRequest(int port, const std::string& method, const std::st
 
 namespace {
 
-
+// A child's ports file (common/base/ports_file.h) in the run directory.
+std::string portsFileOf(const std::string& runDir, const std::string& process) {
+  return runDir + "/" + process + ".ports";
+}
 
 // A fresh cluster secret (32 random bytes, hex) in runDir/cluster.secret, 0600, and a copy of
 // the config naming it in runDir/cluster.yaml. Returns the copy's path.
@@ -167,20 +171,21 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   PD_ASSIGN_OR_RETURN(c->config_, config::loadClusterConfig(o.configPath));
   c->configPath_ = o.configPath;
+  c->runDir_ = o.runDir;
+  if (c->runDir_.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/pdserve-up-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) return unavailable("cannot make a run directory: " + std::string(std::strerror(errno)));
+    c->runDir_ = tmpl;
+    c->ownsRunDir_ = true;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(c->runDir_, ec);
+    if (ec) return unavailable("cannot make run directory " + c->runDir_ + ": " + ec.message());
+  }
   if (o.generateSecret && !c->config_.cluster.authenticated()) {
-    c->runDir_ = o.runDir;
-    if (c->runDir_.empty()) {
-      const char* tmp = std::getenv("TMPDIR");
-      std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/pdserve-up-XXXXXX";
-      if (::mkdtemp(tmpl.data()) == nullptr) return unavailable("cannot make a run directory: " + std::string(std::strerror(errno)));
-      c->runDir_ = tmpl;
-      c->ownsRunDir_ = true;
-    } else {
-      std::error_code ec;
-      std::filesystem::create_directories(c->runDir_, ec);
-      if (ec) return unavailable("cannot make run directory " + c->runDir_ + ": " + ec.message());
-      std::filesystem::remove(c->runDir_ + "/cluster.secret", ec);
-    }
+    std::error_code ec;
+    std::filesystem::remove(c->runDir_ + "/cluster.secret", ec);
     PD_ASSIGN_OR_RETURN(c->configPath_, writeAuthenticatedConfig(o.configPath, c->runDir_));
     PD_ASSIGN_OR_RETURN(c->config_, config::loadClusterConfig(c->configPath_));
     PD_LOG(kInfo, "up") << "internal planes authenticated with a fresh secret in " << c->runDir_ << "/cluster.secret";
@@ -195,22 +200,21 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   }
   int prefillN = o.prefillReplicas >= 0 ? o.prefillReplicas : cfg.pools.prefill.replicas;
   int decodeN = o.decodeReplicas >= 0 ? o.decodeReplicas : cfg.pools.decode.replicas;
-  int httpPort = o.httpPort >= 0 ? o.httpPort : cfg.router.port;
-  int controlPort = o.controlPort >= 0 ? o.controlPort : cfg.router.controlPort;
-  if (httpPort == 0) {
-    PD_ASSIGN_OR_RETURN(httpPort, freePort());
-  }
-  if (controlPort == 0) {
-    PD_ASSIGN_OR_RETURN(controlPort, freePort());
-  }
-  c->httpPort_ = httpPort;
-  c->controlPort_ = controlPort;
-  auto bin = [&](const char* name) { return (std::filesystem::path(o.binDir) / name).string(); };
-
-  const std::string& configPath = c->configPath_;
-  PD_RETURN_IF_ERROR(c->group_.spawn("router", {bin("pdserve-router"), "--config", configPath,
-                                                "--port", std::to_string(httpPort), "--control-port",
-                                                std::to_string(controlPort)}).status());
+  const int httpPort = o.httpPort >= 0 ? o.httpPort : cfg.router.port;
+  const int controlPort = o.controlPort >= 0 ? o.controlPort : cfg.router.controlPort;
+  const auto deadline = steady_clock::now() + o.startTimeout;
+  // The router binds its ports (0: OS-chosen) and says which in its ports file; the workers
+  // are started once it did, with the control port it bound.
+  const std::string routerPorts = portsFileOf(c->runDir_, "router");
+  std::error_code ec;
+  std::filesystem::remove(routerPorts, ec);
+  PD_RETURN_IF_ERROR(c->group_.spawn("router", {(std::filesystem::path(o.binDir) / "pdserve-router").string(),
+                                                "--config", c->configPath_, "--port", std::to_string(httpPort),
+                                                "--control-port", std::to_string(controlPort), "--ports-file",
+                                                routerPorts}).status());
+  PD_ASSIGN_OR_RETURN(PortMap ports, c->waitForPorts("router", deadline));
+  c->httpPort_ = ports["http"];
+  c->controlPort_ = ports["control"];
   c->binDir_ = o.binDir;
   for (int i = 0; i < prefillN; ++i) PD_RETURN_IF_ERROR(c->startWorker(Pool::kPrefill).status());
   for (int i = 0; i < decodeN; ++i) PD_RETURN_IF_ERROR(c->startWorker(Pool::kDecode).status());
@@ -235,15 +239,16 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
     metricsAuth.push_back("Authorization: Bearer " + token);
   }
   c->metricsAuth_ = metricsAuth;
-  const auto deadline = steady_clock::now() + o.startTimeout;
   while (steady_clock::now() < deadline) {
     if (auto dead = c->group_.waitAny(milliseconds(200))) {
       return unavailable(dead->name + " " + dead->description + " during start-up (see its [" + dead->name + "] log lines)");
     }
-    auto health = httpGet(httpPort, "/health", seconds(2));
+    auto health = httpGet(c->httpPort_, "/health", seconds(2));
     if (!health.ok() || health->status != 200) continue;
     auto metrics = c->routerMetrics(seconds(2));
-    if (metrics.ok() && poolGauge(*metrics, "pdserve_pool_workers", "prefill") >= prefillN &&
+    const bool portsKnown = std::all_of(c->workers_.begin(), c->workers_.end(),
+                                        [&](const auto& w) { return c->metricsPort(w.first) != 0; });
+    if (metrics.ok() && portsKnown && poolGauge(*metrics, "pdserve_pool_workers", "prefill") >= prefillN &&
         poolGauge(*metrics, "pdserve_pool_workers", "decode") >= decodeN) {
       return c;
     }
@@ -259,9 +264,25 @@ LocalCluster::~LocalCluster() {
   }
 }
 
+Result<PortMap> LocalCluster::waitForPorts(const std::string& process, steady_clock::time_point deadline) {
+  const std::string path = portsFileOf(runDir_, process);
+  for (;;) {
+    auto ports = readPortsFile(path);
+    if (ports.status().code() != StatusCode::kNotFound) return ports;
+    if (auto dead = group_.waitAny(milliseconds(20))) {
+      return unavailable(dead->name + " " + dead->description + " during start-up (see its [" + dead->name + "] log lines)");
+    }
+    if (steady_clock::now() >= deadline) return deadlineExceeded(process + " wrote no " + path + " in time");
+  }
+}
+
 int LocalCluster::metricsPort(const std::string& worker) const {
   auto it = metricsPorts_.find(worker);
-  return it == metricsPorts_.end() ? 0 : it->second;
+  if (it != metricsPorts_.end()) return it->second;
+  if (!workers_.count(worker)) return 0;
+  auto ports = readPortsFile(portsFileOf(runDir_, worker));
+  if (!ports.ok() || !ports->count("metrics")) return 0;
+  return metricsPorts_[worker] = ports->at("metrics");
 }
 
 void LocalCluster::stop() {
@@ -278,17 +299,18 @@ Result<std::string> LocalCluster::startWorker(Pool pool) {
   int slot = 0;
   while (slots.count(slot)) ++slot;
   const std::string id = std::string(poolName(pool)) + "-" + std::to_string(nextId_[int(pool)]);
-  PD_ASSIGN_OR_RETURN(int metricsPort, freePort());
   const std::string program = pool == Pool::kPrefill ? "pdserve-prefill" : "pdserve-decode";
+  const std::string portsFile = portsFileOf(runDir_, id);
+  std::error_code ec;
+  std::filesystem::remove(portsFile, ec);
   std::vector<std::string> argv{(std::filesystem::path(binDir_) / program).string(), "--config", configPath_, "--id", id,
-                                "--router", "127.0.0.1:" + std::to_string(controlPort_), "--metrics-port",
-                                std::to_string(metricsPort)};
+                                "--router", "127.0.0.1:" + std::to_string(controlPort_), "--metrics-port", "0",
+                                "--ports-file", portsFile};
   // pools.prefill.base_port: a prefill worker's control port is base_port + its slot (0:
   // OS-chosen); decode workers take no inbound connections from other workers.
   if (pool == Pool::kPrefill && basePort != 0) argv.insert(argv.end(), {"--port", std::to_string(basePort + slot)});
   PD_RETURN_IF_ERROR(group_.spawn(id, argv).status());
   ++nextId_[int(pool)];
-  metricsPorts_[id] = metricsPort;
   workers_[id] = Worker{pool, slot, false, {}};
   return id;
 }

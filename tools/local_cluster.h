@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "common/base/ports_file.h"
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
 #include "tools/process_group.h"
@@ -20,13 +21,16 @@ namespace pd::tools {
 struct LocalClusterOptions {
   std::string configPath = "deploy/configs/local.yaml";
   std::string binDir;              // where pdserve-router/-prefill/-decode are
-  int httpPort = -1;               // overrides router.port when >= 0 (0: a free port)
-  int controlPort = -1;            // overrides router.control_port when >= 0
+  // Override router.port / router.control_port when >= 0; 0: the router binds an OS-chosen
+  // port and says which in its ports file (common/base/ports_file.h), read back here.
+  int httpPort = -1;
+  int controlPort = -1;
   int prefillReplicas = -1;        // overrides pools.prefill.replicas when >= 0
   int decodeReplicas = -1;         // overrides pools.decode.replicas when >= 0
   std::chrono::seconds startTimeout{120};
-  // Where the cluster's generated files go (its secret, the config that names it). Empty: a
-  // fresh private directory under $TMPDIR, removed when the cluster is destroyed.
+  // Where the cluster's generated files go (each process's ports file; its secret and the
+  // config that names it). Empty: a fresh private directory under $TMPDIR, removed when the
+  // cluster is destroyed.
   std::string runDir;
   // When the config names no cluster.secret_file: generate a fresh 0600 secret in runDir and
   // start every process with a copy of the config that points at it, so the default local
@@ -46,9 +50,11 @@ class LocalCluster {
   static Result<std::unique_ptr<LocalCluster>> start(const LocalClusterOptions& options);
   ~LocalCluster();
 
-  int httpPort() const { return httpPort_; }
+  int httpPort() const { return httpPort_; }  // the bound ones, also after a 0 was asked for
   int controlPort() const { return controlPort_; }  // the router's, which workers dial
-  // The /health + /metrics port of a worker ("prefill-0", "decode-0"); 0 when unknown.
+  // The /health + /metrics port of a running worker ("prefill-0", "decode-0"), from its
+  // ports file: known for every worker once start() returned, for one startWorker() started
+  // once it has started; 0 before, and for a name that is no worker.
   int metricsPort(const std::string& worker) const;
   const config::ClusterConfig& config() const { return config_; }
   // The config file the processes were started with (the generated one when a secret was made).
@@ -62,7 +68,7 @@ class LocalCluster {
   // One more worker of `pool`, started now (not waited for): its id is the pool's next
   // unused number ("decode-2"; ids are never reused, so the router never confuses a new
   // worker with a gone one), its port slot the lowest one no live or draining worker holds
-  // (pools.<pool>.base_port + slot when base_port is set; its metrics port a free one).
+  // (pools.<pool>.base_port + slot when base_port is set; its metrics port OS-chosen).
   Result<std::string> startWorker(Pool pool);
   // Sends SIGTERM to the worker: it drains (stops taking work, finishes its streams within
   // engine.drain_timeout_ms, exits 0; worker/). From now on it is not live; its exit is
@@ -84,6 +90,9 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
+  // The ports file of `process` once it wrote one; an error naming the process when any child
+  // dies first or `deadline` passes.
+  Result<PortMap> waitForPorts(const std::string& process, std::chrono::steady_clock::time_point deadline);
   config::ClusterConfig config_;
   std::string configPath_;
   std::string runDir_;
@@ -93,7 +102,7 @@ class LocalCluster {
   int controlPort_ = 0;
   std::string binDir_;
   std::vector<std::string> metricsAuth_;  // headers for the router's /metrics
-  std::map<std::string, int> metricsPorts_;
+  mutable std::map<std::string, int> metricsPorts_;  // read from the ports files, by worker id
   struct Worker {
     Pool pool = Pool::kDecode;
     int slot = 0;
@@ -121,7 +130,9 @@ inline Result<HttpReply> httpGet(int port, const std::string& path, std::chrono:
   return httpRequest(port, "GET", path, "", timeout);
 }
 
-// A free TCP port on 127.0.0.1 (bound and released; another process could take it).
+// A free TCP port on 127.0.0.1, bound and released: any other socket can take it before the
+// caller binds it. Only for a test that must name a fixed port in a config (base_port);
+// processes started on port 0 say theirs in a ports file instead.
 Result<int> freePort();
 
 }  // namespace pd::tools

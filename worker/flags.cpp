@@ -61,6 +61,8 @@ Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage) {
       PD_ASSIGN_OR_RETURN(f.metricsPort, parsePort(arg, value));
     } else if (arg == "--model") {
       f.modelPath = value;
+    } else if (arg == "--ports-file") {
+      f.portsFile = value;
     } else {
       return invalidArgument("unknown flag '" + arg + "' (see --help)");
     }

@@ -28,6 +28,9 @@ struct WorkerFlags {
   int transferPort = 0;     // kvtransfer tcp data port; 0 = --port + 1 when --port is set
   int metricsPort = 0;      // /health and /metrics; 0 = OS-chosen
   std::string modelPath;    // overrides model.path
+  // --ports-file: where the started worker writes the ports it bound (worker_main.h,
+  // common/base/ports_file.h); empty: nowhere.
+  std::string portsFile;
 };
 
 // Parses argv (after the program name). Errors name the flag. --help prints `usage`

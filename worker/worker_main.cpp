@@ -5,9 +5,15 @@
 #include <cstdio>
 
 #include "common/base/log.h"
+#include "common/base/ports_file.h"
 #include "common/base/signals.h"
 
 namespace pd::worker {
+
+Status writeServicePorts(const WorkerFlags& flags, const Service& service) {
+  if (flags.portsFile.empty()) return Status::ok();
+  return writePortsFile(flags.portsFile, {{"metrics", service.metricsPort()}});
+}
 
 int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
                   const ServiceFactory& create) {
@@ -27,6 +33,7 @@ int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
   setLogLevel(config->logging.level);
   auto service = create(config.value(), flags.value());
   Status started = service.ok() ? service.value()->start() : service.status();
+  if (started.isOk()) started = writeServicePorts(flags.value(), *service.value());
   if (!started.isOk()) {
     std::fprintf(stderr, "%s: %s\n", program, started.toString().c_str());
     return 1;

@@ -19,6 +19,9 @@ class Service {
  public:
   virtual ~Service() = default;
   virtual Status start() = 0;
+  // The port /health and /metrics listen on (the bound one when --metrics-port is 0); valid
+  // after start().
+  virtual int metricsPort() const = 0;
   // Takes no new work and waits up to `timeout` for the in-flight requests to finish.
   virtual void drain(std::chrono::milliseconds timeout) = 0;
   // Ends in-flight work with an error the client can read and joins every thread.
@@ -37,6 +40,10 @@ class Service {
   virtual int64_t kvBlocksQuarantined() { return 0; }
 };
 using ServiceFactory = std::function<Result<std::unique_ptr<Service>>(config::ClusterConfig, WorkerFlags)>;
+
+// Writes --ports-file (when given) for a started service: "metrics N" (the router learns the
+// control port at registration). Errors as writePortsFile.
+Status writeServicePorts(const WorkerFlags& flags, const Service& service);
 
 // Returns the process exit code (2 for usage and config errors, 1 for start-up failures).
 int runWorkerMain(int argc, char** argv, const char* program, const char* usage, const ServiceFactory& create);

@@ -9,7 +9,6 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdirSync, writeFileSync, existsSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -20,15 +19,6 @@ const binDir = process.env.PDSERVE_BIN_DIR ?? 'build/bin';
 const work = process.env.PDSERVE_WORK_DIR ?? 'build/test_client';
 const key = 'sk-pdserve-test';
 let cluster, client, port;
-
-function freePort() {
-  return new Promise((resolve) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
-}
 
 async function metrics() {
   const r = await fetch(`http://127.0.0.1:${port}/metrics`, { headers: { Authorization: `Bearer ${key}` } });
@@ -47,24 +37,24 @@ before(async () => {
     const made = spawnSync(path.join(binDir, 'pdserve'), ['make-model', '--preset', 'small', '--out', model]);
     assert.equal(made.status, 0, String(made.stderr));
   }
-  port = await freePort();
-  const control = await freePort();
   const config = path.join(work, 'cluster.yaml');
   writeFileSync(config, [
     `model: {path: ${model}, name: small}`,
-    `router: {control_port: ${control}, short_prompt_tokens: 64, api_keys: [${key}], load_report_interval_ms: 50}`,
+    `router: {short_prompt_tokens: 64, api_keys: [${key}], load_report_interval_ms: 50}`,
     'pools: {prefill: {replicas: 1}, decode: {replicas: 1}}',
     'engine: {threads: 2, kv_cache_bytes: 67108864}',
     'kv_transfer: {transports: [tcp]}',
     'logging: {level: warn}', ''].join('\n'));
-  cluster = spawn(path.join(binDir, 'pdserve'), ['up', '--config', config, '--port', String(port)],
+  cluster = spawn(path.join(binDir, 'pdserve'), ['up', '--config', config, '--port', '0', '--control-port', '0'],
                   { stdio: ['ignore', 'pipe', 'inherit'] });
   await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('pdserve up did not come up within 120 s')), 120000);
     let out = '';
     cluster.stdout.on('data', (d) => {
       out += d;
-      if (out.includes('pdserve is up')) { clearTimeout(timer); resolve(); }
+      // The router binds OS-chosen ports; pdserve up prints the one it serves on.
+      const up = out.match(/pdserve is up: http:\/\/127\.0\.0\.1:(\d+)\//);
+      if (up) { port = Number(up[1]); clearTimeout(timer); resolve(); }
     });
     cluster.on('exit', (code) => { clearTimeout(timer); reject(new Error(`pdserve up exited with ${code}`)); });
   });

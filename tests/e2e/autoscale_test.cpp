@@ -89,18 +89,24 @@ TEST_CASE(
       << "         max_running_requests: 3,"
       << "         drain_timeout_ms: 20000}\n"
       << "logging: {level: info}\n";
-  auto port = freePort();
-  REQUIRE(port.ok());
   const std::string log = kWork + "/up.log";
   ProcessGroup up;
   // Through a shell only to send its output to a file the test reads afterwards.
   REQUIRE(up.spawn("up", {"/bin/sh", "-c",
                           "exec " + std::string(PD_BINARY_DIR) + "/bin/pdserve up --config " +
-                              config + " --port " + std::to_string(*port) + " --control-port 0 > " +
-                              log + " 2>&1"})
+                              config + " --port 0 --control-port 0 > " + log + " 2>&1"})
               .ok());
+  // The router's port, from the line pdserve up prints once the cluster is healthy.
+  int port = 0;
+  for (const auto until = steady_clock::now() + 120s; port == 0 && steady_clock::now() < until;) {
+    if (auto dead = up.waitAny(100ms)) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
+    const std::string text = readFile(log);
+    const std::string upLine = "pdserve is up: http://127.0.0.1:";
+    if (const size_t at = text.find(upLine); at != std::string::npos) port = std::atoi(text.c_str() + at + upLine.size());
+  }
+  REQUIRE(port != 0);
   const auto metric = [&](const std::string& series) {
-    auto r = httpGet(*port, "/metrics", 5s);
+    auto r = httpGet(port, "/metrics", 5s);
     return r.ok() ? pd::test::metricValue(r->body, series) : -1.0;
   };
   const std::string workers = "pdserve_pool_workers{pool=\"decode\"}";
@@ -124,7 +130,7 @@ TEST_CASE(
   std::vector<std::thread> clients;
   const auto send = [&](int maxTokens, int seed) {
     clients.emplace_back([&, maxTokens, seed] {
-      Outcome o = complete(*port, maxTokens, seed);
+      Outcome o = complete(port, maxTokens, seed);
       std::lock_guard<std::mutex> lock(mu);
       outcomes.push_back(o);
     });

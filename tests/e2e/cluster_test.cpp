@@ -1238,18 +1238,16 @@ TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wron
   REQUIRE(sh("printf 'subjectAltName=IP:127.0.0.1\\n' > ext && openssl x509 -req -in s.csr -CA ca.pem -CAkey ca.key "
              "-CAcreateserial -out s.pem -days 1 -extfile ext >/dev/null 2>&1") == 0);
   REQUIRE(sh("openssl req -x509" + ec + " -keyout other.key -out other.pem -subj /CN=other >/dev/null 2>&1") == 0);
-  auto port = freePort();
-  auto control = freePort();
-  REQUIRE(port.ok());
-  REQUIRE(control.ok());
   std::ofstream(dir + "/cluster.yaml") << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
                                        << "router: {tls: {cert_file: " << dir << "/s.pem, key_file: " << dir
                                        << "/s.key}}\nlogging: {level: warn}\n";
   ProcessGroup group;
   REQUIRE(group.spawn("router", {std::string(PD_BINARY_DIR) + "/bin/pdserve-router", "--config", dir + "/cluster.yaml",
-                                 "--port", std::to_string(*port), "--control-port", std::to_string(*control)})
+                                 "--port", "0", "--control-port", "0", "--ports-file", dir + "/router.ports"})
               .ok());
-  const std::string url = " https://127.0.0.1:" + std::to_string(*port) + "/v1/models";
+  const int port = pd::test::waitForPort(dir + "/router.ports", "http", 30s);
+  REQUIRE(port != 0);
+  const std::string url = " https://127.0.0.1:" + std::to_string(port) + "/v1/models";
   // curl's exit status and the HTTP status it saw ("000" when there was no HTTP answer).
   auto curl = [&](const std::string& flags, std::string* code) {
     std::string cmd = "curl -s -m 5 -o /dev/null -w '%{http_code}' " + flags + url + " 2>/dev/null";
@@ -1267,7 +1265,7 @@ TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wron
   CHECK(curl("--cacert " + dir + "/ca.pem --tlsv1.1 --tls-max 1.1", &code) != 0);
   CHECK(code == "000");
   // Plain HTTP to the TLS port: no HTTP answer (curl 52: empty reply), not a hang.
-  std::string plain = "curl -s -m 5 -o /dev/null http://127.0.0.1:" + std::to_string(*port) + "/v1/models";
+  std::string plain = "curl -s -m 5 -o /dev/null http://127.0.0.1:" + std::to_string(port) + "/v1/models";
   int st = std::system(plain.c_str());
   CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 52));
   CHECK(curl("--cacert " + dir + "/ca.pem", &code) == 0);  // still serving

@@ -16,9 +16,11 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
+#include "common/base/ports_file.h"
 #include "common/engine/model_maker.h"
 #include "tools/local_cluster.h"
 
@@ -54,6 +56,18 @@ inline std::string readFile(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// The port a process started with --ports-file says it bound as `name` (ports_file.h), once it
+// wrote the file; 0 when it did not within `timeout`.
+inline int waitForPort(const std::string& portsFile, const std::string& name, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto ports = readPortsFile(portsFile);
+    if (ports.ok()) return ports->count(name) ? ports->at(name) : 0;
+    if (std::chrono::steady_clock::now() >= deadline) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 // What `pdserve generate` (one process, no cluster) produces for `prompt`: the reference a

@@ -126,24 +126,25 @@ TEST_CASE(
   REQUIRE(started.ok());
   auto& c = *started.value();
 
-  auto metricsPort = freePort();
-  REQUIRE(metricsPort.ok());
   const std::string log = kWork + "/flex-0.log";
+  const std::string portsFile = kWork + "/flex-0.ports";
+  std::filesystem::remove(portsFile);
   // Through a shell only to send its output to a file the test reads; exec keeps its pid, so
   // signals reach the worker itself.
   REQUIRE(c.processes()
               .spawn("flex-0", {"/bin/sh", "-c",
                                 "exec " + o.binDir + "/pdserve-worker --role prefill --config " +
                                     c.configPath() + " --id flex-0 --router 127.0.0.1:" +
-                                    std::to_string(c.controlPort()) + " --metrics-port " +
-                                    std::to_string(*metricsPort) + " > " + log + " 2>&1"})
+                                    std::to_string(c.controlPort()) + " --metrics-port 0 --ports-file " +
+                                    portsFile + " > " + log + " 2>&1"})
               .ok());
   const auto pool = [&](const char* name) {
     auto m = c.routerMetrics(5s);
     return m.ok() ? poolGauge(*m, "pdserve_pool_workers", name) : -1.0;
   };
   const auto flexMetric = [&](const std::string& series) {
-    auto r = httpGet(*metricsPort, "/metrics", 5s);
+    // Read each time: a switch binds a new port (--metrics-port 0) and rewrites the file.
+    auto r = httpGet(pd::test::waitForPort(portsFile, "metrics", 5s), "/metrics", 5s);
     return r.ok() ? pd::test::metricValue(r->body, series) : -1.0;
   };
   // Waits up to `limit` for the router's pools to be `prefill` + `decode` workers.
