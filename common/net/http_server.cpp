@@ -86,6 +86,7 @@ class Responder final : public HttpResponder {
       std::lock_guard<std::mutex> lock(mu_);
       if (ended_) return false;
       ended_ = true;
+      disconnected_ = true;
       cb = std::move(onDisconnect_);
     }
     if (cb) cb();
@@ -110,6 +111,7 @@ class Responder final : public HttpResponder {
   std::shared_ptr<SessionBase> session_;
   std::mutex mu_;
   bool ended_ = false;
+  bool disconnected_ = false;  // the response ended because the client went away
   std::function<void()> onDisconnect_;
 };
 
@@ -546,8 +548,17 @@ void Responder::endStream() {
 }
 
 void Responder::onDisconnect(std::function<void()> callback) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!ended_) onDisconnect_ = std::move(callback);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ended_) {
+      onDisconnect_ = std::move(callback);
+      return;
+    }
+    if (!disconnected_) return;  // the response ended: there is nothing to tell
+  }
+  // The client left before the handler asked to hear of it (the router registers once the
+  // request is admitted and routed): tell it now, on an I/O thread as for a later disconnect.
+  net::post(session_->executor(), std::move(callback));
 }
 
 }  // namespace

@@ -52,8 +52,9 @@ class HttpResponder {
   virtual void startStream(int status, HttpHeaders headers) = 0;
   virtual void sendEvent(std::string bytes) = 0;
   virtual void endStream() = 0;
-  // Called once, on an I/O thread, if the client goes away before the response ended.
-  // Set it before starting to respond; later it may never fire.
+  // Called once, on an I/O thread, if the client goes away before the response ended; if it
+  // already went away (or the server answered 504 for the handler), it is called at once
+  // (posted). Set it before starting to respond: it does not fire once the response ended.
   virtual void onDisconnect(std::function<void()> callback) = 0;
 };
 

@@ -66,6 +66,9 @@ if [ -n "$reports" ]; then
 fi
 if [ $rc -ne 0 ]; then
   grep -E '\*\*\*Failed|\*\*\*Timeout|\(Failed\)|\(Timeout\)|Exception' "$BUILD_DIR/ctest.log" | head -40 || true
+  # What failed, as Catch2 said it (file:line, the expression, its values, INFO messages):
+  # CI shows only this output, not the log.
+  grep -E -A10 ': FAILED:$' "$BUILD_DIR/ctest.log" | head -120 || true
   echo "sanitize: FAILED: ctest exit $rc (log: $BUILD_DIR/ctest.log)"
   exit 1
 fi

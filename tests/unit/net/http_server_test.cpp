@@ -147,6 +147,28 @@ TEST_CASE("a client that disconnects mid-stream fires onDisconnect") {
   r->endStream();
 }
 
+// The router asks to hear of a disconnect only once the request is admitted and routed; a
+// client that left before that (issue 12: aborts before the first token) must still be heard
+// of, or its request runs to the end for nobody.
+TEST_CASE("onDisconnect set after the client left fires at once") {
+  std::promise<std::shared_ptr<HttpResponder>> gotResponder;
+  ServerFixture f([&](HttpRequest, std::shared_ptr<HttpResponder> r) { gotResponder.set_value(r); });
+  {
+    net::io_context io;
+    tcp::socket s(io);
+    s.connect({net::ip::address_v4::loopback(), f.server->port()});
+    net::write(s, net::buffer(std::string("POST /s HTTP/1.1\r\nContent-Length: 0\r\n\r\n")));
+    auto fut = gotResponder.get_future();
+    REQUIRE(fut.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+    auto r = fut.get();
+    s.close();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the server sees the close
+    std::promise<void> disconnected;
+    r->onDisconnect([&] { disconnected.set_value(); });
+    CHECK(disconnected.get_future().wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  }
+}
+
 // ---- Hardening (issue 13) ------------------------------------------------------------------
 
 namespace {
