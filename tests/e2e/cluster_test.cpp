@@ -793,7 +793,8 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   ClusterSpec spec;
   spec.extraRouter = "  worker_report_timeout_ms: 3000\n";
   auto c = startCluster("sigstop-prefill", spec);
-  const auto longPrompt = randomPrompt(400, 77);
+  // Long enough that its prefill outlasts the polls below even on an optimised build.
+  const auto longPrompt = randomPrompt(2000, 77);
   const auto expected = generateCli(longPrompt, 8);
   auto healthy = [&](const std::string& worker) {
     auto r = httpGet(c->httpPort(), "/metrics", 5s);
@@ -803,6 +804,10 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   };
   REQUIRE(healthy("prefill-0"));
   REQUIRE(healthy("decode-0"));
+  // One disaggregated request first: the decode worker's KV connection to the prefill worker
+  // (its KvConnect exchange) is then in place, so the stop lands on the prefill, not on a
+  // handshake that a slow (sanitized) build had not finished.
+  REQUIRE(complete(*c, randomPrompt(400, 78), 1).status == 200);
 
   // A colocated stream: we record when each event arrives.
   std::vector<std::chrono::steady_clock::time_point> arrivals;
@@ -828,13 +833,14 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
     delayed = complete(*c, longPrompt, 8);
     delayedTook = std::chrono::steady_clock::now() - t0;
   });
-  std::this_thread::sleep_for(50ms);  // the PrefillRequest is on the prefill worker
+  // Stop the prefill worker once the PrefillRequest went to it (the decode worker's REQUESTED).
+  auto requested = [&] { return workerMetricWith(*c, "decode-0", "pdserve_remote_prefills", "state=\"requested\""); };
+  for (int i = 0; i < 2000 && requested() != 1; ++i) std::this_thread::sleep_for(1ms);
   REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
   const auto stoppedAt = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(100ms);
   // The lifecycle's state gauge (issue 12): the decode worker waits on it in REQUESTED.
-  const double requestedWhileStopped =
-      workerMetricWith(*c, "decode-0", "pdserve_remote_prefills", "state=\"requested\"");
+  const double requestedWhileStopped = requested();
   // 1.5 s stopped, by the clock: the health probes take longer under a sanitizer, and a stop
   // that outgrew the 3 s report timeout would be a different test.
   bool alwaysHealthy = true;
