@@ -157,6 +157,11 @@ struct Events {
     }
     return closes[n - 1];
   }
+  // True once n connections opened, false after 5 s.
+  bool waitOpens(int n) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return cv.wait_for(lock, std::chrono::seconds(5), [&] { return opens >= n; });
+  }
   bool waitMessages(size_t n) {
     std::unique_lock<std::mutex> lock(mutex);
     return cv.wait_for(lock, std::chrono::seconds(5), [&] { return messages.size() >= n; });
