@@ -166,7 +166,7 @@ ScalingDecision Autoscaler::decidePrefill(int currentReplicas, const PoolLoad& l
     d.reason = fmt("capacity: %.0f tokens/s of work (queue / TTFT target + arrivals), %.0f tokens/s per worker",
                    d.demand, rate);
   }
-  combine(prefillState_, prefill_, busy, downTarget, now, d);
+  combine(prefillState_, prefill_, upperBound(prefill_, decode_), busy, downTarget, now, d);
   return d;
 }
 
@@ -203,13 +203,70 @@ ScalingDecision Autoscaler::decideDecode(int currentReplicas, const PoolLoad& lo
     d.reason = fmt("capacity: %.0f streams, %.0f per worker within the ITL target%s", d.demand, d.workerCapacity,
                    line ? "" : " (max_running_requests; no step line yet)");
   }
-  combine(st, decode_, busy, downTarget, now, d);
+  combine(st, decode_, upperBound(decode_, prefill_), busy, downTarget, now, d);
   return d;
 }
 
-void Autoscaler::combine(PoolState& st, const PoolSlo& slo, bool busy, int downTarget, SteadyTime now,
+std::pair<ScalingDecision, ScalingDecision> Autoscaler::decide(int prefillReplicas, const PoolLoad& prefillLoad,
+                                                               int decodeReplicas, const PoolLoad& decodeLoad,
+                                                               SteadyTime now) {
+  const PoolState prefillBefore = prefillState_, decodeBefore = decodeState_;
+  auto prefill = decidePrefill(prefillReplicas, prefillLoad, now);
+  auto decode = decideDecode(decodeReplicas, decodeLoad, now);
+  if (opt_.sharedBudget) shareBudget(prefill, prefillBefore, decode, decodeBefore, now);
+  return {std::move(prefill), std::move(decode)};
+}
+
+int Autoscaler::upperBound(const PoolSlo& own, const PoolSlo& other) const {
+  const int hi = std::max(own.minReplicas, own.maxReplicas);
+  if (!opt_.sharedBudget) return hi;
+  return std::max(hi, hi + std::max(other.minReplicas, other.maxReplicas) - other.minReplicas);
+}
+
+void Autoscaler::shareBudget(ScalingDecision& prefill, const PoolState& prefillBefore, ScalingDecision& decode,
+                             const PoolState& decodeBefore, SteadyTime now) {
+  auto maxOf = [](const PoolSlo& s) { return std::max(s.minReplicas, s.maxReplicas); };
+  const int budget = maxOf(prefill_) + maxOf(decode_);
+  if (prefill.desired + decode.desired <= budget) return;
+  // Only a pool past its own maximum is borrowing; it gets what the other one leaves (at
+  // least its own maximum). Both past theirs: each gets its own.
+  // The trimmed decision replaces the one combine() recorded: its pacing (cooldowns) counts
+  // the change actually recommended, so a growth the budget refuses does not restart the
+  // scale-up cooldown on every tick.
+  auto trim = [&](ScalingDecision& d, const PoolSlo& slo, PoolState& st, const PoolState& before, int other) {
+    if (d.desired <= maxOf(slo)) return;
+    const int allowed = std::max(maxOf(slo), budget - other);
+    if (allowed >= d.desired) return;
+    d.reason += fmt(" (trimmed from %d: the shared budget of %d has %d left)", d.desired, budget, allowed);
+    d.desired = st.desired = allowed;
+    st.lastChange = before.lastChange;
+    st.changed = before.changed;
+    st.lastUp = before.lastUp;
+    st.grown = before.grown;
+    if (allowed != before.desired) {
+      st.lastChange = now;
+      st.changed = true;
+      if (allowed > before.desired) {
+        st.lastUp = now;
+        st.grown = true;
+      }
+    }
+  };
+  trim(prefill, prefill_, prefillState_, prefillBefore, decode.desired);
+  trim(decode, decode_, decodeState_, decodeBefore, prefill.desired);
+}
+
+void Autoscaler::combine(PoolState& st, const PoolSlo& slo, int hi, bool busy, int downTarget, SteadyTime now,
                          ScalingDecision& d) const {
-  const int lo = slo.minReplicas, hi = std::max(slo.minReplicas, slo.maxReplicas);
+  const int lo = slo.minReplicas;
+  if (!st.started && d.current == 0 && !busy && d.latencyReplicas < 1 && d.capacityReplicas < 1) {
+    // Not met yet: the router ticks before the workers started with it register. Starting
+    // from this empty view would recommend min_replicas (0 for a pool that may shrink to
+    // nothing) and have the workers just started drained at once.
+    d.desired = std::clamp(d.current, lo, hi);
+    d.reason = "hold: no worker of the pool registered yet";
+    return;
+  }
   if (!st.started) {
     st.started = true;
     st.desired = std::clamp(d.current, lo, hi);

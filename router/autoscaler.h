@@ -73,6 +73,13 @@ struct AutoscalerOptions {
   std::chrono::milliseconds idleAfter{60000};          // no work this long: the minimum
   int maxStepUp = 2;    // replicas added per decision at most
   int maxStepDown = 1;  // replicas removed per decision at most (idle goes to min at once)
+  // Role moves (router.autoscaler.role_moves): the two pools' max_replicas are one budget of
+  // prefill.max + decode.max workers. A pool may grow past its own maximum into the slots the
+  // other pool does not want (up to the budget less the other pool's minimum); a supervisor
+  // that can switch a worker's role (pdserve up's local actuator) then moves one worker from
+  // the shrinking pool instead of draining one and starting another. Off: each pool within
+  // its own bounds, as an HPA per pool expects.
+  bool sharedBudget = false;
 };
 
 struct PoolSlo {
@@ -164,6 +171,12 @@ class Autoscaler {
   // call moves the pool's recommendation (call it once per tick, times non-decreasing).
   ScalingDecision decidePrefill(int currentReplicas, const PoolLoad& load, SteadyTime now);
   ScalingDecision decideDecode(int currentReplicas, const PoolLoad& load, SteadyTime now);
+  // Both pools at once, the tick's call: with sharedBudget, a pool that wants to grow past its
+  // own maximum gets the budget's slots the other pool's recommendation leaves (never one the
+  // other pool wants to keep); without, exactly decidePrefill then decideDecode.
+  std::pair<ScalingDecision, ScalingDecision> decide(int prefillReplicas, const PoolLoad& prefillLoad,
+                                                     int decodeReplicas, const PoolLoad& decodeLoad,
+                                                     SteadyTime now);
 
  private:
   struct PoolState {
@@ -180,8 +193,15 @@ class Autoscaler {
   // The percentile rule alone, into d (its fields and latencyReplicas).
   void percentileRule(LatencyWindow& w, const PoolSlo& slo, SteadyTime now, ScalingDecision& d) const;
   // Combines the inputs already in d (capacityReplicas, downTarget) with the pool's state.
-  void combine(PoolState& st, const PoolSlo& slo, bool busy, int downTarget, SteadyTime now,
+  void combine(PoolState& st, const PoolSlo& slo, int hi, bool busy, int downTarget, SteadyTime now,
                ScalingDecision& d) const;
+  // The most replicas `own` may be recommended: its maximum, or with sharedBudget the budget
+  // less the other pool's minimum.
+  int upperBound(const PoolSlo& own, const PoolSlo& other) const;
+  // sharedBudget: trims the pool that borrows past its own maximum to what the other leaves.
+  // The states before this tick's decisions restore the pacing of a trimmed one.
+  void shareBudget(ScalingDecision& prefill, const PoolState& prefillBefore, ScalingDecision& decode,
+                   const PoolState& decodeBefore, SteadyTime now);
   double prefillArrivalRate(SteadyTime now);
 
   PoolSlo prefill_, decode_;

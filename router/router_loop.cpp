@@ -24,6 +24,7 @@ AutoscalerOptions autoscalerOptions(const config::RouterConfig::Autoscaler& a) {
   o.idleAfter = std::chrono::milliseconds(a.idleAfterMs);
   o.maxStepUp = a.maxStepUp;
   o.maxStepDown = a.maxStepDown;
+  o.sharedBudget = a.roleMoves;
   return o;
 }
 
@@ -441,9 +442,9 @@ void RouterLoop::autoscale(SteadyTime now) {
   for (const auto& v : views) (v.role == WorkerRole::kPrefill ? prefill : decode) += v.healthy;
   auto [prefillLoad, decodeLoad] = poolLoads(views);
   decodeLoad.maxStreamsPerWorker = cfg_.engine.maxRunningRequests;
-  const std::pair<std::string_view, ScalingDecision> pools[] = {
-      {metrics::kPoolPrefill, autoscaler_.decidePrefill(prefill, prefillLoad, now)},
-      {metrics::kPoolDecode, autoscaler_.decideDecode(decode, decodeLoad, now)}};
+  auto [prefillDecision, decodeDecision] = autoscaler_.decide(prefill, prefillLoad, decode, decodeLoad, now);
+  const std::pair<std::string_view, ScalingDecision> pools[] = {{metrics::kPoolPrefill, std::move(prefillDecision)},
+                                                                {metrics::kPoolDecode, std::move(decodeDecision)}};
   if (threshold_) {
     std::string why;
     const int64_t before = threshold_->value();

@@ -10,10 +10,21 @@ namespace {
 
 constexpr const char* kTag = "up";
 
-std::pair<int, int> bounds(const config::ClusterConfig& cfg, Pool pool) {
+Pool other(Pool pool) { return pool == Pool::kPrefill ? Pool::kDecode : Pool::kPrefill; }
+
+std::pair<int, int> ownBounds(const config::ClusterConfig& cfg, Pool pool) {
   return pool == Pool::kPrefill
              ? std::pair{cfg.pools.prefill.minReplicas, cfg.pools.prefill.maxReplicas}
              : std::pair{cfg.pools.decode.minReplicas, cfg.pools.decode.maxReplicas};
+}
+
+// With role moves, a pool may take the slots of the budget the other pool does not hold at
+// its minimum (router/autoscaler.h AutoscalerOptions::sharedBudget, which the router applies).
+std::pair<int, int> bounds(const config::ClusterConfig& cfg, Pool pool) {
+  auto [lo, hi] = ownBounds(cfg, pool);
+  if (!cfg.router.autoscaler.roleMoves) return {lo, hi};
+  auto [otherLo, otherHi] = ownBounds(cfg, other(pool));
+  return {lo, hi + otherHi - otherLo};
 }
 
 // Logged and on the console: the person running `pdserve up` sees each scaling action.
@@ -48,6 +59,31 @@ ActuationStep planPool(const PoolActuation& p) {
   return s;
 }
 
+ClusterStep planCluster(PoolActuation prefill, PoolActuation decode, bool roleMoves) {
+  ClusterStep c{planPool(prefill), planPool(decode)};
+  if (!roleMoves) return c;
+  for (Pool from : {Pool::kPrefill, Pool::kDecode}) {
+    ActuationStep& give = from == Pool::kPrefill ? c.prefill : c.decode;
+    ActuationStep& take = from == Pool::kPrefill ? c.decode : c.prefill;
+    const PoolActuation& to = from == Pool::kPrefill ? decode : prefill;
+    if (!give.drainOne) continue;
+    const std::string toName = poolName(other(from));
+    give.drainOne = false;
+    if (take.start > 0) {
+      --take.start;
+      c.move = true;
+      c.moveFrom = from;
+      give.why = "moving a worker to the " + toName + " pool, which wants one (" + give.why + ")";
+    } else if (to.desired > to.live) {
+      give.why = "keeping the worker to move it: the " + toName + " pool wants one once it is ready (" +
+                 take.why + ")";
+    } else {
+      give.drainOne = true;
+    }
+  }
+  return c;
+}
+
 LocalActuator::LocalActuator(LocalCluster& cluster, bool enabled) : cluster_(cluster) {
   const auto& cfg = cluster.config();
   if (!enabled || !cfg.router.autoscaler.localActuator) return;
@@ -65,7 +101,8 @@ std::string LocalActuator::describe() const {
     out += std::string(out.empty() ? "" : ", ") + poolName(pool) + " " + std::to_string(lo) + ".." +
            std::to_string(hi);
   }
-  return out.empty() ? "off" : out;
+  if (out.empty()) return "off";
+  return cluster_.config().router.autoscaler.roleMoves ? out + " (one budget of workers; role moves)" : out;
 }
 
 void LocalActuator::poll() {
@@ -83,23 +120,41 @@ void LocalActuator::poll() {
     return;
   }
   routerUnreadable_ = false;
-  for (Pool pool : {Pool::kPrefill, Pool::kDecode}) {
-    if (pools_[int(pool)]) act(pool, *metrics);
-  }
+  const PoolActuation prefill = read(Pool::kPrefill, *metrics), decode = read(Pool::kDecode, *metrics);
+  const ClusterStep step = planCluster(prefill, decode, cluster_.config().router.autoscaler.roleMoves);
+  if (step.move) move(step.moveFrom, step.moveFrom == Pool::kPrefill ? prefill : decode);
+  if (pools_[int(Pool::kPrefill)]) act(Pool::kPrefill, prefill, step.prefill);
+  if (pools_[int(Pool::kDecode)]) act(Pool::kDecode, decode, step.decode);
 }
 
-void LocalActuator::act(Pool pool, const std::string& metrics) {
+PoolActuation LocalActuator::read(Pool pool, const std::string& metrics) const {
   const char* name = poolName(pool);
   auto [lo, hi] = bounds(cluster_.config(), pool);
-  const auto live = cluster_.liveWorkers(pool);
   PoolActuation p;
   p.minReplicas = lo;
   p.maxReplicas = hi;
   p.desired = int(poolGauge(metrics, "pdserve_desired_replicas", name));
-  p.live = int(live.size());
+  p.live = int(cluster_.liveWorkers(pool).size());
   p.registered = int(poolGauge(metrics, "pdserve_pool_workers", name));
   p.draining = int(cluster_.drainingWorkers(pool).size());
-  const ActuationStep step = planPool(p);
+  return p;
+}
+
+void LocalActuator::move(Pool from, const PoolActuation& source) {
+  const Pool to = other(from);
+  const std::string id = cluster_.liveWorkers(from).back();
+  if (Status s = cluster_.switchRole(id, to); !s.isOk()) {
+    PD_LOG(kWarn, kTag) << "moving " << id << " to the " << poolName(to) << " pool: " << s.message();
+    return;
+  }
+  announce("moving " + id + " from the " + poolName(from) + " pool (" + std::to_string(source.live) + " -> " +
+           std::to_string(source.live - 1) + ", router recommends " + std::to_string(source.desired) + ") to the " +
+           poolName(to) + " pool: it drains, then serves as " + poolName(to) + " in-process");
+}
+
+void LocalActuator::act(Pool pool, const PoolActuation& p, const ActuationStep& step) {
+  const char* name = poolName(pool);
+  const auto live = cluster_.liveWorkers(pool);
   const std::string sizes = std::string(name) + " pool " + std::to_string(p.live) + " -> ";
   for (int i = 0; i < step.start; ++i) {
     auto id = cluster_.startWorker(pool);

@@ -10,7 +10,10 @@
 // (SIGTERM: the worker stops taking work, finishes its streams within
 // engine.drain_timeout_ms and exits 0) when there are too many, the newest first; it acts
 // again only when the started workers have registered with the router and the drained one
-// has exited. A drained worker is killed only after its drain timeout (plus a grace),
+// has exited. With router.autoscaler.role_moves the workers are pdserve-worker processes,
+// the pools' maxima one budget, and a worker one pool gives up while the other wants one
+// is moved (planCluster: SIGUSR1, the switch drains it first) rather than stopped and
+// another started; the move is done when the router sees it registered in its new pool. A drained worker is killed only after its drain timeout (plus a grace),
 // never before. Each action is a log line and a console line.
 //
 // Threads: one owner thread (pdserve up's supervision loop) calls poll().
@@ -41,10 +44,25 @@ struct ActuationStep {
 // Pure: what to do for one pool now.
 ActuationStep planPool(const PoolActuation& p);
 
+// Both pools' steps, and with role moves (router.autoscaler.role_moves) whether to move a
+// worker instead: when one pool is to start a worker while the other is to drain one, the
+// newest live worker of the draining pool switches role (SIGUSR1) and neither the drain nor
+// that start happens. A drain waits while the other pool wants more workers but is still
+// waiting on an earlier action, so that the next round moves the worker rather than stopping it.
+struct ClusterStep {
+  ActuationStep prefill, decode;
+  bool move = false;
+  Pool moveFrom = Pool::kPrefill;  // valid when move: the worker leaves this pool for the other
+};
+// Pure. With role moves, each pool's bounds are the shared budget's (its maximum plus the
+// other's maximum less the other's minimum), as the router's recommendation is.
+ClusterStep planCluster(PoolActuation prefill, PoolActuation decode, bool roleMoves);
+
 class LocalActuator {
  public:
-  // Scales the pools whose max_replicas exceeds min_replicas, when router.autoscaler.
-  // local_actuator is on and `enabled` (pdserve up --no-autoscale turns it off).
+  // Scales the pools whose max_replicas exceeds min_replicas (with role moves: both pools,
+  // when either does), when router.autoscaler.local_actuator is on and `enabled`
+  // (pdserve up --no-autoscale turns it off).
   LocalActuator(LocalCluster& cluster, bool enabled);
   bool active() const { return pools_[0] || pools_[1]; }
   // "decode 1..2" or "off": for pdserve up's banner.
@@ -54,7 +72,9 @@ class LocalActuator {
   void poll();
 
  private:
-  void act(Pool pool, const std::string& metrics);
+  PoolActuation read(Pool pool, const std::string& metrics) const;
+  void act(Pool pool, const PoolActuation& p, const ActuationStep& step);
+  void move(Pool from, const PoolActuation& source);
 
   LocalCluster& cluster_;
   bool pools_[2] = {false, false};  // by Pool

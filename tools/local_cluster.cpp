@@ -292,27 +292,47 @@ void LocalCluster::stop() {
 
 Result<std::string> LocalCluster::startWorker(Pool pool) {
   const auto& cfg = config_;
-  const int basePort = pool == Pool::kPrefill ? cfg.pools.prefill.basePort : cfg.pools.decode.basePort;
+  // With role moves every worker is a pdserve-worker that may become a prefill worker, so
+  // all of them take their slot (and port, with prefill's base_port) from one space.
+  const bool flex = cfg.router.autoscaler.roleMoves;
+  const int basePort = pool == Pool::kPrefill || flex ? cfg.pools.prefill.basePort : cfg.pools.decode.basePort;
   std::set<int> slots;
   for (const auto& [id, w] : workers_)
-    if (w.pool == pool) slots.insert(w.slot);
+    if (w.pool == pool || flex) slots.insert(w.slot);
   int slot = 0;
   while (slots.count(slot)) ++slot;
-  const std::string id = std::string(poolName(pool)) + "-" + std::to_string(nextId_[int(pool)]);
-  const std::string program = pool == Pool::kPrefill ? "pdserve-prefill" : "pdserve-decode";
+  const std::string id = flex ? "worker-" + std::to_string(nextId_[0])
+                              : std::string(poolName(pool)) + "-" + std::to_string(nextId_[int(pool)]);
+  const std::string program = flex ? "pdserve-worker" : pool == Pool::kPrefill ? "pdserve-prefill" : "pdserve-decode";
   const std::string portsFile = portsFileOf(runDir_, id);
   std::error_code ec;
   std::filesystem::remove(portsFile, ec);
   std::vector<std::string> argv{(std::filesystem::path(binDir_) / program).string(), "--config", configPath_, "--id", id,
                                 "--router", "127.0.0.1:" + std::to_string(controlPort_), "--metrics-port", "0",
                                 "--ports-file", portsFile};
+  if (flex) argv.insert(argv.end(), {"--role", poolName(pool)});
   // pools.prefill.base_port: a prefill worker's control port is base_port + its slot (0:
   // OS-chosen); decode workers take no inbound connections from other workers.
-  if (pool == Pool::kPrefill && basePort != 0) argv.insert(argv.end(), {"--port", std::to_string(basePort + slot)});
+  if ((pool == Pool::kPrefill || flex) && basePort != 0) {
+    argv.insert(argv.end(), {"--port", std::to_string(basePort + slot)});
+  }
   PD_RETURN_IF_ERROR(group_.spawn(id, argv).status());
-  ++nextId_[int(pool)];
-  workers_[id] = Worker{pool, slot, false, {}};
+  ++nextId_[flex ? 0 : int(pool)];
+  workers_[id] = Worker{pool, slot, ++started_, false, {}};
   return id;
+}
+
+Status LocalCluster::switchRole(const std::string& id, Pool to) {
+  auto it = workers_.find(id);
+  if (it == workers_.end() || it->second.draining) return notFound("no live worker named '" + id + "'");
+  if (!config_.router.autoscaler.roleMoves) {
+    return failedPrecondition("worker '" + id + "' cannot switch roles: router.autoscaler.role_moves is off");
+  }
+  if (it->second.pool == to) return Status::ok();
+  PD_RETURN_IF_ERROR(group_.signal(id, SIGUSR1));
+  it->second.pool = to;
+  metricsPorts_.erase(id);  // the new role binds its own (the worker rewrites its ports file)
+  return Status::ok();
 }
 
 Status LocalCluster::drainWorker(const std::string& id) {
@@ -329,9 +349,9 @@ std::chrono::milliseconds LocalCluster::drainDeadline() const {
 }
 
 std::vector<std::string> LocalCluster::liveWorkers(Pool pool) const {
-  std::vector<std::pair<int, std::string>> byAge;  // ids are "<pool>-<n>", n in start order
+  std::vector<std::pair<uint64_t, std::string>> byAge;
   for (const auto& [id, w] : workers_)
-    if (w.pool == pool && !w.draining) byAge.emplace_back(std::atoi(id.c_str() + id.rfind('-') + 1), id);
+    if (w.pool == pool && !w.draining) byAge.emplace_back(w.started, id);
   std::sort(byAge.begin(), byAge.end());
   std::vector<std::string> out;
   for (auto& [n, id] : byAge) out.push_back(std::move(id));

@@ -69,7 +69,14 @@ class LocalCluster {
   // unused number ("decode-2"; ids are never reused, so the router never confuses a new
   // worker with a gone one), its port slot the lowest one no live or draining worker holds
   // (pools.<pool>.base_port + slot when base_port is set; its metrics port OS-chosen).
+  // With router.autoscaler.role_moves every worker is a pdserve-worker started in `pool`'s
+  // role, named "worker-<n>", and all take their slot from one space (prefill's base_port).
   Result<std::string> startWorker(Pool pool);
+  // role_moves only: sends SIGUSR1, so the worker drains and serves `to` in-process under the
+  // same id (docs/serving.md "Role switching"); from now on it counts in `to`'s pool. It is
+  // registered there once the router says so (pdserve_pool_workers). An error for a worker
+  // that is not live, or when role_moves is off (the workers are not pdserve-worker).
+  Status switchRole(const std::string& id, Pool to);
   // Sends SIGTERM to the worker: it drains (stops taking work, finishes its streams within
   // engine.drain_timeout_ms, exits 0; worker/). From now on it is not live; its exit is
   // expected (expectedExit) and it is SIGKILLed only once drainDeadline() has passed.
@@ -104,13 +111,15 @@ class LocalCluster {
   std::vector<std::string> metricsAuth_;  // headers for the router's /metrics
   mutable std::map<std::string, int> metricsPorts_;  // read from the ports files, by worker id
   struct Worker {
-    Pool pool = Pool::kDecode;
+    Pool pool = Pool::kDecode;  // its role now
     int slot = 0;
+    uint64_t started = 0;  // start order, for "the newest first"
     bool draining = false;
     std::chrono::steady_clock::time_point killAt{};
   };
   std::map<std::string, Worker> workers_;  // running workers by id
-  int nextId_[2] = {0, 0};                 // per pool
+  int nextId_[2] = {0, 0};                 // per pool (role_moves: [0] numbers every worker)
+  uint64_t started_ = 0;
 };
 
 // The value of `name{pool="<pool>"}` in a Prometheus text, or -1 when absent.

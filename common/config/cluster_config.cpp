@@ -189,6 +189,7 @@ void readRouter(MapReader m, RouterConfig* c) {
     a.readInt("max_step_up", &as.maxStepUp, 1, kMaxReplicas);
     a.readInt("max_step_down", &as.maxStepDown, 1, kMaxReplicas);
     a.readBool("local_actuator", &as.localActuator);
+    a.readBool("role_moves", &as.roleMoves);
     a.finish();
     if (as.scaleDownUtilization > as.scaleUpUtilization) {
       a.errors()->add(a.node(), "router.autoscaler.scale_down_utilization: " + std::to_string(as.scaleDownUtilization) +

@@ -122,6 +122,10 @@ struct RouterConfig {
     // `pdserve up`: start and stop worker processes of a pool whose max_replicas exceeds its
     // min_replicas to follow the recommendation (tools/local_actuator.h).
     bool localActuator = true;
+    // The pools' max_replicas as one budget, and `pdserve up` moving a worker between the
+    // pools (pdserve-worker, SIGUSR1) when one grows while the other shrinks, instead of
+    // draining one process and starting another (docs/serving.md "Role moves").
+    bool roleMoves = false;
   } autoscaler;
 };
 

@@ -3,8 +3,10 @@
 // concurrent streams makes the router recommend 2 and the actuator start a second worker,
 // which then serves; once the cluster is idle the recommendation falls back to 1 and the
 // actuator drains the extra worker (SIGTERM, exit 0). No request fails. The config's short
-// autoscaler windows and cooldowns keep the whole run well under a minute.
+// autoscaler windows and cooldowns keep the whole run well under a minute. A second case runs
+// role moves: the two pools as one budget, an idle prefill worker moved into the decode pool.
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -60,6 +62,39 @@ Outcome complete(int port, int maxTokens, int seed) {
   return o;
 }
 
+// Starts `pdserve up --config config` in `up`, its output into `log`; the router's port once
+// the cluster is healthy (the test fails if pdserve up exits first).
+int startPdserveUp(ProcessGroup& up, const std::string& config, const std::string& log) {
+  // Through a shell only to send its output to a file the test reads afterwards.
+  REQUIRE(up.spawn("up", {"/bin/sh", "-c",
+                          "exec " + std::string(PD_BINARY_DIR) + "/bin/pdserve up --config " +
+                              config + " --port 0 --control-port 0 > " + log + " 2>&1"})
+              .ok());
+  // The router's port, from the line pdserve up prints once the cluster is healthy.
+  int port = 0;
+  for (const auto until = steady_clock::now() + 120s; port == 0 && steady_clock::now() < until;) {
+    if (auto dead = up.waitAny(100ms)) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
+    const std::string text = readFile(log);
+    const std::string upLine = "pdserve is up: http://127.0.0.1:";
+    if (const size_t at = text.find(upLine); at != std::string::npos) port = std::atoi(text.c_str() + at + upLine.size());
+  }
+  REQUIRE(port != 0);
+  return port;
+}
+
+// Waits up to `limit` for the router's `series` to read n; fails the test if `pdserve up`
+// exits meanwhile.
+bool waitMetric(ProcessGroup& up, const std::string& log, int port, const std::string& series, double n,
+                seconds limit) {
+  for (const auto deadline = steady_clock::now() + limit; steady_clock::now() < deadline;) {
+    if (auto dead = up.waitAny(0ms)) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
+    auto r = httpGet(port, "/metrics", 5s);
+    if (r.ok() && pd::test::metricValue(r->body, series) == n) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -91,37 +126,13 @@ TEST_CASE(
       << "logging: {level: info}\n";
   const std::string log = kWork + "/up.log";
   ProcessGroup up;
-  // Through a shell only to send its output to a file the test reads afterwards.
-  REQUIRE(up.spawn("up", {"/bin/sh", "-c",
-                          "exec " + std::string(PD_BINARY_DIR) + "/bin/pdserve up --config " +
-                              config + " --port 0 --control-port 0 > " + log + " 2>&1"})
-              .ok());
-  // The router's port, from the line pdserve up prints once the cluster is healthy.
-  int port = 0;
-  for (const auto until = steady_clock::now() + 120s; port == 0 && steady_clock::now() < until;) {
-    if (auto dead = up.waitAny(100ms)) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
-    const std::string text = readFile(log);
-    const std::string upLine = "pdserve is up: http://127.0.0.1:";
-    if (const size_t at = text.find(upLine); at != std::string::npos) port = std::atoi(text.c_str() + at + upLine.size());
-  }
-  REQUIRE(port != 0);
+  const int port = startPdserveUp(up, config, log);
   const auto metric = [&](const std::string& series) {
     auto r = httpGet(port, "/metrics", 5s);
     return r.ok() ? pd::test::metricValue(r->body, series) : -1.0;
   };
   const std::string workers = "pdserve_pool_workers{pool=\"decode\"}";
-  // Waits up to `limit` for the decode pool to have n workers registered; fails the test if
-  // `pdserve up` exits meanwhile.
-  const auto waitWorkers = [&](int n, seconds limit) {
-    const auto deadline = steady_clock::now() + limit;
-    while (steady_clock::now() < deadline) {
-      if (auto dead = up.waitAny(0ms))
-        FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
-      if (metric(workers) == n) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  };
+  const auto waitWorkers = [&](int n, seconds limit) { return waitMetric(up, log, port, workers, n, limit); };
   const auto t0 = steady_clock::now();
   REQUIRE(waitWorkers(1, 60s));
 
@@ -204,4 +215,82 @@ TEST_CASE(
       "%g)\n",
       scaledUpAfterS, backDownAfterS, capacitySeen);
   up.stopAll(30s);  // SIGTERM: pdserve up stops its cluster
+}
+
+TEST_CASE(
+    "with role moves, pdserve up moves an idle prefill worker into a decode pool at its maximum, "
+    "no request failing") {
+  std::filesystem::create_directories(kWork);
+  const std::string config = kWork + "/role-moves.yaml";
+  // One budget of 2 workers (prefill 0..1 + decode 1..1). Every prompt stays on the decode
+  // pool (short_prompt_tokens), whose worker runs 3 streams at once: eight clients sending
+  // back to back make the capacity model want 3 decode workers, which the budget trims to 1
+  // while the prefill worker is recommended. Once the prefill pool has been idle for
+  // idle_after_ms (counted from the router's start: longer than any start-up here) its
+  // worker is moved, not drained and replaced.
+  std::ofstream(config)
+      << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
+      << "router:\n"
+      << "  short_prompt_tokens: 100000\n"
+      << "  request_timeout_ms: 160000\n"
+      << "  prefix_aware_routing: false\n"
+      << "  overload_shedding: false\n"
+      << "  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 20, scale_up_cooldown_ms: 1000,\n"
+      << "               scale_down_cooldown_ms: 60000, idle_after_ms: 20000, role_moves: true}\n"
+      << "pools:\n"
+      << "  prefill: {replicas: 1, min_replicas: 0, max_replicas: 1}\n"
+      << "  decode: {replicas: 1, min_replicas: 1, max_replicas: 1, slo: {itl_ms: 200, percentile: 90}}\n"
+      << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
+      << "         max_running_requests: 3, drain_timeout_ms: 20000}\n"
+      << "logging: {level: info}\n";
+  const std::string log = kWork + "/role-moves.log";
+  ProcessGroup up;
+  const int port = startPdserveUp(up, config, log);
+  REQUIRE(waitMetric(up, log, port, "pdserve_pool_workers{pool=\"prefill\"}", 1, 60s));
+
+  std::mutex mu;
+  std::vector<Outcome> outcomes;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 8; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; !stop; ++i) {
+        Outcome o = complete(port, 40, 1000 * c + i);
+        std::lock_guard<std::mutex> lock(mu);
+        outcomes.push_back(o);
+      }
+    });
+  }
+  const auto t0 = steady_clock::now();
+  const bool moved = waitMetric(up, log, port, "pdserve_pool_workers{pool=\"decode\"}", 2, 90s);
+  const double movedAfterS = duration<double>(steady_clock::now() - t0).count();
+  // A few more rounds with two decode workers, then the clients stop.
+  if (moved) std::this_thread::sleep_for(3s);
+  stop = true;
+  for (auto& t : clients) t.join();
+  const std::string text = readFile(log);
+  INFO(text);
+  REQUIRE(moved);
+  int onMoved = 0;
+  for (const auto& o : outcomes) {
+    INFO("status " << o.status << " worker " << o.worker << " " << o.error);
+    CHECK(o.status == 200);
+    CHECK(o.finishReason == "length");
+    onMoved += o.worker == "worker-0";
+  }
+  CHECK(onMoved >= 1);  // the moved worker serves decode
+  auto r = httpGet(port, "/metrics", 5s);
+  REQUIRE(r.ok());
+  CHECK(pd::test::metricValue(r->body, "pdserve_pool_workers{pool=\"prefill\"}") == 0);
+  CHECK(text.find("recommending 0 (idle: no work for 20 s") != std::string::npos);
+  CHECK(text.find("pdserve up: moving worker-0 from the prefill pool (1 -> 0, router recommends 0) to the decode "
+                  "pool") != std::string::npos);
+  CHECK(text.find("switched role prefill -> decode") != std::string::npos);
+  // Moved, not replaced: no worker was started or drained after the two of the start.
+  CHECK(text.find("started worker-2") == std::string::npos);
+  CHECK(text.find("draining worker-") == std::string::npos);
+  CHECK_FALSE(up.waitAny(0ms).has_value());
+  std::printf("role-move e2e: decode pool at 2 after %.1f s of load, %zu requests, %d on the moved worker\n",
+              movedAfterS, outcomes.size(), onMoved);
+  up.stopAll(30s);
 }

@@ -339,10 +339,11 @@ TEST_CASE("router.autoscaler: defaults, every key, and what is refused") {
   CHECK(d.router.autoscaler.windowMs == 60000);
   CHECK(d.router.autoscaler.idleAfterMs == 60000);
   CHECK(d.router.autoscaler.localActuator);
+  CHECK_FALSE(d.router.autoscaler.roleMoves);
   auto c = parseOk(
       "router:\n  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 5, scale_up_utilization: 0.9,\n"
       "    scale_down_utilization: 0.5, scale_up_cooldown_ms: 1000, scale_down_cooldown_ms: 2000,\n"
-      "    idle_after_ms: 3000, max_step_up: 4, max_step_down: 2, local_actuator: false}\n");
+      "    idle_after_ms: 3000, max_step_up: 4, max_step_down: 2, local_actuator: false, role_moves: true}\n");
   const auto& a = c.router.autoscaler;
   CHECK(a.tickMs == 250);
   CHECK(a.windowMs == 4000);
@@ -355,6 +356,7 @@ TEST_CASE("router.autoscaler: defaults, every key, and what is refused") {
   CHECK(a.maxStepUp == 4);
   CHECK(a.maxStepDown == 2);
   CHECK_FALSE(a.localActuator);
+  CHECK(a.roleMoves);
   CHECK(errorOf("router: {autoscaler: {scale_down_utilization: 0.9}}")
             .find("router.autoscaler.scale_down_utilization: 0.900000 is above scale_up_utilization (0.800000)") !=
         std::string::npos);

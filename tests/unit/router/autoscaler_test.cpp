@@ -354,3 +354,81 @@ TEST_CASE("idle: no requests and no queue for idle_after -> the minimum, at once
   CHECK(q.decidePrefill(2, prefillLoad(100, 0), at(0)).desired == 2);
   CHECK(q.decidePrefill(2, prefillLoad(100, 0), at(100)).desired == 2);
 }
+
+TEST_CASE("shared budget: a pool at its maximum borrows the slots the other pool gives up, never more") {
+  // Budget 1 + 1 = 2 workers; prefill may go to 0.
+  PoolSlo prefill{1.0, 99, /*min*/ 0, /*max*/ 1};
+  PoolSlo decode{0.050, 99, /*min*/ 1, /*max*/ 1};
+  AutoscalerOptions o = immediate();
+  o.idleAfter = 30s;
+  o.scaleUpCooldown = 10s;
+  o.sharedBudget = true;
+  Autoscaler a(prefill, decode, o);
+  // Twelve streams want two decode workers (6 each within the target), but the prefill
+  // worker is still wanted: decode stays at its own maximum.
+  a.observePrefillArrival(at(0), 1000);
+  auto [p, d] = a.decide(1, prefillLoad(500), 1, decodeLoad(12), at(1));
+  CHECK(p.desired == 1);
+  CHECK(d.desired == 1);
+  CHECK_THAT(d.reason, Catch::Contains("trimmed from 2: the shared budget of 2 has 1 left"));
+  std::tie(p, d) = a.decide(1, prefillLoad(500), 1, decodeLoad(12), at(20));
+  CHECK(d.desired == 1);
+  // The prefill queue is gone: its slot goes to decode in the same tick (the growth refused
+  // a second ago started no scale-up cooldown).
+  std::tie(p, d) = a.decide(1, prefillLoad(0), 1, decodeLoad(12), at(21));
+  CHECK(p.desired == 0);
+  CHECK_THAT(p.reason, Catch::StartsWith("scale down"));
+  CHECK(d.desired == 2);
+  // The decode load falls: decode shrinks back within its own maximum (at once: no cooldown
+  // in these options). A prefill pool at 0 has no measured rate, so its queue alone does not
+  // bring it back (docs/serving.md "Not done yet").
+  a.observePrefillArrival(at(41), 1000);
+  std::tie(p, d) = a.decide(0, prefillLoad(4000, 0), 2, decodeLoad(2), at(42));
+  CHECK(d.desired == 1);
+  CHECK(p.desired == 0);
+
+  // Without the shared budget the same load keeps each pool within its own bounds.
+  o.sharedBudget = false;
+  Autoscaler fixed(prefill, decode, o);
+  auto [fp, fd] = fixed.decide(1, prefillLoad(0), 1, decodeLoad(12), at(40));
+  CHECK(fd.desired == 1);
+  CHECK_THAT(fd.reason, !Catch::Contains("trimmed"));
+}
+
+TEST_CASE("shared budget: both pools past their own maximum each get their own") {
+  PoolSlo prefill{0.5, 99, 1, 2};
+  PoolSlo decode{0.050, 99, 1, 2};
+  AutoscalerOptions o = immediate();
+  o.sharedBudget = true;
+  Autoscaler a(prefill, decode, o);
+  // Either may be recommended up to 4 - 1 = 3: prefill's queue needs one worker, so decode
+  // (30 streams at 6 a worker: 5) takes the slot prefill gives up ...
+  a.observePrefillArrival(at(0), 1);
+  auto [p, d] = a.decide(2, prefillLoad(100), 2, decodeLoad(30), at(1));
+  CHECK(p.desired == 1);
+  CHECK(d.desired == 3);
+  // ... and when both want more than their own, neither takes the other's.
+  Autoscaler both(prefill, decode, o);
+  both.observePrefillArrival(at(0), 1);
+  std::tie(p, d) = both.decide(2, prefillLoad(40000), 2, decodeLoad(30), at(1));
+  CHECK(p.desired == 2);
+  CHECK(d.desired == 2);
+  CHECK_THAT(p.reason, Catch::Contains("trimmed from"));
+}
+
+TEST_CASE("a pool is met at its first registered worker, not at the router's first tick") {
+  // The router ticks before the workers it was started with register: a pool that may go to
+  // 0 must not be recommended 0 from that empty view (its worker would be drained at once).
+  PoolSlo prefill{1.0, 99, /*min*/ 0, /*max*/ 2};
+  PoolSlo decode{0.050, 99, 1, 2};
+  AutoscalerOptions o;
+  o.idleAfter = 30s;
+  Autoscaler a(prefill, decode, o);
+  auto d = a.decidePrefill(0, kNoReports, at(0));
+  CHECK(d.desired == 0);
+  CHECK(d.reason == "hold: no worker of the pool registered yet");
+  // It registers at t=5: held, and idle only idle_after later.
+  CHECK(a.decidePrefill(1, kNoReports, at(5)).desired == 1);
+  CHECK(a.decidePrefill(1, kNoReports, at(34)).desired == 1);
+  CHECK(a.decidePrefill(1, kNoReports, at(35)).desired == 0);
+}

@@ -1,4 +1,5 @@
-// tools::planPool: what `pdserve up`'s local actuator does for a pool at one poll.
+// tools::planPool and planCluster: what `pdserve up`'s local actuator does for a pool, and for
+// both with role moves, at one poll.
 #include "tools/local_actuator.h"
 
 #include <catch2/catch.hpp>
@@ -57,4 +58,53 @@ TEST_CASE("the actuator waits for its last action to land before the next one") 
   CHECK_FALSE(s.drainOne);
   // The router's worker count unknown (-1): act on the recommendation alone.
   CHECK(planPool(pool(2, 1, -1)).start == 1);
+}
+
+namespace {
+// A pool in the shared budget of prefill 0..1 + decode 1..1 (the budget's bounds, as the
+// actuator passes them: prefill [0, 1], decode [1, 2]).
+PoolActuation budgeted(int lo, int hi, int desired, int live, int registered, int draining = 0) {
+  PoolActuation p = pool(desired, live, registered, draining);
+  p.minReplicas = lo;
+  p.maxReplicas = hi;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("role moves: a worker one pool gives up while the other wants one is moved, not stopped") {
+  // The router: prefill idle -> 0, decode -> 2.
+  auto c = planCluster(budgeted(0, 1, 0, 1, 1), budgeted(1, 2, 2, 1, 1), /*roleMoves*/ true);
+  CHECK(c.move);
+  CHECK(c.moveFrom == Pool::kPrefill);
+  CHECK_FALSE(c.prefill.drainOne);
+  CHECK(c.decode.start == 0);
+  CHECK_THAT(c.prefill.why, Catch::StartsWith("moving a worker to the decode pool"));
+  // And the other way.
+  c = planCluster(budgeted(0, 1, 1, 0, 0), budgeted(1, 2, 1, 2, 2), true);
+  CHECK(c.move);
+  CHECK(c.moveFrom == Pool::kDecode);
+  CHECK(c.prefill.start == 0);
+  CHECK_FALSE(c.decode.drainOne);
+  // Without role moves the same round drains one and starts one.
+  c = planCluster(budgeted(0, 1, 0, 1, 1), budgeted(1, 2, 2, 1, 1), false);
+  CHECK_FALSE(c.move);
+  CHECK(c.prefill.drainOne);
+  CHECK(c.decode.start == 1);
+}
+
+TEST_CASE("role moves: a drain waits while the other pool wants a worker but is busy with its last action") {
+  // Decode wants 2 but its last started worker has not registered yet: the prefill worker
+  // is kept for the next round's move.
+  auto c = planCluster(budgeted(0, 1, 0, 1, 1), budgeted(1, 2, 2, 1, 0), true);
+  CHECK_FALSE(c.move);
+  CHECK_FALSE(c.prefill.drainOne);
+  CHECK_THAT(c.prefill.why, Catch::StartsWith("keeping the worker to move it"));
+  // Nobody wants it: it is drained as without role moves.
+  c = planCluster(budgeted(0, 1, 0, 1, 1), budgeted(1, 2, 1, 1, 1), true);
+  CHECK_FALSE(c.move);
+  CHECK(c.prefill.drainOne);
+  // A growing pool with room in the budget and nothing to take from starts a worker.
+  c = planCluster(budgeted(0, 1, 0, 0, 0), budgeted(1, 2, 2, 1, 1), true);
+  CHECK_FALSE(c.move);
+  CHECK(c.decode.start == 1);
 }
