@@ -220,7 +220,7 @@ std::pair<ScalingDecision, ScalingDecision> Autoscaler::decide(int prefillReplic
 int Autoscaler::upperBound(const PoolSlo& own, const PoolSlo& other) const {
   const int hi = std::max(own.minReplicas, own.maxReplicas);
   if (!opt_.sharedBudget) return hi;
-  return std::max(hi, hi + std::max(other.minReplicas, other.maxReplicas) - other.minReplicas);
+  return hi + std::max(other.minReplicas, other.maxReplicas) - other.minReplicas;
 }
 
 void Autoscaler::shareBudget(ScalingDecision& prefill, const PoolState& prefillBefore, ScalingDecision& decode,
@@ -229,10 +229,9 @@ void Autoscaler::shareBudget(ScalingDecision& prefill, const PoolState& prefillB
   const int budget = maxOf(prefill_) + maxOf(decode_);
   if (prefill.desired + decode.desired <= budget) return;
   // Only a pool past its own maximum is borrowing; it gets what the other one leaves (at
-  // least its own maximum). Both past theirs: each gets its own.
-  // The trimmed decision replaces the one combine() recorded: its pacing (cooldowns) counts
-  // the change actually recommended, so a growth the budget refuses does not restart the
-  // scale-up cooldown on every tick.
+  // least its own maximum). Both past theirs: each gets its own. The trimmed decision
+  // replaces the one combine() recorded, so the pacing (cooldowns) counts the change actually
+  // recommended: a growth the budget refuses does not restart the scale-up cooldown each tick.
   auto trim = [&](ScalingDecision& d, const PoolSlo& slo, PoolState& st, const PoolState& before, int other) {
     if (d.desired <= maxOf(slo)) return;
     const int allowed = std::max(maxOf(slo), budget - other);

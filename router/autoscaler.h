@@ -36,6 +36,8 @@
 //     when the capacity model has no opinion), not vetoed, that has held continuously for
 //     scaleDownCooldown and no change within scaleDownCooldown -> max(target, D - maxStepDown);
 //   - otherwise D. The result is clamped to the pool's [min_replicas, max_replicas].
+// With sharedBudget (role moves) the upper bound is the budget's instead, and decide()
+// trims a pool that borrows past its own maximum to what the other pool leaves.
 //
 // The window is a ring of fixed-bucket histograms (slices), so observing costs O(1) and a
 // percentile is read to within one bucket (5% wide, the upper edge is reported).

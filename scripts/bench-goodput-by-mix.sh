@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # Issue 14's goodput-by-mix benchmark (docs/performance.md "Goodput by trace mix"): the same
-# two cores served three ways, on three trace mixes, with the same requests:
-#   adaptive      1 prefill + 1 decode worker (an engine thread each), short-prompt threshold
-#                 256 moving with the pools' SLO headroom (router.adaptive_threshold),
-#                 SLO-sized prefill chunks and protect_itl routing: the default layout,
-#                 adapting by itself;
-#   colocated     1 decode worker with both threads and no prefill pool;
+# two cores served four ways, on three trace mixes, with the same requests. Every worker runs
+# the default engine.threads (0: all cores), as `pdserve up` does; the workers of a 1 + 1
+# layout share the two cores.
+#   adaptive      1 prefill + 1 decode worker, short-prompt threshold 256 moving with the
+#                 pools' SLO headroom (router.adaptive_threshold), SLO-sized prefill chunks
+#                 and protect_itl routing: the default layout, adapting by itself;
+#   colocated     1 decode worker and no prefill pool;
 #   colocated_slo the same with SLO-sized prefill chunks;
-#   disaggregated 1 prefill + 1 decode worker, the threshold fixed at 256.
+#   disaggregated 1 prefill + 1 decode worker, the threshold fixed at 256, fixed chunks.
 # Each mix replays its trace's lengths (x0.35, prompts <= 1,500 tokens, outputs <= 64) as
-# Poisson arrivals for DURATION s at the mix's rate (near what 1 + 1 sustains), and prints
-# goodput (requests within both SLOs per second) and attainment per layout.
+# Poisson arrivals at the mix's rate (near what 1 + 1 sustains) for the mix's duration (40 s;
+# 120 s for Mooncake, whose 0.6 req/s would send only 24 requests in 40), and prints goodput
+# (requests within both SLOs per second) and attainment per layout.
 # Usage: scripts/bench-goodput-by-mix.sh [BUILD_DIR]
-#   env: DURATION=40 MIXES="conv code mooncake" SLO=ttft_ms=2000,itl_ms=100 RATE (every mix's)
-#        LAYOUTS="adaptive colocated colocated_slo disaggregated"
+#   env: DURATION (every mix's) MIXES="conv code mooncake" SLO=ttft_ms=2000,itl_ms=100 RATE
+#        (every mix's) LAYOUTS="adaptive colocated colocated_slo disaggregated"
+#        THREADS=0 (engine.threads of every worker; 1 gives each worker of a 1 + 1 layout a
+#        core of its own, and the colocated ones 2: the layouts of the 2 Dec tables)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 BIN="$BUILD/bin"
-DURATION=${DURATION:-40}
+THREADS=${THREADS:-0}
 MIXES=${MIXES:-"conv code mooncake"}
 LAYOUTS=${LAYOUTS:-"adaptive colocated colocated_slo disaggregated"}
 SLO=${SLO:-ttft_ms=2000,itl_ms=100}
@@ -30,11 +34,12 @@ trap 'pd_down; rm -rf "$WORK"' EXIT
 [ -f models/small/config.json ] || "$BIN/pdserve" make-model --preset small --out models/small > /dev/null
 
 config() {  # $1: layout
-  local prefill=1 threads=1 threshold=256 adaptive=false
+  local prefill=1 threads=$THREADS threshold=256 adaptive=false colocated_threads=0
+  [ "$THREADS" = 0 ] || colocated_threads=$((2 * THREADS))
   case $1 in
     adaptive) adaptive=true ;;
-    colocated) prefill=0 threads=2 ;;
-    colocated_slo) prefill=0 threads=2 adaptive=true ;;
+    colocated) prefill=0 threads=$colocated_threads ;;
+    colocated_slo) prefill=0 threads=$colocated_threads adaptive=true ;;
     disaggregated) ;;
     *) echo "unknown layout $1" >&2; exit 2 ;;
   esac
@@ -52,15 +57,19 @@ logging: {level: warn}
 YAML
 }
 
-echo "goodput by mix: $DURATION s per run, SLO $SLO; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "goodput by mix: engine.threads $THREADS, SLO $SLO; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
 for mix in $MIXES; do
   TRACE=$(pd_mix_trace "$mix")
-  case $mix in conv) MIX_RATE=${RATE:-3} ;; code) MIX_RATE=${RATE:-2} ;; *) MIX_RATE=${RATE:-0.6} ;; esac
+  case $mix in
+    conv) MIX_RATE=${RATE:-3} MIX_DURATION=${DURATION:-40} ;;
+    code) MIX_RATE=${RATE:-2} MIX_DURATION=${DURATION:-40} ;;
+    *) MIX_RATE=${RATE:-0.6} MIX_DURATION=${DURATION:-120} ;;
+  esac
   for layout in $LAYOUTS; do
     config "$layout" > "$WORK/$layout.yaml"
     pd_up "$WORK/$layout.yaml" "$WORK/up.log"
     "$BIN/pdserve" bench --url http://127.0.0.1:8130 --trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 \
-      --max-output-tokens 64 --rate "$MIX_RATE" --duration "$DURATION" --slo "$SLO" --warmup 2 \
+      --max-output-tokens 64 --rate "$MIX_RATE" --duration "$MIX_DURATION" --slo "$SLO" --warmup 2 \
       --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix-$layout" > /dev/null || true
     pd_down
   done

@@ -6,14 +6,13 @@
 #include <fstream>
 
 #include "common/base/ports_file.h"
+#include "tests/scratch_dir.h"
 
 using namespace pd;
 
 namespace {
 std::string scratch(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("pd_ports_file_test." + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  return (pd::test::scratchDir() / name).string();
 }
 }  // namespace
 

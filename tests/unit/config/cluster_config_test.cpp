@@ -6,6 +6,8 @@
 #include <set>
 #include <unistd.h>
 
+#include "tests/scratch_dir.h"
+
 using namespace pd;
 using namespace pd::config;
 
@@ -373,8 +375,7 @@ namespace {
 
 // A file under the test's temp dir with the given bytes and mode.
 std::string secretFile(const std::string& name, const std::string& bytes, std::filesystem::perms mode) {
-  auto dir = std::filesystem::temp_directory_path() / ("pd_config_secret_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const auto& dir = pd::test::scratchDir();
   auto path = (dir / name).string();
   std::filesystem::remove(path);
   std::ofstream(path, std::ios::binary) << bytes;

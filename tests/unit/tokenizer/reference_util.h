@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include "tests/scratch_dir.h"
 
 namespace pd::tok::test {
 
@@ -34,9 +35,7 @@ inline std::string readText(const std::string& path) {
 }
 
 inline std::string tempPath(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("pd_tok_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  return (pd::test::scratchDir() / name).string();
 }
 
 // Runs `node tokenizer_reference.mjs <args>` and parses the JSON it writes to `out`.
