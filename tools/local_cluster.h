@@ -20,7 +20,7 @@ namespace pd::tools {
 
 struct LocalClusterOptions {
   std::string configPath = "deploy/configs/local.yaml";
-  std::string binDir;              // where pdserve-router/-prefill/-decode are
+  std::string binDir;              // where pdserve-router/-prefill/-decode/-worker are
   // Override router.port / router.control_port when >= 0; 0: the router binds an OS-chosen
   // port and says which in its ports file (common/base/ports_file.h), read back here.
   int httpPort = -1;

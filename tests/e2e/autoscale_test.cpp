@@ -62,6 +62,27 @@ Outcome complete(int port, int maxTokens, int seed) {
   return o;
 }
 
+// The tests' cluster: every prompt on the decode pool (short_prompt_tokens), a worker running 3
+// streams at once, shedding off (a request must queue, not be refused: the tests count every
+// request), short autoscaler windows; `idleAfterMs`, `extra` autoscaler keys and the pools
+// vary.
+void writeConfig(const std::string& path, int idleAfterMs, const std::string& extra, const std::string& pools) {
+  std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
+                      << "router:\n"
+                      << "  short_prompt_tokens: 100000\n"
+                      << "  request_timeout_ms: 160000\n"
+                      << "  prefix_aware_routing: false\n"
+                      << "  overload_shedding: false\n"
+                      << "  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 20, scale_up_cooldown_ms: 1000,\n"
+                      << "               scale_down_cooldown_ms: 60000, idle_after_ms: " << idleAfterMs << extra
+                      << "}\n"
+                      << "pools:\n"
+                      << pools
+                      << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
+                      << "         max_running_requests: 3, drain_timeout_ms: 20000}\n"
+                      << "logging: {level: info}\n";
+}
+
 // Starts `pdserve up --config config` in `up`, its output into `log`; the router's port once
 // the cluster is healthy (the test fails if pdserve up exits first).
 int startPdserveUp(ProcessGroup& up, const std::string& config, const std::string& log) {
@@ -105,25 +126,9 @@ TEST_CASE(
   // A worker runs 3 streams at once (max_running_requests) and the rest wait: 10 streams
   // make a queue that no ITL shows (the running ones step in ~15 ms against a 200 ms
   // target), so it is the capacity model (10 / 3 -> 4, clamped to 2) that scales out.
-  // Shedding off: a request must queue, not be refused, and the test counts every request.
-  std::ofstream(config)
-      << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
-      << "router:\n"
-      << "  short_prompt_tokens: 100000\n"
-      << "  request_timeout_ms: 160000\n"
-      << "  prefix_aware_routing: false\n"
-      << "  overload_shedding: false\n"
-      << "  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 20, scale_up_cooldown_ms: "
-         "1000,\n"
-      << "               scale_down_cooldown_ms: 60000, idle_after_ms: 2000}\n"
-      << "pools:\n"
-      << "  prefill: {replicas: 0}\n"
-      << "  decode: {replicas: 1, min_replicas: 1, max_replicas: 2, slo: {itl_ms: 200, percentile: "
-         "90}}\n"
-      << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
-      << "         max_running_requests: 3,"
-      << "         drain_timeout_ms: 20000}\n"
-      << "logging: {level: info}\n";
+  writeConfig(config, 2000, "",
+              "  prefill: {replicas: 0}\n"
+              "  decode: {replicas: 1, min_replicas: 1, max_replicas: 2, slo: {itl_ms: 200, percentile: 90}}\n");
   const std::string log = kWork + "/up.log";
   ProcessGroup up;
   const int port = startPdserveUp(up, config, log);
@@ -222,27 +227,14 @@ TEST_CASE(
     "no request failing") {
   std::filesystem::create_directories(kWork);
   const std::string config = kWork + "/role-moves.yaml";
-  // One budget of 2 workers (prefill 0..1 + decode 1..1). Every prompt stays on the decode
-  // pool (short_prompt_tokens), whose worker runs 3 streams at once: eight clients sending
-  // back to back make the capacity model want 3 decode workers, which the budget trims to 1
-  // while the prefill worker is recommended. Once the prefill pool has been idle for
-  // idle_after_ms (counted from the router's start: longer than any start-up here) its
-  // worker is moved, not drained and replaced.
-  std::ofstream(config)
-      << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
-      << "router:\n"
-      << "  short_prompt_tokens: 100000\n"
-      << "  request_timeout_ms: 160000\n"
-      << "  prefix_aware_routing: false\n"
-      << "  overload_shedding: false\n"
-      << "  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 20, scale_up_cooldown_ms: 1000,\n"
-      << "               scale_down_cooldown_ms: 60000, idle_after_ms: 20000, role_moves: true}\n"
-      << "pools:\n"
-      << "  prefill: {replicas: 1, min_replicas: 0, max_replicas: 1}\n"
-      << "  decode: {replicas: 1, min_replicas: 1, max_replicas: 1, slo: {itl_ms: 200, percentile: 90}}\n"
-      << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
-      << "         max_running_requests: 3, drain_timeout_ms: 20000}\n"
-      << "logging: {level: info}\n";
+  // One budget of 2 workers (prefill 0..1 + decode 1..1). Eight clients sending back to back
+  // to the decode worker (3 streams at once) make the capacity model want 3 decode workers,
+  // which the budget trims to 1 while the prefill worker is recommended. Once the prefill pool
+  // has been idle for idle_after_ms (counted from its worker's registration) that worker is
+  // moved, not drained and replaced.
+  writeConfig(config, 20000, ", role_moves: true",
+              "  prefill: {replicas: 1, min_replicas: 0, max_replicas: 1}\n"
+              "  decode: {replicas: 1, min_replicas: 1, max_replicas: 1, slo: {itl_ms: 200, percentile: 90}}\n");
   const std::string log = kWork + "/role-moves.log";
   ProcessGroup up;
   const int port = startPdserveUp(up, config, log);
@@ -264,8 +256,17 @@ TEST_CASE(
   const auto t0 = steady_clock::now();
   const bool moved = waitMetric(up, log, port, "pdserve_pool_workers{pool=\"decode\"}", 2, 90s);
   const double movedAfterS = duration<double>(steady_clock::now() - t0).count();
-  // A few more rounds with two decode workers, then the clients stop.
-  if (moved) std::this_thread::sleep_for(3s);
+  // The clients go on until a request has finished on the moved worker (new requests go to
+  // the least loaded worker; a sanitized build takes seconds per request), then stop.
+  const auto servedByMoved = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& o : outcomes)
+      if (o.worker == "worker-0") return true;
+    return false;
+  };
+  for (const auto deadline = steady_clock::now() + 90s; moved && !servedByMoved() && steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(100ms);
+  }
   stop = true;
   for (auto& t : clients) t.join();
   const std::string text = readFile(log);
