@@ -13,8 +13,9 @@
 // has exited. With router.autoscaler.role_moves the workers are pdserve-worker processes,
 // the pools' maxima one budget, and a worker one pool gives up while the other wants one
 // is moved (planCluster: SIGUSR1, the switch drains it first) rather than stopped and
-// another started; the move is done when the router sees it registered in its new pool. A drained worker is killed only after its drain timeout (plus a grace),
-// never before. Each action is a log line and a console line.
+// another started; the move is done when the router sees it registered in its new pool.
+// A drained worker is killed only after its drain timeout (plus a grace), never before.
+// Each action is a log line and a console line.
 //
 // Threads: one owner thread (pdserve up's supervision loop) calls poll().
 #pragma once
@@ -54,8 +55,8 @@ struct ClusterStep {
   bool move = false;
   Pool moveFrom = Pool::kPrefill;  // valid when move: the worker leaves this pool for the other
 };
-// Pure. With role moves, each pool's bounds are the shared budget's (its maximum plus the
-// other's maximum less the other's minimum), as the router's recommendation is.
+// Pure. With role moves the caller passes each pool's bounds in the shared budget (its
+// maximum plus the other's maximum less the other's minimum), as the router applies them.
 ClusterStep planCluster(PoolActuation prefill, PoolActuation decode, bool roleMoves);
 
 class LocalActuator {
