@@ -59,7 +59,7 @@ ActuationStep planPool(const PoolActuation& p) {
   return s;
 }
 
-ClusterStep planCluster(PoolActuation prefill, PoolActuation decode, bool roleMoves) {
+ClusterStep planCluster(const PoolActuation& prefill, const PoolActuation& decode, bool roleMoves) {
   ClusterStep c{planPool(prefill), planPool(decode)};
   if (!roleMoves) return c;
   for (Pool from : {Pool::kPrefill, Pool::kDecode}) {

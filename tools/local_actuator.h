@@ -57,7 +57,7 @@ struct ClusterStep {
 };
 // Pure. With role moves the caller passes each pool's bounds in the shared budget (its
 // maximum plus the other's maximum less the other's minimum), as the router applies them.
-ClusterStep planCluster(PoolActuation prefill, PoolActuation decode, bool roleMoves);
+ClusterStep planCluster(const PoolActuation& prefill, const PoolActuation& decode, bool roleMoves);
 
 class LocalActuator {
  public:

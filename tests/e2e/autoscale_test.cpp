@@ -103,14 +103,19 @@ int startPdserveUp(ProcessGroup& up, const std::string& config, const std::strin
   return port;
 }
 
+// The router's `series` now; -1 when /metrics does not answer.
+double routerMetric(int port, const std::string& series) {
+  auto r = httpGet(port, "/metrics", 5s);
+  return r.ok() ? pd::test::metricValue(r->body, series) : -1.0;
+}
+
 // Waits up to `limit` for the router's `series` to read n; fails the test if `pdserve up`
 // exits meanwhile.
 bool waitMetric(ProcessGroup& up, const std::string& log, int port, const std::string& series, double n,
                 seconds limit) {
   for (const auto deadline = steady_clock::now() + limit; steady_clock::now() < deadline;) {
     if (auto dead = up.waitAny(0ms)) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
-    auto r = httpGet(port, "/metrics", 5s);
-    if (r.ok() && pd::test::metricValue(r->body, series) == n) return true;
+    if (routerMetric(port, series) == n) return true;
     std::this_thread::sleep_for(100ms);
   }
   return false;
@@ -132,10 +137,7 @@ TEST_CASE(
   const std::string log = kWork + "/up.log";
   ProcessGroup up;
   const int port = startPdserveUp(up, config, log);
-  const auto metric = [&](const std::string& series) {
-    auto r = httpGet(port, "/metrics", 5s);
-    return r.ok() ? pd::test::metricValue(r->body, series) : -1.0;
-  };
+  const auto metric = [&](const std::string& series) { return routerMetric(port, series); };
   const std::string workers = "pdserve_pool_workers{pool=\"decode\"}";
   const auto waitWorkers = [&](int n, seconds limit) { return waitMetric(up, log, port, workers, n, limit); };
   const auto t0 = steady_clock::now();
@@ -280,9 +282,7 @@ TEST_CASE(
     onMoved += o.worker == "worker-0";
   }
   CHECK(onMoved >= 1);  // the moved worker serves decode
-  auto r = httpGet(port, "/metrics", 5s);
-  REQUIRE(r.ok());
-  CHECK(pd::test::metricValue(r->body, "pdserve_pool_workers{pool=\"prefill\"}") == 0);
+  CHECK(routerMetric(port, "pdserve_pool_workers{pool=\"prefill\"}") == 0);
   CHECK(text.find("recommending 0 (idle: no work for 20 s") != std::string::npos);
   CHECK(text.find("pdserve up: moving worker-0 from the prefill pool (1 -> 0, router recommends 0) to the decode "
                   "pool") != std::string::npos);

@@ -395,7 +395,7 @@ TEST_CASE("shared budget: a pool at its maximum borrows the slots the other pool
   CHECK_THAT(fd.reason, !Catch::Contains("trimmed"));
 }
 
-TEST_CASE("shared budget: both pools past their own maximum each get their own") {
+TEST_CASE("shared budget: a pool takes what the other gives up; when both want more than their own, each gets its own") {
   PoolSlo prefill{0.5, 99, 1, 2};
   PoolSlo decode{0.050, 99, 1, 2};
   AutoscalerOptions o = immediate();
