@@ -16,6 +16,26 @@ AdmissionVerdict admitPrefill(const WorkerView& w, int64_t promptTokens, double 
   return v;
 }
 
+AdmissionVerdict admitOverflow(const WorkerView& w, int64_t promptTokens, double ttftTargetS, double scale) {
+  if (w.prefillTokensPerS <= 0) {
+    AdmissionVerdict v;
+    v.admit = std::max(w.queuedPrefillTokens, w.routedPrefillTokens) == 0;
+    v.retryAfterS = v.admit ? 0 : 1;
+    return v;
+  }
+  AdmissionVerdict v = admitPrefill(w, promptTokens, ttftTargetS / 2, scale);
+  if (v.admit && v.predictedS > ttftTargetS / 2) {
+    v.admit = false;
+    v.retryAfterS = std::max(1, int(std::ceil(v.predictedS - ttftTargetS / 2)));
+  }
+  return v;
+}
+
+std::optional<bool> ttftPastBound(double observedS, double scaledPredictionS, double ttftTargetS) {
+  if (std::max(observedS, scaledPredictionS) < ttftTargetS / 2) return std::nullopt;
+  return observedS > scaledPredictionS;
+}
+
 void PercentileScale::observe(bool exceeded) {
   value_ = std::clamp(value_ * std::exp(exceeded ? step_ * p_ : -step_ * (1 - p_)), 0.5, 4.0);
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "router/routing_policy.h"
 
@@ -36,6 +37,19 @@ struct AdmissionVerdict {
 AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens, double ttftTargetS,
                               double scale = 1);
 
+// The prefill pool's overflow: a prompt that admitPrefill refuses on its prefill worker may be
+// prefilled by its decode worker instead, beside the streams, when the caller knows that
+// worker's prompt chunks keep its steps within the ITL target (SLO-sized chunks and
+// RoutingPolicy::fitsBesideStreams). Admitted there only when its first token is predicted
+// within half the TTFT target, or, with no measured rate yet, when nothing is ahead of it. The
+// other half is kept for the worker's own short prompts: they queue behind it, first come,
+// first served (measured: an overflowed 1,400-token prompt admitted against the whole target
+// got a 15-token prompt behind it shed). Unlike admitPrefill, a prompt that does not fit
+// stays refused with nothing ahead: the prefill pool already said it cannot be served in
+// time, and this worker's streams would pay for trying.
+AdmissionVerdict admitOverflow(const WorkerView& decoding, int64_t promptTokens, double ttftTargetS,
+                               double scale = 1);
+
 // A prediction multiplier that makes an SLO percentile hold where the prediction alone would
 // not: predictions miss what their inputs do not see (the gaps between engine steps, the
 // hand-offs between processes, a machine busier than when the rates were measured, steps
@@ -56,6 +70,15 @@ class PercentileScale {
   double p_, step_;
   double value_ = 1;
 };
+
+// What an admitted request's first token tells the TTFT PercentileScale: whether it passed its
+// scaled prediction, or nothing (nullopt) when both came under half the target. A short prompt
+// whose first token took twice its 50 ms prediction is far within any target and says nothing
+// about the predictions admission weighs near it; counted, such prompts (most of a conversation
+// mix) drove the scale to ~2 and shed requests that would have met the target. A real miss
+// (past the target) always counts, so the scale still keeps (1 - p) of the requests near the
+// target, and so of all requests, from missing it.
+std::optional<bool> ttftPastBound(double observedS, double scaledPredictionS, double ttftTargetS);
 
 // The decode side: the step time one more stream would give every stream of `decoding`,
 // from its fitted step cost (base + per stream x streams, step_cost_model.h), must stay

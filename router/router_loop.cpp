@@ -211,7 +211,9 @@ void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chu
     e.prefillTokens = 0;
   }
   if (e.predictedTtftS > 0 && chunk.token_ids_size() > 0) {
-    ttftScale_.observe(secondsBetween(e.routedAt, steadyNow()) > e.predictedTtftS * ttftScale_.value());
+    if (const auto past = ttftPastBound(secondsBetween(e.routedAt, steadyNow()), e.predictedTtftS * ttftScale_.value(),
+                                        cfg_.pools.prefill.slo.ttftMs / 1e3))
+      ttftScale_.observe(*past);
     metrics_.admissionScaleTtft.set(ttftScale_.value());
     e.predictedTtftS = 0;
   }
@@ -279,9 +281,18 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
       e.message = "overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s";
       stream->refuse(std::move(e), "overloaded");
     };
-    const double scale = ttftScale_.value();
-    const AdmissionVerdict queue =
-        admitPrefill(prefilling, promptTokens - p->cachedTokens, cfg_.pools.prefill.slo.ttftMs / 1e3, scale);
+    const double scale = ttftScale_.value(), ttftTargetS = cfg_.pools.prefill.slo.ttftMs / 1e3;
+    AdmissionVerdict queue = admitPrefill(prefilling, promptTokens - p->cachedTokens, ttftTargetS, scale);
+    // The prefill pool cannot serve it in time: its decode worker may, if its SLO-sized
+    // chunks keep the streams there within their ITL (docs/serving.md "Overload").
+    if (!queue.admit && p->route == Route::kDisaggregated && cfg_.engine.sloSizedPrefillChunks &&
+        policy_.fitsBesideStreams(decoding)) {
+      const AdmissionVerdict there = admitOverflow(decoding, promptTokens - decoding.cachedTokens, ttftTargetS, scale);
+      if (there.admit) {
+        *p = RoutingPolicy::colocatedOn(decoding, "prefill_overflow");
+        queue = there;
+      }
+    }
     predictedTtftS = queue.predictedS / scale;
     if (!queue.admit) {
       return shed(queue, "with the prompts queued on worker " + prefilling.id + ", this one's first token is predicted at " +
@@ -362,7 +373,9 @@ Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, Rout
   workers_.noteRouted(prefilling, uncached, plan.decodeWorker, n);
   const SteadyTime now = steadyNow();
   autoscaler_.observeDecodeArrival(now);
-  if (plan.route == Route::kDisaggregated) autoscaler_.observePrefillArrival(now, uncached);
+  // An overflowed prompt is still the prefill pool's demand: it would scale out for it.
+  if (plan.route == Route::kDisaggregated || plan.reason == "prefill_overflow")
+    autoscaler_.observePrefillArrival(now, uncached);
   for (int i = 0; i < n; ++i) {
     const uint64_t id = newRequestId();
     d.workerRequestIds.push_back(id);

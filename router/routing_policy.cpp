@@ -62,10 +62,7 @@ std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens,
   } else {
     plan.reason = "long_prompt";
   }
-  if (prefill && plan.reason != "long_prompt" && config_.itlTargetMs > 0 && colocated->streams() > 0) {
-    const auto step = colocated->predictedDecodeStepMs(colocated->streams() + 1);
-    if (step && (*step + colocated->decodeSmallChunkMs) * itlScale_ > config_.itlTargetMs) plan.reason = "protect_itl";
-  }
+  if (prefill && plan.reason != "long_prompt" && !fitsBesideStreams(*colocated)) plan.reason = "protect_itl";
   if (plan.reason == "long_prompt" || plan.reason == "protect_itl") {
     plan.route = Route::kDisaggregated;
     plan.prefillWorker = prefill->id;
@@ -73,8 +70,22 @@ std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens,
     plan.cachedTokens = prefill->cachedTokens;
     return plan;
   }
-  plan.decodeWorker = colocated->id;
-  plan.cachedTokens = colocated->cachedTokens;
+  return colocatedOn(*colocated, std::move(plan.reason));
+}
+
+bool RoutingPolicy::fitsBesideStreams(const WorkerView& w) const {
+  if (config_.itlTargetMs <= 0 || w.streams() == 0) return true;
+  const auto step = w.predictedDecodeStepMs(w.streams() + 1);
+  return !step || (*step + w.decodeSmallChunkMs) * itlScale_ <= config_.itlTargetMs;
+}
+
+RoutePlan RoutingPolicy::colocatedOn(const WorkerView& w, std::string reason) {
+  RoutePlan plan;
+  plan.reason = std::move(reason);
+  plan.decodeWorker = w.id;
+  plan.cachedTokens = w.cachedTokens;
+  plan.exactCachedTokens = w.exactCachedTokens;
+  plan.predictedCachedTokens = w.predictedCachedTokens;
   return plan;
 }
 

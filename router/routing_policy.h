@@ -20,6 +20,8 @@
 //   smallest prompt chunk adds, times the ITL prediction scale, passes itlTargetMs (the chunks cannot shrink further, so every
 //   stream there would miss its ITL while the prompt is prefilled) and a prefill worker is up;
 // - no healthy decode worker: no route (the router answers 503).
+// Admission may then turn a disaggregated plan into a colocated one ("prefill_overflow",
+// router/admission.h admitOverflow, colocatedOn) when the prefill pool cannot serve it in time.
 #pragma once
 
 #include <algorithm>
@@ -75,7 +77,9 @@ struct RoutePlan {
   Route route = Route::kColocated;
   std::string decodeWorker;
   std::string prefillWorker;  // empty when colocated
-  std::string reason;  // "short_prompt", "cached_prefix", "long_prompt", "no_prefill_worker"
+  // "short_prompt", "cached_prefix", "long_prompt", "no_prefill_worker", "protect_itl",
+  // "prefill_overflow"
+  std::string reason;
   int64_t cachedTokens = 0;  // of the prompt, on the worker that will prefill it
   // That worker's WorkerView figures (the router compares them with its actual hit).
   int64_t exactCachedTokens = -1;
@@ -94,6 +98,13 @@ class RoutingPolicy {
 
   // nullopt when no healthy decode worker exists.
   std::optional<RoutePlan> select(int64_t promptTokens, const std::vector<WorkerView>& workers) const;
+
+  // Whether `w` can prefill a prompt beside its streams within the ITL target: no streams, no
+  // target, no fitted step line yet, or its step with one more stream plus what its smallest
+  // prompt chunk adds, times the ITL prediction scale, within itlTargetMs (the "protect_itl" rule).
+  bool fitsBesideStreams(const WorkerView& w) const;
+  // The plan that prefills the prompt on decode worker `w` itself, for `reason`.
+  static RoutePlan colocatedOn(const WorkerView& w, std::string reason);
 
   const RoutingConfig& config() const { return config_; }
   // The adaptive threshold (router/adaptive_threshold.h) moves it; the caller serialises.

@@ -10,14 +10,16 @@
 #   colocated_slo the same with SLO-sized prefill chunks;
 #   disaggregated 1 prefill + 1 decode worker, the threshold fixed at 256, fixed chunks.
 # Each mix replays its trace's lengths (x0.35, prompts <= 1,500 tokens, outputs <= 64) as
-# Poisson arrivals at the mix's rate (near what 1 + 1 sustains) for the mix's duration (40 s;
-# 120 s for Mooncake, whose 0.6 req/s would send only 24 requests in 40), and prints goodput
-# (requests within both SLOs per second) and attainment per layout.
+# Poisson arrivals at the mix's rate (near what 1 + 1 sustains) for 120 s (one burst decides a
+# 40 s run: the layouts' order flipped between runs), and prints goodput (requests within
+# both SLOs per second) and attainment per layout.
 # Usage: scripts/bench-goodput-by-mix.sh [BUILD_DIR]
 #   env: DURATION (every mix's) MIXES="conv code mooncake" SLO=ttft_ms=2000,itl_ms=100 RATE
 #        (every mix's) LAYOUTS="adaptive colocated colocated_slo disaggregated"
 #        THREADS=0 (engine.threads of every worker; 1 gives each worker of a 1 + 1 layout a
 #        core of its own, and the colocated ones 2: the layouts of the 2 Dec tables)
+#        KEEP=DIR keeps every run's bench report (DIR/MIX-LAYOUT.json) and router /metrics
+#        scraped at the end (DIR/MIX-LAYOUT.metrics)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -26,10 +28,11 @@ THREADS=${THREADS:-0}
 MIXES=${MIXES:-"conv code mooncake"}
 LAYOUTS=${LAYOUTS:-"adaptive colocated colocated_slo disaggregated"}
 SLO=${SLO:-ttft_ms=2000,itl_ms=100}
-WORK=$(mktemp -d)
+WORK=${KEEP:-$(mktemp -d)}
+mkdir -p "$WORK"
 source scripts/lib/cluster.sh
 PID=
-trap 'pd_down; rm -rf "$WORK"' EXIT
+trap 'pd_down; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 
 [ -f models/small/config.json ] || "$BIN/pdserve" make-model --preset small --out models/small > /dev/null
 
@@ -61,16 +64,17 @@ echo "goodput by mix: engine.threads $THREADS, SLO $SLO; load average now: $(cut
 for mix in $MIXES; do
   TRACE=$(pd_mix_trace "$mix")
   case $mix in
-    conv) MIX_RATE=${RATE:-3} MIX_DURATION=${DURATION:-40} ;;
-    code) MIX_RATE=${RATE:-2} MIX_DURATION=${DURATION:-40} ;;
-    *) MIX_RATE=${RATE:-0.6} MIX_DURATION=${DURATION:-120} ;;
+    conv) MIX_RATE=${RATE:-3} ;;
+    code) MIX_RATE=${RATE:-2} ;;
+    *) MIX_RATE=${RATE:-0.6} ;;
   esac
   for layout in $LAYOUTS; do
     config "$layout" > "$WORK/$layout.yaml"
     pd_up "$WORK/$layout.yaml" "$WORK/up.log"
     "$BIN/pdserve" bench --url http://127.0.0.1:8130 --trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 \
-      --max-output-tokens 64 --rate "$MIX_RATE" --duration "$MIX_DURATION" --slo "$SLO" --warmup 2 \
+      --max-output-tokens 64 --rate "$MIX_RATE" --duration "${DURATION:-120}" --slo "$SLO" --warmup 2 \
       --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix-$layout" > /dev/null || true
+    curl -s http://127.0.0.1:8130/metrics > "$WORK/$mix-$layout.metrics" || true
     pd_down
   done
   python3 - "$WORK" "$mix" "$MIX_RATE" $LAYOUTS <<'PY'

@@ -738,6 +738,12 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
   CHECK(ok >= 1);
   CHECK(shed >= 1);
   CHECK(routerMetric(*c, "pdserve_request_errors_total{type=\"overloaded\"}") == shed);
+  // Before shedding, the router gave the decode worker (SLO-sized chunks, the default) what it
+  // could prefill in time: at least the first prompt the prefill worker could not take.
+  const double overflowed =
+      routerMetric(*c, "pdserve_route_decisions_total{reason=\"prefill_overflow\",route=\"colocated\"}");
+  CHECK(overflowed >= 1);
+  CHECK(overflowed < ok);
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
   // The router's own count of outstanding work is back to 0 (the choices end on its strand just
@@ -753,7 +759,8 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
   recordFault({"overload: a burst of 12 long prompts past the prefill pool's TTFT target",
                "every request answered (200 or 429 with Retry-After, never a timeout); blocks free; admitted again once drained",
                "at admission: predicted TTFT (tokens ahead + the prompt, over the prefill rate) > pools.prefill.slo.ttft_ms (400 ms here)",
-               std::to_string(ok) + " admitted, " + std::to_string(shed) + " shed; the 3x trace run is in docs/performance.md"});
+               std::to_string(ok) + " admitted (" + std::to_string(int(overflowed)) + " prefilled on the decode worker), " +
+                   std::to_string(shed) + " shed; the 3x trace run is in docs/performance.md"});
 }
 
 TEST_CASE("bad requests get OpenAI errors with the right status") {

@@ -46,6 +46,25 @@ TEST_CASE("admission: the router's own outstanding tokens count when the report 
   CHECK(admitPrefill(worker(200, 200, 2000), 200, 1.0).admit);
 }
 
+TEST_CASE("admission: overflow to the decode worker only when its first token is predicted within half the target") {
+  // The decode worker at 1,000 tokens/s with 300 tokens ahead, a 2 s target: a 500-token
+  // prompt is 0.8 s, within half of it; 800 tokens is 1.1 s, refused (the other half is for
+  // the short prompts behind it), also with nothing ahead (unlike admitPrefill: the prefill
+  // pool already refused it, and these streams would pay).
+  CHECK(admitOverflow(worker(300, 0, 1000), 500, 2.0).admit);
+  CHECK(admitOverflow(worker(300, 0, 1000), 500, 2.0).predictedS == Approx(0.8));
+  CHECK_FALSE(admitOverflow(worker(300, 0, 1000), 800, 2.0).admit);
+  auto tooLong = admitOverflow(worker(0, 0, 1000), 2500, 2.0);
+  CHECK_FALSE(tooLong.admit);
+  CHECK(tooLong.retryAfterS == 2);
+  // The scale counts: 0.8 s x 1.5 passes half the target.
+  CHECK_FALSE(admitOverflow(worker(300, 0, 1000), 500, 2.0, 1.5).admit);
+  // No measured rate (a decode worker that never prefilled): one prompt with nothing ahead, no more.
+  CHECK(admitOverflow(worker(0, 0, 0), 5000, 2.0).admit);
+  CHECK_FALSE(admitOverflow(worker(0, 1500, 0), 100, 2.0).admit);
+  CHECK_FALSE(admitOverflow(worker(200, 0, 0), 100, 2.0).admit);
+}
+
 WorkerView decodeWorker(int running, double baseMs, double perStreamMs) {
   WorkerView w;
   w.id = "decode-0";
@@ -112,6 +131,27 @@ TEST_CASE("admission: a percentile scale settles where (1 - p) of observations e
   // x the scale passes a 1.5 s target.
   CHECK_FALSE(admitPrefill(worker(500, 0, 1000), 500, 1.5, ttft.value()).admit);
   CHECK(admitPrefill(worker(500, 0, 1000), 500, 1.5, 1.0).admit);
+  // Short prompts far under the target do not move the scale: their first tokens take twice
+  // their 50 ms prediction, the long prompts' 1.0x-1.1x theirs (1.2 s, 2 s target). Counted
+  // like the others, the short ones drive the scale to ~2 and admission then sheds a long
+  // prompt predicted at 1.2 s; counting only what came near the target, it settles at the
+  // long prompts' 1.1x.
+  PercentileScale naive(99, 0.05), nearTarget(99, 0.05);
+  for (int i = 0; i < 6000; ++i) {
+    const bool isLong = i % 4 == 0;
+    const double predictedS = isLong ? 1.2 : 0.05;
+    const double observedS = isLong ? predictedS * (1.0 + 0.1 * ((i * 37) % 100) / 100.0) : 2 * predictedS;
+    naive.observe(observedS > predictedS * naive.value());
+    if (const auto past = ttftPastBound(observedS, predictedS * nearTarget.value(), 2.0)) nearTarget.observe(*past);
+  }
+  CHECK(naive.value() > 1.8);
+  CHECK(nearTarget.value() == Approx(1.1).epsilon(0.06));
+  CHECK_FALSE(admitPrefill(worker(200, 0, 1000), 1000, 2.0, naive.value()).admit);
+  CHECK(admitPrefill(worker(200, 0, 1000), 1000, 2.0, nearTarget.value()).admit);
+  CHECK_FALSE(ttftPastBound(0.9, 0.2, 2.0).has_value());  // 4.5x, but both under half the target
+  CHECK(ttftPastBound(1.1, 0.2, 2.0) == true);
+  CHECK(ttftPastBound(2.1, 3.0, 2.0) == false);  // within its scaled prediction
+  CHECK(ttftPastBound(0.4, 1.5, 2.0) == false);  // a prediction near the target, met
   // ITL: gaps exceed the target while streams are admitted up to the prediction; each gap's
   // step is ~ the predicted step (20 + 4 per stream) x 1.25 here, so admission must aim at
   // target / 1.25: the scale goes to ~1.25 and the 17th stream is refused (20 + 4 x 17 = 88 ms,

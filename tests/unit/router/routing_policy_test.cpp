@@ -136,3 +136,23 @@ TEST_CASE("protect_itl: a short prompt goes to the prefill pool when prefilling 
   policy.setItlPredictionScale(1.2);
   CHECK(policy.select(100, {d0, prefill("p0", 0)})->reason == "protect_itl");
 }
+
+TEST_CASE("prefill_overflow: the plan admission makes when the prefill pool cannot serve a prompt in time") {
+  RoutingPolicy policy({/*shortPromptTokens=*/256, /*cacheLoadSlack=*/4, /*itlTargetMs=*/100});
+  auto d0 = decode("d0", 10, 900);
+  d0.decodeStepBaseMs = 20;
+  d0.decodeStepPerStreamMs = 4;
+  d0.decodeSmallChunkMs = 30;  // 94 ms with one more stream: its chunks fit beside the streams
+  d0.cachedTokens = 48;
+  CHECK(policy.fitsBesideStreams(d0));
+  const RoutePlan plan = RoutingPolicy::colocatedOn(d0, "prefill_overflow");
+  CHECK(plan.route == Route::kColocated);
+  CHECK(plan.decodeWorker == "d0");
+  CHECK(plan.prefillWorker.empty());
+  CHECK(plan.reason == "prefill_overflow");
+  CHECK(plan.cachedTokens == 48);
+  d0.decodeSmallChunkMs = 40;  // 104 ms: no overflow there, its streams would miss
+  CHECK_FALSE(policy.fitsBesideStreams(d0));
+  d0.running = 0;  // no stream to protect
+  CHECK(policy.fitsBesideStreams(d0));
+}
