@@ -8,7 +8,7 @@ namespace pd::router {
 AdmissionVerdict admitPrefill(const WorkerView& w, int64_t promptTokens, double ttftTargetS, double scale) {
   AdmissionVerdict v;
   if (w.prefillTokensPerS <= 0) return v;
-  const int64_t ahead = std::max(w.queuedPrefillTokens, w.routedPrefillTokens);
+  const int64_t ahead = w.prefillTokensAhead();
   v.predictedS = scale * double(ahead + std::max<int64_t>(0, promptTokens)) / w.prefillTokensPerS;
   if (ahead == 0 || v.predictedS <= ttftTargetS) return v;
   v.admit = false;
@@ -17,17 +17,15 @@ AdmissionVerdict admitPrefill(const WorkerView& w, int64_t promptTokens, double 
 }
 
 AdmissionVerdict admitOverflow(const WorkerView& w, int64_t promptTokens, double ttftTargetS, double scale) {
+  const double limitS = ttftTargetS / 2;
+  AdmissionVerdict v;
   if (w.prefillTokensPerS <= 0) {
-    AdmissionVerdict v;
-    v.admit = std::max(w.queuedPrefillTokens, w.routedPrefillTokens) == 0;
-    v.retryAfterS = v.admit ? 0 : 1;
-    return v;
+    v.admit = w.prefillTokensAhead() == 0;
+  } else {
+    v = admitPrefill(w, promptTokens, limitS, scale);
+    v.admit = v.predictedS <= limitS;  // also with nothing ahead
   }
-  AdmissionVerdict v = admitPrefill(w, promptTokens, ttftTargetS / 2, scale);
-  if (v.admit && v.predictedS > ttftTargetS / 2) {
-    v.admit = false;
-    v.retryAfterS = std::max(1, int(std::ceil(v.predictedS - ttftTargetS / 2)));
-  }
+  if (!v.admit) v.retryAfterS = std::max(1, int(std::ceil(v.predictedS - limitS)));
   return v;
 }
 

@@ -76,8 +76,8 @@ class PercentileScale {
 // whose first token took twice its 50 ms prediction is far within any target and says nothing
 // about the predictions admission weighs near it; counted, such prompts (most of a conversation
 // mix) drove the scale to ~2 and shed requests that would have met the target. A real miss
-// (past the target) always counts, so the scale still keeps (1 - p) of the requests near the
-// target, and so of all requests, from missing it.
+// (past the target) always counts, so at most (1 - p) of the requests near the target, and so
+// of all requests, miss it.
 std::optional<bool> ttftPastBound(double observedS, double scaledPredictionS, double ttftTargetS);
 
 // The decode side: the step time one more stream would give every stream of `decoding`,

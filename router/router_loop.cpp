@@ -36,7 +36,7 @@ std::pair<PoolLoad, PoolLoad> poolLoads(const std::vector<WorkerView>& views) {
   for (const auto& v : views) {
     if (!v.healthy) continue;
     if (v.role == WorkerRole::kPrefill) {
-      prefill.queuedPrefillTokens += std::max(v.queuedPrefillTokens, v.routedPrefillTokens);
+      prefill.queuedPrefillTokens += v.prefillTokensAhead();
       if (v.prefillTokensPerS > 0) rateSum += v.prefillTokensPerS, ++rates;
     } else {
       decode.streams += v.streams();

@@ -62,6 +62,8 @@ struct WorkerView {
   }
   // Streams it serves or will: the larger of its report's and this router's count.
   int streams() const { return std::max(running + waiting, routedStreams); }
+  // Prompt tokens it will prefill before a new one, the same way.
+  int64_t prefillTokensAhead() const { return std::max(queuedPrefillTokens, routedPrefillTokens); }
   // This router's own outstanding work on it (WorkerRegistry::noteRouted): prompt tokens
   // routed to it to prefill that have no first token yet, and streams routed to it that
   // have not ended. Its reports cover every router's requests but lag; these are exact
