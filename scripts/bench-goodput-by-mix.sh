@@ -18,8 +18,9 @@
 #        (every mix's) LAYOUTS="adaptive colocated colocated_slo disaggregated"
 #        THREADS=0 (engine.threads of every worker; 1 gives each worker of a 1 + 1 layout a
 #        core of its own, and the colocated ones 2: the layouts of the 2 Dec tables)
-#        KEEP=DIR keeps every run's bench report (DIR/MIX-LAYOUT.json) and router /metrics
-#        scraped at the end (DIR/MIX-LAYOUT.metrics)
+#        KEEP=DIR keeps every run's bench report (DIR/MIX-LAYOUT.json) and the /metrics of
+#        the router (DIR/MIX-LAYOUT.metrics) and of each worker (DIR/MIX-LAYOUT.WORKER.metrics)
+#        scraped at the end
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -75,6 +76,10 @@ for mix in $MIXES; do
       --max-output-tokens 64 --rate "$MIX_RATE" --duration "${DURATION:-120}" --slo "$SLO" --warmup 2 \
       --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix-$layout" > /dev/null || true
     curl -s http://127.0.0.1:8130/metrics > "$WORK/$mix-$layout.metrics" || true
+    for worker in decode-0 prefill-0; do
+      url=$(pd_worker_metrics_url "$WORK/up.log" "$worker")
+      [ -z "$url" ] || curl -s "$url" > "$WORK/$mix-$layout.$worker.metrics" || true
+    done
     pd_down
   done
   python3 - "$WORK" "$mix" "$MIX_RATE" $LAYOUTS <<'PY'

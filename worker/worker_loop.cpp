@@ -1,6 +1,7 @@
 #include "worker/worker_loop.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/base/log.h"
 
@@ -219,6 +220,10 @@ void WorkerLoop::loop() {
       reporter_->stepEnded();
       const engine::StepRecord& step = engine().lastStep();
       metrics_.observeStep(step.decodeRows, step.promptTokens, step.seconds, step.gapSeconds);
+      PD_LOG(kDebug, roleName()) << "step: " << step.decodeRows << " streams, " << step.promptTokens
+                                 << " prompt tokens in " << std::lround(step.seconds * 1e4) / 10.0 << " ms after "
+                                 << std::lround(step.gapSeconds * 1e4) / 10.0 << " ms between steps"
+                                 << (step.remoteKvExpected ? ", remote KV expected" : "");
       if (!s.isOk()) {
         PD_LOG(kError, roleName()) << "step failed: " << s.toString();
       }

@@ -184,10 +184,12 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   view.kv = kv_.get();
   view.numExternalSeqs = static_cast<int>(remote_.size());
   view.now = clock_.now();
-  view.prefillTokenBudget = prefillChunkTokens();
+  const bool remoteKvExpected = !remote_.empty();
+  view.prefillTokenBudget = prefillChunkTokens(remoteKvExpected);
   StepPlan plan = scheduler_.schedule(view);
   lastStep_ = {};
   lastStep_.gapSeconds = gapSeconds;
+  lastStep_.remoteKvExpected = remoteKvExpected;
   for (const auto& e : plan.entries) {
     lastStep_.decodeRows += e.isDecode;
     if (!e.isDecode) lastStep_.promptTokens += e.count;
@@ -321,11 +323,12 @@ void Engine::sizePrefillChunks(double periodMs) {
       std::clamp(prefillChunkAim_ * std::exp(periodMs > budgetMs ? -kAimStep * q : kAimStep * (1 - q)), 0.5, 1.0);
   // A step that used (nearly) its cap, or overran the aim whatever it used, says where the
   // cap should be; a step short of prompt work and within the aim says nothing.
-  const int cap = prefillChunkTokens();
+  const bool remote = lastStep_.remoteKvExpected;
+  const int cap = prefillChunkTokens(remote);
   const double aimMs = budgetMs * prefillChunkAim_;
   if (periodMs > aimMs || prefillTokens * 10 >= cap * 9) {
     const double scale = std::clamp(aimMs / periodMs, 0.5, 2.0);
-    prefillChunkCap_ = clampChunk(std::lround(double(prefillTokens) * scale));
+    prefillChunkCaps_[remote] = clampChunk(std::lround(double(prefillTokens) * scale));
   }
 }
 
@@ -334,10 +337,11 @@ int Engine::clampChunk(int64_t tokens) const {
   return int(std::clamp<int64_t>(tokens, std::min(options_.prefillChunks.minTokens, most), most));
 }
 
-int Engine::prefillChunkTokens() const {
+int Engine::prefillChunkTokens(bool remoteKvExpected) const {
   const double budgetMs = options_.prefillChunks.periodBudgetMs();
   if (budgetMs <= 0) return options_.scheduler.maxBatchTokens;
-  if (prefillChunkCap_ > 0) return prefillChunkCap_;
+  if (prefillChunkCaps_[remoteKvExpected] > 0) return prefillChunkCaps_[remoteKvExpected];
+  if (prefillChunkCaps_[!remoteKvExpected] > 0) return prefillChunkCaps_[!remoteKvExpected];
   // Not taught yet: what the prefill rate fits beside a pure decode step.
   if (prefillTokensPerS_ <= 0 || pureDecodeStepMs_ <= 0) return options_.scheduler.maxBatchTokens;
   return clampChunk(std::llround(prefillTokensPerS_ * (budgetMs * prefillChunkAim_ - pureDecodeStepMs_) / 1e3));
@@ -364,7 +368,7 @@ EngineLoad Engine::load() const {
   // streams cost by themselves is the capacity signal (a mixed step sits near the target by
   // design and would read as "full").
   l.decodeStepMs = options_.prefillChunks.itlTargetMs > 0 && pureDecodeStepMs_ > 0 ? pureDecodeStepMs_ : decodeStepMs_;
-  l.prefillChunkTokens = prefillChunkTokens();
+  l.prefillChunkTokens = prefillChunkTokens(!remote_.empty());
   l.decodeStepCost = decodeCost_.line();
   if (l.decodeStepCost && clock_.now() - smallChunkSeenAt_ > EngineLoad::kSmallChunkTtl)
     l.decodeStepCost->smallChunkMs = 0;

@@ -20,6 +20,7 @@
 // of step() runs on that thread during forward().
 #pragma once
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -59,6 +60,14 @@ struct EngineEvent {
 // fixed costs a prefill adds to a step (a per-token model misses those and shrinks the
 // chunks it measures, and with them its own estimate). It starts from the
 // measured prefill rate and pure-decode step time.
+//
+// Two caps are taught, one for the steps taken while a remote prefill's KV is on its way
+// to this engine and one for the others. While it is, a prefill worker computes that prompt,
+// maybe on this host's cores (the CPU backend under `pdserve up`), and its KV lands in this
+// engine's memory: mixed steps on this 2-core machine ran up to twice as long then, the same
+// chunk at 62 ms and at 131 ms, and one cap chasing both overran each time the neighbour
+// started (docs/serving.md "SLO-sized chunks"). Where the neighbour costs nothing, both caps
+// learn the same chunk.
 //
 // The SLO is what the client sees, and a step's period does not see the hop from the worker
 // to the router and on to the client: the hop gets kHopShare of the target (5 ms of 100 ms;
@@ -133,6 +142,9 @@ struct StepRecord {
   // From the previous step's end to this one's start, when that step left work to do (the
   // caller's loop between steps); 0 otherwise. gapSeconds + seconds is the step's period.
   double gapSeconds = 0;
+  // Whether a remote prefill's KV was on its way when the step was planned (which of the
+  // two chunk caps it used and teaches: PrefillChunkOptions).
+  bool remoteKvExpected = false;
 };
 
 class Engine {
@@ -201,8 +213,9 @@ class Engine {
   // steps are in every gap (measured here: a few ms of a ~95 ms mixed step, which put ~1.6%
   // of the gaps past a 100 ms target while the forwards stayed within it).
   void sizePrefillChunks(double periodMs);
-  // The scheduler's prefillTokenBudget (PrefillChunkOptions).
-  int prefillChunkTokens() const;
+  // The scheduler's prefillTokenBudget (PrefillChunkOptions), with or without a remote
+  // prefill's KV on its way (the two caps).
+  int prefillChunkTokens(bool remoteKvExpected) const;
   int clampChunk(int64_t tokens) const;  // into [minTokens, max_batch_tokens]
 
   std::unique_ptr<Backend> backend_;
@@ -223,9 +236,10 @@ class Engine {
   double prefillTokensPerS_ = 0;
   double decodeStepMs_ = 0;
   // SLO-sized chunks: the time of steps with decode rows and no prompt tokens (a moving
-  // average; 0: not measured) and the cap the steps taught (0: not yet: start estimate).
+  // average; 0: not measured) and the caps the steps taught, [remote KV expected] (0: not
+  // yet: the other cap, else the start estimate).
   double pureDecodeStepMs_ = 0;
-  int prefillChunkCap_ = 0;
+  std::array<int, 2> prefillChunkCaps_{};
   double prefillChunkAim_ = 1;  // PrefillChunkOptions: the fraction of the target aimed at
   StepCostModel decodeCost_;  // over the steps without prompt tokens (and small chunks)
   SteadyTime smallChunkSeenAt_{};

@@ -189,6 +189,46 @@ TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose ste
   CHECK(engine.load().prefillChunkTokens == 23);
 }
 
+TEST_CASE("engine: SLO-sized chunks keep a cap of their own while a remote prefill's KV is expected") {
+  StepCostClock clock;
+  PrefillChunkOptions chunks;
+  chunks.itlTargetMs = 50;  // budget 47.5 ms: 2 + 20 + 25 alone
+  chunks.minTokens = 4;
+  auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
+  Engine& engine = *engineOwner;
+  // While KV is expected its prefill worker computes on the same cores: every step takes
+  // twice as long (2 x (2 + 20 + p) <= 47.5: p = 1, so the floor, 4 tokens, 52 ms).
+  std::vector<double> contendedMs;
+  auto step = [&] {
+    stepCosting(engine, clock, [&](int prompt, int decodeRows) {
+      const double ms = (2 + (prompt > 0 ? 20 + prompt : 0)) * (engine.load().remote > 0 ? 2 : 1);
+      if (decodeRows > 0 && prompt > 0 && engine.load().remote > 0) contendedMs.push_back(ms);
+      return ms;
+    });
+  };
+  REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(500))).isOk());
+  for (int i = 0; i < 3; ++i) step();  // its prompt, then two steps of the stream alone
+  REQUIRE(engine.submit(makeRequest(2, testPrompt(4000, 6), greedy(1))).isOk());
+  for (int i = 0; i < 12; ++i) step();
+  REQUIRE(engine.load().prefillChunkTokens == 25);
+  // A remote prefill starts: its first contended step (the alone cap, 94 ms) teaches the
+  // other cap, which then holds the floor.
+  REQUIRE(engine.submitRemote(makeRequest(3, testPrompt(20, 7), greedy(4))).ok());
+  CHECK(engine.load().prefillChunkTokens == 25);
+  for (int i = 0; i < 8; ++i) step();
+  CHECK(engine.load().prefillChunkTokens == 4);
+  // It ends: the steps go back to the alone cap at once, with no climb from the floor.
+  engine.cancel(3);
+  CHECK(engine.load().prefillChunkTokens >= 23);
+  // The next remote prefill finds its cap taught: none of its steps overruns.
+  contendedMs.clear();
+  REQUIRE(engine.submitRemote(makeRequest(4, testPrompt(20, 8), greedy(4))).ok());
+  CHECK(engine.load().prefillChunkTokens == 4);
+  for (int i = 0; i < 8; ++i) step();
+  REQUIRE(contendedMs.size() == 8);
+  for (double ms : contendedMs) CHECK(ms <= 2 * (2 + 20 + 4));
+}
+
 TEST_CASE("engine: SLO-sized chunks aim below the ITL target until its percentile holds") {
   StepCostClock clock;
   PrefillChunkOptions chunks;
