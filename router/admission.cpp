@@ -34,6 +34,11 @@ std::optional<bool> ttftPastBound(double observedS, double scaledPredictionS, do
   return observedS > scaledPredictionS;
 }
 
+void TtftCalibration::observe(Route route, double observedS, double predictedS, double ttftTargetS) {
+  PercentileScale& s = scales_[size_t(route)];
+  if (const auto past = ttftPastBound(observedS, predictedS * s.value(), ttftTargetS)) s.observe(*past);
+}
+
 void PercentileScale::observe(bool exceeded) {
   value_ = std::clamp(value_ * std::exp(exceeded ? step_ * p_ : -step_ * (1 - p_)), 0.5, 4.0);
 }

@@ -12,6 +12,7 @@
 // Pure policy (no clock, no I/O); the router loop calls it on its strand.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -79,6 +80,26 @@ class PercentileScale {
 // (past the target) always counts, so at most (1 - p) of the requests near the target, and so
 // of all requests, miss it.
 std::optional<bool> ttftPastBound(double observedS, double scaledPredictionS, double ttftTargetS);
+
+// The TTFT scales, one per route: a prefill worker's queue of whole prompts and a decode
+// worker's prompts in chunks beside its streams are predicted from different rates and miss
+// differently. One scale for both let the prefill worker's misses raise every colocated
+// prediction: on 3 Dec (conversation mix, 1 + 1 on two shared cores) it stood at 1.58 and
+// shed 20 short prompts predicted at 2.1-3.4 s on the decode worker, while the prompts
+// admitted there beside them took 0.7-1.0 s. Pure state; the router loop's strand owns it.
+class TtftCalibration {
+ public:
+  explicit TtftCalibration(double percentile)
+      : scales_{PercentileScale(percentile, kStep), PercentileScale(percentile, kStep)} {}
+  double scale(Route route) const { return scales_[size_t(route)].value(); }
+  // An admitted request's first token came `observedS` after it was routed on `route`,
+  // against the unscaled prediction `predictedS` (ttftPastBound decides what it says).
+  void observe(Route route, double observedS, double predictedS, double ttftTargetS);
+
+ private:
+  static constexpr double kStep = 0.05;  // per request
+  std::array<PercentileScale, 2> scales_;  // [Route]
+};
 
 // The decode side: the step time one more stream would give every stream of `decoding`,
 // from its fitted step cost (base + per stream x streams, step_cost_model.h), must stay

@@ -77,7 +77,7 @@ RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig&
                      : std::nullopt),
       autoscaleTimer_(strand_),
       // Per request, per gap: the ITL scale sees ~100x more observations.
-      ttftScale_(cfg.pools.prefill.slo.percentile, 0.05),
+      ttftCalibration_(cfg.pools.prefill.slo.percentile),
       itlScale_(cfg.pools.decode.slo.percentile, 0.002) {
   // A decode worker whose reports stopped is cut off (its reports come from its I/O threads,
   // never blocked by a long step): its streams would stall until the request deadline.
@@ -211,10 +211,9 @@ void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chu
     e.prefillTokens = 0;
   }
   if (e.predictedTtftS > 0 && chunk.token_ids_size() > 0) {
-    if (const auto past = ttftPastBound(secondsBetween(e.routedAt, steadyNow()), e.predictedTtftS * ttftScale_.value(),
-                                        cfg_.pools.prefill.slo.ttftMs / 1e3))
-      ttftScale_.observe(*past);
-    metrics_.admissionScaleTtft.set(ttftScale_.value());
+    ttftCalibration_.observe(e.predictedRoute, secondsBetween(e.routedAt, steadyNow()), e.predictedTtftS,
+                        cfg_.pools.prefill.slo.ttftMs / 1e3);
+    metrics_.admissionScaleTtft[size_t(e.predictedRoute)].set(ttftCalibration_.scale(e.predictedRoute));
     e.predictedTtftS = 0;
   }
   e.stream->deliver(std::move(chunk));
@@ -281,19 +280,21 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
       e.message = "overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s";
       stream->refuse(std::move(e), "overloaded");
     };
-    const double scale = ttftScale_.value(), ttftTargetS = cfg_.pools.prefill.slo.ttftMs / 1e3;
-    AdmissionVerdict queue = admitPrefill(prefilling, promptTokens - p->cachedTokens, ttftTargetS, scale);
+    const double ttftTargetS = cfg_.pools.prefill.slo.ttftMs / 1e3;
+    AdmissionVerdict queue =
+        admitPrefill(prefilling, promptTokens - p->cachedTokens, ttftTargetS, ttftCalibration_.scale(p->route));
     // The prefill pool cannot serve it in time: its decode worker may, if its SLO-sized
     // chunks keep the streams there within their ITL (docs/serving.md "Overload").
     if (!queue.admit && p->route == Route::kDisaggregated && cfg_.engine.sloSizedPrefillChunks &&
         policy_.fitsBesideStreams(decoding)) {
-      const AdmissionVerdict there = admitOverflow(decoding, promptTokens - decoding.cachedTokens, ttftTargetS, scale);
+      const AdmissionVerdict there = admitOverflow(decoding, promptTokens - decoding.cachedTokens, ttftTargetS,
+                                                   ttftCalibration_.scale(Route::kColocated));
       if (there.admit) {
         *p = RoutingPolicy::colocatedOn(decoding, "prefill_overflow");
         queue = there;
       }
     }
-    predictedTtftS = queue.predictedS / scale;
+    predictedTtftS = queue.predictedS / ttftCalibration_.scale(p->route);
     if (!queue.admit) {
       return shed(queue, "with the prompts queued on worker " + prefilling.id + ", this one's first token is predicted at " +
                              std::to_string(int(queue.predictedS * 1e3)) + " ms, past the " +
@@ -307,11 +308,13 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
     }
   }
   commit(*p, spec.prefixBlocks);
+  const Route route = p->route;
   Dispatch d = dispatch(stream, std::move(*p), spec.parsed.req.n, promptTokens);
   d.responseId = std::to_string(d.workerRequestIds.front());
   if (predictedTtftS > 0) {
     Entry& first = requests_.at(d.workerRequestIds.front());
     first.predictedTtftS = predictedTtftS;
+    first.predictedRoute = route;
     first.routedAt = steadyNow();
   }
   stream->start(std::move(d));

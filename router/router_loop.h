@@ -88,9 +88,10 @@ class RouterLoop final : public StreamOwner {
     // prompt tokens on `prefillWorker` until the first chunk arrives, a stream on decodeWorker.
     std::string prefillWorker;
     int64_t prefillTokens = 0;
-    // Admission's TTFT prediction for it and when it was routed, until its first token
-    // calibrates the next predictions (ttftScale_); 0: none made.
+    // Admission's TTFT prediction for it, on which route, and when it was routed, until its
+    // first token calibrates that route's next predictions (ttftCalibration_); 0: none made.
     double predictedTtftS = 0;
+    Route predictedRoute = Route::kColocated;
     SteadyTime routedAt{};
   };
 
@@ -143,7 +144,8 @@ class RouterLoop final : public StreamOwner {
   boost::asio::steady_timer autoscaleTimer_;
   // Overload admission's prediction scales (router/admission.h): TTFT against what admitted
   // requests took, decode steps against the ITL gaps streams saw.
-  PercentileScale ttftScale_, itlScale_;
+  TtftCalibration ttftCalibration_;
+  PercentileScale itlScale_;
   std::unordered_map<uint64_t, Entry> requests_;  // by worker request id, until the choice ends
   // Worker request ids are random 64-bit values, not a sequence: workers serve several
   // routers at once (issue 11), and the ids of two routers must not collide on a worker.

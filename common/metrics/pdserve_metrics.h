@@ -46,6 +46,7 @@
 // Threads: as Registry: every method from any thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -139,8 +140,10 @@ class RouterMetrics {
     double idleSeconds = 0;
   };
   void setAutoscalerSignals(std::string_view pool, const AutoscalerSignals& s);
-  // Overload admission's prediction multipliers (router/admission.h, PercentileScale).
-  Gauge admissionScaleTtft, admissionScaleItl;
+  // Overload admission's prediction multipliers (router/admission.h, PercentileScale): TTFT
+  // per route, indexed by router::Route (colocated, disaggregated), and ITL.
+  std::array<Gauge, 2> admissionScaleTtft;
+  Gauge admissionScaleItl;
   // The routing threshold in use (router.short_prompt_tokens, moved by the adaptive threshold).
   void setShortPromptTokens(int64_t tokens);
   // A worker's message dropped by the router (reason: wrong_worker).

@@ -74,6 +74,26 @@ WorkerView decodeWorker(int running, double baseMs, double perStreamMs) {
   return w;
 }
 
+TEST_CASE("admission: each route's TTFT predictions are calibrated by its own requests") {
+  // The prefill worker's first tokens come 1.3x-1.5x their prediction near the 2 s target
+  // (its rate falls while a neighbour computes); the decode worker's colocated prompts come
+  // within theirs. One scale for both would shed a colocated prompt predicted at 1.6 s.
+  TtftCalibration calibration(99);
+  for (int i = 0; i < 400; ++i) {
+    const double ratio = 1.3 + 0.2 * ((i * 37) % 100) / 100.0;
+    calibration.observe(Route::kDisaggregated, 1.4 * ratio, 1.4, 2.0);
+    calibration.observe(Route::kColocated, 1.2, 1.5, 2.0);
+  }
+  CHECK(calibration.scale(Route::kDisaggregated) == Approx(1.5).epsilon(0.05));
+  CHECK(calibration.scale(Route::kColocated) < 1);
+  CHECK(admitPrefill(worker(1000, 0, 1000), 600, 2.0, calibration.scale(Route::kColocated)).admit);
+  CHECK_FALSE(admitPrefill(worker(1000, 0, 1000), 600, 2.0, calibration.scale(Route::kDisaggregated)).admit);
+  // Requests far under the target on a route leave its scale where it was.
+  TtftCalibration quiet(99);
+  for (int i = 0; i < 100; ++i) quiet.observe(Route::kColocated, 0.2, 0.05, 2.0);
+  CHECK(quiet.scale(Route::kColocated) == 1);
+}
+
 TEST_CASE("admission: a decode worker refuses the stream that would take its steps past the ITL target") {
   // 20 ms + 4 ms per stream, 100 ms target: 20 streams fit, the 21st does not.
   auto ok = admitDecode(decodeWorker(19, 20, 4), 0.100);
