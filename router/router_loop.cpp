@@ -212,7 +212,7 @@ void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chu
   }
   if (e.predictedTtftS > 0 && chunk.token_ids_size() > 0) {
     ttftCalibration_.observe(e.predictedRoute, secondsBetween(e.routedAt, steadyNow()), e.predictedTtftS,
-                        cfg_.pools.prefill.slo.ttftMs / 1e3);
+                             cfg_.pools.prefill.slo.ttftMs / 1e3);
     metrics_.admissionScaleTtft[size_t(e.predictedRoute)].set(ttftCalibration_.scale(e.predictedRoute));
     e.predictedTtftS = 0;
   }

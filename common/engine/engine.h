@@ -59,14 +59,15 @@ struct EngineEvent {
 // the largest chunk whose step meets the budget at the current batch and context, whatever
 // fixed costs a prefill adds to a step (a per-token model misses those and shrinks the
 // chunks it measures, and with them its own estimate). It starts from the
-// measured prefill rate and pure-decode step time.
+// measured prefill rate and pure-decode step time, or from minTokens while either is
+// unmeasured (a fresh worker, or a decode worker that has only received remote prefills).
 //
 // Two caps are taught, one for the steps taken while a remote prefill's KV is on its way
 // to this engine and one for the others. While it is, a prefill worker computes that prompt,
 // maybe on this host's cores (the CPU backend under `pdserve up`), and its KV lands in this
 // engine's memory: mixed steps on this 2-core machine ran up to twice as long then, the same
 // chunk at 62 ms and at 131 ms, and one cap chasing both overran each time the neighbour
-// started (docs/serving.md "SLO-sized chunks"). Where the neighbour costs nothing, both caps
+// started (docs/serving.md "Overload"). Where the neighbour costs nothing, both caps
 // learn the same chunk.
 //
 // The SLO is what the client sees, and a step's period does not see the hop from the worker

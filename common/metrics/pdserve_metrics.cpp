@@ -67,10 +67,12 @@ RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets)
       "slo=ttft (predicted TTFT, per route), slo=itl (predicted decode step, route=all).";
   const char* routes[] = {"colocated", "disaggregated"};  // in router::Route's order
   for (size_t i = 0; i < admissionScaleTtft.size(); ++i) {
-    admissionScaleTtft[i] = r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "ttft"}, {"route", routes[i]}});
+    admissionScaleTtft[i] =
+        r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "ttft"}, {"route", routes[i]}});
     admissionScaleTtft[i].set(1);
   }
-  admissionScaleItl = r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "itl"}, {"route", "all"}});
+  admissionScaleItl =
+      r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "itl"}, {"route", "all"}});
   admissionScaleItl.set(1);
   promptTokens_ = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens of finished requests.");
   generationTokens_ =

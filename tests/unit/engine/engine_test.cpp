@@ -158,7 +158,7 @@ TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose ste
   chunks.minTokens = 4;
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
   Engine& engine = *engineOwner;
-  CHECK(engine.load().prefillChunkTokens == 256);  // nothing measured: max_batch_tokens
+  CHECK(engine.load().prefillChunkTokens == 4);  // nothing measured: the floor
   double extraMs = 0;
   std::vector<double> mixedStepMs;
   auto step = [&] {
@@ -187,6 +187,44 @@ TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose ste
   CHECK(engine.load().prefillChunkTokens == 13);
   for (int i = 0; i < 6; ++i) step();
   CHECK(engine.load().prefillChunkTokens == 23);
+}
+
+TEST_CASE("engine: SLO-sized chunks start at the floor on a worker that never prefilled, and grow") {
+  // A decode worker whose streams all came from remote prefills has no prefill rate; its
+  // first local prompt beside them must not go in whole (max_batch_tokens).
+  StepCostClock clock;
+  PrefillChunkOptions chunks;
+  chunks.itlTargetMs = 50;  // budget 47.5 ms: 2 + 20 + 25
+  chunks.minTokens = 4;
+  auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
+  Engine& engine = *engineOwner;
+  std::vector<int> mixedChunks;
+  std::vector<double> mixedStepMs;
+  auto step = [&] {
+    stepCosting(engine, clock, [&](int prompt, int decodeRows) {
+      const double ms = 2 + (prompt > 0 ? 20 + prompt : 0);
+      if (decodeRows > 0 && prompt > 0) {
+        mixedChunks.push_back(prompt);
+        mixedStepMs.push_back(ms);
+      }
+      return ms;
+    });
+  };
+  REQUIRE(engine.submitRemote(makeRequest(1, testPrompt(20, 5), greedy(100))).ok());
+  std::vector<EngineEvent> events;
+  REQUIRE(engine.completeRemote(1, SampledToken{.id = 7}, &events).isOk());
+  REQUIRE(engine.load().prefillTokensPerS == 0);
+  CHECK(engine.load().prefillChunkTokens == 4);
+  REQUIRE(engine.submit(makeRequest(2, testPrompt(2000, 6), greedy(1))).isOk());
+  for (int i = 0; i < 12; ++i) step();
+  REQUIRE(mixedChunks.size() >= 9);
+  CHECK(mixedChunks[0] == 4);  // the floor: a 26 ms step, not 222 ms
+  for (size_t i = 1; i < mixedChunks.size(); ++i) {
+    CHECK(mixedChunks[i] >= mixedChunks[i - 1]);  // grows by the budget each step took
+    CHECK(mixedChunks[i] <= 2 * mixedChunks[i - 1]);
+  }
+  for (double ms : mixedStepMs) CHECK(ms <= 47.5);
+  CHECK(engine.load().prefillChunkTokens == 25);  // settled where the budget holds
 }
 
 TEST_CASE("engine: SLO-sized chunks keep a cap of their own while a remote prefill's KV is expected") {
