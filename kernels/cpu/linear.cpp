@@ -12,10 +12,13 @@ inline void store(float* y, float v, float beta) { *y = beta == 0.0f ? v : v + b
 // kRowsW (4 or 8) weight rows against kRowsX (1 or 2) input rows: kRowsW * kRowsX
 // accumulators, each W load reused kRowsX times. (Four rows against three input rows, 12
 // accumulators, spills on 16 ymm registers and measured slower.)
-// `next` (may be null) is the following group of kRowsW rows: its lines are prefetched one per
-// 64 bytes consumed here. The hardware prefetchers pick each row up only after it starts;
-// asking for the next rows early took batch-1 decode of the small model from ~260 to ~320
-// tok/s on the same (noisy) Intel machine (docs/performance.md, "Engine: CPU backend").
+// `next` (may be null) is the following group of kRowsW rows, contiguous after these: it is
+// prefetched front to back, kRowsW * 32 bytes for every 8 columns consumed here, so the whole
+// group is requested by the time it starts. The hardware prefetchers follow each of the
+// kRowsW rows as a stream of its own, each only after it starts (2 KiB rows for k = 512):
+// asking for the next group early, in address order, took batch-1 decode of the small model
+// from 279 to 322 tok/s on the AMD EPYC guest, where requests in row order (one line per row
+// per 16 columns) had cost CPU time (docs/performance.md, "Engine: CPU backend").
 template <int kRowsW, int kRowsX>
 inline void blockRows(const float* const* xr, const float* w, const float* next, int k,
                       float* out[][2], float beta) {
@@ -26,10 +29,11 @@ inline void blockRows(const float* const* xr, const float* w, const float* next,
   for (int r = 0; r < kRowsW; ++r)
     for (int i = 0; i < kRowsX; ++i) a[r][i] = _mm256_setzero_ps();
   int p = 0;
+  const char* ahead = reinterpret_cast<const char*>(next);
   for (; p + 8 <= k; p += 8) {
-    if (next && (p & 15) == 0) {
-      for (int r = 0; r < kRowsW; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(next + size_t(r) * k + p), _MM_HINT_T0);
+    if (ahead) {
+      for (int line = 0; line < kRowsW / 2; ++line) _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
+      ahead += kRowsW * 32;
     }
     __m256 v[kRowsW];
     for (int r = 0; r < kRowsW; ++r) v[r] = _mm256_loadu_ps(wr[r] + p);
@@ -51,17 +55,12 @@ inline void blockRows(const float* const* xr, const float* w, const float* next,
 void linearSkinny(const float* x, int ldx, const float* w, float* y, int ldy, int m, int k,
                   int nBegin, int nEnd, float beta) {
   int j = nBegin;
-  // One input row (batch-1 decode): eight weight rows per pass, eight streams in flight; the
-  // per-row arithmetic is block4's, so a token gets the same bits alone as in a batch. On the
-  // AMD EPYC guest the software prefetch of the next eight rows cost CPU time (CPU-ms per
-  // batch-1 step of the small model: 4 rows + prefetch 12.3, 8 rows + prefetch 10.5, 8 rows
-  // without 9.5; docs/performance.md); on the Intel guest the prefetch was measured to help
-  // the four-row kernel, so it stays on there.
-  static const bool prefetchRows = !__builtin_cpu_is("amd");
+  // One input row (batch-1 decode): eight weight rows per pass; the per-row arithmetic is
+  // block4's, so a token gets the same bits alone as in a batch.
   if (m == 1) {
     for (; j + 8 <= nEnd; j += 8) {
       const float* wj = w + size_t(j) * k;
-      const float* next = prefetchRows && j + 16 <= nEnd ? wj + 8 * size_t(k) : nullptr;
+      const float* next = j + 16 <= nEnd ? wj + 8 * size_t(k) : nullptr;
       const float* xr[1] = {x};
       float* out[8][2];
       for (int c = 0; c < 8; ++c) out[c][0] = y + j + c;
