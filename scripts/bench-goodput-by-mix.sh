@@ -20,7 +20,8 @@
 #        core of its own, and the colocated ones 2: the layouts of the 2 Dec tables)
 #        KEEP=DIR keeps every run's bench report (DIR/MIX-LAYOUT.json) and the /metrics of
 #        the router (DIR/MIX-LAYOUT.metrics) and of each worker (DIR/MIX-LAYOUT.WORKER.metrics)
-#        scraped at the end
+#        scraped at the end, and each cluster's log (DIR/MIX-LAYOUT.log)
+#        LOG_LEVEL=warn (logging.level: debug logs every engine step of the workers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -57,7 +58,7 @@ pools:
 engine: {backend: cpu, threads: $threads, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024,
          max_running_requests: 64, slo_sized_prefill_chunks: $adaptive}
 kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 60000, on_remote_prefill_failure: recompute}
-logging: {level: warn}
+logging: {level: ${LOG_LEVEL:-warn}}
 YAML
 }
 
@@ -71,13 +72,13 @@ for mix in $MIXES; do
   esac
   for layout in $LAYOUTS; do
     config "$layout" > "$WORK/$layout.yaml"
-    pd_up "$WORK/$layout.yaml" "$WORK/up.log"
+    pd_up "$WORK/$layout.yaml" "$WORK/$mix-$layout.log"
     "$BIN/pdserve" bench --url http://127.0.0.1:8130 --trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 \
       --max-output-tokens 64 --rate "$MIX_RATE" --duration "${DURATION:-120}" --slo "$SLO" --warmup 2 \
       --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix-$layout" > /dev/null || true
     curl -s http://127.0.0.1:8130/metrics > "$WORK/$mix-$layout.metrics" || true
     for worker in decode-0 prefill-0; do
-      url=$(pd_worker_metrics_url "$WORK/up.log" "$worker")
+      url=$(pd_worker_metrics_url "$WORK/$mix-$layout.log" "$worker")
       [ -z "$url" ] || curl -s "$url" > "$WORK/$mix-$layout.$worker.metrics" || true
     done
     pd_down
