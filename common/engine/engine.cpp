@@ -343,7 +343,7 @@ int Engine::prefillChunkTokens(bool remoteKvExpected) const {
   if (prefillChunkCaps_[remoteKvExpected] > 0) return prefillChunkCaps_[remoteKvExpected];
   if (prefillChunkCaps_[!remoteKvExpected] > 0) return prefillChunkCaps_[!remoteKvExpected];
   // Not taught yet: what the prefill rate fits beside a pure decode step, or, with either
-  // unmeasured, the floor: each mixed step then doubles the cap at most until it meets the
+  // unmeasured, the floor: each mixed step then grows the cap (x2 at most) until it meets the
   // budget (sizePrefillChunks). A decode worker that has only received remote prefills has no
   // rate, and a whole prompt in its first mixed step stalled every stream (661 ms, Mooncake).
   if (prefillTokensPerS_ <= 0 || pureDecodeStepMs_ <= 0) return clampChunk(options_.prefillChunks.minTokens);
