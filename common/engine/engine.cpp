@@ -345,7 +345,7 @@ int Engine::prefillChunkTokens(bool remoteKvExpected) const {
   // Not taught yet: what the prefill rate fits beside a pure decode step, or, with either
   // unmeasured, the floor: each mixed step then grows the cap (x2 at most) until it meets the
   // budget (sizePrefillChunks). A decode worker that has only received remote prefills has no
-  // rate, and a whole prompt in its first mixed step stalled every stream (661 ms, Mooncake).
+  // rate: a whole prompt beside its streams was the likely 661 ms gap of a Mooncake run.
   if (prefillTokensPerS_ <= 0 || pureDecodeStepMs_ <= 0) return clampChunk(options_.prefillChunks.minTokens);
   return clampChunk(std::llround(prefillTokensPerS_ * (budgetMs * prefillChunkAim_ - pureDecodeStepMs_) / 1e3));
 }
