@@ -185,14 +185,19 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   view.numExternalSeqs = static_cast<int>(remote_.size());
   view.now = clock_.now();
   const bool remoteKvExpected = !remote_.empty();
-  view.prefillTokenBudget = prefillChunkTokens(remoteKvExpected);
+  view.prefillTokenBudget = prefillChunkTokens(remoteKvExpected, decodingStreams());
+  view.attentionSpan = attentionSpan();
+  view.prefillTokenFloor = options_.prefillChunks.minTokens;
   StepPlan plan = scheduler_.schedule(view);
   lastStep_ = {};
   lastStep_.gapSeconds = gapSeconds;
   lastStep_.remoteKvExpected = remoteKvExpected;
+  lastStep_.promptBudget = view.prefillTokenBudget;
   for (const auto& e : plan.entries) {
     lastStep_.decodeRows += e.isDecode;
-    if (!e.isDecode) lastStep_.promptTokens += e.count;
+    if (e.isDecode) continue;
+    lastStep_.promptTokens += e.count;
+    lastStep_.promptCost += promptChunkCost(e.start, e.count, view.attentionSpan);
   }
   PD_RETURN_IF_ERROR(applyPlanToKv(plan, *kv_));
 
@@ -314,21 +319,28 @@ void Engine::noteStep(double seconds) {
 
 void Engine::sizePrefillChunks(double periodMs) {
   const double budgetMs = options_.prefillChunks.periodBudgetMs();
-  const int64_t prefillTokens = lastStep_.promptTokens;
-  if (budgetMs <= 0 || lastStep_.decodeRows == 0 || prefillTokens == 0 || periodMs <= 0) return;
-  // The aim tracks the percentile (PrefillChunkOptions).
+  const double promptCost = lastStep_.promptCost;
+  if (budgetMs <= 0 || lastStep_.decodeRows == 0 || promptCost <= 0 || periodMs <= 0) return;
+  // The aim tracks the percentile (PrefillChunkOptions), over the streams' gaps: a step
+  // counts once per stream it held up.
   constexpr double kAimStep = 0.05;
+  const int rows = lastStep_.decodeRows;
   const double q = 1 - (1 - std::clamp(options_.prefillChunks.percentile / 100, 0.0, 1.0)) / 2;
-  prefillChunkAim_ =
-      std::clamp(prefillChunkAim_ * std::exp(periodMs > budgetMs ? -kAimStep * q : kAimStep * (1 - q)), 0.5, 1.0);
+  prefillChunkAim_ = std::clamp(
+      prefillChunkAim_ * std::exp(rows * (periodMs > budgetMs ? -kAimStep * q : kAimStep * (1 - q))), 0.5, 1.0);
   // A step that used (nearly) its cap, or overran the aim whatever it used, says where the
   // cap should be; a step short of prompt work and within the aim says nothing.
-  const bool remote = lastStep_.remoteKvExpected;
-  const int cap = prefillChunkTokens(remote);
   const double aimMs = budgetMs * prefillChunkAim_;
-  if (periodMs > aimMs || prefillTokens * 10 >= cap * 9) {
-    const double scale = std::clamp(aimMs / periodMs, 0.5, 2.0);
-    prefillChunkCaps_[remote] = clampChunk(std::lround(double(prefillTokens) * scale));
+  if (periodMs > aimMs || promptCost * 10 >= lastStep_.promptBudget * 9) {
+    const double scale = std::clamp(aimMs / periodMs, 0.5, 1.25);
+    ChunkCap& cap = prefillChunkCaps_[lastStep_.remoteKvExpected];
+    cap.cost = clampChunk(std::lround(promptCost * scale));
+    cap.decodeRows = rows;
+    // The prompt work's pace net of the streams and of the fixed cost any prefill adds (a
+    // small chunk's excess over the line; it holds a few tokens too, so this errs fast).
+    const auto line = decodeCost_.line();
+    const double otherMs = line ? line->stepMs(rows) + line->smallChunkMs : pureDecodeStepMs_;
+    cap.costPerMs = promptCost / std::max(periodMs - otherMs, periodMs / 2);
   }
 }
 
@@ -337,11 +349,29 @@ int Engine::clampChunk(int64_t tokens) const {
   return int(std::clamp<int64_t>(tokens, std::min(options_.prefillChunks.minTokens, most), most));
 }
 
-int Engine::prefillChunkTokens(bool remoteKvExpected) const {
+double Engine::attentionSpan() const {
+  return options_.prefillChunks.priceAttention ? backend_->config().attentionSpanTokens() : 0;
+}
+
+int Engine::decodingStreams() const {
+  int n = 0;
+  for (uint64_t id : running_) n += requests_.at(id).numComputed() >= requests_.at(id).numPromptTokens();
+  return n;
+}
+
+int Engine::prefillChunkTokens(bool remoteKvExpected, int decodeRows) const {
   const double budgetMs = options_.prefillChunks.periodBudgetMs();
   if (budgetMs <= 0) return options_.scheduler.maxBatchTokens;
-  if (prefillChunkCaps_[remoteKvExpected] > 0) return prefillChunkCaps_[remoteKvExpected];
-  if (prefillChunkCaps_[!remoteKvExpected] > 0) return prefillChunkCaps_[!remoteKvExpected];
+  const ChunkCap& cap = prefillChunkCaps_[remoteKvExpected].cost > 0 ? prefillChunkCaps_[remoteKvExpected]
+                                                                      : prefillChunkCaps_[!remoteKvExpected];
+  if (cap.cost > 0) {
+    // Taught beside cap.decodeRows streams: beside more, their own share of the step grows
+    // by what the decode cost line says, and the prompt's shrinks by as much.
+    const auto line = decodeCost_.line();
+    if (!line || decodeRows == cap.decodeRows) return cap.cost;
+    const double moreDecodeMs = line->stepMs(decodeRows) - line->stepMs(cap.decodeRows);
+    return clampChunk(std::lround(cap.cost - cap.costPerMs * moreDecodeMs));
+  }
   // Not taught yet: what the prefill rate fits beside a pure decode step, or, with either
   // unmeasured, the floor: each mixed step then grows the cap (x2 at most) until it meets the
   // budget (sizePrefillChunks). A decode worker that has only received remote prefills has no
@@ -371,7 +401,7 @@ EngineLoad Engine::load() const {
   // streams cost by themselves is the capacity signal (a mixed step sits near the target by
   // design and would read as "full").
   l.decodeStepMs = options_.prefillChunks.itlTargetMs > 0 && pureDecodeStepMs_ > 0 ? pureDecodeStepMs_ : decodeStepMs_;
-  l.prefillChunkTokens = prefillChunkTokens(!remote_.empty());
+  l.prefillChunkTokens = prefillChunkTokens(!remote_.empty(), l.decoding);
   l.decodeStepCost = decodeCost_.line();
   if (l.decodeStepCost && clock_.now() - smallChunkSeenAt_ > EngineLoad::kSmallChunkTtl)
     l.decodeStepCost->smallChunkMs = 0;

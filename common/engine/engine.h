@@ -51,14 +51,21 @@ struct EngineEvent {
   RequestTimings timings;                       // kFinished, kFailed: the request's latencies
 };
 
-// SLO-sized chunked prefill (issue 14): in a step that also decodes, the prompt tokens
-// computed are capped so the step's period stays within its budget (below), never below
-// minTokens (prefills always progress) nor above max_batch_tokens. The cap follows the
-// measured steps: each step that decoded and prefilled scales it by aim / its period (what
-// its streams waited: Engine::sizePrefillChunks; at most x2 or /2 a step), so it settles on
+// SLO-sized chunked prefill (issue 14): in a step that also decodes, the prompt work
+// computed is capped so the step's period stays within its budget (below), never below
+// minTokens (prefills always progress) nor above max_batch_tokens. The cap counts tokens at
+// position 0: with priceAttention a token at position p counts 1 + p / the model's attention
+// span (ModelConfig::attentionSpanTokens), so the cap a prompt's first chunks taught does
+// not overrun on its last ones (the small model: 335 tokens at positions 1,024-1,359 took
+// 156 ms where 175 at its start took 49). The cap follows the measured steps: each step that
+// decoded and prefilled scales it by aim / its period (what its streams waited:
+// Engine::sizePrefillChunks; at most x1.25 or /2 a step: one quiet step among contended ones
+// says little, one overrun says enough), so it settles on
 // the largest chunk whose step meets the budget at the current batch and context, whatever
 // fixed costs a prefill adds to a step (a per-token model misses those and shrinks the
-// chunks it measures, and with them its own estimate). It starts from the
+// chunks it measures, and with them its own estimate). A cap taught beside n streams is
+// used beside m less the prompt work that the decode cost line's m - n more streams take
+// (a cap taught beside 1 stream ran 106 ms beside 4 and 5 in a code-mix run). It starts from the
 // measured prefill rate and pure-decode step time, or from minTokens while either is
 // unmeasured (a fresh worker, or a decode worker that has only received remote prefills).
 //
@@ -75,8 +82,9 @@ struct EngineEvent {
 // on this 2-core machine the client's gaps were the periods plus 1-5 ms), the period the
 // rest, its budget. And the SLO is a percentile, and steps vary, so the cap aims below the
 // budget: at budget x aim, where aim (in [0.5, 1]) tracks the percentile: each mixed step
-// whose period passes the budget lowers it by ~5% x q, each within it raises it by
-// ~5% x (1 - q), which settles where (1 - q) of the mixed steps overrun. q leaves the hop
+// whose period passes the budget lowers it by ~5% x q per stream it held up, each within it
+// raises it by ~5% x (1 - q) per stream, which settles where (1 - q) of the streams' gaps in
+// mixed steps overrun (a step beside 5 streams that overruns is 5 late tokens). q leaves the hop
 // half the overruns the percentile allows: q = 1 - (1 - percentile) / 2, 99.5% for p99.
 struct PrefillChunkOptions {
   static constexpr double kHopShare = 0.05;
@@ -84,6 +92,7 @@ struct PrefillChunkOptions {
   double itlTargetMs = 0;  // 0: off (max_batch_tokens alone)
   double percentile = 99;  // of the ITL target, (0, 100]
   int minTokens = 32;
+  bool priceAttention = true;  // false: every prompt token costs 1 (unit tests of the cap)
 };
 
 struct EngineOptions {
@@ -138,6 +147,8 @@ using StepLayerFn = std::function<void(int layer, const StepView& step)>;
 struct StepRecord {
   int decodeRows = 0;        // both 0: nothing ran
   int64_t promptTokens = 0;
+  double promptCost = 0;     // the prompt tokens priced by their context (PrefillChunkOptions)
+  int promptBudget = -1;     // the prompt work it was allowed beside its streams (-1: any)
   // From step()'s start to its sampled tokens; 0 when the step failed or had nothing to run.
   double seconds = 0;
   // From the previous step's end to this one's start, when that step left work to do (the
@@ -215,9 +226,11 @@ class Engine {
   // of the gaps past a 100 ms target while the forwards stayed within it).
   void sizePrefillChunks(double periodMs);
   // The scheduler's prefillTokenBudget (PrefillChunkOptions), with or without a remote
-  // prefill's KV on its way (the two caps).
-  int prefillChunkTokens(bool remoteKvExpected) const;
+  // prefill's KV on its way (the two caps), beside `decodeRows` streams.
+  int prefillChunkTokens(bool remoteKvExpected, int decodeRows) const;
+  int decodingStreams() const;  // running requests past their prompt
   int clampChunk(int64_t tokens) const;  // into [minTokens, max_batch_tokens]
+  double attentionSpan() const;  // SchedulerView::attentionSpan: 0 unless priceAttention
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCacheManager> kv_;
@@ -240,7 +253,12 @@ class Engine {
   // average; 0: not measured) and the caps the steps taught, [remote KV expected] (0: not
   // yet: the other cap, else the start estimate).
   double pureDecodeStepMs_ = 0;
-  std::array<int, 2> prefillChunkCaps_{};
+  struct ChunkCap {
+    int cost = 0;           // prompt work, tokens at position 0 (0: not taught)
+    int decodeRows = 0;     // beside this many streams
+    double costPerMs = 0;   // the prompt work's pace in the step that taught it
+  };
+  std::array<ChunkCap, 2> prefillChunkCaps_{};
   double prefillChunkAim_ = 1;  // PrefillChunkOptions: the fraction of the target aimed at
   StepCostModel decodeCost_;  // over the steps without prompt tokens (and small chunks)
   SteadyTime smallChunkSeenAt_{};

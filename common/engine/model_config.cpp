@@ -25,6 +25,12 @@ int64_t ModelConfig::decodeWeightParams() const {
   return perLayer * numLayers + h + int64_t(vocabSize) * h;
 }
 
+double ModelConfig::attentionSpanTokens() const {
+  const double h = hiddenSize;
+  const double linearPerLayer = h * (qDim() + 2 * kvDim()) + double(qDim()) * h + 3 * h * intermediateSize;
+  return qDim() > 0 ? linearPerLayer / (2.0 * qDim()) : 0;  // 2 x params over 4 x qDim
+}
+
 namespace {
 
 using nlohmann::json;

@@ -54,6 +54,12 @@ struct ModelConfig {
   // Weight parameters the forward pass reads per generated token (embedding row excluded,
   // lm_head included): the bandwidth floor of batch-1 decode is this times sizeof(float).
   int64_t decodeWeightParams() const;
+  // The context at which one token's attention (QK and AV: 4 x qDim FLOPs per layer and
+  // attended position) costs as many FLOPs as its linear layers (lm_head left out: a prompt
+  // chunk samples one row). A prompt token at position p costs (1 + p / span) tokens at
+  // position 0; measured on the CPU backend (small model, chunks of 64-512 tokens at
+  // positions 0-2,048), the step times follow that within ~10% (docs/serving.md "Overload").
+  double attentionSpanTokens() const;
 };
 
 // Parses config.json text. `source` names the file in error messages.

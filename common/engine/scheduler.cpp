@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <unordered_map>
 
@@ -77,6 +78,28 @@ SeqView seqViewOf(const Request& request, Deadline deadline) {
   return v;
 }
 
+double promptChunkCost(int start, int count, double span) {
+  if (count <= 0) return 0;
+  if (span <= 0) return count;
+  // Token i (0-based) of the chunk attends to start + i + 1 positions.
+  const double keys = double(count) * start + double(count) * (count + 1) / 2;
+  return count + keys / span;
+}
+
+int promptTokensWithin(int start, double budget, double span) {
+  if (budget < 1) return 0;
+  if (span <= 0) return int(std::min<double>(budget, std::numeric_limits<int>::max()));
+  // cost(n) = n (1 + (start + 1/2) / span) + n^2 / (2 span): the positive root, then the
+  // integer steps that rounding may have missed.
+  const double b = 1 + (start + 0.5) / span;
+  double n = std::floor(span * (std::sqrt(b * b + 2 * budget / span) - b));
+  n = std::clamp(n, 0.0, double(std::numeric_limits<int>::max() - 1));
+  int k = int(n);
+  while (k > 0 && promptChunkCost(start, k, span) > budget) --k;
+  while (promptChunkCost(start, k + 1, span) <= budget) ++k;
+  return k;
+}
+
 StepPlan Scheduler::schedule(const SchedulerView& view) const {
   StepPlan plan;
   const KvCacheManager& kv = *view.kv;
@@ -140,8 +163,19 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
     plan.numDecodeTokens += count;
   }
 
-  // Streams are waiting on this step: its prefill share is what the ITL target leaves.
-  if (plan.numDecodeTokens > 0 && view.prefillTokenBudget >= 0) budget = std::min(budget, view.prefillTokenBudget);
+  // Streams are waiting on this step: its prompt work is what the ITL target leaves, each
+  // chunk priced by its attention context.
+  const bool priced = plan.numDecodeTokens > 0 && view.prefillTokenBudget >= 0;
+  double promptBudget = priced ? view.prefillTokenBudget : 0;
+  auto affordable = [&](int start, int want) {
+    if (!priced) return want;
+    const int n = std::min(want, promptTokensWithin(start, promptBudget, view.attentionSpan));
+    return plan.numPrefillTokens == 0 ? std::max(n, std::min(want, view.prefillTokenFloor)) : n;
+  };
+  auto charge = [&](int start, int count) {
+    budget -= count;
+    if (priced) promptBudget -= promptChunkCost(start, count, view.attentionSpan);
+  };
 
   // 2. Running prefills continue, oldest first, each as far as budget and blocks allow.
   for (size_t i = 0; i < numRunning && budget > 0; ++i) {
@@ -159,9 +193,10 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
     // Not even one token fits: make room from newer sequences (or step back itself).
     while (fit() <= 0 && !gone[i]) preemptNewest();
     if (gone[i]) continue;
-    const int count = std::min({remaining, budget, fit()});
+    const int count = affordable(s.numComputed, std::min({remaining, budget, fit()}));
+    if (count <= 0) continue;
     pool.take(kv.blocksNeeded(s.id, s.numComputed + count));
-    budget -= count;
+    charge(s.numComputed, count);
     scheduled[i] = 1;
     plan.entries.push_back(
         {s.id, s.numComputed, count, s.numComputed + count == s.numTokens, false});
@@ -189,7 +224,11 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
       match = kv.findCachedPrefix(w.tokens, std::min<int>(w.numTokens, int(w.tokens.size())) - 1);
     }
     const int start = match.numTokens;
-    const int count = std::min(w.numTokens - start, budget);
+    const int count = affordable(start, std::min(w.numTokens - start, budget));
+    if (count <= 0) {
+      blocked = true;
+      continue;
+    }
     const int attachCost = pool.attachCost(match.blocks);
     const int fresh = std::max(0, kv.blocksFor(start + count) - int(match.blocks.size()));
     if (attachCost + fresh > pool.free() - watermark) {
@@ -198,7 +237,7 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
     }
     pool.attach(match.blocks);  // takes the cached blocks that sit in the pool
     pool.take(fresh);
-    budget -= count;
+    charge(start, count);
     ++runningSeqs;
     plan.admitted.push_back({w.id, start, w.tokens});
     plan.entries.push_back({w.id, start, count, start + count == w.numTokens, false});

@@ -10,8 +10,9 @@
 //   - chunked prefill under a per-step token budget (max_batch_tokens): running prefills
 //     continue (oldest first), then waiting sequences are admitted in queue order; in a step
 //     that carries decode rows the prefill chunks also stay within the view's
-//     prefillTokenBudget (the engine sizes it to the ITL target: SLO-sized chunks), so a long
-//     colocated prompt does not stretch the streams' step;
+//     prefillTokenBudget (the engine sizes it to the ITL target: SLO-sized chunks), priced by
+//     each token's attention context, so a long colocated prompt does not stretch the
+//     streams' step;
 //   - admission only when the KV manager has blocks for the sequence's next chunk (after
 //     any cached prefix it can share) plus a small watermark kept for decode growth; the
 //     queue head blocks those behind it, so a large request is never starved by small ones;
@@ -77,11 +78,22 @@ struct SchedulerView {
   // they count against max_num_seqs.
   int numExternalSeqs = 0;
   SteadyTime now{};
-  // Prompt tokens a step that has decode rows may also compute (chunks of prefills and
-  // admissions together); < 0: no limit but max_batch_tokens. Steps without decode rows
-  // ignore it (nothing waits on them).
+  // Prompt work a step that has decode rows may also do (chunks of prefills and admissions
+  // together), in tokens at position 0: with attentionSpan > 0 a token at position p counts
+  // 1 + p / attentionSpan of it (promptChunkCost), so a chunk deep in a long prompt gets
+  // fewer tokens. < 0: no limit but max_batch_tokens. Steps without decode rows ignore it
+  // (nothing waits on them). The step's first prompt chunk gets at least
+  // prefillTokenFloor tokens whatever their price, so a deep prompt still progresses.
   int prefillTokenBudget = -1;
+  double attentionSpan = 0;  // ModelConfig::attentionSpanTokens(); 0: every token costs 1
+  int prefillTokenFloor = 1;
 };
+
+// What `count` prompt tokens from position `start` cost, in tokens at position 0, when a
+// token's attention over `span` positions costs as much as the rest of it (span 0: count).
+double promptChunkCost(int start, int count, double span);
+// The most prompt tokens from position `start` whose promptChunkCost is within `budget`.
+int promptTokensWithin(int start, double budget, double span);
 
 // One sequence's share of a step: compute tokens [start, start + count); wantLogits when
 // the last of them is the sequence's last token (a token is sampled from its logits).

@@ -153,6 +153,7 @@ void stepCosting(Engine& engine, const StepCostClock& clock, const std::function
 TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose step meets the ITL budget") {
   StepCostClock clock;
   PrefillChunkOptions chunks;
+  chunks.priceAttention = false;  // the fake step costs below count tokens alone
   chunks.itlTargetMs = 50;  // the step's budget: 95% of it (the hop to the client has 5%), 47.5 ms
   REQUIRE(chunks.periodBudgetMs() == Approx(47.5));  // 2 + 20 + p <= 47.5: p = 25
   chunks.minTokens = 4;
@@ -194,6 +195,7 @@ TEST_CASE("engine: SLO-sized chunks start at the floor on a worker that never pr
   // first local prompt beside them must not go in whole (max_batch_tokens).
   StepCostClock clock;
   PrefillChunkOptions chunks;
+  chunks.priceAttention = false;  // the fake step costs below count tokens alone
   chunks.itlTargetMs = 50;  // budget 47.5 ms: 2 + 20 + 25
   chunks.minTokens = 4;
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
@@ -220,16 +222,117 @@ TEST_CASE("engine: SLO-sized chunks start at the floor on a worker that never pr
   REQUIRE(mixedChunks.size() >= 9);
   CHECK(mixedChunks[0] == 4);  // the floor: a 26 ms step, not 278 ms (max_batch_tokens)
   for (size_t i = 1; i < mixedChunks.size(); ++i) {
-    CHECK(mixedChunks[i] >= mixedChunks[i - 1]);  // grows by the budget each step took
-    CHECK(mixedChunks[i] <= 2 * mixedChunks[i - 1]);
+    CHECK(mixedChunks[i] >= mixedChunks[i - 1]);  // grows by the budget each step took,
+    CHECK(mixedChunks[i] <= std::lround(1.25 * mixedChunks[i - 1]));  // a quarter at most
   }
   for (double ms : mixedStepMs) CHECK(ms <= 47.5);
   CHECK(engine.load().prefillChunkTokens == 25);  // settled where the budget holds
 }
 
+TEST_CASE("engine: SLO-sized chunks price prompt tokens by their attention context") {
+  // Each prompt token costs 1 ms x (1 + its attended positions / the model's attention
+  // span): attention grows with the context. The case of a code-mix run (docs/performance.md):
+  // the cap is taught by short prompts, then a long prompt's first 1,024 tokens run alone
+  // and its rest goes on beside a stream that has just arrived. Counting tokens, that first
+  // mixed step overruns twice over; priced by context it takes fewer tokens and fits.
+  const double span = tinyModel()->config.attentionSpanTokens();
+  REQUIRE(span == Approx((64.0 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 172) / (2 * 64)));  // 354
+  auto firstDeepStep = [&](bool priceAttention) {
+    StepCostClock clock;
+    PrefillChunkOptions chunks;
+    chunks.itlTargetMs = 50;  // budget 47.5 ms
+    chunks.minTokens = 4;
+    chunks.priceAttention = priceAttention;
+    auto engine = makeEngine(512, /*maxBatchTokens=*/1024, true, clock, chunks);
+    std::pair<int, double> last;  // the last mixed step: prompt tokens, ms
+    auto step = [&] {
+      std::vector<EngineEvent> events;
+      StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
+        if (done) return;
+        done = true;
+        int prompt = 0, decodeRows = 0;
+        double promptMs = 0;
+        for (const auto& e : v.entries) {
+          decodeRows += e.isDecode;
+          if (e.isDecode) continue;
+          prompt += e.count;
+          promptMs += promptChunkCost(e.start, e.count, span);
+        }
+        const double ms = 2 + (prompt > 0 ? 20 + promptMs : 0);
+        if (decodeRows > 0 && prompt > 0) last = {prompt, ms};
+        clock.charge(ms);
+      };
+      REQUIRE(engine->step(&events, charge).isOk());
+    };
+    REQUIRE(engine->submit(makeRequest(1, testPrompt(20, 5), greedy(200))).isOk());
+    for (int i = 0; i < 3; ++i) step();  // its prompt, then the stream alone
+    for (uint64_t id = 2; id <= 7; ++id) REQUIRE(engine->submit(makeRequest(id, testPrompt(30, 5 + int(id)), greedy(1))).isOk());
+    for (int i = 0; i < 20; ++i) step();  // short prompts beside the stream teach the cap
+    engine->cancel(1);
+    const int cap = engine->load().prefillChunkTokens;
+    REQUIRE(engine->submit(makeRequest(8, testPrompt(1400, 20), greedy(1))).isOk());
+    step();  // nothing decodes: its first 1,024 tokens at once
+    REQUIRE(engine->find(8)->numComputed() == 1024);
+    REQUIRE(engine->submitRemote(makeRequest(9, testPrompt(20, 21), greedy(50))).ok());
+    std::vector<EngineEvent> events;
+    REQUIRE(engine->completeRemote(9, SampledToken{.id = 7}, &events).isOk());
+    step();
+    REQUIRE(engine->find(8)->numComputed() == 1024 + last.first);
+    return std::tuple{cap, last.first, last.second};
+  };
+  const auto [cap, tokens, ms] = firstDeepStep(true);
+  CHECK(cap >= 20);
+  CHECK(tokens < cap / 3);  // a token at 1,024+ costs ~3.9 at 0
+  CHECK(ms <= 47.5);
+  const auto [countedCap, countedTokens, countedMs] = firstDeepStep(false);
+  CHECK(countedTokens == countedCap);
+  CHECK(countedMs > 1.5 * 47.5);
+}
+
+TEST_CASE("engine: an SLO-sized cap taught beside one stream leaves room for more streams") {
+  // A step costs 2 ms + 3 ms a stream + (4 ms + 1 ms a token when it prefills). Beside one
+  // stream the cap settles near 36 tokens (5 + 4 + 36 = 45 ms); four more streams add 12 ms,
+  // which the cap must give back before the step, not after it overran.
+  StepCostClock clock;
+  PrefillChunkOptions chunks;
+  chunks.itlTargetMs = 50;  // budget 47.5 ms
+  chunks.minTokens = 4;
+  chunks.priceAttention = false;
+  auto engine = makeEngine(512, /*maxBatchTokens=*/256, true, clock, chunks);
+  double lastMs = 0;
+  auto step = [&] {
+    stepCosting(*engine, clock, [&](int prompt, int streams) {
+      return lastMs = 2 + 3.0 * streams + (prompt > 0 ? 4 + prompt : 0);
+    });
+  };
+  std::vector<EngineEvent> events;
+  auto addStream = [&](uint64_t id) {
+    REQUIRE(engine->submitRemote(makeRequest(id, testPrompt(20, int(id)), greedy(300))).ok());
+    REQUIRE(engine->completeRemote(id, SampledToken{.id = 7}, &events).isOk());
+  };
+  addStream(1);
+  for (int i = 0; i < 3; ++i) step();
+  addStream(2);  // two batch sizes: the decode cost line
+  addStream(3);
+  for (int i = 0; i < 3; ++i) step();
+  engine->cancel(2);
+  engine->cancel(3);
+  REQUIRE(engine->load().decodeStepCost);
+  REQUIRE(engine->submit(makeRequest(10, testPrompt(3000, 10), greedy(1))).isOk());
+  for (int i = 0; i < 30; ++i) step();
+  const int besideOne = engine->load().prefillChunkTokens;
+  CHECK(besideOne >= 30);
+  CHECK(2 + 3 * 5 + 4 + besideOne > 47.5);  // beside five streams it would overrun
+  for (uint64_t id = 4; id <= 7; ++id) addStream(id);
+  CHECK(engine->load().prefillChunkTokens <= besideOne - 8);  // ~12 ms at ~1 token/ms
+  step();
+  CHECK(lastMs <= 47.5);
+}
+
 TEST_CASE("engine: SLO-sized chunks keep a cap of their own while a remote prefill's KV is expected") {
   StepCostClock clock;
   PrefillChunkOptions chunks;
+  chunks.priceAttention = false;  // the fake step costs below count tokens alone
   chunks.itlTargetMs = 50;  // budget 47.5 ms: 2 + 20 + 25 alone
   chunks.minTokens = 4;
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
@@ -270,6 +373,7 @@ TEST_CASE("engine: SLO-sized chunks keep a cap of their own while a remote prefi
 TEST_CASE("engine: SLO-sized chunks aim below the ITL target until its percentile holds") {
   StepCostClock clock;
   PrefillChunkOptions chunks;
+  chunks.priceAttention = false;  // the fake step costs below count tokens alone
   chunks.itlTargetMs = 50;
   chunks.percentile = 99;
   chunks.minTokens = 4;
@@ -301,6 +405,7 @@ TEST_CASE("engine: SLO-sized chunks aim below the ITL target until its percentil
 TEST_CASE("engine: the decode step cost line and a small chunk's cost, forgotten when no longer seen") {
   StepCostClock clock;
   PrefillChunkOptions chunks;
+  chunks.priceAttention = false;  // the fake step costs below count tokens alone
   chunks.itlTargetMs = 50;  // minTokens 32: the prompts below are all small chunks
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
   Engine& engine = *engineOwner;

@@ -68,7 +68,7 @@ class Sim {
     return add(std::move(p), maxNew);
   }
 
-  StepPlan step(int prefillTokenBudget = -1) {
+  StepPlan step(int prefillTokenBudget = -1, double attentionSpan = 0, int prefillTokenFloor = 1) {
     std::vector<SeqView> run, wait;
     for (SeqId id : running_) run.push_back(view(seqs_[id]));
     for (SeqId id : waiting_) wait.push_back(view(seqs_[id]));
@@ -78,6 +78,8 @@ class Sim {
     v.kv = kv_.get();
     v.now = clock_.now();
     v.prefillTokenBudget = prefillTokenBudget;
+    v.attentionSpan = attentionSpan;
+    v.prefillTokenFloor = prefillTokenFloor;
     StepPlan plan = sched_.schedule(v);
     checkPlan(plan);
     REQUIRE_OK(applyPlanToKv(plan, *kv_));
@@ -305,6 +307,38 @@ TEST_CASE("with decode rows in the step, prefill chunks and admissions keep to t
   CHECK(p.numPrefillTokens > 10);
   sim.runUntilIdle(100);
   CHECK(sim.kv().numFreeBlocks() == 256);
+}
+
+TEST_CASE("promptChunkCost prices each token by the positions it attends to") {
+  CHECK(promptChunkCost(500, 10, 0) == 10);  // no span: tokens
+  CHECK(promptChunkCost(0, 4, 10) == Approx(4 + (1 + 2 + 3 + 4) / 10.0));
+  CHECK(promptChunkCost(100, 4, 10) == Approx(4 + (101 + 102 + 103 + 104) / 10.0));
+  CHECK(promptChunkCost(7, 0, 10) == 0);
+  for (int start : {0, 1, 15, 300, 4000}) {
+    for (double budget : {0.5, 1.0, 7.0, 40.0, 1000.0}) {
+      const int n = promptTokensWithin(start, budget, 50);
+      CHECK(promptChunkCost(start, n, 50) <= budget);
+      CHECK(promptChunkCost(start, n + 1, 50) > budget);
+    }
+  }
+  CHECK(promptTokensWithin(0, 12.9, 0) == 12);
+}
+
+TEST_CASE("with decode rows, a chunk deep in a prompt gets fewer tokens of the budget, and at least the floor") {
+  Sim sim(256, 16, config(512, 8));
+  sim.add(4, 20);
+  sim.step();  // the stream's prompt
+  SimSeq& longPrompt = sim.add(400, 1);
+  StepPlan p = sim.step(/*prefillTokenBudget=*/40, /*attentionSpan=*/100);
+  CHECK(p.numPrefillTokens == promptTokensWithin(0, 40, 100));  // 33 at the start
+  while (longPrompt.numComputed < 300) sim.step(300);  // no decode-free step: the stream goes on
+  const int at = longPrompt.numComputed;
+  p = sim.step(40, 100);
+  CHECK(p.numPrefillTokens == promptTokensWithin(at, 40, 100));  // ~9 at 300+
+  CHECK(p.numPrefillTokens < 12);
+  // A budget that buys no token this deep still moves the prompt by the floor.
+  p = sim.step(2, 100, /*prefillTokenFloor=*/5);
+  CHECK(p.numPrefillTokens == 5);
 }
 
 TEST_CASE("a long request is not starved by a stream of short ones") {
