@@ -295,7 +295,8 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   queuedPrefillTokens =
       r_.gauge("pdserve_queued_prefill_tokens", "Prompt tokens waiting to be prefilled.");
   prefillChunkTokens = r_.gauge("pdserve_prefill_chunk_tokens",
-                                "Prompt tokens a step that also decodes may compute now (SLO-sized chunked prefill).");
+                                "Prompt tokens a step that also decodes may compute now (SLO-sized chunked prefill), counted at the "
+                                "start of a prompt: fewer deeper in, each priced by its attention context.");
   decodeStepBaseMs = r_.gauge("pdserve_decode_step_cost_ms",
                               "Fitted decode step time: the fixed part (part=base), per stream (part=per_stream) and what a "
                               "minimum prompt chunk adds (part=small_chunk); 0 until the steps spread over two batch sizes.",
