@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -43,6 +44,8 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --layout L                simulate only this layout: colocated:N or NpMd (e.g. 1p1d), at the
                             trace's arrivals or at --rate R (Poisson); prints its percentiles
   --threshold N             router.short_prompt_tokens for --layout (default 256)
+  --requests-csv FILE       with --layout: each request's simulated route, TTFT and ITL, one
+                            row per request in pdserve bench's order (its --out CSV's index)
   --calibration F           a CPU device measured by --calibrate instead of a --gpu; its workers
                             get --kv-cache-bytes (default 268435456) and --kv-link-gbps (default 20)
   --html FILE               also write the SLO-attainment curves against rate of the best layouts
@@ -62,7 +65,7 @@ Result<Args> parseArgs(int argc, char** argv) {
                                    "--num-requests", "--max-prompt-tokens", "--length-scale", "--max-output-tokens",
                                    "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment",
                                    "--layout", "--threshold", "--rate", "--calibration", "--kv-cache-bytes",
-                                   "--threads", "--out", "--html"};
+                                   "--threads", "--out", "--html", "--requests-csv"};
   static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks"};
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -172,6 +175,24 @@ void printSummaryLine(const char* label, const plan::SimSummary& s) {
               label, 1000 * s.ttftP50, 1000 * s.ttftP90, 1000 * s.ttftP99, 1000 * s.itlP50, 1000 * s.itlP90,
               1000 * s.itlP99, (long long)s.finished, (long long)s.requests, 100 * s.attainment,
               (long long)s.disaggregated);
+}
+
+// One row per simulated request, in the order pdserve bench sends them (its CSV's index).
+Status writeRequestsCsv(const std::string& path, const std::vector<plan::SimRequest>& requests,
+                        const std::vector<plan::RequestOutcome>& outcomes) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return invalidArgument("--requests-csv: cannot write " + path + ": " + std::strerror(errno));
+  std::fprintf(f, "index,arrival_s,prompt_tokens,output_tokens,route,finished,ttft_ms,itl_p99_ms,itl_max_ms\n");
+  for (size_t i = 0; i < requests.size() && i < outcomes.size(); ++i) {
+    const plan::RequestOutcome& o = outcomes[i];
+    double itlMax = 0;
+    for (double g : o.itlsS) itlMax = std::max(itlMax, g);
+    std::fprintf(f, "%zu,%.6f,%zu,%d,%s,%d,%.3f,%.3f,%.3f\n", i, requests[i].arrivalS, requests[i].prompt.size(),
+                 requests[i].outputTokens, o.disaggregated ? "disaggregated" : "colocated", o.finished ? 1 : 0,
+                 1000 * o.ttftS, o.itlsS.empty() ? 0.0 : 1000 * plan::percentileOf(o.itlsS, 99), 1000 * itlMax);
+  }
+  if (std::fclose(f) != 0) return invalidArgument("--requests-csv: writing " + path + " failed");
+  return Status::ok();
 }
 
 }  // namespace
@@ -301,8 +322,15 @@ int runPlan(int argc, char** argv) {
     std::printf("%s, %s (%s), %s:\n", layout->describe().c_str(), device.name.c_str(), costNote,
                 rate > 0 ? ("Poisson " + std::to_string(rate) + " req/s").c_str() : "the trace's arrivals");
     printSummaryLine("simulated", r->summary);
+    if (a.values.count("--requests-csv")) {
+      if (Status s = writeRequestsCsv(a.values.at("--requests-csv"), *requests, r->outcomes); !s.isOk()) {
+        std::fprintf(stderr, "pdserve plan: %s\n", s.message().c_str());
+        return 1;
+      }
+    }
     return 0;
   }
+  if (a.values.count("--requests-csv")) return usageError(invalidArgument("--requests-csv goes with --layout"));
 
   auto ranked = plan::searchLayouts(*model, device, po, source, [](int done, int total, const plan::Layout& l) {
     std::fprintf(stderr, "  [%d/%d] %s: done\n", done + 1, total, l.describe().c_str());

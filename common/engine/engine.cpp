@@ -185,7 +185,9 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   view.numExternalSeqs = static_cast<int>(remote_.size());
   view.now = clock_.now();
   const bool remoteKvExpected = !remote_.empty();
-  view.prefillTokenBudget = prefillChunkTokens(remoteKvExpected, decodingStreams());
+  // Without SLO-sized chunks, max_batch_tokens alone bounds a step, counting tokens.
+  const bool sloSized = options_.prefillChunks.periodBudgetMs() > 0;
+  view.prefillTokenBudget = sloSized ? prefillChunkTokens(remoteKvExpected, decodingStreams()) : -1;
   view.attentionSpan = attentionSpan();
   view.prefillTokenFloor = options_.prefillChunks.minTokens;
   StepPlan plan = scheduler_.schedule(view);

@@ -229,6 +229,19 @@ TEST_CASE("engine: SLO-sized chunks start at the floor on a worker that never pr
   CHECK(engine.load().prefillChunkTokens == 25);  // settled where the budget holds
 }
 
+TEST_CASE("engine: without SLO-sized chunks a step beside streams fills max_batch_tokens, unpriced") {
+  auto engine = makeEngine(512, /*maxBatchTokens=*/256);
+  REQUIRE(engine->submit(makeRequest(1, testPrompt(20, 5), greedy(50))).isOk());
+  std::vector<EngineEvent> events;
+  REQUIRE(engine->step(&events).isOk());  // its prompt
+  REQUIRE(engine->submit(makeRequest(2, testPrompt(1500, 6), greedy(1))).isOk());
+  for (int i = 0; i < 4; ++i) {  // chunks at 0, 255, 510, 765: deeper, not smaller
+    REQUIRE(engine->step(&events).isOk());
+    CHECK(engine->lastStep().decodeRows == 1);
+    CHECK(engine->lastStep().promptTokens == 255);
+  }
+}
+
 TEST_CASE("engine: SLO-sized chunks price prompt tokens by their attention context") {
   // Each prompt token costs 1 ms x (1 + its attended positions / the model's attention
   // span): attention grows with the context. The case of a code-mix run (docs/performance.md):

@@ -2,7 +2,8 @@
 # `pdserve plan` from the command line, on a tiny model and its own calibration: one layout
 # (--layout) at --rate for --duration simulates as many requests as `pdserve bench --rate
 # --duration` sends (the Poisson arrivals cover the whole duration, not the span of the
-# trace rows that --duration selects: on the Azure code trace that span is shorter).
+# trace rows that --duration selects: on the Azure code trace that span is shorter), and
+# --requests-csv writes one row per simulated request.
 #   plan_cli_test.sh PDSERVE_BIN SOURCE_DIR
 set -euo pipefail
 BIN=$1
@@ -14,7 +15,7 @@ trap 'rm -rf "$WORK"' EXIT
 line=$("$BIN" plan --calibration "$WORK/cal.json" --model "$WORK/tiny" --kv-cache-bytes 67108864 \
   --trace "$SRC/data/traces/azure_llm_2023_code.csv" --length-scale 0.35 --max-prompt-tokens 1500 \
   --max-output-tokens 64 --duration 60 --layout 1p1d --threshold 256 --rate 1.5 \
-  --slo ttft_ms=2000,itl_ms=100 2> /dev/null | tail -1)
+  --slo ttft_ms=2000,itl_ms=100 --requests-csv "$WORK/requests.csv" 2> /dev/null | tail -1)
 echo "$line"
 requests=$(sed -n 's|.* [0-9]*/\([0-9]*\) finished.*|\1|p' <<< "$line")
 # Poisson at 1.5/s for 60 s: 90 expected; the fixed seed's draw lies well inside [65, 115].
@@ -22,4 +23,11 @@ if [ -z "$requests" ] || [ "$requests" -lt 65 ] || [ "$requests" -gt 115 ]; then
   echo "FAIL: expected ~90 simulated requests (1.5/s for 60 s), got '${requests}'"
   exit 1
 fi
-echo "ok: $requests requests simulated"
+rows=$(($(wc -l < "$WORK/requests.csv") - 1))
+disaggregated=$(grep -c ",disaggregated,1," "$WORK/requests.csv" || true)
+said=$(sed -n 's|.*, \([0-9]*\) disaggregated$|\1|p' <<< "$line")
+if [ "$rows" != "$requests" ] || [ "$disaggregated" != "$said" ]; then
+  echo "FAIL: --requests-csv has $rows rows ($disaggregated disaggregated), the summary says $requests ($said)"
+  exit 1
+fi
+echo "ok: $requests requests simulated, each in --requests-csv"
