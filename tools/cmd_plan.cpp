@@ -1,13 +1,13 @@
 // `pdserve plan`: size the prefill and decode pools for a trace and SLOs on a named GPU by
 // simulating every layout with the production scheduler and routing policy
 // (tools/plan/planner.h; docs/plan.md says how to read the output).
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <map>
 #include <string>
 

@@ -375,7 +375,7 @@ int Engine::prefillChunkTokens(bool remoteKvExpected, int decodeRows) const {
     return clampChunk(std::lround(cap.cost - cap.costPerMs * moreDecodeMs));
   }
   // Not taught yet: what the prefill rate fits beside a pure decode step, or, with either
-  // unmeasured, the floor: each mixed step then grows the cap (x2 at most) until it meets the
+  // unmeasured, the floor: each mixed step then grows the cap (x1.25 at most) until it meets the
   // budget (sizePrefillChunks). A decode worker that has only received remote prefills has no
   // rate: a whole prompt beside its streams was the likely 661 ms gap of a Mooncake run.
   if (prefillTokensPerS_ <= 0 || pureDecodeStepMs_ <= 0) return clampChunk(options_.prefillChunks.minTokens);

@@ -58,7 +58,7 @@ struct ModelConfig {
   // attended position) costs as many FLOPs as its linear layers (lm_head left out: a prompt
   // chunk samples one row). A prompt token at position p costs (1 + p / span) tokens at
   // position 0; measured on the CPU backend (small model, chunks of 64-512 tokens at
-  // positions 0-2,048), the step times follow that within ~10% (docs/serving.md "Overload").
+  // positions 0-2,048), the step times follow that within 3%, 16% at worst (docs/performance.md).
   double attentionSpanTokens() const;
 };
 

@@ -48,6 +48,23 @@ Request makeRequest(uint64_t id, std::vector<int32_t> prompt, SamplingParams par
   return std::move(r).value();
 }
 
+// SLO-sized chunks at a 50 ms ITL target (a 47.5 ms period budget) from 4 tokens up; the
+// fake step costs below count tokens, so prompt tokens are not priced unless asked.
+PrefillChunkOptions sloChunks(bool priceAttention = false) {
+  PrefillChunkOptions chunks;
+  chunks.itlTargetMs = 50;
+  chunks.minTokens = 4;
+  chunks.priceAttention = priceAttention;
+  return chunks;
+}
+
+// The first token a prefill worker sends with a remote prompt's KV (an ordinary id).
+SampledToken remoteFirstToken() {
+  SampledToken t;
+  t.id = 7;
+  return t;
+}
+
 SamplingParams greedy(int maxTokens) {
   SamplingParams p;
   p.temperature = 0;
@@ -214,7 +231,7 @@ TEST_CASE("engine: SLO-sized chunks start at the floor on a worker that never pr
   };
   REQUIRE(engine.submitRemote(makeRequest(1, testPrompt(20, 5), greedy(100))).ok());
   std::vector<EngineEvent> events;
-  REQUIRE(engine.completeRemote(1, SampledToken{.id = 7}, &events).isOk());
+  REQUIRE(engine.completeRemote(1, remoteFirstToken(), &events).isOk());
   REQUIRE(engine.load().prefillTokensPerS == 0);
   CHECK(engine.load().prefillChunkTokens == 4);
   REQUIRE(engine.submit(makeRequest(2, testPrompt(2000, 6), greedy(1))).isOk());
@@ -252,11 +269,7 @@ TEST_CASE("engine: SLO-sized chunks price prompt tokens by their attention conte
   REQUIRE(span == Approx((64.0 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 172) / (2 * 64)));  // 354
   auto firstDeepStep = [&](bool priceAttention) {
     StepCostClock clock;
-    PrefillChunkOptions chunks;
-    chunks.itlTargetMs = 50;  // budget 47.5 ms
-    chunks.minTokens = 4;
-    chunks.priceAttention = priceAttention;
-    auto engine = makeEngine(512, /*maxBatchTokens=*/1024, true, clock, chunks);
+    auto engine = makeEngine(512, /*maxBatchTokens=*/1024, true, clock, sloChunks(priceAttention));
     std::pair<int, double> last;  // the last mixed step: prompt tokens, ms
     auto step = [&] {
       std::vector<EngineEvent> events;
@@ -288,7 +301,7 @@ TEST_CASE("engine: SLO-sized chunks price prompt tokens by their attention conte
     REQUIRE(engine->find(8)->numComputed() == 1024);
     REQUIRE(engine->submitRemote(makeRequest(9, testPrompt(20, 21), greedy(50))).ok());
     std::vector<EngineEvent> events;
-    REQUIRE(engine->completeRemote(9, SampledToken{.id = 7}, &events).isOk());
+    REQUIRE(engine->completeRemote(9, remoteFirstToken(), &events).isOk());
     step();
     REQUIRE(engine->find(8)->numComputed() == 1024 + last.first);
     return std::tuple{cap, last.first, last.second};
@@ -307,11 +320,7 @@ TEST_CASE("engine: an SLO-sized cap taught beside one stream leaves room for mor
   // stream the cap settles near 36 tokens (5 + 4 + 36 = 45 ms); four more streams add 12 ms,
   // which the cap must give back before the step, not after it overran.
   StepCostClock clock;
-  PrefillChunkOptions chunks;
-  chunks.itlTargetMs = 50;  // budget 47.5 ms
-  chunks.minTokens = 4;
-  chunks.priceAttention = false;
-  auto engine = makeEngine(512, /*maxBatchTokens=*/256, true, clock, chunks);
+  auto engine = makeEngine(512, /*maxBatchTokens=*/256, true, clock, sloChunks());
   double lastMs = 0;
   auto step = [&] {
     stepCosting(*engine, clock, [&](int prompt, int streams) {
@@ -321,7 +330,7 @@ TEST_CASE("engine: an SLO-sized cap taught beside one stream leaves room for mor
   std::vector<EngineEvent> events;
   auto addStream = [&](uint64_t id) {
     REQUIRE(engine->submitRemote(makeRequest(id, testPrompt(20, int(id)), greedy(300))).ok());
-    REQUIRE(engine->completeRemote(id, SampledToken{.id = 7}, &events).isOk());
+    REQUIRE(engine->completeRemote(id, remoteFirstToken(), &events).isOk());
   };
   addStream(1);
   for (int i = 0; i < 3; ++i) step();
