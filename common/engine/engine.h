@@ -55,10 +55,10 @@ struct EngineEvent {
 // computed is capped so the step's period stays within its budget (below), never below
 // minTokens (prefills always progress) nor above max_batch_tokens. The cap counts tokens at
 // position 0: with priceAttention a token at position p counts 1 + p / the model's attention
-// span (ModelConfig::attentionSpanTokens), so the cap a prompt's first chunks taught does
-// not overrun on its last ones (the small model: 335 tokens at positions 1,024-1,359 took
-// 156 ms where 175 at its start took 49). The cap follows the measured steps: each step that
-// decoded and prefilled scales it by aim / its period (what its streams waited:
+// span (ModelConfig::attentionSpanTokens), so a cap taught at the start of prompts does
+// not overrun deep in one (the small model: 335 tokens at positions 1,024-1,359 took 156 ms
+// where 175 at the start of prompts took 49). The cap follows the measured steps: each step
+// that decoded and prefilled scales it by aim / its period (what its streams waited:
 // Engine::sizePrefillChunks; at most x1.25 or /2 a step: one quiet step among contended ones
 // says little, one overrun says enough), so it settles on
 // the largest chunk whose step meets the budget at the current batch and context, whatever
