@@ -57,8 +57,8 @@ struct ModelConfig {
   // The context at which one token's attention (QK and AV: 4 x qDim FLOPs per layer and
   // attended position) costs as many FLOPs as its linear layers (lm_head left out: a prompt
   // chunk samples one row). A prompt token at position p costs (1 + p / span) tokens at
-  // position 0; measured on the CPU backend (small model, chunks of 64-512 tokens at
-  // positions 0-2,048), the step times follow that within 3%, 16% at worst (docs/performance.md).
+  // position 0; on the CPU backend (small model, chunks of 64-512 tokens after 0-2,048
+  // cached ones) forwards follow that within 4% (`engine_bench --only context`).
   double attentionSpanTokens() const;
 };
 

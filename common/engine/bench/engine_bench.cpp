@@ -2,11 +2,13 @@
 // measured in the same run (STREAM-like triad bandwidth, OpenBLAS sgemm GFLOP/s).
 //
 //   build/common/engine/bench/engine_bench [--model DIR] [--threads N] [--quick]
-//                                          [--only prefill|decode|llama] [--batch 1|8|32]
+//                                          [--only prefill|decode|context|llama] [--batch 1|8|32]
 //                                          [--llama-bench PATH] [--rounds N]
 //                                          [--write-gguf PATH]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
+// --only context: prompt chunks after 0-2,048 cached tokens, their time a token against the
+// price SLO-sized chunks give them (1 + position / ModelConfig::attentionSpanTokens).
 // --llama-bench PATH: also runs that llama-bench binary on the same weights (written as an f32
 // GGUF to a temporary file) and prints its `tg128 @ d512` and `pp2048` next to ours, measured
 // the same way (mean over 5 repetitions of tokens / wall time), interleaved ours, theirs,
@@ -32,6 +34,7 @@
 #include "common/engine/cpu_backend.h"
 #include "common/engine/model_maker.h"
 #include "common/engine/model_weights.h"
+#include "common/engine/scheduler.h"
 
 using namespace pd::engine;
 using Clock = std::chrono::steady_clock;
@@ -96,14 +99,16 @@ int fail(const pd::Status& st) {
   return 1;
 }
 
-// One forward of a p-token prompt from position 0, `reps` times after one warm-up; wall seconds
-// per repetition. The backend (and its pool) lives only for the measurement.
+// One forward of a p-token prompt chunk from position `start` (the cache before it holds
+// whatever the buffer holds: its contents do not change the work), `reps` times after one
+// warm-up; wall seconds per repetition. The backend (and its pool) lives only for the
+// measurement.
 pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const ModelWeights>& model,
                                                int p, const CpuBackendOptions& opt, int reps,
-                                               std::mt19937_64& rng, double* bestCpu) {
+                                               std::mt19937_64& rng, double* bestCpu, int start = 0) {
   const ModelConfig& cfg = model->config;
   const int blockSize = 16;
-  const int blocks = (p + blockSize - 1) / blockSize;
+  const int blocks = (start + p + blockSize - 1) / blockSize;
   const auto layout = kvLayoutFor(cfg, blocks, blockSize);
   WeightBuffer kv(layout.totalBytes() / sizeof(float));
   auto backend = createCpuBackend(model, layout, kv.data(), opt);
@@ -112,7 +117,7 @@ pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const Model
   for (auto& t : tokens) t = int32_t(rng() % 256);
   for (int b = 0; b < blocks; ++b) table[b] = b;
   std::vector<float> logits(cfg.vocabSize);
-  SeqChunk c{tokens.data(), p, 0, table.data(), blocks, true};
+  SeqChunk c{tokens.data(), p, start, table.data(), blocks, true};
   std::vector<double> out;
   for (int r = 0; r < reps + 1; ++r) {  // the first run warms up
     const auto t0 = Clock::now();
@@ -277,7 +282,7 @@ int main(int argc, char** argv) {
   std::string modelDir;
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false;
-  std::string only;  // "", "prefill" or "decode"
+  std::string only;  // "", "prefill", "decode", "context" or "llama"
   int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
   std::string llamaBench, writeGguf;
   int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
@@ -305,7 +310,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only "
-                   "prefill|decode|llama] [--batch N] [--skinny-max-rows N] [--llama-bench PATH] "
+                   "prefill|decode|context|llama] [--batch N] [--skinny-max-rows N] [--llama-bench PATH] "
                    "[--rounds N] [--write-gguf PATH]\n");
       return 2;
     }
@@ -333,8 +338,8 @@ int main(int argc, char** argv) {
     std::printf("engine_bench: wrote %s\n", writeGguf.c_str());
     return 0;
   }
-  if (!only.empty() && only != "prefill" && only != "decode" && only != "llama") {
-    std::fprintf(stderr, "engine_bench: --only must be prefill, decode or llama\n");
+  if (!only.empty() && only != "prefill" && only != "decode" && only != "context" && only != "llama") {
+    std::fprintf(stderr, "engine_bench: --only must be prefill, decode, context or llama\n");
     return 2;
   }
   if (only == "llama" && llamaBench.empty()) {
@@ -352,7 +357,7 @@ int main(int argc, char** argv) {
   // ---- Ceilings ---------------------------------------------------------------------------
   const double weightBytes = double(cfg.decodeWeightParams()) * 4;
   double bwModelSized = 0, bwLarge = 0, gemmPeak = 0;
-  if (only != "llama") {  // the llama.cpp comparison alone needs no ceilings
+  if (only != "llama" && only != "context") {  // ratios within one run need no ceilings
     bwModelSized = triadGBs(size_t(weightBytes / 3) & ~size_t(63), threads, 10);
     bwLarge = triadGBs(size_t(256) << 20, threads, quick ? 2 : 4);
     std::printf(
@@ -375,7 +380,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "prefill")
     std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
   for (int p : {128, 512, 2048}) {
-    if (only == "decode" || only == "llama") break;
+    if (only == "decode" || only == "context" || only == "llama") break;
     const int reps = quick ? 1 : (p >= 2048 ? 2 : 3);
     double bestCpu = 1e30;
     auto secs = prefillSeconds(*model, p, opt, reps, rng, &bestCpu);
@@ -397,7 +402,7 @@ int main(int argc, char** argv) {
     std::printf(
         "\ndecode (%d tokens of context per sequence, one token per sequence per step):\n", ctx);
   for (int batch : {1, 8, 32}) {
-    if (only == "prefill" || only == "llama") break;
+    if (only == "prefill" || only == "context" || only == "llama") break;
     if (onlyBatch > 0 && batch != onlyBatch) continue;
     // Batch 1 steps take ~3 ms: many of them, and the median, so a noisy neighbour's burst
     // does not decide the figure.
@@ -430,6 +435,25 @@ int main(int argc, char** argv) {
           floorLarge * 1e3, bwLarge, 100.0 * floorLarge / stepS, kvBytes / 1e6, ctx);
     }
     std::printf("\n");
+  }
+
+  // ---- Prompt chunks deep in a prompt --------------------------------------------------------
+  if (only == "context") {
+    const double span = cfg.attentionSpanTokens();
+    std::printf("\nprompt chunks after cached context (best of %d; priced: 1 + position / %.0f, the attention span):\n",
+                quick ? 1 : 3, span);
+    for (int n : {64, 256, 512}) {
+      double atZero = 0;
+      for (int start : {0, 1024, 2048}) {
+        auto secs = prefillSeconds(*model, n, opt, quick ? 1 : 3, rng, nullptr, start);
+        if (!secs.ok()) return fail(secs.status());
+        const double msPerToken = *std::min_element(secs->begin(), secs->end()) * 1e3 / n;
+        if (start == 0) atZero = msPerToken;
+        const double priced = atZero * pd::engine::promptChunkCost(start, n, span) / pd::engine::promptChunkCost(0, n, span);
+        std::printf("  %3d tokens after %4d: %.3f ms a token, priced %.3f (%+.0f%%)\n", n, start, msPerToken, priced,
+                    100 * (priced / msPerToken - 1));
+      }
+    }
   }
 
   if (!llamaBench.empty()) {
