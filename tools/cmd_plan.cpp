@@ -182,14 +182,17 @@ Status writeRequestsCsv(const std::string& path, const std::vector<plan::SimRequ
                         const std::vector<plan::RequestOutcome>& outcomes) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return invalidArgument("--requests-csv: cannot write " + path + ": " + std::strerror(errno));
+  // Latencies a request has not got (unfinished, or a single token) are "-", as in bench's CSV.
+  auto ms = [](bool known, double s) { return known ? std::to_string(1000 * s) : std::string("-"); };
   std::fprintf(f, "index,arrival_s,prompt_tokens,output_tokens,route,finished,ttft_ms,itl_p99_ms,itl_max_ms\n");
   for (size_t i = 0; i < requests.size() && i < outcomes.size(); ++i) {
     const plan::RequestOutcome& o = outcomes[i];
-    double itlMax = 0;
-    for (double g : o.itlsS) itlMax = std::max(itlMax, g);
-    std::fprintf(f, "%zu,%.6f,%zu,%d,%s,%d,%.3f,%.3f,%.3f\n", i, requests[i].arrivalS, requests[i].prompt.size(),
+    const bool gaps = o.finished && !o.itlsS.empty();
+    const double itlMax = gaps ? *std::max_element(o.itlsS.begin(), o.itlsS.end()) : 0;
+    std::fprintf(f, "%zu,%.6f,%zu,%d,%s,%d,%s,%s,%s\n", i, requests[i].arrivalS, requests[i].prompt.size(),
                  requests[i].outputTokens, o.disaggregated ? "disaggregated" : "colocated", o.finished ? 1 : 0,
-                 1000 * o.ttftS, o.itlsS.empty() ? 0.0 : 1000 * plan::percentileOf(o.itlsS, 99), 1000 * itlMax);
+                 ms(o.finished, o.ttftS).c_str(), ms(gaps, gaps ? plan::percentileOf(o.itlsS, 99) : 0).c_str(),
+                 ms(gaps, itlMax).c_str());
   }
   if (std::fclose(f) != 0) return invalidArgument("--requests-csv: writing " + path + " failed");
   return Status::ok();

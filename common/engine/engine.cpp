@@ -391,8 +391,8 @@ EngineLoad Engine::load() const {
   for (uint64_t id : running_) {
     const Request& r = requests_.at(id);
     l.queuedPrefillTokens += std::max(0, r.numPromptTokens() - r.numComputed());
-    l.decoding += r.numComputed() >= r.numPromptTokens();
   }
+  l.decoding = decodingStreams();
   l.freeBlocks = kv_->numFreeBlocks();
   l.totalBlocks = kv_->numTotalBlocks();
   l.preemptions = preemptions_;

@@ -99,8 +99,8 @@ int fail(const pd::Status& st) {
   return 1;
 }
 
-// One forward of a p-token prompt chunk from position `start` (the cache before it holds
-// whatever the buffer holds: its contents do not change the work), `reps` times after one
+// One forward of a p-token prompt chunk from position `start` (the cache before it is zeros:
+// its contents do not change the work), `reps` times after one
 // warm-up; wall seconds per repetition. The backend (and its pool) lives only for the
 // measurement.
 pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const ModelWeights>& model,

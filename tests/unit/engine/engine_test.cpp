@@ -150,21 +150,29 @@ class StepCostClock final : public Clock {
   mutable int64_t us_ = 0;
 };
 
-// One engine step whose forward pass costs cost(prompt tokens, decode rows) ms on `clock`:
-// the pass is timed between two now() calls, so the layer callback charges it, once.
-void stepCosting(Engine& engine, const StepCostClock& clock, const std::function<double(int, int)>& cost) {
+// One engine step whose forward pass costs cost(the plan's entries) ms on `clock` (or
+// cost(prompt tokens, decode rows) in stepCosting): the pass is timed between two now()
+// calls, so the layer callback charges it, once.
+void stepCostingEntries(Engine& engine, const StepCostClock& clock,
+                        const std::function<double(std::span<const PlanEntry>)>& cost) {
   std::vector<EngineEvent> events;
   StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
     if (done) return;
     done = true;
+    clock.charge(cost(v.entries));
+  };
+  REQUIRE(engine.step(&events, charge).isOk());
+}
+
+void stepCosting(Engine& engine, const StepCostClock& clock, const std::function<double(int, int)>& cost) {
+  stepCostingEntries(engine, clock, [&](std::span<const PlanEntry> entries) {
     int prompt = 0, decodeRows = 0;
-    for (const auto& e : v.entries) {
+    for (const auto& e : entries) {
       prompt += e.isDecode ? 0 : e.count;
       decodeRows += e.isDecode;
     }
-    clock.charge(cost(prompt, decodeRows));
-  };
-  REQUIRE(engine.step(&events, charge).isOk());
+    return cost(prompt, decodeRows);
+  });
 }
 
 TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose step meets the ITL budget") {
@@ -272,13 +280,10 @@ TEST_CASE("engine: SLO-sized chunks price prompt tokens by their attention conte
     auto engine = makeEngine(512, /*maxBatchTokens=*/1024, true, clock, sloChunks(priceAttention));
     std::pair<int, double> last;  // the last mixed step: prompt tokens, ms
     auto step = [&] {
-      std::vector<EngineEvent> events;
-      StepLayerFn charge = [&, done = false](int, const StepView& v) mutable {
-        if (done) return;
-        done = true;
+      stepCostingEntries(*engine, clock, [&](std::span<const PlanEntry> entries) {
         int prompt = 0, decodeRows = 0;
         double promptMs = 0;
-        for (const auto& e : v.entries) {
+        for (const auto& e : entries) {
           decodeRows += e.isDecode;
           if (e.isDecode) continue;
           prompt += e.count;
@@ -286,9 +291,8 @@ TEST_CASE("engine: SLO-sized chunks price prompt tokens by their attention conte
         }
         const double ms = 2 + (prompt > 0 ? 20 + promptMs : 0);
         if (decodeRows > 0 && prompt > 0) last = {prompt, ms};
-        clock.charge(ms);
-      };
-      REQUIRE(engine->step(&events, charge).isOk());
+        return ms;
+      });
     };
     REQUIRE(engine->submit(makeRequest(1, testPrompt(20, 5), greedy(200))).isOk());
     for (int i = 0; i < 3; ++i) step();  // its prompt, then the stream alone
