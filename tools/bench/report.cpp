@@ -25,11 +25,13 @@ json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 // The TTFT split's phases in the order a request passes them (router/ttft_split.h), then
 // any the server added that this build does not know, then the TTFT itself.
+constexpr const char* kPhaseOrder[] = {"router_queue",    "decode_admission", "kv_connect",
+                                       "prefill_queue",   "prefill_compute",  "kv_transfer",
+                                       "decode_first_token", "other"};
+
 std::vector<std::string> phaseOrder(const std::map<std::string, Summary>& phases) {
-  static const char* const kOrder[] = {"router_queue", "decode_admission", "kv_connect",         "prefill_queue",
-                                       "prefill_compute", "kv_transfer",   "decode_first_token", "other"};
   std::vector<std::string> out;
-  for (const char* p : kOrder)
+  for (const char* p : kPhaseOrder)
     if (phases.count(p)) out.push_back(p);
   for (const auto& [p, s] : phases)
     if (p != "ttft" && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
@@ -343,7 +345,9 @@ Status writeCsv(const std::string& path, const std::vector<RequestRecord>& recor
   std::ostringstream o;
   o << "index,scheduled_s,eligible_s,start_s,lag_ms,ok,http_status,prompt_tokens,planned_prompt_tokens,"
        "output_tokens,planned_output_tokens,chunk_tokens,ttft_ms,tpot_ms,e2el_ms,itl_count,itl_mean_ms,"
-       "itl_p99_ms,itl_max_ms,slo_ok,finish_reason,error\n";
+       "itl_p99_ms,itl_max_ms,slo_ok,finish_reason,error,route";
+  for (const char* phase : kPhaseOrder) o << ',' << phase << "_ms";
+  o << "\n";
   for (const auto& r : records) {
     const Summary g = summarize(r.itlsMs);
     const bool sloOk = slo.empty() ? r.ok : checkSlo(r, slo).good;
@@ -352,7 +356,12 @@ Status writeCsv(const std::string& path, const std::vector<RequestRecord>& recor
       << r.plannedPromptTokens << ',' << r.outputTokens << ',' << r.plannedOutputTokens << ',' << r.chunkTokens << ','
       << fmt(r.ttftMs, 3) << ',' << fmt(r.tpotMs(), 3) << ',' << fmt(r.e2eMs, 3) << ',' << r.itlsMs.size() << ','
       << fmt(g.mean, 3) << ',' << fmt(g.p99, 3) << ',' << fmt(g.max, 3) << ',' << (sloOk ? 1 : 0) << ','
-      << csvField(r.finishReason) << ',' << csvField(r.error) << "\n";
+      << csvField(r.finishReason) << ',' << csvField(r.error) << ',' << csvField(r.ttftSplitRoute.empty() ? "-" : r.ttftSplitRoute);
+    for (const char* phase : kPhaseOrder) {
+      const auto it = r.ttftSplitMs.find(phase);
+      o << ',' << fmt(it == r.ttftSplitMs.end() ? kNaN : it->second, 3);
+    }
+    o << "\n";
   }
   return writeFile(path, o.str());
 }

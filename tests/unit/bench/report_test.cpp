@@ -266,6 +266,20 @@ TEST_CASE("the TTFT split: percentiles per route and phase in the table and the 
   CHECK(kt["p50_ms"].get<double>() == Approx(2));
   CHECK(kt["p90_ms"].get<double>() == Approx(2));
   CHECK(j["pdserve"]["ttft_split"]["colocated"]["ttft"]["p99_ms"].get<double>() == Approx(9));
+  // The CSV: each request's route and phases, '-' for a phase its route does not have.
+  REQUIRE(writeCsv((dir / "s.csv").string(), rs, info.slo).isOk());
+  std::ifstream csv(dir / "s.csv");
+  std::string header, row0, row1;
+  std::getline(csv, header);
+  std::getline(csv, row0);
+  std::getline(csv, row1);
+  const auto endsWith = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  CHECK(endsWith(header, ",error,route,router_queue_ms,decode_admission_ms,kv_connect_ms,prefill_queue_ms,"
+                         "prefill_compute_ms,kv_transfer_ms,decode_first_token_ms,other_ms"));
+  CHECK(endsWith(row0, ",disaggregated,0.500,-,-,-,0.000,2.000,-,-"));
+  CHECK(endsWith(row1, ",colocated,-,-,-,-,7.000,-,-,-"));
   fs::remove_all(dir);
 }
 
