@@ -1,5 +1,6 @@
 #include "common/engine/kv_cache_manager.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -83,6 +84,17 @@ TEST_CASE("KvCacheManager validates the layout and maps a page-aligned region") 
   REQUIRE(acct.ok());
   CHECK((*acct)->data() == nullptr);
   CHECK((*acct)->region().len == l.totalBytes());
+}
+
+TEST_CASE("the region is resident from create(): no prompt pays its pages' faults") {
+  KvLayout l = smallLayout(1024, 16, 8);  // 8 MiB, four 2 MiB huge pages where THP is on
+  auto kv = makeKv(l);
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t len = kv->region().len;
+  std::vector<unsigned char> resident((len + page - 1) / page);
+  REQUIRE(mincore(kv->data(), len, resident.data()) == 0);
+  CHECK(std::count_if(resident.begin(), resident.end(), [](unsigned char c) { return c & 1; }) ==
+        long(resident.size()));
 }
 
 TEST_CASE("allocate, extend and free keep counts and tables consistent") {
