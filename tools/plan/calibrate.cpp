@@ -23,10 +23,13 @@ struct Shape {
   int batch, tokensPerSeq, context;
 };
 // Prompt-heavy steps (compute) and decode batches (weights and KV): both sides of the fit.
-// Decode at two contexts separates the weights' streaming from the KV context's paged reads.
-constexpr Shape kShapes[] = {{1, 32, 0},  {1, 64, 0},  {1, 128, 0},  {1, 256, 0},  {1, 512, 0},
-                             {1, 1024, 0}, {1, 1, 256}, {2, 1, 256},  {4, 1, 256},  {8, 1, 256},
-                             {16, 1, 256}, {32, 1, 256}, {1, 1, 1024}, {4, 1, 1024}, {8, 1, 1024}};
+// Decode at three contexts separates the weights' streaming from the KV context's paged
+// reads; 2,048 because long prompts decode there (Mooncake's, scaled to 1,500 tokens), past
+// the two shorter contexts the fit would otherwise extrapolate from.
+constexpr Shape kShapes[] = {{1, 32, 0},   {1, 64, 0},   {1, 128, 0},  {1, 256, 0},   {1, 512, 0},
+                             {1, 1024, 0}, {1, 1, 256},  {2, 1, 256},  {4, 1, 256},   {8, 1, 256},
+                             {16, 1, 256}, {32, 1, 256}, {1, 1, 1024}, {4, 1, 1024},  {8, 1, 1024},
+                             {1, 1, 2048}, {4, 1, 2048}};
 constexpr int kUnknowns = 4;  // overhead, 1 / FLOP rate, 1 / weight bandwidth, 1 / KV bandwidth
 constexpr int kBlockSize = 16;
 

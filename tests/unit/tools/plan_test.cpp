@@ -207,7 +207,7 @@ TEST_CASE("plan: calibration measures the real engine's steps and its file round
   auto c = calibrateCpu(dir, 1);
   INFO(c.status().toString());
   REQUIRE(c.ok());
-  REQUIRE(c->points.size() == 15);
+  REQUIRE(c->points.size() == 17);
   for (const auto& p : c->points) {
     CHECK(p.seconds > 0);
     CHECK(p.predicted > 0);
@@ -215,12 +215,15 @@ TEST_CASE("plan: calibration measures the real engine's steps and its file round
   CHECK(c->flopsPerS > 0);
   CHECK(c->bytesPerS > 0);
   // A bigger prompt chunk takes longer, measured and fitted (points 0 and 5: 32 and 1,024
-  // tokens), and so does a bigger decode batch (6 and 11: 1 and 32 streams).
+  // tokens), and so does a bigger decode batch (6 and 11: 1 and 32 streams) and one stream
+  // at a longer context (12 and 15: 1,024 and 2,048 tokens).
   REQUIRE(c->points[5].tokensPerSeq == 1024);
   CHECK(c->points[5].seconds > c->points[0].seconds);
   CHECK(c->points[5].predicted > c->points[0].predicted);
   REQUIRE(c->points[11].batch == 32);
   CHECK(c->points[11].seconds > c->points[6].seconds);
+  REQUIRE(c->points[15].context == 2048);
+  CHECK(c->points[15].seconds > c->points[12].seconds);
 
   const std::string file = dir + "/calibration.json";
   REQUIRE(writeCalibration(file, *c).isOk());
