@@ -9,17 +9,21 @@
 #    0.6 req/s; the Azure mixes 1.5 req/s): a queue that grows for the whole run is no
 #    steady state to compare percentiles in (RATE=X sets every mix's);
 # 3. prints both rows and their ratio for p50 / p90.
-# usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake")
+# usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
+#   KEEP=DIR: keep the files there (per mix: the calibration, the cluster's log, the bench's
+#   JSON / CSV, the simulated requests' CSV MIX.sim.csv); LOG_LEVEL=debug logs every
+#   step for scripts/step-overlap.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 BIN="$BUILD/bin"
 DURATION=${DURATION:-60}
 MIXES=${MIXES:-"conv code mooncake"}
-WORK=$(mktemp -d)
+WORK=${KEEP:-$(mktemp -d)}
+mkdir -p "$WORK"
 source scripts/lib/cluster.sh
 PID=
-trap 'pd_down; rm -rf "$WORK"' EXIT
+trap 'pd_down; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 
 
 cat > "$WORK/cluster.yaml" <<YAML
@@ -30,21 +34,21 @@ pools:
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}
 engine: {backend: cpu, threads: 1, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024, max_running_requests: 64}
 kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 60000, on_remote_prefill_failure: recompute}
-logging: {level: warn}
+logging: {level: ${LOG_LEVEL:-warn}}
 YAML
 
 for mix in $MIXES; do
   TRACE=$(pd_mix_trace "$mix")
   [ "$mix" = mooncake ] && MIX_RATE=${RATE:-0.6} || MIX_RATE=${RATE:-1.5}
   LENGTHS=(--trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64)
-  "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/cal.json" | tail -1
-  pd_up "$WORK/cluster.yaml" "$WORK/up.log"
+  "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/$mix.cal.json" | tail -1
+  pd_up "$WORK/cluster.yaml" "$WORK/$mix.up.log"
   "$BIN/pdserve" bench --url http://127.0.0.1:8120 "${LENGTHS[@]}" --rate "$MIX_RATE" --duration "$DURATION" \
     --warmup 2 --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix" > /dev/null
   pd_down
-  "$BIN/pdserve" plan --calibration "$WORK/cal.json" --model models/small --kv-cache-bytes 268435456 \
+  "$BIN/pdserve" plan --calibration "$WORK/$mix.cal.json" --model models/small --kv-cache-bytes 268435456 \
     --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
-    "${LENGTHS[@]}" --duration "$DURATION" --layout 1p1d --threshold 256 --rate "$MIX_RATE" 2> /dev/null \
+    "${LENGTHS[@]}" --duration "$DURATION" --layout 1p1d --threshold 256 --rate "$MIX_RATE" --requests-csv "$WORK/$mix.sim.csv" 2> /dev/null \
     | tail -1 > "$WORK/$mix.sim"
   python3 - "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" <<'PY'
 import json, re, sys
