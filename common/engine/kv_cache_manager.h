@@ -74,7 +74,9 @@ class KvCacheManager {
   };
 
   // Validates the layout (every dimension positive, size representable) and maps the
-  // region. Errors: kInvalidArgument for a bad layout, kResourceExhausted when mmap fails.
+  // region, resident before it returns (every page faulted in: no step pays for them later).
+  // Errors: kInvalidArgument for a bad layout, kResourceExhausted when mmap fails or the
+  // host cannot back the region with memory.
   static Result<std::unique_ptr<KvCacheManager>> create(const KvLayout& layout,
                                                         Backing backing = Backing::kAllocate);
   // Bookkeeping over a region someone else owns and outlives this manager: the CUDA

@@ -23,12 +23,13 @@ std::string fmt(double v, int prec = 2) {
 
 json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
-// The TTFT split's phases in the order a request passes them (router/ttft_split.h), then
-// any the server added that this build does not know, then the TTFT itself.
+// The TTFT split's phases in the order a request passes them (router/ttft_split.h).
 constexpr const char* kPhaseOrder[] = {"router_queue",    "decode_admission", "kv_connect",
                                        "prefill_queue",   "prefill_compute",  "kv_transfer",
                                        "decode_first_token", "other"};
 
+// The phases present in that order, then any the server added that this build does not know,
+// then the TTFT itself.
 std::vector<std::string> phaseOrder(const std::map<std::string, Summary>& phases) {
   std::vector<std::string> out;
   for (const char* p : kPhaseOrder)
