@@ -8,7 +8,8 @@
 #    the mix's own, below what the prefill worker sustains (Mooncake's prompts are long:
 #    0.6 req/s; the Azure mixes 1.5 req/s): a queue that grows for the whole run is no
 #    steady state to compare percentiles in (RATE=X sets every mix's);
-# 3. prints both rows and their ratio for p50 / p90.
+# 3. prints both rows and their ratio for p50 / p90 / p99; last, how many of the 4 p50 / p90
+#    cells per mix are within 10% of measured (issue 15's criterion).
 # usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
 #   KEEP=DIR: keep the files there (per mix: the calibration, the cluster's log, the bench's
 #   JSON / CSV, the simulated requests' CSV MIX.sim.csv); LOG_LEVEL=debug logs every
@@ -37,6 +38,7 @@ kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 60000, on_r
 logging: {level: ${LOG_LEVEL:-warn}}
 YAML
 
+: > "$WORK/cells"
 for mix in $MIXES; do
   TRACE=$(pd_mix_trace "$mix")
   [ "$mix" = mooncake ] && MIX_RATE=${RATE:-0.6} || MIX_RATE=${RATE:-1.5}
@@ -50,7 +52,7 @@ for mix in $MIXES; do
     --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
     "${LENGTHS[@]}" --duration "$DURATION" --layout 1p1d --threshold 256 --rate "$MIX_RATE" --requests-csv "$WORK/$mix.sim.csv" 2> /dev/null \
     | tail -1 > "$WORK/$mix.sim"
-  python3 - "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" <<'PY'
+  python3 - "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" "$WORK/cells" <<'PY'
 import json, re, sys
 j = json.load(open(sys.argv[1]))
 sim = open(sys.argv[2]).read()
@@ -64,5 +66,12 @@ def row(name, m, s):
 row("TTFT p50 / p90 / p99 ms (measured, simulated)", m_ttft, s_ttft)
 row("ITL p50 / p90 / p99 ms (measured, simulated)", m_itl, s_itl)
 print(f"|   | completed {j['completed']} measured; {sim.split('|')[-1].strip()} simulated |")
+# The issue's criterion: each p50 / p90 within 10% of measured (a line per cell, counted below).
+with open(sys.argv[4], "a") as cells:
+    for name, m, s in (("TTFT", m_ttft, s_ttft), ("ITL", m_itl, s_itl)):
+        for pct, a, b in zip(("p50", "p90"), m, s):
+            print(f"{sys.argv[3]} {name} {pct} {'within' if a and abs(b / a - 1) <= 0.10 else 'outside'}", file=cells)
 PY
 done
+echo "p50 / p90 cells within 10% of measured: $(grep -c ' within$' "$WORK/cells") of $(wc -l < "$WORK/cells")" \
+  "(outside: $(grep ' outside$' "$WORK/cells" | sed 's/ outside$//' | paste -sd, - | sed 's/,/, /g'))"
