@@ -201,8 +201,8 @@ class Session final : public SessionBase {
     res->keep_alive(keepAlive_);
     res->body() = std::move(body);
     res->prepare_payload();
-    enqueue([self = self(), res](auto done) {
-      http::async_write(self->stream_, *res, [res, done](beast::error_code ec, size_t) { done(ec); });
+    enqueue([this, res](auto done) {
+      http::async_write(stream_, *res, [res, done](beast::error_code ec, size_t) { done(ec); });
     });
     endResponse();
   }
@@ -223,31 +223,28 @@ class Session final : public SessionBase {
     res->keep_alive(keepAlive_);
     res->chunked(chunked_);
     auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
-    enqueue([self = self(), res, sr](auto done) {
-      http::async_write_header(self->stream_, *sr,
-                               [res, sr, done](beast::error_code ec, size_t) { done(ec); });
+    enqueue([this, res, sr](auto done) {
+      http::async_write_header(stream_, *sr, [res, sr, done](beast::error_code ec, size_t) { done(ec); });
     });
   }
 
   void writeChunk(std::string bytes) override {
     if (bytes.empty()) return;  // an empty chunk would end the chunked body
     auto data = std::make_shared<std::string>(std::move(bytes));
-    enqueue([self = self(), data](auto done) {
-      if (self->chunked_) {
-        net::async_write(self->stream_, http::make_chunk(net::buffer(*data)),
+    enqueue([this, data](auto done) {
+      if (chunked_) {
+        net::async_write(stream_, http::make_chunk(net::buffer(*data)),
                          [data, done](beast::error_code ec, size_t) { done(ec); });
       } else {
-        net::async_write(self->stream_, net::buffer(*data),
-                         [data, done](beast::error_code ec, size_t) { done(ec); });
+        net::async_write(stream_, net::buffer(*data), [data, done](beast::error_code ec, size_t) { done(ec); });
       }
     });
   }
 
   void writeLastChunk() override {
     if (chunked_) {
-      enqueue([self = self()](auto done) {
-        net::async_write(self->stream_, http::make_chunk_last(),
-                         [done](beast::error_code ec, size_t) { done(ec); });
+      enqueue([this](auto done) {
+        net::async_write(stream_, http::make_chunk_last(), [done](beast::error_code ec, size_t) { done(ec); });
       });
       endResponse();
       return;
@@ -410,6 +407,10 @@ class Session final : public SessionBase {
     close();
   }
 
+  // A queued op holds no reference to the session: it runs inside writeNext(), on a live
+  // session, and the `done` it is given keeps the session alive until its write completes.
+  // A `self` in the queue was a cycle (session -> queue -> op -> session) that leaked the
+  // session when the process stopped with writes queued (LeakSanitizer, router mid-stream).
   void enqueue(WriteOp op) {
     if (closed_) return;
     queue_.push_back(std::move(op));
