@@ -2,7 +2,6 @@
 #include "worker/engine_setup.h"
 
 #include <catch2/catch.hpp>
-#include <cstring>
 #include <fstream>
 
 #include "common/engine/cuda_backend.h"
