@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # Issue 15's validation on this machine: `pdserve plan`'s simulated TTFT / ITL percentiles
 # against `pdserve bench` on `pdserve up` in the same layout, with the same requests.
-# 1. per mix, calibrates the CPU backend (one engine thread, as each worker below) just
-#    before its run: this machine's pace drifts by up to 10% over minutes;
-# 2. per trace mix: runs a 1 prefill + 1 decode cluster (small model, tcp KV), replays the
-#    trace's lengths as Poisson arrivals for DURATION s, and simulates the same. The rate is
-#    the mix's own, below what the prefill worker sustains (Mooncake's prompts are long:
-#    0.6 req/s; the Azure mixes 1.5 req/s): a queue that grows for the whole run is no
-#    steady state to compare percentiles in (RATE=X sets every mix's);
-# 3. prints both rows and their ratio for p50 / p90 / p99; last, how many of the 4 p50 / p90
+# Per trace mix:
+# 1. calibrates the CPU backend (one engine thread, as each worker below) just before its
+#    runs: this machine's pace drifts by up to 10% over minutes;
+# 2. the measured run: a 1 prefill + 1 decode cluster (small model, tcp KV) serves the
+#    trace's lengths as Poisson arrivals for DURATION s (bench seed 0). The rate is the mix's
+#    own, below what the prefill worker sustains (Mooncake's prompts are long: 0.6 req/s; the
+#    Azure mixes 1.5 req/s): a queue that grows for the whole run is no steady state to
+#    compare percentiles in (RATE=X sets every mix's);
+# 3. the traced run, for the simulator's step spread: the same cluster with its workers'
+#    step traces on (logging.step_trace_dir) serves as many requests of the trace (the same
+#    lengths) at the same rate, at other Poisson arrival times (seed 1);
+# 4. `pdserve plan --layout 1p1d` simulates the measured run's requests with the traced
+#    run's steps (--step-trace: each step takes its modelled time times a ratio drawn from
+#    how the traced run's steps of that kind compared with the cost model). SPREAD=0
+#    simulates with the cost model alone and skips the traced run;
+# 5. prints both rows and their ratio for p50 / p90 / p99; last, how many of the 4 p50 / p90
 #    cells per mix are within 10% of measured (issue 15's criterion).
 # usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
-#   KEEP=DIR: keep the files there (per mix: the calibration, the cluster's log, the bench's
-#   JSON / CSV, the simulated requests' CSV MIX.sim.csv); LOG_LEVEL=debug logs every
-#   step for scripts/step-overlap.py)
+#   SPREAD=1; KEEP=DIR: keep the files there (per mix: the calibration, the step traces
+#   MIX.steps/, the clusters' logs, the bench's JSON / CSV, the simulated requests' CSV
+#   MIX.sim.csv); LOG_LEVEL=debug logs every step for scripts/step-overlap.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -27,7 +35,9 @@ PID=
 trap 'pd_down; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 
 
-cat > "$WORK/cluster.yaml" <<YAML
+# cluster_yaml TRACE_DIR: the cluster's config, its workers' step traces in TRACE_DIR.
+cluster_yaml() {
+  cat <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
 router: {host: 127.0.0.1, port: 8120, control_port: 9120, short_prompt_tokens: 256, request_timeout_ms: 300000, overload_shedding: false}
 pools:
@@ -35,8 +45,9 @@ pools:
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}
 engine: {backend: cpu, threads: 1, block_size: 16, kv_cache_bytes: 268435456, max_batch_tokens: 1024, max_running_requests: 64}
 kv_transfer: {transports: [tcp], listen_host: 127.0.0.1, timeout_ms: 60000, on_remote_prefill_failure: recompute}
-logging: {level: ${LOG_LEVEL:-warn}}
+logging: {level: ${LOG_LEVEL:-warn}, step_trace_dir: "$1"}
 YAML
+}
 
 : > "$WORK/cells"
 for mix in $MIXES; do
@@ -44,14 +55,30 @@ for mix in $MIXES; do
   [ "$mix" = mooncake ] && MIX_RATE=${RATE:-0.6} || MIX_RATE=${RATE:-1.5}
   LENGTHS=(--trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64)
   "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/$mix.cal.json" | tail -1
-  pd_up "$WORK/cluster.yaml" "$WORK/$mix.up.log"
-  "$BIN/pdserve" bench --url http://127.0.0.1:8120 "${LENGTHS[@]}" --rate "$MIX_RATE" --duration "$DURATION" \
-    --warmup 2 --extra-body '{"return_token_ids": true}' --no-progress --out "$WORK/$mix" > /dev/null
-  pd_down
+  # serve RUN OUT BENCH_FLAGS...: one run of the mix, its workers' step traces in
+  # $WORK/$mix.RUN.steps/, the bench's files $OUT.json / .csv.
+  serve() {
+    local run=$1 out=$2
+    shift 2
+    mkdir -p "$WORK/$mix.$run.steps"
+    cluster_yaml "$WORK/$mix.$run.steps" > "$WORK/$mix.$run.yaml"
+    pd_up "$WORK/$mix.$run.yaml" "$WORK/$mix.$run.up.log"
+    "$BIN/pdserve" bench --url http://127.0.0.1:8120 "${LENGTHS[@]}" --rate "$MIX_RATE" "$@" \
+      --warmup 2 --extra-body '{"return_token_ids": true}' --no-progress --out "$out" > /dev/null
+    pd_down
+  }
+  serve measured "$WORK/$mix" --duration "$DURATION" --seed 0
+  SPREAD_FLAGS=()
+  if [ "${SPREAD:-1}" != 0 ]; then
+    sent=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_prompts"])' "$WORK/$mix.json")
+    serve traced "$WORK/$mix.traced" --num-requests "$sent" --seed 1
+    SPREAD_FLAGS=(--step-trace "$(ls "$WORK/$mix.traced.steps"/*.steps.csv | paste -sd, -)")
+  fi
   "$BIN/pdserve" plan --calibration "$WORK/$mix.cal.json" --model models/small --kv-cache-bytes 268435456 \
     --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
-    "${LENGTHS[@]}" --duration "$DURATION" --layout 1p1d --threshold 256 --rate "$MIX_RATE" --requests-csv "$WORK/$mix.sim.csv" 2> /dev/null \
-    | tail -1 > "$WORK/$mix.sim"
+    "${LENGTHS[@]}" --duration "$DURATION" --layout 1p1d --threshold 256 --rate "$MIX_RATE" "${SPREAD_FLAGS[@]}" \
+    --requests-csv "$WORK/$mix.sim.csv" 2> /dev/null > "$WORK/$mix.sim.out"
+  tail -1 "$WORK/$mix.sim.out" > "$WORK/$mix.sim"
   python3 - "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" "$WORK/cells" <<'PY'
 import json, re, sys
 j = json.load(open(sys.argv[1]))

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <sstream>
 #include <string>
 
 #include "tools/bench/workload.h"
@@ -16,6 +18,7 @@
 #include "tools/plan/calibrate.h"
 #include "tools/plan/plan_report.h"
 #include "tools/plan/planner.h"
+#include "tools/plan/step_spread.h"
 
 namespace pd::tools {
 
@@ -51,6 +54,9 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --html FILE               also write the SLO-attainment curves against rate of the best layouts
                             (every rate the search simulated) and the ranking, as one HTML page
   --no-slo-sized-chunks     engine.slo_sized_prefill_chunks: false (prompts in max_batch_tokens chunks)
+  --step-trace F[,F...]     workers' step traces (logging.step_trace_dir) from a run of this device:
+                            each simulated step takes its modelled time times a measured / modelled
+                            ratio drawn from that run's steps of the same kind (docs/plan.md)
   --calibrate               measure the CPU backend's steps on --model DIR with --threads
                             (default 1) and write the fitted device to --out
 Progress goes to stderr.
@@ -65,7 +71,7 @@ Result<Args> parseArgs(int argc, char** argv) {
                                    "--num-requests", "--max-prompt-tokens", "--length-scale", "--max-output-tokens",
                                    "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment",
                                    "--layout", "--threshold", "--rate", "--calibration", "--kv-cache-bytes",
-                                   "--threads", "--out", "--html", "--requests-csv"};
+                                   "--threads", "--out", "--html", "--requests-csv", "--step-trace"};
   static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks"};
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -305,7 +311,18 @@ int runPlan(int argc, char** argv) {
   if (Status s = po.sim.scheduler.validate(); !s.isOk()) return usageError(s);
   std::fprintf(stderr, "pdserve plan: %zu requests (%s), %s on %s\n", traceRequests, traceWorkload->describe.c_str(),
                model->name.c_str(), deviceDescription.c_str());
-  const char* costNote = device.calibrated ? "calibrated on this machine" : "uncalibrated: docs/plan.md";
+  std::string costNote = device.calibrated ? "calibrated on this machine" : "uncalibrated: docs/plan.md";
+  if (a.values.count("--step-trace")) {
+    std::vector<std::string> paths;
+    std::stringstream list(a.values.at("--step-trace"));
+    for (std::string path; std::getline(list, path, ',');) paths.push_back(path);
+    auto spread = plan::StepSpread::read(paths, plan::CostModel(*model, device, 1));
+    if (!spread.ok()) return usageError(spread.status());
+    std::printf("steps: %zu measured in %zu trace(s), measured / modelled by kind:\n%s", spread->rows(), paths.size(),
+                spread->describe().c_str());
+    po.sim.stepSpread = std::make_shared<const plan::StepSpread>(std::move(*spread));
+    costNote += ", steps spread as measured";
+  }
 
   if (a.values.count("--layout")) {
     if (a.values.count("--html"))
@@ -322,7 +339,7 @@ int runPlan(int argc, char** argv) {
       std::fprintf(stderr, "pdserve plan: %s\n", r.status().message().c_str());
       return 1;
     }
-    std::printf("%s, %s (%s), %s:\n", layout->describe().c_str(), device.name.c_str(), costNote,
+    std::printf("%s, %s (%s), %s:\n", layout->describe().c_str(), device.name.c_str(), costNote.c_str(),
                 rate > 0 ? ("Poisson " + std::to_string(rate) + " req/s").c_str() : "the trace's arrivals");
     printSummaryLine("simulated", r->summary);
     if (a.values.count("--requests-csv")) {
@@ -351,7 +368,7 @@ int runPlan(int argc, char** argv) {
   std::printf("  (%lld KV blocks of %d tokens per worker; cost model: %s roofline at %.0f%% compute / %.0f%% "
               "bandwidth efficiency, %s)\n\n",
               (long long)best.summary.kvBlocksPerWorker, po.sim.blockSize, device.name.c_str(),
-              100 * device.efficiency.compute, 100 * device.efficiency.memory, costNote);
+              100 * device.efficiency.compute, 100 * device.efficiency.memory, costNote.c_str());
   std::printf("%-34s %9s %8s | %8s %8s %8s | %7s %6s  %s\n", "layout", "max req/s", "per GPU", "TTFT p99",
               "ITL p99", "attained", "at 1x", "disagg", "verdict");
   for (const auto& c : *ranked) {

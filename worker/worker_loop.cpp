@@ -64,6 +64,10 @@ Status WorkerLoop::prepare() {
     PD_LOG(kInfo, roleName()) << flags_.workerId << ": KV events on " << zmq_->endpoint() << " (topic '"
                               << ev.zmqTopic << "')";
   }
+  if (const std::string& dir = config_.logging.stepTraceDir; !dir.empty()) {
+    PD_ASSIGN_OR_RETURN(stepTrace_, StepTrace::open(dir, flags_.workerId, roleName()));
+    PD_LOG(kInfo, roleName()) << flags_.workerId << ": tracing steps to " << stepTrace_->path();
+  }
   metrics_.modelLoadSeconds.set(bundle_.loadSeconds);
   return Status::ok();
 }
@@ -220,6 +224,7 @@ void WorkerLoop::loop() {
       reporter_->stepEnded();
       const engine::StepRecord& step = engine().lastStep();
       metrics_.observeStep(step.decodeRows, step.promptTokens, step.seconds, step.gapSeconds);
+      if (stepTrace_) stepTrace_->record(step);
       PD_LOG(kDebug, roleName()) << "step: " << step.decodeRows << " streams, " << step.promptTokens
                                  << " prompt tokens in " << std::lround(step.seconds * 1e4) / 10.0 << " ms after "
                                  << std::lround(step.gapSeconds * 1e4) / 10.0 << " ms between steps"

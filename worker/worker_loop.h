@@ -40,6 +40,7 @@
 #include "worker/loop_inbox.h"
 #include "worker/router_links.h"
 #include "worker/status_endpoint.h"
+#include "worker/step_trace.h"
 
 namespace pd::worker {
 
@@ -152,6 +153,7 @@ class WorkerLoop {
   // (docs/kv_events.md); zmq_ is bound in prepare() when zmq_endpoint is set.
   std::unique_ptr<KvEventPublisher> kvEvents_;
   std::unique_ptr<ZmqKvPublisher> zmq_;
+  std::unique_ptr<StepTrace> stepTrace_;  // logging.step_trace_dir
   bool kvToRouters_ = false;  // engine.kv_events.publish: batches and snapshots go to routers
   RolePolicy* policy_ = nullptr;
 

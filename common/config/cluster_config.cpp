@@ -345,6 +345,7 @@ void readCluster(MapReader m, ClusterIdentityConfig* c) {
 
 void readLogging(MapReader m, LoggingConfig* c) {
   m.readEnum("level", &c->level, kLogLevels);
+  m.readString("step_trace_dir", &c->stepTraceDir, true);
   m.finish();
 }
 

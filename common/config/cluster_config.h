@@ -210,6 +210,9 @@ struct KvTransferConfig {
 
 struct LoggingConfig {
   LogLevel level = LogLevel::kInfo;
+  // Each worker writes one CSV row per engine step to <dir>/<worker id>.steps.csv
+  // (worker/step_trace.h); empty: no trace.
+  std::string stepTraceDir;
 };
 
 // What /metrics exports besides pdserve's own names (docs/metrics.md).

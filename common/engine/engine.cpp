@@ -196,8 +196,13 @@ Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer
   lastStep_.remoteKvExpected = remoteKvExpected;
   lastStep_.promptBudget = view.prefillTokenBudget;
   for (const auto& e : plan.entries) {
-    lastStep_.decodeRows += e.isDecode;
-    if (e.isDecode) continue;
+    if (e.isDecode) {
+      ++lastStep_.decodeRows;
+      lastStep_.decodeContextTokens += e.start;
+      continue;
+    }
+    ++lastStep_.promptChunks;
+    lastStep_.promptContextTokens += e.start;
     lastStep_.promptTokens += e.count;
     lastStep_.promptCost += promptChunkCost(e.start, e.count, view.attentionSpan);
   }

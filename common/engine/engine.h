@@ -147,6 +147,12 @@ using StepLayerFn = std::function<void(int layer, const StepView& step)>;
 struct StepRecord {
   int decodeRows = 0;        // both 0: nothing ran
   int64_t promptTokens = 0;
+  int promptChunks = 0;      // sequences whose prompt tokens the step computed
+  // Tokens already in the KV cache before the step, summed over its decode rows and over its
+  // prompt chunks: with the counts above, what a cost model needs to price the step
+  // (plan::CostModel prices a step trace's rows from them).
+  int64_t decodeContextTokens = 0;
+  int64_t promptContextTokens = 0;
   double promptCost = 0;     // the prompt tokens priced by their context (PrefillChunkOptions)
   int promptBudget = -1;     // the prompt work it was allowed beside its streams (-1: any)
   // From step()'s start to its sampled tokens; 0 when the step failed or had nothing to run.

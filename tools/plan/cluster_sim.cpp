@@ -20,8 +20,10 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 // model's time for that batch and samples a fixed ordinary token (requests ignore EOS).
 class SimBackend final : public engine::Backend {
  public:
-  SimBackend(const CostModel& cost, ManualClock& clock, engine::KvLayout layout, int32_t token)
-      : cost_(cost), clock_(clock), layout_(layout), token_(token) {}
+  SimBackend(const CostModel& cost, ManualClock& clock, engine::KvLayout layout, int32_t token,
+             const StepSpread* spread, bool prefillWorker, uint64_t seed)
+      : cost_(cost), clock_(clock), layout_(layout), token_(token), spread_(spread), prefillWorker_(prefillWorker),
+        rng_(seed) {}
 
   const engine::ModelConfig& config() const override { return cost_.model().config; }
   const engine::KvLayout& kvLayout() const override { return layout_; }
@@ -42,12 +44,17 @@ class SimBackend final : public engine::Backend {
 
  private:
   void advance(std::span<const engine::SeqChunk> batch) {
-    clock_.advance(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(cost_.stepSeconds(batch))));
+    double seconds = cost_.stepSeconds(batch);
+    if (spread_ != nullptr) seconds *= spread_->sample(stepKindOf(prefillWorker_, batch), rng_);
+    clock_.advance(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds)));
   }
   const CostModel& cost_;
   ManualClock& clock_;
   engine::KvLayout layout_;
   int32_t token_;
+  const StepSpread* spread_;  // may be null
+  bool prefillWorker_;
+  std::mt19937_64 rng_;
 };
 
 struct Worker {
@@ -161,7 +168,9 @@ class Simulation {
         eo.prefillChunks.percentile = o_.slo.percentile;
       }
       eo.prefillChunks.minTokens = o_.minPrefillChunkTokens;
-      auto backend = std::make_unique<SimBackend>(cost_, *w.clock, layout, token);
+      auto backend = std::make_unique<SimBackend>(cost_, *w.clock, layout, token, o_.stepSpread.get(),
+                                                  w.role == router::WorkerRole::kPrefill,
+                                                  o_.seed * 1000003 + uint64_t(i));
       w.engine = std::make_unique<engine::Engine>(std::move(backend), std::move(*kv), eo, *w.clock);
       origin_ = w.clock->now();  // every clock starts at the same point
       workers_.push_back(std::move(w));

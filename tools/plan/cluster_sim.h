@@ -11,16 +11,19 @@
 // Not simulated (docs/plan.md): the router's admission control and autoscaler, request
 // migration, failures, load-report lag and the router's own latency.
 //
-// Deterministic: the same inputs give the same result (no wall clock, no unseeded random).
+// Deterministic: the same inputs give the same result (no wall clock, no unseeded random:
+// a step spread draws from seeded generators).
 // Not thread-safe; each call is independent.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/engine/scheduler.h"
 #include "tools/plan/cost_model.h"
+#include "tools/plan/step_spread.h"
 
 namespace pd::plan {
 
@@ -51,6 +54,11 @@ struct SimOptions {
   double kvCacheBytes = 0;             // > 0: engine.kv_cache_bytes per worker instead
   double kvLinkBytesPerS = 0;          // 0: the device's NIC
   double horizonS = 0;                 // stop here (0: the last arrival + 600 s); unfinished requests miss
+  // Measured steps' spread (--step-trace): each step's modelled time times a ratio drawn
+  // for its kind, from a generator per worker seeded by `seed` and the worker's index.
+  // Null: every step takes the modelled time.
+  std::shared_ptr<const StepSpread> stepSpread;
+  uint64_t seed = 0;
 };
 
 struct SimRequest {

@@ -141,7 +141,7 @@ TEST_CASE("unknown keys name the full path and a suggestion") {
   CHECK(errorOf("pools: {decode: {slo: {ttft_ms: 5}}}") ==
         "test.yaml: pools.decode.slo.ttft_ms: unknown key (allowed: itl_ms, percentile)");
   CHECK(errorOf("logging: {level: info, colour: true}") ==
-        "test.yaml: logging.colour: unknown key (allowed: level)");
+        "test.yaml: logging.colour: unknown key (allowed: level, step_trace_dir)");
   CHECK(errorOf("modle: {path: x}") == "test.yaml: modle: unknown key (did you mean model?)");
   CHECK(errorOf("router: {port: 1, port: 2}") == "test.yaml: router.port: duplicate key");
 }

@@ -262,8 +262,14 @@ TEST_CASE("engine: without SLO-sized chunks a step beside streams fills max_batc
   REQUIRE(engine->submit(makeRequest(2, testPrompt(1500, 6), greedy(1))).isOk());
   for (int i = 0; i < 4; ++i) {  // chunks at 0, 255, 510, 765: deeper, not smaller
     REQUIRE(engine->step(&events).isOk());
-    CHECK(engine->lastStep().decodeRows == 1);
-    CHECK(engine->lastStep().promptTokens == 255);
+    const StepRecord& step = engine->lastStep();
+    CHECK(step.decodeRows == 1);
+    CHECK(step.promptTokens == 255);
+    // What prices the step: the stream's context (its 20 prompt tokens and what it has
+    // generated) and where the chunk starts.
+    CHECK(step.promptChunks == 1);
+    CHECK(step.promptContextTokens == 255 * i);
+    CHECK(step.decodeContextTokens == 20 + i);
   }
 }
 

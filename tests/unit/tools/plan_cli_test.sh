@@ -12,10 +12,10 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 "$BIN" make-model --preset tiny --out "$WORK/tiny" > /dev/null
 "$BIN" plan --calibrate --model "$WORK/tiny" --threads 1 --out "$WORK/cal.json" > /dev/null
-line=$("$BIN" plan --calibration "$WORK/cal.json" --model "$WORK/tiny" --kv-cache-bytes 67108864 \
-  --trace "$SRC/data/traces/azure_llm_2023_code.csv" --length-scale 0.35 --max-prompt-tokens 1500 \
-  --max-output-tokens 64 --duration 60 --layout 1p1d --threshold 256 --rate 1.5 \
-  --slo ttft_ms=2000,itl_ms=100 --requests-csv "$WORK/requests.csv" 2> /dev/null | tail -1)
+PLAN=("$BIN" plan --calibration "$WORK/cal.json" --model "$WORK/tiny" --kv-cache-bytes 67108864
+  --trace "$SRC/data/traces/azure_llm_2023_code.csv" --length-scale 0.35 --max-prompt-tokens 1500
+  --max-output-tokens 64 --duration 60 --layout 1p1d --threshold 256 --rate 1.5 --slo ttft_ms=2000,itl_ms=100)
+line=$("${PLAN[@]}" --requests-csv "$WORK/requests.csv" 2> /dev/null | tail -1)
 echo "$line"
 requests=$(sed -n 's|.* [0-9]*/\([0-9]*\) finished.*|\1|p' <<< "$line")
 # Poisson at 1.5/s for 60 s: 90 expected; the fixed seed's draw lies well inside [65, 115].
@@ -31,3 +31,21 @@ if [ "$rows" != "$requests" ] || [ "$disaggregated" != "$said" ]; then
   exit 1
 fi
 echo "ok: $requests requests simulated, each in --requests-csv"
+
+# A decode worker whose one-stream steps took 50 ms (the tiny model's modelled step is well
+# under 1 ms): the simulated ITL follows the trace.
+{
+  echo "time_s,role,seconds,gap_seconds,decode_rows,decode_context_tokens,prompt_chunks,prompt_tokens,prompt_context_tokens"
+  for i in $(seq 1 30); do echo "1.0,decode,0.050,0,1,$((300 + i)),0,0,0"; done
+} > "$WORK/decode-0.steps.csv"
+traced=$("${PLAN[@]}" --step-trace "$WORK/decode-0.steps.csv" 2> /dev/null)
+itl=$(tail -1 <<< "$traced" | sed -n 's|.*ITL p50/p90/p99 *\([0-9.]*\) .*|\1|p')
+if ! grep -q "decode worker, decode-only steps *30 rows" <<< "$traced" || ! awk -v x="$itl" 'BEGIN { exit !(x > 20) }'; then
+  echo "FAIL: with a trace of 50 ms decode steps, expected its 30 rows and an ITL p50 far above 1 ms:"
+  echo "$traced"
+  exit 1
+fi
+if "${PLAN[@]}" --step-trace "$WORK/none.steps.csv" > /dev/null 2> "$WORK/err" || ! grep -q "cannot read $WORK/none.steps.csv" "$WORK/err"; then
+  echo "FAIL: a missing --step-trace file is not named:"; cat "$WORK/err"; exit 1
+fi
+echo "ok: --step-trace: ITL p50 $itl ms (one-stream steps traced at 50 ms); a missing trace is named"

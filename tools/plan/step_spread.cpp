@@ -1,0 +1,145 @@
+#include "tools/plan/step_spread.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace pd::plan {
+
+namespace {
+
+std::vector<std::string> splitCsv(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream in(line);
+  for (std::string cell; std::getline(in, cell, ',');) out.push_back(cell);
+  return out;
+}
+
+// `rows` sequences that share `tokens` tokens at `context` tokens of context, as evenly as
+// integers allow: a step's cost is linear in each chunk's start, so the sums are exact.
+void addChunks(int64_t rows, int64_t tokens, int64_t context, std::vector<engine::SeqChunk>* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    engine::SeqChunk c;
+    c.numTokens = int(tokens / rows + (i < tokens % rows ? 1 : 0));
+    c.startPos = int(context / rows + (i < context % rows ? 1 : 0));
+    c.wantLogits = true;
+    out->push_back(c);
+  }
+}
+
+double quantile(std::span<const double> sorted, double q) {
+  if (sorted.empty()) return 1;
+  const double x = q * double(sorted.size() - 1);
+  const size_t i = size_t(x);
+  if (i + 1 >= sorted.size()) return sorted.back();
+  return sorted[i] + (x - double(i)) * (sorted[i + 1] - sorted[i]);
+}
+
+}  // namespace
+
+const char* toString(StepKind k) {
+  switch (k) {
+    case StepKind::kPrefillPrompt: return "prefill worker, prompt steps";
+    case StepKind::kDecodeOnly: return "decode worker, decode-only steps";
+    case StepKind::kDecodeMixed: return "decode worker, steps with prompt tokens";
+  }
+  return "?";
+}
+
+StepKind stepKindOf(bool prefillWorker, std::span<const engine::SeqChunk> batch) {
+  if (prefillWorker) return StepKind::kPrefillPrompt;
+  const bool prompt = std::any_of(batch.begin(), batch.end(), [](const auto& c) { return c.numTokens > 1; });
+  return prompt ? StepKind::kDecodeMixed : StepKind::kDecodeOnly;
+}
+
+StepSpread StepSpread::fromRatios(std::array<std::vector<double>, 3> ratiosByKind) {
+  StepSpread s;
+  for (size_t k = 0; k < ratiosByKind.size(); ++k) {
+    auto& v = ratiosByKind[k];
+    s.rows_ += v.size();
+    std::sort(v.begin(), v.end());
+    if (v.size() >= kMinSamples) s.byKind_[k] = std::move(v);
+  }
+  return s;
+}
+
+Result<StepSpread> StepSpread::read(const std::vector<std::string>& paths, const CostModel& cost) {
+  static const char* const kColumns[] = {"role",          "seconds",      "gap_seconds",          "decode_rows",
+                                         "decode_context_tokens", "prompt_chunks", "prompt_tokens",
+                                         "prompt_context_tokens"};
+  std::array<std::vector<double>, 3> ratios;
+  for (const std::string& path : paths) {
+    std::ifstream in(path);
+    if (!in) return invalidArgument("--step-trace: cannot read " + path);
+    std::string line;
+    if (!std::getline(in, line)) return invalidArgument("--step-trace " + path + ": empty (no header)");
+    const auto header = splitCsv(line);
+    std::map<std::string, size_t> column;
+    for (const char* name : kColumns) {
+      auto it = std::find(header.begin(), header.end(), name);
+      if (it == header.end())
+        return invalidArgument("--step-trace " + path + ": no \"" + name + "\" column (a worker's <id>.steps.csv?)");
+      column[name] = size_t(it - header.begin());
+    }
+    for (int lineNo = 2; std::getline(in, line); ++lineNo) {
+      if (line.empty()) continue;
+      const auto cells = splitCsv(line);
+      const std::string where = "--step-trace " + path + ":" + std::to_string(lineNo);
+      auto number = [&](const char* name, double* out) -> Status {
+        const size_t i = column.at(name);
+        char* end = nullptr;
+        if (i < cells.size()) *out = std::strtod(cells[i].c_str(), &end);
+        if (i >= cells.size() || cells[i].empty() || *end != '\0' || !std::isfinite(*out) || *out < 0)
+          return invalidArgument(where + ": \"" + name + "\" is not a non-negative number");
+        return Status::ok();
+      };
+      double seconds = 0, gap = 0, decodeRows = 0, decodeContext = 0, promptChunks = 0, promptTokens = 0,
+             promptContext = 0;
+      PD_RETURN_IF_ERROR(number("seconds", &seconds));
+      PD_RETURN_IF_ERROR(number("gap_seconds", &gap));
+      PD_RETURN_IF_ERROR(number("decode_rows", &decodeRows));
+      PD_RETURN_IF_ERROR(number("decode_context_tokens", &decodeContext));
+      PD_RETURN_IF_ERROR(number("prompt_chunks", &promptChunks));
+      PD_RETURN_IF_ERROR(number("prompt_tokens", &promptTokens));
+      PD_RETURN_IF_ERROR(number("prompt_context_tokens", &promptContext));
+      const std::string role = column.at("role") < cells.size() ? cells[column.at("role")] : "";
+      if (role != "prefill" && role != "decode") return invalidArgument(where + ": role must be prefill or decode");
+      if (seconds <= 0 || (decodeRows == 0 && promptChunks == 0) || (promptChunks > 0) != (promptTokens > 0))
+        return invalidArgument(where + ": a step that computed nothing (seconds, rows and chunks must agree)");
+      std::vector<engine::SeqChunk> batch;
+      addChunks(int64_t(decodeRows), int64_t(decodeRows), int64_t(decodeContext), &batch);
+      addChunks(int64_t(promptChunks), int64_t(promptTokens), int64_t(promptContext), &batch);
+      const double modelled = cost.stepSeconds(batch);
+      if (!(modelled > 0)) return invalidArgument(where + ": the cost model gives this step no time");
+      ratios[size_t(stepKindOf(role == "prefill", batch))].push_back((seconds + gap) / modelled);
+    }
+  }
+  return fromRatios(std::move(ratios));
+}
+
+double StepSpread::sample(StepKind kind, std::mt19937_64& rng) const {
+  const auto& ratios = byKind_[size_t(kind)];
+  if (ratios.empty()) return 1;
+  return quantile(ratios, std::uniform_real_distribution<double>(0, 1)(rng));
+}
+
+std::string StepSpread::describe() const {
+  std::string out;
+  char line[200];
+  for (StepKind k : {StepKind::kPrefillPrompt, StepKind::kDecodeOnly, StepKind::kDecodeMixed}) {
+    const auto& v = byKind_[size_t(k)];
+    if (v.empty()) {
+      std::snprintf(line, sizeof line, "  %-40s fewer than %zu rows: the modelled time\n", toString(k), kMinSamples);
+    } else {
+      std::snprintf(line, sizeof line, "  %-40s %6zu rows, measured / modelled p10 %.2f  p50 %.2f  p90 %.2f\n",
+                    toString(k), v.size(), quantile(v, 0.1), quantile(v, 0.5), quantile(v, 0.9));
+    }
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace pd::plan

@@ -1,0 +1,63 @@
+// plan::StepSpread: how a cluster's real steps ran against the cost model's time for the
+// same steps (`pdserve plan --step-trace`), kept as distributions the simulator samples.
+//
+// The cost model prices a step as if its worker had the device to itself and went straight
+// from one step to the next. A serving worker's step period also holds what shares its host
+// (on the CPU test bed: the router, the I/O threads, the other workers' engines; on a GPU:
+// the host work around launches) and the loop's work between steps. From workers' step
+// traces (worker/step_trace.h), each step's period (gap + step) is divided by
+// CostModel::stepSeconds of the step the row describes, and kept by kind:
+//   - kPrefillPrompt: a prefill worker's steps (its prompt chunks);
+//   - kDecodeOnly:    a decode worker's steps without prompt tokens;
+//   - kDecodeMixed:   a decode worker's steps with prompt tokens (colocated prompts).
+// The simulator multiplies each step's modelled time by a ratio drawn from its kind: the
+// offset and the step-to-step spread of the measured cluster, not only their mean. A kind
+// with fewer than kMinSamples rows keeps the modelled time (ratio 1): the kinds differ too
+// much (a prompt step is compute, a decode step memory) to stand in for each other.
+//
+// The ratios describe the host, layout and load the traces came from (docs/plan.md says
+// when they carry over to another layout). Immutable after read(); sample() is const and
+// takes the caller's generator, so any number of simulations may share one.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/engine/backend.h"
+#include "tools/plan/cost_model.h"
+
+namespace pd::plan {
+
+enum class StepKind { kPrefillPrompt = 0, kDecodeOnly = 1, kDecodeMixed = 2 };
+const char* toString(StepKind k);
+StepKind stepKindOf(bool prefillWorker, std::span<const engine::SeqChunk> batch);
+
+class StepSpread {
+ public:
+  static constexpr size_t kMinSamples = 20;
+
+  // Reads every trace in `paths` and prices its rows with `cost`. Errors name the file and
+  // line: a missing column, a value that is not a number, a row that computed nothing.
+  static Result<StepSpread> read(const std::vector<std::string>& paths, const CostModel& cost);
+  // From ratios already measured (tests).
+  static StepSpread fromRatios(std::array<std::vector<double>, 3> ratiosByKind);
+
+  // A ratio of `kind`'s distribution (linear between its sorted samples).
+  double sample(StepKind kind, std::mt19937_64& rng) const;
+  // The measured ratios of one kind (sorted; empty below kMinSamples).
+  std::span<const double> ratios(StepKind kind) const { return byKind_[size_t(kind)]; }
+  size_t rows() const { return rows_; }
+  // One line per kind: rows, and the ratio's p10 / p50 / p90 (for plan's output).
+  std::string describe() const;
+
+ private:
+  std::array<std::vector<double>, 3> byKind_;  // sorted; empty below kMinSamples
+  size_t rows_ = 0;                            // read, of every kind
+};
+
+}  // namespace pd::plan
