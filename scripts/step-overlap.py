@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
 """How much slower a 1P1D cluster's steps run while the other worker computes.
 
-usage: scripts/step-overlap.py MIX.up.log MIX.cal.json
+usage: scripts/step-overlap.py PREFILL.steps.csv DECODE.steps.csv MIX.cal.json
 
-The two files of one mix that `KEEP=DIR LOG_LEVEL=debug scripts/validate-plan.sh` keeps:
-`pdserve up`'s log, where each worker logs every step (streams, prompt tokens, milliseconds),
-and `pdserve plan --calibrate`'s file. The simulator
+The two workers' step traces (logging.step_trace_dir; `KEEP=DIR scripts/validate-plan.sh`
+keeps them in DIR/MIX.traced.steps/) and `pdserve plan --calibrate`'s file. The simulator
 gives each worker a device of its own; on one host the workers share its cores with the
 router, the client and their own I/O threads. This prints, per kind of step, the measured time
 over the calibrated one (time-weighted), split by how much of the step the other worker spent
@@ -13,23 +12,17 @@ in a step of its own. Prompt steps are priced by their prompt tokens and decode 
 streams at 256 tokens of context, so read the ratio between the rows of one kind, not its level.
 """
 import bisect
+import csv
 import json
-import re
 import sys
-
-STEP = re.compile(r"\[(prefill-0|decode-0)\] D (\d+):(\d+):(\d+\.\d+) \[\w+\] step: (\d+) streams, "
-                  r"(\d+) prompt tokens in ([\d.]+) ms")
 
 
 def read_steps(path):
-    steps = {"prefill-0": [], "decode-0": []}
-    for line in open(path):
-        m = STEP.search(line)
-        if not m:
-            continue
-        worker, h, mi, s, streams, prompt, ms = m.groups()
-        end = int(h) * 3600 + int(mi) * 60 + float(s)
-        steps[worker].append((end - float(ms) / 1e3, end, int(streams), int(prompt), float(ms)))
+    """(start, end, streams, prompt tokens, ms) per step, by the trace's wall clock."""
+    steps = []
+    for row in csv.DictReader(open(path)):
+        end, seconds = float(row["time_s"]), float(row["seconds"])
+        steps.append((end - seconds, end, int(row["decode_rows"]), int(row["prompt_tokens"]), seconds * 1e3))
     return steps
 
 
@@ -50,10 +43,10 @@ def overlap(start, end, others):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) != 4:
         sys.exit(__doc__)
-    steps = read_steps(sys.argv[1])
-    cal = json.load(open(sys.argv[2]))["points"]
+    steps = {"prefill-0": read_steps(sys.argv[1]), "decode-0": read_steps(sys.argv[2])}
+    cal = json.load(open(sys.argv[3]))["points"]
     prompt = sorted((p["tokens_per_seq"], p["seconds"] * 1e3) for p in cal if p["batch"] == 1 and p["tokens_per_seq"] > 1)
     decode = sorted((p["batch"], p["seconds"] * 1e3) for p in cal if p["tokens_per_seq"] == 1 and p["context"] == 256)
     kinds = [("prefill worker, prompt steps", "prefill-0", "decode-0", lambda st: st[3] > 0, lambda st: interpolate(prompt, st[3])),

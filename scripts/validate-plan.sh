@@ -16,12 +16,15 @@
 #    run's steps (--step-trace: each step takes its modelled time times a ratio drawn from
 #    how the traced run's steps of that kind compared with the cost model). SPREAD=0
 #    simulates with the cost model alone and skips the traced run;
-# 5. prints both rows and their ratio for p50 / p90 / p99; last, how many of the 4 p50 / p90
-#    cells per mix are within 10% of measured (issue 15's criterion).
+# 5. prints both rows and their ratio for p50 / p90 / p99; then the traced run against its
+#    own simulation (in sample: what the simulator makes of the steps it was given), and how
+#    much faster or slower the measured run's steps ran than the traced run's
+#    (scripts/step-pace.py: this VM's pace moves between runs); last, how many of the 4
+#    p50 / p90 cells per mix are within 10% of measured (issue 15's criterion).
 # usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
 #   SPREAD=1; KEEP=DIR: keep the files there (per mix: the calibration, the step traces
 #   MIX.steps/, the clusters' logs, the bench's JSON / CSV, the simulated requests' CSV
-#   MIX.sim.csv); LOG_LEVEL=debug logs every step for scripts/step-overlap.py)
+#   MIX.sim.csv; scripts/step-overlap.py reads the step traces); LOG_LEVEL=warn)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -74,31 +77,51 @@ for mix in $MIXES; do
     serve traced "$WORK/$mix.traced" --num-requests "$sent" --seed 1
     SPREAD_FLAGS=(--step-trace "$(ls "$WORK/$mix.traced.steps"/*.steps.csv | paste -sd, -)")
   fi
-  "$BIN/pdserve" plan --calibration "$WORK/$mix.cal.json" --model models/small --kv-cache-bytes 268435456 \
-    --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
-    "${LENGTHS[@]}" --duration "$DURATION" --layout 1p1d --threshold 256 --rate "$MIX_RATE" "${SPREAD_FLAGS[@]}" \
-    --requests-csv "$WORK/$mix.sim.csv" 2> /dev/null > "$WORK/$mix.sim.out"
-  tail -1 "$WORK/$mix.sim.out" > "$WORK/$mix.sim"
-  python3 - "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" "$WORK/cells" <<'PY'
+  # simulate OUT SIM_FLAGS...: the 1p1d layout on this mix's calibration, its summary line in OUT.
+  simulate() {
+    local out=$1
+    shift
+    "$BIN/pdserve" plan --calibration "$WORK/$mix.cal.json" --model models/small --kv-cache-bytes 268435456 \
+      --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
+      "${LENGTHS[@]}" --layout 1p1d --threshold 256 --rate "$MIX_RATE" "${SPREAD_FLAGS[@]}" "$@" \
+      2> /dev/null > "$out.out"
+    tail -1 "$out.out" > "$out"
+  }
+  # compare BENCH_JSON SIM LABEL [CELLS]: measured and simulated rows; with CELLS, each
+  # p50 / p90 cell's verdict appended there (issue 15's criterion: within 10% of measured).
+  compare() {
+    python3 - "$@" <<'PY'
 import json, re, sys
 j = json.load(open(sys.argv[1]))
 sim = open(sys.argv[2]).read()
+label = sys.argv[3]
 nums = [float(x) for x in re.findall(r"(\d+\.\d+)", sim)]
 s_ttft, s_itl = nums[0:3], nums[3:6]
 m_ttft = [j["median_ttft_ms"], j["p90_ttft_ms"], j["p99_ttft_ms"]]
 m_itl = [j["median_itl_ms"], j["p90_itl_ms"], j["p99_itl_ms"]]
 def row(name, m, s):
     r = " ".join(f"{a:8.1f} {b:8.1f} ({b / a if a else float('nan'):4.2f}x)" for a, b in zip(m, s))
-    print(f"| {sys.argv[3]} | {name} | {r} |")
+    print(f"| {label} | {name} | {r} |")
 row("TTFT p50 / p90 / p99 ms (measured, simulated)", m_ttft, s_ttft)
 row("ITL p50 / p90 / p99 ms (measured, simulated)", m_itl, s_itl)
 print(f"|   | completed {j['completed']} measured; {sim.split('|')[-1].strip()} simulated |")
-# The issue's criterion: each p50 / p90 within 10% of measured (a line per cell, counted below).
-with open(sys.argv[4], "a") as cells:
-    for name, m, s in (("TTFT", m_ttft, s_ttft), ("ITL", m_itl, s_itl)):
-        for pct, a, b in zip(("p50", "p90"), m, s):
-            print(f"{sys.argv[3]} {name} {pct} {'within' if a and abs(b / a - 1) <= 0.10 else 'outside'}", file=cells)
+if len(sys.argv) > 4:
+    with open(sys.argv[4], "a") as cells:
+        for name, m, s in (("TTFT", m_ttft, s_ttft), ("ITL", m_itl, s_itl)):
+            for pct, a, b in zip(("p50", "p90"), m, s):
+                print(f"{label} {name} {pct} {'within' if a and abs(b / a - 1) <= 0.10 else 'outside'}", file=cells)
 PY
+  }
+  simulate "$WORK/$mix.sim" --duration "$DURATION" --requests-csv "$WORK/$mix.sim.csv"
+  compare "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" "$WORK/cells"
+  if [ "${SPREAD:-1}" != 0 ]; then
+    # In sample: the traced run itself, simulated with its own steps (what the simulator
+    # makes of steps it was given; the row above is the prediction).
+    simulate "$WORK/$mix.traced.sim" --num-requests "$sent" --seed 1
+    compare "$WORK/$mix.traced.json" "$WORK/$mix.traced.sim" "$mix, traced run (in sample)"
+    echo "|   | host pace, measured run over traced run, shape for shape: $(python3 scripts/step-pace.py \
+      "$WORK/$mix.traced.steps" "$WORK/$mix.measured.steps") |"
+  fi
 done
 echo "p50 / p90 cells within 10% of measured: $(grep -c ' within$' "$WORK/cells") of $(wc -l < "$WORK/cells")" \
   "(outside: $(grep ' outside$' "$WORK/cells" | sed 's/ outside$//' | paste -sd, - | sed 's/,/, /g'))"

@@ -38,7 +38,9 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --gpus N                  devices in all (default 8)
   --duration S              only the trace's first S seconds (after --time-scale)
   --time-scale X            multiply the trace's gaps by X (0.5: twice the rate)
-  --num-requests N          only the first N requests
+  --num-requests N          only the first N requests (with --rate and no --duration: N Poisson
+                            arrivals, as pdserve bench --num-requests --rate sends them)
+  --seed N                  pdserve bench's --seed: Poisson arrivals and prompt tokens (default 0)
   --max-prompt-tokens N, --length-scale X, --max-output-tokens N   as in pdserve bench
   --max-batch-tokens N      engine.max_batch_tokens (default 8192)
   --max-running-requests N  engine.max_running_requests (default 256)
@@ -71,7 +73,7 @@ Result<Args> parseArgs(int argc, char** argv) {
                                    "--num-requests", "--max-prompt-tokens", "--length-scale", "--max-output-tokens",
                                    "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment",
                                    "--layout", "--threshold", "--rate", "--calibration", "--kv-cache-bytes",
-                                   "--threads", "--out", "--html", "--requests-csv", "--step-trace"};
+                                   "--threads", "--out", "--html", "--requests-csv", "--step-trace", "--seed"};
   static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks"};
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -233,14 +235,14 @@ int runPlan(int argc, char** argv) {
   double gpus = cpu ? 1 : 8, duration = 0, timeScale = 1, numRequests = 0, maxPrompt = 0, lengthScale = 0,
          maxOutput = 0;
   double maxBatch = 8192, maxRunning = 256, linkGbps = cpu ? 20 : 0, attainment = 90, threshold = 256, rate = 0;
-  double kvCacheBytes = cpu ? 268435456 : 0;
+  double kvCacheBytes = cpu ? 268435456 : 0, seed = 0;
   for (Status s : {number(a, "--gpus", &gpus), number(a, "--duration", &duration), number(a, "--time-scale", &timeScale),
                    number(a, "--num-requests", &numRequests), number(a, "--max-prompt-tokens", &maxPrompt),
                    number(a, "--length-scale", &lengthScale), number(a, "--max-output-tokens", &maxOutput),
                    number(a, "--max-batch-tokens", &maxBatch), number(a, "--max-running-requests", &maxRunning),
                    number(a, "--kv-link-gbps", &linkGbps), number(a, "--attainment", &attainment),
                    number(a, "--threshold", &threshold), number(a, "--rate", &rate),
-                   number(a, "--kv-cache-bytes", &kvCacheBytes)})
+                   number(a, "--kv-cache-bytes", &kvCacheBytes), number(a, "--seed", &seed)})
     if (!s.isOk()) return usageError(s);
 
   plan::Device device;
@@ -265,32 +267,34 @@ int runPlan(int argc, char** argv) {
   w.maxPromptTokens = int64_t(maxPrompt);
   w.lengthScale = lengthScale;
   w.maxOutputTokens = int64_t(maxOutput);
+  w.seed = uint64_t(seed);
   auto traceWorkload = bench::buildWorkload(w);
   if (!traceWorkload.ok()) return usageError(traceWorkload.status());
   if (traceWorkload->requests.size() < 2) return usageError(invalidArgument("--trace: fewer than 2 requests selected"));
   const double traceSpanS = traceWorkload->requests.back().scheduledS - traceWorkload->requests.front().scheduledS;
   const int vocab = model->config.vocabSize;
-  auto toSim = [vocab](const bench::Workload& wl) {
+  auto toSim = [vocab, &w](const bench::Workload& wl) {
     std::vector<plan::SimRequest> out;
     for (const auto& r : wl.requests) {
       plan::SimRequest s;
       s.arrivalS = r.scheduledS;
-      s.prompt = bench::promptTokenIds(r, {10, vocab - 10}, 0);
+      s.prompt = bench::promptTokenIds(r, {10, vocab - 10}, w.seed);
       s.outputTokens = int(std::max<int64_t>(1, r.outputTokens));
       out.push_back(std::move(s));
     }
     return out;
   };
   // Rate 0: the trace as selected. Otherwise Poisson arrivals at `rate` for --duration (as
-  // pdserve bench --rate --duration sends them; without --duration over the selected rows'
-  // span, which is shorter where the trace's first rows are sparse), with the trace's
-  // lengths in its order (bench's workload; seed fixed).
+  // pdserve bench --rate --duration sends them), or --num-requests of them (as bench
+  // --rate --num-requests), else over the selected rows' span (shorter where the trace's
+  // first rows are sparse), with the trace's lengths in its order (bench's workload).
   plan::RequestSource source = [&](double rate) -> Result<std::vector<plan::SimRequest>> {
     if (rate <= 0) return toSim(*traceWorkload);
     bench::WorkloadOptions p = w;
     p.rate = rate;
-    p.durationS = duration > 0 ? duration : std::max(traceSpanS, 1.0);
-    p.numRequests = 0;
+    const bool counted = duration <= 0 && numRequests > 0;
+    p.durationS = duration > 0 ? duration : counted ? 0 : std::max(traceSpanS, 1.0);
+    p.numRequests = counted ? int64_t(numRequests) : 0;
     auto wl = bench::buildWorkload(p);
     if (!wl.ok()) return wl.status();
     return toSim(*wl);

@@ -45,7 +45,7 @@ class SimBackend final : public engine::Backend {
  private:
   void advance(std::span<const engine::SeqChunk> batch) {
     double seconds = cost_.stepSeconds(batch);
-    if (spread_ != nullptr) seconds *= spread_->sample(stepKindOf(prefillWorker_, batch), rng_);
+    if (spread_ != nullptr) seconds *= spread_->sample(StepClass::of(prefillWorker_, batch), rng_);
     clock_.advance(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds)));
   }
   const CostModel& cost_;

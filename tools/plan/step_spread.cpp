@@ -49,19 +49,37 @@ const char* toString(StepKind k) {
   return "?";
 }
 
-StepKind stepKindOf(bool prefillWorker, std::span<const engine::SeqChunk> batch) {
-  if (prefillWorker) return StepKind::kPrefillPrompt;
-  const bool prompt = std::any_of(batch.begin(), batch.end(), [](const auto& c) { return c.numTokens > 1; });
-  return prompt ? StepKind::kDecodeMixed : StepKind::kDecodeOnly;
+StepClass StepClass::of(bool prefillWorker, std::span<const engine::SeqChunk> batch) {
+  int64_t decodeRows = 0, promptTokens = 0;
+  for (const auto& c : batch) {
+    if (c.numTokens == 1) ++decodeRows;
+    else promptTokens += c.numTokens;
+  }
+  // A prefill worker's rows are all prompt rows (a one-token prompt too).
+  if (prefillWorker) promptTokens += decodeRows, decodeRows = 0;
+  const StepKind kind = prefillWorker      ? StepKind::kPrefillPrompt
+                        : promptTokens > 0 ? StepKind::kDecodeMixed
+                                           : StepKind::kDecodeOnly;
+  const int64_t n = kind == StepKind::kDecodeOnly ? decodeRows : promptTokens;
+  int64_t size = 1;
+  while (size < n) size *= 2;
+  return {kind, size};
 }
 
-StepSpread StepSpread::fromRatios(std::array<std::vector<double>, 3> ratiosByKind) {
+StepSpread StepSpread::fromRatios(const std::vector<std::pair<StepClass, double>>& ratios) {
   StepSpread s;
-  for (size_t k = 0; k < ratiosByKind.size(); ++k) {
-    auto& v = ratiosByKind[k];
-    s.rows_ += v.size();
-    std::sort(v.begin(), v.end());
-    if (v.size() >= kMinSamples) s.byKind_[k] = std::move(v);
+  s.rows_ = ratios.size();
+  std::array<std::map<int64_t, std::vector<double>>, 3> bySize;
+  for (const auto& [c, ratio] : ratios) bySize[size_t(c.kind)][c.size].push_back(ratio);
+  for (size_t k = 0; k < bySize.size(); ++k) {
+    Kind& kind = s.kinds_[k];
+    for (auto& [size, v] : bySize[k]) {
+      std::sort(v.begin(), v.end());
+      kind.all.insert(kind.all.end(), v.begin(), v.end());
+      if (v.size() >= kMinSamples) kind.bySize[size] = std::move(v);
+    }
+    std::sort(kind.all.begin(), kind.all.end());
+    if (kind.all.size() < kMinSamples) kind = Kind{};
   }
   return s;
 }
@@ -70,7 +88,7 @@ Result<StepSpread> StepSpread::read(const std::vector<std::string>& paths, const
   static const char* const kColumns[] = {"role",          "seconds",      "gap_seconds",          "decode_rows",
                                          "decode_context_tokens", "prompt_chunks", "prompt_tokens",
                                          "prompt_context_tokens"};
-  std::array<std::vector<double>, 3> ratios;
+  std::vector<std::pair<StepClass, double>> ratios;
   for (const std::string& path : paths) {
     std::ifstream in(path);
     if (!in) return invalidArgument("--step-trace: cannot read " + path);
@@ -114,28 +132,33 @@ Result<StepSpread> StepSpread::read(const std::vector<std::string>& paths, const
       addChunks(int64_t(promptChunks), int64_t(promptTokens), int64_t(promptContext), &batch);
       const double modelled = cost.stepSeconds(batch);
       if (!(modelled > 0)) return invalidArgument(where + ": the cost model gives this step no time");
-      ratios[size_t(stepKindOf(role == "prefill", batch))].push_back((seconds + gap) / modelled);
+      ratios.emplace_back(StepClass::of(role == "prefill", batch), (seconds + gap) / modelled);
     }
   }
-  return fromRatios(std::move(ratios));
+  return fromRatios(ratios);
 }
 
-double StepSpread::sample(StepKind kind, std::mt19937_64& rng) const {
-  const auto& ratios = byKind_[size_t(kind)];
-  if (ratios.empty()) return 1;
-  return quantile(ratios, std::uniform_real_distribution<double>(0, 1)(rng));
+double StepSpread::sample(const StepClass& c, std::mt19937_64& rng) const {
+  const Kind& kind = kinds_[size_t(c.kind)];
+  auto own = kind.bySize.find(c.size);
+  const std::vector<double>& from = own != kind.bySize.end() ? own->second : kind.all;
+  if (from.empty()) return 1;
+  return quantile(from, std::uniform_real_distribution<double>(0, 1)(rng));
 }
 
 std::string StepSpread::describe() const {
   std::string out;
-  char line[200];
+  char line[240];
   for (StepKind k : {StepKind::kPrefillPrompt, StepKind::kDecodeOnly, StepKind::kDecodeMixed}) {
-    const auto& v = byKind_[size_t(k)];
-    if (v.empty()) {
+    const Kind& kind = kinds_[size_t(k)];
+    if (kind.all.empty()) {
       std::snprintf(line, sizeof line, "  %-40s fewer than %zu rows: the modelled time\n", toString(k), kMinSamples);
     } else {
-      std::snprintf(line, sizeof line, "  %-40s %6zu rows, measured / modelled p10 %.2f  p50 %.2f  p90 %.2f\n",
-                    toString(k), v.size(), quantile(v, 0.1), quantile(v, 0.5), quantile(v, 0.9));
+      std::snprintf(line, sizeof line,
+                    "  %-40s %6zu rows (%zu size classes of their own), measured / modelled p10 %.2f  p50 %.2f  "
+                    "p90 %.2f\n",
+                    toString(k), kind.all.size(), kind.bySize.size(), quantile(kind.all, 0.1),
+                    quantile(kind.all, 0.5), quantile(kind.all, 0.9));
     }
     out += line;
   }

@@ -9,11 +9,15 @@
 // CostModel::stepSeconds of the step the row describes, and kept by kind:
 //   - kPrefillPrompt: a prefill worker's steps (its prompt chunks);
 //   - kDecodeOnly:    a decode worker's steps without prompt tokens;
-//   - kDecodeMixed:   a decode worker's steps with prompt tokens (colocated prompts).
-// The simulator multiplies each step's modelled time by a ratio drawn from its kind: the
-// offset and the step-to-step spread of the measured cluster, not only their mean. A kind
-// with fewer than kMinSamples rows keeps the modelled time (ratio 1): the kinds differ too
-// much (a prompt step is compute, a decode step memory) to stand in for each other.
+//   - kDecodeMixed:   a decode worker's steps with prompt tokens (colocated prompts);
+// and within a kind by size class: the step's decode rows (decode-only) or prompt tokens
+// (the others) rounded up to a power of two. The simulator multiplies each step's modelled
+// time by a ratio drawn from its size class, or from its whole kind where the class has
+// fewer than kMinSamples rows: the offset and the step-to-step spread of the measured
+// cluster, not only their mean. Size matters because the cost model's own error differs by
+// size (one decode stream may be priced high and three low), and the longest steps make the
+// p90s. A kind with fewer than kMinSamples rows keeps the modelled time (ratio 1): a prompt
+// step is compute, a decode step memory, so one kind does not stand in for another.
 //
 // The ratios describe the host, layout and load the traces came from (docs/plan.md says
 // when they carry over to another layout). Immutable after read(); sample() is const and
@@ -22,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <span>
 #include <string>
@@ -35,7 +40,14 @@ namespace pd::plan {
 
 enum class StepKind { kPrefillPrompt = 0, kDecodeOnly = 1, kDecodeMixed = 2 };
 const char* toString(StepKind k);
-StepKind stepKindOf(bool prefillWorker, std::span<const engine::SeqChunk> batch);
+
+// Where a step's ratio is drawn from: its kind, and its size class (the smallest power of
+// two >= its decode rows for kDecodeOnly, >= its prompt tokens otherwise).
+struct StepClass {
+  StepKind kind;
+  int64_t size;
+  static StepClass of(bool prefillWorker, std::span<const engine::SeqChunk> batch);
+};
 
 class StepSpread {
  public:
@@ -45,19 +57,21 @@ class StepSpread {
   // line: a missing column, a value that is not a number, a row that computed nothing.
   static Result<StepSpread> read(const std::vector<std::string>& paths, const CostModel& cost);
   // From ratios already measured (tests).
-  static StepSpread fromRatios(std::array<std::vector<double>, 3> ratiosByKind);
+  static StepSpread fromRatios(const std::vector<std::pair<StepClass, double>>& ratios);
 
-  // A ratio of `kind`'s distribution (linear between its sorted samples).
-  double sample(StepKind kind, std::mt19937_64& rng) const;
-  // The measured ratios of one kind (sorted; empty below kMinSamples).
-  std::span<const double> ratios(StepKind kind) const { return byKind_[size_t(kind)]; }
+  // A ratio for a step of class `c` (linear between the sorted samples it draws from).
+  double sample(const StepClass& c, std::mt19937_64& rng) const;
   size_t rows() const { return rows_; }
-  // One line per kind: rows, and the ratio's p10 / p50 / p90 (for plan's output).
+  // One line per kind: rows, size classes of their own, and the ratio's p10 / p50 / p90.
   std::string describe() const;
 
  private:
-  std::array<std::vector<double>, 3> byKind_;  // sorted; empty below kMinSamples
-  size_t rows_ = 0;                            // read, of every kind
+  struct Kind {
+    std::vector<double> all;                        // sorted; empty below kMinSamples
+    std::map<int64_t, std::vector<double>> bySize;  // sorted; only classes with kMinSamples
+  };
+  std::array<Kind, 3> kinds_;
+  size_t rows_ = 0;  // read, of every kind
 };
 
 }  // namespace pd::plan

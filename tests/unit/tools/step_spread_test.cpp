@@ -41,6 +41,17 @@ std::vector<int32_t> promptOf(int n) {
   return p;
 }
 
+// `n` ratios of `value` for steps of one class.
+std::vector<std::pair<StepClass, double>> same(StepKind kind, int64_t size, double value, int n = 20) {
+  return std::vector<std::pair<StepClass, double>>(size_t(n), {StepClass{kind, size}, value});
+}
+
+std::vector<std::pair<StepClass, double>> concat(std::vector<std::vector<std::pair<StepClass, double>>> parts) {
+  std::vector<std::pair<StepClass, double>> out;
+  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
 const char* kHeader =
     "time_s,role,seconds,gap_seconds,decode_rows,decode_context_tokens,prompt_chunks,prompt_tokens,"
     "prompt_context_tokens\n";
@@ -68,32 +79,55 @@ TEST_CASE("step spread: each row is priced as the step it describes, by kind") {
   CHECK(s->rows() == 56);
   const double decodeRatio = 0.011 / stepOf(c, {chunk(1, 500), chunk(1, 501)});
   const double prefillRatio = 0.2 / stepOf(c, {chunk(512, 512), chunk(512, 512)});
-  REQUIRE(s->ratios(StepKind::kDecodeOnly).size() == 25);
-  REQUIRE(s->ratios(StepKind::kPrefillPrompt).size() == 30);
-  CHECK(s->ratios(StepKind::kDecodeOnly).front() == Approx(decodeRatio));
-  CHECK(s->ratios(StepKind::kPrefillPrompt).back() == Approx(prefillRatio));
-  CHECK(s->ratios(StepKind::kDecodeMixed).empty());  // 1 row: the modelled time
   std::mt19937_64 rng(7);
-  CHECK(s->sample(StepKind::kDecodeOnly, rng) == Approx(decodeRatio));
-  CHECK(s->sample(StepKind::kDecodeMixed, rng) == 1);
+  CHECK(s->sample(StepClass{StepKind::kDecodeOnly, 2}, rng) == Approx(decodeRatio));
+  CHECK(s->sample(StepClass{StepKind::kPrefillPrompt, 1024}, rng) == Approx(prefillRatio));
+  CHECK(s->sample(StepClass{StepKind::kDecodeMixed, 64}, rng) == 1);  // 1 row: the modelled time
+  CHECK(s->describe().find("25 rows (1 size classes of their own)") != std::string::npos);
   CHECK(s->describe().find("fewer than 20 rows") != std::string::npos);
   std::filesystem::remove(a);
   std::filesystem::remove(b);
 }
 
+TEST_CASE("step spread: a step's class is its kind and its size, rounded up to a power of two") {
+  const std::vector<engine::SeqChunk> decode = {chunk(1, 10), chunk(1, 20), chunk(1, 30)};
+  const std::vector<engine::SeqChunk> mixed = {chunk(1, 10), chunk(100, 0)};
+  CHECK(StepClass::of(false, decode).kind == StepKind::kDecodeOnly);
+  CHECK(StepClass::of(false, decode).size == 4);
+  CHECK(StepClass::of(false, mixed).kind == StepKind::kDecodeMixed);
+  CHECK(StepClass::of(false, mixed).size == 128);
+  CHECK(StepClass::of(true, mixed).kind == StepKind::kPrefillPrompt);
+  CHECK(StepClass::of(true, mixed).size == 128);  // 101 prompt rows
+}
+
 TEST_CASE("step spread: draws follow the measured distribution") {
-  std::vector<double> ratios(100);
-  std::iota(ratios.begin(), ratios.end(), 1.0);  // 1 .. 100
-  const StepSpread s = StepSpread::fromRatios({std::vector<double>{}, ratios, std::vector<double>{}});
+  std::vector<std::pair<StepClass, double>> ratios;
+  for (int i = 1; i <= 100; ++i) ratios.push_back({StepClass{StepKind::kDecodeOnly, 1}, double(i)});
+  const StepSpread s = StepSpread::fromRatios(ratios);
+  const StepClass one{StepKind::kDecodeOnly, 1};
   std::mt19937_64 rng(1), again(1);
   std::vector<double> draws;
-  for (int i = 0; i < 20000; ++i) draws.push_back(s.sample(StepKind::kDecodeOnly, rng));
-  for (int i = 0; i < 100; ++i) CHECK(s.sample(StepKind::kDecodeOnly, again) == draws[size_t(i)]);  // seeded
+  for (int i = 0; i < 20000; ++i) draws.push_back(s.sample(one, rng));
+  for (int i = 0; i < 100; ++i) CHECK(s.sample(one, again) == draws[size_t(i)]);  // seeded
   CHECK(*std::min_element(draws.begin(), draws.end()) >= 1);
   CHECK(*std::max_element(draws.begin(), draws.end()) <= 100);
   CHECK(percentileOf(draws, 50) == Approx(50.5).epsilon(0.03));
   CHECK(percentileOf(draws, 90) == Approx(90.1).epsilon(0.03));
-  CHECK(s.sample(StepKind::kPrefillPrompt, rng) == 1);  // no rows of that kind
+  CHECK(s.sample(StepClass{StepKind::kPrefillPrompt, 1}, rng) == 1);  // no rows of that kind
+}
+
+TEST_CASE("step spread: a size class with enough rows draws from its own, the others from their kind") {
+  const StepSpread s = StepSpread::fromRatios(concat({same(StepKind::kDecodeOnly, 1, 0.5),
+                                                      same(StepKind::kDecodeOnly, 8, 2.0),
+                                                      same(StepKind::kDecodeOnly, 4, 1.0, 5)}));
+  std::mt19937_64 rng(3);
+  CHECK(s.sample(StepClass{StepKind::kDecodeOnly, 1}, rng) == 0.5);
+  CHECK(s.sample(StepClass{StepKind::kDecodeOnly, 8}, rng) == 2.0);
+  std::vector<double> draws;  // class 4 (5 rows) and class 16 (none) draw from all 45
+  for (int i = 0; i < 200; ++i) draws.push_back(s.sample(StepClass{StepKind::kDecodeOnly, i % 2 ? 4 : 16}, rng));
+  CHECK(*std::min_element(draws.begin(), draws.end()) < 0.6);
+  CHECK(*std::max_element(draws.begin(), draws.end()) > 1.9);
+  CHECK(s.describe().find("45 rows (2 size classes of their own)") != std::string::npos);
 }
 
 TEST_CASE("step spread: the simulator multiplies each step by its kind's ratio") {
@@ -102,9 +136,11 @@ TEST_CASE("step spread: the simulator multiplies each step by its kind's ratio")
   so.layout = Layout{1, 1, 1, 256};
   so.sloSizedPrefillChunks = false;
   so.kvLinkBytesPerS = 1e12;
-  // Constant ratios: prefill worker x3, decode-only x2, decode steps with prompt tokens x1.5.
-  so.stepSpread = std::make_shared<const StepSpread>(StepSpread::fromRatios(
-      {std::vector<double>(20, 3.0), std::vector<double>(20, 2.0), std::vector<double>(20, 1.5)}));
+  // Constant ratios: prefill worker x3, decode-only x2, decode steps with prompt tokens x1.5
+  // (given for size class 1: the steps of other sizes draw from their kind's).
+  so.stepSpread = std::make_shared<const StepSpread>(
+      StepSpread::fromRatios(concat({same(StepKind::kPrefillPrompt, 1, 3.0), same(StepKind::kDecodeOnly, 1, 2.0),
+                                     same(StepKind::kDecodeMixed, 1, 1.5)})));
   const std::vector<SimRequest> two = {{0, promptOf(100), 3}, {10, promptOf(2000), 2}};
   auto r = simulate(c, so, two);
   REQUIRE(r.ok());
@@ -122,11 +158,14 @@ TEST_CASE("step spread: the simulator multiplies each step by its kind's ratio")
 
 TEST_CASE("step spread: the same seed gives the same run, another seed another") {
   const CostModel c = h100();
-  std::vector<double> ratios;
-  for (int i = 0; i < 50; ++i) ratios.push_back(0.8 + 0.01 * i);
+  std::vector<std::pair<StepClass, double>> ratios;
+  for (int i = 0; i < 50; ++i) {
+    ratios.push_back({StepClass{StepKind::kDecodeOnly, 1}, 0.8 + 0.01 * i});
+    ratios.push_back({StepClass{StepKind::kDecodeMixed, 1}, 0.8 + 0.01 * i});
+  }
   SimOptions so;
   so.layout = Layout{0, 1, 1, 256};
-  so.stepSpread = std::make_shared<const StepSpread>(StepSpread::fromRatios({ratios, ratios, ratios}));
+  so.stepSpread = std::make_shared<const StepSpread>(StepSpread::fromRatios(ratios));
   std::vector<SimRequest> rs;
   for (int i = 0; i < 20; ++i) rs.push_back({0.05 * i, promptOf(100 + 10 * i), 8});
   auto a = simulate(c, so, rs), b = simulate(c, so, rs);
