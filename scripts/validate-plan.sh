@@ -5,13 +5,15 @@
 # 1. calibrates the CPU backend (one engine thread, as each worker below) just before its
 #    runs: this machine's pace drifts by up to 10% over minutes;
 # 2. the measured run: a 1 prefill + 1 decode cluster (small model, tcp KV) serves the
-#    trace's lengths as Poisson arrivals for DURATION s (bench seed 0). The rate is the mix's
-#    own, below what the prefill worker sustains (Mooncake's prompts are long: 0.6 req/s; the
-#    Azure mixes 1.5 req/s): a queue that grows for the whole run is no steady state to
-#    compare percentiles in (RATE=X sets every mix's);
+#    trace's first RATE x DURATION requests (its lengths) as Poisson arrivals at RATE (bench
+#    seed 0). The rate is the mix's own, below what the prefill worker sustains (Mooncake's
+#    prompts are long: 0.6 req/s; the Azure mixes 1.5 req/s): a queue that grows for the
+#    whole run is no steady state to compare percentiles in (RATE=X sets every mix's). A
+#    count rather than a duration: 60 s of seed 0 holds 76 arrivals at 1.5 req/s and of seed
+#    1 114, runs of different loads;
 # 3. the traced run, for the simulator's step spread: the same cluster with its workers'
-#    step traces on (logging.step_trace_dir) serves as many requests of the trace (the same
-#    lengths) at the same rate, at other Poisson arrival times (seed 1);
+#    step traces on (logging.step_trace_dir) serves the same requests at the same rate, at
+#    other Poisson arrival times (seed 1);
 # 4. `pdserve plan --layout 1p1d` simulates the measured run's requests with the traced
 #    run's steps (--step-trace: each step takes its modelled time times a ratio drawn from
 #    how the traced run's steps of that kind compared with the cost model). SPREAD=0
@@ -70,11 +72,11 @@ for mix in $MIXES; do
       --warmup 2 --extra-body '{"return_token_ids": true}' --no-progress --out "$out" > /dev/null
     pd_down
   }
-  serve measured "$WORK/$mix" --duration "$DURATION" --seed 0
+  REQUESTS=$(python3 -c "print(round($MIX_RATE * $DURATION))")
+  serve measured "$WORK/$mix" --num-requests "$REQUESTS" --seed 0
   SPREAD_FLAGS=()
   if [ "${SPREAD:-1}" != 0 ]; then
-    sent=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_prompts"])' "$WORK/$mix.json")
-    serve traced "$WORK/$mix.traced" --num-requests "$sent" --seed 1
+    serve traced "$WORK/$mix.traced" --num-requests "$REQUESTS" --seed 1
     SPREAD_FLAGS=(--step-trace "$(ls "$WORK/$mix.traced.steps"/*.steps.csv | paste -sd, -)")
   fi
   # simulate OUT SIM_FLAGS...: the 1p1d layout on this mix's calibration, its summary line in OUT.
@@ -112,12 +114,12 @@ if len(sys.argv) > 4:
                 print(f"{label} {name} {pct} {'within' if a and abs(b / a - 1) <= 0.10 else 'outside'}", file=cells)
 PY
   }
-  simulate "$WORK/$mix.sim" --duration "$DURATION" --requests-csv "$WORK/$mix.sim.csv"
+  simulate "$WORK/$mix.sim" --num-requests "$REQUESTS" --seed 0 --requests-csv "$WORK/$mix.sim.csv"
   compare "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" "$WORK/cells"
   if [ "${SPREAD:-1}" != 0 ]; then
     # In sample: the traced run itself, simulated with its own steps (what the simulator
     # makes of steps it was given; the row above is the prediction).
-    simulate "$WORK/$mix.traced.sim" --num-requests "$sent" --seed 1
+    simulate "$WORK/$mix.traced.sim" --num-requests "$REQUESTS" --seed 1
     compare "$WORK/$mix.traced.json" "$WORK/$mix.traced.sim" "$mix, traced run (in sample)"
     echo "|   | host pace, measured run over traced run, shape for shape: $(python3 scripts/step-pace.py \
       "$WORK/$mix.traced.steps" "$WORK/$mix.measured.steps") |"

@@ -40,7 +40,8 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --time-scale X            multiply the trace's gaps by X (0.5: twice the rate)
   --num-requests N          only the first N requests (with --rate and no --duration: N Poisson
                             arrivals, as pdserve bench --num-requests --rate sends them)
-  --seed N                  pdserve bench's --seed: Poisson arrivals and prompt tokens (default 0)
+  --seed N                  pdserve bench's --seed: Poisson arrivals and prompt tokens; also seeds
+                            the --step-trace draws (default 0)
   --max-prompt-tokens N, --length-scale X, --max-output-tokens N   as in pdserve bench
   --max-batch-tokens N      engine.max_batch_tokens (default 8192)
   --max-running-requests N  engine.max_running_requests (default 256)
@@ -312,6 +313,7 @@ int runPlan(int argc, char** argv) {
   po.sim.kvCacheBytes = kvCacheBytes;
   po.sim.layout.shortPromptTokens = int64_t(threshold);
   po.sim.sloSizedPrefillChunks = !a.values.count("--no-slo-sized-chunks");
+  po.sim.seed = uint64_t(seed);
   if (Status s = po.sim.scheduler.validate(); !s.isOk()) return usageError(s);
   std::fprintf(stderr, "pdserve plan: %zu requests (%s), %s on %s\n", traceRequests, traceWorkload->describe.c_str(),
                model->name.c_str(), deviceDescription.c_str());
