@@ -16,7 +16,7 @@
 #    other Poisson arrival times (seed 1);
 # 4. `pdserve plan --layout 1p1d` simulates the measured run's requests with the traced
 #    run's steps (--step-trace: each step takes its modelled time times a ratio drawn from
-#    how the traced run's steps of that kind compared with the cost model). SPREAD=0
+#    how the traced run's steps of its kind and size compared with the cost model). SPREAD=0
 #    simulates with the cost model alone and skips the traced run;
 # 5. prints both rows and their ratio for p50 / p90 / p99; then the traced run against its
 #    own simulation (in sample: what the simulator makes of the steps it was given), and how
@@ -24,9 +24,10 @@
 #    (scripts/step-pace.py: this VM's pace moves between runs); last, how many of the 4
 #    p50 / p90 cells per mix are within 10% of measured (issue 15's criterion).
 # usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
-#   SPREAD=1; KEEP=DIR: keep the files there (per mix: the calibration, the step traces
-#   MIX.steps/, the clusters' logs, the bench's JSON / CSV, the simulated requests' CSV
-#   MIX.sim.csv; scripts/step-overlap.py reads the step traces); LOG_LEVEL=warn)
+#   SPREAD=1; KEEP=DIR: keep the files there (per mix and run: the calibration MIX.cal.json,
+#   the step traces MIX.RUN.steps/, the cluster's log, the bench's JSON / CSV (MIX.* for the
+#   measured run, MIX.traced.* for the other), the simulated requests' CSV MIX.sim.csv;
+#   scripts/step-overlap.py reads the step traces); LOG_LEVEL=warn)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -54,45 +55,34 @@ logging: {level: ${LOG_LEVEL:-warn}, step_trace_dir: "$1"}
 YAML
 }
 
-: > "$WORK/cells"
-for mix in $MIXES; do
-  TRACE=$(pd_mix_trace "$mix")
-  [ "$mix" = mooncake ] && MIX_RATE=${RATE:-0.6} || MIX_RATE=${RATE:-1.5}
-  LENGTHS=(--trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64)
-  "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/$mix.cal.json" | tail -1
-  # serve RUN OUT BENCH_FLAGS...: one run of the mix, its workers' step traces in
-  # $WORK/$mix.RUN.steps/, the bench's files $OUT.json / .csv.
-  serve() {
-    local run=$1 out=$2
-    shift 2
-    mkdir -p "$WORK/$mix.$run.steps"
-    cluster_yaml "$WORK/$mix.$run.steps" > "$WORK/$mix.$run.yaml"
-    pd_up "$WORK/$mix.$run.yaml" "$WORK/$mix.$run.up.log"
-    "$BIN/pdserve" bench --url http://127.0.0.1:8120 "${LENGTHS[@]}" --rate "$MIX_RATE" "$@" \
-      --warmup 2 --extra-body '{"return_token_ids": true}' --no-progress --out "$out" > /dev/null
-    pd_down
-  }
-  REQUESTS=$(python3 -c "print(round($MIX_RATE * $DURATION))")
-  serve measured "$WORK/$mix" --num-requests "$REQUESTS" --seed 0
-  SPREAD_FLAGS=()
-  if [ "${SPREAD:-1}" != 0 ]; then
-    serve traced "$WORK/$mix.traced" --num-requests "$REQUESTS" --seed 1
-    SPREAD_FLAGS=(--step-trace "$(ls "$WORK/$mix.traced.steps"/*.steps.csv | paste -sd, -)")
-  fi
-  # simulate OUT SIM_FLAGS...: the 1p1d layout on this mix's calibration, its summary line in OUT.
-  simulate() {
-    local out=$1
-    shift
-    "$BIN/pdserve" plan --calibration "$WORK/$mix.cal.json" --model models/small --kv-cache-bytes 268435456 \
-      --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
-      "${LENGTHS[@]}" --layout 1p1d --threshold 256 --rate "$MIX_RATE" "${SPREAD_FLAGS[@]}" "$@" \
-      2> /dev/null > "$out.out"
-    tail -1 "$out.out" > "$out"
-  }
-  # compare BENCH_JSON SIM LABEL [CELLS]: measured and simulated rows; with CELLS, each
-  # p50 / p90 cell's verdict appended there (issue 15's criterion: within 10% of measured).
-  compare() {
-    python3 - "$@" <<'PY'
+# serve RUN OUT BENCH_FLAGS...: one run of mix $mix, its workers' step traces in
+# $WORK/$mix.RUN.steps/, the bench's files $OUT.json / .csv.
+serve() {
+  local run=$1 out=$2
+  shift 2
+  mkdir -p "$WORK/$mix.$run.steps"
+  cluster_yaml "$WORK/$mix.$run.steps" > "$WORK/$mix.$run.yaml"
+  pd_up "$WORK/$mix.$run.yaml" "$WORK/$mix.$run.up.log"
+  "$BIN/pdserve" bench --url http://127.0.0.1:8120 "${LENGTHS[@]}" --rate "$MIX_RATE" "$@" \
+    --warmup 2 --extra-body '{"return_token_ids": true}' --no-progress --out "$out" > /dev/null
+  pd_down
+}
+
+# simulate OUT SIM_FLAGS...: the 1p1d layout on mix $mix's calibration, its summary line in OUT.
+simulate() {
+  local out=$1
+  shift
+  "$BIN/pdserve" plan --calibration "$WORK/$mix.cal.json" --model models/small --kv-cache-bytes 268435456 \
+    --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
+    "${LENGTHS[@]}" --layout 1p1d --threshold 256 --rate "$MIX_RATE" "${SPREAD_FLAGS[@]}" "$@" \
+    2> /dev/null > "$out.out"
+  tail -1 "$out.out" > "$out"
+}
+
+# compare BENCH_JSON SIM LABEL [CELLS]: measured and simulated rows; with CELLS, each
+# p50 / p90 cell's verdict appended there (issue 15's criterion: within 10% of measured).
+compare() {
+  python3 - "$@" <<'PY'
 import json, re, sys
 j = json.load(open(sys.argv[1]))
 sim = open(sys.argv[2]).read()
@@ -113,7 +103,21 @@ if len(sys.argv) > 4:
             for pct, a, b in zip(("p50", "p90"), m, s):
                 print(f"{label} {name} {pct} {'within' if a and abs(b / a - 1) <= 0.10 else 'outside'}", file=cells)
 PY
-  }
+}
+
+: > "$WORK/cells"
+for mix in $MIXES; do
+  TRACE=$(pd_mix_trace "$mix")
+  [ "$mix" = mooncake ] && MIX_RATE=${RATE:-0.6} || MIX_RATE=${RATE:-1.5}
+  LENGTHS=(--trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64)
+  "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/$mix.cal.json" | tail -1
+  REQUESTS=$(python3 -c "print(round($MIX_RATE * $DURATION))")
+  serve measured "$WORK/$mix" --num-requests "$REQUESTS" --seed 0
+  SPREAD_FLAGS=()
+  if [ "${SPREAD:-1}" != 0 ]; then
+    serve traced "$WORK/$mix.traced" --num-requests "$REQUESTS" --seed 1
+    SPREAD_FLAGS=(--step-trace "$(ls "$WORK/$mix.traced.steps"/*.steps.csv | paste -sd, -)")
+  fi
   simulate "$WORK/$mix.sim" --num-requests "$REQUESTS" --seed 0 --requests-csv "$WORK/$mix.sim.csv"
   compare "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" "$WORK/cells"
   if [ "${SPREAD:-1}" != 0 ]; then

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -125,7 +126,8 @@ Result<StepSpread> StepSpread::read(const std::vector<std::string>& paths, const
       PD_RETURN_IF_ERROR(number("prompt_context_tokens", &promptContext));
       const std::string role = column.at("role") < cells.size() ? cells[column.at("role")] : "";
       if (role != "prefill" && role != "decode") return invalidArgument(where + ": role must be prefill or decode");
-      if (seconds <= 0 || (decodeRows == 0 && promptChunks == 0) || (promptChunks > 0) != (promptTokens > 0))
+      if (seconds <= 0 || (decodeRows == 0 && promptChunks == 0) || (promptChunks > 0) != (promptTokens > 0) ||
+          promptTokens < promptChunks)
         return invalidArgument(where + ": a step that computed nothing (seconds, rows and chunks must agree)");
       std::vector<engine::SeqChunk> batch;
       addChunks(int64_t(decodeRows), int64_t(decodeRows), int64_t(decodeContext), &batch);
