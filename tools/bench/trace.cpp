@@ -19,23 +19,6 @@ std::string trim(std::string s) {
   return s.substr(b, e - b);
 }
 
-std::vector<std::string> splitCsv(const std::string& line) {
-  // The traces have no quoted fields; a quote would be a format we do not know, and the
-  // integer/timestamp checks below then reject the row with its line number.
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : line) {
-    if (c == ',') {
-      out.push_back(trim(cur));
-      cur.clear();
-    } else {
-      cur.push_back(c);
-    }
-  }
-  out.push_back(trim(cur));
-  return out;
-}
-
 bool parseInt(const std::string& s, int64_t* out) {
   if (s.empty()) return false;
   auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
@@ -68,6 +51,24 @@ Status finish(Trace* t) {
 }
 
 }  // namespace
+
+std::vector<std::string> splitCsv(const std::string& line) {
+  // No quoted fields: a quote would be a format we do not know, and the callers' number
+  // checks then reject the row with its line number.
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : line) {
+    if (c == ',') {
+      out.push_back(trim(cur));
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  out.push_back(trim(cur));
+  return out;
+}
+
 
 const char* traceFormatName(TraceFormat f) {
   switch (f) {

@@ -36,6 +36,10 @@ struct Trace {
 // anything else a CSV with a header. Rows whose timestamps go backwards are an error.
 Result<Trace> loadTrace(const std::string& path);
 
+// One line of a comma-separated file, each field trimmed of spaces (and a CRLF's CR); no
+// quoting. Also reads worker step traces (tools/plan/step_spread.cpp).
+std::vector<std::string> splitCsv(const std::string& line);
+
 // The parsers behind loadTrace; `name` is used in messages only.
 // CSV: columns are matched by header name. Required: a timestamp column (TIMESTAMP or
 // Timestamp), a prompt-length column (ContextTokens or "Request tokens") and an output-length

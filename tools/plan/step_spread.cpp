@@ -6,18 +6,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
+
+#include "tools/bench/stats.h"
+#include "tools/bench/trace.h"
 
 namespace pd::plan {
 
 namespace {
-
-std::vector<std::string> splitCsv(const std::string& line) {
-  std::vector<std::string> out;
-  std::stringstream in(line);
-  for (std::string cell; std::getline(in, cell, ',');) out.push_back(cell);
-  return out;
-}
 
 // `rows` sequences that share `tokens` tokens at `context` tokens of context, as evenly as
 // integers allow: a step's cost is linear in each chunk's start, so the sums are exact.
@@ -29,14 +24,6 @@ void addChunks(int64_t rows, int64_t tokens, int64_t context, std::vector<engine
     c.wantLogits = true;
     out->push_back(c);
   }
-}
-
-double quantile(std::span<const double> sorted, double q) {
-  if (sorted.empty()) return 1;
-  const double x = q * double(sorted.size() - 1);
-  const size_t i = size_t(x);
-  if (i + 1 >= sorted.size()) return sorted.back();
-  return sorted[i] + (x - double(i)) * (sorted[i + 1] - sorted[i]);
 }
 
 }  // namespace
@@ -95,7 +82,7 @@ Result<StepSpread> StepSpread::read(const std::vector<std::string>& paths, const
     if (!in) return invalidArgument("--step-trace: cannot read " + path);
     std::string line;
     if (!std::getline(in, line)) return invalidArgument("--step-trace " + path + ": empty (no header)");
-    const auto header = splitCsv(line);
+    const auto header = bench::splitCsv(line);
     std::map<std::string, size_t> column;
     for (const char* name : kColumns) {
       auto it = std::find(header.begin(), header.end(), name);
@@ -105,7 +92,7 @@ Result<StepSpread> StepSpread::read(const std::vector<std::string>& paths, const
     }
     for (int lineNo = 2; std::getline(in, line); ++lineNo) {
       if (line.empty()) continue;
-      const auto cells = splitCsv(line);
+      const auto cells = bench::splitCsv(line);
       const std::string where = "--step-trace " + path + ":" + std::to_string(lineNo);
       auto number = [&](const char* name, double* out) -> Status {
         const size_t i = column.at(name);
@@ -145,7 +132,7 @@ double StepSpread::sample(const StepClass& c, std::mt19937_64& rng) const {
   auto own = kind.bySize.find(c.size);
   const std::vector<double>& from = own != kind.bySize.end() ? own->second : kind.all;
   if (from.empty()) return 1;
-  return quantile(from, std::uniform_real_distribution<double>(0, 1)(rng));
+  return bench::percentileSorted(from, 100 * std::uniform_real_distribution<double>(0, 1)(rng));
 }
 
 std::string StepSpread::describe() const {
@@ -159,8 +146,8 @@ std::string StepSpread::describe() const {
       std::snprintf(line, sizeof line,
                     "  %-40s %6zu rows (%zu size classes of their own), measured / modelled p10 %.2f  p50 %.2f  "
                     "p90 %.2f\n",
-                    toString(k), kind.all.size(), kind.bySize.size(), quantile(kind.all, 0.1),
-                    quantile(kind.all, 0.5), quantile(kind.all, 0.9));
+                    toString(k), kind.all.size(), kind.bySize.size(), bench::percentileSorted(kind.all, 10),
+                    bench::percentileSorted(kind.all, 50), bench::percentileSorted(kind.all, 90));
     }
     out += line;
   }
