@@ -112,4 +112,56 @@ class TtftCalibration {
 // `scale` multiplies the predicted step time before it is compared (PercentileScale).
 AdmissionVerdict admitDecode(const WorkerView& decoding, double itlTargetS, double scale = 1);
 
+// The router's admission control as one piece (docs/serving.md "Overload"): the sequence
+// admitPrefill -> admitOverflow -> admitDecode with the scales it has learned, and the
+// observations that teach them. The router loop and `pdserve plan`'s simulation
+// (tools/plan/cluster_sim.h) both run it, so a plan sheds what the router would.
+// Pure state; the caller serialises (the router loop's strand).
+struct AdmissionTargets {
+  double ttftS = 1, ttftPercentile = 99;  // pools.prefill.slo
+  double itlS = 0.05, itlPercentile = 99;  // pools.decode.slo
+  // engine.slo_sized_prefill_chunks: a prompt the prefill pool refuses may be prefilled by its
+  // decode worker beside the streams (admitOverflow), where its chunks keep them within the ITL.
+  bool overflowToDecode = true;
+};
+
+struct AdmissionDecision {
+  enum class Side { kNone, kPrefill, kDecode };
+  Side refusedBy = Side::kNone;  // kNone: admitted
+  AdmissionVerdict verdict;      // the refusing side's; admitted: the prefill side's (scaled)
+  double predictedTtftS = 0;     // admitted: the unscaled TTFT prediction, for observeFirstToken
+  bool admitted() const { return refusedBy == Side::kNone; }
+};
+
+class AdmissionControl {
+ public:
+  explicit AdmissionControl(AdmissionTargets targets)
+      : targets_(targets), ttft_(targets.ttftPercentile), itl_(targets.itlPercentile, kItlStep) {}
+
+  // `plan` is the policy's choice for a prompt of `promptTokens` tokens; `prefilling` and
+  // `decoding` the views of the workers it names (prefilling == decoding when colocated).
+  // May turn a disaggregated plan into a colocated one on `decoding` ("prefill_overflow"),
+  // when `policy` says that worker's chunks fit beside its streams.
+  AdmissionDecision decide(RoutePlan& plan, const WorkerView& prefilling, const WorkerView& decoding,
+                           int64_t promptTokens, const RoutingPolicy& policy) const;
+  // An admitted request's first token came `observedS` after it was routed on `route`,
+  // against decide()'s predictedTtftS.
+  void observeFirstToken(Route route, double observedS, double predictedS) {
+    ttft_.observe(route, observedS, predictedS, targets_.ttftS);
+  }
+  // One inter-token gap of a stream (a gap of 0: tokens that came together).
+  void observeGap(double seconds) { itl_.observe(seconds > targets_.itlS); }
+
+  double ttftScale(Route route) const { return ttft_.scale(route); }
+  // What decode admission and RoutingPolicy's "protect_itl" multiply a predicted step by.
+  double itlScale() const { return itl_.value(); }
+  const AdmissionTargets& targets() const { return targets_; }
+
+ private:
+  static constexpr double kItlStep = 0.002;  // per gap: it sees ~100x more than the TTFT scale
+  AdmissionTargets targets_;
+  TtftCalibration ttft_;
+  PercentileScale itl_;
+};
+
 }  // namespace pd::router

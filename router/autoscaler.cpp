@@ -109,7 +109,13 @@ Autoscaler::Autoscaler(PoolSlo prefill, PoolSlo decode, AutoscalerOptions option
       decode_(decode),
       opt_(options),
       ttft_(options.window, options.slices),
-      itl_(options.window, options.slices) {}
+      itl_(options.window, options.slices),
+      colocatedTtft_(options.window, options.slices) {}
+
+void Autoscaler::observeShed(SteadyTime at, Route route, bool prefillSide, double predictedSeconds) {
+  if (!prefillSide) return observeItl(at, predictedSeconds);
+  observeTtft(at, predictedSeconds, route);
+}
 
 void Autoscaler::observePrefillArrival(SteadyTime at, int64_t tokens) {
   if (tokens > 0) prefillArrivals_.emplace_back(at, tokens);
@@ -136,6 +142,7 @@ void Autoscaler::percentileRule(LatencyWindow& w, const PoolSlo& slo, SteadyTime
   d.attainment = w.fractionWithin(slo.targetSeconds);
   d.ratio = d.observedSeconds / slo.targetSeconds;
   d.enoughSamples = d.samples >= opt_.minSamples;
+  d.latencyWhy = fmt("p%g %.4g s, target %.4g s", slo.percentile, d.observedSeconds, slo.targetSeconds);
   if (!d.enoughSamples) return;
   if (d.ratio > 1 + opt_.tolerance) {
     const int base = std::max(d.current, 1);
@@ -174,6 +181,13 @@ ScalingDecision Autoscaler::decideDecode(int currentReplicas, const PoolLoad& lo
   ScalingDecision d;
   d.current = std::max(currentReplicas, 0);
   percentileRule(itl_, decode_, now, d);
+  ScalingDecision colocated;
+  colocated.current = d.current;
+  percentileRule(colocatedTtft_, prefill_, now, colocated);
+  if (colocated.latencyReplicas > d.latencyReplicas) {
+    d.latencyReplicas = colocated.latencyReplicas;
+    d.latencyWhy = "colocated TTFT " + colocated.latencyWhy;
+  }
   const int streams = std::max(0, load.streams);
   PoolState& st = decodeState_;
   if (anyDecodeArrival_ && lastDecodeArrival_ > st.lastBusy) st.lastBusy = lastDecodeArrival_;
@@ -280,9 +294,7 @@ void Autoscaler::combine(PoolState& st, const PoolSlo& slo, int hi, bool busy, i
   const bool latencyFresh = !st.changed || now - st.lastChange >= opt_.window;
   const int latencyUp = latencyFresh ? d.latencyReplicas : -1;
   const int up = std::min(hi, std::max(d.capacityReplicas, latencyUp));
-  auto pct = [&](const char* verb) {
-    return fmt("%s: p%g %.4g s, target %.4g s", verb, slo.percentile, d.observedSeconds, slo.targetSeconds);
-  };
+  auto pct = [&](const char* verb) { return std::string(verb) + ": " + d.latencyWhy; };
   int next = was;
   if (!busy && now - st.lastBusy >= opt_.idleAfter) {
     next = lo;
@@ -336,6 +348,43 @@ void Autoscaler::combine(PoolState& st, const PoolSlo& slo, int hi, bool busy, i
   }
   st.desired = next;
   d.desired = next;
+}
+
+AutoscalerOptions autoscalerOptions(const config::RouterConfig::Autoscaler& a) {
+  AutoscalerOptions o;
+  o.window = std::chrono::milliseconds(a.windowMs);
+  o.minSamples = a.minSamples;
+  o.scaleUpUtilization = a.scaleUpUtilization;
+  o.scaleDownUtilization = a.scaleDownUtilization;
+  o.scaleUpCooldown = std::chrono::milliseconds(a.scaleUpCooldownMs);
+  o.scaleDownCooldown = std::chrono::milliseconds(a.scaleDownCooldownMs);
+  o.idleAfter = std::chrono::milliseconds(a.idleAfterMs);
+  o.maxStepUp = a.maxStepUp;
+  o.maxStepDown = a.maxStepDown;
+  o.sharedBudget = a.roleMoves;
+  return o;
+}
+
+std::pair<PoolLoad, PoolLoad> poolLoads(const std::vector<WorkerView>& views) {
+  PoolLoad prefill, decode;
+  int rates = 0, lines = 0;
+  double rateSum = 0, baseSum = 0, perStreamSum = 0;
+  for (const auto& v : views) {
+    if (!v.healthy) continue;
+    if (v.role == WorkerRole::kPrefill) {
+      prefill.queuedPrefillTokens += v.prefillTokensAhead();
+      if (v.prefillTokensPerS > 0) rateSum += v.prefillTokensPerS, ++rates;
+    } else {
+      decode.streams += v.streams();
+      if (v.decodeStepPerStreamMs >= 0) baseSum += v.decodeStepBaseMs, perStreamSum += v.decodeStepPerStreamMs, ++lines;
+    }
+  }
+  if (rates > 0) prefill.prefillTokensPerS = rateSum / rates;
+  if (lines > 0) {
+    decode.stepBaseMs = baseSum / lines;
+    decode.stepPerStreamMs = perStreamSum / lines;
+  }
+  return {prefill, decode};
 }
 
 }  // namespace pd::router

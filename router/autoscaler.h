@@ -25,6 +25,10 @@
 //      ceil(current * ratio) (at least +1, at most double); ratio < scaleDownBelow -> one
 //      fewer; otherwise "hold", which also vetoes the capacity model's scale-down (the
 //      latencies say the pool is busy at the size it has).
+//      The decode pool also prefills the colocated prompts: the same rule over their TTFTs
+//      (against the prefill SLO) may ask it for more replicas, or veto its scale-down, where
+//      the ITL rule would not (a colocated-only cluster has no other TTFT signal). Requests
+//      admission shed count in these windows at their predicted latency (observeShed).
 //   3. idleness: no queued or running work and no arrival for idleAfter -> the minimum.
 // Combination, from the previous recommendation D (the current size on the first call):
 //   - idle for idleAfter -> min_replicas at once (stale latencies in the window do not count);
@@ -55,6 +59,8 @@
 #include <vector>
 
 #include "common/base/clock.h"
+#include "common/config/cluster_config.h"
+#include "router/routing_policy.h"
 
 namespace pd::router {
 
@@ -119,7 +125,9 @@ struct ScalingDecision {
   double attainment = 1;         // fraction of observations within target (1 without samples)
   double ratio = 0;              // observedSeconds / target
   bool enoughSamples = false;    // samples >= minSamples: the percentile means something
-  int latencyReplicas = -1;      // its recommendation (-1: no opinion)
+  int latencyReplicas = -1;      // its recommendation (-1: no opinion); decode: the larger of
+                                 // the ITL rule's and the colocated TTFT rule's
+  std::string latencyWhy;        // which percentile, against which target (for the reason)
   // The capacity model (-1 / 0 where it has no opinion yet; demand is always filled in).
   int capacityReplicas = -1;     // the need at scaleUpUtilization
   double demand = 0;             // prefill: tokens/s to serve (Q / T + A); decode: streams
@@ -162,8 +170,17 @@ class Autoscaler {
  public:
   Autoscaler(PoolSlo prefill, PoolSlo decode, AutoscalerOptions options = {});
 
-  void observeTtft(SteadyTime at, double seconds) { ttft_.add(at, seconds); }
+  // A first token's TTFT. A disaggregated one is the prefill pool's signal; a colocated one
+  // the decode pool's, which prefilled it (its TTFT rule, below).
+  void observeTtft(SteadyTime at, double seconds, Route route = Route::kDisaggregated) {
+    (route == Route::kDisaggregated ? ttft_ : colocatedTtft_).add(at, seconds);
+  }
   void observeItl(SteadyTime at, double seconds) { itl_.add(at, seconds); }
+  // A request admission control refused (router/admission.h): a miss of the pool that would
+  // have served it, observed at its predicted latency (past the target) in that pool's window
+  // -- the prefill side's on `route` as a TTFT, the decode side's as a gap. Without it,
+  // shedding would hide an overloaded pool: the requests it admits meet their targets.
+  void observeShed(SteadyTime at, Route route, bool prefillSide, double predictedSeconds);
   // Prompt tokens routed to the prefill pool (disaggregated requests): its arrival rate.
   void observePrefillArrival(SteadyTime at, int64_t tokens);
   // A request routed to the decode pool (every request): it ends the pool's idleness.
@@ -209,10 +226,18 @@ class Autoscaler {
   PoolSlo prefill_, decode_;
   AutoscalerOptions opt_;
   LatencyWindow ttft_, itl_;
+  LatencyWindow colocatedTtft_;  // the decode pool's prompts' TTFTs
   std::deque<std::pair<SteadyTime, int64_t>> prefillArrivals_;  // within rateWindow
   SteadyTime lastDecodeArrival_{};
   bool anyDecodeArrival_ = false;
   PoolState prefillState_, decodeState_;
 };
+
+// router.autoscaler's keys as AutoscalerOptions (the router and `pdserve plan` read the same).
+AutoscalerOptions autoscalerOptions(const config::RouterConfig::Autoscaler& keys);
+
+// Each pool's PoolLoad from the healthy workers' views, as admission reads them
+// (maxStreamsPerWorker is left 0: the caller knows engine.max_running_requests).
+std::pair<PoolLoad, PoolLoad> poolLoads(const std::vector<WorkerView>& views);  // {prefill, decode}
 
 }  // namespace pd::router

@@ -278,7 +278,8 @@ void RequestStream::observeTiming(Choice& c, const proto::TokenChunk& chunk, Ste
       ttftSplit_ = assembleTtftSplit(ttft, secondsBetween(spec_.received, dispatchedAt_), chunk.timings());
       for (const auto& [phase, seconds] : ttftSplit_->phases) metrics_.observeTtftPhase(routeLabel, phase, seconds);
     }
-    if (route_ == Route::kDisaggregated) t.ttft = ttft;
+    t.ttft = ttft;
+    t.route = route_;
   } else if (c.lastTokenAt) {
     const double itl = secondsBetween(*c.lastTokenAt, now);
     metrics_.observeItl(routeLabel, itl);

@@ -66,7 +66,8 @@ struct Dispatch {
 // The token timing of one TokenChunk, for the autoscaler.
 struct TokenTiming {
   SteadyTime at;
-  std::optional<double> ttft;  // the request's first token, when it was disaggregated
+  std::optional<double> ttft;  // the request's first token
+  Route route = Route::kColocated;  // the request's, as routed
   std::optional<double> itl;   // since this choice's previous token
   int zeroItls = 0;            // further tokens in the same chunk
 };

@@ -13,44 +13,6 @@ namespace {
 
 constexpr const char* kTag = "router";
 
-AutoscalerOptions autoscalerOptions(const config::RouterConfig::Autoscaler& a) {
-  AutoscalerOptions o;
-  o.window = std::chrono::milliseconds(a.windowMs);
-  o.minSamples = a.minSamples;
-  o.scaleUpUtilization = a.scaleUpUtilization;
-  o.scaleDownUtilization = a.scaleDownUtilization;
-  o.scaleUpCooldown = std::chrono::milliseconds(a.scaleUpCooldownMs);
-  o.scaleDownCooldown = std::chrono::milliseconds(a.scaleDownCooldownMs);
-  o.idleAfter = std::chrono::milliseconds(a.idleAfterMs);
-  o.maxStepUp = a.maxStepUp;
-  o.maxStepDown = a.maxStepDown;
-  o.sharedBudget = a.roleMoves;
-  return o;
-}
-
-// The autoscaler's view of each pool, from the healthy workers' views (as admission reads them).
-std::pair<PoolLoad, PoolLoad> poolLoads(const std::vector<WorkerView>& views) {
-  PoolLoad prefill, decode;
-  int rates = 0, lines = 0;
-  double rateSum = 0, baseSum = 0, perStreamSum = 0;
-  for (const auto& v : views) {
-    if (!v.healthy) continue;
-    if (v.role == WorkerRole::kPrefill) {
-      prefill.queuedPrefillTokens += v.prefillTokensAhead();
-      if (v.prefillTokensPerS > 0) rateSum += v.prefillTokensPerS, ++rates;
-    } else {
-      decode.streams += v.streams();
-      if (v.decodeStepPerStreamMs >= 0) baseSum += v.decodeStepBaseMs, perStreamSum += v.decodeStepPerStreamMs, ++lines;
-    }
-  }
-  if (rates > 0) prefill.prefillTokensPerS = rateSum / rates;
-  if (lines > 0) {
-    decode.stepBaseMs = baseSum / lines;
-    decode.stepPerStreamMs = perStreamSum / lines;
-  }
-  return {prefill, decode};
-}
-
 }  // namespace
 
 RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig& cfg, std::string modelName,
@@ -76,9 +38,9 @@ RouterLoop::RouterLoop(boost::asio::io_context& io, const config::ClusterConfig&
                      ? std::optional<AdaptiveThreshold>(AdaptiveThreshold(cfg.router.shortPromptTokens))
                      : std::nullopt),
       autoscaleTimer_(strand_),
-      // Per request, per gap: the ITL scale sees ~100x more observations.
-      ttftCalibration_(cfg.pools.prefill.slo.percentile),
-      itlScale_(cfg.pools.decode.slo.percentile, 0.002) {
+      admission_(AdmissionTargets{cfg.pools.prefill.slo.ttftMs / 1e3, cfg.pools.prefill.slo.percentile,
+                                  cfg.pools.decode.slo.itlMs / 1e3, cfg.pools.decode.slo.percentile,
+                                  cfg.engine.sloSizedPrefillChunks}) {
   // A decode worker whose reports stopped is cut off (its reports come from its I/O threads,
   // never blocked by a long step): its streams would stall until the request deadline.
   workers_.onSilent([this](const std::string& id) {
@@ -211,9 +173,8 @@ void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chu
     e.prefillTokens = 0;
   }
   if (e.predictedTtftS > 0 && chunk.token_ids_size() > 0) {
-    ttftCalibration_.observe(e.predictedRoute, secondsBetween(e.routedAt, steadyNow()), e.predictedTtftS,
-                             cfg_.pools.prefill.slo.ttftMs / 1e3);
-    metrics_.admissionScaleTtft[size_t(e.predictedRoute)].set(ttftCalibration_.scale(e.predictedRoute));
+    admission_.observeFirstToken(e.predictedRoute, secondsBetween(e.routedAt, steadyNow()), e.predictedTtftS);
+    metrics_.admissionScaleTtft[size_t(e.predictedRoute)].set(admission_.ttftScale(e.predictedRoute));
     e.predictedTtftS = 0;
   }
   e.stream->deliver(std::move(chunk));
@@ -271,41 +232,27 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
   }
   double predictedTtftS = 0;  // unscaled, for the calibration
   if (cfg_.router.overloadShedding) {
-    const auto shed = [&](const AdmissionVerdict& v, const std::string& why) {
+    const AdmissionDecision d = admission_.decide(*p, prefilling, decoding, promptTokens, policy_);
+    if (!d.admitted()) {
+      const AdmissionVerdict& v = d.verdict;
+      autoscaler_.observeShed(steadyNow(), p->route, d.refusedBy == AdmissionDecision::Side::kPrefill, v.predictedS);
+      const std::string why =
+          d.refusedBy == AdmissionDecision::Side::kPrefill
+              ? "with the prompts queued on worker " + prefilling.id + ", this one's first token is predicted at " +
+                    std::to_string(int(v.predictedS * 1e3)) + " ms, past the " +
+                    std::to_string(int(cfg_.pools.prefill.slo.ttftMs)) + " ms TTFT target"
+              : "one more stream on decode worker " + decoding.id + " would make its steps take about " +
+                    std::to_string(int(v.predictedS * 1e3)) + " ms, past the " +
+                    std::to_string(int(cfg_.pools.decode.slo.itlMs)) + " ms ITL target";
       ApiError e;
       e.status = 429;
       e.type = "rate_limit_exceeded";
       e.code = "overloaded";
       e.retryAfterS = v.retryAfterS;
       e.message = "overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s";
-      stream->refuse(std::move(e), "overloaded");
-    };
-    const double ttftTargetS = cfg_.pools.prefill.slo.ttftMs / 1e3;
-    AdmissionVerdict queue =
-        admitPrefill(prefilling, promptTokens - p->cachedTokens, ttftTargetS, ttftCalibration_.scale(p->route));
-    // The prefill pool cannot serve it in time: its decode worker may, if its SLO-sized
-    // chunks keep the streams there within their ITL (docs/serving.md "Overload").
-    if (!queue.admit && p->route == Route::kDisaggregated && cfg_.engine.sloSizedPrefillChunks &&
-        policy_.fitsBesideStreams(decoding)) {
-      const AdmissionVerdict there = admitOverflow(decoding, promptTokens - decoding.cachedTokens, ttftTargetS,
-                                                   ttftCalibration_.scale(Route::kColocated));
-      if (there.admit) {
-        *p = RoutingPolicy::colocatedOn(decoding, "prefill_overflow");
-        queue = there;
-      }
+      return stream->refuse(std::move(e), "overloaded");
     }
-    predictedTtftS = queue.predictedS / ttftCalibration_.scale(p->route);
-    if (!queue.admit) {
-      return shed(queue, "with the prompts queued on worker " + prefilling.id + ", this one's first token is predicted at " +
-                             std::to_string(int(queue.predictedS * 1e3)) + " ms, past the " +
-                             std::to_string(int(cfg_.pools.prefill.slo.ttftMs)) + " ms TTFT target");
-    }
-    const AdmissionVerdict streams = admitDecode(decoding, cfg_.pools.decode.slo.itlMs / 1e3, itlScale_.value());
-    if (!streams.admit) {
-      return shed(streams, "one more stream on decode worker " + decoding.id + " would make its steps take about " +
-                               std::to_string(int(streams.predictedS * 1e3)) + " ms, past the " +
-                               std::to_string(int(cfg_.pools.decode.slo.itlMs)) + " ms ITL target");
-    }
+    predictedTtftS = d.predictedTtftS;
   }
   commit(*p, spec.prefixBlocks);
   const Route route = p->route;
@@ -419,14 +366,14 @@ void RouterLoop::choicesEnded(std::vector<uint64_t> workerRequestIds) {
 
 void RouterLoop::observeTokens(const TokenTiming& t) {
   onStrand([this, t] {
-    if (t.ttft) autoscaler_.observeTtft(t.at, *t.ttft);
+    if (t.ttft) autoscaler_.observeTtft(t.at, *t.ttft, t.route);
     if (t.itl) autoscaler_.observeItl(t.at, *t.itl);
     for (int k = 0; k < t.zeroItls; ++k) autoscaler_.observeItl(t.at, 0.0);
     if (t.itl && cfg_.router.overloadShedding) {
-      itlScale_.observe(*t.itl > cfg_.pools.decode.slo.itlMs / 1e3);
-      for (int k = 0; k < t.zeroItls; ++k) itlScale_.observe(false);
-      metrics_.admissionScaleItl.set(itlScale_.value());
-      policy_.setItlPredictionScale(itlScale_.value());
+      admission_.observeGap(*t.itl);
+      for (int k = 0; k < t.zeroItls; ++k) admission_.observeGap(0);
+      metrics_.admissionScaleItl.set(admission_.itlScale());
+      policy_.setItlPredictionScale(admission_.itlScale());
     }
   });
 }

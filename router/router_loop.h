@@ -89,7 +89,7 @@ class RouterLoop final : public StreamOwner {
     std::string prefillWorker;
     int64_t prefillTokens = 0;
     // Admission's TTFT prediction for it, on which route, and when it was routed, until its
-    // first token calibrates that route's next predictions (ttftCalibration_); 0: none made.
+    // first token calibrates that route's next predictions (admission_); 0: none made.
     double predictedTtftS = 0;
     Route predictedRoute = Route::kColocated;
     SteadyTime routedAt{};
@@ -142,10 +142,8 @@ class RouterLoop final : public StreamOwner {
   std::optional<AdaptiveThreshold> threshold_;  // set when router.adaptive_threshold
   int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // for the change log
   boost::asio::steady_timer autoscaleTimer_;
-  // Overload admission's prediction scales (router/admission.h): TTFT against what admitted
-  // requests took, decode steps against the ITL gaps streams saw.
-  TtftCalibration ttftCalibration_;
-  PercentileScale itlScale_;
+  // Overload admission and its learned prediction scales (router/admission.h).
+  AdmissionControl admission_;
   std::unordered_map<uint64_t, Entry> requests_;  // by worker request id, until the choice ends
   // Worker request ids are random 64-bit values, not a sequence: workers serve several
   // routers at once (issue 11), and the ids of two routers must not collide on a worker.

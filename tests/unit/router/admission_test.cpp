@@ -194,5 +194,56 @@ TEST_CASE("admission: a percentile scale settles where (1 - p) of observations e
   CHECK(high.value() == Approx(4));
 }
 
+TEST_CASE("admission control: prefill, then overflow to the decode worker, then decode, with its scales") {
+  AdmissionTargets targets;
+  targets.ttftS = 1.0;
+  targets.itlS = 0.100;
+  AdmissionControl admission(targets);
+  RoutingPolicy policy(RoutingConfig{256, 4, 100});
+  WorkerView prefill = worker(1800, 0, 2000);  // 0.9 s queued: a 500-token prompt would be 1.15 s
+  prefill.role = WorkerRole::kPrefill;
+  WorkerView decode = decodeWorker(4, 20, 4);
+  decode.prefillTokensPerS = 5000;  // 500 tokens there: 0.1 s, within half the target
+  RoutePlan plan;
+  plan.route = Route::kDisaggregated;
+  plan.prefillWorker = prefill.id;
+  plan.decodeWorker = decode.id;
+
+  RoutePlan overflowed = plan;
+  const AdmissionDecision d = admission.decide(overflowed, prefill, decode, 500, policy);
+  CHECK(d.admitted());
+  CHECK(overflowed.route == Route::kColocated);
+  CHECK(overflowed.reason == "prefill_overflow");
+  CHECK(d.predictedTtftS == Approx(0.1));
+
+  // Without SLO-sized chunks the decode worker cannot take it: the prefill side refuses.
+  targets.overflowToDecode = false;
+  RoutePlan kept = plan;
+  const AdmissionDecision refused = AdmissionControl(targets).decide(kept, prefill, decode, 500, policy);
+  CHECK(refused.refusedBy == AdmissionDecision::Side::kPrefill);
+  CHECK(refused.verdict.predictedS == Approx(1.15));
+  CHECK(kept.route == Route::kDisaggregated);
+
+  // A short prompt the prefill side admits still needs room among the streams.
+  RoutePlan colocated = RoutingPolicy::colocatedOn(decodeWorker(20, 20, 4), "short_prompt");
+  const AdmissionDecision full =
+      admission.decide(colocated, decodeWorker(20, 20, 4), decodeWorker(20, 20, 4), 50, policy);
+  CHECK(full.refusedBy == AdmissionDecision::Side::kDecode);
+  CHECK(full.verdict.predictedS == Approx(0.104));
+  CHECK(full.predictedTtftS == 0);
+
+  // Gaps past the ITL target raise the scale decode admission multiplies by: 19 streams, whose
+  // 0.096 s prediction fit, no longer do.
+  RoutePlan nineteen = RoutingPolicy::colocatedOn(decodeWorker(18, 20, 4), "short_prompt");
+  CHECK(admission.decide(nineteen, decodeWorker(18, 20, 4), decodeWorker(18, 20, 4), 50, policy).admitted());
+  for (int i = 0; i < 100; ++i) admission.observeGap(0.2);
+  CHECK(admission.itlScale() > 1.1);
+  CHECK_FALSE(admission.decide(nineteen, decodeWorker(18, 20, 4), decodeWorker(18, 20, 4), 50, policy).admitted());
+  // First tokens later than predicted near the target raise that route's TTFT scale alone.
+  for (int i = 0; i < 50; ++i) admission.observeFirstToken(Route::kDisaggregated, 0.9, 0.6);
+  CHECK(admission.ttftScale(Route::kDisaggregated) > 1);
+  CHECK(admission.ttftScale(Route::kColocated) == 1);
+}
+
 }  // namespace
 }  // namespace pd::router

@@ -122,6 +122,47 @@ TEST_CASE("the prefill pool grows in proportion to TTFT over target, at most dou
   CHECK(empty.decidePrefill(0, kNoReports, at(201)).desired == 2);
 }
 
+TEST_CASE("the decode pool scales on the TTFT of the prompts it prefills, and shed requests count as misses") {
+  // A colocated-only cluster: the prefill pool has no workers, the decode pool prefills every
+  // prompt. Its streams fit (no capacity call) and its gaps meet the ITL target.
+  PoolSlo prefill{/*target*/ 1.0, /*pct*/ 99, /*min*/ 0, /*max*/ 0};
+  PoolSlo decode{0.05, 99, 1, 8};
+  auto fed = [&](double colocatedTtft, int shed) {
+    auto a = std::make_unique<Autoscaler>(prefill, decode, immediate());
+    for (int i = 0; i < 500; ++i) a->observeItl(at(10), 0.03);
+    for (int i = 0; i < 200; ++i) a->observeTtft(at(10), colocatedTtft, Route::kColocated);
+    // What admission refused at the TTFT target, predicted at 1.4 s.
+    for (int i = 0; i < shed; ++i) a->observeShed(at(10), Route::kColocated, /*prefillSide*/ true, 1.4);
+    return a;
+  };
+  // Colocated TTFT p99 at 1.6 s against 1 s: ceil(2 x 1.6) = 4, where the ITL rule holds.
+  auto slow = fed(1.6, 0);
+  auto d = slow->decideDecode(2, decodeLoad(4), at(11));
+  CHECK(d.desired == 4);
+  CHECK(d.observedSeconds < 0.05);  // the pool's own SLO window is still its ITL
+  CHECK_THAT(d.reason, Catch::Contains("colocated TTFT p99"));
+  // Prompts in time: the ITL rule's call (hold at this load) stands.
+  CHECK(fed(0.7, 0)->decideDecode(2, decodeLoad(4), at(11)).desired == 2);
+  // Admission keeps the admitted prompts in time by shedding 3% of them: those misses (p99 at
+  // 1.4 s) scale it, ceil(2 x 1.4) = 3.
+  auto shedding = fed(0.7, 6);
+  d = shedding->decideDecode(2, decodeLoad(4), at(11));
+  CHECK(d.desired == 3);
+  CHECK_THAT(d.reason, Catch::Contains("colocated TTFT"));
+  // Disaggregated TTFTs and sheds are the prefill pool's: the decode pool does not see them.
+  Autoscaler split(PoolSlo{1.0, 99, 1, 4}, decode, immediate());
+  for (int i = 0; i < 500; ++i) split.observeItl(at(10), 0.03);
+  for (int i = 0; i < 200; ++i) split.observeTtft(at(10), 1.6, Route::kDisaggregated);
+  for (int i = 0; i < 6; ++i) split.observeShed(at(10), Route::kDisaggregated, true, 3.0);
+  CHECK(split.decideDecode(2, decodeLoad(4), at(11)).desired == 2);
+  CHECK(split.decidePrefill(1, kNoReports, at(11)).desired == 2);
+  // A stream refused at the ITL target is a gap past it.
+  Autoscaler streams(prefill, decode, immediate());
+  for (int i = 0; i < 90; ++i) streams.observeItl(at(10), 0.03);
+  for (int i = 0; i < 10; ++i) streams.observeShed(at(10), Route::kColocated, /*prefillSide*/ false, 0.08);
+  CHECK(streams.decideDecode(2, decodeLoad(4), at(11)).desired == 4);
+}
+
 TEST_CASE("the decode pool shrinks one at a time when ITL is far under target, never below min") {
   PoolSlo prefill{0.5, 99, 0, 4};
   PoolSlo decode{0.050, 90, 2, 6};
