@@ -24,7 +24,9 @@
 #    (scripts/step-pace.py: this VM's pace moves between runs); last, how many of the 4
 #    p50 / p90 cells per mix are within 10% of measured (issue 15's criterion).
 # usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
-#   SPREAD=1; KEEP=DIR: keep the files there (per mix and run: the calibration MIX.cal.json,
+#   SPREAD=1; SHEDDING=1: both runs with router.overload_shedding on and the simulation with the
+#   router's admission control, to compare what each sheds (off by default: the 10% criterion
+#   compares latencies of the same requests); KEEP=DIR: keep the files there (per mix and run: the calibration MIX.cal.json,
 #   the step traces MIX.RUN.steps/, the cluster's log, the bench's JSON / CSV (MIX.* for the
 #   measured run, MIX.traced.* for the other), the simulated requests' CSV MIX.sim.csv;
 #   scripts/step-overlap.py reads the step traces); LOG_LEVEL=warn)
@@ -34,6 +36,11 @@ BUILD=${1:-build}
 BIN="$BUILD/bin"
 DURATION=${DURATION:-60}
 MIXES=${MIXES:-"conv code mooncake"}
+if [ "${SHEDDING:-0}" = 1 ]; then
+  SHEDDING_KEY=true SHEDDING_FLAGS=()
+else
+  SHEDDING_KEY=false SHEDDING_FLAGS=(--no-overload-shedding)
+fi
 WORK=${KEEP:-$(mktemp -d)}
 mkdir -p "$WORK"
 source scripts/lib/cluster.sh
@@ -45,7 +52,7 @@ trap 'pd_down; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 cluster_yaml() {
   cat <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
-router: {host: 127.0.0.1, port: 8120, control_port: 9120, short_prompt_tokens: 256, request_timeout_ms: 300000, overload_shedding: false}
+router: {host: 127.0.0.1, port: 8120, control_port: 9120, short_prompt_tokens: 256, request_timeout_ms: 300000, overload_shedding: $SHEDDING_KEY}
 pools:
   prefill: {replicas: 1, slo: {ttft_ms: 2000, percentile: 99}}
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}
@@ -74,9 +81,9 @@ simulate() {
   shift
   "$BIN/pdserve" plan --calibration "$WORK/$mix.cal.json" --model models/small --kv-cache-bytes 268435456 \
     --max-batch-tokens 1024 --max-running-requests 64 --kv-link-gbps 20 --slo ttft_ms=2000,itl_ms=100 \
-    "${LENGTHS[@]}" --layout 1p1d --threshold 256 --rate "$MIX_RATE" "${SPREAD_FLAGS[@]}" "$@" \
+    "${LENGTHS[@]}" --layout 1p1d --threshold 256 --rate "$MIX_RATE" "${SPREAD_FLAGS[@]}" "${SHEDDING_FLAGS[@]}" "$@" \
     2> /dev/null > "$out.out"
-  tail -1 "$out.out" > "$out"
+  grep "^simulated" "$out.out" > "$out"
 }
 
 # compare BENCH_JSON SIM LABEL [CELLS]: measured and simulated rows; with CELLS, each
@@ -96,7 +103,7 @@ def row(name, m, s):
     print(f"| {label} | {name} | {r} |")
 row("TTFT p50 / p90 / p99 ms (measured, simulated)", m_ttft, s_ttft)
 row("ITL p50 / p90 / p99 ms (measured, simulated)", m_itl, s_itl)
-print(f"|   | completed {j['completed']} measured; {sim.split('|')[-1].strip()} simulated |")
+print(f"|   | completed {j['completed']}, failed {j['failed']} measured; {sim.split('|')[-1].strip()} simulated |")
 if len(sys.argv) > 4:
     with open(sys.argv[4], "a") as cells:
         for name, m, s in (("TTFT", m_ttft, s_ttft), ("ITL", m_itl, s_itl)):

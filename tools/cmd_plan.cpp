@@ -50,13 +50,20 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --layout L                simulate only this layout: colocated:N or NpMd (e.g. 1p1d), at the
                             trace's arrivals or at --rate R (Poisson); prints its percentiles
   --threshold N             router.short_prompt_tokens for --layout (default 256)
-  --requests-csv FILE       with --layout: each request's simulated route, TTFT and ITL, one
+  --requests-csv FILE       with --layout: each request's simulated route (or shed), TTFT and ITL, one
                             row per request in pdserve bench's order (its --out CSV's index)
   --calibration F           a CPU device measured by --calibrate instead of a --gpu; its workers
                             get --kv-cache-bytes (default 268435456) and --kv-link-gbps (default 20)
   --html FILE               also write the SLO-attainment curves against rate of the best layouts
                             (every rate the search simulated) and the ranking, as one HTML page
   --no-slo-sized-chunks     engine.slo_sized_prefill_chunks: false (prompts in max_batch_tokens chunks)
+  --no-overload-shedding    router.overload_shedding: false (admit every request; by default the
+                            router's admission control sheds what it predicts would miss, and a
+                            shed request counts as a miss)
+  --autoscale MIN           with --layout: the pools follow the router's autoscaler (router.autoscaler
+                            defaults) between MIN (colocated:N or NpMd) and --layout, starting at MIN;
+                            a started worker serves after --startup-s (default 60); prints the
+                            devices held over the run
   --step-trace F[,F...]     workers' step traces (logging.step_trace_dir) from a run of this device:
                             each simulated step takes its modelled time times a measured / modelled
                             ratio drawn from that run's steps of the same kind (docs/plan.md)
@@ -74,8 +81,9 @@ Result<Args> parseArgs(int argc, char** argv) {
                                    "--num-requests", "--max-prompt-tokens", "--length-scale", "--max-output-tokens",
                                    "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment",
                                    "--layout", "--threshold", "--rate", "--calibration", "--kv-cache-bytes",
-                                   "--threads", "--out", "--html", "--requests-csv", "--step-trace", "--seed"};
-  static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks"};
+                                   "--threads", "--out", "--html", "--requests-csv", "--step-trace", "--seed",
+                                   "--autoscale", "--startup-s"};
+  static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks", "--no-overload-shedding"};
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -134,7 +142,7 @@ int usageError(const Status& s) {
 }
 
 // "colocated:N" or "NpMd" (case-insensitive), e.g. "1p1d".
-Result<plan::Layout> parseLayout(std::string text, int64_t threshold) {
+Result<plan::Layout> parseLayout(const char* option, std::string text, int64_t threshold) {
   for (auto& ch : text) ch = char(std::tolower(static_cast<unsigned char>(ch)));
   plan::Layout l;
   l.shortPromptTokens = threshold;
@@ -148,7 +156,7 @@ Result<plan::Layout> parseLayout(std::string text, int64_t threshold) {
     l.prefillWorkers = p, l.decodeWorkers = d;
     return l;
   }
-  return invalidArgument("--layout: '" + text + "' (expected colocated:N or NpMd, e.g. 1p1d)");
+  return invalidArgument(std::string(option) + ": '" + text + "' (expected colocated:N or NpMd, e.g. 1p1d)");
 }
 
 int runCalibrate(const Args& a) {
@@ -180,9 +188,9 @@ int runCalibrate(const Args& a) {
 
 void printSummaryLine(const char* label, const plan::SimSummary& s) {
   std::printf("%-10s TTFT p50/p90/p99 %7.1f %7.1f %7.1f ms | ITL p50/p90/p99 %6.1f %6.1f %6.1f ms | %lld/%lld finished, "
-              "%.1f%% within the SLOs, %lld disaggregated\n",
+              "%lld shed, %.1f%% within the SLOs, %lld disaggregated\n",
               label, 1000 * s.ttftP50, 1000 * s.ttftP90, 1000 * s.ttftP99, 1000 * s.itlP50, 1000 * s.itlP90,
-              1000 * s.itlP99, (long long)s.finished, (long long)s.requests, 100 * s.attainment,
+              1000 * s.itlP99, (long long)s.finished, (long long)s.requests, (long long)s.shed, 100 * s.attainment,
               (long long)s.disaggregated);
 }
 
@@ -199,7 +207,7 @@ Status writeRequestsCsv(const std::string& path, const std::vector<plan::SimRequ
     const bool gaps = o.finished && !o.itlsS.empty();
     const double itlMax = gaps ? *std::max_element(o.itlsS.begin(), o.itlsS.end()) : 0;
     std::fprintf(f, "%zu,%.6f,%zu,%d,%s,%d,%s,%s,%s\n", i, requests[i].arrivalS, requests[i].prompt.size(),
-                 requests[i].outputTokens, o.disaggregated ? "disaggregated" : "colocated", o.finished ? 1 : 0,
+                 requests[i].outputTokens, o.shed ? "shed" : o.disaggregated ? "disaggregated" : "colocated", o.finished ? 1 : 0,
                  ms(o.finished, o.ttftS).c_str(), ms(gaps, gaps ? plan::percentileOf(o.itlsS, 99) : 0).c_str(),
                  ms(gaps, itlMax).c_str());
   }
@@ -236,14 +244,15 @@ int runPlan(int argc, char** argv) {
   double gpus = cpu ? 1 : 8, duration = 0, timeScale = 1, numRequests = 0, maxPrompt = 0, lengthScale = 0,
          maxOutput = 0;
   double maxBatch = 8192, maxRunning = 256, linkGbps = cpu ? 20 : 0, attainment = 90, threshold = 256, rate = 0;
-  double kvCacheBytes = cpu ? 268435456 : 0, seed = 0;
+  double kvCacheBytes = cpu ? 268435456 : 0, seed = 0, startupS = 60;
   for (Status s : {number(a, "--gpus", &gpus), number(a, "--duration", &duration), number(a, "--time-scale", &timeScale),
                    number(a, "--num-requests", &numRequests), number(a, "--max-prompt-tokens", &maxPrompt),
                    number(a, "--length-scale", &lengthScale), number(a, "--max-output-tokens", &maxOutput),
                    number(a, "--max-batch-tokens", &maxBatch), number(a, "--max-running-requests", &maxRunning),
                    number(a, "--kv-link-gbps", &linkGbps), number(a, "--attainment", &attainment),
                    number(a, "--threshold", &threshold), number(a, "--rate", &rate),
-                   number(a, "--kv-cache-bytes", &kvCacheBytes), number(a, "--seed", &seed)})
+                   number(a, "--kv-cache-bytes", &kvCacheBytes), number(a, "--seed", &seed),
+                   number(a, "--startup-s", &startupS)})
     if (!s.isOk()) return usageError(s);
 
   plan::Device device;
@@ -314,6 +323,7 @@ int runPlan(int argc, char** argv) {
   po.sim.layout.shortPromptTokens = int64_t(threshold);
   po.sim.sloSizedPrefillChunks = !a.values.count("--no-slo-sized-chunks");
   po.sim.seed = uint64_t(seed);
+  po.sim.overloadShedding = !a.values.count("--no-overload-shedding");
   if (Status s = po.sim.scheduler.validate(); !s.isOk()) return usageError(s);
   std::fprintf(stderr, "pdserve plan: %zu requests (%s), %s on %s\n", traceRequests, traceWorkload->describe.c_str(),
                model->name.c_str(), deviceDescription.c_str());
@@ -333,12 +343,28 @@ int runPlan(int argc, char** argv) {
   if (a.values.count("--layout")) {
     if (a.values.count("--html"))
       return usageError(invalidArgument("--html draws the layout search's curves; it does not go with --layout"));
-    auto layout = parseLayout(get("--layout", ""), int64_t(threshold));
+    auto layout = parseLayout("--layout", get("--layout", ""), int64_t(threshold));
     if (!layout.ok()) return usageError(layout.status());
     auto requests = source(rate);
     if (!requests.ok()) return usageError(requests.status());
     plan::SimOptions so = po.sim;
     so.layout = *layout;
+    if (a.values.count("--autoscale")) {
+      auto lower = parseLayout("--autoscale", get("--autoscale", ""), int64_t(threshold));
+      if (!lower.ok()) return usageError(lower.status());
+      if ((lower->prefillWorkers == 0) != (layout->prefillWorkers == 0) ||
+          lower->prefillWorkers > layout->prefillWorkers || lower->decodeWorkers > layout->decodeWorkers)
+        return usageError(invalidArgument("--autoscale " + get("--autoscale", "") + ": the minimum must be a layout of "
+                                          "the same kind no larger than --layout " + get("--layout", "")));
+      plan::Autoscaling as;
+      as.minPrefill = lower->prefillWorkers, as.maxPrefill = layout->prefillWorkers;
+      as.minDecode = lower->decodeWorkers, as.maxDecode = layout->decodeWorkers;
+      as.startupS = startupS;
+      so.autoscaling = as;
+      so.layout.prefillWorkers = lower->prefillWorkers, so.layout.decodeWorkers = lower->decodeWorkers;
+    } else if (a.values.count("--startup-s")) {
+      return usageError(invalidArgument("--startup-s goes with --autoscale"));
+    }
     const plan::CostModel cost(*model, device, 1);
     auto r = plan::simulate(cost, so, *requests);
     if (!r.ok()) {
@@ -348,6 +374,13 @@ int runPlan(int argc, char** argv) {
     std::printf("%s, %s (%s), %s:\n", layout->describe().c_str(), device.name.c_str(), costNote.c_str(),
                 rate > 0 ? ("Poisson " + std::to_string(rate) + " req/s").c_str() : "the trace's arrivals");
     printSummaryLine("simulated", r->summary);
+    const plan::SimSummary& m = r->summary;
+    std::printf("devices: %.1f on average over %.0f s (%.2f device-hours), %d at most", m.meanDevices, m.durationS,
+                m.deviceSeconds / 3600, m.peakDevices);
+    if (so.autoscaling)
+      std::printf("; autoscaled from %s: %d workers started, %d drained", get("--autoscale", "").c_str(),
+                  m.workersStarted, m.workersDrained);
+    std::printf("\n");
     if (a.values.count("--requests-csv")) {
       if (Status s = writeRequestsCsv(a.values.at("--requests-csv"), *requests, r->outcomes); !s.isOk()) {
         std::fprintf(stderr, "pdserve plan: %s\n", s.message().c_str());
@@ -356,7 +389,8 @@ int runPlan(int argc, char** argv) {
     }
     return 0;
   }
-  if (a.values.count("--requests-csv")) return usageError(invalidArgument("--requests-csv goes with --layout"));
+  for (const char* k : {"--requests-csv", "--autoscale", "--startup-s"})
+    if (a.values.count(k)) return usageError(invalidArgument(std::string(k) + " goes with --layout"));
 
   auto ranked = plan::searchLayouts(*model, device, po, source, [](int done, int total, const plan::Layout& l) {
     std::fprintf(stderr, "  [%d/%d] %s: done\n", done + 1, total, l.describe().c_str());

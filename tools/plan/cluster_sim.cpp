@@ -5,10 +5,14 @@
 #include <limits>
 #include <memory>
 #include <queue>
+#include <utility>
 
 #include "common/base/clock.h"
 #include "common/engine/engine.h"
+#include "router/admission.h"
+#include "router/autoscaler.h"
 #include "router/routing_policy.h"
+#include "tools/local_actuator.h"
 
 namespace pd::plan {
 
@@ -64,6 +68,16 @@ struct Worker {
   std::unique_ptr<engine::Engine> engine;
   double freeAtS = 0;  // the end of its last step
   bool stalled = false;  // its last step found nothing to run: wait for new work
+  double startS = 0;     // started: it holds its devices from here
+  double readyS = 0;     // it takes work from here
+  bool draining = false;  // takes no new work; exits when its requests are done
+  double exitS = kNever;
+  // The router's own count of its outstanding work here (router/worker_registry.h noteRouted):
+  // prompt tokens routed to prefill with no first token yet, streams routed and not ended.
+  int64_t routedPrefillTokens = 0;
+  int routedStreams = 0;
+  bool exited() const { return exitS != kNever; }
+  bool takesWork(double t) const { return readyS <= t && !draining && !exited(); }
 };
 
 struct KvArrival {
@@ -75,6 +89,10 @@ struct KvArrival {
 // Per request: where it went and what its stream has seen.
 struct Tracking {
   size_t prefillWorker = 0, decodeWorker = 0;
+  router::Route route = router::Route::kColocated;  // as admitted
+  size_t prefilling = 0;         // the worker counting its prompt tokens, until its first token
+  int64_t prefillTokens = 0;     // how many (0: settled)
+  double predictedTtftS = 0;  // admission's unscaled prediction (0: none made)
   engine::SampledToken first;  // the prefill worker's token (disaggregated)
   double lastTokenS = -1;
 };
@@ -83,12 +101,22 @@ class Simulation {
  public:
   Simulation(const CostModel& cost, const SimOptions& o, const std::vector<SimRequest>& requests)
       : cost_(cost), o_(o), requests_(requests), outcomes_(requests.size()), tracking_(requests.size()),
-        policy_(routingConfig(o)) {}
+        policy_(routingConfig(o)),
+        admission_(router::AdmissionTargets{o.slo.ttftS, o.slo.percentile, o.slo.itlS, o.slo.percentile,
+                                            o.sloSizedPrefillChunks}) {
+    if (const auto& a = o.autoscaling) {
+      autoscaler_.emplace(router::PoolSlo{o.slo.ttftS, o.slo.percentile, a->minPrefill, a->maxPrefill},
+                          router::PoolSlo{o.slo.itlS, o.slo.percentile, a->minDecode, a->maxDecode},
+                          router::autoscalerOptions(a->keys));
+    }
+  }
 
   Status run(SimSummary* summary) {
     PD_RETURN_IF_ERROR(makeWorkers());
     const double horizon = o_.horizonS > 0 ? o_.horizonS
                                            : (requests_.empty() ? 0 : requests_.back().arrivalS) + 600;
+    const double tickS = autoscaler_ ? double(o_.autoscaling->keys.tickMs) / 1e3 : kNever;
+    double nextTick = requests_.empty() ? 0 : requests_.front().arrivalS;
     size_t nextArrival = 0;
     std::vector<engine::EngineEvent> events;
     while (true) {
@@ -100,15 +128,22 @@ class Simulation {
         const Worker& c = workers_[w];
         if (c.engine->hasWork() && !c.stalled && c.freeAtS < tStep) tStep = c.freeAtS, stepper = w;
       }
-      const double t = std::min({tArrival, tKv, tStep});
-      if (t == kNever || t > horizon) break;
-      // Ties: KV landings, then arrivals, then steps (a step at t sees what arrived at t).
+      const double tWork = std::min({tArrival, tKv, tStep});
+      if (tWork == kNever) break;  // nothing left to serve: the autoscaler's ticks alone end here
+      const double tTick = autoscaler_ ? nextTick : kNever;
+      const double t = std::min(tWork, tTick);
+      if (t > horizon) break;
+      // Ties: KV landings, then arrivals, then the autoscaler, then steps (a step at t sees
+      // what arrived at t).
       if (tKv == t) {
         const KvArrival a = kv_.top();
         kv_.pop();
         PD_RETURN_IF_ERROR(landKv(a));
       } else if (tArrival == t) {
         PD_RETURN_IF_ERROR(arrive(nextArrival++));
+      } else if (tTick == t) {
+        PD_RETURN_IF_ERROR(autoscale(t));
+        nextTick += tickS;
       } else {
         Worker& w = workers_[stepper];
         advanceTo(w, t);
@@ -120,6 +155,7 @@ class Simulation {
         w.stalled = nowOf(w) == t && events.empty();
         w.freeAtS = nowOf(w);
         for (const auto& e : events) PD_RETURN_IF_ERROR(onEvent(stepper, e));
+        exitIfDrained(w, w.freeAtS);
       }
     }
     summarize(summary);
@@ -132,7 +168,7 @@ class Simulation {
   static router::RoutingConfig routingConfig(const SimOptions& o) {
     router::RoutingConfig r;
     r.shortPromptTokens = o.layout.shortPromptTokens;
-    r.itlTargetMs = o.slo.itlS * 1000;  // router.overload_shedding's default: on
+    r.itlTargetMs = o.overloadShedding ? o.slo.itlS * 1000 : 0;  // "protect_itl" goes with overload control
     return r;
   }
 
@@ -148,34 +184,94 @@ class Simulation {
                                 " of the memory usable");
     }
     const auto& eos = cost_.model().config.eosTokenIds;
-    int32_t token = 1;
-    while (std::find(eos.begin(), eos.end(), token) != eos.end()) ++token;
-    for (int i = 0; i < l.prefillWorkers + l.decodeWorkers; ++i) {
-      Worker w;
-      w.role = i < l.prefillWorkers ? router::WorkerRole::kPrefill : router::WorkerRole::kDecode;
-      w.id = (i < l.prefillWorkers ? "prefill-" + std::to_string(i) : "decode-" + std::to_string(i - l.prefillWorkers));
-      w.clock = std::make_unique<ManualClock>();
-      const engine::KvLayout layout =
-          engine::kvLayoutFor(cost_.model().config, int(std::min<int64_t>(blocks_, 1 << 30)), o_.blockSize,
-                              cost_.model().kvBytes == 4 ? engine::KvDtype::kF32 : engine::KvDtype::kBF16);
-      auto kv = engine::KvCacheManager::create(layout, engine::KvCacheManager::Backing::kAccountingOnly);
-      if (!kv.ok()) return kv.status();
-      engine::EngineOptions eo;
-      eo.scheduler = o_.scheduler;
-      eo.releaseKvOnFinish = w.role == router::WorkerRole::kDecode;  // a prefill worker frees after the push
-      if (o_.sloSizedPrefillChunks) {
-        eo.prefillChunks.itlTargetMs = o_.slo.itlS * 1000;
-        eo.prefillChunks.percentile = o_.slo.percentile;
-      }
-      eo.prefillChunks.minTokens = o_.minPrefillChunkTokens;
-      auto backend = std::make_unique<SimBackend>(cost_, *w.clock, layout, token, o_.stepSpread.get(),
-                                                  w.role == router::WorkerRole::kPrefill,
-                                                  o_.seed * 1000003 + uint64_t(i));
-      w.engine = std::make_unique<engine::Engine>(std::move(backend), std::move(*kv), eo, *w.clock);
-      origin_ = w.clock->now();  // every clock starts at the same point
-      workers_.push_back(std::move(w));
-    }
+    while (std::find(eos.begin(), eos.end(), token_) != eos.end()) ++token_;
+    for (int i = 0; i < l.prefillWorkers + l.decodeWorkers; ++i)
+      PD_RETURN_IF_ERROR(startWorker(i < l.prefillWorkers ? router::WorkerRole::kPrefill : router::WorkerRole::kDecode,
+                                     0, 0));
     return Status::ok();
+  }
+
+  // A worker of `role` started at `startS` that takes work from `readyS`.
+  Status startWorker(router::WorkerRole role, double startS, double readyS) {
+    const bool prefill = role == router::WorkerRole::kPrefill;
+    Worker w;
+    w.role = role;
+    w.id = (prefill ? "prefill-" : "decode-") + std::to_string(prefill ? prefillStarted_++ : decodeStarted_++);
+    w.startS = startS;
+    w.readyS = w.freeAtS = readyS;
+    w.clock = std::make_unique<ManualClock>();
+    if (workers_.empty()) origin_ = w.clock->now();  // every clock starts at the same point
+    advanceTo(w, startS);
+    const engine::KvLayout layout =
+        engine::kvLayoutFor(cost_.model().config, int(std::min<int64_t>(blocks_, 1 << 30)), o_.blockSize,
+                            cost_.model().kvBytes == 4 ? engine::KvDtype::kF32 : engine::KvDtype::kBF16);
+    auto kv = engine::KvCacheManager::create(layout, engine::KvCacheManager::Backing::kAccountingOnly);
+    if (!kv.ok()) return kv.status();
+    engine::EngineOptions eo;
+    eo.scheduler = o_.scheduler;
+    eo.releaseKvOnFinish = !prefill;  // a prefill worker frees after the push
+    if (o_.sloSizedPrefillChunks) {
+      eo.prefillChunks.itlTargetMs = o_.slo.itlS * 1000;
+      eo.prefillChunks.percentile = o_.slo.percentile;
+    }
+    eo.prefillChunks.minTokens = o_.minPrefillChunkTokens;
+    auto backend = std::make_unique<SimBackend>(cost_, *w.clock, layout, token_, o_.stepSpread.get(), prefill,
+                                                o_.seed * 1000003 + uint64_t(workers_.size()));
+    w.engine = std::make_unique<engine::Engine>(std::move(backend), std::move(*kv), eo, *w.clock);
+    workers_.push_back(std::move(w));
+    ++holding_;
+    peakHolding_ = std::max(peakHolding_, holding_);
+    return Status::ok();
+  }
+
+  // A draining worker leaves once nothing it holds is in flight (no request to step, none
+  // waiting for its KV): its devices are free from `t`.
+  void exitIfDrained(Worker& w, double t) {
+    if (!w.draining || w.exited() || w.engine->hasWork() || w.engine->load().remote > 0) return;
+    w.exitS = t;
+    --holding_;
+  }
+
+  // The router's tick (router_loop.cpp autoscale) and pdserve up's actuation of it: each
+  // pool's recommendation from the views that take work, then planPool's one action per pool.
+  Status autoscale(double t) {
+    const auto views = this->views(t);
+    int prefill = 0, decode = 0;
+    for (const auto& v : views) ++(v.role == router::WorkerRole::kPrefill ? prefill : decode);
+    auto [prefillLoad, decodeLoad] = router::poolLoads(views);
+    decodeLoad.maxStreamsPerWorker = o_.scheduler.maxNumSeqs;
+    const auto [p, d] = autoscaler_->decide(prefill, prefillLoad, decode, decodeLoad, at(t));
+    const Autoscaling& a = *o_.autoscaling;
+    PD_RETURN_IF_ERROR(actuate(router::WorkerRole::kPrefill, a.minPrefill, a.maxPrefill, p.desired, t));
+    return actuate(router::WorkerRole::kDecode, a.minDecode, a.maxDecode, d.desired, t);
+  }
+
+  Status actuate(router::WorkerRole role, int minReplicas, int maxReplicas, int desired, double t) {
+    tools::PoolActuation pool{minReplicas, maxReplicas, desired};
+    Worker* newest = nullptr;
+    for (auto& w : workers_) {
+      if (w.role != role || w.exited()) continue;
+      if (w.draining) {
+        ++pool.draining;
+        continue;
+      }
+      ++pool.live;
+      pool.registered += w.readyS <= t;
+      newest = &w;
+    }
+    const tools::ActuationStep step = tools::planPool(pool);
+    if (step.drainOne && newest != nullptr) {
+      newest->draining = true;
+      ++drained_;
+      exitIfDrained(*newest, std::max(t, newest->freeAtS));
+    }
+    for (int i = 0; i < step.start; ++i, ++started_)
+      PD_RETURN_IF_ERROR(startWorker(role, t, t + o_.autoscaling->startupS));
+    return Status::ok();
+  }
+
+  SteadyTime at(double t) const {
+    return origin_ + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(t));
   }
 
   double nowOf(const Worker& w) const { return secondsBetween(origin_, w.clock->now()); }
@@ -189,9 +285,11 @@ class Simulation {
     w.stalled = false;
   }
 
-  std::vector<router::WorkerView> views() const {
+  // The workers that take work at `t`, as the router sees them in their load reports.
+  std::vector<router::WorkerView> views(double t) const {
     std::vector<router::WorkerView> out;
     for (const auto& w : workers_) {
+      if (!w.takesWork(t)) continue;
       const engine::EngineLoad l = w.engine->load();
       router::WorkerView v;
       v.id = w.id;
@@ -204,6 +302,8 @@ class Simulation {
       v.totalBlocks = l.totalBlocks;
       v.prefillTokensPerS = l.prefillTokensPerS;
       v.decodeStepMs = l.decodeStepMs;
+      v.routedPrefillTokens = w.routedPrefillTokens;
+      v.routedStreams = w.routedStreams;
       if (l.decodeStepCost) {
         v.decodeStepBaseMs = l.decodeStepCost->baseMs;
         v.decodeStepPerStreamMs = l.decodeStepCost->perStreamMs;
@@ -229,13 +329,45 @@ class Simulation {
     return engine::Request::create(index + 1, requests_[index].prompt, p, *w.clock, cost_.model().config.vocabSize);
   }
 
+  static const router::WorkerView& viewOf(const std::vector<router::WorkerView>& views, const std::string& id) {
+    return *std::find_if(views.begin(), views.end(), [&](const router::WorkerView& v) { return v.id == id; });
+  }
+
+  // The router's route(): the policy's plan, admission, then the dispatch to the workers.
   Status arrive(size_t index) {
     const SimRequest& r = requests_[index];
-    const auto views = this->views();
-    auto plan = policy_.select(int64_t(r.prompt.size()), views);
+    const double t = r.arrivalS;
+    const auto views = this->views(t);
+    const int64_t promptTokens = int64_t(r.prompt.size());
+    auto plan = policy_.select(promptTokens, views);
     if (!plan) return internalError("plan: no decode worker to route to");
     Tracking& tr = tracking_[index];
+    if (o_.overloadShedding) {
+      const router::WorkerView& decoding = viewOf(views, plan->decodeWorker);
+      const router::WorkerView& prefilling =
+          plan->route == router::Route::kDisaggregated ? viewOf(views, plan->prefillWorker) : decoding;
+      const router::AdmissionDecision d = admission_.decide(*plan, prefilling, decoding, promptTokens, policy_);
+      if (!d.admitted()) {
+        if (autoscaler_)
+          autoscaler_->observeShed(at(t), plan->route, d.refusedBy == router::AdmissionDecision::Side::kPrefill,
+                                   d.verdict.predictedS);
+        outcomes_[index].shed = true;
+        return Status::ok();
+      }
+      tr.predictedTtftS = d.predictedTtftS;
+    }
+    tr.route = plan->route;
+    if (autoscaler_) {
+      autoscaler_->observeDecodeArrival(at(t));
+      // An overflowed prompt is still the prefill pool's demand (router_loop.cpp dispatch).
+      if (plan->route == router::Route::kDisaggregated || plan->reason == "prefill_overflow")
+        autoscaler_->observePrefillArrival(at(t), promptTokens - plan->cachedTokens);
+    }
     tr.decodeWorker = workerIndex(plan->decodeWorker);
+    tr.prefilling = plan->route == router::Route::kDisaggregated ? workerIndex(plan->prefillWorker) : tr.decodeWorker;
+    tr.prefillTokens = std::max<int64_t>(0, promptTokens - plan->cachedTokens);
+    workers_[tr.prefilling].routedPrefillTokens += tr.prefillTokens;
+    ++workers_[tr.decodeWorker].routedStreams;
     Worker& decode = workers_[tr.decodeWorker];
     advanceTo(decode, r.arrivalS);
     if (plan->route == router::Route::kDisaggregated) {
@@ -279,13 +411,24 @@ class Simulation {
     if (e.kind == engine::EngineEvent::Kind::kToken) {
       if (out.ttftS < 0) {
         out.ttftS = now - requests_[index].arrivalS;
+        workers_[tr.prefilling].routedPrefillTokens -= std::exchange(tr.prefillTokens, 0);
+        if (tr.predictedTtftS > 0) admission_.observeFirstToken(tr.route, out.ttftS, tr.predictedTtftS);
+        if (autoscaler_) autoscaler_->observeTtft(at(now), out.ttftS, tr.route);
       } else {
-        out.itlsS.push_back(now - tr.lastTokenS);
+        const double gap = now - tr.lastTokenS;
+        out.itlsS.push_back(gap);
+        if (o_.overloadShedding) {
+          admission_.observeGap(gap);
+          policy_.setItlPredictionScale(admission_.itlScale());
+        }
+        if (autoscaler_) autoscaler_->observeItl(at(now), gap);
       }
       tr.lastTokenS = now;
     } else {
       out.finished = e.kind == engine::EngineEvent::Kind::kFinished;
       out.endS = now;
+      workers_[tr.prefilling].routedPrefillTokens -= std::exchange(tr.prefillTokens, 0);
+      --w.routedStreams;
     }
     return Status::ok();
   }
@@ -295,12 +438,12 @@ class Simulation {
   Status landKv(const KvArrival& a) {
     Tracking& tr = tracking_[a.request];
     Worker& decode = workers_[tr.decodeWorker];
-    const double at = std::max(a.atS, decode.freeAtS);
-    advanceTo(decode, at);
+    const double handoverS = std::max(a.atS, decode.freeAtS);
+    advanceTo(decode, handoverS);
     std::vector<engine::EngineEvent> events;
     PD_RETURN_IF_ERROR(decode.engine->completeRemote(a.request + 1, tr.first, &events));
     for (const auto& e : events) PD_RETURN_IF_ERROR(onEvent(tr.decodeWorker, e));
-    wake(decode, at);
+    wake(decode, handoverS);
     Worker& prefill = workers_[tr.prefillWorker];
     prefill.engine->release(a.request + 1);
     wake(prefill, a.atS);  // freed blocks may admit what waits there
@@ -316,6 +459,7 @@ class Simulation {
     double end = 0;
     for (const auto& o : outcomes_) {
       s->disaggregated += o.disaggregated ? 1 : 0;
+      s->shed += o.shed ? 1 : 0;
       if (!o.finished) continue;
       ++s->finished;
       end = std::max(end, o.endS);
@@ -331,6 +475,13 @@ class Simulation {
     s->attainment = s->requests > 0 ? double(s->good) / double(s->requests) : 0;
     s->ttftP50 = percentileOf(ttfts, 50), s->ttftP90 = percentileOf(ttfts, 90), s->ttftP99 = percentileOf(ttfts, 99);
     s->itlP50 = percentileOf(itls, 50), s->itlP90 = percentileOf(itls, 90), s->itlP99 = percentileOf(itls, 99);
+    const int tp = o_.layout.tensorParallel;
+    for (const auto& w : workers_)
+      s->deviceSeconds += tp * std::max(0.0, std::min(w.exitS, start + s->durationS) - std::max(w.startS, start));
+    s->meanDevices = s->durationS > 0 ? s->deviceSeconds / s->durationS : 0;
+    s->peakDevices = peakHolding_ * tp;
+    s->workersStarted = started_;
+    s->workersDrained = drained_;
   }
 
   const CostModel& cost_;
@@ -339,12 +490,18 @@ class Simulation {
   std::vector<RequestOutcome> outcomes_;
   std::vector<Tracking> tracking_;
   router::RoutingPolicy policy_;
-  std::vector<Worker> workers_;
+  router::AdmissionControl admission_;
+  std::optional<router::Autoscaler> autoscaler_;  // with SimOptions::autoscaling
+  std::vector<Worker> workers_;  // every worker started, exited ones too (requests index them)
   std::priority_queue<KvArrival, std::vector<KvArrival>, std::greater<>> kv_;
   SteadyTime origin_{};
   int64_t blocks_ = 0;
   int64_t steps_ = 0;
   int64_t reserveFallbacks_ = 0;
+  int32_t token_ = 1;  // what every step samples: an ordinary token, not EOS
+  int prefillStarted_ = 0, decodeStarted_ = 0;  // for the workers' ids
+  int holding_ = 0, peakHolding_ = 0;  // workers started and not exited: now, at most
+  int started_ = 0, drained_ = 0;      // by the autoscaler
 };
 
 }  // namespace

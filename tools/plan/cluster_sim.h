@@ -7,9 +7,15 @@
 //     engines' load, as the router fills them from load reports;
 //   - a disaggregated request is prefilled on a prefill worker's engine (one token), its KV
 //     moves to the decode worker in CostModel::kvTransferSeconds, and the decode engine takes
-//     it with submitRemote / completeRemote, as the decode worker does.
-// Not simulated (docs/plan.md): the router's admission control and autoscaler, request
-// migration, failures, load-report lag and the router's own latency.
+//     it with submitRemote / completeRemote, as the decode worker does;
+//   - with router.overload_shedding, router::AdmissionControl admits or sheds each request
+//     and learns its scales from the simulated first tokens and gaps, as the router does;
+//   - with SimOptions::autoscaling, router::Autoscaler recommends each pool's size every
+//     tick from the same views and latencies, and pdserve up's local actuator policy
+//     (tools/local_actuator.h planPool) starts workers (serving after startupS) or drains
+//     the newest one (it takes no new work and leaves when its requests are done).
+// Not simulated (docs/plan.md): request migration, failures, load-report lag, the router's
+// own latency, the adaptive threshold and role moves.
 //
 // Deterministic: the same inputs give the same result (no wall clock, no unseeded random:
 // a step spread draws from seeded generators).
@@ -18,9 +24,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/config/cluster_config.h"
 #include "common/engine/scheduler.h"
 #include "tools/plan/cost_model.h"
 #include "tools/plan/step_spread.h"
@@ -43,6 +51,15 @@ struct Slo {
   double percentile = 99;
 };
 
+// Pools that follow the router's recommendation, as pdserve up's local actuator makes them:
+// the layout gives each pool's starting size, these its bounds.
+struct Autoscaling {
+  config::RouterConfig::Autoscaler keys;  // router.autoscaler: tick, window, cooldowns (its defaults)
+  int minPrefill = 0, maxPrefill = 0;     // the prefill pool stays empty when the layout has none
+  int minDecode = 1, maxDecode = 1;
+  double startupS = 60;  // a started worker serves this long after the decision (start, weights, warm-up)
+};
+
 struct SimOptions {
   Layout layout;
   Slo slo;
@@ -53,6 +70,10 @@ struct SimOptions {
   double memoryUtilization = 0.9;
   double kvCacheBytes = 0;             // > 0: engine.kv_cache_bytes per worker instead
   double kvLinkBytesPerS = 0;          // 0: the device's NIC
+  // router.overload_shedding: router::AdmissionControl refuses a request it predicts would
+  // miss (429); a refused request counts as a miss.
+  bool overloadShedding = true;
+  std::optional<Autoscaling> autoscaling;  // nullopt: the layout's pools keep their size
   double horizonS = 0;                 // stop here (0: the last arrival + 600 s); unfinished requests miss
   // Measured steps' spread (--step-trace): each step's modelled time times a ratio drawn
   // for its kind, from a generator per worker seeded by `seed` and the worker's index.
@@ -69,6 +90,7 @@ struct SimRequest {
 
 struct RequestOutcome {
   bool finished = false;
+  bool shed = false;  // refused by admission control
   bool disaggregated = false;
   double ttftS = -1;
   std::vector<double> itlsS;
@@ -76,7 +98,7 @@ struct RequestOutcome {
 };
 
 struct SimSummary {
-  int64_t requests = 0, finished = 0, good = 0, disaggregated = 0, reserveFallbacks = 0;
+  int64_t requests = 0, finished = 0, good = 0, disaggregated = 0, reserveFallbacks = 0, shed = 0;
   double durationS = 0;      // first arrival -> last token
   double goodput = 0;        // requests meeting both SLOs per second
   double attainment = 0;     // good / requests
@@ -84,6 +106,10 @@ struct SimSummary {
   double itlP50 = 0, itlP90 = 0, itlP99 = 0;     // every gap of every finished request
   int64_t steps = 0;
   int64_t kvBlocksPerWorker = 0;
+  // Devices held from the first arrival to the last token (a worker from its start to its exit),
+  // their mean over that time and the most at once; workers started and drained (autoscaling).
+  double deviceSeconds = 0, meanDevices = 0;
+  int peakDevices = 0, workersStarted = 0, workersDrained = 0;
 };
 
 struct SimResult {

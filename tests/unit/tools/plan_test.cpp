@@ -114,6 +114,7 @@ TEST_CASE("plan: the simulation is deterministic, and overload shows in the SLOs
   SimOptions so;
   so.layout = Layout{1, 1, 1, 512};
   so.slo = Slo{0.5, 0.05, 99};
+  so.overloadShedding = false;  // every request served, however late
   std::vector<SimRequest> rs;
   for (int i = 0; i < 300; ++i) rs.push_back({0.01 * i, promptOf(100 + (i * 37) % 3000, i), 20 + i % 50});
   auto a = simulate(c, so, rs);
@@ -129,6 +130,76 @@ TEST_CASE("plan: the simulation is deterministic, and overload shows in the SLOs
   // 300 requests in 3 s, up to 3,000-token prompts, on one prefill worker: TTFT piles up.
   CHECK(a->summary.ttftP99 > a->summary.ttftP50);
   CHECK(a->summary.attainment < 1.0);
+}
+
+TEST_CASE("plan: the router's admission control sheds in the simulation, and a shed request is a miss") {
+  const CostModel c = h100();
+  SimOptions so;
+  so.layout = Layout{1, 1, 1, 512};
+  so.slo = Slo{0.5, 0.05, 99};
+  std::vector<SimRequest> rs;
+  for (int i = 0; i < 300; ++i) rs.push_back({0.01 * i, promptOf(100 + (i * 37) % 3000, i), 20 + i % 50});
+  so.overloadShedding = false;
+  auto all = simulate(c, so, rs);
+  so.overloadShedding = true;
+  auto shedding = simulate(c, so, rs);
+  REQUIRE(all.ok());
+  REQUIRE(shedding.ok());
+  const SimSummary& a = all->summary;
+  const SimSummary& s = shedding->summary;
+  CHECK(a.shed == 0);
+  CHECK(a.finished == 300);
+  // The prefill worker's queue passes the 0.5 s target within the first second: admission
+  // refuses what would wait past it, so those admitted get their first token in time.
+  CHECK(s.shed > 20);
+  CHECK(s.finished + s.shed == 300);
+  CHECK(s.ttftP99 < a.ttftP99);
+  CHECK(s.ttftP90 < so.slo.ttftS);
+  int64_t shedCounted = 0;
+  for (const auto& o : shedding->outcomes) {
+    shedCounted += o.shed;
+    if (o.shed) CHECK_FALSE(o.finished);
+  }
+  CHECK(shedCounted == s.shed);
+  CHECK(s.attainment == Approx(double(s.good) / 300));
+}
+
+TEST_CASE("plan: the router's autoscaler starts workers under load and drains them when it passes") {
+  const CostModel c = h100();
+  SimOptions so;
+  so.layout = Layout{1, 1, 1, 256};  // the minimum: where the pools start
+  so.slo = Slo{1.0, 0.05, 99};
+  Autoscaling as;
+  as.minPrefill = 1, as.maxPrefill = 4, as.minDecode = 1, as.maxDecode = 4;
+  as.startupS = 20;
+  so.autoscaling = as;
+  // 120 s at 40 requests/s of 2,000-token prompts (about 3 prefill workers' work), then one
+  // request every 5 s for 5 minutes: the pools grow, then shrink back.
+  std::vector<SimRequest> rs;
+  for (int i = 0; i < 4800; ++i) rs.push_back({0.025 * i, promptOf(2000, i), 50});
+  for (int i = 0; i < 60; ++i) rs.push_back({120.0 + 5 * i, promptOf(2000, 5000 + i), 50});
+  auto r = simulate(c, so, rs);
+  REQUIRE(r.ok());
+  const SimSummary& m = r->summary;
+  CHECK(m.workersStarted >= 2);
+  CHECK(m.workersDrained >= 1);
+  CHECK(m.peakDevices > 2);
+  CHECK(m.peakDevices <= 8);
+  CHECK(m.meanDevices > 2);
+  CHECK(m.meanDevices < m.peakDevices);
+  CHECK(m.deviceSeconds == Approx(m.meanDevices * m.durationS));
+  // The same inputs, the same decisions.
+  auto again = simulate(c, so, rs);
+  REQUIRE(again.ok());
+  CHECK(again->summary.deviceSeconds == m.deviceSeconds);
+  CHECK(again->summary.good == m.good);
+  // A fixed 1P + 1D over the same trace holds 2 devices throughout, and meets fewer SLOs.
+  so.autoscaling.reset();
+  auto fixed = simulate(c, so, rs);
+  REQUIRE(fixed.ok());
+  CHECK(fixed->summary.meanDevices == Approx(2));
+  CHECK(fixed->summary.peakDevices == 2);
+  CHECK(fixed->summary.good < m.good);
 }
 
 TEST_CASE("plan: the search ranks every layout and names why the others lose") {
