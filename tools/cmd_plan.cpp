@@ -50,7 +50,8 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --layout L                simulate only this layout: colocated:N or NpMd (e.g. 1p1d), at the
                             trace's arrivals or at --rate R (Poisson); prints its percentiles
   --threshold N             router.short_prompt_tokens for --layout (default 256)
-  --requests-csv FILE       with --layout: each request's simulated route (or shed), TTFT and ITL, one
+  --requests-csv FILE       with --layout: each request's simulated route (or shed), TTFT, ITL and the
+                            TTFT admission control predicted for it, one
                             row per request in pdserve bench's order (its --out CSV's index)
   --calibration F           a CPU device measured by --calibrate instead of a --gpu; its workers
                             get --kv-cache-bytes (default 268435456) and --kv-link-gbps (default 20)
@@ -201,15 +202,16 @@ Status writeRequestsCsv(const std::string& path, const std::vector<plan::SimRequ
   if (!f) return invalidArgument("--requests-csv: cannot write " + path + ": " + std::strerror(errno));
   // Latencies a request has not got (unfinished, or a single token) are "-", as in bench's CSV.
   auto ms = [](bool known, double s) { return known ? std::to_string(1000 * s) : std::string("-"); };
-  std::fprintf(f, "index,arrival_s,prompt_tokens,output_tokens,route,finished,ttft_ms,itl_p99_ms,itl_max_ms\n");
+  std::fprintf(f, "index,arrival_s,prompt_tokens,output_tokens,route,finished,ttft_ms,itl_p99_ms,itl_max_ms,"
+                 "admission_ttft_ms\n");
   for (size_t i = 0; i < requests.size() && i < outcomes.size(); ++i) {
     const plan::RequestOutcome& o = outcomes[i];
     const bool gaps = o.finished && !o.itlsS.empty();
     const double itlMax = gaps ? *std::max_element(o.itlsS.begin(), o.itlsS.end()) : 0;
-    std::fprintf(f, "%zu,%.6f,%zu,%d,%s,%d,%s,%s,%s\n", i, requests[i].arrivalS, requests[i].prompt.size(),
+    std::fprintf(f, "%zu,%.6f,%zu,%d,%s,%d,%s,%s,%s,%s\n", i, requests[i].arrivalS, requests[i].prompt.size(),
                  requests[i].outputTokens, o.shed ? "shed" : o.disaggregated ? "disaggregated" : "colocated", o.finished ? 1 : 0,
                  ms(o.finished, o.ttftS).c_str(), ms(gaps, gaps ? plan::percentileOf(o.itlsS, 99) : 0).c_str(),
-                 ms(gaps, itlMax).c_str());
+                 ms(gaps, itlMax).c_str(), ms(o.admissionTtftS >= 0, o.admissionTtftS).c_str());
   }
   if (std::fclose(f) != 0) return invalidArgument("--requests-csv: writing " + path + " failed");
   return Status::ok();

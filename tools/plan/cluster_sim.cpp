@@ -347,6 +347,7 @@ class Simulation {
       const router::WorkerView& prefilling =
           plan->route == router::Route::kDisaggregated ? viewOf(views, plan->prefillWorker) : decoding;
       const router::AdmissionDecision d = admission_.decide(*plan, prefilling, decoding, promptTokens, policy_);
+      if (d.refusedBy != router::AdmissionDecision::Side::kDecode) outcomes_[index].admissionTtftS = d.verdict.predictedS;
       if (!d.admitted()) {
         if (autoscaler_)
           autoscaler_->observeShed(at(t), plan->route, d.refusedBy == router::AdmissionDecision::Side::kPrefill,

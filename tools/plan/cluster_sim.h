@@ -91,6 +91,7 @@ struct SimRequest {
 struct RequestOutcome {
   bool finished = false;
   bool shed = false;  // refused by admission control
+  double admissionTtftS = -1;  // the TTFT admission predicted (scaled) and compared (-1: none)
   bool disaggregated = false;
   double ttftS = -1;
   std::vector<double> itlsS;

@@ -32,7 +32,9 @@ std::string verdictAgainst(const Candidate& c, const Candidate& best, const Slo&
   std::string why = b;
   if (c.maxRate == best.maxRate) why = "ties the best; ranked by attainment at the trace's rate";
   const SimSummary& s = c.summary;
-  if (s.finished < s.requests) why += "; at the trace's rate " + std::to_string(s.requests - s.finished) + " unfinished";
+  if (s.shed > 0) why += "; at the trace's rate " + std::to_string(s.shed) + " shed";
+  if (s.finished + s.shed < s.requests)
+    why += "; at the trace's rate " + std::to_string(s.requests - s.finished - s.shed) + " unfinished";
   if (s.ttftP99 > slo.ttftS) why += "; at the trace's rate TTFT p99 " + fmtS(s.ttftP99) + " > " + fmtS(slo.ttftS);
   if (s.itlP99 > slo.itlS) why += "; at the trace's rate ITL p99 " + fmtS(s.itlP99) + " > " + fmtS(slo.itlS);
   return why;
