@@ -29,7 +29,9 @@
 #   compares latencies of the same requests); KEEP=DIR: keep the files there (per mix and run: the calibration MIX.cal.json,
 #   the step traces MIX.RUN.steps/, the cluster's log, the bench's JSON / CSV (MIX.* for the
 #   measured run, MIX.traced.* for the other), the simulated requests' CSV MIX.sim.csv;
-#   scripts/step-overlap.py reads the step traces); LOG_LEVEL=warn)
+#   scripts/step-overlap.py reads the step traces); RESIMULATE=1 with KEEP=DIR: serve nothing,
+#   simulate and compare the runs kept in DIR again (with the same RATE, DURATION, SHEDDING
+#   and SPREAD), e.g. after a change to the simulator; LOG_LEVEL=warn)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -40,6 +42,10 @@ if [ "${SHEDDING:-0}" = 1 ]; then
   SHEDDING_KEY=true SHEDDING_FLAGS=()
 else
   SHEDDING_KEY=false SHEDDING_FLAGS=(--no-overload-shedding)
+fi
+if [ "${RESIMULATE:-0}" = 1 ] && [ -z "${KEEP:-}" ]; then
+  echo "validate-plan.sh: RESIMULATE=1 needs KEEP=DIR, the directory of a kept run" >&2
+  exit 2
 fi
 WORK=${KEEP:-$(mktemp -d)}
 mkdir -p "$WORK"
@@ -117,14 +123,14 @@ for mix in $MIXES; do
   TRACE=$(pd_mix_trace "$mix")
   [ "$mix" = mooncake ] && MIX_RATE=${RATE:-0.6} || MIX_RATE=${RATE:-1.5}
   LENGTHS=(--trace "$TRACE" --length-scale 0.35 --max-prompt-tokens 1500 --max-output-tokens 64)
-  "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/$mix.cal.json" | tail -1
   REQUESTS=$(python3 -c "print(round($MIX_RATE * $DURATION))")
-  serve measured "$WORK/$mix" --num-requests "$REQUESTS" --seed 0
-  SPREAD_FLAGS=()
-  if [ "${SPREAD:-1}" != 0 ]; then
-    serve traced "$WORK/$mix.traced" --num-requests "$REQUESTS" --seed 1
-    SPREAD_FLAGS=(--step-trace "$(ls "$WORK/$mix.traced.steps"/*.steps.csv | paste -sd, -)")
+  if [ "${RESIMULATE:-0}" != 1 ]; then
+    "$BIN/pdserve" plan --calibrate --model models/small --threads 1 --out "$WORK/$mix.cal.json" | tail -1
+    serve measured "$WORK/$mix" --num-requests "$REQUESTS" --seed 0
+    [ "${SPREAD:-1}" = 0 ] || serve traced "$WORK/$mix.traced" --num-requests "$REQUESTS" --seed 1
   fi
+  SPREAD_FLAGS=()
+  [ "${SPREAD:-1}" = 0 ] || SPREAD_FLAGS=(--step-trace "$(ls "$WORK/$mix.traced.steps"/*.steps.csv | paste -sd, -)")
   simulate "$WORK/$mix.sim" --num-requests "$REQUESTS" --seed 0 --requests-csv "$WORK/$mix.sim.csv"
   compare "$WORK/$mix.json" "$WORK/$mix.sim" "$mix" "$WORK/cells"
   if [ "${SPREAD:-1}" != 0 ]; then

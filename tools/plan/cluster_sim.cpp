@@ -337,8 +337,17 @@ class Simulation {
   Status arrive(size_t index) {
     const SimRequest& r = requests_[index];
     const double t = r.arrivalS;
-    const auto views = this->views(t);
+    auto views = this->views(t);
     const int64_t promptTokens = int64_t(r.prompt.size());
+    if (o_.scheduler.enablePrefixCaching) {
+      // Prefix-aware routing on the exact index, as the router keeps it from the workers' KV
+      // events (router.exact_prefix_routing, on by default): what each worker's prefix cache
+      // holds now, never the prompt's last token (it is computed for its logits).
+      for (auto& v : views) {
+        auto& kv = workers_[workerIndex(v.id)].engine->kv();
+        v.cachedTokens = v.exactCachedTokens = kv.findCachedPrefix(r.prompt, int(promptTokens) - 1).numTokens;
+      }
+    }
     auto plan = policy_.select(promptTokens, views);
     if (!plan) return internalError("plan: no decode worker to route to");
     Tracking& tr = tracking_[index];

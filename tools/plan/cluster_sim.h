@@ -4,7 +4,8 @@
 //     cache, SLO-sized prefill chunks, step-cost model) over a SimBackend that computes
 //     nothing and advances the worker's ManualClock by CostModel::stepSeconds;
 //   - each arrival is routed by router::RoutingPolicy over WorkerViews filled from the
-//     engines' load, as the router fills them from load reports;
+//     engines' load, as the router fills them from load reports, with each worker's cached
+//     prefix of the prompt from its prefix cache, as the router's exact index has it;
 //   - a disaggregated request is prefilled on a prefill worker's engine (one token), its KV
 //     moves to the decode worker in CostModel::kvTransferSeconds, and the decode engine takes
 //     it with submitRemote / completeRemote, as the decode worker does;

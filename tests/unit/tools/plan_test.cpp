@@ -109,6 +109,26 @@ TEST_CASE("plan: a long prompt is prefilled remotely and its KV moved before the
   CHECK(o.itlsS[0] == Approx(stepOf(c, 1, 2000)).epsilon(1e-6));
 }
 
+TEST_CASE("plan: a long prompt whose prefix the decode worker holds stays there, as the exact index routes it") {
+  const CostModel c = h100();
+  SimOptions so;
+  so.layout = Layout{1, 1, 1, 256};
+  const std::vector<int32_t> first = promptOf(1000);
+  std::vector<int32_t> follow = first;  // the same conversation, one turn on
+  for (int i = 0; i < 100; ++i) follow.push_back(50000 + i);
+  const std::vector<SimRequest> turns = {{0, first, 4}, {5, follow, 4}, {10, promptOf(1100, 7), 4}};
+  auto r = simulate(c, so, turns);
+  REQUIRE(r.ok());
+  CHECK(r->outcomes[0].disaggregated);        // 1,000 tokens: to the prefill worker
+  CHECK_FALSE(r->outcomes[1].disaggregated);  // 100 uncached tokens on the decode worker
+  CHECK(r->outcomes[2].disaggregated);        // 1,100 new tokens
+  // Without the prefix cache the router has nothing to route on.
+  so.scheduler.enablePrefixCaching = false;
+  auto plain = simulate(c, so, turns);
+  REQUIRE(plain.ok());
+  CHECK(plain->outcomes[1].disaggregated);
+}
+
 TEST_CASE("plan: the simulation is deterministic, and overload shows in the SLOs") {
   const CostModel c = h100();
   SimOptions so;
