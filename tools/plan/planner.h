@@ -8,7 +8,7 @@
 // trace into one burst and measure its drain, not a sustained rate.)
 //
 // The rate search: from the trace's mean rate, double (or halve) until the attainment
-// changes side, then bisect `bisections` times; rates between 1/64x and 64x of it.
+// changes side, then bisect `bisections` times; rates between 1/64x and 1024x of it.
 //
 // Tensor parallelism: the smallest degree in {1, 2, 4, 8} at which one worker holds the
 // weights and the KV of the longest request; every worker uses it.
