@@ -26,10 +26,10 @@
 # usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
 #   SPREAD=1; SHEDDING=1: both runs with router.overload_shedding on and the simulation with the
 #   router's admission control, to compare what each sheds (off by default: the 10% criterion
-#   compares latencies of the same requests); KEEP=DIR: keep the files there (per mix and run: the calibration MIX.cal.json,
-#   the step traces MIX.RUN.steps/, the cluster's log, the bench's JSON / CSV (MIX.* for the
-#   measured run, MIX.traced.* for the other), the simulated requests' CSV MIX.sim.csv;
-#   scripts/step-overlap.py reads the step traces); RESIMULATE=1 with KEEP=DIR: serve nothing,
+#   compares latencies of the same requests); KEEP=DIR: keep the files there (per mix and
+#   run: the calibration MIX.cal.json, the step traces MIX.RUN.steps/, the cluster's log, the
+#   bench's JSON / CSV (MIX.* for the measured run, MIX.traced.* for the other), the simulated
+#   requests' CSV MIX.sim.csv; scripts/step-overlap.py reads the step traces); RESIMULATE=1 with KEEP=DIR: serve nothing,
 #   simulate and compare the runs kept in DIR again (with the same RATE, DURATION, SHEDDING
 #   and SPREAD), e.g. after a change to the simulator; LOG_LEVEL=warn)
 set -euo pipefail
