@@ -208,8 +208,9 @@ Status writeRequestsCsv(const std::string& path, const std::vector<plan::SimRequ
     const plan::RequestOutcome& o = outcomes[i];
     const bool gaps = o.finished && !o.itlsS.empty();
     const double itlMax = gaps ? *std::max_element(o.itlsS.begin(), o.itlsS.end()) : 0;
+    const char* route = o.shed ? "shed" : o.disaggregated ? "disaggregated" : "colocated";
     std::fprintf(f, "%zu,%.6f,%zu,%d,%s,%d,%s,%s,%s,%s\n", i, requests[i].arrivalS, requests[i].prompt.size(),
-                 requests[i].outputTokens, o.shed ? "shed" : o.disaggregated ? "disaggregated" : "colocated", o.finished ? 1 : 0,
+                 requests[i].outputTokens, route, o.finished ? 1 : 0,
                  ms(o.finished, o.ttftS).c_str(), ms(gaps, gaps ? plan::percentileOf(o.itlsS, 99) : 0).c_str(),
                  ms(gaps, itlMax).c_str(), ms(o.admissionTtftS >= 0, o.admissionTtftS).c_str());
   }

@@ -88,10 +88,13 @@ struct KvArrival {
 
 // Per request: where it went and what its stream has seen.
 struct Tracking {
-  size_t prefillWorker = 0, decodeWorker = 0;
+  size_t decodeWorker = 0;
+  // The worker that prefills it as routed (the decode worker when colocated): the one its
+  // prompt tokens count on in the router's view until its first token, and the one a
+  // disaggregated prompt's KV comes from.
+  size_t prefilling = 0;
+  int64_t prefillTokens = 0;  // those tokens (0: settled)
   router::Route route = router::Route::kColocated;  // as admitted
-  size_t prefilling = 0;         // the worker counting its prompt tokens, until its first token
-  int64_t prefillTokens = 0;     // how many (0: settled)
   double predictedTtftS = 0;  // admission's unscaled prediction (0: none made)
   engine::SampledToken first;  // the prefill worker's token (disaggregated)
   double lastTokenS = -1;
@@ -356,7 +359,8 @@ class Simulation {
       const router::WorkerView& prefilling =
           plan->route == router::Route::kDisaggregated ? viewOf(views, plan->prefillWorker) : decoding;
       const router::AdmissionDecision d = admission_.decide(*plan, prefilling, decoding, promptTokens, policy_);
-      if (d.refusedBy != router::AdmissionDecision::Side::kDecode) outcomes_[index].admissionTtftS = d.verdict.predictedS;
+      if (d.refusedBy != router::AdmissionDecision::Side::kDecode)
+        outcomes_[index].admissionTtftS = d.verdict.predictedS;
       if (!d.admitted()) {
         if (autoscaler_)
           autoscaler_->observeShed(at(t), plan->route, d.refusedBy == router::AdmissionDecision::Side::kPrefill,
@@ -385,8 +389,7 @@ class Simulation {
       if (!remote.ok()) return remote.status();
       if (decode.engine->submitRemote(std::move(*remote)).ok()) {
         outcomes_[index].disaggregated = true;
-        tr.prefillWorker = workerIndex(plan->prefillWorker);
-        Worker& prefill = workers_[tr.prefillWorker];
+        Worker& prefill = workers_[tr.prefilling];
         advanceTo(prefill, r.arrivalS);
         auto job = makeRequest(index, prefill, 1);
         if (!job.ok()) return job.status();
@@ -454,7 +457,7 @@ class Simulation {
     PD_RETURN_IF_ERROR(decode.engine->completeRemote(a.request + 1, tr.first, &events));
     for (const auto& e : events) PD_RETURN_IF_ERROR(onEvent(tr.decodeWorker, e));
     wake(decode, handoverS);
-    Worker& prefill = workers_[tr.prefillWorker];
+    Worker& prefill = workers_[tr.prefilling];
     prefill.engine->release(a.request + 1);
     wake(prefill, a.atS);  // freed blocks may admit what waits there
     return Status::ok();
