@@ -33,7 +33,7 @@
 
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
-#include "common/engine/model_weights.h"
+#include "engine/model_weights.h"
 #include "worker/flags.h"
 #include "worker/worker_main.h"
 

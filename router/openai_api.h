@@ -59,7 +59,7 @@ struct GenerationRequest {
   bool ignoreEos = false;
   std::vector<std::string> stop;
   std::vector<int32_t> stopTokenIds;
-  // Logits processors (common/engine/logits_processors.h has the definitions).
+  // Logits processors (engine/logits_processors.h has the definitions).
   float presencePenalty = 0.0f;    // [-2, 2]
   float frequencyPenalty = 0.0f;   // [-2, 2]
   float repetitionPenalty = 1.0f;  // (0, 2]

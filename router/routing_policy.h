@@ -51,7 +51,7 @@ struct WorkerView {
   double prefillTokensPerS = 0;  // measured by the worker (0: not known yet)
   double decodeStepMs = 0;       // its decode steps' forward time (0: not known yet)
   // Its decode step time against batch size (perStreamMs < 0: not known yet), and what a
-  // minimum prompt chunk adds to a step (common/engine/step_cost_model.h).
+  // minimum prompt chunk adds to a step (engine/step_cost_model.h).
   double decodeStepBaseMs = 0;
   double decodeStepPerStreamMs = -1;
   double decodeSmallChunkMs = 0;

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "common/engine/cpu_backend.h"
-#include "common/engine/model_weights.h"
-#include "common/engine/sampling.h"
+#include "engine/cpu_backend.h"
+#include "engine/model_weights.h"
+#include "engine/sampling.h"
 #include "common/tokenizer/tokenizer.h"
 #include "tools/commands.h"
 

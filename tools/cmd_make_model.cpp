@@ -1,11 +1,11 @@
 // pdserve make-model: writes a small Llama-shaped HF model directory with seeded random
-// weights and a byte-level BPE tokenizer (common/engine/model_maker.h).
+// weights and a byte-level BPE tokenizer (engine/model_maker.h).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "common/engine/model_maker.h"
+#include "engine/model_maker.h"
 #include "tools/commands.h"
 
 namespace pd::tools {

@@ -24,7 +24,7 @@
 #include "common/base/cluster_auth.h"
 #include "common/base/ports_file.h"
 #include "common/base/log.h"
-#include "common/engine/model_maker.h"
+#include "engine/model_maker.h"
 
 namespace pd::tools {
 

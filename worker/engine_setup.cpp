@@ -5,9 +5,9 @@
 #include <filesystem>
 
 #include "common/base/log.h"
-#include "common/engine/cpu_backend.h"
-#include "common/engine/cuda_backend.h"
-#include "common/engine/kv_cache_manager.h"
+#include "engine/cpu_backend.h"
+#include "engine/cuda_backend.h"
+#include "engine/kv_cache_manager.h"
 #include "common/metrics/pdserve_metrics.h"
 
 namespace pd::worker {

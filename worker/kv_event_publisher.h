@@ -17,7 +17,7 @@
 #include <span>
 #include <vector>
 
-#include "common/engine/kv_cache_manager.h"
+#include "engine/kv_cache_manager.h"
 #include "common/metrics/metrics.h"
 #include "common/proto/pdserve.pb.h"
 #include "worker/router_links.h"

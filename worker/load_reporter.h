@@ -15,7 +15,7 @@
 #include <mutex>
 #include <string>
 
-#include "common/engine/engine.h"
+#include "engine/engine.h"
 #include "common/metrics/pdserve_metrics.h"
 #include "common/net/io_pool.h"
 #include "common/proto/pdserve.pb.h"

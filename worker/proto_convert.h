@@ -10,7 +10,7 @@
 
 #include "common/base/mem_desc.h"
 #include "common/base/status.h"
-#include "common/engine/sampling.h"
+#include "engine/sampling.h"
 #include "common/proto/pdserve.pb.h"
 
 namespace pd::worker {

@@ -19,7 +19,7 @@
 #include <string>
 
 #include "common/base/status.h"
-#include "common/engine/engine.h"
+#include "engine/engine.h"
 
 namespace pd::worker {
 

@@ -8,7 +8,7 @@
 
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
-#include "common/engine/model_weights.h"
+#include "engine/model_weights.h"
 #include "common/metrics/metrics.h"
 #include "worker/flags.h"
 

@@ -25,7 +25,7 @@
 #include <string>
 
 #include "common/base/status.h"
-#include "common/engine/kv_cache_manager.h"
+#include "engine/kv_cache_manager.h"
 
 namespace pd::worker {
 

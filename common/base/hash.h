@@ -3,7 +3,7 @@
 // (seed, step); all of them need the same value on every platform and in every process.
 //
 // hashBlockTokens / blockHashChain: THE name of a KV block, shared by the worker's prefix
-// cache (common/engine/kv_cache_manager.h), the KV events it publishes (docs/kv_events.md)
+// cache (engine/kv_cache_manager.h), the KV events it publishes (docs/kv_events.md)
 // and the router's predicted and exact indexes (router/prefix_index.h, router/kv_event_index.h).
 // Block i of a prompt is named by a hash of its tokens chained with block i-1's name
 // (kRootBlockHash before block 0), so equal names mean equal prefixes (up to 64-bit collisions,

@@ -164,7 +164,7 @@ struct PoolsConfig {
 
 // KV cache size: num_blocks when given; gpu_memory_utilization (backend cuda) when given: what
 // that fraction of each GPU's memory leaves after the weights and the measured activation
-// peak (common/engine/kv_budget.h); otherwise as many blocks as fit in kv_cache_bytes. The
+// peak (engine/kv_budget.h); otherwise as many blocks as fit in kv_cache_bytes. The
 // three keys are exclusive.
 struct EngineConfig {
   Backend backend = Backend::kCpu;

@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/engine/model_maker.h"
+#include "engine/model_maker.h"
 #include "common/net/framed.h"
 #include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/transport_factory.h"

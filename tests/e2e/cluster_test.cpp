@@ -19,8 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/engine/cuda_backend.h"
-#include "common/engine/model_maker.h"
+#include "engine/cuda_backend.h"
+#include "engine/model_maker.h"
 #include "tests/test_skip.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/faults/fault_report.h"

@@ -21,7 +21,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/base/ports_file.h"
-#include "common/engine/model_maker.h"
+#include "engine/model_maker.h"
 #include "tools/local_cluster.h"
 
 namespace pd::test {

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/engine/model_maker.h"
+#include "engine/model_maker.h"
 #include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
 #include "tools/process_group.h"

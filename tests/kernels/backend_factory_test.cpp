@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "common/engine/cuda_backend.h"
-#include "common/engine/tensor_parallel.h"
+#include "engine/cuda_backend.h"
+#include "engine/tensor_parallel.h"
 
 using namespace pd;
 using namespace pd::engine;

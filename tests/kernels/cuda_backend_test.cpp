@@ -5,7 +5,7 @@
 // TP = 1 (logits, tokens, and each rank's KV region against the matching kv heads of the
 // TP = 1 cache): ranks sharing one GPU (runs on any GPU machine), NCCL over two GPUs (skips
 // with a message on fewer). Skips without a device.
-#include "common/engine/cuda_backend.h"
+#include "engine/cuda_backend.h"
 
 #include <unistd.h>
 
@@ -16,9 +16,9 @@
 #include <random>
 #include <vector>
 
-#include "common/engine/cpu_backend.h"
-#include "common/engine/model_maker.h"
-#include "common/engine/model_weights.h"
+#include "engine/cpu_backend.h"
+#include "engine/model_maker.h"
+#include "engine/model_weights.h"
 #include "gpu_test_util.h"
 
 using namespace pd;

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/engine/cuda_backend.h"
+#include "engine/cuda_backend.h"
 #include "pd/kernels/cuda/attention.h"
 #include "pd/kernels/cuda/ops.h"
 #include "pd/kernels/cuda/sampling.h"

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "common/engine/sampling.h"
+#include "engine/sampling.h"
 #include "pd/kernels/sampling.h"
 #include "pd/kernels/sampling_math.h"
 

@@ -1,64 +1,96 @@
 #!/usr/bin/env python3
-"""The dependency rules of docs/architecture.md, checked on #include lines.
+"""The layering rules of cmake/layers.txt, checked on #include lines.
 
-Every source and header under the product's directories is read; an include of a project
-header from a module its layer may not use is reported with file and line. Exit 1 on any.
-(cmake/PdLayering.cmake checks the same rules on the link graph.)
+Usage: check_includes.py TABLE ROOT
+
+Every source and header under a module's folders in ROOT is read; an #include "..." of a
+header of a module that the file's module may not use (transitively, as the table says) is
+reported with file and line. Exit 1 on any. cmake/PdLayering.cmake checks the same table on
+the link graph.
 """
 import pathlib
-import re
 import sys
 
-ROOT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
-PROJECT_DIRS = ["common/", "kernels/", "kvtransfer/", "worker/", "prefill_worker/", "decode_worker/", "flex_worker/",
-                "router/", "tools/"]
-ROLES = ["prefill_worker/", "decode_worker/"]
-# module prefix -> include prefixes it must never use (longest prefix wins)
-FORBIDDEN = {
-    "common/base/": [d for d in PROJECT_DIRS if d != "common/"] + ["common/config/", "common/proto/", "common/net/",
-                                                                    "common/metrics/", "common/tokenizer/", "common/engine/"],
-    "kernels/": [d for d in PROJECT_DIRS if d != "kernels/"],
-    "common/": ["kvtransfer/", "worker/", "flex_worker/", "router/", "tools/"] + ROLES,
-    "kvtransfer/": ["common/engine/", "worker/", "flex_worker/", "router/", "tools/"] + ROLES,
-    "worker/": ["flex_worker/", "router/", "tools/"] + ROLES,
-    "prefill_worker/": ["decode_worker/", "flex_worker/", "router/", "tools/"],
-    "decode_worker/": ["prefill_worker/", "flex_worker/", "router/", "tools/"],
-    # pdserve-worker: both roles, switched at run time; above them, below nothing but tools/.
-    "flex_worker/": ["router/", "tools/"],
-    "router/": ["common/engine/", "kvtransfer/", "worker/", "flex_worker/", "tools/"] + ROLES,
-}
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+SOURCE_SUFFIXES = {".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh"}
 
 
-def module_of(rel: str):
-    best = None
-    for prefix in FORBIDDEN:
-        if rel.startswith(prefix) and (best is None or len(prefix) > len(best)):
-            best = prefix
+def read_table(path: pathlib.Path):
+    """module -> (path prefixes, modules it names)"""
+    modules = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        cols = line.split()
+        if len(cols) != 4:
+            sys.exit(f"{path}:{n}: expected 4 columns, got {len(cols)}")
+        name, paths, _targets, uses = cols
+        modules[name] = ([p.rstrip("/") + "/" for p in paths.split(",")],
+                         [] if uses == "-" else uses.split(","))
+    return modules
+
+
+def allowed_modules(modules, name):
+    allowed, todo = set(), [name]
+    while todo:
+        m = todo.pop()
+        if m in allowed:
+            continue
+        if m not in modules:
+            sys.exit(f"layering: module {name} may use '{m}', which is no module")
+        allowed.add(m)
+        todo.extend(modules[m][1])
+    return allowed
+
+
+def module_of(modules, path: str):
+    """The module whose longest path prefix starts `path`, or None."""
+    best, best_len = None, 0
+    for name, (prefixes, _) in modules.items():
+        for p in prefixes:
+            if path.startswith(p) and len(p) > best_len:
+                best, best_len = name, len(p)
     return best
 
 
+def include_target(line: str):
+    s = line.strip()
+    if not s.startswith("#"):
+        return None
+    s = s[1:].lstrip()
+    if not s.startswith("include"):
+        return None
+    s = s[len("include"):].strip()
+    if not s.startswith('"'):
+        return None
+    end = s.find('"', 1)
+    return s[1:end] if end > 0 else None
+
+
 def main() -> int:
-    problems = []
-    files = 0
-    for path in sorted(ROOT.rglob("*")):
-        if path.suffix not in {".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh"} or not path.is_file():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    modules = read_table(pathlib.Path(sys.argv[1]))
+    root = pathlib.Path(sys.argv[2]).resolve()
+    allowed = {m: allowed_modules(modules, m) for m in modules}
+    problems, files = [], 0
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in SOURCE_SUFFIXES or not path.is_file():
             continue
-        rel = path.relative_to(ROOT).as_posix()
+        rel = path.relative_to(root).as_posix()
         if rel.startswith(("build", "tests/")):
             continue
-        module = module_of(rel)
+        module = module_of(modules, rel)
         if module is None:
             continue
         files += 1
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            m = INCLUDE.match(line)
-            if not m:
+            target = include_target(line)
+            if target is None:
                 continue
-            target = m.group(1)
-            for bad in FORBIDDEN[module]:
-                if target.startswith(bad):
-                    problems.append(f"{rel}:{n}: includes {target}: {module} may not use {bad}")
+            used = module_of(modules, target)
+            if used is not None and used not in allowed[module]:
+                problems.append(f"{rel}:{n}: includes {target}: {module} may not use {used}")
     for p in problems:
         print(p)
     print(f"layering: {files} files checked, {len(problems)} forbidden include(s)")

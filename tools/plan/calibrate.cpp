@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/clock.h"
-#include "common/engine/cpu_backend.h"
-#include "common/engine/engine.h"
-#include "common/engine/kv_cache_manager.h"
-#include "common/engine/model_weights.h"
+#include "engine/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/model_weights.h"
 
 namespace pd::plan {
 

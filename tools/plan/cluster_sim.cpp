@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "common/base/clock.h"
-#include "common/engine/engine.h"
+#include "engine/engine.h"
 #include "router/admission.h"
 #include "router/autoscaler.h"
 #include "router/routing_policy.h"

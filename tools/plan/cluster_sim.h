@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "common/config/cluster_config.h"
-#include "common/engine/scheduler.h"
+#include "engine/scheduler.h"
 #include "tools/plan/cost_model.h"
 #include "tools/plan/step_spread.h"
 

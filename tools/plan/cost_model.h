@@ -25,7 +25,7 @@
 #include <span>
 #include <vector>
 
-#include "common/engine/backend.h"
+#include "engine/backend.h"
 #include "tools/plan/hardware.h"
 
 namespace pd::plan {

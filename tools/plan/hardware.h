@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/base/status.h"
-#include "common/engine/model_config.h"
+#include "engine/model_config.h"
 
 namespace pd::plan {
 

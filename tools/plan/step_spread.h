@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "common/base/status.h"
-#include "common/engine/backend.h"
+#include "engine/backend.h"
 #include "tools/plan/cost_model.h"
 
 namespace pd::plan {

@@ -7,7 +7,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/engine/cpu_thread_pool.h"
+#include "engine/cpu_thread_pool.h"
 
 using pd::engine::CpuThreadPool;
 

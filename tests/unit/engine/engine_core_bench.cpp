@@ -8,10 +8,10 @@
 #include <random>
 #include <vector>
 
-#include "common/engine/kv_cache_manager.h"
-#include "common/engine/logits_processors.h"
-#include "common/engine/sampling.h"
-#include "common/engine/scheduler.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/logits_processors.h"
+#include "engine/sampling.h"
+#include "engine/scheduler.h"
 
 using namespace pd;
 using namespace pd::engine;

@@ -7,7 +7,7 @@
 #include <functional>
 #include <map>
 
-#include "common/engine/engine.h"
+#include "engine/engine.h"
 #include "model_test_util.h"
 
 using namespace pd;

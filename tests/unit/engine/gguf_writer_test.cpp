@@ -1,4 +1,4 @@
-// The GGUF writer (common/engine/bench/gguf_writer.h) read back by a small independent parser:
+// The GGUF writer (engine/bench/gguf_writer.h) read back by a small independent parser:
 // header, key/values, tensor infos (ggml dimension order, f32 type, aligned offsets) and the
 // tensor bytes against the loaded model, including the q/k RoPE row permutation. llama-bench
 // loading the file is exercised by engine_bench --llama-bench, not here (no llama.cpp in CI).
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/engine/bench/gguf_writer.h"
+#include "engine/bench/gguf_writer.h"
 #include "model_test_util.h"
 
 namespace pd::engine {

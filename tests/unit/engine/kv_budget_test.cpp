@@ -1,5 +1,5 @@
 // kvBudgetFromUtilization: engine.gpu_memory_utilization's arithmetic, with a GPU's numbers.
-#include "common/engine/kv_budget.h"
+#include "engine/kv_budget.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-#include "common/engine/kv_cache_manager.h"
+#include "engine/kv_cache_manager.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

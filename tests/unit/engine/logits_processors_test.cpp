@@ -1,6 +1,6 @@
 // The logits processors on known logits: each definition (logits_processors.h) checked by
 // hand, their order, and that sampling reports the raw distribution's logprobs.
-#include "common/engine/logits_processors.h"
+#include "engine/logits_processors.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>

@@ -2,7 +2,7 @@
 // the errors a person sees for a broken model directory.
 #include <nlohmann/json.hpp>
 
-#include "common/engine/safetensors.h"
+#include "engine/safetensors.h"
 #include "tests/unit/engine/model_test_util.h"
 
 using namespace pd::engine;

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "common/engine/cpu_backend.h"
-#include "common/engine/model_maker.h"
-#include "common/engine/model_weights.h"
+#include "engine/cpu_backend.h"
+#include "engine/model_maker.h"
+#include "engine/model_weights.h"
 
 namespace pd::engine::test {
 

@@ -1,4 +1,4 @@
-#include "common/engine/sampling.h"
+#include "engine/sampling.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

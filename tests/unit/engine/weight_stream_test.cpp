@@ -2,7 +2,7 @@
 // "device" (host-memory copiers) arrives as the f32 loader's weights would in that dtype,
 // sliced per tensor-parallel rank as tensor_parallel.h slices them, with the loader's host
 // memory bounded by the staging size.
-#include "common/engine/weight_stream.h"
+#include "engine/weight_stream.h"
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -10,8 +10,8 @@
 #include <fstream>
 #include <map>
 
-#include "common/engine/model_weights.h"
-#include "common/engine/tensor_parallel.h"
+#include "engine/model_weights.h"
+#include "engine/tensor_parallel.h"
 #include "tests/unit/engine/model_test_util.h"
 
 using namespace pd;

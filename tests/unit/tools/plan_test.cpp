@@ -9,8 +9,8 @@
 #include <fstream>
 #include <numeric>
 
-#include "common/engine/model_maker.h"
-#include "common/engine/model_weights.h"
+#include "engine/model_maker.h"
+#include "engine/model_weights.h"
 #include "tools/plan/calibrate.h"
 #include "tools/plan/plan_report.h"
 #include "tools/plan/planner.h"

@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 
-#include "common/engine/cuda_backend.h"
-#include "common/engine/model_maker.h"
+#include "engine/cuda_backend.h"
+#include "engine/model_maker.h"
 #include "tests/unit/engine/model_test_util.h"
 
 using namespace pd;

@@ -5,7 +5,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/engine/kv_cache_manager.h"
+#include "engine/kv_cache_manager.h"
 
 namespace pd::test {
 

@@ -1,6 +1,6 @@
 // Paged KV cache writes and reads, f32 cache, one layer at a time.
 //
-// A layer's pool (common/engine/kv_layout.h) is [numBlocks][2 (k|v)][blockSize][numKvHeads]
+// A layer's pool (engine/kv_layout.h) is [numBlocks][2 (k|v)][blockSize][numKvHeads]
 // [headDim]. A token's slot is blockTable[pos / blockSize] * blockSize + pos % blockSize;
 // callers compute slots and validate block ids. Pure functions; callers split work across
 // threads on disjoint tokens / heads.

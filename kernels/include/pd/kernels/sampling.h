@@ -2,7 +2,7 @@
 // (vLLM's order), a caller-given uniform draw per row, the raw logprob of the chosen token
 // and the top-N raw logprobs. The CPU twin is here; the CUDA twin (pd/kernels/cuda/
 // sampling.h) has the same signature plus a stream and returns the same tokens bit for bit.
-// pd::engine::sample() (common/engine/sampling.h) is this function on one row.
+// pd::engine::sample() (engine/sampling.h) is this function on one row.
 //
 // Definition (what both twins compute; the implementations differ, the results do not):
 //   key(i)  = (logit i descending, id ascending) packed in a unique integer (sampling_math.h)

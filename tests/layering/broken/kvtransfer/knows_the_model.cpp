@@ -1,2 +1,2 @@
 // A fixture for layering_includes_catches_breaks: kvtransfer may not know model types.
-#include "common/engine/kv_layout.h"
+#include "engine/kv_layout.h"

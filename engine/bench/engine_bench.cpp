@@ -1,0 +1,464 @@
+// engine_bench: CPU backend throughput on the `small` preset next to this machine's ceilings
+// measured in the same run (STREAM-like triad bandwidth, OpenBLAS sgemm GFLOP/s).
+//
+//   build/engine/bench/engine_bench [--model DIR] [--threads N] [--quick]
+//                                          [--only prefill|decode|context|llama] [--batch 1|8|32]
+//                                          [--llama-bench PATH] [--rounds N]
+//                                          [--write-gguf PATH]
+//
+// Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
+// --only context: prompt chunks after 0-2,048 cached tokens, their time a token against the
+// price SLO-sized chunks give them (1 + position / ModelConfig::attentionSpanTokens).
+// --llama-bench PATH: also runs that llama-bench binary on the same weights (written as an f32
+// GGUF to a temporary file) and prints its `tg128 @ d512` and `pp2048` next to ours, measured
+// the same way (mean over 5 repetitions of tokens / wall time), interleaved ours, theirs,
+// ours, theirs so the machine's noise hits both. --write-gguf PATH writes the GGUF and exits.
+#include <cblas.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/bench/gguf_writer.h"
+#include "engine/cpu_backend.h"
+#include "engine/model_maker.h"
+#include "engine/model_weights.h"
+#include "engine/scheduler.h"
+
+using namespace pd::engine;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// CPU seconds used by the whole process (all threads): on a shared machine, wall time
+// includes time other processes held the cores; CPU time shows what the work itself cost.
+double processCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+double secondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// STREAM triad a = b + s*c over `bytesPerArray`, split across `threads`; best of `reps`.
+// Counts 3 arrays of traffic per pass, as STREAM does.
+double triadGBs(size_t bytesPerArray, int threads, int reps) {
+  const size_t n = bytesPerArray / sizeof(float);
+  WeightBuffer a(n), b(n), c(n);
+  for (size_t i = 0; i < n; ++i) {
+    b.data()[i] = 1.0f;
+    c.data()[i] = 2.0f;
+  }
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        const size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+        float* __restrict pa = a.data();
+        const float* __restrict pb = b.data();
+        const float* __restrict pc = c.data();
+        for (size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+      });
+    for (auto& t : ts) t.join();
+    best = std::min(best, secondsSince(t0));
+  }
+  volatile float sink = a.data()[n / 2];
+  (void)sink;
+  return 3.0 * double(bytesPerArray) / best / 1e9;
+}
+
+double sgemmGflops(int m, int n, int k, int reps) {
+  std::vector<float> a(size_t(m) * k, 0.5f), b(size_t(n) * k, 0.25f), c(size_t(m) * n);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                0.0f, c.data(), n);
+    best = std::min(best, secondsSince(t0));
+  }
+  return 2.0 * m * n * double(k) / best / 1e9;
+}
+
+int fail(const pd::Status& st) {
+  std::fprintf(stderr, "engine_bench: %s\n", st.toString().c_str());
+  return 1;
+}
+
+// One forward of a p-token prompt chunk from position `start` (the cache before it is zeros:
+// its contents do not change the work), `reps` times after one
+// warm-up; wall seconds per repetition. The backend (and its pool) lives only for the
+// measurement.
+pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const ModelWeights>& model,
+                                               int p, const CpuBackendOptions& opt, int reps,
+                                               std::mt19937_64& rng, double* bestCpu, int start = 0) {
+  const ModelConfig& cfg = model->config;
+  const int blockSize = 16;
+  const int blocks = (start + p + blockSize - 1) / blockSize;
+  const auto layout = kvLayoutFor(cfg, blocks, blockSize);
+  WeightBuffer kv(layout.totalBytes() / sizeof(float));
+  auto backend = createCpuBackend(model, layout, kv.data(), opt);
+  if (!backend.ok()) return backend.status();
+  std::vector<int32_t> tokens(p), table(blocks);
+  for (auto& t : tokens) t = int32_t(rng() % 256);
+  for (int b = 0; b < blocks; ++b) table[b] = b;
+  std::vector<float> logits(cfg.vocabSize);
+  SeqChunk c{tokens.data(), p, start, table.data(), blocks, true};
+  std::vector<double> out;
+  for (int r = 0; r < reps + 1; ++r) {  // the first run warms up
+    const auto t0 = Clock::now();
+    const double c0 = processCpuSeconds();
+    PD_RETURN_IF_ERROR((*backend)->forward({&c, 1}, logits.data()));
+    if (r > 0) {
+      out.push_back(secondsSince(t0));
+      if (bestCpu) *bestCpu = std::min(*bestCpu, processCpuSeconds() - c0);
+    }
+  }
+  return out;
+}
+
+// Greedy decode of `batch` sequences that each hold `ctx` tokens of context. The cache is
+// filled with noise instead of prefilled: its contents do not change the work.
+class DecodeBench {
+ public:
+  static pd::Result<std::unique_ptr<DecodeBench>> create(
+      const std::shared_ptr<const ModelWeights>& model, int batch, int ctx, int maxSteps,
+      const CpuBackendOptions& opt, std::mt19937_64& rng) {
+    auto b = std::unique_ptr<DecodeBench>(new DecodeBench);
+    const ModelConfig& cfg = model->config;
+    const int blockSize = 16;
+    b->cfg_ = cfg;
+    b->batch_ = batch;
+    b->ctx_ = ctx;
+    b->perSeq_ = (ctx + maxSteps + blockSize - 1) / blockSize;
+    const auto layout = kvLayoutFor(cfg, b->perSeq_ * batch, blockSize);
+    b->kv_ = WeightBuffer(layout.totalBytes() / sizeof(float));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (size_t i = 0; i < b->kv_.size(); ++i) b->kv_.data()[i] = nd(rng);
+    auto backend = createCpuBackend(model, layout, b->kv_.data(), opt);
+    if (!backend.ok()) return backend.status();
+    b->backend_ = std::move(*backend);
+    b->tables_.assign(batch, std::vector<int32_t>(b->perSeq_));
+    for (int s = 0; s < batch; ++s)
+      for (int k = 0; k < b->perSeq_; ++k) b->tables_[s][k] = s * b->perSeq_ + k;
+    return b;
+  }
+
+  // `steps` steps from position ctx (each call starts there again). stepSeconds (optional):
+  // wall seconds of each forward; cpuSeconds (optional): process CPU time of the forwards.
+  pd::Status run(int steps, std::vector<double>* stepSeconds, double* cpuSeconds) {
+    std::vector<int32_t> next(batch_, 65);
+    std::vector<float> logits(size_t(batch_) * cfg_.vocabSize);
+    std::vector<SeqChunk> chunks(batch_);
+    for (int step = 0; step < steps; ++step) {
+      for (int s = 0; s < batch_; ++s)
+        chunks[s] = SeqChunk{&next[s], 1, ctx_ + step, tables_[s].data(), perSeq_, true};
+      const auto t0 = Clock::now();
+      const double c0 = processCpuSeconds();
+      PD_RETURN_IF_ERROR(backend_->forward(chunks, logits.data()));
+      if (stepSeconds) stepSeconds->push_back(secondsSince(t0));
+      if (cpuSeconds) *cpuSeconds += processCpuSeconds() - c0;
+      for (int s = 0; s < batch_; ++s) {
+        const auto row = logits.begin() + ptrdiff_t(s) * cfg_.vocabSize;
+        next[s] = int32_t(std::max_element(row, row + cfg_.vocabSize) - row);
+      }
+    }
+    return pd::Status::ok();
+  }
+
+ private:
+  DecodeBench() = default;
+  ModelConfig cfg_;
+  int batch_ = 0, ctx_ = 0, perSeq_ = 0;
+  WeightBuffer kv_;
+  std::unique_ptr<Backend> backend_;
+  std::vector<std::vector<int32_t>> tables_;
+};
+
+// Runs `llamaBench args -o json` and returns the first result's avg_ts (tokens/s, the mean
+// over its repetitions). Its stderr goes to `logPath`, named in the error when it fails.
+pd::Result<double> llamaBenchTokensPerSecond(const std::string& llamaBench,
+                                             const std::string& args,
+                                             const std::string& logPath) {
+  const std::string cmd = "'" + llamaBench + "' " + args + " -o json 2>'" + logPath + "'";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return pd::internalError("cannot run " + cmd);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int rc = pclose(f);
+  if (rc != 0)
+    return pd::internalError("llama-bench failed (status " + std::to_string(rc) + "): " + cmd +
+                        " (its log: " + logPath + ")");
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  if (!j.is_array() || j.empty() || !j[0].contains("avg_ts") || !j[0]["avg_ts"].is_number())
+    return pd::internalError("llama-bench printed no avg_ts: " + cmd + " (its log: " + logPath + ")");
+  return j[0]["avg_ts"].get<double>();
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+// Decode tg128 @ d512 and prefill pp2048, ours and llama.cpp's, `rounds` times interleaved.
+// Ours is measured as llama-bench measures: 5 repetitions after a warm-up, each repetition's
+// tokens / wall seconds (decode: the whole 128-token loop, not per-step medians), averaged.
+pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& model,
+                                 const std::string& llamaBench, const CpuBackendOptions& opt,
+                                 int rounds, std::mt19937_64& rng) {
+  if (llamaBench.find('\'') != std::string::npos)
+    return pd::invalidArgument("--llama-bench: a path with a single quote is not supported");
+  char dir[] = "/tmp/pdserve_llama_XXXXXX";
+  if (!mkdtemp(dir)) return pd::internalError("mkdtemp failed");
+  const std::string gguf = std::string(dir) + "/model.gguf", log = std::string(dir) + "/log";
+  PD_RETURN_IF_ERROR(writeLlamaGguf(*model, gguf));
+  // -lm none: weights read into anonymous memory, as ours are (no file-backed pages).
+  const std::string common =
+      "-m '" + gguf + "' -t " + std::to_string(opt.numThreads) + " -r 5 -lm none";
+  const int ctx = 512, gen = 128, prompt = 2048, reps = 5;
+  std::printf(
+      "\nllama.cpp (%s) on the same weights (%s, f32; its defaults otherwise), %d threads:\n",
+      llamaBench.c_str(), gguf.c_str(), opt.numThreads);
+  std::vector<double> oursTg, theirsTg, oursPp, theirsPp;
+  for (int r = 0; r < rounds; ++r) {
+    {
+      auto bench = DecodeBench::create(model, 1, ctx, gen, opt, rng);
+      if (!bench.ok()) return bench.status();
+      PD_RETURN_IF_ERROR((*bench)->run(1, nullptr, nullptr));  // warm-up, as llama-bench
+      std::vector<double> ts;
+      for (int i = 0; i < reps; ++i) {
+        const auto t0 = Clock::now();
+        PD_RETURN_IF_ERROR((*bench)->run(gen, nullptr, nullptr));
+        ts.push_back(gen / secondsSince(t0));
+      }
+      oursTg.push_back(mean(ts));
+    }
+    PD_ASSIGN_OR_RETURN(
+        const double tg,
+        llamaBenchTokensPerSecond(llamaBench, common + " -p 0 -n 128 -d 512", log));
+    theirsTg.push_back(tg);
+    PD_ASSIGN_OR_RETURN(auto secs, prefillSeconds(model, prompt, opt, reps, rng, nullptr));
+    std::vector<double> ts;
+    for (double s : secs) ts.push_back(prompt / s);
+    oursPp.push_back(mean(ts));
+    PD_ASSIGN_OR_RETURN(const double pp,
+                        llamaBenchTokensPerSecond(llamaBench, common + " -p 2048 -n 0", log));
+    theirsPp.push_back(pp);
+    std::printf(
+        "  round %d: tg128 @ d512 ours %7.1f  llama.cpp %7.1f tok/s (%.2fx) | pp2048 ours "
+        "%7.1f  llama.cpp %7.1f tok/s (%.2fx)\n",
+        r + 1, oursTg.back(), tg, oursTg.back() / tg, oursPp.back(), pp, oursPp.back() / pp);
+    std::fflush(stdout);
+  }
+  std::printf(
+      "  mean:    tg128 @ d512 ours %7.1f  llama.cpp %7.1f tok/s (%.2fx) | pp2048 ours %7.1f  "
+      "llama.cpp %7.1f tok/s (%.2fx)\n",
+      mean(oursTg), mean(theirsTg), mean(oursTg) / mean(theirsTg), mean(oursPp), mean(theirsPp),
+      mean(oursPp) / mean(theirsPp));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return pd::Status::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string modelDir;
+  int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  bool quick = false;
+  std::string only;  // "", "prefill", "decode", "context" or "llama"
+  int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
+  std::string llamaBench, writeGguf;
+  int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
+  int rounds = 0;     // llama.cpp comparison rounds: 0 = 3 (1 with --quick)
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--model" && i + 1 < argc)
+      modelDir = argv[++i];
+    else if (a == "--threads" && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (a == "--quick")
+      quick = true;
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
+    else if (a == "--skinny-max-rows" && i + 1 < argc)
+      skinnyMaxRows = std::atoi(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::atoi(argv[++i]);
+    else if (a == "--batch" && i + 1 < argc)
+      onlyBatch = std::atoi(argv[++i]);
+    else if (a == "--llama-bench" && i + 1 < argc)
+      llamaBench = argv[++i];
+    else if (a == "--write-gguf" && i + 1 < argc)
+      writeGguf = argv[++i];
+    else {
+      std::fprintf(stderr,
+                   "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only "
+                   "prefill|decode|context|llama] [--batch N] [--skinny-max-rows N] [--llama-bench PATH] "
+                   "[--rounds N] [--write-gguf PATH]\n");
+      return 2;
+    }
+  }
+  if (modelDir.empty()) {
+    modelDir = "/tmp/pdserve_bench_small";
+    if (!std::filesystem::exists(modelDir + "/config.json")) {
+      MakeModelOptions o;
+      o.preset = "small";
+      if (auto st = makeModel(o, modelDir); !st.isOk()) {
+        std::fprintf(stderr, "engine_bench: %s\n", st.toString().c_str());
+        return 1;
+      }
+    }
+  }
+  auto model = loadModel(modelDir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n", model.status().toString().c_str());
+    return 1;
+  }
+  const ModelConfig& cfg = (*model)->config;
+  setBlasThreads(threads);
+  if (!writeGguf.empty()) {
+    if (auto st = writeLlamaGguf(**model, writeGguf); !st.isOk()) return fail(st);
+    std::printf("engine_bench: wrote %s\n", writeGguf.c_str());
+    return 0;
+  }
+  if (!only.empty() && only != "prefill" && only != "decode" && only != "context" && only != "llama") {
+    std::fprintf(stderr, "engine_bench: --only must be prefill, decode, context or llama\n");
+    return 2;
+  }
+  if (only == "llama" && llamaBench.empty()) {
+    std::fprintf(stderr, "engine_bench: --only llama needs --llama-bench PATH\n");
+    return 2;
+  }
+
+  std::printf(
+      "engine_bench: model %s (hidden %d, layers %d, heads %d/%d, ffn %d, vocab %d), "
+      "%.1f MB f32 weights, %d threads\n",
+      modelDir.c_str(), cfg.hiddenSize, cfg.numLayers, cfg.numHeads, cfg.numKvHeads,
+      cfg.intermediateSize, cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
+  std::printf("OpenBLAS: core %s; config %s\n", openblas_get_corename(), openblas_get_config());
+
+  // ---- Ceilings ---------------------------------------------------------------------------
+  const double weightBytes = double(cfg.decodeWeightParams()) * 4;
+  double bwModelSized = 0, bwLarge = 0, gemmPeak = 0;
+  if (only != "llama" && only != "context") {  // ratios within one run need no ceilings
+    bwModelSized = triadGBs(size_t(weightBytes / 3) & ~size_t(63), threads, 10);
+    bwLarge = triadGBs(size_t(256) << 20, threads, quick ? 2 : 4);
+    std::printf(
+        "memory bandwidth (triad, %d threads): %.1f GB/s at a model-sized working set "
+        "(%.0f MB), %.1f GB/s at 768 MB (3 x 256 MB)\n",
+        threads, bwModelSized, weightBytes / 1e6, bwLarge);
+    const double gemmSquare = sgemmGflops(2048, 2048, 2048, quick ? 2 : 3);
+    const double gemmPrefill =
+        sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
+    gemmPeak = std::max(gemmSquare, gemmPrefill);
+    std::printf("sgemm: %.1f GFLOP/s (2048^3), %.1f GFLOP/s (2048x%dx%d, the gate|up shape)\n",
+                gemmSquare, gemmPrefill, 2 * cfg.intermediateSize, cfg.hiddenSize);
+  }
+
+  // ---- Prefill ------------------------------------------------------------------------------
+  CpuBackendOptions opt;
+  opt.numThreads = threads;
+  opt.skinnyMaxRows = skinnyMaxRows;
+  std::mt19937_64 rng(1);
+  if (only.empty() || only == "prefill")
+    std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
+  for (int p : {128, 512, 2048}) {
+    if (only == "decode" || only == "context" || only == "llama") break;
+    const int reps = quick ? 1 : (p >= 2048 ? 2 : 3);
+    double bestCpu = 1e30;
+    auto secs = prefillSeconds(*model, p, opt, reps, rng, &bestCpu);
+    if (!secs.ok()) return fail(secs.status());
+    const double best = *std::min_element(secs->begin(), secs->end());
+    const double linearFlops = 2.0 * double(cfg.decodeWeightParams() - cfg.hiddenSize) * p -
+                               2.0 * double(cfg.vocabSize) * cfg.hiddenSize * (p - 1);
+    const double attnFlops =
+        4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
+    const double gflops = (linearFlops + attnFlops) / best / 1e9;
+    std::printf(
+        "  %5d tokens: %8.0f tok/s  (%.1f ms, %.1f GFLOP/s = %.0f%% of sgemm peak; %.1f CPU-ms)\n",
+        p, p / best, best * 1e3, gflops, 100.0 * gflops / gemmPeak, bestCpu * 1e3);
+  }
+
+  // ---- Decode -------------------------------------------------------------------------------
+  const int ctx = 512;
+  if (only.empty() || only == "decode")
+    std::printf(
+        "\ndecode (%d tokens of context per sequence, one token per sequence per step):\n", ctx);
+  for (int batch : {1, 8, 32}) {
+    if (only == "prefill" || only == "context" || only == "llama") break;
+    if (onlyBatch > 0 && batch != onlyBatch) continue;
+    // Batch 1 steps take ~3 ms: many of them, and the median, so a noisy neighbour's burst
+    // does not decide the figure.
+    const int steps = quick ? 16 : (batch == 1 ? 256 : 32);
+    auto bench = DecodeBench::create(*model, batch, ctx, steps, opt, rng);
+    if (!bench.ok()) return fail(bench.status());
+    std::vector<double> stepSeconds;
+    double cpu = 0;
+    if (auto st = (*bench)->run(2, nullptr, nullptr); !st.isOk()) return fail(st);  // warm-up
+    if (auto st = (*bench)->run(steps, &stepSeconds, &cpu); !st.isOk()) return fail(st);
+    double total = 0;
+    for (double x : stepSeconds) total += x;
+    std::nth_element(stepSeconds.begin(), stepSeconds.begin() + steps / 2, stepSeconds.end());
+    const double medianStep = stepSeconds[size_t(steps / 2)];
+    const double tokS = batch / medianStep;
+    std::printf(
+        "  batch %2d: %8.1f tok/s  (median step %.2f ms, mean %.2f ms; %.2f CPU-ms per step over "
+        "all threads)",
+        batch, tokS, medianStep * 1e3, total / steps * 1e3, cpu / steps * 1e3);
+    if (batch == 1) {
+      const double kvBytes = 2.0 * ctx * cfg.kvDim() * 4 * cfg.numLayers;
+      const double floorModel = weightBytes / (bwModelSized * 1e9);
+      const double floorLarge = weightBytes / (bwLarge * 1e9);
+      const double stepS = medianStep;
+      std::printf(
+          "\n    bandwidth floor (%.1f MB weights / token): %.3f ms at %.1f GB/s -> %.0f%% of "
+          "floor; %.3f ms at %.1f GB/s -> %.0f%%\n    (the %.1f MB of KV read per token at "
+          "ctx %d is on top of the weights)",
+          weightBytes / 1e6, floorModel * 1e3, bwModelSized, 100.0 * floorModel / stepS,
+          floorLarge * 1e3, bwLarge, 100.0 * floorLarge / stepS, kvBytes / 1e6, ctx);
+    }
+    std::printf("\n");
+  }
+
+  // ---- Prompt chunks deep in a prompt --------------------------------------------------------
+  if (only == "context") {
+    const double span = cfg.attentionSpanTokens();
+    std::printf("\nprompt chunks after cached context (best of %d; priced: 1 + position / %.0f, the attention span):\n",
+                quick ? 1 : 3, span);
+    for (int n : {64, 256, 512}) {
+      double atZero = 0;
+      for (int start : {0, 1024, 2048}) {
+        auto secs = prefillSeconds(*model, n, opt, quick ? 1 : 3, rng, nullptr, start);
+        if (!secs.ok()) return fail(secs.status());
+        const double msPerToken = *std::min_element(secs->begin(), secs->end()) * 1e3 / n;
+        if (start == 0) atZero = msPerToken;
+        const double priced = atZero * pd::engine::promptChunkCost(start, n, span) / pd::engine::promptChunkCost(0, n, span);
+        std::printf("  %3d tokens after %4d: %.3f ms a token, priced %.3f (%+.0f%%)\n", n, start, msPerToken, priced,
+                    100 * (priced / msPerToken - 1));
+      }
+    }
+  }
+
+  if (!llamaBench.empty()) {
+    if (auto st = compareWithLlamaBench(*model, llamaBench, opt, rounds > 0 ? rounds : (quick ? 1 : 3), rng); !st.isOk())
+      return fail(st);
+  }
+  return 0;
+}

@@ -1,0 +1,91 @@
+#include "engine/checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace pd::engine {
+
+namespace {
+bool fileExists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+}  // namespace
+
+Result<Checkpoint> Checkpoint::open(const std::string& dir) {
+  Checkpoint c;
+  c.dir_ = dir;
+  const std::string index = dir + "/model.safetensors.index.json";
+  if (fileExists(index)) {
+    std::ifstream in(index);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::map<std::string, std::string> weightMap;
+    try {
+      const auto j = nlohmann::json::parse(ss.str());
+      for (const auto& [name, file] : j.at("weight_map").items())
+        weightMap[name] = file.get<std::string>();
+    } catch (const std::exception& e) {
+      return invalidArgument(index + ": malformed index: " + e.what());
+    }
+    std::set<std::string> shardNames;
+    for (const auto& [name, file] : weightMap) shardNames.insert(file);
+    for (const auto& file : shardNames) {
+      if (file.find('/') != std::string::npos || file.find("..") != std::string::npos)
+        return invalidArgument(index + ": shard name \"" + file + "\" must be a plain file name");
+      PD_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(dir + "/" + file));
+      c.files_.push_back(std::move(f));
+    }
+    for (size_t i = 0; i < c.files_.size(); ++i)
+      for (const auto& [name, info] : c.files_[i].tensors()) c.where_[name] = i;
+    for (const auto& [name, file] : weightMap)
+      if (!c.where_.count(name))
+        return notFound(index + ": tensor " + name + " is listed for " + file + " but not in it");
+    return c;
+  }
+  const std::string single = dir + "/model.safetensors";
+  if (!fileExists(single))
+    return notFound(dir + ": no model.safetensors and no model.safetensors.index.json");
+  PD_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(single));
+  c.files_.push_back(std::move(f));
+  for (const auto& [name, info] : c.files_[0].tensors()) c.where_[name] = 0;
+  return c;
+}
+
+const SafetensorsFile* Checkpoint::fileOf(const std::string& name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? nullptr : &files_[it->second];
+}
+
+Result<const TensorInfo*> Checkpoint::expect(const std::string& name,
+                                             const std::vector<int64_t>& shape) const {
+  const SafetensorsFile* f = fileOf(name);
+  if (!f)
+    return notFound(dir_ + ": missing tensor " + name + " (expected shape " + shapeToString(shape) +
+                    ")");
+  const TensorInfo* info = f->find(name);
+  if (info->shape != shape)
+    return invalidArgument(f->path() + ": tensor " + name + " has shape " +
+                           shapeToString(info->shape) + " but the config implies " +
+                           shapeToString(shape));
+  return info;
+}
+
+Status Checkpoint::readF32(const std::string& name, const std::vector<int64_t>& shape,
+                           float* dst) const {
+  PD_RETURN_IF_ERROR(expect(name, shape).status());
+  return fileOf(name)->readF32(name, dst);
+}
+
+Status Checkpoint::readBytes(const std::string& name, uint64_t byteOffset, size_t len,
+                             void* dst) const {
+  const SafetensorsFile* f = fileOf(name);
+  if (!f) return notFound(dir_ + ": missing tensor " + name);
+  return f->readBytes(name, byteOffset, len, dst);
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,41 @@
+// A Hugging Face checkpoint's tensors: model.safetensors, or the shards a
+// model.safetensors.index.json names, behind one lookup by tensor name.
+//
+//   PD_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::open(dir));
+//   PD_ASSIGN_OR_RETURN(const TensorInfo* t, ckpt.expect("model.norm.weight", {hidden}));
+//   PD_RETURN_IF_ERROR(ckpt.readBytes("model.norm.weight", 0, t->end - t->begin, dst));
+//
+// Both the f32 host loader (model_weights.h) and the streaming device loader
+// (weight_stream.h) read through it. Errors name the directory or file, the tensor and the
+// shapes. Not thread-safe (as SafetensorsFile).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "engine/safetensors.h"
+
+namespace pd::engine {
+
+class Checkpoint {
+ public:
+  static Result<Checkpoint> open(const std::string& dir);
+
+  bool has(const std::string& name) const { return where_.count(name) != 0; }
+  // The tensor, checked to exist and to have `shape`.
+  Result<const TensorInfo*> expect(const std::string& name, const std::vector<int64_t>& shape) const;
+  // expect(), then the whole tensor converted to f32 into dst.
+  Status readF32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+  // len stored bytes of `name` from byteOffset within the tensor (SafetensorsFile::readBytes).
+  Status readBytes(const std::string& name, uint64_t byteOffset, size_t len, void* dst) const;
+
+ private:
+  const SafetensorsFile* fileOf(const std::string& name) const;
+  std::string dir_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> where_;
+};
+
+}  // namespace pd::engine

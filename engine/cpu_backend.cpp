@@ -1,0 +1,315 @@
+#include "engine/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/cpu_thread_pool.h"
+#include "pd/kernels/activation.h"
+#include "pd/kernels/attention.h"
+#include "pd/kernels/embedding.h"
+#include "pd/kernels/kv_cache.h"
+#include "pd/kernels/linear.h"
+#include "pd/kernels/norm.h"
+#include "pd/kernels/rope.h"
+
+namespace pd::engine {
+
+namespace kc = pd::kernels::cpu;
+
+void setBlasThreads(int n) { openblas_set_num_threads(std::max(1, n)); }
+
+namespace {
+
+constexpr int kQueryTile = 128;  // query rows per GEMM attention tile
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv,
+             const CpuBackendOptions& opt)
+      : model_(std::move(model)),
+        cfg_(model_->config),
+        layout_(layout),
+        kv_(kv),
+        opt_(opt),
+        threads_(opt.numThreads > 0 ? opt.numThreads
+                                    : int(std::max(1u, std::thread::hardware_concurrency()))),
+        pool_(threads_) {
+    invFreq_.resize(cfg_.headDim / 2);
+    kc::RopeLlama3Scaling s;
+    s.factor = float(cfg_.rope.factor);
+    s.lowFreqFactor = float(cfg_.rope.lowFreqFactor);
+    s.highFreqFactor = float(cfg_.rope.highFreqFactor);
+    s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
+    kc::ropeInvFreq(invFreq_.data(), cfg_.headDim, cfg_.rope.theta,
+                    cfg_.rope.llama3 ? &s : nullptr);
+    threadScratch_.resize(threads_);
+    setBlasThreads(1);
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  const KvLayout& kvLayout() const override { return layout_; }
+
+  Status forward(std::span<const SeqChunk> batch, float* logits,
+                 const LayerKvReadyFn& onLayerKvReady) override;
+
+ private:
+  // y[n][out] = x[n][in] * W^T (+ beta * y)
+  void linear(const float* x, int n, int in, const float* w, int out, float* y, float beta);
+  // Splits [0, n) rows over the pool when the work is worth waking threads for.
+  template <typename Fn>
+  void forRows(int n, int64_t workPerRow, Fn&& fn);
+  void attention(std::span<const SeqChunk> batch, int layer);
+
+  float* layerKv(int layer) const { return kv_ + layer * (layout_.layerBytes() / sizeof(float)); }
+
+  std::shared_ptr<const ModelWeights> model_;
+  const ModelConfig& cfg_;
+  KvLayout layout_;
+  float* kv_;
+  CpuBackendOptions opt_;
+  int threads_;
+  CpuThreadPool pool_;
+  std::vector<float> invFreq_;
+
+  // Per-step scratch, grown on demand and reused.
+  std::vector<int32_t> ids_, pos_, slots_, tokenStart_, logitRows_;
+  std::vector<float> x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_;
+  struct Scratch {
+    std::vector<float> scores, k, v;
+  };
+  std::vector<Scratch> threadScratch_;
+};
+
+template <typename Fn>
+void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
+  // Below ~64k element-operations a wake-up of the pool costs more than it saves.
+  if (threads_ == 1 || int64_t(n) * workPerRow < 65536 || n < 2) {
+    fn(0, n);
+    return;
+  }
+  const int tasks = std::min(n, threads_ * 4);
+  pool_.run(tasks, [&](int t, int) {
+    const int b = int(int64_t(n) * t / tasks), e = int(int64_t(n) * (t + 1) / tasks);
+    if (b < e) fn(b, e);
+  });
+}
+
+void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, float* y,
+                        float beta) {
+  // Output columns are split over the pool; every BLAS call is single-threaded, so OpenBLAS's
+  // own threads never compete with the pool (and concurrent backends stay independent).
+  // A few tasks per thread: tasks are claimed dynamically, so when a worker is descheduled
+  // (a busy machine) the others absorb its share instead of waiting for it.
+  const int64_t work = int64_t(n) * out * in;
+  const bool serial = threads_ == 1 || work < 262144;
+  if (n > opt_.skinnyMaxRows) {
+    const int tasks = serial ? 1 : threads_ * 2;
+    const int units = (out + 15) / 16;  // column slices in multiples of 16 (GEMM panel width)
+    pool_.run(tasks, [&](int t, int) {
+      const int b = std::min(out, int(int64_t(units) * t / tasks) * 16);
+      const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * 16);
+      if (b < e)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, e - b, in, 1.0f, x, in,
+                    w + size_t(b) * in, in, beta, y + b, out);
+    });
+    return;
+  }
+  // Few rows (decode): stream W once, output columns split in multiples of 4.
+  const int tasks = serial ? 1 : threads_ * 4;
+  const int quads = (out + 3) / 4;
+  pool_.run(tasks, [&](int t, int) {
+    const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
+    const int e = std::min(out, int(int64_t(quads) * (t + 1) / tasks) * 4);
+    if (b < e) kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
+  });
+}
+
+void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
+  const int hd = cfg_.headDim, nh = cfg_.numHeads, nkv = cfg_.numKvHeads, group = nh / nkv;
+  const int qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
+  const int qDim = cfg_.qDim();
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const float* lkv = layerKv(layer);
+
+  // Work items: (chunk, kv head) for the paged kernel; for GEMM chunks (chunk, kv head)
+  // items that gather K/V once and then run every query tile of the group's heads.
+  struct Item {
+    int chunk;
+    int kvHead;
+  };
+  std::vector<Item> items;
+  items.reserve(batch.size() * nkv);
+  for (size_t c = 0; c < batch.size(); ++c) {
+    for (int g = 0; g < nkv; ++g) items.push_back({int(c), g});
+  }
+  auto runItem = [&](int i, int thread) {
+    const Item it = items[i];
+    const SeqChunk& s = batch[it.chunk];
+    const int t0 = tokenStart_[it.chunk];
+    const float* q = qkv_.data() + size_t(t0) * qkvRows;
+    float* out = attn_.data() + size_t(t0) * qDim;
+    if (s.numTokens < opt_.gemmAttentionMinTokens) {
+      kc::pagedAttention(q, qkvRows, lkv, s.blockTable, s.numTokens, s.startPos, layout_.blockSize,
+                         nh, nkv, hd, it.kvHead, it.kvHead + 1, scale, out, qDim);
+      return;
+    }
+    Scratch& sc = threadScratch_[thread];
+    const int ctx = s.startPos + s.numTokens;
+    if (sc.k.size() < size_t(ctx) * hd) {
+      sc.k.resize(size_t(ctx) * hd);
+      sc.v.resize(size_t(ctx) * hd);
+    }
+    if (sc.scores.size() < size_t(kQueryTile) * ctx) sc.scores.resize(size_t(kQueryTile) * ctx);
+    kc::kvGatherHead(lkv, s.blockTable, ctx, layout_.blockSize, nkv, hd, it.kvHead, sc.k.data(),
+                     sc.v.data());
+    for (int j = 0; j < group; ++j) {
+      const int h = it.kvHead * group + j;
+      for (int r0 = 0; r0 < s.numTokens; r0 += kQueryTile) {
+        const int rows = std::min(kQueryTile, s.numTokens - r0);
+        const int keyEnd = s.startPos + r0 + rows;  // keys the tile's last query can see
+        const float* qt = q + size_t(r0) * qkvRows + size_t(h) * hd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keyEnd, hd, 1.0f, qt, qkvRows,
+                    sc.k.data(), hd, 0.0f, sc.scores.data(), keyEnd);
+        kc::causalSoftmaxRows(sc.scores.data(), keyEnd, rows, keyEnd, s.startPos + r0, scale);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keyEnd, 1.0f,
+                    sc.scores.data(), keyEnd, sc.v.data(), hd, 0.0f,
+                    out + size_t(r0) * qDim + size_t(h) * hd, qDim);
+      }
+    }
+  };
+  // A single decode token with few heads is cheaper inline than waking the pool.
+  int64_t work = 0;
+  for (const auto& s : batch) work += int64_t(s.numTokens) * (s.startPos + s.numTokens);
+  if (work * nh * hd < 200000) {
+    for (size_t i = 0; i < items.size(); ++i) runItem(int(i), 0);
+  } else {
+    pool_.run(int(items.size()), runItem);
+  }
+}
+
+Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
+                           const LayerKvReadyFn& onLayerKvReady) {
+  PD_ASSIGN_OR_RETURN(const BatchShape shape, validateBatch(batch, cfg_, layout_));
+  const int T = shape.totalTokens, numLogits = shape.numLogits;
+  if (T == 0) return Status::ok();
+  if (numLogits > 0 && !logits)
+    return invalidArgument("forward: logits is null but chunks want logits");
+
+  const int h = cfg_.hiddenSize, hd = cfg_.headDim, half = hd / 2;
+  const int qDim = cfg_.qDim(), kvDim = cfg_.kvDim(), qkvRows = qDim + 2 * kvDim;
+  const int ffn = cfg_.intermediateSize;
+
+  ids_.resize(T);
+  pos_.resize(T);
+  slots_.resize(T);
+  tokenStart_.resize(batch.size());
+  logitRows_.clear();
+  int t = 0;
+  for (size_t c = 0; c < batch.size(); ++c) {
+    const SeqChunk& s = batch[c];
+    tokenStart_[c] = t;
+    for (int i = 0; i < s.numTokens; ++i, ++t) {
+      const int p = s.startPos + i;
+      ids_[t] = s.tokens[i];
+      pos_[t] = p;
+      slots_[t] = s.blockTable[p / layout_.blockSize] * layout_.blockSize + p % layout_.blockSize;
+    }
+    if (s.wantLogits) logitRows_.push_back(t - 1);
+  }
+  auto grow = [](std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  grow(x_, size_t(T) * h);
+  grow(xn_, size_t(T) * h);
+  grow(qkv_, size_t(T) * qkvRows);
+  grow(attn_, size_t(T) * qDim);
+  grow(gu_, size_t(T) * 2 * ffn);
+  grow(act_, size_t(T) * ffn);
+  grow(cos_, size_t(T) * half);
+  grow(sin_, size_t(T) * half);
+
+  kc::embeddingGather(model_->embed.data(), ids_.data(), T, h, x_.data());
+  kc::ropeCosSin(pos_.data(), T, invFreq_.data(), half, cos_.data(), sin_.data());
+
+  for (int l = 0; l < cfg_.numLayers; ++l) {
+    const LayerWeights& w = model_->layers[l];
+    forRows(T, h, [&](int b, int e) {
+      kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h,
+                  e - b, h, cfg_.rmsNormEps);
+    });
+    if (!w.qkvBias.empty()) {
+      for (int i = 0; i < T; ++i)
+        std::copy(w.qkvBias.data(), w.qkvBias.data() + qkvRows, qkv_.data() + size_t(i) * qkvRows);
+    }
+    linear(xn_.data(), T, h, w.qkv.data(), qkvRows, qkv_.data(), w.qkvBias.empty() ? 0.0f : 1.0f);
+    float* lkv = layerKv(l);
+    forRows(T, qkvRows, [&](int b, int e) {
+      float* rows = qkv_.data() + size_t(b) * qkvRows;
+      const float* c = cos_.data() + size_t(b) * half;
+      const float* s = sin_.data() + size_t(b) * half;
+      kc::applyRope(rows, qkvRows, e - b, cfg_.numHeads, hd, c, s);
+      kc::applyRope(rows + qDim, qkvRows, e - b, cfg_.numKvHeads, hd, c, s);
+      kc::kvCacheWrite(lkv, rows + qDim, rows + qDim + kvDim, qkvRows, slots_.data() + b, e - b,
+                       layout_.blockSize, cfg_.numKvHeads, hd);
+    });
+    if (onLayerKvReady) onLayerKvReady(l);
+    attention(batch, l);
+    // Residual adds ride on the GEMM's beta = 1.
+    if (!w.oBias.empty())
+      for (int i = 0; i < T; ++i)
+        for (int j = 0; j < h; ++j) x_[size_t(i) * h + j] += w.oBias.data()[j];
+    linear(attn_.data(), T, qDim, w.o.data(), h, x_.data(), 1.0f);
+    forRows(T, h, [&](int b, int e) {
+      kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h,
+                  e - b, h, cfg_.rmsNormEps);
+    });
+    linear(xn_.data(), T, h, w.gateUp.data(), 2 * ffn, gu_.data(), 0.0f);
+    forRows(T, 2 * ffn, [&](int b, int e) {
+      kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);
+    });
+    linear(act_.data(), T, ffn, w.down.data(), h, x_.data(), 1.0f);
+  }
+
+  if (numLogits > 0) {
+    for (int i = 0; i < numLogits; ++i)
+      kc::rmsNorm(x_.data() + size_t(logitRows_[i]) * h, h, model_->finalNorm.data(),
+                  xn_.data() + size_t(i) * h, h, 1, h, cfg_.rmsNormEps);
+    linear(xn_.data(), numLogits, h, model_->lmHeadData(), cfg_.vocabSize, logits, 0.0f);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWeights> model,
+                                                  const KvLayout& layout, void* kvBase,
+                                                  const CpuBackendOptions& options) {
+  if (!model) return invalidArgument("createCpuBackend: no model");
+  if (!model->hasHostTensors())
+    return invalidArgument("createCpuBackend: the model from " + model->dir +
+                           " has no weights in host memory (describeModel): the CPU backend "
+                           "computes from loadModel's f32 weights");
+  const ModelConfig& c = model->config;
+  if (layout.dtype != KvDtype::kF32)
+    return unimplemented(std::string("createCpuBackend: KV dtype ") + kvDtypeName(layout.dtype) +
+                         " (the CPU backend computes in f32)");
+  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads ||
+      layout.headDim != c.headDim)
+    return invalidArgument("createCpuBackend: KV layout " + layout.fingerprint() +
+                           " does not match the model (layers " + std::to_string(c.numLayers) +
+                           ", kv heads " + std::to_string(c.numKvHeads) + ", head dim " +
+                           std::to_string(c.headDim) + ")");
+  if (layout.blockSize <= 0 || layout.numBlocks <= 0)
+    return invalidArgument("createCpuBackend: KV layout needs blockSize > 0 and numBlocks > 0");
+  if (!kvBase) return invalidArgument("createCpuBackend: kvBase is null");
+  if (options.numThreads < 0) return invalidArgument("createCpuBackend: numThreads < 0");
+  return std::unique_ptr<Backend>(
+      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options));
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,309 @@
+#include "engine/model_maker.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "engine/safetensors.h"
+
+namespace pd::engine {
+namespace {
+
+using nlohmann::ordered_json;
+
+struct Shape {
+  int hidden, layers, heads, kvHeads, ffn, vocab, maxPos;
+};
+
+// Deterministic normal samples (Box-Muller over a 64-bit Mersenne twister) so a seed gives
+// the same model on every platform and standard library.
+class Normal {
+ public:
+  explicit Normal(uint64_t seed) : rng_(seed) {}
+  float next() {
+    if (hasSpare_) {
+      hasSpare_ = false;
+      return spare_;
+    }
+    double u1, u2;
+    do {
+      u1 = double(rng_() >> 11) * (1.0 / 9007199254740992.0);
+    } while (u1 <= 0.0);
+    u2 = double(rng_() >> 11) * (1.0 / 9007199254740992.0);
+    const double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * 3.14159265358979323846 * u2;
+    spare_ = float(r * std::sin(a));
+    hasSpare_ = true;
+    return float(r * std::cos(a));
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  bool hasSpare_ = false;
+  float spare_ = 0;
+};
+
+TensorToWrite makeTensor(const std::string& name, std::vector<int64_t> shape, Normal& rng,
+                         float mean, float stddev, bool bf16) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  TensorToWrite t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.dtype = bf16 ? TensorDtype::kBF16 : TensorDtype::kF32;
+  t.bytes.resize(size_t(n) * (bf16 ? 2 : 4));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = mean + stddev * rng.next();
+    if (bf16) {
+      const uint16_t b = f32ToBf16(v);
+      std::memcpy(t.bytes.data() + i * 2, &b, 2);
+    } else {
+      std::memcpy(t.bytes.data() + i * 4, &v, 4);
+    }
+  }
+  return t;
+}
+
+// GPT-2's reversible byte -> printable unicode code point mapping.
+std::vector<int> bytesToUnicode() {
+  std::vector<int> cp(256, -1);
+  auto keep = [&](int lo, int hi) {
+    for (int b = lo; b <= hi; ++b) cp[b] = b;
+  };
+  keep('!', '~');
+  keep(0xA1, 0xAC);
+  keep(0xAE, 0xFF);
+  int n = 0;
+  for (int b = 0; b < 256; ++b)
+    if (cp[b] < 0) cp[b] = 256 + n++;
+  return cp;
+}
+
+std::string utf8(int cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  } else {
+    s += char(0xE0 | (cp >> 12));
+    s += char(0x80 | ((cp >> 6) & 0x3F));
+    s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+const char* kSpecial[3] = {"<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"};
+
+ordered_json tokenizerJson() {
+  ordered_json added = ordered_json::array();
+  for (int i = 0; i < 3; ++i)
+    added.push_back({{"id", 256 + i},
+                     {"content", kSpecial[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  ordered_json vocab = ordered_json::object();
+  const auto cp = bytesToUnicode();
+  for (int b = 0; b < 256; ++b) vocab[utf8(cp[b])] = b;
+  ordered_json byteLevel = {{"type", "ByteLevel"},
+                            {"add_prefix_space", false},
+                            {"trim_offsets", true},
+                            {"use_regex", true}};
+  ordered_json bos = {{"SpecialToken", {{"id", kSpecial[0]}, {"type_id", 0}}}};
+  ordered_json j;
+  j["version"] = "1.0";
+  j["truncation"] = nullptr;
+  j["padding"] = nullptr;
+  j["added_tokens"] = added;
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = byteLevel;
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"pair",
+       {bos,
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+        bos,
+        {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+      {"special_tokens",
+       {{kSpecial[0], {{"id", kSpecial[0]}, {"ids", {256}}, {"tokens", {kSpecial[0]}}}}}}};
+  j["decoder"] = byteLevel;
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", ordered_json::array()}};
+  return j;
+}
+
+Status writeText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return notFound(path + ": cannot create");
+  out << text << "\n";
+  out.close();
+  if (!out) return dataLoss(path + ": write failed");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status makeModel(const MakeModelOptions& o, const std::string& dir) {
+  Shape s;
+  if (o.preset == "tiny")
+    s = {64, 2, 4, 2, 172, 259, 2048};
+  else if (o.preset == "small")
+    s = {512, 8, 8, 4, 1376, 259, 4096};
+  else
+    return invalidArgument("make-model: unknown preset \"" + o.preset + "\" (tiny|small)");
+  if (o.dtype != "f32" && o.dtype != "bf16")
+    return invalidArgument("make-model: unknown dtype \"" + o.dtype + "\" (f32|bf16)");
+  if (o.numKvHeads > 0) {
+    if (s.heads % o.numKvHeads != 0)
+      return invalidArgument("make-model: --kv-heads " + std::to_string(o.numKvHeads) +
+                             " must divide the " + std::to_string(s.heads) + " attention heads");
+    s.kvHeads = o.numKvHeads;
+  }
+  if (o.shards < 1 || o.shards > 99)
+    return invalidArgument("make-model: shards must be in [1, 99]");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return notFound(dir + ": cannot create directory: " + ec.message());
+
+  const bool bf16 = o.dtype == "bf16";
+  const int headDim = s.hidden / s.heads;
+  const int64_t h = s.hidden, q = int64_t(s.heads) * headDim, kv = int64_t(s.kvHeads) * headDim;
+  Normal rng(o.seed);
+  std::vector<TensorToWrite> tensors;
+  // Unit-variance activations: projections ~ N(0, 1/fan_in); norms ~ 1 with spread so the
+  // weights matter; biases large enough to change the logits measurably.
+  tensors.push_back(makeTensor("model.embed_tokens.weight", {s.vocab, h}, rng, 0, 1.0f, bf16));
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const float inH = 1.0f / std::sqrt(float(h)), inF = 1.0f / std::sqrt(float(s.ffn));
+    tensors.push_back(makeTensor(p + "input_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+    tensors.push_back(makeTensor(p + "self_attn.q_proj.weight", {q, h}, rng, 0, inH, bf16));
+    tensors.push_back(makeTensor(p + "self_attn.k_proj.weight", {kv, h}, rng, 0, inH, bf16));
+    tensors.push_back(makeTensor(p + "self_attn.v_proj.weight", {kv, h}, rng, 0, inH, bf16));
+    if (o.qkvBias) {
+      tensors.push_back(makeTensor(p + "self_attn.q_proj.bias", {q}, rng, 0, 0.3f, bf16));
+      tensors.push_back(makeTensor(p + "self_attn.k_proj.bias", {kv}, rng, 0, 0.3f, bf16));
+      tensors.push_back(makeTensor(p + "self_attn.v_proj.bias", {kv}, rng, 0, 0.3f, bf16));
+    }
+    tensors.push_back(makeTensor(p + "self_attn.o_proj.weight", {h, q}, rng, 0,
+                                 1.0f / std::sqrt(float(q)), bf16));
+    tensors.push_back(
+        makeTensor(p + "post_attention_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+    tensors.push_back(makeTensor(p + "mlp.gate_proj.weight", {s.ffn, h}, rng, 0, inH, bf16));
+    tensors.push_back(makeTensor(p + "mlp.up_proj.weight", {s.ffn, h}, rng, 0, inH, bf16));
+    tensors.push_back(makeTensor(p + "mlp.down_proj.weight", {h, s.ffn}, rng, 0, inF, bf16));
+  }
+  tensors.push_back(makeTensor("model.norm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+  if (!o.tieEmbeddings)
+    tensors.push_back(
+        makeTensor("lm_head.weight", {s.vocab, h}, rng, 0, 1.0f / std::sqrt(float(h)), bf16));
+
+  const std::map<std::string, std::string> meta = {{"format", "pt"},
+                                                   {"generator", "pdserve make-model"}};
+  if (o.shards == 1) {
+    PD_RETURN_IF_ERROR(writeSafetensors(dir + "/model.safetensors", tensors, meta));
+  } else {
+    ordered_json weightMap = ordered_json::object();
+    size_t totalBytes = 0;
+    const size_t per = (tensors.size() + o.shards - 1) / o.shards;
+    for (int sh = 0; sh < o.shards; ++sh) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", sh + 1, o.shards);
+      std::vector<TensorToWrite> part;
+      for (size_t i = sh * per; i < std::min(tensors.size(), (sh + 1) * per); ++i) {
+        weightMap[tensors[i].name] = name;
+        totalBytes += tensors[i].bytes.size();
+        part.push_back(std::move(tensors[i]));
+      }
+      PD_RETURN_IF_ERROR(writeSafetensors(dir + "/" + name, part, meta));
+    }
+    ordered_json index = {{"metadata", {{"total_size", totalBytes}}}, {"weight_map", weightMap}};
+    PD_RETURN_IF_ERROR(writeText(dir + "/model.safetensors.index.json", index.dump(2)));
+  }
+
+  ordered_json cfg;
+  cfg["architectures"] = {o.qkvBias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  cfg["model_type"] = o.qkvBias ? "qwen2" : "llama";
+  cfg["hidden_size"] = s.hidden;
+  cfg["intermediate_size"] = s.ffn;
+  cfg["num_hidden_layers"] = s.layers;
+  cfg["num_attention_heads"] = s.heads;
+  cfg["num_key_value_heads"] = s.kvHeads;
+  cfg["head_dim"] = headDim;
+  cfg["vocab_size"] = s.vocab;
+  cfg["max_position_embeddings"] = s.maxPos;
+  cfg["hidden_act"] = "silu";
+  cfg["rms_norm_eps"] = 1e-5;
+  cfg["rope_theta"] = 10000.0;
+  if (o.ropeLlama3)
+    cfg["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", 8.0},
+                           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 8192}};
+  else
+    cfg["rope_scaling"] = nullptr;
+  if (o.qkvBias) {
+    cfg["use_sliding_window"] = false;
+    cfg["sliding_window"] = s.maxPos;
+  } else {
+    cfg["attention_bias"] = false;
+    cfg["mlp_bias"] = false;
+  }
+  cfg["tie_word_embeddings"] = o.tieEmbeddings;
+  cfg["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  cfg["bos_token_id"] = kMadeBosId;
+  cfg["eos_token_id"] = kMadeEosId;
+  cfg["pad_token_id"] = kMadePadId;
+  cfg["initializer_range"] = 0.02;
+  PD_RETURN_IF_ERROR(writeText(dir + "/config.json", cfg.dump(2)));
+
+  PD_RETURN_IF_ERROR(writeText(dir + "/tokenizer.json", tokenizerJson().dump(2)));
+
+  ordered_json addedDecoder = ordered_json::object();
+  for (int i = 0; i < 3; ++i)
+    addedDecoder[std::to_string(256 + i)] = {{"content", kSpecial[i]}, {"lstrip", false},
+                                             {"normalized", false},    {"rstrip", false},
+                                             {"single_word", false},   {"special", true}};
+  ordered_json tc;
+  tc["add_bos_token"] = true;
+  tc["add_eos_token"] = false;
+  tc["added_tokens_decoder"] = addedDecoder;
+  tc["bos_token"] = kSpecial[0];
+  tc["eos_token"] = kSpecial[1];
+  tc["pad_token"] = kSpecial[2];
+  tc["clean_up_tokenization_spaces"] = false;
+  tc["model_max_length"] = s.maxPos;
+  tc["tokenizer_class"] = "PreTrainedTokenizerFast";
+  tc["chat_template"] =
+      "{{ bos_token }}{% for message in messages %}"
+      "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token }}"
+      "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+  PD_RETURN_IF_ERROR(writeText(dir + "/tokenizer_config.json", tc.dump(2)));
+
+  ordered_json gen = {{"bos_token_id", kMadeBosId},
+                      {"eos_token_id", kMadeEosId},
+                      {"pad_token_id", kMadePadId},
+                      {"do_sample", false}};
+  PD_RETURN_IF_ERROR(writeText(dir + "/generation_config.json", gen.dump(2)));
+  return Status::ok();
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,113 @@
+#include "engine/model_weights.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/checkpoint.h"
+
+namespace pd::engine {
+
+WeightBuffer::WeightBuffer(size_t count) : count_(count) {
+  if (count == 0) return;
+  const size_t bytes = count * sizeof(float);
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 64;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = nullptr;
+  if (posix_memalign(&p, align, rounded) != 0) throw std::bad_alloc();
+  // Transparent huge pages cut TLB misses when decode streams every weight once per token.
+  if (align == kHuge) ::madvise(p, rounded, MADV_HUGEPAGE);
+  std::memset(p, 0, rounded);
+  data_ = static_cast<float*>(p);
+}
+WeightBuffer::~WeightBuffer() { std::free(data_); }
+WeightBuffer::WeightBuffer(WeightBuffer&& o) noexcept { *this = std::move(o); }
+WeightBuffer& WeightBuffer::operator=(WeightBuffer&& o) noexcept {
+  if (this != &o) {
+    std::free(data_);
+    data_ = o.data_;
+    count_ = o.count_;
+    o.data_ = nullptr;
+    o.count_ = 0;
+  }
+  return *this;
+}
+
+size_t ModelWeights::totalBytes() const {
+  size_t n = embed.size() + finalNorm.size() + lmHead.size();
+  for (const auto& l : layers)
+    n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.o.size() + l.oBias.size() +
+         l.postNorm.size() + l.gateUp.size() + l.down.size();
+  return n * sizeof(float);
+}
+
+Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& dir,
+                                                             const ModelConfig& c) {
+  PD_ASSIGN_OR_RETURN(const Checkpoint src, Checkpoint::open(dir));
+
+  auto m = std::make_shared<ModelWeights>();
+  m->config = c;
+  m->dir = dir;
+  const int64_t h = c.hiddenSize, q = c.qDim(), kv = c.kvDim(), ffn = c.intermediateSize;
+  const int64_t qkvRows = q + 2 * kv;
+
+  m->embed = WeightBuffer(size_t(c.vocabSize) * h);
+  PD_RETURN_IF_ERROR(src.readF32("model.embed_tokens.weight", {c.vocabSize, h}, m->embed.data()));
+  m->finalNorm = WeightBuffer(h);
+  PD_RETURN_IF_ERROR(src.readF32("model.norm.weight", {h}, m->finalNorm.data()));
+  if (!c.tieWordEmbeddings) {
+    m->lmHead = WeightBuffer(size_t(c.vocabSize) * h);
+    PD_RETURN_IF_ERROR(src.readF32("lm_head.weight", {c.vocabSize, h}, m->lmHead.data()));
+  }
+
+  m->layers.resize(c.numLayers);
+  for (int l = 0; l < c.numLayers; ++l) {
+    LayerWeights& w = m->layers[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    w.inputNorm = WeightBuffer(h);
+    PD_RETURN_IF_ERROR(src.readF32(p + "input_layernorm.weight", {h}, w.inputNorm.data()));
+    w.postNorm = WeightBuffer(h);
+    PD_RETURN_IF_ERROR(src.readF32(p + "post_attention_layernorm.weight", {h}, w.postNorm.data()));
+
+    w.qkv = WeightBuffer(size_t(qkvRows * h));
+    PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.q_proj.weight", {q, h}, w.qkv.data()));
+    PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.k_proj.weight", {kv, h}, w.qkv.data() + q * h));
+    PD_RETURN_IF_ERROR(
+        src.readF32(p + "self_attn.v_proj.weight", {kv, h}, w.qkv.data() + (q + kv) * h));
+    if (c.qkvBias) {
+      w.qkvBias = WeightBuffer(size_t(qkvRows));
+      PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.q_proj.bias", {q}, w.qkvBias.data()));
+      PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.k_proj.bias", {kv}, w.qkvBias.data() + q));
+      PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.v_proj.bias", {kv}, w.qkvBias.data() + q + kv));
+    }
+    w.o = WeightBuffer(size_t(h * q));
+    PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.o_proj.weight", {h, q}, w.o.data()));
+    if (c.oBias) {
+      w.oBias = WeightBuffer(size_t(h));
+      PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.o_proj.bias", {h}, w.oBias.data()));
+    }
+    w.gateUp = WeightBuffer(size_t(2 * ffn * h));
+    PD_RETURN_IF_ERROR(src.readF32(p + "mlp.gate_proj.weight", {ffn, h}, w.gateUp.data()));
+    PD_RETURN_IF_ERROR(src.readF32(p + "mlp.up_proj.weight", {ffn, h}, w.gateUp.data() + ffn * h));
+    w.down = WeightBuffer(size_t(h * ffn));
+    PD_RETURN_IF_ERROR(src.readF32(p + "mlp.down_proj.weight", {h, ffn}, w.down.data()));
+  }
+  return std::shared_ptr<const ModelWeights>(std::move(m));
+}
+
+Result<std::shared_ptr<const ModelWeights>> describeModel(const std::string& dir) {
+  PD_ASSIGN_OR_RETURN(ModelConfig c, loadModelConfig(dir));
+  auto m = std::make_shared<ModelWeights>();
+  m->config = std::move(c);
+  m->dir = dir;
+  return std::shared_ptr<const ModelWeights>(std::move(m));
+}
+
+Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& dir) {
+  PD_ASSIGN_OR_RETURN(ModelConfig c, loadModelConfig(dir));
+  return loadModelWeights(dir, c);
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,82 @@
+// A model's weights, loaded from a Hugging Face directory and converted to f32.
+//
+//   PD_ASSIGN_OR_RETURN(auto model, pd::engine::loadModel("/models/tiny"));
+//   // model->config, model->layers[l].qkv, ...
+//
+// Loading reads config.json and either model.safetensors or, when present,
+// model.safetensors.index.json and its shards. Every tensor is read with pread() into
+// 64-byte aligned anonymous memory (2 MiB aligned and huge-page advised when large): never
+// file-mapped pages. Errors name the file, tensor and shapes involved.
+//
+// Layout choices for the forward pass: q|k|v projections are fused into one row-major
+// [qDim + 2*kvDim][hidden] matrix (one GEMM per layer), gate|up into [2*ffn][hidden].
+// ModelWeights is immutable after loading and safe to share between threads and backends.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "engine/model_config.h"
+
+namespace pd::engine {
+
+// An owning, aligned f32 buffer in anonymous memory.
+class WeightBuffer {
+ public:
+  WeightBuffer() = default;
+  explicit WeightBuffer(size_t count);  // zero-filled
+  ~WeightBuffer();
+  WeightBuffer(WeightBuffer&& o) noexcept;
+  WeightBuffer& operator=(WeightBuffer&& o) noexcept;
+  WeightBuffer(const WeightBuffer&) = delete;
+  WeightBuffer& operator=(const WeightBuffer&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+
+ private:
+  float* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+struct LayerWeights {
+  WeightBuffer inputNorm;  // [hidden]
+  WeightBuffer qkv;        // [qDim + 2*kvDim][hidden]
+  WeightBuffer qkvBias;    // [qDim + 2*kvDim] or empty
+  WeightBuffer o;          // [hidden][qDim]
+  WeightBuffer oBias;      // [hidden] or empty
+  WeightBuffer postNorm;   // [hidden]
+  WeightBuffer gateUp;     // [2*ffn][hidden]
+  WeightBuffer down;       // [hidden][ffn]
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  std::string dir;
+  WeightBuffer embed;      // [vocab][hidden]
+  WeightBuffer finalNorm;  // [hidden]
+  WeightBuffer lmHead;     // [vocab][hidden]; empty when tied
+  std::vector<LayerWeights> layers;
+
+  const float* lmHeadData() const { return lmHead.empty() ? embed.data() : lmHead.data(); }
+  // False for describeModel()'s weights: the config and dir only, the tensors still on disk.
+  bool hasHostTensors() const { return !embed.empty(); }
+  size_t totalBytes() const;
+};
+
+// Loads DIR (config.json + safetensors). Start-up work; any thread.
+Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& modelDir);
+// The config and directory only, no tensor read: for backends that stream the weights from
+// `dir` to their device in the stored dtype (the CUDA backend, weight_stream.h) instead of
+// holding an f32 host copy. The CPU backend refuses such a model.
+Result<std::shared_ptr<const ModelWeights>> describeModel(const std::string& modelDir);
+// Loads the weights for an already parsed config (tests use this to vary the config).
+Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& modelDir,
+                                                             const ModelConfig& config);
+
+}  // namespace pd::engine

@@ -1,0 +1,278 @@
+#include "engine/weight_stream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <span>
+
+#include "engine/checkpoint.h"
+#include "engine/tensor_parallel.h"
+
+namespace pd::engine {
+
+HostWeightCopier::~HostWeightCopier() {
+  for (void* p : device_) std::free(p);
+}
+
+Result<void*> HostWeightCopier::allocStaging(size_t bytes) {
+  void* p = std::malloc(std::max<size_t>(bytes, 1));
+  if (!p) return resourceExhausted("host weight copier: staging of " + std::to_string(bytes) + " bytes");
+  stagingBytes_ += bytes;
+  return p;
+}
+
+void HostWeightCopier::freeStaging(void* p) { std::free(p); }
+
+Result<void*> HostWeightCopier::allocDevice(size_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 256, std::max<size_t>(bytes, 16)) != 0)
+    return resourceExhausted("host weight copier: " + std::to_string(bytes) + " bytes");
+  device_.push_back(p);
+  deviceBytes_ += bytes;
+  return p;
+}
+
+Status HostWeightCopier::copyAsync(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+  bytesCopied_ += bytes;
+  return Status::ok();
+}
+
+namespace {
+
+// Rows [rows) x columns [cols) of a checkpoint tensor viewed as [shape[0]][rest].
+struct Piece {
+  std::string name;
+  std::vector<int64_t> shape;
+  RowRange rows, cols;
+};
+
+// Converts n values from one dtype to another (n may be 0; from == to is a copy).
+void convert(const void* src, TensorDtype from, void* dst, TensorDtype to, size_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * tensorDtypeBytes(from));
+    return;
+  }
+  auto* s16 = static_cast<const uint16_t*>(src);
+  auto* s32 = static_cast<const float*>(src);
+  auto load = [&](size_t i) {
+    return from == TensorDtype::kF32 ? s32[i] : from == TensorDtype::kBF16 ? bf16ToF32(s16[i]) : f16ToF32(s16[i]);
+  };
+  if (to == TensorDtype::kF32) {
+    auto* d = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = load(i);
+  } else if (to == TensorDtype::kBF16) {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32ToBf16(load(i));
+  } else {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32ToF16(load(i));
+  }
+}
+
+class Streamer {
+ public:
+  Streamer(const Checkpoint& ckpt, DeviceWeightCopier& copier, WeightLoadStats& stats)
+      : ckpt_(ckpt), copier_(copier), stats_(stats) {}
+  ~Streamer() {
+    if (staging_) {
+      (void)copier_.waitCopies();  // nothing may still read the buffer we free
+      copier_.freeStaging(staging_);
+    }
+  }
+
+  Status init(size_t stagingBytes) {
+    half_ = stagingBytes / 2 / 64 * 64;
+    PD_ASSIGN_OR_RETURN(staging_, copier_.allocStaging(2 * half_));
+    stats_.stagingBytes = 2 * half_;
+    return Status::ok();
+  }
+
+  // One device image: the pieces one after the other, in dtype `to`.
+  Result<DeviceTensor> load(const std::vector<Piece>& pieces, TensorDtype to) {
+    DeviceTensor t;
+    t.dtype = to;
+    std::vector<const TensorInfo*> infos;
+    for (const Piece& p : pieces) {
+      PD_ASSIGN_OR_RETURN(const TensorInfo* info, ckpt_.expect(p.name, p.shape));
+      infos.push_back(info);
+      t.bytes += size_t(p.rows.count) * size_t(p.cols.count) * tensorDtypeBytes(to);
+    }
+    PD_ASSIGN_OR_RETURN(t.data, copier_.allocDevice(t.bytes));
+    size_t at = 0;
+    for (size_t i = 0; i < pieces.size(); ++i)
+      PD_RETURN_IF_ERROR(streamPiece(pieces[i], infos[i]->dtype, to, static_cast<char*>(t.data), &at));
+    return t;
+  }
+
+  Status finish() { return copier_.waitCopies(); }
+
+ private:
+  // Streams one piece to dst + *at, advancing *at by the bytes it wrote.
+  Status streamPiece(const Piece& p, TensorDtype from, TensorDtype to, char* dst, size_t* at) {
+    const size_t sb = tensorDtypeBytes(from), db = tensorDtypeBytes(to);
+    const bool conv = from != to;
+    const size_t perElem = sb + (conv ? db : 0);  // staging bytes one element needs
+    const size_t room = half_ - kAlign;            // the converted run starts aligned (send)
+    const size_t rowCols = size_t(p.shape.size() > 1 ? p.shape[1] : 1);
+    if (size_t(p.cols.count) == rowCols) {
+      // Whole rows: one contiguous byte range of the file, cut into chunks.
+      const size_t begin = size_t(p.rows.begin) * rowCols, n = size_t(p.rows.count) * rowCols;
+      const size_t chunk = std::max<size_t>(1, room / perElem);
+      for (size_t done = 0; done < n; done += chunk) {
+        const size_t m = std::min(chunk, n - done);
+        char* raw = nextHalf();
+        PD_RETURN_IF_ERROR(ckpt_.readBytes(p.name, (begin + done) * sb, m * sb, raw));
+        PD_RETURN_IF_ERROR(send(raw, from, to, m, dst + *at));
+        *at += m * db;
+      }
+      return Status::ok();
+    }
+    // A column slice: each row's run of columns is one read; as many rows per chunk as fit.
+    const size_t rowElems = size_t(p.cols.count);
+    if (rowElems * perElem > room)
+      return invalidArgument("weight stream: tensor " + p.name + ": a row slice of " +
+                             std::to_string(rowElems * perElem) + " staging bytes exceeds half of the " +
+                             std::to_string(2 * half_) + "-byte staging buffer");
+    const size_t rowsPerChunk = room / (rowElems * perElem);
+    for (size_t r = 0; r < size_t(p.rows.count); r += rowsPerChunk) {
+      const size_t m = std::min(rowsPerChunk, size_t(p.rows.count) - r);
+      char* raw = nextHalf();
+      for (size_t i = 0; i < m; ++i) {
+        const size_t row = size_t(p.rows.begin) + r + i;
+        PD_RETURN_IF_ERROR(ckpt_.readBytes(p.name, (row * rowCols + size_t(p.cols.begin)) * sb,
+                                           rowElems * sb, raw + i * rowElems * sb));
+      }
+      PD_RETURN_IF_ERROR(send(raw, from, to, m * rowElems, dst + *at));
+      *at += m * rowElems * db;
+    }
+    return Status::ok();
+  }
+
+  // The half to fill next. The copy out of it (two sends ago) finished at the last send's wait.
+  char* nextHalf() {
+    cur_ ^= 1;
+    return static_cast<char*>(staging_) + cur_ * half_;
+  }
+
+  // n elements read into raw (in `from`): converted behind them when needed, then copied.
+  Status send(char* raw, TensorDtype from, TensorDtype to, size_t n, char* dst) {
+    stats_.fileBytesRead += n * tensorDtypeBytes(from);
+    const char* out = raw;
+    if (from != to) {
+      // Behind the raw run, aligned: an odd count of 16-bit values would misalign f32 stores.
+      char* conv = raw + (n * tensorDtypeBytes(from) + kAlign - 1) / kAlign * kAlign;
+      convert(raw, from, conv, to, n);
+      out = conv;
+    }
+    // The other half's copy must be done before the next nextHalf() refills it.
+    PD_RETURN_IF_ERROR(copier_.waitCopies());
+    PD_RETURN_IF_ERROR(copier_.copyAsync(dst, out, n * tensorDtypeBytes(to)));
+    stats_.deviceBytes += n * tensorDtypeBytes(to);
+    ++stats_.copies;
+    return Status::ok();
+  }
+
+  static constexpr size_t kAlign = 64;
+  const Checkpoint& ckpt_;
+  DeviceWeightCopier& copier_;
+  WeightLoadStats& stats_;
+  void* staging_ = nullptr;
+  size_t half_ = 0;
+  int cur_ = 1;
+};
+
+Piece whole(std::string name, std::vector<int64_t> shape) {
+  const int cols = int(shape.size() > 1 ? shape[1] : 1);
+  return Piece{std::move(name), shape, {0, int(shape[0])}, {0, cols}};
+}
+
+// Rows `r` of the fused matrix whose parts are `names` of `partRows` rows each, in order: the
+// pieces of the parts they fall into (a range never straddles two parts: the plan's ranges
+// lie inside one projection).
+std::vector<Piece> fusedRows(const std::vector<std::string>& names, const std::vector<int64_t>& partRows,
+                             int64_t cols, std::span<const RowRange> ranges) {
+  std::vector<Piece> out;
+  for (const RowRange& r : ranges) {
+    int64_t base = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (r.begin < base + partRows[i]) {
+        std::vector<int64_t> shape = cols > 0 ? std::vector<int64_t>{partRows[i], cols}
+                                              : std::vector<int64_t>{partRows[i]};
+        out.push_back(Piece{names[i], shape, {int(r.begin - base), r.count}, {0, int(cols > 0 ? cols : 1)}});
+        break;
+      }
+      base += partRows[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelConfig& c,
+                                          const WeightStreamOptions& o, DeviceWeightCopier& copier,
+                                          WeightLoadStats* statsOut) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.stagingBytes < (size_t(64) << 10))
+    return invalidArgument("weight stream: stagingBytes " + std::to_string(o.stagingBytes) +
+                           " is below the 64 KiB minimum");
+  PD_ASSIGN_OR_RETURN(const TensorParallelPlan plan, planTensorParallel(c, o.tensorParallelSize));
+  if (o.rank < 0 || o.rank >= plan.size)
+    return invalidArgument("weight stream: rank " + std::to_string(o.rank) + " outside tensor_parallel_size " +
+                           std::to_string(plan.size));
+  PD_ASSIGN_OR_RETURN(const Checkpoint ckpt, Checkpoint::open(dir));
+  WeightLoadStats stats;
+  DeviceModel m;
+  {
+    Streamer s(ckpt, copier, stats);
+    PD_RETURN_IF_ERROR(s.init(o.stagingBytes));
+    const TensorDtype md = o.matrixDtype, f32 = TensorDtype::kF32;
+    const int64_t h = c.hiddenSize, q = c.qDim(), kv = c.kvDim(), ffn = c.intermediateSize;
+    const int r = o.rank;
+    PD_ASSIGN_OR_RETURN(m.embed, s.load({whole("model.embed_tokens.weight", {c.vocabSize, h})}, md));
+    if (r == 0) {
+      PD_ASSIGN_OR_RETURN(m.finalNorm, s.load({whole("model.norm.weight", {h})}, f32));
+      if (!c.tieWordEmbeddings) {
+        PD_ASSIGN_OR_RETURN(m.lmHead, s.load({whole("lm_head.weight", {c.vocabSize, h})}, md));
+      }
+    }
+    const auto qkvRows = plan.qkvRows(r);
+    const auto guRows = plan.gateUpRows(r);
+    m.layers.resize(size_t(c.numLayers));
+    for (int l = 0; l < c.numLayers; ++l) {
+      DeviceLayer& d = m.layers[size_t(l)];
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      PD_ASSIGN_OR_RETURN(d.inputNorm, s.load({whole(p + "input_layernorm.weight", {h})}, f32));
+      PD_ASSIGN_OR_RETURN(d.postNorm, s.load({whole(p + "post_attention_layernorm.weight", {h})}, f32));
+      const std::vector<std::string> qkvNames{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                                              p + "self_attn.v_proj.weight"};
+      PD_ASSIGN_OR_RETURN(d.qkv, s.load(fusedRows(qkvNames, {q, kv, kv}, h, qkvRows), md));
+      if (c.qkvBias) {
+        const std::vector<std::string> biasNames{p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias",
+                                                 p + "self_attn.v_proj.bias"};
+        PD_ASSIGN_OR_RETURN(d.qkvBias, s.load(fusedRows(biasNames, {q, kv, kv}, 0, qkvRows), f32));
+      }
+      Piece oSlice = whole(p + "self_attn.o_proj.weight", {h, q});
+      oSlice.cols = plan.oColumns(r);
+      PD_ASSIGN_OR_RETURN(d.o, s.load({oSlice}, md));
+      if (c.oBias && r == 0) {
+        PD_ASSIGN_OR_RETURN(d.oBias, s.load({whole(p + "self_attn.o_proj.bias", {h})}, f32));
+      }
+      const std::vector<std::string> guNames{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"};
+      PD_ASSIGN_OR_RETURN(d.gateUp, s.load(fusedRows(guNames, {ffn, ffn}, h, guRows), md));
+      Piece downSlice = whole(p + "mlp.down_proj.weight", {h, ffn});
+      downSlice.cols = plan.downColumns(r);
+      PD_ASSIGN_OR_RETURN(d.down, s.load({downSlice}, md));
+    }
+    PD_RETURN_IF_ERROR(s.finish());
+  }
+  m.deviceBytes = stats.deviceBytes;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (statsOut) *statsOut = stats;
+  return m;
+}
+
+}  // namespace pd::engine
