@@ -9,15 +9,14 @@ using S = RequestState;
 
 // The legal transitions, one row per source state (DESIGN.md §3). Terminal rows are empty.
 constexpr bool kLegal[kNumRequestStates][kNumRequestStates] = {
-    //              queued prefil waitKv recvKv decode finish failed cancel
-    /* queued    */ {false, true, true, false, false, false, true, true},
-    /* prefilling*/ {true, false, false, false, true, true, true, true},
-    /* waiting_kv*/ {true, true, false, true, true, true, true, true},
-    /* recv_kv   */ {true, true, false, false, true, true, true, true},
-    /* decoding  */ {true, false, false, false, false, true, true, true},
-    /* finished  */ {false, false, false, false, false, false, false, false},
-    /* failed    */ {false, false, false, false, false, false, false, false},
-    /* cancelled */ {false, false, false, false, false, false, false, false},
+    //              queued prefil waitKv decode finish failed cancel
+    /* queued    */ {false, true, true, false, false, true, true},
+    /* prefilling*/ {true, false, false, true, true, true, true},
+    /* waiting_kv*/ {true, true, false, true, true, true, true},
+    /* decoding  */ {true, false, false, false, true, true, true},
+    /* finished  */ {false, false, false, false, false, false, false},
+    /* failed    */ {false, false, false, false, false, false, false},
+    /* cancelled */ {false, false, false, false, false, false, false},
 };
 
 }  // namespace
@@ -30,8 +29,6 @@ const char* requestStateName(RequestState s) {
       return "prefilling";
     case S::kWaitingKv:
       return "waiting_kv";
-    case S::kReceivingKv:
-      return "receiving_kv";
     case S::kDecoding:
       return "decoding";
     case S::kFinished:
@@ -139,8 +136,7 @@ Status Request::setNumComputed(int n) {
 }
 
 Result<FinishReason> Request::appendToken(const SampledToken& token, int32_t eosTokenId) {
-  if (state_ != S::kPrefilling && state_ != S::kDecoding && state_ != S::kWaitingKv &&
-      state_ != S::kReceivingKv) {
+  if (state_ != S::kPrefilling && state_ != S::kDecoding && state_ != S::kWaitingKv) {
     return failedPrecondition("request " + std::to_string(id_) +
                               ": cannot append a token in state " + requestStateName(state_));
   }

@@ -5,9 +5,8 @@
 //                   worker asked to push the prompt's KV)
 //   prefilling   -> decoding (prompt done, first token) | finished (the first token ends
 //                   it, or a prefill worker's request is done) | queued (preempted)
-//   waiting_kv   -> receiving_kv (KV arriving) | decoding (PrefillDone) | finished
-//                   | queued | prefilling (remote prefill failed: recompute here)
-//   receiving_kv -> decoding | finished | queued | prefilling
+//   waiting_kv   -> decoding (PrefillDone: the KV is in place) | finished | queued
+//                   | prefilling (remote prefill failed: recompute here)
 //   decoding     -> finished | queued (preempted: blocks freed, recomputed later)
 //   every non-terminal state -> failed | cancelled; finished, failed, cancelled are final.
 //
@@ -39,13 +38,12 @@ enum class RequestState : uint8_t {
   kQueued = 0,
   kPrefilling,
   kWaitingKv,
-  kReceivingKv,
   kDecoding,
   kFinished,
   kFailed,
   kCancelled,
 };
-inline constexpr int kNumRequestStates = 8;
+inline constexpr int kNumRequestStates = 7;
 const char* requestStateName(RequestState s);  // "queued", "waiting_kv", ...
 bool isTerminal(RequestState s);
 bool isLegalTransition(RequestState from, RequestState to);
@@ -105,7 +103,7 @@ class Request {
   // Appends a sampled token (stamped now) and returns why the request must finish, if it
   // must: kStop for a stop token id or EOS (`eosTokenId` < 0: none; ignored with
   // ignore_eos), kLength when max_tokens tokens exist. The caller then calls finish().
-  // Errors: kFailedPrecondition unless prefilling/decoding/receiving_kv/waiting_kv.
+  // Errors: kFailedPrecondition unless prefilling/decoding/waiting_kv.
   Result<FinishReason> appendToken(const SampledToken& token, int32_t eosTokenId);
   // The sampling step of the next token (= numGenerated()): the counter for sample().
   uint64_t nextSampleStep() const { return uint64_t(numGenerated()); }
