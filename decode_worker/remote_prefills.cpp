@@ -14,7 +14,16 @@ constexpr const char* kTag = "decode";
 }  // namespace
 
 RemotePrefills::RemotePrefills(worker::WorkerLoop& loop, Callbacks callbacks)
-    : loop_(loop), callbacks_(std::move(callbacks)) {}
+    : loop_(loop),
+      callbacks_(std::move(callbacks)),
+      links_(loop, PrefillLinks::Callbacks{
+                       [this](const std::string& a) { onLinkReady(a); },
+                       [this](const std::string& a, proto::Envelope&& env) {
+                         onLinkMessage(a, std::move(env));
+                       },
+                       [this](const std::string& a, const Status& why) { onLinkDown(a, why); },
+                   }),
+      quarantine_(loop, links_) {}
 
 worker::WorkerLoop::TimerId RemotePrefills::deadline(uint64_t id, std::function<Status()> why) {
   return loop_.at(steadyNow() + milliseconds(loop_.config().kvTransfer.timeoutMs), [this, id, why] {
@@ -65,44 +74,36 @@ void RemotePrefills::reserved(uint64_t id, std::vector<engine::BlockId> blocks) 
   loop_.cancelTimer(r.deadlineTimer);
   const std::string address = r.address;
   r.deadlineTimer = deadline(id, [this, address] {
-    auto peer = peers_.find(address);
-    const bool handshaking = peer != peers_.end() && peer->second.conn && !peer->second.kvReady;
-    return deadlineExceeded((handshaking ? "prefill worker " + address + " did not answer KvConnect"
-                                         : std::string("no PrefillDone")) +
-                            " within " + std::to_string(loop_.config().kvTransfer.timeoutMs) + " ms");
+    return deadlineExceeded((links_.handshaking(address)
+                                 ? "prefill worker " + address + " did not answer KvConnect"
+                                 : std::string("no PrefillDone")) +
+                            " within " + std::to_string(loop_.config().kvTransfer.timeoutMs) +
+                            " ms");
   });
-  Peer& peer = peers_[address];
-  peer.requests.insert(id);
-  if (peer.conn && peer.kvReady) return sendPrefillRequest(peer, id);
-  if (!peer.conn && !peer.connecting) connect(address);
+  if (links_.ready(address)) return sendPrefillRequest(id);
+  links_.dial(address);
 }
 
-// The offer made for this connection is the request's KV target endpoint: the prefill worker
-// loaded it at KvConnect, so loading it again finds the same (connected) peer.
-void RemotePrefills::sendPrefillRequest(Peer& peer, uint64_t id) {
+// The link is ready: its KvConnect told the prefill worker where our blocks live, so the
+// request carries only its own blocks and the grant to write them.
+void RemotePrefills::sendPrefillRequest(uint64_t id) {
   Remote& r = requests_.at(id);
-  const worker::EngineBundle& bundle = loop_.bundle();
   const engine::KvCacheManager& kv = loop_.engine().kv();
-  worker::KvTargetSpec target;
-  target.connInfo = peer.offer;
-  target.fingerprint = bundle.fingerprint;
-  target.blockSize = kv.layout().blockSize;
-  target.numBlocks = kv.numTotalBlocks();
-  target.blockIds.assign(r.blocks.begin(), r.blocks.end());
-  target.regions = bundle.kvRegions;
   // The request's epoch: a grant for exactly its blocks, in every layer of every rank's
   // region, to this prefill worker alone. Revoked when the request leaves REQUESTED.
   DescList ranges;
-  for (const MemDesc& region : bundle.kvRegions) {
+  for (const MemDesc& region : loop_.bundle().kvRegions) {
     const kvt::BlockPool pool = worker::kvBlockPool(kv.layout(), region);
     auto segs = kvt::blockSegments(pool, r.blocks, pool, r.blocks, 0, kv.layout().numLayers);
     if (!segs.ok()) return failed(id, segs.status().withContext("KV write grant"));
     ranges.insert(ranges.end(), segs->remote.begin(), segs->remote.end());
   }
-  auto grant = loop_.agent().grantWrite(peer.kvPeer, ranges);
+  r.kvPeer = links_.kvPeer(r.address);
+  auto grant = loop_.agent().grantWrite(r.kvPeer, ranges);
   if (!grant.ok()) return failed(id, grant.status());
   r.grant = std::move(grant).value();
-  r.kvPeer = peer.kvPeer;
+  worker::KvTargetBlocks target;
+  target.blockIds.assign(r.blocks.begin(), r.blocks.end());
   target.writeGrant = r.grant;
   proto::Envelope env;
   env.set_request_id(id);
@@ -114,145 +115,40 @@ void RemotePrefills::sendPrefillRequest(Peer& peer, uint64_t id) {
   *pr->mutable_kv_target() = worker::toProto(target);
   r.state = State::kRequested;
   r.requestedAt = steadyNow();
-  if (Status s = peer.conn->send(std::move(env)); !s.isOk()) failed(id, s);
+  if (Status s = links_.send(r.address, std::move(env)); !s.isOk()) failed(id, s);
 }
 
-void RemotePrefills::connect(const std::string& address) {
-  const auto colon = address.rfind(':');
-  Peer& peer = peers_[address];
-  peer.connecting = true;
-  net::ConnectionOptions opts = loop_.leasedControlOptions("prefill_link");
-  opts.hello.set_role(proto::ROLE_DECODE);
-  opts.hello.set_worker_id(loop_.flags().workerId);
-  opts.hello.set_model_fingerprint(loop_.bundle().fingerprint);
-  net::ConnectionCallbacks cb;
-  cb.onMessage = [this, address](const net::ConnectionPtr&, proto::Envelope&& env) {
-    auto shared = std::make_shared<proto::Envelope>(std::move(env));
-    loop_.post([this, address, shared] { onPeerMessage(address, std::move(*shared)); });
-  };
-  cb.onClose = [this, address](const net::ConnectionPtr& c, const Status& why) {
-    loop_.post([this, address, c, why] { onPeerClosed(address, c, why); });
-  };
-  const milliseconds timeout(std::min<int64_t>(3000, loop_.config().kvTransfer.timeoutMs));
-  net::FramedClient::connectAsync(loop_.io(), address.substr(0, colon), std::atoi(address.c_str() + colon + 1), opts,
-                                  cb, timeout, [this, address](Result<net::ConnectionPtr> r) {
-                                    loop_.post([this, address, r = std::move(r)]() mutable {
-                                      onConnected(address, std::move(r));
-                                    });
-                                  });
-}
-
-void RemotePrefills::onConnected(const std::string& address, Result<net::ConnectionPtr> r) {
-  Peer& peer = peers_[address];
-  peer.connecting = false;
-  if (!r.ok()) {
-    PD_LOG(kWarn, kTag) << "prefill worker " << address << ": " << r.status().toString();
-    return failPeerRequests(address, r.status());
+void RemotePrefills::onLinkReady(const std::string& address) {
+  quarantine_.onLinkReady(address);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : requests_) {
+    if (r.address == address && r.state == State::kConnecting) ids.push_back(id);
   }
-  const std::string& fingerprint = loop_.bundle().fingerprint;
-  if (r.value()->peerHello().model_fingerprint() != fingerprint) {
-    Status why = failedPrecondition("prefill worker " + address + " serves '" +
-                                    r.value()->peerHello().model_fingerprint() + "', not '" + fingerprint + "'");
-    r.value()->close(why);
-    return failPeerRequests(address, why);
+  for (uint64_t id : ids) {
+    if (requests_.count(id) && links_.ready(address)) sendPrefillRequest(id);
   }
-  peer.conn = r.value();
-  peer.kvReady = false;
-  // Step 1 of the kvtransfer exchange: a fresh offer for this prefill worker alone (verbs
-  // makes one QP per offer; RC cannot share it between peers).
-  auto offer = loop_.agent().localMetadata();
-  if (!offer.ok()) return dropPeer(address, offer.status().withContext("KV offer to prefill worker " + address));
-  peer.offer = std::move(offer).value();
-  peer.kvTimer = loop_.at(steadyNow() + milliseconds(loop_.config().kvTransfer.timeoutMs), [this, address] {
-    auto it = peers_.find(address);
-    if (it == peers_.end()) return;
-    it->second.kvTimer = 0;
-    if (it->second.conn && !it->second.kvReady) {
-      dropPeer(address, deadlineExceeded("prefill worker " + address + " did not answer KvConnect within " +
-                                         std::to_string(loop_.config().kvTransfer.timeoutMs) + " ms"));
-    }
-  });
-  proto::Envelope env;
-  env.set_request_id(0);
-  env.mutable_kv_connect()->set_metadata(peer.offer);
-  if (Status s = peer.conn->send(std::move(env)); !s.isOk()) dropPeer(address, s);
 }
 
-void RemotePrefills::onPeerMessage(const std::string& address, proto::Envelope&& env) {
-  if (auto p = peers_.find(address); p != peers_.end()) p->second.lastHeard = steadyNow();
-  if (env.request_id() == 0) return onKvConnectReply(address, std::move(env));
+void RemotePrefills::onLinkMessage(const std::string& address, proto::Envelope&& env) {
   const uint64_t id = env.request_id();
-  if (env.body_case() == proto::Envelope::kCancel && env.cancel().ack()) return onCancelAck(address, id);
+  if (env.body_case() == proto::Envelope::kCancel && env.cancel().ack()) {
+    return quarantine_.onCancelAck(address, id);
+  }
   auto it = requests_.find(id);
-  if (it == requests_.end() || it->second.state != State::kRequested || it->second.address != address) return;
+  if (it == requests_.end() || it->second.state != State::kRequested ||
+      it->second.address != address) {
+    return;
+  }
   if (env.body_case() == proto::Envelope::kError) return failed(id, net::fromProtoError(env.error()));
   if (env.body_case() == proto::Envelope::kPrefillDone) return onPrefillDone(id, env.prefill_done());
 }
 
-// Step 3: the prefill worker's reply (or its refusal). Loading it connects our side; then the
-// requests waiting on this peer go.
-void RemotePrefills::onKvConnectReply(const std::string& address, proto::Envelope&& env) {
-  auto it = peers_.find(address);
-  if (it == peers_.end() || !it->second.conn) return;
-  Peer& peer = it->second;
-  if (env.body_case() == proto::Envelope::kError) return dropPeer(address, net::fromProtoError(env.error()));
-  if (env.body_case() != proto::Envelope::kKvConnect || peer.kvReady) {
-    PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from prefill worker " << address;
-    return;
+// Every request that waits on or was sent over that link fails (and recomputes or not).
+void RemotePrefills::onLinkDown(const std::string& address, const Status& why) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : requests_) {
+    if (r.address == address && r.state != State::kWaitingBlocks) ids.push_back(id);
   }
-  auto loaded = loop_.agent().loadPeer(env.kv_connect().metadata());
-  if (!loaded.ok()) {
-    return dropPeer(address, loaded.status().withContext("loading prefill worker " + address + "'s KV reply"));
-  }
-  peer.kvReady = true;
-  peer.kvPeer = *loaded;
-  peer.redialDelay = milliseconds(0);
-  loop_.cancelTimer(peer.kvTimer);
-  // Holds from an earlier connection to this worker: ask again (an acknowledgement may have
-  // been lost with that connection; a worker that holds nothing of the request answers at once).
-  for (const auto& [holder, q] : quarantine_) {
-    if (q.address != address) continue;
-    proto::Envelope cancel;
-    cancel.set_request_id(q.requestId);
-    cancel.mutable_cancel()->set_request_id(q.requestId);
-    cancel.mutable_cancel()->set_reason("KV fencing: acknowledge that nothing of this request is in flight");
-    (void)peer.conn->send(std::move(cancel));
-  }
-  PD_LOG(kInfo, kTag) << "prefill worker " << address << ": KV over " << loop_.agent().peerTransport(*loaded).value();
-  const std::vector<uint64_t> ids(peer.requests.begin(), peer.requests.end());
-  for (uint64_t id : ids) {
-    auto r = requests_.find(id);
-    if (r != requests_.end() && r->second.state == State::kConnecting && peer.conn) sendPrefillRequest(peer, id);
-  }
-}
-
-// Closes the connection (the next request reconnects) and fails its requests with `why`.
-void RemotePrefills::dropPeer(const std::string& address, const Status& why) {
-  auto it = peers_.find(address);
-  if (it == peers_.end()) return;
-  PD_LOG(kWarn, kTag) << "prefill worker " << address << ": " << why.toString();
-  it->second.kvReady = false;
-  loop_.cancelTimer(it->second.kvTimer);
-  if (auto c = std::move(it->second.conn)) {
-    it->second.conn.reset();
-    c->close(why);  // onPeerClosed ignores it: conn is no longer this connection
-  }
-  failPeerRequests(address, why);
-}
-
-void RemotePrefills::onPeerClosed(const std::string& address, const net::ConnectionPtr& c, const Status& why) {
-  auto it = peers_.find(address);
-  if (it == peers_.end() || it->second.conn != c) return;
-  it->second.conn.reset();
-  it->second.kvReady = false;
-  loop_.cancelTimer(it->second.kvTimer);
-  failPeerRequests(address, unavailable("prefill worker " + address + " disconnected: " + why.message()));
-}
-
-void RemotePrefills::failPeerRequests(const std::string& address, const Status& why) {
-  auto it = peers_.find(address);
-  if (it == peers_.end()) return;
-  const std::vector<uint64_t> ids(it->second.requests.begin(), it->second.requests.end());
   for (uint64_t id : ids) failed(id, why);
 }
 
@@ -280,13 +176,11 @@ void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) 
 
 void RemotePrefills::sendCancel(const Remote& r, const std::string& reason) {
   if (r.state != State::kRequested) return;
-  auto peer = peers_.find(r.address);
-  if (peer == peers_.end() || !peer->second.conn) return;
   proto::Envelope cancel;
   cancel.set_request_id(r.gen.request_id());
   cancel.mutable_cancel()->set_request_id(r.gen.request_id());
   cancel.mutable_cancel()->set_reason(reason);
-  (void)peer->second.conn->send(std::move(cancel));
+  (void)links_.send(r.address, std::move(cancel));
 }
 
 bool RemotePrefills::fenceWrites(uint64_t id, Remote& r) {
@@ -298,50 +192,6 @@ bool RemotePrefills::fenceWrites(uint64_t id, Remote& r) {
     return r.writerDone;
   }
   return r.writerDone || loop_.agent().receiverFenced(r.kvPeer);
-}
-
-void RemotePrefills::quarantine(uint64_t id, const Remote& r, const std::string& why) {
-  const engine::SeqId holder = nextHolder_++;
-  if (Status s = loop_.engine().quarantineRemote(id, holder); !s.isOk()) {
-    // Not expected (the request holds its reservation until here); the blocks stay with the
-    // request and are freed with it: say so loudly, it is the unfenced case.
-    PD_LOG(kError, kTag) << "request " << id << ": cannot quarantine its KV blocks (" << s.toString()
-                         << "); freeing them although prefill worker " << r.address << " may still write them";
-    return;
-  }
-  Quarantined q;
-  q.requestId = id;
-  q.address = r.address;
-  q.kvPeer = r.kvPeer;
-  q.blocks = int(r.blocks.size());
-  q.since = steadyNow();
-  quarantinedBlocks_ += q.blocks;
-  loop_.metrics().kvBlocksQuarantined.set(quarantinedBlocks_);
-  PD_LOG(kInfo, kTag) << "request " << id << " (" << why << "): " << q.blocks
-                      << " KV block(s) quarantined until prefill worker " << r.address
-                      << " acknowledges the cancel or is gone (its KV lane is one-sided)";
-  quarantine_.emplace(holder, std::move(q));
-}
-
-void RemotePrefills::release(engine::SeqId holder, const std::string& why) {
-  auto it = quarantine_.find(holder);
-  if (it == quarantine_.end()) return;
-  const double held = secondsBetween(it->second.since, steadyNow());
-  PD_LOG(kInfo, kTag) << "request " << it->second.requestId << ": " << it->second.blocks
-                      << " quarantined KV block(s) released after " << int64_t(held * 1e3) << " ms: " << why;
-  (void)loop_.engine().kv().free(holder);
-  quarantinedBlocks_ -= it->second.blocks;
-  loop_.metrics().kvBlocksQuarantined.set(quarantinedBlocks_);
-  loop_.metrics().kvQuarantineSeconds.observe(held);
-  quarantine_.erase(it);
-}
-
-void RemotePrefills::onCancelAck(const std::string& address, uint64_t id) {
-  std::vector<engine::SeqId> holders;
-  for (const auto& [holder, q] : quarantine_) {
-    if (q.requestId == id && q.address == address) holders.push_back(holder);
-  }
-  for (engine::SeqId h : holders) release(h, "prefill worker " + address + " acknowledged the cancel");
 }
 
 void RemotePrefills::exportStates() {
@@ -357,43 +207,13 @@ void RemotePrefills::exportStates() {
   m.remotePrefillsIn("requested", requested);
 }
 
-void RemotePrefills::pollQuarantine() {
-  if (quarantine_.empty()) return;
-  const auto now = steadyNow();
-  const auto lease = milliseconds(loop_.config().kvTransfer.timeoutMs);
-  std::vector<std::pair<engine::SeqId, std::string>> gone;
-  std::vector<std::string> redial;
-  for (auto& [holder, q] : quarantine_) {
-    auto peer = peers_.find(q.address);
-    const bool connected = peer != peers_.end() && peer->second.conn;
-    if (!connected && loop_.agent().unfencedLanesDead(q.kvPeer)) {
-      gone.emplace_back(holder, "prefill worker " + q.address + " is gone (control connection closed, KV lane dead)");
-      continue;
-    }
-    // Its connection closed (a lease that ran out, a reset) but the writer may live: only a
-    // new connection can carry the Cancel and its acknowledgement, so dial it again rather
-    // than hold the blocks until a request goes there.
-    if (!connected && (peer == peers_.end() || !peer->second.connecting)) redial.push_back(q.address);
-    if (!q.leaseLogged && now - q.since > lease) {
-      q.leaseLogged = true;
-      PD_LOG(kWarn, kTag) << "request " << q.requestId << ": " << q.blocks << " KV block(s) still quarantined "
-                          << lease.count() << " ms after its remote prefill ended: prefill worker " << q.address
-                          << " has neither acknowledged the cancel nor gone away; holding them (a one-sided "
-                             "writer may still write them)";
-    }
+void RemotePrefills::end(uint64_t id, const std::string& how, const std::string& reason) {
+  Remote& r = requests_.at(id);
+  sendCancel(r, reason);
+  if (!fenceWrites(id, r)) {
+    quarantine_.hold(id, r.address, r.kvPeer, int(r.blocks.size()), how + ": " + reason);
   }
-  for (auto& [holder, why] : gone) release(holder, why);
-  for (const std::string& address : redial) {
-    Peer& peer = peers_[address];
-    if (peer.conn || peer.connecting || now < peer.redialAt) continue;
-    // Backoff (500 ms doubling to 8 s, reset by a connection that loads): a writer that stays
-    // unreachable costs a dial now and then, not one per poll.
-    peer.redialDelay = peer.redialDelay == milliseconds(0) ? kFirstRedial : std::min(2 * peer.redialDelay, kMaxRedial);
-    peer.redialAt = now + peer.redialDelay;
-    PD_LOG(kDebug, kTag) << "prefill worker " << address << ": reconnecting to ask it to acknowledge cancels of "
-                         << "quarantined KV blocks";
-    connect(address);
-  }
+  forget(id);
 }
 
 void RemotePrefills::failed(uint64_t id, const Status& why) {
@@ -401,9 +221,7 @@ void RemotePrefills::failed(uint64_t id, const Status& why) {
   if (it == requests_.end()) return;
   const bool hasBlocks = it->second.state != State::kWaitingBlocks;
   const Status stall = recomputeStall(it->second);
-  sendCancel(it->second, why.message());
-  if (!fenceWrites(id, it->second)) quarantine(id, it->second, "failed: " + why.message());
-  forget(id);
+  end(id, "failed", why.message());
   if (hasBlocks && !stall.isOk()) {
     PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message() << "); not recomputing: "
                         << stall.message();
@@ -427,9 +245,9 @@ Status RemotePrefills::recomputeStall(const Remote& r) const {
   // Overloaded, not broken: the prefill worker answered since it got this request (other
   // requests' replies), so it is alive and merely behind. A silent one may be dead or cut
   // off, and recomputing here is the only way left to serve the request.
-  const auto peer = peers_.find(r.address);
-  if (r.state != State::kRequested || peer == peers_.end() || !(peer->second.lastHeard > r.requestedAt))
+  if (r.state != State::kRequested || !(links_.lastHeard(r.address) > r.requestedAt)) {
     return Status::ok();
+  }
   const int promptTokens = r.gen.prompt_token_ids_size();
   const engine::EngineLoad load = loop_.engine().load();
   if (load.decoding == 0 || load.prefillTokensPerS <= 0) return Status::ok();
@@ -446,11 +264,8 @@ Status RemotePrefills::recomputeStall(const Remote& r) const {
 }
 
 void RemotePrefills::cancel(uint64_t id, const std::string& reason) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return;
-  sendCancel(it->second, reason);
-  if (!fenceWrites(id, it->second)) quarantine(id, it->second, "cancelled: " + reason);
-  forget(id);
+  if (!requests_.count(id)) return;
+  end(id, "cancelled", reason);
   loop_.engine().cancel(id);
 }
 
@@ -458,8 +273,6 @@ void RemotePrefills::forget(uint64_t id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   loop_.cancelTimer(it->second.deadlineTimer);
-  auto peer = peers_.find(it->second.address);
-  if (peer != peers_.end()) peer->second.requests.erase(id);
   for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
     if (w->id == id) {
       waiting_.erase(w);
@@ -479,14 +292,8 @@ void RemotePrefills::shutdown(const Status& why) {
     loop_.engine().cancel(id);
     callbacks_.onFailed(id, why);
   }
-  for (auto& [address, peer] : peers_) {
-    loop_.cancelTimer(peer.kvTimer);
-    if (peer.conn) peer.conn->close(why);
-  }
-  peers_.clear();
-  std::vector<engine::SeqId> holders;
-  for (const auto& [holder, q] : quarantine_) holders.push_back(holder);
-  for (engine::SeqId h : holders) release(h, "shutting down");
+  links_.shutdown(why);
+  quarantine_.releaseAll("shutting down");
 }
 
 }  // namespace pd::decode

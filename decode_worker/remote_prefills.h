@@ -1,33 +1,25 @@
 // RemotePrefills: the decode side of the remote-prefill lifecycle (docs/architecture.md,
 // "Remote prefill, decode side"). It owns every disaggregated request from the router's
-// Generate until its KV is in place, and the connections to the prefill workers that serve
-// them (each starts with the kvtransfer exchange, KvConnect).
+// Generate until its KV is in place. Its two helpers own the rest: PrefillLinks the
+// connections to the prefill workers (dial, KvConnect, lease), KvQuarantine the blocks a
+// one-sided writer may still write after a request ended.
 //
 //   start() --> WAITING_BLOCKS --(blocks reserved for the whole prompt)--> CONNECTING
-//   CONNECTING --(prefill worker's KvConnect reply loaded)--> REQUESTED (PrefillRequest sent)
+//   CONNECTING --(the link to its prefill worker is ready)--> REQUESTED (PrefillRequest sent)
 //   REQUESTED --(PrefillDone)--> KV_READY: the engine decodes from the first token (handed off)
-//   any --(Error | prefill disconnects or its lease runs out | refused KvConnect | deadline)--> FAILED:
-//        Cancel to the prefill worker; recompute here (the engine frees the reserved blocks
-//        and queues a local prefill) or, per kv_transfer.on_remote_prefill_failure, fail;
-//        also fail (429) when recomputing would break the ITL SLO of the running streams
+//   any --(Error | its link goes down | deadline)--> FAILED: Cancel to the prefill worker;
+//        recompute here (the engine frees the reserved blocks and queues a local prefill) or,
+//        per kv_transfer.on_remote_prefill_failure, fail; also fail (429) when recomputing
+//        would break the ITL SLO of the running streams
 //   any --(cancel(): client or router)--> CANCELLED: Cancel to the prefill worker; the
 //        engine frees the reserved blocks
-//   FAILED / CANCELLED after the PrefillRequest went out --> QUARANTINED (KV fencing, issue
-//        12; docs/reliability.md): the request's write grant is revoked; when every
-//        lane to that prefill worker is receiver-fenced (tcp) the revoke is the fence and the
-//        blocks are freed at once; otherwise (cma, ucx, verbs: one-sided writes) they move to
-//        a quarantine holder (Engine::quarantineRemote) and are released only when the prefill
-//        worker acknowledges the Cancel (Cancel{ack}) or is known gone (its control connection
-//        closed AND TransferAgent::unfencedLanesDead: for cma its process exited). A recompute uses
-//        fresh blocks. Past the lease (kv_transfer.timeout_ms) the hold is logged, never
-//        dropped on a timer alone. On a new connection to that worker the Cancel is sent again;
-//        with holds waiting and no connection (a lease ran out, a reset) it is dialled again.
+//   FAILED / CANCELLED after the PrefillRequest went out: the request's write grant is
+//        revoked; when every lane to that prefill worker is receiver-fenced (tcp) the revoke
+//        is the fence and the blocks are freed at once; otherwise (cma, ucx, verbs: one-sided
+//        writes) they go to the KvQuarantine. A recompute uses fresh blocks.
 //
 // Deadlines (loop timers, kv_transfer.timeout_ms each): WAITING_BLOCKS from start();
-// CONNECTING + REQUESTED together from the reservation. Leases: the connection to each
-// prefill worker carries heartbeats both ways (net keepalive, kv_transfer.heartbeat_ms) and is
-// closed when the prefill worker is silent for kv_transfer.lease_ms, so a stopped or cut-off
-// prefill worker fails its requests here within the lease, not the whole timeout. A prefill worker that is slow,
+// CONNECTING + REQUESTED together from the reservation. A prefill worker that is slow,
 // stopped or unreachable delays only the requests sent to it: nothing here waits on it.
 //
 // Threads: the loop thread only.
@@ -37,10 +29,10 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
-#include "common/net/framed.h"
+#include "decode_worker/kv_quarantine.h"
+#include "decode_worker/prefill_links.h"
 #include "worker/proto_convert.h"
 #include "worker/worker_loop.h"
 
@@ -74,11 +66,9 @@ class RemotePrefills {
   bool contains(uint64_t id) const { return requests_.count(id) != 0; }
   // Ends every request (FAILED, no recompute) and closes the peer connections.
   void shutdown(const Status& why);
-  // Releases quarantined blocks whose writer is known gone; reconnects to a writer that may
-  // live but whose connection closed, so that its acknowledgement can come; logs holds past
-  // their lease (loop poll).
-  void pollQuarantine();
-  int quarantinedBlocks() const { return quarantinedBlocks_; }
+  // KvQuarantine::poll (loop poll).
+  void pollQuarantine() { quarantine_.poll(); }
+  int quarantinedBlocks() const { return quarantine_.blocks(); }
   // pdserve_remote_prefills{state} for WAITING_BLOCKS, CONNECTING and REQUESTED (loop poll).
   void exportStates();
 
@@ -96,45 +86,17 @@ class RemotePrefills {
     SteadyTime reservedAt;      // when its blocks were reserved (CONNECTING)
     SteadyTime requestedAt;     // when the PrefillRequest went (REQUESTED)
   };
-  // Blocks a remote prefill that ended may still be writing (QUARANTINED).
-  struct Quarantined {
-    uint64_t requestId = 0;
-    std::string address;
-    kvt::AgentPeer kvPeer = 0;
-    int blocks = 0;
-    SteadyTime since;
-    bool leaseLogged = false;
-  };
   struct Waiting {
     uint64_t id;
     engine::Request request;
   };
-  // One control connection per prefill worker. After the hello comes KvConnect: requests
-  // wait in CONNECTING until the reply is loaded.
-  struct Peer {
-    net::ConnectionPtr conn;
-    bool connecting = false;
-    bool kvReady = false;
-    std::string offer;  // our KvConnect offer on this connection; every request carries it
-    worker::WorkerLoop::TimerId kvTimer = 0;
-    kvt::AgentPeer kvPeer = 0;  // loaded from its KvConnect reply (valid while kvReady)
-    std::unordered_set<uint64_t> requests;
-    SteadyTime lastHeard;       // its last message on this connection
-    SteadyTime redialAt{};      // pollQuarantine: no new connection for quarantined holds before
-    std::chrono::milliseconds redialDelay{0};  // the backoff of those dials (0: none yet)
-  };
-  static constexpr std::chrono::milliseconds kFirstRedial{500};
-  static constexpr std::chrono::milliseconds kMaxRedial{8000};
 
   void reserved(uint64_t id, std::vector<engine::BlockId> blocks);
-  void sendPrefillRequest(Peer& peer, uint64_t id);
-  void connect(const std::string& address);
-  void onConnected(const std::string& address, Result<net::ConnectionPtr> r);
-  void onPeerMessage(const std::string& address, proto::Envelope&& env);
-  void onKvConnectReply(const std::string& address, proto::Envelope&& env);
-  void onPeerClosed(const std::string& address, const net::ConnectionPtr& c, const Status& why);
-  void dropPeer(const std::string& address, const Status& why);
-  void failPeerRequests(const std::string& address, const Status& why);
+  void sendPrefillRequest(uint64_t id);
+  // PrefillLinks' callbacks.
+  void onLinkReady(const std::string& address);
+  void onLinkMessage(const std::string& address, proto::Envelope&& env);
+  void onLinkDown(const std::string& address, const Status& why);
   void onPrefillDone(uint64_t id, const proto::PrefillDone& done);
   void failed(uint64_t id, const Status& why);  // FAILED: recompute or fail
   // Why recomputing this request here would break the decode pool's ITL SLO for the streams
@@ -147,21 +109,18 @@ class RemotePrefills {
   // Revokes the request's write grant. True when no write of it can land any more (nothing
   // was requested, the writer confirmed all, or every lane is receiver-fenced).
   bool fenceWrites(uint64_t id, Remote& r);
-  // Moves the request's reserved blocks into the quarantine (the engine keeps them held).
-  void quarantine(uint64_t id, const Remote& r, const std::string& why);
-  void release(engine::SeqId holder, const std::string& why);
-  void onCancelAck(const std::string& address, uint64_t id);
+  // CANCELLED or FAILED (`how`): Cancel to the prefill worker with `reason`, the writes
+  // fenced or the blocks quarantined, the request forgotten here.
+  void end(uint64_t id, const std::string& how, const std::string& reason);
   void forget(uint64_t id);
   worker::WorkerLoop::TimerId deadline(uint64_t id, std::function<Status()> why);
 
   worker::WorkerLoop& loop_;
   Callbacks callbacks_;
+  PrefillLinks links_;
+  KvQuarantine quarantine_;
   std::unordered_map<uint64_t, Remote> requests_;
   std::deque<Waiting> waiting_;
-  std::unordered_map<std::string, Peer> peers_;
-  std::unordered_map<engine::SeqId, Quarantined> quarantine_;  // holder sequence -> hold
-  engine::SeqId nextHolder_ = (engine::SeqId(1) << 63) | 1;   // far from the router's ids
-  int quarantinedBlocks_ = 0;
 };
 
 }  // namespace pd::decode

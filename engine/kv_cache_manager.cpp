@@ -218,14 +218,6 @@ int KvCacheManager::blocksNeeded(SeqId seq, int newNumTokens) const {
   return std::max(0, blocksFor(newNumTokens) - have);
 }
 
-int KvCacheManager::numBlocksReleasedBy(SeqId seq) const {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return 0;
-  int n = 0;
-  for (BlockId b : it->second.blocks) n += meta_[size_t(b)].ref == 1 ? 1 : 0;
-  return n;
-}
-
 Status KvCacheManager::grow(SeqTable& t, int newNumTokens) {
   const int need = blocksFor(newNumTokens) - int(t.blocks.size());
   if (need > numFreeBlocks()) {
@@ -390,21 +382,6 @@ Result<int> KvCacheManager::attachCachedPrefix(SeqId seq, std::span<const TokenI
   stats_.prefixQueryTokens += tokens.size();
   stats_.prefixHitTokens += uint64_t(match.numTokens);
   return match.numTokens;
-}
-
-Result<int> KvCacheManager::allocateWithPrefix(SeqId seq, std::span<const TokenId> tokens,
-                                               int numTokens) {
-  if (numTokens < 0) {
-    return invalidArgument("kv cache: allocate " + seqName(seq) + ": negative token count");
-  }
-  const int maxCached = std::max(0, std::min(numTokens, int(tokens.size()) - 1));
-  PD_ASSIGN_OR_RETURN(int cached, attachCachedPrefix(seq, tokens, maxCached));
-  Status st = extend(seq, numTokens);
-  if (!st.isOk()) {
-    (void)free(seq);  // all or nothing: the attached blocks go back as they were
-    return st;
-  }
-  return cached;
 }
 
 Status KvCacheManager::cacheComputedBlocks(SeqId seq, std::span<const TokenId> tokens,

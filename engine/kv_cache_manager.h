@@ -122,8 +122,6 @@ class KvCacheManager {
   // Blocks that must be taken from the pool for `seq` (new or existing) to hold
   // `newNumTokens` tokens; 0 when it already does.
   int blocksNeeded(SeqId seq, int newNumTokens) const;
-  // Blocks that free(seq) would return to the pool (those only this sequence holds).
-  int numBlocksReleasedBy(SeqId seq) const;
 
   // Creates a sequence with blocks for `numTokens` tokens (0 is allowed). Errors:
   // kAlreadyExists, kInvalidArgument (negative), kResourceExhausted (nothing allocated).
@@ -156,10 +154,6 @@ class KvCacheManager {
   // returns the number of tokens they cover. Never allocates fresh blocks, so it cannot
   // fail for lack of memory. Errors: kAlreadyExists, kInvalidArgument.
   Result<int> attachCachedPrefix(SeqId seq, std::span<const TokenId> tokens, int maxTokens);
-  // attachCachedPrefix(seq, tokens, tokens.size() - 1) then extend(seq, numTokens), all or
-  // nothing: on kResourceExhausted the sequence does not exist afterwards. Returns the
-  // number of cached tokens.
-  Result<int> allocateWithPrefix(SeqId seq, std::span<const TokenId> tokens, int numTokens);
   // Declares that the KV of the first `numComputed` of `tokens` (the sequence's tokens so
   // far) is now in the cache, so every full block among them becomes findable by hash.
   // Only then may another sequence share them. Errors: kNotFound, kInvalidArgument

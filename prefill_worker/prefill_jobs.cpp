@@ -18,32 +18,55 @@ void PrefillJobs::reject(const net::ConnectionPtr& decode, uint64_t id, const St
   (void)decode->send(std::move(env));
 }
 
+void PrefillJobs::connect(const net::ConnectionPtr& decode, const proto::KvConnect& offer) {
+  auto& agent = loop_.agent();
+  const auto& regions = loop_.bundle().kvRegions;
+  Target target;
+  Result<std::string> reply = [&]() -> Result<std::string> {
+    PD_ASSIGN_OR_RETURN(target.layout, worker::fromProto(offer));
+    if (target.layout.regions.size() != regions.size()) {
+      return invalidArgument("KvConnect: " + std::to_string(target.layout.regions.size()) +
+                             " KV regions, this worker has " + std::to_string(regions.size()) +
+                             " (one per tensor-parallel rank)");
+    }
+    PD_ASSIGN_OR_RETURN(target.peer, agent.loadPeer(offer.metadata()));
+    return agent.peerMetadata(target.peer);
+  }();
+  proto::Envelope env;
+  env.set_request_id(0);
+  if (!reply.ok()) {
+    Status why = reply.status().withContext("prefill worker " + loop_.flags().workerId +
+                                            ": KvConnect from " + decode->peerHello().worker_id());
+    PD_LOG(kWarn, kTag) << why.toString();
+    *env.mutable_error() = net::toProtoError(why);
+    (void)decode->send(std::move(env));
+    return;
+  }
+  env.mutable_kv_connect()->set_metadata(std::move(reply).value());
+  (void)decode->send(std::move(env));
+  PD_LOG(kInfo, kTag) << "decode worker " << decode->peerHello().worker_id() << ": KV over "
+                      << agent.peerTransport(target.peer).value();
+  targets_[decode.get()] = std::move(target);
+}
+
 void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& pr) {
   // Up to here (before the engine request exists): the wait for the loop.
   const double inboxS = secondsBetween(loop_.postedAt(), steadyNow());
   engine::Engine& engine = loop_.engine();
-  const worker::EngineBundle& bundle = loop_.bundle();
   const uint64_t id = pr.request_id();
   if (jobs_.count(id)) return reject(decode, id, failedPrecondition("request " + std::to_string(id) + " is already being prefilled here"));
   if (loop_.draining()) return reject(decode, id, unavailable("prefill worker " + loop_.flags().workerId + " is draining"));
-  auto target = worker::fromProto(pr.kv_target());
-  if (!target.ok()) return reject(decode, id, target.status());
-  if (target->fingerprint != bundle.fingerprint) {
-    return reject(decode, id, failedPrecondition("KV layout '" + target->fingerprint + "' does not match this worker's '" +
-                                                 bundle.fingerprint + "'"));
+  auto target = targets_.find(decode.get());
+  if (target == targets_.end()) {
+    return reject(decode, id, failedPrecondition("PrefillRequest before KvConnect on this connection"));
   }
+  auto blocks = worker::fromProto(pr.kv_target(), target->second.layout.numBlocks);
+  if (!blocks.ok()) return reject(decode, id, blocks.status());
   std::vector<int32_t> prompt(pr.prompt_token_ids().begin(), pr.prompt_token_ids().end());
-  if (int(target->blockIds.size()) < engine.kv().blocksFor(int(prompt.size()))) {
-    return reject(decode, id, invalidArgument("kv_target: " + std::to_string(target->blockIds.size()) +
+  if (int(blocks->blockIds.size()) < engine.kv().blocksFor(int(prompt.size()))) {
+    return reject(decode, id, invalidArgument("kv_target: " + std::to_string(blocks->blockIds.size()) +
                                               " blocks cannot hold a " + std::to_string(prompt.size()) + "-token prompt"));
   }
-  if (target->regions.size() != bundle.kvRegions.size()) {
-    return reject(decode, id, invalidArgument("kv_target: " + std::to_string(target->regions.size()) +
-                                              " KV regions, this worker has " + std::to_string(bundle.kvRegions.size()) +
-                                              " (one per tensor-parallel rank)"));
-  }
-  auto peer = loop_.agent().loadPeer(target->connInfo);
-  if (!peer.ok()) return reject(decode, id, peer.status());
   engine::SamplingParams params = worker::fromProto(pr.sampling());
   params.maxTokens = 1;  // the first token; the decode worker samples the rest
   auto request = engine::Request::create(id, std::move(prompt), params, SystemClock::instance(),
@@ -53,8 +76,9 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   if (Status s = engine.submit(std::move(request).value()); !s.isOk()) return reject(decode, id, s);
   Job job;
   job.decode = decode;
-  job.peer = peer.value();
-  job.target = std::move(target).value();
+  job.peer = target->second.peer;
+  job.target = target->second.layout;
+  job.blocks = std::move(blocks).value();
   job.received = steadyNow();
   job.inboxS = inboxS;
   const int64_t deadlineMs = pr.deadline_ms() ? int64_t(pr.deadline_ms()) : loop_.config().kvTransfer.timeoutMs;
@@ -81,7 +105,7 @@ void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
     const int firstBlock = job.pushedTokens / layout.blockSize;
     const int endBlock = (e.start + e.count + layout.blockSize - 1) / layout.blockSize;
     const std::span<const int> blocks(table.data() + firstBlock, size_t(endBlock - firstBlock));
-    const std::span<const int> targetBlocks(job.target.blockIds.data() + firstBlock, size_t(endBlock - firstBlock));
+    const std::span<const int> targetBlocks(job.blocks.blockIds.data() + firstBlock, size_t(endBlock - firstBlock));
     engine::KvLayout targetLayout = layout;
     targetLayout.numBlocks = job.target.numBlocks;
     // Tensor parallelism: rank r's region goes to the target's rank r region (same block
@@ -94,7 +118,7 @@ void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
         job.failed = segments.status();
         break;
       }
-      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, std::nullopt, job.target.writeGrant);
+      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, std::nullopt, job.blocks.writeGrant);
       if (!t.ok()) {
         job.failed = t.status();
         break;
@@ -262,6 +286,7 @@ void PrefillJobs::cancel(const net::ConnectionPtr& decode, uint64_t id) {
 }
 
 void PrefillJobs::dropConnection(const net::ConnectionPtr& decode, const Status& why) {
+  targets_.erase(decode.get());
   std::vector<uint64_t> ids;
   for (auto& [id, job] : jobs_)
     if (job.decode == decode) ids.push_back(id);
@@ -276,6 +301,7 @@ void PrefillJobs::shutdown(const Status& why) {
   std::vector<uint64_t> ids;
   for (auto& [id, job] : jobs_) ids.push_back(id);
   for (uint64_t id : ids) end(id, why, /*reply=*/true);
+  targets_.clear();
 }
 
 }  // namespace pd::prefill

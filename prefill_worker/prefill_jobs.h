@@ -35,9 +35,14 @@ class PrefillJobs {
  public:
   explicit PrefillJobs(worker::WorkerLoop& loop) : loop_(loop) {}
 
-  // Validates the request against this worker's model and KV layout, loads the target's
-  // transfer peer and queues the prompt. On failure the decode worker gets an Error naming
-  // the problem and nothing is kept.
+  // Step 2 of the kvtransfer exchange (KvConnect in pdserve.proto), once per decode
+  // connection: checks where the decode worker's KV blocks live against this worker's layout
+  // (one region per tensor-parallel rank), loads its offer and answers with what it needs to
+  // connect back; an Error with request_id 0 when any of that fails, so the decode worker
+  // fails its queued requests at once. The connection's target is kept until it closes.
+  void connect(const net::ConnectionPtr& decode, const proto::KvConnect& offer);
+  // Validates the request's blocks against its connection's target and queues the prompt.
+  // On failure the decode worker gets an Error naming the problem and nothing is kept.
   void accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& request);
   // The decode worker ended the request (Cancel): end it, and acknowledge on `decode` once its
   // transfers are terminal. An unknown id is acknowledged at once (nothing of it is here).
@@ -58,11 +63,17 @@ class PrefillJobs {
 
  private:
   enum class State { kComputing, kPushing };
+  // A decode connection's KV target, from its KvConnect: its transfer peer and block layout.
+  struct Target {
+    kvt::AgentPeer peer = 0;
+    worker::KvTargetLayout layout;
+  };
   struct Job {
     State state = State::kComputing;
     net::ConnectionPtr decode;
     kvt::AgentPeer peer = 0;
-    worker::KvTargetSpec target;
+    worker::KvTargetLayout target;      // the connection's (copied: the job may outlive it)
+    worker::KvTargetBlocks blocks;      // the request's own
     std::vector<kvt::AgentTransfer> inflight;
     int pushedTokens = 0;  // prompt tokens whose KV was posted for every layer
     std::optional<engine::SampledToken> first;
@@ -90,6 +101,7 @@ class PrefillJobs {
   void end(uint64_t id, const Status& why, bool reply, net::ConnectionPtr ackTo = nullptr);
 
   worker::WorkerLoop& loop_;
+  std::unordered_map<const net::FramedConnection*, Target> targets_;  // per decode connection
   std::unordered_map<uint64_t, Job> jobs_;
   std::unordered_map<uint64_t, Ending> ending_;
 };

@@ -18,7 +18,7 @@ class PrefillRole final : public worker::RolePolicy {
   // I/O threads: a decode worker's frame, posted to the loop.
   void onDecodeMessage(const net::ConnectionPtr& c, proto::Envelope&& env) {
     switch (env.body_case()) {
-      case proto::Envelope::kKvConnect: return onKvConnect(c, env.kv_connect());
+      case proto::Envelope::kKvConnect: return jobs_.connect(c, env.kv_connect());
       case proto::Envelope::kPrefillRequest: return jobs_.accept(c, env.prefill_request());
       case proto::Envelope::kCancel: return jobs_.cancel(c, env.cancel().request_id());
       default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << c->remoteAddress();
@@ -43,29 +43,6 @@ class PrefillRole final : public worker::RolePolicy {
   bool idle() const override { return jobs_.empty(); }
 
  private:
-  // Step 2 of the kvtransfer exchange (KvConnect in pdserve.proto): load the decode worker's
-  // offer and answer with what it needs to connect back to us; an Error with request_id 0
-  // when that fails, so the decode worker fails its queued requests at once.
-  void onKvConnect(const net::ConnectionPtr& c, const proto::KvConnect& kc) {
-    auto& agent = loop_.agent();
-    auto peer = agent.loadPeer(kc.metadata());
-    Result<std::string> reply = peer.ok() ? agent.peerMetadata(*peer) : Result<std::string>(peer.status());
-    proto::Envelope env;
-    env.set_request_id(0);
-    if (!reply.ok()) {
-      Status why = reply.status().withContext("prefill worker " + loop_.flags().workerId + ": KvConnect from " +
-                                              c->peerHello().worker_id());
-      PD_LOG(kWarn, kTag) << why.toString();
-      *env.mutable_error() = net::toProtoError(why);
-      (void)c->send(std::move(env));
-      return;
-    }
-    env.mutable_kv_connect()->set_metadata(std::move(reply).value());
-    (void)c->send(std::move(env));
-    PD_LOG(kInfo, kTag) << "decode worker " << c->peerHello().worker_id() << ": KV over "
-                        << agent.peerTransport(*peer).value();
-  }
-
   worker::WorkerLoop& loop_;
   PrefillJobs jobs_;
 };

@@ -41,11 +41,6 @@ bool TokenBucket::full(SteadyTime now) {
   return level_ >= burst_;
 }
 
-double TokenBucket::level(SteadyTime now) {
-  refill(now);
-  return level_;
-}
-
 RateLimiter::RateLimiter(config::RateLimitConfig config, const Clock& clock) : config_(config), clock_(clock) {}
 
 double RateLimiter::requestBurst() const {

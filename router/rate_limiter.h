@@ -34,7 +34,6 @@ class TokenBucket {
   };
   Outcome take(double cost, SteadyTime now);
   bool full(SteadyTime now);
-  double level(SteadyTime now);
 
  private:
   void refill(SteadyTime now);

@@ -66,48 +66,52 @@ engine::SampledToken fromProto(uint32_t tokenId, const proto::TokenLogprob& lp) 
   return t;
 }
 
-proto::KvTarget toProto(const KvTargetSpec& t) {
-  proto::KvTarget p;
-  p.set_transfer_conn_info(t.connInfo);
-  auto* layer = p.add_layers();
-  for (int b : t.blockIds) layer->add_block_ids(static_cast<uint32_t>(b));
-  p.set_block_size(static_cast<uint32_t>(t.blockSize));
-  p.set_layout_fingerprint(t.fingerprint);
-  p.set_num_blocks(static_cast<uint32_t>(t.numBlocks));
-  p.set_write_grant(t.writeGrant);
+void toProto(const KvTargetLayout& t, proto::KvConnect* out) {
+  out->set_num_blocks(static_cast<uint32_t>(t.numBlocks));
   for (const MemDesc& region : t.regions) {
-    auto* r = p.add_regions();
+    auto* r = out->add_regions();
     r->set_base(region.addr);
     r->set_kind(static_cast<uint32_t>(region.kind));
     r->set_device(static_cast<uint32_t>(region.device));
   }
+}
+
+Result<KvTargetLayout> fromProto(const proto::KvConnect& p) {
+  if (p.num_blocks() == 0) return invalidArgument("KvConnect: num_blocks is 0");
+  KvTargetLayout t;
+  t.numBlocks = static_cast<int>(p.num_blocks());
+  for (const auto& r : p.regions()) {
+    if (r.kind() > static_cast<uint32_t>(MemKind::kCuda)) {
+      return invalidArgument("KvConnect.regions: kind " + std::to_string(r.kind()) +
+                             " is not a memory kind (0 host, 1 pinned, 2 cuda)");
+    }
+    t.regions.push_back(MemDesc{static_cast<uintptr_t>(r.base()), 0,
+                                static_cast<int>(r.device()), static_cast<MemKind>(r.kind())});
+  }
+  return t;
+}
+
+proto::KvTarget toProto(const KvTargetBlocks& t) {
+  proto::KvTarget p;
+  auto* layer = p.add_layers();
+  for (int b : t.blockIds) layer->add_block_ids(static_cast<uint32_t>(b));
+  p.set_write_grant(t.writeGrant);
   return p;
 }
 
-Result<KvTargetSpec> fromProto(const proto::KvTarget& p) {
+Result<KvTargetBlocks> fromProto(const proto::KvTarget& p, int numBlocks) {
   if (p.layers_size() != 1) {
-    return invalidArgument("kv_target: expected one block table for all layers, got " + std::to_string(p.layers_size()));
+    return invalidArgument("kv_target: expected one block table for all layers, got " +
+                           std::to_string(p.layers_size()));
   }
-  KvTargetSpec t;
-  t.connInfo = p.transfer_conn_info();
-  t.fingerprint = p.layout_fingerprint();
-  t.blockSize = static_cast<int>(p.block_size());
-  t.numBlocks = static_cast<int>(p.num_blocks());
+  KvTargetBlocks t;
   t.writeGrant = p.write_grant();
   for (uint32_t b : p.layers(0).block_ids()) {
-    if (b >= p.num_blocks()) {
+    if (b >= uint32_t(numBlocks)) {
       return invalidArgument("kv_target: block " + std::to_string(b) + " is outside the target's " +
-                             std::to_string(p.num_blocks()) + " blocks");
+                             std::to_string(numBlocks) + " blocks");
     }
     t.blockIds.push_back(static_cast<int>(b));
-  }
-  for (const auto& r : p.regions()) {
-    if (r.kind() > static_cast<uint32_t>(MemKind::kCuda)) {
-      return invalidArgument("kv_target.regions: kind " + std::to_string(r.kind()) +
-                             " is not a memory kind (0 host, 1 pinned, 2 cuda)");
-    }
-    t.regions.push_back(MemDesc{static_cast<uintptr_t>(r.base()), 0, static_cast<int>(r.device()),
-                                static_cast<MemKind>(r.kind())});
   }
   return t;
 }

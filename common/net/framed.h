@@ -91,7 +91,7 @@ namespace pd::net {
 
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kDefaultMaxFrameBytes = size_t{64} << 20;
-// Hello and Auth frames are small (a hello's transfer_conn_info is a few KiB at most).
+// Hello and Auth frames are small (ids, a fingerprint, a nonce and a MAC).
 inline constexpr size_t kMaxHandshakeFrameBytes = size_t{64} << 10;
 
 using Duration = std::chrono::steady_clock::duration;

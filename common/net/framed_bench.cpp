@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
   }
   proto::Envelope big;
   big.set_request_id(1);
-  big.mutable_prefill_request()->mutable_kv_target()->set_transfer_conn_info(
+  big.mutable_prefill_request()->mutable_kv_target()->set_write_grant(
       std::string(1 << 20, 'k'));
   size_t bigBytes = big.ByteSizeLong();
   t0 = Clock::now();

@@ -31,6 +31,10 @@ until grep -q "pdserve is up" serve.log; do
   sleep 2
 done
 
+# `make serve` builds the programs a cluster runs, not the tests or benchmarks.
+built_tests=$(find build -type f -perm -u+x \( -name 'test_*' -o -name '*_bench' \) | head -3)
+[ -z "$built_tests" ] || { echo "FAIL: make serve built tests or benchmarks: $built_tests"; exit 1; }
+
 # The README's curl command (the first `curl` line and its continuation lines).
 curl_cmd=$(awk '/^curl /{on=1} on{print; if ($0 !~ /\\$/) exit}' README.md)
 [ -n "$curl_cmd" ] || { echo "FAIL: README has no curl line"; exit 1; }

@@ -145,7 +145,6 @@ TEST_CASE("e2e auth: a peer without the credential gets no KV metadata from a pr
   REQUIRE(first.has_hello());
   CHECK(first.hello().worker_id() == "prefill-0");
   CHECK(first.hello().model_fingerprint().empty());
-  CHECK(first.hello().transfer_conn_info().empty());
   CHECK(first.hello().address().empty());
   CHECK(first.hello().auth_nonce().size() == auth::kNonceBytes);
   // A hello without a credential, then a KvConnect: an Error, a close, never a KvConnect reply.
@@ -210,6 +209,8 @@ TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
   REQUIRE(conn.ok());
   proto::Envelope env;
   env.mutable_kv_connect()->set_metadata(offer.SerializeAsString());
+  env.mutable_kv_connect()->set_num_blocks(1);  // where "our" blocks live: one host region
+  env.mutable_kv_connect()->add_regions()->set_base(local.addr);
   REQUIRE(conn.value()->send(env).isOk());
   auto f = replyPromise->get_future();
   REQUIRE(f.wait_for(10s) == std::future_status::ready);
@@ -337,14 +338,27 @@ TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the
   auto conn = net::FramedClient::connect(io, "127.0.0.1", prefillPort,
                                          peer(proto::ROLE_DECODE, "decode-far", secret, fingerprint), cb, 5s);
   REQUIRE(conn.ok());
-  // Three offers, each a new peer whose only KV endpoint is an address nobody answers
-  // (10.255.255.1 is not routed here; a connect to it hangs or fails, never succeeds).
+  // Three offers, each a new peer whose only KV endpoint never answers: a loopback listener
+  // whose accept queue is full (backlog 0, one connection nobody accepts) drops further SYNs,
+  // so a connect to it hangs (this sandbox may send traffic to loopback only).
+  const int hole = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(hole >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(hole, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(hole, 0) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(hole, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int filler = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(::connect(filler, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const int holePort = ntohs(addr.sin_port);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 3; ++i) {
     kvt::proto::TcpConnInfo info;
     info.set_version(2);
-    info.set_host("10.255.255.1");
-    info.set_port(9);
+    info.set_host("127.0.0.1");
+    info.set_port(uint32_t(holePort));
     info.set_instance(1000 + i);
     kvt::proto::AgentMetadata offer;
     offer.set_version(1);
@@ -354,6 +368,8 @@ TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the
     t->set_conn_info(info.SerializeAsString());
     proto::Envelope env;
     env.mutable_kv_connect()->set_metadata(offer.SerializeAsString());
+    env.mutable_kv_connect()->set_num_blocks(1);
+    env.mutable_kv_connect()->add_regions()->set_base(0x10000);
     REQUIRE(conn.value()->send(env).isOk());
   }
   {
@@ -367,4 +383,6 @@ TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the
   // And the prefill worker serves a long prompt meanwhile.
   CHECK(completion(*c) == 200);
   conn.value()->close(cancelled("done"));
+  ::close(filler);
+  ::close(hole);
 }

@@ -54,6 +54,20 @@ bool blockHolds(const KvCacheManager& kv, BlockId b, std::span<const TokenId> to
   return true;
 }
 
+// A new sequence for `tokens` as an admission makes it: the cached prefix (at least one token
+// left to compute) attached, then extended to `numTokens`; all or nothing, like the scheduler
+// applying one admission. Returns the cached tokens.
+Result<int> attachAndExtend(KvCacheManager& kv, SeqId seq, std::span<const TokenId> tokens,
+                            int numTokens) {
+  const int maxCached = std::max(0, std::min(numTokens, int(tokens.size()) - 1));
+  PD_ASSIGN_OR_RETURN(int cached, kv.attachCachedPrefix(seq, tokens, maxCached));
+  if (Status st = kv.extend(seq, numTokens); !st.isOk()) {
+    (void)kv.free(seq);
+    return st;
+  }
+  return cached;
+}
+
 }  // namespace
 
 TEST_CASE("KvCacheManager validates the layout and maps a page-aligned region") {
@@ -156,7 +170,7 @@ TEST_CASE("prefix hashes let a new prompt share computed full blocks") {
   REQUIRE_OK(kv->checkInvariants());
 
   std::vector<TokenId> b = {1, 2, 3, 4, 5, 6, 7, 8, 50, 51, 52};
-  auto cached = kv->allocateWithPrefix(2, b, int(b.size()));
+  auto cached = attachAndExtend(*kv, 2, b, int(b.size()));
   REQUIRE(cached.ok());
   CHECK(*cached == 8);
   CHECK(kv->blockTable(2)[0] == kv->blockTable(1)[0]);
@@ -171,7 +185,7 @@ TEST_CASE("prefix hashes let a new prompt share computed full blocks") {
   CHECK(kv->findCachedPrefix(c, 8).numTokens == 0);
   // A prompt that is exactly the cached blocks keeps its last token to compute.
   std::vector<TokenId> d = {1, 2, 3, 4, 5, 6, 7, 8};
-  auto dc = kv->allocateWithPrefix(3, d, 8);
+  auto dc = attachAndExtend(*kv, 3, d, 8);
   REQUIRE(dc.ok());
   CHECK(*dc == 4);
 
@@ -449,7 +463,7 @@ TEST_CASE("random allocate/extend/reserve/share/free keeps every invariant") {
           live[s] = toks;
         }
       } else {
-        auto cached = kv->allocateWithPrefix(s, toks, int(toks.size()));
+        auto cached = attachAndExtend(*kv, s, toks, int(toks.size()));
         if (!cached.ok()) {
           REQUIRE(cached.status().code() == StatusCode::kResourceExhausted);
           ++exhausted;

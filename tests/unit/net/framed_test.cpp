@@ -109,14 +109,11 @@ std::vector<proto::Envelope> oneOfEach() {
     for (uint32_t t = 0; t < 300; ++t) p->add_prompt_token_ids(t * 7);
     p->mutable_sampling()->set_max_tokens(1);
     auto* k = p->mutable_kv_target();
-    k->set_transfer_conn_info(std::string("\x00\x01\x02ucx-address", 14));
-    k->add_remote_keys(std::string(64, '\x5a'));
+    k->set_write_grant(std::string("\x00\x01\x02grant", 8));
     for (int layer = 0; layer < 4; ++layer) {
       auto* l = k->add_layers();
       for (uint32_t b = 0; b < 19; ++b) l->add_block_ids(b * 3 + layer);
     }
-    k->set_block_size(16);
-    k->set_layout_fingerprint("llama-small/f32/bs16/kv8x64");
   }
   {
     auto* d = add(12).mutable_prefill_done();

@@ -254,10 +254,11 @@ struct FakePrefillKv {
     agent = std::move(a).value();
     REQUIRE(agent->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(buf.data()), buf.size()}).ok());
   }
-  // Answers KvConnect with the real reply; records the PrefillRequest's target.
+  // Answers KvConnect with the real reply; records the offer and the PrefillRequest's target.
   void handle(const net::ConnectionPtr& c, const proto::Envelope& env) {
     std::lock_guard<std::mutex> lock(mu);
     if (env.body_case() == proto::Envelope::kKvConnect) {
+      offer = env.kv_connect();
       auto p = agent->loadPeer(env.kv_connect().metadata());
       REQUIRE(p.ok());
       peer = *p;
@@ -273,7 +274,7 @@ struct FakePrefillKv {
   Status staleWrite() {
     std::lock_guard<std::mutex> lock(mu);
     MemDesc local{reinterpret_cast<uintptr_t>(buf.data()), 64};
-    MemDesc remote{uintptr_t(target.regions(0).base()), 64};
+    MemDesc remote{uintptr_t(offer.regions(0).base()), 64};
     auto id = agent->post({local}, {remote}, peer, std::nullopt, target.write_grant());
     if (!id.ok()) return id.status();
     const auto end = std::chrono::steady_clock::now() + 10s;
@@ -290,7 +291,8 @@ struct FakePrefillKv {
   std::vector<uint8_t> buf;
   std::unique_ptr<kvt::TransferAgent> agent;
   kvt::AgentPeer peer = 0;
-  proto::KvTarget target;
+  proto::KvConnect offer;  // where the decode worker's blocks live (the connection's facts)
+  proto::KvTarget target;  // the request's blocks and grant
 };
 
 void ackCancel(const net::ConnectionPtr& c, uint64_t id) {

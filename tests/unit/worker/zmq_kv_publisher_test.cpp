@@ -196,8 +196,9 @@ TEST_CASE("zmq kv events: a SUB socket decodes stored and removed blocks in vLLM
   // A prompt sharing a's first block: one block stored, its parent named.
   std::vector<int32_t> c = {1, 2, 9, 9};
   REQUIRE(kv->free(1).isOk());
-  auto cached = kv->allocateWithPrefix(3, c, 4);
+  auto cached = kv->attachCachedPrefix(3, c, 3);
   REQUIRE(cached.ok());
+  REQUIRE(kv->extend(3, 4).isOk());
   REQUIRE(kv->cacheComputedBlocks(3, c, 4).isOk());
   events.flush();
   m = receive(sub, 2000);
