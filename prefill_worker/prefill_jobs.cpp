@@ -94,7 +94,7 @@ void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
         job.failed = segments.status();
         break;
       }
-      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, std::nullopt, job.target.writeGrant);
+      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, job.target.writeGrant);
       if (!t.ok()) {
         job.failed = t.status();
         break;
