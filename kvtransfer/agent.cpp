@@ -384,7 +384,7 @@ std::string TransferAgent::grantFor(const std::string& grant, const Lane& lane) 
 }
 
 Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList& remote, AgentPeer peer,
-                                          std::optional<std::string> notification, const std::string& grant) {
+                                          const std::string& grant) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return notFound("kvtransfer agent: no peer " + std::to_string(peer));
   PeerState& ps = it->second;
@@ -408,8 +408,8 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
     return !e.gpu || transports_[ps.tcpLane->transport].transport->caps().cudaMemory;
   };
   e.canFallBack = tcpCanCarry();
-  auto id = transports_[e.lane.transport].transport->postGranted(local, remote, e.lane.peer,
-                                                                 grantFor(grant, e.lane), notification);
+  auto id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer,
+                                                          grantFor(grant, e.lane));
   if (!id.ok()) {
     // Argument errors are the caller's; anything else on a fabric lane may still go over tcp.
     if (id.status().code() == StatusCode::kInvalidArgument || !e.canFallBack) {
@@ -421,8 +421,8 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
                          << " failed (" << id.status().message() << "); sending over tcp instead";
     e.lane = *ps.tcpLane;
     e.fellBack = true;
-    id = transports_[e.lane.transport].transport->postGranted(local, remote, e.lane.peer, grantFor(grant, e.lane),
-                                                              notification);
+    id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer,
+                                                       grantFor(grant, e.lane));
     if (!id.ok()) return id.status().withContext("kvtransfer agent: tcp fallback to peer '" + ps.name + "'");
   }
   e.inner = *id;
@@ -431,7 +431,6 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
     e.grant = grant;
     e.local = local;
     e.remote = remote;
-    e.notification = std::move(notification);
   }
   AgentTransfer aid = nextTransfer_++;
   entries_[aid] = std::move(e);
@@ -461,8 +460,8 @@ Status TransferAgent::poll(AgentTransfer id) {
   auto pit = peers_.find(e.peer);
   if (!e.fellBack && e.canFallBack && pit != peers_.end() && pit->second.tcpLane) {
     PeerState& ps = pit->second;
-    auto retry = transports_[ps.tcpLane->transport].transport->postGranted(
-        e.local, e.remote, ps.tcpLane->peer, grantFor(e.grant, *ps.tcpLane), e.notification);
+    auto retry = transports_[ps.tcpLane->transport].transport->post(
+        e.local, e.remote, ps.tcpLane->peer, grantFor(e.grant, *ps.tcpLane));
     if (retry.ok()) {
       PD_LOG(kWarn, "kvt") << "peer '" << ps.name << "': transfer " << id << " failed over " << transport << " ("
                            << st.message() << "); retrying once over tcp";
@@ -473,7 +472,6 @@ Status TransferAgent::poll(AgentTransfer id) {
       e.fellBack = true;
       e.local.clear();
       e.remote.clear();
-      e.notification.reset();
       return Status(StatusCode::kInProgress, "");
     }
     st = st.withContext("tcp fallback impossible too (" + retry.status().message() + ")");
@@ -539,15 +537,6 @@ bool TransferAgent::progress() {
   bool any = false;
   for (auto& t : transports_) any = t.transport->progress() || any;
   return any;
-}
-
-std::vector<Notification> TransferAgent::takeNotifications() {
-  std::vector<Notification> out;
-  for (auto& t : transports_) {
-    auto n = t.transport->takeNotifications();
-    out.insert(out.end(), std::make_move_iterator(n.begin()), std::make_move_iterator(n.end()));
-  }
-  return out;
 }
 
 }  // namespace pd::kvt

@@ -58,7 +58,7 @@ using AgentPeer = uint64_t;
 using AgentTransfer = uint64_t;
 
 struct AgentOptions {
-  std::string name = "pdserve";  // announced to peers (Notification::peerName there)
+  std::string name = "pdserve";  // announced to peers (their logs and metrics name us so)
   // cma first: it loads only peers on this node (kUnavailable otherwise, and the next name is
   // tried), so same-node peers move KV at memory speed and the rest are unaffected.
   std::vector<std::string> preference = {"cma", "ucx", "verbs", "tcp"};
@@ -108,11 +108,13 @@ class TransferAgent {
   Result<std::string> peerName(AgentPeer peer) const;
 
   // Copies local[i] (inside a region registered here) to remote[i] (inside a region the peer
-  // exposed, in the peer's address space); the notification reaches the peer after all data.
-  // `grant` (optional) is the target's grantWrite() blob for this transfer (KvTarget carries
-  // it): each lane's writes carry that transport's grant.
+  // exposed, in the peer's address space); poll() says when all of it is there (the peer
+  // hears nothing from the transport: the caller tells it over the control plane).
+  // `grant` is the target's grantWrite() blob for this transfer (KvTarget carries it), empty
+  // where the target is not fenced: each lane's writes carry that transport's grant, and
+  // transports without receiver-checked grants ignore it.
   Result<AgentTransfer> post(const DescList& local, const DescList& remote, AgentPeer peer,
-                             std::optional<std::string> notification, const std::string& grant = {});
+                             const std::string& grant = {});
 
   // Write grants (transport.h, KV fencing): the receiving side grants `peer` writes into
   // `ranges` (inside regions registered here) over every lane it has to that peer, as one
@@ -135,7 +137,6 @@ class TransferAgent {
   Status cancel(AgentTransfer id);
 
   bool progress();
-  std::vector<Notification> takeNotifications();
 
   // Transfers posted whose outcome poll() has not reported yet (shutdown drains this to 0,
   // with a deadline; tests check nothing is left pending).
@@ -161,7 +162,6 @@ class TransferAgent {
     Lane lane;
     TransferId inner = 0;
     DescList local, remote;  // kept for the fallback retry
-    std::optional<std::string> notification;
     std::string grant;       // kept for the fallback retry
     bool fellBack = false;
     bool canFallBack = false;  // a tcp lane exists that is not this lane and can move the memory

@@ -10,13 +10,13 @@
 //      peerConnInfo(peerId)           -> bytes       (what that peer needs to connect back:
 //      transports whose connections are pairs, like verbs RC QPs, answer an offer with the
 //      endpoint made for it; the others return localConnInfo())
-//   4. post(local, remote, peer, notification) -> TransferId; progress(); poll(id)
+//   4. post(local, remote, peer, grant) -> TransferId; progress(); poll(id)
 //
 // Scoped write grants (KV fencing and per-request write capabilities, issues 12 and 13;
 // docs/kvtransfer.md "Write grants"): the receiving side calls grantWrite(ranges) for the
 // memory one writer may fill (a request's blocks), hands the grant to that writer over the
 // control plane, and calls revokeWrite(grant) when the request ends. The writer passes the
-// grant to postGranted(). What a revoked grant guarantees depends on caps().receiverFenced:
+// grant to post(). What a revoked grant guarantees depends on caps().receiverFenced:
 //   true  (tcp; loopback): the receiver checks every write against its live grants before a
 //         byte lands; once revokeWrite() returned, no write under that grant lands (a write of
 //         it still in flight is refused, its transfer fails on the sender naming why, and the
@@ -35,15 +35,15 @@
 //   key loaded for that peer, or post() returns kInvalidArgument naming the segment.
 // - poll() returns ok only once every byte is at the target (a flush / ack confirms it),
 //   kInProgress while running, and the transfer's error otherwise. A finished or failed
-//   transfer's id is forgotten after poll() reported the outcome once.
-// - The notification, when given, is delivered to the target after all of the transfer's
-//   data is visible there, and never for a failed or cancelled transfer.
-// - cancel() stops a transfer: afterwards poll() reports kCancelled, no more bytes of it are
-//   written, and no notification is delivered. Bytes already written may stay.
+//   transfer's id is forgotten after poll() reported the outcome once. Transports tell the
+//   target nothing: the writer's owner says "KV in place" over the control plane after
+//   poll() returned ok (the workers' PrefillDone message).
+// - cancel() stops a transfer: afterwards poll() reports kCancelled and no more bytes of it
+//   are written. Bytes already written may stay.
 //   When it returns ok the transport no longer reads the transfer's local memory (bytes
 //   already handed to the network may still land shortly after). A transfer that already
-//   finished, or whose notification may already be on its way, cannot be cancelled:
-//   cancel() returns kFailedPrecondition and poll() reports the real outcome.
+//   finished, or (depending on the transport) whose last write is already out, cannot be
+//   cancelled: cancel() returns kFailedPrecondition and poll() reports the real outcome.
 // - A dead peer turns every pending transfer to it into an error (kUnavailable) within
 //   the transport's deadline; nothing stays pending forever. A post() to a peer already
 //   known dead may return kUnavailable at once instead of an id.
@@ -90,11 +90,6 @@ struct PeerInfo {
   std::vector<std::string> remoteKeys;  // from packRemoteKey(), one per exposed region
 };
 
-struct Notification {
-  std::string peerName;  // the sender's PeerInfo::name as the sender announced it
-  std::string payload;   // opaque to the transport (the worker puts a request id here)
-};
-
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -115,9 +110,6 @@ class Transport {
   // to it fail at once. The agent then connects again at the next loadPeer of that peer.
   virtual bool peerAlive(PeerId /*peer*/) const { return true; }
 
-  virtual Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
-                                  std::optional<std::string> notification) = 0;
-
   // Receiving side: a capability (opaque bytes for the writer) that lets a peer write only
   // into `ranges`, each inside memory registered here. receiverFenced transports make a fresh
   // unguessable one per call; the others return "" (nothing per grant: the region keys
@@ -127,20 +119,17 @@ class Transport {
   // returns (later and replayed writes are refused); kNotFound for an unknown grant. The
   // others return ok and fence nothing.
   virtual Status revokeWrite(const std::string& /*grant*/) { return Status::ok(); }
-  // Writing side: post() whose writes carry `grant` (from the receiver's grantWrite()). An
-  // empty grant is post(). Transports without receiver-checked grants ignore it.
-  virtual Result<TransferId> postGranted(const DescList& local, const DescList& remote, PeerId peer,
-                                         const std::string& /*grant*/,
-                                         std::optional<std::string> notification) {
-    return post(local, remote, peer, std::move(notification));
-  }
+  // Writing side: copies local[i] to remote[i] at `peer` (the semantics above). The writes
+  // carry `grant`, the receiver's grantWrite() bytes for this writer, or "" where the receiver
+  // is not fenced (the region keys authorise the write). Transports without receiver-checked
+  // grants (caps().receiverFenced false) ignore it.
+  virtual Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
+                                  const std::string& grant) = 0;
   virtual Status poll(TransferId id) = 0;
   virtual Status cancel(TransferId id) = 0;
 
   // Advances I/O; returns true when something happened (for callers that spin or sleep).
   virtual bool progress() = 0;
-  // Notifications received from peers since the last call, in arrival order.
-  virtual std::vector<Notification> takeNotifications() = 0;
 };
 
 }  // namespace pd::kvt

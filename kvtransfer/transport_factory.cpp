@@ -50,7 +50,6 @@ Result<std::unique_ptr<Transport>> makeTransport(const std::string& name,
 #if PD_HAVE_UCX
   if (name == "ucx") {
     UcxOptions ucx;
-    ucx.localName = options.localName;
     ucx.transferTimeout = options.peerTimeout;
     return makeUcxTransport(ucx);
   }

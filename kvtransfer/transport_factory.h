@@ -21,7 +21,7 @@
 namespace pd::kvt {
 
 struct TransportOptions {
-  // Announced to peers; it becomes Notification::peerName on their side.
+  // This side's name, announced to peers for their logs and error messages.
   std::string localName = "pdserve";
   // tcp: the address the transport accepts on (tests and benchmarks use loopback only).
   std::string listenHost = "127.0.0.1";

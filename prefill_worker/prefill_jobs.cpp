@@ -118,7 +118,7 @@ void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
         job.failed = segments.status();
         break;
       }
-      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, std::nullopt, job.blocks.writeGrant);
+      auto t = loop_.agent().post(segments->local, segments->remote, job.peer, job.blocks.writeGrant);
       if (!t.ok()) {
         job.failed = t.status();
         break;

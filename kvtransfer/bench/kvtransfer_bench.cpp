@@ -6,7 +6,7 @@
 //     single-thread memcpy is printed too, as the memory ceiling;
 //   - tcp: raw loopback TCP moving the transport's own frames: its stream count, batches,
 //     readv/writev sizes, socket options and one I/O thread per side, into the transport's
-//     receiver process and buffer, without validation, acks or notifications (tcp_like.h);
+//     receiver process and buffer, without validation or acks (tcp_like.h);
 //     plain 1-stream sockets (best of 64 KiB / 256 KiB / 4 MiB) are printed for reference;
 //   - ucx: ucx_perftest ucp_put_bw at each segment size with the same UCX_TLS (inherited) and
 //     -e (peer error handling, as the transport's endpoints), when ucx_perftest is installed
@@ -117,10 +117,8 @@ int runReceiver(const std::string& name, size_t bytes, int streams) {
               like ? like->port() : 0);
   std::fflush(stdout);
   std::string pending;
-  size_t notes = 0;
   while (true) {
     (*t)->progress();
-    notes += (*t)->takeNotifications().size();
     pollfd p{0, POLLIN, 0};
     if (::poll(&p, 1, 1) > 0) {
       char tmp[256];
@@ -455,7 +453,7 @@ void segmentSweep(Link& link, const std::vector<size_t>& sizes, size_t total, in
     for (int k = 0; k < reps; ++k) {
       const double cpu0 = link.cpuNow();
       auto t = Clock::now();
-      auto id = link.t->post(local, remote, link.peer, std::nullopt);
+      auto id = link.t->post(local, remote, link.peer, {});
       if (!id.ok() || !link.wait(*id).isOk()) break;
       r.gbps = std::max(r.gbps, gbps(r.segments * seg, secondsSince(t)));
       r.cpuPerGB = std::min(r.cpuPerGB, (link.cpuNow() - cpu0) / (double(r.segments * seg) / 1e9));
@@ -466,7 +464,7 @@ void segmentSweep(Link& link, const std::vector<size_t>& sizes, size_t total, in
     int n = seg <= kMiB ? 50 : seg <= 16 * kMiB ? 10 : 4;
     for (int k = 0; k < n; ++k) {
       auto t = Clock::now();
-      auto id = link.t->post({local[0]}, {remote[0]}, link.peer, std::string("lat"));
+      auto id = link.t->post({local[0]}, {remote[0]}, link.peer, {});
       if (!id.ok() || !link.wait(*id, /*spin=*/true).isOk()) break;
       lat.push_back(secondsSince(t) * 1e6);
     }
@@ -510,7 +508,7 @@ LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const Layers
   for (int l = 0; l < srcPool.numLayers; ++l) layers.push_back(*blockSegments(srcPool, srcBlocks, dstPool, dstBlocks, l, l + 1));
   for (int k = 0; k < reps; ++k) {
     auto t = Clock::now();
-    auto id = link.t->post(whole->local, whole->remote, link.peer, std::string("whole"));
+    auto id = link.t->post(whole->local, whole->remote, link.peer, {});
     if (!id.ok() || !link.wait(*id).isOk()) return res;
     res.wholeMs = std::min(res.wholeMs, secondsSince(t) * 1e3);
     if (ceiling) {
@@ -522,7 +520,7 @@ LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const Layers
     auto t = Clock::now();
     std::vector<TransferId> ids;
     for (int l = 0; l < srcPool.numLayers; ++l) {
-      auto id = link.t->post(layers[size_t(l)].local, layers[size_t(l)].remote, link.peer, "layer " + std::to_string(l));
+      auto id = link.t->post(layers[size_t(l)].local, layers[size_t(l)].remote, link.peer, {});
       if (!id.ok()) return res;
       ids.push_back(*id);
     }
@@ -722,7 +720,7 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
     if (name == "tcp" && tcpLike && tcpLike->ok()) {
       layersCeil = [&tcpLike, &lk](const std::vector<Segments>& layers) {
         std::vector<TcpLike::Transfer> ts;
-        for (size_t l = 0; l < layers.size(); ++l) ts.push_back({layers[l].local, layers[l].remote, "layer " + std::to_string(l)});
+        for (const Segments& l : layers) ts.push_back({l.local, l.remote});
         return tcpLike->measureMany(ts, lk.remote);
       };
     }

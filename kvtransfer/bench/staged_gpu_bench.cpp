@@ -79,7 +79,7 @@ void runStagedGpu(bool quick) {
   double best = 0;
   for (int round = 0; round < (quick ? 2 : 4); ++round) {
     auto t0 = Clock::now();
-    auto id = (*a)->post(l, r, *peer, std::nullopt);
+    auto id = (*a)->post(l, r, *peer, {});
     if (!id.ok()) {
       std::printf("  ERROR %s\n", id.status().toString().c_str());
       return;

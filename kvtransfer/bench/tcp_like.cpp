@@ -66,7 +66,7 @@ struct Piece {
 };
 
 // The batches of tcp_sender.cpp pump() for one stream's pieces, in order.
-std::vector<Write> planStream(const std::vector<Piece>& segs, const std::optional<std::string>& note) {
+std::vector<Write> planStream(const std::vector<Piece>& segs) {
   std::vector<Write> out;
   size_t next = 0;
   while (true) {
@@ -103,9 +103,7 @@ std::vector<Write> planStream(const std::vector<Piece>& segs, const std::optiona
     if (endNow) {
       RawHeader& e = w.hdrs[nh++];
       e.type = kEnd;
-      e.len = note ? note->size() : 0;
       w.iov.push_back({&e, sizeof e});
-      if (note && !note->empty()) w.iov.push_back({const_cast<char*>(note->data()), note->size()});
     }
     out.push_back(std::move(w));
     if (endNow) return out;
@@ -119,15 +117,13 @@ struct InConn {
   RawHeader done;         // the 40 bytes that end a stream's share
   std::vector<iovec> iov;  // the read in progress
   size_t at = 0;
-  bool noteRead = false;  // the read in progress is an end frame's notification
-  std::vector<char> group, note;
+  std::vector<char> group;
   bool dead = false;
 };
 
 void readHeaderNext(InConn& c) {
   c.iov = {{&c.hdr, sizeof c.hdr}};
   c.at = 0;
-  c.noteRead = false;
 }
 
 void sendDone(InConn& c) {
@@ -146,13 +142,8 @@ void sendDone(InConn& c) {
   }
 }
 
-// The read just completed: the header in c.hdr (or the notification) says what comes next.
+// The read just completed: the header in c.hdr says what comes next.
 void onRead(InConn& c, uint8_t* dest, size_t destBytes) {
-  if (c.noteRead) {
-    sendDone(c);
-    readHeaderNext(c);
-    return;
-  }
   const RawHeader& h = c.hdr;
   switch (h.type) {
     case kData:
@@ -167,15 +158,9 @@ void onRead(InConn& c, uint8_t* dest, size_t destBytes) {
       c.iov = {{c.group.data(), h.len}, {&c.hdr, sizeof c.hdr}};
       break;
     case kEnd:
-      if (h.len == 0) {
-        sendDone(c);
-        readHeaderNext(c);
-        return;
-      }
-      c.note.resize(h.len);
-      c.iov = {{c.note.data(), h.len}};
-      c.noteRead = true;
-      break;
+      sendDone(c);
+      readHeaderNext(c);
+      return;
     default:
       c.dead = true;
       return;
@@ -275,9 +260,8 @@ TcpLike::~TcpLike() {
   for (int fd : fds_) ::close(fd);
 }
 
-double TcpLike::measure(const DescList& local, const DescList& remote, uintptr_t remoteBase,
-                        const std::optional<std::string>& notification) {
-  return measureMany({Transfer{local, remote, notification}}, remoteBase);
+double TcpLike::measure(const DescList& local, const DescList& remote, uintptr_t remoteBase) {
+  return measureMany({Transfer{local, remote}}, remoteBase);
 }
 
 double TcpLike::measureMany(const std::vector<Transfer>& transfers, uintptr_t remoteBase) {
@@ -315,9 +299,7 @@ double TcpLike::measureMany(const std::vector<Transfer>& transfers, uintptr_t re
     }
     for (size_t i = 0; i < nStreams; ++i) {
       if (perStream[i].empty()) continue;
-      // With several streams the transport sends the notification in a separate end frame
-      // after every stream's ack; the ceiling leaves that round trip out.
-      auto ws = planStream(perStream[i], nStreams == 1 ? tr.notification : std::nullopt);
+      auto ws = planStream(perStream[i]);
       for (auto& w : ws) outs[i].writes.push_back(std::move(w));
       outs[i].dones++;
     }

@@ -15,8 +15,8 @@
 //     receiver process, landing in the buffer the transport lands in.
 // Left out: everything the transport does beyond moving bytes: validating headers against
 // exposures and grants, scattering group frames, per-transfer acks (one 40-byte "done" per
-// stream ends a measurement instead, as cheap as the transport's ack), notifications, the
-// owner thread. So it bounds the transport from above on the same lane.
+// stream ends a measurement instead, as cheap as the transport's ack), the owner thread. So
+// it bounds the transport from above on the same lane.
 //
 // Threads: TcpLike on the driver's thread; TcpLikeReceiver's own reader thread.
 #pragma once
@@ -25,8 +25,6 @@
 #include <cstdint>
 #include <thread>
 #include <vector>
-#include <optional>
-#include <string>
 
 #include "kvtransfer/bench/bench_util.h"
 #include "kvtransfer/transport.h"
@@ -64,15 +62,13 @@ class TcpLike {
   bool ok() const { return !fds_.empty(); }
 
   // GB/s of moving local[i] to offset remote[i].addr - remoteBase of the receiver's memory the
-  // way the transport moves that transfer (its end header carries `notification`); 0 on error.
-  double measure(const DescList& local, const DescList& remote, uintptr_t remoteBase,
-                 const std::optional<std::string>& notification = std::nullopt);
+  // way the transport moves that transfer; 0 on error.
+  double measure(const DescList& local, const DescList& remote, uintptr_t remoteBase);
 
   // Several transfers posted back to back (the transport pipelines them: no wait between
   // them), timed until the last one's "done".
   struct Transfer {
     DescList local, remote;
-    std::optional<std::string> notification;
   };
   double measureMany(const std::vector<Transfer>& transfers, uintptr_t remoteBase);
 

@@ -93,7 +93,6 @@ Result<UcxAllocation> makeRegion(Transport& t, bool ucxMem) {
 
 [[noreturn]] void targetMain(int fd, bool peerErr, bool ucxMem, int idleUs) {
   UcxOptions o;
-  o.localName = "bench-target";
   o.peerErrorHandling = peerErr;
   auto t = makeUcxTransport(o);
   if (!t.ok()) {
@@ -146,7 +145,6 @@ Figures measureOurs(size_t size, size_t totalBytes, bool peerErr, bool ucxMem, b
     std::fprintf(stderr, "ucx_bench: target failed: %s\n", conn.c_str());
   } else {
     UcxOptions o;
-    o.localName = "bench";
     o.peerErrorHandling = peerErr;
     o.transferTimeout = std::chrono::seconds(120);
     auto t = std::move(makeUcxTransport(o)).value();
@@ -173,7 +171,7 @@ Figures measureOurs(size_t size, size_t totalBytes, bool peerErr, bool ucxMem, b
         }
         const SteadyTime start = steadyNow();
         for (size_t done = 0; done < bytes; done += perTransfer) {
-          ids.push_back(*t->post(l, r, *peer, std::nullopt));
+          ids.push_back(*t->post(l, r, *peer, {}));
         }
         for (TransferId id : ids) {
           Status s;

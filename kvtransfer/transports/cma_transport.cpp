@@ -37,7 +37,6 @@ constexpr uint32_t kConnMagic = 0x43414d43;  // "CMAC"
 constexpr uint32_t kKeyMagic = 0x4b414d43;   // "CMAK"
 constexpr uint32_t kBlobVersion = 1;
 constexpr size_t kMaxIov = 1024;               // IOV_MAX: per side of one process_vm_writev
-constexpr size_t kMaxNotification = 64 << 10;  // one SOCK_SEQPACKET message carries it
 constexpr int kPollTickMs = 50;
 
 using Clock = std::chrono::steady_clock;
@@ -87,8 +86,8 @@ struct MsgHead {
   uint32_t code = 0;     // ACK: StatusCode
   uint64_t seq = 0;      // END / ACK: the sender's transfer id; HELLO: the target's instance
   uint32_t tokens = 0;   // END: number of u64 exposure tokens that follow
-  uint32_t hasNote = 0;  // END: a notification follows the tokens
-  uint32_t nameLen = 0;  // HELLO: sender name follows; ACK: error message length
+  uint32_t unused = 0;   // 0 (keeps the layout: it flagged a notification, now removed)
+  uint32_t nameLen = 0;  // ACK: error message length
   uint32_t pad = 0;
 };
 
@@ -103,7 +102,6 @@ struct Job {
   PeerId peer = 0;
   std::vector<Batch> batches;
   std::vector<uint64_t> tokens;
-  std::optional<std::string> notification;
   JobState state = JobState::kCopying;
   size_t nextBatch = 0;  // next batch a copy thread takes
   size_t doneBatches = 0;
@@ -128,7 +126,6 @@ struct PeerConn {
 
 struct Incoming {
   int fd = -1;
-  std::string peerName;
   bool greeted = false;
   std::deque<std::string> pendingMsgs;  // ACKs the socket did not take yet
 };
@@ -319,9 +316,7 @@ class CmaTransport final : public Transport {
     MsgHead hello;
     hello.type = kHello;
     hello.seq = info.instance();
-    hello.nameLen = uint32_t(opts_.localName.size());
     std::string msg(reinterpret_cast<const char*>(&hello), sizeof hello);
-    msg += opts_.localName;
     if (::send(p->fd, msg.data(), msg.size(), MSG_NOSIGNAL) != ssize_t(msg.size())) {
       int e = errno;
       closePeer(*p);
@@ -364,7 +359,7 @@ class CmaTransport final : public Transport {
   }
 
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
-                          std::optional<std::string> notification) override {
+                          const std::string& /*grant*/) override {
     std::shared_ptr<PeerConn> p;
     {
       std::lock_guard lock(mu_);
@@ -374,14 +369,10 @@ class CmaTransport final : public Transport {
       p = it->second;
       if (p->dead) return *p->dead;
     }
-    if (notification && notification->size() > kMaxNotification)
-      return invalidArgument("cma: notification of " + std::to_string(notification->size()) +
-                             " bytes exceeds " + std::to_string(kMaxNotification));
     // keys / tokens are written only by loadPeer on this thread: no lock needed to read them.
     PD_ASSIGN_OR_RETURN(auto matches, matcher_.match(local, remote, p->keys, p->name));
     auto job = std::make_shared<Job>();
     job->peer = peer;
-    job->notification = std::move(notification);
     std::set<size_t> keysUsed;
     Batch cur;
     size_t curBytes = 0;
@@ -450,7 +441,7 @@ class CmaTransport final : public Transport {
       if (j->state != JobState::kCopying)
         return failedPrecondition(
             "cma: transfer " + std::to_string(id) +
-            " has written all its data and its END (with the notification) is on its way");
+            " has written all its data and its END is on its way");
       finishLocked(*j, cancelled("cma: transfer " + std::to_string(id) + " was cancelled"));
     }
     // Bounded by one batch per copy thread: they never wait on the peer.
@@ -464,13 +455,6 @@ class CmaTransport final : public Transport {
     bool any = changed_;
     changed_ = false;
     return any;
-  }
-
-  std::vector<Notification> takeNotifications() override {
-    std::lock_guard lock(mu_);
-    std::vector<Notification> out;
-    out.swap(notifications_);
-    return out;
   }
 
  private:
@@ -596,11 +580,9 @@ class CmaTransport final : public Transport {
       h.type = kEnd;
       h.seq = j->id;
       h.tokens = uint32_t(j->tokens.size());
-      h.hasNote = j->notification ? 1 : 0;
       std::string m(reinterpret_cast<const char*>(&h), sizeof h);
       m.append(reinterpret_cast<const char*>(j->tokens.data()),
                j->tokens.size() * sizeof(uint64_t));
-      if (j->notification) m += *j->notification;
       pit->second->pendingMsgs.push_back(std::move(m));
       j->ackDeadline = Clock::now() + opts_.peerTimeout;
     }
@@ -608,7 +590,7 @@ class CmaTransport final : public Transport {
   }
 
   void handleIncoming(Incoming& in) {
-    char buf[sizeof(MsgHead) + kMaxNotification + 8 * 1024];
+    char buf[sizeof(MsgHead) + 72 * 1024];  // END: up to 9,216 exposure tokens
     while (true) {
       ssize_t n = ::recv(in.fd, buf, sizeof buf, MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -624,14 +606,13 @@ class CmaTransport final : public Transport {
       size_t bodyLen = size_t(n) - sizeof h;
       if (h.type == kHello) {
         // Only a sender that read our connection info (the control plane) knows the instance.
-        if (h.seq != instance_ || h.nameLen > bodyLen) {
+        if (h.seq != instance_) {
           PD_LOG(kWarn, "kvt")
               << "cma: refused a control connection that does not name this transport";
           ::close(in.fd);
           in.fd = -1;
           return;
         }
-        in.peerName.assign(body, h.nameLen);
         in.greeted = true;
       } else if (h.type == kEnd && in.greeted) {
         size_t tokBytes = size_t(h.tokens) * sizeof(uint64_t);
@@ -649,11 +630,6 @@ class CmaTransport final : public Transport {
               why = "cma: peer '" + opts_.localName + "' reports transfer " +
                     std::to_string(h.seq) +
                     " wrote into an exposure it has withdrawn (deregistered); the bytes landed";
-          }
-          if (why.empty() && h.hasNote) {
-            notifications_.push_back(
-                {in.peerName, std::string(body + tokBytes, bodyLen - tokBytes)});
-            changed_ = true;
           }
         }
         if (!why.empty()) {
@@ -781,7 +757,7 @@ class CmaTransport final : public Transport {
           while (true) {
             int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
             if (fd < 0) break;
-            incoming_.push_back(Incoming{fd, "", false, {}});
+            incoming_.push_back(Incoming{fd, false, {}});
           }
         } else if (kind == kIn) {
           handleIncoming(incoming_[ref]);
@@ -825,7 +801,6 @@ class CmaTransport final : public Transport {
   std::unordered_map<TransferId, std::shared_ptr<Job>> jobs_;
   std::deque<std::shared_ptr<Job>> copyQueue_;
   std::vector<std::shared_ptr<Job>> endQueue_;
-  std::vector<Notification> notifications_;
   PeerId nextPeer_ = 1;
   TransferId nextTransfer_ = 1;
 

@@ -15,10 +15,9 @@
 // A transfer: post() checks the segments (SegmentMatcher: local inside a registration, remote
 // inside a key this peer packed) and queues; `copyThreads` worker threads write it in batches
 // of at most `sliceBytes` and 1,024 segments per process_vm_writev. When every batch landed, the
-// I/O thread sends END{transfer, exposure tokens used, notification} on the control channel;
-// the receiver's I/O thread checks the tokens are still exposed, queues the notification and
-// answers ACK. poll() reports ok on the ACK: the bytes were in place before END was sent, and
-// the notification was queued at the target before the ACK.
+// I/O thread sends END{transfer, exposure tokens used} on the control channel; the receiver's
+// I/O thread checks the tokens are still exposed and answers ACK. poll() reports ok on the
+// ACK: the bytes were in place before END was sent.
 //
 // Trust boundary: a process that may process_vm_writev into another may also ptrace it, so the
 // receiver cannot refuse a write; the kernel's ptrace access check (same user, not

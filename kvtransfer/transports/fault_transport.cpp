@@ -32,12 +32,7 @@ Status FaultTransport::unloadPeer(PeerId peer) {
 }
 
 Result<TransferId> FaultTransport::post(const DescList& local, const DescList& remote, PeerId peer,
-                                        std::optional<std::string> notification) {
-  return postGranted(local, remote, peer, std::string(), std::move(notification));
-}
-
-Result<TransferId> FaultTransport::postGranted(const DescList& local, const DescList& remote, PeerId peer,
-                                               const std::string& grant, std::optional<std::string> notification) {
+                                        const std::string& grant) {
   if (killed_.count(peer)) {
     return unavailable("fault transport: peer " + std::to_string(peer) + " connection was killed (injected)");
   }
@@ -49,12 +44,7 @@ Result<TransferId> FaultTransport::postGranted(const DescList& local, const Desc
     e.outcome = internalError("fault transport: transfer failed (injected after " +
                               std::to_string(options_.failAfterPosts) + " posts)");
   } else {
-    if (notification && dropped_ < options_.dropNotifications) {
-      ++dropped_;
-      PD_LOG(kDebug, "kvt.fault") << "dropping the notification of post " << n;
-      notification.reset();
-    }
-    PD_ASSIGN_OR_RETURN(TransferId inner, inner_->postGranted(local, remote, peer, grant, std::move(notification)));
+    PD_ASSIGN_OR_RETURN(TransferId inner, inner_->post(local, remote, peer, grant));
     e.innerId = inner;
   }
   TransferId id = nextId_++;

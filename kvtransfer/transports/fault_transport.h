@@ -3,8 +3,6 @@
 //
 //   failAfterPosts = N     posts after the first N succeed at post() but their transfer
 //                          fails with kInternal ("injected") at poll(); the peer stays alive.
-//   dropNotifications = N  the notification of the first N posts that carry one is dropped
-//                          (the data still goes): the target never hears of the transfer.
 //   latency = d            a transfer's outcome becomes visible no sooner than d after post.
 //   killAfterPosts = N     right after forwarding post N+1, the connection is killed: with a
 //                          `killer` (e.g. TcpTransport::dropConnections) for real, otherwise
@@ -27,7 +25,6 @@ namespace pd::kvt {
 
 struct FaultOptions {
   int failAfterPosts = -1;
-  int dropNotifications = 0;
   std::chrono::milliseconds latency{0};
   int killAfterPosts = -1;
   std::function<void(PeerId)> killer;  // optional: kills the inner transport's connection
@@ -45,7 +42,6 @@ class FaultTransport final : public Transport {
 
   Transport& inner() { return *inner_; }
   int postsSeen() const { return posts_; }
-  int notificationsDropped() const { return dropped_; }
 
   TransportCaps caps() const override;
   Result<MemHandle> registerMemory(const MemDesc& desc) override;
@@ -57,15 +53,12 @@ class FaultTransport final : public Transport {
   Result<std::string> peerConnInfo(PeerId peer) override { return inner_->peerConnInfo(peer); }
   Status unloadPeer(PeerId peer) override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
-                          std::optional<std::string> notification) override;
-  Result<TransferId> postGranted(const DescList& local, const DescList& remote, PeerId peer,
-                                 const std::string& grant, std::optional<std::string> notification) override;
+                          const std::string& grant) override;
   Result<std::string> grantWrite(const DescList& ranges) override { return inner_->grantWrite(ranges); }
   Status revokeWrite(const std::string& grant) override { return inner_->revokeWrite(grant); }
   Status poll(TransferId id) override;
   Status cancel(TransferId id) override;
   bool progress() override { return inner_->progress(); }
-  std::vector<Notification> takeNotifications() override { return inner_->takeNotifications(); }
 
  private:
   struct Entry {
@@ -79,7 +72,6 @@ class FaultTransport final : public Transport {
   std::unique_ptr<Transport> inner_;
   FaultOptions options_;
   int posts_ = 0;
-  int dropped_ = 0;
   TransferId nextId_ = 1;
   std::unordered_map<TransferId, Entry> entries_;
   std::set<PeerId> killed_;

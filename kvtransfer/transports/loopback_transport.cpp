@@ -12,7 +12,7 @@ namespace pd::kvt {
 namespace {
 
 // Live loopback transports of this process by instance id. Holding the lock while copying
-// keeps a target alive until the copy and its notification are done.
+// keeps a target alive until the copy is done.
 std::mutex& registryMu() {
   static std::mutex mu;
   return mu;
@@ -131,12 +131,7 @@ Status LoopbackTransport::unloadPeer(PeerId peer) {
 }
 
 Result<TransferId> LoopbackTransport::post(const DescList& local, const DescList& remote, PeerId peer,
-                                           std::optional<std::string> notification) {
-  return postGranted(local, remote, peer, std::string(), std::move(notification));
-}
-
-Result<TransferId> LoopbackTransport::postGranted(const DescList& local, const DescList& remote, PeerId peer,
-                                                  const std::string& grant, std::optional<std::string> notification) {
+                                           const std::string& grant) {
   auto pit = peers_.find(peer);
   if (pit == peers_.end()) return notFound("loopback transport: no peer " + std::to_string(peer));
   uint64_t token = 0;
@@ -147,7 +142,7 @@ Result<TransferId> LoopbackTransport::postGranted(const DescList& local, const D
   }
   PD_RETURN_IF_ERROR(matcher_.match(local, remote, pit->second.keys, pit->second.name).status());
   TransferId id = nextTransfer_++;
-  queue_.push_back({id, peer, local, remote, std::move(notification), token});
+  queue_.push_back({id, peer, local, remote, token});
   outcomes_[id] = std::nullopt;
   return id;
 }
@@ -204,11 +199,6 @@ Status LoopbackTransport::acceptWrite(const MemDesc& r, uint64_t grant) {
                          std::to_string(r.len) + " bytes at " + toString(r) + ": outside every exposed region");
 }
 
-void LoopbackTransport::deliver(Notification n) {
-  std::lock_guard lock(mu_);
-  notifications_.push_back(std::move(n));
-}
-
 bool LoopbackTransport::progress() {
   bool any = false;
   while (!queue_.empty()) {
@@ -233,7 +223,6 @@ bool LoopbackTransport::progress() {
           for (size_t i = 0; i < p.local.size(); ++i) {
             if (p.local[i].len) std::memcpy(p.remote[i].ptr(), p.local[i].ptr(), p.local[i].len);
           }
-          if (p.notification) target->deliver({options_.localName, std::move(*p.notification)});
         }
       }
     }
@@ -266,13 +255,6 @@ Status LoopbackTransport::cancel(TransferId id) {
   }
   it->second = cancelled("loopback transport: transfer " + std::to_string(id) + " was cancelled");
   return Status::ok();
-}
-
-std::vector<Notification> LoopbackTransport::takeNotifications() {
-  std::vector<Notification> out;
-  std::lock_guard lock(mu_);
-  out.swap(notifications_);
-  return out;
 }
 
 }  // namespace pd::kvt

@@ -2,13 +2,12 @@
 // For unit tests of everything above the transport (agent, FaultTransport) and
 // as the conformance suite's reference. A peer in another process is refused at loadPeer.
 //
-// post() only queues; progress() performs queued copies (owner thread), then delivers the
-// notification into the target transport. Destroying a transport makes it unreachable:
-// transfers queued to it fail with kUnavailable. Every write is checked against the regions
-// the target exposed, like tcp, and write grants are receiver-checked like tcp's
-// (caps().receiverFenced): a write under a grant must lie inside its ranges, and a revoked
-// grant is refused (revokeWrite takes the lock every sender holds while it copies, so no copy
-// under the grant is in progress once it returns).
+// post() only queues; progress() performs queued copies (owner thread). Destroying a
+// transport makes it unreachable: transfers queued to it fail with kUnavailable. Every write
+// is checked against the regions the target exposed, like tcp, and write grants are
+// receiver-checked like tcp's (caps().receiverFenced): a write under a grant must lie inside
+// its ranges, and a revoked grant is refused (revokeWrite takes the lock every sender holds
+// while it copies, so no copy under the grant is in progress once it returns).
 //
 // Threads: as transport.h. Two loopback transports may be driven by two different threads.
 #pragma once
@@ -38,22 +37,18 @@ class LoopbackTransport final : public Transport {
   Result<PeerId> loadPeer(const PeerInfo& peer) override;
   Status unloadPeer(PeerId peer) override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
-                          std::optional<std::string> notification) override;
-  Result<TransferId> postGranted(const DescList& local, const DescList& remote, PeerId peer,
-                                 const std::string& grant, std::optional<std::string> notification) override;
+                          const std::string& grant) override;
   Result<std::string> grantWrite(const DescList& ranges) override;
   Status revokeWrite(const std::string& grant) override;
   Status poll(TransferId id) override;
   Status cancel(TransferId id) override;
   bool progress() override;
-  std::vector<Notification> takeNotifications() override;
 
  private:
   struct Pending {
     TransferId id;
     PeerId peer;
     DescList local, remote;
-    std::optional<std::string> notification;
     uint64_t grant = 0;  // the target's grant token; 0: the region keys
   };
   struct Peer {
@@ -63,7 +58,6 @@ class LoopbackTransport final : public Transport {
   };
   // Called by a sender's progress() with the registry lock held (so we cannot be destroyed).
   Status acceptWrite(const MemDesc& remote, uint64_t grant);
-  void deliver(Notification n);
 
   TransportOptions options_;
   uint64_t instance_;
@@ -76,10 +70,9 @@ class LoopbackTransport final : public Transport {
   PeerId nextPeer_ = 1;
   TransferId nextTransfer_ = 1;
 
-  std::mutex mu_;  // guards exposures_ and notifications_ (touched by senders' threads)
+  std::mutex mu_;  // guards exposures_ and grants_ (touched by senders' threads)
   std::unordered_map<uint64_t, MemDesc> exposures_;
   std::unordered_map<uint64_t, std::vector<MemDesc>> grants_;  // token -> granted ranges
-  std::vector<Notification> notifications_;
 };
 
 }  // namespace pd::kvt

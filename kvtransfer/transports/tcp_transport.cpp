@@ -7,8 +7,8 @@
 //  - receiver: accepted sockets; each reads header -> validates -> reads payload in place,
 //    and writes acks.
 // Everything on the I/O side runs on the single I/O thread, so it needs no locks; the owner
-// thread and the I/O thread meet in three mutex-guarded places: the exposure table, the
-// completion queue and the notification queue.
+// thread and the I/O thread meet in two mutex-guarded places: the exposure table and the
+// completion queue.
 //
 // This file: the owner-thread half of TcpTransport::Impl and the public forwarders; the I/O
 // side is in tcp/ (tcp/tcp_impl.h lists which file does what).
@@ -297,7 +297,7 @@ Status TcpTransport::Impl::revokeWrite(const std::string& grant) {
 }
 
 Result<TransferId> TcpTransport::Impl::post(const DescList& local, const DescList& remote, PeerId peerId,
-                        std::optional<std::string> notification, const std::string& grant) {
+                        const std::string& grant) {
   uint64_t grantToken = 0;
   if (!grant.empty()) {
     proto::TcpGrant g;
@@ -313,10 +313,6 @@ Result<TransferId> TcpTransport::Impl::post(const DescList& local, const DescLis
     std::lock_guard lock(peer->reasonMu);
     return unavailable("tcp transport: peer '" + peer->name + "' at " + peer->endpoint +
                        " is dead: " + peer->deathReason);
-  }
-  if (notification && notification->size() > kMaxNotification) {
-    return invalidArgument("tcp transport: notification of " + std::to_string(notification->size()) +
-                           " bytes exceeds the limit of " + std::to_string(kMaxNotification));
   }
   PD_ASSIGN_OR_RETURN(auto matches, matcher_.match(local, remote, peer->keyRanges, peer->name));
   std::vector<Seg> segs;
@@ -339,7 +335,6 @@ Result<TransferId> TcpTransport::Impl::post(const DescList& local, const DescLis
 
   auto t = std::make_shared<IoTransfer>();
   t->id = nextTransfer_++;
-  t->notification = std::move(notification);
 
   // Striping: large transfers are spread over the peer's streams in chunks.
   const size_t nStreams = peer->streams.size();
@@ -412,7 +407,7 @@ Status TcpTransport::Impl::cancel(TransferId id) {
   }
   if (!fut.get()) {
     return failedPrecondition("tcp transport: transfer " + std::to_string(id) +
-                              " is past the point of no return (all its data and its notification are sent)");
+                              " is past the point of no return (all its data is sent)");
   }
   it->second.cancelled = true;
   return Status::ok();
@@ -420,16 +415,7 @@ Status TcpTransport::Impl::cancel(TransferId id) {
 
 bool TcpTransport::Impl::progress() {
   harvest();
-  bool any = harvested_;
-  std::lock_guard lock(notifyMu_);
-  return any || !notifications_.empty();
-}
-
-std::vector<Notification> TcpTransport::Impl::takeNotifications() {
-  std::vector<Notification> out;
-  std::lock_guard lock(notifyMu_);
-  out.swap(notifications_);
-  return out;
+  return harvested_;
 }
 
 Result<std::unique_ptr<Transport>> TcpTransport::create(const TransportOptions& options) {
@@ -450,19 +436,14 @@ Result<PeerId> TcpTransport::loadPeer(const PeerInfo& p) { return impl_->loadPee
 bool TcpTransport::peerAlive(PeerId p) const { return impl_->peerAlive(p); }
 Status TcpTransport::unloadPeer(PeerId p) { return impl_->unloadPeer(p); }
 Result<TransferId> TcpTransport::post(const DescList& l, const DescList& r, PeerId p,
-                                      std::optional<std::string> n) {
-  return impl_->post(l, r, p, std::move(n));
-}
-Result<TransferId> TcpTransport::postGranted(const DescList& l, const DescList& r, PeerId p, const std::string& g,
-                                             std::optional<std::string> n) {
-  return impl_->post(l, r, p, std::move(n), g);
+                                      const std::string& g) {
+  return impl_->post(l, r, p, g);
 }
 Result<std::string> TcpTransport::grantWrite(const DescList& ranges) { return impl_->grantWrite(ranges); }
 Status TcpTransport::revokeWrite(const std::string& grant) { return impl_->revokeWrite(grant); }
 Status TcpTransport::poll(TransferId id) { return impl_->poll(id); }
 Status TcpTransport::cancel(TransferId id) { return impl_->cancel(id); }
 bool TcpTransport::progress() { return impl_->progress(); }
-std::vector<Notification> TcpTransport::takeNotifications() { return impl_->takeNotifications(); }
 void TcpTransport::dropConnections(PeerId p) { impl_->dropConnections(p); }
 
 }  // namespace pd::kvt

@@ -11,14 +11,14 @@
 // once revokeWrite() returned the token is refused (a frame of it that was landing has its
 // connection closed first). With options.requireWriteGrant a region key's token no longer
 // authorises writes. Refusals are counted through options.onWriteRejected.
-// A transfer completes when the receiver acknowledges that all of its data landed; its
-// notification is delivered on the receiver after all of its data (on every stream).
+// A transfer completes when the receiver acknowledges that all of its data landed (on every
+// stream).
 //
 // GPU memory (kCuda) is staged (docs/kvtransfer.md "GPU memory"): with a DeviceCopier (a CUDA
 // device at run time, or options.deviceCopier) the sender copies kCuda segments chunk by chunk
 // into pinned bounce buffers and writes each chunk while the next ones copy; the receiver
 // reads payloads for kCuda regions into bounce buffers and copies them to the device, and
-// acks / notifies only after every copy finished. Host-only transfers never touch the copier.
+// acks only after every copy finished. Host-only transfers never touch the copier.
 // Without a copier, registering kCuda memory is kFailedPrecondition with the reason.
 //
 // Threads: one internal I/O thread runs Asio; the Transport methods are called from the
@@ -56,15 +56,12 @@ class TcpTransport final : public Transport {
   Status unloadPeer(PeerId peer) override;
   bool peerAlive(PeerId peer) const override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
-                          std::optional<std::string> notification) override;
-  Result<TransferId> postGranted(const DescList& local, const DescList& remote, PeerId peer,
-                                 const std::string& grant, std::optional<std::string> notification) override;
+                          const std::string& grant) override;
   Result<std::string> grantWrite(const DescList& ranges) override;
   Status revokeWrite(const std::string& grant) override;
   Status poll(TransferId id) override;
   Status cancel(TransferId id) override;
   bool progress() override;
-  std::vector<Notification> takeNotifications() override;
 
   // Test hook (FaultTransport's "kill the connection"): closes every socket to `peer` as if
   // the network dropped it; pending transfers fail with kUnavailable.

@@ -85,11 +85,9 @@ Result<std::string> decodeConnInfo(const std::string& blob) {
 
 namespace {
 
-constexpr unsigned kNotifyAmId = 17;
-
 std::string ucsText(ucs_status_t s) { return ucs_status_string(s); }
 
-enum class Phase { kPutting, kFlushing, kNotifying, kDone, kFailed, kCancelled };
+enum class Phase { kPutting, kFlushing, kDone, kFailed, kCancelled };
 
 bool terminal(Phase p) { return p == Phase::kDone || p == Phase::kFailed || p == Phase::kCancelled; }
 
@@ -100,7 +98,7 @@ struct Transfer;
 struct ReqCtx {
   Transfer* transfer;
   size_t bytes;
-  enum Kind : int { kPut, kFlush, kNotify } kind;
+  enum Kind : int { kPut, kFlush } kind;
 };
 
 struct Segment {
@@ -120,8 +118,6 @@ struct Transfer {
   size_t segOffset = 0;
   size_t inflightBytes = 0;
   int pendingRequests = 0;  // UCX requests that still point at this object
-  bool notifyDue = false;   // flushed; the notification is sent from progress()
-  std::optional<std::string> note;
   Status error;
   SteadyTime deadline;
   SteadyTime started;
@@ -175,21 +171,14 @@ class UcxTransport final : public Transport {
   Result<PeerId> loadPeer(const PeerInfo& peer) override;
   Status unloadPeer(PeerId peer) override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
-                          std::optional<std::string> notification) override;
+                          const std::string& grant) override;
   Status poll(TransferId id) override;
   Status cancel(TransferId id) override;
   bool progress() override;
-  std::vector<Notification> takeNotifications() override {
-    std::vector<Notification> out;
-    out.swap(notes_);
-    return out;
-  }
 
  private:
   static void onRequestDone(void* request, ucs_status_t status, void* userData);
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static ucs_status_t onNotify(void* arg, const void* header, size_t headerLen, void* data,
-                               size_t len, const ucp_am_recv_param_t* param);
 
   Status connect(Peer* peer);
   // kForce discards what UCX has not sent yet: only for endpoints UCX reported failed. Every
@@ -199,7 +188,6 @@ class UcxTransport final : public Transport {
   void closeEndpoint(Peer* peer, const Status& why, Close how, std::unique_ptr<Peer> keepAlive = nullptr);
   void fail(Transfer* t, Status s);
   bool issue(Transfer* t, size_t* budget);
-  void startNotify(Transfer* t, Peer* peer);
   void retire(std::unique_ptr<Transfer> t);
   Peer* findPeer(PeerId id) {
     auto it = peers_.find(id);
@@ -219,7 +207,6 @@ class UcxTransport final : public Transport {
   std::map<TransferId, std::unique_ptr<Transfer>> transfers_;  // ordered: oldest issues first
   std::vector<std::unique_ptr<Transfer>> zombies_;  // reported, but UCX still holds requests
   std::vector<Closing> closing_;
-  std::vector<Notification> notes_;
   uint64_t nextHandle_ = 1, nextPeer_ = 1, nextTransfer_ = 1;
 };
 
@@ -237,7 +224,7 @@ Status UcxTransport::init() {
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+  params.features = UCP_FEATURE_RMA;
   params.request_size = sizeof(ReqCtx);
   s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
@@ -266,16 +253,6 @@ Status UcxTransport::init() {
   if (s != UCS_OK) return unavailable("ucx: ucp_worker_get_address failed: " + ucsText(s));
   address_.assign(reinterpret_cast<const char*>(addr), addrLen);
   ucp_worker_release_address(worker_, addr);
-
-  ucp_am_handler_param_t ah{};
-  ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-  ah.id = kNotifyAmId;
-  ah.cb = &UcxTransport::onNotify;
-  ah.arg = this;
-  ah.flags = UCP_AM_FLAG_WHOLE_MSG;
-  s = ucp_worker_set_am_recv_handler(worker_, &ah);
-  if (s != UCS_OK) return unavailable("ucx: cannot register the notification handler: " + ucsText(s));
 
   const char* tls = std::getenv("UCX_TLS");
   PD_LOG(kInfo, "kvt.ucx") << "UCX " << ucp_get_version_string() << " ready: UCX_TLS="
@@ -537,29 +514,13 @@ void UcxTransport::onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) 
   peer->errorPending = true;
 }
 
-ucs_status_t UcxTransport::onNotify(void* arg, const void* header, size_t headerLen, void* data,
-                                    size_t len, const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<UcxTransport*>(arg);
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    // Senders force eager sends (UCP_AM_SEND_FLAG_EAGER), so this is a foreign sender.
-    PD_LOG(kWarn, "kvt.ucx") << "dropping a rendezvous notification of " << len << " bytes";
-    return UCS_OK;
-  }
-  self->notes_.push_back(Notification{std::string(static_cast<const char*>(header), headerLen),
-                                      std::string(static_cast<const char*>(data), len)});
-  return UCS_OK;
-}
-
 // ---- transfers -----------------------------------------------------------------------------
 
 Result<TransferId> UcxTransport::post(const DescList& local, const DescList& remote, PeerId peerId,
-                                      std::optional<std::string> notification) {
+                                      const std::string& /*grant*/) {
   Peer* peer = findPeer(peerId);
   if (!peer) return notFound("ucx: post to unknown peer " + std::to_string(peerId));
   if (!peer->failure.isOk()) return peer->failure;
-  if (notification && notification->size() > opt_.maxNotificationBytes)
-    return invalidArgument("ucx: notification of " + std::to_string(notification->size()) +
-                           " bytes exceeds the limit of " + std::to_string(opt_.maxNotificationBytes));
   auto t = std::make_unique<Transfer>();
   PD_ASSIGN_OR_RETURN(auto matches, matcher_.match(local, remote, peer->keyRanges, peer->name));
   t->segs.reserve(matches.size());
@@ -575,7 +536,6 @@ Result<TransferId> UcxTransport::post(const DescList& local, const DescList& rem
   }
   t->id = nextTransfer_++;
   t->peer = peerId;
-  t->note = std::move(notification);
   t->started = steadyNow();
   t->deadline = t->started + opt_.transferTimeout;
   TransferId id = t->id;
@@ -599,18 +559,13 @@ void UcxTransport::onRequestDone(void* request, ucs_status_t status, void* /*use
   if (kind == ReqCtx::kPut) t->inflightBytes -= bytes;
   if (terminal(t->phase)) return;  // cancelled or failed already: completions are ignored
   if (status != UCS_OK) {
-    const char* what = kind == ReqCtx::kPut ? "put" : kind == ReqCtx::kFlush ? "flush" : "notification";
+    const char* what = kind == ReqCtx::kPut ? "put" : "flush";
     t->phase = Phase::kFailed;
     t->error = unavailable(std::string("ucx: transfer ") + std::to_string(t->id) + ": " + what +
                            " failed: " + ucsText(status));
     return;
   }
-  if (kind == ReqCtx::kFlush && t->phase == Phase::kFlushing) {
-    t->phase = t->note ? Phase::kNotifying : Phase::kDone;  // notify sent from progress()
-    t->notifyDue = t->note.has_value();
-  } else if (kind == ReqCtx::kNotify && t->phase == Phase::kNotifying) {
-    t->phase = Phase::kDone;
-  }
+  if (kind == ReqCtx::kFlush && t->phase == Phase::kFlushing) t->phase = Phase::kDone;
 }
 
 // Issues puts of one transfer within the per-progress budget; returns true if any was issued.
@@ -677,34 +632,10 @@ bool UcxTransport::issue(Transfer* t, size_t* budget) {
       *static_cast<ReqCtx*>(r) = ReqCtx{t, 0, ReqCtx::kFlush};
       t->pendingRequests++;
     } else {
-      t->phase = t->note ? Phase::kNotifying : Phase::kDone;
-      t->notifyDue = t->note.has_value();
+      t->phase = Phase::kDone;
     }
   }
   return any;
-}
-
-void UcxTransport::startNotify(Transfer* t, Peer* peer) {
-  t->notifyDue = false;
-  if (!peer || !peer->ep) {
-    fail(t, unavailable("ucx: transfer " + std::to_string(t->id) + ": endpoint closed before the notification"));
-    return;
-  }
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
-  p.cb.send = &UcxTransport::onRequestDone;
-  p.flags = UCP_AM_SEND_FLAG_EAGER;
-  ucs_status_ptr_t r = ucp_am_send_nbx(peer->ep, kNotifyAmId, opt_.localName.data(),
-                                       opt_.localName.size(), t->note->data(), t->note->size(), &p);
-  if (UCS_PTR_IS_ERR(r)) {
-    fail(t, unavailable("ucx: transfer " + std::to_string(t->id) + ": notification to peer '" +
-                        peer->name + "' failed: " + ucsText(UCS_PTR_STATUS(r))));
-  } else if (r != nullptr) {
-    *static_cast<ReqCtx*>(r) = ReqCtx{t, 0, ReqCtx::kNotify};
-    t->pendingRequests++;
-  } else {
-    t->phase = Phase::kDone;
-  }
 }
 
 bool UcxTransport::progress() {
@@ -725,10 +656,6 @@ bool UcxTransport::progress() {
   for (auto& [id, tp] : transfers_) {
     Transfer* t = tp.get();
     if (t->phase == Phase::kPutting && budget > 0) any |= issue(t, &budget);
-    if (t->phase == Phase::kNotifying && t->notifyDue) {
-      startNotify(t, findPeer(t->peer));
-      any = true;
-    }
     if (!terminal(t->phase) && now >= t->deadline) {
       Status why = deadlineExceeded(
           "ucx: transfer " + std::to_string(id) + " to peer " + std::to_string(t->peer) +
@@ -782,7 +709,7 @@ Status UcxTransport::cancel(TransferId id) {
   auto it = transfers_.find(id);
   if (it == transfers_.end()) return notFound("ucx: cancel of unknown transfer " + std::to_string(id));
   Transfer* t = it->second.get();
-  if (t->phase == Phase::kDone || (t->phase == Phase::kNotifying && !t->notifyDue))
+  if (t->phase == Phase::kDone)
     return failedPrecondition("ucx: transfer " + std::to_string(id) +
                               " already completed at the target; too late to cancel");
   if (!terminal(t->phase)) t->phase = Phase::kCancelled;

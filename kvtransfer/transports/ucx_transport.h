@@ -2,10 +2,7 @@
 //
 // Data path per transfer: ucp_put_nbx for every (local, remote) segment pair, issued from
 // progress() in bounded slices (post() never blocks, and a cancel stops the issuing), then
-// ucp_ep_flush_nbx, whose completion is the proof that every byte is at the target, then the
-// notification as an active message (AM id kNotifyAmId) which the target's AM handler queues
-// for takeNotifications(). Because the AM goes out only after the flush completed, a target
-// that sees the notification sees all of the transfer's data.
+// ucp_ep_flush_nbx, whose completion is the proof that every byte is at the target.
 //
 // Failure: endpoints use UCP_ERR_HANDLING_MODE_PEER with an error callback, so a dead peer
 // fails its transfers (kUnavailable) instead of hanging; a transfer not finished within
@@ -15,8 +12,7 @@
 // is closed with a flush, so puts UCX already queued may still land if a stalled peer wakes
 // up. (UCX 1.13's tcp transport crashed in a later ucp_worker_progress after force-closing
 // a connection whose peer was alive but stopped.)
-// cancel() stops issuing puts; puts already handed to UCX (at most one slice) may still land,
-// no notification is ever sent for it.
+// cancel() stops issuing puts; puts already handed to UCX (at most one slice) may still land.
 //
 // Memory: kHost and kPinned always; kCuda only when this UCX was built with CUDA support
 // (ucp_context_query memory types; caps().cudaMemory says which).
@@ -36,8 +32,6 @@
 namespace pd::kvt {
 
 struct UcxOptions {
-  // This side's name as announced in notifications (Notification::peerName at the target).
-  std::string localName = "ucx";
   // A transfer not confirmed at the target within this time fails with kDeadlineExceeded.
   std::chrono::milliseconds transferTimeout{30000};
   // UCP_ERR_HANDLING_MODE_PEER on every endpoint (the default, and what production wants: a
@@ -54,11 +48,9 @@ struct UcxOptions {
   size_t sliceBytes = size_t{32} << 20;
   // Bytes handed to UCX and not yet locally complete, per transfer.
   size_t maxInflightBytes = size_t{256} << 20;
-  // Longest notification payload accepted by post() (sent eagerly in one active message).
-  size_t maxNotificationBytes = 64 * 1024;
 };
 
-// Creates the UCP context (features RMA | AM) and one worker. kUnavailable when UCX cannot
+// Creates the UCP context (feature RMA) and one worker. kUnavailable when UCX cannot
 // initialise (the message carries UCX's reason).
 Result<std::unique_ptr<Transport>> makeUcxTransport(const UcxOptions& options = {});
 

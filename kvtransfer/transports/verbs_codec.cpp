@@ -1,4 +1,4 @@
-// Device-independent verbs logic; the formats and the notification scheme are in verbs_codec.h.
+// Device-independent verbs logic; the formats and the rules are in verbs_codec.h.
 #include "kvtransfer/transports/verbs_codec.h"
 
 #include <algorithm>
@@ -14,11 +14,6 @@ constexpr uint32_t kConnMagic = 0x43425256;  // "VRBC"
 // 1 was the hand-written binary layout; 2 is kvt.proto's VerbsRemoteKey / VerbsConnInfo.
 constexpr uint32_t kVersion = 2;
 constexpr uint64_t kMaxSgeBytes = 1ull << 31;
-
-template <typename T>
-void put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof v);
-}
 
 }  // namespace
 
@@ -165,74 +160,6 @@ std::optional<SendWindow::Completed> SendWindow::onCompletion() {
   fifo_.pop_front();
   used_ -= std::min(used_, e.wrs);
   return Completed{e.transfer, e.last};
-}
-
-ImmEncoding encodeImm(const std::string& payload, uint32_t seq) {
-  ImmEncoding e;
-  if (payload.size() <= kMaxInlinePayload) {
-    e.imm = static_cast<uint32_t>(payload.size()) << 24;
-    for (size_t i = 0; i < payload.size(); ++i)
-      e.imm |= static_cast<uint32_t>(static_cast<uint8_t>(payload[i])) << (8 * i);
-    return e;
-  }
-  e.imm = kImmFollows | (seq & ~kImmFollows);
-  e.follows = true;
-  return e;
-}
-
-ImmDecoded decodeImm(uint32_t imm) {
-  ImmDecoded d;
-  if (imm & kImmFollows) {
-    d.follows = true;
-    d.seq = imm & ~kImmFollows;
-    return d;
-  }
-  const size_t len = std::min<size_t>((imm >> 24) & 0x3, kMaxInlinePayload);
-  for (size_t i = 0; i < len; ++i) d.inlinePayload.push_back(static_cast<char>((imm >> (8 * i)) & 0xff));
-  return d;
-}
-
-std::string encodeNoteMessage(uint32_t seq, const std::string& payload) {
-  std::string out;
-  put(&out, seq & ~kImmFollows);
-  out += payload;
-  return out;
-}
-
-Result<std::pair<uint32_t, std::string>> decodeNoteMessage(const char* data, size_t len) {
-  if (len < 4) return dataLoss("verbs: notification message of " + std::to_string(len) + " bytes is too short");
-  uint32_t seq;
-  std::memcpy(&seq, data, 4);
-  return std::make_pair(seq, std::string(data + 4, len - 4));
-}
-
-std::optional<std::string> NoteAssembler::onImm(uint64_t peer, uint32_t imm) {
-  ImmDecoded d = decodeImm(imm);
-  if (!d.follows) return d.inlinePayload;
-  pending_[peer].push_back(d.seq);
-  return std::nullopt;
-}
-
-Result<std::string> NoteAssembler::onMessage(uint64_t peer, const char* data, size_t len) {
-  PD_ASSIGN_OR_RETURN(auto msg, decodeNoteMessage(data, len));
-  auto it = pending_.find(peer);
-  if (it == pending_.end() || it->second.empty())
-    return failedPrecondition("verbs: notification message " + std::to_string(msg.first) +
-                              " from peer " + std::to_string(peer) + " was not announced by an immediate");
-  // RC keeps a QP's order, so the message answers the oldest announcement.
-  if (it->second.front() != msg.first)
-    return failedPrecondition("verbs: notification message " + std::to_string(msg.first) +
-                              " from peer " + std::to_string(peer) + " arrived while " +
-                              std::to_string(it->second.front()) + " was expected");
-  it->second.pop_front();
-  if (it->second.empty()) pending_.erase(it);
-  return std::move(msg.second);
-}
-
-size_t NoteAssembler::pending() const {
-  size_t n = 0;
-  for (auto& [p, q] : pending_) n += q.size();
-  return n;
 }
 
 }  // namespace pd::kvt::verbs

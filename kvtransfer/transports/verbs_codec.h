@@ -1,23 +1,11 @@
-// The device-independent half of the verbs transport: blob formats, how segment pairs become
-// RDMA WRITE work requests, and how notifications ride on immediate data. Pure functions over
-// plain values, so CI (which has no RDMA device) tests all of it; verbs_transport.cpp only
-// turns these plans into ibv_* calls.
-//
-// Notification scheme (chosen for verbs, documented here because both sides must agree):
-// the last RDMA WRITE of a transfer is IBV_WR_RDMA_WRITE_WITH_IMM. Its 32-bit immediate is
-//   bit 31 = 0: the payload is inline: bits 24..25 hold its length (0..3), bits 0..23 its bytes;
-//   bit 31 = 1: bits 0..30 are a per-QP sequence number, and the payload follows in one
-//               IBV_WR_SEND on the same QP whose message is [u32 seq][payload bytes].
-// RC delivers a QP's operations in order, so when the target sees the immediate (or the SEND
-// after it) every earlier WRITE of the transfer is already in its memory. The target matches
-// each SEND to a pending "follows" immediate of the same peer and sequence number; anything
-// else is a protocol error that the target logs and drops.
+// The device-independent half of the verbs transport: blob formats and how segment pairs
+// become RDMA WRITE work requests. Pure functions over plain values, so CI (which has no RDMA
+// device) tests all of it; verbs_transport.cpp only turns these plans into ibv_* calls.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,7 +29,7 @@ std::string encodeKey(const PackedKey& key);
 Result<PackedKey> decodeKey(const std::string& blob);
 
 struct ConnInfo {
-  std::string name;                  // the sender's name, announced in notifications
+  std::string name;                  // the sender's name, for the peer's logs
   uint16_t lid = 0;                  // InfiniBand LID (0 on RoCE)
   std::array<uint8_t, 16> gid{};     // GID (RoCE, or global routing on IB)
   uint8_t gidIndex = 0;
@@ -154,43 +142,6 @@ class SendWindow {
   uint32_t used_ = 0;
   uint32_t sinceSignal_ = 0;
   std::deque<Entry> fifo_;
-};
-
-// ---- notifications -------------------------------------------------------------------------
-constexpr uint32_t kImmFollows = 0x80000000u;
-constexpr size_t kMaxInlinePayload = 3;
-
-struct ImmEncoding {
-  uint32_t imm = 0;        // host order; the transport converts with htonl / ntohl
-  bool follows = false;    // a SEND with encodeNoteMessage(seq, payload) must follow
-};
-// seq is only used (masked to 31 bits) when the payload does not fit in the immediate.
-ImmEncoding encodeImm(const std::string& payload, uint32_t seq);
-
-struct ImmDecoded {
-  bool follows = false;
-  uint32_t seq = 0;            // when follows
-  std::string inlinePayload;   // when !follows
-};
-ImmDecoded decodeImm(uint32_t imm);
-
-std::string encodeNoteMessage(uint32_t seq, const std::string& payload);
-Result<std::pair<uint32_t, std::string>> decodeNoteMessage(const char* data, size_t len);
-
-// Target side: turns immediates and follow-up messages from many peers into notifications in
-// arrival order. Not thread-safe; owned by the transport's loop.
-class NoteAssembler {
- public:
-  // An immediate from `peer`; returns the payload when it was inline.
-  std::optional<std::string> onImm(uint64_t peer, uint32_t imm);
-  // A follow-up SEND from `peer`; returns the payload, or an error when no immediate announced
-  // it (a protocol violation, or a peer speaking another version).
-  Result<std::string> onMessage(uint64_t peer, const char* data, size_t len);
-  size_t pending() const;
-  void forgetPeer(uint64_t peer) { pending_.erase(peer); }
-
- private:
-  std::map<uint64_t, std::deque<uint32_t>> pending_;  // announced, awaiting their SEND
 };
 
 }  // namespace pd::kvt::verbs

@@ -1,8 +1,7 @@
 // libibverbs transport; the contract is in verbs_transport.h, the device-independent logic
-// (blobs, work-request planning, notification scheme) in verbs_codec.h.
+// (blobs, work-request planning) in verbs_codec.h.
 #include "kvtransfer/transports/verbs_transport.h"
 
-#include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
@@ -35,10 +34,6 @@ struct Transfer {
   PeerId peer = 0;
   Phase phase = Phase::kPosting;
   std::vector<WritePlan> writes;
-  std::optional<std::string> note;
-  verbs::ImmEncoding imm;
-  std::string noteMsg;       // [seq][payload] when the payload follows in a SEND
-  ibv_mr* noteMr = nullptr;
   size_t totalWrs = 0;
   size_t posted = 0;
   int signaledOutstanding = 0;
@@ -55,9 +50,7 @@ struct Peer {
   std::vector<verbs::PackedKey> keys;
   std::vector<KeyRange> keyRanges;  // keys' addresses, in the same order, for matcher_
   Status failure;
-  uint32_t nextSeq = 0;
   verbs::SendWindow window{2, 1};  // replaced in loadPeer with the QP's real depth
-  std::vector<ibv_mr*> garbage;  // notification buffers freed once the QP is quiet
 };
 
 struct PendingQp {
@@ -80,15 +73,10 @@ class VerbsTransport final : public Transport {
   Result<std::string> peerConnInfo(PeerId peer) override;
   Status unloadPeer(PeerId peer) override;
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
-                          std::optional<std::string> notification) override;
+                          const std::string& grant) override;
   Status poll(TransferId id) override;
   Status cancel(TransferId id) override;
   bool progress() override;
-  std::vector<Notification> takeNotifications() override {
-    std::vector<Notification> out;
-    out.swap(notes_);
-    return out;
-  }
 
  private:
   Result<PendingQp> createQp();
@@ -101,10 +89,7 @@ class VerbsTransport final : public Transport {
     t->phase = Phase::kFailed;
     t->error = std::move(s);
   }
-  void releaseNote(Transfer* t, Peer* peer);
   bool pollSend();
-  bool pollRecv();
-  Status postRecv(uint32_t slot);
 
   VerbsOptions opt_;
   Status gpuDirect_;  // ok when kCuda memory can be registered through dma-buf (device 0 probed)
@@ -112,14 +97,9 @@ class VerbsTransport final : public Transport {
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_cq* sendCq_ = nullptr;
-  ibv_cq* recvCq_ = nullptr;
-  ibv_srq* srq_ = nullptr;
   ibv_port_attr port_{};
   ibv_device_attr dev_{};
   ibv_gid gid_{};
-  std::vector<char> recvBuf_;
-  ibv_mr* recvMr_ = nullptr;
-  size_t slotBytes_ = 0;
   std::mt19937 rng_{std::random_device{}()};
 
   std::map<MemHandle, std::pair<MemDesc, ibv_mr*>> regs_;
@@ -129,8 +109,6 @@ class VerbsTransport final : public Transport {
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::map<uint32_t, PeerId> byQpn_;
   std::map<TransferId, std::unique_ptr<Transfer>> transfers_;
-  verbs::NoteAssembler assembler_;
-  std::vector<Notification> notes_;
   uint64_t nextHandle_ = 1, nextPeer_ = 1, nextTransfer_ = 1;
 };
 
@@ -150,19 +128,7 @@ Status VerbsTransport::init(ibv_device* dev) {
   if (!pd_) return unavailable("verbs: ibv_alloc_pd failed: " + errnoText(errno));
   const int cqe = static_cast<int>(std::min<uint32_t>(opt_.maxSendWr * 4, dev_.max_cqe));
   sendCq_ = ibv_create_cq(ctx_, cqe, nullptr, nullptr, 0);
-  recvCq_ = ibv_create_cq(ctx_, static_cast<int>(std::min<uint32_t>(opt_.recvSlots * 2, dev_.max_cqe)),
-                          nullptr, nullptr, 0);
-  if (!sendCq_ || !recvCq_) return unavailable("verbs: ibv_create_cq failed: " + errnoText(errno));
-  ibv_srq_init_attr sa{};
-  sa.attr.max_wr = opt_.recvSlots;
-  sa.attr.max_sge = 1;
-  srq_ = ibv_create_srq(pd_, &sa);
-  if (!srq_) return unavailable("verbs: ibv_create_srq failed: " + errnoText(errno));
-  slotBytes_ = opt_.maxNotificationBytes + 4;
-  recvBuf_.assign(slotBytes_ * opt_.recvSlots, 0);
-  recvMr_ = ibv_reg_mr(pd_, recvBuf_.data(), recvBuf_.size(), IBV_ACCESS_LOCAL_WRITE);
-  if (!recvMr_) return unavailable("verbs: cannot register receive buffers: " + errnoText(errno));
-  for (uint32_t s = 0; s < opt_.recvSlots; ++s) PD_RETURN_IF_ERROR(postRecv(s));
+  if (!sendCq_) return unavailable("verbs: ibv_create_cq failed: " + errnoText(errno));
   gpuDirect_ = dmaBufSupported(0);
   PD_LOG(kInfo, "kvt.verbs") << "device " << deviceName_ << " port " << int(opt_.port) << " ("
                              << (port_.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand")
@@ -170,32 +136,12 @@ Status VerbsTransport::init(ibv_device* dev) {
   return Status::ok();
 }
 
-Status VerbsTransport::postRecv(uint32_t slot) {
-  ibv_sge sge{reinterpret_cast<uintptr_t>(recvBuf_.data() + slot * slotBytes_),
-              static_cast<uint32_t>(slotBytes_), recvMr_->lkey};
-  ibv_recv_wr wr{};
-  wr.wr_id = slot;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  if (int e = ibv_post_srq_recv(srq_, &wr, &bad); e != 0)
-    return internalError("verbs: ibv_post_srq_recv failed: " + errnoText(e));
-  return Status::ok();
-}
-
 VerbsTransport::~VerbsTransport() {
-  for (auto& [id, p] : peers_) {
-    for (ibv_mr* mr : p->garbage) ibv_dereg_mr(mr);
+  for (auto& [id, p] : peers_)
     if (p->qp) ibv_destroy_qp(p->qp);
-  }
-  for (auto& [id, t] : transfers_)
-    if (t->noteMr) ibv_dereg_mr(t->noteMr);
   for (auto& [qpn, q] : pendingQps_) ibv_destroy_qp(q.qp);
   for (auto& [h, r] : regs_) ibv_dereg_mr(r.second);
-  if (recvMr_) ibv_dereg_mr(recvMr_);
-  if (srq_) ibv_destroy_srq(srq_);
   if (sendCq_) ibv_destroy_cq(sendCq_);
-  if (recvCq_) ibv_destroy_cq(recvCq_);
   if (pd_) ibv_dealloc_pd(pd_);
   if (ctx_) ibv_close_device(ctx_);
 }
@@ -271,12 +217,13 @@ Result<std::string> VerbsTransport::packRemoteKey(MemHandle handle) {
 Result<PendingQp> VerbsTransport::createQp() {
   ibv_qp_init_attr qa{};
   qa.send_cq = sendCq_;
-  qa.recv_cq = recvCq_;
-  qa.srq = srq_;
+  qa.recv_cq = sendCq_;  // nothing is ever received: plain WRITEs consume no receive WR
   qa.qp_type = IBV_QPT_RC;
   qa.sq_sig_all = 0;
   qa.cap.max_send_wr = std::min<uint32_t>(opt_.maxSendWr, dev_.max_qp_wr);
   qa.cap.max_send_sge = std::min<uint32_t>(opt_.maxSge, dev_.max_sge);
+  qa.cap.max_recv_wr = 1;  // a minimal receive queue, never posted to
+  qa.cap.max_recv_sge = 1;
   ibv_qp* qp = ibv_create_qp(pd_, &qa);
   if (!qp) return unavailable("verbs: ibv_create_qp failed: " + errnoText(errno));
   ibv_qp_attr a{};
@@ -343,7 +290,7 @@ Status VerbsTransport::connectQp(ibv_qp* qp, uint32_t localPsn, const verbs::Con
   s.qp_state = IBV_QPS_RTS;
   s.timeout = 14;   // 4.096 us * 2^14 = 67 ms per try; 7 tries: a dead peer is seen in < 1 s
   s.retry_cnt = 7;
-  s.rnr_retry = 7;  // the target reposts receives; wait rather than fail when it is behind
+  s.rnr_retry = 7;  // no SENDs go out, so no RNR either; the maximum, as before
   s.sq_psn = localPsn;
   s.max_rd_atomic = 1;
   if (int e = ibv_modify_qp(qp, &s, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
@@ -415,28 +362,19 @@ Status VerbsTransport::unloadPeer(PeerId id) {
   for (auto& [tid, t] : transfers_)
     if (t->peer == id) {
       fail(t.get(), unavailable("verbs: peer '" + p->name + "' was unloaded"));
-      if (t->noteMr) {
-        ibv_dereg_mr(t->noteMr);
-        t->noteMr = nullptr;
-      }
     }
   byQpn_.erase(p->qp->qp_num);
-  assembler_.forgetPeer(id);
   ibv_destroy_qp(p->qp);  // destroys outstanding WRs with it; no completion will name it
-  for (ibv_mr* mr : p->garbage) ibv_dereg_mr(mr);
   peers_.erase(it);
   return Status::ok();
 }
 
 Result<TransferId> VerbsTransport::post(const DescList& local, const DescList& remote, PeerId peerId,
-                                        std::optional<std::string> notification) {
+                                        const std::string& /*grant*/) {
   auto pit = peers_.find(peerId);
   if (pit == peers_.end()) return notFound("verbs: post to unknown peer " + std::to_string(peerId));
   Peer* peer = pit->second.get();
   if (!peer->failure.isOk()) return peer->failure;
-  if (notification && notification->size() > opt_.maxNotificationBytes)
-    return invalidArgument("verbs: notification of " + std::to_string(notification->size()) +
-                           " bytes exceeds the limit of " + std::to_string(opt_.maxNotificationBytes));
   PD_ASSIGN_OR_RETURN(auto matches, matcher_.match(local, remote, peer->keyRanges, peer->name));
   std::vector<verbs::SegmentPair> pairs;
   pairs.reserve(matches.size());
@@ -452,18 +390,6 @@ Result<TransferId> VerbsTransport::post(const DescList& local, const DescList& r
   t->peer = peerId;
   t->writes = std::move(writes);
   t->totalWrs = t->writes.size();
-  if (notification) {
-    t->imm = verbs::encodeImm(*notification, peer->nextSeq);
-    if (t->imm.follows) {
-      t->noteMsg = verbs::encodeNoteMessage(peer->nextSeq, *notification);
-      peer->nextSeq = (peer->nextSeq + 1) & ~verbs::kImmFollows;
-      t->noteMr = ibv_reg_mr(pd_, t->noteMsg.data(), t->noteMsg.size(), IBV_ACCESS_LOCAL_WRITE);
-      if (!t->noteMr) return internalError("verbs: cannot register a notification buffer: " + errnoText(errno));
-      t->totalWrs += 1;
-    }
-    if (t->writes.empty()) t->totalWrs += 1;  // a zero-length WRITE_WITH_IMM carries it
-  }
-  t->note = std::move(notification);
   t->deadline = steadyNow() + opt_.transferTimeout;
   if (t->totalWrs == 0) t->phase = Phase::kDone;
   TransferId id = t->id;
@@ -473,13 +399,10 @@ Result<TransferId> VerbsTransport::post(const DescList& local, const DescList& r
 
 // Posts as many of the transfer's WRs as the send queue has room for.
 bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
-  const size_t nWrites = t->writes.size();
-  const bool follows = t->imm.follows;
   bool any = false;
   constexpr size_t kChain = 32;
   ibv_send_wr wrs[kChain];
   std::vector<ibv_sge> sges[kChain];
-  ibv_sge noteSge{};
   while (t->posted < t->totalWrs && peer->window.room() > 0) {
     size_t n = 0;
     size_t first = t->posted;
@@ -488,31 +411,14 @@ bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
       ibv_send_wr& wr = wrs[n];
       wr = ibv_send_wr{};
       wr.wr_id = t->id;
-      const bool isSend = follows && i + 1 == t->totalWrs;
-      if (isSend) {
-        noteSge = ibv_sge{reinterpret_cast<uintptr_t>(t->noteMsg.data()),
-                          static_cast<uint32_t>(t->noteMsg.size()), t->noteMr->lkey};
-        wr.opcode = IBV_WR_SEND;
-        wr.sg_list = &noteSge;
-        wr.num_sge = 1;
-      } else {
-        const bool lastWrite = (nWrites == 0) || i + 1 == nWrites;
-        wr.opcode = (t->note && lastWrite) ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-        if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) wr.imm_data = htonl(t->imm.imm);
-        if (nWrites > 0) {
-          const WritePlan& w = t->writes[i];
-          sges[n].clear();
-          for (const verbs::Sge& s : w.sges) sges[n].push_back(ibv_sge{s.addr, s.len, s.lkey});
-          wr.sg_list = sges[n].data();
-          wr.num_sge = static_cast<int>(sges[n].size());
-          wr.wr.rdma.remote_addr = w.remoteAddr;
-          wr.wr.rdma.rkey = w.rkey;
-        } else {
-          // Zero-length WRITE_WITH_IMM: any key of the peer will do, no bytes move.
-          wr.wr.rdma.remote_addr = peer->keys.empty() ? 0 : peer->keys[0].addr;
-          wr.wr.rdma.rkey = peer->keys.empty() ? 0 : peer->keys[0].rkey;
-        }
-      }
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      const WritePlan& w = t->writes[i];
+      sges[n].clear();
+      for (const verbs::Sge& s : w.sges) sges[n].push_back(ibv_sge{s.addr, s.len, s.lkey});
+      wr.sg_list = sges[n].data();
+      wr.num_sge = static_cast<int>(sges[n].size());
+      wr.wr.rdma.remote_addr = w.remoteAddr;
+      wr.wr.rdma.rkey = w.rkey;
       if (peer->window.onPost(t->id, i, t->totalWrs)) {
         wr.send_flags = IBV_SEND_SIGNALED;
         t->signaledOutstanding++;
@@ -533,13 +439,6 @@ bool VerbsTransport::postSome(Transfer* t, Peer* peer) {
   return any;
 }
 
-void VerbsTransport::releaseNote(Transfer* t, Peer* peer) {
-  if (!t->noteMr) return;
-  if (peer && peer->window.signalledOutstanding() > 0) peer->garbage.push_back(t->noteMr);  // HCA may still read it
-  else ibv_dereg_mr(t->noteMr);
-  t->noteMr = nullptr;
-}
-
 bool VerbsTransport::pollSend() {
   ibv_wc wc[32];
   int n = ibv_poll_cq(sendCq_, 32, wc);
@@ -549,10 +448,6 @@ bool VerbsTransport::pollSend() {
     Peer* peer = peers_[qit->second].get();
     std::optional<verbs::SendWindow::Completed> s = peer->window.onCompletion();
     if (!s) continue;
-    if (peer->window.signalledOutstanding() == 0) {
-      for (ibv_mr* mr : peer->garbage) ibv_dereg_mr(mr);
-      peer->garbage.clear();
-    }
     auto tit = transfers_.find(s->transfer);
     Transfer* t = tit == transfers_.end() ? nullptr : tit->second.get();
     if (t) t->signaledOutstanding--;
@@ -562,47 +457,13 @@ bool VerbsTransport::pollSend() {
       failPeer(peer, why);
       continue;
     }
-    if (t && s->last && t->phase == Phase::kWaiting) {
-      t->phase = Phase::kDone;
-      releaseNote(t, peer);
-    }
-  }
-  return n > 0;
-}
-
-bool VerbsTransport::pollRecv() {
-  ibv_wc wc[32];
-  int n = ibv_poll_cq(recvCq_, 32, wc);
-  for (int i = 0; i < n; ++i) {
-    const uint32_t slot = static_cast<uint32_t>(wc[i].wr_id);
-    auto qit = byQpn_.find(wc[i].qp_num);
-    if (wc[i].status == IBV_WC_SUCCESS && qit != byQpn_.end()) {
-      Peer* peer = peers_[qit->second].get();
-      if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-        if (auto payload = assembler_.onImm(peer->id, ntohl(wc[i].imm_data)))
-          notes_.push_back(Notification{peer->name, std::move(*payload)});
-      } else if (wc[i].opcode == IBV_WC_RECV) {
-        auto payload = assembler_.onMessage(peer->id, recvBuf_.data() + slot * slotBytes_, wc[i].byte_len);
-        if (payload.ok()) {
-          notes_.push_back(Notification{peer->name, std::move(payload).value()});
-        } else {
-          PD_LOG(kWarn, "kvt.verbs") << payload.status().message() << "; dropped";
-        }
-      }
-    }
-    if (wc[i].status != IBV_WC_WR_FLUSH_ERR) {
-      Status s = postRecv(slot);
-      if (!s.isOk()) {
-        PD_LOG(kError, "kvt.verbs") << s.message();
-      }
-    }
+    if (t && s->last && t->phase == Phase::kWaiting) t->phase = Phase::kDone;
   }
   return n > 0;
 }
 
 bool VerbsTransport::progress() {
   bool any = pollSend();
-  any |= pollRecv();
   const SteadyTime now = steadyNow();
   for (auto& [id, tp] : transfers_) {
     Transfer* t = tp.get();
@@ -634,8 +495,6 @@ Status VerbsTransport::poll(TransferId id) {
     case Phase::kCancelled: out = cancelled("verbs: transfer " + std::to_string(id) + " was cancelled"); break;
     default: return Status(StatusCode::kInProgress, "verbs: transfer " + std::to_string(id) + " in progress");
   }
-  auto pit = peers_.find(t->peer);
-  releaseNote(t, pit == peers_.end() ? nullptr : pit->second.get());
   transfers_.erase(it);
   return out;
 }
@@ -654,8 +513,8 @@ Status VerbsTransport::cancel(TransferId id) {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> makeVerbsTransport(const VerbsOptions& options) {
-  if (options.maxSendWr < 2 || options.recvSlots == 0 || options.maxSge == 0)
-    return invalidArgument("verbs: maxSendWr must be >= 2, recvSlots and maxSge > 0");
+  if (options.maxSendWr < 2 || options.maxSge == 0)
+    return invalidArgument("verbs: maxSendWr must be >= 2 and maxSge > 0");
   if (options.transferTimeout.count() <= 0) return invalidArgument("verbs: transferTimeout must be > 0");
   int n = 0;
   errno = 0;

@@ -196,16 +196,6 @@ int runPeer(const std::string& name, size_t bufBytes, int peerTimeoutMs, int inF
   };
   while (true) {
     t->progress();
-    for (const auto& n : t->takeNotifications()) {
-      std::istringstream in(n.payload);
-      uint64_t seed = 0;
-      size_t size = 0, segs = 0;
-      in >> seed >> size >> segs;
-      uint64_t sum = in ? layoutSum(seed, size, segs) : 0;
-      std::string payload = n.payload;
-      std::replace(payload.begin(), payload.end(), ' ', '_');
-      ch.writeLine("NOTE " + n.peerName + " " + payload + " " + std::to_string(sum));
-    }
     auto line = ch.readLine(1);
     if (!line) {
       if (ch.eof()) break;

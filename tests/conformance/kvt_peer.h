@@ -55,8 +55,6 @@ class LineChannel {
 //                                  segments, shifted by `shift` bytes>
 //   GRANT <off> <len>           -> GRANT <hex of grantWrite({buffer + off, len})> ("-" if empty)
 //   REVOKE <hex | ->            -> REVOKED <StatusCode of revokeWrite, as an int>
-// and reports every notification "<seed> <size> <segs>" as
-//   NOTE <peerName> <payload> <checksum of its destination segments at delivery time>.
 // DIE destroys the transport at once (the in-process stand-in for a killed process).
 constexpr size_t kGuardBytes = 1 << 16;
 int runPeer(const std::string& transport, size_t bufBytes, int peerTimeoutMs, int inFd, int outFd);

@@ -237,7 +237,7 @@ TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
   MemDesc remote;
   remote.addr = key.addr();
   remote.len = buf.size();
-  auto id = writer.value()->post({local}, {remote}, *pid, std::nullopt);
+  auto id = writer.value()->post({local}, {remote}, *pid, {});
   // The refusal can come before the post: the prefill worker closes the connection on the
   // bad handshake, and a post to a peer already closed fails at once (unavailable).
   Status s = id.ok() ? Status(StatusCode::kInProgress, "") : id.status();

@@ -47,7 +47,6 @@ inline constexpr uint32_t kMagic = 0x544b4450;  // "PDKT" little-endian; also ca
 inline constexpr uint16_t kWireVersion = 2;
 // kMaxBatchBytes, kMaxBatchBuffers, kSmallPayload, kStripeMinBytes, kStripeChunk: tcp_batching.h.
 inline constexpr size_t kMaxGroupBytes = 8 << 20;   // receiver-side bound on one group frame
-inline constexpr size_t kMaxNotification = 1 << 20;
 inline constexpr size_t kMaxNameLen = 256;
 inline constexpr size_t kMaxAckMessage = 64 << 10;
 // Staging of kCuda memory (issue 7): pieces per bounce buffer, so a chunk's frames fit one
@@ -59,7 +58,7 @@ inline constexpr auto kStagePoll = std::chrono::microseconds(20);
 enum class FrameType : uint8_t {
   kHello = 1,  // token = receiver instance, addr = stream index, len = name bytes that follow
   kData = 2,   // token, addr, len: payload of len bytes follows
-  kEnd = 3,    // end of this stream's share of a transfer; len = notification bytes that follow
+  kEnd = 3,    // end of this stream's share of a transfer (no payload: len = 0)
   kAbort = 4,  // the sender cancelled the transfer (the receiver forgets its state)
   kAck = 5,    // receiver -> sender: flags = 0 ok / 1 refused; len = message bytes that follow
   kGroup = 6,  // len bytes follow: back-to-back (data header, payload) pairs of small payloads,
@@ -79,7 +78,6 @@ inline std::string kvHelloProof(const std::string& secret, const std::string& no
   t.add("writer->receiver").add(nonce).add(instance).add(stream).add(name);
   return auth::proof(secret, t);
 }
-inline constexpr uint8_t kFlagHasNotification = 1;
 inline constexpr uint8_t kFlagRefused = 1;
 
 struct WireHeader {
@@ -123,14 +121,11 @@ struct OutPeer;
 // I/O-thread state of one transfer (shared with the owner only through atomics).
 struct IoTransfer {
   TransferId id = 0;
-  std::optional<std::string> notification;
   std::atomic<bool> cancelled{false};
   // I/O thread only below.
   Status status;
   int pendingEnds = 0;     // End frames written or queued whose ack is outstanding
-  int streamsUsed = 0;
-  bool notifyPhase = false;
-  bool finalSent = false;  // the frame that makes the transfer visible has been written
+  bool finalSent = false;  // a one-stream transfer's End frame is written: too late to cancel
   int writesInFlight = 0;  // gathered writes that still read local memory
   bool done = false;
   std::vector<std::promise<bool>> quiesceWaiters;
@@ -140,8 +135,7 @@ struct Job {
   std::shared_ptr<IoTransfer> t;
   std::vector<Seg> segs;
   size_t next = 0;
-  bool final = false;       // its End frame is the transfer's last
-  bool withNotify = false;  // its End frame carries the notification
+  bool final = false;       // its End frame is the transfer's last (one stream carries it all)
   bool started = false;
   bool staged = false;      // some local segment is kCuda: it goes through the stage ring
   size_t nextOff = 0;       // staged: bytes of segs[next] already in a bounce buffer
@@ -206,7 +200,7 @@ struct InConn {
   std::string peerName;
   bool helloDone = false;
   WireHeader hdr;
-  std::string text;  // name / notification being read
+  std::string text;  // the hello's name (and proof) being read
   std::unordered_map<uint64_t, std::string> refused;  // transferId -> reason
   std::vector<char> discard;
   uint64_t discardLeft = 0;
@@ -280,14 +274,13 @@ class TcpTransport::Impl {
   Status unloadPeer(PeerId id);
   void dropConnections(PeerId id);
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peerId,
-                          std::optional<std::string> notification, const std::string& grant = {});
+                          const std::string& grant);
   Result<std::string> grantWrite(const DescList& ranges);
   Status revokeWrite(const std::string& grant);
   void harvest();
   Status poll(TransferId id);
   Status cancel(TransferId id);
   bool progress();
-  std::vector<Notification> takeNotifications();
 
  private:
   // ---- sender side, I/O thread (tcp_sender.cpp) -------------------------------------------
@@ -304,9 +297,8 @@ class TcpTransport::Impl {
   // A DATA frame for `seg` into s.bufs: its header in slot nh, then the payload gathered
   // straight from seg.local (host memory, or a pinned staging slot): no copy.
   static void appendData(OutStream& s, uint64_t transferId, const Seg& seg, size_t& nh);
-  // Ends the stream's front job: its END frame (with the notification when the job carries
-  // it) goes into s.bufs after header slot nh, the transfer waits for the receiver's ack,
-  // and the job leaves the queue.
+  // Ends the stream's front job: its END frame goes into s.bufs after header slot nh, the
+  // transfer waits for the receiver's ack, and the job leaves the queue.
   static void appendEnd(OutStream& s, const std::shared_ptr<IoTransfer>& t, size_t& nh);
   void readAck(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s);
   void onAck(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s);
@@ -335,7 +327,7 @@ class TcpTransport::Impl {
   // Payload bytes are read into the connection's bounce buffers; each piece is copied to the
   // device asynchronously while the next one is read. A buffer is reused only after its copies
   // finished (a short, bounded wait: the device copy is faster than the socket), and every
-  // End frame waits for all of the connection's copies before its ack / notification.
+  // End frame waits for all of the connection's copies before its ack.
   void stagedRead(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr, uint64_t left);
   // Room for `need` bytes in the current bounce buffer, moving to the next one (and waiting for
   // its earlier copies) when full. nullopt when the connection was dropped.
@@ -417,8 +409,6 @@ class TcpTransport::Impl {
   std::unordered_map<uint64_t, Grant> grants_;       // token -> live write grant
   std::mutex completedMu_;
   std::vector<Completion> completed_;
-  std::mutex notifyMu_;
-  std::vector<Notification> notifications_;
 };
 
 }  // namespace pd::kvt

@@ -1,5 +1,5 @@
 // TcpTransport, receiver side (I/O thread): accepts connections, checks every frame against
-// what this transport exposed, reads payloads into place and writes acks and notifications.
+// what this transport exposed, reads payloads into place and writes acks.
 #include "kvtransfer/transports/tcp/tcp_impl.h"
 
 namespace pd::kvt {
@@ -177,28 +177,21 @@ void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
       return;
     }
     case FrameType::kEnd: {
-      if (h.len > kMaxNotification) {
-        dropIn(c, "protocol error: notification too large", true);
+      if (h.len != 0) {
+        dropIn(c, "protocol error: an End frame with a payload", true);
         return;
       }
-      bool hasNotify = h.flags & kFlagHasNotification;
-      uint64_t tid = h.transferId;
-      readText(c, h.len, [this, c, tid, hasNotify] {
-        // Staged data must be in device memory before the ack (and the notification).
-        if (c->stage && !drainStage(c)) return;
-        auto it = c->refused.find(tid);
-        if (it != c->refused.end()) {
-          sendAck(c, tid, true, it->second);
-          c->refused.erase(it);
-        } else {
-          if (hasNotify) {
-            std::lock_guard lock(notifyMu_);
-            notifications_.push_back({c->peerName, c->text});
-          }
-          sendAck(c, tid, false, "");
-        }
-        readHeader(c);
-      });
+      const uint64_t tid = h.transferId;
+      // Staged data must be in device memory before the ack.
+      if (c->stage && !drainStage(c)) return;
+      auto it = c->refused.find(tid);
+      if (it != c->refused.end()) {
+        sendAck(c, tid, true, it->second);
+        c->refused.erase(it);
+      } else {
+        sendAck(c, tid, false, "");
+      }
+      readHeader(c);
       return;
     }
     case FrameType::kAbort:

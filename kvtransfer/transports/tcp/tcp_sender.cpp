@@ -56,7 +56,7 @@ void TcpTransport::Impl::connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoin
 
 void TcpTransport::Impl::sendHello(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s, uint64_t remoteInstance,
                                    std::shared_ptr<int> remaining, bool thenFail) {
-  // Hello: who we are (for Notification::peerName), whom we meant to reach, and, with a
+  // Hello: who we are (for the receiver's logs), whom we meant to reach, and, with a
   // cluster secret, the proof over the receiver's challenge.
   auto hello = std::make_shared<std::string>(sizeof(WireHeader), '\0');
   WireHeader h;
@@ -105,7 +105,6 @@ void TcpTransport::Impl::startTransfer(std::shared_ptr<OutPeer> p, std::shared_p
   int used = 0;
   for (auto& segs : perStream) used += segs.empty() ? 0 : 1;
   const bool single = used <= 1;
-  t->streamsUsed = std::max(used, 1);
   bool placedEmpty = false;
   for (size_t i = 0; i < perStream.size(); ++i) {
     if (perStream[i].empty()) {
@@ -116,7 +115,6 @@ void TcpTransport::Impl::startTransfer(std::shared_ptr<OutPeer> p, std::shared_p
     j.t = t;
     j.segs = std::move(perStream[i]);
     j.final = single;
-    j.withNotify = single && t->notification.has_value();
     j.staged = staged && !j.segs.empty();
     t->pendingEnds++;
     p->streams[i]->jobs.push_back(std::move(j));
@@ -158,7 +156,7 @@ void TcpTransport::Impl::pump(const std::shared_ptr<OutPeer>& p, const std::shar
       appendData(*s, t->id, seg, nh);
       bytes += seg.len;
     };
-    // Leave room for an End frame and its notification (2 buffers).
+    // Leave room for the End frame.
     while (j.next < j.segs.size() && s->bufs.size() + 4 <= kMaxBatchBuffers && bytes < kMaxBatchBytes) {
       if (j.segs[j.next].len >= kSmallPayload) {
         addData(j.segs[j.next++]);
@@ -232,12 +230,7 @@ void TcpTransport::Impl::appendEnd(OutStream& s, const std::shared_ptr<IoTransfe
   h = WireHeader{};
   h.type = uint8_t(FrameType::kEnd);
   h.transferId = t->id;
-  if (j.withNotify) {
-    h.flags = kFlagHasNotification;
-    h.len = t->notification->size();
-  }
   s.bufs.push_back(asio::buffer(&h, sizeof h));
-  if (j.withNotify && !t->notification->empty()) s.bufs.push_back(asio::buffer(*t->notification));
   s.awaitingAck.push_back(t);
   if (j.final) t->finalSent = true;
   s.jobs.pop_front();
@@ -289,25 +282,7 @@ void TcpTransport::Impl::onAck(const std::shared_ptr<OutPeer>& p, const std::sha
       t->status = invalidArgument("tcp transport: peer '" + p->name + "' refused transfer " +
                                   std::to_string(t->id) + ": " + s->ackMsg);
     }
-    if (--t->pendingEnds == 0) {
-      if (!t->status.isOk()) {
-        complete(*p, t, t->status);
-      } else if (t->notification && !t->notifyPhase && t->streamsUsed > 1) {
-        // Every stream's data has landed: now the notification (one more End frame).
-        t->notifyPhase = true;
-        if (!t->cancelled.load()) {
-          Job j;
-          j.t = t;
-          j.final = true;
-          j.withNotify = true;
-          t->pendingEnds = 1;
-          p->streams[0]->jobs.push_back(std::move(j));
-          pump(p, p->streams[0]);
-        }
-      } else {
-        complete(*p, t, Status::ok());
-      }
-    }
+    if (--t->pendingEnds == 0) complete(*p, t, t->status);
   }
   readAck(p, s);
 }
@@ -324,7 +299,7 @@ void TcpTransport::Impl::complete(OutPeer& p, const std::shared_ptr<IoTransfer>&
 }
 
 void TcpTransport::Impl::cancelOnIo(const std::shared_ptr<IoTransfer>& t, const std::shared_ptr<std::promise<bool>>& prom) {
-  // Past the point of no return: its outcome is known or its notification may be out.
+  // Past the point of no return: its outcome is known or all of its data is out.
   if (t->done || t->finalSent) {
     prom->set_value(false);
     return;

@@ -31,10 +31,10 @@ struct PairedNode : PairedHandle, Node {
 };
 
 // `from` writes `len` bytes of pattern `seed` at `offset` into `to`'s buffer.
-Status push(PairedNode& from, PairedNode& to, AgentPeer peer, size_t offset, size_t len, uint8_t seed,
-            const std::string& note) {
+Status push(PairedNode& from, PairedNode& to, AgentPeer peer, size_t offset, size_t len,
+            uint8_t seed) {
   for (size_t i = 0; i < len; ++i) from.buf[i] = uint8_t(i * 7 + seed);
-  auto id = from.agent->post({MemDesc{from.base(), len}}, {MemDesc{to.base() + offset, len}}, peer, note);
+  auto id = from.agent->post({MemDesc{from.base(), len}}, {MemDesc{to.base() + offset, len}}, peer);
   if (!id.ok()) return id.status();
   return waitAgent(*from.agent, *to.agent, *id);
 }
@@ -53,7 +53,7 @@ TEST_CASE("agent exchange: a one-way exchange cannot carry bytes over RC-like pa
   auto peer = prefill.agent->loadPeer(*offer);
   REQUIRE(peer.ok());
   // The decode side never loaded the prefill: its endpoint is still waiting for a partner.
-  Status s = push(prefill, decode, *peer, 0, 1024, 1, "r1");
+  Status s = push(prefill, decode, *peer, 0, 1024, 1);
   CHECK(s.code() == StatusCode::kUnavailable);
   CHECK_THAT(s.message(), Catch::Contains("not connected both ways"));
   CHECK(decode.transport->pendingEndpoints() == 1);
@@ -91,7 +91,7 @@ TEST_CASE("agent exchange: offer, reply, load the reply; replies pair by endpoin
   CHECK(md.transports(0).remote_keys_size() == 1);
 
   // Before the decode side loads the reply, nothing moves.
-  CHECK(push(p1, decode, *peer1, 0, 512, 3, "early").code() == StatusCode::kUnavailable);
+  CHECK(push(p1, decode, *peer1, 0, 512, 3).code() == StatusCode::kUnavailable);
 
   // Replies come back out of order: each connects the endpoint offered to that peer.
   auto back2 = decode.agent->loadPeer(*reply2);
@@ -104,18 +104,12 @@ TEST_CASE("agent exchange: offer, reply, load the reply; replies pair by endpoin
   // Every PrefillRequest carries the offer again: the same blob is the same peer.
   CHECK(p1.agent->loadPeer(*offer1).value() == *peer1);
 
-  REQUIRE(push(p1, decode, *peer1, 0, 4096, 11, "req-1").isOk());
-  REQUIRE(push(p2, decode, *peer2, 8192, 4096, 22, "req-2").isOk());
+  REQUIRE(push(p1, decode, *peer1, 0, 4096, 11).isOk());
+  REQUIRE(push(p2, decode, *peer2, 8192, 4096, 22).isOk());
   CHECK(holds(decode, 0, 4096, 11));
   CHECK(holds(decode, 8192, 4096, 22));
-  auto notes = decode.agent->takeNotifications();
-  REQUIRE(notes.size() == 2);
-  CHECK(notes[0].peerName == "prefill-1");
-  CHECK(notes[0].payload == "req-1");
-  CHECK(notes[1].peerName == "prefill-2");
-  CHECK(notes[1].payload == "req-2");
   // The pair works both ways.
-  REQUIRE(push(decode, p2, *back2, 100, 256, 33, "back").isOk());
+  REQUIRE(push(decode, p2, *back2, 100, 256, 33).isOk());
   CHECK(holds(p2, 100, 256, 33));
 
   // A reply can connect only once: loading the same reply blob again is the same peer, and a
@@ -132,7 +126,7 @@ TEST_CASE("agent exchange: offer, reply, load the reply; replies pair by endpoin
     REQUIRE(reply1b.ok());
     auto back1b = decode.agent->loadPeer(*reply1b);
     REQUIRE(back1b.ok());
-    REQUIRE(push(p1, decode, *peer1b, 16384, 2048, 44, "req-3").isOk());
+    REQUIRE(push(p1, decode, *peer1b, 16384, 2048, 44).isOk());
     CHECK(holds(decode, 16384, 2048, 44));
     // The old pair is gone on the prefill side.
     CHECK(!p1.agent->peerName(*peer1).ok());

@@ -26,11 +26,11 @@ void fillPattern(std::vector<uint8_t>& buf, uint8_t seed) {
 }
 
 // Sends [0, len) of a's buffer to offset `dstOff` of b's; returns the outcome.
-Status sendOnce(Node& a, Node& b, AgentPeer peer, size_t len, size_t dstOff, std::string note,
+Status sendOnce(Node& a, Node& b, AgentPeer peer, size_t len, size_t dstOff,
                 AgentTransfer* idOut = nullptr) {
   MemDesc l{a.base(), len};
   MemDesc r{b.base() + dstOff, len};
-  auto id = a.agent->post({l}, {r}, peer, std::move(note));
+  auto id = a.agent->post({l}, {r}, peer);
   if (!id.ok()) return id.status();
   if (idOut) *idOut = *id;
   return waitAgent(*a.agent, *b.agent, *id);
@@ -59,7 +59,7 @@ TEST_CASE("agent: loading an unreachable tcp peer never blocks; the dead lane re
   proto::AgentMetadata md;
   REQUIRE(md.ParseFromString(gone));
   const MemDesc remote{md.regions(0).addr(), 4096};
-  auto id = a.agent->post({MemDesc{a.base(), 4096}}, {remote}, *peer, std::nullopt);
+  auto id = a.agent->post({MemDesc{a.base(), 4096}}, {remote}, *peer);
   REQUIRE(id.ok());
   Status st = deadlineExceeded("pending");
   for (int i = 0; i < 5000 && (st = a.agent->poll(*id)).inProgress(); ++i) {
@@ -84,12 +84,8 @@ TEST_CASE("agent: picks the first transport both sides have and keeps tcp as fal
   CHECK(connect(a, b) == p);
 
   fillPattern(a.buf, 7);
-  REQUIRE(sendOnce(a, b, p, 64 * 1024, 4096, "hello").isOk());
+  REQUIRE(sendOnce(a, b, p, 64 * 1024, 4096).isOk());
   CHECK(std::memcmp(b.buf.data() + 4096, a.buf.data(), 64 * 1024) == 0);
-  auto notes = b.agent->takeNotifications();
-  REQUIRE(notes.size() == 1);
-  CHECK(notes[0].peerName == "prefill-0");
-  CHECK(notes[0].payload == "hello");
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_bytes_total", {{"transport", "loopback"}}) == 64 * 1024);
   CHECK(metricValue(a.registry, "pdserve_kv_transfers_total", {{"transport", "loopback"}, {"outcome", "ok"}}) == 1);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_latency_seconds", {{"transport", "loopback"}}) == 1);
@@ -105,13 +101,10 @@ TEST_CASE("agent: a failed fabric transfer on a live peer is retried once over t
   AgentPeer p = connect(a, b);
   REQUIRE(a.agent->peerTransport(p).value() == "loopback");
   fillPattern(a.buf, 9);
-  Status st = sendOnce(a, b, p, 200 * 1000, 100, "after fallback");
+  Status st = sendOnce(a, b, p, 200 * 1000, 100);
   INFO(st.toString());
   REQUIRE(st.isOk());
   CHECK(std::memcmp(b.buf.data() + 100, a.buf.data(), 200 * 1000) == 0);
-  auto notes = b.agent->takeNotifications();
-  REQUIRE(notes.size() == 1);  // exactly once: the failed fabric attempt never notifies
-  CHECK(notes[0].payload == "after fallback");
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_fallbacks_total", {{"from", "loopback"}, {"to", "tcp"}}) == 1);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_failures_total", {{"transport", "loopback"}, {"code", "INTERNAL"}}) == 1);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_bytes_total", {{"transport", "tcp"}}) == 200 * 1000);
@@ -125,8 +118,8 @@ TEST_CASE("agent: with fallback disabled the fabric failure reaches the caller",
   Node a("prefill-0", lanes("prefill-0", f, true), kBytes, /*fallback=*/false);
   Node b("decode-0", lanes("decode-0", {}, false), kBytes);
   AgentPeer p = connect(a, b);
-  REQUIRE(sendOnce(a, b, p, 1000, 0, "one").isOk());
-  Status st = sendOnce(a, b, p, 1000, 0, "two");
+  REQUIRE(sendOnce(a, b, p, 1000, 0).isOk());
+  Status st = sendOnce(a, b, p, 1000, 0);
   CHECK(st.code() == StatusCode::kInternal);
   CHECK_THAT(st.message(), Catch::Contains("injected"));
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_fallbacks_total", {{"from", "loopback"}, {"to", "tcp"}}) == 0);
@@ -140,15 +133,14 @@ TEST_CASE("agent: a fabric connection killed mid-transfer falls back to tcp", "[
   Node b("decode-0", lanes("decode-0", {}, false), kBytes);
   AgentPeer p = connect(a, b);
   fillPattern(a.buf, 11);
-  Status st = sendOnce(a, b, p, kBytes / 2, kBytes / 2, "x");
+  Status st = sendOnce(a, b, p, kBytes / 2, kBytes / 2);
   INFO(st.toString());
   REQUIRE(st.isOk());
   CHECK(std::memcmp(b.buf.data() + kBytes / 2, a.buf.data(), kBytes / 2) == 0);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_fallbacks_total", {{"from", "loopback"}, {"to", "tcp"}}) == 1);
   // Later posts find the fabric dead at post() and go straight over tcp, counted again.
-  REQUIRE(sendOnce(a, b, p, 1000, 0, "y").isOk());
+  REQUIRE(sendOnce(a, b, p, 1000, 0).isOk());
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_fallbacks_total", {{"from", "loopback"}, {"to", "tcp"}}) == 2);
-  CHECK(b.agent->takeNotifications().size() == 2);
 }
 
 TEST_CASE("agent: tcp connection killed mid-transfer fails every pending transfer, nothing pending",
@@ -168,7 +160,7 @@ TEST_CASE("agent: tcp connection killed mid-transfer fails every pending transfe
   AgentPeer p = connect(a, b);
   std::vector<AgentTransfer> ids;
   for (int i = 0; i < 8; ++i) {
-    auto id = a.agent->post({MemDesc{a.base(), 64 << 20}}, {MemDesc{b.base(), 64 << 20}}, p, std::string("n"));
+    auto id = a.agent->post({MemDesc{a.base(), 64 << 20}}, {MemDesc{b.base(), 64 << 20}}, p);
     if (!id.ok()) {
       CHECK(id.status().code() == StatusCode::kUnavailable);
       continue;
@@ -251,11 +243,8 @@ TEST_CASE("agent: a same-node peer gets the cma lane, tcp stays the fallback, th
   CHECK(a.agent->peerTransport(p).value() == "cma");
   CHECK(metricValue(a.registry, "pdserve_kv_peers", {{"transport", "cma"}}) == 1);
   fillPattern(a.buf, 9);
-  REQUIRE(sendOnce(a, b, p, 256 * 1024, 8192, "over cma").isOk());
+  REQUIRE(sendOnce(a, b, p, 256 * 1024, 8192).isOk());
   CHECK(std::memcmp(b.buf.data() + 8192, a.buf.data(), 256 * 1024) == 0);
-  auto notes = b.agent->takeNotifications();
-  REQUIRE(notes.size() == 1);
-  CHECK(notes[0].payload == "over cma");
   CHECK(metricValue(a.registry, "pdserve_kv_transfers_total", {{"transport", "cma"}, {"outcome", "ok"}}) == 1);
   REQUIRE(a.agent->unloadPeer(p).isOk());
   CHECK(metricValue(a.registry, "pdserve_kv_peers", {{"transport", "cma"}}) == 0);

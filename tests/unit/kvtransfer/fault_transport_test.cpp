@@ -20,9 +20,9 @@ struct LoopPair {
     REQUIRE(p.ok());
     peer = *p;
   }
-  Result<TransferId> post(size_t n, std::optional<std::string> note) {
+  Result<TransferId> post(size_t n) {
     return sender->post({MemDesc{reinterpret_cast<uintptr_t>(src.data()), n}},
-                        {MemDesc{reinterpret_cast<uintptr_t>(dst.data()), n}}, peer, std::move(note));
+                        {MemDesc{reinterpret_cast<uintptr_t>(dst.data()), n}}, peer, {});
   }
   std::vector<uint8_t> src, dst;
   std::unique_ptr<FaultTransport> sender;
@@ -36,7 +36,7 @@ TEST_CASE("fault transport: latency holds the outcome back, data moves at once",
   LoopPair lp(f);
   lp.src.assign(4096, 0x42);
   auto t0 = std::chrono::steady_clock::now();
-  auto id = lp.post(100, std::string("n"));
+  auto id = lp.post(100);
   REQUIRE(id.ok());
   lp.sender->progress();
   CHECK(lp.sender->poll(*id).inProgress());
@@ -51,35 +51,18 @@ TEST_CASE("fault transport: latency holds the outcome back, data moves at once",
   CHECK(lp.sender->caps().name == "fault(loopback)");
 }
 
-TEST_CASE("fault transport: drops the first N notifications only", "[kvt][fault]") {
-  FaultOptions f;
-  f.dropNotifications = 2;
-  LoopPair lp(f);
-  for (int i = 0; i < 4; ++i) {
-    auto id = lp.post(10, "n" + std::to_string(i));
-    REQUIRE(id.ok());
-    lp.sender->progress();
-    REQUIRE(lp.sender->poll(*id).isOk());
-  }
-  auto notes = lp.receiver->takeNotifications();
-  REQUIRE(notes.size() == 2);
-  CHECK(notes[0].payload == "n2");
-  CHECK(notes[1].payload == "n3");
-  CHECK(lp.sender->notificationsDropped() == 2);
-}
-
 TEST_CASE("fault transport: a simulated kill fails pending transfers and later posts", "[kvt][fault]") {
   FaultOptions f;
   f.killAfterPosts = 1;
   LoopPair lp(f);
-  auto a = lp.post(10, std::nullopt);
-  auto b = lp.post(10, std::nullopt);  // the kill lands right after this post
+  auto a = lp.post(10);
+  auto b = lp.post(10);  // the kill lands right after this post
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   lp.sender->progress();
   CHECK(lp.sender->poll(*a).code() == StatusCode::kUnavailable);
   CHECK(lp.sender->poll(*b).code() == StatusCode::kUnavailable);
-  auto c = lp.post(10, std::nullopt);
+  auto c = lp.post(10);
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().code() == StatusCode::kUnavailable);
 }
@@ -117,7 +100,7 @@ TEST_CASE("tcp transport: CUDA memory is refused with a reason", "[kvt][tcp]") {
 namespace pd::kvt {
 namespace {
 
-TEST_CASE("tcp transport: a transfer with no segments delivers just its notification", "[kvt][tcp]") {
+TEST_CASE("tcp transport: a transfer with no segments completes", "[kvt][tcp]") {
   auto sender = testing::make("tcp", "s");
   auto receiver = testing::make("tcp", "r");
   std::vector<uint8_t> dst(4096);
@@ -126,7 +109,7 @@ TEST_CASE("tcp transport: a transfer with no segments delivers just its notifica
   PeerInfo pi{"r", *receiver->localConnInfo(), {*receiver->packRemoteKey(*h)}};
   auto peer = sender->loadPeer(pi);
   REQUIRE(peer.ok());
-  auto id = sender->post({}, {}, *peer, std::string("only a notification"));
+  auto id = sender->post({}, {}, *peer, {});
   REQUIRE(id.ok());
   Status st;
   auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -135,10 +118,6 @@ TEST_CASE("tcp transport: a transfer with no segments delivers just its notifica
     st = sender->poll(*id);
   } while (st.inProgress() && std::chrono::steady_clock::now() < end);
   REQUIRE(st.isOk());
-  auto notes = receiver->takeNotifications();
-  REQUIRE(notes.size() == 1);
-  CHECK(notes[0].peerName == "s");
-  CHECK(notes[0].payload == "only a notification");
 }
 
 }  // namespace

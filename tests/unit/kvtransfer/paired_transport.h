@@ -111,7 +111,7 @@ class PairedTransport final : public Transport {
   }
 
   Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peer,
-                          std::optional<std::string> notification) override {
+                          const std::string& /*grant*/) override {
     auto it = peers_.find(peer);
     if (it == peers_.end()) return notFound("paired: unknown peer");
     if (local.size() != remote.size()) return invalidArgument("paired: segment counts differ");
@@ -126,11 +126,10 @@ class PairedTransport final : public Transport {
     Status outcome;
     auto eb = eps.find(b);
     if (eps.count(a) == 0 || eps[a].remote != b || eb == eps.end() || eb->second.remote != a) {
-      outcome = unavailable("paired: endpoint " + std::to_string(a) + " <-> " + std::to_string(b) +
-                            " is not connected both ways");
+      outcome = unavailable("paired '" + name_ + "': endpoint " + std::to_string(a) + " <-> " +
+                            std::to_string(b) + " is not connected both ways");
     } else {
       for (size_t i = 0; i < local.size(); ++i) std::memcpy(remote[i].ptr(), local[i].ptr(), local[i].len);
-      if (notification) eb->second.owner->notes_.push_back(Notification{name_, *notification});
     }
     transfers_[nextTransfer_] = outcome;
     return nextTransfer_++;
@@ -144,11 +143,6 @@ class PairedTransport final : public Transport {
   }
   Status cancel(TransferId) override { return failedPrecondition("paired: transfers finish at post"); }
   bool progress() override { return false; }
-  std::vector<Notification> takeNotifications() override {
-    std::vector<Notification> out;
-    out.swap(notes_);
-    return out;
-  }
 
   size_t pendingEndpoints() const { return pending_.size(); }
 
@@ -169,7 +163,6 @@ class PairedTransport final : public Transport {
   std::map<MemHandle, MemDesc> regions_;
   std::map<PeerId, Peer> peers_;
   std::map<TransferId, Status> transfers_;
-  std::vector<Notification> notes_;
   uint64_t nextHandle_ = 1, nextPeer_ = 1, nextTransfer_ = 1;
 };
 

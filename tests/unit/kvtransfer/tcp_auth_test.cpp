@@ -66,7 +66,7 @@ struct Side {
 Status writeAll(Side& writer, Side& reader, size_t n) {
   auto peer = writer.transport->loadPeer(reader.info("reader"));
   if (!peer.ok()) return peer.status();
-  auto id = writer.transport->post({writer.at(0, n)}, {reader.at(0, n)}, *peer, std::nullopt);
+  auto id = writer.transport->post({writer.at(0, n)}, {reader.at(0, n)}, *peer, {});
   if (!id.ok()) return id.status();
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   for (;;) {

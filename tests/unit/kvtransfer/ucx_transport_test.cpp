@@ -1,7 +1,7 @@
 // UCX transport between two processes on this machine: the target is a forked child that
-// registers a buffer, hands its connection info and key over a socketpair, and reports each
-// notification together with a hash of its buffer taken the moment the notification arrived
-// (so "notification only after all data" is checked byte for byte).
+// registers a buffer, hands its connection info and key over a socketpair, and answers hashes
+// of its buffer on request (so "all data is there once poll() says ok" is checked byte for
+// byte).
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -84,9 +84,7 @@ uint64_t hashBytes(const uint8_t* p, size_t n) {
 // The child's whole life: serve a registered buffer until the parent says quit or goes away.
 [[noreturn]] void targetMain(int fd, const char* tls) {
   if (tls) setenv("UCX_TLS", tls, 1);
-  UcxOptions o;
-  o.localName = "target";
-  auto made = makeUcxTransport(o);
+  auto made = makeUcxTransport();
   if (!made.ok()) {
     sendMsg(fd, "ERR " + made.status().toString());
     _exit(1);
@@ -105,18 +103,10 @@ uint64_t hashBytes(const uint8_t* p, size_t n) {
   sendMsg(fd, *key);
   for (;;) {
     t->progress();
-    for (auto& n : t->takeNotifications()) {
-      uint64_t hash = hashBytes(buf, kTargetBytes);
-      std::string m = "N";
-      m.append(reinterpret_cast<const char*>(&hash), 8);
-      m += n.peerName + "\n" + n.payload;
-      if (!sendMsg(fd, m)) _exit(0);
-    }
     pollfd pfd{fd, POLLIN, 0};
     if (::poll(&pfd, 1, 0) > 0) {
       std::string cmd;
       if (!recvMsg(fd, &cmd, Deadline::in(5s)) || cmd == "quit") _exit(0);
-      if (cmd == "ping") sendMsg(fd, "pong");
       if (cmd.rfind("hash", 0) == 0) {  // "hash" + u64 offset + u64 len
         uint64_t off = 0, len = 0;
         std::memcpy(&off, cmd.data() + 4, 8);
@@ -185,26 +175,6 @@ struct Target {
     std::memcpy(&h, r.data() + 1, 8);
     return h;
   }
-  // Waits for the next notification; returns false when none arrives by the deadline.
-  bool nextNotification(uint64_t* hash, std::string* peer, std::string* payload, Deadline d) {
-    std::string m;
-    if (!recvMsg(fd, &m, d)) return false;
-    REQUIRE(m.size() >= 9);
-    REQUIRE(m[0] == 'N');
-    std::memcpy(hash, m.data() + 1, 8);
-    auto nl = m.find('\n', 9);
-    REQUIRE(nl != std::string::npos);
-    *peer = m.substr(9, nl - 9);
-    *payload = m.substr(nl + 1);
-    return true;
-  }
-  // A round trip through the child's loop: any notification it had is reported before "pong".
-  void expectNoNotificationYet() {
-    REQUIRE(sendMsg(fd, "ping"));
-    std::string r;
-    REQUIRE(recvMsg(fd, &r, Deadline::in(10s)));
-    CHECK(r == "pong");
-  }
 };
 
 struct Initiator {
@@ -213,7 +183,6 @@ struct Initiator {
   PeerId peer = 0;
 
   Initiator(Target& target, UcxOptions o = {}) : src(kTargetBytes) {
-    o.localName = "initiator";
     auto made = makeUcxTransport(o);
     REQUIRE(made.ok());
     t = std::move(made).value();
@@ -291,18 +260,12 @@ void byteExactRounds(const char* tls) {
     for (size_t i = 0; i < local.size(); ++i)
       std::memcpy(mirror.data() + dstOff + offs[i].first, ini.src.data() + srcOff + offs[i].second,
                   local[i].len);
-    std::string note = "round-" + std::to_string(round);
-    auto id = ini.t->post(local, remote, ini.peer, note);
+    auto id = ini.t->post(local, remote, ini.peer, {});
     REQUIRE(id.ok());
     Status s = ini.wait(*id);
     REQUIRE(s.toString() == "OK");
-    uint64_t hash;
-    std::string from, payload;
-    REQUIRE(target.nextNotification(&hash, &from, &payload, Deadline::in(10s)));
-    CHECK(from == "initiator");
-    CHECK(payload == note);
-    // The hash was taken when the notification arrived: all data was already there.
-    REQUIRE(hash == hashBytes(mirror.data(), mirror.size()));
+    // poll() said ok: all data is already at the target.
+    REQUIRE(target.rangeHash(0, kTargetBytes) == hashBytes(mirror.data(), mirror.size()));
     CHECK(ini.t->poll(*id).code() == StatusCode::kNotFound);  // reported once, then forgotten
     ++round;
   }
@@ -315,7 +278,7 @@ void byteExactRounds(const char* tls) {
 
 }  // namespace
 
-TEST_CASE("ucx: random payloads arrive byte-exact and the notification follows the data (default transports)") {
+TEST_CASE("ucx: random payloads arrive byte-exact once poll() says ok (default transports)") {
   byteExactRounds(nullptr);
 }
 
@@ -360,33 +323,24 @@ TEST_CASE("ucx: blobs are validated and bad posts name the segment") {
   CHECK(t->poll(777).code() == StatusCode::kNotFound);
 
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7 + 1);
-  auto id = t->post({MemDesc{A + 100, 5000}}, {MemDesc{B + 3, 5000}}, *self, std::string("hi"));
+  auto id = t->post({MemDesc{A + 100, 5000}}, {MemDesc{B + 3, 5000}}, *self, {});
   REQUIRE(id.ok());
   Deadline d = Deadline::in(10s);
   Status s;
-  std::vector<Notification> notes;
   do {
     t->progress();
     s = t->poll(*id);
-    for (auto& n : t->takeNotifications()) notes.push_back(n);
   } while (s.inProgress() && !d.expired());
   REQUIRE(s.isOk());
   CHECK(std::memcmp(a.data() + 100, b.data() + 3, 5000) == 0);
   CHECK(b[2] == 0);
   CHECK(b[5003] == 0);
-  while (notes.empty() && !d.expired()) {
-    t->progress();
-    for (auto& n : t->takeNotifications()) notes.push_back(n);
-  }
-  REQUIRE(notes.size() == 1);
-  CHECK(notes[0].payload == "hi");
-  CHECK(notes[0].peerName == "ucx");
   CHECK(t->deregisterMemory(*ha).isOk());
   CHECK(t->deregisterMemory(*ha).code() == StatusCode::kNotFound);
   CHECK(t->unloadPeer(*self).isOk());
 }
 
-TEST_CASE("ucx: cancel stops a transfer and its notification never arrives") {
+TEST_CASE("ucx: cancel stops a transfer, the endpoint stays usable") {
   Target target;
   UcxOptions o;
   o.sliceBytes = 256 << 10;  // many progress() calls per transfer, so cancel lands mid-way
@@ -397,12 +351,12 @@ TEST_CASE("ucx: cancel stops a transfer and its notification never arrives") {
   const uint64_t before = target.rangeHash(0, half);
 
   // Cancelled before any progress: not one byte may move.
-  auto id = ini.t->post({MemDesc{src, half}}, {MemDesc{target.base, half}}, ini.peer, std::string("never-1"));
+  auto id = ini.t->post({MemDesc{src, half}}, {MemDesc{target.base, half}}, ini.peer, {});
   REQUIRE(id.ok());
   REQUIRE(ini.t->cancel(*id).isOk());
   CHECK(ini.wait(*id).code() == StatusCode::kCancelled);
   // Cancelled mid-way: bytes already written may stay, the rest stops.
-  id = ini.t->post({MemDesc{src, half}}, {MemDesc{target.base, half}}, ini.peer, std::string("never-2"));
+  id = ini.t->post({MemDesc{src, half}}, {MemDesc{target.base, half}}, ini.peer, {});
   REQUIRE(id.ok());
   for (int i = 0; i < 3; ++i) ini.t->progress();
   REQUIRE(ini.t->cancel(*id).isOk());
@@ -411,19 +365,13 @@ TEST_CASE("ucx: cancel stops a transfer and its notification never arrives") {
   CHECK(ini.t->cancel(*id).code() == StatusCode::kNotFound);
   Deadline settle = Deadline::in(300ms);
   while (!settle.expired()) ini.t->progress();
-  target.expectNoNotificationYet();
   CHECK(target.rangeHash(0, half) != hashBytes(ini.src.data(), half));  // it did stop early
   (void)before;
 
   // The endpoint is still healthy: a later transfer into the other half completes.
-  id = ini.t->post({MemDesc{src + half, half}}, {MemDesc{target.base + half, half}}, ini.peer,
-                   std::string("after-cancel"));
+  id = ini.t->post({MemDesc{src + half, half}}, {MemDesc{target.base + half, half}}, ini.peer, {});
   REQUIRE(id.ok());
   REQUIRE(ini.wait(*id).isOk());
-  uint64_t hash;
-  std::string from, payload;
-  REQUIRE(target.nextNotification(&hash, &from, &payload, Deadline::in(10s)));
-  CHECK(payload == "after-cancel");  // not never-1 / never-2
   CHECK(target.rangeHash(half, half) == hashBytes(ini.src.data() + half, half));
 }
 
@@ -441,7 +389,7 @@ TEST_CASE("ucx: a peer killed mid-transfer fails the transfer within the deadlin
   REQUIRE(ini.wait(*id).isOk());
 
   id = ini.t->post({MemDesc{src, kTargetBytes}}, {MemDesc{target.base, kTargetBytes}}, ini.peer,
-                   std::string("dead"));
+                   {});
   REQUIRE(id.ok());
   for (int i = 0; i < 4; ++i) ini.t->progress();
   REQUIRE(ini.t->poll(*id).inProgress());
@@ -482,7 +430,7 @@ TEST_CASE("ucx: a stalled peer misses the deadline and a later post reconnects")
 
   REQUIRE(::kill(target.pid, SIGSTOP) == 0);
   id = ini.t->post({MemDesc{src, kTargetBytes}}, {MemDesc{target.base, kTargetBytes}}, ini.peer,
-                   std::string("late"));
+                   {});
   REQUIRE(id.ok());
   const SteadyTime start = steadyNow();
   Status s = ini.wait(*id, 10s);
@@ -494,14 +442,9 @@ TEST_CASE("ucx: a stalled peer misses the deadline and a later post reconnects")
   REQUIRE(::kill(target.pid, SIGCONT) == 0);
 
   // The peer is alive again: the next post re-creates the endpoint and completes.
-  id = ini.t->post({MemDesc{src + 8192, 4096}}, {MemDesc{target.base + 8192, 4096}}, ini.peer,
-                   std::string("after-reconnect"));
+  id = ini.t->post({MemDesc{src + 8192, 4096}}, {MemDesc{target.base + 8192, 4096}}, ini.peer, {});
   REQUIRE(id.ok());
   REQUIRE(ini.wait(*id, 15s).isOk());
-  uint64_t hash;
-  std::string from, payload;
-  REQUIRE(target.nextNotification(&hash, &from, &payload, Deadline::in(10s)));
-  CHECK(payload == "after-reconnect");  // never "late"
   CHECK(target.rangeHash(8192, 4096) == hashBytes(ini.src.data() + 8192, 4096));
 }
 
@@ -520,13 +463,12 @@ class NotUcx final : public Transport {
   Result<std::string> localConnInfo() override { return unimplemented("x"); }
   Result<PeerId> loadPeer(const PeerInfo&) override { return unimplemented("x"); }
   Status unloadPeer(PeerId) override { return unimplemented("x"); }
-  Result<TransferId> post(const DescList&, const DescList&, PeerId, std::optional<std::string>) override {
+  Result<TransferId> post(const DescList&, const DescList&, PeerId, const std::string&) override {
     return unimplemented("x");
   }
   Status poll(TransferId) override { return unimplemented("x"); }
   Status cancel(TransferId) override { return unimplemented("x"); }
   bool progress() override { return false; }
-  std::vector<Notification> takeNotifications() override { return {}; }
 };
 }  // namespace
 

@@ -1,4 +1,4 @@
-// The verbs transport's device-independent logic: blobs, WRITE planning, notifications.
+// The verbs transport's device-independent logic: blobs, WRITE planning.
 #include <catch2/catch.hpp>
 #include <random>
 
@@ -286,43 +286,6 @@ TEST_CASE("verbs: selective signalling signals every Nth and always the last WR"
   CHECK(signalled == std::vector<size_t>{3, 7, 9});
   CHECK(shouldSignal(0, 1, 64));
   CHECK(!shouldSignal(0, 2, 64));
-}
-
-TEST_CASE("verbs: notifications fit in the immediate or follow in a SEND") {
-  for (std::string p : {std::string(), std::string("a"), std::string("ab"), std::string("\0\xff\x7f", 3)}) {
-    ImmEncoding e = encodeImm(p, 77);
-    CHECK(!e.follows);
-    ImmDecoded d = decodeImm(e.imm);
-    CHECK(!d.follows);
-    CHECK(d.inlinePayload == p);
-  }
-  ImmEncoding e = encodeImm("request-123456", 0x80000005u);
-  CHECK(e.follows);
-  ImmDecoded d = decodeImm(e.imm);
-  CHECK(d.follows);
-  CHECK(d.seq == 5);  // masked to 31 bits
-
-  NoteAssembler a;
-  CHECK(a.onImm(1, encodeImm("xy", 0).imm) == std::optional<std::string>("xy"));
-  CHECK(!a.onImm(1, encodeImm("request-A", 10).imm).has_value());
-  CHECK(!a.onImm(2, encodeImm("request-B", 10).imm).has_value());
-  CHECK(!a.onImm(1, encodeImm("request-C", 11).imm).has_value());
-  CHECK(a.pending() == 3);
-  std::string m = encodeNoteMessage(10, "request-A");
-  auto got = a.onMessage(1, m.data(), m.size());
-  REQUIRE(got.ok());
-  CHECK(*got == "request-A");
-  // Out of order for peer 1 (11 expected, 12 sent): refused.
-  std::string wrong = encodeNoteMessage(12, "request-Z");
-  CHECK(a.onMessage(1, wrong.data(), wrong.size()).status().code() == StatusCode::kFailedPrecondition);
-  m = encodeNoteMessage(11, "request-C");
-  CHECK(*a.onMessage(1, m.data(), m.size()) == "request-C");
-  m = encodeNoteMessage(10, "request-B");
-  CHECK(*a.onMessage(2, m.data(), m.size()) == "request-B");
-  CHECK(a.pending() == 0);
-  // Unannounced, and too short.
-  CHECK(a.onMessage(3, m.data(), m.size()).status().code() == StatusCode::kFailedPrecondition);
-  CHECK(a.onMessage(1, "ab", 2).status().code() == StatusCode::kDataLoss);
 }
 
 TEST_CASE("verbs: the send window signals periodically and never overfills the queue") {

@@ -39,7 +39,8 @@ struct Receiver {
 };
 
 Status write(Node& from, Receiver& to, AgentPeer peer, size_t len, size_t dstOff, const std::string& grant) {
-  auto id = from.agent->post({MemDesc{from.base(), len}}, {MemDesc{to.base() + dstOff, len}}, peer, std::nullopt, grant);
+  auto id = from.agent->post({MemDesc{from.base(), len}}, {MemDesc{to.base() + dstOff, len}}, peer,
+                            grant);
   if (!id.ok()) return id.status();
   return waitAgent(*from.agent, *to.agent, *id);
 }
@@ -127,7 +128,7 @@ TEST_CASE("tcp write grants: a revoke in the middle of a landing write stops it 
   auto grant = decode.agent->grantWrite(*writer, {MemDesc{decode.base(), kBig}});
   REQUIRE(grant.ok());
   auto id = prefill.agent->post({MemDesc{prefill.base(), kBig}}, {MemDesc{decode.base(), kBig}}, *toDecode,
-                                std::nullopt, *grant);
+                                *grant);
   REQUIRE(id.ok());
   // Wait until the first bytes landed, then revoke while the rest is on its way.
   const volatile uint8_t* first = decode.buf.data();

@@ -275,7 +275,7 @@ struct FakePrefillKv {
     std::lock_guard<std::mutex> lock(mu);
     MemDesc local{reinterpret_cast<uintptr_t>(buf.data()), 64};
     MemDesc remote{uintptr_t(offer.regions(0).base()), 64};
-    auto id = agent->post({local}, {remote}, peer, std::nullopt, target.write_grant());
+    auto id = agent->post({local}, {remote}, peer, target.write_grant());
     if (!id.ok()) return id.status();
     const auto end = std::chrono::steady_clock::now() + 10s;
     while (std::chrono::steady_clock::now() < end) {
