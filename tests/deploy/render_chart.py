@@ -118,7 +118,7 @@ NEGATIVE = [
     ("same router ports", {"config": {"router": {"workers": {"control_port": 8000}}}}, "must differ"),
     # The router's flat keys of before would sit beside the grouped defaults (docs/config.md).
     ("a router key by its old flat name", {"config": {"router": {"short_prompt_tokens": 64}}},
-     "config.router.short_prompt_tokens is now config.router.routing.short_prompt_tokens"),
+     "config.router.routing.short_prompt_tokens is now config.router.routing.short_prompt_tokens"),
     ("HTTPRoute without parents", {"httpRoute": {"enabled": True}}, "httpRoute.parentRefs is required"),
     ("Multus without networks", {"multus": {"enabled": True}}, "multus.networks is required"),
     ("KEDA with no trigger", {"autoscaling": {"decode": {"enabled": True, "itlTrigger": False,
