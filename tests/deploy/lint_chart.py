@@ -58,7 +58,8 @@ CONFIG_KEYS = {
 # The router's groups (docs/config.md); each key sat flat under router: before.
 ROUTER_GROUP_KEYS = {
     "http": {"host", "port", "api_keys", "max_connections", "header_timeout_ms", "body_timeout_ms",
-             "keepalive_timeout_ms", "max_body_bytes", "tls", "metrics_auth", "metrics_bearer_file"},
+             "keepalive_timeout_ms", "max_body_bytes", "tls", "metrics_auth",
+             "metrics_bearer_file"},
     "routing": {"short_prompt_tokens", "adaptive_threshold", "prefix_aware_routing",
                 "exact_prefix_routing", "kv_event_max_lag_ms"},
     "admission": {"overload_shedding", "max_prompt_tokens", "rate_limits"},

@@ -115,10 +115,11 @@ NEGATIVE = [
     ("unknown config key", {"config": {"tracing": {"on": True}}}, "config.tracing: unknown key"),
     ("cluster key beside the chart's secret", {"config": {"cluster": {"secret_file": "/x"}}},
      "config.cluster: the chart sets cluster.secret_file"),
-    ("same router ports", {"config": {"router": {"workers": {"control_port": 8000}}}}, "must differ"),
+    ("same router ports", {"config": {"router": {"workers": {"control_port": 8000}}}},
+     "must differ"),
     # The router's flat keys of before would sit beside the grouped defaults (docs/config.md).
     ("a router key by its old flat name", {"config": {"router": {"short_prompt_tokens": 64}}},
-     "config.router.routing.short_prompt_tokens is now config.router.routing.short_prompt_tokens"),
+     "config.router.short_prompt_tokens is now config.router.routing.short_prompt_tokens"),
     ("HTTPRoute without parents", {"httpRoute": {"enabled": True}}, "httpRoute.parentRefs is required"),
     ("Multus without networks", {"multus": {"enabled": True}}, "multus.networks is required"),
     ("KEDA with no trigger", {"autoscaling": {"decode": {"enabled": True, "itlTrigger": False,
@@ -701,7 +702,8 @@ def write_config(write_dir, name, text):
     cfg = yaml.safe_load(text)
     cfg.pop("cluster", None)
     os.makedirs(write_dir, exist_ok=True)
-    with open(os.path.join(write_dir, re.sub(r"[^a-z0-9]+", "-", name.lower()) + ".yaml"), "w") as f:
+    file_name = re.sub(r"[^a-z0-9]+", "-", name.lower()) + ".yaml"
+    with open(os.path.join(write_dir, file_name), "w") as f:
         yaml.safe_dump(cfg, f, sort_keys=False)
 
 

@@ -450,7 +450,8 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
   std::vector<int32_t> plain;
   // Back-to-back requests on a busy machine must not be shed: this test is about tokens.
   ClusterSpec colocatedSpec{100000}, disaggregatedSpec{0};
-  colocatedSpec.extraRouter = disaggregatedSpec.extraRouter = "  admission: {overload_shedding: false}\n";
+  colocatedSpec.extraRouter = disaggregatedSpec.extraRouter =
+      "  admission: {overload_shedding: false}\n";
   {
     auto c = startCluster("seeded-colocated", colocatedSpec);
     for (int n : {40, 300, 800}) colocated.push_back(complete(*c, randomPrompt(n, n), 10, sampling).ids);
@@ -770,7 +771,8 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
 }
 
 TEST_CASE("bad requests get OpenAI errors with the right status") {
-  auto c = startCluster("errors", ClusterSpec{64, "[tcp]", "recompute", "  http: {api_keys: [sk-test], max_body_bytes: 65536}\n"});
+  auto c = startCluster("errors", ClusterSpec{64, "[tcp]", "recompute",
+                                              "  http: {api_keys: [sk-test], max_body_bytes: 65536}\n"});
   const std::vector<std::string> auth{"Authorization: Bearer sk-test"};
   auto post = [&](const std::string& body, std::vector<std::string> headers) {
     auto r = httpRequest(c->httpPort(), "POST", "/v1/completions", body, 30s, headers);
@@ -1130,8 +1132,9 @@ TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metri
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
   // sk-hashed is given as its hash: printf %s sk-hashed | sha256sum
   spec.extraRouter = "  http:\n"
-                     "    api_keys: ['sha256:c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6',"
-                     " sk-plain]\n"
+                     "    api_keys:\n"
+                     "    - 'sha256:c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6'\n"
+                     "    - sk-plain\n"
                      "    metrics_auth: bearer_file\n    metrics_bearer_file: " + tokenFile + "\n";
   auto c = startCluster("http-plane", spec);
   const std::vector<std::string> key{"Authorization: Bearer sk-hashed"};

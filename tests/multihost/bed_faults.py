@@ -13,7 +13,8 @@ REQUEST_TIMEOUT_S = 10.0
 
 def values():
     return {"config": {"kv_transfer": {"transports": ["tcp"], "timeout_ms": int(KV_TIMEOUT_S * 1000)},
-                       "router": {"requests": {"request_timeout_ms": int(REQUEST_TIMEOUT_S * 1000)}}}}
+                       "router": {"requests": {
+                           "request_timeout_ms": int(REQUEST_TIMEOUT_S * 1000)}}}}
 
 
 class Call(threading.Thread):

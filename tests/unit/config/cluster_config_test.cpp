@@ -220,7 +220,8 @@ TEST_CASE("lists are validated element by element") {
   CHECK(errorOf("kv_transfer: {transports: tcp}") ==
         "test.yaml: kv_transfer.transports: expected a list of cma, ucx, verbs, tcp, got \"tcp\"");
   CHECK(errorOf("router: {metrics: {ttft_buckets_s: [0.1, 0.5, 0.5]}}") ==
-        "test.yaml: router.metrics.ttft_buckets_s[2]: 0.5 is not greater than the previous bound 0.5 "
+        "test.yaml: router.metrics.ttft_buckets_s[2]: 0.5 is not greater than the previous bound "
+        "0.5 "
         "(bounds must be strictly increasing)");
   CHECK(errorOf("router: {metrics: {itl_buckets_s: [0, 0.1]}}") ==
         "test.yaml: router.metrics.itl_buckets_s[0]: 0 is not positive");
@@ -320,7 +321,8 @@ TEST_CASE("router HTTP hardening keys: defaults, tls both-or-none, hashed keys, 
       "    api_keys: [sk-1,\n"
       "      'sha256:2179e632e89277f18aa600491b68ad55121fd6caa045e047fdeb426088a5a5f1']\n"
       "    metrics_auth: bearer_file\n    metrics_bearer_file: /run/secrets/metrics-token\n"
-      "  admission:\n    rate_limits: {requests_per_s: 0.5, request_burst: 3, tokens_per_s: 1000}\n");
+      "  admission:\n"
+      "    rate_limits: {requests_per_s: 0.5, request_burst: 3, tokens_per_s: 1000}\n");
   CHECK(c.warnings.empty());
   CHECK(c.router.maxConnections == 100);
   CHECK(c.router.headerTimeoutMs == 2000);
