@@ -4,7 +4,7 @@
 # the default engine.threads (0: all cores), as `pdserve up` does; the workers of a 1 + 1
 # layout share the two cores.
 #   adaptive      1 prefill + 1 decode worker, short-prompt threshold 256 moving with the
-#                 pools' SLO headroom (router.adaptive_threshold), SLO-sized prefill chunks
+#                 pools' SLO headroom (router.routing.adaptive_threshold), SLO-sized prefill chunks
 #                 and protect_itl routing: the default layout, adapting by itself;
 #   colocated     1 decode worker and no prefill pool;
 #   colocated_slo the same with SLO-sized prefill chunks;
@@ -50,8 +50,11 @@ config() {  # $1: layout
   esac
   cat <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
-router: {host: 127.0.0.1, port: 8130, control_port: 9130, short_prompt_tokens: $threshold,
-         adaptive_threshold: $adaptive, request_timeout_ms: 300000}
+router:
+  http: {host: 127.0.0.1, port: 8130}
+  workers: {control_port: 9130}
+  routing: {short_prompt_tokens: $threshold, adaptive_threshold: $adaptive}
+  requests: {request_timeout_ms: 300000}
 pools:
   prefill: {replicas: $prefill, slo: {ttft_ms: 2000, percentile: 99}}
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}

@@ -22,7 +22,11 @@ trap 'pd_down; rm -rf "$WORK"' EXIT
 config() {  # $1: prefill replicas, $2: engine threads, $3: SLO-sized prefill chunks (true/false)
   cat <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
-router: {host: 127.0.0.1, port: 8100, control_port: 9100, short_prompt_tokens: 256, request_timeout_ms: 120000}
+router:
+  http: {host: 127.0.0.1, port: 8100}
+  workers: {control_port: 9100}
+  routing: {short_prompt_tokens: 256}
+  requests: {request_timeout_ms: 120000}
 pools:
   prefill: {replicas: $1, slo: {ttft_ms: 2000, percentile: 90}}
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 90}}

@@ -23,7 +23,12 @@ trap 'pd_down; rm -rf "$WORK"' EXIT
 config() {  # $1: overload_shedding true|false
   cat <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
-router: {host: 127.0.0.1, port: 8110, control_port: 9110, short_prompt_tokens: 256, request_timeout_ms: 300000, overload_shedding: $1}
+router:
+  http: {host: 127.0.0.1, port: 8110}
+  workers: {control_port: 9110}
+  routing: {short_prompt_tokens: 256}
+  requests: {request_timeout_ms: 300000}
+  admission: {overload_shedding: $1}
 pools:
   prefill: {replicas: 1, slo: {ttft_ms: 2000, percentile: 99}}
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}

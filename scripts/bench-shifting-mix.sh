@@ -40,13 +40,11 @@ trap 'pd_down; rm -rf "$WORK"' EXIT
 cat > "$WORK/cluster.yaml" <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
 router:
-  host: 127.0.0.1
-  port: $PORT
-  control_port: $CONTROL
-  short_prompt_tokens: 256
-  adaptive_threshold: true
-  request_timeout_ms: 300000
-  overload_shedding: false
+  http: {host: 127.0.0.1, port: $PORT}
+  workers: {control_port: $CONTROL}
+  routing: {short_prompt_tokens: 256, adaptive_threshold: true}
+  requests: {request_timeout_ms: 300000}
+  admission: {overload_shedding: false}
   autoscaler: {tick_ms: 1000, window_ms: 10000, min_samples: 10, scale_up_cooldown_ms: 3000,
                scale_down_cooldown_ms: 10000, idle_after_ms: 10000}
 pools:

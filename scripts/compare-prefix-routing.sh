@@ -2,9 +2,9 @@
 # Replays the start of the Mooncake FAST'25 conversation trace (real prefix sharing: every
 # request starts with the same system block, turns of one conversation share their history)
 # against `pdserve up` (1 prefill + 1 decode worker, CPU, the small model), once per mode:
-#   length  routing by length and load only (router.prefix_aware_routing: false)
+#   length  routing by length and load only (router.routing.prefix_aware_routing: false)
 #   prefix  prefix-aware, the defaults (exact KV-event index where current, docs/kv_events.md)
-#   approx  prefix-aware on the predicted index only (router.exact_prefix_routing: false)
+#   approx  prefix-aware on the predicted index only (router.routing.exact_prefix_routing: false)
 #   exact   the same as prefix, named for the approx/exact comparison
 # Writes OUT/MODE.{json,csv,html,txt}, the router's route decisions, prefix-hit counters
 # (predicted / exact / actual) per mode in OUT/MODE.routes.txt, a one-line hit-match summary
@@ -25,7 +25,7 @@ for mode in $modes; do
     prefix | exact) ;;
     *) echo "unknown mode '$mode' (length, prefix, approx, exact)" >&2; exit 2 ;;
   esac
-  sed "s/short_prompt_tokens: .*/short_prompt_tokens: 64\n  prefix_aware_routing: $aware\n  exact_prefix_routing: $exact/; s/port: 8000/port: 18081/; s/control_port: 9000/control_port: 19081/" \
+  sed "s/short_prompt_tokens: .*/short_prompt_tokens: 64\n    prefix_aware_routing: $aware\n    exact_prefix_routing: $exact/; s/port: 8000/port: 18081/; s/control_port: 9000/control_port: 19081/" \
     deploy/configs/local.yaml > "$out/$mode.yaml"
   "$bin/pdserve" up --config "$out/$mode.yaml" > "$out/$mode.up.log" 2>&1 &
   up=$!

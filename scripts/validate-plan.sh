@@ -24,7 +24,7 @@
 #    (scripts/step-pace.py: this VM's pace moves between runs); last, how many of the 4
 #    p50 / p90 cells per mix are within 10% of measured (issue 15's criterion).
 # usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
-#   SPREAD=1; SHEDDING=1: both runs with router.overload_shedding on and the simulation with the
+#   SPREAD=1; SHEDDING=1: both runs with router.admission.overload_shedding on and the simulation with the
 #   router's admission control, to compare what each sheds (off by default: the 10% criterion
 #   compares latencies of the same requests); KEEP=DIR: keep the files there (per mix and
 #   run: the calibration MIX.cal.json, the step traces MIX.RUN.steps/, the cluster's log, the
@@ -58,7 +58,12 @@ trap 'pd_down; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 cluster_yaml() {
   cat <<YAML
 model: {path: models/small, preset: small, name: small, dtype: f32}
-router: {host: 127.0.0.1, port: 8120, control_port: 9120, short_prompt_tokens: 256, request_timeout_ms: 300000, overload_shedding: $SHEDDING_KEY}
+router:
+  http: {host: 127.0.0.1, port: 8120}
+  workers: {control_port: 9120}
+  routing: {short_prompt_tokens: 256}
+  requests: {request_timeout_ms: 300000}
+  admission: {overload_shedding: $SHEDDING_KEY}
 pools:
   prefill: {replicas: 1, slo: {ttft_ms: 2000, percentile: 99}}
   decode: {replicas: 1, slo: {itl_ms: 100, percentile: 99}}

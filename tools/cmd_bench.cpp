@@ -77,7 +77,7 @@ report:
   --metrics-interval-ms N   scrape period (default 1000)
   --metrics-timeout-ms N    bound on one scrape (default: the period, at most 5000); a failed
                             scrape is a gap in the timeline, never an abort
-  --metrics-token TOKEN     bearer token for the metrics endpoint (router.metrics_auth)
+  --metrics-token TOKEN     bearer token for the metrics endpoint (router.http.metrics_auth)
   --out PREFIX              write PREFIX.json, PREFIX.csv, PREFIX.html (default bench-<date>)
   --progress / --no-progress   live progress on stderr (default: when stderr is a terminal)
 )";

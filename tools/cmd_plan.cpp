@@ -49,7 +49,7 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --attainment P            percent of requests that must meet both SLOs (default 90)
   --layout L                simulate only this layout: colocated:N or NpMd (e.g. 1p1d), at the
                             trace's arrivals or at --rate R (Poisson); prints its percentiles
-  --threshold N             router.short_prompt_tokens for --layout (default 256)
+  --threshold N             router.routing.short_prompt_tokens for --layout (default 256)
   --requests-csv FILE       with --layout: each request's simulated route (or shed), TTFT, ITL and the
                             TTFT admission control predicted for it, one
                             row per request in pdserve bench's order (its --out CSV's index)
@@ -58,7 +58,7 @@ policy, and prints them best first by goodput (requests/s meeting both SLOs).
   --html FILE               also write the SLO-attainment curves against rate of the best layouts
                             (every rate the search simulated) and the ranking, as one HTML page
   --no-slo-sized-chunks     engine.slo_sized_prefill_chunks: false (prompts in max_batch_tokens chunks)
-  --no-overload-shedding    router.overload_shedding: false (admit every request; by default the
+  --no-overload-shedding    router.admission.overload_shedding: false (admit every request; by default the
                             router's admission control sheds what it predicts would miss, and a
                             shed request counts as a miss)
   --autoscale MIN           with --layout: the pools follow the router's autoscaler (router.autoscaler

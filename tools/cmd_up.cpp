@@ -79,6 +79,10 @@ int runUp(int argc, char** argv) {
       port, model.c_str(), o.prefillReplicas >= 0 ? o.prefillReplicas : cfg.pools.prefill.replicas,
       o.decodeReplicas >= 0 ? o.decodeReplicas : cfg.pools.decode.replicas, port, model.c_str(), port,
       actuator.describe().c_str());
+  // Renamed keys given by their old path (logged at load too, but scrolled past by now).
+  for (const std::string& w : cfg.warnings) {
+    std::printf("config: %s (docs/config.md, \"Renamed keys\")\n", w.c_str());
+  }
   // Each worker's own /metrics (its steps, KV pool, transfers), for an SRE or a benchmark.
   for (Pool pool : {Pool::kPrefill, Pool::kDecode})
     for (const std::string& id : cluster.value()->liveWorkers(pool))

@@ -218,7 +218,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   c->binDir_ = o.binDir;
   for (int i = 0; i < prefillN; ++i) PD_RETURN_IF_ERROR(c->startWorker(Pool::kPrefill).status());
   for (int i = 0; i < decodeN; ++i) PD_RETURN_IF_ERROR(c->startWorker(Pool::kDecode).status());
-  // What /metrics wants (router.metrics_auth): nothing, an API key (the first one given in
+  // What /metrics wants (router.http.metrics_auth): nothing, an API key (the first one given in
   // plain text; a sha256: entry cannot be sent), or the token of metrics_bearer_file.
   std::vector<std::string> metricsAuth;
   if (cfg.router.metricsAuth == config::MetricsAuth::kApiKey) {
@@ -229,7 +229,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
       }
     }
     if (metricsAuth.empty()) {
-      return failedPrecondition("router.metrics_auth is api_key and every router.api_keys entry is a sha256: hash: "
+      return failedPrecondition("router.http.metrics_auth is api_key and every router.http.api_keys entry is a sha256: hash: "
                                 "the cluster's readiness cannot be read from /metrics");
     }
   } else if (cfg.router.metricsAuth == config::MetricsAuth::kBearerFile) {

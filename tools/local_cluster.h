@@ -21,7 +21,7 @@ namespace pd::tools {
 struct LocalClusterOptions {
   std::string configPath = "deploy/configs/local.yaml";
   std::string binDir;              // where pdserve-router/-prefill/-decode/-worker are
-  // Override router.port / router.control_port when >= 0; 0: the router binds an OS-chosen
+  // Override router.http.port / router.workers.control_port when >= 0; 0: the router binds an OS-chosen
   // port and says which in its ports file (common/base/ports_file.h), read back here.
   int httpPort = -1;
   int controlPort = -1;
@@ -92,7 +92,7 @@ class LocalCluster {
   // An exit reaped from processes(): true (and the worker forgotten) when it is a worker this
   // cluster drained; false for anything else (a crash: the caller decides).
   bool expectedExit(const ChildExit& exit);
-  // The router's /metrics body, with whatever router.metrics_auth asks for.
+  // The router's /metrics body, with whatever router.http.metrics_auth asks for.
   Result<std::string> routerMetrics(std::chrono::milliseconds timeout) const;
 
  private:

@@ -117,100 +117,184 @@ void readModel(MapReader m, ModelConfig* c) {
   }
 }
 
-void readRouter(MapReader m, RouterConfig* c) {
+// router.http: the OpenAI HTTP API's listener, who may call it and read /metrics.
+void readRouterHttp(MapReader& m, RouterConfig* c) {
   m.readString("host", &c->host, false);
   m.readInt("port", &c->port, 1, 65535);
-  m.readInt("control_port", &c->controlPort, 1, 65535);
   m.readStringList("api_keys", &c->apiKeys);
-  for (size_t i = 0; i < c->apiKeys.size(); ++i) {
-    // A hash entry must be one; never echo an entry (it may be a key).
-    const std::string& k = c->apiKeys[i];
-    if (k.rfind("sha256:", 0) != 0) continue;
-    const std::string hex = k.substr(7);
-    if (hex.size() != 64 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
-      m.errors()->add(m.node(), "router.api_keys[" + std::to_string(i) +
-                                    "]: a sha256: entry needs 64 hex digits after the prefix (printf %s KEY | "
-                                    "sha256sum), got " + std::to_string(hex.size()) + " characters");
+  if (m.peek("api_keys").IsDefined()) {
+    for (size_t i = 0; i < c->apiKeys.size(); ++i) {
+      // A hash entry must be one; never echo an entry (it may be a key).
+      const std::string& k = c->apiKeys[i];
+      if (k.rfind("sha256:", 0) != 0) continue;
+      const std::string hex = k.substr(7);
+      if (hex.size() != 64 ||
+          hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+        m.errors()->add(m.node(), m.pathOf("api_keys") + "[" + std::to_string(i) +
+                                      "]: a sha256: entry needs 64 hex digits after the prefix "
+                                      "(printf %s KEY | sha256sum), got " +
+                                      std::to_string(hex.size()) + " characters");
+      }
     }
   }
   m.readInt("max_connections", &c->maxConnections, 1, 1 << 20);
   m.readInt("header_timeout_ms", &c->headerTimeoutMs, 100, kHourMs);
   m.readInt("body_timeout_ms", &c->bodyTimeoutMs, 100, kHourMs);
   m.readInt("keepalive_timeout_ms", &c->keepaliveTimeoutMs, 100, kHourMs);
+  m.readInt("max_body_bytes", &c->maxBodyBytes, 1024, int64_t{1} << 30);
   {
     MapReader tls = m.child("tls");
-    tls.readString("cert_file", &c->tlsCertFile, false);
-    tls.readString("key_file", &c->tlsKeyFile, false);
+    std::string cert, key;  // neither may be empty, so "" is "not given here"
+    tls.readString("cert_file", &cert, false);
+    tls.readString("key_file", &key, false);
     tls.finish();
-    if (c->tlsCertFile.empty() != c->tlsKeyFile.empty()) {
-      m.errors()->add(m.node(), std::string("router.tls: ") +
-                                    (c->tlsCertFile.empty() ? "key_file is set but cert_file is not"
-                                                            : "cert_file is set but key_file is not") +
+    if (cert.empty() != key.empty()) {
+      m.errors()->add(m.node(), m.pathOf("tls") + ": " +
+                                    (cert.empty() ? "key_file is set but cert_file is not"
+                                                  : "cert_file is set but key_file is not") +
                                     "; give both (TLS) or neither (plain HTTP)");
     }
-  }
-  {
-    MapReader rl = m.child("rate_limits");
-    rl.readDouble("requests_per_s", &c->rateLimits.requestsPerS, 0, false, 1e9);
-    rl.readInt("request_burst", &c->rateLimits.requestBurst, 0, int64_t{1} << 40);
-    rl.readDouble("tokens_per_s", &c->rateLimits.tokensPerS, 0, false, 1e12);
-    rl.readInt("token_burst", &c->rateLimits.tokenBurst, 0, int64_t{1} << 50);
-    rl.finish();
+    if (!cert.empty()) c->tlsCertFile = cert;
+    if (!key.empty()) c->tlsKeyFile = key;
   }
   m.readEnum("metrics_auth", &c->metricsAuth, kMetricsAuth);
-  m.readString("metrics_bearer_file", &c->metricsBearerFile, true);  // "": unset (the chart's default)
+  // "": unset (the chart's default)
+  m.readString("metrics_bearer_file", &c->metricsBearerFile, true);
+}
+
+// router.routing: which pool and which worker a request goes to.
+void readRouterRouting(MapReader& m, RouterConfig* c) {
   m.readInt("short_prompt_tokens", &c->shortPromptTokens, 0, kMaxTokens);
+  m.readBool("adaptive_threshold", &c->adaptiveThreshold);
   m.readBool("prefix_aware_routing", &c->prefixAwareRouting);
   m.readBool("exact_prefix_routing", &c->exactPrefixRouting);
   m.readInt("kv_event_max_lag_ms", &c->kvEventMaxLagMs, 1, 600000);
-  m.readBool("adaptive_threshold", &c->adaptiveThreshold);
-  m.readInt("max_body_bytes", &c->maxBodyBytes, 1024, int64_t{1} << 30);
+}
+
+// router.admission: what is refused before it is routed.
+void readRouterAdmission(MapReader& m, RouterConfig* c) {
+  m.readBool("overload_shedding", &c->overloadShedding);
   m.readInt("max_prompt_tokens", &c->maxPromptTokens, 0, kMaxTokens);
+  MapReader rl = m.child("rate_limits");
+  rl.readDouble("requests_per_s", &c->rateLimits.requestsPerS, 0, false, 1e9);
+  rl.readInt("request_burst", &c->rateLimits.requestBurst, 0, int64_t{1} << 40);
+  rl.readDouble("tokens_per_s", &c->rateLimits.tokensPerS, 0, false, 1e12);
+  rl.readInt("token_burst", &c->rateLimits.tokenBurst, 0, int64_t{1} << 50);
+  rl.finish();
+}
+
+// router.workers: the control plane the workers dial and report on.
+void readRouterWorkers(MapReader& m, RouterConfig* c) {
+  m.readInt("control_port", &c->controlPort, 1, 65535);
   m.readInt("load_report_interval_ms", &c->loadReportIntervalMs, 1, 60000);
   m.readInt("worker_report_timeout_ms", &c->workerReportTimeoutMs, 10, 600000);
-  m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
+}
+
+// router.requests: an admitted request's lifetime.
+void readRouterRequests(MapReader& m, RouterConfig* c) {
   m.readInt("request_timeout_ms", &c->requestTimeoutMs, 1, 24 * kHourMs);
-  m.readBool("overload_shedding", &c->overloadShedding);
   m.readInt("max_migrations", &c->maxMigrations, 0, 16);
+  m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
+}
+
+// router.metrics: the bounds of the router's latency histograms.
+void readRouterMetrics(MapReader& m, RouterConfig* c) {
   m.readBuckets("ttft_buckets_s", &c->ttftBucketsS);
   m.readBuckets("itl_buckets_s", &c->itlBucketsS);
   m.readBuckets("e2e_buckets_s", &c->e2eBucketsS);
-  {
-    MapReader a = m.child("autoscaler");
-    auto& as = c->autoscaler;
-    a.readInt("tick_ms", &as.tickMs, 10, 600000);
-    a.readInt("window_ms", &as.windowMs, 100, 3600000);
-    a.readInt("min_samples", &as.minSamples, 1, 1000000);
-    a.readDouble("scale_up_utilization", &as.scaleUpUtilization, 0, true, 1);
-    a.readDouble("scale_down_utilization", &as.scaleDownUtilization, 0, true, 1);
-    a.readInt("scale_up_cooldown_ms", &as.scaleUpCooldownMs, 0, 3600000);
-    a.readInt("scale_down_cooldown_ms", &as.scaleDownCooldownMs, 0, 3600000);
-    a.readInt("idle_after_ms", &as.idleAfterMs, 0, 24 * kHourMs);
-    a.readInt("max_step_up", &as.maxStepUp, 1, kMaxReplicas);
-    a.readInt("max_step_down", &as.maxStepDown, 1, kMaxReplicas);
-    a.readBool("local_actuator", &as.localActuator);
-    a.readBool("role_moves", &as.roleMoves);
-    a.finish();
-    if (as.scaleDownUtilization > as.scaleUpUtilization) {
-      a.errors()->add(a.node(), "router.autoscaler.scale_down_utilization: " + std::to_string(as.scaleDownUtilization) +
-                                    " is above scale_up_utilization (" + std::to_string(as.scaleUpUtilization) +
-                                    "): the pool would flap between two sizes");
-    }
+}
+
+struct RouterGroup {
+  std::string_view name;
+  void (*read)(MapReader&, RouterConfig*);
+  std::vector<std::string_view> keys;  // the group's keys, which once sat under router:
+};
+
+// The router's groups; every key of a group was router.<key> before (docs/config.md,
+// "Renamed keys"). router.autoscaler was a group already.
+const std::vector<RouterGroup>& routerGroups() {
+  static const std::vector<RouterGroup> groups = {
+      {"http", readRouterHttp,
+       {"host", "port", "api_keys", "max_connections", "header_timeout_ms", "body_timeout_ms",
+        "keepalive_timeout_ms", "max_body_bytes", "tls", "metrics_auth", "metrics_bearer_file"}},
+      {"routing", readRouterRouting,
+       {"short_prompt_tokens", "adaptive_threshold", "prefix_aware_routing",
+        "exact_prefix_routing", "kv_event_max_lag_ms"}},
+      {"admission", readRouterAdmission, {"overload_shedding", "max_prompt_tokens", "rate_limits"}},
+      {"workers", readRouterWorkers,
+       {"control_port", "load_report_interval_ms", "worker_report_timeout_ms"}},
+      {"requests", readRouterRequests,
+       {"request_timeout_ms", "max_migrations", "drain_timeout_ms"}},
+      {"metrics", readRouterMetrics, {"ttft_buckets_s", "itl_buckets_s", "e2e_buckets_s"}},
+  };
+  return groups;
+}
+
+void readAutoscaler(MapReader a, RouterConfig::Autoscaler* as) {
+  a.readInt("tick_ms", &as->tickMs, 10, 600000);
+  a.readInt("window_ms", &as->windowMs, 100, 3600000);
+  a.readInt("min_samples", &as->minSamples, 1, 1000000);
+  a.readDouble("scale_up_utilization", &as->scaleUpUtilization, 0, true, 1);
+  a.readDouble("scale_down_utilization", &as->scaleDownUtilization, 0, true, 1);
+  a.readInt("scale_up_cooldown_ms", &as->scaleUpCooldownMs, 0, 3600000);
+  a.readInt("scale_down_cooldown_ms", &as->scaleDownCooldownMs, 0, 3600000);
+  a.readInt("idle_after_ms", &as->idleAfterMs, 0, 24 * kHourMs);
+  a.readInt("max_step_up", &as->maxStepUp, 1, kMaxReplicas);
+  a.readInt("max_step_down", &as->maxStepDown, 1, kMaxReplicas);
+  a.readBool("local_actuator", &as->localActuator);
+  a.readBool("role_moves", &as->roleMoves);
+  a.finish();
+  if (as->scaleDownUtilization > as->scaleUpUtilization) {
+    a.errors()->add(a.node(), "router.autoscaler.scale_down_utilization: " +
+                                  std::to_string(as->scaleDownUtilization) +
+                                  " is above scale_up_utilization (" +
+                                  std::to_string(as->scaleUpUtilization) +
+                                  "): the pool would flap between two sizes");
   }
+}
+
+void readRouter(MapReader m, RouterConfig* c, ErrorList* warnings) {
+  // The keys as they sat before the groups: read from router: itself, each with a warning.
+  // Errors about them name the path given (router.port), so a reader finds the line.
+  for (const RouterGroup& g : routerGroups()) {
+    MapReader group = m.child(g.name);
+    bool moved = false;
+    for (std::string_view key : g.keys) {
+      const std::string newPath = group.pathOf(key);
+      m.declareMoved(key, std::string(g.name) + "." + std::string(key));
+      YAML::Node old = m.peek(key);
+      if (!old.IsDefined()) continue;
+      moved = true;
+      if (group.peek(key).IsDefined()) {
+        m.errors()->add(old, m.pathOf(key) + " and " + newPath + " are one setting given twice: "
+                                 "keep " + newPath + " (" + m.pathOf(key) + " is its old name)");
+      } else {
+        warnings->add(old, m.pathOf(key) + " is deprecated: use " + newPath);
+      }
+    }
+    if (moved) {
+      MapReader flat(m.node(), "router", m.errors());  // router: is a map (a key was found)
+      g.read(flat, c);
+    }
+    g.read(group, c);
+    group.finish();
+  }
+  readAutoscaler(m.child("autoscaler"), &c->autoscaler);
   m.finish();
   if (c->metricsAuth == MetricsAuth::kBearerFile && c->metricsBearerFile.empty()) {
-    m.errors()->add(m.node(), "router.metrics_bearer_file: required when metrics_auth is bearer_file");
+    m.errors()->add(m.node(), "router.http.metrics_bearer_file: required when metrics_auth is "
+                              "bearer_file");
   }
   if (c->metricsAuth != MetricsAuth::kBearerFile && !c->metricsBearerFile.empty()) {
-    m.errors()->add(m.node(), "router.metrics_bearer_file: only used with metrics_auth: bearer_file (it is " +
-                                  std::string(toString(c->metricsAuth)) + ")");
+    m.errors()->add(m.node(), "router.http.metrics_bearer_file: only used with metrics_auth: "
+                              "bearer_file (it is " + std::string(toString(c->metricsAuth)) + ")");
   }
   if (c->metricsAuth == MetricsAuth::kApiKey && c->apiKeys.empty()) {
-    m.errors()->add(m.node(), "router.metrics_auth: api_key needs router.api_keys");
+    m.errors()->add(m.node(), "router.http.metrics_auth: api_key needs router.http.api_keys");
   }
   if (c->adaptiveThreshold && c->shortPromptTokens == 0) {
-    m.errors()->add(m.node(), "router.adaptive_threshold: true needs short_prompt_tokens >= 1 "
-                              "(0 sends every prompt to the prefill pool, on purpose)");
+    m.errors()->add(m.node(), "router.routing.adaptive_threshold: true needs short_prompt_tokens"
+                              " >= 1 (0 sends every prompt to the prefill pool, on purpose)");
   }
 }
 
@@ -364,13 +448,14 @@ void insertBound(std::vector<double>* buckets, double bound) {
 
 void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* errors) {
   if (c->router.port == c->router.controlPort) {
-    errors->add(root, "router.control_port: " + std::to_string(c->router.controlPort) +
-                          " is the same as router.port");
+    errors->add(root, "router.workers.control_port: " + std::to_string(c->router.controlPort) +
+                          " is the same as router.http.port");
   }
   if (c->router.loadReportIntervalMs >= c->router.workerReportTimeoutMs) {
     errors->add(
-        root, "router.load_report_interval_ms: " + std::to_string(c->router.loadReportIntervalMs) +
-                  " must be less than router.worker_report_timeout_ms (" +
+        root, "router.workers.load_report_interval_ms: " +
+                  std::to_string(c->router.loadReportIntervalMs) +
+                  " must be less than router.workers.worker_report_timeout_ms (" +
                   std::to_string(c->router.workerReportTimeoutMs) + ")");
   }
   if (c->kvTransfer.leaseMs > 0 && c->kvTransfer.leaseMs < 3 * c->kvTransfer.heartbeatMs) {
@@ -379,7 +464,8 @@ void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* error
                           std::to_string(c->kvTransfer.heartbeatMs) + "), or 0 for no lease");
   }
   if (c->model.maxModelLen > 0 && c->router.maxPromptTokens > c->model.maxModelLen) {
-    errors->add(root, "router.max_prompt_tokens: " + std::to_string(c->router.maxPromptTokens) +
+    errors->add(root, "router.admission.max_prompt_tokens: " +
+                          std::to_string(c->router.maxPromptTokens) +
                           " exceeds model.max_model_len (" + std::to_string(c->model.maxModelLen) +
                           ")");
   }
@@ -407,11 +493,12 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
   }
 
   ErrorList errors;
+  ErrorList warnings;
   try {
     MapReader top(root, "", &errors);
     readCluster(top.child("cluster"), &cfg.cluster);
     readModel(top.child("model"), &cfg.model);
-    readRouter(top.child("router"), &cfg.router);
+    readRouter(top.child("router"), &cfg.router, &warnings);
     readPools(top.child("pools"), &cfg.pools);
     readEngine(top.child("engine"), &cfg.engine);
     readKvTransfer(top.child("kv_transfer"), &cfg.kvTransfer);
@@ -425,6 +512,15 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
   if (!errors.empty()) return invalidArgument(errors.join(sourceName));
   checkCrossFields(root, &cfg, &errors);
   if (!errors.empty()) return invalidArgument(errors.join(sourceName));
+  cfg.warnings = warnings.texts();
+  for (const std::string& w : cfg.warnings) PD_LOG(kWarn, "config") << sourceName << ": " << w;
+  // Experimental toggles (docs/config.md): said once at load when turned on.
+  if (cfg.router.adaptiveThreshold) cfg.experimental.push_back("router.routing.adaptive_threshold");
+  if (cfg.router.autoscaler.roleMoves) cfg.experimental.push_back("router.autoscaler.role_moves");
+  for (const std::string& key : cfg.experimental) {
+    PD_LOG(kInfo, "config") << sourceName << ": " << key
+                            << " is on: experimental (docs/config.md)";
+  }
   return cfg;
 }
 

@@ -3,6 +3,7 @@
 //   PD_ASSIGN_OR_RETURN(pd::config::ClusterConfig cfg,
 //                       pd::config::loadClusterConfig("deploy/configs/local.yaml"));
 //   listen(cfg.router.host, cfg.router.port);
+//   for (const auto& w : cfg.warnings) std::cerr << w << "\n";  // also logged at load
 //
 // Every key is optional and has a documented default (docs/config.md), so an empty file is a
 // valid single-machine CPU cluster. Loading rejects, with a message naming the file, the full
@@ -13,6 +14,12 @@
 //   - inconsistencies  "local.yaml: pools.decode.replicas: 9 is outside [min_replicas,
 //                       max_replicas] = [1, 4]"
 // When a file has several problems they are all reported, one per line, in file order.
+//
+// Renamed keys (the router's keys moved into groups, docs/config.md "Renamed keys") still load:
+// each old path given adds "router.port is deprecated: use router.http.port" to
+// ClusterConfig::warnings and logs it once; giving an old path and its new one is an error.
+// Boolean toggles are marked stable or experimental below and in docs/config.md; an
+// experimental one turned on is named in ClusterConfig::experimental and logged once.
 //
 // The structs are plain values: copy them freely, read them from any thread. Nothing here
 // touches the model directory or the network; checks that need those (does model.path exist,
@@ -65,47 +72,54 @@ struct RateLimitConfig {
 enum class MetricsAuth { kNone, kApiKey, kBearerFile };
 std::string_view toString(MetricsAuth v);
 
-// Latency buckets (seconds) of the router's histograms. Each pool's SLO target is always a
+// The router's keys. In the YAML they sit in groups under router: (docs/config.md), noted per
+// field: [http] router.http, [routing] router.routing, [admission] router.admission,
+// [workers] router.workers, [requests] router.requests, [metrics] router.metrics; the
+// fields keep one flat struct (code reads cfg.router.port).
+// Latency buckets (seconds) of the router's histograms: each pool's SLO target is always a
 // bucket boundary (loading inserts it) so attainment at the target is read exactly.
 struct RouterConfig {
-  std::string host = "127.0.0.1";
-  int port = 8000;                       // OpenAI HTTP API, /metrics, /health
-  int controlPort = 9000;                // workers dial this (framed protobuf, common/net)
-  // Empty -> no authentication. An entry is a key, or "sha256:<64 hex>" (the key's SHA-256);
+  std::string host = "127.0.0.1";        // [http]
+  int port = 8000;                       // [http] OpenAI HTTP API, /metrics, /health
+  int controlPort = 9000;                // [workers] workers dial this (framed protobuf)
+  // [http] Empty -> no authentication. An entry is a key, or "sha256:<64 hex>" (the key's SHA-256);
   // the router keeps only hashes in memory either way.
   std::vector<std::string> apiKeys;
-  // HTTP hardening (issue 13, docs/security.md).
+  // [http] HTTP hardening (issue 13, docs/security.md).
   int64_t maxConnections = 4096;         // open HTTP connections beyond this are closed at accept
   int64_t headerTimeoutMs = 10000;       // accept / first byte of a request -> end of its headers
   int64_t bodyTimeoutMs = 60000;         // end of the headers -> end of the body
   int64_t keepaliveTimeoutMs = 60000;    // idle between requests on one connection
   std::string tlsCertFile;               // router.tls.cert_file / key_file: both or none (PEM)
   std::string tlsKeyFile;
-  RateLimitConfig rateLimits;
-  MetricsAuth metricsAuth = MetricsAuth::kNone;
-  std::string metricsBearerFile;         // metrics_auth: bearer_file reads the token here
-  int64_t shortPromptTokens = 256;       // uncached prompt tokens <= this stay on a decode worker
-  bool prefixAwareRouting = true;        // route on predicted prefix-cache hits (router/prefix_index.h)
-  // With prefix-aware routing: route a worker that publishes KV events on its exact index
-  // (router/kv_event_index.h, docs/kv_events.md); the predicted index when off or stale.
+  RateLimitConfig rateLimits;            // [admission] router.admission.rate_limits
+  MetricsAuth metricsAuth = MetricsAuth::kNone;  // [http]
+  std::string metricsBearerFile;         // [http] metrics_auth: bearer_file reads the token here
+  int64_t shortPromptTokens = 256;       // [routing] uncached prompt tokens <= this: decode worker
+  // [routing] Stable. Route on predicted prefix-cache hits (router/prefix_index.h).
+  bool prefixAwareRouting = true;
+  // [routing] Stable. With prefix-aware routing: route a worker that publishes KV events on its
+  // exact index (router/kv_event_index.h, docs/kv_events.md); the predicted index when off/stale.
   bool exactPrefixRouting = true;
-  int64_t kvEventMaxLagMs = 1000;        // the exact index of a worker this far behind is stale
-  bool adaptiveThreshold = false;        // move shortPromptTokens with the pools' SLO headroom
-  int64_t maxBodyBytes = 8 << 20;        // larger HTTP bodies get 413
-  int64_t maxPromptTokens = 0;           // 0 -> model.max_model_len
-  int64_t loadReportIntervalMs = 100;    // how often workers send LoadReport
-  int64_t workerReportTimeoutMs = 1000;  // a worker silent this long is out of rotation
-  int64_t drainTimeoutMs = 30000;        // SIGTERM: in-flight streams may finish this long
-  int64_t requestTimeoutMs = 600000;     // whole-request deadline
-  // Refuse (429 + Retry-After) a request whose predicted queue wait before its prefill
-  // exceeds pools.prefill.slo.ttft_ms (router/admission.h).
+  int64_t kvEventMaxLagMs = 1000;        // [routing] a worker's exact index this far behind: stale
+  // [routing] Experimental (off by default: it moves work between the pools under load).
+  // Move shortPromptTokens with the pools' SLO headroom (router/adaptive_threshold.h).
+  bool adaptiveThreshold = false;
+  int64_t maxBodyBytes = 8 << 20;        // [http] larger HTTP bodies get 413
+  int64_t maxPromptTokens = 0;           // [admission] 0 -> model.max_model_len
+  int64_t loadReportIntervalMs = 100;    // [workers] how often workers send LoadReport
+  int64_t workerReportTimeoutMs = 1000;  // [workers] a worker silent this long: out of rotation
+  int64_t drainTimeoutMs = 30000;        // [requests] SIGTERM: in-flight streams get this long
+  int64_t requestTimeoutMs = 600000;     // [requests] whole-request deadline
+  // [admission] Stable. Refuse (429 + Retry-After) a request predicted to miss the pools' SLO
+  // targets (router/admission.h, docs/serving.md "Overload").
   bool overloadShedding = true;
-  // A request whose decode worker dies or gives it up (drain, shutdown) continues on another
-  // one this many times at most (0: it fails with the worker's error instead).
+  // [requests] A request whose decode worker dies or gives it up (drain, shutdown) continues
+  // on another one this many times at most (0: it fails with the worker's error instead).
   int maxMigrations = 2;
-  std::vector<double> ttftBucketsS;
-  std::vector<double> itlBucketsS;
-  std::vector<double> e2eBucketsS;
+  std::vector<double> ttftBucketsS;      // [metrics]
+  std::vector<double> itlBucketsS;       // [metrics]
+  std::vector<double> e2eBucketsS;       // [metrics]
   // router.autoscaler: how pdserve_desired_replicas is computed (router/autoscaler.h,
   // docs/serving.md "Autoscaling"), and whether `pdserve up` acts on it.
   struct Autoscaler {
@@ -119,9 +133,10 @@ struct RouterConfig {
     int64_t idleAfterMs = 60000;          // no work this long: the pool's min_replicas
     int maxStepUp = 2;                    // replicas per decision, up
     int maxStepDown = 1;                  // and down (idle goes to the minimum at once)
-    // `pdserve up`: start and stop worker processes of a pool whose max_replicas exceeds its
-    // min_replicas to follow the recommendation (tools/local_actuator.h).
+    // Stable. `pdserve up`: start and stop worker processes of a pool whose max_replicas
+    // exceeds its min_replicas to follow the recommendation (tools/local_actuator.h).
     bool localActuator = true;
+    // Experimental (`pdserve up` only; an HPA per pool expects each pool in its own bounds).
     // The pools' max_replicas as one budget, and `pdserve up` moving a worker between the
     // pools (pdserve-worker, SIGUSR1) when one grows while the other shrinks, instead of
     // draining one process and starting another (docs/serving.md "Role moves").
@@ -177,10 +192,10 @@ struct EngineConfig {
   int maxRunningRequests = 128;
   int maxQueue = 1024;         // waiting requests beyond this are rejected (503)
   int tensorParallelSize = 1;  // 1, 2, 4, 8; > 1 needs the cuda backend
-  bool enablePrefixCaching = true;
+  bool enablePrefixCaching = true;  // Stable.
   // engine.kv_events (docs/kv_events.md): the prefix cache's block events.
   struct KvEvents {
-    bool publish = true;          // to routers that take them, over the control connection
+    bool publish = true;  // Stable. To routers that take them, over the control connection.
     std::string zmqEndpoint;      // also on a ZeroMQ PUB socket bound here (vLLM's schema); "": off
     std::string zmqTopic = "kv-events";
   } kvEvents;
@@ -189,7 +204,7 @@ struct EngineConfig {
   int64_t drainTimeoutMs = 30000;
   // SLO-sized chunked prefill (engine::PrefillChunkOptions): a step that also decodes
   // computes at most the prompt tokens predicted to keep it within pools.decode.slo.itl_ms,
-  // and at least minPrefillChunkTokens. Off: max_batch_tokens alone.
+  // and at least minPrefillChunkTokens. Off: max_batch_tokens alone. Stable.
   bool sloSizedPrefillChunks = true;
   int minPrefillChunkTokens = 32;
 };
@@ -219,7 +234,7 @@ struct LoggingConfig {
 struct MetricsConfig {
   // Also export vLLM's names (vllm:time_to_first_token_seconds, vllm:num_requests_waiting,
   // ...) with a model_name label, for the metrics that mean the same thing, so dashboards,
-  // alerts and autoscalers written against vLLM work unchanged.
+  // alerts and autoscalers written against vLLM work unchanged. Stable.
   bool vllmCompatibleNames = false;
 };
 
@@ -244,6 +259,12 @@ struct ClusterConfig {
   KvTransferConfig kvTransfer;
   LoggingConfig logging;
   MetricsConfig metrics;
+  // What loading found worth saying but not refusing, in file order, each also logged once:
+  // "router.port is deprecated: use router.http.port" for each renamed key given by its old
+  // path. The shipped configs have none.
+  std::vector<std::string> warnings;
+  // The experimental toggles turned on, by key path ("router.routing.adaptive_threshold").
+  std::vector<std::string> experimental;
 };
 
 // The default buckets (before the SLO targets are inserted).

@@ -53,6 +53,15 @@ std::string ErrorList::join(const std::string& source) const {
   return out;
 }
 
+std::vector<std::string> ErrorList::texts() const {
+  std::vector<ErrorItem> sorted = items_;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const ErrorItem& a, const ErrorItem& b) { return a.line < b.line; });
+  std::vector<std::string> out;
+  for (auto& item : sorted) out.push_back(std::move(item.text));
+  return out;
+}
+
 std::string suggestKey(std::string_view key, const std::vector<std::string>& candidates) {
   // Optimal string alignment distance: insertions, deletions, substitutions and adjacent
   // transpositions ("prot" -> "port" is one edit), the typos people actually make.
@@ -127,6 +136,18 @@ YAML::Node MapReader::lookup(std::string_view key) {
 bool MapReader::has(std::string_view key) {
   YAML::Node n = lookup(key);
   return n.IsDefined();
+}
+
+YAML::Node MapReader::peek(std::string_view key) const {
+  if (!valid_) return YAML::Node(YAML::NodeType::Undefined);
+  for (auto it = node_.begin(); it != node_.end(); ++it) {
+    if (it->first.IsScalar() && it->first.Scalar() == key) return it->second;
+  }
+  return YAML::Node(YAML::NodeType::Undefined);
+}
+
+void MapReader::declareMoved(std::string_view oldKey, std::string newKey) {
+  moved_.emplace_back(std::string(oldKey), std::move(newKey));
 }
 
 YAML::Node MapReader::scalarOrError(std::string_view key, const std::string& expected) {
@@ -319,7 +340,17 @@ void MapReader::finish() {
     }
     seen.push_back(k);
     if (std::find(known_.begin(), known_.end(), k) != known_.end()) continue;
-    std::string hint = suggestKey(k, known_);
+    std::vector<std::string> candidates = known_;
+    bool moved = false;
+    for (const auto& [from, to] : moved_) {
+      moved = moved || from == k;
+      candidates.push_back(from);
+    }
+    if (moved) continue;
+    std::string hint = suggestKey(k, candidates);
+    for (const auto& [from, to] : moved_) {
+      if (hint == from) hint = to;  // suggest where the key lives now
+    }
     if (!hint.empty()) {
       errors_->add(it->first, pathOf(k) + ": unknown key (did you mean " + hint + "?)");
     } else {

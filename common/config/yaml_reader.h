@@ -27,6 +27,8 @@ class ErrorList {
   bool empty() const { return items_.empty(); }
   // The messages sorted by line, each prefixed with "<source>: ", joined by newlines.
   std::string join(const std::string& source) const;
+  // The messages sorted by line, without a prefix.
+  std::vector<std::string> texts() const;
 
  private:
   std::vector<ErrorItem> items_;
@@ -47,7 +49,13 @@ class MapReader {
   MapReader(YAML::Node node, std::string path, ErrorList* errors);
 
   bool has(std::string_view key);  // present (declares the key known)
+  // The key's value, or an undefined node; unlike has(), does not declare the key known.
+  YAML::Node peek(std::string_view key) const;
   std::string pathOf(std::string_view key) const;
+  // A key that moved elsewhere (newKey, relative to this map: "http.port"): finish() accepts
+  // it without listing it as allowed, and suggests newKey for a typo of it. The caller reads
+  // it (another MapReader over the same node) and warns.
+  void declareMoved(std::string_view oldKey, std::string newKey);
 
   void readInt(std::string_view key, int64_t* out, int64_t lo, int64_t hi);
   void readInt(std::string_view key, int* out, int64_t lo, int64_t hi);
@@ -142,6 +150,7 @@ class MapReader {
   ErrorList* errors_;
   bool valid_ = true;
   std::vector<std::string> known_;
+  std::vector<std::pair<std::string, std::string>> moved_;  // old key -> new key
 };
 
 }  // namespace pd::config::detail

@@ -40,7 +40,8 @@ before(async () => {
   const config = path.join(work, 'cluster.yaml');
   writeFileSync(config, [
     `model: {path: ${model}, name: small}`,
-    `router: {short_prompt_tokens: 64, api_keys: [${key}], load_report_interval_ms: 50}`,
+    `router: {routing: {short_prompt_tokens: 64}, http: {api_keys: [${key}]},`,
+    '         workers: {load_report_interval_ms: 50}}',
     'pools: {prefill: {replicas: 1}, decode: {replicas: 1}}',
     'engine: {threads: 2, kv_cache_bytes: 67108864}',
     'kv_transfer: {transports: [tcp]}',

@@ -43,13 +43,7 @@ ROLES = ("router", "prefill", "decode")
 # project; one level down as common/config accepts them.
 CONFIG_KEYS = {
     "model": {"path", "preset", "name", "max_model_len", "dtype"},
-    "router": {"host", "port", "control_port", "api_keys", "short_prompt_tokens",
-               "max_body_bytes", "max_prompt_tokens", "load_report_interval_ms",
-               "worker_report_timeout_ms", "drain_timeout_ms", "request_timeout_ms", "ttft_buckets_s",
-               "itl_buckets_s", "e2e_buckets_s",
-               # HTTP hardening (docs/security.md)
-               "max_connections", "header_timeout_ms", "body_timeout_ms", "keepalive_timeout_ms",
-               "tls", "rate_limits", "metrics_auth", "metrics_bearer_file"},
+    "router": {"http", "routing", "admission", "workers", "requests", "metrics", "autoscaler"},
     "pools": {"prefill", "decode"},
     "engine": {"backend", "threads", "block_size", "num_blocks", "kv_cache_bytes", "gpu_memory_utilization",
                "max_batch_tokens", "max_running_requests", "max_queue",
@@ -60,6 +54,18 @@ CONFIG_KEYS = {
     "logging": {"level"},
     "metrics": {"vllm_compatible_names"},
     "cluster": {"secret_file"},
+}
+# The router's groups (docs/config.md); each key sat flat under router: before.
+ROUTER_GROUP_KEYS = {
+    "http": {"host", "port", "api_keys", "max_connections", "header_timeout_ms", "body_timeout_ms",
+             "keepalive_timeout_ms", "max_body_bytes", "tls", "metrics_auth",
+             "metrics_bearer_file"},
+    "routing": {"short_prompt_tokens", "adaptive_threshold", "prefix_aware_routing",
+                "exact_prefix_routing", "kv_event_max_lag_ms"},
+    "admission": {"overload_shedding", "max_prompt_tokens", "rate_limits"},
+    "workers": {"control_port", "load_report_interval_ms", "worker_report_timeout_ms"},
+    "requests": {"request_timeout_ms", "max_migrations", "drain_timeout_ms"},
+    "metrics": {"ttft_buckets_s", "itl_buckets_s", "e2e_buckets_s"},
 }
 POOL_KEYS = {"replicas", "min_replicas", "max_replicas", "host", "base_port", "slo"}
 SLO_KEYS = {"prefill": {"ttft_ms", "percentile"}, "decode": {"itl_ms", "percentile"}}
@@ -304,9 +310,17 @@ class Lint:
                 self.err(where, f"config.{top}: expected a mapping")
                 continue
             for k, v in sub.items():
-                if k not in CONFIG_KEYS[top]:
+                moved = [g for g, keys in ROUTER_GROUP_KEYS.items() if k in keys]
+                if top == "router" and moved:
+                    self.err(where, f"config.router.{k}: now config.router.{moved[0]}.{k}")
+                elif k not in CONFIG_KEYS[top]:
                     self.err(where, f"config.{top}.{k}: unknown key (allowed: "
                                     f"{', '.join(sorted(CONFIG_KEYS[top]))})")
+                elif top == "router" and k in ROUTER_GROUP_KEYS and isinstance(v, dict):
+                    for gk in v:
+                        if gk not in ROUTER_GROUP_KEYS[k]:
+                            self.err(where, f"config.router.{k}.{gk}: unknown key (allowed: "
+                                            f"{', '.join(sorted(ROUTER_GROUP_KEYS[k]))})")
                 elif top == "pools" and isinstance(v, dict):
                     for pk, pv in v.items():
                         if pk not in POOL_KEYS:
@@ -349,8 +363,8 @@ class Lint:
             self.err(where, f"config.model.path {cfg.get('model', {}).get('path')!r} is not "
                             f"under modelVolume.mountPath {mount!r}")
         router = cfg.get("router", {})
-        if router.get("port") == router.get("control_port"):
-            self.err(where, "config.router.port equals config.router.control_port")
+        if router.get("http", {}).get("port") == router.get("workers", {}).get("control_port"):
+            self.err(where, "config.router.http.port equals config.router.workers.control_port")
         if merged.get("router", {}).get("replicas", 1) < 1:
             self.err(where, "router.replicas must be >= 1")
         if merged.get("config", {}).get("pools", {}).get("decode", {}).get("replicas", 1) < 1:

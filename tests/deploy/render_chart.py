@@ -18,6 +18,8 @@ every optional feature on) must render, parse as YAML and pass these checks:
 Negative scenarios must be refused with a message naming the problem.
 
 Usage: render_chart.py [--root REPO] [--show SCENARIO]   (--show prints the rendered manifests)
+       render_chart.py --write-configs DIR   (also writes each scenario's cluster.yaml there, less
+                                              cluster.secret_file, for test_config to load)
 """
 
 import argparse
@@ -59,7 +61,8 @@ POD_FIELDS = {
 
 MODEL_PVC = {"modelVolume": {"pvc": {"claimName": "models"}}}
 EVERYTHING = {
-    "config": {"router": {"api_keys": ["k1", "k2"]}, "engine": {"tensor_parallel_size": 2}},
+    "config": {"router": {"http": {"api_keys": ["k1", "k2"]}},
+               "engine": {"tensor_parallel_size": 2}},
     "prefill": {"gpus": 2, "extraArgs": ["--log-format", "json"], "podLabels": {"team": "llm"},
                 "env": [{"name": "NCCL_DEBUG", "value": "WARN"}], "podAnnotations": {"a": "b"}},
     "decode": {"gpus": 2, "priorityClassName": "high", "nodeSelector": {"gpu": "h200"}},
@@ -80,38 +83,43 @@ EVERYTHING = {
 }
 # /metrics behind a token (docs/security.md): the router's ServiceMonitor must send it.
 METRICS_AUTH_FILE = {
-    "config": {"router": {"metrics_auth": "bearer_file",
-                          "metrics_bearer_file": "/etc/pdserve/metrics-token/token"}},
+    "config": {"router": {"http": {"metrics_auth": "bearer_file",
+                                   "metrics_bearer_file": "/etc/pdserve/metrics-token/token"}}},
     "metrics": {"serviceMonitor": {"enabled": True, "bearerTokenSecret": {"name": "pdserve-metrics"}}},
 }
 METRICS_AUTH_KEY = {
-    "config": {"router": {"api_keys": ["sha256:" + "0" * 64], "metrics_auth": "api_key"}},
+    "config": {"router": {"http": {"api_keys": ["sha256:" + "0" * 64], "metrics_auth": "api_key"}}},
     "clusterConfig": {"asSecret": True},
     "metrics": {"serviceMonitor": {"enabled": True,
                                    "bearerTokenSecret": {"name": "prometheus-key", "key": "api-key"}}},
 }
 NEGATIVE = [
     ("metrics auth, ServiceMonitor without a token",
-     {"config": {"router": {"api_keys": ["k"], "metrics_auth": "api_key"}},
+     {"config": {"router": {"http": {"api_keys": ["k"], "metrics_auth": "api_key"}}},
       "metrics": {"serviceMonitor": {"enabled": True}}},
      "metrics.serviceMonitor.bearerTokenSecret.name is empty: Prometheus could not scrape the router"),
     ("metrics token file outside the mount",
-     {**METRICS_AUTH_FILE, "config": {"router": {"metrics_auth": "bearer_file", "metrics_bearer_file": "/tmp/t"}}},
-     "config.router.metrics_bearer_file must be /etc/pdserve/metrics-token/token"),
+     {**METRICS_AUTH_FILE, "config": {"router": {"http": {"metrics_auth": "bearer_file",
+                                                          "metrics_bearer_file": "/tmp/t"}}}},
+     "config.router.http.metrics_bearer_file must be /etc/pdserve/metrics-token/token"),
     ("no model claim", {}, "modelVolume.pvc.claimName is required"),
     ("no router", {"router": {"replicas": 0}}, "router.replicas: 0: at least 1 router is needed"),
     ("grace shorter than the drain", {"decode": {"terminationGracePeriodSeconds": 20}},
      "decode.terminationGracePeriodSeconds (20 s) must exceed config.engine.drain_timeout_ms (30000 ms)"),
     ("router grace shorter than preStop + drain", {"router": {"terminationGracePeriodSeconds": 30}},
      "router.terminationGracePeriodSeconds (30 s) must exceed router.preStopSleepSeconds (5 s) plus "
-     "config.router.drain_timeout_ms (30000 ms)"),
+     "config.router.requests.drain_timeout_ms (30000 ms)"),
     ("model outside the mount", {"config": {"model": {"path": "/data/m"}}},
      "is not under modelVolume.mountPath"),
     ("GPUs != TP", {"decode": {"gpus": 2}}, "decode.gpus (2) must equal config.engine.tensor_parallel_size"),
     ("unknown config key", {"config": {"tracing": {"on": True}}}, "config.tracing: unknown key"),
     ("cluster key beside the chart's secret", {"config": {"cluster": {"secret_file": "/x"}}},
      "config.cluster: the chart sets cluster.secret_file"),
-    ("same router ports", {"config": {"router": {"control_port": 8000}}}, "must differ"),
+    ("same router ports", {"config": {"router": {"workers": {"control_port": 8000}}}},
+     "must differ"),
+    # The router's flat keys of before would sit beside the grouped defaults (docs/config.md).
+    ("a router key by its old flat name", {"config": {"router": {"short_prompt_tokens": 64}}},
+     "config.router.short_prompt_tokens is now config.router.routing.short_prompt_tokens"),
     ("HTTPRoute without parents", {"httpRoute": {"enabled": True}}, "httpRoute.parentRefs is required"),
     ("Multus without networks", {"multus": {"enabled": True}}, "multus.networks is required"),
     ("KEDA with no trigger", {"autoscaling": {"decode": {"enabled": True, "itlTrigger": False,
@@ -334,11 +342,13 @@ class Checker:
         for f in ROUTER_FLAGS:
             if f not in flags:
                 self.err(where, f"pdserve-router is not given {f}")
-        if flags.get("--port") != str(cfg["router"]["port"]) or ports.get("http") != cfg["router"]["port"]:
-            self.err(where, "--port / http port differ from config.router.port")
-        if flags.get("--control-port") != str(cfg["router"]["control_port"]) or \
-                ports.get("control") != cfg["router"]["control_port"]:
-            self.err(where, "--control-port / control port differ from config.router.control_port")
+        http_port = cfg["router"]["http"]["port"]
+        control_port = cfg["router"]["workers"]["control_port"]
+        if flags.get("--port") != str(http_port) or ports.get("http") != http_port:
+            self.err(where, "--port / http port differ from config.router.http.port")
+        if flags.get("--control-port") != str(control_port) or ports.get("control") != control_port:
+            self.err(where, "--control-port / control port differ from "
+                            "config.router.workers.control_port")
         strategy = spec.get("strategy", {})
         if spec.get("replicas", 0) < 1 or strategy.get("type") != "RollingUpdate" or \
                 strategy.get("rollingUpdate", {}).get("maxUnavailable") != 0:
@@ -476,9 +486,9 @@ class Checker:
         self.check_metrics_auth()
 
     def check_metrics_auth(self):
-        """With config.router.metrics_auth on, the router's ServiceMonitor sends the token (else
+        """With config.router.http.metrics_auth on, the router's ServiceMonitor sends the token (else
         every scrape is a 401 and KEDA reads nothing), and bearer_file mounts it in the router."""
-        auth = self.values["config"]["router"].get("metrics_auth", "none")
+        auth = self.values["config"]["router"]["http"].get("metrics_auth", "none")
         secret = self.values["metrics"]["serviceMonitor"]["bearerTokenSecret"]
         for _, m in self.by_kind("ServiceMonitor"):
             if not m["metadata"]["name"].endswith("-router"):
@@ -487,7 +497,7 @@ class Checker:
             want = {"name": secret["name"], "key": secret["key"]} if auth != "none" else None
             if got != want:
                 self.err(f"ServiceMonitor {m['metadata']['name']}",
-                         f"bearerTokenSecret {got}, want {want} (config.router.metrics_auth: {auth})")
+                         f"bearerTokenSecret {got}, want {want} (config.router.http.metrics_auth: {auth})")
         router = self.deps.get(f"{RELEASE}-router")
         if router is None:
             return
@@ -495,7 +505,7 @@ class Checker:
         mounts = {v["mountPath"]: v["name"] for v in pod["containers"][0].get("volumeMounts", [])}
         vols = {v["name"]: v for v in pod.get("volumes", [])}
         if auth == "bearer_file":
-            path = self.values["config"]["router"]["metrics_bearer_file"]
+            path = self.values["config"]["router"]["http"]["metrics_bearer_file"]
             d = os.path.dirname(path)
             v = vols.get(mounts.get(d, ""), {})
             if v.get("secret", {}).get("secretName") != secret["name"] or \
@@ -539,6 +549,7 @@ class Checker:
             self.err("config", "no cluster.yaml key")
             return
         cfg = yaml.safe_load(text)
+        self.config_text = text
         want = copy.deepcopy(self.values["config"])
         cs = self.values["clusterSecret"]
         if cs["enabled"]:
@@ -685,7 +696,18 @@ def scenarios(root):
     return out
 
 
-def run_all(root, show=None, quiet=False):
+def write_config(write_dir, name, text):
+    """The scenario's cluster.yaml as the processes read it, less cluster.secret_file (a path in
+    the pods that loading reads)."""
+    cfg = yaml.safe_load(text)
+    cfg.pop("cluster", None)
+    os.makedirs(write_dir, exist_ok=True)
+    file_name = re.sub(r"[^a-z0-9]+", "-", name.lower()) + ".yaml"
+    with open(os.path.join(write_dir, file_name), "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+
+
+def run_all(root, show=None, quiet=False, write_dir=None):
     """Renders every scenario and every refused value set; returns the problems."""
     say = (lambda *a: None) if quiet else print
     try:
@@ -706,6 +728,8 @@ def run_all(root, show=None, quiet=False):
         c = Checker(name, values, manifests, notes, root)
         errors += c.run()
         n_objs += len(c.objs)
+        if write_dir and getattr(c, "config_text", None):
+            write_config(write_dir, name, c.config_text)
         say(f"rendered {name}: {len(c.objs)} objects")
     for name, vals, expect in NEGATIVE:
         full = vals if name == "no model claim" else merge(MODEL_PVC, vals)
@@ -793,8 +817,10 @@ def main():
     ap.add_argument("--show", help="print the manifests of this scenario")
     ap.add_argument("--self-test", action="store_true",
                     help="break the chart in known ways (in a copy) and check each is caught")
+    ap.add_argument("--write-configs", metavar="DIR",
+                    help="write each scenario's rendered cluster.yaml into DIR")
     a = ap.parse_args()
-    errors, n_objs = run_all(a.root, show=a.show)
+    errors, n_objs = run_all(a.root, show=a.show, write_dir=a.write_configs)
     for e in errors:
         print(e)
     print(f"chart render: {'FAILED, ' + str(len(errors)) + ' problem(s)' if errors else 'ok'} "

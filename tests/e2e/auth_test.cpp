@@ -61,7 +61,8 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillP
   std::filesystem::create_directories(kWork);
   std::string path = kWork + "/" + name + ".yaml";
   std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
-                      << "router: {short_prompt_tokens: 0, prefix_aware_routing: false}\n"
+                      << "router: {routing: {short_prompt_tokens: 0,"
+                      << " prefix_aware_routing: false}}\n"
                       << "pools: {prefill: {replicas: 1, base_port: " << prefillPort
                       << "}, decode: {replicas: 1}}\n"
                       << "engine: {backend: cpu, threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"

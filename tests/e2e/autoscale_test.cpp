@@ -69,10 +69,9 @@ Outcome complete(int port, int maxTokens, int seed) {
 void writeConfig(const std::string& path, int idleAfterMs, const std::string& extra, const std::string& pools) {
   std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
                       << "router:\n"
-                      << "  short_prompt_tokens: 100000\n"
-                      << "  request_timeout_ms: 160000\n"
-                      << "  prefix_aware_routing: false\n"
-                      << "  overload_shedding: false\n"
+                      << "  routing: {short_prompt_tokens: 100000, prefix_aware_routing: false}\n"
+                      << "  requests: {request_timeout_ms: 160000}\n"
+                      << "  admission: {overload_shedding: false}\n"
                       << "  autoscaler: {tick_ms: 250, window_ms: 4000, min_samples: 20, scale_up_cooldown_ms: 1000,\n"
                       << "               scale_down_cooldown_ms: 60000, idle_after_ms: " << idleAfterMs << extra
                       << "}\n"

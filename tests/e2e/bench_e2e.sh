@@ -16,7 +16,8 @@ port=$(free_port) control=$(free_port)
 "$bin/pdserve" make-model --preset small --out "$work/small" >/dev/null
 cat > "$work/cluster.yaml" <<YAML
 model: {path: $work/small, name: small}
-router: {control_port: $control, short_prompt_tokens: 64, overload_shedding: false}
+router: {workers: {control_port: $control}, routing: {short_prompt_tokens: 64},
+         admission: {overload_shedding: false}}
 pools: {prefill: {replicas: 1}, decode: {replicas: 1}}
 engine: {threads: 2, kv_cache_bytes: 67108864}
 kv_transfer: {transports: [tcp]}

@@ -54,6 +54,10 @@ struct ClusterSpec {
   std::string extraEngine{};  // more keys of the engine map: ", drain_timeout_ms: 200"
   std::string extraKvTransfer{};  // more keys of the kv_transfer map: ", lease_ms: 800"
   std::string extraTop{};         // more top-level sections: "metrics: {vllm_compatible_names: true}\n"
+  // extraRouter: more groups of the router map ("  admission: {overload_shedding: false}\n");
+  // these, more keys of the two it always has.
+  std::string extraRouting{};   // ", exact_prefix_routing: false"
+  std::string extraRequests{};  // ", drain_timeout_ms: 300"
 };
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
@@ -62,9 +66,10 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
   const bool cuda = spec.backend == "cuda";
   std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small"
                       << (cuda ? ", dtype: f32" : "") << "}\n"
-                      << "router:\n  short_prompt_tokens: " << spec.shortPromptTokens << "\n"
-                      << "  request_timeout_ms: 60000\n"
-                      << "  prefix_aware_routing: " << (spec.prefixAwareRouting ? "true" : "false") << "\n"
+                      << "router:\n  routing: {short_prompt_tokens: " << spec.shortPromptTokens
+                      << ", prefix_aware_routing: " << (spec.prefixAwareRouting ? "true" : "false")
+                      << spec.extraRouting << "}\n"
+                      << "  requests: {request_timeout_ms: 60000" << spec.extraRequests << "}\n"
                       << spec.extraRouter
                       << "pools: " << spec.pools << "\n"
                       << "engine: {backend: " << spec.backend
@@ -374,7 +379,7 @@ TEST_CASE("KV events off on either side: the router routes on the predicted inde
   spec.prefixAwareRouting = true;
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
   SECTION("a router that does not take them (an old router): the worker sends none") {
-    spec.extraRouter = "  exact_prefix_routing: false\n";
+    spec.extraRouting = ", exact_prefix_routing: false";
   }
   SECTION("a worker that does not publish them (an old worker)") { spec.extraEngine = ", kv_events: {publish: false}"; }
   auto c = startCluster("kv-events-off", spec);
@@ -394,7 +399,8 @@ TEST_CASE("adaptive threshold: a prefill pool missing its SLO pulls prompts onto
   // enough samples in both windows the router raises short_prompt_tokens from 64. (Overload
   // shedding, which would refuse these prompts against that target, is not what is tested.)
   ClusterSpec spec{/*shortPromptTokens=*/64};
-  spec.extraRouter = "  adaptive_threshold: true\n  overload_shedding: false\n";
+  spec.extraRouting = ", adaptive_threshold: true";
+  spec.extraRouter = "  admission: {overload_shedding: false}\n";
   spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 1}}, decode: {replicas: 1, slo: {itl_ms: 60000}}}";
   auto c = startCluster("adaptive-threshold", spec);
   CHECK(routerMetric(*c, "pdserve_short_prompt_tokens") == 64);
@@ -444,7 +450,8 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
   std::vector<int32_t> plain;
   // Back-to-back requests on a busy machine must not be shed: this test is about tokens.
   ClusterSpec colocatedSpec{100000}, disaggregatedSpec{0};
-  colocatedSpec.extraRouter = disaggregatedSpec.extraRouter = "  overload_shedding: false\n";
+  colocatedSpec.extraRouter = disaggregatedSpec.extraRouter =
+      "  admission: {overload_shedding: false}\n";
   {
     auto c = startCluster("seeded-colocated", colocatedSpec);
     for (int n : {40, 300, 800}) colocated.push_back(complete(*c, randomPrompt(n, n), 10, sampling).ids);
@@ -519,7 +526,7 @@ TEST_CASE("100 client aborts, before the first token and mid-stream: no block le
   ClusterSpec spec{/*shortPromptTokens=*/64};
   // Not an overload test: on a slow (sanitized) build the requests still queued behind an
   // abort's cancel would be predicted past the TTFT target and shed.
-  spec.extraRouter = "  overload_shedding: false\n";
+  spec.extraRouter = "  admission: {overload_shedding: false}\n";
   auto c = startCluster("aborts", spec);
   for (int i = 0; i < 100; ++i) {
     const bool early = i % 2 == 0;
@@ -634,12 +641,12 @@ TEST_CASE("a decode worker killed mid-stream: the stream continues on another on
 }
 
 // A stopped decode worker (SIGSTOP: a hung host, a partition) keeps its connection open but
-// stops reporting: after router.worker_report_timeout_ms its stream moves on. Resumed, it
+// stops reporting: after router.workers.worker_report_timeout_ms its stream moves on. Resumed, it
 // gets the cancel and frees everything.
 TEST_CASE("a decode worker stopped mid-stream: the stream moves on after the report timeout, same tokens") {
   ClusterSpec spec{/*shortPromptTokens=*/100000};
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 2}}";
-  spec.extraRouter = "  worker_report_timeout_ms: 800\n";
+  spec.extraRouter = "  workers: {worker_report_timeout_ms: 800}\n";
   auto c = startCluster("migrate-stop", spec);
   const auto p = randomPrompt(20, 33);
   const int kTokens = 300;
@@ -661,7 +668,7 @@ TEST_CASE("a decode worker stopped mid-stream: the stream moves on after the rep
   CHECK(allBlocksFree(*c, stopped));
   recordFault({"decode worker stopped (SIGSTOP) mid-stream",
                "stream complete with the same greedy ids; the stopped worker frees everything once resumed",
-               "its load reports stop: router.worker_report_timeout_ms (800 ms here)",
+               "its load reports stop: router.workers.worker_report_timeout_ms (800 ms here)",
                "stream finished " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
                    " ms after the stop"});
 }
@@ -764,7 +771,8 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
 }
 
 TEST_CASE("bad requests get OpenAI errors with the right status") {
-  auto c = startCluster("errors", ClusterSpec{64, "[tcp]", "recompute", "  api_keys: [sk-test]\n  max_body_bytes: 65536\n"});
+  auto c = startCluster("errors", ClusterSpec{64, "[tcp]", "recompute",
+                                              "  http: {api_keys: [sk-test], max_body_bytes: 65536}\n"});
   const std::vector<std::string> auth{"Authorization: Bearer sk-test"};
   auto post = [&](const std::string& body, std::vector<std::string> headers) {
     auto r = httpRequest(c->httpPort(), "POST", "/v1/completions", body, 30s, headers);
@@ -795,10 +803,10 @@ TEST_CASE("bad requests get OpenAI errors with the right status") {
 // Issue 10: the decode worker never waits on a peer. A prefill worker stopped (SIGSTOP) in the
 // middle of a remote prefill delays that request alone: a colocated stream on the same decode
 // worker keeps its pace, both workers stay healthy in the router (the stop is shorter than
-// router.worker_report_timeout_ms), and the delayed request still gets its exact greedy ids.
+// router.workers.worker_report_timeout_ms), and the delayed request still gets its exact greedy ids.
 TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   ClusterSpec spec;
-  spec.extraRouter = "  worker_report_timeout_ms: 3000\n";
+  spec.extraRouter = "  workers: {worker_report_timeout_ms: 3000}\n";
   auto c = startCluster("sigstop-prefill", spec);
   // Long enough that its prefill outlasts the polls below even on an optimised build.
   const auto longPrompt = randomPrompt(2000, 77);
@@ -904,7 +912,7 @@ static void checkSlowButAliveWriter(const std::string& transports, const std::st
   spec.timeoutMs = 1500;
   spec.extraKvTransfer = ", heartbeat_ms: 100, lease_ms: " + std::to_string(leaseMs);
   spec.onFailure = "fail";
-  spec.extraRouter = "  worker_report_timeout_ms: 10000\n";
+  spec.extraRouter = "  workers: {worker_report_timeout_ms: 10000}\n";
   auto c = startCluster("fence-" + lane, spec);
   const auto promptA = randomPrompt(1200, 1201);
   const auto promptB = randomPrompt(380, 1202);  // 30 blocks with its tokens: A's first 30 without fencing
@@ -1000,7 +1008,7 @@ TEST_CASE("a prefill worker stopped mid-request: its lease runs out long before 
   ClusterSpec spec;
   spec.timeoutMs = 30000;
   spec.extraKvTransfer = ", heartbeat_ms: 100, lease_ms: 800";
-  spec.extraRouter = "  worker_report_timeout_ms: 20000\n";  // the router keeps both in rotation
+  spec.extraRouter = "  workers: {worker_report_timeout_ms: 20000}\n";  // the router keeps both in rotation
   auto c = startCluster("lease-prefill", spec);
   const auto p = randomPrompt(1200, 1301);
   const auto expected = generateCli(p, 4);
@@ -1084,10 +1092,10 @@ TEST_CASE("a decode worker drains on SIGTERM: its stream finishes, new requests 
 }
 
 // Issue 12: a router stopped with SIGTERM ends every open stream with an error event and
-// [DONE] (after router.drain_timeout_ms), never by just dropping the connection; it exits 0.
+// [DONE] (after router.requests.drain_timeout_ms), never by just dropping the connection; it exits 0.
 TEST_CASE("a router stopped under traffic ends its streams with an error event and [DONE]") {
   ClusterSpec spec{/*shortPromptTokens=*/100000};
-  spec.extraRouter = "  drain_timeout_ms: 300\n";
+  spec.extraRequests = ", drain_timeout_ms: 300";
   auto c = startCluster("drain-router", spec);
   json req{{"model", "small"}, {"prompt", randomPrompt(20, 21)}, {"max_tokens", 1500}, {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}};
@@ -1110,7 +1118,7 @@ TEST_CASE("a router stopped under traffic ends its streams with an error event a
   CHECK(exit->description == "exited with status 0");
   recordFault({"router stopped (SIGTERM) under traffic",
                "every open stream ends with an error event and [DONE]; exit 0",
-               "SIGTERM: at once; streams get router.drain_timeout_ms (300 ms here)", "stream ended with the error event"});
+               "SIGTERM: at once; streams get router.requests.drain_timeout_ms (300 ms here)", "stream ended with the error event"});
 }
 
 // Issue 13, the router's HTTP plane, against the real router: hostile bodies get 400s that
@@ -1123,8 +1131,11 @@ TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metri
   ClusterSpec spec;
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
   // sk-hashed is given as its hash: printf %s sk-hashed | sha256sum
-  spec.extraRouter = "  api_keys: ['sha256:c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6', sk-plain]\n"
-                     "  metrics_auth: bearer_file\n  metrics_bearer_file: " + tokenFile + "\n";
+  spec.extraRouter = "  http:\n"
+                     "    api_keys:\n"
+                     "    - 'sha256:c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6'\n"
+                     "    - sk-plain\n"
+                     "    metrics_auth: bearer_file\n    metrics_bearer_file: " + tokenFile + "\n";
   auto c = startCluster("http-plane", spec);
   const std::vector<std::string> key{"Authorization: Bearer sk-hashed"};
   auto post = [&](const std::string& path, const std::string& body) {
@@ -1198,7 +1209,8 @@ TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metri
 TEST_CASE("per-key rate limits: a burst of M out of N at once, the rest 429 with Retry-After, then they pass") {
   ClusterSpec spec;
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
-  spec.extraRouter = "  api_keys: [sk-a, sk-b]\n  rate_limits: {requests_per_s: 0.5, request_burst: 3}\n";
+  spec.extraRouter = "  http: {api_keys: [sk-a, sk-b]}\n"
+                     "  admission: {rate_limits: {requests_per_s: 0.5, request_burst: 3}}\n";
   auto c = startCluster("rate-limits", spec);
   const std::string body = R"({"model":"small","prompt":"hello","max_tokens":1})";
   std::vector<std::thread> threads;
@@ -1238,7 +1250,7 @@ TEST_CASE("per-key rate limits: a burst of M out of N at once, the rest 429 with
   CHECK(std::atof(m->body.c_str() + at + series.size()) == 5);
 }
 
-// Issue 13: router.tls on the real router binary. Certificates are made here with the openssl
+// Issue 13: router.http.tls on the real router binary. Certificates are made here with the openssl
 // CLI (never committed); curl is the client: verified against the right CA it is answered, a
 // plain-HTTP client and a client trusting another CA fail, and so does TLS 1.1.
 TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wrong CA and TLS 1.1") {
@@ -1255,8 +1267,8 @@ TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wron
              "-CAcreateserial -out s.pem -days 1 -extfile ext >/dev/null 2>&1") == 0);
   REQUIRE(sh("openssl req -x509" + ec + " -keyout other.key -out other.pem -subj /CN=other >/dev/null 2>&1") == 0);
   std::ofstream(dir + "/cluster.yaml") << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
-                                       << "router: {tls: {cert_file: " << dir << "/s.pem, key_file: " << dir
-                                       << "/s.key}}\nlogging: {level: warn}\n";
+                                       << "router: {http: {tls: {cert_file: " << dir << "/s.pem, key_file: " << dir
+                                       << "/s.key}}}\nlogging: {level: warn}\n";
   ProcessGroup group;
   REQUIRE(group.spawn("router", {std::string(PD_BINARY_DIR) + "/bin/pdserve-router", "--config", dir + "/cluster.yaml",
                                  "--port", "0", "--control-port", "0", "--ports-file", dir + "/router.ports"})

@@ -100,10 +100,9 @@ TEST_CASE(
   std::ofstream(config)
       << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
       << "router:\n"
-      << "  short_prompt_tokens: 64\n"
-      << "  request_timeout_ms: 110000\n"
-      << "  prefix_aware_routing: false\n"
-      << "  overload_shedding: false\n"
+      << "  routing: {short_prompt_tokens: 64, prefix_aware_routing: false}\n"
+      << "  requests: {request_timeout_ms: 110000}\n"
+      << "  admission: {overload_shedding: false}\n"
       << "pools: {prefill: {replicas: 0}, decode: {replicas: 1}}\n"
       << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
       << "         drain_timeout_ms: 20000}\n"

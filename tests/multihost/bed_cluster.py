@@ -77,8 +77,9 @@ class Cluster:
             "modelVolume": {"type": "hostPath", "mountPath": mount, "hostPath": {"path": mount}},
             "config": {
                 "model": {"path": model_dir},
-                "router": {"short_prompt_tokens": 32, "request_timeout_ms": 60000,
-                           "prefix_aware_routing": False, "worker_report_timeout_ms": 1000},
+                "router": {"routing": {"short_prompt_tokens": 32, "prefix_aware_routing": False},
+                           "requests": {"request_timeout_ms": 60000},
+                           "workers": {"worker_report_timeout_ms": 1000}},
                 "pools": {"prefill": {"replicas": prefill, "min_replicas": prefill, "max_replicas": prefill},
                           "decode": {"replicas": decode, "min_replicas": decode, "max_replicas": decode}},
                 "engine": {"threads": 1, "kv_cache_bytes": 67108864, "max_batch_tokens": 512},

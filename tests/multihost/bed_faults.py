@@ -1,5 +1,5 @@
 """Network faults on the bed (issue 11), on one tcp cluster: kv_transfer.timeout_ms 3000,
-router.request_timeout_ms 10000, on_remote_prefill_failure: recompute.
+router.requests.request_timeout_ms 10000, on_remote_prefill_failure: recompute.
 
 Each fault drops packets silently (netbed: a link set down at the switch, or a partition by
 pinned bogus ARP entries): no reset, no ICMP, as a cable pull or a dead switch port would.
@@ -13,7 +13,8 @@ REQUEST_TIMEOUT_S = 10.0
 
 def values():
     return {"config": {"kv_transfer": {"transports": ["tcp"], "timeout_ms": int(KV_TIMEOUT_S * 1000)},
-                       "router": {"request_timeout_ms": int(REQUEST_TIMEOUT_S * 1000)}}}
+                       "router": {"requests": {
+                           "request_timeout_ms": int(REQUEST_TIMEOUT_S * 1000)}}}}
 
 
 class Call(threading.Thread):
@@ -142,5 +143,5 @@ def run(c, build, model, check, complete, prompt, reference, faults):
     faults.record("router and a decode host partitioned",
                   "its in-flight requests end within the request deadline, complete or with an error naming it; "
                   "new requests go to the other decode host; it comes back",
-                  "its load reports stop: router.worker_report_timeout_ms (1 s)",
+                  "its load reports stop: router.workers.worker_report_timeout_ms (1 s)",
                   "in-flight requests ended in " + ", ".join(f"{s} s" for _, s in ends))

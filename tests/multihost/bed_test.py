@@ -182,7 +182,8 @@ def main():
                 "ucx": {"tls": "tcp", "netDevices": "eth0"}}
     elif a.case == "routers":
         over = {"router": {"replicas": 2}, "config": {"kv_transfer": {"transports": ["tcp"]},
-                                                       "router": {"short_prompt_tokens": 64}}}
+                                                       "router": {"routing": {
+                                                           "short_prompt_tokens": 64}}}}
     extra = ("intruder",) if a.case == "tcp" else ()
     with bed_cluster.Cluster(build, model, work, over, routers=2 if a.case == "routers" else 1,
                              extra_hosts=extra) as c:

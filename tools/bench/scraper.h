@@ -28,7 +28,7 @@ namespace pd::bench {
 struct ScrapeOptions {
   ServerTarget server;
   std::string path = "/metrics";
-  std::string bearer;          // Authorization: Bearer, when not empty (router.metrics_auth)
+  std::string bearer;          // Authorization: Bearer, when not empty (router.http.metrics_auth)
   int64_t intervalMs = 1000;
   int64_t timeoutMs = 1000;    // per scrape; at most intervalMs is sensible
 };

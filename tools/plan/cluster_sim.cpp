@@ -344,7 +344,7 @@ class Simulation {
     const int64_t promptTokens = int64_t(r.prompt.size());
     if (o_.scheduler.enablePrefixCaching) {
       // Prefix-aware routing on the exact index, as the router keeps it from the workers' KV
-      // events (router.exact_prefix_routing, on by default): what each worker's prefix cache
+      // events (router.routing.exact_prefix_routing, on by default): what each worker's prefix cache
       // holds now, never the prompt's last token (it is computed for its logits).
       for (auto& v : views) {
         auto& kv = workers_[workerIndex(v.id)].engine->kv();

@@ -9,7 +9,7 @@
 //   - a disaggregated request is prefilled on a prefill worker's engine (one token), its KV
 //     moves to the decode worker in CostModel::kvTransferSeconds, and the decode engine takes
 //     it with submitRemote / completeRemote, as the decode worker does;
-//   - with router.overload_shedding, router::AdmissionControl admits or sheds each request
+//   - with router.admission.overload_shedding, router::AdmissionControl admits or sheds each request
 //     and learns its scales from the simulated first tokens and gaps, as the router does;
 //   - with SimOptions::autoscaling, router::Autoscaler recommends each pool's size every
 //     tick from the same views and latencies, and pdserve up's local actuator policy
@@ -40,7 +40,7 @@ struct Layout {
   int prefillWorkers = 0;            // 0: colocated only
   int decodeWorkers = 1;
   int tensorParallel = 1;            // devices per worker
-  int64_t shortPromptTokens = 256;   // router.short_prompt_tokens
+  int64_t shortPromptTokens = 256;   // router.routing.short_prompt_tokens
 
   int devices() const { return (prefillWorkers + decodeWorkers) * tensorParallel; }
   std::string describe() const;      // "colocated x4", "2P + 2D (threshold 512)", with "TP2"
@@ -71,7 +71,7 @@ struct SimOptions {
   double memoryUtilization = 0.9;
   double kvCacheBytes = 0;             // > 0: engine.kv_cache_bytes per worker instead
   double kvLinkBytesPerS = 0;          // 0: the device's NIC
-  // router.overload_shedding: router::AdmissionControl refuses a request it predicts would
+  // router.admission.overload_shedding: router::AdmissionControl refuses a request it predicts would
   // miss (429); a refused request counts as a miss.
   bool overloadShedding = true;
   std::optional<Autoscaling> autoscaling;  // nullopt: the layout's pools keep their size

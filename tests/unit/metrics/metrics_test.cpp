@@ -47,7 +47,8 @@ TEST_CASE("a name reused with another type is a programming error") {
 
 TEST_CASE("router histograms use the configured buckets, with the SLO as a bound") {
   auto cfg = pd::config::parseClusterConfig(
-      "router: {ttft_buckets_s: [0.1, 1], itl_buckets_s: [0.01, 0.1], e2e_buckets_s: [1, 10]}\n"
+      "router: {metrics: {ttft_buckets_s: [0.1, 1], itl_buckets_s: [0.01, 0.1],"
+      " e2e_buckets_s: [1, 10]}}\n"
       "pools: {prefill: {slo: {ttft_ms: 250}}, decode: {slo: {itl_ms: 20}}}\n",
       "m.yaml");
   REQUIRE(cfg.ok());

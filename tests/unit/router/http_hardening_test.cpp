@@ -1,5 +1,5 @@
 // Issue 13, the router's HTTP plane: bounded JSON bodies and error messages, typed content
-// parts, hashed API keys, and the token buckets behind router.rate_limits.
+// parts, hashed API keys, and the token buckets behind router.admission.rate_limits.
 #include <catch2/catch.hpp>
 
 #include "router/api_keys.h"
@@ -80,7 +80,7 @@ TEST_CASE("API keys: plain and sha256: entries match the same key; only hashes a
     return s;
   }();
   CHECK(hexAlpha == "2179e632e89277f18aa600491b68ad55121fd6caa045e047fdeb426088a5a5f1");  // what the documented sha256sum line prints
-  auto set = KeySet::fromEntries({"sha256:" + hexAlpha, "sk-beta"}, "router.api_keys");
+  auto set = KeySet::fromEntries({"sha256:" + hexAlpha, "sk-beta"}, "router.http.api_keys");
   REQUIRE(set.ok());
   CHECK(set->match("sk-alpha") == 0);
   CHECK(set->match("sk-beta") == 1);
@@ -89,9 +89,9 @@ TEST_CASE("API keys: plain and sha256: entries match the same key; only hashes a
   CHECK(set->match(hexAlpha) == -1);  // the hash is not a key
   auto upper = KeySet::fromEntries({"sha256:" + std::string(64, 'A')}, "k");
   CHECK(upper.ok());
-  auto bad = KeySet::fromEntries({"sk-a", "sha256:abc"}, "router.api_keys");
+  auto bad = KeySet::fromEntries({"sk-a", "sha256:abc"}, "router.http.api_keys");
   REQUIRE(!bad.ok());
-  CHECK(bad.status().message().find("router.api_keys[1]") == 0);
+  CHECK(bad.status().message().find("router.http.api_keys[1]") == 0);
   CHECK(KeySet::bearerToken("Bearer sk-1") == "sk-1");
   CHECK(KeySet::bearerToken("bearer  sk-1 ") == "sk-1");
   CHECK(KeySet::bearerToken("Basic abc").empty());

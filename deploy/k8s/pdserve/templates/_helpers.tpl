@@ -101,7 +101,7 @@ again every 10 s). It publishes not-ready router pods: a router only turns ready
 worker registered, and the workers must reach it before that.
 */}}
 {{- define "pdserve.routerControlAddress" -}}
-{{- printf "%s-router-control.%s.svc:%v" (include "pdserve.fullname" .) .Release.Namespace .Values.config.router.control_port }}
+{{- printf "%s-router-control.%s.svc:%v" (include "pdserve.fullname" .) .Release.Namespace .Values.config.router.workers.control_port }}
 {{- end }}
 
 {{/*
