@@ -10,7 +10,7 @@ find_package(Protobuf REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(prometheus-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
-# TLS on the router's HTTP API, SHA-256 of API keys (docs/security-http.md) and the
+# TLS on the router's HTTP API, SHA-256 of API keys (docs/security.md) and the
 # cluster authentication's HMAC (common/base/cluster_auth.h).
 find_package(OpenSSL REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

@@ -15,11 +15,16 @@ constexpr const char* kTag = "decode";
 
 proto::FinishReason toProtoFinish(engine::FinishReason r) {
   switch (r) {
-    case engine::FinishReason::kStop: return proto::FINISH_STOP;
-    case engine::FinishReason::kLength: return proto::FINISH_LENGTH;
-    case engine::FinishReason::kCancelled: return proto::FINISH_ABORT;
-    case engine::FinishReason::kError: return proto::FINISH_ERROR;
-    case engine::FinishReason::kNone: break;
+    case engine::FinishReason::kStop:
+      return proto::FINISH_STOP;
+    case engine::FinishReason::kLength:
+      return proto::FINISH_LENGTH;
+    case engine::FinishReason::kCancelled:
+      return proto::FINISH_ABORT;
+    case engine::FinishReason::kError:
+      return proto::FINISH_ERROR;
+    case engine::FinishReason::kNone:
+      break;
   }
   return proto::FINISH_NONE;
 }
@@ -30,27 +35,29 @@ class DecodeRole final : public worker::RolePolicy {
   explicit DecodeRole(worker::WorkerLoop& loop)
       : loop_(loop),
         engine_(loop.engine()),
-        remote_(loop, RemotePrefills::Callbacks{
-                          [this](uint64_t id, const proto::Timings& split, SteadyTime at,
-                                 const std::vector<EngineEvent>& events) {
-                            if (auto it = streams_.find(id); it != streams_.end()) {
-                              it->second.remoteSplit = split;
-                              it->second.kvReadyAt = at;
-                            }
-                            publish(events);
-                          },
-                          [this](uint64_t id, const Status& why) { sendErrorAndForget(id, why); }}) {}
+        remote_(loop,
+                RemotePrefills::Callbacks{[this](uint64_t id, const proto::Timings& split, SteadyTime at,
+                                                 const std::vector<EngineEvent>& events) {
+                                            if (auto it = streams_.find(id); it != streams_.end()) {
+                                              it->second.remoteSplit = split;
+                                              it->second.kvReadyAt = at;
+                                            }
+                                            publish(events);
+                                          },
+                                          [this](uint64_t id, const Status& why) { sendErrorAndForget(id, why); }}) {}
 
   void onRouterMessage(worker::RouterId from, proto::Envelope&& env) override {
     switch (env.body_case()) {
-      case proto::Envelope::kGenerate: return onGenerate(from, std::move(*env.mutable_generate()));
+      case proto::Envelope::kGenerate:
+        return onGenerate(from, std::move(*env.mutable_generate()));
       case proto::Envelope::kCancel: {
         // Only the router that sent a request may cancel it.
         auto it = streams_.find(env.cancel().request_id());
         if (it != streams_.end() && it->second.router == from) cancel(it->first, env.cancel().reason());
         return;
       }
-      default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from the router";
+      default:
+        PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from the router";
     }
   }
 
@@ -116,17 +123,19 @@ class DecodeRole final : public worker::RolePolicy {
     std::vector<int32_t> prompt(gen.prompt_token_ids().begin(), gen.prompt_token_ids().end());
     const int64_t maxLen = loop_.bundle().maxModelLen;
     if (int64_t(prompt.size()) + params.maxTokens > maxLen) {
-      return sendError(from, id, outOfRange("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
-                                      std::to_string(params.maxTokens) + ") exceeds the model's context of " +
-                                      std::to_string(maxLen) + " tokens"));
+      return sendError(from, id,
+                       outOfRange("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                                  std::to_string(params.maxTokens) + ") exceeds the model's context of " +
+                                  std::to_string(maxLen) + " tokens"));
     }
     auto request = engine::Request::create(id, std::move(prompt), params, SystemClock::instance(),
                                            engine_.modelConfig().vocabSize);
     if (!request.ok()) return sendError(from, id, request.status());
     const auto load = engine_.load();
     if (load.waiting + remote_.waitingForBlocks() >= loop_.config().engine.maxQueue) {
-      return sendError(from, id, resourceExhausted("decode worker " + loop_.flags().workerId + ": queue full (" +
-                                             std::to_string(load.waiting) + " waiting)"));
+      return sendError(from, id,
+                       resourceExhausted("decode worker " + loop_.flags().workerId + ": queue full (" +
+                                         std::to_string(load.waiting) + " waiting)"));
     }
     Stream s;
     s.router = from;
@@ -172,8 +181,8 @@ class DecodeRole final : public worker::RolePolicy {
           chunk->set_finish_reason(toProtoFinish(e.reason));
           // Where the prompt was prefilled: the prefill worker's hit, or ours (colocated, or
           // recomputed here after a failed remote prefill: no split then).
-          s.cachedPromptTokens = s.remoteSplit ? s.remoteSplit->prefill_cached_tokens()
-                                               : uint32_t(e.timings.cachedPromptTokens);
+          s.cachedPromptTokens =
+              s.remoteSplit ? s.remoteSplit->prefill_cached_tokens() : uint32_t(e.timings.cachedPromptTokens);
           fillSummary(s, chunk);
           chunk->mutable_timings()->set_queue_ms(1e3 * e.timings.queueSeconds);
           finished.emplace(e.requestId, e.timings);
@@ -188,8 +197,10 @@ class DecodeRole final : public worker::RolePolicy {
     for (uint64_t id : first) {
       const auto f = finished.find(id);
       const engine::Request* r = engine_.find(id);
-      if (f != finished.end()) fillSplit(streams_.at(id), f->second, chunks.at(id).mutable_token_chunk());
-      else if (r) fillSplit(streams_.at(id), r->timings(), chunks.at(id).mutable_token_chunk());
+      if (f != finished.end())
+        fillSplit(streams_.at(id), f->second, chunks.at(id).mutable_token_chunk());
+      else if (r)
+        fillSplit(streams_.at(id), r->timings(), chunks.at(id).mutable_token_chunk());
     }
     for (uint64_t id : order) {
       auto& env = chunks.at(id);
@@ -257,8 +268,10 @@ class DecodeRole final : public worker::RolePolicy {
 
   void cancel(uint64_t id, const std::string& reason) {
     if (!streams_.count(id)) return;
-    if (remote_.contains(id)) remote_.cancel(id, reason);
-    else engine_.cancel(id);
+    if (remote_.contains(id))
+      remote_.cancel(id, reason);
+    else
+      engine_.cancel(id);
     streams_.erase(id);
   }
 
@@ -299,7 +312,7 @@ class DecodeServiceImpl final : public DecodeService {
 }  // namespace
 
 Result<std::unique_ptr<DecodeService>> DecodeService::create(config::ClusterConfig config, worker::WorkerFlags flags,
-                                                     std::shared_ptr<const engine::ModelWeights> weights) {
+                                                             std::shared_ptr<const engine::ModelWeights> weights) {
   if (!flags.modelPath.empty()) config.model.path = flags.modelPath;
   PD_ASSIGN_OR_RETURN(auto bundle, worker::buildEngine(config, /*releaseKvOnFinish=*/true, std::move(weights)));
   return std::unique_ptr<DecodeService>(new DecodeServiceImpl(std::move(config), std::move(flags), std::move(bundle)));

@@ -1,4 +1,4 @@
-// The decode worker (`pdserve-decode`, DESIGN.md §1): it owns every request the router gives
+// The decode worker (`pdserve-decode`, docs/design.md §1): it owns every request the router gives
 // it. Short prompts are prefilled here (colocated, chunked into the decode batches); long ones
 // go through RemotePrefills (blocks reserved, a prefill worker pushes the prompt's KV, the
 // first token comes with PrefillDone), then decode here like any other. Tokens stream to the
@@ -24,7 +24,7 @@ class DecodeService : public worker::Service {
  public:
   // `weights`: see worker::buildEngine's `preloaded` (null: load config.model.path).
   static Result<std::unique_ptr<DecodeService>> create(config::ClusterConfig config, worker::WorkerFlags flags,
-                                                    std::shared_ptr<const engine::ModelWeights> weights = nullptr);
+                                                       std::shared_ptr<const engine::ModelWeights> weights = nullptr);
 };
 
 }  // namespace pd::decode

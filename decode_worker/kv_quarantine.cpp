@@ -12,15 +12,14 @@ namespace {
 constexpr const char* kTag = "decode";
 }  // namespace
 
-void KvQuarantine::hold(uint64_t id, const std::string& address, kvt::AgentPeer kvPeer,
-                        int blocks, const std::string& why) {
+void KvQuarantine::hold(uint64_t id, const std::string& address, kvt::AgentPeer kvPeer, int blocks,
+                        const std::string& why) {
   const engine::SeqId holder = nextHolder_++;
   if (Status s = loop_.engine().quarantineRemote(id, holder); !s.isOk()) {
     // Not expected (the request holds its reservation until here); the blocks stay with the
     // request and are freed with it: say so loudly, it is the unfenced case.
-    PD_LOG(kError, kTag) << "request " << id << ": cannot quarantine its KV blocks ("
-                         << s.toString() << "); freeing them although prefill worker "
-                         << address << " may still write them";
+    PD_LOG(kError, kTag) << "request " << id << ": cannot quarantine its KV blocks (" << s.toString()
+                         << "); freeing them although prefill worker " << address << " may still write them";
     return;
   }
   Hold h;
@@ -42,8 +41,7 @@ void KvQuarantine::release(engine::SeqId holder, const std::string& why) {
   if (it == holds_.end()) return;
   const double held = secondsBetween(it->second.since, steadyNow());
   PD_LOG(kInfo, kTag) << "request " << it->second.requestId << ": " << it->second.blocks
-                      << " quarantined KV block(s) released after " << int64_t(held * 1e3)
-                      << " ms: " << why;
+                      << " quarantined KV block(s) released after " << int64_t(held * 1e3) << " ms: " << why;
   (void)loop_.engine().kv().free(holder);
   blocks_ -= it->second.blocks;
   loop_.metrics().kvBlocksQuarantined.set(blocks_);
@@ -65,8 +63,7 @@ void KvQuarantine::sendCancel(const Hold& h) {
   proto::Envelope cancel;
   cancel.set_request_id(h.requestId);
   cancel.mutable_cancel()->set_request_id(h.requestId);
-  cancel.mutable_cancel()->set_reason(
-      "KV fencing: acknowledge that nothing of this request is in flight");
+  cancel.mutable_cancel()->set_reason("KV fencing: acknowledge that nothing of this request is in flight");
   (void)links_.send(h.address, std::move(cancel));
 }
 
@@ -84,8 +81,7 @@ void KvQuarantine::poll() {
   for (auto& [holder, h] : holds_) {
     const bool linked = links_.connected(h.address);
     if (!linked && loop_.agent().unfencedLanesDead(h.kvPeer)) {
-      gone.emplace_back(holder, "prefill worker " + h.address +
-                                    " is gone (control connection closed, KV lane dead)");
+      gone.emplace_back(holder, "prefill worker " + h.address + " is gone (control connection closed, KV lane dead)");
       continue;
     }
     // Its link closed (a lease that ran out, a reset) but the writer may live: only a new
@@ -94,9 +90,8 @@ void KvQuarantine::poll() {
     if (!linked) links_.redial(h.address);
     if (!h.leaseLogged && now - h.since > lease) {
       h.leaseLogged = true;
-      PD_LOG(kWarn, kTag) << "request " << h.requestId << ": " << h.blocks
-                          << " KV block(s) still quarantined " << lease.count()
-                          << " ms after its remote prefill ended: prefill worker " << h.address
+      PD_LOG(kWarn, kTag) << "request " << h.requestId << ": " << h.blocks << " KV block(s) still quarantined "
+                          << lease.count() << " ms after its remote prefill ended: prefill worker " << h.address
                           << " has neither acknowledged the cancel nor gone away; holding them"
                              " (a one-sided writer may still write them)";
     }

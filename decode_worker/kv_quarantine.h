@@ -26,8 +26,7 @@ class KvQuarantine {
 
   // Moves request `id`'s reserved blocks (`blocks` of them) into a hold until the prefill
   // worker at `address` (kvtransfer peer `kvPeer`) acknowledges or is gone. `why` is logged.
-  void hold(uint64_t id, const std::string& address, kvt::AgentPeer kvPeer, int blocks,
-            const std::string& why);
+  void hold(uint64_t id, const std::string& address, kvt::AgentPeer kvPeer, int blocks, const std::string& why);
   // Cancel{ack} for request `id` from `address`: its holds are released.
   void onCancelAck(const std::string& address, uint64_t id);
   // A new link to `address` is ready: ask again for the holds waiting on it (an answer may
@@ -54,7 +53,7 @@ class KvQuarantine {
 
   worker::WorkerLoop& loop_;
   PrefillLinks& links_;
-  std::unordered_map<engine::SeqId, Hold> holds_;           // holder sequence -> hold
+  std::unordered_map<engine::SeqId, Hold> holds_;            // holder sequence -> hold
   engine::SeqId nextHolder_ = (engine::SeqId(1) << 63) | 1;  // far from the router's ids
   int blocks_ = 0;
 };

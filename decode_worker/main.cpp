@@ -3,7 +3,8 @@
 
 namespace {
 constexpr const char* kUsage =
-    "usage: pdserve-decode --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] [--bind-host IP]\n"
+    "usage: pdserve-decode --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] "
+    "[--bind-host IP]\n"
     "                      [--transfer-port N] [--metrics-port N] [--model DIR]\n"
     "                      [--ports-file PATH]\n"
     "  Serves the requests a pdserve-router gives it: colocated prefill + decode for short\n"
@@ -13,8 +14,8 @@ constexpr const char* kUsage =
 int main(int argc, char** argv) {
   return pd::worker::runWorkerMain(
       argc, argv, "pdserve-decode", kUsage,
-      [](pd::config::ClusterConfig config, pd::worker::WorkerFlags flags)
-          -> pd::Result<std::unique_ptr<pd::worker::Service>> {
+      [](pd::config::ClusterConfig config,
+         pd::worker::WorkerFlags flags) -> pd::Result<std::unique_ptr<pd::worker::Service>> {
         PD_ASSIGN_OR_RETURN(auto service, pd::decode::DecodeService::create(std::move(config), std::move(flags)));
         return std::unique_ptr<pd::worker::Service>(std::move(service));
       });

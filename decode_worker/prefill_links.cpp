@@ -73,11 +73,9 @@ void PrefillLinks::dial(const std::string& address) {
   };
   const milliseconds timeout(std::min<int64_t>(3000, loop_.config().kvTransfer.timeoutMs));
   net::FramedClient::connectAsync(
-      loop_.io(), address.substr(0, colon), std::atoi(address.c_str() + colon + 1), opts, cb,
-      timeout, [this, address](Result<net::ConnectionPtr> r) {
-        loop_.post([this, address, r = std::move(r)]() mutable {
-          onConnected(address, std::move(r));
-        });
+      loop_.io(), address.substr(0, colon), std::atoi(address.c_str() + colon + 1), opts, cb, timeout,
+      [this, address](Result<net::ConnectionPtr> r) {
+        loop_.post([this, address, r = std::move(r)]() mutable { onConnected(address, std::move(r)); });
       });
 }
 
@@ -85,9 +83,7 @@ void PrefillLinks::redial(const std::string& address) {
   Link& link = links_[address];
   const auto now = steadyNow();
   if (link.conn || link.connecting || now < link.redialAt) return;
-  link.redialDelay = link.redialDelay == milliseconds(0)
-                         ? kFirstRedial
-                         : std::min(2 * link.redialDelay, kMaxRedial);
+  link.redialDelay = link.redialDelay == milliseconds(0) ? kFirstRedial : std::min(2 * link.redialDelay, kMaxRedial);
   link.redialAt = now + link.redialDelay;
   PD_LOG(kDebug, kTag) << "prefill worker " << address << ": reconnecting";
   dial(address);
@@ -103,8 +99,8 @@ void PrefillLinks::onConnected(const std::string& address, Result<net::Connectio
   const std::string& fingerprint = loop_.bundle().fingerprint;
   const std::string& theirs = r.value()->peerHello().model_fingerprint();
   if (theirs != fingerprint) {
-    Status why = failedPrecondition("prefill worker " + address + " serves '" + theirs +
-                                    "', not '" + fingerprint + "'");
+    Status why =
+        failedPrecondition("prefill worker " + address + " serves '" + theirs + "', not '" + fingerprint + "'");
     r.value()->close(why);
     return callbacks_.onDown(address, why);
   }
@@ -130,16 +126,14 @@ void PrefillLinks::onConnected(const std::string& address, Result<net::Connectio
     if (it == links_.end()) return;
     it->second.kvTimer = 0;
     if (it->second.conn && !it->second.kvReady) {
-      drop(address, deadlineExceeded("prefill worker " + address +
-                                     " did not answer KvConnect within " +
+      drop(address, deadlineExceeded("prefill worker " + address + " did not answer KvConnect within " +
                                      std::to_string(timeoutMs) + " ms"));
     }
   });
   if (Status s = link.conn->send(std::move(env)); !s.isOk()) drop(address, s);
 }
 
-void PrefillLinks::onMessage(const std::string& address, const net::ConnectionPtr& c,
-                             proto::Envelope&& env) {
+void PrefillLinks::onMessage(const std::string& address, const net::ConnectionPtr& c, proto::Envelope&& env) {
   auto it = links_.find(address);
   const bool current = it != links_.end() && it->second.conn == c;
   if (current) it->second.lastHeard = steadyNow();
@@ -159,21 +153,18 @@ void PrefillLinks::onKvConnectReply(const std::string& address, proto::Envelope&
     return drop(address, net::fromProtoError(env.error()));
   }
   if (env.body_case() != proto::Envelope::kKvConnect || link.kvReady) {
-    PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from prefill worker "
-                        << address;
+    PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from prefill worker " << address;
     return;
   }
   auto loaded = loop_.agent().loadPeer(env.kv_connect().metadata());
   if (!loaded.ok()) {
-    return drop(address,
-                loaded.status().withContext("loading prefill worker " + address + "'s KV reply"));
+    return drop(address, loaded.status().withContext("loading prefill worker " + address + "'s KV reply"));
   }
   link.kvReady = true;
   link.kvPeer = *loaded;
   link.redialDelay = milliseconds(0);
   loop_.cancelTimer(link.kvTimer);
-  PD_LOG(kInfo, kTag) << "prefill worker " << address << ": KV over "
-                      << loop_.agent().peerTransport(*loaded).value();
+  PD_LOG(kInfo, kTag) << "prefill worker " << address << ": KV over " << loop_.agent().peerTransport(*loaded).value();
   callbacks_.onReady(address);
 }
 
@@ -190,15 +181,13 @@ void PrefillLinks::drop(const std::string& address, const Status& why) {
   callbacks_.onDown(address, why);
 }
 
-void PrefillLinks::onClosed(const std::string& address, const net::ConnectionPtr& c,
-                            const Status& why) {
+void PrefillLinks::onClosed(const std::string& address, const net::ConnectionPtr& c, const Status& why) {
   auto it = links_.find(address);
   if (it == links_.end() || it->second.conn != c) return;
   it->second.conn.reset();
   it->second.kvReady = false;
   loop_.cancelTimer(it->second.kvTimer);
-  callbacks_.onDown(address,
-                    unavailable("prefill worker " + address + " disconnected: " + why.message()));
+  callbacks_.onDown(address, unavailable("prefill worker " + address + " disconnected: " + why.message()));
 }
 
 void PrefillLinks::shutdown(const Status& why) {

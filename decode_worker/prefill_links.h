@@ -65,8 +65,8 @@ class PrefillLinks {
     net::ConnectionPtr conn;
     bool connecting = false;
     bool kvReady = false;
-    worker::WorkerLoop::TimerId kvTimer = 0;   // KvConnect must be answered by then
-    kvt::AgentPeer kvPeer = 0;                 // loaded from its KvConnect reply
+    worker::WorkerLoop::TimerId kvTimer = 0;  // KvConnect must be answered by then
+    kvt::AgentPeer kvPeer = 0;                // loaded from its KvConnect reply
     SteadyTime lastHeard;
     SteadyTime redialAt{};
     std::chrono::milliseconds redialDelay{0};  // 0: no backoff running

@@ -18,9 +18,7 @@ RemotePrefills::RemotePrefills(worker::WorkerLoop& loop, Callbacks callbacks)
       callbacks_(std::move(callbacks)),
       links_(loop, PrefillLinks::Callbacks{
                        [this](const std::string& a) { onLinkReady(a); },
-                       [this](const std::string& a, proto::Envelope&& env) {
-                         onLinkMessage(a, std::move(env));
-                       },
+                       [this](const std::string& a, proto::Envelope&& env) { onLinkMessage(a, std::move(env)); },
                        [this](const std::string& a, const Status& why) { onLinkDown(a, why); },
                    }),
       quarantine_(loop, links_) {}
@@ -74,11 +72,9 @@ void RemotePrefills::reserved(uint64_t id, std::vector<engine::BlockId> blocks) 
   loop_.cancelTimer(r.deadlineTimer);
   const std::string address = r.address;
   r.deadlineTimer = deadline(id, [this, address] {
-    return deadlineExceeded((links_.handshaking(address)
-                                 ? "prefill worker " + address + " did not answer KvConnect"
-                                 : std::string("no PrefillDone")) +
-                            " within " + std::to_string(loop_.config().kvTransfer.timeoutMs) +
-                            " ms");
+    return deadlineExceeded((links_.handshaking(address) ? "prefill worker " + address + " did not answer KvConnect"
+                                                         : std::string("no PrefillDone")) +
+                            " within " + std::to_string(loop_.config().kvTransfer.timeoutMs) + " ms");
   });
   if (links_.ready(address)) return sendPrefillRequest(id);
   links_.dial(address);
@@ -135,8 +131,7 @@ void RemotePrefills::onLinkMessage(const std::string& address, proto::Envelope&&
     return quarantine_.onCancelAck(address, id);
   }
   auto it = requests_.find(id);
-  if (it == requests_.end() || it->second.state != State::kRequested ||
-      it->second.address != address) {
+  if (it == requests_.end() || it->second.state != State::kRequested || it->second.address != address) {
     return;
   }
   if (env.body_case() == proto::Envelope::kError) return failed(id, net::fromProtoError(env.error()));
@@ -159,7 +154,7 @@ void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) 
   // A PrefillDone the engine refuses (a first token outside the vocabulary) is the prefill
   // worker's failure: this request recomputes or fails, the batch it would join is untouched.
   Remote& r = requests_.at(id);
-  r.writerDone = true;  // PrefillDone comes only after every write was confirmed at the target
+  r.writerDone = true;       // PrefillDone comes only after every write was confirmed at the target
   (void)fenceWrites(id, r);  // replays of the grant are refused from now on
   if (!s.isOk()) return failed(id, s.withContext("PrefillDone from prefill worker " + r.address));
   proto::Timings split;
@@ -223,8 +218,8 @@ void RemotePrefills::failed(uint64_t id, const Status& why) {
   const Status stall = recomputeStall(it->second);
   end(id, "failed", why.message());
   if (hasBlocks && !stall.isOk()) {
-    PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message() << "); not recomputing: "
-                        << stall.message();
+    PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message()
+                        << "); not recomputing: " << stall.message();
     loop_.metrics().remotePrefill("refused_recompute");
     loop_.engine().cancel(id);
     return callbacks_.onFailed(id, resourceExhausted("remote prefill failed (" + why.message() + ") and " +
@@ -257,10 +252,10 @@ Status RemotePrefills::recomputeStall(const Remote& r) const {
   const double stepMs = 1e3 * double(chunk) / load.prefillTokensPerS;
   const double itlMs = loop_.config().pools.decode.slo.itlMs;
   if (stepMs <= itlMs) return Status::ok();
-  return resourceExhausted("recomputing its " + std::to_string(promptTokens) + " prompt tokens here would stretch the " +
-                           std::to_string(load.decoding) + " running streams' steps to ~" +
-                           std::to_string(int(stepMs)) + " ms, past the " + std::to_string(int(itlMs)) +
-                           " ms ITL target");
+  return resourceExhausted("recomputing its " + std::to_string(promptTokens) +
+                           " prompt tokens here would stretch the " + std::to_string(load.decoding) +
+                           " running streams' steps to ~" + std::to_string(int(stepMs)) + " ms, past the " +
+                           std::to_string(int(itlMs)) + " ms ITL target");
 }
 
 void RemotePrefills::cancel(uint64_t id, const std::string& reason) {

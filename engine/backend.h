@@ -1,6 +1,6 @@
 // engine::Backend: runs one forward step of the model over a flattened, variable-length
 // batch in which prefill chunks and decode tokens of different sequences run together
-// (DESIGN.md §3, §4).
+// (docs/design.md §3, §4).
 //
 // One step:
 //   - every SeqChunk contributes numTokens tokens at positions [startPos, startPos+numTokens);
@@ -56,8 +56,7 @@ class Backend {
   virtual const KvLayout& kvLayout() const = 0;
 
   // logits: [count of chunks with wantLogits][vocabSize], may be null when none want them.
-  virtual Status forward(std::span<const SeqChunk> batch, float* logits,
-                         const LayerKvReadyFn& onLayerKvReady = {}) = 0;
+  virtual Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady = {}) = 0;
 
   // Optional: backends that sample where the logits are (the CUDA backend) say so here, and
   // the Engine then calls forwardAndSample() instead of forward() + sample() per row.
@@ -66,9 +65,8 @@ class Backend {
   // params: one per chunk with wantLogits (rowParams(request params, step)); topN: top
   // logprobs for every row (0..kMaxLogprobs, most likely first); out: [rows]. Returns the
   // same tokens sample() picks from forward()'s logits. Default: kUnimplemented.
-  virtual Status forwardAndSample(std::span<const SeqChunk> batch,
-                                  std::span<const pd::kernels::SampleRowParams> params, int topN,
-                                  SampledToken* out, const LayerKvReadyFn& onLayerKvReady = {}) {
+  virtual Status forwardAndSample(std::span<const SeqChunk> batch, std::span<const pd::kernels::SampleRowParams> params,
+                                  int topN, SampledToken* out, const LayerKvReadyFn& onLayerKvReady = {}) {
     (void)batch, (void)params, (void)topN, (void)out, (void)onLayerKvReady;
     return unimplemented("backend: forwardAndSample: this backend samples on the host");
   }
@@ -84,8 +82,7 @@ struct BatchShape {
 // Checks a batch against the model and the KV layout before anything is computed: token ids
 // in the vocabulary, block tables covering every position with ids inside the pool, no
 // context beyond a sliding window (not implemented). Errors name the chunk and the value.
-Result<BatchShape> validateBatch(std::span<const SeqChunk> batch, const ModelConfig& config,
-                                 const KvLayout& layout);
+Result<BatchShape> validateBatch(std::span<const SeqChunk> batch, const ModelConfig& config, const KvLayout& layout);
 
 // The KV layout that holds `numBlocks` blocks of `blockSize` tokens per layer for `config`.
 inline KvLayout kvLayoutFor(const ModelConfig& config, int numBlocks, int blockSize = 16,

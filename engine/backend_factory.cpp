@@ -6,8 +6,7 @@
 
 namespace pd::engine {
 
-Result<std::unique_ptr<Backend>> createBackend(const std::string& kind,
-                                               std::shared_ptr<const ModelWeights> model,
+Result<std::unique_ptr<Backend>> createBackend(const std::string& kind, std::shared_ptr<const ModelWeights> model,
                                                const KvLayout& layout, void* hostKvBase,
                                                const CpuBackendOptions& cpuOptions,
                                                const CudaBackendOptions& cudaOptions) {

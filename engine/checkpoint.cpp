@@ -3,9 +3,10 @@
 #include <sys/stat.h>
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 namespace pd::engine {
 
@@ -27,8 +28,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     std::map<std::string, std::string> weightMap;
     try {
       const auto j = nlohmann::json::parse(ss.str());
-      for (const auto& [name, file] : j.at("weight_map").items())
-        weightMap[name] = file.get<std::string>();
+      for (const auto& [name, file] : j.at("weight_map").items()) weightMap[name] = file.get<std::string>();
     } catch (const std::exception& e) {
       return invalidArgument(index + ": malformed index: " + e.what());
     }
@@ -48,8 +48,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     return c;
   }
   const std::string single = dir + "/model.safetensors";
-  if (!fileExists(single))
-    return notFound(dir + ": no model.safetensors and no model.safetensors.index.json");
+  if (!fileExists(single)) return notFound(dir + ": no model.safetensors and no model.safetensors.index.json");
   PD_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(single));
   c.files_.push_back(std::move(f));
   for (const auto& [name, info] : c.files_[0].tensors()) c.where_[name] = 0;
@@ -61,28 +60,22 @@ const SafetensorsFile* Checkpoint::fileOf(const std::string& name) const {
   return it == where_.end() ? nullptr : &files_[it->second];
 }
 
-Result<const TensorInfo*> Checkpoint::expect(const std::string& name,
-                                             const std::vector<int64_t>& shape) const {
+Result<const TensorInfo*> Checkpoint::expect(const std::string& name, const std::vector<int64_t>& shape) const {
   const SafetensorsFile* f = fileOf(name);
-  if (!f)
-    return notFound(dir_ + ": missing tensor " + name + " (expected shape " + shapeToString(shape) +
-                    ")");
+  if (!f) return notFound(dir_ + ": missing tensor " + name + " (expected shape " + shapeToString(shape) + ")");
   const TensorInfo* info = f->find(name);
   if (info->shape != shape)
-    return invalidArgument(f->path() + ": tensor " + name + " has shape " +
-                           shapeToString(info->shape) + " but the config implies " +
-                           shapeToString(shape));
+    return invalidArgument(f->path() + ": tensor " + name + " has shape " + shapeToString(info->shape) +
+                           " but the config implies " + shapeToString(shape));
   return info;
 }
 
-Status Checkpoint::readF32(const std::string& name, const std::vector<int64_t>& shape,
-                           float* dst) const {
+Status Checkpoint::readF32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const {
   PD_RETURN_IF_ERROR(expect(name, shape).status());
   return fileOf(name)->readF32(name, dst);
 }
 
-Status Checkpoint::readBytes(const std::string& name, uint64_t byteOffset, size_t len,
-                             void* dst) const {
+Status Checkpoint::readBytes(const std::string& name, uint64_t byteOffset, size_t len, void* dst) const {
   const SafetensorsFile* f = fileOf(name);
   if (!f) return notFound(dir_ + ": missing tensor " + name);
   return f->readBytes(name, byteOffset, len, dst);

@@ -29,15 +29,13 @@ constexpr int kQueryTile = 128;  // query rows per GEMM attention tile
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv,
-             const CpuBackendOptions& opt)
+  CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
         kv_(kv),
         opt_(opt),
-        threads_(opt.numThreads > 0 ? opt.numThreads
-                                    : int(std::max(1u, std::thread::hardware_concurrency()))),
+        threads_(opt.numThreads > 0 ? opt.numThreads : int(std::max(1u, std::thread::hardware_concurrency()))),
         pool_(threads_) {
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
@@ -45,8 +43,7 @@ class CpuBackend final : public Backend {
     s.lowFreqFactor = float(cfg_.rope.lowFreqFactor);
     s.highFreqFactor = float(cfg_.rope.highFreqFactor);
     s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
-    kc::ropeInvFreq(invFreq_.data(), cfg_.headDim, cfg_.rope.theta,
-                    cfg_.rope.llama3 ? &s : nullptr);
+    kc::ropeInvFreq(invFreq_.data(), cfg_.headDim, cfg_.rope.theta, cfg_.rope.llama3 ? &s : nullptr);
     threadScratch_.resize(threads_);
     setBlasThreads(1);
   }
@@ -54,8 +51,7 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return cfg_; }
   const KvLayout& kvLayout() const override { return layout_; }
 
-  Status forward(std::span<const SeqChunk> batch, float* logits,
-                 const LayerKvReadyFn& onLayerKvReady) override;
+  Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
   // y[n][out] = x[n][in] * W^T (+ beta * y)
@@ -99,8 +95,7 @@ void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
   });
 }
 
-void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, float* y,
-                        float beta) {
+void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, float* y, float beta) {
   // Output columns are split over the pool; every BLAS call is single-threaded, so OpenBLAS's
   // own threads never compete with the pool (and concurrent backends stay independent).
   // A few tasks per thread: tasks are claimed dynamically, so when a worker is descheduled
@@ -114,8 +109,8 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
       const int b = std::min(out, int(int64_t(units) * t / tasks) * 16);
       const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * 16);
       if (b < e)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, e - b, in, 1.0f, x, in,
-                    w + size_t(b) * in, in, beta, y + b, out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, e - b, in, 1.0f, x, in, w + size_t(b) * in, in, beta,
+                    y + b, out);
     });
     return;
   }
@@ -154,8 +149,8 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
     const float* q = qkv_.data() + size_t(t0) * qkvRows;
     float* out = attn_.data() + size_t(t0) * qDim;
     if (s.numTokens < opt_.gemmAttentionMinTokens) {
-      kc::pagedAttention(q, qkvRows, lkv, s.blockTable, s.numTokens, s.startPos, layout_.blockSize,
-                         nh, nkv, hd, it.kvHead, it.kvHead + 1, scale, out, qDim);
+      kc::pagedAttention(q, qkvRows, lkv, s.blockTable, s.numTokens, s.startPos, layout_.blockSize, nh, nkv, hd,
+                         it.kvHead, it.kvHead + 1, scale, out, qDim);
       return;
     }
     Scratch& sc = threadScratch_[thread];
@@ -165,20 +160,18 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
       sc.v.resize(size_t(ctx) * hd);
     }
     if (sc.scores.size() < size_t(kQueryTile) * ctx) sc.scores.resize(size_t(kQueryTile) * ctx);
-    kc::kvGatherHead(lkv, s.blockTable, ctx, layout_.blockSize, nkv, hd, it.kvHead, sc.k.data(),
-                     sc.v.data());
+    kc::kvGatherHead(lkv, s.blockTable, ctx, layout_.blockSize, nkv, hd, it.kvHead, sc.k.data(), sc.v.data());
     for (int j = 0; j < group; ++j) {
       const int h = it.kvHead * group + j;
       for (int r0 = 0; r0 < s.numTokens; r0 += kQueryTile) {
         const int rows = std::min(kQueryTile, s.numTokens - r0);
         const int keyEnd = s.startPos + r0 + rows;  // keys the tile's last query can see
         const float* qt = q + size_t(r0) * qkvRows + size_t(h) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keyEnd, hd, 1.0f, qt, qkvRows,
-                    sc.k.data(), hd, 0.0f, sc.scores.data(), keyEnd);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keyEnd, hd, 1.0f, qt, qkvRows, sc.k.data(), hd, 0.0f,
+                    sc.scores.data(), keyEnd);
         kc::causalSoftmaxRows(sc.scores.data(), keyEnd, rows, keyEnd, s.startPos + r0, scale);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keyEnd, 1.0f,
-                    sc.scores.data(), keyEnd, sc.v.data(), hd, 0.0f,
-                    out + size_t(r0) * qDim + size_t(h) * hd, qDim);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keyEnd, 1.0f, sc.scores.data(), keyEnd,
+                    sc.v.data(), hd, 0.0f, out + size_t(r0) * qDim + size_t(h) * hd, qDim);
       }
     }
   };
@@ -192,13 +185,11 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
   }
 }
 
-Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
-                           const LayerKvReadyFn& onLayerKvReady) {
+Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) {
   PD_ASSIGN_OR_RETURN(const BatchShape shape, validateBatch(batch, cfg_, layout_));
   const int T = shape.totalTokens, numLogits = shape.numLogits;
   if (T == 0) return Status::ok();
-  if (numLogits > 0 && !logits)
-    return invalidArgument("forward: logits is null but chunks want logits");
+  if (numLogits > 0 && !logits) return invalidArgument("forward: logits is null but chunks want logits");
 
   const int h = cfg_.hiddenSize, hd = cfg_.headDim, half = hd / 2;
   const int qDim = cfg_.qDim(), kvDim = cfg_.kvDim(), qkvRows = qDim + 2 * kvDim;
@@ -239,8 +230,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
   for (int l = 0; l < cfg_.numLayers; ++l) {
     const LayerWeights& w = model_->layers[l];
     forRows(T, h, [&](int b, int e) {
-      kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h,
-                  e - b, h, cfg_.rmsNormEps);
+      kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
+                  cfg_.rmsNormEps);
     });
     if (!w.qkvBias.empty()) {
       for (int i = 0; i < T; ++i)
@@ -254,8 +245,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
       const float* s = sin_.data() + size_t(b) * half;
       kc::applyRope(rows, qkvRows, e - b, cfg_.numHeads, hd, c, s);
       kc::applyRope(rows + qDim, qkvRows, e - b, cfg_.numKvHeads, hd, c, s);
-      kc::kvCacheWrite(lkv, rows + qDim, rows + qDim + kvDim, qkvRows, slots_.data() + b, e - b,
-                       layout_.blockSize, cfg_.numKvHeads, hd);
+      kc::kvCacheWrite(lkv, rows + qDim, rows + qDim + kvDim, qkvRows, slots_.data() + b, e - b, layout_.blockSize,
+                       cfg_.numKvHeads, hd);
     });
     if (onLayerKvReady) onLayerKvReady(l);
     attention(batch, l);
@@ -265,8 +256,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
         for (int j = 0; j < h; ++j) x_[size_t(i) * h + j] += w.oBias.data()[j];
     linear(attn_.data(), T, qDim, w.o.data(), h, x_.data(), 1.0f);
     forRows(T, h, [&](int b, int e) {
-      kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h,
-                  e - b, h, cfg_.rmsNormEps);
+      kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
+                  cfg_.rmsNormEps);
     });
     linear(xn_.data(), T, h, w.gateUp.data(), 2 * ffn, gu_.data(), 0.0f);
     forRows(T, 2 * ffn, [&](int b, int e) {
@@ -277,8 +268,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
 
   if (numLogits > 0) {
     for (int i = 0; i < numLogits; ++i)
-      kc::rmsNorm(x_.data() + size_t(logitRows_[i]) * h, h, model_->finalNorm.data(),
-                  xn_.data() + size_t(i) * h, h, 1, h, cfg_.rmsNormEps);
+      kc::rmsNorm(x_.data() + size_t(logitRows_[i]) * h, h, model_->finalNorm.data(), xn_.data() + size_t(i) * h, h, 1,
+                  h, cfg_.rmsNormEps);
     linear(xn_.data(), numLogits, h, model_->lmHeadData(), cfg_.vocabSize, logits, 0.0f);
   }
   return Status::ok();
@@ -286,9 +277,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits,
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWeights> model,
-                                                  const KvLayout& layout, void* kvBase,
-                                                  const CpuBackendOptions& options) {
+Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout,
+                                                  void* kvBase, const CpuBackendOptions& options) {
   if (!model) return invalidArgument("createCpuBackend: no model");
   if (!model->hasHostTensors())
     return invalidArgument("createCpuBackend: the model from " + model->dir +
@@ -298,18 +288,15 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
   if (layout.dtype != KvDtype::kF32)
     return unimplemented(std::string("createCpuBackend: KV dtype ") + kvDtypeName(layout.dtype) +
                          " (the CPU backend computes in f32)");
-  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads ||
-      layout.headDim != c.headDim)
+  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads || layout.headDim != c.headDim)
     return invalidArgument("createCpuBackend: KV layout " + layout.fingerprint() +
-                           " does not match the model (layers " + std::to_string(c.numLayers) +
-                           ", kv heads " + std::to_string(c.numKvHeads) + ", head dim " +
-                           std::to_string(c.headDim) + ")");
+                           " does not match the model (layers " + std::to_string(c.numLayers) + ", kv heads " +
+                           std::to_string(c.numKvHeads) + ", head dim " + std::to_string(c.headDim) + ")");
   if (layout.blockSize <= 0 || layout.numBlocks <= 0)
     return invalidArgument("createCpuBackend: KV layout needs blockSize > 0 and numBlocks > 0");
   if (!kvBase) return invalidArgument("createCpuBackend: kvBase is null");
   if (options.numThreads < 0) return invalidArgument("createCpuBackend: numThreads < 0");
-  return std::unique_ptr<Backend>(
-      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options));
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options));
 }
 
 }  // namespace pd::engine

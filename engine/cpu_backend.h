@@ -35,9 +35,8 @@ struct CpuBackendOptions {
 
 // kvBase: the start of the KV region described by `layout` (f32 only on the CPU); it must
 // stay valid for the backend's lifetime. Fails when the layout does not match the model.
-Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWeights> model,
-                                                  const KvLayout& layout, void* kvBase,
-                                                  const CpuBackendOptions& options = {});
+Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout,
+                                                  void* kvBase, const CpuBackendOptions& options = {});
 
 // Sets OpenBLAS's thread count (process-global). The CPU backend sets 1; exposed for
 // benchmarks that measure OpenBLAS alone.

@@ -20,8 +20,7 @@ uint32_t nextOf(uint64_t s) { return uint32_t(s & kFieldMask); }
 // Spins until pred() or kSpinMicros pass; returns pred().
 template <typename Pred>
 bool spinFor(Pred&& pred) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::microseconds(CpuThreadPool::kSpinMicros);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(CpuThreadPool::kSpinMicros);
   for (int i = 0;; ++i) {
     if (pred()) return true;
     _mm_pause();
@@ -50,8 +49,7 @@ uint32_t CpuThreadPool::claimAndRun(uint64_t s, int thread) {
     if (next >= n) return genOf(s);
     // A successful CAS proves the run is still current; it stays current until this task
     // finishes (the caller waits for every task), so fn_ is that run's function.
-    if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel,
-                                     std::memory_order_acquire)) {
+    if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
       (*fn_.load(std::memory_order_acquire))(int(next), thread);
       if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == int(n)) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -90,8 +88,7 @@ void CpuThreadPool::workerLoop(int thread) {
   uint32_t seen = 0;
   for (;;) {
     auto ready = [&] {
-      return stop_.load(std::memory_order_relaxed) ||
-             genOf(state_.load(std::memory_order_acquire)) != seen;
+      return stop_.load(std::memory_order_relaxed) || genOf(state_.load(std::memory_order_acquire)) != seen;
     };
     if (!spinFor(ready)) {
       std::unique_lock<std::mutex> lock(mu_);

@@ -45,21 +45,19 @@ Status cudaError(const char* call, cudaError_t e) {
     if (pdErr_ != cudaSuccess) return cudaError(#call, pdErr_); \
   } while (0)
 
-#define PD_CUBLAS_TRY(call)                                               \
-  do {                                                                    \
-    const cublasStatus_t pdSt_ = (call);                                  \
-    if (pdSt_ != CUBLAS_STATUS_SUCCESS)                                   \
-      return internalError(std::string("cuda backend: ") + #call + ": " + \
-                           cublasGetStatusString(pdSt_));                 \
+#define PD_CUBLAS_TRY(call)                                                                              \
+  do {                                                                                                   \
+    const cublasStatus_t pdSt_ = (call);                                                                 \
+    if (pdSt_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+      return internalError(std::string("cuda backend: ") + #call + ": " + cublasGetStatusString(pdSt_)); \
   } while (0)
 
 #if defined(PD_HAVE_NCCL)
-#define PD_NCCL_TRY(call)                                                 \
-  do {                                                                    \
-    const ncclResult_t pdNr_ = (call);                                    \
-    if (pdNr_ != ncclSuccess)                                             \
-      return internalError(std::string("cuda backend: ") + #call + ": " + \
-                           ncclGetErrorString(pdNr_));                    \
+#define PD_NCCL_TRY(call)                                                                             \
+  do {                                                                                                \
+    const ncclResult_t pdNr_ = (call);                                                                \
+    if (pdNr_ != ncclSuccess)                                                                         \
+      return internalError(std::string("cuda backend: ") + #call + ": " + ncclGetErrorString(pdNr_)); \
   } while (0)
 #endif
 
@@ -78,13 +76,13 @@ TensorDtype toTensorDtype(KvDtype d) {
 // One rank's slice of a layer (TP = 1: the whole layer).
 struct DevLayer {
   float* inputNorm = nullptr;
-  void* qkv = nullptr;         // [rankQkvRows][hidden]
-  float* qkvBias = nullptr;    // [rankQkvRows] or null
-  void* o = nullptr;           // [hidden][rankQDim]
-  float* oBias = nullptr;      // [hidden], rank 0 only (added once before the all-reduce)
+  void* qkv = nullptr;       // [rankQkvRows][hidden]
+  float* qkvBias = nullptr;  // [rankQkvRows] or null
+  void* o = nullptr;         // [hidden][rankQDim]
+  float* oBias = nullptr;    // [hidden], rank 0 only (added once before the all-reduce)
   float* postNorm = nullptr;
-  void* gateUp = nullptr;      // [2*ffnPerRank][hidden]
-  void* down = nullptr;        // [hidden][ffnPerRank]
+  void* gateUp = nullptr;  // [2*ffnPerRank][hidden]
+  void* down = nullptr;    // [hidden][ffnPerRank]
 };
 
 // Per-step metadata (int32 words), laid out at fixed offsets derived from the capacities so
@@ -111,11 +109,11 @@ struct Rank {
   size_t weightBytes = 0;          // device bytes of this rank's weights
   size_t freeBeforeInit = 0;       // cudaMemGetInfo free before this rank's set-up (gpu_memory_utilization)
   std::vector<DevLayer> layers;
-  void* embed = nullptr;           // replicated on every rank
-  const void* lmHead = nullptr;    // rank 0 only
-  float* finalNorm = nullptr;      // rank 0 only
+  void* embed = nullptr;         // replicated on every rank
+  const void* lmHead = nullptr;  // rank 0 only
+  float* finalNorm = nullptr;    // rank 0 only
   float* invFreq = nullptr;
-  void* kv = nullptr;              // this rank's KV region (perRankKvLayout)
+  void* kv = nullptr;  // this rank's KV region (perRankKvLayout)
   std::vector<cudaEvent_t> layerEvents;
   cudaEvent_t reduceEvent = nullptr;  // ranks sharing a device: orders the local all-reduce
 #if defined(PD_HAVE_NCCL)
@@ -192,8 +190,8 @@ class CudaWeightCopier final : public DeviceWeightCopier {
 
 class CudaBackendImpl final : public CudaBackend {
  public:
-  CudaBackendImpl(std::shared_ptr<const ModelWeights> model, const KvLayout& layout,
-                  const CudaBackendOptions& opt, const TensorParallelPlan& plan)
+  CudaBackendImpl(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, const CudaBackendOptions& opt,
+                  const TensorParallelPlan& plan)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
@@ -217,11 +215,9 @@ class CudaBackendImpl final : public CudaBackend {
   int64_t graphSteps() const override { return graphSteps_; }
   double weightLoadSeconds() const override { return loadSeconds_; }
 
-  Status forward(std::span<const SeqChunk> batch, float* logits,
-                 const LayerKvReadyFn& onLayerKvReady) override;
-  Status forwardAndSample(std::span<const SeqChunk> batch,
-                          std::span<const pd::kernels::SampleRowParams> params, int topN,
-                          SampledToken* out, const LayerKvReadyFn& onLayerKvReady) override;
+  Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) override;
+  Status forwardAndSample(std::span<const SeqChunk> batch, std::span<const pd::kernels::SampleRowParams> params,
+                          int topN, SampledToken* out, const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
   MemDesc regionOf(const Rank& r) const {
@@ -264,14 +260,11 @@ class CudaBackendImpl final : public CudaBackend {
   void dropGraphs();
   Status syncAll();
   // y[n][out] (f32) = x[n][in] (weight dtype) * W^T + beta * y, on rank r's handle.
-  Status gemm(const Rank& r, const void* x, int n, int in, const void* w, int out, float* y,
-              float beta);
+  Status gemm(const Rank& r, const void* x, int n, int in, const void* w, int out, float* y, float beta);
   // Sums every rank's x[0 .. n) and leaves the sum in each (in place).
   Status allReduceX(size_t n);
   Status enqueueStep(int T, int W, int L, bool recordEvents);
-  void* layerKv(const Rank& r, int l) const {
-    return static_cast<char*>(r.kv) + size_t(l) * rankLayout_.layerBytes();
-  }
+  void* layerKv(const Rank& r, int l) const { return static_cast<char*>(r.kv) + size_t(l) * rankLayout_.layerBytes(); }
   const int32_t* meta(const Rank& r, size_t off) const { return r.metaDev + off; }
 
   std::shared_ptr<const ModelWeights> model_;
@@ -365,8 +358,7 @@ Status CudaBackendImpl::uploadWeight(Rank& r, const float* src, size_t n, bool a
     const size_t m = std::min(kSlice, n - off);
     cudaError_t e = cudaMemcpy(staging, src + off, m * sizeof(float), cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
-      e = kcu::convertFromF32(staging, static_cast<char*>(dst) + off * kcu::dtypeBytes(dt), dt, m,
-                              r.stream);
+      e = kcu::convertFromF32(staging, static_cast<char*>(dst) + off * kcu::dtypeBytes(dt), dt, m, r.stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(r.stream);
     if (e != cudaSuccess) st = cudaError("uploading weights", e);
   }
@@ -407,23 +399,19 @@ Status CudaBackendImpl::uploadRankWeights(Rank& r) {
       PD_RETURN_IF_ERROR(put(w.o.data(), w.o.size(), false, &d.o));
       PD_RETURN_IF_ERROR(put(w.gateUp.data(), w.gateUp.size(), false, &d.gateUp));
       PD_RETURN_IF_ERROR(put(w.down.data(), w.down.size(), false, &d.down));
-      if (!w.qkvBias.empty())
-        PD_RETURN_IF_ERROR(put(w.qkvBias.data(), w.qkvBias.size(), true, &d.qkvBias));
+      if (!w.qkvBias.empty()) PD_RETURN_IF_ERROR(put(w.qkvBias.data(), w.qkvBias.size(), true, &d.qkvBias));
     } else {  // column-parallel q|k|v, gate|up; row-parallel o, down (tensor_parallel.h)
       const auto qkvRows = plan_.qkvRows(r.index);
       const auto guRows = plan_.gateUpRows(r.index);
       PD_RETURN_IF_ERROR(putVec(sliceRows(w.qkv.data(), h, qkvRows), false, &d.qkv));
-      PD_RETURN_IF_ERROR(
-          putVec(sliceColumns(w.o.data(), h, plan_.qDim(), plan_.oColumns(r.index)), false, &d.o));
+      PD_RETURN_IF_ERROR(putVec(sliceColumns(w.o.data(), h, plan_.qDim(), plan_.oColumns(r.index)), false, &d.o));
       PD_RETURN_IF_ERROR(putVec(sliceRows(w.gateUp.data(), h, guRows), false, &d.gateUp));
-      PD_RETURN_IF_ERROR(putVec(
-          sliceColumns(w.down.data(), h, plan_.ffn(), plan_.downColumns(r.index)), false, &d.down));
-      if (!w.qkvBias.empty())
-        PD_RETURN_IF_ERROR(putVec(sliceRows(w.qkvBias.data(), 1, qkvRows), true, &d.qkvBias));
+      PD_RETURN_IF_ERROR(
+          putVec(sliceColumns(w.down.data(), h, plan_.ffn(), plan_.downColumns(r.index)), false, &d.down));
+      if (!w.qkvBias.empty()) PD_RETURN_IF_ERROR(putVec(sliceRows(w.qkvBias.data(), 1, qkvRows), true, &d.qkvBias));
     }
     // The o_proj bias is added once: by rank 0, before the all-reduce sums the partials.
-    if (!w.oBias.empty() && r.index == 0)
-      PD_RETURN_IF_ERROR(put(w.oBias.data(), w.oBias.size(), true, &d.oBias));
+    if (!w.oBias.empty() && r.index == 0) PD_RETURN_IF_ERROR(put(w.oBias.data(), w.oBias.size(), true, &d.oBias));
   }
 
   return Status::ok();
@@ -460,10 +448,10 @@ Status CudaBackendImpl::streamRankWeights(Rank& r) {
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.2f s (%.2f GiB/s)", st.seconds,
                 st.seconds > 0 ? double(st.deviceBytes) / double(1ull << 30) / st.seconds : 0.0);
-  PD_LOG(kInfo, "engine") << "cuda backend: rank " << r.index << " streamed " << gib(st.deviceBytes)
-                          << " of weights (" << kcu::dtypeName(wdt_) << " matrices, f32 norms) from "
-                          << model_->dir << " in " << rate << ", read " << gib(st.fileBytesRead)
-                          << " through " << (st.stagingBytes >> 20) << " MiB of pinned staging";
+  PD_LOG(kInfo, "engine") << "cuda backend: rank " << r.index << " streamed " << gib(st.deviceBytes) << " of weights ("
+                          << kcu::dtypeName(wdt_) << " matrices, f32 norms) from " << model_->dir << " in " << rate
+                          << ", read " << gib(st.fileBytesRead) << " through " << (st.stagingBytes >> 20)
+                          << " MiB of pinned staging";
   return Status::ok();
 }
 
@@ -495,12 +483,11 @@ Status CudaBackendImpl::sizeKvByUtilization() {
     in.blockSize = layout_.blockSize;
     auto b = kvBudgetFromUtilization(in);
     if (!b.ok())
-      return Status(b.status().code(), "cuda backend: device " + std::to_string(r.device) + ": " +
-                                           b.status().message());
+      return Status(b.status().code(),
+                    "cuda backend: device " + std::to_string(r.device) + ": " + b.status().message());
     if (b->kvBytes > freeMem)
-      return resourceExhausted("cuda backend: engine.gpu_memory_utilization gives device " +
-                               std::to_string(r.device) + " a KV cache of " + gib(b->kvBytes) +
-                               " but only " + gib(freeMem) +
+      return resourceExhausted("cuda backend: engine.gpu_memory_utilization gives device " + std::to_string(r.device) +
+                               " a KV cache of " + gib(b->kvBytes) + " but only " + gib(freeMem) +
                                " is free (other processes use the device): lower it");
     blocks = std::min(blocks, b->numBlocks);
     if (r.index == 0)
@@ -511,8 +498,8 @@ Status CudaBackendImpl::sizeKvByUtilization() {
   rankLayout_ = perRankKvLayout(layout_, plan_);
   for (Rank& r : ranks_) PD_RETURN_IF_ERROR(allocRankKv(r));
   PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
-  PD_LOG(kInfo, "engine") << "cuda backend: KV cache by gpu_memory_utilization " << opt_.gpuMemoryUtilization
-                          << " (" << detail << "): " << blocks << " blocks of " << layout_.blockSize
+  PD_LOG(kInfo, "engine") << "cuda backend: KV cache by gpu_memory_utilization " << opt_.gpuMemoryUtilization << " ("
+                          << detail << "): " << blocks << " blocks of " << layout_.blockSize
                           << " tokens = " << blocks * layout_.blockSize << " tokens of context, "
                           << gib(rankLayout_.totalBytes()) << (plan_.size > 1 ? " per rank" : "");
   return Status::ok();
@@ -541,8 +528,7 @@ Status CudaBackendImpl::initRank(Rank& r) {
   s.lowFreqFactor = float(cfg_.rope.lowFreqFactor);
   s.highFreqFactor = float(cfg_.rope.highFreqFactor);
   s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
-  pd::kernels::cpu::ropeInvFreq(invFreq.data(), cfg_.headDim, cfg_.rope.theta,
-                                cfg_.rope.llama3 ? &s : nullptr);
+  pd::kernels::cpu::ropeInvFreq(invFreq.data(), cfg_.headDim, cfg_.rope.theta, cfg_.rope.llama3 ? &s : nullptr);
   void* invFreqDev = nullptr;
   PD_RETURN_IF_ERROR(uploadWeight(r, invFreq.data(), invFreq.size(), true, &invFreqDev));
   r.invFreq = static_cast<float*>(invFreqDev);
@@ -553,8 +539,7 @@ Status CudaBackendImpl::initRank(Rank& r) {
     PD_RETURN_IF_ERROR(allocRankKv(r));
   }
   r.layerEvents.resize(cfg_.numLayers, nullptr);
-  for (cudaEvent_t& e : r.layerEvents)
-    PD_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (cudaEvent_t& e : r.layerEvents) PD_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   if (R > 1) PD_CUDA_TRY(cudaEventCreateWithFlags(&r.reduceEvent, cudaEventDisableTiming));
   return Status::ok();
 }
@@ -576,8 +561,8 @@ Status CudaBackendImpl::init() {
   // rank 0 the lm_head; summed per device (ranks may share one).
   // Sizes from the config, so a described model (nothing in host memory) is checked as well.
   const size_t h = size_t(cfg_.hiddenSize), ffn = size_t(cfg_.intermediateSize);
-  const size_t layerElems = size_t(cfg_.numLayers) *
-                            ((size_t(cfg_.qDim()) + 2 * size_t(cfg_.kvDim())) * h + h * size_t(cfg_.qDim()) + 3 * ffn * h);
+  const size_t layerElems = size_t(cfg_.numLayers) * ((size_t(cfg_.qDim()) + 2 * size_t(cfg_.kvDim())) * h +
+                                                      h * size_t(cfg_.qDim()) + 3 * ffn * h);
   const size_t embedElems = size_t(cfg_.vocabSize) * h;
   const size_t wb = kcu::dtypeBytes(wdt_);
   std::map<int, size_t> need;
@@ -597,9 +582,8 @@ Status CudaBackendImpl::init() {
     PD_CUDA_TRY(cudaMemGetInfo(&freeMem, &totalMem));
     if (bytes > freeMem)
       return resourceExhausted("cuda backend: weights (in " + std::string(kcu::dtypeName(wdt_)) +
-                               ") + KV cache + 0.5 GiB scratch per rank need " + gib(bytes) +
-                               " on device " + std::to_string(dev) + ", " + gib(freeMem) +
-                               " free");
+                               ") + KV cache + 0.5 GiB scratch per rank need " + gib(bytes) + " on device " +
+                               std::to_string(dev) + ", " + gib(freeMem) + " free");
   }
 
   for (Rank& r : ranks_) {
@@ -617,9 +601,8 @@ Status CudaBackendImpl::init() {
     for (int i = 0; i < R; ++i) devs[i] = ranks_[i].device;
     const ncclResult_t nr = ncclCommInitAll(comms.data(), R, devs.data());
     if (nr != ncclSuccess)
-      return internalError("cuda backend: ncclCommInitAll over " + std::to_string(R) +
-                           " devices from " + std::to_string(opt_.device) + ": " +
-                           ncclGetErrorString(nr));
+      return internalError("cuda backend: ncclCommInitAll over " + std::to_string(R) + " devices from " +
+                           std::to_string(opt_.device) + ": " + ncclGetErrorString(nr));
     for (int i = 0; i < R; ++i) ranks_[i].comm = comms[i];
     PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
 #else
@@ -641,17 +624,16 @@ Status CudaBackendImpl::init() {
   if (R > 1)
     where = "tensor_parallel_size " + std::to_string(R) +
             (opt_.tpRanksShareDevice
-                 ? " with every rank on device " + std::to_string(opt_.device) +
-                       " (local all-reduce: a test set-up)"
+                 ? " with every rank on device " + std::to_string(opt_.device) + " (local all-reduce: a test set-up)"
                  : " on devices " + std::to_string(ranks_.front().device) + ".." +
                        std::to_string(ranks_.back().device) + " (NCCL all-reduce)");
   const char* graphs = graphsOn_            ? ", CUDA graphs on"
                        : opt_.useCudaGraphs ? ", CUDA graphs off (tensor_parallel_size > 1)"
                                             : ", CUDA graphs off";
-  PD_LOG(kInfo, "engine") << "cuda backend: " << where << ", weights " << gib(weightBytesRank0)
-                          << " " << kcu::dtypeName(wdt_) << (R > 1 ? " on rank 0" : "")
-                          << ", KV " << gib(rankLayout_.totalBytes()) << " "
-                          << kvDtypeName(layout_.dtype) << (R > 1 ? " per rank" : "") << graphs;
+  PD_LOG(kInfo, "engine") << "cuda backend: " << where << ", weights " << gib(weightBytesRank0) << " "
+                          << kcu::dtypeName(wdt_) << (R > 1 ? " on rank 0" : "") << ", KV "
+                          << gib(rankLayout_.totalBytes()) << " " << kvDtypeName(layout_.dtype)
+                          << (R > 1 ? " per rank" : "") << graphs;
   return Status::ok();
 }
 
@@ -690,22 +672,20 @@ Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
   }
   PD_RETURN_IF_ERROR(use(ranks_[0]));
   // Portable: every rank's device copies from these.
-  PD_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&metaHost_), ml_.words() * 4,
-                            cudaHostAllocPortable));
-  PD_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&logitsHost_),
-                            size_t(capS) * cfg_.vocabSize * 4, cudaHostAllocPortable));
+  PD_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&metaHost_), ml_.words() * 4, cudaHostAllocPortable));
+  PD_CUDA_TRY(
+      cudaHostAlloc(reinterpret_cast<void**>(&logitsHost_), size_t(capS) * cfg_.vocabSize * 4, cudaHostAllocPortable));
   std::memset(metaHost_, 0, ml_.words() * 4);
   return Status::ok();
 }
 
-Status CudaBackendImpl::gemm(const Rank& r, const void* x, int n, int in, const void* w, int out,
-                             float* y, float beta) {
+Status CudaBackendImpl::gemm(const Rank& r, const void* x, int n, int in, const void* w, int out, float* y,
+                             float beta) {
   // Row-major y[n][out] = x[n][in] * W[out][in]^T is column-major y^T = W^T(op T) * x^T.
   const float alpha = 1.0f;
   const cudaDataType_t t = cublasType(opt_.weightDtype);
-  PD_CUBLAS_TRY(cublasGemmEx(r.cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, t, in, x,
-                             t, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                             CUBLAS_GEMM_DEFAULT));
+  PD_CUBLAS_TRY(cublasGemmEx(r.cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, t, in, x, t, in, &beta, y,
+                             CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return Status::ok();
 }
 
@@ -734,8 +714,7 @@ Status CudaBackendImpl::allReduceX(size_t n) {
   // again. Same result as the NCCL sum up to the order of the additions.
   Rank& r0 = ranks_[0];
   if (n > size_t(std::numeric_limits<int>::max())) return invalidArgument("cuda backend: all-reduce too large");
-  for (size_t i = 1; i < ranks_.size(); ++i)
-    PD_CUDA_TRY(cudaEventRecord(ranks_[i].reduceEvent, ranks_[i].stream));
+  for (size_t i = 1; i < ranks_.size(); ++i) PD_CUDA_TRY(cudaEventRecord(ranks_[i].reduceEvent, ranks_[i].stream));
   for (size_t i = 1; i < ranks_.size(); ++i) {
     PD_CUDA_TRY(cudaStreamWaitEvent(r0.stream, ranks_[i].reduceEvent, 0));
     PD_CUDA_TRY(kcu::addRows(r0.x, ranks_[i].x, 1, int(n), r0.stream));  // elementwise add
@@ -786,13 +765,11 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
       PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.qkv, qkvRows, r.qkvOut, w.qkvBias ? 1.0f : 0.0f));
       PD_CUDA_TRY(kcu::applyRope(r.qkvOut, qkvRows, T, nh, hd, r.cos, r.sin, s));
       PD_CUDA_TRY(kcu::applyRope(r.qkvOut + qDim, qkvRows, T, nkv, hd, r.cos, r.sin, s));
-      PD_CUDA_TRY(kcu::kvCacheWrite(layerKv(r, l), kvdt_, r.qkvOut + qDim, r.qkvOut + qDim + kvDim,
-                                    qkvRows, meta(r, ml_.slots()), T, rankLayout_.blockSize, nkv,
-                                    hd, s));
+      PD_CUDA_TRY(kcu::kvCacheWrite(layerKv(r, l), kvdt_, r.qkvOut + qDim, r.qkvOut + qDim + kvDim, qkvRows,
+                                    meta(r, ml_.slots()), T, rankLayout_.blockSize, nkv, hd, s));
       if (recordEvents) PD_CUDA_TRY(cudaEventRecord(r.layerEvents[l], s));
-      PD_CUDA_TRY(kcu::pagedAttention(r.qkvOut, qkvRows, layerKv(r, l), kvdt_,
-                                      meta(r, ml_.tables()), seqs, work, W, rankLayout_.blockSize,
-                                      nh, nkv, hd, scale, r.attn, wdt_, qDim, s));
+      PD_CUDA_TRY(kcu::pagedAttention(r.qkvOut, qkvRows, layerKv(r, l), kvdt_, meta(r, ml_.tables()), seqs, work, W,
+                                      rankLayout_.blockSize, nh, nkv, hd, scale, r.attn, wdt_, qDim, s));
       const bool carriesResidual = r.index == 0;
       if (w.oBias) PD_CUDA_TRY(kcu::addRows(r.x, w.oBias, T, h, s));  // rank 0 only
       PD_RETURN_IF_ERROR(gemm(r, r.attn, T, qDim, w.o, h, r.x, carriesResidual ? 1.0f : 0.0f));
@@ -820,13 +797,11 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
   return Status::ok();
 }
 
-Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
-                                const LayerKvReadyFn& onLayerKvReady) {
+Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) {
   PD_ASSIGN_OR_RETURN(const BatchShape shape, validateBatch(batch, cfg_, layout_));
   const int T = shape.totalTokens, L = shape.numLogits, tab = shape.tableEntries;
   if (T == 0) return Status::ok();
-  if (L > 0 && !logits && !sampling_.active)
-    return invalidArgument("forward: logits is null but chunks want logits");
+  if (L > 0 && !logits && !sampling_.active) return invalidArgument("forward: logits is null but chunks want logits");
   PD_CUDA_TRY(cudaSetDevice(ranks_[0].device));
   // Normally idle already; after a failed step they may still be reading metaHost_.
   PD_RETURN_IF_ERROR(syncAll());
@@ -851,8 +826,8 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
 
   if (rowsT > ml_.capT || rowsS > ml_.capS || W > ml_.capW || tab > ml_.capTab) {
     auto grow = [](int need, int have) { return std::max(need, have * 2); };
-    PD_RETURN_IF_ERROR(allocScratch(grow(rowsT, ml_.capT), grow(rowsS, ml_.capS), grow(W, ml_.capW),
-                                    grow(tab, ml_.capTab)));
+    PD_RETURN_IF_ERROR(
+        allocScratch(grow(rowsT, ml_.capT), grow(rowsS, ml_.capS), grow(W, ml_.capW), grow(tab, ml_.capTab)));
   }
 
   // Per-step metadata, built in pinned memory and uploaded with one copy per rank (every
@@ -883,8 +858,7 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
   }
   for (int c = S; c < rowsS; ++c) {  // graph padding: write nothing, attend to nothing
     seqs[c] = {c, 0, 0, 0};
-    for (int i = 0; i < kcu::attnWorkItems(1, group_); ++i)
-      work[w++] = {c, i * kcu::kAttnRowsPerBlock};
+    for (int i = 0; i < kcu::attnWorkItems(1, group_); ++i) work[w++] = {c, i * kcu::kAttnRowsPerBlock};
     ids[c] = 0;
     pos[c] = 0;
     slots[c] = -1;
@@ -892,8 +866,7 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
   }
   for (Rank& r : ranks_) {
     PD_RETURN_IF_ERROR(use(r));
-    PD_CUDA_TRY(cudaMemcpyAsync(r.metaDev, metaHost_, (ml_.tables() + to) * 4,
-                                cudaMemcpyHostToDevice, r.stream));
+    PD_CUDA_TRY(cudaMemcpyAsync(r.metaDev, metaHost_, (ml_.tables() + to) * 4, cudaMemcpyHostToDevice, r.stream));
   }
   PD_RETURN_IF_ERROR(use(r0));
 
@@ -923,8 +896,8 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
   if (L > 0 && sampling_.active) {
     PD_RETURN_IF_ERROR(enqueueSampling(L));
   } else if (L > 0) {
-    PD_CUDA_TRY(cudaMemcpyAsync(logitsHost_, r0.logitsDev, size_t(L) * cfg_.vocabSize * 4,
-                                cudaMemcpyDeviceToHost, r0.stream));
+    PD_CUDA_TRY(
+        cudaMemcpyAsync(logitsHost_, r0.logitsDev, size_t(L) * cfg_.vocabSize * 4, cudaMemcpyDeviceToHost, r0.stream));
   }
   if (onLayerKvReady) {
     // Layer l is ready when every rank has written its kv heads of layer l.
@@ -941,37 +914,33 @@ Status CudaBackendImpl::forward(std::span<const SeqChunk> batch, float* logits,
 Status CudaBackendImpl::enqueueSampling(int L) {
   DeviceSampling& ds = sampling_;
   Rank& r0 = ranks_[0];  // the logits are on rank 0
-  PD_CUDA_TRY(cudaMemcpyAsync(ds.dev, ds.host, size_t(L) * sizeof(DeviceSampling::Params),
-                              cudaMemcpyHostToDevice, r0.stream));
+  PD_CUDA_TRY(
+      cudaMemcpyAsync(ds.dev, ds.host, size_t(L) * sizeof(DeviceSampling::Params), cudaMemcpyHostToDevice, r0.stream));
   const int vocab = cfg_.vocabSize;
-  PD_CUDA_TRY(kcu::sampleRows(r0.logitsDev, vocab, L, vocab, ds.at<DeviceSampling::Params>(ds.dev, 0),
-                              ds.topN, ds.at<int32_t>(ds.dev, ds.idsOff()),
-                              ds.at<float>(ds.dev, ds.lpOff()),
-                              ds.at<int32_t>(ds.dev, ds.topIdsOff()),
-                              ds.at<float>(ds.dev, ds.topLpOff()), r0.stream));
-  PD_CUDA_TRY(cudaMemcpyAsync(ds.host + ds.idsOff(), ds.dev + ds.idsOff(),
-                              ds.bytes() - ds.idsOff(), cudaMemcpyDeviceToHost, r0.stream));
+  PD_CUDA_TRY(kcu::sampleRows(r0.logitsDev, vocab, L, vocab, ds.at<DeviceSampling::Params>(ds.dev, 0), ds.topN,
+                              ds.at<int32_t>(ds.dev, ds.idsOff()), ds.at<float>(ds.dev, ds.lpOff()),
+                              ds.at<int32_t>(ds.dev, ds.topIdsOff()), ds.at<float>(ds.dev, ds.topLpOff()), r0.stream));
+  PD_CUDA_TRY(cudaMemcpyAsync(ds.host + ds.idsOff(), ds.dev + ds.idsOff(), ds.bytes() - ds.idsOff(),
+                              cudaMemcpyDeviceToHost, r0.stream));
   return Status::ok();
 }
 
 Status CudaBackendImpl::forwardAndSample(std::span<const SeqChunk> batch,
-                                         std::span<const pd::kernels::SampleRowParams> params,
-                                         int topN, SampledToken* out,
-                                         const LayerKvReadyFn& onLayerKvReady) {
+                                         std::span<const pd::kernels::SampleRowParams> params, int topN,
+                                         SampledToken* out, const LayerKvReadyFn& onLayerKvReady) {
   int L = 0;
   for (const SeqChunk& c : batch) L += c.wantLogits ? 1 : 0;
   if (params.size() != size_t(L))
-    return invalidArgument("forwardAndSample: " + std::to_string(params.size()) +
-                           " sampling params for " + std::to_string(L) + " logits rows");
+    return invalidArgument("forwardAndSample: " + std::to_string(params.size()) + " sampling params for " +
+                           std::to_string(L) + " logits rows");
   if (topN < 0 || topN > kMaxLogprobs || topN > cfg_.vocabSize)
     return invalidArgument("forwardAndSample: topN " + std::to_string(topN) + " must be in [0, " +
                            std::to_string(std::min(kMaxLogprobs, cfg_.vocabSize)) + "]");
   if (L > 0 && !out) return invalidArgument("forwardAndSample: out is null but chunks want logits");
   for (size_t r = 0; r < params.size(); ++r) {
     const auto& p = params[r];
-    if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature) || !(p.topP > 0.0f) ||
-        !(p.topP <= 1.0f) || !(p.minP >= 0.0f) || !(p.minP <= 1.0f) || !(p.u >= 0.0) ||
-        !(p.u < 1.0))
+    if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature) || !(p.topP > 0.0f) || !(p.topP <= 1.0f) ||
+        !(p.minP >= 0.0f) || !(p.minP <= 1.0f) || !(p.u >= 0.0) || !(p.u < 1.0))
       return invalidArgument("forwardAndSample: row " + std::to_string(r) +
                              ": temperature must be finite >= 0, top_p in (0, 1], min_p in "
                              "[0, 1] and u in [0, 1)");
@@ -1015,29 +984,25 @@ Status cudaDeviceAvailable() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess)
-    return unavailable(std::string("cuda backend: no CUDA device found (cudaGetDeviceCount: ") +
-                       cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")");
-  if (count == 0)
-    return unavailable("cuda backend: no CUDA device found (cudaGetDeviceCount: 0 devices)");
+    return unavailable(std::string("cuda backend: no CUDA device found (cudaGetDeviceCount: ") + cudaGetErrorName(e) +
+                       ": " + cudaGetErrorString(e) + ")");
+  if (count == 0) return unavailable("cuda backend: no CUDA device found (cudaGetDeviceCount: 0 devices)");
   return Status::ok();
 }
 
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,
-                                                       const KvLayout& layout,
-                                                       const CudaBackendOptions& options) {
+                                                       const KvLayout& layout, const CudaBackendOptions& options) {
   PD_RETURN_IF_ERROR(cudaDeviceAvailable());
   if (!model) return invalidArgument("createCudaBackend: no model");
   const ModelConfig& c = model->config;
-  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads ||
-      layout.headDim != c.headDim)
+  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads || layout.headDim != c.headDim)
     return invalidArgument("createCudaBackend: KV layout " + layout.fingerprint() +
-                           " does not match the model (layers " + std::to_string(c.numLayers) +
-                           ", kv heads " + std::to_string(c.numKvHeads) + ", head dim " +
-                           std::to_string(c.headDim) + ")");
+                           " does not match the model (layers " + std::to_string(c.numLayers) + ", kv heads " +
+                           std::to_string(c.numKvHeads) + ", head dim " + std::to_string(c.headDim) + ")");
   if (options.gpuMemoryUtilization != 0) {
     if (!(options.gpuMemoryUtilization > 0 && options.gpuMemoryUtilization <= 1))
-      return invalidArgument("createCudaBackend: gpuMemoryUtilization " +
-                             std::to_string(options.gpuMemoryUtilization) + " is outside (0, 1]");
+      return invalidArgument("createCudaBackend: gpuMemoryUtilization " + std::to_string(options.gpuMemoryUtilization) +
+                             " is outside (0, 1]");
     if (layout.blockSize <= 0 || layout.numBlocks != 0)
       return invalidArgument(
           "createCudaBackend: with gpuMemoryUtilization the KV layout needs blockSize > 0 and "
@@ -1058,12 +1023,10 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
         "createCudaBackend: kvDeviceBase must be 256-byte aligned (as cudaMalloc returns): the "
         "attention kernel reads K/V with 16-byte loads");
   for (int b : options.graphBatchSizes)
-    if (b <= 0)
-      return invalidArgument("createCudaBackend: graph batch size " + std::to_string(b) + " <= 0");
+    if (b <= 0) return invalidArgument("createCudaBackend: graph batch size " + std::to_string(b) + " <= 0");
   int count = 0;
   cudaGetDeviceCount(&count);
-  PD_ASSIGN_OR_RETURN(const TensorParallelPlan plan,
-                      planTensorParallel(c, options.tensorParallelSize));
+  PD_ASSIGN_OR_RETURN(const TensorParallelPlan plan, planTensorParallel(c, options.tensorParallelSize));
   if (plan.size > 1 && options.kvDeviceBase)
     return invalidArgument("createCudaBackend: kvDeviceBase is for tensor_parallel_size 1; with " +
                            std::to_string(plan.size) +
@@ -1075,10 +1038,9 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
 #endif
   const int devicesNeeded = options.tpRanksShareDevice ? 1 : plan.size;
   if (options.device < 0 || options.device + devicesNeeded > count)
-    return unavailable("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) +
-                       " on device " + std::to_string(options.device) + " requires " +
-                       std::to_string(options.device + devicesNeeded) + " GPUs (found " +
-                       std::to_string(count) + ")");
+    return unavailable("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) + " on device " +
+                       std::to_string(options.device) + " requires " + std::to_string(options.device + devicesNeeded) +
+                       " GPUs (found " + std::to_string(count) + ")");
   auto b = std::make_unique<CudaBackendImpl>(std::move(model), layout, options, plan);
   PD_RETURN_IF_ERROR(b->init());
   return std::unique_ptr<CudaBackend>(std::move(b));

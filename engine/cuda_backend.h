@@ -1,4 +1,4 @@
-// The CUDA Backend (DESIGN.md §4): weights and the KV cache in device memory, every linear
+// The CUDA Backend (docs/design.md §4): weights and the KV cache in device memory, every linear
 // layer a cuBLAS GEMM with 16-bit (bf16 default, or f16) inputs and f32 accumulation and
 // output, the residual stream / RoPE / softmax in f32, paged attention and the other ops from
 // kernels/include/pd/kernels/cuda. Decode steps of the common batch sizes run as CUDA graphs.
@@ -134,10 +134,8 @@ class CudaBackend : public Backend {
   // Errors: as forward(); a params count other than the logits rows, a topN out of range or
   // invalid row params (named by row) -> kInvalidArgument.
   bool samplesOnDevice() const override { return true; }
-  Status forwardAndSample(std::span<const SeqChunk> batch,
-                          std::span<const pd::kernels::SampleRowParams> params, int topN,
-                          SampledToken* out,
-                          const LayerKvReadyFn& onLayerKvReady = {}) override = 0;
+  Status forwardAndSample(std::span<const SeqChunk> batch, std::span<const pd::kernels::SampleRowParams> params,
+                          int topN, SampledToken* out, const LayerKvReadyFn& onLayerKvReady = {}) override = 0;
 };
 
 // OK when this build has CUDA and at least one device is visible; otherwise the error a
@@ -145,14 +143,12 @@ class CudaBackend : public Backend {
 Status cudaDeviceAvailable();
 
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,
-                                                       const KvLayout& layout,
-                                                       const CudaBackendOptions& options = {});
+                                                       const KvLayout& layout, const CudaBackendOptions& options = {});
 
 // The worker's `backend:` setting: "cpu" (hostKvBase: the KV region in host memory) or
 // "cuda" (hostKvBase ignored: the KV cache lives in device memory, see kvRegion()).
 // Unknown names fail with the allowed values.
-Result<std::unique_ptr<Backend>> createBackend(const std::string& kind,
-                                               std::shared_ptr<const ModelWeights> model,
+Result<std::unique_ptr<Backend>> createBackend(const std::string& kind, std::shared_ptr<const ModelWeights> model,
                                                const KvLayout& layout, void* hostKvBase,
                                                const CpuBackendOptions& cpuOptions = {},
                                                const CudaBackendOptions& cudaOptions = {});

@@ -10,8 +10,8 @@ Status cudaDeviceAvailable() {
       "machine with nvcc)");
 }
 
-Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights>,
-                                                       const KvLayout&, const CudaBackendOptions&) {
+Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights>, const KvLayout&,
+                                                       const CudaBackendOptions&) {
   return cudaDeviceAvailable();
 }
 

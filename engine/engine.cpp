@@ -12,8 +12,8 @@ namespace {
 std::string reqName(uint64_t id) { return "request " + std::to_string(id); }
 }  // namespace
 
-Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager> kv,
-               EngineOptions options, const Clock& clock)
+Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager> kv, EngineOptions options,
+               const Clock& clock)
     : backend_(std::move(backend)),
       kv_(std::move(kv)),
       options_(options),
@@ -54,8 +54,7 @@ Result<std::vector<BlockId>> Engine::submitRemote(Request request) {
   return blocks;
 }
 
-Status Engine::completeRemote(uint64_t id, const SampledToken& first,
-                              std::vector<EngineEvent>* events) {
+Status Engine::completeRemote(uint64_t id, const SampledToken& first, std::vector<EngineEvent>* events) {
   if (!remote_.count(id)) return notFound(reqName(id) + ": not waiting for remote KV");
   // Checked before anything changes: a bad id from a peer must fail this request alone (it
   // stays waiting for KV, so the caller can recompute it), never the next batch it joins.
@@ -85,8 +84,8 @@ Status Engine::recomputeRemote(uint64_t id) {
 Status Engine::quarantineRemote(uint64_t id, SeqId holder) {
   if (!remote_.count(id)) return notFound(reqName(id) + ": not waiting for remote KV");
   if (requests_.count(holder)) {
-    return Status(StatusCode::kAlreadyExists, reqName(id) + ": quarantine holder " + std::to_string(holder) +
-                                                  " is a request id");
+    return Status(StatusCode::kAlreadyExists,
+                  reqName(id) + ": quarantine holder " + std::to_string(holder) + " is a request id");
   }
   return kv_->rename(id, holder);
 }
@@ -144,12 +143,11 @@ Status Engine::sampleInto(Request& r, const float* logits, std::vector<EngineEve
                           std::optional<SampledToken> given) {
   const int vocab = backend_->config().vocabSize;
   const SamplingParams& params = r.params();
-  SampledToken token =
-      given ? *given
-      : params.processesLogits()
-          ? sampleWithProcessors(logits, vocab, params, r.nextSampleStep(), r.tokens(),
-                                 size_t(r.numPromptTokens() - params.generatedInPrompt), eosTokenId())
-          : sample(logits, vocab, params, r.nextSampleStep());
+  SampledToken token = given ? *given
+                       : params.processesLogits()
+                           ? sampleWithProcessors(logits, vocab, params, r.nextSampleStep(), r.tokens(),
+                                                  size_t(r.numPromptTokens() - params.generatedInPrompt), eosTokenId())
+                           : sample(logits, vocab, params, r.nextSampleStep());
   auto reason = r.appendToken(token, eosTokenId());
   if (!reason.ok()) {
     failRequest(r.id(), reason.status(), events);
@@ -370,7 +368,7 @@ int Engine::prefillChunkTokens(bool remoteKvExpected, int decodeRows) const {
   const double budgetMs = options_.prefillChunks.periodBudgetMs();
   if (budgetMs <= 0) return options_.scheduler.maxBatchTokens;
   const ChunkCap& cap = prefillChunkCaps_[remoteKvExpected].cost > 0 ? prefillChunkCaps_[remoteKvExpected]
-                                                                      : prefillChunkCaps_[!remoteKvExpected];
+                                                                     : prefillChunkCaps_[!remoteKvExpected];
   if (cap.cost > 0) {
     // Taught beside cap.decodeRows streams: beside more, their own share of the step grows
     // by what the decode cost line says, and the prompt's shrinks by as much.

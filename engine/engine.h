@@ -1,4 +1,4 @@
-// engine::Engine: the per-step core both workers run (DESIGN.md §3, §4). It owns the
+// engine::Engine: the per-step core both workers run (docs/design.md §3, §4). It owns the
 // requests, the KV cache manager, the scheduler and the backend, and turns one call of
 // step() into: schedule -> apply the plan to the KV cache -> one forward over the
 // flattened batch -> sample -> update request states. What happened comes back as events.
@@ -45,13 +45,13 @@ struct EngineEvent {
   enum class Kind { kToken, kFinished, kFailed };
   Kind kind = Kind::kToken;
   uint64_t requestId = 0;
-  SampledToken token;                           // kToken
-  FinishReason reason = FinishReason::kNone;    // kFinished
-  Status error;                                 // kFailed
-  RequestTimings timings;                       // kFinished, kFailed: the request's latencies
+  SampledToken token;                         // kToken
+  FinishReason reason = FinishReason::kNone;  // kFinished
+  Status error;                               // kFailed
+  RequestTimings timings;                     // kFinished, kFailed: the request's latencies
 };
 
-// SLO-sized chunked prefill (issue 14): in a step that also decodes, the prompt work
+// SLO-sized chunked prefill (docs/serving.md): in a step that also decodes, the prompt work
 // computed is capped so the step's period stays within its budget (below), never below
 // minTokens (prefills always progress) nor above max_batch_tokens. The cap counts tokens at
 // position 0: with priceAttention a token at position p counts 1 + p / the model's attention
@@ -89,8 +89,8 @@ struct EngineEvent {
 struct PrefillChunkOptions {
   static constexpr double kHopShare = 0.05;
   double periodBudgetMs() const { return itlTargetMs * (1 - kHopShare); }  // <= 0: off
-  double itlTargetMs = 0;  // 0: off (max_batch_tokens alone)
-  double percentile = 99;  // of the ITL target, (0, 100]
+  double itlTargetMs = 0;                                                  // 0: off (max_batch_tokens alone)
+  double percentile = 99;                                                  // of the ITL target, (0, 100]
   int minTokens = 32;
   bool priceAttention = true;  // false: every prompt token costs 1 (unit tests of the cap)
 };
@@ -102,10 +102,10 @@ struct EngineOptions {
 };
 
 struct EngineLoad {
-  int running = 0;               // holding KV and computing (prefill or decode)
-  int decoding = 0;              // of those, past their prompt: streams that a long step stalls
-  int waiting = 0;               // queued for admission
-  int remote = 0;                // blocks reserved, waiting for a prefill worker's KV
+  int running = 0;                  // holding KV and computing (prefill or decode)
+  int decoding = 0;                 // of those, past their prompt: streams that a long step stalls
+  int waiting = 0;                  // queued for admission
+  int remote = 0;                   // blocks reserved, waiting for a prefill worker's KV
   int64_t queuedPrefillTokens = 0;  // prompt tokens not yet computed
   int freeBlocks = 0;
   int totalBlocks = 0;
@@ -145,16 +145,16 @@ using StepLayerFn = std::function<void(int layer, const StepView& step)>;
 
 // What one step() computed and how long its streams waited for it.
 struct StepRecord {
-  int decodeRows = 0;        // both 0: nothing ran
+  int decodeRows = 0;  // both 0: nothing ran
   int64_t promptTokens = 0;
-  int promptChunks = 0;      // sequences whose prompt tokens the step computed
+  int promptChunks = 0;  // sequences whose prompt tokens the step computed
   // Tokens already in the KV cache before the step, summed over its decode rows and over its
   // prompt chunks: with the counts above, what a cost model needs to price the step
   // (plan::CostModel prices a step trace's rows from them).
   int64_t decodeContextTokens = 0;
   int64_t promptContextTokens = 0;
-  double promptCost = 0;     // the prompt tokens priced by their context (PrefillChunkOptions)
-  int promptBudget = -1;     // the prompt work it was allowed beside its streams (-1: any)
+  double promptCost = 0;  // the prompt tokens priced by their context (PrefillChunkOptions)
+  int promptBudget = -1;  // the prompt work it was allowed beside its streams (-1: any)
   // From step()'s start to its sampled tokens; 0 when the step failed or had nothing to run.
   double seconds = 0;
   // From the previous step's end to this one's start, when that step left work to do (the
@@ -167,8 +167,8 @@ struct StepRecord {
 
 class Engine {
  public:
-  Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager> kv,
-         EngineOptions options, const Clock& clock = SystemClock::instance());
+  Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager> kv, EngineOptions options,
+         const Clock& clock = SystemClock::instance());
 
   // Queues a request for a local prefill. Errors: an id already present.
   Status submit(Request request);
@@ -234,9 +234,9 @@ class Engine {
   // The scheduler's prefillTokenBudget (PrefillChunkOptions), with or without a remote
   // prefill's KV on its way (the two caps), beside `decodeRows` streams.
   int prefillChunkTokens(bool remoteKvExpected, int decodeRows) const;
-  int decodingStreams() const;  // running requests past their prompt
+  int decodingStreams() const;           // running requests past their prompt
   int clampChunk(int64_t tokens) const;  // into [minTokens, max_batch_tokens]
-  double attentionSpan() const;  // SchedulerView::attentionSpan: 0 unless priceAttention
+  double attentionSpan() const;          // SchedulerView::attentionSpan: 0 unless priceAttention
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCacheManager> kv_;
@@ -245,8 +245,8 @@ class Engine {
   const Clock& clock_;
 
   std::unordered_map<uint64_t, Request> requests_;
-  std::vector<uint64_t> running_;   // holding KV, oldest admission first
-  std::deque<uint64_t> waiting_;    // queue order
+  std::vector<uint64_t> running_;  // holding KV, oldest admission first
+  std::deque<uint64_t> waiting_;   // queue order
   std::unordered_set<uint64_t> remote_;
   std::unordered_set<uint64_t> heldKv_;  // finished, KV kept until release()
   std::vector<float> logits_;
@@ -260,13 +260,13 @@ class Engine {
   // yet: the other cap, else the start estimate).
   double pureDecodeStepMs_ = 0;
   struct ChunkCap {
-    int cost = 0;           // prompt work, tokens at position 0 (0: not taught)
-    int decodeRows = 0;     // beside this many streams
-    double costPerMs = 0;   // the prompt work's pace in the step that taught it
+    int cost = 0;          // prompt work, tokens at position 0 (0: not taught)
+    int decodeRows = 0;    // beside this many streams
+    double costPerMs = 0;  // the prompt work's pace in the step that taught it
   };
   std::array<ChunkCap, 2> prefillChunkCaps_{};
   double prefillChunkAim_ = 1;  // PrefillChunkOptions: the fraction of the target aimed at
-  StepCostModel decodeCost_;  // over the steps without prompt tokens (and small chunks)
+  StepCostModel decodeCost_;    // over the steps without prompt tokens (and small chunks)
   SteadyTime smallChunkSeenAt_{};
   StepRecord lastStep_;
   std::optional<SteadyTime> workSince_;  // the last step's end, when it left work to do

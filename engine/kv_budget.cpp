@@ -14,8 +14,7 @@ std::string formatGiB(uint64_t bytes) {
 
 Result<KvBudget> kvBudgetFromUtilization(const KvBudgetInput& in) {
   if (!(in.utilization > 0.0 && in.utilization <= 1.0))
-    return invalidArgument("engine.gpu_memory_utilization: " + std::to_string(in.utilization) +
-                           " is outside (0, 1]");
+    return invalidArgument("engine.gpu_memory_utilization: " + std::to_string(in.utilization) + " is outside (0, 1]");
   if (in.bytesPerBlock == 0 || in.blockSize <= 0)
     return invalidArgument("kv budget: bytesPerBlock and blockSize must be > 0");
   KvBudget b;
@@ -28,9 +27,9 @@ Result<KvBudget> kvBudgetFromUtilization(const KvBudgetInput& in) {
     std::snprintf(util, sizeof util, "%g", in.utilization);
     return resourceExhausted("engine.gpu_memory_utilization: " + std::string(util) + " of " +
                              formatGiB(in.deviceTotalBytes) + " is " + formatGiB(b.shareBytes) +
-                             ", which after the weights (" + formatGiB(in.weightBytes) +
-                             ") and the activation peak (" + formatGiB(in.activationBytes) +
-                             ") holds no KV block of " + std::to_string(in.bytesPerBlock) +
+                             ", which after the weights (" + formatGiB(in.weightBytes) + ") and the activation peak (" +
+                             formatGiB(in.activationBytes) + ") holds no KV block of " +
+                             std::to_string(in.bytesPerBlock) +
                              " bytes: raise it, or shrink the model, model.dtype or "
                              "engine.max_batch_tokens");
   }

@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <utility>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "common/base/hash.h"
 
@@ -22,23 +22,21 @@ std::string seqName(SeqId seq) { return "sequence " + std::to_string(seq); }
 // ---- Construction -------------------------------------------------------------------------
 
 Status KvCacheManager::validateLayout(const KvLayout& layout) {
-  if (layout.numLayers <= 0 || layout.numBlocks <= 0 || layout.blockSize <= 0 ||
-      layout.numKvHeads <= 0 || layout.headDim <= 0) {
-    return invalidArgument("kv cache: layout " + layout.fingerprint() + " with " +
-                           std::to_string(layout.numBlocks) +
+  if (layout.numLayers <= 0 || layout.numBlocks <= 0 || layout.blockSize <= 0 || layout.numKvHeads <= 0 ||
+      layout.headDim <= 0) {
+    return invalidArgument("kv cache: layout " + layout.fingerprint() + " with " + std::to_string(layout.numBlocks) +
                            " blocks: every dimension (layers, blocks, block size, kv heads, "
                            "head dim) must be positive");
   }
   if (layout.numBlocks > std::numeric_limits<BlockId>::max() / 2 ||
       size_t(layout.numBlocks) * layout.blockSize > size_t(std::numeric_limits<int>::max())) {
     return invalidArgument("kv cache: " + std::to_string(layout.numBlocks) + " blocks of " +
-                           std::to_string(layout.blockSize) +
-                           " tokens exceed the supported token count (2^31 - 1)");
+                           std::to_string(layout.blockSize) + " tokens exceed the supported token count (2^31 - 1)");
   }
   // Overflow check of totalBytes(): layers * blocks * blockBytes must fit in size_t.
   const size_t blockBytes = layout.blockBytes();
-  if (blockBytes == 0 || size_t(layout.numBlocks) > std::numeric_limits<size_t>::max() /
-                                                        blockBytes / size_t(layout.numLayers)) {
+  if (blockBytes == 0 ||
+      size_t(layout.numBlocks) > std::numeric_limits<size_t>::max() / blockBytes / size_t(layout.numLayers)) {
     return invalidArgument("kv cache: layout " + layout.fingerprint() + " overflows size_t");
   }
   return Status::ok();
@@ -67,8 +65,7 @@ Status populate(void* base, size_t bytes, const KvLayout& layout) {
 
 }  // namespace
 
-Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& layout,
-                                                               Backing backing) {
+Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& layout, Backing backing) {
   PD_RETURN_IF_ERROR(validateLayout(layout));
   void* base = nullptr;
   size_t mapped = 0;
@@ -83,9 +80,8 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& l
     const size_t extra = mapped >= kHuge ? kHuge : 0;
     void* raw = mmap(nullptr, mapped + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) {
-      return resourceExhausted("kv cache: cannot map " + std::to_string(mapped) +
-                               " bytes for layout " + layout.fingerprint() + ": " +
-                               std::strerror(errno));
+      return resourceExhausted("kv cache: cannot map " + std::to_string(mapped) + " bytes for layout " +
+                               layout.fingerprint() + ": " + std::strerror(errno));
     }
     base = raw;
     if (extra > 0) {
@@ -103,16 +99,13 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvLayout& l
   return std::unique_ptr<KvCacheManager>(new KvCacheManager(layout, base, mapped));
 }
 
-Result<std::unique_ptr<KvCacheManager>> KvCacheManager::createOver(const KvLayout& layout,
-                                                                   const MemDesc& region) {
+Result<std::unique_ptr<KvCacheManager>> KvCacheManager::createOver(const KvLayout& layout, const MemDesc& region) {
   PD_RETURN_IF_ERROR(validateLayout(layout));
   if (region.addr == 0 || region.len < layout.totalBytes()) {
-    return invalidArgument("kv cache: region " + toString(region) + " cannot hold layout " +
-                           layout.fingerprint() + " (" + std::to_string(layout.totalBytes()) +
-                           " bytes)");
+    return invalidArgument("kv cache: region " + toString(region) + " cannot hold layout " + layout.fingerprint() +
+                           " (" + std::to_string(layout.totalBytes()) + " bytes)");
   }
-  std::unique_ptr<KvCacheManager> m(
-      new KvCacheManager(layout, reinterpret_cast<void*>(region.addr), 0));
+  std::unique_ptr<KvCacheManager> m(new KvCacheManager(layout, reinterpret_cast<void*>(region.addr), 0));
   m->kind_ = region.kind;
   m->device_ = region.device;
   return m;
@@ -146,9 +139,7 @@ MemDesc KvCacheManager::region() const {
 
 // ---- Pool ---------------------------------------------------------------------------------
 
-double KvCacheManager::usage() const {
-  return 1.0 - double(numFreeBlocks()) / double(numTotalBlocks());
-}
+double KvCacheManager::usage() const { return 1.0 - double(numFreeBlocks()) / double(numTotalBlocks()); }
 
 int KvCacheManager::blocksFor(int numTokens) const {
   return numTokens <= 0 ? 0 : (numTokens + layout_.blockSize - 1) / layout_.blockSize;
@@ -222,8 +213,7 @@ Status KvCacheManager::grow(SeqTable& t, int newNumTokens) {
   const int need = blocksFor(newNumTokens) - int(t.blocks.size());
   if (need > numFreeBlocks()) {
     return resourceExhausted("kv cache: " + std::to_string(need) + " more blocks needed for " +
-                             std::to_string(newNumTokens) + " tokens, " +
-                             std::to_string(numFreeBlocks()) + " of " +
+                             std::to_string(newNumTokens) + " tokens, " + std::to_string(numFreeBlocks()) + " of " +
                              std::to_string(numTotalBlocks()) + " free");
   }
   for (int i = 0; i < need; ++i) t.blocks.push_back(takeFreeBlock());
@@ -251,9 +241,9 @@ Status KvCacheManager::reserve(SeqId seq, int numTokens) {
   Status st = allocate(seq, numTokens);
   if (!st.isOk() && st.code() == StatusCode::kResourceExhausted) {
     return resourceExhausted("kv cache: cannot reserve " + std::to_string(numTokens) + " tokens (" +
-                             std::to_string(blocksFor(numTokens)) + " blocks) for " + seqName(seq) +
-                             ": " + std::to_string(numFreeBlocks()) + " of " +
-                             std::to_string(numTotalBlocks()) + " blocks free");
+                             std::to_string(blocksFor(numTokens)) + " blocks) for " + seqName(seq) + ": " +
+                             std::to_string(numFreeBlocks()) + " of " + std::to_string(numTotalBlocks()) +
+                             " blocks free");
   }
   return st;
 }
@@ -283,8 +273,8 @@ Status KvCacheManager::rename(SeqId from, SeqId to) {
   auto it = seqs_.find(from);
   if (it == seqs_.end()) return notFound("kv cache: rename: unknown " + seqName(from));
   if (hasSequence(to)) {
-    return Status(StatusCode::kAlreadyExists, "kv cache: rename " + seqName(from) + " -> " + seqName(to) +
-                                                  ": the target already has blocks");
+    return Status(StatusCode::kAlreadyExists,
+                  "kv cache: rename " + seqName(from) + " -> " + seqName(to) + ": the target already has blocks");
   }
   SeqTable t = std::move(it->second);
   seqs_.erase(it);
@@ -296,8 +286,7 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   auto it = seqs_.find(parent);
   if (it == seqs_.end()) return notFound("kv cache: fork: unknown parent " + seqName(parent));
   if (hasSequence(child)) {
-    return Status(StatusCode::kAlreadyExists,
-                  "kv cache: fork: child " + seqName(child) + " already has blocks");
+    return Status(StatusCode::kAlreadyExists, "kv cache: fork: child " + seqName(child) + " already has blocks");
   }
   const SeqTable& p = it->second;
   const bool partialTail = p.numTokens % layout_.blockSize != 0;
@@ -320,8 +309,7 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
     if (base_ != nullptr) {
       auto* bytes = static_cast<uint8_t*>(base_);
       for (int l = 0; l < layout_.numLayers; ++l) {
-        std::memcpy(bytes + layout_.blockOffset(l, dst), bytes + layout_.blockOffset(l, src),
-                    layout_.blockBytes());
+        std::memcpy(bytes + layout_.blockOffset(l, dst), bytes + layout_.blockOffset(l, src), layout_.blockBytes());
       }
     }
   }
@@ -331,8 +319,7 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
 
 // ---- Prefix cache -------------------------------------------------------------------------
 
-bool KvCacheManager::blockMatches(BlockId b, uint64_t parentHash,
-                                  std::span<const TokenId> tokens) const {
+bool KvCacheManager::blockMatches(BlockId b, uint64_t parentHash, std::span<const TokenId> tokens) const {
   const BlockMeta& m = meta_[size_t(b)];
   if (!m.hashed || m.parentHash != parentHash) return false;
   // Compare the tokens too: a 64-bit collision must never serve another prompt's KV.
@@ -358,14 +345,12 @@ PrefixMatch KvCacheManager::findCachedPrefix(std::span<const TokenId> tokens, in
   return match;
 }
 
-Result<int> KvCacheManager::attachCachedPrefix(SeqId seq, std::span<const TokenId> tokens,
-                                               int maxTokens) {
+Result<int> KvCacheManager::attachCachedPrefix(SeqId seq, std::span<const TokenId> tokens, int maxTokens) {
   if (hasSequence(seq)) {
     return Status(StatusCode::kAlreadyExists, "kv cache: " + seqName(seq) + " already has blocks");
   }
   if (maxTokens < 0) {
-    return invalidArgument("kv cache: attach prefix for " + seqName(seq) +
-                           ": negative token limit");
+    return invalidArgument("kv cache: attach prefix for " + seqName(seq) + ": negative token limit");
   }
   PrefixMatch match = findCachedPrefix(tokens, maxTokens);
   SeqTable t;
@@ -384,15 +369,13 @@ Result<int> KvCacheManager::attachCachedPrefix(SeqId seq, std::span<const TokenI
   return match.numTokens;
 }
 
-Status KvCacheManager::cacheComputedBlocks(SeqId seq, std::span<const TokenId> tokens,
-                                           int numComputed) {
+Status KvCacheManager::cacheComputedBlocks(SeqId seq, std::span<const TokenId> tokens, int numComputed) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return notFound("kv cache: cache blocks: unknown " + seqName(seq));
   SeqTable& t = it->second;
   if (numComputed < 0 || numComputed > int(tokens.size()) || numComputed > t.numTokens) {
-    return invalidArgument("kv cache: cache blocks of " + seqName(seq) + ": " +
-                           std::to_string(numComputed) + " computed tokens, but " +
-                           std::to_string(tokens.size()) + " tokens given and " +
+    return invalidArgument("kv cache: cache blocks of " + seqName(seq) + ": " + std::to_string(numComputed) +
+                           " computed tokens, but " + std::to_string(tokens.size()) + " tokens given and " +
                            std::to_string(t.numTokens) + " slots allocated");
   }
   const int bs = layout_.blockSize;
@@ -412,7 +395,8 @@ Status KvCacheManager::cacheComputedBlocks(SeqId seq, std::span<const TokenId> t
       std::copy(blockToks.begin(), blockToks.end(), &blockTokens_[size_t(b) * bs]);
       byHash_.emplace(h, b);
       if (recordEvents_)
-        pushEvent({KvBlockEvent::Kind::kStored, h, t.lastHash, std::vector<int32_t>(blockToks.begin(), blockToks.end())});
+        pushEvent(
+            {KvBlockEvent::Kind::kStored, h, t.lastHash, std::vector<int32_t>(blockToks.begin(), blockToks.end())});
     }
     t.lastHash = h;
     t.numHashed = i + 1;
@@ -432,9 +416,9 @@ void KvCacheManager::setEventRecording(bool on) {
 
 void KvCacheManager::pushEvent(KvBlockEvent e) {
   if (events_.empty()) {
-    oldestPendingUs_ = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count());
+    oldestPendingUs_ = uint64_t(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
   }
   events_.push_back(std::move(e));
 }
@@ -454,8 +438,10 @@ std::vector<KvBlockEvent> KvCacheManager::snapshotEvents() const {
   for (BlockId b = 0; b < layout_.numBlocks; ++b) {
     const BlockMeta& m = meta_[size_t(b)];
     if (!m.hashed) continue;
-    if (byHash_.count(m.parentHash)) children[m.parentHash].push_back(b);
-    else todo.push_back(b);
+    if (byHash_.count(m.parentHash))
+      children[m.parentHash].push_back(b);
+    else
+      todo.push_back(b);
   }
   const int bs = layout_.blockSize;
   while (!todo.empty()) {
@@ -464,7 +450,8 @@ std::vector<KvBlockEvent> KvCacheManager::snapshotEvents() const {
     const BlockMeta& m = meta_[size_t(b)];
     const int32_t* toks = &blockTokens_[size_t(b) * size_t(bs)];
     out.push_back({KvBlockEvent::Kind::kStored, m.hash, m.parentHash, std::vector<int32_t>(toks, toks + bs)});
-    if (auto c = children.find(m.hash); c != children.end()) todo.insert(todo.end(), c->second.begin(), c->second.end());
+    if (auto c = children.find(m.hash); c != children.end())
+      todo.insert(todo.end(), c->second.begin(), c->second.end());
   }
   return out;
 }
@@ -473,41 +460,36 @@ std::vector<KvBlockEvent> KvCacheManager::snapshotEvents() const {
 
 Status KvCacheManager::checkLayer(int layerBegin, int layerEnd) const {
   if (layerBegin < 0 || layerEnd > layout_.numLayers || layerBegin > layerEnd) {
-    return invalidArgument("kv cache: layer range [" + std::to_string(layerBegin) + ", " +
-                           std::to_string(layerEnd) + ") is not within [0, " +
-                           std::to_string(layout_.numLayers) + ")");
+    return invalidArgument("kv cache: layer range [" + std::to_string(layerBegin) + ", " + std::to_string(layerEnd) +
+                           ") is not within [0, " + std::to_string(layout_.numLayers) + ")");
   }
   return Status::ok();
 }
 
-Result<DescList> layerSegmentsAt(const KvLayout& layout, const MemDesc& region,
-                                 std::span<const BlockId> blocks, int layerBegin, int layerEnd) {
+Result<DescList> layerSegmentsAt(const KvLayout& layout, const MemDesc& region, std::span<const BlockId> blocks,
+                                 int layerBegin, int layerEnd) {
   // Pairing a list with itself cuts runs exactly where its own ids stop being consecutive.
-  PD_ASSIGN_OR_RETURN(SegmentPairs pairs, pairedLayerSegments(layout, region, blocks, region,
-                                                              blocks, layerBegin, layerEnd));
+  PD_ASSIGN_OR_RETURN(SegmentPairs pairs,
+                      pairedLayerSegments(layout, region, blocks, region, blocks, layerBegin, layerEnd));
   return std::move(pairs.local);
 }
 
 Result<SegmentPairs> pairedLayerSegments(const KvLayout& layout, const MemDesc& localRegion,
-                                         std::span<const BlockId> localBlocks,
-                                         const MemDesc& remoteRegion,
-                                         std::span<const BlockId> remoteBlocks, int layerBegin,
-                                         int layerEnd) {
+                                         std::span<const BlockId> localBlocks, const MemDesc& remoteRegion,
+                                         std::span<const BlockId> remoteBlocks, int layerBegin, int layerEnd) {
   if (layerBegin < 0 || layerEnd > layout.numLayers || layerBegin > layerEnd) {
-    return invalidArgument("kv segments: layer range [" + std::to_string(layerBegin) + ", " +
-                           std::to_string(layerEnd) + ") is not within [0, " +
-                           std::to_string(layout.numLayers) + ")");
+    return invalidArgument("kv segments: layer range [" + std::to_string(layerBegin) + ", " + std::to_string(layerEnd) +
+                           ") is not within [0, " + std::to_string(layout.numLayers) + ")");
   }
   if (localBlocks.size() != remoteBlocks.size()) {
-    return invalidArgument("kv segments: " + std::to_string(localBlocks.size()) +
-                           " local blocks but " + std::to_string(remoteBlocks.size()) +
-                           " remote blocks");
+    return invalidArgument("kv segments: " + std::to_string(localBlocks.size()) + " local blocks but " +
+                           std::to_string(remoteBlocks.size()) + " remote blocks");
   }
   for (size_t i = 0; i < localBlocks.size(); ++i) {
     for (BlockId b : {localBlocks[i], remoteBlocks[i]}) {
       if (b < 0 || b >= layout.numBlocks) {
-        return invalidArgument("kv segments: block id " + std::to_string(b) +
-                               " is out of range [0, " + std::to_string(layout.numBlocks) + ")");
+        return invalidArgument("kv segments: block id " + std::to_string(b) + " is out of range [0, " +
+                               std::to_string(layout.numBlocks) + ")");
       }
     }
   }
@@ -525,8 +507,7 @@ Result<SegmentPairs> pairedLayerSegments(const KvLayout& layout, const MemDesc& 
     size_t i = 0;
     while (i < localBlocks.size()) {
       size_t run = 1;
-      while (i + run < localBlocks.size() &&
-             localBlocks[i + run] == localBlocks[i] + BlockId(run) &&
+      while (i + run < localBlocks.size() && localBlocks[i + run] == localBlocks[i] + BlockId(run) &&
              remoteBlocks[i + run] == remoteBlocks[i] + BlockId(run)) {
         ++run;
       }
@@ -538,8 +519,7 @@ Result<SegmentPairs> pairedLayerSegments(const KvLayout& layout, const MemDesc& 
   return out;
 }
 
-Result<DescList> KvCacheManager::layerSegments(std::span<const BlockId> blocks, int layerBegin,
-                                               int layerEnd) const {
+Result<DescList> KvCacheManager::layerSegments(std::span<const BlockId> blocks, int layerBegin, int layerEnd) const {
   PD_RETURN_IF_ERROR(checkLayer(layerBegin, layerEnd));
   return layerSegmentsAt(layout_, region(), blocks, layerBegin, layerEnd);
 }
@@ -553,9 +533,7 @@ Result<DescList> KvCacheManager::layerSegments(SeqId seq, int layerBegin, int la
 // ---- Invariants ---------------------------------------------------------------------------
 
 Status KvCacheManager::checkInvariants() const {
-  auto fail = [](const std::string& what) {
-    return internalError("kv cache invariant violated: " + what);
-  };
+  auto fail = [](const std::string& what) { return internalError("kv cache invariant violated: " + what); };
   const int n = layout_.numBlocks;
   const int bs = layout_.blockSize;
   std::vector<int32_t> holders(size_t(n), 0);
@@ -563,12 +541,11 @@ Status KvCacheManager::checkInvariants() const {
     if (t.numTokens < 0) return fail(seqName(seq) + " has a negative token count");
     if (int(t.blocks.size()) != blocksFor(t.numTokens)) {
       return fail(seqName(seq) + " holds " + std::to_string(t.blocks.size()) + " blocks for " +
-                  std::to_string(t.numTokens) + " tokens (expected " +
-                  std::to_string(blocksFor(t.numTokens)) + ")");
+                  std::to_string(t.numTokens) + " tokens (expected " + std::to_string(blocksFor(t.numTokens)) + ")");
     }
     if (t.numHashed < 0 || t.numHashed > t.numTokens / bs) {
-      return fail(seqName(seq) + " has " + std::to_string(t.numHashed) +
-                  " hashed blocks but only " + std::to_string(t.numTokens / bs) + " full ones");
+      return fail(seqName(seq) + " has " + std::to_string(t.numHashed) + " hashed blocks but only " +
+                  std::to_string(t.numTokens / bs) + " full ones");
     }
     std::vector<BlockId> sorted = t.blocks;
     std::sort(sorted.begin(), sorted.end());
@@ -585,30 +562,25 @@ Status KvCacheManager::checkInvariants() const {
   std::vector<uint8_t> inFree(size_t(n), 0);
   for (BlockId b : freeUncached_) {
     if (b < 0 || b >= n) return fail("free list holds out-of-range block " + std::to_string(b));
-    if (inFree[size_t(b)]++)
-      return fail("block " + std::to_string(b) + " is in the free lists twice");
+    if (inFree[size_t(b)]++) return fail("block " + std::to_string(b) + " is in the free lists twice");
     if (meta_[size_t(b)].hashed) {
       return fail("block " + std::to_string(b) + " is in the uncached free list but has a hash");
     }
   }
   for (BlockId b : lru_) {
-    if (b < 0 || b >= n)
-      return fail("cached free list holds out-of-range block " + std::to_string(b));
-    if (inFree[size_t(b)]++)
-      return fail("block " + std::to_string(b) + " is in the free lists twice");
+    if (b < 0 || b >= n) return fail("cached free list holds out-of-range block " + std::to_string(b));
+    if (inFree[size_t(b)]++) return fail("block " + std::to_string(b) + " is in the free lists twice");
     if (!meta_[size_t(b)].hashed || !meta_[size_t(b)].inLru) {
-      return fail("block " + std::to_string(b) +
-                  " is in the cached free list without a hash or mark");
+      return fail("block " + std::to_string(b) + " is in the cached free list without a hash or mark");
     }
-    if (*lruPos_[size_t(b)] != b)
-      return fail("block " + std::to_string(b) + " has a stale LRU position");
+    if (*lruPos_[size_t(b)] != b) return fail("block " + std::to_string(b) + " has a stale LRU position");
   }
   for (int b = 0; b < n; ++b) {
     const BlockMeta& m = meta_[size_t(b)];
     const std::string name = "block " + std::to_string(b);
     if (m.ref != holders[size_t(b)]) {
-      return fail(name + " has ref count " + std::to_string(m.ref) + " but " +
-                  std::to_string(holders[size_t(b)]) + " tables hold it");
+      return fail(name + " has ref count " + std::to_string(m.ref) + " but " + std::to_string(holders[size_t(b)]) +
+                  " tables hold it");
     }
     if (m.ref == 0 && !inFree[size_t(b)]) return fail(name + " is neither free nor referenced");
     if (m.ref > 0 && inFree[size_t(b)]) return fail(name + " is referenced and also free");
@@ -625,9 +597,7 @@ Status KvCacheManager::checkInvariants() const {
       return fail("hash index entry for block " + std::to_string(b) + " is stale");
     }
   }
-  if (numFreeBlocks() +
-          int(std::count_if(holders.begin(), holders.end(), [](int32_t h) { return h > 0; })) !=
-      n) {
+  if (numFreeBlocks() + int(std::count_if(holders.begin(), holders.end(), [](int32_t h) { return h > 0; })) != n) {
     return fail("free + referenced blocks do not add up to " + std::to_string(n));
   }
   return Status::ok();

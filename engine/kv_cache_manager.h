@@ -1,4 +1,4 @@
-// KvCacheManager (DESIGN.md §3, §4): the paged KV cache of one worker.
+// KvCacheManager (docs/design.md §3, §4): the paged KV cache of one worker.
 //
 // It owns one contiguous, page-aligned region of ordinary anonymous memory laid out as
 // KvLayout says (all layers; per layer a pool of blocks), and the bookkeeping over it:
@@ -16,7 +16,7 @@
 // kResourceExhausted and changes nothing. checkInvariants() verifies every piece of the
 // bookkeeping and names the first violation; tests call it after every operation.
 //
-// Threads: NOT thread-safe. One worker loop thread owns the manager (DESIGN.md §3); other
+// Threads: NOT thread-safe. One worker loop thread owns the manager (docs/design.md §3); other
 // threads post work to that loop. The region's bytes are written by the backend and read by
 // kvtransfer while the owning loop keeps the blocks referenced.
 #pragma once
@@ -77,15 +77,13 @@ class KvCacheManager {
   // region, resident before it returns (every page faulted in: no step pays for them later).
   // Errors: kInvalidArgument for a bad layout, kResourceExhausted when mmap fails or the
   // host cannot back the region with memory.
-  static Result<std::unique_ptr<KvCacheManager>> create(const KvLayout& layout,
-                                                        Backing backing = Backing::kAllocate);
+  static Result<std::unique_ptr<KvCacheManager>> create(const KvLayout& layout, Backing backing = Backing::kAllocate);
   // Bookkeeping over a region someone else owns and outlives this manager: the CUDA
   // backend's KV cache in device memory (kind kCuda). region() returns it as given; the
   // manager never reads or writes its bytes (fork() of a partial block, which copies on the
   // host, is refused unless the region is host memory). Errors: as create(), and
   // kInvalidArgument when the region is shorter than layout.totalBytes().
-  static Result<std::unique_ptr<KvCacheManager>> createOver(const KvLayout& layout,
-                                                            const MemDesc& region);
+  static Result<std::unique_ptr<KvCacheManager>> createOver(const KvLayout& layout, const MemDesc& region);
   ~KvCacheManager();
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
@@ -177,8 +175,7 @@ class KvCacheManager {
   // Per layer in [layerBegin, layerEnd), the block table as coalesced byte ranges of this
   // region: consecutive block ids in one layer form one segment. Layer-major order.
   Result<DescList> layerSegments(SeqId seq, int layerBegin, int layerEnd) const;
-  Result<DescList> layerSegments(std::span<const BlockId> blocks, int layerBegin,
-                                 int layerEnd) const;
+  Result<DescList> layerSegments(std::span<const BlockId> blocks, int layerBegin, int layerEnd) const;
 
   // Verifies the bookkeeping: every block is either free (exactly once, in the right free
   // list) or referenced; ref counts equal the number of tables holding the block; no block
@@ -234,8 +231,8 @@ class KvCacheManager {
 // layerSegments over any region with this layout (for instance a peer's region, whose
 // base address came in a KvTarget). Errors: kInvalidArgument for a block id or layer out of
 // range.
-Result<DescList> layerSegmentsAt(const KvLayout& layout, const MemDesc& region,
-                                 std::span<const BlockId> blocks, int layerBegin, int layerEnd);
+Result<DescList> layerSegmentsAt(const KvLayout& layout, const MemDesc& region, std::span<const BlockId> blocks,
+                                 int layerBegin, int layerEnd);
 
 // Source and destination segments for copying the blocks `localBlocks[i]` of a local region
 // into `remoteBlocks[i]` of a remote region with the same layout: runs are cut wherever
@@ -246,10 +243,8 @@ struct SegmentPairs {
   DescList remote;
 };
 Result<SegmentPairs> pairedLayerSegments(const KvLayout& layout, const MemDesc& localRegion,
-                                         std::span<const BlockId> localBlocks,
-                                         const MemDesc& remoteRegion,
-                                         std::span<const BlockId> remoteBlocks, int layerBegin,
-                                         int layerEnd);
+                                         std::span<const BlockId> localBlocks, const MemDesc& remoteRegion,
+                                         std::span<const BlockId> remoteBlocks, int layerBegin, int layerEnd);
 
 // The chained block hash of the prefix cache: one definition in common/base/hash.h, shared
 // with the router's indexes.

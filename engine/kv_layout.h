@@ -1,4 +1,4 @@
-// The KV cache's memory layout (DESIGN.md §4), shared by the KvCacheManager that owns the
+// The KV cache's memory layout (docs/design.md §4), shared by the KvCacheManager that owns the
 // region, the backends that read and write it, and the workers that describe it to
 // kvtransfer.
 //
@@ -18,9 +18,7 @@ namespace pd::engine {
 enum class KvDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 inline size_t kvDtypeBytes(KvDtype d) { return d == KvDtype::kF32 ? 4 : 2; }
-inline const char* kvDtypeName(KvDtype d) {
-  return d == KvDtype::kF32 ? "f32" : d == KvDtype::kF16 ? "f16" : "bf16";
-}
+inline const char* kvDtypeName(KvDtype d) { return d == KvDtype::kF32 ? "f32" : d == KvDtype::kF16 ? "f16" : "bf16"; }
 
 struct KvLayout {
   int numLayers = 0;
@@ -39,20 +37,16 @@ struct KvLayout {
   size_t totalBytes() const { return layerBytes() * numLayers; }
 
   // Byte offset of (layer, block) from the start of the region.
-  size_t blockOffset(int layer, int block) const {
-    return size_t(layer) * layerBytes() + size_t(block) * blockBytes();
-  }
+  size_t blockOffset(int layer, int block) const { return size_t(layer) * layerBytes() + size_t(block) * blockBytes(); }
   // Element offsets within one block: K of token t, V of token t.
   size_t kOffsetInBlock(int token) const { return size_t(token) * tokenElems(); }
-  size_t vOffsetInBlock(int token) const {
-    return size_t(blockSize) * tokenElems() + size_t(token) * tokenElems();
-  }
+  size_t vOffsetInBlock(int token) const { return size_t(blockSize) * tokenElems() + size_t(token) * tokenElems(); }
 
   // A stable string naming everything a peer must agree on before bytes can be copied
   // block for block ("L2.B16.H2.D32.f32"); the model id is added by the caller.
   std::string fingerprint() const {
-    return "L" + std::to_string(numLayers) + ".B" + std::to_string(blockSize) + ".H" +
-           std::to_string(numKvHeads) + ".D" + std::to_string(headDim) + "." + kvDtypeName(dtype);
+    return "L" + std::to_string(numLayers) + ".B" + std::to_string(blockSize) + ".H" + std::to_string(numKvHeads) +
+           ".D" + std::to_string(headDim) + "." + kvDtypeName(dtype);
   }
 };
 

@@ -10,10 +10,10 @@ namespace pd::engine {
 namespace {
 
 struct Scratch {
-  std::vector<uint32_t> count;  // [vocab] occurrences in the output
-  std::vector<uint8_t> seen;    // [vocab] in the prompt or the output
-  std::vector<int32_t> touched; // ids whose count/seen are set: reset after use
-  std::vector<float> row;       // sampleWithProcessors' processed copy
+  std::vector<uint32_t> count;   // [vocab] occurrences in the output
+  std::vector<uint8_t> seen;     // [vocab] in the prompt or the output
+  std::vector<int32_t> touched;  // ids whose count/seen are set: reset after use
+  std::vector<float> row;        // sampleWithProcessors' processed copy
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -22,8 +22,8 @@ Scratch& scratch() {
 
 }  // namespace
 
-void applyLogitsProcessors(float* logits, int vocab, const SamplingParams& p,
-                           std::span<const int32_t> tokens, size_t outputStart, int32_t eosTokenId) {
+void applyLogitsProcessors(float* logits, int vocab, const SamplingParams& p, std::span<const int32_t> tokens,
+                           size_t outputStart, int32_t eosTokenId) {
   outputStart = std::min(outputStart, tokens.size());
   const size_t numOutput = tokens.size() - outputStart;
   const auto inVocab = [vocab](int32_t t) { return t >= 0 && t < vocab; };
@@ -64,9 +64,8 @@ void applyLogitsProcessors(float* logits, int vocab, const SamplingParams& p,
   }
 }
 
-SampledToken sampleWithProcessors(const float* logits, int vocab, const SamplingParams& params,
-                                  uint64_t step, std::span<const int32_t> tokens,
-                                  size_t outputStart, int32_t eosTokenId) {
+SampledToken sampleWithProcessors(const float* logits, int vocab, const SamplingParams& params, uint64_t step,
+                                  std::span<const int32_t> tokens, size_t outputStart, int32_t eosTokenId) {
   Scratch& s = scratch();
   s.row.assign(logits, logits + vocab);
   applyLogitsProcessors(s.row.data(), vocab, params, tokens, outputStart, eosTokenId);

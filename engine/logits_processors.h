@@ -27,14 +27,13 @@ namespace pd::engine {
 // Edits `vocab` logits in place. tokens: the request's prompt then its output; output
 // starts at outputStart (<= tokens.size()). Ids outside [0, vocab) are skipped.
 // eosTokenId < 0: none.
-void applyLogitsProcessors(float* logits, int vocab, const SamplingParams& params,
-                           std::span<const int32_t> tokens, size_t outputStart, int32_t eosTokenId);
+void applyLogitsProcessors(float* logits, int vocab, const SamplingParams& params, std::span<const int32_t> tokens,
+                           size_t outputStart, int32_t eosTokenId);
 
 // sample() for a row whose processors are on (params.processesLogits()): samples from the
 // processed logits, and reports the logprobs of the raw distribution (the unedited row), as
 // sample() does without processors. `logits` is left unchanged.
-SampledToken sampleWithProcessors(const float* logits, int vocab, const SamplingParams& params,
-                                  uint64_t step, std::span<const int32_t> tokens,
-                                  size_t outputStart, int32_t eosTokenId);
+SampledToken sampleWithProcessors(const float* logits, int vocab, const SamplingParams& params, uint64_t step,
+                                  std::span<const int32_t> tokens, size_t outputStart, int32_t eosTokenId);
 
 }  // namespace pd::engine

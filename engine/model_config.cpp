@@ -1,8 +1,9 @@
 #include "engine/model_config.h"
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 namespace pd::engine {
 
@@ -20,8 +21,7 @@ const char* architectureName(Architecture a) {
 
 int64_t ModelConfig::decodeWeightParams() const {
   const int64_t h = hiddenSize;
-  const int64_t perLayer =
-      h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 3 * h * intermediateSize + 2 * h;
+  const int64_t perLayer = h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 3 * h * intermediateSize + 2 * h;
   return perLayer * numLayers + h + int64_t(vocabSize) * h;
 }
 
@@ -42,8 +42,7 @@ Status readInt(const json& j, const char* key, bool required, int* out, const st
     if (required) return invalidArgument(src + ": missing required key \"" + key + "\"");
     return Status::ok();
   }
-  if (!it->is_number_integer())
-    return invalidArgument(src + ": \"" + key + "\" must be an integer, got " + it->dump());
+  if (!it->is_number_integer()) return invalidArgument(src + ": \"" + key + "\" must be an integer, got " + it->dump());
   const int64_t v = it->get<int64_t>();
   if (v <= 0 || v > (int64_t(1) << 30))
     return invalidArgument(src + ": \"" + key + "\" = " + std::to_string(v) + " is out of range");
@@ -54,8 +53,7 @@ Status readInt(const json& j, const char* key, bool required, int* out, const st
 Status readNumber(const json& j, const char* key, double* out, const std::string& src) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::ok();
-  if (!it->is_number())
-    return invalidArgument(src + ": \"" + key + "\" must be a number, got " + it->dump());
+  if (!it->is_number()) return invalidArgument(src + ": \"" + key + "\" must be a number, got " + it->dump());
   *out = it->get<double>();
   return Status::ok();
 }
@@ -98,17 +96,14 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
   PD_RETURN_IF_ERROR(readInt(j, "max_position_embeddings", false, &c.maxPositionEmbeddings, src));
   if (c.hiddenSize % c.numHeads != 0 && !j.contains("head_dim"))
     return invalidArgument(src + ": hidden_size " + std::to_string(c.hiddenSize) +
-                           " is not a multiple of num_attention_heads " +
-                           std::to_string(c.numHeads));
+                           " is not a multiple of num_attention_heads " + std::to_string(c.numHeads));
   c.headDim = c.hiddenSize / c.numHeads;
   PD_RETURN_IF_ERROR(readInt(j, "head_dim", false, &c.headDim, src));
   if (c.numHeads % c.numKvHeads != 0)
     return invalidArgument(src + ": num_attention_heads " + std::to_string(c.numHeads) +
-                           " is not a multiple of num_key_value_heads " +
-                           std::to_string(c.numKvHeads));
+                           " is not a multiple of num_key_value_heads " + std::to_string(c.numKvHeads));
   if (c.headDim % 2 != 0 || c.headDim > 512)
-    return unimplemented(src + ": head_dim " + std::to_string(c.headDim) +
-                         " (must be even and <= 512)");
+    return unimplemented(src + ": head_dim " + std::to_string(c.headDim) + " (must be even and <= 512)");
 
   double eps = 1e-6;
   PD_RETURN_IF_ERROR(readNumber(j, "rms_norm_eps", &eps, src));
@@ -121,21 +116,18 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
   }
   if (auto it = j.find("mlp_bias"); it != j.end() && it->is_boolean() && it->get<bool>())
     return unimplemented(src + ": mlp_bias true is not supported");
-  if (auto it = j.find("tie_word_embeddings"); it != j.end() && it->is_boolean())
-    c.tieWordEmbeddings = it->get<bool>();
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && it->is_boolean()) c.tieWordEmbeddings = it->get<bool>();
   if (c.architecture == Architecture::kQwen2) {
     c.qkvBias = true;
-  } else if (auto it = j.find("attention_bias");
-             it != j.end() && it->is_boolean() && it->get<bool>()) {
+  } else if (auto it = j.find("attention_bias"); it != j.end() && it->is_boolean() && it->get<bool>()) {
     c.qkvBias = true;
     c.oBias = true;
   }
 
   // Sliding windows: Mistral applies sliding_window when set; Qwen2 only with use_sliding_window.
   if (auto it = j.find("sliding_window"); it != j.end() && it->is_number_integer()) {
-    const bool use =
-        c.architecture == Architecture::kMistral ||
-        (c.architecture == Architecture::kQwen2 && j.value("use_sliding_window", false));
+    const bool use = c.architecture == Architecture::kMistral ||
+                     (c.architecture == Architecture::kQwen2 && j.value("use_sliding_window", false));
     if (use) c.slidingWindow = it->get<int>();
   }
 
@@ -148,22 +140,18 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
     } else if (type == "llama3") {
       c.rope.llama3 = true;
       PD_RETURN_IF_ERROR(readNumber(*it, "factor", &c.rope.factor, src + ": rope_scaling"));
-      PD_RETURN_IF_ERROR(
-          readNumber(*it, "low_freq_factor", &c.rope.lowFreqFactor, src + ": rope_scaling"));
-      PD_RETURN_IF_ERROR(
-          readNumber(*it, "high_freq_factor", &c.rope.highFreqFactor, src + ": rope_scaling"));
-      PD_RETURN_IF_ERROR(readInt(*it, "original_max_position_embeddings", false,
-                                 &c.rope.originalMaxPositionEmbeddings, src + ": rope_scaling"));
+      PD_RETURN_IF_ERROR(readNumber(*it, "low_freq_factor", &c.rope.lowFreqFactor, src + ": rope_scaling"));
+      PD_RETURN_IF_ERROR(readNumber(*it, "high_freq_factor", &c.rope.highFreqFactor, src + ": rope_scaling"));
+      PD_RETURN_IF_ERROR(readInt(*it, "original_max_position_embeddings", false, &c.rope.originalMaxPositionEmbeddings,
+                                 src + ": rope_scaling"));
       if (c.rope.highFreqFactor <= c.rope.lowFreqFactor || c.rope.factor <= 0)
-        return invalidArgument(
-            src + ": rope_scaling llama3 needs factor > 0 and high_freq_factor > low_freq_factor");
+        return invalidArgument(src + ": rope_scaling llama3 needs factor > 0 and high_freq_factor > low_freq_factor");
     } else {
       return unimplemented(src + ": rope_scaling type \"" + type + "\" (supported: llama3)");
     }
   }
 
-  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer())
-    c.bosTokenId = it->get<int>();
+  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) c.bosTokenId = it->get<int>();
   if (auto it = j.find("eos_token_id"); it != j.end()) {
     if (it->is_number_integer())
       c.eosTokenIds.push_back(it->get<int>());

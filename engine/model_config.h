@@ -1,6 +1,6 @@
 // A decoder-only model's shape and hyper-parameters, read from a Hugging Face config.json.
 //
-// Supported architectures (DESIGN.md §4): LlamaForCausalLM (Llama 2/3 incl. rope_scaling type
+// Supported architectures (docs/design.md §4): LlamaForCausalLM (Llama 2/3 incl. rope_scaling type
 // "llama3", TinyLlama), MistralForCausalLM and Qwen2ForCausalLM (q/k/v bias, tied
 // embeddings), with grouped-query attention. Anything else is an error (kUnimplemented)
 // naming what is not supported, never a silently different model.

@@ -5,9 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/safetensors.h"
 
@@ -47,8 +48,8 @@ class Normal {
   float spare_ = 0;
 };
 
-TensorToWrite makeTensor(const std::string& name, std::vector<int64_t> shape, Normal& rng,
-                         float mean, float stddev, bool bf16) {
+TensorToWrite makeTensor(const std::string& name, std::vector<int64_t> shape, Normal& rng, float mean, float stddev,
+                         bool bf16) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
   TensorToWrite t;
@@ -113,10 +114,8 @@ ordered_json tokenizerJson() {
   ordered_json vocab = ordered_json::object();
   const auto cp = bytesToUnicode();
   for (int b = 0; b < 256; ++b) vocab[utf8(cp[b])] = b;
-  ordered_json byteLevel = {{"type", "ByteLevel"},
-                            {"add_prefix_space", false},
-                            {"trim_offsets", true},
-                            {"use_regex", true}};
+  ordered_json byteLevel = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   ordered_json bos = {{"SpecialToken", {{"id", kSpecial[0]}, {"type_id", 0}}}};
   ordered_json j;
   j["version"] = "1.0";
@@ -129,12 +128,8 @@ ordered_json tokenizerJson() {
       {"type", "TemplateProcessing"},
       {"single", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
       {"pair",
-       {bos,
-        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-        bos,
-        {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
-      {"special_tokens",
-       {{kSpecial[0], {{"id", kSpecial[0]}, {"ids", {256}}, {"tokens", {kSpecial[0]}}}}}}};
+       {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, bos, {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+      {"special_tokens", {{kSpecial[0], {{"id", kSpecial[0]}, {"ids", {256}}, {"tokens", {kSpecial[0]}}}}}}};
   j["decoder"] = byteLevel;
   j["model"] = {{"type", "BPE"},
                 {"dropout", nullptr},
@@ -172,12 +167,11 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
     return invalidArgument("make-model: unknown dtype \"" + o.dtype + "\" (f32|bf16)");
   if (o.numKvHeads > 0) {
     if (s.heads % o.numKvHeads != 0)
-      return invalidArgument("make-model: --kv-heads " + std::to_string(o.numKvHeads) +
-                             " must divide the " + std::to_string(s.heads) + " attention heads");
+      return invalidArgument("make-model: --kv-heads " + std::to_string(o.numKvHeads) + " must divide the " +
+                             std::to_string(s.heads) + " attention heads");
     s.kvHeads = o.numKvHeads;
   }
-  if (o.shards < 1 || o.shards > 99)
-    return invalidArgument("make-model: shards must be in [1, 99]");
+  if (o.shards < 1 || o.shards > 99) return invalidArgument("make-model: shards must be in [1, 99]");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return notFound(dir + ": cannot create directory: " + ec.message());
@@ -202,21 +196,17 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
       tensors.push_back(makeTensor(p + "self_attn.k_proj.bias", {kv}, rng, 0, 0.3f, bf16));
       tensors.push_back(makeTensor(p + "self_attn.v_proj.bias", {kv}, rng, 0, 0.3f, bf16));
     }
-    tensors.push_back(makeTensor(p + "self_attn.o_proj.weight", {h, q}, rng, 0,
-                                 1.0f / std::sqrt(float(q)), bf16));
-    tensors.push_back(
-        makeTensor(p + "post_attention_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+    tensors.push_back(makeTensor(p + "self_attn.o_proj.weight", {h, q}, rng, 0, 1.0f / std::sqrt(float(q)), bf16));
+    tensors.push_back(makeTensor(p + "post_attention_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
     tensors.push_back(makeTensor(p + "mlp.gate_proj.weight", {s.ffn, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "mlp.up_proj.weight", {s.ffn, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "mlp.down_proj.weight", {h, s.ffn}, rng, 0, inF, bf16));
   }
   tensors.push_back(makeTensor("model.norm.weight", {h}, rng, 1.0f, 0.2f, bf16));
   if (!o.tieEmbeddings)
-    tensors.push_back(
-        makeTensor("lm_head.weight", {s.vocab, h}, rng, 0, 1.0f / std::sqrt(float(h)), bf16));
+    tensors.push_back(makeTensor("lm_head.weight", {s.vocab, h}, rng, 0, 1.0f / std::sqrt(float(h)), bf16));
 
-  const std::map<std::string, std::string> meta = {{"format", "pt"},
-                                                   {"generator", "pdserve make-model"}};
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"generator", "pdserve make-model"}};
   if (o.shards == 1) {
     PD_RETURN_IF_ERROR(writeSafetensors(dir + "/model.safetensors", tensors, meta));
   } else {
@@ -279,9 +269,8 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
 
   ordered_json addedDecoder = ordered_json::object();
   for (int i = 0; i < 3; ++i)
-    addedDecoder[std::to_string(256 + i)] = {{"content", kSpecial[i]}, {"lstrip", false},
-                                             {"normalized", false},    {"rstrip", false},
-                                             {"single_word", false},   {"special", true}};
+    addedDecoder[std::to_string(256 + i)] = {{"content", kSpecial[i]}, {"lstrip", false},      {"normalized", false},
+                                             {"rstrip", false},        {"single_word", false}, {"special", true}};
   ordered_json tc;
   tc["add_bos_token"] = true;
   tc["add_eos_token"] = false;
@@ -298,10 +287,8 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
       "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
   PD_RETURN_IF_ERROR(writeText(dir + "/tokenizer_config.json", tc.dump(2)));
 
-  ordered_json gen = {{"bos_token_id", kMadeBosId},
-                      {"eos_token_id", kMadeEosId},
-                      {"pad_token_id", kMadePadId},
-                      {"do_sample", false}};
+  ordered_json gen = {
+      {"bos_token_id", kMadeBosId}, {"eos_token_id", kMadeEosId}, {"pad_token_id", kMadePadId}, {"do_sample", false}};
   PD_RETURN_IF_ERROR(writeText(dir + "/generation_config.json", gen.dump(2)));
   return Status::ok();
 }

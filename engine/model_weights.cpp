@@ -38,13 +38,12 @@ WeightBuffer& WeightBuffer::operator=(WeightBuffer&& o) noexcept {
 size_t ModelWeights::totalBytes() const {
   size_t n = embed.size() + finalNorm.size() + lmHead.size();
   for (const auto& l : layers)
-    n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.o.size() + l.oBias.size() +
-         l.postNorm.size() + l.gateUp.size() + l.down.size();
+    n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.o.size() + l.oBias.size() + l.postNorm.size() +
+         l.gateUp.size() + l.down.size();
   return n * sizeof(float);
 }
 
-Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& dir,
-                                                             const ModelConfig& c) {
+Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& dir, const ModelConfig& c) {
   PD_ASSIGN_OR_RETURN(const Checkpoint src, Checkpoint::open(dir));
 
   auto m = std::make_shared<ModelWeights>();
@@ -74,8 +73,7 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
     w.qkv = WeightBuffer(size_t(qkvRows * h));
     PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.q_proj.weight", {q, h}, w.qkv.data()));
     PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.k_proj.weight", {kv, h}, w.qkv.data() + q * h));
-    PD_RETURN_IF_ERROR(
-        src.readF32(p + "self_attn.v_proj.weight", {kv, h}, w.qkv.data() + (q + kv) * h));
+    PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.v_proj.weight", {kv, h}, w.qkv.data() + (q + kv) * h));
     if (c.qkvBias) {
       w.qkvBias = WeightBuffer(size_t(qkvRows));
       PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.q_proj.bias", {q}, w.qkvBias.data()));

@@ -76,7 +76,6 @@ Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& modelDi
 // holding an f32 host copy. The CPU backend refuses such a model.
 Result<std::shared_ptr<const ModelWeights>> describeModel(const std::string& modelDir);
 // Loads the weights for an already parsed config (tests use this to vary the config).
-Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& modelDir,
-                                                             const ModelConfig& config);
+Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& modelDir, const ModelConfig& config);
 
 }  // namespace pd::engine

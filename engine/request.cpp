@@ -7,7 +7,7 @@ namespace {
 
 using S = RequestState;
 
-// The legal transitions, one row per source state (DESIGN.md §3). Terminal rows are empty.
+// The legal transitions, one row per source state (docs/design.md §3). Terminal rows are empty.
 constexpr bool kLegal[kNumRequestStates][kNumRequestStates] = {
     //              queued prefil waitKv decode finish failed cancel
     /* queued    */ {false, true, true, false, false, true, true},
@@ -41,13 +41,9 @@ const char* requestStateName(RequestState s) {
   return "unknown";
 }
 
-bool isTerminal(RequestState s) {
-  return s == S::kFinished || s == S::kFailed || s == S::kCancelled;
-}
+bool isTerminal(RequestState s) { return s == S::kFinished || s == S::kFailed || s == S::kCancelled; }
 
-bool isLegalTransition(RequestState from, RequestState to) {
-  return kLegal[size_t(from)][size_t(to)];
-}
+bool isLegalTransition(RequestState from, RequestState to) { return kLegal[size_t(from)][size_t(to)]; }
 
 const char* finishReasonName(FinishReason r) {
   switch (r) {
@@ -65,8 +61,7 @@ const char* finishReasonName(FinishReason r) {
   return "unknown";
 }
 
-Request::Request(uint64_t id, std::vector<TokenId> prompt, SamplingParams params,
-                 const Clock& clock)
+Request::Request(uint64_t id, std::vector<TokenId> prompt, SamplingParams params, const Clock& clock)
     : id_(id),
       clock_(&clock),
       params_(std::move(params)),
@@ -77,15 +72,14 @@ Request::Request(uint64_t id, std::vector<TokenId> prompt, SamplingParams params
   last_[size_t(S::kQueued)] = arrival_;
 }
 
-Result<Request> Request::create(uint64_t id, std::vector<TokenId> prompt, SamplingParams params,
-                                const Clock& clock, int vocab) {
+Result<Request> Request::create(uint64_t id, std::vector<TokenId> prompt, SamplingParams params, const Clock& clock,
+                                int vocab) {
   const std::string what = "request " + std::to_string(id) + ": ";
   if (prompt.empty()) return invalidArgument(what + "the prompt has no tokens");
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || (vocab > 0 && prompt[i] >= vocab)) {
-      return invalidArgument(what + "prompt token " + std::to_string(i) + " has id " +
-                             std::to_string(prompt[i]) + ", outside the vocabulary [0, " +
-                             std::to_string(vocab) + ")");
+      return invalidArgument(what + "prompt token " + std::to_string(i) + " has id " + std::to_string(prompt[i]) +
+                             ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
   Status st = params.validate();
@@ -112,8 +106,8 @@ void Request::stamp(RequestState s) {
 
 Status Request::transition(RequestState to) {
   if (!isLegalTransition(state_, to)) {
-    return failedPrecondition("request " + std::to_string(id_) + ": illegal transition " +
-                              requestStateName(state_) + " -> " + requestStateName(to));
+    return failedPrecondition("request " + std::to_string(id_) + ": illegal transition " + requestStateName(state_) +
+                              " -> " + requestStateName(to));
   }
   if (state_ == S::kQueued && !firstLeftQueue_) firstLeftQueue_ = clock_->now();
   if (to == S::kQueued) {
@@ -137,12 +131,12 @@ Status Request::setNumComputed(int n) {
 
 Result<FinishReason> Request::appendToken(const SampledToken& token, int32_t eosTokenId) {
   if (state_ != S::kPrefilling && state_ != S::kDecoding && state_ != S::kWaitingKv) {
-    return failedPrecondition("request " + std::to_string(id_) +
-                              ": cannot append a token in state " + requestStateName(state_));
+    return failedPrecondition("request " + std::to_string(id_) + ": cannot append a token in state " +
+                              requestStateName(state_));
   }
   if (token.id < 0) {
-    return invalidArgument("request " + std::to_string(id_) + ": sampled token id " +
-                           std::to_string(token.id) + " is negative");
+    return invalidArgument("request " + std::to_string(id_) + ": sampled token id " + std::to_string(token.id) +
+                           " is negative");
   }
   tokens_.push_back(token.id);
   logprobs_.push_back(token.logprob);
@@ -160,8 +154,8 @@ Result<FinishReason> Request::appendToken(const SampledToken& token, int32_t eos
 
 Status Request::finish(FinishReason reason) {
   if (reason != FinishReason::kStop && reason != FinishReason::kLength) {
-    return invalidArgument(std::string("request ") + std::to_string(id_) +
-                           ": finish() takes stop or length, not " + finishReasonName(reason));
+    return invalidArgument(std::string("request ") + std::to_string(id_) + ": finish() takes stop or length, not " +
+                           finishReasonName(reason));
   }
   PD_RETURN_IF_ERROR(transition(S::kFinished));
   finishReason_ = reason;
@@ -185,9 +179,8 @@ RequestTimings Request::timings() const {
   RequestTimings t;
   t.numPreemptions = numPreemptions_;
   t.cachedPromptTokens = numCachedPrompt_;
-  const SteadyTime leftQueue = firstLeftQueue_
-                                   ? *firstLeftQueue_
-                                   : (isTerminal(state_) ? *last_[size_t(state_)] : clock_->now());
+  const SteadyTime leftQueue =
+      firstLeftQueue_ ? *firstLeftQueue_ : (isTerminal(state_) ? *last_[size_t(state_)] : clock_->now());
   t.queueSeconds = secondsBetween(arrival_, leftQueue);
   if (!tokenTimes_.empty()) {
     t.ttftSeconds = secondsBetween(arrival_, tokenTimes_.front());

@@ -1,4 +1,4 @@
-// engine::Request (DESIGN.md §3): one generation request inside a worker.
+// engine::Request (docs/design.md §3): one generation request inside a worker.
 //
 // An explicit state machine; the legal moves (kLegal in request.cpp):
 //   queued       -> prefilling (admitted here) | waiting_kv (blocks reserved, a prefill
@@ -67,8 +67,8 @@ class Request {
   // Validates the sampling params and the prompt (non-empty, ids in [0, vocab) when vocab
   // > 0). Resolves an unset seed to a random one so that the request samples
   // deterministically from here on, wherever it is sampled. State: queued, stamped now.
-  static Result<Request> create(uint64_t id, std::vector<TokenId> prompt, SamplingParams params,
-                                const Clock& clock, int vocab = 0);
+  static Result<Request> create(uint64_t id, std::vector<TokenId> prompt, SamplingParams params, const Clock& clock,
+                                int vocab = 0);
 
   uint64_t id() const { return id_; }
   RequestState state() const { return state_; }
@@ -81,13 +81,9 @@ class Request {
   int numTokens() const { return int(tokens_.size()); }
   int numGenerated() const { return int(tokens_.size()) - numPrompt_; }
   std::span<const TokenId> prompt() const { return {tokens_.data(), size_t(numPrompt_)}; }
-  std::span<const TokenId> generated() const {
-    return {tokens_.data() + numPrompt_, size_t(numGenerated())};
-  }
+  std::span<const TokenId> generated() const { return {tokens_.data() + numPrompt_, size_t(numGenerated())}; }
   const std::vector<float>& generatedLogprobs() const { return logprobs_; }
-  const std::vector<std::vector<std::pair<int32_t, float>>>& topLogprobs() const {
-    return topLogprobs_;
-  }
+  const std::vector<std::vector<std::pair<int32_t, float>>>& topLogprobs() const { return topLogprobs_; }
 
   // Tokens whose KV is in this worker's cache (the scheduler plans from here).
   int numComputed() const { return numComputed_; }

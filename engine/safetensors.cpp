@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+
 #include <nlohmann/json.hpp>
 
 namespace pd::engine {
@@ -155,8 +156,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     for (const auto& [name, t] : j.items()) {
       if (name == "__metadata__") {
         if (t.is_object())
-          for (const auto& [k, v] : t.items())
-            f.metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+          for (const auto& [k, v] : t.items()) f.metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
         continue;
       }
       TensorInfo info;
@@ -168,8 +168,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
       else if (dt == "BF16")
         info.dtype = TensorDtype::kBF16;
       else
-        return unimplemented(path + ": tensor " + name + " has dtype " + dt +
-                             " (supported: F32, F16, BF16)");
+        return unimplemented(path + ": tensor " + name + " has dtype " + dt + " (supported: F32, F16, BF16)");
       info.shape = t.at("shape").get<std::vector<int64_t>>();
       const auto offs = t.at("data_offsets").get<std::vector<uint64_t>>();
       if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > dataSize)
@@ -177,9 +176,8 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
       info.begin = offs[0];
       info.end = offs[1];
       if (info.end - info.begin != uint64_t(info.numel()) * tensorDtypeBytes(info.dtype))
-        return dataLoss(path + ": tensor " + name + " shape " + shapeToString(info.shape) + " " +
-                        dt + " does not match its " + std::to_string(info.end - info.begin) +
-                        " bytes");
+        return dataLoss(path + ": tensor " + name + " shape " + shapeToString(info.shape) + " " + dt +
+                        " does not match its " + std::to_string(info.end - info.begin) + " bytes");
       f.tensors_[name] = std::move(info);
     }
   } catch (const std::exception& e) {
@@ -213,8 +211,7 @@ Status SafetensorsFile::readF32(const std::string& name, float* dst) const {
   return Status::ok();
 }
 
-Status SafetensorsFile::readBytes(const std::string& name, uint64_t byteOffset, size_t len,
-                                  void* dst) const {
+Status SafetensorsFile::readBytes(const std::string& name, uint64_t byteOffset, size_t len, void* dst) const {
   const TensorInfo* t = find(name);
   if (!t) return notFound(path_ + ": no tensor named " + name);
   const uint64_t bytes = t->end - t->begin;
@@ -237,12 +234,10 @@ Status writeSafetensors(const std::string& path, const std::vector<TensorToWrite
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     if (uint64_t(numel) * tensorDtypeBytes(t.dtype) != t.bytes.size())
-      return invalidArgument("writeSafetensors: tensor " + t.name + " shape " +
-                             shapeToString(t.shape) + " does not match " +
-                             std::to_string(t.bytes.size()) + " bytes");
-    header[t.name] = {{"dtype", tensorDtypeName(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
+      return invalidArgument("writeSafetensors: tensor " + t.name + " shape " + shapeToString(t.shape) +
+                             " does not match " + std::to_string(t.bytes.size()) + " bytes");
+    header[t.name] = {
+        {"dtype", tensorDtypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
   std::string h = header.dump();

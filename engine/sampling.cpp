@@ -17,8 +17,7 @@ static_assert(kMaxLogprobs <= pd::kernels::kSamplingMaxTopN);
 
 Status SamplingParams::validate() const {
   if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
-    return invalidArgument("sampling: temperature " + std::to_string(temperature) +
-                           " must be a finite number >= 0");
+    return invalidArgument("sampling: temperature " + std::to_string(temperature) + " must be a finite number >= 0");
   }
   if (!(topP > 0.0f && topP <= 1.0f)) {
     return invalidArgument("sampling: top_p " + std::to_string(topP) + " must be in (0, 1]");
@@ -31,35 +30,30 @@ Status SamplingParams::validate() const {
                            std::to_string(kMaxLogprobs) + "]");
   }
   if (maxTokens < 1) {
-    return invalidArgument("sampling: max_tokens " + std::to_string(maxTokens) +
-                           " must be at least 1");
+    return invalidArgument("sampling: max_tokens " + std::to_string(maxTokens) + " must be at least 1");
   }
   if (!(presencePenalty >= -2.0f && presencePenalty <= 2.0f)) {
-    return invalidArgument("sampling: presence_penalty " + std::to_string(presencePenalty) +
-                           " must be in [-2, 2]");
+    return invalidArgument("sampling: presence_penalty " + std::to_string(presencePenalty) + " must be in [-2, 2]");
   }
   if (!(frequencyPenalty >= -2.0f && frequencyPenalty <= 2.0f)) {
-    return invalidArgument("sampling: frequency_penalty " + std::to_string(frequencyPenalty) +
-                           " must be in [-2, 2]");
+    return invalidArgument("sampling: frequency_penalty " + std::to_string(frequencyPenalty) + " must be in [-2, 2]");
   }
   if (!(repetitionPenalty > 0.0f && repetitionPenalty <= 2.0f)) {
-    return invalidArgument("sampling: repetition_penalty " + std::to_string(repetitionPenalty) +
-                           " must be in (0, 2]");
+    return invalidArgument("sampling: repetition_penalty " + std::to_string(repetitionPenalty) + " must be in (0, 2]");
   }
   if (logitBias.size() > size_t(kMaxLogitBias)) {
-    return invalidArgument("sampling: logit_bias has " + std::to_string(logitBias.size()) +
-                           " entries, at most " + std::to_string(kMaxLogitBias));
+    return invalidArgument("sampling: logit_bias has " + std::to_string(logitBias.size()) + " entries, at most " +
+                           std::to_string(kMaxLogitBias));
   }
   for (const auto& [id, bias] : logitBias) {
     if (id < 0 || !(bias >= -100.0f && bias <= 100.0f)) {
-      return invalidArgument("sampling: logit_bias entry (" + std::to_string(id) + ", " +
-                             std::to_string(bias) + ") needs a token id >= 0 and a bias in [-100, 100]");
+      return invalidArgument("sampling: logit_bias entry (" + std::to_string(id) + ", " + std::to_string(bias) +
+                             ") needs a token id >= 0 and a bias in [-100, 100]");
     }
   }
   if (minTokens < 0 || generatedInPrompt < 0) {
-    return invalidArgument("sampling: min_tokens " + std::to_string(minTokens) +
-                           " and generated_in_prompt " + std::to_string(generatedInPrompt) +
-                           " must be >= 0");
+    return invalidArgument("sampling: min_tokens " + std::to_string(minTokens) + " and generated_in_prompt " +
+                           std::to_string(generatedInPrompt) + " must be >= 0");
   }
   for (int32_t id : stopTokenIds) {
     if (id < 0) {
@@ -96,8 +90,7 @@ SampledToken sample(const float* logits, int vocab, const SamplingParams& params
   int32_t topIds[pd::kernels::kSamplingMaxTopN];
   float topLogprobs[pd::kernels::kSamplingMaxTopN];
   SampledToken out;
-  pd::kernels::cpu::sampleRows(logits, vocab, 1, vocab, &p, want, &out.id, &out.logprob, topIds,
-                               topLogprobs);
+  pd::kernels::cpu::sampleRows(logits, vocab, 1, vocab, &p, want, &out.id, &out.logprob, topIds, topLogprobs);
   out.topLogprobs.reserve(size_t(want));
   for (int j = 0; j < want; ++j) out.topLogprobs.emplace_back(topIds[j], topLogprobs[j]);
   return out;

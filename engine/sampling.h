@@ -1,4 +1,4 @@
-// Token sampling (DESIGN.md §4): greedy, temperature, top-k, top-p, min-p, per-request seed,
+// Token sampling (docs/design.md §4): greedy, temperature, top-k, top-p, min-p, per-request seed,
 // logprobs.
 //
 // Determinism: the random draw for generated token number `step` (0 for the first token)
@@ -55,11 +55,11 @@ struct SamplingParams {
 
   // Logits processors (engine/logits_processors.h): applied to the model's logits
   // before temperature and the masks, so also before greedy's argmax. All off by default.
-  float presencePenalty = 0.0f;    // [-2, 2] (OpenAI): minus this once per generated token id
-  float frequencyPenalty = 0.0f;   // [-2, 2] (OpenAI): minus this per occurrence in the output
-  float repetitionPenalty = 1.0f;  // (0, 2] (vLLM): over prompt and output ids; 1: off
+  float presencePenalty = 0.0f;                      // [-2, 2] (OpenAI): minus this once per generated token id
+  float frequencyPenalty = 0.0f;                     // [-2, 2] (OpenAI): minus this per occurrence in the output
+  float repetitionPenalty = 1.0f;                    // (0, 2] (vLLM): over prompt and output ids; 1: off
   std::vector<std::pair<int32_t, float>> logitBias;  // (token id, bias in [-100, 100])
-  int minTokens = 0;  // EOS and stopTokenIds masked until this many tokens are generated
+  int minTokens = 0;                                 // EOS and stopTokenIds masked until this many tokens are generated
   // The last `generatedInPrompt` prompt tokens are earlier output of this same request (a
   // request migrated to another worker resumes with its output appended to the prompt):
   // they count as generated for the penalties and min_tokens.
@@ -68,8 +68,8 @@ struct SamplingParams {
   bool greedy() const { return temperature < kGreedyTemperature; }
   // Whether any logits processor is on (the row then needs its logits on the host).
   bool processesLogits() const {
-    return presencePenalty != 0.0f || frequencyPenalty != 0.0f || repetitionPenalty != 1.0f ||
-           !logitBias.empty() || minTokens > 0;
+    return presencePenalty != 0.0f || frequencyPenalty != 0.0f || repetitionPenalty != 1.0f || !logitBias.empty() ||
+           minTokens > 0;
   }
   // Checks every field's range; names the field and the allowed values.
   Status validate() const;

@@ -52,8 +52,7 @@ class PoolSim {
 
 Status SchedulerConfig::validate() const {
   if (maxBatchTokens < 1) {
-    return invalidArgument("scheduler: max_batch_tokens " + std::to_string(maxBatchTokens) +
-                           " must be at least 1");
+    return invalidArgument("scheduler: max_batch_tokens " + std::to_string(maxBatchTokens) + " must be at least 1");
   }
   if (maxNumSeqs < 1 || maxNumSeqs > maxBatchTokens) {
     return invalidArgument("scheduler: max_num_seqs " + std::to_string(maxNumSeqs) +
@@ -113,10 +112,9 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
   auto tooBig = [&](const SeqView& s, int tokens) -> bool {
     if (kv.blocksFor(tokens) <= totalBlocks) return false;
     plan.rejected.push_back(
-        {s.id,
-         resourceExhausted(seqName(s.id) + ": " + std::to_string(tokens) + " tokens need " +
-                           std::to_string(kv.blocksFor(tokens)) + " KV blocks, more than the " +
-                           std::to_string(totalBlocks) + " the cache has")});
+        {s.id, resourceExhausted(seqName(s.id) + ": " + std::to_string(tokens) + " tokens need " +
+                                 std::to_string(kv.blocksFor(tokens)) + " KV blocks, more than the " +
+                                 std::to_string(totalBlocks) + " the cache has")});
     return true;
   };
   // Preempts the newest running sequence not yet scheduled this step; returns its index.
@@ -198,8 +196,7 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
     pool.take(kv.blocksNeeded(s.id, s.numComputed + count));
     charge(s.numComputed, count);
     scheduled[i] = 1;
-    plan.entries.push_back(
-        {s.id, s.numComputed, count, s.numComputed + count == s.numTokens, false});
+    plan.entries.push_back({s.id, s.numComputed, count, s.numComputed + count == s.numTokens, false});
     plan.numPrefillTokens += count;
   }
 
@@ -210,8 +207,7 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
   bool blocked = false;
   for (const SeqView& w : view.waiting) {
     if (w.deadline.isSet() && view.now >= w.deadline.at()) {
-      plan.rejected.push_back(
-          {w.id, deadlineExceeded(seqName(w.id) + ": still queued at its deadline")});
+      plan.rejected.push_back({w.id, deadlineExceeded(seqName(w.id) + ": still queued at its deadline")});
       continue;
     }
     if (tooBig(w, w.numTokens)) continue;
@@ -257,16 +253,14 @@ Status applyPlanToKv(const StepPlan& plan, KvCacheManager& kv) {
     Result<int> got = kv.attachCachedPrefix(a.seq, a.tokens, a.cachedTokens);
     if (!got.ok()) return got.status().withContext("applying step plan");
     if (*got != a.cachedTokens) {
-      return internalError("applying step plan: " + seqName(a.seq) + " planned " +
-                           std::to_string(a.cachedTokens) + " cached tokens, found " +
-                           std::to_string(*got) + " (the cache changed since scheduling)");
+      return internalError("applying step plan: " + seqName(a.seq) + " planned " + std::to_string(a.cachedTokens) +
+                           " cached tokens, found " + std::to_string(*got) + " (the cache changed since scheduling)");
     }
   }
   for (const PlanEntry& e : plan.entries) {
     Status st = kv.extend(e.seq, e.start + e.count);
     if (!st.isOk()) {
-      return internalError("applying step plan: " + st.message() +
-                           " (the cache changed since scheduling)");
+      return internalError("applying step plan: " + st.message() + " (the cache changed since scheduling)");
     }
   }
   return Status::ok();

@@ -1,4 +1,4 @@
-// engine::Scheduler (DESIGN.md §3, §4): the batching policy of one worker.
+// engine::Scheduler (docs/design.md §3, §4): the batching policy of one worker.
 //
 // schedule() is a pure function of a read-only view (the running and waiting sequences,
 // the KV cache manager, the time) and the config: it returns a StepPlan and changes

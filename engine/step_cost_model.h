@@ -1,6 +1,6 @@
 // The cost of a decode step as a function of its batch: step_ms = base + perStream * streams,
 // fitted online by exponentially weighted least squares over the steps that decoded without
-// prompt tokens (issue 12, docs/serving.md "Overload"). The router predicts from it what one
+// prompt tokens (docs/serving.md "Overload"). The router predicts from it what one
 // more stream would do to every stream's inter-token latency, before it admits that stream:
 // the average step time alone says only that a worker is already past its target.
 //
@@ -42,7 +42,7 @@ class StepCostModel {
   // decoding, so the line follows the contexts growing and the machine's load.
   static constexpr double kDecay = 0.98;
   double w_ = 0, n_ = 0, nn_ = 0, y_ = 0, ny_ = 0;  // weighted sums of 1, n, n^2, ms, n*ms
-  double smallChunkMs_ = 0;  // moving average of the excess
+  double smallChunkMs_ = 0;                         // moving average of the excess
 };
 
 }  // namespace pd::engine

@@ -10,8 +10,7 @@ Result<TensorParallelPlan> planTensorParallel(const ModelConfig& c, int size) {
   if (size != 1 && size != 2 && size != 4 && size != 8)
     return invalidArgument(what + " is not supported (allowed: 1, 2, 4, 8)");
   if (c.numHeads % size != 0)
-    return invalidArgument(what + " does not divide the model's " + std::to_string(c.numHeads) +
-                           " attention heads");
+    return invalidArgument(what + " does not divide the model's " + std::to_string(c.numHeads) + " attention heads");
   if (c.numKvHeads % size != 0)
     return invalidArgument(what + " does not divide the model's " + std::to_string(c.numKvHeads) +
                            " kv heads (kv-head replication is not implemented)");

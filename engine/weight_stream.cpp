@@ -115,7 +115,7 @@ class Streamer {
     const size_t sb = tensorDtypeBytes(from), db = tensorDtypeBytes(to);
     const bool conv = from != to;
     const size_t perElem = sb + (conv ? db : 0);  // staging bytes one element needs
-    const size_t room = half_ - kAlign;            // the converted run starts aligned (send)
+    const size_t room = half_ - kAlign;           // the converted run starts aligned (send)
     const size_t rowCols = size_t(p.shape.size() > 1 ? p.shape[1] : 1);
     if (size_t(p.cols.count) == rowCols) {
       // Whole rows: one contiguous byte range of the file, cut into chunks.
@@ -142,8 +142,8 @@ class Streamer {
       char* raw = nextHalf();
       for (size_t i = 0; i < m; ++i) {
         const size_t row = size_t(p.rows.begin) + r + i;
-        PD_RETURN_IF_ERROR(ckpt_.readBytes(p.name, (row * rowCols + size_t(p.cols.begin)) * sb,
-                                           rowElems * sb, raw + i * rowElems * sb));
+        PD_RETURN_IF_ERROR(ckpt_.readBytes(p.name, (row * rowCols + size_t(p.cols.begin)) * sb, rowElems * sb,
+                                           raw + i * rowElems * sb));
       }
       PD_RETURN_IF_ERROR(send(raw, from, to, m * rowElems, dst + *at));
       *at += m * rowElems * db;
@@ -192,15 +192,15 @@ Piece whole(std::string name, std::vector<int64_t> shape) {
 // Rows `r` of the fused matrix whose parts are `names` of `partRows` rows each, in order: the
 // pieces of the parts they fall into (a range never straddles two parts: the plan's ranges
 // lie inside one projection).
-std::vector<Piece> fusedRows(const std::vector<std::string>& names, const std::vector<int64_t>& partRows,
-                             int64_t cols, std::span<const RowRange> ranges) {
+std::vector<Piece> fusedRows(const std::vector<std::string>& names, const std::vector<int64_t>& partRows, int64_t cols,
+                             std::span<const RowRange> ranges) {
   std::vector<Piece> out;
   for (const RowRange& r : ranges) {
     int64_t base = 0;
     for (size_t i = 0; i < names.size(); ++i) {
       if (r.begin < base + partRows[i]) {
-        std::vector<int64_t> shape = cols > 0 ? std::vector<int64_t>{partRows[i], cols}
-                                              : std::vector<int64_t>{partRows[i]};
+        std::vector<int64_t> shape =
+            cols > 0 ? std::vector<int64_t>{partRows[i], cols} : std::vector<int64_t>{partRows[i]};
         out.push_back(Piece{names[i], shape, {int(r.begin - base), r.count}, {0, int(cols > 0 ? cols : 1)}});
         break;
       }
@@ -212,9 +212,8 @@ std::vector<Piece> fusedRows(const std::vector<std::string>& names, const std::v
 
 }  // namespace
 
-Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelConfig& c,
-                                          const WeightStreamOptions& o, DeviceWeightCopier& copier,
-                                          WeightLoadStats* statsOut) {
+Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelConfig& c, const WeightStreamOptions& o,
+                                          DeviceWeightCopier& copier, WeightLoadStats* statsOut) {
   const auto t0 = std::chrono::steady_clock::now();
   if (o.stagingBytes < (size_t(64) << 10))
     return invalidArgument("weight stream: stagingBytes " + std::to_string(o.stagingBytes) +

@@ -117,7 +117,7 @@ struct WeightLoadStats {
 };
 
 Result<DeviceModel> streamWeightsToDevice(const std::string& modelDir, const ModelConfig& config,
-                                          const WeightStreamOptions& options,
-                                          DeviceWeightCopier& copier, WeightLoadStats* stats);
+                                          const WeightStreamOptions& options, DeviceWeightCopier& copier,
+                                          WeightLoadStats* stats);
 
 }  // namespace pd::engine

@@ -25,16 +25,15 @@ Result<Role> parseRole(std::string_view text) {
   return invalidArgument("--role: expected prefill or decode, got '" + std::string(text) + "'");
 }
 
-Result<std::unique_ptr<worker::Service>> createService(
-    Role role, config::ClusterConfig config, worker::WorkerFlags flags,
-    std::shared_ptr<const engine::ModelWeights> weights) {
+Result<std::unique_ptr<worker::Service>> createService(Role role, config::ClusterConfig config,
+                                                       worker::WorkerFlags flags,
+                                                       std::shared_ptr<const engine::ModelWeights> weights) {
   if (role == Role::kPrefill) {
-    PD_ASSIGN_OR_RETURN(auto s, prefill::PrefillService::create(std::move(config), std::move(flags),
-                                                                std::move(weights)));
+    PD_ASSIGN_OR_RETURN(auto s,
+                        prefill::PrefillService::create(std::move(config), std::move(flags), std::move(weights)));
     return std::unique_ptr<worker::Service>(std::move(s));
   }
-  PD_ASSIGN_OR_RETURN(auto s, decode::DecodeService::create(std::move(config), std::move(flags),
-                                                            std::move(weights)));
+  PD_ASSIGN_OR_RETURN(auto s, decode::DecodeService::create(std::move(config), std::move(flags), std::move(weights)));
   return std::unique_ptr<worker::Service>(std::move(s));
 }
 
@@ -63,8 +62,8 @@ void FlexWorker::exportSwitches(worker::Service& service) const {
   for (Role from : {Role::kPrefill, Role::kDecode}) {
     const Role to = otherRole(from);
     auto it = switches_.find({from, to});
-    metrics::Counter c = service.registry().counter(
-        kRoleSwitchesMetric, kSwitchesHelp, {{"from", roleName(from)}, {"to", roleName(to)}});
+    metrics::Counter c = service.registry().counter(kRoleSwitchesMetric, kSwitchesHelp,
+                                                    {{"from", roleName(from)}, {"to", roleName(to)}});
     if (it != switches_.end()) c.inc(double(it->second));
   }
 }
@@ -84,8 +83,7 @@ Status FlexWorker::start() {
 bool FlexWorker::requestSwitch() {
   if (shuttingDown_.load()) return false;
   if (switching_.load()) {
-    PD_LOG(kInfo, kTag) << flags_.workerId
-                        << ": a role switch is already in progress; ignoring this request";
+    PD_LOG(kInfo, kTag) << flags_.workerId << ": a role switch is already in progress; ignoring this request";
     return false;
   }
   Role from;
@@ -105,9 +103,8 @@ bool FlexWorker::requestSwitch() {
 
 void FlexWorker::runSwitch(Role from, Role to) {
   const auto t0 = std::chrono::steady_clock::now();
-  PD_LOG(kInfo, kTag) << flags_.workerId << ": switching role " << roleName(from) << " -> "
-                      << roleName(to) << " (draining up to " << config_.engine.drainTimeoutMs
-                      << " ms)";
+  PD_LOG(kInfo, kTag) << flags_.workerId << ": switching role " << roleName(from) << " -> " << roleName(to)
+                      << " (draining up to " << config_.engine.drainTimeoutMs << " ms)";
   // The running service is only touched by this thread until switching_ is cleared: the
   // owner's shutdown() joins us first.
   worker::Service* old = nullptr;
@@ -123,22 +120,17 @@ void FlexWorker::runSwitch(Role from, Role to) {
   // quarantine (acknowledgements, redials); wait for it, as long as a remote prefill may
   // take. Still held then: never freed on a timer -- the process exits instead.
   if (const int64_t held = old->kvBlocksQuarantined(); held > 0) {
-    PD_LOG(kInfo, kTag) << flags_.workerId << ": " << held
-                        << " KV block(s) quarantined; waiting up to "
-                        << config_.kvTransfer.timeoutMs
-                        << " ms for their writers before the switch";
-    const auto until =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.kvTransfer.timeoutMs);
-    while (old->kvBlocksQuarantined() > 0 && !shuttingDown_.load() &&
-           std::chrono::steady_clock::now() < until) {
+    PD_LOG(kInfo, kTag) << flags_.workerId << ": " << held << " KV block(s) quarantined; waiting up to "
+                        << config_.kvTransfer.timeoutMs << " ms for their writers before the switch";
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.kvTransfer.timeoutMs);
+    while (old->kvBlocksQuarantined() > 0 && !shuttingDown_.load() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (const int64_t still = old->kvBlocksQuarantined(); still > 0 && !shuttingDown_.load()) {
-      Status why = unavailable(
-          flags_.workerId + ": role switch " + roleName(from) + " -> " + roleName(to) + ": " +
-          std::to_string(still) +
-          " KV block(s) still quarantined (a remote writer may still write into them): not "
-          "reusing this process's memory; exiting for the supervisor to restart it");
+      Status why = unavailable(flags_.workerId + ": role switch " + roleName(from) + " -> " + roleName(to) + ": " +
+                               std::to_string(still) +
+                               " KV block(s) still quarantined (a remote writer may still write into them): not "
+                               "reusing this process's memory; exiting for the supervisor to restart it");
       PD_LOG(kError, kTag) << why.toString();
       old->stop();  // the process exits next (main sees failure()); the memory is never reused
       std::lock_guard<std::mutex> lock(mu_);
@@ -160,8 +152,7 @@ void FlexWorker::runSwitch(Role from, Role to) {
     gone.reset();
   }
   if (shuttingDown_.load()) {
-    PD_LOG(kInfo, kTag) << flags_.workerId << ": shutting down during the switch; " << roleName(to)
-                        << " not started";
+    PD_LOG(kInfo, kTag) << flags_.workerId << ": shutting down during the switch; " << roleName(to) << " not started";
     switching_ = false;
     return;
   }
@@ -184,8 +175,7 @@ void FlexWorker::runSwitch(Role from, Role to) {
     }
   }
   if (!started.isOk()) {
-    Status why = started.withContext(flags_.workerId + ": role switch " + roleName(from) + " -> " +
-                                     roleName(to));
+    Status why = started.withContext(flags_.workerId + ": role switch " + roleName(from) + " -> " + roleName(to));
     PD_LOG(kError, kTag) << why.toString();
     std::lock_guard<std::mutex> lock(mu_);
     failure_ = why;
@@ -193,9 +183,8 @@ void FlexWorker::runSwitch(Role from, Role to) {
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.2f s",
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    PD_LOG(kInfo, kTag) << flags_.workerId << ": switched role " << roleName(from) << " -> "
-                        << roleName(to) << " in " << secs << "; registering with the router as "
-                        << roleName(to);
+    PD_LOG(kInfo, kTag) << flags_.workerId << ": switched role " << roleName(from) << " -> " << roleName(to) << " in "
+                        << secs << "; registering with the router as " << roleName(to);
   }
   switching_ = false;
 }

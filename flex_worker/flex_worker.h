@@ -1,5 +1,5 @@
 // pdserve-worker: one worker process that serves either role and switches between them at run
-// time (issue 14, docs/serving.md "Role switching"). It owns one worker::Service at a time --
+// time (docs/serving.md "Role switching"). It owns one worker::Service at a time --
 // a prefill_worker/ or a decode_worker/ service -- and on requestSwitch() replaces it with
 // the other role's, in-process:
 //
@@ -46,9 +46,9 @@ Result<Role> parseRole(std::string_view text);
 inline Role otherRole(Role role) { return role == Role::kPrefill ? Role::kDecode : Role::kPrefill; }
 
 // The role's service (prefill_worker/ or decode_worker/), built on `weights` when set.
-Result<std::unique_ptr<worker::Service>> createService(
-    Role role, config::ClusterConfig config, worker::WorkerFlags flags,
-    std::shared_ptr<const engine::ModelWeights> weights);
+Result<std::unique_ptr<worker::Service>> createService(Role role, config::ClusterConfig config,
+                                                       worker::WorkerFlags flags,
+                                                       std::shared_ptr<const engine::ModelWeights> weights);
 
 inline constexpr const char* kRoleSwitchesMetric = "pdserve_role_switches_total";
 

@@ -30,8 +30,8 @@ Result<std::unique_ptr<TransferAgent>> TransferAgent::create(const AgentOptions&
                                                              prometheus::Registry& registry) {
   TransportOptions topts = options.transport;
   topts.localName = options.name;
-  topts.onWriteRejected = [count = writeRejectCounter(registry), also = options.transport.onWriteRejected](
-                              const std::string& reason) {
+  topts.onWriteRejected = [count = writeRejectCounter(registry),
+                           also = options.transport.onWriteRejected](const std::string& reason) {
     count(reason);
     if (also) also(reason);
   };
@@ -48,14 +48,14 @@ Result<std::unique_ptr<TransferAgent>> TransferAgent::create(const AgentOptions&
       skipped += "\n  " + name + ": " + t.status().message();
       return;
     }
-    PD_LOG(kInfo, "kvt") << "agent '" << options.name << "': transport " << name << " ready ("
-                         << (*t)->caps().details << ")";
+    PD_LOG(kInfo, "kvt") << "agent '" << options.name << "': transport " << name << " ready (" << (*t)->caps().details
+                         << ")";
     transports.push_back({name, std::move(t).value()});
   };
   for (const auto& name : options.preference) add(name);
   if (transports.empty()) {
-    return unavailable("kvtransfer agent '" + options.name + "': no usable transport among the preference list:" +
-                       skipped);
+    return unavailable("kvtransfer agent '" + options.name +
+                       "': no usable transport among the preference list:" + skipped);
   }
   // The fallback lane: tcp is always created when built in, even if not preferred.
   if (options.fallbackToTcp) add("tcp");
@@ -120,9 +120,8 @@ Result<RegionId> TransferAgent::registerMemory(const MemDesc& desc) {
       // A transport that claims GPU memory but refuses it (verbs on a NIC without dma-buf) is
       // skipped for GPU memory from now on; the next GPU-capable transport carries it.
       if (h.ok()) (void)t.deregisterMemory(*h);
-      PD_LOG(kWarn, "kvt") << "agent '" << options_.name << "': " << transports_[i].name
-                           << " refused GPU memory (" << key.status().message()
-                           << "); GPU memory goes over the next transport that can move it";
+      PD_LOG(kWarn, "kvt") << "agent '" << options_.name << "': " << transports_[i].name << " refused GPU memory ("
+                           << key.status().message() << "); GPU memory goes over the next transport that can move it";
       noGpu += "\n  " + transports_[i].name + ": " + key.status().message();
       gpuRefused_.insert(i);
       rs.handles.push_back(0);
@@ -293,7 +292,8 @@ Status TransferAgent::unloadPeer(AgentPeer peer) {
     if (e.peer == peer) (void)transports_[e.lane.transport].transport->cancel(e.inner);
   }
   Status st = transports_[it->second.primary.transport].transport->unloadPeer(it->second.primary.peer);
-  if (it->second.tcpLane) (void)transports_[it->second.tcpLane->transport].transport->unloadPeer(it->second.tcpLane->peer);
+  if (it->second.tcpLane)
+    (void)transports_[it->second.tcpLane->transport].transport->unloadPeer(it->second.tcpLane->peer);
   if (it->second.gpuLaneOwned) {
     (void)transports_[it->second.gpuLane->transport].transport->unloadPeer(it->second.gpuLane->peer);
   }
@@ -398,8 +398,8 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
   if (e.gpu) {
     if (ps.gpuLane && gpuRefused_.count(ps.gpuLane->transport)) resolveGpuLane(ps);
     if (!ps.gpuLane) {
-      return failedPrecondition("kvtransfer agent: no transport to peer '" + ps.name + "' can move GPU memory:" +
-                                ps.noGpuWhy);
+      return failedPrecondition("kvtransfer agent: no transport to peer '" + ps.name +
+                                "' can move GPU memory:" + ps.noGpuWhy);
     }
     e.lane = *ps.gpuLane;
   }
@@ -408,8 +408,7 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
     return !e.gpu || transports_[ps.tcpLane->transport].transport->caps().cudaMemory;
   };
   e.canFallBack = tcpCanCarry();
-  auto id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer,
-                                                          grantFor(grant, e.lane));
+  auto id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, grantFor(grant, e.lane));
   if (!id.ok()) {
     // Argument errors are the caller's; anything else on a fabric lane may still go over tcp.
     if (id.status().code() == StatusCode::kInvalidArgument || !e.canFallBack) {
@@ -417,12 +416,11 @@ Result<AgentTransfer> TransferAgent::post(const DescList& local, const DescList&
     }
     metrics_.onFailure(laneName(e.lane), id.status().code());
     metrics_.onFallback(laneName(e.lane), "tcp");
-    PD_LOG(kWarn, "kvt") << "peer '" << ps.name << "': post over " << laneName(e.lane)
-                         << " failed (" << id.status().message() << "); sending over tcp instead";
+    PD_LOG(kWarn, "kvt") << "peer '" << ps.name << "': post over " << laneName(e.lane) << " failed ("
+                         << id.status().message() << "); sending over tcp instead";
     e.lane = *ps.tcpLane;
     e.fellBack = true;
-    id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer,
-                                                       grantFor(grant, e.lane));
+    id = transports_[e.lane.transport].transport->post(local, remote, e.lane.peer, grantFor(grant, e.lane));
     if (!id.ok()) return id.status().withContext("kvtransfer agent: tcp fallback to peer '" + ps.name + "'");
   }
   e.inner = *id;
@@ -460,8 +458,8 @@ Status TransferAgent::poll(AgentTransfer id) {
   auto pit = peers_.find(e.peer);
   if (!e.fellBack && e.canFallBack && pit != peers_.end() && pit->second.tcpLane) {
     PeerState& ps = pit->second;
-    auto retry = transports_[ps.tcpLane->transport].transport->post(
-        e.local, e.remote, ps.tcpLane->peer, grantFor(e.grant, *ps.tcpLane));
+    auto retry = transports_[ps.tcpLane->transport].transport->post(e.local, e.remote, ps.tcpLane->peer,
+                                                                    grantFor(e.grant, *ps.tcpLane));
     if (retry.ok()) {
       PD_LOG(kWarn, "kvt") << "peer '" << ps.name << "': transfer " << id << " failed over " << transport << " ("
                            << st.message() << "); retrying once over tcp";

@@ -1,4 +1,4 @@
-// TransferAgent: the one object a worker talks to for KV transfers (DESIGN.md §3).
+// TransferAgent: the one object a worker talks to for KV transfers (docs/design.md §3).
 //
 // It owns the transports (created by name through makeTransport()), registers every region
 // in all of them, and describes itself to peers as ONE protobuf blob (localMetadata():
@@ -22,7 +22,7 @@
 // Only after step 3 can fabric transfers flow in either direction. Loading the offer again on
 // the answering side (the same blob in every request) returns the same peer.
 //
-// GPU memory (kCuda, issue 7): a kCuda region is registered only with the transports whose
+// GPU memory (kCuda): a kCuda region is registered only with the transports whose
 // caps().cudaMemory is true (kFailedPrecondition naming each transport's reason when none
 // is), and a transfer with a kCuda segment on either side goes over the first preferred
 // transport the peer offers whose caps().cudaMemory is true: ucx (direct GPU memory, when UCX
@@ -62,7 +62,7 @@ struct AgentOptions {
   // cma first: it loads only peers on this node (kUnavailable otherwise, and the next name is
   // tried), so same-node peers move KV at memory speed and the rest are unaffected.
   std::vector<std::string> preference = {"cma", "ucx", "verbs", "tcp"};
-  TransportOptions transport;    // passed to every transport; localName is set to `name`
+  TransportOptions transport;  // passed to every transport; localName is set to `name`
   bool fallbackToTcp = true;
 };
 
@@ -75,8 +75,7 @@ class TransferAgent {
  public:
   // Creates the transports of options.preference in order. A name that is not built in or
   // cannot initialise here is skipped with a log line saying why; kUnavailable if none is left.
-  static Result<std::unique_ptr<TransferAgent>> create(const AgentOptions& options,
-                                                       prometheus::Registry& registry);
+  static Result<std::unique_ptr<TransferAgent>> create(const AgentOptions& options, prometheus::Registry& registry);
   // Takes ready transports (tests wrap them in FaultTransport); their order is the preference.
   static Result<std::unique_ptr<TransferAgent>> createWith(const AgentOptions& options,
                                                            std::vector<NamedTransport> transports,
@@ -170,8 +169,7 @@ class TransferAgent {
     size_t bytes = 0;
   };
 
-  TransferAgent(const AgentOptions& options, std::vector<NamedTransport> transports,
-                prometheus::Registry& registry);
+  TransferAgent(const AgentOptions& options, std::vector<NamedTransport> transports, prometheus::Registry& registry);
   const std::string& laneName(const Lane& lane) const { return transports_[lane.transport].name; }
   std::optional<size_t> indexOf(const std::string& name) const;
   // The grant bytes of `lane`'s transport inside an agent grant blob ("" when none).

@@ -7,9 +7,10 @@ namespace pd::kvt {
 Result<Segments> blockSegments(const BlockPool& src, std::span<const int> srcBlocks, const BlockPool& dst,
                                std::span<const int> dstBlocks, int layerBegin, int layerEnd) {
   if (src.blockBytes != dst.blockBytes || src.numLayers != dst.numLayers) {
-    return invalidArgument("kv transfer: block pools disagree: source " + std::to_string(src.numLayers) + " layers of " +
-                           std::to_string(src.blockBytes) + "-byte blocks, target " + std::to_string(dst.numLayers) +
-                           " layers of " + std::to_string(dst.blockBytes) + "-byte blocks");
+    return invalidArgument("kv transfer: block pools disagree: source " + std::to_string(src.numLayers) +
+                           " layers of " + std::to_string(src.blockBytes) + "-byte blocks, target " +
+                           std::to_string(dst.numLayers) + " layers of " + std::to_string(dst.blockBytes) +
+                           "-byte blocks");
   }
   if (layerBegin < 0 || layerEnd > src.numLayers || layerBegin >= layerEnd) {
     return invalidArgument("kv transfer: layer range [" + std::to_string(layerBegin) + ", " + std::to_string(layerEnd) +

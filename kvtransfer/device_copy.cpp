@@ -71,9 +71,9 @@ class HostCopier::State {
       lock.lock();
       bytes += n;
       pending.erase(b.ticket);
-      finished[b.ticket] = b.fail ? internalError("host copier: injected failure of copy batch " +
-                                                  std::to_string(b.ticket))
-                                  : Status::ok();
+      finished[b.ticket] =
+          b.fail ? internalError("host copier: injected failure of copy batch " + std::to_string(b.ticket))
+                 : Status::ok();
       doneCv.notify_all();
     }
   }

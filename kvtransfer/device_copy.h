@@ -1,5 +1,5 @@
 // DeviceCopier: asynchronous chunk copies between device memory and pinned host memory, the
-// one piece of CUDA that kvtransfer's staging needs (issue 7: a transport that cannot touch
+// one piece of CUDA that kvtransfer's staging needs (a transport that cannot touch
 // GPU memory itself stages it through pinned bounce buffers, overlapped with the network).
 //
 // Two implementations:
@@ -97,9 +97,9 @@ class HostCopier final : public DeviceCopier {
   // Pinned buffers allocated and not yet freed; tickets enqueued and not yet reported.
   size_t pinnedOutstanding() const;
   size_t ticketsOutstanding() const;
-  uint64_t batches() const;       // batches enqueued so far
-  uint64_t bytesCopied() const;   // bytes copied by finished batches
-  size_t maxInFlight() const;     // most batches queued at once (overlap evidence)
+  uint64_t batches() const;      // batches enqueued so far
+  uint64_t bytesCopied() const;  // bytes copied by finished batches
+  size_t maxInFlight() const;    // most batches queued at once (overlap evidence)
 
   class State;
 

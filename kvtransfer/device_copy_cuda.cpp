@@ -79,7 +79,8 @@ class CudaCopier final : public DeviceCopier {
     int previous = -1;
     cudaGetDevice(&previous);
     cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) return internalError("device copier: cudaSetDevice(" + std::to_string(device) + "): " + cudaText(e));
+    if (e != cudaSuccess)
+      return internalError("device copier: cudaSetDevice(" + std::to_string(device) + "): " + cudaText(e));
     struct Restore {
       int dev;
       ~Restore() {
@@ -124,7 +125,8 @@ class CudaCopier final : public DeviceCopier {
     if (e == cudaErrorNotReady) return Status(StatusCode::kInProgress, "");
     perDevice_[size_t(it->second.device)].freeEvents.push_back(it->second.event);
     tickets_.erase(it);
-    if (e != cudaSuccess) return internalError("device copier: copy batch " + std::to_string(ticket) + ": " + cudaText(e));
+    if (e != cudaSuccess)
+      return internalError("device copier: copy batch " + std::to_string(ticket) + ": " + cudaText(e));
     return Status::ok();
   }
 
@@ -178,7 +180,8 @@ bool cudaDeviceAvailable(std::string* why) {
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     if (e != cudaSuccess) cudaGetLastError();
-    if (why) *why = "no CUDA device (cudaGetDeviceCount: " + (e != cudaSuccess ? cudaText(e) : std::string("0 devices")) + ")";
+    if (why)
+      *why = "no CUDA device (cudaGetDeviceCount: " + (e != cudaSuccess ? cudaText(e) : std::string("0 devices")) + ")";
     return false;
   }
   return true;
@@ -201,7 +204,8 @@ Status dmaBufSupported(int device) {
   int supported = 0;
   // The runtime's ordinal is the driver's CUdevice for the default (unmasked) enumeration.
   if (getAttr(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, CUdevice(device)) != CUDA_SUCCESS || !supported) {
-    return unimplemented("dma-buf export: device " + std::to_string(device) + " (or its driver) does not support dma-buf");
+    return unimplemented("dma-buf export: device " + std::to_string(device) +
+                         " (or its driver) does not support dma-buf");
   }
   return Status::ok();
 }

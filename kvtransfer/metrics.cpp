@@ -20,8 +20,9 @@ prometheus::Histogram::BucketBoundaries latencyBuckets() {
 std::function<void(const std::string&)> writeRejectCounter(prometheus::Registry& registry) {
   auto* family = &prometheus::BuildCounter()
                       .Name("pdserve_kv_writes_rejected_total")
-                      .Help("Incoming KV writes the receiver refused, by reason (unknown_grant: stale, replayed "
-                            "or forged; outside_grant; grant_required; outside_region)")
+                      .Help(
+                          "Incoming KV writes the receiver refused, by reason (unknown_grant: stale, replayed "
+                          "or forged; outside_grant; grant_required; outside_region)")
                       .Register(registry);
   return [family](const std::string& reason) { family->Add({{"reason", reason}}).Increment(); };
 }

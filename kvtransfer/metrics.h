@@ -1,4 +1,4 @@
-// TransferMetrics: the pdserve_kv_transfer_* series (DESIGN.md §6), labelled per transport.
+// TransferMetrics: the pdserve_kv_transfer_* series (docs/design.md §6), labelled per transport.
 //
 //   pdserve_kv_transfer_bytes_total{transport}            bytes of completed transfers
 //   pdserve_kv_transfers_total{transport,outcome}         outcome = ok | failed | cancelled

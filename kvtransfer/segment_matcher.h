@@ -31,16 +31,14 @@ struct KeyRange {
   uint64_t addr = 0;
   uint64_t len = 0;
   // True when [a, a + n) lies inside this range and does not wrap around the address space.
-  bool covers(uint64_t a, uint64_t n) const {
-    return a >= addr && a + n >= a && a + n <= addr + len;
-  }
+  bool covers(uint64_t a, uint64_t n) const { return a >= addr && a + n >= a && a + n <= addr + len; }
 };
 
 // One non-empty (local, remote) pair that passed.
 struct SegmentMatch {
   size_t index = 0;      // position in the local / remote lists; empty pairs have no match
   MemHandle region = 0;  // the registration that holds local[index]
-  size_t key = 0;  // position, in the key list given to match(), of the key holding remote[index]
+  size_t key = 0;        // position, in the key list given to match(), of the key holding remote[index]
 };
 
 class SegmentMatcher {
@@ -58,8 +56,7 @@ class SegmentMatcher {
   // transport's own order) and returns one match per non-empty pair, in list order.
   // `peerName` is for the message.
   Result<std::vector<SegmentMatch>> match(const DescList& local, const DescList& remote,
-                                          const std::vector<KeyRange>& keys,
-                                          std::string_view peerName) const;
+                                          const std::vector<KeyRange>& keys, std::string_view peerName) const;
 
  private:
   std::string transport_;

@@ -1,5 +1,5 @@
 // kvt::Transport: moves bytes described by MemDesc lists from this process's registered
-// memory into a peer's registered memory (DESIGN.md §3). It knows nothing about models.
+// memory into a peer's registered memory (docs/design.md §3). It knows nothing about models.
 //
 // Lifecycle, as UCX and NIXL split it:
 //   1. registerMemory(desc)           -> MemHandle   (pin / ibv_reg_mr / ucp_mem_map)
@@ -12,7 +12,7 @@
 //      endpoint made for it; the others return localConnInfo())
 //   4. post(local, remote, peer, grant) -> TransferId; progress(); poll(id)
 //
-// Scoped write grants (KV fencing and per-request write capabilities, issues 12 and 13;
+// Scoped write grants (KV fencing and per-request write capabilities;
 // docs/kvtransfer.md "Write grants"): the receiving side calls grantWrite(ranges) for the
 // memory one writer may fill (a request's blocks), hands the grant to that writer over the
 // control plane, and calls revokeWrite(grant) when the request ends. The writer passes the
@@ -70,17 +70,17 @@ using PeerId = uint64_t;
 using TransferId = uint64_t;
 
 struct TransportCaps {
-  std::string name;            // "cma", "tcp", "ucx", "verbs", "loopback", "fault(tcp)"
-  bool hostMemory = true;      // can move kHost / kPinned memory
-  bool cudaMemory = false;     // can move kCuda memory (registerMemory accepts it)
-  bool cudaStaged = false;     // ... by staging it through pinned host memory (tcp), not directly
-  std::string cudaPath;        // how, for the log: "direct GPU memory", "GPUDirect dma-buf",
-                               // "staged through pinned host memory"; empty when !cudaMemory
-  bool oneSided = false;       // writes land without the target CPU touching the bytes
+  std::string name;         // "cma", "tcp", "ucx", "verbs", "loopback", "fault(tcp)"
+  bool hostMemory = true;   // can move kHost / kPinned memory
+  bool cudaMemory = false;  // can move kCuda memory (registerMemory accepts it)
+  bool cudaStaged = false;  // ... by staging it through pinned host memory (tcp), not directly
+  std::string cudaPath;     // how, for the log: "direct GPU memory", "GPUDirect dma-buf",
+                            // "staged through pinned host memory"; empty when !cudaMemory
+  bool oneSided = false;    // writes land without the target CPU touching the bytes
   // The receiver checks every incoming write against its live write grants (grantWrite), so
   // revokeWrite() fences a writer at once. False: revoking a grant fences nothing.
   bool receiverFenced = false;
-  std::string details;         // e.g. the UCX transports in use: "tcp, sysv, posix"
+  std::string details;  // e.g. the UCX transports in use: "tcp, sysv, posix"
 };
 
 // Everything a peer needs to reach us and write into what we exposed.

@@ -23,7 +23,7 @@ std::vector<std::string> compiledNames() {
   std::vector<std::string> names;
 #if PD_HAVE_CMA
   // First: it refuses any peer not on this node at loadPeer, so the agent moves on to the
-  // next name for those, and same-node peers get memory-speed transfers (issue 18).
+  // next name for those, and same-node peers get memory-speed transfers (docs/kvtransfer.md).
   names.push_back("cma");
 #endif
 #if PD_HAVE_UCX
@@ -40,8 +40,7 @@ std::vector<std::string> compiledNames() {
 
 std::vector<std::string> builtTransports() { return compiledNames(); }
 
-Result<std::unique_ptr<Transport>> makeTransport(const std::string& name,
-                                                 const TransportOptions& options) {
+Result<std::unique_ptr<Transport>> makeTransport(const std::string& name, const TransportOptions& options) {
   if (name == "tcp") return TcpTransport::create(options);
   if (name == "loopback") return LoopbackTransport::create(options);
 #if PD_HAVE_CMA
@@ -64,8 +63,7 @@ Result<std::unique_ptr<Transport>> makeTransport(const std::string& name,
 #endif
   std::string known;
   for (const auto& n : compiledNames()) known += (known.empty() ? "" : ", ") + n;
-  return notFound("kvtransfer: transport '" + name + "' is not built into this binary (built: " +
-                  known + ")");
+  return notFound("kvtransfer: transport '" + name + "' is not built into this binary (built: " + known + ")");
 }
 
 }  // namespace pd::kvt

@@ -40,7 +40,7 @@ struct TransportOptions {
   // tcp: the cluster secret (cluster.secret_file; docs/security.md). Set: every
   // incoming connection must answer the receiver's challenge with HMAC-SHA256 over it before
   // it may write; a writer without it (or with another) is closed and counted. Null: the
-  // port is open, as before issue 13. Both ends must agree: a mixed pair fails closed.
+  // port is open (no cluster secret). Both ends must agree: a mixed pair fails closed.
   // ucx / verbs / cma take no secret: their connection info only travels inside the
   // authenticated control plane (KvConnect, PrefillRequest).
   std::shared_ptr<const std::string> clusterSecret;
@@ -49,7 +49,7 @@ struct TransportOptions {
   std::function<void(const std::string& why)> onAuthFailure;
   // tcp: an incoming connection that has not sent a valid hello within this long is closed.
   std::chrono::milliseconds handshakeTimeout{3000};
-  // tcp: how kCuda memory is staged (issue 7). Null = the CUDA copier when a device is present
+  // tcp: how kCuda memory is staged (docs/kvtransfer.md). Null = the CUDA copier when a device is present
   // at run time (otherwise kCuda registration fails with the reason); tests pass a HostCopier.
   std::shared_ptr<DeviceCopier> deviceCopier;
   // tcp: the pinned bounce buffers per stream / per incoming connection, and their count. A
@@ -78,7 +78,6 @@ std::vector<std::string> builtTransports();
 
 // kNotFound for a name that is not compiled in (the message lists the ones that are);
 // kUnavailable when it is compiled in but cannot initialise here (the message says why).
-Result<std::unique_ptr<Transport>> makeTransport(const std::string& name,
-                                                 const TransportOptions& options);
+Result<std::unique_ptr<Transport>> makeTransport(const std::string& name, const TransportOptions& options);
 
 }  // namespace pd::kvt

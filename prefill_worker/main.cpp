@@ -3,7 +3,8 @@
 
 namespace {
 constexpr const char* kUsage =
-    "usage: pdserve-prefill --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] [--bind-host IP]\n"
+    "usage: pdserve-prefill --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] "
+    "[--bind-host IP]\n"
     "                       [--port N] [--transfer-port N] [--metrics-port N] [--model DIR]\n"
     "                       [--ports-file PATH]\n"
     "  Prefills long prompts for decode workers and pushes their KV, layer by layer.\n";
@@ -12,8 +13,8 @@ constexpr const char* kUsage =
 int main(int argc, char** argv) {
   return pd::worker::runWorkerMain(
       argc, argv, "pdserve-prefill", kUsage,
-      [](pd::config::ClusterConfig config, pd::worker::WorkerFlags flags)
-          -> pd::Result<std::unique_ptr<pd::worker::Service>> {
+      [](pd::config::ClusterConfig config,
+         pd::worker::WorkerFlags flags) -> pd::Result<std::unique_ptr<pd::worker::Service>> {
         PD_ASSIGN_OR_RETURN(auto service, pd::prefill::PrefillService::create(std::move(config), std::move(flags)));
         return std::unique_ptr<pd::worker::Service>(std::move(service));
       });

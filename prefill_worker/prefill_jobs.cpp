@@ -35,8 +35,8 @@ void PrefillJobs::connect(const net::ConnectionPtr& decode, const proto::KvConne
   proto::Envelope env;
   env.set_request_id(0);
   if (!reply.ok()) {
-    Status why = reply.status().withContext("prefill worker " + loop_.flags().workerId +
-                                            ": KvConnect from " + decode->peerHello().worker_id());
+    Status why = reply.status().withContext("prefill worker " + loop_.flags().workerId + ": KvConnect from " +
+                                            decode->peerHello().worker_id());
     PD_LOG(kWarn, kTag) << why.toString();
     *env.mutable_error() = net::toProtoError(why);
     (void)decode->send(std::move(env));
@@ -54,8 +54,10 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   const double inboxS = secondsBetween(loop_.postedAt(), steadyNow());
   engine::Engine& engine = loop_.engine();
   const uint64_t id = pr.request_id();
-  if (jobs_.count(id)) return reject(decode, id, failedPrecondition("request " + std::to_string(id) + " is already being prefilled here"));
-  if (loop_.draining()) return reject(decode, id, unavailable("prefill worker " + loop_.flags().workerId + " is draining"));
+  if (jobs_.count(id))
+    return reject(decode, id, failedPrecondition("request " + std::to_string(id) + " is already being prefilled here"));
+  if (loop_.draining())
+    return reject(decode, id, unavailable("prefill worker " + loop_.flags().workerId + " is draining"));
   auto target = targets_.find(decode.get());
   if (target == targets_.end()) {
     return reject(decode, id, failedPrecondition("PrefillRequest before KvConnect on this connection"));
@@ -64,13 +66,14 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   if (!blocks.ok()) return reject(decode, id, blocks.status());
   std::vector<int32_t> prompt(pr.prompt_token_ids().begin(), pr.prompt_token_ids().end());
   if (int(blocks->blockIds.size()) < engine.kv().blocksFor(int(prompt.size()))) {
-    return reject(decode, id, invalidArgument("kv_target: " + std::to_string(blocks->blockIds.size()) +
-                                              " blocks cannot hold a " + std::to_string(prompt.size()) + "-token prompt"));
+    return reject(decode, id,
+                  invalidArgument("kv_target: " + std::to_string(blocks->blockIds.size()) + " blocks cannot hold a " +
+                                  std::to_string(prompt.size()) + "-token prompt"));
   }
   engine::SamplingParams params = worker::fromProto(pr.sampling());
   params.maxTokens = 1;  // the first token; the decode worker samples the rest
-  auto request = engine::Request::create(id, std::move(prompt), params, SystemClock::instance(),
-                                         engine.modelConfig().vocabSize);
+  auto request =
+      engine::Request::create(id, std::move(prompt), params, SystemClock::instance(), engine.modelConfig().vocabSize);
   if (!request.ok()) return reject(decode, id, request.status());
   loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
   if (Status s = engine.submit(std::move(request).value()); !s.isOk()) return reject(decode, id, s);
@@ -86,7 +89,9 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
     it->second.deadlineTimer = 0;
-    end(id, deadlineExceeded("prefill and KV push did not finish within the request's " + std::to_string(deadlineMs) + " ms"),
+    end(id,
+        deadlineExceeded("prefill and KV push did not finish within the request's " + std::to_string(deadlineMs) +
+                         " ms"),
         /*reply=*/true);
   });
   jobs_.emplace(id, std::move(job));
@@ -111,9 +116,9 @@ void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
     // Tensor parallelism: rank r's region goes to the target's rank r region (same block
     // ids, the same share of the kv heads), one transfer per rank.
     for (size_t r = 0; r < regions.size() && job.failed.isOk(); ++r) {
-      auto segments = kvt::blockSegments(worker::kvBlockPool(layout, regions[r]), blocks,
-                                         worker::kvBlockPool(targetLayout, job.target.regions[r]), targetBlocks, layer,
-                                         layer + 1);
+      auto segments =
+          kvt::blockSegments(worker::kvBlockPool(layout, regions[r]), blocks,
+                             worker::kvBlockPool(targetLayout, job.target.regions[r]), targetBlocks, layer, layer + 1);
       if (!segments.ok()) {
         job.failed = segments.status();
         break;
@@ -137,7 +142,9 @@ void PrefillJobs::onStepEvents(const std::vector<engine::EngineEvent>& events) {
     if (it == jobs_.end()) continue;
     Job& job = it->second;
     switch (e.kind) {
-      case engine::EngineEvent::Kind::kToken: job.first = e.token; break;
+      case engine::EngineEvent::Kind::kToken:
+        job.first = e.token;
+        break;
       case engine::EngineEvent::Kind::kFinished:
         job.state = State::kPushing;
         job.computedAt = steadyNow();
@@ -176,8 +183,10 @@ void PrefillJobs::settle() {
       if (!s.isOk() && job.failed.isOk()) job.failed = s;
       job.inflight.erase(job.inflight.begin() + long(i));
     }
-    if (!job.failed.isOk()) failed.push_back(id);
-    else if (job.state == State::kPushing && job.inflight.empty()) done.push_back(id);
+    if (!job.failed.isOk())
+      failed.push_back(id);
+    else if (job.state == State::kPushing && job.inflight.empty())
+      done.push_back(id);
   }
   for (uint64_t id : done) finish(id);
   for (uint64_t id : failed) end(id, jobs_.at(id).failed, /*reply=*/true);

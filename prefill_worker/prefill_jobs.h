@@ -72,12 +72,12 @@ class PrefillJobs {
     State state = State::kComputing;
     net::ConnectionPtr decode;
     kvt::AgentPeer peer = 0;
-    worker::KvTargetLayout target;      // the connection's (copied: the job may outlive it)
-    worker::KvTargetBlocks blocks;      // the request's own
+    worker::KvTargetLayout target;  // the connection's (copied: the job may outlive it)
+    worker::KvTargetBlocks blocks;  // the request's own
     std::vector<kvt::AgentTransfer> inflight;
     int pushedTokens = 0;  // prompt tokens whose KV was posted for every layer
     std::optional<engine::SampledToken> first;
-    Status failed;         // the first failure; the job ends FAILED at the next settle()
+    Status failed;  // the first failure; the job ends FAILED at the next settle()
     worker::WorkerLoop::TimerId deadlineTimer = 0;
     SteadyTime received;
     std::optional<SteadyTime> computedAt;
@@ -96,7 +96,7 @@ class PrefillJobs {
 
   void reject(const net::ConnectionPtr& decode, uint64_t id, const Status& why);
   void sendCancelAck(const net::ConnectionPtr& decode, uint64_t id);
-  void finish(uint64_t id);                        // DONE
+  void finish(uint64_t id);  // DONE
   // FAILED (reply) or ENDED; ackTo: the connection to acknowledge a Cancel on.
   void end(uint64_t id, const Status& why, bool reply, net::ConnectionPtr ackTo = nullptr);
 

@@ -18,10 +18,14 @@ class PrefillRole final : public worker::RolePolicy {
   // I/O threads: a decode worker's frame, posted to the loop.
   void onDecodeMessage(const net::ConnectionPtr& c, proto::Envelope&& env) {
     switch (env.body_case()) {
-      case proto::Envelope::kKvConnect: return jobs_.connect(c, env.kv_connect());
-      case proto::Envelope::kPrefillRequest: return jobs_.accept(c, env.prefill_request());
-      case proto::Envelope::kCancel: return jobs_.cancel(c, env.cancel().request_id());
-      default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << c->remoteAddress();
+      case proto::Envelope::kKvConnect:
+        return jobs_.connect(c, env.kv_connect());
+      case proto::Envelope::kPrefillRequest:
+        return jobs_.accept(c, env.prefill_request());
+      case proto::Envelope::kCancel:
+        return jobs_.cancel(c, env.cancel().request_id());
+      default:
+        PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << c->remoteAddress();
     }
   }
   void onDecodeClosed(const net::ConnectionPtr& c, const Status& why) { jobs_.dropConnection(c, why); }
@@ -75,8 +79,7 @@ class PrefillServiceImpl final : public PrefillService {
     cb.onClose = [this](const net::ConnectionPtr& c, const Status& why) {
       loop_.post([this, c, why] { role_.onDecodeClosed(c, why); });
     };
-    PD_ASSIGN_OR_RETURN(server_, net::FramedServer::listen(loop_.io(), loop_.bindHost(), flags.port,
-                                                           opts, cb));
+    PD_ASSIGN_OR_RETURN(server_, net::FramedServer::listen(loop_.io(), loop_.bindHost(), flags.port, opts, cb));
     proto::Hello hello = opts.hello;
     hello.set_address(flags.advertiseHost + ":" + std::to_string(server_->port()));
     loop_.run(role_, std::move(hello));
@@ -105,10 +108,11 @@ class PrefillServiceImpl final : public PrefillService {
 }  // namespace
 
 Result<std::unique_ptr<PrefillService>> PrefillService::create(config::ClusterConfig config, worker::WorkerFlags flags,
-                                                     std::shared_ptr<const engine::ModelWeights> weights) {
+                                                               std::shared_ptr<const engine::ModelWeights> weights) {
   if (!flags.modelPath.empty()) config.model.path = flags.modelPath;
   PD_ASSIGN_OR_RETURN(auto bundle, worker::buildEngine(config, /*releaseKvOnFinish=*/false, std::move(weights)));
-  return std::unique_ptr<PrefillService>(new PrefillServiceImpl(std::move(config), std::move(flags), std::move(bundle)));
+  return std::unique_ptr<PrefillService>(
+      new PrefillServiceImpl(std::move(config), std::move(flags), std::move(bundle)));
 }
 
 }  // namespace pd::prefill

@@ -1,4 +1,4 @@
-// The prefill worker (`pdserve-prefill`, DESIGN.md §1 steps 2-4): decode workers dial its
+// The prefill worker (`pdserve-prefill`, docs/design.md §1 steps 2-4): decode workers dial its
 // control port, run the kvtransfer exchange (KvConnect) and send PrefillRequests naming their
 // reserved blocks. The prefill role plugged into the WorkerLoop batches the prompts under its
 // token budget with chunked prefill, pushes each layer's KV into the target blocks as soon as
@@ -21,7 +21,7 @@ class PrefillService : public worker::Service {
  public:
   // `weights`: see worker::buildEngine's `preloaded` (null: load config.model.path).
   static Result<std::unique_ptr<PrefillService>> create(config::ClusterConfig config, worker::WorkerFlags flags,
-                                                    std::shared_ptr<const engine::ModelWeights> weights = nullptr);
+                                                        std::shared_ptr<const engine::ModelWeights> weights = nullptr);
   virtual int controlPort() const = 0;
 };
 

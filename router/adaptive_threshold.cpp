@@ -11,8 +11,7 @@ AdaptiveThreshold::AdaptiveThreshold(int64_t base)
       max_(int64_t(std::ceil(double(base_) * kRange))),
       value_(base_) {}
 
-int64_t AdaptiveThreshold::update(const PoolPressure& prefill, const PoolPressure& decode,
-                                  std::string* reason) {
+int64_t AdaptiveThreshold::update(const PoolPressure& prefill, const PoolPressure& decode, std::string* reason) {
   if (!prefill.enoughSamples || !decode.enoughSamples) {
     *reason = "hold: too few samples in a pool's window";
     return value_;

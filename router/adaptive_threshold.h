@@ -1,4 +1,4 @@
-// router::AdaptiveThreshold (DESIGN.md §6, "an adaptive threshold driven by both pools' SLO
+// router::AdaptiveThreshold (docs/design.md §6, "an adaptive threshold driven by both pools' SLO
 // headroom"): moves short_prompt_tokens between the pools' SLO windows. Prompts at or under
 // the threshold are prefilled on the decode pool (colocated), longer ones on the prefill
 // pool, so the threshold decides how prefill work is split between the two.

@@ -58,17 +58,16 @@ AdmissionVerdict admitDecode(const WorkerView& w, double itlTargetS, double scal
   return v;
 }
 
-AdmissionDecision AdmissionControl::decide(RoutePlan& plan, const WorkerView& prefilling,
-                                           const WorkerView& decoding, int64_t promptTokens,
-                                           const RoutingPolicy& policy) const {
+AdmissionDecision AdmissionControl::decide(RoutePlan& plan, const WorkerView& prefilling, const WorkerView& decoding,
+                                           int64_t promptTokens, const RoutingPolicy& policy) const {
   AdmissionDecision d;
   d.verdict = admitPrefill(prefilling, promptTokens - plan.cachedTokens, targets_.ttftS, ttftScale(plan.route));
   // The prefill pool cannot serve it in time: its decode worker may, if its SLO-sized chunks
   // keep the streams there within their ITL (docs/serving.md "Overload").
   if (!d.verdict.admit && plan.route == Route::kDisaggregated && targets_.overflowToDecode &&
       policy.fitsBesideStreams(decoding)) {
-    const AdmissionVerdict there = admitOverflow(decoding, promptTokens - decoding.cachedTokens, targets_.ttftS,
-                                                 ttftScale(Route::kColocated));
+    const AdmissionVerdict there =
+        admitOverflow(decoding, promptTokens - decoding.cachedTokens, targets_.ttftS, ttftScale(Route::kColocated));
     if (there.admit) {
       plan = RoutingPolicy::colocatedOn(decoding, "prefill_overflow");
       d.verdict = there;

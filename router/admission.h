@@ -1,4 +1,4 @@
-// Overload shedding (issue 12; docs/serving.md, "Overload"). A request is refused with 429
+// Overload shedding (docs/serving.md, "Overload"). A request is refused with 429
 // and Retry-After when the router predicts it would miss its SLO and, by being admitted,
 // push the requests behind it past theirs too: so the admitted requests keep their SLO and
 // the refused ones learn when to come back.
@@ -35,8 +35,7 @@ struct AdmissionVerdict {
 // target allows is admitted when the worker is idle). A worker whose rate is not measured
 // yet (no prefill since it started) is never shed against: there is nothing to predict from.
 // `scale` multiplies the prediction before it is compared (PercentileScale).
-AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens, double ttftTargetS,
-                              double scale = 1);
+AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens, double ttftTargetS, double scale = 1);
 
 // The prefill pool's overflow: a prompt that admitPrefill refuses on its prefill worker may be
 // prefilled by its decode worker instead, beside the streams, when the caller knows that
@@ -48,8 +47,7 @@ AdmissionVerdict admitPrefill(const WorkerView& prefilling, int64_t promptTokens
 // got a 15-token prompt behind it shed). Unlike admitPrefill, a prompt that does not fit
 // stays refused with nothing ahead: the prefill pool already said it cannot be served in
 // time, and this worker's streams would pay for trying.
-AdmissionVerdict admitOverflow(const WorkerView& decoding, int64_t promptTokens, double ttftTargetS,
-                               double scale = 1);
+AdmissionVerdict admitOverflow(const WorkerView& decoding, int64_t promptTokens, double ttftTargetS, double scale = 1);
 
 // A prediction multiplier that makes an SLO percentile hold where the prediction alone would
 // not: predictions miss what their inputs do not see (the gaps between engine steps, the
@@ -97,7 +95,7 @@ class TtftCalibration {
   void observe(Route route, double observedS, double predictedS, double ttftTargetS);
 
  private:
-  static constexpr double kStep = 0.05;  // per request
+  static constexpr double kStep = 0.05;    // per request
   std::array<PercentileScale, 2> scales_;  // [Route]
 };
 
@@ -118,7 +116,7 @@ AdmissionVerdict admitDecode(const WorkerView& decoding, double itlTargetS, doub
 // (tools/plan/cluster_sim.h) both run it, so a plan sheds what the router would.
 // Pure state; the caller serialises (the router loop's strand).
 struct AdmissionTargets {
-  double ttftS = 1, ttftPercentile = 99;  // pools.prefill.slo
+  double ttftS = 1, ttftPercentile = 99;   // pools.prefill.slo
   double itlS = 0.05, itlPercentile = 99;  // pools.decode.slo
   // engine.slo_sized_prefill_chunks: a prompt the prefill pool refuses may be prefilled by its
   // decode worker beside the streams (admitOverflow), where its chunks keep them within the ITL.

@@ -2,7 +2,6 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-
 #include <strings.h>
 
 namespace pd::router {

@@ -1,4 +1,4 @@
-// API keys as the router holds them (issue 13): SHA-256 hashes only, compared in constant
+// API keys as the router holds them (docs/security.md): SHA-256 hashes only, compared in constant
 // time. A config entry is a key or "sha256:<64 hex>" (`printf %s KEY | sha256sum`); plain
 // keys are hashed when the set is built, so a heap dump or a core file shows no key that
 // this set holds (the caller wipes its own copy of the config).

@@ -314,7 +314,7 @@ void Autoscaler::combine(PoolState& st, const PoolSlo& slo, int hi, bool busy, i
     // A lower target: the capacity model's at the scale-down utilization, or the percentile
     // rule's one fewer where the capacity model knows nothing. A percentile at or near the
     // target (the rule's "hold", or more) vetoes it: the pool is busy at the size it has.
-    int lower = downTarget >= 0 ? downTarget
+    int lower = downTarget >= 0                                           ? downTarget
                 : d.latencyReplicas >= 0 && d.latencyReplicas < d.current ? d.latencyReplicas
                                                                           : -1;
     const bool veto = d.latencyReplicas >= 0 && d.latencyReplicas >= d.current;
@@ -325,7 +325,8 @@ void Autoscaler::combine(PoolState& st, const PoolSlo& slo, int hi, bool busy, i
         st.lowerSince = now;
       }
       const double heldS = secondsOf(now - st.lowerSince);
-      if (now - st.lowerSince >= opt_.scaleDownCooldown && (!st.changed || now - st.lastChange >= opt_.scaleDownCooldown)) {
+      if (now - st.lowerSince >= opt_.scaleDownCooldown &&
+          (!st.changed || now - st.lastChange >= opt_.scaleDownCooldown)) {
         next = std::max(lower, was - std::max(1, opt_.maxStepDown));
         d.reason = "scale down: " + (downTarget >= 0 ? capacityWhy : pct("latency"));
       } else {
@@ -334,10 +335,12 @@ void Autoscaler::combine(PoolState& st, const PoolSlo& slo, int hi, bool busy, i
       }
     } else {
       st.lowering = false;
-      if (veto) d.reason = pct("hold");
+      if (veto)
+        d.reason = pct("hold");
       else if (d.reason.empty())
         d.reason = fmt("hold: %lld samples < %d, no capacity measurement yet", (long long)d.samples, opt_.minSamples);
-      else d.reason = "hold: " + capacityWhy;
+      else
+        d.reason = "hold: " + capacityWhy;
     }
   }
   next = std::clamp(next, lo, hi);

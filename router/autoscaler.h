@@ -1,4 +1,4 @@
-// router::Autoscaler (DESIGN.md §3, §6; docs/serving.md "Autoscaling"): per pool, its SLO,
+// router::Autoscaler (docs/design.md §3, §6; docs/serving.md "Autoscaling"): per pool, its SLO,
 // what its workers report now and a sliding window of observed latencies -> the replicas the
 // pool should have. The router exports the result as pdserve_desired_replicas{pool}; KEDA or
 // an HPA (deploy/k8s) or `pdserve up`'s local actuator (tools/local_actuator.h) acts on it.
@@ -72,14 +72,14 @@ struct AutoscalerOptions {
   double tolerance = 0.1;                   // ratio within (1, 1 + tolerance]: hold
   double scaleDownBelow = 0.5;              // ratio below this: one replica fewer
   // The capacity model.
-  double scaleUpUtilization = 0.8;    // grow when the work needs more than this of the pool
-  double scaleDownUtilization = 0.6;  // shrink only to a size the work fills below this
+  double scaleUpUtilization = 0.8;              // grow when the work needs more than this of the pool
+  double scaleDownUtilization = 0.6;            // shrink only to a size the work fills below this
   std::chrono::milliseconds rateWindow{10000};  // prefill arrivals are averaged over this
   // Pacing.
   std::chrono::milliseconds scaleUpCooldown{10000};    // between two scale-ups
   std::chrono::milliseconds scaleDownCooldown{60000};  // a lower target must hold this long
   std::chrono::milliseconds idleAfter{60000};          // no work this long: the minimum
-  int maxStepUp = 2;    // replicas added per decision at most
+  int maxStepUp = 2;                                   // replicas added per decision at most
   int maxStepDown = 1;  // replicas removed per decision at most (idle goes to min at once)
   // Role moves (router.autoscaler.role_moves): the two pools' max_replicas are one budget of
   // prefill.max + decode.max workers. A pool may grow past its own maximum into the slots the
@@ -120,23 +120,23 @@ struct ScalingDecision {
   int desired = 0;
   int current = 0;
   // The percentile rule.
-  int64_t samples = 0;           // observations in the window
-  double observedSeconds = 0;    // the SLO percentile over the window (0 without samples)
-  double attainment = 1;         // fraction of observations within target (1 without samples)
-  double ratio = 0;              // observedSeconds / target
-  bool enoughSamples = false;    // samples >= minSamples: the percentile means something
-  int latencyReplicas = -1;      // its recommendation (-1: no opinion); decode: the larger of
-                                 // the ITL rule's and the colocated TTFT rule's
-  std::string latencyWhy;        // which percentile, against which target (for the reason)
+  int64_t samples = 0;         // observations in the window
+  double observedSeconds = 0;  // the SLO percentile over the window (0 without samples)
+  double attainment = 1;       // fraction of observations within target (1 without samples)
+  double ratio = 0;            // observedSeconds / target
+  bool enoughSamples = false;  // samples >= minSamples: the percentile means something
+  int latencyReplicas = -1;    // its recommendation (-1: no opinion); decode: the larger of
+                               // the ITL rule's and the colocated TTFT rule's
+  std::string latencyWhy;      // which percentile, against which target (for the reason)
   // The capacity model (-1 / 0 where it has no opinion yet; demand is always filled in).
-  int capacityReplicas = -1;     // the need at scaleUpUtilization
-  double demand = 0;             // prefill: tokens/s to serve (Q / T + A); decode: streams
-  double workerCapacity = 0;     // prefill: measured tokens/s per worker; decode: streams per
-                                 // worker within the ITL target at scaleUpUtilization
-  double predictedSeconds = 0;   // prefill: Q / (current x r), the queue's TTFT share;
-                                 // decode: the step time at streams / current per worker
-  double idleSeconds = 0;        // how long the pool has had no work
-  std::string reason;            // "capacity: 9 streams / 4 per worker", "idle 61 s", ...
+  int capacityReplicas = -1;    // the need at scaleUpUtilization
+  double demand = 0;            // prefill: tokens/s to serve (Q / T + A); decode: streams
+  double workerCapacity = 0;    // prefill: measured tokens/s per worker; decode: streams per
+                                // worker within the ITL target at scaleUpUtilization
+  double predictedSeconds = 0;  // prefill: Q / (current x r), the queue's TTFT share;
+                                // decode: the step time at streams / current per worker
+  double idleSeconds = 0;       // how long the pool has had no work
+  std::string reason;           // "capacity: 9 streams / 4 per worker", "idle 61 s", ...
 };
 
 // Latencies over a sliding window, as a ring of log-bucketed histograms.
@@ -194,16 +194,15 @@ class Autoscaler {
   // own maximum gets the budget's slots the other pool's recommendation leaves (never one the
   // other pool wants to keep); without, exactly decidePrefill then decideDecode.
   std::pair<ScalingDecision, ScalingDecision> decide(int prefillReplicas, const PoolLoad& prefillLoad,
-                                                     int decodeReplicas, const PoolLoad& decodeLoad,
-                                                     SteadyTime now);
+                                                     int decodeReplicas, const PoolLoad& decodeLoad, SteadyTime now);
 
  private:
   struct PoolState {
-    int desired = -1;             // the last recommendation (-1: none yet)
-    SteadyTime lastBusy{};        // the last time the pool had work
-    SteadyTime lastChange{};      // the last change of recommendation
-    SteadyTime lastUp{};          // the last scale-up
-    SteadyTime lowerSince{};      // since when a lower target has held (valid when lowering)
+    int desired = -1;         // the last recommendation (-1: none yet)
+    SteadyTime lastBusy{};    // the last time the pool had work
+    SteadyTime lastChange{};  // the last change of recommendation
+    SteadyTime lastUp{};      // the last scale-up
+    SteadyTime lowerSince{};  // since when a lower target has held (valid when lowering)
     bool lowering = false;
     bool started = false;
     bool changed = false;  // lastChange is set
@@ -226,7 +225,7 @@ class Autoscaler {
   PoolSlo prefill_, decode_;
   AutoscalerOptions opt_;
   LatencyWindow ttft_, itl_;
-  LatencyWindow colocatedTtft_;  // the decode pool's prompts' TTFTs
+  LatencyWindow colocatedTtft_;                                 // the decode pool's prompts' TTFTs
   std::deque<std::pair<SteadyTime, int64_t>> prefillArrivals_;  // within rateWindow
   SteadyTime lastDecodeArrival_{};
   bool anyDecodeArrival_ = false;

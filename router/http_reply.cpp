@@ -20,7 +20,9 @@ ApiError apiErrorFor(const Status& s) {
   e.message = s.message();
   switch (s.code()) {
     case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange: e.status = 400; break;
+    case StatusCode::kOutOfRange:
+      e.status = 400;
+      break;
     case StatusCode::kResourceExhausted:
       e.status = 429;
       e.type = "rate_limit_exceeded";

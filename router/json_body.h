@@ -1,4 +1,4 @@
-// Parsing an untrusted JSON request body (issue 13): the one entry point every router
+// Parsing an untrusted JSON request body (docs/security.md): the one entry point every router
 // endpoint uses, so that nesting depth and error-message size are bounded everywhere.
 //
 // Why a pre-scan: nlohmann::json parses iteratively, but dump(), comparisons and the

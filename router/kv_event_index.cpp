@@ -23,7 +23,8 @@ void KvEventIndex::applyEvents(WorkerState& w, const proto::KvEventBatch& batch)
       case proto::KvEvent::ALL_BLOCKS_CLEARED:
         w.blocks.clear();
         break;
-      default: break;  // a kind this router does not know: newer workers add only kinds it may skip
+      default:
+        break;  // a kind this router does not know: newer workers add only kinds it may skip
     }
   }
 }
@@ -36,8 +37,8 @@ KvEventIndex::Applied KvEventIndex::apply(const std::string& worker, const proto
   auto it = workers_.find(worker);
   if (it == workers_.end()) return Applied::kIgnored;
   WorkerState& w = it->second;
-  const bool startsSnapshot = batch.snapshot() && batch.events_size() > 0 &&
-                              batch.events(0).kind() == proto::KvEvent::ALL_BLOCKS_CLEARED;
+  const bool startsSnapshot =
+      batch.snapshot() && batch.events_size() > 0 && batch.events(0).kind() == proto::KvEvent::ALL_BLOCKS_CLEARED;
   if (startsSnapshot) {
     if (w.synced && batch.seq() < w.seq) return Applied::kIgnored;  // an old answer; we are past it
     w.synced = true;
@@ -65,8 +66,10 @@ void KvEventIndex::noteReportedSeq(const std::string& worker, uint64_t seq, Stea
   if (it == workers_.end()) return;
   WorkerState& w = it->second;
   w.reportedSeq = std::max(w.reportedSeq, seq);
-  if (w.seq >= w.reportedSeq) caughtUp(w);
-  else if (!w.behindSince) w.behindSince = now;
+  if (w.seq >= w.reportedSeq)
+    caughtUp(w);
+  else if (!w.behindSince)
+    w.behindSince = now;
 }
 
 bool KvEventIndex::current(const std::string& worker, SteadyTime now) const {

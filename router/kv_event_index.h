@@ -62,9 +62,9 @@ class KvEventIndex {
   struct WorkerState {
     std::unordered_set<uint64_t> blocks;
     bool synced = false;
-    uint64_t seq = 0;                        // last batch applied
-    uint64_t reportedSeq = 0;                // the worker's, from its last load report
-    std::optional<SteadyTime> behindSince;   // reportedSeq > seq since then
+    uint64_t seq = 0;                       // last batch applied
+    uint64_t reportedSeq = 0;               // the worker's, from its last load report
+    std::optional<SteadyTime> behindSince;  // reportedSeq > seq since then
     std::optional<SteadyTime> resyncAskedAt;
   };
   void applyEvents(WorkerState& w, const proto::KvEventBatch& batch);

@@ -41,10 +41,14 @@ int main(int argc, char** argv) {
     }
     if (i + 1 >= argc) return usageError(arg + ": missing value (see --help)");
     std::string value = argv[++i];
-    if (arg == "--config") configPath = value;
-    else if (arg == "--host") host = value;
-    else if (arg == "--model") modelPath = value;
-    else if (arg == "--ports-file") portsFile = value;
+    if (arg == "--config")
+      configPath = value;
+    else if (arg == "--host")
+      host = value;
+    else if (arg == "--model")
+      modelPath = value;
+    else if (arg == "--ports-file")
+      portsFile = value;
     else if (arg == "--port" || arg == "--control-port") {
       char* end = nullptr;
       long v = std::strtol(value.c_str(), &end, 10);
@@ -62,8 +66,8 @@ int main(int argc, char** argv) {
   pd::router::wipeSecrets(&config->router.apiKeys);  // the service keeps their hashes only
   pd::Status started = service.ok() ? service.value()->start() : service.status();
   if (started.isOk() && !portsFile.empty()) {
-    started = pd::writePortsFile(portsFile, {{"http", service.value()->httpPort()},
-                                             {"control", service.value()->controlPort()}});
+    started = pd::writePortsFile(portsFile,
+                                 {{"http", service.value()->httpPort()}, {"control", service.value()->controlPort()}});
   }
   if (!started.isOk()) {
     std::fprintf(stderr, "pdserve-router: %s\n", started.toString().c_str());

@@ -45,13 +45,20 @@ using MaybeError = std::optional<ApiError>;
 
 const char* typeName(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a number";
-    default: return "an integer";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an integer";
   }
 }
 
@@ -70,9 +77,9 @@ MaybeError readNumber(const json& body, const char* field, double lo, double hi,
   if (!v.is_number()) return wrongType(field, "a number", v);
   double d = v.get<double>();
   if (!(d >= lo && d <= hi) || !std::isfinite(d)) {
-    return badRequest(std::string(field) + ": " + v.dump() + " is out of range [" +
-                          json(lo).dump() + ", " + json(hi).dump() + "]",
-                      field);
+    return badRequest(
+        std::string(field) + ": " + v.dump() + " is out of range [" + json(lo).dump() + ", " + json(hi).dump() + "]",
+        field);
   }
   *out = static_cast<float>(d);
   return std::nullopt;
@@ -83,12 +90,10 @@ MaybeError readInt(const json& body, const char* field, int64_t lo, int64_t hi, 
   if (!present(body, field)) return std::nullopt;
   const json& v = body[field];
   if (!v.is_number_integer()) return wrongType(field, "an integer", v);
-  int64_t i = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)
-                  ? INT64_MAX
-                  : v.get<int64_t>();
+  int64_t i = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
   if (i < lo || i > hi) {
-    return badRequest(std::string(field) + ": " + v.dump() + " is out of range [" +
-                          std::to_string(lo) + ", " + std::to_string(hi) + "]",
+    return badRequest(std::string(field) + ": " + v.dump() + " is out of range [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "]",
                       field);
   }
   *out = static_cast<Int>(i);
@@ -107,10 +112,8 @@ MaybeError readTokenIds(const json& v, const std::string& field, std::vector<int
   out->clear();
   for (size_t i = 0; i < v.size(); ++i) {
     const json& t = v[i];
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return badRequest(field + "[" + std::to_string(i) + "]: expected a token id (integer >= 0)",
-                        field);
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return badRequest(field + "[" + std::to_string(i) + "]: expected a token id (integer >= 0)", field);
     }
     out->push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
@@ -134,9 +137,9 @@ MaybeError readPrompt(const json& body, GenerationRequest* r) {
   }
   // A batch of prompts: accepted in its one-element form only.
   if (p.size() != 1) {
-    return badRequest("prompt: a batch of " + std::to_string(p.size()) +
-                          " prompts is not supported; send one prompt per request",
-                      "prompt");
+    return badRequest(
+        "prompt: a batch of " + std::to_string(p.size()) + " prompts is not supported; send one prompt per request",
+        "prompt");
   }
   if (p[0].is_string()) {
     r->promptText = p[0].get<std::string>();
@@ -166,11 +169,11 @@ MaybeError readMessages(const json& body, GenerationRequest* r) {
     }
     ChatMessage cm;
     cm.role = msg["role"].get<std::string>();
-    if (cm.role != "system" && cm.role != "developer" && cm.role != "user" &&
-        cm.role != "assistant" && cm.role != "tool") {
-      return badRequest(at + ".role: '" + quoteForMessage(cm.role) +
-                            "' is not one of system, developer, user, assistant, tool",
-                        "messages");
+    if (cm.role != "system" && cm.role != "developer" && cm.role != "user" && cm.role != "assistant" &&
+        cm.role != "tool") {
+      return badRequest(
+          at + ".role: '" + quoteForMessage(cm.role) + "' is not one of system, developer, user, assistant, tool",
+          "messages");
     }
     auto content = msg.find("content");
     if (content == msg.end() || content->is_null()) {
@@ -229,15 +232,34 @@ MaybeError readStop(const json& body, const ApiLimits& limits, GenerationRequest
 // The fields each endpoint implements. Anything else that is not null is refused by name:
 // a field pdserve does not implement must never be accepted and ignored (a wrong answer with a
 // 200). docs/serving.md "API fields" lists them, and what the metadata fields mean here.
-constexpr std::string_view kBothFields[] = {
-    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-    "seed", "ignore_eos", "stop", "stop_token_ids", "n", "stream", "stream_options",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
-    "response_format", "user", "metadata", "store", "service_tier", "return_token_ids",
-    "split_special_tokens"};
+constexpr std::string_view kBothFields[] = {"model",
+                                            "max_tokens",
+                                            "max_completion_tokens",
+                                            "temperature",
+                                            "top_p",
+                                            "top_k",
+                                            "min_p",
+                                            "seed",
+                                            "ignore_eos",
+                                            "stop",
+                                            "stop_token_ids",
+                                            "n",
+                                            "stream",
+                                            "stream_options",
+                                            "presence_penalty",
+                                            "frequency_penalty",
+                                            "repetition_penalty",
+                                            "logit_bias",
+                                            "min_tokens",
+                                            "response_format",
+                                            "user",
+                                            "metadata",
+                                            "store",
+                                            "service_tier",
+                                            "return_token_ids",
+                                            "split_special_tokens"};
 constexpr std::string_view kCompletionsFields[] = {"prompt", "logprobs", "echo", "best_of"};
-constexpr std::string_view kChatFields[] = {"messages", "add_generation_prompt", "logprobs",
-                                            "top_logprobs"};
+constexpr std::string_view kChatFields[] = {"messages", "add_generation_prompt", "logprobs", "top_logprobs"};
 
 bool listed(std::span<const std::string_view> fields, const std::string& name) {
   return std::find(fields.begin(), fields.end(), name) != fields.end();
@@ -274,7 +296,7 @@ MaybeError readMetadataFields(const json& body) {
     if (!t.is_string()) return wrongType("service_tier", "a string", t);
     if (t != "auto" && t != "default") {
       return notSupported("service_tier", ": '" + quoteForMessage(t.get<std::string>()) +
-                                               "' (only \"auto\" and \"default\": there is one tier)");
+                                              "' (only \"auto\" and \"default\": there is one tier)");
     }
   }
   return std::nullopt;
@@ -304,9 +326,9 @@ MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRe
   const json& b = body["logit_bias"];
   if (!b.is_object()) return wrongType("logit_bias", "an object of token id -> bias", b);
   if (int64_t(b.size()) > limits.maxLogitBias) {
-    return badRequest("logit_bias: at most " + std::to_string(limits.maxLogitBias) + " entries, got " +
-                          std::to_string(b.size()),
-                      "logit_bias");
+    return badRequest(
+        "logit_bias: at most " + std::to_string(limits.maxLogitBias) + " entries, got " + std::to_string(b.size()),
+        "logit_bias");
   }
   for (const auto& [key, value] : b.items()) {
     // Decimal digits only, as the key of a token id (no sign, no spaces, no leading zero, so
@@ -319,16 +341,14 @@ MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRe
     if (!value.is_number()) return wrongType("logit_bias[" + key + "]", "a number", value);
     const double bias = value.get<double>();
     if (!(bias >= -100.0 && bias <= 100.0)) {
-      return badRequest("logit_bias[" + key + "]: " + value.dump() + " is out of range [-100, 100]",
-                        "logit_bias");
+      return badRequest("logit_bias[" + key + "]: " + value.dump() + " is out of range [-100, 100]", "logit_bias");
     }
     r->logitBias.emplace_back(std::stoi(key), float(bias));
   }
   return std::nullopt;
 }
 
-MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limits,
-                      GenerationRequest* r) {
+MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limits, GenerationRequest* r) {
   if (auto e = refuseUnknownFields(body, endpoint)) return e;
   if (auto e = readMetadataFields(body)) return e;
   if (auto e = readResponseFormat(body)) return e;
@@ -387,8 +407,9 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
     int bestOf = 1;
     if (auto e = readInt(body, "best_of", 1, limits.maxN, &bestOf)) return e;
     if (bestOf != r->n) {
-      return badRequest("best_of: " + std::to_string(bestOf) + " is not supported by pdserve (only best_of equal to n, " +
-                            std::to_string(r->n) + ": candidates are not ranked)",
+      return badRequest("best_of: " + std::to_string(bestOf) +
+                            " is not supported by pdserve (only best_of equal to n, " + std::to_string(r->n) +
+                            ": candidates are not ranked)",
                         "best_of");
     }
   }
@@ -447,17 +468,13 @@ json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& lps, size_
         return b;
       };
       json top = json::array();
-      for (const auto& [tok, p] : lp.top)
-        top.push_back({{"token", tok}, {"logprob", p}, {"bytes", bytesOf(tok)}});
-      content.push_back({{"token", lp.token},
-                         {"logprob", lp.logprob},
-                         {"bytes", bytesOf(lp.token)},
-                         {"top_logprobs", top}});
+      for (const auto& [tok, p] : lp.top) top.push_back({{"token", tok}, {"logprob", p}, {"bytes", bytesOf(tok)}});
+      content.push_back(
+          {{"token", lp.token}, {"logprob", lp.logprob}, {"bytes", bytesOf(lp.token)}, {"top_logprobs", top}});
     }
     return json{{"content", content}, {"refusal", nullptr}};
   }
-  json tokens = json::array(), tokenLogprobs = json::array(), top = json::array(),
-       offsets = json::array();
+  json tokens = json::array(), tokenLogprobs = json::array(), top = json::array(), offsets = json::array();
   size_t offset = textOffset;
   for (const auto& lp : lps) {
     tokens.push_back(lp.token);
@@ -475,20 +492,14 @@ json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& lps, size_
     offsets.push_back(offset);
     offset += lp.token.size();
   }
-  return json{{"tokens", tokens},
-              {"token_logprobs", tokenLogprobs},
-              {"top_logprobs", top},
-              {"text_offset", offsets}};
+  return json{{"tokens", tokens}, {"token_logprobs", tokenLogprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
-json finishJson(const std::optional<std::string>& reason) {
-  return reason ? json(*reason) : json(nullptr);
-}
+json finishJson(const std::optional<std::string>& reason) { return reason ? json(*reason) : json(nullptr); }
 
 }  // namespace
 
-ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint,
-                                   const ApiLimits& limits) {
+ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint, const ApiLimits& limits) {
   auto body_ = parseJsonBody(body);
   if (auto* e = std::get_if<ApiError>(&body_)) return *e;
   const json& parsed = std::get<json>(body_);
@@ -506,8 +517,7 @@ json Usage::toJson() const {
   return j;
 }
 
-json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta& d,
-                 bool wantLogprobs) {
+json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta& d, bool wantLogprobs) {
   json choice{{"index", d.index}};
   if (endpoint == Endpoint::kChat) {
     json delta = json::object();
@@ -517,8 +527,7 @@ json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta&
   } else {
     choice["text"] = d.text;
   }
-  choice["logprobs"] =
-      wantLogprobs && !d.logprobs.empty() ? logprobsJson(endpoint, d.logprobs, 0) : json(nullptr);
+  choice["logprobs"] = wantLogprobs && !d.logprobs.empty() ? logprobsJson(endpoint, d.logprobs, 0) : json(nullptr);
   choice["finish_reason"] = finishJson(d.finishReason);
   if (d.tokenIds) choice["token_ids"] = *d.tokenIds;
   return json{{"id", meta.id},
@@ -537,8 +546,8 @@ json usageChunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage)
               {"usage", usage.toJson()}};
 }
 
-json fullResponse(Endpoint endpoint, const ResponseMeta& meta,
-                  const std::vector<ChoiceDelta>& choices, const Usage& usage, bool wantLogprobs) {
+json fullResponse(Endpoint endpoint, const ResponseMeta& meta, const std::vector<ChoiceDelta>& choices,
+                  const Usage& usage, bool wantLogprobs) {
   json out = json::array();
   for (const auto& c : choices) {
     json choice{{"index", c.index}};
@@ -552,12 +561,10 @@ json fullResponse(Endpoint endpoint, const ResponseMeta& meta,
     if (c.tokenIds) choice["token_ids"] = *c.tokenIds;
     out.push_back(choice);
   }
-  return json{{"id", meta.id},
-              {"object", endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
-              {"created", meta.created},
-              {"model", meta.model},
-              {"choices", out},
-              {"usage", usage.toJson()}};
+  return json{
+      {"id", meta.id},           {"object", endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
+      {"created", meta.created}, {"model", meta.model},
+      {"choices", out},          {"usage", usage.toJson()}};
 }
 
 std::string sseEvent(const json& j) {

@@ -22,9 +22,9 @@ struct ApiError {
   int status = 400;
   std::string type = "invalid_request_error";  // OpenAI's string type
   std::string message;
-  std::optional<std::string> param;             // the offending field, when there is one
-  std::optional<std::string> code;              // "model_not_found", "context_length_exceeded"
-  std::optional<int> retryAfterS;               // 429/503: the Retry-After header (default 1)
+  std::optional<std::string> param;  // the offending field, when there is one
+  std::optional<std::string> code;   // "model_not_found", "context_length_exceeded"
+  std::optional<int> retryAfterS;    // 429/503: the Retry-After header (default 1)
 
   nlohmann::json toJson() const;  // {"error":{"message","type","param","code"}}
 };
@@ -60,11 +60,11 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stopTokenIds;
   // Logits processors (engine/logits_processors.h has the definitions).
-  float presencePenalty = 0.0f;    // [-2, 2]
-  float frequencyPenalty = 0.0f;   // [-2, 2]
-  float repetitionPenalty = 1.0f;  // (0, 2]
+  float presencePenalty = 0.0f;                      // [-2, 2]
+  float frequencyPenalty = 0.0f;                     // [-2, 2]
+  float repetitionPenalty = 1.0f;                    // (0, 2]
   std::vector<std::pair<int32_t, float>> logitBias;  // ids checked against the vocabulary later
-  int minTokens = 0;               // <= max_tokens (checked once max_tokens is known)
+  int minTokens = 0;                                 // <= max_tokens (checked once max_tokens is known)
   int n = 1;
   bool stream = false;
   bool includeUsage = false;
@@ -94,8 +94,7 @@ using ParseResult = std::variant<GenerationRequest, ApiError>;
 // the fields pdserve implements (docs/serving.md "API fields"): any other field that is not
 // null is a 400 naming it ("<field>: not supported by pdserve"), never silently ignored; known
 // fields with a wrong type or range are a 400 naming the field.
-ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint,
-                                   const ApiLimits& limits = {});
+ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint, const ApiLimits& limits = {});
 
 // ---- Responses ---------------------------------------------------------------------------
 
@@ -122,9 +121,9 @@ struct Usage {
 struct ChoiceDelta {
   int index = 0;
   std::string text;
-  std::vector<TokenLogprob> logprobs;          // one per token in `text`, when requested
-  std::optional<std::string> finishReason;     // "stop" | "length" | "abort" | "error"
-  bool first = false;                          // chat: carries delta.role
+  std::vector<TokenLogprob> logprobs;            // one per token in `text`, when requested
+  std::optional<std::string> finishReason;       // "stop" | "length" | "abort" | "error"
+  bool first = false;                            // chat: carries delta.role
   std::optional<std::vector<int32_t>> tokenIds;  // return_token_ids: the ids behind `text`
 };
 
@@ -135,14 +134,12 @@ struct ResponseMeta {
 };
 
 // A streamed chunk's JSON (object "text_completion" or "chat.completion.chunk").
-nlohmann::json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta& delta,
-                           bool wantLogprobs);
+nlohmann::json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta& delta, bool wantLogprobs);
 // The usage-only chunk sent before [DONE] when stream_options.include_usage is set.
 nlohmann::json usageChunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage);
 // A whole non-streamed response; `choices` hold each choice's full text and logprobs.
-nlohmann::json fullResponse(Endpoint endpoint, const ResponseMeta& meta,
-                            const std::vector<ChoiceDelta>& choices, const Usage& usage,
-                            bool wantLogprobs);
+nlohmann::json fullResponse(Endpoint endpoint, const ResponseMeta& meta, const std::vector<ChoiceDelta>& choices,
+                            const Usage& usage, bool wantLogprobs);
 
 // "data: <compact json>\n\n"
 std::string sseEvent(const nlohmann::json& j);

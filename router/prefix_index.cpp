@@ -13,8 +13,7 @@ int64_t PrefixIndex::cachedTokens(const std::string& worker, std::span<const uin
   return it == workers_.end() ? 0 : leadingCachedTokens(it->second.where, hashes, blockSize_);
 }
 
-void PrefixIndex::record(const std::string& worker, std::span<const uint64_t> hashes,
-                         int64_t capacityBlocks) {
+void PrefixIndex::record(const std::string& worker, std::span<const uint64_t> hashes, int64_t capacityBlocks) {
   if (hashes.empty()) return;
   WorkerBlocks& w = workers_[worker];
   // Later blocks are touched first, so a prefix's head ends up most recent: evicting from

@@ -1,7 +1,7 @@
 // router::PrefixIndex: which prompt prefixes each worker probably holds in its KV prefix
 // cache, predicted from what the router sent it (workers do not publish their caches). The
 // routing policy uses it to send a prompt where its prefix already is, and to route on the
-// UNCACHED length (DESIGN.md §6): a long prompt whose prefix a decode worker holds is short
+// UNCACHED length (docs/design.md §6): a long prompt whose prefix a decode worker holds is short
 // work for that worker.
 //
 // A prompt is cut into full blocks of the workers' block size; block i is named by a hash

@@ -75,8 +75,8 @@ RateLimiter::Decision RateLimiter::admitRequest(const std::string& client) {
   d.ok = false;
   d.limit = "requests_per_s";
   d.retryAfterS = got.retryAfterS;
-  d.message = "Rate limit reached: router.rate_limits.requests_per_s is " + number(config_.requestsPerS) +
-              " (burst " + std::to_string(int64_t(requestBurst())) + ") for this API key; retry in " +
+  d.message = "Rate limit reached: router.rate_limits.requests_per_s is " + number(config_.requestsPerS) + " (burst " +
+              std::to_string(int64_t(requestBurst())) + ") for this API key; retry in " +
               std::to_string(got.retryAfterS) + " s.";
   return d;
 }
@@ -91,8 +91,8 @@ RateLimiter::Decision RateLimiter::admitTokens(const std::string& client, int64_
   d.ok = false;
   d.limit = "tokens_per_s";
   d.retryAfterS = got.retryAfterS;
-  d.message = "Rate limit reached: router.rate_limits.tokens_per_s is " + number(config_.tokensPerS) +
-              " (burst " + std::to_string(int64_t(tokenBurst())) + ") for this API key; this request needs " +
+  d.message = "Rate limit reached: router.rate_limits.tokens_per_s is " + number(config_.tokensPerS) + " (burst " +
+              std::to_string(int64_t(tokenBurst())) + ") for this API key; this request needs " +
               std::to_string(tokens) + " tokens (prompt + max_tokens); retry in " + std::to_string(got.retryAfterS) +
               " s.";
   return d;

@@ -1,4 +1,4 @@
-// Per-client rate limits (issue 13): a token bucket on requests/s and one on tokens/s for
+// Per-client rate limits (docs/security.md): a token bucket on requests/s and one on tokens/s for
 // each API key (for each client address when the router has no keys).
 //
 // What a request costs in tokens: its prompt tokens plus its max_tokens, charged when it is
@@ -26,7 +26,8 @@ namespace pd::router {
 
 class TokenBucket {
  public:
-  TokenBucket(double ratePerS, double burst, SteadyTime now) : rate_(ratePerS), burst_(burst), level_(burst), last_(now) {}
+  TokenBucket(double ratePerS, double burst, SteadyTime now)
+      : rate_(ratePerS), burst_(burst), level_(burst), last_(now) {}
 
   struct Outcome {
     bool ok = true;

@@ -13,7 +13,7 @@ RequestParser::RequestParser(std::shared_ptr<const tok::Tokenizer> tokenizer, st
     : tokenizer_(std::move(tokenizer)), chat_(std::move(chat)), limits_(std::move(limits)) {}
 
 Result<std::vector<int32_t>> RequestParser::encodePrompt(const std::string& text, bool addSpecialTokens,
-                                                       bool splitSpecialTokens) const {
+                                                         bool splitSpecialTokens) const {
   const tok::TextRange all{0, text.size()};
   return tokenizer_->encode(text, addSpecialTokens,
                             splitSpecialTokens ? std::span(&all, 1) : std::span<const tok::TextRange>());
@@ -44,9 +44,9 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
   if (req.promptIds) {
     for (int32_t id : *req.promptIds)
       if (id >= limits_.vocab)
-        return badRequest("prompt: token id " + std::to_string(id) + " is outside the vocabulary of " +
-                              std::to_string(limits_.vocab),
-                          "prompt");
+        return badRequest(
+            "prompt: token id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(limits_.vocab),
+            "prompt");
     if (req.echo) *text = tokenizer_->decode(*req.promptIds);
     return *req.promptIds;
   }
@@ -56,8 +56,7 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
   return ids.value();
 }
 
-std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::string& body,
-                                                                      Endpoint endpoint) const {
+std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::string& body, Endpoint endpoint) const {
   auto parsed = parseGenerationRequest(body, endpoint);
   if (auto* e = std::get_if<ApiError>(&parsed)) return Rejection{*e, e->type};
   ParsedGenerate out;
@@ -82,7 +81,7 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
     return Rejection{e, "context_length_exceeded"};
   }
   if (out.prompt.empty()) return Rejection{badRequest("prompt: must not be empty", "prompt"), ""};
-  int maxTokens = out.req.maxTokens                  ? *out.req.maxTokens
+  int maxTokens = out.req.maxTokens                    ? *out.req.maxTokens
                   : endpoint == Endpoint::kCompletions ? 16
                                                        : int(maxModelLen - promptTokens);
   if (promptTokens + maxTokens > maxModelLen) {
@@ -115,8 +114,9 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
   if (auto* e = std::get_if<ApiError>(&parsedBody)) return *e;
   const json& body = std::get<json>(parsedBody);
   // Every optional field is type-checked by name: json::value() would throw on a wrong type,
-  // and an exception on the I/O thread used to leave the request unanswered (issue 13).
-  for (const char* field : {"add_special_tokens", "return_token_strs", "add_generation_prompt", "split_special_tokens"}) {
+  // and an exception on the I/O thread used to leave the request unanswered (docs/security.md).
+  for (const char* field :
+       {"add_special_tokens", "return_token_strs", "add_generation_prompt", "split_special_tokens"}) {
     auto it = body.find(field);
     if (it != body.end() && !it->is_null() && !it->is_boolean()) {
       return badRequest(std::string(field) + ": expected a boolean", field);
@@ -172,7 +172,7 @@ std::variant<json, ApiError> RequestParser::detokenize(const std::string& text) 
   const json& tokens = body["tokens"];
   for (size_t i = 0; i < tokens.size(); ++i) {
     const json& t = tokens[i];
-    // The message names the position, never the value: a value can be any size (issue 13).
+    // The message names the position, never the value: a value can be any size (docs/security.md).
     if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() >= uint64_t(limits_.vocab)) ||
         t.get<int64_t>() < 0 || t.get<int64_t>() >= limits_.vocab) {
       return badRequest("tokens[" + std::to_string(i) + "]: expected a token id of this model (an integer in [0, " +

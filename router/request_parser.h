@@ -1,4 +1,4 @@
-// The parse stage of a request (DESIGN.md §6): an OpenAI request body -> a validated internal
+// The parse stage of a request (docs/design.md §6): an OpenAI request body -> a validated internal
 // request with its prompt tokenized once, or the OpenAI error to answer with. Also the bodies
 // of /tokenize and /detokenize, which share the prompt rules.
 //

@@ -15,11 +15,16 @@ constexpr const char* kTag = "router";
 
 std::string finishName(proto::FinishReason r) {
   switch (r) {
-    case proto::FINISH_STOP: return "stop";
-    case proto::FINISH_LENGTH: return "length";
-    case proto::FINISH_ABORT: return "abort";
-    case proto::FINISH_ERROR: return "error";
-    default: return "";
+    case proto::FINISH_STOP:
+      return "stop";
+    case proto::FINISH_LENGTH:
+      return "length";
+    case proto::FINISH_ABORT:
+      return "abort";
+    case proto::FINISH_ERROR:
+      return "error";
+    default:
+      return "";
   }
 }
 
@@ -173,8 +178,8 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
     g->set_prefill_worker_address(d.prefillAddress);
   }
   const auto left = spec_.received + std::chrono::milliseconds(settings_.requestTimeoutMs) - steadyNow();
-  g->set_deadline_ms(uint64_t(std::max<int64_t>(
-      1, std::chrono::duration_cast<std::chrono::milliseconds>(left).count())));
+  g->set_deadline_ms(
+      uint64_t(std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(left).count())));
   Status sent = d.decodeConn ? d.decodeConn->send(env) : unavailable("not connected");
   if (!sent.isOk()) {
     PD_LOG(kWarn, kTag) << "decode worker " << d.plan.decodeWorker << ": " << sent.toString();
@@ -186,9 +191,8 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
 void RequestStream::startResponse() {
   const auto& req = spec_.parsed.req;
   if (!req.stream) return;
-  net::HttpHeaders h{{"x-pdserve-route", routeName(route_)},
-                     {"x-pdserve-decode-worker", decodeWorker_},
-                     {"x-request-id", meta_.id}};
+  net::HttpHeaders h{
+      {"x-pdserve-route", routeName(route_)}, {"x-pdserve-decode-worker", decodeWorker_}, {"x-request-id", meta_.id}};
   if (!prefillWorker_.empty()) h["x-pdserve-prefill-worker"] = prefillWorker_;
   http_->startStream(200, std::move(h));
   for (const auto& c : choices_) {
@@ -393,9 +397,8 @@ void RequestStream::maybeComplete() {
       if (req.returnTokenIds) d.tokenIds = c.tokenIds;
       out.push_back(std::move(d));
     }
-    net::HttpHeaders headers{{"x-pdserve-route", routeName(route_)},
-                             {"x-pdserve-decode-worker", decodeWorker_},
-                             {"x-request-id", meta_.id}};
+    net::HttpHeaders headers{
+        {"x-pdserve-route", routeName(route_)}, {"x-pdserve-decode-worker", decodeWorker_}, {"x-request-id", meta_.id}};
     if (!prefillWorker_.empty()) headers["x-pdserve-prefill-worker"] = prefillWorker_;
     if (ttftSplit_) headers["server-timing"] = serverTimingHeader(*ttftSplit_);
     sendJson(http_, 200, fullResponse(req.endpoint, meta_, out, usage, req.logprobs), std::move(headers));
@@ -444,11 +447,9 @@ void RequestStream::migrateOnStrand(const Status& why, const char* reason) {
   migrating_ = true;
   lostWhy_ = why;
   metrics_.requestMigrated(reason);
-  PD_LOG(kInfo, kTag) << meta_.id << ": moving " << oldIds.size() << " choice(s) off decode worker "
-                      << decodeWorker_ << " (" << why.message() << "), migration " << migrations_ << " of "
-                      << settings_.maxMigrations;
-  owner_.migrate(shared_from_this(), std::move(oldIds), int64_t(spec_.parsed.prompt.size() + longest),
-                 decodeWorker_);
+  PD_LOG(kInfo, kTag) << meta_.id << ": moving " << oldIds.size() << " choice(s) off decode worker " << decodeWorker_
+                      << " (" << why.message() << "), migration " << migrations_ << " of " << settings_.maxMigrations;
+  owner_.migrate(shared_from_this(), std::move(oldIds), int64_t(spec_.parsed.prompt.size() + longest), decodeWorker_);
 }
 
 // The gap of the move counts as one inter-token latency: it is what the client waited.

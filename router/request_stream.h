@@ -66,10 +66,10 @@ struct Dispatch {
 // The token timing of one TokenChunk, for the autoscaler.
 struct TokenTiming {
   SteadyTime at;
-  std::optional<double> ttft;  // the request's first token
+  std::optional<double> ttft;       // the request's first token
   Route route = Route::kColocated;  // the request's, as routed
-  std::optional<double> itl;   // since this choice's previous token
-  int zeroItls = 0;            // further tokens in the same chunk
+  std::optional<double> itl;        // since this choice's previous token
+  int zeroItls = 0;                 // further tokens in the same chunk
 };
 
 class RequestStream;
@@ -84,8 +84,8 @@ class StreamOwner {
   // Migration: the choices `oldIds` leave their decode worker `leftWorker`; route a prompt
   // of `promptTokens` tokens to another one and answer with stream->resume(): a Dispatch with one
   // new worker request id per old id (in order), or nullopt when no decode worker is left.
-  virtual void migrate(std::shared_ptr<RequestStream> stream, std::vector<uint64_t> oldIds,
-                       int64_t promptTokens, std::string leftWorker) = 0;
+  virtual void migrate(std::shared_ptr<RequestStream> stream, std::vector<uint64_t> oldIds, int64_t promptTokens,
+                       std::string leftWorker) = 0;
 };
 
 struct StreamSettings {
@@ -176,13 +176,13 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   Route route_ = Route::kColocated;
   int64_t predictedCached_ = 0;  // the plan's prefix-hit figures (RoutePlan)
   int64_t exactCached_ = -1;
-  std::string plannedPrefiller_;  // the worker the plan's figures are about
-  bool hitCounted_ = false;      // metrics_.prefixHit ran
+  std::string plannedPrefiller_;              // the worker the plan's figures are about
+  bool hitCounted_ = false;                   // metrics_.prefixHit ran
   std::string decodeWorker_, prefillWorker_;  // for the x-pdserve-* headers
   net::ConnectionPtr decodeConn_;
   std::vector<Choice> choices_;
   bool firstTokenSeen_ = false;
-  SteadyTime dispatchedAt_;            // the first Generate went: the end of router_queue
+  SteadyTime dispatchedAt_;             // the first Generate went: the end of router_queue
   std::optional<TtftSplit> ttftSplit_;  // from the first token's chunk (router/ttft_split.h)
   bool finished_ = false;
   int migrations_ = 0;

@@ -78,10 +78,14 @@ void RouterLoop::workerOpened(net::ConnectionPtr conn) {
 void RouterLoop::workerMessage(net::ConnectionPtr conn, proto::Envelope env) {
   onStrand([this, conn = std::move(conn), env = std::move(env)]() mutable {
     switch (env.body_case()) {
-      case proto::Envelope::kLoadReport: return onLoadReport(conn, env.load_report());
-      case proto::Envelope::kKvEvents: return onKvEvents(conn, env.kv_events());
-      case proto::Envelope::kTokenChunk: return onChunk(conn, std::move(*env.mutable_token_chunk()));
-      default: PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << conn->remoteAddress();
+      case proto::Envelope::kLoadReport:
+        return onLoadReport(conn, env.load_report());
+      case proto::Envelope::kKvEvents:
+        return onKvEvents(conn, env.kv_events());
+      case proto::Envelope::kTokenChunk:
+        return onChunk(conn, std::move(*env.mutable_token_chunk()));
+      default:
+        PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << conn->remoteAddress();
     }
   });
 }
@@ -132,9 +136,9 @@ void RouterLoop::onKvEvents(const net::ConnectionPtr& from, const proto::KvEvent
   if (id.empty()) return;
   const KvEventIndex::Applied applied = exactIndex_.apply(id, batch);
   if (applied == KvEventIndex::Applied::kApplied && batch.created_unix_us() > 0) {
-    const auto nowUs = std::chrono::duration_cast<std::chrono::microseconds>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count();
+    const auto nowUs =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     metrics_.observeKvEventLag(std::max<double>(0, double(nowUs - int64_t(batch.created_unix_us())) / 1e6));
   }
   if (applied == KvEventIndex::Applied::kGap) {
@@ -155,7 +159,7 @@ void RouterLoop::askResync(const net::ConnectionPtr& conn, const std::string& id
 
 // The chunk goes to its request's strand; the table entry stays until the stream says the
 // choice ended (a chunk that arrives after that is dropped here). Only the connection the
-// request was dispatched to may speak for it (issue 13): another worker's tokens, stop or
+// request was dispatched to may speak for it (docs/security.md): another worker's tokens, stop or
 // error for it are dropped, logged and counted.
 void RouterLoop::onChunk(const net::ConnectionPtr& from, proto::TokenChunk&& chunk) {
   auto it = requests_.find(chunk.request_id());
@@ -268,15 +272,14 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
 }
 
 std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
-                                          const std::string& exclude, WorkerView* prefilling,
-                                          WorkerView* decoding) {
+                                          const std::string& exclude, WorkerView* prefilling, WorkerView* decoding) {
   std::vector<WorkerView> views = workers_.snapshot();
   if (!exclude.empty()) std::erase_if(views, [&](const WorkerView& v) { return v.id == exclude; });
   if (!blocks.empty()) {
     // A worker's cache never serves a prompt's last token (one is computed for its logits),
     // so a prompt of whole blocks can hit at most all but its last one.
-    const size_t usable = std::min(blocks.size(), size_t(std::max<int64_t>(0, promptTokens - 1)) /
-                                                      size_t(prefixIndex_.blockSize()));
+    const size_t usable =
+        std::min(blocks.size(), size_t(std::max<int64_t>(0, promptTokens - 1)) / size_t(prefixIndex_.blockSize()));
     const std::span<const uint64_t> lookup(blocks.data(), usable);
     const SteadyTime now = steadyNow();
     for (auto& v : views) {
@@ -330,8 +333,8 @@ Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, Rout
     const uint64_t id = newRequestId();
     d.workerRequestIds.push_back(id);
     // The choices share the prompt's prefill on the worker; the first one carries its count.
-    requests_[id] = Entry{stream, plan.decodeWorker, d.decodeConn ? d.decodeConn->id() : 0, prefilling,
-                          i == 0 ? uncached : 0};
+    requests_[id] =
+        Entry{stream, plan.decodeWorker, d.decodeConn ? d.decodeConn->id() : 0, prefilling, i == 0 ? uncached : 0};
   }
   d.plan = std::move(plan);
   return d;
@@ -341,8 +344,7 @@ Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, Rout
 // hashes: the index has none for the generated part), never back to the worker it left.
 void RouterLoop::migrate(std::shared_ptr<RequestStream> stream, std::vector<uint64_t> oldIds, int64_t promptTokens,
                          std::string leftWorker) {
-  onStrand([this, stream = std::move(stream), oldIds = std::move(oldIds), promptTokens,
-            left = std::move(leftWorker)] {
+  onStrand([this, stream = std::move(stream), oldIds = std::move(oldIds), promptTokens, left = std::move(leftWorker)] {
     for (uint64_t id : oldIds) forget(id);
     WorkerView prefilling, decoding;
     auto p = plan(promptTokens, {}, left, &prefilling, &decoding);
@@ -422,8 +424,8 @@ void RouterLoop::autoscale(SteadyTime now) {
   for (const auto& [pool, d] : pools) {
     metrics_.setSloWindow(pool, d.observedSeconds, d.attainment);
     metrics_.setDesiredReplicas(pool, d.desired);
-    metrics_.setAutoscalerSignals(pool, {d.capacityReplicas, d.latencyReplicas, d.demand, d.workerCapacity,
-                                         d.predictedSeconds, d.idleSeconds});
+    metrics_.setAutoscalerSignals(
+        pool, {d.capacityReplicas, d.latencyReplicas, d.demand, d.workerCapacity, d.predictedSeconds, d.idleSeconds});
     int& last = pool == metrics::kPoolPrefill ? lastDesiredPrefill_ : lastDesiredDecode_;
     if (d.desired != last) {
       PD_LOG(kInfo, kTag) << pool << " pool: " << d.current << " healthy, recommending " << d.desired << " ("

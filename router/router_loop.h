@@ -1,7 +1,7 @@
 // The router loop: one Asio strand that owns the router's shared state -- the worker table
 // (router/worker_registry.h), the request table (worker request id -> its stream), the
 // routing policy, the prefix index, the autoscaler and the adaptive threshold -- and runs the
-// route stage of each request (DESIGN.md §6). The control plane's callbacks and the HTTP
+// route stage of each request (docs/design.md §6). The control plane's callbacks and the HTTP
 // handlers post into it; it hands each request's per-token work (detokenizing, stop strings,
 // SSE) to that request's own strand (router/request_stream.h), so nothing slow runs here.
 //
@@ -100,8 +100,8 @@ class RouterLoop final : public StreamOwner {
   void route(const std::shared_ptr<RequestStream>& stream);
   // The plan for a prompt (prefix blocks: its hashes, or none), skipping worker `exclude`;
   // *prefilling and *decoding get the views of the workers that will prefill and decode it.
-  std::optional<RoutePlan> plan(int64_t promptTokens, const std::vector<uint64_t>& blocks,
-                                const std::string& exclude, WorkerView* prefilling, WorkerView* decoding);
+  std::optional<RoutePlan> plan(int64_t promptTokens, const std::vector<uint64_t>& blocks, const std::string& exclude,
+                                WorkerView* prefilling, WorkerView* decoding);
   // The plan is taken: metrics and the prefix index learn it.
   void commit(const RoutePlan& plan, const std::vector<uint64_t>& blocks);
   // The Dispatch of `plan`: n fresh worker request ids, entered in the request table, their
@@ -139,14 +139,14 @@ class RouterLoop final : public StreamOwner {
   PrefixIndex prefixIndex_;  // predicted: every worker, the fallback
   KvEventIndex exactIndex_;  // exact: workers that publish KV events
   Autoscaler autoscaler_;
-  std::optional<AdaptiveThreshold> threshold_;  // set when router.adaptive_threshold
+  std::optional<AdaptiveThreshold> threshold_;            // set when router.adaptive_threshold
   int lastDesiredPrefill_ = -1, lastDesiredDecode_ = -1;  // for the change log
   boost::asio::steady_timer autoscaleTimer_;
   // Overload admission and its learned prediction scales (router/admission.h).
   AdmissionControl admission_;
   std::unordered_map<uint64_t, Entry> requests_;  // by worker request id, until the choice ends
   // Worker request ids are random 64-bit values, not a sequence: workers serve several
-  // routers at once (issue 11), and the ids of two routers must not collide on a worker.
+  // routers at once (docs/deploy.md), and the ids of two routers must not collide on a worker.
   uint64_t newRequestId();
 };
 

@@ -57,24 +57,26 @@ class RouterServiceImpl final : public RouterService {
         parser_(std::move(tokenizer), std::move(chat),
                 ParserLimits{modelName, maxModelLen, vocab, cfg_.router.maxPromptTokens}),
         io_(2, "router-io"),
-        metrics_(registry_, metrics::LatencyBuckets{cfg_.router.ttftBucketsS, cfg_.router.itlBucketsS,
-                                                    cfg_.router.e2eBucketsS}),
+        metrics_(registry_,
+                 metrics::LatencyBuckets{cfg_.router.ttftBucketsS, cfg_.router.itlBucketsS, cfg_.router.e2eBucketsS}),
         loop_(io_.context(), cfg_, modelName_, registry_, metrics_),
         streamSettings_{modelName_, cfg_.router.requestTimeoutMs, cfg_.router.maxMigrations} {
     metrics_.setSlo(metrics::kPoolPrefill, cfg_.pools.prefill.slo.ttftMs / 1e3, cfg_.pools.prefill.slo.percentile);
     metrics_.setSlo(metrics::kPoolDecode, cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile);
     metrics_.setShortPromptTokens(cfg_.router.shortPromptTokens);
-    rateLimitedRequests_ = registry_.counter("pdserve_router_rate_limited_total",
-                                             "Requests refused with 429 by router.rate_limits", {{"limit", "requests_per_s"}});
-    rateLimitedTokens_ = registry_.counter("pdserve_router_rate_limited_total",
-                                           "Requests refused with 429 by router.rate_limits", {{"limit", "tokens_per_s"}});
+    rateLimitedRequests_ =
+        registry_.counter("pdserve_router_rate_limited_total", "Requests refused with 429 by router.rate_limits",
+                          {{"limit", "requests_per_s"}});
+    rateLimitedTokens_ =
+        registry_.counter("pdserve_router_rate_limited_total", "Requests refused with 429 by router.rate_limits",
+                          {{"limit", "tokens_per_s"}});
     httpConnections_ = registry_.gauge("pdserve_router_http_connections", "Open connections on the HTTP API port");
-    httpRefused_ = registry_.counter("pdserve_router_http_connections_closed_total",
-                                     "Connections closed because router.max_connections were open",
-                                     {{"reason", "refused"}});
-    httpEvicted_ = registry_.counter("pdserve_router_http_connections_closed_total",
-                                     "Connections closed because router.max_connections were open",
-                                     {{"reason", "evicted_idle"}});
+    httpRefused_ =
+        registry_.counter("pdserve_router_http_connections_closed_total",
+                          "Connections closed because router.max_connections were open", {{"reason", "refused"}});
+    httpEvicted_ =
+        registry_.counter("pdserve_router_http_connections_closed_total",
+                          "Connections closed because router.max_connections were open", {{"reason", "evicted_idle"}});
   }
 
   ~RouterServiceImpl() override { stop(); }
@@ -103,7 +105,9 @@ class RouterServiceImpl final : public RouterService {
     copts.onAuthFailure = [this](const std::string& plane, const Status&) { metrics::authFailure(registry_, plane); };
     net::ConnectionCallbacks cb;
     cb.onOpen = [this](const net::ConnectionPtr& c) { loop_.workerOpened(c); };
-    cb.onMessage = [this](const net::ConnectionPtr& c, proto::Envelope&& env) { loop_.workerMessage(c, std::move(env)); };
+    cb.onMessage = [this](const net::ConnectionPtr& c, proto::Envelope&& env) {
+      loop_.workerMessage(c, std::move(env));
+    };
     cb.onClose = [this](const net::ConnectionPtr& c, const Status& why) { loop_.workerClosed(c, why); };
     int controlPort = options_.controlPort >= 0 ? options_.controlPort : cfg_.router.controlPort;
     std::string host = options_.host.empty() ? cfg_.router.host : options_.host;
@@ -132,8 +136,8 @@ class RouterServiceImpl final : public RouterService {
       return cfg_.router.tlsCertFile.empty() ? s : Status(s.code(), "router.tls: " + s.message());
     }
     loop_.start();
-    PD_LOG(kInfo, kTag) << "serving " << modelName_ << " on " << (hopts.tlsCertFile.empty() ? "http" : "https") << "://" << host << ":" << http_->port()
-                        << ", workers register on port " << control_->port();
+    PD_LOG(kInfo, kTag) << "serving " << modelName_ << " on " << (hopts.tlsCertFile.empty() ? "http" : "https") << "://"
+                        << host << ":" << http_->port() << ", workers register on port " << control_->port();
     return Status::ok();
   }
 
@@ -155,7 +159,8 @@ class RouterServiceImpl final : public RouterService {
     }
     if (left == 0) return;
     PD_LOG(kWarn, "router") << "drain timed out with " << left << " request(s) streaming: ending them";
-    loop_.failAll(unavailable("this router is shutting down; the request did not finish within router.drain_timeout_ms"));
+    loop_.failAll(
+        unavailable("this router is shutting down; the request did not finish within router.drain_timeout_ms"));
     // Let the streams write their error events before the servers stop.
     for (int i = 0; i < 40 && streaming() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
@@ -210,8 +215,8 @@ class RouterServiceImpl final : public RouterService {
     }
     // Without keys, a client is its address (behind a proxy: the proxy's; docs/security.md).
     const std::string client = keyIndex >= 0 ? "key:" + std::to_string(keyIndex) : "addr:" + hostOf(req.remoteAddress);
-    const bool limited = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
-                         path == "/detokenize";
+    const bool limited =
+        path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize";
     if (limited && rateLimiter_.enabled()) {
       auto d = rateLimiter_.admitRequest(client);
       if (!d.ok) return sendError(r, rateLimited(d));
@@ -219,8 +224,8 @@ class RouterServiceImpl final : public RouterService {
     if (path == "/version") return sendJson(r, 200, json{{"version", PD_VERSION}});
     if (path == "/load") return sendJson(r, 200, json{{"server_load", metrics_.inFlight.value()}});
     if (path == "/v1/models" && req.method == "GET") return sendJson(r, 200, modelsJson());
-    if (req.method != "POST" && (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
-                                 path == "/detokenize")) {
+    if (req.method != "POST" &&
+        (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize")) {
       ApiError e;
       e.status = 405;
       e.message = req.method + " " + path + ": use POST";

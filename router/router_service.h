@@ -1,4 +1,4 @@
-// The router (`pdserve-router`, DESIGN.md §1, §6): the OpenAI HTTP API in front of the
+// The router (`pdserve-router`, docs/design.md §1, §6): the OpenAI HTTP API in front of the
 // worker pools. It tokenizes each request once, routes it by prompt length (RoutingPolicy),
 // sends Generate to a decode worker (naming the prefill worker for long prompts), and
 // streams the decode worker's TokenChunks back as SSE, detokenized incrementally, with stop

@@ -4,22 +4,17 @@
 
 namespace pd::router {
 
-const char* routeName(Route route) {
-  return route == Route::kColocated ? "colocated" : "disaggregated";
-}
+const char* routeName(Route route) { return route == Route::kColocated ? "colocated" : "disaggregated"; }
 
 namespace {
 
 // Lower is better: requests in flight first, then KV pressure; the id breaks ties so the
 // choice is deterministic.
-auto decodeLoadKey(const WorkerView& w) {
-  return std::make_tuple(w.running + w.waiting, -w.freeBlocks, w.id);
-}
+auto decodeLoadKey(const WorkerView& w) { return std::make_tuple(w.running + w.waiting, -w.freeBlocks, w.id); }
 
 }  // namespace
 
-std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens,
-                                               const std::vector<WorkerView>& workers) const {
+std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens, const std::vector<WorkerView>& workers) const {
   const WorkerView* leastLoadedDecode = nullptr;
   const WorkerView* mostFreeDecode = nullptr;
   for (const auto& w : workers) {
@@ -27,8 +22,7 @@ std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens,
     if (!leastLoadedDecode || decodeLoadKey(w) < decodeLoadKey(*leastLoadedDecode)) leastLoadedDecode = &w;
     if (!mostFreeDecode || std::make_tuple(-w.freeBlocks, w.running + w.waiting, w.id) <
                                std::make_tuple(-mostFreeDecode->freeBlocks,
-                                               mostFreeDecode->running + mostFreeDecode->waiting,
-                                               mostFreeDecode->id))
+                                               mostFreeDecode->running + mostFreeDecode->waiting, mostFreeDecode->id))
       mostFreeDecode = &w;
   }
   if (!leastLoadedDecode) return std::nullopt;
@@ -48,8 +42,7 @@ std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens,
     return std::make_tuple(w.queuedPrefillTokens + promptTokens - w.cachedTokens, w.id);
   };
   for (const auto& w : workers) {
-    if (w.healthy && w.role == WorkerRole::kPrefill && (!prefill || prefillKey(w) < prefillKey(*prefill)))
-      prefill = &w;
+    if (w.healthy && w.role == WorkerRole::kPrefill && (!prefill || prefillKey(w) < prefillKey(*prefill))) prefill = &w;
   }
 
   RoutePlan plan;

@@ -1,4 +1,4 @@
-// Routing policy (DESIGN.md §6): which worker(s) serve a request, decided from an immutable
+// Routing policy (docs/design.md §6): which worker(s) serve a request, decided from an immutable
 // snapshot of the workers' load reports. Pure: no I/O, no clock, no locks; the router calls
 // select() on its own thread with a snapshot it owns.
 //
@@ -17,8 +17,8 @@
 // - with itlTargetMs set (overload control on), a prompt that would go colocated goes
 //   disaggregated instead ("protect_itl") when the colocated worker cannot prefill beside its
 //   streams within the target: its fitted step cost with one more stream plus what its
-//   smallest prompt chunk adds, times the ITL prediction scale, passes itlTargetMs (the chunks cannot shrink further, so every
-//   stream there would miss its ITL while the prompt is prefilled) and a prefill worker is up;
+//   smallest prompt chunk adds, times the ITL prediction scale, passes itlTargetMs (the chunks cannot shrink further,
+//   so every stream there would miss its ITL while the prompt is prefilled) and a prefill worker is up;
 // - no healthy decode worker: no route (the router answers 503).
 // Admission may then turn a disaggregated plan into a colocated one ("prefill_overflow",
 // router/admission.h admitOverflow, colocatedOn) when the prefill pool cannot serve it in time.

@@ -9,7 +9,8 @@ namespace pd::router {
 namespace {
 constexpr const char* kTag = "router";
 constexpr const char* kHealthyHelp =
-    "1 while the worker is connected, reports within router.worker_report_timeout_ms and is not draining (it gets new work), else 0.";
+    "1 while the worker is connected, reports within router.worker_report_timeout_ms and is not draining (it gets new "
+    "work), else 0.";
 }  // namespace
 
 WorkerRegistry::WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
@@ -38,8 +39,8 @@ Status WorkerRegistry::add(const net::ConnectionPtr& c) {
       return failedPrecondition("worker id '" + hello.worker_id() + "' is already registered");
     }
     PD_LOG(kWarn, kTag) << "worker '" << hello.worker_id() << "' registers again from " << c->remoteAddress()
-                        << "; its old connection from " << it->second->conn->remoteAddress()
-                        << " sent no report for " << reportTimeout_.count() << " ms: closing it";
+                        << "; its old connection from " << it->second->conn->remoteAddress() << " sent no report for "
+                        << reportTimeout_.count() << " ms: closing it";
     it->second->conn->close(unavailable("replaced by a new registration of worker '" + hello.worker_id() + "'"));
   }
   auto w = std::make_unique<Worker>(executor_);
@@ -92,11 +93,11 @@ void WorkerRegistry::onLoadReport(const net::ConnectionPtr& c, const proto::Load
 
 void WorkerRegistry::armReportTimer(Worker& w, SteadyTime at) {
   w.reportTimer.expires_at(at);
-  w.reportTimer.async_wait([this, id = w.id, conn = std::weak_ptr<net::FramedConnection>(w.conn)](
-                               const boost::system::error_code& ec) {
-    if (ec) return;  // cancelled: the worker left or was replaced (its entry is gone)
-    if (auto c = conn.lock()) onReportTimer(id, c);
-  });
+  w.reportTimer.async_wait(
+      [this, id = w.id, conn = std::weak_ptr<net::FramedConnection>(w.conn)](const boost::system::error_code& ec) {
+        if (ec) return;  // cancelled: the worker left or was replaced (its entry is gone)
+        if (auto c = conn.lock()) onReportTimer(id, c);
+      });
 }
 
 void WorkerRegistry::onReportTimer(const std::string& id, const net::ConnectionPtr& conn) {
@@ -201,9 +202,10 @@ void WorkerRegistry::exportLoad(const Worker& w) {
       .set(double(r.running()));
   registry_.gauge("pdserve_worker_queued_prefill_tokens", "Queued prefill tokens per worker (load reports).", labels)
       .set(double(r.queued_prefill_tokens()));
-  registry_.gauge("pdserve_worker_prefill_tokens_per_second",
-                  "Prompt tokens per second the worker measured (load reports; admission predicts queue waits from it).",
-                  labels)
+  registry_
+      .gauge("pdserve_worker_prefill_tokens_per_second",
+             "Prompt tokens per second the worker measured (load reports; admission predicts queue waits from it).",
+             labels)
       .set(r.prefill_tokens_per_s());
 }
 
@@ -211,11 +213,12 @@ void WorkerRegistry::exportLoad(const Worker& w) {
 // reports; both back at 0 when the router is idle (anything else is a leak).
 void WorkerRegistry::exportRouted(const Worker& w) {
   const metrics::Labels labels = labelsFor(w);
-  registry_.gauge("pdserve_router_routed_prefill_tokens",
-                  "Prompt tokens this router routed to the worker that have no first token yet.", labels)
+  registry_
+      .gauge("pdserve_router_routed_prefill_tokens",
+             "Prompt tokens this router routed to the worker that have no first token yet.", labels)
       .set(double(w.routedPrefillTokens));
-  registry_.gauge("pdserve_router_routed_streams", "Streams this router routed to the worker that have not ended.",
-                  labels)
+  registry_
+      .gauge("pdserve_router_routed_streams", "Streams this router routed to the worker that have not ended.", labels)
       .set(double(w.routedStreams));
 }
 

@@ -1,4 +1,4 @@
-// The router's table of registered workers (DESIGN.md §6): who said Hello on the control
+// The router's table of registered workers (docs/design.md §6): who said Hello on the control
 // port, their last LoadReport, and the immutable load snapshot routing decides on. A worker
 // whose reports stop for report_timeout is unhealthy (it gets no new work) until it reports
 // again; a per-worker timer says so, there is no polling.
@@ -47,9 +47,8 @@ class WorkerRegistry {
     int64_t settledSinceReport = 0;
   };
 
-  WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
-                 std::chrono::milliseconds reportTimeout, metrics::Registry& registry,
-                 metrics::RouterMetrics& metrics);
+  WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName, std::chrono::milliseconds reportTimeout,
+                 metrics::Registry& registry, metrics::RouterMetrics& metrics);
 
   // A connection finished its handshake: registers the worker, or says why it may not
   // (kFailedPrecondition: not a worker, another model, an id already registered); the caller

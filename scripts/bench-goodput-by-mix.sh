@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's goodput-by-mix benchmark (docs/performance.md "Goodput by trace mix"): the same
+# The goodput-by-mix benchmark (docs/performance.md "Goodput by trace mix"): the same
 # two cores served four ways, on three trace mixes, with the same requests. Every worker runs
 # the default engine.threads (0: all cores), as `pdserve up` does; the workers of a 1 + 1
 # layout share the two cores.

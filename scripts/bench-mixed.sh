@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The mixed-load benchmark of issue 10 (docs/performance.md "Mixed load"): S short streams
+# The mixed-load benchmark (docs/performance.md "Mixed load"): S short streams
 # decode while L long prompts arrive; run against two local clusters on this machine:
 #   disaggregated: 1 prefill + 1 decode worker, one engine thread each, TCP KV;
 #   colocated:     1 decode worker with two engine threads, no prefill pool, with SLO-sized

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The overload benchmark of issue 12 (docs/performance.md "Overload"): a 1 prefill + 1 decode
+# The overload benchmark (docs/performance.md "Overload"): a 1 prefill + 1 decode
 # cluster on this machine; first its capacity (closed loop over the Azure conversation
 # trace's lengths, CONCURRENCY streams, CAPACITY_S seconds: completed requests/s), then the
 # same trace's lengths at 3x that rate (Poisson) for OVERLOAD_S seconds, once with the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shifting-mix experiment of issue 14 (docs/performance.md "Shifting mix"): a phased bench
+# The shifting-mix experiment (docs/performance.md "Shifting mix"): a phased bench
 # run whose mix shifts from short prompts to long ones half-way and back, against `pdserve up`
 # with pools that may scale (prefill 1..2, decode 1..2; a core each is what this 2-core
 # machine has, so 4 workers oversubscribe it), once with the local actuator following the

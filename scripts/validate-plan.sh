@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's validation on this machine: `pdserve plan`'s simulated TTFT / ITL percentiles
+# The planner's validation on this machine: `pdserve plan`'s simulated TTFT / ITL percentiles
 # against `pdserve bench` on `pdserve up` in the same layout, with the same requests.
 # Per trace mix:
 # 1. calibrates the CPU backend (one engine thread, as each worker below) just before its
@@ -22,7 +22,7 @@
 #    own simulation (in sample: what the simulator makes of the steps it was given), and how
 #    much faster or slower the measured run's steps ran than the traced run's
 #    (scripts/step-pace.py: this VM's pace moves between runs); last, how many of the 4
-#    p50 / p90 cells per mix are within 10% of measured (issue 15's criterion).
+#    p50 / p90 cells per mix are within 10% of measured (the criterion of docs/plan.md).
 # usage: scripts/validate-plan.sh [BUILD_DIR]   (env: RATE DURATION=60 MIXES="conv code mooncake"
 #   SPREAD=1; SHEDDING=1: both runs with router.admission.overload_shedding on and the simulation with the
 #   router's admission control, to compare what each sheds (off by default: the 10% criterion
@@ -98,7 +98,7 @@ simulate() {
 }
 
 # compare BENCH_JSON SIM LABEL [CELLS]: measured and simulated rows; with CELLS, each
-# p50 / p90 cell's verdict appended there (issue 15's criterion: within 10% of measured).
+# p50 / p90 cell's verdict appended there (the criterion of docs/plan.md: within 10% of measured).
 compare() {
   python3 - "$@" <<'PY'
 import json, re, sys

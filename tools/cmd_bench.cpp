@@ -88,14 +88,38 @@ struct Args {
   std::vector<std::string> phases;  // --phase, in order (the only repeatable option)
 };
 
-const char* const kValueOptions[] = {
-    "--url", "--model", "--api-key", "--endpoint", "--trace", "--prompt-len", "--output-len", "--num-requests",
-    "--duration", "--rate", "--time-scale", "--concurrency", "--max-prompt-tokens", "--length-scale",
-    "--max-output-tokens", "--warmup", "--seed", "--vocab-size", "--token-ids", "--temperature", "--extra-body",
-    "--request-timeout", "--idle-timeout", "--slo", "--out", "--phase", "--metrics-url", "--metrics-interval-ms",
-    "--metrics-timeout-ms", "--metrics-token"};
-const char* const kFlagOptions[] = {"--no-model-check", "--no-ignore-eos", "--continuous-usage", "--progress",
-                                    "--no-progress", "--spread-ticks"};
+const char* const kValueOptions[] = {"--url",
+                                     "--model",
+                                     "--api-key",
+                                     "--endpoint",
+                                     "--trace",
+                                     "--prompt-len",
+                                     "--output-len",
+                                     "--num-requests",
+                                     "--duration",
+                                     "--rate",
+                                     "--time-scale",
+                                     "--concurrency",
+                                     "--max-prompt-tokens",
+                                     "--length-scale",
+                                     "--max-output-tokens",
+                                     "--warmup",
+                                     "--seed",
+                                     "--vocab-size",
+                                     "--token-ids",
+                                     "--temperature",
+                                     "--extra-body",
+                                     "--request-timeout",
+                                     "--idle-timeout",
+                                     "--slo",
+                                     "--out",
+                                     "--phase",
+                                     "--metrics-url",
+                                     "--metrics-interval-ms",
+                                     "--metrics-timeout-ms",
+                                     "--metrics-token"};
+const char* const kFlagOptions[] = {"--no-model-check", "--no-ignore-eos", "--continuous-usage",
+                                    "--progress",       "--no-progress",   "--spread-ticks"};
 
 Result<Args> parseArgs(int argc, char** argv) {
   Args a;
@@ -117,8 +141,10 @@ Result<Args> parseArgs(int argc, char** argv) {
         if (i + 1 >= argc) return invalidArgument(arg + " needs a value");
         value = argv[++i];
       }
-      if (arg == "--phase") a.phases.push_back(value);
-      else a.values[arg] = value;
+      if (arg == "--phase")
+        a.phases.push_back(value);
+      else
+        a.values[arg] = value;
     }
     for (const char* f : kFlagOptions) {
       if (arg != f) continue;
@@ -140,11 +166,13 @@ Status number(const Args& a, const char* key, T* out) {
   errno = 0;
   if constexpr (std::is_floating_point_v<T>) {
     const double v = std::strtod(s.c_str(), &end);
-    if (s.empty() || *end || errno || !std::isfinite(v)) return invalidArgument(std::string(key) + ": '" + s + "' is not a number");
+    if (s.empty() || *end || errno || !std::isfinite(v))
+      return invalidArgument(std::string(key) + ": '" + s + "' is not a number");
     *out = static_cast<T>(v);
   } else {
     const long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end || errno || v < 0) return invalidArgument(std::string(key) + ": '" + s + "' is not a non-negative integer");
+    if (s.empty() || *end || errno || v < 0)
+      return invalidArgument(std::string(key) + ": '" + s + "' is not a non-negative integer");
     *out = static_cast<T>(v);
   }
   return Status::ok();
@@ -185,8 +213,10 @@ int runCheck(int argc, char** argv) {
   bool allowFailures = false;
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--allow-failures")) allowFailures = true;
-    else paths.push_back(argv[i]);
+    if (!std::strcmp(argv[i], "--allow-failures"))
+      allowFailures = true;
+    else
+      paths.push_back(argv[i]);
   }
   if (paths.empty()) return usageError(invalidArgument("check: give a result JSON file"));
   int rc = 0;
@@ -235,10 +265,14 @@ int runBench(int argc, char** argv) {
   // ---- workload
   WorkloadOptions w;
   w.tracePath = get("--trace", "");
-  if (auto s = parseLengthSpec(get("--prompt-len", "256"), "--prompt-len"); s.ok()) w.promptLen = *s;
-  else return usageError(s.status());
-  if (auto s = parseLengthSpec(get("--output-len", "64"), "--output-len"); s.ok()) w.outputLen = *s;
-  else return usageError(s.status());
+  if (auto s = parseLengthSpec(get("--prompt-len", "256"), "--prompt-len"); s.ok())
+    w.promptLen = *s;
+  else
+    return usageError(s.status());
+  if (auto s = parseLengthSpec(get("--output-len", "64"), "--output-len"); s.ok())
+    w.outputLen = *s;
+  else
+    return usageError(s.status());
   int64_t concurrency = 0, vocab = 256;
   for (Status s : {number(a, "--num-requests", &w.numRequests), number(a, "--duration", &w.durationS),
                    number(a, "--rate", &w.rate), number(a, "--time-scale", &w.timeScale),
@@ -266,9 +300,12 @@ int runBench(int argc, char** argv) {
   // ---- request bodies
   BodyOptions body;
   const std::string ep = get("--endpoint", "completions");
-  if (ep == "completions") body.endpoint = Endpoint::kCompletions;
-  else if (ep == "chat") body.endpoint = Endpoint::kChat;
-  else return usageError(invalidArgument("--endpoint: '" + ep + "' (allowed: completions, chat)"));
+  if (ep == "completions")
+    body.endpoint = Endpoint::kCompletions;
+  else if (ep == "chat")
+    body.endpoint = Endpoint::kChat;
+  else
+    return usageError(invalidArgument("--endpoint: '" + ep + "' (allowed: completions, chat)"));
   body.model = get("--model", "");
   body.seed = w.seed;
   body.ignoreEos = !hasFlag(a, "--no-ignore-eos");
@@ -299,7 +336,8 @@ int runBench(int argc, char** argv) {
   client.endpoint = body.endpoint;
   const char* envKey = std::getenv("OPENAI_API_KEY");
   client.apiKey = get("--api-key", envKey ? envKey : "");
-  for (Status s : {number(a, "--request-timeout", &client.requestTimeoutS), number(a, "--idle-timeout", &client.idleTimeoutS)})
+  for (Status s :
+       {number(a, "--request-timeout", &client.requestTimeoutS), number(a, "--idle-timeout", &client.idleTimeoutS)})
     if (!s.isOk()) return usageError(s);
 
   Slo slo;
@@ -312,7 +350,8 @@ int runBench(int argc, char** argv) {
   if (a.values.count("--metrics-url")) {
     auto so = parseMetricsUrl(a.values.at("--metrics-url"));
     if (!so.ok()) return usageError(so.status());
-    for (Status s : {number(a, "--metrics-interval-ms", &so->intervalMs), number(a, "--metrics-timeout-ms", &so->timeoutMs)})
+    for (Status s :
+         {number(a, "--metrics-interval-ms", &so->intervalMs), number(a, "--metrics-timeout-ms", &so->timeoutMs)})
       if (!s.isOk()) return usageError(s);
     if (so->intervalMs < 50 || so->intervalMs > 600000)
       return usageError(invalidArgument("--metrics-interval-ms must be in [50, 600000]"));
@@ -410,9 +449,9 @@ int runBench(int argc, char** argv) {
   if (info.haveTimeline && info.timeline.failedScrapes() > 0)
     std::fprintf(stderr, "pdserve bench: warning: %lld of %zu metrics scrapes failed (first: %s)\n",
                  static_cast<long long>(info.timeline.failedScrapes()), info.timeline.samples.size(),
-                 std::find_if(info.timeline.samples.begin(), info.timeline.samples.end(),
-                              [](const TimelineSample& s) { return !s.ok; })
-                     ->error.c_str());
+                 std::find_if(info.timeline.samples.begin(), info.timeline.samples.end(), [](const TimelineSample& s) {
+                   return !s.ok;
+                 })->error.c_str());
   const Aggregate agg = aggregate(run->records, run->durationS, slo);
   std::fputs(formatTable(info, agg, run->records).c_str(), stdout);
   for (Status s : {writeJson(out + ".json", info, agg, run->records), writeCsv(out + ".csv", run->records, slo),

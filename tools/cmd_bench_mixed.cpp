@@ -71,23 +71,37 @@ int runBenchMixed(int argc, char** argv) {
       return true;
     };
     bool ok = true;
-    if (arg == "--url") url = v;
-    else if (arg == "--model") model = v;
-    else if (arg == "--label") label = v;
-    else if (arg == "--short-streams") ok = num(&o.shortStreams);
-    else if (arg == "--short-prompt") ok = num(&o.shortPromptTokens);
-    else if (arg == "--short-output") ok = num(&o.shortOutputTokens);
-    else if (arg == "--long-prompts") ok = num(&o.longPrompts);
-    else if (arg == "--long-prompt") ok = num(&o.longPromptTokens);
-    else if (arg == "--long-output") ok = num(&o.longOutputTokens);
-    else if (arg == "--long-start") ok = num(&o.longStartS);
-    else if (arg == "--long-spacing") ok = num(&o.longSpacingS);
-    else if (arg == "--vocab-size") ok = num(&vocab);
-    else if (arg == "--seed") ok = num(&seed);
+    if (arg == "--url")
+      url = v;
+    else if (arg == "--model")
+      model = v;
+    else if (arg == "--label")
+      label = v;
+    else if (arg == "--short-streams")
+      ok = num(&o.shortStreams);
+    else if (arg == "--short-prompt")
+      ok = num(&o.shortPromptTokens);
+    else if (arg == "--short-output")
+      ok = num(&o.shortOutputTokens);
+    else if (arg == "--long-prompts")
+      ok = num(&o.longPrompts);
+    else if (arg == "--long-prompt")
+      ok = num(&o.longPromptTokens);
+    else if (arg == "--long-output")
+      ok = num(&o.longOutputTokens);
+    else if (arg == "--long-start")
+      ok = num(&o.longStartS);
+    else if (arg == "--long-spacing")
+      ok = num(&o.longSpacingS);
+    else if (arg == "--vocab-size")
+      ok = num(&vocab);
+    else if (arg == "--seed")
+      ok = num(&seed);
     else if (arg == "--check") {
       check = std::sscanf(v, "%lf,%lf", &maxRatio, &p99Ratio) == 2 && maxRatio > 0 && p99Ratio > 0;
       if (!check) return fail("--check: expected MAX,P99 ratios such as 3,1.5, got '" + std::string(v) + "'");
-    } else return fail("unknown option '" + arg + "' (see --help)");
+    } else
+      return fail("unknown option '" + arg + "' (see --help)");
     if (!ok) return fail(arg + ": '" + v + "' is not a non-negative number");
   }
   if (Status s = validate(o); !s.isOk()) return fail(s.message());
@@ -103,7 +117,8 @@ int runBenchMixed(int argc, char** argv) {
   if (model.empty()) {
     auto models = fetchModels(client, 10);
     if (!models.ok()) return fail(models.status().message(), 1);
-    if (models->ids.empty()) return fail("GET /v1/models listed no model (HTTP " + std::to_string(models->httpStatus) + ")", 1);
+    if (models->ids.empty())
+      return fail("GET /v1/models listed no model (HTTP " + std::to_string(models->httpStatus) + ")", 1);
     model = models->ids.front();
   }
   BodyOptions body;

@@ -8,27 +8,26 @@
 #include <string>
 #include <vector>
 
+#include "common/tokenizer/tokenizer.h"
 #include "engine/cpu_backend.h"
 #include "engine/model_weights.h"
 #include "engine/sampling.h"
-#include "common/tokenizer/tokenizer.h"
 #include "tools/commands.h"
 
 namespace pd::tools {
 namespace {
 
 void usage() {
-  std::fprintf(
-      stderr,
-      "usage: pdserve generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
-      "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed N]\n"
-      "                        [--threads N] [--ignore-eos] [--logits-out FILE]\n"
-      "  --prompt-ids    comma-separated token ids\n"
-      "  --prompt        text, encoded with the model's tokenizer (special tokens added)\n"
-      "  --max-tokens    tokens to generate (default 16)\n"
-      "  --temperature   0 (default) = greedy; with --seed the same seed gives the same tokens\n"
-      "  --logits-out    writes each step's raw f32 logits (steps x vocab, little endian)\n"
-      "Prints the generated ids, comma-separated, on stdout (and with --prompt the text on stderr).\n");
+  std::fprintf(stderr,
+               "usage: pdserve generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
+               "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed N]\n"
+               "                        [--threads N] [--ignore-eos] [--logits-out FILE]\n"
+               "  --prompt-ids    comma-separated token ids\n"
+               "  --prompt        text, encoded with the model's tokenizer (special tokens added)\n"
+               "  --max-tokens    tokens to generate (default 16)\n"
+               "  --temperature   0 (default) = greedy; with --seed the same seed gives the same tokens\n"
+               "  --logits-out    writes each step's raw f32 logits (steps x vocab, little endian)\n"
+               "Prints the generated ids, comma-separated, on stdout (and with --prompt the text on stderr).\n");
 }
 
 bool parseIds(const std::string& s, std::vector<int32_t>* out) {
@@ -72,8 +71,7 @@ int runGenerate(int argc, char** argv) {
       modelDir = value();
     } else if (a == "--prompt-ids") {
       if (!parseIds(value(), &prompt)) {
-        std::fprintf(stderr,
-                     "generate: --prompt-ids must be comma-separated non-negative integers\n");
+        std::fprintf(stderr, "generate: --prompt-ids must be comma-separated non-negative integers\n");
         return 2;
       }
     } else if (a == "--prompt") {
@@ -170,27 +168,19 @@ int runGenerate(int argc, char** argv) {
       std::fprintf(stderr, "generate: %s\n", st.toString().c_str());
       return 1;
     }
-    if (step == 0)
-      prefillS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (logitsFile)
-      logitsFile.write(reinterpret_cast<const char*>(logits.data()),
-                       std::streamsize(logits.size() * 4));
+    if (step == 0) prefillS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (logitsFile) logitsFile.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * 4));
     // Step-indexed sampling: the same (seed, step) draws what a worker draws.
     next = engine::sample(logits.data(), cfg.vocabSize, sampling, uint64_t(step)).id;
     out.push_back(next);
-    if (!ignoreEos &&
-        std::find(cfg.eosTokenIds.begin(), cfg.eosTokenIds.end(), next) != cfg.eosTokenIds.end())
-      break;
-    chunk =
-        engine::SeqChunk{&next, 1, chunk.startPos + chunk.numTokens, table.data(), numBlocks, true};
+    if (!ignoreEos && std::find(cfg.eosTokenIds.begin(), cfg.eosTokenIds.end(), next) != cfg.eosTokenIds.end()) break;
+    chunk = engine::SeqChunk{&next, 1, chunk.startPos + chunk.numTokens, table.data(), numBlocks, true};
   }
-  const double totalS =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double totalS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
   std::printf("\n");
   if (tokenizer) std::fprintf(stderr, "text: %s\n", tokenizer->decode(out).c_str());
-  std::fprintf(stderr,
-               "generate: prompt %zu tokens in %.1f ms; %zu tokens generated, %.1f tok/s decode\n",
+  std::fprintf(stderr, "generate: prompt %zu tokens in %.1f ms; %zu tokens generated, %.1f tok/s decode\n",
                prompt.size(), prefillS * 1e3, out.size(),
                out.size() > 1 ? double(out.size() - 1) / (totalS - prefillS) : 0.0);
   return 0;

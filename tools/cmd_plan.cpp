@@ -24,7 +24,8 @@ namespace pd::tools {
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: pdserve plan --trace FILE (--gpu G | --calibration F) --slo ttft_ms=A,itl_ms=B[,percentile=P] [options]
+constexpr const char* kUsage =
+    R"(usage: pdserve plan --trace FILE (--gpu G | --calibration F) --slo ttft_ms=A,itl_ms=B[,percentile=P] [options]
        pdserve plan --calibrate --model DIR [--threads N] --out F
 
 Simulates every layout of --gpus devices (colocated; each prefill/decode split with short-prompt
@@ -78,12 +79,34 @@ struct Args {
 };
 
 Result<Args> parseArgs(int argc, char** argv) {
-  static const char* kOptions[] = {"--trace", "--gpu", "--model", "--slo", "--gpus", "--duration", "--time-scale",
-                                   "--num-requests", "--max-prompt-tokens", "--length-scale", "--max-output-tokens",
-                                   "--max-batch-tokens", "--max-running-requests", "--kv-link-gbps", "--attainment",
-                                   "--layout", "--threshold", "--rate", "--calibration", "--kv-cache-bytes",
-                                   "--threads", "--out", "--html", "--requests-csv", "--step-trace", "--seed",
-                                   "--autoscale", "--startup-s"};
+  static const char* kOptions[] = {"--trace",
+                                   "--gpu",
+                                   "--model",
+                                   "--slo",
+                                   "--gpus",
+                                   "--duration",
+                                   "--time-scale",
+                                   "--num-requests",
+                                   "--max-prompt-tokens",
+                                   "--length-scale",
+                                   "--max-output-tokens",
+                                   "--max-batch-tokens",
+                                   "--max-running-requests",
+                                   "--kv-link-gbps",
+                                   "--attainment",
+                                   "--layout",
+                                   "--threshold",
+                                   "--rate",
+                                   "--calibration",
+                                   "--kv-cache-bytes",
+                                   "--threads",
+                                   "--out",
+                                   "--html",
+                                   "--requests-csv",
+                                   "--step-trace",
+                                   "--seed",
+                                   "--autoscale",
+                                   "--startup-s"};
   static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks", "--no-overload-shedding"};
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -127,10 +150,14 @@ Result<plan::Slo> parseSlo(const std::string& spec) {
     if (eq == std::string::npos || !end || *end || !(v > 0))
       return invalidArgument("--slo: '" + item + "' is not key=positive number");
     const std::string key = item.substr(0, eq);
-    if (key == "ttft_ms") slo.ttftS = v / 1000, ttft = true;
-    else if (key == "itl_ms") slo.itlS = v / 1000, itl = true;
-    else if (key == "percentile" && v <= 100) slo.percentile = v;
-    else return invalidArgument("--slo: unknown key or value '" + item + "' (keys: ttft_ms, itl_ms, percentile)");
+    if (key == "ttft_ms")
+      slo.ttftS = v / 1000, ttft = true;
+    else if (key == "itl_ms")
+      slo.itlS = v / 1000, itl = true;
+    else if (key == "percentile" && v <= 100)
+      slo.percentile = v;
+    else
+      return invalidArgument("--slo: unknown key or value '" + item + "' (keys: ttft_ms, itl_ms, percentile)");
     pos = comma + 1;
   }
   if (!ttft || !itl) return invalidArgument("--slo: needs both ttft_ms and itl_ms");
@@ -164,7 +191,8 @@ int runCalibrate(const Args& a) {
   if (!a.values.count("--model") || !a.values.count("--out"))
     return usageError(invalidArgument("--calibrate needs --model DIR (a model with weights) and --out FILE"));
   double threads = 1;
-  if (Status s = number(a, "--threads", &threads); !s.isOk() || threads < 1) return usageError(invalidArgument("--threads: a positive integer"));
+  if (Status s = number(a, "--threads", &threads); !s.isOk() || threads < 1)
+    return usageError(invalidArgument("--threads: a positive integer"));
   const std::string dir = a.values.at("--model");
   std::fprintf(stderr, "pdserve plan --calibrate: measuring %s on %d thread(s)\n", dir.c_str(), int(threads));
   auto c = plan::calibrateCpu(dir, int(threads));
@@ -176,10 +204,11 @@ int runCalibrate(const Args& a) {
   for (const auto& p : c->points)
     std::printf("%6d %8d %8d %12.3f %12.3f %7.1f%%\n", p.batch, p.tokensPerSeq, p.context, 1000 * p.seconds,
                 1000 * p.predicted, 100 * (p.predicted - p.seconds) / p.seconds);
-  std::printf("fitted: %.1f GFLOP/s (half of it at %.0f tokens a step), weights %.2f GB/s, KV %.2f GB/s, %.3f ms per "
-              "step (rms error %.1f%%)\n",
-              c->flopsPerS / 1e9, c->halfRateTokens, c->bytesPerS / 1e9, c->kvBytesPerS / 1e9, c->stepOverheadMs,
-              100 * c->rmsRelativeError);
+  std::printf(
+      "fitted: %.1f GFLOP/s (half of it at %.0f tokens a step), weights %.2f GB/s, KV %.2f GB/s, %.3f ms per "
+      "step (rms error %.1f%%)\n",
+      c->flopsPerS / 1e9, c->halfRateTokens, c->bytesPerS / 1e9, c->kvBytesPerS / 1e9, c->stepOverheadMs,
+      100 * c->rmsRelativeError);
   if (Status s = plan::writeCalibration(a.values.at("--out"), *c); !s.isOk()) {
     std::fprintf(stderr, "pdserve plan: %s\n", s.message().c_str());
     return 1;
@@ -188,11 +217,11 @@ int runCalibrate(const Args& a) {
 }
 
 void printSummaryLine(const char* label, const plan::SimSummary& s) {
-  std::printf("%-10s TTFT p50/p90/p99 %7.1f %7.1f %7.1f ms | ITL p50/p90/p99 %6.1f %6.1f %6.1f ms | %lld/%lld finished, "
-              "%lld shed, %.1f%% within the SLOs, %lld disaggregated\n",
-              label, 1000 * s.ttftP50, 1000 * s.ttftP90, 1000 * s.ttftP99, 1000 * s.itlP50, 1000 * s.itlP90,
-              1000 * s.itlP99, (long long)s.finished, (long long)s.requests, (long long)s.shed, 100 * s.attainment,
-              (long long)s.disaggregated);
+  std::printf(
+      "%-10s TTFT p50/p90/p99 %7.1f %7.1f %7.1f ms | ITL p50/p90/p99 %6.1f %6.1f %6.1f ms | %lld/%lld finished, "
+      "%lld shed, %.1f%% within the SLOs, %lld disaggregated\n",
+      label, 1000 * s.ttftP50, 1000 * s.ttftP90, 1000 * s.ttftP99, 1000 * s.itlP50, 1000 * s.itlP90, 1000 * s.itlP99,
+      (long long)s.finished, (long long)s.requests, (long long)s.shed, 100 * s.attainment, (long long)s.disaggregated);
 }
 
 // One row per simulated request, in the order pdserve bench sends them (its CSV's index).
@@ -202,17 +231,18 @@ Status writeRequestsCsv(const std::string& path, const std::vector<plan::SimRequ
   if (!f) return invalidArgument("--requests-csv: cannot write " + path + ": " + std::strerror(errno));
   // Latencies a request has not got (unfinished, or a single token) are "-", as in bench's CSV.
   auto ms = [](bool known, double s) { return known ? std::to_string(1000 * s) : std::string("-"); };
-  std::fprintf(f, "index,arrival_s,prompt_tokens,output_tokens,route,finished,ttft_ms,itl_p99_ms,itl_max_ms,"
-                 "admission_ttft_ms\n");
+  std::fprintf(f,
+               "index,arrival_s,prompt_tokens,output_tokens,route,finished,ttft_ms,itl_p99_ms,itl_max_ms,"
+               "admission_ttft_ms\n");
   for (size_t i = 0; i < requests.size() && i < outcomes.size(); ++i) {
     const plan::RequestOutcome& o = outcomes[i];
     const bool gaps = o.finished && !o.itlsS.empty();
     const double itlMax = gaps ? *std::max_element(o.itlsS.begin(), o.itlsS.end()) : 0;
     const char* route = o.shed ? "shed" : o.disaggregated ? "disaggregated" : "colocated";
     std::fprintf(f, "%zu,%.6f,%zu,%d,%s,%d,%s,%s,%s,%s\n", i, requests[i].arrivalS, requests[i].prompt.size(),
-                 requests[i].outputTokens, route, o.finished ? 1 : 0,
-                 ms(o.finished, o.ttftS).c_str(), ms(gaps, gaps ? plan::percentileOf(o.itlsS, 99) : 0).c_str(),
-                 ms(gaps, itlMax).c_str(), ms(o.admissionTtftS >= 0, o.admissionTtftS).c_str());
+                 requests[i].outputTokens, route, o.finished ? 1 : 0, ms(o.finished, o.ttftS).c_str(),
+                 ms(gaps, gaps ? plan::percentileOf(o.itlsS, 99) : 0).c_str(), ms(gaps, itlMax).c_str(),
+                 ms(o.admissionTtftS >= 0, o.admissionTtftS).c_str());
   }
   if (std::fclose(f) != 0) return invalidArgument("--requests-csv: writing " + path + " failed");
   return Status::ok();
@@ -248,14 +278,14 @@ int runPlan(int argc, char** argv) {
          maxOutput = 0;
   double maxBatch = 8192, maxRunning = 256, linkGbps = cpu ? 20 : 0, attainment = 90, threshold = 256, rate = 0;
   double kvCacheBytes = cpu ? 268435456 : 0, seed = 0, startupS = 60;
-  for (Status s : {number(a, "--gpus", &gpus), number(a, "--duration", &duration), number(a, "--time-scale", &timeScale),
-                   number(a, "--num-requests", &numRequests), number(a, "--max-prompt-tokens", &maxPrompt),
-                   number(a, "--length-scale", &lengthScale), number(a, "--max-output-tokens", &maxOutput),
-                   number(a, "--max-batch-tokens", &maxBatch), number(a, "--max-running-requests", &maxRunning),
-                   number(a, "--kv-link-gbps", &linkGbps), number(a, "--attainment", &attainment),
-                   number(a, "--threshold", &threshold), number(a, "--rate", &rate),
-                   number(a, "--kv-cache-bytes", &kvCacheBytes), number(a, "--seed", &seed),
-                   number(a, "--startup-s", &startupS)})
+  for (Status s :
+       {number(a, "--gpus", &gpus), number(a, "--duration", &duration), number(a, "--time-scale", &timeScale),
+        number(a, "--num-requests", &numRequests), number(a, "--max-prompt-tokens", &maxPrompt),
+        number(a, "--length-scale", &lengthScale), number(a, "--max-output-tokens", &maxOutput),
+        number(a, "--max-batch-tokens", &maxBatch), number(a, "--max-running-requests", &maxRunning),
+        number(a, "--kv-link-gbps", &linkGbps), number(a, "--attainment", &attainment),
+        number(a, "--threshold", &threshold), number(a, "--rate", &rate), number(a, "--kv-cache-bytes", &kvCacheBytes),
+        number(a, "--seed", &seed), number(a, "--startup-s", &startupS)})
     if (!s.isOk()) return usageError(s);
 
   plan::Device device;
@@ -357,8 +387,10 @@ int runPlan(int argc, char** argv) {
       if (!lower.ok()) return usageError(lower.status());
       if ((lower->prefillWorkers == 0) != (layout->prefillWorkers == 0) ||
           lower->prefillWorkers > layout->prefillWorkers || lower->decodeWorkers > layout->decodeWorkers)
-        return usageError(invalidArgument("--autoscale " + get("--autoscale", "") + ": the minimum must be a layout of "
-                                          "the same kind no larger than --layout " + get("--layout", "")));
+        return usageError(invalidArgument("--autoscale " + get("--autoscale", "") +
+                                          ": the minimum must be a layout of "
+                                          "the same kind no larger than --layout " +
+                                          get("--layout", "")));
       plan::Autoscaling as;
       as.minPrefill = lower->prefillWorkers, as.maxPrefill = layout->prefillWorkers;
       as.minDecode = lower->decodeWorkers, as.maxDecode = layout->decodeWorkers;
@@ -404,16 +436,18 @@ int runPlan(int argc, char** argv) {
   }
   const auto& best = ranked->front();
   const double offered = best.maxRateScale > 0 ? best.maxRate / best.maxRateScale : 0;
-  std::printf("best: %s -- up to %.2f req/s (%.2fx the trace's mean %.2f req/s) with %.0f%% of requests within "
-              "TTFT %.0f ms and ITL p%g %.0f ms\n",
-              best.layout.describe().c_str(), best.maxRate, best.maxRateScale, offered, 100 * po.attainment,
-              1000 * slo->ttftS, slo->percentile, 1000 * slo->itlS);
-  std::printf("  (%lld KV blocks of %d tokens per worker; cost model: %s roofline at %.0f%% compute / %.0f%% "
-              "bandwidth efficiency, %s)\n\n",
-              (long long)best.summary.kvBlocksPerWorker, po.sim.blockSize, device.name.c_str(),
-              100 * device.efficiency.compute, 100 * device.efficiency.memory, costNote.c_str());
-  std::printf("%-34s %9s %8s | %8s %8s %8s | %7s %6s  %s\n", "layout", "max req/s", "per GPU", "TTFT p99",
-              "ITL p99", "attained", "at 1x", "disagg", "verdict");
+  std::printf(
+      "best: %s -- up to %.2f req/s (%.2fx the trace's mean %.2f req/s) with %.0f%% of requests within "
+      "TTFT %.0f ms and ITL p%g %.0f ms\n",
+      best.layout.describe().c_str(), best.maxRate, best.maxRateScale, offered, 100 * po.attainment, 1000 * slo->ttftS,
+      slo->percentile, 1000 * slo->itlS);
+  std::printf(
+      "  (%lld KV blocks of %d tokens per worker; cost model: %s roofline at %.0f%% compute / %.0f%% "
+      "bandwidth efficiency, %s)\n\n",
+      (long long)best.summary.kvBlocksPerWorker, po.sim.blockSize, device.name.c_str(), 100 * device.efficiency.compute,
+      100 * device.efficiency.memory, costNote.c_str());
+  std::printf("%-34s %9s %8s | %8s %8s %8s | %7s %6s  %s\n", "layout", "max req/s", "per GPU", "TTFT p99", "ITL p99",
+              "attained", "at 1x", "disagg", "verdict");
   for (const auto& c : *ranked) {
     const auto& m = c.atMaxRate;
     std::printf("%-34s %9.2f %8.3f | %6.0fms %6.1fms %7.1f%% | %6.1f%% %5.0f%%  %s\n", c.layout.describe().c_str(),
@@ -422,10 +456,11 @@ int runPlan(int argc, char** argv) {
                 c.summary.requests ? 100.0 * double(c.summary.disaggregated) / double(c.summary.requests) : 0.0,
                 c.verdict.c_str());
   }
-  std::printf("\nmax req/s: the highest Poisson rate, with the trace's lengths over its %.0f s, at which >= %.0f%%\n"
-              "of the requests meet both SLOs; TTFT/ITL p99 and attained are at that rate; at 1x and disagg\n"
-              "replay the trace's own arrivals.\n",
-              traceSpanS, 100 * po.attainment);
+  std::printf(
+      "\nmax req/s: the highest Poisson rate, with the trace's lengths over its %.0f s, at which >= %.0f%%\n"
+      "of the requests meet both SLOs; TTFT/ITL p99 and attained are at that rate; at 1x and disagg\n"
+      "replay the trace's own arrivals.\n",
+      traceSpanS, 100 * po.attainment);
   if (a.values.count("--html")) {
     plan::PlanReportInfo info;
     info.commandLine = "pdserve";

@@ -101,7 +101,8 @@ int runTokenize(int argc, char** argv) {
       std::fprintf(stderr, "pdserve tokenize: %s\n", tpl.status().toString().c_str());
       return 1;
     }
-    if (tpl->isDefault()) std::fprintf(stderr, "pdserve tokenize: model has no chat_template; using the ChatML default\n");
+    if (tpl->isDefault())
+      std::fprintf(stderr, "pdserve tokenize: model has no chat_template; using the ChatML default\n");
     auto prompt = tpl->render(messages, opts);
     if (!prompt.ok()) {
       std::fprintf(stderr, "pdserve tokenize: %s\n", prompt.status().toString().c_str());
@@ -128,8 +129,9 @@ int runTokenize(int argc, char** argv) {
   if (!chatFile.empty()) std::printf("prompt: %s\n", nlohmann::json(text).dump().c_str());
   std::printf("%zu tokens\n", ids->size());
   for (auto id : *ids) {
-    std::printf("%8d  %s\n", id,
-                nlohmann::json((*tok)->idToToken(id)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf(
+        "%8d  %s\n", id,
+        nlohmann::json((*tok)->idToToken(id)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
   return 0;
 }

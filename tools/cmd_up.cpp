@@ -52,11 +52,16 @@ int runUp(int argc, char** argv) {
     }
     if (i + 1 >= argc) return usage(), 2;
     std::string v = argv[++i];
-    if (a == "--config") o.configPath = v;
-    else if (a == "--port") o.httpPort = std::atoi(v.c_str());
-    else if (a == "--control-port") o.controlPort = std::atoi(v.c_str());  // 0: a free one
-    else if (a == "--prefill") o.prefillReplicas = std::atoi(v.c_str());
-    else if (a == "--decode") o.decodeReplicas = std::atoi(v.c_str());
+    if (a == "--config")
+      o.configPath = v;
+    else if (a == "--port")
+      o.httpPort = std::atoi(v.c_str());
+    else if (a == "--control-port")
+      o.controlPort = std::atoi(v.c_str());  // 0: a free one
+    else if (a == "--prefill")
+      o.prefillReplicas = std::atoi(v.c_str());
+    else if (a == "--decode")
+      o.decodeReplicas = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "pdserve up: unknown flag '%s'\n", a.c_str());
       return usage(), 2;
@@ -70,7 +75,8 @@ int runUp(int argc, char** argv) {
   LocalActuator actuator(*cluster.value(), autoscale);
   const int port = cluster.value()->httpPort();
   const auto& cfg = cluster.value()->config();
-  std::string model = cfg.model.name.empty() ? std::filesystem::path(cfg.model.path).filename().string() : cfg.model.name;
+  std::string model =
+      cfg.model.name.empty() ? std::filesystem::path(cfg.model.path).filename().string() : cfg.model.name;
   std::printf(
       "\npdserve is up: http://127.0.0.1:%d/v1  (model '%s', %d prefill + %d decode workers)\n"
       "try:\n  curl -s http://127.0.0.1:%d/v1/completions -H 'Content-Type: application/json' \\\n"
@@ -106,8 +112,7 @@ int runUp(int argc, char** argv) {
         std::fflush(stdout);
         continue;
       }
-      std::fprintf(stderr, "pdserve up: %s %s; stopping the cluster\n", dead->name.c_str(),
-                   dead->description.c_str());
+      std::fprintf(stderr, "pdserve up: %s %s; stopping the cluster\n", dead->name.c_str(), dead->description.c_str());
       cluster.value()->stop();
       return 1;
     }

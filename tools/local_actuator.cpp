@@ -13,9 +13,8 @@ constexpr const char* kTag = "up";
 Pool other(Pool pool) { return pool == Pool::kPrefill ? Pool::kDecode : Pool::kPrefill; }
 
 std::pair<int, int> ownBounds(const config::ClusterConfig& cfg, Pool pool) {
-  return pool == Pool::kPrefill
-             ? std::pair{cfg.pools.prefill.minReplicas, cfg.pools.prefill.maxReplicas}
-             : std::pair{cfg.pools.decode.minReplicas, cfg.pools.decode.maxReplicas};
+  return pool == Pool::kPrefill ? std::pair{cfg.pools.prefill.minReplicas, cfg.pools.prefill.maxReplicas}
+                                : std::pair{cfg.pools.decode.minReplicas, cfg.pools.decode.maxReplicas};
 }
 
 // With role moves, a pool may take the slots of the budget the other pool does not hold at
@@ -75,8 +74,7 @@ ClusterStep planCluster(const PoolActuation& prefill, const PoolActuation& decod
       c.moveFrom = from;
       give.why = "moving a worker to the " + toName + " pool, which wants one (" + give.why + ")";
     } else if (to.desired > to.live) {
-      give.why = "keeping the worker to move it: the " + toName + " pool wants one once it is ready (" +
-                 take.why + ")";
+      give.why = "keeping the worker to move it: the " + toName + " pool wants one once it is ready (" + take.why + ")";
     } else {
       give.drainOne = true;
     }
@@ -98,8 +96,7 @@ std::string LocalActuator::describe() const {
   for (Pool pool : {Pool::kPrefill, Pool::kDecode}) {
     if (!pools_[int(pool)]) continue;
     auto [lo, hi] = bounds(cluster_.config(), pool);
-    out += std::string(out.empty() ? "" : ", ") + poolName(pool) + " " + std::to_string(lo) + ".." +
-           std::to_string(hi);
+    out += std::string(out.empty() ? "" : ", ") + poolName(pool) + " " + std::to_string(lo) + ".." + std::to_string(hi);
   }
   if (out.empty()) return "off";
   return cluster_.config().router.autoscaler.roleMoves ? out + " (one budget of workers; role moves)" : out;
@@ -159,12 +156,11 @@ void LocalActuator::act(Pool pool, const PoolActuation& p, const ActuationStep& 
   for (int i = 0; i < step.start; ++i) {
     auto id = cluster_.startWorker(pool);
     if (!id.ok()) {
-      PD_LOG(kWarn, kTag) << "scaling " << name
-                          << ": cannot start a worker: " << id.status().message();
+      PD_LOG(kWarn, kTag) << "scaling " << name << ": cannot start a worker: " << id.status().message();
       return;
     }
-    announce("scaling " + sizes + std::to_string(p.live + i + 1) + ": started " + *id +
-             " (router recommends " + std::to_string(p.desired) + "; " + step.why + ")");
+    announce("scaling " + sizes + std::to_string(p.live + i + 1) + ": started " + *id + " (router recommends " +
+             std::to_string(p.desired) + "; " + step.why + ")");
   }
   if (step.drainOne) {
     const std::string& id = live.back();
@@ -172,9 +168,8 @@ void LocalActuator::act(Pool pool, const PoolActuation& p, const ActuationStep& 
       PD_LOG(kWarn, kTag) << "scaling " << name << ": cannot drain " << id << ": " << s.message();
       return;
     }
-    announce("scaling " + sizes + std::to_string(p.live - 1) + ": draining " + id +
-             " (router recommends " + std::to_string(p.desired) + "; " + step.why +
-             "; it finishes its streams within " +
+    announce("scaling " + sizes + std::to_string(p.live - 1) + ": draining " + id + " (router recommends " +
+             std::to_string(p.desired) + "; " + step.why + "; it finishes its streams within " +
              std::to_string(cluster_.config().engine.drainTimeoutMs) + " ms, then exits)");
   }
 }

@@ -1,4 +1,4 @@
-// The local actuator of `pdserve up` (issue 14; docs/serving.md "Autoscaling"): it makes a
+// The local actuator of `pdserve up` (docs/serving.md "Autoscaling"): it makes a
 // pool's worker processes follow the router's recommendation, pdserve_desired_replicas{pool},
 // within the pool's [min_replicas, max_replicas], so pools really scale on one machine.
 //

@@ -1,29 +1,26 @@
 #include "tools/local_cluster.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <algorithm>
 #include <fstream>
 #include <set>
 #include <thread>
 
-#include <fcntl.h>
-#include <yaml-cpp/yaml.h>
-
-#include <cstdlib>
-#include <fstream>
-
 #include "common/base/cluster_auth.h"
-#include "common/base/ports_file.h"
 #include "common/base/log.h"
+#include "common/base/ports_file.h"
 #include "engine/model_maker.h"
 
 namespace pd::tools {
@@ -74,9 +71,8 @@ std::string dechunk(const std::string& body) {
 
 }  // namespace
 
-Result<HttpReply> httpRequest(int port, const std::string& method, const std::string& path,
-                              const std::string& body, milliseconds timeout,
-                              const std::vector<std::string>& extraHeaders) {
+Result<HttpReply> httpRequest(int port, const std::string& method, const std::string& path, const std::string& body,
+                              milliseconds timeout, const std::vector<std::string>& extraHeaders) {
   const auto deadline = steady_clock::now() + timeout;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   if (fd < 0) return internalError(std::string("socket: ") + std::strerror(errno));
@@ -100,8 +96,10 @@ Result<HttpReply> httpRequest(int port, const std::string& method, const std::st
   size_t sent = 0;
   while (ok && sent < request.size() && waitFor(POLLOUT)) {
     ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) ok = false;
-    else sent += size_t(n);
+    if (n <= 0)
+      ok = false;
+    else
+      sent += size_t(n);
   }
   while (ok && waitFor(POLLIN)) {
     char buf[16384];
@@ -175,7 +173,8 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   if (c->runDir_.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/pdserve-up-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) return unavailable("cannot make a run directory: " + std::string(std::strerror(errno)));
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      return unavailable("cannot make a run directory: " + std::string(std::strerror(errno)));
     c->runDir_ = tmpl;
     c->ownsRunDir_ = true;
   } else {
@@ -208,10 +207,11 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   const std::string routerPorts = portsFileOf(c->runDir_, "router");
   std::error_code ec;
   std::filesystem::remove(routerPorts, ec);
-  PD_RETURN_IF_ERROR(c->group_.spawn("router", {(std::filesystem::path(o.binDir) / "pdserve-router").string(),
-                                                "--config", c->configPath_, "--port", std::to_string(httpPort),
-                                                "--control-port", std::to_string(controlPort), "--ports-file",
-                                                routerPorts}).status());
+  PD_RETURN_IF_ERROR(c->group_
+                         .spawn("router", {(std::filesystem::path(o.binDir) / "pdserve-router").string(), "--config",
+                                           c->configPath_, "--port", std::to_string(httpPort), "--control-port",
+                                           std::to_string(controlPort), "--ports-file", routerPorts})
+                         .status());
   PD_ASSIGN_OR_RETURN(PortMap ports, c->waitForPorts("router", deadline));
   c->httpPort_ = ports["http"];
   c->controlPort_ = ports["control"];
@@ -229,8 +229,9 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
       }
     }
     if (metricsAuth.empty()) {
-      return failedPrecondition("router.http.metrics_auth is api_key and every router.http.api_keys entry is a sha256: hash: "
-                                "the cluster's readiness cannot be read from /metrics");
+      return failedPrecondition(
+          "router.http.metrics_auth is api_key and every router.http.api_keys entry is a sha256: hash: "
+          "the cluster's readiness cannot be read from /metrics");
     }
   } else if (cfg.router.metricsAuth == config::MetricsAuth::kBearerFile) {
     std::ifstream in(cfg.router.metricsBearerFile);
@@ -241,7 +242,8 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   c->metricsAuth_ = metricsAuth;
   while (steady_clock::now() < deadline) {
     if (auto dead = c->group_.waitAny(milliseconds(200))) {
-      return unavailable(dead->name + " " + dead->description + " during start-up (see its [" + dead->name + "] log lines)");
+      return unavailable(dead->name + " " + dead->description + " during start-up (see its [" + dead->name +
+                         "] log lines)");
     }
     auto health = httpGet(c->httpPort_, "/health", seconds(2));
     if (!health.ok() || health->status != 200) continue;
@@ -270,7 +272,8 @@ Result<PortMap> LocalCluster::waitForPorts(const std::string& process, steady_cl
     auto ports = readPortsFile(path);
     if (ports.status().code() != StatusCode::kNotFound) return ports;
     if (auto dead = group_.waitAny(milliseconds(20))) {
-      return unavailable(dead->name + " " + dead->description + " during start-up (see its [" + dead->name + "] log lines)");
+      return unavailable(dead->name + " " + dead->description + " during start-up (see its [" + dead->name +
+                         "] log lines)");
     }
     if (steady_clock::now() >= deadline) return deadlineExceeded(process + " wrote no " + path + " in time");
   }
@@ -307,9 +310,17 @@ Result<std::string> LocalCluster::startWorker(Pool pool) {
   const std::string portsFile = portsFileOf(runDir_, id);
   std::error_code ec;
   std::filesystem::remove(portsFile, ec);
-  std::vector<std::string> argv{(std::filesystem::path(binDir_) / program).string(), "--config", configPath_, "--id", id,
-                                "--router", "127.0.0.1:" + std::to_string(controlPort_), "--metrics-port", "0",
-                                "--ports-file", portsFile};
+  std::vector<std::string> argv{(std::filesystem::path(binDir_) / program).string(),
+                                "--config",
+                                configPath_,
+                                "--id",
+                                id,
+                                "--router",
+                                "127.0.0.1:" + std::to_string(controlPort_),
+                                "--metrics-port",
+                                "0",
+                                "--ports-file",
+                                portsFile};
   if (flex) argv.insert(argv.end(), {"--role", poolName(pool)});
   // pools.prefill.base_port: a prefill worker's control port is base_port + its slot (0:
   // OS-chosen); decode workers take no inbound connections from other workers.

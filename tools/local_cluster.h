@@ -20,13 +20,13 @@ namespace pd::tools {
 
 struct LocalClusterOptions {
   std::string configPath = "deploy/configs/local.yaml";
-  std::string binDir;              // where pdserve-router/-prefill/-decode/-worker are
+  std::string binDir;  // where pdserve-router/-prefill/-decode/-worker are
   // Override router.http.port / router.workers.control_port when >= 0; 0: the router binds an OS-chosen
   // port and says which in its ports file (common/base/ports_file.h), read back here.
   int httpPort = -1;
   int controlPort = -1;
-  int prefillReplicas = -1;        // overrides pools.prefill.replicas when >= 0
-  int decodeReplicas = -1;         // overrides pools.decode.replicas when >= 0
+  int prefillReplicas = -1;  // overrides pools.prefill.replicas when >= 0
+  int decodeReplicas = -1;   // overrides pools.decode.replicas when >= 0
   std::chrono::seconds startTimeout{120};
   // Where the cluster's generated files go (each process's ports file; its secret and the
   // config that names it). Empty: a fresh private directory under $TMPDIR, removed when the
@@ -50,7 +50,7 @@ class LocalCluster {
   static Result<std::unique_ptr<LocalCluster>> start(const LocalClusterOptions& options);
   ~LocalCluster();
 
-  int httpPort() const { return httpPort_; }  // the bound ones, also after a 0 was asked for
+  int httpPort() const { return httpPort_; }        // the bound ones, also after a 0 was asked for
   int controlPort() const { return controlPort_; }  // the router's, which workers dial
   // The /health + /metrics port of a running worker ("prefill-0", "decode-0"), from its
   // ports file: known for every worker once start() returned, for one startWorker() started
@@ -108,7 +108,7 @@ class LocalCluster {
   int httpPort_ = 0;
   int controlPort_ = 0;
   std::string binDir_;
-  std::vector<std::string> metricsAuth_;  // headers for the router's /metrics
+  std::vector<std::string> metricsAuth_;             // headers for the router's /metrics
   mutable std::map<std::string, int> metricsPorts_;  // read from the ports files, by worker id
   struct Worker {
     Pool pool = Pool::kDecode;  // its role now
@@ -132,9 +132,8 @@ struct HttpReply {
 };
 
 // One HTTP/1.1 request to 127.0.0.1:port with Connection: close; deadline-bound.
-Result<HttpReply> httpRequest(int port, const std::string& method, const std::string& path,
-                              const std::string& body, std::chrono::milliseconds timeout,
-                              const std::vector<std::string>& extraHeaders = {});
+Result<HttpReply> httpRequest(int port, const std::string& method, const std::string& path, const std::string& body,
+                              std::chrono::milliseconds timeout, const std::vector<std::string>& extraHeaders = {});
 inline Result<HttpReply> httpGet(int port, const std::string& path, std::chrono::milliseconds timeout) {
   return httpRequest(port, "GET", path, "", timeout);
 }

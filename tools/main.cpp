@@ -1,4 +1,4 @@
-// pdserve: one binary, one subcommand per job (DESIGN.md §2, tools/).
+// pdserve: one binary, one subcommand per job (docs/design.md §2, tools/).
 #include <cstdio>
 #include <cstring>
 #include <iterator>

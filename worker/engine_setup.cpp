@@ -5,10 +5,10 @@
 #include <filesystem>
 
 #include "common/base/log.h"
+#include "common/metrics/pdserve_metrics.h"
 #include "engine/cpu_backend.h"
 #include "engine/cuda_backend.h"
 #include "engine/kv_cache_manager.h"
-#include "common/metrics/pdserve_metrics.h"
 
 namespace pd::worker {
 
@@ -17,10 +17,13 @@ namespace {
 // The storage type of the CUDA backend's weights and KV cache: model.dtype, auto -> bf16.
 engine::KvDtype cudaDtype(config::DType d) {
   switch (d) {
-    case config::DType::kF32: return engine::KvDtype::kF32;
-    case config::DType::kF16: return engine::KvDtype::kF16;
+    case config::DType::kF32:
+      return engine::KvDtype::kF32;
+    case config::DType::kF16:
+      return engine::KvDtype::kF16;
     case config::DType::kAuto:
-    case config::DType::kBF16: return engine::KvDtype::kBF16;
+    case config::DType::kBF16:
+      return engine::KvDtype::kBF16;
   }
   return engine::KvDtype::kBF16;
 }
@@ -33,8 +36,7 @@ struct BackendAndKv {
 
 // engine.backend: cpu -> the KV cache in host memory the manager maps; cuda -> in device
 // memory the backend allocates, which the manager only keeps the books of.
-Result<BackendAndKv> makeBackend(const config::ClusterConfig& config,
-                                 std::shared_ptr<const engine::ModelWeights> model,
+Result<BackendAndKv> makeBackend(const config::ClusterConfig& config, std::shared_ptr<const engine::ModelWeights> model,
                                  const engine::KvLayout& layout) {
   BackendAndKv out;
   if (config.engine.backend == config::Backend::kCpu) {
@@ -84,20 +86,19 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
     PD_ASSIGN_OR_RETURN(b.model, engine::loadModel(config.model.path));
   }
   const auto& mc = b.model->config;
-  b.modelName = config.model.name.empty()
-                    ? std::filesystem::path(config.model.path).filename().string()
-                    : config.model.name;
+  b.modelName =
+      config.model.name.empty() ? std::filesystem::path(config.model.path).filename().string() : config.model.name;
   b.maxModelLen = config.model.maxModelLen > 0 ? config.model.maxModelLen : mc.maxPositionEmbeddings;
 
-  const engine::KvDtype kvDtype = config.engine.backend == config::Backend::kCuda
-                              ? cudaDtype(config.model.dtype)
-                              : engine::KvDtype::kF32;
+  const engine::KvDtype kvDtype =
+      config.engine.backend == config::Backend::kCuda ? cudaDtype(config.model.dtype) : engine::KvDtype::kF32;
   // engine.kv_cache_bytes is the whole cache: a block id holds blockBytes in every layer (and
   // with tensor parallelism every rank's share of the kv heads, so the sum over the ranks).
   engine::KvLayout probe = engine::kvLayoutFor(mc, 1, config.engine.blockSize, kvDtype);
   const int64_t bytesPerBlock = int64_t(probe.totalBytes());
   const bool byUtilization = config.engine.gpuMemoryUtilization > 0;  // cuda only (config checks)
-  int64_t numBlocks = config.engine.numBlocks > 0 ? config.engine.numBlocks : config.engine.kvCacheBytes / bytesPerBlock;
+  int64_t numBlocks =
+      config.engine.numBlocks > 0 ? config.engine.numBlocks : config.engine.kvCacheBytes / bytesPerBlock;
   if (byUtilization) {
     numBlocks = 0;
   } else if (numBlocks < 1) {
@@ -115,7 +116,8 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
     std::snprintf(secs, sizeof secs, "%.2f s", b.loadSeconds);
     PD_LOG(kInfo, "engine") << "model " << config.model.path
                             << (reused ? " (weights kept from the previous role) ready on " : " loaded on ")
-                            << config::toString(config.engine.backend) << " in " << secs << "; KV cache " << kl.numBlocks << " blocks of " << kl.blockSize
+                            << config::toString(config.engine.backend) << " in " << secs << "; KV cache "
+                            << kl.numBlocks << " blocks of " << kl.blockSize
                             << " tokens = " << int64_t(kl.numBlocks) * kl.blockSize << " tokens of context ("
                             << (kl.totalBytes() >> 20) << " MiB"
                             << (byUtilization ? ", by engine.gpu_memory_utilization" : "") << ")";
@@ -166,8 +168,6 @@ Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::Clu
   return agent;
 }
 
-
-
 proto::Hello workerHello(proto::Role role, const WorkerFlags& flags, const EngineBundle& bundle) {
   proto::Hello hello;
   hello.set_role(role);
@@ -179,8 +179,8 @@ proto::Hello workerHello(proto::Role role, const WorkerFlags& flags, const Engin
 }
 
 kvt::BlockPool kvBlockPool(const engine::KvLayout& layout, const MemDesc& region) {
-  return kvt::BlockPool{region.addr, layout.blockBytes(), layout.numBlocks, layout.numLayers, region.kind,
-                        region.device};
+  return kvt::BlockPool{region.addr,      layout.blockBytes(), layout.numBlocks,
+                        layout.numLayers, region.kind,         region.device};
 }
 
 }  // namespace pd::worker

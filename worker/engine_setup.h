@@ -14,10 +14,10 @@
 #include "common/base/mem_desc.h"
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
-#include "engine/engine.h"
-#include "engine/model_weights.h"
 #include "common/metrics/metrics.h"
 #include "common/proto/pdserve.pb.h"
+#include "engine/engine.h"
+#include "engine/model_weights.h"
 #include "kvtransfer/agent.h"
 #include "kvtransfer/block_segments.h"
 #include "worker/flags.h"
@@ -30,8 +30,8 @@ struct EngineBundle {
   // The KV cache as the transfer agent registers it: one region per tensor-parallel rank, in
   // rank order, each laid out as engine->kv().layout() (a rank's share of the kv heads).
   std::vector<MemDesc> kvRegions;
-  std::string modelName;        // served model id
-  std::string fingerprint;      // model name + KV layout; peers must agree
+  std::string modelName;    // served model id
+  std::string fingerprint;  // model name + KV layout; peers must agree
   int64_t maxModelLen = 0;
   // Seconds from opening the model to the backend ready (cpu: f32 host weights read; cuda:
   // weights streamed to the device, KV cache allocated): pdserve_model_load_seconds.

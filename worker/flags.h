@@ -18,16 +18,16 @@ struct RouterTarget {
 struct WorkerFlags {
   std::string configPath = "deploy/configs/local.yaml";
   std::vector<RouterTarget> routers{RouterTarget{}};  // --router HOST:PORT[,HOST:PORT...]
-  std::string workerId;     // required
+  std::string workerId;                               // required
   // The address peers on other hosts dial (prefill control, tcp KV): this host's own address,
   // never a wildcard (the chart passes the pod IP). See common/config/endpoints.h.
   std::string advertiseHost = "127.0.0.1";
   // Where the control and metrics endpoints bind; empty: the config's pools.<role>.host.
   std::string bindHost;
-  int port = 0;             // control RPC from peers (prefill); 0 = OS-chosen
-  int transferPort = 0;     // kvtransfer tcp data port; 0 = --port + 1 when --port is set
-  int metricsPort = 0;      // /health and /metrics; 0 = OS-chosen
-  std::string modelPath;    // overrides model.path
+  int port = 0;           // control RPC from peers (prefill); 0 = OS-chosen
+  int transferPort = 0;   // kvtransfer tcp data port; 0 = --port + 1 when --port is set
+  int metricsPort = 0;    // /health and /metrics; 0 = OS-chosen
+  std::string modelPath;  // overrides model.path
   // --ports-file: where the started worker writes the ports it bound (worker_main.h,
   // common/base/ports_file.h); empty: nowhere.
   std::string portsFile;

@@ -8,9 +8,12 @@ namespace {
 
 proto::KvEvent::Kind toProtoKind(engine::KvBlockEvent::Kind k) {
   switch (k) {
-    case engine::KvBlockEvent::Kind::kStored: return proto::KvEvent::BLOCK_STORED;
-    case engine::KvBlockEvent::Kind::kRemoved: return proto::KvEvent::BLOCK_REMOVED;
-    case engine::KvBlockEvent::Kind::kAllCleared: return proto::KvEvent::ALL_BLOCKS_CLEARED;
+    case engine::KvBlockEvent::Kind::kStored:
+      return proto::KvEvent::BLOCK_STORED;
+    case engine::KvBlockEvent::Kind::kRemoved:
+      return proto::KvEvent::BLOCK_REMOVED;
+    case engine::KvBlockEvent::Kind::kAllCleared:
+      return proto::KvEvent::ALL_BLOCKS_CLEARED;
   }
   return proto::KvEvent::KIND_UNSPECIFIED;
 }

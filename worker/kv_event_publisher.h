@@ -17,9 +17,9 @@
 #include <span>
 #include <vector>
 
-#include "engine/kv_cache_manager.h"
 #include "common/metrics/metrics.h"
 #include "common/proto/pdserve.pb.h"
+#include "engine/kv_cache_manager.h"
 #include "worker/router_links.h"
 
 namespace pd::worker {
@@ -43,8 +43,7 @@ class KvEventPublisher {
   };
   // Turns the manager's event recording on. maxEventsPerFrame bounds one frame of a
   // snapshot (a large cache is sent as several frames with one seq).
-  KvEventPublisher(engine::KvCacheManager& kv, Sink sink, metrics::Registry& registry,
-                   size_t maxEventsPerFrame = 8192);
+  KvEventPublisher(engine::KvCacheManager& kv, Sink sink, metrics::Registry& registry, size_t maxEventsPerFrame = 8192);
 
   // Sends what the cache recorded since the last flush as the next batch (nothing when
   // nothing changed). The loop calls it once per iteration.

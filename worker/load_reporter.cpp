@@ -18,7 +18,7 @@ struct LoadReporter::Shared {
   const std::string workerId;
   const std::chrono::milliseconds interval;
   std::atomic<int64_t> stepStartNs{0};  // 0: no step running
-  std::mutex mu;  // guards snapshot, stopped, and every use of routers/metrics by the timer
+  std::mutex mu;                        // guards snapshot, stopped, and every use of routers/metrics by the timer
   LoadSnapshot snapshot;
   bool stopped = false;
 };

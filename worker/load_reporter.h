@@ -15,10 +15,10 @@
 #include <mutex>
 #include <string>
 
-#include "engine/engine.h"
 #include "common/metrics/pdserve_metrics.h"
 #include "common/net/io_pool.h"
 #include "common/proto/pdserve.pb.h"
+#include "engine/engine.h"
 #include "worker/router_links.h"
 
 namespace pd::worker {
@@ -42,7 +42,6 @@ class LoadReporter {
   void publish(const LoadSnapshot& snapshot);
   void stepStarted();
   void stepEnded();
-
 
  private:
   // The LoadReport for a snapshot.

@@ -85,8 +85,8 @@ Result<KvTargetLayout> fromProto(const proto::KvConnect& p) {
       return invalidArgument("KvConnect.regions: kind " + std::to_string(r.kind()) +
                              " is not a memory kind (0 host, 1 pinned, 2 cuda)");
     }
-    t.regions.push_back(MemDesc{static_cast<uintptr_t>(r.base()), 0,
-                                static_cast<int>(r.device()), static_cast<MemKind>(r.kind())});
+    t.regions.push_back(
+        MemDesc{static_cast<uintptr_t>(r.base()), 0, static_cast<int>(r.device()), static_cast<MemKind>(r.kind())});
   }
   return t;
 }

@@ -10,8 +10,8 @@
 
 #include "common/base/mem_desc.h"
 #include "common/base/status.h"
-#include "engine/sampling.h"
 #include "common/proto/pdserve.pb.h"
+#include "engine/sampling.h"
 
 namespace pd::worker {
 

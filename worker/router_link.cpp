@@ -4,14 +4,20 @@
 
 namespace pd::worker {
 
-RouterLink::RouterLink(net::IoPool& io, LoopInbox& inbox, std::string host, int port,
-                       net::ConnectionOptions options, Handlers handlers)
-    : io_(io), inbox_(inbox), host_(std::move(host)), port_(port), options_(std::move(options)),
+RouterLink::RouterLink(net::IoPool& io, LoopInbox& inbox, std::string host, int port, net::ConnectionOptions options,
+                       Handlers handlers)
+    : io_(io),
+      inbox_(inbox),
+      host_(std::move(host)),
+      port_(port),
+      options_(std::move(options)),
       handlers_(std::move(handlers)) {}
 
 RouterLink::~RouterLink() { stop(); }
 
-void RouterLink::start() { thread_ = std::thread([this] { connectLoop(); }); }
+void RouterLink::start() {
+  thread_ = std::thread([this] { connectLoop(); });
+}
 
 void RouterLink::stop() {
   stopping_ = true;
@@ -73,8 +79,7 @@ void RouterLink::connectLoop() {
     retry.totalTimeout = std::chrono::seconds(5);
     auto conn = net::FramedClient::connectWithRetry(io_, host_, port_, opts, cb, retry);
     if (!conn.ok()) {
-      PD_LOG(kWarn, "worker") << "router " << host_ << ":" << port_ << ": "
-                              << conn.status().toString() << "; retrying";
+      PD_LOG(kWarn, "worker") << "router " << host_ << ":" << port_ << ": " << conn.status().toString() << "; retrying";
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_.load(); });
       continue;

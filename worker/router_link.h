@@ -48,7 +48,7 @@ class RouterLink {
   std::mutex mu_;
   std::condition_variable cv_;
   net::ConnectionPtr conn_;
-  Status lastClose_;  // why the last connection closed (guarded by mu_)
+  Status lastClose_;       // why the last connection closed (guarded by mu_)
   int closesPending_ = 0;  // connections connect() returned whose onClose has not run (mu_)
   std::atomic<bool> up_{false};
   std::atomic<bool> stopping_{false};

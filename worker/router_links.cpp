@@ -9,8 +9,8 @@
 
 namespace pd::worker {
 
-RouterLinks::RouterLinks(net::IoPool& io, LoopInbox& inbox, std::vector<RouterTarget> targets, net::ConnectionOptions options,
-                         Handlers handlers, std::chrono::milliseconds reresolve)
+RouterLinks::RouterLinks(net::IoPool& io, LoopInbox& inbox, std::vector<RouterTarget> targets,
+                         net::ConnectionOptions options, Handlers handlers, std::chrono::milliseconds reresolve)
     : io_(io),
       inbox_(inbox),
       targets_(std::move(targets)),

@@ -1,4 +1,4 @@
-// RouterLinks: a worker's links to every router (issue 11: several routers, sharing nothing
+// RouterLinks: a worker's links to every router (several routers, sharing nothing
 // but what workers report). Each --router target is resolved to all its addresses (a
 // Kubernetes headless Service resolves to every router pod) and gets one RouterLink per
 // address; the names are resolved again every `reresolve`, so routers that come and go are
@@ -65,7 +65,7 @@ class RouterLinks {
   const net::ConnectionOptions options_;  // every link's hello and cluster credential
   const Handlers handlers_;
   const std::chrono::milliseconds reresolve_;
-  mutable std::mutex mu_;  // guards links_ and nextId_
+  mutable std::mutex mu_;              // guards links_ and nextId_
   std::map<std::string, Link> links_;  // by "ip:port"
   RouterId nextId_ = 1;
   std::mutex waitMu_;  // with cv_: the resolver's sleep, cut short by stop()

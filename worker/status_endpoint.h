@@ -18,8 +18,7 @@ namespace pd::worker {
 class StatusEndpoint {
  public:
   // unhealthy() runs on an I/O thread: nullopt when healthy, else why not ("draining").
-  StatusEndpoint(net::IoPool& io, metrics::Registry& registry,
-                 std::function<std::optional<std::string>()> unhealthy);
+  StatusEndpoint(net::IoPool& io, metrics::Registry& registry, std::function<std::optional<std::string>()> unhealthy);
   // Binds host:port (0: OS-chosen).
   Status start(const std::string& host, int port);
   int port() const;

@@ -15,9 +15,10 @@ Result<std::unique_ptr<StepTrace>> StepTrace::open(const std::string& dir, const
   if (file == nullptr) {
     return invalidArgument("logging.step_trace_dir: cannot write " + path + ": " + std::strerror(errno));
   }
-  std::fputs("time_s,role,seconds,gap_seconds,decode_rows,decode_context_tokens,prompt_chunks,prompt_tokens,"
-             "prompt_context_tokens\n",
-             file);
+  std::fputs(
+      "time_s,role,seconds,gap_seconds,decode_rows,decode_context_tokens,prompt_chunks,prompt_tokens,"
+      "prompt_context_tokens\n",
+      file);
   return std::unique_ptr<StepTrace>(new StepTrace(std::move(path), file, std::move(role)));
 }
 
@@ -31,10 +32,10 @@ StepTrace::~StepTrace() {
 void StepTrace::record(const engine::StepRecord& step) {
   if (file_ == nullptr || step.seconds <= 0) return;  // nothing ran, or the step failed
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  const int n = std::fprintf(file_, "%.6f,%s,%.6f,%.6f,%d,%lld,%d,%lld,%lld\n", now, role_.c_str(), step.seconds,
-                             step.gapSeconds, step.decodeRows, static_cast<long long>(step.decodeContextTokens),
-                             step.promptChunks, static_cast<long long>(step.promptTokens),
-                             static_cast<long long>(step.promptContextTokens));
+  const int n =
+      std::fprintf(file_, "%.6f,%s,%.6f,%.6f,%d,%lld,%d,%lld,%lld\n", now, role_.c_str(), step.seconds, step.gapSeconds,
+                   step.decodeRows, static_cast<long long>(step.decodeContextTokens), step.promptChunks,
+                   static_cast<long long>(step.promptTokens), static_cast<long long>(step.promptContextTokens));
   if (n < 0 || std::fflush(file_) != 0) {
     PD_LOG(kError, "worker") << "step trace " << path_ << ": write failed (" << std::strerror(errno)
                              << "); no more steps are traced";

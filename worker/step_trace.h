@@ -25,8 +25,7 @@ namespace pd::worker {
 
 class StepTrace {
  public:
-  static Result<std::unique_ptr<StepTrace>> open(const std::string& dir, const std::string& workerId,
-                                                 std::string role);
+  static Result<std::unique_ptr<StepTrace>> open(const std::string& dir, const std::string& workerId, std::string role);
   ~StepTrace();
   StepTrace(const StepTrace&) = delete;
   StepTrace& operator=(const StepTrace&) = delete;

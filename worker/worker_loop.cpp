@@ -20,7 +20,7 @@ WorkerLoop::WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBu
       bundle_(std::move(bundle)),
       role_(role),
       secret_(config_.cluster.authenticated() ? std::make_shared<const std::string>(config_.cluster.secret) : nullptr),
-      bindHost_(!flags_.bindHost.empty()         ? flags_.bindHost
+      bindHost_(!flags_.bindHost.empty()      ? flags_.bindHost
                 : role == proto::ROLE_PREFILL ? config_.pools.prefill.host
                                               : config_.pools.decode.host),
       io_(2, std::string(roleName()) + "-io"),
@@ -38,22 +38,23 @@ WorkerLoop::~WorkerLoop() { stop(); }
 const char* WorkerLoop::roleName() const { return role_ == proto::ROLE_PREFILL ? "prefill" : "decode"; }
 
 Status WorkerLoop::prepare() {
-  config::WorkerEndpoints endpoints{roleName(),
-                                    bindHost_,
-                                    flags_.bindHost.empty() ? "pools." + std::string(roleName()) + ".host"
-                                                            : "--bind-host",
-                                    config_.kvTransfer.listenHost,
-                                    flags_.advertiseHost,
-                                    routerHosts()};
+  config::WorkerEndpoints endpoints{
+      roleName(),
+      bindHost_,
+      flags_.bindHost.empty() ? "pools." + std::string(roleName()) + ".host" : "--bind-host",
+      config_.kvTransfer.listenHost,
+      flags_.advertiseHost,
+      routerHosts()};
   PD_RETURN_IF_ERROR(config::checkEndpoints(endpoints));
   metrics::setInternalAuth(registry_, secret_ != nullptr);
   if (config_.metrics.vllmCompatibleNames)
     metrics::exportVllmNames(registry_, metrics::MetricsProcess::kWorker, bundle_.modelName);
   if (!secret_) {
-    PD_LOG(kWarn, roleName()) << flags_.workerId
-                              << ": internal planes are UNAUTHENTICATED (no cluster.secret_file): any peer that reaches "
-                                 "the control and KV ports can register, take traffic and write KV "
-                                 "(docs/security.md)";
+    PD_LOG(kWarn, roleName())
+        << flags_.workerId
+        << ": internal planes are UNAUTHENTICATED (no cluster.secret_file): any peer that reaches "
+           "the control and KV ports can register, take traffic and write KV "
+           "(docs/security.md)";
   }
   PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
@@ -61,8 +62,8 @@ Status WorkerLoop::prepare() {
   if (const auto& ev = config_.engine.kvEvents; !ev.zmqEndpoint.empty() && config_.engine.enablePrefixCaching) {
     PD_ASSIGN_OR_RETURN(zmq_, ZmqKvPublisher::bind(ev.zmqEndpoint, ev.zmqTopic, engine().kv().layout().blockSize,
                                                    config_.engine.backend == config::Backend::kCuda ? "GPU" : "CPU"));
-    PD_LOG(kInfo, roleName()) << flags_.workerId << ": KV events on " << zmq_->endpoint() << " (topic '"
-                              << ev.zmqTopic << "')";
+    PD_LOG(kInfo, roleName()) << flags_.workerId << ": KV events on " << zmq_->endpoint() << " (topic '" << ev.zmqTopic
+                              << "')";
   }
   if (const std::string& dir = config_.logging.stepTraceDir; !dir.empty()) {
     PD_ASSIGN_OR_RETURN(stepTrace_, StepTrace::open(dir, flags_.workerId, roleName()));
@@ -93,9 +94,8 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
         o.hello = std::move(hello);
         return o;
       }(),
-      RouterLinks::Handlers{
-          [this](RouterId from, proto::Envelope&& env) { onRouterMessage(from, std::move(env)); },
-          [this](RouterId router, bool up, const Status& why) { onRouterState(router, up, why); }});
+      RouterLinks::Handlers{[this](RouterId from, proto::Envelope&& env) { onRouterMessage(from, std::move(env)); },
+                            [this](RouterId router, bool up, const Status& why) { onRouterState(router, up, why); }});
   if (publish || zmq_) {
     KvEventPublisher::Sink sink{[this, publish](const proto::Envelope& env) {
                                   if (publish) routers_->broadcast(env, true);
@@ -218,9 +218,8 @@ void WorkerLoop::loop() {
     if (engine().hasWork()) {
       events.clear();
       reporter_->stepStarted();
-      Status s = engine().step(&events, [this](int layer, const engine::StepView& step) {
-        policy_->onLayerDone(layer, step);
-      });
+      Status s = engine().step(&events,
+                               [this](int layer, const engine::StepView& step) { policy_->onLayerDone(layer, step); });
       reporter_->stepEnded();
       const engine::StepRecord& step = engine().lastStep();
       metrics_.observeStep(step.decodeRows, step.promptTokens, step.seconds, step.gapSeconds);

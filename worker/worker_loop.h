@@ -1,4 +1,4 @@
-// WorkerLoop: the one loop a worker process runs (DESIGN.md §3, §10; docs/architecture.md).
+// WorkerLoop: the one loop a worker process runs (docs/design.md §3, §10; docs/architecture.md).
 // It owns the engine, the KV cache (through the engine), the transfer agent, the links to
 // every router, the load reporter, the /health + /metrics endpoint, the per-request deadlines
 // and the drain, and runs them on ONE loop thread. What a worker does with them is its role, a RolePolicy
@@ -35,12 +35,12 @@
 #include "worker/engine_setup.h"
 #include "worker/flags.h"
 #include "worker/kv_event_publisher.h"
-#include "worker/zmq_kv_publisher.h"
 #include "worker/load_reporter.h"
 #include "worker/loop_inbox.h"
 #include "worker/router_links.h"
 #include "worker/status_endpoint.h"
 #include "worker/step_trace.h"
+#include "worker/zmq_kv_publisher.h"
 
 namespace pd::worker {
 
@@ -143,7 +143,7 @@ class WorkerLoop {
   metrics::WorkerMetrics metrics_;
   std::atomic<bool> routersUp_{false};  // registered with at least one router: /health says 200
   std::atomic<bool> draining_{false};
-  std::atomic<bool> idle_{true};        // the role's idle(), as of the last iteration
+  std::atomic<bool> idle_{true};  // the role's idle(), as of the last iteration
   StatusEndpoint status_;
   LoopInbox inbox_;
   std::unique_ptr<kvt::TransferAgent> agent_;
@@ -154,7 +154,7 @@ class WorkerLoop {
   std::unique_ptr<KvEventPublisher> kvEvents_;
   std::unique_ptr<ZmqKvPublisher> zmq_;
   std::unique_ptr<StepTrace> stepTrace_;  // logging.step_trace_dir
-  bool kvToRouters_ = false;  // engine.kv_events.publish: batches and snapshots go to routers
+  bool kvToRouters_ = false;              // engine.kv_events.publish: batches and snapshots go to routers
   RolePolicy* policy_ = nullptr;
 
   // Timers, loop thread only.

@@ -15,8 +15,7 @@ Status writeServicePorts(const WorkerFlags& flags, const Service& service) {
   return writePortsFile(flags.portsFile, {{"metrics", service.metricsPort()}});
 }
 
-int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
-                  const ServiceFactory& create) {
+int runWorkerMain(int argc, char** argv, const char* program, const char* usage, const ServiceFactory& create) {
   const sigset_t signals = blockTerminationSignals();
 
   auto flags = parseWorkerFlags(argc - 1, argv + 1, usage);
@@ -42,8 +41,8 @@ int runWorkerMain(int argc, char** argv, const char* program, const char* usage,
   sigwait(&signals, &sig);
   // SIGTERM (Kubernetes, pdserve up) drains first; a second signal during the drain is not
   // waited for: the drain has its own deadline, engine.drain_timeout_ms.
-  PD_LOG(kInfo, "worker") << program << ": signal " << sig << ", draining (up to "
-                          << config->engine.drainTimeoutMs << " ms), then shutting down";
+  PD_LOG(kInfo, "worker") << program << ": signal " << sig << ", draining (up to " << config->engine.drainTimeoutMs
+                          << " ms), then shutting down";
   service.value()->drain(std::chrono::milliseconds(config->engine.drainTimeoutMs));
   service.value()->stop();
   return 0;

@@ -8,8 +8,8 @@
 
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
-#include "engine/model_weights.h"
 #include "common/metrics/metrics.h"
+#include "engine/model_weights.h"
 #include "worker/flags.h"
 
 namespace pd::worker {

@@ -42,8 +42,10 @@ std::string encodeVllmEventBatch(double tsSeconds, std::span<const engine::KvBlo
         msgpack_pack_array(&pk, 8);
         packStr(&pk, "BlockStored");
         packHashes(&pk, run);
-        if (run.front().parentHash == kRootBlockHash) msgpack_pack_nil(&pk);
-        else msgpack_pack_uint64(&pk, run.front().parentHash);
+        if (run.front().parentHash == kRootBlockHash)
+          msgpack_pack_nil(&pk);
+        else
+          msgpack_pack_uint64(&pk, run.front().parentHash);
         size_t tokens = 0;
         for (const auto& e : run) tokens += e.tokens.size();
         msgpack_pack_array(&pk, tokens);
@@ -86,8 +88,10 @@ Result<std::unique_ptr<ZmqKvPublisher>> ZmqKvPublisher::bind(const std::string& 
   }
   char last[256] = {};
   size_t len = sizeof last;
-  if (zmq_getsockopt(p->socket_, ZMQ_LAST_ENDPOINT, last, &len) == 0) p->endpoint_ = last;
-  else p->endpoint_ = endpoint;
+  if (zmq_getsockopt(p->socket_, ZMQ_LAST_ENDPOINT, last, &len) == 0)
+    p->endpoint_ = last;
+  else
+    p->endpoint_ = endpoint;
   p->topic_ = std::move(topic);
   p->blockSize_ = blockSize;
   p->medium_ = std::move(medium);

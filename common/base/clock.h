@@ -47,12 +47,8 @@ class Deadline {
  public:
   Deadline() = default;
   explicit Deadline(SteadyTime at) : at_(at), set_(true) {}
-  static Deadline in(Duration d, const Clock& clock = SystemClock::instance()) {
-    return Deadline(clock.now() + d);
-  }
-  bool expired(const Clock& clock = SystemClock::instance()) const {
-    return set_ && clock.now() >= at_;
-  }
+  static Deadline in(Duration d, const Clock& clock = SystemClock::instance()) { return Deadline(clock.now() + d); }
+  bool expired(const Clock& clock = SystemClock::instance()) const { return set_ && clock.now() >= at_; }
   bool isSet() const { return set_; }
   SteadyTime at() const { return at_; }
 

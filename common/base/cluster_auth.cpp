@@ -26,8 +26,8 @@ Result<std::string> readSecretFile(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   std::string secret = text.str();
-  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r' || secret.back() == ' ' ||
-                             secret.back() == '\t')) {
+  while (!secret.empty() &&
+         (secret.back() == '\n' || secret.back() == '\r' || secret.back() == ' ' || secret.back() == '\t')) {
     secret.pop_back();
   }
   if (secret.empty()) return invalidArgument("secret file " + path + " is empty");
@@ -65,8 +65,8 @@ std::string proof(const std::string& secret, const Transcript& transcript) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   const std::string& t = transcript.bytes();
-  if (HMAC(EVP_sha256(), secret.data(), int(secret.size()), reinterpret_cast<const unsigned char*>(t.data()),
-           t.size(), out, &len) == nullptr ||
+  if (HMAC(EVP_sha256(), secret.data(), int(secret.size()), reinterpret_cast<const unsigned char*>(t.data()), t.size(),
+           out, &len) == nullptr ||
       len != kProofBytes) {
     return {};  // never matches a proof (verifyProof checks the length first)
   }

@@ -1,4 +1,4 @@
-// Cluster identity (issue 13, docs/security.md): the primitives both internal planes
+// Cluster identity (docs/security.md): the primitives both internal planes
 // (the framed control plane in common/net, the KV TCP transport in kvtransfer) use to prove
 // that a peer knows the cluster secret (cluster.secret_file), without sending it.
 //
@@ -22,7 +22,7 @@
 namespace pd::auth {
 
 inline constexpr size_t kNonceBytes = 32;
-inline constexpr size_t kProofBytes = 32;         // HMAC-SHA256
+inline constexpr size_t kProofBytes = 32;  // HMAC-SHA256
 inline constexpr size_t kMinSecretBytes = 32;
 
 // The cluster secret's bytes. Null / empty shared_ptr means "no secret configured": the planes

@@ -28,11 +28,16 @@ std::mutex& outputMutex() {
 
 const char* levelTag(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "D";
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarn: return "W";
-    case LogLevel::kError: return "E";
-    case LogLevel::kOff: return "-";
+    case LogLevel::kDebug:
+      return "D";
+    case LogLevel::kInfo:
+      return "I";
+    case LogLevel::kWarn:
+      return "W";
+    case LogLevel::kError:
+      return "E";
+    case LogLevel::kOff:
+      return "-";
   }
   return "?";
 }
@@ -43,17 +48,22 @@ void setLogLevel(LogLevel level) { levelRef().store(level); }
 LogLevel logLevel() { return levelRef().load(std::memory_order_relaxed); }
 
 bool parseLogLevel(std::string_view text, LogLevel* out) {
-  if (text == "debug") *out = LogLevel::kDebug;
-  else if (text == "info") *out = LogLevel::kInfo;
-  else if (text == "warn") *out = LogLevel::kWarn;
-  else if (text == "error") *out = LogLevel::kError;
-  else if (text == "off") *out = LogLevel::kOff;
-  else return false;
+  if (text == "debug")
+    *out = LogLevel::kDebug;
+  else if (text == "info")
+    *out = LogLevel::kInfo;
+  else if (text == "warn")
+    *out = LogLevel::kWarn;
+  else if (text == "error")
+    *out = LogLevel::kError;
+  else if (text == "off")
+    *out = LogLevel::kOff;
+  else
+    return false;
   return true;
 }
 
-LogLine::LogLine(LogLevel level, std::string_view component, const char* file, int line)
-    : level_(level) {
+LogLine::LogLine(LogLevel level, std::string_view component, const char* file, int line) : level_(level) {
   using namespace std::chrono;
   auto now = system_clock::now();
   std::time_t t = system_clock::to_time_t(now);
@@ -61,8 +71,7 @@ LogLine::LogLine(LogLevel level, std::string_view component, const char* file, i
   std::tm tm{};
   gmtime_r(&t, &tm);
   char stamp[32];
-  std::snprintf(stamp, sizeof stamp, "%02d:%02d:%02d.%03d", tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<int>(ms));
+  std::snprintf(stamp, sizeof stamp, "%02d:%02d:%02d.%03d", tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
   const char* base = file;
   for (const char* p = file; *p; ++p)
     if (*p == '/') base = p + 1;

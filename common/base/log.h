@@ -5,7 +5,7 @@
 // One line per call, written to stderr under a mutex, so lines from different threads never
 // interleave. The level threshold comes from setLogLevel() or the PDSERVE_LOG_LEVEL
 // environment variable (debug|info|warn|error); messages below it cost one comparison.
-// Convention (DESIGN.md §9): log an error once, where it is first understood.
+// Convention (docs/design.md §9): log an error once, where it is first understood.
 #pragma once
 
 #include <sstream>
@@ -39,7 +39,7 @@ class LogLine {
 
 }  // namespace pd
 
-#define PD_LOG(level, component)                                   \
-  if (::pd::LogLevel::level < ::pd::logLevel()) {                  \
-  } else                                                           \
+#define PD_LOG(level, component)                  \
+  if (::pd::LogLevel::level < ::pd::logLevel()) { \
+  } else                                          \
     ::pd::LogLine(::pd::LogLevel::level, component, __FILE__, __LINE__)

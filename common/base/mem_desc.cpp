@@ -6,9 +6,12 @@ namespace pd {
 
 const char* memKindName(MemKind kind) {
   switch (kind) {
-    case MemKind::kHost: return "host";
-    case MemKind::kPinned: return "pinned";
-    case MemKind::kCuda: return "cuda";
+    case MemKind::kHost:
+      return "host";
+    case MemKind::kPinned:
+      return "pinned";
+    case MemKind::kCuda:
+      return "cuda";
   }
   return "unknown";
 }
@@ -21,8 +24,8 @@ size_t totalBytes(const DescList& list) {
 
 std::string toString(const MemDesc& d) {
   std::ostringstream s;
-  s << memKindName(d.kind) << (d.kind == MemKind::kCuda ? ":" + std::to_string(d.device) : "")
-    << "[0x" << std::hex << d.addr << std::dec << ", +" << d.len << ")";
+  s << memKindName(d.kind) << (d.kind == MemKind::kCuda ? ":" + std::to_string(d.device) : "") << "[0x" << std::hex
+    << d.addr << std::dec << ", +" << d.len << ")";
   return s.str();
 }
 

@@ -1,4 +1,4 @@
-// Memory descriptors (DESIGN.md §3): what kvtransfer moves and what backends allocate.
+// Memory descriptors (docs/design.md §3): what kvtransfer moves and what backends allocate.
 // A MemDesc names a byte range; it does not own it. DescList is an ordered list of them,
 // the unit of registration and of one transfer's segments.
 #pragma once
@@ -28,8 +28,8 @@ struct MemDesc {
   uintptr_t end() const { return addr + len; }
   // True when [other.addr, other.end()) lies inside this range on the same device.
   bool contains(const MemDesc& other) const {
-    return kind == other.kind && device == other.device && other.addr >= addr &&
-           other.end() <= end() && other.end() >= other.addr;
+    return kind == other.kind && device == other.device && other.addr >= addr && other.end() <= end() &&
+           other.end() >= other.addr;
   }
 };
 

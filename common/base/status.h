@@ -1,4 +1,4 @@
-// Status and Result<T>: the one error model at every module boundary (DESIGN.md §3).
+// Status and Result<T>: the one error model at every module boundary (docs/design.md §3).
 //
 // A Status is either ok or carries a code and a message written for a person: what failed
 // and why ("config: router.port: 70000 is out of range [1, 65535]"). kInProgress is not an
@@ -16,18 +16,18 @@ namespace pd {
 
 enum class StatusCode {
   kOk = 0,
-  kInProgress,        // not an error: the operation has not finished yet
-  kInvalidArgument,   // the caller passed something malformed or out of range
-  kNotFound,          // a file, tensor, key, peer or request that does not exist
+  kInProgress,       // not an error: the operation has not finished yet
+  kInvalidArgument,  // the caller passed something malformed or out of range
+  kNotFound,         // a file, tensor, key, peer or request that does not exist
   kAlreadyExists,
   kOutOfRange,
-  kResourceExhausted, // no free blocks, queue full, frame too large
+  kResourceExhausted,  // no free blocks, queue full, frame too large
   kFailedPrecondition,
-  kUnavailable,       // a peer or device that cannot be reached (retry may succeed)
+  kUnavailable,  // a peer or device that cannot be reached (retry may succeed)
   kDeadlineExceeded,
   kCancelled,
-  kUnimplemented,     // an architecture, transport or feature not supported here
-  kDataLoss,          // truncated or corrupt data
+  kUnimplemented,  // an architecture, transport or feature not supported here
+  kDataLoss,       // truncated or corrupt data
   kInternal,
 };
 
@@ -73,7 +73,7 @@ inline Status internalError(std::string m) { return {StatusCode::kInternal, std:
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     assert(!std::get<Status>(v_).isOk() && "Result built from an ok Status");
   }
@@ -83,9 +83,18 @@ class [[nodiscard]] Result {
     static const Status kOkStatus;
     return ok() ? kOkStatus : std::get<Status>(v_);
   }
-  T& value() & { assert(ok()); return std::get<T>(v_); }
-  const T& value() const& { assert(ok()); return std::get<T>(v_); }
-  T&& value() && { assert(ok()); return std::get<T>(std::move(v_)); }
+  T& value() & {
+    assert(ok());
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    assert(ok());
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    assert(ok());
+    return std::get<T>(std::move(v_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -101,10 +110,10 @@ class [[nodiscard]] Result {
 #define PD_CONCAT(a, b) PD_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not ok.
-#define PD_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::pd::Status pd_status_ = (expr);            \
-    if (!pd_status_.isOk()) return pd_status_;   \
+#define PD_RETURN_IF_ERROR(expr)               \
+  do {                                         \
+    ::pd::Status pd_status_ = (expr);          \
+    if (!pd_status_.isOk()) return pd_status_; \
   } while (0)
 
 // `PD_ASSIGN_OR_RETURN(auto x, makeX());` declares x from a Result or returns its Status.

@@ -63,17 +63,14 @@ std::string_view toString(MetricsAuth v) {
 
 // TTFT: 5 ms .. 60 s, dense around the usual 0.1-2 s targets.
 std::vector<double> defaultTtftBucketsS() {
-  return {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-          0.5,   0.75, 1,     1.5,  2,     3,   5,    10,  20,  60};
+  return {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60};
 }
 // ITL: from 1 ms, because a fast decode pool's 5-20 ms targets need resolution below 10 ms.
 std::vector<double> defaultItlBucketsS() {
   return {0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
           0.05,  0.075, 0.1,   0.15,  0.2,   0.3,  0.5,   1,    2,     5};
 }
-std::vector<double> defaultE2eBucketsS() {
-  return {0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600};
-}
+std::vector<double> defaultE2eBucketsS() { return {0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600}; }
 
 namespace {
 
@@ -82,19 +79,18 @@ constexpr int64_t kMaxTokens = int64_t{1} << 24;  // 16M tokens: beyond any cont
 constexpr int64_t kMaxReplicas = 1024;
 constexpr int64_t kHourMs = 3600 * 1000;
 
-const Choices<ModelPreset> kPresets = {{"tiny", ModelPreset::kTiny},
-                                       {"small", ModelPreset::kSmall}};
+const Choices<ModelPreset> kPresets = {{"tiny", ModelPreset::kTiny}, {"small", ModelPreset::kSmall}};
 const Choices<DType> kDTypes = {
     {"auto", DType::kAuto}, {"f32", DType::kF32}, {"bf16", DType::kBF16}, {"f16", DType::kF16}};
 const Choices<Backend> kBackends = {{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}};
-const Choices<TransportKind> kTransports = {
-    {"cma", TransportKind::kCma}, {"ucx", TransportKind::kUcx}, {"verbs", TransportKind::kVerbs},
-    {"tcp", TransportKind::kTcp}};
-const Choices<RemotePrefillFailure> kFailurePolicies = {
-    {"recompute", RemotePrefillFailure::kRecompute}, {"fail", RemotePrefillFailure::kFail}};
-const Choices<MetricsAuth> kMetricsAuth = {{"none", MetricsAuth::kNone},
-                                           {"api_key", MetricsAuth::kApiKey},
-                                           {"bearer_file", MetricsAuth::kBearerFile}};
+const Choices<TransportKind> kTransports = {{"cma", TransportKind::kCma},
+                                            {"ucx", TransportKind::kUcx},
+                                            {"verbs", TransportKind::kVerbs},
+                                            {"tcp", TransportKind::kTcp}};
+const Choices<RemotePrefillFailure> kFailurePolicies = {{"recompute", RemotePrefillFailure::kRecompute},
+                                                        {"fail", RemotePrefillFailure::kFail}};
+const Choices<MetricsAuth> kMetricsAuth = {
+    {"none", MetricsAuth::kNone}, {"api_key", MetricsAuth::kApiKey}, {"bearer_file", MetricsAuth::kBearerFile}};
 const Choices<LogLevel> kLogLevels = {{"debug", LogLevel::kDebug},
                                       {"info", LogLevel::kInfo},
                                       {"warn", LogLevel::kWarn},
@@ -128,8 +124,7 @@ void readRouterHttp(MapReader& m, RouterConfig* c) {
       const std::string& k = c->apiKeys[i];
       if (k.rfind("sha256:", 0) != 0) continue;
       const std::string hex = k.substr(7);
-      if (hex.size() != 64 ||
-          hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+      if (hex.size() != 64 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
         m.errors()->add(m.node(), m.pathOf("api_keys") + "[" + std::to_string(i) +
                                       "]: a sha256: entry needs 64 hex digits after the prefix "
                                       "(printf %s KEY | sha256sum), got " +
@@ -214,17 +209,17 @@ struct RouterGroup {
 // "Renamed keys"). router.autoscaler was a group already.
 const std::vector<RouterGroup>& routerGroups() {
   static const std::vector<RouterGroup> groups = {
-      {"http", readRouterHttp,
-       {"host", "port", "api_keys", "max_connections", "header_timeout_ms", "body_timeout_ms",
-        "keepalive_timeout_ms", "max_body_bytes", "tls", "metrics_auth", "metrics_bearer_file"}},
-      {"routing", readRouterRouting,
-       {"short_prompt_tokens", "adaptive_threshold", "prefix_aware_routing",
-        "exact_prefix_routing", "kv_event_max_lag_ms"}},
+      {"http",
+       readRouterHttp,
+       {"host", "port", "api_keys", "max_connections", "header_timeout_ms", "body_timeout_ms", "keepalive_timeout_ms",
+        "max_body_bytes", "tls", "metrics_auth", "metrics_bearer_file"}},
+      {"routing",
+       readRouterRouting,
+       {"short_prompt_tokens", "adaptive_threshold", "prefix_aware_routing", "exact_prefix_routing",
+        "kv_event_max_lag_ms"}},
       {"admission", readRouterAdmission, {"overload_shedding", "max_prompt_tokens", "rate_limits"}},
-      {"workers", readRouterWorkers,
-       {"control_port", "load_report_interval_ms", "worker_report_timeout_ms"}},
-      {"requests", readRouterRequests,
-       {"request_timeout_ms", "max_migrations", "drain_timeout_ms"}},
+      {"workers", readRouterWorkers, {"control_port", "load_report_interval_ms", "worker_report_timeout_ms"}},
+      {"requests", readRouterRequests, {"request_timeout_ms", "max_migrations", "drain_timeout_ms"}},
       {"metrics", readRouterMetrics, {"ttft_buckets_s", "itl_buckets_s", "e2e_buckets_s"}},
   };
   return groups;
@@ -245,10 +240,8 @@ void readAutoscaler(MapReader a, RouterConfig::Autoscaler* as) {
   a.readBool("role_moves", &as->roleMoves);
   a.finish();
   if (as->scaleDownUtilization > as->scaleUpUtilization) {
-    a.errors()->add(a.node(), "router.autoscaler.scale_down_utilization: " +
-                                  std::to_string(as->scaleDownUtilization) +
-                                  " is above scale_up_utilization (" +
-                                  std::to_string(as->scaleUpUtilization) +
+    a.errors()->add(a.node(), "router.autoscaler.scale_down_utilization: " + std::to_string(as->scaleDownUtilization) +
+                                  " is above scale_up_utilization (" + std::to_string(as->scaleUpUtilization) +
                                   "): the pool would flap between two sizes");
   }
 }
@@ -266,8 +259,10 @@ void readRouter(MapReader m, RouterConfig* c, ErrorList* warnings) {
       if (!old.IsDefined()) continue;
       moved = true;
       if (group.peek(key).IsDefined()) {
-        m.errors()->add(old, m.pathOf(key) + " and " + newPath + " are one setting given twice: "
-                                 "keep " + newPath + " (" + m.pathOf(key) + " is its old name)");
+        m.errors()->add(old, m.pathOf(key) + " and " + newPath +
+                                 " are one setting given twice: "
+                                 "keep " +
+                                 newPath + " (" + m.pathOf(key) + " is its old name)");
       } else {
         warnings->add(old, m.pathOf(key) + " is deprecated: use " + newPath);
       }
@@ -282,19 +277,23 @@ void readRouter(MapReader m, RouterConfig* c, ErrorList* warnings) {
   readAutoscaler(m.child("autoscaler"), &c->autoscaler);
   m.finish();
   if (c->metricsAuth == MetricsAuth::kBearerFile && c->metricsBearerFile.empty()) {
-    m.errors()->add(m.node(), "router.http.metrics_bearer_file: required when metrics_auth is "
-                              "bearer_file");
+    m.errors()->add(m.node(),
+                    "router.http.metrics_bearer_file: required when metrics_auth is "
+                    "bearer_file");
   }
   if (c->metricsAuth != MetricsAuth::kBearerFile && !c->metricsBearerFile.empty()) {
-    m.errors()->add(m.node(), "router.http.metrics_bearer_file: only used with metrics_auth: "
-                              "bearer_file (it is " + std::string(toString(c->metricsAuth)) + ")");
+    m.errors()->add(m.node(),
+                    "router.http.metrics_bearer_file: only used with metrics_auth: "
+                    "bearer_file (it is " +
+                        std::string(toString(c->metricsAuth)) + ")");
   }
   if (c->metricsAuth == MetricsAuth::kApiKey && c->apiKeys.empty()) {
     m.errors()->add(m.node(), "router.http.metrics_auth: api_key needs router.http.api_keys");
   }
   if (c->adaptiveThreshold && c->shortPromptTokens == 0) {
-    m.errors()->add(m.node(), "router.routing.adaptive_threshold: true needs short_prompt_tokens"
-                              " >= 1 (0 sends every prompt to the prefill pool, on purpose)");
+    m.errors()->add(m.node(),
+                    "router.routing.adaptive_threshold: true needs short_prompt_tokens"
+                    " >= 1 (0 sends every prompt to the prefill pool, on purpose)");
   }
 }
 
@@ -314,17 +313,15 @@ template <typename Pool>
 void checkReplicas(MapReader& m, const Pool& c) {
   if (c.minReplicas > c.maxReplicas) {
     m.errors()->add(m.node(), m.pathOf("min_replicas") + ": " + std::to_string(c.minReplicas) +
-                                  " is greater than max_replicas (" +
-                                  std::to_string(c.maxReplicas) + ")");
+                                  " is greater than max_replicas (" + std::to_string(c.maxReplicas) + ")");
   } else if (c.replicas < c.minReplicas || c.replicas > c.maxReplicas) {
     m.errors()->add(m.node(), m.pathOf("replicas") + ": " + std::to_string(c.replicas) +
-                                  " is outside [min_replicas, max_replicas] = [" +
-                                  std::to_string(c.minReplicas) + ", " +
-                                  std::to_string(c.maxReplicas) + "]");
+                                  " is outside [min_replicas, max_replicas] = [" + std::to_string(c.minReplicas) +
+                                  ", " + std::to_string(c.maxReplicas) + "]");
   }
   if (c.basePort != 0 && c.basePort + c.maxReplicas - 1 > 65535) {
-    m.errors()->add(m.node(), m.pathOf("base_port") + ": " + std::to_string(c.basePort) +
-                                  " + max_replicas - 1 exceeds 65535");
+    m.errors()->add(m.node(),
+                    m.pathOf("base_port") + ": " + std::to_string(c.basePort) + " + max_replicas - 1 exceeds 65535");
   }
 }
 
@@ -388,8 +385,7 @@ void readEngine(MapReader m, EngineConfig* c) {
   }
   for (const auto& [given, key] : {std::pair{hasBlocks, "num_blocks"}, std::pair{hasBytes, "kv_cache_bytes"}}) {
     if (hasUtil && given) {
-      m.errors()->add(m.node(), std::string("engine: gpu_memory_utilization and ") + key +
-                                    " are exclusive; give one");
+      m.errors()->add(m.node(), std::string("engine: gpu_memory_utilization and ") + key + " are exclusive; give one");
     }
   }
   if (hasBlocks || hasUtil) c->kvCacheBytes = 0;
@@ -399,9 +395,8 @@ void readEngine(MapReader m, EngineConfig* c) {
                     "(the cpu backend's KV cache is sized by kv_cache_bytes or num_blocks)");
   }
   if (c->tensorParallelSize > 1 && c->backend != Backend::kCuda) {
-    m.errors()->add(m.node(),
-                    "engine.tensor_parallel_size: " + std::to_string(c->tensorParallelSize) +
-                        " needs backend cuda (the cpu backend runs one shard)");
+    m.errors()->add(m.node(), "engine.tensor_parallel_size: " + std::to_string(c->tensorParallelSize) +
+                                  " needs backend cuda (the cpu backend runs one shard)");
   }
 }
 
@@ -452,11 +447,9 @@ void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* error
                           " is the same as router.http.port");
   }
   if (c->router.loadReportIntervalMs >= c->router.workerReportTimeoutMs) {
-    errors->add(
-        root, "router.workers.load_report_interval_ms: " +
-                  std::to_string(c->router.loadReportIntervalMs) +
-                  " must be less than router.workers.worker_report_timeout_ms (" +
-                  std::to_string(c->router.workerReportTimeoutMs) + ")");
+    errors->add(root, "router.workers.load_report_interval_ms: " + std::to_string(c->router.loadReportIntervalMs) +
+                          " must be less than router.workers.worker_report_timeout_ms (" +
+                          std::to_string(c->router.workerReportTimeoutMs) + ")");
   }
   if (c->kvTransfer.leaseMs > 0 && c->kvTransfer.leaseMs < 3 * c->kvTransfer.heartbeatMs) {
     errors->add(root, "kv_transfer.lease_ms: " + std::to_string(c->kvTransfer.leaseMs) +
@@ -464,10 +457,8 @@ void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* error
                           std::to_string(c->kvTransfer.heartbeatMs) + "), or 0 for no lease");
   }
   if (c->model.maxModelLen > 0 && c->router.maxPromptTokens > c->model.maxModelLen) {
-    errors->add(root, "router.admission.max_prompt_tokens: " +
-                          std::to_string(c->router.maxPromptTokens) +
-                          " exceeds model.max_model_len (" + std::to_string(c->model.maxModelLen) +
-                          ")");
+    errors->add(root, "router.admission.max_prompt_tokens: " + std::to_string(c->router.maxPromptTokens) +
+                          " exceeds model.max_model_len (" + std::to_string(c->model.maxModelLen) + ")");
   }
   insertBound(&c->router.ttftBucketsS, c->pools.prefill.slo.ttftMs / 1000.0);
   insertBound(&c->router.itlBucketsS, c->pools.decode.slo.itlMs / 1000.0);
@@ -518,8 +509,7 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
   if (cfg.router.adaptiveThreshold) cfg.experimental.push_back("router.routing.adaptive_threshold");
   if (cfg.router.autoscaler.roleMoves) cfg.experimental.push_back("router.autoscaler.role_moves");
   for (const std::string& key : cfg.experimental) {
-    PD_LOG(kInfo, "config") << sourceName << ": " << key
-                            << " is on: experimental (docs/config.md)";
+    PD_LOG(kInfo, "config") << sourceName << ": " << key << " is on: experimental (docs/config.md)";
   }
   return cfg;
 }

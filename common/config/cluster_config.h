@@ -1,4 +1,4 @@
-// The cluster configuration: one YAML file -> plain structs, validated at load (DESIGN.md §7).
+// The cluster configuration: one YAML file -> plain structs, validated at load (docs/design.md §7).
 //
 //   PD_ASSIGN_OR_RETURN(pd::config::ClusterConfig cfg,
 //                       pd::config::loadClusterConfig("deploy/configs/local.yaml"));
@@ -39,7 +39,7 @@ namespace pd::config {
 enum class ModelPreset { kTiny, kSmall };
 enum class DType { kAuto, kF32, kBF16, kF16 };
 enum class Backend { kCpu, kCuda };
-enum class TransportKind { kCma, kUcx, kVerbs, kTcp };  // cma: same-node only (issue 18)
+enum class TransportKind { kCma, kUcx, kVerbs, kTcp };  // cma: same-node only (docs/kvtransfer.md)
 enum class RemotePrefillFailure { kRecompute, kFail };
 
 // The YAML spelling of each value ("small", "bf16", "cuda", "ucx", "recompute").
@@ -50,11 +50,11 @@ std::string_view toString(TransportKind v);
 std::string_view toString(RemotePrefillFailure v);
 
 struct ModelConfig {
-  std::string path = "models/small";  // a Hugging Face model directory (relative: to the cwd)
+  std::string path = "models/small";         // a Hugging Face model directory (relative: to the cwd)
   ModelPreset preset = ModelPreset::kSmall;  // what `pdserve up` makes when path is missing
-  std::string name;            // served model id; "" in the file -> the last component of path
-  int64_t maxModelLen = 0;     // 0 -> max_position_embeddings of the model's config.json
-  DType dtype = DType::kAuto;  // auto: f32 on the cpu backend, bf16 on cuda
+  std::string name;                          // served model id; "" in the file -> the last component of path
+  int64_t maxModelLen = 0;                   // 0 -> max_position_embeddings of the model's config.json
+  DType dtype = DType::kAuto;                // auto: f32 on the cpu backend, bf16 on cuda
 };
 
 // Per-API-key token buckets (docs/security.md). 0 disables a limit; a burst of 0 means
@@ -79,29 +79,29 @@ std::string_view toString(MetricsAuth v);
 // Latency buckets (seconds) of the router's histograms: each pool's SLO target is always a
 // bucket boundary (loading inserts it) so attainment at the target is read exactly.
 struct RouterConfig {
-  std::string host = "127.0.0.1";        // [http]
-  int port = 8000;                       // [http] OpenAI HTTP API, /metrics, /health
-  int controlPort = 9000;                // [workers] workers dial this (framed protobuf)
+  std::string host = "127.0.0.1";  // [http]
+  int port = 8000;                 // [http] OpenAI HTTP API, /metrics, /health
+  int controlPort = 9000;          // [workers] workers dial this (framed protobuf)
   // [http] Empty -> no authentication. An entry is a key, or "sha256:<64 hex>" (the key's SHA-256);
   // the router keeps only hashes in memory either way.
   std::vector<std::string> apiKeys;
-  // [http] HTTP hardening (issue 13, docs/security.md).
-  int64_t maxConnections = 4096;         // open HTTP connections beyond this are closed at accept
-  int64_t headerTimeoutMs = 10000;       // accept / first byte of a request -> end of its headers
-  int64_t bodyTimeoutMs = 60000;         // end of the headers -> end of the body
-  int64_t keepaliveTimeoutMs = 60000;    // idle between requests on one connection
-  std::string tlsCertFile;               // router.tls.cert_file / key_file: both or none (PEM)
+  // [http] HTTP hardening (docs/security.md).
+  int64_t maxConnections = 4096;       // open HTTP connections beyond this are closed at accept
+  int64_t headerTimeoutMs = 10000;     // accept / first byte of a request -> end of its headers
+  int64_t bodyTimeoutMs = 60000;       // end of the headers -> end of the body
+  int64_t keepaliveTimeoutMs = 60000;  // idle between requests on one connection
+  std::string tlsCertFile;             // router.tls.cert_file / key_file: both or none (PEM)
   std::string tlsKeyFile;
-  RateLimitConfig rateLimits;            // [admission] router.admission.rate_limits
+  RateLimitConfig rateLimits;                    // [admission] router.admission.rate_limits
   MetricsAuth metricsAuth = MetricsAuth::kNone;  // [http]
-  std::string metricsBearerFile;         // [http] metrics_auth: bearer_file reads the token here
-  int64_t shortPromptTokens = 256;       // [routing] uncached prompt tokens <= this: decode worker
+  std::string metricsBearerFile;                 // [http] metrics_auth: bearer_file reads the token here
+  int64_t shortPromptTokens = 256;               // [routing] uncached prompt tokens <= this: decode worker
   // [routing] Stable. Route on predicted prefix-cache hits (router/prefix_index.h).
   bool prefixAwareRouting = true;
   // [routing] Stable. With prefix-aware routing: route a worker that publishes KV events on its
   // exact index (router/kv_event_index.h, docs/kv_events.md); the predicted index when off/stale.
   bool exactPrefixRouting = true;
-  int64_t kvEventMaxLagMs = 1000;        // [routing] a worker's exact index this far behind: stale
+  int64_t kvEventMaxLagMs = 1000;  // [routing] a worker's exact index this far behind: stale
   // [routing] Experimental (off by default: it moves work between the pools under load).
   // Move shortPromptTokens with the pools' SLO headroom (router/adaptive_threshold.h).
   bool adaptiveThreshold = false;
@@ -117,9 +117,9 @@ struct RouterConfig {
   // [requests] A request whose decode worker dies or gives it up (drain, shutdown) continues
   // on another one this many times at most (0: it fails with the worker's error instead).
   int maxMigrations = 2;
-  std::vector<double> ttftBucketsS;      // [metrics]
-  std::vector<double> itlBucketsS;       // [metrics]
-  std::vector<double> e2eBucketsS;       // [metrics]
+  std::vector<double> ttftBucketsS;  // [metrics]
+  std::vector<double> itlBucketsS;   // [metrics]
+  std::vector<double> e2eBucketsS;   // [metrics]
   // router.autoscaler: how pdserve_desired_replicas is computed (router/autoscaler.h,
   // docs/serving.md "Autoscaling"), and whether `pdserve up` acts on it.
   struct Autoscaler {
@@ -183,20 +183,20 @@ struct PoolsConfig {
 // three keys are exclusive.
 struct EngineConfig {
   Backend backend = Backend::kCpu;
-  int threads = 0;        // cpu compute threads; 0 -> all cores
-  int blockSize = 16;     // tokens per KV block: 8, 16 or 32
-  int64_t numBlocks = 0;  // 0 -> derived from kvCacheBytes
+  int threads = 0;                            // cpu compute threads; 0 -> all cores
+  int blockSize = 16;                         // tokens per KV block: 8, 16 or 32
+  int64_t numBlocks = 0;                      // 0 -> derived from kvCacheBytes
   int64_t kvCacheBytes = int64_t{256} << 20;  // 0 when num_blocks or gpu_memory_utilization
-  double gpuMemoryUtilization = 0;              // (0, 1]; 0: not given
-  int64_t maxBatchTokens = 2048;  // per-step token budget (prefill chunks + decode tokens)
+  double gpuMemoryUtilization = 0;            // (0, 1]; 0: not given
+  int64_t maxBatchTokens = 2048;              // per-step token budget (prefill chunks + decode tokens)
   int maxRunningRequests = 128;
-  int maxQueue = 1024;         // waiting requests beyond this are rejected (503)
-  int tensorParallelSize = 1;  // 1, 2, 4, 8; > 1 needs the cuda backend
+  int maxQueue = 1024;              // waiting requests beyond this are rejected (503)
+  int tensorParallelSize = 1;       // 1, 2, 4, 8; > 1 needs the cuda backend
   bool enablePrefixCaching = true;  // Stable.
   // engine.kv_events (docs/kv_events.md): the prefix cache's block events.
   struct KvEvents {
-    bool publish = true;  // Stable. To routers that take them, over the control connection.
-    std::string zmqEndpoint;      // also on a ZeroMQ PUB socket bound here (vLLM's schema); "": off
+    bool publish = true;      // Stable. To routers that take them, over the control connection.
+    std::string zmqEndpoint;  // also on a ZeroMQ PUB socket bound here (vLLM's schema); "": off
     std::string zmqTopic = "kv-events";
   } kvEvents;
   // SIGTERM: the worker stops taking work and gives its in-flight requests this long to
@@ -212,8 +212,8 @@ struct EngineConfig {
 struct KvTransferConfig {
   // Preference order; the first one both peers support and that connects is used, tcp is the
   // fallback. cma connects only to peers on this node, so it goes first.
-  std::vector<TransportKind> transports = {TransportKind::kCma, TransportKind::kUcx,
-                                           TransportKind::kVerbs, TransportKind::kTcp};
+  std::vector<TransportKind> transports = {TransportKind::kCma, TransportKind::kUcx, TransportKind::kVerbs,
+                                           TransportKind::kTcp};
   std::string listenHost = "127.0.0.1";
   int64_t timeoutMs = 10000;  // a remote prefill (compute + transfer) past this has failed
   // Leases on the decode <-> prefill control connections (net keepalive): each side sends a
@@ -238,7 +238,7 @@ struct MetricsConfig {
   bool vllmCompatibleNames = false;
 };
 
-// Cluster identity (issue 13, docs/security.md). With a secret file every internal
+// Cluster identity (docs/security.md). With a secret file every internal
 // connection (router <- workers, prefill <- decode, KV TCP) is mutually authenticated with
 // it; without one the internal planes are open and every process warns at start. Loading
 // reads the file (the one exception to "nothing here touches the filesystem": a secret that

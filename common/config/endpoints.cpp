@@ -65,8 +65,8 @@ Status checkEndpoints(const WorkerEndpoints& e) {
     auto checkBind = [&](const std::string& key, const std::string& bind, const char* what) {
       if (isWildcardHost(bind) || bind == e.advertiseHost) return;
       add(key + ": " + bind + " is not the advertised address " + e.advertiseHost + " (--advertise-host)" +
-          (isLoopbackHost(bind) ? " but a loopback one" : "") + ": peers on other hosts dialling " +
-          e.advertiseHost + " would be refused by the " + what + " (bind 0.0.0.0 or " + e.advertiseHost + ")");
+          (isLoopbackHost(bind) ? " but a loopback one" : "") + ": peers on other hosts dialling " + e.advertiseHost +
+          " would be refused by the " + what + " (bind 0.0.0.0 or " + e.advertiseHost + ")");
     };
     if (e.role == "prefill") checkBind(e.bindKey, e.bindHost, "control and metrics endpoints");
     checkBind("kv_transfer.listen_host", e.kvBindHost, "tcp KV endpoint");

@@ -1,4 +1,4 @@
-// Bind and advertised addresses of a process's endpoints (DESIGN.md §10: every endpoint has
+// Bind and advertised addresses of a process's endpoints (docs/design.md §10: every endpoint has
 // both). A process binds its sockets to a bind address, which may be a wildcard (0.0.0.0, ::)
 // or a loopback address; it tells peers another address, the advertised one, which they dial.
 // A wildcard is never advertised (a peer dialling 0.0.0.0 reaches itself), and a loopback

@@ -29,9 +29,7 @@ bool parseDouble(const std::string& s, double* out) {
   return ec == std::errc() && p == e && b != e && std::isfinite(*out);
 }
 
-std::string rangeText(int64_t lo, int64_t hi) {
-  return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-}
+std::string rangeText(int64_t lo, int64_t hi) { return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; }
 
 }  // namespace
 
@@ -106,8 +104,8 @@ MapReader::MapReader(YAML::Node node, std::string path, ErrorList* errors)
     return;
   }
   if (!node_.IsMap()) {
-    errors_->add(node_, (path_.empty() ? std::string("the document") : path_) +
-                            ": expected a map of keys, got " + describe(node_));
+    errors_->add(node_, (path_.empty() ? std::string("the document") : path_) + ": expected a map of keys, got " +
+                            describe(node_));
     valid_ = false;
   }
 }
@@ -217,8 +215,8 @@ void MapReader::readDouble(std::string_view key, double* out, double lo, bool lo
     return;
   }
   if ((loOpen ? v <= lo : v < lo) || v > hi) {
-    errors_->add(n, pathOf(key) + ": " + n.Scalar() + " is out of range " + (loOpen ? "(" : "[") +
-                        formatDouble(lo) + ", " + formatDouble(hi) + "]");
+    errors_->add(n, pathOf(key) + ": " + n.Scalar() + " is out of range " + (loOpen ? "(" : "[") + formatDouble(lo) +
+                        ", " + formatDouble(hi) + "]");
     return;
   }
   *out = v;

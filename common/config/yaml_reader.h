@@ -87,8 +87,7 @@ class MapReader {
       std::string p = pathOf(key) + "[" + std::to_string(i) + "]";
       E v{};
       if (!n[i].IsScalar()) {
-        errors_->add(n[i],
-                     p + ": expected one of " + joinChoices(choices) + ", got " + describe(n[i]));
+        errors_->add(n[i], p + ": expected one of " + joinChoices(choices) + ", got " + describe(n[i]));
         ok = false;
         continue;
       }
@@ -133,8 +132,7 @@ class MapReader {
     return s;
   }
   template <typename E>
-  bool matchChoice(const YAML::Node& n, const std::string& path, const Choices<E>& choices,
-                   E* out) {
+  bool matchChoice(const YAML::Node& n, const std::string& path, const Choices<E>& choices, E* out) {
     for (const auto& c : choices) {
       if (n.Scalar() == c.first) {
         *out = c.second;

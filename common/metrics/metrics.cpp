@@ -1,5 +1,6 @@
 #include "common/metrics/metrics.h"
 
+#include <prometheus/check_names.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -7,11 +8,9 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
-#include <prometheus/check_names.h>
-
 #include <mutex>
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace pd::metrics {
@@ -55,8 +54,7 @@ Registry::~Registry() = default;
 namespace {
 
 template <typename T, typename Builder>
-prometheus::Family<T>* familyFor(std::mutex& mutex,
-                                 std::unordered_map<std::string, prometheus::Family<T>*>& map,
+prometheus::Family<T>* familyFor(std::mutex& mutex, std::unordered_map<std::string, prometheus::Family<T>*>& map,
                                  Builder builder, const std::string& name, const std::string& help,
                                  const Labels& constantLabels, prometheus::Registry& registry) {
   std::lock_guard<std::mutex> lock(mutex);
@@ -71,21 +69,21 @@ prometheus::Family<T>* familyFor(std::mutex& mutex,
 }  // namespace
 
 Counter Registry::counter(const std::string& name, const std::string& help, const Labels& labels) {
-  auto* f = familyFor(families_->mutex, families_->counters, prometheus::BuildCounter(), name, help,
-                      constantLabels_, *registry_);
+  auto* f = familyFor(families_->mutex, families_->counters, prometheus::BuildCounter(), name, help, constantLabels_,
+                      *registry_);
   return Counter(&f->Add(labels));
 }
 
 Gauge Registry::gauge(const std::string& name, const std::string& help, const Labels& labels) {
-  auto* f = familyFor(families_->mutex, families_->gauges, prometheus::BuildGauge(), name, help,
-                      constantLabels_, *registry_);
+  auto* f =
+      familyFor(families_->mutex, families_->gauges, prometheus::BuildGauge(), name, help, constantLabels_, *registry_);
   return Gauge(&f->Add(labels));
 }
 
-Histogram Registry::histogram(const std::string& name, const std::string& help,
-                              const std::vector<double>& buckets, const Labels& labels) {
-  auto* f = familyFor(families_->mutex, families_->histograms, prometheus::BuildHistogram(), name,
-                      help, constantLabels_, *registry_);
+Histogram Registry::histogram(const std::string& name, const std::string& help, const std::vector<double>& buckets,
+                              const Labels& labels) {
+  auto* f = familyFor(families_->mutex, families_->histograms, prometheus::BuildHistogram(), name, help,
+                      constantLabels_, *registry_);
   return Histogram(&f->Add(labels, buckets));
 }
 

@@ -13,7 +13,7 @@
 // another metric type or other label names, is a programming error: it throws
 // std::invalid_argument, so make families at start-up (label *values* are free at any time).
 //
-// The pdserve metric sets (names from DESIGN.md §6) are in pdserve_metrics.h.
+// The pdserve metric sets (names from docs/design.md §6) are in pdserve_metrics.h.
 #pragma once
 
 #include <map>
@@ -87,8 +87,8 @@ class Registry {
   Gauge gauge(const std::string& name, const std::string& help, const Labels& labels = {});
   // buckets: strictly increasing upper bounds (+Inf is implicit). A later call for an existing
   // (name, labels) returns the existing histogram and ignores buckets.
-  Histogram histogram(const std::string& name, const std::string& help,
-                      const std::vector<double>& buckets, const Labels& labels = {});
+  Histogram histogram(const std::string& name, const std::string& help, const std::vector<double>& buckets,
+                      const Labels& labels = {});
 
   // Each family named `from` is also written as `to`, every series with `extraLabels` added:
   // the same values under a second name, made when serialize() runs, so the two can never

@@ -59,8 +59,7 @@ void RouterMetrics::controlMessageDropped(std::string_view reason) {
       .inc();
 }
 
-RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets)
-    : r_(registry), buckets_(std::move(buckets)) {
+RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets) : r_(registry), buckets_(std::move(buckets)) {
   inFlight = r_.gauge("pdserve_requests_in_flight", "Requests accepted and not yet finished.");
   const std::string scaleHelp =
       "What overload admission multiplies its predictions by so that the SLO percentile holds: "
@@ -71,12 +70,10 @@ RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets)
         r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "ttft"}, {"route", routes[i]}});
     admissionScaleTtft[i].set(1);
   }
-  admissionScaleItl =
-      r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "itl"}, {"route", "all"}});
+  admissionScaleItl = r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "itl"}, {"route", "all"}});
   admissionScaleItl.set(1);
   promptTokens_ = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens of finished requests.");
-  generationTokens_ =
-      r_.counter("pdserve_generation_tokens_total", "Tokens generated for finished requests.");
+  generationTokens_ = r_.counter("pdserve_generation_tokens_total", "Tokens generated for finished requests.");
 }
 
 void RouterMetrics::observeTtft(std::string_view route, double seconds) {
@@ -87,23 +84,21 @@ void RouterMetrics::observeTtft(std::string_view route, double seconds) {
 }
 
 void RouterMetrics::observeItl(std::string_view route, double seconds) {
-  r_.histogram("pdserve_inter_token_latency_seconds",
-               "Time between successive tokens sent to the client.", buckets_.itlS,
-               {{"route", s(route)}})
+  r_.histogram("pdserve_inter_token_latency_seconds", "Time between successive tokens sent to the client.",
+               buckets_.itlS, {{"route", s(route)}})
       .observe(seconds);
 }
 
 void RouterMetrics::observeE2e(std::string_view route, double seconds) {
-  r_.histogram("pdserve_e2e_request_latency_seconds",
-               "Time from request arrival to the last byte of the response.", buckets_.e2eS,
-               {{"route", s(route)}})
+  r_.histogram("pdserve_e2e_request_latency_seconds", "Time from request arrival to the last byte of the response.",
+               buckets_.e2eS, {{"route", s(route)}})
       .observe(seconds);
 }
 
 void RouterMetrics::observeQueueTime(std::string_view route, double seconds) {
   r_.histogram("pdserve_request_queue_time_seconds",
-               "Time requests waited in worker queues before their first forward step.",
-               buckets_.e2eS, {{"route", s(route)}})
+               "Time requests waited in worker queues before their first forward step.", buckets_.e2eS,
+               {{"route", s(route)}})
       .observe(seconds);
 }
 
@@ -143,7 +138,10 @@ void RouterMetrics::prefixHit(int64_t predicted, int64_t exact, int64_t actual) 
     r_.counter("pdserve_router_prefix_predictions_total",
                "Requests whose predicted prefix hit matched the worker's actual one, by index "
                "(outcome=match|over|under).",
-               {{"index", index}, {"outcome", n == actual ? "match" : n > actual ? "over" : "under"}})
+               {{"index", index},
+                {"outcome", n == actual  ? "match"
+                            : n > actual ? "over"
+                                         : "under"}})
         .inc();
   };
   tokens("predicted", predicted);
@@ -166,8 +164,7 @@ void RouterMetrics::setPrefixIndexBlocks(std::string_view worker, std::string_vi
 
 void RouterMetrics::setKvIndexCurrent(std::string_view worker, bool current) {
   r_.gauge("pdserve_router_kv_index_current",
-           "1 while the worker is routed on its exact KV-event index, 0 on the predicted one.",
-           {{"worker", s(worker)}})
+           "1 while the worker is routed on its exact KV-event index, 0 on the predicted one.", {{"worker", s(worker)}})
       .set(current ? 1.0 : 0.0);
 }
 
@@ -185,8 +182,7 @@ void RouterMetrics::kvEventResync(std::string_view reason) {
       .inc();
 }
 
-void RouterMetrics::requestFinished(std::string_view finishedReason, int64_t promptTokens,
-                                    int64_t completionTokens) {
+void RouterMetrics::requestFinished(std::string_view finishedReason, int64_t promptTokens, int64_t completionTokens) {
   r_.counter("pdserve_requests_finished_total", "Finished requests by finish reason.",
              {{"finished_reason", s(finishedReason)}})
       .inc();
@@ -195,9 +191,7 @@ void RouterMetrics::requestFinished(std::string_view finishedReason, int64_t pro
 }
 
 void RouterMetrics::requestError(std::string_view type) {
-  r_.counter("pdserve_request_errors_total", "Requests answered with an error, by type.",
-             {{"type", s(type)}})
-      .inc();
+  r_.counter("pdserve_request_errors_total", "Requests answered with an error, by type.", {{"type", s(type)}}).inc();
 }
 
 void RouterMetrics::requestMigrated(std::string_view reason) {
@@ -208,30 +202,24 @@ void RouterMetrics::requestMigrated(std::string_view reason) {
 }
 
 void RouterMetrics::setSlo(std::string_view pool, double targetSeconds, double percentile) {
-  r_.gauge("pdserve_slo_target_seconds",
-           "The pool's latency SLO target (prefill: TTFT, decode: ITL).", {{"pool", s(pool)}})
-      .set(targetSeconds);
-  r_.gauge("pdserve_slo_percentile", "The percentile the pool's SLO target applies to.",
+  r_.gauge("pdserve_slo_target_seconds", "The pool's latency SLO target (prefill: TTFT, decode: ITL).",
            {{"pool", s(pool)}})
+      .set(targetSeconds);
+  r_.gauge("pdserve_slo_percentile", "The percentile the pool's SLO target applies to.", {{"pool", s(pool)}})
       .set(percentile);
 }
 
-void RouterMetrics::setSloWindow(std::string_view pool, double observedSeconds,
-                                 double attainmentRatio) {
-  r_.gauge("pdserve_slo_observed_seconds",
-           "The SLO percentile of the pool's latency over the autoscaler window.",
+void RouterMetrics::setSloWindow(std::string_view pool, double observedSeconds, double attainmentRatio) {
+  r_.gauge("pdserve_slo_observed_seconds", "The SLO percentile of the pool's latency over the autoscaler window.",
            {{"pool", s(pool)}})
       .set(observedSeconds);
-  r_.gauge("pdserve_slo_attainment_ratio",
-           "Fraction of the window's observations within the pool's SLO target.",
+  r_.gauge("pdserve_slo_attainment_ratio", "Fraction of the window's observations within the pool's SLO target.",
            {{"pool", s(pool)}})
       .set(attainmentRatio);
 }
 
 void RouterMetrics::setPoolWorkers(std::string_view pool, int workers) {
-  r_.gauge("pdserve_pool_workers", "Workers registered and reporting, per pool.",
-           {{"pool", s(pool)}})
-      .set(workers);
+  r_.gauge("pdserve_pool_workers", "Workers registered and reporting, per pool.", {{"pool", s(pool)}}).set(workers);
 }
 
 void RouterMetrics::setShortPromptTokens(int64_t tokens) {
@@ -242,8 +230,8 @@ void RouterMetrics::setShortPromptTokens(int64_t tokens) {
 }
 
 void RouterMetrics::setDesiredReplicas(std::string_view pool, int replicas) {
-  r_.gauge("pdserve_desired_replicas",
-           "Replicas the autoscaler recommends for the pool to meet its SLO.", {{"pool", s(pool)}})
+  r_.gauge("pdserve_desired_replicas", "Replicas the autoscaler recommends for the pool to meet its SLO.",
+           {{"pool", s(pool)}})
       .set(replicas);
 }
 
@@ -292,25 +280,25 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   running = r_.gauge("pdserve_num_requests_running", "Requests in the running batch.");
   waiting = r_.gauge("pdserve_num_requests_waiting", "Requests waiting to be scheduled.");
   kvCacheUsage = r_.gauge("pdserve_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).");
-  queuedPrefillTokens =
-      r_.gauge("pdserve_queued_prefill_tokens", "Prompt tokens waiting to be prefilled.");
-  prefillChunkTokens = r_.gauge("pdserve_prefill_chunk_tokens",
-                                "Prompt tokens a step that also decodes may compute now (SLO-sized chunked prefill), counted at the "
-                                "start of a prompt: fewer deeper in, each priced by its attention context.");
-  decodeStepBaseMs = r_.gauge("pdserve_decode_step_cost_ms",
-                              "Fitted decode step time: the fixed part (part=base), per stream (part=per_stream) and what a "
-                              "minimum prompt chunk adds (part=small_chunk); 0 until the steps spread over two batch sizes.",
-                              {{"part", "base"}});
+  queuedPrefillTokens = r_.gauge("pdserve_queued_prefill_tokens", "Prompt tokens waiting to be prefilled.");
+  prefillChunkTokens =
+      r_.gauge("pdserve_prefill_chunk_tokens",
+               "Prompt tokens a step that also decodes may compute now (SLO-sized chunked prefill), counted at the "
+               "start of a prompt: fewer deeper in, each priced by its attention context.");
+  decodeStepBaseMs =
+      r_.gauge("pdserve_decode_step_cost_ms",
+               "Fitted decode step time: the fixed part (part=base), per stream (part=per_stream) and what a "
+               "minimum prompt chunk adds (part=small_chunk); 0 until the steps spread over two batch sizes.",
+               {{"part", "base"}});
   decodeStepPerStreamMs = r_.gauge("pdserve_decode_step_cost_ms", "", {{"part", "per_stream"}});
   decodeSmallChunkMs = r_.gauge("pdserve_decode_step_cost_ms", "", {{"part", "small_chunk"}});
   kvNumBlocks = r_.gauge("pdserve_kv_cache_num_blocks", "KV cache blocks in the pool.");
-  kvCapacityTokens = r_.gauge("pdserve_kv_cache_capacity_tokens",
-                              "Tokens of context the KV cache holds (blocks x block size).");
+  kvCapacityTokens =
+      r_.gauge("pdserve_kv_cache_capacity_tokens", "Tokens of context the KV cache holds (blocks x block size).");
   kvFreeBlocks = r_.gauge("pdserve_kv_cache_free_blocks", "KV cache blocks free.");
   modelLoadSeconds = r_.gauge("pdserve_model_load_seconds",
                               "Seconds from opening the model to the backend ready (weights loaded, KV allocated).");
-  transfersInFlight =
-      r_.gauge("pdserve_kv_transfers_in_flight", "KV transfers posted and not complete.");
+  transfersInFlight = r_.gauge("pdserve_kv_transfers_in_flight", "KV transfers posted and not complete.");
   kvBlocksQuarantined = r_.gauge("pdserve_kv_blocks_quarantined",
                                  "KV blocks held after their remote prefill ended, until its writer is known done.");
   kvQuarantineSeconds = r_.histogram("pdserve_kv_quarantine_seconds",
@@ -332,10 +320,8 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
   promptTokens = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens prefilled.");
   generationTokens = r_.counter("pdserve_generation_tokens_total", "Tokens generated.");
   preemptions = r_.counter("pdserve_num_preemptions_total", "Requests preempted.");
-  prefixCacheQueries = r_.counter("pdserve_prefix_cache_queries_total",
-                                  "Prompt tokens looked up in the prefix cache.");
-  prefixCacheHits =
-      r_.counter("pdserve_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.");
+  prefixCacheQueries = r_.counter("pdserve_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.");
+  prefixCacheHits = r_.counter("pdserve_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.");
 }
 
 void WorkerMetrics::setCacheConfig(int blockSize, int64_t numBlocks) {
@@ -346,8 +332,7 @@ void WorkerMetrics::setCacheConfig(int blockSize, int64_t numBlocks) {
   kvCapacityTokens.set(static_cast<double>(numBlocks) * blockSize);
 }
 
-void WorkerMetrics::syncEngineCounters(int64_t totalPreemptions, int64_t totalQueryTokens,
-                                       int64_t totalHitTokens) {
+void WorkerMetrics::syncEngineCounters(int64_t totalPreemptions, int64_t totalQueryTokens, int64_t totalHitTokens) {
   preemptions.inc(double(totalPreemptions - seenPreemptions_));
   prefixCacheQueries.inc(double(totalQueryTokens - seenQueries_));
   prefixCacheHits.inc(double(totalHitTokens - seenHits_));
@@ -370,8 +355,7 @@ void WorkerMetrics::remotePrefillsIn(std::string_view state, int64_t count) {
 }
 
 void WorkerMetrics::remotePrefill(std::string_view outcome) {
-  r_.counter("pdserve_remote_prefill_total",
-             "Remote prefills by outcome (ok, recomputed locally, failed).",
+  r_.counter("pdserve_remote_prefill_total", "Remote prefills by outcome (ok, recomputed locally, failed).",
              {{"outcome", s(outcome)}})
       .inc();
 }

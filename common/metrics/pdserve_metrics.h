@@ -1,4 +1,4 @@
-// The pdserve metric sets, with the names of DESIGN.md §6 in one place.
+// The pdserve metric sets, with the names of docs/design.md §6 in one place.
 //
 // Router (one RouterMetrics over the router's Registry, served at the router's /metrics):
 //   pdserve_time_to_first_token_seconds{route}     histogram, router.ttft_buckets_s
@@ -28,11 +28,12 @@
 //   pdserve_kv_transfers_in_flight, pdserve_remote_prefill_total{outcome} (ok | recomputed |
 //   failed), pdserve_kv_blocks_quarantined (KV blocks a remote prefill that ended may still be
 //   writing, held until its writer is known done: docs/reliability.md) and
-//   pdserve_kv_quarantine_seconds (histogram: time from quarantine to release). The transfer layer's own metrics (pdserve_kv_transfer_bytes_total,
-//   pdserve_kv_transfers_total, pdserve_kv_transfer_latency_seconds, *_failures_total,
+//   pdserve_kv_quarantine_seconds (histogram: time from quarantine to release). The transfer layer's own metrics
+//   (pdserve_kv_transfer_bytes_total, pdserve_kv_transfers_total, pdserve_kv_transfer_latency_seconds,
+//   *_failures_total,
 //   *_fallbacks_total) are registered by kvt::TransferAgent (kvtransfer/metrics.h) in the same
 //   registry.
-// Both (cluster identity, issue 13; docs/security.md):
+// Both (cluster identity; docs/security.md):
 //   pdserve_internal_auth_enabled (1: the internal planes require cluster.secret_file's
 //   secret, 0: they are open), pdserve_auth_failures_total{plane} (handshakes refused for
 //   authentication: router_control, router_link, prefill_control, prefill_link, kv_tcp),
@@ -84,7 +85,7 @@ void exportVllmNames(Registry& registry, MetricsProcess process, const std::stri
 // Cluster identity metrics, in any registry.
 void setInternalAuth(Registry& registry, bool authenticated);
 void authFailure(Registry& registry, std::string_view plane);
-// pdserve_peer_leases_expired_total{plane}: a connection closed for its peer's silence (issue 12).
+// pdserve_peer_leases_expired_total{plane}: a connection closed for its peer's silence (docs/reliability.md).
 void leaseExpired(Registry& registry, std::string_view plane);
 
 class RouterMetrics {
@@ -117,8 +118,7 @@ class RouterMetrics {
   // pdserve_router_kv_event_resyncs_total{reason=gap|lag}: snapshots asked of a worker.
   void kvEventResync(std::string_view reason);
   // finishedReason: stop | length | abort | error; tokens add to the token counters.
-  void requestFinished(std::string_view finishedReason, int64_t promptTokens,
-                       int64_t completionTokens);
+  void requestFinished(std::string_view finishedReason, int64_t promptTokens, int64_t completionTokens);
   // type: the OpenAI error type or a short class ("overloaded", "timeout").
   void requestError(std::string_view type);
   // A request moved its unfinished choices to another decode worker (reason: worker_lost, worker_gave_up).
@@ -166,8 +166,8 @@ class WorkerMetrics {
   // pdserve_kv_cache_capacity_tokens.
   void setCacheConfig(int blockSize, int64_t numBlocks);
   void remotePrefill(std::string_view outcome);
-  // pdserve_remote_prefills{state}: how many remote prefills are in `state` now (issue 12:
-  // every state of the lifecycle has a deadline and a metric). The worker's loop thread only.
+  // pdserve_remote_prefills{state}: how many remote prefills are in `state` now (every state
+  // of the lifecycle has a deadline and a metric). The worker's loop thread only.
   void remotePrefillsIn(std::string_view state, int64_t count);
   // Brings the preemption and prefix-cache counters up to cumulative totals kept elsewhere
   // (the engine's); counts only the growth since the last call.
@@ -202,7 +202,7 @@ class WorkerMetrics {
  private:
   Registry& r_;
   int64_t seenPreemptions_ = 0, seenQueries_ = 0, seenHits_ = 0;
-  std::map<std::string, Gauge, std::less<>> remotePrefillStates_;  // remotePrefillsIn's series
+  std::map<std::string, Gauge, std::less<>> remotePrefillStates_;                         // remotePrefillsIn's series
   Histogram decodeStepSeconds_, mixedStepSeconds_, prefillStepSeconds_, stepGapSeconds_;  // observeStep's
 };
 

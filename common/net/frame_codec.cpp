@@ -6,8 +6,8 @@ namespace pd::net {
 
 Status checkFrameLength(uint32_t len, size_t maxFrameBytes, const std::string& remote) {
   if (len <= maxFrameBytes) return Status::ok();
-  return resourceExhausted("peer " + remote + " announced a frame of " + std::to_string(len) +
-                           " bytes, over the " + std::to_string(maxFrameBytes) + "-byte limit");
+  return resourceExhausted("peer " + remote + " announced a frame of " + std::to_string(len) + " bytes, over the " +
+                           std::to_string(maxFrameBytes) + "-byte limit");
 }
 
 Status decodeEnvelope(const uint8_t* data, uint32_t len, bool established, const std::string& remote,
@@ -26,14 +26,13 @@ Status decodeEnvelope(const uint8_t* data, uint32_t len, bool established, const
 
 Status checkHello(const proto::Envelope& env, const std::string& remote) {
   if (!env.has_hello()) {
-    return failedPrecondition("peer " + remote + " sent " + bodyName(env) +
-                              " as its first frame; expected hello");
+    return failedPrecondition("peer " + remote + " sent " + bodyName(env) + " as its first frame; expected hello");
   }
   uint32_t v = env.hello().protocol_version();
   if (v != kProtocolVersion || env.version() != kProtocolVersion) {
     return failedPrecondition("protocol version mismatch: peer " + remote + " speaks " +
-                              std::to_string(v != kProtocolVersion ? v : env.version()) +
-                              ", this side speaks " + std::to_string(kProtocolVersion));
+                              std::to_string(v != kProtocolVersion ? v : env.version()) + ", this side speaks " +
+                              std::to_string(kProtocolVersion));
   }
   return Status::ok();
 }

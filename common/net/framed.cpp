@@ -3,6 +3,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -12,12 +19,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
-#include <cstring>
-#include <deque>
-#include <future>
-#include <mutex>
-#include <thread>
-#include <unordered_map>
 
 #include "common/base/log.h"
 #include "common/net/frame_codec.h"
@@ -88,9 +89,7 @@ constexpr const char* kAuthTag = "pdserve/framed-auth/v1";
 constexpr size_t kKeepReadBufferBytes = size_t{4} << 20;
 constexpr size_t kReadChunkBytes = size_t{64} << 10;
 
-std::string endpointText(const tcp::endpoint& ep) {
-  return ep.address().to_string() + ":" + std::to_string(ep.port());
-}
+std::string endpointText(const tcp::endpoint& ep) { return ep.address().to_string() + ":" + std::to_string(ep.port()); }
 
 double toMs(Duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -107,8 +106,8 @@ Result<Frame> buildFrame(const proto::Envelope& env, size_t maxFrameBytes) {
   const size_t prefix = addVersion ? 2 : 0;
   size_t size = env.ByteSizeLong() + prefix;
   if (size > maxFrameBytes) {
-    return resourceExhausted("frame of " + std::to_string(size) + " bytes (" + bodyName(env) +
-                             ") exceeds the " + std::to_string(maxFrameBytes) + "-byte limit");
+    return resourceExhausted("frame of " + std::to_string(size) + " bytes (" + bodyName(env) + ") exceeds the " +
+                             std::to_string(maxFrameBytes) + "-byte limit");
   }
   auto frame = std::make_shared<std::string>(4 + size, '\0');
   auto* p = reinterpret_cast<uint8_t*>(frame->data());
@@ -163,34 +162,33 @@ class Connection final : public FramedConnection, public std::enable_shared_from
 
   // Client side: resolve, connect, handshake, all within timeout; done runs once.
   void startConnect(const std::string& host, int port, Duration timeout, ConnectDone done) {
-    asio::post(socket_.get_executor(), [self = shared_from_this(), host, port, timeout,
-                                        done = std::move(done)]() mutable {
-      if (self->closed_) return;
-      self->clientSide_ = true;
-      self->connectDone_ = std::move(done);
-      self->remote_ = host + ":" + std::to_string(port);
-      self->armTimer(timeout, "connect to " + self->remote_);
-      boost::system::error_code ec;
-      auto addr = asio::ip::make_address(host, ec);
-      if (!ec) {
-        self->connectTo({tcp::endpoint(addr, static_cast<uint16_t>(port))}, timeout);
-        return;
-      }
-      auto resolver = std::make_shared<tcp::resolver>(self->socket_.get_executor());
-      resolver->async_resolve(
-          host, std::to_string(port),
-          [self, resolver, host, timeout](const boost::system::error_code& rec,
-                                          tcp::resolver::results_type results) {
-            if (self->closed_) return;
-            if (rec) {
-              self->closeNow(invalidArgument("cannot resolve " + host + ": " + rec.message()));
-              return;
-            }
-            std::vector<tcp::endpoint> eps;
-            for (const auto& r : results) eps.push_back(r.endpoint());
-            self->connectTo(std::move(eps), timeout);
-          });
-    });
+    asio::post(
+        socket_.get_executor(), [self = shared_from_this(), host, port, timeout, done = std::move(done)]() mutable {
+          if (self->closed_) return;
+          self->clientSide_ = true;
+          self->connectDone_ = std::move(done);
+          self->remote_ = host + ":" + std::to_string(port);
+          self->armTimer(timeout, "connect to " + self->remote_);
+          boost::system::error_code ec;
+          auto addr = asio::ip::make_address(host, ec);
+          if (!ec) {
+            self->connectTo({tcp::endpoint(addr, static_cast<uint16_t>(port))}, timeout);
+            return;
+          }
+          auto resolver = std::make_shared<tcp::resolver>(self->socket_.get_executor());
+          resolver->async_resolve(host, std::to_string(port),
+                                  [self, resolver, host, timeout](const boost::system::error_code& rec,
+                                                                  tcp::resolver::results_type results) {
+                                    if (self->closed_) return;
+                                    if (rec) {
+                                      self->closeNow(invalidArgument("cannot resolve " + host + ": " + rec.message()));
+                                      return;
+                                    }
+                                    std::vector<tcp::endpoint> eps;
+                                    for (const auto& r : results) eps.push_back(r.endpoint());
+                                    self->connectTo(std::move(eps), timeout);
+                                  });
+        });
   }
 
   Status send(const proto::Envelope& env) override {
@@ -215,9 +213,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
  private:
   void connectTo(std::vector<tcp::endpoint> eps, Duration timeout) {
     asio::async_connect(
-        socket_, eps,
-        [self = shared_from_this(), timeout](const boost::system::error_code& ec,
-                                             const tcp::endpoint&) {
+        socket_, eps, [self = shared_from_this(), timeout](const boost::system::error_code& ec, const tcp::endpoint&) {
           if (self->closed_) return;
           if (ec) {
             self->closeNow(unavailable("connect to " + self->remote_ + ": " + ec.message()));
@@ -275,9 +271,8 @@ class Connection final : public FramedConnection, public std::enable_shared_from
                        timeout](const boost::system::error_code& ec) {
       if (ec || self->closed_ || self->established_) return;
       std::string ms = std::to_string(static_cast<int64_t>(toMs(timeout)));
-      self->fail(
-          deadlineExceeded(what + (self->tcpConnected_ ? ": no hello within " + ms + " ms"
-                                                       : ": not connected within " + ms + " ms")));
+      self->fail(deadlineExceeded(
+          what + (self->tcpConnected_ ? ": no hello within " + ms + " ms" : ": not connected within " + ms + " ms")));
     });
   }
 
@@ -285,8 +280,8 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     size_t queued = queuedBytes_.fetch_add(frame->size()) + frame->size();
     if (queued > options_.maxQueuedBytes) {
       queuedBytes_.fetch_sub(frame->size());
-      return resourceExhausted("send queue to " + remote_ + " holds over " +
-                               std::to_string(options_.maxQueuedBytes) + " bytes");
+      return resourceExhausted("send queue to " + remote_ + " holds over " + std::to_string(options_.maxQueuedBytes) +
+                               " bytes");
     }
     // Frames gather under a short lock and one posted flush moves them all to the strand:
     // a burst of sends costs one handler, not one each.
@@ -330,10 +325,9 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     std::vector<asio::const_buffer> buffers;
     buffers.reserve(writeBatch_.size());
     for (const auto& f : writeBatch_) buffers.emplace_back(f->data(), f->size());
-    asio::async_write(socket_, buffers,
-                      [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-                        self->onWritten(ec, n);
-                      });
+    asio::async_write(socket_, buffers, [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+      self->onWritten(ec, n);
+    });
   }
 
   void onWritten(const boost::system::error_code& ec, size_t) {
@@ -360,21 +354,21 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     if (readEnd_ == readBuf_.size()) {
       // Room for more of the frame in progress, growing with what arrived (at most doubling
       // what is held), never with what the header announces: a peer that announces 64 MiB and
-      // sends 4 bytes costs a chunk, not 64 MiB (issue 13).
+      // sends 4 bytes costs a chunk, not 64 MiB (docs/security.md).
       size_t want = kReadChunkBytes;
       size_t have = readEnd_ - readBegin_;
       if (have >= 4) want = std::min<size_t>(4 + frameLength(readBegin_) - have, std::max(want, have));
       readBuf_.resize(readEnd_ + want);
       accountReadBuffer();
     }
-    socket_.async_read_some(asio::buffer(readBuf_.data() + readEnd_, readBuf_.size() - readEnd_),
-                            [self = shared_from_this()](const boost::system::error_code& ec,
-                                                        size_t n) { self->onRead(ec, n); });
+    socket_.async_read_some(
+        asio::buffer(readBuf_.data() + readEnd_, readBuf_.size() - readEnd_),
+        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) { self->onRead(ec, n); });
   }
 
   uint32_t frameLength(size_t at) const {
-    return (uint32_t{readBuf_[at]} << 24) | (uint32_t{readBuf_[at + 1]} << 16) |
-           (uint32_t{readBuf_[at + 2]} << 8) | uint32_t{readBuf_[at + 3]};
+    return (uint32_t{readBuf_[at]} << 24) | (uint32_t{readBuf_[at + 1]} << 16) | (uint32_t{readBuf_[at + 2]} << 8) |
+           uint32_t{readBuf_[at + 3]};
   }
 
   void onRead(const boost::system::error_code& ec, size_t n) {
@@ -390,8 +384,8 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       if (have < 4) break;
       uint32_t len = frameLength(readBegin_);
       // Until the peer is known (hello, proof), only handshake-sized frames.
-      const size_t limit = established_ ? options_.maxFrameBytes
-                                        : std::min(options_.maxFrameBytes, kMaxHandshakeFrameBytes);
+      const size_t limit =
+          established_ ? options_.maxFrameBytes : std::min(options_.maxFrameBytes, kMaxHandshakeFrameBytes);
       if (Status st = checkFrameLength(len, limit, remote_); !st.isOk()) {
         fail(established_ ? std::move(st) : resourceExhausted(st.message() + " of a handshake frame"));
         return;
@@ -612,12 +606,11 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       if (have == 0) {
         closeNow(unavailable("peer " + remote_ + " closed the connection"));
       } else if (have < 4) {
-        fail(dataLoss("peer " + remote_ + " closed the connection mid-frame header: got " +
-                      std::to_string(have) + " of 4 bytes"));
+        fail(dataLoss("peer " + remote_ + " closed the connection mid-frame header: got " + std::to_string(have) +
+                      " of 4 bytes"));
       } else {
-        fail(dataLoss("peer " + remote_ + " closed the connection mid-frame: got " +
-                      std::to_string(have - 4) + " of " + std::to_string(frameLength(readBegin_)) +
-                      " bytes"));
+        fail(dataLoss("peer " + remote_ + " closed the connection mid-frame: got " + std::to_string(have - 4) + " of " +
+                      std::to_string(frameLength(readBegin_)) + " bytes"));
       }
       return;
     }
@@ -626,15 +619,13 @@ class Connection final : public FramedConnection, public std::enable_shared_from
 
   // A protocol violation by the peer: logged once here, where it is understood.
   void fail(Status reason) {
-    PD_LOG(kWarn, "net") << "closing connection " << id_ << " (" << remote_
-                         << "): " << reason.toString();
+    PD_LOG(kWarn, "net") << "closing connection " << id_ << " (" << remote_ << "): " << reason.toString();
     closeNow(std::move(reason));
   }
 
   // Tells the peer why (an Error frame), then closes once it is written or after 1 s.
   void reject(Status reason) {
-    PD_LOG(kWarn, "net") << "rejecting connection " << id_ << " (" << remote_
-                         << "): " << reason.toString();
+    PD_LOG(kWarn, "net") << "rejecting connection " << id_ << " (" << remote_ << "): " << reason.toString();
     rejectWith(reason, reason);
   }
 
@@ -666,8 +657,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     closed_ = true;
     leavePending();  // its place among the server's handshakes is free now, not at destruction
     open_.store(false, std::memory_order_release);
-    PD_LOG(kDebug, "net") << "connection " << id_ << " (" << remote_
-                          << ") closed: " << reason.toString();
+    PD_LOG(kDebug, "net") << "connection " << id_ << " (" << remote_ << ") closed: " << reason.toString();
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
@@ -698,7 +688,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   proto::Hello peerHello_;
   proto::Hello ownHello_;  // as sent (with our nonce): half of the auth transcript
   ConnectDone connectDone_;
-  bool clientSide_ = false;  // set by startConnect: connectDone_ is gone once established
+  bool clientSide_ = false;                       // set by startConnect: connectDone_ is gone once established
   std::shared_ptr<std::atomic<size_t>> pending_;  // server side; see setPendingCounter
   bool leftPending_ = false;
   size_t accountedReadBytes_ = 0;  // readBuf_'s capacity as counted in gReadBufferBytes
@@ -707,7 +697,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   bool tcpConnected_ = false;
   bool gotHello_ = false;     // the peer's hello was accepted (authenticated: its proof is next)
   bool established_ = false;  // open: authenticated when a secret is configured
-  bool closing_ = false;  // an Error is being flushed; nothing else is read or sent
+  bool closing_ = false;      // an Error is being flushed; nothing else is read or sent
   bool closed_ = false;
   Status closingReason_;
   std::vector<uint8_t> readBuf_;
@@ -735,29 +725,25 @@ class Connection final : public FramedConnection, public std::enable_shared_from
 // object by the moment it takes the io_context to cancel it.
 struct ServerState : std::enable_shared_from_this<ServerState> {
   ServerState(asio::io_context& ctx, ConnectionOptions o, ConnectionCallbacks c)
-      : ctx(ctx),
-        acceptor(asio::make_strand(ctx)),
-        options(std::move(o)),
-        callbacks(std::move(c)) {}
+      : ctx(ctx), acceptor(asio::make_strand(ctx)), options(std::move(o)), callbacks(std::move(c)) {}
 
   void acceptNext() {
-    acceptor.async_accept(
-        asio::make_strand(ctx),
-        [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
-          if (ec) {
-            if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
-            // Out of descriptors and the like: log, back off a little, keep serving.
-            PD_LOG(kWarn, "net") << "accept failed: " << ec.message();
-            auto timer = std::make_shared<asio::steady_timer>(self->acceptor.get_executor());
-            timer->expires_after(std::chrono::milliseconds(50));
-            timer->async_wait([self, timer](const boost::system::error_code&) {
-              if (self->acceptor.is_open()) self->acceptNext();
-            });
-            return;
-          }
-          self->startConnection(std::move(socket));
-          self->acceptNext();
-        });
+    acceptor.async_accept(asio::make_strand(ctx),
+                          [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
+                            if (ec) {
+                              if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+                              // Out of descriptors and the like: log, back off a little, keep serving.
+                              PD_LOG(kWarn, "net") << "accept failed: " << ec.message();
+                              auto timer = std::make_shared<asio::steady_timer>(self->acceptor.get_executor());
+                              timer->expires_after(std::chrono::milliseconds(50));
+                              timer->async_wait([self, timer](const boost::system::error_code&) {
+                                if (self->acceptor.is_open()) self->acceptNext();
+                              });
+                              return;
+                            }
+                            self->startConnection(std::move(socket));
+                            self->acceptNext();
+                          });
   }
 
   void startConnection(tcp::socket socket) {
@@ -851,16 +837,14 @@ std::string handshakeProof(const std::string& secret, bool fromClient, const pro
 
 size_t bufferedReadBytes() { return gReadBufferBytes.load(); }
 
-Result<std::unique_ptr<FramedServer>> FramedServer::listen(IoPool& pool, const std::string& host,
-                                                           int port, ConnectionOptions options,
-                                                           ConnectionCallbacks callbacks) {
+Result<std::unique_ptr<FramedServer>> FramedServer::listen(IoPool& pool, const std::string& host, int port,
+                                                           ConnectionOptions options, ConnectionCallbacks callbacks) {
   std::string where = "listen on " + host + ":" + std::to_string(port);
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(host, ec);
   if (ec) return invalidArgument(where + ": not an IP address (" + ec.message() + ")");
   if (port < 0 || port > 65535) return invalidArgument(where + ": port out of range");
-  auto state =
-      std::make_shared<ServerState>(pool.context(), std::move(options), std::move(callbacks));
+  auto state = std::make_shared<ServerState>(pool.context(), std::move(options), std::move(callbacks));
   tcp::endpoint ep(addr, static_cast<uint16_t>(port));
   state->acceptor.open(ep.protocol(), ec);
   if (!ec) state->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
@@ -873,16 +857,15 @@ Result<std::unique_ptr<FramedServer>> FramedServer::listen(IoPool& pool, const s
   return std::unique_ptr<FramedServer>(new Server(std::move(state)));
 }
 
-void FramedClient::connectAsync(IoPool& pool, const std::string& host, int port,
-                                ConnectionOptions options, ConnectionCallbacks callbacks,
-                                Duration timeout, std::function<void(Result<ConnectionPtr>)> done) {
-  auto conn = std::make_shared<Connection>(tcp::socket(asio::make_strand(pool.context())),
-                                           std::move(options), std::move(callbacks));
+void FramedClient::connectAsync(IoPool& pool, const std::string& host, int port, ConnectionOptions options,
+                                ConnectionCallbacks callbacks, Duration timeout,
+                                std::function<void(Result<ConnectionPtr>)> done) {
+  auto conn = std::make_shared<Connection>(tcp::socket(asio::make_strand(pool.context())), std::move(options),
+                                           std::move(callbacks));
   conn->startConnect(host, port, timeout, std::move(done));
 }
 
-Result<ConnectionPtr> FramedClient::connect(IoPool& pool, const std::string& host, int port,
-                                            ConnectionOptions options,
+Result<ConnectionPtr> FramedClient::connect(IoPool& pool, const std::string& host, int port, ConnectionOptions options,
                                             ConnectionCallbacks callbacks, Duration timeout) {
   if (pool.inPoolThread()) {
     return failedPrecondition("FramedClient::connect called on an I/O thread; use connectAsync");
@@ -893,16 +876,14 @@ Result<ConnectionPtr> FramedClient::connect(IoPool& pool, const std::string& hos
                [promise](Result<ConnectionPtr> r) { promise->set_value(std::move(r)); });
   // The connection's own timer bounds the attempt; the margin only covers a stopped pool.
   if (future.wait_for(timeout + std::chrono::seconds(2)) != std::future_status::ready) {
-    return deadlineExceeded("connect to " + host + ":" + std::to_string(port) +
-                            ": the I/O pool did not answer");
+    return deadlineExceeded("connect to " + host + ":" + std::to_string(port) + ": the I/O pool did not answer");
   }
   return future.get();
 }
 
-Result<ConnectionPtr> FramedClient::connectWithRetry(IoPool& pool, const std::string& host,
-                                                     int port, const ConnectionOptions& options,
-                                                     const ConnectionCallbacks& callbacks,
-                                                     const RetryPolicy& policy) {
+Result<ConnectionPtr> FramedClient::connectWithRetry(IoPool& pool, const std::string& host, int port,
+                                                     const ConnectionOptions& options,
+                                                     const ConnectionCallbacks& callbacks, const RetryPolicy& policy) {
   auto deadline = std::chrono::steady_clock::now() + policy.totalTimeout;
   Duration delay = policy.initialDelay;
   int attempts = 0;
@@ -918,16 +899,13 @@ Result<ConnectionPtr> FramedClient::connectWithRetry(IoPool& pool, const std::st
     if (code == StatusCode::kFailedPrecondition || code == StatusCode::kInvalidArgument) return r;
     now = std::chrono::steady_clock::now();
     if (now + delay >= deadline) {
-      return Status(code, r.status().message() + " (gave up after " + std::to_string(attempts) +
-                              " attempts in " +
-                              std::to_string(static_cast<int64_t>(toMs(policy.totalTimeout))) +
-                              " ms)");
+      return Status(code, r.status().message() + " (gave up after " + std::to_string(attempts) + " attempts in " +
+                              std::to_string(static_cast<int64_t>(toMs(policy.totalTimeout))) + " ms)");
     }
-    PD_LOG(kDebug, "net") << "connect attempt " << attempts << " failed: " << r.status().toString()
-                          << "; retrying in " << toMs(delay) << " ms";
+    PD_LOG(kDebug, "net") << "connect attempt " << attempts << " failed: " << r.status().toString() << "; retrying in "
+                          << toMs(delay) << " ms";
     std::this_thread::sleep_for(delay);
-    delay =
-        std::min(policy.maxDelay, std::chrono::duration_cast<Duration>(delay * policy.multiplier));
+    delay = std::min(policy.maxDelay, std::chrono::duration_cast<Duration>(delay * policy.multiplier));
   }
 }
 

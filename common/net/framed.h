@@ -1,4 +1,4 @@
-// Framed protobuf RPC over TCP (DESIGN.md §5): the control plane between router and workers.
+// Framed protobuf RPC over TCP (docs/design.md §5): the control plane between router and workers.
 //
 // Wire: each frame is a 4-byte big-endian length followed by that many bytes of a serialized
 // pd.proto.Envelope. The first frame in each direction is a Hello whose protocol version must
@@ -16,7 +16,7 @@
 //   - closes between frames                             (kUnavailable)
 // Nothing a peer sends can crash the process; the server keeps serving other connections.
 //
-// Memory (issue 13): the read buffer grows with the bytes received, never with the length a
+// Memory (docs/security.md): the read buffer grows with the bytes received, never with the length a
 // header announces (at most doubling what is already held), so a peer announcing a 64 MiB
 // frame costs what it actually sends. Before the handshake is done a frame may be at most
 // kMaxHandshakeFrameBytes, and a server holds at most maxPendingHandshakes connections that
@@ -29,11 +29,11 @@
 // client verifies. The transcript (handshakeProof) holds a protocol tag, the direction, both
 // nonces and both hellos' role and worker id, so a proof is good for one connection and one
 // direction only. onOpen (and connect()'s result) comes only after the peer's proof verified.
-// Without a secret the connection is unauthenticated, as before issue 13. A mixed pair (one
+// Without a secret the connection is unauthenticated (no cluster secret). A mixed pair (one
 // side with a secret, the other without) fails closed on both sides. Every refusal is logged
 // with the reason and the peer's address and reported to options.onAuthFailure.
 //
-// Keepalive (options.keepaliveInterval set; issue 12, docs/reliability.md "Leases"): the hello
+// Keepalive (options.keepaliveInterval set, docs/reliability.md "Leases"): the hello
 // announces the interval and, once open, this side sends a Heartbeat frame at least that often
 // from the connection's strand (an I/O thread, so a busy owner loop does not stop it; a stopped
 // or dead process does). With options.leaseTimeout set, a connection whose peer announced
@@ -155,9 +155,8 @@ class FramedServer {
  public:
   // Binds host:port (port 0: an OS-chosen port, see port()) and accepts until stop().
   // callbacks apply to every accepted connection.
-  static Result<std::unique_ptr<FramedServer>> listen(IoPool& pool, const std::string& host,
-                                                      int port, ConnectionOptions options,
-                                                      ConnectionCallbacks callbacks);
+  static Result<std::unique_ptr<FramedServer>> listen(IoPool& pool, const std::string& host, int port,
+                                                      ConnectionOptions options, ConnectionCallbacks callbacks);
   virtual ~FramedServer() = default;  // stops
   virtual int port() const = 0;
   // Stops accepting and closes every live connection (their onClose runs with kCancelled).
@@ -181,18 +180,16 @@ class FramedClient {
   // Connects and exchanges hellos within timeout. Errors: kUnavailable (refused, unreachable,
   // closed during the handshake), kDeadlineExceeded, kFailedPrecondition (the server rejected
   // our version or role), kInvalidArgument (host does not resolve).
-  static Result<ConnectionPtr> connect(IoPool& pool, const std::string& host, int port,
-                                       ConnectionOptions options, ConnectionCallbacks callbacks,
-                                       Duration timeout);
+  static Result<ConnectionPtr> connect(IoPool& pool, const std::string& host, int port, ConnectionOptions options,
+                                       ConnectionCallbacks callbacks, Duration timeout);
   // The same, without blocking: done runs once, on a pool thread.
-  static void connectAsync(IoPool& pool, const std::string& host, int port,
-                           ConnectionOptions options, ConnectionCallbacks callbacks,
-                           Duration timeout, std::function<void(Result<ConnectionPtr>)> done);
+  static void connectAsync(IoPool& pool, const std::string& host, int port, ConnectionOptions options,
+                           ConnectionCallbacks callbacks, Duration timeout,
+                           std::function<void(Result<ConnectionPtr>)> done);
   // connect() until it succeeds, a non-retryable error (kFailedPrecondition,
   // kInvalidArgument) occurs, or policy.totalTimeout passes. Blocking, like connect().
   static Result<ConnectionPtr> connectWithRetry(IoPool& pool, const std::string& host, int port,
-                                                const ConnectionOptions& options,
-                                                const ConnectionCallbacks& callbacks,
+                                                const ConnectionOptions& options, const ConnectionCallbacks& callbacks,
                                                 const RetryPolicy& policy);
 };
 

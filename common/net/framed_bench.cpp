@@ -34,9 +34,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double usSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
+double usSince(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
 
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -195,8 +193,7 @@ int main(int argc, char** argv) {
   ccb.onMessage = [&](const ConnectionPtr&, proto::Envelope&&) { received.add(); };
   ConnectionOptions copt;
   copt.hello.set_role(proto::ROLE_DECODE);
-  auto conn = FramedClient::connect(io, "127.0.0.1", server.value()->port(), copt, ccb,
-                                    std::chrono::seconds(5));
+  auto conn = FramedClient::connect(io, "127.0.0.1", server.value()->port(), copt, ccb, std::chrono::seconds(5));
   if (!conn.ok()) {
     std::fprintf(stderr, "%s\n", conn.status().toString().c_str());
     return 1;
@@ -221,8 +218,7 @@ int main(int argc, char** argv) {
   std::printf(
       "round trip (small envelope, %d iters): p50 %.1f us  p99 %.1f us   | raw TCP "
       "ping-pong p50 %.1f us  p99 %.1f us\n",
-      rttIters, percentile(rtts, 50), percentile(rtts, 99), percentile(raw, 50),
-      percentile(raw, 99));
+      rttIters, percentile(rtts, 50), percentile(rtts, 99), percentile(raw, 50), percentile(raw, 99));
 
   // 2. Small frames, pipelined, counted by the server.
   echo = false;
@@ -244,8 +240,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   double s = usSince(t0) / 1e6;
-  std::printf("small frames (token_chunk, %d): %.0f frames/s (%.2f us/frame)\n", frames, frames / s,
-              s * 1e6 / frames);
+  std::printf("small frames (token_chunk, %d): %.0f frames/s (%.2f us/frame)\n", frames, frames / s, s * 1e6 / frames);
 
   // 3. Large frames.
   {
@@ -254,8 +249,7 @@ int main(int argc, char** argv) {
   }
   proto::Envelope big;
   big.set_request_id(1);
-  big.mutable_prefill_request()->mutable_kv_target()->set_write_grant(
-      std::string(1 << 20, 'k'));
+  big.mutable_prefill_request()->mutable_kv_target()->set_write_grant(std::string(1 << 20, 'k'));
   size_t bigBytes = big.ByteSizeLong();
   t0 = Clock::now();
   for (int i = 0; i < bigFrames; ++i) {
@@ -269,8 +263,8 @@ int main(int argc, char** argv) {
   }
   s = usSince(t0) / 1e6;
   double rawMBs = rawStream(static_cast<size_t>(bigFrames) << 20);
-  std::printf("large frames (%zu bytes, %d): %.0f MB/s   | raw TCP stream %.0f MB/s\n", bigBytes,
-              bigFrames, bigBytes * static_cast<double>(bigFrames) / 1e6 / s, rawMBs);
+  std::printf("large frames (%zu bytes, %d): %.0f MB/s   | raw TCP stream %.0f MB/s\n", bigBytes, bigFrames,
+              bigBytes * static_cast<double>(bigFrames) / 1e6 / s, rawMBs);
 
   conn.value()->close(cancelled("bench done"));
   server.value()->stop();

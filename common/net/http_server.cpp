@@ -1,5 +1,6 @@
 #include "common/net/http_server.h"
 
+#include <openssl/ssl.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -15,7 +16,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
-#include <openssl/ssl.h>
 
 #include "common/base/log.h"
 
@@ -51,8 +51,7 @@ std::string errorBody(const std::string& message, const std::string& type) {
     if (c == '"' || c == '\\') escaped += '\\';
     escaped += c;
   }
-  return "{\"error\":{\"message\":\"" + escaped + "\",\"type\":\"" + type +
-         "\",\"param\":null,\"code\":null}}";
+  return "{\"error\":{\"message\":\"" + escaped + "\",\"type\":\"" + type + "\",\"param\":null,\"code\":null}}";
 }
 
 class SessionBase;
@@ -134,8 +133,8 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
 // Throttles a log line that an attacker could otherwise make the server write per connection.
 bool logAllowed() {
   static std::atomic<int64_t> last{0};
-  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   int64_t prev = last.load();
   return now != prev && last.compare_exchange_strong(prev, now);
 }
@@ -193,8 +192,7 @@ class Session final : public SessionBase {
   void writeFull(int status, HttpHeaders headers, std::string body) override {
     responseStarted_ = true;
     responseTimer_.cancel();
-    auto res = std::make_shared<http::response<http::string_body>>(
-        static_cast<http::status>(status), version_);
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), version_);
     res->set(http::field::server, "pdserve");
     res->set(http::field::content_type, "application/json");
     for (auto& [k, v] : headers) res->set(k, v);
@@ -210,8 +208,7 @@ class Session final : public SessionBase {
   void writeStreamHeader(int status, HttpHeaders headers) override {
     responseStarted_ = true;
     responseTimer_.cancel();
-    auto res = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status),
-                                                                  version_);
+    auto res = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), version_);
     res->set(http::field::server, "pdserve");
     res->set(http::field::content_type, "text/event-stream");
     res->set(http::field::cache_control, "no-cache");
@@ -269,8 +266,10 @@ class Session final : public SessionBase {
     inRequest_ = false;
     markIdle();
     if (buffer_.size() > 0) return readHeader(first);
-    if (first) lowest().expires_at(headerDeadline_);
-    else lowest().expires_after(ms(options_.keepAliveTimeoutMs));
+    if (first)
+      lowest().expires_at(headerDeadline_);
+    else
+      lowest().expires_after(ms(options_.keepAliveTimeoutMs));
     stream_.async_read_some(buffer_.prepare(4096), [self = self(), first](beast::error_code ec, size_t n) {
       if (ec) return self->close();  // timeout, EOF, reset: nothing to answer
       self->buffer_.commit(n);
@@ -288,11 +287,10 @@ class Session final : public SessionBase {
       if (ec) return self->onReadError(ec);
       if (self->parser_->is_done()) return self->onRequest();
       self->lowest().expires_after(ms(self->options_.bodyTimeoutMs));
-      http::async_read(self->stream_, self->buffer_, *self->parser_,
-                       [self](beast::error_code ec2, size_t) {
-                         if (ec2) return self->onReadError(ec2);
-                         self->onRequest();
-                       });
+      http::async_read(self->stream_, self->buffer_, *self->parser_, [self](beast::error_code ec2, size_t) {
+        if (ec2) return self->onReadError(ec2);
+        self->onRequest();
+      });
     });
   }
 
@@ -314,7 +312,7 @@ class Session final : public SessionBase {
     version_ = 11;
     int status = ec == http::error::body_limit ? 413 : ec == http::error::header_limit ? 431 : 400;
     std::string message =
-        status == 413 ? "request body exceeds the limit of " + std::to_string(options_.maxBodyBytes) + " bytes"
+        status == 413   ? "request body exceeds the limit of " + std::to_string(options_.maxBodyBytes) + " bytes"
         : status == 431 ? "request headers exceed the limit of " + std::to_string(options_.maxHeaderBytes) + " bytes"
                         : "malformed HTTP request: " + ec.message();
     if (logAllowed()) {
@@ -346,8 +344,8 @@ class Session final : public SessionBase {
     auto responder = responder_;
     watchForDisconnect();
     armResponseTimer();
-    // The handler should not throw (DESIGN.md §9); when it does, the request still gets an
-    // answer and the connection is not left waiting for one (issue 13).
+    // The handler should not throw (docs/design.md §9); when it does, the request still gets an
+    // answer and the connection is not left waiting for one (docs/security.md).
     std::string failure;
     try {
       handler_(std::move(req), responder);
@@ -376,10 +374,10 @@ class Session final : public SessionBase {
       if (!r->notifyDisconnect()) return;  // a response is already on its way to the strand
       PD_LOG(kWarn, "http") << "no response within " << self->options_.responseTimeoutMs << " ms: answering 504";
       self->keepAlive_ = false;
-      self->writeFull(504, {},
-                      errorBody("the server did not answer within " + std::to_string(self->options_.responseTimeoutMs) +
-                                    " ms",
-                                "timeout"));
+      self->writeFull(
+          504, {},
+          errorBody("the server did not answer within " + std::to_string(self->options_.responseTimeoutMs) + " ms",
+                    "timeout"));
     });
   }
 
@@ -524,23 +522,20 @@ class Session final : public SessionBase {
 
 void Responder::sendFull(int status, HttpHeaders headers, std::string body) {
   if (!markEnded()) return;
-  net::post(session_->executor(), [s = session_, status, h = std::move(headers),
-                                   b = std::move(body)]() mutable {
+  net::post(session_->executor(), [s = session_, status, h = std::move(headers), b = std::move(body)]() mutable {
     s->writeFull(status, std::move(h), std::move(b));
   });
 }
 
 void Responder::startStream(int status, HttpHeaders headers) {
   if (isEnded()) return;
-  net::post(session_->executor(), [s = session_, status, h = std::move(headers)]() mutable {
-    s->writeStreamHeader(status, std::move(h));
-  });
+  net::post(session_->executor(),
+            [s = session_, status, h = std::move(headers)]() mutable { s->writeStreamHeader(status, std::move(h)); });
 }
 
 void Responder::sendEvent(std::string bytes) {
   if (isEnded()) return;
-  net::post(session_->executor(),
-            [s = session_, b = std::move(bytes)]() mutable { s->writeChunk(std::move(b)); });
+  net::post(session_->executor(), [s = session_, b = std::move(bytes)]() mutable { s->writeChunk(std::move(b)); });
 }
 
 void Responder::endStream() {
@@ -569,12 +564,11 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
       : io(io), options(std::move(options)), handler(std::move(handler)), acceptor(io), retry(io) {}
 
   void accept() {
-    acceptor.async_accept(net::make_strand(io), [self = shared_from_this()](beast::error_code ec,
-                                                                            tcp::socket socket) {
+    acceptor.async_accept(net::make_strand(io), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
       if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
       if (ec) {
         // Out of descriptors (EMFILE) and the like: retrying at once would spin an I/O thread
-        // on the same error (issue 13, 20,000 idle connections); back off a little.
+        // on the same error (20,000 idle connections); back off a little.
         if (logAllowed()) {
           PD_LOG(kWarn, "http") << "accept failed: " << ec.message() << "; retrying in 100 ms";
         }
@@ -616,12 +610,11 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
       conns.open.fetch_add(1);
       socket.set_option(tcp::no_delay(true), ec);
       if (self->tls) {
-        std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(self->options, self->handler,
-                                                                        self->conns, std::move(socket), *self->tls)
+        std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(self->options, self->handler, self->conns,
+                                                                        std::move(socket), *self->tls)
             ->start();
       } else {
-        std::make_shared<Session<beast::tcp_stream>>(self->options, self->handler, self->conns,
-                                                     std::move(socket))
+        std::make_shared<Session<beast::tcp_stream>>(self->options, self->handler, self->conns, std::move(socket))
             ->start();
       }
       self->accept();
@@ -644,7 +637,8 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     }
     // OpenSSL's own message for a missing file is a bare "asio.ssl error": say it plainly.
     for (const auto& [what, path] : {std::pair{"certificate", o.tlsCertFile}, std::pair{"private key", o.tlsKeyFile}}) {
-      if (!std::ifstream(path)) return invalidArgument(std::string("TLS ") + what + " file '" + path + "' cannot be read");
+      if (!std::ifstream(path))
+        return invalidArgument(std::string("TLS ") + what + " file '" + path + "' cannot be read");
     }
     beast::error_code ec;
     ctx->use_certificate_chain_file(o.tlsCertFile, ec);

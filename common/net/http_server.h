@@ -2,7 +2,7 @@
 // full responses and SSE streams, a request-body limit (413), keep-alive, client-disconnect
 // detection while streaming, and optional TLS (OpenSSL, TLS 1.2+).
 //
-// Hardening (issue 13): every wait of a connection has a deadline (TLS handshake and headers,
+// Hardening (docs/security.md): every wait of a connection has a deadline (TLS handshake and headers,
 // body, keep-alive idle, the handler's first response byte); the number of open connections
 // is capped (at the cap the oldest idle connection makes room, or the new one is closed); a
 // handler that throws gets its request answered with a 500 instead of a connection left
@@ -28,8 +28,8 @@
 namespace pd::net {
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string target;  // path and query, as sent
+  std::string method;                          // "GET", "POST", ...
+  std::string target;                          // path and query, as sent
   std::map<std::string, std::string> headers;  // names lower-cased
   std::string body;
   std::string remoteAddress;

@@ -2,12 +2,13 @@
 
 #include <pthread.h>
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 #include <exception>
 #include <mutex>
 #include <optional>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 
 #include "common/base/log.h"
 
@@ -32,7 +33,7 @@ IoPool::IoPool(int threads, std::string name) : impl_(std::make_unique<Impl>()) 
       std::string tname = (name + "-" + std::to_string(i)).substr(0, 15);
       pthread_setname_np(pthread_self(), tname.c_str());
       tCurrentPool = this;
-      // Handlers must not throw (DESIGN.md §9); if one does, log it and keep the thread
+      // Handlers must not throw (docs/design.md §9); if one does, log it and keep the thread
       // serving rather than take the process down from an I/O thread.
       for (;;) {
         try {

@@ -25,7 +25,8 @@ void MergeTable::insert(TokenId left, TokenId right, int32_t rank, TokenId merge
     std::vector<Slot> old = std::move(slots_);
     reserve(std::max<size_t>(16, (size_ + 1) * 2));
     for (const Slot& s : old)
-      if (s.rank >= 0) insert(static_cast<TokenId>(s.key >> 32), static_cast<TokenId>(s.key & 0xFFFFFFFFu), s.rank, s.merged);
+      if (s.rank >= 0)
+        insert(static_cast<TokenId>(s.key >> 32), static_cast<TokenId>(s.key & 0xFFFFFFFFu), s.rank, s.merged);
   }
   uint64_t key = pack(left, right);
   for (size_t i = hash(key);; i = (i + 1) & mask_) {
@@ -70,8 +71,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::fromJson(const json& m, bool byteLev
       return invalidArgument("tokenizer.json: model.vocab['" + it.key() + "'] is not an integer");
     int64_t id = it.value().get<int64_t>();
     if (id < 0 || id > (1 << 26))
-      return invalidArgument("tokenizer.json: model.vocab['" + it.key() + "'] = " +
-                             std::to_string(id) + " is out of range");
+      return invalidArgument("tokenizer.json: model.vocab['" + it.key() + "'] = " + std::to_string(id) +
+                             " is out of range");
     bpe->addToken(it.key(), static_cast<TokenId>(id));
   }
   for (int b = 0; b < 256; ++b) {
@@ -110,8 +111,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::fromJson(const json& m, bool byteLev
       if (mg.is_string()) {  // legacy "a b" form
         const std::string& s = mg.get_ref<const std::string&>();
         size_t sp = s.find(' ');
-        if (sp == std::string::npos)
-          return invalidArgument("tokenizer.json: merge '" + s + "' has no space");
+        if (sp == std::string::npos) return invalidArgument("tokenizer.json: merge '" + s + "' has no space");
         a = s.substr(0, sp);
         size_t sp2 = s.find(' ', sp + 1);
         b = s.substr(sp + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp - 1);
@@ -119,15 +119,13 @@ Result<std::unique_ptr<BpeModel>> BpeModel::fromJson(const json& m, bool byteLev
         a = mg[0].get<std::string>();
         b = mg[1].get<std::string>();
       } else {
-        return invalidArgument("tokenizer.json: merge #" + std::to_string(rank) +
-                               " is neither \"a b\" nor [a, b]");
+        return invalidArgument("tokenizer.json: merge #" + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
       }
       auto ia = bpe->tokenStrings_.find(a);
       auto ib = bpe->tokenStrings_.find(b);
       auto im = bpe->tokenStrings_.find(a + b);
       // A merge whose parts or result are not in the vocabulary can never produce a token.
-      if (ia != bpe->tokenStrings_.end() && ib != bpe->tokenStrings_.end() &&
-          im != bpe->tokenStrings_.end()) {
+      if (ia != bpe->tokenStrings_.end() && ib != bpe->tokenStrings_.end() && im != bpe->tokenStrings_.end()) {
         bpe->merges_.insert(ia->second, ib->second, rank, im->second);
       }
       ++rank;
@@ -209,8 +207,8 @@ void BpeModel::mergeWord(std::string_view word, std::vector<TokenId>& out) const
   syms.reserve(word.size());
   if (byteLevel_) {
     for (size_t i = 0; i < word.size(); ++i) {
-      syms.push_back({byteIds_[static_cast<unsigned char>(word[i])], static_cast<int>(i) - 1,
-                      static_cast<int>(i) + 1, static_cast<uint32_t>(i), 1});
+      syms.push_back({byteIds_[static_cast<unsigned char>(word[i])], static_cast<int>(i) - 1, static_cast<int>(i) + 1,
+                      static_cast<uint32_t>(i), 1});
     }
   } else {
     size_t pos = 0;
@@ -225,8 +223,7 @@ void BpeModel::mergeWord(std::string_view word, std::vector<TokenId>& out) const
         if (it != vocab_.end()) id = it->second;
       }
       int idx = static_cast<int>(syms.size());
-      syms.push_back({id, idx - 1, idx + 1, static_cast<uint32_t>(start),
-                      static_cast<uint32_t>(pos - start)});
+      syms.push_back({id, idx - 1, idx + 1, static_cast<uint32_t>(start), static_cast<uint32_t>(pos - start)});
     }
   }
   syms.back().next = -1;
@@ -248,8 +245,7 @@ void BpeModel::mergeWord(std::string_view word, std::vector<TokenId>& out) const
   };
   std::vector<Cand> storage;
   storage.reserve(syms.size() * 2);
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue(std::greater<Cand>(),
-                                                                        std::move(storage));
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue(std::greater<Cand>(), std::move(storage));
   Cand c;
   for (int i = 0; i + 1 < static_cast<int>(syms.size()); ++i)
     if (lookup(i, &c)) queue.push(c);
@@ -270,8 +266,10 @@ void BpeModel::mergeWord(std::string_view word, std::vector<TokenId>& out) const
     if (lookup(top.pos, &c)) queue.push(c);
   }
   for (int i = 0; i >= 0; i = syms[i].next) {
-    if (syms[i].id >= 0) out.push_back(syms[i].id);
-    else appendUnknown(word.substr(syms[i].start, syms[i].len), out);
+    if (syms[i].id >= 0)
+      out.push_back(syms[i].id);
+    else
+      appendUnknown(word.substr(syms[i].start, syms[i].len), out);
   }
 }
 

@@ -48,7 +48,7 @@ class MergeTable {
   bool find(TokenId left, TokenId right, int32_t* rank, TokenId* merged) const {
     if (slots_.empty()) return false;
     uint64_t key = pack(left, right);
-    for (size_t i = hash(key); ; i = (i + 1) & mask_) {
+    for (size_t i = hash(key);; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.rank < 0) return false;
       if (s.key == key) {

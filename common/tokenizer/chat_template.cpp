@@ -10,8 +10,7 @@ const char* const kDefaultChatTemplate =
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
-Result<ChatTemplate> ChatTemplate::fromString(const std::string& source, std::string bosToken,
-                                              std::string eosToken) {
+Result<ChatTemplate> ChatTemplate::fromString(const std::string& source, std::string bosToken, std::string eosToken) {
   auto parsed = JinjaTemplate::parse(source);
   if (!parsed.ok()) return parsed.status().withContext("chat template");
   ChatTemplate t;
@@ -24,14 +23,13 @@ Result<ChatTemplate> ChatTemplate::fromString(const std::string& source, std::st
 
 Result<ChatTemplate> ChatTemplate::forTokenizer(const Tokenizer& tokenizer) {
   bool useDefault = tokenizer.chatTemplate().empty();
-  auto t = fromString(useDefault ? std::string(kDefaultChatTemplate) : tokenizer.chatTemplate(),
-                      tokenizer.bosToken(), tokenizer.eosToken());
+  auto t = fromString(useDefault ? std::string(kDefaultChatTemplate) : tokenizer.chatTemplate(), tokenizer.bosToken(),
+                      tokenizer.eosToken());
   if (t.ok()) t->isDefault_ = useDefault;
   return t;
 }
 
-Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages,
-                                         const ChatOptions& options) const {
+Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages, const ChatOptions& options) const {
   if (!messages.is_array()) return invalidArgument("chat: messages must be an array");
   for (size_t i = 0; i < messages.size(); ++i) {
     const auto& m = messages[i];

@@ -33,13 +33,11 @@ class ChatTemplate {
  public:
   // The tokenizer's own template, or the default when it has none.
   static Result<ChatTemplate> forTokenizer(const Tokenizer& tokenizer);
-  static Result<ChatTemplate> fromString(const std::string& source, std::string bosToken,
-                                         std::string eosToken);
+  static Result<ChatTemplate> fromString(const std::string& source, std::string bosToken, std::string eosToken);
 
   // `messages` is an array of objects with at least "role" and "content" (strings); other
   // fields (tool_calls, ...) pass through to the template. Errors name what is wrong.
-  Result<std::string> render(const nlohmann::ordered_json& messages,
-                             const ChatOptions& options = {}) const;
+  Result<std::string> render(const nlohmann::ordered_json& messages, const ChatOptions& options = {}) const;
 
   // A rendered conversation in which special-token text inside message contents stays plain
   // text: `literal` holds its ranges, for Tokenizer::encode(text, false, literal). The

@@ -4,8 +4,7 @@
 
 namespace pd::tok {
 
-IncrementalDetokenizer::IncrementalDetokenizer(std::shared_ptr<const Tokenizer> tokenizer,
-                                               bool skipSpecialTokens)
+IncrementalDetokenizer::IncrementalDetokenizer(std::shared_ptr<const Tokenizer> tokenizer, bool skipSpecialTokens)
     : tok_(std::move(tokenizer)), skipSpecial_(skipSpecialTokens) {
   leadingDone_ = tok_->textStrip().content.empty() || tok_->textStrip().start == 0;
 }
@@ -27,8 +26,7 @@ std::string IncrementalDetokenizer::release(bool final) {
     if (pending_.compare(0, c.size(), c) == 0 && pending_.size() >= c.size()) {
       pending_.erase(0, c.size());
       if (++leadingStripped_ >= strip.start) leadingDone_ = true;
-    } else if (pending_.empty() || (pending_.size() < c.size() &&
-                                    c.compare(0, pending_.size(), pending_) == 0)) {
+    } else if (pending_.empty() || (pending_.size() < c.size() && c.compare(0, pending_.size(), pending_) == 0)) {
       if (!final) return {};
       leadingDone_ = true;
     } else {
@@ -39,9 +37,7 @@ std::string IncrementalDetokenizer::release(bool final) {
   if (!c.empty() && strip.stop > 0) {
     // Hold back (or, at the end, drop) up to `stop` trailing copies of `c`.
     size_t end = n;
-    for (int i = 0; i < strip.stop && end >= c.size() &&
-                    pending_.compare(end - c.size(), c.size(), c) == 0;
-         ++i)
+    for (int i = 0; i < strip.stop && end >= c.size() && pending_.compare(end - c.size(), c.size(), c) == 0; ++i)
       end -= c.size();
     if (final) {
       pending_.resize(end);

@@ -15,8 +15,7 @@ namespace pd::tok {
 
 class IncrementalDetokenizer {
  public:
-  explicit IncrementalDetokenizer(std::shared_ptr<const Tokenizer> tokenizer,
-                                  bool skipSpecialTokens = false);
+  explicit IncrementalDetokenizer(std::shared_ptr<const Tokenizer> tokenizer, bool skipSpecialTokens = false);
 
   // Appends one id and returns the text that became final (possibly empty). The returned
   // text is always valid UTF-8.

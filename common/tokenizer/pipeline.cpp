@@ -155,8 +155,7 @@ class SequencePreTokenizer final : public PreTokenizer {
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
 
 // Splits each piece on regex matches. Shared by Split and ByteLevel(use_regex).
-void regexSplit(const Regex& re, SplitBehavior behavior, bool invert,
-                std::vector<std::string>& pieces) {
+void regexSplit(const Regex& re, SplitBehavior behavior, bool invert, std::vector<std::string>& pieces) {
   std::vector<std::string> out;
   out.reserve(pieces.size() * 4);
   for (const auto& piece : pieces) {
@@ -180,11 +179,16 @@ void regexSplit(const Regex& re, SplitBehavior behavior, bool invert,
       }
       std::string delim = piece.substr(b, e - b);
       switch (behavior) {
-        case SplitBehavior::kIsolated: out.push_back(std::move(delim)); break;
-        case SplitBehavior::kRemoved: break;
+        case SplitBehavior::kIsolated:
+          out.push_back(std::move(delim));
+          break;
+        case SplitBehavior::kRemoved:
+          break;
         case SplitBehavior::kMergedWithPrevious:
-          if (b > prev && !out.empty()) out.back() += delim;
-          else out.push_back(std::move(delim));
+          if (b > prev && !out.empty())
+            out.back() += delim;
+          else
+            out.push_back(std::move(delim));
           break;
         case SplitBehavior::kMergedWithNext:
           carry += delim;
@@ -206,9 +210,7 @@ class SplitPreTokenizer final : public PreTokenizer {
  public:
   SplitPreTokenizer(std::shared_ptr<const Regex> re, SplitBehavior b, bool invert)
       : re_(std::move(re)), behavior_(b), invert_(invert) {}
-  void split(std::vector<std::string>& pieces, size_t) const override {
-    regexSplit(*re_, behavior_, invert_, pieces);
-  }
+  void split(std::vector<std::string>& pieces, size_t) const override { regexSplit(*re_, behavior_, invert_, pieces); }
 
  private:
   std::shared_ptr<const Regex> re_;
@@ -217,8 +219,7 @@ class SplitPreTokenizer final : public PreTokenizer {
 };
 
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 class ByteLevelPreTokenizer final : public PreTokenizer {
  public:
@@ -249,8 +250,10 @@ class MetaspacePreTokenizer final : public PreTokenizer {
     for (auto& p : pieces) {
       std::string s;
       for (char c : p) {
-        if (c == ' ') s += replacement_;
-        else s.push_back(c);
+        if (c == ' ')
+          s += replacement_;
+        else
+          s.push_back(c);
       }
       bool prepend = scheme_ == Scheme::kAlways || (scheme_ == Scheme::kFirst && section == 0);
       if (prepend && s.compare(0, replacement_.size(), replacement_) != 0) s.insert(0, replacement_);
@@ -330,21 +333,24 @@ Result<std::unique_ptr<PreTokenizer>> makePreTokenizer(const json& j) {
     PD_ASSIGN_OR_RETURN(auto re, patternOf(j, "pre_tokenizer Split"));
     std::string b = strField(j, "behavior", "Isolated");
     SplitBehavior behavior;
-    if (b == "Isolated") behavior = SplitBehavior::kIsolated;
-    else if (b == "Removed") behavior = SplitBehavior::kRemoved;
-    else if (b == "MergedWithPrevious") behavior = SplitBehavior::kMergedWithPrevious;
-    else if (b == "MergedWithNext") behavior = SplitBehavior::kMergedWithNext;
-    else return unimplemented("pre_tokenizer Split: behavior '" + b + "' is not supported");
-    return std::unique_ptr<PreTokenizer>(
-        new SplitPreTokenizer(re, behavior, boolField(j, "invert", false)));
+    if (b == "Isolated")
+      behavior = SplitBehavior::kIsolated;
+    else if (b == "Removed")
+      behavior = SplitBehavior::kRemoved;
+    else if (b == "MergedWithPrevious")
+      behavior = SplitBehavior::kMergedWithPrevious;
+    else if (b == "MergedWithNext")
+      behavior = SplitBehavior::kMergedWithNext;
+    else
+      return unimplemented("pre_tokenizer Split: behavior '" + b + "' is not supported");
+    return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(re, behavior, boolField(j, "invert", false)));
   }
   if (type == "ByteLevel") {
     std::shared_ptr<const Regex> re;
     if (boolField(j, "use_regex", true)) {
       PD_ASSIGN_OR_RETURN(re, Regex::compile(kGpt2Pattern));
     }
-    return std::unique_ptr<PreTokenizer>(
-        new ByteLevelPreTokenizer(boolField(j, "add_prefix_space", false), re));
+    return std::unique_ptr<PreTokenizer>(new ByteLevelPreTokenizer(boolField(j, "add_prefix_space", false), re));
   }
   if (type == "Metaspace") {
     // Older files say add_prefix_space, newer ones prepend_scheme; an explicit
@@ -360,13 +366,11 @@ Result<std::unique_ptr<PreTokenizer>> makePreTokenizer(const json& j) {
     } else if (scheme != "always") {
       return invalidArgument("pre_tokenizer Metaspace: prepend_scheme '" + scheme + "' unknown");
     }
-    return std::unique_ptr<PreTokenizer>(new MetaspacePreTokenizer(
-        strField(j, "replacement", "\xE2\x96\x81"), s, boolField(j, "split", false)));
+    return std::unique_ptr<PreTokenizer>(
+        new MetaspacePreTokenizer(strField(j, "replacement", "\xE2\x96\x81"), s, boolField(j, "split", false)));
   }
   if (type == "Digits") {
-    PD_ASSIGN_OR_RETURN(auto re, Regex::compile(boolField(j, "individual_digits", false)
-                                                    ? R"(\p{N})"
-                                                    : R"(\p{N}+)"));
+    PD_ASSIGN_OR_RETURN(auto re, Regex::compile(boolField(j, "individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)"));
     return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(re, SplitBehavior::kIsolated, false));
   }
   if (type == "WhitespaceSplit") {

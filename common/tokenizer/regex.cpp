@@ -11,8 +11,7 @@ Result<std::shared_ptr<const Regex>> Regex::compile(std::string_view pattern) {
   int errCode = 0;
   PCRE2_SIZE errOffset = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &errCode,
-                                   &errOffset, nullptr);
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &errCode, &errOffset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR buf[256];
     pcre2_get_error_message(errCode, buf, sizeof(buf));
@@ -47,8 +46,8 @@ std::vector<std::pair<size_t, size_t>> Regex::findAll(std::string_view text) con
       if (rc != PCRE2_ERROR_NOMATCH) {
         PCRE2_UCHAR buf[256];
         pcre2_get_error_message(rc, buf, sizeof(buf));
-        PD_LOG(kError, "tokenizer") << "regex '" << pattern_ << "' stopped at byte " << pos << " of "
-                                    << text.size() << ": " << reinterpret_cast<char*>(buf);
+        PD_LOG(kError, "tokenizer") << "regex '" << pattern_ << "' stopped at byte " << pos << " of " << text.size()
+                                    << ": " << reinterpret_cast<char*>(buf);
       }
       break;
     }

@@ -114,8 +114,7 @@ Status Tokenizer::load(std::string_view tokenizerJson, std::string_view configJs
         t.special = a.value("special", false);
         t.lstrip = a.value("lstrip", false);
         t.rstrip = a.value("rstrip", false);
-        if (t.content.empty() || t.id < 0)
-          return invalidArgument("tokenizer.json: added token without content or id");
+        if (t.content.empty() || t.id < 0) return invalidArgument("tokenizer.json: added token without content or id");
         if (a.value("single_word", false)) {
           return unimplemented("tokenizer.json: added token '" + t.content +
                                "' uses single_word, which is not supported");
@@ -134,8 +133,8 @@ Status Tokenizer::load(std::string_view tokenizerJson, std::string_view configJs
     }
     if (cfg.contains("additional_special_tokens") && cfg["additional_special_tokens"].is_array()) {
       for (const auto& s : cfg["additional_special_tokens"]) {
-        std::string name = s.is_string() ? s.get<std::string>()
-                                         : (s.is_object() ? s.value("content", std::string()) : "");
+        std::string name =
+            s.is_string() ? s.get<std::string>() : (s.is_object() ? s.value("content", std::string()) : "");
         TokenId id;
         if (!name.empty() && model_->tokenToId(name, &id)) specialIds_.insert(id);
       }
@@ -156,8 +155,7 @@ Status Tokenizer::load(std::string_view tokenizerJson, std::string_view configJs
           if (e.is_object() && e.value("name", std::string()) == "default")
             chatTemplate_ = e.value("template", std::string());
         }
-        if (chatTemplate_.empty())
-          return invalidArgument("tokenizer_config.json: chat_template list has no 'default'");
+        if (chatTemplate_.empty()) return invalidArgument("tokenizer_config.json: chat_template list has no 'default'");
       }
     }
     if (cfg.contains("clean_up_tokenization_spaces") && cfg["clean_up_tokenization_spaces"].is_boolean())
@@ -220,8 +218,7 @@ Status Tokenizer::load(std::string_view tokenizerJson, std::string_view configJs
     for (const auto& a : added_)
       if (static_cast<size_t>(a.id) < isAdded.size()) isAdded[static_cast<size_t>(a.id)] = true;
     tokenBytes_.assign(model_->vocabSize(), std::string());
-    for (size_t i = 0; i < tokenBytes_.size(); ++i)
-      tokenBytes_[i] = model_->idToToken(static_cast<TokenId>(i));
+    for (size_t i = 0; i < tokenBytes_.size(); ++i) tokenBytes_[i] = model_->idToToken(static_cast<TokenId>(i));
     bool fused = false;
     for (const auto& d : steps) {
       std::string type = d.value("type", std::string());
@@ -245,8 +242,7 @@ Status Tokenizer::load(std::string_view tokenizerJson, std::string_view configJs
       } else if (type == "ByteFallback") {
         for (auto& t : tokenBytes_) {
           if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
-              std::isxdigit(static_cast<unsigned char>(t[3])) &&
-              std::isxdigit(static_cast<unsigned char>(t[4]))) {
+              std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
             t = std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
           }
         }
@@ -258,8 +254,7 @@ Status Tokenizer::load(std::string_view tokenizerJson, std::string_view configJs
         auto re = Regex::compile(regexEscape(rep));
         if (!re.ok()) return re.status();
         for (auto& t : tokenBytes_) t = replaceAll(std::move(t), **re, " ");
-        bool prefix = d.value("add_prefix_space", true) &&
-                      d.value("prepend_scheme", std::string("always")) != "never";
+        bool prefix = d.value("add_prefix_space", true) && d.value("prepend_scheme", std::string("always")) != "never";
         if (prefix) textStrip_ = TextStrip{" ", 1, 0};
       } else if (type == "Strip") {
         std::string content = d.value("content", std::string(" "));
@@ -381,9 +376,7 @@ std::string applyTextStrip(std::string text, const Tokenizer::TextStrip& strip) 
   size_t begin = 0;
   for (int i = 0; i < strip.start && text.compare(begin, c.size(), c) == 0; ++i) begin += c.size();
   size_t end = text.size();
-  for (int i = 0; i < strip.stop && end >= begin + c.size() &&
-                  text.compare(end - c.size(), c.size(), c) == 0;
-       ++i)
+  for (int i = 0; i < strip.stop && end >= begin + c.size() && text.compare(end - c.size(), c.size(), c) == 0; ++i)
     end -= c.size();
   return text.substr(begin, end - begin);
 }
@@ -391,8 +384,8 @@ std::string applyTextStrip(std::string text, const Tokenizer::TextStrip& strip) 
 std::string cleanUpTokenization(std::string_view text) {
   // The replacements of transformers' clean_up_tokenization, applied in its order.
   static const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."},     {" ?", "?"},     {" !", "!"},     {" ,", ","},     {" ' ", "'"},
-      {" n't", "n't"}, {" 'm", "'m"},   {" 's", "'s"},   {" 've", "'ve"}, {" 're", "'re"}};
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   std::string s(text);
   for (auto [from, to] : kRules) {
     std::string out;

@@ -62,8 +62,7 @@ class Tokenizer {
   // Reads DIR/tokenizer.json and DIR/tokenizer_config.json (the latter optional).
   static Result<std::shared_ptr<const Tokenizer>> loadDir(const std::string& dir);
   // The two files' contents; `configJson` may be empty.
-  static Result<std::shared_ptr<const Tokenizer>> fromJson(std::string_view tokenizerJson,
-                                                           std::string_view configJson);
+  static Result<std::shared_ptr<const Tokenizer>> fromJson(std::string_view tokenizerJson, std::string_view configJson);
   ~Tokenizer();
 
   // Fails only for text that is not valid UTF-8.

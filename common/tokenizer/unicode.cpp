@@ -1,8 +1,8 @@
 #include "common/tokenizer/unicode.h"
 
+#include <unicode/locid.h>
 #include <unicode/normalizer2.h>
 #include <unicode/unistr.h>
-#include <unicode/locid.h>
 
 #include <vector>
 
@@ -164,10 +164,18 @@ Result<std::string> normalizeUnicode(std::string_view s, NormalForm form) {
   UErrorCode err = U_ZERO_ERROR;
   const icu::Normalizer2* norm = nullptr;
   switch (form) {
-    case NormalForm::kNfc: norm = icu::Normalizer2::getNFCInstance(err); break;
-    case NormalForm::kNfd: norm = icu::Normalizer2::getNFDInstance(err); break;
-    case NormalForm::kNfkc: norm = icu::Normalizer2::getNFKCInstance(err); break;
-    case NormalForm::kNfkd: norm = icu::Normalizer2::getNFKDInstance(err); break;
+    case NormalForm::kNfc:
+      norm = icu::Normalizer2::getNFCInstance(err);
+      break;
+    case NormalForm::kNfd:
+      norm = icu::Normalizer2::getNFDInstance(err);
+      break;
+    case NormalForm::kNfkc:
+      norm = icu::Normalizer2::getNFKCInstance(err);
+      break;
+    case NormalForm::kNfkd:
+      norm = icu::Normalizer2::getNFKDInstance(err);
+      break;
   }
   if (U_FAILURE(err) || norm == nullptr) {
     return internalError(std::string("ICU normalizer unavailable: ") + u_errorName(err));
@@ -190,8 +198,20 @@ Result<std::string> toLowerUnicode(std::string_view s) {
 
 bool isJsWhitespace(char32_t c) {
   switch (c) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000: case 0xFEFF:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
+    case 0xFEFF:
       return true;
     default:
       return c >= 0x2000 && c <= 0x200A;

@@ -24,11 +24,12 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/bench/gguf_writer.h"
 #include "engine/cpu_backend.h"
@@ -49,9 +50,7 @@ double processCpuSeconds() {
   return double(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-double secondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // STREAM triad a = b + s*c over `bytesPerArray`, split across `threads`; best of `reps`.
 // Counts 3 arrays of traffic per pass, as STREAM does.
@@ -87,8 +86,7 @@ double sgemmGflops(int m, int n, int k, int reps) {
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
-                0.0f, c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
     best = std::min(best, secondsSince(t0));
   }
   return 2.0 * m * n * double(k) / best / 1e9;
@@ -103,9 +101,9 @@ int fail(const pd::Status& st) {
 // its contents do not change the work), `reps` times after one
 // warm-up; wall seconds per repetition. The backend (and its pool) lives only for the
 // measurement.
-pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const ModelWeights>& model,
-                                               int p, const CpuBackendOptions& opt, int reps,
-                                               std::mt19937_64& rng, double* bestCpu, int start = 0) {
+pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const ModelWeights>& model, int p,
+                                               const CpuBackendOptions& opt, int reps, std::mt19937_64& rng,
+                                               double* bestCpu, int start = 0) {
   const ModelConfig& cfg = model->config;
   const int blockSize = 16;
   const int blocks = (start + p + blockSize - 1) / blockSize;
@@ -135,9 +133,9 @@ pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const Model
 // filled with noise instead of prefilled: its contents do not change the work.
 class DecodeBench {
  public:
-  static pd::Result<std::unique_ptr<DecodeBench>> create(
-      const std::shared_ptr<const ModelWeights>& model, int batch, int ctx, int maxSteps,
-      const CpuBackendOptions& opt, std::mt19937_64& rng) {
+  static pd::Result<std::unique_ptr<DecodeBench>> create(const std::shared_ptr<const ModelWeights>& model, int batch,
+                                                         int ctx, int maxSteps, const CpuBackendOptions& opt,
+                                                         std::mt19937_64& rng) {
     auto b = std::unique_ptr<DecodeBench>(new DecodeBench);
     const ModelConfig& cfg = model->config;
     const int blockSize = 16;
@@ -165,8 +163,7 @@ class DecodeBench {
     std::vector<float> logits(size_t(batch_) * cfg_.vocabSize);
     std::vector<SeqChunk> chunks(batch_);
     for (int step = 0; step < steps; ++step) {
-      for (int s = 0; s < batch_; ++s)
-        chunks[s] = SeqChunk{&next[s], 1, ctx_ + step, tables_[s].data(), perSeq_, true};
+      for (int s = 0; s < batch_; ++s) chunks[s] = SeqChunk{&next[s], 1, ctx_ + step, tables_[s].data(), perSeq_, true};
       const auto t0 = Clock::now();
       const double c0 = processCpuSeconds();
       PD_RETURN_IF_ERROR(backend_->forward(chunks, logits.data()));
@@ -191,8 +188,7 @@ class DecodeBench {
 
 // Runs `llamaBench args -o json` and returns the first result's avg_ts (tokens/s, the mean
 // over its repetitions). Its stderr goes to `logPath`, named in the error when it fails.
-pd::Result<double> llamaBenchTokensPerSecond(const std::string& llamaBench,
-                                             const std::string& args,
+pd::Result<double> llamaBenchTokensPerSecond(const std::string& llamaBench, const std::string& args,
                                              const std::string& logPath) {
   const std::string cmd = "'" + llamaBench + "' " + args + " -o json 2>'" + logPath + "'";
   FILE* f = popen(cmd.c_str(), "r");
@@ -203,7 +199,7 @@ pd::Result<double> llamaBenchTokensPerSecond(const std::string& llamaBench,
   const int rc = pclose(f);
   if (rc != 0)
     return pd::internalError("llama-bench failed (status " + std::to_string(rc) + "): " + cmd +
-                        " (its log: " + logPath + ")");
+                             " (its log: " + logPath + ")");
   const auto j = nlohmann::json::parse(out, nullptr, false);
   if (!j.is_array() || j.empty() || !j[0].contains("avg_ts") || !j[0]["avg_ts"].is_number())
     return pd::internalError("llama-bench printed no avg_ts: " + cmd + " (its log: " + logPath + ")");
@@ -219,9 +215,8 @@ double mean(const std::vector<double>& v) {
 // Decode tg128 @ d512 and prefill pp2048, ours and llama.cpp's, `rounds` times interleaved.
 // Ours is measured as llama-bench measures: 5 repetitions after a warm-up, each repetition's
 // tokens / wall seconds (decode: the whole 128-token loop, not per-step medians), averaged.
-pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& model,
-                                 const std::string& llamaBench, const CpuBackendOptions& opt,
-                                 int rounds, std::mt19937_64& rng) {
+pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& model, const std::string& llamaBench,
+                                 const CpuBackendOptions& opt, int rounds, std::mt19937_64& rng) {
   if (llamaBench.find('\'') != std::string::npos)
     return pd::invalidArgument("--llama-bench: a path with a single quote is not supported");
   char dir[] = "/tmp/pdserve_llama_XXXXXX";
@@ -229,12 +224,10 @@ pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& mode
   const std::string gguf = std::string(dir) + "/model.gguf", log = std::string(dir) + "/log";
   PD_RETURN_IF_ERROR(writeLlamaGguf(*model, gguf));
   // -lm none: weights read into anonymous memory, as ours are (no file-backed pages).
-  const std::string common =
-      "-m '" + gguf + "' -t " + std::to_string(opt.numThreads) + " -r 5 -lm none";
+  const std::string common = "-m '" + gguf + "' -t " + std::to_string(opt.numThreads) + " -r 5 -lm none";
   const int ctx = 512, gen = 128, prompt = 2048, reps = 5;
-  std::printf(
-      "\nllama.cpp (%s) on the same weights (%s, f32; its defaults otherwise), %d threads:\n",
-      llamaBench.c_str(), gguf.c_str(), opt.numThreads);
+  std::printf("\nllama.cpp (%s) on the same weights (%s, f32; its defaults otherwise), %d threads:\n",
+              llamaBench.c_str(), gguf.c_str(), opt.numThreads);
   std::vector<double> oursTg, theirsTg, oursPp, theirsPp;
   for (int r = 0; r < rounds; ++r) {
     {
@@ -249,16 +242,13 @@ pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& mode
       }
       oursTg.push_back(mean(ts));
     }
-    PD_ASSIGN_OR_RETURN(
-        const double tg,
-        llamaBenchTokensPerSecond(llamaBench, common + " -p 0 -n 128 -d 512", log));
+    PD_ASSIGN_OR_RETURN(const double tg, llamaBenchTokensPerSecond(llamaBench, common + " -p 0 -n 128 -d 512", log));
     theirsTg.push_back(tg);
     PD_ASSIGN_OR_RETURN(auto secs, prefillSeconds(model, prompt, opt, reps, rng, nullptr));
     std::vector<double> ts;
     for (double s : secs) ts.push_back(prompt / s);
     oursPp.push_back(mean(ts));
-    PD_ASSIGN_OR_RETURN(const double pp,
-                        llamaBenchTokensPerSecond(llamaBench, common + " -p 2048 -n 0", log));
+    PD_ASSIGN_OR_RETURN(const double pp, llamaBenchTokensPerSecond(llamaBench, common + " -p 2048 -n 0", log));
     theirsPp.push_back(pp);
     std::printf(
         "  round %d: tg128 @ d512 ours %7.1f  llama.cpp %7.1f tok/s (%.2fx) | pp2048 ours "
@@ -350,8 +340,8 @@ int main(int argc, char** argv) {
   std::printf(
       "engine_bench: model %s (hidden %d, layers %d, heads %d/%d, ffn %d, vocab %d), "
       "%.1f MB f32 weights, %d threads\n",
-      modelDir.c_str(), cfg.hiddenSize, cfg.numLayers, cfg.numHeads, cfg.numKvHeads,
-      cfg.intermediateSize, cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
+      modelDir.c_str(), cfg.hiddenSize, cfg.numLayers, cfg.numHeads, cfg.numKvHeads, cfg.intermediateSize,
+      cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
   std::printf("OpenBLAS: core %s; config %s\n", openblas_get_corename(), openblas_get_config());
 
   // ---- Ceilings ---------------------------------------------------------------------------
@@ -365,11 +355,10 @@ int main(int argc, char** argv) {
         "(%.0f MB), %.1f GB/s at 768 MB (3 x 256 MB)\n",
         threads, bwModelSized, weightBytes / 1e6, bwLarge);
     const double gemmSquare = sgemmGflops(2048, 2048, 2048, quick ? 2 : 3);
-    const double gemmPrefill =
-        sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
+    const double gemmPrefill = sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
     gemmPeak = std::max(gemmSquare, gemmPrefill);
-    std::printf("sgemm: %.1f GFLOP/s (2048^3), %.1f GFLOP/s (2048x%dx%d, the gate|up shape)\n",
-                gemmSquare, gemmPrefill, 2 * cfg.intermediateSize, cfg.hiddenSize);
+    std::printf("sgemm: %.1f GFLOP/s (2048^3), %.1f GFLOP/s (2048x%dx%d, the gate|up shape)\n", gemmSquare, gemmPrefill,
+                2 * cfg.intermediateSize, cfg.hiddenSize);
   }
 
   // ---- Prefill ------------------------------------------------------------------------------
@@ -388,19 +377,16 @@ int main(int argc, char** argv) {
     const double best = *std::min_element(secs->begin(), secs->end());
     const double linearFlops = 2.0 * double(cfg.decodeWeightParams() - cfg.hiddenSize) * p -
                                2.0 * double(cfg.vocabSize) * cfg.hiddenSize * (p - 1);
-    const double attnFlops =
-        4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
+    const double attnFlops = 4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
     const double gflops = (linearFlops + attnFlops) / best / 1e9;
-    std::printf(
-        "  %5d tokens: %8.0f tok/s  (%.1f ms, %.1f GFLOP/s = %.0f%% of sgemm peak; %.1f CPU-ms)\n",
-        p, p / best, best * 1e3, gflops, 100.0 * gflops / gemmPeak, bestCpu * 1e3);
+    std::printf("  %5d tokens: %8.0f tok/s  (%.1f ms, %.1f GFLOP/s = %.0f%% of sgemm peak; %.1f CPU-ms)\n", p, p / best,
+                best * 1e3, gflops, 100.0 * gflops / gemmPeak, bestCpu * 1e3);
   }
 
   // ---- Decode -------------------------------------------------------------------------------
   const int ctx = 512;
   if (only.empty() || only == "decode")
-    std::printf(
-        "\ndecode (%d tokens of context per sequence, one token per sequence per step):\n", ctx);
+    std::printf("\ndecode (%d tokens of context per sequence, one token per sequence per step):\n", ctx);
   for (int batch : {1, 8, 32}) {
     if (only == "prefill" || only == "context" || only == "llama") break;
     if (onlyBatch > 0 && batch != onlyBatch) continue;
@@ -431,8 +417,8 @@ int main(int argc, char** argv) {
           "\n    bandwidth floor (%.1f MB weights / token): %.3f ms at %.1f GB/s -> %.0f%% of "
           "floor; %.3f ms at %.1f GB/s -> %.0f%%\n    (the %.1f MB of KV read per token at "
           "ctx %d is on top of the weights)",
-          weightBytes / 1e6, floorModel * 1e3, bwModelSized, 100.0 * floorModel / stepS,
-          floorLarge * 1e3, bwLarge, 100.0 * floorLarge / stepS, kvBytes / 1e6, ctx);
+          weightBytes / 1e6, floorModel * 1e3, bwModelSized, 100.0 * floorModel / stepS, floorLarge * 1e3, bwLarge,
+          100.0 * floorLarge / stepS, kvBytes / 1e6, ctx);
     }
     std::printf("\n");
   }
@@ -449,7 +435,8 @@ int main(int argc, char** argv) {
         if (!secs.ok()) return fail(secs.status());
         const double msPerToken = *std::min_element(secs->begin(), secs->end()) * 1e3 / n;
         if (start == 0) atZero = msPerToken;
-        const double priced = atZero * pd::engine::promptChunkCost(start, n, span) / pd::engine::promptChunkCost(0, n, span);
+        const double priced =
+            atZero * pd::engine::promptChunkCost(start, n, span) / pd::engine::promptChunkCost(0, n, span);
         std::printf("  %3d tokens after %4d: %.3f ms a token, priced %.3f (%+.0f%%)\n", n, start, msPerToken, priced,
                     100 * (priced / msPerToken - 1));
       }
@@ -457,7 +444,8 @@ int main(int argc, char** argv) {
   }
 
   if (!llamaBench.empty()) {
-    if (auto st = compareWithLlamaBench(*model, llamaBench, opt, rounds > 0 ? rounds : (quick ? 1 : 3), rng); !st.isOk())
+    if (auto st = compareWithLlamaBench(*model, llamaBench, opt, rounds > 0 ? rounds : (quick ? 1 : 3), rng);
+        !st.isOk())
       return fail(st);
   }
   return 0;

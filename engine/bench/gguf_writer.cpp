@@ -47,8 +47,7 @@ void GgufWriter::addF32(const std::string& key, float value) {
   kvs_.push_back({key, kGgufTypeF32, std::move(v)});
 }
 
-void GgufWriter::addTensorF32(const std::string& name, std::vector<uint64_t> ne,
-                              const float* data) {
+void GgufWriter::addTensorF32(const std::string& name, std::vector<uint64_t> ne, const float* data) {
   uint64_t count = 1;
   for (uint64_t d : ne) count *= d;
   tensors_.push_back({name, std::move(ne), data, count});
@@ -93,8 +92,7 @@ Status GgufWriter::write(const std::string& path) const {
 Status writeLlamaGguf(const ModelWeights& m, const std::string& path) {
   const ModelConfig& c = m.config;
   if (!m.hasHostTensors()) return invalidArgument("gguf: the model has no host tensors");
-  if (c.qkvBias || c.oBias)
-    return invalidArgument("gguf: attention biases are not written (qkv/o bias)");
+  if (c.qkvBias || c.oBias) return invalidArgument("gguf: attention biases are not written (qkv/o bias)");
   if (c.rope.llama3) return invalidArgument("gguf: llama3 rope_scaling is not written");
   if (c.slidingWindow > 0) return invalidArgument("gguf: sliding_window is not written");
   if (c.headDim % 2 != 0) return invalidArgument("gguf: head_dim must be even");

@@ -36,8 +36,7 @@ inline void accumulatePV(float* acc, const float* p, const float* const* v, int 
   }
   for (; d + 8 <= headDim; d += 8) {
     __m256 a = _mm256_loadu_ps(acc + d);
-    for (int i = 0; i < np; ++i)
-      a = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v[i] + d), a);
+    for (int i = 0; i < np; ++i) a = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v[i] + d), a);
     _mm256_storeu_ps(acc + d, a);
   }
   for (; d < headDim; ++d)
@@ -46,10 +45,9 @@ inline void accumulatePV(float* acc, const float* p, const float* const* v, int 
 
 }  // namespace
 
-void pagedAttention(const float* q, int qStride, const float* layerKv, const int32_t* blockTable,
-                    int numTokens, int startPos, int blockSize, int numHeads, int numKvHeads,
-                    int headDim, int kvHeadBegin, int kvHeadEnd, float scale, float* out,
-                    int outStride) {
+void pagedAttention(const float* q, int qStride, const float* layerKv, const int32_t* blockTable, int numTokens,
+                    int startPos, int blockSize, int numHeads, int numKvHeads, int headDim, int kvHeadBegin,
+                    int kvHeadEnd, float scale, float* out, int outStride) {
   using namespace detail;
   const int group = numHeads / numKvHeads;
   const size_t tokenElems = size_t(numKvHeads) * headDim;
@@ -75,8 +73,8 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
           const int np = std::min(kTile, ctx - p0);
           for (int i = 0; i < np; ++i) {
             const int p = p0 + i;
-            kRow[i] = layerKv + size_t(blockTable[p / blockSize]) * blockElems +
-                      size_t(p % blockSize) * tokenElems + size_t(g) * headDim;
+            kRow[i] = layerKv + size_t(blockTable[p / blockSize]) * blockElems + size_t(p % blockSize) * tokenElems +
+                      size_t(g) * headDim;
           }
           // This head's K and V rows sit tokenElems apart (the other kv heads in between),
           // a stride the hardware prefetchers follow poorly: ask for the next tile's rows
@@ -94,8 +92,7 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
             float tileMax = m[j];
             int i = 0;
             for (; i + 8 <= np; i += 8)
-              _mm256_storeu_ps(
-                  &s[j][i], _mm256_mul_ps(dot8(qh[j], kRow + i, headDim), _mm256_set1_ps(scale)));
+              _mm256_storeu_ps(&s[j][i], _mm256_mul_ps(dot8(qh[j], kRow + i, headDim), _mm256_set1_ps(scale)));
             for (; i < np; ++i) s[j][i] = dot(qh[j], kRow[i], headDim) * scale;
             for (i = 0; i < np; ++i) tileMax = std::max(tileMax, s[j][i]);
             // Rescale what was accumulated under the old maximum once per tile.
@@ -131,8 +128,7 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
   }
 }
 
-void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols, int firstQueryPos,
-                       float scale) {
+void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols, int firstQueryPos, float scale) {
   using namespace detail;
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int r = 0; r < numRows; ++r) {
@@ -159,8 +155,7 @@ void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols, in
     }
     const __m256 vinv = _mm256_set1_ps(1.0f / sum);
     i = 0;
-    for (; i + 8 <= valid; i += 8)
-      _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), vinv));
+    for (; i + 8 <= valid; i += 8) _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), vinv));
     for (; i < valid; ++i) row[i] *= 1.0f / sum;
     std::fill(row + valid, row + numCols, 0.0f);
   }

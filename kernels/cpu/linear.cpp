@@ -20,8 +20,7 @@ inline void store(float* y, float v, float beta) { *y = beta == 0.0f ? v : v + b
 // from 279 to 322 tok/s on the AMD EPYC guest, where requests in row order (one line per row
 // per 16 columns) had cost CPU time (docs/performance.md, "Engine: CPU backend").
 template <int kRowsW, int kRowsX>
-inline void blockRows(const float* const* xr, const float* w, const float* next, int k,
-                      float* out[][2], float beta) {
+inline void blockRows(const float* const* xr, const float* w, const float* next, int k, float* out[][2], float beta) {
   using namespace detail;
   const float* wr[kRowsW];
   for (int r = 0; r < kRowsW; ++r) wr[r] = w + size_t(r) * k;
@@ -52,8 +51,8 @@ inline void blockRows(const float* const* xr, const float* w, const float* next,
 
 }  // namespace
 
-void linearSkinny(const float* x, int ldx, const float* w, float* y, int ldy, int m, int k,
-                  int nBegin, int nEnd, float beta) {
+void linearSkinny(const float* x, int ldx, const float* w, float* y, int ldy, int m, int k, int nBegin, int nEnd,
+                  float beta) {
   int j = nBegin;
   // One input row (batch-1 decode): eight weight rows per pass; the per-row arithmetic is
   // block4's, so a token gets the same bits alone as in a batch.

@@ -6,8 +6,8 @@
 
 namespace pd::kernels::cpu {
 
-void rmsNorm(const float* x, int xStride, const float* weight, float* out, int outStride,
-             int numRows, int dim, float eps) {
+void rmsNorm(const float* x, int xStride, const float* weight, float* out, int outStride, int numRows, int dim,
+             float eps) {
   for (int r = 0; r < numRows; ++r) {
     const float* xr = x + size_t(r) * xStride;
     float* o = out + size_t(r) * outStride;
@@ -28,8 +28,7 @@ void rmsNorm(const float* x, int xStride, const float* weight, float* out, int o
     const __m256 vinv = _mm256_set1_ps(inv);
     i = 0;
     for (; i + 8 <= dim; i += 8)
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), vinv),
-                                            _mm256_loadu_ps(weight + i)));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), vinv), _mm256_loadu_ps(weight + i)));
     for (; i < dim; ++i) o[i] = xr[i] * inv * weight[i];
   }
 }

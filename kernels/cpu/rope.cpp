@@ -19,9 +19,8 @@ void ropeInvFreq(float* invFreq, int headDim, double theta, const RopeLlama3Scal
       if (wavelen > lowWavelen) {
         f = f / llama3->factor;
       } else if (wavelen >= highWavelen) {
-        const double smooth =
-            (llama3->originalMaxPositionEmbeddings / wavelen - llama3->lowFreqFactor) /
-            (llama3->highFreqFactor - llama3->lowFreqFactor);
+        const double smooth = (llama3->originalMaxPositionEmbeddings / wavelen - llama3->lowFreqFactor) /
+                              (llama3->highFreqFactor - llama3->lowFreqFactor);
         f = (1 - smooth) * f / llama3->factor + smooth * f;
       }
     }
@@ -29,8 +28,8 @@ void ropeInvFreq(float* invFreq, int headDim, double theta, const RopeLlama3Scal
   }
 }
 
-void ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim,
-                float* cosOut, float* sinOut) {
+void ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim, float* cosOut,
+                float* sinOut) {
   for (int t = 0; t < numTokens; ++t) {
     const double pos = positions[t];
     for (int i = 0; i < halfDim; ++i) {

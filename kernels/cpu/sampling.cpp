@@ -86,8 +86,7 @@ Scratch& scratch() {
 
 // The k largest keys of D, sorted best first, into idx. A bounded heap: one comparison per
 // token for the common case of small k.
-void selectTopK(const float* logits, const float* w, int vocab, float minW, size_t k,
-                std::vector<int32_t>& idx) {
+void selectTopK(const float* logits, const float* w, int vocab, float minW, size_t k, std::vector<int32_t>& idx) {
   const Better better{logits};
   idx.clear();
   for (int32_t i = 0; i < vocab; ++i) {
@@ -110,8 +109,8 @@ void selectTopK(const float* logits, const float* w, int vocab, float minW, size
 // the logit, so every token of a bucket before the one where the running mass reaches the
 // limit has a larger key than every token of that bucket and after (and is in F). Only the
 // crossing bucket is sorted.
-uint64_t nucleus(const float* logits, const float* w, int vocab, float minW, float lmax,
-                 float invT, float topP, std::vector<int32_t>& idx, std::vector<uint64_t>& keys) {
+uint64_t nucleus(const float* logits, const float* w, int vocab, float minW, float lmax, float invT, float topP,
+                 std::vector<int32_t>& idx, std::vector<uint64_t>& keys) {
   constexpr int kBuckets = 1024;
   auto bucketOf = [lmax, invT](float logit) {
     const float d = fmul(fmul(fsub(lmax, logit), invT), 32.0f);
@@ -156,8 +155,7 @@ uint64_t nucleus(const float* logits, const float* w, int vocab, float minW, flo
 }
 
 // Inverse CDF over ids (ascending) with masses q(w[id]); mass is their total.
-int32_t drawFrom(const float* w, const std::vector<int32_t>& ids, size_t n, uint64_t mass,
-                 double u, int32_t fallback) {
+int32_t drawFrom(const float* w, const std::vector<int32_t>& ids, size_t n, uint64_t mass, double u, int32_t fallback) {
   const uint64_t target = drawTarget(u, mass);
   uint64_t acc = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -167,8 +165,8 @@ int32_t drawFrom(const float* w, const std::vector<int32_t>& ids, size_t n, uint
   return fallback;  // unreachable: the masses sum to `mass` > target
 }
 
-void sampleRow(const float* logits, int vocab, const SampleRowParams& p, int topN, int32_t* idOut,
-               float* logprobOut, int32_t* topIds, float* topLogprobs) {
+void sampleRow(const float* logits, int vocab, const SampleRowParams& p, int topN, int32_t* idOut, float* logprobOut,
+               int32_t* topIds, float* topLogprobs) {
   const float lmax = maxOf(logits, vocab);
   const int32_t argmax = int32_t(std::find(logits, logits + vocab, lmax) - logits);
   Scratch& sc = scratch();
@@ -246,12 +244,11 @@ void sampleRow(const float* logits, int vocab, const SampleRowParams& p, int top
 
 }  // namespace
 
-void sampleRows(const float* logits, int logitsStride, int rows, int vocab,
-                const SampleRowParams* params, int topN, int32_t* ids, float* logprobs,
-                int32_t* topIds, float* topLogprobs) {
+void sampleRows(const float* logits, int logitsStride, int rows, int vocab, const SampleRowParams* params, int topN,
+                int32_t* ids, float* logprobs, int32_t* topIds, float* topLogprobs) {
   for (int r = 0; r < rows; ++r) {
-    sampleRow(logits + size_t(r) * size_t(logitsStride), vocab, params[r], topN, ids + r,
-              logprobs + r, topN > 0 ? topIds + size_t(r) * size_t(topN) : nullptr,
+    sampleRow(logits + size_t(r) * size_t(logitsStride), vocab, params[r], topN, ids + r, logprobs + r,
+              topN > 0 ? topIds + size_t(r) * size_t(topN) : nullptr,
               topN > 0 ? topLogprobs + size_t(r) * size_t(topN) : nullptr);
   }
 }

@@ -55,8 +55,7 @@ inline float dot(const float* a, const float* b, int n) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
   }
-  for (; i + 8 <= n; i += 8)
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
   float s = hsum(_mm256_add_ps(acc0, acc1));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
@@ -75,8 +74,7 @@ inline __m256 dot8(const float* q, const float* const* r, int n) {
   const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
   const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
   const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  __m256 sum =
-      _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
   if (i < n) {  // scalar tail (n not a multiple of 8)
     alignas(32) float tail[8];
     for (int j = 0; j < 8; ++j) {
@@ -94,8 +92,7 @@ inline void scaleAddScaled(float* y, float c, float p, const float* x, int n) {
   const __m256 vc = _mm256_set1_ps(c), vp = _mm256_set1_ps(p);
   int i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(x + i),
-                                            _mm256_mul_ps(vc, _mm256_loadu_ps(y + i))));
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(x + i), _mm256_mul_ps(vc, _mm256_loadu_ps(y + i))));
   for (; i < n; ++i) y[i] = y[i] * c + p * x[i];
 }
 

@@ -46,9 +46,8 @@ template <typename KvT, typename OutT>
 __global__ void __launch_bounds__(kWarps * 32)
     pagedAttentionKernel(const float* __restrict__ q, int qStride, const KvT* __restrict__ layerKv,
                          const int32_t* __restrict__ blockTables, const AttnSeq* __restrict__ seqs,
-                         const AttnWork* __restrict__ work, int blockSize, int numHeads,
-                         int numKvHeads, int headDim, float scale, OutT* __restrict__ out,
-                         int outStride) {
+                         const AttnWork* __restrict__ work, int blockSize, int numHeads, int numKvHeads, int headDim,
+                         float scale, OutT* __restrict__ out, int outStride) {
   const AttnWork w = work[blockIdx.x];
   const AttnSeq s = seqs[w.seq];
   const int kvHead = blockIdx.y;
@@ -101,11 +100,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int pos = kv0 + p;
         const size_t block = size_t(table[pos / blockSize]);
         const size_t off = size_t(pos % blockSize);
-        const size_t kIdx =
-            (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d0;
+        const size_t kIdx = (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d0;
         const uint4 kRaw = *reinterpret_cast<const uint4*>(layerKv + kIdx);
-        const uint4 vRaw =
-            *reinterpret_cast<const uint4*>(layerKv + kIdx + size_t(blockSize) * tokenElems);
+        const uint4 vRaw = *reinterpret_cast<const uint4*>(layerKv + kIdx + size_t(blockSize) * tokenElems);
         const KvT* kE = reinterpret_cast<const KvT*>(&kRaw);
         const KvT* vE = reinterpret_cast<const KvT*>(&vRaw);
 #pragma unroll
@@ -120,8 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int pos = kv0 + p;
         const size_t block = size_t(table[pos / blockSize]);
         const size_t off = size_t(pos % blockSize);
-        const size_t kIdx =
-            (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d;
+        const size_t kIdx = (block * 2 * blockSize + off) * tokenElems + size_t(kvHead) * headDim + d;
         ks[p * kStride + d] = toF32(layerKv[kIdx]);
         vs[p * headDim + d] = toF32(layerKv[kIdx + size_t(blockSize) * tokenElems]);
       }
@@ -175,22 +171,20 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <typename KvT, typename OutT>
-cudaError_t launchAttention(const float* q, int qStride, const void* layerKv,
-                            const int32_t* blockTables, const AttnSeq* seqs, const AttnWork* work,
-                            int numWork, int blockSize, int numHeads, int numKvHeads, int headDim,
-                            float scale, void* out, int outStride, cudaStream_t stream) {
+cudaError_t launchAttention(const float* q, int qStride, const void* layerKv, const int32_t* blockTables,
+                            const AttnSeq* seqs, const AttnWork* work, int numWork, int blockSize, int numHeads,
+                            int numKvHeads, int headDim, float scale, void* out, int outStride, cudaStream_t stream) {
   auto kernel = pagedAttentionKernel<KvT, OutT>;
   const dim3 grid{unsigned(numWork), unsigned(numKvHeads), 1u};
   kernel<<<grid, kWarps * 32, attnSharedBytes(headDim), stream>>>(
-      q, qStride, static_cast<const KvT*>(layerKv), blockTables, seqs, work, blockSize, numHeads,
-      numKvHeads, headDim, scale, static_cast<OutT*>(out), outStride);
+      q, qStride, static_cast<const KvT*>(layerKv), blockTables, seqs, work, blockSize, numHeads, numKvHeads, headDim,
+      scale, static_cast<OutT*>(out), outStride);
   return cudaGetLastError();
 }
 
 template <typename KvT, typename OutT>
 cudaError_t allowLargeShared() {
-  return cudaFuncSetAttribute(pagedAttentionKernel<KvT, OutT>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+  return cudaFuncSetAttribute(pagedAttentionKernel<KvT, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(attnSharedBytes(kAttnMaxHeadDim)));
 }
 
@@ -201,8 +195,7 @@ cudaError_t pagedAttentionInit() {
   for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (DType o : {DType::kF32, DType::kF16, DType::kBF16}) {
       const cudaError_t e = dispatchDtype(kv, [&](auto kvTag) {
-        return dispatchDtype(
-            o, [&](auto oTag) { return allowLargeShared<decltype(kvTag), decltype(oTag)>(); });
+        return dispatchDtype(o, [&](auto oTag) { return allowLargeShared<decltype(kvTag), decltype(oTag)>(); });
       });
       if (e != cudaSuccess) return e;
     }
@@ -210,22 +203,19 @@ cudaError_t pagedAttentionInit() {
   return cudaSuccess;
 }
 
-cudaError_t pagedAttention(const float* q, int qStride, const void* layerKv, DType kvDtype,
-                           const int32_t* blockTables, const AttnSeq* seqs, const AttnWork* work,
-                           int numWork, int blockSize, int numHeads, int numKvHeads, int headDim,
-                           float scale, void* out, DType outDtype, int outStride,
+cudaError_t pagedAttention(const float* q, int qStride, const void* layerKv, DType kvDtype, const int32_t* blockTables,
+                           const AttnSeq* seqs, const AttnWork* work, int numWork, int blockSize, int numHeads,
+                           int numKvHeads, int headDim, float scale, void* out, DType outDtype, int outStride,
                            cudaStream_t stream) {
   if (numWork <= 0) return cudaSuccess;
-  if (headDim <= 0 || headDim > kAttnMaxHeadDim || numKvHeads <= 0 || numHeads % numKvHeads != 0 ||
-      blockSize <= 0)
+  if (headDim <= 0 || headDim > kAttnMaxHeadDim || numKvHeads <= 0 || numHeads % numKvHeads != 0 || blockSize <= 0)
     return cudaErrorInvalidValue;
   return dispatchDtype(kvDtype, [&](auto kvTag) {
     using KvT = decltype(kvTag);
     return dispatchDtype(outDtype, [&](auto outTag) {
       using OutT = decltype(outTag);
-      return launchAttention<KvT, OutT>(q, qStride, layerKv, blockTables, seqs, work, numWork,
-                                        blockSize, numHeads, numKvHeads, headDim, scale, out,
-                                        outStride, stream);
+      return launchAttention<KvT, OutT>(q, qStride, layerKv, blockTables, seqs, work, numWork, blockSize, numHeads,
+                                        numKvHeads, headDim, scale, out, outStride, stream);
     });
   });
 }

@@ -19,9 +19,8 @@ constexpr int kThreads = 256;
 
 // Launch: grid = numRows blocks, block = kThreads; one block reduces one row.
 template <typename TOut>
-__global__ void rmsNormKernel(const float* __restrict__ x, int xStride,
-                              const float* __restrict__ weight, TOut* out, int outStride, int dim,
-                              float eps) {
+__global__ void rmsNormKernel(const float* __restrict__ x, int xStride, const float* __restrict__ weight, TOut* out,
+                              int outStride, int dim, float eps) {
   const float* row = x + size_t(blockIdx.x) * xStride;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += row[i] * row[i];
@@ -40,17 +39,14 @@ __global__ void rmsNormKernel(const float* __restrict__ x, int xStride,
   TOut* o = out + size_t(blockIdx.x) * outStride;
   // Read all of the row before any write: out may alias x (f32, same stride); each element
   // is read and written by the same thread, so the in-place case is safe.
-  for (int i = threadIdx.x; i < dim; i += blockDim.x)
-    o[i] = fromF32<TOut>(row[i] * invRms * weight[i]);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = fromF32<TOut>(row[i] * invRms * weight[i]);
 }
 
 // Launch: grid-stride over numTokens * halfDim.
 __global__ void ropeCosSinKernel(const int32_t* __restrict__ positions, int numTokens,
-                                 const float* __restrict__ invFreq, int halfDim, float* cosOut,
-                                 float* sinOut) {
+                                 const float* __restrict__ invFreq, int halfDim, float* cosOut, float* sinOut) {
   const size_t n = size_t(numTokens) * halfDim;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const int t = int(i / halfDim), k = int(i % halfDim);
     const double a = double(positions[t]) * double(invFreq[k]);
     double s, c;
@@ -65,8 +61,7 @@ __global__ void applyRopeKernel(float* x, int rowStride, int numTokens, int numH
                                 const float* __restrict__ cosT, const float* __restrict__ sinT) {
   const int half = headDim / 2;
   const size_t n = size_t(numTokens) * numHeads * half;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const int k = int(i % half);
     const size_t th = i / half;
     const int h = int(th % numHeads), t = int(th / numHeads);
@@ -82,8 +77,7 @@ __global__ void applyRopeKernel(float* x, int rowStride, int numTokens, int numH
 template <typename TOut>
 __global__ void swiGluKernel(const float* __restrict__ gateUp, TOut* out, int numRows, int ffn) {
   const size_t n = size_t(numRows) * ffn;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t r = i / ffn, j = i % ffn;
     const float g = gateUp[r * 2 * ffn + j], u = gateUp[r * 2 * ffn + ffn + j];
     out[i] = fromF32<TOut>(g / (1.0f + expf(-g)) * u);
@@ -92,11 +86,10 @@ __global__ void swiGluKernel(const float* __restrict__ gateUp, TOut* out, int nu
 
 // Launch: grid-stride over numTokens * dim.
 template <typename T>
-__global__ void embeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
-                                      int numTokens, int dim, float* out) {
+__global__ void embeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ ids, int numTokens,
+                                      int dim, float* out) {
   const size_t n = size_t(numTokens) * dim;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t t = i / dim, d = i % dim;
     out[i] = toF32(table[size_t(ids[t]) * dim + d]);
   }
@@ -104,13 +97,10 @@ __global__ void embeddingGatherKernel(const T* __restrict__ table, const int32_t
 
 // Launch: grid-stride over numTokens * numKvHeads * headDim.
 template <typename T>
-__global__ void kvCacheWriteKernel(T* layerKv, const float* __restrict__ k,
-                                   const float* __restrict__ v, int rowStride,
-                                   const int32_t* __restrict__ slots, int numTokens, int blockSize,
-                                   int tokenElems) {
+__global__ void kvCacheWriteKernel(T* layerKv, const float* __restrict__ k, const float* __restrict__ v, int rowStride,
+                                   const int32_t* __restrict__ slots, int numTokens, int blockSize, int tokenElems) {
   const size_t n = size_t(numTokens) * tokenElems;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const int t = int(i / tokenElems), e = int(i % tokenElems);
     const int slot = slots[t];
     if (slot < 0) continue;
@@ -125,37 +115,31 @@ __global__ void kvCacheWriteKernel(T* layerKv, const float* __restrict__ k,
 // Launch: grid-stride over n.
 template <typename T>
 __global__ void convertFromF32Kernel(const float* __restrict__ in, T* out, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     out[i] = fromF32<T>(in[i]);
 }
 
 // Launch: grid-stride over n.
 template <typename T>
 __global__ void convertToF32Kernel(const T* __restrict__ in, float* out, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     out[i] = toF32(in[i]);
 }
 
 // Launch: grid-stride over numRows * dim.
-__global__ void gatherRowsKernel(const float* __restrict__ in, int inStride,
-                                 const int32_t* __restrict__ rows, int numRows, int dim,
-                                 float* out) {
+__global__ void gatherRowsKernel(const float* __restrict__ in, int inStride, const int32_t* __restrict__ rows,
+                                 int numRows, int dim, float* out) {
   const size_t n = size_t(numRows) * dim;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t r = i / dim, d = i % dim;
     out[i] = in[size_t(rows[r]) * inStride + d];
   }
 }
 
 // Launch: grid-stride over numRows * dim. add = false sets, add = true accumulates.
-__global__ void biasRowsKernel(float* y, const float* __restrict__ bias, int numRows, int dim,
-                               bool add) {
+__global__ void biasRowsKernel(float* y, const float* __restrict__ bias, int numRows, int dim, bool add) {
   const size_t n = size_t(numRows) * dim;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float b = bias[i % dim];
     y[i] = add ? y[i] + b : b;
   }
@@ -163,80 +147,75 @@ __global__ void biasRowsKernel(float* y, const float* __restrict__ bias, int num
 
 }  // namespace
 
-cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out, DType outDtype,
-                    int outStride, int numRows, int dim, float eps, cudaStream_t stream) {
+cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out, DType outDtype, int outStride,
+                    int numRows, int dim, float eps, cudaStream_t stream) {
   if (numRows <= 0) return cudaSuccess;
   return dispatchDtype(outDtype, [&](auto tag) {
     using T = decltype(tag);
-    rmsNormKernel<T><<<numRows, kThreads, 0, stream>>>(x, xStride, weight, static_cast<T*>(out),
-                                                       outStride, dim, eps);
+    rmsNormKernel<T><<<numRows, kThreads, 0, stream>>>(x, xStride, weight, static_cast<T*>(out), outStride, dim, eps);
     return cudaGetLastError();
   });
 }
 
-cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim,
-                       float* cosOut, float* sinOut, cudaStream_t stream) {
+cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim, float* cosOut,
+                       float* sinOut, cudaStream_t stream) {
   const size_t n = size_t(numTokens) * halfDim;
   if (n == 0) return cudaSuccess;
-  ropeCosSinKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(positions, numTokens, invFreq,
-                                                                  halfDim, cosOut, sinOut);
+  ropeCosSinKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(positions, numTokens, invFreq, halfDim, cosOut,
+                                                                  sinOut);
   return cudaGetLastError();
 }
 
-cudaError_t applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim,
-                      const float* cosT, const float* sinT, cudaStream_t stream) {
+cudaError_t applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim, const float* cosT,
+                      const float* sinT, cudaStream_t stream) {
   const size_t n = size_t(numTokens) * numHeads * (headDim / 2);
   if (n == 0) return cudaSuccess;
-  applyRopeKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(x, rowStride, numTokens, numHeads,
-                                                                 headDim, cosT, sinT);
+  applyRopeKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(x, rowStride, numTokens, numHeads, headDim, cosT,
+                                                                 sinT);
   return cudaGetLastError();
 }
 
-cudaError_t swiGlu(const float* gateUp, void* out, DType outDtype, int numRows, int ffn,
-                   cudaStream_t stream) {
+cudaError_t swiGlu(const float* gateUp, void* out, DType outDtype, int numRows, int ffn, cudaStream_t stream) {
   const size_t n = size_t(numRows) * ffn;
   if (n == 0) return cudaSuccess;
   return dispatchDtype(outDtype, [&](auto tag) {
     using T = decltype(tag);
-    swiGluKernel<T>
-        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(gateUp, static_cast<T*>(out), numRows, ffn);
+    swiGluKernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(gateUp, static_cast<T*>(out), numRows, ffn);
     return cudaGetLastError();
   });
 }
 
-cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids, int numTokens,
-                            int dim, float* out, cudaStream_t stream) {
+cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids, int numTokens, int dim, float* out,
+                            cudaStream_t stream) {
   const size_t n = size_t(numTokens) * dim;
   if (n == 0) return cudaSuccess;
   return dispatchDtype(tableDtype, [&](auto tag) {
     using T = decltype(tag);
-    embeddingGatherKernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(table), ids, numTokens, dim, out);
+    embeddingGatherKernel<T>
+        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(table), ids, numTokens, dim, out);
     return cudaGetLastError();
   });
 }
 
-cudaError_t kvCacheWrite(void* layerKv, DType kvDtype, const float* k, const float* v,
-                         int rowStride, const int32_t* slots, int numTokens, int blockSize,
-                         int numKvHeads, int headDim, cudaStream_t stream) {
+cudaError_t kvCacheWrite(void* layerKv, DType kvDtype, const float* k, const float* v, int rowStride,
+                         const int32_t* slots, int numTokens, int blockSize, int numKvHeads, int headDim,
+                         cudaStream_t stream) {
   const int tokenElems = numKvHeads * headDim;
   const size_t n = size_t(numTokens) * tokenElems;
   if (n == 0) return cudaSuccess;
   return dispatchDtype(kvDtype, [&](auto tag) {
     using T = decltype(tag);
-    kvCacheWriteKernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(layerKv), k, v, rowStride, slots, numTokens, blockSize, tokenElems);
+    kvCacheWriteKernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(layerKv), k, v, rowStride,
+                                                                         slots, numTokens, blockSize, tokenElems);
     return cudaGetLastError();
   });
 }
 
-cudaError_t convertFromF32(const float* in, void* out, DType outDtype, size_t n,
-                           cudaStream_t stream) {
+cudaError_t convertFromF32(const float* in, void* out, DType outDtype, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return dispatchDtype(outDtype, [&](auto tag) {
     using T = decltype(tag);
-    convertFromF32Kernel<T>
-        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, static_cast<T*>(out), n);
+    convertFromF32Kernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, static_cast<T*>(out), n);
     return cudaGetLastError();
   });
 }
@@ -245,18 +224,16 @@ cudaError_t convertToF32(const void* in, DType inDtype, float* out, size_t n, cu
   if (n == 0) return cudaSuccess;
   return dispatchDtype(inDtype, [&](auto tag) {
     using T = decltype(tag);
-    convertToF32Kernel<T>
-        <<<gridFor(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(in), out, n);
+    convertToF32Kernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(in), out, n);
     return cudaGetLastError();
   });
 }
 
-cudaError_t gatherRows(const float* in, int inStride, const int32_t* rows, int numRows, int dim,
-                       float* out, cudaStream_t stream) {
+cudaError_t gatherRows(const float* in, int inStride, const int32_t* rows, int numRows, int dim, float* out,
+                       cudaStream_t stream) {
   const size_t n = size_t(numRows) * dim;
   if (n == 0) return cudaSuccess;
-  gatherRowsKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, inStride, rows, numRows, dim,
-                                                                  out);
+  gatherRowsKernel<<<gridFor(n, kThreads), kThreads, 0, stream>>>(in, inStride, rows, numRows, dim, out);
   return cudaGetLastError();
 }
 

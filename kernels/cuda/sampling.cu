@@ -83,8 +83,8 @@ struct Selected {
 // Each pass histograms the next 8-bit digit of the keys that share the prefix chosen so far;
 // the walk from the top digit down finds the bucket where the running total reaches `need`.
 // It stops as soon as that bucket is wholly in (count reached exactly, or a single token).
-__device__ Selected radixSelect(const Row& r, bool useMinP, unsigned long long floorKey,
-                                bool byMass, unsigned long long need, Shared& sh) {
+__device__ Selected radixSelect(const Row& r, bool useMinP, unsigned long long floorKey, bool byMass,
+                                unsigned long long need, Shared& sh) {
   RadixSelect sel;  // advanced by thread 0 only; the others read the broadcast prefix/shift
   for (;;) {
     for (int d = threadIdx.x; d < kDigits; d += blockDim.x) {
@@ -114,8 +114,7 @@ __device__ Selected radixSelect(const Row& r, bool useMinP, unsigned long long f
       const bool leader = int(threadIdx.x % 32) == __ffs(peers) - 1;
       if (digit >= 0 && leader) {
         atomicAdd(&sh.count[digit], unsigned(__popc(peers)));
-        if (useMinP)
-          atomicAdd(&sh.mass[digit], (static_cast<unsigned long long>(hi) << 24) + lo);
+        if (useMinP) atomicAdd(&sh.mass[digit], (static_cast<unsigned long long>(hi) << 24) + lo);
       }
     }
     __syncthreads();
@@ -140,8 +139,7 @@ __device__ Selected radixSelect(const Row& r, bool useMinP, unsigned long long f
 // Inverse CDF in ascending id order over { i in D : key(i) >= floorKey } (mass `total`).
 // Warp w owns a contiguous id range; thread 0 finds the warp whose range holds the target,
 // that warp scans its range 32 ids at a time.
-__device__ int drawInIdOrder(const Row& r, unsigned long long floorKey, unsigned long long target,
-                             Shared& sh) {
+__device__ int drawInIdOrder(const Row& r, unsigned long long floorKey, unsigned long long target, Shared& sh) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = ((r.vocab + kWarps - 1) / kWarps + 31) / 32 * 32;
   const int begin = warp * chunk;
@@ -197,8 +195,8 @@ __device__ int drawInIdOrder(const Row& r, unsigned long long floorKey, unsigned
 // Launch: grid = rows, block = kThreads; one block samples one row.
 __global__ void __launch_bounds__(kThreads)
     sampleRowsKernel(const float* __restrict__ logits, int logitsStride, int vocab,
-                     const SampleRowParams* __restrict__ params, int topN, int32_t* ids,
-                     float* logprobs, int32_t* topIds, float* topLogprobs) {
+                     const SampleRowParams* __restrict__ params, int topN, int32_t* ids, float* logprobs,
+                     int32_t* topIds, float* topLogprobs) {
   __shared__ Shared sh;
   const float* l = logits + size_t(blockIdx.x) * size_t(logitsStride);
   const SampleRowParams p = params[blockIdx.x];
@@ -219,8 +217,7 @@ __global__ void __launch_bounds__(kThreads)
     const bool sampled = p.temperature >= kSamplingGreedyTemperature;
     const float invT = sampled ? __frcp_rn(p.temperature) : 1.0f;
     unsigned long long raw = 0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-      raw += fixedMass(tokenWeight(l[i], lmax, 1.0f));
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) raw += fixedMass(tokenWeight(l[i], lmax, 1.0f));
     raw = blockReduce(raw, /*isMax=*/false, sh);
     lse = lmax + float(log(double(raw) * 0x1p-40));
     if (sampled) {
@@ -283,14 +280,14 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t sampleRows(const float* logits, int logitsStride, int rows, int vocab,
-                       const SampleRowParams* params, int topN, int32_t* ids, float* logprobs,
-                       int32_t* topIds, float* topLogprobs, cudaStream_t stream) {
-  if (rows < 1 || vocab < 1 || logitsStride < vocab || topN < 0 || topN > kSamplingMaxTopN ||
-      topN > vocab || (topN > 0 && (topIds == nullptr || topLogprobs == nullptr)))
+cudaError_t sampleRows(const float* logits, int logitsStride, int rows, int vocab, const SampleRowParams* params,
+                       int topN, int32_t* ids, float* logprobs, int32_t* topIds, float* topLogprobs,
+                       cudaStream_t stream) {
+  if (rows < 1 || vocab < 1 || logitsStride < vocab || topN < 0 || topN > kSamplingMaxTopN || topN > vocab ||
+      (topN > 0 && (topIds == nullptr || topLogprobs == nullptr)))
     return cudaErrorInvalidValue;
-  sampleRowsKernel<<<rows, kThreads, 0, stream>>>(logits, logitsStride, vocab, params, topN, ids,
-                                                   logprobs, topIds, topLogprobs);
+  sampleRowsKernel<<<rows, kThreads, 0, stream>>>(logits, logitsStride, vocab, params, topN, ids, logprobs, topIds,
+                                                  topLogprobs);
   return cudaGetLastError();
 }
 

@@ -4,11 +4,11 @@
 #pragma once
 
 #include <poll.h>
-#include <spawn.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -138,6 +138,5 @@ inline std::string selfExe() {
   p[n] = 0;
   return p;
 }
-
 
 }  // namespace pd::kvt::bench

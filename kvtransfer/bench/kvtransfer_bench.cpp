@@ -1,6 +1,6 @@
 // kvtransfer-bench: throughput and latency of every transport built in, between two
 // processes on this machine, each next to a LIKE-FOR-LIKE ceiling measured in the same run on
-// the same lanes, the same segments and the same error-handling mode (issue 18):
+// the same lanes, the same segments and the same error-handling mode (docs/kvtransfer.md):
 //   - cma: raw process_vm_writev of the same segment list into the same receiver process, with
 //     the transport's thread count and batching (<= slice bytes, <= 1,024 iovecs per call);
 //     single-thread memcpy is printed too, as the memory ceiling;
@@ -28,25 +28,24 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <poll.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <functional>
-#include <mutex>
-
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -281,9 +280,9 @@ std::optional<double> ucxPerftestGBps(size_t size, int iters, bool errorHandling
   int port = 20000 + int(::getpid() % 20000);
   Child server = Child::spawn({"/bin/sh", "-c", "exec ucx_perftest -p " + std::to_string(port) + " >/dev/null 2>&1"});
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  std::string cmd = "timeout 60 ucx_perftest 127.0.0.1 -p " + std::to_string(port) + " -t ucp_put_bw" + (errorHandling ? " -e" : "") + " -s " +
-                    std::to_string(size) + " -n " + std::to_string(iters) + " -w " +
-                    std::to_string(std::max(1, iters / 10)) + " 2>&1";
+  std::string cmd = "timeout 60 ucx_perftest 127.0.0.1 -p " + std::to_string(port) + " -t ucp_put_bw" +
+                    (errorHandling ? " -e" : "") + " -s " + std::to_string(size) + " -n " + std::to_string(iters) +
+                    " -w " + std::to_string(std::max(1, iters / 10)) + " 2>&1";
   FILE* f = ::popen(cmd.c_str(), "r");
   std::optional<double> out;
   if (f) {
@@ -350,8 +349,8 @@ double rawCmaGBps(pid_t pid, const DescList& local, const DescList& remote, int 
   for (int k = 0; k < threads; ++k) {
     ts.emplace_back([&] {
       for (size_t b; (b = next.fetch_add(1)) < batches.size();) {
-        if (::process_vm_writev(pid, batches[b].l.data(), batches[b].l.size(), batches[b].r.data(),
-                                batches[b].r.size(), 0) < 0)
+        if (::process_vm_writev(pid, batches[b].l.data(), batches[b].l.size(), batches[b].r.data(), batches[b].r.size(),
+                                0) < 0)
           failed = true;
       }
     });
@@ -402,9 +401,10 @@ Result<std::unique_ptr<Link>> connectLink(const std::string& name, size_t bytes,
   o.peerTimeout = std::chrono::milliseconds(30000);
   PD_ASSIGN_OR_RETURN(link->t, makeTransport(name, o));
   link->recv = Child::spawn({selfExe(), "--role", "recv", "--transport", name, "--bytes", std::to_string(bytes),
-                            "--streams", std::to_string(streams)});
+                             "--streams", std::to_string(streams)});
   auto l = link->recv.line(30000);
-  if (!l || l->rfind("INFO ", 0) != 0) return unavailable("bench: receiver for " + name + " did not start: " + l.value_or("(nothing)"));
+  if (!l || l->rfind("INFO ", 0) != 0)
+    return unavailable("bench: receiver for " + name + " did not start: " + l.value_or("(nothing)"));
   std::istringstream in(l->substr(5));
   std::string conn, key;
   size_t addr = 0;
@@ -429,9 +429,9 @@ struct Row {
   size_t segSize = 0;
   size_t segments = 0;
   double gbps = 0;
-  double ceilGBps = 0;    // the like-for-like ceiling, best of the same rounds
+  double ceilGBps = 0;  // the like-for-like ceiling, best of the same rounds
   double latencyUs = 0;
-  double cpuPerGB = 1e9;  // both processes, CPU seconds per GB moved
+  double cpuPerGB = 1e9;   // both processes, CPU seconds per GB moved
   bool ceilBounds = true;  // false: the ceiling was shown not to bound this transport
 };
 
@@ -505,7 +505,8 @@ LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const Layers
   res.segments = whole->local.size();
   res.wholeMs = res.layerMs = res.firstLayerMs = res.wholeCeilMs = res.layerCeilMs = 1e9;
   std::vector<Segments> layers;
-  for (int l = 0; l < srcPool.numLayers; ++l) layers.push_back(*blockSegments(srcPool, srcBlocks, dstPool, dstBlocks, l, l + 1));
+  for (int l = 0; l < srcPool.numLayers; ++l)
+    layers.push_back(*blockSegments(srcPool, srcBlocks, dstPool, dstBlocks, l, l + 1));
   for (int k = 0; k < reps; ++k) {
     auto t = Clock::now();
     auto id = link.t->post(whole->local, whole->remote, link.peer, {});
@@ -542,7 +543,7 @@ LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const Layers
 }
 
 // A ratio is printed only against a ceiling that bounds the transport: one the transport beats
-// by more than noise (10%) is no ceiling of it, and its "ratio" would say nothing (issue 18).
+// by more than noise (10%) is no ceiling of it, and its "ratio" would say nothing (docs/kvtransfer.md).
 bool isBound(double g, double c) { return c > 0 && g <= 1.1 * c; }
 std::string ratioText(double g, double c) {
   if (c <= 0) return "n/a";
@@ -567,9 +568,10 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
   }
   std::printf("kvtransfer-bench: two processes on this machine (%u hardware threads, load average %s)\n",
               std::thread::hardware_concurrency(), load.c_str());
-  std::printf("throughput = best of %d rounds; latency = post -> completion confirmed at the target,\n"
-              "median within a round, best round; every ceiling is like for like (see the header)\n",
-              quick ? 2 : 4);
+  std::printf(
+      "throughput = best of %d rounds; latency = post -> completion confirmed at the target,\n"
+      "median within a round, best round; every ceiling is like for like (see the header)\n",
+      quick ? 2 : 4);
   std::printf("\n== reference figures (same run)\n");
   double mc = memcpyGBps();
   std::printf("  memcpy, 1 thread, 512 MiB:              %7.2f GB/s\n", mc);
@@ -586,12 +588,14 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
     ucxShm = ucxPerftestGBps(4 * kMiB, quick ? 100 : 400, false);
     ucxErr = ucxPerftestGBps(4 * kMiB, quick ? 100 : 400, true);
     if (ucxShm && ucxErr) {
-      std::printf("  ucx_perftest ucp_put_bw 4 MiB: %.2f GB/s without -e (shared memory allowed), %.2f GB/s "
-                  "with -e (peer error handling, as the transport)\n",
-                  *ucxShm, *ucxErr);
+      std::printf(
+          "  ucx_perftest ucp_put_bw 4 MiB: %.2f GB/s without -e (shared memory allowed), %.2f GB/s "
+          "with -e (peer error handling, as the transport)\n",
+          *ucxShm, *ucxErr);
     } else {
-      std::printf("  ucx_perftest: not installed or failed (apt-get install ucx-utils): the ucx rows have no "
-                  "ceiling\n");
+      std::printf(
+          "  ucx_perftest: not installed or failed (apt-get install ucx-utils): the ucx rows have no "
+          "ceiling\n");
     }
   }
 
@@ -626,7 +630,9 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
     std::unique_ptr<TcpLike> tcpLike;  // tcp's ceiling, into the transport's receiver
     if (name == "cma") {
       const CmaLike c = cmaLike();
-      ceiling = [&lk, c](const DescList& l, const DescList& r) { return rawCmaGBps(lk.recv.pid, l, r, c.threads, c.slice); };
+      ceiling = [&lk, c](const DescList& l, const DescList& r) {
+        return rawCmaGBps(lk.recv.pid, l, r, c.threads, c.slice);
+      };
       ceilName = "raw process_vm_writev, " + std::to_string(c.threads) + " threads, " + sizeName(c.slice) + " batches";
     } else if (name == "tcp") {
       tcpLike = std::make_unique<TcpLike>(streams, lk.likePort);
@@ -635,7 +641,8 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
       }
       ceilName = "raw loopback TCP moving the same frames: " + std::to_string(streams) +
                  " stream(s), the transport's batches and readv/writev sizes, one I/O thread per side, no "
-                 "validation or acks (tcp_like.h)" + (tcpLike->ok() ? "" : ": DID NOT START");
+                 "validation or acks (tcp_like.h)" +
+                 (tcpLike->ok() ? "" : ": DID NOT START");
     } else if (name == "ucx" && !ucxBySize.empty()) {
       ceiling = [&ucxBySize](const DescList& l, const DescList&) {
         auto it = ucxBySize.find(l.empty() ? 0 : l[0].len);
@@ -662,8 +669,8 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
       }
     }
     std::printf("  ceiling: %s\n", ceilName.c_str());
-    std::printf("  %-9s %9s %9s %9s %8s %14s %10s\n", "segment", "segments", "GB/s", "ceiling", "ratio",
-                "latency p50", "CPU s/GB");
+    std::printf("  %-9s %9s %9s %9s %8s %14s %10s\n", "segment", "segments", "GB/s", "ceiling", "ratio", "latency p50",
+                "CPU s/GB");
     Summary sum;
     sum.name = name;
     // ucx_perftest is another program run before the sweep: if the transport beats it at any
@@ -696,14 +703,16 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
       // Why (docs/kvtransfer.md "ucx: no like-for-like ceiling here"): with peer error handling
       // UCX 1.13 keeps only tcp between two local processes, where ucp_put is emulated with
       // active messages; ucx_perftest -e drives the same emulation its own way, slower.
-      std::printf("  * ucx_perftest -e runs more than 10%% below the transport at some size, so it bounds nothing and no\n"
-                  "  ucx ratio is printed at any size\n"
-                  "  (docs/kvtransfer.md \"ucx: no like-for-like ceiling here\"; the endpoint's lane is in the line above)\n");
+      std::printf(
+          "  * ucx_perftest -e runs more than 10%% below the transport at some size, so it bounds nothing and no\n"
+          "  ucx ratio is printed at any size\n"
+          "  (docs/kvtransfer.md \"ucx: no like-for-like ceiling here\"; the endpoint's lane is in the line above)\n");
       const auto at4 = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.segSize == 4 * kMiB; });
       if (lk.t->caps().details.find("tcp/") != std::string::npos && at4 != rows.end() && raw > 0) {
-        std::printf("  for scale only: its lane is tcp, raw 1-stream loopback TCP (reference above) %.2f GB/s, ucx at "
-                    "4 MiB %.2f GB/s (%.0f%%)\n",
-                    raw, at4->gbps, 100 * at4->gbps / raw);
+        std::printf(
+            "  for scale only: its lane is tcp, raw 1-stream loopback TCP (reference above) %.2f GB/s, ucx at "
+            "4 MiB %.2f GB/s (%.0f%%)\n",
+            raw, at4->gbps, 100 * at4->gbps / raw);
       }
     }
     Ceiling llamaCeil = ceiling;
@@ -740,7 +749,7 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
     lk.recv.finish();
   }
 
-  std::printf("\n== targets (issue 18)\n");
+  std::printf("\n== targets (docs/kvtransfer.md)\n");
   for (const auto& s : summaries) {
     // A "ceiling" the transport beats by more than noise is no bound: say so instead of "met".
     const char* verdict = s.unbounded               ? "n/a: the ceiling is below the transport, not a bound"

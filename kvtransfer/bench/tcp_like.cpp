@@ -114,7 +114,7 @@ std::vector<Write> planStream(const std::vector<Piece>& segs) {
 struct InConn {
   int fd = -1;
   RawHeader hdr;
-  RawHeader done;         // the 40 bytes that end a stream's share
+  RawHeader done;          // the 40 bytes that end a stream's share
   std::vector<iovec> iov;  // the read in progress
   size_t at = 0;
   std::vector<char> group;

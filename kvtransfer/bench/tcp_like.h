@@ -1,4 +1,4 @@
-// The tcp transport's like-for-like ceiling (issue 18): raw loopback TCP that moves the bytes
+// The tcp transport's like-for-like ceiling (docs/kvtransfer.md): raw loopback TCP that moves the bytes
 // the transport moves, in the same I/O calls, and does nothing else.
 //
 // Same as the transport (kvtransfer/transports/tcp, its constants in tcp/tcp_batching.h):

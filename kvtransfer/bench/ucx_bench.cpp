@@ -207,8 +207,8 @@ Figures measureOurs(size_t size, size_t totalBytes, bool peerErr, bool ucxMem, b
 // ucx_perftest's overall put bandwidth (MB/s, 2^20 bytes) for the same size, or -1.
 double measurePerftest(size_t size, size_t totalBytes, bool peerErr, int port) {
   const size_t iters = std::max<size_t>(4, totalBytes / size);
-  std::string common = " -t ucp_put_bw -s " + std::to_string(size) + " -n " + std::to_string(iters) +
-                       " -p " + std::to_string(port) + (peerErr ? " -e" : "");
+  std::string common = " -t ucp_put_bw -s " + std::to_string(size) + " -n " + std::to_string(iters) + " -p " +
+                       std::to_string(port) + (peerErr ? " -e" : "");
   std::string server = "ucx_perftest" + common + " >/dev/null 2>&1";
   std::string client = "timeout 120 ucx_perftest 127.0.0.1" + common + " 2>/dev/null";
   pid_t spid = ::fork();
@@ -273,8 +273,10 @@ int main(int argc, char** argv) {
     } else if (a == "--no-perftest") {
       perftest = false;
     } else {
-      std::fprintf(stderr, "usage: ucx_bench [--sizes 4k,1m,...] [--bytes 256m] "
-                           "[--errmode peer|none|both] [--memory user|ucx|both] [--pattern same|stream|both] [--reps 3] [--target-idle-us N] [--no-perftest]\n");
+      std::fprintf(stderr,
+                   "usage: ucx_bench [--sizes 4k,1m,...] [--bytes 256m] "
+                   "[--errmode peer|none|both] [--memory user|ucx|both] [--pattern same|stream|both] [--reps 3] "
+                   "[--target-idle-us N] [--no-perftest]\n");
       return 2;
     }
   }
@@ -296,8 +298,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   setLogLevel(LogLevel::kWarn);
-  std::printf("ucx_bench: %zu MiB per size, puts into one 64 MiB region, two processes, best of %d\n",
-              totalBytes >> 20, reps);
+  std::printf("ucx_bench: %zu MiB per size, puts into one 64 MiB region, two processes, best of %d\n", totalBytes >> 20,
+              reps);
   {
     // Ceiling for the stream pattern on this host: one thread copying 64 MiB region to region.
     std::vector<char> a(kRegion, 1), b(kRegion, 2);
@@ -307,15 +309,16 @@ int main(int argc, char** argv) {
     std::printf("ceiling: single-thread memcpy of 64 MiB regions: %.0f MiB/s\n",
                 4.0 * kRegion / secondsBetween(t0, steadyNow()) / (1 << 20));
   }
-  std::printf("%-7s %-7s %-8s %12s %14s %14s %7s  %s\n", "errmode", "pattern", "segment", "user MiB/s",
-              "ucx-mem MiB/s", "perftest MiB/s", "best/pt", "ucx transports (user | ucx-mem)");
+  std::printf("%-7s %-7s %-8s %12s %14s %14s %7s  %s\n", "errmode", "pattern", "segment", "user MiB/s", "ucx-mem MiB/s",
+              "perftest MiB/s", "best/pt", "ucx transports (user | ucx-mem)");
   int port = 13000 + static_cast<int>(getpid() % 2000);
   for (bool peerErr : {true, false}) {
     if ((peerErr && errmode == "none") || (!peerErr && errmode == "peer")) continue;
     for (size_t size : sizes) {
       // Best of `reps` for every figure: this host is shared, and a figure is a capability.
       double ref = -1;
-      for (int r = 0; perftest && r < reps; ++r) ref = std::max(ref, measurePerftest(size, totalBytes, peerErr, port++));
+      for (int r = 0; perftest && r < reps; ++r)
+        ref = std::max(ref, measurePerftest(size, totalBytes, peerErr, port++));
       for (bool stream : {false, true}) {
         if ((stream && pattern == "same") || (!stream && pattern == "stream")) continue;
         Figures user, ucxMem;
@@ -330,14 +333,16 @@ int main(int argc, char** argv) {
           }
         }
         char sz[32];
-        if (size >= (1 << 20)) std::snprintf(sz, sizeof sz, "%zuM", size >> 20);
-        else std::snprintf(sz, sizeof sz, "%zuK", size >> 10);
+        if (size >= (1 << 20))
+          std::snprintf(sz, sizeof sz, "%zuM", size >> 20);
+        else
+          std::snprintf(sz, sizeof sz, "%zuK", size >> 10);
         const double best = std::max(user.mibPerSec, ucxMem.mibPerSec);
         char ratio[16] = "-";
         if (ref > 0) std::snprintf(ratio, sizeof ratio, "%.0f%%", 100.0 * best / ref);
         std::printf("%-7s %-7s %-8s %12.0f %14.0f %14.0f %7s  %s | %s\n", peerErr ? "peer" : "none",
-                    stream ? "stream" : "same", sz, user.mibPerSec, ucxMem.mibPerSec, ref, ratio,
-                    user.tls.c_str(), ucxMem.tls.c_str());
+                    stream ? "stream" : "same", sz, user.mibPerSec, ucxMem.mibPerSec, ref, ratio, user.tls.c_str(),
+                    ucxMem.tls.c_str());
         std::fflush(stdout);
       }
     }

@@ -17,21 +17,18 @@ namespace pd::kvt {
 // Parses `blob` as M and checks magic and version. `what` starts every message ("ucx: remote
 // key blob"), `kind` says what a blob with the wrong magic is not ("a UCX key").
 template <typename M>
-Result<M> parseMagicBlob(const std::string& blob, uint32_t magic, uint32_t version,
-                         std::string_view what, std::string_view kind) {
+Result<M> parseMagicBlob(const std::string& blob, uint32_t magic, uint32_t version, std::string_view what,
+                         std::string_view kind) {
   const std::string size = std::to_string(blob.size()) + " bytes";
   // Tag of field 1 as fixed32 (1 << 3 | 5), then the magic little-endian.
-  const char head[5] = {0x0d, char(magic & 0xff), char((magic >> 8) & 0xff),
-                        char((magic >> 16) & 0xff), char(magic >> 24)};
+  const char head[5] = {0x0d, char(magic & 0xff), char((magic >> 8) & 0xff), char((magic >> 16) & 0xff),
+                        char(magic >> 24)};
   if (blob.size() < sizeof head || blob.compare(0, sizeof head, head, sizeof head) != 0)
-    return invalidArgument(std::string(what) + " is not " + std::string(kind) + " (bad magic; " +
-                           size + ")");
+    return invalidArgument(std::string(what) + " is not " + std::string(kind) + " (bad magic; " + size + ")");
   M m;
   if (!m.ParseFromString(blob))
-    return dataLoss(std::string(what) +
-                    " is truncated or corrupt (not a well-formed protobuf message; " + size + ")");
-  if (!m.has_version())
-    return dataLoss(std::string(what) + " ends after its magic (truncated; " + size + ")");
+    return dataLoss(std::string(what) + " is truncated or corrupt (not a well-formed protobuf message; " + size + ")");
+  if (!m.has_version()) return dataLoss(std::string(what) + " ends after its magic (truncated; " + size + ")");
   if (m.version() != version)
     return invalidArgument(std::string(what) + " has version " + std::to_string(m.version()) +
                            ", this build reads version " + std::to_string(version));

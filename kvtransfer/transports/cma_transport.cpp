@@ -23,8 +23,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/base/random.h"
 #include "common/base/log.h"
+#include "common/base/random.h"
 #include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/segment_matcher.h"
 #include "kvtransfer/transports/blob_codec.h"
@@ -36,20 +36,17 @@ namespace {
 constexpr uint32_t kConnMagic = 0x43414d43;  // "CMAC"
 constexpr uint32_t kKeyMagic = 0x4b414d43;   // "CMAK"
 constexpr uint32_t kBlobVersion = 1;
-constexpr size_t kMaxIov = 1024;               // IOV_MAX: per side of one process_vm_writev
+constexpr size_t kMaxIov = 1024;  // IOV_MAX: per side of one process_vm_writev
 constexpr int kPollTickMs = 50;
 
 using Clock = std::chrono::steady_clock;
 
-std::string errnoText(int e) {
-  return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")";
-}
+std::string errnoText(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
 
 Result<std::string> bootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;
-  if (!(in >> id) || id.empty())
-    return unavailable("cma: cannot read /proc/sys/kernel/random/boot_id (no /proc?)");
+  if (!(in >> id) || id.empty()) return unavailable("cma: cannot read /proc/sys/kernel/random/boot_id (no /proc?)");
   return id;
 }
 
@@ -141,8 +138,7 @@ class CmaTransport final : public Transport {
     wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wakeFd_ < 0) return unavailable("cma: eventfd: " + errnoText(errno));
     listenFd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listenFd_ < 0)
-      return unavailable("cma: socket(AF_UNIX, SOCK_SEQPACKET): " + errnoText(errno));
+    if (listenFd_ < 0) return unavailable("cma: socket(AF_UNIX, SOCK_SEQPACKET): " + errnoText(errno));
     // Abstract name: no file to clean up, and it lives in this network namespace only, so
     // peers in another one (multi-host tests) cannot connect and fall back to tcp.
     socketName_ = "pdserve-kvt-cma-" + std::to_string(::getpid()) + "-" + std::to_string(instance_);
@@ -153,11 +149,9 @@ class CmaTransport final : public Transport {
     if (::listen(listenFd_, 128) != 0) return unavailable("cma: listen: " + errnoText(errno));
     // Does this kernel have CMA at all? A zero-length write to ourselves answers it.
     if (::process_vm_writev(::getpid(), nullptr, 0, nullptr, 0, 0) < 0 && errno == ENOSYS)
-      return unavailable(
-          "cma: this kernel has no process_vm_writev (CONFIG_CROSS_MEMORY_ATTACH off)");
+      return unavailable("cma: this kernel has no process_vm_writev (CONFIG_CROSS_MEMORY_ATTACH off)");
     io_ = std::thread([this] { ioLoop(); });
-    for (int i = 0; i < std::max(1, opts_.copyThreads); ++i)
-      copiers_.emplace_back([this] { copyLoop(); });
+    for (int i = 0; i < std::max(1, opts_.copyThreads); ++i) copiers_.emplace_back([this] { copyLoop(); });
     return Status::ok();
   }
 
@@ -181,8 +175,8 @@ class CmaTransport final : public Transport {
     TransportCaps c;
     c.name = "cma";
     c.oneSided = true;
-    c.details = "same-node cross-memory attach (process_vm_writev), " +
-                std::to_string(opts_.copyThreads) + " copy threads";
+    c.details =
+        "same-node cross-memory attach (process_vm_writev), " + std::to_string(opts_.copyThreads) + " copy threads";
     return c;
   }
 
@@ -204,9 +198,7 @@ class CmaTransport final : public Transport {
     {
       std::lock_guard lock(mu_);
       for (auto e = exposures_.begin(); e != exposures_.end();) {
-        e = (e->second.addr == it->second.addr && e->second.len == it->second.len)
-                ? exposures_.erase(e)
-                : ++e;
+        e = (e->second.addr == it->second.addr && e->second.len == it->second.len) ? exposures_.erase(e) : ++e;
       }
     }
     regions_.erase(it);
@@ -244,19 +236,18 @@ class CmaTransport final : public Transport {
 
   Result<PeerId> loadPeer(const PeerInfo& peer) override {
     const std::string who = "cma: peer '" + peer.name + "'";
-    PD_ASSIGN_OR_RETURN(
-        proto::CmaConnInfo info,
-        parseMagicBlob<proto::CmaConnInfo>(peer.connInfo, kConnMagic, kBlobVersion,
-                                           who + ": connection info", "a cma connection blob"));
+    PD_ASSIGN_OR_RETURN(proto::CmaConnInfo info,
+                        parseMagicBlob<proto::CmaConnInfo>(peer.connInfo, kConnMagic, kBlobVersion,
+                                                           who + ": connection info", "a cma connection blob"));
     if (!info.has_boot_id() || !info.has_pid_ns() || !info.has_pid() || !info.has_instance() ||
         !info.has_probe_addr() || !info.has_socket())
       return dataLoss(who + ": connection info lacks a field (truncated)");
     if (info.boot_id() != bootId_)
-      return unavailable(who + " is on another node (boot id " + info.boot_id() + ", here " +
-                         bootId_ + "); cma reaches processes on this node only");
+      return unavailable(who + " is on another node (boot id " + info.boot_id() + ", here " + bootId_ +
+                         "); cma reaches processes on this node only");
     if (info.pid_ns() != pidNs_)
-      return unavailable(who + " runs in another pid namespace (" + std::to_string(info.pid_ns()) +
-                         ", here " + std::to_string(pidNs_) +
+      return unavailable(who + " runs in another pid namespace (" + std::to_string(info.pid_ns()) + ", here " +
+                         std::to_string(pidNs_) +
                          "): its pid means nothing here (share the pid namespace, "
                          "e.g. one pod with shareProcessNamespace, to use cma)");
     auto p = std::make_shared<PeerConn>();
@@ -274,17 +265,15 @@ class CmaTransport final : public Transport {
       int e = errno;
       closePeer(*p);
       if (e == EPERM)
-        return unavailable(
-            who + ": not permitted to access process " + std::to_string(p->pid) +
-            "'s memory (ptrace access check: another user, a non-dumpable process or Yama "
-            "ptrace_scope)");
+        return unavailable(who + ": not permitted to access process " + std::to_string(p->pid) +
+                           "'s memory (ptrace access check: another user, a non-dumpable process or Yama "
+                           "ptrace_scope)");
       return unavailable(who + ": cross-memory probe of process " + std::to_string(p->pid) +
                          " failed: " + errnoText(e));
     }
     if (word != info.instance()) {
       closePeer(*p);
-      return unavailable(who + ": process " + std::to_string(p->pid) +
-                         " is not that peer any more (pid reused)");
+      return unavailable(who + ": process " + std::to_string(p->pid) + " is not that peer any more (pid reused)");
     }
     p->fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     sockaddr_un addr = abstractAddr(info.socket());
@@ -293,22 +282,19 @@ class CmaTransport final : public Transport {
     if (p->fd < 0 || ::connect(p->fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       int e = errno;
       closePeer(*p);
-      return unavailable(who + ": cannot reach its control socket (" + errnoText(e) +
-                         "; another network namespace?)");
+      return unavailable(who + ": cannot reach its control socket (" + errnoText(e) + "; another network namespace?)");
     }
     ::fcntl(p->fd, F_SETFL, ::fcntl(p->fd, F_GETFL) | O_NONBLOCK);
     for (size_t i = 0; i < peer.remoteKeys.size(); ++i) {
       auto key = parseMagicBlob<proto::CmaRemoteKey>(peer.remoteKeys[i], kKeyMagic, kBlobVersion,
-                                                     who + ": remote key " + std::to_string(i),
-                                                     "a cma key");
+                                                     who + ": remote key " + std::to_string(i), "a cma key");
       if (!key.ok()) {
         closePeer(*p);
         return key.status();
       }
       if (key->instance() != info.instance()) {
         closePeer(*p);
-        return invalidArgument(who + ": remote key " + std::to_string(i) +
-                               " belongs to another transport instance");
+        return invalidArgument(who + ": remote key " + std::to_string(i) + " belongs to another transport instance");
       }
       p->keys.push_back(KeyRange{key->addr(), key->len()});
       p->tokens.push_back(key->token());
@@ -364,8 +350,7 @@ class CmaTransport final : public Transport {
     {
       std::lock_guard lock(mu_);
       auto it = peers_.find(peer);
-      if (it == peers_.end() || it->second->unloaded)
-        return notFound("cma: no peer " + std::to_string(peer));
+      if (it == peers_.end() || it->second->unloaded) return notFound("cma: no peer " + std::to_string(peer));
       p = it->second;
       if (p->dead) return *p->dead;
     }
@@ -418,8 +403,7 @@ class CmaTransport final : public Transport {
   Status poll(TransferId id) override {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(id);
-    if (it == jobs_.end())
-      return notFound("cma: transfer " + std::to_string(id) + " is unknown or already reported");
+    if (it == jobs_.end()) return notFound("cma: transfer " + std::to_string(id) + " is unknown or already reported");
     Job& j = *it->second;
     // An outcome is reported only once no copy thread is inside the transfer (cancel and
     // failure promise the local memory is no longer read).
@@ -436,12 +420,10 @@ class CmaTransport final : public Transport {
       auto it = jobs_.find(id);
       if (it == jobs_.end()) return notFound("cma: transfer " + std::to_string(id) + " is unknown");
       j = it->second;
-      if (j->outcome)
-        return failedPrecondition("cma: transfer " + std::to_string(id) + " already finished");
+      if (j->outcome) return failedPrecondition("cma: transfer " + std::to_string(id) + " already finished");
       if (j->state != JobState::kCopying)
-        return failedPrecondition(
-            "cma: transfer " + std::to_string(id) +
-            " has written all its data and its END is on its way");
+        return failedPrecondition("cma: transfer " + std::to_string(id) +
+                                  " has written all its data and its END is on its way");
       finishLocked(*j, cancelled("cma: transfer " + std::to_string(id) + " was cancelled"));
     }
     // Bounded by one batch per copy thread: they never wait on the peer.
@@ -525,8 +507,8 @@ class CmaTransport final : public Transport {
       const Batch& batch = j->batches[b];
       size_t want = 0;
       for (const auto& v : batch.local) want += v.iov_len;
-      ssize_t n = pid ? ::process_vm_writev(pid, batch.local.data(), batch.local.size(),
-                                            batch.remote.data(), batch.remote.size(), 0)
+      ssize_t n = pid ? ::process_vm_writev(pid, batch.local.data(), batch.local.size(), batch.remote.data(),
+                                            batch.remote.size(), 0)
                       : -1;
       int e = errno;
       lock.lock();
@@ -539,12 +521,11 @@ class CmaTransport final : public Transport {
           markDeadLocked(j->peer, *peer, "exited (a write into it failed with ESRCH)");
           wake();  // the I/O thread closes its sockets
         } else {
-          finishLocked(
-              *j, n < 0 ? unavailable("cma: writing transfer " + std::to_string(j->id) +
-                                      " into peer '" + peerName + "' failed: " + errnoText(e))
-                        : dataLoss("cma: transfer " + std::to_string(j->id) + " into peer '" +
-                                   peerName + "': short write (" + std::to_string(n) + " of " +
-                                   std::to_string(want) + " bytes; its region is not mapped?)"));
+          finishLocked(*j, n < 0 ? unavailable("cma: writing transfer " + std::to_string(j->id) + " into peer '" +
+                                               peerName + "' failed: " + errnoText(e))
+                                 : dataLoss("cma: transfer " + std::to_string(j->id) + " into peer '" + peerName +
+                                            "': short write (" + std::to_string(n) + " of " + std::to_string(want) +
+                                            " bytes; its region is not mapped?)"));
         }
       }
       if (!j->outcome && j->doneBatches == j->batches.size()) {
@@ -581,8 +562,7 @@ class CmaTransport final : public Transport {
       h.seq = j->id;
       h.tokens = uint32_t(j->tokens.size());
       std::string m(reinterpret_cast<const char*>(&h), sizeof h);
-      m.append(reinterpret_cast<const char*>(j->tokens.data()),
-               j->tokens.size() * sizeof(uint64_t));
+      m.append(reinterpret_cast<const char*>(j->tokens.data()), j->tokens.size() * sizeof(uint64_t));
       pit->second->pendingMsgs.push_back(std::move(m));
       j->ackDeadline = Clock::now() + opts_.peerTimeout;
     }
@@ -607,8 +587,7 @@ class CmaTransport final : public Transport {
       if (h.type == kHello) {
         // Only a sender that read our connection info (the control plane) knows the instance.
         if (h.seq != instance_) {
-          PD_LOG(kWarn, "kvt")
-              << "cma: refused a control connection that does not name this transport";
+          PD_LOG(kWarn, "kvt") << "cma: refused a control connection that does not name this transport";
           ::close(in.fd);
           in.fd = -1;
           return;
@@ -627,8 +606,7 @@ class CmaTransport final : public Transport {
             uint64_t t;
             std::memcpy(&t, body + i * sizeof t, sizeof t);
             if (!exposures_.count(t))
-              why = "cma: peer '" + opts_.localName + "' reports transfer " +
-                    std::to_string(h.seq) +
+              why = "cma: peer '" + opts_.localName + "' reports transfer " + std::to_string(h.seq) +
                     " wrote into an exposure it has withdrawn (deregistered); the bytes landed";
           }
         }
@@ -652,8 +630,7 @@ class CmaTransport final : public Transport {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) {
         markDeadLocked(id, p,
-                       n == 0 ? "closed its control socket (exited?)"
-                              : "control socket error: " + errnoText(errno));
+                       n == 0 ? "closed its control socket (exited?)" : "control socket error: " + errnoText(errno));
         return;
       }
       if (size_t(n) < sizeof(MsgHead)) continue;
@@ -718,27 +695,23 @@ class CmaTransport final : public Transport {
         // A stalled peer: END sent, no ACK within peerTimeout.
         auto now = Clock::now();
         for (auto& [tid, j] : jobs_) {
-          if (j->outcome || j->state != JobState::kEnding ||
-              j->ackDeadline == Clock::time_point{} || now < j->ackDeadline)
+          if (j->outcome || j->state != JobState::kEnding || j->ackDeadline == Clock::time_point{} ||
+              now < j->ackDeadline)
             continue;
           auto pit = peers_.find(j->peer);
           std::string name = pit != peers_.end() ? pit->second->name : "?";
           pid_t pid = pit != peers_.end() ? pit->second->pid : 0;
           std::string state = pid ? processState(pid) : "?";
-          finishLocked(
-              *j,
-              unavailable("cma: peer '" + name + "' (pid " + std::to_string(pid) +
-                          ", process state " + state + (state == "T" ? ", stopped" : "") +
-                          ") did not acknowledge transfer " + std::to_string(tid) + " within " +
-                          std::to_string(opts_.peerTimeout.count()) +
-                          " ms: the data was written but the peer is not running its transport"));
+          finishLocked(*j, unavailable("cma: peer '" + name + "' (pid " + std::to_string(pid) + ", process state " +
+                                       state + (state == "T" ? ", stopped" : "") + ") did not acknowledge transfer " +
+                                       std::to_string(tid) + " within " + std::to_string(opts_.peerTimeout.count()) +
+                                       " ms: the data was written but the peer is not running its transport"));
         }
       }
       for (size_t i = 0; i < incoming_.size(); ++i) {
         std::string err;
         sendQueued(incoming_[i].fd, incoming_[i].pendingMsgs, &err);
-        fds.push_back(
-            {incoming_[i].fd, short(POLLIN | (incoming_[i].pendingMsgs.empty() ? 0 : POLLOUT)), 0});
+        fds.push_back({incoming_[i].fd, short(POLLIN | (incoming_[i].pendingMsgs.empty() ? 0 : POLLOUT)), 0});
         what.push_back({kIn, i});
       }
       int r = ::poll(fds.data(), fds.size(), kPollTickMs);
@@ -772,8 +745,7 @@ class CmaTransport final : public Transport {
           }
         }
       }
-      incoming_.erase(std::remove_if(incoming_.begin(), incoming_.end(),
-                                     [](const Incoming& in) { return in.fd < 0; }),
+      incoming_.erase(std::remove_if(incoming_.begin(), incoming_.end(), [](const Incoming& in) { return in.fd < 0; }),
                       incoming_.end());
     }
   }

@@ -64,7 +64,8 @@ void FaultTransport::killPeer(PeerId peer) {
     if (e.peer != peer || e.outcome) continue;
     if (e.innerId && inner_->cancel(*e.innerId).isOk()) (void)inner_->poll(*e.innerId);  // consume it
     e.innerId.reset();
-    e.outcome = unavailable("fault transport: connection to peer " + std::to_string(peer) + " killed mid-transfer (injected)");
+    e.outcome =
+        unavailable("fault transport: connection to peer " + std::to_string(peer) + " killed mid-transfer (injected)");
   }
 }
 

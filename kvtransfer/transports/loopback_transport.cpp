@@ -102,8 +102,8 @@ Result<PeerId> LoopbackTransport::loadPeer(const PeerInfo& peer) {
     return invalidArgument("loopback transport: peer '" + peer.name + "': connInfo is not a loopback blob");
   }
   if (info.pid() != uint32_t(::getpid())) {
-    return unavailable("loopback transport: peer '" + peer.name + "' lives in process " +
-                       std::to_string(info.pid()) + "; loopback only reaches this process");
+    return unavailable("loopback transport: peer '" + peer.name + "' lives in process " + std::to_string(info.pid()) +
+                       "; loopback only reaches this process");
   }
   {
     std::lock_guard lock(registryMu());

@@ -47,13 +47,12 @@ Status TcpTransport::Impl::start() {
   }
   port_ = acceptor_.local_endpoint().port();
   if (options_.tcpStreams < 1 || options_.tcpStreams > 16) {
-    return invalidArgument("tcp transport: tcpStreams must be in [1, 16], got " +
-                           std::to_string(options_.tcpStreams));
+    return invalidArgument("tcp transport: tcpStreams must be in [1, 16], got " + std::to_string(options_.tcpStreams));
   }
   if (options_.stageChunkBytes < kMinStageChunk || options_.stageBuffers < 2 || options_.stageBuffers > 64) {
     return invalidArgument("tcp transport: stageChunkBytes must be >= " + std::to_string(kMinStageChunk) +
-                           " and stageBuffers in [2, 64], got " + std::to_string(options_.stageChunkBytes) +
-                           " and " + std::to_string(options_.stageBuffers));
+                           " and stageBuffers in [2, 64], got " + std::to_string(options_.stageChunkBytes) + " and " +
+                           std::to_string(options_.stageBuffers));
   }
   if (options_.deviceCopier) {
     copier_ = options_.deviceCopier;
@@ -181,8 +180,7 @@ Result<PeerId> TcpTransport::Impl::loadPeer(const PeerInfo& peer) {
   }
   if (info.version() != kWireVersion) {
     return failedPrecondition("tcp transport: peer '" + peer.name + "' speaks wire version " +
-                              std::to_string(info.version()) + ", this build speaks " +
-                              std::to_string(kWireVersion));
+                              std::to_string(info.version()) + ", this build speaks " + std::to_string(kWireVersion));
   }
   auto p = std::make_shared<OutPeer>();
   for (size_t i = 0; i < peer.remoteKeys.size(); ++i) {
@@ -297,7 +295,7 @@ Status TcpTransport::Impl::revokeWrite(const std::string& grant) {
 }
 
 Result<TransferId> TcpTransport::Impl::post(const DescList& local, const DescList& remote, PeerId peerId,
-                        const std::string& grant) {
+                                            const std::string& grant) {
   uint64_t grantToken = 0;
   if (!grant.empty()) {
     proto::TcpGrant g;
@@ -376,7 +374,8 @@ Status TcpTransport::Impl::poll(TransferId id) {
   harvest();
   auto it = entries_.find(id);
   if (it == entries_.end()) {
-    return notFound("tcp transport: transfer " + std::to_string(id) + " is unknown or its outcome was already reported");
+    return notFound("tcp transport: transfer " + std::to_string(id) +
+                    " is unknown or its outcome was already reported");
   }
   if (it->second.cancelled) {
     entries_.erase(it);
@@ -402,8 +401,7 @@ Status TcpTransport::Impl::cancel(TransferId id) {
   asio::post(io_, [this, t, prom] { cancelOnIo(t, prom); });
   // Bounded: at most one batch (kMaxBatchBytes) is in flight per stream.
   if (fut.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-    return internalError("tcp transport: cancel of transfer " + std::to_string(id) +
-                         " did not quiesce within 5 s");
+    return internalError("tcp transport: cancel of transfer " + std::to_string(id) + " did not quiesce within 5 s");
   }
   if (!fut.get()) {
     return failedPrecondition("tcp transport: transfer " + std::to_string(id) +
@@ -435,8 +433,7 @@ Result<std::string> TcpTransport::localConnInfo() { return impl_->localConnInfo(
 Result<PeerId> TcpTransport::loadPeer(const PeerInfo& p) { return impl_->loadPeer(p); }
 bool TcpTransport::peerAlive(PeerId p) const { return impl_->peerAlive(p); }
 Status TcpTransport::unloadPeer(PeerId p) { return impl_->unloadPeer(p); }
-Result<TransferId> TcpTransport::post(const DescList& l, const DescList& r, PeerId p,
-                                      const std::string& g) {
+Result<TransferId> TcpTransport::post(const DescList& l, const DescList& r, PeerId p, const std::string& g) {
   return impl_->post(l, r, p, g);
 }
 Result<std::string> TcpTransport::grantWrite(const DescList& ranges) { return impl_->grantWrite(ranges); }

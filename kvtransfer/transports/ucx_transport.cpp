@@ -16,8 +16,8 @@
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "kvtransfer/kvt.pb.h"
-#include "kvtransfer/transports/blob_codec.h"
 #include "kvtransfer/segment_matcher.h"
+#include "kvtransfer/transports/blob_codec.h"
 
 namespace pd::kvt {
 
@@ -46,8 +46,8 @@ std::string encodeKey(const PackedKey& key) {
 }
 
 Result<PackedKey> decodeKey(const std::string& blob) {
-  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::UcxRemoteKey>(blob, kKeyMagic, kVersion, "ucx: remote key blob",
-                                                                  "a UCX key"));
+  PD_ASSIGN_OR_RETURN(
+      auto m, parseMagicBlob<proto::UcxRemoteKey>(blob, kKeyMagic, kVersion, "ucx: remote key blob", "a UCX key"));
   if (!m.has_base() || !m.has_len() || !m.has_kind() || !m.has_device() || !m.has_rkey())
     return dataLoss("ucx: remote key blob lacks some of its fields (truncated? " + std::to_string(blob.size()) +
                     " bytes)");
@@ -59,8 +59,7 @@ Result<PackedKey> decodeKey(const std::string& blob) {
   k.kind = static_cast<uint8_t>(m.kind());
   k.device = m.device();
   k.rkey = m.rkey();
-  if (k.len == 0 || k.base + k.len < k.base)
-    return invalidArgument("ucx: remote key has an empty or wrapping range");
+  if (k.len == 0 || k.base + k.len < k.base) return invalidArgument("ucx: remote key has an empty or wrapping range");
   if (k.rkey.empty()) return invalidArgument("ucx: remote key carries no packed rkey");
   return k;
 }
@@ -143,9 +142,9 @@ struct Peer {
   ucp_ep_h ep = nullptr;
   std::vector<RemoteKey> keys;
   std::vector<KeyRange> keyRanges;  // keys' addresses, in the same order, for matcher_
-  Status failure;         // set once the peer is known dead; posts to it fail fast
-  bool errorPending = false;  // the error callback fired; close the endpoint in progress()
-  std::string lanes;      // transports UCX picked for this endpoint
+  Status failure;                   // set once the peer is known dead; posts to it fail fast
+  bool errorPending = false;        // the error callback fired; close the endpoint in progress()
+  std::string lanes;                // transports UCX picked for this endpoint
 };
 
 // An endpoint being closed: its rkeys are destroyed once UCX is done with the endpoint.
@@ -205,7 +204,7 @@ class UcxTransport final : public Transport {
   SegmentMatcher matcher_{"ucx"};  // mirrors regs_
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::map<TransferId, std::unique_ptr<Transfer>> transfers_;  // ordered: oldest issues first
-  std::vector<std::unique_ptr<Transfer>> zombies_;  // reported, but UCX still holds requests
+  std::vector<std::unique_ptr<Transfer>> zombies_;             // reported, but UCX still holds requests
   std::vector<Closing> closing_;
   uint64_t nextHandle_ = 1, nextPeer_ = 1, nextTransfer_ = 1;
 };
@@ -255,8 +254,8 @@ Status UcxTransport::init() {
   ucp_worker_release_address(worker_, addr);
 
   const char* tls = std::getenv("UCX_TLS");
-  PD_LOG(kInfo, "kvt.ucx") << "UCX " << ucp_get_version_string() << " ready: UCX_TLS="
-                           << (tls ? tls : "all") << ", memory types " << memTypes_;
+  PD_LOG(kInfo, "kvt.ucx") << "UCX " << ucp_get_version_string() << " ready: UCX_TLS=" << (tls ? tls : "all")
+                           << ", memory types " << memTypes_;
   return Status::ok();
 }
 
@@ -297,9 +296,8 @@ TransportCaps UcxTransport::caps() const {
   c.oneSided = true;
   std::ostringstream d;
   const char* tls = std::getenv("UCX_TLS");
-  d << "UCX " << ucp_get_version_string() << ", UCX_TLS=" << (tls ? tls : "all")
-    << ", memory types " << memTypes_ << ", error handling "
-    << (opt_.peerErrorHandling ? "peer" : "none");
+  d << "UCX " << ucp_get_version_string() << ", UCX_TLS=" << (tls ? tls : "all") << ", memory types " << memTypes_
+    << ", error handling " << (opt_.peerErrorHandling ? "peer" : "none");
   for (auto& [id, p] : peers_)
     if (!p->lanes.empty()) d << "; peer " << p->name << ": " << p->lanes;
   c.details = d.str();
@@ -315,8 +313,8 @@ Result<MemHandle> UcxTransport::registerMemory(const MemDesc& desc) {
     return unimplemented("ucx: cannot register " + toString(desc) +
                          ": this UCX has no CUDA memory support (memory types: " + memTypes_ + ")");
   ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  mp.field_mask =
+      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
   mp.address = desc.ptr();
   mp.length = desc.len;
   mp.memory_type = desc.kind == MemKind::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
@@ -332,8 +330,7 @@ Result<MemHandle> UcxTransport::registerMemory(const MemDesc& desc) {
 Result<UcxAllocation> UcxTransport::allocateRegistered(size_t len) {
   if (len == 0) return invalidArgument("ucx: cannot allocate 0 bytes");
   ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   mp.address = nullptr;
   mp.length = len;
   mp.flags = UCP_MEM_MAP_ALLOCATE;
@@ -363,8 +360,8 @@ Status UcxTransport::deregisterMemory(MemHandle handle) {
     if (!terminal(t->phase))
       for (const Segment& s : t->segs)
         if (s.memh == it->second.memh)
-          return failedPrecondition("ucx: memory handle " + std::to_string(handle) +
-                                    " is in use by transfer " + std::to_string(id));
+          return failedPrecondition("ucx: memory handle " + std::to_string(handle) + " is in use by transfer " +
+                                    std::to_string(id));
   ucp_mem_unmap(context_, it->second.memh);
   regs_.erase(it);
   matcher_.removeRegion(handle);
@@ -399,8 +396,7 @@ Result<PeerId> UcxTransport::loadPeer(const PeerInfo& info) {
   peer->address = std::move(addr).value();
   for (size_t i = 0; i < info.remoteKeys.size(); ++i) {
     auto k = ucxwire::decodeKey(info.remoteKeys[i]);
-    if (!k.ok())
-      return k.status().withContext("loading peer '" + peer->name + "', key " + std::to_string(i));
+    if (!k.ok()) return k.status().withContext("loading peer '" + peer->name + "', key " + std::to_string(i));
     peer->keyRanges.push_back(KeyRange{k->base, k->len});
     peer->keys.push_back(RemoteKey{std::move(k).value(), nullptr});
   }
@@ -596,8 +592,8 @@ bool UcxTransport::issue(Transfer* t, size_t* budget) {
     const Segment& s = t->segs[t->nextSeg];
     const size_t piece = std::min(opt_.maxPutBytes, s.len - t->segOffset);
     p.memh = s.memh;
-    ucs_status_ptr_t r = ucp_put_nbx(peer->ep, s.local + t->segOffset, piece, s.remote + t->segOffset,
-                                     peer->keys[s.keyIndex].rkey, &p);
+    ucs_status_ptr_t r =
+        ucp_put_nbx(peer->ep, s.local + t->segOffset, piece, s.remote + t->segOffset, peer->keys[s.keyIndex].rkey, &p);
     if (UCS_PTR_IS_ERR(r)) {
       fail(t, unavailable("ucx: transfer " + std::to_string(t->id) + ": put to peer '" + peer->name +
                           "' failed: " + ucsText(UCS_PTR_STATUS(r))));
@@ -626,8 +622,8 @@ bool UcxTransport::issue(Transfer* t, size_t* budget) {
     ucs_status_ptr_t r = ucp_ep_flush_nbx(peer->ep, &p);
     any = true;
     if (UCS_PTR_IS_ERR(r)) {
-      fail(t, unavailable("ucx: transfer " + std::to_string(t->id) + ": flush to peer '" +
-                          peer->name + "' failed: " + ucsText(UCS_PTR_STATUS(r))));
+      fail(t, unavailable("ucx: transfer " + std::to_string(t->id) + ": flush to peer '" + peer->name +
+                          "' failed: " + ucsText(UCS_PTR_STATUS(r))));
     } else if (r != nullptr) {
       *static_cast<ReqCtx*>(r) = ReqCtx{t, 0, ReqCtx::kFlush};
       t->pendingRequests++;
@@ -657,9 +653,8 @@ bool UcxTransport::progress() {
     Transfer* t = tp.get();
     if (t->phase == Phase::kPutting && budget > 0) any |= issue(t, &budget);
     if (!terminal(t->phase) && now >= t->deadline) {
-      Status why = deadlineExceeded(
-          "ucx: transfer " + std::to_string(id) + " to peer " + std::to_string(t->peer) +
-          " not confirmed within " + std::to_string(opt_.transferTimeout.count()) + " ms");
+      Status why = deadlineExceeded("ucx: transfer " + std::to_string(id) + " to peer " + std::to_string(t->peer) +
+                                    " not confirmed within " + std::to_string(opt_.transferTimeout.count()) + " ms");
       PD_LOG(kWarn, "kvt.ucx") << why.message() << "; closing the endpoint";
       fail(t, why);
       if (Peer* p = findPeer(t->peer)) closeEndpoint(p, why, Close::kFlush);
@@ -694,10 +689,17 @@ Status UcxTransport::poll(TransferId id) {
   Transfer* t = it->second.get();
   Status out;
   switch (t->phase) {
-    case Phase::kDone: out = Status::ok(); break;
-    case Phase::kFailed: out = t->error; break;
-    case Phase::kCancelled: out = cancelled("ucx: transfer " + std::to_string(id) + " was cancelled"); break;
-    default: return Status(StatusCode::kInProgress, "ucx: transfer " + std::to_string(id) + " in progress");
+    case Phase::kDone:
+      out = Status::ok();
+      break;
+    case Phase::kFailed:
+      out = t->error;
+      break;
+    case Phase::kCancelled:
+      out = cancelled("ucx: transfer " + std::to_string(id) + " was cancelled");
+      break;
+    default:
+      return Status(StatusCode::kInProgress, "ucx: transfer " + std::to_string(id) + " in progress");
   }
   std::unique_ptr<Transfer> owned = std::move(it->second);
   transfers_.erase(it);
@@ -720,15 +722,15 @@ Status UcxTransport::cancel(TransferId id) {
 
 Result<UcxAllocation> ucxAllocateRegistered(Transport& transport, size_t len) {
   auto* ucx = dynamic_cast<UcxTransport*>(&transport);
-  if (!ucx) return invalidArgument("ucx: ucxAllocateRegistered needs a UCX transport, got '" + transport.caps().name + "'");
+  if (!ucx)
+    return invalidArgument("ucx: ucxAllocateRegistered needs a UCX transport, got '" + transport.caps().name + "'");
   return ucx->allocateRegistered(len);
 }
 
 Result<std::unique_ptr<Transport>> makeUcxTransport(const UcxOptions& options) {
   if (options.maxPutBytes == 0 || options.sliceBytes == 0 || options.maxInflightBytes == 0)
     return invalidArgument("ucx: maxPutBytes, sliceBytes and maxInflightBytes must be > 0");
-  if (options.transferTimeout.count() <= 0)
-    return invalidArgument("ucx: transferTimeout must be > 0");
+  if (options.transferTimeout.count() <= 0) return invalidArgument("ucx: transferTimeout must be > 0");
   auto t = std::make_unique<UcxTransport>(options);
   PD_RETURN_IF_ERROR(t->init());
   return std::unique_ptr<Transport>(std::move(t));

@@ -1,4 +1,4 @@
-// The UCX transport: UCP RMA puts into a peer's registered memory (DESIGN.md §3, issue 4).
+// The UCX transport: UCP RMA puts into a peer's registered memory (docs/design.md §3).
 //
 // Data path per transfer: ucp_put_nbx for every (local, remote) segment pair, issued from
 // progress() in bounded slices (post() never blocks, and a cancel stops the issuing), then

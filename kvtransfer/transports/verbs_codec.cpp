@@ -28,13 +28,13 @@ std::string encodeKey(const PackedKey& key) {
 }
 
 Result<PackedKey> decodeKey(const std::string& blob) {
-  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::VerbsRemoteKey>(blob, kKeyMagic, kVersion, "verbs: remote key", "a verbs blob"));
+  PD_ASSIGN_OR_RETURN(
+      auto m, parseMagicBlob<proto::VerbsRemoteKey>(blob, kKeyMagic, kVersion, "verbs: remote key", "a verbs blob"));
   if (!m.has_addr() || !m.has_len() || !m.has_rkey())
     return dataLoss("verbs: remote key blob lacks its address, length or rkey (truncated? " +
                     std::to_string(blob.size()) + " bytes)");
   PackedKey k{m.addr(), m.len(), m.rkey()};
-  if (k.len == 0 || k.addr + k.len < k.addr)
-    return invalidArgument("verbs: remote key has an empty or wrapping range");
+  if (k.len == 0 || k.addr + k.len < k.addr) return invalidArgument("verbs: remote key has an empty or wrapping range");
   return k;
 }
 
@@ -55,7 +55,8 @@ std::string encodeConnInfo(const ConnInfo& c) {
 }
 
 Result<ConnInfo> decodeConnInfo(const std::string& blob) {
-  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::VerbsConnInfo>(blob, kConnMagic, kVersion, "verbs: connection info", "a verbs blob"));
+  PD_ASSIGN_OR_RETURN(auto m, parseMagicBlob<proto::VerbsConnInfo>(blob, kConnMagic, kVersion, "verbs: connection info",
+                                                                   "a verbs blob"));
   if (!m.has_name() || !m.has_lid() || !m.has_gid() || !m.has_gid_index() || !m.has_port() || !m.has_mtu() ||
       !m.has_qpn() || !m.has_psn())
     return dataLoss("verbs: connection info lacks some of its fields (truncated? " + std::to_string(blob.size()) +
@@ -95,15 +96,12 @@ Result<std::optional<uint32_t>> PendingQps::choose(const ConnInfo& remote) const
   return std::optional<uint32_t>(*remote.peerQpn);
 }
 
-void PendingQps::take(uint32_t qpn) {
-  order_.erase(std::remove(order_.begin(), order_.end(), qpn), order_.end());
-}
+void PendingQps::take(uint32_t qpn) { order_.erase(std::remove(order_.begin(), order_.end(), qpn), order_.end()); }
 
 Result<std::vector<WritePlan>> planWrites(const std::vector<SegmentPair>& pairs, const BatchLimits& limits) {
   if (limits.maxSge == 0 || limits.maxMsgBytes == 0)
-    return invalidArgument("verbs: work request limits must be > 0 (maxSge " +
-                           std::to_string(limits.maxSge) + ", maxMsgBytes " +
-                           std::to_string(limits.maxMsgBytes) + ")");
+    return invalidArgument("verbs: work request limits must be > 0 (maxSge " + std::to_string(limits.maxSge) +
+                           ", maxMsgBytes " + std::to_string(limits.maxMsgBytes) + ")");
   const uint64_t maxMsg = std::min(limits.maxMsgBytes, kMaxSgeBytes);
   std::vector<WritePlan> out;
   for (const SegmentPair& p : pairs) {
@@ -112,8 +110,7 @@ Result<std::vector<WritePlan>> planWrites(const std::vector<SegmentPair>& pairs,
       const uint64_t localAddr = p.localAddr + done;
       const uint64_t remoteAddr = p.remoteAddr + done;
       WritePlan* w = out.empty() ? nullptr : &out.back();
-      const bool joins = w && w->rkey == p.rkey && w->remoteAddr + w->bytes == remoteAddr &&
-                         w->bytes < maxMsg;
+      const bool joins = w && w->rkey == p.rkey && w->remoteAddr + w->bytes == remoteAddr && w->bytes < maxMsg;
       if (!joins) {
         out.push_back(WritePlan{remoteAddr, p.rkey, 0, {}});
         w = &out.back();
@@ -142,7 +139,8 @@ Result<std::vector<WritePlan>> planWrites(const std::vector<SegmentPair>& pairs,
 }
 
 SendWindow::SendWindow(uint32_t depth, uint32_t signalEvery)
-    : depth_(std::max<uint32_t>(depth, 2)), every_(std::clamp<uint32_t>(signalEvery, 1, std::max<uint32_t>(depth, 2) / 2)) {}
+    : depth_(std::max<uint32_t>(depth, 2)),
+      every_(std::clamp<uint32_t>(signalEvery, 1, std::max<uint32_t>(depth, 2) / 2)) {}
 
 bool SendWindow::onPost(uint64_t transfer, size_t index, size_t total) {
   ++used_;

@@ -29,14 +29,14 @@ std::string encodeKey(const PackedKey& key);
 Result<PackedKey> decodeKey(const std::string& blob);
 
 struct ConnInfo {
-  std::string name;                  // the sender's name, for the peer's logs
-  uint16_t lid = 0;                  // InfiniBand LID (0 on RoCE)
-  std::array<uint8_t, 16> gid{};     // GID (RoCE, or global routing on IB)
+  std::string name;               // the sender's name, for the peer's logs
+  uint16_t lid = 0;               // InfiniBand LID (0 on RoCE)
+  std::array<uint8_t, 16> gid{};  // GID (RoCE, or global routing on IB)
   uint8_t gidIndex = 0;
   uint8_t port = 1;
-  uint8_t mtu = 0;                   // enum ibv_mtu value of the port's active MTU
-  uint32_t qpn = 0;                  // 24-bit queue pair number
-  uint32_t psn = 0;                  // 24-bit initial packet sequence number
+  uint8_t mtu = 0;   // enum ibv_mtu value of the port's active MTU
+  uint32_t qpn = 0;  // 24-bit queue pair number
+  uint32_t psn = 0;  // 24-bit initial packet sequence number
   // Set in a REPLY: the QP number of the receiver's QP that `qpn` is already connected to.
   // Absent in an OFFER (a QP waiting for its partner).
   std::optional<uint32_t> peerQpn;
@@ -91,8 +91,8 @@ struct WritePlan {
 };
 
 struct BatchLimits {
-  uint32_t maxSge = 1;                 // device's max_sge (capped by the QP's cap.max_send_sge)
-  uint64_t maxMsgBytes = 1ull << 30;   // port's max_msg_sz; also split below 2^32 (sge.length)
+  uint32_t maxSge = 1;                // device's max_sge (capped by the QP's cap.max_send_sge)
+  uint64_t maxMsgBytes = 1ull << 30;  // port's max_msg_sz; also split below 2^32 (sge.length)
 };
 
 // Packs segment pairs into as few WRITEs as the limits allow: a pair joins the previous WRITE

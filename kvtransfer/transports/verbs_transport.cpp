@@ -103,8 +103,8 @@ class VerbsTransport final : public Transport {
   std::mt19937 rng_{std::random_device{}()};
 
   std::map<MemHandle, std::pair<MemDesc, ibv_mr*>> regs_;
-  SegmentMatcher matcher_{"verbs"};  // mirrors regs_
-  verbs::PendingQps pending_;                // QPs offered by localConnInfo(), oldest first
+  SegmentMatcher matcher_{"verbs"};           // mirrors regs_
+  verbs::PendingQps pending_;                 // QPs offered by localConnInfo(), oldest first
   std::map<uint32_t, PendingQp> pendingQps_;  // ... by QP number
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::map<uint32_t, PeerId> byQpn_;
@@ -131,8 +131,8 @@ Status VerbsTransport::init(ibv_device* dev) {
   if (!sendCq_) return unavailable("verbs: ibv_create_cq failed: " + errnoText(errno));
   gpuDirect_ = dmaBufSupported(0);
   PD_LOG(kInfo, "kvt.verbs") << "device " << deviceName_ << " port " << int(opt_.port) << " ("
-                             << (port_.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand")
-                             << "), max_sge " << dev_.max_sge << ", max_msg_sz " << port_.max_msg_sz;
+                             << (port_.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand") << "), max_sge "
+                             << dev_.max_sge << ", max_msg_sz " << port_.max_msg_sz;
   return Status::ok();
 }
 
@@ -199,8 +199,8 @@ Status VerbsTransport::deregisterMemory(MemHandle handle) {
       for (const WritePlan& w : t->writes)
         for (const verbs::Sge& s : w.sges)
           if (s.lkey == it->second.second->lkey)
-            return failedPrecondition("verbs: memory handle " + std::to_string(handle) +
-                                      " is in use by transfer " + std::to_string(id));
+            return failedPrecondition("verbs: memory handle " + std::to_string(handle) + " is in use by transfer " +
+                                      std::to_string(id));
   ibv_dereg_mr(it->second.second);
   regs_.erase(it);
   matcher_.removeRegion(handle);
@@ -210,8 +210,7 @@ Status VerbsTransport::deregisterMemory(MemHandle handle) {
 Result<std::string> VerbsTransport::packRemoteKey(MemHandle handle) {
   auto it = regs_.find(handle);
   if (it == regs_.end()) return notFound("verbs: unknown memory handle " + std::to_string(handle));
-  return verbs::encodeKey(verbs::PackedKey{it->second.first.addr, it->second.first.len,
-                                           it->second.second->rkey});
+  return verbs::encodeKey(verbs::PackedKey{it->second.first.addr, it->second.first.len, it->second.second->rkey});
 }
 
 Result<PendingQp> VerbsTransport::createQp() {
@@ -283,18 +282,20 @@ Status VerbsTransport::connectQp(ibv_qp* qp, uint32_t localPsn, const verbs::Con
     a.ah_attr.grh.sgid_index = static_cast<uint8_t>(std::max(opt_.gidIndex, 0));
     a.ah_attr.grh.hop_limit = 1;
   }
-  if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+  if (int e = ibv_modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
     return unavailable("verbs: QP INIT->RTR failed: " + errnoText(e));
   ibv_qp_attr s{};
   s.qp_state = IBV_QPS_RTS;
-  s.timeout = 14;   // 4.096 us * 2^14 = 67 ms per try; 7 tries: a dead peer is seen in < 1 s
+  s.timeout = 14;  // 4.096 us * 2^14 = 67 ms per try; 7 tries: a dead peer is seen in < 1 s
   s.retry_cnt = 7;
   s.rnr_retry = 7;  // no SENDs go out, so no RNR either; the maximum, as before
   s.sq_psn = localPsn;
   s.max_rd_atomic = 1;
-  if (int e = ibv_modify_qp(qp, &s, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                        IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+  if (int e = ibv_modify_qp(qp, &s,
+                            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                IBV_QP_MAX_QP_RD_ATOMIC))
     return unavailable("verbs: QP RTR->RTS failed: " + errnoText(e));
   return Status::ok();
 }
@@ -452,8 +453,8 @@ bool VerbsTransport::pollSend() {
     Transfer* t = tit == transfers_.end() ? nullptr : tit->second.get();
     if (t) t->signaledOutstanding--;
     if (wc[i].status != IBV_WC_SUCCESS) {
-      Status why = unavailable("verbs: peer '" + peer->name + "': work completion error: " +
-                               ibv_wc_status_str(wc[i].status));
+      Status why =
+          unavailable("verbs: peer '" + peer->name + "': work completion error: " + ibv_wc_status_str(wc[i].status));
       failPeer(peer, why);
       continue;
     }
@@ -490,10 +491,17 @@ Status VerbsTransport::poll(TransferId id) {
   Transfer* t = it->second.get();
   Status out;
   switch (t->phase) {
-    case Phase::kDone: out = Status::ok(); break;
-    case Phase::kFailed: out = t->error; break;
-    case Phase::kCancelled: out = cancelled("verbs: transfer " + std::to_string(id) + " was cancelled"); break;
-    default: return Status(StatusCode::kInProgress, "verbs: transfer " + std::to_string(id) + " in progress");
+    case Phase::kDone:
+      out = Status::ok();
+      break;
+    case Phase::kFailed:
+      out = t->error;
+      break;
+    case Phase::kCancelled:
+      out = cancelled("verbs: transfer " + std::to_string(id) + " was cancelled");
+      break;
+    default:
+      return Status(StatusCode::kInProgress, "verbs: transfer " + std::to_string(id) + " in progress");
   }
   transfers_.erase(it);
   return out;

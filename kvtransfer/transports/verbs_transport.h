@@ -38,14 +38,14 @@
 namespace pd::kvt {
 
 struct VerbsOptions {
-  std::string localName = "verbs";   // announced to peers (for their logs)
-  std::string deviceName;            // e.g. "mlx5_0"; empty = the first device found
+  std::string localName = "verbs";  // announced to peers (for their logs)
+  std::string deviceName;           // e.g. "mlx5_0"; empty = the first device found
   uint8_t port = 1;
-  int gidIndex = 0;                  // RoCE needs a GID; on InfiniBand the LID is used
+  int gidIndex = 0;  // RoCE needs a GID; on InfiniBand the LID is used
   std::chrono::milliseconds transferTimeout{30000};
-  uint32_t maxSendWr = 1024;         // send queue depth per QP
-  uint32_t signalEvery = 64;         // selective signalling period
-  uint32_t maxSge = 16;              // capped by the device's limit
+  uint32_t maxSendWr = 1024;  // send queue depth per QP
+  uint32_t signalEvery = 64;  // selective signalling period
+  uint32_t maxSge = 16;       // capped by the device's limit
 };
 
 Result<std::unique_ptr<Transport>> makeVerbsTransport(const VerbsOptions& options = {});

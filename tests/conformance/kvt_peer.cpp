@@ -141,7 +141,8 @@ std::optional<std::string> LineChannel::readLine(int timeoutMs) {
       return line;
     }
     if (eof_) return std::nullopt;
-    int left = int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    int left =
+        int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
     if (left < 0) return std::nullopt;
     pollfd pfd{readFd_, POLLIN, 0};
     int r = ::poll(&pfd, 1, left);

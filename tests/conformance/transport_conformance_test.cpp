@@ -1,4 +1,4 @@
-// The transport conformance suite (DESIGN.md §8): the semantics of kvtransfer/transport.h,
+// The transport conformance suite (docs/design.md §8): the semantics of kvtransfer/transport.h,
 // checked against every transport compiled in, between two processes on loopback (the peer
 // is tests/conformance/kvt_peer_main.cpp, spawned with pipes for its connection info and
 // commands). Same-process transports (loopback) run the identical peer on a thread.
@@ -7,13 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <thread>
+
+#include <catch2/catch.hpp>
 
 #include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/transport_factory.h"
@@ -111,7 +112,10 @@ class Peer {
       REQUIRE(l == std::optional<std::string>("DEAD"));
     }
   }
-  void stop() { REQUIRE(pid_ > 0); ::kill(pid_, SIGSTOP); }
+  void stop() {
+    REQUIRE(pid_ > 0);
+    ::kill(pid_, SIGSTOP);
+  }
 
   // A command whose one answer line starts with `prefix`; returns the rest.
   std::string ask(const std::string& cmd, const std::string& prefix) {
@@ -199,8 +203,7 @@ Sent postLayout(Sender& s, Peer& peer, const std::string& name, uint64_t seed, s
   Sent out{seed, size, segs, checksumSegments(s.buf.get(), l.srcOff, l.len), 0, ""};
   DescList local, remote;
   s.describe(l, peer.addr(), local, remote);
-  out.layout =
-      std::to_string(seed) + " " + std::to_string(size) + " " + std::to_string(l.len.size());
+  out.layout = std::to_string(seed) + " " + std::to_string(size) + " " + std::to_string(l.len.size());
   auto id = s.transport->post(local, remote, s.peer, {});
   INFO(id.status().toString());
   REQUIRE(id.ok());
@@ -210,22 +213,19 @@ Sent postLayout(Sender& s, Peer& peer, const std::string& name, uint64_t seed, s
 }
 
 // Every destination segment of `sent` holds its bytes (checked by the peer, after poll() ok).
-void expectLanded(Peer& peer, const Sent& sent) {
-  CHECK(peer.query("LAYSUM " + sent.layout) == sent.sum);
-}
+void expectLanded(Peer& peer, const Sent& sent) { CHECK(peer.query("LAYSUM " + sent.layout) == sent.sum); }
 
 }  // namespace
 
-TEST_CASE("conformance: random payloads arrive byte-exact, all there once poll() says ok",
-          "[conformance]") {
+TEST_CASE("conformance: random payloads arrive byte-exact, all there once poll() says ok", "[conformance]") {
   const std::string name = GENERATE(from_range(transportsUnderTest()));
   CAPTURE(name);
   Peer peer(name, 256 * kMiB + kMiB);
   Sender s(name, 256 * kMiB + kMiB, peer.info());
 
   std::mt19937_64 rng(42);
-  std::vector<std::pair<size_t, size_t>> cases = {{1, 1}, {7, 3}, {4096, 1}, {65536, 16}, {kMiB, 4096},
-                                                  {3 * kMiB + 17, 1000}, {9 * kMiB + 3, 4096}};
+  std::vector<std::pair<size_t, size_t>> cases = {
+      {1, 1}, {7, 3}, {4096, 1}, {65536, 16}, {kMiB, 4096}, {3 * kMiB + 17, 1000}, {9 * kMiB + 3, 4096}};
   for (int i = 0; i < 6; ++i) {
     size_t size = 1 + rng() % (8 * kMiB);
     cases.push_back({size, 1 + rng() % std::min<size_t>(size, 4096)});
@@ -333,8 +333,7 @@ TEST_CASE("conformance: cancel stops a transfer, the transport stays usable", "[
   expectLanded(peer, small);
 }
 
-TEST_CASE("conformance: a peer killed mid-transfer fails every pending transfer within the deadline",
-          "[conformance]") {
+TEST_CASE("conformance: a peer killed mid-transfer fails every pending transfer within the deadline", "[conformance]") {
   const std::string name = GENERATE(from_range(transportsUnderTest()));
   CAPTURE(name);
   Peer peer(name, 64 * kMiB + kMiB);
@@ -376,7 +375,7 @@ TEST_CASE("conformance: a peer killed mid-transfer fails every pending transfer 
   INFO("ok " << ok << " unavailable " << unavailable << " other " << other << " " << otherMsg << " took " << took);
   CHECK(unavailable >= 1);
   CHECK(other == 0);
-  CHECK(ok + unavailable == int(ids.size()));  // nothing left pending
+  CHECK(ok + unavailable == int(ids.size()));   // nothing left pending
   CHECK(took < kPeerTimeoutMs / 1000.0 + 2.0);  // the deadline plus scheduling slack on a loaded CI box
   // Later posts to the dead peer fail instead of hanging.
   auto late = s.transport->post(local, remote, s.peer, {});
@@ -420,10 +419,11 @@ TEST_CASE("conformance: a hung peer (SIGSTOP) fails pending transfers within the
   pd::test::recordFault({"transport stalled: the receiving peer stopped (SIGSTOP), " + name,
                          "every pending transfer fails within the transport deadline (+2 s slack); later posts fail, "
                          "never hang",
-                         "the transport's progress deadline (" + std::to_string(kPeerTimeoutMs) + " ms here)", measured});
+                         "the transport's progress deadline (" + std::to_string(kPeerTimeoutMs) + " ms here)",
+                         measured});
 }
 
-// Write grants (transport.h, KV fencing issues 12/13). Every transport: a granted write lands.
+// Write grants (transport.h, KV fencing, docs/reliability.md). Every transport: a granted write lands.
 // Receiver-fenced ones (caps().receiverFenced) also refuse, before a byte lands, a write
 // outside the grant's ranges and any write under the grant after its revoke (a replay of the
 // captured capability); the others return an empty grant, which fences nothing.
@@ -473,7 +473,8 @@ TEST_CASE("conformance(tcp): the receiver refuses writes outside what it exposed
   Peer peer("tcp", kMiB);
   proto::TcpRemoteKey real;
   REQUIRE(real.ParseFromString(peer.info().remoteKeys[0]));
-  const uint64_t guardSum = peer.query("SUM " + std::to_string(peer.guard() + kMiB) + " " + std::to_string(peer.guard()));
+  const uint64_t guardSum =
+      peer.query("SUM " + std::to_string(peer.guard() + kMiB) + " " + std::to_string(peer.guard()));
 
   // A sender that believes the region is larger / has another token than the receiver exposed.
   PeerInfo forged = peer.info();
@@ -515,8 +516,7 @@ TEST_CASE("conformance(tcp): the receiver refuses writes outside what it exposed
   CHECK(peer.query("SUM " + std::to_string(peer.guard()) + " 4096") == checksumRange(s.buf.get(), 4096));
 }
 
-TEST_CASE("conformance(tcp): a transfer striped over 3 streams arrives whole",
-          "[conformance][tcp]") {
+TEST_CASE("conformance(tcp): a transfer striped over 3 streams arrives whole", "[conformance][tcp]") {
   Peer peer("tcp", 64 * kMiB + kMiB);
   TransportOptions opts;
   opts.tcpStreams = 3;

@@ -17,7 +17,7 @@ worse, as a cluster that deploys but never works:
     role's Service, each ScaledObject targets its role's Deployment;
   - Service targetPorts, probe ports and ServiceMonitor ports name ports that exist;
   - the processes get the flags they are specified with;
-  - every Prometheus metric a template queries is one pdserve exports (DESIGN.md §6);
+  - every Prometheus metric a template queries is one pdserve exports (docs/design.md §6);
   - the prefill and decode templates are twins (same text with prefill -> decode).
 
 Usage: lint_chart.py [--root REPO]            lint the chart, exit 1 on the first report
@@ -70,7 +70,7 @@ ROUTER_GROUP_KEYS = {
 POOL_KEYS = {"replicas", "min_replicas", "max_replicas", "host", "base_port", "slo"}
 SLO_KEYS = {"prefill": {"ttft_ms", "percentile"}, "decode": {"itl_ms", "percentile"}}
 
-# DESIGN.md §6: what the router and the workers export.
+# docs/design.md §6: what the router and the workers export.
 METRICS = {
     "pdserve_time_to_first_token_seconds", "pdserve_inter_token_latency_seconds",
     "pdserve_e2e_request_latency_seconds", "pdserve_request_queue_time_seconds",
@@ -334,7 +334,7 @@ class Lint:
     def check_configmap_renders_config(self):
         text = self.templates.get("configmap.yaml", "")
         helpers = self.templates.get("_helpers.tpl", "")
-        # cluster.yaml is .Values.config plus cluster.secret_file (pdserve.renderedConfig, issue 13).
+        # cluster.yaml is .Values.config plus cluster.secret_file (pdserve.renderedConfig).
         if not (re.search(r"cluster\.yaml:\s*\|\s*\n\s*\{\{-?\s*include \"pdserve\.renderedConfig\" \.", text)
                 and re.search(r"\$cfg := deepCopy \.Values\.config\b", helpers)):
             self.err("configmap.yaml", "does not render cluster.yaml from .Values.config")

@@ -353,7 +353,7 @@ class Checker:
         if spec.get("replicas", 0) < 1 or strategy.get("type") != "RollingUpdate" or \
                 strategy.get("rollingUpdate", {}).get("maxUnavailable") != 0:
             self.err(where, "the router must have >= 1 replica and a rolling update that keeps one serving")
-        # Deletion (issue 12): a preStop sleep keeps it serving while its endpoints go, then the drain.
+        # Deletion (docs/reliability.md): a preStop sleep keeps it serving while its endpoints go, then the drain.
         sleep = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
         if self.values["router"]["preStopSleepSeconds"] > 0 and \
                 sleep != ["sleep", str(self.values["router"]["preStopSleepSeconds"])]:
@@ -378,7 +378,7 @@ class Checker:
         if flags.get("--advertise-host") != "$(POD_IP)" or \
                 env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "status.podIP":
             self.err(where, "--advertise-host is not the pod IP")
-        # Peers dial the pod IP: the endpoints must bind an address that accepts it (issue 11: a
+        # Peers dial the pod IP: the endpoints must bind an address that accepts it (a
         # control port left on pools.<pool>.host's default 127.0.0.1 refused every decode pod).
         if flags.get("--bind-host") not in ("0.0.0.0", "::"):
             self.err(where, f"--bind-host {flags.get('--bind-host')!r} is not a wildcard: peers dialling the pod IP "
@@ -553,7 +553,7 @@ class Checker:
         want = copy.deepcopy(self.values["config"])
         cs = self.values["clusterSecret"]
         if cs["enabled"]:
-            # The chart names the mounted secret (issue 13); every pod must mount it there.
+            # The chart names the mounted secret (docs/security.md); every pod must mount it there.
             want["cluster"] = {"secret_file": "/etc/pdserve-secret/" + cs["key"]}
             self.check_cluster_secret(cs)
         if cfg != want:
@@ -687,7 +687,7 @@ def scenarios(root):
     out.append(("everything", merge(gpu, EVERYTHING)))
     out.append(("metrics auth bearer_file", merge(MODEL_PVC, METRICS_AUTH_FILE)))
     out.append(("metrics auth api_key", merge(MODEL_PVC, METRICS_AUTH_KEY)))
-    # Issue 13: the user's own Secret, and the planes left open on purpose.
+    # The user's own Secret, and the planes left open on purpose.
     out.append(("existing cluster secret", merge(MODEL_PVC, {"clusterSecret": {"existingSecret": "my-secret",
                                                                               "key": "token"}})))
     out.append(("unauthenticated", merge(MODEL_PVC, {"clusterSecret": {"enabled": False}})))

@@ -1,26 +1,26 @@
-// End to end, issue 13: a real cluster (the binaries `pdserve up` starts, with the secret it
+// End to end (docs/security.md): a real cluster (the binaries `pdserve up` starts, with the secret it
 // generates) against peers that do not hold the cluster secret.
-#include <catch2/catch.hpp>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <condition_variable>
 #include <future>
 #include <mutex>
 #include <sstream>
 #include <thread>
 
-#include "engine/model_maker.h"
+#include <catch2/catch.hpp>
+
 #include "common/net/framed.h"
+#include "engine/model_maker.h"
 #include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/transport_factory.h"
-#include "tests/unit/net/net_test_util.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/unit/net/net_test_util.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
@@ -63,8 +63,7 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillP
   std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
                       << "router: {routing: {short_prompt_tokens: 0,"
                       << " prefix_aware_routing: false}}\n"
-                      << "pools: {prefill: {replicas: 1, base_port: " << prefillPort
-                      << "}, decode: {replicas: 1}}\n"
+                      << "pools: {prefill: {replicas: 1, base_port: " << prefillPort << "}, decode: {replicas: 1}}\n"
                       << "engine: {backend: cpu, threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
                       << "kv_transfer: {transports: [tcp], timeout_ms: 20000}\n"
                       << "logging: {level: warn}\n";
@@ -93,7 +92,8 @@ net::ConnectionOptions peer(proto::Role role, const std::string& id, const std::
 
 // The prefill worker's model fingerprint, as an authenticated decode worker learns it.
 std::string prefillFingerprint(net::IoPool& io, int prefillPort, const std::string& secret) {
-  auto probe = net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "probe", secret), {}, 5s);
+  auto probe =
+      net::FramedClient::connect(io, "127.0.0.1", prefillPort, peer(proto::ROLE_DECODE, "probe", secret), {}, 5s);
   REQUIRE(probe.ok());
   std::string fingerprint = probe.value()->peerHello().model_fingerprint();
   probe.value()->close(cancelled("done"));
@@ -115,13 +115,12 @@ TEST_CASE("e2e auth: a worker without the cluster credential cannot register or 
   REQUIRE(c->config().cluster.authenticated());  // pdserve up made the default cluster authenticated
   CHECK(routerMetric(*c, "pdserve_internal_auth_enabled") == 1);
   net::IoPool io(2);
-  auto none = net::FramedClient::connect(io, "127.0.0.1", c->controlPort(),
-                                         peer(proto::ROLE_DECODE, "evil-decode", ""), {}, 5s);
+  auto none = net::FramedClient::connect(io, "127.0.0.1", c->controlPort(), peer(proto::ROLE_DECODE, "evil-decode", ""),
+                                         {}, 5s);
   REQUIRE_FALSE(none.ok());
   CHECK_THAT(none.status().message(), Catch::Contains("authentication failed"));
-  auto wrong = net::FramedClient::connect(
-      io, "127.0.0.1", c->controlPort(),
-      peer(proto::ROLE_DECODE, "evil-decode", std::string(40, 'w')), {}, 5s);
+  auto wrong = net::FramedClient::connect(io, "127.0.0.1", c->controlPort(),
+                                          peer(proto::ROLE_DECODE, "evil-decode", std::string(40, 'w')), {}, 5s);
   REQUIRE_FALSE(wrong.ok());
   CHECK_THAT(wrong.status().message(), Catch::Contains("authentication failed"));
   CHECK(routerMetric(*c, R"(pdserve_auth_failures_total{plane="router_control"})") == 2);
@@ -266,9 +265,12 @@ TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a r
   auto c = startCluster("inject", prefillPort);
   // A user's stream, dispatched to decode-0 before the insider exists.
   int fd = pd::test::connectLoopback(c->httpPort(), 60);
-  const std::string body = R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 48, "ignore_eos": true, "stream": true})";
-  const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string body =
+      R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 48, "ignore_eos": true, "stream": true})";
+  const std::string http =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   REQUIRE(::send(fd, http.data(), http.size(), 0) == ssize_t(http.size()));
   std::string seen;
   char buf[4096];
@@ -288,9 +290,9 @@ TEST_CASE("e2e auth: a registered worker cannot inject tokens or a stop into a r
   // An insider: it holds the secret and registers as a decode worker, then speaks for the
   // user's request.
   net::IoPool io(2);
-  auto insider = net::FramedClient::connect(io, "127.0.0.1", c->controlPort(),
-                                            peer(proto::ROLE_DECODE, "insider", c->config().cluster.secret, "small/x"),
-                                            {}, 5s);
+  auto insider =
+      net::FramedClient::connect(io, "127.0.0.1", c->controlPort(),
+                                 peer(proto::ROLE_DECODE, "insider", c->config().cluster.secret, "small/x"), {}, 5s);
   REQUIRE(insider.ok());
   proto::Envelope env;
   env.set_request_id(requestId);
@@ -380,7 +382,7 @@ TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   INFO("3 KvConnect replies in " << ms << " ms; errors: " << errors);
   CHECK(kvReplies == 3);  // each offer loaded (its endpoint dialed on the transport's I/O thread)
-  CHECK(ms < 1500);  // a loop that dialed in line would take 3 x kv connect timeout (3 s)
+  CHECK(ms < 1500);       // a loop that dialed in line would take 3 x kv connect timeout (3 s)
   // And the prefill worker serves a long prompt meanwhile.
   CHECK(completion(*c) == 200);
   conn.value()->close(cancelled("done"));

@@ -1,19 +1,20 @@
-// End to end (issue 14): `pdserve up`'s local actuator really scales a pool. The real
+// End to end (docs/serving.md): `pdserve up`'s local actuator really scales a pool. The real
 // `pdserve up` process runs a cluster whose decode pool has bounds 1..2; a queue of
 // concurrent streams makes the router recommend 2 and the actuator start a second worker,
 // which then serves; once the cluster is idle the recommendation falls back to 1 and the
 // actuator drains the extra worker (SIGTERM, exit 0). No request fails. The config's short
 // autoscaler windows and cooldowns keep the whole run well under a minute. A second case runs
 // role moves: the two pools as one budget, an idle prefill worker moved into the decode pool.
-#include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
@@ -87,8 +88,8 @@ void writeConfig(const std::string& path, int idleAfterMs, const std::string& ex
 int startPdserveUp(ProcessGroup& up, const std::string& config, const std::string& log) {
   // Through a shell only to send its output to a file the test reads afterwards.
   REQUIRE(up.spawn("up", {"/bin/sh", "-c",
-                          "exec " + std::string(PD_BINARY_DIR) + "/bin/pdserve up --config " +
-                              config + " --port 0 --control-port 0 > " + log + " 2>&1"})
+                          "exec " + std::string(PD_BINARY_DIR) + "/bin/pdserve up --config " + config +
+                              " --port 0 --control-port 0 > " + log + " 2>&1"})
               .ok());
   // The router's port, from the line pdserve up prints once the cluster is healthy.
   int port = 0;
@@ -96,7 +97,8 @@ int startPdserveUp(ProcessGroup& up, const std::string& config, const std::strin
     if (auto dead = up.waitAny(100ms)) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
     const std::string text = readFile(log);
     const std::string upLine = "pdserve is up: http://127.0.0.1:";
-    if (const size_t at = text.find(upLine); at != std::string::npos) port = std::atoi(text.c_str() + at + upLine.size());
+    if (const size_t at = text.find(upLine); at != std::string::npos)
+      port = std::atoi(text.c_str() + at + upLine.size());
   }
   REQUIRE(port != 0);
   return port;
@@ -165,10 +167,8 @@ TEST_CASE(
     const auto deadline = steady_clock::now() + 30s;
     bool scaled = false;
     while (!scaled && steady_clock::now() < deadline) {
-      if (auto dead = up.waitAny(0ms))
-        FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
-      capacitySeen =
-          std::max(capacitySeen, metric("pdserve_autoscaler_capacity_replicas{pool=\"decode\"}"));
+      if (auto dead = up.waitAny(0ms)) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
+      capacitySeen = std::max(capacitySeen, metric("pdserve_autoscaler_capacity_replicas{pool=\"decode\"}"));
       desiredSeen = std::max(desiredSeen, metric("pdserve_desired_replicas{pool=\"decode\"}"));
       scaled = metric(workers) == 2;
       if (!scaled) std::this_thread::sleep_for(100ms);
@@ -201,8 +201,7 @@ TEST_CASE(
   const double backDownAfterS = duration<double>(steady_clock::now() - t0).count();
   // The drained worker's exit is reaped on pdserve up's next round.
   std::string text;
-  for (auto deadline = steady_clock::now() + 10s; steady_clock::now() < deadline;
-       std::this_thread::sleep_for(100ms)) {
+  for (auto deadline = steady_clock::now() + 10s; steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
     text = readFile(log);
     if (text.find("decode-1 stopped") != std::string::npos) break;
   }
@@ -211,10 +210,8 @@ TEST_CASE(
   // The way back is idleness (the scale-down cooldown is longer than the whole test).
   CHECK(text.find("recommending 1 (idle: no work for 2 s") != std::string::npos);
   CHECK(text.find("pdserve up: scaling decode pool 1 -> 2: started decode-1") != std::string::npos);
-  CHECK(text.find("pdserve up: scaling decode pool 2 -> 1: draining decode-1") !=
-        std::string::npos);
-  CHECK(text.find("pdserve up: decode-1 stopped (drained, exited with status 0)") !=
-        std::string::npos);
+  CHECK(text.find("pdserve up: scaling decode pool 2 -> 1: draining decode-1") != std::string::npos);
+  CHECK(text.find("pdserve up: decode-1 stopped (drained, exited with status 0)") != std::string::npos);
   CHECK_FALSE(up.waitAny(0ms).has_value());  // pdserve up itself is still running
   std::printf(
       "autoscale e2e: scaled to 2 after %.1f s, back to 1 after %.1f s (capacity model's peak "

@@ -1,7 +1,5 @@
 // End to end: router + prefill + decode processes on loopback, driven over HTTP.
 // Every cluster here is real (the same binaries `pdserve up` starts); nothing is faked.
-#include <catch2/catch.hpp>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -17,23 +15,24 @@
 #include <sstream>
 #include <thread>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "engine/cuda_backend.h"
 #include "engine/model_maker.h"
-#include "tests/test_skip.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/faults/fault_report.h"
+#include "tests/test_skip.h"
 #include "tools/local_cluster.h"
 #include "tools/process_group.h"
 
 using namespace pd;
 using namespace pd::tools;
+using nlohmann::json;
+using pd::test::randomPrompt;
 using pd::test::recordFault;
 using pd::test::routerMetric;
-using pd::test::randomPrompt;
 using pd::test::workerMetric;
-using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
@@ -51,9 +50,9 @@ struct ClusterSpec {
   bool prefixAwareRouting = false;
   std::string pools = "{prefill: {replicas: 1}, decode: {replicas: 1}}";
   std::string kvCache = "kv_cache_bytes: 67108864";  // or "num_blocks: N"
-  std::string extraEngine{};  // more keys of the engine map: ", drain_timeout_ms: 200"
-  std::string extraKvTransfer{};  // more keys of the kv_transfer map: ", lease_ms: 800"
-  std::string extraTop{};         // more top-level sections: "metrics: {vllm_compatible_names: true}\n"
+  std::string extraEngine{};                         // more keys of the engine map: ", drain_timeout_ms: 200"
+  std::string extraKvTransfer{};                     // more keys of the kv_transfer map: ", lease_ms: 800"
+  std::string extraTop{};  // more top-level sections: "metrics: {vllm_compatible_names: true}\n"
   // extraRouter: more groups of the router map ("  admission: {overload_shedding: false}\n");
   // these, more keys of the two it always has.
   std::string extraRouting{};   // ", exact_prefix_routing: false"
@@ -64,19 +63,16 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
   std::filesystem::create_directories(kWork);
   std::string path = kWork + "/" + name + ".yaml";
   const bool cuda = spec.backend == "cuda";
-  std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small"
-                      << (cuda ? ", dtype: f32" : "") << "}\n"
-                      << "router:\n  routing: {short_prompt_tokens: " << spec.shortPromptTokens
-                      << ", prefix_aware_routing: " << (spec.prefixAwareRouting ? "true" : "false")
-                      << spec.extraRouting << "}\n"
-                      << "  requests: {request_timeout_ms: 60000" << spec.extraRequests << "}\n"
-                      << spec.extraRouter
-                      << "pools: " << spec.pools << "\n"
-                      << "engine: {backend: " << spec.backend
-                      << ", threads: 2, " << spec.kvCache << ", max_batch_tokens: 512" << spec.extraEngine
+  std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small" << (cuda ? ", dtype: f32" : "")
                       << "}\n"
-                      << "kv_transfer: {transports: " << spec.transports
-                      << ", timeout_ms: " << spec.timeoutMs
+                      << "router:\n  routing: {short_prompt_tokens: " << spec.shortPromptTokens
+                      << ", prefix_aware_routing: " << (spec.prefixAwareRouting ? "true" : "false") << spec.extraRouting
+                      << "}\n"
+                      << "  requests: {request_timeout_ms: 60000" << spec.extraRequests << "}\n"
+                      << spec.extraRouter << "pools: " << spec.pools << "\n"
+                      << "engine: {backend: " << spec.backend << ", threads: 2, " << spec.kvCache
+                      << ", max_batch_tokens: 512" << spec.extraEngine << "}\n"
+                      << "kv_transfer: {transports: " << spec.transports << ", timeout_ms: " << spec.timeoutMs
                       << ", on_remote_prefill_failure: " << spec.onFailure << spec.extraKvTransfer << "}\n"
                       << "logging: {level: warn}\n"
                       << spec.extraTop;
@@ -99,8 +95,8 @@ struct Completion {
 };
 
 Completion complete(LocalCluster& c, const std::vector<int32_t>& p, int maxTokens, json extra = {}) {
-  json req{{"model", "small"}, {"prompt", p}, {"max_tokens", maxTokens}, {"temperature", 0},
-           {"ignore_eos", true}, {"return_token_ids", true}};
+  json req{{"model", "small"}, {"prompt", p},        {"max_tokens", maxTokens},
+           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
   for (auto& [k, v] : extra.items()) req[k] = v;
   auto r = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 120s);
   REQUIRE(r.ok());
@@ -133,8 +129,10 @@ bool allBlocksFree(LocalCluster& c, const std::string& worker) {
 int openStream(LocalCluster& c, const json& req, int events, std::string* seen) {
   int fd = pd::test::connectLoopback(c.httpPort(), 30);
   std::string body = req.dump();
-  std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::string http =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   REQUIRE(::send(fd, http.data(), http.size(), 0) == ssize_t(http.size()));
   auto count = [&] {
     int n = 0;
@@ -143,7 +141,9 @@ int openStream(LocalCluster& c, const json& req, int events, std::string* seen) 
   };
   // A reply that is not a 200 carries no events: stop at its headers instead of waiting for
   // the receive timeout (the caller's checks then see the reply).
-  const auto refused = [&] { return seen->find("\r\n\r\n") != std::string::npos && seen->rfind("HTTP/1.1 200", 0) != 0; };
+  const auto refused = [&] {
+    return seen->find("\r\n\r\n") != std::string::npos && seen->rfind("HTTP/1.1 200", 0) != 0;
+  };
   char buf[4096];
   while (count() < events && !refused()) {
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
@@ -171,7 +171,8 @@ std::vector<int32_t> readStreamIds(int fd, std::string* seen) {
 }
 
 std::string msSince(std::chrono::steady_clock::time_point t0) {
-  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()) +
+  return std::to_string(
+             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()) +
          " ms";
 }
 
@@ -187,7 +188,7 @@ std::string headerValue(const std::string& seen, const std::string& name) {
 // Each setup serves 20 prompts of 5..2,000 tokens (and two repeats from the prefix cache) with
 // the greedy ids of `pdserve generate`.
 static void checkGreedyIdentity(const std::vector<std::pair<std::string, ClusterSpec>>& setups) {
-  const std::vector<int> lengths{5, 9, 16, 17, 31, 48, 64, 100, 128, 200,
+  const std::vector<int> lengths{5,   9,   16,  17,  31,  48,  64,   100,  128,  200,
                                  256, 300, 400, 512, 700, 900, 1100, 1400, 1700, 2000};
   const int kTokens = 6;
   std::vector<std::vector<int32_t>> expected;
@@ -207,7 +208,8 @@ static void checkGreedyIdentity(const std::vector<std::pair<std::string, Cluster
       }
       // Again: the prefill worker now has these prompts in its prefix cache, and the cached
       // blocks must reach the decode worker too.
-      for (size_t i : {size_t(9), size_t(19)}) CHECK(complete(*c, randomPrompt(lengths[i], i), kTokens).ids == expected[i]);
+      for (size_t i : {size_t(9), size_t(19)})
+        CHECK(complete(*c, randomPrompt(lengths[i], i), kTokens).ids == expected[i]);
       // The repeats were served from a prefix cache (the prefill worker's when disaggregated).
       const std::string prefixWorker = route == "disaggregated" ? "prefill-0" : "decode-0";
       for (int i = 0; i < 50 && workerMetric(*c, prefixWorker, "pdserve_prefix_cache_hits_total") <= 0; ++i) {
@@ -218,8 +220,8 @@ static void checkGreedyIdentity(const std::vector<std::pair<std::string, Cluster
       // a prefill worker only prefills; colocated prompts were prefilled on the decode worker.
       CHECK(workerMetricWith(*c, "decode-0", "pdserve_engine_step_seconds_count", "kind=\"decode\"") >= kTokens - 1);
       CHECK(workerMetricWith(*c, "prefill-0", "pdserve_engine_step_seconds_count", "kind=\"decode\"") == 0);
-      CHECK(workerMetricWith(*c, route == "disaggregated" ? "prefill-0" : "decode-0", "pdserve_engine_step_seconds_count",
-                             "kind=\"prefill\"") >= 1);
+      CHECK(workerMetricWith(*c, route == "disaggregated" ? "prefill-0" : "decode-0",
+                             "pdserve_engine_step_seconds_count", "kind=\"prefill\"") >= 1);
       CHECK(workerMetric(*c, "decode-0", "pdserve_engine_step_gap_seconds_count") >= 1);
       if (route == "disaggregated") {
         CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size() + 2);
@@ -237,11 +239,10 @@ static void checkGreedyIdentity(const std::vector<std::pair<std::string, Cluster
 }
 
 TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated over each transport") {
-  std::vector<std::pair<std::string, ClusterSpec>> setups{
-      {"colocated", ClusterSpec{/*shortPromptTokens=*/100000}},
-      {"disaggregated over tcp", ClusterSpec{0, "[tcp]"}}};
+  std::vector<std::pair<std::string, ClusterSpec>> setups{{"colocated", ClusterSpec{/*shortPromptTokens=*/100000}},
+                                                          {"disaggregated over tcp", ClusterSpec{0, "[tcp]"}}};
 #if PD_HAVE_CMA
-  // Both workers run on this machine, so cma connects (issue 18); tcp is its fallback lane.
+  // Both workers run on this machine, so cma connects (docs/kvtransfer.md); tcp is its fallback lane.
   setups.push_back({"disaggregated over cma", ClusterSpec{0, "[cma, tcp]"}});
 #endif
 #if PD_HAVE_UCX
@@ -257,7 +258,8 @@ TEST_CASE("greedy ids are identical with cuda workers: colocated, disaggregated 
   pd::test::requireGpu(gpu.isOk() ? "" : gpu.message());
   ClusterSpec colocated{100000}, disaggregated{0, "[tcp]"};
   colocated.backend = disaggregated.backend = "cuda";
-  checkGreedyIdentity({{"cuda workers, colocated", colocated}, {"cuda workers, disaggregated over tcp", disaggregated}});
+  checkGreedyIdentity(
+      {{"cuda workers, colocated", colocated}, {"cuda workers, disaggregated over tcp", disaggregated}});
 }
 
 TEST_CASE("prefix-aware routing: a prompt extending one the decode worker received stays colocated") {
@@ -272,7 +274,8 @@ TEST_CASE("prefix-aware routing: a prompt extending one the decode worker receiv
   // The same 600 tokens and 30 more: 592 of them (37 full blocks) are on decode-0, which got
   // them from the prefill worker; 38 uncached tokens are under the threshold of 64.
   auto longer = first;
-  for (int32_t t : randomPrompt(31, 78)) if (longer.size() < 630) longer.push_back(t);
+  for (int32_t t : randomPrompt(31, 78))
+    if (longer.size() < 630) longer.push_back(t);
   const double hitsBefore = workerMetric(*c, "decode-0", "pdserve_prefix_cache_hits_total");
   r = complete(*c, longer, 6);
   REQUIRE(r.status == 200);
@@ -313,14 +316,16 @@ TEST_CASE("KV events: the router's exact index predicts the worker's actual pref
     return routerMetric(*c, "pdserve_router_prefix_hit_tokens_total{source=\"" + source + "\"}");
   };
   // The worker's snapshot on registration makes its exact index current.
-  REQUIRE(waitRouterMetric(*c, "pdserve_router_kv_index_current{worker=\"decode-0\"}", [](double v) { return v == 1; }) == 1);
+  REQUIRE(waitRouterMetric(*c, "pdserve_router_kv_index_current{worker=\"decode-0\"}",
+                           [](double v) { return v == 1; }) == 1);
 
   const auto a = randomPrompt(200, 91);
   REQUIRE(complete(*c, a, 4).status == 200);
   // 203 tokens computed (the last generated token's KV is never needed): 12 full blocks named.
   CHECK(waitRouterMetric(*c, exactBlocks, [](double v) { return v >= 12; }) >= 12);
   auto ext = a;
-  for (int32_t t : randomPrompt(21, 92)) if (ext.size() < 220) ext.push_back(t);
+  for (int32_t t : randomPrompt(21, 92))
+    if (ext.size() < 220) ext.push_back(t);
   REQUIRE(complete(*c, ext, 4).status == 200);
   // Both indexes expected a's 12 blocks, and the worker served them.
   CHECK(hit("exact") == 192);
@@ -340,9 +345,9 @@ TEST_CASE("KV events: the router's exact index predicts the worker's actual pref
   const double predicted = hit("predicted") - 192;
   const double actual = hit("actual") - 192;
   INFO("exact " << exact << " predicted " << predicted << " actual " << actual);
-  CHECK(actual < 192);         // the worker really lost part of a
-  CHECK(exact == actual);      // the exact index knew which part
-  CHECK(predicted == 192);     // the predicted one would have been wrong
+  CHECK(actual < 192);                                  // the worker really lost part of a
+  CHECK(exact == actual);                               // the exact index knew which part
+  CHECK(predicted == 192);                              // the predicted one would have been wrong
   CHECK(hit("actual_exact_indexed") == hit("actual"));  // every request was exactly indexed
   CHECK(routerMetric(*c, "pdserve_router_prefix_predictions_total{index=\"exact\",outcome=\"match\"}") == 4);
   CHECK(routerMetric(*c, "pdserve_router_prefix_predictions_total{index=\"predicted\",outcome=\"over\"}") == 1);
@@ -450,8 +455,7 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
   std::vector<int32_t> plain;
   // Back-to-back requests on a busy machine must not be shed: this test is about tokens.
   ClusterSpec colocatedSpec{100000}, disaggregatedSpec{0};
-  colocatedSpec.extraRouter = disaggregatedSpec.extraRouter =
-      "  admission: {overload_shedding: false}\n";
+  colocatedSpec.extraRouter = disaggregatedSpec.extraRouter = "  admission: {overload_shedding: false}\n";
   {
     auto c = startCluster("seeded-colocated", colocatedSpec);
     for (int n : {40, 300, 800}) colocated.push_back(complete(*c, randomPrompt(n, n), 10, sampling).ids);
@@ -497,7 +501,7 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
   REQUIRE(processedColocated.size() == 4);
   CHECK(processedColocated[0] != plain);
   CHECK(processedColocated[1] == std::vector<int32_t>{plain[0]});  // the stop id ends it at once
-  REQUIRE(processedColocated[2].size() >= 6);  // min_tokens: not before 6 tokens
+  REQUIRE(processedColocated[2].size() >= 6);                      // min_tokens: not before 6 tokens
   for (int i = 0; i < 6; ++i) CHECK(processedColocated[2][size_t(i)] != plain[0]);
   CHECK(processedColocated[3] == std::vector<int32_t>(8, kBiasedToken));
   CHECK(std::count(plain.begin(), plain.end(), kBiasedToken) < 8);
@@ -508,7 +512,10 @@ TEST_CASE("seeded sampling and the logits processors give the same tokens coloca
 TEST_CASE("a client that disconnects mid-stream frees its blocks on both workers") {
   auto c = startCluster("disconnect", ClusterSpec{0});
   std::string seen;
-  json req{{"model", "small"}, {"prompt", randomPrompt(600, 3)}, {"max_tokens", 400}, {"stream", true},
+  json req{{"model", "small"},
+           {"prompt", randomPrompt(600, 3)},
+           {"max_tokens", 400},
+           {"stream", true},
            {"ignore_eos", true}};
   int fd = openStream(*c, req, 3, &seen);
   CHECK(seen.find("x-pdserve-route: disaggregated") != std::string::npos);
@@ -519,7 +526,7 @@ TEST_CASE("a client that disconnects mid-stream frees its blocks on both workers
   CHECK(workerMetric(*c, "decode-0", "pdserve_num_requests_running") == 0);
 }
 
-// Issue 12: the abort leak users file most. 100 clients leave, half before their first token
+// The abort leak users file most. 100 clients leave, half before their first token
 // (right after sending) and half mid-stream, on colocated and disaggregated prompts; then
 // every block is free on both workers, nothing is in flight, and greedy output is unchanged.
 TEST_CASE("100 client aborts, before the first token and mid-stream: no block leaks, output unchanged") {
@@ -530,8 +537,11 @@ TEST_CASE("100 client aborts, before the first token and mid-stream: no block le
   auto c = startCluster("aborts", spec);
   for (int i = 0; i < 100; ++i) {
     const bool early = i % 2 == 0;
-    json req{{"model", "small"}, {"prompt", randomPrompt(i % 4 < 2 ? 20 : 100, 500 + i)}, {"max_tokens", 100},
-             {"stream", true}, {"ignore_eos", true}};
+    json req{{"model", "small"},
+             {"prompt", randomPrompt(i % 4 < 2 ? 20 : 100, 500 + i)},
+             {"max_tokens", 100},
+             {"stream", true},
+             {"ignore_eos", true}};
     std::string seen;
     int fd = openStream(*c, req, early ? 0 : 2, &seen);
     ::close(fd);
@@ -587,7 +597,10 @@ TEST_CASE("the prefill worker killed mid-request: recomputed on the decode worke
 TEST_CASE("a decode worker killed mid-stream: an error event, then 503s") {
   auto c = startCluster("kill-decode", ClusterSpec{100000});
   std::string seen;
-  json req{{"model", "small"}, {"prompt", randomPrompt(20, 1)}, {"max_tokens", 3000}, {"stream", true},
+  json req{{"model", "small"},
+           {"prompt", randomPrompt(20, 1)},
+           {"max_tokens", 3000},
+           {"stream", true},
            {"ignore_eos", true}};
   int fd = openStream(*c, req, 2, &seen);
   REQUIRE(c->kill("decode-0").isOk());
@@ -606,7 +619,7 @@ TEST_CASE("a decode worker killed mid-stream: an error event, then 503s") {
   CHECK(complete(*c, randomPrompt(10, 2), 2).status == 503);
 }
 
-// Issue 12: request migration. The stream goes on on the other decode worker from the next
+// Request migration. The stream goes on on the other decode worker from the next
 // token, and the whole answer is the unmigrated greedy one (pdserve generate). The prompt is
 // long enough to be prefilled remotely, before and after the move.
 TEST_CASE("a decode worker killed mid-stream: the stream continues on another one, same greedy tokens") {
@@ -616,7 +629,7 @@ TEST_CASE("a decode worker killed mid-stream: the stream continues on another on
   const auto p = randomPrompt(100, 31);
   const int kTokens = 160;
   const auto expected = generateCli(p, kTokens);
-  json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
+  json req{{"model", "small"},   {"prompt", p},    {"max_tokens", kTokens},   {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true}};
   std::string seen;
   int fd = openStream(*c, req, 4, &seen);
@@ -634,10 +647,11 @@ TEST_CASE("a decode worker killed mid-stream: the stream continues on another on
   const std::string other = first == "decode-0" ? "decode-1" : "decode-0";
   CHECK(allBlocksFree(*c, other));
   CHECK(allBlocksFree(*c, "prefill-0"));
-  recordFault({"decode worker killed mid-stream",
-               "the stream goes on with no duplicated or missing token, greedy ids equal; blocks free on the survivors",
-               "its control connection closes: at once",
-               "1 migration; the rest of the stream (" + std::to_string(kTokens) + " tokens in all) took " + tookToEnd});
+  recordFault(
+      {"decode worker killed mid-stream",
+       "the stream goes on with no duplicated or missing token, greedy ids equal; blocks free on the survivors",
+       "its control connection closes: at once",
+       "1 migration; the rest of the stream (" + std::to_string(kTokens) + " tokens in all) took " + tookToEnd});
 }
 
 // A stopped decode worker (SIGSTOP: a hung host, a partition) keeps its connection open but
@@ -651,7 +665,7 @@ TEST_CASE("a decode worker stopped mid-stream: the stream moves on after the rep
   const auto p = randomPrompt(20, 33);
   const int kTokens = 300;
   const auto expected = generateCli(p, kTokens);
-  json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
+  json req{{"model", "small"},   {"prompt", p},    {"max_tokens", kTokens},   {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true}};
   std::string seen;
   int fd = openStream(*c, req, 4, &seen);
@@ -669,7 +683,8 @@ TEST_CASE("a decode worker stopped mid-stream: the stream moves on after the rep
   recordFault({"decode worker stopped (SIGSTOP) mid-stream",
                "stream complete with the same greedy ids; the stopped worker frees everything once resumed",
                "its load reports stop: router.workers.worker_report_timeout_ms (800 ms here)",
-               "stream finished " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+               "stream finished " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
                    " ms after the stop"});
 }
 
@@ -682,7 +697,7 @@ TEST_CASE("a decode worker whose drain times out: its stream moves to another on
   const auto p = randomPrompt(20, 32);
   const int kTokens = 400;
   const auto expected = generateCli(p, kTokens);
-  json req{{"model", "small"}, {"prompt", p}, {"max_tokens", kTokens}, {"temperature", 0},
+  json req{{"model", "small"},   {"prompt", p},    {"max_tokens", kTokens},   {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true}};
   std::string seen;
   int fd = openStream(*c, req, 4, &seen);
@@ -707,7 +722,7 @@ TEST_CASE("a decode worker whose drain times out: its stream moves to another on
                "stream complete " + streamEnd + " after SIGTERM"});
 }
 
-// Issue 12: overload. A burst of long prompts far past what the prefill worker can start within
+// Overload. A burst of long prompts far past what the prefill worker can start within
 // its TTFT target: the router admits what fits and refuses the rest at once with 429 and a
 // Retry-After (never a hang or a timeout), every admitted request completes, nothing leaks,
 // and once the queue drained a request passes again.
@@ -721,7 +736,10 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
   std::vector<std::thread> clients;
   for (int i = 0; i < kBurst; ++i) {
     clients.emplace_back([&, i] {
-      json req{{"model", "small"}, {"prompt", randomPrompt(1500, 41 + i)}, {"max_tokens", 4}, {"temperature", 0},
+      json req{{"model", "small"},
+               {"prompt", randomPrompt(1500, 41 + i)},
+               {"max_tokens", 4},
+               {"temperature", 0},
                {"ignore_eos", true}};
       replies[i] = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 120s);
       std::this_thread::sleep_for(1ms);
@@ -764,15 +782,18 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
   CHECK(settlesAtZero("pdserve_router_routed_streams{pool=\"decode\",worker=\"decode-0\"}"));
   CHECK(complete(*c, randomPrompt(1500, 99), 2).status == 200);  // drained: admitted again
   recordFault({"overload: a burst of 12 long prompts past the prefill pool's TTFT target",
-               "every request answered (200 or 429 with Retry-After, never a timeout); blocks free; admitted again once drained",
-               "at admission: predicted TTFT (tokens ahead + the prompt, over the prefill rate) > pools.prefill.slo.ttft_ms (400 ms here)",
-               std::to_string(ok) + " admitted (" + std::to_string(int(overflowed)) + " prefilled on the decode worker), " +
-                   std::to_string(shed) + " shed; the 3x trace run is in docs/performance.md"});
+               "every request answered (200 or 429 with Retry-After, never a timeout); blocks free; admitted again "
+               "once drained",
+               "at admission: predicted TTFT (tokens ahead + the prompt, over the prefill rate) > "
+               "pools.prefill.slo.ttft_ms (400 ms here)",
+               std::to_string(ok) + " admitted (" + std::to_string(int(overflowed)) +
+                   " prefilled on the decode worker), " + std::to_string(shed) +
+                   " shed; the 3x trace run is in docs/performance.md"});
 }
 
 TEST_CASE("bad requests get OpenAI errors with the right status") {
-  auto c = startCluster("errors", ClusterSpec{64, "[tcp]", "recompute",
-                                              "  http: {api_keys: [sk-test], max_body_bytes: 65536}\n"});
+  auto c = startCluster(
+      "errors", ClusterSpec{64, "[tcp]", "recompute", "  http: {api_keys: [sk-test], max_body_bytes: 65536}\n"});
   const std::vector<std::string> auth{"Authorization: Bearer sk-test"};
   auto post = [&](const std::string& body, std::vector<std::string> headers) {
     auto r = httpRequest(c->httpPort(), "POST", "/v1/completions", body, 30s, headers);
@@ -800,7 +821,7 @@ TEST_CASE("bad requests get OpenAI errors with the right status") {
   CHECK(health->status == 200);
 }
 
-// Issue 10: the decode worker never waits on a peer. A prefill worker stopped (SIGSTOP) in the
+// The decode worker never waits on a peer. A prefill worker stopped (SIGSTOP) in the
 // middle of a remote prefill delays that request alone: a colocated stream on the same decode
 // worker keeps its pace, both workers stay healthy in the router (the stop is shorter than
 // router.workers.worker_report_timeout_ms), and the delayed request still gets its exact greedy ids.
@@ -828,7 +849,8 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   std::vector<std::chrono::steady_clock::time_point> arrivals;
   std::string seen;
   std::thread streamer([&] {
-    json req{{"model", "small"}, {"prompt", randomPrompt(20, 5)}, {"max_tokens", 250}, {"temperature", 0},
+    json req{{"model", "small"},   {"prompt", randomPrompt(20, 5)},
+             {"max_tokens", 250},  {"temperature", 0},
              {"ignore_eos", true}, {"stream", true}};
     int fd = openStream(*c, req, 1, &seen);
     char buf[4096];
@@ -854,7 +876,7 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
   const auto stoppedAt = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(100ms);
-  // The lifecycle's state gauge (issue 12): the decode worker waits on it in REQUESTED.
+  // The lifecycle's state gauge (docs/reliability.md): the decode worker waits on it in REQUESTED.
   const double requestedWhileStopped = requested();
   // 1.5 s stopped, by the clock: the health probes take longer under a sanitizer, and a stop
   // that outgrew the 3 s report timeout would be a different test.
@@ -880,19 +902,21 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
   CHECK(seen.find("[DONE]") != std::string::npos);
   std::chrono::steady_clock::duration maxGap{};
   for (size_t i = 1; i < arrivals.size(); ++i) maxGap = std::max(maxGap, arrivals[i] - arrivals[i - 1]);
-  INFO("max gap between stream reads: " << std::chrono::duration_cast<std::chrono::milliseconds>(maxGap).count() << " ms");
+  INFO("max gap between stream reads: " << std::chrono::duration_cast<std::chrono::milliseconds>(maxGap).count()
+                                        << " ms");
   CHECK(maxGap < 500ms);  // a decode step here is ~10-30 ms; the stop lasts 1.5 s
   CHECK(allBlocksFree(*c, "decode-0"));
   CHECK(allBlocksFree(*c, "prefill-0"));
   recordFault({"prefill worker stopped for 1.5 s (shorter than its lease), short streams beside it",
                "the delayed request's ids equal; the other stream's largest gap < 500 ms; blocks free",
                "not a fault yet: within kv_transfer.lease_ms (3 s) and timeout_ms",
-               "delayed request " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(delayedTook).count()) +
+               "delayed request " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(delayedTook).count()) +
                    " ms; largest stream gap " +
                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(maxGap).count()) + " ms"});
 }
 
-// Issue 12 (KV fencing), the slow-but-alive writer: the prefill worker is stopped (SIGSTOP) in
+// KV fencing (docs/reliability.md): the slow-but-alive writer: the prefill worker is stopped (SIGSTOP) in
 // the middle of request A's prefill; the decode worker gives up on it (kv_transfer.timeout_ms,
 // on_remote_prefill_failure: fail) and A's reserved blocks leave it; request B then runs on the
 // decode worker (colocated; freed blocks are reused first, so without fencing B gets A's
@@ -940,7 +964,8 @@ static void checkSlowButAliveWriter(const std::string& transports, const std::st
   double releaseMs = -1;
   for (int i = 0; i < 400; ++i) {
     if (workerMetric(*c, "decode-0", "pdserve_kv_blocks_quarantined") == 0) {
-      releaseMs = double(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - resumed).count());
+      releaseMs = double(
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - resumed).count());
       break;
     }
     std::this_thread::sleep_for(10ms);
@@ -950,8 +975,8 @@ static void checkSlowButAliveWriter(const std::string& transports, const std::st
   INFO("lane " << lane << ": " << quarantined << " blocks quarantined while the prefill worker was stopped; released "
                << releaseMs << " ms after SIGCONT; writes rejected: "
                << workerMetricWith(*c, "decode-0", "pdserve_kv_writes_rejected_total", "reason="));
-  std::printf("fencing e2e (%s): %.0f blocks quarantined during the stop, released %.0f ms after SIGCONT\n", lane.c_str(),
-              quarantined, releaseMs);
+  std::printf("fencing e2e (%s): %.0f blocks quarantined during the stop, released %.0f ms after SIGCONT\n",
+              lane.c_str(), quarantined, releaseMs);
   INFO("A (given up on by the decode worker): HTTP " << a.status);  // 503, or 200 where the router migrates it
   CHECK(b.status == 200);
   CHECK(b.ids == expectedB);
@@ -995,16 +1020,18 @@ TEST_CASE("KV fencing over cma: a stopped prefill worker's blocks stay quarantin
   checkSlowButAliveWriter("[cma, tcp]", "cma");
 }
 
-TEST_CASE("KV fencing over cma, the lease ran out during the stop: the resumed writer is dialled again to acknowledge") {
+TEST_CASE(
+    "KV fencing over cma, the lease ran out during the stop: the resumed writer is dialled again to acknowledge") {
   checkSlowButAliveWriter("[cma, tcp]", "cma", /*leaseMs=*/1000);
 }
 
-// Issue 12 (leases): a prefill worker stopped (SIGSTOP: a hung host) in the middle of a remote
+// Leases (docs/reliability.md): a prefill worker stopped (SIGSTOP: a hung host) in the middle of a remote
 // prefill sends no heartbeat any more; the decode worker's lease on the connection runs out
 // (kv_transfer.lease_ms, far below kv_transfer.timeout_ms here) and it recomputes the request
 // itself, with the same greedy ids. Resumed, the prefill worker finds its connection gone and
 // frees what it held.
-TEST_CASE("a prefill worker stopped mid-request: its lease runs out long before the KV timeout, the decode recomputes") {
+TEST_CASE(
+    "a prefill worker stopped mid-request: its lease runs out long before the KV timeout, the decode recomputes") {
   ClusterSpec spec;
   spec.timeoutMs = 30000;
   spec.extraKvTransfer = ", heartbeat_ms: 100, lease_ms: 800";
@@ -1039,14 +1066,15 @@ TEST_CASE("a prefill worker stopped mid-request: its lease runs out long before 
                    " ms after the stop (lease + local recompute)"});
 }
 
-// Issue 12 (graceful drain): SIGTERM on a decode worker stops new work at once (the router
+// Graceful drain (docs/reliability.md): SIGTERM on a decode worker stops new work at once (the router
 // routes around it) while its stream finishes with every token and [DONE]; then the process
 // exits 0.
 TEST_CASE("a decode worker drains on SIGTERM: its stream finishes, new requests go elsewhere, it exits 0") {
   ClusterSpec spec{/*shortPromptTokens=*/100000};
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 2}}";
   auto c = startCluster("drain-decode", spec);
-  json req{{"model", "small"}, {"prompt", randomPrompt(20, 11)}, {"max_tokens", 200}, {"temperature", 0},
+  json req{{"model", "small"},   {"prompt", randomPrompt(20, 11)},
+           {"max_tokens", 200},  {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}};
   std::string seen;
   int fd = openStream(*c, req, 3, &seen);
@@ -1091,13 +1119,14 @@ TEST_CASE("a decode worker drains on SIGTERM: its stream finishes, new requests 
                routedAround ? "routed around, stream whole, exit 0" : "not routed around"});
 }
 
-// Issue 12: a router stopped with SIGTERM ends every open stream with an error event and
+// A router stopped with SIGTERM ends every open stream with an error event and
 // [DONE] (after router.requests.drain_timeout_ms), never by just dropping the connection; it exits 0.
 TEST_CASE("a router stopped under traffic ends its streams with an error event and [DONE]") {
   ClusterSpec spec{/*shortPromptTokens=*/100000};
   spec.extraRequests = ", drain_timeout_ms: 300";
   auto c = startCluster("drain-router", spec);
-  json req{{"model", "small"}, {"prompt", randomPrompt(20, 21)}, {"max_tokens", 1500}, {"temperature", 0},
+  json req{{"model", "small"},   {"prompt", randomPrompt(20, 21)},
+           {"max_tokens", 1500}, {"temperature", 0},
            {"ignore_eos", true}, {"stream", true}};
   std::string seen;
   int fd = openStream(*c, req, 3, &seen);
@@ -1118,10 +1147,11 @@ TEST_CASE("a router stopped under traffic ends its streams with an error event a
   CHECK(exit->description == "exited with status 0");
   recordFault({"router stopped (SIGTERM) under traffic",
                "every open stream ends with an error event and [DONE]; exit 0",
-               "SIGTERM: at once; streams get router.requests.drain_timeout_ms (300 ms here)", "stream ended with the error event"});
+               "SIGTERM: at once; streams get router.requests.drain_timeout_ms (300 ms here)",
+               "stream ended with the error event"});
 }
 
-// Issue 13, the router's HTTP plane, against the real router: hostile bodies get 400s that
+// The router's HTTP plane, against the real router: hostile bodies get 400s that
 // name the field (and the router keeps serving), keys configured as hashes work, /metrics has
 // its own credential, and an HTTP/1.0 client gets a close-delimited stream.
 TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metrics auth, HTTP/1.0 streams") {
@@ -1131,11 +1161,13 @@ TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metri
   ClusterSpec spec;
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
   // sk-hashed is given as its hash: printf %s sk-hashed | sha256sum
-  spec.extraRouter = "  http:\n"
-                     "    api_keys:\n"
-                     "    - 'sha256:c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6'\n"
-                     "    - sk-plain\n"
-                     "    metrics_auth: bearer_file\n    metrics_bearer_file: " + tokenFile + "\n";
+  spec.extraRouter =
+      "  http:\n"
+      "    api_keys:\n"
+      "    - 'sha256:c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6'\n"
+      "    - sk-plain\n"
+      "    metrics_auth: bearer_file\n    metrics_bearer_file: " +
+      tokenFile + "\n";
   auto c = startCluster("http-plane", spec);
   const std::vector<std::string> key{"Authorization: Bearer sk-hashed"};
   auto post = [&](const std::string& path, const std::string& body) {
@@ -1171,7 +1203,8 @@ TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metri
   CHECK(httpRequest(c->httpPort(), "GET", "/v1/models", "", 5s, {"Authorization: Bearer sk-plain"})->status == 200);
   CHECK(httpRequest(c->httpPort(), "GET", "/v1/models", "", 5s, {"Authorization: Bearer sk-other"})->status == 401);
   CHECK(httpRequest(c->httpPort(), "GET", "/v1/models", "", 5s,
-                    {"Authorization: Bearer c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6"})->status == 401);  // the hash is not the key
+                    {"Authorization: Bearer c291001835042e213221b2f9fca79c9c91d08813d599b717bc695a268edb2ea6"})
+            ->status == 401);  // the hash is not the key
   // 4. /metrics wants its own token, not an API key.
   CHECK(httpGet(c->httpPort(), "/metrics", 5s)->status == 401);
   CHECK(httpRequest(c->httpPort(), "GET", "/metrics", "", 5s, key)->status == 401);
@@ -1203,14 +1236,15 @@ TEST_CASE("the router's HTTP plane: hostile bodies get 400s, hashed keys, /metri
   CHECK(httpGet(c->httpPort(), "/health", 5s)->status == 200);
 }
 
-// Issue 13: per-key token buckets on the real router. 8 requests at once against a burst of 3:
+// Per-key token buckets on the real router. 8 requests at once against a burst of 3:
 // exactly 3 are served, 5 get a 429 with Retry-After; another key is not affected; after
 // Retry-After the key passes again.
 TEST_CASE("per-key rate limits: a burst of M out of N at once, the rest 429 with Retry-After, then they pass") {
   ClusterSpec spec;
   spec.pools = "{prefill: {replicas: 0}, decode: {replicas: 1}}";
-  spec.extraRouter = "  http: {api_keys: [sk-a, sk-b]}\n"
-                     "  admission: {rate_limits: {requests_per_s: 0.5, request_burst: 3}}\n";
+  spec.extraRouter =
+      "  http: {api_keys: [sk-a, sk-b]}\n"
+      "  admission: {rate_limits: {requests_per_s: 0.5, request_burst: 3}}\n";
   auto c = startCluster("rate-limits", spec);
   const std::string body = R"({"model":"small","prompt":"hello","max_tokens":1})";
   std::vector<std::thread> threads;
@@ -1239,9 +1273,11 @@ TEST_CASE("per-key rate limits: a burst of M out of N at once, the rest 429 with
   CHECK(limited == 5);
   CHECK((retryAfter >= 1 && retryAfter <= 2));  // one request at 0.5/s
   // Another key has its own bucket.
-  CHECK(httpRequest(c->httpPort(), "POST", "/v1/completions", body, 60s, {"Authorization: Bearer sk-b"})->status == 200);
+  CHECK(httpRequest(c->httpPort(), "POST", "/v1/completions", body, 60s, {"Authorization: Bearer sk-b"})->status ==
+        200);
   std::this_thread::sleep_for(std::chrono::seconds(retryAfter));
-  CHECK(httpRequest(c->httpPort(), "POST", "/v1/completions", body, 60s, {"Authorization: Bearer sk-a"})->status == 200);
+  CHECK(httpRequest(c->httpPort(), "POST", "/v1/completions", body, 60s, {"Authorization: Bearer sk-a"})->status ==
+        200);
   auto m = httpGet(c->httpPort(), "/metrics", 5s);
   REQUIRE(m.ok());
   const std::string series = "pdserve_router_rate_limited_total{limit=\"requests_per_s\"} ";
@@ -1250,7 +1286,7 @@ TEST_CASE("per-key rate limits: a burst of M out of N at once, the rest 429 with
   CHECK(std::atof(m->body.c_str() + at + series.size()) == 5);
 }
 
-// Issue 13: router.http.tls on the real router binary. Certificates are made here with the openssl
+// Router.http.tls on the real router binary. Certificates are made here with the openssl
 // CLI (never committed); curl is the client: verified against the right CA it is answered, a
 // plain-HTTP client and a client trusting another CA fail, and so does TLS 1.1.
 TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wrong CA and TLS 1.1") {
@@ -1270,8 +1306,9 @@ TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wron
                                        << "router: {http: {tls: {cert_file: " << dir << "/s.pem, key_file: " << dir
                                        << "/s.key}}}\nlogging: {level: warn}\n";
   ProcessGroup group;
-  REQUIRE(group.spawn("router", {std::string(PD_BINARY_DIR) + "/bin/pdserve-router", "--config", dir + "/cluster.yaml",
-                                 "--port", "0", "--control-port", "0", "--ports-file", dir + "/router.ports"})
+  REQUIRE(group
+              .spawn("router", {std::string(PD_BINARY_DIR) + "/bin/pdserve-router", "--config", dir + "/cluster.yaml",
+                                "--port", "0", "--control-port", "0", "--ports-file", dir + "/router.ports"})
               .ok());
   const int port = pd::test::waitForPort(dir + "/router.ports", "http", 30s);
   REQUIRE(port != 0);
@@ -1302,14 +1339,15 @@ TEST_CASE("router.tls: the real router answers HTTPS, refuses plain HTTP, a wron
   std::filesystem::remove_all(dir);
 }
 
-// ---- the TTFT split, the dashboard's queries, vLLM's names (issue 17) -------------------------
+// ---- the TTFT split, the dashboard's queries, vLLM's names (docs/metrics.md) -------------------------
 
 namespace {
 
 // The metric names a PromQL expression reads: identifiers that are not functions, keywords,
 // grouping labels, label matchers, strings, ranges or Grafana variables.
 std::set<std::string> promqlMetricNames(std::string expr) {
-  static const std::regex kDrop(R"re("[^"]*"|\{[^}]*\}|\[[^\]]*\]|\$\w+|\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\))re");
+  static const std::regex kDrop(
+      R"re("[^"]*"|\{[^}]*\}|\[[^\]]*\]|\$\w+|\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\))re");
   expr = std::regex_replace(expr, kDrop, " ");
   static const std::set<std::string> kKeywords{"and", "or", "unless", "bool", "offset", "by", "without"};
   static const std::regex kIdent(R"([A-Za-z_:][A-Za-z0-9_:]*)");
@@ -1318,7 +1356,8 @@ std::set<std::string> promqlMetricNames(std::string expr) {
     const size_t end = size_t(it->position() + it->length());
     size_t next = expr.find_first_not_of(' ', end);
     const bool call = next != std::string::npos && expr[next] == '(';
-    const bool number = it->position() > 0 && (std::isdigit(expr[size_t(it->position()) - 1]) || expr[size_t(it->position()) - 1] == '.');
+    const bool number = it->position() > 0 &&
+                        (std::isdigit(expr[size_t(it->position()) - 1]) || expr[size_t(it->position()) - 1] == '.');
     if (!call && !number && !kKeywords.count(it->str())) names.insert(it->str());
   }
   return names;
@@ -1372,8 +1411,13 @@ TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative 
   CHECK(st.find("ttft;dur=") != std::string::npos);
 
   // Disaggregated, streamed with include_usage: the split is in the usage chunk.
-  json req{{"model", "small"}, {"prompt", randomPrompt(300, 6)}, {"max_tokens", 4}, {"temperature", 0},
-           {"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  json req{{"model", "small"},
+           {"prompt", randomPrompt(300, 6)},
+           {"max_tokens", 4},
+           {"temperature", 0},
+           {"ignore_eos", true},
+           {"stream", true},
+           {"stream_options", {{"include_usage", true}}}};
   const auto t1 = std::chrono::steady_clock::now();
   auto s = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 120s);
   const double streamWallMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
@@ -1395,8 +1439,10 @@ TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative 
   CHECK(disagg["kv_transfer_ms"].get<double>() > 0);
 
   // The histograms: one observation per phase per request.
-  CHECK(routerMetric(*c, R"(pdserve_request_ttft_phase_seconds_count{phase="kv_transfer",route="disaggregated"})") == 1);
-  CHECK(routerMetric(*c, R"(pdserve_request_ttft_phase_seconds_count{phase="prefill_compute",route="colocated"})") == 1);
+  CHECK(routerMetric(*c, R"(pdserve_request_ttft_phase_seconds_count{phase="kv_transfer",route="disaggregated"})") ==
+        1);
+  CHECK(routerMetric(*c, R"(pdserve_request_ttft_phase_seconds_count{phase="prefill_compute",route="colocated"})") ==
+        1);
   CHECK(routerMetric(*c, R"(pdserve_request_ttft_phase_seconds_count{phase="kv_transfer",route="colocated"})") == -1);
 
   // vLLM's names, switched on: the same values as pdserve's, with model_name.
@@ -1414,18 +1460,20 @@ TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative 
     CHECK(metricValue(router, "vllm:e2e_request_latency_seconds_sum" + l + ",model_name=\"small\"}") ==
           metricValue(router, "pdserve_e2e_request_latency_seconds_sum" + l + "}"));
   }
-  CHECK(metricValue(router, R"(vllm:time_to_first_token_seconds_count{route="disaggregated",model_name="small"})") == 1);
+  CHECK(metricValue(router, R"(vllm:time_to_first_token_seconds_count{route="disaggregated",model_name="small"})") ==
+        1);
   CHECK(metricValue(router, R"(vllm:request_success_total{finished_reason="length",model_name="small"})") == 2);
   CHECK(metricValue(router, R"(pdserve_requests_finished_total{finished_reason="length"})") == 2);
-  for (const char* name : {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
-                           "generation_tokens_total", "num_preemptions_total", "prefix_cache_queries_total",
-                           "prefix_cache_hits_total"}) {
+  for (const char* name :
+       {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
+        "generation_tokens_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total"}) {
     INFO(name);
     const double ours = metricValue(decode, std::string("pdserve_") + name);
     CHECK(ours >= 0);
-    CHECK(metricValue(decode, std::string("vllm:") + name + "{role=\"decode\",worker=\"decode-0\",model_name=\"small\"}") == ours);
+    CHECK(metricValue(decode, std::string("vllm:") + name +
+                                  "{role=\"decode\",worker=\"decode-0\",model_name=\"small\"}") == ours);
   }
-  CHECK(metricValue(decode, "vllm:prompt_tokens_total") == 320);    // both prompts were submitted here
+  CHECK(metricValue(decode, "vllm:prompt_tokens_total") == 320);  // both prompts were submitted here
   CHECK(metricValue(decode, "vllm:generation_tokens_total") == 8);
 
   // The Grafana dashboard (deploy/grafana/pdserve.json): every metric a panel queries is in the
@@ -1454,8 +1502,10 @@ TEST_CASE("TTFT split: colocated and disaggregated requests report non-negative 
   }
   CHECK(queried >= 30);
   // The extraction itself: a made-up name is found, functions and labels are not names.
-  CHECK(promqlMetricNames(R"(histogram_quantile(0.9, sum by (le, route) (rate(pdserve_x_bucket{a="b"}[$__rate_interval]))) / on (pool) pdserve_y)") ==
-        std::set<std::string>{"pdserve_x_bucket", "pdserve_y"});
+  CHECK(
+      promqlMetricNames(
+          R"(histogram_quantile(0.9, sum by (le, route) (rate(pdserve_x_bucket{a="b"}[$__rate_interval]))) / on (pool) pdserve_y)") ==
+      std::set<std::string>{"pdserve_x_bucket", "pdserve_y"});
   CHECK_FALSE(hasSeries(bodies[0], "pdserve_no_such_metric"));
 }
 

@@ -8,15 +8,15 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <vector>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-// End to end (issue 14): a worker switches role at run time with no request lost. A real
+// End to end (docs/serving.md): a worker switches role at run time with no request lost. A real
 // router, a decode worker and a `pdserve-worker --role prefill` (flex-0) serve short prompts
 // (colocated) and long ones (prefilled on flex-0) from client threads that never pause; SIGUSR1
 // makes flex-0 drain and come back as a decode worker under the same id, a second SIGUSR1
@@ -9,16 +9,17 @@
 // asserted beyond generous deadlines: a busy 2-core machine only makes it slower.
 #include <algorithm>
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "engine/model_maker.h"
 #include "tests/e2e/e2e_util.h"
@@ -83,32 +84,29 @@ Outcome stream(int port, const std::vector<int32_t>& p, size_t index) {
       continue;
     }
     if (!event.contains("choices") || event["choices"].empty()) continue;
-    for (const auto& id : event["choices"][0].value("token_ids", json::array()))
-      o.ids.push_back(id.get<int32_t>());
+    for (const auto& id : event["choices"][0].value("token_ids", json::array())) o.ids.push_back(id.get<int32_t>());
   }
   return o;
 }
 
 }  // namespace
 
-TEST_CASE(
-    "pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under load, no request lost") {
+TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under load, no request lost") {
   std::filesystem::create_directories(kWork);
   const std::string config = kWork + "/cluster.yaml";
   // Prompts over 64 tokens go to the prefill pool when it has a worker; a refused remote
   // prefill (the prefill worker draining) is recomputed on the decode worker.
-  std::ofstream(config)
-      << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
-      << "router:\n"
-      << "  routing: {short_prompt_tokens: 64, prefix_aware_routing: false}\n"
-      << "  requests: {request_timeout_ms: 110000}\n"
-      << "  admission: {overload_shedding: false}\n"
-      << "pools: {prefill: {replicas: 0}, decode: {replicas: 1}}\n"
-      << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
-      << "         drain_timeout_ms: 20000}\n"
-      << "kv_transfer: {transports: [tcp], timeout_ms: 20000, on_remote_prefill_failure: "
-         "recompute}\n"
-      << "logging: {level: info}\n";
+  std::ofstream(config) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
+                        << "router:\n"
+                        << "  routing: {short_prompt_tokens: 64, prefix_aware_routing: false}\n"
+                        << "  requests: {request_timeout_ms: 110000}\n"
+                        << "  admission: {overload_shedding: false}\n"
+                        << "pools: {prefill: {replicas: 0}, decode: {replicas: 1}}\n"
+                        << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
+                        << "         drain_timeout_ms: 20000}\n"
+                        << "kv_transfer: {transports: [tcp], timeout_ms: 20000, on_remote_prefill_failure: "
+                           "recompute}\n"
+                        << "logging: {level: info}\n";
   const std::vector<std::vector<int32_t>> prompts{randomPrompt(12, 1),  randomPrompt(30, 2), randomPrompt(200, 3),
                                                   randomPrompt(450, 4), randomPrompt(20, 5), randomPrompt(700, 6)};
   std::vector<std::vector<int32_t>> expected;
@@ -132,10 +130,9 @@ TEST_CASE(
   // signals reach the worker itself.
   REQUIRE(c.processes()
               .spawn("flex-0", {"/bin/sh", "-c",
-                                "exec " + o.binDir + "/pdserve-worker --role prefill --config " +
-                                    c.configPath() + " --id flex-0 --router 127.0.0.1:" +
-                                    std::to_string(c.controlPort()) + " --metrics-port 0 --ports-file " +
-                                    portsFile + " > " + log + " 2>&1"})
+                                "exec " + o.binDir + "/pdserve-worker --role prefill --config " + c.configPath() +
+                                    " --id flex-0 --router 127.0.0.1:" + std::to_string(c.controlPort()) +
+                                    " --metrics-port 0 --ports-file " + portsFile + " > " + log + " 2>&1"})
               .ok());
   const auto pool = [&](const char* name) {
     auto m = c.routerMetrics(5s);
@@ -232,15 +229,13 @@ TEST_CASE(
   // Every request completed, with the reference's ids.
   size_t ok = 0;
   for (const auto& out : outcomes) {
-    INFO("prompt " << out.promptIndex << " (" << prompts[out.promptIndex].size()
-                   << " tokens), status " << out.status << ", route " << out.route << ", worker "
-                   << out.worker << ": " << out.error);
+    INFO("prompt " << out.promptIndex << " (" << prompts[out.promptIndex].size() << " tokens), status " << out.status
+                   << ", route " << out.route << ", worker " << out.worker << ": " << out.error);
     CHECK(out.status == 200);
     CHECK(out.error.empty());
     CHECK(out.done);
     CHECK(out.ids == expected[out.promptIndex]);
-    ok +=
-        out.status == 200 && out.error.empty() && out.done && out.ids == expected[out.promptIndex];
+    ok += out.status == 200 && out.error.empty() && out.done && out.ids == expected[out.promptIndex];
   }
   CHECK(outcomes.size() > beforeFirst);
 
@@ -250,8 +245,7 @@ TEST_CASE(
   const auto allFree = [&](auto metric) {
     for (auto deadline = steady_clock::now() + 20s; steady_clock::now() < deadline;
          std::this_thread::sleep_for(100ms)) {
-      const double total = metric("pdserve_kv_cache_num_blocks"),
-                   free = metric("pdserve_kv_cache_free_blocks");
+      const double total = metric("pdserve_kv_cache_num_blocks"), free = metric("pdserve_kv_cache_free_blocks");
       if (total > 0 && free == total) return true;
     }
     return false;

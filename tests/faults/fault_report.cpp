@@ -2,14 +2,13 @@
 #define CATCH_CONFIG_EXTERNAL_INTERFACES
 #include "tests/faults/fault_report.h"
 
-#include <catch2/catch.hpp>
-
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 namespace pd::test {
@@ -24,8 +23,10 @@ std::string slug(const std::string& text) {
   std::string out;
   for (char ch : text) {
     const bool keep = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
-    if (keep) out += ch;
-    else if (!out.empty() && out.back() != '-') out += '-';
+    if (keep)
+      out += ch;
+    else if (!out.empty() && out.back() != '-')
+      out += '-';
   }
   return out.substr(0, 120);
 }

@@ -1,6 +1,6 @@
-// The fault suite's records (issue 12): each fault case (tests/e2e, tests/conformance) says what it injected,
-// what it asserts, how the fault is detected and what it measured, and the suite writes the
-// table of docs/reliability.md from those records (tests/faults/fault_table.py).
+// The fault suite's records (docs/reliability.md): each fault case (tests/e2e, tests/conformance) says what it
+// injected, what it asserts, how the fault is detected and what it measured, and the suite writes the table of
+// docs/reliability.md from those records (tests/faults/fault_table.py).
 //
 // recordFault() keeps the record for the running test case; when the case ends, a Catch2
 // listener (fault_report.cpp) writes it to $PD_BINARY_DIR/fault-records/<slug>.json with the

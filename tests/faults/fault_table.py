@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The fault suite's table (issue 12): reads the records the fault cases wrote in this run
+"""The fault suite's table (docs/reliability.md): reads the records the fault cases wrote in this run
 (BUILD/fault-records/*.json: tests/faults/fault_report.h, tests/multihost/bed_test.py FaultLog)
 and renders docs/reliability.md's table from them.
 
@@ -20,7 +20,7 @@ import sys
 BEGIN = "<!-- fault-table:begin (written by tests/faults/fault_table.py --write; do not edit) -->"
 END = "<!-- fault-table:end -->"
 
-# The kinds of fault issue 12's suite must cover, each matched against the records' fault text.
+# The kinds of fault the fault suite must cover, each matched against the records' fault text.
 KINDS = {
     "kill the prefill worker mid-transfer": r"prefill worker killed",
     "kill the decode worker mid-stream": r"decode worker killed",

@@ -36,8 +36,8 @@ const std::vector<tok::ChatTemplate>& templates() {
     };
     add(tok::ChatTemplate::fromString(tok::kDefaultChatTemplate, "", ""));
     for (const char* name : {"llama2_chat", "mistral_instruct", "zephyr", "features"}) {
-      add(tok::ChatTemplate::fromString(readFile(fuzz::repoDir() + "/tests/unit/tokenizer/templates/" + name + ".jinja"),
-                                        "<s>", "</s>"));
+      add(tok::ChatTemplate::fromString(
+          readFile(fuzz::repoDir() + "/tests/unit/tokenizer/templates/" + name + ".jinja"), "<s>", "</s>"));
     }
     for (const auto& dir : fuzz::tokenizerDirs()) {
       add(tok::ChatTemplate::forTokenizer(*fuzz::loadTokenizerOrDie(dir)));

@@ -2,9 +2,9 @@
 // that turns a broken invariant into a crash libFuzzer records.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -18,12 +18,12 @@
 namespace pd::fuzz {
 
 // A broken invariant is a finding: abort so libFuzzer saves the input.
-#define PD_FUZZ_CHECK(cond, what)                                             \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
+#define PD_FUZZ_CHECK(cond, what)                                            \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
       std::fprintf(stderr, "fuzz invariant failed: %s (%s)\n", what, #cond); \
-      std::abort();                                                           \
-    }                                                                         \
+      std::abort();                                                          \
+    }                                                                        \
   } while (0)
 
 // The source tree and tests/fuzz/data, compiled in.
@@ -41,8 +41,7 @@ inline std::string seedDir() {
 inline std::shared_ptr<const tok::Tokenizer> loadTokenizerOrDie(const std::string& dir) {
   auto t = tok::Tokenizer::loadDir(dir);
   if (!t.ok()) {
-    std::fprintf(stderr, "fuzz: cannot load the tokenizer in %s: %s\n", dir.c_str(),
-                 t.status().toString().c_str());
+    std::fprintf(stderr, "fuzz: cannot load the tokenizer in %s: %s\n", dir.c_str(), t.status().toString().c_str());
     std::abort();
   }
   return *t;

@@ -3,14 +3,15 @@
 // request as on a keep-alive connection, into an HttpRequest as the server builds it; a
 // request for one of the router's JSON endpoints then goes to the RequestParser call the
 // router's handler makes. A framing error ends the connection, as the server does.
-#include <boost/beast/core/buffers_prefix.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/string_body.hpp>
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+
+#include <boost/beast/core/buffers_prefix.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
 
 #include "common/net/http_server.h"
 #include "tests/fuzz/fuzz_parser.h"

@@ -4,6 +4,8 @@
 // parse their blobs and reach nothing outside this process), and the verbs codec's blobs
 // (verbs_codec.h). Byte 0 picks the surface, the rest is the blob.
 // Seeds: PD_FUZZ_WRITE_SEEDS=dir writes blobs made by the real encoders.
+#include <prometheus/registry.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -11,8 +13,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <prometheus/registry.h>
 
 #include "kvtransfer/agent.h"
 #include "kvtransfer/transports/verbs_codec.h"
@@ -104,8 +104,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (ci.ok()) {
         // What decodes re-encodes to a blob that decodes the same.
         auto again = verbs::decodeConnInfo(verbs::encodeConnInfo(*ci));
-        PD_FUZZ_CHECK(again.ok() && again->name == ci->name && again->qpn == ci->qpn &&
-                          again->psn == ci->psn && again->gid == ci->gid && again->peerQpn == ci->peerQpn,
+        PD_FUZZ_CHECK(again.ok() && again->name == ci->name && again->qpn == ci->qpn && again->psn == ci->psn &&
+                          again->gid == ci->gid && again->peerQpn == ci->peerQpn,
                       "verbs conn info round-trips");
         verbs::PendingQps pending;
         pending.offer(ci->qpn);

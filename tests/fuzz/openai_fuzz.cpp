@@ -43,14 +43,18 @@ void parseOne(const router::RequestParser& p, int which, const std::string& body
     }
     case 2: {
       auto r = p.tokenize(body);
-      if (auto* e = std::get_if<router::ApiError>(&r)) checkError(*e);
-      else dumpLikeTheServer(std::get<nlohmann::json>(r));
+      if (auto* e = std::get_if<router::ApiError>(&r))
+        checkError(*e);
+      else
+        dumpLikeTheServer(std::get<nlohmann::json>(r));
       break;
     }
     case 3: {
       auto r = p.detokenize(body);
-      if (auto* e = std::get_if<router::ApiError>(&r)) checkError(*e);
-      else dumpLikeTheServer(std::get<nlohmann::json>(r));
+      if (auto* e = std::get_if<router::ApiError>(&r))
+        checkError(*e);
+      else
+        dumpLikeTheServer(std::get<nlohmann::json>(r));
       break;
     }
   }

@@ -31,8 +31,7 @@ void checkStreaming(const std::shared_ptr<const tok::Tokenizer>& t, const std::v
   std::string streamed;
   for (auto id : ids) streamed += d.push(id);
   streamed += d.finish();
-  PD_FUZZ_CHECK(streamed == t->decode(ids, {.skipSpecialTokens = skipSpecial}),
-                "the streamed text equals decode()");
+  PD_FUZZ_CHECK(streamed == t->decode(ids, {.skipSpecialTokens = skipSpecial}), "the streamed text equals decode()");
 }
 
 }  // namespace

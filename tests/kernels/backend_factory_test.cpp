@@ -2,9 +2,10 @@
 // with a message naming why; the tensor-parallel plan checks the model's shape, and its
 // weight slices are exact copies of the right rows / columns (checked byte for byte).
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "engine/cuda_backend.h"
 #include "engine/tensor_parallel.h"
@@ -12,8 +13,7 @@
 using namespace pd;
 using namespace pd::engine;
 
-TEST_CASE("createBackend: cuda without a device (or without CUDA) is a clear error",
-          "[backend][factory]") {
+TEST_CASE("createBackend: cuda without a device (or without CUDA) is a clear error", "[backend][factory]") {
   const Status avail = cudaDeviceAvailable();
   if (avail.isOk()) {
     WARN("a CUDA device is present: the refusal path is not exercised here");
@@ -40,8 +40,7 @@ TEST_CASE("createBackend: unknown backend names list the allowed values", "[back
   CHECK(b.status().message() == "backend \"tpu\" is not known (allowed: cpu, cuda)");
 }
 
-TEST_CASE("tensor-parallel plan splits heads, kv heads and ffn and the KV layout is per rank",
-          "[backend][tp]") {
+TEST_CASE("tensor-parallel plan splits heads, kv heads and ffn and the KV layout is per rank", "[backend][tp]") {
   ModelConfig c;
   c.numHeads = 32;
   c.numKvHeads = 8;
@@ -63,11 +62,10 @@ TEST_CASE("tensor-parallel plan splits heads, kv heads and ffn and the KV layout
   CHECK(r.totalBytes() * 4 == full.totalBytes());
   CHECK(r.fingerprint() == "L2.B16.H2.D128.f32");
 
-  CHECK(planTensorParallel(c, 3).status().message() ==
-        "tensor_parallel_size 3 is not supported (allowed: 1, 2, 4, 8)");
+  CHECK(planTensorParallel(c, 3).status().message() == "tensor_parallel_size 3 is not supported (allowed: 1, 2, 4, 8)");
   c.numKvHeads = 4;
-  CHECK(planTensorParallel(c, 8).status().message().find(
-            "does not divide the model's 4 kv heads") != std::string::npos);
+  CHECK(planTensorParallel(c, 8).status().message().find("does not divide the model's 4 kv heads") !=
+        std::string::npos);
   CHECK(planTensorParallel(c, 1).ok());
 }
 
@@ -93,8 +91,7 @@ bool sameBytes(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("tensor-parallel slices of the fused weights are exact row / column copies",
-          "[backend][tp]") {
+TEST_CASE("tensor-parallel slices of the fused weights are exact row / column copies", "[backend][tp]") {
   // 4 heads, 2 kv heads, head dim 2, hidden 3, ffn 6, over 2 ranks: q rows [0, 8), k rows
   // [8, 12), v rows [12, 16) of the fused q|k|v; gate rows [0, 6), up rows [6, 12).
   ModelConfig c;
@@ -130,8 +127,7 @@ TEST_CASE("tensor-parallel slices of the fused weights are exact row / column co
 
   // The bias is the cols == 1 case: values 0, 100, ..., 1500 -> rank 1 takes rows as above.
   const std::vector<float> bias = numbered(16, 1);
-  CHECK(sameBytes(sliceRows(bias.data(), 1, qkv1),
-                  {400, 500, 600, 700, 1000, 1100, 1400, 1500}));
+  CHECK(sameBytes(sliceRows(bias.data(), 1, qkv1), {400, 500, 600, 700, 1000, 1100, 1400, 1500}));
 
   // gate|up of rank 1: gate rows 3..5, up rows 9..11.
   const auto gu1 = p->gateUpRows(1);
@@ -150,13 +146,13 @@ TEST_CASE("tensor-parallel slices of the fused weights are exact row / column co
   CHECK(sameBytes(sliceColumns(o.data(), hidden, 8, p->oColumns(1)),
                   {4, 5, 6, 7, 104, 105, 106, 107, 204, 205, 206, 207}));
   const std::vector<float> down = numbered(hidden, 6);
-  CHECK(sameBytes(sliceColumns(down.data(), hidden, 6, p->downColumns(0)),
-                  {0, 1, 2, 100, 101, 102, 200, 201, 202}));
+  CHECK(sameBytes(sliceColumns(down.data(), hidden, 6, p->downColumns(0)), {0, 1, 2, 100, 101, 102, 200, 201, 202}));
 }
 
-TEST_CASE("tensor-parallel slices cover every row once and the row-parallel partials sum to "
-          "the full product",
-          "[backend][tp]") {
+TEST_CASE(
+    "tensor-parallel slices cover every row once and the row-parallel partials sum to "
+    "the full product",
+    "[backend][tp]") {
   ModelConfig c;
   c.numHeads = 8;
   c.numKvHeads = 4;
@@ -191,8 +187,7 @@ TEST_CASE("tensor-parallel slices cover every row once and the row-parallel part
         const RowRange cols = p->oColumns(r);
         const std::vector<float> wr = sliceColumns(w.data(), hidden, in, cols);
         for (int o = 0; o < hidden; ++o)
-          for (int i = 0; i < cols.count; ++i)
-            summed[o] += wr[size_t(o) * cols.count + i] * a[cols.begin + i];
+          for (int i = 0; i < cols.count; ++i) summed[o] += wr[size_t(o) * cols.count + i] * a[cols.begin + i];
       }
       CHECK(sameBytes(summed, full));
     }

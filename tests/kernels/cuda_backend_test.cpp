@@ -83,8 +83,7 @@ std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<in
   for (int s = 0; s < steps; ++s) {
     out->push_back(next0);
     out->push_back(next1);
-    SeqChunk d[] = {{&next0, 1, pos0, t0.data(), blocksPerSeq, true},
-                    {&next1, 1, pos1, t1.data(), blocksPerSeq, true}};
+    SeqChunk d[] = {{&next0, 1, pos0, t0.data(), blocksPerSeq, true}, {&next1, 1, pos1, t1.data(), blocksPerSeq, true}};
     REQUIRE(b.forward(d, logits.data()).toString() == "OK");
     rows.emplace_back(logits.begin(), logits.begin() + vocab);
     rows.emplace_back(logits.begin() + vocab, logits.end());
@@ -96,8 +95,8 @@ std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<in
   return rows;
 }
 
-std::unique_ptr<CudaBackend> makeCuda(std::shared_ptr<const ModelWeights> m, KvDtype w, KvDtype kv,
-                                      bool graphs, int numBlocks = 16) {
+std::unique_ptr<CudaBackend> makeCuda(std::shared_ptr<const ModelWeights> m, KvDtype w, KvDtype kv, bool graphs,
+                                      int numBlocks = 16) {
   CudaBackendOptions o;
   o.weightDtype = w;
   o.useCudaGraphs = graphs;
@@ -109,8 +108,7 @@ std::unique_ptr<CudaBackend> makeCuda(std::shared_ptr<const ModelWeights> m, KvD
 
 }  // namespace
 
-TEST_CASE("cuda backend logits match the CPU backend on the tiny and small models",
-          "[cuda][backend]") {
+TEST_CASE("cuda backend logits match the CPU backend on the tiny and small models", "[cuda][backend]") {
   if (!haveGpu()) return;
   struct Which {
     const char* preset;
@@ -131,11 +129,9 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny and small model
     };
     // f32: cuBLAS SGEMM vs OpenBLAS and reordered sums only. bf16: weights and KV rounded to
     // 8 significant bits, activations into every GEMM too.
-    for (Variant v : {Variant{KvDtype::kF32, KvDtype::kF32, 1e-4},
-                      Variant{KvDtype::kBF16, KvDtype::kBF16, 5e-2},
+    for (Variant v : {Variant{KvDtype::kF32, KvDtype::kF32, 1e-4}, Variant{KvDtype::kBF16, KvDtype::kBF16, 5e-2},
                       Variant{KvDtype::kF16, KvDtype::kF16, 2e-2}}) {
-      DYNAMIC_SECTION((bias ? "qwen2 " : "llama ")
-                      << "weights " << kvDtypeName(v.w) << " kv " << kvDtypeName(v.kv)) {
+      DYNAMIC_SECTION((bias ? "qwen2 " : "llama ") << "weights " << kvDtypeName(v.w) << " kv " << kvDtypeName(v.kv)) {
         auto gpu = makeCuda(model, v.w, v.kv, true);
         std::vector<int32_t> tokens;
         // In 16-bit a near-tie can flip a greedy token and with it every later row, so
@@ -214,8 +210,8 @@ TEST_CASE("cuda backend rejects malformed batches with a clear error", "[cuda][b
 
 namespace {
 
-std::unique_ptr<CudaBackend> makeCudaTp(std::shared_ptr<const ModelWeights> m, KvDtype w,
-                                        KvDtype kv, int tp, bool shareDevice) {
+std::unique_ptr<CudaBackend> makeCudaTp(std::shared_ptr<const ModelWeights> m, KvDtype w, KvDtype kv, int tp,
+                                        bool shareDevice) {
   CudaBackendOptions o;
   o.weightDtype = w;
   o.tensorParallelSize = tp;
@@ -234,25 +230,21 @@ double kvRegionsError(const CudaBackend& tp, const CudaBackend& one) {
   const KvLayout& rank = tp.rankKvLayout();
   const std::vector<MemDesc> regions = tp.kvRegions();
   std::vector<float> want(full.totalBytes() / 4);
-  REQUIRE(cudaMemcpy(want.data(), one.kvRegion().ptr(), full.totalBytes(),
-                     cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(want.data(), one.kvRegion().ptr(), full.totalBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
   std::vector<float> got(want.size()), regrouped(want.size());
   const int perRank = rank.numKvHeads, hd = rank.headDim;
   for (size_t r = 0; r < regions.size(); ++r) {
     std::vector<float> mine(rank.totalBytes() / 4);
-    REQUIRE(cudaMemcpy(mine.data(), regions[r].ptr(), rank.totalBytes(), cudaMemcpyDeviceToHost) ==
-            cudaSuccess);
+    REQUIRE(cudaMemcpy(mine.data(), regions[r].ptr(), rank.totalBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
     // Index (layer, block, kv half, token, head, dim) in each layout.
     for (int l = 0; l < full.numLayers; ++l)
       for (int b = 0; b < full.numBlocks; ++b)
         for (int half = 0; half < 2; ++half)
           for (int t = 0; t < full.blockSize; ++t)
             for (int h = 0; h < perRank; ++h) {
-              const size_t src = rank.blockOffset(l, b) / 4 +
-                                 (half ? rank.vOffsetInBlock(t) : rank.kOffsetInBlock(t)) +
+              const size_t src = rank.blockOffset(l, b) / 4 + (half ? rank.vOffsetInBlock(t) : rank.kOffsetInBlock(t)) +
                                  size_t(h) * hd;
-              const size_t dst = full.blockOffset(l, b) / 4 +
-                                 (half ? full.vOffsetInBlock(t) : full.kOffsetInBlock(t)) +
+              const size_t dst = full.blockOffset(l, b) / 4 + (half ? full.vOffsetInBlock(t) : full.kOffsetInBlock(t)) +
                                  size_t(r * perRank + h) * hd;
               std::copy(mine.begin() + src, mine.begin() + src + hd, regrouped.begin() + dst);
             }
@@ -262,8 +254,7 @@ double kvRegionsError(const CudaBackend& tp, const CudaBackend& one) {
 
 }  // namespace
 
-TEST_CASE("cuda backend: tensor parallel ranks sharing one GPU match tensor parallel 1",
-          "[cuda][backend][tp]") {
+TEST_CASE("cuda backend: tensor parallel ranks sharing one GPU match tensor parallel 1", "[cuda][backend][tp]") {
   if (!haveGpu()) return;
   struct Which {
     const char* preset;
@@ -275,8 +266,8 @@ TEST_CASE("cuda backend: tensor parallel ranks sharing one GPU match tensor para
   for (Which which : {Which{"tiny", false, 2}, Which{"tiny", true, 2}, Which{"small", false, 4}}) {
     auto model = testModel(which.preset, which.bias);
     for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16}) {
-      DYNAMIC_SECTION(which.preset << (which.bias ? " qwen2" : " llama") << " tp " << which.tp
-                                   << " " << kvDtypeName(dt)) {
+      DYNAMIC_SECTION(which.preset << (which.bias ? " qwen2" : " llama") << " tp " << which.tp << " "
+                                   << kvDtypeName(dt)) {
         auto one = makeCuda(model, dt, dt, false);
         auto tp = makeCudaTp(model, dt, dt, which.tp, true);
         CHECK(tp->tensorParallelSize() == which.tp);
@@ -311,8 +302,7 @@ TEST_CASE("cuda backend: tensor parallel ranks sharing one GPU match tensor para
   }
 }
 
-TEST_CASE("cuda backend: tensor parallel layer readiness waits for every rank's KV",
-          "[cuda][backend][tp]") {
+TEST_CASE("cuda backend: tensor parallel layer readiness waits for every rank's KV", "[cuda][backend][tp]") {
   if (!haveGpu()) return;
   auto model = tinyModel();
   auto gpu = makeCudaTp(model, KvDtype::kF32, KvDtype::kF32, 2, true);
@@ -339,8 +329,7 @@ TEST_CASE("cuda backend: tensor parallel layer readiness waits for every rank's 
   CHECK(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
 }
 
-TEST_CASE("cuda backend: tensor parallel 2 over NCCL on two GPUs matches tensor parallel 1",
-          "[cuda][backend][tp]") {
+TEST_CASE("cuda backend: tensor parallel 2 over NCCL on two GPUs matches tensor parallel 1", "[cuda][backend][tp]") {
   if (!haveGpu()) return;
   int count = 0;
   PD_CUDA_CHECK(cudaGetDeviceCount(&count));
@@ -381,10 +370,9 @@ TEST_CASE("cuda backend: tensor parallel set-up errors name the numbers", "[cuda
   auto b = createCudaBackend(model, layout, o);
   REQUIRE_FALSE(b.ok());
   CHECK(b.status().code() == StatusCode::kUnavailable);
-  CHECK(b.status().message() == "createCudaBackend: tensor_parallel_size 2 on device " +
-                                    std::to_string(count - 1) + " requires " +
-                                    std::to_string(count + 1) + " GPUs (found " +
-                                    std::to_string(count) + ")");
+  CHECK(b.status().message() == "createCudaBackend: tensor_parallel_size 2 on device " + std::to_string(count - 1) +
+                                    " requires " + std::to_string(count + 1) + " GPUs (found " + std::to_string(count) +
+                                    ")");
   o.device = 0;
   o.tensorParallelSize = 4;  // tiny has 2 kv heads
   auto c = createCudaBackend(model, layout, o);
@@ -398,8 +386,7 @@ TEST_CASE("cuda backend: tensor parallel set-up errors name the numbers", "[cuda
   auto d = createCudaBackend(model, layout, o);
   cudaFree(base);
   CHECK(d.status().code() == StatusCode::kInvalidArgument);
-  CHECK(d.status().message().find("kvDeviceBase is for tensor_parallel_size 1") !=
-        std::string::npos);
+  CHECK(d.status().message().find("kvDeviceBase is for tensor_parallel_size 1") != std::string::npos);
 }
 
 TEST_CASE("cuda backend forwardAndSample returns the tokens sample() picks from forward()'s logits",
@@ -447,12 +434,10 @@ TEST_CASE("cuda backend forwardAndSample returns the tokens sample() picks from 
   // Wrong parameter count and bad row params are refused with the problem named.
   const pd::kernels::SampleRowParams one[1] = {};
   SampledToken out[2];
-  CHECK(gpu->forwardAndSample(steps[1], one, 0, out).message().find("1 sampling params for 2") !=
-        std::string::npos);
+  CHECK(gpu->forwardAndSample(steps[1], one, 0, out).message().find("1 sampling params for 2") != std::string::npos);
   pd::kernels::SampleRowParams badRows[2] = {};
   badRows[1].topP = 0.0f;
-  CHECK(gpu->forwardAndSample(steps[1], badRows, 0, out).message().find("row 1") !=
-        std::string::npos);
+  CHECK(gpu->forwardAndSample(steps[1], badRows, 0, out).message().find("row 1") != std::string::npos);
 }
 
 namespace {

@@ -42,9 +42,7 @@ namespace {
     }                                                                              \
   } while (0)
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 void fillRandom(WeightBuffer& w, uint64_t seed, float scale) {
   const size_t n = w.size();
@@ -135,9 +133,9 @@ double gemmTflops(int size) {
   CHECK_CUDA(cudaMemset(b, 0x3c, size_t(size) * size * 2));
   const float alpha = 1, beta = 0;
   auto run = [&] {
-    const cublasStatus_t s = cublasGemmEx(
-        h, CUBLAS_OP_T, CUBLAS_OP_N, size, size, size, &alpha, a, CUDA_R_16BF, size, b, CUDA_R_16BF,
-        size, &beta, c, CUDA_R_32F, size, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t s =
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, size, size, size, &alpha, a, CUDA_R_16BF, size, b, CUDA_R_16BF, size,
+                     &beta, c, CUDA_R_32F, size, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
       std::fprintf(stderr, "cuda_bench: cublasGemmEx: %s\n", cublasGetStatusString(s));
       std::exit(1);
@@ -190,8 +188,7 @@ double attentionGBs(int numSeqs, int ctx, double* bytesOut) {
   CHECK_CUDA(cudaMemset(q, 0, size_t(numSeqs) * heads * hd * 4));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&out), size_t(numSeqs) * heads * hd * 2));
   std::vector<int32_t> tables(numBlocks);
-  for (int i = 0; i < numBlocks; ++i)
-    tables[i] = int32_t((size_t(i) * 7919) % numBlocks);  // scattered
+  for (int i = 0; i < numBlocks; ++i) tables[i] = int32_t((size_t(i) * 7919) % numBlocks);  // scattered
   std::vector<kcu::AttnSeq> seqs;
   std::vector<kcu::AttnWork> work;
   for (int s = 0; s < numSeqs; ++s) {
@@ -205,15 +202,13 @@ double attentionGBs(int numSeqs, int ctx, double* bytesOut) {
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dseqs), seqs.size() * sizeof(kcu::AttnSeq)));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dwork), work.size() * sizeof(kcu::AttnWork)));
   CHECK_CUDA(cudaMemcpy(dtab, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(
-      cudaMemcpy(dseqs, seqs.data(), seqs.size() * sizeof(kcu::AttnSeq), cudaMemcpyHostToDevice));
-  CHECK_CUDA(
-      cudaMemcpy(dwork, work.data(), work.size() * sizeof(kcu::AttnWork), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dseqs, seqs.data(), seqs.size() * sizeof(kcu::AttnSeq), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dwork, work.data(), work.size() * sizeof(kcu::AttnWork), cudaMemcpyHostToDevice));
   CHECK_CUDA(kcu::pagedAttentionInit());
   auto run = [&] {
-    CHECK_CUDA(kcu::pagedAttention(
-        q, heads * hd, pool, kcu::DType::kBF16, dtab, dseqs, dwork, int(work.size()), bs, heads,
-        kvHeads, hd, 1.0f / std::sqrt(float(hd)), out, kcu::DType::kBF16, heads * hd, nullptr));
+    CHECK_CUDA(kcu::pagedAttention(q, heads * hd, pool, kcu::DType::kBF16, dtab, dseqs, dwork, int(work.size()), bs,
+                                   heads, kvHeads, hd, 1.0f / std::sqrt(float(hd)), out, kcu::DType::kBF16, heads * hd,
+                                   nullptr));
   };
   run();
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -269,8 +264,7 @@ double samplingUs(int rows, int vocab, double* copyUs) {
   CHECK_CUDA(cudaMemcpy(logits, host.data(), n * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dparams, params.data(), rows * sizeof(params[0]), cudaMemcpyHostToDevice));
   auto run = [&] {
-    CHECK_CUDA(kcu::sampleRows(logits, vocab, rows, vocab, dparams, 5, ids, lp, topIds, topLp,
-                               nullptr));
+    CHECK_CUDA(kcu::sampleRows(logits, vocab, rows, vocab, dparams, 5, ids, lp, topIds, topLp, nullptr));
   };
   run();
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -326,17 +320,15 @@ int main(int argc, char** argv) {
   rows.push_back({"cudaMemcpy D2D 2 GiB (read+write)", fmt("%.0f GB/s", bw), "(ceiling)", ""});
   double attnBytes = 0;
   const double attnBw = attentionGBs(64, 4096, &attnBytes);
-  rows.push_back({"paged decode attention, 64 seqs x 4096 ctx, bf16 KV, 32/8 heads x 128",
-                  fmt("%.0f GB/s", attnBw), fmt("%.0f GB/s", bw),
-                  fmt("%.0f%%", 100 * attnBw / bw)});
+  rows.push_back({"paged decode attention, 64 seqs x 4096 ctx, bf16 KV, 32/8 heads x 128", fmt("%.0f GB/s", attnBw),
+                  fmt("%.0f GB/s", bw), fmt("%.0f%%", 100 * attnBw / bw)});
 
   for (int sampleRowsN : {1, 32, 128}) {
     double copyUs = 0;
     const double us = samplingUs(sampleRowsN, 128256, &copyUs);
-    rows.push_back({"device sampling, " + std::to_string(sampleRowsN) +
-                        " rows x 128256 vocab (T 0.8, top-p 0.9, 5 logprobs)",
-                    fmt("%.1f us", us), fmt("%.1f us (D2H copy of the logits)", copyUs),
-                    fmt("%.0f%%", 100 * us / copyUs)});
+    rows.push_back(
+        {"device sampling, " + std::to_string(sampleRowsN) + " rows x 128256 vocab (T 0.8, top-p 0.9, 5 logprobs)",
+         fmt("%.1f us", us), fmt("%.1f us (D2H copy of the logits)", copyUs), fmt("%.0f%%", 100 * us / copyUs)});
   }
 
   std::printf("making the %s model in memory...\n", preset.c_str());
@@ -344,8 +336,7 @@ int main(int argc, char** argv) {
   const ModelConfig& c = model->config;
   const int ctx = 512, bs = 16, maxBatch = 128;
   const int blocksPerSeq = (ctx + steps + 8 + bs - 1) / bs;
-  const KvLayout layout =
-      kvLayoutFor(c, maxBatch * blocksPerSeq + 2048 / bs + 1, bs, KvDtype::kBF16);
+  const KvLayout layout = kvLayoutFor(c, maxBatch * blocksPerSeq + 2048 / bs + 1, bs, KvDtype::kBF16);
   CudaBackendOptions opt;
   opt.weightDtype = KvDtype::kBF16;
   auto backendR = createCudaBackend(model, layout, opt);
@@ -365,8 +356,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> toks(batch, 65);
     auto step = [&](int pos) {
       std::vector<SeqChunk> chunks(batch);
-      for (int s = 0; s < batch; ++s)
-        chunks[s] = {&toks[s], 1, pos, tables[s].data(), blocksPerSeq, true};
+      for (int s = 0; s < batch; ++s) chunks[s] = {&toks[s], 1, pos, tables[s].data(), blocksPerSeq, true};
       const Status st = b.forward(chunks, logits.data());
       if (!st.isOk()) {
         std::fprintf(stderr, "cuda_bench: decode: %s\n", st.toString().c_str());
@@ -378,13 +368,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < steps; ++i) step(ctx + 3 + i);
     const double dt = now() - t0;
     const double tokS = double(batch) * steps / dt;
-    const double kvBytes =
-        double(batch) * (ctx + 3 + steps / 2) * 2.0 * c.numLayers * c.kvDim() * 2.0;
+    const double kvBytes = double(batch) * (ctx + 3 + steps / 2) * 2.0 * c.numLayers * c.kvDim() * 2.0;
     const double bound = double(batch) / ((weightBytes + kvBytes) / (bw * 1e9));
-    rows.push_back({"decode batch " + std::to_string(batch) + ", ctx 512 (" +
-                        fmt("%.2f ms/step", 1000 * dt / steps) + ")",
-                    fmt("%.0f tok/s", tokS), fmt("%.0f tok/s (bytes @ memcpy BW)", bound),
-                    fmt("%.0f%%", 100 * tokS / bound)});
+    rows.push_back(
+        {"decode batch " + std::to_string(batch) + ", ctx 512 (" + fmt("%.2f ms/step", 1000 * dt / steps) + ")",
+         fmt("%.0f tok/s", tokS), fmt("%.0f tok/s (bytes @ memcpy BW)", bound), fmt("%.0f%%", 100 * tokS / bound)});
   }
 
   {
@@ -408,18 +396,16 @@ int main(int argc, char** argv) {
     const double dt = now() - t0;
     const double tokS = double(n) * reps / dt;
     const double bound = tflops * 1e12 / (2.0 * layerParams);
-    rows.push_back({"prefill 2048 tokens (" + fmt("%.1f ms", 1000 * dt / reps) + ")",
-                    fmt("%.0f tok/s", tokS), fmt("%.0f tok/s (linear FLOPs @ GEMM)", bound),
-                    fmt("%.0f%%", 100 * tokS / bound)});
+    rows.push_back({"prefill 2048 tokens (" + fmt("%.1f ms", 1000 * dt / reps) + ")", fmt("%.0f tok/s", tokS),
+                    fmt("%.0f tok/s (linear FLOPs @ GEMM)", bound), fmt("%.0f%%", 100 * tokS / bound)});
   }
 
-  std::printf("\n| %-72s | %-16s | %-40s | %-6s |\n", "measurement", "value", "ceiling (same run)",
-              "ratio");
+  std::printf("\n| %-72s | %-16s | %-40s | %-6s |\n", "measurement", "value", "ceiling (same run)", "ratio");
   std::printf("|%s|%s|%s|%s|\n", std::string(74, '-').c_str(), std::string(18, '-').c_str(),
               std::string(42, '-').c_str(), std::string(8, '-').c_str());
   for (const Row& r : rows)
-    std::printf("| %-72s | %-16s | %-40s | %-6s |\n", r.what.c_str(), r.value.c_str(),
-                r.ceiling.c_str(), r.ratio.c_str());
+    std::printf("| %-72s | %-16s | %-40s | %-6s |\n", r.what.c_str(), r.value.c_str(), r.ceiling.c_str(),
+                r.ratio.c_str());
   std::printf("\nmodel: %s-shaped, bf16 weights, bf16 KV; decode graphs: %lld steps\n",
               preset == "tiny" ? "tiny" : "Llama-3.2-1B", (long long)b.graphSteps());
   return 0;

@@ -39,15 +39,14 @@ TEST_CASE("cuda rmsNorm matches the CPU twin", "[cuda][kernels]") {
   for (DType dt : kDtypes) {
     DYNAMIC_SECTION("out " << kcu::dtypeName(dt)) {
       DevBuf out(size_t(rows) * dim * kcu::dtypeBytes(dt));
-      PD_CUDA_CHECK(kcu::rmsNorm(dx->as<float>(), stride, dw->as<float>(), out.as(), dt, dim, rows,
-                                 dim, 1e-5f, nullptr));
+      PD_CUDA_CHECK(
+          kcu::rmsNorm(dx->as<float>(), stride, dw->as<float>(), out.as(), dt, dim, rows, dim, 1e-5f, nullptr));
       CHECK(relError(downloadAs(out.as(), dt, want.size()), want) < tolerance(dt));
     }
   }
 }
 
-TEST_CASE("cuda RoPE (cos/sin tables and rotation, llama3 scaling) matches the CPU twin",
-          "[cuda][kernels]") {
+TEST_CASE("cuda RoPE (cos/sin tables and rotation, llama3 scaling) matches the CPU twin", "[cuda][kernels]") {
   if (!haveGpu()) return;
   for (int headDim : {64, 128}) {
     for (bool llama3 : {false, true}) {
@@ -68,13 +67,13 @@ TEST_CASE("cuda RoPE (cos/sin tables and rotation, llama3 scaling) matches the C
         auto dpos = upload(pos);
         auto dinv = upload(invFreq);
         DevBuf dc(cw.size() * 4), ds(sw.size() * 4);
-        PD_CUDA_CHECK(kcu::ropeCosSin(dpos->as<int32_t>(), tokens, dinv->as<float>(), half,
-                                      dc.as<float>(), ds.as<float>(), nullptr));
+        PD_CUDA_CHECK(kcu::ropeCosSin(dpos->as<int32_t>(), tokens, dinv->as<float>(), half, dc.as<float>(),
+                                      ds.as<float>(), nullptr));
         CHECK(relError(download<float>(dc.as(), cw.size()), cw) < 1e-5);
         CHECK(relError(download<float>(ds.as(), sw.size()), sw) < 1e-5);
         auto dx = upload(x);
-        PD_CUDA_CHECK(kcu::applyRope(dx->as<float>(), stride, tokens, heads, headDim,
-                                     dc.as<float>(), ds.as<float>(), nullptr));
+        PD_CUDA_CHECK(
+            kcu::applyRope(dx->as<float>(), stride, tokens, heads, headDim, dc.as<float>(), ds.as<float>(), nullptr));
         CHECK(relError(download<float>(dx->as(), x.size()), want) < 1e-5);
       }
     }
@@ -110,8 +109,7 @@ TEST_CASE("cuda embeddingGather matches the CPU twin", "[cuda][kernels]") {
       cpu::embeddingGather(table.data(), ids.data(), tokens, dim, want.data());
       auto dt16 = uploadAs(table, dt);
       DevBuf out(want.size() * 4);
-      PD_CUDA_CHECK(kcu::embeddingGather(dt16->as(), dt, dids->as<int32_t>(), tokens, dim,
-                                         out.as<float>(), nullptr));
+      PD_CUDA_CHECK(kcu::embeddingGather(dt16->as(), dt, dids->as<int32_t>(), tokens, dim, out.as<float>(), nullptr));
       // The table holds exactly representable values: the gather is exact.
       CHECK(relError(download<float>(out.as(), want.size()), want) == 0.0);
     }
@@ -137,17 +135,17 @@ TEST_CASE("cuda kvCacheWrite matches the CPU twin and skips negative slots", "[c
       const auto pool0 = roundedTo(randomVec(poolElems, 9), dt);  // a non-NaN "old" cache
       auto want = pool0;
       std::vector<int32_t> cpuSlots = slots;
-      cpu::kvCacheWrite(want.data(), rows.data() + 1, rows.data() + 1 + kvHeads * headDim,
-                        rowStride, cpuSlots.data(), tokens - 1, blockSize, kvHeads, headDim);
+      cpu::kvCacheWrite(want.data(), rows.data() + 1, rows.data() + 1 + kvHeads * headDim, rowStride, cpuSlots.data(),
+                        tokens - 1, blockSize, kvHeads, headDim);
       // The last token's slot is -1 on the GPU: it must not be written.
       std::vector<int32_t> gpuSlots = slots;
       gpuSlots[tokens - 1] = -1;
       auto dpool = uploadAs(pool0, dt);
       auto drows = upload(rows);
       auto dslots = upload(gpuSlots);
-      PD_CUDA_CHECK(kcu::kvCacheWrite(
-          dpool->as(), dt, drows->as<float>() + 1, drows->as<float>() + 1 + kvHeads * headDim,
-          rowStride, dslots->as<int32_t>(), tokens, blockSize, kvHeads, headDim, nullptr));
+      PD_CUDA_CHECK(kcu::kvCacheWrite(dpool->as(), dt, drows->as<float>() + 1,
+                                      drows->as<float>() + 1 + kvHeads * headDim, rowStride, dslots->as<int32_t>(),
+                                      tokens, blockSize, kvHeads, headDim, nullptr));
       CHECK(relError(downloadAs(dpool->as(), dt, poolElems), want) == 0.0);
     }
   }
@@ -165,8 +163,8 @@ TEST_CASE("cuda glue ops: conversions, gatherRows, broadcastRows, addRows", "[cu
   auto db = upload(bias);
   auto dpick = upload(pick);
   DevBuf g(size_t(pick.size()) * dim * 4);
-  PD_CUDA_CHECK(kcu::gatherRows(dx->as<float>(), stride, dpick->as<int32_t>(), int(pick.size()),
-                                dim, g.as<float>(), nullptr));
+  PD_CUDA_CHECK(
+      kcu::gatherRows(dx->as<float>(), stride, dpick->as<int32_t>(), int(pick.size()), dim, g.as<float>(), nullptr));
   std::vector<float> want(pick.size() * dim);
   for (size_t r = 0; r < pick.size(); ++r)
     for (int d = 0; d < dim; ++d) want[r * dim + d] = x[size_t(pick[r]) * stride + d];
@@ -195,8 +193,8 @@ struct Chunk {
   int numTokens;
 };
 
-void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DType kvDt,
-                    DType outDt, const std::vector<Chunk>& chunks, uint64_t seed) {
+void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DType kvDt, DType outDt,
+                    const std::vector<Chunk>& chunks, uint64_t seed) {
   const int group = numHeads / numKvHeads;
   const int qDim = numHeads * headDim, qStride = qDim + 3, outStride = qDim + 1;
   int totalTokens = 0, blocksNeeded = 0;
@@ -228,9 +226,9 @@ void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DT
   std::vector<float> want(size_t(totalTokens) * outStride, 0.0f);
   for (size_t c = 0; c < chunks.size(); ++c) {
     cpu::pagedAttention(q.data() + size_t(seqs[c].tokenStart) * qStride, qStride, pool.data(),
-                        tables.data() + seqs[c].blockTableOffset, chunks[c].numTokens,
-                        chunks[c].startPos, blockSize, numHeads, numKvHeads, headDim, 0, numKvHeads,
-                        scale, want.data() + size_t(seqs[c].tokenStart) * outStride, outStride);
+                        tables.data() + seqs[c].blockTableOffset, chunks[c].numTokens, chunks[c].startPos, blockSize,
+                        numHeads, numKvHeads, headDim, 0, numKvHeads, scale,
+                        want.data() + size_t(seqs[c].tokenStart) * outStride, outStride);
   }
   auto dpool = uploadAs(pool, kvDt);
   auto dq = upload(q);
@@ -239,10 +237,9 @@ void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DT
   auto dwork = upload(work);
   DevBuf out(want.size() * kcu::dtypeBytes(outDt));
   PD_CUDA_CHECK(kcu::pagedAttentionInit());
-  PD_CUDA_CHECK(kcu::pagedAttention(
-      dq->as<float>(), qStride, dpool->as(), kvDt, dtab->as<int32_t>(), dseqs->as<kcu::AttnSeq>(),
-      dwork->as<kcu::AttnWork>(), int(work.size()), blockSize, numHeads, numKvHeads, headDim, scale,
-      out.as(), outDt, outStride, nullptr));
+  PD_CUDA_CHECK(kcu::pagedAttention(dq->as<float>(), qStride, dpool->as(), kvDt, dtab->as<int32_t>(),
+                                    dseqs->as<kcu::AttnSeq>(), dwork->as<kcu::AttnWork>(), int(work.size()), blockSize,
+                                    numHeads, numKvHeads, headDim, scale, out.as(), outDt, outStride, nullptr));
   auto got = downloadAs(out.as(), outDt, want.size());
   // The one padding column per row is never written: keep it out of the comparison.
   std::vector<float> g, w;
@@ -252,9 +249,8 @@ void checkAttention(int blockSize, int numHeads, int numKvHeads, int headDim, DT
       w.push_back(want[size_t(r) * outStride + d]);
     }
   const double err = relError(g, w);
-  INFO("blockSize " << blockSize << " heads " << numHeads << "/" << numKvHeads << " headDim "
-                    << headDim << " kv " << kcu::dtypeName(kvDt) << " out " << kcu::dtypeName(outDt)
-                    << " rel error " << err);
+  INFO("blockSize " << blockSize << " heads " << numHeads << "/" << numKvHeads << " headDim " << headDim << " kv "
+                    << kcu::dtypeName(kvDt) << " out " << kcu::dtypeName(outDt) << " rel error " << err);
   CHECK(err < (outDt == DType::kF32 ? 1e-5 : 1e-2));
 }
 
@@ -282,8 +278,7 @@ TEST_CASE(
   uint64_t seed = 100;
   for (int blockSize : {1, 8, 16, 32}) {
     for (const Shape& s : shapes) {
-      checkAttention(blockSize, s.heads, s.kvHeads, s.headDim, DType::kF32, DType::kF32, ragged,
-                     seed++);
+      checkAttention(blockSize, s.heads, s.kvHeads, s.headDim, DType::kF32, DType::kF32, ragged, seed++);
     }
   }
   for (DType kv : kDtypes) {

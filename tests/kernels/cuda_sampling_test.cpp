@@ -67,8 +67,8 @@ void compare(int rows, int vocab, int kind, int topN, int offset) {
   const auto params = gridParams(rows, vocab, offset, uint64_t(rows) + uint64_t(offset));
   std::vector<int32_t> wantIds(static_cast<size_t>(rows)), wantTop(static_cast<size_t>(rows) * topN);
   std::vector<float> wantLp(static_cast<size_t>(rows)), wantTopLp(static_cast<size_t>(rows) * topN);
-  cpu::sampleRows(logits.data(), vocab, rows, vocab, params.data(), topN, wantIds.data(),
-                  wantLp.data(), wantTop.data(), wantTopLp.data());
+  cpu::sampleRows(logits.data(), vocab, rows, vocab, params.data(), topN, wantIds.data(), wantLp.data(), wantTop.data(),
+                  wantTopLp.data());
   auto dl = upload(logits);
   auto dp = upload(params);
   DevBuf ids(static_cast<size_t>(rows) * 4), lp(static_cast<size_t>(rows) * 4), topIds(size_t(rows) * topN * 4),
@@ -79,18 +79,16 @@ void compare(int rows, int vocab, int kind, int topN, int offset) {
     lp.poison();
     topIds.poison();
     topLp.poison();
-    PD_CUDA_CHECK(kcu::sampleRows(dl->as<float>(), vocab, rows, vocab,
-                                  dp->as<SampleRowParams>(), topN, ids.as<int32_t>(),
-                                  lp.as<float>(), topIds.as<int32_t>(), topLp.as<float>(),
-                                  nullptr));
+    PD_CUDA_CHECK(kcu::sampleRows(dl->as<float>(), vocab, rows, vocab, dp->as<SampleRowParams>(), topN,
+                                  ids.as<int32_t>(), lp.as<float>(), topIds.as<int32_t>(), topLp.as<float>(), nullptr));
     const auto gotIds = download<int32_t>(ids.as(), size_t(rows));
     const auto gotLp = download<float>(lp.as(), size_t(rows));
     const auto gotTop = download<int32_t>(topIds.as(), size_t(rows) * topN);
     const auto gotTopLp = download<float>(topLp.as(), size_t(rows) * topN);
     for (int r = 0; r < rows; ++r) {
       const SampleRowParams& p = params[size_t(r)];
-      INFO("row " << r << " T " << p.temperature << " topK " << p.topK << " topP " << p.topP
-                  << " minP " << p.minP << " u " << p.u);
+      INFO("row " << r << " T " << p.temperature << " topK " << p.topK << " topP " << p.topP << " minP " << p.minP
+                  << " u " << p.u);
       REQUIRE(gotIds[size_t(r)] == wantIds[size_t(r)]);
       const float w = wantLp[size_t(r)], g = gotLp[size_t(r)];
       if (std::isinf(w)) {
@@ -104,8 +102,7 @@ void compare(int rows, int vocab, int kind, int topN, int offset) {
       if (std::isinf(wantTopLp[j])) {
         REQUIRE(gotTopLp[j] == wantTopLp[j]);
       } else {
-        REQUIRE(std::fabs(gotTopLp[j] - wantTopLp[j]) <=
-                1e-5f * std::max(1.0f, std::fabs(wantTopLp[j])));
+        REQUIRE(std::fabs(gotTopLp[j] - wantTopLp[j]) <= 1e-5f * std::max(1.0f, std::fabs(wantTopLp[j])));
       }
     }
     if (run == 0) firstIds = gotIds;
@@ -121,8 +118,7 @@ TEST_CASE("cuda sampleRows picks the CPU twin's tokens", "[cuda][kernels][sampli
     for (int rows : {1, 7, 128}) {
       for (int kind = 0; kind < 4; ++kind) {
         for (int topN : {0, 20}) {
-          DYNAMIC_SECTION("vocab " << vocab << " rows " << rows << " kind " << kind << " topN "
-                                   << topN) {
+          DYNAMIC_SECTION("vocab " << vocab << " rows " << rows << " kind " << kind << " topN " << topN) {
             // Rows cycle through the 192 parameter combinations; the offset moves the cycle so
             // that 1-row and 7-row runs see different combinations too.
             compare(rows, vocab, kind, topN, kind * 37 + topN * 11 + vocab % 192);
@@ -145,19 +141,16 @@ TEST_CASE("cuda sampleRows: tiny vocabularies and a strided batch", "[cuda][kern
   const auto params = gridParams(rows, vocab, 5, 9);
   std::vector<int32_t> want(rows);
   std::vector<float> wantLp(rows);
-  cpu::sampleRows(l.data(), stride, rows, vocab, params.data(), 0, want.data(), wantLp.data(),
-                  nullptr, nullptr);
+  cpu::sampleRows(l.data(), stride, rows, vocab, params.data(), 0, want.data(), wantLp.data(), nullptr, nullptr);
   auto dl = upload(l);
   auto dp = upload(params);
   DevBuf ids(rows * 4), lp(rows * 4);
-  PD_CUDA_CHECK(kcu::sampleRows(dl->as<float>(), stride, rows, vocab, dp->as<SampleRowParams>(),
-                                0, ids.as<int32_t>(), lp.as<float>(), nullptr, nullptr, nullptr));
+  PD_CUDA_CHECK(kcu::sampleRows(dl->as<float>(), stride, rows, vocab, dp->as<SampleRowParams>(), 0, ids.as<int32_t>(),
+                                lp.as<float>(), nullptr, nullptr, nullptr));
   CHECK(download<int32_t>(ids.as(), rows) == want);
   // Bad shapes are refused at the call.
-  CHECK(kcu::sampleRows(dl->as<float>(), stride, 0, vocab, dp->as<SampleRowParams>(), 0,
-                        ids.as<int32_t>(), lp.as<float>(), nullptr, nullptr,
-                        nullptr) == cudaErrorInvalidValue);
-  CHECK(kcu::sampleRows(dl->as<float>(), stride, rows, vocab, dp->as<SampleRowParams>(), 21,
-                        ids.as<int32_t>(), lp.as<float>(), nullptr, nullptr,
-                        nullptr) == cudaErrorInvalidValue);
+  CHECK(kcu::sampleRows(dl->as<float>(), stride, 0, vocab, dp->as<SampleRowParams>(), 0, ids.as<int32_t>(),
+                        lp.as<float>(), nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+  CHECK(kcu::sampleRows(dl->as<float>(), stride, rows, vocab, dp->as<SampleRowParams>(), 21, ids.as<int32_t>(),
+                        lp.as<float>(), nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
 }

@@ -5,7 +5,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -15,9 +14,11 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "pd/kernels/cuda/dtype.h"
-#include "tests/test_skip.h"
 #include "pd/kernels/cuda/ops.h"
+#include "tests/test_skip.h"
 
 namespace pd::kernels::cuda::test {
 

@@ -3,13 +3,14 @@
 // against the kernel, token for token, on random rows, parameters and draws. Runs on the CPU
 // in every build. (The CUDA twin is compared with this kernel in cuda_sampling_test.cpp.)
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "engine/sampling.h"
 #include "pd/kernels/sampling.h"
@@ -51,8 +52,7 @@ Out reference(const float* l, int vocab, const SampleRowParams& p, int topN) {
       for (int32_t i : byKey) {
         if (w(i) > sm::kMinKeptWeight && w(i) >= p.minP) kept.push_back(i);
       }
-      if (p.topK > 0 && p.topK < vocab && size_t(p.topK) < kept.size())
-        kept.resize(size_t(p.topK));
+      if (p.topK > 0 && p.topK < vocab && size_t(p.topK) < kept.size()) kept.resize(size_t(p.topK));
       uint64_t mass = 0;
       for (int32_t i : kept) mass += sm::fixedMass(w(i));
       if (p.topP < 1.0f) {
@@ -87,8 +87,7 @@ Out kernel(const float* l, int vocab, const SampleRowParams& p, int topN) {
   Out o;
   o.topIds.assign(size_t(topN), -7);
   o.topLogprobs.assign(size_t(topN), std::nanf(""));
-  pd::kernels::cpu::sampleRows(l, vocab, 1, vocab, &p, topN, &o.id, &o.logprob, o.topIds.data(),
-                               o.topLogprobs.data());
+  pd::kernels::cpu::sampleRows(l, vocab, 1, vocab, &p, topN, &o.id, &o.logprob, o.topIds.data(), o.topLogprobs.data());
   return o;
 }
 
@@ -127,9 +126,7 @@ Emulated emulateCudaKernel(const float* l, int vocab, const SampleRowParams& p, 
   for (int i = 0; i < vocab; ++i) best = std::max(best, sm::orderKey(l[i], i));
   const int32_t argmax = sm::keyId(best);
   const float lmax = l[argmax];
-  const float invT = p.temperature >= pd::kernels::kSamplingGreedyTemperature
-                         ? 1.0f / p.temperature
-                         : 1.0f;
+  const float invT = p.temperature >= pd::kernels::kSamplingGreedyTemperature ? 1.0f / p.temperature : 1.0f;
   auto minPMass = [&](int i) -> uint64_t {
     const float w = sm::tokenWeight(l[i], lmax, invT);
     return (w > sm::kMinKeptWeight && w >= p.minP) ? sm::fixedMass(w) : 0;
@@ -233,8 +230,7 @@ Emulated emulateCudaKernel(const float* l, int vocab, const SampleRowParams& p, 
 
 }  // namespace
 
-TEST_CASE("the CUDA kernel's radix selection, run on the host, picks the CPU kernel's tokens",
-          "[kernels][sampling]") {
+TEST_CASE("the CUDA kernel's radix selection, run on the host, picks the CPU kernel's tokens", "[kernels][sampling]") {
   std::mt19937_64 rng(2024);
   std::uniform_real_distribution<double> uni(0.0, 1.0);
   const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
@@ -254,8 +250,8 @@ TEST_CASE("the CUDA kernel's radix selection, run on the host, picks the CPU ker
         p.minP = minPs[rng() % 3];
         p.u = uni(rng);
         const int topN = std::min(int(rng() % 21), vocab);
-        INFO("vocab " << vocab << " kind " << kind << " T " << p.temperature << " topK " << p.topK
-                      << " topP " << p.topP << " minP " << p.minP << " u " << p.u);
+        INFO("vocab " << vocab << " kind " << kind << " T " << p.temperature << " topK " << p.topK << " topP " << p.topP
+                      << " minP " << p.minP << " u " << p.u);
         const Emulated gpu = emulateCudaKernel(l.data(), vocab, p, topN);
         const Out cpuOut = kernel(l.data(), vocab, p, topN);
         REQUIRE(gpu.out.id == cpuOut.id);
@@ -319,8 +315,8 @@ TEST_CASE("the CPU sampler kernel computes its definition on random rows", "[ker
         const int topN = std::min(int(rng() % 21), vocab);
         const Out want = reference(l.data(), vocab, p, topN);
         const Out got = kernel(l.data(), vocab, p, topN);
-        INFO("vocab " << vocab << " kind " << kind << " T " << p.temperature << " topK " << p.topK
-                      << " topP " << p.topP << " minP " << p.minP << " u " << p.u);
+        INFO("vocab " << vocab << " kind " << kind << " T " << p.temperature << " topK " << p.topK << " topP " << p.topP
+                      << " minP " << p.minP << " u " << p.u);
         REQUIRE(got.id == want.id);
         REQUIRE(sameFloat(got.logprob, want.logprob));
         REQUIRE(got.topIds == want.topIds);
@@ -348,14 +344,13 @@ TEST_CASE("a batch of rows with a stride samples each row as alone", "[kernels][
   }
   std::vector<int32_t> ids(rows), topIds(size_t(rows) * topN);
   std::vector<float> lps(rows), topLps(size_t(rows) * topN);
-  pd::kernels::cpu::sampleRows(l.data(), stride, rows, vocab, ps.data(), topN, ids.data(),
-                               lps.data(), topIds.data(), topLps.data());
+  pd::kernels::cpu::sampleRows(l.data(), stride, rows, vocab, ps.data(), topN, ids.data(), lps.data(), topIds.data(),
+                               topLps.data());
   for (int r = 0; r < rows; ++r) {
     const Out one = kernel(l.data() + size_t(r) * stride, vocab, ps[size_t(r)], topN);
     CHECK(ids[size_t(r)] == one.id);
     CHECK(lps[size_t(r)] == one.logprob);
-    CHECK(std::vector<int32_t>(topIds.begin() + r * topN, topIds.begin() + (r + 1) * topN) ==
-          one.topIds);
+    CHECK(std::vector<int32_t>(topIds.begin() + r * topN, topIds.begin() + (r + 1) * topN) == one.topIds);
   }
 }
 
@@ -370,8 +365,7 @@ TEST_CASE("all-masked rows return the lowest id with logprob -inf", "[kernels][s
   CHECK(o.topLogprobs[0] == kNegInf);
 }
 
-TEST_CASE("pd::engine::sample() is the kernel on one row, token for token",
-          "[kernels][sampling]") {
+TEST_CASE("pd::engine::sample() is the kernel on one row, token for token", "[kernels][sampling]") {
   std::mt19937_64 rng(99);
   int compared = 0;
   for (int vocab : {5, 1000, 32000, 151936}) {

@@ -3,7 +3,7 @@
 The chart is rendered with the project's renderer (tests/deploy/render_chart.py, a Go-template
 emulation of Helm): its ConfigMap gives the one cluster.yaml every process reads, and each
 Deployment gives its container's command line and UCX environment. The chart's cluster Secret
-(issue 13) becomes a 0600 file in the work directory, and cluster.secret_file points at it, as
+(docs/security.md) becomes a 0600 file in the work directory, and cluster.secret_file points at it, as
 the pod's /etc/pdserve-secret mount does. The downward API's
 $(POD_NAME) and $(POD_IP) become the bed host's name and address; the control Service's DNS
 name (--router <release>-router-control.<ns>.svc:PORT) resolves, through each namespace's

@@ -1,4 +1,4 @@
-"""Network faults on the bed (issue 11), on one tcp cluster: kv_transfer.timeout_ms 3000,
+"""Network faults on the bed (docs/deploy.md), on one tcp cluster: kv_transfer.timeout_ms 3000,
 router.requests.request_timeout_ms 10000, on_remote_prefill_failure: recompute.
 
 Each fault drops packets silently (netbed: a link set down at the switch, or a partition by

@@ -1,4 +1,4 @@
-"""Two routers on the bed (issue 11): every worker registers with both (the chart's headless
+"""Two routers on the bed (docs/deploy.md): every worker registers with both (the chart's headless
 control Service name resolves to both router hosts). One router is killed while streams run
 through both: only its own streams end; the other router's streams finish with the exact ids;
 new requests through the surviving router succeed; the workers stay healthy there."""

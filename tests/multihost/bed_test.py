@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Multi-host bed tests (issue 11): a router, 2 prefill and 2 decode hosts, each its own network
+"""Multi-host bed tests (docs/deploy.md): a router, 2 prefill and 2 decode hosts, each its own network
 namespace, running the cluster the Helm chart renders. Cases share one cluster where they can.
 
   bed_test.py --build BUILD_DIR --case tcp|ucx|faults|routers [--ucx 0|1]
@@ -122,7 +122,7 @@ def disaggregates(c, build, model, transport):
 
 
 def intruder(c, work):
-    """Issue 13: the bed runs with the chart's cluster secret; a decode worker on another host
+    """the bed runs with the chart's cluster secret; a decode worker on another host
     (its own netns) with a wrong secret cannot register, and the cluster serves on."""
     import copy
     import yaml

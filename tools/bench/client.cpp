@@ -4,12 +4,12 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <utility>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <memory>
 #include <unordered_set>
+#include <utility>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -53,8 +53,8 @@ Result<ServerTarget> parseServerUrl(std::string_view url) {
   if (colon != std::string::npos && hostPort.find(']') == std::string::npos) {
     t.host = hostPort.substr(0, colon);
     t.port = hostPort.substr(colon + 1);
-    if (t.port.empty() || t.port.size() > 5 || t.port.find_first_not_of("0123456789") != std::string::npos || std::stoi(t.port) < 1 ||
-        std::stoi(t.port) > 65535)
+    if (t.port.empty() || t.port.size() > 5 || t.port.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(t.port) < 1 || std::stoi(t.port) > 65535)
       return invalidArgument("--url: port '" + t.port + "' is not a number in [1, 65535]");
   } else {
     t.host = hostPort;
@@ -88,7 +88,12 @@ bool isRefusal(int status) { return status >= 400 && status < 500 && status != 4
 class Runner {
  public:
   Runner(const ClientOptions& c, const RunOptions& o, tcp::resolver::results_type eps)
-      : c_(c), o_(o), endpoints_(std::move(eps)), slotTimer_(ioc_), progressTimer_(ioc_), dispatchTimer_(ioc_),
+      : c_(c),
+        o_(o),
+        endpoints_(std::move(eps)),
+        slotTimer_(ioc_),
+        progressTimer_(ioc_),
+        dispatchTimer_(ioc_),
         signals_(ioc_) {
     target_ = c_.server.basePath + endpointPath(c_.endpoint);
   }
@@ -154,8 +159,7 @@ class Runner {
       const PlannedRequest& p = plan[i];
       const auto due = t0_ + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(useSchedule ? p.scheduledS : 0.0));
-      if (useSchedule && o_.durationS > 0 && Clock::now() - t0_ >= std::chrono::duration<double>(o_.durationS))
-        break;
+      if (useSchedule && o_.durationS > 0 && Clock::now() - t0_ >= std::chrono::duration<double>(o_.durationS)) break;
       if (Clock::now() < due) {
         timer.expires_at(due);
         beast::error_code ec;
@@ -285,8 +289,8 @@ class Runner {
       s->expires_after(opTimeout());
       co_await http::async_read_header(*s, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
-        if (reused && attempt == 0 && (ec == http::error::end_of_stream || ec == asio::error::connection_reset ||
-                                       ec == asio::error::eof))
+        if (reused && attempt == 0 &&
+            (ec == http::error::end_of_stream || ec == asio::error::connection_reset || ec == asio::error::eof))
           continue;
         failure = ec == beast::error::timeout ? "timeout: no response header" : "read: " + ec.message();
         break;
@@ -315,8 +319,9 @@ class Runner {
         }
         if (ec) {
           if (ec == beast::error::timeout)
-            failure = Clock::now() >= deadline ? "timeout: the request exceeded " + std::to_string(c_.requestTimeoutS) + " s"
-                                               : "timeout: the stream was silent for " + std::to_string(c_.idleTimeoutS) + " s";
+            failure = Clock::now() >= deadline
+                          ? "timeout: the request exceeded " + std::to_string(c_.requestTimeoutS) + " s"
+                          : "timeout: the stream was silent for " + std::to_string(c_.idleTimeoutS) + " s";
           else
             failure = "read: " + ec.message();
           break;
@@ -402,8 +407,8 @@ Result<RunOutput> runLoad(const ClientOptions& client, const Workload& workload,
 }
 
 Result<ModelList> fetchModels(const ClientOptions& client, double timeoutS) {
-  PD_ASSIGN_OR_RETURN(HttpText t, httpGetText(client.server, client.server.basePath + "/v1/models", timeoutS,
-                                              client.apiKey));
+  PD_ASSIGN_OR_RETURN(HttpText t,
+                      httpGetText(client.server, client.server.basePath + "/v1/models", timeoutS, client.apiKey));
   ModelList ml;
   ml.httpStatus = t.httpStatus;
   ml.body = std::move(t.body);

@@ -26,8 +26,8 @@ namespace pd::bench {
 struct ServerTarget {
   std::string host;
   std::string port = "80";
-  std::string basePath;           // "" or a prefix such as "/openai" (a trailing /v1 is dropped)
-  std::string url() const;        // "http://host:port/prefix"
+  std::string basePath;     // "" or a prefix such as "/openai" (a trailing /v1 is dropped)
+  std::string url() const;  // "http://host:port/prefix"
 };
 // Accepts "http://host[:port][/prefix][/v1]" or "host:port". https is refused with a message.
 Result<ServerTarget> parseServerUrl(std::string_view url);
@@ -35,10 +35,10 @@ Result<ServerTarget> parseServerUrl(std::string_view url);
 struct ClientOptions {
   ServerTarget server;
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string apiKey;             // sent as "Authorization: Bearer <key>" when not empty
+  std::string apiKey;  // sent as "Authorization: Bearer <key>" when not empty
   double connectTimeoutS = 10;
-  double idleTimeoutS = 120;      // longest silence between two reads of one stream
-  double requestTimeoutS = 900;   // whole-request bound
+  double idleTimeoutS = 120;     // longest silence between two reads of one stream
+  double requestTimeoutS = 900;  // whole-request bound
 };
 
 struct ProgressInfo {
@@ -48,10 +48,10 @@ struct ProgressInfo {
 };
 
 struct RunOptions {
-  int64_t maxConcurrency = 0;     // 0: no cap
-  double durationS = 0;           // > 0: send nothing new after this many seconds
+  int64_t maxConcurrency = 0;                                  // 0: no cap
+  double durationS = 0;                                        // > 0: send nothing new after this many seconds
   std::function<std::string(const PlannedRequest&)> makeBody;  // required
-  std::function<void(const ProgressInfo&)> onProgress;          // optional
+  std::function<void(const ProgressInfo&)> onProgress;         // optional
   double progressIntervalS = 0.2;
   // Stop sending when the first responses are all refusals (4xx other than 408/429): a wrong
   // model name or a bad option would otherwise fail every request in the plan.
@@ -65,8 +65,8 @@ struct RunOptions {
 struct RunOutput {
   std::vector<RequestRecord> warmups;
   std::vector<RequestRecord> records;  // the measured requests that were sent, in plan order
-  double durationS = 0;                 // measured phase: first send -> last request finished
-  std::string abortReason;              // non-empty when the run stopped early
+  double durationS = 0;                // measured phase: first send -> last request finished
+  std::string abortReason;             // non-empty when the run stopped early
   // When the measured phase began (its time 0), on the steady clock: the metrics timeline
   // (scraper.h) is aligned to it.
   std::chrono::steady_clock::time_point measuredStart{};

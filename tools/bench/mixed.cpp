@@ -48,10 +48,11 @@ Workload soloWorkload(const MixedOptions& o) {
 Workload mixedWorkload(const MixedOptions& o) {
   Workload w = soloWorkload(o);
   for (int i = 0; i < o.longPrompts; ++i)
-    w.requests.push_back(planned(o.shortStreams + i, o.longStartS + i * o.longSpacingS, o.longPromptTokens,
-                                 o.longOutputTokens));
-  w.describe = std::to_string(o.shortStreams) + " short streams + " + std::to_string(o.longPrompts) + " long prompts (" +
-               std::to_string(o.longPromptTokens) + " tokens) every " + fmt(o.longSpacingS, "%.2f") + " s";
+    w.requests.push_back(
+        planned(o.shortStreams + i, o.longStartS + i * o.longSpacingS, o.longPromptTokens, o.longOutputTokens));
+  w.describe = std::to_string(o.shortStreams) + " short streams + " + std::to_string(o.longPrompts) +
+               " long prompts (" + std::to_string(o.longPromptTokens) + " tokens) every " +
+               fmt(o.longSpacingS, "%.2f") + " s";
   return w;
 }
 
@@ -82,8 +83,10 @@ MixedResult summarizeMixed(const std::vector<RequestRecord>& solo, const std::ve
   for (const auto& rec : mixed) {
     const bool isShort = rec.index < o.shortStreams;
     noteError("mixed", rec, isShort);
-    if (isShort) shortMixed.push_back(rec);
-    else if (rec.ok) longTtft.push_back(rec.ttftMs);
+    if (isShort)
+      shortMixed.push_back(rec);
+    else if (rec.ok)
+      longTtft.push_back(rec.ttftMs);
   }
   r.solo = gapStats(solo);
   r.mixed = gapStats(shortMixed);
@@ -96,13 +99,14 @@ std::string formatMixed(const std::string& label, const MixedResult& r) {
   char line[256];
   std::snprintf(line, sizeof line, "%-28s %8s %8s %8s %8s\n", "short-stream gaps (ms)", "count", "p50", "p99", "max");
   out += line;
-  for (auto [name, g] : {std::pair<const char*, const GapStats&>{"solo (same run)", r.solo}, {"with long prompts", r.mixed}}) {
+  for (auto [name, g] :
+       {std::pair<const char*, const GapStats&>{"solo (same run)", r.solo}, {"with long prompts", r.mixed}}) {
     std::snprintf(line, sizeof line, "%-28s %8zu %8s %8s %8s\n", name, g.count, fmt(g.p50Ms).c_str(),
                   fmt(g.p99Ms).c_str(), fmt(g.maxMs).c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-28s max/solo-p99 %sx, p99/solo-p99 %sx\n", "ratios", fmt(r.maxOverSoloP99(), "%.2f").c_str(),
-                fmt(r.p99OverSoloP99(), "%.2f").c_str());
+  std::snprintf(line, sizeof line, "%-28s max/solo-p99 %sx, p99/solo-p99 %sx\n", "ratios",
+                fmt(r.maxOverSoloP99(), "%.2f").c_str(), fmt(r.p99OverSoloP99(), "%.2f").c_str());
   out += line;
   std::snprintf(line, sizeof line, "%-28s n=%zu p50 %s ms, max %s ms\n", "long prompts' TTFT", r.longTtftMs.count,
                 fmt(r.longTtftMs.median).c_str(), fmt(r.longTtftMs.max).c_str());
@@ -115,8 +119,10 @@ std::string formatMixed(const std::string& label, const MixedResult& r) {
 std::string checkMixed(const MixedResult& r, double maxRatio, double p99Ratio) {
   std::string why;
   if (!r.errors.empty()) why += std::to_string(r.errors.size()) + " error(s); ";
-  if (!(r.maxOverSoloP99() <= maxRatio)) why += "max gap " + fmt(r.maxOverSoloP99(), "%.2f") + "x solo p99 > " + fmt(maxRatio, "%.1f") + "x; ";
-  if (!(r.p99OverSoloP99() <= p99Ratio)) why += "p99 gap " + fmt(r.p99OverSoloP99(), "%.2f") + "x solo p99 > " + fmt(p99Ratio, "%.1f") + "x; ";
+  if (!(r.maxOverSoloP99() <= maxRatio))
+    why += "max gap " + fmt(r.maxOverSoloP99(), "%.2f") + "x solo p99 > " + fmt(maxRatio, "%.1f") + "x; ";
+  if (!(r.p99OverSoloP99() <= p99Ratio))
+    why += "p99 gap " + fmt(r.p99OverSoloP99(), "%.2f") + "x solo p99 > " + fmt(p99Ratio, "%.1f") + "x; ";
   return why;
 }
 

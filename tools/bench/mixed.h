@@ -1,4 +1,4 @@
-// The mixed-load benchmark (`pdserve bench mixed`, issue 10): S short streams decode while L
+// The mixed-load benchmark (`pdserve bench mixed`): S short streams decode while L
 // long prompts arrive at a fixed spacing. It answers one question: does prefill work for the
 // long prompts disturb the streams that are already decoding? So it runs the short streams
 // twice against the same server in the same run: alone (the solo baseline) and with the long
@@ -42,9 +42,9 @@ struct GapStats {
 GapStats gapStats(const std::vector<RequestRecord>& records);
 
 struct MixedResult {
-  GapStats solo;          // short streams alone
-  GapStats mixed;         // short streams while the long prompts arrive
-  Summary longTtftMs;     // long prompts' TTFT
+  GapStats solo;                    // short streams alone
+  GapStats mixed;                   // short streams while the long prompts arrive
+  Summary longTtftMs;               // long prompts' TTFT
   std::vector<std::string> errors;  // "short #1: HTTP 503: ..." for every failed request
   double maxOverSoloP99() const { return mixed.maxMs / solo.p99Ms; }
   double p99OverSoloP99() const { return mixed.p99Ms / solo.p99Ms; }

@@ -24,9 +24,8 @@ std::string fmt(double v, int prec = 2) {
 json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 // The TTFT split's phases in the order a request passes them (router/ttft_split.h).
-constexpr const char* kPhaseOrder[] = {"router_queue",    "decode_admission", "kv_connect",
-                                       "prefill_queue",   "prefill_compute",  "kv_transfer",
-                                       "decode_first_token", "other"};
+constexpr const char* kPhaseOrder[] = {"router_queue",    "decode_admission", "kv_connect",         "prefill_queue",
+                                       "prefill_compute", "kv_transfer",      "decode_first_token", "other"};
 
 // The phases present in that order, then any the server added that this build does not know,
 // then the TTFT itself.
@@ -89,11 +88,20 @@ std::string htmlEscape(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      default: o.push_back(c);
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o.push_back(c);
     }
   }
   return o;
@@ -105,9 +113,12 @@ std::string csvField(const std::string& s) {
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string o = "\"";
   for (char c : s) {
-    if (c == '"') o += "\"\"";
-    else if (c == '\n' || c == '\r') o += ' ';
-    else o.push_back(c);
+    if (c == '"')
+      o += "\"\"";
+    else if (c == '\n' || c == '\r')
+      o += ' ';
+    else
+      o.push_back(c);
   }
   return o + "\"";
 }
@@ -124,15 +135,19 @@ std::vector<double> niceTicks(double lo, double hi, int target = 5) {
       break;
     }
   std::vector<double> t;
-  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+    t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
   return t;
 }
 
 std::string tickLabel(double v) {
   char buf[32];
-  if (std::abs(v) >= 10000) std::snprintf(buf, sizeof buf, "%.0fk", v / 1000);
-  else if (std::abs(v) >= 100 || v == std::floor(v)) std::snprintf(buf, sizeof buf, "%.0f", v);
-  else std::snprintf(buf, sizeof buf, "%.3g", v);
+  if (std::abs(v) >= 10000)
+    std::snprintf(buf, sizeof buf, "%.0fk", v / 1000);
+  else if (std::abs(v) >= 100 || v == std::floor(v))
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
 }
 
@@ -143,7 +158,8 @@ std::string formatTable(const RunInfo& info, const Aggregate& a, const std::vect
   auto row = [&](const std::string& k, const std::string& v) { o << std::left << std::setw(42) << k << v << "\n"; };
   auto sect = [&](const std::string& title) {
     const int pad = std::max(0, 50 - static_cast<int>(title.size()));
-    o << std::string(static_cast<size_t>(pad / 2), '-') << title << std::string(static_cast<size_t>(pad - pad / 2), '-') << "\n";
+    o << std::string(static_cast<size_t>(pad / 2), '-') << title << std::string(static_cast<size_t>(pad - pad / 2), '-')
+      << "\n";
   };
   o << "============ Serving Benchmark Result ============\n";
   row("Successful requests:", std::to_string(a.completed));
@@ -175,7 +191,8 @@ std::string formatTable(const RunInfo& info, const Aggregate& a, const std::vect
   for (const auto& [route, phases] : a.ttftSplit) {
     sect("TTFT split, " + (route.empty() ? std::string("-") : route) + " (server, ms)");
     o << std::left << std::setw(22) << "phase" << std::right << std::setw(10) << "p50" << std::setw(10) << "p90"
-      << std::setw(10) << "p99" << std::setw(8) << "n" << "\n";
+      << std::setw(10) << "p99" << std::setw(8) << "n"
+      << "\n";
     for (const auto& phase : phaseOrder(phases)) {
       const Summary& s = phases.at(phase);
       o << std::left << std::setw(22) << phase << std::right << std::setw(10) << fmt(s.median, 3) << std::setw(10)
@@ -195,14 +212,15 @@ std::string formatTable(const RunInfo& info, const Aggregate& a, const std::vect
     sect("Phases");
     o << std::left << std::setw(7) << "phase" << std::right << std::setw(9) << "start s" << std::setw(6) << "reqs"
       << std::setw(6) << "good" << std::setw(9) << "attain%" << std::setw(10) << "goodput" << std::setw(11)
-      << "p99 TTFT" << std::setw(10) << "p99 ITL" << "\n";
+      << "p99 TTFT" << std::setw(10) << "p99 ITL"
+      << "\n";
     int k = 0;
     for (const auto& ph : phaseResults(info, records)) {
       o << std::left << std::setw(7) << ++k << std::right << std::setw(9) << fmt(ph.window.startS, 1) << std::setw(6)
         << ph.requests << std::setw(6) << ph.agg.goodRequests << std::setw(9)
         << (std::isnan(ph.sloAttainment) ? std::string("-") : fmt(100 * ph.sloAttainment, 1)) << std::setw(10)
-        << (ph.agg.haveSlo ? fmt(ph.agg.requestGoodput, 3) : std::string("-")) << std::setw(11) << fmt(ph.agg.ttft.p99, 1)
-        << std::setw(10) << fmt(ph.agg.itl.p99, 1) << "\n";
+        << (ph.agg.haveSlo ? fmt(ph.agg.requestGoodput, 3) : std::string("-")) << std::setw(11)
+        << fmt(ph.agg.ttft.p99, 1) << std::setw(10) << fmt(ph.agg.itl.p99, 1) << "\n";
     }
     o << "  (phase k: requests scheduled in it; goodput = good / phase length; ms)\n";
   }
@@ -217,8 +235,8 @@ std::string formatTable(const RunInfo& info, const Aggregate& a, const std::vect
     o << "  note: the generator itself was late; figures may understate the server's capacity\n";
   if (a.shed > 0) {
     sect("Shed (HTTP 429)");
-    row("Requests shed:", std::to_string(a.shed) + " (" +
-                              fmt(100.0 * double(a.shed) / double(a.completed + a.failed), 1) + "%)");
+    row("Requests shed:",
+        std::to_string(a.shed) + " (" + fmt(100.0 * double(a.shed) / double(a.completed + a.failed), 1) + "%)");
     row("First 429 sent at (s):", fmt(a.firstShedS, 2));
   }
   if (!a.errorsByKind.empty()) {
@@ -296,7 +314,9 @@ std::string resultJson(const RunInfo& info, const Aggregate& a, const std::vecto
   p["slo"] = slo;
   p["good_requests"] = a.goodRequests;
   p["slo_missed"] = {{"ttft", a.missedTtft}, {"itl", a.missedItl}, {"tpot", a.missedTpot}, {"e2el", a.missedE2el}};
-  p["generator_lag"] = {{"mean_ms", a.lagMeanMs}, {"max_ms", a.lagMaxMs}, {"late_starts", a.lateStarts},
+  p["generator_lag"] = {{"mean_ms", a.lagMeanMs},
+                        {"max_ms", a.lagMaxMs},
+                        {"late_starts", a.lateStarts},
                         {"late_threshold_ms", kLateStartMs}};
   json kinds = json::object();
   for (const auto& [k, v] : a.errorsByKind) kinds[k] = v;
@@ -304,8 +324,11 @@ std::string resultJson(const RunInfo& info, const Aggregate& a, const std::vecto
   json split = json::object();
   for (const auto& [route, phases] : a.ttftSplit)
     for (const auto& [phase, s] : phases)
-      split[route][phase] = {{"count", s.count}, {"mean_ms", num(s.mean)}, {"p50_ms", num(s.median)},
-                             {"p90_ms", num(s.p90)}, {"p99_ms", num(s.p99)}};
+      split[route][phase] = {{"count", s.count},
+                             {"mean_ms", num(s.mean)},
+                             {"p50_ms", num(s.median)},
+                             {"p90_ms", num(s.p90)},
+                             {"p99_ms", num(s.p99)}};
   p["ttft_split"] = split;
   p["shed_requests"] = a.shed;
   p["first_shed_s"] = std::isnan(a.firstShedS) ? json(nullptr) : json(a.firstShedS);
@@ -357,7 +380,8 @@ Status writeCsv(const std::string& path, const std::vector<RequestRecord>& recor
       << r.plannedPromptTokens << ',' << r.outputTokens << ',' << r.plannedOutputTokens << ',' << r.chunkTokens << ','
       << fmt(r.ttftMs, 3) << ',' << fmt(r.tpotMs(), 3) << ',' << fmt(r.e2eMs, 3) << ',' << r.itlsMs.size() << ','
       << fmt(g.mean, 3) << ',' << fmt(g.p99, 3) << ',' << fmt(g.max, 3) << ',' << (sloOk ? 1 : 0) << ','
-      << csvField(r.finishReason) << ',' << csvField(r.error) << ',' << csvField(r.ttftSplitRoute.empty() ? "-" : r.ttftSplitRoute);
+      << csvField(r.finishReason) << ',' << csvField(r.error) << ','
+      << csvField(r.ttftSplitRoute.empty() ? "-" : r.ttftSplitRoute);
     for (const char* phase : kPhaseOrder) {
       const auto it = r.ttftSplitMs.find(phase);
       o << ',' << fmt(it == r.ttftSplitMs.end() ? kNaN : it->second, 3);
@@ -375,7 +399,9 @@ std::vector<std::pair<double, double>> cdfPoints(std::vector<double> values, siz
   const size_t n = values.size();
   const size_t m = std::min(n, maxPoints);
   for (size_t k = 0; k < m; ++k) {
-    const size_t idx = m == n ? k : static_cast<size_t>(std::llround(static_cast<double>(k) * static_cast<double>(n - 1) / static_cast<double>(m - 1)));
+    const size_t idx = m == n ? k
+                              : static_cast<size_t>(std::llround(static_cast<double>(k) * static_cast<double>(n - 1) /
+                                                                 static_cast<double>(m - 1)));
     pts.emplace_back(values[idx], static_cast<double>(idx + 1) / static_cast<double>(n));
   }
   return pts;
@@ -420,7 +446,8 @@ std::string svgChart(const std::string& title, const std::string& xLabel, const 
   ymax = std::max(ymax, yt.back());
   auto X = [&](double x) {
     if (logX)
-      return L + (std::log10(std::max(x, xmin)) - std::log10(xmin)) / (std::log10(xmax) - std::log10(xmin)) * (W - L - R);
+      return L +
+             (std::log10(std::max(x, xmin)) - std::log10(xmin)) / (std::log10(xmax) - std::log10(xmin)) * (W - L - R);
     return L + (x - xmin) / (xmax - xmin) * (W - L - R);
   };
   auto Y = [&](double y) { return H - B - (y - ymin) / (ymax - ymin) * (H - T - B); };
@@ -527,23 +554,24 @@ std::string overTimeSection(const RunInfo& info, const std::vector<RequestRecord
     int k = 0;
     for (const auto& ph : phaseResults(info, records))
       o << "<tr><td>" << ++k << "</td><td>" << fmt(ph.window.startS, 1) << "</td><td>" << fmt(ph.window.endS, 1)
-        << "</td><td class=\"k\">" << htmlEscape(ph.window.spec.describe()) << "</td><td>" << ph.requests
-        << "</td><td>" << ph.agg.goodRequests << "</td><td>"
+        << "</td><td class=\"k\">" << htmlEscape(ph.window.spec.describe()) << "</td><td>" << ph.requests << "</td><td>"
+        << ph.agg.goodRequests << "</td><td>"
         << (std::isnan(ph.sloAttainment) ? std::string("-") : fmt(100 * ph.sloAttainment, 1) + "%") << "</td><td>"
-        << (ph.agg.haveSlo ? fmt(ph.agg.requestGoodput, 3) : std::string("-")) << "</td><td>"
-        << fmt(ph.agg.ttft.p99, 1) << "</td><td>" << fmt(ph.agg.itl.p99, 1) << "</td></tr>";
+        << (ph.agg.haveSlo ? fmt(ph.agg.requestGoodput, 3) : std::string("-")) << "</td><td>" << fmt(ph.agg.ttft.p99, 1)
+        << "</td><td>" << fmt(ph.agg.itl.p99, 1) << "</td></tr>";
     o << "</table>\n";
   }
   static const char* const kActual[] = {"#1f77b4", "#2ca02c", "#9467bd", "#8c564b"};
   static const char* const kDesired[] = {"#aec7e8", "#98df8a", "#c5b0d5", "#c49c94"};
   if (info.haveTimeline) {
-    o << "<p>Router metrics from " << htmlEscape(tl.url) << " every " << tl.intervalMs << " ms: "
-      << tl.samples.size() << " scrapes, " << tl.failedScrapes() << " failed (gaps).</p>\n";
+    o << "<p>Router metrics from " << htmlEscape(tl.url) << " every " << tl.intervalMs << " ms: " << tl.samples.size()
+      << " scrapes, " << tl.failedScrapes() << " failed (gaps).</p>\n";
     // Pools: every *_workers{pool} series and the matching desired replicas.
     std::vector<std::string> pools;
     for (const auto& [key, meta] : tl.info)
-      if (meta.labels.count("pool") && (meta.name == "pdserve_desired_replicas" ||
-                                        (meta.name.size() > 8 && meta.name.compare(meta.name.size() - 8, 8, "_workers") == 0)))
+      if (meta.labels.count("pool") &&
+          (meta.name == "pdserve_desired_replicas" ||
+           (meta.name.size() > 8 && meta.name.compare(meta.name.size() - 8, 8, "_workers") == 0)))
         if (std::find(pools.begin(), pools.end(), meta.labels.at("pool")) == pools.end())
           pools.push_back(meta.labels.at("pool"));
     std::vector<ChartSeries> replicas;
@@ -558,8 +586,7 @@ std::string overTimeSection(const RunInfo& info, const std::vector<RequestRecord
       }
     }
     if (!replicas.empty())
-      o << svgChart("Replicas per pool: workers and desired (router)", "time (s)",
-                    "replicas", replicas, marks);
+      o << svgChart("Replicas per pool: workers and desired (router)", "time (s)", "replicas", replicas, marks);
     for (const auto& [key, meta] : tl.info)
       if (meta.name == "pdserve_short_prompt_tokens")
         o << svgChart("Routing threshold (pdserve_short_prompt_tokens)", "time (s)", "uncached prompt tokens",
@@ -581,13 +608,16 @@ std::string overTimeSection(const RunInfo& info, const std::vector<RequestRecord
     binnedTails(pts, binS, &p99, &mx);
     std::vector<ChartSeries> series{{"client p99 per bin", color, p99, ChartSeries::Style::kLine},
                                     {"client max per bin", "#bbbbbb", mx, ChartSeries::Style::kDots}};
-    if (slo) series.push_back({"SLO " + fmt(*slo, 0) + " ms", "#d62728", {{0, *slo}, {std::max(span, binS), *slo}},
-                               ChartSeries::Style::kLine});
+    if (slo)
+      series.push_back({"SLO " + fmt(*slo, 0) + " ms",
+                        "#d62728",
+                        {{0, *slo}, {std::max(span, binS), *slo}},
+                        ChartSeries::Style::kLine});
     if (info.haveTimeline)
       for (const auto& [key, meta] : tl.info)
         if (meta.name == "pdserve_slo_observed_seconds" && meta.labels.count("pool") && meta.labels.at("pool") == pool)
-          series.push_back({"router " + pool + " window pct", "#17becf",
-                            inRun(tl.series(key), 1000.0), ChartSeries::Style::kStep});
+          series.push_back(
+              {"router " + pool + " window pct", "#17becf", inRun(tl.series(key), 1000.0), ChartSeries::Style::kStep});
     const std::string note = " (" + fmt(binS, binS < 1 ? 1 : 0) + " s bins)";
     o << svgChart(what + " over time" + note, "time (s)", "ms", series, marks);
   };
@@ -645,7 +675,8 @@ std::string htmlReport(const RunInfo& info, const Aggregate& a, const std::vecto
   }
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>pdserve bench " << htmlEscape(info.date)
-    << "</title>\n<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 "
+    << "</title>\n<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px "
+       "0 "
        "16px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}td.k{text-align:left}"
        "svg{margin:6px 0;border:1px solid #eee}pre{background:#f7f7f7;padding:8px}</style></head><body>\n";
   o << "<h1>pdserve bench</h1>\n<table>";
@@ -667,7 +698,8 @@ std::string htmlReport(const RunInfo& info, const Aggregate& a, const std::vecto
     << fmt(a.requestThroughput, 3) << "</td><td>" << (a.haveSlo ? fmt(a.requestGoodput, 3) : "-") << "</td><td>"
     << fmt(a.outputThroughput) << "</td><td>" << fmt(a.totalTokenThroughput) << "</td><td>" << fmt(a.lagMeanMs, 3)
     << " / " << fmt(a.lagMaxMs, 3) << "</td></tr></table>\n";
-  o << "<table><tr><th class=\"k\">ms</th><th>mean</th><th>median</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr>";
+  o << "<table><tr><th "
+       "class=\"k\">ms</th><th>mean</th><th>median</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr>";
   auto line = [&](const char* name, const Summary& s) {
     o << "<tr><td class=\"k\">" << name << "</td><td>" << fmt(s.mean) << "</td><td>" << fmt(s.median) << "</td><td>"
       << fmt(s.p90) << "</td><td>" << fmt(s.p95) << "</td><td>" << fmt(s.p99) << "</td><td>" << fmt(s.max)
@@ -679,9 +711,8 @@ std::string htmlReport(const RunInfo& info, const Aggregate& a, const std::vecto
   line("E2E", a.e2el);
   o << "</table>\n";
   if (a.haveSlo)
-    o << "<p>Requests meeting every SLO target: " << a.goodRequests << " of " << a.completed
-      << " (missed TTFT " << a.missedTtft << ", ITL " << a.missedItl << ", TPOT " << a.missedTpot << ", E2E "
-      << a.missedE2el << ").</p>\n";
+    o << "<p>Requests meeting every SLO target: " << a.goodRequests << " of " << a.completed << " (missed TTFT "
+      << a.missedTtft << ", ITL " << a.missedItl << ", TPOT " << a.missedTpot << ", E2E " << a.missedE2el << ").</p>\n";
   o << "<h2>Charts</h2>\n";
   o << svgChart("TTFT CDF", "time to first token (ms, log scale)", "fraction of requests",
                 {{"TTFT", "#1f77b4", cdfPoints(ttft), ChartSeries::Style::kStep}}, ttftMarks, /*logX=*/true);
@@ -786,11 +817,28 @@ Result<std::string> compareResults(const std::vector<std::string>& paths) {
       return invalidArgument(p + ": not a bench result (no 'completed' / 'mean_ttft_ms' keys)");
     runs.push_back(std::move(j));
   }
-  static const char* kKeys[] = {
-      "completed", "failed", "duration", "request_throughput", "request_goodput", "output_throughput",
-      "total_token_throughput", "max_output_tokens_per_s", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
-      "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p90_itl_ms",
-      "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"};
+  static const char* kKeys[] = {"completed",
+                                "failed",
+                                "duration",
+                                "request_throughput",
+                                "request_goodput",
+                                "output_throughput",
+                                "total_token_throughput",
+                                "max_output_tokens_per_s",
+                                "mean_ttft_ms",
+                                "median_ttft_ms",
+                                "p90_ttft_ms",
+                                "p99_ttft_ms",
+                                "mean_tpot_ms",
+                                "median_tpot_ms",
+                                "p99_tpot_ms",
+                                "mean_itl_ms",
+                                "median_itl_ms",
+                                "p90_itl_ms",
+                                "p99_itl_ms",
+                                "mean_e2el_ms",
+                                "median_e2el_ms",
+                                "p99_e2el_ms"};
   std::ostringstream o;
   const int kw = 26, cw = 24;
   o << std::left << std::setw(kw) << "metric";

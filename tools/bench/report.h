@@ -18,11 +18,11 @@
 namespace pd::bench {
 
 struct RunInfo {
-  std::string date;            // "20261129-113314" (UTC), as vLLM writes it
+  std::string date;  // "20261129-113314" (UTC), as vLLM writes it
   std::string commandLine;
   std::string url;
-  std::string endpoint;        // "/v1/completions"
-  std::string backend;         // "openai" | "openai-chat" (vLLM's names for the two endpoints)
+  std::string endpoint;  // "/v1/completions"
+  std::string backend;   // "openai" | "openai-chat" (vLLM's names for the two endpoints)
   std::string model;
   std::string workload;        // Workload::describe
   std::string arrival;         // "trace" | "poisson" | "immediate"
@@ -30,10 +30,10 @@ struct RunInfo {
   int64_t maxConcurrency = 0;  // 0: none
   double timeScale = 1;
   uint64_t seed = 0;
-  int64_t numPrompts = 0;      // measured requests sent
-  int64_t plannedRequests = 0; // measured requests in the plan (more when --duration or an abort cut it short)
+  int64_t numPrompts = 0;       // measured requests sent
+  int64_t plannedRequests = 0;  // measured requests in the plan (more when --duration or an abort cut it short)
   int64_t warmupRequests = 0;
-  std::string promptSource;    // "token-ids" | "byte-approx" ...
+  std::string promptSource;  // "token-ids" | "byte-approx" ...
   Slo slo;
   std::string abortReason;
   std::vector<PhaseWindow> phases;  // a phased workload's phases (--phase), else empty
@@ -46,7 +46,7 @@ struct PhaseResult {
   PhaseWindow window;
   int64_t requests = 0;
   Aggregate agg;
-  double sloAttainment = kNaN;      // good / requests (failed ones count as misses); NaN without an SLO
+  double sloAttainment = kNaN;  // good / requests (failed ones count as misses); NaN without an SLO
 };
 std::vector<PhaseResult> phaseResults(const RunInfo& info, const std::vector<RequestRecord>& records);
 // good / (completed + failed); NaN without an SLO or a request.

@@ -28,9 +28,9 @@ namespace pd::bench {
 struct ScrapeOptions {
   ServerTarget server;
   std::string path = "/metrics";
-  std::string bearer;          // Authorization: Bearer, when not empty (router.http.metrics_auth)
+  std::string bearer;  // Authorization: Bearer, when not empty (router.http.metrics_auth)
   int64_t intervalMs = 1000;
-  int64_t timeoutMs = 1000;    // per scrape; at most intervalMs is sensible
+  int64_t timeoutMs = 1000;  // per scrape; at most intervalMs is sensible
 };
 // "http://HOST:PORT/metrics" (the path defaults to /metrics). https is refused.
 Result<ScrapeOptions> parseMetricsUrl(std::string_view url);

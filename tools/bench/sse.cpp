@@ -102,8 +102,7 @@ void StreamAccounting::onEvent(const SseEvent& ev, double tMs) {
     const auto& c = j["choices"][0];
     if (c.contains("finish_reason") && c["finish_reason"].is_string())
       finishReason_ = c["finish_reason"].get<std::string>();
-    if (k < 0 && c.contains("token_ids") && c["token_ids"].is_array())
-      k = static_cast<int64_t>(c["token_ids"].size());
+    if (k < 0 && c.contains("token_ids") && c["token_ids"].is_array()) k = static_cast<int64_t>(c["token_ids"].size());
     if (k < 0 && c.contains("logprobs") && c["logprobs"].is_object()) {
       const auto& lp = c["logprobs"];
       if (!chat_ && lp.contains("tokens") && lp["tokens"].is_array()) k = static_cast<int64_t>(lp["tokens"].size());
@@ -115,8 +114,7 @@ void StreamAccounting::onEvent(const SseEvent& ev, double tMs) {
         if (c.contains("delta") && c["delta"].is_object()) {
           const auto& d = c["delta"];
           for (const char* key : {"content", "reasoning_content", "reasoning"})
-            if (d.contains(key) && d[key].is_string() && !d[key].get_ref<const std::string&>().empty())
-              nonEmpty = true;
+            if (d.contains(key) && d[key].is_string() && !d[key].get_ref<const std::string&>().empty()) nonEmpty = true;
           if (d.contains("tool_calls") && d["tool_calls"].is_array() && !d["tool_calls"].empty()) nonEmpty = true;
         }
       } else if (c.contains("text") && c["text"].is_string()) {

@@ -15,8 +15,8 @@
 namespace pd::bench {
 
 struct SseEvent {
-  std::string event;   // the `event:` field; empty for plain data events
-  std::string data;    // `data:` lines joined with '\n'
+  std::string event;  // the `event:` field; empty for plain data events
+  std::string data;   // `data:` lines joined with '\n'
 };
 
 // Splits a byte stream into events (lines end with \n, \r\n or \r; a blank line ends an
@@ -47,10 +47,10 @@ class StreamAccounting {
   // Handles one event received tMs after the request was sent.
   void onEvent(const SseEvent& ev, double tMs);
 
-  bool done() const { return done_; }            // [DONE] seen
+  bool done() const { return done_; }  // [DONE] seen
   bool failed() const { return !error_.empty(); }
   const std::string& error() const { return error_; }  // "stream error: ..." / "malformed chunk: ..."
-  double ttftMs() const { return ttftMs_; }       // NaN until a token arrived
+  double ttftMs() const { return ttftMs_; }            // NaN until a token arrived
   double lastTokenMs() const { return lastMs_; }
   double doneMs() const { return doneMs_; }
   const std::vector<double>& itlsMs() const { return itls_; }

@@ -31,8 +31,7 @@ double nearestRankSorted(const std::vector<double>& sorted, double p) {
 
 Summary summarize(std::vector<double> values) {
   Summary s;
-  values.erase(std::remove_if(values.begin(), values.end(), [](double v) { return std::isnan(v); }),
-               values.end());
+  values.erase(std::remove_if(values.begin(), values.end(), [](double v) { return std::isnan(v); }), values.end());
   s.count = values.size();
   if (values.empty()) return s;
   std::sort(values.begin(), values.end());
@@ -92,10 +91,14 @@ Result<Slo> parseSlo(std::string_view spec) {
     auto r = std::from_chars(val.data(), val.data() + val.size(), v);
     if (r.ec != std::errc() || r.ptr != val.data() + val.size() || !(v > 0) || !std::isfinite(v))
       return invalidArgument("--slo: " + key + ": '" + val + "' is not a positive number");
-    if (key == "ttft_ms" || key == "ttft") slo.ttftMs = v;
-    else if (key == "itl_ms" || key == "itl") slo.itlMs = v;
-    else if (key == "tpot_ms" || key == "tpot") slo.tpotMs = v;
-    else if (key == "e2el_ms" || key == "e2el") slo.e2elMs = v;
+    if (key == "ttft_ms" || key == "ttft")
+      slo.ttftMs = v;
+    else if (key == "itl_ms" || key == "itl")
+      slo.itlMs = v;
+    else if (key == "tpot_ms" || key == "tpot")
+      slo.tpotMs = v;
+    else if (key == "e2el_ms" || key == "e2el")
+      slo.e2elMs = v;
     else if (key == "itl_pct") {
       if (v > 100) return invalidArgument("--slo: itl_pct: " + val + " is above 100");
       slo.itlPercentile = v;
@@ -214,7 +217,8 @@ TimeSeries timeSeries(const std::vector<RequestRecord>& records, double duration
   for (const auto& r : records) {
     if (std::isnan(r.e2eMs)) continue;
     const double endS = r.startS + r.e2eMs / 1000.0;
-    for (size_t b = static_cast<size_t>(std::ceil(r.startS / binS)); b < bins && static_cast<double>(b) * binS < endS; ++b)
+    for (size_t b = static_cast<size_t>(std::ceil(r.startS / binS)); b < bins && static_cast<double>(b) * binS < endS;
+         ++b)
       ts.inFlight[b] += 1;
     if (!r.ok) continue;
     ts.completedPerS[bin(endS)] += perS;

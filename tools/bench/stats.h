@@ -37,22 +37,22 @@ Summary summarize(std::vector<double> values);
 
 // One request as the client saw it.
 struct RequestRecord {
-  int64_t index = 0;             // position in the planned workload
-  double scheduledS = 0;         // when the plan wanted it sent
-  double eligibleS = 0;          // max(scheduled, when a concurrency slot freed)
-  double startS = 0;             // when it was actually sent
-  int64_t promptTokens = 0;      // usage.prompt_tokens when the server sent usage, else as planned
+  int64_t index = 0;         // position in the planned workload
+  double scheduledS = 0;     // when the plan wanted it sent
+  double eligibleS = 0;      // max(scheduled, when a concurrency slot freed)
+  double startS = 0;         // when it was actually sent
+  int64_t promptTokens = 0;  // usage.prompt_tokens when the server sent usage, else as planned
   int64_t plannedPromptTokens = 0;
   int64_t plannedOutputTokens = 0;
-  int64_t outputTokens = 0;      // usage.completion_tokens when present, else tokens counted in chunks
-  int64_t chunkTokens = 0;       // tokens counted in the streamed chunks
+  int64_t outputTokens = 0;  // usage.completion_tokens when present, else tokens counted in chunks
+  int64_t chunkTokens = 0;   // tokens counted in the streamed chunks
   bool ok = false;
-  int httpStatus = 0;            // 0 when no HTTP response arrived
-  std::string error;             // "HTTP 404: {...}" / "timeout after ..." / "connect: ..."
+  int httpStatus = 0;  // 0 when no HTTP response arrived
+  std::string error;   // "HTTP 404: {...}" / "timeout after ..." / "connect: ..."
   std::string finishReason;
-  double ttftMs = kNaN;          // send -> first chunk that carries a token
-  double e2eMs = kNaN;           // send -> end of the stream
-  std::vector<double> itlsMs;    // one entry per token after the first (see docs/bench.md)
+  double ttftMs = kNaN;        // send -> first chunk that carries a token
+  double e2eMs = kNaN;         // send -> end of the stream
+  std::vector<double> itlsMs;  // one entry per token after the first (see docs/bench.md)
   // pdserve's server-side TTFT split (usage.pdserve_timing): phase -> ms, and its route.
   std::map<std::string, double> ttftSplitMs;
   std::string ttftSplitRoute;
@@ -84,9 +84,9 @@ struct Aggregate {
   double durationS = 0;
   int64_t totalInputTokens = 0, totalOutputTokens = 0;
   double requestThroughput = 0, outputThroughput = 0, totalTokenThroughput = 0;
-  double maxOutputTokensPerS = 0;   // the busiest 1-second bin
+  double maxOutputTokensPerS = 0;  // the busiest 1-second bin
   int64_t maxConcurrentRequests = 0;
-  Summary ttft, tpot, itl, e2el;    // ms, over successful requests (itl pooled over all gaps)
+  Summary ttft, tpot, itl, e2el;  // ms, over successful requests (itl pooled over all gaps)
   // Goodput: requests meeting every SLO target, per second of the run.
   bool haveSlo = false;
   int64_t goodRequests = 0;
@@ -94,7 +94,7 @@ struct Aggregate {
   int64_t missedTtft = 0, missedItl = 0, missedTpot = 0, missedE2el = 0;
   // The generator's own lag: how late requests were sent after they became eligible.
   double lagMeanMs = 0, lagMaxMs = 0;
-  int64_t lateStarts = 0;           // lag > kLateStartMs
+  int64_t lateStarts = 0;                       // lag > kLateStartMs
   std::map<std::string, int64_t> errorsByKind;  // "HTTP 503" / "timeout" / "connect" -> count
   // Load shedding: requests refused with HTTP 429, and when the first was sent (s from the start).
   int64_t shed = 0;
@@ -113,7 +113,7 @@ struct TimeSeries {
   double binS = 1.0;
   std::vector<double> outputTokensPerS;
   std::vector<double> completedPerS;
-  std::vector<double> inFlight;     // requests in flight at each bin's start
+  std::vector<double> inFlight;  // requests in flight at each bin's start
 };
 TimeSeries timeSeries(const std::vector<RequestRecord>& records, double durationS, double binS = 1.0);
 

@@ -61,9 +61,12 @@ bool parseLine(std::string_view line, PromSample* s) {
       }
       s->labels[key] = std::move(value);
       while (i < line.size() && line[i] == ' ') ++i;
-      if (i < line.size() && line[i] == ',') ++i;
-      else if (i < line.size() && line[i] == '}') continue;
-      else return false;
+      if (i < line.size() && line[i] == ',')
+        ++i;
+      else if (i < line.size() && line[i] == '}')
+        continue;
+      else
+        return false;
     }
   }
   if (i >= line.size() || (line[i] != ' ' && line[i] != '\t')) return false;
@@ -86,8 +89,10 @@ std::string escapeLabel(const std::string& v) {
   std::string o;
   for (char c : v) {
     if (c == '"' || c == '\\') o.push_back('\\');
-    if (c == '\n') o += "\\n";
-    else o.push_back(c);
+    if (c == '\n')
+      o += "\\n";
+    else
+      o.push_back(c);
   }
   return o;
 }
@@ -119,8 +124,10 @@ PromText parsePrometheusText(std::string_view text) {
     while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
     if (line.empty() || line.front() == '#') continue;
     PromSample s;
-    if (parseLine(line, &s)) out.samples.push_back(std::move(s));
-    else ++out.malformedLines;
+    if (parseLine(line, &s))
+      out.samples.push_back(std::move(s));
+    else
+      ++out.malformedLines;
   }
   return out;
 }

@@ -44,10 +44,10 @@ PromText parsePrometheusText(std::string_view text);
 bool timelineKeeps(const PromSample& s);
 
 struct TimelineSample {
-  double tS = 0;          // seconds after the measured phase began (warm-up samples are < 0)
+  double tS = 0;  // seconds after the measured phase began (warm-up samples are < 0)
   bool ok = false;
-  std::string error;      // why a failed scrape failed ("timeout after 1000 ms", "HTTP 401")
-  double scrapeMs = 0;    // how long the scrape took
+  std::string error;                     // why a failed scrape failed ("timeout after 1000 ms", "HTTP 401")
+  double scrapeMs = 0;                   // how long the scrape took
   std::map<std::string, double> values;  // PromSample::key() -> value, the kept series only
 };
 

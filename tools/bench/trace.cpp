@@ -41,9 +41,7 @@ int64_t daysFromCivil(int64_t y, unsigned m, unsigned d) {
   return era * 146097 + static_cast<int64_t>(doe) - 719468;
 }
 
-std::string where(const std::string& name, size_t line) {
-  return name + ":" + std::to_string(line) + ": ";
-}
+std::string where(const std::string& name, size_t line) { return name + ":" + std::to_string(line) + ": "; }
 
 Status finish(Trace* t) {
   if (t->rows.empty()) return invalidArgument(t->path + ": the trace has no rows");
@@ -69,25 +67,26 @@ std::vector<std::string> splitCsv(const std::string& line) {
   return out;
 }
 
-
 const char* traceFormatName(TraceFormat f) {
   switch (f) {
-    case TraceFormat::kAzureCsv: return "azure-csv";
-    case TraceFormat::kBurstGptCsv: return "burstgpt-csv";
-    case TraceFormat::kMooncakeJsonl: return "mooncake-jsonl";
+    case TraceFormat::kAzureCsv:
+      return "azure-csv";
+    case TraceFormat::kBurstGptCsv:
+      return "burstgpt-csv";
+    case TraceFormat::kMooncakeJsonl:
+      return "mooncake-jsonl";
   }
   return "?";
 }
 
 bool parseDateTimeSeconds(const std::string& text, double* out) {
   // YYYY-MM-DD hh:mm:ss[.frac]
-  if (text.size() < 19 || text[4] != '-' || text[7] != '-' || (text[10] != ' ' && text[10] != 'T') ||
-      text[13] != ':' || text[16] != ':')
+  if (text.size() < 19 || text[4] != '-' || text[7] != '-' || (text[10] != ' ' && text[10] != 'T') || text[13] != ':' ||
+      text[16] != ':')
     return false;
   int64_t y, mo, d, h, mi, s;
-  if (!parseInt(text.substr(0, 4), &y) || !parseInt(text.substr(5, 2), &mo) ||
-      !parseInt(text.substr(8, 2), &d) || !parseInt(text.substr(11, 2), &h) ||
-      !parseInt(text.substr(14, 2), &mi) || !parseInt(text.substr(17, 2), &s))
+  if (!parseInt(text.substr(0, 4), &y) || !parseInt(text.substr(5, 2), &mo) || !parseInt(text.substr(8, 2), &d) ||
+      !parseInt(text.substr(11, 2), &h) || !parseInt(text.substr(14, 2), &mi) || !parseInt(text.substr(17, 2), &s))
     return false;
   if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 60) return false;
   double frac = 0;
@@ -134,8 +133,8 @@ Result<Trace> parseTraceCsv(std::istream& in, const std::string& name) {
         } else if (c == "Response tokens") {
           outputCol = static_cast<int>(i);
           t.format = TraceFormat::kBurstGptCsv;
-        } else if (std::find_if(std::begin(kIgnored), std::end(kIgnored),
-                                [&](const char* k) { return c == k; }) == std::end(kIgnored)) {
+        } else if (std::find_if(std::begin(kIgnored), std::end(kIgnored), [&](const char* k) { return c == k; }) ==
+                   std::end(kIgnored)) {
           return invalidArgument(where(name, lineNo) + "unknown column '" + c +
                                  "' (known: TIMESTAMP, ContextTokens, GeneratedTokens for Azure; "
                                  "Timestamp, Request tokens, Response tokens, Model, Total tokens, "
@@ -145,14 +144,15 @@ Result<Trace> parseTraceCsv(std::istream& in, const std::string& name) {
       if (tsCol < 0 || promptCol < 0 || outputCol < 0)
         return invalidArgument(where(name, lineNo) +
                                "the header needs a timestamp, a prompt-length and an output-length "
-                               "column (e.g. TIMESTAMP,ContextTokens,GeneratedTokens); got '" + line + "'");
+                               "column (e.g. TIMESTAMP,ContextTokens,GeneratedTokens); got '" +
+                               line + "'");
       haveHeader = true;
       continue;
     }
     const size_t need = static_cast<size_t>(std::max({tsCol, promptCol, outputCol})) + 1;
     if (cols.size() < need)
-      return invalidArgument(where(name, lineNo) + "expected at least " + std::to_string(need) +
-                             " columns, got " + std::to_string(cols.size()) + ": '" + line + "'");
+      return invalidArgument(where(name, lineNo) + "expected at least " + std::to_string(need) + " columns, got " +
+                             std::to_string(cols.size()) + ": '" + line + "'");
     double ts = 0;
     const std::string& tsText = cols[static_cast<size_t>(tsCol)];
     if (t.rows.empty()) timeIsDatetime = tsText.find('-') != std::string::npos;
@@ -230,7 +230,9 @@ Result<Trace> parseMooncakeJsonl(std::istream& in, const std::string& name) {
     }
     if (!haveTs || !haveIn || !haveOut)
       return invalidArgument(where(name, lineNo) + "missing " +
-                             std::string(!haveTs ? "timestamp" : !haveIn ? "input_length" : "output_length"));
+                             std::string(!haveTs   ? "timestamp"
+                                         : !haveIn ? "input_length"
+                                                   : "output_length"));
     if (!row.hashIds.empty()) {
       const int64_t want = (row.promptTokens + t.blockTokens - 1) / t.blockTokens;
       if (static_cast<int64_t>(row.hashIds.size()) != want)

@@ -19,17 +19,17 @@ enum class TraceFormat { kAzureCsv, kBurstGptCsv, kMooncakeJsonl };
 const char* traceFormatName(TraceFormat f);
 
 struct TraceRow {
-  double arrivalS = 0;            // seconds since the trace's first row (never negative)
+  double arrivalS = 0;  // seconds since the trace's first row (never negative)
   int64_t promptTokens = 0;
   int64_t outputTokens = 0;
-  std::vector<int64_t> hashIds;   // Mooncake only: one id per prefix block of blockTokens
+  std::vector<int64_t> hashIds;  // Mooncake only: one id per prefix block of blockTokens
 };
 
 struct Trace {
   std::string path;
   TraceFormat format = TraceFormat::kAzureCsv;
-  int blockTokens = 0;            // 512 for Mooncake; 0 when the trace has no block hashes
-  std::vector<TraceRow> rows;     // in file order (all shipped traces are sorted by time)
+  int blockTokens = 0;         // 512 for Mooncake; 0 when the trace has no block hashes
+  std::vector<TraceRow> rows;  // in file order (all shipped traces are sorted by time)
 };
 
 // Reads a trace file, choosing the parser from its first non-empty line: '{' means JSONL,

@@ -37,7 +37,9 @@ uint64_t mix(uint64_t a, uint64_t b) {
 int64_t drawLength(const LengthSpec& s, Rng& rng) {
   double v = s.a;
   switch (s.kind) {
-    case LengthSpec::Kind::kFixed: v = s.a; break;
+    case LengthSpec::Kind::kFixed:
+      v = s.a;
+      break;
     case LengthSpec::Kind::kUniform:
       v = s.a + std::floor(rng.uniform01() * (s.b - s.a + 1));
       break;
@@ -61,9 +63,15 @@ bool parseNum(std::string_view t, double* out) {
 std::string LengthSpec::describe() const {
   std::ostringstream o;
   switch (kind) {
-    case Kind::kFixed: o << a; break;
-    case Kind::kUniform: o << "uniform[" << a << "," << b << "]"; break;
-    case Kind::kLognormal: o << "lognormal(mean " << a << ", sigma " << b << ")"; break;
+    case Kind::kFixed:
+      o << a;
+      break;
+    case Kind::kUniform:
+      o << "uniform[" << a << "," << b << "]";
+      break;
+    case Kind::kLognormal:
+      o << "lognormal(mean " << a << ", sigma " << b << ")";
+      break;
   }
   return o.str();
 }
@@ -125,7 +133,8 @@ Result<PhaseSpec> parsePhaseSpec(std::string_view text, int number, const PhaseS
   size_t pos = 0;
   while (pos <= text.size()) {
     const size_t comma = text.find(',', pos);
-    const std::string_view item = text.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    const std::string_view item =
+        text.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
     pos = comma == std::string_view::npos ? text.size() + 1 : comma + 1;
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos)
@@ -143,8 +152,10 @@ Result<PhaseSpec> parsePhaseSpec(std::string_view text, int number, const PhaseS
       double v = 0;
       if (!parseNum(value, &v) || !(v > 0))
         return invalidArgument(opt + ": " + key + " '" + std::string(value) + "' is not a number > 0");
-      if (key == "rate") p.rate = v;
-      else p.durationS = v, haveDuration = true;
+      if (key == "rate")
+        p.rate = v;
+      else
+        p.durationS = v, haveDuration = true;
     } else {
       return invalidArgument(opt + ": unknown field '" + key + "'" + kFields);
     }
@@ -156,16 +167,17 @@ Result<PhaseSpec> parsePhaseSpec(std::string_view text, int number, const PhaseS
 
 const char* arrivalModeName(ArrivalMode m) {
   switch (m) {
-    case ArrivalMode::kTrace: return "trace";
-    case ArrivalMode::kPoisson: return "poisson";
-    case ArrivalMode::kImmediate: return "immediate";
+    case ArrivalMode::kTrace:
+      return "trace";
+    case ArrivalMode::kPoisson:
+      return "poisson";
+    case ArrivalMode::kImmediate:
+      return "immediate";
   }
   return "?";
 }
 
-const char* endpointPath(Endpoint e) {
-  return e == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions";
-}
+const char* endpointPath(Endpoint e) { return e == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions"; }
 
 namespace {
 
@@ -243,9 +255,12 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
     PD_ASSIGN_OR_RETURN(trace, loadTrace(o.tracePath));
     w.traceFormat = traceFormatName(trace.format);
   }
-  if (o.rate > 0) w.arrival = ArrivalMode::kPoisson;
-  else if (haveTrace && !o.closedLoop) w.arrival = ArrivalMode::kTrace;
-  else w.arrival = ArrivalMode::kImmediate;
+  if (o.rate > 0)
+    w.arrival = ArrivalMode::kPoisson;
+  else if (haveTrace && !o.closedLoop)
+    w.arrival = ArrivalMode::kTrace;
+  else
+    w.arrival = ArrivalMode::kImmediate;
 
   int64_t n = o.numRequests;
   if (n == 0) {
@@ -323,11 +338,12 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
         while (e < traceTimes.size() && traceTimes[e] == traceTimes[b]) ++e;
         // The gap to the next distinct time: from the trace itself, past the selected rows too.
         double next = -1;
-        if (e < traceTimes.size()) next = traceTimes[e];
-        else if (e < trace.rows.size()) next = trace.rows[e].arrivalS - t0;
+        if (e < traceTimes.size())
+          next = traceTimes[e];
+        else if (e < trace.rows.size())
+          next = trace.rows[e].arrivalS - t0;
         const double gap = next > traceTimes[b] ? next - traceTimes[b] : lastGap;
-        for (size_t k = b; k < e; ++k)
-          traceTimes[k] += gap * static_cast<double>(k - b) / static_cast<double>(e - b);
+        for (size_t k = b; k < e; ++k) traceTimes[k] += gap * static_cast<double>(k - b) / static_cast<double>(e - b);
         lastGap = gap;
         b = e;
       }
@@ -343,7 +359,9 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
         if (i > 0) t += arrRng.exponential(o.rate);
         r.scheduledS = t;
         break;
-      case ArrivalMode::kImmediate: r.scheduledS = 0; break;
+      case ArrivalMode::kImmediate:
+        r.scheduledS = 0;
+        break;
     }
     if (o.durationS > 0 && w.arrival != ArrivalMode::kImmediate && r.scheduledS >= o.durationS) break;
     w.requests.push_back(std::move(r));

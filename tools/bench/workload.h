@@ -42,9 +42,9 @@ const char* arrivalModeName(ArrivalMode m);
 struct PhaseSpec {
   LengthSpec promptLen{LengthSpec::Kind::kFixed, 256, 0};
   LengthSpec outputLen{LengthSpec::Kind::kFixed, 64, 0};
-  double rate = 0;                // requests/s, > 0
-  double durationS = 0;           // > 0
-  std::string describe() const;   // "prompt uniform[16,128], output 32, 3/s for 30 s"
+  double rate = 0;               // requests/s, > 0
+  double durationS = 0;          // > 0
+  std::string describe() const;  // "prompt uniform[16,128], output 32, 3/s for 30 s"
 };
 // Parses "prompt-len=uniform:16:128,output-len=32,rate=3,duration=30". Fields left out take
 // `defaults`' values (the run's --prompt-len / --output-len / --rate); duration must be given
@@ -52,19 +52,19 @@ struct PhaseSpec {
 Result<PhaseSpec> parsePhaseSpec(std::string_view text, int number, const PhaseSpec& defaults);
 
 struct WorkloadOptions {
-  std::string tracePath;          // empty: synthetic lengths from promptLen / outputLen
+  std::string tracePath;  // empty: synthetic lengths from promptLen / outputLen
   LengthSpec promptLen{LengthSpec::Kind::kFixed, 256, 0};
   LengthSpec outputLen{LengthSpec::Kind::kFixed, 64, 0};
-  double rate = 0;                // > 0: Poisson arrivals at this rate
-  double timeScale = 1.0;         // trace replay: gaps are multiplied by this (0.5 = twice as fast)
-  int64_t numRequests = 0;        // 0: all trace rows (trace) / required unless durationS (synthetic)
-  double durationS = 0;           // > 0: plan only requests scheduled before this
-  int64_t maxPromptTokens = 0;    // > 0: scale prompt lengths so the longest fits (see lengthScale)
-  int64_t maxOutputTokens = 0;    // > 0: cap output lengths at this
-  double lengthScale = 0;         // > 0: multiply prompt lengths by this (else derived from maxPromptTokens)
-  int64_t warmup = 0;             // warm-up requests (run first, excluded from every figure)
+  double rate = 0;              // > 0: Poisson arrivals at this rate
+  double timeScale = 1.0;       // trace replay: gaps are multiplied by this (0.5 = twice as fast)
+  int64_t numRequests = 0;      // 0: all trace rows (trace) / required unless durationS (synthetic)
+  double durationS = 0;         // > 0: plan only requests scheduled before this
+  int64_t maxPromptTokens = 0;  // > 0: scale prompt lengths so the longest fits (see lengthScale)
+  int64_t maxOutputTokens = 0;  // > 0: cap output lengths at this
+  double lengthScale = 0;       // > 0: multiply prompt lengths by this (else derived from maxPromptTokens)
+  int64_t warmup = 0;           // warm-up requests (run first, excluded from every figure)
   uint64_t seed = 0;
-  bool closedLoop = false;        // a concurrency cap without a rate: ignore trace timestamps
+  bool closedLoop = false;  // a concurrency cap without a rate: ignore trace timestamps
   // Trace replay: rows that share one timestamp (the Mooncake conversation trace records
   // arrivals in 3-second ticks) are spread evenly over the gap to the next timestamp.
   bool spreadTicks = false;
@@ -75,13 +75,13 @@ struct WorkloadOptions {
 
 struct PlannedRequest {
   int64_t index = 0;
-  double scheduledS = 0;          // seconds after the measured phase starts
+  double scheduledS = 0;  // seconds after the measured phase starts
   int64_t promptTokens = 1;
   int64_t outputTokens = 1;
-  std::vector<int64_t> hashIds;   // shared prefix blocks, blockTokens each (may be empty)
+  std::vector<int64_t> hashIds;  // shared prefix blocks, blockTokens each (may be empty)
   int64_t blockTokens = 0;
   bool warmup = false;
-  int phase = -1;                 // index into Workload::phases; -1 when the workload has none
+  int phase = -1;  // index into Workload::phases; -1 when the workload has none
 };
 
 // Where a phase of a phased workload sits in the schedule: [startS, endS).
@@ -94,9 +94,9 @@ struct Workload {
   std::vector<PlannedRequest> warmups;
   std::vector<PlannedRequest> requests;
   ArrivalMode arrival = ArrivalMode::kImmediate;
-  double lengthScale = 1.0;       // the factor applied to trace prompt lengths
-  std::string traceFormat;        // "" for synthetic
-  std::string describe;           // one line for the report
+  double lengthScale = 1.0;         // the factor applied to trace prompt lengths
+  std::string traceFormat;          // "" for synthetic
+  std::string describe;             // one line for the report
   std::vector<PhaseWindow> phases;  // phased workloads only, in order, contiguous from 0
 };
 
@@ -111,7 +111,7 @@ Result<Workload> buildWorkload(const WorkloadOptions& opts);
 // whole prompts without hash ids, are unique to the request.
 struct TokenIdRange {
   int64_t minId = 0;
-  int64_t maxId = 0;              // exclusive
+  int64_t maxId = 0;  // exclusive
 };
 std::vector<int32_t> promptTokenIds(const PlannedRequest& r, const TokenIdRange& range, uint64_t seed);
 
@@ -141,10 +141,10 @@ struct BodyOptions {
   std::string model;
   TokenIdRange ids;
   uint64_t seed = 0;
-  bool ignoreEos = true;          // exact output lengths (vLLM / pdserve extension)
-  bool continuousUsage = false;   // vLLM's stream_options.continuous_usage_stats
-  double temperature = -1;        // < 0: not sent (server default)
-  std::string extraJson;          // a JSON object merged into every body (may be empty)
+  bool ignoreEos = true;                   // exact output lengths (vLLM / pdserve extension)
+  bool continuousUsage = false;            // vLLM's stream_options.continuous_usage_stats
+  double temperature = -1;                 // < 0: not sent (server default)
+  std::string extraJson;                   // a JSON object merged into every body (may be empty)
   const TextPrompter* prompter = nullptr;  // chat only; ByteTextPrompter when null
 };
 // The streaming request body for one planned request.

@@ -26,10 +26,9 @@ struct Shape {
 // Decode at three contexts separates the weights' streaming from the KV context's paged
 // reads; 2,048 because long prompts decode there (Mooncake's, scaled to 1,500 tokens), past
 // the two shorter contexts the fit would otherwise extrapolate from.
-constexpr Shape kShapes[] = {{1, 32, 0},   {1, 64, 0},   {1, 128, 0},  {1, 256, 0},   {1, 512, 0},
-                             {1, 1024, 0}, {1, 1, 256},  {2, 1, 256},  {4, 1, 256},   {8, 1, 256},
-                             {16, 1, 256}, {32, 1, 256}, {1, 1, 1024}, {4, 1, 1024},  {8, 1, 1024},
-                             {1, 1, 2048}, {4, 1, 2048}};
+constexpr Shape kShapes[] = {{1, 32, 0},   {1, 64, 0},   {1, 128, 0},  {1, 256, 0},  {1, 512, 0},  {1, 1024, 0},
+                             {1, 1, 256},  {2, 1, 256},  {4, 1, 256},  {8, 1, 256},  {16, 1, 256}, {32, 1, 256},
+                             {1, 1, 1024}, {4, 1, 1024}, {8, 1, 1024}, {1, 1, 2048}, {4, 1, 2048}};
 constexpr int kUnknowns = 4;  // overhead, 1 / FLOP rate, 1 / weight bandwidth, 1 / KV bandwidth
 constexpr int kBlockSize = 16;
 
@@ -236,8 +235,8 @@ Result<Calibration> calibrateCpu(const std::string& modelDir, int threads) {
         atb[r] += row[r];  // target t / t = 1
       }
     }
-    if (!withOverhead) ata[0][0] = 1;    // o = 0
-    if (kvAtWeightRate) ata[3][3] = 1;   // k = 0 here, b below
+    if (!withOverhead) ata[0][0] = 1;   // o = 0
+    if (kvAtWeightRate) ata[3][3] = 1;  // k = 0 here, b below
     if (!solve(ata, atb, f->x)) return false;
     if (kvAtWeightRate) f->x[3] = f->x[2];
     if (!(f->x[0] >= 0) || !(f->x[1] > 0) || !(f->x[2] > 0) || !(f->x[3] > 0)) return false;
@@ -307,8 +306,11 @@ Status writeCalibration(const std::string& path, const Calibration& c) {
   j["half_rate_tokens"] = c.halfRateTokens;
   j["rms_relative_error"] = c.rmsRelativeError;
   for (const auto& p : c.points) {
-    j["points"].push_back({{"batch", p.batch}, {"tokens_per_seq", p.tokensPerSeq}, {"context", p.context},
-                           {"seconds", p.seconds}, {"predicted", p.predicted}});
+    j["points"].push_back({{"batch", p.batch},
+                           {"tokens_per_seq", p.tokensPerSeq},
+                           {"context", p.context},
+                           {"seconds", p.seconds},
+                           {"predicted", p.predicted}});
   }
   std::ofstream out(path);
   out << j.dump(2) << "\n";

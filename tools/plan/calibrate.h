@@ -25,20 +25,20 @@
 namespace pd::plan {
 
 struct CalibrationPoint {
-  int batch = 1;          // sequences in the step
-  int tokensPerSeq = 1;   // 1: decode
-  int context = 0;        // tokens already in each sequence's KV
-  double seconds = 0;     // measured (median)
-  double predicted = 0;   // by the fitted device
+  int batch = 1;         // sequences in the step
+  int tokensPerSeq = 1;  // 1: decode
+  int context = 0;       // tokens already in each sequence's KV
+  double seconds = 0;    // measured (median)
+  double predicted = 0;  // by the fitted device
 };
 
 struct Calibration {
   std::string modelDir;
   int threads = 1;
-  int dtypeBytes = 4;     // the CPU backend computes in f32
+  int dtypeBytes = 4;  // the CPU backend computes in f32
   double flopsPerS = 0;
-  double bytesPerS = 0;       // streaming the weights
-  double kvBytesPerS = 0;     // the KV context's paged reads
+  double bytesPerS = 0;    // streaming the weights
+  double kvBytesPerS = 0;  // the KV context's paged reads
   double stepOverheadMs = 0;
   double halfRateTokens = 0;  // Efficiency::halfRateTokens
   double rmsRelativeError = 0;

@@ -26,7 +26,12 @@ class SimBackend final : public engine::Backend {
  public:
   SimBackend(const CostModel& cost, ManualClock& clock, engine::KvLayout layout, int32_t token,
              const StepSpread* spread, bool prefillWorker, uint64_t seed)
-      : cost_(cost), clock_(clock), layout_(layout), token_(token), spread_(spread), prefillWorker_(prefillWorker),
+      : cost_(cost),
+        clock_(clock),
+        layout_(layout),
+        token_(token),
+        spread_(spread),
+        prefillWorker_(prefillWorker),
         rng_(seed) {}
 
   const engine::ModelConfig& config() const override { return cost_.model().config; }
@@ -66,10 +71,10 @@ struct Worker {
   router::WorkerRole role;
   std::unique_ptr<ManualClock> clock;  // the engine and its requests hold a reference
   std::unique_ptr<engine::Engine> engine;
-  double freeAtS = 0;  // the end of its last step
-  bool stalled = false;  // its last step found nothing to run: wait for new work
-  double startS = 0;     // started: it holds its devices from here
-  double readyS = 0;     // it takes work from here
+  double freeAtS = 0;     // the end of its last step
+  bool stalled = false;   // its last step found nothing to run: wait for new work
+  double startS = 0;      // started: it holds its devices from here
+  double readyS = 0;      // it takes work from here
   bool draining = false;  // takes no new work; exits when its requests are done
   double exitS = kNever;
   // The router's own count of its outstanding work here (router/worker_registry.h noteRouted):
@@ -93,17 +98,21 @@ struct Tracking {
   // prompt tokens count on in the router's view until its first token, and the one a
   // disaggregated prompt's KV comes from.
   size_t prefilling = 0;
-  int64_t prefillTokens = 0;  // those tokens (0: settled)
+  int64_t prefillTokens = 0;                        // those tokens (0: settled)
   router::Route route = router::Route::kColocated;  // as admitted
-  double predictedTtftS = 0;  // admission's unscaled prediction (0: none made)
-  engine::SampledToken first;  // the prefill worker's token (disaggregated)
+  double predictedTtftS = 0;                        // admission's unscaled prediction (0: none made)
+  engine::SampledToken first;                       // the prefill worker's token (disaggregated)
   double lastTokenS = -1;
 };
 
 class Simulation {
  public:
   Simulation(const CostModel& cost, const SimOptions& o, const std::vector<SimRequest>& requests)
-      : cost_(cost), o_(o), requests_(requests), outcomes_(requests.size()), tracking_(requests.size()),
+      : cost_(cost),
+        o_(o),
+        requests_(requests),
+        outcomes_(requests.size()),
+        tracking_(requests.size()),
         policy_(routingConfig(o)),
         admission_(router::AdmissionTargets{o.slo.ttftS, o.slo.percentile, o.slo.itlS, o.slo.percentile,
                                             o.sloSizedPrefillChunks}) {
@@ -116,8 +125,7 @@ class Simulation {
 
   Status run(SimSummary* summary) {
     PD_RETURN_IF_ERROR(makeWorkers());
-    const double horizon = o_.horizonS > 0 ? o_.horizonS
-                                           : (requests_.empty() ? 0 : requests_.back().arrivalS) + 600;
+    const double horizon = o_.horizonS > 0 ? o_.horizonS : (requests_.empty() ? 0 : requests_.back().arrivalS) + 600;
     const double tickS = autoscaler_ ? double(o_.autoscaling->keys.tickMs) / 1e3 : kNever;
     double nextTick = requests_.empty() ? 0 : requests_.front().arrivalS;
     size_t nextArrival = 0;
@@ -180,17 +188,16 @@ class Simulation {
     if (l.decodeWorkers < 1) return invalidArgument("plan: a layout needs at least one decode worker");
     blocks_ = cost_.kvBlocks(o_.blockSize, o_.memoryUtilization, o_.kvCacheBytes);
     if (blocks_ <= 0) {
-      return failedPrecondition("plan: " + cost_.model().name + " does not fit " + std::to_string(l.tensorParallel) +
-                                " x " + cost_.device().name + ": " +
-                                std::to_string(int64_t(cost_.weightBytesPerDevice() / double(1 << 20))) +
-                                " MiB of weights per device, " + std::to_string(o_.memoryUtilization) +
-                                " of the memory usable");
+      return failedPrecondition(
+          "plan: " + cost_.model().name + " does not fit " + std::to_string(l.tensorParallel) + " x " +
+          cost_.device().name + ": " + std::to_string(int64_t(cost_.weightBytesPerDevice() / double(1 << 20))) +
+          " MiB of weights per device, " + std::to_string(o_.memoryUtilization) + " of the memory usable");
     }
     const auto& eos = cost_.model().config.eosTokenIds;
     while (std::find(eos.begin(), eos.end(), token_) != eos.end()) ++token_;
     for (int i = 0; i < l.prefillWorkers + l.decodeWorkers; ++i)
-      PD_RETURN_IF_ERROR(startWorker(i < l.prefillWorkers ? router::WorkerRole::kPrefill : router::WorkerRole::kDecode,
-                                     0, 0));
+      PD_RETURN_IF_ERROR(
+          startWorker(i < l.prefillWorkers ? router::WorkerRole::kPrefill : router::WorkerRole::kDecode, 0, 0));
     return Status::ok();
   }
 
@@ -505,25 +512,24 @@ class Simulation {
   router::RoutingPolicy policy_;
   router::AdmissionControl admission_;
   std::optional<router::Autoscaler> autoscaler_;  // with SimOptions::autoscaling
-  std::vector<Worker> workers_;  // every worker started, exited ones too (requests index them)
+  std::vector<Worker> workers_;                   // every worker started, exited ones too (requests index them)
   std::priority_queue<KvArrival, std::vector<KvArrival>, std::greater<>> kv_;
   SteadyTime origin_{};
   int64_t blocks_ = 0;
   int64_t steps_ = 0;
   int64_t reserveFallbacks_ = 0;
-  int32_t token_ = 1;  // what every step samples: an ordinary token, not EOS
+  int32_t token_ = 1;                           // what every step samples: an ordinary token, not EOS
   int prefillStarted_ = 0, decodeStarted_ = 0;  // for the workers' ids
-  int holding_ = 0, peakHolding_ = 0;  // workers started and not exited: now, at most
-  int started_ = 0, drained_ = 0;      // by the autoscaler
+  int holding_ = 0, peakHolding_ = 0;           // workers started and not exited: now, at most
+  int started_ = 0, drained_ = 0;               // by the autoscaler
 };
 
 }  // namespace
 
 std::string Layout::describe() const {
-  std::string s = prefillWorkers == 0
-                      ? "colocated x" + std::to_string(decodeWorkers)
-                      : std::to_string(prefillWorkers) + "P + " + std::to_string(decodeWorkers) + "D (threshold " +
-                            std::to_string(shortPromptTokens) + ")";
+  std::string s = prefillWorkers == 0 ? "colocated x" + std::to_string(decodeWorkers)
+                                      : std::to_string(prefillWorkers) + "P + " + std::to_string(decodeWorkers) +
+                                            "D (threshold " + std::to_string(shortPromptTokens) + ")";
   if (tensorParallel > 1) s += ", TP" + std::to_string(tensorParallel);
   return s;
 }
@@ -540,7 +546,8 @@ double percentileOf(std::vector<double> v, double p) {
 
 Result<SimResult> simulate(const CostModel& cost, const SimOptions& options, const std::vector<SimRequest>& requests) {
   for (size_t i = 1; i < requests.size(); ++i) {
-    if (requests[i].arrivalS < requests[i - 1].arrivalS) return invalidArgument("plan: requests must be in arrival order");
+    if (requests[i].arrivalS < requests[i - 1].arrivalS)
+      return invalidArgument("plan: requests must be in arrival order");
   }
   Simulation sim(cost, options, requests);
   SimResult r;

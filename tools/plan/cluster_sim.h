@@ -37,13 +37,13 @@
 namespace pd::plan {
 
 struct Layout {
-  int prefillWorkers = 0;            // 0: colocated only
+  int prefillWorkers = 0;  // 0: colocated only
   int decodeWorkers = 1;
-  int tensorParallel = 1;            // devices per worker
-  int64_t shortPromptTokens = 256;   // router.routing.short_prompt_tokens
+  int tensorParallel = 1;           // devices per worker
+  int64_t shortPromptTokens = 256;  // router.routing.short_prompt_tokens
 
   int devices() const { return (prefillWorkers + decodeWorkers) * tensorParallel; }
-  std::string describe() const;      // "colocated x4", "2P + 2D (threshold 512)", with "TP2"
+  std::string describe() const;  // "colocated x4", "2P + 2D (threshold 512)", with "TP2"
 };
 
 struct Slo {
@@ -64,18 +64,18 @@ struct Autoscaling {
 struct SimOptions {
   Layout layout;
   Slo slo;
-  engine::SchedulerConfig scheduler;   // max_batch_tokens, max_running_requests, prefix caching
-  bool sloSizedPrefillChunks = true;   // engine.slo_sized_prefill_chunks
+  engine::SchedulerConfig scheduler;  // max_batch_tokens, max_running_requests, prefix caching
+  bool sloSizedPrefillChunks = true;  // engine.slo_sized_prefill_chunks
   int minPrefillChunkTokens = 32;
   int blockSize = 16;
   double memoryUtilization = 0.9;
-  double kvCacheBytes = 0;             // > 0: engine.kv_cache_bytes per worker instead
-  double kvLinkBytesPerS = 0;          // 0: the device's NIC
+  double kvCacheBytes = 0;     // > 0: engine.kv_cache_bytes per worker instead
+  double kvLinkBytesPerS = 0;  // 0: the device's NIC
   // router.admission.overload_shedding: router::AdmissionControl refuses a request it predicts would
   // miss (429); a refused request counts as a miss.
   bool overloadShedding = true;
   std::optional<Autoscaling> autoscaling;  // nullopt: the layout's pools keep their size
-  double horizonS = 0;                 // stop here (0: the last arrival + 600 s); unfinished requests miss
+  double horizonS = 0;                     // stop here (0: the last arrival + 600 s); unfinished requests miss
   // Measured steps' spread (--step-trace): each step's modelled time times a ratio drawn
   // for its kind, from a generator per worker seeded by `seed` and the worker's index.
   // Null: every step takes the modelled time.
@@ -91,7 +91,7 @@ struct SimRequest {
 
 struct RequestOutcome {
   bool finished = false;
-  bool shed = false;  // refused by admission control
+  bool shed = false;           // refused by admission control
   double admissionTtftS = -1;  // the TTFT admission predicted (scaled) and compared (-1: none)
   bool disaggregated = false;
   double ttftS = -1;
@@ -101,9 +101,9 @@ struct RequestOutcome {
 
 struct SimSummary {
   int64_t requests = 0, finished = 0, good = 0, disaggregated = 0, reserveFallbacks = 0, shed = 0;
-  double durationS = 0;      // first arrival -> last token
-  double goodput = 0;        // requests meeting both SLOs per second
-  double attainment = 0;     // good / requests
+  double durationS = 0;                          // first arrival -> last token
+  double goodput = 0;                            // requests meeting both SLOs per second
+  double attainment = 0;                         // good / requests
   double ttftP50 = 0, ttftP90 = 0, ttftP99 = 0;  // over finished requests, seconds
   double itlP50 = 0, itlP90 = 0, itlP99 = 0;     // every gap of every finished request
   int64_t steps = 0;

@@ -21,8 +21,8 @@ CostModel::CostModel(ModelShape model, Device device, int tensorParallel)
     : model_(std::move(model)), device_(std::move(device)), tp_(std::max(1, tensorParallel)) {
   const auto& c = model_.config;
   const double h = c.hiddenSize;
-  linearParams_ = double(c.numLayers) * (h * (c.qDim() + 2 * c.kvDim()) + double(c.qDim()) * h +
-                                         3 * h * c.intermediateSize);
+  linearParams_ =
+      double(c.numLayers) * (h * (c.qDim() + 2 * c.kvDim()) + double(c.qDim()) * h + 3 * h * c.intermediateSize);
 }
 
 StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
@@ -34,8 +34,8 @@ StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
   for (const auto& ch : batch) {
     const double n = ch.numTokens, s = ch.startPos;
     w.tokens += ch.numTokens;
-    attended += n * s + n * (n + 1) / 2;     // causal: token i sees s + i + 1 positions
-    contextBytes += (s + n) * kvPerToken;    // read once per chunk, written n
+    attended += n * s + n * (n + 1) / 2;   // causal: token i sees s + i + 1 positions
+    contextBytes += (s + n) * kvPerToken;  // read once per chunk, written n
     logits += ch.wantLogits ? 1 : 0;
   }
   w.linearFlops = 2 * linearParams_ * double(w.tokens);
@@ -62,8 +62,10 @@ double CostModel::stepSeconds(std::span<const engine::SeqChunk> batch) const {
   if (!device_.decodeScale.empty() || !device_.prefillScale.empty()) {
     int64_t promptTokens = 0, decodeRows = 0;
     for (const auto& ch : batch) {
-      if (ch.numTokens == 1) ++decodeRows;
-      else promptTokens += ch.numTokens;
+      if (ch.numTokens == 1)
+        ++decodeRows;
+      else
+        promptTokens += ch.numTokens;
     }
     scale = promptTokens > 0 ? scaleAt(device_.prefillScale, double(promptTokens))
                              : scaleAt(device_.decodeScale, double(decodeRows));

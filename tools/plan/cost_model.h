@@ -31,8 +31,8 @@
 namespace pd::plan {
 
 struct Efficiency {
-  double compute = 0.6;        // of the dense peak, in prompt-heavy steps
-  double memory = 0.8;         // of the bandwidth, in decode steps
+  double compute = 0.6;         // of the dense peak, in prompt-heavy steps
+  double memory = 0.8;          // of the bandwidth, in decode steps
   double stepOverheadMs = 1.0;  // per step: scheduling, launches, sampling
   // Matrix products over few rows run below the peak: the linear layers of a step of T
   // tokens reach T / (T + halfRateTokens) of it (0: always the peak). Calibrated on a CPU.
@@ -48,8 +48,8 @@ struct Device {
   double peerBytesPerS = 0;  // device to device in a node
   double nicBytesPerS = 0;   // between nodes
   Efficiency efficiency;
-  bool additive = false;     // compute + memory time (a CPU) instead of their max (a GPU)
-  bool calibrated = false;   // fitted to measured steps of the engine
+  bool additive = false;    // compute + memory time (a CPU) instead of their max (a GPU)
+  bool calibrated = false;  // fitted to measured steps of the engine
   // Measured over fitted step time at the calibration's points, piecewise linear in
   // log(rows) and flat beyond the ends: by decode streams for steps without prompt tokens,
   // by prompt tokens for steps with them (a mixed step's linear layers see both, and its

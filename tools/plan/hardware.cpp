@@ -36,9 +36,7 @@ int64_t ModelShape::params() const {
   return perLayer * c.numLayers + h + embeddings;
 }
 
-int64_t ModelShape::kvBytesPerToken() const {
-  return int64_t(2) * config.numLayers * config.kvDim() * kvBytes;
-}
+int64_t ModelShape::kvBytesPerToken() const { return int64_t(2) * config.numLayers * config.kvDim() * kvBytes; }
 
 namespace {
 

@@ -37,8 +37,8 @@ struct ModelShape {
   int weightBytes = 2;  // per parameter (bf16)
   int kvBytes = 2;      // per KV element (bf16)
 
-  int64_t params() const;                 // every weight, the embedding included
-  int64_t kvBytesPerToken() const;        // K and V of one token over all layers
+  int64_t params() const;           // every weight, the embedding included
+  int64_t kvBytesPerToken() const;  // K and V of one token over all layers
 };
 
 // Presets: llama-3-8b, llama-3-70b, llama-2-13b, qwen2.5-7b. Anything else is read as a model directory

@@ -52,8 +52,8 @@ ChartSeries targetLine(const std::string& name, const std::vector<ChartSeries>& 
 }  // namespace
 
 std::string planHtml(const PlanReportInfo& info, const std::vector<Candidate>& ranked) {
-  const std::vector<Candidate> drawn(ranked.begin(),
-                                     ranked.begin() + long(std::min<size_t>(ranked.size(), size_t(std::max(1, info.curves)))));
+  const std::vector<Candidate> drawn(
+      ranked.begin(), ranked.begin() + long(std::min<size_t>(ranked.size(), size_t(std::max(1, info.curves)))));
   std::vector<ChartMarker> maxRates;
   for (const Candidate& c : drawn)
     if (c.maxRate > 0) maxRates.push_back({c.maxRate, c.layout.describe()});
@@ -65,16 +65,16 @@ std::string planHtml(const PlanReportInfo& info, const std::vector<Candidate>& r
        "td:last-child{text-align:left} code{background:#f4f4f4;padding:1px 4px}</style></head><body>\n";
   o << "<h1>pdserve plan</h1>\n<p><code>" << htmlEscape(info.commandLine) << "</code></p>\n";
   o << "<p>" << htmlEscape(info.trace) << "; " << htmlEscape(info.model) << " on " << htmlEscape(info.device)
-    << ". SLO: TTFT " << fmt("%.0f", 1000 * info.slo.ttftS) << " ms and ITL p" << fmt("%g", info.slo.percentile)
-    << " " << fmt("%.0f", 1000 * info.slo.itlS) << " ms per request; a layout's max rate is the highest Poisson "
+    << ". SLO: TTFT " << fmt("%.0f", 1000 * info.slo.ttftS) << " ms and ITL p" << fmt("%g", info.slo.percentile) << " "
+    << fmt("%.0f", 1000 * info.slo.itlS) << " ms per request; a layout's max rate is the highest Poisson "
     << "rate at which " << fmt("%.0f", 100 * info.attainment) << "% of the requests meet both.</p>\n";
   if (ranked.empty()) return o.str() + "<p>No layout was simulated.</p></body></html>\n";
 
-  o << "<h2>SLO attainment against request rate</h2>\n<p>Every rate the search simulated for the "
-    << drawn.size() << " best layouts; the vertical lines are their max rates.</p>\n";
+  o << "<h2>SLO attainment against request rate</h2>\n<p>Every rate the search simulated for the " << drawn.size()
+    << " best layouts; the vertical lines are their max rates.</p>\n";
   auto attainment = curves(drawn, [](const SimSummary& s) { return 100 * s.attainment; });
-  attainment.push_back(targetLine("target " + fmt("%.0f", 100 * info.attainment) + "%", attainment,
-                                  100 * info.attainment));
+  attainment.push_back(
+      targetLine("target " + fmt("%.0f", 100 * info.attainment) + "%", attainment, 100 * info.attainment));
   o << bench::svgChart("SLO attainment", "request rate (req/s, log scale)", "% of requests meeting both SLOs",
                        attainment, maxRates, /*logX=*/true);
   auto ttft = curves(drawn, [](const SimSummary& s) { return 1000 * s.ttftP99; });

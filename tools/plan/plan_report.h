@@ -17,7 +17,7 @@ namespace pd::plan {
 
 struct PlanReportInfo {
   std::string commandLine;
-  std::string trace;   // the workload's description
+  std::string trace;  // the workload's description
   std::string model;
   std::string device;  // with the cost model's note (calibrated or not)
   Slo slo;

@@ -12,7 +12,8 @@ namespace pd::plan {
 int fittingTensorParallel(const ModelShape& model, const Device& device, const SimOptions& sim, int64_t longestTokens) {
   for (int tp : {1, 2, 4, 8}) {
     const CostModel cost(model, device, tp);
-    if (cost.kvBlocks(sim.blockSize, sim.memoryUtilization, sim.kvCacheBytes) * sim.blockSize >= longestTokens) return tp;
+    if (cost.kvBlocks(sim.blockSize, sim.memoryUtilization, sim.kvCacheBytes) * sim.blockSize >= longestTokens)
+      return tp;
   }
   return 0;
 }
@@ -106,8 +107,10 @@ Result<Candidate> evaluate(const CostModel& cost, const PlanOptions& options, co
     const double m = std::sqrt(pass * fail);
     auto r = run(m);
     if (!r.ok()) return r.status();
-    if (r->attainment >= options.attainment) pass = m, passed = *r;
-    else fail = m;
+    if (r->attainment >= options.attainment)
+      pass = m, passed = *r;
+    else
+      fail = m;
   }
   std::sort(c.curve.begin(), c.curve.end(), [](const RatePoint& a, const RatePoint& b) { return a.rate < b.rate; });
   c.maxRateScale = pass;
@@ -152,8 +155,10 @@ Result<std::vector<Candidate>> searchLayouts(const ModelShape& model, const Devi
   auto evaluateNext = [&] {
     for (size_t i = next++; i < layouts.size(); i = next++) {
       auto c = evaluate(cost, options, layouts[i], requests, traceRate, source);
-      if (c.ok()) out[i] = std::move(*c);
-      else errors[i] = c.status();
+      if (c.ok())
+        out[i] = std::move(*c);
+      else
+        errors[i] = c.status();
       if (progress) {
         std::lock_guard<std::mutex> lock(progressMutex);
         progress(done++, int(layouts.size()), layouts[i]);

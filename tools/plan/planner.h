@@ -26,7 +26,7 @@ namespace pd::plan {
 
 struct PlanOptions {
   int devices = 8;
-  SimOptions sim;                                    // its layout is what the search varies
+  SimOptions sim;  // its layout is what the search varies
   std::vector<int64_t> thresholds = {256, 512, 1024, 2048};
   double attainment = 0.9;  // of the requests meeting both SLOs, at the highest rate
   int bisections = 6;
@@ -45,7 +45,7 @@ struct Candidate {
   double maxRate = 0;       // the highest Poisson rate (requests/s) that keeps the attainment
   SimSummary atMaxRate;
   std::vector<RatePoint> curve;  // every rate the search simulated, by rate: the SLO-attainment curve
-  std::string verdict;      // "best", or why it loses to the best
+  std::string verdict;           // "best", or why it loses to the best
 };
 
 using Progress = std::function<void(int done, int total, const Layout& layout)>;

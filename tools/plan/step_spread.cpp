@@ -30,9 +30,12 @@ void addChunks(int64_t rows, int64_t tokens, int64_t context, std::vector<engine
 
 const char* toString(StepKind k) {
   switch (k) {
-    case StepKind::kPrefillPrompt: return "prefill worker, prompt steps";
-    case StepKind::kDecodeOnly: return "decode worker, decode-only steps";
-    case StepKind::kDecodeMixed: return "decode worker, steps with prompt tokens";
+    case StepKind::kPrefillPrompt:
+      return "prefill worker, prompt steps";
+    case StepKind::kDecodeOnly:
+      return "decode worker, decode-only steps";
+    case StepKind::kDecodeMixed:
+      return "decode worker, steps with prompt tokens";
   }
   return "?";
 }
@@ -40,8 +43,10 @@ const char* toString(StepKind k) {
 StepClass StepClass::of(bool prefillWorker, std::span<const engine::SeqChunk> batch) {
   int64_t decodeRows = 0, promptTokens = 0;
   for (const auto& c : batch) {
-    if (c.numTokens == 1) ++decodeRows;
-    else promptTokens += c.numTokens;
+    if (c.numTokens == 1)
+      ++decodeRows;
+    else
+      promptTokens += c.numTokens;
   }
   // A prefill worker's rows are all prompt rows (a one-token prompt too).
   if (prefillWorker) promptTokens += decodeRows, decodeRows = 0;
@@ -73,9 +78,9 @@ StepSpread StepSpread::fromRatios(const std::vector<std::pair<StepClass, double>
 }
 
 Result<StepSpread> StepSpread::read(const std::vector<std::string>& paths, const CostModel& cost) {
-  static const char* const kColumns[] = {"role",          "seconds",      "gap_seconds",          "decode_rows",
-                                         "decode_context_tokens", "prompt_chunks", "prompt_tokens",
-                                         "prompt_context_tokens"};
+  static const char* const kColumns[] = {
+      "role",          "seconds",       "gap_seconds",          "decode_rows", "decode_context_tokens",
+      "prompt_chunks", "prompt_tokens", "prompt_context_tokens"};
   std::vector<std::pair<StepClass, double>> ratios;
   for (const std::string& path : paths) {
     std::ifstream in(path);

@@ -6,9 +6,9 @@
 //       [--no-js]
 // Run from the source root (model files come from tests/npm/node_modules).
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -32,12 +32,41 @@ double threadCpuSeconds() {
 // Mixed text: English prose, code, digits, CJK, emoji, accented words, whitespace runs;
 // one "document" per line so both sides encode the same pieces.
 std::string makeText(size_t bytes) {
-  static const char* kWords[] = {"the", "model", "serving", "cluster", "prefill", "decode", "token",
-                                 "latency", "throughput", "request", "router", "cache", "layer",
-                                 "It's", "don't", "we'll", "Hello,", "world.", "(example)", "naïve",
-                                 "café", "Grüße", "東京", "机器学习", "안녕하세요", "🙂", "🚀",
-                                 "x = f(y) + 1;", "for (int i = 0; i < n; ++i)", "2026", "3.14159",
-                                 "    ", "\t", "Привет", "مرحبا"};
+  static const char* kWords[] = {"the",
+                                 "model",
+                                 "serving",
+                                 "cluster",
+                                 "prefill",
+                                 "decode",
+                                 "token",
+                                 "latency",
+                                 "throughput",
+                                 "request",
+                                 "router",
+                                 "cache",
+                                 "layer",
+                                 "It's",
+                                 "don't",
+                                 "we'll",
+                                 "Hello,",
+                                 "world.",
+                                 "(example)",
+                                 "naïve",
+                                 "café",
+                                 "Grüße",
+                                 "東京",
+                                 "机器学习",
+                                 "안녕하세요",
+                                 "🙂",
+                                 "🚀",
+                                 "x = f(y) + 1;",
+                                 "for (int i = 0; i < n; ++i)",
+                                 "2026",
+                                 "3.14159",
+                                 "    ",
+                                 "\t",
+                                 "Привет",
+                                 "مرحبا"};
   std::mt19937 rng(42);
   std::uniform_int_distribution<size_t> pick(0, sizeof(kWords) / sizeof(kWords[0]) - 1);
   std::uniform_int_distribution<int> lineLen(5, 60);
@@ -62,9 +91,12 @@ int main(int argc, char** argv) {
   bool js = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--mb" && i + 1 < argc) mb = std::atof(argv[++i]);
-    else if (a == "--models" && i + 1 < argc) models = argv[++i];
-    else if (a == "--no-js") js = false;
+    if (a == "--mb" && i + 1 < argc)
+      mb = std::atof(argv[++i]);
+    else if (a == "--models" && i + 1 < argc)
+      models = argv[++i];
+    else if (a == "--no-js")
+      js = false;
     else {
       std::fprintf(stderr, "usage: pd_tokenizer_bench [--mb N] [--models a,b] [--no-js]\n");
       return 2;
@@ -80,8 +112,7 @@ int main(int argc, char** argv) {
     while (std::getline(ss, line)) lines.push_back(line);
   }
   std::printf("text: %.2f MB, %zu lines, single thread\n", text.size() / 1e6, lines.size());
-  std::printf("%-8s %-12s %10s %12s %10s %10s\n", "model", "impl", "MB/s(cpu)", "tokens/s", "tokens",
-              "MB/s(wall)");
+  std::printf("%-8s %-12s %10s %12s %10s %10s\n", "model", "impl", "MB/s(cpu)", "tokens/s", "tokens", "MB/s(wall)");
   std::stringstream list(models);
   std::string name;
   while (std::getline(list, name, ',')) {
@@ -101,9 +132,8 @@ int main(int argc, char** argv) {
       for (const auto& l : lines) tokens += (*tok)->encode(l, false)->size();
       double cpu = threadCpuSeconds() - c0;
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("%-8s %-12s %10.2f %12.0f %10zu %10.2f\n", name.c_str(),
-                  pass ? "pdserve" : "pdserve-cold", text.size() / 1e6 / cpu, tokens / cpu, tokens,
-                  text.size() / 1e6 / s);
+      std::printf("%-8s %-12s %10.2f %12.0f %10zu %10.2f\n", name.c_str(), pass ? "pdserve" : "pdserve-cold",
+                  text.size() / 1e6 / cpu, tokens / cpu, tokens, text.size() / 1e6 / s);
     }
     if (js) {
       std::string cmd = "node tests/npm/tokenizer_reference.mjs bench " + dir + " " + textPath;
@@ -117,8 +147,8 @@ int main(int argc, char** argv) {
         double s = j["seconds"].get<double>();
         double cpu = j["cpuSeconds"].get<double>();
         std::printf("%-8s %-12s %10.2f %12.0f %10lld %10.2f\n", name.c_str(), "js-reference",
-                    j["bytes"].get<double>() / 1e6 / cpu, j["tokens"].get<double>() / cpu,
-                    j["tokens"].get<long long>(), j["bytes"].get<double>() / 1e6 / s);
+                    j["bytes"].get<double>() / 1e6 / cpu, j["tokens"].get<double>() / cpu, j["tokens"].get<long long>(),
+                    j["bytes"].get<double>() / 1e6 / s);
       } catch (const std::exception&) {
         std::printf("%-8s %-12s (node failed: %s)\n", name.c_str(), "js-reference", out.c_str());
       }

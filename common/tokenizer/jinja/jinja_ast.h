@@ -13,10 +13,33 @@ namespace pd::tok::jinja {
 
 enum class NK {
   // statements
-  kBlock, kText, kOutput, kIf, kFor, kSet, kMacro, kBreak, kContinue,
+  kBlock,
+  kText,
+  kOutput,
+  kIf,
+  kFor,
+  kSet,
+  kMacro,
+  kBreak,
+  kContinue,
   // expressions
-  kLiteral, kName, kList, kTuple, kDict, kAttr, kIndex, kSlice, kCall, kFilter, kTest, kNot,
-  kNeg, kBinary, kAnd, kOr, kTernary
+  kLiteral,
+  kName,
+  kList,
+  kTuple,
+  kDict,
+  kAttr,
+  kIndex,
+  kSlice,
+  kCall,
+  kFilter,
+  kTest,
+  kNot,
+  kNeg,
+  kBinary,
+  kAnd,
+  kOr,
+  kTernary
 };
 
 struct Node {

@@ -62,12 +62,14 @@ class MacroDepth {
 int64_t checkedInt(int line, const std::string& op, int64_t a, int64_t b) {
   int64_t r = 0;
   bool overflow = false;
-  if (op == "+") overflow = __builtin_add_overflow(a, b, &r);
-  else if (op == "-") overflow = __builtin_sub_overflow(a, b, &r);
-  else if (op == "*") overflow = __builtin_mul_overflow(a, b, &r);
+  if (op == "+")
+    overflow = __builtin_add_overflow(a, b, &r);
+  else if (op == "-")
+    overflow = __builtin_sub_overflow(a, b, &r);
+  else if (op == "*")
+    overflow = __builtin_mul_overflow(a, b, &r);
   if (overflow) {
-    fail(line, "integer overflow: " + std::to_string(a) + " " + op + " " + std::to_string(b) +
-                   " is outside 64 bits");
+    fail(line, "integer overflow: " + std::to_string(a) + " " + op + " " + std::to_string(b) + " is outside 64 bits");
   }
   return r;
 }
@@ -88,7 +90,7 @@ int64_t checkedPow(int line, int64_t a, int64_t b) {
 // end and its shared pointers would never be freed (found by tests/fuzz). `seen` keeps the
 // walk linear where values share parts.
 bool holds(const Value& v, const void* container, std::unordered_set<const void*>& seen) {
-  const void* self = v.kind == Value::Kind::kArray ? static_cast<const void*>(v.arr.get())
+  const void* self = v.kind == Value::Kind::kArray    ? static_cast<const void*>(v.arr.get())
                      : v.kind == Value::Kind::kObject ? static_cast<const void*>(v.obj.get())
                                                       : nullptr;
   if (self == nullptr || !seen.insert(self).second) return false;
@@ -122,8 +124,12 @@ class Interpreter {
       case NK::kBlock:
         for (const auto& k : n->kids) exec(k, scope);
         return;
-      case NK::kText: out_ += n->name; return;
-      case NK::kOutput: out_ += toStr(eval(n->kids[0], scope)); return;
+      case NK::kText:
+        out_ += n->name;
+        return;
+      case NK::kOutput:
+        out_ += toStr(eval(n->kids[0], scope));
+        return;
       case NK::kIf:
         for (size_t k = 0; k + 1 < n->kids.size(); k += 2) {
           if (truthy(eval(n->kids[k], scope))) {
@@ -132,19 +138,30 @@ class Interpreter {
           }
         }
         return;
-      case NK::kFor: execFor(n, scope); return;
-      case NK::kSet: execSet(n, scope); return;
-      case NK::kMacro: defineMacro(n, scope); return;
-      case NK::kBreak: throw BreakSignal{};
-      case NK::kContinue: throw ContinueSignal{};
-      default: out_ += toStr(eval(n, scope)); return;
+      case NK::kFor:
+        execFor(n, scope);
+        return;
+      case NK::kSet:
+        execSet(n, scope);
+        return;
+      case NK::kMacro:
+        defineMacro(n, scope);
+        return;
+      case NK::kBreak:
+        throw BreakSignal{};
+      case NK::kContinue:
+        throw ContinueSignal{};
+      default:
+        out_ += toStr(eval(n, scope));
+        return;
     }
   }
 
  private:
   static std::vector<Value> iterate(const Value& v, int line) {
     switch (v.kind) {
-      case Value::Kind::kArray: return *v.arr;
+      case Value::Kind::kArray:
+        return *v.arr;
       case Value::Kind::kObject: {
         std::vector<Value> keys;
         for (auto& [k, _] : v.obj->items) keys.push_back(Value::str(k));
@@ -155,8 +172,10 @@ class Interpreter {
         for (auto& c : codePoints(v.s)) chars.push_back(Value::str(c));
         return chars;
       }
-      case Value::Kind::kUndefined: return {};
-      default: fail(line, std::string("cannot iterate over ") + kindName(v));
+      case Value::Kind::kUndefined:
+        return {};
+      default:
+        fail(line, std::string("cannot iterate over ") + kindName(v));
     }
   }
 
@@ -167,8 +186,8 @@ class Interpreter {
     }
     auto parts = iterate(item, line);
     if (parts.size() != names.size())
-      fail(line, "cannot unpack " + std::to_string(parts.size()) + " values into " +
-                     std::to_string(names.size()) + " names");
+      fail(line,
+           "cannot unpack " + std::to_string(parts.size()) + " values into " + std::to_string(names.size()) + " names");
     for (size_t k = 0; k < names.size(); ++k) s.vars[names[k]] = parts[k];
   }
 
@@ -228,8 +247,7 @@ class Interpreter {
     if (n->names.size() == 2 && !n->negated) {  // ns.attr = value
       Value* target = scope->lookup(n->names[0]);
       if (!target || target->kind != Value::Kind::kObject || !target->isNamespace)
-        fail(n->line, "cannot set attribute '" + n->names[1] + "' of '" + n->names[0] +
-                          "': it is not a namespace()");
+        fail(n->line, "cannot set attribute '" + n->names[1] + "' of '" + n->names[0] + "': it is not a namespace()");
       refuseCycle(n->line, v, target->obj.get(), "namespace '" + n->names[0] + "'");
       target->obj->set(n->names[1], v);
       return;
@@ -274,7 +292,8 @@ class Interpreter {
  public:
   Value eval(const NodeP& n, const ScopeP& scope) {
     switch (n->kind) {
-      case NK::kLiteral: return n->value;
+      case NK::kLiteral:
+        return n->value;
       case NK::kName: {
         Value* v = scope->lookup(n->name);
         return v ? *v : Value();
@@ -295,16 +314,22 @@ class Interpreter {
         }
         return v;
       }
-      case NK::kAttr: return getAttr(eval(n->kids[0], scope), n->name, n->line);
-      case NK::kIndex: return getItem(eval(n->kids[0], scope), eval(n->kids[1], scope), n->line);
-      case NK::kSlice: return slice(n, scope);
-      case NK::kCall: return call(n, scope);
-      case NK::kFilter: return filter(n, scope);
+      case NK::kAttr:
+        return getAttr(eval(n->kids[0], scope), n->name, n->line);
+      case NK::kIndex:
+        return getItem(eval(n->kids[0], scope), eval(n->kids[1], scope), n->line);
+      case NK::kSlice:
+        return slice(n, scope);
+      case NK::kCall:
+        return call(n, scope);
+      case NK::kFilter:
+        return filter(n, scope);
       case NK::kTest: {
         bool r = test(n, scope);
         return Value::boolean(n->negated ? !r : r);
       }
-      case NK::kNot: return Value::boolean(!truthy(eval(n->kids[0], scope)));
+      case NK::kNot:
+        return Value::boolean(!truthy(eval(n->kids[0], scope)));
       case NK::kNeg: {
         Value v = eval(n->kids[0], scope);
         if (v.kind == Value::Kind::kInt) return Value::integer(checkedInt(n->line, "-", 0, v.i));
@@ -321,8 +346,10 @@ class Interpreter {
       }
       case NK::kTernary:
         return truthy(eval(n->kids[0], scope)) ? eval(n->kids[1], scope) : eval(n->kids[2], scope);
-      case NK::kBinary: return binary(n, scope);
-      default: fail(n->line, "statement used as an expression");
+      case NK::kBinary:
+        return binary(n, scope);
+      default:
+        fail(n->line, "statement used as an expression");
     }
   }
 
@@ -456,8 +483,9 @@ class Interpreter {
         bool up = name == "upper";
         return fn([me, up](std::vector<Value>&, Kwargs&, int) {
           std::string s = me.s;
-          for (auto& c : s) c = static_cast<char>(up ? std::toupper(static_cast<unsigned char>(c))
-                                                     : std::tolower(static_cast<unsigned char>(c)));
+          for (auto& c : s)
+            c = static_cast<char>(up ? std::toupper(static_cast<unsigned char>(c))
+                                     : std::tolower(static_cast<unsigned char>(c)));
           return Value::str(s);
         });
       }
@@ -483,13 +511,14 @@ class Interpreter {
         return fn([me, starts, name](std::vector<Value>& a, Kwargs&, int ln) {
           if (a.empty()) fail(ln, name + "() needs an argument");
           std::vector<std::string> pats;
-          if (a[0].isString()) pats.push_back(a[0].s);
+          if (a[0].isString())
+            pats.push_back(a[0].s);
           else if (a[0].kind == Value::Kind::kArray)
             for (auto& p : *a[0].arr) pats.push_back(toStr(p));
-          else fail(ln, name + "() argument must be a string or a tuple of strings");
+          else
+            fail(ln, name + "() argument must be a string or a tuple of strings");
           for (auto& p : pats) {
-            if (p.size() <= me.s.size() &&
-                me.s.compare(starts ? 0 : me.s.size() - p.size(), p.size(), p) == 0)
+            if (p.size() <= me.s.size() && me.s.compare(starts ? 0 : me.s.size() - p.size(), p.size(), p) == 0)
               return Value::boolean(true);
           }
           return Value::boolean(false);
@@ -532,8 +561,7 @@ class Interpreter {
       }
       if (name == "replace") {
         return fn([me](std::vector<Value>& a, Kwargs& k, int ln) {
-          if (a.size() < 2 || !a[0].isString() || !a[1].isString())
-            fail(ln, "replace() needs two string arguments");
+          if (a.size() < 2 || !a[0].isString() || !a[1].isString()) fail(ln, "replace() needs two string arguments");
           const Value* cnt = arg(a, k, 2, "count");
           int64_t count = cnt && cnt->kind == Value::Kind::kInt ? cnt->i : -1;
           return Value::str(replaceStr(me.s, a[0].s, a[1].s, count));
@@ -599,8 +627,7 @@ class Interpreter {
     return Value();
   }
 
-  static std::string replaceStr(const std::string& s, const std::string& from, const std::string& to,
-                                int64_t count) {
+  static std::string replaceStr(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
     if (from.empty()) {
       // Python inserts `to` between every character (and at both ends).
       std::string out = to;
@@ -695,9 +722,12 @@ class Interpreter {
         for (auto& v : *container.arr)
           if (equals(v, item)) return true;
         return false;
-      case Value::Kind::kObject: return item.isString() && container.obj->find(item.s) != nullptr;
-      case Value::Kind::kUndefined: return false;
-      default: fail(line, std::string("'in' is not supported for ") + kindName(container));
+      case Value::Kind::kObject:
+        return item.isString() && container.obj->find(item.s) != nullptr;
+      case Value::Kind::kUndefined:
+        return false;
+      default:
+        fail(line, std::string("'in' is not supported for ") + kindName(container));
     }
   }
 
@@ -726,11 +756,12 @@ class Interpreter {
       if (v.kind != Value::Kind::kInt) fail(line, "test '" + name + "' needs an integer");
       return (v.i % 2 != 0) == (name == "odd");
     }
-    if (args.empty() && (name == "divisibleby" || name == "eq" || name == "equalto" || name == "==" ||
-                         name == "ne" || name == "lt" || name == "gt" || name == "le" || name == "ge" ||
-                         name == "in" || name == "sameas"))
+    if (args.empty() &&
+        (name == "divisibleby" || name == "eq" || name == "equalto" || name == "==" || name == "ne" || name == "lt" ||
+         name == "gt" || name == "le" || name == "ge" || name == "in" || name == "sameas"))
       fail(line, "test '" + name + "' needs an argument");
-    if (name == "divisibleby") return v.kind == Value::Kind::kInt && args[0].kind == Value::Kind::kInt && args[0].i != 0 && v.i % args[0].i == 0;
+    if (name == "divisibleby")
+      return v.kind == Value::Kind::kInt && args[0].kind == Value::Kind::kInt && args[0].i != 0 && v.i % args[0].i == 0;
     if (name == "eq" || name == "equalto" || name == "sameas") return equals(v, args[0]);
     if (name == "ne") return !equals(v, args[0]);
     if (name == "lt") return compare(v, args[0], line) < 0;
@@ -770,8 +801,7 @@ class Interpreter {
     return applyFilter(n->name, v, args, kwargs, n->line);
   }
 
-  Value applyFilter(const std::string& name, const Value& v, std::vector<Value>& args, Kwargs& kwargs,
-                    int line) {
+  Value applyFilter(const std::string& name, const Value& v, std::vector<Value>& args, Kwargs& kwargs, int line) {
     if (name == "trim") return Value::str(pyStrip(toStr(v), arg(args, kwargs, 0, "chars"), true, true));
     if (name == "length" || name == "count") {
       if (v.isString()) return Value::integer(static_cast<int64_t>(codePoints(v.s).size()));
@@ -856,14 +886,22 @@ class Interpreter {
         return Value::integer(static_cast<int64_t>(v.f));
       }
       if (v.isString()) {
-        try { return Value::integer(std::stoll(v.s)); } catch (...) { return Value::integer(0); }
+        try {
+          return Value::integer(std::stoll(v.s));
+        } catch (...) {
+          return Value::integer(0);
+        }
       }
       return Value::integer(v.kind == Value::Kind::kBool ? v.b : 0);
     }
     if (name == "float") {
       if (v.isNumber()) return Value::real(v.num());
       if (v.isString()) {
-        try { return Value::real(std::stod(v.s)); } catch (...) { return Value::real(0); }
+        try {
+          return Value::real(std::stod(v.s));
+        } catch (...) {
+          return Value::real(0);
+        }
       }
       return Value::real(0);
     }
@@ -963,8 +1001,10 @@ ScopeP makeGlobals(const nlohmann::ordered_json& context) {
     int64_t start = 0, stop = 0, step = 1;
     for (auto& x : a)
       if (x.kind != Value::Kind::kInt) fail(line, "range() arguments must be integers");
-    if (a.size() == 1) stop = a[0].i;
-    else if (a.size() >= 2) start = a[0].i, stop = a[1].i;
+    if (a.size() == 1)
+      stop = a[0].i;
+    else if (a.size() >= 2)
+      start = a[0].i, stop = a[1].i;
     if (a.size() == 3) step = a[2].i;
     if (a.empty() || a.size() > 3 || step == 0) fail(line, "range() takes 1 to 3 integer arguments, step not 0");
     // The count, in unsigned arithmetic: stop - start may not fit in int64.
@@ -973,8 +1013,8 @@ ScopeP makeGlobals(const nlohmann::ordered_json& context) {
     uint64_t stride = step > 0 ? uint64_t(step) : uint64_t(0) - uint64_t(step);
     uint64_t count = span == 0 ? 0 : (span - 1) / stride + 1;
     if (count > uint64_t(kMaxSequenceItems)) {
-      fail(line, "range() of " + std::to_string(count) + " items is over the limit of " +
-                     std::to_string(kMaxSequenceItems));
+      fail(line,
+           "range() of " + std::to_string(count) + " items is over the limit of " + std::to_string(kMaxSequenceItems));
     }
     Value out = Value::array();
     // Unsigned steps wrap where the last one would pass int64's end; C++20 defines the casts.

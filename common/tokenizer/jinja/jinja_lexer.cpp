@@ -35,8 +35,8 @@ std::string preprocess(std::string src) {
   res.reserve(out.size());
   for (size_t k = 0; k < out.size(); ++k) {
     res.push_back(out[k]);
-    if (out[k] == '}' && k > 0 && (out[k - 1] == '%' || out[k - 1] == '#' || out[k - 1] == '-') &&
-        k + 1 < out.size() && out[k + 1] == '\n') {
+    if (out[k] == '}' && k > 0 && (out[k - 1] == '%' || out[k - 1] == '#' || out[k - 1] == '-') && k + 1 < out.size() &&
+        out[k + 1] == '\n') {
       ++k;
     }
   }
@@ -67,8 +67,8 @@ std::vector<Token> tokenize(const std::string& source) {
   while (pos < n) {
     // Text up to the next tag.
     size_t start = pos;
-    while (pos < n && !(src[pos] == '{' && pos + 1 < n &&
-                        (src[pos + 1] == '%' || src[pos + 1] == '{' || src[pos + 1] == '#')))
+    while (pos < n &&
+           !(src[pos] == '{' && pos + 1 < n && (src[pos + 1] == '%' || src[pos + 1] == '{' || src[pos + 1] == '#')))
       ++pos;
     if (pos > start) {
       toks.push_back({Tok::kText, src.substr(start, pos - start), line});
@@ -98,8 +98,7 @@ std::vector<Token> tokenize(const std::string& source) {
       while (pos < n && isSpaceChar(src[pos])) ++pos;
       countLines(ws, pos);
       if (pos >= n) fail(line, std::string("tag is not closed ('") + close + "' missing)");
-      if (src[pos] == '-' && pos + 2 < n && src[pos + 1] == close[0] && src[pos + 2] == close[1] &&
-          depth == 0) {
+      if (src[pos] == '-' && pos + 2 < n && src[pos + 1] == close[0] && src[pos + 2] == close[1] && depth == 0) {
         toks.push_back({kind == '%' ? Tok::kCloseStmt : Tok::kCloseExpr, "", line});
         pos += 3;
         skipLeading();
@@ -118,16 +117,35 @@ std::vector<Token> tokenize(const std::string& source) {
           if (src[pos] == '\\' && pos + 1 < n) {
             char e = src[++pos];
             switch (e) {
-              case 'n': s += '\n'; break;
-              case 't': s += '\t'; break;
-              case 'r': s += '\r'; break;
-              case 'b': s += '\b'; break;
-              case 'f': s += '\f'; break;
-              case 'v': s += '\v'; break;
-              case '\\': s += '\\'; break;
-              case '\'': s += '\''; break;
-              case '"': s += '"'; break;
-              case '\n': break;
+              case 'n':
+                s += '\n';
+                break;
+              case 't':
+                s += '\t';
+                break;
+              case 'r':
+                s += '\r';
+                break;
+              case 'b':
+                s += '\b';
+                break;
+              case 'f':
+                s += '\f';
+                break;
+              case 'v':
+                s += '\v';
+                break;
+              case '\\':
+                s += '\\';
+                break;
+              case '\'':
+                s += '\'';
+                break;
+              case '"':
+                s += '"';
+                break;
+              case '\n':
+                break;
               case 'x':
               case 'u': {
                 size_t len = e == 'x' ? 2 : 4;
@@ -137,7 +155,8 @@ std::vector<Token> tokenize(const std::string& source) {
                 pos += len;
                 break;
               }
-              default: fail(line, std::string("unknown escape '\\") + e + "' in string literal");
+              default:
+                fail(line, std::string("unknown escape '\\") + e + "' in string literal");
             }
             ++pos;
             continue;
@@ -171,9 +190,8 @@ std::vector<Token> tokenize(const std::string& source) {
         toks.push_back({Tok::kName, src.substr(b, pos - b), line});
         continue;
       }
-      static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                   "~", "<", ">", "=", "(", ")", "[", "]", "{", "}", ",", ".",
-                                   ":", "|"};
+      static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
+                                   ">",  "=",  "(",  ")",  "[",  "]",  "{", "}", ",", ".", ":", "|"};
       bool matched = false;
       for (const char* op : kOps) {
         size_t len = std::strlen(op);

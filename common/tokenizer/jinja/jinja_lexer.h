@@ -8,8 +8,7 @@
 
 namespace pd::tok::jinja {
 
-enum class Tok { kText, kOpenStmt, kCloseStmt, kOpenExpr, kCloseExpr, kName, kString, kInt,
-                 kFloat, kOp, kEnd };
+enum class Tok { kText, kOpenStmt, kCloseStmt, kOpenExpr, kCloseExpr, kName, kString, kInt, kFloat, kOp, kEnd };
 
 struct Token {
   Tok type;

@@ -21,8 +21,8 @@ class Parser {
    public:
     Nest(Parser& p, int line) : p_(p) {
       if (++p_.depth_ > kMaxNesting) {
-        fail(line, "template nested deeper than " + std::to_string(kMaxNesting) +
-                       " levels (brackets, operators or blocks)");
+        fail(line,
+             "template nested deeper than " + std::to_string(kMaxNesting) + " levels (brackets, operators or blocks)");
       }
     }
     ~Nest() { --p_.depth_; }
@@ -42,12 +42,8 @@ class Parser {
  private:
   const Token& peek(size_t k = 0) const { return t_[std::min(p_ + k, t_.size() - 1)]; }
   const Token& next() { return t_[p_ < t_.size() - 1 ? p_++ : p_]; }
-  bool isOp(const char* op, size_t k = 0) const {
-    return peek(k).type == Tok::kOp && peek(k).text == op;
-  }
-  bool isName(const char* nm, size_t k = 0) const {
-    return peek(k).type == Tok::kName && peek(k).text == nm;
-  }
+  bool isOp(const char* op, size_t k = 0) const { return peek(k).type == Tok::kOp && peek(k).text == op; }
+  bool isName(const char* nm, size_t k = 0) const { return peek(k).type == Tok::kName && peek(k).text == nm; }
   void expectOp(const char* op) {
     if (!isOp(op)) fail(peek().line, std::string("expected '") + op + "', found '" + describe(peek()) + "'");
     ++p_;
@@ -62,10 +58,14 @@ class Parser {
   }
   static std::string describe(const Token& t) {
     switch (t.type) {
-      case Tok::kCloseStmt: return "%}";
-      case Tok::kCloseExpr: return "}}";
-      case Tok::kEnd: return "end of template";
-      default: return t.text;
+      case Tok::kCloseStmt:
+        return "%}";
+      case Tok::kCloseExpr:
+        return "}}";
+      case Tok::kEnd:
+        return "end of template";
+      default:
+        return t.text;
     }
   }
   std::string identifier() {
@@ -97,8 +97,7 @@ class Parser {
         block->kids.push_back(n);
       } else if (tk.type == Tok::kOpenStmt) {
         const Token& nameTok = peek(1);
-        if (nameTok.type == Tok::kName &&
-            std::find(stops.begin(), stops.end(), nameTok.text) != stops.end()) {
+        if (nameTok.type == Tok::kName && std::find(stops.begin(), stops.end(), nameTok.text) != stops.end()) {
           ++p_;  // leave the tag name for the caller
           return block;
         }
@@ -405,11 +404,9 @@ class Parser {
           std::vector<NodeP> args;
           parseArgs(args, t->kwargs);
           for (auto& a : args) t->kids.push_back(a);
-        } else if (peek().type == Tok::kString || peek().type == Tok::kInt ||
-                   peek().type == Tok::kFloat ||
-                   (peek().type == Tok::kName && !isName("and") && !isName("or") &&
-                    !isName("else") && !isName("if") && !isName("in") && !isName("not") &&
-                    !isName("is"))) {
+        } else if (peek().type == Tok::kString || peek().type == Tok::kInt || peek().type == Tok::kFloat ||
+                   (peek().type == Tok::kName && !isName("and") && !isName("or") && !isName("else") && !isName("if") &&
+                    !isName("in") && !isName("not") && !isName("is"))) {
           t->kids.push_back(parsePostfix(parsePrimary()));
         }
         e = t;
@@ -489,9 +486,18 @@ class Parser {
     if (tk.type == Tok::kName) {
       std::string nm = next().text;
       auto n = mk(NK::kLiteral, line);
-      if (nm == "true" || nm == "True") { n->value = Value::boolean(true); return n; }
-      if (nm == "false" || nm == "False") { n->value = Value::boolean(false); return n; }
-      if (nm == "none" || nm == "None") { n->value = Value::none(); return n; }
+      if (nm == "true" || nm == "True") {
+        n->value = Value::boolean(true);
+        return n;
+      }
+      if (nm == "false" || nm == "False") {
+        n->value = Value::boolean(false);
+        return n;
+      }
+      if (nm == "none" || nm == "None") {
+        n->value = Value::none();
+        return n;
+      }
       n->kind = NK::kName;
       n->name = nm;
       return n;

@@ -25,15 +25,24 @@ Value makeFunction(std::string name, std::function<Value(std::vector<Value>&, Kw
 
 const char* kindName(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "undefined";
-    case Value::Kind::kNone: return "none";
-    case Value::Kind::kBool: return "boolean";
-    case Value::Kind::kInt: return "integer";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "string";
-    case Value::Kind::kArray: return "list";
-    case Value::Kind::kObject: return v.isNamespace ? "namespace" : "dict";
-    case Value::Kind::kFunction: return "function";
+    case Value::Kind::kUndefined:
+      return "undefined";
+    case Value::Kind::kNone:
+      return "none";
+    case Value::Kind::kBool:
+      return "boolean";
+    case Value::Kind::kInt:
+      return "integer";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kString:
+      return "string";
+    case Value::Kind::kArray:
+      return "list";
+    case Value::Kind::kObject:
+      return v.isNamespace ? "namespace" : "dict";
+    case Value::Kind::kFunction:
+      return "function";
   }
   return "?";
 }
@@ -41,14 +50,22 @@ const char* kindName(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
-    case Value::Kind::kBool: return v.b;
-    case Value::Kind::kInt: return v.i != 0;
-    case Value::Kind::kFloat: return v.f != 0;
-    case Value::Kind::kString: return !v.s.empty();
-    case Value::Kind::kArray: return !v.arr->empty();
-    case Value::Kind::kObject: return v.isNamespace || !v.obj->items.empty();
-    case Value::Kind::kFunction: return true;
+    case Value::Kind::kNone:
+      return false;
+    case Value::Kind::kBool:
+      return v.b;
+    case Value::Kind::kInt:
+      return v.i != 0;
+    case Value::Kind::kFloat:
+      return v.f != 0;
+    case Value::Kind::kString:
+      return !v.s.empty();
+    case Value::Kind::kArray:
+      return !v.arr->empty();
+    case Value::Kind::kObject:
+      return v.isNamespace || !v.obj->items.empty();
+    case Value::Kind::kFunction:
+      return true;
   }
   return false;
 }
@@ -73,13 +90,27 @@ void jsonString(std::string& out, const std::string& s) {
   out.push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -98,12 +129,24 @@ void jsonString(std::string& out, const std::string& s) {
 void toJson(std::string& out, const Value& v, int indent, int depth) {
   switch (v.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: out += "null"; return;
-    case Value::Kind::kBool: out += v.b ? "true" : "false"; return;
-    case Value::Kind::kInt: out += std::to_string(v.i); return;
-    case Value::Kind::kFloat: out += formatFloat(v.f); return;
-    case Value::Kind::kString: jsonString(out, v.s); return;
-    case Value::Kind::kFunction: out += "null"; return;
+    case Value::Kind::kNone:
+      out += "null";
+      return;
+    case Value::Kind::kBool:
+      out += v.b ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      out += std::to_string(v.i);
+      return;
+    case Value::Kind::kFloat:
+      out += formatFloat(v.f);
+      return;
+    case Value::Kind::kString:
+      jsonString(out, v.s);
+      return;
+    case Value::Kind::kFunction:
+      out += "null";
+      return;
     case Value::Kind::kArray:
     case Value::Kind::kObject: {
       bool isArr = v.kind == Value::Kind::kArray;
@@ -132,19 +175,26 @@ void toJson(std::string& out, const Value& v, int indent, int depth) {
   }
 }
 
-
 // What {{ v }} prints (Python's str()).
 std::string toStr(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.b ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.i);
-    case Value::Kind::kFloat: return formatFloat(v.f);
-    case Value::Kind::kString: return v.s;
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.b ? "True" : "False";
+    case Value::Kind::kInt:
+      return std::to_string(v.i);
+    case Value::Kind::kFloat:
+      return formatFloat(v.f);
+    case Value::Kind::kString:
+      return v.s;
     case Value::Kind::kArray:
-    case Value::Kind::kObject: return repr(v);
-    case Value::Kind::kFunction: return "<function " + v.fn->name + ">";
+    case Value::Kind::kObject:
+      return repr(v);
+    case Value::Kind::kFunction:
+      return "<function " + v.fn->name + ">";
   }
   return "";
 }
@@ -154,7 +204,10 @@ std::string repr(const Value& v) {
     std::string out = "'";
     for (char c : v.s) {
       if (c == '\'' || c == '\\') out.push_back('\\');
-      if (c == '\n') { out += "\\n"; continue; }
+      if (c == '\n') {
+        out += "\\n";
+        continue;
+      }
       out.push_back(c);
     }
     return out + "'";
@@ -167,8 +220,7 @@ std::string repr(const Value& v) {
   if (v.kind == Value::Kind::kObject) {
     std::string out = "{";
     for (size_t k = 0; k < v.obj->items.size(); ++k)
-      out += (k ? ", " : "") + repr(Value::str(v.obj->items[k].first)) + ": " +
-             repr(v.obj->items[k].second);
+      out += (k ? ", " : "") + repr(Value::str(v.obj->items[k].first)) + ": " + repr(v.obj->items[k].second);
     return out + "}";
   }
   return toStr(v);
@@ -181,9 +233,12 @@ bool equals(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kBool: return a.b == b.b;
-    case Value::Kind::kString: return a.s == b.s;
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kBool:
+      return a.b == b.b;
+    case Value::Kind::kString:
+      return a.s == b.s;
     case Value::Kind::kArray:
       if (a.arr->size() != b.arr->size()) return false;
       for (size_t k = 0; k < a.arr->size(); ++k)
@@ -196,8 +251,10 @@ bool equals(const Value& a, const Value& b) {
         if (!o || !equals(v, *o)) return false;
       }
       return true;
-    case Value::Kind::kFunction: return a.fn == b.fn;
-    default: return false;
+    case Value::Kind::kFunction:
+      return a.fn == b.fn;
+    default:
+      return false;
   }
 }
 
@@ -220,12 +277,17 @@ std::vector<std::string> codePoints(const std::string& s) {
 
 Value fromJson(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::none();
-    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::null:
+      return Value::none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::boolean(j.get<bool>());
     case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_float: return Value::real(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value::str(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value::real(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value::str(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Value v = Value::array();
       for (const auto& e : j) v.arr->push_back(fromJson(e));
@@ -236,7 +298,8 @@ Value fromJson(const nlohmann::ordered_json& j) {
       for (auto it = j.begin(); it != j.end(); ++it) v.obj->set(it.key(), fromJson(it.value()));
       return v;
     }
-    default: return Value();
+    default:
+      return Value();
   }
 }
 

@@ -47,13 +47,40 @@ struct Value {
   bool isNamespace = false;
   bool isTuple = false;
 
-  static Value none() { Value v; v.kind = Kind::kNone; return v; }
-  static Value boolean(bool x) { Value v; v.kind = Kind::kBool; v.b = x; return v; }
-  static Value integer(int64_t x) { Value v; v.kind = Kind::kInt; v.i = x; return v; }
-  static Value real(double x) { Value v; v.kind = Kind::kFloat; v.f = x; return v; }
-  static Value str(std::string x) { Value v; v.kind = Kind::kString; v.s = std::move(x); return v; }
+  static Value none() {
+    Value v;
+    v.kind = Kind::kNone;
+    return v;
+  }
+  static Value boolean(bool x) {
+    Value v;
+    v.kind = Kind::kBool;
+    v.b = x;
+    return v;
+  }
+  static Value integer(int64_t x) {
+    Value v;
+    v.kind = Kind::kInt;
+    v.i = x;
+    return v;
+  }
+  static Value real(double x) {
+    Value v;
+    v.kind = Kind::kFloat;
+    v.f = x;
+    return v;
+  }
+  static Value str(std::string x) {
+    Value v;
+    v.kind = Kind::kString;
+    v.s = std::move(x);
+    return v;
+  }
   static Value array(Array a = {}) {
-    Value v; v.kind = Kind::kArray; v.arr = std::make_shared<Array>(std::move(a)); return v;
+    Value v;
+    v.kind = Kind::kArray;
+    v.arr = std::make_shared<Array>(std::move(a));
+    return v;
   }
   static Value object();
   bool isUndefined() const { return kind == Kind::kUndefined; }
@@ -70,8 +97,10 @@ struct Object {
     return nullptr;
   }
   void set(const std::string& k, Value v) {
-    if (Value* p = find(k)) *p = std::move(v);
-    else items.emplace_back(k, std::move(v));
+    if (Value* p = find(k))
+      *p = std::move(v);
+    else
+      items.emplace_back(k, std::move(v));
   }
 };
 

@@ -1,6 +1,6 @@
 // How the tcp transport cuts a stream's segments into writes (tcp_sender.cpp pump(), post()
 // striping), as plain constants without Asio: the transport and its like-for-like ceiling in
-// kvtransfer-bench (bench/tcp_like.cpp, issue 18) read the same numbers, so the ceiling moves
+// kvtransfer-bench (bench/tcp_like.cpp) read the same numbers, so the ceiling moves
 // its bytes in the same I/O sizes.
 #pragma once
 
@@ -13,6 +13,6 @@ inline constexpr size_t kMaxBatchBuffers = 256;     // per gathered write (Asio 
 inline constexpr size_t kSmallPayload = 16 << 10;   // smaller payloads travel in group frames
 inline constexpr size_t kStripeMinBytes = 4 << 20;  // smaller transfers stay on one stream
 inline constexpr size_t kStripeChunk = 1 << 20;
-inline constexpr size_t kWireHeaderBytes = 40;      // every frame's header (WireHeader)
+inline constexpr size_t kWireHeaderBytes = 40;  // every frame's header (WireHeader)
 
 }  // namespace pd::kvt::tcpimpl

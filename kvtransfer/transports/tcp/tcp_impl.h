@@ -11,14 +11,11 @@
 // guarded by the named mutex.
 #pragma once
 
-#include "kvtransfer/transports/tcp_transport.h"
-
 #include <netinet/tcp.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <boost/asio.hpp>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -29,12 +26,15 @@
 #include <unordered_map>
 #include <utility>
 
+#include <boost/asio.hpp>
+
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/base/random.h"
 #include "kvtransfer/segment_matcher.h"
-#include "kvtransfer/transports/tcp/tcp_batching.h"
 #include "kvtransfer/staging_ring.h"
+#include "kvtransfer/transports/tcp/tcp_batching.h"
+#include "kvtransfer/transports/tcp_transport.h"
 
 namespace pd::kvt {
 namespace tcpimpl {
@@ -43,26 +43,26 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 inline constexpr uint32_t kMagic = 0x544b4450;  // "PDKT" little-endian; also catches endianness
-// 2: the receiver speaks first (a kChallenge frame), and the hello may carry a proof (issue 13).
+// 2: the receiver speaks first (a kChallenge frame), and the hello may carry a proof (docs/security.md).
 inline constexpr uint16_t kWireVersion = 2;
 // kMaxBatchBytes, kMaxBatchBuffers, kSmallPayload, kStripeMinBytes, kStripeChunk: tcp_batching.h.
-inline constexpr size_t kMaxGroupBytes = 8 << 20;   // receiver-side bound on one group frame
+inline constexpr size_t kMaxGroupBytes = 8 << 20;  // receiver-side bound on one group frame
 inline constexpr size_t kMaxNameLen = 256;
 inline constexpr size_t kMaxAckMessage = 64 << 10;
-// Staging of kCuda memory (issue 7): pieces per bounce buffer, so a chunk's frames fit one
+// Staging of kCuda memory (docs/kvtransfer.md): pieces per bounce buffer, so a chunk's frames fit one
 // gathered write with room for the End frame; the smallest chunk holds any group piece.
 inline constexpr size_t kMaxStagePieces = (kMaxBatchBuffers - 4) / 2;
 inline constexpr size_t kMinStageChunk = 64 << 10;
 inline constexpr auto kStagePoll = std::chrono::microseconds(20);
 
 enum class FrameType : uint8_t {
-  kHello = 1,  // token = receiver instance, addr = stream index, len = name bytes that follow
-  kData = 2,   // token, addr, len: payload of len bytes follows
-  kEnd = 3,    // end of this stream's share of a transfer (no payload: len = 0)
-  kAbort = 4,  // the sender cancelled the transfer (the receiver forgets its state)
-  kAck = 5,    // receiver -> sender: flags = 0 ok / 1 refused; len = message bytes that follow
-  kGroup = 6,  // len bytes follow: back-to-back (data header, payload) pairs of small payloads,
-               // which the receiver reads in one go and copies into place
+  kHello = 1,      // token = receiver instance, addr = stream index, len = name bytes that follow
+  kData = 2,       // token, addr, len: payload of len bytes follows
+  kEnd = 3,        // end of this stream's share of a transfer (no payload: len = 0)
+  kAbort = 4,      // the sender cancelled the transfer (the receiver forgets its state)
+  kAck = 5,        // receiver -> sender: flags = 0 ok / 1 refused; len = message bytes that follow
+  kGroup = 6,      // len bytes follow: back-to-back (data header, payload) pairs of small payloads,
+                   // which the receiver reads in one go and copies into place
   kChallenge = 7,  // receiver -> sender, the first frame of every connection: len = nonce
                    // bytes that follow (kNonceBytes with a cluster secret, 0 without one)
 };
@@ -72,8 +72,8 @@ inline constexpr const char* kKvAuthTag = "pdserve/kv-tcp-auth/v1";
 
 // What a writer proves in its hello: it holds the cluster secret, on this connection (the
 // receiver's fresh nonce), to this receiver instance, for this stream and name.
-inline std::string kvHelloProof(const std::string& secret, const std::string& nonce, uint64_t instance,
-                                uint64_t stream, const std::string& name) {
+inline std::string kvHelloProof(const std::string& secret, const std::string& nonce, uint64_t instance, uint64_t stream,
+                                const std::string& name) {
   auth::Transcript t(kKvAuthTag);
   t.add("writer->receiver").add(nonce).add(instance).add(stream).add(name);
   return auth::proof(secret, t);
@@ -135,10 +135,10 @@ struct Job {
   std::shared_ptr<IoTransfer> t;
   std::vector<Seg> segs;
   size_t next = 0;
-  bool final = false;       // its End frame is the transfer's last (one stream carries it all)
+  bool final = false;  // its End frame is the transfer's last (one stream carries it all)
   bool started = false;
-  bool staged = false;      // some local segment is kCuda: it goes through the stage ring
-  size_t nextOff = 0;       // staged: bytes of segs[next] already in a bounce buffer
+  bool staged = false;  // some local segment is kCuda: it goes through the stage ring
+  size_t nextOff = 0;   // staged: bytes of segs[next] already in a bounce buffer
 };
 
 struct OutStream {
@@ -163,7 +163,7 @@ struct OutStream {
   std::vector<CopyPiece> stagePieces;
   size_t stageHead = 0;
   size_t stageCount = 0;
-  uint64_t stageGen = 0;  // bumped when the ring is dropped; a late write completion is ignored
+  uint64_t stageGen = 0;          // bumped when the ring is dropped; a late write completion is ignored
   asio::steady_timer stageTimer;  // polls the head chunk's copy
   bool stageTimerArmed = false;
 };
@@ -178,9 +178,9 @@ struct OutPeer {
   PeerId id = 0;
   std::string name;
   std::string endpoint;
-  std::vector<RemoteKey> keys;  // owner thread only
-  std::vector<KeyRange> keyRanges;  // keys' addresses, for SegmentMatcher (owner thread only)
-  std::vector<std::shared_ptr<OutStream>> streams;  // made by loadPeer; the vector never changes after
+  std::vector<RemoteKey> keys;                       // owner thread only
+  std::vector<KeyRange> keyRanges;                   // keys' addresses, for SegmentMatcher (owner thread only)
+  std::vector<std::shared_ptr<OutStream>> streams;   // made by loadPeer; the vector never changes after
   std::unique_ptr<asio::steady_timer> connectTimer;  // fails the peer if it is not connected in time
   std::atomic<bool> dead{false};
   std::mutex reasonMu;
@@ -200,7 +200,7 @@ struct InConn {
   std::string peerName;
   bool helloDone = false;
   WireHeader hdr;
-  std::string text;  // the hello's name (and proof) being read
+  std::string text;                                   // the hello's name (and proof) being read
   std::unordered_map<uint64_t, std::string> refused;  // transferId -> reason
   std::vector<char> discard;
   uint64_t discardLeft = 0;
@@ -242,8 +242,8 @@ struct Grant {
   std::vector<MemDesc> ranges;
   // The range covering [addr, addr + len), or null.
   const MemDesc* find(uint64_t addr, uint64_t len) const {
-    auto it = std::upper_bound(ranges.begin(), ranges.end(), addr,
-                               [](uint64_t a, const MemDesc& d) { return a < d.addr; });
+    auto it =
+        std::upper_bound(ranges.begin(), ranges.end(), addr, [](uint64_t a, const MemDesc& d) { return a < d.addr; });
     if (it == ranges.begin()) return nullptr;
     --it;
     return KeyRange{it->addr, it->len}.covers(addr, len) ? &*it : nullptr;
@@ -273,8 +273,7 @@ class TcpTransport::Impl {
   bool peerAlive(PeerId id) const;
   Status unloadPeer(PeerId id);
   void dropConnections(PeerId id);
-  Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peerId,
-                          const std::string& grant);
+  Result<TransferId> post(const DescList& local, const DescList& remote, PeerId peerId, const std::string& grant);
   Result<std::string> grantWrite(const DescList& ranges);
   Status revokeWrite(const std::string& grant);
   void harvest();
@@ -285,8 +284,8 @@ class TcpTransport::Impl {
  private:
   // ---- sender side, I/O thread (tcp_sender.cpp) -------------------------------------------
   void connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoint ep, uint64_t remoteInstance);
-  void startTransfer(std::shared_ptr<OutPeer> p, std::shared_ptr<IoTransfer> t,
-                     std::vector<std::vector<Seg>> perStream, bool staged);
+  void startTransfer(std::shared_ptr<OutPeer> p, std::shared_ptr<IoTransfer> t, std::vector<std::vector<Seg>> perStream,
+                     bool staged);
   void pump(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s);
   void startWrite(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
                   std::shared_ptr<IoTransfer> t);

@@ -65,8 +65,8 @@ void TcpTransport::Impl::closeIn(InConn& c) {
 void TcpTransport::Impl::dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn) {
   if (c->closed) return;
   if (warn) {
-    PD_LOG(kWarn, "kvt.tcp") << "closing connection from " << (c->peerName.empty() ? "?" : c->peerName)
-                             << " (" << c->remote << "): " << why;
+    PD_LOG(kWarn, "kvt.tcp") << "closing connection from " << (c->peerName.empty() ? "?" : c->peerName) << " ("
+                             << c->remote << "): " << why;
   } else {
     PD_LOG(kDebug, "kvt.tcp") << "connection from " << c->peerName << " (" << c->remote << ") ended: " << why;
   }
@@ -86,8 +86,8 @@ void TcpTransport::Impl::onHelloText(const std::shared_ptr<InConn>& c, bool hasP
     why = "the writer sent no cluster credential (no cluster.secret_file on its side?)";
   } else if (!authenticated() && hasProof) {
     why = "the writer requires cluster authentication and this side has no cluster.secret_file";
-  } else if (authenticated() &&
-             !auth::constantTimeEqual(kvHelloProof(*options_.clusterSecret, c->nonce, instance_, stream, name), proof)) {
+  } else if (authenticated() && !auth::constantTimeEqual(
+                                    kvHelloProof(*options_.clusterSecret, c->nonce, instance_, stream, name), proof)) {
     why = "the writer's proof is wrong (another cluster secret, or replayed)";
   }
   if (!why.empty()) {
@@ -104,14 +104,13 @@ void TcpTransport::Impl::onHelloText(const std::shared_ptr<InConn>& c, bool hasP
 }
 
 void TcpTransport::Impl::readHeader(std::shared_ptr<InConn> c) {
-  asio::async_read(c->sock, asio::buffer(&c->hdr, sizeof(WireHeader)),
-                   [this, c](boost::system::error_code ec, size_t) {
-                     if (ec) {
-                       dropIn(c, ec.message(), false);
-                       return;
-                     }
-                     onHeader(c);
-                   });
+  asio::async_read(c->sock, asio::buffer(&c->hdr, sizeof(WireHeader)), [this, c](boost::system::error_code ec, size_t) {
+    if (ec) {
+      dropIn(c, ec.message(), false);
+      return;
+    }
+    onHeader(c);
+  });
 }
 
 void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
@@ -157,17 +156,16 @@ void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
           // A data frame is always followed by another frame (data, end or abort), so the
           // payload and the next header come in one read: half the syscalls for small
           // segments, and the payload still lands straight in place.
-          std::array<asio::mutable_buffer, 2> bufs = {
-              asio::buffer(reinterpret_cast<void*>(h.addr), h.len),
-              asio::buffer(&c->hdr, sizeof(WireHeader))};
+          std::array<asio::mutable_buffer, 2> bufs = {asio::buffer(reinterpret_cast<void*>(h.addr), h.len),
+                                                      asio::buffer(&c->hdr, sizeof(WireHeader))};
           asio::async_read(c->sock, bufs, TransferAllInOne{asio::buffer_size(bufs)},
                            [this, c](boost::system::error_code ec, size_t) {
-            if (ec) {
-              dropIn(c, ec.message(), false);
-              return;
-            }
-            onHeader(c);
-          });
+                             if (ec) {
+                               dropIn(c, ec.message(), false);
+                               return;
+                             }
+                             onHeader(c);
+                           });
           return;
         }
         refuse(c, tid, why, reason);
@@ -205,8 +203,7 @@ void TcpTransport::Impl::onHeader(const std::shared_ptr<InConn>& c) {
       }
       c->group.resize(h.len);
       // Like a data frame, a group is always followed by another frame: read both at once.
-      std::array<asio::mutable_buffer, 2> bufs = {asio::buffer(c->group),
-                                                  asio::buffer(&c->hdr, sizeof(WireHeader))};
+      std::array<asio::mutable_buffer, 2> bufs = {asio::buffer(c->group), asio::buffer(&c->hdr, sizeof(WireHeader))};
       asio::async_read(c->sock, bufs, TransferAllInOne{asio::buffer_size(bufs)},
                        [this, c](boost::system::error_code ec, size_t) {
                          if (ec) {
@@ -260,7 +257,7 @@ bool TcpTransport::Impl::scatterGroup(const std::shared_ptr<InConn>& c) {
 }
 
 std::string TcpTransport::Impl::validateWrite(uint64_t token, uint64_t addr, uint64_t len, int* device,
-                                             const char** reason) {
+                                              const char** reason) {
   std::shared_lock lock(exposuresMu_);
   if (auto g = grants_.find(token); g != grants_.end()) {
     const MemDesc* d = g->second.find(addr, len);
@@ -325,15 +322,14 @@ void TcpTransport::Impl::discardPayload(std::shared_ptr<InConn> c) {
   }
   if (c->discard.empty()) c->discard.resize(1 << 20);
   size_t n = std::min<uint64_t>(c->discardLeft, c->discard.size());
-  asio::async_read(c->sock, asio::buffer(c->discard.data(), n),
-                   [this, c, n](boost::system::error_code ec, size_t) {
-                     if (ec) {
-                       dropIn(c, ec.message(), false);
-                       return;
-                     }
-                     c->discardLeft -= n;
-                     discardPayload(c);
-                   });
+  asio::async_read(c->sock, asio::buffer(c->discard.data(), n), [this, c, n](boost::system::error_code ec, size_t) {
+    if (ec) {
+      dropIn(c, ec.message(), false);
+      return;
+    }
+    c->discardLeft -= n;
+    discardPayload(c);
+  });
 }
 
 void TcpTransport::Impl::sendAck(const std::shared_ptr<InConn>& c, uint64_t tid, bool refused, const std::string& msg) {

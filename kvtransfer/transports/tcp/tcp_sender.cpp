@@ -22,34 +22,35 @@ void TcpTransport::Impl::connectStreams(std::shared_ptr<OutPeer> p, tcp::endpoin
       boost::system::error_code ig;
       s->sock.set_option(tcp::no_delay(true), ig);
       // The receiver speaks first: its challenge, answered in our hello.
-      asio::async_read(s->sock, asio::buffer(&s->challengeHdr, sizeof(WireHeader)),
-                       [this, p, s, remaining, remoteInstance](boost::system::error_code rec, size_t) {
-        if (p->dead.load() || stopping_) return;
-        if (rec) return failPeer(p, "no challenge from the receiver: " + rec.message());
-        const WireHeader& ch = s->challengeHdr;
-        if (ch.magic != kMagic || ch.version != kWireVersion || FrameType(ch.type) != FrameType::kChallenge ||
-            (ch.len != 0 && ch.len != auth::kNonceBytes)) {
-          return failPeer(p, "the receiver's first frame is not a challenge (another wire version?)");
-        }
-        if (ch.len == 0 && authenticated()) {
-          // Never write to a receiver that cannot check who writes: fail closed.
-          return failPeer(p, "authentication failed: the receiver has no cluster secret and this side has one",
-                          StatusCode::kFailedPrecondition);
-        }
-        if (ch.len != 0 && !authenticated()) {
-          // Say hello without a proof, so the receiver logs and counts the refusal, then fail.
-          s->challenge.clear();
-          return sendHello(p, s, remoteInstance, remaining, /*thenFail=*/true);
-        }
-        s->challenge.assign(ch.len, '\0');
-        if (ch.len == 0) return sendHello(p, s, remoteInstance, remaining, false);
-        asio::async_read(s->sock, asio::buffer(s->challenge),
-                         [this, p, s, remaining, remoteInstance](boost::system::error_code nec, size_t) {
-          if (p->dead.load() || stopping_) return;
-          if (nec) return failPeer(p, "challenge not read: " + nec.message());
-          sendHello(p, s, remoteInstance, remaining, false);
-        });
-      });
+      asio::async_read(
+          s->sock, asio::buffer(&s->challengeHdr, sizeof(WireHeader)),
+          [this, p, s, remaining, remoteInstance](boost::system::error_code rec, size_t) {
+            if (p->dead.load() || stopping_) return;
+            if (rec) return failPeer(p, "no challenge from the receiver: " + rec.message());
+            const WireHeader& ch = s->challengeHdr;
+            if (ch.magic != kMagic || ch.version != kWireVersion || FrameType(ch.type) != FrameType::kChallenge ||
+                (ch.len != 0 && ch.len != auth::kNonceBytes)) {
+              return failPeer(p, "the receiver's first frame is not a challenge (another wire version?)");
+            }
+            if (ch.len == 0 && authenticated()) {
+              // Never write to a receiver that cannot check who writes: fail closed.
+              return failPeer(p, "authentication failed: the receiver has no cluster secret and this side has one",
+                              StatusCode::kFailedPrecondition);
+            }
+            if (ch.len != 0 && !authenticated()) {
+              // Say hello without a proof, so the receiver logs and counts the refusal, then fail.
+              s->challenge.clear();
+              return sendHello(p, s, remoteInstance, remaining, /*thenFail=*/true);
+            }
+            s->challenge.assign(ch.len, '\0');
+            if (ch.len == 0) return sendHello(p, s, remoteInstance, remaining, false);
+            asio::async_read(s->sock, asio::buffer(s->challenge),
+                             [this, p, s, remaining, remoteInstance](boost::system::error_code nec, size_t) {
+                               if (p->dead.load() || stopping_) return;
+                               if (nec) return failPeer(p, "challenge not read: " + nec.message());
+                               sendHello(p, s, remoteInstance, remaining, false);
+                             });
+          });
     });
   }
 }
@@ -72,28 +73,28 @@ void TcpTransport::Impl::sendHello(std::shared_ptr<OutPeer> p, std::shared_ptr<O
   std::memcpy(hello->data(), &h, sizeof h);
   hello->append(options_.localName);
   hello->append(proof);
-  asio::async_write(s->sock, asio::buffer(*hello), [this, p, s, hello, remaining, thenFail](boost::system::error_code wec,
-                                                                                          size_t) {
-    if (p->dead.load() || stopping_) return;
-    if (thenFail) {
-      return failPeer(p, "authentication failed: the receiver requires the cluster secret and this side has none",
-                      StatusCode::kFailedPrecondition);
-    }
-    if (wec) return failPeer(p, "hello failed: " + wec.message());
-    readAck(p, s);
-    if (--*remaining > 0) return;
-    p->connected = true;
-    p->connectTimer->cancel();
-    p->lastProgress = steadyNow();
-    ioPeers_.push_back(p);
-    PD_LOG(kDebug, "kvt.tcp") << "peer '" << p->name << "' at " << p->endpoint << " connected with "
-                              << p->streams.size() << " stream(s)";
-    for (auto& stream : p->streams) pump(p, stream);
-  });
+  asio::async_write(
+      s->sock, asio::buffer(*hello), [this, p, s, hello, remaining, thenFail](boost::system::error_code wec, size_t) {
+        if (p->dead.load() || stopping_) return;
+        if (thenFail) {
+          return failPeer(p, "authentication failed: the receiver requires the cluster secret and this side has none",
+                          StatusCode::kFailedPrecondition);
+        }
+        if (wec) return failPeer(p, "hello failed: " + wec.message());
+        readAck(p, s);
+        if (--*remaining > 0) return;
+        p->connected = true;
+        p->connectTimer->cancel();
+        p->lastProgress = steadyNow();
+        ioPeers_.push_back(p);
+        PD_LOG(kDebug, "kvt.tcp") << "peer '" << p->name << "' at " << p->endpoint << " connected with "
+                                  << p->streams.size() << " stream(s)";
+        for (auto& stream : p->streams) pump(p, stream);
+      });
 }
 
 void TcpTransport::Impl::startTransfer(std::shared_ptr<OutPeer> p, std::shared_ptr<IoTransfer> t,
-                   std::vector<std::vector<Seg>> perStream, bool staged) {
+                                       std::vector<std::vector<Seg>> perStream, bool staged) {
   if (p->dead.load()) {
     std::lock_guard lock(p->reasonMu);
     complete(*p, t, unavailable("tcp transport: peer '" + p->name + "' is dead: " + p->deathReason));
@@ -148,7 +149,7 @@ void TcpTransport::Impl::pump(const std::shared_ptr<OutPeer>& p, const std::shar
     }
     j.started = true;
     // kvtransfer/bench/tcp_like.cpp planStream() cuts batches exactly like this loop (the
-    // transport's like-for-like ceiling, issue 18): a change here belongs there too.
+    // transport's like-for-like ceiling): a change here belongs there too.
     s->bufs.clear();
     size_t nh = 0;
     size_t bytes = 0;
@@ -173,8 +174,8 @@ void TcpTransport::Impl::pump(const std::shared_ptr<OutPeer>& p, const std::shar
       s->bufs.push_back(asio::buffer(&g, sizeof g));
       const size_t before = bytes;
       size_t inner = 0;
-      while (j.next < j.segs.size() && j.segs[j.next].len < kSmallPayload &&
-             s->bufs.size() + 4 <= kMaxBatchBuffers && bytes < kMaxBatchBytes) {
+      while (j.next < j.segs.size() && j.segs[j.next].len < kSmallPayload && s->bufs.size() + 4 <= kMaxBatchBuffers &&
+             bytes < kMaxBatchBytes) {
         addData(j.segs[j.next++]);
         ++inner;
       }
@@ -188,7 +189,7 @@ void TcpTransport::Impl::pump(const std::shared_ptr<OutPeer>& p, const std::shar
 }
 
 void TcpTransport::Impl::startWrite(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
-                std::shared_ptr<IoTransfer> t) {
+                                    std::shared_ptr<IoTransfer> t) {
   s->writing = true;
   s->writingFor = t;
   if (t) t->writesInFlight++;
@@ -197,7 +198,7 @@ void TcpTransport::Impl::startWrite(const std::shared_ptr<OutPeer>& p, const std
 }
 
 void TcpTransport::Impl::onWritten(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
-               const std::shared_ptr<IoTransfer>& t, boost::system::error_code ec) {
+                                   const std::shared_ptr<IoTransfer>& t, boost::system::error_code ec) {
   s->writing = false;
   s->writingFor.reset();
   if (t) {
@@ -237,35 +238,34 @@ void TcpTransport::Impl::appendEnd(OutStream& s, const std::shared_ptr<IoTransfe
 }
 
 void TcpTransport::Impl::readAck(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s) {
-  asio::async_read(s->sock, asio::buffer(&s->ackHdr, sizeof(WireHeader)),
-                   [this, p, s](boost::system::error_code ec, size_t) {
-                     if (ec) {
-                       // Aborted = we closed the socket ourselves (failPeer, unload, shutdown).
-                       if (!p->dead.load() && ec != asio::error::operation_aborted) {
-                         failPeer(p, ec == asio::error::eof ? std::string("connection closed by peer")
-                                                            : "read failed: " + ec.message());
-                       }
-                       return;
-                     }
-                     const WireHeader& h = s->ackHdr;
-                     if (h.magic != kMagic || h.type != uint8_t(FrameType::kAck) || h.len > kMaxAckMessage) {
-                       failPeer(p, "protocol error: unexpected frame from the receiver");
-                       return;
-                     }
-                     s->ackMsg.resize(h.len);
-                     if (h.len == 0) {
-                       onAck(p, s);
-                       return;
-                     }
-                     asio::async_read(s->sock, asio::buffer(s->ackMsg),
-                                      [this, p, s](boost::system::error_code ec2, size_t) {
-                                        if (ec2) {
-                                          if (!p->dead.load()) failPeer(p, "read failed: " + ec2.message());
-                                          return;
-                                        }
-                                        onAck(p, s);
-                                      });
-                   });
+  asio::async_read(
+      s->sock, asio::buffer(&s->ackHdr, sizeof(WireHeader)), [this, p, s](boost::system::error_code ec, size_t) {
+        if (ec) {
+          // Aborted = we closed the socket ourselves (failPeer, unload, shutdown).
+          if (!p->dead.load() && ec != asio::error::operation_aborted) {
+            failPeer(
+                p, ec == asio::error::eof ? std::string("connection closed by peer") : "read failed: " + ec.message());
+          }
+          return;
+        }
+        const WireHeader& h = s->ackHdr;
+        if (h.magic != kMagic || h.type != uint8_t(FrameType::kAck) || h.len > kMaxAckMessage) {
+          failPeer(p, "protocol error: unexpected frame from the receiver");
+          return;
+        }
+        s->ackMsg.resize(h.len);
+        if (h.len == 0) {
+          onAck(p, s);
+          return;
+        }
+        asio::async_read(s->sock, asio::buffer(s->ackMsg), [this, p, s](boost::system::error_code ec2, size_t) {
+          if (ec2) {
+            if (!p->dead.load()) failPeer(p, "read failed: " + ec2.message());
+            return;
+          }
+          onAck(p, s);
+        });
+      });
 }
 
 void TcpTransport::Impl::onAck(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s) {
@@ -279,8 +279,8 @@ void TcpTransport::Impl::onAck(const std::shared_ptr<OutPeer>& p, const std::sha
   p->lastProgress = steadyNow();
   if (!t->done) {
     if ((h.flags & kFlagRefused) && t->status.isOk()) {
-      t->status = invalidArgument("tcp transport: peer '" + p->name + "' refused transfer " +
-                                  std::to_string(t->id) + ": " + s->ackMsg);
+      t->status = invalidArgument("tcp transport: peer '" + p->name + "' refused transfer " + std::to_string(t->id) +
+                                  ": " + s->ackMsg);
     }
     if (--t->pendingEnds == 0) complete(*p, t, t->status);
   }
@@ -298,7 +298,8 @@ void TcpTransport::Impl::complete(OutPeer& p, const std::shared_ptr<IoTransfer>&
   if (t->writesInFlight == 0) resolveQuiesce(*t);
 }
 
-void TcpTransport::Impl::cancelOnIo(const std::shared_ptr<IoTransfer>& t, const std::shared_ptr<std::promise<bool>>& prom) {
+void TcpTransport::Impl::cancelOnIo(const std::shared_ptr<IoTransfer>& t,
+                                    const std::shared_ptr<std::promise<bool>>& prom) {
   // Past the point of no return: its outcome is known or all of its data is out.
   if (t->done || t->finalSent) {
     prom->set_value(false);

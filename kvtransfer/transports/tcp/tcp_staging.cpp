@@ -60,9 +60,9 @@ void TcpTransport::Impl::pumpStaged(const std::shared_ptr<OutPeer>& p, const std
   Status q = ring.query(head, &failed);
   if (q.inProgress()) {
     if (steadyNow() - ring.launchedAt(head) > options_.peerTimeout) {
-      failStaged(p, s, t, deadlineExceeded("tcp transport: a device-to-host copy of transfer " +
-                                           std::to_string(t->id) + " did not finish within " +
-                                           std::to_string(options_.peerTimeout.count()) + " ms"));
+      failStaged(p, s, t,
+                 deadlineExceeded("tcp transport: a device-to-host copy of transfer " + std::to_string(t->id) +
+                                  " did not finish within " + std::to_string(options_.peerTimeout.count()) + " ms"));
       return;
     }
     armStageTimer(p, s);
@@ -80,19 +80,19 @@ void TcpTransport::Impl::pumpStaged(const std::shared_ptr<OutPeer>& p, const std
 }
 
 void TcpTransport::Impl::startStagedWrite(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
-                      std::shared_ptr<IoTransfer> t) {
+                                          std::shared_ptr<IoTransfer> t) {
   s->writing = true;
   s->writingFor = t;
   t->writesInFlight++;
   const uint64_t gen = s->stageGen;
   asio::async_write(s->sock, s->bufs, TransferAllInOne{asio::buffer_size(s->bufs)},
                     [this, p, s, t, gen](boost::system::error_code ec, size_t) {
-    if (gen == s->stageGen && s->stageCount > 0) {  // the chunk's slot is free again
-      s->stageHead = (s->stageHead + 1) % s->stage->slots();
-      s->stageCount--;
-    }
-    onWritten(p, s, t, ec);
-  });
+                      if (gen == s->stageGen && s->stageCount > 0) {  // the chunk's slot is free again
+                        s->stageHead = (s->stageHead + 1) % s->stage->slots();
+                        s->stageCount--;
+                      }
+                      onWritten(p, s, t, ec);
+                    });
 }
 
 void TcpTransport::Impl::armStageTimer(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s) {
@@ -107,7 +107,7 @@ void TcpTransport::Impl::armStageTimer(const std::shared_ptr<OutPeer>& p, const 
 }
 
 void TcpTransport::Impl::failStaged(const std::shared_ptr<OutPeer>& p, const std::shared_ptr<OutStream>& s,
-                const std::shared_ptr<IoTransfer>& t, Status st) {
+                                    const std::shared_ptr<IoTransfer>& t, Status st) {
   PD_LOG(kWarn, "kvt.tcp") << "peer '" << p->name << "': transfer " << t->id << " failed: " << st.message();
   complete(*p, t, std::move(st));
   pump(p, s);
@@ -134,7 +134,8 @@ void TcpTransport::Impl::quiesceStagedCopies(const std::shared_ptr<IoTransfer>& 
   }
 }
 
-void TcpTransport::Impl::stagedRead(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr, uint64_t left) {
+void TcpTransport::Impl::stagedRead(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr,
+                                    uint64_t left) {
   if (left == 0) {
     readHeader(c);
     return;
@@ -181,7 +182,8 @@ std::optional<char*> TcpTransport::Impl::reserveStage(const std::shared_ptr<InCo
   return *buf + c->stageOff;
 }
 
-void TcpTransport::Impl::launchStaged(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr, char* src, size_t n) {
+void TcpTransport::Impl::launchStaged(const std::shared_ptr<InConn>& c, uint64_t tid, int device, uint64_t addr,
+                                      char* src, size_t n) {
   CopyPiece piece{reinterpret_cast<void*>(addr), src, n};
   Status st = c->stage->launch(c->stageSlot, CopyDirection::kToDevice, device, {&piece, 1}, tid);
   c->stageOff += n;
@@ -197,10 +199,11 @@ bool TcpTransport::Impl::drainStage(const std::shared_ptr<InConn>& c) {
   return noteStageErrors(c, st, failed);
 }
 
-bool TcpTransport::Impl::noteStageErrors(const std::shared_ptr<InConn>& c, const Status& st, const std::vector<uint64_t>& failed) {
+bool TcpTransport::Impl::noteStageErrors(const std::shared_ptr<InConn>& c, const Status& st,
+                                         const std::vector<uint64_t>& failed) {
   if (st.code() == StatusCode::kDeadlineExceeded) {
-    dropIn(c, "a host-to-device copy did not finish within " + std::to_string(options_.peerTimeout.count()) +
-                  " ms", true);
+    dropIn(c, "a host-to-device copy did not finish within " + std::to_string(options_.peerTimeout.count()) + " ms",
+           true);
     return false;
   }
   for (uint64_t tid : failed) {

@@ -13,16 +13,15 @@ void TcpTransport::Impl::closePeerSockets(OutPeer& p) {
   }
 }
 
-void TcpTransport::Impl::failPeer(const std::shared_ptr<OutPeer>& p, const std::string& reason,
-              StatusCode code) {
+void TcpTransport::Impl::failPeer(const std::shared_ptr<OutPeer>& p, const std::string& reason, StatusCode code) {
   if (p->dead.exchange(true)) return;
   {
     std::lock_guard lock(p->reasonMu);
     p->deathReason = reason;
   }
   if (code == StatusCode::kUnavailable && !p->active.empty()) {
-    PD_LOG(kWarn, "kvt.tcp") << "peer '" << p->name << "' at " << p->endpoint << ": " << reason
-                             << "; failing " << p->active.size() << " pending transfer(s)";
+    PD_LOG(kWarn, "kvt.tcp") << "peer '" << p->name << "' at " << p->endpoint << ": " << reason << "; failing "
+                             << p->active.size() << " pending transfer(s)";
   } else {
     PD_LOG(kDebug, "kvt.tcp") << "peer '" << p->name << "' at " << p->endpoint << ": " << reason;
   }
@@ -40,8 +39,8 @@ void TcpTransport::Impl::failPeer(const std::shared_ptr<OutPeer>& p, const std::
 }
 
 void TcpTransport::Impl::armWatchdog() {
-  auto period = std::max(std::chrono::milliseconds(10),
-                         std::min(std::chrono::milliseconds(200), options_.peerTimeout / 4));
+  auto period =
+      std::max(std::chrono::milliseconds(10), std::min(std::chrono::milliseconds(200), options_.peerTimeout / 4));
   watchdog_.expires_after(period);
   watchdog_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;

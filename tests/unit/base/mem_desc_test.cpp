@@ -1,7 +1,8 @@
+#include "common/base/mem_desc.h"
+
 #include <catch2/catch.hpp>
 
 #include "common/base/clock.h"
-#include "common/base/mem_desc.h"
 
 using namespace pd;
 

@@ -1,19 +1,18 @@
-#include <catch2/catch.hpp>
+#include "common/base/ports_file.h"
 
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "common/base/ports_file.h"
+#include <catch2/catch.hpp>
+
 #include "tests/scratch_dir.h"
 
 using namespace pd;
 
 namespace {
-std::string scratch(const std::string& name) {
-  return (pd::test::scratchDir() / name).string();
-}
+std::string scratch(const std::string& name) { return (pd::test::scratchDir() / name).string(); }
 }  // namespace
 
 TEST_CASE("a ports file reads back what was written, and is whole or absent") {

@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "common/base/status.h"
+
+#include <catch2/catch.hpp>
 
 using namespace pd;
 

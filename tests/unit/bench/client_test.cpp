@@ -1,12 +1,13 @@
 // The bench client against a scripted loopback server: measured TTFT and gaps against the
 // scripted delays, token counts, error surfacing, and 1,000 concurrent streams on one thread.
-#include <catch2/catch.hpp>
+#include "tools/bench/client.h"
 
 #include <chrono>
 #include <cmath>
 
+#include <catch2/catch.hpp>
+
 #include "tests/unit/bench/fake_openai_server.h"
-#include "tools/bench/client.h"
 #include "tools/bench/stats.h"
 #include "tools/bench/workload.h"
 
@@ -91,7 +92,7 @@ TEST_CASE("measured TTFT and gaps follow the scripted delays", "[bench][client]"
     CHECK(r.httpStatus == 200);
     CHECK(r.outputTokens == 20);
     CHECK(r.chunkTokens == 20);
-    CHECK(r.promptTokens == 33);  // usage.prompt_tokens echoed by the server
+    CHECK(r.promptTokens == 33);   // usage.prompt_tokens echoed by the server
     CHECK(r.itlsMs.size() == 19);  // tokens - 1
     CHECK(r.finishReason == "length");
     CHECK(r.ttftMs >= 59.0);
@@ -254,8 +255,8 @@ TEST_CASE("the pdserve bench command against the scripted server", "[bench][clie
   const std::string cmd = bin + " bench --url " + url +
                           " --prompt-len uniform:20:60 --output-len uniform:4:12 --num-requests 30 --rate 200"
                           " --concurrency 8 --warmup 2 --seed 3 --slo ttft_ms=500,itl_ms=200 --no-progress"
-                          " --extra-body '{\"test_ttft_ms\": 5, \"test_itl_ms\": 2}' --out " + out +
-                          " > " + out + ".stdout 2>&1";
+                          " --extra-body '{\"test_ttft_ms\": 5, \"test_itl_ms\": 2}' --out " +
+                          out + " > " + out + ".stdout 2>&1";
   REQUIRE(std::system(cmd.c_str()) == 0);
   CHECK(std::system((bin + " bench check " + out + ".json > /dev/null").c_str()) == 0);
   std::ifstream in(out + ".json");
@@ -269,8 +270,8 @@ TEST_CASE("the pdserve bench command against the scripted server", "[bench][clie
   CHECK(fs::file_size(out + ".html") > 1000);
   CHECK(fs::file_size(out + ".csv") > 100);
   // A refused model: exit status 1 and the server's message on stderr.
-  const std::string bad = bin + " bench --url " + url + " --model nope --num-requests 3 --out " + out +
-                          "-bad > " + out + ".bad 2>&1";
+  const std::string bad =
+      bin + " bench --url " + url + " --model nope --num-requests 3 --out " + out + "-bad > " + out + ".bad 2>&1";
   CHECK(WEXITSTATUS(std::system(bad.c_str())) == 1);
   std::ifstream badIn(out + ".bad");
   std::stringstream badText;

@@ -65,34 +65,41 @@ struct FakeOpenAiServer::Impl {
       ++served;
       const bool keep = req.keep_alive();
       if (req.method() == http::verb::get && req.target() == "/v1/models") {
-        co_await sendJson(s, http::status::ok,
-                          std::string(R"({"object":"list","data":[{"id":"test-model","object":"model","created":0,"owned_by":"test"}]})"),
-                          keep, ec);
+        co_await sendJson(
+            s, http::status::ok,
+            std::string(
+                R"({"object":"list","data":[{"id":"test-model","object":"model","created":0,"owned_by":"test"}]})"),
+            keep, ec);
         if (ec || !keep) break;
         continue;
       }
       const bool chat = req.target() == "/v1/chat/completions";
       json body = json::parse(req.body(), nullptr, false);
       if (req.method() != http::verb::post || (!chat && req.target() != "/v1/completions") || body.is_discarded()) {
-        co_await sendJson(s, http::status::bad_request,
-                          std::string(R"({"error":{"message":"bad request","type":"invalid_request_error","param":null,"code":null}})"),
-                          keep, ec);
+        co_await sendJson(
+            s, http::status::bad_request,
+            std::string(
+                R"({"error":{"message":"bad request","type":"invalid_request_error","param":null,"code":null}})"),
+            keep, ec);
         if (ec || !keep) break;
         continue;
       }
       const std::string model = body.value("model", "");
       if (model == "busy") {
-        co_await sendJson(s, http::status::service_unavailable,
-                          std::string(R"({"error":{"message":"all workers are busy","type":"service_unavailable","param":null,"code":"overloaded"}})"),
-                          keep, ec);
+        co_await sendJson(
+            s, http::status::service_unavailable,
+            std::string(
+                R"({"error":{"message":"all workers are busy","type":"service_unavailable","param":null,"code":"overloaded"}})"),
+            keep, ec);
         if (ec || !keep) break;
         continue;
       }
       if (model != "test-model") {
-        co_await sendJson(s, http::status::not_found,
-                          R"({"error":{"message":"The model `)" + model +
-                              R"(` does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}})",
-                          keep, ec);
+        co_await sendJson(
+            s, http::status::not_found,
+            R"({"error":{"message":"The model `)" + model +
+                R"(` does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}})",
+            keep, ec);
         if (ec || !keep) break;
         continue;
       }
@@ -111,9 +118,8 @@ struct FakeOpenAiServer::Impl {
     const double itlMs = body.value("test_itl_ms", 5.0);
     const int64_t perChunk = std::max<int64_t>(1, body.value("test_chunk", 1));
     const int64_t failAfter = body.value("test_fail_after", -1);
-    const int64_t promptTokens = body.contains("prompt") && body["prompt"].is_array()
-                                     ? static_cast<int64_t>(body["prompt"].size())
-                                     : 3;
+    const int64_t promptTokens =
+        body.contains("prompt") && body["prompt"].is_array() ? static_cast<int64_t>(body["prompt"].size()) : 3;
     http::response<http::empty_body> res{http::status::ok, 11};
     res.set(http::field::content_type, "text/event-stream");
     res.chunked(true);
@@ -130,14 +136,16 @@ struct FakeOpenAiServer::Impl {
       co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, tec));
     };
     if (chat && !ec)
-      co_await send(std::string(R"({"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]})"));
+      co_await send(std::string(
+          R"({"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]})"));
     int64_t sent = 0;
     bool first = true;
     while (!ec && sent < maxTokens) {
       co_await sleepMs(first ? ttftMs : itlMs);
       first = false;
       if (failAfter >= 0 && sent >= failAfter) {
-        co_await send(std::string(R"({"error":{"message":"scripted failure","type":"InternalServerError","param":null,"code":500}})"));
+        co_await send(std::string(
+            R"({"error":{"message":"scripted failure","type":"InternalServerError","param":null,"code":500}})"));
         break;
       }
       const int64_t k = std::min(perChunk, maxTokens - sent);
@@ -150,22 +158,28 @@ struct FakeOpenAiServer::Impl {
       sent += k;
       json chunk;
       if (chat) {
-        chunk = {{"id", "c1"}, {"object", "chat.completion.chunk"},
-                 {"choices", json::array({{{"index", 0}, {"delta", {{"content", text}}}, {"finish_reason", nullptr}}})}};
+        chunk = {
+            {"id", "c1"},
+            {"object", "chat.completion.chunk"},
+            {"choices", json::array({{{"index", 0}, {"delta", {{"content", text}}}, {"finish_reason", nullptr}}})}};
       } else {
-        chunk = {{"id", "c1"}, {"object", "text_completion"},
+        chunk = {{"id", "c1"},
+                 {"object", "text_completion"},
                  {"choices", json::array({{{"index", 0}, {"text", text}, {"finish_reason", nullptr}}})}};
       }
       if (perChunk > 1) chunk["choices"][0]["token_ids"] = ids;
       co_await send(chunk.dump());
     }
     if (!ec && sent == maxTokens) {
-      co_await send(std::string(R"({"id":"c1","choices":[{"index":0,"text":"","delta":{},"finish_reason":"length"}]})"));
+      co_await send(
+          std::string(R"({"id":"c1","choices":[{"index":0,"text":"","delta":{},"finish_reason":"length"}]})"));
       // Built outside the co_await: GCC 12 rejects array temporaries in an awaited expression.
-      const std::string usage = json{{"id", "c1"}, {"choices", json::array()},
-                                     {"usage", {{"prompt_tokens", promptTokens}, {"completion_tokens", sent},
-                                                {"total_tokens", promptTokens + sent}}}}
-                                    .dump();
+      const std::string usage =
+          json{{"id", "c1"},
+               {"choices", json::array()},
+               {"usage",
+                {{"prompt_tokens", promptTokens}, {"completion_tokens", sent}, {"total_tokens", promptTokens + sent}}}}
+              .dump();
       co_await send(usage);
     }
     if (!ec) co_await send(std::string("[DONE]"));

@@ -1,8 +1,8 @@
 // Phased workloads (`pdserve bench --phase`): the spec's parsing and refusals, and the plan's
 // schedule (monotonic times, requests inside their phase, lengths from their phase).
-#include <catch2/catch.hpp>
-
 #include <cmath>
+
+#include <catch2/catch.hpp>
 
 #include "tools/bench/workload.h"
 
@@ -68,8 +68,7 @@ TEST_CASE("bad phase specs are refused naming the phase and the field", "[bench]
   }
 }
 
-TEST_CASE("a phased plan: monotonic times, each request inside its phase with its phase's lengths",
-          "[bench][phases]") {
+TEST_CASE("a phased plan: monotonic times, each request inside its phase with its phase's lengths", "[bench][phases]") {
   WorkloadOptions o;
   o.seed = 7;
   o.warmup = 2;
@@ -100,8 +99,10 @@ TEST_CASE("a phased plan: monotonic times, each request inside its phase with it
     CHECK(r.scheduledS < win.endS);
     CHECK(r.promptTokens >= win.spec.promptLen.a);
     CHECK(r.promptTokens <= (r.phase == 1 ? 2000 : 128));
-    if (r.phase == 1) CHECK(r.outputTokens == 16);
-    else CHECK((r.outputTokens >= 4 && r.outputTokens <= 8));
+    if (r.phase == 1)
+      CHECK(r.outputTokens == 16);
+    else
+      CHECK((r.outputTokens >= 4 && r.outputTokens <= 8));
     ++counts[r.phase];
   }
   // Poisson counts near rate x duration (200, 50, 100; 5 sigma bounds).
@@ -145,8 +146,8 @@ TEST_CASE("phases refuse the options that would contradict them", "[bench][phase
   struct Case {
     WorkloadOptions opts;
     const char* want;
-  } cases[] = {{withTrace, "--trace"}, {withDuration, "--duration"}, {withCount, "--num-requests"},
-               {closed, "open-loop"}};
+  } cases[] = {
+      {withTrace, "--trace"}, {withDuration, "--duration"}, {withCount, "--num-requests"}, {closed, "open-loop"}};
   for (const auto& c : cases) {
     auto w = buildWorkload(c.opts);
     REQUIRE_FALSE(w.ok());

@@ -1,6 +1,6 @@
 // The JSON result (re-read, vLLM-compatible keys), the per-request CSV, the HTML report with
 // its SVG charts, the terminal table and `bench compare`.
-#include <catch2/catch.hpp>
+#include "tools/bench/report.h"
 
 #include <unistd.h>
 
@@ -8,9 +8,9 @@
 #include <fstream>
 #include <sstream>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "tools/bench/report.h"
 #include "tools/bench/stats.h"
 
 using namespace pd::bench;
@@ -82,10 +82,28 @@ TEST_CASE("JSON result re-reads with vLLM's keys and units", "[bench][report]") 
   const fs::path dir = tempDir();
   REQUIRE(writeJson((dir / "r.json").string(), info, a, rs).isOk());
   const auto j = nlohmann::json::parse(slurp(dir / "r.json"));
-  for (const char* k : {"date", "backend", "model_id", "num_prompts", "request_rate", "max_concurrency", "duration",
-                        "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
-                        "request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
-                        "max_concurrent_requests", "input_lens", "output_lens", "ttfts", "itls", "errors"})
+  for (const char* k : {"date",
+                        "backend",
+                        "model_id",
+                        "num_prompts",
+                        "request_rate",
+                        "max_concurrency",
+                        "duration",
+                        "completed",
+                        "failed",
+                        "total_input_tokens",
+                        "total_output_tokens",
+                        "request_throughput",
+                        "request_goodput",
+                        "output_throughput",
+                        "total_token_throughput",
+                        "max_output_tokens_per_s",
+                        "max_concurrent_requests",
+                        "input_lens",
+                        "output_lens",
+                        "ttfts",
+                        "itls",
+                        "errors"})
     CHECK(j.contains(k));
   for (const char* m : {"ttft", "tpot", "itl", "e2el"})
     for (const char* s : {"mean", "median", "std", "p90", "p95", "p99"}) {
@@ -133,8 +151,10 @@ TEST_CASE("CSV has one parseable row per request", "[bench][report]") {
     size_t fields = 1;
     bool quoted = false;
     for (char c : line) {
-      if (c == '"') quoted = !quoted;
-      else if (c == ',' && !quoted) ++fields;
+      if (c == '"')
+        quoted = !quoted;
+      else if (c == ',' && !quoted)
+        ++fields;
     }
     CHECK(fields == cols);
     CHECK_FALSE(quoted);
@@ -246,7 +266,7 @@ TEST_CASE("the TTFT split: percentiles per route and phase in the table and the 
   const Aggregate a = aggregate(rs, 4.0, info.slo);
   REQUIRE(a.ttftSplit.size() == 2);
   const Summary& pc = a.ttftSplit.at("disaggregated").at("prefill_compute");
-  CHECK(pc.count == 20);        // even indexes 0..38
+  CHECK(pc.count == 20);           // even indexes 0..38
   CHECK(pc.median == Approx(19));  // 0, 2, ..., 38
   CHECK(pc.p99 == Approx(percentile({0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38}, 99)));
   const std::string table = formatTable(info, a);
@@ -276,8 +296,9 @@ TEST_CASE("the TTFT split: percentiles per route and phase in the table and the 
   const auto endsWith = [](const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
-  CHECK(endsWith(header, ",error,route,router_queue_ms,decode_admission_ms,kv_connect_ms,prefill_queue_ms,"
-                         "prefill_compute_ms,kv_transfer_ms,decode_first_token_ms,other_ms"));
+  CHECK(endsWith(header,
+                 ",error,route,router_queue_ms,decode_admission_ms,kv_connect_ms,prefill_queue_ms,"
+                 "prefill_compute_ms,kv_transfer_ms,decode_first_token_ms,other_ms"));
   CHECK(endsWith(row0, ",disaggregated,0.500,-,-,-,0.000,2.000,-,-"));
   CHECK(endsWith(row1, ",colocated,-,-,-,-,7.000,-,-,-"));
   fs::remove_all(dir);
@@ -295,14 +316,16 @@ TEST_CASE("a phased run with a metrics timeline: per-phase figures, the timeline
   info.timeline.url = "http://127.0.0.1:8000/metrics";
   info.timeline.intervalMs = 1000;
   info.timeline.addScrape(-0.5, parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 1\n"), 1);
-  info.timeline.addScrape(0.5, parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 1\n"
-                                                   "pdserve_desired_replicas{pool=\"decode\"} 2\n"
-                                                   "pdserve_short_prompt_tokens 256\n"
-                                                   "pdserve_slo_observed_seconds{pool=\"prefill\"} 0.07\n"),
+  info.timeline.addScrape(0.5,
+                          parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 1\n"
+                                              "pdserve_desired_replicas{pool=\"decode\"} 2\n"
+                                              "pdserve_short_prompt_tokens 256\n"
+                                              "pdserve_slo_observed_seconds{pool=\"prefill\"} 0.07\n"),
                           1);
   info.timeline.addGap(1.5, "timeout after 1000 ms", 1000);
-  info.timeline.addScrape(2.5, parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 2\n"
-                                                   "pdserve_desired_replicas{pool=\"decode\"} 2\n"),
+  info.timeline.addScrape(2.5,
+                          parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 2\n"
+                                              "pdserve_desired_replicas{pool=\"decode\"} 2\n"),
                           1);
   const Aggregate a = aggregate(rs, 4.0, info.slo);
 

@@ -1,15 +1,14 @@
 // SSE framing and the token accounting that defines TTFT and the inter-token gaps.
-#include <catch2/catch.hpp>
+#include "tools/bench/sse.h"
 
 #include <cmath>
 
-#include "tools/bench/sse.h"
+#include <catch2/catch.hpp>
 
 using namespace pd::bench;
 
 TEST_CASE("SSE events split anywhere and across line endings", "[bench][sse]") {
-  const std::string stream =
-      ": comment\r\ndata: {\"a\":1}\r\n\r\nevent: error\ndata: x\ndata: y\n\ndata:[DONE]\r\r";
+  const std::string stream = ": comment\r\ndata: {\"a\":1}\r\n\r\nevent: error\ndata: x\ndata: y\n\ndata:[DONE]\r\r";
   for (size_t cut = 0; cut <= stream.size(); ++cut) {
     SseDecoder d;
     std::vector<SseEvent> ev;
@@ -64,9 +63,16 @@ TEST_CASE("a chunk with k tokens is one gap then k-1 zero gaps", "[bench][sse]")
   CHECK(a.itlsMs() == std::vector<double>{0, 30, 0, 0});
   // Continuous usage stats give k as the growth of completion_tokens.
   StreamAccounting c(/*chat=*/true);
-  c.onEvent(data(R"({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":4,"completion_tokens":0}})"), 10);
-  c.onEvent(data(R"({"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":4,"completion_tokens":2}})"), 50);
-  c.onEvent(data(R"({"choices":[{"index":0,"delta":{"content":"y"}}],"usage":{"prompt_tokens":4,"completion_tokens":3}})"), 70);
+  c.onEvent(
+      data(
+          R"({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":4,"completion_tokens":0}})"),
+      10);
+  c.onEvent(
+      data(R"({"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":4,"completion_tokens":2}})"),
+      50);
+  c.onEvent(
+      data(R"({"choices":[{"index":0,"delta":{"content":"y"}}],"usage":{"prompt_tokens":4,"completion_tokens":3}})"),
+      70);
   CHECK(c.ttftMs() == 50);
   CHECK(c.chunkTokens() == 3);
   CHECK(c.itlsMs() == std::vector<double>{0, 20});
@@ -74,10 +80,15 @@ TEST_CASE("a chunk with k tokens is one gap then k-1 zero gaps", "[bench][sse]")
 
 TEST_CASE("chat stream: the role chunk is not a token", "[bench][sse]") {
   StreamAccounting a(/*chat=*/true);
-  a.onEvent(data(R"({"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})"), 5);
+  a.onEvent(
+      data(R"({"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})"),
+      5);
   CHECK(std::isnan(a.ttftMs()));
   a.onEvent(data(R"({"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hi"}}]})"), 80);
-  a.onEvent(data(R"({"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":null},"finish_reason":"stop"}]})"), 81);
+  a.onEvent(
+      data(
+          R"({"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":null},"finish_reason":"stop"}]})"),
+      81);
   CHECK(a.ttftMs() == 80);
   CHECK(a.chunkTokens() == 1);
   CHECK(a.itlsMs().empty());
@@ -87,7 +98,8 @@ TEST_CASE("chat stream: the role chunk is not a token", "[bench][sse]") {
 TEST_CASE("errors inside the stream are surfaced", "[bench][sse]") {
   StreamAccounting a(false);
   a.onEvent(data(text("x")), 10);
-  a.onEvent(data(R"({"error":{"message":"KV transfer failed","type":"InternalServerError","param":null,"code":500}})"), 20);
+  a.onEvent(data(R"({"error":{"message":"KV transfer failed","type":"InternalServerError","param":null,"code":500}})"),
+            20);
   CHECK(a.failed());
   CHECK(a.error() == "stream error: KV transfer failed");
   StreamAccounting b(false);

@@ -1,9 +1,9 @@
 // Percentiles (numpy's default interpolation), summaries, SLO parsing and goodput.
-#include <catch2/catch.hpp>
+#include "tools/bench/stats.h"
 
 #include <cmath>
 
-#include "tools/bench/stats.h"
+#include <catch2/catch.hpp>
 
 using namespace pd::bench;
 
@@ -102,11 +102,11 @@ TEST_CASE("shed requests: HTTP 429s counted, with the send time of the first", "
 
 TEST_CASE("goodput counts requests meeting every target and which target each missed", "[bench][stats]") {
   std::vector<RequestRecord> rs;
-  rs.push_back(rec(0.0, 100, {20, 20, 20}));    // good
-  rs.push_back(rec(0.5, 700, {20, 20, 20}));    // misses TTFT
-  rs.push_back(rec(1.0, 100, {20, 90, 20}));    // misses ITL (its p99 gap ~ 89)
-  rs.push_back(rec(1.5, 900, {20, 20, 95}));    // misses both
-  rs.push_back(rec(2.0, 200, {10, 10, 10}));    // good
+  rs.push_back(rec(0.0, 100, {20, 20, 20}));       // good
+  rs.push_back(rec(0.5, 700, {20, 20, 20}));       // misses TTFT
+  rs.push_back(rec(1.0, 100, {20, 90, 20}));       // misses ITL (its p99 gap ~ 89)
+  rs.push_back(rec(1.5, 900, {20, 20, 95}));       // misses both
+  rs.push_back(rec(2.0, 200, {10, 10, 10}));       // good
   rs.push_back(rec(2.5, kNaN, {}, /*ok=*/false));  // failed: not good, not counted as a miss
   auto slo = parseSlo("ttft_ms=500,itl_ms=50");
   REQUIRE(slo.ok());

@@ -1,7 +1,7 @@
 // The metrics timeline of `pdserve bench --metrics-url`: the Prometheus text parser (labels,
 // escapes, comments, NaN / Inf, timestamps, malformed lines), the series a timeline keeps,
 // its JSON, and the scraper against a loopback server and against nothing (gaps, no abort).
-#include <catch2/catch.hpp>
+#include "tools/bench/timeline.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -14,10 +14,10 @@
 #include <string>
 #include <thread>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "tools/bench/scraper.h"
-#include "tools/bench/timeline.h"
 
 using namespace pd::bench;
 
@@ -65,8 +65,7 @@ TEST_CASE("Prometheus text: samples, labels, escapes, comments, NaN and Inf", "[
   CHECK(parsePrometheusText("# only a comment").malformedLines == 0);
 }
 
-TEST_CASE("the timeline keeps the pools' workers, the autoscaler, the threshold and SLO gauges",
-          "[bench][timeline]") {
+TEST_CASE("the timeline keeps the pools' workers, the autoscaler, the threshold and SLO gauges", "[bench][timeline]") {
   auto keeps = [](const char* name, std::map<std::string, std::string> labels = {}) {
     PromSample s;
     s.name = name;
@@ -91,12 +90,14 @@ TEST_CASE("timeline series, gaps, time shift and JSON", "[bench][timeline]") {
   MetricsTimeline t;
   t.url = "http://127.0.0.1:1/metrics";
   t.intervalMs = 500;
-  t.addScrape(10.0, parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 1\nignored_total 5\n"
-                                        "pdserve_slo_observed_seconds{pool=\"decode\"} NaN\n"),
+  t.addScrape(10.0,
+              parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 1\nignored_total 5\n"
+                                  "pdserve_slo_observed_seconds{pool=\"decode\"} NaN\n"),
               3);
   t.addGap(10.5, "timeout after 500 ms", 500);
-  t.addScrape(11.0, parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 2\n"
-                                        "pdserve_pool_workers{pool=\"prefill\"} 1\n"),
+  t.addScrape(11.0,
+              parsePrometheusText("pdserve_pool_workers{pool=\"decode\"} 2\n"
+                                  "pdserve_pool_workers{pool=\"prefill\"} 1\n"),
               2);
   t.shift(9.0);
   CHECK(t.failedScrapes() == 1);
@@ -162,8 +163,9 @@ class TinyServer {
         (void)::recv(c, buf, sizeof buf, 0);
         ++requests_;
         if (!silent_) {
-          const std::string r = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
-                                std::to_string(body_.size()) + "\r\nConnection: close\r\n\r\n" + body_;
+          const std::string r =
+              "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body_.size()) +
+              "\r\nConnection: close\r\n\r\n" + body_;
           (void)::send(c, r.data(), r.size(), MSG_NOSIGNAL);
         }
         ::close(c);
@@ -191,8 +193,9 @@ class TinyServer {
 }  // namespace
 
 TEST_CASE("the scraper samples a live endpoint and records failures as gaps", "[bench][timeline]") {
-  TinyServer server("# TYPE pdserve_pool_workers gauge\npdserve_pool_workers{pool=\"decode\"} 2\n"
-                    "pdserve_short_prompt_tokens 300\n");
+  TinyServer server(
+      "# TYPE pdserve_pool_workers gauge\npdserve_pool_workers{pool=\"decode\"} 2\n"
+      "pdserve_short_prompt_tokens 300\n");
   auto o = parseMetricsUrl("http://127.0.0.1:" + std::to_string(server.port()) + "/metrics");
   REQUIRE(o.ok());
   o->intervalMs = 50;

@@ -1,6 +1,6 @@
 // Trace parsers on the real public traces in data/traces: the figures below are the
 // ones its README states (nearest-rank percentiles, means, totals, prefix reuse).
-#include <catch2/catch.hpp>
+#include "tools/bench/trace.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -8,8 +8,9 @@
 #include <set>
 #include <sstream>
 
+#include <catch2/catch.hpp>
+
 #include "tools/bench/stats.h"
-#include "tools/bench/trace.h"
 
 using namespace pd::bench;
 
@@ -142,21 +143,24 @@ TEST_CASE("bad trace input names the file, line and problem", "[bench][trace]") 
     CHECK_THAT(r.status().message(), Catch::Contains("x.csv:1") && Catch::Contains("unknown column 'Flavour'"));
   }
   {
-    std::istringstream in("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:17:03.9799600,10,5\r\n"
-                          "2023-11-16 18:17:04.0000000,ten,5\r\n");
+    std::istringstream in(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:17:03.9799600,10,5\r\n"
+        "2023-11-16 18:17:04.0000000,ten,5\r\n");
     auto r = parseTraceCsv(in, "y.csv");
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.status().message(), Catch::Contains("y.csv:3") && Catch::Contains("'ten'"));
   }
   {
-    std::istringstream in("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:05,10,5\n2023-11-16 18:17:04,1,1\n");
+    std::istringstream in(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:05,10,5\n2023-11-16 18:17:04,1,1\n");
     auto r = parseTraceCsv(in, "z.csv");
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.status().message(), Catch::Contains("z.csv:3") && Catch::Contains("backwards"));
   }
   {
-    std::istringstream in("{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n"
-                          "{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 2, \"colour\": 1}\n");
+    std::istringstream in(
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n"
+        "{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 2, \"colour\": 1}\n");
     auto r = parseMooncakeJsonl(in, "m.jsonl");
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.status().message(), Catch::Contains("m.jsonl:2") && Catch::Contains("unknown key 'colour'"));
@@ -179,8 +183,9 @@ TEST_CASE("bad trace input names the file, line and problem", "[bench][trace]") 
 }
 
 TEST_CASE("BurstGPT layout and datetime parsing", "[bench][trace]") {
-  std::istringstream in("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-                        "5,ChatGPT,472,18,490,Conversation log\n7.5,GPT-4,1087,230,1317,Conversation log\n");
+  std::istringstream in(
+      "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+      "5,ChatGPT,472,18,490,Conversation log\n7.5,GPT-4,1087,230,1317,Conversation log\n");
   auto r = parseTraceCsv(in, "b.csv");
   REQUIRE(r.ok());
   CHECK(r->format == TraceFormat::kBurstGptCsv);

@@ -1,5 +1,5 @@
 // Workload plans: length distributions, arrivals, trace scaling and exact prompt construction.
-#include <catch2/catch.hpp>
+#include "tools/bench/workload.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -7,10 +7,10 @@
 #include <numeric>
 #include <set>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "tools/bench/stats.h"
-#include "tools/bench/workload.h"
 
 using namespace pd::bench;
 
@@ -213,8 +213,8 @@ TEST_CASE("spread ticks smooth the Mooncake conversation trace's 3-second ticks"
   std::set<double> a, b;
   for (const auto& r : burst->requests) a.insert(r.scheduledS);
   for (const auto& r : smooth->requests) b.insert(r.scheduledS);
-  CHECK(a.size() < 150);     // ~10 requests per tick
-  CHECK(b.size() == 1000);   // every request at its own time
+  CHECK(a.size() < 150);    // ~10 requests per tick
+  CHECK(b.size() == 1000);  // every request at its own time
   // Same span, same order; each tick's first request keeps its time.
   for (size_t i = 1; i < smooth->requests.size(); ++i) {
     CHECK(smooth->requests[i].scheduledS >= smooth->requests[i - 1].scheduledS);

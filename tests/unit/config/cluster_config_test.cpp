@@ -1,13 +1,15 @@
 #include "common/config/cluster_config.h"
 
-#include <catch2/catch.hpp>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <set>
-#include <unistd.h>
+
+#include <catch2/catch.hpp>
 
 #include "tests/scratch_dir.h"
 #include "tests/test_skip.h"
@@ -102,8 +104,7 @@ TEST_CASE("an empty file is a valid cluster with the documented defaults") {
   CHECK(c.engine.blockSize == 16);
   CHECK(c.engine.tensorParallelSize == 1);
   CHECK(c.kvTransfer.transports == std::vector<TransportKind>{TransportKind::kCma, TransportKind::kUcx,
-                                                              TransportKind::kVerbs,
-                                                              TransportKind::kTcp});
+                                                              TransportKind::kVerbs, TransportKind::kTcp});
   CHECK(c.kvTransfer.onRemotePrefillFailure == RemotePrefillFailure::kRecompute);
   CHECK(c.logging.level == LogLevel::kInfo);
   // The SLO targets (1 s, 50 ms) are already bucket bounds of the defaults.
@@ -134,8 +135,7 @@ TEST_CASE("replica bounds default to replicas and are checked") {
         "test.yaml: pools.decode.replicas: 9 is outside [min_replicas, max_replicas] = [1, 4]");
   CHECK(errorOf("pools: {prefill: {replicas: 2, min_replicas: 3, max_replicas: 2}}") ==
         "test.yaml: pools.prefill.min_replicas: 3 is greater than max_replicas (2)");
-  CHECK(errorOf("pools: {decode: {replicas: 0}}") ==
-        "test.yaml: pools.decode.replicas: 0 is out of range [1, 1024]");
+  CHECK(errorOf("pools: {decode: {replicas: 0}}") == "test.yaml: pools.decode.replicas: 0 is out of range [1, 1024]");
   CHECK(parseOk("pools: {prefill: {replicas: 0}}").pools.prefill.replicas == 0);
 }
 
@@ -143,33 +143,25 @@ TEST_CASE("unknown keys name the full path and a suggestion") {
   CHECK(errorOf("router:\n  http:\n    prot: 8000\n") ==
         "test.yaml: router.http.prot: unknown key (did you mean port?)");
   // A typo of a key that moved into a group is pointed at its group.
-  CHECK(errorOf("router:\n  prot: 8000\n") ==
-        "test.yaml: router.prot: unknown key (did you mean http.port?)");
-  CHECK(errorOf("router: {htpp: {port: 1}}") ==
-        "test.yaml: router.htpp: unknown key (did you mean http?)");
-  CHECK(errorOf("engine: {blocksize: 16}") ==
-        "test.yaml: engine.blocksize: unknown key (did you mean block_size?)");
+  CHECK(errorOf("router:\n  prot: 8000\n") == "test.yaml: router.prot: unknown key (did you mean http.port?)");
+  CHECK(errorOf("router: {htpp: {port: 1}}") == "test.yaml: router.htpp: unknown key (did you mean http?)");
+  CHECK(errorOf("engine: {blocksize: 16}") == "test.yaml: engine.blocksize: unknown key (did you mean block_size?)");
   CHECK(errorOf("pools: {decode: {slo: {ttft_ms: 5}}}") ==
         "test.yaml: pools.decode.slo.ttft_ms: unknown key (allowed: itl_ms, percentile)");
   CHECK(errorOf("logging: {level: info, colour: true}") ==
         "test.yaml: logging.colour: unknown key (allowed: level, step_trace_dir)");
   CHECK(errorOf("modle: {path: x}") == "test.yaml: modle: unknown key (did you mean model?)");
-  CHECK(errorOf("router: {http: {port: 1, port: 2}}") ==
-        "test.yaml: router.http.port: duplicate key");
+  CHECK(errorOf("router: {http: {port: 1, port: 2}}") == "test.yaml: router.http.port: duplicate key");
   CHECK(errorOf("router: {http: {}, http: {}}") == "test.yaml: router.http: duplicate key");
 }
 
 TEST_CASE("wrong types are named with what was expected") {
-  CHECK(errorOf("router: {http: {port: http}}") ==
-        "test.yaml: router.http.port: expected an integer, got \"http\"");
+  CHECK(errorOf("router: {http: {port: http}}") == "test.yaml: router.http.port: expected an integer, got \"http\"");
   CHECK(errorOf("router: {http: {port: \"8000\"}}") ==
         "test.yaml: router.http.port: expected an integer, got \"8000\"");
-  CHECK(errorOf("router: {http: {port: 80.5}}") ==
-        "test.yaml: router.http.port: expected an integer, got \"80.5\"");
-  CHECK(errorOf("router: {http: {port: [1]}}") ==
-        "test.yaml: router.http.port: expected an integer, got a list");
-  CHECK(errorOf("router: {http: {port: }}") ==
-        "test.yaml: router.http.port: expected an integer, got an empty value");
+  CHECK(errorOf("router: {http: {port: 80.5}}") == "test.yaml: router.http.port: expected an integer, got \"80.5\"");
+  CHECK(errorOf("router: {http: {port: [1]}}") == "test.yaml: router.http.port: expected an integer, got a list");
+  CHECK(errorOf("router: {http: {port: }}") == "test.yaml: router.http.port: expected an integer, got an empty value");
   CHECK(errorOf("router: 8000") == "test.yaml: router: expected a map of keys, got \"8000\"");
   CHECK(errorOf("- a\n- b\n") == "test.yaml: the document: expected a map of keys, got a list");
   CHECK(errorOf("router: {routing: {adaptive_threshold: true, short_prompt_tokens: 0}}") ==
@@ -187,16 +179,11 @@ TEST_CASE("wrong types are named with what was expected") {
 }
 
 TEST_CASE("out-of-range and not-allowed values say what is allowed") {
-  CHECK(errorOf("engine: {block_size: 17}") ==
-        "test.yaml: engine.block_size: 17 is not one of 8, 16, 32");
-  CHECK(errorOf("router: {http: {port: 70000}}") ==
-        "test.yaml: router.http.port: 70000 is out of range [1, 65535]");
-  CHECK(errorOf("engine: {backend: gpu}") ==
-        "test.yaml: engine.backend: gpu is not one of cpu, cuda");
-  CHECK(errorOf("model: {dtype: fp8}") ==
-        "test.yaml: model.dtype: fp8 is not one of auto, f32, bf16, f16");
-  CHECK(errorOf("model: {preset: huge}") ==
-        "test.yaml: model.preset: huge is not one of tiny, small");
+  CHECK(errorOf("engine: {block_size: 17}") == "test.yaml: engine.block_size: 17 is not one of 8, 16, 32");
+  CHECK(errorOf("router: {http: {port: 70000}}") == "test.yaml: router.http.port: 70000 is out of range [1, 65535]");
+  CHECK(errorOf("engine: {backend: gpu}") == "test.yaml: engine.backend: gpu is not one of cpu, cuda");
+  CHECK(errorOf("model: {dtype: fp8}") == "test.yaml: model.dtype: fp8 is not one of auto, f32, bf16, f16");
+  CHECK(errorOf("model: {preset: huge}") == "test.yaml: model.preset: huge is not one of tiny, small");
   CHECK(errorOf("engine: {tensor_parallel_size: 3, backend: cuda}") ==
         "test.yaml: engine.tensor_parallel_size: 3 is not one of 1, 2, 4, 8");
   CHECK(errorOf("pools: {decode: {slo: {percentile: 0}}}") ==
@@ -289,8 +276,7 @@ TEST_CASE("syntax errors and missing files") {
   auto missing = loadClusterConfig("deploy/configs/no-such-file.yaml");
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.status().code() == StatusCode::kNotFound);
-  CHECK(missing.status().message() ==
-        "deploy/configs/no-such-file.yaml: cannot open the cluster config file");
+  CHECK(missing.status().message() == "deploy/configs/no-such-file.yaml: cannot open the cluster config file");
 }
 
 TEST_CASE("a file path is named in messages") {
@@ -336,33 +322,28 @@ TEST_CASE("router HTTP hardening keys: defaults, tls both-or-none, hashed keys, 
   CHECK(c.router.rateLimits.enabled());
   CHECK(c.router.metricsAuth == MetricsAuth::kBearerFile);
 
-  CHECK(errorOf("router: {http: {tls: {cert_file: /c.pem}}}").find(
-            "router.http.tls: cert_file is set but key_file is not; give both (TLS) or neither") !=
+  CHECK(errorOf("router: {http: {tls: {cert_file: /c.pem}}}")
+            .find("router.http.tls: cert_file is set but key_file is not; give both (TLS) or neither") !=
         std::string::npos);
   CHECK(errorOf("router: {http: {tls: {key_file: /k.pem}}}")
             .find("router.http.tls: key_file is set but cert_file is not") != std::string::npos);
-  CHECK(errorOf("router: {http: {tls: {cert: /c.pem}}}")
-            .find("router.http.tls.cert: unknown key") != std::string::npos);
+  CHECK(errorOf("router: {http: {tls: {cert: /c.pem}}}").find("router.http.tls.cert: unknown key") !=
+        std::string::npos);
   // A malformed hash entry is named by index; its value is never echoed.
   std::string bad = errorOf("router: {http: {api_keys: [sk-secret-1, 'sha256:abcd']}}");
-  CHECK(bad.find("router.http.api_keys[1]: a sha256: entry needs 64 hex digits") !=
-        std::string::npos);
+  CHECK(bad.find("router.http.api_keys[1]: a sha256: entry needs 64 hex digits") != std::string::npos);
   CHECK(bad.find("abcd") == std::string::npos);
   CHECK(errorOf("router: {admission: {rate_limits: {requests_per_s: -1}}}")
             .find("router.admission.rate_limits.requests_per_s") != std::string::npos);
   CHECK(errorOf("router: {admission: {rate_limits: {tokens: 5}}}")
             .find("router.admission.rate_limits.tokens: unknown key") != std::string::npos);
   CHECK(errorOf("router: {http: {metrics_auth: basic}}")
-            .find("router.http.metrics_auth: basic is not one of none, api_key, bearer_file") !=
-        std::string::npos);
-  CHECK(errorOf("router: {http: {metrics_auth: bearer_file}}").find(
-            "router.http.metrics_bearer_file: required when metrics_auth is bearer_file") !=
-        std::string::npos);
+            .find("router.http.metrics_auth: basic is not one of none, api_key, bearer_file") != std::string::npos);
+  CHECK(errorOf("router: {http: {metrics_auth: bearer_file}}")
+            .find("router.http.metrics_bearer_file: required when metrics_auth is bearer_file") != std::string::npos);
   CHECK(errorOf("router: {http: {metrics_auth: api_key}}")
-            .find("router.http.metrics_auth: api_key needs router.http.api_keys") !=
-        std::string::npos);
-  CHECK(errorOf("router: {http: {max_connections: 0}}").find("router.http.max_connections") !=
-        std::string::npos);
+            .find("router.http.metrics_auth: api_key needs router.http.api_keys") != std::string::npos);
+  CHECK(errorOf("router: {http: {max_connections: 0}}").find("router.http.max_connections") != std::string::npos);
 }
 
 TEST_CASE("router.autoscaler: defaults, every key, and what is refused") {
@@ -399,7 +380,7 @@ TEST_CASE("router.autoscaler: defaults, every key, and what is refused") {
         std::string::npos);
 }
 
-// ---- cluster.secret_file (issue 13) -------------------------------------------------------
+// ---- cluster.secret_file (docs/security.md) -------------------------------------------------------
 
 namespace {
 
@@ -479,8 +460,8 @@ TEST_CASE("KV event keys: defaults, the exact index, the ZeroMQ endpoint checked
             .find("engine.kv_events.zmq_endpoint: 'localhost:5557' is not a ZeroMQ endpoint") != std::string::npos);
   CHECK(errorOf("engine: {kv_events: {replay_endpoint: x}}").find("engine.kv_events.replay_endpoint: unknown key") !=
         std::string::npos);
-  CHECK(errorOf("router: {routing: {kv_event_max_lag_ms: 0}}")
-            .find("router.routing.kv_event_max_lag_ms") != std::string::npos);
+  CHECK(errorOf("router: {routing: {kv_event_max_lag_ms: 0}}").find("router.routing.kv_event_max_lag_ms") !=
+        std::string::npos);
 }
 
 // ---- the router's grouped keys, and their old flat paths (docs/config.md "Renamed keys") ------
@@ -510,8 +491,7 @@ const std::vector<Renamed>& renamedKeys() {
       {"max_body_bytes", "http", "2048", [](R r) { return r.maxBodyBytes == 2048; }},
       {"tls", "http", "{cert_file: /c.pem, key_file: /k.pem}",
        [](R r) { return r.tlsCertFile == "/c.pem" && r.tlsKeyFile == "/k.pem"; }},
-      {"metrics_auth", "http", "api_key", [](R r) { return r.metricsAuth == MetricsAuth::kApiKey; },
-       "api_keys: [k]"},
+      {"metrics_auth", "http", "api_key", [](R r) { return r.metricsAuth == MetricsAuth::kApiKey; }, "api_keys: [k]"},
       {"metrics_bearer_file", "http", "/t", [](R r) { return r.metricsBearerFile == "/t"; },
        "metrics_auth: bearer_file"},
       {"short_prompt_tokens", "routing", "77", [](R r) { return r.shortPromptTokens == 77; }},
@@ -524,20 +504,24 @@ const std::vector<Renamed>& renamedKeys() {
       {"rate_limits", "admission", "{requests_per_s: 2, token_burst: 9}",
        [](R r) { return r.rateLimits.requestsPerS == 2 && r.rateLimits.tokenBurst == 9; }},
       {"control_port", "workers", "9100", [](R r) { return r.controlPort == 9100; }},
-      {"load_report_interval_ms", "workers", "50",
-       [](R r) { return r.loadReportIntervalMs == 50; }},
-      {"worker_report_timeout_ms", "workers", "900",
-       [](R r) { return r.workerReportTimeoutMs == 900; }},
+      {"load_report_interval_ms", "workers", "50", [](R r) { return r.loadReportIntervalMs == 50; }},
+      {"worker_report_timeout_ms", "workers", "900", [](R r) { return r.workerReportTimeoutMs == 900; }},
       {"request_timeout_ms", "requests", "5000", [](R r) { return r.requestTimeoutMs == 5000; }},
       {"max_migrations", "requests", "0", [](R r) { return r.maxMigrations == 0; }},
       {"drain_timeout_ms", "requests", "100", [](R r) { return r.drainTimeoutMs == 100; }},
       // The SLO targets (1 s, 50 ms) are bounds already.
       {"ttft_buckets_s", "metrics", "[0.1, 1]",
-       [](R r) { return r.ttftBucketsS == std::vector<double>{0.1, 1}; }},
+       [](R r) {
+         return r.ttftBucketsS == std::vector<double>{0.1, 1};
+       }},
       {"itl_buckets_s", "metrics", "[0.05, 1]",
-       [](R r) { return r.itlBucketsS == std::vector<double>{0.05, 1}; }},
+       [](R r) {
+         return r.itlBucketsS == std::vector<double>{0.05, 1};
+       }},
       {"e2e_buckets_s", "metrics", "[1, 2]",
-       [](R r) { return r.e2eBucketsS == std::vector<double>{1, 2}; }},
+       [](R r) {
+         return r.e2eBucketsS == std::vector<double>{1, 2};
+       }},
   };
   return keys;
 }
@@ -604,10 +588,9 @@ TEST_CASE("the router's keys load from their groups, with no warnings") {
   CHECK(c.router.controlPort == 9100);
 
   // A key in the wrong group is unknown there.
-  CHECK(errorOf("router: {http: {short_prompt_tokens: 5}}")
-            .find("router.http.short_prompt_tokens: unknown key") != std::string::npos);
-  CHECK(errorOf("router: {routing: 5}") ==
-        "test.yaml: router.routing: expected a map of keys, got \"5\"");
+  CHECK(errorOf("router: {http: {short_prompt_tokens: 5}}").find("router.http.short_prompt_tokens: unknown key") !=
+        std::string::npos);
+  CHECK(errorOf("router: {routing: 5}") == "test.yaml: router.routing: expected a map of keys, got \"5\"");
 }
 
 TEST_CASE("each old flat router key still loads, with one warning naming its new path") {
@@ -615,8 +598,8 @@ TEST_CASE("each old flat router key still loads, with one warning naming its new
     INFO(k.key);
     ClusterConfig c = parseOk(routerYaml(k, true, false));
     CHECK(k.landed(c.router));
-    CHECK(c.warnings == std::vector<std::string>{"router." + k.key + " is deprecated: use router." +
-                                                 k.group + "." + k.key});
+    CHECK(c.warnings ==
+          std::vector<std::string>{"router." + k.key + " is deprecated: use router." + k.group + "." + k.key});
   }
   // Several, in file order, one each.
   ClusterConfig c = parseOk(
@@ -626,23 +609,21 @@ TEST_CASE("each old flat router key still loads, with one warning naming its new
   CHECK(c.router.port == 8001);
   CHECK(c.router.requestTimeoutMs == 1000);
   CHECK(c.warnings ==
-        std::vector<std::string>{
-            "router.short_prompt_tokens is deprecated: use router.routing.short_prompt_tokens",
-            "router.port is deprecated: use router.http.port",
-            "router.request_timeout_ms is deprecated: use router.requests.request_timeout_ms"});
+        std::vector<std::string>{"router.short_prompt_tokens is deprecated: use router.routing.short_prompt_tokens",
+                                 "router.port is deprecated: use router.http.port",
+                                 "router.request_timeout_ms is deprecated: use router.requests.request_timeout_ms"});
   // Problems in an old key name the path as given, so the line is found.
-  CHECK(errorOf("router: {port: 70000}") ==
-        "test.yaml: router.port: 70000 is out of range [1, 65535]");
-  CHECK(errorOf("router: {tls: {cert_file: /c.pem}}")
-            .find("router.tls: cert_file is set but key_file is not") != std::string::npos);
-  CHECK(errorOf("router: {rate_limits: {tokens: 5}}")
-            .find("router.rate_limits.tokens: unknown key") != std::string::npos);
-  CHECK(errorOf("router: {api_keys: [a, 'sha256:ab']}")
-            .find("router.api_keys[1]: a sha256: entry needs 64 hex digits") != std::string::npos);
+  CHECK(errorOf("router: {port: 70000}") == "test.yaml: router.port: 70000 is out of range [1, 65535]");
+  CHECK(errorOf("router: {tls: {cert_file: /c.pem}}").find("router.tls: cert_file is set but key_file is not") !=
+        std::string::npos);
+  CHECK(errorOf("router: {rate_limits: {tokens: 5}}").find("router.rate_limits.tokens: unknown key") !=
+        std::string::npos);
+  CHECK(
+      errorOf("router: {api_keys: [a, 'sha256:ab']}").find("router.api_keys[1]: a sha256: entry needs 64 hex digits") !=
+      std::string::npos);
   // The cross-field rules hold whichever path gave the values.
   CHECK(errorOf("router: {port: 9100, workers: {control_port: 9100}}")
-            .find("router.workers.control_port: 9100 is the same as router.http.port") !=
-        std::string::npos);
+            .find("router.workers.control_port: 9100 is the same as router.http.port") != std::string::npos);
 }
 
 TEST_CASE("an old flat router key and its new path together are refused, naming both") {
@@ -650,13 +631,12 @@ TEST_CASE("an old flat router key and its new path together are refused, naming 
     INFO(k.key);
     const std::string oldPath = "router." + k.key;
     const std::string newPath = "router." + k.group + "." + k.key;
-    CHECK(errorOf(routerYaml(k, true, true)) ==
-          "test.yaml: " + oldPath + " and " + newPath + " are one setting given twice: keep " +
-              newPath + " (" + oldPath + " is its old name)");
+    CHECK(errorOf(routerYaml(k, true, true)) == "test.yaml: " + oldPath + " and " + newPath +
+                                                    " are one setting given twice: keep " + newPath + " (" + oldPath +
+                                                    " is its old name)");
   }
   // Refused even when the two agree.
-  CHECK_THAT(errorOf("router: {port: 8000, http: {port: 8000}}"),
-             Catch::Contains("router.port and router.http.port"));
+  CHECK_THAT(errorOf("router: {port: 8000, http: {port: 8000}}"), Catch::Contains("router.port and router.http.port"));
 }
 
 TEST_CASE("experimental toggles turned on are named at load, stable ones are not") {
@@ -666,12 +646,13 @@ TEST_CASE("experimental toggles turned on are named at load, stable ones are not
                 "engine: {slo_sized_prefill_chunks: true, enable_prefix_caching: true}\n"
                 "metrics: {vllm_compatible_names: true}\n")
             .experimental.empty());
-  CHECK(parseOk("router: {routing: {adaptive_threshold: false}, autoscaler: {role_moves: false}}")
-            .experimental.empty());
-  ClusterConfig c = parseOk("router: {routing: {adaptive_threshold: true},"
-                            " autoscaler: {role_moves: true}}");
-  CHECK(c.experimental == std::vector<std::string>{"router.routing.adaptive_threshold",
-                                                   "router.autoscaler.role_moves"});
+  CHECK(
+      parseOk("router: {routing: {adaptive_threshold: false}, autoscaler: {role_moves: false}}").experimental.empty());
+  ClusterConfig c = parseOk(
+      "router: {routing: {adaptive_threshold: true},"
+      " autoscaler: {role_moves: true}}");
+  CHECK(c.experimental ==
+        std::vector<std::string>{"router.routing.adaptive_threshold", "router.autoscaler.role_moves"});
   CHECK(c.warnings.empty());  // experimental is not deprecated
 }
 
@@ -682,8 +663,10 @@ TEST_CASE("the Helm chart's rendered cluster.yaml loads, with no warnings, in ev
   }
   const auto dir = pd::test::scratchDir() / "chart-configs";
   std::filesystem::remove_all(dir);
-  const std::string cmd = "/usr/bin/python3 tests/deploy/render_chart.py --root . "
-                          "--write-configs " + dir.string() + " >/dev/null";
+  const std::string cmd =
+      "/usr/bin/python3 tests/deploy/render_chart.py --root . "
+      "--write-configs " +
+      dir.string() + " >/dev/null";
   REQUIRE(std::system(cmd.c_str()) == 0);
   int loaded = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {

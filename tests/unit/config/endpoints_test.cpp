@@ -28,8 +28,7 @@ TEST_CASE("wildcard and loopback addresses are recognised") {
 
 TEST_CASE("the chart's endpoints and a one-machine cluster pass") {
   CHECK(checkEndpoints(podEndpoints()).isOk());
-  CHECK(checkEndpoints({"prefill", "127.0.0.1", "pools.prefill.host", "127.0.0.1", "127.0.0.1", {"127.0.0.1"}})
-            .isOk());
+  CHECK(checkEndpoints({"prefill", "127.0.0.1", "pools.prefill.host", "127.0.0.1", "127.0.0.1", {"127.0.0.1"}}).isOk());
   // Binding exactly the advertised address is fine too.
   CHECK(checkEndpoints({"prefill", "10.0.0.5", "pools.prefill.host", "10.0.0.5", "10.0.0.5", {"10.0.0.1"}}).isOk());
 }
@@ -49,7 +48,7 @@ TEST_CASE("a loopback address is not advertised to peers on other hosts") {
   CHECK_THAT(problemsOf(e), Catch::Contains("--bind-host: 0.0.0.0 accepts other hosts"));
 }
 
-TEST_CASE("a loopback bind behind a routable advertised address names its key (issue 11)") {
+TEST_CASE("a loopback bind behind a routable advertised address names its key (docs/deploy.md)") {
   // The chart once left pools.prefill.host at its default: decode pods were refused.
   auto e = podEndpoints();
   e.bindHost = "127.0.0.1";

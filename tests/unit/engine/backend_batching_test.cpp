@@ -60,8 +60,7 @@ TEST_CASE("a sequence batched with 7 others gives the same logits as alone") {
   std::vector<float> logits(size_t(8) * vocab);
   // Step 1: everyone prefills (seq 3 all 37 tokens, the others their whole prompt).
   std::vector<SeqChunk> batch;
-  for (auto& s : seqs)
-    batch.push_back({s.tokens.data(), int(s.tokens.size()), 0, s.table.data(), 6, true});
+  for (auto& s : seqs) batch.push_back({s.tokens.data(), int(s.tokens.size()), 0, s.table.data(), 6, true});
   REQUIRE(backend->forward(batch, logits.data()).toString() == "OK");
   std::vector<float> row(logits.begin() + 3 * vocab, logits.begin() + 4 * vocab);
   CHECK(relError(row, aloneRows[0]) < 1e-5);
@@ -71,9 +70,8 @@ TEST_CASE("a sequence batched with 7 others gives the same logits as alone") {
   batch.clear();
   std::vector<int32_t> extra = testPrompt(12, 77);
   for (int s = 0; s < 8; ++s) {
-    next[s] =
-        int32_t(std::max_element(logits.begin() + s * vocab, logits.begin() + (s + 1) * vocab) -
-                (logits.begin() + s * vocab));
+    next[s] = int32_t(std::max_element(logits.begin() + s * vocab, logits.begin() + (s + 1) * vocab) -
+                      (logits.begin() + s * vocab));
     const int pos = int(seqs[s].tokens.size());
     if (s % 3 == 1)  // a prefill chunk continuing at pos (wants no logits)
       batch.push_back({extra.data(), 12, pos, seqs[s].table.data(), 6, false});
@@ -119,10 +117,8 @@ TEST_CASE("K/V land in the sequence's blocks and layer callbacks come in order")
               ->forward({&chunk, 1}, logits.data(),
                         [&](int l) {
                           layers.push_back(l);
-                          readyAtCallback.push_back(blockNonZero(l, 9, 16) &&
-                                                    blockNonZero(l, 4, 4));
-                          nextEmptyAtCallback.push_back(l + 1 >= c.numLayers ||
-                                                        blockNonZero(l + 1, 9, 0));
+                          readyAtCallback.push_back(blockNonZero(l, 9, 16) && blockNonZero(l, 4, 4));
+                          nextEmptyAtCallback.push_back(l + 1 >= c.numLayers || blockNonZero(l + 1, 9, 0));
                         })
               .isOk());
   CHECK(layers == std::vector<int>{0, 1});

@@ -1,8 +1,9 @@
 // The CPU kernels against plain scalar double-precision versions of the same math.
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "pd/kernels/activation.h"
 #include "pd/kernels/attention.h"
@@ -33,8 +34,7 @@ TEST_CASE("rmsNorm and swiGlu match scalar math") {
     double ss = 0;
     for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
     const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
-    for (int i = 0; i < dim; ++i)
-      CHECK(out[r * dim + i] == Approx(x[r * dim + i] * inv * w[i]).epsilon(1e-6));
+    for (int i = 0; i < dim; ++i) CHECK(out[r * dim + i] == Approx(x[r * dim + i] * inv * w[i]).epsilon(1e-6));
   }
   const int ffn = 45;
   auto gu = randomVec(rows * 2 * ffn, 3, 4.0f);
@@ -88,8 +88,7 @@ TEST_CASE("paged attention and the GEMM-tile softmax match naive causal GQA atte
   auto k = randomVec(size_t(ctx) * tokenElems, 4), v = randomVec(size_t(ctx) * tokenElems, 5);
   std::vector<int32_t> slots(ctx);
   for (int p = 0; p < ctx; ++p) slots[p] = table[p / blockSize] * blockSize + p % blockSize;
-  kc::kvCacheWrite(pool.data(), k.data(), v.data(), int(tokenElems), slots.data(), ctx, blockSize,
-                   numKvHeads, hd);
+  kc::kvCacheWrite(pool.data(), k.data(), v.data(), int(tokenElems), slots.data(), ctx, blockSize, numKvHeads, hd);
   auto q = randomVec(size_t(n) * qStride, 6, 2.0f);
   const float scale = 1.0f / std::sqrt(float(hd));
 
@@ -103,8 +102,7 @@ TEST_CASE("paged attention and the GEMM-tile softmax match naive causal GQA atte
       double mx = -1e300;
       for (int p = 0; p < len; ++p) {
         double d = 0;
-        for (int i = 0; i < hd; ++i)
-          d += double(q[t * qStride + h * hd + i]) * k[p * tokenElems + g * hd + i];
+        for (int i = 0; i < hd; ++i) d += double(q[t * qStride + h * hd + i]) * k[p * tokenElems + g * hd + i];
         s[p] = d * scale;
         mx = std::max(mx, s[p]);
       }
@@ -118,16 +116,15 @@ TEST_CASE("paged attention and the GEMM-tile softmax match naive causal GQA atte
     }
 
   std::vector<float> out(size_t(n) * numHeads * hd, -1.0f);
-  kc::pagedAttention(q.data(), qStride, pool.data(), table.data(), n, startPos, blockSize, numHeads,
-                     numKvHeads, hd, 0, numKvHeads, scale, out.data(), numHeads * hd);
+  kc::pagedAttention(q.data(), qStride, pool.data(), table.data(), n, startPos, blockSize, numHeads, numKvHeads, hd, 0,
+                     numKvHeads, scale, out.data(), numHeads * hd);
   for (size_t i = 0; i < out.size(); ++i) CHECK(out[i] == Approx(ref[i]).margin(2e-6));
 
   // GEMM-tile path, with the GEMMs written out as loops: gather, scores, softmax, P*V.
   std::vector<float> kg(size_t(ctx) * hd), vg(size_t(ctx) * hd);
   for (int h = 0; h < numHeads; ++h) {
     const int g = h / (numHeads / numKvHeads);
-    kc::kvGatherHead(pool.data(), table.data(), ctx, blockSize, numKvHeads, hd, g, kg.data(),
-                     vg.data());
+    kc::kvGatherHead(pool.data(), table.data(), ctx, blockSize, numKvHeads, hd, g, kg.data(), vg.data());
     for (int p = 0; p < ctx; ++p)
       for (int i = 0; i < hd; ++i) REQUIRE(kg[p * hd + i] == k[p * tokenElems + g * hd + i]);
     std::vector<float> scores(size_t(n) * ctx);

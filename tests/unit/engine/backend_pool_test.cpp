@@ -39,8 +39,7 @@ TEST_CASE("a slow task delays only its own run, and the others drain the rest") 
     if (task == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     ran[task].fetch_add(1);
   });
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(ms >= 20.0);
   CHECK(ms < 2000.0);
   for (auto& r : ran) CHECK(r.load() == 1);

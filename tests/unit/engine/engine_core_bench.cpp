@@ -1,5 +1,5 @@
 // engine_core_bench: per-token host costs of the engine's core logic, each next to a
-// ceiling measured in the same run. Not a ctest test (DESIGN.md §9: benchmarks are separate
+// ceiling measured in the same run. Not a ctest test (docs/design.md §9: benchmarks are separate
 // executables). Usage: engine_core_bench [vocab=128256] [iterations=200]
 #include <chrono>
 #include <cmath>
@@ -19,8 +19,7 @@ using namespace pd::engine;
 namespace {
 
 double microsPer(int iters, const std::chrono::steady_clock::time_point& t0) {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-         iters;
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
 }  // namespace
@@ -93,8 +92,7 @@ int main(int argc, char** argv) {
       sum += c.processors ? sampleWithProcessors(logits.data(), vocab, p, uint64_t(it), history, 1024, -1).id
                           : sample(logits.data(), vocab, p, uint64_t(it)).id;
     }
-    std::printf("sample   %-28s        %8.1f us/token (checksum %ld)\n", c.name,
-                microsPer(iters, t0), sum % 1000);
+    std::printf("sample   %-28s        %8.1f us/token (checksum %ld)\n", c.name, microsPer(iters, t0), sum % 1000);
   }
 
   // KV allocator: allocate 1k-token sequences, extend them token by token, free.

@@ -1,13 +1,14 @@
 // engine::Engine on the tiny model: what it generates equals the backend driven by hand,
 // alone or batched, colocated or with the prompt's KV prefilled by another engine.
-#include <catch2/catch.hpp>
+#include "engine/engine.h"
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
 
-#include "engine/engine.h"
+#include <catch2/catch.hpp>
+
 #include "model_test_util.h"
 
 using namespace pd;
@@ -42,8 +43,7 @@ std::unique_ptr<Engine> makeEngine(int numBlocks, int maxBatchTokens, bool relea
 }
 
 Request makeRequest(uint64_t id, std::vector<int32_t> prompt, SamplingParams params) {
-  auto r = Request::create(id, std::move(prompt), params, SystemClock::instance(),
-                           tinyModel()->config.vocabSize);
+  auto r = Request::create(id, std::move(prompt), params, SystemClock::instance(), tinyModel()->config.vocabSize);
   REQUIRE(r.ok());
   return std::move(r).value();
 }
@@ -74,8 +74,7 @@ SamplingParams greedy(int maxTokens) {
 }
 
 // Steps until no work is left; returns generated ids per request.
-std::map<uint64_t, std::vector<int32_t>> runToEnd(Engine& engine,
-                                                  std::vector<EngineEvent>* all = nullptr) {
+std::map<uint64_t, std::vector<int32_t>> runToEnd(Engine& engine, std::vector<EngineEvent>* all = nullptr) {
   std::map<uint64_t, std::vector<int32_t>> out;
   for (int guard = 0; engine.hasWork() && guard < 10000; ++guard) {
     std::vector<EngineEvent> events;
@@ -94,8 +93,7 @@ std::vector<int32_t> handDrivenGreedy(const std::vector<int32_t>& prompt, int n)
   auto backend = makeBackend(tinyModel(), kv);
   std::vector<int32_t> generated;
   auto rows = runGreedy(*backend, kv, prompt, 0, n - 1, &generated);
-  generated.push_back(int32_t(std::max_element(rows.back().begin(), rows.back().end()) -
-                              rows.back().begin()));
+  generated.push_back(int32_t(std::max_element(rows.back().begin(), rows.back().end()) - rows.back().begin()));
   return generated;
 }
 
@@ -179,7 +177,7 @@ TEST_CASE("engine: SLO-sized chunks settle on the largest prompt chunk whose ste
   StepCostClock clock;
   PrefillChunkOptions chunks;
   chunks.priceAttention = false;  // the fake step costs below count tokens alone
-  chunks.itlTargetMs = 50;  // the step's budget: 95% of it (the hop to the client has 5%), 47.5 ms
+  chunks.itlTargetMs = 50;        // the step's budget: 95% of it (the hop to the client has 5%), 47.5 ms
   REQUIRE(chunks.periodBudgetMs() == Approx(47.5));  // 2 + 20 + p <= 47.5: p = 25
   chunks.minTokens = 4;
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
@@ -221,7 +219,7 @@ TEST_CASE("engine: SLO-sized chunks start at the floor on a worker that never pr
   StepCostClock clock;
   PrefillChunkOptions chunks;
   chunks.priceAttention = false;  // the fake step costs below count tokens alone
-  chunks.itlTargetMs = 50;  // budget 47.5 ms: 2 + 20 + 25
+  chunks.itlTargetMs = 50;        // budget 47.5 ms: 2 + 20 + 25
   chunks.minTokens = 4;
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
   Engine& engine = *engineOwner;
@@ -247,7 +245,7 @@ TEST_CASE("engine: SLO-sized chunks start at the floor on a worker that never pr
   REQUIRE(mixedChunks.size() >= 9);
   CHECK(mixedChunks[0] == 4);  // the floor: a 26 ms step, not 278 ms (max_batch_tokens)
   for (size_t i = 1; i < mixedChunks.size(); ++i) {
-    CHECK(mixedChunks[i] >= mixedChunks[i - 1]);  // grows by the budget each step took,
+    CHECK(mixedChunks[i] >= mixedChunks[i - 1]);                      // grows by the budget each step took,
     CHECK(mixedChunks[i] <= std::lround(1.25 * mixedChunks[i - 1]));  // a quarter at most
   }
   for (double ms : mixedStepMs) CHECK(ms <= 47.5);
@@ -302,7 +300,8 @@ TEST_CASE("engine: SLO-sized chunks price prompt tokens by their attention conte
     };
     REQUIRE(engine->submit(makeRequest(1, testPrompt(20, 5), greedy(200))).isOk());
     for (int i = 0; i < 3; ++i) step();  // its prompt, then the stream alone
-    for (uint64_t id = 2; id <= 7; ++id) REQUIRE(engine->submit(makeRequest(id, testPrompt(30, 5 + int(id)), greedy(1))).isOk());
+    for (uint64_t id = 2; id <= 7; ++id)
+      REQUIRE(engine->submit(makeRequest(id, testPrompt(30, 5 + int(id)), greedy(1))).isOk());
     for (int i = 0; i < 20; ++i) step();  // short prompts beside the stream teach the cap
     engine->cancel(1);
     const int cap = engine->load().prefillChunkTokens;
@@ -333,9 +332,8 @@ TEST_CASE("engine: an SLO-sized cap taught beside one stream leaves room for mor
   auto engine = makeEngine(512, /*maxBatchTokens=*/256, true, clock, sloChunks());
   double lastMs = 0;
   auto step = [&] {
-    stepCosting(*engine, clock, [&](int prompt, int streams) {
-      return lastMs = 2 + 3.0 * streams + (prompt > 0 ? 4 + prompt : 0);
-    });
+    stepCosting(*engine, clock,
+                [&](int prompt, int streams) { return lastMs = 2 + 3.0 * streams + (prompt > 0 ? 4 + prompt : 0); });
   };
   std::vector<EngineEvent> events;
   auto addStream = [&](uint64_t id) {
@@ -365,7 +363,7 @@ TEST_CASE("engine: SLO-sized chunks keep a cap of their own while a remote prefi
   StepCostClock clock;
   PrefillChunkOptions chunks;
   chunks.priceAttention = false;  // the fake step costs below count tokens alone
-  chunks.itlTargetMs = 50;  // budget 47.5 ms: 2 + 20 + 25 alone
+  chunks.itlTargetMs = 50;        // budget 47.5 ms: 2 + 20 + 25 alone
   chunks.minTokens = 4;
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
   Engine& engine = *engineOwner;
@@ -424,7 +422,8 @@ TEST_CASE("engine: SLO-sized chunks aim below the ITL target until its percentil
     });
   };
   REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(800))).isOk());
-  for (uint64_t id = 2; id <= 9; ++id) REQUIRE(engine.submit(makeRequest(id, testPrompt(2000, 6 + int(id)), greedy(1))).isOk());
+  for (uint64_t id = 2; id <= 9; ++id)
+    REQUIRE(engine.submit(makeRequest(id, testPrompt(2000, 6 + int(id)), greedy(1))).isOk());
   for (int i = 0; i < 2000 && mixedStepMs.size() < 450; ++i) step();
   REQUIRE(mixedStepMs.size() >= 450);
   int overruns = 0;
@@ -438,14 +437,15 @@ TEST_CASE("engine: the decode step cost line and a small chunk's cost, forgotten
   StepCostClock clock;
   PrefillChunkOptions chunks;
   chunks.priceAttention = false;  // the fake step costs below count tokens alone
-  chunks.itlTargetMs = 50;  // minTokens 32: the prompts below are all small chunks
+  chunks.itlTargetMs = 50;        // minTokens 32: the prompts below are all small chunks
   auto engineOwner = makeEngine(256, /*maxBatchTokens=*/256, true, clock, chunks);
   Engine& engine = *engineOwner;
   auto step = [&] {
-    stepCosting(engine, clock, [](int prompt, int streams) { return 5 + 2.0 * streams + (prompt > 0 ? 20 + prompt : 0); });
+    stepCosting(engine, clock,
+                [](int prompt, int streams) { return 5 + 2.0 * streams + (prompt > 0 ? 20 + prompt : 0); });
   };
   REQUIRE(engine.submit(makeRequest(1, testPrompt(20, 5), greedy(100))).isOk());
-  for (int i = 0; i < 4; ++i) step();  // its prompt, then 3 steps of one stream
+  for (int i = 0; i < 4; ++i) step();         // its prompt, then 3 steps of one stream
   CHECK_FALSE(engine.load().decodeStepCost);  // one batch size: no line yet
   REQUIRE(engine.submit(makeRequest(2, testPrompt(10, 6), greedy(100))).isOk());
   REQUIRE(engine.submit(makeRequest(3, testPrompt(10, 7), greedy(100))).isOk());
@@ -509,19 +509,22 @@ TEST_CASE("engine: KV prefilled by another engine decodes to the colocated resul
   std::optional<SampledToken> first;
   for (int guard = 0; prefill->hasWork() && guard < 100; ++guard) {
     std::vector<EngineEvent> events;
-    REQUIRE(prefill->step(&events, [&](int layer, const StepView& step) {
-      layersSeen.push_back(layer);
-      for (const auto& e : step.entries) {
-        // The prefill side's table grows chunk by chunk; the target's was reserved whole.
-        auto local = step.kv->blockTable(e.seq);
-        std::span<const BlockId> remote(blocks.value().data(), local.size());
-        auto pairs = pairedLayerSegments(layout, step.kv->region(), local, decode->kv().region(),
-                                         remote, layer, layer + 1);
-        REQUIRE(pairs.ok());
-        for (size_t i = 0; i < pairs->local.size(); ++i)
-          std::memcpy(pairs->remote[i].ptr(), pairs->local[i].ptr(), pairs->local[i].len);
-      }
-    }).isOk());
+    REQUIRE(prefill
+                ->step(&events,
+                       [&](int layer, const StepView& step) {
+                         layersSeen.push_back(layer);
+                         for (const auto& e : step.entries) {
+                           // The prefill side's table grows chunk by chunk; the target's was reserved whole.
+                           auto local = step.kv->blockTable(e.seq);
+                           std::span<const BlockId> remote(blocks.value().data(), local.size());
+                           auto pairs = pairedLayerSegments(layout, step.kv->region(), local, decode->kv().region(),
+                                                            remote, layer, layer + 1);
+                           REQUIRE(pairs.ok());
+                           for (size_t i = 0; i < pairs->local.size(); ++i)
+                             std::memcpy(pairs->remote[i].ptr(), pairs->local[i].ptr(), pairs->local[i].len);
+                         }
+                       })
+                .isOk());
     for (auto& e : events)
       if (e.kind == EngineEvent::Kind::kToken) first = e.token;
   }
@@ -589,7 +592,7 @@ TEST_CASE("engine: cancel and refused reservations leave no block behind") {
   CHECK(engine->kv().checkInvariants().isOk());
 }
 
-// KV fencing (issue 12): a remote request's reserved blocks move to a quarantine holder; the
+// KV fencing (docs/reliability.md): a remote request's reserved blocks move to a quarantine holder; the
 // request then recomputes (or is cancelled) without them, they are never handed out while
 // held, and freeing the holder gives them all back.
 TEST_CASE("engine: quarantined remote blocks are not reused, a recompute gets fresh blocks, release frees them") {
@@ -665,21 +668,19 @@ class RowSamplingBackend final : public Backend {
   explicit RowSamplingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   const ModelConfig& config() const override { return inner_->config(); }
   const KvLayout& kvLayout() const override { return inner_->kvLayout(); }
-  Status forward(std::span<const SeqChunk> batch, float* logits,
-                 const LayerKvReadyFn& cb) override {
+  Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& cb) override {
     return inner_->forward(batch, logits, cb);
   }
   bool samplesOnDevice() const override { return true; }
-  Status forwardAndSample(std::span<const SeqChunk> batch,
-                          std::span<const pd::kernels::SampleRowParams> params, int topN,
-                          SampledToken* out, const LayerKvReadyFn& cb) override {
+  Status forwardAndSample(std::span<const SeqChunk> batch, std::span<const pd::kernels::SampleRowParams> params,
+                          int topN, SampledToken* out, const LayerKvReadyFn& cb) override {
     const int rows = int(params.size()), vocab = config().vocabSize;
     std::vector<float> logits(size_t(std::max(rows, 1)) * vocab);
     PD_RETURN_IF_ERROR(inner_->forward(batch, logits.data(), cb));
     std::vector<int32_t> ids(static_cast<size_t>(rows)), topIds(static_cast<size_t>(rows) * topN);
     std::vector<float> lps(static_cast<size_t>(rows)), topLps(static_cast<size_t>(rows) * topN);
-    pd::kernels::cpu::sampleRows(logits.data(), vocab, rows, vocab, params.data(), topN,
-                                 ids.data(), lps.data(), topIds.data(), topLps.data());
+    pd::kernels::cpu::sampleRows(logits.data(), vocab, rows, vocab, params.data(), topN, ids.data(), lps.data(),
+                                 topIds.data(), topLps.data());
     for (int r = 0; r < rows; ++r) {
       out[r].id = ids[size_t(r)];
       out[r].logprob = lps[size_t(r)];

@@ -2,7 +2,8 @@
 // header, key/values, tensor infos (ggml dimension order, f32 type, aligned offsets) and the
 // tensor bytes against the loaded model, including the q/k RoPE row permutation. llama-bench
 // loading the file is exercised by engine_bench --llama-bench, not here (no llama.cpp in CI).
-#include <catch2/catch.hpp>
+#include "engine/bench/gguf_writer.h"
+
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -10,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/bench/gguf_writer.h"
+#include <catch2/catch.hpp>
+
 #include "model_test_util.h"
 
 namespace pd::engine {
@@ -184,14 +186,11 @@ TEST_CASE("gguf: the tiny preset reads back as a llama.cpp `llama` model") {
   CHECK(g.row("blk.1.ffn_down.weight", 2) == modelRow(L.down.data(), ffn, 2));
   for (uint64_t head : {uint64_t(0), uint64_t(c.numHeads - 1)})
     for (uint64_t i : {uint64_t(0), uint64_t(1), hd / 2 - 1}) {
-      CHECK(g.row("blk.1.attn_q.weight", head * hd + 2 * i) ==
-            modelRow(L.qkv.data(), h, head * hd + i));
-      CHECK(g.row("blk.1.attn_q.weight", head * hd + 2 * i + 1) ==
-            modelRow(L.qkv.data(), h, head * hd + hd / 2 + i));
+      CHECK(g.row("blk.1.attn_q.weight", head * hd + 2 * i) == modelRow(L.qkv.data(), h, head * hd + i));
+      CHECK(g.row("blk.1.attn_q.weight", head * hd + 2 * i + 1) == modelRow(L.qkv.data(), h, head * hd + hd / 2 + i));
     }
   const uint64_t lastKv = uint64_t(c.numKvHeads - 1) * hd;
-  CHECK(g.row("blk.1.attn_k.weight", lastKv + 1) ==
-        modelRow(L.qkv.data(), h, q + lastKv + hd / 2));
+  CHECK(g.row("blk.1.attn_k.weight", lastKv + 1) == modelRow(L.qkv.data(), h, q + lastKv + hd / 2));
 }
 
 TEST_CASE("gguf: tied embeddings leave out output.weight (llama.cpp reuses token_embd)") {

@@ -26,12 +26,12 @@ KvBudgetInput eightB() {
 TEST_CASE("the KV cache is the utilization share less weights and activations, in whole blocks") {
   auto b = kvBudgetFromUtilization(eightB());
   REQUIRE(b.ok());
-  CHECK(b->shareBytes == 72 * kGiB);          // 0.9 x 80 GiB
-  CHECK(b->kvBytes == 54 * kGiB);             // 72 - 16 - 2
-  CHECK(b->numBlocks == 54 * 512);            // 2 MiB blocks
-  CHECK(b->tokens == 54 * 512 * 16);          // 442,368 tokens of context
+  CHECK(b->shareBytes == 72 * kGiB);  // 0.9 x 80 GiB
+  CHECK(b->kvBytes == 54 * kGiB);     // 72 - 16 - 2
+  CHECK(b->numBlocks == 54 * 512);    // 2 MiB blocks
+  CHECK(b->tokens == 54 * 512 * 16);  // 442,368 tokens of context
   KvBudgetInput odd = eightB();
-  odd.activationBytes = 2 * kGiB + 1;         // one byte more: one block fewer, never a part
+  odd.activationBytes = 2 * kGiB + 1;  // one byte more: one block fewer, never a part
   auto c = kvBudgetFromUtilization(odd);
   REQUIRE(c.ok());
   CHECK(c->numBlocks == 54 * 512 - 1);

@@ -3,11 +3,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
+
+#include <catch2/catch.hpp>
 
 using namespace pd;
 using namespace pd::engine;
@@ -41,13 +42,11 @@ std::unique_ptr<KvCacheManager> makeKv(const KvLayout& l) {
 // Writes a block's "KV": every float of layer 0's K half holds the block's tokens, so a
 // block served from the prefix cache can be checked to really hold that content.
 void writeBlockContent(KvCacheManager& kv, BlockId b, std::span<const TokenId> toks) {
-  auto* f =
-      reinterpret_cast<float*>(static_cast<uint8_t*>(kv.data()) + kv.layout().blockOffset(0, b));
+  auto* f = reinterpret_cast<float*>(static_cast<uint8_t*>(kv.data()) + kv.layout().blockOffset(0, b));
   for (size_t t = 0; t < toks.size(); ++t) f[kv.layout().kOffsetInBlock(int(t))] = float(toks[t]);
 }
 bool blockHolds(const KvCacheManager& kv, BlockId b, std::span<const TokenId> toks) {
-  auto* f = reinterpret_cast<const float*>(static_cast<const uint8_t*>(kv.data()) +
-                                           kv.layout().blockOffset(0, b));
+  auto* f = reinterpret_cast<const float*>(static_cast<const uint8_t*>(kv.data()) + kv.layout().blockOffset(0, b));
   for (size_t t = 0; t < toks.size(); ++t) {
     if (f[kv.layout().kOffsetInBlock(int(t))] != float(toks[t])) return false;
   }
@@ -57,8 +56,7 @@ bool blockHolds(const KvCacheManager& kv, BlockId b, std::span<const TokenId> to
 // A new sequence for `tokens` as an admission makes it: the cached prefix (at least one token
 // left to compute) attached, then extended to `numTokens`; all or nothing, like the scheduler
 // applying one admission. Returns the cached tokens.
-Result<int> attachAndExtend(KvCacheManager& kv, SeqId seq, std::span<const TokenId> tokens,
-                            int numTokens) {
+Result<int> attachAndExtend(KvCacheManager& kv, SeqId seq, std::span<const TokenId> tokens, int numTokens) {
   const int maxCached = std::max(0, std::min(numTokens, int(tokens.size()) - 1));
   PD_ASSIGN_OR_RETURN(int cached, kv.attachCachedPrefix(seq, tokens, maxCached));
   if (Status st = kv.extend(seq, numTokens); !st.isOk()) {
@@ -302,8 +300,7 @@ TEST_CASE("fork shares full blocks and copies the partial tail in every layer") 
   CHECK(kv->refCount(t1[0]) == 2);
   CHECK(t2[1] != t1[1]);
   for (int layer = 0; layer < l.numLayers; ++layer) {
-    CHECK(std::memcmp(bytes + l.blockOffset(layer, t2[1]), bytes + l.blockOffset(layer, tail),
-                      l.blockBytes()) == 0);
+    CHECK(std::memcmp(bytes + l.blockOffset(layer, t2[1]), bytes + l.blockOffset(layer, tail), l.blockBytes()) == 0);
   }
   CHECK(kv->numTokens(2) == 6);
   REQUIRE_OK(kv->checkInvariants());
@@ -412,8 +409,7 @@ TEST_CASE("paired segments cut runs where either side breaks") {
   CHECK(p->remote[1].addr == remote.addr + l.blockOffset(0, 9));
   CHECK(p->remote[2].addr == remote.addr + l.blockOffset(1, 5));
   std::vector<BlockId> shorter = {1};
-  CHECK(pairedLayerSegments(l, local, lb, remote, shorter, 0, 1).status().code() ==
-        StatusCode::kInvalidArgument);
+  CHECK(pairedLayerSegments(l, local, lb, remote, shorter, 0, 1).status().code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("random allocate/extend/reserve/share/free keeps every invariant") {
@@ -452,8 +448,7 @@ TEST_CASE("random allocate/extend/reserve/share/free keeps every invariant") {
       const SeqId s = next++;
       auto toks = randomTokens(pick(1, 30));
       if (kind == 0) {
-        Status st =
-            pick(0, 1) ? kv->allocate(s, int(toks.size())) : kv->reserve(s, int(toks.size()));
+        Status st = pick(0, 1) ? kv->allocate(s, int(toks.size())) : kv->reserve(s, int(toks.size()));
         if (st.code() == StatusCode::kResourceExhausted) {
           ++exhausted;
           CHECK(kv->numFreeBlocks() == freeBefore);
@@ -476,8 +471,7 @@ TEST_CASE("random allocate/extend/reserve/share/free keeps every invariant") {
           // Shared blocks really hold the KV computed for these tokens.
           auto table = kv->blockTable(s);
           for (int b = 0; b < *cached / 4; ++b) {
-            CHECK(blockHolds(*kv, table[size_t(b)],
-                             std::span<const TokenId>(toks).subspan(size_t(b) * 4, 4)));
+            CHECK(blockHolds(*kv, table[size_t(b)], std::span<const TokenId>(toks).subspan(size_t(b) * 4, 4)));
           }
           live[s] = toks;
         }

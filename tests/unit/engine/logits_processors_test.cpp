@@ -2,10 +2,11 @@
 // hand, their order, and that sampling reports the raw distribution's logprobs.
 #include "engine/logits_processors.h"
 
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 using namespace pd::engine;
 

@@ -26,8 +26,7 @@ void writeText(const std::string& p, const std::string& s) {
 // A private copy of the tiny model that a test may break.
 std::string copyOfTiny(const std::string& name) {
   const std::string src = makeTestModel("llama_tiny", {});
-  const std::string dst =
-      std::string(PD_TEST_MODEL_DIR) + "/broken_" + name + "." + std::to_string(::getpid());
+  const std::string dst = std::string(PD_TEST_MODEL_DIR) + "/broken_" + name + "." + std::to_string(::getpid());
   fs::remove_all(dst);
   fs::copy(src, dst);
   return dst;
@@ -79,8 +78,7 @@ TEST_CASE("config.json of each architecture parses") {
 }
 
 TEST_CASE("config errors name the problem") {
-  auto c =
-      parseModelConfig(R"({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})", "cfg.json");
+  auto c = parseModelConfig(R"({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})", "cfg.json");
   REQUIRE(!c.ok());
   CHECK(c.status().code() == pd::StatusCode::kUnimplemented);
   CHECK_THAT(c.status().message(), Catch::Contains("unsupported architecture \"GPT2LMHeadModel\""));
@@ -183,8 +181,7 @@ TEST_CASE("a missing tensor is named") {
   auto m = loadModel(dir);
   REQUIRE(!m.ok());
   CHECK(m.status().code() == pd::StatusCode::kNotFound);
-  CHECK_THAT(m.status().message(),
-             Catch::Contains("missing tensor model.layers.1.mlp.up_proj.weight"));
+  CHECK_THAT(m.status().message(), Catch::Contains("missing tensor model.layers.1.mlp.up_proj.weight"));
   CHECK_THAT(m.status().message(), Catch::Contains("[172, 64]"));
   fs::remove_all(dir);
 }

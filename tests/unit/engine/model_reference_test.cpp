@@ -26,8 +26,7 @@ void checkDirAgainstNumpy(const std::string& name, const std::string& dir) {
   for (size_t i = 0; i < refRows.size(); ++i) {
     INFO(name << " row " << i);
     CHECK(relError(engineRows[i], refRows[i]) < 1e-4);
-    const int refArgmax =
-        int(std::max_element(refRows[i].begin(), refRows[i].end()) - refRows[i].begin());
+    const int refArgmax = int(std::max_element(refRows[i].begin(), refRows[i].end()) - refRows[i].begin());
     if (i < generated.size()) CHECK(refArgmax == generated[i]);
   }
 }
@@ -38,9 +37,7 @@ void checkAgainstNumpy(const std::string& name, const MakeModelOptions& o) {
 
 }  // namespace
 
-TEST_CASE("llama tiny (GQA 4 heads / 2 kv heads) matches NumPy") {
-  checkAgainstNumpy("llama_tiny", {});
-}
+TEST_CASE("llama tiny (GQA 4 heads / 2 kv heads) matches NumPy") { checkAgainstNumpy("llama_tiny", {}); }
 
 TEST_CASE("llama tiny with MHA and with MQA matches NumPy") {
   MakeModelOptions mha;
@@ -110,8 +107,7 @@ TEST_CASE("llama3 rope_scaling matches NumPy and changes the logits") {
 
 TEST_CASE("MistralForCausalLM matches NumPy and refuses contexts past its sliding window") {
   const std::string src = makeTestModel("llama_tiny", {});
-  const std::string dir =
-      std::string(PD_TEST_MODEL_DIR) + "/mistral_tiny." + std::to_string(::getpid());
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/mistral_tiny." + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::copy(src, dir);
   auto edit = [&](int window) {

@@ -5,13 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "engine/cpu_backend.h"
 #include "engine/model_maker.h"
@@ -71,9 +72,8 @@ inline std::unique_ptr<Backend> makeBackend(std::shared_ptr<const ModelWeights> 
 
 // Prefill `prompt` in chunks of `chunk` tokens (0 = one step) then `decodeSteps` greedy
 // steps. Returns the logits rows (1 + decodeSteps) and appends generated ids to *generated.
-inline std::vector<std::vector<float>> runGreedy(Backend& backend, TestKv& kv,
-                                                 const std::vector<int32_t>& prompt, int chunk,
-                                                 int decodeSteps, std::vector<int32_t>* generated) {
+inline std::vector<std::vector<float>> runGreedy(Backend& backend, TestKv& kv, const std::vector<int32_t>& prompt,
+                                                 int chunk, int decodeSteps, std::vector<int32_t>* generated) {
   const int vocab = backend.config().vocabSize;
   const int total = int(prompt.size()) + decodeSteps;
   auto table = kv.take((total + kv.layout.blockSize - 1) / kv.layout.blockSize);
@@ -111,21 +111,19 @@ inline double relError(const std::vector<float>& a, const std::vector<float>& b)
 
 // Runs tests/reference/llama_reference.py over `tokens` and returns the logits rows for
 // positions [first - 1, tokens.size()).
-inline std::vector<std::vector<float>> numpyReference(const std::string& modelDir,
-                                                      const std::vector<int32_t>& tokens, int first,
-                                                      int vocab) {
+inline std::vector<std::vector<float>> numpyReference(const std::string& modelDir, const std::vector<int32_t>& tokens,
+                                                      int first, int vocab) {
   const std::string out = modelDir + "/ref." + std::to_string(::getpid()) + ".bin";
   std::string ids;
   for (size_t i = 0; i < tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(tokens[i]);
   const std::string cmd = "/usr/bin/python3 " + std::string(PD_SOURCE_DIR) +
-                          "/tests/reference/llama_reference.py --model " + modelDir + " --tokens " +
-                          ids + " --first " + std::to_string(first) + " --out " + out;
+                          "/tests/reference/llama_reference.py --model " + modelDir + " --tokens " + ids + " --first " +
+                          std::to_string(first) + " --out " + out;
   REQUIRE(std::system(cmd.c_str()) == 0);
   std::ifstream in(out, std::ios::binary);
   std::vector<std::vector<float>> rows;
   std::vector<float> row(vocab);
-  while (in.read(reinterpret_cast<char*>(row.data()), std::streamsize(vocab * sizeof(float))))
-    rows.push_back(row);
+  while (in.read(reinterpret_cast<char*>(row.data()), std::streamsize(vocab * sizeof(float)))) rows.push_back(row);
   std::filesystem::remove(out);
   return rows;
 }

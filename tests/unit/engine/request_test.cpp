@@ -1,7 +1,8 @@
 #include "engine/request.h"
 
-#include <catch2/catch.hpp>
 #include <set>
+
+#include <catch2/catch.hpp>
 
 using namespace pd;
 using namespace pd::engine;
@@ -32,8 +33,7 @@ TEST_CASE("Request::create validates the prompt and params and resolves the seed
   CHECK(empty.status().message() == "request 1: the prompt has no tokens");
   auto oov = Request::create(2, {1, 500}, {}, clock, 100);
   REQUIRE_FALSE(oov.ok());
-  CHECK(oov.status().message().find("prompt token 1 has id 500, outside the vocabulary [0, 100)") !=
-        std::string::npos);
+  CHECK(oov.status().message().find("prompt token 1 has id 500, outside the vocabulary [0, 100)") != std::string::npos);
   SamplingParams bad;
   bad.topP = 2;
   auto badP = Request::create(3, {1}, bad, clock);
@@ -51,16 +51,13 @@ TEST_CASE("Request::create validates the prompt and params and resolves the seed
 
 TEST_CASE("the transition table allows exactly the documented moves") {
   const std::set<std::pair<S, S>> legal = {
-      {S::kQueued, S::kPrefilling},    {S::kQueued, S::kWaitingKv},
-      {S::kQueued, S::kFailed},        {S::kQueued, S::kCancelled},
-      {S::kPrefilling, S::kQueued},    {S::kPrefilling, S::kDecoding},
-      {S::kPrefilling, S::kFinished},  {S::kPrefilling, S::kFailed},
-      {S::kPrefilling, S::kCancelled}, {S::kWaitingKv, S::kQueued},
-      {S::kWaitingKv, S::kPrefilling}, {S::kWaitingKv, S::kDecoding},
-      {S::kWaitingKv, S::kFinished},   {S::kWaitingKv, S::kFailed},
-      {S::kWaitingKv, S::kCancelled},
-      {S::kDecoding, S::kQueued},      {S::kDecoding, S::kFinished},
-      {S::kDecoding, S::kFailed},      {S::kDecoding, S::kCancelled},
+      {S::kQueued, S::kPrefilling},   {S::kQueued, S::kWaitingKv},     {S::kQueued, S::kFailed},
+      {S::kQueued, S::kCancelled},    {S::kPrefilling, S::kQueued},    {S::kPrefilling, S::kDecoding},
+      {S::kPrefilling, S::kFinished}, {S::kPrefilling, S::kFailed},    {S::kPrefilling, S::kCancelled},
+      {S::kWaitingKv, S::kQueued},    {S::kWaitingKv, S::kPrefilling}, {S::kWaitingKv, S::kDecoding},
+      {S::kWaitingKv, S::kFinished},  {S::kWaitingKv, S::kFailed},     {S::kWaitingKv, S::kCancelled},
+      {S::kDecoding, S::kQueued},     {S::kDecoding, S::kFinished},    {S::kDecoding, S::kFailed},
+      {S::kDecoding, S::kCancelled},
   };
   for (int f = 0; f < kNumRequestStates; ++f) {
     for (int t = 0; t < kNumRequestStates; ++t) {

@@ -1,11 +1,12 @@
 #include "engine/sampling.h"
 
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <numeric>
 #include <random>
 #include <set>
+
+#include <catch2/catch.hpp>
 
 using namespace pd;
 using namespace pd::engine;
@@ -34,8 +35,7 @@ std::vector<double> logSoftmax(const std::vector<float>& l, double temperature =
 std::vector<int> sortedIds(const std::vector<float>& l) {
   std::vector<int> ids(l.size());
   std::iota(ids.begin(), ids.end(), 0);
-  std::stable_sort(ids.begin(), ids.end(),
-                   [&](int a, int b) { return l[size_t(a)] > l[size_t(b)]; });
+  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return l[size_t(a)] > l[size_t(b)]; });
   return ids;
 }
 
@@ -91,8 +91,7 @@ TEST_CASE("seeded draws depend only on (seed, step)") {
   CHECK(distinct.size() > 200);
   // Different seeds disagree on most steps.
   int same = 0;
-  for (uint64_t step = 0; step < 300; ++step)
-    same += sample(l.data(), 2000, b, step).id == first[step];
+  for (uint64_t step = 0; step < 300; ++step) same += sample(l.data(), 2000, b, step).id == first[step];
   CHECK(same < 20);
   // The uniform draw is in [0, 1) with mean about 1/2.
   double mean = 0;
@@ -209,8 +208,7 @@ TEST_CASE("seeded draws follow the tempered softmax (chi-square)") {
   SamplingParams p = seeded(20260101, float(temp));
   const int n = 40000;
   std::vector<int> counts(l.size(), 0);
-  for (uint64_t step = 0; step < uint64_t(n); ++step)
-    ++counts[size_t(sample(l.data(), 8, p, step).id)];
+  for (uint64_t step = 0; step < uint64_t(n); ++step) ++counts[size_t(sample(l.data(), 8, p, step).id)];
   double chi2 = 0;
   for (size_t i = 0; i < l.size(); ++i) {
     const double expected = n * std::exp(lp[i]);

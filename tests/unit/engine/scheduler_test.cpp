@@ -1,10 +1,11 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <deque>
 #include <map>
 #include <random>
+
+#include <catch2/catch.hpp>
 
 using namespace pd;
 using namespace pd::engine;
@@ -206,8 +207,8 @@ SchedulerConfig config(int budget, int maxSeqs, double watermark = 0.0) {
 TEST_CASE("scheduler config is validated") {
   CHECK(config(16, 8).validate().isOk());
   CHECK(config(0, 1).validate().message().find("max_batch_tokens 0") != std::string::npos);
-  CHECK(config(8, 16).validate().message().find(
-            "max_num_seqs 16 must be in [1, max_batch_tokens = 8]") != std::string::npos);
+  CHECK(config(8, 16).validate().message().find("max_num_seqs 16 must be in [1, max_batch_tokens = 8]") !=
+        std::string::npos);
   CHECK(config(8, 4, 1.5).validate().code() == StatusCode::kInvalidArgument);
 }
 
@@ -281,7 +282,7 @@ TEST_CASE("a waiting request is not admitted without blocks for its next chunk")
   CHECK(late.generated == 1);
 }
 
-// SLO-sized chunks (issue 14): with streams decoding, prompt tokens stay within the
+// SLO-sized chunks (docs/serving.md): with streams decoding, prompt tokens stay within the
 // prefill budget; with none, the whole max_batch_tokens goes to the prefill.
 TEST_CASE("with decode rows in the step, prefill chunks and admissions keep to the prefill budget") {
   Sim sim(256, 16, config(64, 8));
@@ -331,7 +332,7 @@ TEST_CASE("with decode rows, a chunk deep in a prompt gets fewer tokens of the b
   SimSeq& longPrompt = sim.add(400, 1);
   StepPlan p = sim.step(/*prefillTokenBudget=*/40, /*attentionSpan=*/100);
   CHECK(p.numPrefillTokens == promptTokensWithin(0, 40, 100));  // 33 at the start
-  while (longPrompt.numComputed < 300) sim.step(300);  // no decode-free step: the stream goes on
+  while (longPrompt.numComputed < 300) sim.step(300);           // no decode-free step: the stream goes on
   const int at = longPrompt.numComputed;
   p = sim.step(40, 100);
   CHECK(p.numPrefillTokens == promptTokensWithin(at, 40, 100));  // ~9 at 300+
@@ -355,8 +356,7 @@ TEST_CASE("a long request is not starved by a stream of short ones") {
   CHECK(big.finishedStep >= 0);
   // Short requests that arrived after it were not admitted before it.
   for (SeqId s : shorts) {
-    if (s > big.id && sim.seq(s).admittedStep >= 0)
-      CHECK(sim.seq(s).admittedStep >= big.admittedStep);
+    if (s > big.id && sim.seq(s).admittedStep >= 0) CHECK(sim.seq(s).admittedStep >= big.admittedStep);
   }
   sim.runUntilIdle(2000);
   CHECK(sim.idle());
@@ -372,8 +372,7 @@ TEST_CASE("requests that can never fit or that outlive their deadline are reject
   REQUIRE(p.rejected.size() == 2);
   CHECK(huge.rejected);
   CHECK(huge.rejection.code() == StatusCode::kResourceExhausted);
-  CHECK(huge.rejection.message().find("17 tokens need 5 KV blocks, more than the 4") !=
-        std::string::npos);
+  CHECK(huge.rejection.message().find("17 tokens need 5 KV blocks, more than the 4") != std::string::npos);
   CHECK(late.rejected);
   CHECK(late.rejection.code() == StatusCode::kDeadlineExceeded);
   CHECK(p.admitted.size() == 1);

@@ -1,7 +1,7 @@
 // The decode step cost line that decode admission predicts from (router/admission.h).
-#include <catch2/catch.hpp>
-
 #include "engine/step_cost_model.h"
+
+#include <catch2/catch.hpp>
 
 namespace pd::engine {
 namespace {

@@ -4,11 +4,12 @@
 // memory bounded by the staging size.
 #include "engine/weight_stream.h"
 
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+
+#include <catch2/catch.hpp>
 
 #include "engine/model_weights.h"
 #include "engine/tensor_parallel.h"
@@ -249,8 +250,8 @@ TEST_CASE("the loader's host memory stays within its staging buffer (peak reside
   std::printf(
       "weight stream: %.1f MiB of bf16 weights in %.3f s, staging %zu KiB, peak RSS growth %lld KiB "
       "(f32 host loader: %lld KiB)\n",
-      double(stats.deviceBytes) / (1 << 20), stats.seconds, stats.stagingBytes >> 10,
-      (long long)streamPeakKb, (long long)hostPeakKb);
+      double(stats.deviceBytes) / (1 << 20), stats.seconds, stats.stagingBytes >> 10, (long long)streamPeakKb,
+      (long long)hostPeakKb);
   CHECK(stats.deviceBytes > uint64_t(40) << 20);
   CHECK(streamPeakKb * 1024 < int64_t(o.stagingBytes) + (4 << 20));  // staging + bookkeeping
   CHECK(hostPeakKb * 1024 > int64_t(stats.deviceBytes) * 3 / 2);     // the f32 copy, for scale

@@ -31,8 +31,7 @@ struct PairedNode : PairedHandle, Node {
 };
 
 // `from` writes `len` bytes of pattern `seed` at `offset` into `to`'s buffer.
-Status push(PairedNode& from, PairedNode& to, AgentPeer peer, size_t offset, size_t len,
-            uint8_t seed) {
+Status push(PairedNode& from, PairedNode& to, AgentPeer peer, size_t offset, size_t len, uint8_t seed) {
   for (size_t i = 0; i < len; ++i) from.buf[i] = uint8_t(i * 7 + seed);
   auto id = from.agent->post({MemDesc{from.base(), len}}, {MemDesc{to.base() + offset, len}}, peer);
   if (!id.ok()) return id.status();

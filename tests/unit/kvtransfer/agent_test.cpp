@@ -26,8 +26,7 @@ void fillPattern(std::vector<uint8_t>& buf, uint8_t seed) {
 }
 
 // Sends [0, len) of a's buffer to offset `dstOff` of b's; returns the outcome.
-Status sendOnce(Node& a, Node& b, AgentPeer peer, size_t len, size_t dstOff,
-                AgentTransfer* idOut = nullptr) {
+Status sendOnce(Node& a, Node& b, AgentPeer peer, size_t len, size_t dstOff, AgentTransfer* idOut = nullptr) {
   MemDesc l{a.base(), len};
   MemDesc r{b.base() + dstOff, len};
   auto id = a.agent->post({l}, {r}, peer);
@@ -36,7 +35,7 @@ Status sendOnce(Node& a, Node& b, AgentPeer peer, size_t len, size_t dstOff,
   return waitAgent(*a.agent, *b.agent, *id);
 }
 
-// Issue 10: the worker's loop calls loadPeer, so it must not wait for a connection. A peer
+// The worker's loop calls loadPeer, so it must not wait for a connection. A peer
 // whose tcp port is closed loads at once; its transfer fails with the reason; the next load
 // of the same blob sees the dead lane and connects again (a new peer id), instead of handing
 // back a peer that fails every transfer.
@@ -92,8 +91,7 @@ TEST_CASE("agent: picks the first transport both sides have and keeps tcp as fal
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_fallbacks_total", {{"from", "loopback"}, {"to", "tcp"}}) == 0);
 }
 
-TEST_CASE("agent: a failed fabric transfer on a live peer is retried once over tcp and counted",
-          "[kvt][agent]") {
+TEST_CASE("agent: a failed fabric transfer on a live peer is retried once over tcp and counted", "[kvt][agent]") {
   FaultOptions f;
   f.failAfterPosts = 0;  // every fabric transfer fails
   Node a("prefill-0", lanes("prefill-0", f, true), kBytes);
@@ -106,7 +104,8 @@ TEST_CASE("agent: a failed fabric transfer on a live peer is retried once over t
   REQUIRE(st.isOk());
   CHECK(std::memcmp(b.buf.data() + 100, a.buf.data(), 200 * 1000) == 0);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_fallbacks_total", {{"from", "loopback"}, {"to", "tcp"}}) == 1);
-  CHECK(metricValue(a.registry, "pdserve_kv_transfer_failures_total", {{"transport", "loopback"}, {"code", "INTERNAL"}}) == 1);
+  CHECK(metricValue(a.registry, "pdserve_kv_transfer_failures_total",
+                    {{"transport", "loopback"}, {"code", "INTERNAL"}}) == 1);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_bytes_total", {{"transport", "tcp"}}) == 200 * 1000);
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_bytes_total", {{"transport", "loopback"}}) == 0);
   CHECK(a.agent->inFlight() == 0);
@@ -143,8 +142,7 @@ TEST_CASE("agent: a fabric connection killed mid-transfer falls back to tcp", "[
   CHECK(metricValue(a.registry, "pdserve_kv_transfer_fallbacks_total", {{"from", "loopback"}, {"to", "tcp"}}) == 2);
 }
 
-TEST_CASE("agent: tcp connection killed mid-transfer fails every pending transfer, nothing pending",
-          "[kvt][agent]") {
+TEST_CASE("agent: tcp connection killed mid-transfer fails every pending transfer, nothing pending", "[kvt][agent]") {
   auto tcpT = make("tcp", "prefill-0");
   auto* raw = dynamic_cast<TcpTransport*>(tcpT.get());
   REQUIRE(raw);
@@ -179,8 +177,8 @@ TEST_CASE("agent: tcp connection killed mid-transfer fails every pending transfe
   }
   CHECK(failed >= 1);
   CHECK(a.agent->inFlight() == 0);
-  CHECK(metricValue(a.registry, "pdserve_kv_transfer_failures_total", {{"transport", "tcp"}, {"code", "UNAVAILABLE"}}) ==
-        failed);
+  CHECK(metricValue(a.registry, "pdserve_kv_transfer_failures_total",
+                    {{"transport", "tcp"}, {"code", "UNAVAILABLE"}}) == failed);
 }
 
 TEST_CASE("agent: creation skips transports that are missing and says why", "[kvt][agent]") {

@@ -88,7 +88,7 @@ TEST_CASE("tcp transport: CUDA memory is refused with a reason", "[kvt][tcp]") {
   MemDesc d{0x1000, 4096, 0, MemKind::kCuda};
   auto h = t->registerMemory(d);
   REQUIRE_FALSE(h.ok());
-  // Staging GPU memory needs a device (issue 7); with one, this address is not device memory.
+  // Staging GPU memory needs a device (docs/kvtransfer.md); with one, this address is not device memory.
   CHECK(h.status().code() ==
         (cudaDeviceAvailable(nullptr) ? StatusCode::kInvalidArgument : StatusCode::kFailedPrecondition));
   CHECK_THAT(h.status().message(), Catch::Contains("CUDA"));

@@ -4,7 +4,6 @@
 
 #include <prometheus/registry.h>
 
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -13,6 +12,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "kvtransfer/agent.h"
 #include "kvtransfer/transports/fault_transport.h"

@@ -126,8 +126,8 @@ class PairedTransport final : public Transport {
     Status outcome;
     auto eb = eps.find(b);
     if (eps.count(a) == 0 || eps[a].remote != b || eb == eps.end() || eb->second.remote != a) {
-      outcome = unavailable("paired '" + name_ + "': endpoint " + std::to_string(a) + " <-> " +
-                            std::to_string(b) + " is not connected both ways");
+      outcome = unavailable("paired '" + name_ + "': endpoint " + std::to_string(a) + " <-> " + std::to_string(b) +
+                            " is not connected both ways");
     } else {
       for (size_t i = 0; i < local.size(); ++i) std::memcpy(remote[i].ptr(), local[i].ptr(), local[i].len);
     }

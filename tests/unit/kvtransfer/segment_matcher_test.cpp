@@ -10,9 +10,7 @@ using Catch::Contains;
 
 namespace {
 MemDesc host(uintptr_t addr, size_t len) { return MemDesc{addr, len, 0, MemKind::kHost}; }
-MemDesc cuda(uintptr_t addr, size_t len, int device) {
-  return MemDesc{addr, len, device, MemKind::kCuda};
-}
+MemDesc cuda(uintptr_t addr, size_t len, int device) { return MemDesc{addr, len, device, MemKind::kCuda}; }
 }  // namespace
 
 TEST_CASE("segment matcher: every pair finds its registration and its key", "[kvt][segments]") {
@@ -21,8 +19,7 @@ TEST_CASE("segment matcher: every pair finds its registration and its key", "[kv
   m.addRegion(9, host(0x8000, 0x100));
   const std::vector<KeyRange> keys{{0x100000, 0x1000}, {0x200000, 0x1000}};
   auto r = m.match({host(0x1000, 16), host(0x8010, 32), host(0x1ff0, 16)},
-                   {MemDesc{0x200000, 16}, MemDesc{0x100010, 32}, MemDesc{0x100ff0, 16}}, keys,
-                   "decode-0");
+                   {MemDesc{0x200000, 16}, MemDesc{0x100010, 32}, MemDesc{0x100ff0, 16}}, keys, "decode-0");
   REQUIRE(r.ok());
   REQUIRE(r->size() == 3);
   CHECK((*r)[0].index == 0);
@@ -41,8 +38,7 @@ TEST_CASE("segment matcher: empty pairs are skipped, empty lists are fine", "[kv
   REQUIRE(none.ok());
   CHECK(none->empty());
   // An empty pair is not checked against anything (it moves nothing).
-  auto r = m.match({host(0x9999, 0), host(0x1000, 8)}, {MemDesc{0x5, 0}, MemDesc{0x10, 8}},
-                   {{0x10, 8}}, "p");
+  auto r = m.match({host(0x9999, 0), host(0x1000, 8)}, {MemDesc{0x5, 0}, MemDesc{0x10, 8}}, {{0x10, 8}}, "p");
   REQUIRE(r.ok());
   REQUIRE(r->size() == 1);
   CHECK((*r)[0].index == 1);
@@ -58,16 +54,14 @@ TEST_CASE("segment matcher: each refusal names the segment and what is wrong", "
   CHECK(count.status().code() == StatusCode::kInvalidArgument);
   CHECK(count.status().message() == "verbs: 1 local segments but 0 remote segments");
 
-  auto len = m.match({host(0x1000, 8), host(0x1008, 8)}, {MemDesc{0x10000, 8}, MemDesc{0x10008, 4}},
-                     keys, "prefill-3");
+  auto len = m.match({host(0x1000, 8), host(0x1008, 8)}, {MemDesc{0x10000, 8}, MemDesc{0x10008, 4}}, keys, "prefill-3");
   CHECK(len.status().code() == StatusCode::kInvalidArgument);
   CHECK(len.status().message() == "verbs: segment 1: local length 8 != remote length 4");
 
   auto outside = m.match({host(0x10f8, 16)}, {MemDesc{0x10000, 16}}, keys, "prefill-3");
   CHECK(outside.status().code() == StatusCode::kInvalidArgument);
   CHECK_THAT(outside.status().message(),
-             Contains("verbs: segment 0: local") &&
-                 Contains("is not inside memory registered with this transport"));
+             Contains("verbs: segment 0: local") && Contains("is not inside memory registered with this transport"));
 
   // The right addresses but other memory (host memory named as the device region) is named so.
   auto kind = m.match({host(0x4000, 16)}, {MemDesc{0x10000, 16}}, keys, "prefill-3");
@@ -77,13 +71,12 @@ TEST_CASE("segment matcher: each refusal names the segment and what is wrong", "
   CHECK_THAT(device.status().message(), Contains("is not inside memory registered"));
   CHECK(m.match({cuda(0x4000, 16, 1)}, {MemDesc{0x10000, 16}}, keys, "prefill-3").ok());
 
-  auto remote = m.match({host(0x1000, 8), host(0x1010, 8)},
-                        {MemDesc{0x10000, 8}, MemDesc{0x100fc, 8}}, keys, "prefill-3");
+  auto remote =
+      m.match({host(0x1000, 8), host(0x1010, 8)}, {MemDesc{0x10000, 8}, MemDesc{0x100fc, 8}}, keys, "prefill-3");
   CHECK(remote.status().code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(remote.status().message(),
-             Contains("verbs: segment 1: remote") &&
-                 Contains("is not inside any region peer 'prefill-3' exposed") &&
-                 Contains("1 key(s) loaded"));
+  CHECK_THAT(remote.status().message(), Contains("verbs: segment 1: remote") &&
+                                            Contains("is not inside any region peer 'prefill-3' exposed") &&
+                                            Contains("1 key(s) loaded"));
 }
 
 TEST_CASE("segment matcher: ranges that wrap the address space never match", "[kvt][segments]") {
@@ -106,8 +99,7 @@ TEST_CASE("segment matcher: a removed registration no longer matches", "[kvt][se
   m.removeRegion(42);  // unknown: a no-op
   CHECK(m.regionCount() == 1);
   const std::vector<KeyRange> keys{{0x10000, 0x100}};
-  CHECK(m.match({host(0x1000, 8)}, {MemDesc{0x10000, 8}}, keys, "p").status().code() ==
-        StatusCode::kInvalidArgument);
+  CHECK(m.match({host(0x1000, 8)}, {MemDesc{0x10000, 8}}, keys, "p").status().code() == StatusCode::kInvalidArgument);
   auto r = m.match({host(0x2000, 8)}, {MemDesc{0x10000, 8}}, keys, "p");
   REQUIRE(r.ok());
   CHECK((*r)[0].region == 2);

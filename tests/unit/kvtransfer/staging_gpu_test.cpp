@@ -3,7 +3,6 @@
 // Without a device every case skips with a message (and fails under PD_REQUIRE_GPU=1).
 #include <cuda_runtime_api.h>
 
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +10,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "kvtransfer/agent.h"
 #include "kvtransfer/device_copy.h"

@@ -1,4 +1,4 @@
-// Staging of GPU memory over tcp (issue 7), on the CPU: the tcp transport's pipeline runs
+// Staging of GPU memory over tcp (docs/kvtransfer.md), on the CPU: the tcp transport's pipeline runs
 // against HostCopier, whose "device" memory is host memory labelled kCuda and whose copies run
 // on a worker thread (so the overlap, the ordering of acks and copies, failures and cancel
 // are exercised for real; only cudaMemcpyAsync is replaced).
@@ -49,8 +49,8 @@ void fillRandom(std::vector<uint8_t>& b, uint64_t seed) {
 
 // Sender `a` -> receiver `b`, each with one registered buffer; the receiver's buffer is exposed.
 struct Pair {
-  Pair(std::shared_ptr<HostCopier> ca, std::shared_ptr<HostCopier> cb, size_t bytes, MemKind srcKind,
-       MemKind dstKind, size_t chunk = 64 * kKiB, int buffers = 3, int streams = 1)
+  Pair(std::shared_ptr<HostCopier> ca, std::shared_ptr<HostCopier> cb, size_t bytes, MemKind srcKind, MemKind dstKind,
+       size_t chunk = 64 * kKiB, int buffers = 3, int streams = 1)
       : src(bytes), dst(bytes), srcKind(srcKind), dstKind(dstKind) {
     a = stagedTcp("a", std::move(ca), chunk, buffers, streams);
     b = stagedTcp("b", std::move(cb), chunk, buffers, streams);
@@ -154,16 +154,16 @@ TEST_CASE("staging: ring reuses a slot only after its copies and reports failed 
   CHECK(copier->ticketsOutstanding() == 0);
 }
 
-TEST_CASE("staging: tcp moves kCuda memory byte-exact, 1 B to several MiB, chunks not dividing",
-          "[kvt][staging]") {
+TEST_CASE("staging: tcp moves kCuda memory byte-exact, 1 B to several MiB, chunks not dividing", "[kvt][staging]") {
   const std::vector<size_t> lens = {1, 7, 4095, 64 * kKiB, 64 * kKiB + 1, 100000, 3 * kMiB + 13};
   const size_t bytes = 8 * kMiB;
   struct Kinds {
     MemKind src, dst;
     const char* what;
   };
-  for (Kinds k : {Kinds{MemKind::kCuda, MemKind::kCuda, "gpu -> gpu"}, Kinds{MemKind::kHost, MemKind::kCuda, "host -> gpu"},
-                  Kinds{MemKind::kCuda, MemKind::kHost, "gpu -> host"}}) {
+  for (Kinds k :
+       {Kinds{MemKind::kCuda, MemKind::kCuda, "gpu -> gpu"}, Kinds{MemKind::kHost, MemKind::kCuda, "host -> gpu"},
+        Kinds{MemKind::kCuda, MemKind::kHost, "gpu -> host"}}) {
     DYNAMIC_SECTION(k.what) {
       auto ca = std::make_shared<HostCopier>(HostCopierOptions{.delayPerBatch = 50us});
       auto cb = std::make_shared<HostCopier>(HostCopierOptions{.delayPerBatch = 50us});
@@ -200,8 +200,7 @@ TEST_CASE("staging: tcp moves kCuda memory byte-exact, 1 B to several MiB, chunk
   }
 }
 
-TEST_CASE("staging: many scattered segments over striped streams, all in place once poll() says ok",
-          "[kvt][staging]") {
+TEST_CASE("staging: many scattered segments over striped streams, all in place once poll() says ok", "[kvt][staging]") {
   // The receiver's copies are slow (300 us per piece, ~1,000 pieces): an ack sent before they
   // finish would show up with target bytes still missing.
   auto ca = std::make_shared<HostCopier>(HostCopierOptions{.delayPerBatch = 100us});
@@ -283,8 +282,7 @@ TEST_CASE("staging: a failing device copy fails the transfer cleanly, the next o
   }
 }
 
-TEST_CASE("staging: cancel mid-stage stops the copies, the next transfer works",
-          "[kvt][staging]") {
+TEST_CASE("staging: cancel mid-stage stops the copies, the next transfer works", "[kvt][staging]") {
   auto ca = std::make_shared<HostCopier>(HostCopierOptions{.delayPerBatch = 10ms});
   auto cb = std::make_shared<HostCopier>();
   {
@@ -368,8 +366,7 @@ TEST_CASE("staging: the agent sends GPU memory over the staging transport and co
   AgentPeer p = connect(a, b);
   CHECK(a.agent->peerTransport(p).value() == "loopback");
 
-  auto id = a.agent->post({desc(gpuA, MemKind::kCuda, 10, kMiB + 3)},
-                          {desc(gpuB, MemKind::kCuda, 77, kMiB + 3)}, p);
+  auto id = a.agent->post({desc(gpuA, MemKind::kCuda, 10, kMiB + 3)}, {desc(gpuB, MemKind::kCuda, 77, kMiB + 3)}, p);
   INFO(id.status().toString());
   REQUIRE(id.ok());
   REQUIRE(waitAgent(*a.agent, *b.agent, *id).isOk());

@@ -1,4 +1,4 @@
-// The KV TCP transport's connection handshake on the cluster secret (issue 13): a writer that
+// The KV TCP transport's connection handshake on the cluster secret (docs/security.md): a writer that
 // cannot prove the secret never writes a byte.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -6,14 +6,15 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
+#include <catch2/catch.hpp>
+
+#include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/transport_factory.h"
 #include "kvtransfer/transports/tcp_transport.h"
-#include "kvtransfer/kvt.pb.h"
 
 using namespace pd;
 using namespace pd::kvt;

@@ -2,6 +2,8 @@
 // registers a buffer, hands its connection info and key over a socketpair, and answers hashes
 // of its buffer on request (so "all data is there once poll() says ok" is checked byte for
 // byte).
+#include "kvtransfer/transports/ucx_transport.h"
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -10,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -18,8 +19,9 @@
 #include <set>
 #include <thread>
 
+#include <catch2/catch.hpp>
+
 #include "common/base/clock.h"
-#include "kvtransfer/transports/ucx_transport.h"
 
 using namespace pd;
 using namespace pd::kvt;
@@ -211,9 +213,8 @@ struct Initiator {
 
 // Splits [0, total) into `count` random pieces; the source is read in order, the destination
 // gets the same pieces in shuffled order, so every segment pair differs in offset.
-void makeSegments(std::mt19937_64& rng, size_t total, size_t count, uintptr_t srcBase,
-                  uintptr_t dstBase, DescList* local, DescList* remote,
-                  std::vector<std::pair<size_t, size_t>>* dstOffsets) {
+void makeSegments(std::mt19937_64& rng, size_t total, size_t count, uintptr_t srcBase, uintptr_t dstBase,
+                  DescList* local, DescList* remote, std::vector<std::pair<size_t, size_t>>* dstOffsets) {
   std::vector<size_t> cuts;
   std::uniform_int_distribution<size_t> pick(1, total - 1);
   std::set<size_t> s;
@@ -245,9 +246,16 @@ void byteExactRounds(const char* tls) {
   if (tls) unsetenv("UCX_TLS");
   std::vector<uint8_t> mirror(kTargetBytes, 0);  // what the target's buffer must hold
   std::mt19937_64 rng(7);
-  struct Case { size_t bytes, segments; };
-  const Case cases[] = {{1, 1}, {4096, 1}, {(1 << 20) + 13, 4096}, {3 << 20, 17},
-                        {kTargetBytes, 1}, {kTargetBytes - 4096, 4096}, {kTargetBytes, 64}};
+  struct Case {
+    size_t bytes, segments;
+  };
+  const Case cases[] = {{1, 1},
+                        {4096, 1},
+                        {(1 << 20) + 13, 4096},
+                        {3 << 20, 17},
+                        {kTargetBytes, 1},
+                        {kTargetBytes - 4096, 4096},
+                        {kTargetBytes, 64}};
   int round = 0;
   for (const Case& c : cases) {
     INFO("round " << round << ": " << c.bytes << " bytes in " << c.segments << " segments");
@@ -255,11 +263,10 @@ void byteExactRounds(const char* tls) {
     size_t dstOff = std::uniform_int_distribution<size_t>(0, kTargetBytes - c.bytes)(rng);
     DescList local, remote;
     std::vector<std::pair<size_t, size_t>> offs;
-    makeSegments(rng, c.bytes, c.segments, reinterpret_cast<uintptr_t>(ini.src.data()) + srcOff,
-                 target.base + dstOff, &local, &remote, &offs);
+    makeSegments(rng, c.bytes, c.segments, reinterpret_cast<uintptr_t>(ini.src.data()) + srcOff, target.base + dstOff,
+                 &local, &remote, &offs);
     for (size_t i = 0; i < local.size(); ++i)
-      std::memcpy(mirror.data() + dstOff + offs[i].first, ini.src.data() + srcOff + offs[i].second,
-                  local[i].len);
+      std::memcpy(mirror.data() + dstOff + offs[i].first, ini.src.data() + srcOff + offs[i].second, local[i].len);
     auto id = ini.t->post(local, remote, ini.peer, {});
     REQUIRE(id.ok());
     Status s = ini.wait(*id);
@@ -282,9 +289,7 @@ TEST_CASE("ucx: random payloads arrive byte-exact once poll() says ok (default t
   byteExactRounds(nullptr);
 }
 
-TEST_CASE("ucx: random payloads arrive byte-exact over UCX_TLS=tcp") {
-  byteExactRounds("tcp");
-}
+TEST_CASE("ucx: random payloads arrive byte-exact over UCX_TLS=tcp") { byteExactRounds("tcp"); }
 
 TEST_CASE("ucx: blobs are validated and bad posts name the segment") {
   auto made = makeUcxTransport();
@@ -301,8 +306,7 @@ TEST_CASE("ucx: blobs are validated and bad posts name the segment") {
   REQUIRE(conn.ok());
 
   CHECK(t->loadPeer(PeerInfo{"x", "garbage", {}}).status().code() == StatusCode::kInvalidArgument);
-  CHECK(t->loadPeer(PeerInfo{"x", *conn, {key->substr(0, key->size() - 3)}}).status().code() ==
-        StatusCode::kDataLoss);
+  CHECK(t->loadPeer(PeerInfo{"x", *conn, {key->substr(0, key->size() - 3)}}).status().code() == StatusCode::kDataLoss);
   CHECK(t->registerMemory(MemDesc{0, 0}).status().code() == StatusCode::kInvalidArgument);
   CHECK(t->packRemoteKey(999).status().code() == StatusCode::kNotFound);
 
@@ -388,8 +392,7 @@ TEST_CASE("ucx: a peer killed mid-transfer fails the transfer within the deadlin
   REQUIRE(id.ok());
   REQUIRE(ini.wait(*id).isOk());
 
-  id = ini.t->post({MemDesc{src, kTargetBytes}}, {MemDesc{target.base, kTargetBytes}}, ini.peer,
-                   {});
+  id = ini.t->post({MemDesc{src, kTargetBytes}}, {MemDesc{target.base, kTargetBytes}}, ini.peer, {});
   REQUIRE(id.ok());
   for (int i = 0; i < 4; ++i) ini.t->progress();
   REQUIRE(ini.t->poll(*id).inProgress());
@@ -399,7 +402,7 @@ TEST_CASE("ucx: a peer killed mid-transfer fails the transfer within the deadlin
   const double took = secondsBetween(killedAt, steadyNow());
   INFO("outcome " << s.toString() << " after " << took << " s");
   CHECK((s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded));
-  CHECK(took < 5.0);  // transferTimeout (3 s) plus slack for a loaded CI machine
+  CHECK(took < 5.0);                                        // transferTimeout (3 s) plus slack for a loaded CI machine
   CHECK(ini.t->poll(*id).code() == StatusCode::kNotFound);  // nothing left pending
 
   // Whatever comes next to the dead peer fails too, within the deadline.
@@ -429,8 +432,7 @@ TEST_CASE("ucx: a stalled peer misses the deadline and a later post reconnects")
   REQUIRE(ini.wait(*id).isOk());
 
   REQUIRE(::kill(target.pid, SIGSTOP) == 0);
-  id = ini.t->post({MemDesc{src, kTargetBytes}}, {MemDesc{target.base, kTargetBytes}}, ini.peer,
-                   {});
+  id = ini.t->post({MemDesc{src, kTargetBytes}}, {MemDesc{target.base, kTargetBytes}}, ini.peer, {});
   REQUIRE(id.ok());
   const SteadyTime start = steadyNow();
   Status s = ini.wait(*id, 10s);

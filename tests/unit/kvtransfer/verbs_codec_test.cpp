@@ -1,9 +1,11 @@
 // The verbs transport's device-independent logic: blobs, WRITE planning.
-#include <catch2/catch.hpp>
+#include "kvtransfer/transports/verbs_codec.h"
+
 #include <random>
 
+#include <catch2/catch.hpp>
+
 #include "kvtransfer/kvt.pb.h"
-#include "kvtransfer/transports/verbs_codec.h"
 
 using namespace pd;
 using namespace pd::kvt::verbs;
@@ -231,8 +233,10 @@ TEST_CASE("verbs: contiguous remote runs merge into one WRITE within max_sge") {
   CHECK((*plan)[0].sges[0].len == 16384);
 
   // Different rkeys or a gap never merge; zero-length pairs vanish.
-  std::vector<SegmentPair> mixed = {{0x10000, 7, 0x900000, 9, 100}, {0x20000, 7, 0x900064, 8, 100},
-                                    {0x30000, 7, 0x900100, 8, 100}, {0x40000, 7, 0x900164, 8, 0}};
+  std::vector<SegmentPair> mixed = {{0x10000, 7, 0x900000, 9, 100},
+                                    {0x20000, 7, 0x900064, 8, 100},
+                                    {0x30000, 7, 0x900100, 8, 100},
+                                    {0x40000, 7, 0x900164, 8, 0}};
   plan = planWrites(mixed, BatchLimits{16, 1 << 30});
   REQUIRE(plan.ok());
   CHECK(plan->size() == 3);
@@ -263,8 +267,8 @@ TEST_CASE("verbs: long segments split at max_msg_sz and plans move the right byt
       if (localAt + len > src.size() || remoteAt + len > dst.size()) break;
       pairs.push_back(SegmentPair{srcBase + localAt, 5, dstBase + remoteAt, static_cast<uint32_t>(rng() % 2), len});
       std::copy_n(src.begin() + static_cast<long>(localAt), len, want.begin() + static_cast<long>(remoteAt));
-      localAt += len + (rng() % 3 == 0 ? rng() % 64 : 0);    // sometimes locally contiguous
-      remoteAt += len + (rng() % 4 == 0 ? rng() % 64 : 0);   // sometimes remotely contiguous
+      localAt += len + (rng() % 3 == 0 ? rng() % 64 : 0);   // sometimes locally contiguous
+      remoteAt += len + (rng() % 4 == 0 ? rng() % 64 : 0);  // sometimes remotely contiguous
     }
     BatchLimits limits{static_cast<uint32_t>(1 + rng() % 4), 1 + rng() % 2000};
     auto p = planWrites(pairs, limits);
@@ -311,9 +315,9 @@ TEST_CASE("verbs: the send window signals periodically and never overfills the q
     ++posted;
   }
   CHECK(signalled == std::vector<size_t>{2, 5, 8, 9});  // the last WR is always signalled
-  CHECK(!w.onCompletion()->last);  // WR 5
-  CHECK(!w.onCompletion()->last);  // WR 8
-  auto end = w.onCompletion();     // WR 9
+  CHECK(!w.onCompletion()->last);                       // WR 5
+  CHECK(!w.onCompletion()->last);                       // WR 8
+  auto end = w.onCompletion();                          // WR 9
   REQUIRE(end);
   CHECK(end->last);
   CHECK(w.used() == 0);

@@ -1,14 +1,16 @@
 // The verbs transport on whatever this machine has: without an RDMA device (CI, these VMs)
 // the factory must say so cleanly; with one, a QP connected to itself moves bytes.
+#include "kvtransfer/transports/verbs_transport.h"
+
 #include <infiniband/verbs.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "common/base/clock.h"
-#include "kvtransfer/transports/verbs_transport.h"
 
 using namespace pd;
 using namespace pd::kvt;
@@ -107,10 +109,8 @@ TEST_CASE("verbs: the two-step exchange connects one QP pair per peer, replies i
   REQUIRE((*d)->loadPeer(PeerInfo{"prefill-b", *replyB, {}}).ok());
   REQUIRE((*d)->loadPeer(PeerInfo{"prefill-a", *replyA, {}}).ok());
   auto half = [&](size_t at) { return MemDesc{reinterpret_cast<uintptr_t>(target.data()) + at, 1 << 15}; };
-  auto ia = (*a)->post({MemDesc{reinterpret_cast<uintptr_t>(fromA.data()), fromA.size()}}, {half(0)}, *pa,
-                       {});
-  auto ib = (*b)->post({MemDesc{reinterpret_cast<uintptr_t>(fromB.data()), fromB.size()}}, {half(1 << 15)}, *pb,
-                       {});
+  auto ia = (*a)->post({MemDesc{reinterpret_cast<uintptr_t>(fromA.data()), fromA.size()}}, {half(0)}, *pa, {});
+  auto ib = (*b)->post({MemDesc{reinterpret_cast<uintptr_t>(fromB.data()), fromB.size()}}, {half(1 << 15)}, *pb, {});
   REQUIRE(ia.ok());
   REQUIRE(ib.ok());
   Deadline dl = Deadline::in(10s);

@@ -1,4 +1,4 @@
-// Write grants (issues 12 and 13, transport.h "Scoped write grants"): over a real tcp
+// Write grants (transport.h "Scoped write grants"): over a real tcp
 // transport, a write lands only under a live grant and inside its ranges; a write replayed
 // after the revoke (the capability captured before, sent after: a slow-but-alive or forged
 // writer) is refused before a byte lands, fails the sender's transfer naming why, and is
@@ -39,8 +39,7 @@ struct Receiver {
 };
 
 Status write(Node& from, Receiver& to, AgentPeer peer, size_t len, size_t dstOff, const std::string& grant) {
-  auto id = from.agent->post({MemDesc{from.base(), len}}, {MemDesc{to.base() + dstOff, len}}, peer,
-                            grant);
+  auto id = from.agent->post({MemDesc{from.base(), len}}, {MemDesc{to.base() + dstOff, len}}, peer, grant);
   if (!id.ok()) return id.status();
   return waitAgent(*from.agent, *to.agent, *id);
 }
@@ -127,8 +126,7 @@ TEST_CASE("tcp write grants: a revoke in the middle of a landing write stops it 
   REQUIRE(writer.ok());
   auto grant = decode.agent->grantWrite(*writer, {MemDesc{decode.base(), kBig}});
   REQUIRE(grant.ok());
-  auto id = prefill.agent->post({MemDesc{prefill.base(), kBig}}, {MemDesc{decode.base(), kBig}}, *toDecode,
-                                *grant);
+  auto id = prefill.agent->post({MemDesc{prefill.base(), kBig}}, {MemDesc{decode.base(), kBig}}, *toDecode, *grant);
   REQUIRE(id.ok());
   // Wait until the first bytes landed, then revoke while the rest is on its way.
   const volatile uint8_t* first = decode.buf.data();
@@ -162,8 +160,8 @@ TEST_CASE("agent: a lane that is not receiver-fenced makes the peer unfenced, un
   AgentPeer ab = connect(a, b);
   CHECK_FALSE(a.agent->receiverFenced(ab));
   CHECK_FALSE(a.agent->unfencedLanesDead(ab));
-  CHECK_FALSE(a.agent->receiverFenced(12345));  // unknown: nothing is known fenced
-  CHECK_FALSE(a.agent->unfencedLanesDead(12345));        // unknown: nothing is known dead
+  CHECK_FALSE(a.agent->receiverFenced(12345));     // unknown: nothing is known fenced
+  CHECK_FALSE(a.agent->unfencedLanesDead(12345));  // unknown: nothing is known dead
   auto g = a.agent->grantWrite(ab, {MemDesc{a.base(), 4096}});
   REQUIRE(g.ok());  // tcp under the fault wrapper still grants; the owner just may not rely on it
   CHECK(a.agent->revokeWrite(*g).isOk());

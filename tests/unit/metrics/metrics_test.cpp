@@ -1,10 +1,11 @@
 #include "common/metrics/metrics.h"
 
-#include <catch2/catch.hpp>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "common/config/cluster_config.h"
 #include "common/metrics/pdserve_metrics.h"
@@ -53,8 +54,7 @@ TEST_CASE("router histograms use the configured buckets, with the SLO as a bound
       "m.yaml");
   REQUIRE(cfg.ok());
   Registry reg;
-  RouterMetrics m(reg,
-                  {cfg->router.ttftBucketsS, cfg->router.itlBucketsS, cfg->router.e2eBucketsS});
+  RouterMetrics m(reg, {cfg->router.ttftBucketsS, cfg->router.itlBucketsS, cfg->router.e2eBucketsS});
   m.observeTtft(kRouteDisaggregated, 0.2);  // <= 0.25
   m.observeTtft(kRouteDisaggregated, 0.3);  // <= 1
   m.observeTtft(kRouteDisaggregated, 5.0);  // +Inf only
@@ -66,26 +66,17 @@ TEST_CASE("router histograms use the configured buckets, with the SLO as a bound
   INFO(text);
   CHECK(hasLine(text, "# TYPE pdserve_time_to_first_token_seconds histogram"));
   // Cumulative counts per bound: 0.1 -> 0, 0.25 (the SLO) -> 1, 1 -> 2, +Inf -> 3.
-  CHECK(hasLine(
-      text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.1\"} 0"));
-  CHECK(hasLine(
-      text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.25\"} 1"));
-  CHECK(hasLine(text,
-                "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"1\"} 2"));
-  CHECK(hasLine(
-      text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"+Inf\"} 3"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.1\"} 0"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"0.25\"} 1"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"1\"} 2"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"disaggregated\",le=\"+Inf\"} 3"));
   CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_count{route=\"disaggregated\"} 3"));
   CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_sum{route=\"disaggregated\"} 5.5"));
-  CHECK(hasLine(text,
-                "pdserve_time_to_first_token_seconds_bucket{route=\"colocated\",le=\"0.1\"} 1"));
-  CHECK(hasLine(text,
-                "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.01\"} 0"));
-  CHECK(hasLine(text,
-                "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.02\"} 1"));
-  CHECK(
-      hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"1\"} 0"));
-  CHECK(
-      hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"10\"} 1"));
+  CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_bucket{route=\"colocated\",le=\"0.1\"} 1"));
+  CHECK(hasLine(text, "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.01\"} 0"));
+  CHECK(hasLine(text, "pdserve_inter_token_latency_seconds_bucket{route=\"colocated\",le=\"0.02\"} 1"));
+  CHECK(hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"1\"} 0"));
+  CHECK(hasLine(text, "pdserve_e2e_request_latency_seconds_bucket{route=\"colocated\",le=\"10\"} 1"));
   CHECK(hasLine(text, "pdserve_request_queue_time_seconds_bucket{route=\"colocated\",le=\"1\"} 1"));
 }
 
@@ -107,10 +98,8 @@ TEST_CASE("router counters and gauges") {
   m.setDesiredReplicas(kPoolDecode, 6);
   std::string text = reg.serialize();
   INFO(text);
-  CHECK(hasLine(text,
-                "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2"));
-  CHECK(hasLine(text,
-                "pdserve_route_decisions_total{reason=\"long_prompt\",route=\"disaggregated\"} 1"));
+  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2"));
+  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"long_prompt\",route=\"disaggregated\"} 1"));
   CHECK(hasLine(text, "pdserve_requests_finished_total{finished_reason=\"stop\"} 1"));
   CHECK(hasLine(text, "pdserve_prompt_tokens_total 150"));
   CHECK(hasLine(text, "pdserve_generation_tokens_total 36"));
@@ -147,8 +136,7 @@ TEST_CASE("worker metrics carry role and worker labels") {
   CHECK(hasLine(text, "pdserve_kv_cache_capacity_tokens{" + l + "} 16384"));
   CHECK(hasLine(text, "pdserve_kv_cache_free_blocks{" + l + "} 768"));
   CHECK(hasLine(text, "pdserve_model_load_seconds{" + l + "} 1.5"));
-  CHECK(hasLine(text,
-                "pdserve_cache_config_info{" + l + ",block_size=\"16\",num_blocks=\"1024\"} 1"));
+  CHECK(hasLine(text, "pdserve_cache_config_info{" + l + ",block_size=\"16\",num_blocks=\"1024\"} 1"));
   CHECK(hasLine(text, "pdserve_prefix_cache_hits_total{" + l + "} 128"));
   CHECK(hasLine(text, "pdserve_prefix_cache_queries_total{" + l + "} 512"));
   CHECK(hasLine(text, "pdserve_num_preemptions_total{" + l + "} 2"));
@@ -169,10 +157,8 @@ TEST_CASE("concurrent updates from several threads are all counted") {
   }
   for (auto& th : threads) th.join();
   std::string text = reg.serialize();
-  CHECK(hasLine(text,
-                "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2000"));
-  CHECK(hasLine(
-      text, "pdserve_route_decisions_total{reason=\"prefix_cached\",route=\"colocated\"} 2000"));
+  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2000"));
+  CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"prefix_cached\",route=\"colocated\"} 2000"));
   CHECK(hasLine(text, "pdserve_time_to_first_token_seconds_count{route=\"colocated\"} 4000"));
 }
 
@@ -193,7 +179,8 @@ TEST_CASE("aliases: the same series under a second name with extra labels; ':' n
   CHECK(hasLine(text, "pdserve_test_waiting{role=\"decode\"} 4"));
   CHECK(hasLine(text, "# TYPE vllm:num_requests_waiting gauge"));
   CHECK(hasLine(text, "vllm:num_requests_waiting{role=\"decode\",model_name=\"small\"} 4"));
-  CHECK(hasLine(text, "vllm:test_seconds_bucket{role=\"decode\",route=\"colocated\",model_name=\"small\",le=\"0.1\"} 1"));
+  CHECK(
+      hasLine(text, "vllm:test_seconds_bucket{role=\"decode\",route=\"colocated\",model_name=\"small\",le=\"0.1\"} 1"));
   CHECK(hasLine(text, "vllm:test_seconds_count{role=\"decode\",route=\"colocated\",model_name=\"small\"} 2"));
   CHECK(text.find("pdserve:colon_test{role=\"decode\"} 1") != std::string::npos);
   CHECK_THROWS_AS(reg.setAliases({{"pdserve_test_waiting", "bad name"}}, {}), std::invalid_argument);

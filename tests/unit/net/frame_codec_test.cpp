@@ -1,9 +1,10 @@
 // frame_codec.h: the decode rules framed.cpp's connections apply, on bytes alone.
 #include "common/net/frame_codec.h"
 
-#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "common/net/framed.h"
 
@@ -34,8 +35,9 @@ proto::Envelope cancel(uint64_t id) {
 
 Status decode(const std::string& bytes, std::vector<proto::Envelope>* got, size_t* consumed,
               size_t maxFrame = kDefaultMaxFrameBytes) {
-  return decodeFrameStream(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), maxFrame,
-                           [&](proto::Envelope&& e) { got->push_back(std::move(e)); }, consumed);
+  return decodeFrameStream(
+      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), maxFrame,
+      [&](proto::Envelope&& e) { got->push_back(std::move(e)); }, consumed);
 }
 
 TEST_CASE("frame codec: a hello, then frames in order; a partial frame waits") {

@@ -1,8 +1,9 @@
-// The framed control plane's cluster authentication and its memory bounds (issue 13).
+// The framed control plane's cluster authentication and its memory bounds (docs/security.md).
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <mutex>
 #include <thread>
+
+#include <catch2/catch.hpp>
 
 #include "common/net/framed.h"
 #include "net_test_util.h"
@@ -125,7 +126,7 @@ TEST_CASE("framed auth: a side without a secret and a side with one fail closed,
     CHECK(p.clientAuth.waitCount(1));
     CHECK(p.serverEvents.opens == 0);
   }
-  SECTION("neither has one: open, as before issue 13") {
+  SECTION("neither has one: open (no cluster secret)") {
     Pair p;
     p.listen("");
     auto c = p.dial("");
@@ -300,7 +301,7 @@ TEST_CASE("framed memory: 10 connections announcing 64 MiB frames hold kilobytes
     REQUIRE(clients.back()->connected());
     REQUIRE(clients.back()->write(helloFrame()));
     // A header announcing 64 MiB - 1, then 70 KiB of it: more than the first read chunk, so
-    // the buffer has to grow (before issue 13 it grew to the announced 64 MiB at once).
+    // the buffer has to grow (an unbounded reader would grow to the announced 64 MiB at once).
     REQUIRE(clients.back()->write(lengthPrefix((64u << 20) - 1) + std::string(70 << 10, 'x')));
   }
   CHECK(ev.waitOpens(10));

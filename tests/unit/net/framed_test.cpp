@@ -1,17 +1,17 @@
 #include "common/net/framed.h"
 
 #include <google/protobuf/util/message_differencer.h>
-
 #include <poll.h>
 
 #include <algorithm>
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <future>
 #include <map>
 #include <mutex>
 #include <random>
 #include <thread>
+
+#include <catch2/catch.hpp>
 
 #include "net_test_util.h"
 
@@ -31,8 +31,7 @@ ConnectionOptions options(proto::Role role, const std::string& id) {
 }
 
 std::unique_ptr<FramedServer> startServer(IoPool& io, Events& ev, bool echo,
-                                          ConnectionOptions o = options(proto::ROLE_ROUTER,
-                                                                        "router")) {
+                                          ConnectionOptions o = options(proto::ROLE_ROUTER, "router")) {
   auto s = FramedServer::listen(io, "127.0.0.1", 0, std::move(o), ev.callbacks(echo));
   REQUIRE(s.ok());
   REQUIRE(s.value()->port() > 0);
@@ -141,9 +140,8 @@ TEST_CASE("every message type makes the round trip") {
   Events client;
   IoPool io(2);
   auto srv = startServer(io, server, /*echo=*/true);
-  auto conn =
-      FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_DECODE, "decode-0"),
-                            client.callbacks(false), 2s);
+  auto conn = FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_DECODE, "decode-0"),
+                                    client.callbacks(false), 2s);
   REQUIRE(conn.ok());
   // The handshake carried both hellos.
   CHECK(conn.value()->peerHello().worker_id() == "router");
@@ -238,8 +236,8 @@ TEST_CASE("1000 interleaved request ids on one connection") {
   IoPool io(2);
   auto srv = FramedServer::listen(io, "127.0.0.1", 0, options(proto::ROLE_DECODE, "decode-0"), scb);
   REQUIRE(srv.ok());
-  auto conn = FramedClient::connect(io, "127.0.0.1", srv.value()->port(),
-                                    options(proto::ROLE_ROUTER, "router"), ccb, 2s);
+  auto conn =
+      FramedClient::connect(io, "127.0.0.1", srv.value()->port(), options(proto::ROLE_ROUTER, "router"), ccb, 2s);
   REQUIRE(conn.ok());
   for (uint64_t id = 1; id <= kRequests; ++id) {
     proto::Envelope env;
@@ -268,8 +266,8 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
   const int port = srv->port();
 
   // A healthy client stays connected through everything below.
-  auto good = FramedClient::connect(io, "127.0.0.1", port, options(proto::ROLE_DECODE, "d0"),
-                                    healthy.callbacks(false), 2s);
+  auto good =
+      FramedClient::connect(io, "127.0.0.1", port, options(proto::ROLE_DECODE, "d0"), healthy.callbacks(false), 2s);
   REQUIRE(good.ok());
   size_t closes = 0;
   size_t echoes = 0;
@@ -281,8 +279,8 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     REQUIRE(healthy.waitMessages(++echoes));
     // And a new connection is accepted too.
     Events fresh;
-    auto c = FramedClient::connect(io, "127.0.0.1", port, options(proto::ROLE_DECODE, "d1"),
-                                   fresh.callbacks(false), 2s);
+    auto c =
+        FramedClient::connect(io, "127.0.0.1", port, options(proto::ROLE_DECODE, "d1"), fresh.callbacks(false), 2s);
     REQUIRE(c.ok());
     c.value()->close(cancelled("test done"));
     REQUIRE(fresh.waitClose(1).code() == StatusCode::kCancelled);
@@ -305,8 +303,7 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     REQUIRE(raw.write(helloFrame() + lengthPrefix(8) + std::string(8, '\xff')));
     Status s = server.waitClose(++closes);
     CHECK(s.code() == StatusCode::kDataLoss);
-    CHECK_THAT(s.message(),
-               Catch::EndsWith("sent a frame of 8 bytes that is not a valid Envelope"));
+    CHECK_THAT(s.message(), Catch::EndsWith("sent a frame of 8 bytes that is not a valid Envelope"));
     CHECK(raw.waitClosed());
     stillServing();
   }
@@ -316,8 +313,7 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     raw.shutdownWrite();
     Status s = server.waitClose(++closes);
     CHECK(s.code() == StatusCode::kDataLoss);
-    CHECK_THAT(s.message(),
-               Catch::EndsWith("closed the connection mid-frame: got 10 of 100 bytes"));
+    CHECK_THAT(s.message(), Catch::EndsWith("closed the connection mid-frame: got 10 of 100 bytes"));
     stillServing();
   }
   SECTION("a truncated length prefix followed by close") {
@@ -326,8 +322,7 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     raw.shutdownWrite();
     Status s = server.waitClose(++closes);
     CHECK(s.code() == StatusCode::kDataLoss);
-    CHECK_THAT(s.message(),
-               Catch::EndsWith("closed the connection mid-frame header: got 2 of 4 bytes"));
+    CHECK_THAT(s.message(), Catch::EndsWith("closed the connection mid-frame header: got 2 of 4 bytes"));
     stillServing();
   }
   SECTION("a wrong protocol version is rejected with an Error frame") {
@@ -366,8 +361,7 @@ TEST_CASE("malformed input closes only the offending connection, with the reason
     REQUIRE(raw.write(helloFrame() + frameOf(empty)));
     Status s = server.waitClose(++closes);
     CHECK(s.code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(s.message(),
-               Catch::EndsWith("sent an envelope with no known body (newer protocol?)"));
+    CHECK_THAT(s.message(), Catch::EndsWith("sent an envelope with no known body (newer protocol?)"));
     stillServing();
   }
   SECTION("silence past the handshake timeout") {
@@ -415,9 +409,8 @@ TEST_CASE("stopping the server closes its connections; clients see the close") {
   Events client;
   IoPool io(2);
   auto srv = startServer(io, server, false);
-  auto conn =
-      FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_PREFILL, "p0"),
-                            client.callbacks(false), 2s);
+  auto conn = FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_PREFILL, "p0"),
+                                    client.callbacks(false), 2s);
   REQUIRE(conn.ok());
   srv->stop();
   CHECK(server.waitClose(1).code() == StatusCode::kCancelled);
@@ -440,8 +433,7 @@ TEST_CASE("connect errors are bounded and say why") {
   auto r = FramedClient::connect(io, "127.0.0.1", port, ConnectionOptions(), {}, 2s);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kUnavailable);
-  CHECK_THAT(r.status().message(),
-             Catch::StartsWith("connect to 127.0.0.1:" + std::to_string(port)));
+  CHECK_THAT(r.status().message(), Catch::StartsWith("connect to 127.0.0.1:" + std::to_string(port)));
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
 
   // A listener that never answers the handshake: the deadline ends the attempt.
@@ -473,8 +465,8 @@ TEST_CASE("connectWithRetry waits for a server that starts late") {
   std::unique_ptr<FramedServer> late;
   std::thread starter([&] {
     std::this_thread::sleep_for(300ms);
-    auto s = FramedServer::listen(io, "127.0.0.1", port, options(proto::ROLE_ROUTER, "router"),
-                                  server.callbacks(false));
+    auto s =
+        FramedServer::listen(io, "127.0.0.1", port, options(proto::ROLE_ROUTER, "router"), server.callbacks(false));
     if (s.ok()) late = std::move(s).value();  // checked on the test thread below
   });
   RetryPolicy policy;
@@ -483,8 +475,7 @@ TEST_CASE("connectWithRetry waits for a server that starts late") {
   policy.attemptTimeout = 500ms;
   policy.totalTimeout = 5s;
   auto t0 = std::chrono::steady_clock::now();
-  auto conn = FramedClient::connectWithRetry(io, "127.0.0.1", port,
-                                             options(proto::ROLE_DECODE, "d0"), {}, policy);
+  auto conn = FramedClient::connectWithRetry(io, "127.0.0.1", port, options(proto::ROLE_DECODE, "d0"), {}, policy);
   auto took = std::chrono::steady_clock::now() - t0;
   starter.join();
   REQUIRE(late != nullptr);
@@ -497,8 +488,7 @@ TEST_CASE("connectWithRetry waits for a server that starts late") {
   policy.totalTimeout = 300ms;
   late.reset();
   t0 = std::chrono::steady_clock::now();
-  auto never =
-      FramedClient::connectWithRetry(io, "127.0.0.1", port, ConnectionOptions(), {}, policy);
+  auto never = FramedClient::connectWithRetry(io, "127.0.0.1", port, ConnectionOptions(), {}, policy);
   took = std::chrono::steady_clock::now() - t0;
   REQUIRE_FALSE(never.ok());
   CHECK(never.status().code() == StatusCode::kUnavailable);
@@ -562,13 +552,12 @@ TEST_CASE("random bytes after the handshake never take the server down") {
     CHECK(server.messages.back().cancel().request_id() == 1);
   }
   CHECK(good.value()->isOpen());
-  auto again = FramedClient::connect(io, "127.0.0.1", srv->port(),
-                                     options(proto::ROLE_DECODE, "d1"), {}, 2s);
+  auto again = FramedClient::connect(io, "127.0.0.1", srv->port(), options(proto::ROLE_DECODE, "d1"), {}, 2s);
   CHECK(again.ok());
   if (again.ok()) again.value()->close(cancelled("test done"));
 }
 
-// Issue 12 (leases): the keepalive of framed.h.
+// Leases (docs/reliability.md): the keepalive of framed.h.
 TEST_CASE("keepalive: heartbeats keep a quiet connection open, a silent peer is closed within its lease") {
   Events server;
   Events client;

@@ -1,5 +1,5 @@
 // The router's HTTP server against a raw socket client on 127.0.0.1.
-#include <catch2/catch.hpp>
+#include "common/net/http_server.h"
 
 #include <atomic>
 #include <future>
@@ -7,8 +7,7 @@
 #include <thread>
 
 #include <boost/asio.hpp>
-
-#include "common/net/http_server.h"
+#include <catch2/catch.hpp>
 
 using namespace pd::net;
 namespace net = boost::asio;
@@ -84,8 +83,7 @@ TEST_CASE("full responses, keep-alive and request fields") {
 TEST_CASE("a body over the limit is a 413 with an OpenAI error, garbage is a 400") {
   ServerFixture f([](HttpRequest, std::shared_ptr<HttpResponder> r) { r->sendFull(200, {}, "ok"); },
                   /*maxBody=*/16);
-  std::string big = "POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 17\r\n\r\n" +
-                    std::string(17, 'x');
+  std::string big = "POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 17\r\n\r\n" + std::string(17, 'x');
   std::string reply = exchange(f.server->port(), big);
   CHECK(reply.find("HTTP/1.1 413") == 0);
   CHECK(reply.find("\"message\":\"request body exceeds the limit of 16 bytes\"") != std::string::npos);
@@ -107,14 +105,14 @@ TEST_CASE("SSE streams are chunked events written in order, from another thread"
       r->endStream();
     }).detach();
   });
-  std::string reply = exchange(f.server->port(),
-                               "POST /s HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+  std::string reply =
+      exchange(f.server->port(), "POST /s HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
   CHECK(reply.find("HTTP/1.1 200 OK") == 0);
   CHECK(reply.find("Content-Type: text/event-stream") != std::string::npos);
   CHECK(reply.find("Transfer-Encoding: chunked") != std::string::npos);
   CHECK(reply.find("x-pdserve-route: colocated") != std::string::npos);
-  auto p0 = reply.find("data: {\"i\":0}"), p1 = reply.find("data: {\"i\":1}"),
-       p2 = reply.find("data: {\"i\":2}"), done = reply.find("data: [DONE]");
+  auto p0 = reply.find("data: {\"i\":0}"), p1 = reply.find("data: {\"i\":1}"), p2 = reply.find("data: {\"i\":2}"),
+       done = reply.find("data: [DONE]");
   REQUIRE(p0 != std::string::npos);
   CHECK(p0 < p1);
   CHECK(p1 < p2);
@@ -134,8 +132,7 @@ TEST_CASE("a client that disconnects mid-stream fires onDisconnect") {
   {
     net::io_context io;
     tcp::socket s(io);
-    std::string reply = exchange(f.server->port(), "POST /s HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
-                                 "data: first", &s);
+    std::string reply = exchange(f.server->port(), "POST /s HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "data: first", &s);
     CHECK(reply.find("data: first") != std::string::npos);
     s.close();
   }
@@ -173,8 +170,10 @@ TEST_CASE("a server stopped while a stream's writes are queued closes the connec
     boost::system::error_code ec;
     const size_t n = s.read_some(net::buffer(buf), ec);
     received += n;
-    if (ec == net::error::would_block) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    else if (ec) closed = true;  // eof or reset: the server's socket is gone
+    if (ec == net::error::would_block)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    else if (ec)
+      closed = true;  // eof or reset: the server's socket is gone
   }
   INFO(received << " bytes received before the end");
   CHECK(closed);
@@ -182,7 +181,7 @@ TEST_CASE("a server stopped while a stream's writes are queued closes the connec
 }
 
 // The router asks to hear of a disconnect only once the request is admitted and routed; a
-// client that left before that (issue 12: aborts before the first token) must still be heard
+// client that left before that (aborts before the first token) must still be heard
 // of, or its request runs to the end for nobody.
 TEST_CASE("onDisconnect set after the client left fires at once") {
   std::promise<std::shared_ptr<HttpResponder>> gotResponder;
@@ -203,7 +202,7 @@ TEST_CASE("onDisconnect set after the client left fires at once") {
   }
 }
 
-// ---- Hardening (issue 13) ------------------------------------------------------------------
+// ---- Hardening (docs/security.md) ------------------------------------------------------------------
 
 namespace {
 
@@ -270,7 +269,7 @@ TEST_CASE("a handler that never answers: the server answers 504 at responseTimeo
   CHECK(waited < std::chrono::seconds(5));
   CHECK(disconnected.get_future().wait_for(std::chrono::seconds(2)) == std::future_status::ready);
   kept->sendFull(200, {}, "too late");  // ignored, harmless
-  kept.reset();  // a responder holds its connection: drop it while the server's io_context lives
+  kept.reset();                         // a responder holds its connection: drop it while the server's io_context lives
 }
 
 TEST_CASE("slowloris: a client that trickles its headers or sends nothing is closed at the header deadline") {
@@ -328,7 +327,9 @@ TEST_CASE("idle keep-alive connections are closed at keepAliveTimeoutMs") {
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
 }
 
-TEST_CASE("hundreds of idle sockets against max_connections: the oldest idle ones make room, a fresh client is answered at once") {
+TEST_CASE(
+    "hundreds of idle sockets against max_connections: the oldest idle ones make room, a fresh client is answered at "
+    "once") {
   HttpServerOptions o;
   o.maxConnections = 32;
   o.headerTimeoutMs = 10000;  // far longer than the test: only the cap closes the idle sockets
@@ -413,6 +414,7 @@ TEST_CASE("HTTP/1.0 clients get a close-delimited stream, never chunked encoding
   auto body = reply.substr(reply.find("\r\n\r\n") + 4);
   CHECK(body == "data: {\"i\":0}\n\ndata: {\"i\":1}\n\ndata: {\"i\":2}\n\ndata: [DONE]\n\n");
   // HTTP/1.1 still gets chunks.
-  std::string chunked = exchange(f.server->port(), "POST /s HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+  std::string chunked =
+      exchange(f.server->port(), "POST /s HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
   CHECK(chunked.find("Transfer-Encoding: chunked") != std::string::npos);
 }

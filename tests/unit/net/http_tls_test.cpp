@@ -1,7 +1,6 @@
-// TLS on the HTTP server (issue 13): certificates made per run with the openssl CLI in a
+// TLS on the HTTP server (docs/security.md): certificates made per run with the openssl CLI in a
 // temporary directory (no key is ever committed), a verifying Asio/OpenSSL client.
-#include <catch2/catch.hpp>
-
+#include <openssl/ssl.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,7 +13,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
-#include <openssl/ssl.h>
+#include <catch2/catch.hpp>
 
 #include "common/net/http_server.h"
 #include "tests/test_skip.h"
@@ -38,11 +37,13 @@ struct Certs {
     const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     const std::string q = " >/dev/null 2>&1";
     auto run = [&](const std::string& cmd) { return std::system(("cd " + dir + " && " + cmd + q).c_str()) == 0; };
-    if (std::system("command -v openssl >/dev/null 2>&1") != 0) pd::test::skipTest("no openssl CLI (scripts/setup installs it)");
+    if (std::system("command -v openssl >/dev/null 2>&1") != 0)
+      pd::test::skipTest("no openssl CLI (scripts/setup installs it)");
     REQUIRE(run("openssl req -x509" + ec + " -keyout ca.key -out ca.pem -days 1 -subj /CN=pd-test-ca"));
     REQUIRE(run("openssl req" + ec + " -keyout server.key -out server.csr -subj /CN=localhost"));
-    REQUIRE(run("openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem "
-                "-days 1 -extfile ext.cnf"));
+    REQUIRE(
+        run("openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem "
+            "-days 1 -extfile ext.cnf"));
     REQUIRE(run("openssl req -x509" + ec + " -keyout other.key -out other.pem -days 1 -subj /CN=other-ca"));
   }
   ~Certs() { std::filesystem::remove_all(dir); }

@@ -21,8 +21,8 @@ namespace pd::net::testing {
 inline std::string frameOf(const proto::Envelope& env) {
   std::string body = env.SerializeAsString();
   uint32_t n = static_cast<uint32_t>(body.size());
-  std::string f = {static_cast<char>(n >> 24), static_cast<char>(n >> 16),
-                   static_cast<char>(n >> 8), static_cast<char>(n)};
+  std::string f = {static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8),
+                   static_cast<char>(n)};
   return f + body;
 }
 
@@ -36,8 +36,7 @@ inline std::string helloFrame(uint32_t version = kProtocolVersion) {
 }
 
 inline std::string lengthPrefix(uint32_t n) {
-  return {static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8),
-          static_cast<char>(n)};
+  return {static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
 }
 
 // A blocking loopback socket with a 5 s receive timeout, so no test can hang on it.
@@ -59,8 +58,7 @@ class RawClient {
   bool connected() const { return connected_; }
   int fd() const { return fd_; }
   bool write(const std::string& bytes) {
-    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-           static_cast<ssize_t>(bytes.size());
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
   }
   void shutdownWrite() { ::shutdown(fd_, SHUT_WR); }
   // Reads one frame; false on EOF, error or timeout.

@@ -38,7 +38,7 @@ TEST_CASE("decode over its SLO with prefill spare lowers it, down to a quarter")
 TEST_CASE("both pools pressed, neither pressed, or too few samples: the threshold holds") {
   AdaptiveThreshold t(256);
   std::string why;
-  CHECK(t.update(kOver, kOver, &why) == 256);   // moving work would only move the miss
+  CHECK(t.update(kOver, kOver, &why) == 256);        // moving work would only move the miss
   CHECK(t.update(kOver, kNearTarget, &why) == 256);  // decode has no real room
   CHECK(t.update(kSpare, kSpare, &why) == 256);
   CHECK(why == "hold: no pool over its SLO with the other one spare");

@@ -1,7 +1,7 @@
 // Overload shedding: refuse exactly when the predicted TTFT or step time passes the target.
-#include <catch2/catch.hpp>
-
 #include "router/admission.h"
+
+#include <catch2/catch.hpp>
 
 namespace pd::router {
 namespace {

@@ -3,10 +3,10 @@
 // idleness on recorded windows (burst, ramp, steady, flapping bait, idle), on a fake clock.
 #include "router/autoscaler.h"
 
-#include <catch2/catch.hpp>
-
 #include <cmath>
 #include <memory>
+
+#include <catch2/catch.hpp>
 
 using namespace pd;
 using namespace pd::router;
@@ -436,7 +436,8 @@ TEST_CASE("shared budget: a pool at its maximum borrows the slots the other pool
   CHECK_THAT(fd.reason, !Catch::Contains("trimmed"));
 }
 
-TEST_CASE("shared budget: a pool takes what the other gives up; when both want more than their own, each gets its own") {
+TEST_CASE(
+    "shared budget: a pool takes what the other gives up; when both want more than their own, each gets its own") {
   PoolSlo prefill{0.5, 99, 1, 2};
   PoolSlo decode{0.050, 99, 1, 2};
   AutoscalerOptions o = immediate();

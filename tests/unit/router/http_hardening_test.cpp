@@ -1,4 +1,4 @@
-// Issue 13, the router's HTTP plane: bounded JSON bodies and error messages, typed content
+// the router's HTTP plane: bounded JSON bodies and error messages, typed content
 // parts, hashed API keys, and the token buckets behind router.admission.rate_limits.
 #include <catch2/catch.hpp>
 
@@ -18,7 +18,8 @@ TEST_CASE("a body of 70k nested arrays is a 400 naming the depth and the offset,
   REQUIRE(e);
   CHECK(e->status == 400);
   CHECK(e->message.find("deeper than 64 levels") != std::string::npos);
-  CHECK(e->message.find("at byte 73") != std::string::npos);  // the object is level 1, so the 64th "[" (byte 73) is level 65
+  CHECK(e->message.find("at byte 73") !=
+        std::string::npos);  // the object is level 1, so the 64th "[" (byte 73) is level 65
   CHECK(e->message.size() < 200);
   // The same for the generation endpoints, which share the parser.
   auto gen = parseGenerationRequest("{\"prompt\":" + std::string(70000, '[') + "1" + std::string(70000, ']') + "}",
@@ -79,7 +80,9 @@ TEST_CASE("API keys: plain and sha256: entries match the same key; only hashes a
     for (unsigned char c : h) s += {d[c >> 4], d[c & 15]};
     return s;
   }();
-  CHECK(hexAlpha == "2179e632e89277f18aa600491b68ad55121fd6caa045e047fdeb426088a5a5f1");  // what the documented sha256sum line prints
+  CHECK(
+      hexAlpha ==
+      "2179e632e89277f18aa600491b68ad55121fd6caa045e047fdeb426088a5a5f1");  // what the documented sha256sum line prints
   auto set = KeySet::fromEntries({"sha256:" + hexAlpha, "sk-beta"}, "router.http.api_keys");
   REQUIRE(set.ok());
   CHECK(set->match("sk-alpha") == 0);

@@ -2,8 +2,9 @@
 // removal, clear, snapshot frames, gap -> resync, stale -> fallback.
 #include "router/kv_event_index.h"
 
-#include <catch2/catch.hpp>
 #include <numeric>
+
+#include <catch2/catch.hpp>
 
 #include "common/base/hash.h"
 

@@ -1,8 +1,8 @@
+#include "router/openai_api.h"
+
 #include <algorithm>
 
 #include <catch2/catch.hpp>
-
-#include "router/openai_api.h"
 
 using namespace pd::router;
 using nlohmann::json;
@@ -61,8 +61,7 @@ TEST_CASE("completions: invalid fields are a 400 naming the field") {
   CHECK(e.param == std::optional<std::string>("temperature"));
   CHECK(e.message == "temperature: 3 is out of range [0.0, 2.0]");
 
-  CHECK(parseErr(R"({"prompt":"x","max_tokens":"ten"})").message ==
-        "max_tokens: expected an integer, got a string");
+  CHECK(parseErr(R"({"prompt":"x","max_tokens":"ten"})").message == "max_tokens: expected an integer, got a string");
   CHECK(parseErr(R"({"prompt":"x","n":9})").param == std::optional<std::string>("n"));
   CHECK(parseErr(R"({"prompt":"x","logprobs":21})").param == std::optional<std::string>("logprobs"));
   CHECK(parseErr(R"({"prompt":[1,-2]})").message == "prompt[1]: expected a token id (integer >= 0)");
@@ -104,8 +103,7 @@ TEST_CASE("penalties, logit_bias, min_tokens and best_of are read with their ran
         "presence_penalty: 2.5 is out of range [-2.0, 2.0]");
   CHECK(param(R"({"prompt":"x","frequency_penalty":-3})") == "frequency_penalty");
   CHECK(param(R"({"prompt":"x","frequency_penalty":"1"})") == "frequency_penalty");
-  CHECK(parseErr(R"({"prompt":"x","repetition_penalty":0})").message ==
-        "repetition_penalty: must be greater than 0");
+  CHECK(parseErr(R"({"prompt":"x","repetition_penalty":0})").message == "repetition_penalty: must be greater than 0");
   CHECK(param(R"({"prompt":"x","repetition_penalty":2.01})") == "repetition_penalty");
   CHECK(parseErr(R"({"prompt":"x","logit_bias":{"5":101}})").message ==
         "logit_bias[5]: 101 is out of range [-100, 100]");
@@ -149,8 +147,9 @@ TEST_CASE("every field pdserve does not implement is a 400 naming it") {
   parseOk("{" + msgs + R"(,"response_format":{"type":"text"}})", Endpoint::kChat);
   CHECK(parseErr("{" + msgs + R"(,"response_format":{"type":"json_object"}})", Endpoint::kChat).message ==
         "response_format: type 'json_object' is not supported by pdserve (only \"text\")");
-  CHECK(parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{}}})", Endpoint::kChat)
-            .param == std::optional<std::string>("response_format"));
+  CHECK(
+      parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{}}})", Endpoint::kChat).param ==
+      std::optional<std::string>("response_format"));
   CHECK(parseErr(R"({"prompt":"x","response_format":"text"})").param == std::optional<std::string>("response_format"));
   // stream_options: include_usage only.
   CHECK(parseErr(R"({"prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true}})").param ==
@@ -181,8 +180,8 @@ TEST_CASE("chat: messages, content parts and logprob fields") {
   CHECK(parseErr(R"({"messages":[{"role":"robot","content":"x"}]})", Endpoint::kChat).message ==
         "messages[0].role: 'robot' is not one of system, developer, user, assistant, tool");
   CHECK(parseErr(R"({"messages":[]})", Endpoint::kChat).message == "messages: must not be empty");
-  CHECK(parseErr(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", Endpoint::kChat)
-            .message == "top_logprobs: requires logprobs to be true");
+  CHECK(parseErr(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", Endpoint::kChat).message ==
+        "top_logprobs: requires logprobs to be true");
 }
 
 TEST_CASE("error objects carry all four keys") {
@@ -211,8 +210,8 @@ TEST_CASE("stream chunks, usage chunk and full responses have OpenAI's shapes") 
   CHECK(usage["object"] == "text_completion");
   CHECK(usage["usage"]["total_tokens"] == 5);
 
-  ChoiceDelta whole{0, "Hello", {{"Hel", -0.5f, {{"Hel", -0.5f}, {"He", -1.5f}}}, {"lo", -0.25f, {}}},
-                    std::string("stop"), false};
+  ChoiceDelta whole{
+      0, "Hello", {{"Hel", -0.5f, {{"Hel", -0.5f}, {"He", -1.5f}}}, {"lo", -0.25f, {}}}, std::string("stop"), false};
   json full = fullResponse(Endpoint::kCompletions, meta, {whole}, Usage{4, 2}, true);
   CHECK(full["choices"][0]["text"] == "Hello");
   CHECK(full["choices"][0]["logprobs"]["tokens"] == json::array({"Hel", "lo"}));
@@ -225,8 +224,7 @@ TEST_CASE("stream chunks, usage chunk and full responses have OpenAI's shapes") 
 
   // A token that ends inside a UTF-8 sequence never breaks the stream.
   ChoiceDelta partial{0, "\xe4\xbd", {}, std::nullopt, false};
-  CHECK(sseEvent(streamChunk(Endpoint::kCompletions, meta, partial, false)).find("\xef\xbf\xbd") !=
-        std::string::npos);
+  CHECK(sseEvent(streamChunk(Endpoint::kCompletions, meta, partial, false)).find("\xef\xbf\xbd") != std::string::npos);
 }
 
 TEST_CASE("completions logprobs: alternatives that decode to the same text are all returned") {

@@ -1,8 +1,9 @@
 // router::PrefixIndex: chained block names, longest cached run, per-worker LRU bounds.
 #include "router/prefix_index.h"
 
-#include <catch2/catch.hpp>
 #include <numeric>
+
+#include <catch2/catch.hpp>
 
 using namespace pd::router;
 
@@ -29,7 +30,7 @@ TEST_CASE("block names are chained: equal prefixes share names, a change renames
 
 TEST_CASE("cachedTokens is the longest leading run a worker holds") {
   PrefixIndex idx(16);
-  const auto system = tokens(64);       // 4 blocks every prompt starts with
+  const auto system = tokens(64);  // 4 blocks every prompt starts with
   auto p1 = system, p2 = system;
   for (int32_t t : tokens(40, 1000)) p1.push_back(t);
   for (int32_t t : tokens(40, 2000)) p2.push_back(t);

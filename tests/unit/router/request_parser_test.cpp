@@ -1,11 +1,12 @@
 // RequestParser: client text never becomes a special token unless the request says so
 // (split_special_tokens: false), on /v1/completions, /v1/chat/completions and /tokenize.
+#include "router/request_parser.h"
+
 #include <algorithm>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "router/request_parser.h"
 #include "tests/unit/tokenizer/reference_util.h"
 
 namespace pd::router {
@@ -67,8 +68,7 @@ TEST_CASE("special-token text from clients stays plain text unless split_special
     CHECK(std::get<ApiError>(bad).param == "split_special_tokens");
   }
   SECTION("a wrong type is a 400 naming the field") {
-    auto got = parser.parseGenerate(json{{"prompt", "x"}, {"split_special_tokens", 1}}.dump(),
-                                    Endpoint::kCompletions);
+    auto got = parser.parseGenerate(json{{"prompt", "x"}, {"split_special_tokens", 1}}.dump(), Endpoint::kCompletions);
     REQUIRE(std::holds_alternative<Rejection>(got));
     CHECK(std::get<Rejection>(got).error.param == "split_special_tokens");
   }
@@ -93,11 +93,12 @@ TEST_CASE("logit_bias ids are checked against the vocabulary; min_tokens against
 
   auto e = error({{"prompt", "hi"}, {"logit_bias", {{std::to_string(vocab), 5}}}});
   CHECK(e.param == std::optional<std::string>("logit_bias"));
-  CHECK(e.message == "logit_bias: token id " + std::to_string(vocab) + " is outside the vocabulary of " +
-                         std::to_string(vocab));
+  CHECK(e.message ==
+        "logit_bias: token id " + std::to_string(vocab) + " is outside the vocabulary of " + std::to_string(vocab));
   // min_tokens <= max_tokens, the completions default of 16 included (vLLM's rule).
   CHECK(error({{"prompt", "hi"}, {"min_tokens", 17}}).message == "min_tokens: 17 exceeds max_tokens 16");
-  CHECK(error({{"prompt", "hi"}, {"min_tokens", 3}, {"max_tokens", 2}}).param == std::optional<std::string>("min_tokens"));
+  CHECK(error({{"prompt", "hi"}, {"min_tokens", 3}, {"max_tokens", 2}}).param ==
+        std::optional<std::string>("min_tokens"));
 
   // echo with max_tokens 0: one step runs on the worker, its token is discarded.
   auto echo = parse({{"prompt", "hi"}, {"echo", true}, {"max_tokens", 0}});
@@ -106,10 +107,10 @@ TEST_CASE("logit_bias ids are checked against the vocabulary; min_tokens against
   CHECK(std::get<ParsedGenerate>(echo).maxTokens == 1);
 
   // /tokenize with messages keeps its own flags (they are not generation fields).
-  auto tokenized = parser.tokenize(json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
-                                        {"return_token_strs", true},
-                                        {"add_special_tokens", false}}
-                                       .dump());
+  auto tokenized = parser.tokenize(json{
+      {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+      {"return_token_strs", true},
+      {"add_special_tokens", false}}.dump());
   REQUIRE(std::holds_alternative<json>(tokenized));
   CHECK(std::get<json>(tokenized).contains("token_strs"));
 }

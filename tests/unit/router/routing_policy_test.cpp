@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "router/routing_policy.h"
+
+#include <catch2/catch.hpp>
 
 using namespace pd::router;
 
@@ -38,8 +38,8 @@ TEST_CASE("short prompts go colocated to the least-loaded decode worker") {
 
 TEST_CASE("long prompts pair the least-queued prefill with the decode worker with most free blocks") {
   RoutingPolicy policy({256});
-  std::vector<WorkerView> ws{decode("d0", 5, 900), decode("d1", 2, 100), prefill("p0", 4096),
-                             prefill("p1", 100), prefill("p2", 0, /*healthy=*/false)};
+  std::vector<WorkerView> ws{decode("d0", 5, 900), decode("d1", 2, 100), prefill("p0", 4096), prefill("p1", 100),
+                             prefill("p2", 0, /*healthy=*/false)};
   auto plan = policy.select(257, ws);
   REQUIRE(plan);
   CHECK(plan->route == Route::kDisaggregated);
@@ -100,7 +100,8 @@ TEST_CASE("the prefill worker with the least work ahead wins: queued tokens plus
   CHECK(plan->cachedTokens == 0);
 }
 
-TEST_CASE("protect_itl: a short prompt goes to the prefill pool when prefilling it beside the streams would break ITL") {
+TEST_CASE(
+    "protect_itl: a short prompt goes to the prefill pool when prefilling it beside the streams would break ITL") {
   RoutingPolicy policy({/*shortPromptTokens=*/256, /*cacheLoadSlack=*/4, /*itlTargetMs=*/100});
   auto d0 = decode("d0", 10, 900);
   d0.decodeStepBaseMs = 20;

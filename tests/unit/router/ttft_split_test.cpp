@@ -1,10 +1,10 @@
 // The TTFT split's assembly (router/ttft_split.h): which phases a route has, where each
 // worker figure goes, `other` as the remainder, and the JSON / Server-Timing renderings.
-#include <catch2/catch.hpp>
+#include "router/ttft_split.h"
 
 #include <map>
 
-#include "router/ttft_split.h"
+#include <catch2/catch.hpp>
 
 using namespace pd;
 using namespace pd::router;
@@ -21,13 +21,13 @@ TEST_CASE("disaggregated split: every worker figure in its phase, other is the r
   proto::Timings t;
   t.set_ttft_split(true);
   t.set_route(proto::ROUTE_DISAGGREGATED);
-  t.set_queue_ms(1.5);         // decode: waiting for blocks
+  t.set_queue_ms(1.5);  // decode: waiting for blocks
   t.set_kv_connect_ms(0.25);
   t.set_prefill_queue_ms(2);
   t.set_prefill_ms(30);
   t.set_transfer_ms(4);
   t.set_handoff_ms(0.125);
-  t.set_first_token_ms(999);   // not a phase: the decode worker's whole interval
+  t.set_first_token_ms(999);  // not a phase: the decode worker's whole interval
   const TtftSplit s = assembleTtftSplit(0.050, 0.001, t);
   CHECK(s.route == "disaggregated");
   std::vector<std::string> order;

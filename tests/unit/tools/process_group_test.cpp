@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "tools/process_group.h"
+
+#include <catch2/catch.hpp>
 
 using namespace pd::tools;
 using namespace std::chrono_literals;

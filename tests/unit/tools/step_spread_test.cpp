@@ -1,6 +1,6 @@
 // plan::StepSpread (`pdserve plan --step-trace`): a worker's step trace priced by the cost
 // model, the ratios drawn by the simulator per kind of step, and the errors that name the row.
-#include <catch2/catch.hpp>
+#include "tools/plan/step_spread.h"
 
 #include <unistd.h>
 
@@ -9,8 +9,9 @@
 #include <numeric>
 #include <string>
 
+#include <catch2/catch.hpp>
+
 #include "tools/plan/cluster_sim.h"
-#include "tools/plan/step_spread.h"
 
 using namespace pd::plan;
 namespace engine = pd::engine;
@@ -117,9 +118,9 @@ TEST_CASE("step spread: draws follow the measured distribution") {
 }
 
 TEST_CASE("step spread: a size class with enough rows draws from its own, the others from their kind") {
-  const StepSpread s = StepSpread::fromRatios(concat({same(StepKind::kDecodeOnly, 1, 0.5),
-                                                      same(StepKind::kDecodeOnly, 8, 2.0),
-                                                      same(StepKind::kDecodeOnly, 4, 1.0, 5)}));
+  const StepSpread s =
+      StepSpread::fromRatios(concat({same(StepKind::kDecodeOnly, 1, 0.5), same(StepKind::kDecodeOnly, 8, 2.0),
+                                     same(StepKind::kDecodeOnly, 4, 1.0, 5)}));
   std::mt19937_64 rng(3);
   CHECK(s.sample(StepClass{StepKind::kDecodeOnly, 1}, rng) == 0.5);
   CHECK(s.sample(StepClass{StepKind::kDecodeOnly, 8}, rng) == 2.0);
@@ -192,7 +193,8 @@ TEST_CASE("step spread: a trace that is not one names the file, the line and the
     return s.status().message();
   };
   CHECK(error("time_s,role,seconds\n").find("no \"gap_seconds\" column") != std::string::npos);
-  CHECK(error(std::string(kHeader) + "1.0,decode,abc,0,1,10,0,0,0\n").find(":2: \"seconds\" is not") != std::string::npos);
+  CHECK(error(std::string(kHeader) + "1.0,decode,abc,0,1,10,0,0,0\n").find(":2: \"seconds\" is not") !=
+        std::string::npos);
   CHECK(error(std::string(kHeader) + "1.0,router,0.01,0,1,10,0,0,0\n").find("role must be") != std::string::npos);
   CHECK(error(std::string(kHeader) + "1.0,decode,0.01,0,0,0,0,0,0\n").find("computed nothing") != std::string::npos);
   auto missing = StepSpread::read({"/nonexistent/x.steps.csv"}, c);

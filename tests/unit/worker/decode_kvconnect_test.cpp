@@ -2,25 +2,26 @@
 // router and a fake prefill worker (real framed connections), a disaggregated request waits
 // for the prefill worker's KvConnect answer, never sends its PrefillRequest without one, and
 // fails through the remote-prefill failure path when the answer is a refusal or never comes.
-#include <catch2/catch.hpp>
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
-#include <sstream>
-#include <thread>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <prometheus/registry.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
 #include "common/net/framed.h"
 #include "common/net/io_pool.h"
-#include "kvtransfer/agent.h"
-#include "tests/test_skip.h"
 #include "decode_worker/decode_service.h"
+#include "kvtransfer/agent.h"
 #include "kvtransfer/kvt.pb.h"
+#include "tests/test_skip.h"
 #include "tests/unit/engine/model_test_util.h"
 
 using namespace pd;
@@ -41,7 +42,8 @@ struct Mailbox {
     std::unique_lock<std::mutex> lock(mu);
     return cv.wait_for(lock, timeout, [&] { return pred(); });
   }
-  net::ConnectionCallbacks callbacks(std::function<void(const net::ConnectionPtr&, const proto::Envelope&)> reply = {}) {
+  net::ConnectionCallbacks callbacks(
+      std::function<void(const net::ConnectionPtr&, const proto::Envelope&)> reply = {}) {
     net::ConnectionCallbacks cb;
     cb.onOpen = [this](const net::ConnectionPtr& c) {
       std::lock_guard<std::mutex> lock(mu);
@@ -80,11 +82,12 @@ struct Harness {
     REQUIRE(r.ok());
     routerServer = std::move(r).value();
     const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
-    auto config = config::parseClusterConfig(
-        "model: {path: " + model + "}\nengine: {backend: cpu, num_blocks: 64}\n"
-        "kv_transfer: {transports: " + transports + ", timeout_ms: " + std::to_string(timeoutMs) +
-            ", on_remote_prefill_failure: fail}\nlogging: {level: warn}\n",
-        "test.yaml");
+    auto config = config::parseClusterConfig("model: {path: " + model +
+                                                 "}\nengine: {backend: cpu, num_blocks: 64}\n"
+                                                 "kv_transfer: {transports: " +
+                                                 transports + ", timeout_ms: " + std::to_string(timeoutMs) +
+                                                 ", on_remote_prefill_failure: fail}\nlogging: {level: warn}\n",
+                                             "test.yaml");
     REQUIRE(config.ok());
     worker::WorkerFlags flags;
     flags.workerId = "decode-t";
@@ -197,7 +200,7 @@ TEST_CASE("decode KvConnect: a refusal fails the queued request at once with the
   CHECK(h.prefill.count(proto::Envelope::kPrefillRequest) == 0);
 }
 
-// ---- KV fencing (issue 12): the decode side's quarantine, against a fake prefill worker that
+// ---- KV fencing (docs/reliability.md): the decode side's quarantine, against a fake prefill worker that
 // has a real TransferAgent (it answers KvConnect with its real reply, so the decode worker
 // loads a real lane to it) and never pushes: the decode worker's deadline fails the request.
 namespace {
@@ -305,7 +308,8 @@ void ackCancel(const net::ConnectionPtr& c, uint64_t id) {
 
 }  // namespace
 
-TEST_CASE("decode KV fencing: over a receiver-fenced lane (tcp) the blocks are free at once, the revoked grant is refused") {
+TEST_CASE(
+    "decode KV fencing: over a receiver-fenced lane (tcp) the blocks are free at once, the revoked grant is refused") {
   Harness h(600, "[tcp]");
   FakePrefillKv kv({"tcp"});
   h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { kv.handle(c, env); });
@@ -335,8 +339,9 @@ TEST_CASE("decode KV fencing: over a receiver-fenced lane (tcp) the blocks are f
   CHECK(metric(port, "pdserve_kv_writes_rejected_total", "unknown_grant") == 1);
 }
 
-TEST_CASE("decode KV fencing: over a one-sided lane (cma) the blocks stay quarantined until the cancel is acknowledged "
-          "or the writer is gone") {
+TEST_CASE(
+    "decode KV fencing: over a one-sided lane (cma) the blocks stay quarantined until the cancel is acknowledged "
+    "or the writer is gone") {
   Harness h(600, "[cma, tcp]");
   auto kv = std::make_unique<FakePrefillKv>(std::vector<std::string>{"cma", "tcp"});
   std::mutex kvMu;  // kv is destroyed mid-test (the writer dies)

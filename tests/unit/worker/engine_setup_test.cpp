@@ -1,8 +1,9 @@
 // buildEngine: the engine a worker builds from its config, on the cpu backend and on cuda.
 #include "worker/engine_setup.h"
 
-#include <catch2/catch.hpp>
 #include <fstream>
+
+#include <catch2/catch.hpp>
 
 #include "engine/cuda_backend.h"
 #include "engine/model_maker.h"
@@ -14,9 +15,9 @@ namespace {
 
 config::ClusterConfig configFor(const std::string& backend, const std::string& extraEngineKeys = "") {
   const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
-  auto c = config::parseClusterConfig("model: {path: " + model + "}\nengine: {backend: " + backend +
-                                          ", num_blocks: 64" + extraEngineKeys + "}\n",
-                                      "test.yaml");
+  auto c = config::parseClusterConfig(
+      "model: {path: " + model + "}\nengine: {backend: " + backend + ", num_blocks: 64" + extraEngineKeys + "}\n",
+      "test.yaml");
   REQUIRE(c.ok());
   return std::move(c).value();
 }

@@ -4,12 +4,13 @@
 // request while a switch runs is refused; shutdown() during a switch ends cleanly.
 #include "flex_worker/flex_worker.h"
 
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "common/net/framed.h"
 #include "common/net/io_pool.h"
@@ -55,11 +56,10 @@ struct FakeRouter {
 
 config::ClusterConfig flexConfig() {
   const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
-  auto config = config::parseClusterConfig(
-      "model: {path: " + model +
-          "}\nengine: {backend: cpu, num_blocks: 64, drain_timeout_ms: 5000}\n"
-          "kv_transfer: {transports: [tcp]}\nlogging: {level: warn}\n",
-      "test.yaml");
+  auto config = config::parseClusterConfig("model: {path: " + model +
+                                               "}\nengine: {backend: cpu, num_blocks: 64, drain_timeout_ms: 5000}\n"
+                                               "kv_transfer: {transports: [tcp]}\nlogging: {level: warn}\n",
+                                           "test.yaml");
   REQUIRE(config.ok());
   return std::move(config).value();
 }

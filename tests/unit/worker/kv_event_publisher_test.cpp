@@ -2,8 +2,9 @@
 // order, chains merged, snapshots cut into frames with the seq of the last batch.
 #include "worker/kv_event_publisher.h"
 
-#include <catch2/catch.hpp>
 #include <numeric>
+
+#include <catch2/catch.hpp>
 
 #include "tests/unit/worker/small_kv.h"
 
@@ -23,11 +24,12 @@ TEST_CASE("kv event publisher: one batch per flush, chains merged, snapshots fra
   auto kv = pd::test::smallAccountingKv(8, 2);
   metrics::Registry reg;
   Sent sent;
-  KvEventPublisher pub(*kv,
-                       KvEventPublisher::Sink{[&](const proto::Envelope& e) { sent.all.push_back(e); },
-                                              [&](RouterId r, proto::Envelope e) { sent.to.emplace_back(r, std::move(e)); },
-                                              /*tap=*/{}},
-                       reg, /*maxEventsPerFrame=*/2);
+  KvEventPublisher pub(
+      *kv,
+      KvEventPublisher::Sink{[&](const proto::Envelope& e) { sent.all.push_back(e); },
+                             [&](RouterId r, proto::Envelope e) { sent.to.emplace_back(r, std::move(e)); },
+                             /*tap=*/{}},
+      reg, /*maxEventsPerFrame=*/2);
   pub.flush();
   CHECK(sent.all.empty());  // nothing changed: no batch, no seq
   CHECK(pub.seq() == 0);

@@ -1,14 +1,15 @@
-// Issue 10: load reports keep flowing while the loop thread is inside a long engine step. The
+// load reports keep flowing while the loop thread is inside a long engine step. The
 // reporter sends from the I/O pool: here the "loop" (this thread) publishes once, starts a
 // step and blocks for 600 ms; a fake router must still get a report every interval, the later
 // ones saying how long the step has been running.
 #include "worker/load_reporter.h"
 
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "common/net/io_pool.h"
 

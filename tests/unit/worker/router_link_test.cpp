@@ -3,9 +3,10 @@
 // connection; it registers again, after a backoff, and ends up up.
 #include "worker/router_link.h"
 
-#include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
+
+#include <catch2/catch.hpp>
 
 #include "common/net/io_pool.h"
 
@@ -30,9 +31,9 @@ TEST_CASE("a refused registration is retried with a backoff until the router acc
   net::ConnectionOptions lo;
   lo.hello.set_role(proto::ROLE_DECODE);
   lo.hello.set_worker_id("decode-t");
-  worker::RouterLink link(io, inbox, "127.0.0.1", server.value()->port(), lo,
-                          worker::RouterLink::Handlers{[](proto::Envelope&&) {},
-                                                       [&](bool up, const Status&) { states.push_back(up); }});
+  worker::RouterLink link(
+      io, inbox, "127.0.0.1", server.value()->port(), lo,
+      worker::RouterLink::Handlers{[](proto::Envelope&&) {}, [&](bool up, const Status&) { states.push_back(up); }});
   const auto t0 = std::chrono::steady_clock::now();
   link.start();
   while (!(link.isUp() && opened.load() >= 2) && std::chrono::steady_clock::now() - t0 < 10s) {

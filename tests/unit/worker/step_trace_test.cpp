@@ -1,5 +1,6 @@
 // worker::StepTrace: the CSV a worker writes with logging.step_trace_dir.
-#include <catch2/catch.hpp>
+#include "worker/step_trace.h"
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -7,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/step_trace.h"
+#include <catch2/catch.hpp>
 
 namespace {
 
@@ -35,7 +36,7 @@ TEST_CASE("step trace: a row per step that ran, flushed as it is written") {
   step.seconds = 0.0125;
   step.gapSeconds = 0.0002;
   (*trace)->record(step);
-  (*trace)->record(pd::engine::StepRecord{});  // nothing ran: no row
+  (*trace)->record(pd::engine::StepRecord{});    // nothing ran: no row
   const auto lines = linesOf((*trace)->path());  // read while the trace is open
   REQUIRE(lines.size() == 2);
   CHECK(lines[0] ==

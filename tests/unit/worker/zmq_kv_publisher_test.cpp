@@ -4,11 +4,12 @@
 // form with tagged events), not with the publisher's own code.
 #include "worker/zmq_kv_publisher.h"
 
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <numeric>
 #include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "tests/test_skip.h"
 #include "tests/unit/worker/small_kv.h"
@@ -161,7 +162,8 @@ TEST_CASE("zmq kv events: a SUB socket decodes stored and removed blocks in vLLM
     if (!got) got = receive(sub, 20);
   }
   REQUIRE(got);
-  while (receive(sub, 50)) {}  // drain the warm-up
+  while (receive(sub, 50)) {
+  }  // drain the warm-up
   // The stream restarts from here: the next batch's seq follows the last one sent.
   const uint64_t nextSeq = pub.value()->sent();
 

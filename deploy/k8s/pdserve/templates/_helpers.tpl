@@ -1,5 +1,5 @@
 {{/*
-Helpers shared by every template. Label scheme (DESIGN.md §2, reference §4.2):
+Helpers shared by every template. Label scheme (docs/design.md §2, reference §4.2):
 every pod carries app.kubernetes.io/{name,instance} and pdserve.io/role: router|prefill|decode;
 selectors use exactly pdserve.selectorLabels, so a Service, PDB or ScaledObject of one role
 can never pick up pods of another role or another release.

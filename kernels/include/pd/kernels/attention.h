@@ -18,17 +18,15 @@ namespace pd::kernels::cpu {
 // out: [numTokens][outStride], head h at out[t*outStride + h*headDim].
 // Computes kv heads [kvHeadBegin, kvHeadEnd) and with them their numHeads/numKvHeads query
 // heads each. scale is usually 1/sqrt(headDim).
-void pagedAttention(const float* q, int qStride, const float* layerKv, const int32_t* blockTable,
-                    int numTokens, int startPos, int blockSize, int numHeads, int numKvHeads,
-                    int headDim, int kvHeadBegin, int kvHeadEnd, float scale, float* out,
-                    int outStride);
+void pagedAttention(const float* q, int qStride, const float* layerKv, const int32_t* blockTable, int numTokens,
+                    int startPos, int blockSize, int numHeads, int numKvHeads, int headDim, int kvHeadBegin,
+                    int kvHeadEnd, float scale, float* out, int outStride);
 
 // In-place causal softmax over score rows produced by a QK^T GEMM tile.
 // scores: [numRows][ldScores]; row r belongs to the query at absolute position
 // firstQueryPos + r and keeps columns [0, firstQueryPos + r] (column = key position); columns
 // beyond are set to 0 (so a following P*V GEMM over numCols columns is exact).
 // Scores are multiplied by scale before the softmax. numCols >= firstQueryPos + numRows.
-void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols, int firstQueryPos,
-                       float scale);
+void causalSoftmaxRows(float* scores, int ldScores, int numRows, int numCols, int firstQueryPos, float scale);
 
 }  // namespace pd::kernels::cpu

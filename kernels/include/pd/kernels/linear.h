@@ -13,7 +13,7 @@ namespace pd::kernels::cpu {
 
 // x: [m][ldx] (k used), w: [n][k], y: [m][ldy]; computes output columns [nBegin, nEnd):
 // y[i][j] = sum_p x[i][p] * w[j][p] + beta * y[i][j]   (beta 0 ignores y's old contents)
-void linearSkinny(const float* x, int ldx, const float* w, float* y, int ldy, int m, int k,
-                  int nBegin, int nEnd, float beta);
+void linearSkinny(const float* x, int ldx, const float* w, float* y, int ldy, int m, int k, int nBegin, int nEnd,
+                  float beta);
 
 }  // namespace pd::kernels::cpu

@@ -11,7 +11,7 @@ namespace pd::kernels::cpu {
 // out: [numRows][dim] (row stride outStride floats). out may alias x.
 // The sum of squares is accumulated in double so the result does not depend on how a
 // caller batches rows.
-void rmsNorm(const float* x, int xStride, const float* weight, float* out, int outStride,
-             int numRows, int dim, float eps);
+void rmsNorm(const float* x, int xStride, const float* weight, float* out, int outStride, int numRows, int dim,
+             float eps);
 
 }  // namespace pd::kernels::cpu

@@ -24,12 +24,11 @@ void ropeInvFreq(float* invFreq, int headDim, double theta, const RopeLlama3Scal
 // positions: [numTokens], invFreq: [halfDim],
 // cosOut, sinOut: [numTokens][halfDim] out. Angles are formed in double (pos * invFreq) so
 // large positions keep their precision.
-void ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim,
-                float* cosOut, float* sinOut);
+void ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim, float* cosOut,
+                float* sinOut);
 
 // x: [numTokens][rowStride] with numHeads heads of headDim floats starting at x[t*rowStride]
 // (rotated in place). cosT, sinT: [numTokens][headDim/2] from ropeCosSin.
-void applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim, const float* cosT,
-               const float* sinT);
+void applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim, const float* cosT, const float* sinT);
 
 }  // namespace pd::kernels::cpu

@@ -38,10 +38,10 @@ inline constexpr float kSamplingGreedyTemperature = 1e-5f;
 
 struct SampleRowParams {
   float temperature = 1.0f;
-  int32_t topK = 0;    // <= 0 or >= vocab: off
-  float topP = 1.0f;   // 1: off
-  float minP = 0.0f;   // 0: off
-  double u = 0.0;      // the row's uniform draw (pd::engine::samplingUniform(seed, step))
+  int32_t topK = 0;   // <= 0 or >= vocab: off
+  float topP = 1.0f;  // 1: off
+  float minP = 0.0f;  // 0: off
+  double u = 0.0;     // the row's uniform draw (pd::engine::samplingUniform(seed, step))
 };
 
 }  // namespace pd::kernels
@@ -52,8 +52,7 @@ namespace pd::kernels::cpu {
 // ids: [rows], logprobs: [rows] (raw logprob of ids[r]),
 // topIds, topLogprobs: [rows][topN] (the topN largest keys, best first, with raw logprobs);
 // may be null when topN == 0.
-void sampleRows(const float* logits, int logitsStride, int rows, int vocab,
-                const SampleRowParams* params, int topN, int32_t* ids, float* logprobs,
-                int32_t* topIds, float* topLogprobs);
+void sampleRows(const float* logits, int logitsStride, int rows, int vocab, const SampleRowParams* params, int topN,
+                int32_t* ids, float* logprobs, int32_t* topIds, float* topLogprobs);
 
 }  // namespace pd::kernels::cpu

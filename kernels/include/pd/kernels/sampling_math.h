@@ -110,7 +110,7 @@ PD_SAMPLING_HD uint64_t fixedMass(float w) {
 // Unique per token, so "the k best" and "the smallest prefix reaching a mass" are sets.
 PD_SAMPLING_HD uint64_t orderKey(float logit, int32_t id) {
   uint32_t b = floatBits(logit);
-  if (b == 0x80000000u) b = 0;  // -0 == +0, as the float comparison says
+  if (b == 0x80000000u) b = 0;                     // -0 == +0, as the float comparison says
   b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // IEEE order -> unsigned order
   return (uint64_t(b) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(id));
 }
@@ -149,26 +149,24 @@ inline constexpr int kRadixDigitBits = 8;
 inline constexpr int kRadixDigits = 1 << kRadixDigitBits;
 
 struct RadixSelect {
-  uint64_t prefix = 0;      // the bits above shift + 8 chosen so far
+  uint64_t prefix = 0;  // the bits above shift + 8 chosen so far
   int shift = 64 - kRadixDigitBits;
   uint64_t before = 0;      // count (or mass, byMass) of the domain above the prefix
   uint64_t beforeMass = 0;  // mass of the domain above the prefix
   bool done = false;
-  uint64_t threshold = 0;   // when done
-  uint64_t mass = 0;        // when done: the selected set's mass
+  uint64_t threshold = 0;  // when done
+  uint64_t mass = 0;       // when done: the selected set's mass
 
   // The key bits a token must match to be counted in this pass.
   PD_SAMPLING_HD uint64_t prefixMask() const {
     return shift + kRadixDigitBits >= 64 ? 0ULL : (~0ULL << (shift + kRadixDigitBits));
   }
-  PD_SAMPLING_HD int digitOf(uint64_t key) const {
-    return int((key >> shift) & uint64_t(kRadixDigits - 1));
-  }
+  PD_SAMPLING_HD int digitOf(uint64_t key) const { return int((key >> shift) & uint64_t(kRadixDigits - 1)); }
   // Consumes this pass's histograms (count and mass per digit); either finishes or narrows
   // the prefix to the digit where the running total reaches `need` and moves to the next.
   template <typename MassT, typename CountT>
-  PD_SAMPLING_HD void step(const MassT* massHist, const CountT* countHist, bool byMass,
-                           uint64_t need, uint64_t floorKey) {
+  PD_SAMPLING_HD void step(const MassT* massHist, const CountT* countHist, bool byMass, uint64_t need,
+                           uint64_t floorKey) {
     int chosen = -1;
     for (int d = kRadixDigits - 1; d >= 0; --d) {
       const uint64_t v = byMass ? uint64_t(massHist[d]) : uint64_t(countHist[d]);

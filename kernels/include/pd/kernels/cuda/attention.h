@@ -64,10 +64,9 @@ cudaError_t pagedAttentionInit();
 // out: [numQRows][outStride] in outDtype, head h of token row t at out[t*outStride+h*headDim].
 // headDim <= kAttnMaxHeadDim; numHeads % numKvHeads == 0. scale is usually 1/sqrt(headDim).
 // Block ids and table lengths must have been validated by the caller.
-cudaError_t pagedAttention(const float* q, int qStride, const void* layerKv, DType kvDtype,
-                           const int32_t* blockTables, const AttnSeq* seqs, const AttnWork* work,
-                           int numWork, int blockSize, int numHeads, int numKvHeads, int headDim,
-                           float scale, void* out, DType outDtype, int outStride,
+cudaError_t pagedAttention(const float* q, int qStride, const void* layerKv, DType kvDtype, const int32_t* blockTables,
+                           const AttnSeq* seqs, const AttnWork* work, int numWork, int blockSize, int numHeads,
+                           int numKvHeads, int headDim, float scale, void* out, DType outDtype, int outStride,
                            cudaStream_t stream);
 
 }  // namespace pd::kernels::cuda

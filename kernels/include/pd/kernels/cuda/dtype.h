@@ -16,8 +16,6 @@ namespace pd::kernels::cuda {
 enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 inline size_t dtypeBytes(DType d) { return d == DType::kF32 ? 4 : 2; }
-inline const char* dtypeName(DType d) {
-  return d == DType::kF32 ? "f32" : d == DType::kF16 ? "f16" : "bf16";
-}
+inline const char* dtypeName(DType d) { return d == DType::kF32 ? "f32" : d == DType::kF16 ? "f16" : "bf16"; }
 
 }  // namespace pd::kernels::cuda

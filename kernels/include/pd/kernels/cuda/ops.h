@@ -22,45 +22,43 @@ namespace pd::kernels::cuda {
 // x: [numRows][dim] f32 (row stride xStride), weight: [dim] f32,
 // out: [numRows][dim] in outDtype (row stride outStride elements). out may alias x only when
 // outDtype is f32 and the strides are equal.
-cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out, DType outDtype,
-                    int outStride, int numRows, int dim, float eps, cudaStream_t stream);
+cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out, DType outDtype, int outStride,
+                    int numRows, int dim, float eps, cudaStream_t stream);
 
 // positions: [numTokens], invFreq: [halfDim] (from the CPU ropeInvFreq),
 // cosOut, sinOut: [numTokens][halfDim]. Angles are formed in double, as on the CPU.
-cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim,
-                       float* cosOut, float* sinOut, cudaStream_t stream);
+cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim, float* cosOut,
+                       float* sinOut, cudaStream_t stream);
 
 // x: [numTokens][rowStride] f32, numHeads heads of headDim at x[t*rowStride] (in place),
 // cosT, sinT: [numTokens][headDim/2]. Hugging Face rotate_half convention.
-cudaError_t applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim,
-                      const float* cosT, const float* sinT, cudaStream_t stream);
+cudaError_t applyRope(float* x, int rowStride, int numTokens, int numHeads, int headDim, const float* cosT,
+                      const float* sinT, cudaStream_t stream);
 
 // gateUp: [numRows][2*ffn] f32 (gate | up), out: [numRows][ffn] in outDtype.
-cudaError_t swiGlu(const float* gateUp, void* out, DType outDtype, int numRows, int ffn,
-                   cudaStream_t stream);
+cudaError_t swiGlu(const float* gateUp, void* out, DType outDtype, int numRows, int ffn, cudaStream_t stream);
 
 // table: [vocab][dim] in tableDtype, ids: [numTokens] (validated by the caller),
 // out: [numTokens][dim] f32.
-cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids, int numTokens,
-                            int dim, float* out, cudaStream_t stream);
+cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids, int numTokens, int dim, float* out,
+                            cudaStream_t stream);
 
 // layerKv: [numBlocks][2][blockSize][numKvHeads][headDim] in kvDtype (written),
 // k, v: [numTokens][rowStride] f32 with numKvHeads*headDim values at each row's start,
 // slots: [numTokens]; a negative slot skips its token (padding rows of a captured graph).
-cudaError_t kvCacheWrite(void* layerKv, DType kvDtype, const float* k, const float* v,
-                         int rowStride, const int32_t* slots, int numTokens, int blockSize,
-                         int numKvHeads, int headDim, cudaStream_t stream);
+cudaError_t kvCacheWrite(void* layerKv, DType kvDtype, const float* k, const float* v, int rowStride,
+                         const int32_t* slots, int numTokens, int blockSize, int numKvHeads, int headDim,
+                         cudaStream_t stream);
 
 // in: [n] f32, out: [n] in outDtype (round to nearest even).
-cudaError_t convertFromF32(const float* in, void* out, DType outDtype, size_t n,
-                           cudaStream_t stream);
+cudaError_t convertFromF32(const float* in, void* out, DType outDtype, size_t n, cudaStream_t stream);
 
 // in: [n] in inDtype, out: [n] f32 (tests read 16-bit tensors back with it).
 cudaError_t convertToF32(const void* in, DType inDtype, float* out, size_t n, cudaStream_t stream);
 
 // in: [*][inStride] f32, rows: [numRows] row indices, out: [numRows][dim] f32.
-cudaError_t gatherRows(const float* in, int inStride, const int32_t* rows, int numRows, int dim,
-                       float* out, cudaStream_t stream);
+cudaError_t gatherRows(const float* in, int inStride, const int32_t* rows, int numRows, int dim, float* out,
+                       cudaStream_t stream);
 
 // y: [numRows][dim] f32, every row set to bias: [dim] (a GEMM with beta = 1 then adds it).
 cudaError_t broadcastRows(float* y, const float* bias, int numRows, int dim, cudaStream_t stream);

@@ -29,8 +29,8 @@ namespace pd::kernels::cuda {
 // topIds, topLogprobs: [rows][topN] (written when topN > 0; may be null when topN == 0).
 // Preconditions as the CPU twin's; additionally rows >= 1 and vocab >= 1 are checked
 // (cudaErrorInvalidValue).
-cudaError_t sampleRows(const float* logits, int logitsStride, int rows, int vocab,
-                       const SampleRowParams* params, int topN, int32_t* ids, float* logprobs,
-                       int32_t* topIds, float* topLogprobs, cudaStream_t stream);
+cudaError_t sampleRows(const float* logits, int logitsStride, int rows, int vocab, const SampleRowParams* params,
+                       int topN, int32_t* ids, float* logprobs, int32_t* topIds, float* topLogprobs,
+                       cudaStream_t stream);
 
 }  // namespace pd::kernels::cuda
