@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <utility>  // before Boost 1.74's Asio, which uses std::exchange without it
 
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
