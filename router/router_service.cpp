@@ -191,11 +191,12 @@ class RouterServiceImpl final : public RouterService {
       if ((mode == MetricsAuth::kApiKey && apiKeys_.match(token) < 0) ||
           (mode == MetricsAuth::kBearerFile && metricsToken_.match(token) < 0)) {
         metrics_.requestError("authentication_error");
-        return sendError(r, unauthorized(mode == MetricsAuth::kApiKey
-                                             ? "/metrics needs an API key (router.metrics_auth: api_key); send "
-                                               "Authorization: Bearer <key>"
-                                             : "/metrics needs the token of router.metrics_bearer_file; send "
-                                               "Authorization: Bearer <token>"));
+        return sendError(r, ApiError::unauthorized(
+                                mode == MetricsAuth::kApiKey
+                                    ? "/metrics needs an API key (router.metrics_auth: api_key); "
+                                      "send Authorization: Bearer <key>"
+                                    : "/metrics needs the token of router.metrics_bearer_file; "
+                                      "send Authorization: Bearer <token>"));
       }
       publishConnectionStats();
       return r->sendFull(200, {{"content-type", "text/plain; version=0.0.4"}}, registry_.serialize());
@@ -205,7 +206,8 @@ class RouterServiceImpl final : public RouterService {
       keyIndex = apiKeys_.match(KeySet::bearerToken(req.header("authorization")));
       if (keyIndex < 0) {
         metrics_.requestError("authentication_error");
-        return sendError(r, unauthorized("missing or invalid API key (send Authorization: Bearer <key>)"));
+        return sendError(r, ApiError::unauthorized(
+                                "missing or invalid API key (send Authorization: Bearer <key>)"));
       }
     }
     // Without keys, a client is its address (behind a proxy: the proxy's; docs/security.md).
@@ -221,20 +223,13 @@ class RouterServiceImpl final : public RouterService {
     if (path == "/v1/models" && req.method == "GET") return sendJson(r, 200, modelsJson());
     if (req.method != "POST" && (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
                                  path == "/detokenize")) {
-      ApiError e;
-      e.status = 405;
-      e.message = req.method + " " + path + ": use POST";
-      return sendError(r, e);
+      return sendError(r, ApiError::methodNotAllowed(req.method + " " + path + ": use POST"));
     }
     if (path == "/v1/completions") return onGenerate(req, r, Endpoint::kCompletions, client);
     if (path == "/v1/chat/completions") return onGenerate(req, r, Endpoint::kChat, client);
     if (path == "/tokenize") return answer(r, parser_.tokenize(req.body));
     if (path == "/detokenize") return answer(r, parser_.detokenize(req.body));
-    ApiError e;
-    e.status = 404;
-    e.message = "no route for " + req.method + " " + path;
-    e.code = "not_found";
-    sendError(r, e);
+    sendError(r, ApiError::notFound("no route for " + req.method + " " + path));
   }
 
   // Parse here; route, dispatch and stream happen on the loop and the request's strand.
@@ -265,25 +260,9 @@ class RouterServiceImpl final : public RouterService {
     sendJson(r, 200, std::get<json>(result));
   }
 
-  static ApiError unauthorized(std::string message) {
-    ApiError e;
-    e.status = 401;
-    e.type = "authentication_error";
-    e.message = std::move(message);
-    e.code = "invalid_api_key";
-    return e;
-  }
-
   ApiError rateLimited(const RateLimiter::Decision& d) {
     (d.limit == "tokens_per_s" ? rateLimitedTokens_ : rateLimitedRequests_).inc();
-    ApiError e;
-    e.status = 429;
-    e.type = "rate_limit_exceeded";
-    e.code = "rate_limit_exceeded";
-    e.param = d.limit;
-    e.message = d.message;
-    e.retryAfterS = d.retryAfterS;
-    return e;
+    return ApiError::rateLimited(d.message, "rate_limit_exceeded", d.limit, d.retryAfterS);
   }
 
   static std::string hostOf(const std::string& address) {
