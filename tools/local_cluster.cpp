@@ -46,7 +46,6 @@ Result<int> freePort() {
   return int(ntohs(addr.sin_port));
 }
 
-const char* poolName(Pool pool) { return pool == Pool::kPrefill ? "prefill" : "decode"; }
 
 double poolGauge(const std::string& metrics, const std::string& name, const std::string& pool) {
   const std::string key = name + "{pool=\"" + pool + "\"} ";
@@ -193,7 +192,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   auto& cfg = c->config_;
   if (!std::filesystem::exists(cfg.model.path + "/config.json")) {
     engine::MakeModelOptions m;
-    m.preset = cfg.model.preset == config::ModelPreset::kTiny ? "tiny" : "small";
+    m.preset = std::string(config::toString(cfg.model.preset));
     PD_LOG(kInfo, "up") << "making the default '" << m.preset << "' model in " << cfg.model.path
                         << " (seeded random weights: its text is noise)";
     PD_RETURN_IF_ERROR(engine::makeModel(m, cfg.model.path));

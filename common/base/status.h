@@ -12,6 +12,8 @@
 #include <utility>
 #include <variant>
 
+#include "common/base/enum_names.h"
+
 namespace pd {
 
 enum class StatusCode {
@@ -31,7 +33,25 @@ enum class StatusCode {
   kInternal,
 };
 
-const char* statusCodeName(StatusCode code);
+inline constexpr EnumNames<StatusCode, 14> kStatusCodeNames{{
+    {StatusCode::kOk, "OK"},
+    {StatusCode::kInProgress, "IN_PROGRESS"},
+    {StatusCode::kInvalidArgument, "INVALID_ARGUMENT"},
+    {StatusCode::kNotFound, "NOT_FOUND"},
+    {StatusCode::kAlreadyExists, "ALREADY_EXISTS"},
+    {StatusCode::kOutOfRange, "OUT_OF_RANGE"},
+    {StatusCode::kResourceExhausted, "RESOURCE_EXHAUSTED"},
+    {StatusCode::kFailedPrecondition, "FAILED_PRECONDITION"},
+    {StatusCode::kUnavailable, "UNAVAILABLE"},
+    {StatusCode::kDeadlineExceeded, "DEADLINE_EXCEEDED"},
+    {StatusCode::kCancelled, "CANCELLED"},
+    {StatusCode::kUnimplemented, "UNIMPLEMENTED"},
+    {StatusCode::kDataLoss, "DATA_LOSS"},
+    {StatusCode::kInternal, "INTERNAL"},
+}};
+inline const char* statusCodeName(StatusCode code) {
+  return enumName(kStatusCodeNames, code, "UNKNOWN");
+}
 
 class [[nodiscard]] Status {
  public:
