@@ -1,7 +1,7 @@
 # Finds pdserve's dependencies and defines imported targets under pd:: names.
 # Required: Threads, Boost (Asio, Beast: header-only), Protobuf, yaml-cpp, prometheus-cpp,
-# OpenBLAS, nlohmann_json, PCRE2, OpenSSL. Optional (PD_WITH_*): CUDA, UCX, libibverbs, ZeroMQ
-# with msgpack-c (the vLLM-schema KV-event publisher, docs/kv_events.md).
+# OpenBLAS, nlohmann_json, PCRE2, OpenSSL, CLI11. Optional (PD_WITH_*): CUDA, UCX, libibverbs,
+# ZeroMQ with msgpack-c (the vLLM-schema KV-event publisher, docs/kv_events.md).
 
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
@@ -13,6 +13,11 @@ find_package(nlohmann_json 3 REQUIRED)
 # TLS on the router's HTTP API, SHA-256 of API keys (docs/security.md) and the
 # cluster authentication's HMAC (common/base/cluster_auth.h).
 find_package(OpenSSL REQUIRED)
+# CLI11 (Debian: libcli11-dev, header-only): every program's and subcommand's flags.
+find_package(CLI11 CONFIG REQUIRED)
+add_library(pd_cli11 INTERFACE)
+target_link_libraries(pd_cli11 INTERFACE CLI11::CLI11)
+add_library(pd::cli11 ALIAS pd_cli11)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 add_library(pd::pcre2 ALIAS PkgConfig::PCRE2)
 

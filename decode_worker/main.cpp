@@ -2,18 +2,14 @@
 #include "decode_worker/decode_service.h"
 
 namespace {
-constexpr const char* kUsage =
-    "usage: pdserve-decode --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] "
-    "[--bind-host IP]\n"
-    "                      [--transfer-port N] [--metrics-port N] [--model DIR]\n"
-    "                      [--ports-file PATH]\n"
-    "  Serves the requests a pdserve-router gives it: colocated prefill + decode for short\n"
-    "  prompts, KV received from a prefill worker for long ones.\n";
+constexpr const char* kDescription =
+    "pdserve-decode: serves the requests a pdserve-router gives it: colocated prefill + decode "
+    "for short prompts, KV received from a prefill worker for long ones.";
 }
 
 int main(int argc, char** argv) {
   return pd::worker::runWorkerMain(
-      argc, argv, "pdserve-decode", kUsage,
+      argc, argv, "pdserve-decode", kDescription,
       [](pd::config::ClusterConfig config,
          pd::worker::WorkerFlags flags) -> pd::Result<std::unique_ptr<pd::worker::Service>> {
         PD_ASSIGN_OR_RETURN(auto service, pd::decode::DecodeService::create(std::move(config), std::move(flags)));

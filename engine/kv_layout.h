@@ -13,12 +13,16 @@
 #include <cstdint>
 #include <string>
 
+#include "common/base/enum_names.h"
+
 namespace pd::engine {
 
 enum class KvDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 inline size_t kvDtypeBytes(KvDtype d) { return d == KvDtype::kF32 ? 4 : 2; }
-inline const char* kvDtypeName(KvDtype d) { return d == KvDtype::kF32 ? "f32" : d == KvDtype::kF16 ? "f16" : "bf16"; }
+inline constexpr EnumNames<KvDtype, 3> kKvDtypeNames{
+    {{KvDtype::kF32, "f32"}, {KvDtype::kF16, "f16"}, {KvDtype::kBF16, "bf16"}}};
+inline const char* kvDtypeName(KvDtype d) { return enumName(kKvDtypeNames, d); }
 
 struct KvLayout {
   int numLayers = 0;

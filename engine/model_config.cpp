@@ -1,23 +1,12 @@
 #include "engine/model_config.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 namespace pd::engine {
-
-const char* architectureName(Architecture a) {
-  switch (a) {
-    case Architecture::kLlama:
-      return "LlamaForCausalLM";
-    case Architecture::kMistral:
-      return "MistralForCausalLM";
-    case Architecture::kQwen2:
-      return "Qwen2ForCausalLM";
-  }
-  return "?";
-}
 
 int64_t ModelConfig::decodeWeightParams() const {
   const int64_t h = hiddenSize;
@@ -75,15 +64,11 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
   if (arch == j.end() || !arch->is_array() || arch->empty() || !(*arch)[0].is_string())
     return invalidArgument(src + ": missing \"architectures\" (e.g. [\"LlamaForCausalLM\"])");
   const std::string archName = (*arch)[0].get<std::string>();
-  if (archName == "LlamaForCausalLM")
-    c.architecture = Architecture::kLlama;
-  else if (archName == "MistralForCausalLM")
-    c.architecture = Architecture::kMistral;
-  else if (archName == "Qwen2ForCausalLM")
-    c.architecture = Architecture::kQwen2;
-  else
+  const std::optional<Architecture> known = enumFromName(kArchitectureNames, archName);
+  if (!known)
     return unimplemented(src + ": unsupported architecture \"" + archName +
-                         "\" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+                         "\" (supported: " + enumNameList(kArchitectureNames) + ")");
+  c.architecture = *known;
 
   PD_RETURN_IF_ERROR(readInt(j, "hidden_size", true, &c.hiddenSize, src));
   PD_RETURN_IF_ERROR(readInt(j, "intermediate_size", true, &c.intermediateSize, src));

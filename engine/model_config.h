@@ -11,13 +11,19 @@
 #include <string>
 #include <vector>
 
+#include "common/base/enum_names.h"
 #include "common/base/status.h"
 
 namespace pd::engine {
 
 enum class Architecture { kLlama, kMistral, kQwen2 };
 
-const char* architectureName(Architecture a);  // the HF class name, e.g. "LlamaForCausalLM"
+// The HF class names (config.json's "architectures"), which loading parses with too.
+inline constexpr EnumNames<Architecture, 3> kArchitectureNames{{{Architecture::kLlama, "LlamaForCausalLM"},
+                                                                {Architecture::kMistral, "MistralForCausalLM"},
+                                                                {Architecture::kQwen2, "Qwen2ForCausalLM"}}};
+// The HF class name, e.g. "LlamaForCausalLM".
+inline const char* architectureName(Architecture a) { return enumName(kArchitectureNames, a); }
 
 struct RopeConfig {
   double theta = 10000.0;

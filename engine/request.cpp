@@ -21,45 +21,9 @@ constexpr bool kLegal[kNumRequestStates][kNumRequestStates] = {
 
 }  // namespace
 
-const char* requestStateName(RequestState s) {
-  switch (s) {
-    case S::kQueued:
-      return "queued";
-    case S::kPrefilling:
-      return "prefilling";
-    case S::kWaitingKv:
-      return "waiting_kv";
-    case S::kDecoding:
-      return "decoding";
-    case S::kFinished:
-      return "finished";
-    case S::kFailed:
-      return "failed";
-    case S::kCancelled:
-      return "cancelled";
-  }
-  return "unknown";
-}
-
 bool isTerminal(RequestState s) { return s == S::kFinished || s == S::kFailed || s == S::kCancelled; }
 
 bool isLegalTransition(RequestState from, RequestState to) { return kLegal[size_t(from)][size_t(to)]; }
-
-const char* finishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
 
 Request::Request(uint64_t id, std::vector<TokenId> prompt, SamplingParams params, const Clock& clock)
     : id_(id),

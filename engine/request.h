@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/base/clock.h"
+#include "common/base/enum_names.h"
 #include "common/base/status.h"
 #include "engine/sampling.h"
 
@@ -44,12 +45,26 @@ enum class RequestState : uint8_t {
   kCancelled,
 };
 inline constexpr int kNumRequestStates = 7;
-const char* requestStateName(RequestState s);  // "queued", "waiting_kv", ...
+inline constexpr EnumNames<RequestState, kNumRequestStates> kRequestStateNames{
+    {{RequestState::kQueued, "queued"},
+     {RequestState::kPrefilling, "prefilling"},
+     {RequestState::kWaitingKv, "waiting_kv"},
+     {RequestState::kDecoding, "decoding"},
+     {RequestState::kFinished, "finished"},
+     {RequestState::kFailed, "failed"},
+     {RequestState::kCancelled, "cancelled"}}};
+inline const char* requestStateName(RequestState s) { return enumName(kRequestStateNames, s, "unknown"); }
 bool isTerminal(RequestState s);
 bool isLegalTransition(RequestState from, RequestState to);
 
 enum class FinishReason : uint8_t { kNone = 0, kStop, kLength, kCancelled, kError };
-const char* finishReasonName(FinishReason r);  // "stop", "length", ... (OpenAI's words)
+// "stop", "length", ... (OpenAI's words).
+inline constexpr EnumNames<FinishReason, 5> kFinishReasonNames{{{FinishReason::kNone, "none"},
+                                                                {FinishReason::kStop, "stop"},
+                                                                {FinishReason::kLength, "length"},
+                                                                {FinishReason::kCancelled, "cancelled"},
+                                                                {FinishReason::kError, "error"}}};
+inline const char* finishReasonName(FinishReason r) { return enumName(kFinishReasonNames, r, "unknown"); }
 
 // Latencies of one request in seconds, all from the request's own state stamps.
 struct RequestTimings {

@@ -7,14 +7,12 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 namespace pd::engine {
 
-const char* tensorDtypeName(TensorDtype d) {
-  return d == TensorDtype::kF32 ? "F32" : d == TensorDtype::kF16 ? "F16" : "BF16";
-}
 size_t tensorDtypeBytes(TensorDtype d) { return d == TensorDtype::kF32 ? 4 : 2; }
 
 int64_t TensorInfo::numel() const {
@@ -161,14 +159,11 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
       }
       TensorInfo info;
       const std::string dt = t.at("dtype").get<std::string>();
-      if (dt == "F32")
-        info.dtype = TensorDtype::kF32;
-      else if (dt == "F16")
-        info.dtype = TensorDtype::kF16;
-      else if (dt == "BF16")
-        info.dtype = TensorDtype::kBF16;
-      else
-        return unimplemented(path + ": tensor " + name + " has dtype " + dt + " (supported: F32, F16, BF16)");
+      const std::optional<TensorDtype> dtype = enumFromName(kTensorDtypeNames, dt);
+      if (!dtype)
+        return unimplemented(path + ": tensor " + name + " has dtype " + dt +
+                             " (supported: " + enumNameList(kTensorDtypeNames) + ")");
+      info.dtype = *dtype;
       info.shape = t.at("shape").get<std::vector<int64_t>>();
       const auto offs = t.at("data_offsets").get<std::vector<uint64_t>>();
       if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > dataSize)

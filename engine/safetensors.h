@@ -16,13 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "common/base/enum_names.h"
 #include "common/base/status.h"
 
 namespace pd::engine {
 
 enum class TensorDtype { kF32, kF16, kBF16 };
 
-const char* tensorDtypeName(TensorDtype d);  // "F32", "F16", "BF16"
+// The header's dtype strings, which loading parses with too.
+inline constexpr EnumNames<TensorDtype, 3> kTensorDtypeNames{
+    {{TensorDtype::kF32, "F32"}, {TensorDtype::kF16, "F16"}, {TensorDtype::kBF16, "BF16"}}};
+inline const char* tensorDtypeName(TensorDtype d) { return enumName(kTensorDtypeNames, d); }
 size_t tensorDtypeBytes(TensorDtype d);
 
 struct TensorInfo {

@@ -17,12 +17,9 @@ constexpr const char* kSwitchesHelp =
     "weights), by the role it left and the one it took.";
 }  // namespace
 
-const char* roleName(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
-
 Result<Role> parseRole(std::string_view text) {
-  if (text == "prefill") return Role::kPrefill;
-  if (text == "decode") return Role::kDecode;
-  return invalidArgument("--role: expected prefill or decode, got '" + std::string(text) + "'");
+  if (const std::optional<Role> role = enumFromName(kRoleNames, text)) return *role;
+  return invalidArgument("--role: expected " + enumNameList(kRoleNames, " or ") + ", got '" + std::string(text) + "'");
 }
 
 Result<std::unique_ptr<worker::Service>> createService(Role role, config::ClusterConfig config,

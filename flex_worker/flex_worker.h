@@ -31,6 +31,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/base/enum_names.h"
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
 #include "engine/model_weights.h"
@@ -40,7 +41,8 @@
 namespace pd::flex {
 
 enum class Role { kPrefill, kDecode };
-const char* roleName(Role role);  // "prefill", "decode"
+inline constexpr EnumNames<Role, 2> kRoleNames{{{Role::kPrefill, "prefill"}, {Role::kDecode, "decode"}}};
+inline const char* roleName(Role role) { return enumName(kRoleNames, role); }
 // "prefill" or "decode"; anything else is an error naming --role.
 Result<Role> parseRole(std::string_view text);
 inline Role otherRole(Role role) { return role == Role::kPrefill ? Role::kDecode : Role::kPrefill; }

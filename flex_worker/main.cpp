@@ -5,10 +5,9 @@
 #include <time.h>
 
 #include <cstdio>
-#include <cstring>
 #include <string>
-#include <vector>
 
+#include "common/base/cli.h"
 #include "common/base/log.h"
 #include "common/config/cluster_config.h"
 #include "flex_worker/flex_worker.h"
@@ -16,15 +15,11 @@
 
 namespace {
 constexpr const char* kProgram = "pdserve-worker";
-constexpr const char* kUsage =
-    "usage: pdserve-worker --role prefill|decode --id NAME [--config FILE] [--router "
-    "HOST:PORT[,HOST:PORT...]]\n"
-    "                      [--advertise-host IP] [--bind-host IP] [--port N] [--transfer-port N] "
-    "[--metrics-port N]\n"
-    "                      [--model DIR] [--ports-file PATH]\n"
-    "  A worker that starts in --role and switches to the other role on SIGUSR1: it drains (as on\n"
-    "  SIGTERM), then serves the other role on the same weights and ports, under the same id.\n"
-    "  --port is the prefill role's control port (the decode role takes no inbound control).\n";
+constexpr const char* kDescription =
+    "pdserve-worker: a worker that starts in --role and switches to the other role on SIGUSR1: "
+    "it drains (as on SIGTERM), then serves the other role on the same weights and ports, under "
+    "the same id. --port is the prefill role's control port (the decode role takes no inbound "
+    "control).";
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -37,42 +32,28 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // --role is ours; everything else is the common worker flags.
+  CLI::App app{kDescription, kProgram};
+  pd::cli::configure(app);
   std::string roleText;
-  std::vector<char*> rest;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--role") == 0) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s: --role: missing value (prefill or decode)\n", kProgram);
-        return 2;
-      }
-      roleText = argv[++i];
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  auto flags = pd::worker::parseWorkerFlags(int(rest.size()), rest.data(), kUsage);
-  if (!flags.ok()) {
-    if (flags.status().code() == pd::StatusCode::kCancelled) return 0;
-    std::fprintf(stderr, "%s: %s\n", kProgram, flags.status().message().c_str());
-    return 2;
-  }
-  if (roleText.empty()) {
-    std::fprintf(stderr, "%s: --role: required (prefill or decode)\n", kProgram);
-    return 2;
-  }
-  auto role = pd::flex::parseRole(roleText);
-  if (!role.ok()) {
-    std::fprintf(stderr, "%s: %s\n", kProgram, role.status().message().c_str());
-    return 2;
-  }
-  auto config = pd::config::loadClusterConfig(flags->configPath);
+  app.add_option("--role", roleText, "prefill|decode: the role the worker starts in")
+      ->required()
+      ->check([](const std::string& text) {
+        auto role = pd::flex::parseRole(text);
+        return role.ok() ? std::string() : pd::cli::withoutFlag(role.status().message(), "--role");
+      });
+  pd::worker::WorkerFlags flags;
+  pd::worker::addWorkerFlags(app, flags);
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
+  pd::worker::applyWorkerFlagDefaults(flags);
+  const auto role = pd::flex::parseRole(roleText);
+  auto config = pd::config::loadClusterConfig(flags.configPath);
   if (!config.ok()) {
     std::fprintf(stderr, "%s: %s\n", kProgram, config.status().message().c_str());
     return 2;
   }
   pd::setLogLevel(config->logging.level);
   const int64_t drainMs = config->engine.drainTimeoutMs;
-  pd::flex::FlexWorker worker(std::move(config).value(), std::move(flags).value(), role.value());
+  pd::flex::FlexWorker worker(std::move(config).value(), std::move(flags), role.value());
   if (pd::Status s = worker.start(); !s.isOk()) {
     std::fprintf(stderr, "%s: %s\n", kProgram, s.toString().c_str());
     return 1;

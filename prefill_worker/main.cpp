@@ -2,17 +2,14 @@
 #include "prefill_worker/prefill_service.h"
 
 namespace {
-constexpr const char* kUsage =
-    "usage: pdserve-prefill --id NAME [--config FILE] [--router HOST:PORT[,HOST:PORT...]] [--advertise-host IP] "
-    "[--bind-host IP]\n"
-    "                       [--port N] [--transfer-port N] [--metrics-port N] [--model DIR]\n"
-    "                       [--ports-file PATH]\n"
-    "  Prefills long prompts for decode workers and pushes their KV, layer by layer.\n";
+constexpr const char* kDescription =
+    "pdserve-prefill: prefills long prompts for decode workers and pushes their KV, layer by "
+    "layer.";
 }
 
 int main(int argc, char** argv) {
   return pd::worker::runWorkerMain(
-      argc, argv, "pdserve-prefill", kUsage,
+      argc, argv, "pdserve-prefill", kDescription,
       [](pd::config::ClusterConfig config,
          pd::worker::WorkerFlags flags) -> pd::Result<std::unique_ptr<pd::worker::Service>> {
         PD_ASSIGN_OR_RETURN(auto service, pd::prefill::PrefillService::create(std::move(config), std::move(flags)));

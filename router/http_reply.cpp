@@ -16,28 +16,18 @@ void sendError(const std::shared_ptr<net::HttpResponder>& r, const ApiError& e) 
 }
 
 ApiError apiErrorFor(const Status& s) {
-  ApiError e;
-  e.message = s.message();
   switch (s.code()) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange:
-      e.status = 400;
-      break;
+      return ApiError::invalidRequest(s.message());
     case StatusCode::kResourceExhausted:
-      e.status = 429;
-      e.type = "rate_limit_exceeded";
-      e.code = "admission_refused";
-      break;
+      return ApiError::rateLimited(s.message(), "admission_refused");
     case StatusCode::kUnavailable:
     case StatusCode::kDeadlineExceeded:
-      e.status = 503;
-      e.type = "service_unavailable";
-      break;
+      return ApiError::unavailable(s.message());
     default:
-      e.status = 500;
-      e.type = "internal_error";
+      return ApiError::internal(s.message());
   }
-  return e;
 }
 
 }  // namespace pd::router

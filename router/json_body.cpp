@@ -36,13 +36,13 @@ int jsonNestingDepth(std::string_view text, int limit, size_t* at) {
 std::variant<json, ApiError> parseJsonBody(const std::string& text, bool requireObject) {
   size_t at = 0;
   if (jsonNestingDepth(text, kMaxJsonDepth, &at) > kMaxJsonDepth) {
-    return badRequest("request body nests arrays/objects deeper than " + std::to_string(kMaxJsonDepth) +
-                      " levels (at byte " + std::to_string(at) + ")");
+    return ApiError::invalidRequest("request body nests arrays/objects deeper than " + std::to_string(kMaxJsonDepth) +
+                                    " levels (at byte " + std::to_string(at) + ")");
   }
   // A DOM parse with exceptions off: a syntax error is a discarded value, never a throw.
   json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return badRequest("request body is not valid JSON");
-  if (requireObject && !parsed.is_object()) return badRequest("request body must be a JSON object");
+  if (parsed.is_discarded()) return ApiError::invalidRequest("request body is not valid JSON");
+  if (requireObject && !parsed.is_object()) return ApiError::invalidRequest("request body must be a JSON object");
   return parsed;
 }
 

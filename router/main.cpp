@@ -2,9 +2,9 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <cstring>
 #include <string>
 
+#include "common/base/cli.h"
 #include "common/base/log.h"
 #include "common/base/ports_file.h"
 #include "common/base/signals.h"
@@ -13,13 +13,10 @@
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: pdserve-router [--config FILE] [--host IP] [--port N] [--control-port N] [--model DIR]\n"
-    "                      [--ports-file PATH]\n"
-    "  Serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
-    "  /metrics, /version, /tokenize, /detokenize) and routes requests to the workers that\n"
-    "  register on the control port. --ports-file: once both listen, write their ports there\n"
-    "  ('http N', 'control N'; common/base/ports_file.h), e.g. after --port 0.\n";
+constexpr const char* kDescription =
+    "pdserve-router: serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, "
+    "/health, /metrics, /version, /tokenize, /detokenize) and routes requests to the workers "
+    "that register on the control port.";
 
 int usageError(const std::string& message) {
   std::fprintf(stderr, "pdserve-router: %s\n", message.c_str());
@@ -32,32 +29,19 @@ int main(int argc, char** argv) {
   const sigset_t signals = pd::blockTerminationSignals();
 
   std::string configPath = "deploy/configs/local.yaml", host, modelPath, portsFile;
-  int port = -1, controlPort = -1;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (i + 1 >= argc) return usageError(arg + ": missing value (see --help)");
-    std::string value = argv[++i];
-    if (arg == "--config")
-      configPath = value;
-    else if (arg == "--host")
-      host = value;
-    else if (arg == "--model")
-      modelPath = value;
-    else if (arg == "--ports-file")
-      portsFile = value;
-    else if (arg == "--port" || arg == "--control-port") {
-      char* end = nullptr;
-      long v = std::strtol(value.c_str(), &end, 10);
-      if (*end != '\0' || v < 0 || v > 65535) return usageError(arg + ": '" + value + "' is not a port number");
-      (arg == "--port" ? port : controlPort) = int(v);
-    } else {
-      return usageError("unknown flag '" + arg + "' (see --help)");
-    }
-  }
+  int port = -1, controlPort = -1;  // -1: the config's router.http.port / router.workers.control_port
+  CLI::App app{kDescription, "pdserve-router"};
+  pd::cli::configure(app);
+  app.add_option("--config", configPath, "the cluster YAML")->capture_default_str();
+  app.add_option("--host", host, "the address the HTTP API binds (default: the config's)");
+  pd::cli::addPort(app, "--port", port, "HTTP API port (default: the config's router.http.port)");
+  pd::cli::addPort(app, "--control-port", controlPort,
+                   "worker control port (default: the config's router.workers.control_port)");
+  app.add_option("--model", modelPath, "model directory (overrides the config's model.path)");
+  app.add_option("--ports-file", portsFile,
+                 "once both listen, write their ports there ('http N', 'control N'; "
+                 "common/base/ports_file.h), e.g. after --port 0");
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   auto config = pd::config::loadClusterConfig(configPath);
   if (!config.ok()) return usageError(config.status().message());
   if (!modelPath.empty()) config->model.path = modelPath;

@@ -20,7 +20,7 @@ json ApiError::toJson() const {
                 {"code", code ? json(*code) : json(nullptr)}}}};
 }
 
-ApiError badRequest(std::string message, std::optional<std::string> param) {
+ApiError ApiError::invalidRequest(std::string message, std::optional<std::string> param) {
   ApiError e;
   e.status = 400;
   e.message = std::move(message);
@@ -28,12 +28,73 @@ ApiError badRequest(std::string message, std::optional<std::string> param) {
   return e;
 }
 
-ApiError modelNotFound(const std::string& model) {
+ApiError ApiError::modelNotFound(const std::string& model) {
   ApiError e;
   e.status = 404;
   e.message = "The model `" + quoteForMessage(model) + "` does not exist.";
   e.param = "model";
   e.code = "model_not_found";
+  return e;
+}
+
+ApiError ApiError::notFound(std::string message) {
+  ApiError e;
+  e.status = 404;
+  e.message = std::move(message);
+  e.code = "not_found";
+  return e;
+}
+
+ApiError ApiError::methodNotAllowed(std::string message) {
+  ApiError e;
+  e.status = 405;
+  e.message = std::move(message);
+  return e;
+}
+
+ApiError ApiError::contextLengthExceeded(std::string message, std::string param) {
+  ApiError e;
+  e.status = 413;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = "context_length_exceeded";
+  return e;
+}
+
+ApiError ApiError::unauthorized(std::string message) {
+  ApiError e;
+  e.status = 401;
+  e.type = "authentication_error";
+  e.message = std::move(message);
+  e.code = "invalid_api_key";
+  return e;
+}
+
+ApiError ApiError::rateLimited(std::string message, std::string code, std::optional<std::string> param,
+                               std::optional<int> retryAfterS) {
+  ApiError e;
+  e.status = 429;
+  e.type = "rate_limit_exceeded";
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  e.retryAfterS = retryAfterS;
+  return e;
+}
+
+ApiError ApiError::unavailable(std::string message) {
+  ApiError e;
+  e.status = 503;
+  e.type = "service_unavailable";
+  e.message = std::move(message);
+  return e;
+}
+
+ApiError ApiError::internal(std::string message) {
+  ApiError e;
+  e.status = 500;
+  e.type = "internal_error";
+  e.message = std::move(message);
   return e;
 }
 
@@ -63,7 +124,7 @@ const char* typeName(const json& v) {
 }
 
 MaybeError wrongType(const std::string& field, const char* want, const json& got) {
-  return badRequest(field + ": expected " + want + ", got " + typeName(got), field);
+  return ApiError::invalidRequest(field + ": expected " + want + ", got " + typeName(got), field);
 }
 
 bool present(const json& body, const char* field) {
@@ -77,7 +138,7 @@ MaybeError readNumber(const json& body, const char* field, double lo, double hi,
   if (!v.is_number()) return wrongType(field, "a number", v);
   double d = v.get<double>();
   if (!(d >= lo && d <= hi) || !std::isfinite(d)) {
-    return badRequest(
+    return ApiError::invalidRequest(
         std::string(field) + ": " + v.dump() + " is out of range [" + json(lo).dump() + ", " + json(hi).dump() + "]",
         field);
   }
@@ -92,9 +153,9 @@ MaybeError readInt(const json& body, const char* field, int64_t lo, int64_t hi, 
   if (!v.is_number_integer()) return wrongType(field, "an integer", v);
   int64_t i = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
   if (i < lo || i > hi) {
-    return badRequest(std::string(field) + ": " + v.dump() + " is out of range [" + std::to_string(lo) + ", " +
-                          std::to_string(hi) + "]",
-                      field);
+    return ApiError::invalidRequest(std::string(field) + ": " + v.dump() + " is out of range [" + std::to_string(lo) +
+                                        ", " + std::to_string(hi) + "]",
+                                    field);
   }
   *out = static_cast<Int>(i);
   return std::nullopt;
@@ -113,7 +174,7 @@ MaybeError readTokenIds(const json& v, const std::string& field, std::vector<int
   for (size_t i = 0; i < v.size(); ++i) {
     const json& t = v[i];
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return badRequest(field + "[" + std::to_string(i) + "]: expected a token id (integer >= 0)", field);
+      return ApiError::invalidRequest(field + "[" + std::to_string(i) + "]: expected a token id (integer >= 0)", field);
     }
     out->push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
@@ -121,14 +182,14 @@ MaybeError readTokenIds(const json& v, const std::string& field, std::vector<int
 }
 
 MaybeError readPrompt(const json& body, GenerationRequest* r) {
-  if (!present(body, "prompt")) return badRequest("prompt: required", "prompt");
+  if (!present(body, "prompt")) return ApiError::invalidRequest("prompt: required", "prompt");
   const json& p = body["prompt"];
   if (p.is_string()) {
     r->promptText = p.get<std::string>();
     return std::nullopt;
   }
   if (!p.is_array()) return wrongType("prompt", "a string, an array of strings or token ids", p);
-  if (p.empty()) return badRequest("prompt: must not be empty", "prompt");
+  if (p.empty()) return ApiError::invalidRequest("prompt: must not be empty", "prompt");
   if (p[0].is_number_integer()) {
     std::vector<int32_t> ids;
     if (auto e = readTokenIds(p, "prompt", &ids)) return e;
@@ -137,7 +198,7 @@ MaybeError readPrompt(const json& body, GenerationRequest* r) {
   }
   // A batch of prompts: accepted in its one-element form only.
   if (p.size() != 1) {
-    return badRequest(
+    return ApiError::invalidRequest(
         "prompt: a batch of " + std::to_string(p.size()) + " prompts is not supported; send one prompt per request",
         "prompt");
   }
@@ -148,7 +209,7 @@ MaybeError readPrompt(const json& body, GenerationRequest* r) {
   if (p[0].is_array()) {
     std::vector<int32_t> ids;
     if (auto e = readTokenIds(p[0], "prompt[0]", &ids)) return e;
-    if (ids.empty()) return badRequest("prompt[0]: must not be empty", "prompt");
+    if (ids.empty()) return ApiError::invalidRequest("prompt[0]: must not be empty", "prompt");
     r->promptIds = std::move(ids);
     return std::nullopt;
   }
@@ -156,28 +217,28 @@ MaybeError readPrompt(const json& body, GenerationRequest* r) {
 }
 
 MaybeError readMessages(const json& body, GenerationRequest* r) {
-  if (!present(body, "messages")) return badRequest("messages: required", "messages");
+  if (!present(body, "messages")) return ApiError::invalidRequest("messages: required", "messages");
   const json& m = body["messages"];
   if (!m.is_array()) return wrongType("messages", "an array", m);
-  if (m.empty()) return badRequest("messages: must not be empty", "messages");
+  if (m.empty()) return ApiError::invalidRequest("messages: must not be empty", "messages");
   for (size_t i = 0; i < m.size(); ++i) {
     std::string at = "messages[" + std::to_string(i) + "]";
     const json& msg = m[i];
     if (!msg.is_object()) return wrongType(at, "an object", msg);
     if (!msg.contains("role") || !msg["role"].is_string()) {
-      return badRequest(at + ".role: required string", "messages");
+      return ApiError::invalidRequest(at + ".role: required string", "messages");
     }
     ChatMessage cm;
     cm.role = msg["role"].get<std::string>();
     if (cm.role != "system" && cm.role != "developer" && cm.role != "user" && cm.role != "assistant" &&
         cm.role != "tool") {
-      return badRequest(
+      return ApiError::invalidRequest(
           at + ".role: '" + quoteForMessage(cm.role) + "' is not one of system, developer, user, assistant, tool",
           "messages");
     }
     auto content = msg.find("content");
     if (content == msg.end() || content->is_null()) {
-      if (cm.role != "assistant") return badRequest(at + ".content: required", "messages");
+      if (cm.role != "assistant") return ApiError::invalidRequest(at + ".content: required", "messages");
     } else if (content->is_string()) {
       cm.content = content->get<std::string>();
     } else if (content->is_array()) {
@@ -188,18 +249,19 @@ MaybeError readMessages(const json& body, GenerationRequest* r) {
         if (!part.is_object()) return wrongType(partAt, "an object", part);
         auto type = part.find("type");
         if (type == part.end() || !type->is_string()) {
-          return badRequest(partAt + ".type: expected a string (only \"text\" parts are supported), got " +
-                                (type == part.end() ? std::string("nothing") : typeName(*type)),
-                            partAt + ".type");
+          return ApiError::invalidRequest(partAt +
+                                              ".type: expected a string (only \"text\" parts are supported), got " +
+                                              (type == part.end() ? std::string("nothing") : typeName(*type)),
+                                          partAt + ".type");
         }
         if (type->get_ref<const std::string&>() != "text") {
-          return badRequest(partAt + ".type: '" + quoteForMessage(type->get_ref<const std::string&>()) +
-                                "' is not supported; only \"text\" parts are",
-                            partAt + ".type");
+          return ApiError::invalidRequest(partAt + ".type: '" + quoteForMessage(type->get_ref<const std::string&>()) +
+                                              "' is not supported; only \"text\" parts are",
+                                          partAt + ".type");
         }
         auto text = part.find("text");
         if (text == part.end() || !text->is_string()) {
-          return badRequest(partAt + ".text: required string", partAt + ".text");
+          return ApiError::invalidRequest(partAt + ".text: required string", partAt + ".text");
         }
         cm.content += text->get_ref<const std::string&>();
       }
@@ -220,7 +282,7 @@ MaybeError readStop(const json& body, const ApiLimits& limits, GenerationRequest
   }
   if (!s.is_array()) return wrongType("stop", "a string or an array of strings", s);
   if (static_cast<int>(s.size()) > limits.maxStop) {
-    return badRequest("stop: at most " + std::to_string(limits.maxStop) + " stop strings", "stop");
+    return ApiError::invalidRequest("stop: at most " + std::to_string(limits.maxStop) + " stop strings", "stop");
   }
   for (size_t i = 0; i < s.size(); ++i) {
     if (!s[i].is_string()) return wrongType("stop[" + std::to_string(i) + "]", "a string", s[i]);
@@ -266,7 +328,7 @@ bool listed(std::span<const std::string_view> fields, const std::string& name) {
 }
 
 MaybeError notSupported(const std::string& field, const std::string& why = "") {
-  return badRequest(field + ": not supported by pdserve" + why, field);
+  return ApiError::invalidRequest(field + ": not supported by pdserve" + why, field);
 }
 
 MaybeError refuseUnknownFields(const json& body, Endpoint endpoint) {
@@ -309,12 +371,12 @@ MaybeError readResponseFormat(const json& body) {
   if (!f.is_object()) return wrongType("response_format", "an object", f);
   auto type = f.find("type");
   if (type == f.end() || !type->is_string()) {
-    return badRequest("response_format.type: required string", "response_format");
+    return ApiError::invalidRequest("response_format.type: required string", "response_format");
   }
   if (*type != "text") {
-    return badRequest("response_format: type '" + quoteForMessage(type->get<std::string>()) +
-                          "' is not supported by pdserve (only \"text\")",
-                      "response_format");
+    return ApiError::invalidRequest("response_format: type '" + quoteForMessage(type->get<std::string>()) +
+                                        "' is not supported by pdserve (only \"text\")",
+                                    "response_format");
   }
   return std::nullopt;
 }
@@ -326,7 +388,7 @@ MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRe
   const json& b = body["logit_bias"];
   if (!b.is_object()) return wrongType("logit_bias", "an object of token id -> bias", b);
   if (int64_t(b.size()) > limits.maxLogitBias) {
-    return badRequest(
+    return ApiError::invalidRequest(
         "logit_bias: at most " + std::to_string(limits.maxLogitBias) + " entries, got " + std::to_string(b.size()),
         "logit_bias");
   }
@@ -336,12 +398,13 @@ MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRe
     const bool id = !key.empty() && key.size() <= 9 && (key.size() == 1 || key[0] != '0') &&
                     std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (!id) {
-      return badRequest("logit_bias: key '" + quoteForMessage(key) + "' is not a token id", "logit_bias");
+      return ApiError::invalidRequest("logit_bias: key '" + quoteForMessage(key) + "' is not a token id", "logit_bias");
     }
     if (!value.is_number()) return wrongType("logit_bias[" + key + "]", "a number", value);
     const double bias = value.get<double>();
     if (!(bias >= -100.0 && bias <= 100.0)) {
-      return badRequest("logit_bias[" + key + "]: " + value.dump() + " is out of range [-100, 100]", "logit_bias");
+      return ApiError::invalidRequest("logit_bias[" + key + "]: " + value.dump() + " is out of range [-100, 100]",
+                                      "logit_bias");
     }
     r->logitBias.emplace_back(std::stoi(key), float(bias));
   }
@@ -376,7 +439,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
   if (auto e = readNumber(body, "temperature", 0.0, 2.0, &r->temperature)) return e;
   if (auto e = readNumber(body, "top_p", 0.0, 1.0, &r->topP)) return e;
   if (present(body, "top_p") && r->topP <= 0.0f) {
-    return badRequest("top_p: must be greater than 0", "top_p");
+    return ApiError::invalidRequest("top_p: must be greater than 0", "top_p");
   }
   if (auto e = readInt(body, "top_k", -1, 1 << 20, &r->topK)) return e;
   if (auto e = readNumber(body, "min_p", 0.0, 1.0, &r->minP)) return e;
@@ -396,7 +459,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
   if (auto e = readNumber(body, "frequency_penalty", -2.0, 2.0, &r->frequencyPenalty)) return e;
   if (auto e = readNumber(body, "repetition_penalty", 0.0, 2.0, &r->repetitionPenalty)) return e;
   if (present(body, "repetition_penalty") && r->repetitionPenalty <= 0.0f) {
-    return badRequest("repetition_penalty: must be greater than 0", "repetition_penalty");
+    return ApiError::invalidRequest("repetition_penalty: must be greater than 0", "repetition_penalty");
   }
   if (auto e = readLogitBias(body, limits, r)) return e;
   if (auto e = readInt(body, "min_tokens", 0, kMaxTokensCap, &r->minTokens)) return e;
@@ -407,10 +470,10 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
     int bestOf = 1;
     if (auto e = readInt(body, "best_of", 1, limits.maxN, &bestOf)) return e;
     if (bestOf != r->n) {
-      return badRequest("best_of: " + std::to_string(bestOf) +
-                            " is not supported by pdserve (only best_of equal to n, " + std::to_string(r->n) +
-                            ": candidates are not ranked)",
-                        "best_of");
+      return ApiError::invalidRequest("best_of: " + std::to_string(bestOf) +
+                                          " is not supported by pdserve (only best_of equal to n, " +
+                                          std::to_string(r->n) + ": candidates are not ranked)",
+                                      "best_of");
     }
   }
   if (auto e = readBool(body, "stream", &r->stream)) return e;
@@ -418,7 +481,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
     const json& so = body["stream_options"];
     if (!so.is_object()) return wrongType("stream_options", "an object", so);
     if (!r->stream) {
-      return badRequest("stream_options: only allowed when stream is true", "stream_options");
+      return ApiError::invalidRequest("stream_options: only allowed when stream is true", "stream_options");
     }
     // vLLM: include_usage defaults to true when the object is present.
     r->includeUsage = true;
@@ -443,7 +506,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
     if (auto e = readBool(body, "logprobs", &r->logprobs)) return e;
     if (auto e = readInt(body, "top_logprobs", 0, limits.maxLogprobs, &r->topLogprobs)) return e;
     if (present(body, "top_logprobs") && !r->logprobs) {
-      return badRequest("top_logprobs: requires logprobs to be true", "top_logprobs");
+      return ApiError::invalidRequest("top_logprobs: requires logprobs to be true", "top_logprobs");
     }
   }
   if (present(body, "user")) {
@@ -453,7 +516,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
   if (auto e = readBool(body, "return_token_ids", &r->returnTokenIds)) return e;
   if (auto e = readBool(body, "split_special_tokens", &r->splitSpecialTokens)) return e;
   if (r->maxTokens && *r->maxTokens == 0 && !r->echo) {
-    return badRequest("max_tokens: must be at least 1", "max_tokens");
+    return ApiError::invalidRequest("max_tokens: must be at least 1", "max_tokens");
   }
   return std::nullopt;
 }

@@ -27,11 +27,29 @@ struct ApiError {
   std::optional<int> retryAfterS;    // 429/503: the Retry-After header (default 1)
 
   nlohmann::json toJson() const;  // {"error":{"message","type","param","code"}}
-};
 
-ApiError badRequest(std::string message, std::optional<std::string> param = std::nullopt);
-// 404 for a model this server does not serve, as OpenAI and vLLM word it.
-ApiError modelNotFound(const std::string& model);
+  // One constructor per shape the router answers with.
+  // 400 invalid_request_error, naming the offending field when there is one.
+  static ApiError invalidRequest(std::string message, std::optional<std::string> param = std::nullopt);
+  // 404 for a model this server does not serve, as OpenAI and vLLM word it.
+  static ApiError modelNotFound(const std::string& model);
+  // 404, code not_found: no such route.
+  static ApiError notFound(std::string message);
+  // 405: the route takes another method.
+  static ApiError methodNotAllowed(std::string message);
+  // 413, code context_length_exceeded: the prompt (`param`) does not fit the model.
+  static ApiError contextLengthExceeded(std::string message, std::string param);
+  // 401 authentication_error, code invalid_api_key.
+  static ApiError unauthorized(std::string message);
+  // 429 rate_limit_exceeded with `code` (rate_limit_exceeded, overloaded, admission_refused);
+  // retryAfterS: the Retry-After header (unset: 1).
+  static ApiError rateLimited(std::string message, std::string code, std::optional<std::string> param = std::nullopt,
+                              std::optional<int> retryAfterS = std::nullopt);
+  // 503 service_unavailable: retry (Retry-After 1).
+  static ApiError unavailable(std::string message);
+  // 500 internal_error.
+  static ApiError internal(std::string message);
+};
 
 enum class Endpoint { kCompletions, kChat };
 

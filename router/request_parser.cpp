@@ -29,22 +29,22 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
     tok::ChatTemplate::Rendered rendered;
     if (req.splitSpecialTokens) {
       auto r = chat_->renderLiteral(messages, *tokenizer_, opts);
-      if (!r.ok()) return badRequest("messages: " + r.status().message(), "messages");
+      if (!r.ok()) return ApiError::invalidRequest("messages: " + r.status().message(), "messages");
       rendered = std::move(r).value();
     } else {
       auto r = chat_->render(messages, opts);
-      if (!r.ok()) return badRequest("messages: " + r.status().message(), "messages");
+      if (!r.ok()) return ApiError::invalidRequest("messages: " + r.status().message(), "messages");
       rendered.text = std::move(r).value();
     }
     *text = rendered.text;
     auto ids = tokenizer_->encode(*text, /*addSpecialTokens=*/false, rendered.literal);
-    if (!ids.ok()) return badRequest("messages: " + ids.status().message(), "messages");
+    if (!ids.ok()) return ApiError::invalidRequest("messages: " + ids.status().message(), "messages");
     return ids.value();
   }
   if (req.promptIds) {
     for (int32_t id : *req.promptIds)
       if (id >= limits_.vocab)
-        return badRequest(
+        return ApiError::invalidRequest(
             "prompt: token id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(limits_.vocab),
             "prompt");
     if (req.echo) *text = tokenizer_->decode(*req.promptIds);
@@ -52,7 +52,7 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
   }
   *text = *req.promptText;
   auto ids = encodePrompt(*req.promptText, /*addSpecialTokens=*/true, req.splitSpecialTokens);
-  if (!ids.ok()) return badRequest("prompt: " + ids.status().message(), "prompt");
+  if (!ids.ok()) return ApiError::invalidRequest("prompt: " + ids.status().message(), "prompt");
   return ids.value();
 }
 
@@ -62,7 +62,7 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
   ParsedGenerate out;
   out.req = std::move(std::get<GenerationRequest>(parsed));
   if (!out.req.model.empty() && out.req.model != limits_.modelName) {
-    return Rejection{modelNotFound(out.req.model), "model_not_found"};
+    return Rejection{ApiError::modelNotFound(out.req.model), "model_not_found"};
   }
   auto ids = promptIds(out.req, &out.promptText);
   if (auto* e = std::get_if<ApiError>(&ids)) return Rejection{*e, e->type};
@@ -72,35 +72,34 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
       limits_.maxPromptTokens > 0 ? std::min<int64_t>(limits_.maxPromptTokens, maxModelLen) : maxModelLen;
   const int64_t promptTokens = int64_t(out.prompt.size());
   if (promptTokens >= limit) {
-    ApiError e;
-    e.status = 413;
-    e.message = "This model's maximum context length is " + std::to_string(limit) + " tokens; the prompt has " +
-                std::to_string(promptTokens) + " tokens.";
-    e.param = endpoint == Endpoint::kChat ? "messages" : "prompt";
-    e.code = "context_length_exceeded";
-    return Rejection{e, "context_length_exceeded"};
+    return Rejection{
+        ApiError::contextLengthExceeded("This model's maximum context length is " + std::to_string(limit) +
+                                            " tokens; the prompt has " + std::to_string(promptTokens) + " tokens.",
+                                        endpoint == Endpoint::kChat ? "messages" : "prompt"),
+        "context_length_exceeded"};
   }
-  if (out.prompt.empty()) return Rejection{badRequest("prompt: must not be empty", "prompt"), ""};
+  if (out.prompt.empty()) return Rejection{ApiError::invalidRequest("prompt: must not be empty", "prompt"), ""};
   int maxTokens = out.req.maxTokens                    ? *out.req.maxTokens
                   : endpoint == Endpoint::kCompletions ? 16
                                                        : int(maxModelLen - promptTokens);
   if (promptTokens + maxTokens > maxModelLen) {
-    return Rejection{badRequest("max_tokens: " + std::to_string(maxTokens) + " + " + std::to_string(promptTokens) +
-                                    " prompt tokens exceeds the context of " + std::to_string(maxModelLen) + " tokens",
-                                "max_tokens"),
-                     ""};
+    return Rejection{
+        ApiError::invalidRequest("max_tokens: " + std::to_string(maxTokens) + " + " + std::to_string(promptTokens) +
+                                     " prompt tokens exceeds the context of " + std::to_string(maxModelLen) + " tokens",
+                                 "max_tokens"),
+        ""};
   }
   if (out.req.minTokens > maxTokens) {
-    return Rejection{badRequest("min_tokens: " + std::to_string(out.req.minTokens) + " exceeds max_tokens " +
-                                    std::to_string(maxTokens),
-                                "min_tokens"),
+    return Rejection{ApiError::invalidRequest("min_tokens: " + std::to_string(out.req.minTokens) +
+                                                  " exceeds max_tokens " + std::to_string(maxTokens),
+                                              "min_tokens"),
                      ""};
   }
   for (const auto& [id, bias] : out.req.logitBias) {
     if (id >= limits_.vocab) {
-      return Rejection{badRequest("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary of " +
-                                      std::to_string(limits_.vocab),
-                                  "logit_bias"),
+      return Rejection{ApiError::invalidRequest("logit_bias: token id " + std::to_string(id) +
+                                                    " is outside the vocabulary of " + std::to_string(limits_.vocab),
+                                                "logit_bias"),
                        ""};
     }
   }
@@ -119,7 +118,7 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
        {"add_special_tokens", "return_token_strs", "add_generation_prompt", "split_special_tokens"}) {
     auto it = body.find(field);
     if (it != body.end() && !it->is_null() && !it->is_boolean()) {
-      return badRequest(std::string(field) + ": expected a boolean", field);
+      return ApiError::invalidRequest(std::string(field) + ": expected a boolean", field);
     }
   }
   auto flag = [&](const char* field, bool dflt) {
@@ -127,10 +126,10 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
     return it == body.end() || it->is_null() ? dflt : it->get<bool>();
   };
   if (body.contains("model") && !body["model"].is_null() && !body["model"].is_string()) {
-    return badRequest("model: expected a string", "model");
+    return ApiError::invalidRequest("model: expected a string", "model");
   }
   if (body.contains("model") && body["model"].is_string() && body["model"] != limits_.modelName) {
-    return modelNotFound(body["model"].get<std::string>());
+    return ApiError::modelNotFound(body["model"].get<std::string>());
   }
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
@@ -146,10 +145,11 @@ std::variant<json, ApiError> RequestParser::tokenize(const std::string& text) co
     if (auto* e = std::get_if<ApiError>(&got)) return *e;
     ids = std::get<std::vector<int32_t>>(got);
   } else {
-    if (!body.contains("prompt") || !body["prompt"].is_string()) return badRequest("prompt: required string", "prompt");
+    if (!body.contains("prompt") || !body["prompt"].is_string())
+      return ApiError::invalidRequest("prompt: required string", "prompt");
     bool addSpecial = flag("add_special_tokens", true);
     auto got = encodePrompt(body["prompt"].get<std::string>(), addSpecial, flag("split_special_tokens", true));
-    if (!got.ok()) return badRequest("prompt: " + got.status().message(), "prompt");
+    if (!got.ok()) return ApiError::invalidRequest("prompt: " + got.status().message(), "prompt");
     ids = got.value();
   }
   json out{{"count", ids.size()}, {"max_model_len", limits_.maxModelLen}, {"tokens", ids}};
@@ -166,7 +166,7 @@ std::variant<json, ApiError> RequestParser::detokenize(const std::string& text) 
   if (auto* e = std::get_if<ApiError>(&parsedBody)) return *e;
   const json& body = std::get<json>(parsedBody);
   if (!body.contains("tokens") || !body["tokens"].is_array()) {
-    return badRequest("tokens: required array of token ids", "tokens");
+    return ApiError::invalidRequest("tokens: required array of token ids", "tokens");
   }
   std::vector<int32_t> ids;
   const json& tokens = body["tokens"];
@@ -175,10 +175,11 @@ std::variant<json, ApiError> RequestParser::detokenize(const std::string& text) 
     // The message names the position, never the value: a value can be any size (docs/security.md).
     if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() >= uint64_t(limits_.vocab)) ||
         t.get<int64_t>() < 0 || t.get<int64_t>() >= limits_.vocab) {
-      return badRequest("tokens[" + std::to_string(i) + "]: expected a token id of this model (an integer in [0, " +
-                            std::to_string(limits_.vocab) + ")), got " +
-                            (t.is_number_integer() ? std::to_string(t.get<int64_t>()) : std::string(t.type_name())),
-                        "tokens");
+      return ApiError::invalidRequest(
+          "tokens[" + std::to_string(i) + "]: expected a token id of this model (an integer in [0, " +
+              std::to_string(limits_.vocab) + ")), got " +
+              (t.is_number_integer() ? std::to_string(t.get<int64_t>()) : std::string(t.type_name())),
+          "tokens");
     }
     ids.push_back(int32_t(t.get<int64_t>()));
   }

@@ -13,20 +13,11 @@ namespace {
 
 constexpr const char* kTag = "router";
 
-std::string finishName(proto::FinishReason r) {
-  switch (r) {
-    case proto::FINISH_STOP:
-      return "stop";
-    case proto::FINISH_LENGTH:
-      return "length";
-    case proto::FINISH_ABORT:
-      return "abort";
-    case proto::FINISH_ERROR:
-      return "error";
-    default:
-      return "";
-  }
-}
+// The finish_reason a worker's reason becomes; any other (unset) is "".
+constexpr EnumNames<proto::FinishReason, 4> kFinishNames{{{proto::FINISH_STOP, "stop"},
+                                                          {proto::FINISH_LENGTH, "length"},
+                                                          {proto::FINISH_ABORT, "abort"},
+                                                          {proto::FINISH_ERROR, "error"}}};
 
 }  // namespace
 
@@ -243,7 +234,7 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
   std::optional<std::string> finish;
   if (chunk.finish_reason() != proto::FINISH_NONE) {
     delta += c->detok->finish();
-    finish = finishName(chunk.finish_reason());
+    finish = enumName(kFinishNames, chunk.finish_reason(), "");
   }
   const bool stopped = applyStop(*c, delta, finish.has_value());
   if (stopped) {

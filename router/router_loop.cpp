@@ -126,7 +126,7 @@ void RouterLoop::onLoadReport(const net::ConnectionPtr& from, const proto::LoadR
   exactIndex_.noteReportedSeq(id, report.kv_event_seq(), now);
   const bool current = exactIndex_.current(id, now);
   metrics_.setKvIndexCurrent(id, current);
-  // Behind for longer than router.kv_event_max_lag_ms (a batch lost, or a snapshot request
+  // Behind for longer than router.routing.kv_event_max_lag_ms (a batch lost, or a snapshot request
   // lost): start again from a snapshot.
   if (!current) askResync(from, id, "lag");
 }
@@ -218,21 +218,14 @@ void RouterLoop::failAll(Status why) {
 void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
   const RequestSpec& spec = stream->spec();
   if (draining_) {
-    ApiError e;
-    e.status = 503;
-    e.type = "service_unavailable";
-    e.message = "this router is shutting down; retry (another router takes the request)";
-    return stream->refuse(std::move(e), "draining");
+    return stream->refuse(
+        ApiError::unavailable("this router is shutting down; retry (another router takes the request)"), "draining");
   }
   const int64_t promptTokens = int64_t(spec.parsed.prompt.size());
   WorkerView prefilling, decoding;
   auto p = plan(promptTokens, spec.prefixBlocks, "", &prefilling, &decoding);
   if (!p) {
-    ApiError e;
-    e.status = 503;
-    e.type = "service_unavailable";
-    e.message = "no healthy decode worker; retry later";
-    return stream->refuse(std::move(e), "no_worker");
+    return stream->refuse(ApiError::unavailable("no healthy decode worker; retry later"), "no_worker");
   }
   double predictedTtftS = 0;  // unscaled, for the calibration
   if (cfg_.router.overloadShedding) {
@@ -248,13 +241,10 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
               : "one more stream on decode worker " + decoding.id + " would make its steps take about " +
                     std::to_string(int(v.predictedS * 1e3)) + " ms, past the " +
                     std::to_string(int(cfg_.pools.decode.slo.itlMs)) + " ms ITL target";
-      ApiError e;
-      e.status = 429;
-      e.type = "rate_limit_exceeded";
-      e.code = "overloaded";
-      e.retryAfterS = v.retryAfterS;
-      e.message = "overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s";
-      return stream->refuse(std::move(e), "overloaded");
+      return stream->refuse(
+          ApiError::rateLimited("overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s",
+                                "overloaded", std::nullopt, v.retryAfterS),
+          "overloaded");
     }
     predictedTtftS = d.predictedTtftS;
   }

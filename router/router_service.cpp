@@ -65,18 +65,18 @@ class RouterServiceImpl final : public RouterService {
     metrics_.setSlo(metrics::kPoolDecode, cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile);
     metrics_.setShortPromptTokens(cfg_.router.shortPromptTokens);
     rateLimitedRequests_ =
-        registry_.counter("pdserve_router_rate_limited_total", "Requests refused with 429 by router.rate_limits",
-                          {{"limit", "requests_per_s"}});
+        registry_.counter("pdserve_router_rate_limited_total",
+                          "Requests refused with 429 by router.admission.rate_limits", {{"limit", "requests_per_s"}});
     rateLimitedTokens_ =
-        registry_.counter("pdserve_router_rate_limited_total", "Requests refused with 429 by router.rate_limits",
-                          {{"limit", "tokens_per_s"}});
+        registry_.counter("pdserve_router_rate_limited_total",
+                          "Requests refused with 429 by router.admission.rate_limits", {{"limit", "tokens_per_s"}});
     httpConnections_ = registry_.gauge("pdserve_router_http_connections", "Open connections on the HTTP API port");
     httpRefused_ =
         registry_.counter("pdserve_router_http_connections_closed_total",
-                          "Connections closed because router.max_connections were open", {{"reason", "refused"}});
-    httpEvicted_ =
-        registry_.counter("pdserve_router_http_connections_closed_total",
-                          "Connections closed because router.max_connections were open", {{"reason", "evicted_idle"}});
+                          "Connections closed because router.http.max_connections were open", {{"reason", "refused"}});
+    httpEvicted_ = registry_.counter("pdserve_router_http_connections_closed_total",
+                                     "Connections closed because router.http.max_connections were open",
+                                     {{"reason", "evicted_idle"}});
   }
 
   ~RouterServiceImpl() override { stop(); }
@@ -133,7 +133,7 @@ class RouterServiceImpl final : public RouterService {
         io_.context(), hopts,
         [this](net::HttpRequest req, std::shared_ptr<net::HttpResponder> r) { onHttp(std::move(req), std::move(r)); });
     if (Status s = http_->start(); !s.isOk()) {
-      return cfg_.router.tlsCertFile.empty() ? s : Status(s.code(), "router.tls: " + s.message());
+      return cfg_.router.tlsCertFile.empty() ? s : Status(s.code(), "router.http.tls: " + s.message());
     }
     loop_.start();
     PD_LOG(kInfo, kTag) << "serving " << modelName_ << " on " << (hopts.tlsCertFile.empty() ? "http" : "https") << "://"
@@ -159,8 +159,8 @@ class RouterServiceImpl final : public RouterService {
     }
     if (left == 0) return;
     PD_LOG(kWarn, "router") << "drain timed out with " << left << " request(s) streaming: ending them";
-    loop_.failAll(
-        unavailable("this router is shutting down; the request did not finish within router.drain_timeout_ms"));
+    loop_.failAll(unavailable(
+        "this router is shutting down; the request did not finish within router.requests.drain_timeout_ms"));
     // Let the streams write their error events before the servers stop.
     for (int i = 0; i < 40 && streaming() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
@@ -186,7 +186,7 @@ class RouterServiceImpl final : public RouterService {
         r->sendFull(ok ? 200 : 503, {{"content-type", "text/plain"}}, ok ? "" : "no healthy decode worker\n");
       });
     }
-    // /metrics has its own rule (router.metrics_auth): Prometheus and KEDA scrape it, and they
+    // /metrics has its own rule (router.http.metrics_auth): Prometheus and KEDA scrape it, and they
     // hold no API key by default.
     if (path == "/metrics") {
       using config::MetricsAuth;
@@ -196,11 +196,12 @@ class RouterServiceImpl final : public RouterService {
       if ((mode == MetricsAuth::kApiKey && apiKeys_.match(token) < 0) ||
           (mode == MetricsAuth::kBearerFile && metricsToken_.match(token) < 0)) {
         metrics_.requestError("authentication_error");
-        return sendError(r, unauthorized(mode == MetricsAuth::kApiKey
-                                             ? "/metrics needs an API key (router.metrics_auth: api_key); send "
-                                               "Authorization: Bearer <key>"
-                                             : "/metrics needs the token of router.metrics_bearer_file; send "
-                                               "Authorization: Bearer <token>"));
+        return sendError(r,
+                         ApiError::unauthorized(mode == MetricsAuth::kApiKey
+                                                    ? "/metrics needs an API key (router.http.metrics_auth: api_key); "
+                                                      "send Authorization: Bearer <key>"
+                                                    : "/metrics needs the token of router.http.metrics_bearer_file; "
+                                                      "send Authorization: Bearer <token>"));
       }
       publishConnectionStats();
       return r->sendFull(200, {{"content-type", "text/plain; version=0.0.4"}}, registry_.serialize());
@@ -210,7 +211,7 @@ class RouterServiceImpl final : public RouterService {
       keyIndex = apiKeys_.match(KeySet::bearerToken(req.header("authorization")));
       if (keyIndex < 0) {
         metrics_.requestError("authentication_error");
-        return sendError(r, unauthorized("missing or invalid API key (send Authorization: Bearer <key>)"));
+        return sendError(r, ApiError::unauthorized("missing or invalid API key (send Authorization: Bearer <key>)"));
       }
     }
     // Without keys, a client is its address (behind a proxy: the proxy's; docs/security.md).
@@ -226,20 +227,13 @@ class RouterServiceImpl final : public RouterService {
     if (path == "/v1/models" && req.method == "GET") return sendJson(r, 200, modelsJson());
     if (req.method != "POST" &&
         (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize")) {
-      ApiError e;
-      e.status = 405;
-      e.message = req.method + " " + path + ": use POST";
-      return sendError(r, e);
+      return sendError(r, ApiError::methodNotAllowed(req.method + " " + path + ": use POST"));
     }
     if (path == "/v1/completions") return onGenerate(req, r, Endpoint::kCompletions, client);
     if (path == "/v1/chat/completions") return onGenerate(req, r, Endpoint::kChat, client);
     if (path == "/tokenize") return answer(r, parser_.tokenize(req.body));
     if (path == "/detokenize") return answer(r, parser_.detokenize(req.body));
-    ApiError e;
-    e.status = 404;
-    e.message = "no route for " + req.method + " " + path;
-    e.code = "not_found";
-    sendError(r, e);
+    sendError(r, ApiError::notFound("no route for " + req.method + " " + path));
   }
 
   // Parse here; route, dispatch and stream happen on the loop and the request's strand.
@@ -270,25 +264,9 @@ class RouterServiceImpl final : public RouterService {
     sendJson(r, 200, std::get<json>(result));
   }
 
-  static ApiError unauthorized(std::string message) {
-    ApiError e;
-    e.status = 401;
-    e.type = "authentication_error";
-    e.message = std::move(message);
-    e.code = "invalid_api_key";
-    return e;
-  }
-
   ApiError rateLimited(const RateLimiter::Decision& d) {
     (d.limit == "tokens_per_s" ? rateLimitedTokens_ : rateLimitedRequests_).inc();
-    ApiError e;
-    e.status = 429;
-    e.type = "rate_limit_exceeded";
-    e.code = "rate_limit_exceeded";
-    e.param = d.limit;
-    e.message = d.message;
-    e.retryAfterS = d.retryAfterS;
-    return e;
+    return ApiError::rateLimited(d.message, "rate_limit_exceeded", d.limit, d.retryAfterS);
   }
 
   static std::string hostOf(const std::string& address) {
@@ -296,20 +274,20 @@ class RouterServiceImpl final : public RouterService {
     return colon == std::string::npos ? address : address.substr(0, colon);
   }
 
-  // The token of router.metrics_bearer_file (surrounding whitespace dropped: files written by
+  // The token of router.http.metrics_bearer_file (surrounding whitespace dropped: files written by
   // `echo` end in a newline), held as its hash like the API keys.
   Status loadMetricsToken() {
     const std::string& path = cfg_.router.metricsBearerFile;
     std::ifstream in(path);
-    if (!in) return notFound("router.metrics_bearer_file: cannot read '" + path + "'");
+    if (!in) return notFound("router.http.metrics_bearer_file: cannot read '" + path + "'");
     std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto notSpace = [](unsigned char c) { return !std::isspace(c); };
     token.erase(token.begin(), std::find_if(token.begin(), token.end(), notSpace));
     token.erase(std::find_if(token.rbegin(), token.rend(), notSpace).base(), token.end());
-    if (token.empty()) return invalidArgument("router.metrics_bearer_file: '" + path + "' is empty");
+    if (token.empty()) return invalidArgument("router.http.metrics_bearer_file: '" + path + "' is empty");
     std::vector<std::string> one{token};
     wipeSecret(&token);
-    auto set = KeySet::fromEntries(one, "router.metrics_bearer_file");
+    auto set = KeySet::fromEntries(one, "router.http.metrics_bearer_file");
     wipeSecrets(&one);
     if (!set.ok()) return set.status();
     metricsToken_ = std::move(set).value();
@@ -339,7 +317,7 @@ class RouterServiceImpl final : public RouterService {
 
   RouterOptions options_;
   const KeySet apiKeys_;  // hashes only; options_.config.router.apiKeys was wiped in create()
-  KeySet metricsToken_;   // router.metrics_bearer_file, set in start()
+  KeySet metricsToken_;   // router.http.metrics_bearer_file, set in start()
   RateLimiter rateLimiter_;
   const config::ClusterConfig& cfg_;
   const std::string modelName_;
@@ -363,7 +341,7 @@ class RouterServiceImpl final : public RouterService {
 
 Result<std::unique_ptr<RouterService>> RouterService::create(RouterOptions options) {
   // Only hashes stay in memory: the plain entries are wiped from this copy of the config.
-  PD_ASSIGN_OR_RETURN(KeySet keys, KeySet::fromEntries(options.config.router.apiKeys, "router.api_keys"));
+  PD_ASSIGN_OR_RETURN(KeySet keys, KeySet::fromEntries(options.config.router.apiKeys, "router.http.api_keys"));
   wipeSecrets(&options.config.router.apiKeys);
   const auto& cfg = options.config;
   PD_ASSIGN_OR_RETURN(auto tokenizer, tok::Tokenizer::loadDir(cfg.model.path));

@@ -4,8 +4,6 @@
 
 namespace pd::router {
 
-const char* routeName(Route route) { return route == Route::kColocated ? "colocated" : "disaggregated"; }
-
 namespace {
 
 // Lower is better: requests in flight first, then KV pressure; the id breaks ties so the

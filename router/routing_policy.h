@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "common/base/enum_names.h"
+
 namespace pd::router {
 
 enum class WorkerRole { kPrefill, kDecode };
@@ -73,7 +75,9 @@ struct WorkerView {
 };
 
 enum class Route { kColocated, kDisaggregated };
-const char* routeName(Route route);
+inline constexpr EnumNames<Route, 2> kRouteNames{
+    {{Route::kColocated, "colocated"}, {Route::kDisaggregated, "disaggregated"}}};
+inline const char* routeName(Route route) { return enumName(kRouteNames, route); }
 
 struct RoutePlan {
   Route route = Route::kColocated;

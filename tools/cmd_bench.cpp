@@ -29,133 +29,66 @@ namespace {
 
 using namespace pd::bench;
 
-const char kUsage[] = R"(usage: pdserve bench [options]
-       pdserve bench compare A.json B.json ...
-       pdserve bench check [--allow-failures] RESULT.json
-       pdserve bench mixed [options]   (short streams vs arriving long prompts; --help)
-
-Drives an OpenAI-compatible server with streaming requests and reports TTFT, TPOT, ITL,
-end-to-end latency, throughput and goodput (docs/bench.md).
-
-server:
-  --url URL                 server base URL (default http://127.0.0.1:8000)
-  --model NAME              model name (default: the first one /v1/models lists)
-  --api-key KEY             bearer token (default $OPENAI_API_KEY)
-  --endpoint completions|chat   (default completions: token-id prompts, exact lengths)
-  --no-model-check          skip the GET /v1/models check before the run
-workload:
-  --trace FILE              replay an Azure 2023 CSV or Mooncake FAST'25 JSONL trace
-  --prompt-len SPEC         synthetic prompt length: N | uniform:MIN:MAX | lognormal:MEAN:SIGMA (default 256)
-  --output-len SPEC         synthetic output length, same forms (default 64)
-  --num-requests N          requests to send (default: every trace row)
-  --duration S              send nothing new after S seconds
-  --rate R                  Poisson arrivals at R requests/s (instead of the trace's times)
-  --phase SPEC              one phase of a phased synthetic run (repeat it; phases run in order):
-                            prompt-len=LEN,output-len=LEN,rate=R,duration=S (LEN as --prompt-len;
-                            left-out lengths and rate default to --prompt-len/--output-len/--rate)
-  --time-scale F            multiply trace timestamps by F (0.5 = twice as fast; default 1)
-  --spread-ticks            spread rows sharing one trace timestamp over the gap to the next
-  --concurrency N           at most N requests in flight; alone it makes a closed loop
-  --max-prompt-tokens N     scale trace prompts (and prefix blocks) so the longest fits N;
-                            cap synthetic prompts at N
-  --length-scale F          multiply trace prompt lengths by F instead
-  --max-output-tokens N     cap output lengths at N
-  --warmup N                warm-up requests before the measured run (excluded; default 0)
-  --seed N                  seed for lengths, arrivals and prompt tokens (default 0)
-  --vocab-size V            token ids are drawn from [10, V-10) (default 256)
-  --token-ids MIN:MAX       token ids from [MIN, MAX) instead (keep special ids out)
-  --no-ignore-eos           do not send ignore_eos (outputs may end early)
-  --continuous-usage        ask for stream_options.continuous_usage_stats (vLLM)
-  --temperature T           send this temperature (default: server default)
-  --extra-body JSON         a JSON object merged into every request body
-  --request-timeout S       whole-request bound (default 900)
-  --idle-timeout S          longest silence inside one stream (default 120)
-report:
-  --slo ttft_ms=A,itl_ms=B  goodput targets (also tpot_ms, e2el_ms; itl_pct=P, default 99)
-  --metrics-url URL         scrape this Prometheus endpoint during the run (the router's
-                            http://HOST:PORT/metrics) into a timeline: JSON and HTML charts
-  --metrics-interval-ms N   scrape period (default 1000)
-  --metrics-timeout-ms N    bound on one scrape (default: the period, at most 5000); a failed
-                            scrape is a gap in the timeline, never an abort
-  --metrics-token TOKEN     bearer token for the metrics endpoint (router.http.metrics_auth)
-  --out PREFIX              write PREFIX.json, PREFIX.csv, PREFIX.html (default bench-<date>)
-  --progress / --no-progress   live progress on stderr (default: when stderr is a terminal)
-)";
+constexpr const char* kSummary = "load-test an OpenAI-compatible server (TTFT, ITL, goodput)";
+constexpr const char* kDetails =
+    "Drives an OpenAI-compatible server with streaming requests and reports TTFT, TPOT, ITL, "
+    "end-to-end latency, throughput and goodput (docs/bench.md).";
 
 struct Args {
-  std::map<std::string, std::string> values;
-  std::vector<std::string> flags;
-  std::vector<std::string> phases;  // --phase, in order (the only repeatable option)
+  std::map<std::string, std::string> values;  // value options and flags ("") as given
+  std::vector<std::string> phases;            // --phase, in order (the only repeatable option)
 };
 
-const char* const kValueOptions[] = {"--url",
-                                     "--model",
-                                     "--api-key",
-                                     "--endpoint",
-                                     "--trace",
-                                     "--prompt-len",
-                                     "--output-len",
-                                     "--num-requests",
-                                     "--duration",
-                                     "--rate",
-                                     "--time-scale",
-                                     "--concurrency",
-                                     "--max-prompt-tokens",
-                                     "--length-scale",
-                                     "--max-output-tokens",
-                                     "--warmup",
-                                     "--seed",
-                                     "--vocab-size",
-                                     "--token-ids",
-                                     "--temperature",
-                                     "--extra-body",
-                                     "--request-timeout",
-                                     "--idle-timeout",
-                                     "--slo",
-                                     "--out",
-                                     "--phase",
-                                     "--metrics-url",
-                                     "--metrics-interval-ms",
-                                     "--metrics-timeout-ms",
-                                     "--metrics-token"};
-const char* const kFlagOptions[] = {"--no-model-check", "--no-ignore-eos", "--continuous-usage",
-                                    "--progress",       "--no-progress",   "--spread-ticks"};
+struct OptionHelp {
+  const char* group;
+  const char* name;
+  const char* help;
+};
 
-Result<Args> parseArgs(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool hasValue = false;
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      hasValue = true;
-    }
-    bool known = false;
-    for (const char* o : kValueOptions) {
-      if (arg != o) continue;
-      known = true;
-      if (!hasValue) {
-        if (i + 1 >= argc) return invalidArgument(arg + " needs a value");
-        value = argv[++i];
-      }
-      if (arg == "--phase")
-        a.phases.push_back(value);
-      else
-        a.values[arg] = value;
-    }
-    for (const char* f : kFlagOptions) {
-      if (arg != f) continue;
-      known = true;
-      if (hasValue) return invalidArgument(arg + " takes no value");
-      a.flags.push_back(arg);
-    }
-    if (!known) return invalidArgument("unknown option '" + std::string(argv[i]) + "' (see pdserve bench --help)");
-  }
-  return a;
-}
+const OptionHelp kValueOptions[] = {
+    {"server", "--url", "server base URL (default http://127.0.0.1:8000)"},
+    {"server", "--model", "model name (default: the first one /v1/models lists)"},
+    {"server", "--api-key", "bearer token (default $OPENAI_API_KEY)"},
+    {"server", "--endpoint", "completions|chat (default completions: token-id prompts, exact lengths)"},
+    {"workload", "--trace", "replay an Azure 2023 CSV or Mooncake FAST'25 JSONL trace"},
+    {"workload", "--prompt-len", "synthetic prompt length: N | uniform:MIN:MAX | lognormal:MEAN:SIGMA (default 256)"},
+    {"workload", "--output-len", "synthetic output length, same forms (default 64)"},
+    {"workload", "--num-requests", "requests to send (default: every trace row)"},
+    {"workload", "--duration", "send nothing new after S seconds"},
+    {"workload", "--rate", "Poisson arrivals at R requests/s (instead of the trace's times)"},
+    {"workload", "--time-scale", "multiply trace timestamps by F (0.5 = twice as fast; default 1)"},
+    {"workload", "--concurrency", "at most N requests in flight; alone it makes a closed loop"},
+    {"workload", "--max-prompt-tokens",
+     "scale trace prompts (and prefix blocks) so the longest fits N; cap synthetic prompts at N"},
+    {"workload", "--length-scale", "multiply trace prompt lengths by F instead"},
+    {"workload", "--max-output-tokens", "cap output lengths at N"},
+    {"workload", "--warmup", "warm-up requests before the measured run (excluded; default 0)"},
+    {"workload", "--seed", "seed for lengths, arrivals and prompt tokens (default 0)"},
+    {"workload", "--vocab-size", "token ids are drawn from [10, V-10) (default 256)"},
+    {"workload", "--token-ids", "MIN:MAX: token ids from [MIN, MAX) instead (keep special ids out)"},
+    {"workload", "--temperature", "send this temperature (default: server default)"},
+    {"workload", "--extra-body", "a JSON object merged into every request body"},
+    {"workload", "--request-timeout", "whole-request bound in seconds (default 900)"},
+    {"workload", "--idle-timeout", "longest silence inside one stream in seconds (default 120)"},
+    {"report", "--slo", "ttft_ms=A,itl_ms=B: goodput targets (also tpot_ms, e2el_ms; itl_pct=P, default 99)"},
+    {"report", "--metrics-url",
+     "scrape this Prometheus endpoint during the run (the router's http://HOST:PORT/metrics) "
+     "into a timeline: JSON and HTML charts"},
+    {"report", "--metrics-interval-ms", "scrape period (default 1000)"},
+    {"report", "--metrics-timeout-ms",
+     "bound on one scrape (default: the period, at most 5000); a failed scrape is a gap in the "
+     "timeline, never an abort"},
+    {"report", "--metrics-token", "bearer token for the metrics endpoint (router.http.metrics_auth)"},
+    {"report", "--out", "write PREFIX.json, PREFIX.csv, PREFIX.html (default bench-<date>)"},
+};
+const OptionHelp kFlagOptions[] = {
+    {"server", "--no-model-check", "skip the GET /v1/models check before the run"},
+    {"workload", "--spread-ticks", "spread rows sharing one trace timestamp over the gap to the next"},
+    {"workload", "--no-ignore-eos", "do not send ignore_eos (outputs may end early)"},
+    {"workload", "--continuous-usage", "ask for stream_options.continuous_usage_stats (vLLM)"},
+    {"report", "--progress", "live progress on stderr (default: when stderr is a terminal)"},
+    {"report", "--no-progress", "no live progress on stderr"},
+};
 
 template <typename T>
 Status number(const Args& a, const char* key, T* out) {
@@ -178,11 +111,7 @@ Status number(const Args& a, const char* key, T* out) {
   return Status::ok();
 }
 
-bool hasFlag(const Args& a, const char* f) {
-  for (const auto& x : a.flags)
-    if (x == f) return true;
-  return false;
-}
+bool hasFlag(const Args& a, const char* f) { return a.values.count(f) != 0; }
 
 std::string utcStamp() {
   std::time_t t = std::time(nullptr);
@@ -209,15 +138,7 @@ int usageError(const Status& s) {
   return 2;
 }
 
-int runCheck(int argc, char** argv) {
-  bool allowFailures = false;
-  std::vector<std::string> paths;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--allow-failures"))
-      allowFailures = true;
-    else
-      paths.push_back(argv[i]);
-  }
+int runCheck(const std::vector<std::string>& paths, bool allowFailures) {
   if (paths.empty()) return usageError(invalidArgument("check: give a result JSON file"));
   int rc = 0;
   for (const auto& p : paths) {
@@ -232,8 +153,7 @@ int runCheck(int argc, char** argv) {
   return rc;
 }
 
-int runCompare(int argc, char** argv) {
-  std::vector<std::string> paths(argv + 1, argv + argc);
+int runCompare(const std::vector<std::string>& paths) {
   auto r = compareResults(paths);
   if (!r.ok()) {
     std::fprintf(stderr, "pdserve bench compare: %s\n", r.status().message().c_str());
@@ -243,20 +163,7 @@ int runCompare(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace
-
-int runBench(int argc, char** argv) {
-  if (argc >= 2 && !std::strcmp(argv[1], "compare")) return runCompare(argc - 1, argv + 1);
-  if (argc >= 2 && !std::strcmp(argv[1], "check")) return runCheck(argc - 1, argv + 1);
-  if (argc >= 2 && !std::strcmp(argv[1], "mixed")) return runBenchMixed(argc - 1, argv + 1);
-  for (int i = 1; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-  auto argsOr = parseArgs(argc, argv);
-  if (!argsOr.ok()) return usageError(argsOr.status());
-  const Args& a = *argsOr;
+int runBench(const Args& a) {
   auto get = [&](const char* k, std::string def) {
     auto it = a.values.find(k);
     return it == a.values.end() ? def : it->second;
@@ -424,7 +331,7 @@ int runBench(int argc, char** argv) {
 
   RunInfo info;
   info.date = date;
-  for (int i = 0; i < argc; ++i) info.commandLine += (i ? " " : "pdserve ") + std::string(argv[i]);
+  info.commandLine = commandLine();
   info.url = client.server.url();
   info.endpoint = endpointPath(body.endpoint);
   info.backend = body.endpoint == Endpoint::kChat ? "openai-chat" : "openai";
@@ -467,6 +374,49 @@ int runBench(int argc, char** argv) {
     return 1;
   }
   return agg.completed > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void addBenchCommand(CLI::App& pdserve, CommandRun& run) {
+  CLI::App* cmd = pdserve.add_subcommand("bench", kSummary);
+  cmd->footer(kDetails);
+  auto args = std::make_shared<Args>();
+  for (const OptionHelp& o : kValueOptions) {
+    addTextOption(*cmd, args->values, o.name, o.help);
+    cmd->get_option(o.name)->group(o.group);
+  }
+  cmd->add_option("--phase", args->phases,
+                  "one phase of a phased synthetic run (repeat it; phases run in order): "
+                  "prompt-len=LEN,output-len=LEN,rate=R,duration=S (LEN as --prompt-len; "
+                  "left-out lengths and rate default to --prompt-len/--output-len/--rate)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->allow_extra_args(false)
+      ->group("workload");
+  for (const OptionHelp& o : kFlagOptions) {
+    addTextFlag(*cmd, args->values, o.name, o.help);
+    cmd->get_option(o.name)->group(o.group);
+  }
+
+  CLI::App* compare = cmd->add_subcommand("compare", "compare result JSON files of earlier runs side by side");
+  auto comparePaths = std::make_shared<std::vector<std::string>>();
+  compare->add_option("results", *comparePaths, "A.json B.json ...: the runs' --out JSON files");
+  compare->callback([comparePaths, &run] { run = [comparePaths] { return runCompare(*comparePaths); }; });
+
+  CLI::App* check =
+      cmd->add_subcommand("check", "check result JSON files: exit 1 unless each run completed requests cleanly");
+  auto checkPaths = std::make_shared<std::vector<std::string>>();
+  auto allowFailures = std::make_shared<bool>(false);
+  check->add_option("results", *checkPaths, "RESULT.json ...: the runs' --out JSON files");
+  check->add_flag("--allow-failures", *allowFailures, "failed requests do not fail the check");
+  check->callback([checkPaths, allowFailures, &run] {
+    run = [checkPaths, allowFailures] { return runCheck(*checkPaths, *allowFailures); };
+  });
+
+  addBenchMixedCommand(*cmd, run);
+  cmd->callback([cmd, args, &run] {
+    if (cmd->get_subcommands().empty()) run = [args] { return runBench(*args); };
+  });
 }
 
 }  // namespace pd::tools

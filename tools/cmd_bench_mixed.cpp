@@ -1,10 +1,8 @@
 // `pdserve bench mixed`: the mixed-load benchmark (tools/bench/mixed.h, docs/bench.md). This
 // file is the command line only.
-#include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <memory>
 #include <string>
 
 #include "tools/bench/client.h"
@@ -16,94 +14,26 @@ namespace {
 
 using namespace pd::bench;
 
-const char kUsage[] = R"(usage: pdserve bench mixed [options]
-
-S short streams decode while L long prompts arrive at a fixed spacing. The short streams run
-twice in the same run, alone (the solo baseline) and with the long prompts, and their
-inter-token gaps are compared. Prints one table per run.
-
-  --url URL              server base URL (default http://127.0.0.1:8000)
-  --model NAME           model name (default: the first one /v1/models lists)
-  --label TEXT           the table's title (default: the URL)
-  --short-streams S      (default 2)       --short-prompt N (default 100)  --short-output N (default 400)
-  --long-prompts L       (default 4)       --long-prompt N  (default 2000) --long-output N  (default 16)
-  --long-start S         seconds after the short streams start (default 1)
-  --long-spacing S       seconds between long prompts (default 1)
-  --vocab-size V         token ids are drawn from [10, V-10) (default 256)
-  --seed N               prompt seed (default 0)
-  --check MAX,P99        exit 1 unless there were no errors, max gap <= MAX x solo p99 and
-                         p99 gap <= P99 x solo p99 (the issue's bound is 3,1.5)
-)";
-
 int fail(const std::string& why, int rc = 2) {
   std::fprintf(stderr, "pdserve bench mixed: %s\n", why.c_str());
   return rc;
 }
 
-bool parseNumber(const char* s, double* out) {
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(s, &end);
-  if (!*s || *end || errno || !std::isfinite(v)) return false;
-  *out = v;
-  return true;
-}
-
-}  // namespace
-
-int runBenchMixed(int argc, char** argv) {
+struct MixedArgs {
   MixedOptions o;
   std::string url = "http://127.0.0.1:8000", model, label;
   double vocab = 256, seed = 0, maxRatio = 0, p99Ratio = 0;
   bool check = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (i + 1 >= argc) return fail(arg + " needs a value (see --help)");
-    const char* v = argv[++i];
-    double d = 0;
-    auto num = [&](auto* out) {
-      if (!parseNumber(v, &d) || d < 0) return false;
-      *out = static_cast<std::remove_pointer_t<decltype(out)>>(d);
-      return true;
-    };
-    bool ok = true;
-    if (arg == "--url")
-      url = v;
-    else if (arg == "--model")
-      model = v;
-    else if (arg == "--label")
-      label = v;
-    else if (arg == "--short-streams")
-      ok = num(&o.shortStreams);
-    else if (arg == "--short-prompt")
-      ok = num(&o.shortPromptTokens);
-    else if (arg == "--short-output")
-      ok = num(&o.shortOutputTokens);
-    else if (arg == "--long-prompts")
-      ok = num(&o.longPrompts);
-    else if (arg == "--long-prompt")
-      ok = num(&o.longPromptTokens);
-    else if (arg == "--long-output")
-      ok = num(&o.longOutputTokens);
-    else if (arg == "--long-start")
-      ok = num(&o.longStartS);
-    else if (arg == "--long-spacing")
-      ok = num(&o.longSpacingS);
-    else if (arg == "--vocab-size")
-      ok = num(&vocab);
-    else if (arg == "--seed")
-      ok = num(&seed);
-    else if (arg == "--check") {
-      check = std::sscanf(v, "%lf,%lf", &maxRatio, &p99Ratio) == 2 && maxRatio > 0 && p99Ratio > 0;
-      if (!check) return fail("--check: expected MAX,P99 ratios such as 3,1.5, got '" + std::string(v) + "'");
-    } else
-      return fail("unknown option '" + arg + "' (see --help)");
-    if (!ok) return fail(arg + ": '" + v + "' is not a non-negative number");
-  }
+};
+
+int runBenchMixed(MixedArgs& args) {
+  MixedOptions& o = args.o;
+  const std::string& url = args.url;
+  std::string& model = args.model;
+  const std::string& label = args.label;
+  const double vocab = args.vocab, seed = args.seed, maxRatio = args.maxRatio, p99Ratio = args.p99Ratio;
+  const bool check = args.check;
+
   if (Status s = validate(o); !s.isOk()) return fail(s.message());
   if (vocab < 21) return fail("--vocab-size must be at least 21");
 
@@ -163,6 +93,49 @@ int runBenchMixed(int argc, char** argv) {
   }
   std::printf("check: FAILED: %s\n", why.c_str());
   return 1;
+}
+
+}  // namespace
+
+void addBenchMixedCommand(CLI::App& bench, CommandRun& run) {
+  CLI::App* cmd = bench.add_subcommand("mixed", "short streams vs arriving long prompts");
+  cmd->footer(
+      "S short streams decode while L long prompts "
+      "arrive at a fixed spacing. The short streams run twice in the same run, alone (the solo "
+      "baseline) and with the long prompts, and their inter-token gaps are compared. Prints one "
+      "table per run.");
+  auto args = std::make_shared<MixedArgs>();
+  MixedOptions& o = args->o;
+  auto number = [cmd](const char* name, auto& out, const char* description) {
+    cmd->add_option(name, out, description)->check(CLI::NonNegativeNumber)->capture_default_str();
+  };
+  cmd->add_option("--url", args->url, "server base URL")->capture_default_str();
+  cmd->add_option("--model", args->model, "model name (default: the first one /v1/models lists)");
+  cmd->add_option("--label", args->label, "the table's title (default: the URL)");
+  number("--short-streams", o.shortStreams, "S: short streams");
+  number("--short-prompt", o.shortPromptTokens, "a short stream's prompt tokens");
+  number("--short-output", o.shortOutputTokens, "a short stream's output tokens");
+  number("--long-prompts", o.longPrompts, "L: long prompts");
+  number("--long-prompt", o.longPromptTokens, "a long prompt's tokens");
+  number("--long-output", o.longOutputTokens, "a long prompt's output tokens");
+  number("--long-start", o.longStartS, "seconds after the short streams start");
+  number("--long-spacing", o.longSpacingS, "seconds between long prompts");
+  number("--vocab-size", args->vocab, "token ids are drawn from [10, V-10)");
+  number("--seed", args->seed, "prompt seed");
+  cmd->add_option_function<std::string>(
+         "--check",
+         [args](const std::string& v) {
+           std::sscanf(v.c_str(), "%lf,%lf", &args->maxRatio, &args->p99Ratio);
+           args->check = true;
+         },
+         "MAX,P99: exit 1 unless there were no errors, max gap <= MAX x solo p99 and p99 gap "
+         "<= P99 x solo p99 (the issue's bound is 3,1.5)")
+      ->check([](const std::string& v) {
+        double maxRatio = 0, p99Ratio = 0;
+        const bool ok = std::sscanf(v.c_str(), "%lf,%lf", &maxRatio, &p99Ratio) == 2 && maxRatio > 0 && p99Ratio > 0;
+        return ok ? std::string() : "expected MAX,P99 ratios such as 3,1.5, got '" + v + "'";
+      });
+  cmd->callback([args, &run] { run = [args] { return runBenchMixed(*args); }; });
 }
 
 }  // namespace pd::tools

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,19 +16,6 @@
 
 namespace pd::tools {
 namespace {
-
-void usage() {
-  std::fprintf(stderr,
-               "usage: pdserve generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
-               "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed N]\n"
-               "                        [--threads N] [--ignore-eos] [--logits-out FILE]\n"
-               "  --prompt-ids    comma-separated token ids\n"
-               "  --prompt        text, encoded with the model's tokenizer (special tokens added)\n"
-               "  --max-tokens    tokens to generate (default 16)\n"
-               "  --temperature   0 (default) = greedy; with --seed the same seed gives the same tokens\n"
-               "  --logits-out    writes each step's raw f32 logits (steps x vocab, little endian)\n"
-               "Prints the generated ids, comma-separated, on stdout (and with --prompt the text on stderr).\n");
-}
 
 bool parseIds(const std::string& s, std::vector<int32_t>* out) {
   size_t i = 0;
@@ -45,61 +32,23 @@ bool parseIds(const std::string& s, std::vector<int32_t>* out) {
   return !out->empty();
 }
 
-}  // namespace
-
-int runGenerate(int argc, char** argv) {
-  std::string modelDir, logitsOut;
+struct GenerateArgs {
+  std::string modelDir, logitsOut, promptText;
   std::vector<int32_t> prompt;
   int maxTokens = 16, threads = 0;
   bool ignoreEos = false;
   engine::SamplingParams sampling;
-  sampling.temperature = 0.0f;
-  std::string promptText;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "generate: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
-    } else if (a == "--model") {
-      modelDir = value();
-    } else if (a == "--prompt-ids") {
-      if (!parseIds(value(), &prompt)) {
-        std::fprintf(stderr, "generate: --prompt-ids must be comma-separated non-negative integers\n");
-        return 2;
-      }
-    } else if (a == "--prompt") {
-      promptText = value();
-    } else if (a == "--max-tokens") {
-      maxTokens = std::atoi(value());
-    } else if (a == "--threads") {
-      threads = std::atoi(value());
-    } else if (a == "--temperature") {
-      sampling.temperature = std::strtof(value(), nullptr);
-    } else if (a == "--top-k") {
-      sampling.topK = std::atoi(value());
-    } else if (a == "--top-p") {
-      sampling.topP = std::strtof(value(), nullptr);
-    } else if (a == "--min-p") {
-      sampling.minP = std::strtof(value(), nullptr);
-    } else if (a == "--seed") {
-      sampling.seed = std::strtoull(value(), nullptr, 10);
-    } else if (a == "--ignore-eos") {
-      ignoreEos = true;
-    } else if (a == "--logits-out") {
-      logitsOut = value();
-    } else {
-      std::fprintf(stderr, "generate: unknown option '%s'\n", a.c_str());
-      usage();
-      return 2;
-    }
-  }
+  GenerateArgs() { sampling.temperature = 0.0f; }
+};
+
+int runGenerate(GenerateArgs& args) {
+  const std::string& modelDir = args.modelDir;
+  const std::string& logitsOut = args.logitsOut;
+  const std::string& promptText = args.promptText;
+  std::vector<int32_t>& prompt = args.prompt;
+  const int maxTokens = args.maxTokens, threads = args.threads;
+  const bool ignoreEos = args.ignoreEos;
+  engine::SamplingParams& sampling = args.sampling;
   std::shared_ptr<const tok::Tokenizer> tokenizer;
   if (!modelDir.empty() && !promptText.empty()) {
     auto t = tok::Tokenizer::loadDir(modelDir);
@@ -112,8 +61,9 @@ int runGenerate(int argc, char** argv) {
     prompt = ids.value();
   }
   if (modelDir.empty() || prompt.empty()) {
-    std::fprintf(stderr, "generate: --model and --prompt-ids or --prompt are required\n");
-    usage();
+    std::fprintf(stderr,
+                 "generate: --model and --prompt-ids or --prompt are required "
+                 "(see pdserve generate --help)\n");
     return 2;
   }
   if (maxTokens < 1 || threads < 0) {
@@ -184,6 +134,37 @@ int runGenerate(int argc, char** argv) {
                prompt.size(), prefillS * 1e3, out.size(),
                out.size() > 1 ? double(out.size() - 1) / (totalS - prefillS) : 0.0);
   return 0;
+}
+
+}  // namespace
+
+void addGenerateCommand(CLI::App& pdserve, CommandRun& run) {
+  CLI::App* cmd = pdserve.add_subcommand("generate", "run the engine in-process on token ids (greedy)");
+  cmd->footer(
+      "Prints the generated ids, comma-separated, on stdout (and with --prompt the text on "
+      "stderr).");
+  auto args = std::make_shared<GenerateArgs>();
+  engine::SamplingParams& sampling = args->sampling;
+  cmd->add_option("--model", args->modelDir, "the model directory");
+  cmd->add_option_function<std::string>(
+         "--prompt-ids", [args](const std::string& v) { parseIds(v, &args->prompt); }, "comma-separated token ids")
+      ->check([](const std::string& v) {
+        std::vector<int32_t> ids;
+        return parseIds(v, &ids) ? std::string() : std::string("must be comma-separated non-negative integers");
+      });
+  cmd->add_option("--prompt", args->promptText, "text, encoded with the model's tokenizer (special tokens added)");
+  cmd->add_option("--max-tokens", args->maxTokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", sampling.temperature,
+                  "0 (default) = greedy; with --seed the same seed gives the same tokens");
+  cmd->add_option("--top-k", sampling.topK, "top-k sampling");
+  cmd->add_option("--top-p", sampling.topP, "top-p sampling");
+  cmd->add_option("--min-p", sampling.minP, "min-p sampling");
+  cmd->add_option_function<uint64_t>(
+      "--seed", [&sampling](uint64_t seed) { sampling.seed = seed; }, "sampling seed (default: a random one)");
+  cmd->add_option("--threads", args->threads, "CPU threads (0: the backend's default)");
+  cmd->add_flag("--ignore-eos", args->ignoreEos, "generate --max-tokens even past EOS");
+  cmd->add_option("--logits-out", args->logitsOut, "writes each step's raw f32 logits (steps x vocab, little endian)");
+  cmd->callback([args, &run] { run = [args] { return runGenerate(*args); }; });
 }
 
 }  // namespace pd::tools

@@ -1,8 +1,7 @@
 // pdserve make-model: writes a small Llama-shaped HF model directory with seeded random
 // weights and a byte-level BPE tokenizer (engine/model_maker.h).
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <memory>
 #include <string>
 
 #include "engine/model_maker.h"
@@ -11,71 +10,14 @@
 namespace pd::tools {
 namespace {
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: pdserve make-model --out DIR [--preset tiny|small] [--seed N]\n"
-               "                          [--tie-embeddings] [--qkv-bias] [--dtype f32|bf16]\n"
-               "  --preset          tiny: hidden 64, 2 layers, 4 heads, 2 kv heads, ffn 172\n"
-               "                    small: hidden 512, 8 layers, 8 heads, 4 kv heads, ffn 1376\n"
-               "                    (both: vocab 259 = 256 bytes + BOS/EOS/pad)\n"
-               "  --qkv-bias        q/k/v biases; writes a Qwen2ForCausalLM config\n"
-               "  --tie-embeddings  no lm_head.weight; the output layer reuses the embeddings\n"
-               "The weights are random: the model's text is noise.\n");
-}
-
-}  // namespace
-
-int runMakeModel(int argc, char** argv) {
+struct MakeModelArgs {
   engine::MakeModelOptions o;
   std::string out;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "make-model: %s needs a value\n", name);
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    const char* v = nullptr;
-    if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
-    } else if (a == "--out") {
-      if (!(v = value("--out"))) return 2;
-      out = v;
-    } else if (a == "--preset") {
-      if (!(v = value("--preset"))) return 2;
-      o.preset = v;
-    } else if (a == "--seed") {
-      if (!(v = value("--seed"))) return 2;
-      o.seed = std::strtoull(v, nullptr, 10);
-    } else if (a == "--dtype") {
-      if (!(v = value("--dtype"))) return 2;
-      o.dtype = v;
-    } else if (a == "--tie-embeddings") {
-      o.tieEmbeddings = true;
-    } else if (a == "--qkv-bias") {
-      o.qkvBias = true;
-    } else if (a == "--kv-heads") {  // hidden: test variants
-      if (!(v = value("--kv-heads"))) return 2;
-      o.numKvHeads = std::atoi(v);
-    } else if (a == "--rope-llama3") {  // hidden: test variants
-      o.ropeLlama3 = true;
-    } else if (a == "--shards") {  // hidden: test variants
-      if (!(v = value("--shards"))) return 2;
-      o.shards = std::atoi(v);
-    } else {
-      std::fprintf(stderr, "make-model: unknown option '%s'\n", a.c_str());
-      usage();
-      return 2;
-    }
-  }
-  if (out.empty()) {
-    std::fprintf(stderr, "make-model: --out DIR is required\n");
-    usage();
-    return 2;
-  }
+};
+
+int runMakeModel(const MakeModelArgs& args) {
+  const engine::MakeModelOptions& o = args.o;
+  const std::string& out = args.out;
   const Status st = engine::makeModel(o, out);
   if (!st.isOk()) {
     std::fprintf(stderr, "make-model: %s\n", st.toString().c_str());
@@ -83,6 +25,32 @@ int runMakeModel(int argc, char** argv) {
   }
   std::printf("wrote %s model to %s\n", o.preset.c_str(), out.c_str());
   return 0;
+}
+
+}  // namespace
+
+void addMakeModelCommand(CLI::App& pdserve, CommandRun& run) {
+  CLI::App* cmd = pdserve.add_subcommand("make-model", "write a small random-weight HF model directory");
+  cmd->footer(
+      "A Llama-shaped model with seeded random weights and a byte-level BPE tokenizer. The "
+      "weights are random: the model's text is noise.");
+  auto args = std::make_shared<MakeModelArgs>();
+  engine::MakeModelOptions& o = args->o;
+  cmd->add_option("--out", args->out, "the model directory to write")->required();
+  cmd->add_option("--preset", o.preset,
+                  "tiny: hidden 64, 2 layers, 4 heads, 2 kv heads, ffn 172; small: hidden 512, "
+                  "8 layers, 8 heads, 4 kv heads, ffn 1376 (both: vocab 259 = 256 bytes + "
+                  "BOS/EOS/pad)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "the weights' seed")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "f32|bf16: the weights' type")->capture_default_str();
+  cmd->add_flag("--tie-embeddings", o.tieEmbeddings, "no lm_head.weight; the output layer reuses the embeddings");
+  cmd->add_flag("--qkv-bias", o.qkvBias, "q/k/v biases; writes a Qwen2ForCausalLM config");
+  // Hidden (no description, group ""): test variants.
+  cmd->add_option("--kv-heads", o.numKvHeads)->group("");
+  cmd->add_flag("--rope-llama3", o.ropeLlama3)->group("");
+  cmd->add_option("--shards", o.shards)->group("");
+  cmd->callback([args, &run] { run = [args] { return runMakeModel(*args); }; });
 }
 
 }  // namespace pd::tools

@@ -24,106 +24,84 @@ namespace pd::tools {
 
 namespace {
 
-constexpr const char* kUsage =
-    R"(usage: pdserve plan --trace FILE (--gpu G | --calibration F) --slo ttft_ms=A,itl_ms=B[,percentile=P] [options]
-       pdserve plan --calibrate --model DIR [--threads N] --out F
-
-Simulates every layout of --gpus devices (colocated; each prefill/decode split with short-prompt
-thresholds 256/512/1024/2048) serving the trace, with pdserve's own scheduler and router
-policy, and prints them best first by goodput (requests/s meeting both SLOs).
-
-  --trace FILE              Azure LLM (CSV) or Mooncake (JSONL) trace, as pdserve bench reads it
-  --gpu G                   h100-sxm | h200 | a100-80gb | l40s | b200
-  --model M                 llama-3-8b (default) | llama-3-70b | llama-2-13b | qwen2.5-7b | a model dir / config.json
-  --slo ttft_ms=A,itl_ms=B[,percentile=P]   targets (percentile default 99)
-  --gpus N                  devices in all (default 8)
-  --duration S              only the trace's first S seconds (after --time-scale)
-  --time-scale X            multiply the trace's gaps by X (0.5: twice the rate)
-  --num-requests N          only the first N requests (with --rate and no --duration: N Poisson
-                            arrivals, as pdserve bench --num-requests --rate sends them)
-  --seed N                  pdserve bench's --seed: Poisson arrivals and prompt tokens; also seeds
-                            the --step-trace draws (default 0)
-  --max-prompt-tokens N, --length-scale X, --max-output-tokens N   as in pdserve bench
-  --max-batch-tokens N      engine.max_batch_tokens (default 8192)
-  --max-running-requests N  engine.max_running_requests (default 256)
-  --kv-link-gbps G          KV link between workers, Gb/s (default: the GPU's NIC)
-  --attainment P            percent of requests that must meet both SLOs (default 90)
-  --layout L                simulate only this layout: colocated:N or NpMd (e.g. 1p1d), at the
-                            trace's arrivals or at --rate R (Poisson); prints its percentiles
-  --threshold N             router.routing.short_prompt_tokens for --layout (default 256)
-  --requests-csv FILE       with --layout: each request's simulated route (or shed), TTFT, ITL and the
-                            TTFT admission control predicted for it, one
-                            row per request in pdserve bench's order (its --out CSV's index)
-  --calibration F           a CPU device measured by --calibrate instead of a --gpu; its workers
-                            get --kv-cache-bytes (default 268435456) and --kv-link-gbps (default 20)
-  --html FILE               also write the SLO-attainment curves against rate of the best layouts
-                            (every rate the search simulated) and the ranking, as one HTML page
-  --no-slo-sized-chunks     engine.slo_sized_prefill_chunks: false (prompts in max_batch_tokens chunks)
-  --no-overload-shedding    router.admission.overload_shedding: false (admit every request; by default the
-                            router's admission control sheds what it predicts would miss, and a
-                            shed request counts as a miss)
-  --autoscale MIN           with --layout: the pools follow the router's autoscaler (router.autoscaler
-                            defaults) between MIN (colocated:N or NpMd) and --layout, starting at MIN;
-                            a started worker serves after --startup-s (default 60); prints the
-                            devices held over the run
-  --step-trace F[,F...]     workers' step traces (logging.step_trace_dir) from a run of this device:
-                            each simulated step takes its modelled time times a measured / modelled
-                            ratio drawn from that run's steps of the same kind (docs/plan.md)
-  --calibrate               measure the CPU backend's steps on --model DIR with --threads
-                            (default 1) and write the fitted device to --out
-Progress goes to stderr.
-)";
+constexpr const char* kSummary = "size prefill/decode pools for a trace and SLOs on a named GPU (simulated)";
+constexpr const char* kDetails =
+    "Simulates every "
+    "layout of --gpus devices (colocated; each prefill/decode split with short-prompt "
+    "thresholds 256/512/1024/2048) serving the trace, with pdserve's own scheduler and router "
+    "policy, and prints them best first by goodput (requests/s meeting both SLOs). Needs "
+    "--trace, one of --gpu or --calibration, and --slo; or --calibrate --model DIR --out F. "
+    "Progress goes to stderr.";
 
 struct Args {
   std::map<std::string, std::string> values;
 };
 
-Result<Args> parseArgs(int argc, char** argv) {
-  static const char* kOptions[] = {"--trace",
-                                   "--gpu",
-                                   "--model",
-                                   "--slo",
-                                   "--gpus",
-                                   "--duration",
-                                   "--time-scale",
-                                   "--num-requests",
-                                   "--max-prompt-tokens",
-                                   "--length-scale",
-                                   "--max-output-tokens",
-                                   "--max-batch-tokens",
-                                   "--max-running-requests",
-                                   "--kv-link-gbps",
-                                   "--attainment",
-                                   "--layout",
-                                   "--threshold",
-                                   "--rate",
-                                   "--calibration",
-                                   "--kv-cache-bytes",
-                                   "--threads",
-                                   "--out",
-                                   "--html",
-                                   "--requests-csv",
-                                   "--step-trace",
-                                   "--seed",
-                                   "--autoscale",
-                                   "--startup-s"};
-  static const char* kFlags[] = {"--calibrate", "--no-slo-sized-chunks", "--no-overload-shedding"};
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    bool known = false;
-    for (const char* f : kFlags)
-      if (arg == f) a.values[arg] = "", known = true;
-    for (const char* o : kOptions) {
-      if (arg != o) continue;
-      if (i + 1 >= argc) return invalidArgument(arg + " needs a value");
-      a.values[arg] = argv[++i];
-      known = true;
-    }
-    if (!known) return invalidArgument("unknown option '" + arg + "' (see pdserve plan --help)");
-  }
-  return a;
-}
+struct OptionHelp {
+  const char* name;
+  const char* help;
+};
+
+const OptionHelp kOptions[] = {
+    {"--trace", "Azure LLM (CSV) or Mooncake (JSONL) trace, as pdserve bench reads it"},
+    {"--gpu", "h100-sxm | h200 | a100-80gb | l40s | b200"},
+    {"--model",
+     "llama-3-8b (default) | llama-3-70b | llama-2-13b | qwen2.5-7b | a model dir / "
+     "config.json"},
+    {"--slo", "ttft_ms=A,itl_ms=B[,percentile=P]: targets (percentile default 99)"},
+    {"--gpus", "devices in all (default 8)"},
+    {"--duration", "only the trace's first S seconds (after --time-scale)"},
+    {"--time-scale", "multiply the trace's gaps by X (0.5: twice the rate)"},
+    {"--num-requests",
+     "only the first N requests (with --rate and no --duration: N Poisson arrivals, as "
+     "pdserve bench --num-requests --rate sends them)"},
+    {"--seed",
+     "pdserve bench's --seed: Poisson arrivals and prompt tokens; also seeds the --step-trace "
+     "draws (default 0)"},
+    {"--max-prompt-tokens", "as in pdserve bench"},
+    {"--length-scale", "as in pdserve bench"},
+    {"--max-output-tokens", "as in pdserve bench"},
+    {"--max-batch-tokens", "engine.max_batch_tokens (default 8192)"},
+    {"--max-running-requests", "engine.max_running_requests (default 256)"},
+    {"--kv-link-gbps", "KV link between workers, Gb/s (default: the GPU's NIC)"},
+    {"--attainment", "percent of requests that must meet both SLOs (default 90)"},
+    {"--layout",
+     "simulate only this layout: colocated:N or NpMd (e.g. 1p1d), at the trace's arrivals or "
+     "at --rate R (Poisson); prints its percentiles"},
+    {"--threshold", "router.routing.short_prompt_tokens for --layout (default 256)"},
+    {"--rate", "with --layout: Poisson arrivals at R requests/s"},
+    {"--requests-csv",
+     "with --layout: each request's simulated route (or shed), TTFT, ITL and the TTFT "
+     "admission control predicted for it, one row per request in pdserve bench's order (its "
+     "--out CSV's index)"},
+    {"--calibration",
+     "a CPU device measured by --calibrate instead of a --gpu; its workers get "
+     "--kv-cache-bytes (default 268435456) and --kv-link-gbps (default 20)"},
+    {"--kv-cache-bytes", "with --calibration: each worker's KV cache bytes"},
+    {"--html",
+     "also write the SLO-attainment curves against rate of the best layouts (every rate the "
+     "search simulated) and the ranking, as one HTML page"},
+    {"--autoscale",
+     "with --layout: the pools follow the router's autoscaler (router.autoscaler defaults) "
+     "between MIN (colocated:N or NpMd) and --layout, starting at MIN; a started worker "
+     "serves after --startup-s (default 60); prints the devices held over the run"},
+    {"--startup-s", "with --autoscale: seconds before a started worker serves (default 60)"},
+    {"--step-trace",
+     "F[,F...]: workers' step traces (logging.step_trace_dir) from a run of this device: each "
+     "simulated step takes its modelled time times a measured / modelled ratio drawn from "
+     "that run's steps of the same kind (docs/plan.md)"},
+    {"--threads", "with --calibrate: threads (default 1)"},
+    {"--out", "with --calibrate: the fitted device's file"},
+};
+const OptionHelp kFlags[] = {
+    {"--calibrate",
+     "measure the CPU backend's steps on --model DIR with --threads (default 1) and write the "
+     "fitted device to --out"},
+    {"--no-slo-sized-chunks", "engine.slo_sized_prefill_chunks: false (prompts in max_batch_tokens chunks)"},
+    {"--no-overload-shedding",
+     "router.admission.overload_shedding: false (admit every request; by default the router's admission "
+     "control sheds what it predicts would miss, and a shed request counts as a miss)"},
+};
 
 Status number(const Args& a, const char* key, double* out) {
   auto it = a.values.find(key);
@@ -248,17 +226,7 @@ Status writeRequestsCsv(const std::string& path, const std::vector<plan::SimRequ
   return Status::ok();
 }
 
-}  // namespace
-
-int runPlan(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-  auto args = parseArgs(argc, argv);
-  if (!args.ok()) return usageError(args.status());
-  const Args& a = *args;
+int runPlan(const Args& a) {
   if (a.values.count("--calibrate")) return runCalibrate(a);
   auto get = [&](const char* k, const char* def) {
     auto it = a.values.find(k);
@@ -463,8 +431,7 @@ int runPlan(int argc, char** argv) {
       traceSpanS, 100 * po.attainment);
   if (a.values.count("--html")) {
     plan::PlanReportInfo info;
-    info.commandLine = "pdserve";
-    for (int i = 0; i < argc; ++i) info.commandLine += " " + std::string(argv[i]);
+    info.commandLine = commandLine();
     info.trace = std::to_string(traceRequests) + " requests (" + traceWorkload->describe + ")";
     info.model = model->name;
     info.device = deviceDescription + " (" + costNote + ")";
@@ -477,6 +444,17 @@ int runPlan(int argc, char** argv) {
     std::printf("wrote %s\n", get("--html", "").c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+void addPlanCommand(CLI::App& pdserve, CommandRun& run) {
+  CLI::App* cmd = pdserve.add_subcommand("plan", kSummary);
+  cmd->footer(kDetails);
+  auto args = std::make_shared<Args>();
+  for (const OptionHelp& o : kOptions) addTextOption(*cmd, args->values, o.name, o.help);
+  for (const OptionHelp& f : kFlags) addTextFlag(*cmd, args->values, f.name, f.help);
+  cmd->callback([args, &run] { run = [args] { return runPlan(*args); }; });
 }
 
 }  // namespace pd::tools

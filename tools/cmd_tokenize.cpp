@@ -1,8 +1,8 @@
 // `pdserve tokenize`: encode text (or render and encode a chat) with a model's tokenizer and
 // print the ids and their pieces.
 #include <cstdio>
-#include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -15,59 +15,21 @@
 namespace pd::tools {
 namespace {
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: pdserve tokenize --model DIR (--text TEXT | --chat FILE.json) [options]\n"
-               "  --model DIR          a Hugging Face model directory (tokenizer.json,\n"
-               "                       tokenizer_config.json)\n"
-               "  --text TEXT          text to encode\n"
-               "  --chat FILE.json     a JSON array of {role, content} messages, or an object\n"
-               "                       {\"messages\": [...], ...extra template variables}\n"
-               "  --no-generation-prompt  with --chat: do not end with the assistant prompt\n"
-               "  --no-special         do not add BOS/EOS (the chat prompt never adds them twice)\n"
-               "  --json               print {\"prompt\", \"ids\", \"pieces\"} as JSON\n");
-}
-
-}  // namespace
-
-int runTokenize(int argc, char** argv) {
+struct TokenizeArgs {
   std::string model, text, chatFile;
-  bool haveText = false, generationPrompt = true, addSpecial = true, asJson = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "pdserve tokenize: %s needs a value\n", a.c_str());
-        return false;
-      }
-      out = argv[++i];
-      return true;
-    };
-    if (a == "--model") {
-      if (!value(model)) return 2;
-    } else if (a == "--text") {
-      if (!value(text)) return 2;
-      haveText = true;
-    } else if (a == "--chat") {
-      if (!value(chatFile)) return 2;
-    } else if (a == "--no-generation-prompt") {
-      generationPrompt = false;
-    } else if (a == "--no-special") {
-      addSpecial = false;
-    } else if (a == "--json") {
-      asJson = true;
-    } else if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "pdserve tokenize: unknown option '%s'\n", a.c_str());
-      usage();
-      return 2;
-    }
-  }
-  if (model.empty() || haveText == !chatFile.empty()) {
-    std::fprintf(stderr, "pdserve tokenize: give --model and exactly one of --text or --chat\n");
-    usage();
+  bool haveText = false, noGenerationPrompt = false, noSpecial = false, asJson = false;
+};
+
+int runTokenize(const TokenizeArgs& args) {
+  const std::string& model = args.model;
+  const std::string& chatFile = args.chatFile;
+  std::string text = args.text;
+  const bool generationPrompt = !args.noGenerationPrompt, asJson = args.asJson;
+  bool addSpecial = !args.noSpecial;
+  if (model.empty() || args.haveText == !chatFile.empty()) {
+    std::fprintf(stderr,
+                 "pdserve tokenize: give --model and exactly one of --text or --chat "
+                 "(see pdserve tokenize --help)\n");
     return 2;
   }
   auto tok = tok::Tokenizer::loadDir(model);
@@ -134,6 +96,30 @@ int runTokenize(int argc, char** argv) {
         nlohmann::json((*tok)->idToToken(id)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+void addTokenizeCommand(CLI::App& pdserve, CommandRun& run) {
+  CLI::App* cmd =
+      pdserve.add_subcommand("tokenize", "encode text or a chat with a model's tokenizer; prints the ids and pieces");
+  auto args = std::make_shared<TokenizeArgs>();
+  cmd->add_option("--model", args->model, "a Hugging Face model directory (tokenizer.json, tokenizer_config.json)");
+  cmd->add_option_function<std::string>(
+      "--text",
+      [args](const std::string& v) {
+        args->text = v;
+        args->haveText = true;
+      },
+      "text to encode");
+  cmd->add_option("--chat", args->chatFile,
+                  "FILE.json: a JSON array of {role, content} messages, or an object "
+                  "{\"messages\": [...], ...extra template variables}");
+  cmd->add_flag("--no-generation-prompt", args->noGenerationPrompt,
+                "with --chat: do not end with the assistant prompt");
+  cmd->add_flag("--no-special", args->noSpecial, "do not add BOS/EOS (the chat prompt never adds them twice)");
+  cmd->add_flag("--json", args->asJson, "print {\"prompt\", \"ids\", \"pieces\"} as JSON");
+  cmd->callback([args, &run] { run = [args] { return runTokenize(*args); }; });
 }
 
 }  // namespace pd::tools

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "common/base/log.h"
@@ -17,56 +18,23 @@
 namespace pd::tools {
 namespace {
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: pdserve up [--config deploy/configs/local.yaml] [--port N] [--control-port N]\n"
-               "                  [--prefill N] [--decode N] [--no-autoscale]\n"
-               "  Starts a router, N prefill and M decode workers (the config's pools), makes the\n"
-               "  configured model on first use, waits until all are healthy, prints the URL, and\n"
-               "  stops them all on Ctrl-C. A worker that dies stops the cluster.\n"
-               "  A pool whose max_replicas exceeds its min_replicas is scaled within those bounds\n"
-               "  to the router's pdserve_desired_replicas (workers are drained before they stop);\n"
-               "  --no-autoscale (or router.autoscaler.local_actuator: false) keeps the sizes fixed.\n");
-}
-
 std::string selfDir() {
   std::error_code ec;
   auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
-}  // namespace
+struct UpArgs {
+  LocalClusterOptions o;
+  bool autoscale = true;
+};
 
-int runUp(int argc, char** argv) {
+int runUp(UpArgs& args) {
   const sigset_t signals = blockTerminationSignals();
 
-  LocalClusterOptions o;
+  LocalClusterOptions& o = args.o;
   o.binDir = selfDir();
-  bool autoscale = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") return usage(), 0;
-    if (a == "--no-autoscale") {
-      autoscale = false;
-      continue;
-    }
-    if (i + 1 >= argc) return usage(), 2;
-    std::string v = argv[++i];
-    if (a == "--config")
-      o.configPath = v;
-    else if (a == "--port")
-      o.httpPort = std::atoi(v.c_str());
-    else if (a == "--control-port")
-      o.controlPort = std::atoi(v.c_str());  // 0: a free one
-    else if (a == "--prefill")
-      o.prefillReplicas = std::atoi(v.c_str());
-    else if (a == "--decode")
-      o.decodeReplicas = std::atoi(v.c_str());
-    else {
-      std::fprintf(stderr, "pdserve up: unknown flag '%s'\n", a.c_str());
-      return usage(), 2;
-    }
-  }
+  const bool autoscale = args.autoscale;
   auto cluster = LocalCluster::start(o);
   if (!cluster.ok()) {
     std::fprintf(stderr, "pdserve up: %s\n", cluster.status().message().c_str());
@@ -121,6 +89,30 @@ int runUp(int argc, char** argv) {
       nextPoll = std::chrono::steady_clock::now() + pollEvery;
     }
   }
+}
+
+}  // namespace
+
+void addUpCommand(CLI::App& pdserve, CommandRun& run) {
+  CLI::App* cmd = pdserve.add_subcommand("up", "start a local cluster (router + workers) and supervise it");
+  cmd->footer(
+      "Starts a router, N prefill "
+      "and M decode workers (the config's pools), makes the configured model on first use, "
+      "waits until all are healthy, prints the URL, and stops them all on Ctrl-C. A worker that "
+      "dies stops the cluster. A pool whose max_replicas exceeds its min_replicas is scaled "
+      "within those bounds to the router's pdserve_desired_replicas (workers are drained before "
+      "they stop); --no-autoscale (or router.autoscaler.local_actuator: false) keeps the sizes "
+      "fixed.");
+  auto args = std::make_shared<UpArgs>();
+  LocalClusterOptions& o = args->o;
+  cmd->add_option("--config", o.configPath, "the cluster YAML")->capture_default_str();
+  cmd->add_option("--port", o.httpPort, "the router's HTTP port");
+  cmd->add_option("--control-port", o.controlPort, "the router's control port (0: a free one)");
+  cmd->add_option("--prefill", o.prefillReplicas, "prefill workers (default: the config's)");
+  cmd->add_option("--decode", o.decodeReplicas, "decode workers (default: the config's)");
+  cmd->add_flag_callback(
+      "--no-autoscale", [args] { args->autoscale = false; }, "keep the pool sizes fixed");
+  cmd->callback([args, &run] { run = [args] { return runUp(*args); }; });
 }
 
 }  // namespace pd::tools

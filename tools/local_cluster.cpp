@@ -43,8 +43,6 @@ Result<int> freePort() {
   return int(ntohs(addr.sin_port));
 }
 
-const char* poolName(Pool pool) { return pool == Pool::kPrefill ? "prefill" : "decode"; }
-
 double poolGauge(const std::string& metrics, const std::string& name, const std::string& pool) {
   const std::string key = name + "{pool=\"" + pool + "\"} ";
   for (size_t at = metrics.find(key); at != std::string::npos; at = metrics.find(key, at + 1)) {
@@ -192,7 +190,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   auto& cfg = c->config_;
   if (!std::filesystem::exists(cfg.model.path + "/config.json")) {
     engine::MakeModelOptions m;
-    m.preset = cfg.model.preset == config::ModelPreset::kTiny ? "tiny" : "small";
+    m.preset = std::string(config::toString(cfg.model.preset));
     PD_LOG(kInfo, "up") << "making the default '" << m.preset << "' model in " << cfg.model.path
                         << " (seeded random weights: its text is noise)";
     PD_RETURN_IF_ERROR(engine::makeModel(m, cfg.model.path));

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "common/base/enum_names.h"
 #include "common/base/ports_file.h"
 #include "common/base/status.h"
 #include "common/config/cluster_config.h"
@@ -40,7 +41,9 @@ struct LocalClusterOptions {
 };
 
 enum class Pool { kPrefill, kDecode };
-const char* poolName(Pool pool);  // "prefill", "decode": the router's pool label
+// "prefill", "decode": the router's pool label.
+inline constexpr EnumNames<Pool, 2> kPoolNames{{{Pool::kPrefill, "prefill"}, {Pool::kDecode, "decode"}}};
+inline const char* poolName(Pool pool) { return enumName(kPoolNames, pool); }
 
 class LocalCluster {
  public:

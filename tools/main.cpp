@@ -1,48 +1,56 @@
 // pdserve: one binary, one subcommand per job (docs/design.md §2, tools/).
 #include <cstdio>
-#include <cstring>
-#include <iterator>
+#include <string>
 
 #include "tools/commands.h"
 
 namespace pd::tools {
 namespace {
 
-const Command kCommands[] = {
-    {"version", "print the version", runVersion},
-    {"make-model", "write a small random-weight HF model directory", runMakeModel},
-    {"generate", "run the engine in-process on token ids (greedy)", runGenerate},
-    {"up", "start a local cluster (router + workers) and supervise it", runUp},
-    {"tokenize", "encode text or a chat with a model's tokenizer", runTokenize},
-    {"bench", "load-test an OpenAI-compatible server (TTFT, ITL, goodput)", runBench},
-    {"plan", "size prefill/decode pools for a trace and SLOs on a named GPU (simulated)", runPlan},
-};
+std::string gCommandLine = "pdserve";
 
-void printUsage() {
-  std::fprintf(stderr, "usage: pdserve <command> [options]\n\ncommands:\n");
-  for (const auto& c : kCommands) std::fprintf(stderr, "  %-12s %s\n", c.name, c.summary);
-  std::fprintf(stderr, "\n'pdserve <command> --help' describes a command.\n");
-}
+const AddCommandFn kCommands[] = {
+    addVersionCommand,  addMakeModelCommand, addGenerateCommand, addUpCommand,
+    addTokenizeCommand, addBenchCommand,     addPlanCommand,
+};
 
 }  // namespace
 
-int runVersion(int, char**) {
-  std::printf("pdserve %s\n", PD_VERSION);
-  return 0;
+const std::string& commandLine() { return gCommandLine; }
+
+void addVersionCommand(CLI::App& pdserve, CommandRun& run) {
+  pdserve.add_subcommand("version", "print the version")->callback([&run] {
+    run = [] {
+      std::printf("pdserve %s\n", PD_VERSION);
+      return 0;
+    };
+  });
 }
 
 }  // namespace pd::tools
 
 int main(int argc, char** argv) {
   using namespace pd::tools;
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    printUsage();
-    return argc < 2 ? 2 : 0;
+  for (char** arg = argv + 1; arg < argv + argc; ++arg) gCommandLine += std::string(" ") + *arg;
+  CLI::App app{
+      "pdserve: one binary, one subcommand per job; 'pdserve <command> --help' "
+      "describes a command.",
+      "pdserve"};
+  pd::cli::configure(app);
+  app.require_subcommand(1);
+  CommandRun run;
+  for (AddCommandFn add : kCommands) add(app, run);
+  if (argc < 2) {
+    std::fputs(app.help().c_str(), stderr);
+    return pd::cli::kUsageExit;
   }
-  for (const auto& c : kCommands) {
-    if (!std::strcmp(argv[1], c.name)) return c.run(argc - 1, argv + 1);
+  const std::string first = argv[1];
+  const CLI::App& commands = app;
+  auto named = [&first](const CLI::App* c) { return c->get_name() == first; };
+  if (first[0] != '-' && commands.get_subcommands(named).empty()) {
+    std::fprintf(stderr, "pdserve: unknown command '%s' (see pdserve --help)\n", first.c_str());
+    return pd::cli::kUsageExit;
   }
-  std::fprintf(stderr, "pdserve: unknown command '%s'\n", argv[1]);
-  printUsage();
-  return 2;
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
+  return run ? run() : pd::cli::kUsageExit;
 }

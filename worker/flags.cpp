@@ -1,7 +1,8 @@
 #include "worker/flags.h"
 
-#include <cstdio>
 #include <cstdlib>
+
+#include "common/base/cli.h"
 
 namespace pd::worker {
 
@@ -18,58 +19,54 @@ Result<int> parsePort(const std::string& flag, const std::string& value) {
 
 }  // namespace
 
-Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage) {
-  WorkerFlags f;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(usage, stdout);
-      return cancelled("help");
+Result<std::vector<RouterTarget>> parseRouterTargets(const std::string& value) {
+  std::vector<RouterTarget> routers;
+  for (size_t at = 0; at <= value.size();) {
+    size_t comma = value.find(',', at);
+    if (comma == std::string::npos) comma = value.size();
+    const std::string one = value.substr(at, comma - at);
+    const auto colon = one.rfind(':');
+    if (one.empty() || colon == std::string::npos || colon == 0) {
+      return invalidArgument("--router: expected HOST:PORT[,HOST:PORT...], got '" + value + "'");
     }
-    if (i + 1 >= argc) return invalidArgument(arg + ": missing value (see --help)");
-    std::string value = argv[++i];
-    if (arg == "--config") {
-      f.configPath = value;
-    } else if (arg == "--router") {
-      f.routers.clear();
-      for (size_t at = 0; at <= value.size();) {
-        size_t comma = value.find(',', at);
-        if (comma == std::string::npos) comma = value.size();
-        const std::string one = value.substr(at, comma - at);
-        const auto colon = one.rfind(':');
-        if (one.empty() || colon == std::string::npos || colon == 0) {
-          return invalidArgument("--router: expected HOST:PORT[,HOST:PORT...], got '" + value + "'");
-        }
-        RouterTarget t;
-        t.host = one.substr(0, colon);
-        PD_ASSIGN_OR_RETURN(t.port, parsePort("--router", one.substr(colon + 1)));
-        f.routers.push_back(std::move(t));
-        at = comma + 1;
-      }
-    } else if (arg == "--id") {
-      f.workerId = value;
-    } else if (arg == "--advertise-host") {
-      f.advertiseHost = value;
-    } else if (arg == "--bind-host") {
-      if (value.empty()) return invalidArgument("--bind-host: empty (give an address, 0.0.0.0 for all interfaces)");
-      f.bindHost = value;
-    } else if (arg == "--port") {
-      PD_ASSIGN_OR_RETURN(f.port, parsePort(arg, value));
-    } else if (arg == "--transfer-port") {
-      PD_ASSIGN_OR_RETURN(f.transferPort, parsePort(arg, value));
-    } else if (arg == "--metrics-port") {
-      PD_ASSIGN_OR_RETURN(f.metricsPort, parsePort(arg, value));
-    } else if (arg == "--model") {
-      f.modelPath = value;
-    } else if (arg == "--ports-file") {
-      f.portsFile = value;
-    } else {
-      return invalidArgument("unknown flag '" + arg + "' (see --help)");
-    }
+    RouterTarget t;
+    t.host = one.substr(0, colon);
+    PD_ASSIGN_OR_RETURN(t.port, parsePort("--router", one.substr(colon + 1)));
+    routers.push_back(std::move(t));
+    at = comma + 1;
   }
-  if (f.workerId.empty()) return invalidArgument("--id: required (a unique worker name)");
+  return routers;
+}
+
+void addWorkerFlags(CLI::App& app, WorkerFlags& f) {
+  app.add_option("--id", f.workerId, "this worker's unique name")->required();
+  app.add_option("--config", f.configPath, "the cluster YAML")->capture_default_str();
+  app.add_option_function<std::string>(
+         "--router", [&f](const std::string& value) { f.routers = parseRouterTargets(value).value(); },
+         "HOST:PORT[,HOST:PORT...]: the routers' control endpoints (a host that resolves to "
+         "several addresses is one router per address; default 127.0.0.1 at the config's "
+         "router.workers.control_port)")
+      ->check([](const std::string& value) {
+        auto routers = parseRouterTargets(value);
+        return routers.ok() ? std::string() : cli::withoutFlag(routers.status().message(), "--router");
+      });
+  app.add_option("--advertise-host", f.advertiseHost, "the address peers on other hosts dial (never a wildcard)")
+      ->capture_default_str();
+  app.add_option("--bind-host", f.bindHost,
+                 "where the control and metrics endpoints bind (default: the config's "
+                 "pools.<role>.host)")
+      ->check([](const std::string& value) {
+        return value.empty() ? std::string("empty (give an address, 0.0.0.0 for all interfaces)") : std::string();
+      });
+  cli::addPort(app, "--port", f.port, "control RPC port for peers (prefill); 0: OS-chosen");
+  cli::addPort(app, "--transfer-port", f.transferPort, "kvtransfer tcp data port; 0: --port + 1 when --port is set");
+  cli::addPort(app, "--metrics-port", f.metricsPort, "/health and /metrics port; 0: OS-chosen");
+  app.add_option("--model", f.modelPath, "model directory (overrides the config's model.path)");
+  app.add_option("--ports-file", f.portsFile, "once started, write the bound ports there (common/base/ports_file.h)");
+}
+
+void applyWorkerFlagDefaults(WorkerFlags& f) {
   if (f.transferPort == 0 && f.port != 0) f.transferPort = f.port + 1;
-  return f;
 }
 
 }  // namespace pd::worker

@@ -6,13 +6,17 @@
 
 #include "common/base/status.h"
 
+namespace CLI {
+class App;  // CLI11 (common/base/cli.h)
+}
+
 namespace pd::worker {
 
 // One --router entry. A host that resolves to several addresses (a headless Service) is one
 // router per address (worker/router_links.h).
 struct RouterTarget {
   std::string host = "127.0.0.1";
-  int port = 0;  // 0: the config's router.control_port
+  int port = 0;  // 0: the config's router.workers.control_port
 };
 
 struct WorkerFlags {
@@ -33,8 +37,14 @@ struct WorkerFlags {
   std::string portsFile;
 };
 
-// Parses argv (after the program name). Errors name the flag. --help prints `usage`
-// and returns kCancelled.
-Result<WorkerFlags> parseWorkerFlags(int argc, char** argv, const char* usage);
+// Adds the flags every worker program shares (pdserve-prefill, pdserve-decode,
+// pdserve-worker) to `app`, bound to `flags`; --id is required. Errors name the flag.
+void addWorkerFlags(CLI::App& app, WorkerFlags& flags);
+
+// What the flags imply once parsed: --transfer-port defaults to --port + 1 when --port is set.
+void applyWorkerFlagDefaults(WorkerFlags& flags);
+
+// --router's value: HOST:PORT[,HOST:PORT...]; the error names --router.
+Result<std::vector<RouterTarget>> parseRouterTargets(const std::string& value);
 
 }  // namespace pd::worker

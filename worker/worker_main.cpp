@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "common/base/cli.h"
 #include "common/base/log.h"
 #include "common/base/ports_file.h"
 #include "common/base/signals.h"
@@ -15,24 +16,24 @@ Status writeServicePorts(const WorkerFlags& flags, const Service& service) {
   return writePortsFile(flags.portsFile, {{"metrics", service.metricsPort()}});
 }
 
-int runWorkerMain(int argc, char** argv, const char* program, const char* usage, const ServiceFactory& create) {
+int runWorkerMain(int argc, char** argv, const char* program, const char* description, const ServiceFactory& create) {
   const sigset_t signals = blockTerminationSignals();
 
-  auto flags = parseWorkerFlags(argc - 1, argv + 1, usage);
-  if (!flags.ok()) {
-    if (flags.status().code() == StatusCode::kCancelled) return 0;
-    std::fprintf(stderr, "%s: %s\n", program, flags.status().message().c_str());
-    return 2;
-  }
-  auto config = config::loadClusterConfig(flags->configPath);
+  CLI::App app{description, program};
+  cli::configure(app);
+  WorkerFlags flags;
+  addWorkerFlags(app, flags);
+  if (int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
+  applyWorkerFlagDefaults(flags);
+  auto config = config::loadClusterConfig(flags.configPath);
   if (!config.ok()) {
     std::fprintf(stderr, "%s: %s\n", program, config.status().message().c_str());
     return 2;
   }
   setLogLevel(config->logging.level);
-  auto service = create(config.value(), flags.value());
+  auto service = create(config.value(), flags);
   Status started = service.ok() ? service.value()->start() : service.status();
-  if (started.isOk()) started = writeServicePorts(flags.value(), *service.value());
+  if (started.isOk()) started = writeServicePorts(flags, *service.value());
   if (!started.isOk()) {
     std::fprintf(stderr, "%s: %s\n", program, started.toString().c_str());
     return 1;

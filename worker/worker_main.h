@@ -46,6 +46,7 @@ using ServiceFactory = std::function<Result<std::unique_ptr<Service>>(config::Cl
 Status writeServicePorts(const WorkerFlags& flags, const Service& service);
 
 // Returns the process exit code (2 for usage and config errors, 1 for start-up failures).
-int runWorkerMain(int argc, char** argv, const char* program, const char* usage, const ServiceFactory& create);
+// `description` heads --help, above the flags addWorkerFlags defines.
+int runWorkerMain(int argc, char** argv, const char* program, const char* description, const ServiceFactory& create);
 
 }  // namespace pd::worker

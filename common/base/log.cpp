@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
+#include <optional>
 
 namespace pd {
 namespace {
@@ -26,21 +27,12 @@ std::mutex& outputMutex() {
   return m;
 }
 
-const char* levelTag(LogLevel level) {
-  switch (level) {
-    case LogLevel::kDebug:
-      return "D";
-    case LogLevel::kInfo:
-      return "I";
-    case LogLevel::kWarn:
-      return "W";
-    case LogLevel::kError:
-      return "E";
-    case LogLevel::kOff:
-      return "-";
-  }
-  return "?";
-}
+// A log line's one-letter level.
+constexpr EnumNames<LogLevel, 5> kLevelTags{{{LogLevel::kDebug, "D"},
+                                             {LogLevel::kInfo, "I"},
+                                             {LogLevel::kWarn, "W"},
+                                             {LogLevel::kError, "E"},
+                                             {LogLevel::kOff, "-"}}};
 
 }  // namespace
 
@@ -48,19 +40,9 @@ void setLogLevel(LogLevel level) { levelRef().store(level); }
 LogLevel logLevel() { return levelRef().load(std::memory_order_relaxed); }
 
 bool parseLogLevel(std::string_view text, LogLevel* out) {
-  if (text == "debug")
-    *out = LogLevel::kDebug;
-  else if (text == "info")
-    *out = LogLevel::kInfo;
-  else if (text == "warn")
-    *out = LogLevel::kWarn;
-  else if (text == "error")
-    *out = LogLevel::kError;
-  else if (text == "off")
-    *out = LogLevel::kOff;
-  else
-    return false;
-  return true;
+  const std::optional<LogLevel> level = enumFromName(kLogLevelNames, text);
+  if (level) *out = *level;
+  return level.has_value();
 }
 
 LogLine::LogLine(LogLevel level, std::string_view component, const char* file, int line) : level_(level) {
@@ -75,7 +57,7 @@ LogLine::LogLine(LogLevel level, std::string_view component, const char* file, i
   const char* base = file;
   for (const char* p = file; *p; ++p)
     if (*p == '/') base = p + 1;
-  stream_ << levelTag(level) << " " << stamp << " [" << component << "] ";
+  stream_ << enumName(kLevelTags, level) << " " << stamp << " [" << component << "] ";
   if (level >= LogLevel::kWarn) stream_ << "(" << base << ":" << line << ") ";
 }
 

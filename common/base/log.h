@@ -11,9 +11,17 @@
 #include <sstream>
 #include <string_view>
 
+#include "common/base/enum_names.h"
+
 namespace pd {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kOff = 4 };
+// The names logging.level and PDSERVE_LOG_LEVEL take.
+inline constexpr EnumNames<LogLevel, 5> kLogLevelNames{{{LogLevel::kDebug, "debug"},
+                                                        {LogLevel::kInfo, "info"},
+                                                        {LogLevel::kWarn, "warn"},
+                                                        {LogLevel::kError, "error"},
+                                                        {LogLevel::kOff, "off"}}};
 
 void setLogLevel(LogLevel level);
 LogLevel logLevel();

@@ -4,18 +4,6 @@
 
 namespace pd {
 
-const char* memKindName(MemKind kind) {
-  switch (kind) {
-    case MemKind::kHost:
-      return "host";
-    case MemKind::kPinned:
-      return "pinned";
-    case MemKind::kCuda:
-      return "cuda";
-  }
-  return "unknown";
-}
-
 size_t totalBytes(const DescList& list) {
   size_t n = 0;
   for (const auto& d : list) n += d.len;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/base/enum_names.h"
+
 namespace pd {
 
 enum class MemKind : uint8_t {
@@ -16,7 +18,9 @@ enum class MemKind : uint8_t {
   kCuda = 2,    // device memory; `device` is the CUDA ordinal
 };
 
-const char* memKindName(MemKind kind);
+inline constexpr EnumNames<MemKind, 3> kMemKindNames{
+    {{MemKind::kHost, "host"}, {MemKind::kPinned, "pinned"}, {MemKind::kCuda, "cuda"}}};
+inline const char* memKindName(MemKind kind) { return enumName(kMemKindNames, kind, "unknown"); }
 
 struct MemDesc {
   uintptr_t addr = 0;

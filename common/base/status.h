@@ -1,7 +1,7 @@
 // Status and Result<T>: the one error model at every module boundary (docs/design.md §3).
 //
 // A Status is either ok or carries a code and a message written for a person: what failed
-// and why ("config: router.port: 70000 is out of range [1, 65535]"). kInProgress is not an
+// and why ("config: router.http.port: 70000 is out of range [1, 65535]"). kInProgress is not an
 // error: non-blocking calls (transfers, polls) return it while work is still under way.
 // Both types are plain values, cheap to move, and safe to pass between threads.
 #pragma once
@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 #include <variant>
+
+#include "common/base/enum_names.h"
 
 namespace pd {
 
@@ -31,7 +33,23 @@ enum class StatusCode {
   kInternal,
 };
 
-const char* statusCodeName(StatusCode code);
+inline constexpr EnumNames<StatusCode, 14> kStatusCodeNames{{
+    {StatusCode::kOk, "OK"},
+    {StatusCode::kInProgress, "IN_PROGRESS"},
+    {StatusCode::kInvalidArgument, "INVALID_ARGUMENT"},
+    {StatusCode::kNotFound, "NOT_FOUND"},
+    {StatusCode::kAlreadyExists, "ALREADY_EXISTS"},
+    {StatusCode::kOutOfRange, "OUT_OF_RANGE"},
+    {StatusCode::kResourceExhausted, "RESOURCE_EXHAUSTED"},
+    {StatusCode::kFailedPrecondition, "FAILED_PRECONDITION"},
+    {StatusCode::kUnavailable, "UNAVAILABLE"},
+    {StatusCode::kDeadlineExceeded, "DEADLINE_EXCEEDED"},
+    {StatusCode::kCancelled, "CANCELLED"},
+    {StatusCode::kUnimplemented, "UNIMPLEMENTED"},
+    {StatusCode::kDataLoss, "DATA_LOSS"},
+    {StatusCode::kInternal, "INTERNAL"},
+}};
+inline const char* statusCodeName(StatusCode code) { return enumName(kStatusCodeNames, code, "UNKNOWN"); }
 
 class [[nodiscard]] Status {
  public:

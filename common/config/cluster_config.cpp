@@ -17,49 +17,12 @@ using detail::Choices;
 using detail::ErrorList;
 using detail::MapReader;
 
-std::string_view toString(ModelPreset v) { return v == ModelPreset::kTiny ? "tiny" : "small"; }
-std::string_view toString(DType v) {
-  switch (v) {
-    case DType::kAuto:
-      return "auto";
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-  }
-  return "?";
-}
-std::string_view toString(Backend v) { return v == Backend::kCpu ? "cpu" : "cuda"; }
-std::string_view toString(TransportKind v) {
-  switch (v) {
-    case TransportKind::kCma:
-      return "cma";
-    case TransportKind::kUcx:
-      return "ucx";
-    case TransportKind::kVerbs:
-      return "verbs";
-    case TransportKind::kTcp:
-      return "tcp";
-  }
-  return "?";
-}
-std::string_view toString(RemotePrefillFailure v) {
-  return v == RemotePrefillFailure::kRecompute ? "recompute" : "fail";
-}
-
-std::string_view toString(MetricsAuth v) {
-  switch (v) {
-    case MetricsAuth::kNone:
-      return "none";
-    case MetricsAuth::kApiKey:
-      return "api_key";
-    case MetricsAuth::kBearerFile:
-      return "bearer_file";
-  }
-  return "?";
-}
+std::string_view toString(ModelPreset v) { return enumName(kModelPresetNames, v); }
+std::string_view toString(DType v) { return enumName(kDTypeNames, v); }
+std::string_view toString(Backend v) { return enumName(kBackendNames, v); }
+std::string_view toString(TransportKind v) { return enumName(kTransportKindNames, v); }
+std::string_view toString(RemotePrefillFailure v) { return enumName(kRemotePrefillFailureNames, v); }
+std::string_view toString(MetricsAuth v) { return enumName(kMetricsAuthNames, v); }
 
 // TTFT: 5 ms .. 60 s, dense around the usual 0.1-2 s targets.
 std::vector<double> defaultTtftBucketsS() {
@@ -79,23 +42,21 @@ constexpr int64_t kMaxTokens = int64_t{1} << 24;  // 16M tokens: beyond any cont
 constexpr int64_t kMaxReplicas = 1024;
 constexpr int64_t kHourMs = 3600 * 1000;
 
-const Choices<ModelPreset> kPresets = {{"tiny", ModelPreset::kTiny}, {"small", ModelPreset::kSmall}};
-const Choices<DType> kDTypes = {
-    {"auto", DType::kAuto}, {"f32", DType::kF32}, {"bf16", DType::kBF16}, {"f16", DType::kF16}};
-const Choices<Backend> kBackends = {{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}};
-const Choices<TransportKind> kTransports = {{"cma", TransportKind::kCma},
-                                            {"ucx", TransportKind::kUcx},
-                                            {"verbs", TransportKind::kVerbs},
-                                            {"tcp", TransportKind::kTcp}};
-const Choices<RemotePrefillFailure> kFailurePolicies = {{"recompute", RemotePrefillFailure::kRecompute},
-                                                        {"fail", RemotePrefillFailure::kFail}};
-const Choices<MetricsAuth> kMetricsAuth = {
-    {"none", MetricsAuth::kNone}, {"api_key", MetricsAuth::kApiKey}, {"bearer_file", MetricsAuth::kBearerFile}};
-const Choices<LogLevel> kLogLevels = {{"debug", LogLevel::kDebug},
-                                      {"info", LogLevel::kInfo},
-                                      {"warn", LogLevel::kWarn},
-                                      {"error", LogLevel::kError},
-                                      {"off", LogLevel::kOff}};
+// The YAML choices: the enums' name tables, in their order.
+template <typename E, size_t N>
+Choices<E> choicesOf(const EnumNames<E, N>& names) {
+  Choices<E> choices;
+  for (const EnumName<E>& n : names) choices.emplace_back(n.name, n.value);
+  return choices;
+}
+
+const Choices<ModelPreset> kPresets = choicesOf(kModelPresetNames);
+const Choices<DType> kDTypes = choicesOf(kDTypeNames);
+const Choices<Backend> kBackends = choicesOf(kBackendNames);
+const Choices<TransportKind> kTransports = choicesOf(kTransportKindNames);
+const Choices<RemotePrefillFailure> kFailurePolicies = choicesOf(kRemotePrefillFailureNames);
+const Choices<MetricsAuth> kMetricsAuth = choicesOf(kMetricsAuthNames);
+const Choices<LogLevel> kLogLevels = choicesOf(kLogLevelNames);
 
 void readModel(MapReader m, ModelConfig* c) {
   m.readString("path", &c->path, false);

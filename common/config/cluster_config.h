@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/enum_names.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 
@@ -42,7 +43,19 @@ enum class Backend { kCpu, kCuda };
 enum class TransportKind { kCma, kUcx, kVerbs, kTcp };  // cma: same-node only (docs/kvtransfer.md)
 enum class RemotePrefillFailure { kRecompute, kFail };
 
-// The YAML spelling of each value ("small", "bf16", "cuda", "ucx", "recompute").
+// The YAML spelling of each value ("small", "bf16", "cuda", "ucx", "recompute"): one table
+// per enum, which loading parses with too.
+inline constexpr EnumNames<ModelPreset, 2> kModelPresetNames{
+    {{ModelPreset::kTiny, "tiny"}, {ModelPreset::kSmall, "small"}}};
+inline constexpr EnumNames<DType, 4> kDTypeNames{
+    {{DType::kAuto, "auto"}, {DType::kF32, "f32"}, {DType::kBF16, "bf16"}, {DType::kF16, "f16"}}};
+inline constexpr EnumNames<Backend, 2> kBackendNames{{{Backend::kCpu, "cpu"}, {Backend::kCuda, "cuda"}}};
+inline constexpr EnumNames<TransportKind, 4> kTransportKindNames{{{TransportKind::kCma, "cma"},
+                                                                  {TransportKind::kUcx, "ucx"},
+                                                                  {TransportKind::kVerbs, "verbs"},
+                                                                  {TransportKind::kTcp, "tcp"}}};
+inline constexpr EnumNames<RemotePrefillFailure, 2> kRemotePrefillFailureNames{
+    {{RemotePrefillFailure::kRecompute, "recompute"}, {RemotePrefillFailure::kFail, "fail"}}};
 std::string_view toString(ModelPreset v);
 std::string_view toString(DType v);
 std::string_view toString(Backend v);
@@ -70,6 +83,8 @@ struct RateLimitConfig {
 // Who may read the router's /metrics: anyone on the port (Prometheus, KEDA), holders of an
 // API key, or holders of the bearer token in metrics_bearer_file.
 enum class MetricsAuth { kNone, kApiKey, kBearerFile };
+inline constexpr EnumNames<MetricsAuth, 3> kMetricsAuthNames{
+    {{MetricsAuth::kNone, "none"}, {MetricsAuth::kApiKey, "api_key"}, {MetricsAuth::kBearerFile, "bearer_file"}}};
 std::string_view toString(MetricsAuth v);
 
 // The router's keys. In the YAML they sit in groups under router: (docs/config.md), noted per

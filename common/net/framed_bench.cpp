@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/cli.h"
 #include "common/net/framed.h"
 
 using namespace pd;
@@ -157,19 +158,16 @@ struct Counter {
   }
 };
 
-int argInt(int argc, char** argv, const char* name, int def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
-  }
-  return def;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rttIters = argInt(argc, argv, "--rtt-iters", 5000);
-  const int frames = argInt(argc, argv, "--frames", 200000);
-  const int bigFrames = argInt(argc, argv, "--big-frames", 512);
+  int rttIters = 5000, frames = 200000, bigFrames = 512;
+  CLI::App app{"pd_net_bench: framed connection round trips and throughput", "pd_net_bench"};
+  pd::cli::configure(app);
+  app.add_option("--rtt-iters", rttIters, "round trips to time")->capture_default_str();
+  app.add_option("--frames", frames, "small frames to stream")->capture_default_str();
+  app.add_option("--big-frames", bigFrames, "large frames to stream")->capture_default_str();
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   Counter received;  // frames seen by the client (echoes) or counted by the server
   std::atomic<bool> echo{true};

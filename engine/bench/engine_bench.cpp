@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/base/cli.h"
 #include "engine/bench/gguf_writer.h"
 #include "engine/cpu_backend.h"
 #include "engine/model_maker.h"
@@ -277,34 +278,18 @@ int main(int argc, char** argv) {
   std::string llamaBench, writeGguf;
   int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
   int rounds = 0;     // llama.cpp comparison rounds: 0 = 3 (1 with --quick)
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--model" && i + 1 < argc)
-      modelDir = argv[++i];
-    else if (a == "--threads" && i + 1 < argc)
-      threads = std::atoi(argv[++i]);
-    else if (a == "--quick")
-      quick = true;
-    else if (a == "--only" && i + 1 < argc)
-      only = argv[++i];
-    else if (a == "--skinny-max-rows" && i + 1 < argc)
-      skinnyMaxRows = std::atoi(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc)
-      rounds = std::atoi(argv[++i]);
-    else if (a == "--batch" && i + 1 < argc)
-      onlyBatch = std::atoi(argv[++i]);
-    else if (a == "--llama-bench" && i + 1 < argc)
-      llamaBench = argv[++i];
-    else if (a == "--write-gguf" && i + 1 < argc)
-      writeGguf = argv[++i];
-    else {
-      std::fprintf(stderr,
-                   "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only "
-                   "prefill|decode|context|llama] [--batch N] [--skinny-max-rows N] [--llama-bench PATH] "
-                   "[--rounds N] [--write-gguf PATH]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"engine_bench: the CPU engine's prefill, decode and context steps (and llama.cpp's)", "engine_bench"};
+  pd::cli::configure(app);
+  app.add_option("--model", modelDir, "model directory (default: a small made model in /tmp/pdserve_bench_small)");
+  app.add_option("--threads", threads, "CPU threads")->capture_default_str();
+  app.add_flag("--quick", quick, "fewer shapes and rounds");
+  app.add_option("--only", only, "prefill|decode|context|llama: run only this part");
+  app.add_option("--batch", onlyBatch, "decode: only this batch (default: 1, 8 and 32)");
+  app.add_option("--skinny-max-rows", skinnyMaxRows, "CpuBackendOptions::skinnyMaxRows")->capture_default_str();
+  app.add_option("--llama-bench", llamaBench, "llama.cpp's llama-bench, to compare against");
+  app.add_option("--rounds", rounds, "llama.cpp comparison rounds (default 3, 1 with --quick)");
+  app.add_option("--write-gguf", writeGguf, "write the model as GGUF to PATH");
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (modelDir.empty()) {
     modelDir = "/tmp/pdserve_bench_small";
     if (!std::filesystem::exists(modelDir + "/config.json")) {

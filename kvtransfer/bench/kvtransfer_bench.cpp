@@ -54,6 +54,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/cli.h"
 #include "kvtransfer/bench/bench_util.h"
 #include "kvtransfer/bench/tcp_like.h"
 #include "kvtransfer/block_segments.h"
@@ -789,37 +790,23 @@ int main(int argc, char** argv) {
   std::vector<std::string> transports;
   int streams = 1;
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "kvtransfer-bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--role") {
-      role = next();
-    } else if (a == "--transport") {
-      transport = next();
-    } else if (a == "--bytes") {
-      bytes = std::stoull(next());
-    } else if (a == "--transports") {
-      std::stringstream in(next());
-      std::string t;
-      while (std::getline(in, t, ',')) transports.push_back(t);
-    } else if (a == "--streams") {
-      streams = std::stoi(next());
-    } else if (a == "--quick") {
-      quick = true;
-    } else {
-      std::fprintf(stderr,
-                   "usage: kvtransfer-bench [--transports tcp,ucx] [--streams N] [--quick]\n"
-                   "unknown argument: %s\n",
-                   a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"kvtransfer-bench: KV transfer throughput and latency per transport", "kvtransfer-bench"};
+  pd::cli::configure(app);
+  app.add_option_function<std::string>(
+      "--transports",
+      [&transports](const std::string& list) {
+        std::stringstream in(list);
+        std::string t;
+        while (std::getline(in, t, ',')) transports.push_back(t);
+      },
+      "comma-separated transports to measure (default: every built one but loopback)");
+  app.add_option("--streams", streams, "concurrent streams")->capture_default_str();
+  app.add_flag("--quick", quick, "fewer sizes and rounds");
+  // The driver starts its receivers as child processes with these (not for people).
+  app.add_option("--role", role)->group("");
+  app.add_option("--transport", transport)->group("");
+  app.add_option("--bytes", bytes)->group("");
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   ::signal(SIGPIPE, SIG_IGN);
   if (role == "recv") return runReceiver(transport, bytes, streams);
   if (role == "rawrecv") return runRawReceiver(bytes);

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "kvtransfer/transports/ucx_transport.h"
@@ -244,42 +245,29 @@ int main(int argc, char** argv) {
   std::string pattern = "both";
   int reps = 3;
   bool perftest = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "ucx_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--sizes") {
-      sizes.clear();
-      std::istringstream in(next());
-      std::string s;
-      while (std::getline(in, s, ',')) sizes.push_back(parseSize(s));
-    } else if (a == "--bytes") {
-      totalBytes = parseSize(next());
-    } else if (a == "--errmode") {
-      errmode = next();
-    } else if (a == "--target-idle-us") {
-      gTargetIdleUs = std::atoi(next().c_str());
-    } else if (a == "--reps") {
-      reps = std::max(1, std::atoi(next().c_str()));
-    } else if (a == "--pattern") {
-      pattern = next();
-    } else if (a == "--memory") {
-      memory = next();
-    } else if (a == "--no-perftest") {
-      perftest = false;
-    } else {
-      std::fprintf(stderr,
-                   "usage: ucx_bench [--sizes 4k,1m,...] [--bytes 256m] "
-                   "[--errmode peer|none|both] [--memory user|ucx|both] [--pattern same|stream|both] [--reps 3] "
-                   "[--target-idle-us N] [--no-perftest]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"ucx_bench: UCX put bandwidth and latency (against ucx_perftest)", "ucx_bench"};
+  pd::cli::configure(app);
+  app.add_option_function<std::string>(
+      "--sizes",
+      [&sizes](const std::string& list) {
+        sizes.clear();
+        std::istringstream in(list);
+        std::string s;
+        while (std::getline(in, s, ',')) sizes.push_back(parseSize(s));
+      },
+      "message sizes, comma-separated (4k,1m,...)");
+  app.add_option_function<std::string>(
+      "--bytes", [&totalBytes](const std::string& v) { totalBytes = parseSize(v); },
+      "bytes per measurement (default 256m)");
+  app.add_option("--errmode", errmode, "peer|none|both")->capture_default_str();
+  app.add_option("--memory", memory, "user|ucx|both")->capture_default_str();
+  app.add_option("--pattern", pattern, "same|stream|both")->capture_default_str();
+  app.add_option_function<int>(
+      "--reps", [&reps](int v) { reps = std::max(1, v); }, "repetitions (default 3)");
+  app.add_option("--target-idle-us", gTargetIdleUs, "the target's idle poll in microseconds");
+  app.add_flag_callback(
+      "--no-perftest", [&perftest] { perftest = false; }, "skip the ucx_perftest comparison");
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (errmode != "peer" && errmode != "none" && errmode != "both") {
     std::fprintf(stderr, "ucx_bench: --errmode must be peer, none or both (got '%s')\n", errmode.c_str());
     return 2;

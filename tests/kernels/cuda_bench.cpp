@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/cli.h"
 #include "engine/cuda_backend.h"
 #include "pd/kernels/cuda/attention.h"
 #include "pd/kernels/cuda/ops.h"
@@ -292,17 +293,12 @@ double samplingUs(int rows, int vocab, double* copyUs) {
 int main(int argc, char** argv) {
   std::string preset = "1b";
   int steps = 30;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--model" && i + 1 < argc)
-      preset = argv[++i];
-    else if (a == "--steps" && i + 1 < argc)
-      steps = std::max(1, std::atoi(argv[++i]));
-    else {
-      std::fprintf(stderr, "usage: cuda_bench [--model 1b|tiny] [--steps N]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"cuda_bench: the CUDA backend's steps on a made model", "cuda_bench"};
+  pd::cli::configure(app);
+  app.add_option("--model", preset, "1b|tiny: the made model's preset")->capture_default_str();
+  app.add_option_function<int>(
+      "--steps", [&steps](int n) { steps = std::max(1, n); }, "decode steps to time (default 30)");
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   const Status avail = cudaDeviceAvailable();
   if (!avail.isOk()) {
     std::fprintf(stderr, "cuda_bench: %s\n", avail.message().c_str());

@@ -67,18 +67,6 @@ std::vector<std::string> splitCsv(const std::string& line) {
   return out;
 }
 
-const char* traceFormatName(TraceFormat f) {
-  switch (f) {
-    case TraceFormat::kAzureCsv:
-      return "azure-csv";
-    case TraceFormat::kBurstGptCsv:
-      return "burstgpt-csv";
-    case TraceFormat::kMooncakeJsonl:
-      return "mooncake-jsonl";
-  }
-  return "?";
-}
-
 bool parseDateTimeSeconds(const std::string& text, double* out) {
   // YYYY-MM-DD hh:mm:ss[.frac]
   if (text.size() < 19 || text[4] != '-' || text[7] != '-' || (text[10] != ' ' && text[10] != 'T') || text[13] != ':' ||

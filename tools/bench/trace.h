@@ -11,12 +11,16 @@
 #include <string>
 #include <vector>
 
+#include "common/base/enum_names.h"
 #include "common/base/status.h"
 
 namespace pd::bench {
 
 enum class TraceFormat { kAzureCsv, kBurstGptCsv, kMooncakeJsonl };
-const char* traceFormatName(TraceFormat f);
+inline constexpr EnumNames<TraceFormat, 3> kTraceFormatNames{{{TraceFormat::kAzureCsv, "azure-csv"},
+                                                              {TraceFormat::kBurstGptCsv, "burstgpt-csv"},
+                                                              {TraceFormat::kMooncakeJsonl, "mooncake-jsonl"}}};
+inline const char* traceFormatName(TraceFormat f) { return enumName(kTraceFormatNames, f); }
 
 struct TraceRow {
   double arrivalS = 0;  // seconds since the trace's first row (never negative)

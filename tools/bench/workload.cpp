@@ -165,18 +165,6 @@ Result<PhaseSpec> parsePhaseSpec(std::string_view text, int number, const PhaseS
   return p;
 }
 
-const char* arrivalModeName(ArrivalMode m) {
-  switch (m) {
-    case ArrivalMode::kTrace:
-      return "trace";
-    case ArrivalMode::kPoisson:
-      return "poisson";
-    case ArrivalMode::kImmediate:
-      return "immediate";
-  }
-  return "?";
-}
-
 const char* endpointPath(Endpoint e) { return e == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions"; }
 
 namespace {

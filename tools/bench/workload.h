@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/enum_names.h"
 #include "common/base/status.h"
 #include "tools/bench/trace.h"
 
@@ -35,7 +36,10 @@ enum class ArrivalMode {
   kPoisson,    // exponential gaps at `rate` requests/s
   kImmediate,  // all at t = 0; with a concurrency cap this is a closed loop
 };
-const char* arrivalModeName(ArrivalMode m);
+// The names the reports carry (RunInfo::arrival).
+inline constexpr EnumNames<ArrivalMode, 3> kArrivalModeNames{
+    {{ArrivalMode::kTrace, "trace"}, {ArrivalMode::kPoisson, "poisson"}, {ArrivalMode::kImmediate, "immediate"}}};
+inline const char* arrivalModeName(ArrivalMode m) { return enumName(kArrivalModeNames, m); }
 
 // One phase of a phased synthetic workload (`--phase`, repeatable): Poisson arrivals at
 // `rate` for `durationS`, lengths from its own distributions; phases run back to back.

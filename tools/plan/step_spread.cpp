@@ -28,18 +28,6 @@ void addChunks(int64_t rows, int64_t tokens, int64_t context, std::vector<engine
 
 }  // namespace
 
-const char* toString(StepKind k) {
-  switch (k) {
-    case StepKind::kPrefillPrompt:
-      return "prefill worker, prompt steps";
-    case StepKind::kDecodeOnly:
-      return "decode worker, decode-only steps";
-    case StepKind::kDecodeMixed:
-      return "decode worker, steps with prompt tokens";
-  }
-  return "?";
-}
-
 StepClass StepClass::of(bool prefillWorker, std::span<const engine::SeqChunk> batch) {
   int64_t decodeRows = 0, promptTokens = 0;
   for (const auto& c : batch) {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/enum_names.h"
 #include "common/base/status.h"
 #include "engine/backend.h"
 #include "tools/plan/cost_model.h"
@@ -39,7 +40,11 @@
 namespace pd::plan {
 
 enum class StepKind { kPrefillPrompt = 0, kDecodeOnly = 1, kDecodeMixed = 2 };
-const char* toString(StepKind k);
+inline constexpr EnumNames<StepKind, 3> kStepKindNames{
+    {{StepKind::kPrefillPrompt, "prefill worker, prompt steps"},
+     {StepKind::kDecodeOnly, "decode worker, decode-only steps"},
+     {StepKind::kDecodeMixed, "decode worker, steps with prompt tokens"}}};
+inline const char* toString(StepKind k) { return enumName(kStepKindNames, k); }
 
 // Where a step's ratio is drawn from: its kind, and its size class (the smallest power of
 // two >= its decode rows for kDecodeOnly, >= its prompt tokens otherwise).

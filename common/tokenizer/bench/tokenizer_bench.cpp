@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/base/cli.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace {
@@ -89,19 +90,13 @@ int main(int argc, char** argv) {
   double mb = 10;
   std::string models = "llama2,llama3,qwen3";
   bool js = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--mb" && i + 1 < argc)
-      mb = std::atof(argv[++i]);
-    else if (a == "--models" && i + 1 < argc)
-      models = argv[++i];
-    else if (a == "--no-js")
-      js = false;
-    else {
-      std::fprintf(stderr, "usage: pd_tokenizer_bench [--mb N] [--models a,b] [--no-js]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"pd_tokenizer_bench: encode throughput per tokenizer (and the JS reference's)", "pd_tokenizer_bench"};
+  pd::cli::configure(app);
+  app.add_option("--mb", mb, "megabytes of text to encode")->capture_default_str();
+  app.add_option("--models", models, "tokenizers, comma-separated")->capture_default_str();
+  app.add_flag_callback(
+      "--no-js", [&js] { js = false; }, "skip the JS reference");
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   std::string text = makeText(static_cast<size_t>(mb * 1e6));
   std::string textPath = "/tmp/pd_tokenizer_bench.txt";
   std::ofstream(textPath, std::ios::binary) << text;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/base/cli.h"
 #include "tests/unit/bench/fake_openai_server.h"
 #include "tools/bench/client.h"
 #include "tools/bench/sse.h"
@@ -59,9 +60,17 @@ double ceilingChunksPerS() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int64_t streams = argc > 1 ? std::atoll(argv[1]) : 1000;
-  const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 50;
-  const double itlMs = argc > 3 ? std::atof(argv[3]) : 20;
+  int64_t streams = 1000, tokens = 50;
+  double itlMs = 20;
+  CLI::App app{
+      "bench_generator: the load generator's chunks/s against a fake server, next to "
+      "its ceiling",
+      "bench_generator"};
+  pd::cli::configure(app);
+  app.add_option("streams", streams, "concurrent streams")->capture_default_str();
+  app.add_option("tokens", tokens, "tokens per stream")->capture_default_str();
+  app.add_option("itl_ms", itlMs, "the fake server's inter-token gap in ms")->capture_default_str();
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   const double ceiling = ceilingChunksPerS();
   std::printf("ceiling: SSE decode + accounting on one core: %.0f chunks/s\n", ceiling);

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "common/base/cli.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/logits_processors.h"
 #include "engine/sampling.h"
@@ -25,12 +26,17 @@ double microsPer(int iters, const std::chrono::steady_clock::time_point& t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int vocab = argc > 1 ? std::atoi(argv[1]) : 128256;
-  const int iters = argc > 2 ? std::atoi(argv[2]) : 200;
-  if (vocab < 2 || iters < 1) {
-    std::fprintf(stderr, "usage: engine_core_bench [vocab >= 2] [iterations >= 1]\n");
-    return 2;
-  }
+  int vocab = 128256, iters = 200;
+  CLI::App app{
+      "engine_core_bench: per-token host costs of the engine's core logic, each next to "
+      "a ceiling measured in the same run",
+      "engine_core_bench"};
+  pd::cli::configure(app);
+  app.add_option("vocab", vocab, "vocabulary size")->check(CLI::Range(2, 1 << 30))->capture_default_str();
+  app.add_option("iterations", iters, "iterations per measurement")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   // Logits shaped like a language model's: most mass on a few hundred tokens.
   std::mt19937 rng(7);

@@ -44,7 +44,7 @@ TEST_CASE("error messages quote user input cut to a bound") {
   CHECK(quoteForMessage(utf).substr(0, 64) == std::string(63, 'a') + ".");
   auto model = parseGenerationRequest("{\"model\":\"" + big + "\",\"prompt\":\"hi\"}", Endpoint::kCompletions);
   REQUIRE(std::holds_alternative<GenerationRequest>(model));  // unknown models are the parser's job
-  CHECK(modelNotFound(big).message.size() < 200);
+  CHECK(ApiError::modelNotFound(big).message.size() < 200);
   auto role = parseGenerationRequest("{\"messages\":[{\"role\":\"" + big + "\",\"content\":\"x\"}]}", Endpoint::kChat);
   REQUIRE(std::holds_alternative<ApiError>(role));
   CHECK(std::get<ApiError>(role).message.size() < 300);

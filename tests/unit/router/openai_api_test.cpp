@@ -185,7 +185,7 @@ TEST_CASE("chat: messages, content parts and logprob fields") {
 }
 
 TEST_CASE("error objects carry all four keys") {
-  ApiError e = badRequest("n: out of range", "n");
+  ApiError e = ApiError::invalidRequest("n: out of range", "n");
   json j = e.toJson();
   CHECK(j["error"]["message"] == "n: out of range");
   CHECK(j["error"]["type"] == "invalid_request_error");
