@@ -984,7 +984,8 @@ TEST_CASE("a request that can never fit the KV cache: a 400 at once naming the l
 // now takes what finished after the report's figures off them (docs/serving.md, "Overload").
 TEST_CASE("no spurious 429 right after a long local prefill on an idle cluster") {
   ClusterSpec spec;
-  spec.shortPromptTokens = 4000;  // every prompt is prefilled on the decode worker
+  spec.shortPromptTokens = 4000;   // every prompt is prefilled on the decode worker
+  spec.prefixAwareRouting = true;  // as deployed: the router then counts uncached tokens
   spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 100}}, decode: {replicas: 1}}";
   auto c = startCluster("no-spurious-429", spec);
   REQUIRE(complete(*c, randomPrompt(1500, 4000), 1).status == 200);  // the decode worker measures its rate
