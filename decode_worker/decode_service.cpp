@@ -131,6 +131,9 @@ class DecodeRole final : public worker::RolePolicy {
     auto request = engine::Request::create(id, std::move(prompt), params, SystemClock::instance(),
                                            engine_.modelConfig().vocabSize);
     if (!request.ok()) return sendError(from, id, request.status());
+    // Before it queues anywhere (here or for blocks to receive into): one that can never fit
+    // would wait for ever (docs/serving.md, "Limits").
+    if (Status fits = engine_.checkFits(*request); !fits.isOk()) return sendError(from, id, fits);
     const auto load = engine_.load();
     if (load.waiting + remote_.waitingForBlocks() >= loop_.config().engine.maxQueue) {
       return sendError(from, id,

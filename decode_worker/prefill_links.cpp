@@ -136,7 +136,9 @@ void PrefillLinks::onConnected(const std::string& address, Result<net::Connectio
 void PrefillLinks::onMessage(const std::string& address, const net::ConnectionPtr& c, proto::Envelope&& env) {
   auto it = links_.find(address);
   const bool current = it != links_.end() && it->second.conn == c;
-  if (current) it->second.lastHeard = steadyNow();
+  // Progress is not an answer: a worker that dies mid-prefill after reporting progress is
+  // still recomputed as a silent one (RemotePrefills::recomputeStall reads lastHeard).
+  if (current && env.body_case() != proto::Envelope::kPrefillProgress) it->second.lastHeard = steadyNow();
   if (env.request_id() == 0) {
     if (current) onKvConnectReply(address, std::move(env));
     return;

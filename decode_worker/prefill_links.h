@@ -52,7 +52,8 @@ class PrefillLinks {
   bool handshaking(const std::string& address) const;
   // The prefill worker's kvtransfer peer; valid while ready().
   kvt::AgentPeer kvPeer(const std::string& address) const;
-  // When the last message from `address` arrived on its current link (epoch when none).
+  // When the last message from `address` arrived on its current link (epoch when none);
+  // PrefillProgress does not count (it says a request computes, not that the worker answers).
   SteadyTime lastHeard(const std::string& address) const;
 
   // Sends on a READY (or HANDSHAKING) link; kUnavailable when there is none.

@@ -24,7 +24,13 @@ RemotePrefills::RemotePrefills(worker::WorkerLoop& loop, Callbacks callbacks)
       quarantine_(loop, links_) {}
 
 worker::WorkerLoop::TimerId RemotePrefills::deadline(uint64_t id, std::function<Status()> why) {
-  return loop_.at(steadyNow() + milliseconds(loop_.config().kvTransfer.timeoutMs), [this, id, why] {
+  requests_.at(id).leaseFrom = steadyNow();
+  auto expiry = [this, id] {
+    auto it = requests_.find(id);
+    return it == requests_.end() ? SteadyTime{}
+                                 : it->second.leaseFrom + milliseconds(loop_.config().kvTransfer.timeoutMs);
+  };
+  return loop_.lease(expiry, [this, id, why] {
     auto it = requests_.find(id);
     if (it == requests_.end()) return;
     it->second.deadlineTimer = 0;
@@ -73,7 +79,7 @@ void RemotePrefills::reserved(uint64_t id, std::vector<engine::BlockId> blocks) 
   const std::string address = r.address;
   r.deadlineTimer = deadline(id, [this, address] {
     return deadlineExceeded((links_.handshaking(address) ? "prefill worker " + address + " did not answer KvConnect"
-                                                         : std::string("no PrefillDone")) +
+                                                         : std::string("no PrefillDone and no progress")) +
                             " within " + std::to_string(loop_.config().kvTransfer.timeoutMs) + " ms");
   });
   if (links_.ready(address)) return sendPrefillRequest(id);
@@ -136,6 +142,7 @@ void RemotePrefills::onLinkMessage(const std::string& address, proto::Envelope&&
   }
   if (env.body_case() == proto::Envelope::kError) return failed(id, net::fromProtoError(env.error()));
   if (env.body_case() == proto::Envelope::kPrefillDone) return onPrefillDone(id, env.prefill_done());
+  if (env.body_case() == proto::Envelope::kPrefillProgress) it->second.leaseFrom = steadyNow();  // still computing
 }
 
 // Every request that waits on or was sent over that link fails (and recomputes or not).

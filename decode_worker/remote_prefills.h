@@ -18,9 +18,13 @@
 //        is the fence and the blocks are freed at once; otherwise (cma, ucx, verbs: one-sided
 //        writes) they go to the KvQuarantine. A recompute uses fresh blocks.
 //
-// Deadlines (loop timers, kv_transfer.timeout_ms each): WAITING_BLOCKS from start();
-// CONNECTING + REQUESTED together from the reservation. A prefill worker that is slow,
-// stopped or unreachable delays only the requests sent to it: nothing here waits on it.
+// Deadlines (loop leases, kv_transfer.timeout_ms each): WAITING_BLOCKS from start();
+// CONNECTING + REQUESTED together from the reservation, renewed by every PrefillProgress the
+// prefill worker sends while it computes the request's layers: a deadline on progress, not
+// on the whole prefill, so a long prompt on a slow worker is computed once, while a stopped
+// or stuck one still fails it within timeout_ms of its last progress (docs/reliability.md,
+// "Remote prefill deadlines"). A prefill worker that is slow, stopped or unreachable delays
+// only the requests sent to it: nothing here waits on it.
 //
 // Threads: the loop thread only.
 #pragma once
@@ -80,6 +84,7 @@ class RemotePrefills {
     std::string address;  // the prefill worker's control address
     std::vector<engine::BlockId> blocks;
     worker::WorkerLoop::TimerId deadlineTimer = 0;
+    SteadyTime leaseFrom;       // the deadline is timeout_ms after this (set, then renewed)
     std::string grant;          // TransferAgent::grantWrite for `blocks` ("" until REQUESTED)
     kvt::AgentPeer kvPeer = 0;  // the prefill worker's kvtransfer peer the grant is for
     bool writerDone = false;    // PrefillDone: every write confirmed, nothing can land later

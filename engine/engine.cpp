@@ -30,9 +30,20 @@ const Request* Engine::find(uint64_t id) const {
   return it == requests_.end() ? nullptr : &it->second;
 }
 
+Status Engine::checkFits(const Request& request) const {
+  const int limit = maxPromptTokens();
+  if (request.numPromptTokens() <= limit) return Status::ok();
+  return invalidArgument(reqName(request.id()) + ": its prompt of " + std::to_string(request.numPromptTokens()) +
+                         " tokens can never run on this worker: its KV cache (" +
+                         std::to_string(kv_->numTotalBlocks()) + " blocks of " + std::to_string(kv_->blockSize()) +
+                         " tokens: engine.num_blocks, engine.block_size) takes prompts of at most " +
+                         std::to_string(limit) + " tokens");
+}
+
 Status Engine::submit(Request request) {
   uint64_t id = request.id();
   if (requests_.count(id)) return failedPrecondition(reqName(id) + ": already in the engine");
+  PD_RETURN_IF_ERROR(checkFits(request));
   requests_.emplace(id, std::move(request));
   waiting_.push_back(id);
   return Status::ok();
@@ -41,6 +52,7 @@ Status Engine::submit(Request request) {
 Result<std::vector<BlockId>> Engine::submitRemote(Request request) {
   uint64_t id = request.id();
   if (requests_.count(id)) return failedPrecondition(reqName(id) + ": already in the engine");
+  PD_RETURN_IF_ERROR(checkFits(request));
   PD_RETURN_IF_ERROR(kv_->reserve(id, request.numPromptTokens()));
   auto table = kv_->blockTable(id);
   std::vector<BlockId> blocks(table.begin(), table.end());
@@ -398,6 +410,7 @@ EngineLoad Engine::load() const {
   l.decoding = decodingStreams();
   l.freeBlocks = kv_->numFreeBlocks();
   l.totalBlocks = kv_->numTotalBlocks();
+  l.maxPromptTokens = maxPromptTokens();
   l.preemptions = preemptions_;
   l.prefixQueryTokens = prefixQueryTokens_;
   l.prefixHitTokens = prefixHitTokens_;

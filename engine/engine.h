@@ -109,6 +109,7 @@ struct EngineLoad {
   int64_t queuedPrefillTokens = 0;  // prompt tokens not yet computed
   int freeBlocks = 0;
   int totalBlocks = 0;
+  int maxPromptTokens = 0;  // the longest prompt that can ever run here (Engine::checkFits)
   // Since the engine started:
   int64_t preemptions = 0;
   int64_t prefixQueryTokens = 0;  // prompt tokens of admitted requests
@@ -170,12 +171,17 @@ class Engine {
   Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager> kv, EngineOptions options,
          const Clock& clock = SystemClock::instance());
 
-  // Queues a request for a local prefill. Errors: an id already present.
+  // Queues a request for a local prefill. Errors: an id already present; checkFits's.
   Status submit(Request request);
+  // kInvalidArgument, naming the limit, when the request's prompt can never run on this
+  // engine's KV cache (longer than maxPromptTokens(): docs/serving.md, "Limits"), so it is
+  // refused at once instead of waiting for blocks that can never be free.
+  Status checkFits(const Request& request) const;
+  int maxPromptTokens() const { return scheduler_.maxPromptTokens(*kv_); }
 
   // Reserves blocks for the request's whole prompt and parks it in waiting_kv; returns its
-  // block table (to put in a KvTarget). kResourceExhausted when the blocks are not free:
-  // nothing is kept then.
+  // block table (to put in a KvTarget). kResourceExhausted when the blocks are not free,
+  // checkFits's error when they never will be: nothing is kept then.
   Result<std::vector<BlockId>> submitRemote(Request request);
   // The prompt's KV is in place and `first` is the token the prefill worker sampled: the
   // request decodes from here. Events for the first token (and its finish) are appended.

@@ -203,14 +203,23 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
   // 3. Admission in queue order.
   int runningSeqs = view.numExternalSeqs;
   for (size_t i = 0; i < numRunning; ++i) runningSeqs += gone[i] ? 0 : 1;
-  const int watermark = int(std::ceil(config_.admissionWatermark * totalBlocks));
+  const int watermark = watermarkBlocks(totalBlocks);
   bool blocked = false;
   for (const SeqView& w : view.waiting) {
     if (w.deadline.isSet() && view.now >= w.deadline.at()) {
       plan.rejected.push_back({w.id, deadlineExceeded(seqName(w.id) + ": still queued at its deadline")});
       continue;
     }
-    if (tooBig(w, w.numTokens)) continue;
+    if (!canEverAdmit(kv, w.numTokens)) {
+      // A prompt that can never fit is the request's fault (a 400; Engine::checkFits refuses
+      // it before it queues); a sequence that grew while generating ran out of cache.
+      const std::string why = seqName(w.id) + ": " + std::to_string(w.numTokens) +
+                              " tokens can never be admitted to a cache of " + std::to_string(totalBlocks) +
+                              " blocks of " + std::to_string(bs) + " tokens, " + std::to_string(watermark) +
+                              " of them kept free (at most " + std::to_string(maxPromptTokens(kv)) + " prompt tokens)";
+      plan.rejected.push_back({w.id, w.numTokens <= w.numPromptTokens ? invalidArgument(why) : resourceExhausted(why)});
+      continue;
+    }
     if (blocked || budget <= 0 || runningSeqs >= config_.maxNumSeqs) {
       blocked = true;  // keep scanning only for rejections: FCFS admission stops here
       continue;
@@ -240,6 +249,25 @@ StepPlan Scheduler::schedule(const SchedulerView& view) const {
     plan.numPrefillTokens += count;
   }
   return plan;
+}
+
+int Scheduler::watermarkBlocks(int totalBlocks) const {
+  return int(std::ceil(config_.admissionWatermark * totalBlocks));
+}
+
+bool Scheduler::canEverAdmit(const KvCacheManager& kv, int numTokens) const {
+  const int total = kv.numTotalBlocks();
+  return kv.blocksFor(numTokens) <= total &&
+         kv.blocksFor(std::min(numTokens, config_.maxBatchTokens)) <= total - watermarkBlocks(total);
+}
+
+int Scheduler::maxPromptTokens(const KvCacheManager& kv) const {
+  const int total = kv.numTotalBlocks();
+  int tokens = total * kv.blockSize() - 1;  // room for the first generated token's KV
+  // The first chunk must fit the cache less the watermark: binding when a chunk may be that big.
+  const int admissible = (total - watermarkBlocks(total)) * kv.blockSize();
+  if (config_.maxBatchTokens > admissible) tokens = std::min(tokens, admissible);
+  return std::max(0, tokens);
 }
 
 Status applyPlanToKv(const StepPlan& plan, KvCacheManager& kv) {

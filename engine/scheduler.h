@@ -20,8 +20,11 @@
 //     scheduled in this step (possibly itself) is preempted: its blocks are freed and it is
 //     requeued to be recomputed. The oldest running sequence therefore always progresses;
 //   - at most max_num_seqs running sequences;
-//   - sequences that can never fit (more blocks than the whole cache) and waiting
-//     sequences past their deadline are rejected with a Status saying why.
+//   - sequences that can never fit and waiting sequences past their deadline are rejected
+//     with a Status saying why: running, when they need more blocks than the whole cache;
+//     waiting, when admission can never give them their first chunk (canEverAdmit). A queue
+//     head that merely waits for blocks others hold leaves the plan empty: the caller waits
+//     for a change (a request ending, one arriving) rather than planning again at once.
 //
 // The worker loop applies a plan with applyPlanToKv() (which orders the KV operations so
 // that the plan's block accounting holds exactly), runs the entries through the backend,
@@ -136,7 +139,16 @@ class Scheduler {
 
   StepPlan schedule(const SchedulerView& view) const;
 
+  // Whether a waiting sequence of `numTokens` tokens can ever be admitted to the cache `kv`
+  // with nothing else in it: all its tokens fit the cache, and its first chunk (up to
+  // max_batch_tokens) fits the cache less the admission watermark.
+  bool canEverAdmit(const KvCacheManager& kv, int numTokens) const;
+  // The longest prompt that can ever run on `kv`: canEverAdmit holds for it, and its KV and
+  // that of its first generated token fit the cache (docs/serving.md, "Limits").
+  int maxPromptTokens(const KvCacheManager& kv) const;
+
  private:
+  int watermarkBlocks(int totalBlocks) const;
   SchedulerConfig config_;
 };
 

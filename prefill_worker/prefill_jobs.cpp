@@ -85,16 +85,22 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   job.received = steadyNow();
   job.inboxS = inboxS;
   const int64_t deadlineMs = pr.deadline_ms() ? int64_t(pr.deadline_ms()) : loop_.config().kvTransfer.timeoutMs;
-  job.deadlineTimer = loop_.at(steadyNow() + milliseconds(deadlineMs), [this, id, deadlineMs] {
+  job.leaseMs = milliseconds(deadlineMs);
+  job.progressAt = job.progressSentAt = job.received;
+  jobs_.emplace(id, std::move(job));
+  auto expiry = [this, id] {
+    auto it = jobs_.find(id);
+    return it == jobs_.end() ? SteadyTime{} : it->second.progressAt + it->second.leaseMs;
+  };
+  jobs_.at(id).deadlineTimer = loop_.lease(expiry, [this, id, deadlineMs] {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
     it->second.deadlineTimer = 0;
     end(id,
-        deadlineExceeded("prefill and KV push did not finish within the request's " + std::to_string(deadlineMs) +
+        deadlineExceeded("prefill and KV push made no progress for the request's " + std::to_string(deadlineMs) +
                          " ms"),
         /*reply=*/true);
   });
-  jobs_.emplace(id, std::move(job));
 }
 
 void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
@@ -132,8 +138,23 @@ void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
       job.bytes += totalBytes(segments->local);
     }
     if (job.failed.isOk() && layer == layout.numLayers - 1) job.pushedTokens = e.start + e.count;
+    if (job.failed.isOk()) renewLease(e.seq, job, e.start);
   }
   loop_.agent().progress();
+}
+
+// A layer of the job was computed: its lease runs anew, and the decode worker hears so (at
+// most every quarter lease: the lease there is as long, so it is renewed well before it ends).
+void PrefillJobs::renewLease(uint64_t id, Job& job, int computedTokens) {
+  const SteadyTime now = steadyNow();
+  job.progressAt = now;
+  if (now - job.progressSentAt < job.leaseMs / 4) return;
+  job.progressSentAt = now;
+  proto::Envelope env;
+  env.set_request_id(id);
+  env.mutable_prefill_progress()->set_request_id(id);
+  env.mutable_prefill_progress()->set_computed_tokens(uint32_t(std::max(0, computedTokens)));
+  (void)job.decode->send(std::move(env));
 }
 
 void PrefillJobs::onStepEvents(const std::vector<engine::EngineEvent>& events) {

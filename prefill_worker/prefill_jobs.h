@@ -11,8 +11,12 @@
 //        worker any more (KV fencing; at once when nothing was in flight or the job is unknown)
 //
 // Deadline: one per job, PrefillRequest.deadline_ms (or kv_transfer.timeout_ms), a loop
-// timer; it covers compute and push. Blocks: the job's own KV blocks stay held (engine
-// release off) until the terminal state, after every transfer that reads them finished or was
+// lease on progress: it covers the queue, compute and push, and every layer of the job
+// computed renews it, so a prompt that takes longer than deadline_ms to compute is computed
+// once while a stuck step still fails it. The decode worker's deadline for the request is
+// the same lease, renewed by the PrefillProgress it is sent (at most every quarter of
+// deadline_ms) while layers are computed (docs/reliability.md, "Remote prefill deadlines"). Blocks: the job's own KV
+// blocks stay held (engine release off) until the terminal state, after every transfer that reads them finished or was
 // cancelled (TransferAgent::cancel returns once the transport no longer reads them), so no
 // block is reused while a transfer still reads it. The target blocks belong to the decode
 // worker; PrefillDone is the one signal that they are filled (sent only after the transport
@@ -79,6 +83,9 @@ class PrefillJobs {
     std::optional<engine::SampledToken> first;
     Status failed;  // the first failure; the job ends FAILED at the next settle()
     worker::WorkerLoop::TimerId deadlineTimer = 0;
+    std::chrono::milliseconds leaseMs{0};  // PrefillRequest.deadline_ms
+    SteadyTime progressAt;                 // the lease runs from here: receipt, then each layer computed
+    SteadyTime progressSentAt;             // the last PrefillProgress to the decode worker
     SteadyTime received;
     std::optional<SteadyTime> computedAt;
     double queueS = 0, computeS = 0;  // the engine's queue and prefill time (PrefillDone timings)
@@ -96,6 +103,7 @@ class PrefillJobs {
 
   void reject(const net::ConnectionPtr& decode, uint64_t id, const Status& why);
   void sendCancelAck(const net::ConnectionPtr& decode, uint64_t id);
+  void renewLease(uint64_t id, Job& job, int computedTokens);
   void finish(uint64_t id);  // DONE
   // FAILED (reply) or ENDED; ackTo: the connection to acknowledge a Cancel on.
   void end(uint64_t id, const Status& why, bool reply, net::ConnectionPtr ackTo = nullptr);

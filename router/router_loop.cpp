@@ -222,6 +222,14 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
         ApiError::unavailable("this router is shutting down; retry (another router takes the request)"), "draining");
   }
   const int64_t promptTokens = int64_t(spec.parsed.prompt.size());
+  if (const auto limit = longestServablePrompt(workers_.snapshot()); limit && promptTokens > *limit) {
+    ApiError e;  // no retry can help it: a 400, like a prompt past the model's context
+    e.code = "context_length_exceeded";
+    e.message = "the prompt has " + std::to_string(promptTokens) + " tokens, more than the " + std::to_string(*limit) +
+                " that any decode worker's KV cache can ever hold with a generated token (engine.num_blocks x "
+                "engine.block_size, less the blocks admission keeps free)";
+    return stream->refuse(std::move(e), "kv_cache_too_small");
+  }
   WorkerView prefilling, decoding;
   auto p = plan(promptTokens, spec.prefixBlocks, "", &prefilling, &decoding);
   if (!p) {

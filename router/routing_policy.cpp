@@ -4,6 +4,16 @@
 
 namespace pd::router {
 
+std::optional<int64_t> longestServablePrompt(const std::vector<WorkerView>& workers) {
+  std::optional<int64_t> longest;
+  for (const auto& w : workers) {
+    if (!w.healthy || w.role != WorkerRole::kDecode) continue;
+    if (w.maxPromptTokens <= 0) return std::nullopt;
+    longest = std::max(longest.value_or(0), w.maxPromptTokens);
+  }
+  return longest;
+}
+
 namespace {
 
 // Lower is better: requests in flight first, then KV pressure; the id breaks ties so the

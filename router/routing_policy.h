@@ -45,7 +45,8 @@ struct WorkerView {
   int waiting = 0;
   int64_t freeBlocks = 0;
   int64_t totalBlocks = 0;
-  int64_t cachedTokens = 0;  // of the prompt being routed (filled in per request)
+  int64_t maxPromptTokens = 0;  // the longest prompt it can ever run (0: not known)
+  int64_t cachedTokens = 0;     // of the prompt being routed (filled in per request)
   // Where cachedTokens came from: the exact index's figure when the worker's is current (else
   // -1), and the predicted index's, which it falls back to (docs/kv_events.md).
   int64_t exactCachedTokens = -1;
@@ -73,6 +74,12 @@ struct WorkerView {
   int64_t routedPrefillTokens = 0;
   int routedStreams = 0;
 };
+
+// The longest prompt some healthy decode worker can ever run, from their reports' KV cache
+// limits (WorkerView::maxPromptTokens); nullopt when there is none or one's is not known (the
+// workers refuse what cannot fit themselves). A longer prompt can never succeed: the router
+// refuses it with a 400, not a retryable 429 (docs/serving.md, "Limits").
+std::optional<int64_t> longestServablePrompt(const std::vector<WorkerView>& workers);
 
 enum class Route { kColocated, kDisaggregated };
 inline constexpr EnumNames<Route, 2> kRouteNames{

@@ -80,7 +80,13 @@ void WorkerRegistry::onLoadReport(const net::ConnectionPtr& c, const proto::Load
   Worker& w = *it->second;
   w.report = report;
   w.lastReport = steadyNow();
-  w.settledSinceReport = 0;
+  // What finished before the report's figures were taken, they no longer count as queued;
+  // what finished after, they still do. An older worker sends no age: its report is as of now.
+  const SteadyTime takenAt = w.lastReport - std::chrono::microseconds(report.snapshot_age_us());
+  while (!w.settled.empty() && w.settled.front().first <= takenAt) {
+    w.settledSinceReport -= w.settled.front().second;
+    w.settled.pop_front();
+  }
   if (!w.reportsFresh) {
     PD_LOG(kInfo, kTag) << "worker '" << w.id << "' reports again";
     w.reportsFresh = true;
@@ -128,7 +134,13 @@ void WorkerRegistry::noteRouted(const std::string& prefilling, int64_t tokens, c
 void WorkerRegistry::prefillSettled(const std::string& prefilling, int64_t tokens) {
   if (auto it = workers_.find(prefilling); it != workers_.end()) {
     it->second->routedPrefillTokens = std::max<int64_t>(0, it->second->routedPrefillTokens - tokens);
-    it->second->settledSinceReport += tokens;
+    Worker& w = *it->second;
+    w.settled.emplace_back(steadyNow(), tokens);
+    w.settledSinceReport += tokens;
+    if (w.settled.size() > kMaxSettled) {  // forgetting one only overstates the queue
+      w.settledSinceReport -= w.settled.front().second;
+      w.settled.pop_front();
+    }
     exportRouted(*it->second);
   }
 }
@@ -153,6 +165,7 @@ std::vector<WorkerView> WorkerRegistry::snapshot() const {
     v.waiting = int(w->report.waiting());
     v.freeBlocks = int64_t(w->report.free_blocks());
     v.totalBlocks = int64_t(w->report.total_blocks());
+    v.maxPromptTokens = int64_t(w->report.max_prompt_tokens());
     v.prefillTokensPerS = w->report.prefill_tokens_per_s();
     v.decodeStepMs = w->report.decode_step_ms();
     if (w->report.has_decode_step_cost()) {

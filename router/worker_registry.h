@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -42,9 +43,13 @@ class WorkerRegistry {
     // This router's own work here (WorkerView::routedPrefillTokens / routedStreams).
     int64_t routedPrefillTokens = 0;
     int routedStreams = 0;
-    // Of the routed tokens, those whose first token arrived since the last report: the
-    // report (taken up to a report interval earlier) may still count them as queued.
-    int64_t settledSinceReport = 0;
+    // Of the routed tokens, those whose first token arrived after the last report's figures
+    // were taken (its snapshot_age_us before it arrived): the report still counts them as
+    // queued. A report sent after a first token may have been taken before it (the loop
+    // takes figures between steps, the report goes out on a timer), so settlements are kept
+    // by time, not cleared by any report. Oldest first; at most kMaxSettled are kept.
+    std::deque<std::pair<SteadyTime, int64_t>> settled;
+    int64_t settledSinceReport = 0;  // their sum
   };
 
   WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName, std::chrono::milliseconds reportTimeout,
@@ -64,9 +69,9 @@ class WorkerRegistry {
   // through the decode worker). `tokens` uncached prompt tokens were routed to `prefilling`
   // and `streams` streams to `decoding` (the same worker when colocated); the tokens count
   // until the request's first token (prefillSettled), a stream until it ends (streamEnded).
-  // The tokens settled since a worker's last report are taken off its reported queue in
-  // snapshot(). Unknown ids are ignored; the counts never go below 0 (a worker that
-  // re-registered under its id starts from 0).
+  // The tokens settled after a worker's last report was taken are taken off its reported
+  // queue in snapshot() (docs/serving.md, "Overload"). Unknown ids are ignored; the counts never go below 0 (a worker
+  // that re-registered under its id starts from 0).
   void noteRouted(const std::string& prefilling, int64_t tokens, const std::string& decoding, int streams);
   void prefillSettled(const std::string& prefilling, int64_t tokens);
   void streamEnded(const std::string& decoding);
@@ -88,6 +93,8 @@ class WorkerRegistry {
   static metrics::Labels labelsFor(const Worker& w);
   void exportLoad(const Worker& w);
   void exportRouted(const Worker& w);
+
+  static constexpr size_t kMaxSettled = 4096;  // a silent worker's settlements stop here
 
   boost::asio::any_io_executor executor_;
   const std::string modelName_;

@@ -136,6 +136,12 @@ Status ProcessGroup::signal(const std::string& name, int sig) {
   return notFound("no running process named '" + name + "'");
 }
 
+Result<pid_t> ProcessGroup::pidOf(const std::string& name) const {
+  for (const auto& c : children_)
+    if (c.name == name && c.running) return c.pid;
+  return notFound("no running process named '" + name + "'");
+}
+
 size_t ProcessGroup::running() const {
   size_t n = 0;
   for (const auto& c : children_) n += c.running ? 1 : 0;

@@ -45,6 +45,8 @@ class ProcessGroup {
   size_t running() const;
   // Sends `sig` to the named running child's process group.
   Status signal(const std::string& name, int sig);
+  // The named running child's pid (kNotFound when there is none), e.g. to read its /proc.
+  Result<pid_t> pidOf(const std::string& name) const;
 
  private:
   struct Child {

@@ -1,5 +1,6 @@
 #include "worker/load_reporter.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include <boost/asio/steady_timer.hpp>
@@ -48,6 +49,7 @@ void LoadReporter::stop() {
 void LoadReporter::publish(const LoadSnapshot& snapshot) {
   std::lock_guard<std::mutex> lock(shared_->mu);
   shared_->snapshot = snapshot;
+  shared_->snapshot.takenAt = std::chrono::steady_clock::now();
 }
 
 proto::Envelope LoadReporter::reportFor(proto::Role role, const std::string& workerId, const LoadSnapshot& s,
@@ -61,6 +63,12 @@ proto::Envelope LoadReporter::reportFor(proto::Role role, const std::string& wor
   r->set_waiting(static_cast<uint32_t>(s.engine.waiting + s.heldWaiting));
   r->set_free_blocks(static_cast<uint64_t>(s.engine.freeBlocks));
   r->set_total_blocks(static_cast<uint64_t>(s.engine.totalBlocks));
+  r->set_max_prompt_tokens(static_cast<uint64_t>(std::max(0, s.engine.maxPromptTokens)));
+  if (s.takenAt != std::chrono::steady_clock::time_point{}) {
+    const auto age = std::chrono::steady_clock::now() - s.takenAt;
+    r->set_snapshot_age_us(
+        uint64_t(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(age).count())));
+  }
   r->set_inflight_transfers(s.inflightTransfers);
   r->set_step_running_ms(stepRunningMs);
   r->set_prefill_tokens_per_s(s.engine.prefillTokensPerS);

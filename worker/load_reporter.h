@@ -29,6 +29,9 @@ struct LoadSnapshot {
   uint32_t inflightTransfers = 0;  // KV transfers posted and not yet settled
   bool draining = false;           // the worker takes no new work (WorkerLoop::drain)
   uint64_t kvEventSeq = 0;         // the last KvEventBatch sent (worker/kv_event_publisher.h)
+  // When publish() took it: a report says how old its figures are (LoadReport.snapshot_age_us),
+  // so the router counts the work that finished after them as done.
+  std::chrono::steady_clock::time_point takenAt{};
 };
 
 class LoadReporter {

@@ -177,9 +177,34 @@ net::ConnectionOptions WorkerLoop::leasedControlOptions(std::string plane) {
 
 WorkerLoop::TimerId WorkerLoop::at(SteadyTime when, std::function<void()> fn) {
   const TimerId id = nextTimer_++;
+  insertTimer(id, when, std::move(fn));
+  return id;
+}
+
+void WorkerLoop::insertTimer(TimerId id, SteadyTime when, std::function<void()> fn) {
   timers_.emplace(std::make_pair(when, id), std::move(fn));
   timerAt_.emplace(id, when);
+}
+
+struct WorkerLoop::Lease {
+  std::function<SteadyTime()> expiry;
+  std::function<void()> fn;
+};
+
+WorkerLoop::TimerId WorkerLoop::lease(std::function<SteadyTime()> expiry, std::function<void()> fn) {
+  const TimerId id = nextTimer_++;
+  const SteadyTime first = expiry();
+  armLease(id, first, std::make_shared<Lease>(Lease{std::move(expiry), std::move(fn)}));
   return id;
+}
+
+// Re-armed under the same id, so the owner's TimerId stays valid for cancelTimer.
+void WorkerLoop::armLease(TimerId id, SteadyTime when, std::shared_ptr<Lease> lease) {
+  insertTimer(id, when, [this, id, lease] {
+    const SteadyTime until = lease->expiry();
+    if (steadyNow() < until) return armLease(id, until, lease);
+    lease->fn();
+  });
 }
 
 void WorkerLoop::cancelTimer(TimerId id) {
@@ -199,7 +224,9 @@ void WorkerLoop::runDueTimers() {
 }
 
 microseconds WorkerLoop::idleWait() const {
-  if (bundle_.engine->hasWork()) return microseconds(0);
+  // A stalled engine changes only when something arrives (the inbox wakes the loop), a timer
+  // fires or the role's poll frees blocks: it waits as an idle one does.
+  if (bundle_.engine->hasWork() && !stalled_) return microseconds(0);
   auto wait = std::min(duration_cast<microseconds>(kMaxIdleWait), policy_->pollInterval());
   if (!timers_.empty()) {
     auto untilNext = duration_cast<microseconds>(timers_.begin()->first.first - steadyNow());
@@ -215,6 +242,7 @@ void WorkerLoop::loop() {
     runDueTimers();
     agent_->progress();
     policy_->poll();
+    stalled_ = false;
     if (engine().hasWork()) {
       events.clear();
       reporter_->stepStarted();
@@ -222,6 +250,7 @@ void WorkerLoop::loop() {
                                [this](int layer, const engine::StepView& step) { policy_->onLayerDone(layer, step); });
       reporter_->stepEnded();
       const engine::StepRecord& step = engine().lastStep();
+      stalled_ = s.isOk() && events.empty() && step.decodeRows == 0 && step.promptTokens == 0;
       metrics_.observeStep(step.decodeRows, step.promptTokens, step.seconds, step.gapSeconds);
       if (stepTrace_) stepTrace_->record(step);
       PD_LOG(kDebug, roleName()) << "step: " << step.decodeRows << " streams, " << step.promptTokens

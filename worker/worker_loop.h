@@ -97,6 +97,11 @@ class WorkerLoop {
   // Loop thread: `fn` runs at or after `when` unless cancelled first. Cancelling a timer that
   // fired or never existed is a no-op.
   TimerId at(SteadyTime when, std::function<void()> fn);
+  // Loop thread: a lease that may be renewed. When it comes due, `fn` runs only if `expiry()`
+  // (read then) has passed; otherwise the same timer waits on until expiry(). Renewing is
+  // moving what expiry() returns: no timer is cancelled or armed per renewal. cancelTimer
+  // ends it like any timer.
+  TimerId lease(std::function<SteadyTime()> expiry, std::function<void()> fn);
   void cancelTimer(TimerId id);
 
   // Options for a control connection of this worker on `plane` (router_link, prefill_control,
@@ -129,6 +134,9 @@ class WorkerLoop {
   void onRouterMessage(RouterId from, proto::Envelope&& env);
   void onRouterState(RouterId router, bool up, const Status& why);
   void runDueTimers();
+  void insertTimer(TimerId id, SteadyTime when, std::function<void()> fn);
+  struct Lease;
+  void armLease(TimerId id, SteadyTime when, std::shared_ptr<Lease> lease);
   std::vector<std::string> routerHosts() const;
   std::chrono::microseconds idleWait() const;
 
@@ -144,6 +152,10 @@ class WorkerLoop {
   std::atomic<bool> routersUp_{false};  // registered with at least one router: /health says 200
   std::atomic<bool> draining_{false};
   std::atomic<bool> idle_{true};  // the role's idle(), as of the last iteration
+  // The last step planned nothing (its queue head waits for blocks others hold): the loop
+  // waits for a change like an idle one instead of planning again at once (a spin at ~100%
+  // CPU before). Loop thread only.
+  bool stalled_ = false;
   StatusEndpoint status_;
   LoopInbox inbox_;
   std::unique_ptr<kvt::TransferAgent> agent_;

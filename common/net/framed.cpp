@@ -56,6 +56,8 @@ const char* bodyName(const proto::Envelope& env) {
       return "kv_events";
     case proto::Envelope::kKvResync:
       return "kv_resync";
+    case proto::Envelope::kPrefillProgress:
+      return "prefill_progress";
     case proto::Envelope::BODY_NOT_SET:
       return "none";
   }

@@ -50,6 +50,7 @@ struct ClusterSpec {
   bool prefixAwareRouting = false;
   std::string pools = "{prefill: {replicas: 1}, decode: {replicas: 1}}";
   std::string kvCache = "kv_cache_bytes: 67108864";  // or "num_blocks: N"
+  int threads = 2;                                   // engine.threads of every worker
   std::string extraEngine{};                         // more keys of the engine map: ", drain_timeout_ms: 200"
   std::string extraKvTransfer{};                     // more keys of the kv_transfer map: ", lease_ms: 800"
   std::string extraTop{};  // more top-level sections: "metrics: {vllm_compatible_names: true}\n"
@@ -70,7 +71,7 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, const Cluste
                       << "}\n"
                       << "  requests: {request_timeout_ms: 60000" << spec.extraRequests << "}\n"
                       << spec.extraRouter << "pools: " << spec.pools << "\n"
-                      << "engine: {backend: " << spec.backend << ", threads: 2, " << spec.kvCache
+                      << "engine: {backend: " << spec.backend << ", threads: " << spec.threads << ", " << spec.kvCache
                       << ", max_batch_tokens: 512" << spec.extraEngine << "}\n"
                       << "kv_transfer: {transports: " << spec.transports << ", timeout_ms: " << spec.timeoutMs
                       << ", on_remote_prefill_failure: " << spec.onFailure << spec.extraKvTransfer << "}\n"
@@ -914,6 +915,147 @@ TEST_CASE("a prefill worker stopped mid-request delays only its own request") {
                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(delayedTook).count()) +
                    " ms; largest stream gap " +
                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(maxGap).count()) + " ms"});
+}
+
+// A request that can never fit the decode workers' KV cache (4 blocks of 16 tokens here, one
+// kept free by admission: prompts of at most 48 tokens) is refused at once with a 400 naming
+// the limit, never queued (it waited for the request timeout before, the decode worker
+// spinning at ~98% CPU) nor refused with a retryable 429; the cluster serves on.
+TEST_CASE("a request that can never fit the KV cache: a 400 at once naming the limit, no spinning worker") {
+  ClusterSpec spec;  // prompts of over 64 tokens go to the prefill worker
+  spec.kvCache = "num_blocks: 4";
+  auto c = startCluster("tiny-kv-cache", spec);
+  // The router learns the limit from the decode worker's load reports.
+  for (int i = 0;
+       i < 200 && routerMetric(*c, "pdserve_worker_kv_total_blocks{pool=\"decode\",worker=\"decode-0\"}") != 4; ++i)
+    std::this_thread::sleep_for(50ms);
+  REQUIRE(routerMetric(*c, "pdserve_worker_kv_total_blocks{pool=\"decode\",worker=\"decode-0\"}") == 4);
+  auto pid = c->processes().pidOf("decode-0");
+  REQUIRE(pid.ok());
+  auto cpuSeconds = [&] {  // utime + stime of the decode worker, /proc/<pid>/stat fields 14 and 15
+    std::string stat = pd::test::readFile("/proc/" + std::to_string(*pid) + "/stat");
+    std::istringstream in(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && in >> field; ++i)
+      if (i >= 14) ticks += std::stod(field);
+    return ticks / double(::sysconf(_SC_CLK_TCK));
+  };
+  for (int tokens : {49, 64, 300}) {
+    INFO("a prompt of " << tokens << " tokens");
+    json req{{"model", "small"}, {"prompt", randomPrompt(tokens, 3000 + tokens)}, {"max_tokens", 2}};
+    Result<HttpReply> reply = unavailable("not sent");
+    const auto t0 = std::chrono::steady_clock::now();
+    // Bounded well below the request timeout: before, the request waited for it.
+    std::chrono::steady_clock::duration repliedAfter{};
+    std::thread client([&] {
+      reply = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 15s);
+      repliedAfter = std::chrono::steady_clock::now() - t0;
+    });
+    // While such a request would wait, the decode worker must not spin: an idle loop takes a
+    // few ms of CPU a second, a spinning one all of it.
+    std::this_thread::sleep_for(200ms);
+    const double cpu0 = cpuSeconds();
+    std::this_thread::sleep_for(1s);
+    const double cpuUsed = cpuSeconds() - cpu0;
+    client.join();
+    REQUIRE(reply.ok());
+    INFO(reply->status << " " << reply->body << " after "
+                       << std::chrono::duration_cast<std::chrono::milliseconds>(repliedAfter).count()
+                       << " ms; decode worker CPU " << cpuUsed << " s over 1 s");
+    CHECK(reply->status == 400);
+    const json body = json::parse(reply->body, nullptr, false);
+    CHECK(body["error"]["code"] == "context_length_exceeded");
+    CHECK(reply->body.find("more than the 48") != std::string::npos);
+    CHECK(repliedAfter < 2s);  // milliseconds; generous for a loaded host
+    CHECK(cpuUsed < 0.3);
+  }
+  // What fits is served: 48 prompt tokens and their generated ones take all 4 blocks.
+  auto fits = complete(*c, randomPrompt(48, 3048), 4);
+  INFO(fits.body.dump());
+  CHECK(fits.status == 200);
+  CHECK(fits.ids.size() == 4);
+  CHECK(allBlocksFree(*c, "decode-0"));
+}
+
+// Overload shedding reads the workers' load reports; a report whose figures were taken before
+// a long local prefill ended, arriving after its first token, counted that prompt as still
+// queued, and an idle cluster refused the next request with a 429 for ~50-100 ms. The router
+// now takes what finished after the report's figures off them (docs/serving.md, "Overload").
+TEST_CASE("no spurious 429 right after a long local prefill on an idle cluster") {
+  ClusterSpec spec;
+  spec.shortPromptTokens = 4000;   // every prompt is prefilled on the decode worker
+  spec.prefixAwareRouting = true;  // as deployed: the router then counts uncached tokens
+  spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 100}}, decode: {replicas: 1}}";
+  auto c = startCluster("no-spurious-429", spec);
+  REQUIRE(complete(*c, randomPrompt(1500, 4000), 1).status == 200);  // the decode worker measures its rate
+  int shed = 0;
+  std::string why;
+  for (int i = 0; i < 12; ++i) {
+    // A 1,500-token prompt predicts far past the 100 ms TTFT target: anything left of it in
+    // the router's view sheds the short request right behind it.
+    auto longOne = complete(*c, randomPrompt(1500, 4001 + i), 1);
+    REQUIRE(longOne.status == 200);
+    CHECK(longOne.headers.find("x-pdserve-route: colocated") != std::string::npos);
+    auto shortOne = complete(*c, randomPrompt(8, 4100 + i), 1);
+    if (shortOne.status != 200) {
+      ++shed;
+      why = shortOne.body.dump();
+    }
+    CHECK(shortOne.status == 200);
+  }
+  INFO(why);
+  CHECK(shed == 0);
+}
+
+// The remote-prefill deadline is a lease on progress (docs/reliability.md, "Remote prefill
+// deadlines"): a prompt whose prefill takes longer than kv_transfer.timeout_ms (1 s here, one
+// engine thread) is computed once, not given up on and recomputed; a prefill worker that stops
+// still fails its request within the lease of its last progress.
+TEST_CASE("a remote prefill longer than kv_transfer.timeout_ms is computed once, and a stopped one fails in time") {
+  ClusterSpec spec;  // prompts of over 64 tokens go to the prefill worker
+  spec.threads = 1;
+  spec.timeoutMs = 1000;
+  spec.extraRouter = "  workers: {worker_report_timeout_ms: 10000}\n";
+  auto c = startCluster("progress-lease", spec);
+  REQUIRE(complete(*c, randomPrompt(200, 5000), 1).status == 200);  // the KV lane is up
+  const auto longPrompt = randomPrompt(3000, 5001);
+  const auto expected = pd::test::generateCli(longPrompt, 4, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = complete(*c, longPrompt, 4);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  INFO(r.status << " " << r.body.dump() << " after " << msSince(t0));
+  REQUIRE(r.status == 200);
+  // Without this the case proves nothing: the prefill must outlast the 1 s timeout.
+  REQUIRE(took > 1500ms);
+  CHECK(r.ids == expected);
+  CHECK(r.headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+  CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"ok\"") == 2);
+  CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"recomputed\"") <= 0);
+
+  // Stopped mid-prefill: no progress, so the decode worker gives up a lease after the last
+  // one and recomputes (on_remote_prefill_failure: recompute), long before any report timeout.
+  Completion stopped;
+  std::thread client([&] { stopped = complete(*c, randomPrompt(3000, 5002), 2); });
+  auto requested = [&] { return workerMetricWith(*c, "decode-0", "pdserve_remote_prefills", "state=\"requested\""); };
+  for (int i = 0; i < 3000 && requested() != 1; ++i) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(300ms);  // computing
+  REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
+  const auto stoppedAt = std::chrono::steady_clock::now();
+  auto recomputed = [&] {
+    return workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"recomputed\"");
+  };
+  while (recomputed() < 1 && std::chrono::steady_clock::now() - stoppedAt < 20s) std::this_thread::sleep_for(20ms);
+  const auto gaveUpAfter = std::chrono::steady_clock::now() - stoppedAt;
+  REQUIRE(c->processes().signal("prefill-0", SIGCONT).isOk());
+  client.join();
+  INFO("the decode worker gave up " << std::chrono::duration_cast<std::chrono::milliseconds>(gaveUpAfter).count()
+                                    << " ms after the stop");
+  CHECK(recomputed() == 1);
+  CHECK(gaveUpAfter < 1000ms + 2s);  // the 1 s lease after the last progress, with room for a loaded host
+  CHECK(stopped.status == 200);
+  CHECK(allBlocksFree(*c, "decode-0"));
+  CHECK(allBlocksFree(*c, "prefill-0"));
 }
 
 // KV fencing (docs/reliability.md): the slow-but-alive writer: the prefill worker is stopped (SIGSTOP) in

@@ -99,6 +99,25 @@ std::vector<int32_t> handDrivenGreedy(const std::vector<int32_t>& prompt, int n)
 
 }  // namespace
 
+TEST_CASE("engine: a prompt that can never fit its KV cache is refused at submit, naming the limit") {
+  // 4 blocks of 16, one kept free by admission (the default 1% watermark rounds up): a
+  // 49-token prompt would wait for ever (docs/serving.md, "Limits").
+  auto engine = makeEngine(4, 2048);
+  CHECK(engine->maxPromptTokens() == 48);
+  CHECK(engine->load().maxPromptTokens == 48);
+  for (bool remote : {false, true}) {
+    INFO((remote ? "submitRemote" : "submit"));
+    Request r = makeRequest(remote ? 2 : 1, std::vector<int32_t>(49, 7), SamplingParams{});
+    const Status s = remote ? engine->submitRemote(std::move(r)).status() : engine->submit(std::move(r));
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK(s.message().find("prompt of 49 tokens can never run on this worker") != std::string::npos);
+    CHECK(s.message().find("at most 48 tokens") != std::string::npos);
+    CHECK_FALSE(engine->hasWork());
+    CHECK(engine->kv().numFreeBlocks() == 4);
+  }
+  REQUIRE(engine->submit(makeRequest(3, std::vector<int32_t>(48, 7), SamplingParams{})).isOk());
+}
+
 TEST_CASE("engine: chunked greedy generation equals the hand-driven backend") {
   auto engine = makeEngine(64, /*maxBatchTokens=*/16);  // 37 tokens: chunks of 16, 16, 5
   auto prompt = testPrompt(37, 11);
@@ -576,9 +595,11 @@ TEST_CASE("engine: cancel and refused reservations leave no block behind") {
   CHECK_FALSE(engine->hasWork());
   CHECK(engine->kv().numFreeBlocks() == 8);
 
+  // 200 tokens can never fit 8 blocks of 16: refused as the request's fault, before any block
+  // is reserved (engine: a prompt that can never fit ...).
   auto refused = engine->submitRemote(makeRequest(2, testPrompt(200, 2), greedy(4)));
   REQUIRE_FALSE(refused.ok());
-  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
   CHECK_FALSE(engine->contains(2));
   CHECK(engine->kv().numFreeBlocks() == 8);
 

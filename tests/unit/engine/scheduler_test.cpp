@@ -371,8 +371,10 @@ TEST_CASE("requests that can never fit or that outlive their deadline are reject
   StepPlan p = sim.step();
   REQUIRE(p.rejected.size() == 2);
   CHECK(huge.rejected);
-  CHECK(huge.rejection.code() == StatusCode::kResourceExhausted);
-  CHECK(huge.rejection.message().find("17 tokens need 5 KV blocks, more than the 4") != std::string::npos);
+  // A prompt that can never fit is the request's fault: kInvalidArgument (a 400), naming the limit.
+  CHECK(huge.rejection.code() == StatusCode::kInvalidArgument);
+  CHECK(huge.rejection.message().find("17 tokens can never be admitted to a cache of 4 blocks of 4 tokens") !=
+        std::string::npos);
   CHECK(late.rejected);
   CHECK(late.rejection.code() == StatusCode::kDeadlineExceeded);
   CHECK(p.admitted.size() == 1);
@@ -383,6 +385,31 @@ TEST_CASE("requests that can never fit or that outlive their deadline are reject
   grow.runUntilIdle(20);
   CHECK(g.rejected);
   CHECK(g.generated == 3);  // 8 tokens fill both blocks; the 9th cannot exist
+}
+
+TEST_CASE("a prompt that fits the cache but never beside the admission watermark is rejected, not left waiting") {
+  // 4 blocks of 16 tokens, 1 kept free by admission: a whole prompt in one chunk gets 3 blocks
+  // at most, so 49-64 tokens would wait for ever (the decode worker spun on it).
+  Sim sim(4, 16, config(2048, 4, 0.01));
+  Scheduler sched(config(2048, 4, 0.01));
+  CHECK(sched.maxPromptTokens(sim.kv()) == 48);
+  SimSeq& never = sim.add(49, 1);
+  SimSeq& fits = sim.add(48, 2);
+  StepPlan p = sim.step();
+  REQUIRE(p.rejected.size() == 1);
+  CHECK(never.rejected);
+  CHECK(never.rejection.code() == StatusCode::kInvalidArgument);
+  CHECK(never.rejection.message().find("at most 48 prompt tokens") != std::string::npos);
+  sim.runUntilIdle(10);
+  CHECK_FALSE(fits.rejected);
+  CHECK(fits.generated == 2);  // its second token's KV takes the 4th block: running, no watermark
+  // Chunked, the first chunk is what admission must fit: then the cache less one token's room.
+  Sim chunked(4, 16, config(16, 4, 0.01));
+  CHECK(Scheduler(config(16, 4, 0.01)).maxPromptTokens(chunked.kv()) == 63);
+  SimSeq& longest = chunked.add(63, 1);
+  chunked.runUntilIdle(10);
+  CHECK_FALSE(longest.rejected);
+  CHECK(longest.generated == 1);
 }
 
 TEST_CASE("admission shares cached prefix blocks") {

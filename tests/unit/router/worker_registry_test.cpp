@@ -2,6 +2,8 @@
 // silent worker out of routing and puts it back on its next report (no polling).
 #include "router/worker_registry.h"
 
+#include <thread>
+
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 
@@ -158,6 +160,54 @@ TEST_CASE("the router's outstanding work per worker: routed until the first toke
   f.workers.noteRouted("gone", 5, "gone", 1);
   CHECK(viewOf(f.workers, "decode-0").routedStreams == 0);
   CHECK(viewOf(f.workers, "prefill-0").routedPrefillTokens == 0);
+}
+
+TEST_CASE("a report taken before a first token but arriving after it does not count the prompt as queued") {
+  Fixture f;
+  auto d0 = worker(proto::ROLE_DECODE, "decode-0");
+  REQUIRE(f.workers.add(d0).isOk());
+  f.workers.noteRouted("decode-0", 1050, "decode-0", 1);
+  proto::LoadReport report;
+  report.set_worker_id("decode-0");
+  report.set_queued_prefill_tokens(1050);
+  f.workers.onLoadReport(d0, report);
+  f.workers.prefillSettled("decode-0", 1050);
+  CHECK(viewOf(f.workers, "decode-0").queuedPrefillTokens == 0);
+  // The next report went out after the first token, with figures the loop took before the
+  // step that computed it (80 ms earlier): the prompt is still done (a 429 for the next
+  // request on an idle cluster before).
+  report.set_snapshot_age_us(80'000);
+  f.workers.onLoadReport(d0, report);
+  CHECK(viewOf(f.workers, "decode-0").queuedPrefillTokens == 0);
+  // A report taken after the first token is the worker's word again.
+  std::this_thread::sleep_for(2ms);
+  report.set_snapshot_age_us(0);
+  report.set_queued_prefill_tokens(300);
+  f.workers.onLoadReport(d0, report);
+  CHECK(viewOf(f.workers, "decode-0").queuedPrefillTokens == 300);
+  f.workers.prefillSettled("decode-0", 100);
+  CHECK(viewOf(f.workers, "decode-0").queuedPrefillTokens == 200);
+}
+
+TEST_CASE("the router knows the longest prompt a decode worker's KV cache can ever run") {
+  Fixture f;
+  auto d0 = worker(proto::ROLE_DECODE, "decode-0");
+  auto d1 = worker(proto::ROLE_DECODE, "decode-1");
+  auto p0 = worker(proto::ROLE_PREFILL, "prefill-0");
+  for (const auto& c : {d0, d1, p0}) REQUIRE(f.workers.add(c).isOk());
+  proto::LoadReport report;
+  auto reportFrom = [&](const net::ConnectionPtr& c, const std::string& id, uint64_t maxPrompt) {
+    report.set_worker_id(id);
+    report.set_max_prompt_tokens(maxPrompt);
+    f.workers.onLoadReport(c, report);
+  };
+  reportFrom(d0, "decode-0", 48);
+  CHECK_FALSE(longestServablePrompt(f.workers.snapshot()));  // decode-1 has not said
+  reportFrom(d1, "decode-1", 4000);
+  reportFrom(p0, "prefill-0", 10);  // a prefill worker's cache does not bound the request
+  CHECK(longestServablePrompt(f.workers.snapshot()) == 4000);
+  reportFrom(d1, "decode-1", 0);  // an older worker: not known, the workers check themselves
+  CHECK_FALSE(longestServablePrompt(f.workers.snapshot()));
 }
 
 }  // namespace pd::router
