@@ -213,6 +213,10 @@ class DecodeRole final : public worker::RolePolicy {
     }
   }
 
+  // Routed disaggregated, yet the prompt was computed here: the remote prefill failed and
+  // RemotePrefills recomputed it (no PrefillDone, so no remote split, ever reached us).
+  static bool recomputedHere(const Stream& s) { return s.remote && !s.remoteSplit && s.firstToken; }
+
   void fillSummary(const Stream& s, proto::TokenChunk* chunk) {
     auto* usage = chunk->mutable_usage();
     usage->set_prompt_tokens(static_cast<uint32_t>(s.gen.prompt_token_ids_size()));
@@ -224,6 +228,7 @@ class DecodeRole final : public worker::RolePolicy {
     // Who computed the prompt: after a failed remote prefill recomputed here, this worker.
     timings->set_prefill_worker_id(s.remote && s.remoteSplit ? s.gen.prefill_worker_id() : me);
     timings->set_route(s.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
+    timings->set_recomputed(recomputedHere(s));
     if (s.firstToken) timings->set_first_token_ms(1e3 * secondsBetween(s.received, *s.firstToken));
   }
 
@@ -234,6 +239,7 @@ class DecodeRole final : public worker::RolePolicy {
     auto* timings = chunk->mutable_timings();
     timings->set_ttft_split(true);
     timings->set_route(s.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
+    timings->set_recomputed(recomputedHere(s));
     // The Generate's wait for the loop, then colocated: the engine queue; disaggregated:
     // arrival -> blocks reserved (its queued -> waiting_kv move is the reservation).
     timings->set_queue_ms(1e3 * (s.inboxS + t.queueSeconds));

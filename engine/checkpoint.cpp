@@ -2,11 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "common/base/sha256.h"
 
 namespace pd::engine {
 
@@ -79,6 +82,32 @@ Status Checkpoint::readBytes(const std::string& name, uint64_t byteOffset, size_
   const SafetensorsFile* f = fileOf(name);
   if (!f) return notFound(dir_ + ": missing tensor " + name);
   return f->readBytes(name, byteOffset, len, dst);
+}
+
+Result<std::string> Checkpoint::weightsFingerprint() const {
+  Sha256 h;
+  std::vector<char> buf(kFingerprintSample);
+  // One sample of len bytes at off (within the tensor), hashed with its position so that a
+  // sample cannot stand in for another.
+  auto sample = [&](const std::string& name, uint64_t off, size_t len) -> Status {
+    PD_RETURN_IF_ERROR(readBytes(name, off, len, buf.data()));
+    h.update("@" + std::to_string(off) + ":" + std::to_string(len) + ";");
+    h.update(buf.data(), len);
+    return Status::ok();
+  };
+  for (const auto& [name, file] : where_) {  // std::map: name order
+    const TensorInfo& t = *files_[file].find(name);
+    const uint64_t bytes = t.end - t.begin;
+    h.update(name + "|" + tensorDtypeName(t.dtype) + "|" + shapeToString(t.shape) + "|");
+    if (bytes <= 3 * kFingerprintSample) {
+      for (uint64_t off = 0; off < bytes; off += kFingerprintSample)
+        PD_RETURN_IF_ERROR(sample(name, off, size_t(std::min<uint64_t>(kFingerprintSample, bytes - off))));
+      continue;
+    }
+    for (uint64_t off : {uint64_t(0), bytes / 2 - kFingerprintSample / 2, bytes - kFingerprintSample})
+      PD_RETURN_IF_ERROR(sample(name, off, kFingerprintSample));
+  }
+  return h.hex().substr(0, 16);
 }
 
 }  // namespace pd::engine

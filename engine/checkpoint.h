@@ -31,6 +31,15 @@ class Checkpoint {
   // len stored bytes of `name` from byteOffset within the tensor (SafetensorsFile::readBytes).
   Status readBytes(const std::string& name, uint64_t byteOffset, size_t len, void* dst) const;
 
+  // The identity of these weights (docs/security.md, "Weights fingerprint"): SHA-256, first 16
+  // hex digits, over every tensor in name order -- its name, dtype, shape, and a fixed sample
+  // of its stored bytes (the first, middle and last kFingerprintSample bytes, or all of a
+  // smaller tensor). Two checkpoints of one model that differ anywhere a training step or a
+  // different seed would change them differ here; reading ~12 KiB per tensor keeps it a few
+  // milliseconds however large the model. Errors: a read that fails, naming the tensor.
+  Result<std::string> weightsFingerprint() const;
+  static constexpr size_t kFingerprintSample = 4096;
+
  private:
   const SafetensorsFile* fileOf(const std::string& name) const;
   std::string dir_;

@@ -49,6 +49,7 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
   auto m = std::make_shared<ModelWeights>();
   m->config = c;
   m->dir = dir;
+  PD_ASSIGN_OR_RETURN(m->weightsFingerprint, src.weightsFingerprint());
   const int64_t h = c.hiddenSize, q = c.qDim(), kv = c.kvDim(), ffn = c.intermediateSize;
   const int64_t qkvRows = q + 2 * kv;
 
@@ -100,6 +101,9 @@ Result<std::shared_ptr<const ModelWeights>> describeModel(const std::string& dir
   auto m = std::make_shared<ModelWeights>();
   m->config = std::move(c);
   m->dir = dir;
+  // Opening reads the headers only; the fingerprint reads a few KiB per tensor.
+  PD_ASSIGN_OR_RETURN(const Checkpoint src, Checkpoint::open(dir));
+  PD_ASSIGN_OR_RETURN(m->weightsFingerprint, src.weightsFingerprint());
   return std::shared_ptr<const ModelWeights>(std::move(m));
 }
 

@@ -58,6 +58,8 @@ struct LayerWeights {
 struct ModelWeights {
   ModelConfig config;
   std::string dir;
+  // Checkpoint::weightsFingerprint() of dir's tensors: peers computing one model must agree.
+  std::string weightsFingerprint;
   WeightBuffer embed;      // [vocab][hidden]
   WeightBuffer finalNorm;  // [hidden]
   WeightBuffer lmHead;     // [vocab][hidden]; empty when tied

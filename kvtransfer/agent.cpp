@@ -216,6 +216,14 @@ Result<std::string> TransferAgent::peerMetadata(AgentPeer peer) {
   return md.SerializeAsString();
 }
 
+Result<std::string> TransferAgent::metadataName(const std::string& metadata) {
+  proto::AgentMetadata md;
+  if (!md.ParseFromString(metadata)) {
+    return invalidArgument("kvtransfer agent: peer metadata is not a serialized AgentMetadata");
+  }
+  return md.name();
+}
+
 Result<AgentPeer> TransferAgent::loadPeer(const std::string& metadata) {
   proto::AgentMetadata md;
   if (!md.ParseFromString(metadata)) {

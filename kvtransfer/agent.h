@@ -97,6 +97,10 @@ class TransferAgent {
   // (Transport::peerAlive), and reconnects (a new id) when the blob changed or the lane died.
   // It never waits for a connection: tcp connects in the background.
   Result<AgentPeer> loadPeer(const std::string& metadata);
+  // The peer name a metadata blob carries (what loadPeer keys peers by), without loading it:
+  // a caller that must not let one peer replace another checks it first. kInvalidArgument
+  // when the blob does not parse.
+  static Result<std::string> metadataName(const std::string& metadata);
   // The reply to a loaded peer's offer (serialized proto::AgentMetadata): this agent's regions
   // and, for each transport with a lane to that peer, Transport::peerConnInfo() and our keys.
   // kNotFound for an unknown peer.

@@ -29,6 +29,14 @@ void PrefillJobs::connect(const net::ConnectionPtr& decode, const proto::KvConne
                              " KV regions, this worker has " + std::to_string(regions.size()) +
                              " (one per tensor-parallel rank)");
     }
+    PD_ASSIGN_OR_RETURN(target.peerName, kvt::TransferAgent::metadataName(offer.metadata()));
+    for (const auto& [conn, other] : targets_) {
+      if (conn != decode.get() && other.peerName == target.peerName) {
+        return failedPrecondition("KvConnect: transfer peer '" + target.peerName +
+                                  "' is already connected on another control connection; a peer is replaced only "
+                                  "once that connection closes");
+      }
+    }
     PD_ASSIGN_OR_RETURN(target.peer, agent.loadPeer(offer.metadata()));
     return agent.peerMetadata(target.peer);
   }();

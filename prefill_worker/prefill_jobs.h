@@ -44,6 +44,11 @@ class PrefillJobs {
   // (one region per tensor-parallel rank), loads its offer and answers with what it needs to
   // connect back; an Error with request_id 0 when any of that fails, so the decode worker
   // fails its queued requests at once. The connection's target is kept until it closes.
+  // No other live connection may hold the transfer peer the offer names: the agent keys
+  // peers by name, so a second connection naming a connected decode worker (an
+  // unauthenticated one in open mode) would replace it and fail its transfers
+  // (docs/security.md, "KvConnect and peer names"). A repeat on the same connection is the
+  // same peer and reloads it as before.
   void connect(const net::ConnectionPtr& decode, const proto::KvConnect& offer);
   // Validates the request's blocks against its connection's target and queues the prompt.
   // On failure the decode worker gets an Error naming the problem and nothing is kept.
@@ -70,6 +75,7 @@ class PrefillJobs {
   // A decode connection's KV target, from its KvConnect: its transfer peer and block layout.
   struct Target {
     kvt::AgentPeer peer = 0;
+    std::string peerName;  // the transfer agent's name for it (its metadata's)
     worker::KvTargetLayout layout;
   };
   struct Job {

@@ -179,11 +179,18 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
 }
 
 // Streaming: the headers and, per choice, the chat role delta or the echoed prompt.
+// What x-pdserve-route and the metrics' route label say: the route planned, or
+// "disaggregated-recomputed" once the first token's Timings said the decode worker computed
+// the prompt itself (docs/serving.md, "x-pdserve-route").
+const char* RequestStream::routeLabel() const {
+  return recomputed_ && route_ == Route::kDisaggregated ? kRecomputedRoute : routeName(route_);
+}
+
 void RequestStream::startResponse() {
   const auto& req = spec_.parsed.req;
   if (!req.stream) return;
   net::HttpHeaders h{
-      {"x-pdserve-route", routeName(route_)}, {"x-pdserve-decode-worker", decodeWorker_}, {"x-request-id", meta_.id}};
+      {"x-pdserve-route", routeLabel()}, {"x-pdserve-decode-worker", decodeWorker_}, {"x-request-id", meta_.id}};
   if (!prefillWorker_.empty()) h["x-pdserve-prefill-worker"] = prefillWorker_;
   http_->startStream(200, std::move(h));
   for (const auto& c : choices_) {
@@ -205,7 +212,6 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
   // worker (what its old one still sends is not part of the answer: it was cancelled there).
   if (finished_ || migrating_ || !c || c->done) return;
   const auto& req = spec_.parsed.req;
-  const auto routeLabel = routeName(route_);
   if (chunk.token_ids_size() > 0) observeTiming(*c, chunk, steadyNow());
   if (chunk.finish_reason() == proto::FINISH_ERROR) {
     Status why = net::fromProtoError(chunk.error());
@@ -243,7 +249,7 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
   }
   emit(*c, delta, std::move(lps), std::move(ids), finish);
   if (finish) {
-    if (chunk.has_timings()) metrics_.observeQueueTime(routeLabel, chunk.timings().queue_ms() / 1e3);
+    if (chunk.has_timings()) metrics_.observeQueueTime(routeLabel(), chunk.timings().queue_ms() / 1e3);
     endChoice(*c);
     if (chunk.has_usage() && !stopped)
       c->completionTokens = c->tokensBeforeMove + int(chunk.usage().completion_tokens());
@@ -262,25 +268,25 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
 // TTFT once per request, ITL per token after a choice's first; tokens that arrive together
 // are 0 s apart. The metrics are observed here, the autoscaler's window in the loop.
 void RequestStream::observeTiming(Choice& c, const proto::TokenChunk& chunk, SteadyTime now) {
-  const auto routeLabel = routeName(route_);
   TokenTiming t;
   t.at = now;
   if (!firstTokenSeen_) {
     firstTokenSeen_ = true;
+    recomputed_ = chunk.has_timings() && chunk.timings().recomputed();
     const double ttft = secondsBetween(spec_.received, now);
-    metrics_.observeTtft(routeLabel, ttft);
+    metrics_.observeTtft(routeLabel(), ttft);
     if (chunk.has_timings() && chunk.timings().ttft_split()) {
       ttftSplit_ = assembleTtftSplit(ttft, secondsBetween(spec_.received, dispatchedAt_), chunk.timings());
-      for (const auto& [phase, seconds] : ttftSplit_->phases) metrics_.observeTtftPhase(routeLabel, phase, seconds);
+      for (const auto& [phase, seconds] : ttftSplit_->phases) metrics_.observeTtftPhase(routeLabel(), phase, seconds);
     }
     t.ttft = ttft;
     t.route = route_;
   } else if (c.lastTokenAt) {
     const double itl = secondsBetween(*c.lastTokenAt, now);
-    metrics_.observeItl(routeLabel, itl);
+    metrics_.observeItl(routeLabel(), itl);
     t.itl = itl;
   }
-  for (int k = 1; k < chunk.token_ids_size(); ++k) metrics_.observeItl(routeLabel, 0.0);
+  for (int k = 1; k < chunk.token_ids_size(); ++k) metrics_.observeItl(routeLabel(), 0.0);
   t.zeroItls = chunk.token_ids_size() - 1;
   c.lastTokenAt = now;
   if (t.ttft || t.itl || t.zeroItls > 0) owner_.observeTokens(t);
@@ -389,14 +395,14 @@ void RequestStream::maybeComplete() {
       out.push_back(std::move(d));
     }
     net::HttpHeaders headers{
-        {"x-pdserve-route", routeName(route_)}, {"x-pdserve-decode-worker", decodeWorker_}, {"x-request-id", meta_.id}};
+        {"x-pdserve-route", routeLabel()}, {"x-pdserve-decode-worker", decodeWorker_}, {"x-request-id", meta_.id}};
     if (!prefillWorker_.empty()) headers["x-pdserve-prefill-worker"] = prefillWorker_;
     if (ttftSplit_) headers["server-timing"] = serverTimingHeader(*ttftSplit_);
     sendJson(http_, 200, fullResponse(req.endpoint, meta_, out, usage, req.logprobs), std::move(headers));
   }
   std::string reason;
   for (const auto& c : choices_) reason = c.finishReason;
-  metrics_.observeE2e(routeName(route_), secondsBetween(spec_.received, steadyNow()));
+  metrics_.observeE2e(routeLabel(), secondsBetween(spec_.received, steadyNow()));
   metrics_.requestFinished(reason, usage.promptTokens, usage.completionTokens);
   metrics_.inFlight.dec();
 }

@@ -144,6 +144,7 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   bool sendGenerate(const Choice& c, const Dispatch& d);
   void setDispatch(const Dispatch& d);
   void startResponse();
+  const char* routeLabel() const;
   void onChunk(const proto::TokenChunk& chunk);
   void observeTiming(Choice& c, const proto::TokenChunk& chunk, SteadyTime now);
   TokenLogprob logprobOf(const proto::TokenLogprob& lp) const;
@@ -174,6 +175,7 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   // Strand state.
   ResponseMeta meta_;
   Route route_ = Route::kColocated;
+  bool recomputed_ = false;      // the decode worker recomputed the prompt (proto Timings.recomputed)
   int64_t predictedCached_ = 0;  // the plan's prefix-hit figures (RoutePlan)
   int64_t exactCached_ = -1;
   std::string plannedPrefiller_;              // the worker the plan's figures are about

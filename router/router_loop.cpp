@@ -66,13 +66,23 @@ std::vector<uint64_t> RouterLoop::blockHashes(std::span<const int32_t> prompt) c
 
 void RouterLoop::workerOpened(net::ConnectionPtr conn) {
   onStrand([this, conn = std::move(conn)] {
-    if (Status s = workers_.add(conn); !s.isOk()) return conn->close(s);
+    if (Status s = workers_.add(conn); !s.isOk()) return refuseWorker(conn, s);
     // A worker that publishes KV events is indexed exactly once its snapshot arrives.
     if (exactRouting_ && conn->peerHello().kv_events()) {
       exactIndex_.addWorker(conn->peerHello().worker_id());
       metrics_.setKvIndexCurrent(conn->peerHello().worker_id(), false);
     }
   });
+}
+
+// The worker reads why in an Error frame and closes its side (worker/router_link.h); the close
+// here, a second later, bounds a peer that does not (the frame is written by then).
+void RouterLoop::refuseWorker(const net::ConnectionPtr& conn, const Status& why) {
+  proto::Envelope env;
+  *env.mutable_error() = net::toProtoError(why);
+  if (!conn->send(env).isOk()) return conn->close(why);
+  auto timer = std::make_shared<boost::asio::steady_timer>(strand_, std::chrono::seconds(1));
+  timer->async_wait([timer, conn, why](const boost::system::error_code&) { conn->close(why); });
 }
 
 void RouterLoop::workerMessage(net::ConnectionPtr conn, proto::Envelope env) {

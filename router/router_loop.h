@@ -116,6 +116,7 @@ class RouterLoop final : public StreamOwner {
   // The registered id of the worker on `conn` ("" when conn is not its registered connection).
   std::string registeredId(const net::ConnectionPtr& conn) const;
   void askResync(const net::ConnectionPtr& conn, const std::string& id, std::string_view reason);
+  void refuseWorker(const net::ConnectionPtr& conn, const Status& why);
   void onWorkerClosed(const net::ConnectionPtr& conn, const Status& why);
   // Every request streaming from decode worker `id` moves elsewhere (router/request_stream.h).
   void migrateFrom(const std::string& id, const Status& why);

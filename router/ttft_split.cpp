@@ -16,8 +16,11 @@ double ms(double seconds) { return std::round(seconds * 1e6) / 1e3; }
 
 TtftSplit assembleTtftSplit(double ttftS, double routerQueueS, const proto::Timings& w) {
   TtftSplit s;
-  const bool disaggregated = w.route() == proto::ROUTE_DISAGGREGATED;
-  s.route = disaggregated ? "disaggregated" : "colocated";
+  // Recomputed: the prompt was computed here after a failed remote prefill; its phases are
+  // the colocated ones (the failed attempt is inside prefill_compute).
+  const bool recomputed = w.route() == proto::ROUTE_DISAGGREGATED && w.recomputed();
+  const bool disaggregated = w.route() == proto::ROUTE_DISAGGREGATED && !recomputed;
+  s.route = recomputed ? kRecomputedRoute : disaggregated ? "disaggregated" : "colocated";
   s.ttftS = nonNegative(ttftS);
   auto add = [&](const char* phase, double seconds) { s.phases.emplace_back(phase, nonNegative(seconds)); };
   add("router_queue", routerQueueS);

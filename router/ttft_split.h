@@ -34,8 +34,12 @@
 
 namespace pd::router {
 
+// The route of a request routed disaggregated whose remote prefill failed and which the decode
+// worker recomputed (proto Timings.recomputed): x-pdserve-route and the metrics' route label.
+inline constexpr const char* kRecomputedRoute = "disaggregated-recomputed";
+
 struct TtftSplit {
-  std::string route;  // "colocated" | "disaggregated"
+  std::string route;  // "colocated" | "disaggregated" | "disaggregated-recomputed"
   double ttftS = 0;
   // (phase, seconds) in the order of the table above; only the phases of the route.
   std::vector<std::pair<std::string, double>> phases;

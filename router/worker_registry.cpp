@@ -11,7 +11,82 @@ constexpr const char* kTag = "router";
 constexpr const char* kHealthyHelp =
     "1 while the worker is connected, reports within router.worker_report_timeout_ms and is not draining (it gets new "
     "work), else 0.";
+constexpr const char* kRefusedHelp =
+    "Worker registrations this router refused, by the worker's pool and the reason (duplicate_id, model, weights, "
+    "block_size, dtype, layout, role).";
+
+// A worker's Hello.model_fingerprint, "<model>/<KV layout>[.tpN]/w<weights>" (worker/engine_setup.h),
+// split from the right: the model name may itself hold '/'.
+struct Identity {
+  std::string layout, weights;
+};
+Identity parseIdentity(const std::string& fp) {
+  Identity id;
+  const size_t w = fp.rfind('/');
+  if (w == std::string::npos) return id;
+  id.weights = fp.substr(w + 1);
+  if (!id.weights.empty() && id.weights[0] == 'w') id.weights.erase(0, 1);  // "w<hex>"
+  const size_t l = fp.rfind('/', w - 1);
+  id.layout = fp.substr(l == std::string::npos ? 0 : l + 1, w - (l == std::string::npos ? 0 : l + 1));
+  return id;
+}
+
+// The layout's field starting with `tag` ("B16" for "B"), or "" (KvLayout::fingerprint's order).
+std::string layoutField(const std::string& layout, char tag) {
+  size_t start = 0;
+  while (start <= layout.size()) {
+    size_t end = layout.find('.', start);
+    if (end == std::string::npos) end = layout.size();
+    if (end > start && layout[start] == tag) return layout.substr(start + 1, end - start - 1);
+    start = end + 1;
+  }
+  return "";
+}
+
+// The KV dtype: the layout's last field before an optional ".tpN".
+std::string layoutDtype(const std::string& layout) {
+  std::string l = layout;
+  if (size_t tp = l.find(".tp"); tp != std::string::npos) l.resize(tp);
+  const size_t dot = l.rfind('.');
+  return dot == std::string::npos ? "" : l.substr(dot + 1);
+}
 }  // namespace
+
+std::string WorkerRegistry::mismatch(const std::string& id, const std::string& fp, const Worker& ref,
+                                     std::string* reason) {
+  if (fp == ref.fingerprint) return "";
+  const Identity a = parseIdentity(fp), b = parseIdentity(ref.fingerprint);
+  const std::string cluster = "the cluster (worker '" + ref.id + "', registered first)";
+  if (a.layout != b.layout) {
+    const std::string both = " (KV layout " + a.layout + "; " + cluster + ": " + b.layout + ")";
+    if (layoutField(a.layout, 'B') != layoutField(b.layout, 'B')) {
+      *reason = "block_size";
+      return "worker '" + id + "' has KV block size " + layoutField(a.layout, 'B') + " but the cluster has " +
+             layoutField(b.layout, 'B') + both + ": engine.block_size must match";
+    }
+    if (layoutDtype(a.layout) != layoutDtype(b.layout)) {
+      *reason = "dtype";
+      return "worker '" + id + "' keeps its KV cache in " + layoutDtype(a.layout) + " but the cluster in " +
+             layoutDtype(b.layout) + both + ": model.dtype and engine.backend must match";
+    }
+    *reason = "layout";
+    return "worker '" + id + "' has another KV layout than the cluster" + both +
+           ": the model config and engine.tensor_parallel_size must match";
+  }
+  *reason = "weights";
+  return "worker '" + id + "' serves weights " + a.weights + " but " + cluster + " serves " + b.weights +
+         ": every worker must load the same checkpoint (docs/security.md, \"Weights fingerprint\")";
+}
+
+Status WorkerRegistry::refuse(const proto::Hello& hello, const std::string& reason, std::string message) {
+  const char* pool = hello.role() == proto::ROLE_PREFILL  ? "prefill"
+                     : hello.role() == proto::ROLE_DECODE ? "decode"
+                                                          : "other";
+  registry_.counter("pdserve_worker_registrations_refused_total", kRefusedHelp, {{"pool", pool}, {"reason", reason}})
+      .inc();
+  PD_LOG(kError, kTag) << "refused the registration of worker '" << hello.worker_id() << "': " << message;
+  return failedPrecondition(std::move(message));
+}
 
 WorkerRegistry::WorkerRegistry(boost::asio::any_io_executor executor, std::string modelName,
                                std::chrono::milliseconds reportTimeout, metrics::Registry& registry,
@@ -25,18 +100,32 @@ WorkerRegistry::WorkerRegistry(boost::asio::any_io_executor executor, std::strin
 Status WorkerRegistry::add(const net::ConnectionPtr& c) {
   const auto& hello = c->peerHello();
   if (hello.role() != proto::ROLE_PREFILL && hello.role() != proto::ROLE_DECODE) {
-    return failedPrecondition("only prefill and decode workers register here");
+    return refuse(hello, "role", "only prefill and decode workers register here");
   }
   if (hello.model_fingerprint().rfind(modelName_ + "/", 0) != 0) {
-    return failedPrecondition("worker serves '" + hello.model_fingerprint() + "', this router serves '" + modelName_ +
-                              "'");
+    return refuse(hello, "model",
+                  "worker '" + hello.worker_id() + "' serves '" + hello.model_fingerprint() +
+                      "', this router serves '" + modelName_ + "' (model.name)");
+  }
+  // The cluster's identity is the earliest registered worker's (docs/security.md, "Weights
+  // fingerprint"): the router never loads weights, and a worker that disagrees with the ones
+  // already serving would pair with them per request.
+  const Worker* first = nullptr;
+  for (const auto& [id, w] : workers_)
+    if (w->id != hello.worker_id() && (!first || w->seq < first->seq)) first = w.get();
+  if (first) {
+    std::string reason;
+    if (std::string why = mismatch(hello.worker_id(), hello.model_fingerprint(), *first, &reason); !why.empty())
+      return refuse(hello, reason, std::move(why));
   }
   if (auto it = workers_.find(hello.worker_id()); it != workers_.end() && it->second->conn->isOpen()) {
     // A live worker keeps its id. One that stopped reporting is presumed gone (its process
     // restarted, or the connection died without a reset reaching us): the id is released to
     // the new connection instead of locking the worker out until TCP gives up.
     if (it->second->reportsFresh && steadyNow() - it->second->lastReport < reportTimeout_) {
-      return failedPrecondition("worker id '" + hello.worker_id() + "' is already registered");
+      return refuse(hello, "duplicate_id",
+                    "worker id '" + hello.worker_id() + "' is already registered by a live worker from " +
+                        it->second->conn->remoteAddress() + ": every worker needs its own --id");
     }
     PD_LOG(kWarn, kTag) << "worker '" << hello.worker_id() << "' registers again from " << c->remoteAddress()
                         << "; its old connection from " << it->second->conn->remoteAddress() << " sent no report for "
@@ -47,6 +136,8 @@ Status WorkerRegistry::add(const net::ConnectionPtr& c) {
   w->id = hello.worker_id();
   w->role = hello.role() == proto::ROLE_PREFILL ? WorkerRole::kPrefill : WorkerRole::kDecode;
   w->address = hello.address();
+  w->fingerprint = hello.model_fingerprint();
+  w->seq = nextSeq_++;
   w->conn = c;
   w->lastReport = steadyNow();
   w->report.set_total_blocks(hello.total_blocks());

@@ -34,7 +34,9 @@ class WorkerRegistry {
     explicit Worker(const boost::asio::any_io_executor& ex) : reportTimer(ex) {}
     std::string id;
     WorkerRole role = WorkerRole::kDecode;
-    std::string address;  // prefill: where decode workers dial it
+    std::string address;      // prefill: where decode workers dial it
+    std::string fingerprint;  // Hello.model_fingerprint: model, KV layout, weights
+    uint64_t seq = 0;         // registration order: the lowest is the cluster's reference
     net::ConnectionPtr conn;
     proto::LoadReport report;
     SteadyTime lastReport;
@@ -56,8 +58,10 @@ class WorkerRegistry {
                  metrics::Registry& registry, metrics::RouterMetrics& metrics);
 
   // A connection finished its handshake: registers the worker, or says why it may not
-  // (kFailedPrecondition: not a worker, another model, an id already registered); the caller
-  // closes the connection with that reason.
+  // (kFailedPrecondition: not a worker, another model, an id already registered, or weights
+  // or a KV layout (block size, dtype, shape) other than the earliest registered worker's);
+  // the refusal is logged, counted in pdserve_worker_registrations_refused_total{pool,reason}
+  // and the caller tells the worker (an Error frame) before it closes the connection.
   Status add(const net::ConnectionPtr& conn);
   // The connection closed: the id of the worker it registered, or "" when it registered none.
   std::string remove(const net::ConnectionPtr& conn);
@@ -88,6 +92,10 @@ class WorkerRegistry {
 
  private:
   void armReportTimer(Worker& w, SteadyTime at);
+  // Why a worker `id` with fingerprint `fp` may not join `ref`'s cluster ("" when it may);
+  // *reason: the metric's label.
+  static std::string mismatch(const std::string& id, const std::string& fp, const Worker& ref, std::string* reason);
+  Status refuse(const proto::Hello& hello, const std::string& reason, std::string message);
   void onReportTimer(const std::string& id, const net::ConnectionPtr& conn);
   void updatePoolGauges();
   static metrics::Labels labelsFor(const Worker& w);
@@ -104,6 +112,7 @@ class WorkerRegistry {
   // unique_ptr: a timer's handler finds its worker by id; the entry never moves under it.
   std::unordered_map<std::string, std::unique_ptr<Worker>> workers_;
   std::function<void(const std::string&)> onSilent_;
+  uint64_t nextSeq_ = 0;
 };
 
 }  // namespace pd::router

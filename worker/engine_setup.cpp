@@ -137,6 +137,9 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   // Peers must agree on what one region's blocks hold: the per-rank layout and the rank count.
   b.fingerprint = b.modelName + "/" + parts.kv->layout().fingerprint();
   if (parts.regions.size() > 1) b.fingerprint += ".tp" + std::to_string(parts.regions.size());
+  // ... and on the weights: two checkpoints of one model have the same name and layout, and a
+  // decode worker continuing another's KV would emit wrong tokens without an error.
+  b.fingerprint += "/w" + b.model->weightsFingerprint;
   b.kvRegions = std::move(parts.regions);
   b.engine = std::make_unique<engine::Engine>(std::move(parts.backend), std::move(parts.kv), opts);
   return b;

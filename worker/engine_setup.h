@@ -30,8 +30,10 @@ struct EngineBundle {
   // The KV cache as the transfer agent registers it: one region per tensor-parallel rank, in
   // rank order, each laid out as engine->kv().layout() (a rank's share of the kv heads).
   std::vector<MemDesc> kvRegions;
-  std::string modelName;    // served model id
-  std::string fingerprint;  // model name + KV layout; peers must agree
+  std::string modelName;  // served model id
+  // "<model name>/<KV layout>[.tpN]/w<weights fingerprint>" (Checkpoint::weightsFingerprint):
+  // peers must agree on all of it (the router splits it from the right to say what differs).
+  std::string fingerprint;
   int64_t maxModelLen = 0;
   // Seconds from opening the model to the backend ready (cpu: f32 host weights read; cuda:
   // weights streamed to the device, KV cache allocated): pdserve_model_load_seconds.

@@ -46,6 +46,11 @@ Status RouterLink::send(proto::Envelope env) {
   return conn->send(std::move(env));
 }
 
+std::string RouterLink::refusal() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return refusal_;
+}
+
 bool RouterLink::peerTakesKvEvents() {
   std::lock_guard<std::mutex> lock(mu_);
   return conn_ && conn_->isOpen() && conn_->peerHello().kv_events();
@@ -60,7 +65,20 @@ void RouterLink::connectLoop() {
   while (!stopping_) {
     net::ConnectionOptions opts = options_;
     net::ConnectionCallbacks cb;
-    cb.onMessage = [this](const net::ConnectionPtr&, proto::Envelope&& env) {
+    cb.onMessage = [this](const net::ConnectionPtr& c, proto::Envelope&& env) {
+      if (env.has_error()) {
+        // The router refused the registration (router/worker_registry.h): keep why, and close
+        // our side now rather than wait for its close.
+        Status why = net::fromProtoError(env.error());
+        PD_LOG(kError, "worker") << "router " << host_ << ":" << port_
+                                 << " refused the registration: " << why.message();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          refusal_ = why.message();
+        }
+        c->close(why);
+        return;
+      }
       auto shared = std::make_shared<proto::Envelope>(std::move(env));
       inbox_.post([this, shared] { handlers_.onMessage(std::move(*shared)); });
     };
@@ -93,21 +111,26 @@ void RouterLink::connectLoop() {
     }
     if (conn_) {
       up_ = true;
-      PD_LOG(kInfo, "worker") << "registered with router " << host_ << ":" << port_;
+      PD_LOG(kInfo, "worker") << "registered with router " << host_ << ":" << port_
+                              << " (unless it refuses: then an Error follows)";
       inbox_.post([this] { handlers_.onState(true, Status::ok()); });
     }
     std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_ && conn_ && conn_->isOpen()) cv_.wait_for(lock, std::chrono::seconds(1));
+    while (!stopping_ && conn_ && conn_->isOpen()) {
+      cv_.wait_for(lock, std::chrono::seconds(1));
+      if (std::chrono::steady_clock::now() - openedAt >= kRegisteredAfter) refusal_.clear();
+    }
     // Stopping before stop() saw this connection: close it here, so its onClose runs now.
     if (stopping_ && conn.value()->isOpen()) conn.value()->close(cancelled("worker shutting down"));
     conn_.reset();
     if (stopping_) break;
     // A connection that did not last was most likely refused: back off, and say why.
-    if (std::chrono::steady_clock::now() - openedAt < std::chrono::seconds(5)) {
+    if (std::chrono::steady_clock::now() - openedAt < kRegisteredAfter) {
       PD_LOG(kWarn, "worker") << "router " << host_ << ":" << port_ << " closed the registration ("
-                              << lastClose_.message() << "); registering again in " << backoff.count() << " ms";
+                              << (refusal_.empty() ? lastClose_.message() : refusal_) << "); registering again in "
+                              << backoff.count() << " ms";
       cv_.wait_for(lock, backoff, [this] { return stopping_.load(); });
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+      backoff = std::min(backoff * 2, kMaxBackoff);
     } else {
       backoff = std::chrono::milliseconds(200);
     }

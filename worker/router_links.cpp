@@ -135,6 +135,13 @@ bool RouterLinks::takesKvEvents(RouterId router) const {
   return false;
 }
 
+std::string RouterLinks::refusal() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [address, l] : links_)
+    if (std::string why = l.link->refusal(); !why.empty()) return "router " + address + ": " + why;
+  return "";
+}
+
 bool RouterLinks::anyUp() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [address, l] : links_)

@@ -48,6 +48,8 @@ class RouterLinks {
   // Whether link `router` is up and its router takes KV events.
   bool takesKvEvents(RouterId router) const;
   bool anyUp() const;
+  // The first link's RouterLink::refusal(), prefixed with its router's address; "" when none.
+  std::string refusal() const;
 
  private:
   struct Link {

@@ -1,9 +1,11 @@
 #include "worker/status_endpoint.h"
 
+#include <nlohmann/json.hpp>
+
 namespace pd::worker {
 
 StatusEndpoint::StatusEndpoint(net::IoPool& io, metrics::Registry& registry,
-                               std::function<std::optional<std::string>()> unhealthy)
+                               std::function<std::optional<Unhealthy>()> unhealthy)
     : io_(io), registry_(registry), unhealthy_(std::move(unhealthy)) {}
 
 Status StatusEndpoint::start(const std::string& host, int port) {
@@ -14,7 +16,9 @@ Status StatusEndpoint::start(const std::string& host, int port) {
       io_.context(), opts, [this](net::HttpRequest req, std::shared_ptr<net::HttpResponder> r) {
         if (req.path() == "/health") {
           const auto why = unhealthy_();
-          r->sendFull(why ? 503 : 200, {{"content-type", "text/plain"}}, why ? *why + "\n" : "ok\n");
+          if (!why) return r->sendFull(200, {{"content-type", "text/plain"}}, "ok\n");
+          const nlohmann::json body = {{"status", why->status}, {"reason", why->reason}};
+          r->sendFull(503, {{"content-type", "application/json"}}, body.dump() + "\n");
         } else if (req.path() == "/metrics") {
           r->sendFull(200, {{"content-type", "text/plain; version=0.0.4"}}, registry_.serialize());
         } else {

@@ -1,4 +1,5 @@
-// A worker's /health (200 when healthy, else 503 with the reason: "draining", ...) and /metrics (the
+// A worker's /health (200 "ok" when healthy, else 503 with a JSON body
+// {"status":"draining"|"stopping"|"unregistered"|"refused","reason":"..."}) and /metrics (the
 // registry) on one port. Served from the I/O pool's threads, so both answer while the loop
 // thread computes a long step.
 #pragma once
@@ -17,8 +18,12 @@ namespace pd::worker {
 
 class StatusEndpoint {
  public:
-  // unhealthy() runs on an I/O thread: nullopt when healthy, else why not ("draining").
-  StatusEndpoint(net::IoPool& io, metrics::Registry& registry, std::function<std::optional<std::string>()> unhealthy);
+  struct Unhealthy {
+    std::string status;  // one word: "draining", "refused", ...
+    std::string reason;  // for an operator: why
+  };
+  // unhealthy() runs on an I/O thread: nullopt when healthy, else why not.
+  StatusEndpoint(net::IoPool& io, metrics::Registry& registry, std::function<std::optional<Unhealthy>()> unhealthy);
   // Binds host:port (0: OS-chosen).
   Status start(const std::string& host, int port);
   int port() const;
@@ -26,7 +31,7 @@ class StatusEndpoint {
  private:
   net::IoPool& io_;
   metrics::Registry& registry_;
-  std::function<std::optional<std::string>()> unhealthy_;
+  std::function<std::optional<Unhealthy>()> unhealthy_;
   std::unique_ptr<net::HttpServer> server_;
 };
 

@@ -26,10 +26,15 @@ WorkerLoop::WorkerLoop(config::ClusterConfig config, WorkerFlags flags, EngineBu
       io_(2, std::string(roleName()) + "-io"),
       registry_(metrics::Labels{{"role", roleName()}, {"worker", flags_.workerId}}),
       metrics_(registry_),
-      status_(io_, registry_, [this]() -> std::optional<std::string> {
-        if (stopping_.load()) return "stopping";
-        if (draining_.load()) return "draining";
-        if (!routersUp_.load()) return "not registered with a router";
+      status_(io_, registry_, [this]() -> std::optional<StatusEndpoint::Unhealthy> {
+        if (stopping_.load()) return StatusEndpoint::Unhealthy{"stopping", "the worker is shutting down"};
+        if (draining_.load()) return StatusEndpoint::Unhealthy{"draining", "the worker takes no new requests"};
+        // A refusal outranks "up": the router refuses just after the hello, so the link is
+        // briefly open before its Error arrives.
+        const RouterLinks* links = healthLinks_.load();
+        if (std::string why = links ? links->refusal() : std::string(); !why.empty())
+          return StatusEndpoint::Unhealthy{"refused", why};
+        if (!routersUp_.load()) return StatusEndpoint::Unhealthy{"unregistered", "not registered with a router"};
         return std::nullopt;
       }) {}
 
@@ -96,6 +101,7 @@ void WorkerLoop::run(RolePolicy& role, proto::Hello hello) {
       }(),
       RouterLinks::Handlers{[this](RouterId from, proto::Envelope&& env) { onRouterMessage(from, std::move(env)); },
                             [this](RouterId router, bool up, const Status& why) { onRouterState(router, up, why); }});
+  healthLinks_ = routers_.get();
   if (publish || zmq_) {
     KvEventPublisher::Sink sink{[this, publish](const proto::Envelope& env) {
                                   if (publish) routers_->broadcast(env, true);

@@ -150,6 +150,8 @@ class WorkerLoop {
   metrics::Registry registry_;
   metrics::WorkerMetrics metrics_;
   std::atomic<bool> routersUp_{false};  // registered with at least one router: /health says 200
+  // routers_ as /health (an I/O thread) reads it: set once it exists, never reset.
+  std::atomic<const RouterLinks*> healthLinks_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<bool> idle_{true};  // the role's idle(), as of the last iteration
   // The last step planned nothing (its queue head waits for blocks others hold): the loop

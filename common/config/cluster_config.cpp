@@ -417,6 +417,15 @@ void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* error
                           " must be at least 3 x kv_transfer.heartbeat_ms (" +
                           std::to_string(c->kvTransfer.heartbeatMs) + "), or 0 for no lease");
   }
+  // The cpu backend computes and keeps its KV cache in f32 whatever the checkpoint stores: a
+  // 16-bit dtype there would be silently ignored (and its KV layout would differ from a cuda
+  // peer's), so it is refused rather than read as a wish.
+  if (c->engine.backend == Backend::kCpu && (c->model.dtype == DType::kBF16 || c->model.dtype == DType::kF16)) {
+    errors->add(root["model"]["dtype"], std::string("model.dtype: ") +
+                                            (c->model.dtype == DType::kBF16 ? "bf16" : "f16") +
+                                            " needs engine.backend cuda; the cpu backend computes in f32 (use auto or "
+                                            "f32)");
+  }
   if (c->model.maxModelLen > 0 && c->router.maxPromptTokens > c->model.maxModelLen) {
     errors->add(root, "router.admission.max_prompt_tokens: " + std::to_string(c->router.maxPromptTokens) +
                           " exceeds model.max_model_len (" + std::to_string(c->model.maxModelLen) + ")");

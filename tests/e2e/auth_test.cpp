@@ -57,7 +57,9 @@ int freePrefillPort() {
   return 0;
 }
 
-std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillPort) {
+// authenticated false: open mode, as a cluster started by hand from a config without
+// cluster.secret_file runs.
+std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillPort, bool authenticated = true) {
   std::filesystem::create_directories(kWork);
   std::string path = kWork + "/" + name + ".yaml";
   std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
@@ -73,6 +75,7 @@ std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillP
   o.httpPort = 0;
   o.controlPort = 0;
   o.runDir = kWork + "/" + name + ".run";
+  o.generateSecret = authenticated;
   auto c = LocalCluster::start(o);
   INFO(c.status().toString());
   REQUIRE(c.ok());
@@ -100,12 +103,17 @@ std::string prefillFingerprint(net::IoPool& io, int prefillPort, const std::stri
   return fingerprint;
 }
 
-int completion(LocalCluster& c) {
+// Every prompt is routed disaggregated here (short_prompt_tokens: 0).
+HttpReply completionReply(LocalCluster& c, int promptTokens = 8) {
+  std::string prompt;
+  for (int i = 0; i < promptTokens; ++i) prompt += (i ? ", " : "") + std::to_string(1 + i % 200);
   auto r = httpRequest(c.httpPort(), "POST", "/v1/completions",
-                       R"({"model": "small", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 4})", 60s,
+                       R"({"model": "small", "prompt": [)" + prompt + R"(], "max_tokens": 4})", 120s,
                        {"Content-Type: application/json"});
-  return r.ok() ? r->status : -1;
+  return r.ok() ? *r : HttpReply{-1, "", r.status().toString()};
 }
+
+int completion(LocalCluster& c) { return completionReply(c).status; }
 
 }  // namespace
 
@@ -388,4 +396,57 @@ TEST_CASE("e2e auth: KvConnects naming unreachable KV addresses do not block the
   conn.value()->close(cancelled("done"));
   ::close(filler);
   ::close(hole);
+}
+
+TEST_CASE("e2e auth: open mode: a KvConnect naming a connected decode worker is refused and its transfer goes on") {
+  const int prefillPort = freePrefillPort();
+  auto c = startCluster("open_hijack", prefillPort, /*authenticated=*/false);
+  REQUIRE_FALSE(c->config().cluster.authenticated());
+  // The real decode worker's KV connection (its KvConnect) is in place after one request.
+  REQUIRE(completion(*c) == 200);
+  // A long request in flight on it while the hijack comes.
+  HttpReply inFlight;
+  std::thread longRequest([&] { inFlight = completionReply(*c, 1500); });
+  for (int i = 0; i < 500; ++i) {
+    if (workerMetric(*c, "decode-0", R"(pdserve_remote_prefills{state="requested"})") == 1) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  // Unauthenticated, naming the real decode worker in its hello and in its transfer offer.
+  net::IoPool io(2);
+  const std::string fingerprint = prefillFingerprint(io, prefillPort, "");
+  auto replyPromise = std::make_shared<std::promise<proto::Envelope>>();
+  auto replied = std::make_shared<std::atomic<bool>>(false);
+  net::ConnectionCallbacks cb;
+  cb.onMessage = [replyPromise, replied](const net::ConnectionPtr&, proto::Envelope&& env) {
+    if (!replied->exchange(true)) replyPromise->set_value(std::move(env));
+  };
+  auto conn = net::FramedClient::connect(io, "127.0.0.1", prefillPort,
+                                         peer(proto::ROLE_DECODE, "decode-0", "", fingerprint), cb, 5s);
+  REQUIRE(conn.ok());
+  kvt::proto::AgentMetadata offer;
+  offer.set_version(1);
+  offer.set_name("decode-0");
+  proto::Envelope env;
+  env.mutable_kv_connect()->set_metadata(offer.SerializeAsString());
+  env.mutable_kv_connect()->set_num_blocks(1);
+  env.mutable_kv_connect()->add_regions()->set_base(0x10000);
+  REQUIRE(conn.value()->send(env).isOk());
+  auto f = replyPromise->get_future();
+  REQUIRE(f.wait_for(20s) == std::future_status::ready);
+  const proto::Envelope reply = f.get();
+  INFO(reply.DebugString());
+  REQUIRE(reply.has_error());
+  CHECK_THAT(reply.error().message(), Catch::Contains("transfer peer 'decode-0' is already connected"));
+  conn.value()->close(cancelled("done"));
+  longRequest.join();
+  // The real peer's transfers were not touched: in flight and after, its KV arrived.
+  INFO(inFlight.headers << inFlight.body);
+  CHECK(inFlight.status == 200);
+  HttpReply after = completionReply(*c, 300);
+  CHECK(after.status == 200);
+  for (const HttpReply* r : {&inFlight, &after}) {
+    CHECK(r->headers.find("x-pdserve-route: disaggregated") != std::string::npos);
+    CHECK(r->headers.find("recomputed") == std::string::npos);
+  }
+  CHECK(workerMetric(*c, "decode-0", R"(pdserve_remote_prefill_total{outcome="recomputed"})") <= 0);
 }

@@ -1659,3 +1659,29 @@ TEST_CASE("vLLM metric names are off by default") {
   CHECK(router.find("vllm:") == std::string::npos);
   CHECK(httpGet(c->metricsPort("decode-0"), "/metrics", 5s).value().body.find("vllm:") == std::string::npos);
 }
+
+TEST_CASE("a recomputed remote prefill says so: x-pdserve-route: disaggregated-recomputed, and its metrics' route") {
+  ClusterSpec spec;
+  spec.timeoutMs = 2500;  // the stopped prefill worker's request fails after this (or its 3 s lease)
+  spec.extraRouter = "  workers: {worker_report_timeout_ms: 30000}\n";  // still routed to while stopped
+  auto c = startCluster("recomputed-route", spec);
+  // The KV connection in place first: the stop then lands on the prefill itself.
+  auto warm = complete(*c, randomPrompt(400, 78), 1);
+  REQUIRE(warm.status == 200);
+  CHECK(warm.headers.find("x-pdserve-route: disaggregated\r\n") != std::string::npos);
+  const auto prompt = randomPrompt(300, 79);
+  const auto expected = generateCli(prompt, 4);
+  REQUIRE(c->processes().signal("prefill-0", SIGSTOP).isOk());
+  struct Resume {
+    LocalCluster& c;
+    ~Resume() { (void)c.processes().signal("prefill-0", SIGCONT); }
+  } resume{*c};
+  auto r = complete(*c, prompt, 4);
+  INFO(r.headers);
+  REQUIRE(r.status == 200);
+  CHECK(r.ids == expected);
+  CHECK(r.headers.find("x-pdserve-route: disaggregated-recomputed") != std::string::npos);
+  CHECK(workerMetricWith(*c, "decode-0", "pdserve_remote_prefill_total", "outcome=\"recomputed\"") == 1);
+  CHECK(routerMetric(*c, R"(pdserve_time_to_first_token_seconds_count{route="disaggregated-recomputed"})") == 1);
+  CHECK(routerMetric(*c, R"(pdserve_time_to_first_token_seconds_count{route="disaggregated"})") == 1);  // the warm-up
+}

@@ -48,6 +48,10 @@ TEST_CASE("every example in deploy/configs loads") {
     REQUIRE(r.ok());
     // Shipped examples use the current key paths: no deprecation warning.
     CHECK(r->warnings == std::vector<std::string>{});
+    // ... and say how their internal planes get a secret (docs/security.md, "Without a secret").
+    std::ifstream in(entry.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text.find("secret_file") != std::string::npos);
   }
   CHECK(names.count("local.yaml") == 1);
   CHECK(names.count("disaggregated-gpu.yaml") == 1);
@@ -223,6 +227,12 @@ TEST_CASE("lists are validated element by element") {
 }
 
 TEST_CASE("cross-field rules") {
+  // The cpu backend computes in f32: a 16-bit dtype there would be silently ignored.
+  CHECK(errorOf("model: {dtype: bf16}\nengine: {backend: cpu}") ==
+        "test.yaml: model.dtype: bf16 needs engine.backend cuda; the cpu backend computes in f32 (use auto or f32)");
+  CHECK_THAT(errorOf("model: {dtype: f16}"), Catch::Contains("model.dtype: f16 needs engine.backend cuda"));
+  CHECK(parseOk("model: {dtype: f32}\nengine: {backend: cpu}").model.dtype == DType::kF32);
+  CHECK(parseOk("model: {dtype: bf16}\nengine: {backend: cuda}").model.dtype == DType::kBF16);
   CHECK(errorOf("router: {http: {port: 9000}}") ==
         "test.yaml: router.workers.control_port: 9000 is the same as router.http.port");
   CHECK(errorOf("engine: {num_blocks: 100, kv_cache_bytes: 1048576}") ==

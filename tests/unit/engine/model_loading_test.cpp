@@ -1,7 +1,11 @@
 // Model loading: config.json parsing, safetensors reading/writing and dtype conversion, and
 // the errors a person sees for a broken model directory.
+#include <chrono>
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
+#include "engine/checkpoint.h"
 #include "engine/safetensors.h"
 #include "tests/unit/engine/model_test_util.h"
 
@@ -236,4 +240,55 @@ TEST_CASE("make-model writes an HF tokenizer and configs") {
   CHECK(cfg->intermediateSize == 172);
   CHECK(cfg->vocabSize == 259);
   CHECK(cfg->eosTokenIds == std::vector<int>{257});
+}
+
+TEST_CASE("the weights fingerprint tells checkpoints of one model apart, cheaply") {
+  MakeModelOptions a;
+  a.preset = "small";
+  MakeModelOptions b = a;
+  b.seed = 2;
+  const std::string dirA = makeTestModel("fingerprint_small_seed1", a);
+  const std::string dirB = makeTestModel("fingerprint_small_seed2", b);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ckpt = Checkpoint::open(dirA);
+  REQUIRE(ckpt.ok());
+  auto fa = ckpt->weightsFingerprint();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(fa.ok());
+  WARN("weights fingerprint of the small model: " << ms << " ms");  // docs/security.md quotes it
+  CHECK(fa->size() == 16);
+  // Same name, same shapes, other seed: another fingerprint; the same files: the same one.
+  auto mb = describeModel(dirB);
+  REQUIRE(mb.ok());
+  CHECK((*mb)->weightsFingerprint != *fa);
+  auto ma = describeModel(dirA);
+  REQUIRE(ma.ok());
+  CHECK((*ma)->weightsFingerprint == *fa);
+  // One byte changed in the middle of the largest tensor's sample is seen.
+  const std::string dirC = std::string(PD_TEST_MODEL_DIR) + "/fingerprint_small_flipped";
+  fs::remove_all(dirC);
+  fs::copy(dirA, dirC, fs::copy_options::recursive);
+  auto file = SafetensorsFile::open(dirC + "/model.safetensors");
+  REQUIRE(file.ok());
+  const TensorInfo* embed = file->find("model.embed_tokens.weight");
+  REQUIRE(embed != nullptr);
+  uint64_t dataStart = 0;
+  {
+    std::ifstream in(dirC + "/model.safetensors", std::ios::binary);
+    uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    dataStart = 8 + n;
+  }
+  {
+    std::fstream io(dirC + "/model.safetensors", std::ios::binary | std::ios::in | std::ios::out);
+    const auto at = std::streamoff(dataStart + embed->begin + (embed->end - embed->begin) / 2);
+    io.seekg(at);
+    const char was = char(io.get());
+    io.seekp(at);
+    io.put(char(~was));
+  }
+  auto mc = describeModel(dirC);
+  REQUIRE(mc.ok());
+  CHECK((*mc)->weightsFingerprint != *fa);
+  fs::remove_all(dirC);
 }

@@ -210,4 +210,39 @@ TEST_CASE("the router knows the longest prompt a decode worker's KV cache can ev
   CHECK_FALSE(longestServablePrompt(f.workers.snapshot()));
 }
 
+TEST_CASE("a worker whose weights or KV layout differ from the cluster's is refused, naming both sides") {
+  Fixture f;
+  const std::string base = "m/L2.B16.H2.D32.f32/w";
+  REQUIRE(f.workers.add(worker(proto::ROLE_DECODE, "decode-0", base + "91bc")).isOk());
+  auto weights = f.workers.add(worker(proto::ROLE_PREFILL, "prefill-1", base + "3fa2"));
+  CHECK(weights.code() == StatusCode::kFailedPrecondition);
+  CHECK(weights.message().find("worker 'prefill-1' serves weights 3fa2") != std::string::npos);
+  CHECK(weights.message().find("'decode-0'") != std::string::npos);
+  CHECK(weights.message().find("serves 91bc") != std::string::npos);
+  auto block = f.workers.add(worker(proto::ROLE_PREFILL, "prefill-2", "m/L2.B32.H2.D32.f32/w91bc"));
+  CHECK(block.message().find("KV block size 32 but the cluster has 16") != std::string::npos);
+  auto dtype = f.workers.add(worker(proto::ROLE_PREFILL, "prefill-3", "m/L2.B16.H2.D32.bf16/w91bc"));
+  CHECK(dtype.message().find("in bf16 but the cluster in f32") != std::string::npos);
+  auto shape = f.workers.add(worker(proto::ROLE_DECODE, "decode-4", "m/L2.B16.H4.D32.f32/w91bc"));
+  CHECK(shape.message().find("another KV layout") != std::string::npos);
+  auto duplicate = f.workers.add(worker(proto::ROLE_DECODE, "decode-0", base + "91bc"));
+  CHECK(duplicate.message().find("already registered") != std::string::npos);
+  // Refused: none registered, each counted under its reason.
+  CHECK(f.workers.snapshot().size() == 1);
+  const std::string text = f.registry.serialize();
+  for (const char* series : {R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="weights"} 1)",
+                             R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="block_size"} 1)",
+                             R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="dtype"} 1)",
+                             R"(pdserve_worker_registrations_refused_total{pool="decode",reason="layout"} 1)",
+                             R"(pdserve_worker_registrations_refused_total{pool="decode",reason="duplicate_id"} 1)"}) {
+    INFO(series);
+    CHECK(text.find(series) != std::string::npos);
+  }
+  // The same identity joins; once the cluster is empty, the next worker sets it anew.
+  CHECK(f.workers.add(worker(proto::ROLE_PREFILL, "prefill-5", base + "91bc")).isOk());
+  f.workers.remove(f.workers.find("decode-0")->conn);
+  f.workers.remove(f.workers.find("prefill-5")->conn);
+  CHECK(f.workers.add(worker(proto::ROLE_PREFILL, "prefill-6", base + "3fa2")).isOk());
+}
+
 }  // namespace pd::router

@@ -32,7 +32,9 @@ TEST_CASE("a cpu worker keeps its KV cache in host memory, in f32") {
   CHECK(region.addr != 0);
   CHECK(b->engine->kv().layout().dtype == engine::KvDtype::kF32);
   CHECK(b->engine->kv().numTotalBlocks() == 64);
-  CHECK_THAT(b->fingerprint, Catch::EndsWith("f32"));
+  CHECK_THAT(b->fingerprint, Catch::Contains(".f32/w"));  // KV layout, then the weights
+  CHECK(b->model->weightsFingerprint.size() == 16);
+  CHECK_THAT(b->fingerprint, Catch::EndsWith("/w" + b->model->weightsFingerprint));
   REQUIRE(b->kvRegions.size() == 1);  // what the transfer agent registers
   CHECK(b->kvRegions[0].addr == region.addr);
   CHECK(b->kvRegions[0].len == region.len);
@@ -53,7 +55,7 @@ TEST_CASE("a cuda worker keeps its KV cache in device memory, or says why it can
   CHECK(region.kind == MemKind::kCuda);
   CHECK(region.len == b->engine->kv().layout().totalBytes());
   CHECK(b->engine->kv().layout().dtype == engine::KvDtype::kBF16);  // model.dtype auto
-  CHECK_THAT(b->fingerprint, Catch::EndsWith("bf16"));
+  CHECK_THAT(b->fingerprint, Catch::Contains(".bf16/w"));
   REQUIRE(b->kvRegions.size() == 1);
   CHECK(b->kvRegions[0].addr == region.addr);
 }
@@ -76,7 +78,7 @@ TEST_CASE("a tensor-parallel cuda worker has one KV region per GPU, or says how 
   // The books are kept in the per-rank layout: half of the tiny model's 2 kv heads.
   CHECK(b->engine->kv().layout().numKvHeads == 1);
   CHECK(b->kvRegions[1].len == b->engine->kv().layout().totalBytes());
-  CHECK_THAT(b->fingerprint, Catch::EndsWith(".tp2"));
+  CHECK_THAT(b->fingerprint, Catch::Contains(".tp2/w"));
 }
 
 TEST_CASE("a cuda worker sizes its KV cache by engine.gpu_memory_utilization, or says why it cannot start") {
