@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,9 +75,11 @@ class SilentFlood {
         ssize_t r = ::recv(fds_[i], buf, sizeof buf, 0);
         if (r > 0) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        // EOF or a reset: the server closed it. Anything else (a refused or failed connect)
+        // never reached the server.
+        if (r == 0 || errno == ECONNRESET) ++closed_;
         ::close(fds_[i]);
         fds_[i] = -1;
-        ++closed_;
       }
     }
   }
