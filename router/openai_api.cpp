@@ -344,7 +344,7 @@ MaybeError readMetadataFields(const json& body, const ApiLimits& limits) {
                           "metadata");
       }
       const std::string field = "metadata." + quoteForMessage(key);
-      if (!value.is_string()) return wrongType(field, "a string", value);
+      if (!value.is_string()) return badRequest(field + ": expected a string, got " + typeName(value), "metadata");
       if (value.get_ref<const std::string&>().size() > limits.maxMetadataValueBytes) {
         return badRequest(field + ": at most " + std::to_string(limits.maxMetadataValueBytes) + " bytes", "metadata");
       }

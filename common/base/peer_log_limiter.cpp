@@ -1,5 +1,7 @@
 #include "common/base/peer_log_limiter.h"
 
+#include "common/base/log.h"
+
 namespace pd {
 
 std::string PeerLogLimiter::hostOf(const std::string& address) {
@@ -44,6 +46,16 @@ PeerLogLimiter::Decision PeerLogLimiter::admit(const std::string& address, Clock
   ++suppressedTotal_;
   suppressedAddresses_[host] = true;
   return d;
+}
+
+void PeerLogLimiter::warn(const std::string& address, const char* component, const std::string& line) {
+  Decision d = admit(address);
+  if (d.summary) {
+    PD_LOG(kWarn, component) << *d.summary;
+  }
+  if (d.log) {
+    PD_LOG(kWarn, component) << line << d.note;
+  }
 }
 
 uint64_t PeerLogLimiter::suppressedTotal() const {

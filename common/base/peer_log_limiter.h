@@ -39,6 +39,10 @@ class PeerLogLimiter {
   // One warning about a peer at `address` (host only, or host:port: the port is stripped).
   Decision admit(const std::string& address, Clock::time_point now = Clock::now());
 
+  // admit(), then writes the summary (if any) and the line (if let through, with its note) at
+  // warn level under `component`.
+  void warn(const std::string& address, const char* component, const std::string& line);
+
   uint64_t suppressedTotal() const;
 
   // "127.0.0.1:5000" -> "127.0.0.1", "[::1]:5000" -> "::1".

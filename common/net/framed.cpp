@@ -127,17 +127,6 @@ Result<Frame> buildFrame(const proto::Envelope& env, size_t maxFrameBytes) {
   return Frame(std::move(frame));
 }
 
-// One warning line about a not yet authenticated peer, through the limiter.
-void logLimited(PeerLogLimiter& limiter, const std::string& address, const std::string& line) {
-  auto d = limiter.admit(address);
-  if (d.summary) {
-    PD_LOG(kWarn, "net") << *d.summary;
-  }
-  if (d.log) {
-    PD_LOG(kWarn, "net") << line << d.note;
-  }
-}
-
 class Connection final : public FramedConnection, public std::enable_shared_from_this<Connection> {
  public:
   using ConnectDone = std::function<void(Result<ConnectionPtr>)>;
@@ -654,7 +643,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       PD_LOG(kWarn, "net") << line;
       return;
     }
-    logLimited(*limiter_, remote_, line);
+    limiter_->warn(remote_, "net", line);
   }
 
   void accountReadBuffer() {

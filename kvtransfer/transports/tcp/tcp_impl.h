@@ -357,8 +357,6 @@ class TcpTransport::Impl {
   // onHandshakeFailure under handshakeReason (default: "protocol" when warn, else "closed").
   void dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn,
               const char* handshakeReason = nullptr);
-  // A warning about a peer that has not said hello: one line per address per 10 s.
-  void warnBeforeHello(const std::string& remote, const std::string& line);
   void readHeader(std::shared_ptr<InConn> c);
   // The hello's text (name, then the proof when flagged) is in c->text: check it.
   void onHelloText(const std::shared_ptr<InConn>& c, bool hasProof, uint64_t stream);

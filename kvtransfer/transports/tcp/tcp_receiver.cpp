@@ -53,16 +53,6 @@ void TcpTransport::Impl::doAccept() {
   });
 }
 
-void TcpTransport::Impl::warnBeforeHello(const std::string& remote, const std::string& line) {
-  auto d = helloWarnings_.admit(remote);
-  if (d.summary) {
-    PD_LOG(kWarn, "kvt.tcp") << *d.summary;
-  }
-  if (d.log) {
-    PD_LOG(kWarn, "kvt.tcp") << line << d.note;
-  }
-}
-
 void TcpTransport::Impl::closeIn(InConn& c) {
   if (c.closed) return;
   c.closed = true;
@@ -79,7 +69,7 @@ void TcpTransport::Impl::dropIn(const std::shared_ptr<InConn>& c, const std::str
     options_.onHandshakeFailure(handshakeReason ? handshakeReason : warn ? "protocol" : "closed");
   }
   if (warn && !c->helloDone) {
-    warnBeforeHello(c->remote, "closing connection from ? (" + c->remote + "): " + why);
+    helloWarnings_.warn(c->remote, "kvt.tcp", "closing connection from ? (" + c->remote + "): " + why);
   } else if (warn) {
     PD_LOG(kWarn, "kvt.tcp") << "closing connection from " << (c->peerName.empty() ? "?" : c->peerName) << " ("
                              << c->remote << "): " << why;
@@ -107,8 +97,8 @@ void TcpTransport::Impl::onHelloText(const std::shared_ptr<InConn>& c, bool hasP
     why = "the writer's proof is wrong (another cluster secret, or replayed)";
   }
   if (!why.empty()) {
-    warnBeforeHello(c->remote,
-                    "authentication failed on kv_tcp connection from '" + name + "' (" + c->remote + "): " + why);
+    helloWarnings_.warn(c->remote, "kvt.tcp",
+                        "authentication failed on kv_tcp connection from '" + name + "' (" + c->remote + "): " + why);
     if (options_.onAuthFailure) options_.onAuthFailure(why);
     dropIn(c, "authentication failed: " + why, false, "auth");
     return;
