@@ -47,6 +47,11 @@ struct TransportOptions {
   // tcp: runs on the transport's I/O thread for each incoming connection refused for
   // authentication, with the reason (the worker counts pdserve_auth_failures_total{plane="kv_tcp"}).
   std::function<void(const std::string& why)> onAuthFailure;
+  // tcp: runs on the transport's I/O thread for each incoming connection closed before its hello
+  // was accepted, with why: "auth" (also onAuthFailure), "protocol" (bad magic, version or
+  // hello; data before the hello), "timeout" (no hello within handshakeTimeout), "closed" (the
+  // peer closed first). The worker counts pdserve_handshake_failures_total{plane="kv_tcp"}.
+  std::function<void(const char* why)> onHandshakeFailure;
   // tcp: an incoming connection that has not sent a valid hello within this long is closed.
   std::chrono::milliseconds handshakeTimeout{3000};
   // tcp: how kCuda memory is staged (docs/kvtransfer.md). Null = the CUDA copier when a device is present

@@ -216,7 +216,44 @@ MaybeError readPrompt(const json& body, GenerationRequest* r) {
   return wrongType("prompt[0]", "a string or an array of token ids", p[0]);
 }
 
-MaybeError readMessages(const json& body, GenerationRequest* r) {
+// A bounded string field of a message: absent or null leaves *out unset.
+MaybeError readBoundedString(const json& obj, const char* key, const std::string& at, size_t maxBytes,
+                             std::optional<std::string>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  const std::string field = at + "." + key;
+  if (!it->is_string())
+    return ApiError::invalidRequest(field + ": expected a string, got " + typeName(*it), "messages");
+  if (it->get_ref<const std::string&>().size() > maxBytes) {
+    return ApiError::invalidRequest(field + ": at most " + std::to_string(maxBytes) + " bytes, got " +
+                                        std::to_string(it->get_ref<const std::string&>().size()),
+                                    "messages");
+  }
+  *out = it->get<std::string>();
+  return std::nullopt;
+}
+
+// The keys of a message besides role and content. Tools are not implemented (docs/serving.md
+// "API fields"), so a history that carries tool calls is refused by name rather than rendered
+// without them; an empty tool_calls array (some clients always send one) means none.
+MaybeError readMessageExtras(const json& msg, const std::string& at, const ApiLimits& limits, ChatMessage* cm) {
+  if (auto e = readBoundedString(msg, "name", at, limits.maxNameBytes, &cm->name)) return e;
+  if (auto e = readBoundedString(msg, "tool_call_id", at, limits.maxNameBytes, &cm->toolCallId)) return e;
+  for (const auto& [key, value] : msg.items()) {
+    if (value.is_null() || key == "role" || key == "content" || key == "name" || key == "tool_call_id") continue;
+    if (key == "tool_calls") {
+      if (!value.is_array())
+        return ApiError::invalidRequest(at + ".tool_calls: expected an array, got " + typeName(value), "messages");
+      if (value.empty()) continue;
+      return ApiError::invalidRequest(at + ".tool_calls: not supported by pdserve (tools are not implemented)",
+                                      "messages");
+    }
+    return ApiError::invalidRequest(at + "." + quoteForMessage(key) + ": not supported by pdserve", "messages");
+  }
+  return std::nullopt;
+}
+
+MaybeError readMessages(const json& body, const ApiLimits& limits, GenerationRequest* r) {
   if (!present(body, "messages")) return ApiError::invalidRequest("messages: required", "messages");
   const json& m = body["messages"];
   if (!m.is_array()) return wrongType("messages", "an array", m);
@@ -268,6 +305,7 @@ MaybeError readMessages(const json& body, GenerationRequest* r) {
     } else {
       return wrongType(at + ".content", "a string or an array of text parts", *content);
     }
+    if (auto e = readMessageExtras(msg, at, limits, &cm)) return e;
     r->messages.push_back(std::move(cm));
   }
   return std::nullopt;
@@ -276,17 +314,25 @@ MaybeError readMessages(const json& body, GenerationRequest* r) {
 MaybeError readStop(const json& body, const ApiLimits& limits, GenerationRequest* r) {
   if (!present(body, "stop")) return std::nullopt;
   const json& s = body["stop"];
-  if (s.is_string()) {
-    if (!s.get<std::string>().empty()) r->stop.push_back(s.get<std::string>());
+  auto add = [&](const json& v, const std::string& field) -> MaybeError {
+    const std::string& text = v.get_ref<const std::string&>();
+    if (text.size() > limits.maxStopBytes) {
+      return ApiError::invalidRequest(field + ": a stop string may be at most " + std::to_string(limits.maxStopBytes) +
+                                          " bytes, got " + std::to_string(text.size()),
+                                      "stop");
+    }
+    if (!text.empty()) r->stop.push_back(text);
     return std::nullopt;
-  }
+  };
+  if (s.is_string()) return add(s, "stop");
   if (!s.is_array()) return wrongType("stop", "a string or an array of strings", s);
   if (static_cast<int>(s.size()) > limits.maxStop) {
     return ApiError::invalidRequest("stop: at most " + std::to_string(limits.maxStop) + " stop strings", "stop");
   }
   for (size_t i = 0; i < s.size(); ++i) {
-    if (!s[i].is_string()) return wrongType("stop[" + std::to_string(i) + "]", "a string", s[i]);
-    if (!s[i].get<std::string>().empty()) r->stop.push_back(s[i].get<std::string>());
+    const std::string field = "stop[" + std::to_string(i) + "]";
+    if (!s[i].is_string()) return wrongType(field, "a string", s[i]);
+    if (auto e = add(s[i], field)) return e;
   }
   return std::nullopt;
 }
@@ -346,9 +392,29 @@ MaybeError refuseUnknownFields(const json& body, Endpoint endpoint) {
 // Metadata that changes nothing pdserve does, accepted with the value that says so:
 // `metadata` (an object; only ever stored with `store`), `store` false (nothing is stored),
 // `service_tier` "auto" or "default" (there is one tier).
-MaybeError readMetadataFields(const json& body) {
-  if (present(body, "metadata") && !body["metadata"].is_object()) {
-    return wrongType("metadata", "an object", body["metadata"]);
+MaybeError readMetadataFields(const json& body, const ApiLimits& limits) {
+  if (present(body, "metadata")) {
+    const json& m = body["metadata"];
+    if (!m.is_object()) return wrongType("metadata", "an object", m);
+    if (m.size() > limits.maxMetadataPairs) {
+      return ApiError::invalidRequest(
+          "metadata: at most " + std::to_string(limits.maxMetadataPairs) + " pairs, got " + std::to_string(m.size()),
+          "metadata");
+    }
+    for (const auto& [key, value] : m.items()) {
+      if (key.size() > limits.maxMetadataKeyBytes) {
+        return ApiError::invalidRequest("metadata: key '" + quoteForMessage(key) + "' is over " +
+                                            std::to_string(limits.maxMetadataKeyBytes) + " bytes",
+                                        "metadata");
+      }
+      const std::string field = "metadata." + quoteForMessage(key);
+      if (!value.is_string())
+        return ApiError::invalidRequest(field + ": expected a string, got " + typeName(value), "metadata");
+      if (value.get_ref<const std::string&>().size() > limits.maxMetadataValueBytes) {
+        return ApiError::invalidRequest(field + ": at most " + std::to_string(limits.maxMetadataValueBytes) + " bytes",
+                                        "metadata");
+      }
+    }
   }
   bool store = false;
   if (auto e = readBool(body, "store", &store)) return e;
@@ -413,7 +479,7 @@ MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRe
 
 MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limits, GenerationRequest* r) {
   if (auto e = refuseUnknownFields(body, endpoint)) return e;
-  if (auto e = readMetadataFields(body)) return e;
+  if (auto e = readMetadataFields(body, limits)) return e;
   if (auto e = readResponseFormat(body)) return e;
   if (present(body, "model")) {
     if (!body["model"].is_string()) return wrongType("model", "a string", body["model"]);
@@ -422,7 +488,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
   if (endpoint == Endpoint::kCompletions) {
     if (auto e = readPrompt(body, r)) return e;
   } else {
-    if (auto e = readMessages(body, r)) return e;
+    if (auto e = readMessages(body, limits, r)) return e;
     if (auto e = readBool(body, "add_generation_prompt", &r->addGenerationPrompt)) return e;
   }
 
@@ -453,6 +519,12 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
   if (present(body, "stop_token_ids")) {
     const json& s = body["stop_token_ids"];
     if (!s.is_array()) return wrongType("stop_token_ids", "an array of token ids", s);
+    if (int64_t(s.size()) > limits.maxStopTokenIds) {
+      return ApiError::invalidRequest(
+          "stop_token_ids: at most " + std::to_string(limits.maxStopTokenIds) + " ids, got " + std::to_string(s.size()),
+          "stop_token_ids");
+    }
+    // The ids are checked against the vocabulary by the parser (RequestParser), which knows it.
     if (auto e = readTokenIds(s, "stop_token_ids", &r->stopTokenIds)) return e;
   }
   if (auto e = readNumber(body, "presence_penalty", -2.0, 2.0, &r->presencePenalty)) return e;
@@ -512,6 +584,11 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
   if (present(body, "user")) {
     if (!body["user"].is_string()) return wrongType("user", "a string", body["user"]);
     r->user = body["user"].get<std::string>();
+    if (r->user.size() > limits.maxUserBytes) {
+      return ApiError::invalidRequest(
+          "user: at most " + std::to_string(limits.maxUserBytes) + " bytes, got " + std::to_string(r->user.size()),
+          "user");
+    }
   }
   if (auto e = readBool(body, "return_token_ids", &r->returnTokenIds)) return e;
   if (auto e = readBool(body, "split_special_tokens", &r->splitSpecialTokens)) return e;

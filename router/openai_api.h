@@ -56,6 +56,9 @@ enum class Endpoint { kCompletions, kChat };
 struct ChatMessage {
   std::string role;     // system | developer | user | assistant | tool
   std::string content;  // text parts joined
+  // Passed to the chat template as the message's keys of the same name, when given.
+  std::optional<std::string> name;        // at most ApiLimits::maxNameBytes
+  std::optional<std::string> toolCallId;  // "tool_call_id", role tool; at most maxNameBytes
 };
 
 // One validated generation request, before tokenization. Field names follow the API.
@@ -104,6 +107,18 @@ struct ApiLimits {
   int maxLogprobs = 20;
   int maxStop = 16;
   int maxLogitBias = 1024;  // = pd::engine::kMaxLogitBias
+  // docs/security.md "Request fields": every field is bounded. A model has a handful of
+  // end-of-turn ids, and vLLM checks each generated token against every stop id, so a few
+  // dozen is generous; 10^6 ids made a 3 MB body and a 2.5x slower request.
+  int maxStopTokenIds = 64;
+  size_t maxStopBytes = 1024;  // one stop string; stop sequences are short phrases
+  size_t maxNameBytes = 256;   // a message's name / tool_call_id (OpenAI: 64 characters)
+  size_t maxUserBytes = 256;   // user: an end-user id
+  // metadata, as OpenAI documents it: up to 16 pairs, keys up to 64 characters, string values
+  // up to 512.
+  size_t maxMetadataPairs = 16;
+  size_t maxMetadataKeyBytes = 64;
+  size_t maxMetadataValueBytes = 512;
 };
 
 using ParseResult = std::variant<GenerationRequest, ApiError>;

@@ -23,7 +23,12 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
                                                                       std::string* text) const {
   if (req.endpoint == Endpoint::kChat) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    for (const auto& m : req.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+    for (const auto& m : req.messages) {
+      nlohmann::ordered_json message = {{"role", m.role}, {"content", m.content}};
+      if (m.name) message["name"] = *m.name;
+      if (m.toolCallId) message["tool_call_id"] = *m.toolCallId;
+      messages.push_back(std::move(message));
+    }
     tok::ChatOptions opts;
     opts.addGenerationPrompt = req.addGenerationPrompt;
     tok::ChatTemplate::Rendered rendered;
@@ -101,6 +106,16 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
                                                     " is outside the vocabulary of " + std::to_string(limits_.vocab),
                                                 "logit_bias"),
                        ""};
+    }
+  }
+  for (size_t i = 0; i < out.req.stopTokenIds.size(); ++i) {
+    const int32_t id = out.req.stopTokenIds[i];
+    if (id >= limits_.vocab) {
+      return Rejection{
+          ApiError::invalidRequest("stop_token_ids[" + std::to_string(i) + "]: token id " + std::to_string(id) +
+                                       " is outside the vocabulary of " + std::to_string(limits_.vocab),
+                                   "stop_token_ids"),
+          ""};
     }
   }
   out.discardOutput = maxTokens == 0;  // echo-only (max_tokens 0 without echo was refused)

@@ -103,6 +103,9 @@ class RouterServiceImpl final : public RouterService {
                              "(docs/security.md)";
     }
     copts.onAuthFailure = [this](const std::string& plane, const Status&) { metrics::authFailure(registry_, plane); };
+    copts.onHandshakeFailure = [this](const std::string& plane, const char* why) {
+      metrics::handshakeFailure(registry_, plane, why);
+    };
     net::ConnectionCallbacks cb;
     cb.onOpen = [this](const net::ConnectionPtr& c) { loop_.workerOpened(c); };
     cb.onMessage = [this](const net::ConnectionPtr& c, proto::Envelope&& env) {

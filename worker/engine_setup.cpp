@@ -166,6 +166,9 @@ Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::Clu
     opts.transport.clusterSecret = std::make_shared<const std::string>(config.cluster.secret);
   }
   opts.transport.onAuthFailure = [&registry](const std::string&) { metrics::authFailure(registry, "kv_tcp"); };
+  opts.transport.onHandshakeFailure = [&registry](const char* why) {
+    metrics::handshakeFailure(registry, "kv_tcp", why);
+  };
   PD_ASSIGN_OR_RETURN(auto agent, kvt::TransferAgent::create(opts, *registry.native()));
   for (const MemDesc& region : kvRegions) PD_RETURN_IF_ERROR(agent->registerMemory(region).status());
   return agent;

@@ -170,6 +170,9 @@ net::ConnectionOptions WorkerLoop::controlOptions(std::string plane) {
   o.clusterSecret = secret_;
   o.plane = std::move(plane);
   o.onAuthFailure = [this](const std::string& p, const Status&) { metrics::authFailure(registry_, p); };
+  o.onHandshakeFailure = [this](const std::string& p, const char* why) {
+    metrics::handshakeFailure(registry_, p, why);
+  };
   return o;
 }
 

@@ -44,6 +44,14 @@ void authFailure(Registry& registry, std::string_view plane) {
       .inc();
 }
 
+void handshakeFailure(Registry& registry, std::string_view plane, std::string_view reason) {
+  registry
+      .counter("pdserve_handshake_failures_total",
+               "Accepted internal connections closed before their handshake finished, by reason.",
+               {{"plane", std::string(plane)}, {"reason", std::string(reason)}})
+      .inc();
+}
+
 void leaseExpired(Registry& registry, std::string_view plane) {
   registry
       .counter("pdserve_peer_leases_expired_total",

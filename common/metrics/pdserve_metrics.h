@@ -37,6 +37,9 @@
 //   pdserve_internal_auth_enabled (1: the internal planes require cluster.secret_file's
 //   secret, 0: they are open), pdserve_auth_failures_total{plane} (handshakes refused for
 //   authentication: router_control, router_link, prefill_control, prefill_link, kv_tcp),
+//   pdserve_handshake_failures_total{plane,reason} (servers: accepted connections closed before
+//   their handshake finished; reason auth, protocol, silent, timeout, closed, overload;
+//   net/framed.h and the KV TCP receiver say when each applies),
 //   pdserve_peer_leases_expired_total{plane} (workers: decode <-> prefill connections closed
 //   for the peer's silence past kv_transfer.lease_ms: prefill_control, prefill_link).
 // Router: pdserve_control_messages_dropped_total{reason} (a worker's message for a request
@@ -85,6 +88,7 @@ void exportVllmNames(Registry& registry, MetricsProcess process, const std::stri
 // Cluster identity metrics, in any registry.
 void setInternalAuth(Registry& registry, bool authenticated);
 void authFailure(Registry& registry, std::string_view plane);
+void handshakeFailure(Registry& registry, std::string_view plane, std::string_view reason);
 // pdserve_peer_leases_expired_total{plane}: a connection closed for its peer's silence (docs/reliability.md).
 void leaseExpired(Registry& registry, std::string_view plane);
 

@@ -21,7 +21,9 @@
 #include <boost/asio/write.hpp>
 
 #include "common/base/log.h"
+#include "common/base/peer_log_limiter.h"
 #include "common/net/frame_codec.h"
+#include "common/net/handshake_slots.h"
 
 namespace pd::net {
 
@@ -138,6 +140,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       : socket_(std::move(socket)),
         timer_(socket_.get_executor()),
         keepaliveTimer_(socket_.get_executor()),
+        firstByteTimer_(socket_.get_executor()),
         options_(std::move(options)),
         callbacks_(std::move(callbacks)),
         id_(gNextConnectionId.fetch_add(1)) {}
@@ -147,9 +150,26 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     leavePending();
   }
 
-  // Server side: `pending` counts the server's connections still in their handshake; this
-  // one leaves it once established or closed.
-  void setPendingCounter(std::shared_ptr<std::atomic<size_t>> pending) { pending_ = std::move(pending); }
+  // Server side, before startAccepted: `host` is the peer's address; `slots` (null: the
+  // connection got no handshake slot and is being closed) holds this one's slot until it is
+  // established or closed; `limiter` rate-limits the warnings about it until then.
+  void setServerSide(std::shared_ptr<HandshakeSlots> slots, std::shared_ptr<PeerLogLimiter> limiter, std::string host) {
+    serverSide_ = true;
+    slots_ = std::move(slots);
+    limiter_ = std::move(limiter);
+    host_ = std::move(host);
+  }
+
+  // Server side: closes a connection that lost (or never got) its handshake slot.
+  void closeOverloaded(Status reason) {
+    asio::post(socket_.get_executor(), [self = shared_from_this(), reason = std::move(reason)] {
+      // Established meanwhile (its slot was freed either way): a peer that made it is kept.
+      if (self->closed_ || self->established_) return;
+      self->noteFailure("overload");
+      self->warn("closing connection " + std::to_string(self->id_) + " (" + self->remote_ + "): " + reason.toString());
+      self->closeNow(reason);
+    });
+  }
 
   // Server side: the socket is connected; say hello and wait for the peer's.
   void startAccepted() {
@@ -159,6 +179,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       auto ep = self->socket_.remote_endpoint(ec);
       self->remote_ = ec ? std::string("?") : endpointText(ep);
       self->beginHandshake(self->options_.handshakeTimeout);
+      if (self->options_.firstByteTimeout > Duration::zero() && !self->closed_) self->armFirstByteTimer();
     });
   }
 
@@ -269,12 +290,24 @@ class Connection final : public FramedConnection, public std::enable_shared_from
 
   void armTimer(Duration timeout, std::string what) {
     timer_.expires_after(timeout);
-    timer_.async_wait([self = shared_from_this(), what = std::move(what),
-                       timeout](const boost::system::error_code& ec) {
-      if (ec || self->closed_ || self->established_) return;
-      std::string ms = std::to_string(static_cast<int64_t>(toMs(timeout)));
-      self->fail(deadlineExceeded(
-          what + (self->tcpConnected_ ? ": no hello within " + ms + " ms" : ": not connected within " + ms + " ms")));
+    timer_.async_wait(
+        [self = shared_from_this(), what = std::move(what), timeout](const boost::system::error_code& ec) {
+          if (ec || self->closed_ || self->established_) return;
+          std::string ms = std::to_string(static_cast<int64_t>(toMs(timeout)));
+          self->fail(deadlineExceeded(what + (self->tcpConnected_ ? ": no hello within " + ms + " ms"
+                                                                  : ": not connected within " + ms + " ms")),
+                     "timeout");
+        });
+  }
+
+  // Server side: a peer that says nothing at all is let go long before handshakeTimeout.
+  void armFirstByteTimer() {
+    firstByteTimer_.expires_after(options_.firstByteTimeout);
+    firstByteTimer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->closed_ || self->closing_ || self->heardAny_) return;
+      self->fail(deadlineExceeded("no byte from " + self->remote_ + " within " +
+                                  std::to_string(int64_t(toMs(self->options_.firstByteTimeout))) + " ms"),
+                 "silent");
     });
   }
 
@@ -381,6 +414,11 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     }
     readEnd_ += n;
     lastHeard_ = std::chrono::steady_clock::now();
+    if (!heardAny_ && n > 0) {
+      heardAny_ = true;
+      firstByteTimer_.cancel();
+      if (slots_) slots_->heard(id_, host_);
+    }
     while (!closed_ && !closing_) {
       size_t have = readEnd_ - readBegin_;
       if (have < 4) break;
@@ -389,7 +427,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       const size_t limit =
           established_ ? options_.maxFrameBytes : std::min(options_.maxFrameBytes, kMaxHandshakeFrameBytes);
       if (Status st = checkFrameLength(len, limit, remote_); !st.isOk()) {
-        fail(established_ ? std::move(st) : resourceExhausted(st.message() + " of a handshake frame"));
+        fail(established_ ? std::move(st) : resourceExhausted(st.message() + " of a handshake frame"), "protocol");
         return;
       }
       if (have < 4 + size_t{len}) break;
@@ -487,6 +525,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
       PD_LOG(kWarn, "net") << "connection " << id_ << " (" << remote_ << ", " << options_.plane
                            << ") refused by the peer during authentication: " << why.toString();
       if (options_.onAuthFailure) options_.onAuthFailure(options_.plane, why);
+      noteFailure("auth");
       closeNow(why);
       return false;
     }
@@ -517,9 +556,10 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   // Refuses the peer: it reads only "authentication failed"; the log has why.
   bool authFailed(const std::string& why) {
     Status reason = failedPrecondition("authentication failed: " + why);
-    PD_LOG(kWarn, "net") << "authentication failed on " << options_.plane << " connection " << id_ << " from "
-                         << remote_ << ": " << why;
+    warn("authentication failed on " + options_.plane + " connection " + std::to_string(id_) + " from " + remote_ +
+         ": " + why);
     if (options_.onAuthFailure) options_.onAuthFailure(options_.plane, reason);
+    noteFailure("auth");
     rejectWith(failedPrecondition("authentication failed"), reason);
     return false;
   }
@@ -585,10 +625,27 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   }
 
   void leavePending() {
-    if (pending_ && !leftPending_) {
+    if (slots_ && !leftPending_) {
       leftPending_ = true;
-      pending_->fetch_sub(1);
+      slots_->release(id_, host_);
     }
+  }
+
+  // Server side, before the handshake finished: the owner counts why (once per connection).
+  void noteFailure(const char* reason) {
+    if (!serverSide_ || established_ || failureNoted_) return;
+    failureNoted_ = true;
+    if (options_.onHandshakeFailure) options_.onHandshakeFailure(options_.plane, reason);
+  }
+
+  // A warning about this connection: rate-limited per address while the peer is unauthenticated
+  // (a flood must not flood the log), plain once it is established or on the client side.
+  void warn(const std::string& line) {
+    if (!limiter_ || established_) {
+      PD_LOG(kWarn, "net") << line;
+      return;
+    }
+    limiter_->warn(remote_, "net", line);
   }
 
   void accountReadBuffer() {
@@ -606,6 +663,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     if (ec == asio::error::eof || ec == asio::error::connection_reset) {
       size_t have = readEnd_ - readBegin_;
       if (have == 0) {
+        noteFailure("closed");
         closeNow(unavailable("peer " + remote_ + " closed the connection"));
       } else if (have < 4) {
         fail(dataLoss("peer " + remote_ + " closed the connection mid-frame header: got " + std::to_string(have) +
@@ -619,15 +677,18 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     closeNow(unavailable("read from " + remote_ + " failed: " + ec.message()));
   }
 
-  // A protocol violation by the peer: logged once here, where it is understood.
-  void fail(Status reason) {
-    PD_LOG(kWarn, "net") << "closing connection " << id_ << " (" << remote_ << "): " << reason.toString();
+  // A protocol violation by the peer: logged once here, where it is understood. `why` labels
+  // it if the handshake had not finished (noteFailure).
+  void fail(Status reason, const char* why = "protocol") {
+    noteFailure(why);
+    warn("closing connection " + std::to_string(id_) + " (" + remote_ + "): " + reason.toString());
     closeNow(std::move(reason));
   }
 
   // Tells the peer why (an Error frame), then closes once it is written or after 1 s.
   void reject(Status reason) {
-    PD_LOG(kWarn, "net") << "rejecting connection " << id_ << " (" << remote_ << "): " << reason.toString();
+    noteFailure("protocol");
+    warn("rejecting connection " + std::to_string(id_) + " (" + remote_ + "): " + reason.toString());
     rejectWith(reason, reason);
   }
 
@@ -665,6 +726,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
     socket_.close(ec);
     timer_.cancel();
     keepaliveTimer_.cancel();
+    firstByteTimer_.cancel();
     queue_.clear();
     // Move the callbacks out: they may hold the last reference to this connection (through a
     // captured ConnectionPtr) and must not be destroyed while running.
@@ -683,6 +745,7 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   tcp::socket socket_;
   asio::steady_timer timer_;
   asio::steady_timer keepaliveTimer_;
+  asio::steady_timer firstByteTimer_;  // server side, until the first byte arrives
   ConnectionOptions options_;
   ConnectionCallbacks callbacks_;
   const uint64_t id_;
@@ -690,9 +753,15 @@ class Connection final : public FramedConnection, public std::enable_shared_from
   proto::Hello peerHello_;
   proto::Hello ownHello_;  // as sent (with our nonce): half of the auth transcript
   ConnectDone connectDone_;
-  bool clientSide_ = false;                       // set by startConnect: connectDone_ is gone once established
-  std::shared_ptr<std::atomic<size_t>> pending_;  // server side; see setPendingCounter
+  bool clientSide_ = false;  // set by startConnect: connectDone_ is gone once established
+  // Server side (setServerSide).
+  bool serverSide_ = false;
+  std::shared_ptr<HandshakeSlots> slots_;
+  std::shared_ptr<PeerLogLimiter> limiter_;
+  std::string host_;
   bool leftPending_ = false;
+  bool heardAny_ = false;          // a byte arrived
+  bool failureNoted_ = false;      // onHandshakeFailure ran
   size_t accountedReadBytes_ = 0;  // readBuf_'s capacity as counted in gReadBufferBytes
 
   // Strand state.
@@ -761,25 +830,37 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
       }
       if (userClose) userClose(c, reason);
     };
+    boost::system::error_code ec;
+    auto ep = socket.remote_endpoint(ec);
+    std::string host = ec ? std::string("?") : ep.address().to_string();
     auto conn = std::make_shared<Connection>(std::move(socket), options, std::move(cb));
-    // Unauthenticated peers may hold only maxPendingHandshakes connections (and memory: each
-    // is limited to handshake-sized frames) at a time.
-    if (pending->fetch_add(1) >= options.maxPendingHandshakes) {
-      pending->fetch_sub(1);
-      PD_LOG(kWarn, "net") << options.plane << ": " << options.maxPendingHandshakes
-                           << " connections are already in their handshake; closing a new one";
-      conn->close(resourceExhausted(options.plane + ": too many connections in their handshake"));
-    } else {
-      conn->setPendingCounter(pending);
-    }
+    // Unauthenticated peers hold a bounded number of connections (and memory: each is limited
+    // to handshake-sized frames), shared fairly between addresses (handshake_slots.h).
+    auto slot = slots->admit(conn->id(), host);
+    conn->setServerSide(slot.admitted ? slots : nullptr, limiter, host);
+    std::shared_ptr<Connection> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopped) {
         conn->close(cancelled("server stopped"));
       }
       live[conn->id()] = conn;
+      if (slot.evict != 0) {
+        auto it = live.find(slot.evict);
+        if (it != live.end()) evicted = it->second.lock();
+      }
     }
     conn->startAccepted();
+    if (!slot.admitted) {
+      conn->closeOverloaded(resourceExhausted(
+          options.plane + ": no handshake slot left for " + host + " (" + std::to_string(slots->heldBy(host)) + " of " +
+          std::to_string(options.maxPendingHandshakesPerAddress) + " from it, " + std::to_string(slots->held()) +
+          " of " + std::to_string(options.maxPendingHandshakes) + " in all)"));
+    }
+    if (evicted) {
+      evicted->closeOverloaded(
+          resourceExhausted(options.plane + ": handshake slot given to a newer connection (from " + host + ")"));
+    }
   }
 
   void stop() {
@@ -806,7 +887,9 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
   std::mutex mutex;
   bool stopped = false;
   std::unordered_map<uint64_t, std::weak_ptr<Connection>> live;
-  std::shared_ptr<std::atomic<size_t>> pending = std::make_shared<std::atomic<size_t>>(0);
+  std::shared_ptr<HandshakeSlots> slots =
+      std::make_shared<HandshakeSlots>(options.maxPendingHandshakes, options.maxPendingHandshakesPerAddress);
+  std::shared_ptr<PeerLogLimiter> limiter = std::make_shared<PeerLogLimiter>(options.plane);
   int port = 0;
 };
 
@@ -846,6 +929,9 @@ Result<std::unique_ptr<FramedServer>> FramedServer::listen(IoPool& pool, const s
   auto addr = asio::ip::make_address(host, ec);
   if (ec) return invalidArgument(where + ": not an IP address (" + ec.message() + ")");
   if (port < 0 || port > 65535) return invalidArgument(where + ": port out of range");
+  if (options.maxPendingHandshakes == 0 || options.maxPendingHandshakesPerAddress == 0) {
+    return invalidArgument(where + ": maxPendingHandshakes and maxPendingHandshakesPerAddress must be at least 1");
+  }
   auto state = std::make_shared<ServerState>(pool.context(), std::move(options), std::move(callbacks));
   tcp::endpoint ep(addr, static_cast<uint16_t>(port));
   state->acceptor.open(ep.protocol(), ec);

@@ -20,7 +20,11 @@
 // header announces (at most doubling what is already held), so a peer announcing a 64 MiB
 // frame costs what it actually sends. Before the handshake is done a frame may be at most
 // kMaxHandshakeFrameBytes, and a server holds at most maxPendingHandshakes connections that
-// have not finished it (more are closed at once): unauthenticated peers cost a bounded amount.
+// have not finished it, shared fairly between source addresses (net/handshake_slots.h), and
+// closes one that sent nothing within firstByteTimeout: unauthenticated peers cost a bounded
+// amount and cannot starve others. Warnings about connections that never finished their
+// handshake are rate-limited per source address (base/peer_log_limiter.h) and counted
+// (onHandshakeFailure).
 // bufferedReadBytes() is the process-wide total held in read buffers.
 //
 // Cluster authentication (options.clusterSecret set; docs/security.md): each hello
@@ -107,8 +111,15 @@ struct ConnectionOptions {
   // send() fails with kResourceExhausted while this many bytes wait to be written.
   size_t maxQueuedBytes = size_t{256} << 20;
   Duration handshakeTimeout = std::chrono::seconds(5);
-  // Servers: connections still in their handshake beyond this many are closed on accept.
+  // Servers: at most this many connections in their handshake at a time, and at most
+  // maxPendingHandshakesPerAddress of them from one source address (net/handshake_slots.h
+  // says which one gives way when they are taken: never a peer at a quieter address).
   size_t maxPendingHandshakes = 64;
+  size_t maxPendingHandshakesPerAddress = 8;
+  // Servers: an accepted connection that has sent no byte within this is closed (a legitimate
+  // peer sends its hello as soon as TCP connects); well under handshakeTimeout, so a silent
+  // flood holds each slot briefly. Zero: only handshakeTimeout applies.
+  Duration firstByteTimeout = std::chrono::seconds(1);
   // The cluster secret (cluster.secret_file). Null or empty: this side is unauthenticated.
   auth::ClusterSecret clusterSecret;
   // The plane's name in logs and in onAuthFailure ("router_control", "prefill_control").
@@ -117,6 +128,14 @@ struct ConnectionOptions {
   // missing or replayed proof, a mixed pair), with the reason. The owner counts it
   // (pdserve_auth_failures_total{plane}). Must not block.
   std::function<void(const std::string& plane, const Status& why)> onAuthFailure;
+  // Servers: runs on the connection's strand once per accepted connection that closed before
+  // its handshake finished, with why: "auth" (also reported to onAuthFailure), "protocol" (a bad
+  // hello or frame), "silent" (no byte within firstByteTimeout), "timeout" (no hello within
+  // handshakeTimeout), "closed" (the peer closed first), "overload" (no handshake slot left, or
+  // its slot given to another peer). The owner counts it
+  // (pdserve_handshake_failures_total{plane,reason}). Not run for a server's stop(). Must not
+  // block.
+  std::function<void(const std::string& plane, const char* reason)> onHandshakeFailure;
   // Keepalive (above). Zero: off. Both are per side; a plane's owners set both.
   Duration keepaliveInterval = Duration::zero();
   Duration leaseTimeout = Duration::zero();

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "common/net/framed.h"
 #include "engine/model_maker.h"
@@ -21,6 +22,7 @@
 #include "kvtransfer/transport_factory.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/unit/net/net_test_util.h"
+#include "tests/unit/net/silent_flood.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
@@ -265,6 +267,8 @@ TEST_CASE("e2e auth: the KV TCP port refuses a writer without the secret") {
     std::this_thread::sleep_for(50ms);
   }
   CHECK(failures == 1);
+  // Also under its reason among every refused KV TCP handshake.
+  CHECK(workerMetric(*c, "prefill-0", R"(pdserve_handshake_failures_total{plane="kv_tcp",reason="auth"})") == 1);
   conn.value()->close(cancelled("done"));
 }
 
@@ -449,4 +453,100 @@ TEST_CASE("e2e auth: open mode: a KvConnect naming a connected decode worker is 
     CHECK(r->headers.find("recomputed") == std::string::npos);
   }
   CHECK(workerMetric(*c, "decode-0", R"(pdserve_remote_prefill_total{outcome="recomputed"})") <= 0);
+}
+
+// docs/security.md "Handshake floods": 200 silent connections from one address (127.0.0.2, an
+// outsider without the secret), each reopened the moment the router closes it, for the whole
+// test. A decode worker killed and replaced during the flood registers within 60 s (start-up
+// and model load included, on a loaded 2-core machine; without the fix it never did while the
+// flood held the router's 64 handshake slots), the cluster serves, every refused connection is
+// counted, and the router's log holds a bounded number of lines about the flooder.
+TEST_CASE("e2e auth: a handshake flood on the control port does not keep a decode worker from registering") {
+  const int prefillPort = freePrefillPort();
+  auto c = startCluster("flood", prefillPort);
+  net::testing::StderrCapture log;
+  pd::testing::SilentFlood flood("127.0.0.2", c->controlPort(), 200);
+  flood.start();
+  const auto floodStart = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(2s);  // the flood holds what it can and churns
+
+  REQUIRE(c->kill("decode-0").isOk());
+  auto replacement = c->startWorker(Pool::kDecode);
+  REQUIRE(replacement.ok());
+  const std::string healthy = R"(pdserve_worker_healthy{pool="decode",worker=")" + *replacement + R"("})";
+  const auto t0 = std::chrono::steady_clock::now();
+  double up = 0;
+  while (up < 1 && std::chrono::steady_clock::now() - t0 < 60s) {
+    std::this_thread::sleep_for(200ms);
+    up = routerMetric(*c, healthy);
+  }
+  const auto registered = std::chrono::steady_clock::now() - t0;
+  CHECK(up == 1);
+  const int status = completion(*c);  // still under the flood
+  flood.stop();
+  const auto floodFor = std::chrono::steady_clock::now() - floodStart;
+  log.restore();
+  WARN(*replacement << " registered in " << std::chrono::duration_cast<std::chrono::milliseconds>(registered).count()
+                    << " ms under the flood; the flood opened " << flood.opened() << " connections, the router closed "
+                    << flood.closedByServer());
+  CHECK(status == 200);
+
+  // Every connection the router let go is counted (before the close the flooder saw).
+  auto count = [&](const std::string& reason) {
+    return std::max(0.0, routerMetric(*c, R"(pdserve_handshake_failures_total{plane="router_control",reason=")" +
+                                              reason + R"("})"));
+  };
+  const double counted = count("silent") + count("overload");
+  CHECK(flood.closedByServer() > 200);
+  CHECK(counted >= double(flood.closedByServer()));
+  // At most one line per 10 s window about the flooder (and one more for the window in flight).
+  const auto windows = std::chrono::duration_cast<std::chrono::seconds>(floodFor).count() / 10 + 2;
+  CHECK(log.linesContaining("[router]", "127.0.0.2") <= size_t(windows));
+}
+
+// docs/security.md "Request fields": the caps and type checks, against the real router.
+TEST_CASE("e2e auth: request field caps and type checks hold on the real router") {
+  auto c = startCluster("fields", freePrefillPort());
+  auto post = [&](const std::string& path, const nlohmann::json& body) {
+    auto r = httpRequest(c->httpPort(), "POST", path, body.dump(), 30s, {"Content-Type: application/json"});
+    REQUIRE(r.ok());
+    return *r;
+  };
+  auto refused = [&](const std::string& path, const nlohmann::json& body, const std::string& param,
+                     const std::string& says) {
+    auto r = post(path, body);
+    INFO(r.body);
+    CHECK(r.status == 400);
+    auto j = nlohmann::json::parse(r.body, nullptr, false);
+    REQUIRE(j.is_object());
+    CHECK(j["error"]["param"] == param);
+    CHECK_THAT(j["error"]["message"].get<std::string>(), Catch::Contains(says));
+  };
+  nlohmann::json ids = nlohmann::json::array();
+  for (int i = 0; i < 65; ++i) ids.push_back(i);
+  refused("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 1}, {"stop_token_ids", ids}}, "stop_token_ids",
+          "at most 64 ids");
+  refused("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 1}, {"stop_token_ids", {1, 100000000}}},
+          "stop_token_ids", "stop_token_ids[1]: token id 100000000 is outside the vocabulary");
+  refused("/v1/chat/completions",
+          {{"messages", nlohmann::json::array({{{"role", "user"}, {"content", "hi"}, {"name", 7}}})}}, "messages",
+          "messages[0].name: expected a string");
+  refused("/v1/chat/completions", nlohmann::json::parse(R"({"messages": [{"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": "{}"}}]}]})"),
+          "messages", "messages[1].tool_calls: not supported by pdserve");
+  refused("/v1/completions", {{"prompt", "hi"}, {"user", std::string(300, 'u')}}, "user", "at most 256 bytes");
+  refused("/v1/completions", {{"prompt", "hi"}, {"metadata", {{"k", 1}}}}, "metadata", "expected a string");
+  refused("/v1/completions", {{"prompt", "hi"}, {"stop", nlohmann::json::array({std::string(2000, 's')})}}, "stop",
+          "at most 1024 bytes");
+  // Within the bounds, the same fields are served; a message's name changes nothing about
+  // whether a chat request is served.
+  auto ok = post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"stop_token_ids", {1, 2}}, {"user", "u1"}});
+  INFO(ok.body);
+  CHECK(ok.status == 200);
+  const nlohmann::json plain = {{"role", "user"}, {"content", "hi"}};
+  nlohmann::json named = plain;
+  named["name"] = "alice";
+  CHECK(post("/v1/chat/completions", {{"messages", nlohmann::json::array({named})}, {"max_tokens", 2}}).status ==
+        post("/v1/chat/completions", {{"messages", nlohmann::json::array({plain})}, {"max_tokens", 2}}).status);
 }

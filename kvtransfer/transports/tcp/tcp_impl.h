@@ -30,6 +30,7 @@
 
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "common/base/peer_log_limiter.h"
 #include "common/base/random.h"
 #include "kvtransfer/segment_matcher.h"
 #include "kvtransfer/staging_ring.h"
@@ -351,7 +352,11 @@ class TcpTransport::Impl {
   void sendHello(std::shared_ptr<OutPeer> p, std::shared_ptr<OutStream> s, uint64_t remoteInstance,
                  std::shared_ptr<int> remaining, bool thenFail);
   void closeIn(InConn& c);
-  void dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn);
+  // Closes an incoming connection. warn: log why at warn level (rate-limited per address while
+  // the peer has not said hello). Before the hello, the failure is also reported to
+  // onHandshakeFailure under handshakeReason (default: "protocol" when warn, else "closed").
+  void dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn,
+              const char* handshakeReason = nullptr);
   void readHeader(std::shared_ptr<InConn> c);
   // The hello's text (name, then the proof when flagged) is in c->text: check it.
   void onHelloText(const std::shared_ptr<InConn>& c, bool hasProof, uint64_t stream);
@@ -375,6 +380,8 @@ class TcpTransport::Impl {
   void flushAcks(const std::shared_ptr<InConn>& c);
 
   TransportOptions options_;
+  // Warnings about peers that have not said hello (docs/security.md "Peer hardening").
+  PeerLogLimiter helloWarnings_{"kv_tcp"};
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
   tcp::acceptor acceptor_;

@@ -46,7 +46,7 @@ void TcpTransport::Impl::doAccept() {
     c->helloTimer.expires_after(options_.handshakeTimeout);
     c->helloTimer.async_wait([this, c](boost::system::error_code tec) {
       if (tec || c->helloDone || c->closed) return;
-      dropIn(c, "no hello within " + std::to_string(options_.handshakeTimeout.count()) + " ms", true);
+      dropIn(c, "no hello within " + std::to_string(options_.handshakeTimeout.count()) + " ms", true, "timeout");
     });
     readHeader(c);
     doAccept();
@@ -62,9 +62,15 @@ void TcpTransport::Impl::closeIn(InConn& c) {
   c.sock.close(ec);
 }
 
-void TcpTransport::Impl::dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn) {
+void TcpTransport::Impl::dropIn(const std::shared_ptr<InConn>& c, const std::string& why, bool warn,
+                                const char* handshakeReason) {
   if (c->closed) return;
-  if (warn) {
+  if (!c->helloDone && options_.onHandshakeFailure) {
+    options_.onHandshakeFailure(handshakeReason ? handshakeReason : warn ? "protocol" : "closed");
+  }
+  if (warn && !c->helloDone) {
+    helloWarnings_.warn(c->remote, "kvt.tcp", "closing connection from ? (" + c->remote + "): " + why);
+  } else if (warn) {
     PD_LOG(kWarn, "kvt.tcp") << "closing connection from " << (c->peerName.empty() ? "?" : c->peerName) << " ("
                              << c->remote << "): " << why;
   } else {
@@ -91,10 +97,10 @@ void TcpTransport::Impl::onHelloText(const std::shared_ptr<InConn>& c, bool hasP
     why = "the writer's proof is wrong (another cluster secret, or replayed)";
   }
   if (!why.empty()) {
-    PD_LOG(kWarn, "kvt.tcp") << "authentication failed on kv_tcp connection from '" << name << "' (" << c->remote
-                             << "): " << why;
+    helloWarnings_.warn(c->remote, "kvt.tcp",
+                        "authentication failed on kv_tcp connection from '" + name + "' (" + c->remote + "): " + why);
     if (options_.onAuthFailure) options_.onAuthFailure(why);
-    dropIn(c, "authentication failed: " + why, false);
+    dropIn(c, "authentication failed: " + why, false, "auth");
     return;
   }
   c->peerName = std::move(name);

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -34,6 +36,10 @@ struct Side {
     o.peerTimeout = 1500ms;
     if (!secret.empty()) o.clusterSecret = std::make_shared<const std::string>(secret);
     o.onAuthFailure = [this](const std::string&) { ++authFailures; };
+    o.onHandshakeFailure = [this](const char* why) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++handshakeFailures[why];
+    };
     auto t = makeTransport("tcp", o);
     REQUIRE(t.ok());
     transport = std::move(t).value();
@@ -61,6 +67,18 @@ struct Side {
   std::unique_ptr<Transport> transport;
   MemHandle handle = 0;
   std::atomic<int> authFailures{0};
+  std::mutex mu;
+  std::map<std::string, int> handshakeFailures;  // by reason
+  int failures(const std::string& why) {
+    for (int i = 0; i < 200; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (handshakeFailures[why] > 0) return handshakeFailures[why];
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return 0;
+  }
 };
 
 // Posts writer.buf[0, n) -> reader.buf[0, n) and polls it to its end (bounded).
@@ -163,6 +181,7 @@ TEST_CASE("kv tcp auth: a raw writer with the old clear-text hello is closed, a 
     ::close(fd);
     for (int i = 0; i < 100 && reader.authFailures == 0; ++i) std::this_thread::sleep_for(10ms);
     CHECK(reader.authFailures == 1);
+    CHECK(reader.failures("auth") == 1);
   }
   {
     int fd = dial();
@@ -170,5 +189,21 @@ TEST_CASE("kv tcp auth: a raw writer with the old clear-text hello is closed, a 
     CHECK(closedWithin(fd));  // handshakeTimeout is 500 ms here
     CHECK(std::chrono::steady_clock::now() - t0 < 2500ms);
     ::close(fd);
+    CHECK(reader.failures("timeout") == 1);
+  }
+  {
+    // Not a hello at all (bad magic): counted, not only logged.
+    int fd = dial();
+    const std::string junk(40, 'x');
+    REQUIRE(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL) == ssize_t(junk.size()));
+    CHECK(closedWithin(fd));
+    ::close(fd);
+    CHECK(reader.failures("protocol") == 1);
+  }
+  {
+    // Connected and gone without a word.
+    int fd = dial();
+    ::close(fd);
+    CHECK(reader.failures("closed") == 1);
   }
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -10,6 +11,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -164,6 +167,43 @@ struct Events {
     std::unique_lock<std::mutex> lock(mutex);
     return cv.wait_for(lock, std::chrono::seconds(5), [&] { return messages.size() >= n; });
   }
+};
+
+// stderr into a file while alive, so a test can count the lines a flood wrote.
+class StderrCapture {
+ public:
+  StderrCapture() : path_("/tmp/pd_flood_log_" + std::to_string(::getpid()) + ".txt") {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    ::dup2(fd, 2);
+    ::close(fd);
+  }
+  ~StderrCapture() {
+    restore();
+    std::remove(path_.c_str());
+  }
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  // Lines that contain `what` (and `also`, when given).
+  size_t linesContaining(const std::string& what, const std::string& also = "") const {
+    std::ifstream in(path_);
+    size_t n = 0;
+    for (std::string line; std::getline(in, line);) {
+      n += line.find(what) != std::string::npos && (also.empty() || line.find(also) != std::string::npos);
+    }
+    return n;
+  }
+  StderrCapture(const StderrCapture&) = delete;
+
+ private:
+  std::string path_;
+  int saved_ = -1;
 };
 
 }  // namespace pd::net::testing

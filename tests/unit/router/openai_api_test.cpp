@@ -248,3 +248,69 @@ TEST_CASE("completions logprobs: alternatives that decode to the same text are a
   json chat = fullResponse(Endpoint::kChat, meta, {c}, Usage{1, 1}, true);
   CHECK(chat["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size() == 4);
 }
+
+TEST_CASE("every request field is bounded and type-checked (docs/security.md \"Request fields\")") {
+  // stop_token_ids: at most 64 ids (the vocabulary check is RequestParser's).
+  json ids = json::array();
+  for (int i = 0; i < 64; ++i) ids.push_back(i);
+  CHECK(parseOk(json{{"prompt", "x"}, {"stop_token_ids", ids}}.dump()).stopTokenIds.size() == 64);
+  ids.push_back(64);
+  auto e = parseErr(json{{"prompt", "x"}, {"stop_token_ids", ids}}.dump());
+  CHECK(e.param == std::optional<std::string>("stop_token_ids"));
+  CHECK(e.message == "stop_token_ids: at most 64 ids, got 65");
+  CHECK(parseErr(R"({"prompt":"x","stop_token_ids":[1,"2"]})").message ==
+        "stop_token_ids[1]: expected a token id (integer >= 0)");
+  CHECK(parseErr(R"({"prompt":"x","stop_token_ids":7})").param == std::optional<std::string>("stop_token_ids"));
+
+  // stop strings: at most 1024 bytes each.
+  CHECK(parseOk(json{{"prompt", "x"}, {"stop", std::string(1024, 's')}}.dump()).stop.size() == 1);
+  CHECK(parseErr(json{{"prompt", "x"}, {"stop", json::array({"ok", std::string(1025, 's')})}}.dump()).message ==
+        "stop[1]: a stop string may be at most 1024 bytes, got 1025");
+
+  // user: a string of at most 256 bytes.
+  CHECK(parseErr(json{{"prompt", "x"}, {"user", std::string(257, 'u')}}.dump()).param ==
+        std::optional<std::string>("user"));
+
+  // metadata: OpenAI's rules (16 pairs, 64-byte keys, string values of at most 512 bytes).
+  CHECK(parseErr(R"({"prompt":"x","metadata":{"k":1}})").message == "metadata.k: expected a string, got an integer");
+  json many = json::object();
+  for (int i = 0; i < 17; ++i) many["k" + std::to_string(i)] = "v";
+  CHECK(parseErr(json{{"prompt", "x"}, {"metadata", many}}.dump()).message == "metadata: at most 16 pairs, got 17");
+  CHECK(parseErr(json{{"prompt", "x"}, {"metadata", {{std::string(65, 'k'), "v"}}}}.dump()).param ==
+        std::optional<std::string>("metadata"));
+  CHECK(parseErr(json{{"prompt", "x"}, {"metadata", {{"k", std::string(513, 'v')}}}}.dump()).param ==
+        std::optional<std::string>("metadata"));
+  parseOk(R"({"prompt":"x","metadata":{"team":"a","run":"7"}})");
+}
+
+TEST_CASE("chat messages: name is a bounded string, tool calls are refused by name") {
+  auto chat = [](const std::string& body) { return parseGenerationRequest(body, Endpoint::kChat); };
+  auto chatErr = [&](const std::string& body) {
+    auto r = chat(body);
+    REQUIRE(std::holds_alternative<ApiError>(r));
+    return std::get<ApiError>(r);
+  };
+  auto r = chat(R"({"messages":[{"role":"user","content":"hi","name":"alice"}]})");
+  REQUIRE(std::holds_alternative<GenerationRequest>(r));
+  CHECK(std::get<GenerationRequest>(r).messages[0].name == std::optional<std::string>("alice"));
+  CHECK(chatErr(R"({"messages":[{"role":"user","content":"hi","name":5}]})").message ==
+        "messages[0].name: expected a string, got an integer");
+  CHECK(
+      chatErr(json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}, {"name", std::string(257, 'n')}}})}}
+                  .dump())
+          .message == "messages[0].name: at most 256 bytes, got 257");
+  // Tool calls in the history: tools are not implemented, so they are refused by name.
+  CHECK(chatErr(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c1",
+      "type":"function","function":{"name":"f","arguments":"{}"}}]}]})")
+            .message == "messages[1].tool_calls: not supported by pdserve (tools are not implemented)");
+  CHECK(chatErr(R"({"messages":[{"role":"assistant","tool_calls":"call f"}]})").message ==
+        "messages[0].tool_calls: expected an array, got a string");
+  // An empty tool_calls (some clients always send one) and nulls mean none.
+  CHECK(std::holds_alternative<GenerationRequest>(
+      chat(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"yo","tool_calls":[],
+      "refusal":null}]})")));
+  CHECK(chatErr(R"({"messages":[{"role":"assistant","content":"x","function_call":{"name":"f"}}]})").message ==
+        "messages[0].function_call: not supported by pdserve");
+  CHECK(chatErr(R"({"messages":[{"role":"tool","content":"x","tool_call_id":[1]}]})").message ==
+        "messages[0].tool_call_id: expected a string, got an array");
+}

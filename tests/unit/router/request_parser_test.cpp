@@ -100,6 +100,19 @@ TEST_CASE("logit_bias ids are checked against the vocabulary; min_tokens against
   CHECK(error({{"prompt", "hi"}, {"min_tokens", 3}, {"max_tokens", 2}}).param ==
         std::optional<std::string>("min_tokens"));
 
+  // stop_token_ids: every id in the vocabulary; the error names the field and the bad id.
+  CHECK(std::holds_alternative<ParsedGenerate>(parse({{"prompt", "hi"}, {"stop_token_ids", {0, vocab - 1}}})));
+  auto stopIds = error({{"prompt", "hi"}, {"stop_token_ids", {1, vocab + 5}}});
+  CHECK(stopIds.param == std::optional<std::string>("stop_token_ids"));
+  CHECK(stopIds.message == "stop_token_ids[1]: token id " + std::to_string(vocab + 5) +
+                               " is outside the vocabulary of " + std::to_string(vocab));
+
+  // A message's name reaches the chat template (which may use it or not) without breaking it.
+  auto named = parser.parseGenerate(
+      json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}, {"name", "alice"}}})}}.dump(),
+      Endpoint::kChat);
+  CHECK(std::holds_alternative<ParsedGenerate>(named));
+
   // echo with max_tokens 0: one step runs on the worker, its token is discarded.
   auto echo = parse({{"prompt", "hi"}, {"echo", true}, {"max_tokens", 0}});
   REQUIRE(std::holds_alternative<ParsedGenerate>(echo));
