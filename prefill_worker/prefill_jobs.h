@@ -41,7 +41,8 @@ class PrefillJobs {
   // connect back; an Error with request_id 0 when any of that fails, so the decode worker
   // fails its queued requests at once. The connection's target is kept until it closes.
   void connect(const net::ConnectionPtr& decode, const proto::KvConnect& offer);
-  // Validates the request's blocks against its connection's target and queues the prompt.
+  // Validates the request's blocks against its connection's target and queues the prompt,
+  // also while the worker drains (what still arrives was routed before the drain was known).
   // On failure the decode worker gets an Error naming the problem and nothing is kept.
   void accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& request);
   // The decode worker ended the request (Cancel): end it, and acknowledge on `decode` once its
