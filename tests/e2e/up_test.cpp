@@ -85,12 +85,12 @@ TEST_CASE("pdserve up killed with SIGKILL leaves no router or worker running") {
   INFO(readFile(log));
   REQUIRE(cluster.size() == 3);  // router, prefill-0, decode-0
 
+  const auto killed = steady_clock::now();
   REQUIRE(up.signal("up", SIGKILL).isOk());
   auto exit = up.waitAny(10s);
   REQUIRE(exit.has_value());
   CHECK(exit->description == "killed by signal 9 (Killed)");
   // Each gets SIGTERM and drains (an idle cluster: at once); 30 s is for a loaded machine.
-  const auto killed = steady_clock::now();
   const auto deadline = killed + 30s;
   while (steady_clock::now() < deadline &&
          std::any_of(cluster.begin(), cluster.end(), [](pid_t p) { return alive(p); })) {
