@@ -222,7 +222,10 @@ void RemotePrefills::failed(uint64_t id, const Status& why) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   const bool hasBlocks = it->second.state != State::kWaitingBlocks;
-  const Status stall = recomputeStall(it->second);
+  // unavailable: the prefill worker is gone or going (draining, shutting down, its connection
+  // closed) and will never serve this request, so recomputing here is its retry elsewhere; the
+  // ITL stall rule is for a prefill worker that is merely behind (docs/architecture.md, "Drain").
+  const Status stall = why.code() == StatusCode::kUnavailable ? Status::ok() : recomputeStall(it->second);
   end(id, "failed", why.message());
   if (hasBlocks && !stall.isOk()) {
     PD_LOG(kWarn, kTag) << "request " << id << ": remote prefill failed (" << why.message()

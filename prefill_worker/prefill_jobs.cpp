@@ -64,8 +64,10 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   const uint64_t id = pr.request_id();
   if (jobs_.count(id))
     return reject(decode, id, failedPrecondition("request " + std::to_string(id) + " is already being prefilled here"));
-  if (loop_.draining())
-    return reject(decode, id, unavailable("prefill worker " + loop_.flags().workerId + " is draining"));
+  // No refusal while draining: the router routes nothing here once it read the draining load
+  // report, so every PrefillRequest that still arrives was routed before, and is served; one
+  // that comes after stop() meets a closed connection and the decode worker recomputes it
+  // (docs/architecture.md, "Drain").
   auto target = targets_.find(decode.get());
   if (target == targets_.end()) {
     return reject(decode, id, failedPrecondition("PrefillRequest before KvConnect on this connection"));

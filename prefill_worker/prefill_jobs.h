@@ -50,7 +50,8 @@ class PrefillJobs {
   // (docs/security.md, "KvConnect and peer names"). A repeat on the same connection is the
   // same peer and reloads it as before.
   void connect(const net::ConnectionPtr& decode, const proto::KvConnect& offer);
-  // Validates the request's blocks against its connection's target and queues the prompt.
+  // Validates the request's blocks against its connection's target and queues the prompt,
+  // also while the worker drains (what still arrives was routed before the drain was known).
   // On failure the decode worker gets an Error naming the problem and nothing is kept.
   void accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& request);
   // The decode worker ended the request (Cancel): end it, and acknowledge on `decode` once its

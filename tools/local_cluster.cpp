@@ -22,6 +22,7 @@
 #include "common/base/log.h"
 #include "common/base/ports_file.h"
 #include "engine/model_maker.h"
+#include "tools/port_holder.h"
 
 namespace pd::tools {
 
@@ -200,6 +201,10 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const LocalClusterOpti
   const int httpPort = o.httpPort >= 0 ? o.httpPort : cfg.router.port;
   const int controlPort = o.controlPort >= 0 ? o.controlPort : cfg.router.controlPort;
   const auto deadline = steady_clock::now() + o.startTimeout;
+  // A fixed port still held (most often by the router of a cluster whose pdserve up died) is
+  // named with its holder now, not as the router's bind error in its log.
+  PD_RETURN_IF_ERROR(checkPortFree(httpPort, "router.http.port"));
+  PD_RETURN_IF_ERROR(checkPortFree(controlPort, "router.workers.control_port"));
   // The router binds its ports (0: OS-chosen) and says which in its ports file; the workers
   // are started once it did, with the control port it bound.
   const std::string routerPorts = portsFileOf(c->runDir_, "router");
@@ -323,6 +328,7 @@ Result<std::string> LocalCluster::startWorker(Pool pool) {
   // pools.prefill.base_port: a prefill worker's control port is base_port + its slot (0:
   // OS-chosen); decode workers take no inbound connections from other workers.
   if ((pool == Pool::kPrefill || flex) && basePort != 0) {
+    PD_RETURN_IF_ERROR(checkPortFree(basePort + slot, "pools.prefill.base_port + slot " + std::to_string(slot)));
     argv.insert(argv.end(), {"--port", std::to_string(basePort + slot)});
   }
   PD_RETURN_IF_ERROR(group_.spawn(id, argv).status());

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,6 +39,31 @@ void forwardLines(int fd, std::string prefix) {
   ::close(fd);
 }
 
+// The child between fork() and exec(): async-signal-safe calls only. Its own process group
+// (a terminal's Ctrl-C reaches only the supervisor, which decides the order in which children
+// stop), SIGTERM when the supervisor dies (PR_SET_PDEATHSIG: even a SIGKILLed or crashed
+// `pdserve up` leaves no orphan holding its ports; the signal follows the thread that forked,
+// hence the one-owner-thread contract in process_group.h), output to `out`. An exec failure's
+// errno goes back through `err`.
+[[noreturn]] void execChild(char* const* args, int out, int err, pid_t supervisor) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // The supervisor may have died before prctl took effect: then no signal will come.
+  if (::getppid() != supervisor) ::_exit(127);
+  const int in = ::open("/dev/null", O_RDONLY);
+  if (in >= 0) ::dup2(in, STDIN_FILENO);
+  ::dup2(out, STDOUT_FILENO);
+  ::dup2(out, STDERR_FILENO);
+  // Signals blocked by the supervisor (sigtimedwait) would stay blocked across exec.
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(args[0], args, environ);
+  const int e = errno;
+  (void)!::write(err, &e, sizeof e);
+  ::_exit(127);
+}
+
 std::string describeStatus(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
@@ -58,29 +83,34 @@ Result<pid_t> ProcessGroup::spawn(const std::string& name, const std::vector<std
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     return internalError("spawn " + name + ": pipe: " + std::strerror(errno));
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  // Children get their own process group so a terminal's Ctrl-C reaches only us, and we
-  // decide the order in which they stop.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-
+  // Everything the child needs is made before fork(): between fork and exec a child of a
+  // multi-threaded process may only make async-signal-safe calls.
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  ::close(fds[1]);
-  if (rc != 0) {
+  const pid_t supervisor = ::getpid();
+  int errPipe[2];  // exec's failure, reported back: CLOEXEC, so a successful exec closes it
+  if (::pipe2(errPipe, O_CLOEXEC) != 0) {
     ::close(fds[0]);
-    return unavailable("spawn " + name + ": " + argv[0] + ": " + std::strerror(rc));
+    ::close(fds[1]);
+    return internalError("spawn " + name + ": pipe: " + std::strerror(errno));
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) execChild(args.data(), fds[1], errPipe[1], supervisor);
+  const int forkErrno = errno;
+  ::close(fds[1]);
+  ::close(errPipe[1]);
+  int childErrno = 0;
+  ssize_t n = 0;
+  if (pid > 0) {
+    do n = ::read(errPipe[0], &childErrno, sizeof childErrno);
+    while (n < 0 && errno == EINTR);
+  }
+  ::close(errPipe[0]);
+  if (pid < 0 || n == ssize_t(sizeof childErrno)) {
+    ::close(fds[0]);
+    if (pid > 0) ::waitpid(pid, nullptr, 0);
+    return unavailable("spawn " + name + ": " + argv[0] + ": " + std::strerror(pid < 0 ? forkErrno : childErrno));
   }
   Child child;
   child.name = name;

@@ -4,8 +4,12 @@
 // "[name] " prefix, so a cluster's logs read as one stream. stopAll() sends SIGTERM, waits up
 // to its deadline, then SIGKILLs what is left; the destructor calls it, so no child outlives
 // the group.
-// Threads: not thread-safe; one owner thread calls every method. Output forwarding runs on an
-// internal thread per child.
+// The children also die with the supervisor: each gets SIGTERM (PR_SET_PDEATHSIG) when the
+// process that spawned it ends in any way, SIGKILL and crashes included, so no router or worker
+// is left holding the cluster's ports (docs/serving.md, "Processes and threads").
+// Threads: not thread-safe; one owner thread calls every method, and it must live as long as
+// the children (the kernel sends the death signal when the thread that forked exits). Output
+// forwarding runs on an internal thread per child.
 #pragma once
 
 #include <sys/types.h>
@@ -33,7 +37,8 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  // Starts argv[0] (a path) with the given arguments. Errors name the program.
+  // Starts argv[0] (a path) with the given arguments, in a process group of its own, stdin
+  // /dev/null, no signal blocked. Errors name the program (and why exec failed).
   Result<pid_t> spawn(const std::string& name, const std::vector<std::string>& argv);
 
   // Waits up to `timeout` for any child to exit; returns it, or nullopt on timeout.

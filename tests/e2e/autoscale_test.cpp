@@ -83,27 +83,6 @@ void writeConfig(const std::string& path, int idleAfterMs, const std::string& ex
                       << "logging: {level: info}\n";
 }
 
-// Starts `pdserve up --config config` in `up`, its output into `log`; the router's port once
-// the cluster is healthy (the test fails if pdserve up exits first).
-int startPdserveUp(ProcessGroup& up, const std::string& config, const std::string& log) {
-  // Through a shell only to send its output to a file the test reads afterwards.
-  REQUIRE(up.spawn("up", {"/bin/sh", "-c",
-                          "exec " + std::string(PD_BINARY_DIR) + "/bin/pdserve up --config " + config +
-                              " --port 0 --control-port 0 > " + log + " 2>&1"})
-              .ok());
-  // The router's port, from the line pdserve up prints once the cluster is healthy.
-  int port = 0;
-  for (const auto until = steady_clock::now() + 120s; port == 0 && steady_clock::now() < until;) {
-    if (auto dead = up.waitAny(100ms)) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
-    const std::string text = readFile(log);
-    const std::string upLine = "pdserve is up: http://127.0.0.1:";
-    if (const size_t at = text.find(upLine); at != std::string::npos)
-      port = std::atoi(text.c_str() + at + upLine.size());
-  }
-  REQUIRE(port != 0);
-  return port;
-}
-
 // The router's `series` now; -1 when /metrics does not answer.
 double routerMetric(int port, const std::string& series) {
   auto r = httpGet(port, "/metrics", 5s);
@@ -137,7 +116,7 @@ TEST_CASE(
               "  decode: {replicas: 1, min_replicas: 1, max_replicas: 2, slo: {itl_ms: 200, percentile: 90}}\n");
   const std::string log = kWork + "/up.log";
   ProcessGroup up;
-  const int port = startPdserveUp(up, config, log);
+  const int port = pd::test::startPdserveUp(up, config, log);
   const auto metric = [&](const std::string& series) { return routerMetric(port, series); };
   const std::string workers = "pdserve_pool_workers{pool=\"decode\"}";
   const auto waitWorkers = [&](int n, seconds limit) { return waitMetric(up, log, port, workers, n, limit); };
@@ -235,7 +214,7 @@ TEST_CASE(
               "  decode: {replicas: 1, min_replicas: 1, max_replicas: 1, slo: {itl_ms: 200, percentile: 90}}\n");
   const std::string log = kWork + "/role-moves.log";
   ProcessGroup up;
-  const int port = startPdserveUp(up, config, log);
+  const int port = pd::test::startPdserveUp(up, config, log);
   REQUIRE(waitMetric(up, log, port, "pdserve_pool_workers{pool=\"prefill\"}", 1, 60s));
 
   std::mutex mu;

@@ -58,6 +58,32 @@ inline std::string readFile(const std::string& path) {
   return s.str();
 }
 
+// Starts `pdserve up --config config --port 0 --control-port 0` in `up` under the name "up", its
+// output into `log`; the router's port once the cluster is healthy (the test fails if pdserve
+// up exits first). `pid`, when given, receives pdserve up's.
+inline int startPdserveUp(tools::ProcessGroup& up, const std::string& config, const std::string& log,
+                          pid_t* pid = nullptr) {
+  using namespace std::chrono;
+  // Through a shell only to send its output to a file the test reads afterwards; exec keeps
+  // its pid, so signals reach pdserve up itself.
+  auto spawned = up.spawn("up", {"/bin/sh", "-c",
+                                 "exec " + std::string(PD_BINARY_DIR) + "/bin/pdserve up --config " + config +
+                                     " --port 0 --control-port 0 > " + log + " 2>&1"});
+  REQUIRE(spawned.ok());
+  if (pid) *pid = spawned.value();
+  // The router's port, from the line pdserve up prints once the cluster is healthy.
+  int port = 0;
+  for (const auto until = steady_clock::now() + seconds(120); port == 0 && steady_clock::now() < until;) {
+    if (auto dead = up.waitAny(milliseconds(100))) FAIL("pdserve up " << dead->description << ":\n" << readFile(log));
+    const std::string text = readFile(log);
+    const std::string upLine = "pdserve is up: http://127.0.0.1:";
+    if (const size_t at = text.find(upLine); at != std::string::npos)
+      port = std::atoi(text.c_str() + at + upLine.size());
+  }
+  REQUIRE(port != 0);
+  return port;
+}
+
 // The port a process started with --ports-file says it bound as `name` (ports_file.h), once it
 // wrote the file; 0 when it did not within `timeout`.
 inline int waitForPort(const std::string& portsFile, const std::string& name, std::chrono::milliseconds timeout) {

@@ -1,13 +1,17 @@
 // End to end (docs/serving.md): a worker switches role at run time with no request lost. A real
 // router, a decode worker and a `pdserve-worker --role prefill` (flex-0) serve short prompts
 // (colocated) and long ones (prefilled on flex-0) from client threads that never pause; SIGUSR1
-// makes flex-0 drain and come back as a decode worker under the same id, a second SIGUSR1
+// makes flex-0 drain and come back as a decode worker under the same id -- sent in the middle
+// of a burst of long prompts, so PrefillRequests routed before the router knew of the drain
+// reach flex-0 while it drains, with decode-0 streaming and a 5 ms ITL target (the decode
+// worker's stall rule would refuse to recompute them: none may be refused) -- a second SIGUSR1
 // makes it drain its streams (what is left migrates) and come back as a prefill worker. Every
 // request completes with the greedy ids of `pdserve generate`; the router sees the pools
 // change; pdserve_role_switches_total counts each direction once; the KV caches end idle; and
 // SIGUSR1, SIGUSR1, SIGTERM in quick succession still end the process with status 0. No timing is
 // asserted beyond generous deadlines: a busy 2-core machine only makes it slower.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -23,6 +27,7 @@
 
 #include "engine/model_maker.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/faults/fault_report.h"
 #include "tools/local_cluster.h"
 #include "tools/process_group.h"
 
@@ -38,6 +43,7 @@ namespace {
 
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e_flex_worker";
 constexpr int kTokens = 16;
+constexpr int kBurst = 8;  // long prompts sent with the SIGUSR1 that leaves the prefill role
 
 struct Outcome {
   size_t promptIndex = 0;
@@ -101,8 +107,12 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
                         << "  routing: {short_prompt_tokens: 64, prefix_aware_routing: false}\n"
                         << "  requests: {request_timeout_ms: 110000}\n"
                         << "  admission: {overload_shedding: false}\n"
-                        << "pools: {prefill: {replicas: 0}, decode: {replicas: 1}}\n"
+                        // A 5 ms ITL target and whole 512-token prefill chunks: recomputing a long
+                        // prompt beside running streams always breaks it, so the decode worker's
+                        // stall rule would refuse every recompute of a prefill flex-0 failed.
+                        << "pools: {prefill: {replicas: 0}, decode: {replicas: 1, slo: {itl_ms: 5}}}\n"
                         << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 67108864, max_batch_tokens: 512,\n"
+                        << "         slo_sized_prefill_chunks: false, enable_prefix_caching: false,\n"
                         << "         drain_timeout_ms: 20000}\n"
                         << "kv_transfer: {transports: [tcp], timeout_ms: 20000, on_remote_prefill_failure: "
                            "recompute}\n"
@@ -173,11 +183,12 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
         if (t.joinable()) t.join();
     }
   } joinClients{stopClients, clients};
-  // Three clients, each cycling through the prompts from its own offset without pause.
-  for (int k = 0; k < 3; ++k) {
+  // Three clients, each cycling through the prompts from its own offset without pause, and a
+  // fourth with the short ones only, so decode-0 always has a stream running.
+  for (int k = 0; k < 4; ++k) {
     clients.emplace_back([&, k] {
       for (size_t i = size_t(k) * 2; !stopClients.load(); ++i) {
-        const size_t index = i % prompts.size();
+        const size_t index = k < 3 ? i % prompts.size() : std::array<size_t, 3>{0, 1, 4}[i % 3];
         Outcome out = stream(c.httpPort(), prompts[index], index);
         std::lock_guard<std::mutex> lock(mu);
         outcomes.push_back(std::move(out));
@@ -204,7 +215,34 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   const size_t beforeFirst = served([](const Outcome&) { return true; });
 
   // Phase 2: SIGUSR1 -> flex-0 drains its prefill jobs and registers as a decode worker.
+  // With it a burst of long prompts: the router routes them to flex-0 until it reads flex-0's
+  // draining load report, so their PrefillRequests reach flex-0 after its drain began, while
+  // decode-0 streams the clients' requests. Each must still be served (prefilled by flex-0, or
+  // recomputed on decode-0 when flex-0 is already gone), none refused.
+  std::vector<std::thread> burst;
+  struct JoinBurst {
+    std::vector<std::thread>& threads;
+    ~JoinBurst() {
+      for (auto& t : threads)
+        if (t.joinable()) t.join();
+    }
+  } joinBurst{burst};
+  const auto sendBurst = [&](int from, int to) {
+    for (int k = from; k < to; ++k) {
+      burst.emplace_back([&, k] {
+        const size_t index = std::array<size_t, 3>{2, 3, 5}[k % 3];  // 200, 450, 700 tokens
+        Outcome out = stream(c.httpPort(), prompts[index], index);
+        std::lock_guard<std::mutex> lock(mu);
+        outcomes.push_back(std::move(out));
+      });
+    }
+  };
+  // The first half keeps flex-0 computing (no prefix cache), so its drain lasts seconds; the
+  // second half's PrefillRequests arrive during that drain.
+  sendBurst(0, kBurst / 2);
+  std::this_thread::sleep_for(50ms);
   REQUIRE(c.processes().signal("flex-0", SIGUSR1).isOk());
+  sendBurst(kBurst / 2, kBurst);
   {
     INFO(readFile(log));
     REQUIRE(waitPools(0, 2, 60s));
@@ -225,6 +263,8 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   stopClients = true;
   for (auto& t : clients) t.join();
   clients.clear();
+  for (auto& t : burst) t.join();
+  burst.clear();
 
   // Every request completed, with the reference's ids.
   size_t ok = 0;
@@ -271,6 +311,13 @@ TEST_CASE("pdserve-worker switches prefill -> decode -> prefill on SIGUSR1 under
   CHECK(text.find("switching role prefill -> decode") != std::string::npos);
   CHECK(text.find("switching role decode -> prefill") != std::string::npos);
   CHECK(text.find("weights kept from the previous role") != std::string::npos);
+  pd::test::recordFault(
+      {"prefill worker switched to decode (SIGUSR1) while long prompts are routed to it",
+       "every request completes with the greedy ids of pdserve generate: those routed before the drain was known are "
+       "prefilled or recomputed, never refused (ITL target 5 ms, so the stall rule would refuse)",
+       "SIGUSR1: at once; the router stops routing to it within a load report (100 ms)",
+       std::to_string(outcomes.size()) + " requests (a burst of " + std::to_string(kBurst) + " with the signal), " +
+           std::to_string(ok) + " complete and identical"});
   std::printf(
       "flex worker e2e: %zu requests, %zu complete and identical, %ld disaggregated, %ld on flex-0 "
       "as decode\n",
