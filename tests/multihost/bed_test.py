@@ -151,6 +151,46 @@ def intruder(c, work):
     c.kill("intruder")
 
 
+def other_weights(c, build, work):
+    """A prefill worker on another host, with the cluster's secret and a model of the same name and
+    shape but other weights (another seed: two checkpoints of one model), is refused at
+    registration; the reason is on both sides (the router's counter, the worker's log) and the
+    cluster serves on with its own prefill hosts."""
+    import copy
+    import yaml
+    d = os.path.join(build, "test_models", "bed_small_seed2")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        tmp = f"{d}.tmp.{os.getpid()}"
+        subprocess.run([os.path.join(build, "bin", "pdserve"), "make-model", "--out", tmp, "--preset", "small",
+                        "--seed", "2"], check=True, capture_output=True)
+        os.rename(tmp, d)
+    cfg = copy.deepcopy(c.cfg)
+    cfg["model"]["path"] = d
+    # The same served name as the cluster's: only the weights differ.
+    cfg["model"]["name"] = c.cfg["model"].get("name") or os.path.basename(c.cfg["model"]["path"].rstrip("/"))
+    path = os.path.join(work, "other-weights.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    series = 'pool="prefill",reason="weights"'
+    before = c.metric("router-0", "pdserve_worker_registrations_refused_total", series)
+    c.start_as("intruder", "prefill", path)
+    after = before
+    deadline = time.time() + 90
+    while time.time() < deadline and after <= before:
+        time.sleep(0.3)
+        after = c.metric("router-0", "pdserve_worker_registrations_refused_total", series)
+    check(after > before, f"weights: the router refused the prefill worker with other weights ({before} -> {after})")
+    healthy = c.metric("router-0", "pdserve_worker_healthy", 'pool="prefill"')
+    check(healthy == len(c.prefill_hosts), f"weights: it is not a prefill worker ({healthy} healthy)")
+    deadline = time.time() + 30
+    while time.time() < deadline and "serves weights" not in c.log_tail("intruder", 20000):
+        time.sleep(0.3)
+    check("serves weights" in c.log_tail("intruder", 20000), "weights: the refused worker's log says why")
+    status, head, text, _ = complete(c, prompt(200, 8), 4)
+    check(status == 200 and "x-pdserve-route: disaggregated" in head, f"weights: the cluster still serves ({status})")
+    c.kill("intruder")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -193,6 +233,7 @@ def main():
             disaggregates(c, build, model, a.case)
             if a.case == "tcp":
                 intruder(c, work)
+                other_weights(c, build, work)
         elif a.case == "routers":
             import bed_routers
             bed_routers.run(c, build, model, check, complete, prompt, reference, FaultLog(build, "bed_routers"))
