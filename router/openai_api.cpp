@@ -20,82 +20,49 @@ json ApiError::toJson() const {
                 {"code", code ? json(*code) : json(nullptr)}}}};
 }
 
+// Designated initializers keep each shape to its differences from the defaults (400,
+// invalid_request_error, no param, code or Retry-After).
 ApiError ApiError::invalidRequest(std::string message, std::optional<std::string> param) {
-  ApiError e;
-  e.status = 400;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  return e;
+  return {.message = std::move(message), .param = std::move(param)};
 }
 
 ApiError ApiError::modelNotFound(const std::string& model) {
-  ApiError e;
-  e.status = 404;
-  e.message = "The model `" + quoteForMessage(model) + "` does not exist.";
-  e.param = "model";
-  e.code = "model_not_found";
-  return e;
+  return {.status = 404,
+          .message = "The model `" + quoteForMessage(model) + "` does not exist.",
+          .param = "model",
+          .code = "model_not_found"};
 }
 
 ApiError ApiError::notFound(std::string message) {
-  ApiError e;
-  e.status = 404;
-  e.message = std::move(message);
-  e.code = "not_found";
-  return e;
+  return {.status = 404, .message = std::move(message), .code = "not_found"};
 }
 
-ApiError ApiError::methodNotAllowed(std::string message) {
-  ApiError e;
-  e.status = 405;
-  e.message = std::move(message);
-  return e;
-}
+ApiError ApiError::methodNotAllowed(std::string message) { return {.status = 405, .message = std::move(message)}; }
 
 ApiError ApiError::contextLengthExceeded(std::string message, std::string param) {
-  ApiError e;
-  e.status = 413;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  e.code = "context_length_exceeded";
-  return e;
+  return {.status = 413, .message = std::move(message), .param = std::move(param), .code = "context_length_exceeded"};
 }
 
 ApiError ApiError::unauthorized(std::string message) {
-  ApiError e;
-  e.status = 401;
-  e.type = "authentication_error";
-  e.message = std::move(message);
-  e.code = "invalid_api_key";
-  return e;
+  return {.status = 401, .type = "authentication_error", .message = std::move(message), .code = "invalid_api_key"};
 }
 
 ApiError ApiError::rateLimited(std::string message, std::string code, std::optional<std::string> param,
                                std::optional<int> retryAfterS) {
-  ApiError e;
-  e.status = 429;
-  e.type = "rate_limit_exceeded";
-  e.message = std::move(message);
-  e.param = std::move(param);
-  e.code = std::move(code);
-  e.retryAfterS = retryAfterS;
-  return e;
+  return {.status = 429,
+          .type = "rate_limit_exceeded",
+          .message = std::move(message),
+          .param = std::move(param),
+          .code = std::move(code),
+          .retryAfterS = retryAfterS};
 }
 
 ApiError ApiError::unavailable(std::string message) {
-  ApiError e;
-  e.status = 503;
-  e.type = "service_unavailable";
-  e.message = std::move(message);
-  return e;
+  return {.status = 503, .type = "service_unavailable", .message = std::move(message)};
 }
 
 ApiError ApiError::internal(std::string message) {
-  ApiError e;
-  e.status = 500;
-  e.type = "internal_error";
-  e.message = std::move(message);
-  return e;
+  return {.status = 500, .type = "internal_error", .message = std::move(message)};
 }
 
 namespace {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Style checks CI runs (docs/architecture.md, "Conventions"):
+# Style checks CI runs (docs/design.md §9, "Conventions"):
 #   format   every C/C++/CUDA source the repository tracks is as .clang-format says
 #            (clang-format 14, Debian's); prints the files that drift and how to fix them
 #   subjects every commit subject since SINCE is at most 72 characters
@@ -27,8 +27,8 @@ if [ "$what" = format ]; then
 elif [ "$what" = subjects ]; then
   since=$3
   if ! git cat-file -e "$since^{commit}" 2>/dev/null; then
-    echo "subjects: $since is not in this clone's history (shallow?); nothing to check"
-    exit 0
+    echo "SKIP: $since is not in this clone's history (a shallow clone?): the subjects cannot be checked"
+    exit 77
   fi
   long=$(git log --format='%h %s' "$since..HEAD" | awk '{s=$0; sub(/^[^ ]+ /, "", s); if (length(s) > 72) print}')
   if [ -n "$long" ]; then
