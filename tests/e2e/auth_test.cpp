@@ -62,26 +62,14 @@ int freePrefillPort() {
 // authenticated false: open mode, as a cluster started by hand from a config without
 // cluster.secret_file runs.
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, int prefillPort, bool authenticated = true) {
-  std::filesystem::create_directories(kWork);
-  std::string path = kWork + "/" + name + ".yaml";
-  std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
-                      << "router: {routing: {short_prompt_tokens: 0,"
-                      << " prefix_aware_routing: false}}\n"
-                      << "pools: {prefill: {replicas: 1, base_port: " << prefillPort << "}, decode: {replicas: 1}}\n"
-                      << "engine: {backend: cpu, threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n"
-                      << "kv_transfer: {transports: [tcp], timeout_ms: 20000}\n"
-                      << "logging: {level: warn}\n";
-  LocalClusterOptions o;
-  o.configPath = path;
-  o.binDir = std::string(PD_BINARY_DIR) + "/bin";
-  o.httpPort = 0;
-  o.controlPort = 0;
-  o.runDir = kWork + "/" + name + ".run";
-  o.generateSecret = authenticated;
-  auto c = LocalCluster::start(o);
-  INFO(c.status().toString());
-  REQUIRE(c.ok());
-  return std::move(c).value();
+  return pd::test::startLocalCluster(
+      kWork, name,
+      "model: {path: " + pd::test::e2eModelDir() + ", name: small}\n" +
+          "router: {routing: {short_prompt_tokens: 0, prefix_aware_routing: false}}\n" +
+          "pools: {prefill: {replicas: 1, base_port: " + std::to_string(prefillPort) + "}, decode: {replicas: 1}}\n" +
+          "engine: {backend: cpu, threads: 2, kv_cache_bytes: 67108864, max_batch_tokens: 512}\n" +
+          "kv_transfer: {transports: [tcp], timeout_ms: 20000}\n" + "logging: {level: warn}\n",
+      authenticated);
 }
 
 net::ConnectionOptions peer(proto::Role role, const std::string& id, const std::string& secret,

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -149,6 +150,27 @@ inline int connectLoopback(int port, int timeoutS) {
   timeval tv{timeoutS, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   return fd;
+}
+
+// A local cluster of this build's programs (PD_BINARY_DIR/bin) from `yaml`, written to
+// workDir/name.yaml and run in workDir/name.run (emptied first), on free ports. generateSecret:
+// pdserve up's cluster secret (false: open mode, as a config without cluster.secret_file runs).
+inline std::unique_ptr<tools::LocalCluster> startLocalCluster(const std::string& workDir, const std::string& name,
+                                                              const std::string& yaml, bool generateSecret = true) {
+  std::filesystem::create_directories(workDir);
+  tools::LocalClusterOptions o;
+  o.configPath = workDir + "/" + name + ".yaml";
+  std::ofstream(o.configPath) << yaml;
+  o.binDir = std::string(PD_BINARY_DIR) + "/bin";
+  o.httpPort = 0;
+  o.controlPort = 0;
+  o.runDir = workDir + "/" + name + ".run";
+  o.generateSecret = generateSecret;
+  std::filesystem::remove_all(o.runDir);
+  auto c = tools::LocalCluster::start(o);
+  INFO(c.status().toString());
+  REQUIRE(c.ok());
+  return std::move(c).value();
 }
 
 inline double routerMetric(tools::LocalCluster& c, const std::string& series) {

@@ -51,26 +51,16 @@ std::string workerConfig(LocalCluster& c, const std::string& name, const std::st
 }
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name) {
-  std::filesystem::create_directories(kWork);
-  const std::string path = kWork + "/" + name + ".yaml";
-  std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small}\n"
-                      << "router: {routing: {short_prompt_tokens: 0, prefix_aware_routing: false}}\n"
-                      << "pools: {prefill: {replicas: 1}, decode: {replicas: 1}}\n"
-                      << "engine: {backend: cpu, threads: 1, kv_cache_bytes: 33554432}\n"
-                      << "kv_transfer: {transports: [tcp]}\n"
-                      << "logging: {level: warn}\n";
-  LocalClusterOptions o;
-  o.configPath = path;
-  o.binDir = std::string(PD_BINARY_DIR) + "/bin";
-  o.httpPort = 0;
-  o.controlPort = 0;
-  o.runDir = kWork + "/" + name + ".run";
-  std::filesystem::remove_all(o.runDir);
-  auto c = LocalCluster::start(o);
-  INFO(c.status().toString());
-  REQUIRE(c.ok());
-  REQUIRE(c.value()->config().cluster.authenticated());
-  return std::move(c).value();
+  auto c = pd::test::startLocalCluster(kWork, name,
+                                       "model: {path: " + pd::test::e2eModelDir() +
+                                           ", name: small}\n"
+                                           "router: {routing: {short_prompt_tokens: 0, prefix_aware_routing: false}}\n"
+                                           "pools: {prefill: {replicas: 1}, decode: {replicas: 1}}\n"
+                                           "engine: {backend: cpu, threads: 1, kv_cache_bytes: 33554432}\n"
+                                           "kv_transfer: {transports: [tcp]}\n"
+                                           "logging: {level: warn}\n");
+  REQUIRE(c->config().cluster.authenticated());
+  return c;
 }
 
 // Starts `program` (pdserve-prefill / pdserve-decode) as worker `id` of `c` with `config`;
