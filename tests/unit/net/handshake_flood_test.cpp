@@ -110,9 +110,10 @@ ConnectionOptions withSecret(proto::Role role, const std::string& id) {
 TEST_CASE("handshake flood: 200 silent connections, reopened as closed, do not keep a peer with the secret out") {
   const std::string flooder = GENERATE(std::string("127.0.0.2"), std::string("127.0.0.1"));
   CAPTURE(flooder);
-  IoPool io(2);
+  // What the callbacks capture outlives the pool (framed.h): declared before it.
   FailureCounts failures;
   Events ev;
+  IoPool io(2);
   ConnectionOptions so = withSecret(proto::ROLE_ROUTER, "router");
   so.onHandshakeFailure = [&failures](const std::string&, const char* reason) {
     std::lock_guard<std::mutex> lock(failures.mu);
@@ -153,13 +154,13 @@ TEST_CASE("handshake flood: 200 silent connections, reopened as closed, do not k
 }
 
 TEST_CASE("handshake: a silent connection is closed at firstByteTimeout, long before handshakeTimeout") {
-  IoPool io(2);
   Events ev;
+  std::atomic<int> silent{0};
+  IoPool io(2);
   ConnectionOptions o;
   o.hello.set_role(proto::ROLE_ROUTER);
   o.handshakeTimeout = 10s;
   o.firstByteTimeout = 300ms;
-  std::atomic<int> silent{0};
   o.onHandshakeFailure = [&silent](const std::string&, const char* reason) {
     if (std::string(reason) == "silent") ++silent;
   };
