@@ -35,6 +35,7 @@ RequestStream::RequestStream(boost::asio::io_context& io, RequestSpec spec, std:
                              metrics::RouterMetrics& metrics, const StreamSettings& settings)
     : strand_(boost::asio::make_strand(io)),
       deadlineTimer_(strand_),
+      heartbeatTimer_(strand_),
       spec_(std::move(spec)),
       http_(std::move(http)),
       tokenizer_(std::move(tokenizer)),
@@ -54,10 +55,10 @@ void RequestStream::start(Dispatch dispatch) {
   onStrand([this, d = std::move(dispatch)]() mutable { startOnStrand(std::move(d)); });
 }
 
-void RequestStream::refuse(ApiError error, std::string errorMetric) {
-  onStrand([this, error = std::move(error), metric = std::move(errorMetric)] {
+void RequestStream::refuse(ApiError error, std::string errorMetric, std::string_view pool) {
+  onStrand([this, error = std::move(error), metric = std::move(errorMetric), pool = std::string(pool)] {
     finished_ = true;
-    metrics_.requestError(metric);
+    metrics_.requestError(metric, pool);
     sendError(http_, error);
   });
 }
@@ -200,6 +201,25 @@ void RequestStream::startResponse() {
     if (req.echo) d.text = spec_.parsed.promptText;
     if (d.first || !d.text.empty()) http_->sendEvent(sseEvent(streamChunk(req.endpoint, meta_, d, false)));
   }
+  lastSentAt_ = steadyNow();
+  armHeartbeat();
+}
+
+void RequestStream::armHeartbeat() {
+  if (settings_.streamHeartbeatMs <= 0 || finished_) return;
+  heartbeatTimer_.expires_at(lastSentAt_ + std::chrono::milliseconds(settings_.streamHeartbeatMs));
+  heartbeatTimer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec || self->finished_) return;  // cancelled: the request ended
+    const SteadyTime now = steadyNow();
+    // An event went out since this wait began: wait from it instead.
+    if (now - self->lastSentAt_ >= std::chrono::milliseconds(self->settings_.streamHeartbeatMs)) {
+      // An SSE comment (a line starting with ':'): every client ignores it, OpenAI's SDKs included.
+      self->http_->sendEvent(": keepalive\n\n");
+      self->metrics_.sseHeartbeats.inc();
+      self->lastSentAt_ = now;
+    }
+    self->armHeartbeat();
+  });
 }
 
 // ---- stream -----------------------------------------------------------------------------------
@@ -355,6 +375,7 @@ void RequestStream::emit(Choice& c, const std::string& delta, std::vector<TokenL
     d.finishReason = finish;
     if (req.returnTokenIds) d.tokenIds = std::move(ids);
     http_->sendEvent(sseEvent(streamChunk(req.endpoint, meta_, d, req.logprobs)));
+    lastSentAt_ = steadyNow();
   } else {
     for (auto& lp : lps) c.logprobs.push_back(std::move(lp));
     c.tokenIds.insert(c.tokenIds.end(), ids.begin(), ids.end());
@@ -415,7 +436,10 @@ void RequestStream::failOnStrand(const Status& why) {
   }
   endRequest();
   ApiError e = apiErrorFor(why);
-  metrics_.requestError(e.type);
+  // Before its first token a disaggregated request fails in its remote prefill; after it (or
+  // colocated) on its decode worker.
+  metrics_.requestError(
+      e.type, route_ == Route::kDisaggregated && !firstTokenSeen_ ? metrics::kPoolPrefill : metrics::kPoolDecode);
   metrics_.inFlight.dec();
   if (spec_.parsed.req.stream) {
     http_->sendEvent(sseEvent(e.toJson()));
@@ -477,6 +501,7 @@ void RequestStream::abort(const std::string& reason) {
 void RequestStream::endRequest() {
   finished_ = true;
   deadlineTimer_.cancel();
+  heartbeatTimer_.cancel();
   std::vector<uint64_t> ended;
   for (auto& c : choices_) {
     if (!c.done) ended.push_back(c.workerRequestId);

@@ -92,6 +92,10 @@ struct StreamSettings {
   std::string modelName;
   int64_t requestTimeoutMs = 0;
   int maxMigrations = 0;
+  // router.requests.stream_heartbeat_ms: a streamed response silent this long gets an SSE
+  // comment line (": keepalive"), which clients ignore and proxies' idle read timeouts count
+  // as traffic (docs/deploy.md, "Proxies"); 0: never.
+  int64_t streamHeartbeatMs = 0;
 };
 
 class RequestStream : public std::enable_shared_from_this<RequestStream> {
@@ -107,7 +111,8 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   // watches for the client leaving. Called once, before any other call below.
   void start(Dispatch dispatch);
   // Routing found no worker: answers `error` (never started).
-  void refuse(ApiError error, std::string errorMetric);
+  // pool: where it was refused (pdserve_request_errors_total's pool label: router, prefill, decode).
+  void refuse(ApiError error, std::string errorMetric, std::string_view pool);
   // A TokenChunk for one of the choices (late ones are ignored).
   void deliver(proto::TokenChunk chunk);
   // Ends the request with an error, if it has not ended.
@@ -144,6 +149,8 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   bool sendGenerate(const Choice& c, const Dispatch& d);
   void setDispatch(const Dispatch& d);
   void startResponse();
+  // Streams: the next heartbeat is due streamHeartbeatMs after the last bytes sent.
+  void armHeartbeat();
   const char* routeLabel() const;
   void onChunk(const proto::TokenChunk& chunk);
   void observeTiming(Choice& c, const proto::TokenChunk& chunk, SteadyTime now);
@@ -165,6 +172,7 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
 
   boost::asio::strand<boost::asio::io_context::executor_type> strand_;
   boost::asio::steady_timer deadlineTimer_;
+  boost::asio::steady_timer heartbeatTimer_;
   const RequestSpec spec_;
   const std::shared_ptr<net::HttpResponder> http_;
   const std::shared_ptr<const tok::Tokenizer> tokenizer_;
@@ -184,6 +192,7 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   net::ConnectionPtr decodeConn_;
   std::vector<Choice> choices_;
   bool firstTokenSeen_ = false;
+  SteadyTime lastSentAt_;               // streams: the last event or heartbeat written
   SteadyTime dispatchedAt_;             // the first Generate went: the end of router_queue
   std::optional<TtftSplit> ttftSplit_;  // from the first token's chunk (router/ttft_split.h)
   bool finished_ = false;

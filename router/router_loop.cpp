@@ -229,7 +229,8 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
   const RequestSpec& spec = stream->spec();
   if (draining_) {
     return stream->refuse(
-        ApiError::unavailable("this router is shutting down; retry (another router takes the request)"), "draining");
+        ApiError::unavailable("this router is shutting down; retry (another router takes the request)"), "draining",
+        "router");
   }
   const int64_t promptTokens = int64_t(spec.parsed.prompt.size());
   if (const auto limit = longestServablePrompt(workers_.snapshot()); limit && promptTokens > *limit) {
@@ -238,12 +239,13 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
     e.message = "the prompt has " + std::to_string(promptTokens) + " tokens, more than the " + std::to_string(*limit) +
                 " that any decode worker's KV cache can ever hold with a generated token (engine.num_blocks x "
                 "engine.block_size, less the blocks admission keeps free)";
-    return stream->refuse(std::move(e), "kv_cache_too_small");
+    return stream->refuse(std::move(e), "kv_cache_too_small", metrics::kPoolDecode);
   }
   WorkerView prefilling, decoding;
   auto p = plan(promptTokens, spec.prefixBlocks, "", &prefilling, &decoding);
   if (!p) {
-    return stream->refuse(ApiError::unavailable("no healthy decode worker; retry later"), "no_worker");
+    return stream->refuse(ApiError::unavailable("no healthy decode worker; retry later"), "no_worker",
+                          metrics::kPoolDecode);
   }
   double predictedTtftS = 0;  // unscaled, for the calibration
   if (cfg_.router.overloadShedding) {
@@ -262,7 +264,8 @@ void RouterLoop::route(const std::shared_ptr<RequestStream>& stream) {
       return stream->refuse(
           ApiError::rateLimited("overloaded: " + why + "; retry after " + std::to_string(v.retryAfterS) + " s",
                                 "overloaded", std::nullopt, v.retryAfterS),
-          "overloaded");
+          "overloaded",
+          d.refusedBy == AdmissionDecision::Side::kPrefill ? metrics::kPoolPrefill : metrics::kPoolDecode);
     }
     predictedTtftS = d.predictedTtftS;
   }

@@ -60,7 +60,8 @@ class RouterServiceImpl final : public RouterService {
         metrics_(registry_,
                  metrics::LatencyBuckets{cfg_.router.ttftBucketsS, cfg_.router.itlBucketsS, cfg_.router.e2eBucketsS}),
         loop_(io_.context(), cfg_, modelName_, registry_, metrics_),
-        streamSettings_{modelName_, cfg_.router.requestTimeoutMs, cfg_.router.maxMigrations} {
+        streamSettings_{modelName_, cfg_.router.requestTimeoutMs, cfg_.router.maxMigrations,
+                        cfg_.router.streamHeartbeatMs} {
     metrics_.setSlo(metrics::kPoolPrefill, cfg_.pools.prefill.slo.ttftMs / 1e3, cfg_.pools.prefill.slo.percentile);
     metrics_.setSlo(metrics::kPoolDecode, cfg_.pools.decode.slo.itlMs / 1e3, cfg_.pools.decode.slo.percentile);
     metrics_.setShortPromptTokens(cfg_.router.shortPromptTokens);
@@ -93,6 +94,7 @@ class RouterServiceImpl final : public RouterService {
     copts.maxFrameBytes = kControlMaxFrameBytes;
     copts.plane = "router_control";
     metrics::setInternalAuth(registry_, cfg_.cluster.authenticated());
+    metrics::exportProcessInfo(registry_, "router");
     if (cfg_.metrics.vllmCompatibleNames)
       metrics::exportVllmNames(registry_, metrics::MetricsProcess::kRouter, modelName_);
     if (cfg_.cluster.authenticated()) {
@@ -198,7 +200,7 @@ class RouterServiceImpl final : public RouterService {
       const std::string_view token = KeySet::bearerToken(authorization);
       if ((mode == MetricsAuth::kApiKey && apiKeys_.match(token) < 0) ||
           (mode == MetricsAuth::kBearerFile && metricsToken_.match(token) < 0)) {
-        metrics_.requestError("authentication_error");
+        metrics_.requestError("authentication_error", "router");
         return sendError(r,
                          ApiError::unauthorized(mode == MetricsAuth::kApiKey
                                                     ? "/metrics needs an API key (router.http.metrics_auth: api_key); "
@@ -213,7 +215,7 @@ class RouterServiceImpl final : public RouterService {
     if (!apiKeys_.empty()) {
       keyIndex = apiKeys_.match(KeySet::bearerToken(req.header("authorization")));
       if (keyIndex < 0) {
-        metrics_.requestError("authentication_error");
+        metrics_.requestError("authentication_error", "router");
         return sendError(r, ApiError::unauthorized("missing or invalid API key (send Authorization: Bearer <key>)"));
       }
     }
@@ -244,7 +246,7 @@ class RouterServiceImpl final : public RouterService {
                   const std::string& client) {
     auto parsed = parser_.parseGenerate(httpReq.body, endpoint);
     if (auto* no = std::get_if<Rejection>(&parsed)) {
-      if (!no->errorMetric.empty()) metrics_.requestError(no->errorMetric);
+      if (!no->errorMetric.empty()) metrics_.requestError(no->errorMetric, "router");
       return sendError(r, no->error);
     }
     RequestSpec spec;

@@ -98,9 +98,9 @@ void LoadReporter::schedule(std::shared_ptr<Shared> shared) {
     m.queuedPrefillTokens.set(double(load.queuedPrefillTokens));
     m.prefillChunkTokens.set(load.prefillChunkTokens);
     if (load.decodeStepCost) {
-      m.decodeStepBaseMs.set(load.decodeStepCost->baseMs);
-      m.decodeStepPerStreamMs.set(load.decodeStepCost->perStreamMs);
-      m.decodeSmallChunkMs.set(load.decodeStepCost->smallChunkMs);
+      m.decodeStepBaseSeconds.set(load.decodeStepCost->baseMs / 1e3);
+      m.decodeStepPerStreamSeconds.set(load.decodeStepCost->perStreamMs / 1e3);
+      m.decodeSmallChunkSeconds.set(load.decodeStepCost->smallChunkMs / 1e3);
     }
     m.kvFreeBlocks.set(load.freeBlocks);
     m.kvCacheUsage.set(load.totalBlocks ? 1.0 - double(load.freeBlocks) / load.totalBlocks : 0);

@@ -52,6 +52,7 @@ Status WorkerLoop::prepare() {
       routerHosts()};
   PD_RETURN_IF_ERROR(config::checkEndpoints(endpoints));
   metrics::setInternalAuth(registry_, secret_ != nullptr);
+  metrics::exportProcessInfo(registry_, roleName());
   if (config_.metrics.vllmCompatibleNames)
     metrics::exportVllmNames(registry_, metrics::MetricsProcess::kWorker, bundle_.modelName);
   if (!secret_) {

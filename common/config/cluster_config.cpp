@@ -151,6 +151,7 @@ void readRouterRequests(MapReader& m, RouterConfig* c) {
   m.readInt("request_timeout_ms", &c->requestTimeoutMs, 1, 24 * kHourMs);
   m.readInt("max_migrations", &c->maxMigrations, 0, 16);
   m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
+  m.readInt("stream_heartbeat_ms", &c->streamHeartbeatMs, 0, 3600000);
 }
 
 // router.metrics: the bounds of the router's latency histograms.

@@ -126,6 +126,9 @@ struct RouterConfig {
   int64_t workerReportTimeoutMs = 1000;  // [workers] a worker silent this long: out of rotation
   int64_t drainTimeoutMs = 30000;        // [requests] SIGTERM: in-flight streams get this long
   int64_t requestTimeoutMs = 600000;     // [requests] whole-request deadline
+  // [requests] A stream silent this long (waiting for its first token, or between tokens) gets
+  // an SSE comment line, so that proxies with an idle read timeout keep it open; 0: never.
+  int64_t streamHeartbeatMs = 15000;
   // [admission] Stable. Refuse (429 + Retry-After) a request predicted to miss the pools' SLO
   // targets (router/admission.h, docs/serving.md "Overload").
   bool overloadShedding = true;

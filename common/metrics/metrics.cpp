@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "common/metrics/process_metrics.h"
+
 namespace pd::metrics {
 
 void Counter::inc(double by) {
@@ -87,6 +89,11 @@ Histogram Registry::histogram(const std::string& name, const std::string& help, 
   return Histogram(&f->Add(labels, buckets));
 }
 
+void Registry::enableProcessMetrics() {
+  std::lock_guard<std::mutex> lock(families_->mutex);
+  processMetrics_ = true;
+}
+
 void Registry::setAliases(std::vector<Alias> aliases, Labels extraLabels) {
   for (const auto& a : aliases) {
     if (!prometheus::CheckMetricName(a.to) || a.to == a.from)
@@ -105,10 +112,12 @@ std::string Registry::serialize() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   std::vector<Alias> aliases;
   Labels extra;
+  bool process = false;
   {
     std::lock_guard<std::mutex> lock(families_->mutex);
     aliases = aliases_;
     extra = aliasLabels_;
+    process = processMetrics_;
   }
   const size_t own = families.size();
   for (const auto& a : aliases) {
@@ -120,6 +129,13 @@ std::string Registry::serialize() const {
       for (auto& m : copy.metric)
         for (const auto& [name, value] : extra) m.label.push_back({name, value});
       families.push_back(std::move(copy));
+    }
+  }
+  if (process) {
+    for (auto& f : processFamilies()) {
+      for (auto& m : f.metric)
+        for (const auto& [name, value] : constantLabels_) m.label.push_back({name, value});
+      families.push_back(std::move(f));
     }
   }
   std::ostringstream out;

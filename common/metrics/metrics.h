@@ -100,8 +100,15 @@ class Registry {
   };
   void setAliases(std::vector<Alias> aliases, Labels extraLabels);
 
+  // Also writes the process_* families of the standard Prometheus client libraries, read from
+  // /proc/self when serialize() runs: process_cpu_seconds_total, process_resident_memory_bytes,
+  // process_virtual_memory_bytes, process_open_fds, process_max_fds and
+  // process_start_time_seconds (with the registry's constant labels). Call it once per process,
+  // on the registry its /metrics serves (exportProcessInfo in pdserve_metrics.h does).
+  void enableProcessMetrics();
+
   // The text exposition format (version 0.0.4) of every metric (families grouped by type, in
-  // the order they were made), then the aliases.
+  // the order they were made), then the aliases, then the process_* families if enabled.
   std::string serialize() const;
 
   // The underlying registry, e.g. for a prometheus::Exposer.
@@ -112,6 +119,7 @@ class Registry {
   Labels constantLabels_;
   std::vector<Alias> aliases_;  // guarded by families_->mutex
   Labels aliasLabels_;
+  bool processMetrics_ = false;  // guarded by families_->mutex
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Families> families_;
 };

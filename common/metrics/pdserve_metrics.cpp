@@ -30,6 +30,14 @@ void exportVllmNames(Registry& registry, MetricsProcess process, const std::stri
   registry.setAliases(std::move(aliases), {{"model_name", modelName}});
 }
 
+void exportProcessInfo(Registry& registry, std::string_view component) {
+  registry
+      .gauge("pdserve_build_info", "pdserve's version and this process's component (value 1).",
+             {{"component", s(component)}, {"version", PD_VERSION}})
+      .set(1);
+  registry.enableProcessMetrics();
+}
+
 void setInternalAuth(Registry& registry, bool authenticated) {
   registry
       .gauge("pdserve_internal_auth_enabled",
@@ -69,6 +77,8 @@ void RouterMetrics::controlMessageDropped(std::string_view reason) {
 
 RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets) : r_(registry), buckets_(std::move(buckets)) {
   inFlight = r_.gauge("pdserve_requests_in_flight", "Requests accepted and not yet finished.");
+  sseHeartbeats = r_.counter("pdserve_router_sse_heartbeats_total",
+                             "SSE comment lines sent on streams silent for router.requests.stream_heartbeat_ms.");
   const std::string scaleHelp =
       "What overload admission multiplies its predictions by so that the SLO percentile holds: "
       "slo=ttft (predicted TTFT, per route), slo=itl (predicted decode step, route=all).";
@@ -80,8 +90,25 @@ RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets) : r_(re
   }
   admissionScaleItl = r_.gauge("pdserve_router_admission_scale", scaleHelp, {{"slo", "itl"}, {"route", "all"}});
   admissionScaleItl.set(1);
-  promptTokens_ = r_.counter("pdserve_prompt_tokens_total", "Prompt tokens of finished requests.");
-  generationTokens_ = r_.counter("pdserve_generation_tokens_total", "Tokens generated for finished requests.");
+  const auto sli = [this](const char* pool, const char* slo) {
+    return Sli{r_.counter("pdserve_slo_observations_total",
+                          "Latencies observed against a pool's SLO target (slo=ttft: requests' time to first token; "
+                          "slo=itl: gaps between tokens).",
+                          {{"pool", pool}, {"slo", slo}}),
+               r_.counter("pdserve_slo_good_observations_total",
+                          "Latencies observed within the pool's SLO target (pdserve_slo_target_seconds; ttft of "
+                          "colocated requests against the prefill pool's TTFT target).",
+                          {{"pool", pool}, {"slo", slo}})};
+  };
+  prefillTtft_ = sli("prefill", "ttft");
+  colocatedTtft_ = sli("decode", "ttft");
+  decodeItl_ = sli("decode", "itl");
+  promptTokens_ = r_.counter("pdserve_router_prompt_tokens_total",
+                             "Prompt tokens of finished requests, as billed (the workers' pdserve_prompt_tokens_total "
+                             "counts the tokens each computed).");
+  generationTokens_ = r_.counter("pdserve_router_generation_tokens_total",
+                                 "Tokens generated for finished requests, as billed (the workers' "
+                                 "pdserve_generation_tokens_total counts each worker's).");
 }
 
 void RouterMetrics::observeTtft(std::string_view route, double seconds) {
@@ -89,12 +116,17 @@ void RouterMetrics::observeTtft(std::string_view route, double seconds) {
                "Time from request arrival to the first token sent to the client.", buckets_.ttftS,
                {{"route", s(route)}})
       .observe(seconds);
+  // Disaggregated (recomputed ones too: they were routed to the prefill pool) or colocated.
+  if (const double target = ttftTargetS_.load(std::memory_order_relaxed); target > 0)
+    (route == kRouteColocated ? colocatedTtft_ : prefillTtft_).observe(seconds, target);
 }
 
 void RouterMetrics::observeItl(std::string_view route, double seconds) {
   r_.histogram("pdserve_inter_token_latency_seconds", "Time between successive tokens sent to the client.",
                buckets_.itlS, {{"route", s(route)}})
       .observe(seconds);
+  if (const double target = itlTargetS_.load(std::memory_order_relaxed); target > 0)
+    decodeItl_.observe(seconds, target);
 }
 
 void RouterMetrics::observeE2e(std::string_view route, double seconds) {
@@ -198,8 +230,11 @@ void RouterMetrics::requestFinished(std::string_view finishedReason, int64_t pro
   generationTokens_.inc(static_cast<double>(completionTokens));
 }
 
-void RouterMetrics::requestError(std::string_view type) {
-  r_.counter("pdserve_request_errors_total", "Requests answered with an error, by type.", {{"type", s(type)}}).inc();
+void RouterMetrics::requestError(std::string_view type, std::string_view pool) {
+  r_.counter("pdserve_request_errors_total",
+             "Requests answered with an error, by type and where it arose (pool: router, prefill, decode).",
+             {{"type", s(type)}, {"pool", s(pool)}})
+      .inc();
 }
 
 void RouterMetrics::requestMigrated(std::string_view reason) {
@@ -210,6 +245,7 @@ void RouterMetrics::requestMigrated(std::string_view reason) {
 }
 
 void RouterMetrics::setSlo(std::string_view pool, double targetSeconds, double percentile) {
+  (pool == kPoolPrefill ? ttftTargetS_ : itlTargetS_).store(targetSeconds, std::memory_order_relaxed);
   r_.gauge("pdserve_slo_target_seconds", "The pool's latency SLO target (prefill: TTFT, decode: ITL).",
            {{"pool", s(pool)}})
       .set(targetSeconds);
@@ -293,13 +329,13 @@ WorkerMetrics::WorkerMetrics(Registry& registry) : r_(registry) {
       r_.gauge("pdserve_prefill_chunk_tokens",
                "Prompt tokens a step that also decodes may compute now (SLO-sized chunked prefill), counted at the "
                "start of a prompt: fewer deeper in, each priced by its attention context.");
-  decodeStepBaseMs =
-      r_.gauge("pdserve_decode_step_cost_ms",
+  decodeStepBaseSeconds =
+      r_.gauge("pdserve_decode_step_cost_seconds",
                "Fitted decode step time: the fixed part (part=base), per stream (part=per_stream) and what a "
                "minimum prompt chunk adds (part=small_chunk); 0 until the steps spread over two batch sizes.",
                {{"part", "base"}});
-  decodeStepPerStreamMs = r_.gauge("pdserve_decode_step_cost_ms", "", {{"part", "per_stream"}});
-  decodeSmallChunkMs = r_.gauge("pdserve_decode_step_cost_ms", "", {{"part", "small_chunk"}});
+  decodeStepPerStreamSeconds = r_.gauge("pdserve_decode_step_cost_seconds", "", {{"part", "per_stream"}});
+  decodeSmallChunkSeconds = r_.gauge("pdserve_decode_step_cost_seconds", "", {{"part", "small_chunk"}});
   kvNumBlocks = r_.gauge("pdserve_kv_cache_num_blocks", "KV cache blocks in the pool.");
   kvCapacityTokens =
       r_.gauge("pdserve_kv_cache_capacity_tokens", "Tokens of context the KV cache holds (blocks x block size).");

@@ -7,10 +7,17 @@
 //   pdserve_request_queue_time_seconds{route}      histogram, router.e2e_buckets_s
 //   pdserve_request_ttft_phase_seconds{route,phase} histogram, router.ttft_buckets_s
 //   pdserve_route_decisions_total{route,reason}    counter
-//   pdserve_requests_finished_total{finished_reason}, pdserve_request_errors_total{type}
-//   pdserve_prompt_tokens_total, pdserve_generation_tokens_total, pdserve_requests_in_flight
+//   pdserve_requests_finished_total{finished_reason}, pdserve_request_errors_total{type,pool}
+//   pdserve_router_prompt_tokens_total, pdserve_router_generation_tokens_total (of finished
+//   requests, as the client was billed; the workers' pdserve_prompt_tokens_total counts what
+//   each worker computed, so the two never share a name), pdserve_requests_in_flight
 //   pdserve_slo_target_seconds{pool}, pdserve_slo_percentile{pool},
 //   pdserve_slo_observed_seconds{pool}, pdserve_slo_attainment_ratio{pool}
+//   pdserve_slo_observations_total{pool,slo}, pdserve_slo_good_observations_total{pool,slo}
+//     (each TTFT and ITL counted against its target as observed: the SLIs of the burn-rate
+//     alerts, deploy/prometheus/pdserve-rules.yaml): pool=prefill,slo=ttft (disaggregated
+//     requests), pool=decode,slo=ttft (colocated: the decode pool prefilled them),
+//     pool=decode,slo=itl
 //   pdserve_pool_workers{pool}, pdserve_desired_replicas{pool}
 //   pdserve_autoscaler_{capacity_replicas,latency_replicas,demand,worker_capacity,
 //                       predicted_seconds,idle_seconds}{pool}
@@ -21,6 +28,7 @@
 //   (0..1), pdserve_queued_prefill_tokens, pdserve_kv_cache_num_blocks,
 //   pdserve_kv_cache_capacity_tokens (blocks x block size: tokens of context the cache holds),
 //   pdserve_kv_cache_free_blocks, pdserve_cache_config_info{block_size,num_blocks} (= 1),
+//   pdserve_decode_step_cost_seconds{part},
 //   pdserve_model_load_seconds (opening the model to the backend ready, at start),
 //   pdserve_prompt_tokens_total, pdserve_generation_tokens_total,
 //   pdserve_num_preemptions_total, pdserve_prefix_cache_queries_total /
@@ -33,6 +41,8 @@
 //   *_failures_total,
 //   *_fallbacks_total) are registered by kvt::TransferAgent (kvtransfer/metrics.h) in the same
 //   registry.
+// Every process (exportProcessInfo): pdserve_build_info{component,version} (= 1) and the
+//   standard process_* families (metrics.h, enableProcessMetrics).
 // Both (cluster identity; docs/security.md):
 //   pdserve_internal_auth_enabled (1: the internal planes require cluster.secret_file's
 //   secret, 0: they are open), pdserve_auth_failures_total{plane} (handshakes refused for
@@ -51,6 +61,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -84,6 +95,10 @@ struct LatencyBuckets {
 // vllm:prefix_cache_hits_total.
 enum class MetricsProcess { kRouter, kWorker };
 void exportVllmNames(Registry& registry, MetricsProcess process, const std::string& modelName);
+
+// pdserve_build_info{component,version} = 1 and the process_* families, on the registry a
+// process serves at /metrics. component: router, prefill, decode or worker (a flex worker).
+void exportProcessInfo(Registry& registry, std::string_view component);
 
 // Cluster identity metrics, in any registry.
 void setInternalAuth(Registry& registry, bool authenticated);
@@ -123,10 +138,14 @@ class RouterMetrics {
   void kvEventResync(std::string_view reason);
   // finishedReason: stop | length | abort | error; tokens add to the token counters.
   void requestFinished(std::string_view finishedReason, int64_t promptTokens, int64_t completionTokens);
-  // type: the OpenAI error type or a short class ("overloaded", "timeout").
-  void requestError(std::string_view type);
+  // type: the OpenAI error type or a short class ("overloaded", "timeout"). pool: where the
+  // error arose: "router" (refused before routing: authentication, validation, rate limits,
+  // draining), "prefill" or "decode" (the pool whose worker or SLO refused or failed it).
+  void requestError(std::string_view type, std::string_view pool);
   // A request moved its unfinished choices to another decode worker (reason: worker_lost, worker_gave_up).
   void requestMigrated(std::string_view reason);
+  // Also the targets the pdserve_slo_*observations_total counters compare with (prefill: the
+  // TTFT target of both routes; decode: the ITL target). Until set, no observation is counted.
   void setSlo(std::string_view pool, double targetSeconds, double percentile);
   // Over the autoscaler's window: the observed percentile and the fraction within target.
   void setSloWindow(std::string_view pool, double observedSeconds, double attainmentRatio);
@@ -154,10 +173,23 @@ class RouterMetrics {
   void controlMessageDropped(std::string_view reason);
 
   Gauge inFlight;  // requests accepted and not yet finished
+  // pdserve_router_sse_heartbeats_total: SSE comment lines sent on silent streams
+  // (router.requests.stream_heartbeat_ms).
+  Counter sseHeartbeats;
 
  private:
+  // One (pool, slo) SLI: every observation, and those within the target.
+  struct Sli {
+    Counter all, good;
+    void observe(double seconds, double target) {
+      all.inc();
+      if (seconds <= target) good.inc();
+    }
+  };
   Registry& r_;
   LatencyBuckets buckets_;
+  std::atomic<double> ttftTargetS_{0}, itlTargetS_{0};  // 0: not set yet
+  Sli prefillTtft_, colocatedTtft_, decodeItl_;
   Counter promptTokens_;
   Counter generationTokens_;
 };
@@ -182,7 +214,8 @@ class WorkerMetrics {
   Gauge kvCacheUsage;  // used / total blocks, 0..1
   Gauge queuedPrefillTokens;
   Gauge prefillChunkTokens;
-  Gauge decodeStepBaseMs, decodeStepPerStreamMs, decodeSmallChunkMs;  // the fitted decode step cost
+  // The fitted decode step cost, pdserve_decode_step_cost_seconds{part}: set in seconds.
+  Gauge decodeStepBaseSeconds, decodeStepPerStreamSeconds, decodeSmallChunkSeconds;
   Gauge kvNumBlocks;
   Gauge kvCapacityTokens;  // set with kvNumBlocks by setCacheConfig
   Gauge kvFreeBlocks;

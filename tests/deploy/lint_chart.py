@@ -64,7 +64,7 @@ ROUTER_GROUP_KEYS = {
                 "exact_prefix_routing", "kv_event_max_lag_ms"},
     "admission": {"overload_shedding", "max_prompt_tokens", "rate_limits"},
     "workers": {"control_port", "load_report_interval_ms", "worker_report_timeout_ms"},
-    "requests": {"request_timeout_ms", "max_migrations", "drain_timeout_ms"},
+    "requests": {"request_timeout_ms", "max_migrations", "drain_timeout_ms", "stream_heartbeat_ms"},
     "metrics": {"ttft_buckets_s", "itl_buckets_s", "e2e_buckets_s"},
 }
 POOL_KEYS = {"replicas", "min_replicas", "max_replicas", "host", "base_port", "slo"}

@@ -79,6 +79,7 @@ EVERYTHING = {
     "autoscaling": {"keda": {"extraMatchers": 'cluster="a"'},
                     "prefill": {"routerRecommendation": True},
                     "decode": {"routerRecommendation": True, "kvCacheUsage": 0.85}},
+    "metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}},
     "workerSecurityContext": {"capabilities": {"add": ["SYS_NICE"]}},
 }
 # /metrics behind a token (docs/security.md): the router's ServiceMonitor must send it.
@@ -124,7 +125,8 @@ NEGATIVE = [
     ("Multus without networks", {"multus": {"enabled": True}}, "multus.networks is required"),
     ("KEDA with no trigger", {"autoscaling": {"decode": {"enabled": True, "itlTrigger": False,
                                                           "kvCacheUsage": 0,
-                                                          "runningRequestsPerReplica": 0}}},
+                                                          "runningRequestsPerReplica": 0,
+                                                          "routerRecommendation": False}}},
      "every trigger is off"),
     ("KEDA max below 1", {"config": {"pools": {"prefill": {"replicas": 0, "min_replicas": 0,
                                                            "max_replicas": 0}}},
@@ -223,7 +225,7 @@ class Checker:
         self.svcs = {o["metadata"]["name"]: o for _, o in self.by_kind("Service")}
         for check in (self.check_deployments, self.check_selectors, self.check_config,
                       self.check_scaled_objects, self.check_routes, self.check_dashboard,
-                      self.check_expected_objects):
+                      self.check_prometheus_rules, self.check_expected_objects):
             try:
                 check()
             except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
@@ -639,11 +641,38 @@ class Checker:
                     self.err(where, "TTFT threshold is not slo.ttft_ms / 1000")
                 if t.get("name") == "itl" and abs(th - slo["itl_ms"] / 1000) > 1e-9:
                     self.err(where, "ITL threshold is not slo.itl_ms / 1000")
+                if t.get("name") == "ttft" and 'route="disaggregated"' not in q:
+                    self.err(where, f"the prefill pool's TTFT trigger must read disaggregated requests only: {q}")
                 if t.get("name") in ("ttft", "itl") and f"histogram_quantile({slo['percentile'] / 100:g}," not in q:
                     self.err(where, f"quantile is not slo.percentile / 100: {q}")
         for role in ("prefill", "decode"):
             if self.values["autoscaling"][role]["enabled"] != (role in seen):
                 self.err("KEDA", f"autoscaling.{role}.enabled but ScaledObject present={role in seen}")
+
+    def check_prometheus_rules(self):
+        """The PrometheusRule carries deploy/prometheus/pdserve-rules.yaml's groups unchanged, and
+        promtool (Debian's prometheus package) accepts them."""
+        for _, pr in self.by_kind("PrometheusRule"):
+            where = f"PrometheusRule {pr['metadata']['name']}"
+            with open(os.path.join(self.root, "deploy/prometheus/pdserve-rules.yaml")) as f:
+                plain = yaml.safe_load(f)
+            if pr["spec"] != plain:
+                self.err(where, "spec differs from deploy/prometheus/pdserve-rules.yaml")
+            for k, val in self.values["metrics"]["prometheusRule"]["labels"].items():
+                if pr["metadata"]["labels"].get(k) != val:
+                    self.err(where, f"label {k} missing (metrics.prometheusRule.labels)")
+            import shutil
+            import subprocess
+            import tempfile
+            promtool = shutil.which("promtool")
+            if not promtool:
+                continue  # scripts/setup installs it; the rules' own ctest skips without it
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+                yaml.safe_dump(pr["spec"], f)
+                f.flush()
+                r = subprocess.run([promtool, "check", "rules", f.name], capture_output=True, text=True)
+                if r.returncode != 0:
+                    self.err(where, f"promtool check rules: {r.stdout}{r.stderr}")
 
     def check_routes(self):
         rsvc = f"{RELEASE}-router"
@@ -668,6 +697,7 @@ class Checker:
         want["PodDisruptionBudget"] = sum(v[r]["pdb"]["enabled"] for r in ("router", "prefill", "decode"))
         want["ServiceMonitor"] = 3 if v["metrics"]["serviceMonitor"]["enabled"] else 0
         want["ConfigMap"] = (0 if v["clusterConfig"]["asSecret"] else 1) + (1 if v["metrics"]["grafanaDashboard"]["enabled"] else 0)
+        want["PrometheusRule"] = 1 if v["metrics"]["prometheusRule"]["enabled"] else 0
         want["ScaledObject"] = sum(v["autoscaling"][r]["enabled"] for r in ("prefill", "decode"))
         want["Ingress"] = 1 if v["ingress"]["enabled"] else 0
         want["HTTPRoute"] = 1 if v["httpRoute"]["enabled"] else 0
@@ -761,6 +791,11 @@ MUTATIONS = [
     ("GPU only in limits", "templates/_helpers.tpl",
      "{{- $_ := set $requests $ctx.Values.gpu.resourceName (int .pool.gpus | toString) }}\n", "",
      "want 1 in both"),
+    ("prefill TTFT trigger over every route", "templates/prefill-scaledobject.yaml",
+     ' ,route="disaggregated"}', "}", "must read disaggregated requests only"),
+    ("PrometheusRule without the rules", "templates/prometheusrule.yaml",
+     '{{- .Files.Get "rules/pdserve-rules.yaml" | nindent 2 }}', "  groups: []",
+     "spec differs from deploy/prometheus/pdserve-rules.yaml"),
     ("ITL threshold off by 10x", "templates/decode-scaledobject.yaml",
      "divf .Values.config.pools.decode.slo.itl_ms 1000", "divf .Values.config.pools.decode.slo.itl_ms 100",
      "ITL threshold is not slo.itl_ms / 1000"),
@@ -790,7 +825,7 @@ def self_test(root):
     failures = 0
     for desc, rel, old, new, expect in MUTATIONS:
         with tempfile.TemporaryDirectory() as tmp:
-            for sub in (CHART, EXAMPLES, "deploy/grafana"):
+            for sub in (CHART, EXAMPLES, "deploy/grafana", "deploy/prometheus"):
                 shutil.copytree(os.path.join(root, sub), os.path.join(tmp, sub))
             path = os.path.join(tmp, CHART, rel)
             with open(path) as f:

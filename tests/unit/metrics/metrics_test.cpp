@@ -1,5 +1,6 @@
 #include "common/metrics/metrics.h"
 
+#include <ctime>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -88,7 +89,7 @@ TEST_CASE("router counters and gauges") {
   m.routeDecision(kRouteDisaggregated, "long_prompt");
   m.requestFinished("stop", 100, 20);
   m.requestFinished("length", 50, 16);
-  m.requestError("overloaded");
+  m.requestError("overloaded", kPoolPrefill);
   m.inFlight.inc();
   m.inFlight.inc();
   m.inFlight.dec();
@@ -101,9 +102,12 @@ TEST_CASE("router counters and gauges") {
   CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"short_prompt\",route=\"colocated\"} 2"));
   CHECK(hasLine(text, "pdserve_route_decisions_total{reason=\"long_prompt\",route=\"disaggregated\"} 1"));
   CHECK(hasLine(text, "pdserve_requests_finished_total{finished_reason=\"stop\"} 1"));
-  CHECK(hasLine(text, "pdserve_prompt_tokens_total 150"));
-  CHECK(hasLine(text, "pdserve_generation_tokens_total 36"));
-  CHECK(hasLine(text, "pdserve_request_errors_total{type=\"overloaded\"} 1"));
+  CHECK(hasLine(text, "pdserve_router_prompt_tokens_total 150"));
+  CHECK(hasLine(text, "pdserve_router_generation_tokens_total 36"));
+  // The workers' token counters count what each computed: the router's never share their name.
+  CHECK(text.find("# TYPE pdserve_prompt_tokens_total") == std::string::npos);
+  CHECK(text.find("\npdserve_prompt_tokens_total") == std::string::npos);
+  CHECK(hasLine(text, "pdserve_request_errors_total{pool=\"prefill\",type=\"overloaded\"} 1"));
   CHECK(hasLine(text, "pdserve_requests_in_flight 1"));
   CHECK(hasLine(text, "pdserve_slo_target_seconds{pool=\"prefill\"} 0.5"));
   CHECK(hasLine(text, "pdserve_slo_percentile{pool=\"prefill\"} 99"));
@@ -219,4 +223,57 @@ TEST_CASE("exportVllmNames: the router's and the worker's vLLM names, only with 
   CHECK(hasLine(text, "vllm:kv_cache_usage_perc{role=\"decode\",worker=\"decode-0\",model_name=\"small\"} 0.25"));
   CHECK(hasLine(text, "vllm:prompt_tokens_total{role=\"decode\",worker=\"decode-0\",model_name=\"small\"} 7"));
   CHECK(hasLine(text, "vllm:num_requests_running{role=\"decode\",worker=\"decode-0\",model_name=\"small\"} 0"));
+}
+
+TEST_CASE("process metrics and build info on every process") {
+  Registry reg(Labels{{"role", "decode"}});
+  exportProcessInfo(reg, "decode");
+  const std::string text = reg.serialize();
+  INFO(text);
+  CHECK(hasLine(text, "pdserve_build_info{role=\"decode\",component=\"decode\",version=\"" PD_VERSION "\"} 1"));
+  for (const char* family :
+       {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_virtual_memory_bytes",
+        "process_open_fds", "process_max_fds", "process_start_time_seconds"}) {
+    INFO(family);
+    CHECK(text.find(std::string("\n") + family + "{role=\"decode\"} ") != std::string::npos);
+  }
+  // Values from /proc/self: this process has open files, resident memory and started before now.
+  const auto value = [&](const std::string& family) {
+    const auto at = text.find("\n" + family + "{");
+    REQUIRE(at != std::string::npos);
+    const auto space = text.find(' ', at + 1);
+    return std::stod(text.substr(space + 1, text.find('\n', space) - space - 1));
+  };
+  CHECK(value("process_open_fds") >= 3);
+  CHECK(value("process_resident_memory_bytes") > 1e6);
+  const double started = value("process_start_time_seconds");
+  const double now = double(std::time(nullptr));
+  CHECK(started > now - 24 * 3600 * 365);
+  CHECK(started <= now + 1);
+  // A registry without exportProcessInfo has neither.
+  Registry plain;
+  CHECK(plain.serialize().find("process_") == std::string::npos);
+}
+
+TEST_CASE("SLI counters compare each latency with its pool's target") {
+  Registry reg;
+  RouterMetrics m(reg, {{0.1, 1}, {0.01, 0.05}, {1}});
+  m.observeTtft(kRouteDisaggregated, 0.2);  // before the targets are known: not counted
+  m.setSlo(kPoolPrefill, 1.0, 99);
+  m.setSlo(kPoolDecode, 0.05, 90);
+  m.observeTtft(kRouteDisaggregated, 0.5);
+  m.observeTtft(kRouteDisaggregated, 1.0);  // at the target: within it
+  m.observeTtft(kRouteDisaggregated, 2.5);
+  m.observeTtft("disaggregated-recomputed", 3.0);
+  m.observeTtft(kRouteColocated, 0.1);
+  m.observeItl(kRouteColocated, 0.02);
+  m.observeItl(kRouteDisaggregated, 0.07);
+  const std::string text = reg.serialize();
+  INFO(text);
+  CHECK(hasLine(text, "pdserve_slo_observations_total{pool=\"prefill\",slo=\"ttft\"} 4"));
+  CHECK(hasLine(text, "pdserve_slo_good_observations_total{pool=\"prefill\",slo=\"ttft\"} 2"));
+  CHECK(hasLine(text, "pdserve_slo_observations_total{pool=\"decode\",slo=\"ttft\"} 1"));
+  CHECK(hasLine(text, "pdserve_slo_good_observations_total{pool=\"decode\",slo=\"ttft\"} 1"));
+  CHECK(hasLine(text, "pdserve_slo_observations_total{pool=\"decode\",slo=\"itl\"} 2"));
+  CHECK(hasLine(text, "pdserve_slo_good_observations_total{pool=\"decode\",slo=\"itl\"} 1"));
 }
