@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "common/base/log.h"
 #include "common/base/signals.h"
@@ -27,7 +30,37 @@ std::string selfDir() {
 struct UpArgs {
   LocalClusterOptions o;
   bool autoscale = true;
+  std::string targetsPath;  // --prometheus-targets; empty: <run dir>/prometheus-targets.json
 };
+
+// Prometheus file_sd (https://prometheus.io/docs/guide/file-sd/): one target group per
+// process, the router and each live worker, so a scrape config that lists this file follows
+// the cluster as it scales. The label pdserve_process says which ("router" or the worker id);
+// it is not one of the series' own labels (role, worker, component), so none is overwritten.
+std::string fileSdTargets(LocalCluster& cluster) {
+  nlohmann::json groups = nlohmann::json::array();
+  groups.push_back(
+      {{"targets", {"127.0.0.1:" + std::to_string(cluster.httpPort())}}, {"labels", {{"pdserve_process", "router"}}}});
+  for (Pool pool : {Pool::kPrefill, Pool::kDecode})
+    for (const std::string& id : cluster.liveWorkers(pool))
+      groups.push_back({{"targets", {"127.0.0.1:" + std::to_string(cluster.metricsPort(id))}},
+                        {"labels", {{"pdserve_process", id}}}});
+  return groups.dump(2) + "\n";
+}
+
+// Written to a temporary file and renamed over the old one: Prometheus reloads file_sd files
+// when they change and must never read half of one.
+bool writeTargets(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) return false;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  return !ec;
+}
 
 int runUp(UpArgs& args) {
   const sigset_t signals = blockTerminationSignals();
@@ -61,6 +94,19 @@ int runUp(UpArgs& args) {
   for (Pool pool : {Pool::kPrefill, Pool::kDecode})
     for (const std::string& id : cluster.value()->liveWorkers(pool))
       std::printf("worker metrics: %s http://127.0.0.1:%d/metrics\n", id.c_str(), cluster.value()->metricsPort(id));
+  // Every process's /metrics as a file_sd targets file, rewritten when the workers change.
+  const std::string targetsPath =
+      args.targetsPath.empty() ? cluster.value()->runDir() + "/prometheus-targets.json" : args.targetsPath;
+  std::string targets = fileSdTargets(*cluster.value());
+  if (!writeTargets(targetsPath, targets)) {
+    std::fprintf(stderr, "pdserve up: cannot write %s\n", targetsPath.c_str());
+    cluster.value()->stop();
+    return 1;
+  }
+  std::printf(
+      "prometheus targets (file_sd, kept current): %s\n"
+      "  scrape_configs: [{job_name: pdserve, file_sd_configs: [{files: ['%s']}]}]\n",
+      targetsPath.c_str(), targetsPath.c_str());
   std::fflush(stdout);
   timespec tick{0, 200 * 1000 * 1000};
   // The actuator polls at the router's tick, at most once a second: its recommendation
@@ -87,6 +133,8 @@ int runUp(UpArgs& args) {
     if (std::chrono::steady_clock::now() >= nextPoll) {
       actuator.poll();
       nextPoll = std::chrono::steady_clock::now() + pollEvery;
+      if (std::string now = fileSdTargets(*cluster.value()); now != targets && writeTargets(targetsPath, now))
+        targets = std::move(now);
     }
   }
 }
@@ -110,6 +158,10 @@ void addUpCommand(CLI::App& pdserve, CommandRun& run) {
   cmd->add_option("--control-port", o.controlPort, "the router's control port (0: a free one)");
   cmd->add_option("--prefill", o.prefillReplicas, "prefill workers (default: the config's)");
   cmd->add_option("--decode", o.decodeReplicas, "decode workers (default: the config's)");
+  cmd->add_option("--prometheus-targets", args->targetsPath,
+                  "where to write a Prometheus file_sd targets file listing the router's and every worker's "
+                  "/metrics, kept current as the pools scale (default: prometheus-targets.json in the run "
+                  "directory, removed at exit)");
   cmd->add_flag_callback(
       "--no-autoscale", [args] { args->autoscale = false; }, "keep the pool sizes fixed");
   cmd->callback([args, &run] { run = [args] { return runUp(*args); }; });

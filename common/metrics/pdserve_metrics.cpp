@@ -235,6 +235,13 @@ void RouterMetrics::requestError(std::string_view type, std::string_view pool) {
              "Requests answered with an error, by type and where it arose (pool: router, prefill, decode).",
              {{"type", s(type)}, {"pool", s(pool)}})
       .inc();
+  // A request shed for its predicted latency did not get its first token within the target:
+  // a miss of the TTFT SLI of the pool that refused it (pool=decode: a stream refused for the
+  // ITL target never started, so its TTFT is the one missed), as the autoscaler counts it.
+  if (type == "overloaded" && ttftTargetS_.load(std::memory_order_relaxed) > 0) {
+    if (pool == kPoolPrefill) prefillTtft_.all.inc();
+    if (pool == kPoolDecode) colocatedTtft_.all.inc();
+  }
 }
 
 void RouterMetrics::requestMigrated(std::string_view reason) {

@@ -17,7 +17,8 @@
 //     (each TTFT and ITL counted against its target as observed: the SLIs of the burn-rate
 //     alerts, deploy/prometheus/pdserve-rules.yaml): pool=prefill,slo=ttft (disaggregated
 //     requests), pool=decode,slo=ttft (colocated: the decode pool prefilled them),
-//     pool=decode,slo=itl
+//     pool=decode,slo=itl. A request shed with type "overloaded" counts as a TTFT miss of the
+//     pool that shed it.
 //   pdserve_pool_workers{pool}, pdserve_desired_replicas{pool}
 //   pdserve_autoscaler_{capacity_replicas,latency_replicas,demand,worker_capacity,
 //                       predicted_seconds,idle_seconds}{pool}

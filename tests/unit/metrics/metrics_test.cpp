@@ -268,9 +268,11 @@ TEST_CASE("SLI counters compare each latency with its pool's target") {
   m.observeTtft(kRouteColocated, 0.1);
   m.observeItl(kRouteColocated, 0.02);
   m.observeItl(kRouteDisaggregated, 0.07);
+  m.requestError("overloaded", kPoolPrefill);  // shed: a TTFT miss of the pool that shed it
+  m.requestError("invalid_request_error", "router");
   const std::string text = reg.serialize();
   INFO(text);
-  CHECK(hasLine(text, "pdserve_slo_observations_total{pool=\"prefill\",slo=\"ttft\"} 4"));
+  CHECK(hasLine(text, "pdserve_slo_observations_total{pool=\"prefill\",slo=\"ttft\"} 5"));
   CHECK(hasLine(text, "pdserve_slo_good_observations_total{pool=\"prefill\",slo=\"ttft\"} 2"));
   CHECK(hasLine(text, "pdserve_slo_observations_total{pool=\"decode\",slo=\"ttft\"} 1"));
   CHECK(hasLine(text, "pdserve_slo_good_observations_total{pool=\"decode\",slo=\"ttft\"} 1"));
