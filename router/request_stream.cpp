@@ -211,7 +211,8 @@ void RequestStream::armHeartbeat() {
   heartbeatTimer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
     if (ec || self->finished_) return;  // cancelled: the request ended
     const SteadyTime now = steadyNow();
-    // An event went out since this wait began: wait from it instead.
+    // Due only if nothing went out since the wait began; else the next wait starts from the
+    // last event.
     if (now - self->lastSentAt_ >= std::chrono::milliseconds(self->settings_.streamHeartbeatMs)) {
       // An SSE comment (a line starting with ':'): every client ignores it, OpenAI's SDKs included.
       self->http_->sendEvent(": keepalive\n\n");
