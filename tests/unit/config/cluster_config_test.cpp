@@ -688,3 +688,13 @@ TEST_CASE("the Helm chart's rendered cluster.yaml loads, with no warnings, in ev
   }
   CHECK(loaded >= 5);  // defaults, every example overlay, everything on, metrics auth
 }
+
+TEST_CASE("router.requests.stream_heartbeat_ms: 15 s by default, 0 turns it off, bounded") {
+  CHECK(parseOk("").router.streamHeartbeatMs == 15000);
+  CHECK(parseOk("router: {requests: {stream_heartbeat_ms: 0}}").router.streamHeartbeatMs == 0);
+  CHECK(parseOk("router: {requests: {stream_heartbeat_ms: 2500}}").router.streamHeartbeatMs == 2500);
+  CHECK(errorOf("router: {requests: {stream_heartbeat_ms: -1}}") ==
+        "test.yaml: router.requests.stream_heartbeat_ms: -1 is out of range [0, 3600000]");
+  CHECK(errorOf("router: {requests: {stream_heartbeat_ms: fast}}") ==
+        "test.yaml: router.requests.stream_heartbeat_ms: expected an integer, got \"fast\"");
+}
