@@ -5,6 +5,7 @@
 // actuator drains the extra worker (SIGTERM, exit 0). No request fails. The config's short
 // autoscaler windows and cooldowns keep the whole run well under a minute. A second case runs
 // role moves: the two pools as one budget, an idle prefill worker moved into the decode pool.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -101,6 +102,29 @@ bool waitMetric(ProcessGroup& up, const std::string& log, int port, const std::s
   return false;
 }
 
+// The processes in `pdserve up`'s Prometheus file_sd targets file (the path it printed),
+// waiting up to 5 s for it to list `want` (it is rewritten within a poll, 1 s, of a change).
+std::vector<std::string> targetsFileProcesses(const std::string& log, const std::vector<std::string>& want) {
+  const std::string text = readFile(log);
+  const std::string marker = "prometheus targets (file_sd, kept current): ";
+  const auto at = text.find(marker);
+  if (at == std::string::npos) return {"<no targets file printed>"};
+  const std::string path = text.substr(at + marker.size(), text.find('\n', at) - at - marker.size());
+  std::vector<std::string> got;
+  for (auto deadline = steady_clock::now() + 5s; steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
+    got.clear();
+    try {
+      for (const auto& g : nlohmann::json::parse(readFile(path)))
+        got.push_back(g["labels"]["pdserve_process"].get<std::string>());
+    } catch (const nlohmann::json::exception&) {
+      got = {"<unparsable " + path + ">"};
+    }
+    std::sort(got.begin(), got.end());
+    if (got == want) break;
+  }
+  return got;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -156,6 +180,9 @@ TEST_CASE(
     REQUIRE(scaled);
   }
   const double scaledUpAfterS = duration<double>(steady_clock::now() - t0).count();
+  // Prometheus' file_sd file follows the pool: the new worker is a target.
+  CHECK(targetsFileProcesses(log, {"decode-0", "decode-1", "router"}) ==
+        std::vector<std::string>{"decode-0", "decode-1", "router"});
   CHECK(desiredSeen == 2);
   CHECK(capacitySeen >= 2);  // the queue, not a latency, asked for the second worker
   // The second worker serves: new requests go to the least loaded worker, the new one.
@@ -191,6 +218,7 @@ TEST_CASE(
   CHECK(text.find("pdserve up: scaling decode pool 1 -> 2: started decode-1") != std::string::npos);
   CHECK(text.find("pdserve up: scaling decode pool 2 -> 1: draining decode-1") != std::string::npos);
   CHECK(text.find("pdserve up: decode-1 stopped (drained, exited with status 0)") != std::string::npos);
+  CHECK(targetsFileProcesses(log, {"decode-0", "router"}) == std::vector<std::string>{"decode-0", "router"});
   CHECK_FALSE(up.waitAny(0ms).has_value());  // pdserve up itself is still running
   std::printf(
       "autoscale e2e: scaled to 2 after %.1f s, back to 1 after %.1f s (capacity model's peak "
