@@ -1,17 +1,18 @@
 #include "engine/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/base/log.h"
 #include "engine/cpu_thread_pool.h"
 #include "pd/kernels/activation.h"
 #include "pd/kernels/attention.h"
 #include "pd/kernels/embedding.h"
+#include "pd/kernels/gemm.h"
 #include "pd/kernels/kv_cache.h"
 #include "pd/kernels/linear.h"
 #include "pd/kernels/norm.h"
@@ -21,22 +22,23 @@ namespace pd::engine {
 
 namespace kc = pd::kernels::cpu;
 
-void setBlasThreads(int n) { openblas_set_num_threads(std::max(1, n)); }
-
 namespace {
 
 constexpr int kQueryTile = 128;  // query rows per GEMM attention tile
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt)
+  CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt,
+             kc::GemmKernel gemmKernel)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
         kv_(kv),
         opt_(opt),
         threads_(opt.numThreads > 0 ? opt.numThreads : int(std::max(1u, std::thread::hardware_concurrency()))),
-        pool_(threads_) {
+        pool_(threads_),
+        gemmKernel_(gemmKernel),
+        gemmNr_(kc::gemmKernelInfo(gemmKernel).nr) {
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
     s.factor = float(cfg_.rope.factor);
@@ -45,7 +47,6 @@ class CpuBackend final : public Backend {
     s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
     kc::ropeInvFreq(invFreq_.data(), cfg_.headDim, cfg_.rope.theta, cfg_.rope.llama3 ? &s : nullptr);
     threadScratch_.resize(threads_);
-    setBlasThreads(1);
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -70,13 +71,16 @@ class CpuBackend final : public Backend {
   CpuBackendOptions opt_;
   int threads_;
   CpuThreadPool pool_;
+  kc::GemmKernel gemmKernel_;
+  int gemmNr_;  // the kernel's panel width: column splits are multiples of it
   std::vector<float> invFreq_;
 
   // Per-step scratch, grown on demand and reused.
   std::vector<int32_t> ids_, pos_, slots_, tokenStart_, logitRows_;
   std::vector<float> x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_;
   struct Scratch {
-    std::vector<float> scores, k, v;
+    std::vector<float> scores, k, v, kPacked, vPacked;
+    kc::GemmWorkspace gemm;
   };
   std::vector<Scratch> threadScratch_;
 };
@@ -96,21 +100,20 @@ void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
 }
 
 void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, float* y, float beta) {
-  // Output columns are split over the pool; every BLAS call is single-threaded, so OpenBLAS's
-  // own threads never compete with the pool (and concurrent backends stay independent).
-  // A few tasks per thread: tasks are claimed dynamically, so when a worker is descheduled
-  // (a busy machine) the others absorb its share instead of waiting for it.
+  // Output columns are split over the pool; each task runs the GEMM on its own columns with
+  // its thread's packing workspace. A few tasks per thread: tasks are claimed dynamically, so
+  // when a worker is descheduled (a busy machine) the others absorb its share instead of
+  // waiting for it.
   const int64_t work = int64_t(n) * out * in;
   const bool serial = threads_ == 1 || work < 262144;
   if (n > opt_.skinnyMaxRows) {
     const int tasks = serial ? 1 : threads_ * 2;
-    const int units = (out + 15) / 16;  // column slices in multiples of 16 (GEMM panel width)
-    pool_.run(tasks, [&](int t, int) {
-      const int b = std::min(out, int(int64_t(units) * t / tasks) * 16);
-      const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * 16);
+    const int units = (out + gemmNr_ - 1) / gemmNr_;  // column slices in whole kernel panels
+    pool_.run(tasks, [&](int t, int thread) {
+      const int b = std::min(out, int(int64_t(units) * t / tasks) * gemmNr_);
+      const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * gemmNr_);
       if (b < e)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, e - b, in, 1.0f, x, in, w + size_t(b) * in, in, beta,
-                    y + b, out);
+        kc::gemm(gemmKernel_, n, b, e, in, x, in, w, in, kc::GemmB::kNK, beta, y, out, threadScratch_[thread].gemm);
     });
     return;
   }
@@ -161,17 +164,23 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
     }
     if (sc.scores.size() < size_t(kQueryTile) * ctx) sc.scores.resize(size_t(kQueryTile) * ctx);
     kc::kvGatherHead(lkv, s.blockTable, ctx, layout_.blockSize, nkv, hd, it.kvHead, sc.k.data(), sc.v.data());
+    // Keys and values packed once into the GEMM's panels, then shared by every query tile of
+    // every head of the group (each tile multiplies a prefix of them).
+    sc.kPacked.resize(kc::gemmPackedBFloats(gemmKernel_, ctx, hd));
+    sc.vPacked.resize(kc::gemmPackedBFloats(gemmKernel_, hd, ctx));
+    kc::gemmPackB(gemmKernel_, ctx, hd, sc.k.data(), hd, kc::GemmB::kNK, sc.kPacked.data());
+    kc::gemmPackB(gemmKernel_, hd, ctx, sc.v.data(), hd, kc::GemmB::kKN, sc.vPacked.data());
     for (int j = 0; j < group; ++j) {
       const int h = it.kvHead * group + j;
       for (int r0 = 0; r0 < s.numTokens; r0 += kQueryTile) {
         const int rows = std::min(kQueryTile, s.numTokens - r0);
         const int keyEnd = s.startPos + r0 + rows;  // keys the tile's last query can see
         const float* qt = q + size_t(r0) * qkvRows + size_t(h) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keyEnd, hd, 1.0f, qt, qkvRows, sc.k.data(), hd, 0.0f,
-                    sc.scores.data(), keyEnd);
+        kc::gemmPrepacked(gemmKernel_, rows, keyEnd, hd, qt, qkvRows, sc.kPacked.data(), hd, 0.0f, sc.scores.data(),
+                          keyEnd);
         kc::causalSoftmaxRows(sc.scores.data(), keyEnd, rows, keyEnd, s.startPos + r0, scale);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keyEnd, 1.0f, sc.scores.data(), keyEnd,
-                    sc.v.data(), hd, 0.0f, out + size_t(r0) * qDim + size_t(h) * hd, qDim);
+        kc::gemmPrepacked(gemmKernel_, rows, hd, keyEnd, sc.scores.data(), keyEnd, sc.vPacked.data(), ctx, 0.0f,
+                          out + size_t(r0) * qDim + size_t(h) * hd, qDim);
       }
     }
   };
@@ -275,6 +284,44 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
   return Status::ok();
 }
 
+// The GEMM kernel: the best this CPU supports, or the one `forced` names (tests, benchmarks).
+// Logs the choice once per process and kernel; warns when a CPU that has better runs the
+// portable kernel or a narrower one.
+Result<kc::GemmKernel> chooseGemmKernel(const std::string& forced) {
+  const kc::GemmKernel best = kc::gemmBestKernel();
+  kc::GemmKernel k = best;
+  if (!forced.empty()) {
+    bool known = false;
+    for (kc::GemmKernel c : {kc::GemmKernel::kAvx512, kc::GemmKernel::kAvx2, kc::GemmKernel::kGeneric}) {
+      if (forced == kc::gemmKernelInfo(c).name) {
+        known = true;
+        k = c;
+      }
+    }
+    if (!known) return invalidArgument("createCpuBackend: unknown gemmKernel \"" + forced + "\" (avx512|avx2|generic)");
+    if (!kc::gemmKernelSupported(k))
+      return failedPrecondition("createCpuBackend: gemmKernel " + forced +
+                                " needs instructions this CPU lacks (best: " + kc::gemmKernelInfo(best).name + ")");
+  }
+  static std::atomic<int> logged{0};  // bit per kernel: one line per process and kernel
+  const int bit = 1 << int(k);
+  if ((logged.fetch_or(bit) & bit) == 0) {
+    const kc::GemmKernelInfo info = kc::gemmKernelInfo(k);
+    if (k != best) {
+      PD_LOG(kWarn, "engine") << "cpu backend: f32 GEMM kernel " << info.name << " (" << info.mr << "x" << info.nr
+                              << " tile, forced) although this CPU supports " << kc::gemmKernelInfo(best).name
+                              << ": prefill runs below the hardware's speed";
+    } else if (k == kc::GemmKernel::kGeneric) {
+      PD_LOG(kInfo, "engine") << "cpu backend: f32 GEMM kernel generic (" << info.mr << "x" << info.nr
+                              << " tile): this CPU has neither AVX-512F nor AVX2+FMA";
+    } else {
+      PD_LOG(kInfo, "engine") << "cpu backend: f32 GEMM kernel " << info.name << " (" << info.mr << "x" << info.nr
+                              << " tile, chosen from CPUID)";
+    }
+  }
+  return k;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout,
@@ -296,7 +343,9 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
     return invalidArgument("createCpuBackend: KV layout needs blockSize > 0 and numBlocks > 0");
   if (!kvBase) return invalidArgument("createCpuBackend: kvBase is null");
   if (options.numThreads < 0) return invalidArgument("createCpuBackend: numThreads < 0");
-  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options));
+  PD_ASSIGN_OR_RETURN(const kc::GemmKernel gemmKernel, chooseGemmKernel(options.gemmKernel));
+  return std::unique_ptr<Backend>(
+      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel));
 }
 
 }  // namespace pd::engine

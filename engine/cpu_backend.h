@@ -1,5 +1,6 @@
-// The CPU Backend: f32 compute, OpenBLAS for every linear layer and for GEMM-shaped prefill
-// attention, AVX2 kernels (kernels/include/pd/kernels) for everything else.
+// The CPU Backend: f32 compute; the project's own GEMM micro-kernels (pd/kernels/gemm.h,
+// AVX-512 / AVX2+FMA / portable, chosen from CPUID) for every prefill linear layer and for
+// GEMM-shaped prefill attention, AVX2 kernels (kernels/include/pd/kernels) for the rest.
 //
 //   PD_ASSIGN_OR_RETURN(auto model, pd::engine::loadModel(dir));
 //   auto layout = pd::engine::kvLayoutFor(model->config, numBlocks, 16);
@@ -8,14 +9,16 @@
 //   PD_RETURN_IF_ERROR(backend->forward(chunks, logits));
 //
 // Threads: numThreads (default: all cores) is the size of the backend's own fork-join pool,
-// which splits every linear layer by output columns and attention by (sequence, kv head).
-// OpenBLAS is set to ONE thread (process-global, openblas_set_num_threads) and called from
-// the pool's threads, so OpenBLAS's own threads never compete with the pool and several
-// backends in one process stay independent. Decode batches up to skinnyMaxRows tokens
-// stream each weight once through kernels/linear.h; larger batches use OpenBLAS sgemm.
+// which splits every linear layer by output columns and attention by (sequence, kv head); each
+// pool thread has its own GEMM packing workspace. No BLAS library is involved, so several
+// backends in one process stay independent. Decode batches up to skinnyMaxRows tokens stream
+// each weight once through kernels/linear.h; larger batches use the GEMM.
+// Creating a backend logs the GEMM kernel in use once per process (docs/engine-cpu.md,
+// "GEMM kernels"), as a warning when the CPU supports a better one than the one forced.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "common/base/status.h"
 #include "engine/backend.h"
@@ -29,17 +32,18 @@ struct CpuBackendOptions {
   // chunks and decode tokens use the paged online-softmax kernel.
   int gemmAttentionMinTokens = 16;
   // Linear layers over at most this many token rows use the weight-streaming kernel
-  // (kernels/linear.h); larger batches use OpenBLAS sgemm.
-  int skinnyMaxRows = 16;
+  // (kernels/linear.h); larger batches use the GEMM.
+  // 32: the streaming kernel took 60 CPU-ms per batch-32 decode step of the small model where
+  // the GEMM took 73 (it packs every weight for only 32 rows); the GEMM wins from ~48 rows.
+  int skinnyMaxRows = 32;
+  // "" = the best GEMM kernel this CPU supports (CPUID). "avx512", "avx2" or "generic" forces
+  // one (tests, benchmarks); createCpuBackend refuses an unknown name or one the CPU lacks.
+  std::string gemmKernel = "";
 };
 
 // kvBase: the start of the KV region described by `layout` (f32 only on the CPU); it must
 // stay valid for the backend's lifetime. Fails when the layout does not match the model.
 Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout,
                                                   void* kvBase, const CpuBackendOptions& options = {});
-
-// Sets OpenBLAS's thread count (process-global). The CPU backend sets 1; exposed for
-// benchmarks that measure OpenBLAS alone.
-void setBlasThreads(int n);
 
 }  // namespace pd::engine

@@ -1,10 +1,13 @@
 // engine_bench: CPU backend throughput on the `small` preset next to this machine's ceilings
-// measured in the same run (STREAM-like triad bandwidth, OpenBLAS sgemm GFLOP/s).
+// measured from the hardware in the same run: the FMA peak of the same number of threads
+// (independent FMA chains, widest vector unit the CPU has) for prefill, and read bandwidth over
+// a working set the size of the weights for decode. OpenBLAS's sgemm is printed beside our
+// GEMM as a comparison, never as a ceiling (it is only as fast as its CPU detection).
 //
 //   build/engine/bench/engine_bench [--model DIR] [--threads N] [--quick]
 //                                          [--only prefill|decode|context|llama] [--batch 1|8|32]
 //                                          [--llama-bench PATH] [--rounds N]
-//                                          [--write-gguf PATH]
+//                                          [--write-gguf PATH] [--gemm-kernel avx512|avx2|generic]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
 // --only context: prompt chunks after 0-2,048 cached tokens, their time a token against the
@@ -14,6 +17,7 @@
 // the same way (mean over 5 repetitions of tokens / wall time), interleaved ours, theirs,
 // ours, theirs so the machine's noise hits both. --write-gguf PATH writes the GGUF and exits.
 #include <cblas.h>
+#include <immintrin.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,8 +41,10 @@
 #include "engine/model_maker.h"
 #include "engine/model_weights.h"
 #include "engine/scheduler.h"
+#include "pd/kernels/gemm.h"
 
 using namespace pd::engine;
+namespace kc = pd::kernels::cpu;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -53,33 +59,71 @@ double processCpuSeconds() {
 
 double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// STREAM triad a = b + s*c over `bytesPerArray`, split across `threads`; best of `reps`.
-// Counts 3 arrays of traffic per pass, as STREAM does.
-double triadGBs(size_t bytesPerArray, int threads, int reps) {
-  const size_t n = bytesPerArray / sizeof(float);
-  WeightBuffer a(n), b(n), c(n);
-  for (size_t i = 0; i < n; ++i) {
-    b.data()[i] = 1.0f;
-    c.data()[i] = 2.0f;
-  }
+// Runs fn(t) on `threads` threads at once; wall seconds of the slowest.
+template <typename Fn>
+double onThreads(int threads, Fn&& fn) {
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] { fn(t); });
+  for (auto& t : ts) t.join();
+  return secondsSince(t0);
+}
+
+// Read bandwidth: `threads` threads each sum their share of a `bytes` buffer (loads only, 4
+// independent AVX accumulators); best of `reps` passes, GB/s.
+double readGBs(size_t bytes, int threads, int reps) {
+  const size_t n = bytes / sizeof(float) / 32 * 32;
+  WeightBuffer buf(n);
+  for (size_t i = 0; i < n; ++i) buf.data()[i] = float(i & 7);
+  std::vector<float> sums(static_cast<size_t>(threads));
   double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] {
-        const size_t lo = n * t / threads, hi = n * (t + 1) / threads;
-        float* __restrict pa = a.data();
-        const float* __restrict pb = b.data();
-        const float* __restrict pc = c.data();
-        for (size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
-      });
-    for (auto& t : ts) t.join();
-    best = std::min(best, secondsSince(t0));
-  }
-  volatile float sink = a.data()[n / 2];
+  for (int r = 0; r < reps; ++r)
+    best = std::min(best, onThreads(threads, [&](int t) {
+                      const size_t lo = n * t / threads / 32 * 32, hi = n * (t + 1) / threads / 32 * 32;
+                      const float* p = buf.data();
+                      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                      for (size_t i = lo; i < hi; i += 32) {
+                        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+                        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+                        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+                        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+                      }
+                      alignas(32) float out[8];
+                      _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+                      sums[size_t(t)] = out[0] + out[7];
+                    }));
+  volatile float sink = sums[0];
   (void)sink;
-  return 3.0 * double(bytesPerArray) / best / 1e9;
+  return double(n) * sizeof(float) / best / 1e9;
+}
+
+// FMA peak of `threads` threads running `kernel`'s instructions at once; best of `reps`.
+double fmaPeakGflops(kc::GemmKernel kernel, int threads, int reps) {
+  const long iters = 20000000;  // ~0.1-0.3 s per thread
+  double flops = 0, best = 1e30;
+  for (int r = 0; r < reps; ++r)
+    best = std::min(best, onThreads(threads, [&](int t) {
+                      const double f = kc::gemmFmaProbe(kernel, iters);
+                      if (t == 0) flops = f;
+                    }));
+  return flops * threads / best / 1e9;
+}
+
+// One GEMM y = x * w^T at the given shape on `threads` threads, best of `reps`: ours (columns
+// split over threads, as the backend does) and OpenBLAS's (its own threads).
+double oursGemmGflops(kc::GemmKernel kernel, int m, int n, int k, int threads, int reps) {
+  std::vector<float> a(size_t(m) * k, 0.5f), b(size_t(n) * k, 0.25f), c(size_t(m) * n);
+  std::vector<kc::GemmWorkspace> ws(static_cast<size_t>(threads));
+  const int nr = kc::gemmKernelInfo(kernel).nr, units = (n + nr - 1) / nr;
+  double best = 1e30;
+  for (int r = 0; r < reps + 1; ++r) {  // the first run grows the workspaces
+    const double s = onThreads(threads, [&](int t) {
+      const int lo = std::min(n, units * t / threads * nr), hi = std::min(n, units * (t + 1) / threads * nr);
+      kc::gemm(kernel, m, lo, hi, k, a.data(), k, b.data(), k, kc::GemmB::kNK, 0.0f, c.data(), n, ws[size_t(t)]);
+    });
+    if (r > 0) best = std::min(best, s);
+  }
+  return 2.0 * m * n * double(k) / best / 1e9;
 }
 
 double sgemmGflops(int m, int n, int k, int reps) {
@@ -275,7 +319,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;  // "", "prefill", "decode", "context" or "llama"
   int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
-  std::string llamaBench, writeGguf;
+  std::string llamaBench, writeGguf, gemmKernel;
   int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
   int rounds = 0;     // llama.cpp comparison rounds: 0 = 3 (1 with --quick)
   CLI::App app{"engine_bench: the CPU engine's prefill, decode and context steps (and llama.cpp's)", "engine_bench"};
@@ -289,6 +333,7 @@ int main(int argc, char** argv) {
   app.add_option("--llama-bench", llamaBench, "llama.cpp's llama-bench, to compare against");
   app.add_option("--rounds", rounds, "llama.cpp comparison rounds (default 3, 1 with --quick)");
   app.add_option("--write-gguf", writeGguf, "write the model as GGUF to PATH");
+  app.add_option("--gemm-kernel", gemmKernel, "force a GEMM kernel: avx512|avx2|generic (default: CPUID's best)");
   if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (modelDir.empty()) {
     modelDir = "/tmp/pdserve_bench_small";
@@ -307,7 +352,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& cfg = (*model)->config;
-  setBlasThreads(threads);
+  openblas_set_num_threads(threads);  // the OpenBLAS comparison only: the backend does not use it
   if (!writeGguf.empty()) {
     if (auto st = writeLlamaGguf(**model, writeGguf); !st.isOk()) return fail(st);
     std::printf("engine_bench: wrote %s\n", writeGguf.c_str());
@@ -329,27 +374,51 @@ int main(int argc, char** argv) {
       cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
   std::printf("OpenBLAS: core %s; config %s\n", openblas_get_corename(), openblas_get_config());
 
-  // ---- Ceilings ---------------------------------------------------------------------------
+  // ---- Ceilings (from the hardware, this run) ---------------------------------------------
   const double weightBytes = double(cfg.decodeWeightParams()) * 4;
-  double bwModelSized = 0, bwLarge = 0, gemmPeak = 0;
+  const kc::GemmKernel kernel = [&] {
+    for (kc::GemmKernel k : {kc::GemmKernel::kAvx512, kc::GemmKernel::kAvx2, kc::GemmKernel::kGeneric})
+      if (gemmKernel == kc::gemmKernelInfo(k).name) return k;
+    return kc::gemmBestKernel();
+  }();
+  if (!gemmKernel.empty() && (gemmKernel != kc::gemmKernelInfo(kernel).name || !kc::gemmKernelSupported(kernel))) {
+    std::fprintf(stderr, "engine_bench: --gemm-kernel %s is unknown or unsupported on this CPU\n", gemmKernel.c_str());
+    return 2;
+  }
+  double readBw = 0, fmaPeak = 0, fmaPeakOne = 0;
   if (only != "llama" && only != "context") {  // ratios within one run need no ceilings
-    bwModelSized = triadGBs(size_t(weightBytes / 3) & ~size_t(63), threads, 10);
-    bwLarge = triadGBs(size_t(256) << 20, threads, quick ? 2 : 4);
+    readBw = readGBs(size_t(weightBytes), threads, quick ? 4 : 10);
+    std::printf("read bandwidth (%d threads, loads only): %.1f GB/s over %.0f MB (the weights' size)\n", threads,
+                readBw, weightBytes / 1e6);
+    std::string peaks;
+    for (kc::GemmKernel k : {kc::GemmKernel::kAvx512, kc::GemmKernel::kAvx2, kc::GemmKernel::kGeneric}) {
+      if (!kc::gemmKernelSupported(k)) continue;
+      const double g = fmaPeakGflops(k, threads, quick ? 2 : 3);
+      fmaPeak = std::max(fmaPeak, g);
+      peaks += std::string(peaks.empty() ? "" : ", ") + kc::gemmKernelInfo(k).name + " " +
+               std::to_string(int(g + 0.5)) + " GFLOP/s";
+    }
+    // One thread's peak too: on a shared machine the other threads' cores may be busy, and work
+    // per CPU-second against one thread's peak is the ratio that noise does not move.
+    for (kc::GemmKernel k : {kc::GemmKernel::kAvx512, kc::GemmKernel::kAvx2, kc::GemmKernel::kGeneric})
+      if (kc::gemmKernelSupported(k)) fmaPeakOne = std::max(fmaPeakOne, fmaPeakGflops(k, 1, quick ? 2 : 3));
+    std::printf("FMA peak (%d threads, independent FMA chains): %.1f GFLOP/s (%s); one thread %.1f GFLOP/s\n", threads,
+                fmaPeak, peaks.c_str(), fmaPeakOne);
+    const int gm = 2048, gn = 2 * cfg.intermediateSize, gk = cfg.hiddenSize;  // the gate|up shape
+    const double ours = oursGemmGflops(kernel, gm, gn, gk, threads, quick ? 2 : 3);
+    const double blas = sgemmGflops(gm, gn, gk, quick ? 2 : 3);
     std::printf(
-        "memory bandwidth (triad, %d threads): %.1f GB/s at a model-sized working set "
-        "(%.0f MB), %.1f GB/s at 768 MB (3 x 256 MB)\n",
-        threads, bwModelSized, weightBytes / 1e6, bwLarge);
-    const double gemmSquare = sgemmGflops(2048, 2048, 2048, quick ? 2 : 3);
-    const double gemmPrefill = sgemmGflops(2048, 2 * cfg.intermediateSize, cfg.hiddenSize, quick ? 2 : 3);
-    gemmPeak = std::max(gemmSquare, gemmPrefill);
-    std::printf("sgemm: %.1f GFLOP/s (2048^3), %.1f GFLOP/s (2048x%dx%d, the gate|up shape)\n", gemmSquare, gemmPrefill,
-                2 * cfg.intermediateSize, cfg.hiddenSize);
+        "GEMM %dx%dx%d (the gate|up shape): ours (%s) %.1f GFLOP/s = %.0f%% of FMA peak; OpenBLAS (core %s) "
+        "%.1f GFLOP/s = %.0f%%\n",
+        gm, gn, gk, kc::gemmKernelInfo(kernel).name, ours, 100 * ours / fmaPeak, openblas_get_corename(), blas,
+        100 * blas / fmaPeak);
   }
 
   // ---- Prefill ------------------------------------------------------------------------------
   CpuBackendOptions opt;
   opt.numThreads = threads;
   opt.skinnyMaxRows = skinnyMaxRows;
+  opt.gemmKernel = gemmKernel;
   std::mt19937_64 rng(1);
   if (only.empty() || only == "prefill")
     std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
@@ -364,8 +433,12 @@ int main(int argc, char** argv) {
                                2.0 * double(cfg.vocabSize) * cfg.hiddenSize * (p - 1);
     const double attnFlops = 4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
     const double gflops = (linearFlops + attnFlops) / best / 1e9;
-    std::printf("  %5d tokens: %8.0f tok/s  (%.1f ms, %.1f GFLOP/s = %.0f%% of sgemm peak; %.1f CPU-ms)\n", p, p / best,
-                best * 1e3, gflops, 100.0 * gflops / gemmPeak, bestCpu * 1e3);
+    const double perCpuSecond = (linearFlops + attnFlops) / bestCpu / 1e9;
+    std::printf(
+        "  %5d tokens: %8.0f tok/s  (%.1f ms, %.1f GFLOP/s = %.0f%% of FMA peak; %.1f CPU-ms, %.1f GFLOP per "
+        "CPU-second = %.0f%% of one thread's peak)\n",
+        p, p / best, best * 1e3, gflops, 100.0 * gflops / fmaPeak, bestCpu * 1e3, perCpuSecond,
+        100.0 * perCpuSecond / fmaPeakOne);
   }
 
   // ---- Decode -------------------------------------------------------------------------------
@@ -395,15 +468,11 @@ int main(int argc, char** argv) {
         batch, tokS, medianStep * 1e3, total / steps * 1e3, cpu / steps * 1e3);
     if (batch == 1) {
       const double kvBytes = 2.0 * ctx * cfg.kvDim() * 4 * cfg.numLayers;
-      const double floorModel = weightBytes / (bwModelSized * 1e9);
-      const double floorLarge = weightBytes / (bwLarge * 1e9);
-      const double stepS = medianStep;
+      const double floor = weightBytes / (readBw * 1e9);
       std::printf(
-          "\n    bandwidth floor (%.1f MB weights / token): %.3f ms at %.1f GB/s -> %.0f%% of "
-          "floor; %.3f ms at %.1f GB/s -> %.0f%%\n    (the %.1f MB of KV read per token at "
-          "ctx %d is on top of the weights)",
-          weightBytes / 1e6, floorModel * 1e3, bwModelSized, 100.0 * floorModel / stepS, floorLarge * 1e3, bwLarge,
-          100.0 * floorLarge / stepS, kvBytes / 1e6, ctx);
+          "\n    read-bandwidth floor (%.1f MB weights / token at %.1f GB/s): %.3f ms -> %.0f tok/s ceiling, "
+          "%.0f%% of it\n    (the %.1f MB of KV read per token at ctx %d is on top of the weights)",
+          weightBytes / 1e6, readBw, floor * 1e3, 1.0 / floor, 100.0 * floor / medianStep, kvBytes / 1e6, ctx);
     }
     std::printf("\n");
   }

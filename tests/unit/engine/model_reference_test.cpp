@@ -3,6 +3,8 @@
 // steps, each row within 1e-4 relative error, and the same greedy tokens.
 #include <nlohmann/json.hpp>
 
+#include "pd/kernels/gemm.h"
+#include "tests/test_skip.h"
 #include "tests/unit/engine/model_test_util.h"
 
 using namespace pd::engine;
@@ -10,11 +12,11 @@ using namespace pd::engine::test;
 
 namespace {
 
-void checkDirAgainstNumpy(const std::string& name, const std::string& dir) {
+void checkDirAgainstNumpy(const std::string& name, const std::string& dir, const CpuBackendOptions& opt = {}) {
   auto model = loadModel(dir);
   REQUIRE(model.status().toString() == "OK");
   TestKv kv((*model)->config, 64);
-  auto backend = makeBackend(*model, kv);
+  auto backend = makeBackend(*model, kv, opt);
   const auto prompt = testPrompt(37, 11);
   std::vector<int32_t> generated;
   const auto engineRows = runGreedy(*backend, kv, prompt, 0, 5, &generated);
@@ -35,9 +37,30 @@ void checkAgainstNumpy(const std::string& name, const MakeModelOptions& o) {
   checkDirAgainstNumpy(name, makeTestModel(name, o));
 }
 
+// The 37-token prefill runs its linear layers and attention through the GEMM: each kernel,
+// forced, must give the same logits (within the bound above) and greedy tokens. A kernel this
+// CPU cannot run skips by name.
+void checkGemmKernelAgainstNumpy(const std::string& kernel) {
+  bool supported = false;
+  for (auto k : {pd::kernels::cpu::GemmKernel::kAvx512, pd::kernels::cpu::GemmKernel::kAvx2,
+                 pd::kernels::cpu::GemmKernel::kGeneric})
+    if (kernel == pd::kernels::cpu::gemmKernelInfo(k).name) supported = pd::kernels::cpu::gemmKernelSupported(k);
+  if (!supported) pd::test::skipTest("this CPU cannot run the " + kernel + " GEMM kernel");
+  CpuBackendOptions opt;
+  opt.gemmKernel = kernel;
+  MakeModelOptions o;
+  o.qkvBias = true;  // the bias rides on the GEMM's beta = 1
+  o.seed = 21;
+  checkDirAgainstNumpy("qwen2_tiny_gemm_" + kernel, makeTestModel("qwen2_tiny_gemm", o), opt);
+}
+
 }  // namespace
 
 TEST_CASE("llama tiny (GQA 4 heads / 2 kv heads) matches NumPy") { checkAgainstNumpy("llama_tiny", {}); }
+
+TEST_CASE("the avx512 GEMM kernel matches NumPy") { checkGemmKernelAgainstNumpy("avx512"); }
+TEST_CASE("the avx2 GEMM kernel matches NumPy") { checkGemmKernelAgainstNumpy("avx2"); }
+TEST_CASE("the generic GEMM kernel matches NumPy") { checkGemmKernelAgainstNumpy("generic"); }
 
 TEST_CASE("llama tiny with MHA and with MQA matches NumPy") {
   MakeModelOptions mha;
