@@ -68,6 +68,9 @@ TEST_CASE("the example configs hold what they say") {
   CHECK(local->router.host == "127.0.0.1");
   CHECK(local->kvTransfer.transports == std::vector<TransportKind>{TransportKind::kTcp});
   CHECK(local->model.name == "small");
+  CHECK(local->engine.kvTiers.hostBytes == int64_t{512} << 20);  // docs/kv_cache.md, "Sizes"
+  CHECK(local->engine.kvTiers.diskBytes == int64_t{2} << 30);
+  CHECK(local->engine.kvTiers.diskPath == "kv-cache");
 
   auto gpu = loadClusterConfig("deploy/configs/disaggregated-gpu.yaml");
   REQUIRE(gpu.ok());
@@ -84,6 +87,7 @@ TEST_CASE("the example configs hold what they say") {
   CHECK(colo->pools.prefill.replicas == 0);
   CHECK(colo->engine.numBlocks == 4096);
   CHECK(colo->engine.kvCacheBytes == 0);
+  CHECK(colo->engine.kvTiers.on());
 }
 
 TEST_CASE("an empty file is a valid cluster with the documented defaults") {
