@@ -32,10 +32,11 @@ void Engine::pollKvTiers() {
 void Engine::promoteFromLowerTiers() {
   if (!tiers_ || !options_.scheduler.enablePrefixCaching) return;
   tiers_->poll();
-  // Bounded per step: the head of the queue is what admission takes next, and half the
-  // free blocks keeps one prompt's promotion from evicting what the next one needs.
+  // Bounded per step: the head of the queue is what admission takes next, and at most the
+  // free blocks in all: a promoted block stays free (cached), so this step's promotions never
+  // evict each other while uncached free blocks last.
   constexpr int kMaxRequests = 4;
-  int budget = kv_->numFreeBlocks() / 2;
+  int budget = kv_->numFreeBlocks();
   int n = 0;
   for (uint64_t id : waiting_) {
     if (n++ >= kMaxRequests || budget <= 0) break;

@@ -190,8 +190,7 @@ int64_t KvDiskTier::fileBytes(int numTokens) const {
 
 fs::path KvDiskTier::fileFor(uint64_t hash) const { return dir_ / (hex16(hash) + ".kvb"); }
 
-std::optional<KvDiskTier::FileDrop> KvDiskTier::check(const std::string& c, bool full, Entry* out,
-                                                      uint64_t* hash) const {
+std::optional<KvDiskTier::FileDrop> KvDiskTier::check(std::string& c, bool full, Entry* out, uint64_t* hash) const {
   if (c.size() < kFixedHeader) return FileDrop::kTruncated;
   if (std::memcmp(c.data(), kMagic, 8) != 0) return FileDrop::kCorrupt;
   const uint32_t idLen = get<uint32_t>(c, 8);
@@ -213,12 +212,12 @@ std::optional<KvDiskTier::FileDrop> KvDiskTier::check(const std::string& c, bool
   if (full) {
     if (c.size() < size_t(out->bytes)) return FileDrop::kTruncated;
     if (c.size() > size_t(out->bytes)) return FileDrop::kCorrupt;
-    std::string copy = c;  // the checksum covers the file with its own field zeroed
-    put<uint64_t>(&copy, kChecksumAt, 0);
-    if (kvChecksum(std::span(reinterpret_cast<const uint8_t*>(copy.data()), copy.size())) !=
-        get<uint64_t>(c, kChecksumAt)) {
-      return FileDrop::kCorrupt;
-    }
+    // The checksum covers the file with its own field zeroed: zeroed in place, then put back.
+    const uint64_t stored = get<uint64_t>(c, kChecksumAt);
+    put<uint64_t>(&c, kChecksumAt, 0);
+    const uint64_t computed = kvChecksum(std::span(reinterpret_cast<const uint8_t*>(c.data()), c.size()));
+    put<uint64_t>(&c, kChecksumAt, stored);
+    if (computed != stored) return FileDrop::kCorrupt;
   }
   return std::nullopt;
 }
@@ -354,10 +353,11 @@ bool KvDiskTier::enqueue(uint64_t hash, uint64_t parentHash, std::span<const Tok
   e.bytes = size;
   pending_.emplace(hash, std::move(e));
   pendingBytes_ += size;
+  Op op{true, hash, fileFor(hash), encodeFile(identity_, hash, parentHash, tokens, kv)};  // outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
     queuedBytes_ += size;
-    queue_.push_back(Op{true, hash, fileFor(hash), encodeFile(identity_, hash, parentHash, tokens, kv)});
+    queue_.push_back(std::move(op));
   }
   cv_.notify_one();
   return true;

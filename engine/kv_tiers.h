@@ -203,7 +203,8 @@ class KvDiskTier {
   void evictOldest(std::vector<Change>* changes);
   void forget(uint64_t hash, std::vector<Change>* changes);
   // Validates a file's bytes (header only unless `full`). Returns the reason it is refused.
-  std::optional<FileDrop> check(const std::string& contents, bool full, Entry* out, uint64_t* hash) const;
+  // `contents` is only modified during the call (the checksum field zeroed and restored).
+  std::optional<FileDrop> check(std::string& contents, bool full, Entry* out, uint64_t* hash) const;
   int64_t fileBytes(int numTokens) const;
 
   std::filesystem::path dir_;
