@@ -104,6 +104,13 @@ TEST_CASE("e2e kv tiers: a restarted decode worker serves a repeated prompt from
 
   auto c = pd::test::startLocalCluster(kWork, "kv_tiers_2", yaml(disk));
   CHECK(pd::test::workerMetric(*c, "decode-0", "pdserve_kv_tier_blocks{tier=\"disk\"}") >= fullBlocks);
+  // ... and announced them: the router's exact index holds the blocks before any request.
+  double indexed = -1;
+  for (int i = 0; i < 100 && indexed < fullBlocks; ++i) {
+    indexed = pd::test::routerMetric(*c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"decode-0\"}");
+    if (indexed < fullBlocks) std::this_thread::sleep_for(100ms);
+  }
+  CHECK(indexed >= fullBlocks);
   const Completion again = complete(*c, prompt, 8);
   CHECK(again.ids == cold);
   CHECK(again.cachedTokens == 12 * 16);  // blocks 0-11 from disk; 12 corrupt: recomputed from there
