@@ -81,8 +81,10 @@ class KvHostTier {
   int size() const { return int(byHash_.size()); }
   size_t strideBytes() const { return stride_; }
   bool contains(uint64_t hash) const { return byHash_.count(hash) != 0; }
-  // The slot's tokens when `hash` is held; touching makes it the most recently used.
+  // Whether `hash` is held with exactly these tokens (a 64-bit name collision never serves
+  // another prompt's KV).
   bool matches(uint64_t hash, std::span<const TokenId> tokens) const;
+  // Makes `hash`'s slot the most recently used (no-op when not held).
   void touch(uint64_t hash);
   // The bytes of `hash`'s slot (nullptr when not held).
   const uint8_t* data(uint64_t hash) const;
@@ -91,7 +93,8 @@ class KvHostTier {
     std::vector<TokenId> tokens;
   };
   // A slot for `hash` (not held yet), evicting the least recently used one when full (what
-  // it held comes back in `evicted`); the caller fills the returned bytes.
+  // it held comes back in `evicted`; its bytes are still in the returned slot until the
+  // caller overwrites them, so they can be saved first); the caller fills the slot.
   uint8_t* insert(uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens, std::optional<Evicted>* evicted);
   // Every held block as (hash, parentHash, tokens), for a snapshot.
   template <typename Fn>
