@@ -165,7 +165,7 @@ TEST_CASE("kv tiers: an evicted named block demotes to host and promotes back by
   CHECK(count(snap, KvBlockEvent::Kind::kStored, KvTier::kRegion) == 2);
 }
 
-TEST_CASE("kv tiers: the host tier evicts its least recently used block; promotion stops at a miss") {
+TEST_CASE("kv tiers: the host tier evicts its least recently used block, promotion stops at a miss") {
   auto kv = makeKv(6);
   KvTierOptions o;
   o.hostBytes = int64_t(kv->blockStrideBytes()) * 2;  // two slots
