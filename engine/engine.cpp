@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/base/log.h"
+#include "engine/kv_tiers.h"
 #include "engine/logits_processors.h"
 
 namespace pd::engine {
@@ -19,6 +20,33 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager>
       options_(options),
       scheduler_(options.scheduler),
       clock_(clock) {}
+
+Engine::~Engine() = default;
+
+void Engine::setKvTiers(std::unique_ptr<KvTierStore> tiers) { tiers_ = std::move(tiers); }
+
+void Engine::pollKvTiers() {
+  if (tiers_) tiers_->poll();
+}
+
+void Engine::promoteFromLowerTiers() {
+  if (!tiers_ || !options_.scheduler.enablePrefixCaching) return;
+  tiers_->poll();
+  // Bounded per step: the head of the queue is what admission takes next, and at most the
+  // free blocks in all: a promoted block stays free (cached), so this step's promotions never
+  // evict each other while uncached free blocks last.
+  constexpr int kMaxRequests = 4;
+  int budget = kv_->numFreeBlocks();
+  int n = 0;
+  for (uint64_t id : waiting_) {
+    if (n++ >= kMaxRequests || budget <= 0) break;
+    const Request& r = requests_.at(id);
+    const std::vector<TokenId>& tokens = r.tokens();
+    const int limit = int(tokens.size()) - 1;
+    if (limit < kv_->blockSize()) continue;
+    budget -= tiers_->promote(tokens, limit, budget);
+  }
+}
 
 int32_t Engine::eosTokenId() const {
   const auto& eos = backend_->config().eosTokenIds;
@@ -181,6 +209,7 @@ Status Engine::sampleInto(Request& r, const float* logits, std::vector<EngineEve
 
 Status Engine::step(std::vector<EngineEvent>* events, const StepLayerFn& onLayer) {
   const SteadyTime stepStart = clock_.now();
+  promoteFromLowerTiers();
   const double gapSeconds = workSince_ ? secondsBetween(*workSince_, stepStart) : 0;
   workSince_.reset();
   std::vector<SeqView> running, waiting;

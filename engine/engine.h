@@ -41,6 +41,8 @@
 
 namespace pd::engine {
 
+class KvTierStore;  // engine/kv_tiers.h
+
 struct EngineEvent {
   enum class Kind { kToken, kFinished, kFailed };
   Kind kind = Kind::kToken;
@@ -170,6 +172,16 @@ class Engine {
  public:
   Engine(std::unique_ptr<Backend> backend, std::unique_ptr<KvCacheManager> kv, EngineOptions options,
          const Clock& clock = SystemClock::instance());
+  ~Engine();
+
+  // The tiers below the KV cache (engine/kv_tiers.h, docs/kv_cache.md), made over kv(). Each
+  // step first promotes, for the requests at the head of the queue, the blocks a lower tier
+  // holds past their cached prefix, so admission attaches them instead of computing them.
+  void setKvTiers(std::unique_ptr<KvTierStore> tiers);
+  KvTierStore* kvTiers() { return tiers_.get(); }
+  // Takes the disk writer's results (their KV events); the worker loop calls it every
+  // iteration, busy or idle.
+  void pollKvTiers();
 
   // Queues a request for a local prefill. Errors: an id already present; checkFits's.
   Status submit(Request request);
@@ -242,10 +254,12 @@ class Engine {
   int prefillChunkTokens(bool remoteKvExpected, int decodeRows) const;
   int decodingStreams() const;           // running requests past their prompt
   int clampChunk(int64_t tokens) const;  // into [minTokens, max_batch_tokens]
+  void promoteFromLowerTiers();          // before scheduling: see setKvTiers
   double attentionSpan() const;          // SchedulerView::attentionSpan: 0 unless priceAttention
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<KvTierStore> tiers_;  // after kv_: destroyed first, it detaches from it
   EngineOptions options_;
   Scheduler scheduler_;
   const Clock& clock_;

@@ -19,6 +19,18 @@ std::string seqName(SeqId seq) { return "sequence " + std::to_string(seq); }
 
 }  // namespace
 
+const char* kvTierName(KvTier t) {
+  switch (t) {
+    case KvTier::kRegion:
+      return "region";
+    case KvTier::kHost:
+      return "host";
+    case KvTier::kDisk:
+      return "disk";
+  }
+  return "unknown";
+}
+
 // ---- Construction -------------------------------------------------------------------------
 
 Status KvCacheManager::validateLayout(const KvLayout& layout) {
@@ -161,8 +173,15 @@ BlockId KvCacheManager::takeFreeBlock() {
     lru_.pop_front();
     BlockMeta& m = meta_[size_t(b)];
     m.inLru = false;
+    // Demotion: a lower tier copies the block while its bytes are still intact.
+    if (tiers_ != nullptr) {
+      tiers_->onEvict(
+          b, m.hash, m.parentHash,
+          std::span<const TokenId>(&blockTokens_[size_t(b) * layout_.blockSize], size_t(layout_.blockSize)));
+    }
     byHash_.erase(m.hash);
     m.hashed = false;
+    m.promotedFrom = KvTier::kRegion;
     ++stats_.evictions;
     if (recordEvents_) pushEvent({KvBlockEvent::Kind::kRemoved, m.hash, m.parentHash, {}});
   }
@@ -357,7 +376,10 @@ Result<int> KvCacheManager::attachCachedPrefix(SeqId seq, std::span<const TokenI
   t.lastHash = kRootBlockHash;
   for (BlockId b : match.blocks) {
     acquireCached(b);
-    t.lastHash = meta_[size_t(b)].hash;
+    BlockMeta& m = meta_[size_t(b)];
+    t.lastHash = m.hash;
+    ++stats_.hitBlocks[size_t(m.promotedFrom)];
+    m.promotedFrom = KvTier::kRegion;
   }
   t.blocks = std::move(match.blocks);
   t.numTokens = match.numTokens;
@@ -397,11 +419,71 @@ Status KvCacheManager::cacheComputedBlocks(SeqId seq, std::span<const TokenId> t
       if (recordEvents_)
         pushEvent(
             {KvBlockEvent::Kind::kStored, h, t.lastHash, std::vector<int32_t>(blockToks.begin(), blockToks.end())});
+      if (tiers_ != nullptr) tiers_->onNamed(b, h, t.lastHash, blockToks);
     }
     t.lastHash = h;
     t.numHashed = i + 1;
   }
   return Status::ok();
+}
+
+// ---- Lower tiers --------------------------------------------------------------------------
+
+int KvCacheManager::promote(std::span<const TokenId> tokens, int maxTokens, int maxNewBlocks,
+                            const PromoteSource& source) {
+  if (maxNewBlocks <= 0 || !source.has || !source.fill) return 0;
+  // Pin the prefix the region already holds, and each promoted block, so that no fresh
+  // block taken below evicts a block of this very prompt.
+  PrefixMatch match = findCachedPrefix(tokens, maxTokens);
+  std::vector<BlockId> pinned = match.blocks;
+  for (BlockId b : pinned) acquireCached(b);
+  const int bs = layout_.blockSize;
+  const int limit = std::min<int>(maxTokens, int(tokens.size()));
+  uint64_t parent = pinned.empty() ? kRootBlockHash : meta_[size_t(pinned.back())].hash;
+  int promoted = 0;
+  for (int start = match.numTokens; start + bs <= limit && promoted < maxNewBlocks; start += bs) {
+    auto blockToks = tokens.subspan(size_t(start), size_t(bs));
+    const uint64_t h = hashBlockTokens(parent, blockToks);
+    // The region may hold it under another chain position's block already (a collision of
+    // names with other tokens): never name two blocks alike.
+    if (byHash_.count(h) != 0) break;
+    const std::optional<KvTier> from = source.has(h, blockToks);
+    if (!from || *from == KvTier::kRegion || numFreeBlocks() == 0) break;
+    const BlockId b = takeFreeBlock();
+    if (!source.fill(h, *from, b)) {
+      meta_[size_t(b)].ref = 0;
+      freeUncached_.push_back(b);
+      break;
+    }
+    BlockMeta& m = meta_[size_t(b)];
+    m.hashed = true;
+    m.hash = h;
+    m.parentHash = parent;
+    m.promotedFrom = *from;
+    std::copy(blockToks.begin(), blockToks.end(), &blockTokens_[size_t(b) * bs]);
+    byHash_.emplace(h, b);
+    ++stats_.promotedBlocks[size_t(*from)];
+    if (recordEvents_)
+      pushEvent({KvBlockEvent::Kind::kStored, h, parent, std::vector<int32_t>(blockToks.begin(), blockToks.end())});
+    pinned.push_back(b);
+    parent = h;
+    ++promoted;
+  }
+  // Tail first, as free() does: the prefix blocks are evicted last.
+  for (auto it = pinned.rbegin(); it != pinned.rend(); ++it) releaseBlock(*it);
+  return promoted;
+}
+
+void KvCacheManager::copyBlockOut(BlockId b, uint8_t* dst) const {
+  const auto* bytes = static_cast<const uint8_t*>(base_);
+  const size_t bb = layout_.blockBytes();
+  for (int l = 0; l < layout_.numLayers; ++l) std::memcpy(dst + size_t(l) * bb, bytes + layout_.blockOffset(l, b), bb);
+}
+
+void KvCacheManager::copyBlockIn(const uint8_t* src, BlockId b) {
+  auto* bytes = static_cast<uint8_t*>(base_);
+  const size_t bb = layout_.blockBytes();
+  for (int l = 0; l < layout_.numLayers; ++l) std::memcpy(bytes + layout_.blockOffset(l, b), src + size_t(l) * bb, bb);
 }
 
 // ---- KV events ----------------------------------------------------------------------------
@@ -453,6 +535,7 @@ std::vector<KvBlockEvent> KvCacheManager::snapshotEvents() const {
     if (auto c = children.find(m.hash); c != children.end())
       todo.insert(todo.end(), c->second.begin(), c->second.end());
   }
+  if (tiers_ != nullptr) tiers_->appendSnapshot(&out);
   return out;
 }
 
@@ -585,6 +668,7 @@ Status KvCacheManager::checkInvariants() const {
     if (m.ref == 0 && !inFree[size_t(b)]) return fail(name + " is neither free nor referenced");
     if (m.ref > 0 && inFree[size_t(b)]) return fail(name + " is referenced and also free");
     if (m.inLru && (m.ref != 0 || !m.hashed)) return fail(name + " is marked cached-free wrongly");
+    if (!m.hashed && m.promotedFrom != KvTier::kRegion) return fail(name + " is unnamed but marked promoted");
     if (m.hashed) {
       auto it = byHash_.find(m.hash);
       if (it == byHash_.end() || it->second != b) {

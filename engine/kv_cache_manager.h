@@ -22,8 +22,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -39,6 +41,13 @@ using SeqId = uint64_t;
 using BlockId = int32_t;
 using TokenId = int32_t;
 
+// Where a named block's KV lives (docs/kv_cache.md): the KV region this manager keeps the
+// books of, or a lower tier below it (engine/kv_tiers.h). vLLM's KV events call it `medium`.
+enum class KvTier : uint8_t { kRegion = 0, kHost = 1, kDisk = 2 };
+inline constexpr int kNumKvTiers = 3;
+// "region", "host", "disk": the metric label.
+const char* kvTierName(KvTier t);
+
 // Result of a prefix-cache lookup.
 struct PrefixMatch {
   int numTokens = 0;            // leading tokens whose KV is cached (a multiple of blockSize)
@@ -51,12 +60,30 @@ struct PrefixMatch {
 // and vLLM-style KV-event consumers track. Stored: a block became findable by `hash` (its
 // predecessor `parentHash`, kRootBlockHash for block 0, holding `tokens`); Removed: the block
 // named `hash` was evicted; AllCleared: forget everything (only ever the head of a snapshot).
+// `tier` says which tier gained or lost the block: a block may be held by several tiers at
+// once (the region and a copy on disk), and each tier announces its own changes.
 struct KvBlockEvent {
   enum class Kind { kStored, kRemoved, kAllCleared };
   Kind kind = Kind::kStored;
   uint64_t hash = 0;
   uint64_t parentHash = 0;
   std::vector<int32_t> tokens;  // kStored only
+  KvTier tier = KvTier::kRegion;
+};
+
+// The tiers below the KV region, as the manager sees them (implemented by engine/kv_tiers.h).
+// The manager calls them on its owner's thread, synchronously; they must not call back into
+// the manager except recordEvent().
+class KvLowerTiers {
+ public:
+  virtual ~KvLowerTiers() = default;
+  // Block `b` just got its name: its KV is computed and final (write-through tiers copy it).
+  virtual void onNamed(BlockId b, uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens) = 0;
+  // The named free block `b` is being evicted for reuse: its bytes stay intact until this
+  // returns (a tier that keeps it copies it now: a demotion).
+  virtual void onEvict(BlockId b, uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens) = 0;
+  // Appends a Stored event (with its tier) for every block the lower tiers hold: a snapshot.
+  virtual void appendSnapshot(std::vector<KvBlockEvent>* out) const = 0;
 };
 
 struct KvCacheStats {
@@ -64,6 +91,10 @@ struct KvCacheStats {
   uint64_t prefixQueryTokens = 0;  // tokens looked up
   uint64_t prefixHitTokens = 0;    // tokens served from cached blocks
   uint64_t evictions = 0;          // cached free blocks reused for fresh allocations
+  // Blocks attached from the cache by where they came from: the region itself, or a lower
+  // tier that promoted them (counted once, at the first attach after the promotion).
+  uint64_t hitBlocks[kNumKvTiers] = {};
+  uint64_t promotedBlocks[kNumKvTiers] = {};  // restored into the region, by source tier
 };
 
 class KvCacheManager {
@@ -157,6 +188,38 @@ class KvCacheManager {
   // Only then may another sequence share them. Errors: kNotFound, kInvalidArgument
   // (numComputed beyond tokens or beyond the sequence's allocated slots).
   Status cacheComputedBlocks(SeqId seq, std::span<const TokenId> tokens, int numComputed);
+  // Named blocks the region holds now (referenced or cached free).
+  int numNamedBlocks() const { return int(byHash_.size()); }
+
+  // ---- Lower tiers (docs/kv_cache.md) ---------------------------------------------------------
+  // Not owned; must outlive the manager or be reset to null first. Null: none (the default).
+  void setLowerTiers(KvLowerTiers* tiers) { tiers_ = tiers; }
+  // Where promote() finds a block below the region: `has` says whether a lower tier holds
+  // the block `hash` (cheap, no I/O) and from which tier; `fill` copies its KV into the
+  // region's block `dst` and returns false when it cannot (a corrupt file: the block stays
+  // unnamed and promotion stops there).
+  struct PromoteSource {
+    std::function<std::optional<KvTier>(uint64_t hash, std::span<const TokenId> tokens)> has;
+    std::function<bool(uint64_t hash, KvTier from, BlockId dst)> fill;
+  };
+  // Extends the cached prefix of `tokens` (up to maxTokens, as findCachedPrefix) with blocks
+  // a lower tier holds: each next block is copied into a fresh region block, named, and left
+  // as a cached free block, so the scheduler's findCachedPrefix finds it and the request
+  // attaches it instead of computing it. At most maxNewBlocks are promoted. A fresh block may
+  // evict (and so demote) a cached block, never one of this prompt's prefix (pinned while
+  // promoting). Returns the blocks promoted. Never fails: a block that cannot be had ends it.
+  int promote(std::span<const TokenId> tokens, int maxTokens, int maxNewBlocks, const PromoteSource& source);
+  // Appends an event to the stream takeEvents() returns (a lower tier's change), in order
+  // with the region's own; dropped when recording is off.
+  void recordEvent(KvBlockEvent e) {
+    if (recordEvents_) pushEvent(std::move(e));
+  }
+  // Every layer's bytes of block `b`, concatenated layer by layer into `dst`
+  // (layout().numLayers * layout().blockBytes() bytes), and back. Host regions only: the
+  // caller checks region().kind (the CUDA region's blocks are copied by the backend).
+  void copyBlockOut(BlockId b, uint8_t* dst) const;
+  void copyBlockIn(const uint8_t* src, BlockId b);
+  size_t blockStrideBytes() const { return size_t(layout_.numLayers) * layout_.blockBytes(); }
 
   // ---- KV events (docs/kv_events.md) ---------------------------------------------------------
   // Off by default. While on, every block that gets a name (cacheComputedBlocks) and every
@@ -168,7 +231,8 @@ class KvCacheManager {
   // Unix time (microseconds) of the oldest event takeEvents() would return; 0 when none.
   uint64_t oldestPendingEventUnixUs() const { return oldestPendingUs_; }
   // The whole named state as events: AllCleared, then one Stored per named block, every
-  // block after the block its parentHash names when that one is named too. Read-only.
+  // block after the block its parentHash names when that one is named too; then what the
+  // lower tiers hold (KvLowerTiers::appendSnapshot). Read-only.
   std::vector<KvBlockEvent> snapshotEvents() const;
 
   // ---- Transfer descriptors ------------------------------------------------------------
@@ -198,6 +262,7 @@ class KvCacheManager {
     bool inLru = false;   // free and cached
     uint64_t hash = 0;
     uint64_t parentHash = 0;
+    KvTier promotedFrom = KvTier::kRegion;  // a lower tier until its first attach
   };
 
   KvCacheManager(const KvLayout& layout, void* base, size_t mappedBytes);
@@ -226,6 +291,7 @@ class KvCacheManager {
   bool recordEvents_ = false;
   std::vector<KvBlockEvent> events_;
   uint64_t oldestPendingUs_ = 0;
+  KvLowerTiers* tiers_ = nullptr;
 };
 
 // layerSegments over any region with this layout (for instance a peer's region, whose

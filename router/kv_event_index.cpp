@@ -4,6 +4,11 @@
 
 namespace pd::router {
 
+uint8_t KvEventIndex::tierBit(int tier) {
+  // A tier this router does not know counts as held somewhere below the region.
+  return tier >= 0 && tier < 8 ? uint8_t(1u << tier) : uint8_t(1u << 7);
+}
+
 void KvEventIndex::addWorker(const std::string& worker) {
   // The worker sends a snapshot when it registers: no resync request before maxLag passed.
   WorkerState w;
@@ -15,10 +20,15 @@ void KvEventIndex::applyEvents(WorkerState& w, const proto::KvEventBatch& batch)
   for (const auto& e : batch.events()) {
     switch (e.kind()) {
       case proto::KvEvent::BLOCK_STORED:
-        w.blocks.insert(e.block_hashes().begin(), e.block_hashes().end());
+        for (uint64_t h : e.block_hashes()) w.blocks[h] |= tierBit(e.tier());
         break;
       case proto::KvEvent::BLOCK_REMOVED:
-        for (uint64_t h : e.block_hashes()) w.blocks.erase(h);
+        for (uint64_t h : e.block_hashes()) {
+          auto b = w.blocks.find(h);
+          if (b == w.blocks.end()) continue;
+          b->second &= uint8_t(~tierBit(e.tier()));
+          if (b->second == 0) w.blocks.erase(b);  // no tier holds it any more
+        }
         break;
       case proto::KvEvent::ALL_BLOCKS_CLEARED:
         w.blocks.clear();
@@ -90,6 +100,26 @@ bool KvEventIndex::takeResyncDue(const std::string& worker, SteadyTime now) {
 int64_t KvEventIndex::cachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const {
   auto it = workers_.find(worker);
   return it == workers_.end() ? 0 : leadingCachedTokens(it->second.blocks, hashes, blockSize_);
+}
+
+int64_t KvEventIndex::regionCachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return 0;
+  size_t n = 0;
+  while (n < hashes.size()) {
+    auto b = it->second.blocks.find(hashes[n]);
+    if (b == it->second.blocks.end() || !(b->second & tierBit(proto::KvEvent::TIER_REGION))) break;
+    ++n;
+  }
+  return int64_t(n) * blockSize_;
+}
+
+size_t KvEventIndex::tierBlocks(const std::string& worker, int tier) const {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return 0;
+  size_t n = 0;
+  for (const auto& [h, mask] : it->second.blocks) n += (mask & tierBit(tier)) ? 1 : 0;
+  return n;
 }
 
 size_t KvEventIndex::blocks(const std::string& worker) const {

@@ -53,20 +53,26 @@ class KvEventIndex {
   // request made in the last maxLag (a lost request is made again). Records the request.
   bool takeResyncDue(const std::string& worker, SteadyTime now);
 
-  // Tokens of the longest run of leading blocks the worker holds (0 when untracked).
+  // Tokens of the longest run of leading blocks the worker holds in any tier (0 when
+  // untracked): what routing counts as cached, a lower tier's block being promoted (copied)
+  // instead of recomputed (docs/kv_cache.md, "Routing").
   int64_t cachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const;
-  size_t blocks(const std::string& worker) const;
+  // The same counting only blocks in the KV region itself.
+  int64_t regionCachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const;
+  size_t blocks(const std::string& worker) const;  // names held in any tier
+  size_t tierBlocks(const std::string& worker, int tier) const;
   uint64_t appliedSeq(const std::string& worker) const;
 
  private:
   struct WorkerState {
-    std::unordered_set<uint64_t> blocks;
+    std::unordered_map<uint64_t, uint8_t> blocks;  // name -> bit per tier holding it
     bool synced = false;
     uint64_t seq = 0;                       // last batch applied
     uint64_t reportedSeq = 0;               // the worker's, from its last load report
     std::optional<SteadyTime> behindSince;  // reportedSeq > seq since then
     std::optional<SteadyTime> resyncAskedAt;
   };
+  static uint8_t tierBit(int tier);
   void applyEvents(WorkerState& w, const proto::KvEventBatch& batch);
   void caughtUp(WorkerState& w);
 

@@ -620,6 +620,7 @@ json Usage::toJson() const {
   json j{{"prompt_tokens", promptTokens},
          {"completion_tokens", completionTokens},
          {"total_tokens", promptTokens + completionTokens}};
+  if (cachedTokens) j["prompt_tokens_details"] = {{"cached_tokens", *cachedTokens}};
   if (pdserveTiming) j["pdserve_timing"] = *pdserveTiming;
   return j;
 }

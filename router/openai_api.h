@@ -145,6 +145,9 @@ struct TokenLogprob {
 struct Usage {
   int promptTokens = 0;
   int completionTokens = 0;
+  // OpenAI's usage.prompt_tokens_details.cached_tokens: prompt tokens the worker served from
+  // its prefix cache, in any tier (docs/kv_cache.md); unset: the field is left out.
+  std::optional<int> cachedTokens;
   // pdserve's extension: the request's TTFT split (router/ttft_split.h), as "pdserve_timing".
   std::optional<nlohmann::json> pdserveTiming;
   nlohmann::json toJson() const;

@@ -274,6 +274,8 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
     endChoice(*c);
     if (chunk.has_usage() && !stopped)
       c->completionTokens = c->tokensBeforeMove + int(chunk.usage().completion_tokens());
+    // A migrated choice's prompt was recomputed (or found) on its new worker: its last word.
+    if (chunk.has_usage()) c->cachedPromptTokens = int(chunk.usage().cached_tokens());
     // The prediction against the worker's actual prefix hit, once per request, for the
     // prompt as first routed (a migrated choice was routed without prefix hashes), when it
     // was prefilled where planned (not recomputed elsewhere after a failed remote prefill).
@@ -400,6 +402,8 @@ void RequestStream::maybeComplete() {
   Usage usage;
   usage.promptTokens = int(spec_.parsed.prompt.size());
   for (const auto& c : choices_) usage.completionTokens += c.completionTokens;
+  // One prompt, n choices: the tokens the prompt did not compute for the first choice.
+  if (!choices_.empty()) usage.cachedTokens = std::min(usage.promptTokens, choices_.front().cachedPromptTokens);
   if (ttftSplit_) usage.pdserveTiming = ttftSplitJson(*ttftSplit_);
   if (req.stream) {
     if (req.includeUsage) http_->sendEvent(sseEvent(usageChunk(req.endpoint, meta_, usage)));

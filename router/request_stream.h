@@ -135,6 +135,7 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
     std::vector<int32_t> generated;      // every token received (a migration resends them)
     int tokensBeforeMove = 0;            // generated.size() when it moved to this worker
     int completionTokens = 0;
+    int cachedPromptTokens = 0;  // the worker's prefix hit, any tier (Usage.cached_tokens)
     bool done = false;
     std::string finishReason;  // set when done
     std::optional<SteadyTime> lastTokenAt;

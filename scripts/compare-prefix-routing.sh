@@ -25,8 +25,9 @@ for mode in $modes; do
     prefix | exact) ;;
     *) echo "unknown mode '$mode' (length, prefix, approx, exact)" >&2; exit 2 ;;
   esac
-  sed "s/short_prompt_tokens: .*/short_prompt_tokens: 64\n    prefix_aware_routing: $aware\n    exact_prefix_routing: $exact/; s/port: 8000/port: 18081/; s/control_port: 9000/control_port: 19081/" \
+  sed "s/short_prompt_tokens: .*/short_prompt_tokens: 64\n    prefix_aware_routing: $aware\n    exact_prefix_routing: $exact/; s/port: 8000/port: 18081/; s/control_port: 9000/control_port: 19081/; s|disk_path: kv-cache|disk_path: $out/$mode.kv-cache|" \
     deploy/configs/local.yaml > "$out/$mode.yaml"
+  rm -rf "$out/$mode.kv-cache"  # the disk KV tier (docs/kv_cache.md): no blocks of an earlier run
   "$bin/pdserve" up --config "$out/$mode.yaml" > "$out/$mode.up.log" 2>&1 &
   up=$!
   for _ in $(seq 120); do grep -q "pdserve is up" "$out/$mode.up.log" && break; sleep 1; done

@@ -12,8 +12,9 @@ mkdir -p "$out"
 for mode in colocated disaggregated; do
   threshold=64
   [ "$mode" = colocated ] && threshold=1000000
-  sed "s/short_prompt_tokens: .*/short_prompt_tokens: $threshold/; s/port: 8000/port: 18080/; s/control_port: 9000/control_port: 19080/" \
+  sed "s/short_prompt_tokens: .*/short_prompt_tokens: $threshold/; s/port: 8000/port: 18080/; s/control_port: 9000/control_port: 19080/; s|disk_path: kv-cache|disk_path: $out/$mode.kv-cache|" \
     deploy/configs/local.yaml > "$out/$mode.yaml"
+  rm -rf "$out/$mode.kv-cache"  # the disk KV tier (docs/kv_cache.md): no blocks of an earlier run
   "$bin/pdserve" up --config "$out/$mode.yaml" > "$out/$mode.up.log" 2>&1 &
   up=$!
   for _ in $(seq 120); do grep -q "pdserve is up" "$out/$mode.up.log" && break; sleep 1; done

@@ -1,5 +1,6 @@
 #include "worker/engine_setup.h"
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include "engine/cpu_backend.h"
 #include "engine/cuda_backend.h"
 #include "engine/kv_cache_manager.h"
+#include "engine/kv_tiers.h"
 
 namespace pd::worker {
 
@@ -143,6 +145,32 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   b.kvRegions = std::move(parts.regions);
   b.engine = std::make_unique<engine::Engine>(std::move(parts.backend), std::move(parts.kv), opts);
   return b;
+}
+
+Status attachKvTiers(const config::ClusterConfig& config, const std::string& workerId, EngineBundle& bundle) {
+  const auto& t = config.engine.kvTiers;
+  if (!t.on()) return Status::ok();
+  engine::KvTierOptions opts;
+  opts.hostBytes = t.hostBytes;
+  opts.diskBytes = t.diskBytes;
+  opts.diskWriteQueueBytes = t.diskWriteQueueBytes;
+  if (t.diskBytes > 0) {
+    std::string id = workerId.empty() ? std::string("worker") : workerId;
+    for (char& c : id) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+    }
+    opts.diskPath = (std::filesystem::path(t.diskPath) / id).string();
+  }
+  auto tiers = engine::KvTierStore::create(bundle.engine->kv(), opts, bundle.fingerprint);
+  if (!tiers.ok()) return tiers.status().withContext("engine.kv_tiers");
+  const engine::KvTierStats s = (*tiers)->stats();
+  PD_LOG(kInfo, "engine") << "KV tiers: host " << s.hostCapacityBlocks << " blocks (" << (t.hostBytes >> 20) << " MiB)"
+                          << (t.diskBytes > 0 ? ", disk " + std::to_string(t.diskBytes >> 20) + " MiB in " +
+                                                    (*tiers)->disk()->dir().string() + " holding " +
+                                                    std::to_string(s.diskBlocks) + " blocks from before"
+                                              : std::string(", no disk tier"));
+  bundle.engine->setKvTiers(std::move(*tiers));
+  return Status::ok();
 }
 
 Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::ClusterConfig& config,

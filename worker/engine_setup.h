@@ -50,6 +50,12 @@ struct EngineBundle {
 Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool releaseKvOnFinish,
                                  std::shared_ptr<const engine::ModelWeights> preloaded = nullptr);
 
+// The KV tiers engine.kv_tiers asks for (engine/kv_tiers.h, docs/kv_cache.md), attached to
+// the bundle's engine; nothing when both are off. The disk tier's files live under
+// <disk_path>/<worker id>/: a worker restarted under the same id finds its blocks again, and
+// two workers on one host never share a directory. Errors name the key and the directory.
+Status attachKvTiers(const config::ClusterConfig& config, const std::string& workerId, EngineBundle& bundle);
+
 // The transfer agent a worker runs: the config's transports in preference order, listening
 // on --transfer-port, with every KV region (one per rank) registered in all of them.
 Result<std::unique_ptr<kvt::TransferAgent>> startTransferAgent(const config::ClusterConfig& config,

@@ -32,6 +32,7 @@ std::vector<std::span<const engine::KvBlockEvent>> kvEventRuns(std::span<const e
   size_t begin = 0;
   for (size_t i = 1; i <= events.size(); ++i) {
     const bool continues = i < events.size() && events[i].kind == events[i - 1].kind &&
+                           events[i].tier == events[i - 1].tier &&
                            (events[i].kind == Kind::kRemoved ||
                             (events[i].kind == Kind::kStored && events[i].parentHash == events[i - 1].hash));
     if (!continues) {
@@ -47,6 +48,7 @@ void appendKvEvents(std::span<const engine::KvBlockEvent> events, proto::KvEvent
     proto::KvEvent* e = batch->add_events();
     e->set_kind(toProtoKind(run.front().kind));
     if (run.front().kind == engine::KvBlockEvent::Kind::kAllCleared) continue;
+    if (run.front().tier != engine::KvTier::kRegion) e->set_tier(proto::KvEvent::Tier(int(run.front().tier)));
     if (run.front().kind == engine::KvBlockEvent::Kind::kStored) e->set_parent_block_hash(run.front().parentHash);
     for (const auto& b : run) e->add_block_hashes(b.hash);
   }

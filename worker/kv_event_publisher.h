@@ -24,8 +24,8 @@
 
 namespace pd::worker {
 
-// `events` cut into runs that one wire event can carry: consecutive events of one kind that
-// continue each other (stored: each block's parent the block before it; removed: any).
+// `events` cut into runs that one wire event can carry: consecutive events of one kind and
+// one tier that continue each other (stored: each block's parent the block before it; removed: any).
 // ALL_BLOCKS_CLEARED is always a run of its own.
 std::vector<std::span<const engine::KvBlockEvent>> kvEventRuns(std::span<const engine::KvBlockEvent> events);
 

@@ -65,6 +65,8 @@ Status WorkerLoop::prepare() {
   PD_RETURN_IF_ERROR(status_.start(bindHost_, flags_.metricsPort));
   PD_ASSIGN_OR_RETURN(agent_, startTransferAgent(config_, flags_, bundle_.kvRegions, registry_));
   metrics_.setCacheConfig(engine().kv().layout().blockSize, engine().kv().numTotalBlocks());
+  PD_RETURN_IF_ERROR(attachKvTiers(config_, flags_.workerId, bundle_));
+  kvTierMetrics_ = std::make_unique<KvTierMetrics>(registry_);
   if (const auto& ev = config_.engine.kvEvents; !ev.zmqEndpoint.empty() && config_.engine.enablePrefixCaching) {
     PD_ASSIGN_OR_RETURN(zmq_, ZmqKvPublisher::bind(ev.zmqEndpoint, ev.zmqTopic, engine().kv().layout().blockSize,
                                                    config_.engine.backend == config::Backend::kCuda ? "GPU" : "CPU"));
@@ -275,9 +277,12 @@ void WorkerLoop::loop() {
       if (kvEvents_) kvEvents_->flush();
       policy_->onStepEvents(events);
     }
-    // What the role's handlers changed (frees, reservations that evicted). Before the load
-    // snapshot: a report never names a batch that was not sent yet.
+    // What the role's handlers changed (frees, reservations that evicted), and the disk
+    // tier's finished writes. Before the load snapshot: a report never names a batch that
+    // was not sent yet.
+    engine().pollKvTiers();
     if (kvEvents_) kvEvents_->flush();
+    if (kvTierMetrics_) kvTierMetrics_->sync(engine().kv(), engine().kvTiers());
     LoadSnapshot snapshot;
     snapshot.engine = engine().load();
     snapshot.kvEventSeq = kvEvents_ ? kvEvents_->seq() : 0;

@@ -35,6 +35,7 @@
 #include "worker/engine_setup.h"
 #include "worker/flags.h"
 #include "worker/kv_event_publisher.h"
+#include "worker/kv_tier_metrics.h"
 #include "worker/load_reporter.h"
 #include "worker/loop_inbox.h"
 #include "worker/router_links.h"
@@ -167,6 +168,7 @@ class WorkerLoop {
   // (docs/kv_events.md); zmq_ is bound in prepare() when zmq_endpoint is set.
   std::unique_ptr<KvEventPublisher> kvEvents_;
   std::unique_ptr<ZmqKvPublisher> zmq_;
+  std::unique_ptr<KvTierMetrics> kvTierMetrics_;
   std::unique_ptr<StepTrace> stepTrace_;  // logging.step_trace_dir
   bool kvToRouters_ = false;              // engine.kv_events.publish: batches and snapshots go to routers
   RolePolicy* policy_ = nullptr;

@@ -23,6 +23,21 @@ void packHashes(msgpack_packer* pk, std::span<const engine::KvBlockEvent> run) {
   for (const auto& e : run) msgpack_pack_uint64(pk, e.hash);
 }
 
+// vLLM's `medium` of a tier: the region's is the worker's (GPU on cuda, CPU on cpu), the
+// lower tiers' are CPU and DISK.
+const std::string& mediumOf(engine::KvTier tier, const std::string& regionMedium) {
+  static const std::string kCpu = "CPU", kDisk = "DISK";
+  switch (tier) {
+    case engine::KvTier::kHost:
+      return kCpu;
+    case engine::KvTier::kDisk:
+      return kDisk;
+    case engine::KvTier::kRegion:
+      break;
+  }
+  return regionMedium;
+}
+
 }  // namespace
 
 std::string encodeVllmEventBatch(double tsSeconds, std::span<const engine::KvBlockEvent> events, int blockSize,
@@ -53,7 +68,7 @@ std::string encodeVllmEventBatch(double tsSeconds, std::span<const engine::KvBlo
           for (int32_t t : e.tokens) msgpack_pack_int32(&pk, t);
         msgpack_pack_int32(&pk, blockSize);
         msgpack_pack_nil(&pk);  // lora_id
-        packStr(&pk, medium);
+        packStr(&pk, mediumOf(run.front().tier, medium));
         msgpack_pack_nil(&pk);  // lora_name
         break;
       }
@@ -61,7 +76,7 @@ std::string encodeVllmEventBatch(double tsSeconds, std::span<const engine::KvBlo
         msgpack_pack_array(&pk, 3);
         packStr(&pk, "BlockRemoved");
         packHashes(&pk, run);
-        packStr(&pk, medium);
+        packStr(&pk, mediumOf(run.front().tier, medium));
         break;
       case Kind::kAllCleared:
         msgpack_pack_array(&pk, 1);

@@ -9,8 +9,10 @@
 // in msgspec's array_like form: [ts (float seconds), [events...], data_parallel_rank (nil)].
 // Events are tagged array_like structs, the tag (class name) first:
 //   ["BlockStored", block_hashes, parent_block_hash (nil for a first block), token_ids,
-//    block_size, lora_id (nil), medium ("CPU" | "GPU"), lora_name (nil)]
+//    block_size, lora_id (nil), medium, lora_name (nil)]
 //   ["BlockRemoved", block_hashes, medium]
+// medium: the KV region's ("GPU" on cuda, "CPU" on cpu: the constructor's), "CPU" for the
+// host tier, "DISK" for the disk tier (engine/kv_tiers.h).
 //   ["AllBlocksCleared"]
 // Block hashes are pdserve's names (common/base/hash.h) as unsigned 64-bit integers;
 // token_ids are the tokens of every block of the event, in order. No replay socket: a

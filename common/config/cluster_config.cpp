@@ -338,6 +338,36 @@ void readEngine(MapReader m, EngineConfig* c) {
                                     "' is not a ZeroMQ endpoint to bind (tcp://host:port or ipc://path)");
     }
   }
+  {
+    MapReader t = m.child("kv_tiers");
+    auto& k = c->kvTiers;
+    t.readInt("host_bytes", &k.hostBytes, 0, int64_t{1} << 50);
+    t.readInt("disk_bytes", &k.diskBytes, 0, int64_t{1} << 50);
+    t.readString("disk_path", &k.diskPath, true);
+    t.readInt("disk_write_queue_bytes", &k.diskWriteQueueBytes, int64_t{1} << 20, int64_t{1} << 34);
+    t.finish();
+    for (const auto& [v, key] : {std::pair{k.hostBytes, "host_bytes"}, std::pair{k.diskBytes, "disk_bytes"}}) {
+      if (v > 0 && v < (int64_t{1} << 20)) {
+        m.errors()->add(m.node(), std::string("engine.kv_tiers.") + key + ": " + std::to_string(v) +
+                                      " bytes is below 1 MiB; give 0 to turn the tier off");
+      }
+    }
+    if (k.diskBytes > 0 && k.diskPath.empty()) {
+      m.errors()->add(m.node(),
+                      "engine.kv_tiers.disk_path: needed when disk_bytes is set (the directory the "
+                      "disk tier keeps its block files in)");
+    }
+    if (k.diskBytes == 0 && !k.diskPath.empty()) {
+      m.errors()->add(m.node(), "engine.kv_tiers.disk_path: '" + k.diskPath +
+                                    "' is given but disk_bytes is 0 (the disk tier is off); give disk_bytes");
+    }
+    if (k.on() && c->backend == Backend::kCuda) {
+      m.errors()->add(m.node(),
+                      "engine.kv_tiers: the host and disk tiers are implemented for backend cpu only "
+                      "(on cuda the device blocks are not copied down yet: docs/kv_cache.md, "
+                      "\"Not done\")");
+    }
+  }
   m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
   m.readBool("slo_sized_prefill_chunks", &c->sloSizedPrefillChunks);
   m.readInt("min_prefill_chunk_tokens", &c->minPrefillChunkTokens, 1, kMaxTokens);
@@ -351,6 +381,11 @@ void readEngine(MapReader m, EngineConfig* c) {
     }
   }
   if (hasBlocks || hasUtil) c->kvCacheBytes = 0;
+  if (c->kvTiers.on() && !c->enablePrefixCaching) {
+    m.errors()->add(m.node(),
+                    "engine.kv_tiers: the tiers keep the prefix cache's named blocks and need "
+                    "enable_prefix_caching: true");
+  }
   if (hasUtil && c->backend != Backend::kCuda) {
     m.errors()->add(m.node()["gpu_memory_utilization"],
                     "engine.gpu_memory_utilization: is a fraction of a GPU's memory and needs backend cuda "

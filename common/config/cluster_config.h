@@ -217,6 +217,15 @@ struct EngineConfig {
     std::string zmqEndpoint;  // also on a ZeroMQ PUB socket bound here (vLLM's schema); "": off
     std::string zmqTopic = "kv-events";
   } kvEvents;
+  // engine.kv_tiers (docs/kv_cache.md): the host-memory and local-disk tiers below the KV
+  // cache, per worker; 0 bytes turns a tier off. cpu backend only for now.
+  struct KvTiers {
+    int64_t hostBytes = 0;
+    int64_t diskBytes = 0;
+    std::string diskPath;  // the worker's files go under <disk_path>/<worker id>/
+    int64_t diskWriteQueueBytes = int64_t{64} << 20;
+    bool on() const { return hostBytes > 0 || diskBytes > 0; }
+  } kvTiers;
   // SIGTERM: the worker stops taking work and gives its in-flight requests this long to
   // finish before it ends the rest (docs/architecture.md, "Shutdown and drain").
   int64_t drainTimeoutMs = 30000;

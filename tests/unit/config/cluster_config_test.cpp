@@ -68,6 +68,9 @@ TEST_CASE("the example configs hold what they say") {
   CHECK(local->router.host == "127.0.0.1");
   CHECK(local->kvTransfer.transports == std::vector<TransportKind>{TransportKind::kTcp});
   CHECK(local->model.name == "small");
+  CHECK(local->engine.kvTiers.hostBytes == int64_t{512} << 20);  // docs/kv_cache.md, "Sizes"
+  CHECK(local->engine.kvTiers.diskBytes == int64_t{2} << 30);
+  CHECK(local->engine.kvTiers.diskPath == "kv-cache");
 
   auto gpu = loadClusterConfig("deploy/configs/disaggregated-gpu.yaml");
   REQUIRE(gpu.ok());
@@ -84,6 +87,7 @@ TEST_CASE("the example configs hold what they say") {
   CHECK(colo->pools.prefill.replicas == 0);
   CHECK(colo->engine.numBlocks == 4096);
   CHECK(colo->engine.kvCacheBytes == 0);
+  CHECK(colo->engine.kvTiers.on());
 }
 
 TEST_CASE("an empty file is a valid cluster with the documented defaults") {
@@ -471,6 +475,34 @@ TEST_CASE("KV event keys: defaults, the exact index, the ZeroMQ endpoint checked
   CHECK(errorOf("engine: {kv_events: {replay_endpoint: x}}").find("engine.kv_events.replay_endpoint: unknown key") !=
         std::string::npos);
   CHECK(errorOf("router: {routing: {kv_event_max_lag_ms: 0}}").find("router.routing.kv_event_max_lag_ms") !=
+        std::string::npos);
+}
+
+TEST_CASE("engine.kv_tiers: sizes, the disk path, and the errors naming what is wrong") {
+  const ClusterConfig d = parseOk("");
+  CHECK_FALSE(d.engine.kvTiers.on());
+  CHECK(d.engine.kvTiers.diskWriteQueueBytes == int64_t{64} << 20);
+  auto c = parseOk(
+      "engine: {kv_tiers: {host_bytes: 1073741824, disk_bytes: 4294967296, disk_path: /var/cache/pd, "
+      "disk_write_queue_bytes: 8388608}}");
+  CHECK(c.engine.kvTiers.on());
+  CHECK(c.engine.kvTiers.hostBytes == int64_t{1} << 30);
+  CHECK(c.engine.kvTiers.diskBytes == int64_t{4} << 30);
+  CHECK(c.engine.kvTiers.diskPath == "/var/cache/pd");
+  CHECK(c.engine.kvTiers.diskWriteQueueBytes == int64_t{8} << 20);
+  CHECK(errorOf("engine: {kv_tiers: {disk_bytes: 1073741824}}")
+            .find("engine.kv_tiers.disk_path: needed when disk_bytes is set") != std::string::npos);
+  CHECK(errorOf("engine: {kv_tiers: {disk_path: /tmp/x}}")
+            .find("engine.kv_tiers.disk_path: '/tmp/x' is given but disk_bytes is 0") != std::string::npos);
+  CHECK(
+      errorOf("engine: {kv_tiers: {host_bytes: 1000}}").find("engine.kv_tiers.host_bytes: 1000 bytes is below 1 MiB") !=
+      std::string::npos);
+  CHECK(errorOf("engine: {backend: cuda, kv_tiers: {host_bytes: 1073741824}}")
+            .find("engine.kv_tiers: the host and disk tiers are implemented for backend cpu only") !=
+        std::string::npos);
+  CHECK(errorOf("engine: {enable_prefix_caching: false, kv_tiers: {host_bytes: 1073741824}}")
+            .find("need enable_prefix_caching: true") != std::string::npos);
+  CHECK(errorOf("engine: {kv_tiers: {ssd_bytes: 1}}").find("engine.kv_tiers.ssd_bytes: unknown key") !=
         std::string::npos);
 }
 

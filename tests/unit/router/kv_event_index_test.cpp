@@ -42,6 +42,14 @@ void removed(proto::KvEventBatch& b, std::span<const uint64_t> hashes) {
   for (uint64_t h : hashes) e->add_block_hashes(h);
 }
 
+void tiered(proto::KvEventBatch& b, proto::KvEvent::Kind kind, std::span<const uint64_t> hashes,
+            proto::KvEvent::Tier tier) {
+  auto* e = b.add_events();
+  e->set_kind(kind);
+  e->set_tier(tier);
+  for (uint64_t h : hashes) e->add_block_hashes(h);
+}
+
 void cleared(proto::KvEventBatch& b) { b.add_events()->set_kind(proto::KvEvent::ALL_BLOCKS_CLEARED); }
 
 proto::KvEventBatch emptySnapshot(uint64_t seq) {
@@ -167,4 +175,38 @@ TEST_CASE("kv index: behind the worker's reported seq for max lag is stale and t
   idx.forget("w");
   CHECK_FALSE(idx.current("w", t0 + 200ms));
   CHECK_FALSE(idx.tracks("w"));
+}
+
+TEST_CASE("kv index: a block counts as cached while any tier holds it") {
+  KvEventIndex idx(kBs, 1000ms);
+  idx.addWorker("w");
+  REQUIRE(idx.apply("w", emptySnapshot(1)) == KvEventIndex::Applied::kApplied);
+  const auto h = chain(3);
+  auto b2 = batch(2);
+  stored(b2, h);  // the KV region (an old worker's events carry no tier: the region)
+  tiered(b2, proto::KvEvent::BLOCK_STORED, h, proto::KvEvent::TIER_DISK);
+  REQUIRE(idx.apply("w", b2) == KvEventIndex::Applied::kApplied);
+  CHECK(idx.cachedTokens("w", h) == 3 * kBs);
+  CHECK(idx.regionCachedTokens("w", h) == 3 * kBs);
+  // The region evicts the last two blocks; the host tier takes them.
+  auto b3 = batch(3);
+  removed(b3, std::span(h).subspan(1));
+  tiered(b3, proto::KvEvent::BLOCK_STORED, std::span(h).subspan(1), proto::KvEvent::TIER_HOST);
+  REQUIRE(idx.apply("w", b3) == KvEventIndex::Applied::kApplied);
+  CHECK(idx.cachedTokens("w", h) == 3 * kBs);  // promoted, not recomputed: counted as cached
+  CHECK(idx.regionCachedTokens("w", h) == 1 * kBs);
+  CHECK(idx.tierBlocks("w", proto::KvEvent::TIER_HOST) == 2);
+  CHECK(idx.tierBlocks("w", proto::KvEvent::TIER_DISK) == 3);
+  // The host drops block 1 and the disk too: the chain ends at block 0.
+  auto b4 = batch(4);
+  tiered(b4, proto::KvEvent::BLOCK_REMOVED, std::span(h).subspan(1, 1), proto::KvEvent::TIER_HOST);
+  tiered(b4, proto::KvEvent::BLOCK_REMOVED, std::span(h).subspan(1, 1), proto::KvEvent::TIER_DISK);
+  REQUIRE(idx.apply("w", b4) == KvEventIndex::Applied::kApplied);
+  CHECK(idx.cachedTokens("w", h) == 1 * kBs);
+  CHECK(idx.blocks("w") == 2);
+  // A Removed of a tier that does not hold the block changes nothing.
+  auto b5 = batch(5);
+  tiered(b5, proto::KvEvent::BLOCK_REMOVED, std::span(h).subspan(2, 1), proto::KvEvent::TIER_REGION);
+  REQUIRE(idx.apply("w", b5) == KvEventIndex::Applied::kApplied);
+  CHECK(idx.blocks("w") == 2);
 }

@@ -209,6 +209,10 @@ TEST_CASE("stream chunks, usage chunk and full responses have OpenAI's shapes") 
   CHECK(usage["choices"] == json::array());
   CHECK(usage["object"] == "text_completion");
   CHECK(usage["usage"]["total_tokens"] == 5);
+  CHECK_FALSE(usage["usage"].contains("prompt_tokens_details"));  // no worker figure: left out
+  Usage cached{3, 2};
+  cached.cachedTokens = 2;
+  CHECK(usageChunk(Endpoint::kCompletions, meta, cached)["usage"]["prompt_tokens_details"]["cached_tokens"] == 2);
 
   ChoiceDelta whole{
       0, "Hello", {{"Hel", -0.5f, {{"Hel", -0.5f}, {"He", -1.5f}}}, {"lo", -0.25f, {}}}, std::string("stop"), false};

@@ -83,3 +83,27 @@ TEST_CASE("kv event publisher: one batch per flush, chains merged, snapshots fra
   CHECK(stored == 3);
   CHECK(pub.seq() == 3);
 }
+
+TEST_CASE("kv event publisher: each tier's events go out as runs of their own, with the tier") {
+  using engine::KvBlockEvent;
+  using engine::KvTier;
+  std::vector<KvBlockEvent> ev = {
+      {KvBlockEvent::Kind::kStored, 1, kRootBlockHash, {}, KvTier::kRegion},
+      {KvBlockEvent::Kind::kStored, 2, 1, {}, KvTier::kRegion},
+      {KvBlockEvent::Kind::kStored, 3, 2, {}, KvTier::kDisk},  // continues the chain, another tier
+      {KvBlockEvent::Kind::kRemoved, 1, kRootBlockHash, {}, KvTier::kRegion},
+      {KvBlockEvent::Kind::kRemoved, 2, 1, {}, KvTier::kHost},
+      {KvBlockEvent::Kind::kRemoved, 3, 2, {}, KvTier::kHost},
+  };
+  CHECK(kvEventRuns(ev).size() == 4);
+  proto::KvEventBatch b;
+  appendKvEvents(ev, &b);
+  REQUIRE(b.events_size() == 4);
+  CHECK(b.events(0).tier() == proto::KvEvent::TIER_REGION);
+  CHECK(b.events(0).block_hashes_size() == 2);
+  CHECK(b.events(1).tier() == proto::KvEvent::TIER_DISK);
+  CHECK(b.events(1).parent_block_hash() == 2);
+  CHECK(b.events(2).tier() == proto::KvEvent::TIER_REGION);
+  CHECK(b.events(3).tier() == proto::KvEvent::TIER_HOST);
+  CHECK(b.events(3).block_hashes_size() == 2);
+}

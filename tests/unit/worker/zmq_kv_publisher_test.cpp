@@ -225,3 +225,25 @@ TEST_CASE("zmq kv events: a bad endpoint is refused by name") {
   REQUIRE_FALSE(pub.ok());
   CHECK(pub.status().message().find("zmq_endpoint") != std::string::npos);
 }
+
+TEST_CASE("zmq kv events: the lower tiers' blocks carry medium CPU and DISK") {
+#if !PD_HAVE_ZMQ
+  pd::test::skipTest("built without ZeroMQ and msgpack-c (scripts/setup installs libzmq3-dev, libmsgpack-dev)");
+#else
+  using engine::KvBlockEvent;
+  using engine::KvTier;
+  const std::vector<KvBlockEvent> ev = {
+      {KvBlockEvent::Kind::kStored, 1, kRootBlockHash, {5, 6}, KvTier::kRegion},
+      {KvBlockEvent::Kind::kStored, 1, kRootBlockHash, {5, 6}, KvTier::kHost},
+      {KvBlockEvent::Kind::kStored, 1, kRootBlockHash, {5, 6}, KvTier::kDisk},
+      {KvBlockEvent::Kind::kRemoved, 1, kRootBlockHash, {}, KvTier::kDisk},
+  };
+  const Batch b = decode(encodeVllmEventBatch(1.5, ev, 2, "GPU"));
+  REQUIRE(b.events.size() == 4);
+  CHECK(b.events[0].medium == "GPU");
+  CHECK(b.events[1].medium == "CPU");
+  CHECK(b.events[2].medium == "DISK");
+  CHECK(b.events[3].tag == "BlockRemoved");
+  CHECK(b.events[3].medium == "DISK");
+#endif
+}

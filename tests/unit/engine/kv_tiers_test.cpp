@@ -1,0 +1,376 @@
+// KV tiers below the region (engine/kv_tiers.h): demotion, promotion and eviction per tier
+// with every invariant checked after each operation; the disk tier across a restart, and
+// its refusal of corrupt, truncated and foreign files.
+#include "engine/kv_tiers.h"
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include <catch2/catch.hpp>
+
+#include "tests/scratch_dir.h"
+
+using namespace pd;
+using namespace pd::engine;
+namespace fs = std::filesystem;
+
+namespace {
+
+#define REQUIRE_OK(expr)      \
+  do {                        \
+    ::pd::Status s_ = (expr); \
+    INFO(s_.toString());      \
+    REQUIRE(s_.isOk());       \
+  } while (0)
+
+constexpr int kBs = 4;
+
+KvLayout layout(int numBlocks) {
+  KvLayout l;
+  l.numLayers = 3;
+  l.numBlocks = numBlocks;
+  l.blockSize = kBs;
+  l.numKvHeads = 2;
+  l.headDim = 8;
+  l.dtype = KvDtype::kF32;
+  return l;
+}
+
+std::unique_ptr<KvCacheManager> makeKv(int numBlocks) {
+  auto kv = KvCacheManager::create(layout(numBlocks));
+  REQUIRE(kv.ok());
+  auto m = std::move(kv).value();
+  m->setEventRecording(true);
+  return m;
+}
+
+// Fills every byte of the block, in every layer, from its tokens and the layer: promoted
+// bytes that differ anywhere from what was demoted fail blockHolds.
+float contentOf(std::span<const TokenId> toks, int layer, size_t i) {
+  return float(std::accumulate(toks.begin(), toks.end(), 0) * 131 + layer * 7 + int(i % 97));
+}
+void writeBlock(KvCacheManager& kv, BlockId b, std::span<const TokenId> toks) {
+  const auto& l = kv.layout();
+  for (int layer = 0; layer < l.numLayers; ++layer) {
+    auto* f = reinterpret_cast<float*>(static_cast<uint8_t*>(kv.data()) + l.blockOffset(layer, b));
+    for (size_t i = 0; i < l.blockBytes() / sizeof(float); ++i) f[i] = contentOf(toks, layer, i);
+  }
+}
+bool blockHolds(const KvCacheManager& kv, BlockId b, std::span<const TokenId> toks) {
+  const auto& l = kv.layout();
+  for (int layer = 0; layer < l.numLayers; ++layer) {
+    auto* f = reinterpret_cast<const float*>(static_cast<const uint8_t*>(kv.data()) + l.blockOffset(layer, b));
+    for (size_t i = 0; i < l.blockBytes() / sizeof(float); ++i)
+      if (f[i] != contentOf(toks, layer, i)) return false;
+  }
+  return true;
+}
+
+std::vector<TokenId> prompt(int base, int blocks) {
+  std::vector<TokenId> t(size_t(blocks * kBs + 1));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = base + int(i);
+  return t;
+}
+
+// Computes `toks` as a request would: allocate, "compute" every full block, name them, free.
+void computeAndFree(KvCacheManager& kv, SeqId seq, const std::vector<TokenId>& toks) {
+  REQUIRE_OK(kv.allocate(seq, int(toks.size())));
+  auto table = kv.blockTable(seq);
+  for (size_t b = 0; b + 1 < table.size() || (b + 1) * kBs <= toks.size(); ++b) {
+    if ((b + 1) * kBs > toks.size()) break;
+    writeBlock(kv, table[b], std::span(toks).subspan(b * kBs, kBs));
+  }
+  REQUIRE_OK(kv.cacheComputedBlocks(seq, toks, int(toks.size())));
+  REQUIRE_OK(kv.free(seq));
+}
+
+// Every block of the prompt's cached prefix holds what was computed for it.
+int servedBlocks(const KvCacheManager& kv, const std::vector<TokenId>& toks) {
+  PrefixMatch m = kv.findCachedPrefix(toks, int(toks.size()) - 1);
+  for (size_t i = 0; i < m.blocks.size(); ++i) {
+    INFO("block " << i);
+    REQUIRE(blockHolds(kv, m.blocks[i], std::span(toks).subspan(i * kBs, kBs)));
+  }
+  return int(m.blocks.size());
+}
+
+int count(const std::vector<KvBlockEvent>& ev, KvBlockEvent::Kind k, KvTier t) {
+  return int(std::count_if(ev.begin(), ev.end(), [&](const KvBlockEvent& e) { return e.kind == k && e.tier == t; }));
+}
+
+std::string identity(const char* w = "1111") { return std::string("small/l3b4h2d8f32/w") + w; }
+
+void waitWritten(KvTierStore& t, int blocks) {
+  for (int i = 0; i < 500 && t.disk()->size() < blocks; ++i) {
+    t.disk()->drain(std::chrono::milliseconds(100));
+    t.poll();
+  }
+  REQUIRE(t.disk()->size() == blocks);
+}
+
+}  // namespace
+
+TEST_CASE("kv tiers: an evicted named block demotes to host and promotes back byte for byte") {
+  auto kv = makeKv(4);
+  KvTierOptions o;
+  o.hostBytes = int64_t(kv->blockStrideBytes()) * 8;
+  auto tiers = KvTierStore::create(*kv, o, identity());
+  REQUIRE(tiers.ok());
+  KvTierStore& t = **tiers;
+
+  const auto a = prompt(100, 2);  // 2 full blocks + 1 token
+  computeAndFree(*kv, 1, a);
+  REQUIRE_OK(t.checkInvariants());
+  REQUIRE(servedBlocks(*kv, a) == 2);
+  (void)kv->takeEvents();
+
+  // A prompt that needs every block evicts a's two: they demote instead of vanishing.
+  REQUIRE_OK(kv->allocate(2, 4 * kBs));
+  REQUIRE_OK(t.checkInvariants());
+  REQUIRE(servedBlocks(*kv, a) == 0);
+  REQUIRE(t.host()->size() == 2);
+  auto ev = kv->takeEvents();
+  CHECK(count(ev, KvBlockEvent::Kind::kRemoved, KvTier::kRegion) == 2);
+  CHECK(count(ev, KvBlockEvent::Kind::kStored, KvTier::kHost) == 2);
+  CHECK(t.stats().demotionsToHost == 2);
+
+  // No free block: nothing can be promoted, and nothing changes.
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 0);
+  REQUIRE_OK(t.checkInvariants());
+  REQUIRE_OK(kv->free(2));
+
+  // Promotion copies them back into fresh region blocks, named and findable.
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 2);
+  REQUIRE_OK(t.checkInvariants());
+  REQUIRE(servedBlocks(*kv, a) == 2);
+  ev = kv->takeEvents();
+  CHECK(count(ev, KvBlockEvent::Kind::kStored, KvTier::kRegion) == 2);
+  CHECK(kv->stats().promotedBlocks[int(KvTier::kHost)] == 2);
+  // The first attach counts them as host hits; a second one as region hits.
+  REQUIRE(kv->attachCachedPrefix(3, a, int(a.size()) - 1).value() == 2 * kBs);
+  CHECK(kv->stats().hitBlocks[int(KvTier::kHost)] == 2);
+  REQUIRE_OK(kv->free(3));
+  REQUIRE(kv->attachCachedPrefix(4, a, int(a.size()) - 1).value() == 2 * kBs);
+  CHECK(kv->stats().hitBlocks[int(KvTier::kRegion)] == 2);
+  REQUIRE_OK(kv->free(4));
+  REQUIRE_OK(t.checkInvariants());
+  // Promoting again finds everything in the region: nothing to do.
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 0);
+
+  // The snapshot names the host copies with their tier.
+  auto snap = kv->snapshotEvents();
+  CHECK(count(snap, KvBlockEvent::Kind::kStored, KvTier::kHost) == 2);
+  CHECK(count(snap, KvBlockEvent::Kind::kStored, KvTier::kRegion) == 2);
+}
+
+TEST_CASE("kv tiers: the host tier evicts its least recently used block, promotion stops at a miss") {
+  auto kv = makeKv(6);
+  KvTierOptions o;
+  o.hostBytes = int64_t(kv->blockStrideBytes()) * 2;  // two slots
+  auto tiers = KvTierStore::create(*kv, o, identity());
+  REQUIRE(tiers.ok());
+  KvTierStore& t = **tiers;
+  const auto a = prompt(100, 2), b = prompt(500, 2);
+  computeAndFree(*kv, 1, a);
+  computeAndFree(*kv, 2, b);  // the region now holds a and b (4 named blocks)
+  (void)kv->takeEvents();
+  // Every block: evicts all four (least recently freed first: a's tail, a's head, b's tail,
+  // b's head); the host keeps the last two.
+  REQUIRE_OK(kv->allocate(3, 6 * kBs));
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(t.host()->size() == 2);
+  CHECK(t.stats().hostEvictions == 2);
+  auto ev = kv->takeEvents();
+  CHECK(count(ev, KvBlockEvent::Kind::kRemoved, KvTier::kHost) == 2);
+  CHECK(count(ev, KvBlockEvent::Kind::kRemoved, KvTier::kRegion) == 4);
+  REQUIRE_OK(kv->free(3));
+  CHECK(t.promote(b, int(b.size()) - 1, 8) == 2);
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 0);
+  REQUIRE_OK(t.checkInvariants());
+  REQUIRE(servedBlocks(*kv, b) == 2);
+  // Evicted again, b's blocks find their host copies (no second copy), and maxNewBlocks
+  // bounds a promotion.
+  REQUIRE_OK(kv->allocate(4, 6 * kBs));
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(t.stats().demotionsToHost == 4);
+  REQUIRE_OK(kv->free(4));
+  CHECK(t.promote(b, int(b.size()) - 1, 1) == 1);
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(servedBlocks(*kv, b) == 1);
+}
+
+TEST_CASE("kv tiers: the disk tier survives a restart and refuses corrupt, truncated and foreign files") {
+  const fs::path dir = test::scratchDir() / "disk";
+  const auto a = prompt(100, 3), b = prompt(700, 2);
+  std::vector<uint64_t> aNames, bNames;
+  for (uint64_t h : blockHashChain(a, kBs)) aNames.push_back(h);
+  for (uint64_t h : blockHashChain(b, kBs)) bNames.push_back(h);
+  KvTierOptions o;
+  o.diskBytes = 1 << 20;
+  o.diskPath = dir.string();
+  {
+    auto kv = makeKv(8);
+    auto tiers = KvTierStore::create(*kv, o, identity());
+    REQUIRE(tiers.ok());
+    KvTierStore& t = **tiers;
+    computeAndFree(*kv, 1, a);  // write-through: named blocks go to disk
+    computeAndFree(*kv, 2, b);
+    waitWritten(t, 5);
+    REQUIRE_OK(t.checkInvariants());
+    auto ev = kv->takeEvents();
+    CHECK(count(ev, KvBlockEvent::Kind::kStored, KvTier::kDisk) == 5);
+    CHECK(t.stats().diskWrites == 5);
+  }
+  // Another identity (same name and shape, other weights) writes the same prompt: its files
+  // live in a directory of their own.
+  {
+    auto kv = makeKv(8);
+    KvTierOptions other = o;
+    auto tiers = KvTierStore::create(*kv, other, identity("2222"));
+    REQUIRE(tiers.ok());
+    CHECK((*tiers)->disk()->size() == 0);  // another identity's directory: empty
+    computeAndFree(*kv, 1, a);
+    waitWritten(**tiers, 3);
+  }
+  fs::path mine, theirs;
+  {
+    auto kv = makeKv(8);
+    auto t1 = KvTierStore::create(*kv, o, identity());
+    REQUIRE(t1.ok());
+    mine = (*t1)->disk()->dir();
+  }
+  {
+    auto kv = makeKv(8);
+    auto t2 = KvTierStore::create(*kv, o, identity("2222"));
+    REQUIRE(t2.ok());
+    theirs = (*t2)->disk()->dir();
+  }
+  REQUIRE(mine != theirs);
+  const auto fileName = [](uint64_t h) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%016llx.kvb", static_cast<unsigned long long>(h));
+    return std::string(buf);
+  };
+  // b[0]: replaced by the other identity's file for a[0] renamed to b[0]'s name: foreign.
+  fs::copy_file(theirs / fileName(aNames[0]), mine / fileName(bNames[0]), fs::copy_options::overwrite_existing);
+  // b[1]: truncated.
+  fs::resize_file(mine / fileName(bNames[1]), fs::file_size(mine / fileName(bNames[1])) - 100);
+  // a[2]: one KV byte flipped (the header is intact: found at start, refused at load).
+  {
+    std::fstream f(mine / fileName(aNames[2]), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-10, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-10, std::ios::end);
+    c = char(c ^ 0x40);
+    f.write(&c, 1);
+  }
+  // A leftover of an interrupted write.
+  { std::ofstream(mine / "0000000000000001.kvb.tmp") << "partial"; }
+
+  auto kv = makeKv(8);
+  auto tiers = KvTierStore::create(*kv, o, identity());
+  REQUIRE(tiers.ok());
+  KvTierStore& t = **tiers;
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(t.disk()->size() == 3);  // a[0], a[1], a[2] (the flipped byte is not seen yet)
+  CHECK(t.stats().diskFilesDropped[int(KvDiskTier::FileDrop::kForeign)] == 1);
+  CHECK(t.stats().diskFilesDropped[int(KvDiskTier::FileDrop::kTruncated)] == 1);
+  CHECK(!fs::exists(mine / fileName(bNames[0])));
+  CHECK(!fs::exists(mine / fileName(bNames[1])));
+  CHECK(!fs::exists(mine / "0000000000000001.kvb.tmp"));
+  CHECK(fs::exists(theirs / fileName(aNames[0])));  // another identity's files are left alone
+  // What it holds is announced in a snapshot with the disk tier.
+  auto snap = kv->snapshotEvents();
+  CHECK(count(snap, KvBlockEvent::Kind::kStored, KvTier::kDisk) == 3);
+
+  // Promotion restores a[0] and a[1] byte for byte and stops at the corrupt a[2], which is
+  // dropped (a removed event), never loaded.
+  (void)kv->takeEvents();
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 2);
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(servedBlocks(*kv, a) == 2);
+  CHECK(t.stats().diskFilesDropped[int(KvDiskTier::FileDrop::kCorrupt)] == 1);
+  CHECK(!fs::exists(mine / fileName(aNames[2])));
+  auto ev = kv->takeEvents();
+  CHECK(count(ev, KvBlockEvent::Kind::kRemoved, KvTier::kDisk) == 1);
+  CHECK(count(ev, KvBlockEvent::Kind::kStored, KvTier::kRegion) == 2);
+  CHECK(kv->stats().promotedBlocks[int(KvTier::kDisk)] == 2);
+  // b is gone from every tier: nothing to promote.
+  CHECK(t.promote(b, int(b.size()) - 1, 8) == 0);
+}
+
+TEST_CASE("kv tiers: the disk tier stays within its byte bound and drops what its queue cannot take") {
+  const fs::path dir = test::scratchDir() / "bound";
+  auto kv = makeKv(16);
+  const auto a = prompt(100, 3), b = prompt(900, 3);
+  const int64_t file = int64_t(
+      KvDiskTier::encodeFile(identity(), 1, 2, std::vector<TokenId>(kBs), std::vector<uint8_t>(kv->blockStrideBytes()))
+          .size());
+  SECTION("byte bound: the oldest files go first") {
+    KvTierOptions o;
+    o.diskBytes = file * 4;
+    o.diskPath = dir.string();
+    auto tiers = KvTierStore::create(*kv, o, identity());
+    REQUIRE(tiers.ok());
+    KvTierStore& t = **tiers;
+    computeAndFree(*kv, 1, a);
+    waitWritten(t, 3);
+    computeAndFree(*kv, 2, b);
+    waitWritten(t, 4);
+    REQUIRE_OK(t.checkInvariants());
+    CHECK(t.disk()->bytes() <= o.diskBytes);
+    CHECK(t.stats().diskEvictions == 2);
+    auto ev = kv->takeEvents();
+    CHECK(count(ev, KvBlockEvent::Kind::kRemoved, KvTier::kDisk) == 2);
+    const auto names = blockHashChain(a, kBs);
+    CHECK(!t.disk()->contains(names[0]));
+    CHECK(!t.disk()->contains(names[1]));
+    CHECK(t.disk()->contains(names[2]));
+  }
+  SECTION("a queue that cannot take a block drops it, counted") {
+    auto d = KvDiskTier::open(dir.string(), identity(), int64_t(1) << 20, /*queueBytes=*/file - 1,
+                              kv->blockStrideBytes(), kBs);
+    REQUIRE(d.ok());
+    std::vector<KvDiskTier::Change> changes;
+    std::vector<uint8_t> bytes(kv->blockStrideBytes(), 7);
+    const std::vector<TokenId> toks = {1, 2, 3, 4};
+    CHECK(!(*d)->enqueue(hashBlockTokens(kRootBlockHash, toks), kRootBlockHash, toks, bytes, &changes));
+    CHECK((*d)->writesDropped(KvDiskTier::WriteDrop::kQueueFull) == 1);
+    CHECK(!(*d)->knows(hashBlockTokens(kRootBlockHash, toks)));
+    REQUIRE_OK((*d)->checkInvariants());
+  }
+}
+
+TEST_CASE("kv tiers: configuration errors name the problem") {
+  auto kv = makeKv(4);
+  KvTierOptions none;
+  CHECK(KvTierStore::create(*kv, none, identity()).status().code() == StatusCode::kInvalidArgument);
+  KvTierOptions tiny;
+  tiny.hostBytes = 1;
+  auto r = KvTierStore::create(*kv, tiny, identity());
+  REQUIRE(!r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("fewer than 2 blocks"));
+  KvTierOptions noPath;
+  noPath.diskBytes = 1 << 20;
+  CHECK(KvTierStore::create(*kv, noPath, identity()).status().code() == StatusCode::kInvalidArgument);
+  auto accounting = KvCacheManager::create(layout(4), KvCacheManager::Backing::kAccountingOnly);
+  REQUIRE(accounting.ok());
+  KvTierOptions host;
+  host.hostBytes = 1 << 20;
+  CHECK(KvTierStore::create(**accounting, host, identity()).status().code() == StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("kv tiers: the checksum sees one flipped bit anywhere") {
+  std::vector<uint8_t> v(4099);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = uint8_t(i * 31);
+  const uint64_t h = kvChecksum(v);
+  for (size_t i : {size_t(0), size_t(17), size_t(4096), size_t(4098)}) {
+    v[i] ^= 1;
+    CHECK(kvChecksum(v) != h);
+    v[i] ^= 1;
+  }
+  CHECK(kvChecksum(v) == h);
+}
