@@ -39,8 +39,16 @@ ApiError ApiError::notFound(std::string message) {
 
 ApiError ApiError::methodNotAllowed(std::string message) { return {.status = 405, .message = std::move(message)}; }
 
+ApiError ApiError::endpointNotServed(const std::string& method, const std::string& path) {
+  return {.status = 404,
+          .message = method + " " + quoteForMessage(path) +
+                     ": this OpenAI endpoint is not served by pdserve (it serves /v1/completions, "
+                     "/v1/chat/completions, /v1/responses and /v1/models; docs/serving.md \"API fields\")",
+          .code = "not_served"};
+}
+
 ApiError ApiError::contextLengthExceeded(std::string message, std::string param) {
-  return {.status = 413, .message = std::move(message), .param = std::move(param), .code = "context_length_exceeded"};
+  return {.message = std::move(message), .param = std::move(param), .code = "context_length_exceeded"};
 }
 
 ApiError ApiError::unauthorized(std::string message) {
@@ -200,20 +208,52 @@ MaybeError readBoundedString(const json& obj, const char* key, const std::string
   return std::nullopt;
 }
 
-// The keys of a message besides role and content. Tools are not implemented (docs/serving.md
-// "API fields"), so a history that carries tool calls is refused by name rather than rendered
-// without them; an empty tool_calls array (some clients always send one) means none.
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}].
+MaybeError readToolCalls(const json& value, const std::string& at, const ApiLimits& limits, ChatMessage* cm) {
+  const std::string field = at + ".tool_calls";
+  if (!value.is_array()) return ApiError::invalidRequest(field + ": expected an array, got " + typeName(value), "messages");
+  if (value.empty()) return std::nullopt;  // some clients always send one: none
+  if (cm->role != "assistant") return ApiError::invalidRequest(field + ": only assistant messages carry tool calls", "messages");
+  json calls = json::array();
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string callAt = field + "[" + std::to_string(i) + "]";
+    const json& c = value[i];
+    if (!c.is_object()) return wrongType(callAt, "an object", c);
+    for (const auto& [key, v] : c.items()) {
+      if (key != "id" && key != "type" && key != "function" && !v.is_null())
+        return ApiError::invalidRequest(callAt + "." + quoteForMessage(key) + ": not supported by pdserve", "messages");
+    }
+    if (c.contains("type") && !c["type"].is_null() && c["type"] != "function")
+      return ApiError::invalidRequest(callAt + ".type: only \"function\"", "messages");
+    auto id = c.find("id");
+    if (id == c.end() || !id->is_string() || id->get_ref<const std::string&>().size() > limits.maxNameBytes)
+      return ApiError::invalidRequest(callAt + ".id: required string of at most " + std::to_string(limits.maxNameBytes) + " bytes", "messages");
+    auto f = c.find("function");
+    if (f == c.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+      return ApiError::invalidRequest(callAt + ".function.name: required string", "messages");
+    json args = json::object();
+    if (f->contains("arguments") && !(*f)["arguments"].is_null()) {
+      const json& a = (*f)["arguments"];
+      if (!a.is_string()) return ApiError::invalidRequest(callAt + ".function.arguments: expected a string", "messages");
+      json parsed = json::parse(a.get_ref<const std::string&>(), nullptr, false);
+      args = parsed.is_object() ? parsed : a;
+    }
+    calls.push_back({{"id", *id}, {"type", "function"}, {"function", {{"name", (*f)["name"]}, {"arguments", args}}}});
+  }
+  cm->toolCalls = std::move(calls);
+  return std::nullopt;
+}
+
+// The keys of a message besides role and content: name, tool_call_id (role tool) and
+// tool_calls (role assistant), each passed to the chat template.
 MaybeError readMessageExtras(const json& msg, const std::string& at, const ApiLimits& limits, ChatMessage* cm) {
   if (auto e = readBoundedString(msg, "name", at, limits.maxNameBytes, &cm->name)) return e;
   if (auto e = readBoundedString(msg, "tool_call_id", at, limits.maxNameBytes, &cm->toolCallId)) return e;
   for (const auto& [key, value] : msg.items()) {
     if (value.is_null() || key == "role" || key == "content" || key == "name" || key == "tool_call_id") continue;
     if (key == "tool_calls") {
-      if (!value.is_array())
-        return ApiError::invalidRequest(at + ".tool_calls: expected an array, got " + typeName(value), "messages");
-      if (value.empty()) continue;
-      return ApiError::invalidRequest(at + ".tool_calls: not supported by pdserve (tools are not implemented)",
-                                      "messages");
+      if (auto e = readToolCalls(value, at, limits, cm)) return e;
+      continue;
     }
     return ApiError::invalidRequest(at + "." + quoteForMessage(key) + ": not supported by pdserve", "messages");
   }
@@ -334,7 +374,9 @@ constexpr std::string_view kBothFields[] = {"model",
                                             "return_token_ids",
                                             "split_special_tokens"};
 constexpr std::string_view kCompletionsFields[] = {"prompt", "logprobs", "echo", "best_of"};
-constexpr std::string_view kChatFields[] = {"messages", "add_generation_prompt", "logprobs", "top_logprobs"};
+constexpr std::string_view kChatFields[] = {"messages",     "add_generation_prompt", "logprobs",
+                                            "top_logprobs", "tools",                 "tool_choice",
+                                            "parallel_tool_calls"};
 
 bool listed(std::span<const std::string_view> fields, const std::string& name) {
   return std::find(fields.begin(), fields.end(), name) != fields.end();
@@ -457,6 +499,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
   } else {
     if (auto e = readMessages(body, limits, r)) return e;
     if (auto e = readBool(body, "add_generation_prompt", &r->addGenerationPrompt)) return e;
+    if (auto e = readToolFields(body, &r->tools)) return ApiError::invalidRequest(e->message, e->param);
   }
 
   constexpr int64_t kMaxTokensCap = 1 << 24;
@@ -630,6 +673,19 @@ json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta&
     json delta = json::object();
     if (d.first) delta["role"] = "assistant";
     if (d.first || !d.text.empty()) delta["content"] = d.text;
+    if (!d.toolCallDeltas.empty()) {
+      json calls = json::array();
+      for (const auto& c : d.toolCallDeltas) {
+        json call{{"index", c.index}};
+        if (c.id) call["id"] = *c.id, call["type"] = "function";
+        json function = json::object();
+        if (c.name) function["name"] = *c.name;
+        function["arguments"] = c.arguments;
+        call["function"] = function;
+        calls.push_back(std::move(call));
+      }
+      delta["tool_calls"] = calls;
+    }
     choice["delta"] = delta;
   } else {
     choice["text"] = d.text;
@@ -660,6 +716,15 @@ json fullResponse(Endpoint endpoint, const ResponseMeta& meta, const std::vector
     json choice{{"index", c.index}};
     if (endpoint == Endpoint::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+      if (!c.toolCalls.empty()) {
+        json calls = json::array();
+        for (const auto& t : c.toolCalls)
+          calls.push_back({{"id", t.id},
+                           {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        choice["message"]["tool_calls"] = calls;
+        if (c.text.empty()) choice["message"]["content"] = nullptr;  // as OpenAI answers a call
+      }
     } else {
       choice["text"] = c.text;
     }

@@ -236,6 +236,9 @@ class RouterServiceImpl final : public RouterService {
     if (path == "/v1/chat/completions") return onGenerate(req, r, Endpoint::kChat, client);
     if (path == "/tokenize") return answer(r, parser_.tokenize(req.body));
     if (path == "/detokenize") return answer(r, parser_.detokenize(req.body));
+    // Any other OpenAI path (/v1/embeddings, /v1/audio/..., /v1/images/...) answers in the
+    // OpenAI error shape, so SDKs raise NotFoundError naming the endpoint, not "model not found".
+    if (path.starts_with("/v1/") || path == "/v1") return sendError(r, ApiError::endpointNotServed(req.method, path));
     sendError(r, ApiError::notFound("no route for " + req.method + " " + path));
   }
 

@@ -198,7 +198,8 @@ test('errors arrive as the SDK error classes', async () => {
   await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }),
                        (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
   await assert.rejects(client.completions.create({ model: 'small', prompt: Array(5000).fill(65) }),
-                       (e) => e instanceof OpenAI.APIError && e.status === 413 && e.code === 'context_length_exceeded');
+                       (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
+                             e.code === 'context_length_exceeded');
 });
 
 test('aborting a stream mid-way frees its blocks on both workers', async () => {
