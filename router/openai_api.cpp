@@ -211,9 +211,11 @@ MaybeError readBoundedString(const json& obj, const char* key, const std::string
 // An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}].
 MaybeError readToolCalls(const json& value, const std::string& at, const ApiLimits& limits, ChatMessage* cm) {
   const std::string field = at + ".tool_calls";
-  if (!value.is_array()) return ApiError::invalidRequest(field + ": expected an array, got " + typeName(value), "messages");
+  if (!value.is_array())
+    return ApiError::invalidRequest(field + ": expected an array, got " + typeName(value), "messages");
   if (value.empty()) return std::nullopt;  // some clients always send one: none
-  if (cm->role != "assistant") return ApiError::invalidRequest(field + ": only assistant messages carry tool calls", "messages");
+  if (cm->role != "assistant")
+    return ApiError::invalidRequest(field + ": only assistant messages carry tool calls", "messages");
   json calls = json::array();
   for (size_t i = 0; i < value.size(); ++i) {
     const std::string callAt = field + "[" + std::to_string(i) + "]";
@@ -227,14 +229,21 @@ MaybeError readToolCalls(const json& value, const std::string& at, const ApiLimi
       return ApiError::invalidRequest(callAt + ".type: only \"function\"", "messages");
     auto id = c.find("id");
     if (id == c.end() || !id->is_string() || id->get_ref<const std::string&>().size() > limits.maxNameBytes)
-      return ApiError::invalidRequest(callAt + ".id: required string of at most " + std::to_string(limits.maxNameBytes) + " bytes", "messages");
+      return ApiError::invalidRequest(
+          callAt + ".id: required string of at most " + std::to_string(limits.maxNameBytes) + " bytes", "messages");
     auto f = c.find("function");
     if (f == c.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
       return ApiError::invalidRequest(callAt + ".function.name: required string", "messages");
+    for (const auto& [key, v] : f->items()) {
+      if (key != "name" && key != "arguments" && !v.is_null())
+        return ApiError::invalidRequest(callAt + ".function." + quoteForMessage(key) + ": not supported by pdserve",
+                                        "messages");
+    }
     json args = json::object();
     if (f->contains("arguments") && !(*f)["arguments"].is_null()) {
       const json& a = (*f)["arguments"];
-      if (!a.is_string()) return ApiError::invalidRequest(callAt + ".function.arguments: expected a string", "messages");
+      if (!a.is_string())
+        return ApiError::invalidRequest(callAt + ".function.arguments: expected a string", "messages");
       json parsed = json::parse(a.get_ref<const std::string&>(), nullptr, false);
       args = parsed.is_object() ? parsed : a;
     }
@@ -374,9 +383,8 @@ constexpr std::string_view kBothFields[] = {"model",
                                             "return_token_ids",
                                             "split_special_tokens"};
 constexpr std::string_view kCompletionsFields[] = {"prompt", "logprobs", "echo", "best_of"};
-constexpr std::string_view kChatFields[] = {"messages",     "add_generation_prompt", "logprobs",
-                                            "top_logprobs", "tools",                 "tool_choice",
-                                            "parallel_tool_calls"};
+constexpr std::string_view kChatFields[] = {"messages", "add_generation_prompt", "logprobs",           "top_logprobs",
+                                            "tools",    "tool_choice",           "parallel_tool_calls"};
 
 bool listed(std::span<const std::string_view> fields, const std::string& name) {
   return std::find(fields.begin(), fields.end(), name) != fields.end();
@@ -390,7 +398,9 @@ MaybeError refuseUnknownFields(const json& body, Endpoint endpoint) {
   if (!body.is_object()) return std::nullopt;  // parseJsonBody already refused it
   for (const auto& [name, value] : body.items()) {
     if (value.is_null() || listed(kBothFields, name)) continue;
-    if (listed(endpoint == Endpoint::kCompletions ? std::span(kCompletionsFields) : std::span(kChatFields), name)) {
+    if (listed(endpoint == Endpoint::kCompletions ? std::span<const std::string_view>(kCompletionsFields)
+                                                  : std::span<const std::string_view>(kChatFields),
+               name)) {
       continue;
     }
     return notSupported(quoteForMessage(name));
@@ -719,9 +729,8 @@ json fullResponse(Endpoint endpoint, const ResponseMeta& meta, const std::vector
       if (!c.toolCalls.empty()) {
         json calls = json::array();
         for (const auto& t : c.toolCalls)
-          calls.push_back({{"id", t.id},
-                           {"type", "function"},
-                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+          calls.push_back(
+              {{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
         choice["message"]["tool_calls"] = calls;
         if (c.text.empty()) choice["message"]["content"] = nullptr;  // as OpenAI answers a call
       }

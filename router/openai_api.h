@@ -57,7 +57,8 @@ struct ApiError {
   static ApiError internal(std::string message);
 };
 
-enum class Endpoint { kCompletions, kChat };
+// kResponses: POST /v1/responses, parsed into a chat request (router/responses_api.h).
+enum class Endpoint { kCompletions, kChat, kResponses };
 
 struct ChatMessage {
   std::string role;     // system | developer | user | assistant | tool
@@ -111,6 +112,9 @@ struct GenerationRequest {
   bool splitSpecialTokens = true;
   // Chat: tools, tool_choice, parallel_tool_calls (router/tool_calls.h).
   ToolRequest tools;
+  // Set when the request came as a Responses body (router/responses_api.h): the fields the
+  // Response object echoes. The request itself is the chat request it means.
+  std::optional<nlohmann::json> responses;
 };
 
 // Limits the router enforces while parsing.

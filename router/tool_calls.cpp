@@ -61,9 +61,7 @@ std::optional<json> parseJson(std::string_view s) {
   return j;
 }
 
-std::string argumentsText(const json& args) {
-  return args.dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string argumentsText(const json& args) { return args.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // {"name": "f", "<argsKey>": {...}}; arguments may also come as a JSON object's text.
 std::optional<ToolCall> callFromObject(const json& j) {
@@ -107,8 +105,8 @@ ParsedToolOutput parseHermes(std::string_view text) {
     const size_t bodyStart = at + std::string_view(kHermesOpen).size();
     size_t close = text.find(kHermesClose, bodyStart);
     // The last call may lack its closing tag (the answer ended with the JSON).
-    std::string_view body = text.substr(bodyStart, close == std::string_view::npos ? std::string_view::npos
-                                                                                    : close - bodyStart);
+    std::string_view body =
+        text.substr(bodyStart, close == std::string_view::npos ? std::string_view::npos : close - bodyStart);
     auto j = parseJson(body);
     auto call = j ? callFromObject(*j) : std::nullopt;
     if (!call) return asContent(text);
@@ -117,8 +115,8 @@ ParsedToolOutput parseHermes(std::string_view text) {
     const size_t after = close + std::string_view(kHermesClose).size();
     at = text.find(kHermesOpen, after);
     // Text between or after the calls: what a template would not write; kept as content.
-    std::string_view between = trim(text.substr(after, at == std::string_view::npos ? std::string_view::npos
-                                                                                     : at - after));
+    std::string_view between =
+        trim(text.substr(after, at == std::string_view::npos ? std::string_view::npos : at - after));
     if (!between.empty()) out.content += (out.content.empty() ? "" : "\n") + std::string(between);
   }
   return out;
@@ -256,8 +254,7 @@ std::optional<ToolFieldError> readToolFields(const json& body, ToolRequest* out)
                        "' is not supported by pdserve (only \"function\")",
                    "tools");
       }
-      if (!t.contains("function") || !t["function"].is_object())
-        return err(at + ".function: required object", "tools");
+      if (!t.contains("function") || !t["function"].is_object()) return err(at + ".function: required object", "tools");
       const json& f = t["function"];
       for (const auto& [key, value] : f.items()) {
         if (key != "name" && key != "description" && key != "parameters" && key != "strict" && !value.is_null())
@@ -312,6 +309,21 @@ std::optional<ToolFieldError> readToolFields(const json& body, ToolRequest* out)
     out->parallelToolCalls = body["parallel_tool_calls"].get<bool>();
   }
   return std::nullopt;
+}
+
+nlohmann::ordered_json orderedTools(const std::string& body, bool responsesShape) {
+  using ojson = nlohmann::ordered_json;
+  ojson parsed = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object() || !parsed.contains("tools") || !parsed["tools"].is_array()) return ojson::array();
+  if (!responsesShape) return parsed["tools"];
+  ojson out = ojson::array();
+  for (const auto& t : parsed["tools"]) {
+    ojson function = ojson::object();
+    for (const auto& [key, v] : t.items())
+      if (key != "type" && !v.is_null()) function[key] = v;
+    out.push_back({{"type", "function"}, {"function", function}});
+  }
+  return out;
 }
 
 ParsedToolOutput parseToolCalls(ToolCallFormat f, std::string_view text) {

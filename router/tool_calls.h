@@ -43,6 +43,9 @@ enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 struct ToolRequest {
   // The request's tools as given (type "function" each), for the chat template; empty: none.
   nlohmann::json tools = nlohmann::json::array();
+  // The same in the body's key order (set by the request parser): what the template renders
+  // (transformers' tojson keeps the order) and the order of a forced call's properties.
+  nlohmann::ordered_json ordered = nlohmann::ordered_json::array();
   ToolChoice choice = ToolChoice::kNone;  // default: auto with tools, none without
   std::string namedFunction;              // kNamed
   bool parallelToolCalls = true;
@@ -60,9 +63,12 @@ struct ToolFieldError {
 // name that is not [A-Za-z0-9_-]{1,64}, two tools of one name, more than 128 tools, a
 // tool_choice naming no tool, a tool_choice other than none without tools.
 std::optional<ToolFieldError> readToolFields(const nlohmann::json& body, ToolRequest* out);
+// The tools of a body that readToolFields accepted, in the body's key order; `responsesShape`:
+// a Responses body's flat {type, name, ...} tools, turned into chat's {type, function}.
+nlohmann::ordered_json orderedTools(const std::string& body, bool responsesShape);
 
 struct ToolCall {
-  std::string id;         // "call_<24 alphanumerics>"
+  std::string id;  // "call_<24 alphanumerics>"
   std::string name;
   std::string arguments;  // a JSON object's text, as OpenAI sends it
 };

@@ -57,6 +57,7 @@ const Choices<TransportKind> kTransports = choicesOf(kTransportKindNames);
 const Choices<RemotePrefillFailure> kFailurePolicies = choicesOf(kRemotePrefillFailureNames);
 const Choices<MetricsAuth> kMetricsAuth = choicesOf(kMetricsAuthNames);
 const Choices<LogLevel> kLogLevels = choicesOf(kLogLevelNames);
+const Choices<ToolCallParser> kToolCallParsers = choicesOf(kToolCallParserNames);
 
 void readModel(MapReader m, ModelConfig* c) {
   m.readString("path", &c->path, false);
@@ -151,6 +152,7 @@ void readRouterRequests(MapReader& m, RouterConfig* c) {
   m.readInt("request_timeout_ms", &c->requestTimeoutMs, 1, 24 * kHourMs);
   m.readInt("max_migrations", &c->maxMigrations, 0, 16);
   m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
+  m.readEnum("tool_call_parser", &c->toolCallParser, kToolCallParsers);
 }
 
 // router.metrics: the bounds of the router's latency histograms.
@@ -180,7 +182,9 @@ const std::vector<RouterGroup>& routerGroups() {
         "kv_event_max_lag_ms"}},
       {"admission", readRouterAdmission, {"overload_shedding", "max_prompt_tokens", "rate_limits"}},
       {"workers", readRouterWorkers, {"control_port", "load_report_interval_ms", "worker_report_timeout_ms"}},
-      {"requests", readRouterRequests, {"request_timeout_ms", "max_migrations", "drain_timeout_ms"}},
+      {"requests",
+       readRouterRequests,
+       {"request_timeout_ms", "max_migrations", "drain_timeout_ms", "tool_call_parser"}},
       {"metrics", readRouterMetrics, {"ttft_buckets_s", "itl_buckets_s", "e2e_buckets_s"}},
   };
   return groups;

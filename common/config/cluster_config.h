@@ -87,6 +87,14 @@ inline constexpr EnumNames<MetricsAuth, 3> kMetricsAuthNames{
     {{MetricsAuth::kNone, "none"}, {MetricsAuth::kApiKey, "api_key"}, {MetricsAuth::kBearerFile, "bearer_file"}}};
 std::string_view toString(MetricsAuth v);
 
+// router.requests.tool_call_parser: the syntax of a model's tool calls (router/tool_calls.h);
+// auto reads it off the chat template.
+enum class ToolCallParser { kAuto, kHermes, kLlama3Json, kMistral };
+inline constexpr EnumNames<ToolCallParser, 4> kToolCallParserNames{{{ToolCallParser::kAuto, "auto"},
+                                                                    {ToolCallParser::kHermes, "hermes"},
+                                                                    {ToolCallParser::kLlama3Json, "llama3_json"},
+                                                                    {ToolCallParser::kMistral, "mistral"}}};
+
 // The router's keys. In the YAML they sit in groups under router: (docs/config.md), noted per
 // field: [http] router.http, [routing] router.routing, [admission] router.admission,
 // [workers] router.workers, [requests] router.requests, [metrics] router.metrics; the
@@ -120,12 +128,13 @@ struct RouterConfig {
   // [routing] Experimental (off by default: it moves work between the pools under load).
   // Move shortPromptTokens with the pools' SLO headroom (router/adaptive_threshold.h).
   bool adaptiveThreshold = false;
-  int64_t maxBodyBytes = 8 << 20;        // [http] larger HTTP bodies get 413
-  int64_t maxPromptTokens = 0;           // [admission] 0 -> model.max_model_len
-  int64_t loadReportIntervalMs = 100;    // [workers] how often workers send LoadReport
-  int64_t workerReportTimeoutMs = 1000;  // [workers] a worker silent this long: out of rotation
-  int64_t drainTimeoutMs = 30000;        // [requests] SIGTERM: in-flight streams get this long
-  int64_t requestTimeoutMs = 600000;     // [requests] whole-request deadline
+  int64_t maxBodyBytes = 8 << 20;                         // [http] larger HTTP bodies get 413
+  int64_t maxPromptTokens = 0;                            // [admission] 0 -> model.max_model_len
+  int64_t loadReportIntervalMs = 100;                     // [workers] how often workers send LoadReport
+  int64_t workerReportTimeoutMs = 1000;                   // [workers] a worker silent this long: out of rotation
+  int64_t drainTimeoutMs = 30000;                         // [requests] SIGTERM: in-flight streams get this long
+  int64_t requestTimeoutMs = 600000;                      // [requests] whole-request deadline
+  ToolCallParser toolCallParser = ToolCallParser::kAuto;  // [requests] docs/serving.md "Tool calls"
   // [admission] Stable. Refuse (429 + Retry-After) a request predicted to miss the pools' SLO
   // targets (router/admission.h, docs/serving.md "Overload").
   bool overloadShedding = true;

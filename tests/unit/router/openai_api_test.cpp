@@ -123,9 +123,11 @@ TEST_CASE("penalties, logit_bias, min_tokens and best_of are read with their ran
 }
 
 TEST_CASE("every field pdserve does not implement is a 400 naming it") {
-  for (const char* field : {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "suffix",
-                            "audio", "modalities", "prediction", "reasoning_effort", "use_beam_search",
-                            "skip_special_tokens", "guided_json", "some_vendor_extra"}) {
+  // tools / tool_choice / parallel_tool_calls are chat fields (tool_calls_test.cpp); on
+  // completions they are refused like any other field.
+  for (const char* field :
+       {"functions", "function_call", "suffix", "audio", "modalities", "prediction", "reasoning_effort",
+        "use_beam_search", "skip_special_tokens", "guided_json", "some_vendor_extra"}) {
     INFO(field);
     json body{{"prompt", "x"}, {field, json::array({1})}};
     auto e = parseErr(body.dump());
@@ -135,6 +137,8 @@ TEST_CASE("every field pdserve does not implement is a 400 naming it") {
     json chat{{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}, {field, "auto"}};
     CHECK(parseErr(chat.dump(), Endpoint::kChat).param == std::optional<std::string>(field));
   }
+  for (const char* field : {"tools", "tool_choice", "parallel_tool_calls"})
+    CHECK(parseErr(json{{"prompt", "x"}, {field, "auto"}}.dump()).param == std::optional<std::string>(field));
   // Each endpoint's own fields only.
   const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
   CHECK(parseErr("{" + msgs + R"(,"echo":true})", Endpoint::kChat).param == std::optional<std::string>("echo"));
@@ -299,10 +303,20 @@ TEST_CASE("chat messages: name is a bounded string, tool calls are refused by na
       chatErr(json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}, {"name", std::string(257, 'n')}}})}}
                   .dump())
           .message == "messages[0].name: at most 256 bytes, got 257");
-  // Tool calls in the history: tools are not implemented, so they are refused by name.
-  CHECK(chatErr(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c1",
+  // Tool calls in the history pass to the template, their arguments as the object they encode.
+  auto withCalls = chat(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c1",
+      "type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"2"}]})");
+  REQUIRE(std::holds_alternative<GenerationRequest>(withCalls));
+  const auto& calls = std::get<GenerationRequest>(withCalls).messages[1].toolCalls;
+  REQUIRE(calls);
+  CHECK((*calls)[0]["function"]["arguments"] == json{{"x", 1}});
+  CHECK((*calls)[0]["id"] == "c1");
+  CHECK(chatErr(R"({"messages":[{"role":"user","content":"hi","tool_calls":[{"id":"c1",
       "type":"function","function":{"name":"f","arguments":"{}"}}]}]})")
-            .message == "messages[1].tool_calls: not supported by pdserve (tools are not implemented)");
+            .message == "messages[0].tool_calls: only assistant messages carry tool calls");
+  CHECK(chatErr(R"({"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f"}}]}]})")
+            .message == "messages[0].tool_calls[0].id: required string of at most 256 bytes");
   CHECK(chatErr(R"({"messages":[{"role":"assistant","tool_calls":"call f"}]})").message ==
         "messages[0].tool_calls: expected an array, got a string");
   // An empty tool_calls (some clients always send one) and nulls mean none.
