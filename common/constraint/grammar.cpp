@@ -881,6 +881,7 @@ NodeP specTree(const ConstraintSpec& spec) {
       break;
     }
   }
+  if (!value) throw SchemaError{invalidArgument("unknown constraint kind " + std::to_string(int(spec.kind)))};
   return seq({lit(spec.prefix), value, lit(spec.suffix)});
 }
 
