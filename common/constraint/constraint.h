@@ -62,6 +62,7 @@ class Grammar {
 
  private:
   friend Result<std::shared_ptr<const Grammar>> compileGrammar(const ConstraintSpec&);
+  friend class TokenMatcher;
   Grammar();
   struct Impl;
   std::unique_ptr<Impl> impl_;
