@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/constraint/constraint.h"
 #include "router/json_body.h"
 #include "router/responses_api.h"
 
@@ -144,6 +145,17 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
     out.markerTokens = markerTokens_;
     if (out.req.tools.choice == ToolChoice::kRequired || out.req.tools.choice == ToolChoice::kNamed) {
       out.toolConstraint = toolCallConstraint(toolFormat_, out.req.tools);
+      // A parameters schema the constraint module cannot enforce is refused by name now,
+      // never sent on to be ignored.
+      if (Status ok = constraint::validateSpec(out.toolConstraint); !ok.isOk()) {
+        return Rejection{ApiError::invalidRequest("tools: tool_choice " +
+                                                      std::string(out.req.tools.choice == ToolChoice::kNamed
+                                                                      ? "'" + out.req.tools.namedFunction + "'"
+                                                                      : "required") +
+                                                      " needs the tools' parameters enforced: " + ok.message(),
+                                                  "tools"),
+                         "invalid_request_error"};
+      }
     }
   }
   if (!out.req.model.empty() && out.req.model != limits_.modelName) {

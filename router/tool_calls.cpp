@@ -170,6 +170,7 @@ ParsedToolOutput parseMistral(std::string_view text) {
     rest = trim(after.substr(end));
     if (rest.starts_with(kMistralCalls)) rest = trim(rest.substr(std::string_view(kMistralCalls).size()));
   }
+  if (out.calls.empty()) return asContent(text);  // a marker with no call after it
   return out;
 }
 
