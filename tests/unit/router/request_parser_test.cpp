@@ -205,7 +205,7 @@ TEST_CASE("tools and a tool-call history render through the model's own template
   }
 }
 
-TEST_CASE("the configured tool-call parser wins over the template; llama3_json forces its own shape") {
+TEST_CASE("the configured tool-call parser wins over the template, and llama3_json forces its own shape") {
   RequestParser parser = qwen3Parser(ToolCallFormat::kLlama3Json);
   CHECK(parser.toolCallFormat() == ToolCallFormat::kLlama3Json);
   ojson body{{"messages", ojson::array({{{"role", "user"}, {"content", "hi"}}})},
