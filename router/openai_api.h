@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/constraint/spec.h"
+
 namespace pd::router {
 
 // An OpenAI error object plus its HTTP status.
@@ -99,6 +101,9 @@ struct GenerationRequest {
   // contents is encoded as plain text. pdserve defaults to true (transformers to false), so
   // client text never becomes a control token; false lets it through (docs/serving.md).
   bool splitSpecialTokens = true;
+  // Structured output (response_format json_object / json_schema, guided_*, structured_outputs),
+  // validated at parse time; kind kNone when the text is free. Carried to every worker.
+  constraint::ConstraintSpec constraint;
 };
 
 // Limits the router enforces while parsing.

@@ -163,6 +163,13 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
   }
   s->set_min_tokens(uint32_t(q.minTokens));
   s->set_generated_in_prompt(uint32_t(c.generated.size()));  // penalties and min_tokens count them
+  if (q.constraint.active()) {
+    auto* k = s->mutable_constraint();
+    k->set_kind(static_cast<proto::Constraint::Kind>(q.constraint.kind));
+    k->set_body(q.constraint.body);
+    k->set_prefix(q.constraint.prefix);
+    k->set_suffix(q.constraint.suffix);
+  }
   g->set_route(d.plan.route == Route::kColocated ? proto::ROUTE_COLOCATED : proto::ROUTE_DISAGGREGATED);
   if (d.plan.route == Route::kDisaggregated) {
     g->set_prefill_worker_id(d.plan.prefillWorker);
