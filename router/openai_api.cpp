@@ -521,13 +521,32 @@ MaybeError readStructuredOutput(const json& body, GenerationRequest* r) {
         if (auto e = set("structured_outputs.json_object", SpecKind::kJsonObject, "")) return e;
     }
   }
-  if (!spec.active()) return std::nullopt;
-  Status st = constraint::validateSpec(spec);
-  if (!st.isOk()) {
-    const std::string param = source.substr(0, source.find('.'));
-    return ApiError::invalidRequest(source + ": " + st.message(), param);
-  }
   r->constraint = std::move(spec);
+  r->constraintSource = source;
+  return std::nullopt;
+}
+
+// A schema's properties are generated in the order the client wrote them (as OpenAI does),
+// but `json` keeps object keys sorted: the schema is taken again from the body parsed with
+// its order kept. Then the spec is compiled once, so what pdserve does not implement is
+// refused here, by name.
+MaybeError finishStructuredOutput(const std::string& bodyText, GenerationRequest* r) {
+  if (!r->constraint.active()) return std::nullopt;
+  const std::string& source = r->constraintSource;
+  if (r->constraint.kind == constraint::SpecKind::kJsonSchema) {
+    const auto ordered = nlohmann::ordered_json::parse(bodyText, nullptr, false);
+    const nlohmann::ordered_json* v = &ordered;
+    const std::string path = source == "response_format" ? "response_format.json_schema.schema" : source;
+    for (size_t at = 0; v && at <= path.size();) {
+      const size_t dot = std::min(path.find('.', at), path.size());
+      const std::string key = path.substr(at, dot - at);
+      v = v->is_object() && v->contains(key) ? &(*v)[key] : nullptr;
+      at = dot + 1;
+    }
+    if (v && (v->is_object() || v->is_boolean())) r->constraint.body = v->dump();
+  }
+  Status st = constraint::validateSpec(r->constraint);
+  if (!st.isOk()) return ApiError::invalidRequest(source + ": " + st.message(), source.substr(0, source.find('.')));
   return std::nullopt;
 }
 
@@ -730,6 +749,7 @@ ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint, c
   GenerationRequest r;
   r.endpoint = endpoint;
   if (auto e = readFields(parsed, endpoint, limits, &r)) return *e;
+  if (auto e = finishStructuredOutput(body, &r)) return *e;
   return r;
 }
 

@@ -104,6 +104,7 @@ struct GenerationRequest {
   // Structured output (response_format json_object / json_schema, guided_*, structured_outputs),
   // validated at parse time; kind kNone when the text is free. Carried to every worker.
   constraint::ConstraintSpec constraint;
+  std::string constraintSource;  // the field that set it ("response_format", "guided_regex", ...)
 };
 
 // Limits the router enforces while parsing.

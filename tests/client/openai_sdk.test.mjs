@@ -185,8 +185,9 @@ test('fields pdserve does not implement are a BadRequestError naming them', asyn
     model: 'small', messages,
     tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }] }),
   refused('tools'));
-  await assert.rejects(client.chat.completions.create({ model: 'small', messages, response_format: { type: 'json_object' } }),
-                       refused('response_format'));
+  await assert.rejects(client.chat.completions.create({ model: 'small', messages, response_format: {
+    type: 'json_schema', json_schema: { name: 'n', schema: { type: 'string', pattern: '^a' } } } }),
+  refused('response_format'));
 });
 
 test('errors arrive as the SDK error classes', async () => {

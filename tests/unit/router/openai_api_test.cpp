@@ -161,6 +161,13 @@ TEST_CASE("openai: structured-output fields become one constraint, refusals name
                      Endpoint::kChat);
   CHECK(sch.constraint.kind == SpecKind::kJsonSchema);
   CHECK(nlohmann::json::parse(sch.constraint.body)["required"][0] == "a");
+  // Properties keep the client's order (they are generated in it), where json sorts keys.
+  auto order = parseOk(
+      R"({"prompt":"x","guided_json":{"type":"object","properties":{"zeta":{"type":"null"},"alpha":{"type":"null"}}}})");
+  CHECK(order.constraint.body.find("zeta") < order.constraint.body.find("alpha"));
+  order = parseOk(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"properties":{"zeta":{},"alpha":{}}}}}})");
+  CHECK(order.constraint.body.find("zeta") < order.constraint.body.find("alpha"));
   auto onCompletions = parseOk(
       R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"string"}}}})");
   CHECK(onCompletions.constraint.kind == SpecKind::kJsonSchema);
