@@ -6,6 +6,7 @@
 #include <span>
 #include <string_view>
 
+#include "common/constraint/constraint.h"
 #include "router/json_body.h"
 
 namespace pd::router {
@@ -376,6 +377,10 @@ constexpr std::string_view kBothFields[] = {"model",
                                             "logit_bias",
                                             "min_tokens",
                                             "response_format",
+                                            "guided_json",
+                                            "guided_regex",
+                                            "guided_choice",
+                                            "structured_outputs",
                                             "user",
                                             "metadata",
                                             "store",
@@ -449,20 +454,151 @@ MaybeError readMetadataFields(const json& body, const ApiLimits& limits) {
   return std::nullopt;
 }
 
-// response_format: plain text only (the default); JSON modes need constrained decoding.
-MaybeError readResponseFormat(const json& body) {
-  if (!present(body, "response_format")) return std::nullopt;
-  const json& f = body["response_format"];
-  if (!f.is_object()) return wrongType("response_format", "an object", f);
-  auto type = f.find("type");
-  if (type == f.end() || !type->is_string()) {
-    return ApiError::invalidRequest("response_format.type: required string", "response_format");
+// Structured outputs (docs/serving.md "Structured outputs"): response_format json_object /
+// json_schema, vLLM's guided_json / guided_regex / guided_choice and its newer
+// structured_outputs {json | regex | choice | json_object}, at most one of them. The spec is
+// compiled here once (common/constraint: the same compiler the engine runs), so a schema
+// keyword or regex construct pdserve does not implement is a 400 naming it, never ignored.
+MaybeError unknownKeys(const json& obj, std::initializer_list<std::string_view> known, const std::string& where) {
+  for (const auto& [name, value] : obj.items()) {
+    if (value.is_null()) continue;
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      return notSupported(where + "." + quoteForMessage(name));
   }
-  if (*type != "text") {
-    return ApiError::invalidRequest("response_format: type '" + quoteForMessage(type->get<std::string>()) +
-                                        "' is not supported by pdserve (only \"text\")",
-                                    "response_format");
+  return std::nullopt;
+}
+
+// A schema given as an object or as its JSON text (vLLM takes both).
+MaybeError schemaText(const json& v, const std::string& field, std::string* out) {
+  if (v.is_object() || v.is_boolean()) {
+    *out = v.dump();
+    return std::nullopt;
   }
+  if (v.is_string()) {
+    *out = v.get<std::string>();
+    return std::nullopt;
+  }
+  return wrongType(field, "a JSON schema object", v);
+}
+
+MaybeError choiceText(const json& v, const std::string& field, std::string* out) {
+  if (!v.is_array() || v.empty()) return wrongType(field, "a non-empty array of strings", v);
+  for (const auto& c : v)
+    if (!c.is_string()) return wrongType(field, "a non-empty array of strings", v);
+  *out = v.dump();
+  return std::nullopt;
+}
+
+MaybeError readStructuredOutput(const json& body, GenerationRequest* r) {
+  using constraint::SpecKind;
+  std::string source;  // the field that set the spec, for errors and the one-of rule
+  constraint::ConstraintSpec spec;
+  auto set = [&](const std::string& field, SpecKind kind, std::string text) -> MaybeError {
+    if (!source.empty()) {
+      return ApiError::invalidRequest(
+          field + ": only one structured-output field per request (" + source + " is already set)", field);
+    }
+    source = field;
+    spec.kind = kind;
+    spec.body = std::move(text);
+    return std::nullopt;
+  };
+  if (present(body, "response_format")) {
+    const json& f = body["response_format"];
+    if (!f.is_object()) return wrongType("response_format", "an object", f);
+    auto type = f.find("type");
+    if (type == f.end() || !type->is_string()) {
+      return ApiError::invalidRequest("response_format.type: required string", "response_format");
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "text" || t == "json_object") {
+      if (auto e = unknownKeys(f, {"type"}, "response_format")) return e;
+      if (t == "json_object")
+        if (auto e = set("response_format.json_object", SpecKind::kJsonObject, "")) return e;
+    } else if (t == "json_schema") {
+      if (auto e = unknownKeys(f, {"type", "json_schema"}, "response_format")) return e;
+      auto js = f.find("json_schema");
+      if (js == f.end() || !js->is_object())
+        return ApiError::invalidRequest("response_format.json_schema: required object", "response_format");
+      if (auto e = unknownKeys(*js, {"name", "description", "schema", "strict"}, "response_format.json_schema"))
+        return e;
+      if (js->contains("name") && !(*js)["name"].is_string())
+        return wrongType("response_format.json_schema.name", "a string", (*js)["name"]);
+      if (js->contains("strict") && !(*js)["strict"].is_null() && !(*js)["strict"].is_boolean())
+        return wrongType("response_format.json_schema.strict", "a boolean", (*js)["strict"]);
+      // strict or not, the output follows the schema: the constraint is what pdserve does.
+      std::string text = "{}";  // OpenAI: a schema-less json_schema is any JSON value
+      if (js->contains("schema") && !(*js)["schema"].is_null())
+        if (auto e = schemaText((*js)["schema"], "response_format.json_schema.schema", &text)) return e;
+      if (auto e = set("response_format.json_schema.schema", SpecKind::kJsonSchema, text)) return e;
+    } else {
+      return ApiError::invalidRequest("response_format: type '" + quoteForMessage(t) +
+                                          "' is not supported by pdserve (\"text\", \"json_object\", \"json_schema\")",
+                                      "response_format");
+    }
+  }
+  std::string text;
+  if (present(body, "guided_json")) {
+    if (auto e = schemaText(body["guided_json"], "guided_json", &text)) return e;
+    if (auto e = set("guided_json", SpecKind::kJsonSchema, text)) return e;
+  }
+  if (present(body, "guided_regex")) {
+    if (!body["guided_regex"].is_string()) return wrongType("guided_regex", "a string", body["guided_regex"]);
+    if (auto e = set("guided_regex", SpecKind::kRegex, body["guided_regex"].get<std::string>())) return e;
+  }
+  if (present(body, "guided_choice")) {
+    if (auto e = choiceText(body["guided_choice"], "guided_choice", &text)) return e;
+    if (auto e = set("guided_choice", SpecKind::kChoice, text)) return e;
+  }
+  if (present(body, "structured_outputs")) {
+    const json& so = body["structured_outputs"];
+    if (!so.is_object()) return wrongType("structured_outputs", "an object", so);
+    if (auto e = unknownKeys(so, {"json", "regex", "choice", "json_object"}, "structured_outputs")) return e;
+    if (present(so, "json")) {
+      if (auto e = schemaText(so["json"], "structured_outputs.json", &text)) return e;
+      if (auto e = set("structured_outputs.json", SpecKind::kJsonSchema, text)) return e;
+    }
+    if (present(so, "regex")) {
+      if (!so["regex"].is_string()) return wrongType("structured_outputs.regex", "a string", so["regex"]);
+      if (auto e = set("structured_outputs.regex", SpecKind::kRegex, so["regex"].get<std::string>())) return e;
+    }
+    if (present(so, "choice")) {
+      if (auto e = choiceText(so["choice"], "structured_outputs.choice", &text)) return e;
+      if (auto e = set("structured_outputs.choice", SpecKind::kChoice, text)) return e;
+    }
+    if (present(so, "json_object")) {
+      if (!so["json_object"].is_boolean())
+        return wrongType("structured_outputs.json_object", "a boolean", so["json_object"]);
+      if (so["json_object"].get<bool>())
+        if (auto e = set("structured_outputs.json_object", SpecKind::kJsonObject, "")) return e;
+    }
+  }
+  r->constraint = std::move(spec);
+  r->constraintSource = source;
+  return std::nullopt;
+}
+
+// A schema's properties are generated in the order the client wrote them (as OpenAI does),
+// but `json` keeps object keys sorted: the schema is taken again from the body parsed with
+// its order kept. Then the spec is compiled once, so what pdserve does not implement is
+// refused here, by name.
+MaybeError finishStructuredOutput(const std::string& bodyText, GenerationRequest* r) {
+  if (!r->constraint.active()) return std::nullopt;
+  const std::string& source = r->constraintSource;
+  if (r->constraint.kind == constraint::SpecKind::kJsonSchema) {
+    const auto ordered = nlohmann::ordered_json::parse(bodyText, nullptr, false);
+    const nlohmann::ordered_json* v = &ordered;
+    const std::string path = source == "response_format" ? "response_format.json_schema.schema" : source;
+    for (size_t at = 0; v && at <= path.size();) {
+      const size_t dot = std::min(path.find('.', at), path.size());
+      const std::string key = path.substr(at, dot - at);
+      v = v->is_object() && v->contains(key) ? &(*v)[key] : nullptr;
+      at = dot + 1;
+    }
+    if (v && (v->is_object() || v->is_boolean())) r->constraint.body = v->dump();
+  }
+  Status st = constraint::validateSpec(r->constraint);
+  if (!st.isOk()) return ApiError::invalidRequest(source + ": " + st.message(), source.substr(0, source.find('.')));
   return std::nullopt;
 }
 
@@ -499,7 +635,7 @@ MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRe
 MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limits, GenerationRequest* r) {
   if (auto e = refuseUnknownFields(body, endpoint)) return e;
   if (auto e = readMetadataFields(body, limits)) return e;
-  if (auto e = readResponseFormat(body)) return e;
+  if (auto e = readStructuredOutput(body, r)) return e;
   if (present(body, "model")) {
     if (!body["model"].is_string()) return wrongType("model", "a string", body["model"]);
     r->model = body["model"].get<std::string>();
@@ -666,6 +802,7 @@ ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint, c
   GenerationRequest r;
   r.endpoint = endpoint;
   if (auto e = readFields(parsed, endpoint, limits, &r)) return *e;
+  if (auto e = finishStructuredOutput(body, &r)) return *e;
   return r;
 }
 

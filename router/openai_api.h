@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/constraint/spec.h"
 #include "router/tool_calls.h"
 
 namespace pd::router {
@@ -115,6 +116,10 @@ struct GenerationRequest {
   // Set when the request came as a Responses body (router/responses_api.h): the fields the
   // Response object echoes. The request itself is the chat request it means.
   std::optional<nlohmann::json> responses;
+  // Structured output (response_format json_object / json_schema, guided_*, structured_outputs),
+  // validated at parse time; kind kNone when the text is free. Carried to every worker.
+  constraint::ConstraintSpec constraint;
+  std::string constraintSource;  // the field that set it ("response_format", "guided_regex", ...)
 };
 
 // Limits the router enforces while parsing.

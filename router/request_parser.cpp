@@ -144,10 +144,20 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
     out.toolFormat = toolFormat_;
     out.markerTokens = markerTokens_;
     if (out.req.tools.choice == ToolChoice::kRequired || out.req.tools.choice == ToolChoice::kNamed) {
-      out.toolConstraint = toolCallConstraint(toolFormat_, out.req.tools);
+      // One constraint per request: a forced call is that call, so it cannot also be held to
+      // the request's own response_format / guided_* value.
+      if (out.req.constraint.active()) {
+        return Rejection{ApiError::invalidRequest(
+                             out.req.constraintSource + ": not supported by pdserve together with tool_choice " +
+                                 "required or a named function (one constraint per request)",
+                             out.req.constraintSource.substr(0, out.req.constraintSource.find('.'))),
+                         "invalid_request_error"};
+      }
+      out.req.constraint = toolCallConstraint(toolFormat_, out.req.tools);
+      out.req.constraintSource = "tool_choice";
       // A parameters schema the constraint module cannot enforce is refused by name now,
       // never sent on to be ignored.
-      if (Status ok = constraint::validateSpec(out.toolConstraint); !ok.isOk()) {
+      if (Status ok = constraint::validateSpec(out.req.constraint); !ok.isOk()) {
         return Rejection{ApiError::invalidRequest("tools: tool_choice " +
                                                       std::string(out.req.tools.choice == ToolChoice::kNamed
                                                                       ? "'" + out.req.tools.namedFunction + "'"

@@ -8,7 +8,8 @@
 // Tool calls (router/tool_calls.h): the tools go to the chat template as its `tools`
 // variable, a history's tool calls and tool results as the messages' keys; with
 // tool_choice required or a named function the request carries the constraint that makes
-// its output that call.
+// its output that call (req.constraint, constraintSource "tool_choice": the syntax's text
+// around a JSON value of the tool's parameters).
 #pragma once
 
 #include <cstdint>
@@ -40,9 +41,6 @@ struct ParsedGenerate {
   // special tokens).
   std::optional<ToolCallFormat> toolFormat;
   std::vector<std::pair<int32_t, std::string>> markerTokens;
-  // tool_choice required or a named function: the call the output must be (the syntax's
-  // text around a JSON value of the tool's parameters; common/constraint/spec.h).
-  constraint::ConstraintSpec toolConstraint;
 };
 
 // Why a request was refused, and the pdserve_request_errors label it counts under (empty:

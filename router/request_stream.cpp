@@ -169,14 +169,12 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
   }
   s->set_min_tokens(uint32_t(q.minTokens));
   s->set_generated_in_prompt(uint32_t(c.generated.size()));  // penalties and min_tokens count them
-  if (const auto& tc = spec_.parsed.toolConstraint; tc.active()) {
-    // A migrated choice resends its tokens as prompt: the worker re-derives the state from
-    // them (generated_in_prompt), so the constraint is the same one.
+  if (q.constraint.active()) {
     auto* k = s->mutable_constraint();
-    k->set_kind(proto::Constraint::Kind(int(tc.kind)));
-    k->set_body(tc.body);
-    k->set_prefix(tc.prefix);
-    k->set_suffix(tc.suffix);
+    k->set_kind(static_cast<proto::Constraint::Kind>(q.constraint.kind));
+    k->set_body(q.constraint.body);
+    k->set_prefix(q.constraint.prefix);
+    k->set_suffix(q.constraint.suffix);
   }
   g->set_route(d.plan.route == Route::kColocated ? proto::ROUTE_COLOCATED : proto::ROUTE_DISAGGREGATED);
   if (d.plan.route == Route::kDisaggregated) {

@@ -232,7 +232,16 @@ ParseResult parseResponsesRequest(const std::string& text, const ApiLimits& limi
       chat["tool_choice"] = c;
     }
   }
-  auto parsed = parseGenerationRequest(chat.dump(), Endpoint::kChat, limits);
+  std::string chatText = chat.dump();
+  if (chat.contains("response_format") && chat["response_format"]["type"] == "json_schema") {
+    // The schema's own key order is the order its properties are generated in; `json` sorted it.
+    auto ordered = nlohmann::ordered_json::parse(text, nullptr, false);
+    auto ochat = nlohmann::ordered_json::parse(chatText);
+    if (ordered.is_object() && ordered["text"]["format"].contains("schema"))
+      ochat["response_format"]["json_schema"]["schema"] = ordered["text"]["format"]["schema"];
+    chatText = ochat.dump();
+  }
+  auto parsed = parseGenerationRequest(chatText, Endpoint::kChat, limits);
   if (auto* e = std::get_if<ApiError>(&parsed)) return renamed(*e);
   auto& r = std::get<GenerationRequest>(parsed);
   json echo = json::object();

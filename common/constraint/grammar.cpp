@@ -268,11 +268,10 @@ struct SchemaError {
 };
 
 [[noreturn]] void refuse(const std::string& where, const std::string& what) {
-  throw SchemaError{invalidArgument("json_schema: " + what + " (at " + (where.empty() ? "#" : where) + ")")};
+  throw SchemaError{invalidArgument("json_schema: " + what + " (at #" + where + ")")};
 }
 [[noreturn]] void unsupported(const std::string& where, const std::string& keyword) {
-  throw SchemaError{unimplemented("json_schema: keyword '" + keyword + "' is not supported (at " +
-                                  (where.empty() ? "#" : where) + ")")};
+  throw SchemaError{unimplemented("json_schema: keyword '" + keyword + "' is not supported (at #" + where + ")")};
 }
 
 class SchemaCompiler {

@@ -127,7 +127,7 @@ TEST_CASE("every field pdserve does not implement is a 400 naming it") {
   // completions they are refused like any other field.
   for (const char* field :
        {"functions", "function_call", "suffix", "audio", "modalities", "prediction", "reasoning_effort",
-        "use_beam_search", "skip_special_tokens", "guided_json", "some_vendor_extra"}) {
+        "use_beam_search", "skip_special_tokens", "guided_grammar", "some_vendor_extra"}) {
     INFO(field);
     json body{{"prompt", "x"}, {field, json::array({1})}};
     auto e = parseErr(body.dump());
@@ -147,14 +147,74 @@ TEST_CASE("every field pdserve does not implement is a 400 naming it") {
   CHECK(parseErr(R"({"prompt":"x","top_logprobs":2})").param == std::optional<std::string>("top_logprobs"));
   // null is "not given", as in OpenAI's schemas.
   parseOk(R"({"prompt":"x","tools":null,"suffix":null,"response_format":null})");
-  // response_format: plain text only.
+  // response_format: text, json_object, json_schema (structured outputs).
   parseOk("{" + msgs + R"(,"response_format":{"type":"text"}})", Endpoint::kChat);
-  CHECK(parseErr("{" + msgs + R"(,"response_format":{"type":"json_object"}})", Endpoint::kChat).message ==
-        "response_format: type 'json_object' is not supported by pdserve (only \"text\")");
-  CHECK(
-      parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{}}})", Endpoint::kChat).param ==
-      std::optional<std::string>("response_format"));
+  CHECK_FALSE(parseOk("{" + msgs + R"(,"response_format":{"type":"text"}})", Endpoint::kChat).constraint.active());
   CHECK(parseErr(R"({"prompt":"x","response_format":"text"})").param == std::optional<std::string>("response_format"));
+  CHECK(parseErr(R"({"prompt":"x","response_format":{"type":"xml"}})").param ==
+        std::optional<std::string>("response_format"));
+}
+
+TEST_CASE("openai: structured-output fields become one constraint, refusals name the keyword") {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  using pd::constraint::SpecKind;
+  auto obj = parseOk("{" + msgs + R"(,"response_format":{"type":"json_object"}})", Endpoint::kChat);
+  CHECK(obj.constraint.kind == SpecKind::kJsonObject);
+  auto sch = parseOk("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"w","strict":true,
+      "schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}}}})",
+                     Endpoint::kChat);
+  CHECK(sch.constraint.kind == SpecKind::kJsonSchema);
+  CHECK(nlohmann::json::parse(sch.constraint.body)["required"][0] == "a");
+  // Properties keep the client's order (they are generated in it), where json sorts keys.
+  auto order = parseOk(
+      R"({"prompt":"x","guided_json":{"type":"object","properties":{"zeta":{"type":"null"},"alpha":{"type":"null"}}}})");
+  CHECK(order.constraint.body.find("zeta") < order.constraint.body.find("alpha"));
+  order = parseOk(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"properties":{"zeta":{},"alpha":{}}}}}})");
+  CHECK(order.constraint.body.find("zeta") < order.constraint.body.find("alpha"));
+  auto onCompletions = parseOk(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"string"}}}})");
+  CHECK(onCompletions.constraint.kind == SpecKind::kJsonSchema);
+  CHECK(parseOk(R"({"prompt":"x","guided_regex":"[a-z]+"})").constraint.kind == SpecKind::kRegex);
+  auto choice = parseOk(R"({"prompt":"x","guided_choice":["yes","no"]})");
+  CHECK(choice.constraint.kind == SpecKind::kChoice);
+  CHECK(choice.constraint.body == R"(["yes","no"])");
+  CHECK(parseOk(R"({"prompt":"x","guided_json":{"type":"boolean"}})").constraint.kind == SpecKind::kJsonSchema);
+  CHECK(parseOk(R"({"prompt":"x","structured_outputs":{"json":"{\"type\":\"null\"}"}})").constraint.kind ==
+        SpecKind::kJsonSchema);
+  CHECK(parseOk(R"({"prompt":"x","structured_outputs":{"choice":["a"]}})").constraint.kind == SpecKind::kChoice);
+  CHECK(parseOk(R"({"prompt":"x","structured_outputs":{"regex":"a|b"}})").constraint.kind == SpecKind::kRegex);
+  CHECK(parseOk(R"({"prompt":"x","structured_outputs":{"json_object":true}})").constraint.kind ==
+        SpecKind::kJsonObject);
+
+  // Refusals: each names the field and, for a schema or regex, the keyword or construct.
+  auto e = parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"w",
+      "schema":{"type":"object","properties":{"d":{"type":"string","format":"date-time"}}}}}})",
+                    Endpoint::kChat);
+  CHECK(e.param == std::optional<std::string>("response_format"));
+  CHECK_THAT(e.message, Catch::Contains("keyword 'format' is not supported"));
+  CHECK_THAT(e.message, Catch::Contains("#/properties/d"));
+  e = parseErr(R"({"prompt":"x","guided_regex":"(a)\\1"})");
+  CHECK(e.param == std::optional<std::string>("guided_regex"));
+  CHECK_THAT(e.message, Catch::Contains("backreference"));
+  e = parseErr(R"({"prompt":"x","structured_outputs":{"grammar":"root ::= \"a\""}})");
+  CHECK(e.param == std::optional<std::string>("structured_outputs.grammar"));
+  e = parseErr(R"({"prompt":"x","guided_grammar":"root ::= \"a\""})");
+  CHECK(e.param == std::optional<std::string>("guided_grammar"));
+  e = parseErr(R"({"prompt":"x","guided_choice":["a"],"guided_regex":"a"})");
+  CHECK_THAT(e.message, Catch::Contains("only one structured-output field"));
+  e = parseErr(
+      "{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{},"x":1}}})",
+      Endpoint::kChat);
+  CHECK(e.param == std::optional<std::string>("response_format.json_schema.x"));
+  e = parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema"}})", Endpoint::kChat);
+  CHECK(e.param == std::optional<std::string>("response_format"));
+  e = parseErr(R"({"prompt":"x","guided_choice":[1]})");
+  CHECK(e.param == std::optional<std::string>("guided_choice"));
+}
+
+TEST_CASE("openai: refusals continue") {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
   // stream_options: include_usage only.
   CHECK(parseErr(R"({"prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true}})").param ==
         std::optional<std::string>("stream_options.continuous_usage_stats"));

@@ -170,7 +170,7 @@ TEST_CASE("tools and a tool-call history render through the model's own template
         std::string::npos);
   CHECK(p.promptText.find("<tool_response>\nsunny, 21 C\n</tool_response>") != std::string::npos);
   CHECK(p.toolFormat == ToolCallFormat::kHermes);
-  CHECK_FALSE(p.toolConstraint.active());  // auto: nothing forced
+  CHECK_FALSE(p.req.constraint.active());  // auto: nothing forced
   // <tool_call> is an added token of Qwen3 but not a special one: the detokenizer keeps it.
   CHECK(p.markerTokens.empty());
 
@@ -178,7 +178,7 @@ TEST_CASE("tools and a tool-call history render through the model's own template
     body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
     auto named = parser.parseGenerate(body.dump(), Endpoint::kChat);
     REQUIRE(std::holds_alternative<ParsedGenerate>(named));
-    const auto& c = std::get<ParsedGenerate>(named).toolConstraint;
+    const auto& c = std::get<ParsedGenerate>(named).req.constraint;
     CHECK(c.kind == constraint::SpecKind::kJsonSchema);
     CHECK(c.prefix == "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
     CHECK(c.suffix == "}\n</tool_call>");
@@ -191,11 +191,18 @@ TEST_CASE("tools and a tool-call history render through the model's own template
     body["tool_choice"] = "required";
     auto req = parser.parseGenerate(body.dump(), Endpoint::kChat);
     REQUIRE(std::holds_alternative<ParsedGenerate>(req));
-    const auto& c = std::get<ParsedGenerate>(req).toolConstraint;
+    const auto& c = std::get<ParsedGenerate>(req).req.constraint;
     CHECK(c.prefix == "<tool_call>\n");
     const json schema = json::parse(c.body);
     REQUIRE(schema["anyOf"].size() == 2);
     CHECK(schema["anyOf"][1]["properties"]["name"]["const"] == "get_time");
+  }
+  SECTION("a forced call and a response_format: one constraint per request") {
+    body["tool_choice"] = "required";
+    body["response_format"] = {{"type", "json_object"}};
+    auto both = parser.parseGenerate(body.dump(), Endpoint::kChat);
+    REQUIRE(std::holds_alternative<Rejection>(both));
+    CHECK(std::get<Rejection>(both).error.param == "response_format");
   }
   SECTION("tool_choice none: rendered, nothing parsed or forced") {
     body["tool_choice"] = "none";
@@ -213,7 +220,7 @@ TEST_CASE("the configured tool-call parser wins over the template, and llama3_js
              {"tool_choice", "required"}};
   auto got = parser.parseGenerate(body.dump(), Endpoint::kChat);
   REQUIRE(std::holds_alternative<ParsedGenerate>(got));
-  const auto& c = std::get<ParsedGenerate>(got).toolConstraint;
+  const auto& c = std::get<ParsedGenerate>(got).req.constraint;
   CHECK(c.prefix == "{\"name\": \"get_weather\", \"parameters\": ");
   CHECK(c.suffix == "}");
 }
