@@ -16,11 +16,16 @@ import path from 'node:path';
 
 const require = createRequire(new URL('../npm/package.json', import.meta.url));
 const { default: OpenAI } = await import(require.resolve('openai'));
+// An agent framework's client: the AI SDK (npm `ai`) with its OpenAI provider, whose default
+// model speaks the Responses API.
+const { generateText, streamText, tool } = await import(require.resolve('ai'));
+const { createOpenAI } = await import(require.resolve('@ai-sdk/openai'));
+const { z } = await import(require.resolve('zod'));
 
 const binDir = process.env.PDSERVE_BIN_DIR ?? 'build/bin';
 const work = process.env.PDSERVE_WORK_DIR ?? 'build/test_agent_tools';
 const key = 'sk-pdserve-test';
-let cluster, client;
+let cluster, client, aiProvider;
 
 before(async () => {
   mkdirSync(work, { recursive: true });
@@ -52,6 +57,7 @@ before(async () => {
     cluster.on('exit', (code) => { clearTimeout(timer); reject(new Error(`pdserve up exited with ${code}`)); });
   });
   client = new OpenAI({ apiKey: key, baseURL: `http://127.0.0.1:${port}/v1`, maxRetries: 0, timeout: 120000 });
+  aiProvider = createOpenAI({ apiKey: key, baseURL: `http://127.0.0.1:${port}/v1` });
 });
 
 after(async () => {
@@ -266,4 +272,32 @@ test('refusals: endpoints not served, store and previous_response_id', async () 
                        (e) => e instanceof OpenAI.BadRequestError && e.param === 'reasoning');
   await assert.rejects(client.chat.completions.create({ model: 'small', messages: user('x '.repeat(5000)) }),
                        (e) => e instanceof OpenAI.BadRequestError && e.code === 'context_length_exceeded');
+});
+
+test('AI SDK: generateText and streamText over the Responses API, text and a required tool call', async () => {
+  const text = await generateText({ model: aiProvider('small'), prompt: 'Say hi.', maxOutputTokens: 6, temperature: 0, maxRetries: 0 });
+  assert.equal(typeof text.text, 'string');
+  assert.equal(text.usage.outputTokens, 6);
+  assert.equal(text.finishReason, 'length');
+  const weather = tool({
+    description: 'The weather in a city',
+    inputSchema: z.object({ city: z.string().max(8), unit: z.enum(['celsius', 'fahrenheit']) }),
+  });
+  const called = await generateText({
+    model: aiProvider('small'), prompt: 'Weather in Oslo?', tools: { get_weather: weather }, toolChoice: 'required',
+    maxOutputTokens: 200, maxRetries: 0,
+  });
+  assert.equal(called.toolCalls.length, 1, JSON.stringify(called.content));
+  assert.equal(called.toolCalls[0].toolName, 'get_weather');
+  validate(called.toolCalls[0].input, weatherParams);
+  assert.equal(called.finishReason, 'tool-calls');
+  // Streamed, through the chat completions model of the same provider, a named tool.
+  const streamed = streamText({
+    model: aiProvider.chat('small'), prompt: 'Weather in Oslo?', tools: { get_weather: weather },
+    toolChoice: { type: 'tool', toolName: 'get_weather' }, maxOutputTokens: 200, maxRetries: 0,
+  });
+  const calls = await streamed.toolCalls;
+  assert.equal(calls.length, 1);
+  validate(calls[0].input, weatherParams);
+  assert.equal(await streamed.finishReason, 'tool-calls');
 });
