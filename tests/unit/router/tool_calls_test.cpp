@@ -256,3 +256,16 @@ TEST_CASE("responses: the Response object and the stream's event sequence") {
   CHECK(full["incomplete_details"]["reason"] == "max_output_tokens");
   CHECK(full["output"][0]["type"] == "message");
 }
+
+TEST_CASE("an OpenAI endpoint pdserve does not serve: a 404 in OpenAI's shape naming it; context: a 400") {
+  const json e = ApiError::endpointNotServed("POST", "/v1/embeddings").toJson();
+  CHECK(ApiError::endpointNotServed("POST", "/v1/embeddings").status == 404);
+  CHECK(e["error"]["code"] == "not_served");
+  CHECK(e["error"]["type"] == "invalid_request_error");
+  CHECK(
+      e["error"]["message"].get<std::string>().starts_with("POST /v1/embeddings: this OpenAI endpoint is not served"));
+  const ApiError c = ApiError::contextLengthExceeded("too long", "messages");
+  CHECK(c.status == 400);
+  CHECK(c.code == std::optional<std::string>("context_length_exceeded"));
+  CHECK(c.param == std::optional<std::string>("messages"));
+}
