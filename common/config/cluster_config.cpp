@@ -182,9 +182,7 @@ const std::vector<RouterGroup>& routerGroups() {
         "kv_event_max_lag_ms"}},
       {"admission", readRouterAdmission, {"overload_shedding", "max_prompt_tokens", "rate_limits"}},
       {"workers", readRouterWorkers, {"control_port", "load_report_interval_ms", "worker_report_timeout_ms"}},
-      {"requests",
-       readRouterRequests,
-       {"request_timeout_ms", "max_migrations", "drain_timeout_ms", "tool_call_parser"}},
+      {"requests", readRouterRequests, {"request_timeout_ms", "max_migrations", "drain_timeout_ms"}},
       {"metrics", readRouterMetrics, {"ttft_buckets_s", "itl_buckets_s", "e2e_buckets_s"}},
   };
   return groups;
