@@ -6,7 +6,6 @@
 
 #include "common/base/log.h"
 #include "common/constraint/constraint.h"
-#include "common/constraint/constraint.h"
 #include "common/metrics/pdserve_metrics.h"
 #include "engine/cpu_backend.h"
 #include "engine/cuda_backend.h"
