@@ -203,6 +203,20 @@ test('responses.create, not streamed: text, usage, and a forced function call', 
   assert.equal(r.incomplete_details.reason, 'max_output_tokens');
   assert.equal(r.instructions, 'Be brief.');
 
+  // text.format: the structured outputs of chat, flat as the Responses API has them.
+  const place = {
+    type: 'object', additionalProperties: false, required: ['zone', 'city'],
+    properties: { zone: { type: 'string', maxLength: 4 }, city: { type: 'string', maxLength: 6 } },
+  };
+  const structured = await client.responses.create({
+    model: 'small', input: 'Where?', max_output_tokens: 200,
+    text: { format: { type: 'json_schema', name: 'place', schema: place, strict: true } },
+  });
+  assert.equal(structured.status, 'completed', JSON.stringify(structured.output));
+  validate(JSON.parse(structured.output_text), place);
+  // Properties come in the schema's order (zone first), not sorted.
+  assert.match(structured.output_text, /^\{"zone": /);
+
   const call = await client.responses.create({
     model: 'small', input: [{ role: 'user', content: 'Weather in Oslo?' }], max_output_tokens: 200,
     tools: [{ type: 'function', name: 'get_weather', parameters: weatherParams, strict: true }],
