@@ -451,6 +451,7 @@ void RequestStream::maybeComplete() {
   }
   std::string reason;
   for (const auto& c : choices_) reason = c.finishReason;
+  if (reason == "tool_calls") reason = "stop";  // the metric counts how the generation ended (vLLM's labels)
   metrics_.observeE2e(routeLabel(), secondsBetween(spec_.received, steadyNow()));
   metrics_.requestFinished(reason, usage.promptTokens, usage.completionTokens);
   metrics_.inFlight.dec();

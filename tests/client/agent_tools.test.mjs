@@ -233,7 +233,10 @@ test('responses.create, not streamed: text, usage, and a forced function call', 
     input: [{ role: 'user', content: 'Weather in Oslo?' }, fc[0],
             { type: 'function_call_output', call_id: fc[0].call_id, output: '21 C' }],
   });
-  assert.equal(next.status, 'incomplete');
+  // Random weights may end early (EOS); the call and its output are in the prompt either way.
+  assert.ok(next.usage.input_tokens > call.usage.input_tokens + 10, JSON.stringify(next.usage));
+  if (next.status === 'incomplete') assert.equal(next.usage.output_tokens, 4);
+  else assert.equal(next.status, 'completed');
 });
 
 test('responses.create, streamed: the documented event sequence', async () => {
