@@ -81,6 +81,10 @@ void applyConstraint(float* logits, int vocab, const ConstraintRow& c, const Sam
     const uint64_t bits = w < words.size() ? words[w] : 0;
     const int n = std::min(64, vocab - base);
     if (bits == ~uint64_t(0) && n == 64) continue;
+    if (bits == 0) {
+      std::fill_n(logits + base, n, kMasked);
+      continue;
+    }
     for (int k = 0; k < n; ++k)
       if (!((bits >> k) & 1)) logits[base + k] = kMasked;
   }

@@ -1004,3 +1004,31 @@ TEST_CASE("engine: a constrained request is refused on submit when its spec does
   CHECK(s.code() == StatusCode::kFailedPrecondition);
   CHECK_THAT(s.message(), Catch::Contains("tokenizer.json"));
 }
+
+TEST_CASE("engine: a migrated constrained request re-derives its state from the output in its prompt") {
+  const auto prompt = testPrompt(17, 4);
+  const SamplingParams p = constrained(0.0f, 5);  // greedy: the continuation is a function of the tokens
+  auto first = makeConstrainedEngine();
+  REQUIRE(first->submit(makeRequest(1, prompt, p)).isOk());
+  const auto whole = runToEnd(*first)[1];
+  requireValid(textOf(whole));
+  REQUIRE(whole.size() > 8);
+  // Another worker resumes it: the first 6 tokens of output are the tail of its prompt.
+  std::vector<int32_t> resumed = prompt;
+  resumed.insert(resumed.end(), whole.begin(), whole.begin() + 6);
+  SamplingParams q = p;
+  q.generatedInPrompt = 6;
+  q.maxTokens = p.maxTokens - 6;
+  auto second = makeConstrainedEngine();
+  REQUIRE(second->submit(makeRequest(2, resumed, q)).isOk());
+  auto rest = runToEnd(*second)[2];
+  rest.insert(rest.begin(), whole.begin(), whole.begin() + 6);
+  CHECK(rest == whole);
+  // A tail the constraint does not allow is refused on submit.
+  std::vector<int32_t> bad = prompt;
+  bad.push_back('x');
+  q.generatedInPrompt = 1;
+  Status s = second->submit(makeRequest(3, bad, q));
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("does not satisfy its constraint"));
+}
