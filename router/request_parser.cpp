@@ -157,7 +157,12 @@ std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::
       out.req.constraintSource = "tool_choice";
       // A parameters schema the constraint module cannot enforce is refused by name now,
       // never sent on to be ignored.
-      if (Status ok = constraint::validateSpec(out.req.constraint); !ok.isOk()) {
+      // (A tool without parameters is any JSON object: nothing to check, and that automaton is
+      // the costliest to build.)
+      Status ok = out.req.constraint.kind == constraint::SpecKind::kJsonObject
+                      ? Status::ok()
+                      : constraint::validateSpec(out.req.constraint);
+      if (!ok.isOk()) {
         return Rejection{ApiError::invalidRequest("tools: tool_choice " +
                                                       std::string(out.req.tools.choice == ToolChoice::kNamed
                                                                       ? "'" + out.req.tools.namedFunction + "'"

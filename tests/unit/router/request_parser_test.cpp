@@ -197,6 +197,15 @@ TEST_CASE("tools and a tool-call history render through the model's own template
     REQUIRE(schema["anyOf"].size() == 2);
     CHECK(schema["anyOf"][1]["properties"]["name"]["const"] == "get_time");
   }
+  SECTION("a named function without parameters: any JSON object as its arguments") {
+    body["tools"].push_back(ojson::parse(R"({"type": "function", "function": {"name": "ping"}})"));
+    body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "ping"}}}};
+    auto named = parser.parseGenerate(body.dump(), Endpoint::kChat);
+    REQUIRE(std::holds_alternative<ParsedGenerate>(named));
+    const auto& c = std::get<ParsedGenerate>(named).req.constraint;
+    CHECK(c.kind == constraint::SpecKind::kJsonObject);
+    CHECK(c.prefix == "<tool_call>\n{\"name\": \"ping\", \"arguments\": ");
+  }
   SECTION("a forced call and a response_format: one constraint per request") {
     body["tool_choice"] = "required";
     body["response_format"] = {{"type", "json_object"}};
