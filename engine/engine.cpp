@@ -68,10 +68,27 @@ Status Engine::checkFits(const Request& request) const {
                          std::to_string(limit) + " tokens");
 }
 
+void Engine::setConstraintVocabulary(std::shared_ptr<const constraint::TokenVocabulary> vocab, size_t cacheCapacity) {
+  constraints_ = std::make_unique<constraint::ConstraintCache>(std::move(vocab), cacheCapacity);
+}
+
+Status Engine::attachConstraint(Request& request) {
+  const auto& spec = request.params().constraint;
+  if (!spec.active()) return Status::ok();
+  if (!constraints_) {
+    return failedPrecondition(
+        reqName(request.id()) +
+        ": constrained decoding needs the model's tokenizer.json, which this engine was not given");
+  }
+  PD_ASSIGN_OR_RETURN(auto matcher, constraints_->get(spec));
+  return request.setConstraint(std::move(matcher));
+}
+
 Status Engine::submit(Request request) {
   uint64_t id = request.id();
   if (requests_.count(id)) return failedPrecondition(reqName(id) + ": already in the engine");
   PD_RETURN_IF_ERROR(checkFits(request));
+  PD_RETURN_IF_ERROR(attachConstraint(request));
   requests_.emplace(id, std::move(request));
   waiting_.push_back(id);
   return Status::ok();
@@ -81,6 +98,7 @@ Result<std::vector<BlockId>> Engine::submitRemote(Request request) {
   uint64_t id = request.id();
   if (requests_.count(id)) return failedPrecondition(reqName(id) + ": already in the engine");
   PD_RETURN_IF_ERROR(checkFits(request));
+  PD_RETURN_IF_ERROR(attachConstraint(request));
   PD_RETURN_IF_ERROR(kv_->reserve(id, request.numPromptTokens()));
   auto table = kv_->blockTable(id);
   std::vector<BlockId> blocks(table.begin(), table.end());
@@ -183,10 +201,23 @@ Status Engine::sampleInto(Request& r, const float* logits, std::vector<EngineEve
                           std::optional<SampledToken> given) {
   const int vocab = backend_->config().vocabSize;
   const SamplingParams& params = r.params();
+  std::optional<ConstraintRow> constraint;
+  if (!given && r.constraint()) {
+    const constraint::TokenMatcher& m = *r.constraint();
+    const constraint::State state = r.constraintState();
+    constraint = ConstraintRow{&m.allowed(state), m.canEnd(state)};
+    if (constraint->allowed->count == 0 && !constraint->canEnd) {
+      failRequest(r.id(),
+                  invalidArgument(reqName(r.id()) + ": no token of the vocabulary continues the constrained text"),
+                  events);
+      return Status::ok();
+    }
+  }
   SampledToken token = given ? *given
                        : params.processesLogits()
                            ? sampleWithProcessors(logits, vocab, params, r.nextSampleStep(), r.tokens(),
-                                                  size_t(r.numPromptTokens() - params.generatedInPrompt), eosTokenId())
+                                                  size_t(r.numPromptTokens() - params.generatedInPrompt), eosTokenId(),
+                                                  constraint ? &*constraint : nullptr)
                            : sample(logits, vocab, params, r.nextSampleStep());
   auto reason = r.appendToken(token, eosTokenId());
   if (!reason.ok()) {

@@ -226,6 +226,12 @@ class Engine {
   const Request* find(uint64_t id) const;
   EngineLoad load() const;
 
+  // Constrained decoding (common/constraint): the model's tokens as bytes, from which a
+  // compile cache of `cacheCapacity` specs is made. Without it, a request with a constraint
+  // is refused on submit (kFailedPrecondition, naming why).
+  void setConstraintVocabulary(std::shared_ptr<const constraint::TokenVocabulary> vocab, size_t cacheCapacity = 64);
+  constraint::ConstraintCache* constraintCache() { return constraints_.get(); }
+
   Backend& backend() { return *backend_; }
   KvCacheManager& kv() { return *kv_; }
   const KvCacheManager& kv() const { return *kv_; }
@@ -240,6 +246,8 @@ class Engine {
   Status sampleInto(Request& r, const float* logits, std::vector<EngineEvent>* events,
                     std::optional<SampledToken> given = std::nullopt);
   int32_t eosTokenId() const;
+  // Compiles (or finds) the request's constraint and hands it to the request.
+  Status attachConstraint(Request& request);
   // Folds a forward pass of `seconds` over lastStep_ into the step averages of EngineLoad.
   void noteStep(double seconds);
   // SLO-sized chunks (PrefillChunkOptions): after a step that prefilled beside streams, moves
@@ -258,6 +266,7 @@ class Engine {
   double attentionSpan() const;          // SchedulerView::attentionSpan: 0 unless priceAttention
 
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<constraint::ConstraintCache> constraints_;
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<KvTierStore> tiers_;  // after kv_: destroyed first, it detaches from it
   EngineOptions options_;

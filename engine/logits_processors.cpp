@@ -64,11 +64,40 @@ void applyLogitsProcessors(float* logits, int vocab, const SamplingParams& p, st
   }
 }
 
+void applyConstraint(float* logits, int vocab, const ConstraintRow& c, const SamplingParams& params,
+                     int32_t eosTokenId) {
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  const auto inVocab = [vocab](int32_t t) { return t >= 0 && t < vocab; };
+  // The ends (EOS unless ignore_eos, and the stop ids) end the output whatever the mask
+  // says: they keep their logits exactly where the constrained text is complete.
+  std::vector<std::pair<int32_t, float>> ends;
+  if (!params.ignoreEos && inVocab(eosTokenId)) ends.emplace_back(eosTokenId, logits[eosTokenId]);
+  for (int32_t t : params.stopTokenIds)
+    if (inVocab(t)) ends.emplace_back(t, logits[t]);
+  const auto& words = c.allowed->words;
+  // A word at a time: most words of a mask are all-allowed or all-masked.
+  for (int base = 0; base < vocab; base += 64) {
+    const size_t w = size_t(base) >> 6;
+    const uint64_t bits = w < words.size() ? words[w] : 0;
+    const int n = std::min(64, vocab - base);
+    if (bits == ~uint64_t(0) && n == 64) continue;
+    if (bits == 0) {
+      std::fill_n(logits + base, n, kMasked);
+      continue;
+    }
+    for (int k = 0; k < n; ++k)
+      if (!((bits >> k) & 1)) logits[base + k] = kMasked;
+  }
+  for (const auto& [t, l] : ends) logits[t] = c.canEnd ? l : kMasked;
+}
+
 SampledToken sampleWithProcessors(const float* logits, int vocab, const SamplingParams& params, uint64_t step,
-                                  std::span<const int32_t> tokens, size_t outputStart, int32_t eosTokenId) {
+                                  std::span<const int32_t> tokens, size_t outputStart, int32_t eosTokenId,
+                                  const ConstraintRow* constraint) {
   Scratch& s = scratch();
   s.row.assign(logits, logits + vocab);
   applyLogitsProcessors(s.row.data(), vocab, params, tokens, outputStart, eosTokenId);
+  if (constraint) applyConstraint(s.row.data(), vocab, *constraint, params, eosTokenId);
   SampledToken out = sample(s.row.data(), vocab, params, step);
   // The raw distribution's logprobs: the greedy pass over the unedited row gives the top-n
   // and lse = l[argmax] - logprob(argmax); the chosen token's is then l[id] - lse.

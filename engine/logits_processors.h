@@ -20,9 +20,24 @@
 #include <cstdint>
 #include <span>
 
+#include "common/constraint/constraint.h"
 #include "engine/sampling.h"
 
 namespace pd::engine {
+
+// A constrained request's mask at this step (common/constraint/constraint.h), applied after
+// the processors (so before temperature, the masks and greedy's argmax): a token outside
+// `allowed` gets -inf; EOS and stop_token_ids keep their logits only where `canEnd` (the
+// constrained text is complete there) and EOS never under ignore_eos (it would not end the
+// output, and no constrained text contains it).
+struct ConstraintRow {
+  const constraint::TokenMask* allowed = nullptr;
+  bool canEnd = false;
+};
+// Applies `c` to `vocab` logits. Some token is left unless c.allowed->count == 0 and not
+// c.canEnd (the caller checks: the vocabulary cannot continue the text).
+void applyConstraint(float* logits, int vocab, const ConstraintRow& c, const SamplingParams& params,
+                     int32_t eosTokenId);
 
 // Edits `vocab` logits in place. tokens: the request's prompt then its output; output
 // starts at outputStart (<= tokens.size()). Ids outside [0, vocab) are skipped.
@@ -31,9 +46,10 @@ void applyLogitsProcessors(float* logits, int vocab, const SamplingParams& param
                            size_t outputStart, int32_t eosTokenId);
 
 // sample() for a row whose processors are on (params.processesLogits()): samples from the
-// processed logits, and reports the logprobs of the raw distribution (the unedited row), as
-// sample() does without processors. `logits` is left unchanged.
+// processed (and, with `constraint`, masked) logits, and reports the logprobs of the raw distribution (the unedited
+// row), as sample() does without processors. `logits` is left unchanged.
 SampledToken sampleWithProcessors(const float* logits, int vocab, const SamplingParams& params, uint64_t step,
-                                  std::span<const int32_t> tokens, size_t outputStart, int32_t eosTokenId);
+                                  std::span<const int32_t> tokens, size_t outputStart, int32_t eosTokenId,
+                                  const ConstraintRow* constraint = nullptr);
 
 }  // namespace pd::engine

@@ -102,18 +102,46 @@ Result<FinishReason> Request::appendToken(const SampledToken& token, int32_t eos
     return invalidArgument("request " + std::to_string(id_) + ": sampled token id " + std::to_string(token.id) +
                            " is negative");
   }
+  const auto& stops = params_.stopTokenIds;
+  const bool isEnd = std::find(stops.begin(), stops.end(), token.id) != stops.end() ||
+                     (!params_.ignoreEos && eosTokenId >= 0 && token.id == eosTokenId);
+  if (matcher_) {
+    if (isEnd ? !matcher_->canEnd(constraintState_) : false) {
+      return invalidArgument("request " + std::to_string(id_) + ": token " + std::to_string(token.id) +
+                             " ends the output before its constrained text is complete");
+    }
+    if (!isEnd) {
+      const constraint::State next = matcher_->advance(constraintState_, token.id);
+      if (next == constraint::kDeadState) {
+        return invalidArgument("request " + std::to_string(id_) + ": token " + std::to_string(token.id) +
+                               " is not allowed by the request's constraint here");
+      }
+      constraintState_ = next;
+    }
+  }
   tokens_.push_back(token.id);
   logprobs_.push_back(token.logprob);
   topLogprobs_.push_back(token.topLogprobs);
   tokenTimes_.push_back(clock_->now());
-  const auto& stops = params_.stopTokenIds;
-  if (std::find(stops.begin(), stops.end(), token.id) != stops.end() ||
-      (!params_.ignoreEos && eosTokenId >= 0 && token.id == eosTokenId)) {
+  if (isEnd) {
     stopToken_ = token.id;
     return FinishReason::kStop;
   }
+  if (matcher_ && matcher_->mustEnd(constraintState_)) return FinishReason::kStop;
   if (numGenerated() >= params_.maxTokens) return FinishReason::kLength;
   return FinishReason::kNone;
+}
+
+Status Request::setConstraint(std::shared_ptr<const constraint::TokenMatcher> matcher) {
+  constraint::State s = matcher->start();
+  for (int i = numPrompt_ - params_.generatedInPrompt; i < numPrompt_; ++i) s = matcher->advance(s, tokens_[size_t(i)]);
+  for (TokenId t : generated()) s = matcher->advance(s, t);
+  if (s == constraint::kDeadState) {
+    return invalidArgument("request " + std::to_string(id_) + ": its output so far does not satisfy its constraint");
+  }
+  matcher_ = std::move(matcher);
+  constraintState_ = s;
+  return Status::ok();
 }
 
 Status Request::finish(FinishReason reason) {

@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,6 +30,7 @@
 #include "common/base/clock.h"
 #include "common/base/enum_names.h"
 #include "common/base/status.h"
+#include "common/constraint/constraint.h"
 #include "engine/sampling.h"
 
 namespace pd::engine {
@@ -111,10 +113,21 @@ class Request {
   // preemption and resets numComputed to 0 (the KV is recomputed).
   Status transition(RequestState to);
 
+  // Constrained decoding (params().constraint): the compiled matcher, set once by the engine
+  // on submit. The state is re-derived from the output so far -- the generated_in_prompt
+  // tail of the prompt (a migrated request), then every appended token -- so whichever
+  // worker holds the request continues where the text stands (docs/serving.md
+  // "Structured outputs"). kInvalidArgument when that output already left the constraint.
+  Status setConstraint(std::shared_ptr<const constraint::TokenMatcher> matcher);
+  const constraint::TokenMatcher* constraint() const { return matcher_.get(); }
+  constraint::State constraintState() const { return constraintState_; }
+
   // Appends a sampled token (stamped now) and returns why the request must finish, if it
   // must: kStop for a stop token id or EOS (`eosTokenId` < 0: none; ignored with
-  // ignore_eos), kLength when max_tokens tokens exist. The caller then calls finish().
-  // Errors: kFailedPrecondition unless prefilling/decoding/waiting_kv.
+  // ignore_eos) or where a constraint's text is complete and nothing may follow, kLength
+  // when max_tokens tokens exist. The caller then calls finish().
+  // Errors: kFailedPrecondition unless prefilling/decoding/waiting_kv; kInvalidArgument for a
+  // token a constraint does not allow (the token is not appended).
   Result<FinishReason> appendToken(const SampledToken& token, int32_t eosTokenId);
   // The sampling step of the next token (= numGenerated()): the counter for sample().
   uint64_t nextSampleStep() const { return uint64_t(numGenerated()); }
@@ -159,6 +172,8 @@ class Request {
   std::array<std::optional<SteadyTime>, kNumRequestStates> last_{};
   std::vector<SteadyTime> tokenTimes_;
   int numPreemptions_ = 0;
+  std::shared_ptr<const constraint::TokenMatcher> matcher_;
+  constraint::State constraintState_ = 0;
 };
 
 }  // namespace pd::engine

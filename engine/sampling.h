@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "common/constraint/spec.h"
 #include "pd/kernels/sampling.h"
 
 namespace pd::engine {
@@ -64,12 +65,16 @@ struct SamplingParams {
   // request migrated to another worker resumes with its output appended to the prompt):
   // they count as generated for the penalties and min_tokens.
   int generatedInPrompt = 0;
+  // Structured output (common/constraint, docs/design.md "Constraint module"): every token
+  // sampled keeps the output a prefix of a text the spec accepts. The engine compiles it on
+  // submit (Engine::setConstraintVocabulary) and masks each row after the processors.
+  constraint::ConstraintSpec constraint;
 
   bool greedy() const { return temperature < kGreedyTemperature; }
   // Whether any logits processor is on (the row then needs its logits on the host).
   bool processesLogits() const {
     return presencePenalty != 0.0f || frequencyPenalty != 0.0f || repetitionPenalty != 1.0f || !logitBias.empty() ||
-           minTokens > 0;
+           minTokens > 0 || constraint.active();
   }
   // Checks every field's range; names the field and the allowed values.
   Status validate() const;

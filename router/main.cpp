@@ -14,7 +14,7 @@
 namespace {
 
 constexpr const char* kDescription =
-    "pdserve-router: serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, "
+    "pdserve-router: serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/responses, /v1/models, "
     "/health, /metrics, /version, /tokenize, /detokenize) and routes requests to the workers "
     "that register on the control port.";
 

@@ -6,6 +6,7 @@
 #include <span>
 #include <string_view>
 
+#include "common/constraint/constraint.h"
 #include "router/json_body.h"
 
 namespace pd::router {
@@ -39,8 +40,16 @@ ApiError ApiError::notFound(std::string message) {
 
 ApiError ApiError::methodNotAllowed(std::string message) { return {.status = 405, .message = std::move(message)}; }
 
+ApiError ApiError::endpointNotServed(const std::string& method, const std::string& path) {
+  return {.status = 404,
+          .message = method + " " + quoteForMessage(path) +
+                     ": this OpenAI endpoint is not served by pdserve (it serves /v1/completions, "
+                     "/v1/chat/completions, /v1/responses and /v1/models; docs/serving.md \"API fields\")",
+          .code = "not_served"};
+}
+
 ApiError ApiError::contextLengthExceeded(std::string message, std::string param) {
-  return {.status = 413, .message = std::move(message), .param = std::move(param), .code = "context_length_exceeded"};
+  return {.message = std::move(message), .param = std::move(param), .code = "context_length_exceeded"};
 }
 
 ApiError ApiError::unauthorized(std::string message) {
@@ -200,20 +209,61 @@ MaybeError readBoundedString(const json& obj, const char* key, const std::string
   return std::nullopt;
 }
 
-// The keys of a message besides role and content. Tools are not implemented (docs/serving.md
-// "API fields"), so a history that carries tool calls is refused by name rather than rendered
-// without them; an empty tool_calls array (some clients always send one) means none.
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}].
+MaybeError readToolCalls(const json& value, const std::string& at, const ApiLimits& limits, ChatMessage* cm) {
+  const std::string field = at + ".tool_calls";
+  if (!value.is_array())
+    return ApiError::invalidRequest(field + ": expected an array, got " + typeName(value), "messages");
+  if (value.empty()) return std::nullopt;  // some clients always send one: none
+  if (cm->role != "assistant")
+    return ApiError::invalidRequest(field + ": only assistant messages carry tool calls", "messages");
+  json calls = json::array();
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string callAt = field + "[" + std::to_string(i) + "]";
+    const json& c = value[i];
+    if (!c.is_object()) return wrongType(callAt, "an object", c);
+    for (const auto& [key, v] : c.items()) {
+      if (key != "id" && key != "type" && key != "function" && !v.is_null())
+        return ApiError::invalidRequest(callAt + "." + quoteForMessage(key) + ": not supported by pdserve", "messages");
+    }
+    if (c.contains("type") && !c["type"].is_null() && c["type"] != "function")
+      return ApiError::invalidRequest(callAt + ".type: only \"function\"", "messages");
+    auto id = c.find("id");
+    if (id == c.end() || !id->is_string() || id->get_ref<const std::string&>().size() > limits.maxNameBytes)
+      return ApiError::invalidRequest(
+          callAt + ".id: required string of at most " + std::to_string(limits.maxNameBytes) + " bytes", "messages");
+    auto f = c.find("function");
+    if (f == c.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+      return ApiError::invalidRequest(callAt + ".function.name: required string", "messages");
+    for (const auto& [key, v] : f->items()) {
+      if (key != "name" && key != "arguments" && !v.is_null())
+        return ApiError::invalidRequest(callAt + ".function." + quoteForMessage(key) + ": not supported by pdserve",
+                                        "messages");
+    }
+    json args = json::object();
+    if (f->contains("arguments") && !(*f)["arguments"].is_null()) {
+      const json& a = (*f)["arguments"];
+      if (!a.is_string())
+        return ApiError::invalidRequest(callAt + ".function.arguments: expected a string", "messages");
+      json parsed = json::parse(a.get_ref<const std::string&>(), nullptr, false);
+      args = parsed.is_object() ? parsed : a;
+    }
+    calls.push_back({{"id", *id}, {"type", "function"}, {"function", {{"name", (*f)["name"]}, {"arguments", args}}}});
+  }
+  cm->toolCalls = std::move(calls);
+  return std::nullopt;
+}
+
+// The keys of a message besides role and content: name, tool_call_id (role tool) and
+// tool_calls (role assistant), each passed to the chat template.
 MaybeError readMessageExtras(const json& msg, const std::string& at, const ApiLimits& limits, ChatMessage* cm) {
   if (auto e = readBoundedString(msg, "name", at, limits.maxNameBytes, &cm->name)) return e;
   if (auto e = readBoundedString(msg, "tool_call_id", at, limits.maxNameBytes, &cm->toolCallId)) return e;
   for (const auto& [key, value] : msg.items()) {
     if (value.is_null() || key == "role" || key == "content" || key == "name" || key == "tool_call_id") continue;
     if (key == "tool_calls") {
-      if (!value.is_array())
-        return ApiError::invalidRequest(at + ".tool_calls: expected an array, got " + typeName(value), "messages");
-      if (value.empty()) continue;
-      return ApiError::invalidRequest(at + ".tool_calls: not supported by pdserve (tools are not implemented)",
-                                      "messages");
+      if (auto e = readToolCalls(value, at, limits, cm)) return e;
+      continue;
     }
     return ApiError::invalidRequest(at + "." + quoteForMessage(key) + ": not supported by pdserve", "messages");
   }
@@ -327,6 +377,10 @@ constexpr std::string_view kBothFields[] = {"model",
                                             "logit_bias",
                                             "min_tokens",
                                             "response_format",
+                                            "guided_json",
+                                            "guided_regex",
+                                            "guided_choice",
+                                            "structured_outputs",
                                             "user",
                                             "metadata",
                                             "store",
@@ -334,7 +388,8 @@ constexpr std::string_view kBothFields[] = {"model",
                                             "return_token_ids",
                                             "split_special_tokens"};
 constexpr std::string_view kCompletionsFields[] = {"prompt", "logprobs", "echo", "best_of"};
-constexpr std::string_view kChatFields[] = {"messages", "add_generation_prompt", "logprobs", "top_logprobs"};
+constexpr std::string_view kChatFields[] = {"messages", "add_generation_prompt", "logprobs",           "top_logprobs",
+                                            "tools",    "tool_choice",           "parallel_tool_calls"};
 
 bool listed(std::span<const std::string_view> fields, const std::string& name) {
   return std::find(fields.begin(), fields.end(), name) != fields.end();
@@ -348,7 +403,9 @@ MaybeError refuseUnknownFields(const json& body, Endpoint endpoint) {
   if (!body.is_object()) return std::nullopt;  // parseJsonBody already refused it
   for (const auto& [name, value] : body.items()) {
     if (value.is_null() || listed(kBothFields, name)) continue;
-    if (listed(endpoint == Endpoint::kCompletions ? std::span(kCompletionsFields) : std::span(kChatFields), name)) {
+    if (listed(endpoint == Endpoint::kCompletions ? std::span<const std::string_view>(kCompletionsFields)
+                                                  : std::span<const std::string_view>(kChatFields),
+               name)) {
       continue;
     }
     return notSupported(quoteForMessage(name));
@@ -397,20 +454,153 @@ MaybeError readMetadataFields(const json& body, const ApiLimits& limits) {
   return std::nullopt;
 }
 
-// response_format: plain text only (the default); JSON modes need constrained decoding.
-MaybeError readResponseFormat(const json& body) {
-  if (!present(body, "response_format")) return std::nullopt;
-  const json& f = body["response_format"];
-  if (!f.is_object()) return wrongType("response_format", "an object", f);
-  auto type = f.find("type");
-  if (type == f.end() || !type->is_string()) {
-    return ApiError::invalidRequest("response_format.type: required string", "response_format");
+// Structured outputs (docs/serving.md "Structured outputs"): response_format json_object /
+// json_schema, vLLM's guided_json / guided_regex / guided_choice and its newer
+// structured_outputs {json | regex | choice | json_object}, at most one of them. The spec is
+// compiled here once (common/constraint: the same compiler the engine runs), so a schema
+// keyword or regex construct pdserve does not implement is a 400 naming it, never ignored.
+MaybeError unknownKeys(const json& obj, std::initializer_list<std::string_view> known, const std::string& where) {
+  for (const auto& [name, value] : obj.items()) {
+    if (value.is_null()) continue;
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      return notSupported(where + "." + quoteForMessage(name));
   }
-  if (*type != "text") {
-    return ApiError::invalidRequest("response_format: type '" + quoteForMessage(type->get<std::string>()) +
-                                        "' is not supported by pdserve (only \"text\")",
-                                    "response_format");
+  return std::nullopt;
+}
+
+// A schema given as an object or as its JSON text (vLLM takes both).
+MaybeError schemaText(const json& v, const std::string& field, std::string* out) {
+  if (v.is_object() || v.is_boolean()) {
+    *out = v.dump();
+    return std::nullopt;
   }
+  if (v.is_string()) {
+    *out = v.get<std::string>();
+    return std::nullopt;
+  }
+  return wrongType(field, "a JSON schema object", v);
+}
+
+MaybeError choiceText(const json& v, const std::string& field, std::string* out) {
+  if (!v.is_array() || v.empty()) return wrongType(field, "a non-empty array of strings", v);
+  for (const auto& c : v)
+    if (!c.is_string()) return wrongType(field, "a non-empty array of strings", v);
+  *out = v.dump();
+  return std::nullopt;
+}
+
+MaybeError readStructuredOutput(const json& body, GenerationRequest* r) {
+  using constraint::SpecKind;
+  std::string source;  // the field that set the spec, for errors and the one-of rule
+  constraint::ConstraintSpec spec;
+  auto set = [&](const std::string& field, SpecKind kind, std::string text) -> MaybeError {
+    if (!source.empty()) {
+      return ApiError::invalidRequest(
+          field + ": only one structured-output field per request (" + source + " is already set)", field);
+    }
+    source = field;
+    spec.kind = kind;
+    spec.body = std::move(text);
+    return std::nullopt;
+  };
+  if (present(body, "response_format")) {
+    const json& f = body["response_format"];
+    if (!f.is_object()) return wrongType("response_format", "an object", f);
+    auto type = f.find("type");
+    if (type == f.end() || !type->is_string()) {
+      return ApiError::invalidRequest("response_format.type: required string", "response_format");
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "text" || t == "json_object") {
+      if (auto e = unknownKeys(f, {"type"}, "response_format")) return e;
+      if (t == "json_object")
+        if (auto e = set("response_format.json_object", SpecKind::kJsonObject, "")) return e;
+    } else if (t == "json_schema") {
+      if (auto e = unknownKeys(f, {"type", "json_schema"}, "response_format")) return e;
+      auto js = f.find("json_schema");
+      if (js == f.end() || !js->is_object())
+        return ApiError::invalidRequest("response_format.json_schema: required object", "response_format");
+      if (auto e = unknownKeys(*js, {"name", "description", "schema", "strict"}, "response_format.json_schema"))
+        return e;
+      if (js->contains("name") && !(*js)["name"].is_string())
+        return wrongType("response_format.json_schema.name", "a string", (*js)["name"]);
+      if (js->contains("strict") && !(*js)["strict"].is_null() && !(*js)["strict"].is_boolean())
+        return wrongType("response_format.json_schema.strict", "a boolean", (*js)["strict"]);
+      // strict or not, the output follows the schema: the constraint is what pdserve does.
+      std::string text = "{}";  // OpenAI: a schema-less json_schema is any JSON value
+      if (js->contains("schema") && !(*js)["schema"].is_null())
+        if (auto e = schemaText((*js)["schema"], "response_format.json_schema.schema", &text)) return e;
+      if (auto e = set("response_format.json_schema.schema", SpecKind::kJsonSchema, text)) return e;
+    } else {
+      return ApiError::invalidRequest("response_format: type '" + quoteForMessage(t) +
+                                          "' is not supported by pdserve (\"text\", \"json_object\", \"json_schema\")",
+                                      "response_format");
+    }
+  }
+  std::string text;
+  if (present(body, "guided_json")) {
+    if (auto e = schemaText(body["guided_json"], "guided_json", &text)) return e;
+    if (auto e = set("guided_json", SpecKind::kJsonSchema, text)) return e;
+  }
+  if (present(body, "guided_regex")) {
+    if (!body["guided_regex"].is_string()) return wrongType("guided_regex", "a string", body["guided_regex"]);
+    if (auto e = set("guided_regex", SpecKind::kRegex, body["guided_regex"].get<std::string>())) return e;
+  }
+  if (present(body, "guided_choice")) {
+    if (auto e = choiceText(body["guided_choice"], "guided_choice", &text)) return e;
+    if (auto e = set("guided_choice", SpecKind::kChoice, text)) return e;
+  }
+  if (present(body, "structured_outputs")) {
+    const json& so = body["structured_outputs"];
+    if (!so.is_object()) return wrongType("structured_outputs", "an object", so);
+    if (auto e = unknownKeys(so, {"json", "regex", "choice", "json_object"}, "structured_outputs")) return e;
+    if (present(so, "json")) {
+      if (auto e = schemaText(so["json"], "structured_outputs.json", &text)) return e;
+      if (auto e = set("structured_outputs.json", SpecKind::kJsonSchema, text)) return e;
+    }
+    if (present(so, "regex")) {
+      if (!so["regex"].is_string()) return wrongType("structured_outputs.regex", "a string", so["regex"]);
+      if (auto e = set("structured_outputs.regex", SpecKind::kRegex, so["regex"].get<std::string>())) return e;
+    }
+    if (present(so, "choice")) {
+      if (auto e = choiceText(so["choice"], "structured_outputs.choice", &text)) return e;
+      if (auto e = set("structured_outputs.choice", SpecKind::kChoice, text)) return e;
+    }
+    if (present(so, "json_object")) {
+      if (!so["json_object"].is_boolean())
+        return wrongType("structured_outputs.json_object", "a boolean", so["json_object"]);
+      if (so["json_object"].get<bool>())
+        if (auto e = set("structured_outputs.json_object", SpecKind::kJsonObject, "")) return e;
+    }
+  }
+  r->constraint = std::move(spec);
+  r->constraintSource = source;
+  return std::nullopt;
+}
+
+// A schema's properties are generated in the order the client wrote them (as OpenAI does),
+// but `json` keeps object keys sorted: the schema is taken again from the body parsed with
+// its order kept. Then the spec is compiled once, so what pdserve does not implement is
+// refused here, by name.
+MaybeError finishStructuredOutput(const std::string& bodyText, GenerationRequest* r) {
+  if (!r->constraint.active()) return std::nullopt;
+  const std::string& source = r->constraintSource;
+  if (r->constraint.kind == constraint::SpecKind::kJsonSchema) {
+    const auto ordered = nlohmann::ordered_json::parse(bodyText, nullptr, false);
+    const nlohmann::ordered_json* v = &ordered;
+    const std::string path = source == "response_format" ? "response_format.json_schema.schema" : source;
+    for (size_t at = 0; v && at <= path.size();) {
+      const size_t dot = std::min(path.find('.', at), path.size());
+      const std::string key = path.substr(at, dot - at);
+      v = v->is_object() && v->contains(key) ? &(*v)[key] : nullptr;
+      at = dot + 1;
+    }
+    if (v && (v->is_object() || v->is_boolean())) r->constraint.body = v->dump();
+  }
+  // json_object has no body to check (and its automaton is the largest to build: ~3 ms).
+  if (r->constraint.kind == constraint::SpecKind::kJsonObject) return std::nullopt;
+  Status st = constraint::validateSpec(r->constraint);
+  if (!st.isOk()) return ApiError::invalidRequest(source + ": " + st.message(), source.substr(0, source.find('.')));
   return std::nullopt;
 }
 
@@ -447,7 +637,7 @@ MaybeError readLogitBias(const json& body, const ApiLimits& limits, GenerationRe
 MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limits, GenerationRequest* r) {
   if (auto e = refuseUnknownFields(body, endpoint)) return e;
   if (auto e = readMetadataFields(body, limits)) return e;
-  if (auto e = readResponseFormat(body)) return e;
+  if (auto e = readStructuredOutput(body, r)) return e;
   if (present(body, "model")) {
     if (!body["model"].is_string()) return wrongType("model", "a string", body["model"]);
     r->model = body["model"].get<std::string>();
@@ -457,6 +647,7 @@ MaybeError readFields(const json& body, Endpoint endpoint, const ApiLimits& limi
   } else {
     if (auto e = readMessages(body, limits, r)) return e;
     if (auto e = readBool(body, "add_generation_prompt", &r->addGenerationPrompt)) return e;
+    if (auto e = readToolFields(body, &r->tools)) return ApiError::invalidRequest(e->message, e->param);
   }
 
   constexpr int64_t kMaxTokensCap = 1 << 24;
@@ -613,6 +804,7 @@ ParseResult parseGenerationRequest(const std::string& body, Endpoint endpoint, c
   GenerationRequest r;
   r.endpoint = endpoint;
   if (auto e = readFields(parsed, endpoint, limits, &r)) return *e;
+  if (auto e = finishStructuredOutput(body, &r)) return *e;
   return r;
 }
 
@@ -631,6 +823,19 @@ json streamChunk(Endpoint endpoint, const ResponseMeta& meta, const ChoiceDelta&
     json delta = json::object();
     if (d.first) delta["role"] = "assistant";
     if (d.first || !d.text.empty()) delta["content"] = d.text;
+    if (!d.toolCallDeltas.empty()) {
+      json calls = json::array();
+      for (const auto& c : d.toolCallDeltas) {
+        json call{{"index", c.index}};
+        if (c.id) call["id"] = *c.id, call["type"] = "function";
+        json function = json::object();
+        if (c.name) function["name"] = *c.name;
+        function["arguments"] = c.arguments;
+        call["function"] = function;
+        calls.push_back(std::move(call));
+      }
+      delta["tool_calls"] = calls;
+    }
     choice["delta"] = delta;
   } else {
     choice["text"] = d.text;
@@ -661,6 +866,14 @@ json fullResponse(Endpoint endpoint, const ResponseMeta& meta, const std::vector
     json choice{{"index", c.index}};
     if (endpoint == Endpoint::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+      if (!c.toolCalls.empty()) {
+        json calls = json::array();
+        for (const auto& t : c.toolCalls)
+          calls.push_back(
+              {{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        choice["message"]["tool_calls"] = calls;
+        if (c.text.empty()) choice["message"]["content"] = nullptr;  // as OpenAI answers a call
+      }
     } else {
       choice["text"] = c.text;
     }

@@ -15,6 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/constraint/spec.h"
+#include "router/tool_calls.h"
+
 namespace pd::router {
 
 // An OpenAI error object plus its HTTP status.
@@ -37,7 +40,11 @@ struct ApiError {
   static ApiError notFound(std::string message);
   // 405: the route takes another method.
   static ApiError methodNotAllowed(std::string message);
-  // 413, code context_length_exceeded: the prompt (`param`) does not fit the model.
+  // 404, code not_served: an OpenAI endpoint pdserve does not serve (embeddings, audio,
+  // images, ...): an OpenAI-shaped error the SDKs raise as NotFoundError, naming the path.
+  static ApiError endpointNotServed(const std::string& method, const std::string& path);
+  // 400, code context_length_exceeded: the prompt (`param`) does not fit the model (OpenAI and
+  // vLLM answer 400, which the SDKs raise as BadRequestError).
   static ApiError contextLengthExceeded(std::string message, std::string param);
   // 401 authentication_error, code invalid_api_key.
   static ApiError unauthorized(std::string message);
@@ -51,7 +58,8 @@ struct ApiError {
   static ApiError internal(std::string message);
 };
 
-enum class Endpoint { kCompletions, kChat };
+// kResponses: POST /v1/responses, parsed into a chat request (router/responses_api.h).
+enum class Endpoint { kCompletions, kChat, kResponses };
 
 struct ChatMessage {
   std::string role;     // system | developer | user | assistant | tool
@@ -59,6 +67,10 @@ struct ChatMessage {
   // Passed to the chat template as the message's keys of the same name, when given.
   std::optional<std::string> name;        // at most ApiLimits::maxNameBytes
   std::optional<std::string> toolCallId;  // "tool_call_id", role tool; at most maxNameBytes
+  // role assistant: its calls, [{id, type: "function", function: {name, arguments}}], where
+  // arguments is the JSON object itself when the text parses as one (templates write it with
+  // tojson, as transformers' apply_chat_template is given it), else the text.
+  std::optional<nlohmann::json> toolCalls;
 };
 
 // One validated generation request, before tokenization. Field names follow the API.
@@ -99,6 +111,15 @@ struct GenerationRequest {
   // contents is encoded as plain text. pdserve defaults to true (transformers to false), so
   // client text never becomes a control token; false lets it through (docs/serving.md).
   bool splitSpecialTokens = true;
+  // Chat: tools, tool_choice, parallel_tool_calls (router/tool_calls.h).
+  ToolRequest tools;
+  // Set when the request came as a Responses body (router/responses_api.h): the fields the
+  // Response object echoes. The request itself is the chat request it means.
+  std::optional<nlohmann::json> responses;
+  // Structured output (response_format json_object / json_schema, guided_*, structured_outputs),
+  // validated at parse time; kind kNone when the text is free. Carried to every worker.
+  constraint::ConstraintSpec constraint;
+  std::string constraintSource;  // the field that set it ("response_format", "guided_regex", ...)
 };
 
 // Limits the router enforces while parsing.
@@ -161,6 +182,9 @@ struct ChoiceDelta {
   std::optional<std::string> finishReason;       // "stop" | "length" | "abort" | "error"
   bool first = false;                            // chat: carries delta.role
   std::optional<std::vector<int32_t>> tokenIds;  // return_token_ids: the ids behind `text`
+  // Chat with tools: streamed, the calls' deltas in this chunk; whole, the calls.
+  std::vector<ToolCallStreamer::CallDelta> toolCallDeltas;
+  std::vector<ToolCall> toolCalls;
 };
 
 struct ResponseMeta {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "common/constraint/constraint.h"
 #include "router/json_body.h"
+#include "router/responses_api.h"
 
 namespace pd::router {
 
@@ -10,7 +12,72 @@ using nlohmann::json;
 
 RequestParser::RequestParser(std::shared_ptr<const tok::Tokenizer> tokenizer, std::unique_ptr<tok::ChatTemplate> chat,
                              ParserLimits limits)
-    : tokenizer_(std::move(tokenizer)), chat_(std::move(chat)), limits_(std::move(limits)) {}
+    : tokenizer_(std::move(tokenizer)), chat_(std::move(chat)), limits_(std::move(limits)) {
+  toolFormat_ =
+      limits_.toolCallParser.value_or(detectToolCallFormat(chat_->source()).value_or(ToolCallFormat::kHermes));
+  for (const std::string& marker : toolCallMarkers(toolFormat_)) {
+    auto id = tokenizer_->tokenToId(marker);
+    if (id && tokenizer_->isSpecial(*id)) markerTokens_.emplace_back(*id, marker);
+  }
+}
+
+namespace {
+
+// The call a tool_choice of required / a named function forces, in the model's syntax: the
+// syntax's fixed text around a JSON value. Named (or a single tool): the value is the
+// arguments (the tool's parameters schema); several tools: the whole {"name", "arguments"}
+// object, one of the tools' shapes.
+constraint::ConstraintSpec toolCallConstraint(ToolCallFormat f, const ToolRequest& t) {
+  using ojson = nlohmann::ordered_json;
+  constraint::ConstraintSpec spec;
+  const ojson* only = nullptr;
+  for (const auto& tool : t.ordered) {
+    if (t.choice == ToolChoice::kNamed ? tool["function"]["name"] == t.namedFunction : t.ordered.size() == 1)
+      only = &tool;
+  }
+  const char* argsKey = f == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
+  std::string open, close;
+  switch (f) {
+    case ToolCallFormat::kHermes:
+      open = "<tool_call>\n", close = "\n</tool_call>";
+      break;
+    case ToolCallFormat::kLlama3Json:
+      break;
+    case ToolCallFormat::kMistral:
+      open = "[TOOL_CALLS][", close = "]";
+      break;
+  }
+  if (only != nullptr) {
+    const ojson& fn = (*only)["function"];
+    // The canonical JSON layout of the constraint module: one space after ':' and ','.
+    spec.prefix = open + "{\"name\": " + fn["name"].dump() + ", \"" + argsKey + "\": ";
+    spec.suffix = "}" + close;
+    if (fn.contains("parameters") && fn["parameters"].is_object()) {
+      spec.kind = constraint::SpecKind::kJsonSchema;
+      spec.body = fn["parameters"].dump();
+    } else {
+      spec.kind = constraint::SpecKind::kJsonObject;
+    }
+    return spec;
+  }
+  ojson anyOf = ojson::array();
+  for (const auto& tool : t.ordered) {
+    const ojson& fn = tool["function"];
+    ojson params =
+        fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : ojson{{"type", "object"}};
+    anyOf.push_back({{"type", "object"},
+                     {"properties", {{"name", {{"const", fn["name"]}}}, {argsKey, params}}},
+                     {"required", ojson::array({"name", argsKey})},
+                     {"additionalProperties", false}});
+  }
+  spec.kind = constraint::SpecKind::kJsonSchema;
+  spec.body = ojson{{"anyOf", anyOf}}.dump();
+  spec.prefix = open;
+  spec.suffix = close;
+  return spec;
+}
+
+}  // namespace
 
 Result<std::vector<int32_t>> RequestParser::encodePrompt(const std::string& text, bool addSpecialTokens,
                                                          bool splitSpecialTokens) const {
@@ -27,10 +94,13 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
       nlohmann::ordered_json message = {{"role", m.role}, {"content", m.content}};
       if (m.name) message["name"] = *m.name;
       if (m.toolCallId) message["tool_call_id"] = *m.toolCallId;
+      if (m.toolCalls) message["tool_calls"] = nlohmann::ordered_json::parse(m.toolCalls->dump());
       messages.push_back(std::move(message));
     }
     tok::ChatOptions opts;
     opts.addGenerationPrompt = req.addGenerationPrompt;
+    // As transformers' apply_chat_template(tools=...): the template decides how they read.
+    if (!req.tools.tools.empty()) opts.extra["tools"] = req.tools.ordered;
     tok::ChatTemplate::Rendered rendered;
     if (req.splitSpecialTokens) {
       auto r = chat_->renderLiteral(messages, *tokenizer_, opts);
@@ -62,10 +132,47 @@ std::variant<std::vector<int32_t>, ApiError> RequestParser::promptIds(const Gene
 }
 
 std::variant<ParsedGenerate, Rejection> RequestParser::parseGenerate(const std::string& body, Endpoint endpoint) const {
-  auto parsed = parseGenerationRequest(body, endpoint);
+  auto parsed = endpoint == Endpoint::kResponses ? parseResponsesRequest(body) : parseGenerationRequest(body, endpoint);
   if (auto* e = std::get_if<ApiError>(&parsed)) return Rejection{*e, e->type};
   ParsedGenerate out;
   out.req = std::move(std::get<GenerationRequest>(parsed));
+  // The body parses into sorted keys; the tools' own order is what templates render (one more
+  // parse of a body that has tools only).
+  if (!out.req.tools.tools.empty()) out.req.tools.ordered = orderedTools(body, endpoint == Endpoint::kResponses);
+  if (endpoint == Endpoint::kResponses) endpoint = Endpoint::kChat;  // from here on, the chat request it means
+  if (out.req.tools.active()) {
+    out.toolFormat = toolFormat_;
+    out.markerTokens = markerTokens_;
+    if (out.req.tools.choice == ToolChoice::kRequired || out.req.tools.choice == ToolChoice::kNamed) {
+      // One constraint per request: a forced call is that call, so it cannot also be held to
+      // the request's own response_format / guided_* value.
+      if (out.req.constraint.active()) {
+        return Rejection{ApiError::invalidRequest(
+                             out.req.constraintSource + ": not supported by pdserve together with tool_choice " +
+                                 "required or a named function (one constraint per request)",
+                             out.req.constraintSource.substr(0, out.req.constraintSource.find('.'))),
+                         "invalid_request_error"};
+      }
+      out.req.constraint = toolCallConstraint(toolFormat_, out.req.tools);
+      out.req.constraintSource = "tool_choice";
+      // A parameters schema the constraint module cannot enforce is refused by name now,
+      // never sent on to be ignored.
+      // (A tool without parameters is any JSON object: nothing to check, and that automaton is
+      // the costliest to build.)
+      Status ok = out.req.constraint.kind == constraint::SpecKind::kJsonObject
+                      ? Status::ok()
+                      : constraint::validateSpec(out.req.constraint);
+      if (!ok.isOk()) {
+        return Rejection{ApiError::invalidRequest("tools: tool_choice " +
+                                                      std::string(out.req.tools.choice == ToolChoice::kNamed
+                                                                      ? "'" + out.req.tools.namedFunction + "'"
+                                                                      : "required") +
+                                                      " needs the tools' parameters enforced: " + ok.message(),
+                                                  "tools"),
+                         "invalid_request_error"};
+      }
+    }
+  }
   if (!out.req.model.empty() && out.req.model != limits_.modelName) {
     return Rejection{ApiError::modelNotFound(out.req.model), "model_not_found"};
   }

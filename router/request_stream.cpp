@@ -42,8 +42,10 @@ RequestStream::RequestStream(boost::asio::io_context& io, RequestSpec spec, std:
       owner_(owner),
       metrics_(metrics),
       settings_(settings) {
-  meta_ = {std::string(spec_.parsed.req.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"), spec_.createdUnixSeconds,
-           settings_.modelName};
+  meta_ = {std::string(spec_.parsed.req.responses                     ? "resp_"
+                       : spec_.parsed.req.endpoint == Endpoint::kChat ? "chatcmpl-"
+                                                                      : "cmpl-"),
+           spec_.createdUnixSeconds, settings_.modelName};
 }
 
 template <typename F>
@@ -101,6 +103,8 @@ void RequestStream::setDispatch(const Dispatch& d) {
 
 void RequestStream::startOnStrand(Dispatch d) {
   meta_.id += d.responseId;
+  if (spec_.parsed.req.responses)
+    responses_ = std::make_unique<ResponsesWriter>(*spec_.parsed.req.responses, meta_.id, meta_.created, meta_.model);
   setDispatch(d);
   // Set before anything is answered: a client leaving while we dispatch still cancels.
   std::weak_ptr<RequestStream> weak = weak_from_this();
@@ -114,6 +118,8 @@ void RequestStream::startOnStrand(Dispatch d) {
     c.index = int(i);
     c.workerRequestId = d.workerRequestIds[i];
     c.detok = std::make_unique<tok::IncrementalDetokenizer>(tokenizer_, /*skipSpecialTokens=*/true);
+    if (spec_.parsed.toolFormat)
+      c.tools = std::make_unique<ToolCallStreamer>(*spec_.parsed.toolFormat, !spec_.parsed.req.tools.parallelToolCalls);
     if (!sendGenerate(c, d)) {
       c.done = true;
       unsent.push_back(c.workerRequestId);
@@ -164,6 +170,13 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
   }
   s->set_min_tokens(uint32_t(q.minTokens));
   s->set_generated_in_prompt(uint32_t(c.generated.size()));  // penalties and min_tokens count them
+  if (q.constraint.active()) {
+    auto* k = s->mutable_constraint();
+    k->set_kind(static_cast<proto::Constraint::Kind>(q.constraint.kind));
+    k->set_body(q.constraint.body);
+    k->set_prefix(q.constraint.prefix);
+    k->set_suffix(q.constraint.suffix);
+  }
   g->set_route(d.plan.route == Route::kColocated ? proto::ROUTE_COLOCATED : proto::ROUTE_DISAGGREGATED);
   if (d.plan.route == Route::kDisaggregated) {
     g->set_prefill_worker_id(d.plan.prefillWorker);
@@ -194,12 +207,16 @@ void RequestStream::startResponse() {
       {"x-pdserve-route", routeLabel()}, {"x-pdserve-decode-worker", decodeWorker_}, {"x-request-id", meta_.id}};
   if (!prefillWorker_.empty()) h["x-pdserve-prefill-worker"] = prefillWorker_;
   http_->startStream(200, std::move(h));
-  for (const auto& c : choices_) {
-    ChoiceDelta d;
-    d.index = c.index;
-    d.first = req.endpoint == Endpoint::kChat;
-    if (req.echo) d.text = spec_.parsed.promptText;
-    if (d.first || !d.text.empty()) http_->sendEvent(sseEvent(streamChunk(req.endpoint, meta_, d, false)));
+  if (responses_) {
+    http_->sendEvent(responses_->start());
+  } else {
+    for (const auto& c : choices_) {
+      ChoiceDelta d;
+      d.index = c.index;
+      d.first = req.endpoint == Endpoint::kChat;
+      if (req.echo) d.text = spec_.parsed.promptText;
+      if (d.first || !d.text.empty()) http_->sendEvent(sseEvent(streamChunk(req.endpoint, meta_, d, false)));
+    }
   }
   lastSentAt_ = steadyNow();
   armHeartbeat();
@@ -254,6 +271,9 @@ void RequestStream::onChunk(const proto::TokenChunk& chunk) {
   std::vector<int32_t> ids(chunk.token_ids().begin(), chunk.token_ids().end());
   for (int k = 0; k < chunk.token_ids_size(); ++k) {
     delta += c->detok->push(int32_t(chunk.token_ids(k)));
+    // The tool-call syntax's special tokens stay in the text its parser reads.
+    for (const auto& [id, marker] : spec_.parsed.markerTokens)
+      if (id == int32_t(chunk.token_ids(k))) delta += marker;
     c->generated.push_back(int32_t(chunk.token_ids(k)));
     ++c->completionTokens;
     if (req.logprobs && k < chunk.logprobs_size()) lps.push_back(logprobOf(chunk.logprobs(k)));
@@ -364,21 +384,48 @@ bool RequestStream::applyStop(Choice& c, std::string& delta, bool final) {
   return false;
 }
 
-void RequestStream::emit(Choice& c, const std::string& delta, std::vector<TokenLogprob> lps, std::vector<int32_t> ids,
-                         const std::optional<std::string>& finish) {
+void RequestStream::emit(Choice& c, std::string delta, std::vector<TokenLogprob> lps, std::vector<int32_t> ids,
+                         std::optional<std::string> finish) {
   const auto& req = spec_.parsed.req;
+  std::vector<ToolCallStreamer::CallDelta> calls;
+  if (c.tools) {  // the answer's tool calls come out of its text (router/tool_calls.h)
+    auto out = c.tools->push(delta);
+    delta = std::move(out.content);
+    calls = std::move(out.calls);
+    if (finish) {
+      auto last = c.tools->finish();
+      delta += last.content;
+      for (auto& call : last.calls) calls.push_back(std::move(call));
+      if (*finish == "stop" && c.tools->sawCalls()) finish = "tool_calls";
+    }
+    for (const auto& call : calls) {
+      if (call.id)
+        c.calls.push_back({*call.id, call.name.value_or(""), ""});
+      else if (!c.calls.empty())
+        c.calls.back().arguments += call.arguments;
+    }
+  }
   if (req.stream) {
     // One event per step that produced tokens, even when their text is held back (an
     // unfinished UTF-8 sequence, a possible stop string): clients time tokens by events.
-    if (delta.empty() && !finish && ids.empty()) return;
-    ChoiceDelta d;
-    d.index = c.index;
-    d.text = delta;
-    d.logprobs = std::move(lps);
-    d.finishReason = finish;
-    if (req.returnTokenIds) d.tokenIds = std::move(ids);
-    http_->sendEvent(sseEvent(streamChunk(req.endpoint, meta_, d, req.logprobs)));
-    lastSentAt_ = steadyNow();
+    if (delta.empty() && !finish && ids.empty() && calls.empty()) return;
+    if (responses_) {
+      // The Responses stream has no per-token event without text; its end is maybeComplete's.
+      if (std::string events = responses_->delta(delta, calls); !events.empty()) {
+        http_->sendEvent(std::move(events));
+        lastSentAt_ = steadyNow();
+      }
+    } else {
+      ChoiceDelta d;
+      d.index = c.index;
+      d.text = delta;
+      d.logprobs = std::move(lps);
+      d.finishReason = finish;
+      d.toolCallDeltas = std::move(calls);
+      if (req.returnTokenIds) d.tokenIds = std::move(ids);
+      http_->sendEvent(sseEvent(streamChunk(req.endpoint, meta_, d, req.logprobs)));
+      lastSentAt_ = steadyNow();
+    }
   } else {
     for (auto& lp : lps) c.logprobs.push_back(std::move(lp));
     c.tokenIds.insert(c.tokenIds.end(), ids.begin(), ids.end());
@@ -405,7 +452,10 @@ void RequestStream::maybeComplete() {
   // One prompt, n choices: the tokens the prompt did not compute for the first choice.
   if (!choices_.empty()) usage.cachedTokens = std::min(usage.promptTokens, choices_.front().cachedPromptTokens);
   if (ttftSplit_) usage.pdserveTiming = ttftSplitJson(*ttftSplit_);
-  if (req.stream) {
+  if (responses_ && req.stream) {
+    http_->sendEvent(responses_->finish(choices_.front().finishReason, usage));
+    http_->endStream();
+  } else if (req.stream) {
     if (req.includeUsage) http_->sendEvent(sseEvent(usageChunk(req.endpoint, meta_, usage)));
     http_->sendEvent(kSseDone);
     http_->endStream();
@@ -418,16 +468,22 @@ void RequestStream::maybeComplete() {
       d.logprobs = c.logprobs;
       d.finishReason = c.finishReason;
       if (req.returnTokenIds) d.tokenIds = c.tokenIds;
+      d.toolCalls = c.calls;
       out.push_back(std::move(d));
     }
     net::HttpHeaders headers{
         {"x-pdserve-route", routeLabel()}, {"x-pdserve-decode-worker", decodeWorker_}, {"x-request-id", meta_.id}};
     if (!prefillWorker_.empty()) headers["x-pdserve-prefill-worker"] = prefillWorker_;
     if (ttftSplit_) headers["server-timing"] = serverTimingHeader(*ttftSplit_);
-    sendJson(http_, 200, fullResponse(req.endpoint, meta_, out, usage, req.logprobs), std::move(headers));
+    sendJson(http_, 200,
+             responses_ ? responses_->full(out.front().text, out.front().toolCalls,
+                                           out.front().finishReason.value_or(""), usage)
+                        : fullResponse(req.endpoint, meta_, out, usage, req.logprobs),
+             std::move(headers));
   }
   std::string reason;
   for (const auto& c : choices_) reason = c.finishReason;
+  if (reason == "tool_calls") reason = "stop";  // the metric counts how the generation ended (vLLM's labels)
   metrics_.observeE2e(routeLabel(), secondsBetween(spec_.received, steadyNow()));
   metrics_.requestFinished(reason, usage.promptTokens, usage.completionTokens);
   metrics_.inFlight.dec();
@@ -446,7 +502,10 @@ void RequestStream::failOnStrand(const Status& why) {
   metrics_.requestError(
       e.type, route_ == Route::kDisaggregated && !firstTokenSeen_ ? metrics::kPoolPrefill : metrics::kPoolDecode);
   metrics_.inFlight.dec();
-  if (spec_.parsed.req.stream) {
+  if (spec_.parsed.req.stream && responses_) {
+    http_->sendEvent(responses_->failed(e));
+    http_->endStream();
+  } else if (spec_.parsed.req.stream) {
     http_->sendEvent(sseEvent(e.toJson()));
     http_->sendEvent(kSseDone);
     http_->endStream();

@@ -41,7 +41,9 @@
 #include "common/tokenizer/detokenizer.h"
 #include "router/openai_api.h"
 #include "router/request_parser.h"
+#include "router/responses_api.h"
 #include "router/routing_policy.h"
+#include "router/tool_calls.h"
 #include "router/ttft_split.h"
 
 namespace pd::router {
@@ -139,6 +141,8 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
     bool done = false;
     std::string finishReason;  // set when done
     std::optional<SteadyTime> lastTokenAt;
+    std::unique_ptr<ToolCallStreamer> tools;  // chat with tools: the answer's calls come out
+    std::vector<ToolCall> calls;              // non-streaming: the calls found
   };
 
   RequestStream(boost::asio::io_context& io, RequestSpec spec, std::shared_ptr<net::HttpResponder> http,
@@ -157,8 +161,8 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   void observeTiming(Choice& c, const proto::TokenChunk& chunk, SteadyTime now);
   TokenLogprob logprobOf(const proto::TokenLogprob& lp) const;
   bool applyStop(Choice& c, std::string& delta, bool final);
-  void emit(Choice& c, const std::string& delta, std::vector<TokenLogprob> lps, std::vector<int32_t> ids,
-            const std::optional<std::string>& finish);
+  void emit(Choice& c, std::string delta, std::vector<TokenLogprob> lps, std::vector<int32_t> ids,
+            std::optional<std::string> finish);
   void endChoice(Choice& c);
   void maybeComplete();
   void failOnStrand(const Status& why);
@@ -192,6 +196,7 @@ class RequestStream : public std::enable_shared_from_this<RequestStream> {
   std::string decodeWorker_, prefillWorker_;  // for the x-pdserve-* headers
   net::ConnectionPtr decodeConn_;
   std::vector<Choice> choices_;
+  std::unique_ptr<ResponsesWriter> responses_;  // a Responses request: its output's shape
   bool firstTokenSeen_ = false;
   SteadyTime lastSentAt_;               // streams: the last event or heartbeat written
   SteadyTime dispatchedAt_;             // the first Generate went: the end of router_queue

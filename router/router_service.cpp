@@ -55,7 +55,11 @@ class RouterServiceImpl final : public RouterService {
         cfg_(options_.config),
         modelName_(modelName),
         parser_(std::move(tokenizer), std::move(chat),
-                ParserLimits{modelName, maxModelLen, vocab, cfg_.router.maxPromptTokens}),
+                ParserLimits{modelName, maxModelLen, vocab, cfg_.router.maxPromptTokens,
+                             cfg_.router.toolCallParser == config::ToolCallParser::kAuto
+                                 ? std::nullopt
+                                 : toolCallFormatFromName(
+                                       enumName(config::kToolCallParserNames, cfg_.router.toolCallParser, ""))}),
         io_(2, "router-io"),
         metrics_(registry_,
                  metrics::LatencyBuckets{cfg_.router.ttftBucketsS, cfg_.router.itlBucketsS, cfg_.router.e2eBucketsS}),
@@ -221,8 +225,8 @@ class RouterServiceImpl final : public RouterService {
     }
     // Without keys, a client is its address (behind a proxy: the proxy's; docs/security.md).
     const std::string client = keyIndex >= 0 ? "key:" + std::to_string(keyIndex) : "addr:" + hostOf(req.remoteAddress);
-    const bool limited =
-        path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize";
+    const bool generate = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/responses";
+    const bool limited = generate || path == "/tokenize" || path == "/detokenize";
     if (limited && rateLimiter_.enabled()) {
       auto d = rateLimiter_.admitRequest(client);
       if (!d.ok) return sendError(r, rateLimited(d));
@@ -230,14 +234,17 @@ class RouterServiceImpl final : public RouterService {
     if (path == "/version") return sendJson(r, 200, json{{"version", PD_VERSION}});
     if (path == "/load") return sendJson(r, 200, json{{"server_load", metrics_.inFlight.value()}});
     if (path == "/v1/models" && req.method == "GET") return sendJson(r, 200, modelsJson());
-    if (req.method != "POST" &&
-        (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize")) {
+    if (req.method != "POST" && limited) {
       return sendError(r, ApiError::methodNotAllowed(req.method + " " + path + ": use POST"));
     }
     if (path == "/v1/completions") return onGenerate(req, r, Endpoint::kCompletions, client);
     if (path == "/v1/chat/completions") return onGenerate(req, r, Endpoint::kChat, client);
+    if (path == "/v1/responses") return onGenerate(req, r, Endpoint::kResponses, client);
     if (path == "/tokenize") return answer(r, parser_.tokenize(req.body));
     if (path == "/detokenize") return answer(r, parser_.detokenize(req.body));
+    // Any other OpenAI path (/v1/embeddings, /v1/audio/..., /v1/images/...) answers in the
+    // OpenAI error shape, so SDKs raise NotFoundError naming the endpoint, not "model not found".
+    if (path.starts_with("/v1/") || path == "/v1") return sendError(r, ApiError::endpointNotServed(req.method, path));
     sendError(r, ApiError::notFound("no route for " + req.method + " " + path));
   }
 

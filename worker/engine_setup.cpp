@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/base/log.h"
+#include "common/constraint/constraint.h"
 #include "common/metrics/pdserve_metrics.h"
 #include "engine/cpu_backend.h"
 #include "engine/cuda_backend.h"
@@ -144,6 +145,18 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
   b.fingerprint += "/w" + b.model->weightsFingerprint;
   b.kvRegions = std::move(parts.regions);
   b.engine = std::make_unique<engine::Engine>(std::move(parts.backend), std::move(parts.kv), opts);
+  // Constrained decoding masks tokens by their bytes: read them once from the model's
+  // tokenizer. A model without one serves everything else (constrained requests get an error
+  // naming why).
+  const std::string tokenizerPath = config.model.path + "/tokenizer.json";
+  if (std::filesystem::exists(tokenizerPath)) {
+    auto vocab = constraint::TokenVocabulary::fromTokenizerJson(tokenizerPath, mc.vocabSize);
+    if (vocab.ok()) {
+      b.engine->setConstraintVocabulary(*vocab);
+    } else {
+      PD_LOG(kWarn, "engine") << "constrained decoding off: " << vocab.status().toString();
+    }
+  }
   return b;
 }
 

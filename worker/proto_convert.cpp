@@ -2,6 +2,25 @@
 
 namespace pd::worker {
 
+constraint::ConstraintSpec fromProto(const proto::Constraint& p) {
+  constraint::ConstraintSpec s;
+  // An unknown kind (a newer router) is refused by the compiler rather than dropped here.
+  s.kind = static_cast<constraint::SpecKind>(p.kind());
+  s.body = p.body();
+  s.prefix = p.prefix();
+  s.suffix = p.suffix();
+  return s;
+}
+
+proto::Constraint toProto(const constraint::ConstraintSpec& s) {
+  proto::Constraint p;
+  p.set_kind(static_cast<proto::Constraint::Kind>(s.kind));
+  p.set_body(s.body);
+  p.set_prefix(s.prefix);
+  p.set_suffix(s.suffix);
+  return p;
+}
+
 engine::SamplingParams fromProto(const proto::SamplingParams& p) {
   engine::SamplingParams s;
   s.temperature = p.temperature();
@@ -19,6 +38,7 @@ engine::SamplingParams fromProto(const proto::SamplingParams& p) {
   for (const auto& b : p.logit_bias()) s.logitBias.emplace_back(static_cast<int32_t>(b.token_id()), b.bias());
   s.minTokens = static_cast<int>(p.min_tokens());
   s.generatedInPrompt = static_cast<int>(p.generated_in_prompt());
+  s.constraint = fromProto(p.constraint());
   return s;
 }
 
@@ -43,6 +63,7 @@ proto::SamplingParams toProto(const engine::SamplingParams& s) {
   }
   p.set_min_tokens(static_cast<uint32_t>(s.minTokens));
   p.set_generated_in_prompt(static_cast<uint32_t>(s.generatedInPrompt));
+  if (s.constraint.active()) *p.mutable_constraint() = toProto(s.constraint);
   return p;
 }
 

@@ -15,6 +15,9 @@
 
 namespace pd::worker {
 
+// The constraint travels field for field (common/constraint/spec.h).
+constraint::ConstraintSpec fromProto(const proto::Constraint& p);
+proto::Constraint toProto(const constraint::ConstraintSpec& s);
 engine::SamplingParams fromProto(const proto::SamplingParams& p);
 proto::SamplingParams toProto(const engine::SamplingParams& p);
 proto::TokenLogprob toProto(const engine::SampledToken& t);

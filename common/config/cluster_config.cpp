@@ -57,6 +57,7 @@ const Choices<TransportKind> kTransports = choicesOf(kTransportKindNames);
 const Choices<RemotePrefillFailure> kFailurePolicies = choicesOf(kRemotePrefillFailureNames);
 const Choices<MetricsAuth> kMetricsAuth = choicesOf(kMetricsAuthNames);
 const Choices<LogLevel> kLogLevels = choicesOf(kLogLevelNames);
+const Choices<ToolCallParser> kToolCallParsers = choicesOf(kToolCallParserNames);
 
 void readModel(MapReader m, ModelConfig* c) {
   m.readString("path", &c->path, false);
@@ -152,6 +153,7 @@ void readRouterRequests(MapReader& m, RouterConfig* c) {
   m.readInt("max_migrations", &c->maxMigrations, 0, 16);
   m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
   m.readInt("stream_heartbeat_ms", &c->streamHeartbeatMs, 0, 3600000);
+  m.readEnum("tool_call_parser", &c->toolCallParser, kToolCallParsers);
 }
 
 // router.metrics: the bounds of the router's latency histograms.

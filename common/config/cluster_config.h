@@ -87,6 +87,14 @@ inline constexpr EnumNames<MetricsAuth, 3> kMetricsAuthNames{
     {{MetricsAuth::kNone, "none"}, {MetricsAuth::kApiKey, "api_key"}, {MetricsAuth::kBearerFile, "bearer_file"}}};
 std::string_view toString(MetricsAuth v);
 
+// router.requests.tool_call_parser: the syntax of a model's tool calls (router/tool_calls.h);
+// auto reads it off the chat template.
+enum class ToolCallParser { kAuto, kHermes, kLlama3Json, kMistral };
+inline constexpr EnumNames<ToolCallParser, 4> kToolCallParserNames{{{ToolCallParser::kAuto, "auto"},
+                                                                    {ToolCallParser::kHermes, "hermes"},
+                                                                    {ToolCallParser::kLlama3Json, "llama3_json"},
+                                                                    {ToolCallParser::kMistral, "mistral"}}};
+
 // The router's keys. In the YAML they sit in groups under router: (docs/config.md), noted per
 // field: [http] router.http, [routing] router.routing, [admission] router.admission,
 // [workers] router.workers, [requests] router.requests, [metrics] router.metrics; the
@@ -129,6 +137,7 @@ struct RouterConfig {
   // [requests] A stream silent this long (waiting for its first token, or between tokens) gets
   // an SSE comment line, so that proxies with an idle read timeout keep it open; 0: never.
   int64_t streamHeartbeatMs = 15000;
+  ToolCallParser toolCallParser = ToolCallParser::kAuto;  // [requests] docs/serving.md "Tool calls"
   // [admission] Stable. Refuse (429 + Retry-After) a request predicted to miss the pools' SLO
   // targets (router/admission.h, docs/serving.md "Overload").
   bool overloadShedding = true;

@@ -181,12 +181,16 @@ test('fields pdserve does not implement are a BadRequestError naming them', asyn
   await assert.rejects(client.completions.create({ model: 'small', prompt: 'x', suffix: 'y' }), refused('suffix'));
   await assert.rejects(client.completions.create({ model: 'small', prompt: 'x', best_of: 2 }), refused('best_of'));
   const messages = [{ role: 'user', content: 'x' }];
+  // Tools are served (agent_tools.test.mjs); the deprecated `functions` and tool types other
+  // than function are not.
   await assert.rejects(client.chat.completions.create({
-    model: 'small', messages,
-    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }] }),
-  refused('tools'));
-  await assert.rejects(client.chat.completions.create({ model: 'small', messages, response_format: { type: 'json_object' } }),
-                       refused('response_format'));
+    model: 'small', messages, functions: [{ name: 'f', parameters: { type: 'object', properties: {} } }] }),
+  refused('functions'));
+  await assert.rejects(client.chat.completions.create({ model: 'small', messages, tools: [{ type: 'web_search' }] }),
+                       refused('tools'));
+  await assert.rejects(client.chat.completions.create({ model: 'small', messages, response_format: {
+    type: 'json_schema', json_schema: { name: 'n', schema: { type: 'string', pattern: '^a' } } } }),
+  refused('response_format'));
 });
 
 test('errors arrive as the SDK error classes', async () => {
@@ -198,7 +202,8 @@ test('errors arrive as the SDK error classes', async () => {
   await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }),
                        (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
   await assert.rejects(client.completions.create({ model: 'small', prompt: Array(5000).fill(65) }),
-                       (e) => e instanceof OpenAI.APIError && e.status === 413 && e.code === 'context_length_exceeded');
+                       (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
+                             e.code === 'context_length_exceeded');
 });
 
 test('aborting a stream mid-way frees its blocks on both workers', async () => {

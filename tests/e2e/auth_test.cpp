@@ -521,8 +521,8 @@ TEST_CASE("e2e auth: request field caps and type checks hold on the real router"
           "messages[0].name: expected a string");
   refused("/v1/chat/completions", nlohmann::json::parse(R"({"messages": [{"role": "user", "content": "hi"},
             {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
-             "function": {"name": "f", "arguments": "{}"}}]}]})"),
-          "messages", "messages[1].tool_calls: not supported by pdserve");
+             "function": {"name": "f", "arguments": "{}", "extra": 1}}]}]})"),
+          "messages", "messages[1].tool_calls[0].function.extra: not supported by pdserve");
   refused("/v1/completions", {{"prompt", "hi"}, {"user", std::string(300, 'u')}}, "user", "at most 256 bytes");
   refused("/v1/completions", {{"prompt", "hi"}, {"metadata", {{"k", 1}}}}, "metadata", "expected a string");
   refused("/v1/completions", {{"prompt", "hi"}, {"stop", nlohmann::json::array({std::string(2000, 's')})}}, "stop",

@@ -815,9 +815,9 @@ TEST_CASE("bad requests get OpenAI errors with the right status") {
   CHECK(s404 == 404);
   CHECK(b404["error"]["code"] == "model_not_found");
   json tooLong{{"model", "small"}, {"prompt", randomPrompt(5000, 1)}};
-  auto [s413, b413] = post(tooLong.dump(), auth);
-  CHECK(s413 == 413);
-  CHECK(b413["error"]["code"] == "context_length_exceeded");
+  auto [sLong, bLong] = post(tooLong.dump(), auth);
+  CHECK(sLong == 400);
+  CHECK(bLong["error"]["code"] == "context_length_exceeded");
   CHECK(post(std::string(70000, ' '), auth).first == 413);
   // The cluster still serves after all of that.
   auto ok = post(R"({"model":"small","prompt":"hello","max_tokens":3})", auth);

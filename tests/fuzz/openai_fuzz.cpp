@@ -1,6 +1,7 @@
 // The router's OpenAI request path: the body goes to the same RequestParser calls the HTTP
-// handler makes (router_service.cpp) for /v1/completions, /v1/chat/completions, /tokenize and
-// /detokenize. Input: byte 0 picks the endpoint, the rest is the body. Every call must return
+// handler makes (router_service.cpp) for /v1/completions, /v1/chat/completions, /tokenize,
+// /detokenize and /v1/responses. Input: byte 0 picks the endpoint (mod 5: in that order, the
+// Responses API last), the rest is the body. Every call must return
 // an answer (a parsed request or an ApiError): an exception escaping is a request the server
 // never answers, and is a finding.
 #include <cstddef>
@@ -28,8 +29,11 @@ void checkError(const router::ApiError& e) {
 void parseOne(const router::RequestParser& p, int which, const std::string& body) {
   switch (which) {
     case 0:
-    case 1: {
-      auto endpoint = which == 0 ? router::Endpoint::kCompletions : router::Endpoint::kChat;
+    case 1:
+    case 4: {
+      auto endpoint = which == 0   ? router::Endpoint::kCompletions
+                      : which == 1 ? router::Endpoint::kChat
+                                   : router::Endpoint::kResponses;
       auto r = p.parseGenerate(body, endpoint);
       if (auto* ok = std::get_if<router::ParsedGenerate>(&r)) {
         PD_FUZZ_CHECK(!ok->prompt.empty(), "a parsed prompt is not empty");
@@ -65,7 +69,7 @@ void parseOne(const router::RequestParser& p, int which, const std::string& body
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
-  const int which = data[0] % 4;
+  const int which = data[0] % 5;
   parseOne(fuzz::tinyRequestParser(), which, body);
   return 0;
 }

@@ -17,7 +17,7 @@ BUILD_DIR=$(realpath -m "$1")
 SECONDS_EACH=$2
 shift 2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-ALL_TARGETS=(openai http framed tokenizer chat_template jinja config kv_blobs)
+ALL_TARGETS=(openai http framed tokenizer chat_template jinja config kv_blobs constraint tool_calls)
 [ $# -gt 0 ] && TARGETS=("$@") || TARGETS=("${ALL_TARGETS[@]}")
 JOBS=${FUZZ_JOBS:-2}
 LOG_DIR=${FUZZ_LOG_DIR:-$BUILD_DIR/logs}

@@ -203,6 +203,17 @@ TEST_CASE("out-of-range and not-allowed values say what is allowed") {
   CHECK(errorOf("logging: {level: verbose}") ==
         "test.yaml: logging.level: verbose is not one of debug, info, warn, error, off");
   CHECK(errorOf("model: {path: \"\"}") == "test.yaml: model.path: must not be empty");
+  CHECK(errorOf("router: {requests: {tool_call_parser: pythonic}}") ==
+        "test.yaml: router.requests.tool_call_parser: pythonic is not one of auto, hermes, llama3_json, mistral");
+}
+
+TEST_CASE("router.requests.tool_call_parser: auto by default, or a named syntax") {
+  CHECK(parseOk("").router.toolCallParser == ToolCallParser::kAuto);
+  CHECK(parseOk("router: {requests: {tool_call_parser: llama3_json}}").router.toolCallParser ==
+        ToolCallParser::kLlama3Json);
+  // A new key: it never sat under router: itself.
+  CHECK(errorOf("router: {tool_call_parser: hermes}").find("router.tool_call_parser: unknown key") !=
+        std::string::npos);
 }
 
 TEST_CASE("lists are validated element by element") {

@@ -6,10 +6,14 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
+#include "common/constraint/constraint.h"
 #include "model_test_util.h"
+#include "tests/unit/constraint/json_validate.h"
 
 using namespace pd;
 using namespace pd::engine;
@@ -830,4 +834,201 @@ TEST_CASE("engine: logits processors sample on the host, the same tokens whichev
     if (e.kind == EngineEvent::Kind::kToken && e.requestId == 1) plainIds.push_back(e.token.id);
   CHECK(plainIds.size() == 10);
   CHECK(plainIds != ids[1]);
+}
+
+// ---- Constrained decoding (common/constraint) ------------------------------------------------
+
+namespace {
+
+const char* kConstrainedSchema = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 10},
+    "count": {"type": "integer"},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+    "flag": {"type": "boolean"},
+    "where": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"x": {"type": "number"}},
+              "required": ["x"], "additionalProperties": false}]}
+  },
+  "required": ["name", "count", "tags", "where"],
+  "additionalProperties": false
+})";
+
+std::shared_ptr<const constraint::TokenVocabulary> tinyVocabulary() {
+  static auto v = [] {
+    auto r = constraint::TokenVocabulary::fromTokenizerJson(
+        makeTestModel("engine_tiny", MakeModelOptions{}) + "/tokenizer.json", tinyModel()->config.vocabSize);
+    REQUIRE(r.ok());
+    return r.value();
+  }();
+  return v;
+}
+
+std::unique_ptr<Engine> makeConstrainedEngine(bool releaseKv = true) {
+  auto e = makeEngine(256, 64, releaseKv);
+  e->setConstraintVocabulary(tinyVocabulary());
+  return e;
+}
+
+SamplingParams constrained(float temperature, uint64_t seed, int logprobs = 0) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.seed = seed;
+  p.topP = 0.95f;
+  p.logprobs = logprobs;
+  p.maxTokens = 400;
+  p.constraint = {constraint::SpecKind::kJsonSchema, kConstrainedSchema, "", ""};
+  return p;
+}
+
+// The output's text: each token's bytes, the ending EOS left out.
+std::string textOf(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids)
+    if (id != kMadeEosId) s += tinyVocabulary()->bytes(id);
+  return s;
+}
+
+void requireValid(const std::string& text) {
+  INFO(text);
+  auto v = nlohmann::json::parse(text, nullptr, false);
+  REQUIRE_FALSE(v.is_discarded());
+  const auto schema = nlohmann::json::parse(kConstrainedSchema);
+  std::string why;
+  CHECK(pd::testing::validatesAgainst(v, schema, schema, &why));
+  INFO(why);
+}
+
+}  // namespace
+
+TEST_CASE("engine: greedy and sampled outputs under a JSON schema always parse and validate") {
+  auto engine = makeConstrainedEngine();
+  // Greedy, sampled at several temperatures, with logprobs and penalties, batched together.
+  std::map<uint64_t, SamplingParams> params;
+  params[1] = constrained(0.0f, 1);
+  for (uint64_t id = 2; id <= 13; ++id) params[id] = constrained(id % 3 == 0 ? 1.5f : 0.8f, id, int(id % 3));
+  params[14] = constrained(1.0f, 14);
+  params[14].repetitionPenalty = 1.3f;
+  params[14].logitBias = {{'{', -100.0f}, {'}', 50.0f}};  // fights the constraint; loses
+  for (const auto& [id, p] : params) REQUIRE(engine->submit(makeRequest(id, testPrompt(9, int(id)), p)).isOk());
+  std::vector<EngineEvent> all;
+  auto out = runToEnd(*engine, &all);
+  int finished = 0;
+  for (const auto& e : all) {
+    if (e.kind != EngineEvent::Kind::kFinished) continue;
+    ++finished;
+    CHECK(e.reason == FinishReason::kStop);  // every string is bounded: the text completes
+  }
+  CHECK(finished == int(params.size()));
+  std::set<std::string> distinct;
+  for (const auto& [id, ids] : out) {
+    requireValid(textOf(ids));
+    distinct.insert(textOf(ids));
+  }
+  CHECK(distinct.size() > 5);  // sampling still samples
+  // Seeded sampling is deterministic under a constraint too: the same text alone.
+  auto alone = makeConstrainedEngine();
+  REQUIRE(alone->submit(makeRequest(5, testPrompt(9, 5), params[5])).isOk());
+  CHECK(runToEnd(*alone)[5] == out[5]);
+}
+
+TEST_CASE("engine: a constrained request continues on the decode engine from the prefill's first token") {
+  const auto prompt = testPrompt(23, 3);
+  const SamplingParams p = constrained(1.0f, 77);
+  auto colocated = makeConstrainedEngine();
+  REQUIRE(colocated->submit(makeRequest(1, prompt, p)).isOk());
+  const auto expected = runToEnd(*colocated)[1];
+  requireValid(textOf(expected));
+
+  // The prefill engine samples the first token under the mask; the decode engine, given it
+  // with the KV, re-derives the constraint's state and continues.
+  auto prefill = makeConstrainedEngine(/*releaseKv=*/false);
+  auto decode = makeConstrainedEngine();
+  auto blocks = decode->submitRemote(makeRequest(1, prompt, p));
+  REQUIRE(blocks.ok());
+  SamplingParams firstOnly = p;
+  firstOnly.maxTokens = 1;
+  REQUIRE(prefill->submit(makeRequest(1, prompt, firstOnly)).isOk());
+  const KvLayout& layout = prefill->kv().layout();
+  std::optional<SampledToken> first;
+  for (int guard = 0; prefill->hasWork() && guard < 100; ++guard) {
+    std::vector<EngineEvent> events;
+    REQUIRE(prefill
+                ->step(&events,
+                       [&](int layer, const StepView& step) {
+                         for (const auto& e : step.entries) {
+                           auto local = step.kv->blockTable(e.seq);
+                           std::span<const BlockId> remote(blocks.value().data(), local.size());
+                           auto pairs = pairedLayerSegments(layout, step.kv->region(), local, decode->kv().region(),
+                                                            remote, layer, layer + 1);
+                           REQUIRE(pairs.ok());
+                           for (size_t i = 0; i < pairs->local.size(); ++i)
+                             std::memcpy(pairs->remote[i].ptr(), pairs->local[i].ptr(), pairs->local[i].len);
+                         }
+                       })
+                .isOk());
+    for (auto& e : events)
+      if (e.kind == EngineEvent::Kind::kToken) first = e.token;
+  }
+  REQUIRE(first);
+  CHECK(first->id == '{');  // the only byte a JSON object starts with
+  prefill->release(1);
+  std::vector<EngineEvent> events;
+  REQUIRE(decode->completeRemote(1, *first, &events).isOk());
+  auto out = runToEnd(*decode);
+  std::vector<int32_t> got{first->id};
+  got.insert(got.end(), out[1].begin(), out[1].end());
+  CHECK(got == expected);
+
+  // A first token the constraint does not allow (a prefill worker that ignored it) fails
+  // the request rather than continuing from text that can never validate.
+  auto strict = makeConstrainedEngine();
+  REQUIRE(strict->submitRemote(makeRequest(2, prompt, p)).ok());
+  SampledToken wrong;
+  wrong.id = 'x';
+  events.clear();
+  REQUIRE(strict->completeRemote(2, wrong, &events).isOk());
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].kind == EngineEvent::Kind::kFailed);
+  CHECK_THAT(events[0].error.message(), Catch::Contains("not allowed by the request's constraint"));
+}
+
+TEST_CASE("engine: a constrained request is refused on submit when its spec does not compile") {
+  auto engine = makeConstrainedEngine();
+  SamplingParams p = constrained(0.0f, 1);
+  p.constraint.body = R"({"type": "string", "pattern": "a+"})";
+  Status s = engine->submit(makeRequest(1, testPrompt(5, 1), p));
+  CHECK_THAT(s.message(), Catch::Contains("'pattern'"));
+  auto bare = makeEngine(64, 32);  // no vocabulary
+  s = bare->submit(makeRequest(2, testPrompt(5, 1), constrained(0.0f, 1)));
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(s.message(), Catch::Contains("tokenizer.json"));
+}
+
+TEST_CASE("engine: a migrated constrained request re-derives its state from the output in its prompt") {
+  const auto prompt = testPrompt(17, 4);
+  const SamplingParams p = constrained(0.0f, 5);  // greedy: the continuation is a function of the tokens
+  auto first = makeConstrainedEngine();
+  REQUIRE(first->submit(makeRequest(1, prompt, p)).isOk());
+  const auto whole = runToEnd(*first)[1];
+  requireValid(textOf(whole));
+  REQUIRE(whole.size() > 8);
+  // Another worker resumes it: the first 6 tokens of output are the tail of its prompt.
+  std::vector<int32_t> resumed = prompt;
+  resumed.insert(resumed.end(), whole.begin(), whole.begin() + 6);
+  SamplingParams q = p;
+  q.generatedInPrompt = 6;
+  q.maxTokens = p.maxTokens - 6;
+  auto second = makeConstrainedEngine();
+  REQUIRE(second->submit(makeRequest(2, resumed, q)).isOk());
+  auto rest = runToEnd(*second)[2];
+  rest.insert(rest.begin(), whole.begin(), whole.begin() + 6);
+  CHECK(rest == whole);
+  // A tail the constraint does not allow is refused on submit.
+  std::vector<int32_t> bad = prompt;
+  bad.push_back('x');
+  q.generatedInPrompt = 1;
+  Status s = second->submit(makeRequest(3, bad, q));
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("does not satisfy its constraint"));
 }

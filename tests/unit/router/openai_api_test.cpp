@@ -123,9 +123,11 @@ TEST_CASE("penalties, logit_bias, min_tokens and best_of are read with their ran
 }
 
 TEST_CASE("every field pdserve does not implement is a 400 naming it") {
-  for (const char* field : {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "suffix",
-                            "audio", "modalities", "prediction", "reasoning_effort", "use_beam_search",
-                            "skip_special_tokens", "guided_json", "some_vendor_extra"}) {
+  // tools / tool_choice / parallel_tool_calls are chat fields (tool_calls_test.cpp); on
+  // completions they are refused like any other field.
+  for (const char* field :
+       {"functions", "function_call", "suffix", "audio", "modalities", "prediction", "reasoning_effort",
+        "use_beam_search", "skip_special_tokens", "guided_grammar", "some_vendor_extra"}) {
     INFO(field);
     json body{{"prompt", "x"}, {field, json::array({1})}};
     auto e = parseErr(body.dump());
@@ -135,6 +137,8 @@ TEST_CASE("every field pdserve does not implement is a 400 naming it") {
     json chat{{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}, {field, "auto"}};
     CHECK(parseErr(chat.dump(), Endpoint::kChat).param == std::optional<std::string>(field));
   }
+  for (const char* field : {"tools", "tool_choice", "parallel_tool_calls"})
+    CHECK(parseErr(json{{"prompt", "x"}, {field, "auto"}}.dump()).param == std::optional<std::string>(field));
   // Each endpoint's own fields only.
   const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
   CHECK(parseErr("{" + msgs + R"(,"echo":true})", Endpoint::kChat).param == std::optional<std::string>("echo"));
@@ -143,14 +147,74 @@ TEST_CASE("every field pdserve does not implement is a 400 naming it") {
   CHECK(parseErr(R"({"prompt":"x","top_logprobs":2})").param == std::optional<std::string>("top_logprobs"));
   // null is "not given", as in OpenAI's schemas.
   parseOk(R"({"prompt":"x","tools":null,"suffix":null,"response_format":null})");
-  // response_format: plain text only.
+  // response_format: text, json_object, json_schema (structured outputs).
   parseOk("{" + msgs + R"(,"response_format":{"type":"text"}})", Endpoint::kChat);
-  CHECK(parseErr("{" + msgs + R"(,"response_format":{"type":"json_object"}})", Endpoint::kChat).message ==
-        "response_format: type 'json_object' is not supported by pdserve (only \"text\")");
-  CHECK(
-      parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{}}})", Endpoint::kChat).param ==
-      std::optional<std::string>("response_format"));
+  CHECK_FALSE(parseOk("{" + msgs + R"(,"response_format":{"type":"text"}})", Endpoint::kChat).constraint.active());
   CHECK(parseErr(R"({"prompt":"x","response_format":"text"})").param == std::optional<std::string>("response_format"));
+  CHECK(parseErr(R"({"prompt":"x","response_format":{"type":"xml"}})").param ==
+        std::optional<std::string>("response_format"));
+}
+
+TEST_CASE("openai: structured-output fields become one constraint, refusals name the keyword") {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  using pd::constraint::SpecKind;
+  auto obj = parseOk("{" + msgs + R"(,"response_format":{"type":"json_object"}})", Endpoint::kChat);
+  CHECK(obj.constraint.kind == SpecKind::kJsonObject);
+  auto sch = parseOk("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"w","strict":true,
+      "schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}}}})",
+                     Endpoint::kChat);
+  CHECK(sch.constraint.kind == SpecKind::kJsonSchema);
+  CHECK(nlohmann::json::parse(sch.constraint.body)["required"][0] == "a");
+  // Properties keep the client's order (they are generated in it), where json sorts keys.
+  auto order = parseOk(
+      R"({"prompt":"x","guided_json":{"type":"object","properties":{"zeta":{"type":"null"},"alpha":{"type":"null"}}}})");
+  CHECK(order.constraint.body.find("zeta") < order.constraint.body.find("alpha"));
+  order = parseOk(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"properties":{"zeta":{},"alpha":{}}}}}})");
+  CHECK(order.constraint.body.find("zeta") < order.constraint.body.find("alpha"));
+  auto onCompletions = parseOk(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"string"}}}})");
+  CHECK(onCompletions.constraint.kind == SpecKind::kJsonSchema);
+  CHECK(parseOk(R"({"prompt":"x","guided_regex":"[a-z]+"})").constraint.kind == SpecKind::kRegex);
+  auto choice = parseOk(R"({"prompt":"x","guided_choice":["yes","no"]})");
+  CHECK(choice.constraint.kind == SpecKind::kChoice);
+  CHECK(choice.constraint.body == R"(["yes","no"])");
+  CHECK(parseOk(R"({"prompt":"x","guided_json":{"type":"boolean"}})").constraint.kind == SpecKind::kJsonSchema);
+  CHECK(parseOk(R"({"prompt":"x","structured_outputs":{"json":"{\"type\":\"null\"}"}})").constraint.kind ==
+        SpecKind::kJsonSchema);
+  CHECK(parseOk(R"({"prompt":"x","structured_outputs":{"choice":["a"]}})").constraint.kind == SpecKind::kChoice);
+  CHECK(parseOk(R"({"prompt":"x","structured_outputs":{"regex":"a|b"}})").constraint.kind == SpecKind::kRegex);
+  CHECK(parseOk(R"({"prompt":"x","structured_outputs":{"json_object":true}})").constraint.kind ==
+        SpecKind::kJsonObject);
+
+  // Refusals: each names the field and, for a schema or regex, the keyword or construct.
+  auto e = parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"w",
+      "schema":{"type":"object","properties":{"d":{"type":"string","format":"date-time"}}}}}})",
+                    Endpoint::kChat);
+  CHECK(e.param == std::optional<std::string>("response_format"));
+  CHECK_THAT(e.message, Catch::Contains("keyword 'format' is not supported"));
+  CHECK_THAT(e.message, Catch::Contains("#/properties/d"));
+  e = parseErr(R"({"prompt":"x","guided_regex":"(a)\\1"})");
+  CHECK(e.param == std::optional<std::string>("guided_regex"));
+  CHECK_THAT(e.message, Catch::Contains("backreference"));
+  e = parseErr(R"({"prompt":"x","structured_outputs":{"grammar":"root ::= \"a\""}})");
+  CHECK(e.param == std::optional<std::string>("structured_outputs.grammar"));
+  e = parseErr(R"({"prompt":"x","guided_grammar":"root ::= \"a\""})");
+  CHECK(e.param == std::optional<std::string>("guided_grammar"));
+  e = parseErr(R"({"prompt":"x","guided_choice":["a"],"guided_regex":"a"})");
+  CHECK_THAT(e.message, Catch::Contains("only one structured-output field"));
+  e = parseErr(
+      "{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{},"x":1}}})",
+      Endpoint::kChat);
+  CHECK(e.param == std::optional<std::string>("response_format.json_schema.x"));
+  e = parseErr("{" + msgs + R"(,"response_format":{"type":"json_schema"}})", Endpoint::kChat);
+  CHECK(e.param == std::optional<std::string>("response_format"));
+  e = parseErr(R"({"prompt":"x","guided_choice":[1]})");
+  CHECK(e.param == std::optional<std::string>("guided_choice"));
+}
+
+TEST_CASE("openai: refusals continue") {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
   // stream_options: include_usage only.
   CHECK(parseErr(R"({"prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true}})").param ==
         std::optional<std::string>("stream_options.continuous_usage_stats"));
@@ -303,10 +367,20 @@ TEST_CASE("chat messages: name is a bounded string, tool calls are refused by na
       chatErr(json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}, {"name", std::string(257, 'n')}}})}}
                   .dump())
           .message == "messages[0].name: at most 256 bytes, got 257");
-  // Tool calls in the history: tools are not implemented, so they are refused by name.
-  CHECK(chatErr(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c1",
+  // Tool calls in the history pass to the template, their arguments as the object they encode.
+  auto withCalls = chat(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c1",
+      "type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"2"}]})");
+  REQUIRE(std::holds_alternative<GenerationRequest>(withCalls));
+  const auto& calls = std::get<GenerationRequest>(withCalls).messages[1].toolCalls;
+  REQUIRE(calls);
+  CHECK((*calls)[0]["function"]["arguments"] == json{{"x", 1}});
+  CHECK((*calls)[0]["id"] == "c1");
+  CHECK(chatErr(R"({"messages":[{"role":"user","content":"hi","tool_calls":[{"id":"c1",
       "type":"function","function":{"name":"f","arguments":"{}"}}]}]})")
-            .message == "messages[1].tool_calls: not supported by pdserve (tools are not implemented)");
+            .message == "messages[0].tool_calls: only assistant messages carry tool calls");
+  CHECK(chatErr(R"({"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f"}}]}]})")
+            .message == "messages[0].tool_calls[0].id: required string of at most 256 bytes");
   CHECK(chatErr(R"({"messages":[{"role":"assistant","tool_calls":"call f"}]})").message ==
         "messages[0].tool_calls: expected an array, got a string");
   // An empty tool_calls (some clients always send one) and nulls mean none.

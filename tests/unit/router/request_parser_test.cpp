@@ -129,3 +129,131 @@ TEST_CASE("logit_bias ids are checked against the vocabulary; min_tokens against
 }
 
 }  // namespace pd::router
+
+namespace pd::router {
+namespace {
+
+RequestParser qwen3Parser(std::optional<ToolCallFormat> format = std::nullopt) {
+  auto tok = tok::Tokenizer::loadDir(tok::test::modelDir("qwen3"));
+  REQUIRE(tok.ok());
+  auto chat = tok::ChatTemplate::forTokenizer(**tok);
+  REQUIRE(chat.ok());
+  return RequestParser(*tok, std::make_unique<tok::ChatTemplate>(std::move(*chat)),
+                       ParserLimits{"m", 32768, int((*tok)->vocabSize()), 0, format});
+}
+
+using ojson = nlohmann::ordered_json;
+const ojson kWeatherTool = ojson::parse(R"({"type": "function", "function": {"name": "get_weather",
+    "description": "The weather in a city", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string"}}, "required": ["city"]}}})");
+
+}  // namespace
+
+TEST_CASE("tools and a tool-call history render through the model's own template (Qwen3)") {
+  RequestParser parser = qwen3Parser();
+  CHECK(parser.toolCallFormat() == ToolCallFormat::kHermes);  // read off the template
+  ojson body{{"messages", ojson::parse(R"([{"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}])")},
+             {"tools", ojson::array({kWeatherTool})}};
+  auto got = parser.parseGenerate(body.dump(), Endpoint::kChat);
+  REQUIRE(std::holds_alternative<ParsedGenerate>(got));
+  const auto& p = std::get<ParsedGenerate>(got);
+  INFO(p.promptText);
+  // The template's tool section lists the tool as JSON, the call is written back in its syntax
+  // with the arguments as an object, and the result as a tool response.
+  CHECK(p.promptText.find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"") !=
+        std::string::npos);
+  CHECK(p.promptText.find(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>") !=
+        std::string::npos);
+  CHECK(p.promptText.find("<tool_response>\nsunny, 21 C\n</tool_response>") != std::string::npos);
+  CHECK(p.toolFormat == ToolCallFormat::kHermes);
+  CHECK_FALSE(p.req.constraint.active());  // auto: nothing forced
+  // <tool_call> is an added token of Qwen3 but not a special one: the detokenizer keeps it.
+  CHECK(p.markerTokens.empty());
+
+  SECTION("a named function: the output is forced to that call, in the template's syntax") {
+    body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+    auto named = parser.parseGenerate(body.dump(), Endpoint::kChat);
+    REQUIRE(std::holds_alternative<ParsedGenerate>(named));
+    const auto& c = std::get<ParsedGenerate>(named).req.constraint;
+    CHECK(c.kind == constraint::SpecKind::kJsonSchema);
+    CHECK(c.prefix == "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
+    CHECK(c.suffix == "}\n</tool_call>");
+    CHECK(c.body == kWeatherTool["function"]["parameters"].dump());  // in the tool's own key order
+  }
+  SECTION("required with two tools: one of the tools' {name, arguments} objects") {
+    ojson other = kWeatherTool;
+    other["function"]["name"] = "get_time";
+    body["tools"].push_back(other);
+    body["tool_choice"] = "required";
+    auto req = parser.parseGenerate(body.dump(), Endpoint::kChat);
+    REQUIRE(std::holds_alternative<ParsedGenerate>(req));
+    const auto& c = std::get<ParsedGenerate>(req).req.constraint;
+    CHECK(c.prefix == "<tool_call>\n");
+    const json schema = json::parse(c.body);
+    REQUIRE(schema["anyOf"].size() == 2);
+    CHECK(schema["anyOf"][1]["properties"]["name"]["const"] == "get_time");
+  }
+  SECTION("a named function without parameters: any JSON object as its arguments") {
+    body["tools"].push_back(ojson::parse(R"({"type": "function", "function": {"name": "ping"}})"));
+    body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "ping"}}}};
+    auto named = parser.parseGenerate(body.dump(), Endpoint::kChat);
+    REQUIRE(std::holds_alternative<ParsedGenerate>(named));
+    const auto& c = std::get<ParsedGenerate>(named).req.constraint;
+    CHECK(c.kind == constraint::SpecKind::kJsonObject);
+    CHECK(c.prefix == "<tool_call>\n{\"name\": \"ping\", \"arguments\": ");
+  }
+  SECTION("a forced call and a response_format: one constraint per request") {
+    body["tool_choice"] = "required";
+    body["response_format"] = {{"type", "json_object"}};
+    auto both = parser.parseGenerate(body.dump(), Endpoint::kChat);
+    REQUIRE(std::holds_alternative<Rejection>(both));
+    CHECK(std::get<Rejection>(both).error.param == "response_format");
+  }
+  SECTION("tool_choice none: rendered, nothing parsed or forced") {
+    body["tool_choice"] = "none";
+    auto none = parser.parseGenerate(body.dump(), Endpoint::kChat);
+    REQUIRE(std::holds_alternative<ParsedGenerate>(none));
+    CHECK_FALSE(std::get<ParsedGenerate>(none).toolFormat);
+  }
+}
+
+TEST_CASE("the configured tool-call parser wins over the template, and llama3_json forces its own shape") {
+  RequestParser parser = qwen3Parser(ToolCallFormat::kLlama3Json);
+  CHECK(parser.toolCallFormat() == ToolCallFormat::kLlama3Json);
+  ojson body{{"messages", ojson::array({{{"role", "user"}, {"content", "hi"}}})},
+             {"tools", ojson::array({kWeatherTool})},
+             {"tool_choice", "required"}};
+  auto got = parser.parseGenerate(body.dump(), Endpoint::kChat);
+  REQUIRE(std::holds_alternative<ParsedGenerate>(got));
+  const auto& c = std::get<ParsedGenerate>(got).req.constraint;
+  CHECK(c.prefix == "{\"name\": \"get_weather\", \"parameters\": ");
+  CHECK(c.suffix == "}");
+}
+
+TEST_CASE("a Responses body goes through the same parse stage as the chat request it means") {
+  RequestParser parser = qwen3Parser();
+  auto got = parser.parseGenerate(R"({"input": "hi", "instructions": "Be brief.", "max_output_tokens": 5})",
+                                  Endpoint::kResponses);
+  REQUIRE(std::holds_alternative<ParsedGenerate>(got));
+  const auto& p = std::get<ParsedGenerate>(got);
+  CHECK(p.maxTokens == 5);
+  CHECK(p.promptText.starts_with("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>"));
+  CHECK(p.req.responses);
+  auto tooLong = parser.parseGenerate(json{{"input",
+                                            [] {
+                                              std::string s;
+                                              for (int i = 0; i < 40000; ++i) s += "hello ";
+                                              return s;
+                                            }()}}
+                                          .dump(),
+                                      Endpoint::kResponses);
+  REQUIRE(std::holds_alternative<Rejection>(tooLong));
+  CHECK(std::get<Rejection>(tooLong).error.status == 400);
+  CHECK(std::get<Rejection>(tooLong).error.code == std::optional<std::string>("context_length_exceeded"));
+}
+
+}  // namespace pd::router

@@ -5,9 +5,11 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/constraint/constraint.h"
 #include "engine/cuda_backend.h"
 #include "engine/model_maker.h"
 #include "tests/unit/engine/model_test_util.h"
+#include "worker/proto_convert.h"
 
 using namespace pd;
 
@@ -136,4 +138,35 @@ TEST_CASE("engine.kv_cache_bytes is the size of the whole KV cache, and what sta
   CHECK(grew >= cache);
   CHECK(grew < setting + (16 << 20));
   CHECK(b->loadSeconds > 0);  // pdserve_model_load_seconds
+}
+
+TEST_CASE("a worker's engine masks constrained requests with its model's token bytes") {
+  auto b = worker::buildEngine(configFor("cpu"), true);
+  REQUIRE(b.ok());
+  REQUIRE(b->engine->constraintCache() != nullptr);  // read from the model's tokenizer.json
+  CHECK(b->engine->constraintCache()->vocabulary()->bytes('{') == "{");
+  // The spec crosses the proto both ways, field for field.
+  engine::SamplingParams p;
+  p.constraint = {constraint::SpecKind::kJsonSchema, R"({"type": "null"})", "<tool_call>", "</tool_call>"};
+  const auto back = worker::fromProto(worker::toProto(p));
+  CHECK(back.constraint == p.constraint);
+  CHECK_FALSE(worker::fromProto(worker::toProto(engine::SamplingParams{})).constraint.active());
+  // A constrained request runs to the constraint's end: "<tool_call>null</tool_call>", then stop.
+  p.temperature = 0;
+  p.maxTokens = 100;
+  auto r = engine::Request::create(1, {72, 105}, p, SystemClock::instance(), b->engine->modelConfig().vocabSize);
+  REQUIRE(r.ok());
+  REQUIRE(b->engine->submit(std::move(r).value()).isOk());
+  std::string text;
+  engine::FinishReason reason = engine::FinishReason::kNone;
+  for (int guard = 0; b->engine->hasWork() && guard < 200; ++guard) {
+    std::vector<engine::EngineEvent> events;
+    REQUIRE(b->engine->step(&events).isOk());
+    for (const auto& e : events) {
+      if (e.kind == engine::EngineEvent::Kind::kToken) text += char(e.token.id);
+      if (e.kind == engine::EngineEvent::Kind::kFinished) reason = e.reason;
+    }
+  }
+  CHECK(text == "<tool_call>null</tool_call>");
+  CHECK(reason == engine::FinishReason::kStop);
 }
