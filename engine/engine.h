@@ -229,7 +229,7 @@ class Engine {
   // Constrained decoding (common/constraint): the model's tokens as bytes, from which a
   // compile cache of `cacheCapacity` specs is made. Without it, a request with a constraint
   // is refused on submit (kFailedPrecondition, naming why).
-  void setConstraintVocabulary(std::shared_ptr<const constraint::TokenVocabulary> vocab, size_t cacheCapacity = 64);
+  void setConstraintVocabulary(std::shared_ptr<const constraint::TokenVocabulary> vocab, size_t cacheCapacity = 32);
   constraint::ConstraintCache* constraintCache() { return constraints_.get(); }
 
   Backend& backend() { return *backend_; }

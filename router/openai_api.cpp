@@ -585,10 +585,14 @@ MaybeError readStructuredOutput(const json& body, GenerationRequest* r) {
 MaybeError finishStructuredOutput(const std::string& bodyText, GenerationRequest* r) {
   if (!r->constraint.active()) return std::nullopt;
   const std::string& source = r->constraintSource;
-  if (r->constraint.kind == constraint::SpecKind::kJsonSchema) {
+  // Only the fields whose value is the schema itself; a spec built from other fields (tool
+  // calls) carries its own text.
+  const bool schemaField =
+      source == "response_format.json_schema.schema" || source == "guided_json" || source == "structured_outputs.json";
+  if (r->constraint.kind == constraint::SpecKind::kJsonSchema && schemaField) {
     const auto ordered = nlohmann::ordered_json::parse(bodyText, nullptr, false);
     const nlohmann::ordered_json* v = &ordered;
-    const std::string path = source == "response_format" ? "response_format.json_schema.schema" : source;
+    const std::string& path = source;
     for (size_t at = 0; v && at <= path.size();) {
       const size_t dot = std::min(path.find('.', at), path.size());
       const std::string key = path.substr(at, dot - at);

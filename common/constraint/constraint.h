@@ -19,6 +19,8 @@
 //     canEnd(state), and must end the output where mustEnd(state).
 // Threads: Grammar, TokenVocabulary and TokenMatcher may be shared between threads; their
 // lazily built tables are guarded by a mutex each (uncontended on a worker: one loop thread).
+// A mask reference from allowed() lasts until the next allowed() on that matcher, so masks
+// are read by one thread at a time (the engine's loop).
 #pragma once
 
 #include <cstddef>
@@ -44,6 +46,9 @@ inline constexpr int kMaxJsonObjectDepth = 6;
 inline constexpr size_t kMaxSpecBytes = 64 * 1024;
 inline constexpr int kMaxRepeat = 256;  // {m,n}, minItems/maxItems, minLength/maxLength
 inline constexpr size_t kMaxNfaStates = 200000;
+// Masks a TokenMatcher keeps (each is vocabulary/8 bytes: 16 KiB for 128k tokens); past it the
+// cache starts over, so a schema with very many states costs recomputation, not memory.
+inline constexpr size_t kMaxCachedMasks = 1024;
 
 class Nfa;  // grammar.cpp
 
@@ -117,7 +122,8 @@ class TokenMatcher {
   TokenMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocab);
   State start() const { return grammar_->start(); }
   // Tokens whose bytes keep the text a prefix of an accepted one from `s` (not EOS: see
-  // canEnd). The reference stays valid for the matcher's life.
+  // canEnd). The reference stays valid until the next allowed() call (the cache may start
+  // over then: kMaxCachedMasks).
   const TokenMask& allowed(State s) const;
   State advance(State s, int32_t token) const;
   bool canEnd(State s) const { return s != kDeadState && grammar_->accepting(s); }
@@ -137,7 +143,7 @@ class TokenMatcher {
 // `capacity`; a matcher in use stays alive through its shared_ptr.
 class ConstraintCache {
  public:
-  ConstraintCache(std::shared_ptr<const TokenVocabulary> vocab, size_t capacity = 64);
+  ConstraintCache(std::shared_ptr<const TokenVocabulary> vocab, size_t capacity = 32);
   Result<std::shared_ptr<const TokenMatcher>> get(const ConstraintSpec& spec);
   size_t size() const;
   const std::shared_ptr<const TokenVocabulary>& vocabulary() const { return vocab_; }

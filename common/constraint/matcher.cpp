@@ -200,6 +200,7 @@ const TokenMask& TokenMatcher::allowed(State s) const {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (masks_.size() >= kMaxCachedMasks) masks_.clear();
   auto [it, inserted] = masks_.try_emplace(s, std::move(mask));
   return *it->second;
 }
