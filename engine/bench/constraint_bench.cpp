@@ -259,7 +259,6 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  setBlasThreads(threads);
   auto model = loadModel(dir);
   if (!model.ok()) return 1;
   auto smallVocab = constraint::TokenVocabulary::fromTokenizerJson(dir + "/tokenizer.json", (*model)->config.vocabSize);

@@ -122,7 +122,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kv_tiers_bench: %s\n", model.status().toString().c_str());
     return 1;
   }
-  setBlasThreads(threads);
   fs::remove_all(diskDir);
   Bench b;
   b.model = *model;
