@@ -23,7 +23,7 @@ JOBS=${FUZZ_JOBS:-2}
 LOG_DIR=${FUZZ_LOG_DIR:-$BUILD_DIR/logs}
 WORK_DIR=${FUZZ_WORK_DIR:-$BUILD_DIR}
 
-command -v clang++-14 >/dev/null || { echo "skip: clang++-14 is not installed"; exit 77; }
+command -v clang++-14 >/dev/null || { echo "skip: clang++-14 is not installed"; exit "$([ "${PD_REQUIRE_TOOLS:-}" = 1 ] && echo 1 || echo 77)"; }
 
 # ccache shares hits between clones (as the Makefile sets it).
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$SRC} CCACHE_NOHASHDIR=1

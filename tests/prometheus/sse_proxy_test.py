@@ -217,7 +217,7 @@ def main():
     for tool in ("nginx", "haproxy"):
         if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
             print(f"SKIPPED: {tool} not installed (scripts/setup installs Debian's {tool})")
-            return 77
+            return 1 if os.environ.get("PD_REQUIRE_TOOLS") == "1" else 77
     os.environ["PATH"] += ":/usr/sbin"
     build = os.path.abspath(args.build)
     bindir = os.path.join(build, "bin")
