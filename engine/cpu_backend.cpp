@@ -246,6 +246,13 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       float* rows = qkv_.data() + size_t(b) * qkvRows;
       const float* c = cos_.data() + size_t(b) * half;
       const float* s = sin_.data() + size_t(b) * half;
+      if (cfg_.qkNorm) {  // Qwen3: each q and k head RMS-normalised before RoPE, in place
+        for (int r = 0; r < e - b; ++r) {
+          float* row = rows + size_t(r) * qkvRows;
+          kc::rmsNorm(row, hd, w.qNorm.data(), row, hd, cfg_.numHeads, hd, cfg_.rmsNormEps);
+          kc::rmsNorm(row + qDim, hd, w.kNorm.data(), row + qDim, hd, cfg_.numKvHeads, hd, cfg_.rmsNormEps);
+        }
+      }
       kc::applyRope(rows, qkvRows, e - b, cfg_.numHeads, hd, c, s);
       kc::applyRope(rows + qDim, qkvRows, e - b, cfg_.numKvHeads, hd, c, s);
       kc::kvCacheWrite(lkv, rows + qDim, rows + qDim + kvDim, qkvRows, slots_.data() + b, e - b, layout_.blockSize,

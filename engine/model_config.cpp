@@ -10,7 +10,8 @@ namespace pd::engine {
 
 int64_t ModelConfig::decodeWeightParams() const {
   const int64_t h = hiddenSize;
-  const int64_t perLayer = h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 3 * h * intermediateSize + 2 * h;
+  const int64_t perLayer =
+      h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 3 * h * intermediateSize + 2 * h + (qkNorm ? 2 * headDim : 0);
   return perLayer * numLayers + h + int64_t(vocabSize) * h;
 }
 
@@ -47,6 +48,40 @@ Status readNumber(const json& j, const char* key, double* out, const std::string
   return Status::ok();
 }
 
+// Every config.json key a Qwen3ForCausalLM checkpoint may carry and what this parser makes of
+// it. A key outside the list may change the model in a way the forward pass does not know,
+// so it is refused by name instead of ignored.
+constexpr const char* kQwen3Keys[] = {
+    // the model's shape and numerics (read below)
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "hidden_act", "attention_bias", "tie_word_embeddings", "use_sliding_window", "sliding_window",
+    "max_window_layers", "layer_types", "bos_token_id", "eos_token_id", "pad_token_id",
+    // training or bookkeeping only: they do not change inference
+    "attention_dropout", "initializer_range", "use_cache", "torch_dtype", "dtype", "transformers_version"};
+
+Status checkQwen3Keys(const json& j, const std::string& src) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool known = false;
+    for (const char* k : kQwen3Keys) known = known || it.key() == k;
+    if (!known)
+      return unimplemented(src + ": config key \"" + it.key() +
+                           "\" is not implemented for Qwen3ForCausalLM (refused rather than ignored)");
+  }
+  if (j.value("use_sliding_window", false))
+    return unimplemented(src + ": use_sliding_window true is not implemented for Qwen3ForCausalLM");
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return invalidArgument(src + ": \"layer_types\" must be an array");
+    for (const auto& t : *it)
+      if (!t.is_string() || t.get<std::string>() != "full_attention")
+        return unimplemented(src + ": layer_types entry " + t.dump() +
+                             " is not implemented for Qwen3ForCausalLM (only \"full_attention\")");
+  }
+  if (auto it = j.find("attention_dropout"); it != j.end() && it->is_number() && it->get<double>() != 0.0)
+    return unimplemented(src + ": attention_dropout " + it->dump() + " (inference uses none; 0 expected)");
+  return Status::ok();
+}
+
 }  // namespace
 
 namespace {
@@ -69,6 +104,10 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
     return unimplemented(src + ": unsupported architecture \"" + archName +
                          "\" (supported: " + enumNameList(kArchitectureNames) + ")");
   c.architecture = *known;
+  if (c.architecture == Architecture::kQwen3) {
+    PD_RETURN_IF_ERROR(checkQwen3Keys(j, src));
+    c.qkNorm = true;
+  }
 
   PD_RETURN_IF_ERROR(readInt(j, "hidden_size", true, &c.hiddenSize, src));
   PD_RETURN_IF_ERROR(readInt(j, "intermediate_size", true, &c.intermediateSize, src));

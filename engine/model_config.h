@@ -1,10 +1,11 @@
 // A decoder-only model's shape and hyper-parameters, read from a Hugging Face config.json.
 //
-// Supported architectures (docs/design.md §4): LlamaForCausalLM (Llama 2/3 incl. rope_scaling type
-// "llama3", TinyLlama), MistralForCausalLM and Qwen2ForCausalLM (q/k/v bias, tied
-// embeddings), with grouped-query attention. Anything else is an error (kUnimplemented)
-// naming what is not supported, never a silently different model.
-// Plain value; parsing is start-up work and may be called from any thread.
+// Supported architectures (docs/design.md §4, docs/models.md): LlamaForCausalLM (Llama 2/3 incl.
+// rope_scaling type "llama3", TinyLlama), MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias,
+// tied embeddings) and Qwen3ForCausalLM (per-head q/k RMSNorm), with grouped-query attention.
+// Qwen3 configs are read against a list of known keys: any other key is refused by name. Anything else is an error
+// (kUnimplemented) naming what is not supported, never a silently different model. Plain value; parsing is start-up
+// work and may be called from any thread.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +17,13 @@
 
 namespace pd::engine {
 
-enum class Architecture { kLlama, kMistral, kQwen2 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3 };
 
 // The HF class names (config.json's "architectures"), which loading parses with too.
-inline constexpr EnumNames<Architecture, 3> kArchitectureNames{{{Architecture::kLlama, "LlamaForCausalLM"},
+inline constexpr EnumNames<Architecture, 4> kArchitectureNames{{{Architecture::kLlama, "LlamaForCausalLM"},
                                                                 {Architecture::kMistral, "MistralForCausalLM"},
-                                                                {Architecture::kQwen2, "Qwen2ForCausalLM"}}};
+                                                                {Architecture::kQwen2, "Qwen2ForCausalLM"},
+                                                                {Architecture::kQwen3, "Qwen3ForCausalLM"}}};
 // The HF class name, e.g. "LlamaForCausalLM".
 inline const char* architectureName(Architecture a) { return enumName(kArchitectureNames, a); }
 
@@ -48,8 +50,11 @@ struct ModelConfig {
   float rmsNormEps = 1e-6f;
   RopeConfig rope;
   bool tieWordEmbeddings = false;
-  bool qkvBias = false;   // Qwen2 always; Llama when attention_bias
-  bool oBias = false;     // Llama attention_bias also biases o_proj
+  bool qkvBias = false;  // Qwen2 always; Llama when attention_bias
+  bool oBias = false;    // Llama attention_bias also biases o_proj
+  // Qwen3: RMSNorm over each q and k head (weights [headDim], eps rmsNormEps) after the
+  // projections and before RoPE.
+  bool qkNorm = false;
   int slidingWindow = 0;  // 0 = none; Mistral's sliding_window (contexts past it are refused)
   int bosTokenId = -1;
   std::vector<int> eosTokenIds;

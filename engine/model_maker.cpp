@@ -172,12 +172,18 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
     s.kvHeads = o.numKvHeads;
   }
   if (o.shards < 1 || o.shards > 99) return invalidArgument("make-model: shards must be in [1, 99]");
+  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3")
+    return invalidArgument("make-model: unknown arch \"" + o.arch + "\" (llama|qwen2|qwen3)");
+  if (o.qkvBias && o.arch == "qwen3")
+    return invalidArgument("make-model: --qkv-bias writes a Qwen2 model; it does not combine with arch qwen3");
+  const std::string arch = o.qkvBias ? "qwen2" : o.arch;
+  const bool qwen2 = arch == "qwen2", qwen3 = arch == "qwen3";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return notFound(dir + ": cannot create directory: " + ec.message());
 
   const bool bf16 = o.dtype == "bf16";
-  const int headDim = s.hidden / s.heads;
+  const int headDim = qwen3 ? 2 * s.hidden / s.heads : s.hidden / s.heads;
   const int64_t h = s.hidden, q = int64_t(s.heads) * headDim, kv = int64_t(s.kvHeads) * headDim;
   Normal rng(o.seed);
   std::vector<TensorToWrite> tensors;
@@ -191,7 +197,11 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
     tensors.push_back(makeTensor(p + "self_attn.q_proj.weight", {q, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "self_attn.k_proj.weight", {kv, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "self_attn.v_proj.weight", {kv, h}, rng, 0, inH, bf16));
-    if (o.qkvBias) {
+    if (qwen3) {
+      tensors.push_back(makeTensor(p + "self_attn.q_norm.weight", {headDim}, rng, 1.0f, 0.2f, bf16));
+      tensors.push_back(makeTensor(p + "self_attn.k_norm.weight", {headDim}, rng, 1.0f, 0.2f, bf16));
+    }
+    if (qwen2) {
       tensors.push_back(makeTensor(p + "self_attn.q_proj.bias", {q}, rng, 0, 0.3f, bf16));
       tensors.push_back(makeTensor(p + "self_attn.k_proj.bias", {kv}, rng, 0, 0.3f, bf16));
       tensors.push_back(makeTensor(p + "self_attn.v_proj.bias", {kv}, rng, 0, 0.3f, bf16));
@@ -229,8 +239,8 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   }
 
   ordered_json cfg;
-  cfg["architectures"] = {o.qkvBias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  cfg["model_type"] = o.qkvBias ? "qwen2" : "llama";
+  cfg["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  cfg["model_type"] = arch;
   cfg["hidden_size"] = s.hidden;
   cfg["intermediate_size"] = s.ffn;
   cfg["num_hidden_layers"] = s.layers;
@@ -241,7 +251,7 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   cfg["max_position_embeddings"] = s.maxPos;
   cfg["hidden_act"] = "silu";
   cfg["rms_norm_eps"] = 1e-5;
-  cfg["rope_theta"] = 10000.0;
+  cfg["rope_theta"] = qwen3 ? 1000000.0 : 10000.0;
   if (o.ropeLlama3)
     cfg["rope_scaling"] = {{"rope_type", "llama3"},
                            {"factor", 8.0},
@@ -250,9 +260,16 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
                            {"original_max_position_embeddings", 8192}};
   else
     cfg["rope_scaling"] = nullptr;
-  if (o.qkvBias) {
+  if (qwen2) {
     cfg["use_sliding_window"] = false;
     cfg["sliding_window"] = s.maxPos;
+  } else if (qwen3) {
+    cfg["attention_bias"] = false;
+    cfg["attention_dropout"] = 0.0;
+    cfg["use_sliding_window"] = false;
+    cfg["sliding_window"] = nullptr;
+    cfg["max_window_layers"] = s.layers;
+    cfg["use_cache"] = true;
   } else {
     cfg["attention_bias"] = false;
     cfg["mlp_bias"] = false;

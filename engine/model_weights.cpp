@@ -38,8 +38,8 @@ WeightBuffer& WeightBuffer::operator=(WeightBuffer&& o) noexcept {
 size_t ModelWeights::totalBytes() const {
   size_t n = embed.size() + finalNorm.size() + lmHead.size();
   for (const auto& l : layers)
-    n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.o.size() + l.oBias.size() + l.postNorm.size() +
-         l.gateUp.size() + l.down.size();
+    n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.qNorm.size() + l.kNorm.size() + l.o.size() +
+         l.oBias.size() + l.postNorm.size() + l.gateUp.size() + l.down.size();
   return n * sizeof(float);
 }
 
@@ -80,6 +80,12 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
       PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.q_proj.bias", {q}, w.qkvBias.data()));
       PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.k_proj.bias", {kv}, w.qkvBias.data() + q));
       PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.v_proj.bias", {kv}, w.qkvBias.data() + q + kv));
+    }
+    if (c.qkNorm) {
+      w.qNorm = WeightBuffer(size_t(c.headDim));
+      PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.q_norm.weight", {c.headDim}, w.qNorm.data()));
+      w.kNorm = WeightBuffer(size_t(c.headDim));
+      PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.k_norm.weight", {c.headDim}, w.kNorm.data()));
     }
     w.o = WeightBuffer(size_t(h * q));
     PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.o_proj.weight", {h, q}, w.o.data()));

@@ -48,6 +48,8 @@ struct LayerWeights {
   WeightBuffer inputNorm;  // [hidden]
   WeightBuffer qkv;        // [qDim + 2*kvDim][hidden]
   WeightBuffer qkvBias;    // [qDim + 2*kvDim] or empty
+  WeightBuffer qNorm;      // [headDim], Qwen3 (config.qkNorm) only; else empty
+  WeightBuffer kNorm;      // [headDim], Qwen3 only
   WeightBuffer o;          // [hidden][qDim]
   WeightBuffer oBias;      // [hidden] or empty
   WeightBuffer postNorm;   // [hidden]

@@ -4,7 +4,8 @@
 Reads a Hugging Face model directory itself (config.json, model.safetensors or shards with
 model.safetensors.index.json; F32/F16/BF16) and runs a full, cache-free causal forward pass
 in float64 over a token sequence. Supports LlamaForCausalLM (incl. rope_scaling llama3),
-MistralForCausalLM and Qwen2ForCausalLM (q/k/v bias, tied embeddings), with GQA.
+MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias, tied embeddings) and Qwen3ForCausalLM
+(RMSNorm over each q and k head before RoPE; head_dim independent of hidden_size), with GQA.
 
 Usage:
   llama_reference.py --model DIR --tokens 1,2,3,... --first N --out FILE
@@ -91,7 +92,7 @@ def rotate(x, cos, sin):
 
 def forward(cfg, w, tokens):
     arch = cfg["architectures"][0]
-    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         raise SystemExit(f"unsupported architecture {arch}")
     hidden = cfg["hidden_size"]
     n_heads = cfg["num_attention_heads"]
@@ -117,8 +118,13 @@ def forward(cfg, w, tokens):
             q = q + w[p + "self_attn.q_proj.bias"]
             k = k + w[p + "self_attn.k_proj.bias"]
             v = v + w[p + "self_attn.v_proj.bias"]
-        q = rotate(q.reshape(T, n_heads, head_dim), cos, sin)
-        k = rotate(k.reshape(T, n_kv, head_dim), cos, sin)
+        q = q.reshape(T, n_heads, head_dim)
+        k = k.reshape(T, n_kv, head_dim)
+        if arch == "Qwen3ForCausalLM":
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q = rotate(q, cos, sin)
+        k = rotate(k, cos, sin)
         v = v.reshape(T, n_kv, head_dim)
         rep = n_heads // n_kv
         k = np.repeat(k, rep, axis=1)
