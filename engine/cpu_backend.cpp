@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/base/log.h"
+#include "engine/cpu_moe.h"
 #include "engine/cpu_thread_pool.h"
 #include "pd/kernels/activation.h"
 #include "pd/kernels/attention.h"
@@ -38,7 +39,8 @@ class CpuBackend final : public Backend {
         threads_(opt.numThreads > 0 ? opt.numThreads : int(std::max(1u, std::thread::hardware_concurrency()))),
         pool_(threads_),
         gemmKernel_(gemmKernel),
-        gemmNr_(kc::gemmKernelInfo(gemmKernel).nr) {
+        gemmNr_(kc::gemmKernelInfo(gemmKernel).nr),
+        moe_(cfg_) {
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
     s.factor = float(cfg_.rope.factor);
@@ -83,6 +85,7 @@ class CpuBackend final : public Backend {
     kc::GemmWorkspace gemm;
   };
   std::vector<Scratch> threadScratch_;
+  CpuMoe moe_;  // mixture-of-experts layers (cpu_moe.h)
 };
 
 template <typename Fn>
@@ -269,6 +272,13 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
     });
+    if (cfg_.isMoeLayer(l)) {
+      moe_.forward(w, xn_.data(), T, x_.data(),
+                   [this](const float* in, int n, int k, const float* wt, int out, float* y, float beta) {
+                     linear(in, n, k, wt, out, y, beta);
+                   });
+      continue;
+    }
     linear(xn_.data(), T, h, w.gateUp.data(), 2 * ffn, gu_.data(), 0.0f);
     forRows(T, 2 * ffn, [&](int b, int e) {
       kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);

@@ -143,8 +143,8 @@ class CudaBackend : public Backend {
 Status cudaDeviceAvailable();
 
 // OK when the CUDA backend implements the model's architecture and features; otherwise
-// kUnimplemented naming the architecture (Qwen3ForCausalLM's per-head q/k RMSNorm has no CUDA
-// kernels yet: docs/models.md). createCudaBackend checks it before looking for a device, so
+// kUnimplemented naming the architecture (Qwen3's per-head q/k RMSNorm and the mixture-of-
+// experts block have no CUDA kernels yet: docs/models.md). createCudaBackend checks it before looking for a device, so
 // the refusal is the same with or without a GPU.
 Status cudaSupportsModel(const ModelConfig& config);
 

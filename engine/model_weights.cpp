@@ -93,6 +93,27 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
       w.oBias = WeightBuffer(size_t(h));
       PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.o_proj.bias", {h}, w.oBias.data()));
     }
+    if (c.isMoeLayer(l)) {
+      // Mixtral: block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2 (down)};
+      // Qwen3-MoE: mlp.{gate, experts.E.gate_proj, up_proj, down_proj}.
+      const bool mixtral = c.architecture == Architecture::kMixtral;
+      const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      const int64_t ne = c.moe.numExperts, ef = c.moe.expertFfn;
+      w.router = WeightBuffer(size_t(ne * h));
+      PD_RETURN_IF_ERROR(src.readF32(moe + "gate.weight", {ne, h}, w.router.data()));
+      w.experts.resize(ne);
+      for (int64_t e = 0; e < ne; ++e) {
+        ExpertWeights& x = w.experts[e];
+        const std::string ep = moe + "experts." + std::to_string(e) + ".";
+        x.gateUp = WeightBuffer(size_t(2 * ef * h));
+        PD_RETURN_IF_ERROR(src.readF32(ep + (mixtral ? "w1.weight" : "gate_proj.weight"), {ef, h}, x.gateUp.data()));
+        PD_RETURN_IF_ERROR(
+            src.readF32(ep + (mixtral ? "w3.weight" : "up_proj.weight"), {ef, h}, x.gateUp.data() + ef * h));
+        x.down = WeightBuffer(size_t(h * ef));
+        PD_RETURN_IF_ERROR(src.readF32(ep + (mixtral ? "w2.weight" : "down_proj.weight"), {h, ef}, x.down.data()));
+      }
+      continue;
+    }
     w.gateUp = WeightBuffer(size_t(2 * ffn * h));
     PD_RETURN_IF_ERROR(src.readF32(p + "mlp.gate_proj.weight", {ffn, h}, w.gateUp.data()));
     PD_RETURN_IF_ERROR(src.readF32(p + "mlp.up_proj.weight", {ffn, h}, w.gateUp.data() + ffn * h));

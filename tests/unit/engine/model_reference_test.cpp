@@ -205,3 +205,31 @@ TEST_CASE("qwen3: the q/k norms change the logits (the reference test above can 
   CHECK(relError(runGreedy(*ba, kva, prompt, 0, 0, &ga)[0], runGreedy(*bb, kvb, prompt, 0, 0, &gb)[0]) > 1e-3);
   std::filesystem::remove_all(flat);
 }
+
+TEST_CASE("mixtral tiny (8 experts, top 2) matches NumPy") {
+  MakeModelOptions o;
+  o.arch = "mixtral";
+  o.seed = 29;
+  checkAgainstNumpy("mixtral_tiny", o);
+  o.dtype = "bf16";
+  o.tieEmbeddings = true;
+  checkAgainstNumpy("mixtral_tiny_tied_bf16", o);
+}
+
+TEST_CASE("qwen3_moe tiny (16 experts, top 4, norm_topk_prob, dense layer 0) matches NumPy") {
+  MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.seed = 31;
+  checkAgainstNumpy("qwen3_moe_tiny", o);
+  // norm_topk_prob false: the kept probabilities are used as they are.
+  const std::string src = makeTestModel("qwen3_moe_tiny", o);
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/qwen3_moe_nonorm." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(src, dir);
+  std::ifstream in(dir + "/config.json");
+  auto j = nlohmann::json::parse(in);
+  j["norm_topk_prob"] = false;
+  std::ofstream(dir + "/config.json", std::ios::trunc) << j.dump(2);
+  checkDirAgainstNumpy("qwen3_moe_tiny_nonorm", dir);
+  std::filesystem::remove_all(dir);
+}
