@@ -81,7 +81,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> ids_, pos_, slots_, tokenStart_, logitRows_;
   std::vector<float> x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_;
   struct Scratch {
-    std::vector<float> scores, k, v;
+    std::vector<float> scores, k, v, kPacked, vPacked;
     kc::GemmWorkspace gemm;
   };
   std::vector<Scratch> threadScratch_;
@@ -167,17 +167,23 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
     }
     if (sc.scores.size() < size_t(kQueryTile) * ctx) sc.scores.resize(size_t(kQueryTile) * ctx);
     kc::kvGatherHead(lkv, s.blockTable, ctx, layout_.blockSize, nkv, hd, it.kvHead, sc.k.data(), sc.v.data());
+    // Keys and values packed once into the GEMM's panels, then shared by every query tile of
+    // every head of the group (each tile multiplies a prefix of them).
+    sc.kPacked.resize(kc::gemmPackedBFloats(gemmKernel_, ctx, hd));
+    sc.vPacked.resize(kc::gemmPackedBFloats(gemmKernel_, hd, ctx));
+    kc::gemmPackB(gemmKernel_, ctx, hd, sc.k.data(), hd, kc::GemmB::kNK, sc.kPacked.data());
+    kc::gemmPackB(gemmKernel_, hd, ctx, sc.v.data(), hd, kc::GemmB::kKN, sc.vPacked.data());
     for (int j = 0; j < group; ++j) {
       const int h = it.kvHead * group + j;
       for (int r0 = 0; r0 < s.numTokens; r0 += kQueryTile) {
         const int rows = std::min(kQueryTile, s.numTokens - r0);
         const int keyEnd = s.startPos + r0 + rows;  // keys the tile's last query can see
         const float* qt = q + size_t(r0) * qkvRows + size_t(h) * hd;
-        kc::gemm(gemmKernel_, rows, 0, keyEnd, hd, qt, qkvRows, sc.k.data(), hd, kc::GemmB::kNK, 0.0f, sc.scores.data(),
-                 keyEnd, sc.gemm);
+        kc::gemmPrepacked(gemmKernel_, rows, keyEnd, hd, qt, qkvRows, sc.kPacked.data(), hd, 0.0f, sc.scores.data(),
+                          keyEnd);
         kc::causalSoftmaxRows(sc.scores.data(), keyEnd, rows, keyEnd, s.startPos + r0, scale);
-        kc::gemm(gemmKernel_, rows, 0, hd, keyEnd, sc.scores.data(), keyEnd, sc.v.data(), hd, kc::GemmB::kKN, 0.0f,
-                 out + size_t(r0) * qDim + size_t(h) * hd, qDim, sc.gemm);
+        kc::gemmPrepacked(gemmKernel_, rows, hd, keyEnd, sc.scores.data(), keyEnd, sc.vPacked.data(), ctx, 0.0f,
+                          out + size_t(r0) * qDim + size_t(h) * hd, qDim);
       }
     }
   };

@@ -54,7 +54,11 @@ namespace {
 constexpr int kKc = 512;
 constexpr int kNcPanels = 8;  // NC = 8 panels of NR columns
 
-using MicroFn = void (*)(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr, float beta);
+// a: row-major A at (row, k offset) with row stride lda, read in place (rows past mr are not
+// read: their accumulators repeat row mr - 1 and are not stored); b: a packed panel, kc rows of
+// NR floats.
+using MicroFn = void (*)(int kc, const float* a, int lda, const float* b, float* c, int ldc, int mr, int nr,
+                         float beta);
 
 // Stores a finished tile: c = acc + beta * c (beta 0: c = acc, c never read).
 inline void storeTile(const float* acc, int accLd, float* c, int ldc, int mr, int nr, float beta) {
@@ -67,12 +71,14 @@ inline void storeTile(const float* acc, int accLd, float* c, int ldc, int mr, in
 
 // ---- Portable kernel (4 x 16) ----------------------------------------------------------------
 
-void microGeneric(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr, float beta) {
+void microGeneric(int kc, const float* a, int lda, const float* b, float* c, int ldc, int mr, int nr, float beta) {
   constexpr int MR = 4, NR = 16;
+  const float* ar[MR];
+  for (int i = 0; i < MR; ++i) ar[i] = a + size_t(std::min(i, mr - 1)) * lda;
   float acc[MR][NR] = {};
-  for (int p = 0; p < kc; ++p, a += MR, b += NR)
+  for (int p = 0; p < kc; ++p, b += NR)
     for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) acc[i][j] += a[i] * b[j];
+      for (int j = 0; j < NR; ++j) acc[i][j] += ar[i][p] * b[j];
   storeTile(&acc[0][0], NR, c, ldc, mr, nr, beta);
 }
 
@@ -80,17 +86,20 @@ void microGeneric(int kc, const float* a, const float* b, float* c, int ldc, int
 
 // ---- AVX2 + FMA kernel (6 x 16: 12 ymm accumulators, 2 for B, 1 broadcast) ------------------
 
-__attribute__((target("avx2,fma"))) void microAvx2(int kc, const float* a, const float* b, float* c, int ldc, int mr,
-                                                   int nr, float beta) {
+__attribute__((target("avx2,fma"))) void microAvx2(int kc, const float* a, int lda, const float* b, float* c, int ldc,
+                                                   int mr, int nr, float beta) {
   constexpr int MR = 6;
+  const float* ar[MR];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) ar[i] = a + size_t(std::min(i, mr - 1)) * lda;
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
-  for (int p = 0; p < kc; ++p, a += MR, b += 16) {
-    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+  for (int p = 0; p < kc; ++p, b += 16) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
-      const __m256 av = _mm256_broadcast_ss(a + i);
+      const __m256 av = _mm256_broadcast_ss(ar[i] + p);
       c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
       c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
     }
@@ -121,22 +130,25 @@ __attribute__((target("avx2,fma"))) void microAvx2(int kc, const float* a, const
 
 // ---- AVX-512 kernel (14 x 32: 28 zmm accumulators, 2 for B, 1 broadcast) ----------------------
 
-__attribute__((target("avx512f"))) void microAvx512(int kc, const float* a, const float* b, float* c, int ldc, int mr,
-                                                    int nr, float beta) {
+__attribute__((target("avx512f"))) void microAvx512(int kc, const float* a, int lda, const float* b, float* c, int ldc,
+                                                    int mr, int nr, float beta) {
   constexpr int MR = 14;
+  const float* ar[MR];
+#pragma GCC unroll 14
+  for (int i = 0; i < MR; ++i) ar[i] = a + size_t(std::min(i, mr - 1)) * lda;
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 14
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
-  for (int p = 0; p < kc; ++p, a += MR, b += 32) {
-    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+  for (int p = 0; p < kc; ++p, b += 32) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 14
     for (int i = 0; i < MR; ++i) {
-      const __m512 av = _mm512_set1_ps(a[i]);
+      const __m512 av = _mm512_set1_ps(ar[i][p]);
       c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
       c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
     }
   }
-  // Column masks cover a partial tile; rows past mr are not stored (A's padding rows are 0).
+  // Column masks cover a partial tile; rows past mr are not stored.
   const __mmask16 m0 = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
   const __mmask16 m1 = nr >= 32 ? __mmask16(0xFFFF) : nr > 16 ? __mmask16((1u << (nr - 16)) - 1) : __mmask16(0);
   const __m512 bv = _mm512_set1_ps(beta);
@@ -250,20 +262,6 @@ void packB(int nr, const float* b, int ldb, GemmB layout, int jc, int nc, int pc
   }
 }
 
-// A block [ic, ic + mc) x [pc, pc + kc) into ceil(mc / MR) panels of kc columns of MR floats,
-// zero-padded past mc.
-void packA(int mr, const float* a, int lda, int ic, int mc, int pc, int kc, float* dst) {
-  for (int i0 = 0; i0 < mc; i0 += mr, dst += size_t(kc) * mr) {
-    const int rows = std::min(mr, mc - i0);
-    for (int i = 0; i < rows; ++i) {
-      const float* src = a + size_t(ic + i0 + i) * lda + pc;
-      for (int p = 0; p < kc; ++p) dst[size_t(p) * mr + i] = src[p];
-    }
-    for (int i = rows; i < mr; ++i)
-      for (int p = 0; p < kc; ++p) dst[size_t(p) * mr + i] = 0.0f;
-  }
-}
-
 }  // namespace
 
 GemmKernelInfo gemmKernelInfo(GemmKernel kernel) { return kernelFor(kernel).info; }
@@ -294,8 +292,13 @@ GemmKernel gemmBestKernel() {
   return best;
 }
 
-void gemm(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const float* b, int ldb,
-          GemmB layout, float beta, float* c, int ldc, GemmWorkspace& ws) {
+namespace {
+
+// The blocked loops. B comes from `prepacked` (gemmPackB's layout with packedK >= k rows per
+// panel, nBegin a multiple of NR) or, when that is null, is packed here one (KC x NC) block at
+// a time.
+void runBlocked(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const float* b, int ldb,
+                GemmB layout, const float* prepacked, int packedK, float beta, float* c, int ldc, GemmWorkspace& ws) {
   if (m <= 0 || nBegin >= nEnd) return;
   if (k <= 0) {  // an empty sum: C = beta * C
     for (int i = 0; i < m; ++i)
@@ -309,26 +312,57 @@ void gemm(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a,
   const int mr = kern.info.mr, nr = kern.info.nr;
   const int ncMax = kNcPanels * nr;
   const int kcMax = std::min(kKc, k);
-  const int ncCap = std::min(ncMax, (nEnd - nBegin + nr - 1) / nr * nr);
-  const int mcCap = std::min(kern.mc, (m + mr - 1) / mr * mr);
-  float* pb = ws.b(size_t(kcMax) * ncCap);
-  float* pa = ws.a(size_t(kcMax) * mcCap);
+  float* pb = nullptr;
+  if (!prepacked) pb = ws.b(size_t(kcMax) * std::min(ncMax, (nEnd - nBegin + nr - 1) / nr * nr));
   for (int jc = nBegin; jc < nEnd; jc += ncMax) {
     const int nc = std::min(ncMax, nEnd - jc);
     for (int pc = 0; pc < k; pc += kcMax) {
       const int kc = std::min(kcMax, k - pc);
-      packB(nr, b, ldb, layout, jc, nc, pc, kc, pb);
+      const float* panels;
+      size_t panelStride;  // floats from one NR-column panel to the next
+      if (prepacked) {
+        panelStride = size_t(packedK) * nr;
+        panels = prepacked + size_t(jc / nr) * panelStride + size_t(pc) * nr;
+      } else {
+        packB(nr, b, ldb, layout, jc, nc, pc, kc, pb);
+        panelStride = size_t(kc) * nr;
+        panels = pb;
+      }
       const float betaBlock = pc == 0 ? beta : 1.0f;  // later K blocks accumulate
+      // MC rows of A (read in place) stay in L2 while every panel of the block passes over them.
       for (int ic = 0; ic < m; ic += kern.mc) {
         const int mc = std::min(kern.mc, m - ic);
-        packA(mr, a, lda, ic, mc, pc, kc, pa);
         for (int jr = 0; jr < nc; jr += nr)
           for (int ir = 0; ir < mc; ir += mr)
-            kern.micro(kc, pa + size_t(ir) * kc, pb + size_t(jr) * kc, c + size_t(ic + ir) * ldc + jc + jr, ldc,
-                       std::min(mr, mc - ir), std::min(nr, nc - jr), betaBlock);
+            kern.micro(kc, a + size_t(ic + ir) * lda + pc, lda, panels + size_t(jr / nr) * panelStride,
+                       c + size_t(ic + ir) * ldc + jc + jr, ldc, std::min(mr, mc - ir), std::min(nr, nc - jr),
+                       betaBlock);
       }
     }
   }
+}
+
+}  // namespace
+
+void gemm(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const float* b, int ldb,
+          GemmB layout, float beta, float* c, int ldc, GemmWorkspace& ws) {
+  runBlocked(kernel, m, nBegin, nEnd, k, a, lda, b, ldb, layout, nullptr, 0, beta, c, ldc, ws);
+}
+
+size_t gemmPackedBFloats(GemmKernel kernel, int n, int k) {
+  const int nr = kernelFor(kernel).info.nr;
+  return size_t((std::max(n, 0) + nr - 1) / nr) * nr * size_t(std::max(k, 0));
+}
+
+void gemmPackB(GemmKernel kernel, int n, int k, const float* b, int ldb, GemmB layout, float* dst) {
+  if (n <= 0 || k <= 0) return;
+  packB(kernelFor(kernel).info.nr, b, ldb, layout, 0, n, 0, k, dst);
+}
+
+void gemmPrepacked(GemmKernel kernel, int m, int n, int k, const float* a, int lda, const float* packedB, int packedK,
+                   float beta, float* c, int ldc) {
+  GemmWorkspace unused;  // allocates nothing: B is already packed and A is read in place
+  runBlocked(kernel, m, 0, n, k, a, lda, nullptr, 0, GemmB::kNK, packedB, packedK, beta, c, ldc, unused);
 }
 
 double gemmFmaProbe(GemmKernel kernel, long iterations) {

@@ -14,8 +14,8 @@
 // A calibrated device (tools/plan/calibrate.h) is fitted the other way round: its FLOP/s
 // and bytes/s are what the real engine achieved, at efficiency 1, and on a CPU compute and
 // memory time add up (`additive`) instead of overlapping. The fit is a line through kernels
-// that are not one (the CPU backend streams weights through its own kernel up to 16 rows and
-// calls sgemm above), so a calibrated step is also scaled by its measured over fitted time,
+// that are not one (the CPU backend streams weights through its own kernel up to 32 rows and
+// runs a GEMM above), so a calibrated step is also scaled by its measured over fitted time,
 // interpolated between the calibration's points (Device::decodeScale, prefillScale).
 //
 // The efficiencies are what calibration measures (Efficiency's defaults are assumptions,

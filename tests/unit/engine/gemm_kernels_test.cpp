@@ -122,7 +122,33 @@ void checkKernel(kc::GemmKernel kern) {
       for (float beta : {0.0f, 1.0f, 0.5f}) checkShape(kern, ws, s, layout, beta, seed += 3);
 }
 
+// gemmPrepacked on B packed wider (more columns) and deeper (more rows) than the product uses,
+// from a buffer that is not 64-byte aligned: the same bits as gemm() on the plain B.
+void checkPrepacked(kc::GemmKernel kern) {
+  kc::GemmWorkspace ws;
+  for (kc::GemmB layout : {kc::GemmB::kNK, kc::GemmB::kKN}) {
+    for (Shape s : {Shape{1, 1, 1}, Shape{20, 70, 600}, Shape{130, 64, 37}, Shape{5, 33, 1100}}) {
+      const int nPacked = s.n + 5, kPacked = s.k + 7;
+      const int ldb = layout == kc::GemmB::kNK ? kPacked : nPacked;
+      auto a = randomVec(size_t(s.m) * s.k, 7);
+      auto b = randomVec(size_t(layout == kc::GemmB::kNK ? nPacked : kPacked) * ldb, 8);
+      std::vector<float> packed(kc::gemmPackedBFloats(kern, nPacked, kPacked) + 1);
+      kc::gemmPackB(kern, nPacked, kPacked, b.data(), ldb, layout, packed.data() + 1);
+      std::vector<float> want(size_t(s.m) * s.n, 1.0f), got = want;
+      kc::gemm(kern, s.m, 0, s.n, s.k, a.data(), s.k, b.data(), ldb, layout, 0.5f, want.data(), s.n, ws);
+      kc::gemmPrepacked(kern, s.m, s.n, s.k, a.data(), s.k, packed.data() + 1, kPacked, 0.5f, got.data(), s.n);
+      INFO(kc::gemmKernelInfo(kern).name << " m " << s.m << " n " << s.n << " k " << s.k);
+      CHECK(got == want);
+    }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("gemmPrepacked gives gemm's bits on every supported kernel") {
+  for (kc::GemmKernel k : {kc::GemmKernel::kAvx512, kc::GemmKernel::kAvx2, kc::GemmKernel::kGeneric})
+    if (kc::gemmKernelSupported(k)) checkPrepacked(k);
+}
 
 TEST_CASE("gemm avx512 kernel matches a double reference on odd shapes") { checkKernel(requireKernel("avx512")); }
 TEST_CASE("gemm avx2 kernel matches a double reference on odd shapes") { checkKernel(requireKernel("avx2")); }

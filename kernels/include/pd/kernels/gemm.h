@@ -11,9 +11,11 @@
 //   kAvx512   14 x 32 register tile (28 zmm accumulators), needs avx512f
 //   kAvx2      6 x 16 register tile (12 ymm accumulators), needs avx2 + fma
 //   kGeneric   4 x 16 tile in plain C++ (whatever the baseline compiler vectorises)
-// Blocking: B is packed per (KC x NC) block into NR-wide column panels, A per (MC x KC) block
-// into MR-row panels (both in the workspace), so the register tile streams two contiguous
-// panels; packing costs O(k * (m + n)) against the product's O(m * n * k).
+// Blocking: B is packed per (KC x NC) block into NR-wide column panels (in the workspace), so
+// the register tile streams one contiguous B panel against MR rows of A read in place (no A
+// copy); packing costs O(k * n) against the product's O(m * n * k). A B used by several
+// products (attention's keys and values across query tiles and heads) can be packed once with
+// gemmPackB and multiplied with gemmPrepacked.
 // Pure functions apart from the workspace; callers split [0, n) output columns across threads
 // in multiples of gemmKernelInfo(kernel).nr (any split is correct, NR multiples avoid padding).
 #pragma once
@@ -65,6 +67,17 @@ class GemmWorkspace {
 // the SIMD kernels, in a different order than a naive loop (error bound: docs/engine-cpu.md).
 void gemm(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const float* b, int ldb,
           GemmB layout, float beta, float* c, int ldc, GemmWorkspace& ws);
+
+// B packed once for several products: ceil(n / NR) panels of k rows of NR floats (NR is the
+// kernel's), zero-padded; dst holds gemmPackedBFloats(kernel, n, k) floats.
+size_t gemmPackedBFloats(GemmKernel kernel, int n, int k);
+void gemmPackB(GemmKernel kernel, int n, int k, const float* b, int ldb, GemmB layout, float* dst);
+// C[m][ldc] (columns [0, n)) = A * B + beta * C with B from gemmPackB(kernel, nPacked,
+// packedK, ...), n <= nPacked, k <= packedK: the product uses B's first n columns and first k
+// rows (attention packs a sequence's keys once and multiplies growing prefixes of them). The
+// same sums, in the same order, as gemm() on the unpacked B.
+void gemmPrepacked(GemmKernel kernel, int m, int n, int k, const float* a, int lda, const float* packedB, int packedK,
+                   float beta, float* c, int ldc);
 
 // The hardware ceiling for compute-bound work: runs `iterations` rounds of independent FMA
 // chains with `kernel`'s instructions on the calling thread and returns the floating-point
