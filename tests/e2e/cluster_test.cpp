@@ -253,23 +253,21 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
   checkGreedyIdentity(setups);
 }
 
-// The small Qwen3ForCausalLM preset (per-head q/k RMSNorm; q 2x the hidden width), made once.
-static std::string qwen3ModelDir() {
-  static const std::string dir = [] {
-    const std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small_qwen3";
-    if (!std::filesystem::exists(d + "/config.json")) {
-      engine::MakeModelOptions o;
-      o.preset = "small";
-      o.arch = "qwen3";
-      const std::string tmp = d + ".tmp." + std::to_string(::getpid());
-      REQUIRE(engine::makeModel(o, tmp).isOk());
-      std::error_code ec;
-      std::filesystem::rename(tmp, d, ec);
-      if (ec) std::filesystem::remove_all(tmp);  // another process made it first
-    }
-    return d;
-  }();
-  return dir;
+// The small preset of make-model's `arch` (qwen3: per-head q/k RMSNorm, q 2x the hidden
+// width; qwen3_moe: the same attention, 16 experts of which each token runs 4), made once.
+static std::string smallModelDir(const std::string& arch) {
+  const std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small_" + arch;
+  if (!std::filesystem::exists(d + "/config.json")) {
+    engine::MakeModelOptions o;
+    o.preset = "small";
+    o.arch = arch;
+    const std::string tmp = d + ".tmp." + std::to_string(::getpid());
+    REQUIRE(engine::makeModel(o, tmp).isOk());
+    std::error_code ec;
+    std::filesystem::rename(tmp, d, ec);
+    if (ec) std::filesystem::remove_all(tmp);  // another process made it first
+  }
+  return d;
 }
 
 // `pdserve generate` on `model` (two engine threads, as the workers): the greedy ids and, for
@@ -279,6 +277,7 @@ static std::pair<std::vector<int32_t>, std::vector<double>> generateWithLogprobs
                                                                                  int maxTokens, int vocab) {
   std::string ids;
   for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
+  std::filesystem::create_directories(kWork);
   const std::string logitsPath = kWork + "/qwen3_logits." + std::to_string(::getpid());
   const std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + model + " --prompt-ids " +
                           ids + " --max-tokens " + std::to_string(maxTokens) +
@@ -312,12 +311,13 @@ static std::pair<std::vector<int32_t>, std::vector<double>> generateWithLogprobs
   return {gen, lp};
 }
 
-// Qwen3ForCausalLM served as the Llama model is above: on the colocated path and across the
-// prefill/decode split over each lane, the greedy ids are those of `pdserve generate` and each
-// chosen token's logprob matches its raw logits there (prompts of 5..900 tokens: chunked
-// prefill, partial and full blocks; repeats from the prefill worker's prefix cache).
-TEST_CASE("qwen3: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
-  const std::string model = qwen3ModelDir();
+// Qwen3ForCausalLM and Qwen3MoeForCausalLM served as the Llama model is above: on the
+// colocated path and across the prefill/decode split over each lane, the greedy ids are those
+// of `pdserve generate` and each chosen token's logprob matches its raw logits there (prompts
+// of 5..900 tokens: chunked prefill, partial and full blocks; repeats from the prefill
+// worker's prefix cache).
+static void checkArchAcrossSplit(const std::string& arch) {
+  const std::string model = smallModelDir(arch);
   const std::vector<int> lengths{5, 17, 64, 300, 900};
   const int kTokens = 6, kVocab = 259;
   std::vector<std::pair<std::vector<int32_t>, std::vector<double>>> expected;
@@ -332,7 +332,7 @@ TEST_CASE("qwen3: greedy ids and logprobs match pdserve generate: colocated, dis
     SECTION(name) {
       spec.modelDir = model;
       spec.extraRouter = "  admission: {overload_shedding: false}\n";
-      auto c = startCluster("qwen3", spec);
+      auto c = startCluster(arch, spec);
       const std::string route = spec.shortPromptTokens > 0 ? "colocated" : "disaggregated";
       for (int pass = 0; pass < 2; ++pass) {  // the second pass: prefixes cached
         for (size_t i = 0; i < lengths.size(); ++i) {
@@ -358,6 +358,14 @@ TEST_CASE("qwen3: greedy ids and logprobs match pdserve generate: colocated, dis
       CHECK(allBlocksFree(*c, "prefill-0"));
     }
   }
+}
+
+TEST_CASE("qwen3: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
+  checkArchAcrossSplit("qwen3");
+}
+
+TEST_CASE("qwen3_moe: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
+  checkArchAcrossSplit("qwen3_moe");
 }
 
 // The CUDA workers in f32 (cuBLAS f32 GEMMs) pick the CPU's greedy ids; over tcp the KV goes
