@@ -39,7 +39,9 @@ size_t ModelWeights::totalBytes() const {
   size_t n = embed.size() + finalNorm.size() + lmHead.size();
   for (const auto& l : layers)
     n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.qNorm.size() + l.kNorm.size() + l.o.size() +
-         l.oBias.size() + l.postNorm.size() + l.gateUp.size() + l.down.size();
+         l.oBias.size() + l.postNorm.size() + l.gateUp.size() + l.down.size() + l.router.size();
+  for (const auto& l : layers)
+    for (const auto& e : l.experts) n += e.gateUp.size() + e.down.size();
   return n * sizeof(float);
 }
 
