@@ -59,6 +59,9 @@ class CpuBackend final : public Backend {
  private:
   // y[n][out] = x[n][in] * W^T (+ beta * y)
   void linear(const float* x, int n, int in, const float* w, int out, float* y, float beta);
+  // Several products (beta 0): when every one has at most skinnyMaxRows rows, one fork-join
+  // round streams all their weights (the chosen experts of a decode step); else one by one.
+  void linearMany(const std::vector<CpuMoe::LinearJob>& jobs);
   // Splits [0, n) rows over the pool when the work is worth waking threads for.
   template <typename Fn>
   void forRows(int n, int64_t workPerRow, Fn&& fn);
@@ -127,6 +130,23 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
     const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
     const int e = std::min(out, int(int64_t(quads) * (t + 1) / tasks) * 4);
     if (b < e) kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
+  });
+}
+
+void CpuBackend::linearMany(const std::vector<CpuMoe::LinearJob>& jobs) {
+  bool skinny = threads_ > 1;
+  for (const auto& j : jobs) skinny = skinny && j.n <= opt_.skinnyMaxRows;
+  if (!skinny) {
+    for (const auto& j : jobs) linear(j.x, j.n, j.in, j.w, j.out, j.y, 0.0f);
+    return;
+  }
+  const int perJob = threads_ * 4;  // column slices of each job, multiples of 4
+  pool_.run(int(jobs.size()) * perJob, [&](int t, int) {
+    const CpuMoe::LinearJob& j = jobs[t / perJob];
+    const int s = t % perJob, quads = (j.out + 3) / 4;
+    const int b = std::min(j.out, int(int64_t(quads) * s / perJob) * 4);
+    const int e = std::min(j.out, int(int64_t(quads) * (s + 1) / perJob) * 4);
+    if (b < e) kc::linearSkinny(j.x, j.in, j.w, j.y, j.out, j.n, j.in, b, e, 0.0f);
   });
 }
 
@@ -279,10 +299,12 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
                   cfg_.rmsNormEps);
     });
     if (cfg_.isMoeLayer(l)) {
-      moe_.forward(w, xn_.data(), T, x_.data(),
-                   [this](const float* in, int n, int k, const float* wt, int out, float* y, float beta) {
-                     linear(in, n, k, wt, out, y, beta);
-                   });
+      moe_.forward(
+          w, xn_.data(), T, x_.data(),
+          [this](const float* in, int n, int k, const float* wt, int out, float* y, float beta) {
+            linear(in, n, k, wt, out, y, beta);
+          },
+          [this](const std::vector<CpuMoe::LinearJob>& jobs) { linearMany(jobs); });
       continue;
     }
     linear(xn_.data(), T, h, w.gateUp.data(), 2 * ffn, gu_.data(), 0.0f);

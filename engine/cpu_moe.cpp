@@ -10,7 +10,8 @@ namespace pd::engine {
 
 namespace kc = pd::kernels::cpu;
 
-void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, const LinearFn& linear) {
+void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, const LinearFn& linear,
+                     const LinearManyFn& linearMany) {
   const int h = cfg_.hiddenSize, ne = cfg_.moe.numExperts, k = cfg_.moe.expertsPerToken, ef = cfg_.moe.expertFfn;
   auto grow = [](auto& v, size_t n) {
     if (v.size() < n) v.resize(n);
@@ -54,30 +55,35 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
       for (int j = 0; j < k; ++j) order_[fill[chosen_[size_t(t) * k + j]]++] = t * k + j;
   }
 
-  int maxRows = 0;
-  for (int e = 0; e < ne; ++e) maxRows = std::max(maxRows, rowsPerExpert_[e]);
-  grow(xe_, size_t(maxRows) * h);
-  grow(gu_, size_t(maxRows) * 2 * ef);
-  grow(act_, size_t(maxRows) * ef);
-  grow(ye_, size_t(maxRows) * h);
-  for (int e = 0; e < ne; ++e) {
-    const int n = rowsPerExpert_[e];
-    if (n == 0) continue;  // an expert no token chose is never read
-    const int* rows = order_.data() + start[e];
-    for (int r = 0; r < n; ++r) {
-      const float* src = xn + size_t(rows[r] / k) * h;
-      std::copy(src, src + h, xe_.data() + size_t(r) * h);
-    }
-    const ExpertWeights& xw = w.experts[e];
-    linear(xe_.data(), n, h, xw.gateUp.data(), 2 * ef, gu_.data(), 0.0f);
-    kc::swiGlu(gu_.data(), act_.data(), n, ef);
-    linear(act_.data(), n, ef, xw.down.data(), h, ye_.data(), 0.0f);
-    for (int r = 0; r < n; ++r) {
-      const float g = weights_[rows[r]];
-      float* dst = x + size_t(rows[r] / k) * h;
-      const float* y = ye_.data() + size_t(r) * h;
-      for (int i = 0; i < h; ++i) dst[i] += g * y[i];
-    }
+  // Every routed row gathered once, grouped by expert: [T*k][hidden]; then the chosen experts'
+  // gate|up products as one group, SwiGLU over all rows, their down products as one group.
+  const size_t R = size_t(T) * k;
+  grow(xe_, R * h);
+  grow(gu_, R * 2 * ef);
+  grow(act_, R * ef);
+  grow(ye_, R * h);
+  for (size_t r = 0; r < R; ++r) {
+    const float* src = xn + size_t(order_[r] / k) * h;
+    std::copy(src, src + h, xe_.data() + r * h);
+  }
+  jobs_.clear();
+  for (int e = 0; e < ne; ++e)
+    if (rowsPerExpert_[e] > 0)  // an expert no token chose is never read
+      jobs_.push_back({xe_.data() + size_t(start[e]) * h, rowsPerExpert_[e], h, w.experts[e].gateUp.data(), 2 * ef,
+                       gu_.data() + size_t(start[e]) * 2 * ef});
+  linearMany(jobs_);
+  kc::swiGlu(gu_.data(), act_.data(), int(R), ef);
+  jobs_.clear();
+  for (int e = 0; e < ne; ++e)
+    if (rowsPerExpert_[e] > 0)
+      jobs_.push_back({act_.data() + size_t(start[e]) * ef, rowsPerExpert_[e], ef, w.experts[e].down.data(), h,
+                       ye_.data() + size_t(start[e]) * h});
+  linearMany(jobs_);
+  for (size_t r = 0; r < R; ++r) {
+    const float g = weights_[order_[r]];
+    float* dst = x + size_t(order_[r] / k) * h;
+    const float* y = ye_.data() + r * h;
+    for (int i = 0; i < h; ++i) dst[i] += g * y[i];
   }
 }
 

@@ -27,11 +27,23 @@ class CpuMoe {
  public:
   // y[n][out] = x[n][in] * W^T (+ beta * y), run over the backend's threads.
   using LinearFn = std::function<void(const float* x, int n, int in, const float* w, int out, float* y, float beta)>;
+  // One product y[n][out] = x[n][in] * W^T of a group the backend may run in one round.
+  struct LinearJob {
+    const float* x;
+    int n, in;
+    const float* w;
+    int out;
+    float* y;
+  };
+  // Runs every job (beta 0); the backend runs few-row jobs together, in one fork-join round.
+  using LinearManyFn = std::function<void(const std::vector<LinearJob>& jobs)>;
 
   explicit CpuMoe(const ModelConfig& config) : cfg_(config) {}
 
   // x[T][hidden] += the layer's MoE block applied to xn[T][hidden] (the normalised rows).
-  void forward(const LayerWeights& w, const float* xn, int T, float* x, const LinearFn& linear);
+  // The chosen experts' gate|up products run as one group, then their down products as one.
+  void forward(const LayerWeights& w, const float* xn, int T, float* x, const LinearFn& linear,
+               const LinearManyFn& linearMany);
 
   // The experts the last forward() ran and the token rows each got (tests, benchmarks).
   const std::vector<int>& lastExpertRows() const { return rowsPerExpert_; }
@@ -43,6 +55,7 @@ class CpuMoe {
   std::vector<float> weights_;      // [T][k] routing weights
   std::vector<int> rowsPerExpert_;  // [numExperts]
   std::vector<int> order_;          // (token * k + slot) grouped by expert
+  std::vector<LinearJob> jobs_;
 };
 
 }  // namespace pd::engine

@@ -35,6 +35,13 @@ CpuMoe::LinearFn recording(Reads* r) {
   };
 }
 
+// The group runner over the recording linear product, one job at a time.
+CpuMoe::LinearManyFn many(CpuMoe::LinearFn linear) {
+  return [linear](const std::vector<CpuMoe::LinearJob>& jobs) {
+    for (const auto& j : jobs) linear(j.x, j.n, j.in, j.w, j.out, j.y, 0.0f);
+  };
+}
+
 }  // namespace
 
 TEST_CASE("MoE: a decode token reads the router and its k experts only, a prefill each chosen expert once") {
@@ -57,7 +64,7 @@ TEST_CASE("MoE: a decode token reads the router and its k experts only, a prefil
 
   // Batch 1: the router, then for each of its 2 experts gate|up and down, once each.
   Reads one;
-  moe.forward(w, xn.data(), 1, x.data(), recording(&one));
+  moe.forward(w, xn.data(), 1, x.data(), recording(&one), many(recording(&one)));
   CHECK(one.calls.size() == 1 + 2 * 2);
   CHECK(one.calls[w.router.data()] == 1);
   int expertsRead = 0;
@@ -82,20 +89,20 @@ TEST_CASE("MoE: a decode token reads the router and its k experts only, a prefil
 
   // 64 tokens: each chosen expert is read by one gate|up and one down call covering all its
   // rows; the rows add up to 64 x 2.
-  Reads many;
-  moe.forward(w, xn.data(), 64, x.data(), recording(&many));
+  Reads prefill;
+  moe.forward(w, xn.data(), 64, x.data(), recording(&prefill), many(recording(&prefill)));
   int totalRows = 0, used = 0;
   for (int e = 0; e < c.moe.numExperts; ++e) {
     const int rows = moe.lastExpertRows()[e];
     totalRows += rows;
     if (rows == 0) {
-      CHECK(many.calls.count(w.experts[e].gateUp.data()) == 0);
+      CHECK(prefill.calls.count(w.experts[e].gateUp.data()) == 0);
       continue;
     }
     ++used;
-    CHECK(many.calls[w.experts[e].gateUp.data()] == 1);
-    CHECK(many.rows[w.experts[e].gateUp.data()] == rows);
-    CHECK(many.calls[w.experts[e].down.data()] == 1);
+    CHECK(prefill.calls[w.experts[e].gateUp.data()] == 1);
+    CHECK(prefill.rows[w.experts[e].gateUp.data()] == rows);
+    CHECK(prefill.calls[w.experts[e].down.data()] == 1);
   }
   CHECK(totalRows == 64 * 2);
   CHECK(used >= 4);  // random tokens spread over the experts
