@@ -6,6 +6,16 @@
 
 namespace pd::engine {
 
+Status cudaSupportsModel(const ModelConfig& c) {
+  if (c.isMoe())
+    return unimplemented(std::string("cuda backend: ") + architectureName(c.architecture) +
+                         " (mixture of experts) is not implemented on CUDA; run it with backend: cpu");
+  if (c.qkNorm)
+    return unimplemented(std::string("cuda backend: ") + architectureName(c.architecture) +
+                         " (per-head q/k RMSNorm) is not implemented on CUDA; run it with backend: cpu");
+  return Status::ok();
+}
+
 Result<std::unique_ptr<Backend>> createBackend(const std::string& kind, std::shared_ptr<const ModelWeights> model,
                                                const KvLayout& layout, void* hostKvBase,
                                                const CpuBackendOptions& cpuOptions,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/base/log.h"
+#include "engine/cpu_moe.h"
 #include "engine/cpu_thread_pool.h"
 #include "pd/kernels/activation.h"
 #include "pd/kernels/attention.h"
@@ -38,7 +39,8 @@ class CpuBackend final : public Backend {
         threads_(opt.numThreads > 0 ? opt.numThreads : int(std::max(1u, std::thread::hardware_concurrency()))),
         pool_(threads_),
         gemmKernel_(gemmKernel),
-        gemmNr_(kc::gemmKernelInfo(gemmKernel).nr) {
+        gemmNr_(kc::gemmKernelInfo(gemmKernel).nr),
+        moe_(cfg_) {
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
     s.factor = float(cfg_.rope.factor);
@@ -57,6 +59,9 @@ class CpuBackend final : public Backend {
  private:
   // y[n][out] = x[n][in] * W^T (+ beta * y)
   void linear(const float* x, int n, int in, const float* w, int out, float* y, float beta);
+  // Several products (beta 0): when every one has at most skinnyMaxRows rows, one fork-join
+  // round streams all their weights (the chosen experts of a decode step); else one by one.
+  void linearMany(const std::vector<CpuMoe::LinearJob>& jobs);
   // Splits [0, n) rows over the pool when the work is worth waking threads for.
   template <typename Fn>
   void forRows(int n, int64_t workPerRow, Fn&& fn);
@@ -83,6 +88,7 @@ class CpuBackend final : public Backend {
     kc::GemmWorkspace gemm;
   };
   std::vector<Scratch> threadScratch_;
+  CpuMoe moe_;  // mixture-of-experts layers (cpu_moe.h)
 };
 
 template <typename Fn>
@@ -124,6 +130,23 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
     const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
     const int e = std::min(out, int(int64_t(quads) * (t + 1) / tasks) * 4);
     if (b < e) kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
+  });
+}
+
+void CpuBackend::linearMany(const std::vector<CpuMoe::LinearJob>& jobs) {
+  bool skinny = threads_ > 1;
+  for (const auto& j : jobs) skinny = skinny && j.n <= opt_.skinnyMaxRows;
+  if (!skinny) {
+    for (const auto& j : jobs) linear(j.x, j.n, j.in, j.w, j.out, j.y, 0.0f);
+    return;
+  }
+  const int perJob = threads_ * 4;  // column slices of each job, multiples of 4
+  pool_.run(int(jobs.size()) * perJob, [&](int t, int) {
+    const CpuMoe::LinearJob& j = jobs[t / perJob];
+    const int s = t % perJob, quads = (j.out + 3) / 4;
+    const int b = std::min(j.out, int(int64_t(quads) * s / perJob) * 4);
+    const int e = std::min(j.out, int(int64_t(quads) * (s + 1) / perJob) * 4);
+    if (b < e) kc::linearSkinny(j.x, j.in, j.w, j.y, j.out, j.n, j.in, b, e, 0.0f);
   });
 }
 
@@ -252,6 +275,13 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       float* rows = qkv_.data() + size_t(b) * qkvRows;
       const float* c = cos_.data() + size_t(b) * half;
       const float* s = sin_.data() + size_t(b) * half;
+      if (cfg_.qkNorm) {  // Qwen3: each q and k head RMS-normalised before RoPE, in place
+        for (int r = 0; r < e - b; ++r) {
+          float* row = rows + size_t(r) * qkvRows;
+          kc::rmsNorm(row, hd, w.qNorm.data(), row, hd, cfg_.numHeads, hd, cfg_.rmsNormEps);
+          kc::rmsNorm(row + qDim, hd, w.kNorm.data(), row + qDim, hd, cfg_.numKvHeads, hd, cfg_.rmsNormEps);
+        }
+      }
       kc::applyRope(rows, qkvRows, e - b, cfg_.numHeads, hd, c, s);
       kc::applyRope(rows + qDim, qkvRows, e - b, cfg_.numKvHeads, hd, c, s);
       kc::kvCacheWrite(lkv, rows + qDim, rows + qDim + kvDim, qkvRows, slots_.data() + b, e - b, layout_.blockSize,
@@ -268,6 +298,15 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
     });
+    if (cfg_.isMoeLayer(l)) {
+      moe_.forward(
+          w, xn_.data(), T, x_.data(),
+          [this](const float* in, int n, int k, const float* wt, int out, float* y, float beta) {
+            linear(in, n, k, wt, out, y, beta);
+          },
+          [this](const std::vector<CpuMoe::LinearJob>& jobs) { linearMany(jobs); });
+      continue;
+    }
     linear(xn_.data(), T, h, w.gateUp.data(), 2 * ffn, gu_.data(), 0.0f);
     forRows(T, 2 * ffn, [&](int b, int e) {
       kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);

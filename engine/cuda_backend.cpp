@@ -992,6 +992,7 @@ Status cudaDeviceAvailable() {
 
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,
                                                        const KvLayout& layout, const CudaBackendOptions& options) {
+  if (model) PD_RETURN_IF_ERROR(cudaSupportsModel(model->config));
   PD_RETURN_IF_ERROR(cudaDeviceAvailable());
   if (!model) return invalidArgument("createCudaBackend: no model");
   const ModelConfig& c = model->config;

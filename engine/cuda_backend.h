@@ -142,6 +142,12 @@ class CudaBackend : public Backend {
 // worker reports for `backend: cuda`.
 Status cudaDeviceAvailable();
 
+// OK when the CUDA backend implements the model's architecture and features; otherwise
+// kUnimplemented naming the architecture (Qwen3's per-head q/k RMSNorm and the mixture-of-
+// experts block have no CUDA kernels yet: docs/models.md). createCudaBackend checks it before looking for a device, so
+// the refusal is the same with or without a GPU.
+Status cudaSupportsModel(const ModelConfig& config);
+
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,
                                                        const KvLayout& layout, const CudaBackendOptions& options = {});
 

@@ -10,8 +10,9 @@ Status cudaDeviceAvailable() {
       "machine with nvcc)");
 }
 
-Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights>, const KvLayout&,
+Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model, const KvLayout&,
                                                        const CudaBackendOptions&) {
+  if (model) PD_RETURN_IF_ERROR(cudaSupportsModel(model->config));
   return cudaDeviceAvailable();
 }
 

@@ -8,15 +8,27 @@
 
 namespace pd::engine {
 
+bool ModelConfig::isMoeLayer(int l) const {
+  if (!isMoe()) return false;
+  for (int d : moe.denseLayers)
+    if (d == l) return false;
+  return (l + 1) % moe.sparseStep == 0;
+}
+
 int64_t ModelConfig::decodeWeightParams() const {
   const int64_t h = hiddenSize;
-  const int64_t perLayer = h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 3 * h * intermediateSize + 2 * h;
-  return perLayer * numLayers + h + int64_t(vocabSize) * h;
+  const int64_t attn = h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 2 * h + (qkNorm ? 2 * headDim : 0);
+  int64_t total = 0;
+  for (int l = 0; l < numLayers; ++l)
+    total += attn + (isMoeLayer(l) ? int64_t(moe.numExperts) * h + int64_t(moe.expertsPerToken) * 3 * h * moe.expertFfn
+                                   : 3 * h * intermediateSize);
+  return total + h + int64_t(vocabSize) * h;
 }
 
 double ModelConfig::attentionSpanTokens() const {
   const double h = hiddenSize;
-  const double linearPerLayer = h * (qDim() + 2 * kvDim()) + double(qDim()) * h + 3 * h * intermediateSize;
+  const double ffn = isMoe() ? double(moe.expertsPerToken) * moe.expertFfn : double(intermediateSize);
+  const double linearPerLayer = h * (qDim() + 2 * kvDim()) + double(qDim()) * h + 3 * h * ffn;
   return qDim() > 0 ? linearPerLayer / (2.0 * qDim()) : 0;  // 2 x params over 4 x qDim
 }
 
@@ -47,6 +59,92 @@ Status readNumber(const json& j, const char* key, double* out, const std::string
   return Status::ok();
 }
 
+// Every config.json key a checkpoint of the Qwen3 and mixture-of-experts families may carry.
+// A key outside the lists may change the model in a way the forward pass does not know, so it
+// is refused by name instead of ignored.
+constexpr const char* kCommonKeys[] = {
+    // the model's shape and numerics (read below)
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "hidden_act", "tie_word_embeddings", "sliding_window", "bos_token_id", "eos_token_id",
+    "pad_token_id",
+    // training or bookkeeping only: they do not change inference
+    "attention_dropout", "initializer_range", "use_cache", "torch_dtype", "dtype", "transformers_version"};
+constexpr const char* kQwen3Keys[] = {"attention_bias", "use_sliding_window", "max_window_layers", "layer_types"};
+// router_aux_loss_coef, output_router_logits, router_jitter_noise: training only.
+constexpr const char* kMixtralKeys[] = {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
+                                        "output_router_logits", "router_jitter_noise"};
+constexpr const char* kQwen3MoeKeys[] = {"num_experts",          "num_experts_per_tok",  "moe_intermediate_size",
+                                         "norm_topk_prob",       "decoder_sparse_step",  "mlp_only_layers",
+                                         "router_aux_loss_coef", "output_router_logits", "qkv_bias"};
+
+template <size_t N>
+bool inList(const std::string& key, const char* const (&list)[N]) {
+  for (const char* k : list)
+    if (key == k) return true;
+  return false;
+}
+
+Status checkKnownKeys(const json& j, Architecture a, const std::string& src) {
+  const std::string name = architectureName(a);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    bool known = inList(k, kCommonKeys);
+    if (a == Architecture::kQwen3 || a == Architecture::kQwen3Moe) known = known || inList(k, kQwen3Keys);
+    if (a == Architecture::kMixtral) known = known || inList(k, kMixtralKeys);
+    if (a == Architecture::kQwen3Moe) known = known || inList(k, kQwen3MoeKeys);
+    if (!known)
+      return unimplemented(src + ": config key \"" + k + "\" is not implemented for " + name +
+                           " (refused rather than ignored)");
+  }
+  if (j.value("use_sliding_window", false))
+    return unimplemented(src + ": use_sliding_window true is not implemented for " + name);
+  if (j.value("qkv_bias", false)) return unimplemented(src + ": qkv_bias true is not implemented for " + name);
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return invalidArgument(src + ": \"layer_types\" must be an array");
+    for (const auto& t : *it)
+      if (!t.is_string() || t.get<std::string>() != "full_attention")
+        return unimplemented(src + ": layer_types entry " + t.dump() + " is not implemented for " + name +
+                             " (only \"full_attention\")");
+  }
+  if (auto it = j.find("attention_dropout"); it != j.end() && it->is_number() && it->get<double>() != 0.0)
+    return unimplemented(src + ": attention_dropout " + it->dump() + " (inference uses none; 0 expected)");
+  return Status::ok();
+}
+
+// num_experts / num_local_experts, num_experts_per_tok, the expert width and Qwen3-MoE's
+// layer pattern.
+Status readMoe(const json& j, ModelConfig* c, const std::string& src) {
+  MoeConfig& m = c->moe;
+  const bool mixtral = c->architecture == Architecture::kMixtral;
+  PD_RETURN_IF_ERROR(readInt(j, mixtral ? "num_local_experts" : "num_experts", true, &m.numExperts, src));
+  PD_RETURN_IF_ERROR(readInt(j, "num_experts_per_tok", true, &m.expertsPerToken, src));
+  if (m.expertsPerToken > m.numExperts)
+    return invalidArgument(src + ": num_experts_per_tok " + std::to_string(m.expertsPerToken) + " exceeds the " +
+                           std::to_string(m.numExperts) + " experts");
+  if (mixtral) {
+    m.expertFfn = c->intermediateSize;
+    m.normTopkProb = true;
+    return Status::ok();
+  }
+  PD_RETURN_IF_ERROR(readInt(j, "moe_intermediate_size", true, &m.expertFfn, src));
+  m.normTopkProb = false;
+  if (auto it = j.find("norm_topk_prob"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return invalidArgument(src + ": \"norm_topk_prob\" must be a boolean");
+    m.normTopkProb = it->get<bool>();
+  }
+  PD_RETURN_IF_ERROR(readInt(j, "decoder_sparse_step", false, &m.sparseStep, src));
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return invalidArgument(src + ": \"mlp_only_layers\" must be an array of layer indices");
+    for (const auto& e : *it) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= c->numLayers)
+        return invalidArgument(src + ": mlp_only_layers entry " + e.dump() + " is not a layer index");
+      m.denseLayers.push_back(e.get<int>());
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 namespace {
@@ -69,6 +167,10 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
     return unimplemented(src + ": unsupported architecture \"" + archName +
                          "\" (supported: " + enumNameList(kArchitectureNames) + ")");
   c.architecture = *known;
+  const bool listed = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kMixtral ||
+                      c.architecture == Architecture::kQwen3Moe;
+  if (listed) PD_RETURN_IF_ERROR(checkKnownKeys(j, c.architecture, src));
+  c.qkNorm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
 
   PD_RETURN_IF_ERROR(readInt(j, "hidden_size", true, &c.hiddenSize, src));
   PD_RETURN_IF_ERROR(readInt(j, "intermediate_size", true, &c.intermediateSize, src));
@@ -89,6 +191,8 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
                            " is not a multiple of num_key_value_heads " + std::to_string(c.numKvHeads));
   if (c.headDim % 2 != 0 || c.headDim > 512)
     return unimplemented(src + ": head_dim " + std::to_string(c.headDim) + " (must be even and <= 512)");
+  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe)
+    PD_RETURN_IF_ERROR(readMoe(j, &c, src));
 
   double eps = 1e-6;
   PD_RETURN_IF_ERROR(readNumber(j, "rms_norm_eps", &eps, src));
@@ -111,7 +215,7 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
 
   // Sliding windows: Mistral applies sliding_window when set; Qwen2 only with use_sliding_window.
   if (auto it = j.find("sliding_window"); it != j.end() && it->is_number_integer()) {
-    const bool use = c.architecture == Architecture::kMistral ||
+    const bool use = c.architecture == Architecture::kMistral || c.architecture == Architecture::kMixtral ||
                      (c.architecture == Architecture::kQwen2 && j.value("use_sliding_window", false));
     if (use) c.slidingWindow = it->get<int>();
   }

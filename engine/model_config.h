@@ -1,10 +1,12 @@
 // A decoder-only model's shape and hyper-parameters, read from a Hugging Face config.json.
 //
-// Supported architectures (docs/design.md §4): LlamaForCausalLM (Llama 2/3 incl. rope_scaling type
-// "llama3", TinyLlama), MistralForCausalLM and Qwen2ForCausalLM (q/k/v bias, tied
-// embeddings), with grouped-query attention. Anything else is an error (kUnimplemented)
-// naming what is not supported, never a silently different model.
-// Plain value; parsing is start-up work and may be called from any thread.
+// Supported architectures (docs/design.md §4, docs/models.md): LlamaForCausalLM (Llama 2/3 incl.
+// rope_scaling type "llama3", TinyLlama), MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias,
+// tied embeddings), Qwen3ForCausalLM (per-head q/k RMSNorm), and the mixture-of-experts
+// MixtralForCausalLM and Qwen3MoeForCausalLM, with grouped-query attention. Configs of the
+// Qwen3 and MoE families are read against a list of known keys: any other key is refused by name. Anything else is an
+// error (kUnimplemented) naming what is not supported, never a silently different model. Plain value; parsing is
+// start-up work and may be called from any thread.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +18,15 @@
 
 namespace pd::engine {
 
-enum class Architecture { kLlama, kMistral, kQwen2 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kMixtral, kQwen3Moe };
 
 // The HF class names (config.json's "architectures"), which loading parses with too.
-inline constexpr EnumNames<Architecture, 3> kArchitectureNames{{{Architecture::kLlama, "LlamaForCausalLM"},
+inline constexpr EnumNames<Architecture, 6> kArchitectureNames{{{Architecture::kLlama, "LlamaForCausalLM"},
                                                                 {Architecture::kMistral, "MistralForCausalLM"},
-                                                                {Architecture::kQwen2, "Qwen2ForCausalLM"}}};
+                                                                {Architecture::kQwen2, "Qwen2ForCausalLM"},
+                                                                {Architecture::kQwen3, "Qwen3ForCausalLM"},
+                                                                {Architecture::kMixtral, "MixtralForCausalLM"},
+                                                                {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM"}}};
 // The HF class name, e.g. "LlamaForCausalLM".
 inline const char* architectureName(Architecture a) { return enumName(kArchitectureNames, a); }
 
@@ -33,6 +38,19 @@ struct RopeConfig {
   double lowFreqFactor = 1.0;
   double highFreqFactor = 4.0;
   int originalMaxPositionEmbeddings = 8192;
+};
+
+// A sparse mixture-of-experts feed-forward block (Mixtral, Qwen3-MoE): a router [experts][hidden]
+// scores every expert, softmax over all of them, the top `expertsPerToken` run (each a SwiGLU
+// MLP of width expertFfn) and their outputs are summed weighted by those probabilities,
+// renormalised to sum 1 when normTopkProb.
+struct MoeConfig {
+  int numExperts = 0;  // 0: a dense model
+  int expertsPerToken = 0;
+  int expertFfn = 0;             // Mixtral: intermediate_size; Qwen3-MoE: moe_intermediate_size
+  bool normTopkProb = true;      // Mixtral always; Qwen3-MoE: norm_topk_prob
+  int sparseStep = 1;            // Qwen3-MoE decoder_sparse_step: layer l is sparse when (l + 1) % step == 0
+  std::vector<int> denseLayers;  // Qwen3-MoE mlp_only_layers: dense MLP (intermediate_size) there
 };
 
 struct ModelConfig {
@@ -48,8 +66,12 @@ struct ModelConfig {
   float rmsNormEps = 1e-6f;
   RopeConfig rope;
   bool tieWordEmbeddings = false;
-  bool qkvBias = false;   // Qwen2 always; Llama when attention_bias
-  bool oBias = false;     // Llama attention_bias also biases o_proj
+  bool qkvBias = false;  // Qwen2 always; Llama when attention_bias
+  bool oBias = false;    // Llama attention_bias also biases o_proj
+  // Qwen3: RMSNorm over each q and k head (weights [headDim], eps rmsNormEps) after the
+  // projections and before RoPE.
+  bool qkNorm = false;
+  MoeConfig moe;
   int slidingWindow = 0;  // 0 = none; Mistral's sliding_window (contexts past it are refused)
   int bosTokenId = -1;
   std::vector<int> eosTokenIds;
@@ -57,8 +79,13 @@ struct ModelConfig {
 
   int qDim() const { return numHeads * headDim; }
   int kvDim() const { return numKvHeads * headDim; }
+  bool isMoe() const { return moe.numExperts > 0; }
+  // Whether layer l's feed-forward block is the mixture of experts (else the dense MLP).
+  bool isMoeLayer(int l) const;
   // Weight parameters the forward pass reads per generated token (embedding row excluded,
   // lm_head included): the bandwidth floor of batch-1 decode is this times sizeof(float).
+  // For a mixture of experts: the router and the expertsPerToken experts a token runs (the
+  // active parameters), not every expert.
   int64_t decodeWeightParams() const;
   // The context at which one token's attention (QK and AV: 4 x qDim FLOPs per layer and
   // attended position) costs as many FLOPs as its linear layers (lm_head left out: a prompt

@@ -1,5 +1,6 @@
 #include "engine/model_maker.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -172,12 +173,29 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
     s.kvHeads = o.numKvHeads;
   }
   if (o.shards < 1 || o.shards > 99) return invalidArgument("make-model: shards must be in [1, 99]");
+  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "mixtral" && o.arch != "qwen3_moe")
+    return invalidArgument("make-model: unknown arch \"" + o.arch + "\" (llama|qwen2|qwen3|mixtral|qwen3_moe)");
+  if (o.qkvBias && o.arch != "llama" && o.arch != "qwen2")
+    return invalidArgument("make-model: --qkv-bias writes a Qwen2 model; it does not combine with arch " + o.arch);
+  const std::string arch = o.qkvBias ? "qwen2" : o.arch;
+  const bool qwen2 = arch == "qwen2", mixtral = arch == "mixtral", qwen3Moe = arch == "qwen3_moe";
+  const bool qwen3 = arch == "qwen3" || qwen3Moe;  // the Qwen3 attention (q/k norms)
+  // Experts: mixtral 8 (top 2) of width ffn/2; qwen3_moe 16 (top 4) of width ffn/4 and, on
+  // the tiny preset, a dense layer 0 (mlp_only_layers).
+  const int numExperts = mixtral ? 8 : qwen3Moe ? 16 : 0;
+  const int topK = mixtral ? 2 : 4;
+  const int expertFfn = mixtral ? s.ffn / 2 : s.ffn / 4;
+  std::vector<int> denseLayers;
+  if (qwen3Moe && o.preset == "tiny") denseLayers.push_back(0);
+  auto moeLayer = [&](int l) {
+    return numExperts > 0 && std::find(denseLayers.begin(), denseLayers.end(), l) == denseLayers.end();
+  };
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return notFound(dir + ": cannot create directory: " + ec.message());
 
   const bool bf16 = o.dtype == "bf16";
-  const int headDim = s.hidden / s.heads;
+  const int headDim = qwen3 ? 2 * s.hidden / s.heads : s.hidden / s.heads;
   const int64_t h = s.hidden, q = int64_t(s.heads) * headDim, kv = int64_t(s.kvHeads) * headDim;
   Normal rng(o.seed);
   std::vector<TensorToWrite> tensors;
@@ -191,13 +209,33 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
     tensors.push_back(makeTensor(p + "self_attn.q_proj.weight", {q, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "self_attn.k_proj.weight", {kv, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "self_attn.v_proj.weight", {kv, h}, rng, 0, inH, bf16));
-    if (o.qkvBias) {
+    if (qwen3) {
+      tensors.push_back(makeTensor(p + "self_attn.q_norm.weight", {headDim}, rng, 1.0f, 0.2f, bf16));
+      tensors.push_back(makeTensor(p + "self_attn.k_norm.weight", {headDim}, rng, 1.0f, 0.2f, bf16));
+    }
+    if (qwen2) {
       tensors.push_back(makeTensor(p + "self_attn.q_proj.bias", {q}, rng, 0, 0.3f, bf16));
       tensors.push_back(makeTensor(p + "self_attn.k_proj.bias", {kv}, rng, 0, 0.3f, bf16));
       tensors.push_back(makeTensor(p + "self_attn.v_proj.bias", {kv}, rng, 0, 0.3f, bf16));
     }
     tensors.push_back(makeTensor(p + "self_attn.o_proj.weight", {h, q}, rng, 0, 1.0f / std::sqrt(float(q)), bf16));
     tensors.push_back(makeTensor(p + "post_attention_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+    if (moeLayer(l)) {
+      // Router logits spread ~N(0, 1) so routing differs between tokens.
+      const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      tensors.push_back(makeTensor(moe + "gate.weight", {numExperts, h}, rng, 0, inH, bf16));
+      const float inE = 1.0f / std::sqrt(float(expertFfn));
+      for (int e = 0; e < numExperts; ++e) {
+        const std::string ep = moe + "experts." + std::to_string(e) + ".";
+        tensors.push_back(
+            makeTensor(ep + (mixtral ? "w1.weight" : "gate_proj.weight"), {expertFfn, h}, rng, 0, inH, bf16));
+        tensors.push_back(
+            makeTensor(ep + (mixtral ? "w3.weight" : "up_proj.weight"), {expertFfn, h}, rng, 0, inH, bf16));
+        tensors.push_back(
+            makeTensor(ep + (mixtral ? "w2.weight" : "down_proj.weight"), {h, expertFfn}, rng, 0, inE, bf16));
+      }
+      continue;
+    }
     tensors.push_back(makeTensor(p + "mlp.gate_proj.weight", {s.ffn, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "mlp.up_proj.weight", {s.ffn, h}, rng, 0, inH, bf16));
     tensors.push_back(makeTensor(p + "mlp.down_proj.weight", {h, s.ffn}, rng, 0, inF, bf16));
@@ -229,10 +267,14 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   }
 
   ordered_json cfg;
-  cfg["architectures"] = {o.qkvBias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  cfg["model_type"] = o.qkvBias ? "qwen2" : "llama";
+  cfg["architectures"] = {qwen3Moe  ? "Qwen3MoeForCausalLM"
+                          : mixtral ? "MixtralForCausalLM"
+                          : qwen3   ? "Qwen3ForCausalLM"
+                          : qwen2   ? "Qwen2ForCausalLM"
+                                    : "LlamaForCausalLM"};
+  cfg["model_type"] = arch;
   cfg["hidden_size"] = s.hidden;
-  cfg["intermediate_size"] = s.ffn;
+  cfg["intermediate_size"] = mixtral ? expertFfn : s.ffn;
   cfg["num_hidden_layers"] = s.layers;
   cfg["num_attention_heads"] = s.heads;
   cfg["num_key_value_heads"] = s.kvHeads;
@@ -241,7 +283,7 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   cfg["max_position_embeddings"] = s.maxPos;
   cfg["hidden_act"] = "silu";
   cfg["rms_norm_eps"] = 1e-5;
-  cfg["rope_theta"] = 10000.0;
+  cfg["rope_theta"] = qwen3 ? 1000000.0 : 10000.0;
   if (o.ropeLlama3)
     cfg["rope_scaling"] = {{"rope_type", "llama3"},
                            {"factor", 8.0},
@@ -250,9 +292,34 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
                            {"original_max_position_embeddings", 8192}};
   else
     cfg["rope_scaling"] = nullptr;
-  if (o.qkvBias) {
+  if (qwen2) {
     cfg["use_sliding_window"] = false;
     cfg["sliding_window"] = s.maxPos;
+  } else if (qwen3) {
+    cfg["attention_bias"] = false;
+    cfg["attention_dropout"] = 0.0;
+    cfg["use_sliding_window"] = false;
+    cfg["sliding_window"] = nullptr;
+    cfg["max_window_layers"] = s.layers;
+    cfg["use_cache"] = true;
+    if (qwen3Moe) {
+      cfg["num_experts"] = numExperts;
+      cfg["num_experts_per_tok"] = topK;
+      cfg["moe_intermediate_size"] = expertFfn;
+      cfg["norm_topk_prob"] = true;
+      cfg["decoder_sparse_step"] = 1;
+      cfg["mlp_only_layers"] = denseLayers;
+      cfg["router_aux_loss_coef"] = 0.001;
+      cfg["output_router_logits"] = false;
+    }
+  } else if (mixtral) {
+    cfg["num_local_experts"] = numExperts;
+    cfg["num_experts_per_tok"] = topK;
+    cfg["sliding_window"] = nullptr;
+    cfg["attention_dropout"] = 0.0;
+    cfg["router_aux_loss_coef"] = 0.02;
+    cfg["output_router_logits"] = false;
+    cfg["use_cache"] = true;
   } else {
     cfg["attention_bias"] = false;
     cfg["mlp_bias"] = false;

@@ -20,7 +20,12 @@ struct MakeModelOptions {
   std::string preset = "tiny";  // tiny | small
   uint64_t seed = 1;
   bool tieEmbeddings = false;
-  bool qkvBias = false;       // writes Qwen2ForCausalLM
+  bool qkvBias = false;  // writes Qwen2ForCausalLM (the same as arch "qwen2")
+  // llama | qwen2 (q/k/v bias) | qwen3 (per-head q/k RMSNorm, head_dim 2x hidden/heads as in
+  // the real Qwen3 models, where q's width differs from the hidden size) | mixtral (8 experts,
+  // top 2) | qwen3_moe (Qwen3 attention; 16 experts, top 4, norm_topk_prob; on the tiny preset
+  // layer 0 is dense through mlp_only_layers).
+  std::string arch = "llama";
   std::string dtype = "f32";  // f32 | bf16
   // Variants for tests (hidden CLI flags):
   int numKvHeads = 0;       // 0 = the preset's value

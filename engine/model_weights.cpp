@@ -38,8 +38,10 @@ WeightBuffer& WeightBuffer::operator=(WeightBuffer&& o) noexcept {
 size_t ModelWeights::totalBytes() const {
   size_t n = embed.size() + finalNorm.size() + lmHead.size();
   for (const auto& l : layers)
-    n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.o.size() + l.oBias.size() + l.postNorm.size() +
-         l.gateUp.size() + l.down.size();
+    n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.qNorm.size() + l.kNorm.size() + l.o.size() +
+         l.oBias.size() + l.postNorm.size() + l.gateUp.size() + l.down.size() + l.router.size();
+  for (const auto& l : layers)
+    for (const auto& e : l.experts) n += e.gateUp.size() + e.down.size();
   return n * sizeof(float);
 }
 
@@ -81,11 +83,38 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
       PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.k_proj.bias", {kv}, w.qkvBias.data() + q));
       PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.v_proj.bias", {kv}, w.qkvBias.data() + q + kv));
     }
+    if (c.qkNorm) {
+      w.qNorm = WeightBuffer(size_t(c.headDim));
+      PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.q_norm.weight", {c.headDim}, w.qNorm.data()));
+      w.kNorm = WeightBuffer(size_t(c.headDim));
+      PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.k_norm.weight", {c.headDim}, w.kNorm.data()));
+    }
     w.o = WeightBuffer(size_t(h * q));
     PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.o_proj.weight", {h, q}, w.o.data()));
     if (c.oBias) {
       w.oBias = WeightBuffer(size_t(h));
       PD_RETURN_IF_ERROR(src.readF32(p + "self_attn.o_proj.bias", {h}, w.oBias.data()));
+    }
+    if (c.isMoeLayer(l)) {
+      // Mixtral: block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2 (down)};
+      // Qwen3-MoE: mlp.{gate, experts.E.gate_proj, up_proj, down_proj}.
+      const bool mixtral = c.architecture == Architecture::kMixtral;
+      const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      const int64_t ne = c.moe.numExperts, ef = c.moe.expertFfn;
+      w.router = WeightBuffer(size_t(ne * h));
+      PD_RETURN_IF_ERROR(src.readF32(moe + "gate.weight", {ne, h}, w.router.data()));
+      w.experts.resize(ne);
+      for (int64_t e = 0; e < ne; ++e) {
+        ExpertWeights& x = w.experts[e];
+        const std::string ep = moe + "experts." + std::to_string(e) + ".";
+        x.gateUp = WeightBuffer(size_t(2 * ef * h));
+        PD_RETURN_IF_ERROR(src.readF32(ep + (mixtral ? "w1.weight" : "gate_proj.weight"), {ef, h}, x.gateUp.data()));
+        PD_RETURN_IF_ERROR(
+            src.readF32(ep + (mixtral ? "w3.weight" : "up_proj.weight"), {ef, h}, x.gateUp.data() + ef * h));
+        x.down = WeightBuffer(size_t(h * ef));
+        PD_RETURN_IF_ERROR(src.readF32(ep + (mixtral ? "w2.weight" : "down_proj.weight"), {h, ef}, x.down.data()));
+      }
+      continue;
     }
     w.gateUp = WeightBuffer(size_t(2 * ffn * h));
     PD_RETURN_IF_ERROR(src.readF32(p + "mlp.gate_proj.weight", {ffn, h}, w.gateUp.data()));

@@ -44,15 +44,27 @@ class WeightBuffer {
   size_t count_ = 0;
 };
 
+// One expert of a mixture-of-experts layer: the same fused SwiGLU MLP as a dense layer's.
+struct ExpertWeights {
+  WeightBuffer gateUp;  // [2*expertFfn][hidden]
+  WeightBuffer down;    // [hidden][expertFfn]
+};
+
 struct LayerWeights {
   WeightBuffer inputNorm;  // [hidden]
   WeightBuffer qkv;        // [qDim + 2*kvDim][hidden]
   WeightBuffer qkvBias;    // [qDim + 2*kvDim] or empty
+  WeightBuffer qNorm;      // [headDim], Qwen3 (config.qkNorm) only; else empty
+  WeightBuffer kNorm;      // [headDim], Qwen3 only
   WeightBuffer o;          // [hidden][qDim]
   WeightBuffer oBias;      // [hidden] or empty
   WeightBuffer postNorm;   // [hidden]
-  WeightBuffer gateUp;     // [2*ffn][hidden]
-  WeightBuffer down;       // [hidden][ffn]
+  WeightBuffer gateUp;     // [2*ffn][hidden]; empty in a mixture-of-experts layer
+  WeightBuffer down;       // [hidden][ffn]; empty in a mixture-of-experts layer
+  // Mixture-of-experts layers (config.isMoeLayer) only; each expert in its own buffer so a
+  // token reads just the experts it was routed to.
+  WeightBuffer router;  // [numExperts][hidden]
+  std::vector<ExpertWeights> experts;
 };
 
 struct ModelWeights {

@@ -46,6 +46,13 @@ void addMakeModelCommand(CLI::App& pdserve, CommandRun& run) {
   cmd->add_option("--dtype", o.dtype, "f32|bf16: the weights' type")->capture_default_str();
   cmd->add_flag("--tie-embeddings", o.tieEmbeddings, "no lm_head.weight; the output layer reuses the embeddings");
   cmd->add_flag("--qkv-bias", o.qkvBias, "q/k/v biases; writes a Qwen2ForCausalLM config");
+  cmd->add_option("--arch", o.arch,
+                  "llama: LlamaForCausalLM; qwen2: Qwen2ForCausalLM (q/k/v bias); qwen3: Qwen3ForCausalLM "
+                  "(per-head q/k RMSNorm, head_dim twice hidden/heads); mixtral: MixtralForCausalLM (8 experts "
+                  "of ffn/2, top 2: the active size of the dense preset); qwen3_moe: Qwen3MoeForCausalLM (16 "
+                  "experts of ffn/4, top 4; tiny: layer 0 dense)")
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"}))
+      ->capture_default_str();
   // Hidden (no description, group ""): test variants.
   cmd->add_option("--kv-heads", o.numKvHeads)->group("");
   cmd->add_flag("--rope-llama3", o.ropeLlama3)->group("");

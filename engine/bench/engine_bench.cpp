@@ -372,6 +372,12 @@ int main(int argc, char** argv) {
       "%.1f MB f32 weights, %d threads\n",
       modelDir.c_str(), cfg.hiddenSize, cfg.numLayers, cfg.numHeads, cfg.numKvHeads, cfg.intermediateSize,
       cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
+  if (cfg.isMoe())
+    std::printf(
+        "mixture of experts: %d experts of width %d, top %d: a decode token reads %.1f MB (the active "
+        "parameters; the floor below) of the %.1f MB\n",
+        cfg.moe.numExperts, cfg.moe.expertFfn, cfg.moe.expertsPerToken, double(cfg.decodeWeightParams()) * 4 / 1e6,
+        (*model)->totalBytes() / 1e6);
   std::printf("OpenBLAS: core %s; config %s\n", openblas_get_corename(), openblas_get_config());
 
   // ---- Ceilings (from the hardware, this run) ---------------------------------------------

@@ -93,6 +93,7 @@ Status writeLlamaGguf(const ModelWeights& m, const std::string& path) {
   const ModelConfig& c = m.config;
   if (!m.hasHostTensors()) return invalidArgument("gguf: the model has no host tensors");
   if (c.qkvBias || c.oBias) return invalidArgument("gguf: attention biases are not written (qkv/o bias)");
+  if (c.qkNorm) return invalidArgument("gguf: per-head q/k RMSNorm (Qwen3) is not written");
   if (c.rope.llama3) return invalidArgument("gguf: llama3 rope_scaling is not written");
   if (c.slidingWindow > 0) return invalidArgument("gguf: sliding_window is not written");
   if (c.headDim % 2 != 0) return invalidArgument("gguf: head_dim must be even");

@@ -58,14 +58,15 @@ struct ClusterSpec {
   // these, more keys of the two it always has.
   std::string extraRouting{};   // ", exact_prefix_routing: false"
   std::string extraRequests{};  // ", drain_timeout_ms: 300"
+  std::string modelDir{};       // "" = the small Llama model (e2eModelDir)
 };
 
 std::unique_ptr<LocalCluster> startCluster(const std::string& name, const ClusterSpec& spec) {
   std::filesystem::create_directories(kWork);
   std::string path = kWork + "/" + name + ".yaml";
   const bool cuda = spec.backend == "cuda";
-  std::ofstream(path) << "model: {path: " << pd::test::e2eModelDir() << ", name: small" << (cuda ? ", dtype: f32" : "")
-                      << "}\n"
+  const std::string modelDir = spec.modelDir.empty() ? pd::test::e2eModelDir() : spec.modelDir;
+  std::ofstream(path) << "model: {path: " << modelDir << ", name: small" << (cuda ? ", dtype: f32" : "") << "}\n"
                       << "router:\n  routing: {short_prompt_tokens: " << spec.shortPromptTokens
                       << ", prefix_aware_routing: " << (spec.prefixAwareRouting ? "true" : "false") << spec.extraRouting
                       << "}\n"
@@ -250,6 +251,121 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
   setups.push_back({"disaggregated over ucx", ClusterSpec{0, "[ucx, tcp]"}});
 #endif
   checkGreedyIdentity(setups);
+}
+
+// The small preset of make-model's `arch` (qwen3: per-head q/k RMSNorm, q 2x the hidden
+// width; qwen3_moe: the same attention, 16 experts of which each token runs 4), made once.
+static std::string smallModelDir(const std::string& arch) {
+  const std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small_" + arch;
+  if (!std::filesystem::exists(d + "/config.json")) {
+    engine::MakeModelOptions o;
+    o.preset = "small";
+    o.arch = arch;
+    const std::string tmp = d + ".tmp." + std::to_string(::getpid());
+    REQUIRE(engine::makeModel(o, tmp).isOk());
+    std::error_code ec;
+    std::filesystem::rename(tmp, d, ec);
+    if (ec) std::filesystem::remove_all(tmp);  // another process made it first
+  }
+  return d;
+}
+
+// `pdserve generate` on `model` (two engine threads, as the workers): the greedy ids and, for
+// each, its log-probability under that step's raw logits (--logits-out).
+static std::pair<std::vector<int32_t>, std::vector<double>> generateWithLogprobs(const std::string& model,
+                                                                                 const std::vector<int32_t>& p,
+                                                                                 int maxTokens, int vocab) {
+  std::string ids;
+  for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
+  std::filesystem::create_directories(kWork);
+  const std::string logitsPath = kWork + "/qwen3_logits." + std::to_string(::getpid());
+  const std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + model + " --prompt-ids " +
+                          ids + " --max-tokens " + std::to_string(maxTokens) +
+                          " --ignore-eos --threads 2 --logits-out " + logitsPath + " 2>/dev/null";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  REQUIRE(f);
+  std::string out;
+  char buf[256];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  REQUIRE(::pclose(f) == 0);
+  std::vector<int32_t> gen;
+  for (size_t at = 0; at < out.size();) {
+    gen.push_back(std::atoi(out.c_str() + at));
+    at = out.find(',', at);
+    if (at == std::string::npos) break;
+    ++at;
+  }
+  REQUIRE(int(gen.size()) == maxTokens);
+  std::vector<float> logits(size_t(maxTokens) * vocab);
+  std::ifstream in(logitsPath, std::ios::binary);
+  REQUIRE(in.read(reinterpret_cast<char*>(logits.data()), std::streamsize(logits.size() * sizeof(float))));
+  std::filesystem::remove(logitsPath);
+  std::vector<double> lp;
+  for (int s = 0; s < maxTokens; ++s) {
+    const float* row = logits.data() + size_t(s) * vocab;
+    const double mx = *std::max_element(row, row + vocab);
+    double sum = 0;
+    for (int v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
+    lp.push_back(double(row[gen[s]]) - mx - std::log(sum));
+  }
+  return {gen, lp};
+}
+
+// Qwen3ForCausalLM and Qwen3MoeForCausalLM served as the Llama model is above: on the
+// colocated path and across the prefill/decode split over each lane, the greedy ids are those
+// of `pdserve generate` and each chosen token's logprob matches its raw logits there (prompts
+// of 5..900 tokens: chunked prefill, partial and full blocks; repeats from the prefill
+// worker's prefix cache).
+static void checkArchAcrossSplit(const std::string& arch) {
+  const std::string model = smallModelDir(arch);
+  const std::vector<int> lengths{5, 17, 64, 300, 900};
+  const int kTokens = 6, kVocab = 259;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<double>>> expected;
+  for (size_t i = 0; i < lengths.size(); ++i)
+    expected.push_back(generateWithLogprobs(model, randomPrompt(lengths[i], 40 + i), kTokens, kVocab));
+  std::vector<std::pair<std::string, ClusterSpec>> setups{{"colocated", ClusterSpec{100000}},
+                                                          {"disaggregated over tcp", ClusterSpec{0, "[tcp]"}}};
+#if PD_HAVE_CMA
+  setups.push_back({"disaggregated over cma", ClusterSpec{0, "[cma, tcp]"}});
+#endif
+  for (auto& [name, spec] : setups) {
+    SECTION(name) {
+      spec.modelDir = model;
+      spec.extraRouter = "  admission: {overload_shedding: false}\n";
+      auto c = startCluster(arch, spec);
+      const std::string route = spec.shortPromptTokens > 0 ? "colocated" : "disaggregated";
+      for (int pass = 0; pass < 2; ++pass) {  // the second pass: prefixes cached
+        for (size_t i = 0; i < lengths.size(); ++i) {
+          INFO(name << ", pass " << pass << ", prompt of " << lengths[i] << " tokens");
+          auto r = complete(*c, randomPrompt(lengths[i], 40 + i), kTokens, {{"logprobs", 1}});
+          REQUIRE(r.status == 200);
+          CHECK(r.headers.find("x-pdserve-route: " + route) != std::string::npos);
+          CHECK(r.ids == expected[i].first);
+          const auto& got = r.body["choices"][0]["logprobs"]["token_logprobs"];
+          REQUIRE(got.size() == size_t(kTokens));
+          for (int s = 0; s < kTokens; ++s) CHECK(std::abs(got[s].get<double>() - expected[i].second[s]) < 1e-3);
+        }
+      }
+      if (route == "disaggregated") {
+        CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == 2 * lengths.size());
+        const std::string transport = name.substr(name.rfind(' ') + 1);
+        auto metrics = httpGet(c->metricsPort("prefill-0"), "/metrics", 5s);
+        REQUIRE(metrics.ok());
+        CHECK(metrics->body.find("pdserve_kv_transfers_total{outcome=\"ok\",transport=\"" + transport) !=
+              std::string::npos);
+      }
+      CHECK(allBlocksFree(*c, "decode-0"));
+      CHECK(allBlocksFree(*c, "prefill-0"));
+    }
+  }
+}
+
+TEST_CASE("qwen3: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
+  checkArchAcrossSplit("qwen3");
+}
+
+TEST_CASE("qwen3_moe: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
+  checkArchAcrossSplit("qwen3_moe");
 }
 
 // The CUDA workers in f32 (cuBLAS f32 GEMMs) pick the CPU's greedy ids; over tcp the KV goes

@@ -193,3 +193,23 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("createCudaBackend refuses Qwen3ForCausalLM by name, with or without a device", "[backend][factory]") {
+  auto m = std::make_shared<ModelWeights>();
+  auto c = parseModelConfig(R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 259})",
+                            "qwen3.json");
+  REQUIRE(c.status().toString() == "OK");
+  m->config = *c;
+  const KvLayout layout = kvLayoutFor(m->config, 8, 16);
+  auto b = createCudaBackend(m, layout);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().code() == StatusCode::kUnimplemented);
+  CHECK(b.status().message().find("Qwen3ForCausalLM") != std::string::npos);
+  auto f = createBackend("cuda", m, layout, nullptr);
+  REQUIRE_FALSE(f.ok());
+  CHECK(f.status().message() == b.status().message());
+  // A Llama config of the same shape passes this check (then needs a device).
+  m->config.qkNorm = false;
+  CHECK(cudaSupportsModel(m->config).isOk());
+}

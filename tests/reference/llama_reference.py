@@ -4,7 +4,10 @@
 Reads a Hugging Face model directory itself (config.json, model.safetensors or shards with
 model.safetensors.index.json; F32/F16/BF16) and runs a full, cache-free causal forward pass
 in float64 over a token sequence. Supports LlamaForCausalLM (incl. rope_scaling llama3),
-MistralForCausalLM and Qwen2ForCausalLM (q/k/v bias, tied embeddings), with GQA.
+MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias, tied embeddings) and Qwen3ForCausalLM
+(RMSNorm over each q and k head before RoPE; head_dim independent of hidden_size), with GQA,
+and the mixture-of-experts MixtralForCausalLM and Qwen3MoeForCausalLM (softmax router, top-k,
+norm_topk_prob, decoder_sparse_step, mlp_only_layers): every token runs its experts densely.
 
 Usage:
   llama_reference.py --model DIR --tokens 1,2,3,... --first N --out FILE
@@ -89,9 +92,44 @@ def rotate(x, cos, sin):
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+def is_moe_layer(cfg, arch, layer):
+    if arch == "MixtralForCausalLM":
+        return True
+    if arch != "Qwen3MoeForCausalLM":
+        return False
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    return layer not in (cfg.get("mlp_only_layers") or []) and (layer + 1) % step == 0
+
+
+def moe(cfg, arch, w, p, h):
+    """Softmax over every expert, the top k per token (ties to the lower id), renormalised when
+    norm_topk_prob (Mixtral always); each token's experts run as plain SwiGLU MLPs."""
+    mixtral = arch == "MixtralForCausalLM"
+    pre = p + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    k = cfg["num_experts_per_tok"]
+    norm = True if mixtral else cfg.get("norm_topk_prob", False)
+    logits = h @ w[pre + "gate.weight"].T
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        top = sorted(range(probs.shape[1]), key=lambda e: (-probs[t, e], e))[:k]
+        wts = probs[t, top]
+        if norm:
+            wts = wts / wts.sum()
+        for e, g in zip(top, wts):
+            ep = f"{pre}experts.{e}."
+            gate = h[t] @ w[ep + names[0] + ".weight"].T
+            up = h[t] @ w[ep + names[1] + ".weight"].T
+            out[t] += g * ((gate / (1 + np.exp(-gate)) * up) @ w[ep + names[2] + ".weight"].T)
+    return out
+
+
 def forward(cfg, w, tokens):
     arch = cfg["architectures"][0]
-    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                    "MixtralForCausalLM", "Qwen3MoeForCausalLM"):
         raise SystemExit(f"unsupported architecture {arch}")
     hidden = cfg["hidden_size"]
     n_heads = cfg["num_attention_heads"]
@@ -117,8 +155,13 @@ def forward(cfg, w, tokens):
             q = q + w[p + "self_attn.q_proj.bias"]
             k = k + w[p + "self_attn.k_proj.bias"]
             v = v + w[p + "self_attn.v_proj.bias"]
-        q = rotate(q.reshape(T, n_heads, head_dim), cos, sin)
-        k = rotate(k.reshape(T, n_kv, head_dim), cos, sin)
+        q = q.reshape(T, n_heads, head_dim)
+        k = k.reshape(T, n_kv, head_dim)
+        if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q = rotate(q, cos, sin)
+        k = rotate(k, cos, sin)
         v = v.reshape(T, n_kv, head_dim)
         rep = n_heads // n_kv
         k = np.repeat(k, rep, axis=1)
@@ -133,6 +176,9 @@ def forward(cfg, w, tokens):
             o = o + w[p + "self_attn.o_proj.bias"]
         x = x + o
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if is_moe_layer(cfg, arch, l):
+            x = x + moe(cfg, arch, w, p, h)
+            continue
         gate = h @ w[p + "mlp.gate_proj.weight"].T
         up = h @ w[p + "mlp.up_proj.weight"].T
         x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T

@@ -19,10 +19,7 @@ Device deviceOf(const GpuSpec& gpu, const Efficiency& e) {
 
 CostModel::CostModel(ModelShape model, Device device, int tensorParallel)
     : model_(std::move(model)), device_(std::move(device)), tp_(std::max(1, tensorParallel)) {
-  const auto& c = model_.config;
-  const double h = c.hiddenSize;
-  linearParams_ =
-      double(c.numLayers) * (h * (c.qDim() + 2 * c.kvDim()) + double(c.qDim()) * h + 3 * h * c.intermediateSize);
+  linearParams_ = model_.linearParamsPerToken();
 }
 
 StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
@@ -41,7 +38,7 @@ StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
   w.linearFlops = 2 * linearParams_ * double(w.tokens);
   w.flops = w.linearFlops + 4.0 * c.numLayers * c.qDim() * attended + 2.0 * c.hiddenSize * c.vocabSize * logits;
   w.kvBytes = contextBytes;
-  w.bytes = double(model_.params()) * model_.weightBytes + contextBytes;
+  w.bytes = model_.paramsRead(w.tokens) * model_.weightBytes + contextBytes;
   return w;
 }
 

@@ -1,5 +1,7 @@
 #include "tools/plan/hardware.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,9 +33,35 @@ Result<GpuSpec> findGpu(std::string_view name) {
 int64_t ModelShape::params() const {
   const auto& c = config;
   const int64_t h = c.hiddenSize;
-  const int64_t perLayer = h * (c.qDim() + 2 * c.kvDim()) + int64_t(c.qDim()) * h + 3 * h * c.intermediateSize + 2 * h;
+  const int64_t attn = h * (c.qDim() + 2 * c.kvDim()) + int64_t(c.qDim()) * h + 2 * h + (c.qkNorm ? 2 * c.headDim : 0);
+  int64_t layers = 0;
+  for (int l = 0; l < c.numLayers; ++l)
+    layers += attn + (c.isMoeLayer(l) ? int64_t(c.moe.numExperts) * (h + 3 * h * c.moe.expertFfn)
+                                      : 3 * h * c.intermediateSize);
   const int64_t embeddings = int64_t(c.vocabSize) * h * (c.tieWordEmbeddings ? 1 : 2);
-  return perLayer * c.numLayers + h + embeddings;
+  return layers + h + embeddings;
+}
+
+double ModelShape::paramsRead(double tokens) const {
+  const auto& c = config;
+  if (!c.isMoe()) return double(params());
+  const double e = c.moe.numExperts, k = c.moe.expertsPerToken;
+  const double touched = e * (1.0 - std::pow(1.0 - k / e, std::max(1.0, tokens)));
+  const double expert = 3.0 * c.hiddenSize * c.moe.expertFfn;
+  int sparse = 0;
+  for (int l = 0; l < c.numLayers; ++l) sparse += c.isMoeLayer(l) ? 1 : 0;
+  return double(params()) - sparse * (e - touched) * expert;
+}
+
+double ModelShape::linearParamsPerToken() const {
+  const auto& c = config;
+  const double h = c.hiddenSize;
+  double total = 0;
+  for (int l = 0; l < c.numLayers; ++l)
+    total += h * (c.qDim() + 2 * c.kvDim()) + double(c.qDim()) * h +
+             (c.isMoeLayer(l) ? c.moe.numExperts * h + c.moe.expertsPerToken * 3.0 * h * c.moe.expertFfn
+                              : 3.0 * h * c.intermediateSize);
+  return total;
 }
 
 int64_t ModelShape::kvBytesPerToken() const { return int64_t(2) * config.numLayers * config.kvDim() * kvBytes; }
@@ -68,6 +96,29 @@ const Preset kPresets[] = {
          "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
          "vocab_size": 152064, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
          "rope_theta": 1000000.0, "torch_dtype": "bfloat16"})"},
+    // Mixtral-8x7B: 46.7 B parameters, 12.9 B active (8 experts, top 2).
+    {"mixtral-8x7b",
+     R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+         "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+         "torch_dtype": "bfloat16"})"},
+    // Qwen3-30B-A3B: 30.5 B parameters, 3.3 B active (128 experts of 768, top 8).
+    {"qwen3-30b-a3b",
+     R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+         "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+         "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": true,
+         "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+         "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+         "torch_dtype": "bfloat16"})"},
+    // Qwen3-235B-A22B: 235 B parameters, 22 B active (128 experts of 1536, top 8).
+    {"qwen3-235b-a22b",
+     R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 4096, "intermediate_size": 12288,
+         "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+         "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536, "norm_topk_prob": true,
+         "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+         "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+         "torch_dtype": "bfloat16"})"},
 };
 
 }  // namespace

@@ -37,11 +37,20 @@ struct ModelShape {
   int weightBytes = 2;  // per parameter (bf16)
   int kvBytes = 2;      // per KV element (bf16)
 
-  int64_t params() const;           // every weight, the embedding included
+  int64_t params() const;           // every weight, the embedding included (every expert)
   int64_t kvBytesPerToken() const;  // K and V of one token over all layers
+  // Weight parameters one step of `tokens` tokens reads. Dense: params(). Mixture of experts:
+  // everything but the experts, plus the experts the tokens are expected to touch when each
+  // picks expertsPerToken of numExperts uniformly: numExperts x (1 - (1 - k/E)^tokens) per
+  // sparse layer (batch-1 decode: the active parameters; large batches: all of them).
+  double paramsRead(double tokens) const;
+  // Linear-layer parameters one token multiplies with (the active ones for MoE), lm_head and
+  // norms excluded: its FLOPs are twice this.
+  double linearParamsPerToken() const;
 };
 
-// Presets: llama-3-8b, llama-3-70b, llama-2-13b, qwen2.5-7b. Anything else is read as a model directory
+// Presets: llama-3-8b, llama-3-70b, llama-2-13b, qwen2.5-7b, mixtral-8x7b, qwen3-30b-a3b,
+// qwen3-235b-a22b. Anything else is read as a model directory
 // (DIR/config.json) or a path to a config.json.
 Result<ModelShape> findModel(std::string_view nameOrPath);
 

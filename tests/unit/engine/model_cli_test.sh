@@ -8,14 +8,17 @@ rm -rf "$work" && mkdir -p "$work"
 "$pdserve" make-model --preset tiny --out "$work/m" --seed 4 --qkv-bias --tie-embeddings --dtype bf16 >/dev/null
 grep -q Qwen2ForCausalLM "$work/m/config.json"
 prompt=256,72,101,108,108,111,44,32,119,111,114,108,100
-ids=$("$pdserve" generate --model "$work/m" --prompt-ids $prompt --max-tokens 6 --ignore-eos \
-        --logits-out "$work/logits.bin" 2>/dev/null)
-n=$(echo "$ids" | tr ',' '\n' | grep -c .)
-[ "$n" = 6 ] || { echo "expected 6 ids, got '$ids'"; exit 1; }
-[ "$(stat -c %s "$work/logits.bin")" = $((6 * 259 * 4)) ] || { echo "logits file has the wrong size"; exit 1; }
-/usr/bin/python3 "$src/tests/reference/llama_reference.py" --model "$work/m" \
-  --tokens "$prompt,$(echo "$ids" | cut -d, -f1-5)" --first 13 --out "$work/ref.bin"
-/usr/bin/python3 - "$work" "$ids" <<'PY'
+# check_against_numpy DIR: 6 greedy ids and their logits from `generate` agree with the reference.
+check_against_numpy() {
+  local m=$1
+  ids=$("$pdserve" generate --model "$m" --prompt-ids $prompt --max-tokens 6 --ignore-eos \
+          --logits-out "$work/logits.bin" 2>/dev/null)
+  n=$(echo "$ids" | tr ',' '\n' | grep -c .)
+  [ "$n" = 6 ] || { echo "expected 6 ids, got '$ids'"; exit 1; }
+  [ "$(stat -c %s "$work/logits.bin")" = $((6 * 259 * 4)) ] || { echo "logits file has the wrong size"; exit 1; }
+  /usr/bin/python3 "$src/tests/reference/llama_reference.py" --model "$m" \
+    --tokens "$prompt,$(echo "$ids" | cut -d, -f1-5)" --first 13 --out "$work/ref.bin"
+  /usr/bin/python3 - "$work" "$ids" <<'PY'
 import sys
 import numpy as np
 work, ids = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
@@ -26,6 +29,14 @@ assert (err < 1e-4).all(), err
 assert list(b.argmax(axis=1)) == ids, (list(b.argmax(axis=1)), ids)
 print("generate matches NumPy: max rel err", err.max())
 PY
+}
+check_against_numpy "$work/m"
+# The Qwen3 small preset (per-head q/k RMSNorm, head_dim 128 with hidden 512 and 8 heads).
+"$pdserve" make-model --preset small --arch qwen3 --out "$work/q3" --seed 6 >/dev/null
+grep -q Qwen3ForCausalLM "$work/q3/config.json"
+grep -q '"head_dim": 128' "$work/q3/config.json"
+check_against_numpy "$work/q3"
+if "$pdserve" make-model --preset tiny --arch qwen4 --out "$work/x" 2>/dev/null; then exit 1; fi
 # Usage errors exit 2 with a message.
 if "$pdserve" generate --model "$work/m" --prompt-ids 1,x 2>/dev/null; then exit 1; fi
 if "$pdserve" generate --model "$work/missing" --prompt-ids 1 2>"$work/err"; then exit 1; fi

@@ -292,3 +292,67 @@ TEST_CASE("the weights fingerprint tells checkpoints of one model apart, cheaply
   CHECK((*mc)->weightsFingerprint != *fa);
   fs::remove_all(dirC);
 }
+
+TEST_CASE("Qwen3ForCausalLM config parses and unknown or unimplemented keys are refused by name") {
+  // Qwen3-0.6B's config.json as published: hidden 1024 with 16 heads of 128, so q is 2048 wide.
+  const nlohmann::json qwen3 = nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+  auto c = parseModelConfig(qwen3.dump(), "qwen3.json");
+  REQUIRE(c.status().toString() == "OK");
+  CHECK(c->architecture == Architecture::kQwen3);
+  CHECK(c->qkNorm);
+  CHECK(!c->qkvBias);
+  CHECK(c->headDim == 128);
+  CHECK(c->qDim() == 2048);
+  CHECK(c->tieWordEmbeddings);
+  CHECK(c->rope.theta == 1000000.0);
+
+  auto refused = [&](const nlohmann::json& edit, const std::string& named) {
+    nlohmann::json j = qwen3;
+    for (auto& [k, v] : edit.items()) j[k] = v;
+    auto r = parseModelConfig(j.dump(), "qwen3.json");
+    INFO(edit.dump());
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == pd::StatusCode::kUnimplemented);
+    CHECK_THAT(r.status().message(), Catch::Contains(named));
+  };
+  refused({{"quantization_config", {{"quant_method", "fp8"}}}}, "config key \"quantization_config\"");
+  refused({{"num_experts", 128}}, "config key \"num_experts\"");
+  refused({{"use_sliding_window", true}}, "use_sliding_window");
+  refused({{"layer_types", {"full_attention", "sliding_attention"}}}, "sliding_attention");
+  refused({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}, "rope_scaling type \"yarn\"");
+  refused({{"hidden_act", "gelu"}}, "hidden_act");
+  refused({{"architectures", {"DeepseekV3ForCausalLM"}}}, "DeepseekV3ForCausalLM");
+
+  // The key check is Qwen3's: a Llama config with an extra key still loads as before.
+  nlohmann::json llama = qwen3;
+  llama["architectures"] = {"LlamaForCausalLM"};
+  llama["pretraining_tp"] = 1;
+  CHECK(parseModelConfig(llama.dump(), "llama.json").ok());
+}
+
+TEST_CASE("a Qwen3 checkpoint without q_norm/k_norm is refused naming the tensor") {
+  MakeModelOptions o;
+  o.arch = "qwen3";
+  const std::string src = makeTestModel("qwen3_tiny", o);
+  auto ok = loadModel(src);
+  REQUIRE(ok.status().toString() == "OK");
+  CHECK(ok->get()->layers[0].qNorm.size() == size_t(ok->get()->config.headDim));
+  // Llama weights under a Qwen3 config of the same shape: the norms are missing.
+  const std::string dst = copyOfTiny("qwen3_no_norm");
+  auto j = nlohmann::json::parse(readText(dst + "/config.json"));
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j.erase("mlp_bias");
+  writeText(dst + "/config.json", j.dump());
+  auto r = loadModel(dst);
+  REQUIRE(!r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("self_attn.q_norm.weight"));
+  fs::remove_all(dst);
+}

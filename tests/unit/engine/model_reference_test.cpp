@@ -160,3 +160,76 @@ TEST_CASE("MistralForCausalLM matches NumPy and refuses contexts past its slidin
   CHECK_THAT(st.message(), Catch::Contains("sliding_window 40"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("qwen3 tiny (per-head q/k RMSNorm, head_dim 2x hidden/heads) matches NumPy") {
+  MakeModelOptions o;
+  o.arch = "qwen3";
+  o.seed = 23;
+  checkAgainstNumpy("qwen3_tiny", o);
+  o.tieEmbeddings = true;
+  o.dtype = "bf16";
+  checkAgainstNumpy("qwen3_tiny_tied_bf16", o);
+  // Each forced GEMM kernel on the 37-token prefill too.
+  for (auto k : {pd::kernels::cpu::GemmKernel::kAvx512, pd::kernels::cpu::GemmKernel::kAvx2,
+                 pd::kernels::cpu::GemmKernel::kGeneric}) {
+    if (!pd::kernels::cpu::gemmKernelSupported(k)) continue;
+    CpuBackendOptions opt;
+    opt.gemmKernel = pd::kernels::cpu::gemmKernelInfo(k).name;
+    checkDirAgainstNumpy(std::string("qwen3_tiny_") + opt.gemmKernel, makeTestModel("qwen3_tiny_tied_bf16", o), opt);
+  }
+}
+
+TEST_CASE("qwen3: the q/k norms change the logits (the reference test above can fail)") {
+  MakeModelOptions o;
+  o.arch = "qwen3";
+  o.seed = 23;
+  const std::string dir = makeTestModel("qwen3_tiny", o);
+  const std::string flat = std::string(PD_TEST_MODEL_DIR) + "/qwen3_flat_norm." + std::to_string(::getpid());
+  std::filesystem::remove_all(flat);
+  std::filesystem::copy(dir, flat);
+  // Rewrites every q_norm/k_norm weight to 1: with RMSNorm still applied the logits must move.
+  auto m = loadModel(dir);
+  REQUIRE(m.ok());
+  auto ref = loadModel(flat);
+  REQUIRE(ref.ok());
+  auto* mut = const_cast<ModelWeights*>(ref->get());
+  for (auto& l : mut->layers) {
+    std::fill(l.qNorm.data(), l.qNorm.data() + l.qNorm.size(), 1.0f);
+    std::fill(l.kNorm.data(), l.kNorm.data() + l.kNorm.size(), 1.0f);
+  }
+  TestKv kva((*m)->config, 8), kvb((*ref)->config, 8);
+  auto ba = makeBackend(*m, kva);
+  auto bb = makeBackend(*ref, kvb);
+  std::vector<int32_t> ga, gb;
+  const auto prompt = testPrompt(37, 11);
+  CHECK(relError(runGreedy(*ba, kva, prompt, 0, 0, &ga)[0], runGreedy(*bb, kvb, prompt, 0, 0, &gb)[0]) > 1e-3);
+  std::filesystem::remove_all(flat);
+}
+
+TEST_CASE("mixtral tiny (8 experts, top 2) matches NumPy") {
+  MakeModelOptions o;
+  o.arch = "mixtral";
+  o.seed = 29;
+  checkAgainstNumpy("mixtral_tiny", o);
+  o.dtype = "bf16";
+  o.tieEmbeddings = true;
+  checkAgainstNumpy("mixtral_tiny_tied_bf16", o);
+}
+
+TEST_CASE("qwen3_moe tiny (16 experts, top 4, norm_topk_prob, dense layer 0) matches NumPy") {
+  MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.seed = 31;
+  checkAgainstNumpy("qwen3_moe_tiny", o);
+  // norm_topk_prob false: the kept probabilities are used as they are.
+  const std::string src = makeTestModel("qwen3_moe_tiny", o);
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/qwen3_moe_nonorm." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(src, dir);
+  std::ifstream in(dir + "/config.json");
+  auto j = nlohmann::json::parse(in);
+  j["norm_topk_prob"] = false;
+  std::ofstream(dir + "/config.json", std::ios::trunc) << j.dump(2);
+  checkDirAgainstNumpy("qwen3_moe_tiny_nonorm", dir);
+  std::filesystem::remove_all(dir);
+}

@@ -366,3 +366,35 @@ TEST_CASE("plan: calibration measures the real engine's steps and its file round
   CHECK_THAT(bad.status().message(), Catch::Contains("points"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("plan: MoE presets hold every expert but a decode step reads the active ones") {
+  struct Want {
+    const char* name;
+    double totalB, activeB;  // parameters in 1e9 (model cards: 46.7/12.9, 30.5/3.3, 235/22)
+    int64_t kvBytesPerToken;
+  };
+  // Active: the model cards count the embedding table (paramsRead too); decodeWeightParams
+  // leaves it out (a token reads one row of it).
+  for (const Want& w :
+       {Want{"mixtral-8x7b", 46.70, 12.88, 2 * 32 * 1024 * 2}, Want{"qwen3-30b-a3b", 30.53, 3.35, 2 * 48 * 512 * 2},
+        Want{"qwen3-235b-a22b", 235.1, 22.1, 2 * 94 * 512 * 2}}) {
+    INFO(w.name);
+    auto m = findModel(w.name);
+    REQUIRE(m.ok());
+    const auto& c = m->config;
+    const double embed = double(c.vocabSize) * c.hiddenSize;
+    CHECK(double(m->params()) / 1e9 == Approx(w.totalB).epsilon(0.01));
+    CHECK(m->paramsRead(1) / 1e9 == Approx(w.activeB).epsilon(0.01));
+    CHECK(double(c.decodeWeightParams()) == Approx(m->paramsRead(1) - embed).epsilon(1e-9));
+    CHECK(m->kvBytesPerToken() == w.kvBytesPerToken);
+    // Many tokens touch every expert: the whole model is read.
+    CHECK(m->paramsRead(4096) == Approx(double(m->params())).epsilon(1e-6));
+    CHECK(m->paramsRead(8) > m->paramsRead(1));
+  }
+  // Mixtral-8x7B's 93 GB of bf16 experts need two H100s; a batch-1 decode step on them costs
+  // its active bytes, not all of them.
+  SimOptions so;
+  CHECK(fittingTensorParallel(h100("mixtral-8x7b").model(), h100().device(), so, 8192) == 2);
+  const CostModel moe = h100("mixtral-8x7b", 2);
+  CHECK(stepOf(moe, 1, 0) < 0.5 * (1e-3 + 46.7e9 * 2 / (3350e9 * 0.8) / 2));
+}

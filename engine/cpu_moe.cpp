@@ -1,0 +1,90 @@
+#include "engine/cpu_moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "pd/kernels/activation.h"
+
+namespace pd::engine {
+
+namespace kc = pd::kernels::cpu;
+
+void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, const LinearFn& linear,
+                     const LinearManyFn& linearMany) {
+  const int h = cfg_.hiddenSize, ne = cfg_.moe.numExperts, k = cfg_.moe.expertsPerToken, ef = cfg_.moe.expertFfn;
+  auto grow = [](auto& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  grow(logits_, size_t(T) * ne);
+  grow(chosen_, size_t(T) * k);
+  grow(weights_, size_t(T) * k);
+  rowsPerExpert_.assign(ne, 0);
+
+  linear(xn, T, h, w.router.data(), ne, logits_.data(), 0.0f);
+
+  // Softmax over every expert (in double: the top-k order must not hinge on rounding), then
+  // the k largest, ties to the lower id.
+  std::vector<double> p(ne);
+  std::vector<int> ids(ne);
+  for (int t = 0; t < T; ++t) {
+    const float* row = logits_.data() + size_t(t) * ne;
+    const double mx = *std::max_element(row, row + ne);
+    double sum = 0;
+    for (int e = 0; e < ne; ++e) sum += p[e] = std::exp(double(row[e]) - mx);
+    for (int e = 0; e < ne; ++e) p[e] /= sum;
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    double kept = 0;
+    for (int j = 0; j < k; ++j) kept += p[ids[j]];
+    for (int j = 0; j < k; ++j) {
+      chosen_[size_t(t) * k + j] = ids[j];
+      weights_[size_t(t) * k + j] = float(cfg_.moe.normTopkProb ? p[ids[j]] / kept : p[ids[j]]);
+      ++rowsPerExpert_[ids[j]];
+    }
+  }
+
+  // Group (token, slot) pairs by expert, tokens ascending within each.
+  std::vector<int> start(ne + 1, 0);
+  for (int e = 0; e < ne; ++e) start[e + 1] = start[e] + rowsPerExpert_[e];
+  order_.resize(size_t(T) * k);
+  {
+    std::vector<int> fill(start.begin(), start.end() - 1);
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j) order_[fill[chosen_[size_t(t) * k + j]]++] = t * k + j;
+  }
+
+  // Every routed row gathered once, grouped by expert: [T*k][hidden]; then the chosen experts'
+  // gate|up products as one group, SwiGLU over all rows, their down products as one group.
+  const size_t R = size_t(T) * k;
+  grow(xe_, R * h);
+  grow(gu_, R * 2 * ef);
+  grow(act_, R * ef);
+  grow(ye_, R * h);
+  for (size_t r = 0; r < R; ++r) {
+    const float* src = xn + size_t(order_[r] / k) * h;
+    std::copy(src, src + h, xe_.data() + r * h);
+  }
+  jobs_.clear();
+  for (int e = 0; e < ne; ++e)
+    if (rowsPerExpert_[e] > 0)  // an expert no token chose is never read
+      jobs_.push_back({xe_.data() + size_t(start[e]) * h, rowsPerExpert_[e], h, w.experts[e].gateUp.data(), 2 * ef,
+                       gu_.data() + size_t(start[e]) * 2 * ef});
+  linearMany(jobs_);
+  kc::swiGlu(gu_.data(), act_.data(), int(R), ef);
+  jobs_.clear();
+  for (int e = 0; e < ne; ++e)
+    if (rowsPerExpert_[e] > 0)
+      jobs_.push_back({act_.data() + size_t(start[e]) * ef, rowsPerExpert_[e], ef, w.experts[e].down.data(), h,
+                       ye_.data() + size_t(start[e]) * h});
+  linearMany(jobs_);
+  for (size_t r = 0; r < R; ++r) {
+    const float g = weights_[order_[r]];
+    float* dst = x + size_t(order_[r] / k) * h;
+    const float* y = ye_.data() + r * h;
+    for (int i = 0; i < h; ++i) dst[i] += g * y[i];
+  }
+}
+
+}  // namespace pd::engine
