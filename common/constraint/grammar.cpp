@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cassert>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -210,9 +211,76 @@ NodeP jsonNumber() {
                           digits(1, kMaxExpDigits)}),
                      0, 1)});
 }
+// ---- numeric bounds (minimum / maximum) -------------------------------------------------
+//
+// Bounds become digit automata: a range of non-negative integers [a, b] in canonical form
+// (no leading zeros) is split by length, and a range of equal-length digit strings by its
+// first digit (the usual range-to-regex construction; O(digits^2) nodes).
+
+constexpr int64_t kMaxMagnitude = 9999999999999999;  // kMaxIntDigits nines
+
+NodeP anyDigits(size_t n) { return repeat(bytesNode({{'0', '9'}}), int(n), int(n)); }
+// Digit strings of equal length, lo <= x <= hi (leading zeros allowed: a tail).
+NodeP sameLengthRange(const std::string& lo, const std::string& hi) {
+  // Every tail: one node (the recursion below would otherwise branch twice per digit).
+  if (lo.find_first_not_of('0') == std::string::npos && hi.find_first_not_of('9') == std::string::npos)
+    return anyDigits(lo.size());
+  if (lo.size() == 1) return bytesNode({{uint8_t(lo[0]), uint8_t(hi[0])}});
+  const std::string lr = lo.substr(1), hr = hi.substr(1);
+  if (lo[0] == hi[0]) return seq({lit(lo.substr(0, 1)), sameLengthRange(lr, hr)});
+  std::vector<NodeP> k{seq({lit(lo.substr(0, 1)), sameLengthRange(lr, std::string(lr.size(), '9'))})};
+  if (hi[0] - lo[0] > 1)
+    k.push_back(seq({bytesNode({{uint8_t(lo[0] + 1), uint8_t(hi[0] - 1)}}), anyDigits(lr.size())}));
+  k.push_back(seq({lit(hi.substr(0, 1)), sameLengthRange(std::string(hr.size(), '0'), hr)}));
+  return alt(std::move(k));
+}
+int64_t pow10(size_t n) {
+  int64_t v = 1;
+  while (n-- > 0) v *= 10;
+  return v;
+}
+// Canonical decimal text of the integers lo..hi, 0 <= lo <= hi; nullptr when empty.
+NodeP magnitudeRange(int64_t lo, int64_t hi) {
+  if (lo > hi) return nullptr;
+  const std::string a = std::to_string(lo), b = std::to_string(hi);
+  if (a.size() == b.size()) return sameLengthRange(a, b);
+  std::vector<NodeP> k{sameLengthRange(a, std::string(a.size(), '9'))};
+  for (size_t len = a.size() + 1; len < b.size(); ++len)
+    k.push_back(seq({bytesNode({{'1', '9'}}), anyDigits(len - 1)}));
+  k.push_back(sameLengthRange(std::to_string(pow10(b.size() - 1)), b));
+  return alt(std::move(k));
+}
+NodeP altOf(std::vector<NodeP> k) {
+  std::erase(k, nullptr);
+  if (k.empty()) return bytesNode({});  // matches nothing
+  return k.size() == 1 ? k[0] : alt(std::move(k));
+}
+NodeP negated(NodeP magnitude) { return magnitude ? seq({lit("-"), magnitude}) : nullptr; }
+NodeP then(NodeP a, NodeP b) { return a ? seq({a, b}) : nullptr; }
+
+// Integers lo..hi.
+NodeP integerRange(int64_t lo, int64_t hi) {
+  return altOf({hi >= 0 ? magnitudeRange(std::max<int64_t>(lo, 0), hi) : nullptr,
+                lo < 0 ? negated(magnitudeRange(std::max<int64_t>(1, -hi), -lo)) : nullptr});
+}
+// Numbers lo <= x <= hi for whole-number bounds, without an exponent: "I" or "I.F" lies in
+// [I, I+1) and "-I.F" in (-I-1, -I], so the integer part's range follows from the bounds.
+NodeP numberRange(int64_t lo, int64_t hi) {
+  NodeP fraction = seq({lit("."), digits(1, kMaxFracDigits)});
+  NodeP optionalFraction = repeat(fraction, 0, 1);
+  return altOf({then(magnitudeRange(std::max<int64_t>(lo, 0), hi - 1), optionalFraction),
+                hi >= std::max<int64_t>(lo, 0) ? lit(std::to_string(hi)) : nullptr,
+                negated(then(magnitudeRange(std::max<int64_t>(0, -hi), -lo - 1), fraction)),
+                negated(magnitudeRange(std::max<int64_t>(1, -hi), -lo))});
+}
+
 // One character of a JSON string's content: an unescaped scalar value or an escape.
-NodeP jsonChar() {
-  CpRanges plain = negate({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}});
+// bmpOnly: no characters past U+FFFF. JSON Schema counts a string's length in code points,
+// JavaScript (zod, ajv's default) in UTF-16 units, where such a character counts twice; a
+// string under maxLength without them has the same length either way.
+NodeP jsonChar(bool bmpOnly = false) {
+  CpRanges plain = bmpOnly ? negate({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}, {0x10000, 0x10FFFF}})
+                           : negate({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}});
   NodeP hex = bytesNode({{'0', '9'}, {'a', 'f'}, {'A', 'F'}});
   NodeP esc =
       seq({lit("\\"),
@@ -222,7 +290,7 @@ NodeP jsonChar() {
   return alt({cpSet(plain), esc});
 }
 NodeP jsonString(int minLen = 0, int maxLen = -1) {
-  return seq({lit("\""), repeat(jsonChar(), minLen, maxLen), lit("\"")});
+  return seq({lit("\""), repeat(jsonChar(/*bmpOnly=*/maxLen >= 0), minLen, maxLen), lit("\"")});
 }
 NodeP jsonScalar() { return alt({jsonString(), jsonNumber(), lit("true"), lit("false"), lit("null")}); }
 
@@ -288,10 +356,24 @@ class SchemaCompiler {
     static const std::set<std::string> kAnnotations = {"title",    "description", "default",  "examples",
                                                        "$schema",  "$id",         "$comment", "deprecated",
                                                        "readOnly", "writeOnly",   "$defs",    "definitions"};
-    static const std::set<std::string> kKnown = {"type",      "properties", "required", "additionalProperties",
-                                                 "items",     "minItems",   "maxItems", "enum",
-                                                 "const",     "anyOf",      "oneOf",    "$ref",
-                                                 "minLength", "maxLength"};
+    static const std::set<std::string> kKnown = {"type",
+                                                 "properties",
+                                                 "required",
+                                                 "additionalProperties",
+                                                 "items",
+                                                 "minItems",
+                                                 "maxItems",
+                                                 "enum",
+                                                 "const",
+                                                 "anyOf",
+                                                 "oneOf",
+                                                 "$ref",
+                                                 "minLength",
+                                                 "maxLength",
+                                                 "minimum",
+                                                 "maximum",
+                                                 "exclusiveMinimum",
+                                                 "exclusiveMaximum"};
     for (auto it = s.begin(); it != s.end(); ++it)
       if (!kAnnotations.count(it.key()) && !kKnown.count(it.key())) unsupported(at, it.key());
 
@@ -347,6 +429,29 @@ class SchemaCompiler {
     return int(v.get<int64_t>());
   }
 
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum as inclusive whole-number bounds,
+  // clamped to the magnitudes the grammar writes (kMaxIntDigits). An integer's bounds round
+  // inwards; a number's must be whole numbers (a fractional bound is refused by name), and
+  // its exclusive bounds are refused (they would need "any fraction but .0").
+  std::pair<int64_t, int64_t> bounds(const ojson& s, const std::string& at, bool integer) {
+    int64_t lo = -kMaxMagnitude, hi = kMaxMagnitude;
+    for (const char* key : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+      if (!s.contains(key)) continue;
+      const ojson& v = s[key];
+      if (!v.is_number()) refuse(at + "/" + key, std::string("'") + key + "' must be a number");
+      const double d = std::clamp(v.get<double>(), -double(kMaxMagnitude), double(kMaxMagnitude));
+      const bool exclusive = key[0] == 'e', lower = std::string(key).find("inimum") != std::string::npos;
+      if (!integer && (exclusive || d != std::floor(d)))
+        unsupported(at, std::string(key) + (exclusive ? "" : " (a fractional bound)") + " on a number");
+      const int64_t bound = int64_t(lower ? std::ceil(d) : std::floor(d));
+      if (lower)
+        lo = std::max(lo, exclusive && double(bound) == d ? bound + 1 : bound);
+      else
+        hi = std::min(hi, exclusive && double(bound) == d ? bound - 1 : bound);
+    }
+    return {lo, hi};
+  }
+
   void onlyFor(const ojson& s, const std::string& at, const std::string& type,
                std::initializer_list<const char*> keys) {
     for (const char* k : keys)
@@ -363,14 +468,20 @@ class SchemaCompiler {
       return array(s, at, depth);
     }
     onlyFor(s, at, type, {"properties", "required", "additionalProperties", "items", "minItems", "maxItems"});
+    if (type != "integer" && type != "number")
+      onlyFor(s, at, type, {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
     if (type == "string") {
       const int min = count(s, "minLength", at, 0), max = count(s, "maxLength", at, -1);
       if (max >= 0 && max < min) refuse(at, "'maxLength' is below 'minLength'");
       return jsonString(min, max);
     }
     if (s.contains("minLength") || s.contains("maxLength")) refuse(at, "'minLength'/'maxLength' apply to strings");
-    if (type == "integer") return jsonInteger();
-    if (type == "number") return jsonNumber();
+    if (type == "integer" || type == "number") {
+      auto [lo, hi] = bounds(s, at, type == "integer");
+      if (lo > hi) refuse(at, "the bounds admit no " + type);
+      if (lo == -kMaxMagnitude && hi == kMaxMagnitude) return type == "integer" ? jsonInteger() : jsonNumber();
+      return type == "integer" ? integerRange(lo, hi) : numberRange(lo, hi);
+    }
     if (type == "boolean") return alt({lit("true"), lit("false")});
     if (type == "null") return lit("null");
     refuse(at + "/type", "unknown type '" + type + "'");

@@ -18,7 +18,7 @@ const require = createRequire(new URL('../npm/package.json', import.meta.url));
 const { default: OpenAI } = await import(require.resolve('openai'));
 // An agent framework's client: the AI SDK (npm `ai`) with its OpenAI provider, whose default
 // model speaks the Responses API.
-const { generateText, streamText, tool } = await import(require.resolve('ai'));
+const { generateObject, generateText, streamText, tool } = await import(require.resolve('ai'));
 const { createOpenAI } = await import(require.resolve('@ai-sdk/openai'));
 const { z } = await import(require.resolve('zod'));
 
@@ -317,4 +317,21 @@ test('AI SDK: generateText and streamText over the Responses API, text and a req
   assert.equal(calls.length, 1);
   validate(calls[0].input, weatherParams);
   assert.equal(await streamed.finishReason, 'tool-calls');
+});
+
+test('AI SDK: generateObject over the Responses API and chat completions answers what its zod schema accepts', async () => {
+  // zod's .int() bounds every integer to the safe range: the schema carries minimum/maximum.
+  const schema = z.object({
+    city: z.string().max(12),
+    days: z.number().int().min(1).max(14),
+    low: z.number().min(-60).max(60),
+    sunny: z.boolean(),
+    tags: z.array(z.enum(['rain', 'wind', 'snow'])).max(2),
+  });
+  for (const model of [aiProvider('small'), aiProvider.chat('small')]) {
+    const r = await generateObject({ model, schema, prompt: 'A forecast for Oslo.', maxOutputTokens: 300, maxRetries: 0 })
+      .catch((e) => { throw new Error(`${e.message} finish=${e.finishReason} text=${e.text} cause=${e.cause}`); });
+    assert.equal(schema.safeParse(r.object).success, true, JSON.stringify(r.object));
+    assert.equal(r.finishReason, 'stop');
+  }
 });

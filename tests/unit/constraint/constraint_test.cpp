@@ -100,6 +100,61 @@ TEST_CASE("json schema: arrays, nesting, anyOf, $defs, const, nullable types") {
   CHECK_FALSE(accepts(*g, R"({"points": [{"x": 1, "y": 2}], "tag": null, "kind": "other", "n": 1})"));
 }
 
+TEST_CASE("json schema: integer and number bounds, checked value by value") {
+  // Every integer in a window around the bounds is accepted exactly when it is in range.
+  struct Range {
+    const char* schema;
+    int64_t lo, hi;
+  };
+  const Range ranges[] = {{R"({"type": "integer", "minimum": 0, "maximum": 120})", 0, 120},
+                          {R"({"type": "integer", "minimum": -37, "maximum": 5})", -37, 5},
+                          {R"({"type": "integer", "minimum": -1200, "maximum": -95})", -1200, -95},
+                          {R"({"type": "integer", "exclusiveMinimum": 9, "exclusiveMaximum": 101})", 10, 100},
+                          {R"({"type": "integer", "minimum": 0.5, "maximum": 7.9})", 1, 7},
+                          {R"({"type": "integer", "minimum": 7, "maximum": 7})", 7, 7}};
+  for (const auto& r : ranges) {
+    INFO(r.schema);
+    auto g = compileOk(SpecKind::kJsonSchema, r.schema);
+    for (int64_t v = r.lo - 1500; v <= r.hi + 1500; ++v) {
+      INFO(v);
+      REQUIRE(accepts(*g, std::to_string(v)) == (v >= r.lo && v <= r.hi));
+    }
+    CHECK_FALSE(accepts(*g, "-0"));
+    CHECK_FALSE(accepts(*g, "007"));
+    CHECK_FALSE(accepts(*g, "1.5"));
+  }
+  // zod's .int() bounds: the safe integers; 16 digits stay within them.
+  auto safe = compileOk(SpecKind::kJsonSchema,
+                        R"({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})");
+  CHECK(accepts(*safe, "9007199254740991"));
+  CHECK(accepts(*safe, "-9007199254740991"));
+  CHECK_FALSE(accepts(*safe, "9007199254740992"));
+  CHECK_FALSE(accepts(*safe, "-9007199254740992"));
+  // Numbers: whole-number bounds, a fraction anywhere inside, the bounds themselves exactly.
+  auto n = compileOk(SpecKind::kJsonSchema, R"({"type": "number", "minimum": -2, "maximum": 3})");
+  for (const char* ok : {"-2", "-1.999", "-0.5", "0", "0.25", "2.75", "3", "-1"}) CHECK(accepts(*n, ok));
+  for (const char* bad : {"-3", "-2.5", "3.5", "3.0001", "4", "1e2", "-2.0001"}) CHECK_FALSE(accepts(*n, bad));
+  auto pos = compileOk(SpecKind::kJsonSchema, R"({"type": "number", "minimum": 0})");
+  CHECK(accepts(*pos, "12345.5"));
+  CHECK_FALSE(accepts(*pos, "-0.5"));
+  auto neg = compileOk(SpecKind::kJsonSchema, R"({"type": "number", "maximum": -4})");
+  CHECK(accepts(*neg, "-4"));
+  CHECK(accepts(*neg, "-4.5"));
+  CHECK_FALSE(accepts(*neg, "-3.5"));
+  CHECK(refusal(SpecKind::kJsonSchema, R"({"type": "integer", "minimum": 5, "maximum": 4})").find("admit no integer") !=
+        std::string::npos);
+}
+
+TEST_CASE("json schema: a string under maxLength has no character past U+FFFF") {
+  // Its length is then the same in code points (JSON Schema) and UTF-16 units (zod, ajv).
+  auto bounded = compileOk(SpecKind::kJsonSchema, R"({"type": "string", "maxLength": 3})");
+  CHECK(accepts(*bounded, "\"a\u00e9\u6771\""));
+  CHECK(accepts(*bounded, "\"\u00e9\xe6\x9d\xb1\""));       // é and 東 as UTF-8
+  CHECK_FALSE(accepts(*bounded, "\"a\xf0\x9f\x98\x80\""));  // U+1F600
+  auto free = compileOk(SpecKind::kJsonSchema, R"({"type": "string"})");
+  CHECK(accepts(*free, "\"a\xf0\x9f\x98\x80\""));
+}
+
 TEST_CASE("json schema: optional properties keep their commas right") {
   auto g = compileOk(SpecKind::kJsonSchema,
                      R"({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"},
@@ -160,7 +215,9 @@ TEST_CASE("unimplemented features are refused by name") {
   const Case cases[] = {
       {SpecKind::kJsonSchema, R"({"type": "string", "pattern": "^a$"})", "'pattern'"},
       {SpecKind::kJsonSchema, R"({"type": "string", "format": "date-time"})", "'format'"},
-      {SpecKind::kJsonSchema, R"({"type": "integer", "minimum": 1})", "'minimum'"},
+      {SpecKind::kJsonSchema, R"({"type": "number", "minimum": 0.5})", "'minimum (a fractional bound) on a number'"},
+      {SpecKind::kJsonSchema, R"({"type": "number", "exclusiveMaximum": 1})", "'exclusiveMaximum on a number'"},
+      {SpecKind::kJsonSchema, R"({"type": "string", "minimum": 1})", "'minimum' does not apply to type 'string'"},
       {SpecKind::kJsonSchema, R"({"type": "number", "multipleOf": 2})", "'multipleOf'"},
       {SpecKind::kJsonSchema, R"({"allOf": [{"type": "string"}]})", "'allOf'"},
       {SpecKind::kJsonSchema, R"({"type": "object", "additionalProperties": {"type": "string"}})",
