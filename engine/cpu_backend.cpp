@@ -15,6 +15,7 @@
 #include "pd/kernels/gemm.h"
 #include "pd/kernels/kv_cache.h"
 #include "pd/kernels/linear.h"
+#include "pd/kernels/linear_bf16.h"
 #include "pd/kernels/norm.h"
 #include "pd/kernels/rope.h"
 
@@ -29,7 +30,7 @@ constexpr int kQueryTile = 128;  // query rows per GEMM attention tile
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt,
-             kc::GemmKernel gemmKernel)
+             kc::GemmKernel gemmKernel, bool bf16Weights, kc::Bf16Kernel bf16Kernel)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
@@ -38,7 +39,19 @@ class CpuBackend final : public Backend {
         threads_(opt.numThreads > 0 ? opt.numThreads : int(std::max(1u, std::thread::hardware_concurrency()))),
         pool_(threads_),
         gemmKernel_(gemmKernel),
-        gemmNr_(kc::gemmKernelInfo(gemmKernel).nr) {
+        gemmNr_(kc::gemmKernelInfo(gemmKernel).nr),
+        bf16Kernel_(bf16Kernel) {
+    if (bf16Weights) {
+      // Rounded once here; the f32 copies stay in the shared ModelWeights (other backends and
+      // the loader's callers may use them).
+      auto round = [](const WeightBuffer& w) {
+        std::vector<uint16_t> b(w.size());
+        kc::f32ToBf16(w.data(), b.data(), w.size());
+        return b;
+      };
+      for (const LayerWeights& w : model_->layers)
+        bf16_.push_back({round(w.qkv), round(w.o), round(w.gateUp), round(w.down)});
+    }
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
     s.factor = float(cfg_.rope.factor);
@@ -55,8 +68,8 @@ class CpuBackend final : public Backend {
   Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
-  // y[n][out] = x[n][in] * W^T (+ beta * y)
-  void linear(const float* x, int n, int in, const float* w, int out, float* y, float beta);
+  // y[n][out] = x[n][in] * W^T (+ beta * y); W is wb (bf16) when not null, else w (f32).
+  void linear(const float* x, int n, int in, const float* w, const uint16_t* wb, int out, float* y, float beta);
   // Splits [0, n) rows over the pool when the work is worth waking threads for.
   template <typename Fn>
   void forRows(int n, int64_t workPerRow, Fn&& fn);
@@ -73,6 +86,13 @@ class CpuBackend final : public Backend {
   CpuThreadPool pool_;
   kc::GemmKernel gemmKernel_;
   int gemmNr_;  // the kernel's panel width: column splits are multiples of it
+  kc::Bf16Kernel bf16Kernel_;
+  // engine.weight_format bf16: the four linear weights of each layer rounded to bf16 (empty
+  // for f32). Norms, biases, embeddings and lm_head stay f32.
+  struct Bf16Layer {
+    std::vector<uint16_t> qkv, o, gateUp, down;
+  };
+  std::vector<Bf16Layer> bf16_;
   std::vector<float> invFreq_;
 
   // Per-step scratch, grown on demand and reused.
@@ -99,7 +119,8 @@ void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
   });
 }
 
-void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, float* y, float beta) {
+void CpuBackend::linear(const float* x, int n, int in, const float* w, const uint16_t* wb, int out, float* y,
+                        float beta) {
   // Output columns are split over the pool; each task runs the GEMM on its own columns with
   // its thread's packing workspace. A few tasks per thread: tasks are claimed dynamically, so
   // when a worker is descheduled (a busy machine) the others absorb its share instead of
@@ -112,7 +133,10 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
     pool_.run(tasks, [&](int t, int thread) {
       const int b = std::min(out, int(int64_t(units) * t / tasks) * gemmNr_);
       const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * gemmNr_);
-      if (b < e)
+      if (b >= e) return;
+      if (wb)
+        kc::gemmBf16(gemmKernel_, n, b, e, in, x, in, wb, in, beta, y, out, threadScratch_[thread].gemm);
+      else
         kc::gemm(gemmKernel_, n, b, e, in, x, in, w, in, kc::GemmB::kNK, beta, y, out, threadScratch_[thread].gemm);
     });
     return;
@@ -123,7 +147,11 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
   pool_.run(tasks, [&](int t, int) {
     const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
     const int e = std::min(out, int(int64_t(quads) * (t + 1) / tasks) * 4);
-    if (b < e) kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
+    if (b >= e) return;
+    if (wb)
+      kc::linearSkinnyBf16(bf16Kernel_, x, in, wb, y, out, n, in, b, e, beta);
+    else
+      kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
   });
 }
 
@@ -238,6 +266,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
 
   for (int l = 0; l < cfg_.numLayers; ++l) {
     const LayerWeights& w = model_->layers[l];
+    const Bf16Layer* wb = bf16_.empty() ? nullptr : &bf16_[l];
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
@@ -246,7 +275,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       for (int i = 0; i < T; ++i)
         std::copy(w.qkvBias.data(), w.qkvBias.data() + qkvRows, qkv_.data() + size_t(i) * qkvRows);
     }
-    linear(xn_.data(), T, h, w.qkv.data(), qkvRows, qkv_.data(), w.qkvBias.empty() ? 0.0f : 1.0f);
+    linear(xn_.data(), T, h, w.qkv.data(), wb ? wb->qkv.data() : nullptr, qkvRows, qkv_.data(),
+           w.qkvBias.empty() ? 0.0f : 1.0f);
     float* lkv = layerKv(l);
     forRows(T, qkvRows, [&](int b, int e) {
       float* rows = qkv_.data() + size_t(b) * qkvRows;
@@ -263,23 +293,23 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
     if (!w.oBias.empty())
       for (int i = 0; i < T; ++i)
         for (int j = 0; j < h; ++j) x_[size_t(i) * h + j] += w.oBias.data()[j];
-    linear(attn_.data(), T, qDim, w.o.data(), h, x_.data(), 1.0f);
+    linear(attn_.data(), T, qDim, w.o.data(), wb ? wb->o.data() : nullptr, h, x_.data(), 1.0f);
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
     });
-    linear(xn_.data(), T, h, w.gateUp.data(), 2 * ffn, gu_.data(), 0.0f);
+    linear(xn_.data(), T, h, w.gateUp.data(), wb ? wb->gateUp.data() : nullptr, 2 * ffn, gu_.data(), 0.0f);
     forRows(T, 2 * ffn, [&](int b, int e) {
       kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);
     });
-    linear(act_.data(), T, ffn, w.down.data(), h, x_.data(), 1.0f);
+    linear(act_.data(), T, ffn, w.down.data(), wb ? wb->down.data() : nullptr, h, x_.data(), 1.0f);
   }
 
   if (numLogits > 0) {
     for (int i = 0; i < numLogits; ++i)
       kc::rmsNorm(x_.data() + size_t(logitRows_[i]) * h, h, model_->finalNorm.data(), xn_.data() + size_t(i) * h, h, 1,
                   h, cfg_.rmsNormEps);
-    linear(xn_.data(), numLogits, h, model_->lmHeadData(), cfg_.vocabSize, logits, 0.0f);
+    linear(xn_.data(), numLogits, h, model_->lmHeadData(), nullptr, cfg_.vocabSize, logits, 0.0f);
   }
   return Status::ok();
 }
@@ -344,8 +374,34 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
   if (!kvBase) return invalidArgument("createCpuBackend: kvBase is null");
   if (options.numThreads < 0) return invalidArgument("createCpuBackend: numThreads < 0");
   PD_ASSIGN_OR_RETURN(const kc::GemmKernel gemmKernel, chooseGemmKernel(options.gemmKernel));
+  bool bf16 = false;
+  if (options.weightFormat == "bf16")
+    bf16 = true;
+  else if (options.weightFormat != "f32")
+    return invalidArgument("createCpuBackend: unknown weightFormat \"" + options.weightFormat + "\" (f32|bf16)");
+  kc::Bf16Kernel bf16Kernel = kc::bf16BestKernel();
+  if (!options.bf16Kernel.empty()) {
+    if (options.bf16Kernel == "avx2")
+      bf16Kernel = kc::Bf16Kernel::kAvx2;
+    else if (options.bf16Kernel == "avx512bf16")
+      bf16Kernel = kc::Bf16Kernel::kAvx512Bf16;
+    else
+      return invalidArgument("createCpuBackend: unknown bf16Kernel \"" + options.bf16Kernel + "\" (avx512bf16|avx2)");
+    if (!kc::bf16KernelSupported(bf16Kernel))
+      return failedPrecondition(
+          "createCpuBackend: bf16Kernel " + options.bf16Kernel +
+          " needs instructions this CPU lacks (best: " + kc::bf16KernelName(kc::bf16BestKernel()) + ")");
+  }
+  if (bf16) {
+    static std::atomic<int> logged{0};
+    const int bit = 1 << int(bf16Kernel);
+    if ((logged.fetch_or(bit) & bit) == 0) {
+      PD_LOG(kInfo, "engine") << "cpu backend: bf16 weights, decode kernel " << kc::bf16KernelName(bf16Kernel)
+                              << (options.bf16Kernel.empty() ? " (chosen from CPUID)" : " (forced)");
+    }
+  }
   return std::unique_ptr<Backend>(
-      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel));
+      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel, bf16, bf16Kernel));
 }
 
 }  // namespace pd::engine
