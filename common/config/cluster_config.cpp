@@ -489,6 +489,7 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
   // Experimental toggles (docs/config.md): said once at load when turned on.
   if (cfg.router.adaptiveThreshold) cfg.experimental.push_back("router.routing.adaptive_threshold");
   if (cfg.router.autoscaler.roleMoves) cfg.experimental.push_back("router.autoscaler.role_moves");
+  if (cfg.engine.weightFormat != "f32") cfg.experimental.push_back("engine.weight_format");
   for (const std::string& key : cfg.experimental) {
     PD_LOG(kInfo, "config") << sourceName << ": " << key << " is on: experimental (docs/config.md)";
   }

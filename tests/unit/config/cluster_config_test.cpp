@@ -234,6 +234,9 @@ TEST_CASE("cross-field rules") {
   CHECK_THAT(errorOf("model: {dtype: f16}"), Catch::Contains("model.dtype: f16 needs engine.backend cuda"));
   // bf16 weights on the cpu backend: a key of their own (docs/engine-cpu.md, "bf16 weights").
   CHECK(parseOk("engine: {backend: cpu, weight_format: bf16}").engine.weightFormat == "bf16");
+  CHECK(parseOk("engine: {backend: cpu, weight_format: bf16}").experimental ==
+        std::vector<std::string>{"engine.weight_format"});
+  CHECK(parseOk("engine: {backend: cpu, weight_format: f32}").experimental.empty());
   CHECK(parseOk("engine: {backend: cpu}").engine.weightFormat == "f32");
   CHECK(errorOf("engine: {weight_format: q4}") ==
         "test.yaml: engine.weight_format: 'q4' is not a weight format (f32, bf16)");
