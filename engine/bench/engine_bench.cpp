@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;  // "", "prefill", "decode", "context" or "llama"
   int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
-  std::string llamaBench, writeGguf, gemmKernel, weightFormat = "f32";
+  std::string llamaBench, writeGguf, gemmKernel, weightFormat = "f32", bf16Kernel;
   int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
   int rounds = 0;     // llama.cpp comparison rounds: 0 = 3 (1 with --quick)
   CLI::App app{"engine_bench: the CPU engine's prefill, decode and context steps (and llama.cpp's)", "engine_bench"};
@@ -335,6 +335,7 @@ int main(int argc, char** argv) {
   app.add_option("--write-gguf", writeGguf, "write the model as GGUF to PATH");
   app.add_option("--gemm-kernel", gemmKernel, "force a GEMM kernel: avx512|avx2|generic (default: CPUID's best)");
   app.add_option("--weight-format", weightFormat, "CpuBackendOptions::weightFormat: f32|bf16")->capture_default_str();
+  app.add_option("--bf16-kernel", bf16Kernel, "force a bf16 decode kernel: avx512bf16|avx2 (default: CPUID's best)");
   if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (weightFormat != "f32" && weightFormat != "bf16") {
     std::fprintf(stderr, "engine_bench: --weight-format must be f32 or bf16\n");
@@ -431,6 +432,7 @@ int main(int argc, char** argv) {
   opt.skinnyMaxRows = skinnyMaxRows;
   opt.gemmKernel = gemmKernel;
   opt.weightFormat = weightFormat;
+  opt.bf16Kernel = bf16Kernel;
   std::mt19937_64 rng(1);
   if (only.empty() || only == "prefill")
     std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");

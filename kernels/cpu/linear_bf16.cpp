@@ -92,31 +92,32 @@ void skinnyAvx2(const float* x, int ldx, const uint16_t* w, float* y, int ldy, i
 
 #define PD_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-// 4 weight rows against kRowsX rounded input rows (each padded with zeros to a multiple of
-// 32 columns): one 64-byte line per weight row per step, the tail loaded under a mask.
-template <int kRowsX>
+// kRowsW (4 or 8) weight rows against kRowsX rounded input rows (each padded with zeros to a
+// multiple of 32 columns): one 64-byte line per weight row per step, the tail loaded under a
+// mask. One input row gets 8 weight rows: 4 chains of vdpbf16ps do not cover its latency.
+template <int kRowsW, int kRowsX>
 PD_BF16_TARGET inline void blockRowsBf16(const uint16_t* const* xr, const uint16_t* w, const uint16_t* next, int k,
                                          float* out[][2], float beta) {
-  const uint16_t* wr[4];
-  for (int r = 0; r < 4; ++r) wr[r] = w + size_t(r) * k;
-  __m512 a[4][kRowsX];
-  for (int r = 0; r < 4; ++r)
+  const uint16_t* wr[kRowsW];
+  for (int r = 0; r < kRowsW; ++r) wr[r] = w + size_t(r) * k;
+  __m512 a[kRowsW][kRowsX];
+  for (int r = 0; r < kRowsW; ++r)
     for (int i = 0; i < kRowsX; ++i) a[r][i] = _mm512_setzero_ps();
   const char* ahead = reinterpret_cast<const char*>(next);
   for (int p = 0; p < k; p += 32) {
-    if (ahead) {  // the next group (4 * k * 2 bytes, contiguous) at 4 lines per step
-      for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
-      ahead += 256;
+    if (ahead) {  // the next group (kRowsW * k * 2 bytes, contiguous): kRowsW lines per step
+      for (int line = 0; line < kRowsW; ++line) _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
+      ahead += kRowsW * 64;
     }
     const __mmask32 mask = k - p >= 32 ? ~__mmask32(0) : (__mmask32(1) << (k - p)) - 1;
-    __m512bh v[4];
-    for (int r = 0; r < 4; ++r) v[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[r] + p);
+    __m512bh v[kRowsW];
+    for (int r = 0; r < kRowsW; ++r) v[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[r] + p);
     for (int i = 0; i < kRowsX; ++i) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr[i] + p);
-      for (int r = 0; r < 4; ++r) a[r][i] = _mm512_dpbf16_ps(a[r][i], v[r], xv);
+      for (int r = 0; r < kRowsW; ++r) a[r][i] = _mm512_dpbf16_ps(a[r][i], v[r], xv);
     }
   }
-  for (int r = 0; r < 4; ++r)
+  for (int r = 0; r < kRowsW; ++r)
     for (int i = 0; i < kRowsX; ++i) store(out[r][i], _mm512_reduce_add_ps(a[r][i]), beta);
 }
 
@@ -141,6 +142,15 @@ PD_BF16_TARGET void skinnyAvx512Bf16(const float* x, int ldx, const uint16_t* w,
   if (xb.size() < size_t(m) * kp) xb.resize(size_t(m) * kp);
   roundRowsBf16(x, ldx, m, k, kp, xb.data());
   int j = nBegin;
+  if (m == 1) {
+    for (; j + 8 <= nEnd; j += 8) {
+      const uint16_t* wj = w + size_t(j) * k;
+      const uint16_t* xr[1] = {xb.data()};
+      float* out[8][2];
+      for (int c = 0; c < 8; ++c) out[c][0] = y + j + c;
+      blockRowsBf16<8, 1>(xr, wj, j + 16 <= nEnd ? wj + 8 * size_t(k) : nullptr, k, out, beta);
+    }
+  }
   for (; j + 4 <= nEnd; j += 4) {
     const uint16_t* wj = w + size_t(j) * k;
     const uint16_t* next = j + 8 <= nEnd ? wj + 4 * size_t(k) : nullptr;
@@ -153,7 +163,7 @@ PD_BF16_TARGET void skinnyAvx512Bf16(const float* x, int ldx, const uint16_t* w,
         xr[q] = xb.data() + size_t(i + q) * kp;
         for (int c = 0; c < 4; ++c) out[c][q] = y + size_t(i + q) * ldy + j + c;
       }
-      blockRowsBf16<r>(xr, wj, i == 0 ? next : nullptr, k, out, beta);
+      blockRowsBf16<4, r>(xr, wj, i == 0 ? next : nullptr, k, out, beta);
       i += r;
     };
     while (i + 2 <= m) rows(std::integral_constant<int, 2>{});
