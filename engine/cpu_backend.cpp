@@ -16,6 +16,7 @@
 #include "pd/kernels/kv_cache.h"
 #include "pd/kernels/linear.h"
 #include "pd/kernels/linear_bf16.h"
+#include "pd/kernels/linear_q8.h"
 #include "pd/kernels/norm.h"
 #include "pd/kernels/rope.h"
 
@@ -27,10 +28,12 @@ namespace {
 
 constexpr int kQueryTile = 128;  // query rows per GEMM attention tile
 
+enum class WeightFormat { kF32, kBf16, kQ8 };
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt,
-             kc::GemmKernel gemmKernel, bool bf16Weights, kc::Bf16Kernel bf16Kernel)
+             kc::GemmKernel gemmKernel, WeightFormat format, kc::Bf16Kernel bf16Kernel)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
@@ -41,16 +44,26 @@ class CpuBackend final : public Backend {
         gemmKernel_(gemmKernel),
         gemmNr_(kc::gemmKernelInfo(gemmKernel).nr),
         bf16Kernel_(bf16Kernel) {
-    if (bf16Weights) {
-      // Rounded once here; the f32 copies stay in the shared ModelWeights (other backends and
+    if (format != WeightFormat::kF32) {
+      // Converted once here; the f32 copies stay in the shared ModelWeights (other backends and
       // the loader's callers may use them).
-      auto round = [](const WeightBuffer& w) {
-        std::vector<uint16_t> b(w.size());
-        kc::f32ToBf16(w.data(), b.data(), w.size());
-        return b;
+      auto convert = [format](const WeightBuffer& w, int n, int k) {
+        Compact c;
+        if (format == WeightFormat::kBf16) {
+          c.bf16.resize(w.size());
+          kc::f32ToBf16(w.data(), c.bf16.data(), w.size());
+        } else {
+          c.q8.resize(w.size());
+          c.scales.resize(size_t(n) * kc::q8BlocksPerRow(k));
+          kc::q8Quantize(w.data(), n, k, c.q8.data(), c.scales.data());
+        }
+        return c;
       };
+      const int h = cfg_.hiddenSize, ffn = cfg_.intermediateSize;
+      const int qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
       for (const LayerWeights& w : model_->layers)
-        bf16_.push_back({round(w.qkv), round(w.o), round(w.gateUp), round(w.down)});
+        compact_.push_back({convert(w.qkv, qkvRows, h), convert(w.o, h, cfg_.qDim()), convert(w.gateUp, 2 * ffn, h),
+                            convert(w.down, h, ffn)});
     }
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
@@ -68,8 +81,14 @@ class CpuBackend final : public Backend {
   Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
-  // y[n][out] = x[n][in] * W^T (+ beta * y); W is wb (bf16) when not null, else w (f32).
-  void linear(const float* x, int n, int in, const float* w, const uint16_t* wb, int out, float* y, float beta);
+  // A linear weight held as bf16 (bf16 set) or 8-bit blocks (q8 and scales set).
+  struct Compact {
+    std::vector<uint16_t> bf16;
+    std::vector<int8_t> q8;
+    std::vector<float> scales;
+  };
+  // y[n][out] = x[n][in] * W^T (+ beta * y); W is cw when not null, else w (f32).
+  void linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y, float beta);
   // Splits [0, n) rows over the pool when the work is worth waking threads for.
   template <typename Fn>
   void forRows(int n, int64_t workPerRow, Fn&& fn);
@@ -87,12 +106,12 @@ class CpuBackend final : public Backend {
   kc::GemmKernel gemmKernel_;
   int gemmNr_;  // the kernel's panel width: column splits are multiples of it
   kc::Bf16Kernel bf16Kernel_;
-  // engine.weight_format bf16: the four linear weights of each layer rounded to bf16 (empty
+  // engine.weight_format bf16 or q8_0: the four linear weights of each layer converted (empty
   // for f32). Norms, biases, embeddings and lm_head stay f32.
-  struct Bf16Layer {
-    std::vector<uint16_t> qkv, o, gateUp, down;
+  struct CompactLayer {
+    Compact qkv, o, gateUp, down;
   };
-  std::vector<Bf16Layer> bf16_;
+  std::vector<CompactLayer> compact_;
   std::vector<float> invFreq_;
 
   // Per-step scratch, grown on demand and reused.
@@ -119,7 +138,7 @@ void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
   });
 }
 
-void CpuBackend::linear(const float* x, int n, int in, const float* w, const uint16_t* wb, int out, float* y,
+void CpuBackend::linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y,
                         float beta) {
   // Output columns are split over the pool; each task runs the GEMM on its own columns with
   // its thread's packing workspace. A few tasks per thread: tasks are claimed dynamically, so
@@ -134,8 +153,11 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, const uin
       const int b = std::min(out, int(int64_t(units) * t / tasks) * gemmNr_);
       const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * gemmNr_);
       if (b >= e) return;
-      if (wb)
-        kc::gemmBf16(gemmKernel_, n, b, e, in, x, in, wb, in, beta, y, out, threadScratch_[thread].gemm);
+      if (cw && !cw->bf16.empty())
+        kc::gemmBf16(gemmKernel_, n, b, e, in, x, in, cw->bf16.data(), in, beta, y, out, threadScratch_[thread].gemm);
+      else if (cw)
+        kc::gemmQ8(gemmKernel_, n, b, e, in, x, in, cw->q8.data(), cw->scales.data(), beta, y, out,
+                   threadScratch_[thread].gemm);
       else
         kc::gemm(gemmKernel_, n, b, e, in, x, in, w, in, kc::GemmB::kNK, beta, y, out, threadScratch_[thread].gemm);
     });
@@ -148,8 +170,10 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, const uin
     const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
     const int e = std::min(out, int(int64_t(quads) * (t + 1) / tasks) * 4);
     if (b >= e) return;
-    if (wb)
-      kc::linearSkinnyBf16(bf16Kernel_, x, in, wb, y, out, n, in, b, e, beta);
+    if (cw && !cw->bf16.empty())
+      kc::linearSkinnyBf16(bf16Kernel_, x, in, cw->bf16.data(), y, out, n, in, b, e, beta);
+    else if (cw)
+      kc::linearSkinnyQ8(x, in, cw->q8.data(), cw->scales.data(), y, out, n, in, b, e, beta);
     else
       kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
   });
@@ -266,7 +290,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
 
   for (int l = 0; l < cfg_.numLayers; ++l) {
     const LayerWeights& w = model_->layers[l];
-    const Bf16Layer* wb = bf16_.empty() ? nullptr : &bf16_[l];
+    const CompactLayer* wb = compact_.empty() ? nullptr : &compact_[l];
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
@@ -275,7 +299,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       for (int i = 0; i < T; ++i)
         std::copy(w.qkvBias.data(), w.qkvBias.data() + qkvRows, qkv_.data() + size_t(i) * qkvRows);
     }
-    linear(xn_.data(), T, h, w.qkv.data(), wb ? wb->qkv.data() : nullptr, qkvRows, qkv_.data(),
+    linear(xn_.data(), T, h, w.qkv.data(), wb ? &wb->qkv : nullptr, qkvRows, qkv_.data(),
            w.qkvBias.empty() ? 0.0f : 1.0f);
     float* lkv = layerKv(l);
     forRows(T, qkvRows, [&](int b, int e) {
@@ -293,16 +317,16 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
     if (!w.oBias.empty())
       for (int i = 0; i < T; ++i)
         for (int j = 0; j < h; ++j) x_[size_t(i) * h + j] += w.oBias.data()[j];
-    linear(attn_.data(), T, qDim, w.o.data(), wb ? wb->o.data() : nullptr, h, x_.data(), 1.0f);
+    linear(attn_.data(), T, qDim, w.o.data(), wb ? &wb->o : nullptr, h, x_.data(), 1.0f);
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
     });
-    linear(xn_.data(), T, h, w.gateUp.data(), wb ? wb->gateUp.data() : nullptr, 2 * ffn, gu_.data(), 0.0f);
+    linear(xn_.data(), T, h, w.gateUp.data(), wb ? &wb->gateUp : nullptr, 2 * ffn, gu_.data(), 0.0f);
     forRows(T, 2 * ffn, [&](int b, int e) {
       kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);
     });
-    linear(act_.data(), T, ffn, w.down.data(), wb ? wb->down.data() : nullptr, h, x_.data(), 1.0f);
+    linear(act_.data(), T, ffn, w.down.data(), wb ? &wb->down : nullptr, h, x_.data(), 1.0f);
   }
 
   if (numLogits > 0) {
@@ -374,11 +398,13 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
   if (!kvBase) return invalidArgument("createCpuBackend: kvBase is null");
   if (options.numThreads < 0) return invalidArgument("createCpuBackend: numThreads < 0");
   PD_ASSIGN_OR_RETURN(const kc::GemmKernel gemmKernel, chooseGemmKernel(options.gemmKernel));
-  bool bf16 = false;
+  WeightFormat format = WeightFormat::kF32;
   if (options.weightFormat == "bf16")
-    bf16 = true;
+    format = WeightFormat::kBf16;
+  else if (options.weightFormat == "q8_0")
+    format = WeightFormat::kQ8;
   else if (options.weightFormat != "f32")
-    return invalidArgument("createCpuBackend: unknown weightFormat \"" + options.weightFormat + "\" (f32|bf16)");
+    return invalidArgument("createCpuBackend: unknown weightFormat \"" + options.weightFormat + "\" (f32|bf16|q8_0)");
   kc::Bf16Kernel bf16Kernel = kc::bf16BestKernel();
   if (!options.bf16Kernel.empty()) {
     if (options.bf16Kernel == "avx2")
@@ -392,7 +418,7 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
           "createCpuBackend: bf16Kernel " + options.bf16Kernel +
           " needs instructions this CPU lacks (best: " + kc::bf16KernelName(kc::bf16BestKernel()) + ")");
   }
-  if (bf16) {
+  if (format == WeightFormat::kBf16) {
     static std::atomic<int> logged{0};
     const int bit = 1 << int(bf16Kernel);
     if ((logged.fetch_or(bit) & bit) == 0) {
@@ -401,7 +427,7 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
     }
   }
   return std::unique_ptr<Backend>(
-      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel, bf16, bf16Kernel));
+      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel, format, bf16Kernel));
 }
 
 }  // namespace pd::engine

@@ -359,9 +359,9 @@ void readEngine(MapReader m, EngineConfig* c) {
   }
   // A separate key rather than model.dtype: on cuda model.dtype is the compute and KV dtype
   // (part of the KV layout peers agree on); here only the weights' storage changes.
-  if (c->weightFormat != "f32" && c->weightFormat != "bf16") {
+  if (c->weightFormat != "f32" && c->weightFormat != "bf16" && c->weightFormat != "q8_0") {
     m.errors()->add(m.node()["weight_format"],
-                    "engine.weight_format: '" + c->weightFormat + "' is not a weight format (f32, bf16)");
+                    "engine.weight_format: '" + c->weightFormat + "' is not a weight format (f32, bf16, q8_0)");
   } else if (hasWeightFormat && c->weightFormat != "f32" && c->backend != Backend::kCpu) {
     m.errors()->add(m.node()["weight_format"], "engine.weight_format: " + c->weightFormat +
                                                    " needs backend cpu (on cuda the weights follow model.dtype)");

@@ -207,8 +207,8 @@ struct EngineConfig {
   int maxRunningRequests = 128;
   int maxQueue = 1024;         // waiting requests beyond this are rejected (503)
   int tensorParallelSize = 1;  // 1, 2, 4, 8; > 1 needs the cuda backend
-  // engine.weight_format (cpu backend): how the linear layers' weights are held, "f32" or
-  // "bf16" (engine::CpuBackendOptions::weightFormat; compute and KV stay f32).
+  // engine.weight_format (cpu backend): how the linear layers' weights are held, "f32", "bf16"
+  // or "q8_0" (engine::CpuBackendOptions::weightFormat; compute and KV stay f32).
   std::string weightFormat = "f32";
   bool enablePrefixCaching = true;  // Stable.
   // engine.kv_events (docs/kv_events.md): the prefix cache's block events.

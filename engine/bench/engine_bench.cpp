@@ -334,11 +334,12 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "llama.cpp comparison rounds (default 3, 1 with --quick)");
   app.add_option("--write-gguf", writeGguf, "write the model as GGUF to PATH");
   app.add_option("--gemm-kernel", gemmKernel, "force a GEMM kernel: avx512|avx2|generic (default: CPUID's best)");
-  app.add_option("--weight-format", weightFormat, "CpuBackendOptions::weightFormat: f32|bf16")->capture_default_str();
+  app.add_option("--weight-format", weightFormat, "CpuBackendOptions::weightFormat: f32|bf16|q8_0")
+      ->capture_default_str();
   app.add_option("--bf16-kernel", bf16Kernel, "force a bf16 decode kernel: avx512bf16|avx2 (default: CPUID's best)");
   if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
-  if (weightFormat != "f32" && weightFormat != "bf16") {
-    std::fprintf(stderr, "engine_bench: --weight-format must be f32 or bf16\n");
+  if (weightFormat != "f32" && weightFormat != "bf16" && weightFormat != "q8_0") {
+    std::fprintf(stderr, "engine_bench: --weight-format must be f32, bf16 or q8_0\n");
     return 2;
   }
   if (modelDir.empty()) {
@@ -381,12 +382,14 @@ int main(int argc, char** argv) {
   std::printf("OpenBLAS: core %s; config %s\n", openblas_get_corename(), openblas_get_config());
 
   // ---- Ceilings (from the hardware, this run) ---------------------------------------------
-  // The bytes a decode step reads: with bf16 weights the linear layers' 2 bytes a weight, the
-  // norms and lm_head 4 (they stay f32).
+  // The bytes a decode step reads: the linear layers' 2 bytes a weight with bf16, 1.125 with
+  // q8_0 (an f32 scale per 32), the norms and lm_head 4 (they stay f32).
   const double linearParams =
       double(cfg.numLayers) * (double(cfg.hiddenSize) * (cfg.qDim() + 2 * cfg.kvDim()) +
                                double(cfg.qDim()) * cfg.hiddenSize + 3.0 * cfg.hiddenSize * cfg.intermediateSize);
-  const double weightBytes = double(cfg.decodeWeightParams()) * 4 - (weightFormat == "bf16" ? linearParams * 2 : 0.0);
+  const double weightBytes = double(cfg.decodeWeightParams()) * 4 - (weightFormat == "bf16"   ? linearParams * 2
+                                                                     : weightFormat == "q8_0" ? linearParams * 2.875
+                                                                                              : 0.0);
   std::printf("weight format %s: %.1f MB read per decode step\n", weightFormat.c_str(), weightBytes / 1e6);
   const kc::GemmKernel kernel = [&] {
     for (kc::GemmKernel k : {kc::GemmKernel::kAvx512, kc::GemmKernel::kAvx2, kc::GemmKernel::kGeneric})

@@ -239,7 +239,8 @@ TEST_CASE("cross-field rules") {
   CHECK(parseOk("engine: {backend: cpu, weight_format: f32}").experimental.empty());
   CHECK(parseOk("engine: {backend: cpu}").engine.weightFormat == "f32");
   CHECK(errorOf("engine: {weight_format: q4}") ==
-        "test.yaml: engine.weight_format: 'q4' is not a weight format (f32, bf16)");
+        "test.yaml: engine.weight_format: 'q4' is not a weight format (f32, bf16, q8_0)");
+  CHECK(parseOk("engine: {backend: cpu, weight_format: q8_0}").engine.weightFormat == "q8_0");
   CHECK(errorOf("engine: {backend: cuda, weight_format: bf16}") ==
         "test.yaml: engine.weight_format: bf16 needs backend cpu (on cuda the weights follow model.dtype)");
   CHECK(parseOk("model: {dtype: f32}\nengine: {backend: cpu}").model.dtype == DType::kF32);

@@ -75,6 +75,12 @@ void gemm(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a,
 void gemmBf16(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const uint16_t* b,
               int ldb, float beta, float* c, int ldc, GemmWorkspace& ws);
 
+// gemm() with B an 8-bit block-quantized weight (pd/kernels/linear_q8.h): q [n][k] int8,
+// scales [n][ceil(k / 32)]; dequantized while packing (q8Dequantize's values), so the result
+// is gemm()'s on the dequantized weight, bit for bit.
+void gemmQ8(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const int8_t* q,
+            const float* scales, float beta, float* c, int ldc, GemmWorkspace& ws);
+
 // B packed once for several products: ceil(n / NR) panels of k rows of NR floats (NR is the
 // kernel's), zero-padded; dst holds gemmPackedBFloats(kernel, n, k) floats.
 size_t gemmPackedBFloats(GemmKernel kernel, int n, int k);

@@ -1,7 +1,9 @@
-// bf16 weights (pd/kernels/linear_bf16.h, CpuBackendOptions::weightFormat "bf16"): rounding,
-// the decode kernels forced in turn against a double reference within the header's bounds,
-// the prefill GEMM's bf16 packing against the f32 GEMM, and the model-level agreement with
-// f32 (greedy tokens and max logit error; docs/engine-cpu.md, "bf16 weights").
+// Quantized weights (CpuBackendOptions::weightFormat "bf16", pd/kernels/linear_bf16.h, and
+// "q8_0", pd/kernels/linear_q8.h): rounding / quantization round trips, the decode kernels
+// (each bf16 kernel forced in turn) against a double reference within the headers' bounds,
+// the prefill GEMM's packing of each format against the f32 GEMM, and the model-level
+// agreement with f32 (greedy tokens and max logit error; docs/engine-cpu.md, "Quantized
+// weights").
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -11,6 +13,7 @@
 
 #include "pd/kernels/gemm.h"
 #include "pd/kernels/linear_bf16.h"
+#include "pd/kernels/linear_q8.h"
 #include "tests/test_skip.h"
 #include "tests/unit/engine/model_test_util.h"
 
@@ -145,7 +148,7 @@ TEST_CASE("unknown weight formats and bf16 kernels are refused by name") {
   CpuBackendOptions o;
   o.weightFormat = "int4";
   auto b = createCpuBackend(*m, kv.layout, kv.data.data(), o);
-  CHECK(b.status().toString().find("unknown weightFormat \"int4\"") != std::string::npos);
+  CHECK(b.status().toString().find("unknown weightFormat \"int4\" (f32|bf16|q8_0)") != std::string::npos);
   o.weightFormat = "bf16";
   o.bf16Kernel = "sse";
   b = createCpuBackend(*m, kv.layout, kv.data.data(), o);
@@ -156,7 +159,7 @@ TEST_CASE("unknown weight formats and bf16 kernels are refused by name") {
 // Agreement: the share of generated tokens equal at the same position. Logit error: max |bf16
 // - f32| / max |f32| over the rows both computed from the same tokens (prefill and decode up to
 // the first divergence). Measured values are printed; the bounds are in the docs.
-void checkAgreement(const std::string& preset, double minAgreement, double maxLogitErr) {
+void checkAgreement(const std::string& format, const std::string& preset, double minAgreement, double maxLogitErr) {
   MakeModelOptions mo;
   mo.preset = preset;
   auto model = loadModel(makeTestModel("llama_" + preset, mo));
@@ -168,7 +171,7 @@ void checkAgreement(const std::string& preset, double minAgreement, double maxLo
     TestKv kv1((*model)->config, 8), kv2((*model)->config, 8);
     auto f32 = makeBackend(*model, kv1);
     CpuBackendOptions o;
-    o.weightFormat = "bf16";
+    o.weightFormat = format;
     auto bf16 = makeBackend(*model, kv2, o);
     std::vector<int32_t> g1, g2;
     const auto r1 = runGreedy(*f32, kv1, prompt, 0, 16, &g1);
@@ -180,12 +183,103 @@ void checkAgreement(const std::string& preset, double minAgreement, double maxLo
     for (size_t i = 0; i <= diverge && i < r1.size(); ++i) worst = std::max(worst, relError(r2[i], r1[i]));
   }
   const double agreement = double(same) / total;
-  std::printf("bf16 weights, %s preset: greedy agreement %d/%d = %.3f, max logit error %.2e\n", preset.c_str(), same,
-              total, agreement, worst);
+  std::printf("%s weights, %s preset: greedy agreement %d/%d = %.3f, max logit error %.2e\n", format.c_str(),
+              preset.c_str(), same, total, agreement, worst);
   CHECK(agreement >= minAgreement);
   CHECK(worst <= maxLogitErr);
   CHECK(worst > 0);  // the weights really were rounded
 }
 
-TEST_CASE("bf16 weights agree with f32 on the tiny preset") { checkAgreement("tiny", 0.75, 2e-2); }
-TEST_CASE("bf16 weights agree with f32 on the small preset") { checkAgreement("small", 0.9, 2e-2); }
+TEST_CASE("bf16 weights agree with f32 on the tiny preset") { checkAgreement("bf16", "tiny", 0.75, 2e-2); }
+TEST_CASE("bf16 weights agree with f32 on the small preset") { checkAgreement("bf16", "small", 0.9, 2e-2); }
+TEST_CASE("q8_0 weights agree with f32 on the tiny preset") { checkAgreement("q8_0", "tiny", 0.75, 4e-2); }
+TEST_CASE("q8_0 weights agree with f32 on the small preset") { checkAgreement("q8_0", "small", 0.6, 4e-2); }
+
+TEST_CASE("q8_0 quantization: error <= block max / 254, zero blocks, tail blocks") {
+  for (int k : {1, 31, 32, 33, 100, 512}) {
+    const int n = 5;
+    auto w = normals(size_t(n) * k, 40 + k);
+    for (int p = 0; p < std::min(k, 32); ++p) w[p] = 0.0f;  // row 0's first block all zero
+    std::vector<int8_t> q(w.size());
+    std::vector<float> sc(size_t(n) * kc::q8BlocksPerRow(k)), back(w.size());
+    kc::q8Quantize(w.data(), n, k, q.data(), sc.data());
+    kc::q8Dequantize(q.data(), sc.data(), n, k, back.data());
+    double worstRatio = 0;
+    for (int j = 0; j < n; ++j)
+      for (int p = 0; p < k; ++p) {
+        const int b = p / 32;
+        double amax = 0;
+        for (int t = b * 32; t < std::min(k, b * 32 + 32); ++t)
+          amax = std::max(amax, std::fabs(double(w[size_t(j) * k + t])));
+        const double err = std::fabs(double(back[size_t(j) * k + p]) - w[size_t(j) * k + p]);
+        const double bound = amax / 254 * (1 + 1e-6) + 1e-30;
+        INFO("k=" << k << " row " << j << " col " << p);
+        REQUIRE(err <= bound);
+        if (amax > 0) worstRatio = std::max(worstRatio, err / (amax / 254));
+        CHECK(std::abs(int(q[size_t(j) * k + p])) <= 127);
+      }
+    CHECK(sc[0] == 0.0f);
+    if (k >= 100) CHECK(worstRatio > 0.5);  // the step really is max / 127
+  }
+}
+
+TEST_CASE("q8_0 decode kernel against a double reference on the dequantized weights") {
+  uint64_t seed = 70;
+  for (int m : {1, 2, 3, 7, 32})
+    for (int k : {1, 31, 33, 64, 100, 515})
+      for (float beta : {0.0f, 1.0f}) {
+        const int n = 37, ldx = k + 3, ldy = n + 2;
+        const auto x = normals(size_t(m) * ldx, seed);
+        const auto wf = normals(size_t(n) * k, seed + 1);
+        std::vector<int8_t> q(wf.size());
+        std::vector<float> sc(size_t(n) * kc::q8BlocksPerRow(k)), w(wf.size());
+        kc::q8Quantize(wf.data(), n, k, q.data(), sc.data());
+        kc::q8Dequantize(q.data(), sc.data(), n, k, w.data());
+        auto y0 = normals(size_t(m) * ldy, seed + 2);
+        if (beta == 0.0f)
+          for (auto& v : y0) v = std::numeric_limits<float>::quiet_NaN();
+        auto y = y0;
+        kc::linearSkinnyQ8(x.data(), ldx, q.data(), sc.data(), y.data(), ldy, m, k, 0, 19, beta);
+        kc::linearSkinnyQ8(x.data(), ldx, q.data(), sc.data(), y.data(), ldy, m, k, 19, n, beta);
+        const double u = std::ldexp(1.0, -24), kk = k + 2, gamma = kk * u / (1 - kk * u);
+        int bad = 0;
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j) {
+            double exact = 0, mag = 0;
+            for (int p = 0; p < k; ++p) {
+              const double t = double(x[size_t(i) * ldx + p]) * w[size_t(j) * k + p];
+              exact += t;
+              mag += std::fabs(t);
+            }
+            if (beta != 0.0f) {
+              exact += double(y0[size_t(i) * ldy + j]);
+              mag += std::fabs(double(y0[size_t(i) * ldy + j]));
+            }
+            if (!(std::fabs(double(y[size_t(i) * ldy + j]) - exact) <= gamma * mag + 1e-30)) ++bad;
+          }
+        INFO("m=" << m << " k=" << k << " beta=" << beta);
+        CHECK(bad == 0);
+        ++seed;
+      }
+}
+
+TEST_CASE("the GEMM on q8_0 weights equals the f32 GEMM on the dequantized weights, bit for bit") {
+  for (kc::GemmKernel g : {kc::GemmKernel::kAvx512, kc::GemmKernel::kAvx2, kc::GemmKernel::kGeneric}) {
+    if (!kc::gemmKernelSupported(g)) continue;
+    for (int k : {5, 64, 700}) {
+      const int m = 45, n = 77;
+      const auto a = normals(size_t(m) * k, 1);
+      const auto wf = normals(size_t(n) * k, 2);
+      std::vector<int8_t> q(wf.size());
+      std::vector<float> sc(size_t(n) * kc::q8BlocksPerRow(k)), wide(wf.size());
+      kc::q8Quantize(wf.data(), n, k, q.data(), sc.data());
+      kc::q8Dequantize(q.data(), sc.data(), n, k, wide.data());
+      std::vector<float> c1(size_t(m) * n, 0.5f), c2 = c1;
+      kc::GemmWorkspace ws;
+      kc::gemmQ8(g, m, 0, n, k, a.data(), k, q.data(), sc.data(), 1.0f, c1.data(), n, ws);
+      kc::gemm(g, m, 0, n, k, a.data(), k, wide.data(), k, kc::GemmB::kNK, 1.0f, c2.data(), n, ws);
+      INFO(kc::gemmKernelInfo(g).name << " k=" << k);
+      CHECK(c1 == c2);
+    }
+  }
+}
