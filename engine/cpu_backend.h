@@ -40,7 +40,7 @@ struct CpuBackendOptions {
   // one (tests, benchmarks); createCpuBackend refuses an unknown name or one the CPU lacks.
   std::string gemmKernel = "";
   // How the linear layers' weights are held (config engine.weight_format; docs/engine-cpu.md,
-  // "bf16 weights"): "f32", "bf16" (rounded once at creation, half the bytes per decode step)
+  // "Quantized weights"): "f32", "bf16" (rounded once at creation, half the bytes per decode step)
   // or "q8_0" (int8 in blocks of 32 with an f32 scale each, 1.125 bytes a weight); norms,
   // biases, embeddings and lm_head stay f32. Anything else is refused.
   std::string weightFormat = "f32";
