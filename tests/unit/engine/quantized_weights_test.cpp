@@ -159,7 +159,8 @@ TEST_CASE("unknown weight formats and bf16 kernels are refused by name") {
 // Agreement: the share of generated tokens equal at the same position. Logit error: max |bf16
 // - f32| / max |f32| over the rows both computed from the same tokens (prefill and decode up to
 // the first divergence). Measured values are printed; the bounds are in the docs.
-void checkAgreement(const std::string& format, const std::string& preset, double minAgreement, double maxLogitErr) {
+void checkAgreement(const std::string& format, const std::string& preset, double minAgreement, double maxLogitErr,
+                    const std::string& bf16Kernel = "") {
   MakeModelOptions mo;
   mo.preset = preset;
   auto model = loadModel(makeTestModel("llama_" + preset, mo));
@@ -172,6 +173,7 @@ void checkAgreement(const std::string& format, const std::string& preset, double
     auto f32 = makeBackend(*model, kv1);
     CpuBackendOptions o;
     o.weightFormat = format;
+    o.bf16Kernel = bf16Kernel;
     auto bf16 = makeBackend(*model, kv2, o);
     std::vector<int32_t> g1, g2;
     const auto r1 = runGreedy(*f32, kv1, prompt, 0, 16, &g1);
@@ -183,8 +185,8 @@ void checkAgreement(const std::string& format, const std::string& preset, double
     for (size_t i = 0; i <= diverge && i < r1.size(); ++i) worst = std::max(worst, relError(r2[i], r1[i]));
   }
   const double agreement = double(same) / total;
-  std::printf("%s weights, %s preset: greedy agreement %d/%d = %.3f, max logit error %.2e\n", format.c_str(),
-              preset.c_str(), same, total, agreement, worst);
+  std::printf("%s weights (%s), %s preset: greedy agreement %d/%d = %.3f, max logit error %.2e\n", format.c_str(),
+              bf16Kernel.empty() ? "best kernel" : bf16Kernel.c_str(), preset.c_str(), same, total, agreement, worst);
   CHECK(agreement >= minAgreement);
   CHECK(worst <= maxLogitErr);
   CHECK(worst > 0);  // the weights really were rounded
@@ -192,6 +194,16 @@ void checkAgreement(const std::string& format, const std::string& preset, double
 
 TEST_CASE("bf16 weights agree with f32 on the tiny preset") { checkAgreement("bf16", "tiny", 0.75, 2e-2); }
 TEST_CASE("bf16 weights agree with f32 on the small preset") { checkAgreement("bf16", "small", 0.9, 2e-2); }
+TEST_CASE("bf16 weights agree with f32 with the avx2 bf16 kernel forced") {
+  requireBf16Kernel("avx2");
+  checkAgreement("bf16", "tiny", 0.75, 2e-2, "avx2");
+  checkAgreement("bf16", "small", 0.9, 2e-2, "avx2");
+}
+TEST_CASE("bf16 weights agree with f32 with the avx512bf16 kernel forced") {
+  requireBf16Kernel("avx512bf16");
+  checkAgreement("bf16", "tiny", 0.75, 2e-2, "avx512bf16");
+  checkAgreement("bf16", "small", 0.9, 2e-2, "avx512bf16");
+}
 TEST_CASE("q8_0 weights agree with f32 on the tiny preset") { checkAgreement("q8_0", "tiny", 0.75, 4e-2); }
 TEST_CASE("q8_0 weights agree with f32 on the small preset") { checkAgreement("q8_0", "small", 0.6, 4e-2); }
 
