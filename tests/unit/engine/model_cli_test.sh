@@ -26,6 +26,26 @@ assert (err < 1e-4).all(), err
 assert list(b.argmax(axis=1)) == ids, (list(b.argmax(axis=1)), ids)
 print("generate matches NumPy: max rel err", err.max())
 PY
+# Quantized weights (engine.weight_format): the first token's logits stay within 2e-2 (max
+# abs difference over max abs logit) of f32's, an unknown format is refused by name.
+for f in bf16 q8_0; do
+  "$pdserve" generate --model "$work/m" --prompt-ids $prompt --max-tokens 1 --weight-format $f \
+    --logits-out "$work/logits_$f.bin" >/dev/null 2>&1
+  /usr/bin/python3 - "$work" $f <<'PY'
+import sys
+import numpy as np
+work, f = sys.argv[1], sys.argv[2]
+a = np.fromfile(work + "/logits_" + f + ".bin", dtype="<f4")
+b = np.fromfile(work + "/logits.bin", dtype="<f4")[:259]
+err = np.abs(a - b).max() / np.abs(b).max()
+assert err < 2e-2, err
+# this checkpoint is bf16: only q8_0 must change the weights (bf16 may give f32's bits)
+assert f != "q8_0" or err > 0, err
+print(f, "weights: first-token logits within", err, "of f32")
+PY
+done
+if "$pdserve" generate --model "$work/m" --prompt-ids 1 --weight-format int4 2>"$work/err"; then exit 1; fi
+grep -q 'unknown weightFormat "int4"' "$work/err"
 # Usage errors exit 2 with a message.
 if "$pdserve" generate --model "$work/m" --prompt-ids 1,x 2>/dev/null; then exit 1; fi
 if "$pdserve" generate --model "$work/missing" --prompt-ids 1 2>"$work/err"; then exit 1; fi
