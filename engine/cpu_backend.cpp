@@ -16,6 +16,8 @@
 #include "pd/kernels/gemm.h"
 #include "pd/kernels/kv_cache.h"
 #include "pd/kernels/linear.h"
+#include "pd/kernels/linear_bf16.h"
+#include "pd/kernels/linear_q8.h"
 #include "pd/kernels/norm.h"
 #include "pd/kernels/rope.h"
 
@@ -27,10 +29,12 @@ namespace {
 
 constexpr int kQueryTile = 128;  // query rows per GEMM attention tile
 
+enum class WeightFormat { kF32, kBf16, kQ8 };
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt,
-             kc::GemmKernel gemmKernel)
+             kc::GemmKernel gemmKernel, WeightFormat format, kc::Bf16Kernel bf16Kernel)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
@@ -40,7 +44,30 @@ class CpuBackend final : public Backend {
         pool_(threads_),
         gemmKernel_(gemmKernel),
         gemmNr_(kc::gemmKernelInfo(gemmKernel).nr),
+        bf16Kernel_(bf16Kernel),
         moe_(cfg_) {
+    if (format != WeightFormat::kF32) {
+      // Converted once here; the f32 copies stay in the shared ModelWeights (other backends and
+      // the loader's callers may use them).
+      auto convert = [format](const WeightBuffer& w, int n, int k) {
+        Compact c;
+        if (w.size() == 0) return c;  // a MoE layer's dense MLP: its experts stay f32
+        if (format == WeightFormat::kBf16) {
+          c.bf16.resize(w.size());
+          kc::f32ToBf16(w.data(), c.bf16.data(), w.size());
+        } else {
+          c.q8.resize(w.size());
+          c.scales.resize(size_t(n) * kc::q8BlocksPerRow(k));
+          kc::q8Quantize(w.data(), n, k, c.q8.data(), c.scales.data());
+        }
+        return c;
+      };
+      const int h = cfg_.hiddenSize, ffn = cfg_.intermediateSize;
+      const int qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
+      for (const LayerWeights& w : model_->layers)
+        compact_.push_back({convert(w.qkv, qkvRows, h), convert(w.o, h, cfg_.qDim()), convert(w.gateUp, 2 * ffn, h),
+                            convert(w.down, h, ffn)});
+    }
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
     s.factor = float(cfg_.rope.factor);
@@ -57,8 +84,14 @@ class CpuBackend final : public Backend {
   Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
-  // y[n][out] = x[n][in] * W^T (+ beta * y)
-  void linear(const float* x, int n, int in, const float* w, int out, float* y, float beta);
+  // A linear weight held as bf16 (bf16 set) or 8-bit blocks (q8 and scales set).
+  struct Compact {
+    std::vector<uint16_t> bf16;
+    std::vector<int8_t> q8;
+    std::vector<float> scales;
+  };
+  // y[n][out] = x[n][in] * W^T (+ beta * y); W is cw when not null, else w (f32).
+  void linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y, float beta);
   // Several products (beta 0): when every one has at most skinnyMaxRows rows, one fork-join
   // round streams all their weights (the chosen experts of a decode step); else one by one.
   void linearMany(const std::vector<CpuMoe::LinearJob>& jobs);
@@ -78,6 +111,13 @@ class CpuBackend final : public Backend {
   CpuThreadPool pool_;
   kc::GemmKernel gemmKernel_;
   int gemmNr_;  // the kernel's panel width: column splits are multiples of it
+  kc::Bf16Kernel bf16Kernel_;
+  // engine.weight_format bf16 or q8_0: the four linear weights of each layer converted (empty
+  // for f32). Norms, biases, embeddings and lm_head stay f32.
+  struct CompactLayer {
+    Compact qkv, o, gateUp, down;
+  };
+  std::vector<CompactLayer> compact_;
   std::vector<float> invFreq_;
 
   // Per-step scratch, grown on demand and reused.
@@ -105,7 +145,8 @@ void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
   });
 }
 
-void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, float* y, float beta) {
+void CpuBackend::linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y,
+                        float beta) {
   // Output columns are split over the pool; each task runs the GEMM on its own columns with
   // its thread's packing workspace. A few tasks per thread: tasks are claimed dynamically, so
   // when a worker is descheduled (a busy machine) the others absorb its share instead of
@@ -118,7 +159,13 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
     pool_.run(tasks, [&](int t, int thread) {
       const int b = std::min(out, int(int64_t(units) * t / tasks) * gemmNr_);
       const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * gemmNr_);
-      if (b < e)
+      if (b >= e) return;
+      if (cw && !cw->bf16.empty())
+        kc::gemmBf16(gemmKernel_, n, b, e, in, x, in, cw->bf16.data(), in, beta, y, out, threadScratch_[thread].gemm);
+      else if (cw)
+        kc::gemmQ8(gemmKernel_, n, b, e, in, x, in, cw->q8.data(), cw->scales.data(), beta, y, out,
+                   threadScratch_[thread].gemm);
+      else
         kc::gemm(gemmKernel_, n, b, e, in, x, in, w, in, kc::GemmB::kNK, beta, y, out, threadScratch_[thread].gemm);
     });
     return;
@@ -129,7 +176,13 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, int out, 
   pool_.run(tasks, [&](int t, int) {
     const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
     const int e = std::min(out, int(int64_t(quads) * (t + 1) / tasks) * 4);
-    if (b < e) kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
+    if (b >= e) return;
+    if (cw && !cw->bf16.empty())
+      kc::linearSkinnyBf16(bf16Kernel_, x, in, cw->bf16.data(), y, out, n, in, b, e, beta);
+    else if (cw)
+      kc::linearSkinnyQ8(x, in, cw->q8.data(), cw->scales.data(), y, out, n, in, b, e, beta);
+    else
+      kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
   });
 }
 
@@ -137,7 +190,7 @@ void CpuBackend::linearMany(const std::vector<CpuMoe::LinearJob>& jobs) {
   bool skinny = threads_ > 1;
   for (const auto& j : jobs) skinny = skinny && j.n <= opt_.skinnyMaxRows;
   if (!skinny) {
-    for (const auto& j : jobs) linear(j.x, j.n, j.in, j.w, j.out, j.y, 0.0f);
+    for (const auto& j : jobs) linear(j.x, j.n, j.in, j.w, nullptr, j.out, j.y, 0.0f);
     return;
   }
   const int perJob = threads_ * 4;  // column slices of each job, multiples of 4
@@ -261,6 +314,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
 
   for (int l = 0; l < cfg_.numLayers; ++l) {
     const LayerWeights& w = model_->layers[l];
+    const CompactLayer* wb = compact_.empty() ? nullptr : &compact_[l];
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
@@ -269,7 +323,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       for (int i = 0; i < T; ++i)
         std::copy(w.qkvBias.data(), w.qkvBias.data() + qkvRows, qkv_.data() + size_t(i) * qkvRows);
     }
-    linear(xn_.data(), T, h, w.qkv.data(), qkvRows, qkv_.data(), w.qkvBias.empty() ? 0.0f : 1.0f);
+    linear(xn_.data(), T, h, w.qkv.data(), wb ? &wb->qkv : nullptr, qkvRows, qkv_.data(),
+           w.qkvBias.empty() ? 0.0f : 1.0f);
     float* lkv = layerKv(l);
     forRows(T, qkvRows, [&](int b, int e) {
       float* rows = qkv_.data() + size_t(b) * qkvRows;
@@ -293,7 +348,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
     if (!w.oBias.empty())
       for (int i = 0; i < T; ++i)
         for (int j = 0; j < h; ++j) x_[size_t(i) * h + j] += w.oBias.data()[j];
-    linear(attn_.data(), T, qDim, w.o.data(), h, x_.data(), 1.0f);
+    linear(attn_.data(), T, qDim, w.o.data(), wb ? &wb->o : nullptr, h, x_.data(), 1.0f);
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
@@ -302,23 +357,23 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       moe_.forward(
           w, xn_.data(), T, x_.data(),
           [this](const float* in, int n, int k, const float* wt, int out, float* y, float beta) {
-            linear(in, n, k, wt, out, y, beta);
+            linear(in, n, k, wt, nullptr, out, y, beta);
           },
           [this](const std::vector<CpuMoe::LinearJob>& jobs) { linearMany(jobs); });
       continue;
     }
-    linear(xn_.data(), T, h, w.gateUp.data(), 2 * ffn, gu_.data(), 0.0f);
+    linear(xn_.data(), T, h, w.gateUp.data(), wb ? &wb->gateUp : nullptr, 2 * ffn, gu_.data(), 0.0f);
     forRows(T, 2 * ffn, [&](int b, int e) {
       kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);
     });
-    linear(act_.data(), T, ffn, w.down.data(), h, x_.data(), 1.0f);
+    linear(act_.data(), T, ffn, w.down.data(), wb ? &wb->down : nullptr, h, x_.data(), 1.0f);
   }
 
   if (numLogits > 0) {
     for (int i = 0; i < numLogits; ++i)
       kc::rmsNorm(x_.data() + size_t(logitRows_[i]) * h, h, model_->finalNorm.data(), xn_.data() + size_t(i) * h, h, 1,
                   h, cfg_.rmsNormEps);
-    linear(xn_.data(), numLogits, h, model_->lmHeadData(), cfg_.vocabSize, logits, 0.0f);
+    linear(xn_.data(), numLogits, h, model_->lmHeadData(), nullptr, cfg_.vocabSize, logits, 0.0f);
   }
   return Status::ok();
 }
@@ -383,8 +438,36 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
   if (!kvBase) return invalidArgument("createCpuBackend: kvBase is null");
   if (options.numThreads < 0) return invalidArgument("createCpuBackend: numThreads < 0");
   PD_ASSIGN_OR_RETURN(const kc::GemmKernel gemmKernel, chooseGemmKernel(options.gemmKernel));
+  WeightFormat format = WeightFormat::kF32;
+  if (options.weightFormat == "bf16")
+    format = WeightFormat::kBf16;
+  else if (options.weightFormat == "q8_0")
+    format = WeightFormat::kQ8;
+  else if (options.weightFormat != "f32")
+    return invalidArgument("createCpuBackend: unknown weightFormat \"" + options.weightFormat + "\" (f32|bf16|q8_0)");
+  kc::Bf16Kernel bf16Kernel = kc::bf16BestKernel();
+  if (!options.bf16Kernel.empty()) {
+    if (options.bf16Kernel == "avx2")
+      bf16Kernel = kc::Bf16Kernel::kAvx2;
+    else if (options.bf16Kernel == "avx512bf16")
+      bf16Kernel = kc::Bf16Kernel::kAvx512Bf16;
+    else
+      return invalidArgument("createCpuBackend: unknown bf16Kernel \"" + options.bf16Kernel + "\" (avx512bf16|avx2)");
+    if (!kc::bf16KernelSupported(bf16Kernel))
+      return failedPrecondition(
+          "createCpuBackend: bf16Kernel " + options.bf16Kernel +
+          " needs instructions this CPU lacks (best: " + kc::bf16KernelName(kc::bf16BestKernel()) + ")");
+  }
+  if (format == WeightFormat::kBf16) {
+    static std::atomic<int> logged{0};
+    const int bit = 1 << int(bf16Kernel);
+    if ((logged.fetch_or(bit) & bit) == 0) {
+      PD_LOG(kInfo, "engine") << "cpu backend: bf16 weights, decode kernel " << kc::bf16KernelName(bf16Kernel)
+                              << (options.bf16Kernel.empty() ? " (chosen from CPUID)" : " (forced)");
+    }
+  }
   return std::unique_ptr<Backend>(
-      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel));
+      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel, format, bf16Kernel));
 }
 
 }  // namespace pd::engine

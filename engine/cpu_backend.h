@@ -39,6 +39,13 @@ struct CpuBackendOptions {
   // "" = the best GEMM kernel this CPU supports (CPUID). "avx512", "avx2" or "generic" forces
   // one (tests, benchmarks); createCpuBackend refuses an unknown name or one the CPU lacks.
   std::string gemmKernel = "";
+  // How the linear layers' weights are held (config engine.weight_format; docs/engine-cpu.md,
+  // "Quantized weights"): "f32", "bf16" (rounded once at creation, half the bytes per decode step)
+  // or "q8_0" (int8 in blocks of 32 with an f32 scale each, 1.125 bytes a weight); norms,
+  // biases, embeddings and lm_head stay f32. Anything else is refused.
+  std::string weightFormat = "f32";
+  // "" = the best bf16 decode kernel this CPU supports; "avx512bf16" or "avx2" forces one.
+  std::string bf16Kernel = "";
 };
 
 // kvBase: the start of the KV region described by `layout` (f32 only on the CPU); it must

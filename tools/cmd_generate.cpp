@@ -36,6 +36,7 @@ struct GenerateArgs {
   std::string modelDir, logitsOut, promptText;
   std::vector<int32_t> prompt;
   int maxTokens = 16, threads = 0;
+  std::string weightFormat = "f32";
   bool ignoreEos = false;
   engine::SamplingParams sampling;
   GenerateArgs() { sampling.temperature = 0.0f; }
@@ -90,6 +91,7 @@ int runGenerate(GenerateArgs& args) {
   std::vector<float> kv(layout.totalBytes() / sizeof(float));
   engine::CpuBackendOptions opt;
   opt.numThreads = threads;
+  opt.weightFormat = args.weightFormat;
   auto backend = engine::createCpuBackend(*model, layout, kv.data(), opt);
   if (!backend.ok()) {
     std::fprintf(stderr, "generate: %s\n", backend.status().toString().c_str());
@@ -162,6 +164,9 @@ void addGenerateCommand(CLI::App& pdserve, CommandRun& run) {
   cmd->add_option_function<uint64_t>(
       "--seed", [&sampling](uint64_t seed) { sampling.seed = seed; }, "sampling seed (default: a random one)");
   cmd->add_option("--threads", args->threads, "CPU threads (0: the backend's default)");
+  cmd->add_option("--weight-format", args->weightFormat,
+                  "how the linear weights are held: f32, bf16 or q8_0 (engine.weight_format)")
+      ->capture_default_str();
   cmd->add_flag("--ignore-eos", args->ignoreEos, "generate --max-tokens even past EOS");
   cmd->add_option("--logits-out", args->logitsOut, "writes each step's raw f32 logits (steps x vocab, little endian)");
   cmd->callback([args, &run] { run = [args] { return runGenerate(*args); }; });

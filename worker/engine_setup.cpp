@@ -46,6 +46,7 @@ Result<BackendAndKv> makeBackend(const config::ClusterConfig& config, std::share
     PD_ASSIGN_OR_RETURN(out.kv, engine::KvCacheManager::create(layout));
     engine::CpuBackendOptions cpu;
     cpu.numThreads = config.engine.threads;
+    cpu.weightFormat = config.engine.weightFormat;
     PD_ASSIGN_OR_RETURN(out.backend, engine::createCpuBackend(std::move(model), layout, out.kv->data(), cpu));
     out.regions = {out.kv->region()};
     return out;

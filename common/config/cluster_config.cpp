@@ -327,6 +327,8 @@ void readEngine(MapReader m, EngineConfig* c) {
   m.readInt("max_running_requests", &c->maxRunningRequests, 1, 65536);
   m.readInt("max_queue", &c->maxQueue, 0, 1 << 20);
   m.readIntChoice("tensor_parallel_size", &c->tensorParallelSize, {1, 2, 4, 8});
+  const bool hasWeightFormat = m.has("weight_format");
+  m.readString("weight_format", &c->weightFormat, false);
   m.readBool("enable_prefix_caching", &c->enablePrefixCaching);
   {
     MapReader k = m.child("kv_events");
@@ -392,6 +394,15 @@ void readEngine(MapReader m, EngineConfig* c) {
     m.errors()->add(m.node()["gpu_memory_utilization"],
                     "engine.gpu_memory_utilization: is a fraction of a GPU's memory and needs backend cuda "
                     "(the cpu backend's KV cache is sized by kv_cache_bytes or num_blocks)");
+  }
+  // A separate key rather than model.dtype: on cuda model.dtype is the compute and KV dtype
+  // (part of the KV layout peers agree on); here only the weights' storage changes.
+  if (c->weightFormat != "f32" && c->weightFormat != "bf16" && c->weightFormat != "q8_0") {
+    m.errors()->add(m.node()["weight_format"],
+                    "engine.weight_format: '" + c->weightFormat + "' is not a weight format (f32, bf16, q8_0)");
+  } else if (hasWeightFormat && c->weightFormat != "f32" && c->backend != Backend::kCpu) {
+    m.errors()->add(m.node()["weight_format"], "engine.weight_format: " + c->weightFormat +
+                                                   " needs backend cpu (on cuda the weights follow model.dtype)");
   }
   if (c->tensorParallelSize > 1 && c->backend != Backend::kCuda) {
     m.errors()->add(m.node(), "engine.tensor_parallel_size: " + std::to_string(c->tensorParallelSize) +
@@ -462,7 +473,7 @@ void checkCrossFields(const YAML::Node& root, ClusterConfig* c, ErrorList* error
     errors->add(root["model"]["dtype"], std::string("model.dtype: ") +
                                             (c->model.dtype == DType::kBF16 ? "bf16" : "f16") +
                                             " needs engine.backend cuda; the cpu backend computes in f32 (use auto or "
-                                            "f32)");
+                                            "f32; engine.weight_format: bf16 stores its weights in bf16)");
   }
   if (c->model.maxModelLen > 0 && c->router.maxPromptTokens > c->model.maxModelLen) {
     errors->add(root, "router.admission.max_prompt_tokens: " + std::to_string(c->router.maxPromptTokens) +
@@ -516,6 +527,7 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
   // Experimental toggles (docs/config.md): said once at load when turned on.
   if (cfg.router.adaptiveThreshold) cfg.experimental.push_back("router.routing.adaptive_threshold");
   if (cfg.router.autoscaler.roleMoves) cfg.experimental.push_back("router.autoscaler.role_moves");
+  if (cfg.engine.weightFormat != "f32") cfg.experimental.push_back("engine.weight_format");
   for (const std::string& key : cfg.experimental) {
     PD_LOG(kInfo, "config") << sourceName << ": " << key << " is on: experimental (docs/config.md)";
   }

@@ -217,8 +217,11 @@ struct EngineConfig {
   double gpuMemoryUtilization = 0;            // (0, 1]; 0: not given
   int64_t maxBatchTokens = 2048;              // per-step token budget (prefill chunks + decode tokens)
   int maxRunningRequests = 128;
-  int maxQueue = 1024;              // waiting requests beyond this are rejected (503)
-  int tensorParallelSize = 1;       // 1, 2, 4, 8; > 1 needs the cuda backend
+  int maxQueue = 1024;         // waiting requests beyond this are rejected (503)
+  int tensorParallelSize = 1;  // 1, 2, 4, 8; > 1 needs the cuda backend
+  // engine.weight_format (cpu backend): how the linear layers' weights are held, "f32", "bf16"
+  // or "q8_0" (engine::CpuBackendOptions::weightFormat; compute and KV stay f32).
+  std::string weightFormat = "f32";
   bool enablePrefixCaching = true;  // Stable.
   // engine.kv_events (docs/kv_events.md): the prefix cache's block events.
   struct KvEvents {

@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;  // "", "prefill", "decode", "context" or "llama"
   int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
-  std::string llamaBench, writeGguf, gemmKernel;
+  std::string llamaBench, writeGguf, gemmKernel, weightFormat = "f32", bf16Kernel;
   int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
   int rounds = 0;     // llama.cpp comparison rounds: 0 = 3 (1 with --quick)
   CLI::App app{"engine_bench: the CPU engine's prefill, decode and context steps (and llama.cpp's)", "engine_bench"};
@@ -334,7 +334,14 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "llama.cpp comparison rounds (default 3, 1 with --quick)");
   app.add_option("--write-gguf", writeGguf, "write the model as GGUF to PATH");
   app.add_option("--gemm-kernel", gemmKernel, "force a GEMM kernel: avx512|avx2|generic (default: CPUID's best)");
+  app.add_option("--weight-format", weightFormat, "CpuBackendOptions::weightFormat: f32|bf16|q8_0")
+      ->capture_default_str();
+  app.add_option("--bf16-kernel", bf16Kernel, "force a bf16 decode kernel: avx512bf16|avx2 (default: CPUID's best)");
   if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (weightFormat != "f32" && weightFormat != "bf16" && weightFormat != "q8_0") {
+    std::fprintf(stderr, "engine_bench: --weight-format must be f32, bf16 or q8_0\n");
+    return 2;
+  }
   if (modelDir.empty()) {
     modelDir = "/tmp/pdserve_bench_small";
     if (!std::filesystem::exists(modelDir + "/config.json")) {
@@ -381,7 +388,15 @@ int main(int argc, char** argv) {
   std::printf("OpenBLAS: core %s; config %s\n", openblas_get_corename(), openblas_get_config());
 
   // ---- Ceilings (from the hardware, this run) ---------------------------------------------
-  const double weightBytes = double(cfg.decodeWeightParams()) * 4;
+  // The bytes a decode step reads: the linear layers' 2 bytes a weight with bf16, 1.125 with
+  // q8_0 (an f32 scale per 32), the norms and lm_head 4 (they stay f32).
+  const double linearParams =
+      double(cfg.numLayers) * (double(cfg.hiddenSize) * (cfg.qDim() + 2 * cfg.kvDim()) +
+                               double(cfg.qDim()) * cfg.hiddenSize + 3.0 * cfg.hiddenSize * cfg.intermediateSize);
+  const double weightBytes = double(cfg.decodeWeightParams()) * 4 - (weightFormat == "bf16"   ? linearParams * 2
+                                                                     : weightFormat == "q8_0" ? linearParams * 2.875
+                                                                                              : 0.0);
+  std::printf("weight format %s: %.1f MB read per decode step\n", weightFormat.c_str(), weightBytes / 1e6);
   const kc::GemmKernel kernel = [&] {
     for (kc::GemmKernel k : {kc::GemmKernel::kAvx512, kc::GemmKernel::kAvx2, kc::GemmKernel::kGeneric})
       if (gemmKernel == kc::gemmKernelInfo(k).name) return k;
@@ -425,6 +440,8 @@ int main(int argc, char** argv) {
   opt.numThreads = threads;
   opt.skinnyMaxRows = skinnyMaxRows;
   opt.gemmKernel = gemmKernel;
+  opt.weightFormat = weightFormat;
+  opt.bf16Kernel = bf16Kernel;
   std::mt19937_64 rng(1);
   if (only.empty() || only == "prefill")
     std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");

@@ -311,6 +311,51 @@ void packB(int nr, const float* b, int ldb, GemmB layout, int jc, int nc, int pc
   }
 }
 
+// A weight held in a compact form (bf16, or int8 with per-32-column scales), [n][ldb], kNK.
+struct CompactB {
+  const uint16_t* bf16 = nullptr;
+  const int8_t* q8 = nullptr;
+  const float* q8Scales = nullptr;  // [n][ceil(ldb / 32)]
+  // Row j, columns [pc, pc + kc) widened to f32 into d.
+  void row(int j, int ldb, int pc, int kc, float* d) const {
+    if (bf16) {
+      const uint16_t* src = bf16 + size_t(j) * ldb + pc;
+      for (int p = 0; p < kc; ++p) {
+        const uint32_t u = uint32_t(src[p]) << 16;
+        std::memcpy(d + p, &u, 4);
+      }
+    } else {
+      const int8_t* src = q8 + size_t(j) * ldb + pc;
+      const float* sc = q8Scales + size_t(j) * ((ldb + 31) / 32);
+      for (int p = 0; p < kc; ++p) d[p] = float(src[p]) * sc[(pc + p) / 32];
+    }
+  }
+};
+
+// packB for a compact weight: each strip of 8 rows is widened to f32 into a buffer that stays
+// in L1, then transposed into the panels as packB does, so such a weight costs the GEMM about
+// what an f32 one does.
+void packBCompact(int nr, const CompactB& cb, int ldb, int jc, int nc, int pc, int kc, float* dst) {
+  alignas(64) float strip[8 * kKc];
+  for (int j0 = 0; j0 < nc; j0 += nr, dst += size_t(kc) * nr) {
+    const int cols = std::min(nr, nc - j0);
+    int r = 0;
+#if PD_GEMM_X86
+    if (haveAvx2())
+      for (; r + 8 <= cols; r += 8) {
+        for (int q = 0; q < 8; ++q) cb.row(jc + j0 + r + q, ldb, pc, kc, strip + size_t(q) * kc);
+        transpose8Rows(strip, kc, kc, dst + r, nr);
+      }
+#endif
+    for (; r < cols; ++r) {
+      cb.row(jc + j0 + r, ldb, pc, kc, strip);
+      for (int p = 0; p < kc; ++p) dst[size_t(p) * nr + r] = strip[p];
+    }
+    for (int r = cols; r < nr; ++r)
+      for (int p = 0; p < kc; ++p) dst[size_t(p) * nr + r] = 0.0f;
+  }
+}
+
 }  // namespace
 
 GemmKernelInfo gemmKernelInfo(GemmKernel kernel) { return kernelFor(kernel).info; }
@@ -346,8 +391,11 @@ namespace {
 // The blocked loops. B comes from `prepacked` (gemmPackB's layout with packedK >= k rows per
 // panel, nBegin a multiple of NR) or, when that is null, is packed here one (KC x NC) block at
 // a time.
+// compact (when not null) replaces b: a bf16 or int8 weight in the kNK layout, widened while
+// packing.
 void runBlocked(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const float* b, int ldb,
-                GemmB layout, const float* prepacked, int packedK, float beta, float* c, int ldc, GemmWorkspace& ws) {
+                GemmB layout, const float* prepacked, int packedK, float beta, float* c, int ldc, GemmWorkspace& ws,
+                const CompactB* compact = nullptr) {
   if (m <= 0 || nBegin >= nEnd) return;
   if (k <= 0) {  // an empty sum: C = beta * C
     for (int i = 0; i < m; ++i)
@@ -373,7 +421,10 @@ void runBlocked(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const flo
         panelStride = size_t(packedK) * nr;
         panels = prepacked + size_t(jc / nr) * panelStride + size_t(pc) * nr;
       } else {
-        packB(nr, b, ldb, layout, jc, nc, pc, kc, pb);
+        if (compact)
+          packBCompact(nr, *compact, ldb, jc, nc, pc, kc, pb);
+        else
+          packB(nr, b, ldb, layout, jc, nc, pc, kc, pb);
         panelStride = size_t(kc) * nr;
         panels = pb;
       }
@@ -396,6 +447,21 @@ void runBlocked(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const flo
 void gemm(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const float* b, int ldb,
           GemmB layout, float beta, float* c, int ldc, GemmWorkspace& ws) {
   runBlocked(kernel, m, nBegin, nEnd, k, a, lda, b, ldb, layout, nullptr, 0, beta, c, ldc, ws);
+}
+
+void gemmBf16(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const uint16_t* b,
+              int ldb, float beta, float* c, int ldc, GemmWorkspace& ws) {
+  CompactB cb;
+  cb.bf16 = b;
+  runBlocked(kernel, m, nBegin, nEnd, k, a, lda, nullptr, ldb, GemmB::kNK, nullptr, 0, beta, c, ldc, ws, &cb);
+}
+
+void gemmQ8(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const int8_t* q,
+            const float* scales, float beta, float* c, int ldc, GemmWorkspace& ws) {
+  CompactB cb;
+  cb.q8 = q;
+  cb.q8Scales = scales;
+  runBlocked(kernel, m, nBegin, nEnd, k, a, lda, nullptr, k, GemmB::kNK, nullptr, 0, beta, c, ldc, ws, &cb);
 }
 
 size_t gemmPackedBFloats(GemmKernel kernel, int n, int k) {

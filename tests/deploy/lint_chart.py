@@ -48,7 +48,7 @@ CONFIG_KEYS = {
     "engine": {"backend", "threads", "block_size", "num_blocks", "kv_cache_bytes", "gpu_memory_utilization",
                "max_batch_tokens", "max_running_requests", "max_queue",
                "tensor_parallel_size", "enable_prefix_caching", "drain_timeout_ms",
-               "slo_sized_prefill_chunks", "min_prefill_chunk_tokens"},
+               "slo_sized_prefill_chunks", "min_prefill_chunk_tokens", "weight_format"},
     "kv_transfer": {"transports", "listen_host", "timeout_ms", "heartbeat_ms", "lease_ms",
                     "on_remote_prefill_failure"},
     "logging": {"level"},

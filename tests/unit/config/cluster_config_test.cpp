@@ -244,8 +244,20 @@ TEST_CASE("lists are validated element by element") {
 TEST_CASE("cross-field rules") {
   // The cpu backend computes in f32: a 16-bit dtype there would be silently ignored.
   CHECK(errorOf("model: {dtype: bf16}\nengine: {backend: cpu}") ==
-        "test.yaml: model.dtype: bf16 needs engine.backend cuda; the cpu backend computes in f32 (use auto or f32)");
+        "test.yaml: model.dtype: bf16 needs engine.backend cuda; the cpu backend computes in f32 (use auto or f32; "
+        "engine.weight_format: bf16 stores its weights in bf16)");
   CHECK_THAT(errorOf("model: {dtype: f16}"), Catch::Contains("model.dtype: f16 needs engine.backend cuda"));
+  // bf16 weights on the cpu backend: a key of their own (docs/engine-cpu.md, "bf16 weights").
+  CHECK(parseOk("engine: {backend: cpu, weight_format: bf16}").engine.weightFormat == "bf16");
+  CHECK(parseOk("engine: {backend: cpu, weight_format: bf16}").experimental ==
+        std::vector<std::string>{"engine.weight_format"});
+  CHECK(parseOk("engine: {backend: cpu, weight_format: f32}").experimental.empty());
+  CHECK(parseOk("engine: {backend: cpu}").engine.weightFormat == "f32");
+  CHECK(errorOf("engine: {weight_format: q4}") ==
+        "test.yaml: engine.weight_format: 'q4' is not a weight format (f32, bf16, q8_0)");
+  CHECK(parseOk("engine: {backend: cpu, weight_format: q8_0}").engine.weightFormat == "q8_0");
+  CHECK(errorOf("engine: {backend: cuda, weight_format: bf16}") ==
+        "test.yaml: engine.weight_format: bf16 needs backend cpu (on cuda the weights follow model.dtype)");
   CHECK(parseOk("model: {dtype: f32}\nengine: {backend: cpu}").model.dtype == DType::kF32);
   CHECK(parseOk("model: {dtype: bf16}\nengine: {backend: cuda}").model.dtype == DType::kBF16);
   CHECK(errorOf("router: {http: {port: 9000}}") ==

@@ -31,6 +31,26 @@ print("generate matches NumPy: max rel err", err.max())
 PY
 }
 check_against_numpy "$work/m"
+# Quantized weights (engine.weight_format): the first token's logits stay within 2e-2 (max
+# abs difference over max abs logit) of f32's, an unknown format is refused by name.
+for f in bf16 q8_0; do
+  "$pdserve" generate --model "$work/m" --prompt-ids $prompt --max-tokens 1 --weight-format $f \
+    --logits-out "$work/logits_$f.bin" >/dev/null 2>&1
+  /usr/bin/python3 - "$work" $f <<'PY'
+import sys
+import numpy as np
+work, f = sys.argv[1], sys.argv[2]
+a = np.fromfile(work + "/logits_" + f + ".bin", dtype="<f4")
+b = np.fromfile(work + "/logits.bin", dtype="<f4")[:259]
+err = np.abs(a - b).max() / np.abs(b).max()
+assert err < 2e-2, err
+# this checkpoint is bf16: only q8_0 must change the weights (bf16 may give f32's bits)
+assert f != "q8_0" or err > 0, err
+print(f, "weights: first-token logits within", err, "of f32")
+PY
+done
+if "$pdserve" generate --model "$work/m" --prompt-ids 1 --weight-format int4 2>"$work/err"; then exit 1; fi
+grep -q 'unknown weightFormat "int4"' "$work/err"
 # The Qwen3 small preset (per-head q/k RMSNorm, head_dim 128 with hidden 512 and 8 heads).
 "$pdserve" make-model --preset small --arch qwen3 --out "$work/q3" --seed 6 >/dev/null
 grep -q Qwen3ForCausalLM "$work/q3/config.json"

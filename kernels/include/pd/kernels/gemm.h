@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace pd::kernels::cpu {
@@ -67,6 +68,18 @@ class GemmWorkspace {
 // the SIMD kernels, in a different order than a naive loop (error bound: docs/engine-cpu.md).
 void gemm(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const float* b, int ldb,
           GemmB layout, float beta, float* c, int ldc, GemmWorkspace& ws);
+
+// gemm() with B a bf16 weight [n][ldb] (kNK layout; pd/kernels/linear_bf16.h): each block of
+// B is widened to f32 while it is packed, so the product runs the f32 micro-kernel and gives
+// exactly gemm()'s result on the widened weight (bit for bit).
+void gemmBf16(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const uint16_t* b,
+              int ldb, float beta, float* c, int ldc, GemmWorkspace& ws);
+
+// gemm() with B an 8-bit block-quantized weight (pd/kernels/linear_q8.h): q [n][k] int8,
+// scales [n][ceil(k / 32)]; dequantized while packing (q8Dequantize's values), so the result
+// is gemm()'s on the dequantized weight, bit for bit.
+void gemmQ8(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const int8_t* q,
+            const float* scales, float beta, float* c, int ldc, GemmWorkspace& ws);
 
 // B packed once for several products: ceil(n / NR) panels of k rows of NR floats (NR is the
 // kernel's), zero-padded; dst holds gemmPackedBFloats(kernel, n, k) floats.
