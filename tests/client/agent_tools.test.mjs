@@ -9,10 +9,8 @@
 // usage: node --test tests/client/agent_tools.test.mjs   (env PDSERVE_BIN_DIR, PDSERVE_WORK_DIR)
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
-import { mkdirSync, writeFileSync, existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import path from 'node:path';
+import { startLocalCluster } from './local_cluster.mjs';
 
 const require = createRequire(new URL('../npm/package.json', import.meta.url));
 const { default: OpenAI } = await import(require.resolve('openai'));
@@ -28,43 +26,15 @@ const key = 'sk-pdserve-test';
 let cluster, client, aiProvider;
 
 before(async () => {
-  mkdirSync(work, { recursive: true });
-  const model = path.resolve(work, 'small');
-  if (!existsSync(path.join(model, 'config.json'))) {
-    const made = spawnSync(path.join(binDir, 'pdserve'), ['make-model', '--preset', 'small', '--out', model]);
-    assert.equal(made.status, 0, String(made.stderr));
-  }
-  const config = path.join(work, 'cluster.yaml');
   // The small model's template shows no tool-call syntax: the parser is named.
-  writeFileSync(config, [
-    `model: {path: ${model}, name: small}`,
-    `router: {routing: {short_prompt_tokens: 64}, http: {api_keys: [${key}]},`,
-    '         workers: {load_report_interval_ms: 50}, requests: {tool_call_parser: hermes}}',
-    'pools: {prefill: {replicas: 1}, decode: {replicas: 1}}',
-    'engine: {threads: 2, kv_cache_bytes: 67108864}',
-    'kv_transfer: {transports: [tcp]}',
-    'logging: {level: warn}', ''].join('\n'));
-  cluster = spawn(path.join(binDir, 'pdserve'), ['up', '--config', config, '--port', '0', '--control-port', '0'],
-                  { stdio: ['ignore', 'pipe', 'inherit'] });
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('pdserve up did not come up within 120 s')), 120000);
-    let out = '';
-    cluster.stdout.on('data', (d) => {
-      out += d;
-      const up = out.match(/pdserve is up: http:\/\/127\.0\.0\.1:(\d+)\//);
-      if (up) { clearTimeout(timer); resolve(Number(up[1])); }
-    });
-    cluster.on('exit', (code) => { clearTimeout(timer); reject(new Error(`pdserve up exited with ${code}`)); });
-  });
+  cluster = await startLocalCluster({ binDir, work, key, router: 'requests: {tool_call_parser: hermes}' });
+  const { port } = cluster;
   client = new OpenAI({ apiKey: key, baseURL: `http://127.0.0.1:${port}/v1`, maxRetries: 0, timeout: 120000 });
   aiProvider = createOpenAI({ apiKey: key, baseURL: `http://127.0.0.1:${port}/v1` });
 });
 
 after(async () => {
-  if (!cluster || cluster.exitCode !== null) return;
-  const exited = new Promise((resolve) => cluster.on('exit', resolve));
-  cluster.kill('SIGINT');
-  await exited;
+  await cluster?.stop();
 });
 
 // Bounded strings, so that even random weights finish the call within max_tokens.
