@@ -848,6 +848,11 @@ TEST_CASE("a burst past the prefill pool's capacity: 429 with Retry-After for wh
   spec.pools = "{prefill: {replicas: 1, slo: {ttft_ms: 400}}, decode: {replicas: 1}}";
   auto c = startCluster("overload", spec);
   REQUIRE(complete(*c, randomPrompt(600, 40), 2).status == 200);  // the prefill worker measures its rate
+  // ... and the router learns it from the next load report: admission predicts no wait (and
+  // sheds nothing) while a worker's rate is unknown, so the burst starts once it is known.
+  const std::string rate = "pdserve_worker_prefill_tokens_per_second{pool=\"prefill\",worker=\"prefill-0\"}";
+  for (int i = 0; i < 100 && !(routerMetric(*c, rate) > 0); ++i) std::this_thread::sleep_for(50ms);
+  REQUIRE(routerMetric(*c, rate) > 0);
   const int kBurst = 12;
   std::vector<Result<HttpReply>> replies(kBurst, Result<HttpReply>(unavailable("not sent")));
   std::vector<std::thread> clients;
