@@ -75,7 +75,14 @@ void RouterMetrics::controlMessageDropped(std::string_view reason) {
       .inc();
 }
 
+constexpr const char* kRequestErrorsHelp =
+    "Requests answered with an error, by type and where it arose (pool: router, prefill, decode).";
+
 RouterMetrics::RouterMetrics(Registry& registry, LatencyBuckets buckets) : r_(registry), buckets_(std::move(buckets)) {
+  // Shedding's series exist from the start, at 0: the shed ratio (deploy/prometheus) then reads
+  // 0 rather than nothing until the first 429.
+  for (std::string_view pool : {kPoolPrefill, kPoolDecode})
+    r_.counter("pdserve_request_errors_total", kRequestErrorsHelp, {{"type", "overloaded"}, {"pool", s(pool)}});
   inFlight = r_.gauge("pdserve_requests_in_flight", "Requests accepted and not yet finished.");
   sseHeartbeats = r_.counter("pdserve_router_sse_heartbeats_total",
                              "SSE comment lines sent on streams silent for router.requests.stream_heartbeat_ms.");
@@ -231,10 +238,7 @@ void RouterMetrics::requestFinished(std::string_view finishedReason, int64_t pro
 }
 
 void RouterMetrics::requestError(std::string_view type, std::string_view pool) {
-  r_.counter("pdserve_request_errors_total",
-             "Requests answered with an error, by type and where it arose (pool: router, prefill, decode).",
-             {{"type", s(type)}, {"pool", s(pool)}})
-      .inc();
+  r_.counter("pdserve_request_errors_total", kRequestErrorsHelp, {{"type", s(type)}, {"pool", s(pool)}}).inc();
   // A request shed for its predicted latency did not get its first token within the target:
   // a miss of the TTFT SLI of the pool that refused it (pool=decode: a stream refused for the
   // ITL target never started, so its TTFT is the one missed), as the autoscaler counts it.
