@@ -275,26 +275,9 @@ static std::string smallModelDir(const std::string& arch) {
 static std::pair<std::vector<int32_t>, std::vector<double>> generateWithLogprobs(const std::string& model,
                                                                                  const std::vector<int32_t>& p,
                                                                                  int maxTokens, int vocab) {
-  std::string ids;
-  for (size_t i = 0; i < p.size(); ++i) ids += (i ? "," : "") + std::to_string(p[i]);
   std::filesystem::create_directories(kWork);
   const std::string logitsPath = kWork + "/qwen3_logits." + std::to_string(::getpid());
-  const std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + model + " --prompt-ids " +
-                          ids + " --max-tokens " + std::to_string(maxTokens) +
-                          " --ignore-eos --threads 2 --logits-out " + logitsPath + " 2>/dev/null";
-  FILE* f = ::popen(cmd.c_str(), "r");
-  REQUIRE(f);
-  std::string out;
-  char buf[256];
-  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  REQUIRE(::pclose(f) == 0);
-  std::vector<int32_t> gen;
-  for (size_t at = 0; at < out.size();) {
-    gen.push_back(std::atoi(out.c_str() + at));
-    at = out.find(',', at);
-    if (at == std::string::npos) break;
-    ++at;
-  }
+  const std::vector<int32_t> gen = pd::test::generateCliOn(model, p, maxTokens, 2, "--logits-out " + logitsPath);
   REQUIRE(int(gen.size()) == maxTokens);
   std::vector<float> logits(size_t(maxTokens) * vocab);
   std::ifstream in(logitsPath, std::ios::binary);

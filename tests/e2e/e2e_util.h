@@ -99,13 +99,14 @@ inline int waitForPort(const std::string& portsFile, const std::string& name, st
 
 // What `pdserve generate` (one process, no cluster) produces for `prompt`: the reference a
 // served request's token ids must equal. `flags` are more generate flags (sampling, seed).
-inline std::vector<int32_t> generateCli(const std::vector<int32_t>& prompt, int maxTokens, int threads,
-                                        const std::string& flags = "") {
+// generateCliOn: the same on another model directory.
+inline std::vector<int32_t> generateCliOn(const std::string& model, const std::vector<int32_t>& prompt, int maxTokens,
+                                          int threads, const std::string& flags = "") {
   std::string ids;
   for (size_t i = 0; i < prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(prompt[i]);
-  const std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + e2eModelDir() +
-                          " --prompt-ids " + ids + " --max-tokens " + std::to_string(maxTokens) +
-                          " --ignore-eos --threads " + std::to_string(threads) + " " + flags + " 2>/dev/null";
+  const std::string cmd = std::string(PD_BINARY_DIR) + "/bin/pdserve generate --model " + model + " --prompt-ids " +
+                          ids + " --max-tokens " + std::to_string(maxTokens) + " --ignore-eos --threads " +
+                          std::to_string(threads) + " " + flags + " 2>/dev/null";
   FILE* f = ::popen(cmd.c_str(), "r");
   REQUIRE(f);
   std::string out;
@@ -120,6 +121,10 @@ inline std::vector<int32_t> generateCli(const std::vector<int32_t>& prompt, int 
     ++at;
   }
   return result;
+}
+inline std::vector<int32_t> generateCli(const std::vector<int32_t>& prompt, int maxTokens, int threads,
+                                        const std::string& flags = "") {
+  return generateCliOn(e2eModelDir(), prompt, maxTokens, threads, flags);
 }
 
 // The value of the first series in a /metrics body named `name{...}` or `name`, whose labels
