@@ -20,9 +20,10 @@ bool fileExists(const std::string& p) {
 }
 }  // namespace
 
-Result<Checkpoint> Checkpoint::open(const std::string& dir) {
+Result<Checkpoint> Checkpoint::open(const std::string& dir, const WeightQuantization& quantization) {
   Checkpoint c;
   c.dir_ = dir;
+  c.quant_ = quantization;
   const std::string index = dir + "/model.safetensors.index.json";
   if (fileExists(index)) {
     std::ifstream in(index);
@@ -74,8 +75,50 @@ Result<const TensorInfo*> Checkpoint::expect(const std::string& name, const std:
 }
 
 Status Checkpoint::readF32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const {
-  PD_RETURN_IF_ERROR(expect(name, shape).status());
-  return fileOf(name)->readF32(name, dst);
+  PD_ASSIGN_OR_RETURN(const TensorInfo* info, expect(name, shape));
+  if (info->dtype != TensorDtype::kF8E4M3) return fileOf(name)->readF32(name, dst);
+  PD_ASSIGN_OR_RETURN(const Fp8BlockScales scales, blockScales(name, shape));
+  // The codes in chunks through a small buffer, dequantized straight into dst.
+  constexpr size_t kChunk = size_t(1) << 20;
+  std::vector<uint8_t> codes(std::min(kChunk, size_t(info->numel())));
+  const size_t n = size_t(info->numel());
+  for (size_t done = 0; done < n; done += kChunk) {
+    const size_t m = std::min(kChunk, n - done);
+    PD_RETURN_IF_ERROR(readBytes(name, done, m, codes.data()));
+    fp8DequantRun(codes.data(), m, int64_t(done), scales, dst + done);
+  }
+  return Status::ok();
+}
+
+Result<Fp8BlockScales> Checkpoint::blockScales(const std::string& name, const std::vector<int64_t>& shape) const {
+  PD_ASSIGN_OR_RETURN(const TensorInfo* info, expect(name, shape));
+  if (info->dtype != TensorDtype::kF8E4M3)
+    return invalidArgument(fileOf(name)->path() + ": tensor " + name + " is " + tensorDtypeName(info->dtype) +
+                           ", not F8_E4M3: it has no block scales");
+  if (!quant_.fp8)
+    return failedPrecondition(fileOf(name)->path() + ": tensor " + name +
+                              " is F8_E4M3 but config.json has no FP8 quantization_config (its block size "
+                              "and scales are unknown)");
+  if (shape.size() != 2)
+    return unimplemented(fileOf(name)->path() + ": tensor " + name + " is F8_E4M3 with shape " + shapeToString(shape) +
+                         " (block-scaled FP8 is read for 2-D weights only)");
+  Fp8BlockScales s;
+  s.rows = shape[0];
+  s.cols = shape[1];
+  s.blockRows = quant_.blockRows;
+  s.blockCols = quant_.blockCols;
+  const std::vector<int64_t> scaleShape = fp8ScaleShape(s.rows, s.cols, quant_);
+  s.scaleInv.resize(size_t(scaleShape[0] * scaleShape[1]));
+  const std::string scaleName = name + "_scale_inv";
+  if (!has(scaleName))
+    return notFound(dir_ + ": F8_E4M3 tensor " + name + " has no " + scaleName + " (expected shape " +
+                    shapeToString(scaleShape) + ")");
+  PD_ASSIGN_OR_RETURN(const TensorInfo* si, expect(scaleName, scaleShape));
+  if (si->dtype == TensorDtype::kF8E4M3)
+    return invalidArgument(fileOf(scaleName)->path() + ": block scales " + scaleName +
+                           " are F8_E4M3 (expected F32, BF16 or F16)");
+  PD_RETURN_IF_ERROR(fileOf(scaleName)->readF32(scaleName, s.scaleInv.data()));
+  return s;
 }
 
 Status Checkpoint::readBytes(const std::string& name, uint64_t byteOffset, size_t len, void* dst) const {

@@ -67,7 +67,7 @@ constexpr const char* kCommonKeys[] = {
     "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
     "rope_scaling", "hidden_act", "tie_word_embeddings", "sliding_window", "bos_token_id", "eos_token_id",
-    "pad_token_id",
+    "pad_token_id", "quantization_config",
     // training or bookkeeping only: they do not change inference
     "attention_dropout", "initializer_range", "use_cache", "torch_dtype", "dtype", "transformers_version"};
 constexpr const char* kQwen3Keys[] = {"attention_bias", "use_sliding_window", "max_window_layers", "layer_types"};
@@ -249,6 +249,9 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
         if (e.is_number_integer()) c.eosTokenIds.push_back(e.get<int>());
   }
   c.torchDtype = j.value("torch_dtype", std::string());
+  if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
+    PD_ASSIGN_OR_RETURN(c.quantization, parseQuantizationConfig(*it, src));
+  }
   return c;
 }
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "common/base/enum_names.h"
 #include "common/base/status.h"
+#include "engine/fp8_blocks.h"
 
 namespace pd::engine {
 
@@ -76,6 +77,8 @@ struct ModelConfig {
   int bosTokenId = -1;
   std::vector<int> eosTokenIds;
   std::string torchDtype;  // informational ("bfloat16", "float32", ...)
+  // config.json quantization_config (fp8_blocks.h): FP8 block-scaled weights, or none.
+  WeightQuantization quantization;
 
   int qDim() const { return numHeads * headDim; }
   int kvDim() const { return numKvHeads * headDim; }

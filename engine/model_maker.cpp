@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/fp8_blocks.h"
 #include "engine/safetensors.h"
 
 namespace pd::engine {
@@ -145,6 +146,47 @@ ordered_json tokenizerJson() {
   return j;
 }
 
+// Whether make-model writes tensor `name` as FP8 (a linear projection's weight).
+bool fp8Quantized(const std::string& name) {
+  auto ends = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends("_proj.weight") || ends(".w1.weight") || ends(".w2.weight") || ends(".w3.weight");
+}
+
+// Replaces each linear projection of `tensors` by its F8_E4M3 codes followed by its F32
+// block scales (name + "_scale_inv"), quantized from the stored values.
+void quantizeFp8(std::vector<TensorToWrite>& tensors, const WeightQuantization& q) {
+  std::vector<TensorToWrite> out;
+  out.reserve(tensors.size() * 2);
+  for (auto& t : tensors) {
+    if (!fp8Quantized(t.name) || t.shape.size() != 2) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    std::vector<float> w(size_t(rows * cols));
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (t.dtype == TensorDtype::kBF16) {
+        uint16_t b;
+        std::memcpy(&b, t.bytes.data() + i * 2, 2);
+        w[i] = bf16ToF32(b);
+      } else {
+        std::memcpy(&w[i], t.bytes.data() + i * 4, 4);
+      }
+    }
+    const std::vector<int64_t> scaleShape = fp8ScaleShape(rows, cols, q);
+    TensorToWrite codes{t.name, TensorDtype::kF8E4M3, t.shape, std::vector<uint8_t>(w.size())};
+    std::vector<float> scales(size_t(scaleShape[0] * scaleShape[1]));
+    fp8QuantizeBlocks(w.data(), rows, cols, q, codes.bytes.data(), scales.data());
+    TensorToWrite sc{t.name + "_scale_inv", TensorDtype::kF32, scaleShape, std::vector<uint8_t>(scales.size() * 4)};
+    std::memcpy(sc.bytes.data(), scales.data(), sc.bytes.size());
+    out.push_back(std::move(codes));
+    out.push_back(std::move(sc));
+  }
+  tensors = std::move(out);
+}
+
 Status writeText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   if (!out) return notFound(path + ": cannot create");
@@ -172,6 +214,8 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
                              std::to_string(s.heads) + " attention heads");
     s.kvHeads = o.numKvHeads;
   }
+  if (!o.quantization.empty() && o.quantization != "fp8")
+    return invalidArgument("make-model: unknown quantization \"" + o.quantization + "\" (fp8, or none)");
   if (o.shards < 1 || o.shards > 99) return invalidArgument("make-model: shards must be in [1, 99]");
   if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "mixtral" && o.arch != "qwen3_moe")
     return invalidArgument("make-model: unknown arch \"" + o.arch + "\" (llama|qwen2|qwen3|mixtral|qwen3_moe)");
@@ -243,6 +287,9 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   tensors.push_back(makeTensor("model.norm.weight", {h}, rng, 1.0f, 0.2f, bf16));
   if (!o.tieEmbeddings)
     tensors.push_back(makeTensor("lm_head.weight", {s.vocab, h}, rng, 0, 1.0f / std::sqrt(float(h)), bf16));
+
+  const WeightQuantization fp8{true, 128, 128};
+  if (o.quantization == "fp8") quantizeFp8(tensors, fp8);
 
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"generator", "pdserve make-model"}};
   if (o.shards == 1) {
@@ -326,6 +373,11 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   }
   cfg["tie_word_embeddings"] = o.tieEmbeddings;
   cfg["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  if (o.quantization == "fp8")
+    cfg["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                  {"fmt", "e4m3"},
+                                  {"quant_method", "fp8"},
+                                  {"weight_block_size", {fp8.blockRows, fp8.blockCols}}};
   cfg["bos_token_id"] = kMadeBosId;
   cfg["eos_token_id"] = kMadeEosId;
   cfg["pad_token_id"] = kMadePadId;

@@ -27,6 +27,12 @@ struct MakeModelOptions {
   // layer 0 is dense through mlp_only_layers).
   std::string arch = "llama";
   std::string dtype = "f32";  // f32 | bf16
+  // "fp8": an FP8 block-scaled checkpoint (fp8_blocks.h), as DeepSeek-V3 and the Qwen3 FP8
+  // releases ship: every linear projection (`*_proj.weight`, Mixtral's experts' w1/w2/w3) is
+  // quantized per 128x128 block to F8_E4M3 with an F32 `*.weight_scale_inv`, from the values
+  // `dtype` gives; embeddings, norms, routers and lm_head stay in `dtype`; config.json gets the
+  // quantization_config. "" (default): unquantized.
+  std::string quantization;
   // Variants for tests (hidden CLI flags):
   int numKvHeads = 0;       // 0 = the preset's value
   bool ropeLlama3 = false;  // rope_scaling {rope_type: llama3, factor 8, 1, 4, 8192}

@@ -46,7 +46,9 @@ size_t ModelWeights::totalBytes() const {
 }
 
 Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& dir, const ModelConfig& c) {
-  PD_ASSIGN_OR_RETURN(const Checkpoint src, Checkpoint::open(dir));
+  // An FP8 checkpoint's F8_E4M3 weights are dequantized to f32 here (fp8_blocks.h); the
+  // backend then holds them as engine.weight_format says, as for any f32 checkpoint.
+  PD_ASSIGN_OR_RETURN(const Checkpoint src, Checkpoint::open(dir, c.quantization));
 
   auto m = std::make_shared<ModelWeights>();
   m->config = c;

@@ -1,4 +1,5 @@
-// A model's weights, loaded from a Hugging Face directory and converted to f32.
+// A model's weights, loaded from a Hugging Face directory and converted to f32 (FP8
+// block-scaled weights dequantized with their scales, fp8_blocks.h).
 //
 //   PD_ASSIGN_OR_RETURN(auto model, pd::engine::loadModel("/models/tiny"));
 //   // model->config, model->layers[l].qkv, ...

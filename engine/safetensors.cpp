@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -13,7 +15,18 @@
 
 namespace pd::engine {
 
-size_t tensorDtypeBytes(TensorDtype d) { return d == TensorDtype::kF32 ? 4 : 2; }
+size_t tensorDtypeBytes(TensorDtype d) {
+  switch (d) {
+    case TensorDtype::kF32:
+      return 4;
+    case TensorDtype::kF16:
+    case TensorDtype::kBF16:
+      return 2;
+    case TensorDtype::kF8E4M3:
+      return 1;
+  }
+  return 0;
+}
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
@@ -91,6 +104,46 @@ uint16_t f32ToF16(float f) {
   const uint32_t rest = mant & 0x1fffu;
   if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into exp: fine
   return uint16_t(sign | half);
+}
+
+namespace {
+// Every e4m3 code's value, built once from the format's definition: exponent field 0 is
+// subnormal (m / 8 * 2^-6), else (1 + m / 8) * 2^(e - 7); S.1111.111 is NaN.
+struct E4m3Table {
+  float v[256];
+  E4m3Table() {
+    for (int c = 0; c < 256; ++c) {
+      const int e = (c >> 3) & 15, m = c & 7;
+      float a = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);
+      if (e == 15 && m == 7) a = std::numeric_limits<float>::quiet_NaN();
+      v[c] = (c & 0x80) ? -a : a;
+    }
+  }
+};
+const E4m3Table kE4m3;
+}  // namespace
+
+float e4m3ToF32(uint8_t v) { return kE4m3.v[v]; }
+
+uint8_t f32ToE4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return uint8_t(sign | 0x7f);
+  const double a = std::fabs(double(f));
+  if (a >= 448.0) return uint8_t(sign | 0x7e);  // saturate (incl. infinity)
+  // Scaling by powers of two is exact and nearbyint rounds half to even (the default mode).
+  if (a < std::ldexp(1.0, -6)) {
+    // Subnormal range: units of 2^-9; a rounded count of 8 is the smallest normal, code 0x08.
+    return uint8_t(sign | uint8_t(std::nearbyint(std::ldexp(a, 9))));
+  }
+  int e2 = 0;
+  (void)std::frexp(a, &e2);                           // a = f * 2^e2, f in [0.5, 1)
+  int e = e2 - 1;                                     // a in [2^e, 2^(e+1))
+  int n = int(std::nearbyint(std::ldexp(a, 3 - e)));  // 8..16: the significand in eighths
+  if (n == 16) {
+    n = 8;
+    ++e;
+  }
+  return uint8_t(sign | ((e + 7) << 3) | (n - 8));  // < 448 here, so never the NaN code
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -189,6 +242,10 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
 Status SafetensorsFile::readF32(const std::string& name, float* dst) const {
   const TensorInfo* t = find(name);
   if (!t) return notFound(path_ + ": no tensor named " + name);
+  if (t->dtype == TensorDtype::kF8E4M3)
+    return failedPrecondition(path_ + ": tensor " + name +
+                              " is F8_E4M3: its values need their block scales (read it through Checkpoint "
+                              "with the config's quantization_config)");
   const uint64_t bytes = t->end - t->begin;
   if (t->dtype == TensorDtype::kF32) return preadAll(fd_, dst, bytes, dataStart_ + t->begin, path_);
   // Half-precision: read in chunks into a staging buffer, widen into dst.

@@ -1,7 +1,7 @@
 // safetensors files: reading tensors into caller-owned f32 memory, and writing files.
 //
 // Format: 8-byte little-endian header length N, N bytes of JSON
-//   {"name": {"dtype": "F32"|"F16"|"BF16", "shape": [..], "data_offsets": [begin, end]}, ...,
+//   {"name": {"dtype": "F32"|"F16"|"BF16"|"F8_E4M3", "shape": [..], "data_offsets": [begin, end]}, ...,
 //    "__metadata__": {"k": "v"}}
 // then the data section; offsets are relative to its start.
 //
@@ -21,11 +21,16 @@
 
 namespace pd::engine {
 
-enum class TensorDtype { kF32, kF16, kBF16 };
+// kF8E4M3 is float8_e4m3fn (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
+// infinities, S.1111.111 the only NaN; largest finite 448): the weights of FP8 block-scaled
+// checkpoints, meaningful only with their block scales (fp8_blocks.h).
+enum class TensorDtype { kF32, kF16, kBF16, kF8E4M3 };
 
 // The header's dtype strings, which loading parses with too.
-inline constexpr EnumNames<TensorDtype, 3> kTensorDtypeNames{
-    {{TensorDtype::kF32, "F32"}, {TensorDtype::kF16, "F16"}, {TensorDtype::kBF16, "BF16"}}};
+inline constexpr EnumNames<TensorDtype, 4> kTensorDtypeNames{{{TensorDtype::kF32, "F32"},
+                                                              {TensorDtype::kF16, "F16"},
+                                                              {TensorDtype::kBF16, "BF16"},
+                                                              {TensorDtype::kF8E4M3, "F8_E4M3"}}};
 inline const char* tensorDtypeName(TensorDtype d) { return enumName(kTensorDtypeNames, d); }
 size_t tensorDtypeBytes(TensorDtype d);
 
@@ -56,7 +61,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const TensorInfo* find(const std::string& name) const;
 
-  // Reads tensor `name` converted to f32 into dst (numel floats).
+  // Reads tensor `name` converted to f32 into dst (numel floats). An F8_E4M3 tensor is
+  // refused (kFailedPrecondition): its values mean nothing without the block scales, which
+  // Checkpoint::readF32 applies.
   Status readF32(const std::string& name, float* dst) const;
   // Reads len bytes of tensor `name` in its stored dtype, from byteOffset within the
   // tensor, into dst. kOutOfRange when the range leaves the tensor.
@@ -88,5 +95,11 @@ float bf16ToF32(uint16_t v);
 uint16_t f32ToBf16(float f);  // round to nearest even
 float f16ToF32(uint16_t v);
 uint16_t f32ToF16(float f);  // round to nearest even; overflow -> inf, NaN stays NaN
+// float8_e4m3fn: e4m3ToF32 is exact for every code (0x7f and 0xff are NaN). f32ToE4m3 rounds
+// to nearest even and saturates: a finite value or infinity past 448 in magnitude becomes
+// +-448 (the format has no infinity; quantizers scale into range first), NaN stays NaN, the
+// sign of zero is kept.
+float e4m3ToF32(uint8_t v);
+uint8_t f32ToE4m3(float f);
 
 }  // namespace pd::engine

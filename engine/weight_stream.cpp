@@ -8,6 +8,7 @@
 #include <span>
 
 #include "engine/checkpoint.h"
+#include "engine/fp8_blocks.h"
 #include "engine/tensor_parallel.h"
 
 namespace pd::engine {
@@ -72,6 +73,35 @@ void convert(const void* src, TensorDtype from, void* dst, TensorDtype to, size_
   }
 }
 
+// Where a chunk's elements sit in their tensor [rows][rowCols]: runs of runLen elements, the
+// first at flat index `first`, each next one a row further. Only F8_E4M3 conversion needs it
+// (each element's block scale).
+struct Runs {
+  const Fp8BlockScales* scales;
+  int64_t first;
+  size_t runLen;
+  size_t rowCols;
+};
+
+// n F8_E4M3 codes dequantized with their block scales and stored in `to` (f32, bf16 or f16;
+// the narrower ones rounded once, from the f32 product).
+void convertFp8(const uint8_t* codes, void* dst, TensorDtype to, size_t n, const Runs& runs) {
+  constexpr size_t kTmp = 1024;
+  float tmp[kTmp];
+  for (size_t done = 0; done < n;) {
+    const size_t run = done / runs.runLen, off = done % runs.runLen;
+    const size_t m = std::min({n - done, runs.runLen - off, kTmp});
+    const int64_t flat = runs.first + int64_t(run * runs.rowCols + off);
+    float* out = to == TensorDtype::kF32 ? static_cast<float*>(dst) + done : tmp;
+    fp8DequantRun(codes + done, m, flat, *runs.scales, out);
+    if (to == TensorDtype::kBF16)
+      for (size_t k = 0; k < m; ++k) static_cast<uint16_t*>(dst)[done + k] = f32ToBf16(tmp[k]);
+    else if (to == TensorDtype::kF16)
+      for (size_t k = 0; k < m; ++k) static_cast<uint16_t*>(dst)[done + k] = f32ToF16(tmp[k]);
+    done += m;
+  }
+}
+
 class Streamer {
  public:
   Streamer(const Checkpoint& ckpt, DeviceWeightCopier& copier, WeightLoadStats& stats)
@@ -102,16 +132,25 @@ class Streamer {
     }
     PD_ASSIGN_OR_RETURN(t.data, copier_.allocDevice(t.bytes));
     size_t at = 0;
-    for (size_t i = 0; i < pieces.size(); ++i)
-      PD_RETURN_IF_ERROR(streamPiece(pieces[i], infos[i]->dtype, to, static_cast<char*>(t.data), &at));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      Fp8BlockScales scales;
+      if (infos[i]->dtype == TensorDtype::kF8E4M3) {
+        // The whole tensor's scales (one f32 per block), whatever slice this rank reads.
+        PD_ASSIGN_OR_RETURN(scales, ckpt_.blockScales(pieces[i].name, pieces[i].shape));
+        stats_.fileBytesRead += scales.scaleInv.size() * sizeof(float);
+      }
+      PD_RETURN_IF_ERROR(streamPiece(pieces[i], infos[i]->dtype, to, scales, static_cast<char*>(t.data), &at));
+    }
     return t;
   }
 
   Status finish() { return copier_.waitCopies(); }
 
  private:
-  // Streams one piece to dst + *at, advancing *at by the bytes it wrote.
-  Status streamPiece(const Piece& p, TensorDtype from, TensorDtype to, char* dst, size_t* at) {
+  // Streams one piece to dst + *at, advancing *at by the bytes it wrote. `scales`: an F8_E4M3
+  // piece's block scales (empty otherwise).
+  Status streamPiece(const Piece& p, TensorDtype from, TensorDtype to, const Fp8BlockScales& scales, char* dst,
+                     size_t* at) {
     const size_t sb = tensorDtypeBytes(from), db = tensorDtypeBytes(to);
     const bool conv = from != to;
     const size_t perElem = sb + (conv ? db : 0);  // staging bytes one element needs
@@ -125,7 +164,7 @@ class Streamer {
         const size_t m = std::min(chunk, n - done);
         char* raw = nextHalf();
         PD_RETURN_IF_ERROR(ckpt_.readBytes(p.name, (begin + done) * sb, m * sb, raw));
-        PD_RETURN_IF_ERROR(send(raw, from, to, m, dst + *at));
+        PD_RETURN_IF_ERROR(send(raw, from, to, m, dst + *at, Runs{&scales, int64_t(begin + done), m, rowCols}));
         *at += m * db;
       }
       return Status::ok();
@@ -145,7 +184,8 @@ class Streamer {
         PD_RETURN_IF_ERROR(ckpt_.readBytes(p.name, (row * rowCols + size_t(p.cols.begin)) * sb, rowElems * sb,
                                            raw + i * rowElems * sb));
       }
-      PD_RETURN_IF_ERROR(send(raw, from, to, m * rowElems, dst + *at));
+      const int64_t first = int64_t((size_t(p.rows.begin) + r) * rowCols + size_t(p.cols.begin));
+      PD_RETURN_IF_ERROR(send(raw, from, to, m * rowElems, dst + *at, Runs{&scales, first, rowElems, rowCols}));
       *at += m * rowElems * db;
     }
     return Status::ok();
@@ -158,13 +198,16 @@ class Streamer {
   }
 
   // n elements read into raw (in `from`): converted behind them when needed, then copied.
-  Status send(char* raw, TensorDtype from, TensorDtype to, size_t n, char* dst) {
+  Status send(char* raw, TensorDtype from, TensorDtype to, size_t n, char* dst, const Runs& runs) {
     stats_.fileBytesRead += n * tensorDtypeBytes(from);
     const char* out = raw;
     if (from != to) {
       // Behind the raw run, aligned: an odd count of 16-bit values would misalign f32 stores.
       char* conv = raw + (n * tensorDtypeBytes(from) + kAlign - 1) / kAlign * kAlign;
-      convert(raw, from, conv, to, n);
+      if (from == TensorDtype::kF8E4M3)
+        convertFp8(reinterpret_cast<const uint8_t*>(raw), conv, to, n, runs);
+      else
+        convert(raw, from, conv, to, n);
       out = conv;
     }
     // The other half's copy must be done before the next nextHalf() refills it.
@@ -215,6 +258,10 @@ std::vector<Piece> fusedRows(const std::vector<std::string>& names, const std::v
 Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelConfig& c, const WeightStreamOptions& o,
                                           DeviceWeightCopier& copier, WeightLoadStats* statsOut) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (o.matrixDtype == TensorDtype::kF8E4M3)
+    return unimplemented(
+        "weight stream: F8_E4M3 device matrices (the kernels take f32, bf16 or f16; an FP8 "
+        "checkpoint is dequantized while streaming)");
   if (o.stagingBytes < (size_t(64) << 10))
     return invalidArgument("weight stream: stagingBytes " + std::to_string(o.stagingBytes) +
                            " is below the 64 KiB minimum");
@@ -222,7 +269,7 @@ Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelCon
   if (o.rank < 0 || o.rank >= plan.size)
     return invalidArgument("weight stream: rank " + std::to_string(o.rank) + " outside tensor_parallel_size " +
                            std::to_string(plan.size));
-  PD_ASSIGN_OR_RETURN(const Checkpoint ckpt, Checkpoint::open(dir));
+  PD_ASSIGN_OR_RETURN(const Checkpoint ckpt, Checkpoint::open(dir, c.quantization));
   WeightLoadStats stats;
   DeviceModel m;
   {

@@ -1,5 +1,7 @@
 // Streaming weight load: a checkpoint's tensors go from the safetensors files to a device's
-// memory in their stored dtype (or converted chunk by chunk when the device wants another),
+// memory in their stored dtype (or converted chunk by chunk when the device wants another;
+// an FP8 block-scaled checkpoint's F8_E4M3 weights are dequantized with their scales,
+// fp8_blocks.h, and stored in matrixDtype: f32 * scale rounded once),
 // through a bounded staging buffer, without a host copy of the model. The CUDA backend loads
 // this way (its copier: pinned staging, cudaMemcpyAsync); tests load through a host-memory
 // copier and compare the bytes that arrive with the file's.
@@ -19,12 +21,13 @@
 //
 // Memory: the loader's own host memory is the staging buffer (two halves: one is filled with
 // pread() -- and converted, when the dtypes differ -- while the copier moves the other) plus
-// O(layers) bookkeeping; it never holds a whole tensor. Device memory comes from the copier
+// O(layers) bookkeeping, plus, for an F8_E4M3 tensor, its block scales in f32 (one float per
+// block: 1/16384 of its elements at 128x128); it never holds a whole tensor. Device memory comes from the copier
 // and belongs to whoever owns the copier's allocations (the backend), also on error.
 //
 // Threads: one call at a time per copier. Errors: missing tensors and shape mismatches as
 // Checkpoint says (naming file, tensor and shapes); a plan the model does not divide
-// (planTensorParallel); stagingBytes too small for one row of a sliced matrix ->
+// (planTensorParallel); matrixDtype F8_E4M3 -> kUnimplemented; stagingBytes too small for one row of a sliced matrix ->
 // kInvalidArgument naming both; the copier's errors as it returns them.
 #pragma once
 

@@ -44,6 +44,10 @@ void addMakeModelCommand(CLI::App& pdserve, CommandRun& run) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "the weights' seed")->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "f32|bf16: the weights' type")->capture_default_str();
+  cmd->add_option("--quantization", o.quantization,
+                  "fp8: an FP8 block-scaled checkpoint (the DeepSeek-V3 / Qwen3-FP8 format): every linear "
+                  "projection as F8_E4M3 with F32 weight_scale_inv per 128x128 block, the rest in --dtype")
+      ->check(CLI::IsMember({"fp8"}));
   cmd->add_flag("--tie-embeddings", o.tieEmbeddings, "no lm_head.weight; the output layer reuses the embeddings");
   cmd->add_flag("--qkv-bias", o.qkvBias, "q/k/v biases; writes a Qwen2ForCausalLM config");
   cmd->add_option("--arch", o.arch,

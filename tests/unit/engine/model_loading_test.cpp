@@ -323,7 +323,7 @@ TEST_CASE("Qwen3ForCausalLM config parses and unknown or unimplemented keys are 
     CHECK(r.status().code() == pd::StatusCode::kUnimplemented);
     CHECK_THAT(r.status().message(), Catch::Contains(named));
   };
-  refused({{"quantization_config", {{"quant_method", "fp8"}}}}, "config key \"quantization_config\"");
+  refused({{"quantization_config", {{"quant_method", "awq"}}}}, "quantization_config quant_method \"awq\"");
   refused({{"num_experts", 128}}, "config key \"num_experts\"");
   refused({{"use_sliding_window", true}}, "use_sliding_window");
   refused({{"layer_types", {"full_attention", "sliding_attention"}}}, "sliding_attention");
