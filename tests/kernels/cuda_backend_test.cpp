@@ -4,7 +4,8 @@
 // layer-by-layer KV readiness callback, and batch validation; tensor parallelism against
 // TP = 1 (logits, tokens, and each rank's KV region against the matching kv heads of the
 // TP = 1 cache): ranks sharing one GPU (runs on any GPU machine), NCCL over two GPUs (skips
-// with a message on fewer). Skips without a device.
+// with a message on fewer); weights streamed from bf16 and FP8 block-scaled checkpoints against
+// host-uploaded ones. Skips without a device.
 #include "engine/cuda_backend.h"
 
 #include <unistd.h>
@@ -488,6 +489,60 @@ TEST_CASE("weights streamed from a bf16 checkpoint give the host-uploaded backen
     CHECK(a == b);
     REQUIRE(want.size() == got.size());
     for (size_t i = 0; i < want.size(); ++i) CHECK(want[i] == got[i]);  // same bf16 weights: bit-exact
+  }
+}
+
+namespace {
+// An FP8 block-scaled checkpoint (make-model --dtype bf16 --quantization fp8: projections F8_E4M3
+// with 128x128 block scales, the rest bf16).
+std::string fp8ModelDir() {
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_small_fp8";
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
+    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+    MakeModelOptions o;
+    o.preset = "small";
+    o.seed = 11;
+    o.dtype = "bf16";
+    o.quantization = "fp8";
+    REQUIRE(makeModel(o, tmp).toString() == "OK");
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  return dir;
+}
+}  // namespace
+
+// Both paths dequantize on the host (code * block scale in f32) and round that to bf16 once:
+// the streamed images are the uploaded ones, so the logits must be bit-identical.
+TEST_CASE("weights streamed from an FP8 checkpoint give the host-dequantized backend's logits exactly",
+          "[cuda][backend][stream][fp8]") {
+  if (!haveGpu()) return;
+  const std::string dir = fp8ModelDir();
+  auto host = loadModel(dir);
+  REQUIRE(host.status().toString() == "OK");
+  REQUIRE((*host)->config.quantization.fp8);
+  auto described = describeModel(dir);
+  REQUIRE(described.status().toString() == "OK");
+  for (int tp : {1, 2}) {
+    INFO("tensor_parallel_size " << tp << " (ranks sharing the device)");
+    CudaBackendOptions o;
+    o.useCudaGraphs = false;
+    o.tensorParallelSize = tp;
+    o.tpRanksShareDevice = tp > 1;
+    o.weightStagingBytes = 1 << 20;  // chunks start mid-row and mid-block
+    const KvLayout layout = kvLayoutFor((*host)->config, 16, 16, KvDtype::kBF16);
+    auto uploaded = createCudaBackend(*host, layout, o);
+    REQUIRE(uploaded.status().toString() == "OK");
+    auto streamed = createCudaBackend(*described, layout, o);
+    REQUIRE(streamed.status().toString() == "OK");
+    std::vector<int32_t> a, b;
+    const auto want = runTwoSeqs(**uploaded, 6, &a);
+    const auto got = runTwoSeqs(**streamed, 6, &b);
+    CHECK(a == b);
+    REQUIRE(want.size() == got.size());
+    for (size_t i = 0; i < want.size(); ++i) CHECK(want[i] == got[i]);
   }
 }
 

@@ -2,7 +2,8 @@
 """Independent NumPy reference for the decoder architectures pdserve's engine runs.
 
 Reads a Hugging Face model directory itself (config.json, model.safetensors or shards with
-model.safetensors.index.json; F32/F16/BF16) and runs a full, cache-free causal forward pass
+model.safetensors.index.json; F32/F16/BF16, and FP8 block-scaled checkpoints: F8_E4M3
+weights times their weight_scale_inv blocks per quantization_config) and runs a full, cache-free causal forward pass
 in float64 over a token sequence. Supports LlamaForCausalLM (incl. rope_scaling llama3),
 MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias, tied embeddings) and Qwen3ForCausalLM
 (RMSNorm over each q and k head before RoPE; head_dim independent of hidden_size), with GQA,
@@ -24,6 +25,18 @@ import sys
 import numpy as np
 
 
+def e4m3_values():
+    """float8_e4m3fn's 256 values from the format's definition (S.1111.111 is NaN)."""
+    c = np.arange(256)
+    s, e, m = c >> 7, (c >> 3) & 15, c & 7
+    mag = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * np.exp2(e - 7.0))
+    mag[(e == 15) & (m == 7)] = np.nan
+    return np.where(s == 1, -mag, mag)
+
+
+E4M3 = e4m3_values()
+
+
 def read_safetensors(path):
     with open(path, "rb") as f:
         data = f.read()
@@ -43,6 +56,8 @@ def read_safetensors(path):
             arr = np.frombuffer(raw, dtype="<f2")
         elif dt == "BF16":
             arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F8_E4M3":
+            arr = E4M3[np.frombuffer(raw, dtype=np.uint8)]
         else:
             raise SystemExit(f"{path}: unsupported dtype {dt} for {name}")
         out[name] = arr.astype(np.float64).reshape(info["shape"])
@@ -59,6 +74,21 @@ def load_weights(model_dir):
             w.update(read_safetensors(os.path.join(model_dir, fn)))
         return w
     return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+
+
+def dequantize_fp8(cfg, w):
+    """Each X.weight with an X.weight_scale_inv: the codes times their block's scale."""
+    qc = cfg.get("quantization_config")
+    if not qc:
+        return w
+    br, bc = qc["weight_block_size"]
+    for name in [n for n in w if n.endswith("_scale_inv")]:
+        scales = w.pop(name)
+        target = name[:-len("_scale_inv")]
+        rows, cols = w[target].shape
+        full = np.repeat(np.repeat(scales, br, axis=0), bc, axis=1)[:rows, :cols]
+        w[target] = w[target] * full
+    return w
 
 
 def inv_frequencies(cfg, head_dim):
@@ -197,7 +227,7 @@ def main():
     with open(os.path.join(a.model, "config.json")) as f:
         cfg = json.load(f)
     tokens = [int(t) for t in a.tokens.split(",")]
-    logits = forward(cfg, load_weights(a.model), tokens)
+    logits = forward(cfg, dequantize_fp8(cfg, load_weights(a.model)), tokens)
     logits[a.first - 1:].astype("<f4").tofile(a.out)
     return 0
 

@@ -51,6 +51,12 @@ PY
 done
 if "$pdserve" generate --model "$work/m" --prompt-ids 1 --weight-format int4 2>"$work/err"; then exit 1; fi
 grep -q 'unknown weightFormat "int4"' "$work/err"
+# An FP8 block-scaled checkpoint (projections F8_E4M3 with 128x128 F32 scales, the rest bf16):
+# pdserve dequantizes it at load, the reference dequantizes it itself.
+"$pdserve" make-model --preset small --out "$work/fp8" --seed 5 --dtype bf16 --quantization fp8 >/dev/null
+grep -q '"quant_method": "fp8"' "$work/fp8/config.json"
+check_against_numpy "$work/fp8"
+if "$pdserve" make-model --preset tiny --quantization int4 --out "$work/x" 2>/dev/null; then exit 1; fi
 # The Qwen3 small preset (per-head q/k RMSNorm, head_dim 128 with hidden 512 and 8 heads).
 "$pdserve" make-model --preset small --arch qwen3 --out "$work/q3" --seed 6 >/dev/null
 grep -q Qwen3ForCausalLM "$work/q3/config.json"
