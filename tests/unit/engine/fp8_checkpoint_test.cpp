@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -82,36 +83,55 @@ std::string dequantizedCopy(const std::string& src, const std::string& name) {
   if (std::filesystem::exists(dir + "/config.json")) return dir;
   const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
   std::filesystem::create_directories(tmp);
-  auto f = SafetensorsFile::open(src + "/model.safetensors");
-  REQUIRE(f.ok());
+  std::vector<std::string> files{"model.safetensors"};
+  if (std::filesystem::exists(src + "/model.safetensors.index.json")) {
+    files.clear();
+    std::set<std::string> shards;
+    const auto index = nlohmann::json::parse(readText(src + "/model.safetensors.index.json"));
+    for (const auto& [t, file] : index.at("weight_map").items()) shards.insert(file.get<std::string>());
+    files.assign(shards.begin(), shards.end());
+  }
+  std::vector<SafetensorsFile> opened;
+  for (const auto& file : files) {
+    auto f = SafetensorsFile::open(src + "/" + file);
+    REQUIRE(f.ok());
+    opened.push_back(std::move(*f));
+  }
+  // A tensor's file, wherever the shards put it (a weight and its scales may be apart).
+  auto fileOf = [&](const std::string& tname) -> const SafetensorsFile& {
+    for (const auto& f : opened)
+      if (f.find(tname)) return f;
+    FAIL("no tensor " << tname);
+    return opened[0];
+  };
   auto cfg = nlohmann::json::parse(readText(src + "/config.json"));
   const std::vector<int> block = cfg.at("quantization_config").at("weight_block_size").get<std::vector<int>>();
   cfg.erase("quantization_config");
   std::vector<TensorToWrite> out;
   int quantized = 0;
-  for (const auto& [tname, info] : f->tensors()) {
-    if (tname.size() > 10 && tname.compare(tname.size() - 10, 10, "_scale_inv") == 0) continue;
-    TensorToWrite t{tname, info.dtype, info.shape, std::vector<uint8_t>(info.end - info.begin)};
-    REQUIRE(f->readBytes(tname, 0, t.bytes.size(), t.bytes.data()).isOk());
-    if (info.dtype == TensorDtype::kF8E4M3) {
-      ++quantized;
-      const auto* sinfo = f->find(tname + "_scale_inv");
-      REQUIRE(sinfo != nullptr);
-      std::vector<float> scales(size_t(sinfo->numel()));
-      REQUIRE(f->readF32(tname + "_scale_inv", scales.data()).isOk());
-      const int64_t rows = info.shape[0], cols = info.shape[1], bpr = (cols + block[1] - 1) / block[1];
-      std::vector<uint8_t> wide(t.bytes.size() * 4);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) {
-          const double s = scales[size_t((r / block[0]) * bpr + c / block[1])];
-          const float v = float(e4m3Reference(t.bytes[size_t(r * cols + c)]) * s);
-          std::memcpy(wide.data() + size_t(r * cols + c) * 4, &v, 4);
-        }
-      t.dtype = TensorDtype::kF32;
-      t.bytes = std::move(wide);
+  for (const auto& f : opened)
+    for (const auto& [tname, info] : f.tensors()) {
+      if (tname.size() > 10 && tname.compare(tname.size() - 10, 10, "_scale_inv") == 0) continue;
+      TensorToWrite t{tname, info.dtype, info.shape, std::vector<uint8_t>(info.end - info.begin)};
+      REQUIRE(f.readBytes(tname, 0, t.bytes.size(), t.bytes.data()).isOk());
+      if (info.dtype == TensorDtype::kF8E4M3) {
+        ++quantized;
+        const SafetensorsFile& sf = fileOf(tname + "_scale_inv");
+        std::vector<float> scales(size_t(sf.find(tname + "_scale_inv")->numel()));
+        REQUIRE(sf.readF32(tname + "_scale_inv", scales.data()).isOk());
+        const int64_t rows = info.shape[0], cols = info.shape[1], bpr = (cols + block[1] - 1) / block[1];
+        std::vector<uint8_t> wide(t.bytes.size() * 4);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            const double sc = scales[size_t((r / block[0]) * bpr + c / block[1])];
+            const float v = float(e4m3Reference(t.bytes[size_t(r * cols + c)]) * sc);
+            std::memcpy(wide.data() + size_t(r * cols + c) * 4, &v, 4);
+          }
+        t.dtype = TensorDtype::kF32;
+        t.bytes = std::move(wide);
+      }
+      out.push_back(std::move(t));
     }
-    out.push_back(std::move(t));
-  }
   REQUIRE(quantized > 0);
   REQUIRE(writeSafetensors(tmp + "/model.safetensors", out, {}).isOk());
   std::ofstream(tmp + "/config.json") << cfg.dump(2);
@@ -449,12 +469,10 @@ TEST_CASE("Checkpoint reads F8_E4M3 weights with BF16 or F32 scales and names wh
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("a model from an FP8 checkpoint gives the logits of its weights dequantized to f32, exactly") {
-  const std::string fp8 = fp8Model("fp8_tiny", "tiny", "f32", 1);
-  const std::string deq = dequantizedCopy(fp8, "fp8_tiny_dequantized");
-  auto cfg = loadModelConfig(fp8);
-  REQUIRE(cfg.ok());
-  CHECK(cfg->quantization == WeightQuantization{true, 128, 128});
+// Loads `fp8` and its test-dequantized copy and checks the logits of two prompts (chunked
+// prefill + greedy decode) are bit-identical.
+void checkExactAgainstDequantized(const std::string& fp8, const std::string& copyName) {
+  const std::string deq = dequantizedCopy(fp8, copyName);
   auto a = loadModel(fp8);
   REQUIRE(a.status().toString() == "OK");
   auto b = loadModel(deq);
@@ -472,12 +490,44 @@ TEST_CASE("a model from an FP8 checkpoint gives the logits of its weights dequan
     REQUIRE(r1.size() == r2.size());
     for (size_t i = 0; i < r1.size(); ++i) CHECK(r1[i] == r2[i]);
   }
+}
+
+TEST_CASE("a model from an FP8 checkpoint gives the logits of its weights dequantized to f32, exactly") {
+  const std::string fp8 = fp8Model("fp8_tiny", "tiny", "f32", 1);
+  auto cfg = loadModelConfig(fp8);
+  REQUIRE(cfg.ok());
+  CHECK(cfg->quantization == WeightQuantization{true, 128, 128});
+  checkExactAgainstDequantized(fp8, "fp8_tiny_dequantized");
   // The codes really were dequantized: not the f32 original's weights.
   MakeModelOptions o;
   const auto f32 = loadModel(makeTestModel("llama_tiny", o));
   REQUIRE(f32.ok());
+  const auto a = loadModel(fp8);
+  REQUIRE(a.ok());
   CHECK(std::memcmp((*a)->layers[0].qkv.data(), (*f32)->layers[0].qkv.data(), (*a)->layers[0].qkv.size() * 4) != 0);
   CHECK(std::memcmp((*a)->embed.data(), (*f32)->embed.data(), (*a)->embed.size() * 4) == 0);  // not quantized
+}
+
+TEST_CASE("FP8 checkpoints of every architecture, sharded or with bf16 tensors, load exactly") {
+  struct Variant {
+    const char* name;
+    const char* arch;
+    const char* dtype;
+    int shards;
+  };
+  for (const Variant& v :
+       {Variant{"fp8_tiny_qwen2_bf16", "qwen2", "bf16", 1}, Variant{"fp8_tiny_qwen3", "qwen3", "f32", 1},
+        Variant{"fp8_tiny_mixtral_sharded", "mixtral", "f32", 3},
+        Variant{"fp8_tiny_qwen3_moe", "qwen3_moe", "bf16", 2}}) {
+    INFO(v.name);
+    MakeModelOptions o;
+    o.arch = v.arch;
+    o.dtype = v.dtype;
+    o.shards = v.shards;
+    o.seed = 8;
+    o.quantization = "fp8";
+    checkExactAgainstDequantized(makeTestModel(v.name, o), std::string(v.name) + "_dequantized");
+  }
 }
 
 // Measured against the f32 model of the same seed (make-model's default: seed 1).
