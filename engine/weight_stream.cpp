@@ -137,7 +137,10 @@ class Streamer {
       if (infos[i]->dtype == TensorDtype::kF8E4M3) {
         // The whole tensor's scales (one f32 per block), whatever slice this rank reads.
         PD_ASSIGN_OR_RETURN(scales, ckpt_.blockScales(pieces[i].name, pieces[i].shape));
-        stats_.fileBytesRead += scales.scaleInv.size() * sizeof(float);
+        PD_ASSIGN_OR_RETURN(
+            const TensorInfo* si,
+            ckpt_.expect(pieces[i].name + "_scale_inv", fp8ScaleShape(scales.rows, scales.cols, ckpt_.quantization())));
+        stats_.fileBytesRead += si->end - si->begin;
       }
       PD_RETURN_IF_ERROR(streamPiece(pieces[i], infos[i]->dtype, to, scales, static_cast<char*>(t.data), &at));
     }

@@ -605,6 +605,14 @@ TEST_CASE("an FP8 checkpoint streams dequantized: the host loader's values in bf
         WeightLoadStats stats;
         auto m = streamWeightsToDevice(dir, c, o, dev, &stats);
         REQUIRE(m.status().toString() == "OK");
+        if (tp == 1) {
+          // Every stored byte read once: the codes, their scales, the bf16 tensors.
+          auto f = SafetensorsFile::open(dir + "/model.safetensors");
+          REQUIRE(f.ok());
+          uint64_t stored = 0;
+          for (const auto& [name, info] : f->tensors()) stored += info.end - info.begin;
+          CHECK(stats.fileBytesRead == stored);
+        }
         const size_t h = size_t(c.hiddenSize);
         const std::vector<float> embed(w.embed.data(), w.embed.data() + w.embed.size());
         checkImage(m->embed, embed, dt, "embed");
