@@ -255,12 +255,16 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
 
 // The small preset of make-model's `arch` (qwen3: per-head q/k RMSNorm, q 2x the hidden
 // width; qwen3_moe: the same attention, 16 experts of which each token runs 4), made once.
-static std::string smallModelDir(const std::string& arch) {
-  const std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small_" + arch;
+// quantization "fp8": an FP8 block-scaled checkpoint (F8_E4M3 projections, the rest bf16).
+static std::string smallModelDir(const std::string& arch, const std::string& quantization = "") {
+  const std::string d =
+      std::string(PD_BINARY_DIR) + "/test_models/e2e_small_" + arch + (quantization.empty() ? "" : "_" + quantization);
   if (!std::filesystem::exists(d + "/config.json")) {
     engine::MakeModelOptions o;
     o.preset = "small";
     o.arch = arch;
+    o.quantization = quantization;
+    if (!quantization.empty()) o.dtype = "bf16";
     const std::string tmp = d + ".tmp." + std::to_string(::getpid());
     REQUIRE(engine::makeModel(o, tmp).isOk());
     std::error_code ec;
@@ -299,8 +303,8 @@ static std::pair<std::vector<int32_t>, std::vector<double>> generateWithLogprobs
 // of `pdserve generate` and each chosen token's logprob matches its raw logits there (prompts
 // of 5..900 tokens: chunked prefill, partial and full blocks; repeats from the prefill
 // worker's prefix cache).
-static void checkArchAcrossSplit(const std::string& arch) {
-  const std::string model = smallModelDir(arch);
+static void checkArchAcrossSplit(const std::string& arch, const std::string& quantization = "") {
+  const std::string model = smallModelDir(arch, quantization);
   const std::vector<int> lengths{5, 17, 64, 300, 900};
   const int kTokens = 6, kVocab = 259;
   std::vector<std::pair<std::vector<int32_t>, std::vector<double>>> expected;
@@ -315,7 +319,7 @@ static void checkArchAcrossSplit(const std::string& arch) {
     SECTION(name) {
       spec.modelDir = model;
       spec.extraRouter = "  admission: {overload_shedding: false}\n";
-      auto c = startCluster(arch, spec);
+      auto c = startCluster(quantization.empty() ? arch : arch + "-" + quantization, spec);
       const std::string route = spec.shortPromptTokens > 0 ? "colocated" : "disaggregated";
       for (int pass = 0; pass < 2; ++pass) {  // the second pass: prefixes cached
         for (size_t i = 0; i < lengths.size(); ++i) {
@@ -349,6 +353,12 @@ TEST_CASE("qwen3: greedy ids and logprobs match pdserve generate: colocated, dis
 
 TEST_CASE("qwen3_moe: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
   checkArchAcrossSplit("qwen3_moe");
+}
+
+// An FP8 block-scaled checkpoint (docs/models.md, "FP8 checkpoints"): both workers dequantize
+// it at load and must agree with `pdserve generate` and with each other across the split.
+TEST_CASE("fp8 checkpoint: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
+  checkArchAcrossSplit("llama", "fp8");
 }
 
 // The CUDA workers in f32 (cuBLAS f32 GEMMs) pick the CPU's greedy ids; over tcp the KV goes
