@@ -109,6 +109,7 @@ for config in $configs; do
   fi
   wait "$bench" || echo "$name: pdserve bench exited $?" >&2
   snapshot "$name" after
+  curl -sf "http://127.0.0.1:$http/metrics" > "$out/$name.router.prom" || true
   cat "$out/$name.txt"
   cleanup
 done
@@ -156,6 +157,7 @@ for n in names:
             for t in ("region", "host", "disk")}
     pulled = total(n, pull_blocks)
     psum, pcount = total(n, pull_seconds + "_sum"), total(n, pull_seconds + "_count")
+    routes = series(f"{out}/{n}.router.prom")
     rows.append([n, res["completed"], res["failed"],
                  f'{100 * turns["cached_tokens"] / prompt:.1f}%',
                  " / ".join(f"{tier[t]:.1f}" for t in tier),
@@ -164,9 +166,13 @@ for n in names:
                  f'{res["request_goodput"]:.2f}' if res["request_goodput"] is not None else "-",
                  f"{1000 * psum / pcount:.1f}" if pcount else "-",
                  f'{100 * turns["ideal_cached_tokens"] / prompt:.1f}%',
-                 f'{turns["next_turns"]}: {100 * turns["next_turn_cached_tokens"] / max(1, turns["next_turn_history_tokens"]):.0f}%'])
+                 f'{turns["next_turns"]}: {100 * turns["next_turn_cached_tokens"] / max(1, turns["next_turn_history_tokens"]):.0f}%',
+                 " / ".join("%.0f" % routes.get('pdserve_route_decisions_total{reason="%s",route="%s"}' % rr, 0)
+                            for rr in (("short_prompt", "colocated"), ("cached_prefix", "colocated"),
+                                       ("long_prompt", "disaggregated")))])
 head = ["config", "done", "failed", "fleet hit", "region/host/disk hit %", "pull hit", "TTFT p50/p90/p99 ms",
-        "goodput req/s", "pull ms", "ceiling (1 cache)", "next turns: history hit"]
+        "goodput req/s", "pull ms", "ceiling (1 cache)", "next turns: history hit",
+        "routes: short / cached_prefix / disaggregated"]
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
 for r in rows:

@@ -281,7 +281,7 @@ class Runner {
     for (int attempt = 0; attempt < 2; ++attempt) {
       beast::error_code ec;
       if (s) active_.erase(s.get());
-      s = takeIdle();
+      s = attempt == 0 ? takeIdle() : nullptr;  // a retry never takes another idle socket: it may be stale too
       const bool reused = s != nullptr;
       if (!s) s = std::make_unique<beast::tcp_stream>(ioc_);
       active_.insert(s.get());
