@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/bench/client.h"
+#include "tools/bench/multiturn.h"
 #include "tools/bench/report.h"
 #include "tools/bench/scraper.h"
 #include "tools/bench/stats.h"
@@ -64,6 +65,11 @@ const OptionHelp kValueOptions[] = {
     {"workload", "--max-output-tokens", "cap output lengths at N"},
     {"workload", "--warmup", "warm-up requests before the measured run (excluded; default 0)"},
     {"workload", "--seed", "seed for lengths, arrivals and prompt tokens (default 0)"},
+    {"workload", "--sample-conversations",
+     "Mooncake trace: keep one conversation in K (whole conversations; thins the load)"},
+    {"workload", "--turn-min-tokens", "--multi-turn: the shortest new message of a next turn (default 16)"},
+    {"report", "--kv-block-size",
+     "--multi-turn: the servers' KV block size in tokens, for the unbounded-cache ceiling (default 16)"},
     {"workload", "--vocab-size", "token ids are drawn from [10, V-10) (default 256)"},
     {"workload", "--token-ids", "MIN:MAX: token ids from [MIN, MAX) instead (keep special ids out)"},
     {"workload", "--temperature", "send this temperature (default: server default)"},
@@ -84,6 +90,9 @@ const OptionHelp kValueOptions[] = {
 const OptionHelp kFlagOptions[] = {
     {"server", "--no-model-check", "skip the GET /v1/models check before the run"},
     {"workload", "--spread-ticks", "spread rows sharing one trace timestamp over the gap to the next"},
+    {"workload", "--multi-turn",
+     "Mooncake trace: replay conversations; a next turn's prompt is the previous prompt, its answer's ids and a "
+     "new message, sent once the previous turn finished"},
     {"workload", "--no-ignore-eos", "do not send ignore_eos (outputs may end early)"},
     {"workload", "--continuous-usage", "ask for stream_options.continuous_usage_stats (vLLM)"},
     {"report", "--progress", "live progress on stderr (default: when stderr is a terminal)"},
@@ -188,6 +197,15 @@ int runBench(const Args& a) {
                    number(a, "--warmup", &w.warmup), number(a, "--seed", &w.seed), number(a, "--vocab-size", &vocab)})
     if (!s.isOk()) return usageError(s);
   w.spreadTicks = hasFlag(a, "--spread-ticks");
+  w.multiTurn = hasFlag(a, "--multi-turn");
+  int64_t kvBlockSize = 16;
+  for (Status s : {number(a, "--turn-min-tokens", &w.turnMinTokens), number(a, "--kv-block-size", &kvBlockSize),
+                   number(a, "--sample-conversations", &w.sampleConversations)})
+    if (!s.isOk()) return usageError(s);
+  if (!w.multiTurn)
+    for (const char* k : {"--turn-min-tokens", "--kv-block-size"})
+      if (a.values.count(k)) return usageError(invalidArgument(std::string(k) + " needs --multi-turn"));
+  if (kvBlockSize < 1) return usageError(invalidArgument("--kv-block-size must be >= 1"));
   {
     PhaseSpec defaults;
     defaults.promptLen = w.promptLen;
@@ -228,6 +246,10 @@ int runBench(const Args& a) {
       return usageError(invalidArgument("--token-ids: '" + t + "' is not MIN:MAX with 0 <= MIN < MAX"));
     body.ids = {lo, hi};
   }
+  if (w.multiTurn && body.endpoint != Endpoint::kCompletions)
+    return usageError(invalidArgument(
+        "--multi-turn sends token-id prompts (the previous answer's exact ids): use --endpoint completions"));
+  body.returnTokenIds = w.multiTurn;
   body.extraJson = get("--extra-body", "");
   if (!body.extraJson.empty()) {
     auto j = nlohmann::json::parse(body.extraJson, nullptr, false);
@@ -309,6 +331,17 @@ int runBench(const Args& a) {
   if (!workload->phases.empty()) ro.durationS = workload->phases.back().endS;
   ro.handleSignals = true;
   ro.makeBody = [&body](const PlannedRequest& p) { return buildRequestBody(p, body); };
+  if (w.multiTurn) {
+    ro.turnPromptIds = [&body](const PlannedRequest& p, const RequestRecord* previous) {
+      if (p.parent < 0 || previous == nullptr) return promptTokenIds(p, body.ids, body.seed);
+      std::vector<int32_t> history = previous->promptIds;
+      history.insert(history.end(), previous->generatedIds.begin(), previous->generatedIds.end());
+      return turnPromptIds(p, history, body.ids, body.seed);
+    };
+    ro.makeBodyIds = [&body](const PlannedRequest& p, const std::vector<int32_t>& ids) {
+      return buildRequestBodyIds(p, ids, body);
+    };
+  }
   const bool progress = hasFlag(a, "--progress") || (!hasFlag(a, "--no-progress") && isatty(2));
   if (progress) ro.onProgress = printProgress;
 
@@ -361,6 +394,24 @@ int runBench(const Args& a) {
                  })->error.c_str());
   const Aggregate agg = aggregate(run->records, run->durationS, slo);
   std::fputs(formatTable(info, agg, run->records).c_str(), stdout);
+  if (w.multiTurn) {
+    const TurnSummary turns = summarizeTurns(workload->requests, run->records, static_cast<int>(kvBlockSize));
+    std::fputs(formatTurns(turns, static_cast<int>(kvBlockSize)).c_str(), stdout);
+    nlohmann::json j = {{"block_size", kvBlockSize},
+                        {"requests", turns.requests},
+                        {"prompt_tokens", turns.promptTokens},
+                        {"cached_tokens", turns.cachedTokens},
+                        {"requests_with_cached_tokens", turns.withCachedUsage},
+                        {"ideal_cached_tokens", turns.idealCachedTokens},
+                        {"next_turns", turns.turns},
+                        {"next_turn_prompt_tokens", turns.turnPromptTokens},
+                        {"next_turn_cached_tokens", turns.turnCachedTokens},
+                        {"next_turn_history_tokens", turns.turnHistoryTokens}};
+    if (Status s = writeFile(out + ".turns.json", j.dump(2) + "\n"); !s.isOk()) {
+      std::fprintf(stderr, "pdserve bench: %s\n", s.message().c_str());
+      return 1;
+    }
+  }
   for (Status s : {writeJson(out + ".json", info, agg, run->records), writeCsv(out + ".csv", run->records, slo),
                    writeHtml(out + ".html", info, agg, run->records, run->durationS)}) {
     if (!s.isOk()) {

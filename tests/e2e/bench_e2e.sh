@@ -88,4 +88,23 @@ python3 -c "import sys; sys.exit(0 if float('${observed:-0}') > 0 else 1)" ||
   { echo "bench e2e: the autoscaler never observed the decode pool's ITL"; exit 1; }
 grep -qx 'pdserve_desired_replicas{pool="decode"} 1' <<<"$metrics" ||
   { echo "bench e2e: no decode recommendation of 1 replica"; grep desired_replicas <<<"$metrics"; exit 1; }
+# Multi-turn replay (docs/bench.md): the first 40 kept rows of the Mooncake conversation trace
+# hold 5 next turns, whose prompts carry the previous answers' ids; some of every next turn's
+# history is served from a cache, and every request is accounted for.
+"$bin/pdserve" bench --url "http://127.0.0.1:$port" \
+  --trace "$(dirname "$0")/../../data/traces/mooncake_fast25_conversation_trace.jsonl" --multi-turn \
+  --sample-conversations 10 --length-scale 0.03125 --max-output-tokens 8 --num-requests 40 \
+  --time-scale 0.05 --spread-ticks --no-progress --out "$work/turns" | tee "$work/turns.out"
+grep -q "Fleet prefix hit rate:" "$work/turns.out"
+python3 - "$work/turns.json" "$work/turns.turns.json" <<'PY'
+import json, sys
+r, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert r["completed"] == 40 and r["failed"] == 0, (r["completed"], r["failed"])
+assert t["requests"] == 40 and t["requests_with_cached_tokens"] == 40, t
+assert t["next_turns"] == 5, t
+assert 0 < t["next_turn_cached_tokens"] <= t["next_turn_history_tokens"], t
+assert 0 < t["cached_tokens"] < t["prompt_tokens"] and 0 < t["ideal_cached_tokens"] < t["prompt_tokens"], t
+print("bench e2e: multi-turn: %d next turns, %d of %d history tokens cached" %
+      (t["next_turns"], t["next_turn_cached_tokens"], t["next_turn_history_tokens"]))
+PY
 echo "bench e2e: ok"

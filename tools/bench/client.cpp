@@ -150,6 +150,9 @@ class Runner {
   // Sends `plan` (on its schedule or back to back), then waits for every sent request.
   awaitable<void> phase(const std::vector<PlannedRequest>& plan, std::vector<RequestRecord>* recs, bool useSchedule) {
     recs->assign(plan.size(), RequestRecord{});
+    plan_ = &plan;
+    recs_ = recs;
+    done_.assign(plan.size(), 0);
     t0_ = Clock::now();
     total_ = static_cast<int64_t>(plan.size());
     sent_ = doneCount_ = failedCount_ = 0;
@@ -227,7 +230,26 @@ class Runner {
   }
 
   awaitable<void> request(const PlannedRequest* p, RequestRecord* r) {
-    const std::string body = o_.makeBody(*p);
+    const size_t pos = static_cast<size_t>(p - plan_->data());
+    std::string body;
+    if (o_.turnPromptIds) {
+      const RequestRecord* previous = nullptr;
+      if (p->parent >= 0 && static_cast<size_t>(p->parent) < pos) {
+        // The next turn of a conversation: its prompt holds the previous answer.
+        asio::steady_timer wait(ioc_);
+        while (!done_[static_cast<size_t>(p->parent)] && !interrupted_) {
+          wait.expires_after(std::chrono::milliseconds(5));
+          beast::error_code ec;
+          co_await wait.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        }
+        previous = &(*recs_)[static_cast<size_t>(p->parent)];
+        r->eligibleS = std::max(r->eligibleS, std::chrono::duration<double>(Clock::now() - t0_).count());
+      }
+      r->promptIds = o_.turnPromptIds(*p, previous);
+      body = o_.makeBodyIds(*p, r->promptIds);
+    } else {
+      body = o_.makeBody(*p);
+    }
     r->plannedPromptTokens = r->promptTokens = p->promptTokens;
     r->plannedOutputTokens = p->outputTokens;
     const auto start = Clock::now();
@@ -259,7 +281,7 @@ class Runner {
     for (int attempt = 0; attempt < 2; ++attempt) {
       beast::error_code ec;
       if (s) active_.erase(s.get());
-      s = takeIdle();
+      s = attempt == 0 ? takeIdle() : nullptr;  // a retry never takes another idle socket: it may be stale too
       const bool reused = s != nullptr;
       if (!s) s = std::make_unique<beast::tcp_stream>(ioc_);
       active_.insert(s.get());
@@ -344,6 +366,9 @@ class Runner {
     r->itlsMs = acct.takeItls();
     r->ttftSplitMs = acct.ttftSplitMs();
     r->ttftSplitRoute = acct.ttftSplitRoute();
+    r->cachedTokens = acct.usageCachedTokens();
+    if (o_.turnPromptIds) r->generatedIds = acct.takeTokenIds();
+    r->endS = std::chrono::duration<double>(end - t0_).count();
     if (!failure.empty()) {
       r->error = failure;
     } else if (status != 200) {
@@ -362,6 +387,7 @@ class Runner {
       s->socket().shutdown(tcp::socket::shutdown_both, ec);
       s->close();
     }
+    if (pos < done_.size()) done_[pos] = 1;
     onRequestDone(r);
   }
 
@@ -385,6 +411,11 @@ class Runner {
   bool anySuccess_ = false;
   std::string abort_;
   RunOutput out_;
+  // The phase being sent: its plan, its records, and which of them have finished (a next
+  // turn waits on its previous one).
+  const std::vector<PlannedRequest>* plan_ = nullptr;
+  std::vector<RequestRecord>* recs_ = nullptr;
+  std::vector<char> done_;
 };
 
 Result<tcp::resolver::results_type> resolve(const ServerTarget& t) {
@@ -399,7 +430,8 @@ Result<tcp::resolver::results_type> resolve(const ServerTarget& t) {
 }  // namespace
 
 Result<RunOutput> runLoad(const ClientOptions& client, const Workload& workload, const RunOptions& opts) {
-  if (!opts.makeBody) return invalidArgument("runLoad: RunOptions.makeBody is required");
+  if (!opts.makeBody && !(opts.turnPromptIds && opts.makeBodyIds))
+    return invalidArgument("runLoad: RunOptions.makeBody (or turnPromptIds and makeBodyIds) is required");
   PD_ASSIGN_OR_RETURN(auto eps, resolve(client.server));
   raiseFdLimit();
   Runner runner(client, opts, std::move(eps));

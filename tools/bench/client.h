@@ -50,8 +50,14 @@ struct ProgressInfo {
 struct RunOptions {
   int64_t maxConcurrency = 0;                                  // 0: no cap
   double durationS = 0;                                        // > 0: send nothing new after this many seconds
-  std::function<std::string(const PlannedRequest&)> makeBody;  // required
-  std::function<void(const ProgressInfo&)> onProgress;         // optional
+  std::function<std::string(const PlannedRequest&)> makeBody;  // required unless turnPromptIds is set
+  // Multi-turn replay (multiturn.h): when set, a request's prompt ids come from here (given
+  // its previous turn's record, or null when it has none) and its body from makeBodyIds; a
+  // request with a previous turn (PlannedRequest::parent) is sent only once that turn has
+  // finished (its eligibleS says when). The records keep the prompt and generated ids.
+  std::function<std::vector<int32_t>(const PlannedRequest&, const RequestRecord* previous)> turnPromptIds;
+  std::function<std::string(const PlannedRequest&, const std::vector<int32_t>&)> makeBodyIds;
+  std::function<void(const ProgressInfo&)> onProgress;  // optional
   double progressIntervalS = 0.2;
   // Stop sending when the first responses are all refusals (4xx other than 408/429): a wrong
   // model name or a bad option would otherwise fail every request in the plan.

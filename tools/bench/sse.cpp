@@ -89,6 +89,11 @@ void StreamAccounting::onEvent(const SseEvent& ev, double tMs) {
     }
     if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer())
       usagePrompt_ = u["prompt_tokens"].get<int64_t>();
+    if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
+      const auto& d = u["prompt_tokens_details"];
+      if (d.contains("cached_tokens") && d["cached_tokens"].is_number_integer())
+        usageCached_ = d["cached_tokens"].get<int64_t>();
+    }
     if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer()) {
       usageCompletion_ = u["completion_tokens"].get<int64_t>();
       const bool hasChoices = j.contains("choices") && j["choices"].is_array() && !j["choices"].empty();
@@ -102,7 +107,11 @@ void StreamAccounting::onEvent(const SseEvent& ev, double tMs) {
     const auto& c = j["choices"][0];
     if (c.contains("finish_reason") && c["finish_reason"].is_string())
       finishReason_ = c["finish_reason"].get<std::string>();
-    if (k < 0 && c.contains("token_ids") && c["token_ids"].is_array()) k = static_cast<int64_t>(c["token_ids"].size());
+    if (c.contains("token_ids") && c["token_ids"].is_array()) {
+      for (const auto& id : c["token_ids"])
+        if (id.is_number_integer()) tokenIds_.push_back(id.get<int32_t>());
+      if (k < 0) k = static_cast<int64_t>(c["token_ids"].size());
+    }
     if (k < 0 && c.contains("logprobs") && c["logprobs"].is_object()) {
       const auto& lp = c["logprobs"];
       if (!chat_ && lp.contains("tokens") && lp["tokens"].is_array()) k = static_cast<int64_t>(lp["tokens"].size());

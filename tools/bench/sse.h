@@ -58,6 +58,11 @@ class StreamAccounting {
   int64_t chunkTokens() const { return tokens_; }
   int64_t usagePromptTokens() const { return usagePrompt_; }          // -1 when absent
   int64_t usageCompletionTokens() const { return usageCompletion_; }  // -1 when absent
+  // usage.prompt_tokens_details.cached_tokens (OpenAI's field): -1 when absent.
+  int64_t usageCachedTokens() const { return usageCached_; }
+  // The generated ids the chunks carried in choices[0].token_ids (return_token_ids), in order.
+  const std::vector<int32_t>& tokenIds() const { return tokenIds_; }
+  std::vector<int32_t> takeTokenIds() { return std::move(tokenIds_); }
   const std::string& finishReason() const { return finishReason_; }
   // pdserve's TTFT split from the usage chunk's "pdserve_timing" (router/ttft_split.h):
   // phase -> ms (the "<phase>_ms" keys, "ttft" among them), and its route; empty when the
@@ -75,7 +80,8 @@ class StreamAccounting {
   double doneMs_ = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> itls_;
   int64_t tokens_ = 0;
-  int64_t usagePrompt_ = -1, usageCompletion_ = -1;
+  int64_t usagePrompt_ = -1, usageCompletion_ = -1, usageCached_ = -1;
+  std::vector<int32_t> tokenIds_;
   int64_t cumulativeSeen_ = 0;
   std::string finishReason_;
   std::map<std::string, double> split_;

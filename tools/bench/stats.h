@@ -56,6 +56,11 @@ struct RequestRecord {
   // pdserve's server-side TTFT split (usage.pdserve_timing): phase -> ms, and its route.
   std::map<std::string, double> ttftSplitMs;
   std::string ttftSplitRoute;
+  int64_t cachedTokens = -1;  // usage.prompt_tokens_details.cached_tokens; -1 when not sent
+  // Multi-turn replay only (multiturn.h): the prompt sent and the ids generated for it.
+  std::vector<int32_t> promptIds;
+  std::vector<int32_t> generatedIds;
+  double endS = kNaN;  // when it finished, seconds since the measured phase began
 
   double lagMs() const { return (startS - eligibleS) * 1000.0; }
   // (e2e - ttft) / (outputTokens - 1); NaN for fewer than two tokens (vLLM's definition).

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tools/bench/multiturn.h"
+
 namespace pd::bench {
 namespace {
 
@@ -234,6 +236,7 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
   if (!(o.timeScale > 0)) return invalidArgument("--time-scale must be > 0");
   if (o.rate < 0) return invalidArgument("--rate must be >= 0");
   if (o.warmup < 0) return invalidArgument("--warmup must be >= 0");
+  if (o.sampleConversations < 1) return invalidArgument("--sample-conversations must be >= 1");
   if (o.maxPromptTokens < 0 || o.maxOutputTokens < 0) return invalidArgument("--max-*-tokens must be >= 0");
   if (!o.phases.empty()) return buildPhased(o);
   Workload w;
@@ -242,6 +245,18 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
   if (haveTrace) {
     PD_ASSIGN_OR_RETURN(trace, loadTrace(o.tracePath));
     w.traceFormat = traceFormatName(trace.format);
+    if (o.sampleConversations > 1) {
+      if (trace.blockTokens <= 0)
+        return invalidArgument("--sample-conversations needs a trace with prefix blocks (Mooncake JSONL hash_ids)");
+      std::vector<TraceRow> kept;
+      for (size_t i = 0; i < trace.rows.size(); ++i) {
+        const TraceRow& row = trace.rows[i];
+        const int64_t key = row.hashIds.size() > 1 ? row.hashIds[1] : static_cast<int64_t>(i);
+        if (key % o.sampleConversations == 0) kept.push_back(row);
+      }
+      if (kept.empty()) return invalidArgument("--sample-conversations: no row is kept");
+      trace.rows = std::move(kept);
+    }
   }
   if (o.rate > 0)
     w.arrival = ArrivalMode::kPoisson;
@@ -355,10 +370,26 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
     w.requests.push_back(std::move(r));
   }
   if (w.requests.empty()) return invalidArgument("the workload is empty (check --num-requests / --duration)");
+  if (o.multiTurn) {
+    if (!haveTrace || trace.blockTokens <= 0)
+      return invalidArgument("--multi-turn needs a trace with prefix blocks (Mooncake JSONL hash_ids)");
+    if (static_cast<int64_t>(w.requests.size()) > static_cast<int64_t>(trace.rows.size()))
+      return invalidArgument("--multi-turn replays each trace row once: ask for at most " +
+                             std::to_string(trace.rows.size()) + " requests");
+    if (o.turnMinTokens < 1) return invalidArgument("--turn-min-tokens must be >= 1");
+    w.chainedTurns = linkTurns(w.requests, trace.rows, trace.blockTokens, scale, o.turnMinTokens);
+    // A next turn's planned length: the previous turn's prompt and answer and its new message.
+    for (PlannedRequest& r : w.requests) {
+      if (r.parent < 0) continue;
+      const PlannedRequest& p = w.requests[static_cast<size_t>(r.parent)];
+      r.promptTokens = p.promptTokens + p.outputTokens + r.newTokens;
+    }
+  }
 
   std::ostringstream d;
   if (haveTrace) {
     d << "trace " << o.tracePath << " (" << w.traceFormat << ")";
+    if (o.sampleConversations > 1) d << ", 1 conversation in " << o.sampleConversations;
     if (scale != 1.0) d << ", prompt lengths x" << scale;
     if (blockTokens > 0) d << ", prefix blocks of " << blockTokens << " tokens";
   } else {
@@ -371,6 +402,7 @@ Result<Workload> buildWorkload(const WorkloadOptions& o) {
   if (w.arrival == ArrivalMode::kTrace && o.spreadTicks) d << " (ticks spread)";
   if (w.arrival == ArrivalMode::kPoisson) d << " " << o.rate << "/s";
   d << "; " << w.requests.size() << " requests";
+  if (o.multiTurn) d << " (multi-turn: " << w.chainedTurns << " next turns)";
   if (o.warmup > 0) d << " + " << o.warmup << " warm-up";
   w.describe = d.str();
   return w;
@@ -413,6 +445,10 @@ std::string ByteTextPrompter::textFor(const std::vector<int32_t>& ids) const {
 }
 
 std::string buildRequestBody(const PlannedRequest& r, const BodyOptions& o) {
+  return buildRequestBodyIds(r, promptTokenIds(r, o.ids, o.seed), o);
+}
+
+std::string buildRequestBodyIds(const PlannedRequest& r, const std::vector<int32_t>& ids, const BodyOptions& o) {
   nlohmann::json j = nlohmann::json::object();
   if (!o.model.empty()) j["model"] = o.model;
   j["stream"] = true;
@@ -420,8 +456,8 @@ std::string buildRequestBody(const PlannedRequest& r, const BodyOptions& o) {
   if (o.continuousUsage) j["stream_options"]["continuous_usage_stats"] = true;
   j["max_tokens"] = r.outputTokens;
   if (o.ignoreEos) j["ignore_eos"] = true;
+  if (o.returnTokenIds) j["return_token_ids"] = true;
   if (o.temperature >= 0) j["temperature"] = o.temperature;
-  const std::vector<int32_t> ids = promptTokenIds(r, o.ids, o.seed);
   if (o.endpoint == Endpoint::kChat) {
     j["max_completion_tokens"] = r.outputTokens;
     static const ByteTextPrompter kDefault;

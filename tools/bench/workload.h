@@ -72,6 +72,14 @@ struct WorkloadOptions {
   // Trace replay: rows that share one timestamp (the Mooncake conversation trace records
   // arrivals in 3-second ticks) are spread evenly over the gap to the next timestamp.
   bool spreadTicks = false;
+  // Mooncake traces: replay conversations (multiturn.h). Each request whose prefix blocks
+  // extend an earlier request's full blocks is that request's next turn.
+  bool multiTurn = false;
+  int64_t turnMinTokens = 16;  // the shortest new message of a next turn
+  // Mooncake traces: keep one conversation in K (rows whose second prefix block, the first
+  // past the shared system block, is a multiple of K; a one-block row by its row number), so
+  // a replay thins the load without cutting conversations apart. 1: every row.
+  int64_t sampleConversations = 1;
   // Not empty: a phased synthetic workload; promptLen / outputLen / rate / durationS and a
   // trace are then not used (buildWorkload refuses a trace, --duration and --num-requests).
   std::vector<PhaseSpec> phases;
@@ -86,6 +94,12 @@ struct PlannedRequest {
   int64_t blockTokens = 0;
   bool warmup = false;
   int phase = -1;  // index into Workload::phases; -1 when the workload has none
+  // Multi-turn replay (multiturn.h): the previous turn of the conversation (its position in
+  // Workload::requests, -1: none) and the new message's length. The prompt is then the
+  // previous turn's prompt and generated ids, then newTokens fresh ids; it is sent once the
+  // previous turn finished, never before its own scheduledS.
+  int64_t parent = -1;
+  int64_t newTokens = 0;
 };
 
 // Where a phase of a phased workload sits in the schedule: [startS, endS).
@@ -102,6 +116,7 @@ struct Workload {
   std::string traceFormat;          // "" for synthetic
   std::string describe;             // one line for the report
   std::vector<PhaseWindow> phases;  // phased workloads only, in order, contiguous from 0
+  int64_t chainedTurns = 0;         // multi-turn: requests with a previous turn
 };
 
 // Limits for closed-loop runs bounded only by --duration (the plan must be finite).
@@ -150,8 +165,11 @@ struct BodyOptions {
   double temperature = -1;                 // < 0: not sent (server default)
   std::string extraJson;                   // a JSON object merged into every body (may be empty)
   const TextPrompter* prompter = nullptr;  // chat only; ByteTextPrompter when null
+  bool returnTokenIds = false;             // ask for the generated ids (vLLM's return_token_ids)
 };
 // The streaming request body for one planned request.
 std::string buildRequestBody(const PlannedRequest& r, const BodyOptions& o);
+// The same with the prompt's ids given (a multi-turn request's history and new message).
+std::string buildRequestBodyIds(const PlannedRequest& r, const std::vector<int32_t>& ids, const BodyOptions& o);
 
 }  // namespace pd::bench

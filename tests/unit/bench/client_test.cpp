@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "tests/unit/bench/fake_openai_server.h"
+#include "tools/bench/multiturn.h"
 #include "tools/bench/stats.h"
 #include "tools/bench/workload.h"
 
@@ -282,3 +283,46 @@ TEST_CASE("the pdserve bench command against the scripted server", "[bench][clie
   fs::remove_all(dir);
 }
 #endif
+
+TEST_CASE("multi-turn: a next turn is sent after its previous turn, with its answer's ids", "[bench][client]") {
+  FakeOpenAiServer server;
+  BodyOptions body = bodyFor("test-model", R"({"test_ttft_ms": 30, "test_itl_ms": 5, "test_chunk": 2})");
+  body.returnTokenIds = true;
+  Workload w = fixedWorkload(3, 8, 6);
+  for (auto& p : w.requests) p.scheduledS = 0;  // all due at once
+  w.requests[1].parent = 0;
+  w.requests[1].newTokens = 4;
+  w.requests[2].parent = 1;
+  w.requests[2].newTokens = 4;
+  RunOptions ro = runOpts(body, 0);
+  ro.turnPromptIds = [&body](const PlannedRequest& p, const RequestRecord* previous) {
+    if (p.parent < 0) return promptTokenIds(p, body.ids, body.seed);
+    REQUIRE(previous != nullptr);
+    std::vector<int32_t> history = previous->promptIds;
+    history.insert(history.end(), previous->generatedIds.begin(), previous->generatedIds.end());
+    return turnPromptIds(p, history, body.ids, body.seed);
+  };
+  ro.makeBodyIds = [&body](const PlannedRequest& p, const std::vector<int32_t>& ids) {
+    return buildRequestBodyIds(p, ids, body);
+  };
+  auto out = runLoad(clientFor(server), w, ro);
+  REQUIRE(out.ok());
+  REQUIRE(out->records.size() == 3);
+  for (const auto& r : out->records) {
+    INFO(r.error);
+    REQUIRE(r.ok);
+    CHECK(r.generatedIds.size() == 6);
+  }
+  const auto& recs = out->records;
+  // Each turn waits for the one before: sent after it finished, its prompt that turn's
+  // prompt and answer, then 4 new ids.
+  for (size_t i = 1; i < 3; ++i) {
+    CHECK(recs[i].startS >= recs[i - 1].endS);
+    CHECK(recs[i].eligibleS >= recs[i - 1].endS);
+    std::vector<int32_t> history = recs[i - 1].promptIds;
+    history.insert(history.end(), recs[i - 1].generatedIds.begin(), recs[i - 1].generatedIds.end());
+    REQUIRE(recs[i].promptIds.size() == history.size() + 4);
+    CHECK(std::equal(history.begin(), history.end(), recs[i].promptIds.begin()));
+  }
+  CHECK(recs[0].promptIds.size() == 8);
+}

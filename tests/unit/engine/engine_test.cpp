@@ -569,6 +569,67 @@ TEST_CASE("engine: KV prefilled by another engine decodes to the colocated resul
   CHECK(decode->kv().numFreeBlocks() == decode->kv().numTotalBlocks());
 }
 
+TEST_CASE("engine: a decode engine names its answer's blocks; the next turn attaches prompt and answer") {
+  // Turn 1 disaggregated: the prompt's KV arrives from a prefill engine, the decode engine
+  // generates the answer. 41 prompt tokens + 23 generated = 64 tokens, of which 63 have KV
+  // (the last sampled token's is never computed): blocks 0-2 are named, block 3 is not.
+  const auto prompt = testPrompt(41, 9);
+  auto decode = makeEngine(64, 32);
+  decode->kv().setEventRecording(true);
+  auto blocks = decode->submitRemote(makeRequest(1, prompt, greedy(23)));
+  REQUIRE(blocks.ok());
+  auto prefill = makeEngine(64, 64, /*releaseKv=*/false);
+  REQUIRE(prefill->submit(makeRequest(1, prompt, greedy(1))).isOk());
+  std::optional<SampledToken> first;
+  for (int guard = 0; prefill->hasWork() && guard < 100; ++guard) {
+    std::vector<EngineEvent> events;
+    REQUIRE(prefill->step(&events).isOk());
+    for (auto& e : events)
+      if (e.kind == EngineEvent::Kind::kToken) first = e.token;
+  }
+  REQUIRE(first);
+  auto pairs = pairedLayerSegments(prefill->kv().layout(), prefill->kv().region(), prefill->kv().blockTable(1),
+                                   decode->kv().region(), *blocks, 0, prefill->kv().layout().numLayers);
+  REQUIRE(pairs.ok());
+  for (size_t i = 0; i < pairs->local.size(); ++i)
+    std::memcpy(pairs->remote[i].ptr(), pairs->local[i].ptr(), pairs->local[i].len);
+  prefill->release(1);
+  std::vector<EngineEvent> events;
+  REQUIRE(decode->completeRemote(1, *first, &events).isOk());
+  std::vector<int32_t> history = prompt;
+  history.push_back(first->id);
+  for (int guard = 0; decode->hasWork() && guard < 100; ++guard) {
+    events.clear();
+    REQUIRE(decode->step(&events).isOk());
+    REQUIRE(decode->kv().checkInvariants().isOk());
+    for (auto& e : events)
+      if (e.kind == EngineEvent::Kind::kToken) history.push_back(e.token.id);
+  }
+  REQUIRE(history.size() == 64);
+  const auto names = blockHashChain(history, 16);
+  std::vector<uint64_t> stored;
+  for (const auto& e : decode->kv().takeEvents())
+    if (e.kind == KvBlockEvent::Kind::kStored) stored.push_back(e.hash);
+  CHECK(stored == std::vector<uint64_t>(names.begin(), names.begin() + 3));  // 2 prompt blocks, then the answer's
+
+  // Turn 2 on the same engine (the router kept it colocated): the history and a new message.
+  std::vector<int32_t> turn2 = history;
+  const auto message = testPrompt(20, 10);
+  turn2.insert(turn2.end(), message.begin() + 1, message.end());
+  REQUIRE(decode->submit(makeRequest(2, turn2, greedy(6))).isOk());
+  std::vector<EngineEvent> all;
+  auto out = runToEnd(*decode, &all);
+  int cached = -1;
+  for (const auto& e : all)
+    if (e.kind == EngineEvent::Kind::kFinished) cached = e.timings.cachedPromptTokens;
+  CHECK(cached == 48);
+  // The same ids as a cold engine computing the whole prompt.
+  auto cold = makeEngine(64, 32);
+  REQUIRE(cold->submit(makeRequest(2, turn2, greedy(6))).isOk());
+  CHECK(out[2] == runToEnd(*cold)[2]);
+  CHECK(decode->kv().checkInvariants().isOk());
+}
+
 TEST_CASE("engine: a first token outside the vocabulary fails that remote request alone") {
   auto engine = makeEngine(64, 32);
   REQUIRE(engine->submit(makeRequest(1, testPrompt(12, 1), greedy(6))).isOk());

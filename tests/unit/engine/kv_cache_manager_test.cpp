@@ -283,6 +283,51 @@ TEST_CASE("KV events: stored blocks carry the shared hash chain, evictions say w
   REQUIRE_OK(kv->checkInvariants());
 }
 
+TEST_CASE("generated tokens: a block is named when its last token's KV is computed, like a prompt block") {
+  // The decode loop of one request (engine/engine.cpp): a prompt of 6 tokens (blocks of 4) is
+  // computed, then each step appends the sampled token and computes its KV one step later.
+  // Block i may be named only once all of its 4 tokens' KV is computed: never by the sampled
+  // token whose KV is not yet written.
+  auto kv = makeKv(smallLayout(8, 4));
+  kv->setEventRecording(true);
+  std::vector<TokenId> tokens = {1, 2, 3, 4, 5, 6};
+  REQUIRE_OK(kv->allocate(1, 6));
+  REQUIRE_OK(kv->cacheComputedBlocks(1, tokens, 6));
+  std::vector<KvBlockEvent> stored = kv->takeEvents();
+  CHECK(stored.size() == 1);
+  int computed = 6;
+  for (TokenId next = 100; next < 107; ++next) {
+    tokens.push_back(next);  // sampled: in the sequence, its KV not computed
+    REQUIRE_OK(kv->extend(1, int(tokens.size())));
+    REQUIRE_OK(kv->cacheComputedBlocks(1, tokens, computed));
+    for (auto& e : kv->takeEvents()) stored.push_back(std::move(e));
+    CHECK(int(stored.size()) == computed / 4);
+    REQUIRE_OK(kv->checkInvariants());
+    ++computed;  // the next decode step computes it
+  }
+  // 13 tokens, 12 computed: three blocks named, holding the prompt and the answer's tokens, on
+  // the same chain the router computes for the next turn's prompt.
+  REQUIRE(stored.size() == 3);
+  const auto names = blockHashChain(tokens, 4);
+  for (size_t i = 0; i < stored.size(); ++i) {
+    CHECK(stored[i].kind == KvBlockEvent::Kind::kStored);
+    CHECK(stored[i].hash == names[i]);
+    CHECK(stored[i].parentHash == (i == 0 ? kRootBlockHash : names[i - 1]));
+    CHECK(stored[i].tokens == std::vector<int32_t>(tokens.begin() + 4 * long(i), tokens.begin() + 4 * long(i) + 4));
+  }
+  CHECK(stored[2].tokens == std::vector<int32_t>{102, 103, 104, 105});  // wholly generated
+  REQUIRE_OK(kv->free(1));
+  // The next turn: the whole history and a new message. The answer's named blocks are found;
+  // the block of the last sampled token (its KV was never computed) is not.
+  std::vector<TokenId> next = tokens;
+  next.insert(next.end(), {50, 51, 52, 53, 54});
+  auto cached = attachAndExtend(*kv, 2, next, int(next.size()));
+  REQUIRE(cached.ok());
+  CHECK(*cached == 12);
+  CHECK(kv->takeEvents().empty());  // attaching names nothing new
+  REQUIRE_OK(kv->checkInvariants());
+}
+
 TEST_CASE("fork shares full blocks and copies the partial tail in every layer") {
   KvLayout l = smallLayout(8, 4);
   auto kv = makeKv(l);
