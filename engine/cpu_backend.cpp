@@ -34,7 +34,7 @@ enum class WeightFormat { kF32, kBf16, kQ8 };
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt,
-             kc::GemmKernel gemmKernel, WeightFormat format, kc::Bf16Kernel bf16Kernel)
+             kc::GemmKernel gemmKernel, WeightFormat format, kc::Bf16Kernel bf16Kernel, kc::Q8Kernel q8Kernel)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
         gemmKernel_(gemmKernel),
         gemmNr_(kc::gemmKernelInfo(gemmKernel).nr),
         bf16Kernel_(bf16Kernel),
+        q8Kernel_(q8Kernel),
         moe_(cfg_) {
     if (format != WeightFormat::kF32) {
       // Converted once here; the f32 copies stay in the shared ModelWeights (other backends and
@@ -112,6 +113,7 @@ class CpuBackend final : public Backend {
   kc::GemmKernel gemmKernel_;
   int gemmNr_;  // the kernel's panel width: column splits are multiples of it
   kc::Bf16Kernel bf16Kernel_;
+  kc::Q8Kernel q8Kernel_;
   // engine.weight_format bf16 or q8_0: the four linear weights of each layer converted (empty
   // for f32). Norms, biases, embeddings and lm_head stay f32.
   struct CompactLayer {
@@ -180,7 +182,7 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, const Com
     if (cw && !cw->bf16.empty())
       kc::linearSkinnyBf16(bf16Kernel_, x, in, cw->bf16.data(), y, out, n, in, b, e, beta);
     else if (cw)
-      kc::linearSkinnyQ8(x, in, cw->q8.data(), cw->scales.data(), y, out, n, in, b, e, beta);
+      kc::linearSkinnyQ8(q8Kernel_, x, in, cw->q8.data(), cw->scales.data(), y, out, n, in, b, e, beta);
     else
       kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
   });
@@ -458,6 +460,35 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
           "createCpuBackend: bf16Kernel " + options.bf16Kernel +
           " needs instructions this CPU lacks (best: " + kc::bf16KernelName(kc::bf16BestKernel()) + ")");
   }
+  kc::Q8Kernel q8Kernel = kc::q8BestKernel();
+  if (!options.q8Kernel.empty()) {
+    bool known = false;
+    for (kc::Q8Kernel c : {kc::Q8Kernel::kAvx512Vnni, kc::Q8Kernel::kAvx2, kc::Q8Kernel::kGeneric})
+      if (options.q8Kernel == kc::q8KernelName(c)) {
+        q8Kernel = c;
+        known = true;
+      }
+    if (!known)
+      return invalidArgument("createCpuBackend: unknown q8Kernel \"" + options.q8Kernel +
+                             "\" (avx512vnni|avx2|generic)");
+    if (!kc::q8KernelSupported(q8Kernel))
+      return failedPrecondition("createCpuBackend: q8Kernel " + options.q8Kernel +
+                                " needs instructions this CPU lacks (best: " + kc::q8KernelName(kc::q8BestKernel()) +
+                                ")");
+  }
+  if (format == WeightFormat::kQ8) {
+    static std::atomic<int> logged{0};
+    const int bit = 1 << int(q8Kernel);
+    if ((logged.fetch_or(bit) & bit) == 0) {
+      const bool narrower = q8Kernel != kc::q8BestKernel();
+      if (narrower)
+        PD_LOG(kWarn, "engine") << "cpu backend: q8_0 weights, decode kernel " << kc::q8KernelName(q8Kernel)
+                                << " (forced) although this CPU supports " << kc::q8KernelName(kc::q8BestKernel());
+      else
+        PD_LOG(kInfo, "engine") << "cpu backend: q8_0 weights, decode kernel " << kc::q8KernelName(q8Kernel)
+                                << (options.q8Kernel.empty() ? " (chosen from CPUID)" : " (forced)");
+    }
+  }
   if (format == WeightFormat::kBf16) {
     static std::atomic<int> logged{0};
     const int bit = 1 << int(bf16Kernel);
@@ -466,8 +497,8 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
                               << (options.bf16Kernel.empty() ? " (chosen from CPUID)" : " (forced)");
     }
   }
-  return std::unique_ptr<Backend>(
-      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel, format, bf16Kernel));
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options,
+                                                 gemmKernel, format, bf16Kernel, q8Kernel));
 }
 
 }  // namespace pd::engine
