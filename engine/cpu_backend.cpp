@@ -48,26 +48,24 @@ class CpuBackend final : public Backend {
         q8Kernel_(q8Kernel),
         moe_(cfg_) {
     if (format != WeightFormat::kF32) {
-      // Converted once here; the f32 copies stay in the shared ModelWeights (other backends and
-      // the loader's callers may use them).
-      auto convert = [format](const WeightBuffer& w, int n, int k) {
-        Compact c;
-        if (w.size() == 0) return c;  // a MoE layer's dense MLP: its experts stay f32
-        if (format == WeightFormat::kBf16) {
-          c.bf16.resize(w.size());
-          kc::f32ToBf16(w.data(), c.bf16.data(), w.size());
-        } else {
-          c.q8.resize(w.size());
-          c.scales.resize(size_t(n) * kc::q8BlocksPerRow(k));
-          kc::q8Quantize(w.data(), n, k, c.q8.data(), c.scales.data());
-        }
-        return c;
-      };
+      // A model loaded in this format holds the compact weights itself (its f32 copies freed);
+      // an f32 model's are converted once here and kept by the backend (the f32 copies stay in
+      // the shared ModelWeights: other backends and the loader's callers may use them).
+      const std::string name = format == WeightFormat::kBf16 ? "bf16" : "q8_0";
       const int h = cfg_.hiddenSize, ffn = cfg_.intermediateSize;
       const int qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
-      for (const LayerWeights& w : model_->layers)
-        compact_.push_back({convert(w.qkv, qkvRows, h), convert(w.o, h, cfg_.qDim()), convert(w.gateUp, 2 * ffn, h),
-                            convert(w.down, h, ffn)});
+      if (model_->weightFormat == "f32") {
+        owned_.reserve(model_->layers.size());
+        for (const LayerWeights& w : model_->layers)
+          owned_.push_back({CompactWeight::convert(w.qkv.data(), qkvRows, h, name),
+                            CompactWeight::convert(w.o.data(), h, cfg_.qDim(), name),
+                            CompactWeight::convert(w.gateUp.data(), 2 * ffn, h, name),
+                            CompactWeight::convert(w.down.data(), h, ffn, name)});
+        for (const CompactLayer& c : owned_) compact_.push_back({&c.qkv, &c.o, &c.gateUp, &c.down});
+      } else {
+        for (const LayerWeights& w : model_->layers)
+          compact_.push_back({&w.qkvCompact, &w.oCompact, &w.gateUpCompact, &w.downCompact});
+      }
     }
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
@@ -85,12 +83,7 @@ class CpuBackend final : public Backend {
   Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
-  // A linear weight held as bf16 (bf16 set) or 8-bit blocks (q8 and scales set).
-  struct Compact {
-    std::vector<uint16_t> bf16;
-    std::vector<int8_t> q8;
-    std::vector<float> scales;
-  };
+  using Compact = CompactWeight;  // bf16 set, or q8 and scales set
   // y[n][out] = x[n][in] * W^T (+ beta * y); W is cw when not null, else w (f32).
   void linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y, float beta);
   // Several products (beta 0): when every one has at most skinnyMaxRows rows, one fork-join
@@ -119,7 +112,11 @@ class CpuBackend final : public Backend {
   struct CompactLayer {
     Compact qkv, o, gateUp, down;
   };
-  std::vector<CompactLayer> compact_;
+  std::vector<CompactLayer> owned_;  // converted here from an f32 model
+  struct CompactRefs {
+    const Compact *qkv, *o, *gateUp, *down;
+  };
+  std::vector<CompactRefs> compact_;  // per layer: owned_'s or the model's own
   std::vector<float> invFreq_;
 
   // Per-step scratch, grown on demand and reused.
@@ -316,7 +313,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
 
   for (int l = 0; l < cfg_.numLayers; ++l) {
     const LayerWeights& w = model_->layers[l];
-    const CompactLayer* wb = compact_.empty() ? nullptr : &compact_[l];
+    const CompactRefs* wb = compact_.empty() ? nullptr : &compact_[l];
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
@@ -325,7 +322,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       for (int i = 0; i < T; ++i)
         std::copy(w.qkvBias.data(), w.qkvBias.data() + qkvRows, qkv_.data() + size_t(i) * qkvRows);
     }
-    linear(xn_.data(), T, h, w.qkv.data(), wb ? &wb->qkv : nullptr, qkvRows, qkv_.data(),
+    linear(xn_.data(), T, h, w.qkv.data(), wb ? wb->qkv : nullptr, qkvRows, qkv_.data(),
            w.qkvBias.empty() ? 0.0f : 1.0f);
     float* lkv = layerKv(l);
     forRows(T, qkvRows, [&](int b, int e) {
@@ -350,7 +347,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
     if (!w.oBias.empty())
       for (int i = 0; i < T; ++i)
         for (int j = 0; j < h; ++j) x_[size_t(i) * h + j] += w.oBias.data()[j];
-    linear(attn_.data(), T, qDim, w.o.data(), wb ? &wb->o : nullptr, h, x_.data(), 1.0f);
+    linear(attn_.data(), T, qDim, w.o.data(), wb ? wb->o : nullptr, h, x_.data(), 1.0f);
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
@@ -364,11 +361,11 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
           [this](const std::vector<CpuMoe::LinearJob>& jobs) { linearMany(jobs); });
       continue;
     }
-    linear(xn_.data(), T, h, w.gateUp.data(), wb ? &wb->gateUp : nullptr, 2 * ffn, gu_.data(), 0.0f);
+    linear(xn_.data(), T, h, w.gateUp.data(), wb ? wb->gateUp : nullptr, 2 * ffn, gu_.data(), 0.0f);
     forRows(T, 2 * ffn, [&](int b, int e) {
       kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);
     });
-    linear(act_.data(), T, ffn, w.down.data(), wb ? &wb->down : nullptr, h, x_.data(), 1.0f);
+    linear(act_.data(), T, ffn, w.down.data(), wb ? wb->down : nullptr, h, x_.data(), 1.0f);
   }
 
   if (numLogits > 0) {
@@ -447,6 +444,9 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
     format = WeightFormat::kQ8;
   else if (options.weightFormat != "f32")
     return invalidArgument("createCpuBackend: unknown weightFormat \"" + options.weightFormat + "\" (f32|bf16|q8_0)");
+  if (model->weightFormat != "f32" && model->weightFormat != options.weightFormat)
+    return failedPrecondition("createCpuBackend: the model was loaded with weight format " + model->weightFormat +
+                              " (its f32 copies freed) but weightFormat is " + options.weightFormat);
   kc::Bf16Kernel bf16Kernel = kc::bf16BestKernel();
   if (!options.bf16Kernel.empty()) {
     if (options.bf16Kernel == "avx2")

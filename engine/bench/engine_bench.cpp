@@ -257,6 +257,27 @@ pd::Result<double> llamaBenchTokensPerSecond(const std::string& llamaBench, cons
   return j[0]["avg_ts"].get<double>();
 }
 
+// The process's resident set (VmRSS), MB; 0 when /proc cannot be read.
+double residentMB() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmRSS: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb / 1e3;
+}
+
+// The bytes the model would take held all in f32.
+double f32EquivalentBytes(const ModelWeights& m) {
+  double n = double(m.f32Bytes());
+  for (const LayerWeights& l : m.layers)
+    for (const CompactWeight* c : {&l.qkvCompact, &l.oCompact, &l.gateUpCompact, &l.downCompact})
+      n += 4.0 * double(c->bf16.size() + c->q8.size());
+  return n;
+}
+
 const char* ggufTypeName(const std::string& weightFormat) {
   return weightFormat == "bf16" ? "BF16" : weightFormat == "q8_0" ? "Q8_0" : "F32";
 }
@@ -264,8 +285,10 @@ const char* ggufTypeName(const std::string& weightFormat) {
 // The model as llama.cpp's GGUF at `path`: f32 as written by writeLlamaGguf; bf16 / q8_0
 // converted from it by llama-quantize to BF16 / Q8_0 with token_embd and output kept F32 (ours
 // keep the embedding and lm_head in f32 too, so both read the same bytes per step).
-pd::Status writeBenchGguf(const ModelWeights& model, const std::string& weightFormat, const std::string& llamaQuantize,
-                          const std::string& path) {
+pd::Status writeBenchGguf(const std::string& modelDir, const std::string& weightFormat,
+                          const std::string& llamaQuantize, const std::string& path) {
+  PD_ASSIGN_OR_RETURN(auto f32Model, loadModel(modelDir));
+  const ModelWeights& model = *f32Model;
   if (weightFormat == "f32") return writeLlamaGguf(model, path);
   if (llamaQuantize.empty())
     return pd::invalidArgument("--weight-format " + weightFormat +
@@ -308,7 +331,7 @@ pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& mode
   char dir[] = "/tmp/pdserve_llama_XXXXXX";
   if (!mkdtemp(dir)) return pd::internalError("mkdtemp failed");
   const std::string gguf = std::string(dir) + "/model.gguf", log = std::string(dir) + "/log";
-  PD_RETURN_IF_ERROR(writeBenchGguf(*model, opt.weightFormat, llamaQuantize, gguf));
+  PD_RETURN_IF_ERROR(writeBenchGguf(model->dir, opt.weightFormat, llamaQuantize, gguf));
   // -lm none: weights read into anonymous memory, as ours are (no file-backed pages).
   const std::string common = "-m '" + gguf + "' -t " + std::to_string(opt.numThreads) + " -r 5 -lm none";
   const int ctx = 512, gen = 128, prompt = 2048, reps = 5;
@@ -403,7 +426,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  auto model = loadModel(modelDir);
+  // The weights held as the backend computes from them (bf16 / q8_0: the f32 copies of the
+  // linear weights freed); the GGUF for llama.cpp is written from an f32 load.
+  auto model = loadModel(modelDir, weightFormat);
   if (!model.ok()) {
     std::fprintf(stderr, "engine_bench: %s\n", model.status().toString().c_str());
     return 1;
@@ -411,7 +436,7 @@ int main(int argc, char** argv) {
   const ModelConfig& cfg = (*model)->config;
   openblas_set_num_threads(threads);  // the OpenBLAS comparison only: the backend does not use it
   if (!writeGguf.empty()) {
-    if (auto st = writeBenchGguf(**model, weightFormat, llamaQuantize, writeGguf); !st.isOk()) return fail(st);
+    if (auto st = writeBenchGguf(modelDir, weightFormat, llamaQuantize, writeGguf); !st.isOk()) return fail(st);
     std::printf("engine_bench: wrote %s\n", writeGguf.c_str());
     return 0;
   }
@@ -426,9 +451,10 @@ int main(int argc, char** argv) {
 
   std::printf(
       "engine_bench: model %s (hidden %d, layers %d, heads %d/%d, ffn %d, vocab %d), "
-      "%.1f MB f32 weights, %d threads\n",
+      "%.1f MB of weights resident (%s; f32 would be %.1f MB; process VmRSS %.1f MB), %d threads\n",
       modelDir.c_str(), cfg.hiddenSize, cfg.numLayers, cfg.numHeads, cfg.numKvHeads, cfg.intermediateSize,
-      cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
+      cfg.vocabSize, (*model)->totalBytes() / 1e6, weightFormat.c_str(), f32EquivalentBytes(**model) / 1e6,
+      residentMB(), threads);
   if (cfg.isMoe())
     std::printf(
         "mixture of experts: %d experts of width %d, top %d: a decode token reads %.1f MB (the active "

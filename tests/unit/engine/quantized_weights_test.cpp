@@ -364,3 +364,50 @@ TEST_CASE("the GEMM on q8_0 weights equals the f32 GEMM on the dequantized weigh
     }
   }
 }
+
+TEST_CASE("a model loaded as bf16 / q8_0 holds no f32 linear weights and computes what the f32 model converted does") {
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  const std::string dir = makeTestModel("llama_tiny", mo);
+  auto f32 = loadModel(dir);
+  REQUIRE(f32.status().toString() == "OK");
+  for (const std::string format : {"bf16", "q8_0"}) {
+    INFO(format);
+    auto compact = loadModel(dir, format);
+    REQUIRE(compact.status().toString() == "OK");
+    const ModelWeights& m = **compact;
+    CHECK(m.weightFormat == format);
+    size_t linear = 0;
+    for (const LayerWeights& l : m.layers) {
+      CHECK(l.qkv.empty());
+      CHECK(l.o.empty());
+      CHECK(l.gateUp.empty());
+      CHECK(l.down.empty());
+      CHECK(!l.qkvCompact.empty());
+      CHECK(!l.downCompact.empty());
+      linear += l.qkvCompact.bytes() + l.oCompact.bytes() + l.gateUpCompact.bytes() + l.downCompact.bytes();
+    }
+    // Resident bytes: the f32 model's less the linear weights' f32 bytes, plus their compact ones
+    // (2 bytes a weight for bf16, 1 + 4/32 for q8_0).
+    const size_t linearF32 = (*f32)->totalBytes() - m.f32Bytes();
+    CHECK(m.totalBytes() == m.f32Bytes() + linear);
+    CHECK(double(linear) / double(linearF32) == Approx(format == "bf16" ? 0.5 : 1.125 / 4).epsilon(0.05));
+    // The same logits as a backend converting the f32 model itself (same rounding), bit for bit.
+    const auto prompt = testPrompt(24, 11);
+    TestKv kv1(m.config, 8), kv2(m.config, 8);
+    CpuBackendOptions o;
+    o.weightFormat = format;
+    auto fromF32 = makeBackend(*f32, kv1, o);
+    auto fromCompact = makeBackend(*compact, kv2, o);
+    std::vector<int32_t> g1, g2;
+    const auto r1 = runGreedy(*fromF32, kv1, prompt, 0, 4, &g1);
+    const auto r2 = runGreedy(*fromCompact, kv2, prompt, 0, 4, &g2);
+    CHECK(g1 == g2);
+    CHECK(r1 == r2);
+    // A backend asking for another format is refused by name (the f32 copies are gone).
+    o.weightFormat = format == "bf16" ? "q8_0" : "f32";
+    auto other = createCpuBackend(*compact, kv2.layout, kv2.data.data(), o);
+    CHECK(other.status().toString().find("loaded with weight format " + format) != std::string::npos);
+  }
+  CHECK(loadModel(dir, "int4").status().toString().find("unknown weight format \"int4\"") != std::string::npos);
+}
