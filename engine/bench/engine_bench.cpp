@@ -4,7 +4,7 @@
 // a working set the size of the weights for decode. OpenBLAS's sgemm is printed beside our
 // GEMM as a comparison, never as a ceiling (it is only as fast as its CPU detection).
 //
-//   build/engine/bench/engine_bench [--model DIR] [--threads N] [--quick]
+//   build/engine/bench/engine_bench [--model DIR | --arch ARCH] [--threads N] [--quick]
 //                                          [--only prefill|decode|context|llama] [--batch 1|8|32]
 //                                          [--llama-bench PATH] [--rounds N]
 //                                          [--write-gguf PATH] [--gemm-kernel avx512|avx2|generic]
@@ -383,7 +383,7 @@ pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& mode
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string modelDir;
+  std::string modelDir, arch = "llama";
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false;
   std::string only;  // "", "prefill", "decode", "context" or "llama"
@@ -394,6 +394,10 @@ int main(int argc, char** argv) {
   CLI::App app{"engine_bench: the CPU engine's prefill, decode and context steps (and llama.cpp's)", "engine_bench"};
   pd::cli::configure(app);
   app.add_option("--model", modelDir, "model directory (default: a small made model in /tmp/pdserve_bench_small)");
+  app.add_option("--arch", arch,
+                 "without --model: the made small model's architecture (make-model's: llama, qwen3, mixtral, "
+                 "qwen3_moe)")
+      ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads")->capture_default_str();
   app.add_flag("--quick", quick, "fewer shapes and rounds");
   app.add_option("--only", only, "prefill|decode|context|llama: run only this part");
@@ -416,10 +420,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (modelDir.empty()) {
-    modelDir = "/tmp/pdserve_bench_small";
+    modelDir = "/tmp/pdserve_bench_small" + (arch == "llama" ? std::string() : "_" + arch);
     if (!std::filesystem::exists(modelDir + "/config.json")) {
       MakeModelOptions o;
       o.preset = "small";
+      o.arch = arch;
       if (auto st = makeModel(o, modelDir); !st.isOk()) {
         std::fprintf(stderr, "engine_bench: %s\n", st.toString().c_str());
         return 1;

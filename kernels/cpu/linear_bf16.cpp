@@ -5,64 +5,17 @@
 #include <vector>
 
 #include "kernels/cpu/linear_stream.h"
-#include "kernels/cpu/simd_avx2.h"
 
 namespace pd::kernels::cpu {
 namespace {
 
-inline __m256 widen8(const uint16_t* p) {
-  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
-// kAvx2: the f32 kernel's loop (kernels/cpu/linear.cpp) with each weight widened from bf16;
-// the next group (kRowsW * 16 bytes per 8 columns) prefetched one line per four rows.
-struct Bf16RowsAvx2 {
-  const float* x;
-  int ldx;
-  const uint16_t* w;
-  int k;
-
-  const void* row(int j) const { return w + size_t(j) * k; }
-  float one(int j, int i) const {
-    const float* xi = x + size_t(i) * ldx;
-    const uint16_t* wj = w + size_t(j) * k;
-    float s = 0.0f;
-    for (int p = 0; p < k; ++p) s += xi[p] * bf16ToF32(wj[p]);
-    return s;
+// kAvx2: each weight widened from bf16 to f32 with a shift, then the f32 kernel's FMAs.
+struct Bf16 {
+  static __m256 vec(const uint16_t* p) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   }
-
-  template <int kRowsW, int kRowsX>
-  void rows(int j, int i, const void* next, float (&s)[kRowsW][kRowsX]) const {
-    using namespace detail;
-    const uint16_t* wr[kRowsW];
-    const float* xr[kRowsX];
-    for (int r = 0; r < kRowsW; ++r) wr[r] = w + size_t(j + r) * k;
-    for (int t = 0; t < kRowsX; ++t) xr[t] = x + size_t(i + t) * ldx;
-    __m256 a[kRowsW][kRowsX];
-    for (int r = 0; r < kRowsW; ++r)
-      for (int t = 0; t < kRowsX; ++t) a[r][t] = _mm256_setzero_ps();
-    const char* ahead = static_cast<const char*>(next);
-    int p = 0;
-    for (; p + 8 <= k; p += 8) {
-      if (ahead) {
-        for (int line = 0; line < kRowsW / 4; ++line) _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
-        ahead += kRowsW * 16;
-      }
-      __m256 v[kRowsW];
-      for (int r = 0; r < kRowsW; ++r) v[r] = widen8(wr[r] + p);
-      for (int t = 0; t < kRowsX; ++t) {
-        const __m256 xv = _mm256_loadu_ps(xr[t] + p);
-        for (int r = 0; r < kRowsW; ++r) a[r][t] = _mm256_fmadd_ps(v[r], xv, a[r][t]);
-      }
-    }
-    for (int r = 0; r < kRowsW; ++r)
-      for (int t = 0; t < kRowsX; ++t) {
-        float v = hsum(a[r][t]);
-        for (int q = p; q < k; ++q) v += bf16ToF32(wr[r][q]) * xr[t][q];
-        s[r][t] = v;
-      }
-  }
+  static float one(uint16_t w) { return bf16ToF32(w); }
 };
 
 #define PD_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -158,7 +111,7 @@ void linearSkinnyBf16(Bf16Kernel kernel, const float* x, int ldx, const uint16_t
     roundRowsBf16(x, ldx, m, k, kp, xb.data());
     detail::streamLinear(Bf16RowsAvx512{xb.data(), kp, w, k}, y, ldy, m, nBegin, nEnd, beta);
   } else {
-    detail::streamLinear(Bf16RowsAvx2{x, ldx, w, k}, y, ldy, m, nBegin, nEnd, beta);
+    detail::streamLinear(detail::WideningRows<uint16_t, Bf16>{x, ldx, w, k}, y, ldy, m, nBegin, nEnd, beta);
   }
 }
 

@@ -99,6 +99,25 @@ struct Q8Base {
   }
 };
 
+// The rows a kernel's group meets: weight rows j.. and their scales, input rows i.. and theirs.
+template <int kRowsW, int kRowsX>
+struct Rows {
+  const int8_t* w[kRowsW];
+  const float* ws[kRowsW];
+  const int8_t* x[kRowsX];
+  const float* xs[kRowsX];
+  Rows(const Q8Base& b, int j, int i) {
+    for (int r = 0; r < kRowsW; ++r) {
+      w[r] = b.q + size_t(j + r) * b.k;
+      ws[r] = b.scales + size_t(j + r) * b.nb;
+    }
+    for (int t = 0; t < kRowsX; ++t) {
+      x[t] = b.x.row(i + t);
+      xs[t] = b.x.scales(i + t);
+    }
+  }
+};
+
 struct Q8RowsGeneric : Q8Base {
   template <int kRowsW, int kRowsX>
   void rows(int j, int i, const void*, float (&s)[kRowsW][kRowsX]) const {
@@ -114,18 +133,11 @@ struct Q8RowsGeneric : Q8Base {
 struct Q8RowsAvx2 : Q8Base {
   template <int kRowsW, int kRowsX>
   void rows(int j, int i, const void* next, float (&s)[kRowsW][kRowsX]) const {
-    const int8_t* wr[kRowsW];
-    const float* sr[kRowsW];
-    const int8_t* xr[kRowsX];
-    const float* xsr[kRowsX];
-    for (int r = 0; r < kRowsW; ++r) {
-      wr[r] = q + size_t(j + r) * k;
-      sr[r] = scales + size_t(j + r) * nb;
-    }
-    for (int t = 0; t < kRowsX; ++t) {
-      xr[t] = x.row(i + t);
-      xsr[t] = x.scales(i + t);
-    }
+    const Rows<kRowsW, kRowsX> g(*this, j, i);
+    const int8_t* const* wr = g.w;
+    const float* const* sr = g.ws;
+    const int8_t* const* xr = g.x;
+    const float* const* xsr = g.xs;
     __m256 a[kRowsW][kRowsX];
     for (int r = 0; r < kRowsW; ++r)
       for (int t = 0; t < kRowsX; ++t) a[r][t] = _mm256_setzero_ps();
@@ -176,18 +188,11 @@ struct Q8RowsAvx2 : Q8Base {
 struct Q8RowsVnni : Q8Base {
   template <int kRowsW, int kRowsX>
   PD_VNNI_TARGET void rows(int j, int i, const void* next, float (&s)[kRowsW][kRowsX]) const {
-    const int8_t* wr[kRowsW];
-    const float* sr[kRowsW];
-    const int8_t* xr[kRowsX];
-    const float* xsr[kRowsX];
-    for (int r = 0; r < kRowsW; ++r) {
-      wr[r] = q + size_t(j + r) * k;
-      sr[r] = scales + size_t(j + r) * nb;
-    }
-    for (int t = 0; t < kRowsX; ++t) {
-      xr[t] = x.row(i + t);
-      xsr[t] = x.scales(i + t);
-    }
+    const Rows<kRowsW, kRowsX> g(*this, j, i);
+    const int8_t* const* wr = g.w;
+    const float* const* sr = g.ws;
+    const int8_t* const* xr = g.x;
+    const float* const* xsr = g.xs;
     __m512 a[kRowsW][kRowsX];
     for (int r = 0; r < kRowsW; ++r)
       for (int t = 0; t < kRowsX; ++t) a[r][t] = _mm512_setzero_ps();

@@ -18,8 +18,12 @@
 // Columns are written y[i][j] = s + beta * y[i][j] (beta 0 ignores y's old contents).
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstddef>
 #include <type_traits>
+
+#include "kernels/cpu/simd_avx2.h"
 
 namespace pd::kernels::cpu::detail {
 
@@ -58,5 +62,59 @@ void streamLinear(const Kernel& kern, float* y, int ldy, int m, int nBegin, int 
   for (; j < nEnd; ++j)
     for (int i = 0; i < m; ++i) storeOut(y + size_t(i) * ldy + j, kern.one(j, i), beta);
 }
+
+// The AVX2 dot kernel for weights that widen to f32 (f32 itself, bf16 on CPUs without
+// avx512_bf16): 8 columns per step, each weight widened once (Widen::vec: 8 weights -> __m256;
+// Widen::one: a weight -> float) and used against kRowsX input rows, one FMA each; the row's
+// last k % 8 columns in scalar code. The next group (kRowsW * 8 * sizeof(T) bytes per step)
+// is prefetched a line at a time.
+template <typename T, typename Widen>
+struct WideningRows {
+  const float* x;
+  int ldx;
+  const T* w;
+  int k;
+
+  const void* row(int j) const { return w + size_t(j) * k; }
+  float one(int j, int i) const {
+    const float* xi = x + size_t(i) * ldx;
+    const T* wj = w + size_t(j) * k;
+    float s = 0.0f;
+    for (int p = 0; p < k; ++p) s += xi[p] * Widen::one(wj[p]);
+    return s;
+  }
+
+  template <int kRowsW, int kRowsX>
+  void rows(int j, int i, const void* next, float (&s)[kRowsW][kRowsX]) const {
+    constexpr int kLinesPerStep = kRowsW * 8 * int(sizeof(T)) / 64;
+    const T* wr[kRowsW];
+    const float* xr[kRowsX];
+    for (int r = 0; r < kRowsW; ++r) wr[r] = w + size_t(j + r) * k;
+    for (int t = 0; t < kRowsX; ++t) xr[t] = x + size_t(i + t) * ldx;
+    __m256 a[kRowsW][kRowsX];
+    for (int r = 0; r < kRowsW; ++r)
+      for (int t = 0; t < kRowsX; ++t) a[r][t] = _mm256_setzero_ps();
+    const char* ahead = static_cast<const char*>(next);
+    int p = 0;
+    for (; p + 8 <= k; p += 8) {
+      if (ahead) {
+        for (int line = 0; line < kLinesPerStep; ++line) _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
+        ahead += kLinesPerStep * 64;
+      }
+      __m256 v[kRowsW];
+      for (int r = 0; r < kRowsW; ++r) v[r] = Widen::vec(wr[r] + p);
+      for (int t = 0; t < kRowsX; ++t) {
+        const __m256 xv = _mm256_loadu_ps(xr[t] + p);
+        for (int r = 0; r < kRowsW; ++r) a[r][t] = _mm256_fmadd_ps(v[r], xv, a[r][t]);
+      }
+    }
+    for (int r = 0; r < kRowsW; ++r)
+      for (int t = 0; t < kRowsX; ++t) {
+        float v = hsum(a[r][t]);
+        for (int q = p; q < k; ++q) v += Widen::one(wr[r][q]) * xr[t][q];
+        s[r][t] = v;
+      }
+  }
+};
 
 }  // namespace pd::kernels::cpu::detail
