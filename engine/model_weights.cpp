@@ -168,7 +168,7 @@ Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& dir) {
 
 Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& dir, const std::string& weightFormat) {
   if (weightFormat != "f32" && weightFormat != "bf16" && weightFormat != "q8_0")
-    return invalidArgument("loadModel: unknown weight format \"" + weightFormat + "\" (f32|bf16|q8_0)");
+    return invalidArgument("loadModel: unknown weightFormat \"" + weightFormat + "\" (f32|bf16|q8_0)");
   PD_ASSIGN_OR_RETURN(auto loaded, loadModel(dir));
   if (weightFormat == "f32") return loaded;
   // The only reference: converted in place, each f32 buffer freed once its layer is converted.

@@ -126,9 +126,9 @@ struct Q8RowsGeneric : Q8Base {
   }
 };
 
-// kAvx2: one block of 32 columns per step and weight row: |w| (unsigned) times x with w's
-// sign (vpsignb) in 16-bit pairs (vpmaddubsw: at most 2 * 127 * 127, no saturation), summed
-// to 32 bits (vpmaddwd), converted and scaled by ws * xs. The row's partial last block in
+// kAvx2: one block of 32 columns per step and weight row: |x| (unsigned, once per step for
+// all rows) times w with x's sign (vpsignb) in 16-bit pairs (vpmaddubsw: at most 2 * 127 * 127,
+// no saturation), summed to 32 bits (vpmaddwd), converted and scaled by ws * xs. The row's partial last block in
 // scalar code; the next group (kRowsW * 32 bytes per step) prefetched one line per two rows.
 struct Q8RowsAvx2 : Q8Base {
   template <int kRowsW, int kRowsX>
@@ -149,18 +149,18 @@ struct Q8RowsAvx2 : Q8Base {
         for (int line = 0; line < kRowsW / 2; ++line) _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
         ahead += kRowsW * 32;
       }
-      __m256i xv[kRowsX];
+      __m256i xv[kRowsX], xu[kRowsX];
       __m256 xsv[kRowsX];
       for (int t = 0; t < kRowsX; ++t) {
         xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[t] + p));
+        xu[t] = _mm256_abs_epi8(xv[t]);
         xsv[t] = _mm256_broadcast_ss(xsr[t] + b);
       }
       for (int r = 0; r < kRowsW; ++r) {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + p));
-        const __m256i u = _mm256_abs_epi8(w);
         const __m256 wsv = _mm256_broadcast_ss(sr[r] + b);
         for (int t = 0; t < kRowsX; ++t) {
-          const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv[t], w)), ones);
+          const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(xu[t], _mm256_sign_epi8(w, xv[t])), ones);
           a[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(wsv, xsv[t]), a[r][t]);
         }
       }
@@ -180,8 +180,9 @@ struct Q8RowsAvx2 : Q8Base {
 
 #define PD_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
-// kAvx512Vnni: two blocks (64 columns) per step and weight row: vpdpbusd of |w| and x with w's
-// sign (x negated under the mask of w's sign bits) gives 16 int32 partial sums, lanes 0-7 of
+// kAvx512Vnni: two blocks (64 columns) per step and weight row: vpdpbusd of |x| and w with x's
+// sign (w negated under the mask of x's sign bits; |x| and the mask once per step for all
+// rows: two vector operations per row and step) gives 16 int32 partial sums, lanes 0-7 of
 // the first block and 8-15 of the second; they are converted and scaled by each block's
 // ws * xs (two scales spread over eight lanes each). The row's tail is loaded under a mask
 // (x is zero-padded); the next group (kRowsW * 64 bytes per step) prefetched one line per row.
@@ -206,21 +207,22 @@ struct Q8RowsVnni : Q8Base {
       }
       const __mmask64 mask = k - p >= 64 ? ~__mmask64(0) : (__mmask64(1) << (k - p)) - 1;
       const __mmask8 scaleMask = nb - b >= 2 ? 3 : 1;
-      __m512i xv[kRowsX];
+      __m512i xu[kRowsX];
+      __mmask64 xneg[kRowsX];
       __m512 xsv[kRowsX];
       for (int t = 0; t < kRowsX; ++t) {
-        xv[t] = _mm512_loadu_si512(xr[t] + p);
+        const __m512i xv = _mm512_loadu_si512(xr[t] + p);
+        xneg[t] = _mm512_movepi8_mask(xv);
+        xu[t] = _mm512_abs_epi8(xv);
         xsv[t] = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(_mm_maskz_loadu_ps(3, xsr[t] + b)));
       }
       for (int r = 0; r < kRowsW; ++r) {
         const __m512i w = _mm512_maskz_loadu_epi8(mask, wr[r] + p);
-        const __mmask64 negative = _mm512_movepi8_mask(w);
-        const __m512i u = _mm512_abs_epi8(w);
         const __m512 wsv =
             _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(_mm_maskz_loadu_ps(scaleMask, sr[r] + b)));
         for (int t = 0; t < kRowsX; ++t) {
-          const __m512i sx = _mm512_mask_sub_epi8(xv[t], negative, zero, xv[t]);
-          const __m512i d = _mm512_dpbusd_epi32(zero, u, sx);
+          const __m512i sw = _mm512_mask_sub_epi8(w, xneg[t], zero, w);
+          const __m512i d = _mm512_dpbusd_epi32(zero, xu[t], sw);
           a[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(wsv, xsv[t]), a[r][t]);
         }
       }

@@ -409,5 +409,6 @@ TEST_CASE("a model loaded as bf16 / q8_0 holds no f32 linear weights and compute
     auto other = createCpuBackend(*compact, kv2.layout, kv2.data.data(), o);
     CHECK(other.status().toString().find("loaded with weight format " + format) != std::string::npos);
   }
-  CHECK(loadModel(dir, "int4").status().toString().find("unknown weight format \"int4\"") != std::string::npos);
+  CHECK(loadModel(dir, "int4").status().toString().find("loadModel: unknown weightFormat \"int4\"") !=
+        std::string::npos);
 }

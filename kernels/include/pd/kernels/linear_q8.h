@@ -13,7 +13,7 @@
 //    + gamma(k + 4) * (S + sum_b (xs_b / 2) * W_b) (f32 arithmetic; gamma(n) = n u / (1 - n u))
 // Kernels (chosen once from CPUID; docs/engine-cpu.md, "q8_0 weights"):
 //   kAvx512Vnni  avx512f/bw/vl + avx512_vnni: 64 columns (two blocks) per step and weight
-//                row, vpdpbusd on |w| and x with w's sign, the row tail under a mask
+//                row, vpdpbusd on |x| and w with x's sign, the row tail under a mask
 //   kAvx2        avx2 + fma: one block per step, vpmaddubsw + vpmaddwd
 //   kGeneric     plain C++ (the reference the others are tested against)
 // Prefill: gemmQ8 (pd/kernels/gemm.h) dequantizes while packing the GEMM's B panels, f32
