@@ -55,12 +55,14 @@ class CpuBackend final : public Backend {
       const int h = cfg_.hiddenSize, ffn = cfg_.intermediateSize;
       const int qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
       if (model_->weightFormat == "f32") {
+        auto convert = [&name](const WeightBuffer& w, int n, int k) {
+          // A mixture-of-experts layer has no dense MLP (its experts stay f32).
+          return w.empty() ? CompactWeight{} : CompactWeight::convert(w.data(), n, k, name);
+        };
         owned_.reserve(model_->layers.size());
         for (const LayerWeights& w : model_->layers)
-          owned_.push_back({CompactWeight::convert(w.qkv.data(), qkvRows, h, name),
-                            CompactWeight::convert(w.o.data(), h, cfg_.qDim(), name),
-                            CompactWeight::convert(w.gateUp.data(), 2 * ffn, h, name),
-                            CompactWeight::convert(w.down.data(), h, ffn, name)});
+          owned_.push_back({convert(w.qkv, qkvRows, h), convert(w.o, h, cfg_.qDim()), convert(w.gateUp, 2 * ffn, h),
+                            convert(w.down, h, ffn)});
         for (const CompactLayer& c : owned_) compact_.push_back({&c.qkv, &c.o, &c.gateUp, &c.down});
       } else {
         for (const LayerWeights& w : model_->layers)

@@ -412,3 +412,26 @@ TEST_CASE("a model loaded as bf16 / q8_0 holds no f32 linear weights and compute
   CHECK(loadModel(dir, "int4").status().toString().find("loadModel: unknown weightFormat \"int4\"") !=
         std::string::npos);
 }
+
+TEST_CASE("q8_0 weights on a mixture-of-experts model: loaded compact or converted, the same logits") {
+  // Qwen3-MoE tiny: layer 0 dense (mlp_only_layers), the others routed experts (kept f32).
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  mo.arch = "qwen3_moe";
+  const std::string dir = makeTestModel("qwen3_moe_tiny", mo);
+  auto f32 = loadModel(dir);
+  auto compact = loadModel(dir, "q8_0");
+  REQUIRE(f32.status().toString() == "OK");
+  REQUIRE(compact.status().toString() == "OK");
+  const auto prompt = testPrompt(24, 12);
+  TestKv kv1((*f32)->config, 8), kv2((*f32)->config, 8);
+  CpuBackendOptions o;
+  o.weightFormat = "q8_0";
+  auto fromF32 = makeBackend(*f32, kv1, o);
+  auto fromCompact = makeBackend(*compact, kv2, o);
+  std::vector<int32_t> g1, g2;
+  const auto r1 = runGreedy(*fromF32, kv1, prompt, 0, 4, &g1);
+  const auto r2 = runGreedy(*fromCompact, kv2, prompt, 0, 4, &g2);
+  CHECK(g1 == g2);
+  CHECK(r1 == r2);
+}
