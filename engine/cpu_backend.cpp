@@ -34,7 +34,7 @@ enum class WeightFormat { kF32, kBf16, kQ8 };
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt,
-             kc::GemmKernel gemmKernel, WeightFormat format, kc::Bf16Kernel bf16Kernel)
+             kc::GemmKernel gemmKernel, WeightFormat format, kc::Bf16Kernel bf16Kernel, kc::Q8Kernel q8Kernel)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
@@ -45,28 +45,29 @@ class CpuBackend final : public Backend {
         gemmKernel_(gemmKernel),
         gemmNr_(kc::gemmKernelInfo(gemmKernel).nr),
         bf16Kernel_(bf16Kernel),
+        q8Kernel_(q8Kernel),
         moe_(cfg_) {
     if (format != WeightFormat::kF32) {
-      // Converted once here; the f32 copies stay in the shared ModelWeights (other backends and
-      // the loader's callers may use them).
-      auto convert = [format](const WeightBuffer& w, int n, int k) {
-        Compact c;
-        if (w.size() == 0) return c;  // a MoE layer's dense MLP: its experts stay f32
-        if (format == WeightFormat::kBf16) {
-          c.bf16.resize(w.size());
-          kc::f32ToBf16(w.data(), c.bf16.data(), w.size());
-        } else {
-          c.q8.resize(w.size());
-          c.scales.resize(size_t(n) * kc::q8BlocksPerRow(k));
-          kc::q8Quantize(w.data(), n, k, c.q8.data(), c.scales.data());
-        }
-        return c;
-      };
+      // A model loaded in this format holds the compact weights itself (its f32 copies freed);
+      // an f32 model's are converted once here and kept by the backend (the f32 copies stay in
+      // the shared ModelWeights: other backends and the loader's callers may use them).
+      const std::string name = format == WeightFormat::kBf16 ? "bf16" : "q8_0";
       const int h = cfg_.hiddenSize, ffn = cfg_.intermediateSize;
       const int qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
-      for (const LayerWeights& w : model_->layers)
-        compact_.push_back({convert(w.qkv, qkvRows, h), convert(w.o, h, cfg_.qDim()), convert(w.gateUp, 2 * ffn, h),
+      if (model_->weightFormat == "f32") {
+        auto convert = [&name](const WeightBuffer& w, int n, int k) {
+          // A mixture-of-experts layer has no dense MLP (its experts stay f32).
+          return w.empty() ? CompactWeight{} : CompactWeight::convert(w.data(), n, k, name);
+        };
+        owned_.reserve(model_->layers.size());
+        for (const LayerWeights& w : model_->layers)
+          owned_.push_back({convert(w.qkv, qkvRows, h), convert(w.o, h, cfg_.qDim()), convert(w.gateUp, 2 * ffn, h),
                             convert(w.down, h, ffn)});
+        for (const CompactLayer& c : owned_) compact_.push_back({&c.qkv, &c.o, &c.gateUp, &c.down});
+      } else {
+        for (const LayerWeights& w : model_->layers)
+          compact_.push_back({&w.qkvCompact, &w.oCompact, &w.gateUpCompact, &w.downCompact});
+      }
     }
     invFreq_.resize(cfg_.headDim / 2);
     kc::RopeLlama3Scaling s;
@@ -84,12 +85,7 @@ class CpuBackend final : public Backend {
   Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) override;
 
  private:
-  // A linear weight held as bf16 (bf16 set) or 8-bit blocks (q8 and scales set).
-  struct Compact {
-    std::vector<uint16_t> bf16;
-    std::vector<int8_t> q8;
-    std::vector<float> scales;
-  };
+  using Compact = CompactWeight;  // bf16 set, or q8 and scales set
   // y[n][out] = x[n][in] * W^T (+ beta * y); W is cw when not null, else w (f32).
   void linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y, float beta);
   // Several products (beta 0): when every one has at most skinnyMaxRows rows, one fork-join
@@ -112,12 +108,17 @@ class CpuBackend final : public Backend {
   kc::GemmKernel gemmKernel_;
   int gemmNr_;  // the kernel's panel width: column splits are multiples of it
   kc::Bf16Kernel bf16Kernel_;
+  kc::Q8Kernel q8Kernel_;
   // engine.weight_format bf16 or q8_0: the four linear weights of each layer converted (empty
   // for f32). Norms, biases, embeddings and lm_head stay f32.
   struct CompactLayer {
     Compact qkv, o, gateUp, down;
   };
-  std::vector<CompactLayer> compact_;
+  std::vector<CompactLayer> owned_;  // converted here from an f32 model
+  struct CompactRefs {
+    const Compact *qkv, *o, *gateUp, *down;
+  };
+  std::vector<CompactRefs> compact_;  // per layer: owned_'s or the model's own
   std::vector<float> invFreq_;
 
   // Per-step scratch, grown on demand and reused.
@@ -180,7 +181,7 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, const Com
     if (cw && !cw->bf16.empty())
       kc::linearSkinnyBf16(bf16Kernel_, x, in, cw->bf16.data(), y, out, n, in, b, e, beta);
     else if (cw)
-      kc::linearSkinnyQ8(x, in, cw->q8.data(), cw->scales.data(), y, out, n, in, b, e, beta);
+      kc::linearSkinnyQ8(q8Kernel_, x, in, cw->q8.data(), cw->scales.data(), y, out, n, in, b, e, beta);
     else
       kc::linearSkinny(x, in, w, y, out, n, in, b, e, beta);
   });
@@ -314,7 +315,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
 
   for (int l = 0; l < cfg_.numLayers; ++l) {
     const LayerWeights& w = model_->layers[l];
-    const CompactLayer* wb = compact_.empty() ? nullptr : &compact_[l];
+    const CompactRefs* wb = compact_.empty() ? nullptr : &compact_[l];
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
@@ -323,7 +324,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       for (int i = 0; i < T; ++i)
         std::copy(w.qkvBias.data(), w.qkvBias.data() + qkvRows, qkv_.data() + size_t(i) * qkvRows);
     }
-    linear(xn_.data(), T, h, w.qkv.data(), wb ? &wb->qkv : nullptr, qkvRows, qkv_.data(),
+    linear(xn_.data(), T, h, w.qkv.data(), wb ? wb->qkv : nullptr, qkvRows, qkv_.data(),
            w.qkvBias.empty() ? 0.0f : 1.0f);
     float* lkv = layerKv(l);
     forRows(T, qkvRows, [&](int b, int e) {
@@ -348,7 +349,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
     if (!w.oBias.empty())
       for (int i = 0; i < T; ++i)
         for (int j = 0; j < h; ++j) x_[size_t(i) * h + j] += w.oBias.data()[j];
-    linear(attn_.data(), T, qDim, w.o.data(), wb ? &wb->o : nullptr, h, x_.data(), 1.0f);
+    linear(attn_.data(), T, qDim, w.o.data(), wb ? wb->o : nullptr, h, x_.data(), 1.0f);
     forRows(T, h, [&](int b, int e) {
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
@@ -362,11 +363,11 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
           [this](const std::vector<CpuMoe::LinearJob>& jobs) { linearMany(jobs); });
       continue;
     }
-    linear(xn_.data(), T, h, w.gateUp.data(), wb ? &wb->gateUp : nullptr, 2 * ffn, gu_.data(), 0.0f);
+    linear(xn_.data(), T, h, w.gateUp.data(), wb ? wb->gateUp : nullptr, 2 * ffn, gu_.data(), 0.0f);
     forRows(T, 2 * ffn, [&](int b, int e) {
       kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);
     });
-    linear(act_.data(), T, ffn, w.down.data(), wb ? &wb->down : nullptr, h, x_.data(), 1.0f);
+    linear(act_.data(), T, ffn, w.down.data(), wb ? wb->down : nullptr, h, x_.data(), 1.0f);
   }
 
   if (numLogits > 0) {
@@ -445,6 +446,9 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
     format = WeightFormat::kQ8;
   else if (options.weightFormat != "f32")
     return invalidArgument("createCpuBackend: unknown weightFormat \"" + options.weightFormat + "\" (f32|bf16|q8_0)");
+  if (model->weightFormat != "f32" && model->weightFormat != options.weightFormat)
+    return failedPrecondition("createCpuBackend: the model was loaded with weight format " + model->weightFormat +
+                              " (its f32 copies freed) but weightFormat is " + options.weightFormat);
   kc::Bf16Kernel bf16Kernel = kc::bf16BestKernel();
   if (!options.bf16Kernel.empty()) {
     if (options.bf16Kernel == "avx2")
@@ -458,6 +462,35 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
           "createCpuBackend: bf16Kernel " + options.bf16Kernel +
           " needs instructions this CPU lacks (best: " + kc::bf16KernelName(kc::bf16BestKernel()) + ")");
   }
+  kc::Q8Kernel q8Kernel = kc::q8BestKernel();
+  if (!options.q8Kernel.empty()) {
+    bool known = false;
+    for (kc::Q8Kernel c : {kc::Q8Kernel::kAvx512Vnni, kc::Q8Kernel::kAvx2, kc::Q8Kernel::kGeneric})
+      if (options.q8Kernel == kc::q8KernelName(c)) {
+        q8Kernel = c;
+        known = true;
+      }
+    if (!known)
+      return invalidArgument("createCpuBackend: unknown q8Kernel \"" + options.q8Kernel +
+                             "\" (avx512vnni|avx2|generic)");
+    if (!kc::q8KernelSupported(q8Kernel))
+      return failedPrecondition("createCpuBackend: q8Kernel " + options.q8Kernel +
+                                " needs instructions this CPU lacks (best: " + kc::q8KernelName(kc::q8BestKernel()) +
+                                ")");
+  }
+  if (format == WeightFormat::kQ8) {
+    static std::atomic<int> logged{0};
+    const int bit = 1 << int(q8Kernel);
+    if ((logged.fetch_or(bit) & bit) == 0) {
+      const bool narrower = q8Kernel != kc::q8BestKernel();
+      if (narrower)
+        PD_LOG(kWarn, "engine") << "cpu backend: q8_0 weights, decode kernel " << kc::q8KernelName(q8Kernel)
+                                << " (forced) although this CPU supports " << kc::q8KernelName(kc::q8BestKernel());
+      else
+        PD_LOG(kInfo, "engine") << "cpu backend: q8_0 weights, decode kernel " << kc::q8KernelName(q8Kernel)
+                                << (options.q8Kernel.empty() ? " (chosen from CPUID)" : " (forced)");
+    }
+  }
   if (format == WeightFormat::kBf16) {
     static std::atomic<int> logged{0};
     const int bit = 1 << int(bf16Kernel);
@@ -466,8 +499,8 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
                               << (options.bf16Kernel.empty() ? " (chosen from CPUID)" : " (forced)");
     }
   }
-  return std::unique_ptr<Backend>(
-      new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options, gemmKernel, format, bf16Kernel));
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options,
+                                                 gemmKernel, format, bf16Kernel, q8Kernel));
 }
 
 }  // namespace pd::engine

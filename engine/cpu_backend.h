@@ -46,6 +46,9 @@ struct CpuBackendOptions {
   std::string weightFormat = "f32";
   // "" = the best bf16 decode kernel this CPU supports; "avx512bf16" or "avx2" forces one.
   std::string bf16Kernel = "";
+  // "" = the best q8_0 decode kernel this CPU supports; "avx512vnni", "avx2" or "generic"
+  // forces one (tests, benchmarks); an unknown name or one the CPU lacks is refused.
+  std::string q8Kernel = "";
 };
 
 // kvBase: the start of the KV region described by `layout` (f32 only on the CPU); it must

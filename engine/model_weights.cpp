@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "engine/checkpoint.h"
+#include "pd/kernels/linear_bf16.h"
+#include "pd/kernels/linear_q8.h"
 
 namespace pd::engine {
 
@@ -35,7 +37,30 @@ WeightBuffer& WeightBuffer::operator=(WeightBuffer&& o) noexcept {
   return *this;
 }
 
+CompactWeight CompactWeight::convert(const float* w, int n, int k, const std::string& format) {
+  namespace kc = pd::kernels::cpu;
+  CompactWeight c;
+  const size_t count = size_t(n) * k;
+  if (count == 0) return c;
+  if (format == "bf16") {
+    c.bf16.resize(count);
+    kc::f32ToBf16(w, c.bf16.data(), count);
+  } else if (format == "q8_0") {
+    c.q8.resize(count);
+    c.scales.resize(size_t(n) * kc::q8BlocksPerRow(k));
+    kc::q8Quantize(w, n, k, c.q8.data(), c.scales.data());
+  }
+  return c;
+}
+
 size_t ModelWeights::totalBytes() const {
+  size_t compact = 0;
+  for (const auto& l : layers)
+    compact += l.qkvCompact.bytes() + l.oCompact.bytes() + l.gateUpCompact.bytes() + l.downCompact.bytes();
+  return compact + f32Bytes();
+}
+
+size_t ModelWeights::f32Bytes() const {
   size_t n = embed.size() + finalNorm.size() + lmHead.size();
   for (const auto& l : layers)
     n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.qNorm.size() + l.kNorm.size() + l.o.size() +
@@ -141,6 +166,30 @@ Result<std::shared_ptr<const ModelWeights>> describeModel(const std::string& dir
 Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& dir) {
   PD_ASSIGN_OR_RETURN(ModelConfig c, loadModelConfig(dir));
   return loadModelWeights(dir, c);
+}
+
+Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& dir, const std::string& weightFormat) {
+  if (weightFormat != "f32" && weightFormat != "bf16" && weightFormat != "q8_0")
+    return invalidArgument("loadModel: unknown weightFormat \"" + weightFormat + "\" (f32|bf16|q8_0)");
+  PD_ASSIGN_OR_RETURN(auto loaded, loadModel(dir));
+  if (weightFormat == "f32") return loaded;
+  // The only reference: converted in place, each f32 buffer freed once its layer is converted.
+  auto m = std::const_pointer_cast<ModelWeights>(std::move(loaded));
+  const ModelConfig& c = m->config;
+  const int h = c.hiddenSize, q = c.qDim(), ffn = c.intermediateSize, qkvRows = c.qDim() + 2 * c.kvDim();
+  for (LayerWeights& w : m->layers) {
+    auto convert = [&](WeightBuffer& f32, int n, int k, CompactWeight& out) {
+      if (f32.empty()) return;  // a mixture-of-experts layer's dense MLP: none
+      out = CompactWeight::convert(f32.data(), n, k, weightFormat);
+      f32 = WeightBuffer();
+    };
+    convert(w.qkv, qkvRows, h, w.qkvCompact);
+    convert(w.o, h, q, w.oCompact);
+    convert(w.gateUp, 2 * ffn, h, w.gateUpCompact);
+    convert(w.down, h, ffn, w.downCompact);
+  }
+  m->weightFormat = weightFormat;
+  return std::shared_ptr<const ModelWeights>(std::move(m));
 }
 
 }  // namespace pd::engine

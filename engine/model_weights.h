@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,19 @@ class WeightBuffer {
   size_t count_ = 0;
 };
 
+// A dense layer's linear weight held in a compact format instead of f32 (engine.weight_format;
+// docs/engine-cpu.md, "Quantized weights"): bf16 (pd/kernels/linear_bf16.h), or int8 in blocks
+// of 32 columns with an f32 scale each (q8_0, pd/kernels/linear_q8.h).
+struct CompactWeight {
+  std::vector<uint16_t> bf16;  // [n][k], or empty
+  std::vector<int8_t> q8;      // [n][k], or empty
+  std::vector<float> scales;   // [n][ceil(k / 32)] with q8
+  bool empty() const { return bf16.empty() && q8.empty(); }
+  size_t bytes() const { return bf16.size() * 2 + q8.size() + scales.size() * 4; }
+  // w [n][k] f32 converted to `format` ("bf16" or "q8_0"; anything else gives an empty weight).
+  static CompactWeight convert(const float* w, int n, int k, const std::string& format);
+};
+
 // One expert of a mixture-of-experts layer: the same fused SwiGLU MLP as a dense layer's.
 struct ExpertWeights {
   WeightBuffer gateUp;  // [2*expertFfn][hidden]
@@ -66,6 +80,9 @@ struct LayerWeights {
   // token reads just the experts it was routed to.
   WeightBuffer router;  // [numExperts][hidden]
   std::vector<ExpertWeights> experts;
+  // Loaded with a compact weight format (ModelWeights::weightFormat not "f32"): qkv, o,
+  // gateUp and down held here only, their f32 buffers above empty.
+  CompactWeight qkvCompact, oCompact, gateUpCompact, downCompact;
 };
 
 struct ModelWeights {
@@ -77,15 +94,25 @@ struct ModelWeights {
   WeightBuffer finalNorm;  // [hidden]
   WeightBuffer lmHead;     // [vocab][hidden]; empty when tied
   std::vector<LayerWeights> layers;
+  // "f32", or "bf16" / "q8_0" when loaded with that format: the dense layers' four linear
+  // weights are then held only in LayerWeights' compact fields (a half / about a quarter of
+  // their f32 bytes resident); norms, biases, embeddings, lm_head and experts stay f32.
+  std::string weightFormat = "f32";
 
   const float* lmHeadData() const { return lmHead.empty() ? embed.data() : lmHead.data(); }
   // False for describeModel()'s weights: the config and dir only, the tensors still on disk.
   bool hasHostTensors() const { return !embed.empty(); }
-  size_t totalBytes() const;
+  size_t totalBytes() const;  // resident bytes of the tensors, compact formats included
+  size_t f32Bytes() const;    // of the f32 tensors only
 };
 
 // Loads DIR (config.json + safetensors). Start-up work; any thread.
 Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& modelDir);
+// The same, the dense layers' linear weights converted to `weightFormat` ("f32", "bf16" or
+// "q8_0"; anything else is refused by name) and their f32 copies freed, layer by layer: what
+// the CPU backend with that engine.weight_format computes from, in a half (bf16) or about a
+// quarter (q8_0) of the f32 bytes. Loading still reads each tensor into f32 first.
+Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& modelDir, const std::string& weightFormat);
 // The config and directory only, no tensor read: for backends that stream the weights from
 // `dir` to their device in the stored dtype (the CUDA backend, weight_stream.h) instead of
 // holding an f32 host copy. The CPU backend refuses such a model.

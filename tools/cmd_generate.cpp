@@ -78,7 +78,7 @@ int runGenerate(GenerateArgs& args) {
     return 2;
   }
 
-  auto model = engine::loadModel(modelDir);
+  auto model = engine::loadModel(modelDir, args.weightFormat);
   if (!model.ok()) {
     std::fprintf(stderr, "generate: %s\n", model.status().toString().c_str());
     return 1;

@@ -4,10 +4,11 @@
 // a working set the size of the weights for decode. OpenBLAS's sgemm is printed beside our
 // GEMM as a comparison, never as a ceiling (it is only as fast as its CPU detection).
 //
-//   build/engine/bench/engine_bench [--model DIR] [--threads N] [--quick]
+//   build/engine/bench/engine_bench [--model DIR | --arch ARCH] [--threads N] [--quick]
 //                                          [--only prefill|decode|context|llama] [--batch 1|8|32]
 //                                          [--llama-bench PATH] [--rounds N]
 //                                          [--write-gguf PATH] [--gemm-kernel avx512|avx2|generic]
+//                                          [--weight-format f32|bf16|q8_0] [--llama-quantize PATH]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
 // --only context: prompt chunks after 0-2,048 cached tokens, their time a token against the
@@ -15,7 +16,12 @@
 // --llama-bench PATH: also runs that llama-bench binary on the same weights (written as an f32
 // GGUF to a temporary file) and prints its `tg128 @ d512` and `pp2048` next to ours, measured
 // the same way (mean over 5 repetitions of tokens / wall time), interleaved ours, theirs,
-// ours, theirs so the machine's noise hits both. --write-gguf PATH writes the GGUF and exits.
+// ours, theirs so the machine's noise hits both, each next to the same run's ceiling (read
+// bandwidth over the bytes a decode step reads; the FMA peak for the prefill's FLOPs).
+// --weight-format bf16|q8_0 with --llama-quantize PATH: llama.cpp gets the same weights
+// converted by that llama-quantize to BF16 / Q8_0 (token_embd and output kept F32, as ours
+// stay f32), so both read the same bytes a step. --write-gguf PATH writes the GGUF (converted
+// the same way when --llama-quantize is given) and exits.
 #include <cblas.h>
 #include <immintrin.h>
 #include <time.h>
@@ -251,6 +257,57 @@ pd::Result<double> llamaBenchTokensPerSecond(const std::string& llamaBench, cons
   return j[0]["avg_ts"].get<double>();
 }
 
+// The process's resident set (VmRSS), MB; 0 when /proc cannot be read.
+double residentMB() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmRSS: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb / 1e3;
+}
+
+// The bytes the model would take held all in f32.
+double f32EquivalentBytes(const ModelWeights& m) {
+  double n = double(m.f32Bytes());
+  for (const LayerWeights& l : m.layers)
+    for (const CompactWeight* c : {&l.qkvCompact, &l.oCompact, &l.gateUpCompact, &l.downCompact})
+      n += 4.0 * double(c->bf16.size() + c->q8.size());
+  return n;
+}
+
+const char* ggufTypeName(const std::string& weightFormat) {
+  return weightFormat == "bf16" ? "BF16" : weightFormat == "q8_0" ? "Q8_0" : "F32";
+}
+
+// The model as llama.cpp's GGUF at `path`: f32 as written by writeLlamaGguf; bf16 / q8_0
+// converted from it by llama-quantize to BF16 / Q8_0 with token_embd and output kept F32 (ours
+// keep the embedding and lm_head in f32 too, so both read the same bytes per step).
+pd::Status writeBenchGguf(const std::string& modelDir, const std::string& weightFormat,
+                          const std::string& llamaQuantize, const std::string& path) {
+  PD_ASSIGN_OR_RETURN(auto f32Model, loadModel(modelDir));
+  const ModelWeights& model = *f32Model;
+  if (weightFormat == "f32") return writeLlamaGguf(model, path);
+  if (llamaQuantize.empty())
+    return pd::invalidArgument("--weight-format " + weightFormat +
+                               " with llama.cpp needs --llama-quantize PATH (llama.cpp's llama-quantize) to "
+                               "convert the F32 GGUF to " +
+                               ggufTypeName(weightFormat));
+  if (llamaQuantize.find('\'') != std::string::npos || path.find('\'') != std::string::npos)
+    return pd::invalidArgument("--llama-quantize: a path with a single quote is not supported");
+  const std::string f32 = path + ".f32.gguf";
+  PD_RETURN_IF_ERROR(writeLlamaGguf(model, f32));
+  const std::string cmd = "'" + llamaQuantize + "' --output-tensor-type f32 --token-embedding-type f32 '" + f32 +
+                          "' '" + path + "' " + ggufTypeName(weightFormat) + " >'" + path + ".quantize.log' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::error_code ec;
+  std::filesystem::remove(f32, ec);
+  if (rc != 0) return pd::internalError("llama-quantize failed (status " + std::to_string(rc) + "): " + cmd);
+  return pd::Status::ok();
+}
+
 double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
@@ -260,19 +317,29 @@ double mean(const std::vector<double>& v) {
 // Decode tg128 @ d512 and prefill pp2048, ours and llama.cpp's, `rounds` times interleaved.
 // Ours is measured as llama-bench measures: 5 repetitions after a warm-up, each repetition's
 // tokens / wall seconds (decode: the whole 128-token loop, not per-step medians), averaged.
+// The ceilings of this run: decode tok/s = read bandwidth / bytes a step reads; prefill tok/s =
+// FMA peak / FLOPs a prompt token costs (at 2,048 tokens).
+struct Ceilings {
+  double decodeTokS = 0, prefillTokS = 0;
+};
+
 pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& model, const std::string& llamaBench,
-                                 const CpuBackendOptions& opt, int rounds, std::mt19937_64& rng) {
+                                 const std::string& llamaQuantize, const CpuBackendOptions& opt, int rounds,
+                                 const Ceilings& ceil, std::mt19937_64& rng) {
   if (llamaBench.find('\'') != std::string::npos)
     return pd::invalidArgument("--llama-bench: a path with a single quote is not supported");
   char dir[] = "/tmp/pdserve_llama_XXXXXX";
   if (!mkdtemp(dir)) return pd::internalError("mkdtemp failed");
   const std::string gguf = std::string(dir) + "/model.gguf", log = std::string(dir) + "/log";
-  PD_RETURN_IF_ERROR(writeLlamaGguf(*model, gguf));
+  PD_RETURN_IF_ERROR(writeBenchGguf(model->dir, opt.weightFormat, llamaQuantize, gguf));
   // -lm none: weights read into anonymous memory, as ours are (no file-backed pages).
   const std::string common = "-m '" + gguf + "' -t " + std::to_string(opt.numThreads) + " -r 5 -lm none";
   const int ctx = 512, gen = 128, prompt = 2048, reps = 5;
-  std::printf("\nllama.cpp (%s) on the same weights (%s, f32; its defaults otherwise), %d threads:\n",
-              llamaBench.c_str(), gguf.c_str(), opt.numThreads);
+  std::printf(
+      "\nllama.cpp (%s) on the same weights (%s, %s; its defaults otherwise), %d threads; ceilings of this run: "
+      "decode %.0f tok/s, prefill %.0f tok/s:\n",
+      llamaBench.c_str(), gguf.c_str(), ggufTypeName(opt.weightFormat), opt.numThreads, ceil.decodeTokS,
+      ceil.prefillTokS);
   std::vector<double> oursTg, theirsTg, oursPp, theirsPp;
   for (int r = 0; r < rounds; ++r) {
     {
@@ -296,16 +363,18 @@ pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& mode
     PD_ASSIGN_OR_RETURN(const double pp, llamaBenchTokensPerSecond(llamaBench, common + " -p 2048 -n 0", log));
     theirsPp.push_back(pp);
     std::printf(
-        "  round %d: tg128 @ d512 ours %7.1f  llama.cpp %7.1f tok/s (%.2fx) | pp2048 ours "
-        "%7.1f  llama.cpp %7.1f tok/s (%.2fx)\n",
-        r + 1, oursTg.back(), tg, oursTg.back() / tg, oursPp.back(), pp, oursPp.back() / pp);
+        "  round %d: tg128 @ d512 ours %7.1f (%.0f%%)  llama.cpp %7.1f (%.0f%%) tok/s (%.2fx) | pp2048 ours "
+        "%7.1f (%.0f%%)  llama.cpp %7.1f (%.0f%%) tok/s (%.2fx)\n",
+        r + 1, oursTg.back(), 100 * oursTg.back() / ceil.decodeTokS, tg, 100 * tg / ceil.decodeTokS, oursTg.back() / tg,
+        oursPp.back(), 100 * oursPp.back() / ceil.prefillTokS, pp, 100 * pp / ceil.prefillTokS, oursPp.back() / pp);
     std::fflush(stdout);
   }
   std::printf(
-      "  mean:    tg128 @ d512 ours %7.1f  llama.cpp %7.1f tok/s (%.2fx) | pp2048 ours %7.1f  "
-      "llama.cpp %7.1f tok/s (%.2fx)\n",
-      mean(oursTg), mean(theirsTg), mean(oursTg) / mean(theirsTg), mean(oursPp), mean(theirsPp),
-      mean(oursPp) / mean(theirsPp));
+      "  mean:    tg128 @ d512 ours %7.1f (%.0f%%)  llama.cpp %7.1f (%.0f%%) tok/s (%.2fx) | pp2048 ours %7.1f "
+      "(%.0f%%)  llama.cpp %7.1f (%.0f%%) tok/s (%.2fx)\n",
+      mean(oursTg), 100 * mean(oursTg) / ceil.decodeTokS, mean(theirsTg), 100 * mean(theirsTg) / ceil.decodeTokS,
+      mean(oursTg) / mean(theirsTg), mean(oursPp), 100 * mean(oursPp) / ceil.prefillTokS, mean(theirsPp),
+      100 * mean(theirsPp) / ceil.prefillTokS, mean(oursPp) / mean(theirsPp));
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return pd::Status::ok();
@@ -314,17 +383,21 @@ pd::Status compareWithLlamaBench(const std::shared_ptr<const ModelWeights>& mode
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string modelDir;
+  std::string modelDir, arch = "llama";
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false;
   std::string only;  // "", "prefill", "decode", "context" or "llama"
   int skinnyMaxRows = CpuBackendOptions().skinnyMaxRows;
-  std::string llamaBench, writeGguf, gemmKernel, weightFormat = "f32", bf16Kernel;
+  std::string llamaBench, llamaQuantize, writeGguf, gemmKernel, weightFormat = "f32", bf16Kernel, q8Kernel;
   int onlyBatch = 0;  // decode: 0 = batches 1, 8 and 32
   int rounds = 0;     // llama.cpp comparison rounds: 0 = 3 (1 with --quick)
   CLI::App app{"engine_bench: the CPU engine's prefill, decode and context steps (and llama.cpp's)", "engine_bench"};
   pd::cli::configure(app);
   app.add_option("--model", modelDir, "model directory (default: a small made model in /tmp/pdserve_bench_small)");
+  app.add_option("--arch", arch,
+                 "without --model: the made small model's architecture (make-model's: llama, qwen3, mixtral, "
+                 "qwen3_moe)")
+      ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads")->capture_default_str();
   app.add_flag("--quick", quick, "fewer shapes and rounds");
   app.add_option("--only", only, "prefill|decode|context|llama: run only this part");
@@ -337,23 +410,30 @@ int main(int argc, char** argv) {
   app.add_option("--weight-format", weightFormat, "CpuBackendOptions::weightFormat: f32|bf16|q8_0")
       ->capture_default_str();
   app.add_option("--bf16-kernel", bf16Kernel, "force a bf16 decode kernel: avx512bf16|avx2 (default: CPUID's best)");
+  app.add_option("--q8-kernel", q8Kernel,
+                 "force a q8_0 decode kernel: avx512vnni|avx2|generic (default: CPUID's best)");
+  app.add_option("--llama-quantize", llamaQuantize,
+                 "llama.cpp's llama-quantize: converts the GGUF for llama.cpp to --weight-format (BF16, Q8_0)");
   if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (weightFormat != "f32" && weightFormat != "bf16" && weightFormat != "q8_0") {
     std::fprintf(stderr, "engine_bench: --weight-format must be f32, bf16 or q8_0\n");
     return 2;
   }
   if (modelDir.empty()) {
-    modelDir = "/tmp/pdserve_bench_small";
+    modelDir = "/tmp/pdserve_bench_small" + (arch == "llama" ? std::string() : "_" + arch);
     if (!std::filesystem::exists(modelDir + "/config.json")) {
       MakeModelOptions o;
       o.preset = "small";
+      o.arch = arch;
       if (auto st = makeModel(o, modelDir); !st.isOk()) {
         std::fprintf(stderr, "engine_bench: %s\n", st.toString().c_str());
         return 1;
       }
     }
   }
-  auto model = loadModel(modelDir);
+  // The weights held as the backend computes from them (bf16 / q8_0: the f32 copies of the
+  // linear weights freed); the GGUF for llama.cpp is written from an f32 load.
+  auto model = loadModel(modelDir, weightFormat);
   if (!model.ok()) {
     std::fprintf(stderr, "engine_bench: %s\n", model.status().toString().c_str());
     return 1;
@@ -361,7 +441,7 @@ int main(int argc, char** argv) {
   const ModelConfig& cfg = (*model)->config;
   openblas_set_num_threads(threads);  // the OpenBLAS comparison only: the backend does not use it
   if (!writeGguf.empty()) {
-    if (auto st = writeLlamaGguf(**model, writeGguf); !st.isOk()) return fail(st);
+    if (auto st = writeBenchGguf(modelDir, weightFormat, llamaQuantize, writeGguf); !st.isOk()) return fail(st);
     std::printf("engine_bench: wrote %s\n", writeGguf.c_str());
     return 0;
   }
@@ -376,9 +456,10 @@ int main(int argc, char** argv) {
 
   std::printf(
       "engine_bench: model %s (hidden %d, layers %d, heads %d/%d, ffn %d, vocab %d), "
-      "%.1f MB f32 weights, %d threads\n",
+      "%.1f MB of weights resident (%s; f32 would be %.1f MB; process VmRSS %.1f MB), %d threads\n",
       modelDir.c_str(), cfg.hiddenSize, cfg.numLayers, cfg.numHeads, cfg.numKvHeads, cfg.intermediateSize,
-      cfg.vocabSize, (*model)->totalBytes() / 1e6, threads);
+      cfg.vocabSize, (*model)->totalBytes() / 1e6, weightFormat.c_str(), f32EquivalentBytes(**model) / 1e6,
+      residentMB(), threads);
   if (cfg.isMoe())
     std::printf(
         "mixture of experts: %d experts of width %d, top %d: a decode token reads %.1f MB (the active "
@@ -407,7 +488,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   double readBw = 0, fmaPeak = 0, fmaPeakOne = 0;
-  if (only != "llama" && only != "context") {  // ratios within one run need no ceilings
+  if (only != "context") {
     readBw = readGBs(size_t(weightBytes), threads, quick ? 4 : 10);
     std::printf("read bandwidth (%d threads, loads only): %.1f GB/s over %.0f MB (the weights' size)\n", threads,
                 readBw, weightBytes / 1e6);
@@ -442,6 +523,7 @@ int main(int argc, char** argv) {
   opt.gemmKernel = gemmKernel;
   opt.weightFormat = weightFormat;
   opt.bf16Kernel = bf16Kernel;
+  opt.q8Kernel = q8Kernel;
   std::mt19937_64 rng(1);
   if (only.empty() || only == "prefill")
     std::printf("\nprefill (one sequence, one forward step, logits of the last token):\n");
@@ -521,7 +603,15 @@ int main(int argc, char** argv) {
   }
 
   if (!llamaBench.empty()) {
-    if (auto st = compareWithLlamaBench(*model, llamaBench, opt, rounds > 0 ? rounds : (quick ? 1 : 3), rng);
+    Ceilings ceil;
+    ceil.decodeTokS = readBw * 1e9 / weightBytes;
+    const int p = 2048;  // the prefill's FLOPs a token at pp2048, as the prefill section counts them
+    const double flops = 2.0 * double(cfg.decodeWeightParams() - cfg.hiddenSize) * p -
+                         2.0 * double(cfg.vocabSize) * cfg.hiddenSize * (p - 1) +
+                         4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
+    ceil.prefillTokS = fmaPeak * 1e9 / (flops / p);
+    if (auto st = compareWithLlamaBench(*model, llamaBench, llamaQuantize, opt, rounds > 0 ? rounds : (quick ? 1 : 3),
+                                        ceil, rng);
         !st.isOk())
       return fail(st);
   }

@@ -5,7 +5,7 @@
 // streaming W from memory once, and general GEMM libraries lose time packing W (OpenBLAS
 // 0.3.21 measured 5-15x slower than streaming at m <= 32 here). This kernel walks W once,
 // four rows at a time, applying each row block to all m input rows while it is in L1.
-// Large-m products (prefill) should use a BLAS sgemm instead.
+// Large-m products (prefill) use the GEMM (pd/kernels/gemm.h) instead.
 // Pure function; callers split [0, n) output columns across threads.
 #pragma once
 
