@@ -542,6 +542,7 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
   if (cfg.router.adaptiveThreshold) cfg.experimental.push_back("router.routing.adaptive_threshold");
   if (cfg.router.autoscaler.roleMoves) cfg.experimental.push_back("router.autoscaler.role_moves");
   if (cfg.engine.weightFormat != "f32") cfg.experimental.push_back("engine.weight_format");
+  if (cfg.engine.kvCacheDtype != "auto") cfg.experimental.push_back("engine.kv_cache_dtype");
   for (const std::string& key : cfg.experimental) {
     PD_LOG(kInfo, "config") << sourceName << ": " << key << " is on: experimental (docs/config.md)";
   }
