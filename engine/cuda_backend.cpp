@@ -993,9 +993,9 @@ Status cudaDeviceAvailable() {
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,
                                                        const KvLayout& layout, const CudaBackendOptions& options) {
   // Before the device probe, so the refusal names the dtype on any machine.
-  if (layout.dtype != KvDtype::kF32 && layout.dtype != KvDtype::kF16 && layout.dtype != KvDtype::kBF16)
+  if (layout.dtype == KvDtype::kInt8)
     return unimplemented(std::string("createCudaBackend: KV dtype ") + kvDtypeName(layout.dtype) +
-                         " (the CUDA kernels keep K/V in f32, f16 or bf16; 8-bit KV runs on the cpu backend: "
+                         " (the CUDA kernels keep K/V in f32, f16, bf16 or fp8; int8 KV runs on the cpu backend: "
                          "docs/kv_cache.md, \"Quantized KV cache\")");
   if (model) PD_RETURN_IF_ERROR(cudaSupportsModel(model->config));
   PD_RETURN_IF_ERROR(cudaDeviceAvailable());

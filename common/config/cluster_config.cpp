@@ -411,11 +411,10 @@ void readEngine(MapReader m, EngineConfig* c) {
     if (d != "auto" && d != "f32" && d != "bf16" && d != "int8" && d != "fp8") {
       m.errors()->add(m.node()["kv_cache_dtype"],
                       "engine.kv_cache_dtype: '" + d + "' is not a KV cache dtype (auto, f32, bf16, int8, fp8)");
-    } else if ((d == "int8" || d == "fp8") && c->backend != Backend::kCpu) {
+    } else if (d == "int8" && c->backend != Backend::kCpu) {
       m.errors()->add(m.node()["kv_cache_dtype"],
-                      "engine.kv_cache_dtype: " + d +
-                          " needs backend cpu (the cuda kernels keep K/V in f32, f16 or bf16: docs/kv_cache.md, "
-                          "\"Quantized KV cache\")");
+                      "engine.kv_cache_dtype: int8 needs backend cpu (the cuda kernels keep K/V in f32, f16, bf16 "
+                      "or fp8: docs/kv_cache.md, \"Quantized KV cache\")");
     }
   }
   if (c->tensorParallelSize > 1 && c->backend != Backend::kCuda) {

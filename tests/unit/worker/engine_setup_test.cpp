@@ -59,8 +59,8 @@ TEST_CASE(
   auto bad = config::parseClusterConfig("model: {path: /m}\nengine: {kv_cache_dtype: int4}\n", "test.yaml");
   CHECK_THAT(bad.status().message(), Catch::Contains("engine.kv_cache_dtype: 'int4' is not a KV cache dtype"));
   auto cuda =
-      config::parseClusterConfig("model: {path: /m}\nengine: {backend: cuda, kv_cache_dtype: fp8}\n", "test.yaml");
-  CHECK_THAT(cuda.status().message(), Catch::Contains("engine.kv_cache_dtype: fp8 needs backend cpu"));
+      config::parseClusterConfig("model: {path: /m}\nengine: {backend: cuda, kv_cache_dtype: int8}\n", "test.yaml");
+  CHECK_THAT(cuda.status().message(), Catch::Contains("engine.kv_cache_dtype: int8 needs backend cpu"));
 }
 
 TEST_CASE("a cuda worker keeps its KV cache in device memory, or says why it cannot start") {
