@@ -71,6 +71,17 @@ TEST_CASE("fp8 e4m3: every finite code reads back and encodes to itself; roundin
       CHECK(back == uint8_t(c));
   }
   CHECK(finite == 254);
+  // The vector dequantizer (8 at a time) against the scalar table, every finite code, in
+  // every lane position and the scalar tail.
+  std::vector<uint8_t> all;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7f) != 0x7f) all.push_back(uint8_t(c));
+  std::vector<float> wide(all.size());
+  kc::kvDequantizeRow(all.data(), 0.75f, int(all.size()), kc::KvFormat::kFp8, wide.data());
+  for (size_t i = 0; i < all.size(); ++i) {
+    INFO("code " << int(all[i]));
+    CHECK(wide[i] == kc::fp8E4m3ToFloat(all[i]) * 0.75f);
+  }
   CHECK(kc::fp8E4m3ToFloat(0x7e) == 448.0f);
   CHECK(kc::fp8E4m3ToFloat(0x01) == std::ldexp(1.0f, -9));  // the smallest subnormal
   CHECK(kc::fp8E4m3FromFloat(1e6f) == 0x7e);                // saturates, no infinity
