@@ -28,17 +28,22 @@ namespace kc = pd::kernels::cpu;
 namespace {
 
 constexpr int kQueryTile = 128;  // query rows per GEMM attention tile
+// The kernels' KV formats are engine::KvDtype by value (f16 has none: refused at creation).
+static_assert(uint8_t(kc::KvFormat::kF32) == uint8_t(KvDtype::kF32) &&
+              uint8_t(kc::KvFormat::kBf16) == uint8_t(KvDtype::kBF16) &&
+              uint8_t(kc::KvFormat::kInt8) == uint8_t(KvDtype::kInt8) &&
+              uint8_t(kc::KvFormat::kFp8) == uint8_t(KvDtype::kFp8));
 
 enum class WeightFormat { kF32, kBf16, kQ8 };
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, float* kv, const CpuBackendOptions& opt,
+  CpuBackend(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, void* kv, const CpuBackendOptions& opt,
              kc::GemmKernel gemmKernel, WeightFormat format, kc::Bf16Kernel bf16Kernel, kc::Q8Kernel q8Kernel)
       : model_(std::move(model)),
         cfg_(model_->config),
         layout_(layout),
-        kv_(kv),
+        kv_(static_cast<uint8_t*>(kv)),
         opt_(opt),
         threads_(opt.numThreads > 0 ? opt.numThreads : int(std::max(1u, std::thread::hardware_concurrency()))),
         pool_(threads_),
@@ -96,12 +101,21 @@ class CpuBackend final : public Backend {
   void forRows(int n, int64_t workPerRow, Fn&& fn);
   void attention(std::span<const SeqChunk> batch, int layer);
 
-  float* layerKv(int layer) const { return kv_ + layer * (layout_.layerBytes() / sizeof(float)); }
+  // One layer's pool as the kernels see it (engine.kv_cache_dtype: f32, bf16, int8 or fp8).
+  kc::PagedKv layerKv(int layer) const {
+    kc::PagedKv p;
+    p.layer = kv_ + size_t(layer) * layout_.layerBytes();
+    p.format = static_cast<kc::KvFormat>(static_cast<uint8_t>(layout_.dtype));
+    p.blockSize = layout_.blockSize;
+    p.numKvHeads = layout_.numKvHeads;
+    p.headDim = layout_.headDim;
+    return p;
+  }
 
   std::shared_ptr<const ModelWeights> model_;
   const ModelConfig& cfg_;
   KvLayout layout_;
-  float* kv_;
+  uint8_t* kv_;
   CpuBackendOptions opt_;
   int threads_;
   CpuThreadPool pool_;
@@ -209,7 +223,7 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
   const int qkvRows = cfg_.qDim() + 2 * cfg_.kvDim();
   const int qDim = cfg_.qDim();
   const float scale = 1.0f / std::sqrt(float(hd));
-  const float* lkv = layerKv(layer);
+  const kc::PagedKv lkv = layerKv(layer);
 
   // Work items: (chunk, kv head) for the paged kernel; for GEMM chunks (chunk, kv head)
   // items that gather K/V once and then run every query tile of the group's heads.
@@ -229,8 +243,8 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
     const float* q = qkv_.data() + size_t(t0) * qkvRows;
     float* out = attn_.data() + size_t(t0) * qDim;
     if (s.numTokens < opt_.gemmAttentionMinTokens) {
-      kc::pagedAttention(q, qkvRows, lkv, s.blockTable, s.numTokens, s.startPos, layout_.blockSize, nh, nkv, hd,
-                         it.kvHead, it.kvHead + 1, scale, out, qDim);
+      kc::pagedAttention(q, qkvRows, lkv, s.blockTable, s.numTokens, s.startPos, nh, it.kvHead, it.kvHead + 1, scale,
+                         out, qDim);
       return;
     }
     Scratch& sc = threadScratch_[thread];
@@ -240,7 +254,7 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
       sc.v.resize(size_t(ctx) * hd);
     }
     if (sc.scores.size() < size_t(kQueryTile) * ctx) sc.scores.resize(size_t(kQueryTile) * ctx);
-    kc::kvGatherHead(lkv, s.blockTable, ctx, layout_.blockSize, nkv, hd, it.kvHead, sc.k.data(), sc.v.data());
+    kc::kvGatherHead(lkv, s.blockTable, ctx, it.kvHead, sc.k.data(), sc.v.data());
     // Keys and values packed once into the GEMM's panels, then shared by every query tile of
     // every head of the group (each tile multiplies a prefix of them).
     sc.kPacked.resize(kc::gemmPackedBFloats(gemmKernel_, ctx, hd));
@@ -326,7 +340,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
     }
     linear(xn_.data(), T, h, w.qkv.data(), wb ? wb->qkv : nullptr, qkvRows, qkv_.data(),
            w.qkvBias.empty() ? 0.0f : 1.0f);
-    float* lkv = layerKv(l);
+    const kc::PagedKv lkv = layerKv(l);
     forRows(T, qkvRows, [&](int b, int e) {
       float* rows = qkv_.data() + size_t(b) * qkvRows;
       const float* c = cos_.data() + size_t(b) * half;
@@ -340,8 +354,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       }
       kc::applyRope(rows, qkvRows, e - b, cfg_.numHeads, hd, c, s);
       kc::applyRope(rows + qDim, qkvRows, e - b, cfg_.numKvHeads, hd, c, s);
-      kc::kvCacheWrite(lkv, rows + qDim, rows + qDim + kvDim, qkvRows, slots_.data() + b, e - b, layout_.blockSize,
-                       cfg_.numKvHeads, hd);
+      kc::kvCacheWrite(lkv, rows + qDim, rows + qDim + kvDim, qkvRows, slots_.data() + b, e - b);
     });
     if (onLayerKvReady) onLayerKvReady(l);
     attention(batch, l);
@@ -427,9 +440,10 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
                            " has no weights in host memory (describeModel): the CPU backend "
                            "computes from loadModel's f32 weights");
   const ModelConfig& c = model->config;
-  if (layout.dtype != KvDtype::kF32)
+  // f16 has no CPU kernels (bf16 covers the 16-bit case): refused by name, not read as f32.
+  if (layout.dtype == KvDtype::kF16)
     return unimplemented(std::string("createCpuBackend: KV dtype ") + kvDtypeName(layout.dtype) +
-                         " (the CPU backend computes in f32)");
+                         " (the CPU backend keeps its KV cache in f32, bf16, int8 or fp8)");
   if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads || layout.headDim != c.headDim)
     return invalidArgument("createCpuBackend: KV layout " + layout.fingerprint() +
                            " does not match the model (layers " + std::to_string(c.numLayers) + ", kv heads " +
@@ -499,8 +513,8 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
                               << (options.bf16Kernel.empty() ? " (chosen from CPUID)" : " (forced)");
     }
   }
-  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), layout, static_cast<float*>(kvBase), options,
-                                                 gemmKernel, format, bf16Kernel, q8Kernel));
+  return std::unique_ptr<Backend>(
+      new CpuBackend(std::move(model), layout, kvBase, options, gemmKernel, format, bf16Kernel, q8Kernel));
 }
 
 }  // namespace pd::engine

@@ -992,6 +992,11 @@ Status cudaDeviceAvailable() {
 
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,
                                                        const KvLayout& layout, const CudaBackendOptions& options) {
+  // Before the device probe, so the refusal names the dtype on any machine.
+  if (layout.dtype == KvDtype::kInt8)
+    return unimplemented(std::string("createCudaBackend: KV dtype ") + kvDtypeName(layout.dtype) +
+                         " (the CUDA kernels keep K/V in f32, f16, bf16 or fp8; int8 KV runs on the cpu backend: "
+                         "docs/kv_cache.md, \"Quantized KV cache\")");
   if (model) PD_RETURN_IF_ERROR(cudaSupportsModel(model->config));
   PD_RETURN_IF_ERROR(cudaDeviceAvailable());
   if (!model) return invalidArgument("createCudaBackend: no model");

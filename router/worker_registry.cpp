@@ -67,7 +67,7 @@ std::string WorkerRegistry::mismatch(const std::string& id, const std::string& f
     if (layoutDtype(a.layout) != layoutDtype(b.layout)) {
       *reason = "dtype";
       return "worker '" + id + "' keeps its KV cache in " + layoutDtype(a.layout) + " but the cluster in " +
-             layoutDtype(b.layout) + both + ": model.dtype and engine.backend must match";
+             layoutDtype(b.layout) + both + ": engine.kv_cache_dtype must match (auto: model.dtype and engine.backend)";
     }
     *reason = "layout";
     return "worker '" + id + "' has another KV layout than the cluster" + both +

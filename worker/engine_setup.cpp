@@ -31,6 +31,15 @@ engine::KvDtype cudaDtype(config::DType d) {
   return engine::KvDtype::kBF16;
 }
 
+// engine.kv_cache_dtype (validated by the config): auto is f32 on cpu and the model's dtype on
+// cuda (as before the key existed).
+engine::KvDtype kvCacheDtype(const config::ClusterConfig& config) {
+  const std::string& d = config.engine.kvCacheDtype;
+  if (d == "auto")
+    return config.engine.backend == config::Backend::kCuda ? cudaDtype(config.model.dtype) : engine::KvDtype::kF32;
+  return pd::enumFromName(engine::kKvDtypeNames, d).value_or(engine::KvDtype::kF32);
+}
+
 struct BackendAndKv {
   std::unique_ptr<engine::Backend> backend;
   std::unique_ptr<engine::KvCacheManager> kv;
@@ -52,7 +61,7 @@ Result<BackendAndKv> makeBackend(const config::ClusterConfig& config, std::share
     return out;
   }
   engine::CudaBackendOptions cuda;
-  cuda.weightDtype = layout.dtype;
+  cuda.weightDtype = cudaDtype(config.model.dtype);
   cuda.tensorParallelSize = config.engine.tensorParallelSize;
   // layout.numBlocks is 0 then: the backend sizes the cache from what the GPU has left after
   // the weights and the scratch of the largest step the scheduler will form.
@@ -96,8 +105,7 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
       config.model.name.empty() ? std::filesystem::path(config.model.path).filename().string() : config.model.name;
   b.maxModelLen = config.model.maxModelLen > 0 ? config.model.maxModelLen : mc.maxPositionEmbeddings;
 
-  const engine::KvDtype kvDtype =
-      config.engine.backend == config::Backend::kCuda ? cudaDtype(config.model.dtype) : engine::KvDtype::kF32;
+  const engine::KvDtype kvDtype = kvCacheDtype(config);
   // engine.kv_cache_bytes is the whole cache: a block id holds blockBytes in every layer (and
   // with tensor parallelism every rank's share of the kv heads, so the sum over the ranks).
   engine::KvLayout probe = engine::kvLayoutFor(mc, 1, config.engine.blockSize, kvDtype);
@@ -125,7 +133,7 @@ Result<EngineBundle> buildEngine(const config::ClusterConfig& config, bool relea
                             << config::toString(config.engine.backend) << " in " << secs << "; KV cache "
                             << kl.numBlocks << " blocks of " << kl.blockSize
                             << " tokens = " << int64_t(kl.numBlocks) * kl.blockSize << " tokens of context ("
-                            << (kl.totalBytes() >> 20) << " MiB"
+                            << (kl.totalBytes() >> 20) << " MiB in " << engine::kvDtypeName(kl.dtype)
                             << (byUtilization ? ", by engine.gpu_memory_utilization" : "") << ")";
   }
   engine::EngineOptions opts;

@@ -329,6 +329,7 @@ void readEngine(MapReader m, EngineConfig* c) {
   m.readIntChoice("tensor_parallel_size", &c->tensorParallelSize, {1, 2, 4, 8});
   const bool hasWeightFormat = m.has("weight_format");
   m.readString("weight_format", &c->weightFormat, false);
+  m.readString("kv_cache_dtype", &c->kvCacheDtype, false);
   m.readBool("enable_prefix_caching", &c->enablePrefixCaching);
   {
     MapReader k = m.child("kv_events");
@@ -403,6 +404,18 @@ void readEngine(MapReader m, EngineConfig* c) {
   } else if (hasWeightFormat && c->weightFormat != "f32" && c->backend != Backend::kCpu) {
     m.errors()->add(m.node()["weight_format"], "engine.weight_format: " + c->weightFormat +
                                                    " needs backend cpu (on cuda the weights follow model.dtype)");
+  }
+  // Part of the KV layout fingerprint: prefill and decode workers must give the same.
+  {
+    const std::string& d = c->kvCacheDtype;
+    if (d != "auto" && d != "f32" && d != "bf16" && d != "int8" && d != "fp8") {
+      m.errors()->add(m.node()["kv_cache_dtype"],
+                      "engine.kv_cache_dtype: '" + d + "' is not a KV cache dtype (auto, f32, bf16, int8, fp8)");
+    } else if (d == "int8" && c->backend != Backend::kCpu) {
+      m.errors()->add(m.node()["kv_cache_dtype"],
+                      "engine.kv_cache_dtype: int8 needs backend cpu (the cuda kernels keep K/V in f32, f16, bf16 "
+                      "or fp8: docs/kv_cache.md, \"Quantized KV cache\")");
+    }
   }
   if (c->tensorParallelSize > 1 && c->backend != Backend::kCuda) {
     m.errors()->add(m.node(), "engine.tensor_parallel_size: " + std::to_string(c->tensorParallelSize) +
@@ -528,6 +541,7 @@ Result<ClusterConfig> parseClusterConfig(std::string_view yaml, std::string sour
   if (cfg.router.adaptiveThreshold) cfg.experimental.push_back("router.routing.adaptive_threshold");
   if (cfg.router.autoscaler.roleMoves) cfg.experimental.push_back("router.autoscaler.role_moves");
   if (cfg.engine.weightFormat != "f32") cfg.experimental.push_back("engine.weight_format");
+  if (cfg.engine.kvCacheDtype != "auto") cfg.experimental.push_back("engine.kv_cache_dtype");
   for (const std::string& key : cfg.experimental) {
     PD_LOG(kInfo, "config") << sourceName << ": " << key << " is on: experimental (docs/config.md)";
   }

@@ -222,6 +222,9 @@ struct EngineConfig {
   // engine.weight_format (cpu backend): how the linear layers' weights are held, "f32", "bf16"
   // or "q8_0" (engine::CpuBackendOptions::weightFormat; compute and KV stay f32).
   std::string weightFormat = "f32";
+  // engine.kv_cache_dtype: what the KV cache stores (and transfers, and the tiers keep): "auto"
+  // (cpu f32; cuda model.dtype), "f32", "bf16", "int8" (cpu backend only) or "fp8".
+  std::string kvCacheDtype = "auto";
   bool enablePrefixCaching = true;  // Stable.
   // engine.kv_events (docs/kv_events.md): the prefix cache's block events.
   struct KvEvents {

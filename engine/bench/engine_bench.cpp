@@ -9,6 +9,7 @@
 //                                          [--llama-bench PATH] [--rounds N]
 //                                          [--write-gguf PATH] [--gemm-kernel avx512|avx2|generic]
 //                                          [--weight-format f32|bf16|q8_0] [--llama-quantize PATH]
+//                                          [--kv-dtype f32|bf16|int8|fp8]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
 // --only context: prompt chunks after 0-2,048 cached tokens, their time a token against the
@@ -143,6 +144,9 @@ double sgemmGflops(int m, int n, int k, int reps) {
   return 2.0 * m * n * double(k) / best / 1e9;
 }
 
+// --kv-dtype: the KV cache of every measured backend (engine.kv_cache_dtype).
+KvDtype gKvDtype = KvDtype::kF32;
+
 int fail(const pd::Status& st) {
   std::fprintf(stderr, "engine_bench: %s\n", st.toString().c_str());
   return 1;
@@ -158,8 +162,8 @@ pd::Result<std::vector<double>> prefillSeconds(const std::shared_ptr<const Model
   const ModelConfig& cfg = model->config;
   const int blockSize = 16;
   const int blocks = (start + p + blockSize - 1) / blockSize;
-  const auto layout = kvLayoutFor(cfg, blocks, blockSize);
-  WeightBuffer kv(layout.totalBytes() / sizeof(float));
+  const auto layout = kvLayoutFor(cfg, blocks, blockSize, gKvDtype);
+  WeightBuffer kv((layout.totalBytes() + sizeof(float) - 1) / sizeof(float));
   auto backend = createCpuBackend(model, layout, kv.data(), opt);
   if (!backend.ok()) return backend.status();
   std::vector<int32_t> tokens(p), table(blocks);
@@ -194,10 +198,12 @@ class DecodeBench {
     b->batch_ = batch;
     b->ctx_ = ctx;
     b->perSeq_ = (ctx + maxSteps + blockSize - 1) / blockSize;
-    const auto layout = kvLayoutFor(cfg, b->perSeq_ * batch, blockSize);
-    b->kv_ = WeightBuffer(layout.totalBytes() / sizeof(float));
+    const auto layout = kvLayoutFor(cfg, b->perSeq_ * batch, blockSize, gKvDtype);
+    b->kv_ = WeightBuffer((layout.totalBytes() + sizeof(float) - 1) / sizeof(float));
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (size_t i = 0; i < b->kv_.size(); ++i) b->kv_.data()[i] = nd(rng);
+    // A narrower cache stays zeros (f32 noise would be NaN codes and scales there).
+    if (gKvDtype == KvDtype::kF32)
+      for (size_t i = 0; i < b->kv_.size(); ++i) b->kv_.data()[i] = nd(rng);
     auto backend = createCpuBackend(model, layout, b->kv_.data(), opt);
     if (!backend.ok()) return backend.status();
     b->backend_ = std::move(*backend);
@@ -409,12 +415,21 @@ int main(int argc, char** argv) {
   app.add_option("--gemm-kernel", gemmKernel, "force a GEMM kernel: avx512|avx2|generic (default: CPUID's best)");
   app.add_option("--weight-format", weightFormat, "CpuBackendOptions::weightFormat: f32|bf16|q8_0")
       ->capture_default_str();
+  std::string kvDtype = "f32";
+  app.add_option("--kv-dtype", kvDtype, "the KV cache's dtype: f32|bf16|int8|fp8 (engine.kv_cache_dtype)")
+      ->capture_default_str();
   app.add_option("--bf16-kernel", bf16Kernel, "force a bf16 decode kernel: avx512bf16|avx2 (default: CPUID's best)");
   app.add_option("--q8-kernel", q8Kernel,
                  "force a q8_0 decode kernel: avx512vnni|avx2|generic (default: CPUID's best)");
   app.add_option("--llama-quantize", llamaQuantize,
                  "llama.cpp's llama-quantize: converts the GGUF for llama.cpp to --weight-format (BF16, Q8_0)");
   if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (auto d = pd::enumFromName(kKvDtypeNames, kvDtype); d && *d != KvDtype::kF16) {
+    gKvDtype = *d;
+  } else {
+    std::fprintf(stderr, "engine_bench: --kv-dtype must be f32, bf16, int8 or fp8\n");
+    return 2;
+  }
   if (weightFormat != "f32" && weightFormat != "bf16" && weightFormat != "q8_0") {
     std::fprintf(stderr, "engine_bench: --weight-format must be f32, bf16 or q8_0\n");
     return 2;
@@ -572,7 +587,7 @@ int main(int argc, char** argv) {
         "all threads)",
         batch, tokS, medianStep * 1e3, total / steps * 1e3, cpu / steps * 1e3);
     if (batch == 1) {
-      const double kvBytes = 2.0 * ctx * cfg.kvDim() * 4 * cfg.numLayers;
+      const double kvBytes = double(kvLayoutFor(cfg, 1, 16, gKvDtype).totalBytes()) / 16 * ctx;
       const double floor = weightBytes / (readBw * 1e9);
       std::printf(
           "\n    read-bandwidth floor (%.1f MB weights / token at %.1f GB/s): %.3f ms -> %.0f tok/s ceiling, "

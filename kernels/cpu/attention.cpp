@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/simd_avx2.h"
 
@@ -48,14 +49,33 @@ inline void accumulatePV(float* acc, const float* p, const float* const* v, int 
 void pagedAttention(const float* q, int qStride, const float* layerKv, const int32_t* blockTable, int numTokens,
                     int startPos, int blockSize, int numHeads, int numKvHeads, int headDim, int kvHeadBegin,
                     int kvHeadEnd, float scale, float* out, int outStride) {
+  PagedKv kv;
+  kv.layer = const_cast<float*>(layerKv);  // only read
+  kv.format = KvFormat::kF32;
+  kv.blockSize = blockSize;
+  kv.numKvHeads = numKvHeads;
+  kv.headDim = headDim;
+  pagedAttention(q, qStride, kv, blockTable, numTokens, startPos, numHeads, kvHeadBegin, kvHeadEnd, scale, out,
+                 outStride);
+}
+
+void pagedAttention(const float* q, int qStride, const PagedKv& kv, const int32_t* blockTable, int numTokens,
+                    int startPos, int numHeads, int kvHeadBegin, int kvHeadEnd, float scale, float* out,
+                    int outStride) {
   using namespace detail;
+  const int blockSize = kv.blockSize, numKvHeads = kv.numKvHeads, headDim = kv.headDim;
   const int group = numHeads / numKvHeads;
-  const size_t tokenElems = size_t(numKvHeads) * headDim;
-  const size_t blockElems = 2 * size_t(blockSize) * tokenElems;
+  const bool f32 = kv.format == KvFormat::kF32;
+  const size_t eb = kv.elemBytes();
   alignas(32) float acc[kHeadsPerPass][kMaxHeadDim];
   float s[kHeadsPerPass][kTile];
   float m[kHeadsPerPass], l[kHeadsPerPass];
   const float* kRow[kTile];
+  const float* vRow[kTile];
+  // A narrower pool: the tile's K and V rows widened here once, then read by every head of
+  // the group (8-bit: code * the token's scale).
+  static thread_local std::vector<float> wide;
+  if (!f32 && wide.size() < 2 * size_t(kTile) * headDim) wide.resize(2 * size_t(kTile) * headDim);
 
   for (int t = 0; t < numTokens; ++t) {
     const int ctx = startPos + t + 1;
@@ -73,19 +93,31 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
           const int np = std::min(kTile, ctx - p0);
           for (int i = 0; i < np; ++i) {
             const int p = p0 + i;
-            kRow[i] = layerKv + size_t(blockTable[p / blockSize]) * blockElems + size_t(p % blockSize) * tokenElems +
-                      size_t(g) * headDim;
+            const int slot = blockTable[p / blockSize] * blockSize + p % blockSize;
+            if (f32) {
+              kRow[i] = reinterpret_cast<const float*>(kv.row(slot, g, false));
+              vRow[i] = reinterpret_cast<const float*>(kv.row(slot, g, true));
+            } else {
+              float* kw = wide.data() + size_t(i) * headDim;
+              float* vw = wide.data() + size_t(kTile + i) * headDim;
+              const float ks = kv.scaled() ? *kv.scale(slot, g, false) : 1.0f;
+              const float vs = kv.scaled() ? *kv.scale(slot, g, true) : 1.0f;
+              kvDequantizeRow(kv.row(slot, g, false), ks, headDim, kv.format, kw);
+              kvDequantizeRow(kv.row(slot, g, true), vs, headDim, kv.format, vw);
+              kRow[i] = kw;
+              vRow[i] = vw;
+            }
           }
-          // This head's K and V rows sit tokenElems apart (the other kv heads in between),
+          // This head's K and V rows sit a token's row apart (the other kv heads in between),
           // a stride the hardware prefetchers follow poorly: ask for the next tile's rows
           // while this one computes.
           for (int p = p0 + kTile; p < std::min(ctx, p0 + 2 * kTile); ++p) {
-            const float* k = layerKv + size_t(blockTable[p / blockSize]) * blockElems +
-                             size_t(p % blockSize) * tokenElems + size_t(g) * headDim;
-            const float* v = k + size_t(blockSize) * tokenElems;
-            for (int d = 0; d < headDim; d += 16) {
-              _mm_prefetch(reinterpret_cast<const char*>(k + d), _MM_HINT_T0);
-              _mm_prefetch(reinterpret_cast<const char*>(v + d), _MM_HINT_T0);
+            const int slot = blockTable[p / blockSize] * blockSize + p % blockSize;
+            const char* k = reinterpret_cast<const char*>(kv.row(slot, g, false));
+            const char* v = reinterpret_cast<const char*>(kv.row(slot, g, true));
+            for (size_t d = 0; d < headDim * eb; d += 64) {
+              _mm_prefetch(k + d, _MM_HINT_T0);
+              _mm_prefetch(v + d, _MM_HINT_T0);
             }
           }
           for (int j = 0; j < nh; ++j) {
@@ -114,8 +146,6 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
             if (corr != 1.0f)
               for (int d = 0; d < headDim; ++d) acc[j][d] *= corr;
           }
-          const float* vRow[kTile];
-          for (int i = 0; i < np; ++i) vRow[i] = kRow[i] + size_t(blockSize) * tokenElems;
           for (int j = 0; j < nh; ++j) accumulatePV(acc[j], s[j], vRow, np, headDim);
         }
         for (int j = 0; j < nh; ++j) {

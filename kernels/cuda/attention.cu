@@ -7,6 +7,7 @@
 // banks); then lane j of a warp computes the score of key j for a row, the warp updates the
 // row's online softmax, and every lane accumulates p_j * V[j] into its slice of the row.
 #include <cmath>
+#include <type_traits>
 
 #include "dtype_util.cuh"
 #include "pd/kernels/cuda/attention.h"
@@ -91,7 +92,28 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int kv0 = 0; kv0 < ctx; kv0 += kAttnKvTile) {
     const int n = min(kAttnKvTile, ctx - kv0);
     __syncthreads();  // the previous tile is consumed (and, the first time, q is loaded)
-    if (headDim % kVec == 0) {
+    if constexpr (std::is_same_v<KvT, __nv_fp8_e4m3>) {
+      // fp8 blocks: codes [k|v][token][kv head][head dim], then f32 scales [k|v][token][kv head]
+      // (engine/kv_layout.h); a value is code * its row's scale.
+      const uint8_t* pool = reinterpret_cast<const uint8_t*>(layerKv);
+      const size_t codeBytes = 2 * size_t(blockSize) * tokenElems;
+      const size_t blockBytes = codeBytes + 2 * size_t(blockSize) * numKvHeads * sizeof(float);
+      for (int i = threadIdx.x; i < n * headDim; i += blockDim.x) {
+        const int p = i / headDim, d = i % headDim;
+        const int pos = kv0 + p;
+        const uint8_t* base = pool + size_t(table[pos / blockSize]) * blockBytes;
+        const size_t off = size_t(pos % blockSize);
+        const size_t kIdx = off * tokenElems + size_t(kvHead) * headDim + d;
+        const float* scales = reinterpret_cast<const float*>(base + codeBytes);
+        const float kScale = scales[off * numKvHeads + kvHead];
+        const float vScale = scales[(size_t(blockSize) + off) * numKvHeads + kvHead];
+        __nv_fp8_e4m3 kc, vc;
+        kc.__x = base[kIdx];
+        vc.__x = base[kIdx + size_t(blockSize) * tokenElems];
+        ks[p * kStride + d] = float(kc) * kScale;
+        vs[p * headDim + d] = float(vc) * vScale;
+      }
+    } else if (headDim % kVec == 0) {
       // 16-byte loads (the memory-bound part of decode), K and V both in flight before use.
       // Aligned: cudaMalloc'd pool, and every row offset is a multiple of headDim.
       const int vecPerRow = headDim / kVec;
@@ -192,6 +214,11 @@ cudaError_t allowLargeShared() {
 
 cudaError_t pagedAttentionInit() {
   // Above 48 KiB of dynamic shared memory (head dims over ~240) a kernel must opt in.
+  for (DType o : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const cudaError_t e =
+        dispatchDtype(o, [&](auto oTag) { return allowLargeShared<__nv_fp8_e4m3, decltype(oTag)>(); });
+    if (e != cudaSuccess) return e;
+  }
   for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (DType o : {DType::kF32, DType::kF16, DType::kBF16}) {
       const cudaError_t e = dispatchDtype(kv, [&](auto kvTag) {
@@ -210,6 +237,13 @@ cudaError_t pagedAttention(const float* q, int qStride, const void* layerKv, DTy
   if (numWork <= 0) return cudaSuccess;
   if (headDim <= 0 || headDim > kAttnMaxHeadDim || numKvHeads <= 0 || numHeads % numKvHeads != 0 || blockSize <= 0)
     return cudaErrorInvalidValue;
+  if (kvDtype == DType::kFp8) {
+    return dispatchDtype(outDtype, [&](auto outTag) {
+      return launchAttention<__nv_fp8_e4m3, decltype(outTag)>(q, qStride, layerKv, blockTables, seqs, work, numWork,
+                                                              blockSize, numHeads, numKvHeads, headDim, scale, out,
+                                                              outStride, stream);
+    });
+  }
   return dispatchDtype(kvDtype, [&](auto kvTag) {
     using KvT = decltype(kvTag);
     return dispatchDtype(outDtype, [&](auto outTag) {

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "pd/kernels/cuda/dtype.h"
 
@@ -12,6 +13,7 @@ namespace pd::kernels::cuda::detail {
 __device__ __forceinline__ float toF32(float x) { return x; }
 __device__ __forceinline__ float toF32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float toF32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float toF32(__nv_fp8_e4m3 x) { return float(x); }
 
 template <typename T>
 __device__ __forceinline__ T fromF32(float x);
@@ -28,7 +30,7 @@ __device__ __forceinline__ __nv_bfloat16 fromF32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-// Calls fn(T{}) with T the storage type of d.
+// Calls fn(T{}) with T the storage type of d (f32, f16, bf16; kFp8 is refused here).
 template <typename Fn>
 inline cudaError_t dispatchDtype(DType d, Fn&& fn) {
   switch (d) {
@@ -38,6 +40,8 @@ inline cudaError_t dispatchDtype(DType d, Fn&& fn) {
       return fn(__half{});
     case DType::kBF16:
       return fn(__nv_bfloat16{});
+    case DType::kFp8:  // a KV format only: kvCacheWrite and pagedAttention take it explicitly
+      break;
   }
   return cudaErrorInvalidValue;
 }

@@ -112,6 +112,39 @@ __global__ void kvCacheWriteKernel(T* layerKv, const float* __restrict__ k, cons
   }
 }
 
+// fp8 KV: one warp per (token, kv head, k|v) row: the row's max |x| by a warp reduction gives
+// its scale (max / 448), then each lane encodes its values (nearest even, saturating: the CPU
+// encoder's rounding, pd/kernels/kv_cache.h). An all-zero row gets scale 0 and zero codes.
+// Launch: grid-stride over warps; blockBytes = the layout's (codes, then the f32 scales).
+__global__ void kvCacheWriteFp8Kernel(uint8_t* layerKv, const float* __restrict__ k, const float* __restrict__ v,
+                                      int rowStride, const int32_t* __restrict__ slots, int numTokens, int blockSize,
+                                      int numKvHeads, int headDim, size_t blockBytes) {
+  const int lane = threadIdx.x % 32;
+  const size_t warps = size_t(gridDim.x) * blockDim.x / 32;
+  const size_t rows = size_t(numTokens) * numKvHeads * 2;
+  const size_t tokenElems = size_t(numKvHeads) * headDim;
+  for (size_t w = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) / 32; w < rows; w += warps) {
+    const int t = int(w / (2 * numKvHeads)), h = int(w / 2 % numKvHeads), isV = int(w % 2);
+    const int slot = slots[t];
+    if (slot < 0) continue;  // warp-uniform
+    const float* x = (isV ? v : k) + size_t(t) * rowStride + size_t(h) * headDim;
+    float amax = 0.0f;
+    for (int d = lane; d < headDim; d += 32) amax = fmaxf(amax, fabsf(x[d]));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const bool zero = !(amax > 0.0f) || isinf(amax);
+    const float inv = zero ? 0.0f : 448.0f / amax;
+    const size_t block = size_t(slot / blockSize), off = size_t(slot % blockSize);
+    uint8_t* base = layerKv + block * blockBytes;
+    uint8_t* codes = base + (isV ? size_t(blockSize) * tokenElems : 0) + off * tokenElems + size_t(h) * headDim;
+    for (int d = lane; d < headDim; d += 32)
+      codes[d] = zero ? 0 : uint8_t(__nv_cvt_float_to_fp8(x[d] * inv, __NV_SATFINITE, __NV_E4M3));
+    if (lane == 0) {
+      float* scales = reinterpret_cast<float*>(base + 2 * size_t(blockSize) * tokenElems);
+      scales[(isV ? size_t(blockSize) * numKvHeads : 0) + off * numKvHeads + h] = zero ? 0.0f : amax / 448.0f;
+    }
+  }
+}
+
 // Launch: grid-stride over n.
 template <typename T>
 __global__ void convertFromF32Kernel(const float* __restrict__ in, T* out, size_t n) {
@@ -203,6 +236,13 @@ cudaError_t kvCacheWrite(void* layerKv, DType kvDtype, const float* k, const flo
   const int tokenElems = numKvHeads * headDim;
   const size_t n = size_t(numTokens) * tokenElems;
   if (n == 0) return cudaSuccess;
+  if (kvDtype == DType::kFp8) {
+    const size_t blockBytes = 2 * size_t(blockSize) * tokenElems + 2 * size_t(blockSize) * numKvHeads * sizeof(float);
+    const size_t threads = size_t(numTokens) * numKvHeads * 2 * 32;  // a warp per row
+    kvCacheWriteFp8Kernel<<<gridFor(threads, kThreads), kThreads, 0, stream>>>(
+        static_cast<uint8_t*>(layerKv), k, v, rowStride, slots, numTokens, blockSize, numKvHeads, headDim, blockBytes);
+    return cudaGetLastError();
+  }
   return dispatchDtype(kvDtype, [&](auto tag) {
     using T = decltype(tag);
     kvCacheWriteKernel<T><<<gridFor(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(layerKv), k, v, rowStride,

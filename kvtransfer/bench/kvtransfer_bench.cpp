@@ -17,7 +17,9 @@
 // The table prints transport GB/s, ceiling GB/s and their ratio for 4 KiB .. 64 MiB segments
 // and the realistic case: the KV of a 4,096-token prompt of a Llama-3-8B-shaped layout (32
 // layers, 8 KV heads, head dim 128, bf16, 16-token blocks: 512 MiB in 8,192 segments of 64
-// KiB, scattered blocks), sent whole and layer by layer.
+// KiB, scattered blocks), sent whole and layer by layer; then the KV of a 2,048-token prompt of
+// that shape in each KV dtype the engine stores (f32, bf16, int8 and fp8 with their scales):
+// bytes and transfer time per token, each next to the same lane's ceiling.
 // Last, tcp staged GPU memory (device to device through pinned bounce buffers; skipped
 // without a CUDA device) and a wire-time projection.
 //
@@ -488,12 +490,16 @@ struct LlamaResult {
 // (tcp: the same transfers posted back to back); null = the whole's figure.
 using LayersCeiling = std::function<double(const std::vector<Segments>& layers)>;
 
-LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const LayersCeiling& layersCeiling) {
-  // Llama-3-8B: 32 layers, 8 KV heads x 128, bf16, 16-token blocks: 2 (K|V) x 16 x 8 x 128 x 2 B.
-  constexpr size_t kBlockBytes = 2 * 16 * 8 * 128 * 2;
-  BlockPool srcPool{reinterpret_cast<uintptr_t>(link.src.get()), kBlockBytes, 256, 32};
-  BlockPool dstPool{link.remote, kBlockBytes, 256, 32};
-  std::vector<int> srcBlocks(256), dstBlocks(256);
+// Llama-3-8B: 32 layers, 8 KV heads x 128, bf16, 16-token blocks: 2 (K|V) x 16 x 8 x 128 x 2 B.
+constexpr size_t kLlamaBf16BlockBytes = 2 * 16 * 8 * 128 * 2;
+
+LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const LayersCeiling& layersCeiling,
+                      size_t blockBytes = kLlamaBf16BlockBytes, int blocksPerLayer = 256) {
+  const size_t kBlockBytes = blockBytes;
+  const int nb = blocksPerLayer;
+  BlockPool srcPool{reinterpret_cast<uintptr_t>(link.src.get()), kBlockBytes, nb, 32};
+  BlockPool dstPool{link.remote, kBlockBytes, nb, 32};
+  std::vector<int> srcBlocks(nb), dstBlocks(nb);
   std::iota(srcBlocks.begin(), srcBlocks.end(), 0);
   std::iota(dstBlocks.begin(), dstBlocks.end(), 0);
   std::mt19937 rng(1);
@@ -541,6 +547,45 @@ LlamaResult llamaCase(Link& link, int reps, const Ceiling& ceiling, const Layers
     }
   }
   return res;
+}
+
+// The KV of one remote prefill of a 2,048-token prompt of the Llama-3-8B shape, per KV dtype
+// the engine stores (engine.kv_cache_dtype; engine/kv_layout.h: 16-token blocks of
+// [k|v][token][kv head][head dim] elements, the 8-bit ones followed by an f32 scale per token,
+// kv head and k|v), scattered blocks, sent whole: bytes and time per token, next to the lane's
+// like-for-like ceiling on the same segments (null: none on this lane).
+bool isBound(double g, double c);
+
+void kvDtypeTable(Link& link, int reps, const Ceiling& ceiling) {
+  struct Dtype {
+    const char* name;
+    size_t elemBytes, scaleBytes;
+  };
+  constexpr int kTokens = 2048, kBlocks = kTokens / 16;
+  std::printf("  per KV dtype, Llama-3-8B shape, %d-token prompt, sent whole (engine.kv_cache_dtype):\n", kTokens);
+  std::printf("  %-6s %9s %11s %10s %12s %8s %9s %8s\n", "dtype", "KV MiB", "bytes/token", "ms", "us/token", "GB/s",
+              "ceiling", "ratio");
+  double f32Ms = 0;
+  for (const Dtype d : {Dtype{"f32", 4, 0}, Dtype{"bf16", 2, 0}, Dtype{"int8", 1, 4}, Dtype{"fp8", 1, 4}}) {
+    const size_t blockBytes = 2 * 16 * 8 * 128 * d.elemBytes + 2 * 16 * 8 * d.scaleBytes;
+    if (blockBytes * kBlocks * 32 > link.bytes) continue;
+    LlamaResult r = llamaCase(link, reps, ceiling, nullptr, blockBytes, kBlocks);
+    if (r.wholeMs >= 1e8) {
+      std::printf("  %-6s transfer failed\n", d.name);
+      continue;
+    }
+    const double g = gbps(r.bytes, r.wholeMs / 1e3), c = r.wholeCeilMs < 1e8 ? gbps(r.bytes, r.wholeCeilMs / 1e3) : 0;
+    if (f32Ms == 0) f32Ms = r.wholeMs;
+    std::printf("  %-6s %9.1f %11zu %10.1f %12.2f %8.2f ", d.name, double(r.bytes) / kMiB, r.bytes / kTokens, r.wholeMs,
+                r.wholeMs * 1e3 / kTokens, g);
+    if (c > 0 && isBound(g, c))
+      std::printf("%9.2f %7.0f%%", c, 100 * g / c);
+    else if (c > 0)
+      std::printf("%9.2f %8s", c, "n/a*");  // beaten by more than noise: no bound
+    else
+      std::printf("%9s %8s", "n/a", "n/a");
+    std::printf("   (%.2fx the f32 time)\n", r.wholeMs / f32Ms);
+  }
 }
 
 // A ratio is printed only against a ceiling that bounds the transport: one the transport beats
@@ -744,6 +789,7 @@ int runDriver(std::vector<std::string> transports, int streams, bool quick) {
     if (lr.wholeCeilMs < 1e8 && !isBound(g(lr.wholeMs), g(lr.wholeCeilMs))) std::printf("%s", kNotABound);
     std::printf("    whole %.1f ms; layer by layer %.1f ms, first layer confirmed after %.1f ms\n", lr.wholeMs,
                 lr.layerMs, lr.firstLayerMs);
+    kvDtypeTable(lk, quick ? 2 : 3, name == "ucx" ? Ceiling{} : ceiling);
     sum.llamaGBps = g(lr.wholeMs);
     sum.llamaCeil = g(lr.wholeCeilMs);
     summaries.push_back(sum);

@@ -253,6 +253,59 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
   checkGreedyIdentity(setups);
 }
 
+// engine.kv_cache_dtype int8 / fp8 on both workers (docs/kv_cache.md, "Quantized KV cache"):
+// the blocks cross the split in their 8-bit form, so a remote prefill gives the greedy ids the
+// same cache gives colocated (the decode worker continues from the very bytes it would have
+// written), over tcp and cma, and moves about a quarter of the f32 cache's bytes.
+TEST_CASE("an 8-bit KV cache: disaggregated over tcp and cma gives the colocated greedy ids, a quarter of the bytes") {
+  const std::vector<int> lengths{5, 17, 64, 300, 900};
+  const int kTokens = 8;
+  auto serve = [&](const std::string& dtype, ClusterSpec spec, std::vector<std::vector<int32_t>>* ids) {
+    spec.extraEngine = ", kv_cache_dtype: " + dtype;
+    spec.extraRouter = "  admission: {overload_shedding: false}\n";
+    auto c = startCluster("kv_" + dtype, spec);
+    const std::string route = spec.shortPromptTokens > 0 ? "colocated" : "disaggregated";
+    ids->clear();
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      INFO(dtype << " " << route << " " << spec.transports << ", prompt of " << lengths[i] << " tokens");
+      auto r = complete(*c, randomPrompt(lengths[i], 60 + i), kTokens);
+      REQUIRE(r.status == 200);
+      CHECK(r.headers.find("x-pdserve-route: " + route) != std::string::npos);
+      ids->push_back(r.ids);
+    }
+    CHECK(allBlocksFree(*c, "decode-0"));
+    if (route == "colocated") return 0.0;
+    CHECK(workerMetric(*c, "decode-0", "pdserve_remote_prefill_total") == lengths.size());
+    const std::string transport = spec.transports.substr(1, spec.transports.find_first_of(",]") - 1);
+    return workerMetric(*c, "prefill-0", "pdserve_kv_transfer_bytes_total{transport=\"" + transport + "\"}");
+  };
+  std::vector<std::vector<int32_t>> f32Ids, ids;
+  const double f32Bytes = serve("f32", ClusterSpec{0, "[tcp]"}, &f32Ids);
+  REQUIRE(f32Bytes > 0);
+  for (const std::string dtype : {"int8", "fp8"}) {
+    std::vector<std::vector<int32_t>> colocated;
+    serve(dtype, ClusterSpec{100000}, &colocated);
+    std::vector<std::string> transports{"[tcp]"};
+#if PD_HAVE_CMA
+    transports.push_back("[cma, tcp]");
+#endif
+    for (const std::string& t : transports) {
+      INFO(dtype << " over " << t);
+      const double bytes = serve(dtype, ClusterSpec{0, t}, &ids);
+      CHECK(ids == colocated);
+      // Codes of 1 byte and an f32 scale per head_dim values: (head_dim + 4) / (4 head_dim).
+      std::printf("%s KV over %s: %.0f bytes moved, %.3f of the f32 cache's %.0f\n", dtype.c_str(), t.c_str(), bytes,
+                  bytes / f32Bytes, f32Bytes);
+      CHECK(bytes > 0);
+      CHECK(bytes <= 0.3 * f32Bytes);
+    }
+    int same = 0, total = 0;
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (size_t j = 0; j < ids[i].size() && j < f32Ids[i].size(); ++j, ++total) same += ids[i][j] == f32Ids[i][j];
+    std::printf("%s KV: greedy agreement with the f32 cache %d/%d\n", dtype.c_str(), same, total);
+  }
+}
+
 // The small preset of make-model's `arch` (qwen3: per-head q/k RMSNorm, q 2x the hidden
 // width; qwen3_moe: the same attention, 16 experts of which each token runs 4), made once.
 // quantization "fp8": an FP8 block-scaled checkpoint (F8_E4M3 projections, the rest bf16).

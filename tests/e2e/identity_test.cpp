@@ -140,6 +140,21 @@ TEST_CASE("e2e identity: a prefill worker with another KV block size is refused 
   CHECK(completion(*c) == 200);
 }
 
+TEST_CASE("e2e identity: a prefill worker with an int8 KV cache in an f32 cluster is refused, naming both dtypes") {
+  auto c = startCluster("kv_dtype");
+  const int health =
+      startExtraWorker(*c, "pdserve-prefill", "prefill-9",
+                       workerConfig(*c, "kv-dtype-worker", pd::test::e2eModelDir(), ", kv_cache_dtype: int8"));
+  const auto h = waitRefused(health);
+  INFO(h.body);
+  CHECK(h.status == 503);
+  CHECK(h.body.find("worker 'prefill-9' keeps its KV cache in int8-tks32 but the cluster in f32") != std::string::npos);
+  CHECK(h.body.find("engine.kv_cache_dtype must match") != std::string::npos);
+  CHECK(waitRouterMetric(*c, R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="dtype"})", 1) >= 1);
+  CHECK(routerMetric(*c, R"(pdserve_pool_workers{pool="prefill"})") == 1);
+  CHECK(completion(*c) == 200);
+}
+
 TEST_CASE("e2e identity: a duplicate --id is refused, with its reason on the worker's /health") {
   auto c = startCluster("duplicate");
   const int health =

@@ -152,6 +152,39 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny and small model
   }
 }
 
+// fp8 KV (docs/kv_cache.md, "Quantized KV cache"): the GPU writes the same e4m3 codes and
+// per-row scales as the CPU backend's fp8 cache (the same rounding) and reads them in its
+// attention kernel. With f32 weights on both sides, the GPU's logits stay within the CPU fp8
+// backend's of the same tokens (the prefill rows: a near-tie may flip a later greedy token), and
+// within the fp8 bound of docs/kv_cache.md of the f32 cache's.
+TEST_CASE("cuda backend: an fp8 KV cache matches the CPU backend's fp8 cache", "[cuda][backend]") {
+  if (!haveGpu()) return;
+  for (const char* preset : {"tiny", "small"}) {
+    auto model = testModel(preset, false);
+    const KvLayout f32Layout = kvLayoutFor(model->config, 16, 16);
+    const KvLayout fp8Layout = kvLayoutFor(model->config, 16, 16, KvDtype::kFp8);
+    std::vector<float> f32Kv(f32Layout.totalBytes() / 4, 0.0f), fp8Kv((fp8Layout.totalBytes() + 3) / 4, 0.0f);
+    auto cpuF32 = createCpuBackend(model, f32Layout, f32Kv.data(), {});
+    auto cpuFp8 = createCpuBackend(model, fp8Layout, fp8Kv.data(), {});
+    REQUIRE(cpuF32.status().toString() == "OK");
+    REQUIRE(cpuFp8.status().toString() == "OK");
+    std::vector<int32_t> t32, t8, tg;
+    const auto want32 = runTwoSeqs(**cpuF32, 8, &t32);
+    const auto want8 = runTwoSeqs(**cpuFp8, 8, &t8);
+    auto gpu = makeCuda(model, KvDtype::kF32, KvDtype::kFp8, true);
+    CHECK(gpu->kvLayout().fingerprint() == fp8Layout.fingerprint());
+    const auto got = runTwoSeqs(*gpu, 8, &tg);
+    REQUIRE(got.size() == want8.size());
+    for (size_t r = 0; r < 2; ++r) {
+      const double e8 = relError(got[r], want8[r]), e32 = relError(got[r], want32[r]);
+      INFO(preset << " row " << r << " vs cpu fp8 " << e8 << ", vs cpu f32 " << e32);
+      CHECK(e8 < 1e-2);
+      CHECK(e32 < 8e-2);
+    }
+    CHECK(gpu->graphSteps() == 8);
+  }
+}
+
 TEST_CASE("cuda backend: graph decode steps equal eager ones", "[cuda][backend]") {
   if (!haveGpu()) return;
   auto model = tinyModel();

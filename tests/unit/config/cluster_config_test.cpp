@@ -258,6 +258,19 @@ TEST_CASE("cross-field rules") {
   CHECK(parseOk("engine: {backend: cpu, weight_format: q8_0}").engine.weightFormat == "q8_0");
   CHECK(errorOf("engine: {backend: cuda, weight_format: bf16}") ==
         "test.yaml: engine.weight_format: bf16 needs backend cpu (on cuda the weights follow model.dtype)");
+  // The KV cache's dtype (docs/kv_cache.md, "Quantized KV cache"): int8 has no CUDA kernels.
+  CHECK(parseOk("engine: {backend: cpu}").engine.kvCacheDtype == "auto");
+  CHECK(parseOk("engine: {backend: cpu}").experimental.empty());
+  for (const char* d : {"f32", "bf16", "int8", "fp8"}) {
+    CHECK(parseOk(std::string("engine: {backend: cpu, kv_cache_dtype: ") + d + "}").engine.kvCacheDtype == d);
+    CHECK(parseOk(std::string("engine: {backend: cpu, kv_cache_dtype: ") + d + "}").experimental ==
+          std::vector<std::string>{"engine.kv_cache_dtype"});
+  }
+  CHECK(parseOk("engine: {backend: cuda, kv_cache_dtype: fp8}").engine.kvCacheDtype == "fp8");
+  CHECK(errorOf("engine: {kv_cache_dtype: f16}") ==
+        "test.yaml: engine.kv_cache_dtype: 'f16' is not a KV cache dtype (auto, f32, bf16, int8, fp8)");
+  CHECK_THAT(errorOf("engine: {backend: cuda, kv_cache_dtype: int8}"),
+             Catch::Contains("engine.kv_cache_dtype: int8 needs backend cpu"));
   CHECK(parseOk("model: {dtype: f32}\nengine: {backend: cpu}").model.dtype == DType::kF32);
   CHECK(parseOk("model: {dtype: bf16}\nengine: {backend: cuda}").model.dtype == DType::kBF16);
   CHECK(errorOf("router: {http: {port: 9000}}") ==

@@ -27,19 +27,21 @@ namespace {
 
 constexpr int kBs = 4;
 
-KvLayout layout(int numBlocks) {
+KvLayout layout(int numBlocks, KvDtype dtype = KvDtype::kF32) {
   KvLayout l;
   l.numLayers = 3;
   l.numBlocks = numBlocks;
   l.blockSize = kBs;
   l.numKvHeads = 2;
   l.headDim = 8;
-  l.dtype = KvDtype::kF32;
+  l.dtype = dtype;
   return l;
 }
 
-std::unique_ptr<KvCacheManager> makeKv(int numBlocks) {
-  auto kv = KvCacheManager::create(layout(numBlocks));
+// dtype: an 8-bit cache's blocks carry their scales inside; the tiers copy them all the same
+// (docs/kv_cache.md, "Quantized KV cache"): every byte is checked, codes and scales.
+std::unique_ptr<KvCacheManager> makeKv(int numBlocks, KvDtype dtype = KvDtype::kF32) {
+  auto kv = KvCacheManager::create(layout(numBlocks, dtype));
   REQUIRE(kv.ok());
   auto m = std::move(kv).value();
   m->setEventRecording(true);
@@ -113,7 +115,8 @@ void waitWritten(KvTierStore& t, int blocks) {
 }  // namespace
 
 TEST_CASE("kv tiers: an evicted named block demotes to host and promotes back byte for byte") {
-  auto kv = makeKv(4);
+  const KvDtype dtype = GENERATE(KvDtype::kF32, KvDtype::kBF16, KvDtype::kInt8);
+  auto kv = makeKv(4, dtype);
   KvTierOptions o;
   o.hostBytes = int64_t(kv->blockStrideBytes()) * 8;
   auto tiers = KvTierStore::create(*kv, o, identity());
@@ -202,7 +205,8 @@ TEST_CASE("kv tiers: the host tier evicts its least recently used block, promoti
 }
 
 TEST_CASE("kv tiers: the disk tier survives a restart and refuses corrupt, truncated and foreign files") {
-  const fs::path dir = test::scratchDir() / "disk";
+  const KvDtype dtype = GENERATE(KvDtype::kF32, KvDtype::kFp8);
+  const fs::path dir = test::scratchDir() / (std::string("disk-") + kvDtypeName(dtype));
   const auto a = prompt(100, 3), b = prompt(700, 2);
   std::vector<uint64_t> aNames, bNames;
   for (uint64_t h : blockHashChain(a, kBs)) aNames.push_back(h);
@@ -211,7 +215,7 @@ TEST_CASE("kv tiers: the disk tier survives a restart and refuses corrupt, trunc
   o.diskBytes = 1 << 20;
   o.diskPath = dir.string();
   {
-    auto kv = makeKv(8);
+    auto kv = makeKv(8, dtype);
     auto tiers = KvTierStore::create(*kv, o, identity());
     REQUIRE(tiers.ok());
     KvTierStore& t = **tiers;
@@ -226,7 +230,7 @@ TEST_CASE("kv tiers: the disk tier survives a restart and refuses corrupt, trunc
   // Another identity (same name and shape, other weights) writes the same prompt: its files
   // live in a directory of their own.
   {
-    auto kv = makeKv(8);
+    auto kv = makeKv(8, dtype);
     KvTierOptions other = o;
     auto tiers = KvTierStore::create(*kv, other, identity("2222"));
     REQUIRE(tiers.ok());
@@ -236,13 +240,13 @@ TEST_CASE("kv tiers: the disk tier survives a restart and refuses corrupt, trunc
   }
   fs::path mine, theirs;
   {
-    auto kv = makeKv(8);
+    auto kv = makeKv(8, dtype);
     auto t1 = KvTierStore::create(*kv, o, identity());
     REQUIRE(t1.ok());
     mine = (*t1)->disk()->dir();
   }
   {
-    auto kv = makeKv(8);
+    auto kv = makeKv(8, dtype);
     auto t2 = KvTierStore::create(*kv, o, identity("2222"));
     REQUIRE(t2.ok());
     theirs = (*t2)->disk()->dir();
@@ -270,7 +274,7 @@ TEST_CASE("kv tiers: the disk tier survives a restart and refuses corrupt, trunc
   // A leftover of an interrupted write.
   { std::ofstream(mine / "0000000000000001.kvb.tmp") << "partial"; }
 
-  auto kv = makeKv(8);
+  auto kv = makeKv(8, dtype);
   auto tiers = KvTierStore::create(*kv, o, identity());
   REQUIRE(tiers.ok());
   KvTierStore& t = **tiers;

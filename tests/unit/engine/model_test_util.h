@@ -49,9 +49,9 @@ struct TestKv {
   KvLayout layout;
   std::vector<float> data;
   std::vector<int32_t> freeBlocks;
-  TestKv(const ModelConfig& c, int numBlocks, int blockSize = 16, uint64_t seed = 7) {
-    layout = kvLayoutFor(c, numBlocks, blockSize);
-    data.assign(layout.totalBytes() / sizeof(float), 0.0f);
+  TestKv(const ModelConfig& c, int numBlocks, int blockSize = 16, uint64_t seed = 7, KvDtype dtype = KvDtype::kF32) {
+    layout = kvLayoutFor(c, numBlocks, blockSize, dtype);
+    data.assign((layout.totalBytes() + sizeof(float) - 1) / sizeof(float), 0.0f);
     for (int b = 0; b < numBlocks; ++b) freeBlocks.push_back(b);
     std::shuffle(freeBlocks.begin(), freeBlocks.end(), std::mt19937_64(seed));
   }

@@ -223,6 +223,9 @@ TEST_CASE("a worker whose weights or KV layout differ from the cluster's is refu
   CHECK(block.message().find("KV block size 32 but the cluster has 16") != std::string::npos);
   auto dtype = f.workers.add(worker(proto::ROLE_PREFILL, "prefill-3", "m/L2.B16.H2.D32.bf16/w91bc"));
   CHECK(dtype.message().find("in bf16 but the cluster in f32") != std::string::npos);
+  auto int8 = f.workers.add(worker(proto::ROLE_PREFILL, "prefill-3", "m/L2.B16.H2.D32.int8-tks32/w91bc"));
+  CHECK(int8.message().find("in int8-tks32 but the cluster in f32") != std::string::npos);
+  CHECK(int8.message().find("engine.kv_cache_dtype must match") != std::string::npos);
   auto shape = f.workers.add(worker(proto::ROLE_DECODE, "decode-4", "m/L2.B16.H4.D32.f32/w91bc"));
   CHECK(shape.message().find("another KV layout") != std::string::npos);
   auto duplicate = f.workers.add(worker(proto::ROLE_DECODE, "decode-0", base + "91bc"));
@@ -232,7 +235,7 @@ TEST_CASE("a worker whose weights or KV layout differ from the cluster's is refu
   const std::string text = f.registry.serialize();
   for (const char* series : {R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="weights"} 1)",
                              R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="block_size"} 1)",
-                             R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="dtype"} 1)",
+                             R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="dtype"} 2)",
                              R"(pdserve_worker_registrations_refused_total{pool="decode",reason="layout"} 1)",
                              R"(pdserve_worker_registrations_refused_total{pool="decode",reason="duplicate_id"} 1)"}) {
     INFO(series);

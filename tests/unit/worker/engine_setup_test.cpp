@@ -2,6 +2,7 @@
 #include "worker/engine_setup.h"
 
 #include <fstream>
+#include <tuple>
 
 #include <catch2/catch.hpp>
 
@@ -40,6 +41,26 @@ TEST_CASE("a cpu worker keeps its KV cache in host memory, in f32") {
   REQUIRE(b->kvRegions.size() == 1);  // what the transfer agent registers
   CHECK(b->kvRegions[0].addr == region.addr);
   CHECK(b->kvRegions[0].len == region.len);
+}
+
+TEST_CASE(
+    "engine.kv_cache_dtype: the cpu cache in bf16, int8 or fp8, named in the fingerprint; 8-bit refused on cuda") {
+  for (const auto& [key, dtype, name] : {std::tuple{"bf16", engine::KvDtype::kBF16, ".bf16/w"},
+                                         std::tuple{"int8", engine::KvDtype::kInt8, ".int8-tks32/w"},
+                                         std::tuple{"fp8", engine::KvDtype::kFp8, ".fp8-tks32/w"}}) {
+    INFO(key);
+    auto b = worker::buildEngine(configFor("cpu", std::string(", kv_cache_dtype: ") + key), true);
+    REQUIRE(b.ok());
+    CHECK(b->engine->kv().layout().dtype == dtype);
+    CHECK(b->engine->kv().numTotalBlocks() == 64);
+    CHECK(b->kvRegions[0].len == b->engine->kv().layout().totalBytes());
+    CHECK_THAT(b->fingerprint, Catch::Contains(name));
+  }
+  auto bad = config::parseClusterConfig("model: {path: /m}\nengine: {kv_cache_dtype: int4}\n", "test.yaml");
+  CHECK_THAT(bad.status().message(), Catch::Contains("engine.kv_cache_dtype: 'int4' is not a KV cache dtype"));
+  auto cuda =
+      config::parseClusterConfig("model: {path: /m}\nengine: {backend: cuda, kv_cache_dtype: int8}\n", "test.yaml");
+  CHECK_THAT(cuda.status().message(), Catch::Contains("engine.kv_cache_dtype: int8 needs backend cpu"));
 }
 
 TEST_CASE("a cuda worker keeps its KV cache in device memory, or says why it cannot start") {

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "pd/kernels/kv_cache.h"
+
 namespace pd::kernels::cpu {
 
 // q: [numTokens][qStride], head h at q[t*qStride + h*headDim];
@@ -21,6 +23,12 @@ namespace pd::kernels::cpu {
 void pagedAttention(const float* q, int qStride, const float* layerKv, const int32_t* blockTable, int numTokens,
                     int startPos, int blockSize, int numHeads, int numKvHeads, int headDim, int kvHeadBegin,
                     int kvHeadEnd, float scale, float* out, int outStride);
+
+// The same over a pool in any format (PagedKv, pd/kernels/kv_cache.h): each tile of K and V
+// rows is dequantized once to f32 and shared by the group's query heads; the arithmetic after
+// that is the f32 kernel's.
+void pagedAttention(const float* q, int qStride, const PagedKv& kv, const int32_t* blockTable, int numTokens,
+                    int startPos, int numHeads, int kvHeadBegin, int kvHeadEnd, float scale, float* out, int outStride);
 
 // In-place causal softmax over score rows produced by a QK^T GEMM tile.
 // scores: [numRows][ldScores]; row r belongs to the query at absolute position

@@ -58,7 +58,8 @@ inline int attnWorkItems(int numTokens, int group) {
 cudaError_t pagedAttentionInit();
 
 // q: [numQRows][qStride] f32, head h of token row t at q[t*qStride + h*headDim];
-// layerKv: [numBlocks][2][blockSize][numKvHeads][headDim] in kvDtype;
+// layerKv: [numBlocks][2][blockSize][numKvHeads][headDim] in kvDtype (kFp8: each block's codes
+// followed by its f32 scales [2][blockSize][numKvHeads], engine/kv_layout.h);
 // blockTables: [sum of tables] int32, seq s uses blockTables[seqs[s].blockTableOffset ..];
 // seqs: [numSeqs]; work: [numWork];
 // out: [numQRows][outStride] in outDtype, head h of token row t at out[t*outStride+h*headDim].

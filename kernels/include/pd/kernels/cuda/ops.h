@@ -43,7 +43,9 @@ cudaError_t swiGlu(const float* gateUp, void* out, DType outDtype, int numRows, 
 cudaError_t embeddingGather(const void* table, DType tableDtype, const int32_t* ids, int numTokens, int dim, float* out,
                             cudaStream_t stream);
 
-// layerKv: [numBlocks][2][blockSize][numKvHeads][headDim] in kvDtype (written),
+// layerKv: [numBlocks][2][blockSize][numKvHeads][headDim] in kvDtype (written; kFp8: each
+// block's codes followed by its f32 scales [2][blockSize][numKvHeads], one per row of headDim,
+// scale = max |x| / 448, engine/kv_layout.h),
 // k, v: [numTokens][rowStride] f32 with numKvHeads*headDim values at each row's start,
 // slots: [numTokens]; a negative slot skips its token (padding rows of a captured graph).
 cudaError_t kvCacheWrite(void* layerKv, DType kvDtype, const float* k, const float* v, int rowStride,
