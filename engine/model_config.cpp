@@ -283,6 +283,9 @@ Status readDeepseek(const json& j, ModelConfig* c, const std::string& src) {
 
 // rope_scaling type "yarn": every key it may carry, read or refused by name.
 Status readYarn(const json& r, ModelConfig* c, const std::string& src) {
+  if (!c->isMla())
+    return unimplemented(src + " type \"yarn\" is implemented for DeepseekV3ForCausalLM only, not " +
+                         architectureName(c->architecture));
   for (auto it = r.begin(); it != r.end(); ++it) {
     static constexpr const char* kKeys[] = {"type",      "rope_type", "factor", "original_max_position_embeddings",
                                             "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
