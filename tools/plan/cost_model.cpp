@@ -101,7 +101,9 @@ int64_t CostModel::kvBlocks(int blockSize, double memoryUtilization, double kvCa
   constexpr double kActivationReserve = 2.0 * (1ull << 30);
   const double free = device_.memoryBytes * memoryUtilization - weightBytesPerDevice() - kActivationReserve;
   if (free <= 0) return 0;
-  const double blockBytes = double(model_.kvBytesPerToken()) * blockSize / tp_;
+  // Tensor parallelism splits the kv heads over the devices; a latent KV (MLA) has one
+  // "head" that every device holds whole.
+  const double blockBytes = double(model_.kvBytesPerToken()) * blockSize / (model_.config.isMla() ? 1 : tp_);
   return int64_t(free / blockBytes);
 }
 
