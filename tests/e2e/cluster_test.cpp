@@ -254,7 +254,8 @@ TEST_CASE("greedy ids are identical: pdserve generate, colocated, disaggregated 
 }
 
 // The small preset of make-model's `arch` (qwen3: per-head q/k RMSNorm, q 2x the hidden
-// width; qwen3_moe: the same attention, 16 experts of which each token runs 4), made once.
+// width; qwen3_moe: the same attention, 16 experts of which each token runs 4; deepseek_v3:
+// multi-head latent attention with YaRN, 32 group-routed experts and a shared one), made once.
 static std::string smallModelDir(const std::string& arch) {
   const std::string d = std::string(PD_BINARY_DIR) + "/test_models/e2e_small_" + arch;
   if (!std::filesystem::exists(d + "/config.json")) {
@@ -349,6 +350,12 @@ TEST_CASE("qwen3: greedy ids and logprobs match pdserve generate: colocated, dis
 
 TEST_CASE("qwen3_moe: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
   checkArchAcrossSplit("qwen3_moe");
+}
+
+// DeepseekV3ForCausalLM: the prefill worker pushes latent KV (kv_lora_rank + rope values per
+// token and layer, no V) and the decode worker attends to it as if it had computed it.
+TEST_CASE("deepseek_v3: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
+  checkArchAcrossSplit("deepseek_v3");
 }
 
 // The CUDA workers in f32 (cuBLAS f32 GEMMs) pick the CPU's greedy ids; over tcp the KV goes
