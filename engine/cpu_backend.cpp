@@ -47,7 +47,7 @@ class CpuBackend final : public Backend {
         gemmNr_(kc::gemmKernelInfo(gemmKernel).nr),
         bf16Kernel_(bf16Kernel),
         moe_(cfg_) {
-    if (cfg_.isMla()) mla_ = std::make_unique<CpuMla>(cfg_, layout_, gemmKernel_, threads_);
+    if (cfg_.isMla()) mla_ = std::make_unique<CpuMla>(*model_, layout_, gemmKernel_, threads_);
     if (format != WeightFormat::kF32) {
       // Converted once here; the f32 copies stay in the shared ModelWeights (other backends and
       // the loader's callers may use them).
@@ -284,7 +284,6 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
   const int ffn = cfg_.intermediateSize;
   const bool mla = cfg_.isMla();
   const int attnDim = mla ? cfg_.numHeads * cfg_.mla.vHeadDim : qDim;  // o_proj's input width
-  const int mlpMax = std::max(ffn, cfg_.moe.sharedFfn());
 
   ids_.resize(T);
   pos_.resize(T);
@@ -310,8 +309,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
   grow(xn_, size_t(T) * h);
   if (!mla) grow(qkv_, size_t(T) * qkvRows);
   grow(attn_, size_t(T) * attnDim);
-  grow(gu_, size_t(T) * 2 * mlpMax);
-  grow(act_, size_t(T) * mlpMax);
+  grow(gu_, size_t(T) * 2 * ffn);
+  grow(act_, size_t(T) * ffn);
   grow(cos_, size_t(T) * half);
   grow(sin_, size_t(T) * half);
 
@@ -335,7 +334,7 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
                   cfg_.rmsNormEps);
     });
     if (mla) {
-      mla_->project(w, xn_.data(), T, pos_.data(), slots_.data(), layerKv(l), mlaLinear, parallel);
+      mla_->project(l, xn_.data(), T, pos_.data(), slots_.data(), layerKv(l), mlaLinear, parallel);
       if (onLayerKvReady) onLayerKvReady(l);
       mla_->attend(w, batch, tokenStart_.data(), layerKv(l), attn_.data(), parallel);
       linear(attn_.data(), T, attnDim, w.o.data(), nullptr, h, x_.data(), 1.0f);
@@ -343,18 +342,16 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
         kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                     cfg_.rmsNormEps);
       });
-      const bool sparse = cfg_.isMoeLayer(l);
-      if (sparse)
+      if (cfg_.isMoeLayer(l)) {  // routed and shared experts (cpu_moe.h)
         moe_.forward(w, xn_.data(), T, x_.data(), mlaLinear,
                      [this](const std::vector<CpuMoe::LinearJob>& jobs) { linearMany(jobs); });
-      // The dense MLP, or a sparse layer's shared experts (one MLP of their summed width).
-      const int lffn = sparse ? cfg_.moe.sharedFfn() : ffn;
-      if (lffn == 0) continue;
-      linear(xn_.data(), T, h, w.gateUp.data(), nullptr, 2 * lffn, gu_.data(), 0.0f);
-      forRows(T, 2 * lffn, [&](int b, int e) {
-        kc::swiGlu(gu_.data() + size_t(b) * 2 * lffn, act_.data() + size_t(b) * lffn, e - b, lffn);
+        continue;
+      }
+      linear(xn_.data(), T, h, w.gateUp.data(), nullptr, 2 * ffn, gu_.data(), 0.0f);
+      forRows(T, 2 * ffn, [&](int b, int e) {
+        kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);
       });
-      linear(act_.data(), T, lffn, w.down.data(), nullptr, h, x_.data(), 1.0f);
+      linear(act_.data(), T, ffn, w.down.data(), nullptr, h, x_.data(), 1.0f);
       continue;
     }
     if (!w.qkvBias.empty()) {

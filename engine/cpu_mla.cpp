@@ -53,16 +53,24 @@ void ropeInterleaved(float* x, const float* cs, int half) {
 
 }  // namespace
 
-CpuMla::CpuMla(const ModelConfig& config, const KvLayout& layout, kc::GemmKernel kernel, int threads)
-    : cfg_(config),
+CpuMla::CpuMla(const ModelWeights& model, const KvLayout& layout, kc::GemmKernel kernel, int threads)
+    : cfg_(model.config),
+      model_(model),
       layout_(layout),
       kernel_(kernel),
-      scale_(float(config.softmaxScale())),
-      invFreq_(invFrequencies(config, config.mla.qkRopeHeadDim)),
+      scale_(float(model.config.softmaxScale())),
+      invFreq_(invFrequencies(model.config, model.config.mla.qkRopeHeadDim)),
       scratch_(std::max(1, threads)) {
-  if (config.rope.yarn)
-    ropeMscale_ =
-        yarnMscale(config.rope.factor, config.rope.mscale) / yarnMscale(config.rope.factor, config.rope.mscaleAllDim);
+  const ModelConfig& c = model.config;
+  if (c.rope.yarn)
+    ropeMscale_ = yarnMscale(c.rope.factor, c.rope.mscale) / yarnMscale(c.rope.factor, c.rope.mscaleAllDim);
+  for (const LayerWeights& w : model.layers) {
+    const WeightBuffer& q = c.mla.qLoraRank > 0 ? w.qA : w.qB;
+    std::vector<float> s(q.size() + w.kvA.size());
+    std::copy(q.data(), q.data() + q.size(), s.begin());
+    std::copy(w.kvA.data(), w.kvA.data() + w.kvA.size(), s.begin() + q.size());
+    stackedA_.push_back(std::move(s));
+  }
 }
 
 const float* CpuMla::latentRow(const float* layerKv, const int32_t* blockTable, int p) const {
@@ -70,8 +78,9 @@ const float* CpuMla::latentRow(const float* layerKv, const int32_t* blockTable, 
          size_t(p % layout_.blockSize) * layout_.tokenElems();
 }
 
-void CpuMla::project(const LayerWeights& w, const float* xn, int T, const int32_t* pos, const int32_t* slots,
-                     float* layerKv, const LinearFn& linear, const ParallelFn& parallel) {
+void CpuMla::project(int layer, const float* xn, int T, const int32_t* pos, const int32_t* slots, float* layerKv,
+                     const LinearFn& linear, const ParallelFn& parallel) {
+  const LayerWeights& w = model_.layers[layer];
   const MlaConfig& m = cfg_.mla;
   const int h = cfg_.hiddenSize, H = cfg_.numHeads, qh = m.qHeadDim(), nope = m.qkNopeHeadDim;
   const int R = m.kvLoraRank, L = m.latentDim(), half = m.qkRopeHeadDim / 2;
@@ -79,18 +88,23 @@ void CpuMla::project(const LayerWeights& w, const float* xn, int T, const int32_
   auto grow = [](std::vector<float>& v, size_t n) {
     if (v.size() < n) v.resize(n);
   };
+  // One product for q_a (or q_proj) and kv_a: [T][qRows + L].
+  const int qRows = m.qLoraRank > 0 ? m.qLoraRank : H * qh, rows = qRows + L;
+  grow(stacked_, size_t(T) * rows);
   grow(q_, size_t(T) * H * qh);
   grow(kva_, size_t(T) * L);
   grow(qlat_, size_t(T) * H * L);
+  linear(xn, T, h, stackedA_[layer].data(), rows, stacked_.data(), 0.0f);
+  for (int t = 0; t < T; ++t)
+    std::memcpy(kva_.data() + size_t(t) * L, stacked_.data() + size_t(t) * rows + qRows, sizeof(float) * L);
   if (m.qLoraRank > 0) {
     grow(qa_, size_t(T) * m.qLoraRank);
-    linear(xn, T, h, w.qA.data(), m.qLoraRank, qa_.data(), 0.0f);
-    kc::rmsNorm(qa_.data(), m.qLoraRank, w.qANorm.data(), qa_.data(), m.qLoraRank, T, m.qLoraRank, cfg_.rmsNormEps);
+    kc::rmsNorm(stacked_.data(), rows, w.qANorm.data(), qa_.data(), m.qLoraRank, T, m.qLoraRank, cfg_.rmsNormEps);
     linear(qa_.data(), T, m.qLoraRank, w.qB.data(), H * qh, q_.data(), 0.0f);
   } else {
-    linear(xn, T, h, w.qB.data(), H * qh, q_.data(), 0.0f);
+    for (int t = 0; t < T; ++t)
+      std::memcpy(q_.data() + size_t(t) * H * qh, stacked_.data() + size_t(t) * rows, sizeof(float) * H * qh);
   }
-  linear(xn, T, h, w.kvA.data(), L, kva_.data(), 0.0f);
 
   // Per token: c_kv normalised, k_pe and every head's q_pe rotated, the latent written to the
   // cache and q_pe placed after its head's absorbed part.

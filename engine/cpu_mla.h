@@ -38,11 +38,13 @@ class CpuMla {
   // Runs fn(task, thread) for tasks [0, numTasks) over the backend's pool (thread < threads).
   using ParallelFn = std::function<void(int numTasks, const std::function<void(int task, int thread)>& fn)>;
 
-  CpuMla(const ModelConfig& config, const KvLayout& layout, pd::kernels::cpu::GemmKernel kernel, int threads);
+  // Keeps, per layer, q_a_proj (or q_proj) and kv_a_proj_with_mqa stacked in one matrix: the
+  // two products of the normalised input run as one (one pool round per layer, not two).
+  CpuMla(const ModelWeights& model, const KvLayout& layout, pd::kernels::cpu::GemmKernel kernel, int threads);
 
-  // Projects xn [T][hidden] to the absorbed queries (kept for attend()) and writes each token's
-  // latent [c_kv | k_pe] to layerKv at slots[t] (block * blockSize + offset). pos: [T].
-  void project(const LayerWeights& w, const float* xn, int T, const int32_t* pos, const int32_t* slots, float* layerKv,
+  // Projects xn [T][hidden] (layer `layer`'s normalised input) to the absorbed queries (kept for attend()) and writes
+  // each token's latent [c_kv | k_pe] to layerKv at slots[t] (block * blockSize + offset). pos: [T].
+  void project(int layer, const float* xn, int T, const int32_t* pos, const int32_t* slots, float* layerKv,
                const LinearFn& linear, const ParallelFn& parallel);
   // Attention of project()'s queries over each chunk's context (its own tokens included,
   // already written); out: [T][heads * vHeadDim]. tokenStart[c]: chunk c's first row.
@@ -58,16 +60,18 @@ class CpuMla {
   const float* latentRow(const float* layerKv, const int32_t* blockTable, int p) const;
 
   const ModelConfig& cfg_;
+  const ModelWeights& model_;
   KvLayout layout_;
+  std::vector<std::vector<float>> stackedA_;  // per layer: [q_a (or q_proj) rows | kv_a rows][hidden]
   pd::kernels::cpu::GemmKernel kernel_;
   float scale_;
   std::vector<double> invFreq_;
   double ropeMscale_ = 1.0;
   int T_ = 0;
-  // Per-step buffers: q_a [T][qLoraRank], q [T][heads][qHeadDim], the latent of the step's
-  // tokens [T][latentDim], absorbed queries [T][heads][latentDim], per-head latent outputs
+  // Per-step buffers: the stacked product [T][qa rows + latentDim], q_a [T][qLoraRank], q [T][heads][qHeadDim], the
+  // latent of the step's tokens [T][latentDim], absorbed queries [T][heads][latentDim], per-head latent outputs
   // [T][heads][kvLoraRank].
-  std::vector<float> qa_, q_, kva_, qlat_, olat_;
+  std::vector<float> stacked_, qa_, q_, kva_, qlat_, olat_;
   struct Scratch {
     std::vector<float> scores, ctx;
     pd::kernels::cpu::GemmWorkspace gemm;

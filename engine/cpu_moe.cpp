@@ -100,18 +100,29 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
     const float* src = xn + size_t(order_[r] / k) * h;
     std::copy(src, src + h, xe_.data() + r * h);
   }
+  // DeepseekV3's shared experts (one MLP of width sharedFfn, every token) ride in the same two
+  // rounds as the routed experts: no extra fork-join round per layer.
+  const int sf = w.gateUp.empty() ? 0 : cfg_.moe.sharedFfn();
+  if (sf > 0) {
+    grow(sgu_, size_t(T) * 2 * sf);
+    grow(sact_, size_t(T) * sf);
+    grow(sy_, size_t(T) * h);
+  }
   jobs_.clear();
   for (int e = 0; e < ne; ++e)
     if (rowsPerExpert_[e] > 0)  // an expert no token chose is never read
       jobs_.push_back({xe_.data() + size_t(start[e]) * h, rowsPerExpert_[e], h, w.experts[e].gateUp.data(), 2 * ef,
                        gu_.data() + size_t(start[e]) * 2 * ef});
+  if (sf > 0) jobs_.push_back({xn, T, h, w.gateUp.data(), 2 * sf, sgu_.data()});
   linearMany(jobs_);
   kc::swiGlu(gu_.data(), act_.data(), int(R), ef);
+  if (sf > 0) kc::swiGlu(sgu_.data(), sact_.data(), T, sf);
   jobs_.clear();
   for (int e = 0; e < ne; ++e)
     if (rowsPerExpert_[e] > 0)
       jobs_.push_back({act_.data() + size_t(start[e]) * ef, rowsPerExpert_[e], ef, w.experts[e].down.data(), h,
                        ye_.data() + size_t(start[e]) * h});
+  if (sf > 0) jobs_.push_back({sact_.data(), T, sf, w.down.data(), h, sy_.data()});
   linearMany(jobs_);
   for (size_t r = 0; r < R; ++r) {
     const float g = weights_[order_[r]];
@@ -119,6 +130,8 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
     const float* y = ye_.data() + r * h;
     for (int i = 0; i < h; ++i) dst[i] += g * y[i];
   }
+  if (sf > 0)
+    for (size_t i = 0; i < size_t(T) * h; ++i) x[i] += sy_[i];
 }
 
 }  // namespace pd::engine

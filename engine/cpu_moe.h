@@ -5,7 +5,8 @@
 // expertsPerToken (ties to the lower expert id), weights renormalised to sum 1 when
 // normTopkProb. DeepseekV3 (moe.sigmoidScoring): sigmoid scores, the correction bias added for
 // the choice only, the top k inside the best topkGroups groups, weights times
-// routedScalingFactor (model_config.h). Shared experts are the backend's dense MLP. Tokens are then grouped by expert:
+// routedScalingFactor (model_config.h). Its shared experts (the layer's gateUp/down, every
+// token) run in the same two rounds as the routed ones and are added after them. Tokens are then grouped by expert:
 // each expert that any token chose runs once, on the rows routed to it (gathered). The chosen experts' gate|up products
 // go to the backend as one group and their down products as another (few rows: one fork-join round streaming each
 // expert's weights; many rows: the GEMM, expert by expert), so a batch-1 decode reads the router and only its chosen
@@ -52,7 +53,7 @@ class CpuMoe {
 
  private:
   const ModelConfig& cfg_;
-  std::vector<float> logits_, xe_, gu_, act_, ye_;
+  std::vector<float> logits_, xe_, gu_, act_, ye_, sgu_, sact_, sy_;
   std::vector<int> chosen_;         // [T][k] expert ids
   std::vector<float> weights_;      // [T][k] routing weights
   std::vector<int> rowsPerExpert_;  // [numExperts]

@@ -280,7 +280,12 @@ TEST_CASE("deepseek routing: k experts from the best groups only, the bias steer
   for (int e = 0; e < ne; ++e)
     if (moe.lastExpertRows()[e] > 0) ran.insert(e);
   CHECK(ran == expected);
-  CHECK(reads.size() == 1 + 2 * expected.size());  // the router and the chosen experts only
+  // The router, the chosen experts and the shared expert (gate|up, down), once each; no other.
+  CHECK(reads.size() == 1 + 2 * expected.size() + 2);
+  CHECK(reads[w.router.data()] == 1);
+  CHECK(reads[w.gateUp.data()] == 1);
+  CHECK(reads[w.down.data()] == 1);
+  for (int e : expected) CHECK(reads[w.experts[e].gateUp.data()] == 1);
   // Without the bias the choice differs for this token (so the bias is used), and the weights
   // would not: they are the sigmoid scores either way.
   std::vector<std::pair<double, int>> plain;
