@@ -94,6 +94,7 @@ inline KvLayout kvLayoutFor(const ModelConfig& config, int numBlocks, int blockS
   l.numKvHeads = config.numKvHeads;
   l.headDim = config.headDim;
   l.dtype = dtype;
+  l.latent = config.isMla();
   return l;
 }
 

@@ -7,6 +7,10 @@
 namespace pd::engine {
 
 Status cudaSupportsModel(const ModelConfig& c) {
+  if (c.isMla())
+    return unimplemented(std::string("cuda backend: ") + architectureName(c.architecture) +
+                         " (multi-head latent attention, mixture of experts) is not implemented on CUDA; run it "
+                         "with backend: cpu");
   if (c.isMoe())
     return unimplemented(std::string("cuda backend: ") + architectureName(c.architecture) +
                          " (mixture of experts) is not implemented on CUDA; run it with backend: cpu");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/base/log.h"
+#include "engine/cpu_mla.h"
 #include "engine/cpu_moe.h"
 #include "engine/cpu_thread_pool.h"
 #include "pd/kernels/activation.h"
@@ -52,6 +53,7 @@ class CpuBackend final : public Backend {
         bf16Kernel_(bf16Kernel),
         q8Kernel_(q8Kernel),
         moe_(cfg_) {
+    if (cfg_.isMla()) mla_ = std::make_unique<CpuMla>(*model_, layout_, gemmKernel_, threads_);
     if (format != WeightFormat::kF32) {
       // A model loaded in this format holds the compact weights itself (its f32 copies freed);
       // an f32 model's are converted once here and kept by the backend (the f32 copies stay in
@@ -143,7 +145,8 @@ class CpuBackend final : public Backend {
     kc::GemmWorkspace gemm;
   };
   std::vector<Scratch> threadScratch_;
-  CpuMoe moe_;  // mixture-of-experts layers (cpu_moe.h)
+  CpuMoe moe_;                   // mixture-of-experts layers (cpu_moe.h)
+  std::unique_ptr<CpuMla> mla_;  // multi-head latent attention (cpu_mla.h); DeepseekV3 only
 };
 
 template <typename Fn>
@@ -294,6 +297,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
   const int h = cfg_.hiddenSize, hd = cfg_.headDim, half = hd / 2;
   const int qDim = cfg_.qDim(), kvDim = cfg_.kvDim(), qkvRows = qDim + 2 * kvDim;
   const int ffn = cfg_.intermediateSize;
+  const bool mla = cfg_.isMla();
+  const int attnDim = mla ? cfg_.numHeads * cfg_.mla.vHeadDim : qDim;  // o_proj's input width
 
   ids_.resize(T);
   pos_.resize(T);
@@ -317,8 +322,8 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
   };
   grow(x_, size_t(T) * h);
   grow(xn_, size_t(T) * h);
-  grow(qkv_, size_t(T) * qkvRows);
-  grow(attn_, size_t(T) * qDim);
+  if (!mla) grow(qkv_, size_t(T) * qkvRows);
+  grow(attn_, size_t(T) * attnDim);
   grow(gu_, size_t(T) * 2 * ffn);
   grow(act_, size_t(T) * ffn);
   grow(cos_, size_t(T) * half);
@@ -327,6 +332,15 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
   kc::embeddingGather(model_->embed.data(), ids_.data(), T, h, x_.data());
   kc::ropeCosSin(pos_.data(), T, invFreq_.data(), half, cos_.data(), sin_.data());
 
+  const CpuMla::LinearFn mlaLinear = [this](const float* in, int n, int k, const float* wt, int out, float* y,
+                                            float beta) { linear(in, n, k, wt, nullptr, out, y, beta); };
+  const CpuMla::ParallelFn parallel = [this](int n, const std::function<void(int, int)>& fn) {
+    if (n == 1 || threads_ == 1) {
+      for (int i = 0; i < n; ++i) fn(i, 0);
+    } else {
+      pool_.run(n, fn);
+    }
+  };
   for (int l = 0; l < cfg_.numLayers; ++l) {
     const LayerWeights& w = model_->layers[l];
     const CompactRefs* wb = compact_.empty() ? nullptr : &compact_[l];
@@ -334,6 +348,27 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
       kc::rmsNorm(x_.data() + size_t(b) * h, h, w.inputNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
                   cfg_.rmsNormEps);
     });
+    if (mla) {
+      mla_->project(l, xn_.data(), T, pos_.data(), slots_.data(), layerKv(l), mlaLinear, parallel);
+      if (onLayerKvReady) onLayerKvReady(l);
+      mla_->attend(w, batch, tokenStart_.data(), layerKv(l), attn_.data(), parallel);
+      linear(attn_.data(), T, attnDim, w.o.data(), nullptr, h, x_.data(), 1.0f);
+      forRows(T, h, [&](int b, int e) {
+        kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,
+                    cfg_.rmsNormEps);
+      });
+      if (cfg_.isMoeLayer(l)) {  // routed and shared experts (cpu_moe.h)
+        moe_.forward(w, xn_.data(), T, x_.data(), mlaLinear,
+                     [this](const std::vector<CpuMoe::LinearJob>& jobs) { linearMany(jobs); });
+        continue;
+      }
+      linear(xn_.data(), T, h, w.gateUp.data(), nullptr, 2 * ffn, gu_.data(), 0.0f);
+      forRows(T, 2 * ffn, [&](int b, int e) {
+        kc::swiGlu(gu_.data() + size_t(b) * 2 * ffn, act_.data() + size_t(b) * ffn, e - b, ffn);
+      });
+      linear(act_.data(), T, ffn, w.down.data(), nullptr, h, x_.data(), 1.0f);
+      continue;
+    }
     if (!w.qkvBias.empty()) {
       for (int i = 0; i < T; ++i)
         std::copy(w.qkvBias.data(), w.qkvBias.data() + qkvRows, qkv_.data() + size_t(i) * qkvRows);
@@ -444,10 +479,16 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
   if (layout.dtype == KvDtype::kF16)
     return unimplemented(std::string("createCpuBackend: KV dtype ") + kvDtypeName(layout.dtype) +
                          " (the CPU backend keeps its KV cache in f32, bf16, int8 or fp8)");
-  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads || layout.headDim != c.headDim)
+  if (c.isMla() && layout.dtype != KvDtype::kF32)
+    return unimplemented(std::string("createCpuBackend: KV dtype ") + kvDtypeName(layout.dtype) + " for " +
+                         architectureName(c.architecture) +
+                         " (multi-head latent attention keeps its latent KV in f32)");
+  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads || layout.headDim != c.headDim ||
+      layout.latent != c.isMla())
     return invalidArgument("createCpuBackend: KV layout " + layout.fingerprint() +
                            " does not match the model (layers " + std::to_string(c.numLayers) + ", kv heads " +
-                           std::to_string(c.numKvHeads) + ", head dim " + std::to_string(c.headDim) + ")");
+                           std::to_string(c.numKvHeads) + ", head dim " + std::to_string(c.headDim) +
+                           (c.isMla() ? ", latent" : "") + ")");
   if (layout.blockSize <= 0 || layout.numBlocks <= 0)
     return invalidArgument("createCpuBackend: KV layout needs blockSize > 0 and numBlocks > 0");
   if (!kvBase) return invalidArgument("createCpuBackend: kvBase is null");
@@ -463,6 +504,9 @@ Result<std::unique_ptr<Backend>> createCpuBackend(std::shared_ptr<const ModelWei
   if (model->weightFormat != "f32" && model->weightFormat != options.weightFormat)
     return failedPrecondition("createCpuBackend: the model was loaded with weight format " + model->weightFormat +
                               " (its f32 copies freed) but weightFormat is " + options.weightFormat);
+  if (format != WeightFormat::kF32 && c.isMla())
+    return unimplemented("createCpuBackend: weight_format " + options.weightFormat + " is not implemented for " +
+                         architectureName(c.architecture) + " (multi-head latent attention runs with f32 weights)");
   kc::Bf16Kernel bf16Kernel = kc::bf16BestKernel();
   if (!options.bf16Kernel.empty()) {
     if (options.bf16Kernel == "avx2")

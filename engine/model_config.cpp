@@ -1,5 +1,7 @@
 #include "engine/model_config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -8,26 +10,59 @@
 
 namespace pd::engine {
 
+double yarnMscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
 bool ModelConfig::isMoeLayer(int l) const {
   if (!isMoe()) return false;
+  if (architecture == Architecture::kDeepseekV3) return l >= moe.firstDenseLayers && l % moe.layerFreq == 0;
   for (int d : moe.denseLayers)
     if (d == l) return false;
   return (l + 1) % moe.sparseStep == 0;
 }
 
+int64_t ModelConfig::attentionParams() const {
+  const int64_t h = hiddenSize;
+  if (isMla()) {
+    const int64_t nh = numHeads, qr = mla.qLoraRank, r = mla.kvLoraRank;
+    const int64_t q = qr > 0 ? h * qr + qr + qr * nh * mla.qHeadDim() : h * nh * mla.qHeadDim();
+    const int64_t kv = h * mla.latentDim() + r + r * nh * (mla.qkNopeHeadDim + mla.vHeadDim);
+    return q + kv + nh * mla.vHeadDim * h + 2 * h;
+  }
+  return h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 2 * h + (qkNorm ? 2 * headDim : 0);
+}
+
 int64_t ModelConfig::decodeWeightParams() const {
   const int64_t h = hiddenSize;
-  const int64_t attn = h * (qDim() + 2 * kvDim()) + int64_t(qDim()) * h + 2 * h + (qkNorm ? 2 * headDim : 0);
   int64_t total = 0;
   for (int l = 0; l < numLayers; ++l)
-    total += attn + (isMoeLayer(l) ? int64_t(moe.numExperts) * h + int64_t(moe.expertsPerToken) * 3 * h * moe.expertFfn
-                                   : 3 * h * intermediateSize);
+    total +=
+        attentionParams() +
+        (isMoeLayer(l) ? int64_t(moe.numExperts) * h + (moe.sigmoidScoring ? moe.numExperts : 0) +
+                             int64_t(moe.expertsPerToken) * 3 * h * moe.expertFfn + 3 * h * int64_t(moe.sharedFfn())
+                       : 3 * h * intermediateSize);
   return total + h + int64_t(vocabSize) * h;
+}
+
+double ModelConfig::softmaxScale() const {
+  if (!isMla()) return 1.0 / std::sqrt(double(headDim));
+  double s = 1.0 / std::sqrt(double(mla.qHeadDim()));
+  if (rope.yarn && rope.mscaleAllDim != 0) {
+    const double m = yarnMscale(rope.factor, rope.mscaleAllDim);
+    s *= m * m;
+  }
+  return s;
 }
 
 double ModelConfig::attentionSpanTokens() const {
   const double h = hiddenSize;
-  const double ffn = isMoe() ? double(moe.expertsPerToken) * moe.expertFfn : double(intermediateSize);
+  const double ffn = isMoe() ? double(moe.expertsPerToken) * moe.expertFfn + moe.sharedFfn() : double(intermediateSize);
+  if (isMla()) {
+    // The absorbed form (docs/models.md): per attended position and head, q.latent over
+    // latentDim and the weighted sum over kvLoraRank; kv_b_proj is applied once per query
+    // token, so it counts with the linear layers (attentionParams).
+    const double attnPerPos = 2.0 * numHeads * (mla.latentDim() + mla.kvLoraRank);
+    return 2.0 * (double(attentionParams()) + 3 * h * ffn) / attnPerPos;
+  }
   const double linearPerLayer = h * (qDim() + 2 * kvDim()) + double(qDim()) * h + 3 * h * ffn;
   return qDim() > 0 ? linearPerLayer / (2.0 * qDim()) : 0;  // 2 x params over 4 x qDim
 }
@@ -78,6 +113,35 @@ constexpr const char* kQwen3MoeKeys[] = {"num_experts",          "num_experts_pe
                                          "norm_topk_prob",       "decoder_sparse_step",  "mlp_only_layers",
                                          "router_aux_loss_coef", "output_router_logits", "qkv_bias"};
 
+// DeepseekV3ForCausalLM (DeepSeek-V3/R1, Kimi K2). aux_loss_alpha, seq_aux: training only;
+// ep_size, pretraining_tp: how the published code splits work over devices, not the math;
+// auto_map: the Python class names.
+constexpr const char* kDeepseekKeys[] = {"attention_bias",
+                                         "q_lora_rank",
+                                         "kv_lora_rank",
+                                         "qk_nope_head_dim",
+                                         "qk_rope_head_dim",
+                                         "v_head_dim",
+                                         "n_routed_experts",
+                                         "n_shared_experts",
+                                         "num_experts_per_tok",
+                                         "moe_intermediate_size",
+                                         "first_k_dense_replace",
+                                         "moe_layer_freq",
+                                         "n_group",
+                                         "topk_group",
+                                         "topk_method",
+                                         "scoring_func",
+                                         "norm_topk_prob",
+                                         "routed_scaling_factor",
+                                         "num_nextn_predict_layers",
+                                         "rope_interleave",
+                                         "aux_loss_alpha",
+                                         "seq_aux",
+                                         "ep_size",
+                                         "pretraining_tp",
+                                         "auto_map"};
+
 template <size_t N>
 bool inList(const std::string& key, const char* const (&list)[N]) {
   for (const char* k : list)
@@ -93,6 +157,7 @@ Status checkKnownKeys(const json& j, Architecture a, const std::string& src) {
     if (a == Architecture::kQwen3 || a == Architecture::kQwen3Moe) known = known || inList(k, kQwen3Keys);
     if (a == Architecture::kMixtral) known = known || inList(k, kMixtralKeys);
     if (a == Architecture::kQwen3Moe) known = known || inList(k, kQwen3MoeKeys);
+    if (a == Architecture::kDeepseekV3) known = known || inList(k, kDeepseekKeys);
     if (!known)
       return unimplemented(src + ": config key \"" + k + "\" is not implemented for " + name +
                            " (refused rather than ignored)");
@@ -145,6 +210,102 @@ Status readMoe(const json& j, ModelConfig* c, const std::string& src) {
   return Status::ok();
 }
 
+// DeepseekV3: the MLA shape, the routed and shared experts and their routing. Runs after the
+// common keys; sets numKvHeads 1 and headDim latentDim() (the KV cache's one latent "head").
+Status readDeepseek(const json& j, ModelConfig* c, const std::string& src) {
+  MlaConfig& a = c->mla;
+  if (j.value("attention_bias", false))
+    return unimplemented(src + ": attention_bias true is not implemented for DeepseekV3ForCausalLM");
+  if (auto it = j.find("rope_interleave"); it != j.end() && it->is_boolean() && !it->get<bool>())
+    return unimplemented(src + ": rope_interleave false is not implemented (DeepSeek's RoPE pairs adjacent values)");
+  PD_RETURN_IF_ERROR(readInt(j, "q_lora_rank", false, &a.qLoraRank, src));
+  PD_RETURN_IF_ERROR(readInt(j, "kv_lora_rank", true, &a.kvLoraRank, src));
+  PD_RETURN_IF_ERROR(readInt(j, "qk_nope_head_dim", true, &a.qkNopeHeadDim, src));
+  PD_RETURN_IF_ERROR(readInt(j, "qk_rope_head_dim", true, &a.qkRopeHeadDim, src));
+  PD_RETURN_IF_ERROR(readInt(j, "v_head_dim", true, &a.vHeadDim, src));
+  if (a.qkRopeHeadDim % 2 != 0)
+    return invalidArgument(src + ": qk_rope_head_dim " + std::to_string(a.qkRopeHeadDim) + " must be even");
+  if (auto it = j.find("head_dim");
+      it != j.end() && !it->is_null() && (!it->is_number_integer() || it->get<int64_t>() != a.qkRopeHeadDim))
+    return unimplemented(src + ": head_dim " + it->dump() + " differs from qk_rope_head_dim " +
+                         std::to_string(a.qkRopeHeadDim) + " (DeepseekV3 uses head_dim as the RoPE width only)");
+  c->numKvHeads = 1;
+  c->headDim = a.latentDim();
+  if (auto it = j.find("num_nextn_predict_layers"); it != j.end() && it->is_number_integer())
+    c->mtpLayers = std::max(0, it->get<int>());
+
+  MoeConfig& m = c->moe;
+  if (auto it = j.find("n_routed_experts"); it == j.end() || it->is_null()) return Status::ok();  // dense
+  PD_RETURN_IF_ERROR(readInt(j, "n_routed_experts", true, &m.numExperts, src));
+  PD_RETURN_IF_ERROR(readInt(j, "num_experts_per_tok", true, &m.expertsPerToken, src));
+  PD_RETURN_IF_ERROR(readInt(j, "moe_intermediate_size", true, &m.expertFfn, src));
+  if (auto it = j.find("n_shared_experts"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 64)
+      return invalidArgument(src + ": \"n_shared_experts\" must be an integer in [0, 64], got " + it->dump());
+    m.numSharedExperts = it->get<int>();
+  }
+  if (auto it = j.find("first_k_dense_replace"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0)
+      return invalidArgument(src + ": \"first_k_dense_replace\" must be a non-negative integer, got " + it->dump());
+    m.firstDenseLayers = int(std::min<int64_t>(it->get<int64_t>(), c->numLayers));
+  }
+  PD_RETURN_IF_ERROR(readInt(j, "moe_layer_freq", false, &m.layerFreq, src));
+  PD_RETURN_IF_ERROR(readInt(j, "n_group", false, &m.numGroups, src));
+  PD_RETURN_IF_ERROR(readInt(j, "topk_group", false, &m.topkGroups, src));
+  const std::string method = j.value("topk_method", std::string("noaux_tc"));
+  if (method != "noaux_tc")
+    return unimplemented(src + ": topk_method \"" + method + "\" is not implemented (only \"noaux_tc\")");
+  const std::string scoring = j.value("scoring_func", std::string("sigmoid"));
+  if (scoring != "sigmoid")
+    return unimplemented(src + ": scoring_func \"" + scoring + "\" is not implemented (only \"sigmoid\")");
+  m.sigmoidScoring = true;
+  m.normTopkProb = false;
+  if (auto it = j.find("norm_topk_prob"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return invalidArgument(src + ": \"norm_topk_prob\" must be a boolean");
+    m.normTopkProb = it->get<bool>();
+  }
+  PD_RETURN_IF_ERROR(readNumber(j, "routed_scaling_factor", &m.routedScalingFactor, src));
+  if (!(m.routedScalingFactor > 0)) return invalidArgument(src + ": routed_scaling_factor must be > 0");
+  if (m.numExperts % m.numGroups != 0)
+    return invalidArgument(src + ": n_routed_experts " + std::to_string(m.numExperts) +
+                           " is not a multiple of n_group " + std::to_string(m.numGroups));
+  if (m.numExperts / m.numGroups < 2)
+    return invalidArgument(src + ": n_group " + std::to_string(m.numGroups) +
+                           " leaves fewer than 2 experts per group (a group scores its 2 best)");
+  if (m.topkGroups > m.numGroups)
+    return invalidArgument(src + ": topk_group " + std::to_string(m.topkGroups) + " exceeds n_group " +
+                           std::to_string(m.numGroups));
+  if (m.expertsPerToken > m.topkGroups * (m.numExperts / m.numGroups))
+    return invalidArgument(src + ": num_experts_per_tok " + std::to_string(m.expertsPerToken) +
+                           " exceeds the experts of topk_group groups");
+  return Status::ok();
+}
+
+// rope_scaling type "yarn": every key it may carry, read or refused by name.
+Status readYarn(const json& r, ModelConfig* c, const std::string& src) {
+  if (!c->isMla())
+    return unimplemented(src + " type \"yarn\" is implemented for DeepseekV3ForCausalLM only, not " +
+                         architectureName(c->architecture));
+  for (auto it = r.begin(); it != r.end(); ++it) {
+    static constexpr const char* kKeys[] = {"type",      "rope_type", "factor", "original_max_position_embeddings",
+                                            "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
+    if (!inList(it.key(), kKeys))
+      return unimplemented(src + ": rope_scaling key \"" + it.key() + "\" is not implemented for yarn");
+  }
+  RopeConfig& p = c->rope;
+  p.yarn = true;
+  PD_RETURN_IF_ERROR(readNumber(r, "factor", &p.factor, src));
+  PD_RETURN_IF_ERROR(readInt(r, "original_max_position_embeddings", true, &p.originalMaxPositionEmbeddings, src));
+  PD_RETURN_IF_ERROR(readNumber(r, "beta_fast", &p.betaFast, src));
+  PD_RETURN_IF_ERROR(readNumber(r, "beta_slow", &p.betaSlow, src));
+  PD_RETURN_IF_ERROR(readNumber(r, "mscale", &p.mscale, src));
+  PD_RETURN_IF_ERROR(readNumber(r, "mscale_all_dim", &p.mscaleAllDim, src));
+  if (!(p.factor > 0) || !(p.betaFast > 0) || !(p.betaSlow > 0))
+    return invalidArgument(src + ": yarn needs factor, beta_fast and beta_slow > 0");
+  if (!c->isMla()) return unimplemented(src + ": rope_scaling yarn is implemented for DeepseekV3ForCausalLM only");
+  return Status::ok();
+}
+
 }  // namespace
 
 namespace {
@@ -167,8 +328,9 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
     return unimplemented(src + ": unsupported architecture \"" + archName +
                          "\" (supported: " + enumNameList(kArchitectureNames) + ")");
   c.architecture = *known;
+  const bool deepseek = c.architecture == Architecture::kDeepseekV3;
   const bool listed = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kMixtral ||
-                      c.architecture == Architecture::kQwen3Moe;
+                      c.architecture == Architecture::kQwen3Moe || deepseek;
   if (listed) PD_RETURN_IF_ERROR(checkKnownKeys(j, c.architecture, src));
   c.qkNorm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
 
@@ -181,15 +343,16 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
   PD_RETURN_IF_ERROR(readInt(j, "vocab_size", true, &c.vocabSize, src));
   c.maxPositionEmbeddings = 2048;
   PD_RETURN_IF_ERROR(readInt(j, "max_position_embeddings", false, &c.maxPositionEmbeddings, src));
-  if (c.hiddenSize % c.numHeads != 0 && !j.contains("head_dim"))
+  if (c.hiddenSize % c.numHeads != 0 && !j.contains("head_dim") && !deepseek)
     return invalidArgument(src + ": hidden_size " + std::to_string(c.hiddenSize) +
                            " is not a multiple of num_attention_heads " + std::to_string(c.numHeads));
   c.headDim = c.hiddenSize / c.numHeads;
-  PD_RETURN_IF_ERROR(readInt(j, "head_dim", false, &c.headDim, src));
+  if (!deepseek) PD_RETURN_IF_ERROR(readInt(j, "head_dim", false, &c.headDim, src));
+  if (deepseek) PD_RETURN_IF_ERROR(readDeepseek(j, &c, src));
   if (c.numHeads % c.numKvHeads != 0)
     return invalidArgument(src + ": num_attention_heads " + std::to_string(c.numHeads) +
                            " is not a multiple of num_key_value_heads " + std::to_string(c.numKvHeads));
-  if (c.headDim % 2 != 0 || c.headDim > 512)
+  if (!c.isMla() && (c.headDim % 2 != 0 || c.headDim > 512))
     return unimplemented(src + ": head_dim " + std::to_string(c.headDim) + " (must be even and <= 512)");
   if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe)
     PD_RETURN_IF_ERROR(readMoe(j, &c, src));
@@ -226,6 +389,8 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
     if (type.empty()) type = it->value("type", std::string());
     if (type == "default") {
       // no scaling
+    } else if (type == "yarn") {
+      PD_RETURN_IF_ERROR(readYarn(*it, &c, src + ": rope_scaling"));
     } else if (type == "llama3") {
       c.rope.llama3 = true;
       PD_RETURN_IF_ERROR(readNumber(*it, "factor", &c.rope.factor, src + ": rope_scaling"));
@@ -236,7 +401,7 @@ Result<ModelConfig> parseImpl(const std::string& text, const std::string& src) {
       if (c.rope.highFreqFactor <= c.rope.lowFreqFactor || c.rope.factor <= 0)
         return invalidArgument(src + ": rope_scaling llama3 needs factor > 0 and high_freq_factor > low_freq_factor");
     } else {
-      return unimplemented(src + ": rope_scaling type \"" + type + "\" (supported: llama3)");
+      return unimplemented(src + ": rope_scaling type \"" + type + "\" (supported: llama3; yarn for DeepseekV3)");
     }
   }
 

@@ -151,7 +151,8 @@ bool fp8Quantized(const std::string& name) {
   auto ends = [&](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return ends("_proj.weight") || ends(".w1.weight") || ends(".w2.weight") || ends(".w3.weight");
+  return ends("_proj.weight") || ends("_proj_with_mqa.weight") || ends(".w1.weight") || ends(".w2.weight") ||
+         ends(".w3.weight");
 }
 
 // Replaces each linear projection of `tensors` by its F8_E4M3 codes followed by its F32
@@ -196,6 +197,150 @@ Status writeText(const std::string& path, const std::string& text) {
   return Status::ok();
 }
 
+// The blocks `--quantization fp8` writes (DeepSeek-V3's and Qwen3-FP8's 128 x 128).
+const WeightQuantization kMadeFp8Blocks{true, 128, 128};
+
+// `config.json`'s quantization_config for `o.quantization` (none: nothing added).
+void addQuantizationConfig(const MakeModelOptions& o, ordered_json& cfg) {
+  if (o.quantization == "fp8")
+    cfg["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                  {"fmt", "e4m3"},
+                                  {"quant_method", "fp8"},
+                                  {"weight_block_size", {kMadeFp8Blocks.blockRows, kMadeFp8Blocks.blockCols}}};
+}
+
+// Writes `tensors` (FP8-quantized first when `o.quantization` says so) as one safetensors
+// file or `o.shards` shards with the index.
+Status writeWeights(const MakeModelOptions& o, std::vector<TensorToWrite> tensors, const std::string& dir);
+Status writeTokenizerFiles(const std::string& dir, int maxPos);
+
+// DeepseekV3ForCausalLM (MakeModelOptions::arch "deepseek_v3"): MLA shapes scaled from
+// DeepSeek-V3's (kv_lora_rank 512, qk_rope 64, qk_nope 128, v 128, q_lora_rank 1536 at
+// hidden 7168) down to the preset's width.
+Status makeDeepseek(const MakeModelOptions& o, const Shape& s, const std::string& dir) {
+  const bool tiny = o.preset == "tiny";
+  const int qLora = o.mlaNoQLora ? 0 : (tiny ? 32 : 192);
+  const int kvLora = tiny ? 32 : 128, rope = tiny ? 8 : 32, nope = tiny ? 16 : 64, vDim = tiny ? 16 : 64;
+  const int numExperts = tiny ? 16 : 32, topK = 4, expertFfn = s.ffn / 4, shared = 1;
+  const int groups = o.moeGroups > 0 ? o.moeGroups : 4, topkGroups = std::max(1, groups / 2);
+  const int firstDense = o.firstDenseLayers >= 0 ? o.firstDenseLayers : 1;
+  const bool yarn = o.mlaYarn >= 0 ? o.mlaYarn == 1 : !tiny;
+  if (numExperts % groups != 0 || numExperts / groups < 2)
+    return invalidArgument("make-model: n_group " + std::to_string(groups) + " must divide the " +
+                           std::to_string(numExperts) + " experts into groups of at least 2");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return notFound(dir + ": cannot create directory: " + ec.message());
+  const bool bf16 = o.dtype == "bf16";
+  const int64_t h = s.hidden, H = s.heads, qh = nope + rope;
+  const float inH = 1.0f / std::sqrt(float(h));
+  Normal rng(o.seed);
+  std::vector<TensorToWrite> t;
+  t.push_back(makeTensor("model.embed_tokens.weight", {s.vocab, h}, rng, 0, 1.0f, bf16));
+  auto mlp = [&](const std::string& p, int ffn) {
+    t.push_back(makeTensor(p + "gate_proj.weight", {ffn, h}, rng, 0, inH, bf16));
+    t.push_back(makeTensor(p + "up_proj.weight", {ffn, h}, rng, 0, inH, bf16));
+    t.push_back(makeTensor(p + "down_proj.weight", {h, ffn}, rng, 0, 1.0f / std::sqrt(float(ffn)), bf16));
+  };
+  // The last layer index is the multi-token-prediction layer: written as the published
+  // checkpoints carry it (a subset of its tensors), never read.
+  for (int l = 0; l <= s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (l == s.layers) {
+      t.push_back(makeTensor(p + "enorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+      t.push_back(makeTensor(p + "hnorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+      t.push_back(makeTensor(p + "eh_proj.weight", {h, 2 * h}, rng, 0, inH, bf16));
+      break;
+    }
+    t.push_back(makeTensor(p + "input_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+    if (qLora > 0) {
+      t.push_back(makeTensor(p + "self_attn.q_a_proj.weight", {qLora, h}, rng, 0, inH, bf16));
+      t.push_back(makeTensor(p + "self_attn.q_a_layernorm.weight", {qLora}, rng, 1.0f, 0.2f, bf16));
+      t.push_back(
+          makeTensor(p + "self_attn.q_b_proj.weight", {H * qh, qLora}, rng, 0, 1.0f / std::sqrt(float(qLora)), bf16));
+    } else {
+      t.push_back(makeTensor(p + "self_attn.q_proj.weight", {H * qh, h}, rng, 0, inH, bf16));
+    }
+    t.push_back(makeTensor(p + "self_attn.kv_a_proj_with_mqa.weight", {kvLora + rope, h}, rng, 0, inH, bf16));
+    t.push_back(makeTensor(p + "self_attn.kv_a_layernorm.weight", {kvLora}, rng, 1.0f, 0.2f, bf16));
+    t.push_back(makeTensor(p + "self_attn.kv_b_proj.weight", {H * (nope + vDim), kvLora}, rng, 0,
+                           1.0f / std::sqrt(float(kvLora)), bf16));
+    t.push_back(
+        makeTensor(p + "self_attn.o_proj.weight", {h, H * vDim}, rng, 0, 1.0f / std::sqrt(float(H * vDim)), bf16));
+    t.push_back(makeTensor(p + "post_attention_layernorm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+    if (l < firstDense) {
+      mlp(p + "mlp.", s.ffn);
+      continue;
+    }
+    // Router logits ~N(0, 1); the correction bias large enough to change some choices.
+    t.push_back(makeTensor(p + "mlp.gate.weight", {numExperts, h}, rng, 0, inH, bf16));
+    t.push_back(makeTensor(p + "mlp.gate.e_score_correction_bias", {numExperts}, rng, 0, 0.1f, bf16));
+    for (int e = 0; e < numExperts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", expertFfn);
+    mlp(p + "mlp.shared_experts.", expertFfn * shared);
+  }
+  t.push_back(makeTensor("model.norm.weight", {h}, rng, 1.0f, 0.2f, bf16));
+  if (!o.tieEmbeddings) t.push_back(makeTensor("lm_head.weight", {s.vocab, h}, rng, 0, inH, bf16));
+  PD_RETURN_IF_ERROR(writeWeights(o, std::move(t), dir));
+
+  ordered_json cfg;
+  cfg["architectures"] = {"DeepseekV3ForCausalLM"};
+  cfg["model_type"] = "deepseek_v3";
+  cfg["hidden_size"] = s.hidden;
+  cfg["intermediate_size"] = s.ffn;
+  cfg["moe_intermediate_size"] = expertFfn;
+  cfg["vocab_size"] = s.vocab;
+  cfg["num_hidden_layers"] = s.layers;
+  cfg["num_nextn_predict_layers"] = 1;
+  cfg["num_attention_heads"] = s.heads;
+  cfg["num_key_value_heads"] = s.heads;
+  cfg["n_shared_experts"] = shared;
+  cfg["n_routed_experts"] = numExperts;
+  cfg["ep_size"] = 1;
+  cfg["routed_scaling_factor"] = 2.5;
+  cfg["kv_lora_rank"] = kvLora;
+  if (qLora > 0)
+    cfg["q_lora_rank"] = qLora;
+  else
+    cfg["q_lora_rank"] = nullptr;
+  cfg["qk_rope_head_dim"] = rope;
+  cfg["v_head_dim"] = vDim;
+  cfg["qk_nope_head_dim"] = nope;
+  cfg["topk_method"] = "noaux_tc";
+  cfg["n_group"] = groups;
+  cfg["topk_group"] = topkGroups;
+  cfg["num_experts_per_tok"] = topK;
+  cfg["moe_layer_freq"] = 1;
+  cfg["first_k_dense_replace"] = firstDense;
+  cfg["norm_topk_prob"] = true;
+  cfg["scoring_func"] = "sigmoid";
+  cfg["hidden_act"] = "silu";
+  cfg["max_position_embeddings"] = s.maxPos;
+  cfg["initializer_range"] = 0.02;
+  cfg["rms_norm_eps"] = 1e-6;
+  cfg["use_cache"] = true;
+  cfg["rope_theta"] = 10000.0;
+  if (yarn)
+    cfg["rope_scaling"] = {{"type", "yarn"},
+                           {"factor", 4.0},
+                           {"original_max_position_embeddings", s.maxPos / 4},
+                           {"beta_fast", 32},
+                           {"beta_slow", 1},
+                           {"mscale", 1.0},
+                           {"mscale_all_dim", tiny ? 0.8 : 1.0}};
+  else
+    cfg["rope_scaling"] = nullptr;
+  cfg["attention_bias"] = false;
+  cfg["attention_dropout"] = 0.0;
+  cfg["tie_word_embeddings"] = o.tieEmbeddings;
+  cfg["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  addQuantizationConfig(o, cfg);
+  cfg["bos_token_id"] = kMadeBosId;
+  cfg["eos_token_id"] = kMadeEosId;
+  cfg["pad_token_id"] = kMadePadId;
+  PD_RETURN_IF_ERROR(writeText(dir + "/config.json", cfg.dump(2)));
+  return writeTokenizerFiles(dir, s.maxPos);
+}
+
 }  // namespace
 
 Status makeModel(const MakeModelOptions& o, const std::string& dir) {
@@ -217,10 +362,17 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   if (!o.quantization.empty() && o.quantization != "fp8")
     return invalidArgument("make-model: unknown quantization \"" + o.quantization + "\" (fp8, or none)");
   if (o.shards < 1 || o.shards > 99) return invalidArgument("make-model: shards must be in [1, 99]");
-  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "mixtral" && o.arch != "qwen3_moe")
-    return invalidArgument("make-model: unknown arch \"" + o.arch + "\" (llama|qwen2|qwen3|mixtral|qwen3_moe)");
+  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "mixtral" && o.arch != "qwen3_moe" &&
+      o.arch != "deepseek_v3")
+    return invalidArgument("make-model: unknown arch \"" + o.arch +
+                           "\" (llama|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3)");
   if (o.qkvBias && o.arch != "llama" && o.arch != "qwen2")
     return invalidArgument("make-model: --qkv-bias writes a Qwen2 model; it does not combine with arch " + o.arch);
+  if (o.arch == "deepseek_v3") {
+    if (o.numKvHeads > 0 || o.ropeLlama3)
+      return invalidArgument("make-model: --kv-heads and llama3 rope_scaling do not apply to arch deepseek_v3");
+    return makeDeepseek(o, s, dir);
+  }
   const std::string arch = o.qkvBias ? "qwen2" : o.arch;
   const bool qwen2 = arch == "qwen2", mixtral = arch == "mixtral", qwen3Moe = arch == "qwen3_moe";
   const bool qwen3 = arch == "qwen3" || qwen3Moe;  // the Qwen3 attention (q/k norms)
@@ -288,30 +440,7 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   if (!o.tieEmbeddings)
     tensors.push_back(makeTensor("lm_head.weight", {s.vocab, h}, rng, 0, 1.0f / std::sqrt(float(h)), bf16));
 
-  const WeightQuantization fp8{true, 128, 128};
-  if (o.quantization == "fp8") quantizeFp8(tensors, fp8);
-
-  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"generator", "pdserve make-model"}};
-  if (o.shards == 1) {
-    PD_RETURN_IF_ERROR(writeSafetensors(dir + "/model.safetensors", tensors, meta));
-  } else {
-    ordered_json weightMap = ordered_json::object();
-    size_t totalBytes = 0;
-    const size_t per = (tensors.size() + o.shards - 1) / o.shards;
-    for (int sh = 0; sh < o.shards; ++sh) {
-      char name[64];
-      std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", sh + 1, o.shards);
-      std::vector<TensorToWrite> part;
-      for (size_t i = sh * per; i < std::min(tensors.size(), (sh + 1) * per); ++i) {
-        weightMap[tensors[i].name] = name;
-        totalBytes += tensors[i].bytes.size();
-        part.push_back(std::move(tensors[i]));
-      }
-      PD_RETURN_IF_ERROR(writeSafetensors(dir + "/" + name, part, meta));
-    }
-    ordered_json index = {{"metadata", {{"total_size", totalBytes}}}, {"weight_map", weightMap}};
-    PD_RETURN_IF_ERROR(writeText(dir + "/model.safetensors.index.json", index.dump(2)));
-  }
+  PD_RETURN_IF_ERROR(writeWeights(o, std::move(tensors), dir));
 
   ordered_json cfg;
   cfg["architectures"] = {qwen3Moe  ? "Qwen3MoeForCausalLM"
@@ -373,17 +502,46 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   }
   cfg["tie_word_embeddings"] = o.tieEmbeddings;
   cfg["torch_dtype"] = bf16 ? "bfloat16" : "float32";
-  if (o.quantization == "fp8")
-    cfg["quantization_config"] = {{"activation_scheme", "dynamic"},
-                                  {"fmt", "e4m3"},
-                                  {"quant_method", "fp8"},
-                                  {"weight_block_size", {fp8.blockRows, fp8.blockCols}}};
+  addQuantizationConfig(o, cfg);
   cfg["bos_token_id"] = kMadeBosId;
   cfg["eos_token_id"] = kMadeEosId;
   cfg["pad_token_id"] = kMadePadId;
   cfg["initializer_range"] = 0.02;
   PD_RETURN_IF_ERROR(writeText(dir + "/config.json", cfg.dump(2)));
 
+  return writeTokenizerFiles(dir, s.maxPos);
+}
+
+namespace {
+
+Status writeWeights(const MakeModelOptions& o, std::vector<TensorToWrite> tensors, const std::string& dir) {
+  if (o.quantization == "fp8") quantizeFp8(tensors, kMadeFp8Blocks);
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"generator", "pdserve make-model"}};
+  if (o.shards == 1) {
+    PD_RETURN_IF_ERROR(writeSafetensors(dir + "/model.safetensors", tensors, meta));
+  } else {
+    ordered_json weightMap = ordered_json::object();
+    size_t totalBytes = 0;
+    const size_t per = (tensors.size() + o.shards - 1) / o.shards;
+    for (int sh = 0; sh < o.shards; ++sh) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", sh + 1, o.shards);
+      std::vector<TensorToWrite> part;
+      for (size_t i = sh * per; i < std::min(tensors.size(), (sh + 1) * per); ++i) {
+        weightMap[tensors[i].name] = name;
+        totalBytes += tensors[i].bytes.size();
+        part.push_back(std::move(tensors[i]));
+      }
+      PD_RETURN_IF_ERROR(writeSafetensors(dir + "/" + name, part, meta));
+    }
+    ordered_json index = {{"metadata", {{"total_size", totalBytes}}}, {"weight_map", weightMap}};
+    PD_RETURN_IF_ERROR(writeText(dir + "/model.safetensors.index.json", index.dump(2)));
+  }
+
+  return Status::ok();
+}
+
+Status writeTokenizerFiles(const std::string& dir, int maxPos) {
   PD_RETURN_IF_ERROR(writeText(dir + "/tokenizer.json", tokenizerJson().dump(2)));
 
   ordered_json addedDecoder = ordered_json::object();
@@ -398,7 +556,7 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   tc["eos_token"] = kSpecial[1];
   tc["pad_token"] = kSpecial[2];
   tc["clean_up_tokenization_spaces"] = false;
-  tc["model_max_length"] = s.maxPos;
+  tc["model_max_length"] = maxPos;
   tc["tokenizer_class"] = "PreTrainedTokenizerFast";
   tc["chat_template"] =
       "{{ bos_token }}{% for message in messages %}"
@@ -411,5 +569,7 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   PD_RETURN_IF_ERROR(writeText(dir + "/generation_config.json", gen.dump(2)));
   return Status::ok();
 }
+
+}  // namespace
 
 }  // namespace pd::engine

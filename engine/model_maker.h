@@ -24,7 +24,11 @@ struct MakeModelOptions {
   // llama | qwen2 (q/k/v bias) | qwen3 (per-head q/k RMSNorm, head_dim 2x hidden/heads as in
   // the real Qwen3 models, where q's width differs from the hidden size) | mixtral (8 experts,
   // top 2) | qwen3_moe (Qwen3 attention; 16 experts, top 4, norm_topk_prob; on the tiny preset
-  // layer 0 is dense through mlp_only_layers).
+  // layer 0 is dense through mlp_only_layers) | deepseek_v3 (DeepseekV3ForCausalLM: multi-head
+  // latent attention with q and kv low-rank projections; 16 routed experts of ffn/4 in 4
+  // groups (top 2 groups, top 4 experts, sigmoid, correction bias, routed_scaling_factor 2.5),
+  // 1 shared expert, layer 0 dense; the small preset also YaRN; one multi-token-prediction
+  // layer that is written and never read).
   std::string arch = "llama";
   std::string dtype = "f32";  // f32 | bf16
   // "fp8": an FP8 block-scaled checkpoint (fp8_blocks.h), as DeepSeek-V3 and the Qwen3 FP8
@@ -37,6 +41,11 @@ struct MakeModelOptions {
   int numKvHeads = 0;       // 0 = the preset's value
   bool ropeLlama3 = false;  // rope_scaling {rope_type: llama3, factor 8, 1, 4, 8192}
   int shards = 1;           // > 1 writes model-0000i-of-0000n.safetensors + index
+  // deepseek_v3 variants (tests):
+  bool mlaNoQLora = false;    // q_lora_rank null: a plain q_proj
+  int mlaYarn = -1;           // -1 = the preset's; 0 = rope_scaling null; 1 = yarn (factor 4, mscale_all_dim 0.8)
+  int moeGroups = 0;          // n_group (topk_group = n_group / 2, at least 1); 0 = the preset's 4
+  int firstDenseLayers = -1;  // first_k_dense_replace; -1 = the preset's 1
 };
 
 // Writes into outDir (created if missing; existing files are overwritten).

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/base/log.h"
 #include "engine/checkpoint.h"
 #include "pd/kernels/linear_bf16.h"
 #include "pd/kernels/linear_q8.h"
@@ -64,11 +65,81 @@ size_t ModelWeights::f32Bytes() const {
   size_t n = embed.size() + finalNorm.size() + lmHead.size();
   for (const auto& l : layers)
     n += l.inputNorm.size() + l.qkv.size() + l.qkvBias.size() + l.qNorm.size() + l.kNorm.size() + l.o.size() +
-         l.oBias.size() + l.postNorm.size() + l.gateUp.size() + l.down.size() + l.router.size();
+         l.oBias.size() + l.postNorm.size() + l.gateUp.size() + l.down.size() + l.router.size() + l.qA.size() +
+         l.qANorm.size() + l.qB.size() + l.kvA.size() + l.kvANorm.size() + l.kvB.size() + l.routerBias.size();
   for (const auto& l : layers)
     for (const auto& e : l.experts) n += e.gateUp.size() + e.down.size();
   return n * sizeof(float);
 }
+
+namespace {
+
+// DeepseekV3ForCausalLM: MLA attention; dense MLP in the first layers, then routed experts
+// with e_score_correction_bias and shared experts. The multi-token-prediction layers after
+// the last one (num_nextn_predict_layers) are not read.
+Status loadDeepseekLayers(const Checkpoint& src, const ModelConfig& c, ModelWeights* m) {
+  const int64_t h = c.hiddenSize, nh = c.numHeads, qr = c.mla.qLoraRank, r = c.mla.kvLoraRank;
+  const int64_t qRows = nh * c.mla.qHeadDim(), kvbRows = nh * (c.mla.qkNopeHeadDim + c.mla.vHeadDim);
+  auto read = [&](WeightBuffer& b, const std::string& name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    b = WeightBuffer(size_t(n));
+    return src.readF32(name, shape, b.data());
+  };
+  if (c.mtpLayers > 0) {
+    PD_LOG(kInfo, "engine") << m->dir << ": " << c.mtpLayers
+                            << " multi-token-prediction layer(s) (num_nextn_predict_layers) ignored: decoding "
+                               "runs one token per step without them";
+  }
+  m->layers.resize(c.numLayers);
+  for (int l = 0; l < c.numLayers; ++l) {
+    LayerWeights& w = m->layers[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    PD_RETURN_IF_ERROR(read(w.inputNorm, p + "input_layernorm.weight", {h}));
+    PD_RETURN_IF_ERROR(read(w.postNorm, p + "post_attention_layernorm.weight", {h}));
+    if (qr > 0) {
+      PD_RETURN_IF_ERROR(read(w.qA, p + "self_attn.q_a_proj.weight", {qr, h}));
+      PD_RETURN_IF_ERROR(read(w.qANorm, p + "self_attn.q_a_layernorm.weight", {qr}));
+      PD_RETURN_IF_ERROR(read(w.qB, p + "self_attn.q_b_proj.weight", {qRows, qr}));
+    } else {
+      PD_RETURN_IF_ERROR(read(w.qB, p + "self_attn.q_proj.weight", {qRows, h}));
+    }
+    PD_RETURN_IF_ERROR(read(w.kvA, p + "self_attn.kv_a_proj_with_mqa.weight", {c.mla.latentDim(), h}));
+    PD_RETURN_IF_ERROR(read(w.kvANorm, p + "self_attn.kv_a_layernorm.weight", {r}));
+    PD_RETURN_IF_ERROR(read(w.kvB, p + "self_attn.kv_b_proj.weight", {kvbRows, r}));
+    PD_RETURN_IF_ERROR(read(w.o, p + "self_attn.o_proj.weight", {h, nh * c.mla.vHeadDim}));
+    if (!c.isMoeLayer(l)) {
+      const int64_t ffn = c.intermediateSize;
+      w.gateUp = WeightBuffer(size_t(2 * ffn * h));
+      PD_RETURN_IF_ERROR(src.readF32(p + "mlp.gate_proj.weight", {ffn, h}, w.gateUp.data()));
+      PD_RETURN_IF_ERROR(src.readF32(p + "mlp.up_proj.weight", {ffn, h}, w.gateUp.data() + ffn * h));
+      PD_RETURN_IF_ERROR(read(w.down, p + "mlp.down_proj.weight", {h, ffn}));
+      continue;
+    }
+    const int64_t ne = c.moe.numExperts, ef = c.moe.expertFfn;
+    PD_RETURN_IF_ERROR(read(w.router, p + "mlp.gate.weight", {ne, h}));
+    PD_RETURN_IF_ERROR(read(w.routerBias, p + "mlp.gate.e_score_correction_bias", {ne}));
+    w.experts.resize(ne);
+    for (int64_t e = 0; e < ne; ++e) {
+      ExpertWeights& x = w.experts[e];
+      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+      x.gateUp = WeightBuffer(size_t(2 * ef * h));
+      PD_RETURN_IF_ERROR(src.readF32(ep + "gate_proj.weight", {ef, h}, x.gateUp.data()));
+      PD_RETURN_IF_ERROR(src.readF32(ep + "up_proj.weight", {ef, h}, x.gateUp.data() + ef * h));
+      PD_RETURN_IF_ERROR(read(x.down, ep + "down_proj.weight", {h, ef}));
+    }
+    if (c.moe.numSharedExperts > 0) {
+      const int64_t sf = c.moe.sharedFfn();
+      w.gateUp = WeightBuffer(size_t(2 * sf * h));
+      PD_RETURN_IF_ERROR(src.readF32(p + "mlp.shared_experts.gate_proj.weight", {sf, h}, w.gateUp.data()));
+      PD_RETURN_IF_ERROR(src.readF32(p + "mlp.shared_experts.up_proj.weight", {sf, h}, w.gateUp.data() + sf * h));
+      PD_RETURN_IF_ERROR(read(w.down, p + "mlp.shared_experts.down_proj.weight", {h, sf}));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& dir, const ModelConfig& c) {
   // An FP8 checkpoint's F8_E4M3 weights are dequantized to f32 here (fp8_blocks.h); the
@@ -91,6 +162,10 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
     PD_RETURN_IF_ERROR(src.readF32("lm_head.weight", {c.vocabSize, h}, m->lmHead.data()));
   }
 
+  if (c.isMla()) {
+    PD_RETURN_IF_ERROR(loadDeepseekLayers(src, c, m.get()));
+    return std::shared_ptr<const ModelWeights>(std::move(m));
+  }
   m->layers.resize(c.numLayers);
   for (int l = 0; l < c.numLayers; ++l) {
     LayerWeights& w = m->layers[l];
@@ -173,6 +248,10 @@ Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& dir, co
     return invalidArgument("loadModel: unknown weightFormat \"" + weightFormat + "\" (f32|bf16|q8_0)");
   PD_ASSIGN_OR_RETURN(auto loaded, loadModel(dir));
   if (weightFormat == "f32") return loaded;
+  if (loaded->config.isMla())  // its layers hold other projections than the four below
+    return unimplemented("loadModel: weight format " + weightFormat + " is not implemented for " +
+                         architectureName(loaded->config.architecture) +
+                         " (multi-head latent attention runs with f32 weights)");
   // The only reference: converted in place, each f32 buffer freed once its layer is converted.
   auto m = std::const_pointer_cast<ModelWeights>(std::move(loaded));
   const ModelConfig& c = m->config;

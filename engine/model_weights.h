@@ -74,11 +74,19 @@ struct LayerWeights {
   WeightBuffer o;          // [hidden][qDim]
   WeightBuffer oBias;      // [hidden] or empty
   WeightBuffer postNorm;   // [hidden]
-  WeightBuffer gateUp;     // [2*ffn][hidden]; empty in a mixture-of-experts layer
-  WeightBuffer down;       // [hidden][ffn]; empty in a mixture-of-experts layer
+  WeightBuffer gateUp;     // [2*ffn][hidden]; in a MoE layer the shared experts' or empty
+  WeightBuffer down;       // [hidden][ffn]; likewise
+  // Multi-head latent attention (config.isMla(); qkv empty there, o [hidden][heads*vHeadDim]):
+  WeightBuffer qA;       // q_a_proj [qLoraRank][hidden]; empty when q_lora_rank is null
+  WeightBuffer qANorm;   // q_a_layernorm [qLoraRank]
+  WeightBuffer qB;       // q_b_proj [heads*qHeadDim][qLoraRank], or q_proj [heads*qHeadDim][hidden]
+  WeightBuffer kvA;      // kv_a_proj_with_mqa [kvLoraRank + qkRopeHeadDim][hidden]
+  WeightBuffer kvANorm;  // kv_a_layernorm [kvLoraRank]
+  WeightBuffer kvB;      // kv_b_proj [heads*(qkNopeHeadDim + vHeadDim)][kvLoraRank]
   // Mixture-of-experts layers (config.isMoeLayer) only; each expert in its own buffer so a
   // token reads just the experts it was routed to.
-  WeightBuffer router;  // [numExperts][hidden]
+  WeightBuffer router;      // [numExperts][hidden]
+  WeightBuffer routerBias;  // [numExperts] DeepseekV3 e_score_correction_bias (the choice only)
   std::vector<ExpertWeights> experts;
   // Loaded with a compact weight format (ModelWeights::weightFormat not "f32"): qkv, o,
   // gateUp and down held here only, their f32 buffers above empty.

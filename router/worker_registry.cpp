@@ -70,6 +70,12 @@ std::string WorkerRegistry::mismatch(const std::string& id, const std::string& f
              layoutDtype(b.layout) + both + ": engine.kv_cache_dtype must match (auto: model.dtype and engine.backend)";
     }
     *reason = "layout";
+    const bool latentA = a.layout.rfind("MLA.", 0) == 0, latentB = b.layout.rfind("MLA.", 0) == 0;
+    if (latentA != latentB)
+      return "worker '" + id + "' keeps " +
+             (latentA ? "latent KV (multi-head latent attention)" : "K and V per kv head") + " but the cluster " +
+             (latentB ? "latent KV (multi-head latent attention)" : "K and V per kv head") + both +
+             ": prefill and decode workers must serve the same model";
     return "worker '" + id + "' has another KV layout than the cluster" + both +
            ": the model config and engine.tensor_parallel_size must match";
   }

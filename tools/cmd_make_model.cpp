@@ -54,13 +54,19 @@ void addMakeModelCommand(CLI::App& pdserve, CommandRun& run) {
                   "llama: LlamaForCausalLM; qwen2: Qwen2ForCausalLM (q/k/v bias); qwen3: Qwen3ForCausalLM "
                   "(per-head q/k RMSNorm, head_dim twice hidden/heads); mixtral: MixtralForCausalLM (8 experts "
                   "of ffn/2, top 2: the active size of the dense preset); qwen3_moe: Qwen3MoeForCausalLM (16 "
-                  "experts of ffn/4, top 4; tiny: layer 0 dense)")
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"}))
+                  "experts of ffn/4, top 4; tiny: layer 0 dense); deepseek_v3: DeepseekV3ForCausalLM (multi-head "
+                  "latent attention; 16 (small: 32) routed experts of ffn/4 in 4 groups, top 4, 1 shared expert, "
+                  "layer 0 dense; small: YaRN)")
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"}))
       ->capture_default_str();
   // Hidden (no description, group ""): test variants.
   cmd->add_option("--kv-heads", o.numKvHeads)->group("");
   cmd->add_flag("--rope-llama3", o.ropeLlama3)->group("");
   cmd->add_option("--shards", o.shards)->group("");
+  cmd->add_flag("--mla-no-q-lora", o.mlaNoQLora)->group("");
+  cmd->add_option("--mla-yarn", o.mlaYarn)->group("");
+  cmd->add_option("--moe-groups", o.moeGroups)->group("");
+  cmd->add_option("--first-dense-layers", o.firstDenseLayers)->group("");
   cmd->callback([args, &run] { run = [args] { return runMakeModel(*args); }; });
 }
 

@@ -47,7 +47,7 @@ const OptionHelp kOptions[] = {
     {"--gpu", "h100-sxm | h200 | a100-80gb | l40s | b200"},
     {"--model",
      "llama-3-8b (default) | llama-3-70b | llama-2-13b | qwen2.5-7b | mixtral-8x7b | qwen3-30b-a3b | "
-     "qwen3-235b-a22b | a model dir / config.json"},
+     "qwen3-235b-a22b | deepseek-v3 | kimi-k2 | a model dir / config.json"},
     {"--slo", "ttft_ms=A,itl_ms=B[,percentile=P]: targets (percentile default 99)"},
     {"--gpus", "devices in all (default 8)"},
     {"--duration", "only the trace's first S seconds (after --time-scale)"},

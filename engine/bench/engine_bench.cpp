@@ -481,6 +481,12 @@ int main(int argc, char** argv) {
         "parameters; the floor below) of the %.1f MB\n",
         cfg.moe.numExperts, cfg.moe.expertFfn, cfg.moe.expertsPerToken, double(cfg.decodeWeightParams()) * 4 / 1e6,
         (*model)->totalBytes() / 1e6);
+  // KV per token: what the cache holds, the prefix cache keeps and a remote prefill moves.
+  std::printf("KV cache per token: %lld values per layer (%s) x %d layers = %lld bytes in f32, %lld in bf16\n",
+              static_cast<long long>(cfg.kvElemsPerTokenLayer()),
+              cfg.isMla() ? "latent: kv_lora_rank + qk_rope_head_dim, no V" : "K and V of every kv head", cfg.numLayers,
+              static_cast<long long>(cfg.kvElemsPerTokenLayer() * cfg.numLayers * 4),
+              static_cast<long long>(cfg.kvElemsPerTokenLayer() * cfg.numLayers * 2));
   std::printf("OpenBLAS: core %s; config %s\n", openblas_get_corename(), openblas_get_config());
 
   // ---- Ceilings (from the hardware, this run) ---------------------------------------------
@@ -551,7 +557,11 @@ int main(int argc, char** argv) {
     const double best = *std::min_element(secs->begin(), secs->end());
     const double linearFlops = 2.0 * double(cfg.decodeWeightParams() - cfg.hiddenSize) * p -
                                2.0 * double(cfg.vocabSize) * cfg.hiddenSize * (p - 1);
-    const double attnFlops = 4.0 * cfg.headDim * cfg.numHeads * double(p) * (p + 1) / 2 * cfg.numLayers;
+    // Per (query, key) pair and layer: QK and AV; MLA's absorbed form scores over the latent
+    // and sums kv_lora_rank values per head.
+    const double pairFlops = cfg.isMla() ? 2.0 * cfg.numHeads * (cfg.mla.latentDim() + cfg.mla.kvLoraRank)
+                                         : 4.0 * cfg.headDim * cfg.numHeads;
+    const double attnFlops = pairFlops * double(p) * (p + 1) / 2 * cfg.numLayers;
     const double gflops = (linearFlops + attnFlops) / best / 1e9;
     const double perCpuSecond = (linearFlops + attnFlops) / bestCpu / 1e9;
     std::printf(

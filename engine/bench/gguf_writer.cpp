@@ -94,6 +94,9 @@ Status writeLlamaGguf(const ModelWeights& m, const std::string& path) {
   if (!m.hasHostTensors()) return invalidArgument("gguf: the model has no host tensors");
   if (c.qkvBias || c.oBias) return invalidArgument("gguf: attention biases are not written (qkv/o bias)");
   if (c.qkNorm) return invalidArgument("gguf: per-head q/k RMSNorm (Qwen3) is not written");
+  if (c.isMla() || c.isMoe())
+    return invalidArgument(std::string("gguf: ") + architectureName(c.architecture) + " (" +
+                           (c.isMla() ? "multi-head latent attention" : "mixture of experts") + ") is not written");
   if (c.rope.llama3) return invalidArgument("gguf: llama3 rope_scaling is not written");
   if (c.slidingWindow > 0) return invalidArgument("gguf: sliding_window is not written");
   if (c.headDim % 2 != 0) return invalidArgument("gguf: head_dim must be even");

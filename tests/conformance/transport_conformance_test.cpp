@@ -16,6 +16,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "engine/kv_layout.h"
+#include "kvtransfer/block_segments.h"
 #include "kvtransfer/kvt.pb.h"
 #include "kvtransfer/transport_factory.h"
 #include "tests/conformance/kvt_peer.h"
@@ -277,6 +279,59 @@ TEST_CASE("conformance: random payloads arrive byte-exact, all there once poll()
     INFO(st.toString());
     REQUIRE(st.isOk());
     expectLanded(peer, sent);
+  }
+}
+
+// What a prefill worker pushes per layer (prefill_jobs.cpp): runs of KV blocks described by the
+// engine's KvLayout, to other block ids on the peer. A latent layout (multi-head latent
+// attention: one vector of kv_lora_rank + rope values per token, no V) is bytes like any other:
+// each block lands whole, at its block id, and its bytes are half those of a K|V block of the
+// same per-token width.
+TEST_CASE("conformance: KV blocks of a latent (MLA) and a K|V layout arrive block for block", "[conformance]") {
+  const std::string name = GENERATE(from_range(transportsUnderTest()));
+  CAPTURE(name);
+  engine::KvLayout latent;
+  latent.numLayers = 3;
+  latent.numBlocks = 24;
+  latent.blockSize = 16;
+  latent.numKvHeads = 1;
+  latent.headDim = 512 + 64;  // DeepSeek-V3's kv_lora_rank + qk_rope_head_dim
+  latent.dtype = engine::KvDtype::kBF16;
+  latent.latent = true;
+  engine::KvLayout kv = latent;
+  kv.latent = false;
+  kv.numKvHeads = 8;
+  kv.headDim = 128;  // Llama-3-70B's K and V per layer
+  CHECK(latent.blockBytes() * 2 == size_t(16) * 576 * 2 * 2);
+  CHECK(kv.blockBytes() == size_t(2) * 16 * 8 * 128 * 2);
+  const size_t bytes = std::max(latent.totalBytes(), kv.totalBytes()) + kMiB;
+  Peer peer(name, bytes);
+  Sender s(name, bytes, peer.info());
+  const std::vector<int> srcBlocks{5, 6, 7, 0, 23, 11}, dstBlocks{9, 10, 11, 2, 3, 17};
+  uint64_t seed = 70;
+  for (const engine::KvLayout& l : {latent, kv}) {
+    CAPTURE(l.fingerprint());
+    const BlockPool src{reinterpret_cast<uintptr_t>(s.buf.get()), l.blockBytes(), l.numBlocks, l.numLayers};
+    const BlockPool dst{peer.addr(), l.blockBytes(), l.numBlocks, l.numLayers};
+    std::mt19937_64 rng(++seed);
+    for (size_t i = 0; i < l.totalBytes(); ++i) s.buf[i] = uint8_t(rng());
+    auto segs = blockSegments(src, srcBlocks, dst, dstBlocks, 0, l.numLayers);
+    REQUIRE(segs.ok());
+    size_t total = 0;
+    for (const auto& d : segs->local) total += d.len;
+    CHECK(total == srcBlocks.size() * l.blockBytes() * l.numLayers);
+    auto id = s.transport->post(segs->local, segs->remote, s.peer, {});
+    REQUIRE(id.ok());
+    const Status st = s.wait(*id, 20s);
+    INFO(st.toString());
+    REQUIRE(st.isOk());
+    for (int layer = 0; layer < l.numLayers; ++layer) {
+      for (size_t b = 0; b < srcBlocks.size(); ++b) {
+        const uint64_t want = checksumRange(s.buf.get() + src.blockOffset(layer, srcBlocks[b]), l.blockBytes());
+        CHECK(peer.query("SUM " + std::to_string(peer.guard() + dst.blockOffset(layer, dstBlocks[b])) + " " +
+                         std::to_string(l.blockBytes())) == want);
+      }
+    }
   }
 }
 

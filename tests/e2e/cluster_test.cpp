@@ -307,7 +307,8 @@ TEST_CASE("an 8-bit KV cache: disaggregated over tcp and cma gives the colocated
 }
 
 // The small preset of make-model's `arch` (qwen3: per-head q/k RMSNorm, q 2x the hidden
-// width; qwen3_moe: the same attention, 16 experts of which each token runs 4), made once.
+// width; qwen3_moe: the same attention, 16 experts of which each token runs 4; deepseek_v3:
+// multi-head latent attention with YaRN, 32 group-routed experts and a shared one), made once.
 // quantization "fp8": an FP8 block-scaled checkpoint (F8_E4M3 projections, the rest bf16).
 static std::string smallModelDir(const std::string& arch, const std::string& quantization = "") {
   const std::string d =
@@ -412,6 +413,12 @@ TEST_CASE("qwen3_moe: greedy ids and logprobs match pdserve generate: colocated,
 // it at load and must agree with `pdserve generate` and with each other across the split.
 TEST_CASE("fp8 checkpoint: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
   checkArchAcrossSplit("llama", "fp8");
+}
+
+// DeepseekV3ForCausalLM: the prefill worker pushes latent KV (kv_lora_rank + rope values per
+// token and layer, no V) and the decode worker attends to it as if it had computed it.
+TEST_CASE("deepseek_v3: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
+  checkArchAcrossSplit("deepseek_v3");
 }
 
 // The CUDA workers in f32 (cuBLAS f32 GEMMs) pick the CPU's greedy ids; over tcp the KV goes

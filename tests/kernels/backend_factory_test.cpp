@@ -213,3 +213,24 @@ TEST_CASE("createCudaBackend refuses Qwen3ForCausalLM by name, with or without a
   m->config.qkNorm = false;
   CHECK(cudaSupportsModel(m->config).isOk());
 }
+
+TEST_CASE("createCudaBackend refuses DeepseekV3ForCausalLM by name, with or without a device", "[backend][factory]") {
+  auto m = std::make_shared<ModelWeights>();
+  auto c = parseModelConfig(R"({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 259,
+    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1})",
+                            "deepseek.json");
+  REQUIRE(c.status().toString() == "OK");
+  m->config = *c;
+  const KvLayout layout = kvLayoutFor(m->config, 8, 16);
+  CHECK(layout.latent);
+  auto b = createCudaBackend(m, layout);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().code() == StatusCode::kUnimplemented);
+  CHECK(b.status().message().find("DeepseekV3ForCausalLM") != std::string::npos);
+  CHECK(b.status().message().find("multi-head latent attention") != std::string::npos);
+  auto f = createBackend("cuda", m, layout, nullptr);
+  REQUIRE_FALSE(f.ok());
+  CHECK(f.status().message() == b.status().message());
+}

@@ -9,6 +9,11 @@ MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias, tied embeddings) and Qwen3ForC
 (RMSNorm over each q and k head before RoPE; head_dim independent of hidden_size), with GQA,
 and the mixture-of-experts MixtralForCausalLM and Qwen3MoeForCausalLM (softmax router, top-k,
 norm_topk_prob, decoder_sparse_step, mlp_only_layers): every token runs its experts densely.
+DeepseekV3ForCausalLM (DeepSeek-V3, Kimi K2) follows the published modeling_deepseek.py
+definition in its plain (non-absorbed) form: low-rank q and kv projections, per-head k_nope
+and v expanded from the latent by kv_b_proj, interleaved RoPE on the shared k_pe part (YaRN
+frequencies and mscale), group-limited sigmoid routing with the correction bias, shared
+experts, routed_scaling_factor and the first dense layers.
 
 Usage:
   llama_reference.py --model DIR --tokens 1,2,3,... --first N --out FILE
@@ -156,8 +161,136 @@ def moe(cfg, arch, w, p, h):
     return out
 
 
+def yarn_mscale(scale, m):
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def deepseek_rope(cfg, dim, T):
+    """cos, sin [T][dim/2] for the rope part, YaRN applied as DeepseekV3YarnRotaryEmbedding."""
+    base = float(cfg.get("rope_theta", 10000.0))
+    inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    mscale = 1.0
+    rs = cfg.get("rope_scaling")
+    if rs:
+        kind = rs.get("type", rs.get("rope_type"))
+        if kind != "yarn":
+            raise SystemExit(f"rope_scaling {kind} not supported by the reference for DeepSeek")
+        factor = rs["factor"]
+        orig = rs["original_max_position_embeddings"]
+        beta_fast, beta_slow = rs.get("beta_fast", 32), rs.get("beta_slow", 1)
+
+        def corr(rot):
+            return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(corr(beta_fast)), 0)
+        high = min(math.ceil(corr(beta_slow)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extra_mask = 1.0 - ramp
+        inv = (inv / factor) * (1 - extra_mask) + inv * extra_mask
+        mscale = yarn_mscale(factor, rs.get("mscale", 1)) / yarn_mscale(factor, rs.get("mscale_all_dim", 0))
+    ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang) * mscale, np.sin(ang) * mscale
+
+
+def rotate_interleaved(x, cos, sin):
+    # modeling_deepseek.py: de-interleave (x0, x2, ..., x1, x3, ...), then rotate_half.
+    d = x.shape[-1]
+    x = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+    return rotate(x, cos, sin)
+
+
+def deepseek_moe(cfg, w, p, h):
+    """MoEGate noaux_tc + DeepseekV3MoE: every token's experts run one by one."""
+    pre = p + "mlp."
+    k = cfg["num_experts_per_tok"]
+    E = cfg["n_routed_experts"]
+    G, TG = cfg.get("n_group", 1), cfg.get("topk_group", 1)
+    scores = 1.0 / (1.0 + np.exp(-(h @ w[pre + "gate.weight"].T)))
+    choice = scores + w[pre + "gate.e_score_correction_bias"]
+    per = E // G
+    out = np.zeros_like(h)
+
+    def mlp(prefix, x):
+        gate = x @ w[prefix + "gate_proj.weight"].T
+        up = x @ w[prefix + "up_proj.weight"].T
+        return (gate / (1 + np.exp(-gate)) * up) @ w[prefix + "down_proj.weight"].T
+
+    for t in range(h.shape[0]):
+        gs = [sum(sorted(choice[t, g * per:(g + 1) * per])[-2:]) for g in range(G)]
+        groups = sorted(range(G), key=lambda g: (-gs[g], g))[:TG]
+        cands = [e for g in groups for e in range(g * per, (g + 1) * per)]
+        top = sorted(cands, key=lambda e: (-choice[t, e], e))[:k]
+        wts = scores[t, top]
+        if k > 1 and cfg.get("norm_topk_prob", False):
+            wts = wts / (wts.sum() + 1e-20)
+        wts = wts * cfg.get("routed_scaling_factor", 1.0)
+        for e, g in zip(top, wts):
+            out[t] += g * mlp(f"{pre}experts.{e}.", h[t])
+    if cfg.get("n_shared_experts"):
+        out += mlp(pre + "shared_experts.", h)
+    return out
+
+
+def deepseek_forward(cfg, w, tokens):
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    H = cfg["num_attention_heads"]
+    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    R = cfg["kv_lora_rank"]
+    qh = nope + rope
+    T = len(tokens)
+    scale = qh ** -0.5
+    rs = cfg.get("rope_scaling")
+    if rs and rs.get("mscale_all_dim"):
+        m = yarn_mscale(rs["factor"], rs["mscale_all_dim"])
+        scale = scale * m * m
+    cos, sin = deepseek_rope(cfg, rope, T)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    mask = np.triu(np.full((T, T), -np.inf), k=1)
+    first_dense = cfg.get("first_k_dense_replace", 0)
+    freq = cfg.get("moe_layer_freq", 1)
+    x = w["model.embed_tokens.weight"][np.array(tokens)]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        if cfg.get("q_lora_rank"):
+            q = rms_norm(h @ w[a + "q_a_proj.weight"].T, w[a + "q_a_layernorm.weight"], eps) @ w[a + "q_b_proj.weight"].T
+        else:
+            q = h @ w[a + "q_proj.weight"].T
+        q = q.reshape(T, H, qh)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
+        ckv = h @ w[a + "kv_a_proj_with_mqa.weight"].T
+        c, k_pe = ckv[:, :R], ckv[:, R:].reshape(T, 1, rope)
+        kv = (rms_norm(c, w[a + "kv_a_layernorm.weight"], eps) @ w[a + "kv_b_proj.weight"].T).reshape(T, H, nope + vd)
+        k_nope, v = kv[..., :nope], kv[..., nope:]
+        q_pe = rotate_interleaved(q_pe, cos, sin)
+        k_pe = rotate_interleaved(k_pe, cos, sin)
+        qs = np.concatenate([q_nope, q_pe], axis=-1)
+        ks = np.concatenate([k_nope, np.repeat(k_pe, H, axis=1)], axis=-1)
+        scores = np.einsum("qhd,khd->hqk", qs, ks) * scale + mask
+        scores = scores - scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        attn = np.einsum("hqk,khd->qhd", probs, v).reshape(T, H * vd)
+        x = x + attn @ w[a + "o_proj.weight"].T
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if cfg.get("n_routed_experts") and l >= first_dense and l % freq == 0:
+            x = x + deepseek_moe(cfg, w, p, h)
+            continue
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        up = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
+    return x @ head.T
+
+
 def forward(cfg, w, tokens):
     arch = cfg["architectures"][0]
+    if arch == "DeepseekV3ForCausalLM":
+        return deepseek_forward(cfg, w, tokens)
     if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                     "MixtralForCausalLM", "Qwen3MoeForCausalLM"):
         raise SystemExit(f"unsupported architecture {arch}")

@@ -36,7 +36,10 @@ StepWork CostModel::work(std::span<const engine::SeqChunk> batch) const {
     logits += ch.wantLogits ? 1 : 0;
   }
   w.linearFlops = 2 * linearParams_ * double(w.tokens);
-  w.flops = w.linearFlops + 4.0 * c.numLayers * c.qDim() * attended + 2.0 * c.hiddenSize * c.vocabSize * logits;
+  // Per attended (query, key) pair and layer: QK and AV, or MLA's absorbed form (scores over the
+  // latent, the weighted sum over kv_lora_rank, every head).
+  const double pairFlops = c.isMla() ? 2.0 * c.numHeads * (c.mla.latentDim() + c.mla.kvLoraRank) : 4.0 * c.qDim();
+  w.flops = w.linearFlops + pairFlops * c.numLayers * attended + 2.0 * c.hiddenSize * c.vocabSize * logits;
   w.kvBytes = contextBytes;
   w.bytes = model_.paramsRead(w.tokens) * model_.weightBytes + contextBytes;
   return w;
@@ -101,7 +104,9 @@ int64_t CostModel::kvBlocks(int blockSize, double memoryUtilization, double kvCa
   constexpr double kActivationReserve = 2.0 * (1ull << 30);
   const double free = device_.memoryBytes * memoryUtilization - weightBytesPerDevice() - kActivationReserve;
   if (free <= 0) return 0;
-  const double blockBytes = double(model_.kvBytesPerToken()) * blockSize / tp_;
+  // Tensor parallelism splits the kv heads over the devices; a latent KV (MLA) has one
+  // "head" that every device holds whole.
+  const double blockBytes = double(model_.kvBytesPerToken()) * blockSize / (model_.config.isMla() ? 1 : tp_);
   return int64_t(free / blockBytes);
 }
 

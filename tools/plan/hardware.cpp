@@ -33,11 +33,13 @@ Result<GpuSpec> findGpu(std::string_view name) {
 int64_t ModelShape::params() const {
   const auto& c = config;
   const int64_t h = c.hiddenSize;
-  const int64_t attn = h * (c.qDim() + 2 * c.kvDim()) + int64_t(c.qDim()) * h + 2 * h + (c.qkNorm ? 2 * c.headDim : 0);
+  const int64_t attn = c.attentionParams();
   int64_t layers = 0;
   for (int l = 0; l < c.numLayers; ++l)
-    layers += attn + (c.isMoeLayer(l) ? int64_t(c.moe.numExperts) * (h + 3 * h * c.moe.expertFfn)
-                                      : 3 * h * c.intermediateSize);
+    layers +=
+        attn + (c.isMoeLayer(l) ? int64_t(c.moe.numExperts) * (h + 3 * h * c.moe.expertFfn) +
+                                      (c.moe.sigmoidScoring ? c.moe.numExperts : 0) + 3 * h * int64_t(c.moe.sharedFfn())
+                                : 3 * h * c.intermediateSize);
   const int64_t embeddings = int64_t(c.vocabSize) * h * (c.tieWordEmbeddings ? 1 : 2);
   return layers + h + embeddings;
 }
@@ -58,13 +60,18 @@ double ModelShape::linearParamsPerToken() const {
   const double h = c.hiddenSize;
   double total = 0;
   for (int l = 0; l < c.numLayers; ++l)
-    total += h * (c.qDim() + 2 * c.kvDim()) + double(c.qDim()) * h +
-             (c.isMoeLayer(l) ? c.moe.numExperts * h + c.moe.expertsPerToken * 3.0 * h * c.moe.expertFfn
+    total += double(c.attentionParams()) - 2 * h +
+             (c.isMoeLayer(l) ? c.moe.numExperts * h + c.moe.expertsPerToken * 3.0 * h * c.moe.expertFfn +
+                                    3.0 * h * c.moe.sharedFfn()
                               : 3.0 * h * c.intermediateSize);
   return total;
 }
 
-int64_t ModelShape::kvBytesPerToken() const { return int64_t(2) * config.numLayers * config.kvDim() * kvBytes; }
+// Multi-head latent attention keeps kv_lora_rank + qk_rope_head_dim values per token and layer
+// (no separate V), the others K and V of every kv head.
+int64_t ModelShape::kvBytesPerToken() const {
+  return int64_t(config.numLayers) * config.kvElemsPerTokenLayer() * kvBytes;
+}
 
 namespace {
 
@@ -118,6 +125,34 @@ const Preset kPresets[] = {
          "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536, "norm_topk_prob": true,
          "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
          "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+         "torch_dtype": "bfloat16"})"},
+    // DeepSeek-V3 (and R1): 671 B parameters, 37 B active; multi-head latent attention keeps
+    // 512 + 64 values per token and layer. The multi-token-prediction layer is not counted.
+    {"deepseek-v3",
+     R"({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
+         "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+         "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+         "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+         "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_group": 8,
+         "topk_group": 4, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
+         "routed_scaling_factor": 2.5, "vocab_size": 129280, "max_position_embeddings": 163840,
+         "rms_norm_eps": 1e-6, "rope_theta": 10000,
+         "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+         "torch_dtype": "bfloat16"})"},
+    // Kimi K2: DeepSeek-V3's architecture with 384 experts in one group, 64 heads, one dense
+    // layer: 1.03 T parameters, 32 B active.
+    {"kimi-k2",
+     R"({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
+         "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+         "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+         "v_head_dim": 128, "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 8,
+         "moe_intermediate_size": 2048, "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1,
+         "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
+         "routed_scaling_factor": 2.827, "vocab_size": 163840, "max_position_embeddings": 131072,
+         "rms_norm_eps": 1e-6, "rope_theta": 50000.0,
+         "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                          "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
          "torch_dtype": "bfloat16"})"},
 };
 

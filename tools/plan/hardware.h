@@ -38,7 +38,7 @@ struct ModelShape {
   int kvBytes = 2;      // per KV element (bf16)
 
   int64_t params() const;           // every weight, the embedding included (every expert)
-  int64_t kvBytesPerToken() const;  // K and V of one token over all layers
+  int64_t kvBytesPerToken() const;  // K and V (MLA: the latent vector) of one token over all layers
   // Weight parameters one step of `tokens` tokens reads. Dense: params(). Mixture of experts:
   // everything but the experts, plus the experts the tokens are expected to touch when each
   // picks expertsPerToken of numExperts uniformly: numExperts x (1 - (1 - k/E)^tokens) per
@@ -50,7 +50,7 @@ struct ModelShape {
 };
 
 // Presets: llama-3-8b, llama-3-70b, llama-2-13b, qwen2.5-7b, mixtral-8x7b, qwen3-30b-a3b,
-// qwen3-235b-a22b. Anything else is read as a model directory
+// qwen3-235b-a22b, deepseek-v3, kimi-k2. Anything else is read as a model directory
 // (DIR/config.json) or a path to a config.json.
 Result<ModelShape> findModel(std::string_view nameOrPath);
 

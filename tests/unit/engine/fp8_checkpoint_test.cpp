@@ -517,8 +517,8 @@ TEST_CASE("FP8 checkpoints of every architecture, sharded or with bf16 tensors, 
   };
   for (const Variant& v :
        {Variant{"fp8_tiny_qwen2_bf16", "qwen2", "bf16", 1}, Variant{"fp8_tiny_qwen3", "qwen3", "f32", 1},
-        Variant{"fp8_tiny_mixtral_sharded", "mixtral", "f32", 3},
-        Variant{"fp8_tiny_qwen3_moe", "qwen3_moe", "bf16", 2}}) {
+        Variant{"fp8_tiny_mixtral_sharded", "mixtral", "f32", 3}, Variant{"fp8_tiny_qwen3_moe", "qwen3_moe", "bf16", 2},
+        Variant{"fp8_tiny_deepseek_v3", "deepseek_v3", "bf16", 1}}) {
     INFO(v.name);
     MakeModelOptions o;
     o.arch = v.arch;

@@ -62,6 +62,15 @@ if "$pdserve" make-model --preset tiny --quantization int4 --out "$work/x" 2>/de
 grep -q Qwen3ForCausalLM "$work/q3/config.json"
 grep -q '"head_dim": 128' "$work/q3/config.json"
 check_against_numpy "$work/q3"
+# The DeepSeek small preset (multi-head latent attention with YaRN, 32 group-routed experts,
+# a shared expert, layer 0 dense); its multi-token-prediction layer is skipped with a log line.
+"$pdserve" make-model --preset small --arch deepseek_v3 --out "$work/ds" --seed 6 >/dev/null
+grep -q DeepseekV3ForCausalLM "$work/ds/config.json"
+check_against_numpy "$work/ds"
+"$pdserve" generate --model "$work/ds" --prompt-ids 1,2,3 --max-tokens 1 2>"$work/err" >/dev/null
+grep -q "multi-token-prediction layer(s) (num_nextn_predict_layers) ignored" "$work/err"
+if "$pdserve" generate --model "$work/ds" --prompt-ids 1 --weight-format bf16 2>"$work/err"; then exit 1; fi
+grep -q "weight_format bf16 is not implemented for DeepseekV3ForCausalLM" "$work/err"
 if "$pdserve" make-model --preset tiny --arch qwen4 --out "$work/x" 2>/dev/null; then exit 1; fi
 # Usage errors exit 2 with a message.
 if "$pdserve" generate --model "$work/m" --prompt-ids 1,x 2>/dev/null; then exit 1; fi

@@ -329,7 +329,7 @@ TEST_CASE("Qwen3ForCausalLM config parses and unknown or unimplemented keys are 
   refused({{"layer_types", {"full_attention", "sliding_attention"}}}, "sliding_attention");
   refused({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}, "rope_scaling type \"yarn\"");
   refused({{"hidden_act", "gelu"}}, "hidden_act");
-  refused({{"architectures", {"DeepseekV3ForCausalLM"}}}, "DeepseekV3ForCausalLM");
+  refused({{"architectures", {"Gemma3ForCausalLM"}}}, "Gemma3ForCausalLM");
 
   // The key check is Qwen3's: a Llama config with an extra key still loads as before.
   nlohmann::json llama = qwen3;

@@ -228,6 +228,12 @@ TEST_CASE("a worker whose weights or KV layout differ from the cluster's is refu
   CHECK(int8.message().find("engine.kv_cache_dtype must match") != std::string::npos);
   auto shape = f.workers.add(worker(proto::ROLE_DECODE, "decode-4", "m/L2.B16.H4.D32.f32/w91bc"));
   CHECK(shape.message().find("another KV layout") != std::string::npos);
+  // A latent-KV (MLA, KvLayout::fingerprint) worker against the cluster's K and V layout.
+  auto latent = f.workers.add(worker(proto::ROLE_PREFILL, "prefill-7", "m/MLA.L2.B16.H1.D40.f32/w91bc"));
+  CHECK(latent.code() == StatusCode::kFailedPrecondition);
+  CHECK(latent.message().find("worker 'prefill-7' keeps latent KV (multi-head latent attention) but the cluster K "
+                              "and V per kv head") != std::string::npos);
+  CHECK(latent.message().find("MLA.L2.B16.H1.D40.f32") != std::string::npos);
   auto duplicate = f.workers.add(worker(proto::ROLE_DECODE, "decode-0", base + "91bc"));
   CHECK(duplicate.message().find("already registered") != std::string::npos);
   // Refused: none registered, each counted under its reason.
@@ -236,6 +242,7 @@ TEST_CASE("a worker whose weights or KV layout differ from the cluster's is refu
   for (const char* series : {R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="weights"} 1)",
                              R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="block_size"} 1)",
                              R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="dtype"} 2)",
+                             R"(pdserve_worker_registrations_refused_total{pool="prefill",reason="layout"} 1)",
                              R"(pdserve_worker_registrations_refused_total{pool="decode",reason="layout"} 1)",
                              R"(pdserve_worker_registrations_refused_total{pool="decode",reason="duplicate_id"} 1)"}) {
     INFO(series);
