@@ -349,9 +349,11 @@ Status CpuBackend::forward(std::span<const SeqChunk> batch, float* logits, const
                   cfg_.rmsNormEps);
     });
     if (mla) {
-      mla_->project(l, xn_.data(), T, pos_.data(), slots_.data(), layerKv(l), mlaLinear, parallel);
+      // Latent KV is f32 only (createCpuBackend refuses the other dtypes for it).
+      float* latentKv = static_cast<float*>(layerKv(l).layer);
+      mla_->project(l, xn_.data(), T, pos_.data(), slots_.data(), latentKv, mlaLinear, parallel);
       if (onLayerKvReady) onLayerKvReady(l);
-      mla_->attend(w, batch, tokenStart_.data(), layerKv(l), attn_.data(), parallel);
+      mla_->attend(w, batch, tokenStart_.data(), latentKv, attn_.data(), parallel);
       linear(attn_.data(), T, attnDim, w.o.data(), nullptr, h, x_.data(), 1.0f);
       forRows(T, h, [&](int b, int e) {
         kc::rmsNorm(x_.data() + size_t(b) * h, h, w.postNorm.data(), xn_.data() + size_t(b) * h, h, e - b, h,

@@ -249,7 +249,7 @@ Result<std::shared_ptr<const ModelWeights>> loadModel(const std::string& dir, co
   PD_ASSIGN_OR_RETURN(auto loaded, loadModel(dir));
   if (weightFormat == "f32") return loaded;
   if (loaded->config.isMla())  // its layers hold other projections than the four below
-    return unimplemented("loadModel: weight format " + weightFormat + " is not implemented for " +
+    return unimplemented("loadModel: weight_format " + weightFormat + " is not implemented for " +
                          architectureName(loaded->config.architecture) +
                          " (multi-head latent attention runs with f32 weights)");
   // The only reference: converted in place, each f32 buffer freed once its layer is converted.
