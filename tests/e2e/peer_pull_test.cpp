@@ -64,13 +64,15 @@ std::string header(const std::string& headers, const std::string& name) {
                         end == std::string::npos ? std::string::npos : end - at - name.size() - 2);
 }
 
-std::string yaml(const std::string& transport) {
+std::string yaml(const std::string& transport, int numBlocks = 128) {
   return "model: {path: " + pd::test::e2eModelDir() +
          ", name: small}\n"
          "router: {routing: {short_prompt_tokens: 64}, requests: {request_timeout_ms: 60000},\n"
          "         workers: {worker_report_timeout_ms: 5000}}\n"
          "pools: {prefill: {replicas: 1}, decode: {replicas: 2}}\n"
-         "engine: {backend: cpu, threads: 1, num_blocks: 128, max_batch_tokens: 512}\n"
+         "engine: {backend: cpu, threads: 1, num_blocks: " +
+         std::to_string(numBlocks) +
+         ", max_batch_tokens: 512}\n"
          "kv_transfer: {transports: [" +
          transport + "], peer_pulls: true, pull_timeout_ms: " + std::to_string(kPullDeadlineMs) +
          "}\n"
@@ -100,34 +102,36 @@ struct Setup {
 
 // A prompt W computed on prefill-0 and pushed to a decode worker (the source), whose region
 // then holds it.
-Setup prefix(LocalCluster& c, uint64_t seed) {
+Setup prefix(LocalCluster& c, uint64_t seed, int pulled = 256, bool reference = true) {
   Setup s;
-  s.w = pd::test::randomPrompt(320, seed);
+  s.w = pd::test::randomPrompt(pulled + 64, seed);
   const Completion w = complete(c, s.w, 2);
   REQUIRE(header(w.headers, "x-pdserve-route") == "disaggregated");
   s.source = header(w.headers, "x-pdserve-decode-worker");
   REQUIRE((s.source == "decode-0" || s.source == "decode-1"));
   s.target = s.source == "decode-0" ? "decode-1" : "decode-0";
-  s.q.assign(s.w.begin(), s.w.begin() + 256);
+  s.q.assign(s.w.begin(), s.w.begin() + pulled);
   const auto tail = pd::test::randomPrompt(30, seed + 1000);
   s.q.insert(s.q.end(), tail.begin(), tail.end());
-  s.cold = pd::test::generateCli(s.q, 8, 1);
-  REQUIRE(s.cold.size() == 8);
+  if (reference) {
+    s.cold = pd::test::generateCli(s.q, 8, 1);
+    REQUIRE(s.cold.size() == 8);
+  }
   // The router knows the source's blocks (exact index).
   REQUIRE(waitFor(
       [&] {
         return pd::test::routerMetric(
-                   c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source + "\"}") >= 20;
+                   c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source + "\"}") >= pulled / 16;
       },
       10s));
   return s;
 }
 
-// Runs `body` while a stream of W + 10 tokens runs on the source (a cached prefix there), so
+// Runs `body` while a stream of W's first 256 tokens + 10 runs on the source (a cached prefix there), so
 // the router sends Q to the less loaded target.
 template <typename F>
 void whileBusy(LocalCluster& c, const Setup& s, F body, bool sourceSurvives = true) {
-  std::vector<int32_t> r = s.w;
+  std::vector<int32_t> r(s.w.begin(), s.w.begin() + std::min<size_t>(s.w.size(), 256));
   const auto more = pd::test::randomPrompt(10, 99);
   r.insert(r.end(), more.begin(), more.end());
   std::string decodeWorker;
@@ -246,4 +250,45 @@ TEST_CASE("e2e peer pull: a stopped or killed source costs at most the pull dead
   CHECK(pulls(*c, k.target, "fell_back", "none") == fellBackK + 1);
   CHECK(decodeMetric(*c, k.target, "pdserve_kv_blocks_quarantined") == 0);
   c->stop();
+}
+
+namespace {
+
+double phaseMs(const std::string& serverTiming, const std::string& phase) {
+  const std::string key = phase + ";dur=";
+  for (size_t at = serverTiming.find(key); at != std::string::npos; at = serverTiming.find(key, at + 1)) {
+    if (at == 0 || serverTiming[at - 1] == ' ' || serverTiming[at - 1] == ',')
+      return std::atof(serverTiming.c_str() + at + key.size());
+  }
+  return -1;
+}
+
+}  // namespace
+
+// The crossover benchmark (not a timed test; docs/performance.md "Peer pulls"): per lane and
+// prefix length N, the TTFT of a prompt whose N-token prefix is pulled from a peer, against
+// computing N + 30 tokens from scratch on an identical engine (a fresh prompt of the same
+// length, prefilled on prefill-0: its prefill_compute phase, and its whole TTFT, which adds
+// the KV push). Run: build/tests/e2e/test_e2e_peer_pull "[.bench]"
+TEST_CASE("bench peer pull: pulled vs recomputed prefix, by length and lane", "[.bench]") {
+  for (const std::string transport : {"cma", "tcp"}) {
+    auto c = pd::test::startLocalCluster(kWork, "peer_pull_bench_" + transport, yaml(transport, 1200));
+    std::printf("\n%s: N | pulled: ttft ms, kv_pull ms, rest computed ms | recomputed: ttft ms, prefill_compute ms\n",
+                transport.c_str());
+    uint64_t seed = 5000;
+    for (int n : {256, 512, 1024, 2048, 3072, 4032}) {
+      const Setup s = prefix(*c, seed++, n, /*reference=*/false);
+      Completion q;
+      whileBusy(*c, s, [&] { q = complete(*c, s.q, 1); });
+      const std::string pulledTiming = header(q.headers, "server-timing");
+      const bool pulled = q.cachedTokens == n && header(q.headers, "x-pdserve-decode-worker") == s.target;
+      const Completion fresh = complete(*c, pd::test::randomPrompt(n + 30, seed++ + 90000), 1);
+      const std::string freshTiming = header(fresh.headers, "server-timing");
+      std::printf("%s: %5d | %8.1f %8.1f %8.1f%s | %8.1f %8.1f\n", transport.c_str(), n, phaseMs(pulledTiming, "ttft"),
+                  phaseMs(pulledTiming, "kv_pull"), phaseMs(pulledTiming, "prefill_compute"),
+                  pulled ? "" : " (not pulled)", phaseMs(freshTiming, "ttft"), phaseMs(freshTiming, "prefill_compute"));
+      std::fflush(stdout);
+    }
+    c->stop();
+  }
 }
