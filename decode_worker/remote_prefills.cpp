@@ -305,8 +305,9 @@ void RemotePrefills::failed(uint64_t id, const Status& why, const std::string& p
     // A pull is an optimisation: whatever went wrong, the prompt is computed here.
     countPull(it->second, pullOutcome, 0, "");
     const std::string address = it->second.address;
+    const double ms = 1e3 * secondsBetween(it->second.reservedAt, steadyNow());
     end(id, "pull failed", why.message());
-    if (callbacks_.onPulled) callbacks_.onPulled(id, 0, 0, "");
+    if (callbacks_.onPulled) callbacks_.onPulled(id, 0, ms, "");
     if (Status s = loop_.engine().recomputeRemote(id); !s.isOk()) {
       loop_.engine().cancel(id);
       return callbacks_.onFailed(id, s);

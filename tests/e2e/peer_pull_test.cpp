@@ -135,6 +135,15 @@ void whileBusy(LocalCluster& c, const Setup& s, F body, bool sourceSurvives = tr
   const auto more = pd::test::randomPrompt(10, 99);
   r.insert(r.end(), more.begin(), more.end());
   std::string decodeWorker;
+  // Both idle in the router's eyes first (reports every 100 ms): a stale "running" on the
+  // source would send the stream to the target instead.
+  REQUIRE(waitFor(
+      [&] {
+        return decodeMetric(c, "decode-0", "pdserve_num_requests_running") == 0 &&
+               decodeMetric(c, "decode-1", "pdserve_num_requests_running") == 0;
+      },
+      20s));
+  std::this_thread::sleep_for(300ms);
   std::thread busy([&] {
     json req{{"model", "small"}, {"prompt", r}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}};
     auto reply = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 180s);

@@ -74,7 +74,7 @@ struct Mailbox {
 };
 
 struct Harness {
-  explicit Harness(int64_t timeoutMs, const std::string& transports = "[tcp]") {
+  explicit Harness(int64_t timeoutMs, const std::string& transports = "[tcp]", const std::string& moreKv = "") {
     net::ConnectionOptions ro;
     ro.hello.set_role(proto::ROLE_ROUTER);
     ro.hello.set_worker_id("router-fake");
@@ -82,12 +82,13 @@ struct Harness {
     REQUIRE(r.ok());
     routerServer = std::move(r).value();
     const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
-    auto config = config::parseClusterConfig("model: {path: " + model +
-                                                 "}\nengine: {backend: cpu, num_blocks: 64}\n"
-                                                 "kv_transfer: {transports: " +
-                                                 transports + ", timeout_ms: " + std::to_string(timeoutMs) +
-                                                 ", on_remote_prefill_failure: fail}\nlogging: {level: warn}\n",
-                                             "test.yaml");
+    auto config =
+        config::parseClusterConfig("model: {path: " + model +
+                                       "}\nengine: {backend: cpu, num_blocks: 64}\n"
+                                       "kv_transfer: {transports: " +
+                                       transports + ", timeout_ms: " + std::to_string(timeoutMs) +
+                                       ", on_remote_prefill_failure: fail" + moreKv + "}\nlogging: {level: warn}\n",
+                                   "test.yaml");
     REQUIRE(config.ok());
     worker::WorkerFlags flags;
     flags.workerId = "decode-t";
@@ -389,4 +390,139 @@ TEST_CASE(
     CHECK(eventually([&] { return metric(port, "pdserve_kv_blocks_quarantined") == 0; }, 10s));
     CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == total; }, 2s));
   }
+}
+
+// ---- Peer pulls (docs/kv_cache.md, "Peer pulls"): the target's lifecycle against a fake source
+// with a real TransferAgent (tcp). Whatever the source does, the request is served: pulled
+// blocks are attached as a cached prefix, and any failure recomputes the prompt, even with
+// on_remote_prefill_failure: fail.
+namespace {
+
+constexpr int kPullTokens = 32;  // 2 blocks of the 40-token prompt
+
+void generatePull(Harness& h, uint64_t id) {
+  proto::Envelope env;
+  env.set_request_id(id);
+  auto* g = env.mutable_generate();
+  g->set_request_id(id);
+  for (int32_t t : engine::test::testPrompt(40, id)) g->add_prompt_token_ids(uint32_t(t));
+  g->mutable_sampling()->set_max_tokens(4);
+  g->set_pull_source_id("decode-source");
+  g->set_pull_source_address("127.0.0.1:" + std::to_string(h.prefillServer->port()));
+  g->set_pull_tokens(kPullTokens);
+  REQUIRE(h.router.conn->send(std::move(env)).isOk());
+}
+
+// A fake source: KvConnect answered for real; each PullRequest recorded and answered by `answer`.
+struct FakeSource {
+  FakePrefillKv kv{{"tcp"}};
+  std::function<void(const net::ConnectionPtr&, const proto::PullRequest&)> answer;
+  std::vector<proto::PullRequest> pulls;
+  void handle(const net::ConnectionPtr& c, const proto::Envelope& env) {
+    if (env.body_case() == proto::Envelope::kPullRequest) {
+      {
+        std::lock_guard<std::mutex> lock(kv.mu);
+        pulls.push_back(env.pull_request());
+      }
+      if (answer) answer(c, env.pull_request());
+      return;
+    }
+    kv.handle(c, env);
+  }
+};
+
+const std::string kPullKv = ", peer_pulls: true, pull_timeout_ms: 400";
+
+}  // namespace
+
+TEST_CASE("peer pull: a source that no longer holds the blocks refuses; the prompt is computed here") {
+  Harness h(20000, "[tcp]", kPullKv);
+  FakeSource src;
+  src.answer = [](const net::ConnectionPtr& c, const proto::PullRequest& pr) {
+    proto::Envelope err;
+    err.set_request_id(pr.request_id());
+    err.mutable_error()->set_code(proto::ERROR_NOT_FOUND);
+    err.mutable_error()->set_message("fake source: holds none of the pulled tokens any more");
+    (void)c->send(std::move(err));
+  };
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
+  const int port = h.decode->metricsPort();
+  const double total = metric(port, "pdserve_kv_cache_num_blocks");
+  generatePull(h, 41);
+  auto chunk = h.finalChunk(41, 10s);
+  REQUIRE(chunk.has_value());
+  CHECK(chunk->finish_reason() == proto::FINISH_LENGTH);  // served, not failed
+  CHECK(chunk->usage().cached_tokens() == 0);
+  CHECK(chunk->timings().pull_tokens() == 0);
+  CHECK(metric(port, "pdserve_kv_pulls_total", "outcome=\"refused\"") == 1);
+  // The PullRequest asked for exactly the pulled tokens, one target block each, with a grant.
+  {
+    std::lock_guard<std::mutex> lock(src.kv.mu);
+    REQUIRE(src.pulls.size() == 1);
+    CHECK(src.pulls[0].prompt_token_ids_size() == kPullTokens);
+    REQUIRE(src.pulls[0].kv_target().layers_size() == 1);
+    CHECK(src.pulls[0].kv_target().layers(0).block_ids_size() == kPullTokens / 16);
+    CHECK(!src.pulls[0].kv_target().write_grant().empty());
+    CHECK(src.pulls[0].deadline_ms() == 400);
+  }
+  // tcp is receiver-fenced: nothing quarantined, every block free once the request ended.
+  CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == total; }, 5s));
+  CHECK(metric(port, "pdserve_kv_blocks_quarantined") == 0);
+}
+
+TEST_CASE("peer pull: a silent source costs the pull deadline, then the prompt is computed here") {
+  Harness h(20000, "[tcp]", kPullKv);
+  FakeSource src;  // answers KvConnect, never a PullRequest
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
+  const int port = h.decode->metricsPort();
+  const auto start = std::chrono::steady_clock::now();
+  generatePull(h, 42);
+  auto chunk = h.finalChunk(42, 10s);
+  REQUIRE(chunk.has_value());
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(chunk->finish_reason() == proto::FINISH_LENGTH);
+  CHECK(waited >= 380ms);
+  CHECK(waited < 5s);  // the pull deadline, not kv_transfer.timeout_ms (20 s)
+  CHECK(chunk->timings().pull_ms() >= 380);
+  CHECK(metric(port, "pdserve_kv_pulls_total", "outcome=\"fell_back\"") == 1);
+  // The source is told to stop.
+  REQUIRE(h.prefill.waitFor([&] { return h.prefill.count(proto::Envelope::kCancel) == 1; }, 5s));
+}
+
+TEST_CASE("peer pull: PullDone attaches the pulled blocks as a cached prefix and computes the rest") {
+  Harness h(20000, "[tcp]", kPullKv);
+  FakeSource src;
+  src.answer = [](const net::ConnectionPtr& c, const proto::PullRequest& pr) {
+    // (The fake writes nothing: the blocks hold whatever they held; this checks the lifecycle.)
+    proto::Envelope done;
+    done.set_request_id(pr.request_id());
+    done.mutable_pull_done()->set_request_id(pr.request_id());
+    done.mutable_pull_done()->set_tokens(uint32_t(pr.prompt_token_ids_size()));
+    done.mutable_pull_done()->set_bytes_transferred(12345);
+    done.mutable_pull_done()->set_transport("tcp");
+    (void)c->send(std::move(done));
+  };
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
+  const int port = h.decode->metricsPort();
+  generatePull(h, 43);
+  auto chunk = h.finalChunk(43, 10s);
+  REQUIRE(chunk.has_value());
+  CHECK(chunk->finish_reason() == proto::FINISH_LENGTH);
+  CHECK(chunk->usage().cached_tokens() == kPullTokens);
+  CHECK(chunk->timings().pull_tokens() == kPullTokens);
+  CHECK(chunk->timings().pull_transport() == "tcp");
+  CHECK(metric(port, "pdserve_kv_pulls_total", "outcome=\"done\"") == 1);
+  CHECK(metric(port, "pdserve_kv_pull_bytes_total") == 12345);
+  CHECK(metric(port, "pdserve_kv_blocks_quarantined") == 0);
+}
+
+TEST_CASE("peer pull: a Generate naming a pull is refused by name when pulls are off here") {
+  Harness h(20000, "[tcp]");
+  FakeSource src;
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
+  generatePull(h, 44);
+  auto chunk = h.finalChunk(44, 10s);
+  REQUIRE(chunk.has_value());
+  CHECK(chunk->finish_reason() == proto::FINISH_ERROR);
+  CHECK_THAT(chunk->error().message(), Catch::Contains("kv_transfer.peer_pulls"));
 }
