@@ -318,8 +318,9 @@ class DecodeRole final : public worker::RolePolicy {
       timings->set_prefill_ms(1e3 * t.prefillSeconds.value_or(0));
     }
     if (s.pull) {
-      // The engine's queue time began at arrival and so holds the pull: it is its own phase.
-      timings->set_queue_ms(std::max(0.0, timings->queue_ms() - s.pullMs));
+      // The engine counts the request out of its queue from the reservation, so its prefill
+      // time holds the pull: that is its own phase.
+      timings->set_prefill_ms(std::max(0.0, timings->prefill_ms() - s.pullMs));
       fillPull(s, timings);
     }
   }

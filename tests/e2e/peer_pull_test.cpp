@@ -104,7 +104,7 @@ struct Setup {
 // then holds it.
 Setup prefix(LocalCluster& c, uint64_t seed, int pulled = 256, bool reference = true) {
   Setup s;
-  s.w = pd::test::randomPrompt(pulled + 64, seed);
+  s.w = pd::test::randomPrompt(pulled + 48, seed);
   const Completion w = complete(c, s.w, 2);
   REQUIRE(header(w.headers, "x-pdserve-route") == "disaggregated");
   s.source = header(w.headers, "x-pdserve-decode-worker");
