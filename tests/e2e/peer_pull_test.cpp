@@ -13,6 +13,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -263,6 +264,19 @@ TEST_CASE("e2e peer pull: a stopped or killed source costs at most the pull dead
 
 namespace {
 
+// The ceiling of moving `bytes` of KV between two buffers of this host: the best of 5 memcpys
+// (a pull moves them between two processes, over cma or loopback tcp).
+double memcpyMs(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  double best = 1e9;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return b[bytes / 2] == 1 ? best : -1;
+}
+
 double phaseMs(const std::string& serverTiming, const std::string& phase) {
   const std::string key = phase + ";dur=";
   for (size_t at = serverTiming.find(key); at != std::string::npos; at = serverTiming.find(key, at + 1)) {
@@ -282,8 +296,10 @@ double phaseMs(const std::string& serverTiming, const std::string& phase) {
 TEST_CASE("bench peer pull: pulled vs recomputed prefix, by length and lane", "[.bench]") {
   for (const std::string transport : {"cma", "tcp"}) {
     auto c = pd::test::startLocalCluster(kWork, "peer_pull_bench_" + transport, yaml(transport, 1200));
-    std::printf("\n%s: N | pulled: ttft ms, kv_pull ms, rest computed ms | recomputed: ttft ms, prefill_compute ms\n",
-                transport.c_str());
+    std::printf(
+        "\n%s: N | pulled: ttft ms, kv_pull ms, rest computed ms | recomputed: ttft ms, prefill_compute ms | "
+        "ceiling: memcpy of the pulled KV ms\n",
+        transport.c_str());
     uint64_t seed = 5000;
     for (int n : {256, 512, 1024, 2048, 3072, 4032}) {
       const Setup s = prefix(*c, seed++, n, /*reference=*/false);
@@ -293,9 +309,10 @@ TEST_CASE("bench peer pull: pulled vs recomputed prefix, by length and lane", "[
       const bool pulled = q.cachedTokens == n && header(q.headers, "x-pdserve-decode-worker") == s.target;
       const Completion fresh = complete(*c, pd::test::randomPrompt(n + 30, seed++ + 90000), 1);
       const std::string freshTiming = header(fresh.headers, "server-timing");
-      std::printf("%s: %5d | %8.1f %8.1f %8.1f%s | %8.1f %8.1f\n", transport.c_str(), n, phaseMs(pulledTiming, "ttft"),
-                  phaseMs(pulledTiming, "kv_pull"), phaseMs(pulledTiming, "prefill_compute"),
-                  pulled ? "" : " (not pulled)", phaseMs(freshTiming, "ttft"), phaseMs(freshTiming, "prefill_compute"));
+      std::printf("%s: %5d | %8.1f %8.1f %8.1f%s | %8.1f %8.1f | %6.2f\n", transport.c_str(), n,
+                  phaseMs(pulledTiming, "ttft"), phaseMs(pulledTiming, "kv_pull"),
+                  phaseMs(pulledTiming, "prefill_compute"), pulled ? "" : " (not pulled)", phaseMs(freshTiming, "ttft"),
+                  phaseMs(freshTiming, "prefill_compute"), memcpyMs(size_t(n) * 16 * 1024));
       std::fflush(stdout);
     }
     c->stop();
