@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -525,4 +526,109 @@ TEST_CASE("peer pull: a Generate naming a pull is refused by name when pulls are
   REQUIRE(chunk.has_value());
   CHECK(chunk->finish_reason() == proto::FINISH_ERROR);
   CHECK_THAT(chunk->error().message(), Catch::Contains("kv_transfer.peer_pulls"));
+}
+
+// The source side (decode_worker/pull_sources.h): a fake target dials the decode worker's pull
+// port, with a real agent over tcp and a buffer as its KV region. A prefix the decode worker
+// computed is pushed into the target's blocks and PullDone says how many tokens; a prefix it
+// does not hold is refused (not found); nothing stays pinned afterwards.
+TEST_CASE("pull source: pushes the blocks it holds, refuses what it does not hold, unpins after") {
+  Harness h(20000, "[tcp]", kPullKv);
+  const std::string address = h.router.conn->peerHello().address();
+  REQUIRE(!address.empty());  // the pull port, in the hello
+  // The decode worker computes a 40-token prompt colocated: its first 2 blocks get names.
+  const auto prompt = engine::test::testPrompt(40, 51);
+  {
+    proto::Envelope env;
+    env.set_request_id(51);
+    auto* g = env.mutable_generate();
+    g->set_request_id(51);
+    for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
+    g->mutable_sampling()->set_max_tokens(2);
+    REQUIRE(h.router.conn->send(std::move(env)).isOk());
+  }
+  REQUIRE(h.finalChunk(51, 10s).has_value());
+  uint64_t bytesPerToken = 0;
+  REQUIRE(h.router.waitFor(
+      [&] {
+        for (const auto& e : h.router.got)
+          if (e.body_case() == proto::Envelope::kLoadReport) bytesPerToken = e.load_report().kv_bytes_per_token();
+        return bytesPerToken > 0;
+      },
+      5s));
+  // The fake target: 4 blocks of KV in one host buffer, a real agent.
+  prometheus::Registry registry;
+  std::vector<uint8_t> kvBuf(4 * 16 * bytesPerToken, 0);
+  kvt::AgentOptions o;
+  o.name = "target-fake";
+  o.preference = {"tcp"};
+  auto agent = kvt::TransferAgent::create(o, registry);
+  REQUIRE(agent.ok());
+  const MemDesc region{reinterpret_cast<uintptr_t>(kvBuf.data()), kvBuf.size()};
+  REQUIRE((*agent)->registerMemory(region).ok());
+  Mailbox tgt;
+  net::ConnectionOptions co;
+  co.hello.set_role(proto::ROLE_DECODE);
+  co.hello.set_worker_id("target-fake");
+  co.hello.set_model_fingerprint(h.router.conn->peerHello().model_fingerprint());
+  const size_t colon = address.rfind(':');
+  auto conn = net::FramedClient::connect(h.io, address.substr(0, colon), std::atoi(address.c_str() + colon + 1), co,
+                                         tgt.callbacks(), 5s);
+  REQUIRE(conn.ok());
+  proto::Envelope offer;
+  offer.set_request_id(0);
+  offer.mutable_kv_connect()->set_metadata((*agent)->localMetadata().value());
+  offer.mutable_kv_connect()->set_num_blocks(4);
+  offer.mutable_kv_connect()->add_regions()->set_base(region.addr);
+  REQUIRE((*conn)->send(std::move(offer)).isOk());
+  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kKvConnect) == 1; }, 5s));
+  kvt::AgentPeer peer = 0;
+  {
+    std::lock_guard<std::mutex> lock(tgt.mu);
+    auto p = (*agent)->loadPeer(tgt.got.back().kv_connect().metadata());
+    REQUIRE(p.ok());
+    peer = *p;
+  }
+  auto grant = (*agent)->grantWrite(peer, {region});
+  REQUIRE(grant.ok());
+  auto pull = [&](uint64_t id, const std::vector<int32_t>& tokens, std::vector<uint32_t> blocks) {
+    proto::Envelope env;
+    env.set_request_id(id);
+    auto* pr = env.mutable_pull_request();
+    pr->set_request_id(id);
+    for (int32_t t : tokens) pr->add_prompt_token_ids(uint32_t(t));
+    auto* layer = pr->mutable_kv_target()->add_layers();
+    for (uint32_t b : blocks) layer->add_block_ids(b);
+    pr->mutable_kv_target()->set_write_grant(*grant);
+    pr->set_deadline_ms(2000);
+    REQUIRE((*conn)->send(std::move(env)).isOk());
+  };
+  pull(1, std::vector<int32_t>(prompt.begin(), prompt.begin() + 32), {0, 1});
+  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kPullDone) + tgt.count(proto::Envelope::kError) == 1; },
+                      10s));
+  {
+    std::lock_guard<std::mutex> lock(tgt.mu);
+    const proto::Envelope& done = tgt.got.back();
+    INFO(done.DebugString());
+    REQUIRE(done.body_case() == proto::Envelope::kPullDone);
+    CHECK(done.pull_done().tokens() == 32);
+    CHECK(done.pull_done().bytes_transferred() == 32 * bytesPerToken);
+    CHECK(done.pull_done().transport() == "tcp");
+  }
+  // The computed KV landed in the target's blocks 0 and 1 (not all zero), block 2 untouched.
+  const size_t blockBytes = 16 * bytesPerToken;
+  CHECK(std::any_of(kvBuf.begin(), kvBuf.begin() + long(blockBytes), [](uint8_t b) { return b != 0; }));
+  // A prefix it never computed: refused, by name.
+  pull(2, engine::test::testPrompt(32, 77), {2, 3});
+  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kError) == 1; }, 10s));
+  {
+    std::lock_guard<std::mutex> lock(tgt.mu);
+    CHECK(tgt.got.back().error().code() == proto::ERROR_NOT_FOUND);
+    CHECK_THAT(tgt.got.back().error().message(), Catch::Contains("holds none of the 32 pulled tokens"));
+  }
+  // Nothing stays pinned: every block is free (cached) again.
+  const int port = h.decode->metricsPort();
+  CHECK(eventually(
+      [&] { return metric(port, "pdserve_kv_cache_free_blocks") == metric(port, "pdserve_kv_cache_num_blocks"); }, 5s));
+  (*conn)->close(Status::ok());
 }
