@@ -46,6 +46,17 @@ int64_t RemotePrefills::timeoutMs(const Remote& r) const {
 
 void RemotePrefills::start(proto::Generate gen, engine::Request request) {
   const uint64_t id = gen.request_id();
+  // A pull is worth it only now: with no blocks free for the prompt, it is computed here like
+  // any colocated prompt (the engine queues it for blocks) instead of waiting to pull.
+  if (gen.pull_tokens() > 0 &&
+      loop_.engine().kv().blocksFor(request.numPromptTokens()) > loop_.engine().kv().numFreeBlocks()) {
+    Remote skipped;
+    skipped.pullTokens = int(gen.pull_tokens());
+    countPull(skipped, "fell_back", 0, "");
+    if (callbacks_.onPulled) callbacks_.onPulled(id, 0, 0, "");
+    if (Status s = loop_.engine().submit(std::move(request)); !s.isOk()) callbacks_.onFailed(id, s);
+    return;
+  }
   Remote r;
   r.pullTokens = int(gen.pull_tokens());
   r.address = r.pullTokens > 0 ? gen.pull_source_address() : gen.prefill_worker_address();

@@ -35,7 +35,8 @@
 // cached prefix and computes only the rest. Any failure (an Error such as "not held any
 // more", the link down, kv_transfer.pull_timeout_ms from the reservation) recomputes the
 // whole prompt here, whatever on_remote_prefill_failure says: a pull is an optimisation, never
-// a reason to fail. Fencing and quarantine are a remote prefill's.
+// a reason to fail. Fencing and quarantine are a remote prefill's. A pull whose prompt finds no
+// free blocks at once is not attempted: the prompt queues in the engine like a colocated one.
 //
 // Threads: the loop thread only.
 #pragma once
