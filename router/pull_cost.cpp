@@ -31,7 +31,7 @@ PullDecision decidePull(const PullInputs& in) {
     d.why = "no measured bandwidth for lane '" + in.lane.transport + "'";
     return d;
   }
-  const double bytes = double(in.pullTokens) * double(in.kvBytesPerToken);
+  const double bytes = double(in.movedTokens > 0 ? in.movedTokens : in.pullTokens) * double(in.kvBytesPerToken);
   d.pullMs = in.lane.setupMs + 1e3 * bytes / in.lane.bytesPerS;
   d.recomputeMs = 1e3 * double(in.pullTokens) / in.targetPrefillTokensPerS;
   d.pull = d.pullMs < d.recomputeMs;
@@ -66,10 +66,11 @@ std::optional<PullChoice> choosePull(const std::string& target, const std::strin
     PullChoice choice;
     choice.source = c.id;
     choice.pullTokens = c.cachedTokens - std::max<int64_t>(0, targetCached);
+    choice.prefixTokens = c.cachedTokens;
     const std::optional<LaneCost> lane = pullLane(c, targetHost);
     if (lane) choice.lane = *lane;
-    choice.decision = decidePull(
-        PullInputs{choice.pullTokens, kvBytesPerToken, targetPrefillTokensPerS, lane.value_or(LaneCost{"none", 0, 0})});
+    choice.decision = decidePull(PullInputs{choice.pullTokens, choice.prefixTokens, kvBytesPerToken,
+                                            targetPrefillTokensPerS, lane.value_or(LaneCost{"none", 0, 0})});
     if (!lane) choice.decision.why = "source " + c.id + " reported no measured lane to this host";
     if (choice.pullTokens > mostHeld) {
       mostHeld = choice.pullTokens;

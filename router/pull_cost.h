@@ -5,11 +5,13 @@
 // of one token). There is no token threshold: a pull is chosen exactly when its predicted
 // time is below the predicted time to compute the same tokens on the target.
 //
-//   pull_ms      = lane.setupMs + pullTokens * kvBytesPerToken / lane.bytesPerS * 1e3
+//   pull_ms      = lane.setupMs + movedTokens * kvBytesPerToken / lane.bytesPerS * 1e3
 //   recompute_ms = pullTokens / targetPrefillTokensPerS * 1e3
 //
-// Only the tokens the pull would save are compared: the rest of the prompt is computed on the
-// target either way. A figure not known yet (0) means no prediction, hence no pull.
+// Only the tokens the pull would save are computed either way: the rest of the prompt is
+// computed on the target in both cases. A pull moves the prefix from its start (movedTokens),
+// which is more than it saves when the target already holds the prefix's first blocks. A figure not known yet (0) means
+// no prediction, hence no pull.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,7 @@ struct LaneCost {
 
 struct PullInputs {
   int64_t pullTokens = 0;       // prompt tokens the source holds beyond the target's own hit
+  int64_t movedTokens = 0;      // tokens whose KV moves (the prefix from its start); 0: pullTokens
   int64_t kvBytesPerToken = 0;  // the model's KV bytes per token (every layer, every rank)
   double targetPrefillTokensPerS = 0;
   LaneCost lane;
@@ -55,7 +58,8 @@ struct PullCandidate {
 
 struct PullChoice {
   std::string source;
-  int64_t pullTokens = 0;  // beyond the target's hit
+  int64_t pullTokens = 0;    // beyond the target's hit: what the pull saves computing
+  int64_t prefixTokens = 0;  // the prefix pulled, from the prompt's start (what moves)
   LaneCost lane;
   PullDecision decision;
 };

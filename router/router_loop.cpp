@@ -324,7 +324,7 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
         p = RoutingPolicy::colocatedOn(*source, p->reason);
       } else {
         p->pullSource = c.source;
-        p->pullTokens = c.pullTokens;
+        p->pullTokens = c.prefixTokens;
         p->pullWhy = c.decision.why;
         p->reason = "pull";
       }

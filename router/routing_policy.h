@@ -102,8 +102,8 @@ struct RoutePlan {
   // "short_prompt", "cached_prefix", "long_prompt", "no_prefill_worker", "protect_itl",
   // "prefill_overflow", "pull" (colocated, its prefix pulled from pullSource)
   std::string reason;
-  // A peer pull of the prompt's first pullTokens tokens from worker pullSource (colocated
-  // only; router/pull_cost.h); empty: none.
+  // A peer pull of the prompt's first pullTokens tokens (from its start, the blocks the target
+  // holds included) from worker pullSource (colocated only; router/pull_cost.h); empty: none.
   std::string pullSource;
   int64_t pullTokens = 0;
   std::string pullWhy;       // the cost comparison, for the log

@@ -26,7 +26,7 @@ PullCandidate peer(std::string id, int64_t cached, std::vector<LaneCost> lanes, 
 
 TEST_CASE("pull cost: the comparison is set-up plus bytes over bandwidth against tokens over prefill rate") {
   // 2,000 tokens = 32 MiB; at 8 GB/s that is ~4.2 ms + 0.5 ms set-up, against 1 s at 2,000 tok/s.
-  PullDecision d = decidePull({2000, kBytesPerToken, 2000, cma(8)});
+  PullDecision d = decidePull({2000, 0, kBytesPerToken, 2000, cma(8)});
   CHECK(d.pull);
   CHECK(d.pullMs == Approx(0.5 + 1e3 * 2000.0 * kBytesPerToken / 8e9));
   CHECK(d.recomputeMs == Approx(1000));
@@ -34,22 +34,22 @@ TEST_CASE("pull cost: the comparison is set-up plus bytes over bandwidth against
   // tokens compute sooner than they move, and the same tokens pulled when it is slower.
   const double bytesMs = 1e3 * 2000.0 * kBytesPerToken / 8e9;
   const double breakEvenRate = 2000 / ((0.5 + bytesMs) / 1e3);
-  CHECK_FALSE(decidePull({2000, kBytesPerToken, breakEvenRate * 1.01, cma(8)}).pull);
-  CHECK(decidePull({2000, kBytesPerToken, breakEvenRate * 0.99, cma(8)}).pull);
+  CHECK_FALSE(decidePull({2000, 0, kBytesPerToken, breakEvenRate * 1.01, cma(8)}).pull);
+  CHECK(decidePull({2000, 0, kBytesPerToken, breakEvenRate * 0.99, cma(8)}).pull);
   // A large fixed cost beats a short prefix: one block of 16 tokens at 2,000 tok/s is 8 ms.
-  CHECK_FALSE(decidePull({16, kBytesPerToken, 2000, tcp(1, 10)}).pull);
-  CHECK(decidePull({16, kBytesPerToken, 2000, tcp(1, 5)}).pull);
+  CHECK_FALSE(decidePull({16, 0, kBytesPerToken, 2000, tcp(1, 10)}).pull);
+  CHECK(decidePull({16, 0, kBytesPerToken, 2000, tcp(1, 5)}).pull);
 }
 
 TEST_CASE("pull cost: a figure not known means no prediction and no pull") {
-  CHECK_FALSE(decidePull({0, kBytesPerToken, 2000, cma(8)}).pull);
-  PullDecision noRate = decidePull({2000, kBytesPerToken, 0, cma(8)});
+  CHECK_FALSE(decidePull({0, 0, kBytesPerToken, 2000, cma(8)}).pull);
+  PullDecision noRate = decidePull({2000, 0, kBytesPerToken, 0, cma(8)});
   CHECK_FALSE(noRate.pull);
   CHECK(noRate.why.find("prefill rate") != std::string::npos);
-  PullDecision noLane = decidePull({2000, kBytesPerToken, 2000, LaneCost{"tcp", 0, 1}});
+  PullDecision noLane = decidePull({2000, 0, kBytesPerToken, 2000, LaneCost{"tcp", 0, 1}});
   CHECK_FALSE(noLane.pull);
   CHECK(noLane.why.find("bandwidth") != std::string::npos);
-  CHECK_FALSE(decidePull({2000, 0, 2000, cma(8)}).pull);
+  CHECK_FALSE(decidePull({2000, 0, 0, 2000, cma(8)}).pull);
 }
 
 TEST_CASE("pull lane: cma only between processes of one host, else the fastest measured lane") {
@@ -74,12 +74,19 @@ TEST_CASE("pull choice: the source saving the most, never the target, a sick or 
   CHECK(c->source == "decode-2");  // 1,600 tokens over tcp still saves more than 1,024 over cma
   CHECK(c->pullTokens == 1600);
   CHECK(c->lane.transport == "tcp");
-  // The target already holds 1,500: decode-2 adds only 100 tokens (50 ms to compute, ~8 ms
-  // to pull over this tcp); decode-1 adds nothing.
+  // The target already holds 1,500: decode-2 adds only 100 tokens (50 ms to compute), but a
+  // pull moves the prefix from its start, all 1,600 tokens (~54 ms over this tcp): no pull.
+  // Over a faster lane it pays, and the choice says what moves.
+  CHECK_FALSE(choosePull("decode-0", "127.0.0.1", 1500, 2000, kBytesPerToken, peers, &why));
+  CHECK(why.find("decode-2: 100 tokens over tcp: pull 54.4 ms >= recompute 50.0 ms") != std::string::npos);
+  peers[2].lanes = {tcp(2)};
   c = choosePull("decode-0", "127.0.0.1", 1500, 2000, kBytesPerToken, peers, &why);
   REQUIRE(c);
   CHECK(c->source == "decode-2");
   CHECK(c->pullTokens == 100);
+  CHECK(c->prefixTokens == 1600);
+  CHECK(c->decision.pullMs == Approx(2 + 1e3 * 1600.0 * kBytesPerToken / 2e9));
+  CHECK(c->decision.recomputeMs == Approx(50));
   // Unhealthy, not serving pulls, index not current (-1): never a source.
   peers[2].healthy = false;
   peers[1].servesPulls = false;
