@@ -3,6 +3,8 @@
 #include <unordered_map>
 
 #include "common/base/log.h"
+#include "common/net/framed.h"
+#include "decode_worker/pull_sources.h"
 #include "decode_worker/remote_prefills.h"
 #include "worker/worker_loop.h"
 
@@ -44,7 +46,30 @@ class DecodeRole final : public worker::RolePolicy {
                                             }
                                             publish(events);
                                           },
-                                          [this](uint64_t id, const Status& why) { sendErrorAndForget(id, why); }}) {}
+                                          [this](uint64_t id, const Status& why) { sendErrorAndForget(id, why); },
+                                          [this](uint64_t id, int tokens, double ms, const std::string& transport) {
+                                            if (auto it = streams_.find(id); it != streams_.end()) {
+                                              it->second.pulledTokens = tokens;
+                                              it->second.pullMs = ms;
+                                              it->second.pullTransport = transport;
+                                            }
+                                          }}),
+        sources_(loop) {}
+
+  // I/O threads post a peer's frame on the pull port here (docs/kv_cache.md, "Peer pulls").
+  void onPeerMessage(const net::ConnectionPtr& c, proto::Envelope&& env) {
+    switch (env.body_case()) {
+      case proto::Envelope::kKvConnect:
+        return sources_.connect(c, env.kv_connect());
+      case proto::Envelope::kPullRequest:
+        return sources_.accept(c, env.pull_request());
+      case proto::Envelope::kCancel:
+        return sources_.cancel(c, env.cancel().request_id());
+      default:
+        PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from peer " << c->remoteAddress();
+    }
+  }
+  void onPeerClosed(const net::ConnectionPtr& c, const Status& why) { sources_.dropConnection(c, why); }
 
   void onRouterMessage(worker::RouterId from, proto::Envelope&& env) override {
     switch (env.body_case()) {
@@ -76,14 +101,20 @@ class DecodeRole final : public worker::RolePolicy {
     remote_.admitWaiting();
     remote_.pollQuarantine();
     remote_.exportStates();
+    sources_.settle();
   }
   std::chrono::microseconds pollInterval() const override {
+    if (sources_.hasTransfers()) return std::chrono::microseconds(0);
     return remote_.anyInFlight() ? std::chrono::milliseconds(1) : std::chrono::milliseconds(20);
   }
-  void addLoad(worker::LoadSnapshot& load) const override { load.heldWaiting = remote_.waitingForBlocks(); }
+  void addLoad(worker::LoadSnapshot& load) const override {
+    load.heldWaiting = remote_.waitingForBlocks();
+    load.servesPulls = loop_.config().kvTransfer.peerPulls;
+  }
   bool idle() const override { return streams_.empty(); }
 
   void shutdown(const Status& why) override {
+    sources_.shutdown(why);
     remote_.shutdown(why);
     std::vector<uint64_t> ids;
     for (auto& [id, s] : streams_) ids.push_back(id);
@@ -107,6 +138,10 @@ class DecodeRole final : public worker::RolePolicy {
     int completionTokens = 0;
     bool wantLogprobs = false;
     uint32_t cachedPromptTokens = 0;  // the prefix hit where the prompt was prefilled
+    bool pull = false;                // the router named a peer pull for its prefix
+    int pulledTokens = 0;             // of the prompt, pulled (0: none, or it fell back)
+    double pullMs = 0;                // blocks reserved -> PullDone (or the failure)
+    std::string pullTransport;
   };
 
   void onGenerate(worker::RouterId from, proto::Generate gen) {
@@ -146,11 +181,37 @@ class DecodeRole final : public worker::RolePolicy {
     s.inboxS = inboxS;
     s.wantLogprobs = gen.sampling().return_logprobs() || gen.sampling().logprobs() > 0;
     s.remote = !gen.prefill_worker_address().empty();
+    s.pull = gen.pull_tokens() > 0;
+    if (s.pull) {
+      if (Status ok = checkPull(gen); !ok.isOk()) return sendError(from, id, ok);
+    }
     loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
     s.gen = gen;
     streams_.emplace(id, std::move(s));
-    if (streams_.at(id).remote) return remote_.start(std::move(gen), std::move(request).value());
+    if (streams_.at(id).remote || streams_.at(id).pull)
+      return remote_.start(std::move(gen), std::move(request).value());
     if (Status st = engine_.submit(std::move(request).value()); !st.isOk()) sendErrorAndForget(id, st);
+  }
+
+  // A Generate naming a peer pull: colocated (a pull and a remote prefill exclude each other),
+  // whole blocks short of the prompt's last token, a source address, and pulls on here.
+  Status checkPull(const proto::Generate& gen) const {
+    const int bs = engine_.kv().blockSize();
+    const uint32_t n = gen.pull_tokens();
+    if (!loop_.config().kvTransfer.peerPulls) {
+      return failedPrecondition("Generate.pull_tokens: peer pulls are off on decode worker " + loop_.flags().workerId +
+                                " (kv_transfer.peer_pulls)");
+    }
+    if (!gen.prefill_worker_address().empty()) {
+      return invalidArgument("Generate: pull_tokens with a prefill worker; a pull is for a colocated prompt");
+    }
+    if (gen.pull_source_address().empty()) return invalidArgument("Generate.pull_tokens without pull_source_address");
+    if (n % uint32_t(bs) != 0 || int64_t(n) >= gen.prompt_token_ids_size()) {
+      return invalidArgument("Generate.pull_tokens: " + std::to_string(n) + " is not a multiple of the block size " +
+                             std::to_string(bs) + " below the prompt's " + std::to_string(gen.prompt_token_ids_size()) +
+                             " tokens");
+    }
+    return Status::ok();
   }
 
   // Turns a step's events into one TokenChunk per request and sends them.
@@ -230,6 +291,7 @@ class DecodeRole final : public worker::RolePolicy {
     timings->set_route(s.remote ? proto::ROUTE_DISAGGREGATED : proto::ROUTE_COLOCATED);
     timings->set_recomputed(recomputedHere(s));
     if (s.firstToken) timings->set_first_token_ms(1e3 * secondsBetween(s.received, *s.firstToken));
+    fillPull(s, timings);
   }
 
   // The decode worker's part of the TTFT split, on the chunk with the first token (proto
@@ -255,6 +317,19 @@ class DecodeRole final : public worker::RolePolicy {
       // prefill (for a recompute it includes the failed attempt).
       timings->set_prefill_ms(1e3 * t.prefillSeconds.value_or(0));
     }
+    if (s.pull) {
+      // The engine counts the request out of its queue from the reservation, so its prefill
+      // time holds the pull: that is its own phase.
+      timings->set_prefill_ms(std::max(0.0, timings->prefill_ms() - s.pullMs));
+      fillPull(s, timings);
+    }
+  }
+
+  static void fillPull(const Stream& s, proto::Timings* timings) {
+    if (!s.pull) return;
+    timings->set_pull_ms(s.pullMs);
+    timings->set_pull_tokens(uint32_t(s.pulledTokens));
+    timings->set_pull_transport(s.pullTransport);
   }
 
   void sendError(worker::RouterId router, uint64_t id, const Status& error) {
@@ -287,6 +362,7 @@ class DecodeRole final : public worker::RolePolicy {
   worker::WorkerLoop& loop_;
   engine::Engine& engine_;
   RemotePrefills remote_;
+  PullSources sources_;
   std::unordered_map<uint64_t, Stream> streams_;
 };
 
@@ -299,14 +375,41 @@ class DecodeServiceImpl final : public DecodeService {
   Status start() override {
     PD_RETURN_IF_ERROR(loop_.prepare());
     const auto& bundle = loop_.bundle();
-    loop_.run(role_, worker::workerHello(proto::ROLE_DECODE, loop_.flags(), bundle));
+    proto::Hello hello = worker::workerHello(proto::ROLE_DECODE, loop_.flags(), bundle);
+    if (loop_.config().kvTransfer.peerPulls) {
+      // The pull port: peers dial it as decode workers dial a prefill worker, with the same
+      // authentication, model check and lease (docs/kv_cache.md, "Peer pulls").
+      const auto& flags = loop_.flags();
+      net::ConnectionOptions opts = loop_.leasedControlOptions("pull_control");
+      opts.hello = hello;
+      net::ConnectionCallbacks cb;
+      cb.onOpen = [fingerprint = bundle.fingerprint](const net::ConnectionPtr& c) {
+        if (c->peerHello().model_fingerprint() != fingerprint) {
+          c->close(failedPrecondition("peer serves '" + c->peerHello().model_fingerprint() + "', this decode worker '" +
+                                      fingerprint + "'"));
+        }
+      };
+      cb.onMessage = [this](const net::ConnectionPtr& c, proto::Envelope&& env) {
+        auto shared = std::make_shared<proto::Envelope>(std::move(env));
+        loop_.post([this, c, shared] { role_.onPeerMessage(c, std::move(*shared)); });
+      };
+      cb.onClose = [this](const net::ConnectionPtr& c, const Status& why) {
+        loop_.post([this, c, why] { role_.onPeerClosed(c, why); });
+      };
+      PD_ASSIGN_OR_RETURN(server_, net::FramedServer::listen(loop_.io(), loop_.bindHost(), flags.port, opts, cb));
+      hello.set_address(flags.advertiseHost + ":" + std::to_string(server_->port()));
+    }
+    loop_.run(role_, std::move(hello));
     PD_LOG(kInfo, kTag) << loop_.flags().workerId << ": model " << bundle.modelName << ", "
                         << loop_.engine().kv().numTotalBlocks() << " KV blocks, transports "
                         << loop_.agent().transportNames().size() << ", metrics on port " << loop_.metricsPort();
     return Status::ok();
   }
   void drain(std::chrono::milliseconds timeout) override { loop_.drain(timeout); }
-  void stop() override { loop_.stop(); }
+  void stop() override {
+    if (server_) server_->stop();
+    loop_.stop();
+  }
   int metricsPort() const override { return loop_.metricsPort(); }
   std::shared_ptr<const engine::ModelWeights> weights() const override { return loop_.bundle().model; }
   metrics::Registry& registry() override { return loop_.registry(); }
@@ -316,6 +419,7 @@ class DecodeServiceImpl final : public DecodeService {
  private:
   worker::WorkerLoop loop_;
   DecodeRole role_;
+  std::unique_ptr<net::FramedServer> server_;  // the pull port (kv_transfer.peer_pulls)
 };
 
 }  // namespace

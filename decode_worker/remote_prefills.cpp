@@ -27,8 +27,7 @@ worker::WorkerLoop::TimerId RemotePrefills::deadline(uint64_t id, std::function<
   requests_.at(id).leaseFrom = steadyNow();
   auto expiry = [this, id] {
     auto it = requests_.find(id);
-    return it == requests_.end() ? SteadyTime{}
-                                 : it->second.leaseFrom + milliseconds(loop_.config().kvTransfer.timeoutMs);
+    return it == requests_.end() ? SteadyTime{} : it->second.leaseFrom + milliseconds(timeoutMs(it->second));
   };
   return loop_.lease(expiry, [this, id, why] {
     auto it = requests_.find(id);
@@ -38,10 +37,29 @@ worker::WorkerLoop::TimerId RemotePrefills::deadline(uint64_t id, std::function<
   });
 }
 
+// A pull waits for blocks as long as a remote prefill (timeout_ms); once they are reserved,
+// the pull deadline runs.
+int64_t RemotePrefills::timeoutMs(const Remote& r) const {
+  const auto& c = loop_.config().kvTransfer;
+  return r.pullTokens > 0 && r.state != State::kWaitingBlocks ? c.pullTimeoutMs : c.timeoutMs;
+}
+
 void RemotePrefills::start(proto::Generate gen, engine::Request request) {
   const uint64_t id = gen.request_id();
+  // A pull is worth it only now: with no blocks free for the prompt, it is computed here like
+  // any colocated prompt (the engine queues it for blocks) instead of waiting to pull.
+  if (gen.pull_tokens() > 0 &&
+      loop_.engine().kv().blocksFor(request.numPromptTokens()) > loop_.engine().kv().numFreeBlocks()) {
+    Remote skipped;
+    skipped.pullTokens = int(gen.pull_tokens());
+    countPull(skipped, "fell_back", 0, "");
+    if (callbacks_.onPulled) callbacks_.onPulled(id, 0, 0, "");
+    if (Status s = loop_.engine().submit(std::move(request)); !s.isOk()) callbacks_.onFailed(id, s);
+    return;
+  }
   Remote r;
-  r.address = gen.prefill_worker_address();
+  r.pullTokens = int(gen.pull_tokens());
+  r.address = r.pullTokens > 0 ? gen.pull_source_address() : gen.prefill_worker_address();
   r.gen = std::move(gen);
   const int tokens = request.numPromptTokens();
   requests_.emplace(id, std::move(r));
@@ -77,6 +95,14 @@ void RemotePrefills::reserved(uint64_t id, std::vector<engine::BlockId> blocks) 
   r.blocks = std::move(blocks);
   loop_.cancelTimer(r.deadlineTimer);
   const std::string address = r.address;
+  if (r.pullTokens > 0) {
+    r.deadlineTimer = deadline(id, [this, address] {
+      return deadlineExceeded("peer pull from " + address + " not done within " +
+                              std::to_string(loop_.config().kvTransfer.pullTimeoutMs) + " ms");
+    });
+    if (links_.ready(address)) return sendPrefillRequest(id);
+    return links_.dial(address);
+  }
   r.deadlineTimer = deadline(id, [this, address] {
     return deadlineExceeded((links_.handshaking(address) ? "prefill worker " + address + " did not answer KvConnect"
                                                          : std::string("no PrefillDone and no progress")) +
@@ -93,10 +119,14 @@ void RemotePrefills::sendPrefillRequest(uint64_t id) {
   const engine::KvCacheManager& kv = loop_.engine().kv();
   // The request's epoch: a grant for exactly its blocks, in every layer of every rank's
   // region, to this prefill worker alone. Revoked when the request leaves REQUESTED.
+  // A pull's writer fills only the pulled blocks: the grant covers those alone.
+  const size_t granted =
+      r.pullTokens > 0 ? std::min(r.blocks.size(), size_t(r.pullTokens / kv.blockSize())) : r.blocks.size();
+  const std::span<const engine::BlockId> grantedBlocks(r.blocks.data(), granted);
   DescList ranges;
   for (const MemDesc& region : loop_.bundle().kvRegions) {
     const kvt::BlockPool pool = worker::kvBlockPool(kv.layout(), region);
-    auto segs = kvt::blockSegments(pool, r.blocks, pool, r.blocks, 0, kv.layout().numLayers);
+    auto segs = kvt::blockSegments(pool, grantedBlocks, pool, grantedBlocks, 0, kv.layout().numLayers);
     if (!segs.ok()) return failed(id, segs.status().withContext("KV write grant"));
     ranges.insert(ranges.end(), segs->remote.begin(), segs->remote.end());
   }
@@ -105,10 +135,22 @@ void RemotePrefills::sendPrefillRequest(uint64_t id) {
   if (!grant.ok()) return failed(id, grant.status());
   r.grant = std::move(grant).value();
   worker::KvTargetBlocks target;
-  target.blockIds.assign(r.blocks.begin(), r.blocks.end());
+  target.blockIds.assign(grantedBlocks.begin(), grantedBlocks.end());
   target.writeGrant = r.grant;
   proto::Envelope env;
   env.set_request_id(id);
+  if (r.pullTokens > 0) {
+    auto* pr = env.mutable_pull_request();
+    pr->set_request_id(id);
+    pr->mutable_prompt_token_ids()->Add(r.gen.prompt_token_ids().begin(),
+                                        r.gen.prompt_token_ids().begin() + r.pullTokens);
+    *pr->mutable_kv_target() = worker::toProto(target);
+    pr->set_deadline_ms(uint64_t(loop_.config().kvTransfer.pullTimeoutMs));
+    r.state = State::kRequested;
+    r.requestedAt = steadyNow();
+    if (Status s = links_.send(r.address, std::move(env)); !s.isOk()) failed(id, s);
+    return;
+  }
   auto* pr = env.mutable_prefill_request();
   pr->set_request_id(id);
   *pr->mutable_prompt_token_ids() = r.gen.prompt_token_ids();
@@ -140,7 +182,13 @@ void RemotePrefills::onLinkMessage(const std::string& address, proto::Envelope&&
   if (it == requests_.end() || it->second.state != State::kRequested || it->second.address != address) {
     return;
   }
-  if (env.body_case() == proto::Envelope::kError) return failed(id, net::fromProtoError(env.error()));
+  if (env.body_case() == proto::Envelope::kError) {
+    return failed(id, net::fromProtoError(env.error()), it->second.pullTokens > 0 ? "refused" : "fell_back");
+  }
+  if (it->second.pullTokens > 0) {
+    if (env.body_case() == proto::Envelope::kPullDone) return onPullDone(id, env.pull_done());
+    return;
+  }
   if (env.body_case() == proto::Envelope::kPrefillDone) return onPrefillDone(id, env.prefill_done());
   if (env.body_case() == proto::Envelope::kPrefillProgress) it->second.leaseFrom = steadyNow();  // still computing
 }
@@ -174,6 +222,48 @@ void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) 
   forget(id);
   loop_.metrics().remotePrefill("ok");
   callbacks_.onKvReady(id, split, arrived, events);
+}
+
+// The pulled blocks hold the prompt's first tokens: named, they are a cached prefix; the
+// request then queues here (its reserved blocks freed, the named ones staying cached) and
+// the scheduler attaches them, computing only the rest.
+void RemotePrefills::onPullDone(uint64_t id, const proto::PullDone& done) {
+  Remote& r = requests_.at(id);
+  r.writerDone = true;       // PullDone comes only after every write was confirmed here
+  (void)fenceWrites(id, r);  // replays of the grant are refused from now on
+  engine::Engine& engine = loop_.engine();
+  const int bs = engine.kv().blockSize();
+  const int tokens = std::min<int>(int(done.tokens()), r.pullTokens) / bs * bs;
+  const std::vector<int32_t> prompt(r.gen.prompt_token_ids().begin(), r.gen.prompt_token_ids().end());
+  Status named = tokens > 0 ? engine.kv().cacheComputedBlocks(id, prompt, tokens) : Status::ok();
+  if (!named.isOk()) return failed(id, named.withContext("naming pulled blocks"));
+  const double ms = 1e3 * secondsBetween(r.reservedAt, steadyNow());
+  countPull(r, "done", done.bytes_transferred(), done.transport());
+  const std::string address = r.address;
+  forget(id);
+  if (callbacks_.onPulled) callbacks_.onPulled(id, tokens, ms, done.transport());
+  if (Status q = engine.recomputeRemote(id); !q.isOk()) {
+    engine.cancel(id);
+    return callbacks_.onFailed(id, q);
+  }
+  PD_LOG(kDebug, kTag) << "request " << id << ": pulled " << tokens << " tokens from " << address << " in " << ms
+                       << " ms";
+}
+
+void RemotePrefills::countPull(const Remote& r, const std::string& outcome, uint64_t bytes,
+                               const std::string& transport) {
+  metrics::Registry& reg = loop_.registry();
+  const std::string lane = transport.empty() ? "none" : transport;
+  reg.counter("pdserve_kv_pulls_total",
+              "Peer pulls by outcome (done, fell_back, refused) and lane (docs/kv_cache.md, \"Peer pulls\").",
+              {{"outcome", outcome}, {"transport", lane}})
+      .inc();
+  if (outcome != "done") return;
+  reg.counter("pdserve_kv_pull_bytes_total", "KV bytes received by peer pulls, by lane.", {{"transport", lane}})
+      .inc(double(bytes));
+  reg.histogram("pdserve_kv_pull_seconds", "Peer pulls that were done: blocks reserved -> PullDone, by lane.",
+                {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}, {{"transport", lane}})
+      .observe(secondsBetween(r.reservedAt, steadyNow()));
 }
 
 void RemotePrefills::sendCancel(const Remote& r, const std::string& reason) {
@@ -218,10 +308,25 @@ void RemotePrefills::end(uint64_t id, const std::string& how, const std::string&
   forget(id);
 }
 
-void RemotePrefills::failed(uint64_t id, const Status& why) {
+void RemotePrefills::failed(uint64_t id, const Status& why, const std::string& pullOutcome) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   const bool hasBlocks = it->second.state != State::kWaitingBlocks;
+  if (it->second.pullTokens > 0 && hasBlocks) {
+    // A pull is an optimisation: whatever went wrong, the prompt is computed here.
+    countPull(it->second, pullOutcome, 0, "");
+    const std::string address = it->second.address;
+    const double ms = 1e3 * secondsBetween(it->second.reservedAt, steadyNow());
+    end(id, "pull failed", why.message());
+    if (callbacks_.onPulled) callbacks_.onPulled(id, 0, ms, "");
+    if (Status s = loop_.engine().recomputeRemote(id); !s.isOk()) {
+      loop_.engine().cancel(id);
+      return callbacks_.onFailed(id, s);
+    }
+    PD_LOG(kWarn, kTag) << "request " << id << ": peer pull from " << address << " " << pullOutcome << " ("
+                        << why.message() << "); computing the prompt here";
+    return;
+  }
   // unavailable: the prefill worker is gone or going (draining, shutting down, its connection
   // closed) and will never serve this request, so recomputing here is its retry elsewhere; the
   // ITL stall rule is for a prefill worker that is merely behind (docs/architecture.md, "Drain").

@@ -26,6 +26,18 @@
 // "Remote prefill deadlines"). A prefill worker that is slow, stopped or unreachable delays
 // only the requests sent to it: nothing here waits on it.
 //
+// Peer pulls (docs/kv_cache.md, "Peer pulls") are the same lifecycle with a peer decode worker
+// as the writer: a Generate naming pull_source_address starts one. Its blocks are reserved
+// like a remote prefill's, the link (PrefillLinks: the same dial, authentication, KvConnect
+// and lease) goes to the source, and the PullRequest carries the grant for the pulled blocks
+// alone. PullDone -> the pulled blocks are named (they hold the prompt's first tokens) and the
+// request is queued here (Engine::recomputeRemote), where the scheduler attaches them as a
+// cached prefix and computes only the rest. Any failure (an Error such as "not held any
+// more", the link down, kv_transfer.pull_timeout_ms from the reservation) recomputes the
+// whole prompt here, whatever on_remote_prefill_failure says: a pull is an optimisation, never
+// a reason to fail. Fencing and quarantine are a remote prefill's. A pull whose prompt finds no
+// free blocks at once is not attempted: the prompt queues in the engine like a colocated one.
+//
 // Threads: the loop thread only.
 #pragma once
 
@@ -55,6 +67,9 @@ class RemotePrefills {
         onKvReady;
     // FAILED without recompute: the request is gone from the engine; tell the client.
     std::function<void(uint64_t id, const Status& why)> onFailed;
+    // A peer pull ended: `tokens` of the prompt were pulled (0: it fell back to computing
+    // them) in `ms` (blocks reserved -> PullDone) over `transport`.
+    std::function<void(uint64_t id, int tokens, double ms, const std::string& transport)> onPulled;
   };
   RemotePrefills(worker::WorkerLoop& loop, Callbacks callbacks);
 
@@ -90,6 +105,7 @@ class RemotePrefills {
     bool writerDone = false;    // PrefillDone: every write confirmed, nothing can land later
     SteadyTime reservedAt;      // when its blocks were reserved (CONNECTING)
     SteadyTime requestedAt;     // when the PrefillRequest went (REQUESTED)
+    int pullTokens = 0;         // > 0: a peer pull of the prompt's first pullTokens tokens
   };
   struct Waiting {
     uint64_t id;
@@ -103,7 +119,13 @@ class RemotePrefills {
   void onLinkMessage(const std::string& address, proto::Envelope&& env);
   void onLinkDown(const std::string& address, const Status& why);
   void onPrefillDone(uint64_t id, const proto::PrefillDone& done);
-  void failed(uint64_t id, const Status& why);  // FAILED: recompute or fail
+  void onPullDone(uint64_t id, const proto::PullDone& done);
+  // A pull's end, counted: pdserve_kv_pulls_total{outcome,transport} and, when done, its
+  // bytes and latency.
+  void countPull(const Remote& r, const std::string& outcome, uint64_t bytes, const std::string& transport);
+  int64_t timeoutMs(const Remote& r) const;
+  // FAILED: recompute or fail. A pull always recomputes, counted under `pullOutcome`.
+  void failed(uint64_t id, const Status& why, const std::string& pullOutcome = "fell_back");
   // Why recomputing this request here would break the decode pool's ITL SLO for the streams
   // running on this worker, when its prefill worker is alive but behind (it answered since it
   // got the request). Under overload a remote prefill times out, and piling its prefill onto

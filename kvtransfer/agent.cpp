@@ -453,7 +453,9 @@ Status TransferAgent::poll(AgentTransfer id) {
   Status st = transports_[e.lane.transport].transport->poll(e.inner);
   if (st.inProgress()) return st;
   if (st.isOk()) {
-    metrics_.onSuccess(transport, e.bytes, secondsBetween(e.start, steadyNow()));
+    const double seconds = secondsBetween(e.start, steadyNow());
+    metrics_.onSuccess(transport, e.bytes, seconds);
+    laneRates_.record(transport, e.bytes, seconds);
     entries_.erase(it);
     return st;
   }

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "common/base/clock.h"
+#include "kvtransfer/lane_rates.h"
 #include "kvtransfer/metrics.h"
 #include "kvtransfer/transport.h"
 #include "kvtransfer/transport_factory.h"
@@ -83,6 +84,8 @@ class TransferAgent {
   ~TransferAgent();
 
   std::vector<std::string> transportNames() const;
+  // What each lane's completed transfers cost (LaneRates; the load reports' lanes).
+  const LaneRates& laneRates() const { return laneRates_; }
 
   // Registers `desc` in every transport and exposes it to peers. Regions registered after
   // localMetadata() was handed out need a fresh exchange before peers can write into them.
@@ -188,6 +191,7 @@ class TransferAgent {
   AgentOptions options_;
   std::vector<NamedTransport> transports_;
   TransferMetrics metrics_;
+  LaneRates laneRates_;
   struct RegionState {
     MemDesc desc;
     std::vector<MemHandle> handles;  // per transport

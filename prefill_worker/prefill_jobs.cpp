@@ -151,6 +151,21 @@ void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
     if (job.failed.isOk()) renewLease(e.seq, job, e.start);
   }
   loop_.agent().progress();
+  // Completions seen per layer, not only after the step: the agent's lane figures time each
+  // transfer to the poll that sees it done (kvtransfer/lane_rates.h).
+  for (auto& [id, job] : jobs_) pollInflight(job);
+}
+
+void PrefillJobs::pollInflight(Job& job) {
+  for (size_t i = 0; i < job.inflight.size();) {
+    Status s = loop_.agent().poll(job.inflight[i]);
+    if (s.inProgress()) {
+      ++i;
+      continue;
+    }
+    if (!s.isOk() && job.failed.isOk()) job.failed = s;
+    job.inflight.erase(job.inflight.begin() + long(i));
+  }
 }
 
 // A layer of the job was computed: its lease runs anew, and the decode worker hears so (at
@@ -205,15 +220,7 @@ void PrefillJobs::exportStates() {
 void PrefillJobs::settle() {
   std::vector<uint64_t> done, failed;
   for (auto& [id, job] : jobs_) {
-    for (size_t i = 0; i < job.inflight.size();) {
-      Status s = loop_.agent().poll(job.inflight[i]);
-      if (s.inProgress()) {
-        ++i;
-        continue;
-      }
-      if (!s.isOk() && job.failed.isOk()) job.failed = s;
-      job.inflight.erase(job.inflight.begin() + long(i));
-    }
+    pollInflight(job);
     if (!job.failed.isOk())
       failed.push_back(id);
     else if (job.state == State::kPushing && job.inflight.empty())

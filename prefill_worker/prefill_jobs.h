@@ -111,6 +111,9 @@ class PrefillJobs {
   void reject(const net::ConnectionPtr& decode, uint64_t id, const Status& why);
   void sendCancelAck(const net::ConnectionPtr& decode, uint64_t id);
   void renewLease(uint64_t id, Job& job, int computedTokens);
+  // Polls the job's transfers: the finished ones are dropped, the first failure kept in
+  // job.failed (acted on by settle()).
+  void pollInflight(Job& job);
   void finish(uint64_t id);  // DONE
   // FAILED (reply) or ENDED; ackTo: the connection to acknowledge a Cancel on.
   void end(uint64_t id, const Status& why, bool reply, net::ConnectionPtr ackTo = nullptr);

@@ -182,6 +182,11 @@ bool RequestStream::sendGenerate(const Choice& c, const Dispatch& d) {
     g->set_prefill_worker_id(d.plan.prefillWorker);
     g->set_prefill_worker_address(d.prefillAddress);
   }
+  if (!d.plan.pullSource.empty() && !d.pullAddress.empty()) {
+    g->set_pull_source_id(d.plan.pullSource);
+    g->set_pull_source_address(d.pullAddress);
+    g->set_pull_tokens(uint32_t(d.plan.pullTokens));
+  }
   const auto left = spec_.received + std::chrono::milliseconds(settings_.requestTimeoutMs) - steadyNow();
   g->set_deadline_ms(
       uint64_t(std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(left).count())));

@@ -62,6 +62,7 @@ struct Dispatch {
   RoutePlan plan;
   net::ConnectionPtr decodeConn;
   std::string prefillAddress;              // disaggregated: where the decode worker dials the prefill worker
+  std::string pullAddress;                 // a peer pull: the source's pull port
   std::vector<uint64_t> workerRequestIds;  // one per choice
 };
 

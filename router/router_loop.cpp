@@ -1,5 +1,7 @@
 #include "router/router_loop.h"
 
+#include <algorithm>
+#include <map>
 #include <unordered_set>
 
 #include <boost/asio/post.hpp>
@@ -297,10 +299,37 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
       v.predictedCachedTokens = prefixIndex_.cachedTokens(v.id, lookup);
       v.exactCachedTokens = exactIndex_.current(v.id, now) ? exactIndex_.cachedTokens(v.id, lookup) : -1;
       v.cachedTokens = v.exactCachedTokens >= 0 ? v.exactCachedTokens : v.predictedCachedTokens;
+      if (v.exactCachedTokens >= 0) v.regionCachedTokens = exactIndex_.regionCachedTokens(v.id, lookup);
     }
   }
+  // Peer pulls: a prefix some peer's region holds counts as cached on every pull-serving
+  // decode worker that would pull it faster than compute it (router/pull_cost.h), so the
+  // policy weighs it like its own cache.
+  std::unordered_map<std::string, PullChoice> pulls;
+  if (!blocks.empty()) pulls = pullChoices(views);
   auto p = policy_.select(promptTokens, views);
   if (!p) return std::nullopt;
+  if (p->route == Route::kColocated) {
+    if (auto it = pulls.find(p->decodeWorker); it != pulls.end()) {
+      const PullChoice& c = it->second;
+      // The source itself, when it is no busier, serves the prompt from its own cache.
+      const WorkerView* source = nullptr;
+      const WorkerView* target = nullptr;
+      for (const auto& v : views) {
+        if (v.id == c.source) source = &v;
+        if (v.id == p->decodeWorker) target = &v;
+      }
+      if (source && target && source->healthy &&
+          source->running + source->waiting <= target->running + target->waiting) {
+        p = RoutingPolicy::colocatedOn(*source, p->reason);
+      } else {
+        p->pullSource = c.source;
+        p->pullTokens = c.prefixTokens;
+        p->pullWhy = c.decision.why;
+        p->reason = "pull";
+      }
+    }
+  }
   const std::string& who = p->route == Route::kDisaggregated ? p->prefillWorker : p->decodeWorker;
   for (const auto& v : views) {
     if (v.id == who) {
@@ -313,8 +342,50 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
   return p;
 }
 
+std::unordered_map<std::string, PullChoice> RouterLoop::pullChoices(std::vector<WorkerView>& views) const {
+  std::unordered_map<std::string, PullChoice> out;
+  // The fleet's figures stand in for a worker's own until it has measured them: every worker
+  // runs the same model on the same engine and transports (a decode worker that never pushed
+  // KV has no lane figure; one that never prefilled, no rate).
+  std::map<std::string, LaneCost> fleetLanes;
+  double rateSum = 0;
+  int rates = 0;
+  for (const auto& v : views) {
+    for (const LaneCost& l : v.lanes)
+      if (l.bytesPerS > 0 && !fleetLanes.count(l.transport)) fleetLanes[l.transport] = l;
+    if (v.prefillTokensPerS > 0) rateSum += v.prefillTokensPerS, ++rates;
+  }
+  std::vector<PullCandidate> candidates;
+  for (const auto& v : views) {
+    if (v.role != WorkerRole::kDecode) continue;
+    PullCandidate c{v.id, v.healthy, v.servesPulls, v.host, v.regionCachedTokens, v.lanes};
+    for (const auto& [transport, lane] : fleetLanes) {
+      if (std::none_of(c.lanes.begin(), c.lanes.end(), [&](const LaneCost& l) { return l.transport == transport; }))
+        c.lanes.push_back(lane);
+    }
+    candidates.push_back(std::move(c));
+  }
+  for (auto& v : views) {
+    if (v.role != WorkerRole::kDecode || !v.healthy || !v.servesPulls) continue;
+    const double rate = v.prefillTokensPerS > 0 ? v.prefillTokensPerS : rates ? rateSum / rates : 0;
+    std::string rejected;
+    auto c =
+        choosePull(v.id, v.host, std::max<int64_t>(0, v.cachedTokens), rate, v.kvBytesPerToken, candidates, &rejected);
+    if (!c) {
+      PD_LOG(kDebug, kTag) << "no pull for " << v.id << ": " << rejected;
+      continue;
+    }
+    v.cachedTokens = std::max<int64_t>(0, v.cachedTokens) + c->pullTokens;
+    out.emplace(v.id, std::move(*c));
+  }
+  return out;
+}
+
 void RouterLoop::commit(const RoutePlan& p, const std::vector<uint64_t>& blocks) {
   metrics_.routeDecision(routeName(p.route), p.reason);
+  if (!p.pullSource.empty()) {
+    PD_LOG(kDebug, kTag) << "decode worker " << p.decodeWorker << " pulls from " << p.pullSource << ": " << p.pullWhy;
+  }
   metrics_.predictedCachedTokens(p.cachedTokens);
   // Both workers hold the prompt's blocks afterwards (the decode worker caches what it
   // received), as far as their pools keep them.
@@ -331,6 +402,9 @@ Dispatch RouterLoop::dispatch(const std::shared_ptr<RequestStream>& stream, Rout
   if (const auto* w = workers_.find(plan.decodeWorker)) d.decodeConn = w->conn;
   if (plan.route == Route::kDisaggregated) {
     if (const auto* w = workers_.find(plan.prefillWorker)) d.prefillAddress = w->address;
+  }
+  if (!plan.pullSource.empty()) {
+    if (const auto* w = workers_.find(plan.pullSource)) d.pullAddress = w->address;
   }
   const std::string& prefilling = plan.route == Route::kDisaggregated ? plan.prefillWorker : plan.decodeWorker;
   const int64_t uncached = std::max<int64_t>(0, promptTokens - plan.cachedTokens);

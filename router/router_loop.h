@@ -100,6 +100,9 @@ class RouterLoop final : public StreamOwner {
   void route(const std::shared_ptr<RequestStream>& stream);
   // The plan for a prompt (prefix blocks: its hashes, or none), skipping worker `exclude`;
   // *prefilling and *decoding get the views of the workers that will prefill and decode it.
+  // Per pull-serving decode worker, the peer pull predicted to serve it more of the prompt
+  // (router/pull_cost.h); their cachedTokens grow by the pulled tokens.
+  std::unordered_map<std::string, PullChoice> pullChoices(std::vector<WorkerView>& views) const;
   std::optional<RoutePlan> plan(int64_t promptTokens, const std::vector<uint64_t>& blocks, const std::string& exclude,
                                 WorkerView* prefilling, WorkerView* decoding);
   // The plan is taken: metrics and the prefix index learn it.

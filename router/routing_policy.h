@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/base/enum_names.h"
+#include "router/pull_cost.h"
 
 namespace pd::router {
 
@@ -73,6 +74,14 @@ struct WorkerView {
   // for this router's and current.
   int64_t routedPrefillTokens = 0;
   int routedStreams = 0;
+  // Peer pulls (router/pull_cost.h): it serves and takes pulls at `host` (its pull port's),
+  // its KV bytes per token and measured lanes, and of the prompt being routed the tokens its
+  // KV region holds by the exact index (-1: index not current).
+  bool servesPulls = false;
+  std::string host;
+  int64_t kvBytesPerToken = 0;
+  std::vector<LaneCost> lanes;
+  int64_t regionCachedTokens = -1;
 };
 
 // The longest prompt some healthy decode worker can ever run, from their reports' KV cache
@@ -91,8 +100,13 @@ struct RoutePlan {
   std::string decodeWorker;
   std::string prefillWorker;  // empty when colocated
   // "short_prompt", "cached_prefix", "long_prompt", "no_prefill_worker", "protect_itl",
-  // "prefill_overflow"
+  // "prefill_overflow", "pull" (colocated, its prefix pulled from pullSource)
   std::string reason;
+  // A peer pull of the prompt's first pullTokens tokens (from its start, the blocks the target
+  // holds included) from worker pullSource (colocated only; router/pull_cost.h); empty: none.
+  std::string pullSource;
+  int64_t pullTokens = 0;
+  std::string pullWhy;       // the cost comparison, for the log
   int64_t cachedTokens = 0;  // of the prompt, on the worker that will prefill it
   // That worker's WorkerView figures (the router compares them with its actual hit).
   int64_t exactCachedTokens = -1;

@@ -25,6 +25,9 @@ TtftSplit assembleTtftSplit(double ttftS, double routerQueueS, const proto::Timi
   auto add = [&](const char* phase, double seconds) { s.phases.emplace_back(phase, nonNegative(seconds)); };
   add("router_queue", routerQueueS);
   add("decode_admission", w.queue_ms() / 1e3);
+  // A peer pull (docs/kv_cache.md, "Peer pulls"): its time, done or fallen back, before the
+  // local prefill of the rest.
+  if (w.pull_ms() > 0) add("kv_pull", w.pull_ms() / 1e3);
   if (disaggregated) {
     add("kv_connect", w.kv_connect_ms() / 1e3);
     add("prefill_queue", w.prefill_queue_ms() / 1e3);

@@ -6,6 +6,8 @@
 //   router_queue      router          request arrival -> Generate sent (admission, routing)
 //   decode_admission  decode worker   Generate receipt -> admitted (colocated: engine queue;
 //                                     disaggregated: KV blocks reserved for the prompt)
+//   kv_pull           decode worker   blocks reserved -> PullDone, or to the pull's failure
+//                                     (a peer pull only; docs/kv_cache.md "Peer pulls")
 //   kv_connect        decode worker   blocks reserved -> PrefillRequest sent (disaggregated;
 //                                     the connection + KvConnect exchange when it is new)
 //   prefill_queue     prefill worker  PrefillRequest receipt -> first scheduled (disagg.)

@@ -272,6 +272,10 @@ std::vector<WorkerView> WorkerRegistry::snapshot() const {
     }
     v.routedPrefillTokens = w->routedPrefillTokens;
     v.routedStreams = w->routedStreams;
+    v.servesPulls = w->role == WorkerRole::kDecode && w->report.serves_pulls() && !w->address.empty();
+    v.host = w->address.substr(0, w->address.rfind(':'));
+    v.kvBytesPerToken = int64_t(w->report.kv_bytes_per_token());
+    for (const auto& l : w->report.lanes()) v.lanes.push_back({l.transport(), l.bytes_per_s(), l.setup_ms()});
     out.push_back(v);
   }
   return out;

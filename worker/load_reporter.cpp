@@ -80,6 +80,15 @@ proto::Envelope LoadReporter::reportFor(proto::Role role, const std::string& wor
   }
   r->set_draining(s.draining);
   r->set_kv_event_seq(s.kvEventSeq);
+  r->set_kv_bytes_per_token(s.kvBytesPerToken);
+  r->set_serves_pulls(s.servesPulls);
+  for (const auto& lane : s.lanes) {
+    auto* l = r->add_lanes();
+    l->set_transport(lane.transport);
+    l->set_bytes_per_s(lane.bytesPerS);
+    l->set_setup_ms(lane.setupMs);
+    l->set_samples(uint32_t(lane.samples));
+  }
   r->set_sent_at_unix_us(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count()));

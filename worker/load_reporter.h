@@ -19,6 +19,7 @@
 #include "common/net/io_pool.h"
 #include "common/proto/pdserve.pb.h"
 #include "engine/engine.h"
+#include "kvtransfer/lane_rates.h"
 #include "worker/router_links.h"
 
 namespace pd::worker {
@@ -32,6 +33,10 @@ struct LoadSnapshot {
   // When publish() took it: a report says how old its figures are (LoadReport.snapshot_age_us),
   // so the router counts the work that finished after them as done.
   std::chrono::steady_clock::time_point takenAt{};
+  // Peer pulls (LoadReport.kv_bytes_per_token, lanes, serves_pulls; docs/kv_cache.md).
+  uint64_t kvBytesPerToken = 0;
+  std::vector<kvt::LaneRates::Figure> lanes;
+  bool servesPulls = false;
 };
 
 class LoadReporter {

@@ -287,6 +287,12 @@ void WorkerLoop::loop() {
     snapshot.engine = engine().load();
     snapshot.kvEventSeq = kvEvents_ ? kvEvents_->seq() : 0;
     snapshot.draining = draining_.load();
+    {
+      const engine::KvLayout& kl = engine().kv().layout();
+      snapshot.kvBytesPerToken =
+          uint64_t(kl.numLayers) * kl.blockBytes() / uint64_t(std::max(1, kl.blockSize)) * bundle_.kvRegions.size();
+    }
+    snapshot.lanes = agent().laneRates().figures();
     policy_->addLoad(snapshot);
     reporter_->publish(snapshot);
     idle_ = policy_->idle() && !engine().hasWork();

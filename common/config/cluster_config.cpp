@@ -430,6 +430,8 @@ void readKvTransfer(MapReader m, KvTransferConfig* c) {
   m.readInt("heartbeat_ms", &c->heartbeatMs, 10, 60000);
   m.readInt("lease_ms", &c->leaseMs, 0, kHourMs);
   m.readEnum("on_remote_prefill_failure", &c->onRemotePrefillFailure, kFailurePolicies);
+  m.readBool("peer_pulls", &c->peerPulls);
+  m.readInt("pull_timeout_ms", &c->pullTimeoutMs, 10, 600000);
   m.finish();
 }
 

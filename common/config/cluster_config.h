@@ -263,6 +263,11 @@ struct KvTransferConfig {
   int64_t heartbeatMs = 500;
   int64_t leaseMs = 3000;
   RemotePrefillFailure onRemotePrefillFailure = RemotePrefillFailure::kRecompute;
+  // Peer pulls (docs/kv_cache.md, "Peer pulls"): decode workers serve their KV region's
+  // blocks to peers on a control port and pull prefixes the router names. pullTimeoutMs
+  // bounds one pull, start to PullDone; past it the request computes the prefix itself.
+  bool peerPulls = false;
+  int64_t pullTimeoutMs = 2000;
 };
 
 struct LoggingConfig {

@@ -60,6 +60,10 @@ const char* bodyName(const proto::Envelope& env) {
       return "kv_resync";
     case proto::Envelope::kPrefillProgress:
       return "prefill_progress";
+    case proto::Envelope::kPullRequest:
+      return "pull_request";
+    case proto::Envelope::kPullDone:
+      return "pull_done";
     case proto::Envelope::BODY_NOT_SET:
       return "none";
   }

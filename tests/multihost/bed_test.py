@@ -2,7 +2,7 @@
 """Multi-host bed tests (docs/deploy.md): a router, 2 prefill and 2 decode hosts, each its own network
 namespace, running the cluster the Helm chart renders. Cases share one cluster where they can.
 
-  bed_test.py --build BUILD_DIR --case tcp|ucx|faults|routers [--ucx 0|1]
+  bed_test.py --build BUILD_DIR --case tcp|ucx|faults|routers|pulls [--ucx 0|1]
 
 Exit 0: passed; 1: failed; 77: skipped (no namespaces here: not root), unless
 PD_REQUIRE_NETNS=1 (set by .ci/run), which makes that a failure.
@@ -194,7 +194,7 @@ def other_weights(c, build, work):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["tcp", "ucx", "faults", "routers"])
+    ap.add_argument("--case", required=True, choices=["tcp", "ucx", "faults", "routers", "pulls"])
     ap.add_argument("--ucx", type=int, default=1)
     a = ap.parse_args()
     ok, why = netbed.can_make_namespaces()
@@ -224,6 +224,10 @@ def main():
         over = {"router": {"replicas": 2}, "config": {"kv_transfer": {"transports": ["tcp"]},
                                                        "router": {"routing": {
                                                            "short_prompt_tokens": 64}}}}
+    elif a.case == "pulls":
+        over = {"config": {"kv_transfer": {"transports": ["tcp"], "peer_pulls": True},
+                           "router": {"routing": {"short_prompt_tokens": 64, "prefix_aware_routing": True},
+                                      "workers": {"worker_report_timeout_ms": 5000}}}}
     extra = ("intruder",) if a.case == "tcp" else ()
     with bed_cluster.Cluster(build, model, work, over, routers=2 if a.case == "routers" else 1,
                              extra_hosts=extra) as c:
@@ -234,6 +238,9 @@ def main():
             if a.case == "tcp":
                 intruder(c, work)
                 other_weights(c, build, work)
+        elif a.case == "pulls":
+            import bed_pulls
+            bed_pulls.run(c, build, model, check, complete, prompt, reference)
         elif a.case == "routers":
             import bed_routers
             bed_routers.run(c, build, model, check, complete, prompt, reference, FaultLog(build, "bed_routers"))

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -74,7 +75,7 @@ struct Mailbox {
 };
 
 struct Harness {
-  explicit Harness(int64_t timeoutMs, const std::string& transports = "[tcp]") {
+  explicit Harness(int64_t timeoutMs, const std::string& transports = "[tcp]", const std::string& moreKv = "") {
     net::ConnectionOptions ro;
     ro.hello.set_role(proto::ROLE_ROUTER);
     ro.hello.set_worker_id("router-fake");
@@ -82,12 +83,13 @@ struct Harness {
     REQUIRE(r.ok());
     routerServer = std::move(r).value();
     const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
-    auto config = config::parseClusterConfig("model: {path: " + model +
-                                                 "}\nengine: {backend: cpu, num_blocks: 64}\n"
-                                                 "kv_transfer: {transports: " +
-                                                 transports + ", timeout_ms: " + std::to_string(timeoutMs) +
-                                                 ", on_remote_prefill_failure: fail}\nlogging: {level: warn}\n",
-                                             "test.yaml");
+    auto config =
+        config::parseClusterConfig("model: {path: " + model +
+                                       "}\nengine: {backend: cpu, num_blocks: 64}\n"
+                                       "kv_transfer: {transports: " +
+                                       transports + ", timeout_ms: " + std::to_string(timeoutMs) +
+                                       ", on_remote_prefill_failure: fail" + moreKv + "}\nlogging: {level: warn}\n",
+                                   "test.yaml");
     REQUIRE(config.ok());
     worker::WorkerFlags flags;
     flags.workerId = "decode-t";
@@ -389,4 +391,244 @@ TEST_CASE(
     CHECK(eventually([&] { return metric(port, "pdserve_kv_blocks_quarantined") == 0; }, 10s));
     CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == total; }, 2s));
   }
+}
+
+// ---- Peer pulls (docs/kv_cache.md, "Peer pulls"): the target's lifecycle against a fake source
+// with a real TransferAgent (tcp). Whatever the source does, the request is served: pulled
+// blocks are attached as a cached prefix, and any failure recomputes the prompt, even with
+// on_remote_prefill_failure: fail.
+namespace {
+
+constexpr int kPullTokens = 32;  // 2 blocks of the 40-token prompt
+
+void generatePull(Harness& h, uint64_t id) {
+  proto::Envelope env;
+  env.set_request_id(id);
+  auto* g = env.mutable_generate();
+  g->set_request_id(id);
+  for (int32_t t : engine::test::testPrompt(40, id)) g->add_prompt_token_ids(uint32_t(t));
+  g->mutable_sampling()->set_max_tokens(4);
+  g->set_pull_source_id("decode-source");
+  g->set_pull_source_address("127.0.0.1:" + std::to_string(h.prefillServer->port()));
+  g->set_pull_tokens(kPullTokens);
+  REQUIRE(h.router.conn->send(std::move(env)).isOk());
+}
+
+// A fake source: KvConnect answered for real; each PullRequest recorded and answered by `answer`.
+struct FakeSource {
+  FakePrefillKv kv{{"tcp"}};
+  std::function<void(const net::ConnectionPtr&, const proto::PullRequest&)> answer;
+  std::vector<proto::PullRequest> pulls;
+  void handle(const net::ConnectionPtr& c, const proto::Envelope& env) {
+    if (env.body_case() == proto::Envelope::kPullRequest) {
+      {
+        std::lock_guard<std::mutex> lock(kv.mu);
+        pulls.push_back(env.pull_request());
+      }
+      if (answer) answer(c, env.pull_request());
+      return;
+    }
+    kv.handle(c, env);
+  }
+};
+
+const std::string kPullKv = ", peer_pulls: true, pull_timeout_ms: 400";
+
+}  // namespace
+
+TEST_CASE("peer pull: a source that no longer holds the blocks refuses; the prompt is computed here") {
+  Harness h(20000, "[tcp]", kPullKv);
+  FakeSource src;
+  src.answer = [](const net::ConnectionPtr& c, const proto::PullRequest& pr) {
+    proto::Envelope err;
+    err.set_request_id(pr.request_id());
+    err.mutable_error()->set_code(proto::ERROR_NOT_FOUND);
+    err.mutable_error()->set_message("fake source: holds none of the pulled tokens any more");
+    (void)c->send(std::move(err));
+  };
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
+  const int port = h.decode->metricsPort();
+  const double total = metric(port, "pdserve_kv_cache_num_blocks");
+  generatePull(h, 41);
+  auto chunk = h.finalChunk(41, 10s);
+  REQUIRE(chunk.has_value());
+  CHECK(chunk->finish_reason() == proto::FINISH_LENGTH);  // served, not failed
+  CHECK(chunk->usage().cached_tokens() == 0);
+  CHECK(chunk->timings().pull_tokens() == 0);
+  CHECK(metric(port, "pdserve_kv_pulls_total", "outcome=\"refused\"") == 1);
+  // The PullRequest asked for exactly the pulled tokens, one target block each, with a grant.
+  {
+    std::lock_guard<std::mutex> lock(src.kv.mu);
+    REQUIRE(src.pulls.size() == 1);
+    CHECK(src.pulls[0].prompt_token_ids_size() == kPullTokens);
+    REQUIRE(src.pulls[0].kv_target().layers_size() == 1);
+    CHECK(src.pulls[0].kv_target().layers(0).block_ids_size() == kPullTokens / 16);
+    CHECK(!src.pulls[0].kv_target().write_grant().empty());
+    CHECK(src.pulls[0].deadline_ms() == 400);
+  }
+  // tcp is receiver-fenced: nothing quarantined, every block free once the request ended.
+  CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == total; }, 5s));
+  CHECK(metric(port, "pdserve_kv_blocks_quarantined") == 0);
+}
+
+TEST_CASE("peer pull: a silent source costs the pull deadline, then the prompt is computed here") {
+  Harness h(20000, "[tcp]", kPullKv);
+  FakeSource src;  // answers KvConnect, never a PullRequest
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
+  const int port = h.decode->metricsPort();
+  const auto start = std::chrono::steady_clock::now();
+  generatePull(h, 42);
+  auto chunk = h.finalChunk(42, 10s);
+  REQUIRE(chunk.has_value());
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(chunk->finish_reason() == proto::FINISH_LENGTH);
+  CHECK(waited >= 380ms);
+  CHECK(waited < 5s);  // the pull deadline, not kv_transfer.timeout_ms (20 s)
+  CHECK(chunk->timings().pull_ms() >= 380);
+  CHECK(metric(port, "pdserve_kv_pulls_total", "outcome=\"fell_back\"") == 1);
+  // The source is told to stop.
+  REQUIRE(h.prefill.waitFor([&] { return h.prefill.count(proto::Envelope::kCancel) == 1; }, 5s));
+}
+
+TEST_CASE("peer pull: PullDone attaches the pulled blocks as a cached prefix and computes the rest") {
+  Harness h(20000, "[tcp]", kPullKv);
+  FakeSource src;
+  src.answer = [](const net::ConnectionPtr& c, const proto::PullRequest& pr) {
+    // (The fake writes nothing: the blocks hold whatever they held; this checks the lifecycle.)
+    proto::Envelope done;
+    done.set_request_id(pr.request_id());
+    done.mutable_pull_done()->set_request_id(pr.request_id());
+    done.mutable_pull_done()->set_tokens(uint32_t(pr.prompt_token_ids_size()));
+    done.mutable_pull_done()->set_bytes_transferred(12345);
+    done.mutable_pull_done()->set_transport("tcp");
+    (void)c->send(std::move(done));
+  };
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
+  const int port = h.decode->metricsPort();
+  generatePull(h, 43);
+  auto chunk = h.finalChunk(43, 10s);
+  REQUIRE(chunk.has_value());
+  CHECK(chunk->finish_reason() == proto::FINISH_LENGTH);
+  CHECK(chunk->usage().cached_tokens() == kPullTokens);
+  CHECK(chunk->timings().pull_tokens() == kPullTokens);
+  CHECK(chunk->timings().pull_transport() == "tcp");
+  CHECK(metric(port, "pdserve_kv_pulls_total", "outcome=\"done\"") == 1);
+  CHECK(metric(port, "pdserve_kv_pull_bytes_total") == 12345);
+  CHECK(metric(port, "pdserve_kv_blocks_quarantined") == 0);
+}
+
+TEST_CASE("peer pull: a Generate naming a pull is refused by name when pulls are off here") {
+  Harness h(20000, "[tcp]");
+  FakeSource src;
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
+  generatePull(h, 44);
+  auto chunk = h.finalChunk(44, 10s);
+  REQUIRE(chunk.has_value());
+  CHECK(chunk->finish_reason() == proto::FINISH_ERROR);
+  CHECK_THAT(chunk->error().message(), Catch::Contains("kv_transfer.peer_pulls"));
+}
+
+// The source side (decode_worker/pull_sources.h): a fake target dials the decode worker's pull
+// port, with a real agent over tcp and a buffer as its KV region. A prefix the decode worker
+// computed is pushed into the target's blocks and PullDone says how many tokens; a prefix it
+// does not hold is refused (not found); nothing stays pinned afterwards.
+TEST_CASE("pull source: pushes the blocks it holds, refuses what it does not hold, unpins after") {
+  Harness h(20000, "[tcp]", kPullKv);
+  const std::string address = h.router.conn->peerHello().address();
+  REQUIRE(!address.empty());  // the pull port, in the hello
+  // The decode worker computes a 40-token prompt colocated: its first 2 blocks get names.
+  const auto prompt = engine::test::testPrompt(40, 51);
+  {
+    proto::Envelope env;
+    env.set_request_id(51);
+    auto* g = env.mutable_generate();
+    g->set_request_id(51);
+    for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
+    g->mutable_sampling()->set_max_tokens(2);
+    REQUIRE(h.router.conn->send(std::move(env)).isOk());
+  }
+  REQUIRE(h.finalChunk(51, 10s).has_value());
+  uint64_t bytesPerToken = 0;
+  REQUIRE(h.router.waitFor(
+      [&] {
+        for (const auto& e : h.router.got)
+          if (e.body_case() == proto::Envelope::kLoadReport) bytesPerToken = e.load_report().kv_bytes_per_token();
+        return bytesPerToken > 0;
+      },
+      5s));
+  // The fake target: 4 blocks of KV in one host buffer, a real agent.
+  prometheus::Registry registry;
+  std::vector<uint8_t> kvBuf(4 * 16 * bytesPerToken, 0);
+  kvt::AgentOptions o;
+  o.name = "target-fake";
+  o.preference = {"tcp"};
+  auto agent = kvt::TransferAgent::create(o, registry);
+  REQUIRE(agent.ok());
+  const MemDesc region{reinterpret_cast<uintptr_t>(kvBuf.data()), kvBuf.size()};
+  REQUIRE((*agent)->registerMemory(region).ok());
+  Mailbox tgt;
+  net::ConnectionOptions co;
+  co.hello.set_role(proto::ROLE_DECODE);
+  co.hello.set_worker_id("target-fake");
+  co.hello.set_model_fingerprint(h.router.conn->peerHello().model_fingerprint());
+  const size_t colon = address.rfind(':');
+  auto conn = net::FramedClient::connect(h.io, address.substr(0, colon), std::atoi(address.c_str() + colon + 1), co,
+                                         tgt.callbacks(), 5s);
+  REQUIRE(conn.ok());
+  proto::Envelope offer;
+  offer.set_request_id(0);
+  offer.mutable_kv_connect()->set_metadata((*agent)->localMetadata().value());
+  offer.mutable_kv_connect()->set_num_blocks(4);
+  offer.mutable_kv_connect()->add_regions()->set_base(region.addr);
+  REQUIRE((*conn)->send(std::move(offer)).isOk());
+  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kKvConnect) == 1; }, 5s));
+  kvt::AgentPeer peer = 0;
+  {
+    std::lock_guard<std::mutex> lock(tgt.mu);
+    auto p = (*agent)->loadPeer(tgt.got.back().kv_connect().metadata());
+    REQUIRE(p.ok());
+    peer = *p;
+  }
+  auto grant = (*agent)->grantWrite(peer, {region});
+  REQUIRE(grant.ok());
+  auto pull = [&](uint64_t id, const std::vector<int32_t>& tokens, std::vector<uint32_t> blocks) {
+    proto::Envelope env;
+    env.set_request_id(id);
+    auto* pr = env.mutable_pull_request();
+    pr->set_request_id(id);
+    for (int32_t t : tokens) pr->add_prompt_token_ids(uint32_t(t));
+    auto* layer = pr->mutable_kv_target()->add_layers();
+    for (uint32_t b : blocks) layer->add_block_ids(b);
+    pr->mutable_kv_target()->set_write_grant(*grant);
+    pr->set_deadline_ms(2000);
+    REQUIRE((*conn)->send(std::move(env)).isOk());
+  };
+  pull(1, std::vector<int32_t>(prompt.begin(), prompt.begin() + 32), {0, 1});
+  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kPullDone) + tgt.count(proto::Envelope::kError) == 1; },
+                      10s));
+  {
+    std::lock_guard<std::mutex> lock(tgt.mu);
+    const proto::Envelope& done = tgt.got.back();
+    INFO(done.DebugString());
+    REQUIRE(done.body_case() == proto::Envelope::kPullDone);
+    CHECK(done.pull_done().tokens() == 32);
+    CHECK(done.pull_done().bytes_transferred() == 32 * bytesPerToken);
+    CHECK(done.pull_done().transport() == "tcp");
+  }
+  // The computed KV landed in the target's blocks 0 and 1 (not all zero), block 2 untouched.
+  const size_t blockBytes = 16 * bytesPerToken;
+  CHECK(std::any_of(kvBuf.begin(), kvBuf.begin() + long(blockBytes), [](uint8_t b) { return b != 0; }));
+  // A prefix it never computed: refused, by name.
+  pull(2, engine::test::testPrompt(32, 77), {2, 3});
+  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kError) == 1; }, 10s));
+  {
+    std::lock_guard<std::mutex> lock(tgt.mu);
+    CHECK(tgt.got.back().error().code() == proto::ERROR_NOT_FOUND);
+    CHECK_THAT(tgt.got.back().error().message(), Catch::Contains("holds none of the 32 pulled tokens"));
+  }
+  // Nothing stays pinned: every block is free (cached) again.
+  const int port = h.decode->metricsPort();
+  CHECK(eventually(
+      [&] { return metric(port, "pdserve_kv_cache_free_blocks") == metric(port, "pdserve_kv_cache_num_blocks"); }, 5s));
+  (*conn)->close(Status::ok());
 }

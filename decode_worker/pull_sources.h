@@ -1,0 +1,99 @@
+// PullSources: the source side of peer pulls (docs/kv_cache.md, "Peer pulls"). A peer decode
+// worker (the target) dials this worker's pull port, proves the cluster secret and the same
+// model in its hello, sends its KvConnect offer (where its blocks live; answered as a prefill
+// worker answers it, PrefillJobs::connect), then one PullRequest per pull: the prompt's
+// leading tokens and, for each of their blocks, a target block and the target's write grant.
+//
+//   accept() --(blocks of the prefix found in the KV region, pinned)--> PUSHING: one
+//        transfer per tensor-parallel rank, every layer of every block, posted at once
+//   PUSHING --(every write confirmed at the target)--> DONE: PullDone{tokens}; blocks unpinned
+//   accept() --(not one of the blocks held, bad target, no KvConnect)--> Error (NOT_FOUND for
+//        blocks no longer held): the target computes them itself
+//   PUSHING --(transfer error | deadline)--> FAILED: transfers cancelled, Error, unpinned
+//   PUSHING --(Cancel | connection closed | shutdown)--> ENDED: transfers cancelled, unpinned;
+//        a Cancel is acknowledged (Cancel{ack}) once every transfer reached a terminal poll
+//        state, so no byte of the pull can land at the target any more (KV fencing, as a
+//        remote prefill: docs/architecture.md "Remote prefill, prefill side")
+//
+// Why the source pushes rather than the target reading: every lane already writes into a
+// peer's granted blocks (the target's write grant, its receiver fence on tcp, its quarantine
+// for one-sided lanes), and that is all a pull needs; a read would need a read grant and
+// read paths in every transport.
+//
+// Blocks: the pulled blocks stay pinned (a KV sequence of their own, holding their
+// references, so eviction cannot take them while a transfer reads them) until the pull is
+// terminal; TransferAgent::cancel returns once the transport no longer reads them, so they
+// are unpinned right after it. Only the KV region serves pulls (a lower tier's blocks are not
+// promoted for a peer).
+//
+// Deadline: PullRequest.deadline_ms (or kv_transfer.pull_timeout_ms) from accept, one loop
+// timer; the target's own deadline is the same length, so neither side waits past it.
+//
+// Threads: the loop thread only.
+#pragma once
+
+#include <unordered_map>
+#include <vector>
+
+#include "common/net/framed.h"
+#include "worker/proto_convert.h"
+#include "worker/worker_loop.h"
+
+namespace pd::decode {
+
+class PullSources {
+ public:
+  explicit PullSources(worker::WorkerLoop& loop) : loop_(loop) {}
+
+  void connect(const net::ConnectionPtr& target, const proto::KvConnect& offer);
+  void accept(const net::ConnectionPtr& target, const proto::PullRequest& request);
+  void cancel(const net::ConnectionPtr& target, uint64_t id);
+  void dropConnection(const net::ConnectionPtr& target, const Status& why);
+  void shutdown(const Status& why);
+
+  void settle();  // polls transfers; moves pulls to their terminal states (loop poll)
+  bool hasTransfers() const { return !pulls_.empty() || !ending_.empty(); }
+  int pinnedBlocks() const;
+
+ private:
+  struct Target {
+    kvt::AgentPeer peer = 0;
+    std::string peerName;
+    worker::KvTargetLayout layout;
+  };
+  struct Pull {
+    uint64_t requestId = 0;  // the target's
+    net::ConnectionPtr target;
+    kvt::AgentPeer peer = 0;
+    engine::SeqId holder = 0;  // the KV sequence pinning the pulled blocks
+    int blocks = 0;
+    int tokens = 0;
+    uint64_t bytes = 0;
+    std::vector<kvt::AgentTransfer> inflight;
+    Status failed;
+    worker::WorkerLoop::TimerId deadlineTimer = 0;
+    SteadyTime started;
+  };
+  struct Ending {
+    uint64_t requestId = 0;
+    net::ConnectionPtr ackTo;
+    std::vector<kvt::AgentTransfer> inflight;
+  };
+
+  void reject(const net::ConnectionPtr& target, uint64_t id, const Status& why);
+  // The pull `id` of `target` (its holder), 0 when none.
+  engine::SeqId find(const net::FramedConnection* target, uint64_t id) const;
+  void finish(engine::SeqId holder);
+  // FAILED (reply) or ENDED; ackTo: the connection to acknowledge a Cancel on.
+  void end(engine::SeqId holder, const Status& why, bool reply, net::ConnectionPtr ackTo = nullptr);
+  void sendCancelAck(const net::ConnectionPtr& target, uint64_t id);
+
+  worker::WorkerLoop& loop_;
+  std::unordered_map<const net::FramedConnection*, Target> targets_;
+  // Keyed by the holder sequence: two targets may use the same request id.
+  std::unordered_map<engine::SeqId, Pull> pulls_;
+  std::unordered_map<engine::SeqId, Ending> ending_;
+  engine::SeqId nextHolder_ = (engine::SeqId(1) << 62) | 1;  // apart from requests and quarantine holds
+};
+
+}  // namespace pd::decode
