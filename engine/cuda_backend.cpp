@@ -24,6 +24,7 @@
 #include "engine/tensor_parallel.h"
 #include "engine/weight_stream.h"
 #include "pd/kernels/cuda/attention.h"
+#include "pd/kernels/cuda/linear_fp8.h"
 #include "pd/kernels/cuda/ops.h"
 #include "pd/kernels/cuda/sampling.h"
 #include "pd/kernels/rope.h"
@@ -74,6 +75,13 @@ TensorDtype toTensorDtype(KvDtype d) {
 }
 
 // One rank's slice of a layer (TP = 1: the whole layer).
+// A projection held as FP8 codes (the void* beside it) with row-expanded block scales
+// (fp8_blocks.h, "the device layout"); scales null: the projection is in the weight dtype.
+struct Fp8Scales {
+  const float* scales = nullptr;
+  int colOffset = 0;
+};
+
 struct DevLayer {
   float* inputNorm = nullptr;
   void* qkv = nullptr;       // [rankQkvRows][hidden]
@@ -81,8 +89,9 @@ struct DevLayer {
   void* o = nullptr;         // [hidden][rankQDim]
   float* oBias = nullptr;    // [hidden], rank 0 only (added once before the all-reduce)
   float* postNorm = nullptr;
-  void* gateUp = nullptr;  // [2*ffnPerRank][hidden]
-  void* down = nullptr;    // [hidden][ffnPerRank]
+  void* gateUp = nullptr;              // [2*ffnPerRank][hidden]
+  void* down = nullptr;                // [hidden][ffnPerRank]
+  Fp8Scales qkv8, o8, gateUp8, down8;  // FP8 checkpoints streamed (docs/models.md)
 };
 
 // Per-step metadata (int32 words), laid out at fixed offsets derived from the capacities so
@@ -114,6 +123,9 @@ struct Rank {
   float* finalNorm = nullptr;    // rank 0 only
   float* invFreq = nullptr;
   void* kv = nullptr;  // this rank's KV region (perRankKvLayout)
+  // FP8 projections: the largest one dequantized in the weight dtype, reused by every GEMM
+  // of more rows than fp8Gemv takes (stream-ordered, so one buffer serves all layers).
+  void* fp8Scratch = nullptr;
   std::vector<cudaEvent_t> layerEvents;
   cudaEvent_t reduceEvent = nullptr;  // ranks sharing a device: orders the local all-reduce
 #if defined(PD_HAVE_NCCL)
@@ -259,8 +271,11 @@ class CudaBackendImpl final : public CudaBackend {
   void freeScratch();
   void dropGraphs();
   Status syncAll();
-  // y[n][out] (f32) = x[n][in] (weight dtype) * W^T + beta * y, on rank r's handle.
-  Status gemm(const Rank& r, const void* x, int n, int in, const void* w, int out, float* y, float beta);
+  // y[n][out] (f32) = x[n][in] (weight dtype) * W^T + beta * y, on rank r's handle. With w8's
+  // scales set, w holds FP8 codes: up to kFp8GemvMaxRows rows run fp8Gemv on the codes,
+  // more dequantize W into r.fp8Scratch for the same cuBLAS GEMM.
+  Status gemm(const Rank& r, const void* x, int n, int in, const void* w, int out, float* y, float beta,
+              const Fp8Scales& w8 = {});
   // Sums every rank's x[0 .. n) and leaves the sum in each (in place).
   Status allReduceX(size_t n);
   Status enqueueStep(int T, int W, int L, bool recordEvents);
@@ -275,6 +290,8 @@ class CudaBackendImpl final : public CudaBackend {
   TensorParallelPlan plan_;
   kcu::DType wdt_ = kcu::DType::kBF16;
   kcu::DType kvdt_ = kcu::DType::kBF16;
+  // The projections stay FP8 on the device: a described (streamed) FP8 block-scaled model.
+  bool fp8Weights_ = false;
   int group_ = 1;
   bool graphsOn_ = true;  // opt_.useCudaGraphs && TP == 1
 
@@ -424,9 +441,11 @@ Status CudaBackendImpl::streamRankWeights(Rank& r) {
   o.stagingBytes = opt_.weightStagingBytes;
   o.tensorParallelSize = plan_.size;
   o.rank = r.index;
+  o.keepFp8 = fp8Weights_;
   WeightLoadStats st;
   PD_ASSIGN_OR_RETURN(DeviceModel m, streamWeightsToDevice(model_->dir, cfg_, o, copier, &st));
   auto f32 = [](const DeviceTensor& t) { return static_cast<float*>(t.data); };
+  size_t fp8ScratchBytes = 0;
   r.embed = m.embed.data;
   if (r.index == 0) {
     r.lmHead = m.lmHead.data ? m.lmHead.data : r.embed;
@@ -444,14 +463,32 @@ Status CudaBackendImpl::streamRankWeights(Rank& r) {
     d.oBias = f32(s.oBias);
     d.gateUp = s.gateUp.data;
     d.down = s.down.data;
+    auto fp8 = [](const DeviceTensor& t) {
+      return t.dtype == TensorDtype::kF8E4M3 ? Fp8Scales{static_cast<const float*>(t.scales), t.scaleColOffset}
+                                             : Fp8Scales{};
+    };
+    d.qkv8 = fp8(s.qkv);
+    d.o8 = fp8(s.o);
+    d.gateUp8 = fp8(s.gateUp);
+    d.down8 = fp8(s.down);
+    for (const DeviceTensor* t : {&s.qkv, &s.o, &s.gateUp, &s.down})
+      if (t->dtype == TensorDtype::kF8E4M3) fp8ScratchBytes = std::max(fp8ScratchBytes, t->bytes);
+  }
+  size_t fp8Bytes = 0;
+  if (fp8ScratchBytes > 0) {  // bytes of codes = elements of the largest FP8 projection
+    fp8Bytes = fp8ScratchBytes * kcu::dtypeBytes(wdt_);
+    PD_RETURN_IF_ERROR(deviceAlloc(r, &r.fp8Scratch, fp8Bytes));
   }
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.2f s (%.2f GiB/s)", st.seconds,
                 st.seconds > 0 ? double(st.deviceBytes) / double(1ull << 30) / st.seconds : 0.0);
   PD_LOG(kInfo, "engine") << "cuda backend: rank " << r.index << " streamed " << gib(st.deviceBytes) << " of weights ("
-                          << kcu::dtypeName(wdt_) << " matrices, f32 norms) from " << model_->dir << " in " << rate
-                          << ", read " << gib(st.fileBytesRead) << " through " << (st.stagingBytes >> 20)
-                          << " MiB of pinned staging";
+                          << (fp8Bytes ? "fp8 projections with f32 block scales, " : "") << kcu::dtypeName(wdt_)
+                          << (fp8Bytes ? " embedding/lm_head" : " matrices") << ", f32 norms) from " << model_->dir
+                          << " in " << rate << ", read " << gib(st.fileBytesRead) << " through "
+                          << (st.stagingBytes >> 20) << " MiB of pinned staging"
+                          << (fp8Bytes ? ", " + gib(fp8Bytes) + " of " + kcu::dtypeName(wdt_) + " dequant scratch"
+                                       : "");
   return Status::ok();
 }
 
@@ -547,6 +584,7 @@ Status CudaBackendImpl::initRank(Rank& r) {
 Status CudaBackendImpl::init() {
   wdt_ = toKernelDtype(opt_.weightDtype);
   kvdt_ = toKernelDtype(layout_.dtype);
+  fp8Weights_ = !model_->hasHostTensors() && cfg_.quantization.fp8;
   group_ = cfg_.numHeads / cfg_.numKvHeads;
   const int R = plan_.size;
   graphsOn_ = opt_.useCudaGraphs && R == 1;
@@ -565,10 +603,15 @@ Status CudaBackendImpl::init() {
                                                       h * size_t(cfg_.qDim()) + 3 * ffn * h);
   const size_t embedElems = size_t(cfg_.vocabSize) * h;
   const size_t wb = kcu::dtypeBytes(wdt_);
+  // FP8 projections: one byte a weight plus 4 bytes per row per block of columns, and the
+  // dequant scratch of the largest one (gate|up) in the weight dtype.
+  const size_t bc = size_t(cfg_.quantization.blockCols);
+  const size_t layerBytes =
+      fp8Weights_ ? layerElems / R + layerElems / R / bc * 4 + 2 * ffn / R * h * wb : layerElems / R * wb;
   std::map<int, size_t> need;
   size_t weightBytesRank0 = 0;
   for (const Rank& r : ranks_) {
-    size_t w = (embedElems + layerElems / R) * wb;
+    size_t w = embedElems * wb + layerBytes;
     if (r.index == 0) {
       w += (cfg_.tieWordEmbeddings ? 0 : embedElems) * wb;
       weightBytesRank0 = w;
@@ -631,7 +674,8 @@ Status CudaBackendImpl::init() {
                        : opt_.useCudaGraphs ? ", CUDA graphs off (tensor_parallel_size > 1)"
                                             : ", CUDA graphs off";
   PD_LOG(kInfo, "engine") << "cuda backend: " << where << ", weights " << gib(weightBytesRank0) << " "
-                          << kcu::dtypeName(wdt_) << (R > 1 ? " on rank 0" : "") << ", KV "
+                          << (fp8Weights_ ? "fp8 projections (W8A16 kernels), " : "") << kcu::dtypeName(wdt_)
+                          << (fp8Weights_ ? " embedding" : "") << (R > 1 ? " on rank 0" : "") << ", KV "
                           << gib(rankLayout_.totalBytes()) << " " << kvDtypeName(layout_.dtype)
                           << (R > 1 ? " per rank" : "") << graphs;
   return Status::ok();
@@ -679,8 +723,18 @@ Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
   return Status::ok();
 }
 
-Status CudaBackendImpl::gemm(const Rank& r, const void* x, int n, int in, const void* w, int out, float* y,
-                             float beta) {
+Status CudaBackendImpl::gemm(const Rank& r, const void* x, int n, int in, const void* w, int out, float* y, float beta,
+                             const Fp8Scales& w8) {
+  if (w8.scales) {
+    const auto* codes = static_cast<const uint8_t*>(w);
+    const int bc = cfg_.quantization.blockCols;
+    if (n <= kcu::kFp8GemvMaxRows) {
+      PD_CUDA_TRY(kcu::fp8Gemv(x, wdt_, n, codes, w8.scales, out, in, w8.colOffset, bc, y, beta, r.stream));
+      return Status::ok();
+    }
+    PD_CUDA_TRY(kcu::fp8Dequantize(codes, w8.scales, out, in, w8.colOffset, bc, r.fp8Scratch, wdt_, r.stream));
+    w = r.fp8Scratch;
+  }
   // Row-major y[n][out] = x[n][in] * W[out][in]^T is column-major y^T = W^T(op T) * x^T.
   const float alpha = 1.0f;
   const cudaDataType_t t = cublasType(opt_.weightDtype);
@@ -762,7 +816,7 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
       cudaStream_t s = r.stream;
       PD_CUDA_TRY(kcu::rmsNorm(r.x, h, w.inputNorm, r.xn, wdt_, h, T, h, eps, s));
       if (w.qkvBias) PD_CUDA_TRY(kcu::broadcastRows(r.qkvOut, w.qkvBias, T, qkvRows, s));
-      PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.qkv, qkvRows, r.qkvOut, w.qkvBias ? 1.0f : 0.0f));
+      PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.qkv, qkvRows, r.qkvOut, w.qkvBias ? 1.0f : 0.0f, w.qkv8));
       PD_CUDA_TRY(kcu::applyRope(r.qkvOut, qkvRows, T, nh, hd, r.cos, r.sin, s));
       PD_CUDA_TRY(kcu::applyRope(r.qkvOut + qDim, qkvRows, T, nkv, hd, r.cos, r.sin, s));
       PD_CUDA_TRY(kcu::kvCacheWrite(layerKv(r, l), kvdt_, r.qkvOut + qDim, r.qkvOut + qDim + kvDim, qkvRows,
@@ -772,7 +826,7 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
                                       rankLayout_.blockSize, nh, nkv, hd, scale, r.attn, wdt_, qDim, s));
       const bool carriesResidual = r.index == 0;
       if (w.oBias) PD_CUDA_TRY(kcu::addRows(r.x, w.oBias, T, h, s));  // rank 0 only
-      PD_RETURN_IF_ERROR(gemm(r, r.attn, T, qDim, w.o, h, r.x, carriesResidual ? 1.0f : 0.0f));
+      PD_RETURN_IF_ERROR(gemm(r, r.attn, T, qDim, w.o, h, r.x, carriesResidual ? 1.0f : 0.0f, w.o8));
     }
     PD_RETURN_IF_ERROR(allReduceX(xElems));
     for (Rank& r : ranks_) {
@@ -780,9 +834,9 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
       const DevLayer& w = r.layers[l];
       cudaStream_t s = r.stream;
       PD_CUDA_TRY(kcu::rmsNorm(r.x, h, w.postNorm, r.xn, wdt_, h, T, h, eps, s));
-      PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.gateUp, 2 * ffn, r.gu, 0.0f));
+      PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.gateUp, 2 * ffn, r.gu, 0.0f, w.gateUp8));
       PD_CUDA_TRY(kcu::swiGlu(r.gu, r.act, wdt_, T, ffn, s));
-      PD_RETURN_IF_ERROR(gemm(r, r.act, T, ffn, w.down, h, r.x, r.index == 0 ? 1.0f : 0.0f));
+      PD_RETURN_IF_ERROR(gemm(r, r.act, T, ffn, w.down, h, r.x, r.index == 0 ? 1.0f : 0.0f, w.down8));
     }
     PD_RETURN_IF_ERROR(allReduceX(xElems));
   }

@@ -77,6 +77,20 @@ void fp8DequantRun(const uint8_t* codes, size_t n, int64_t first, const Fp8Block
   }
 }
 
+int64_t fp8RowScaleCols(int64_t colOffset, int64_t colCount, int blockCols) {
+  return (colOffset + colCount + blockCols - 1) / blockCols;
+}
+
+void fp8ExpandRowScales(const Fp8BlockScales& s, int64_t rowBegin, int64_t rowCount, int64_t colBegin, int64_t colCount,
+                        float* out) {
+  const int64_t firstBlock = colBegin / s.blockCols;
+  const int64_t n = fp8RowScaleCols(colBegin % s.blockCols, colCount, s.blockCols);
+  for (int64_t i = 0; i < rowCount; ++i) {
+    const float* src = &s.scaleInv[size_t(((rowBegin + i) / s.blockRows) * s.blocksPerRow() + firstBlock)];
+    std::copy(src, src + n, out + i * n);
+  }
+}
+
 void fp8QuantizeBlocks(const float* w, int64_t rows, int64_t cols, const WeightQuantization& q, uint8_t* codes,
                        float* scaleInv) {
   const int64_t br = q.blockRows, bc = q.blockCols;

@@ -66,6 +66,21 @@ void fp8DequantRun(const uint8_t* codes, size_t n, int64_t first, const Fp8Block
 // scaleInv: fp8ScaleShape's element count. The relative error of each weight is at most
 // 2^-4 (e4m3's 3 mantissa bits, round to nearest) unless it falls in the subnormal range
 // (below 2^-6 of the block's scale), where the absolute error is at most 2^-10 * scale_inv.
+// The device layout of an FP8 weight slice held as codes (the CUDA backend's W8A16 path,
+// docs/models.md "FP8 checkpoints"): the codes of rows [rowBegin, +rowCount) x columns
+// [colBegin, +colCount) row-major, and per row its block scales ("row-expanded"):
+//   scales[i][j], j < fp8RowScaleCols(colOffset, colCount, blockCols),
+//   colOffset = colBegin % blockCols,
+//   w[i][c] = e4m3(code[i][c]) * scales[i][(colOffset + c) / blockCols]
+// One float per row per block (1/32 of the codes' bytes at 128-column blocks): rows of
+// different projections can be stacked (q|k|v, gate|up) and sliced by tensor-parallel rank
+// at any row or column without the slice having to start on a block boundary.
+int64_t fp8RowScaleCols(int64_t colOffset, int64_t colCount, int blockCols);
+// Fills out[rowCount][fp8RowScaleCols(colBegin % blockCols, colCount, blockCols)] from the
+// whole tensor's scales. The slice must lie inside [s.rows][s.cols] (checked by the caller).
+void fp8ExpandRowScales(const Fp8BlockScales& s, int64_t rowBegin, int64_t rowCount, int64_t colBegin, int64_t colCount,
+                        float* out);
+
 void fp8QuantizeBlocks(const float* w, int64_t rows, int64_t cols, const WeightQuantization& q, uint8_t* codes,
                        float* scaleInv);
 

@@ -120,8 +120,17 @@ class Streamer {
     return Status::ok();
   }
 
-  // One device image: the pieces one after the other, in dtype `to`.
-  Result<DeviceTensor> load(const std::vector<Piece>& pieces, TensorDtype to) {
+  // One device image: the pieces one after the other, in dtype `to` -- or, with keepFp8 and
+  // every piece F8_E4M3, as codes plus row-expanded scales.
+  Result<DeviceTensor> load(const std::vector<Piece>& pieces, TensorDtype to, bool keepFp8 = false) {
+    if (keepFp8 && !pieces.empty()) {
+      bool allFp8 = true;
+      for (const Piece& p : pieces) {
+        PD_ASSIGN_OR_RETURN(const TensorInfo* info, ckpt_.expect(p.name, p.shape));
+        allFp8 = allFp8 && info->dtype == TensorDtype::kF8E4M3;
+      }
+      if (allFp8) return loadFp8(pieces);
+    }
     DeviceTensor t;
     t.dtype = to;
     std::vector<const TensorInfo*> infos;
@@ -150,6 +159,53 @@ class Streamer {
   Status finish() { return copier_.waitCopies(); }
 
  private:
+  // The codes of every piece as stored, then the row-expanded scales of all their rows. The
+  // pieces of one fused matrix share their columns (fusedRows), hence one scale layout.
+  Result<DeviceTensor> loadFp8(const std::vector<Piece>& pieces) {
+    DeviceTensor t;
+    t.dtype = TensorDtype::kF8E4M3;
+    const RowRange cols = pieces.front().cols;
+    const int bc = ckpt_.quantization().blockCols;
+    t.scaleColOffset = cols.begin % bc;
+    const size_t scaleCols = size_t(fp8RowScaleCols(t.scaleColOffset, cols.count, bc));
+    size_t rows = 0;
+    for (const Piece& p : pieces) {
+      if (p.cols.begin != cols.begin || p.cols.count != cols.count)
+        return internalError("weight stream: fused FP8 pieces with different columns (" + p.name + ")");
+      rows += size_t(p.rows.count);
+    }
+    t.bytes = rows * size_t(cols.count);
+    t.scaleBytes = rows * scaleCols * sizeof(float);
+    PD_ASSIGN_OR_RETURN(t.data, copier_.allocDevice(t.bytes));
+    PD_ASSIGN_OR_RETURN(t.scales, copier_.allocDevice(t.scaleBytes));
+    std::vector<float> scales(rows * scaleCols);
+    size_t at = 0, row = 0;
+    const Fp8BlockScales none;
+    for (const Piece& p : pieces) {
+      PD_ASSIGN_OR_RETURN(const Fp8BlockScales s, ckpt_.blockScales(p.name, p.shape));
+      PD_ASSIGN_OR_RETURN(const TensorInfo* si,
+                          ckpt_.expect(p.name + "_scale_inv", fp8ScaleShape(s.rows, s.cols, ckpt_.quantization())));
+      stats_.fileBytesRead += si->end - si->begin;
+      fp8ExpandRowScales(s, p.rows.begin, p.rows.count, p.cols.begin, p.cols.count, &scales[row * scaleCols]);
+      row += size_t(p.rows.count);
+      PD_RETURN_IF_ERROR(
+          streamPiece(p, TensorDtype::kF8E4M3, TensorDtype::kF8E4M3, none, static_cast<char*>(t.data), &at));
+    }
+    // The scales through the staging halves, as the codes went.
+    const char* src = reinterpret_cast<const char*>(scales.data());
+    for (size_t done = 0; done < t.scaleBytes;) {
+      const size_t m = std::min(half_, t.scaleBytes - done);
+      char* buf = nextHalf();
+      PD_RETURN_IF_ERROR(copier_.waitCopies());
+      std::memcpy(buf, src + done, m);
+      PD_RETURN_IF_ERROR(copier_.copyAsync(static_cast<char*>(t.scales) + done, buf, m));
+      stats_.deviceBytes += m;
+      ++stats_.copies;
+      done += m;
+    }
+    return t;
+  }
+
   // Streams one piece to dst + *at, advancing *at by the bytes it wrote. `scales`: an F8_E4M3
   // piece's block scales (empty otherwise).
   Status streamPiece(const Piece& p, TensorDtype from, TensorDtype to, const Fp8BlockScales& scales, char* dst,
@@ -277,6 +333,7 @@ Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelCon
   DeviceModel m;
   {
     Streamer s(ckpt, copier, stats);
+    const bool k8 = o.keepFp8;
     PD_RETURN_IF_ERROR(s.init(o.stagingBytes));
     const TensorDtype md = o.matrixDtype, f32 = TensorDtype::kF32;
     const int64_t h = c.hiddenSize, q = c.qDim(), kv = c.kvDim(), ffn = c.intermediateSize;
@@ -298,7 +355,7 @@ Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelCon
       PD_ASSIGN_OR_RETURN(d.postNorm, s.load({whole(p + "post_attention_layernorm.weight", {h})}, f32));
       const std::vector<std::string> qkvNames{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
                                               p + "self_attn.v_proj.weight"};
-      PD_ASSIGN_OR_RETURN(d.qkv, s.load(fusedRows(qkvNames, {q, kv, kv}, h, qkvRows), md));
+      PD_ASSIGN_OR_RETURN(d.qkv, s.load(fusedRows(qkvNames, {q, kv, kv}, h, qkvRows), md, k8));
       if (c.qkvBias) {
         const std::vector<std::string> biasNames{p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias",
                                                  p + "self_attn.v_proj.bias"};
@@ -306,15 +363,15 @@ Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelCon
       }
       Piece oSlice = whole(p + "self_attn.o_proj.weight", {h, q});
       oSlice.cols = plan.oColumns(r);
-      PD_ASSIGN_OR_RETURN(d.o, s.load({oSlice}, md));
+      PD_ASSIGN_OR_RETURN(d.o, s.load({oSlice}, md, k8));
       if (c.oBias && r == 0) {
         PD_ASSIGN_OR_RETURN(d.oBias, s.load({whole(p + "self_attn.o_proj.bias", {h})}, f32));
       }
       const std::vector<std::string> guNames{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"};
-      PD_ASSIGN_OR_RETURN(d.gateUp, s.load(fusedRows(guNames, {ffn, ffn}, h, guRows), md));
+      PD_ASSIGN_OR_RETURN(d.gateUp, s.load(fusedRows(guNames, {ffn, ffn}, h, guRows), md, k8));
       Piece downSlice = whole(p + "mlp.down_proj.weight", {h, ffn});
       downSlice.cols = plan.downColumns(r);
-      PD_ASSIGN_OR_RETURN(d.down, s.load({downSlice}, md));
+      PD_ASSIGN_OR_RETURN(d.down, s.load({downSlice}, md, k8));
     }
     PD_RETURN_IF_ERROR(s.finish());
   }

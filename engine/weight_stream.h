@@ -29,6 +29,10 @@
 // Checkpoint says (naming file, tensor and shapes); a plan the model does not divide
 // (planTensorParallel); matrixDtype F8_E4M3 -> kUnimplemented; stagingBytes too small for one row of a sliced matrix ->
 // kInvalidArgument naming both; the copier's errors as it returns them.
+//
+// keepFp8: a projection whose pieces are all F8_E4M3 is copied as codes (1 byte a weight)
+// followed by its row-expanded block scales (fp8_blocks.h: 4 bytes per row per 128 columns,
+// built on the host from the tensor's scales and sent through the same staging buffer).
 #pragma once
 
 #include <cstddef>
@@ -82,8 +86,14 @@ class HostWeightCopier final : public DeviceWeightCopier {
 
 struct DeviceTensor {
   void* data = nullptr;  // null: this rank holds no such tensor
-  size_t bytes = 0;
+  size_t bytes = 0;      // data's bytes (without the scales)
   TensorDtype dtype = TensorDtype::kF32;
+  // dtype kF8E4M3 (WeightStreamOptions::keepFp8 only): data holds the e4m3 codes of the
+  // [rows][cols] slice and scales its row-expanded block scales, f32
+  // [rows][fp8RowScaleCols(scaleColOffset, cols, blockCols)] (fp8_blocks.h), owned as data is.
+  void* scales = nullptr;
+  size_t scaleBytes = 0;
+  int scaleColOffset = 0;  // the slice's first column % blockCols
 };
 
 struct DeviceLayer {
@@ -109,6 +119,11 @@ struct WeightStreamOptions {
   size_t stagingBytes = size_t(64) << 20;  // the loader's whole host buffer (>= 64 KiB)
   int tensorParallelSize = 1;
   int rank = 0;
+  // The projections (q|k|v, o, gate|up, down) of an FP8 block-scaled checkpoint stay FP8:
+  // when every piece of a fused matrix is F8_E4M3, its image is the codes as stored plus
+  // row-expanded scales (DeviceTensor, dtype kF8E4M3) instead of matrixDtype values -- half
+  // the bytes of bf16. Any other tensor is loaded as without it. The CUDA backend sets it.
+  bool keepFp8 = false;
 };
 
 struct WeightLoadStats {

@@ -640,6 +640,108 @@ TEST_CASE("an FP8 checkpoint streams dequantized: the host loader's values in bf
   CHECK(m.status().toString().find("F8_E4M3 device matrices") != std::string::npos);
 }
 
+TEST_CASE("row-expanded FP8 scales: every element of any slice finds its block's scale") {
+  // Slices that start on and off block boundaries, partial edge blocks, blocks of 128 and 16.
+  struct Case {
+    int64_t rows, cols;
+    int br, bc;
+    int64_t rb, rc, cb, cc;
+  };
+  for (const Case& k : {Case{300, 257, 128, 128, 0, 300, 0, 257}, Case{300, 257, 128, 128, 100, 150, 100, 157},
+                        Case{300, 257, 128, 128, 129, 3, 128, 129}, Case{70, 45, 32, 16, 5, 60, 17, 20},
+                        Case{1376, 512, 128, 128, 688, 688, 0, 512}, Case{512, 1376, 128, 128, 0, 512, 688, 688}}) {
+    INFO(k.rows << " x " << k.cols << " in " << k.br << " x " << k.bc << ", rows " << k.rb << "+" << k.rc << " cols "
+                << k.cb << "+" << k.cc);
+    const WeightQuantization q{true, k.br, k.bc};
+    const auto shape = fp8ScaleShape(k.rows, k.cols, q);
+    Fp8BlockScales s{k.rows, k.cols, k.br, k.bc, std::vector<float>(size_t(shape[0] * shape[1]))};
+    for (size_t i = 0; i < s.scaleInv.size(); ++i) s.scaleInv[i] = float(i + 1);  // distinct per block
+    const int64_t off = k.cb % k.bc;
+    const int64_t n = fp8RowScaleCols(off, k.cc, k.bc);
+    CHECK(n == (k.cb + k.cc - 1) / k.bc - k.cb / k.bc + 1);  // the blocks the slice touches
+    std::vector<float> out(size_t(k.rc * n), -1.0f);
+    fp8ExpandRowScales(s, k.rb, k.rc, k.cb, k.cc, out.data());
+    size_t bad = 0;
+    for (int64_t i = 0; i < k.rc; ++i)
+      for (int64_t c = 0; c < k.cc; ++c) bad += out[size_t(i * n + (off + c) / k.bc)] != s.at(k.rb + i, k.cb + c);
+    CHECK(bad == 0);
+    CHECK(std::count(out.begin(), out.end(), -1.0f) == 0);  // every entry written
+  }
+}
+
+TEST_CASE("keepFp8 streams the projections as codes plus row-expanded scales, per rank") {
+  // The small preset: partial blocks (ffn 1376), and at tensor_parallel_size 2 and 4 column
+  // slices of o_proj / down_proj that start mid-block (688, 344 columns a rank).
+  const std::string dir = fp8Model("fp8_small_bf16", "small", "bf16", 5);
+  auto host = loadModel(dir);
+  REQUIRE(host.ok());
+  const ModelWeights& w = **host;
+  const ModelConfig& c = w.config;
+  const int bc = c.quantization.blockCols;
+  const size_t h = size_t(c.hiddenSize);
+  // Dequantizes a device image the way the CUDA kernels do and compares with the host
+  // loader's f32 weights (the same e4m3 * scale product, so exactly).
+  auto checkImage = [&](const DeviceTensor& t, const std::vector<float>& want, size_t cols, int colBegin,
+                        const std::string& what) {
+    INFO(what);
+    REQUIRE(t.dtype == TensorDtype::kF8E4M3);
+    const size_t rows = want.size() / cols;
+    REQUIRE(t.bytes == rows * cols);
+    CHECK(t.scaleColOffset == colBegin % bc);
+    const size_t n = size_t(fp8RowScaleCols(t.scaleColOffset, int64_t(cols), bc));
+    REQUIRE(t.scaleBytes == rows * n * sizeof(float));
+    const auto* codes = static_cast<const uint8_t*>(t.data);
+    const auto* sc = static_cast<const float*>(t.scales);
+    size_t bad = 0;
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t k = 0; k < cols; ++k)
+        bad += e4m3ToF32(codes[r * cols + k]) * sc[r * n + (size_t(t.scaleColOffset) + k) / size_t(bc)] !=
+               want[r * cols + k];
+    CHECK(bad == 0);
+  };
+  for (int tp : {1, 2, 4}) {
+    auto plan = planTensorParallel(c, tp);
+    REQUIRE(plan.ok());
+    for (int r = 0; r < tp; ++r) {
+      INFO("rank " << r << " of " << tp);
+      HostWeightCopier dev;
+      WeightStreamOptions o;
+      o.keepFp8 = true;
+      o.tensorParallelSize = tp;
+      o.rank = r;
+      o.stagingBytes = 96 << 10;  // the codes and the scales both take several chunks
+      WeightLoadStats stats;
+      auto m = streamWeightsToDevice(dir, c, o, dev, &stats);
+      REQUIRE(m.status().toString() == "OK");
+      CHECK(m->embed.dtype == TensorDtype::kBF16);  // stored bf16: not a projection, as before
+      CHECK(m->embed.scales == nullptr);
+      if (tp == 1) {
+        // Every stored byte read once, and the projections cost 1 + 4/128 bytes a weight.
+        auto f = SafetensorsFile::open(dir + "/model.safetensors");
+        REQUIRE(f.ok());
+        uint64_t stored = 0;
+        for (const auto& [name, info] : f->tensors()) stored += info.end - info.begin;
+        CHECK(stats.fileBytesRead == stored);
+        const DeviceLayer& l0 = m->layers[0];
+        const size_t elems = l0.qkv.bytes + l0.o.bytes + l0.gateUp.bytes + l0.down.bytes;
+        const size_t bytes = elems + l0.qkv.scaleBytes + l0.o.scaleBytes + l0.gateUp.scaleBytes + l0.down.scaleBytes;
+        CHECK(bytes < elems * 2 * 53 / 100);  // under 53% of bf16's 2 bytes a weight
+      }
+      for (int l = 0; l < c.numLayers; l += 3) {
+        const LayerWeights& hl = w.layers[size_t(l)];
+        const DeviceLayer& dl = m->layers[size_t(l)];
+        const std::string at = "layer " + std::to_string(l);
+        checkImage(dl.qkv, sliceRows(hl.qkv.data(), h, plan->qkvRows(r)), h, 0, at + " q|k|v rows");
+        checkImage(dl.gateUp, sliceRows(hl.gateUp.data(), h, plan->gateUpRows(r)), h, 0, at + " gate|up rows");
+        checkImage(dl.o, sliceColumns(hl.o.data(), h, plan->qDim(), plan->oColumns(r)), size_t(plan->oColumns(r).count),
+                   plan->oColumns(r).begin, at + " o columns");
+        checkImage(dl.down, sliceColumns(hl.down.data(), h, plan->ffn(), plan->downColumns(r)),
+                   size_t(plan->downColumns(r).count), plan->downColumns(r).begin, at + " down columns");
+      }
+    }
+  }
+}
+
 TEST_CASE("make-model writes the FP8 block format: F8_E4M3 projections, F32 scales, the rest as --dtype") {
   const std::string dir = fp8Model("fp8_tiny_bf16", "tiny", "bf16", 3);
   auto f = SafetensorsFile::open(dir + "/model.safetensors");
