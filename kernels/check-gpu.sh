@@ -6,8 +6,11 @@
 #   gpu-tests  every GPU test with PD_REQUIRE_GPU=1, so a missing device FAILS instead of
 #              skipping: the CUDA kernels (the sampler included) against their CPU twins, the
 #              CUDA backend against the CPU backend (logits within bf16 tolerance on generated
-#              models), weights streamed from bf16 and FP8 block-scaled checkpoints against
-#              host-uploaded ones, KV sized by gpu_memory_utilization, graphs, layer KV
+#              models), weights streamed from bf16 checkpoints against host-uploaded ones,
+#              FP8 block-scaled checkpoints held as FP8 on the device (the W8A16 kernels
+#              fp8Dequantize/fp8Gemv against their definition, the backend at TP 1 and 2
+#              against the CPU backend, its device memory against bf16's),
+#              KV sized by gpu_memory_utilization, graphs, layer KV
 #              events, device sampling,
 #              the backend factory, the worker's cuda engine set-up, GPU-memory transfers;
 #   e2e-cuda   a cuda cluster end to end (tests/e2e/cluster_test.cpp "greedy ids are identical

@@ -12,6 +12,7 @@
 #include "pd/kernels/activation.h"
 #include "pd/kernels/attention.h"
 #include "pd/kernels/cuda/attention.h"
+#include "pd/kernels/cuda/linear_fp8.h"
 #include "pd/kernels/cuda/ops.h"
 #include "pd/kernels/embedding.h"
 #include "pd/kernels/kv_cache.h"
@@ -287,4 +288,83 @@ TEST_CASE(
       checkAttention(8, 4, 2, 6, kv, out, ragged, seed++);
     }
   }
+}
+
+namespace {
+// float8_e4m3fn as its definition says (codes 0x7f / 0xff, NaN, are not generated).
+float e4m3Ref(uint8_t c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  const float v = e == 0 ? std::ldexp(float(m) / 8.0f, -6) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+  return (c & 0x80) ? -v : v;
+}
+}  // namespace
+
+// FP8 weights (pd/kernels/cuda/linear_fp8.h): the dequantized matrix against the layout's
+// definition (exact in f32 and bf16: one f32 product, rounded once), and fp8Gemv against a double-precision
+// product (f32 sums: 1e-5), on the 16-byte path (columns and offset multiples of 16) and the
+// scalar one, with a column offset into the first block, 1..8 rows, beta 0 (y never read:
+// it holds NaN) and 1.
+TEST_CASE("cuda fp8Dequantize and fp8Gemv match the FP8 block layout's definition", "[cuda][kernels][fp8]") {
+  if (!haveGpu()) return;
+  struct Case {
+    int rows, cols, colOffset, blockCols;
+  };
+  for (const Case& k : {Case{37, 256, 0, 128}, Case{40, 688, 48, 128}, Case{9, 100, 5, 128}, Case{5, 64, 16, 32}}) {
+    const int scaleCols = (k.colOffset + k.cols + k.blockCols - 1) / k.blockCols;
+    std::mt19937_64 rng(uint64_t(k.rows * 7919 + k.cols));
+    std::vector<uint8_t> codes(size_t(k.rows) * k.cols);
+    for (auto& c : codes) {
+      do c = uint8_t(rng());
+      while ((c & 0x7f) == 0x7f);
+    }
+    const std::vector<float> scales = randomVec(size_t(k.rows) * scaleCols, 3, 1e-4f, 1e-2f);
+    std::vector<float> w(codes.size());
+    for (int r = 0; r < k.rows; ++r)
+      for (int c = 0; c < k.cols; ++c)
+        w[size_t(r) * k.cols + c] =
+            e4m3Ref(codes[size_t(r) * k.cols + c]) * scales[size_t(r) * scaleCols + (k.colOffset + c) / k.blockCols];
+    auto codesDev = upload(codes);
+    auto scalesDev = upload(scales);
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      DYNAMIC_SECTION(k.rows << "x" << k.cols << " offset " << k.colOffset << " blocks of " << k.blockCols << " "
+                             << dtypeName(dt)) {
+        DevBuf out(w.size() * dtypeBytes(dt));
+        PD_CUDA_CHECK(kcu::fp8Dequantize(codesDev->as<uint8_t>(), scalesDev->as<float>(), k.rows, k.cols, k.colOffset,
+                                         k.blockCols, out.as(), dt, nullptr));
+        // f16: the smallest products fall below its normal range, where the host rounding
+        // (11 significant bits) is not the format's, so it is held to f16's relative step.
+        if (dt == DType::kF16)
+          CHECK(relError(downloadAs(out.as(), dt, w.size()), w) < 1e-3);
+        else
+          CHECK(downloadAs(out.as(), dt, w.size()) == roundedTo(w, dt));
+
+        for (int n : {1, 3, 8}) {
+          const std::vector<float> x = roundedTo(randomVec(size_t(n) * k.cols, uint64_t(n)), dt);
+          const std::vector<float> y0 = randomVec(size_t(n) * k.rows, 9);
+          auto xDev = uploadAs(x, dt);
+          for (float beta : {0.0f, 1.0f}) {
+            INFO(n << " rows, beta " << beta);
+            auto yDev = beta == 0.0f ? std::make_unique<DevBuf>(y0.size() * 4) : upload(y0);  // NaN when unread
+            PD_CUDA_CHECK(kcu::fp8Gemv(xDev->as(), dt, n, codesDev->as<uint8_t>(), scalesDev->as<float>(), k.rows,
+                                       k.cols, k.colOffset, k.blockCols, yDev->as<float>(), beta, nullptr));
+            std::vector<float> want(y0.size());
+            for (int b = 0; b < n; ++b)
+              for (int r = 0; r < k.rows; ++r) {
+                double acc = 0;
+                for (int c = 0; c < k.cols; ++c)
+                  acc += double(w[size_t(r) * k.cols + c]) * double(x[size_t(b) * k.cols + c]);
+                want[size_t(b) * k.rows + r] = float(acc + beta * y0[size_t(b) * k.rows + r]);
+              }
+            const double err = relError(download<float>(yDev->as(), want.size()), want);
+            INFO("rel error " << err);
+            CHECK(err < 1e-5);
+          }
+        }
+      }
+    }
+  }
+  // More rows than the accumulators hold are refused at the call.
+  DevBuf any(1024);
+  CHECK(kcu::fp8Gemv(any.as(), DType::kBF16, kcu::kFp8GemvMaxRows + 1, any.as<uint8_t>(), any.as<float>(), 1, 16, 0,
+                     128, any.as<float>(), 0.0f, nullptr) == cudaErrorInvalidValue);
 }
