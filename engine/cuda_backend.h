@@ -15,6 +15,12 @@
 // rank's device in the stored dtype through a bounded pinned buffer (weight_stream.h; no host
 // copy, each rank reads its slices); a loaded one (loadModel, host f32) is uploaded from host
 // memory (tests compare the two). weightLoadSeconds() says how long either took.
+// A described FP8 block-scaled checkpoint keeps its projections FP8 on the device (codes +
+// per-row block scales, weight_stream.h keepFp8) and multiplies with them through
+// pd/kernels/cuda/linear_fp8.h: fp8Gemv for up to kFp8GemvMaxRows rows, else the weight
+// dequantized in weightDtype into a per-rank scratch buffer for the cuBLAS GEMM; weightDtype
+// is then the activations' dtype and that of the other tensors (docs/models.md, "FP8 weights
+// on the cuda backend"). An FP8 model from loadModel (host f32) is uploaded in weightDtype.
 //
 // Threads: one host thread drives a backend (as Backend says); it owns one CUDA stream and
 // one cuBLAS handle per rank, so backends on different threads/devices are independent.

@@ -13,8 +13,8 @@
 // read as before, so `modules_to_not_convert` / `ignored_layers` need no interpretation.
 //
 // "dynamic" activations: vLLM quantizes activations per token group at run time; pdserve
-// computes the products in its own dtypes (f32 on cpu, bf16/f32 on cuda) from the dequantized
-// weights, which is at least as precise.
+// computes the products in its own dtypes (f32 on cpu; on cuda the activations' dtype, with
+// the weights kept FP8 and dequantized in the kernels), which is at least as precise.
 //
 // Plain functions and values; any thread.
 #pragma once

@@ -1,7 +1,8 @@
 // Streaming weight load: a checkpoint's tensors go from the safetensors files to a device's
 // memory in their stored dtype (or converted chunk by chunk when the device wants another;
 // an FP8 block-scaled checkpoint's F8_E4M3 weights are dequantized with their scales,
-// fp8_blocks.h, and stored in matrixDtype: f32 * scale rounded once),
+// fp8_blocks.h, and stored in matrixDtype: f32 * scale rounded once -- or, with keepFp8, the
+// projections stay codes with row-expanded scales),
 // through a bounded staging buffer, without a host copy of the model. The CUDA backend loads
 // this way (its copier: pinned staging, cudaMemcpyAsync); tests load through a host-memory
 // copier and compare the bytes that arrive with the file's.
