@@ -17,7 +17,8 @@
 #              with cuda workers"): colocated, and disaggregated over tcp-staged GPU memory,
 #              greedy ids identical between the two cuda paths (and the CPU's);
 #   bench      cuda_bench: GEMM against the cuBLAS peak and device copies measured in the same
-#              run, paged decode attention, decode/prefill tokens/s of a 1B-shaped bf16 model;
+#              run, paged decode attention, decode/prefill tokens/s of a 1B-shaped bf16 model,
+#              the FP8-weight GEMV and dequantization against cuBLAS bf16 on one weight;
 #   rdma       when ibv_devices lists a device: the verbs unit tests and the transport
 #              conformance suite (which includes verbs once a device initialises).
 # Results: every phase's log and a summary (results.txt: phase, PASS/FAIL/SKIP, seconds) under

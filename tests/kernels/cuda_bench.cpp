@@ -7,7 +7,11 @@
 //     bound (weights + KV bytes per step at memcpy speed);
 //   - prefill tokens/s for one 2,048-token chunk against the GEMM bound;
 //   - the device sampler (temperature + top-p + 5 logprobs) at 1/32/128 rows of a 128k
-//     vocabulary, us per call, against the device-to-host copy of the logits it replaces.
+//     vocabulary, us per call, against the device-to-host copy of the logits it replaces;
+//   - FP8 weights (pd/kernels/cuda/linear_fp8.h) on a Llama-3-8B-shaped gate|up (28672 x
+//     4096): fp8Gemv at 1 and 8 rows and cuBLAS's bf16 GEMM of the same rows, GB/s of weight
+//     bytes read, and fp8Dequantize's GB/s (1 byte read + 2 written a weight), each against
+//     the memcpy.
 // The model is Llama-3.2-1B-shaped (hidden 2048, 16 layers, 32/8 heads, head dim 64, ffn 8192,
 // vocab 128256, tied embeddings) with seeded random weights made in memory: no download.
 //   cuda_bench [--model 1b|tiny] [--steps N]
@@ -25,6 +29,7 @@
 #include "common/base/cli.h"
 #include "engine/cuda_backend.h"
 #include "pd/kernels/cuda/attention.h"
+#include "pd/kernels/cuda/linear_fp8.h"
 #include "pd/kernels/cuda/ops.h"
 #include "pd/kernels/cuda/sampling.h"
 
@@ -288,6 +293,59 @@ double samplingUs(int rows, int vocab, double* copyUs) {
   return us;
 }
 
+// FP8-weight kernels against cuBLAS bf16 on one [rows][cols] weight, n activation rows:
+// seconds per call of fp8Gemv (codes read directly), of cuBLAS's bf16 GEMM (n rows), and of
+// fp8Dequantize (to bf16). Codes 0x38 (1.0) and scales 1: the timing does not depend on them.
+struct Fp8Times {
+  double gemv = 0, gemm = 0, dequant = 0;
+};
+Fp8Times fp8Times(int rows, int cols, int n) {
+  const int bc = 128, scaleCols = (cols + bc - 1) / bc;
+  uint8_t* codes;
+  float *scales, *y;
+  void *x, *wbf16;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&codes), size_t(rows) * cols));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&scales), size_t(rows) * scaleCols * 4));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&y), size_t(n) * rows * 4));
+  CHECK_CUDA(cudaMalloc(&x, size_t(n) * cols * 2));
+  CHECK_CUDA(cudaMalloc(&wbf16, size_t(rows) * cols * 2));
+  CHECK_CUDA(cudaMemset(codes, 0x38, size_t(rows) * cols));
+  std::vector<float> ones(size_t(rows) * scaleCols, 1.0f);
+  CHECK_CUDA(cudaMemcpy(scales, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(x, 0x3c, size_t(n) * cols * 2));
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const float alpha = 1, beta = 0;
+  auto time = [&](auto&& fn) {
+    fn();
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const int reps = 50;
+    const double t0 = now();
+    for (int i = 0; i < reps; ++i) fn();
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return (now() - t0) / reps;
+  };
+  Fp8Times t;
+  t.gemv = time(
+      [&] { CHECK_CUDA(kcu::fp8Gemv(x, kcu::DType::kBF16, n, codes, scales, rows, cols, 0, bc, y, 0.0f, nullptr)); });
+  t.dequant = time(
+      [&] { CHECK_CUDA(kcu::fp8Dequantize(codes, scales, rows, cols, 0, bc, wbf16, kcu::DType::kBF16, nullptr)); });
+  t.gemm = time([&] {
+    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &alpha, wbf16, CUDA_R_16BF, cols, x, CUDA_R_16BF, cols,
+                     &beta, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cuda_bench: cublasGemmEx (fp8 comparison) failed\n");
+      std::exit(1);
+    }
+  });
+  cublasDestroy(h);
+  cudaFree(codes);
+  cudaFree(scales);
+  cudaFree(y);
+  cudaFree(x);
+  cudaFree(wbf16);
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -325,6 +383,27 @@ int main(int argc, char** argv) {
     rows.push_back(
         {"device sampling, " + std::to_string(sampleRowsN) + " rows x 128256 vocab (T 0.8, top-p 0.9, 5 logprobs)",
          fmt("%.1f us", us), fmt("%.1f us (D2H copy of the logits)", copyUs), fmt("%.0f%%", 100 * us / copyUs)});
+  }
+
+  {
+    const int fr = 28672, fc = 4096;
+    const double fp8Bytes = double(fr) * fc * (1.0 + 4.0 / 128), bf16Bytes = double(fr) * fc * 2;
+    for (int n : {1, 8}) {
+      const Fp8Times t = fp8Times(fr, fc, n);
+      const double g8 = fp8Bytes / t.gemv / 1e9, g16 = bf16Bytes / t.gemm / 1e9;
+      rows.push_back({"fp8Gemv 28672x4096, " + std::to_string(n) + " rows (GB/s of codes+scales; us)",
+                      fmt("%.0f GB/s", g8) + fmt(" %.0f us", t.gemv * 1e6), fmt("%.0f GB/s", bw),
+                      fmt("%.0f%%", 100 * g8 / bw)});
+      rows.push_back({"cuBLAS bf16 GEMM 28672x4096, " + std::to_string(n) + " rows (GB/s of weights; us)",
+                      fmt("%.0f GB/s", g16) + fmt(" %.0f us", t.gemm * 1e6), fmt("%.0f GB/s", bw),
+                      fmt("%.0f%%", 100 * g16 / bw)});
+      if (n == 1) {
+        const double gd = double(fr) * fc * 3 / t.dequant / 1e9;
+        rows.push_back({"fp8Dequantize 28672x4096 to bf16 (GB/s read+write; us)",
+                        fmt("%.0f GB/s", gd) + fmt(" %.0f us", t.dequant * 1e6), fmt("%.0f GB/s", bw),
+                        fmt("%.0f%%", 100 * gd / bw)});
+      }
+    }
   }
 
   std::printf("making the %s model in memory...\n", preset.c_str());
