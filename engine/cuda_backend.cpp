@@ -74,7 +74,6 @@ TensorDtype toTensorDtype(KvDtype d) {
   return d == KvDtype::kF32 ? TensorDtype::kF32 : d == KvDtype::kF16 ? TensorDtype::kF16 : TensorDtype::kBF16;
 }
 
-// One rank's slice of a layer (TP = 1: the whole layer).
 // A projection held as FP8 codes (the void* beside it) with row-expanded block scales
 // (fp8_blocks.h, "the device layout"); scales null: the projection is in the weight dtype.
 struct Fp8Scales {
@@ -82,6 +81,7 @@ struct Fp8Scales {
   int colOffset = 0;
 };
 
+// One rank's slice of a layer (TP = 1: the whole layer).
 struct DevLayer {
   float* inputNorm = nullptr;
   void* qkv = nullptr;       // [rankQkvRows][hidden]
