@@ -163,7 +163,8 @@ for n in names:
     block_bytes = 0.0
     for w in workers:
         after = series(f"{out}/{n}.after.{w}.prom")
-        b, k = after.get('pdserve_kv_tier_bytes{tier="region"}', 0), after.get('pdserve_kv_tier_blocks{tier="region"}', 0)
+        pick = lambda name: next((v for key, v in after.items() if key.startswith(name + "{") and 'tier="region"' in key), 0)
+        b, k = pick("pdserve_kv_tier_bytes"), pick("pdserve_kv_tier_blocks")
         if b and k:
             block_bytes = b / k
             break
