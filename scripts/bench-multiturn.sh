@@ -6,11 +6,14 @@
 #   off    prefix caching off                      (scripts/multiturn/off.yaml)
 #   cache  per-worker prefix caching               (scripts/multiturn/cache.yaml)
 #   tiers  + the host and disk tiers               (scripts/multiturn/tiers.yaml)
-#   PATH   any other config of the same shape, e.g. tiers plus peer pulls
+#   pulls  + peer pulls between the decode workers (scripts/multiturn/pulls.yaml)
+#   PATH   any other config of the same shape
 # Prints one table: per configuration the fleet prefix hit rate (usage cached_tokens over
-# prompt tokens), the hit rate by tier (pdserve_kv_tier_hit_blocks_total) and by pull (the
-# PULL_BLOCKS_METRIC counter, when the workers export it), TTFT p50/p90/p99, goodput within the
-# SLOs, mean pull latency (PULL_SECONDS_METRIC histogram) when present, and the hit rate one
+# prompt tokens), the hit rate by tier (pdserve_kv_tier_hit_blocks_total; a pulled block is
+# attached from the target's region, so it counts there too) and by pull (the tokens
+# PULL_BYTES_METRIC's bytes hold, at the region's bytes a block), the pulls by outcome
+# (PULLS_METRIC: done / fell_back / refused), TTFT p50/p90/p99, goodput within the SLOs, mean
+# and p50/p90 pull latency (PULL_SECONDS_METRIC histogram) when present, and the hit rate one
 # unbounded cache would get on the same requests.
 #
 # usage: scripts/bench-multiturn.sh [OUT_DIR] [CONFIGS] [TRACE_S] [TIME_SCALE]
@@ -21,13 +24,14 @@
 # lengths; default 1/32: a 512-token trace block becomes one 16-token KV block), MAX_OUTPUT
 # (default 32), SLO (default ttft_ms=2000,itl_ms=200),
 # RESTART=WORKER (kill WORKER with SIGKILL halfway and start it again under its id; its hit
-# rate before and after is printed), PULL_BLOCKS_METRIC, PULL_SECONDS_METRIC.
+# rate before and after is printed), PULLS_METRIC, PULL_BYTES_METRIC, PULL_SECONDS_METRIC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build/bench-multiturn} configs=${2:-off cache tiers} trace_s=${3:-900} time_scale=${4:-0.25}
 sample=${SAMPLE:-10} length_scale=${LENGTH_SCALE:-0.03125} max_output=${MAX_OUTPUT:-32}
 slo=${SLO:-ttft_ms=2000,itl_ms=200} restart=${RESTART:-}
-pull_blocks=${PULL_BLOCKS_METRIC:-pdserve_kv_pull_blocks_total}
+pulls_metric=${PULLS_METRIC:-pdserve_kv_pulls_total}
+pull_bytes=${PULL_BYTES_METRIC:-pdserve_kv_pull_bytes_total}
 pull_seconds=${PULL_SECONDS_METRIC:-pdserve_kv_pull_seconds}
 bin=build/bin
 model=${MODEL:-build/test_models/e2e_small}
@@ -77,7 +81,7 @@ snapshot() { # NAME TAG: every worker's /metrics
 
 for config in $configs; do
   if [ -f "$config" ]; then src=$config name=$(basename "$config" .yaml); else src=scripts/multiturn/$config.yaml name=$config; fi
-  [ -f "$src" ] || { echo "no config '$config' (off, cache, tiers, or a YAML path)" >&2; exit 2; }
+  [ -f "$src" ] || { echo "no config '$config' (off, cache, tiers, pulls, or a YAML path)" >&2; exit 2; }
   rm -rf "$out/$name.kv-cache" "$out/$name".*.log "$out/$name".*.prom
   sed "/^#/!{s|@MODEL@|$PWD/$model|; s|@DISK@|$out/$name.kv-cache|}" "$src" > "$out/$name.yaml"
   cfg=$out/$name.yaml
@@ -114,11 +118,11 @@ for config in $configs; do
   cleanup
 done
 
-python3 - "$out" "$restart" "$pull_blocks" "$pull_seconds" "$workers" $configs << 'EOF'
+python3 - "$out" "$restart" "$pulls_metric" "$pull_bytes" "$pull_seconds" "$workers" $configs << 'EOF'
 import json, os, re, sys
-out, restart, pull_blocks, pull_seconds, workers = sys.argv[1:6]
+out, restart, pulls_metric, pull_bytes, pull_seconds, workers = sys.argv[1:7]
 workers = workers.split()
-names = [os.path.basename(c)[:-5] if c.endswith(".yaml") else c for c in sys.argv[6:]]
+names = [os.path.basename(c)[:-5] if c.endswith(".yaml") else c for c in sys.argv[7:]]
 
 def series(path):
     vals = {}
@@ -155,24 +159,50 @@ for n in names:
     bs, prompt = turns["block_size"], max(1, turns["prompt_tokens"])
     tier = {t: 100 * total(n, "pdserve_kv_tier_hit_blocks_total", f'tier="{t}"') * bs / prompt
             for t in ("region", "host", "disk")}
-    pulled = total(n, pull_blocks)
+    # One block's bytes: the region's bytes over its named blocks (the same on every worker).
+    block_bytes = 0.0
+    for w in workers:
+        after = series(f"{out}/{n}.after.{w}.prom")
+        pick = lambda name: next((v for key, v in after.items() if key.startswith(name + "{") and 'tier="region"' in key), 0)
+        b, k = pick("pdserve_kv_tier_bytes"), pick("pdserve_kv_tier_blocks")
+        if b and k:
+            block_bytes = b / k
+            break
+    pulled_bytes = total(n, pull_bytes)
+    pulled = pulled_bytes / block_bytes if block_bytes else 0
+    outcomes = " / ".join("%.0f" % total(n, pulls_metric, f'outcome="{o}"') for o in ("done", "fell_back", "refused"))
     psum, pcount = total(n, pull_seconds + "_sum"), total(n, pull_seconds + "_count")
+    # The pull latency's p50 and p90 from the histogram's buckets (the bucket's upper bound).
+    buckets = {}
+    for w in workers:
+        a, b = series(f"{out}/{n}.before.{w}.prom"), series(f"{out}/{n}.after.{w}.prom")
+        for key, v in b.items():
+            m = re.match(re.escape(pull_seconds) + r'_bucket\{.*le="([^"]+)"', key)
+            if m:
+                buckets[m.group(1)] = buckets.get(m.group(1), 0) + v - a.get(key, 0)
+    def quantile(q):
+        if not pcount:
+            return "-"
+        for le, c in sorted(((float(k), c) for k, c in buckets.items())):
+            if c >= q * pcount:
+                return "<=%g" % (1000 * le) if le != float("inf") else ">5000"
+        return "-"
     routes = series(f"{out}/{n}.router.prom")
     rows.append([n, res["completed"], res["failed"],
                  f'{100 * turns["cached_tokens"] / prompt:.1f}%',
                  " / ".join(f"{tier[t]:.1f}" for t in tier),
-                 f"{100 * pulled * bs / prompt:.1f}%" if pulled else "-",
+                 f"{100 * pulled * bs / prompt:.1f}%" if pulled else "-", outcomes if pcount or total(n, pulls_metric) else "-",
                  " / ".join(f'{res[k] or 0:.0f}' for k in ("median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms")),
                  f'{res["request_goodput"]:.2f}' if res["request_goodput"] is not None else "-",
-                 f"{1000 * psum / pcount:.1f}" if pcount else "-",
+                 f"{1000 * psum / pcount:.1f} ({quantile(0.5)} / {quantile(0.9)})" if pcount else "-",
                  f'{100 * turns["ideal_cached_tokens"] / prompt:.1f}%',
                  f'{turns["next_turns"]}: {100 * turns["next_turn_cached_tokens"] / max(1, turns["next_turn_history_tokens"]):.0f}%',
                  " / ".join("%.0f" % routes.get('pdserve_route_decisions_total{reason="%s",route="%s"}' % rr, 0)
                             for rr in (("short_prompt", "colocated"), ("cached_prefix", "colocated"),
-                                       ("long_prompt", "disaggregated")))])
-head = ["config", "done", "failed", "fleet hit", "region/host/disk hit %", "pull hit", "TTFT p50/p90/p99 ms",
-        "goodput req/s", "pull ms", "ceiling (1 cache)", "next turns: history hit",
-        "routes: short / cached_prefix / disaggregated"]
+                                       ("pull", "colocated"), ("long_prompt", "disaggregated")))])
+head = ["config", "done", "failed", "fleet hit", "region/host/disk hit %", "pull hit",
+        "pulls: done / fell_back / refused", "TTFT p50/p90/p99 ms", "goodput req/s", "pull ms: mean (p50 / p90)",
+        "ceiling (1 cache)", "next turns: history hit", "routes: short / cached_prefix / pull / disaggregated"]
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
 for r in rows:

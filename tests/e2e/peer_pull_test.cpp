@@ -262,6 +262,182 @@ TEST_CASE("e2e peer pull: a stopped or killed source costs at most the pull dead
   c->stop();
 }
 
+// A multi-turn conversation across the split, served by a pull: turn 1's long prompt is
+// prefilled on prefill-0 and decoded on one decode worker (the source), which names the blocks
+// of its prompt and its answer. Turn 2 (turn 1's prompt, the ids it generated and a new message,
+// as `pdserve bench --multi-turn` sends them) comes while the source is busy with a stream: the
+// router sends it to the other decode worker, which pulls the history's full blocks (prompt and
+// answer) from the source and computes only the new message: route reason "pull", cached_tokens
+// every full block of the history, the greedy ids of a cold run that caches nothing.
+TEST_CASE("e2e peer pull: a multi-turn conversation's next turn pulls the history from its decoder") {
+  const std::string transport = GENERATE(std::string("cma"), std::string("tcp"));
+#if !PD_HAVE_CMA
+  if (transport == "cma") SKIP("no cma on this platform");
+#endif
+  auto c = pd::test::startLocalCluster(kWork, "peer_pull_turn_" + transport, yaml(transport));
+  Setup s;
+  s.w = pd::test::randomPrompt(300, 4500);
+  const Completion t1 = complete(*c, s.w, 40);
+  REQUIRE(header(t1.headers, "x-pdserve-route") == "disaggregated");
+  REQUIRE(t1.ids.size() == 40);
+  s.source = header(t1.headers, "x-pdserve-decode-worker");
+  REQUIRE((s.source == "decode-0" || s.source == "decode-1"));
+  s.target = s.source == "decode-0" ? "decode-1" : "decode-0";
+
+  // The history: turn 1's prompt and answer; the answer's last token's KV was never computed,
+  // so the source names every full block of the rest, answer blocks included.
+  std::vector<int32_t> history = s.w;
+  history.insert(history.end(), t1.ids.begin(), t1.ids.end());
+  const int historyBlocks = int(history.size() - 1) / 16;
+  REQUIRE(historyBlocks * 16 > int(s.w.size()));  // at least one block of the answer is pulled
+  REQUIRE(waitFor(
+      [&] {
+        return pd::test::routerMetric(*c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source +
+                                              "\"}") >= historyBlocks;
+      },
+      10s));
+  std::vector<int32_t> turn2 = history;
+  const auto message = pd::test::randomPrompt(31, 4501);
+  turn2.insert(turn2.end(), message.begin() + 1, message.end());
+  const std::vector<int32_t> cold = pd::test::generateCli(turn2, 8, 1);
+  REQUIRE(cold.size() == 8);
+
+  const double pullRoutes =
+      pd::test::routerMetric(*c, "pdserve_route_decisions_total{reason=\"pull\",route=\"colocated\"}");
+  const double done = pulls(*c, s.target, "done", transport);
+  Completion t2;
+  whileBusy(*c, s, [&] { t2 = complete(*c, turn2, 8); });
+  INFO(t2.headers);
+  CHECK(header(t2.headers, "x-pdserve-decode-worker") == s.target);
+  CHECK(pd::test::routerMetric(*c, "pdserve_route_decisions_total{reason=\"pull\",route=\"colocated\"}") ==
+        std::max(0.0, pullRoutes) + 1);
+  CHECK(t2.cachedTokens == historyBlocks * 16);
+  CHECK(t2.ids == cold);
+  CHECK(pulls(*c, s.target, "done", transport) == done + 1);
+  CHECK(decodeMetric(*c, s.target, "pdserve_kv_blocks_quarantined") == 0);
+  // Nothing stays pinned on the source once idle.
+  CHECK(waitFor(
+      [&] {
+        return decodeMetric(*c, s.source, "pdserve_kv_cache_free_blocks") ==
+               decodeMetric(*c, s.source, "pdserve_kv_cache_num_blocks");
+      },
+      10s));
+  c->stop();
+}
+
+// The source evicts the blocks after the router named it and before the pull reaches it: the
+// source answers "not found", the pull is refused and the target computes the whole prompt, with
+// the ids of a cold run and no block left reserved, quarantined or pinned on either side. Made
+// deterministic with real processes: the target is SIGSTOPped while the router routes Q to it
+// (the router's pull decision is counted before Q's Generate is read), and the source's region
+// is exactly as large as the stream that keeps it busy will grow to, so when that stream ends
+// every other block of the region -- W's included -- was evicted. Only then does the target run
+// and send its PullRequest.
+TEST_CASE("e2e peer pull: a source that evicted the blocks before the pull refuses, then a recompute") {
+  const std::string transport = GENERATE(std::string("cma"), std::string("tcp"));
+#if !PD_HAVE_CMA
+  if (transport == "cma") SKIP("no cma on this platform");
+#endif
+  // 24 blocks (384 tokens) a decode worker; the stream below needs all 24 by its end. The
+  // router waits for a stopped worker's reports for longer than the stream takes.
+  std::string config = yaml(transport, 24);
+  const std::string report = "worker_report_timeout_ms: 5000";
+  config.replace(config.find(report), report.size(), "worker_report_timeout_ms: 60000");
+  auto c = pd::test::startLocalCluster(kWork, "peer_pull_evicted_" + transport, config);
+
+  // W (112 tokens) on the source; Q is W's first 64 tokens and 30 of its own (94 tokens: past
+  // short_prompt_tokens unless the 64 are pulled).
+  Setup s = prefix(*c, 4600, /*pulled=*/64);
+  // P lands on the source too (the disaggregated route picks either decode worker): the stream
+  // that keeps the source busy is P's first 64 tokens and 10 more, sent to the source, which
+  // holds P, and sharing none of Q's blocks.
+  std::vector<int32_t> p;
+  for (uint64_t seed = 4700; seed < 4716 && p.empty(); ++seed) {
+    auto candidate = pd::test::randomPrompt(80, seed);
+    const Completion landed = complete(*c, candidate, 2);
+    REQUIRE(header(landed.headers, "x-pdserve-route") == "disaggregated");
+    if (header(landed.headers, "x-pdserve-decode-worker") == s.source) p = candidate;
+  }
+  REQUIRE(!p.empty());
+  // The stream: 74 prompt tokens + 300 generated = 374 tokens, whose KV (all but the last
+  // token's) fills 24 blocks: the whole region.
+  constexpr int kStreamTokens = 300;
+  std::vector<int32_t> stream(p.begin(), p.begin() + 64);
+  const auto more = pd::test::randomPrompt(10, 4799);
+  stream.insert(stream.end(), more.begin(), more.end());
+  REQUIRE((int(stream.size()) + kStreamTokens - 1 + 15) / 16 == 24);
+
+  REQUIRE(waitFor(
+      [&] {
+        return decodeMetric(*c, "decode-0", "pdserve_num_requests_running") == 0 &&
+               decodeMetric(*c, "decode-1", "pdserve_num_requests_running") == 0;
+      },
+      20s));
+  std::this_thread::sleep_for(300ms);
+  std::string streamWorker, streamUsage;
+  std::thread busy([&] {
+    json req{{"model", "small"},
+             {"prompt", stream},
+             {"max_tokens", kStreamTokens},
+             {"temperature", 0},
+             {"ignore_eos", true}};
+    auto reply = httpRequest(c->httpPort(), "POST", "/v1/completions", req.dump(), 180s);
+    if (reply.ok() && reply->status == 200) {
+      streamWorker = header(reply->headers, "x-pdserve-decode-worker");
+      streamUsage = json::parse(reply->body)["usage"].dump();
+    }
+  });
+  REQUIRE(waitFor([&] { return decodeMetric(*c, s.source, "pdserve_num_requests_running") >= 1; }, 20s));
+  std::this_thread::sleep_for(300ms);
+
+  const std::string pullRoute = "pdserve_route_decisions_total{reason=\"pull\",route=\"colocated\"}";
+  const double pullRoutes = std::max(0.0, pd::test::routerMetric(*c, pullRoute));
+  const double refused = pulls(*c, s.target, "refused", "none");
+  REQUIRE(c->processes().signal(s.target, SIGSTOP).isOk());
+  Completion q;
+  std::thread client([&] { q = complete(*c, s.q, 8); });
+  // The router named the source: Q's Generate waits in the stopped target's socket.
+  const bool routed = waitFor([&] { return pd::test::routerMetric(*c, pullRoute) == pullRoutes + 1; }, 20s);
+  // The stream ends on the source having taken every block of its region.
+  busy.join();
+  // What the source holds now, as the router's exact index sees it: the stream's 23 named blocks
+  // (its last block holds the token whose KV is never computed), nothing of W.
+  const std::string sourceIndex = "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source + "\"}";
+  const bool onlyStream = waitFor([&] { return pd::test::routerMetric(*c, sourceIndex) == 23; }, 5s);
+  const std::string diag = "source " + s.source + ": num_blocks " +
+                           std::to_string(decodeMetric(*c, s.source, "pdserve_kv_cache_num_blocks")) +
+                           ", router index " + std::to_string(pd::test::routerMetric(*c, sourceIndex)) +
+                           ", stream usage " + streamUsage;
+  REQUIRE(c->processes().signal(s.target, SIGCONT).isOk());
+  const auto resumed = std::chrono::steady_clock::now();
+  client.join();
+  const double afterResume = std::chrono::duration<double>(std::chrono::steady_clock::now() - resumed).count();
+  REQUIRE(routed);
+  INFO(diag);
+  CHECK(streamWorker == s.source);
+  CHECK(onlyStream);
+  INFO(q.headers);
+  CHECK(header(q.headers, "x-pdserve-decode-worker") == s.target);
+  CHECK(q.ids == s.cold);
+  CHECK(q.cachedTokens == 0);
+  CHECK(pulls(*c, s.target, "refused", "none") == refused + 1);
+  CHECK(pulls(*c, s.target, "done", transport) == 0);
+  // A refusal is an answer, not a wait: Q took less than the pull deadline after the target ran
+  // again, recomputing included.
+  CHECK(afterResume < kPullDeadlineMs / 1e3);
+  CHECK(waitFor([&] { return decodeMetric(*c, s.target, "pdserve_kv_blocks_quarantined") == 0; }, 10s));
+  for (const std::string& w : {s.source, s.target}) {
+    INFO(w);
+    CHECK(waitFor(
+        [&] {
+          return decodeMetric(*c, w, "pdserve_kv_cache_free_blocks") ==
+                 decodeMetric(*c, w, "pdserve_kv_cache_num_blocks");
+        },
+        10s));
+  }
+  c->stop();
+}
+
 namespace {
 
 // The ceiling of moving `bytes` of KV between two buffers of this host: the best of 5 memcpys
