@@ -310,8 +310,9 @@ TEST_CASE("an 8-bit KV cache: disaggregated over tcp and cma gives the colocated
 }
 
 // The small preset of make-model's `arch` (qwen3: per-head q/k RMSNorm, q 2x the hidden
-// width; qwen3_moe: the same attention, 16 experts of which each token runs 4; deepseek_v3:
-// multi-head latent attention with YaRN, 32 group-routed experts and a shared one), made once.
+// width; qwen3_moe: the same attention, 16 experts of which each token runs 4; mixtral: 8 of
+// which each token runs 2; deepseek_v3: multi-head latent attention with YaRN, 32 group-routed
+// experts and a shared one), made once.
 // quantization "fp8": an FP8 block-scaled checkpoint (F8_E4M3 projections, the rest bf16).
 static std::string smallModelDir(const std::string& arch, const std::string& quantization = "") {
   const std::string d =
@@ -413,6 +414,11 @@ TEST_CASE("qwen3: greedy ids and logprobs match pdserve generate: colocated, dis
 
 TEST_CASE("qwen3_moe: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
   checkArchAcrossSplit("qwen3_moe");
+}
+
+// MixtralForCausalLM: Llama's attention with 8 softmax-routed experts of which each token runs 2.
+TEST_CASE("mixtral: greedy ids and logprobs match pdserve generate: colocated, disaggregated over tcp and cma") {
+  checkArchAcrossSplit("mixtral");
 }
 
 // An FP8 block-scaled checkpoint (docs/models.md, "FP8 checkpoints"): both workers dequantize
