@@ -716,7 +716,9 @@ Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
       return Status::ok();
     };
     PD_RETURN_IF_ERROR(alloc(&r.x, size_t(capT) * h * 4));
-    PD_RETURN_IF_ERROR(alloc(&r.qkvOut, size_t(capT) * qkvRows * 4));
+    // Under MLA q|k|v is never formed (cuda_mla.h keeps its own buffers) and o_proj's input is
+    // heads * vHeadDim wide, not numHeads * headDim (headDim being the latent's width there).
+    PD_RETURN_IF_ERROR(alloc(&r.qkvOut, mla_ ? 0 : size_t(capT) * qkvRows * 4));
     PD_RETURN_IF_ERROR(alloc(&r.gu, size_t(capT) * 2 * ffn * 4));
     PD_RETURN_IF_ERROR(alloc(&r.cos, size_t(capT) * half * 4));
     PD_RETURN_IF_ERROR(alloc(&r.sin, size_t(capT) * half * 4));
@@ -725,7 +727,7 @@ Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
       PD_RETURN_IF_ERROR(alloc(&r.logitsDev, size_t(capS) * cfg_.vocabSize * 4));
     }
     PD_RETURN_IF_ERROR(alloc(&r.xn, size_t(capT) * h * wb));
-    PD_RETURN_IF_ERROR(alloc(&r.attn, size_t(capT) * plan_.rankQDim() * wb));
+    PD_RETURN_IF_ERROR(alloc(&r.attn, size_t(capT) * (mla_ ? mla_->outDim() : plan_.rankQDim()) * wb));
     PD_RETURN_IF_ERROR(alloc(&r.act, size_t(capT) * ffn * wb));
     PD_RETURN_IF_ERROR(alloc(&r.metaDev, ml_.words() * 4));
     if (mla_) PD_RETURN_IF_ERROR(mla_->allocScratch(capT, [&](void** p, size_t bytes) { return alloc(p, bytes); }));
