@@ -812,3 +812,33 @@ TEST_CASE("cuda backend: a described DeepseekV3 model loads as the host-uploaded
   CHECK(ta == tb);
   for (size_t i = 0; i < ra.size(); ++i) CHECK(relError(rb[i], ra[i]) < 1e-6);
 }
+
+TEST_CASE("cuda backend reports each layer's latent KV once it is in device memory", "[cuda][backend][mla]") {
+  if (!haveGpu()) return;
+  auto loaded = loadModel(denseDeepseekDir("tiny", true, false));
+  REQUIRE(loaded.status().toString() == "OK");
+  auto model = loaded.value();
+  auto gpu = makeCuda(model, KvDtype::kF32, KvDtype::kF32, true);
+  const KvLayout& L = gpu->kvLayout();
+  REQUIRE(L.latent);
+  const MemDesc region = gpu->kvRegion();
+  CHECK(region.len == L.totalBytes());
+  PD_CUDA_CHECK(cudaMemset(region.ptr(), 0xff, region.len));  // NaN everywhere
+  std::vector<int32_t> prompt(20, 65), table{3, 9};
+  SeqChunk c{prompt.data(), 20, 0, table.data(), 2, true};
+  std::vector<float> logits(model->config.vocabSize);
+  std::vector<int> seen;
+  const Status st = gpu->forward({&c, 1}, logits.data(), [&](int layer) {
+    seen.push_back(layer);
+    // Block 3 of this layer (positions 0..15): every token's [c_kv | k_pe] must be written now.
+    std::vector<float> blk(L.blockElems());
+    const char* src = static_cast<const char*>(region.ptr()) + L.blockOffset(layer, 3);
+    REQUIRE(cudaMemcpy(blk.data(), src, L.blockBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::all_of(blk.begin(), blk.end(), [](float x) { return std::isfinite(x); }));
+  });
+  REQUIRE(st.toString() == "OK");
+  std::vector<int> all(model->config.numLayers);
+  std::iota(all.begin(), all.end(), 0);
+  CHECK(seen == all);
+  CHECK(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
+}
