@@ -7,11 +7,12 @@
 namespace pd::engine {
 
 Status cudaSupportsModel(const ModelConfig& c) {
-  if (c.isMla())
-    return unimplemented(std::string("cuda backend: ") + architectureName(c.architecture) +
-                         " (multi-head latent attention, mixture of experts) is not implemented on CUDA; run it "
-                         "with backend: cpu");
-  if (c.isMoe())
+  // Multi-head latent attention runs on CUDA (cuda_mla.h); what is refused is a mixture-of-
+  // experts layer: a DeepseekV3 config with routed experts is dense when first_k_dense_replace
+  // covers every layer, so the check is per layer, not on n_routed_experts.
+  bool moeLayers = false;
+  for (int l = 0; l < c.numLayers; ++l) moeLayers = moeLayers || c.isMoeLayer(l);
+  if (moeLayers)
     return unimplemented(std::string("cuda backend: ") + architectureName(c.architecture) +
                          " (mixture of experts) is not implemented on CUDA; run it with backend: cpu");
   if (c.qkNorm)

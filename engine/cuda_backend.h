@@ -22,6 +22,13 @@
 // is then the activations' dtype and that of the other tensors (docs/models.md, "FP8 weights
 // on the cuda backend"). An FP8 model from loadModel (host f32) is uploaded in weightDtype.
 //
+// DeepseekV3ForCausalLM (dense layers only, see cudaSupportsModel): multi-head latent attention
+// in the absorbed form (cuda_mla.h, pd/kernels/cuda/mla.h), the KV region laid out by the
+// latent KvLayout (one [c_kv | k_pe] vector per token and layer; kvRegion() and the layer KV
+// events as for any model). TP = 1 only and an f32/f16/bf16 latent cache (TP > 1 and fp8 are
+// refused by name); a described model is read into host f32 and uploaded (the streaming loader
+// covers q|k|v layouts only), the backend keeping that host copy.
+//
 // Threads: one host thread drives a backend (as Backend says); it owns one CUDA stream and
 // one cuBLAS handle per rank, so backends on different threads/devices are independent.
 // forward() returns after the step's logits are on the host (and every rank is idle).
@@ -149,9 +156,10 @@ class CudaBackend : public Backend {
 Status cudaDeviceAvailable();
 
 // OK when the CUDA backend implements the model's architecture and features; otherwise
-// kUnimplemented naming the architecture (Qwen3's per-head q/k RMSNorm and the mixture-of-
-// experts block have no CUDA kernels yet: docs/models.md). createCudaBackend checks it before looking for a device, so
-// the refusal is the same with or without a GPU.
+// kUnimplemented naming the architecture (Qwen3's per-head q/k RMSNorm and mixture-of-experts
+// layers have no CUDA kernels yet: docs/models.md; a DeepseekV3 model passes when
+// first_k_dense_replace makes every layer dense). createCudaBackend checks it before looking
+// for a device, so the refusal is the same with or without a GPU.
 Status cudaSupportsModel(const ModelConfig& config);
 
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,

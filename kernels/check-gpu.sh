@@ -10,6 +10,9 @@
 #              FP8 block-scaled checkpoints held as FP8 on the device (the W8A16 kernels
 #              fp8Dequantize/fp8Gemv against their definition, the backend at TP 1 and 2
 #              against the CPU backend, its device memory against bf16's),
+#              DeepseekV3 multi-head latent attention (the MLA kernels against their host
+#              definitions up to a 576-value latent; a dense made DeepSeek-V3 on the backend
+#              against the CPU backend: logits, greedy ids, the latent KV region),
 #              KV sized by gpu_memory_utilization, graphs, layer KV
 #              events, device sampling,
 #              the backend factory, the worker's cuda engine set-up, GPU-memory transfers;
