@@ -113,8 +113,8 @@ double readGBs(size_t bytes, int threads, int reps) {
 // The decode's ceiling measured beside it: one read pass (readGBs's loads) over a buffer of
 // the bytes a decode step reads, on the decode's thread count, run between groups of decode
 // steps so that both see the same load from other processes. Each pass records its wall time
-// and the process CPU time it used (all threads): on a shared machine a pass that was
-// descheduled is slow on the wall clock but not in CPU time, as a decode step is.
+// and the CPU time its threads used: on a shared machine a pass that was descheduled is slow
+// on the wall clock but not in CPU time, as a decode step is.
 class InterleavedReadPasses {
  public:
   InterleavedReadPasses(size_t bytes, int threads) : n_(bytes / sizeof(float) / 32 * 32), threads_(threads), buf_(n_) {
@@ -122,8 +122,12 @@ class InterleavedReadPasses {
   }
   void pass() {
     std::vector<float> sums(static_cast<size_t>(threads_));
-    const double c0 = processCpuSeconds();
+    std::vector<double> threadCpu(static_cast<size_t>(threads_));
     wall_.push_back(onThreads(threads_, [&](int t) {
+      // Each thread's own CPU clock: a joined thread's time may not be in the process clock
+      // yet when join returns.
+      timespec c0, c1;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
       const size_t lo = n_ * t / threads_ / 32 * 32, hi = n_ * (t + 1) / threads_ / 32 * 32;
       const float* p = buf_.data();
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -136,8 +140,12 @@ class InterleavedReadPasses {
       alignas(32) float out[8];
       _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
       sums[size_t(t)] = out[0] + out[7];
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+      threadCpu[size_t(t)] = double(c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9;
     }));
-    cpu_.push_back(processCpuSeconds() - c0);
+    double cpu = 0;
+    for (double c : threadCpu) cpu += c;
+    cpu_.push_back(cpu);
     volatile float sink = sums[0];
     (void)sink;
   }

@@ -142,8 +142,8 @@ void pagedAttention(const float* q, int qStride, const PagedKv& kv, const int32_
       // heads: a tile of every kv head is larger than L1, and one burst of all its lines fills
       // the miss queue and stalls the loads it should hide. On the AMD EPYC guest, with the
       // cache evicted between layers as the weights' streaming does, a decode token's
-      // attention over 512 positions (4 kv heads of 64, 8 layers, 8.4 MB) took 0.76-0.82
-      // CPU-ms this way against 1.05-1.10 one kv head per pass with a burst into L1.
+      // attention over 512 positions (4 kv heads of 64, 8 layers, 8.4 MB) took 0.80-0.93
+      // CPU-ms against 1.10-1.19 before (one kv head per pass, a burst into L1).
       const int npNext = std::min(kTile, ctx - p0 - kTile);
       for (int i = 0; i < npNext; ++i) {
         const int p = p0 + kTile + i;
