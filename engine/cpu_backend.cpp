@@ -228,16 +228,24 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
   const float scale = 1.0f / std::sqrt(float(hd));
   const kc::PagedKv lkv = layerKv(layer);
 
-  // Work items: (chunk, kv head) for the paged kernel; for GEMM chunks (chunk, kv head)
-  // items that gather K/V once and then run every query tile of the group's heads.
+  // Work items: (chunk, range of kv heads) for the paged kernel, which reads a tile of keys
+  // once for every kv head of its range (contiguous in the pool): one range per chunk unless
+  // the batch has fewer chunks than the pool has threads, then kv heads split so that each
+  // thread gets about two items. For GEMM chunks (chunk, kv head) items that gather K/V once
+  // and then run every query tile of the group's heads.
   struct Item {
     int chunk;
-    int kvHead;
+    int kvHead, kvHeadEnd;
   };
+  const int parts = std::clamp(threads_ == 1 ? 1 : 2 * threads_ / int(batch.size()), 1, nkv);
   std::vector<Item> items;
   items.reserve(batch.size() * nkv);
   for (size_t c = 0; c < batch.size(); ++c) {
-    for (int g = 0; g < nkv; ++g) items.push_back({int(c), g});
+    if (batch[c].numTokens < opt_.gemmAttentionMinTokens) {
+      for (int p = 0; p < parts; ++p) items.push_back({int(c), nkv * p / parts, nkv * (p + 1) / parts});
+    } else {
+      for (int g = 0; g < nkv; ++g) items.push_back({int(c), g, g + 1});
+    }
   }
   auto runItem = [&](int i, int thread) {
     const Item it = items[i];
@@ -246,7 +254,7 @@ void CpuBackend::attention(std::span<const SeqChunk> batch, int layer) {
     const float* q = qkv_.data() + size_t(t0) * qkvRows;
     float* out = attn_.data() + size_t(t0) * qDim;
     if (s.numTokens < opt_.gemmAttentionMinTokens) {
-      kc::pagedAttention(q, qkvRows, lkv, s.blockTable, s.numTokens, s.startPos, nh, it.kvHead, it.kvHead + 1, scale,
+      kc::pagedAttention(q, qkvRows, lkv, s.blockTable, s.numTokens, s.startPos, nh, it.kvHead, it.kvHeadEnd, scale,
                          out, qDim);
       return;
     }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "pd/kernels/attention.h"
+#include "pd/kernels/linear.h"
 #include "pd/kernels/norm.h"
 
 namespace pd::engine {
@@ -15,6 +16,11 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 constexpr int kRowsPerTile = 256;  // query rows (token x head) per attention tile
+// A chunk of at most this many tokens (decode) attends token by token over the cache in place
+// (latentAttention) and maps its heads' outputs through W_UV streamed (linearSkinny): the
+// GEMM's gather of the latent context and its packing (a transpose) of the context and of
+// each head's W_UV cost more than the few rows' arithmetic.
+constexpr int kDirectMaxTokens = 4;
 
 // DeepSeek's RoPE frequencies for `dim` rotary values: theta^(-2i/dim), or under YaRN a blend
 // of those (high frequencies, kept) and those divided by factor (low frequencies,
@@ -137,6 +143,20 @@ void CpuMla::project(int layer, const float* xn, int T, const int32_t* pos, cons
   // Absorption: q_lat[t][head] = q_nope[t][head] . W_UK[head] ([nope][R] rows of kv_b_proj).
   parallel(H, [&](int hd, int thread) {
     const float* wuk = w.kvB.data() + size_t(hd) * (nope + m.vHeadDim) * R;
+    if (T <= kDirectMaxTokens) {
+      // A few rows: W_UK's rows summed in place (the GEMM would copy W_UK into its panels first).
+      for (int t = 0; t < T; ++t) {
+        const float* qn = q_.data() + (size_t(t) * H + hd) * qh;
+        float* dst = qlat_.data() + (size_t(t) * H + hd) * L;
+        std::fill(dst, dst + R, 0.0f);
+        for (int d = 0; d < nope; ++d) {
+          const float a = qn[d];
+          const float* row = wuk + size_t(d) * R;
+          for (int r = 0; r < R; ++r) dst[r] += a * row[r];
+        }
+      }
+      return;
+    }
     kc::gemm(kernel_, T, 0, R, nope, q_.data() + size_t(hd) * qh, H * qh, wuk, R, kc::GemmB::kKN, 0.0f,
              qlat_.data() + size_t(hd) * L, H * L, scratch_[thread].gemm);
   });
@@ -157,21 +177,31 @@ void CpuMla::attend(const LayerWeights& w, std::span<const SeqChunk> batch, cons
   };
   std::vector<Item> items;
   const int tileTokens = std::max(1, kRowsPerTile / H);
-  for (size_t c = 0; c < batch.size(); ++c)
-    for (int t0 = 0; t0 < batch[c].numTokens; t0 += tileTokens)
-      items.push_back({int(c), t0, std::min(batch[c].numTokens, t0 + tileTokens)});
+  for (size_t c = 0; c < batch.size(); ++c) {
+    const int step = batch[c].numTokens <= kDirectMaxTokens ? 1 : tileTokens;
+    for (int t0 = 0; t0 < batch[c].numTokens; t0 += step)
+      items.push_back({int(c), t0, std::min(batch[c].numTokens, t0 + step)});
+  }
   parallel(int(items.size()), [&](int i, int thread) {
     const Item it = items[i];
     const SeqChunk& s = batch[it.chunk];
     Scratch& sc = scratch_[thread];
     const int keyEnd = s.startPos + it.tok1;  // keys the tile's last token sees
+    const size_t row0 = size_t(tokenStart[it.chunk] + it.tok0) * H;
+    if (s.numTokens <= kDirectMaxTokens) {
+      // A decode token: its H rows against the cached latent rows in place.
+      if (sc.scores.size() < size_t(H) * keyEnd) sc.scores.resize(size_t(H) * keyEnd);
+      kc::latentAttention(qlat_.data() + row0 * L, L, H, layerKv, s.blockTable, layout_.blockSize, layout_.blockElems(),
+                          int(layout_.tokenElems()), L, R, keyEnd, scale_, sc.scores.data(), olat_.data() + row0 * R,
+                          R);
+      return;
+    }
     // The latent context gathered once per item (contiguous for the GEMM's packing).
     if (sc.ctx.size() < size_t(keyEnd) * L) sc.ctx.resize(size_t(keyEnd) * L);
     for (int p = 0; p < keyEnd; ++p)
       std::memcpy(sc.ctx.data() + size_t(p) * L, latentRow(layerKv, s.blockTable, p), sizeof(float) * L);
     const int rows = (it.tok1 - it.tok0) * H;
     if (sc.scores.size() < size_t(rows) * keyEnd) sc.scores.resize(size_t(rows) * keyEnd);
-    const size_t row0 = size_t(tokenStart[it.chunk] + it.tok0) * H;
     kc::gemm(kernel_, rows, 0, keyEnd, L, qlat_.data() + row0 * L, L, sc.ctx.data(), L, kc::GemmB::kNK, 0.0f,
              sc.scores.data(), keyEnd, sc.gemm);
     for (int r = 0; r < rows; ++r)
@@ -181,10 +211,14 @@ void CpuMla::attend(const LayerWeights& w, std::span<const SeqChunk> batch, cons
              olat_.data() + row0 * R, R, sc.gemm);
   });
   // Each head's latent output through its W_UV ([v][R] rows of kv_b_proj).
+  // Few rows (decode): streamed (linear.h), not packed for the GEMM.
   parallel(H, [&](int hd, int thread) {
     const float* wuv = w.kvB.data() + (size_t(hd) * (nope + v) + nope) * R;
-    kc::gemm(kernel_, T, 0, v, R, olat_.data() + size_t(hd) * R, H * R, wuv, R, kc::GemmB::kNK, 0.0f,
-             out + size_t(hd) * v, H * v, scratch_[thread].gemm);
+    if (T <= kDirectMaxTokens)
+      kc::linearSkinny(olat_.data() + size_t(hd) * R, H * R, wuv, out + size_t(hd) * v, H * v, T, R, 0, v, 0.0f);
+    else
+      kc::gemm(kernel_, T, 0, v, R, olat_.data() + size_t(hd) * R, H * R, wuv, R, kc::GemmB::kNK, 0.0f,
+               out + size_t(hd) * v, H * v, scratch_[thread].gemm);
   });
 }
 

@@ -13,7 +13,9 @@
 // K or V is ever expanded; attention reads kvLoraRank + qkRopeHeadDim values per position for
 // all heads at once (an MQA over the latent). A token's heads share its position, so the
 // (token, head) query rows of a tile of a chunk run as one GEMM against the chunk's latent
-// context, gathered from the paged cache once per tile (decode: one tile of `heads` rows).
+// context, gathered from the paged cache once per tile. A chunk of a few tokens (decode)
+// instead reads the cached latent rows in place, token by token (latentAttention,
+// pd/kernels/attention.h), and sums W_UK's and W_UV's rows without the GEMM's packing.
 //
 // Not thread-safe: one per backend, called from its forward(), which lends its pool through
 // ParallelFn and its linear layers through LinearFn.

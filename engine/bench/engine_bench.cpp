@@ -12,6 +12,12 @@
 //                                          [--kv-dtype f32|bf16|int8|fp8]
 //
 // Without --model it makes the small preset (seed 1) under /tmp. Not a test: prints figures.
+// Batch-1 decode is also reported per CPU-second, beside a ceiling measured the same way: a
+// read pass over a buffer of the step's weight bytes, on the same threads, runs before every
+// 16 steps and after the last (17 passes for 256 steps); the share printed is the median
+// pass's CPU time over the median step's CPU time (process CPU time, all threads). Time the
+// process was descheduled counts in neither, and passes and steps meet the same neighbours'
+// memory traffic, so on a shared machine this share moves far less than the wall-clock one.
 // --only context: prompt chunks after 0-2,048 cached tokens, their time a token against the
 // price SLO-sized chunks give them (1 + position / ModelConfig::attentionSpanTokens).
 // --llama-bench PATH: also runs that llama-bench binary on the same weights (written as an f32
@@ -103,6 +109,64 @@ double readGBs(size_t bytes, int threads, int reps) {
   (void)sink;
   return double(n) * sizeof(float) / best / 1e9;
 }
+
+// The decode's ceiling measured beside it: one read pass (readGBs's loads) over a buffer of
+// the bytes a decode step reads, on the decode's thread count, run between groups of decode
+// steps so that both see the same load from other processes. Each pass records its wall time
+// and the CPU time its threads used: on a shared machine a pass that was descheduled is slow
+// on the wall clock but not in CPU time, as a decode step is.
+class InterleavedReadPasses {
+ public:
+  InterleavedReadPasses(size_t bytes, int threads) : n_(bytes / sizeof(float) / 32 * 32), threads_(threads), buf_(n_) {
+    for (size_t i = 0; i < n_; ++i) buf_.data()[i] = float(i & 7);
+  }
+  void pass() {
+    std::vector<float> sums(static_cast<size_t>(threads_));
+    std::vector<double> threadCpu(static_cast<size_t>(threads_));
+    wall_.push_back(onThreads(threads_, [&](int t) {
+      // Each thread's own CPU clock: a joined thread's time may not be in the process clock
+      // yet when join returns.
+      timespec c0, c1;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+      const size_t lo = n_ * t / threads_ / 32 * 32, hi = n_ * (t + 1) / threads_ / 32 * 32;
+      const float* p = buf_.data();
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (size_t i = lo; i < hi; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+      }
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      sums[size_t(t)] = out[0] + out[7];
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+      threadCpu[size_t(t)] = double(c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9;
+    }));
+    double cpu = 0;
+    for (double c : threadCpu) cpu += c;
+    cpu_.push_back(cpu);
+    volatile float sink = sums[0];
+    (void)sink;
+  }
+  double bytes() const { return double(n_) * sizeof(float); }
+  int passes() const { return int(wall_.size()); }
+  // GB/s of the best and the median pass, on the wall clock and per CPU-second.
+  double bestWallGBs() const { return bytes() / *std::min_element(wall_.begin(), wall_.end()) / 1e9; }
+  double bestCpuGBs() const { return bytes() / *std::min_element(cpu_.begin(), cpu_.end()) / 1e9; }
+  double medianWallGBs() const { return bytes() / median(wall_) / 1e9; }
+  double medianCpuGBs() const { return bytes() / median(cpu_) / 1e9; }
+  static double median(std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  }
+
+ private:
+  size_t n_;
+  int threads_;
+  WeightBuffer buf_;
+  std::vector<double> wall_, cpu_;
+};
 
 // FMA peak of `threads` threads running `kernel`'s instructions at once; best of `reps`.
 double fmaPeakGflops(kc::GemmKernel kernel, int threads, int reps) {
@@ -214,8 +278,10 @@ class DecodeBench {
   }
 
   // `steps` steps from position ctx (each call starts there again). stepSeconds (optional):
-  // wall seconds of each forward; cpuSeconds (optional): process CPU time of the forwards.
-  pd::Status run(int steps, std::vector<double>* stepSeconds, double* cpuSeconds) {
+  // wall seconds of each forward; cpuSeconds (optional): process CPU time of the forwards;
+  // stepCpuSeconds (optional): the process CPU time of each forward.
+  pd::Status run(int steps, std::vector<double>* stepSeconds, double* cpuSeconds,
+                 std::vector<double>* stepCpuSeconds = nullptr) {
     std::vector<int32_t> next(batch_, 65);
     std::vector<float> logits(size_t(batch_) * cfg_.vocabSize);
     std::vector<SeqChunk> chunks(batch_);
@@ -226,6 +292,7 @@ class DecodeBench {
       PD_RETURN_IF_ERROR(backend_->forward(chunks, logits.data()));
       if (stepSeconds) stepSeconds->push_back(secondsSince(t0));
       if (cpuSeconds) *cpuSeconds += processCpuSeconds() - c0;
+      if (stepCpuSeconds) stepCpuSeconds->push_back(processCpuSeconds() - c0);
       for (int s = 0; s < batch_; ++s) {
         const auto row = logits.begin() + ptrdiff_t(s) * cfg_.vocabSize;
         next[s] = int32_t(std::max_element(row, row + cfg_.vocabSize) - row);
@@ -583,10 +650,20 @@ int main(int argc, char** argv) {
     const int steps = quick ? 16 : (batch == 1 ? 256 : 32);
     auto bench = DecodeBench::create(*model, batch, ctx, steps, opt, rng);
     if (!bench.ok()) return fail(bench.status());
-    std::vector<double> stepSeconds;
+    std::vector<double> stepSeconds, stepCpu;
     double cpu = 0;
     if (auto st = (*bench)->run(2, nullptr, nullptr); !st.isOk()) return fail(st);  // warm-up
-    if (auto st = (*bench)->run(steps, &stepSeconds, &cpu); !st.isOk()) return fail(st);
+    // Batch 1: the decode's ceiling is measured again between groups of steps (the same
+    // threads, the same moments of load); see InterleavedReadPasses.
+    std::unique_ptr<InterleavedReadPasses> passes;
+    if (batch == 1) passes = std::make_unique<InterleavedReadPasses>(size_t(weightBytes), threads);
+    const int group = batch == 1 ? 16 : steps;
+    for (int done = 0; done < steps; done += group) {
+      if (passes) passes->pass();
+      if (auto st = (*bench)->run(std::min(group, steps - done), &stepSeconds, &cpu, &stepCpu); !st.isOk())
+        return fail(st);
+    }
+    if (passes) passes->pass();
     double total = 0;
     for (double x : stepSeconds) total += x;
     std::nth_element(stepSeconds.begin(), stepSeconds.begin() + steps / 2, stepSeconds.end());
@@ -603,6 +680,17 @@ int main(int argc, char** argv) {
           "\n    read-bandwidth floor (%.1f MB weights / token at %.1f GB/s): %.3f ms -> %.0f tok/s ceiling, "
           "%.0f%% of it\n    (the %.1f MB of KV read per token at ctx %d is on top of the weights)",
           weightBytes / 1e6, readBw, floor * 1e3, 1.0 / floor, 100.0 * floor / medianStep, kvBytes / 1e6, ctx);
+      // Per CPU-second: the median step's CPU time against the median interleaved read pass's
+      // CPU time for the same bytes. Time this process was descheduled counts in neither, and
+      // both met the same neighbours' memory traffic; at one thread CPU time is the step's
+      // running time.
+      const double medianStepCpu = InterleavedReadPasses::median(stepCpu);
+      const double floorCpu = weightBytes / (passes->medianCpuGBs() * 1e9);
+      std::printf(
+          "\n    per CPU-second: median step %.2f CPU-ms; %d read passes interleaved with the steps: median %.1f GB/s "
+          "per CPU-second (best %.1f; on the wall clock median %.1f, best %.1f) -> floor %.3f CPU-ms, %.0f%% of it",
+          medianStepCpu * 1e3, passes->passes(), passes->medianCpuGBs(), passes->bestCpuGBs(), passes->medianWallGBs(),
+          passes->bestWallGBs(), floorCpu * 1e3, 100.0 * floorCpu / medianStepCpu);
     }
     std::printf("\n");
   }

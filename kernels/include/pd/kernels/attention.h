@@ -30,6 +30,18 @@ void pagedAttention(const float* q, int qStride, const float* layerKv, const int
 void pagedAttention(const float* q, int qStride, const PagedKv& kv, const int32_t* blockTable, int numTokens,
                     int startPos, int numHeads, int kvHeadBegin, int kvHeadEnd, float scale, float* out, int outStride);
 
+// Attention of `rows` query rows that all see the same keys [0, numKeys) of one sequence's
+// latent cache (multi-head latent attention's decode: one token's heads, an MQA over the
+// latent; engine/cpu_mla.h). The cache holds one row of latentStride floats per position,
+// blockSize positions per block of blockStride floats, block b of the sequence at
+// layerKv + blockTable[b] * blockStride. Scores are q[r] . row[p] over scoreDim values (the
+// whole latent: c_kv then k_pe), times scale, softmaxed per row (causalSoftmaxRows); out[r] =
+// sum_p p[r][p] * row[p][0, valueDim) (c_kv). Reads the rows in place (no gather or packing).
+// q: [rows][ldq]; scores: [rows][numKeys] scratch; out: [rows][ldo].
+void latentAttention(const float* q, int ldq, int rows, const float* layerKv, const int32_t* blockTable, int blockSize,
+                     size_t blockStride, int latentStride, int scoreDim, int valueDim, int numKeys, float scale,
+                     float* scores, float* out, int ldo);
+
 // In-place causal softmax over score rows produced by a QK^T GEMM tile.
 // scores: [numRows][ldScores]; row r belongs to the query at absolute position
 // firstQueryPos + r and keeps columns [0, firstQueryPos + r] (column = key position); columns
