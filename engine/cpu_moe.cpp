@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "engine/moe_routing.h"
 #include "pd/kernels/activation.h"
 
 namespace pd::engine {
@@ -23,61 +24,9 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
 
   linear(xn, T, h, w.router.data(), ne, logits_.data(), 0.0f);
 
-  // Scores in double (the top-k order must not hinge on rounding); ties to the lower id.
-  std::vector<double> p(ne), choice(ne), groupScore(cfg_.moe.numGroups);
-  std::vector<int> ids(ne), groups(cfg_.moe.numGroups);
-  for (int t = 0; t < T; ++t) {
-    const float* row = logits_.data() + size_t(t) * ne;
-    int candidates = ne;
-    if (cfg_.moe.sigmoidScoring) {
-      // DeepseekV3: sigmoid scores; the correction bias steers the choice only. The best
-      // topkGroups groups (by the sum of each one's 2 best choice scores) hold the candidates.
-      for (int e = 0; e < ne; ++e) {
-        p[e] = 1.0 / (1.0 + std::exp(-double(row[e])));
-        choice[e] = p[e] + (w.routerBias.empty() ? 0.0 : double(w.routerBias.data()[e]));
-      }
-      const int G = cfg_.moe.numGroups, per = ne / G;
-      for (int g = 0; g < G; ++g) {
-        double a = -INFINITY, b = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; ++e) {
-          if (choice[e] > a) {
-            b = a;
-            a = choice[e];
-          } else if (choice[e] > b) {
-            b = choice[e];
-          }
-        }
-        groupScore[g] = a + b;
-      }
-      std::iota(groups.begin(), groups.end(), 0);
-      std::partial_sort(groups.begin(), groups.begin() + cfg_.moe.topkGroups, groups.end(), [&](int a, int b) {
-        return groupScore[a] > groupScore[b] || (groupScore[a] == groupScore[b] && a < b);
-      });
-      std::sort(groups.begin(), groups.begin() + cfg_.moe.topkGroups);
-      candidates = 0;
-      for (int i = 0; i < cfg_.moe.topkGroups; ++i)
-        for (int e = groups[i] * per; e < (groups[i] + 1) * per; ++e) ids[candidates++] = e;
-    } else {
-      // Softmax over every expert.
-      const double mx = *std::max_element(row, row + ne);
-      double sum = 0;
-      for (int e = 0; e < ne; ++e) sum += p[e] = std::exp(double(row[e]) - mx);
-      for (int e = 0; e < ne; ++e) choice[e] = p[e] /= sum;
-      std::iota(ids.begin(), ids.end(), 0);
-    }
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.begin() + candidates,
-                      [&](int a, int b) { return choice[a] > choice[b] || (choice[a] == choice[b] && a < b); });
-    double kept = 0;
-    for (int j = 0; j < k; ++j) kept += p[ids[j]];
-    // DeepseekV3 renormalises only when k > 1, with a 1e-20 floor in the denominator.
-    if (cfg_.moe.sigmoidScoring) kept += 1e-20;
-    const bool norm = cfg_.moe.normTopkProb && !(cfg_.moe.sigmoidScoring && k == 1);
-    for (int j = 0; j < k; ++j) {
-      chosen_[size_t(t) * k + j] = ids[j];
-      weights_[size_t(t) * k + j] = float((norm ? p[ids[j]] / kept : p[ids[j]]) * cfg_.moe.routedScalingFactor);
-      ++rowsPerExpert_[ids[j]];
-    }
-  }
+  routeMoeTokens(cfg_.moe, logits_.data(), T, w.routerBias.empty() ? nullptr : w.routerBias.data(), chosen_.data(),
+                 weights_.data());
+  for (size_t i = 0; i < size_t(T) * k; ++i) ++rowsPerExpert_[chosen_[i]];
 
   // Group (token, slot) pairs by expert, tokens ascending within each.
   std::vector<int> start(ne + 1, 0);

@@ -130,6 +130,9 @@ class CudaBackend : public Backend {
   virtual int64_t graphSteps() const = 0;
   // Seconds the weights took to reach the device (streamed or uploaded), all ranks.
   virtual double weightLoadSeconds() const = 0;
+  // Mixture-of-experts models: the token rows each expert got in the last MoE layer of the
+  // last step ([numExperts]; empty for a dense model). Tests read it.
+  virtual std::vector<int> moeExpertRows() const = 0;
 
   // Device-side sampling (Backend::forwardAndSample): runs the step exactly as forward()
   // does, then samples every logits row on the device (pd::kernels::cuda::sampleRows) and

@@ -194,24 +194,37 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("createCudaBackend refuses Qwen3ForCausalLM by name, with or without a device", "[backend][factory]") {
-  auto m = std::make_shared<ModelWeights>();
-  auto c = parseModelConfig(R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 259})",
-                            "qwen3.json");
-  REQUIRE(c.status().toString() == "OK");
-  m->config = *c;
-  const KvLayout layout = kvLayoutFor(m->config, 8, 16);
-  auto b = createCudaBackend(m, layout);
-  REQUIRE_FALSE(b.ok());
-  CHECK(b.status().code() == StatusCode::kUnimplemented);
-  CHECK(b.status().message().find("Qwen3ForCausalLM") != std::string::npos);
-  auto f = createBackend("cuda", m, layout, nullptr);
-  REQUIRE_FALSE(f.ok());
-  CHECK(f.status().message() == b.status().message());
-  // A Llama config of the same shape passes this check (then needs a device).
-  m->config.qkNorm = false;
-  CHECK(cudaSupportsModel(m->config).isOk());
+// Qwen3 (per-head q/k RMSNorm) and the mixture-of-experts families pass the architecture
+// check; without a device the factory then fails on the device, not on the model.
+TEST_CASE("cudaSupportsModel accepts Qwen3 and the mixture-of-experts models", "[backend][factory]") {
+  struct Case {
+    const char* arch;
+    const char* extra;
+  };
+  for (Case k : {Case{"Qwen3ForCausalLM", ""},
+                 Case{"Qwen3MoeForCausalLM",
+                      R"(, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                      "norm_topk_prob": true)"},
+                 Case{"MixtralForCausalLM", R"(, "num_local_experts": 8, "num_experts_per_tok": 2)"}}) {
+    DYNAMIC_SECTION(k.arch) {
+      auto m = std::make_shared<ModelWeights>();
+      auto c = parseModelConfig(std::string(R"({"architectures": [")") + k.arch +
+                                    R"("], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 259)" +
+                                    k.extra + "}",
+                                "config.json");
+      REQUIRE(c.status().toString() == "OK");
+      m->config = *c;
+      CHECK(m->config.isMoe() == (std::string(k.arch) != "Qwen3ForCausalLM"));
+      CHECK(m->config.qkNorm == (std::string(k.arch) != "MixtralForCausalLM"));
+      CHECK(cudaSupportsModel(m->config).toString() == "OK");
+      if (cudaDeviceAvailable().isOk()) continue;  // the device path is test_cuda_backend's
+      // No device: the refusal is the device's, not the model's.
+      auto b = createCudaBackend(m, kvLayoutFor(m->config, 8, 16));
+      REQUIRE_FALSE(b.ok());
+      CHECK(b.status().message() == cudaDeviceAvailable().message());
+    }
+  }
 }
 
 TEST_CASE("createCudaBackend refuses DeepseekV3ForCausalLM by name, with or without a device", "[backend][factory]") {

@@ -5,8 +5,9 @@
 // TP = 1 (logits, tokens, and each rank's KV region against the matching kv heads of the
 // TP = 1 cache): ranks sharing one GPU (runs on any GPU machine), NCCL over two GPUs (skips
 // with a message on fewer); weights streamed from bf16 checkpoints against host-uploaded ones;
-// FP8 block-scaled checkpoints held as FP8 on the device against the CPU backend. Skips
-// without a device.
+// FP8 block-scaled checkpoints held as FP8 on the device against the CPU backend; Qwen3 (q/k
+// norms) and the mixture-of-experts models (Qwen3-MoE, Mixtral) against the CPU backend, and
+// streamed against uploaded. Skips without a device.
 #include "engine/cuda_backend.h"
 
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -51,10 +53,36 @@ std::shared_ptr<const ModelWeights> testModel(const std::string& preset, bool qk
 }
 std::shared_ptr<const ModelWeights> tinyModel() { return testModel("tiny", false); }
 
+// make-model's tiny preset of another architecture (qwen3, qwen3_moe, mixtral), the CPU
+// tests' generation (seed 11), written once per build tree; dtype "f32" or "bf16".
+std::string archModelDir(const std::string& arch, const std::string& dtype = "f32") {
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_tiny_" + arch + "_" + dtype;
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
+    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 11;
+    o.arch = arch;
+    o.dtype = dtype;
+    REQUIRE(makeModel(o, tmp).toString() == "OK");
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  return dir;
+}
+std::shared_ptr<const ModelWeights> archModel(const std::string& arch) {
+  auto m = loadModel(archModelDir(arch));
+  REQUIRE(m.status().toString() == "OK");
+  return m.value();
+}
+
 // Two sequences: prompts of 40 and 23 tokens prefilled together (one chunk each, the second
 // in two chunks of 16 + 7), then `steps` greedy decode steps batched together. Returns every
 // logits row the run produced, in order.
-std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<int32_t>* out) {
+std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<int32_t>* out,
+                                           const std::function<void()>& afterDecodeStep = {}) {
   const int vocab = b.config().vocabSize, bs = b.kvLayout().blockSize;
   std::mt19937_64 rng(5);
   std::vector<int32_t> p0{kMadeBosId}, p1{kMadeBosId};
@@ -87,6 +115,7 @@ std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<in
     out->push_back(next1);
     SeqChunk d[] = {{&next0, 1, pos0, t0.data(), blocksPerSeq, true}, {&next1, 1, pos1, t1.data(), blocksPerSeq, true}};
     REQUIRE(b.forward(d, logits.data()).toString() == "OK");
+    if (afterDecodeStep) afterDecodeStep();
     rows.emplace_back(logits.begin(), logits.begin() + vocab);
     rows.emplace_back(logits.begin() + vocab, logits.end());
     next0 = argmax(rows[rows.size() - 2].data());
@@ -148,6 +177,104 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny and small model
           CHECK(err < v.tol);
         }
         CHECK(gpu->graphSteps() == 8);  // every batched decode step ran as a graph
+      }
+    }
+  }
+}
+
+// Qwen3 (per-head q/k RMSNorm before RoPE) and the mixture-of-experts families (Qwen3-MoE:
+// 16 experts, top 4, norm_topk_prob, dense layer 0; Mixtral: 8 experts, top 2) against the
+// CPU backend on the same tiny checkpoints: two sequences prefilled together (one in two
+// chunks), then 8 greedy decode steps batched. f32 weights: every row tight and the greedy ids
+// identical. bf16: every row within the bf16 tolerance for as long as the greedy ids agree (a
+// near-tie may flip one in 16-bit and with it every later row; the count is printed), the
+// prefill rows always. MoE steps are never graphed (routing syncs per layer); in a batched
+// decode step the two rows route to different experts (more than k experts get rows).
+TEST_CASE("cuda backend runs Qwen3 and the mixture-of-experts models as the CPU backend does", "[cuda][backend][moe]") {
+  if (!haveGpu()) return;
+  for (const char* arch : {"qwen3", "qwen3_moe", "mixtral"}) {
+    auto model = archModel(arch);
+    const ModelConfig& c = model->config;
+    REQUIRE(c.qkNorm == (std::string(arch) != "mixtral"));
+    REQUIRE(c.isMoe() == (std::string(arch) != "qwen3"));
+    std::vector<float> cpuKv(kvLayoutFor(c, 16, 16).totalBytes() / 4, 0.0f);
+    auto cpuB = createCpuBackend(model, kvLayoutFor(c, 16, 16), cpuKv.data(), {});
+    REQUIRE(cpuB.status().toString() == "OK");
+    std::vector<int32_t> cpuTokens;
+    const auto want = runTwoSeqs(**cpuB, 8, &cpuTokens);
+    struct Variant {
+      KvDtype w;
+      double tol;
+    };
+    for (Variant v : {Variant{KvDtype::kF32, 1e-4}, Variant{KvDtype::kBF16, 5e-2}}) {
+      DYNAMIC_SECTION(arch << " weights and kv " << kvDtypeName(v.w)) {
+        auto gpu = makeCuda(model, v.w, v.w, true);
+        std::vector<int32_t> tokens;
+        int decodeSteps = 0, stepsWithSpread = 0;
+        const auto got = runTwoSeqs(*gpu, 8, &tokens, [&] {
+          ++decodeSteps;
+          const std::vector<int> rows = gpu->moeExpertRows();
+          if (!c.isMoe()) return;
+          REQUIRE(int(rows.size()) == c.moe.numExperts);
+          CHECK(std::accumulate(rows.begin(), rows.end(), 0) == 2 * c.moe.expertsPerToken);  // 2 rows x k
+          const auto used = std::count_if(rows.begin(), rows.end(), [](int n) { return n > 0; });
+          if (used > c.moe.expertsPerToken) ++stepsWithSpread;
+        });
+        REQUIRE(got.size() == want.size());
+        CHECK(decodeSteps == 8);
+        if (c.isMoe()) CHECK(stepsWithSpread > 0);
+        // Rows 0, 1: the prefill; then two per decode step, whose inputs are the tokens so far.
+        size_t agree = 2;
+        while (agree < got.size() && tokens[agree - 2] == cpuTokens[agree - 2]) ++agree;
+        if (v.w == KvDtype::kF32) {
+          CHECK(tokens == cpuTokens);
+          agree = got.size();
+        }
+        INFO(arch << ": " << agree << " of " << got.size() << " rows with the same inputs as the CPU's");
+        for (size_t r = 0; r < agree; ++r) {
+          const double err = relError(got[r], want[r]);
+          INFO("row " << r << " rel error " << err);
+          CHECK(err < v.tol);
+        }
+        CHECK(gpu->graphSteps() == (c.isMoe() ? 0 : 8));
+      }
+    }
+  }
+}
+
+// A MoE checkpoint streamed to the device (describeModel: how a worker loads) holds the same
+// bf16 experts, f32 router and f32 q/k norms as the host-uploaded one: the same logits, bit
+// for bit. Tensor parallelism with experts is refused by name.
+TEST_CASE("MoE and Qwen3 weights streamed from a bf16 checkpoint give the host-uploaded logits exactly",
+          "[cuda][backend][stream][moe]") {
+  if (!haveGpu()) return;
+  for (const char* arch : {"qwen3", "qwen3_moe", "mixtral"}) {
+    DYNAMIC_SECTION(arch) {
+      const std::string dir = archModelDir(arch, "bf16");
+      auto host = loadModel(dir);
+      REQUIRE(host.status().toString() == "OK");
+      auto described = describeModel(dir);
+      REQUIRE(described.status().toString() == "OK");
+      CudaBackendOptions o;
+      o.weightStagingBytes = 1 << 20;
+      const KvLayout layout = kvLayoutFor((*host)->config, 16, 16, KvDtype::kBF16);
+      auto uploaded = createCudaBackend(*host, layout, o);
+      REQUIRE(uploaded.status().toString() == "OK");
+      auto streamed = createCudaBackend(*described, layout, o);
+      REQUIRE(streamed.status().toString() == "OK");
+      std::vector<int32_t> a, b;
+      const auto want = runTwoSeqs(**uploaded, 6, &a);
+      const auto got = runTwoSeqs(**streamed, 6, &b);
+      CHECK(a == b);
+      REQUIRE(want.size() == got.size());
+      for (size_t i = 0; i < want.size(); ++i) CHECK(want[i] == got[i]);
+      if ((*host)->config.isMoe()) {
+        o.tensorParallelSize = 2;
+        o.tpRanksShareDevice = true;
+        auto tp = createCudaBackend(*host, layout, o);
+        REQUIRE_FALSE(tp.ok());
+        CHECK(tp.status().code() == StatusCode::kUnimplemented);
+        CHECK(tp.status().message().find("expert parallelism") != std::string::npos);
       }
     }
   }
