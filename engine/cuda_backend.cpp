@@ -314,8 +314,8 @@ class CudaBackendImpl final : public CudaBackend {
 
 CudaBackendImpl::~CudaBackendImpl() {
   (void)syncAll();
-  moe_.reset();  // before the stream it uses is destroyed
   if (!ranks_.empty()) cudaSetDevice(ranks_[0].device);
+  moe_.reset();  // before the stream it uses is destroyed
   dropGraphs();
   freeScratch();
   for (Rank& r : ranks_) {
@@ -421,8 +421,10 @@ Status CudaBackendImpl::uploadRankWeights(Rank& r) {
     if (R == 1) {  // the whole layer, straight from the host buffers
       PD_RETURN_IF_ERROR(put(w.qkv.data(), w.qkv.size(), false, &d.qkv));
       PD_RETURN_IF_ERROR(put(w.o.data(), w.o.size(), false, &d.o));
-      PD_RETURN_IF_ERROR(put(w.gateUp.data(), w.gateUp.size(), false, &d.gateUp));
-      PD_RETURN_IF_ERROR(put(w.down.data(), w.down.size(), false, &d.down));
+      if (!w.gateUp.empty()) {  // a MoE layer without shared experts has no dense MLP
+        PD_RETURN_IF_ERROR(put(w.gateUp.data(), w.gateUp.size(), false, &d.gateUp));
+        PD_RETURN_IF_ERROR(put(w.down.data(), w.down.size(), false, &d.down));
+      }
       if (!w.qkvBias.empty()) PD_RETURN_IF_ERROR(put(w.qkvBias.data(), w.qkvBias.size(), true, &d.qkvBias));
     } else {  // column-parallel q|k|v, gate|up; row-parallel o, down (tensor_parallel.h)
       const auto qkvRows = plan_.qkvRows(r.index);
