@@ -20,23 +20,15 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
   grow(logits_, size_t(T) * ne);
   grow(chosen_, size_t(T) * k);
   grow(weights_, size_t(T) * k);
-  rowsPerExpert_.assign(ne, 0);
 
   linear(xn, T, h, w.router.data(), ne, logits_.data(), 0.0f);
 
   routeMoeTokens(cfg_.moe, logits_.data(), T, w.routerBias.empty() ? nullptr : w.routerBias.data(), chosen_.data(),
                  weights_.data());
-  for (size_t i = 0; i < size_t(T) * k; ++i) ++rowsPerExpert_[chosen_[i]];
-
-  // Group (token, slot) pairs by expert, tokens ascending within each.
-  std::vector<int> start(ne + 1, 0);
-  for (int e = 0; e < ne; ++e) start[e + 1] = start[e] + rowsPerExpert_[e];
-  order_.resize(size_t(T) * k);
-  {
-    std::vector<int> fill(start.begin(), start.end() - 1);
-    for (int t = 0; t < T; ++t)
-      for (int j = 0; j < k; ++j) order_[fill[chosen_[size_t(t) * k + j]]++] = t * k + j;
-  }
+  // Rows grouped by expert, tokens ascending within each (moe_routing.h, as the CUDA backend).
+  planMoeRows(chosen_.data(), weights_.data(), T, k, ne, &plan_);
+  const std::vector<int>& start = plan_.start;
+  rowsPerExpert_ = plan_.rowsPerExpert;
 
   // Every routed row gathered once, grouped by expert: [T*k][hidden]; then the chosen experts'
   // gate|up products as one group, SwiGLU over all rows, their down products as one group.
@@ -46,7 +38,7 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
   grow(act_, R * ef);
   grow(ye_, R * h);
   for (size_t r = 0; r < R; ++r) {
-    const float* src = xn + size_t(order_[r] / k) * h;
+    const float* src = xn + size_t(plan_.srcRows[r]) * h;
     std::copy(src, src + h, xe_.data() + r * h);
   }
   // DeepseekV3's shared experts (one MLP of width sharedFfn, every token) ride in the same two
@@ -73,10 +65,11 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
                        ye_.data() + size_t(start[e]) * h});
   if (sf > 0) jobs_.push_back({sact_.data(), T, sf, w.down.data(), h, sy_.data()});
   linearMany(jobs_);
-  for (size_t r = 0; r < R; ++r) {
-    const float g = weights_[order_[r]];
-    float* dst = x + size_t(order_[r] / k) * h;
-    const float* y = ye_.data() + r * h;
+  // Each token's experts' outputs in ascending expert order (its slots as planned).
+  for (size_t s = 0; s < R; ++s) {
+    const float g = plan_.slotWeights[s];
+    float* dst = x + (s / k) * h;
+    const float* y = ye_.data() + size_t(plan_.slotRows[s]) * h;
     for (int i = 0; i < h; ++i) dst[i] += g * y[i];
   }
   if (sf > 0)

@@ -160,46 +160,29 @@ Status CudaMoe::forward(const CudaMoeLayer& w, const float* normWeight, float ep
   weights_.resize(R);
   routeMoeTokens(cfg_.moe, logitsHost_, T, w.routerBias.empty() ? nullptr : w.routerBias.data(), chosen_.data(),
                  weights_.data());
-  rowsPerExpert_.assign(ne, 0);
-  for (size_t i = 0; i < R; ++i) ++rowsPerExpert_[chosen_[i]];
-  start_.assign(ne + 1, 0);
-  for (int e = 0; e < ne; ++e) start_[e + 1] = start_[e] + rowsPerExpert_[e];
-  // Rows grouped by expert, tokens ascending within each: srcRows[r] = the token of row r.
-  // Each token's slots sorted by row (= by expert): slotRows / slotWeights.
-  int32_t* srcRows = metaHost_;
-  int32_t* slotRows = metaHost_ + R;
-  float* slotWeights = reinterpret_cast<float*>(metaHost_ + 2 * R);
-  fill_.assign(start_.begin(), start_.end() - 1);
-  for (int t = 0; t < T; ++t) {
-    slots_.clear();
-    for (int j = 0; j < k; ++j) {
-      const size_t s = size_t(t) * k + j;
-      const int r = fill_[chosen_[s]]++;
-      srcRows[r] = t;
-      slots_.emplace_back(r, weights_[s]);
-    }
-    std::sort(slots_.begin(), slots_.end());
-    for (int j = 0; j < k; ++j) {
-      slotRows[size_t(t) * k + j] = slots_[j].first;
-      slotWeights[size_t(t) * k + j] = slots_[j].second;
-    }
-  }
+  // Rows grouped by expert, tokens ascending within each; each token's slots as rows of that
+  // matrix, ascending (moe_routing.h: the CPU backend's plan). Uploaded as srcRows | slotRows |
+  // slotWeights.
+  planMoeRows(chosen_.data(), weights_.data(), T, k, ne, &plan_);
+  std::memcpy(metaHost_, plan_.srcRows.data(), R * 4);
+  std::memcpy(metaHost_ + R, plan_.slotRows.data(), R * 4);
+  std::memcpy(metaHost_ + 2 * R, plan_.slotWeights.data(), R * 4);
   PD_MOE_CUDA_TRY(cudaMemcpyAsync(metaDev_, metaHost_, 3 * R * 4, cudaMemcpyHostToDevice, stream_));
 
   // 3. The routed rows, grouped by expert; each chosen expert's gate|up, SwiGLU, its down.
   PD_MOE_CUDA_TRY(kcu::moeGatherRows(xn, wdt_, metaDev_, int(R), h, xe_, stream_));
   for (int e = 0; e < ne; ++e) {
-    const int n = rowsPerExpert_[e];
+    const int n = plan_.rowsPerExpert[e];
     if (n == 0) continue;  // never read
-    const size_t s = size_t(start_[e]);
+    const size_t s = size_t(plan_.start[e]);
     PD_RETURN_IF_ERROR(gemm(static_cast<const char*>(xe_) + s * h * wb, n, h, w.experts[e].gateUp, 2 * ef,
                             gu_ + s * 2 * ef, 0.0f, wdt_));
   }
   PD_MOE_CUDA_TRY(kcu::swiGlu(gu_, act_, wdt_, int(R), ef, stream_));
   for (int e = 0; e < ne; ++e) {
-    const int n = rowsPerExpert_[e];
+    const int n = plan_.rowsPerExpert[e];
     if (n == 0) continue;
-    const size_t s = size_t(start_[e]);
+    const size_t s = size_t(plan_.start[e]);
     PD_RETURN_IF_ERROR(
         gemm(static_cast<const char*>(act_) + s * ef * wb, n, ef, w.experts[e].down, h, ye_ + s * h, 0.0f, wdt_));
   }

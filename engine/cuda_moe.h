@@ -41,6 +41,7 @@
 #include "common/base/status.h"
 #include "engine/model_config.h"
 #include "engine/model_weights.h"
+#include "engine/moe_routing.h"
 #include "engine/weight_stream.h"
 #include "pd/kernels/cuda/dtype.h"
 
@@ -94,7 +95,7 @@ class CudaMoe {
   Status forward(const CudaMoeLayer& w, const float* normWeight, float eps, float* x, const void* xn, int T);
 
   // The rows each expert got in the last forward() (tests).
-  const std::vector<int>& lastExpertRows() const { return rowsPerExpert_; }
+  const std::vector<int>& lastExpertRows() const { return plan_.rowsPerExpert; }
 
  private:
   Status grow(int T);
@@ -120,10 +121,9 @@ class CudaMoe {
   int32_t* metaDev_ = nullptr;   // srcRows [cap*k] | slotRows [cap*k] | slot weights [cap*k] (f32)
   float* logitsHost_ = nullptr;  // pinned [cap][numExperts]
   int32_t* metaHost_ = nullptr;  // pinned, as metaDev_
-  std::vector<int> chosen_, start_, fill_;
+  std::vector<int> chosen_;
   std::vector<float> weights_;
-  std::vector<int> rowsPerExpert_;
-  std::vector<std::pair<int, float>> slots_;
+  MoeRowPlan plan_;
 };
 
 }  // namespace pd::engine

@@ -66,4 +66,33 @@ void routeMoeTokens(const MoeConfig& moe, const float* logits, int T, const floa
   }
 }
 
+void planMoeRows(const int* chosen, const float* weights, int T, int k, int numExperts, MoeRowPlan* plan) {
+  const size_t R = size_t(T) * size_t(k);
+  plan->rowsPerExpert.assign(numExperts, 0);
+  for (size_t i = 0; i < R; ++i) ++plan->rowsPerExpert[chosen[i]];
+  plan->start.assign(numExperts + 1, 0);
+  for (int e = 0; e < numExperts; ++e) plan->start[e + 1] = plan->start[e] + plan->rowsPerExpert[e];
+  plan->srcRows.resize(R);
+  plan->slotRows.resize(R);
+  plan->slotWeights.resize(R);
+  std::vector<int> fill(plan->start.begin(), plan->start.end() - 1);
+  for (int t = 0; t < T; ++t) {
+    int32_t* rows = plan->slotRows.data() + size_t(t) * k;
+    float* w = plan->slotWeights.data() + size_t(t) * k;
+    for (int j = 0; j < k; ++j) {
+      const size_t s = size_t(t) * k + j;
+      const int r = fill[chosen[s]]++;
+      plan->srcRows[r] = t;
+      // Insertion by row: the token's slots end up ascending (k is small).
+      int i = j;
+      for (; i > 0 && rows[i - 1] > r; --i) {
+        rows[i] = rows[i - 1];
+        w[i] = w[i - 1];
+      }
+      rows[i] = r;
+      w[i] = weights[s];
+    }
+  }
+}
+
 }  // namespace pd::engine

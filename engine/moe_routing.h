@@ -13,6 +13,9 @@
 // Pure host function; any thread (no shared state).
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "engine/model_config.h"
 
 namespace pd::engine {
@@ -21,5 +24,20 @@ namespace pd::engine {
 // Writes chosen[T][expertsPerToken] (expert ids, best first) and weights[T][expertsPerToken].
 void routeMoeTokens(const MoeConfig& moe, const float* logits, int T, const float* routerBias, int* chosen,
                     float* weights);
+
+// A step's routed rows grouped by expert, as both backends run them: experts ascending, tokens
+// ascending within each. Row r of the grouped matrix is token srcRows[r]; expert e owns rows
+// [start[e], start[e+1]) (rowsPerExpert[e] of them). Each token's k slots as rows of that
+// matrix in ascending order -- ascending expert, the order in which both backends add the
+// experts' outputs to the residual -- with their routing weights.
+struct MoeRowPlan {
+  std::vector<int> rowsPerExpert;  // [numExperts]
+  std::vector<int> start;          // [numExperts + 1]
+  std::vector<int32_t> srcRows;    // [T*k]
+  std::vector<int32_t> slotRows;   // [T][k]
+  std::vector<float> slotWeights;  // [T][k]
+};
+// chosen, weights: [T][k] as routeMoeTokens writes them (a token's k experts distinct).
+void planMoeRows(const int* chosen, const float* weights, int T, int k, int numExperts, MoeRowPlan* plan);
 
 }  // namespace pd::engine
