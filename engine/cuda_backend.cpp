@@ -622,8 +622,11 @@ Status CudaBackendImpl::init() {
   // rank 0 the lm_head; summed per device (ranks may share one).
   // Sizes from the config, so a described model (nothing in host memory) is checked as well.
   const size_t h = size_t(cfg_.hiddenSize), ffn = size_t(cfg_.intermediateSize);
-  const size_t layerElems = size_t(cfg_.numLayers) * ((size_t(cfg_.qDim()) + 2 * size_t(cfg_.kvDim())) * h +
-                                                      h * size_t(cfg_.qDim()) + 3 * ffn * h);
+  // A MoE layer's dense MLP is its shared experts' (none but DeepseekV3's); its experts below.
+  size_t layerElems = 0;
+  for (int l = 0; l < cfg_.numLayers; ++l)
+    layerElems += (size_t(cfg_.qDim()) + 2 * size_t(cfg_.kvDim())) * h + h * size_t(cfg_.qDim()) +
+                  3 * (cfg_.isMoeLayer(l) ? size_t(cfg_.moe.sharedFfn()) : ffn) * h;
   const size_t embedElems = size_t(cfg_.vocabSize) * h;
   const size_t wb = kcu::dtypeBytes(wdt_);
   // FP8 projections: one byte a weight plus 4 bytes per row per block of columns, and the

@@ -213,6 +213,40 @@ TEST_CASE("qwen3 norms and mixture-of-experts layers stream as the f32 loader re
   }
 }
 
+// An FP8 block-scaled Mixtral streamed with keepFp8 (as the CUDA backend loads it): the
+// attention projections stay FP8 codes, the experts arrive dequantized in bf16 -- the f32
+// loader's dequantized values rounded once -- since the expert GEMMs take the weight dtype only.
+TEST_CASE("an fp8 mixtral keeps its attention fp8 and streams its experts dequantized") {
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  mo.dtype = "bf16";
+  mo.arch = "mixtral";
+  mo.quantization = "fp8";
+  mo.seed = 11;
+  const std::string dir = test::makeTestModel("stream_tiny_fp8_mixtral", mo);
+  const ModelWeights& w = *hostWeights(dir);
+  const ModelConfig& c = w.config;
+  REQUIRE(c.quantization.fp8);
+  HostWeightCopier dev;
+  WeightStreamOptions o;
+  o.keepFp8 = true;
+  WeightLoadStats stats;
+  auto m = streamWeightsToDevice(dir, c, o, dev, &stats);
+  REQUIRE(m.status().toString() == "OK");
+  for (int l = 0; l < c.numLayers; ++l) {
+    const DeviceLayer& dl = m->layers[l];
+    const std::string at = "layer " + std::to_string(l);
+    CHECK(dl.qkv.dtype == TensorDtype::kF8E4M3);
+    checkF32(dl.router, w.layers[l].router.data(), w.layers[l].router.size(), at + " router");
+    REQUIRE(dl.experts.size() == size_t(c.moe.numExperts));
+    for (int e = 0; e < c.moe.numExperts; ++e) {
+      const ExpertWeights& he = w.layers[l].experts[e];
+      checkBf16(dl.experts[e].gateUp, he.gateUp.data(), he.gateUp.size(), at + " expert gate|up");
+      checkBf16(dl.experts[e].down, he.down.data(), he.down.size(), at + " expert down");
+    }
+  }
+}
+
 TEST_CASE("matrices stream in the dtype the device asks for: bf16 widened to f32 exactly") {
   const std::string dir = bf16Model("stream_tiny_bf16", "tiny", false);
   auto host = loadModel(dir);
