@@ -6,7 +6,6 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
-#include <utility>
 
 #include "engine/moe_routing.h"
 #include "pd/kernels/cuda/moe.h"

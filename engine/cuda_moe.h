@@ -60,7 +60,8 @@ struct CudaMoeLayer {
   const void* sharedDown = nullptr;    // [hidden][sharedFfn]
 };
 
-// Uploads host tensor n floats to the device (asF32: kept f32, else in the weight dtype).
+// Copies n host f32 values to new device memory of the backend (asF32: kept f32, else converted
+// to the weight dtype) and returns it in *out; the backend owns it.
 using CudaUploadFn = std::function<Status(const float* src, size_t n, bool asF32, void** out)>;
 
 // A loaded model's MoE layer (host f32 tensors) to the device through `upload`. The shared
