@@ -20,7 +20,7 @@ constexpr int kRowsPerTile = 256;  // query rows (token x head) per attention ti
 // of those (high frequencies, kept) and those divided by factor (low frequencies,
 // interpolated) with a linear ramp between the dimensions where the original context turns
 // beta_fast and beta_slow times.
-std::vector<double> invFrequencies(const ModelConfig& c, int dim) {
+std::vector<double> ropeInvFrequencies(const ModelConfig& c, int dim) {
   const RopeConfig& r = c.rope;
   std::vector<double> inv(dim / 2);
   for (int i = 0; i < dim / 2; ++i) inv[i] = 1.0 / std::pow(r.theta, double(2 * i) / dim);
@@ -53,17 +53,23 @@ void ropeInterleaved(float* x, const float* cs, int half) {
 
 }  // namespace
 
+std::vector<double> mlaRopeInvFreq(const ModelConfig& c) { return ropeInvFrequencies(c, c.mla.qkRopeHeadDim); }
+
+double mlaRopeMscale(const ModelConfig& c) {
+  if (!c.rope.yarn) return 1.0;
+  return yarnMscale(c.rope.factor, c.rope.mscale) / yarnMscale(c.rope.factor, c.rope.mscaleAllDim);
+}
+
 CpuMla::CpuMla(const ModelWeights& model, const KvLayout& layout, kc::GemmKernel kernel, int threads)
     : cfg_(model.config),
       model_(model),
       layout_(layout),
       kernel_(kernel),
       scale_(float(model.config.softmaxScale())),
-      invFreq_(invFrequencies(model.config, model.config.mla.qkRopeHeadDim)),
+      invFreq_(mlaRopeInvFreq(model.config)),
       scratch_(std::max(1, threads)) {
   const ModelConfig& c = model.config;
-  if (c.rope.yarn)
-    ropeMscale_ = yarnMscale(c.rope.factor, c.rope.mscale) / yarnMscale(c.rope.factor, c.rope.mscaleAllDim);
+  ropeMscale_ = mlaRopeMscale(c);
   for (const LayerWeights& w : model.layers) {
     const WeightBuffer& q = c.mla.qLoraRank > 0 ? w.qA : w.qB;
     std::vector<float> s(q.size() + w.kvA.size());

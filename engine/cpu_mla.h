@@ -31,6 +31,13 @@
 
 namespace pd::engine {
 
+// The RoPE inverse frequencies of the qk_rope_head_dim part (qkRopeHeadDim / 2 values, YaRN
+// applied when rope_scaling is yarn), and the magnitude factor on cos and sin (YaRN's
+// yarnMscale(factor, mscale) / yarnMscale(factor, mscaleAllDim); 1 without YaRN). The CUDA
+// backend (cuda_mla.h) rotates with the same.
+std::vector<double> mlaRopeInvFreq(const ModelConfig& config);
+double mlaRopeMscale(const ModelConfig& config);
+
 class CpuMla {
  public:
   // y[n][out] = x[n][in] * W^T (+ beta * y), run over the backend's threads.

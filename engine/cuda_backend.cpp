@@ -20,12 +20,14 @@
 #include <vector>
 
 #include "common/base/log.h"
+#include "engine/cuda_mla.h"
 #include "engine/cuda_moe.h"
 #include "engine/kv_budget.h"
 #include "engine/tensor_parallel.h"
 #include "engine/weight_stream.h"
 #include "pd/kernels/cuda/attention.h"
 #include "pd/kernels/cuda/linear_fp8.h"
+#include "pd/kernels/cuda/mla.h"
 #include "pd/kernels/cuda/ops.h"
 #include "pd/kernels/cuda/sampling.h"
 #include "pd/kernels/rope.h"
@@ -284,6 +286,9 @@ class CudaBackendImpl final : public CudaBackend {
   // Sums every rank's x[0 .. n) and leaves the sum in each (in place).
   Status allReduceX(size_t n);
   Status enqueueStep(int T, int W, int L, bool recordEvents);
+  // Layer l's attention block through multi-head latent attention (cuda_mla.h), from r.xn to
+  // the residual in r.x (TP = 1 only).
+  Status enqueueMlaAttention(Rank& r, int l, int T, int W, bool recordEvents);
   void* layerKv(const Rank& r, int l) const { return static_cast<char*>(r.kv) + size_t(l) * rankLayout_.layerBytes(); }
   const int32_t* meta(const Rank& r, size_t off) const { return r.metaDev + off; }
 
@@ -309,6 +314,7 @@ class CudaBackendImpl final : public CudaBackend {
   int64_t graphSteps_ = 0;
   double loadSeconds_ = 0;
   DeviceSampling sampling_;
+  std::unique_ptr<CudaMla> mla_;  // DeepseekV3: multi-head latent attention; else null
   std::unique_ptr<CudaMoe> moe_;  // MoE models (TP = 1): rank 0's stream and cuBLAS handle
 };
 
@@ -419,7 +425,7 @@ Status CudaBackendImpl::uploadRankWeights(Rank& r) {
     PD_RETURN_IF_ERROR(put(w.inputNorm.data(), w.inputNorm.size(), true, &d.inputNorm));
     PD_RETURN_IF_ERROR(put(w.postNorm.data(), w.postNorm.size(), true, &d.postNorm));
     if (R == 1) {  // the whole layer, straight from the host buffers
-      PD_RETURN_IF_ERROR(put(w.qkv.data(), w.qkv.size(), false, &d.qkv));
+      if (!w.qkv.empty()) PD_RETURN_IF_ERROR(put(w.qkv.data(), w.qkv.size(), false, &d.qkv));  // none under MLA
       PD_RETURN_IF_ERROR(put(w.o.data(), w.o.size(), false, &d.o));
       if (!w.gateUp.empty()) {  // a MoE layer without shared experts has no dense MLP
         PD_RETURN_IF_ERROR(put(w.gateUp.data(), w.gateUp.size(), false, &d.gateUp));
@@ -449,6 +455,10 @@ Status CudaBackendImpl::uploadRankWeights(Rank& r) {
       PD_RETURN_IF_ERROR(uploadCudaMoeLayer(w, upload, d.gateUp, d.down, &d.moe));
     }
   }
+  if (mla_)  // the latent attention's projections (cuda_mla.h; TP = 1)
+    PD_RETURN_IF_ERROR(mla_->uploadWeights(*model_, [&](const float* src, size_t n, bool asF32, void** out) {
+      return uploadWeight(r, src, n, asF32, out);
+    }));
 
   return Status::ok();
 }
@@ -576,6 +586,7 @@ Status CudaBackendImpl::initRank(Rank& r) {
   PD_RETURN_IF_ERROR(deviceAlloc(r, &workspace, kWorkspace));
   PD_CUBLAS_TRY(cublasSetWorkspace(r.cublas, workspace, kWorkspace));
   PD_CUDA_TRY(kcu::pagedAttentionInit());
+  if (mla_) PD_CUDA_TRY(kcu::mlaAttentionInit());
 
   const auto t0 = std::chrono::steady_clock::now();
   PD_RETURN_IF_ERROR(model_->hasHostTensors() ? uploadRankWeights(r) : streamRankWeights(r));
@@ -588,6 +599,7 @@ Status CudaBackendImpl::initRank(Rank& r) {
   s.highFreqFactor = float(cfg_.rope.highFreqFactor);
   s.originalMaxPositionEmbeddings = cfg_.rope.originalMaxPositionEmbeddings;
   pd::kernels::cpu::ropeInvFreq(invFreq.data(), cfg_.headDim, cfg_.rope.theta, cfg_.rope.llama3 ? &s : nullptr);
+  if (mla_) invFreq = mla_->invFreq();  // the rope part's, YaRN applied (the tables hold ropeHalf() columns)
   void* invFreqDev = nullptr;
   PD_RETURN_IF_ERROR(uploadWeight(r, invFreq.data(), invFreq.size(), true, &invFreqDev));
   r.invFreq = static_cast<float*>(invFreqDev);
@@ -608,6 +620,7 @@ Status CudaBackendImpl::init() {
   kvdt_ = toKernelDtype(layout_.dtype);
   fp8Weights_ = !model_->hasHostTensors() && cfg_.quantization.fp8;
   group_ = cfg_.numHeads / cfg_.numKvHeads;
+  if (cfg_.isMla()) mla_ = std::make_unique<CudaMla>(cfg_, wdt_, kvdt_);
   const int R = plan_.size;
   // A MoE layer synchronises the stream to route on the host (cuda_moe.h): no graphs.
   graphsOn_ = opt_.useCudaGraphs && R == 1 && !cfg_.isMoe();
@@ -622,11 +635,13 @@ Status CudaBackendImpl::init() {
   // rank 0 the lm_head; summed per device (ranks may share one).
   // Sizes from the config, so a described model (nothing in host memory) is checked as well.
   const size_t h = size_t(cfg_.hiddenSize), ffn = size_t(cfg_.intermediateSize);
-  // A MoE layer's dense MLP is its shared experts' (none but DeepseekV3's); its experts below.
+  const size_t attnElems = cfg_.isMla()
+                               ? size_t(cfg_.attentionParams())
+                               : (size_t(cfg_.qDim()) + 2 * size_t(cfg_.kvDim())) * h + h * size_t(cfg_.qDim());
+  // A MoE layer's dense MLP is its shared experts' (DeepseekV3's; none elsewhere); its experts below.
   size_t layerElems = 0;
   for (int l = 0; l < cfg_.numLayers; ++l)
-    layerElems += (size_t(cfg_.qDim()) + 2 * size_t(cfg_.kvDim())) * h + h * size_t(cfg_.qDim()) +
-                  3 * (cfg_.isMoeLayer(l) ? size_t(cfg_.moe.sharedFfn()) : ffn) * h;
+    layerElems += attnElems + 3 * (cfg_.isMoeLayer(l) ? size_t(cfg_.moe.sharedFfn()) : ffn) * h;
   const size_t embedElems = size_t(cfg_.vocabSize) * h;
   const size_t wb = kcu::dtypeBytes(wdt_);
   // FP8 projections: one byte a weight plus 4 bytes per row per block of columns, and the
@@ -734,7 +749,9 @@ Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
       return Status::ok();
     };
     PD_RETURN_IF_ERROR(alloc(&r.x, size_t(capT) * h * 4));
-    PD_RETURN_IF_ERROR(alloc(&r.qkvOut, size_t(capT) * qkvRows * 4));
+    // Under MLA q|k|v is never formed (cuda_mla.h keeps its own buffers) and o_proj's input is
+    // heads * vHeadDim wide, not numHeads * headDim (headDim being the latent's width there).
+    PD_RETURN_IF_ERROR(alloc(&r.qkvOut, mla_ ? 0 : size_t(capT) * qkvRows * 4));
     PD_RETURN_IF_ERROR(alloc(&r.gu, size_t(capT) * 2 * ffn * 4));
     PD_RETURN_IF_ERROR(alloc(&r.cos, size_t(capT) * half * 4));
     PD_RETURN_IF_ERROR(alloc(&r.sin, size_t(capT) * half * 4));
@@ -743,9 +760,10 @@ Status CudaBackendImpl::allocScratch(int capT, int capS, int capW, int capTab) {
       PD_RETURN_IF_ERROR(alloc(&r.logitsDev, size_t(capS) * cfg_.vocabSize * 4));
     }
     PD_RETURN_IF_ERROR(alloc(&r.xn, size_t(capT) * h * wb));
-    PD_RETURN_IF_ERROR(alloc(&r.attn, size_t(capT) * plan_.rankQDim() * wb));
+    PD_RETURN_IF_ERROR(alloc(&r.attn, size_t(capT) * (mla_ ? mla_->outDim() : plan_.rankQDim()) * wb));
     PD_RETURN_IF_ERROR(alloc(&r.act, size_t(capT) * ffn * wb));
     PD_RETURN_IF_ERROR(alloc(&r.metaDev, ml_.words() * 4));
+    if (mla_) PD_RETURN_IF_ERROR(mla_->allocScratch(capT, [&](void** p, size_t bytes) { return alloc(p, bytes); }));
   }
   PD_RETURN_IF_ERROR(use(ranks_[0]));
   // Portable: every rank's device copies from these.
@@ -817,6 +835,26 @@ Status CudaBackendImpl::allReduceX(size_t n) {
   return Status::ok();
 }
 
+Status CudaBackendImpl::enqueueMlaAttention(Rank& r, int l, int T, int W, bool recordEvents) {
+  CudaMla::Step st;
+  st.numTokens = T;
+  st.slots = meta(r, ml_.slots());
+  st.blockTables = meta(r, ml_.tables());
+  st.seqs = reinterpret_cast<const kcu::AttnSeq*>(meta(r, ml_.seqs()));
+  st.work = reinterpret_cast<const kcu::AttnWork*>(meta(r, ml_.work()));
+  st.numWork = W;
+  st.blockSize = rankLayout_.blockSize;
+  st.cos = r.cos;
+  st.sin = r.sin;
+  const CudaMla::GemmFn gemmFn = [&](const void* x, int n, int in, const void* w, int out, float* y, float beta) {
+    return gemm(r, x, n, in, w, out, y, beta);
+  };
+  PD_RETURN_IF_ERROR(mla_->project(l, r.xn, st, layerKv(r, l), gemmFn, r.stream));
+  if (recordEvents) PD_CUDA_TRY(cudaEventRecord(r.layerEvents[l], r.stream));
+  PD_RETURN_IF_ERROR(mla_->attend(l, st, layerKv(r, l), r.attn, r.cublas, r.stream));
+  return gemm(r, r.attn, T, mla_->outDim(), r.layers[l].o, cfg_.hiddenSize, r.x, 1.0f);
+}
+
 // Enqueues one step over T token rows, W attention work items and L logits rows whose
 // metadata is already in every rank's metaDev. recordEvents: record each rank's
 // layerEvents[l] after its layer-l KV write (not during graph capture).
@@ -838,7 +876,8 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
   for (Rank& r : ranks_) {
     PD_RETURN_IF_ERROR(use(r));
     PD_CUDA_TRY(kcu::embeddingGather(r.embed, wdt_, meta(r, ml_.ids()), T, h, r.x, r.stream));
-    PD_CUDA_TRY(kcu::ropeCosSin(meta(r, ml_.pos()), T, r.invFreq, half, r.cos, r.sin, r.stream));
+    PD_CUDA_TRY(
+        kcu::ropeCosSin(meta(r, ml_.pos()), T, r.invFreq, mla_ ? mla_->ropeHalf() : half, r.cos, r.sin, r.stream));
   }
   for (int l = 0; l < cfg_.numLayers; ++l) {
     for (Rank& r : ranks_) {
@@ -848,6 +887,10 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
       const auto* work = reinterpret_cast<const kcu::AttnWork*>(meta(r, ml_.work()));
       cudaStream_t s = r.stream;
       PD_CUDA_TRY(kcu::rmsNorm(r.x, h, w.inputNorm, r.xn, wdt_, h, T, h, eps, s));
+      if (mla_) {  // DeepseekV3's attention block (cuda_mla.h), o_proj and residual included
+        PD_RETURN_IF_ERROR(enqueueMlaAttention(r, l, T, W, recordEvents));
+        continue;
+      }
       if (w.qkvBias) PD_CUDA_TRY(kcu::broadcastRows(r.qkvOut, w.qkvBias, T, qkvRows, s));
       PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.qkv, qkvRows, r.qkvOut, w.qkvBias ? 1.0f : 0.0f, w.qkv8));
       if (w.qNorm) {  // Qwen3: each q and k head RMS-normalised after the bias, before RoPE (as the CPU)
@@ -1093,13 +1136,41 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
                          " (the CUDA kernels keep K/V in f32, f16, bf16 or fp8; int8 KV runs on the cpu backend: "
                          "docs/kv_cache.md, \"Quantized KV cache\")");
   if (model) PD_RETURN_IF_ERROR(cudaSupportsModel(model->config));
+  if (model && model->config.isMla()) {  // multi-head latent attention: what cuda_mla.h implements
+    const ModelConfig& c = model->config;
+    const char* arch = architectureName(c.architecture);
+    if (options.tensorParallelSize != 1)
+      return unimplemented("createCudaBackend: tensor_parallel_size " + std::to_string(options.tensorParallelSize) +
+                           " with " + arch +
+                           " (multi-head latent attention runs on one GPU; its latent KV has no heads to shard)");
+    if (layout.dtype == KvDtype::kFp8)
+      return unimplemented(std::string("createCudaBackend: KV dtype fp8 for ") + arch +
+                           " (the latent KV is kept in f32, f16 or bf16 on CUDA)");
+    if (!kcu::mlaShapeSupported(c.mla.kvLoraRank, c.mla.qkRopeHeadDim) || c.mla.qkNopeHeadDim <= 0)
+      return unimplemented(
+          "createCudaBackend: kv_lora_rank " + std::to_string(c.mla.kvLoraRank) + ", qk_rope_head_dim " +
+          std::to_string(c.mla.qkRopeHeadDim) + ", qk_nope_head_dim " + std::to_string(c.mla.qkNopeHeadDim) +
+          " (the MLA kernels take kv_lora_rank <= " + std::to_string(kcu::kMlaMaxKvLoraRank) +
+          ", an even qk_rope_head_dim <= " + std::to_string(kcu::kMlaMaxRopeDim) + " and qk_nope_head_dim > 0)");
+  }
   PD_RETURN_IF_ERROR(cudaDeviceAvailable());
   if (!model) return invalidArgument("createCudaBackend: no model");
+  if (model->config.isMla() && !model->hasHostTensors()) {
+    // The weight streamer knows the q|k|v layouts only: a described MLA model is read into
+    // host f32 (loadModelWeights, FP8 dequantized) and uploaded from there; the backend keeps
+    // that host copy for its life (docs/models.md, "DeepSeek-V3").
+    PD_LOG(kInfo, "engine") << "cuda backend: " << model->dir
+                            << ": multi-head latent attention weights are read into host memory and uploaded (the "
+                               "streaming loader covers q|k|v models only)";
+    PD_ASSIGN_OR_RETURN(model, loadModelWeights(model->dir, model->config));
+  }
   const ModelConfig& c = model->config;
-  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads || layout.headDim != c.headDim)
+  if (layout.numLayers != c.numLayers || layout.numKvHeads != c.numKvHeads || layout.headDim != c.headDim ||
+      layout.latent != c.isMla())
     return invalidArgument("createCudaBackend: KV layout " + layout.fingerprint() +
                            " does not match the model (layers " + std::to_string(c.numLayers) + ", kv heads " +
-                           std::to_string(c.numKvHeads) + ", head dim " + std::to_string(c.headDim) + ")");
+                           std::to_string(c.numKvHeads) + ", head dim " + std::to_string(c.headDim) +
+                           (c.isMla() ? ", latent" : "") + ")");
   if (options.gpuMemoryUtilization != 0) {
     if (!(options.gpuMemoryUtilization > 0 && options.gpuMemoryUtilization <= 1))
       return invalidArgument("createCudaBackend: gpuMemoryUtilization " + std::to_string(options.gpuMemoryUtilization) +
@@ -1115,7 +1186,7 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
   } else if (layout.blockSize <= 0 || layout.numBlocks <= 0) {
     return invalidArgument("createCudaBackend: KV layout needs blockSize > 0 and numBlocks > 0");
   }
-  if (c.headDim > kcu::kAttnMaxHeadDim || c.headDim % 2 != 0)
+  if (!c.isMla() && (c.headDim > kcu::kAttnMaxHeadDim || c.headDim % 2 != 0))
     return unimplemented("createCudaBackend: head_dim " + std::to_string(c.headDim) +
                          " (the attention kernel supports even head dims up to " +
                          std::to_string(kcu::kAttnMaxHeadDim) + ")");

@@ -5,11 +5,11 @@
 //
 // Architectures (cudaSupportsModel, docs/models.md): Llama, Mistral, Qwen2; Qwen3 (each q and k
 // head RMS-normalised after the projection and bias, before RoPE: headRmsNorm, the CPU
-// backend's order); and the mixture-of-experts layers of Mixtral and Qwen3-MoE (and of
-// DeepseekV3, whose attention is not implemented here yet) through cuda_moe.h: router GEMM,
-// routing on the host after one stream synchronisation per MoE layer, each chosen expert's
-// gate|up and down as cuBLAS GEMMs over the rows routed to it (a decode step reads only the
-// chosen experts), shared experts. Multi-head latent attention (DeepseekV3) is refused by name.
+// backend's order); DeepseekV3's latent attention (below); and the mixture-of-experts layers
+// of Mixtral, Qwen3-MoE and DeepseekV3 through cuda_moe.h: router GEMM, routing on the host
+// after one stream synchronisation per MoE layer, each chosen expert's gate|up and down as
+// cuBLAS GEMMs over the rows routed to it (a decode step reads only the chosen experts),
+// shared experts.
 //
 //   PD_ASSIGN_OR_RETURN(auto model, pd::engine::describeModel(dir));  // weights stay on disk
 //   auto layout = pd::engine::kvLayoutFor(model->config, numBlocks, 16, KvDtype::kBF16);
@@ -31,6 +31,13 @@
 // on the cuda backend"). An FP8 model from loadModel (host f32) is uploaded in weightDtype.
 // Experts of an FP8 checkpoint are dequantized into weightDtype while streaming (cuda_moe.h
 // multiplies in weightDtype only); the router is kept in f32.
+//
+// DeepseekV3ForCausalLM (its MoE layers through cuda_moe.h): multi-head latent attention
+// in the absorbed form (cuda_mla.h, pd/kernels/cuda/mla.h), the KV region laid out by the
+// latent KvLayout (one [c_kv | k_pe] vector per token and layer; kvRegion() and the layer KV
+// events as for any model). TP = 1 only and an f32/f16/bf16 latent cache (TP > 1 and fp8 are
+// refused by name); a described model is read into host f32 and uploaded (the streaming loader
+// covers q|k|v layouts only), the backend keeping that host copy.
 //
 // Threads: one host thread drives a backend (as Backend says); it owns one CUDA stream and
 // one cuBLAS handle per rank, so backends on different threads/devices are independent.
@@ -164,10 +171,12 @@ class CudaBackend : public Backend {
 // worker reports for `backend: cuda`.
 Status cudaDeviceAvailable();
 
-// OK when the CUDA backend implements the model's architecture and features (the dense
-// families, Qwen3, Mixtral, Qwen3-MoE); otherwise kUnimplemented naming the architecture and
-// the feature (DeepseekV3: "multi-head latent attention"; docs/models.md). createCudaBackend
-// checks it before looking for a device, so the refusal is the same with or without a GPU.
+// OK when the CUDA backend implements the model's architecture and features: today every
+// architecture model_config.h parses (the dense families, Qwen3, Mixtral, Qwen3-MoE,
+// DeepseekV3); otherwise it would be kUnimplemented naming the architecture and the feature.
+// createCudaBackend checks it before looking for a device, so a refusal is the same with or
+// without a GPU; what one path does not implement (tensor parallelism with experts or latent
+// attention, an fp8 latent cache) createCudaBackend refuses by name.
 Status cudaSupportsModel(const ModelConfig& config);
 
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,

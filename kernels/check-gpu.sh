@@ -7,13 +7,17 @@
 #              skipping: the CUDA kernels (the sampler, Qwen3's per-head q/k norm and the
 #              mixture-of-experts gather/combine included) against their CPU twins, the CUDA
 #              backend against the CPU backend (logits within bf16 tolerance on generated
-#              models: Llama, Qwen2, Qwen3, and the mixture-of-experts Qwen3-MoE and Mixtral
-#              with f32 greedy ids identical and batched decode rows routed to different
-#              experts), weights streamed from bf16 checkpoints against host-uploaded ones
+#              models: Llama, Qwen2, Qwen3, and the mixture-of-experts Qwen3-MoE, Mixtral and
+#              DeepSeek-V3 (sigmoid group routing, shared experts) with f32 greedy ids
+#              identical and batched decode rows routed to different experts; an FP8 Mixtral
+#              streamed), weights streamed from bf16 checkpoints against host-uploaded ones
 #              (Qwen3's norms, MoE routers and experts included),
 #              FP8 block-scaled checkpoints held as FP8 on the device (the W8A16 kernels
 #              fp8Dequantize/fp8Gemv against their definition, the backend at TP 1 and 2
 #              against the CPU backend, its device memory against bf16's),
+#              DeepseekV3 multi-head latent attention (the MLA kernels against their host
+#              definitions up to a 576-value latent; a dense made DeepSeek-V3 on the backend
+#              against the CPU backend: logits, greedy ids, the latent KV region),
 #              KV sized by gpu_memory_utilization, graphs, layer KV
 #              events, device sampling,
 #              the backend factory, the worker's cuda engine set-up, GPU-memory transfers;

@@ -227,23 +227,52 @@ TEST_CASE("cudaSupportsModel accepts Qwen3 and the mixture-of-experts models", "
   }
 }
 
-TEST_CASE("createCudaBackend refuses DeepseekV3ForCausalLM by name, with or without a device", "[backend][factory]") {
-  auto m = std::make_shared<ModelWeights>();
-  auto c = parseModelConfig(R"({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64,
+// DeepseekV3ForCausalLM: its multi-head latent attention (cuda_mla.h) and its mixture-of-
+// experts layers (cuda_moe.h) run on CUDA, so a config with MoE layers passes the architecture
+// check as a dense one does. What the MLA path does not implement is refused by name before
+// any device probe (in a CUDA build); without a device the refusal is then the device's.
+TEST_CASE("createCudaBackend: DeepseekV3ForCausalLM passes with MoE layers and refuses TP and fp8 KV by name",
+          "[backend][factory]") {
+  auto deepseek = [](int firstDense) {
+    auto c = parseModelConfig(R"({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 259,
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1})",
-                            "deepseek.json");
-  REQUIRE(c.status().toString() == "OK");
-  m->config = *c;
-  const KvLayout layout = kvLayoutFor(m->config, 8, 16);
-  CHECK(layout.latent);
-  auto b = createCudaBackend(m, layout);
-  REQUIRE_FALSE(b.ok());
-  CHECK(b.status().code() == StatusCode::kUnimplemented);
-  CHECK(b.status().message().find("DeepseekV3ForCausalLM") != std::string::npos);
-  CHECK(b.status().message().find("multi-head latent attention") != std::string::npos);
-  auto f = createBackend("cuda", m, layout, nullptr);
-  REQUIRE_FALSE(f.ok());
-  CHECK(f.status().message() == b.status().message());
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+    "first_k_dense_replace": )" + std::to_string(firstDense) +
+                                  "}",
+                              "deepseek.json");
+    REQUIRE(c.status().toString() == "OK");
+    auto m = std::make_shared<ModelWeights>();
+    m->config = *c;
+    return m;
+  };
+  for (int firstDense : {1, 2}) {  // 1: layer 1 is a mixture of experts; 2: every layer dense
+    DYNAMIC_SECTION("first_k_dense_replace " << firstDense) {
+      auto m = deepseek(firstDense);
+      CHECK(m->config.isMla());
+      CHECK(m->config.isMoeLayer(1) == (firstDense == 1));
+      CHECK(cudaSupportsModel(m->config).toString() == "OK");
+      const KvLayout layout = kvLayoutFor(m->config, 8, 16);
+      CHECK(layout.latent);
+#if defined(PD_HAVE_CUDA)  // a build without CUDA refuses every model for want of it (cuda_backend_stub.cpp)
+      CudaBackendOptions tp2;
+      tp2.tensorParallelSize = 2;
+      auto t = createCudaBackend(m, layout, tp2);
+      REQUIRE_FALSE(t.ok());
+      CHECK(t.status().code() == StatusCode::kUnimplemented);
+      CHECK(t.status().message().find("tensor_parallel_size 2 with DeepseekV3ForCausalLM") != std::string::npos);
+      auto fp8 = createCudaBackend(m, kvLayoutFor(m->config, 8, 16, KvDtype::kFp8));
+      REQUIRE_FALSE(fp8.ok());
+      CHECK(fp8.status().code() == StatusCode::kUnimplemented);
+      CHECK(fp8.status().message().find("KV dtype fp8 for DeepseekV3ForCausalLM") != std::string::npos);
+#endif
+      if (cudaDeviceAvailable().isOk()) continue;  // the device path is test_cuda_backend's
+      auto b = createCudaBackend(m, layout);
+      REQUIRE_FALSE(b.ok());
+      CHECK(b.status().message() == cudaDeviceAvailable().message());
+      auto f = createBackend("cuda", m, layout, nullptr);
+      REQUIRE_FALSE(f.ok());
+      CHECK(f.status().message() == b.status().message());
+    }
+  }
 }

@@ -6,8 +6,10 @@
 // TP = 1 cache): ranks sharing one GPU (runs on any GPU machine), NCCL over two GPUs (skips
 // with a message on fewer); weights streamed from bf16 checkpoints against host-uploaded ones;
 // FP8 block-scaled checkpoints held as FP8 on the device against the CPU backend; Qwen3 (q/k
-// norms) and the mixture-of-experts models (Qwen3-MoE, Mixtral) against the CPU backend, and
-// streamed against uploaded. Skips without a device.
+// norms) and the mixture-of-experts models (Qwen3-MoE, Mixtral, DeepseekV3's routed and shared
+// experts) against the CPU backend, and streamed against uploaded; DeepseekV3's multi-head
+// latent attention (a dense made model) against the CPU backend, its latent KV region
+// included. Skips without a device.
 #include "engine/cuda_backend.h"
 
 #include <unistd.h>
@@ -183,8 +185,10 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny and small model
 }
 
 // Qwen3 (per-head q/k RMSNorm before RoPE) and the mixture-of-experts families (Qwen3-MoE:
-// 16 experts, top 4, norm_topk_prob, dense layer 0; Mixtral: 8 experts, top 2) against the
-// CPU backend on the same tiny checkpoints: two sequences prefilled together (one in two
+// 16 experts, top 4, norm_topk_prob, dense layer 0; Mixtral: 8 experts, top 2; DeepseekV3:
+// 16 experts in 4 groups, sigmoid scores with the correction bias, top 2 groups, top 4,
+// routed_scaling_factor, 1 shared expert, dense layer 0, behind its latent attention) against
+// the CPU backend on the same tiny checkpoints: two sequences prefilled together (one in two
 // chunks), then 8 greedy decode steps batched. f32 weights: every row tight and the greedy ids
 // identical. bf16: every row within the bf16 tolerance for as long as the greedy ids agree (a
 // near-tie may flip one in 16-bit and with it every later row; the count is printed), the
@@ -192,11 +196,19 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny and small model
 // decode step the two rows route to different experts (more than k experts get rows).
 TEST_CASE("cuda backend runs Qwen3 and the mixture-of-experts models as the CPU backend does", "[cuda][backend][moe]") {
   if (!haveGpu()) return;
-  for (const char* arch : {"qwen3", "qwen3_moe", "mixtral"}) {
+  for (const char* arch : {"qwen3", "qwen3_moe", "mixtral", "deepseek_v3"}) {
     auto model = archModel(arch);
     const ModelConfig& c = model->config;
-    REQUIRE(c.qkNorm == (std::string(arch) != "mixtral"));
-    REQUIRE(c.isMoe() == (std::string(arch) != "qwen3"));
+    const std::string a = arch;
+    REQUIRE(c.qkNorm == (a == "qwen3" || a == "qwen3_moe"));
+    REQUIRE(c.isMoe() == (a != "qwen3"));
+    if (a == "deepseek_v3") {  // sigmoid scores, correction bias, groups, scaling, shared experts
+      REQUIRE(c.moe.sigmoidScoring);
+      REQUIRE(c.moe.numGroups > 1);
+      REQUIRE(c.moe.numSharedExperts > 0);
+      REQUIRE(c.moe.routedScalingFactor != 1.0);
+      REQUIRE_FALSE(model->layers.back().routerBias.empty());
+    }
     std::vector<float> cpuKv(kvLayoutFor(c, 16, 16).totalBytes() / 4, 0.0f);
     auto cpuB = createCpuBackend(model, kvLayoutFor(c, 16, 16), cpuKv.data(), {});
     REQUIRE(cpuB.status().toString() == "OK");
@@ -861,4 +873,167 @@ TEST_CASE("gpu_memory_utilization sizes the KV cache from the device and serves 
   auto tiny = createCudaBackend(model, kvLayoutFor(model->config, 0, 16, KvDtype::kBF16), o);
   CHECK(tiny.status().code() == StatusCode::kResourceExhausted);
   CHECK_THAT(tiny.status().message(), Catch::Contains("activation peak"));
+}
+
+// DeepseekV3ForCausalLM made dense (first_k_dense_replace = every layer): multi-head latent
+// attention on CUDA (cuda_mla.h) against the CPU backend's (cpu_mla.h), with q low-rank or a
+// plain q_proj, with and without YaRN (its frequencies, cos/sin magnitude and softmax mscale^2).
+namespace {
+
+std::string denseDeepseekDir(const std::string& preset, bool qLora, bool yarn) {
+  const std::string name = "cuda_dsv3_dense_" + preset + (qLora ? "_qlora" : "_qproj") + (yarn ? "_yarn" : "");
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/" + name;
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
+    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+    MakeModelOptions o;
+    o.preset = preset;
+    o.arch = "deepseek_v3";
+    o.seed = 13;
+    o.mlaNoQLora = !qLora;
+    o.mlaYarn = yarn ? 1 : 0;
+    o.firstDenseLayers = 64;  // more than either preset's layers: every layer dense
+    REQUIRE(makeModel(o, tmp).toString() == "OK");
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  return dir;
+}
+
+// The GPU's latent KV region as f32 values (f32 or bf16 cache).
+std::vector<float> latentKvOf(const CudaBackend& b) {
+  const KvLayout& l = b.kvLayout();
+  std::vector<char> raw(l.totalBytes());
+  REQUIRE(cudaMemcpy(raw.data(), b.kvRegion().ptr(), raw.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+  std::vector<float> v(raw.size() / l.elemBytes());
+  if (l.dtype == KvDtype::kF32) {
+    std::memcpy(v.data(), raw.data(), raw.size());
+  } else {
+    REQUIRE(l.dtype == KvDtype::kBF16);
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, raw.data() + 2 * i, 2);
+      const uint32_t u = uint32_t(h) << 16;
+      std::memcpy(&v[i], &u, 4);
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: DeepseekV3 multi-head latent attention matches the CPU backend", "[cuda][backend][mla]") {
+  if (!haveGpu()) return;
+  struct Which {
+    const char* preset;
+    bool qLora, yarn;
+  };
+  for (Which which : {Which{"tiny", true, false}, Which{"tiny", false, true}, Which{"small", true, true}}) {
+    auto loaded = loadModel(denseDeepseekDir(which.preset, which.qLora, which.yarn));
+    REQUIRE(loaded.status().toString() == "OK");
+    auto model = loaded.value();
+    const ModelConfig& c = model->config;
+    REQUIRE(c.isMla());
+    REQUIRE(c.rope.yarn == which.yarn);
+    REQUIRE((c.mla.qLoraRank > 0) == which.qLora);
+    for (int l = 0; l < c.numLayers; ++l) REQUIRE_FALSE(c.isMoeLayer(l));
+    CHECK(cudaSupportsModel(c).isOk());
+
+    const KvLayout cpuLayout = kvLayoutFor(c, 16, 16);  // the CPU keeps latents in f32
+    std::vector<float> cpuKv(cpuLayout.totalBytes() / 4, 0.0f);
+    auto cpuB = createCpuBackend(model, cpuLayout, cpuKv.data(), {});
+    REQUIRE(cpuB.status().toString() == "OK");
+    std::vector<int32_t> cpuTokens;
+    const auto want = runTwoSeqs(**cpuB, 8, &cpuTokens);
+    // The cache after the prefill alone (chunks 40 | 16 + 7): both sides wrote the same tokens.
+    std::vector<float> cpuPrefillKv(cpuKv.size(), 0.0f);
+    auto cpuPrefill = createCpuBackend(model, cpuLayout, cpuPrefillKv.data(), {});
+    REQUIRE(cpuPrefill.status().toString() == "OK");
+    std::vector<int32_t> none;
+    runTwoSeqs(**cpuPrefill, 0, &none);
+
+    struct Variant {
+      KvDtype w, kv;
+      double tol, kvTol;
+    };
+    for (Variant v :
+         {Variant{KvDtype::kF32, KvDtype::kF32, 1e-4, 1e-4}, Variant{KvDtype::kBF16, KvDtype::kBF16, 5e-2, 3e-2}}) {
+      DYNAMIC_SECTION(which.preset << (which.qLora ? " q_lora" : " q_proj") << (which.yarn ? " yarn" : "")
+                                   << " weights " << kvDtypeName(v.w) << " kv " << kvDtypeName(v.kv)) {
+        auto gpu = makeCuda(model, v.w, v.kv, true);
+        CHECK(gpu->kvLayout().latent);
+        CHECK(gpu->kvLayout().fingerprint() == kvLayoutFor(c, 16, 16, v.kv).fingerprint());
+        CHECK(gpu->kvRegion().len == kvLayoutFor(c, 16, 16, v.kv).totalBytes());
+        std::vector<int32_t> tokens;
+        const auto got = runTwoSeqs(*gpu, 8, &tokens);
+        REQUIRE(got.size() == want.size());
+        // 16-bit: a near-tie may flip a greedy token and every later row: prefill rows only.
+        const size_t compareRows = v.w == KvDtype::kF32 ? got.size() : 2;
+        if (v.w == KvDtype::kF32) {
+          CHECK(tokens == cpuTokens);
+          CHECK(relError(latentKvOf(*gpu), cpuKv) < v.kvTol);
+        }
+        for (size_t r = 0; r < compareRows; ++r) {
+          const double err = relError(got[r], want[r]);
+          INFO("row " << r << " rel error " << err);
+          CHECK(err < v.tol);
+        }
+        CHECK(gpu->graphSteps() == 8);
+
+        auto prefill = makeCuda(model, v.w, v.kv, false);
+        std::vector<int32_t> none2;
+        runTwoSeqs(*prefill, 0, &none2);
+        const double kvErr = relError(latentKvOf(*prefill), cpuPrefillKv);
+        INFO("latent KV after the prefill: rel error " << kvErr);
+        CHECK(kvErr < v.kvTol);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda backend: a described DeepseekV3 model loads as the host-uploaded one", "[cuda][backend][mla]") {
+  if (!haveGpu()) return;
+  const std::string dir = denseDeepseekDir("tiny", true, true);
+  auto loaded = loadModel(dir);
+  auto described = describeModel(dir);
+  REQUIRE(loaded.status().toString() == "OK");
+  REQUIRE(described.status().toString() == "OK");
+  auto a = makeCuda(loaded.value(), KvDtype::kBF16, KvDtype::kBF16, true);
+  auto b = makeCuda(described.value(), KvDtype::kBF16, KvDtype::kBF16, true);
+  std::vector<int32_t> ta, tb;
+  const auto ra = runTwoSeqs(*a, 4, &ta);
+  const auto rb = runTwoSeqs(*b, 4, &tb);
+  CHECK(ta == tb);
+  for (size_t i = 0; i < ra.size(); ++i) CHECK(relError(rb[i], ra[i]) < 1e-6);
+}
+
+TEST_CASE("cuda backend reports each layer's latent KV once it is in device memory", "[cuda][backend][mla]") {
+  if (!haveGpu()) return;
+  auto loaded = loadModel(denseDeepseekDir("tiny", true, false));
+  REQUIRE(loaded.status().toString() == "OK");
+  auto model = loaded.value();
+  auto gpu = makeCuda(model, KvDtype::kF32, KvDtype::kF32, true);
+  const KvLayout& L = gpu->kvLayout();
+  REQUIRE(L.latent);
+  const MemDesc region = gpu->kvRegion();
+  CHECK(region.len == L.totalBytes());
+  PD_CUDA_CHECK(cudaMemset(region.ptr(), 0xff, region.len));  // NaN everywhere
+  std::vector<int32_t> prompt(20, 65), table{3, 9};
+  SeqChunk c{prompt.data(), 20, 0, table.data(), 2, true};
+  std::vector<float> logits(model->config.vocabSize);
+  std::vector<int> seen;
+  const Status st = gpu->forward({&c, 1}, logits.data(), [&](int layer) {
+    seen.push_back(layer);
+    // Block 3 of this layer (positions 0..15): every token's [c_kv | k_pe] must be written now.
+    std::vector<float> blk(L.blockElems());
+    const char* src = static_cast<const char*>(region.ptr()) + L.blockOffset(layer, 3);
+    REQUIRE(cudaMemcpy(blk.data(), src, L.blockBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::all_of(blk.begin(), blk.end(), [](float x) { return std::isfinite(x); }));
+  });
+  REQUIRE(st.toString() == "OK");
+  std::vector<int> all(model->config.numLayers);
+  std::iota(all.begin(), all.end(), 0);
+  CHECK(seen == all);
+  CHECK(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
 }

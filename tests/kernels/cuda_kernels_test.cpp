@@ -13,6 +13,7 @@
 #include "pd/kernels/attention.h"
 #include "pd/kernels/cuda/attention.h"
 #include "pd/kernels/cuda/linear_fp8.h"
+#include "pd/kernels/cuda/mla.h"
 #include "pd/kernels/cuda/moe.h"
 #include "pd/kernels/cuda/ops.h"
 #include "pd/kernels/embedding.h"
@@ -441,4 +442,169 @@ TEST_CASE("cuda fp8Dequantize and fp8Gemv match the FP8 block layout's definitio
   DevBuf any(1024);
   CHECK(kcu::fp8Gemv(any.as(), DType::kBF16, kcu::kFp8GemvMaxRows + 1, any.as<uint8_t>(), any.as<float>(), 1, 16, 0,
                      128, any.as<float>(), 0.0f, nullptr) == cudaErrorInvalidValue);
+}
+
+// Multi-head latent attention (pd/kernels/cuda/mla.h) against plain host loops that restate
+// engine/cpu_mla.cpp's definitions: the latent write (RMSNorm of c_kv, interleaved RoPE of k_pe
+// with the magnitude factor), the query split, and the absorbed attention over a ragged batch
+// of decode tokens and prefill chunks after cached prefixes -- up to DeepSeek-V3's 576-value
+// latent and 128 heads.
+namespace {
+
+// x[2i], x[2i+1] rotated by (c, s) * mscale, as cpu_mla.cpp's ropeInterleaved.
+void ropePairs(float* x, const float* c, const float* s, int half, float mscale) {
+  for (int i = 0; i < half; ++i) {
+    const float cc = c[i] * mscale, ss = s[i] * mscale, a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * cc - b * ss;
+    x[2 * i + 1] = b * cc + a * ss;
+  }
+}
+
+void checkMla(int R, int P, int H, int nope, int blockSize, DType kvDt, DType outDt, const std::vector<Chunk>& chunks,
+              uint64_t seed) {
+  const int L = R + P, half = P / 2;
+  int T = 0, blocksNeeded = 0;
+  for (const Chunk& c : chunks) {
+    T += c.numTokens;
+    blocksNeeded += (c.startPos + c.numTokens + blockSize - 1) / blockSize;
+  }
+  const int numBlocks = blocksNeeded + 2;
+  std::vector<int32_t> perm(numBlocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed + 2));
+  std::vector<int32_t> tables, slots, pos;
+  std::vector<kcu::AttnSeq> seqs;
+  std::vector<kcu::AttnWork> work;
+  int t = 0, next = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const int need = (chunks[c].startPos + chunks[c].numTokens + blockSize - 1) / blockSize;
+    seqs.push_back({t, chunks[c].numTokens, chunks[c].startPos, int32_t(tables.size())});
+    for (int b = 0; b < need; ++b) tables.push_back(perm[next++]);
+    kcu::appendAttnWork(work, int(c), chunks[c].numTokens, H);
+    for (int i = 0; i < chunks[c].numTokens; ++i) {
+      const int p = chunks[c].startPos + i;
+      pos.push_back(p);
+      slots.push_back(tables[seqs[c].blockTableOffset + p / blockSize] * blockSize + p % blockSize);
+    }
+    t += chunks[c].numTokens;
+  }
+  // The cached prefix: random latents (rounded to the KV dtype); the step's tokens overwrite
+  // their slots through mlaKvWrite.
+  auto pool = roundedTo(randomVec(size_t(numBlocks) * blockSize * L, seed, -2, 2), kvDt);
+  const int kvaStride = L + 5, qh = nope + P, qStride = H * qh + 3;
+  const auto kva = randomVec(size_t(T) * kvaStride, seed + 3, -2, 2);
+  const auto normW = randomVec(size_t(R), seed + 4, 0.5f, 1.5f);
+  const auto q = randomVec(size_t(T) * qStride, seed + 5, -1, 1);
+  std::vector<float> invFreq(half);
+  for (int i = 0; i < half; ++i) invFreq[i] = float(1.0 / std::pow(10000.0, double(2 * i) / P));
+  std::vector<float> cosT(size_t(T) * half), sinT(size_t(T) * half);
+  cpu::ropeCosSin(pos.data(), T, invFreq.data(), half, cosT.data(), sinT.data());
+  const float mscale = 1.1f, eps = 1e-6f, scale = 0.3f / std::sqrt(float(qh));
+
+  // Host: latent write, q split (the absorbed part filled with random values standing in for
+  // the GEMM's), attention.
+  for (int i = 0; i < T; ++i) {
+    std::vector<float> v(kva.begin() + ptrdiff_t(i) * kvaStride, kva.begin() + ptrdiff_t(i) * kvaStride + L);
+    cpu::rmsNorm(v.data(), R, normW.data(), v.data(), R, 1, R, eps);
+    ropePairs(v.data() + R, cosT.data() + size_t(i) * half, sinT.data() + size_t(i) * half, half, mscale);
+    for (int d = 0; d < L; ++d) pool[size_t(slots[i]) * L + d] = roundTo(v[d], kvDt);
+  }
+  std::vector<float> qNopeWant(size_t(T) * H * nope), qLat = randomVec(size_t(T) * H * L, seed + 6, -1, 1);
+  for (int i = 0; i < T; ++i)
+    for (int h = 0; h < H; ++h) {
+      const float* src = q.data() + size_t(i) * qStride + size_t(h) * qh;
+      for (int d = 0; d < nope; ++d) qNopeWant[(size_t(i) * H + h) * nope + d] = roundTo(src[d], outDt);
+      float* pe = qLat.data() + (size_t(i) * H + h) * L + R;
+      std::copy(src + nope, src + qh, pe);
+      ropePairs(pe, cosT.data() + size_t(i) * half, sinT.data() + size_t(i) * half, half, mscale);
+    }
+  std::vector<float> want(size_t(T) * H * R);
+  for (size_t c = 0; c < chunks.size(); ++c)
+    for (int i = 0; i < chunks[c].numTokens; ++i) {
+      const int row = seqs[c].tokenStart + i, p = chunks[c].startPos + i;
+      const int32_t* tab = tables.data() + seqs[c].blockTableOffset;
+      for (int h = 0; h < H; ++h) {
+        const float* qr = qLat.data() + (size_t(row) * H + h) * L;
+        std::vector<double> sc(p + 1);
+        double mx = -1e300, sum = 0;
+        for (int k = 0; k <= p; ++k) {
+          const float* key = pool.data() + (size_t(tab[k / blockSize]) * blockSize + k % blockSize) * L;
+          double dot = 0;
+          for (int d = 0; d < L; ++d) dot += double(qr[d]) * key[d];
+          sc[k] = dot * scale;
+          mx = std::max(mx, sc[k]);
+        }
+        for (int k = 0; k <= p; ++k) sum += (sc[k] = std::exp(sc[k] - mx));
+        for (int d = 0; d < R; ++d) {
+          double o = 0;
+          for (int k = 0; k <= p; ++k)
+            o += sc[k] * pool[(size_t(tab[k / blockSize]) * blockSize + k % blockSize) * L + d];
+          want[(size_t(row) * H + h) * R + d] = float(o / sum);
+        }
+      }
+    }
+
+  // Device: the prefix pool with the step's slots poisoned, then the three kernels.
+  auto devPool = roundedTo(randomVec(size_t(numBlocks) * blockSize * L, seed, -2, 2), kvDt);
+  for (int32_t sl : slots)
+    for (int d = 0; d < L; ++d) devPool[size_t(sl) * L + d] = NAN;
+  auto dpool = uploadAs(devPool, kvDt);
+  auto dkva = upload(kva);
+  auto dnorm = upload(normW);
+  auto dq = upload(q);
+  auto dcos = upload(cosT);
+  auto dsin = upload(sinT);
+  auto dslots = upload(slots);
+  auto dtab = upload(tables);
+  auto dseqs = upload(seqs);
+  auto dwork = upload(work);
+  auto dqLat = upload(qLat);  // its absorbed parts are what the GEMM would write
+  PD_CUDA_CHECK(kcu::mlaKvWrite(dkva->as<float>(), kvaStride, dnorm->as<float>(), eps, R, P, dcos->as<float>(),
+                                dsin->as<float>(), mscale, dslots->as<int32_t>(), T, dpool->as(), kvDt, nullptr));
+  DevBuf qNope(qNopeWant.size() * kcu::dtypeBytes(outDt));
+  // Poison the rope part: mlaQSplit must write it.
+  for (int i = 0; i < T * H; ++i)
+    PD_CUDA_CHECK(cudaMemset(dqLat->as<float>() + size_t(i) * L + R, 0xff, sizeof(float) * P));
+  PD_CUDA_CHECK(kcu::mlaQSplit(dq->as<float>(), qStride, T, H, nope, P, dcos->as<float>(), dsin->as<float>(), mscale,
+                               qNope.as(), outDt, dqLat->as<float>(), R, nullptr));
+  DevBuf out(want.size() * kcu::dtypeBytes(outDt));
+  PD_CUDA_CHECK(kcu::mlaAttentionInit());
+  PD_CUDA_CHECK(kcu::mlaAttention(dqLat->as<float>(), dpool->as(), kvDt, dtab->as<int32_t>(), dseqs->as<kcu::AttnSeq>(),
+                                  dwork->as<kcu::AttnWork>(), int(work.size()), blockSize, H, R, P, scale, out.as(),
+                                  outDt, nullptr));
+  const double tol = kvDt == DType::kF32 && outDt == DType::kF32 ? 1e-5 : 1e-2;
+  INFO("R " << R << " P " << P << " heads " << H << " blockSize " << blockSize << " kv " << kcu::dtypeName(kvDt)
+            << " out " << kcu::dtypeName(outDt));
+  // The latent cache: the step's slots as the host wrote them (one 16-bit rounding apart at
+  // most), every other byte untouched.
+  CHECK(relError(downloadAs(dpool->as(), kvDt, pool.size()), pool) < (kvDt == DType::kF32 ? 1e-5 : 1e-2));
+  CHECK(relError(download<float>(dqLat->as(), qLat.size()), qLat) < 1e-5);
+  CHECK(relError(downloadAs(qNope.as(), outDt, qNopeWant.size()), qNopeWant) == 0.0);
+  const double err = relError(downloadAs(out.as(), outDt, want.size()), want);
+  INFO("attention rel error " << err);
+  CHECK(err < tol);
+}
+
+}  // namespace
+
+TEST_CASE("cuda MLA latent write, query split and absorbed attention match the host definitions",
+          "[cuda][kernels][mla]") {
+  if (!haveGpu()) return;
+  // Decode tokens, a fresh prefill, prefill chunks after cached prefixes (one ending on a block
+  // boundary), and a padding chunk (numTokens 0).
+  const std::vector<Chunk> ragged{{0, 1}, {37, 1}, {130, 1}, {0, 21}, {20, 17}, {0, 0}, {48, 16}};
+  struct Shape {
+    int R, P, heads, nope;
+  };
+  const Shape shapes[] = {{32, 8, 4, 16},      // the tiny made model
+                          {128, 32, 8, 64},    // the small made model
+                          {512, 64, 16, 128},  // DeepSeek-V3's latent (576 values)
+                          {40, 6, 3, 8}};      // rows of a block span several tokens; scalar loads
+  uint64_t seed = 900;
+  for (const Shape& s : shapes)
+    for (int blockSize : {1, 16})
+      for (DType kv : kDtypes) checkMla(s.R, s.P, s.heads, s.nope, blockSize, kv, DType::kBF16, ragged, seed++);
+  // f32 throughout (tight), and DeepSeek-V3's 128 heads on decode tokens (8 blocks per token).
+  checkMla(32, 8, 4, 16, 16, DType::kF32, DType::kF32, ragged, seed++);
+  checkMla(512, 64, 128, 128, 16, DType::kBF16, DType::kF32, {{0, 1}, {100, 1}, {7, 2}}, seed++);
 }
