@@ -1,16 +1,15 @@
 // The mixture-of-experts feed-forward block of the CPU backend (Mixtral, Qwen3-MoE;
 // docs/models.md): routing and the experts' SwiGLU MLPs over a step's tokens.
 //
-// Routing: router logits = xn W_router^T, softmax over every expert, the top
-// expertsPerToken (ties to the lower expert id), weights renormalised to sum 1 when
-// normTopkProb. DeepseekV3 (moe.sigmoidScoring): sigmoid scores, the correction bias added for
-// the choice only, the top k inside the best topkGroups groups, weights times
-// routedScalingFactor (model_config.h). Its shared experts (the layer's gateUp/down, every
-// token) run in the same two rounds as the routed ones and are added after them. Tokens are then grouped by expert:
-// each expert that any token chose runs once, on the rows routed to it (gathered). The chosen experts' gate|up products
-// go to the backend as one group and their down products as another (few rows: one fork-join round streaming each
-// expert's weights; many rows: the GEMM, expert by expert), so a batch-1 decode reads the router and only its chosen
-// experts' weights (the active parameters), and a prefill reads each chosen expert once for all its tokens. Each
+// Routing (moe_routing.h, shared with the CUDA backend): router logits = xn W_router^T, softmax over every expert, the
+// top expertsPerToken (ties to the lower expert id), weights renormalised to sum 1 when normTopkProb. DeepseekV3
+// (moe.sigmoidScoring): sigmoid scores, the correction bias added for the choice only, the top k inside the best
+// topkGroups groups, weights times routedScalingFactor (model_config.h). Its shared experts (the layer's gateUp/down,
+// every token) run in the same two rounds as the routed ones and are added after them. Tokens are then grouped by
+// expert: each expert that any token chose runs once, on the rows routed to it (gathered). The chosen experts' gate|up
+// products go to the backend as one group and their down products as another (few rows: one fork-join round streaming
+// each expert's weights; many rows: the GEMM, expert by expert), so a batch-1 decode reads the router and only its
+// chosen experts' weights (the active parameters), and a prefill reads each chosen expert once for all its tokens. Each
 // token's output is added to the residual in ascending expert order (deterministic for a given batch).
 //
 // Not thread-safe: one per backend, called from the backend's forward (which splits the
@@ -23,6 +22,7 @@
 
 #include "engine/model_config.h"
 #include "engine/model_weights.h"
+#include "engine/moe_routing.h"
 
 namespace pd::engine {
 
@@ -57,7 +57,7 @@ class CpuMoe {
   std::vector<int> chosen_;         // [T][k] expert ids
   std::vector<float> weights_;      // [T][k] routing weights
   std::vector<int> rowsPerExpert_;  // [numExperts]
-  std::vector<int> order_;          // (token * k + slot) grouped by expert
+  MoeRowPlan plan_;                 // rows grouped by expert (moe_routing.h)
   std::vector<LinearJob> jobs_;
 };
 

@@ -21,6 +21,7 @@
 
 #include "common/base/log.h"
 #include "engine/cuda_mla.h"
+#include "engine/cuda_moe.h"
 #include "engine/kv_budget.h"
 #include "engine/tensor_parallel.h"
 #include "engine/weight_stream.h"
@@ -94,6 +95,9 @@ struct DevLayer {
   void* gateUp = nullptr;              // [2*ffnPerRank][hidden]
   void* down = nullptr;                // [hidden][ffnPerRank]
   Fp8Scales qkv8, o8, gateUp8, down8;  // FP8 checkpoints streamed (docs/models.md)
+  float* qNorm = nullptr;              // [headDim], Qwen3 (config.qkNorm) only
+  float* kNorm = nullptr;
+  CudaMoeLayer moe;  // a mixture-of-experts layer (cuda_moe.h); gateUp/down then the shared experts
 };
 
 // Per-step metadata (int32 words), laid out at fixed offsets derived from the capacities so
@@ -228,6 +232,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
   int64_t graphSteps() const override { return graphSteps_; }
   double weightLoadSeconds() const override { return loadSeconds_; }
+  std::vector<int> moeExpertRows() const override { return moe_ ? moe_->lastExpertRows() : std::vector<int>{}; }
 
   Status forward(std::span<const SeqChunk> batch, float* logits, const LayerKvReadyFn& onLayerKvReady) override;
   Status forwardAndSample(std::span<const SeqChunk> batch, std::span<const pd::kernels::SampleRowParams> params,
@@ -310,11 +315,13 @@ class CudaBackendImpl final : public CudaBackend {
   double loadSeconds_ = 0;
   DeviceSampling sampling_;
   std::unique_ptr<CudaMla> mla_;  // DeepseekV3: multi-head latent attention; else null
+  std::unique_ptr<CudaMoe> moe_;  // MoE models (TP = 1): rank 0's stream and cuBLAS handle
 };
 
 CudaBackendImpl::~CudaBackendImpl() {
   (void)syncAll();
   if (!ranks_.empty()) cudaSetDevice(ranks_[0].device);
+  moe_.reset();  // before the stream it uses is destroyed
   dropGraphs();
   freeScratch();
   for (Rank& r : ranks_) {
@@ -420,8 +427,10 @@ Status CudaBackendImpl::uploadRankWeights(Rank& r) {
     if (R == 1) {  // the whole layer, straight from the host buffers
       if (!w.qkv.empty()) PD_RETURN_IF_ERROR(put(w.qkv.data(), w.qkv.size(), false, &d.qkv));  // none under MLA
       PD_RETURN_IF_ERROR(put(w.o.data(), w.o.size(), false, &d.o));
-      PD_RETURN_IF_ERROR(put(w.gateUp.data(), w.gateUp.size(), false, &d.gateUp));
-      PD_RETURN_IF_ERROR(put(w.down.data(), w.down.size(), false, &d.down));
+      if (!w.gateUp.empty()) {  // a MoE layer without shared experts has no dense MLP
+        PD_RETURN_IF_ERROR(put(w.gateUp.data(), w.gateUp.size(), false, &d.gateUp));
+        PD_RETURN_IF_ERROR(put(w.down.data(), w.down.size(), false, &d.down));
+      }
       if (!w.qkvBias.empty()) PD_RETURN_IF_ERROR(put(w.qkvBias.data(), w.qkvBias.size(), true, &d.qkvBias));
     } else {  // column-parallel q|k|v, gate|up; row-parallel o, down (tensor_parallel.h)
       const auto qkvRows = plan_.qkvRows(r.index);
@@ -435,6 +444,16 @@ Status CudaBackendImpl::uploadRankWeights(Rank& r) {
     }
     // The o_proj bias is added once: by rank 0, before the all-reduce sums the partials.
     if (!w.oBias.empty() && r.index == 0) PD_RETURN_IF_ERROR(put(w.oBias.data(), w.oBias.size(), true, &d.oBias));
+    if (cfg_.qkNorm) {  // every rank normalises its own heads with the same weights
+      PD_RETURN_IF_ERROR(put(w.qNorm.data(), w.qNorm.size(), true, &d.qNorm));
+      PD_RETURN_IF_ERROR(put(w.kNorm.data(), w.kNorm.size(), true, &d.kNorm));
+    }
+    if (cfg_.isMoeLayer(l)) {  // TP = 1 only (createCudaBackend)
+      auto upload = [&](const float* src, size_t n, bool asF32, void** out) {
+        return uploadWeight(r, src, n, asF32, out);
+      };
+      PD_RETURN_IF_ERROR(uploadCudaMoeLayer(w, upload, d.gateUp, d.down, &d.moe));
+    }
   }
   if (mla_)  // the latent attention's projections (cuda_mla.h; TP = 1)
     PD_RETURN_IF_ERROR(mla_->uploadWeights(*model_, [&](const float* src, size_t n, bool asF32, void** out) {
@@ -481,6 +500,9 @@ Status CudaBackendImpl::streamRankWeights(Rank& r) {
     d.o8 = fp8(s.o);
     d.gateUp8 = fp8(s.gateUp);
     d.down8 = fp8(s.down);
+    d.qNorm = f32(s.qNorm);
+    d.kNorm = f32(s.kNorm);
+    if (cfg_.isMoeLayer(l)) d.moe = cudaMoeLayerFromStream(s);
     for (const DeviceTensor* t : {&s.qkv, &s.o, &s.gateUp, &s.down})
       if (t->dtype == TensorDtype::kF8E4M3) fp8ScratchBytes = std::max(fp8ScratchBytes, t->bytes);
   }
@@ -600,7 +622,8 @@ Status CudaBackendImpl::init() {
   group_ = cfg_.numHeads / cfg_.numKvHeads;
   if (cfg_.isMla()) mla_ = std::make_unique<CudaMla>(cfg_, wdt_, kvdt_);
   const int R = plan_.size;
-  graphsOn_ = opt_.useCudaGraphs && R == 1;
+  // A MoE layer synchronises the stream to route on the host (cuda_moe.h): no graphs.
+  graphsOn_ = opt_.useCudaGraphs && R == 1 && !cfg_.isMoe();
   ranks_.resize(R);
   for (int i = 0; i < R; ++i) {
     ranks_[i].index = i;
@@ -615,14 +638,19 @@ Status CudaBackendImpl::init() {
   const size_t attnElems = cfg_.isMla()
                                ? size_t(cfg_.attentionParams())
                                : (size_t(cfg_.qDim()) + 2 * size_t(cfg_.kvDim())) * h + h * size_t(cfg_.qDim());
-  const size_t layerElems = size_t(cfg_.numLayers) * (attnElems + 3 * ffn * h);
+  // A MoE layer's dense MLP is its shared experts' (DeepseekV3's; none elsewhere); its experts below.
+  size_t layerElems = 0;
+  for (int l = 0; l < cfg_.numLayers; ++l)
+    layerElems += attnElems + 3 * (cfg_.isMoeLayer(l) ? size_t(cfg_.moe.sharedFfn()) : ffn) * h;
   const size_t embedElems = size_t(cfg_.vocabSize) * h;
   const size_t wb = kcu::dtypeBytes(wdt_);
   // FP8 projections: one byte a weight plus 4 bytes per row per block of columns, and the
   // dequant scratch of the largest one (gate|up) in the weight dtype.
   const size_t bc = size_t(cfg_.quantization.blockCols);
-  const size_t layerBytes =
+  size_t layerBytes =
       fp8Weights_ ? layerElems / R + layerElems / R / bc * 4 + 2 * ffn / R * h * wb : layerElems / R * wb;
+  for (int l = 0; l < cfg_.numLayers; ++l)  // routers and experts (TP = 1), experts in wdt_ also from FP8
+    if (cfg_.isMoeLayer(l)) layerBytes += cudaMoeLayerBytes(cfg_, wb);
   std::map<int, size_t> need;
   size_t weightBytesRank0 = 0;
   for (const Rank& r : ranks_) {
@@ -677,6 +705,10 @@ Status CudaBackendImpl::init() {
   const int capW = std::max({256, maxGraph * kcu::attnWorkItems(1, group_),
                              kcu::attnWorkItems(opt_.reserveTokens, group_) + opt_.reserveSeqs});
   PD_RETURN_IF_ERROR(allocScratch(capT, capS, capW, 4096));
+  if (cfg_.isMoe()) {  // TP = 1 (createCudaBackend): rank 0 runs every MoE layer
+    moe_ = std::make_unique<CudaMoe>(cfg_, wdt_, ranks_[0].cublas, ranks_[0].stream);
+    PD_RETURN_IF_ERROR(moe_->reserve(capT));
+  }
   if (opt_.gpuMemoryUtilization > 0) PD_RETURN_IF_ERROR(sizeKvByUtilization());
   std::string where = "device " + std::to_string(opt_.device);
   if (R > 1)
@@ -685,9 +717,10 @@ Status CudaBackendImpl::init() {
                  ? " with every rank on device " + std::to_string(opt_.device) + " (local all-reduce: a test set-up)"
                  : " on devices " + std::to_string(ranks_.front().device) + ".." +
                        std::to_string(ranks_.back().device) + " (NCCL all-reduce)");
-  const char* graphs = graphsOn_            ? ", CUDA graphs on"
-                       : opt_.useCudaGraphs ? ", CUDA graphs off (tensor_parallel_size > 1)"
-                                            : ", CUDA graphs off";
+  const char* graphs = graphsOn_             ? ", CUDA graphs on"
+                       : !opt_.useCudaGraphs ? ", CUDA graphs off"
+                       : cfg_.isMoe()        ? ", CUDA graphs off (mixture-of-experts routing syncs per layer)"
+                                             : ", CUDA graphs off (tensor_parallel_size > 1)";
   PD_LOG(kInfo, "engine") << "cuda backend: " << where << ", weights " << gib(weightBytesRank0) << " "
                           << (fp8Weights_ ? "fp8 projections (W8A16 kernels), " : "") << kcu::dtypeName(wdt_)
                           << (fp8Weights_ ? " embedding" : "") << (R > 1 ? " on rank 0" : "") << ", KV "
@@ -860,6 +893,10 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
       }
       if (w.qkvBias) PD_CUDA_TRY(kcu::broadcastRows(r.qkvOut, w.qkvBias, T, qkvRows, s));
       PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.qkv, qkvRows, r.qkvOut, w.qkvBias ? 1.0f : 0.0f, w.qkv8));
+      if (w.qNorm) {  // Qwen3: each q and k head RMS-normalised after the bias, before RoPE (as the CPU)
+        PD_CUDA_TRY(kcu::headRmsNorm(r.qkvOut, qkvRows, T, nh, hd, w.qNorm, eps, s));
+        PD_CUDA_TRY(kcu::headRmsNorm(r.qkvOut + qDim, qkvRows, T, nkv, hd, w.kNorm, eps, s));
+      }
       PD_CUDA_TRY(kcu::applyRope(r.qkvOut, qkvRows, T, nh, hd, r.cos, r.sin, s));
       PD_CUDA_TRY(kcu::applyRope(r.qkvOut + qDim, qkvRows, T, nkv, hd, r.cos, r.sin, s));
       PD_CUDA_TRY(kcu::kvCacheWrite(layerKv(r, l), kvdt_, r.qkvOut + qDim, r.qkvOut + qDim + kvDim, qkvRows,
@@ -877,6 +914,10 @@ Status CudaBackendImpl::enqueueStep(int T, int W, int L, bool recordEvents) {
       const DevLayer& w = r.layers[l];
       cudaStream_t s = r.stream;
       PD_CUDA_TRY(kcu::rmsNorm(r.x, h, w.postNorm, r.xn, wdt_, h, T, h, eps, s));
+      if (cfg_.isMoeLayer(l)) {  // routed + shared experts (cuda_moe.h); TP = 1, so no all-reduce
+        PD_RETURN_IF_ERROR(moe_->forward(w.moe, w.postNorm, eps, r.x, r.xn, T));
+        continue;
+      }
       PD_RETURN_IF_ERROR(gemm(r, r.xn, T, h, w.gateUp, 2 * ffn, r.gu, 0.0f, w.gateUp8));
       PD_CUDA_TRY(kcu::swiGlu(r.gu, r.act, wdt_, T, ffn, s));
       PD_RETURN_IF_ERROR(gemm(r, r.act, T, ffn, w.down, h, r.x, r.index == 0 ? 1.0f : 0.0f, w.down8));
@@ -1158,6 +1199,11 @@ Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const Mod
   int count = 0;
   cudaGetDeviceCount(&count);
   PD_ASSIGN_OR_RETURN(const TensorParallelPlan plan, planTensorParallel(c, options.tensorParallelSize));
+  if (plan.size > 1 && c.isMoe())
+    return unimplemented("createCudaBackend: tensor_parallel_size " + std::to_string(plan.size) + " with " +
+                         architectureName(c.architecture) +
+                         "'s mixture of experts (expert parallelism is not implemented on CUDA; use "
+                         "tensor_parallel_size 1 or backend: cpu)");
   if (plan.size > 1 && options.kvDeviceBase)
     return invalidArgument("createCudaBackend: kvDeviceBase is for tensor_parallel_size 1; with " +
                            std::to_string(plan.size) +

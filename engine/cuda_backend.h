@@ -3,6 +3,14 @@
 // output, the residual stream / RoPE / softmax in f32, paged attention and the other ops from
 // kernels/include/pd/kernels/cuda. Decode steps of the common batch sizes run as CUDA graphs.
 //
+// Architectures (cudaSupportsModel, docs/models.md): Llama, Mistral, Qwen2; Qwen3 (each q and k
+// head RMS-normalised after the projection and bias, before RoPE: headRmsNorm, the CPU
+// backend's order); DeepseekV3's latent attention (below); and the mixture-of-experts layers
+// of Mixtral, Qwen3-MoE and DeepseekV3 through cuda_moe.h: router GEMM, routing on the host
+// after one stream synchronisation per MoE layer, each chosen expert's gate|up and down as
+// cuBLAS GEMMs over the rows routed to it (a decode step reads only the chosen experts),
+// shared experts.
+//
 //   PD_ASSIGN_OR_RETURN(auto model, pd::engine::describeModel(dir));  // weights stay on disk
 //   auto layout = pd::engine::kvLayoutFor(model->config, numBlocks, 16, KvDtype::kBF16);
 //   PD_ASSIGN_OR_RETURN(auto backend, pd::engine::createCudaBackend(model, layout, {}));
@@ -21,8 +29,10 @@
 // dequantized in weightDtype into a per-rank scratch buffer for the cuBLAS GEMM; weightDtype
 // is then the activations' dtype and that of the other tensors (docs/models.md, "FP8 weights
 // on the cuda backend"). An FP8 model from loadModel (host f32) is uploaded in weightDtype.
+// Experts of an FP8 checkpoint are dequantized into weightDtype while streaming (cuda_moe.h
+// multiplies in weightDtype only); the router is kept in f32.
 //
-// DeepseekV3ForCausalLM (dense layers only, see cudaSupportsModel): multi-head latent attention
+// DeepseekV3ForCausalLM (its MoE layers through cuda_moe.h): multi-head latent attention
 // in the absorbed form (cuda_mla.h, pd/kernels/cuda/mla.h), the KV region laid out by the
 // latent KvLayout (one [c_kv | k_pe] vector per token and layer; kvRegion() and the layer KV
 // events as for any model). TP = 1 only and an f32/f16/bf16 latent cache (TP > 1 and fp8 are
@@ -54,7 +64,9 @@
 // attention as on the CPU; what holds is that layer l's K/V are in device memory on every
 // rank when it runs.) Such steps are never graphed.
 //
-// CUDA graphs: at TP = 1 a step in which every chunk is one decode token that wants logits
+// CUDA graphs: a model with mixture-of-experts layers never runs graphs (its routing waits for
+// the router logits on the host, which a graph cannot do); every other model: at TP = 1 a
+// step in which every chunk is one decode token that wants logits
 // runs as an instantiated graph for the smallest configured batch size >= the batch (padding
 // rows write nothing and attend to nothing). Graphs are captured on first use of a size and
 // dropped when the scratch buffers grow. At TP > 1 graphs are off (steps run eagerly): a
@@ -65,9 +77,10 @@
 // Errors: no device -> kUnavailable "cuda backend: no CUDA device found (...)"; fewer
 // visible devices than device + tensorParallelSize -> kUnavailable "... requires N GPUs
 // (found M)"; a tensor_parallel_size the model's heads / kv heads / ffn do not divide ->
-// kInvalidArgument (planTensorParallel); TP > 1 in a build without NCCL -> kUnimplemented; a
-// build without CUDA -> kUnimplemented; malformed batches as Backend says; CUDA / cuBLAS /
-// NCCL failures -> kInternal naming the call.
+// kInvalidArgument (planTensorParallel); TP > 1 with a mixture-of-experts model ->
+// kUnimplemented "... (expert parallelism is not implemented ...)"; TP > 1 in a build
+// without NCCL -> kUnimplemented; a build without CUDA -> kUnimplemented; malformed batches
+// as Backend says; CUDA / cuBLAS / NCCL failures -> kInternal naming the call.
 #pragma once
 
 #include <memory>
@@ -137,6 +150,9 @@ class CudaBackend : public Backend {
   virtual int64_t graphSteps() const = 0;
   // Seconds the weights took to reach the device (streamed or uploaded), all ranks.
   virtual double weightLoadSeconds() const = 0;
+  // Mixture-of-experts models: the token rows each expert got in the last MoE layer of the
+  // last step ([numExperts]; empty for a dense model). Tests read it.
+  virtual std::vector<int> moeExpertRows() const = 0;
 
   // Device-side sampling (Backend::forwardAndSample): runs the step exactly as forward()
   // does, then samples every logits row on the device (pd::kernels::cuda::sampleRows) and
@@ -155,11 +171,12 @@ class CudaBackend : public Backend {
 // worker reports for `backend: cuda`.
 Status cudaDeviceAvailable();
 
-// OK when the CUDA backend implements the model's architecture and features; otherwise
-// kUnimplemented naming the architecture (Qwen3's per-head q/k RMSNorm and mixture-of-experts
-// layers have no CUDA kernels yet: docs/models.md; a DeepseekV3 model passes when
-// first_k_dense_replace makes every layer dense). createCudaBackend checks it before looking
-// for a device, so the refusal is the same with or without a GPU.
+// OK when the CUDA backend implements the model's architecture and features: today every
+// architecture model_config.h parses (the dense families, Qwen3, Mixtral, Qwen3-MoE,
+// DeepseekV3); otherwise it would be kUnimplemented naming the architecture and the feature.
+// createCudaBackend checks it before looking for a device, so a refusal is the same with or
+// without a GPU; what one path does not implement (tensor parallelism with experts or latent
+// attention, an fp8 latent cache) createCudaBackend refuses by name.
 Status cudaSupportsModel(const ModelConfig& config);
 
 Result<std::unique_ptr<CudaBackend>> createCudaBackend(std::shared_ptr<const ModelWeights> model,

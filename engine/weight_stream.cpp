@@ -328,6 +328,10 @@ Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelCon
   if (o.rank < 0 || o.rank >= plan.size)
     return invalidArgument("weight stream: rank " + std::to_string(o.rank) + " outside tensor_parallel_size " +
                            std::to_string(plan.size));
+  if (c.isMoe() && plan.size > 1)
+    return unimplemented("weight stream: tensor_parallel_size " + std::to_string(plan.size) + " with " +
+                         architectureName(c.architecture) +
+                         "'s mixture of experts (expert parallelism is not implemented)");
   PD_ASSIGN_OR_RETURN(const Checkpoint ckpt, Checkpoint::open(dir, c.quantization));
   WeightLoadStats stats;
   DeviceModel m;
@@ -366,6 +370,42 @@ Result<DeviceModel> streamWeightsToDevice(const std::string& dir, const ModelCon
       PD_ASSIGN_OR_RETURN(d.o, s.load({oSlice}, md, k8));
       if (c.oBias && r == 0) {
         PD_ASSIGN_OR_RETURN(d.oBias, s.load({whole(p + "self_attn.o_proj.bias", {h})}, f32));
+      }
+      if (c.qkNorm) {
+        PD_ASSIGN_OR_RETURN(d.qNorm, s.load({whole(p + "self_attn.q_norm.weight", {c.headDim})}, f32));
+        PD_ASSIGN_OR_RETURN(d.kNorm, s.load({whole(p + "self_attn.k_norm.weight", {c.headDim})}, f32));
+      }
+      if (c.isMoeLayer(l)) {
+        // The names model_weights.cpp reads: Mixtral block_sparse_moe.{gate, experts.E.w1 (gate),
+        // w3 (up), w2 (down)}; Qwen3-MoE and DeepseekV3 mlp.{gate, experts.E.gate_proj, up_proj,
+        // down_proj}; DeepseekV3 also mlp.gate.e_score_correction_bias and mlp.shared_experts.
+        const bool mixtral = c.architecture == Architecture::kMixtral;
+        const bool deepseek = c.architecture == Architecture::kDeepseekV3;
+        const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+        const int64_t ne = c.moe.numExperts, ef = c.moe.expertFfn;
+        PD_ASSIGN_OR_RETURN(d.router, s.load({whole(moe + "gate.weight", {ne, h})}, f32));
+        if (deepseek) {
+          d.routerBias.resize(size_t(ne));
+          PD_RETURN_IF_ERROR(ckpt.readF32(moe + "gate.e_score_correction_bias", {ne}, d.routerBias.data()));
+        }
+        d.experts.resize(size_t(ne));
+        for (int64_t e = 0; e < ne; ++e) {
+          const std::string ep = moe + "experts." + std::to_string(e) + ".";
+          PD_ASSIGN_OR_RETURN(d.experts[size_t(e)].gateUp,
+                              s.load({whole(ep + (mixtral ? "w1.weight" : "gate_proj.weight"), {ef, h}),
+                                      whole(ep + (mixtral ? "w3.weight" : "up_proj.weight"), {ef, h})},
+                                     md));
+          PD_ASSIGN_OR_RETURN(d.experts[size_t(e)].down,
+                              s.load({whole(ep + (mixtral ? "w2.weight" : "down_proj.weight"), {h, ef})}, md));
+        }
+        if (deepseek && c.moe.numSharedExperts > 0) {
+          const int64_t sf = c.moe.sharedFfn();
+          PD_ASSIGN_OR_RETURN(d.gateUp, s.load({whole(p + "mlp.shared_experts.gate_proj.weight", {sf, h}),
+                                                whole(p + "mlp.shared_experts.up_proj.weight", {sf, h})},
+                                               md));
+          PD_ASSIGN_OR_RETURN(d.down, s.load({whole(p + "mlp.shared_experts.down_proj.weight", {h, sf})}, md));
+        }
+        continue;
       }
       const std::vector<std::string> guNames{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"};
       PD_ASSIGN_OR_RETURN(d.gateUp, s.load(fusedRows(guNames, {ffn, ffn}, h, guRows), md, k8));

@@ -26,6 +26,9 @@
 // block: 1/16384 of its elements at 128x128); it never holds a whole tensor. Device memory comes from the copier
 // and belongs to whoever owns the copier's allocations (the backend), also on error.
 //
+// Architectures: the dense ones, Qwen3 (q_norm/k_norm), and the mixture-of-experts layers of
+// Mixtral, Qwen3-MoE and DeepseekV3 (DeviceLayer's MoE fields; at tensor_parallel_size 1: a
+// larger size with a MoE model -> kUnimplemented).
 // Threads: one call at a time per copier. Errors: missing tensors and shape mismatches as
 // Checkpoint says (naming file, tensor and shapes); a plan the model does not divide
 // (planTensorParallel); matrixDtype F8_E4M3 -> kUnimplemented; stagingBytes too small for one row of a sliced matrix ->
@@ -103,8 +106,19 @@ struct DeviceLayer {
   DeviceTensor qkvBias;              // [rankQkvRows] f32, when the model has it
   DeviceTensor o;                    // [hidden][rankQDim]
   DeviceTensor oBias;                // [hidden] f32, rank 0, when the model has it
-  DeviceTensor gateUp;               // [2 * ffnPerRank][hidden]
-  DeviceTensor down;                 // [hidden][ffnPerRank]
+  DeviceTensor gateUp;               // [2 * ffnPerRank][hidden]; a MoE layer: the shared experts' or none
+  DeviceTensor down;                 // [hidden][ffnPerRank]; likewise
+  DeviceTensor qNorm, kNorm;         // [headDim] f32, Qwen3 (config.qkNorm) only
+  // Mixture-of-experts layers (config.isMoeLayer; tensor_parallel_size 1 only): the router in
+  // f32, each expert's gate|up [2*expertFfn][hidden] and down [hidden][expertFfn] in
+  // matrixDtype (an FP8 checkpoint's experts dequantized: keepFp8 covers the dense
+  // projections only), DeepseekV3's correction bias in host memory (routing runs on the host).
+  struct Expert {
+    DeviceTensor gateUp, down;
+  };
+  DeviceTensor router;            // [numExperts][hidden] f32
+  std::vector<float> routerBias;  // host [numExperts], DeepseekV3; else empty
+  std::vector<Expert> experts;
 };
 
 struct DeviceModel {

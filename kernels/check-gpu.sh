@@ -4,9 +4,14 @@
 #   build      configures PD_WITH_CUDA=ON (Release) into $BUILD_DIR (default build-gpu) and
 #              builds the GPU tests, cuda_bench, the e2e test and the cluster's binaries;
 #   gpu-tests  every GPU test with PD_REQUIRE_GPU=1, so a missing device FAILS instead of
-#              skipping: the CUDA kernels (the sampler included) against their CPU twins, the
-#              CUDA backend against the CPU backend (logits within bf16 tolerance on generated
-#              models), weights streamed from bf16 checkpoints against host-uploaded ones,
+#              skipping: the CUDA kernels (the sampler, Qwen3's per-head q/k norm and the
+#              mixture-of-experts gather/combine included) against their CPU twins, the CUDA
+#              backend against the CPU backend (logits within bf16 tolerance on generated
+#              models: Llama, Qwen2, Qwen3, and the mixture-of-experts Qwen3-MoE, Mixtral and
+#              DeepSeek-V3 (sigmoid group routing, shared experts) with f32 greedy ids
+#              identical and batched decode rows routed to different experts; an FP8 Mixtral
+#              streamed), weights streamed from bf16 checkpoints against host-uploaded ones
+#              (Qwen3's norms, MoE routers and experts included),
 #              FP8 block-scaled checkpoints held as FP8 on the device (the W8A16 kernels
 #              fp8Dequantize/fp8Gemv against their definition, the backend at TP 1 and 2
 #              against the CPU backend, its device memory against bf16's),

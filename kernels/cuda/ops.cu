@@ -42,6 +42,24 @@ __global__ void rmsNormKernel(const float* __restrict__ x, int xStride, const fl
   for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = fromF32<TOut>(row[i] * invRms * weight[i]);
 }
 
+// Launch: grid = ceil(numTokens * numHeads / kHeadRowsPerBlock) blocks, block = 32 *
+// kHeadRowsPerBlock threads; one warp normalises one (token, head) row of headDim values.
+constexpr int kHeadRowsPerBlock = kThreads / 32;
+__global__ void headRmsNormKernel(float* x, int rowStride, int numTokens, int numHeads, int headDim,
+                                  const float* __restrict__ weight, float eps) {
+  const size_t row = size_t(blockIdx.x) * kHeadRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= size_t(numTokens) * numHeads) return;  // warp-uniform
+  const size_t t = row / numHeads, h = row % numHeads;
+  float* v = x + t * rowStride + h * headDim;
+  float ss = 0.0f;
+  for (int i = lane; i < headDim; i += 32) ss += v[i] * v[i];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float invRms = rsqrtf(ss / float(headDim) + eps);
+  // Each lane writes only the elements it read, after the whole warp's reduction.
+  for (int i = lane; i < headDim; i += 32) v[i] = v[i] * invRms * weight[i];
+}
+
 // Launch: grid-stride over numTokens * halfDim.
 __global__ void ropeCosSinKernel(const int32_t* __restrict__ positions, int numTokens,
                                  const float* __restrict__ invFreq, int halfDim, float* cosOut, float* sinOut) {
@@ -188,6 +206,16 @@ cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out,
     rmsNormKernel<T><<<numRows, kThreads, 0, stream>>>(x, xStride, weight, static_cast<T*>(out), outStride, dim, eps);
     return cudaGetLastError();
   });
+}
+
+cudaError_t headRmsNorm(float* x, int rowStride, int numTokens, int numHeads, int headDim, const float* weight,
+                        float eps, cudaStream_t stream) {
+  const size_t rows = size_t(numTokens) * numHeads;
+  if (rows == 0 || headDim <= 0) return cudaSuccess;
+  const size_t blocks = (rows + kHeadRowsPerBlock - 1) / kHeadRowsPerBlock;
+  if (blocks > 0x7fffffffu) return cudaErrorInvalidValue;
+  headRmsNormKernel<<<unsigned(blocks), kThreads, 0, stream>>>(x, rowStride, numTokens, numHeads, headDim, weight, eps);
+  return cudaGetLastError();
 }
 
 cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim, float* cosOut,

@@ -194,31 +194,44 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("createCudaBackend refuses Qwen3ForCausalLM by name, with or without a device", "[backend][factory]") {
-  auto m = std::make_shared<ModelWeights>();
-  auto c = parseModelConfig(R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 259})",
-                            "qwen3.json");
-  REQUIRE(c.status().toString() == "OK");
-  m->config = *c;
-  const KvLayout layout = kvLayoutFor(m->config, 8, 16);
-  auto b = createCudaBackend(m, layout);
-  REQUIRE_FALSE(b.ok());
-  CHECK(b.status().code() == StatusCode::kUnimplemented);
-  CHECK(b.status().message().find("Qwen3ForCausalLM") != std::string::npos);
-  auto f = createBackend("cuda", m, layout, nullptr);
-  REQUIRE_FALSE(f.ok());
-  CHECK(f.status().message() == b.status().message());
-  // A Llama config of the same shape passes this check (then needs a device).
-  m->config.qkNorm = false;
-  CHECK(cudaSupportsModel(m->config).isOk());
+// Qwen3 (per-head q/k RMSNorm) and the mixture-of-experts families pass the architecture
+// check; without a device the factory then fails on the device, not on the model.
+TEST_CASE("cudaSupportsModel accepts Qwen3 and the mixture-of-experts models", "[backend][factory]") {
+  struct Case {
+    const char* arch;
+    const char* extra;
+  };
+  for (Case k : {Case{"Qwen3ForCausalLM", ""},
+                 Case{"Qwen3MoeForCausalLM",
+                      R"(, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                      "norm_topk_prob": true)"},
+                 Case{"MixtralForCausalLM", R"(, "num_local_experts": 8, "num_experts_per_tok": 2)"}}) {
+    DYNAMIC_SECTION(k.arch) {
+      auto m = std::make_shared<ModelWeights>();
+      auto c = parseModelConfig(std::string(R"({"architectures": [")") + k.arch +
+                                    R"("], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 259)" +
+                                    k.extra + "}",
+                                "config.json");
+      REQUIRE(c.status().toString() == "OK");
+      m->config = *c;
+      CHECK(m->config.isMoe() == (std::string(k.arch) != "Qwen3ForCausalLM"));
+      CHECK(m->config.qkNorm == (std::string(k.arch) != "MixtralForCausalLM"));
+      CHECK(cudaSupportsModel(m->config).toString() == "OK");
+      if (cudaDeviceAvailable().isOk()) continue;  // the device path is test_cuda_backend's
+      // No device: the refusal is the device's, not the model's.
+      auto b = createCudaBackend(m, kvLayoutFor(m->config, 8, 16));
+      REQUIRE_FALSE(b.ok());
+      CHECK(b.status().message() == cudaDeviceAvailable().message());
+    }
+  }
 }
 
-// DeepseekV3ForCausalLM: its multi-head latent attention runs on CUDA (cuda_mla.h), its
-// mixture-of-experts layers do not; a config whose first_k_dense_replace covers every layer is
-// dense and passes. What the MLA path does not implement is refused by name before any device
-// probe (in a CUDA build).
-TEST_CASE("createCudaBackend: DeepseekV3ForCausalLM's MoE layers are refused by name, a dense one passes",
+// DeepseekV3ForCausalLM: its multi-head latent attention (cuda_mla.h) and its mixture-of-
+// experts layers (cuda_moe.h) run on CUDA, so a config with MoE layers passes the architecture
+// check as a dense one does. What the MLA path does not implement is refused by name before
+// any device probe (in a CUDA build); without a device the refusal is then the device's.
+TEST_CASE("createCudaBackend: DeepseekV3ForCausalLM passes with MoE layers and refuses TP and fp8 KV by name",
           "[backend][factory]") {
   auto deepseek = [](int firstDense) {
     auto c = parseModelConfig(R"({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64,
@@ -233,31 +246,33 @@ TEST_CASE("createCudaBackend: DeepseekV3ForCausalLM's MoE layers are refused by 
     m->config = *c;
     return m;
   };
-  auto moe = deepseek(1);  // layer 1 is a mixture of experts
-  const KvLayout layout = kvLayoutFor(moe->config, 8, 16);
-  CHECK(layout.latent);
-  auto b = createCudaBackend(moe, layout);
-  REQUIRE_FALSE(b.ok());
-  CHECK(b.status().code() == StatusCode::kUnimplemented);
-  CHECK(b.status().message().find("DeepseekV3ForCausalLM") != std::string::npos);
-  CHECK(b.status().message().find("mixture of experts") != std::string::npos);
-  auto f = createBackend("cuda", moe, layout, nullptr);
-  REQUIRE_FALSE(f.ok());
-  CHECK(f.status().message() == b.status().message());
-
-  auto dense = deepseek(2);  // every layer dense: the attention is all that differs
-  CHECK(dense->config.isMla());
-  CHECK(cudaSupportsModel(dense->config).isOk());
+  for (int firstDense : {1, 2}) {  // 1: layer 1 is a mixture of experts; 2: every layer dense
+    DYNAMIC_SECTION("first_k_dense_replace " << firstDense) {
+      auto m = deepseek(firstDense);
+      CHECK(m->config.isMla());
+      CHECK(m->config.isMoeLayer(1) == (firstDense == 1));
+      CHECK(cudaSupportsModel(m->config).toString() == "OK");
+      const KvLayout layout = kvLayoutFor(m->config, 8, 16);
+      CHECK(layout.latent);
 #if defined(PD_HAVE_CUDA)  // a build without CUDA refuses every model for want of it (cuda_backend_stub.cpp)
-  CudaBackendOptions tp2;
-  tp2.tensorParallelSize = 2;
-  auto t = createCudaBackend(dense, layout, tp2);
-  REQUIRE_FALSE(t.ok());
-  CHECK(t.status().code() == StatusCode::kUnimplemented);
-  CHECK(t.status().message().find("tensor_parallel_size 2 with DeepseekV3ForCausalLM") != std::string::npos);
-  auto fp8 = createCudaBackend(dense, kvLayoutFor(dense->config, 8, 16, KvDtype::kFp8));
-  REQUIRE_FALSE(fp8.ok());
-  CHECK(fp8.status().code() == StatusCode::kUnimplemented);
-  CHECK(fp8.status().message().find("KV dtype fp8 for DeepseekV3ForCausalLM") != std::string::npos);
+      CudaBackendOptions tp2;
+      tp2.tensorParallelSize = 2;
+      auto t = createCudaBackend(m, layout, tp2);
+      REQUIRE_FALSE(t.ok());
+      CHECK(t.status().code() == StatusCode::kUnimplemented);
+      CHECK(t.status().message().find("tensor_parallel_size 2 with DeepseekV3ForCausalLM") != std::string::npos);
+      auto fp8 = createCudaBackend(m, kvLayoutFor(m->config, 8, 16, KvDtype::kFp8));
+      REQUIRE_FALSE(fp8.ok());
+      CHECK(fp8.status().code() == StatusCode::kUnimplemented);
+      CHECK(fp8.status().message().find("KV dtype fp8 for DeepseekV3ForCausalLM") != std::string::npos);
 #endif
+      if (cudaDeviceAvailable().isOk()) continue;  // the device path is test_cuda_backend's
+      auto b = createCudaBackend(m, layout);
+      REQUIRE_FALSE(b.ok());
+      CHECK(b.status().message() == cudaDeviceAvailable().message());
+      auto f = createBackend("cuda", m, layout, nullptr);
+      REQUIRE_FALSE(f.ok());
+      CHECK(f.status().message() == b.status().message());
+    }
+  }
 }

@@ -5,9 +5,11 @@
 // TP = 1 (logits, tokens, and each rank's KV region against the matching kv heads of the
 // TP = 1 cache): ranks sharing one GPU (runs on any GPU machine), NCCL over two GPUs (skips
 // with a message on fewer); weights streamed from bf16 checkpoints against host-uploaded ones;
-// FP8 block-scaled checkpoints held as FP8 on the device against the CPU backend; DeepseekV3's
-// multi-head latent attention (a dense made model) against the CPU backend, its latent KV
-// region included. Skips without a device.
+// FP8 block-scaled checkpoints held as FP8 on the device against the CPU backend; Qwen3 (q/k
+// norms) and the mixture-of-experts models (Qwen3-MoE, Mixtral, DeepseekV3's routed and shared
+// experts) against the CPU backend, and streamed against uploaded; DeepseekV3's multi-head
+// latent attention (a dense made model) against the CPU backend, its latent KV region
+// included. Skips without a device.
 #include "engine/cuda_backend.h"
 
 #include <unistd.h>
@@ -15,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -52,10 +55,36 @@ std::shared_ptr<const ModelWeights> testModel(const std::string& preset, bool qk
 }
 std::shared_ptr<const ModelWeights> tinyModel() { return testModel("tiny", false); }
 
+// make-model's tiny preset of another architecture (qwen3, qwen3_moe, mixtral), the CPU
+// tests' generation (seed 11), written once per build tree; dtype "f32" or "bf16".
+std::string archModelDir(const std::string& arch, const std::string& dtype = "f32") {
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_tiny_" + arch + "_" + dtype;
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
+    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 11;
+    o.arch = arch;
+    o.dtype = dtype;
+    REQUIRE(makeModel(o, tmp).toString() == "OK");
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  return dir;
+}
+std::shared_ptr<const ModelWeights> archModel(const std::string& arch) {
+  auto m = loadModel(archModelDir(arch));
+  REQUIRE(m.status().toString() == "OK");
+  return m.value();
+}
+
 // Two sequences: prompts of 40 and 23 tokens prefilled together (one chunk each, the second
 // in two chunks of 16 + 7), then `steps` greedy decode steps batched together. Returns every
 // logits row the run produced, in order.
-std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<int32_t>* out) {
+std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<int32_t>* out,
+                                           const std::function<void()>& afterDecodeStep = {}) {
   const int vocab = b.config().vocabSize, bs = b.kvLayout().blockSize;
   std::mt19937_64 rng(5);
   std::vector<int32_t> p0{kMadeBosId}, p1{kMadeBosId};
@@ -88,6 +117,7 @@ std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<in
     out->push_back(next1);
     SeqChunk d[] = {{&next0, 1, pos0, t0.data(), blocksPerSeq, true}, {&next1, 1, pos1, t1.data(), blocksPerSeq, true}};
     REQUIRE(b.forward(d, logits.data()).toString() == "OK");
+    if (afterDecodeStep) afterDecodeStep();
     rows.emplace_back(logits.begin(), logits.begin() + vocab);
     rows.emplace_back(logits.begin() + vocab, logits.end());
     next0 = argmax(rows[rows.size() - 2].data());
@@ -149,6 +179,114 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny and small model
           CHECK(err < v.tol);
         }
         CHECK(gpu->graphSteps() == 8);  // every batched decode step ran as a graph
+      }
+    }
+  }
+}
+
+// Qwen3 (per-head q/k RMSNorm before RoPE) and the mixture-of-experts families (Qwen3-MoE:
+// 16 experts, top 4, norm_topk_prob, dense layer 0; Mixtral: 8 experts, top 2; DeepseekV3:
+// 16 experts in 4 groups, sigmoid scores with the correction bias, top 2 groups, top 4,
+// routed_scaling_factor, 1 shared expert, dense layer 0, behind its latent attention) against
+// the CPU backend on the same tiny checkpoints: two sequences prefilled together (one in two
+// chunks), then 8 greedy decode steps batched. f32 weights: every row tight and the greedy ids
+// identical. bf16: every row within the bf16 tolerance for as long as the greedy ids agree (a
+// near-tie may flip one in 16-bit and with it every later row; the count is printed), the
+// prefill rows always. MoE steps are never graphed (routing syncs per layer); in a batched
+// decode step the two rows route to different experts (more than k experts get rows).
+TEST_CASE("cuda backend runs Qwen3 and the mixture-of-experts models as the CPU backend does", "[cuda][backend][moe]") {
+  if (!haveGpu()) return;
+  for (const char* arch : {"qwen3", "qwen3_moe", "mixtral", "deepseek_v3"}) {
+    auto model = archModel(arch);
+    const ModelConfig& c = model->config;
+    const std::string a = arch;
+    REQUIRE(c.qkNorm == (a == "qwen3" || a == "qwen3_moe"));
+    REQUIRE(c.isMoe() == (a != "qwen3"));
+    if (a == "deepseek_v3") {  // sigmoid scores, correction bias, groups, scaling, shared experts
+      REQUIRE(c.moe.sigmoidScoring);
+      REQUIRE(c.moe.numGroups > 1);
+      REQUIRE(c.moe.numSharedExperts > 0);
+      REQUIRE(c.moe.routedScalingFactor != 1.0);
+      REQUIRE_FALSE(model->layers.back().routerBias.empty());
+    }
+    std::vector<float> cpuKv(kvLayoutFor(c, 16, 16).totalBytes() / 4, 0.0f);
+    auto cpuB = createCpuBackend(model, kvLayoutFor(c, 16, 16), cpuKv.data(), {});
+    REQUIRE(cpuB.status().toString() == "OK");
+    std::vector<int32_t> cpuTokens;
+    const auto want = runTwoSeqs(**cpuB, 8, &cpuTokens);
+    struct Variant {
+      KvDtype w;
+      double tol;
+    };
+    for (Variant v : {Variant{KvDtype::kF32, 1e-4}, Variant{KvDtype::kBF16, 5e-2}}) {
+      DYNAMIC_SECTION(arch << " weights and kv " << kvDtypeName(v.w)) {
+        auto gpu = makeCuda(model, v.w, v.w, true);
+        std::vector<int32_t> tokens;
+        int decodeSteps = 0, stepsWithSpread = 0;
+        const auto got = runTwoSeqs(*gpu, 8, &tokens, [&] {
+          ++decodeSteps;
+          const std::vector<int> rows = gpu->moeExpertRows();
+          if (!c.isMoe()) return;
+          REQUIRE(int(rows.size()) == c.moe.numExperts);
+          CHECK(std::accumulate(rows.begin(), rows.end(), 0) == 2 * c.moe.expertsPerToken);  // 2 rows x k
+          const auto used = std::count_if(rows.begin(), rows.end(), [](int n) { return n > 0; });
+          if (used > c.moe.expertsPerToken) ++stepsWithSpread;
+        });
+        REQUIRE(got.size() == want.size());
+        CHECK(decodeSteps == 8);
+        if (c.isMoe()) CHECK(stepsWithSpread > 0);
+        // Rows 0, 1: the prefill; then two per decode step, whose inputs are the tokens so far.
+        size_t agree = 2;
+        while (agree < got.size() && tokens[agree - 2] == cpuTokens[agree - 2]) ++agree;
+        if (v.w == KvDtype::kF32) {
+          CHECK(tokens == cpuTokens);
+          agree = got.size();
+        }
+        INFO(arch << ": " << agree << " of " << got.size() << " rows with the same inputs as the CPU's");
+        for (size_t r = 0; r < agree; ++r) {
+          const double err = relError(got[r], want[r]);
+          INFO("row " << r << " rel error " << err);
+          CHECK(err < v.tol);
+        }
+        CHECK(gpu->graphSteps() == (c.isMoe() ? 0 : 8));
+      }
+    }
+  }
+}
+
+// A MoE checkpoint streamed to the device (describeModel: how a worker loads) holds the same
+// bf16 experts, f32 router and f32 q/k norms as the host-uploaded one: the same logits, bit
+// for bit. Tensor parallelism with experts is refused by name.
+TEST_CASE("MoE and Qwen3 weights streamed from a bf16 checkpoint give the host-uploaded logits exactly",
+          "[cuda][backend][stream][moe]") {
+  if (!haveGpu()) return;
+  for (const char* arch : {"qwen3", "qwen3_moe", "mixtral"}) {
+    DYNAMIC_SECTION(arch) {
+      const std::string dir = archModelDir(arch, "bf16");
+      auto host = loadModel(dir);
+      REQUIRE(host.status().toString() == "OK");
+      auto described = describeModel(dir);
+      REQUIRE(described.status().toString() == "OK");
+      CudaBackendOptions o;
+      o.weightStagingBytes = 1 << 20;
+      const KvLayout layout = kvLayoutFor((*host)->config, 16, 16, KvDtype::kBF16);
+      auto uploaded = createCudaBackend(*host, layout, o);
+      REQUIRE(uploaded.status().toString() == "OK");
+      auto streamed = createCudaBackend(*described, layout, o);
+      REQUIRE(streamed.status().toString() == "OK");
+      std::vector<int32_t> a, b;
+      const auto want = runTwoSeqs(**uploaded, 6, &a);
+      const auto got = runTwoSeqs(**streamed, 6, &b);
+      CHECK(a == b);
+      REQUIRE(want.size() == got.size());
+      for (size_t i = 0; i < want.size(); ++i) CHECK(want[i] == got[i]);
+      if ((*host)->config.isMoe()) {
+        o.tensorParallelSize = 2;
+        o.tpRanksShareDevice = true;
+        auto tp = createCudaBackend(*host, layout, o);
+        REQUIRE_FALSE(tp.ok());
+        CHECK(tp.status().code() == StatusCode::kUnimplemented);
+        CHECK(tp.status().message().find("expert parallelism") != std::string::npos);
       }
     }
   }
@@ -619,6 +757,63 @@ TEST_CASE("FP8 weights held on the device match the CPU backend on the same FP8 
 // bf16 dequant buffer for the largest), the bf16 backend's 2. The small preset's 8 layers hold
 // 23.2M projection weights: 46 MiB in bf16, ~24 MiB + 2.8 MiB scratch in FP8; the rest of both
 // backends (embedding, KV cache, scratch, cuBLAS workspace) is the same.
+// An FP8 block-scaled Mixtral streamed as a worker loads it: attention projections FP8 on the
+// device (W8A16), experts dequantized into the weight dtype while streaming. Against the CPU
+// backend on the same checkpoint: f32 activations tight with identical greedy ids, bf16 within
+// the bf16 tolerance while the ids agree.
+TEST_CASE("an FP8 Mixtral checkpoint on the device matches the CPU backend", "[cuda][backend][stream][fp8][moe]") {
+  if (!haveGpu()) return;
+  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_tiny_mixtral_fp8";
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
+    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+    MakeModelOptions mo;
+    mo.preset = "tiny";
+    mo.seed = 11;
+    mo.arch = "mixtral";
+    mo.dtype = "bf16";
+    mo.quantization = "fp8";
+    REQUIRE(makeModel(mo, tmp).toString() == "OK");
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  auto host = loadModel(dir);
+  REQUIRE(host.status().toString() == "OK");
+  auto described = describeModel(dir);
+  REQUIRE(described.status().toString() == "OK");
+  const KvLayout layout = kvLayoutFor((*host)->config, 16, 16, KvDtype::kF32);
+  std::vector<float> cpuKv(layout.totalBytes() / 4, 0.0f);
+  auto cpu = createCpuBackend(*host, layout, cpuKv.data(), {});
+  REQUIRE(cpu.status().toString() == "OK");
+  std::vector<int32_t> cpuTokens;
+  const auto want = runTwoSeqs(**cpu, 6, &cpuTokens);
+  for (KvDtype w : {KvDtype::kF32, KvDtype::kBF16}) {
+    DYNAMIC_SECTION("activations " << kvDtypeName(w)) {
+      CudaBackendOptions o;
+      o.weightDtype = w;
+      o.weightStagingBytes = 1 << 20;
+      auto gpu = createCudaBackend(*described, layout, o);
+      REQUIRE(gpu.status().toString() == "OK");
+      std::vector<int32_t> tokens;
+      const auto got = runTwoSeqs(**gpu, 6, &tokens);
+      REQUIRE(got.size() == want.size());
+      if (w == KvDtype::kF32) CHECK(tokens == cpuTokens);
+      size_t compared = 0;
+      for (size_t r = 0; r < got.size(); ++r) {
+        if (r >= 2 && !std::equal(tokens.begin(), tokens.begin() + long(2 * ((r - 2) / 2) + 2), cpuTokens.begin()))
+          break;
+        const double err = relError(got[r], want[r]);
+        INFO("row " << r << " rel error " << err);
+        CHECK(err < (w == KvDtype::kF32 ? 1e-4 : 5e-2));
+        ++compared;
+      }
+      CHECK(compared >= 2);
+      CHECK((*gpu)->graphSteps() == 0);
+    }
+  }
+}
+
 TEST_CASE("FP8 weights on the device take about half the memory of bf16", "[cuda][backend][stream][fp8]") {
   if (!haveGpu()) return;
   const std::string dir = fp8ModelDir();

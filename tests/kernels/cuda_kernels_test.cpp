@@ -14,6 +14,7 @@
 #include "pd/kernels/cuda/attention.h"
 #include "pd/kernels/cuda/linear_fp8.h"
 #include "pd/kernels/cuda/mla.h"
+#include "pd/kernels/cuda/moe.h"
 #include "pd/kernels/cuda/ops.h"
 #include "pd/kernels/embedding.h"
 #include "pd/kernels/kv_cache.h"
@@ -45,6 +46,79 @@ TEST_CASE("cuda rmsNorm matches the CPU twin", "[cuda][kernels]") {
           kcu::rmsNorm(dx->as<float>(), stride, dw->as<float>(), out.as(), dt, dim, rows, dim, 1e-5f, nullptr));
       CHECK(relError(downloadAs(out.as(), dt, want.size()), want) < tolerance(dt));
     }
+  }
+}
+
+// Qwen3's q_norm / k_norm: each head of each token row normalised in place; the CPU backend
+// runs cpu::rmsNorm over a token's heads (engine/cpu_backend.cpp), which is the twin here.
+// Row stride wider than the heads, so the values past them must stay untouched.
+TEST_CASE("cuda headRmsNorm matches rmsNorm over each token's heads", "[cuda][kernels]") {
+  if (!haveGpu()) return;
+  for (int headDim : {16, 64, 128, 200}) {
+    DYNAMIC_SECTION("headDim " << headDim) {
+      const int tokens = 13, heads = 6, stride = heads * headDim + 40;  // 40: other heads / padding
+      const auto x = randomVec(size_t(tokens) * stride, 21, -3, 3);
+      const auto w = randomVec(headDim, 22, 0.5f, 1.5f);
+      auto want = x;
+      for (int t = 0; t < tokens; ++t) {
+        float* row = want.data() + size_t(t) * stride;
+        cpu::rmsNorm(row, headDim, w.data(), row, headDim, heads, headDim, 1e-6f);
+      }
+      auto dx = upload(x);
+      auto dw = upload(w);
+      PD_CUDA_CHECK(kcu::headRmsNorm(dx->as<float>(), stride, tokens, heads, headDim, dw->as<float>(), 1e-6f, nullptr));
+      const auto got = download<float>(dx->as(), x.size());
+      CHECK(relError(got, want) < 1e-5);
+      for (int t = 0; t < tokens; ++t)  // the 40 values after the heads are not touched
+        for (int i = heads * headDim; i < stride; ++i)
+          REQUIRE(got[size_t(t) * stride + i] == x[size_t(t) * stride + i]);
+    }
+  }
+}
+
+// The mixture-of-experts gather and combine against the loops of engine/cpu_moe.cpp: rows
+// routed to experts gathered by index (a copy: exact in every dtype), and each token's
+// weighted expert outputs added in slot order.
+TEST_CASE("cuda moeGatherRows and moeCombine match the CPU loops", "[cuda][kernels][moe]") {
+  if (!haveGpu()) return;
+  const int tokens = 9, k = 3, dim = 96, R = tokens * k;
+  std::mt19937 rng(31);
+  std::vector<int32_t> src(R);
+  for (int32_t& r : src) r = int32_t(rng() % tokens);
+  const auto xn = randomVec(size_t(tokens) * dim, 32);
+  for (DType dt : kDtypes) {
+    DYNAMIC_SECTION("gather " << kcu::dtypeName(dt)) {
+      const auto rounded = roundedTo(xn, dt);
+      std::vector<float> want(size_t(R) * dim);
+      for (int r = 0; r < R; ++r)
+        std::copy_n(rounded.begin() + size_t(src[r]) * dim, dim, want.begin() + size_t(r) * dim);
+      auto din = uploadAs(xn, dt);
+      auto drows = upload(src);
+      DevBuf out(size_t(R) * dim * kcu::dtypeBytes(dt));
+      PD_CUDA_CHECK(kcu::moeGatherRows(din->as(), dt, drows->as<int32_t>(), R, dim, out.as(), nullptr));
+      CHECK(downloadAs(out.as(), dt, want.size()) == want);
+    }
+  }
+  SECTION("combine") {
+    // Each token's k slots: distinct rows of y (a permutation), weights in (0, 1).
+    std::vector<int32_t> perm(R);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    const auto weights = randomVec(R, 33, 0.05f, 1.0f);
+    const auto y = randomVec(size_t(R) * dim, 34, -2, 2);
+    const auto x = randomVec(size_t(tokens) * dim, 35, -2, 2);
+    auto want = x;
+    for (int t = 0; t < tokens; ++t)
+      for (int j = 0; j < k; ++j)
+        for (int d = 0; d < dim; ++d)
+          want[size_t(t) * dim + d] += weights[size_t(t) * k + j] * y[size_t(perm[size_t(t) * k + j]) * dim + d];
+    auto dx = upload(x);
+    auto dy = upload(y);
+    auto dperm = upload(perm);
+    auto dw = upload(weights);
+    PD_CUDA_CHECK(kcu::moeCombine(dx->as<float>(), dy->as<float>(), dperm->as<int32_t>(), dw->as<float>(), tokens, k,
+                                  dim, nullptr));
+    CHECK(relError(download<float>(dx->as(), x.size()), want) < 1e-6);
   }
 }
 

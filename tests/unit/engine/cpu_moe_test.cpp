@@ -1,14 +1,18 @@
 // The CPU mixture-of-experts block (engine/cpu_moe.h): which weights each step reads. A
 // batch-1 decode must read the router and only the experts its token chose; a prefill reads
 // each chosen expert once for all the tokens routed to it. Numerics are the NumPy reference
-// tests' job (model_reference_test.cpp).
+// tests' job (model_reference_test.cpp). The row plan both backends share (moe_routing.h).
 #include "engine/cpu_moe.h"
 
+#include <algorithm>
 #include <map>
+#include <numeric>
+#include <random>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/moe_routing.h"
 #include "tests/unit/engine/model_test_util.h"
 
 using namespace pd::engine;
@@ -171,4 +175,50 @@ TEST_CASE("MoE configs: Mixtral and Qwen3-MoE parse, unknown keys and bad layer 
   nlohmann::json noTopk = mixtral;
   noTopk.erase("num_experts_per_tok");
   refused(noTopk, {}, "num_experts_per_tok");
+}
+
+// The row plan both backends run (moe_routing.h): rows grouped by expert with tokens ascending
+// inside each, every (token, slot) exactly once, and each token's slots ascending by row (=
+// by expert), carrying their routing weights. Random top-k choices over many tokens.
+TEST_CASE("MoE row plan: rows grouped by expert, each token's slots ascending with their weights") {
+  const int T = 37, k = 4, ne = 16;
+  std::mt19937 rng(7);
+  std::vector<int> chosen(size_t(T) * k);
+  std::vector<float> weights(chosen.size());
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> ids(ne);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int j = 0; j < k; ++j) {
+      chosen[size_t(t) * k + j] = ids[j];
+      weights[size_t(t) * k + j] = float(t * 100 + ids[j]);  // names its (token, expert)
+    }
+  }
+  MoeRowPlan p;
+  planMoeRows(chosen.data(), weights.data(), T, k, ne, &p);
+  REQUIRE(p.start.size() == size_t(ne + 1));
+  CHECK(p.start[0] == 0);
+  CHECK(p.start[ne] == T * k);
+  auto expertOf = [&](int r) { return int(std::upper_bound(p.start.begin(), p.start.end(), r) - p.start.begin()) - 1; };
+  for (int e = 0; e < ne; ++e) {
+    CHECK(p.start[e + 1] - p.start[e] == p.rowsPerExpert[e]);
+    CHECK(p.rowsPerExpert[e] == int(std::count(chosen.begin(), chosen.end(), e)));
+    for (int r = p.start[e] + 1; r < p.start[e + 1]; ++r) CHECK(p.srcRows[r - 1] < p.srcRows[r]);  // tokens ascending
+  }
+  std::vector<int> seen(size_t(T) * k, 0);
+  for (int t = 0; t < T; ++t) {
+    for (int j = 0; j < k; ++j) {
+      const size_t s = size_t(t) * k + j;
+      const int r = p.slotRows[s];
+      REQUIRE(r >= 0);
+      REQUIRE(r < T * k);
+      ++seen[r];
+      CHECK(p.srcRows[r] == t);
+      const int e = expertOf(r);
+      CHECK(std::count(chosen.begin() + t * k, chosen.begin() + (t + 1) * k, e) == 1);  // one of t's experts
+      CHECK(p.slotWeights[s] == float(t * 100 + e));                                    // with its weight
+      if (j > 0) CHECK(p.slotRows[s - 1] < r);                                          // ascending
+    }
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == T * k);  // every row once
 }

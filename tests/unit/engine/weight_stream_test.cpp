@@ -152,6 +152,101 @@ TEST_CASE("a bf16 model streams to the device in bf16: the bytes the f32 loader 
   CHECK(stats.seconds > 0);
 }
 
+// Qwen3's q/k norms and the mixture-of-experts layers (Mixtral's block_sparse_moe names,
+// Qwen3-MoE's mlp names and its dense layer 0): router in f32, each expert's gate|up and down
+// in bf16, every value the f32 loader's; a MoE layer has no dense MLP. At
+// tensor_parallel_size 2 a MoE model is refused by name (no expert parallelism).
+TEST_CASE("qwen3 norms and mixture-of-experts layers stream as the f32 loader reads them") {
+  for (const char* arch : {"qwen3", "qwen3_moe", "mixtral"}) {
+    DYNAMIC_SECTION(arch) {
+      MakeModelOptions mo;
+      mo.preset = "tiny";
+      mo.dtype = "bf16";
+      mo.arch = arch;
+      mo.seed = 11;
+      const std::string dir = test::makeTestModel(std::string("stream_tiny_bf16_") + arch, mo);
+      const ModelWeights& w = *hostWeights(dir);
+      const ModelConfig& c = w.config;
+      HostWeightCopier dev;
+      WeightStreamOptions o;
+      o.stagingBytes = 64 << 10;
+      WeightLoadStats stats;
+      auto m = streamWeightsToDevice(dir, c, o, dev, &stats);
+      REQUIRE(m.status().toString() == "OK");
+      int moeLayers = 0;
+      for (int l = 0; l < c.numLayers; ++l) {
+        const LayerWeights& hl = w.layers[l];
+        const DeviceLayer& dl = m->layers[l];
+        const std::string at = std::string(arch) + " layer " + std::to_string(l);
+        if (c.qkNorm) {
+          checkF32(dl.qNorm, hl.qNorm.data(), hl.qNorm.size(), at + " q_norm");
+          checkF32(dl.kNorm, hl.kNorm.data(), hl.kNorm.size(), at + " k_norm");
+        } else {
+          CHECK(dl.qNorm.data == nullptr);
+        }
+        if (!c.isMoeLayer(l)) {
+          CHECK(dl.experts.empty());
+          checkBf16(dl.gateUp, hl.gateUp.data(), hl.gateUp.size(), at + " gate|up");
+          continue;
+        }
+        ++moeLayers;
+        checkF32(dl.router, hl.router.data(), hl.router.size(), at + " router");
+        CHECK(dl.routerBias.empty());
+        CHECK(dl.gateUp.data == nullptr);  // no shared experts
+        REQUIRE(dl.experts.size() == size_t(c.moe.numExperts));
+        for (int e = 0; e < c.moe.numExperts; ++e) {
+          const ExpertWeights& he = hl.experts[e];
+          checkBf16(dl.experts[e].gateUp, he.gateUp.data(), he.gateUp.size(), at + " expert gate|up");
+          checkBf16(dl.experts[e].down, he.down.data(), he.down.size(), at + " expert down");
+        }
+      }
+      CHECK(moeLayers == (std::string(arch) == "qwen3" ? 0 : std::string(arch) == "qwen3_moe" ? 1 : 2));
+      if (c.isMoe()) {
+        o.tensorParallelSize = 2;
+        HostWeightCopier dev2;
+        auto tp = streamWeightsToDevice(dir, c, o, dev2, &stats);
+        REQUIRE_FALSE(tp.ok());
+        CHECK(tp.status().code() == StatusCode::kUnimplemented);
+        CHECK(tp.status().message().find("expert parallelism is not implemented") != std::string::npos);
+      }
+    }
+  }
+}
+
+// An FP8 block-scaled Mixtral streamed with keepFp8 (as the CUDA backend loads it): the
+// attention projections stay FP8 codes, the experts arrive dequantized in bf16 -- the f32
+// loader's dequantized values rounded once -- since the expert GEMMs take the weight dtype only.
+TEST_CASE("an fp8 mixtral keeps its attention fp8 and streams its experts dequantized") {
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  mo.dtype = "bf16";
+  mo.arch = "mixtral";
+  mo.quantization = "fp8";
+  mo.seed = 11;
+  const std::string dir = test::makeTestModel("stream_tiny_fp8_mixtral", mo);
+  const ModelWeights& w = *hostWeights(dir);
+  const ModelConfig& c = w.config;
+  REQUIRE(c.quantization.fp8);
+  HostWeightCopier dev;
+  WeightStreamOptions o;
+  o.keepFp8 = true;
+  WeightLoadStats stats;
+  auto m = streamWeightsToDevice(dir, c, o, dev, &stats);
+  REQUIRE(m.status().toString() == "OK");
+  for (int l = 0; l < c.numLayers; ++l) {
+    const DeviceLayer& dl = m->layers[l];
+    const std::string at = "layer " + std::to_string(l);
+    CHECK(dl.qkv.dtype == TensorDtype::kF8E4M3);
+    checkF32(dl.router, w.layers[l].router.data(), w.layers[l].router.size(), at + " router");
+    REQUIRE(dl.experts.size() == size_t(c.moe.numExperts));
+    for (int e = 0; e < c.moe.numExperts; ++e) {
+      const ExpertWeights& he = w.layers[l].experts[e];
+      checkBf16(dl.experts[e].gateUp, he.gateUp.data(), he.gateUp.size(), at + " expert gate|up");
+      checkBf16(dl.experts[e].down, he.down.data(), he.down.size(), at + " expert down");
+    }
+  }
+}
+
 TEST_CASE("matrices stream in the dtype the device asks for: bf16 widened to f32 exactly") {
   const std::string dir = bf16Model("stream_tiny_bf16", "tiny", false);
   auto host = loadModel(dir);

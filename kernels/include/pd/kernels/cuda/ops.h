@@ -25,6 +25,13 @@ namespace pd::kernels::cuda {
 cudaError_t rmsNorm(const float* x, int xStride, const float* weight, void* out, DType outDtype, int outStride,
                     int numRows, int dim, float eps, cudaStream_t stream);
 
+// Per-head RMSNorm in place (Qwen3's q_norm / k_norm): for every token t < numTokens and head
+// h < numHeads, the headDim values at x[t*rowStride + h*headDim] become
+// v / sqrt(mean(v^2) + eps) * weight. x: f32, weight: [headDim] f32. The CPU twin is rmsNorm
+// over each token's heads (pd/kernels/norm.h), as the CPU backend runs it.
+cudaError_t headRmsNorm(float* x, int rowStride, int numTokens, int numHeads, int headDim, const float* weight,
+                        float eps, cudaStream_t stream);
+
 // positions: [numTokens], invFreq: [halfDim] (from the CPU ropeInvFreq),
 // cosOut, sinOut: [numTokens][halfDim]. Angles are formed in double, as on the CPU.
 cudaError_t ropeCosSin(const int32_t* positions, int numTokens, const float* invFreq, int halfDim, float* cosOut,
