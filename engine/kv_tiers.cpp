@@ -722,6 +722,13 @@ void KvTierStore::finishCopies() {
 int KvTierStore::promote(std::span<const TokenId> tokens, int maxTokens, int maxNewBlocks) {
   KvCacheManager::PromoteSource src;
   src.has = [this](uint64_t h, std::span<const TokenId> toks) -> std::optional<KvTier> {
+    // A block demoted ahead whose copy is still in flight: wait for the copies (microseconds)
+    // rather than recompute it. Inside the manager's promote(): held blocks are released at
+    // the next poll.
+    if (host_ &&
+        std::any_of(inFlight_.begin(), inFlight_.end(), [&](const InFlight& f) { return f.demotion && f.hash == h; })) {
+      takeCompletedCopies(true, true);
+    }
     if (host_ && host_->matches(h, toks)) {
       host_->touch(h);  // most recently used: a demotion during this promotion keeps it
       return KvTier::kHost;

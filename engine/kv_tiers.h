@@ -30,7 +30,8 @@
 // blocks than were demoted ahead) first waits for the copies in flight and then copies the
 // block synchronously: that is the only place the loop waits for a device-to-host copy.
 // Promotion is a synchronous copy into the region block (KvBlockCopier::copyIn): the block
-// is attachable, and readable by a KV transfer, as soon as promote() returns.
+// is attachable, and readable by a KV transfer, as soon as promote() returns. A promotion
+// that wants a block whose demotion is still in flight waits for the copies in flight.
 //
 // Block names are chained hashes of token ids (common/base/hash.h) and mean the same KV only
 // for the same weights and KV layout: the disk tier is keyed by the worker's identity

@@ -532,6 +532,31 @@ TEST_CASE("kv tiers: an asynchronous copier demotes ahead, holding each block un
   CHECK(servedBlocks(*kv, b) == 2);
 }
 
+TEST_CASE("kv tiers: a promotion wanting a block whose demotion is in flight waits for it") {
+  auto kv = makeKv(6);
+  KvTierOptions o;
+  o.hostBytes = int64_t(kv->blockStrideBytes()) * 8;
+  o.demoteAheadBlocks = 2;
+  auto owned = std::make_unique<FakeAsyncCopier>(*kv, 4);
+  FakeAsyncCopier& copier = *owned;
+  auto tiers = KvTierStore::create(*kv, o, identity(), std::move(owned));
+  REQUIRE(tiers.ok());
+  KvTierStore& t = **tiers;
+  const auto a = prompt(100, 2);
+  computeAndFree(*kv, 1, a);             // 2 named, 4 uncached free
+  REQUIRE_OK(kv->allocate(2, 4 * kBs));  // no uncached block left
+  t.poll();                              // a's blocks held, copies in flight
+  REQUIRE(kv->numHeldBlocks() == 2);
+  REQUIRE_OK(kv->free(2));
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 2);  // not recomputed: waited for
+  CHECK(copier.waits == 1);
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(servedBlocks(*kv, a) == 2);
+  t.poll();
+  CHECK(kv->numHeldBlocks() == 0);
+  REQUIRE_OK(t.checkInvariants());
+}
+
 TEST_CASE("kv tiers: an asynchronous copier writes through to disk from its staging slots") {
   const fs::path dir = test::scratchDir() / "async-disk";
   auto kv = makeKv(8);
