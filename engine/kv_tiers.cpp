@@ -562,7 +562,7 @@ void KvTierStore::onNamed(BlockId b, uint64_t hash, uint64_t parentHash, std::sp
   if (!disk_ || disk_->knows(hash)) return;
   if (copier_->asynchronous()) {
     for (const InFlight& f : inFlight_) {
-      if (f.hash == hash) return;  // already on its way
+      if (!f.demotion && f.hash == hash) return;  // already on its way to disk
     }
     if (copier_->freeSlots() == 0) return;  // skipped: the eviction is its last chance
     auto slot = copier_->startCopyOut(b);
@@ -792,6 +792,7 @@ KvTierStats KvTierStore::stats() const {
   s.hostEvictions = hostEvictions_;
   s.copiesInFlight = int64_t(inFlight_.size());
   s.waitedEvictions = waitedEvictions_;
+  s.blockBytes = int64_t(copier_->strideBytes());
   if (disk_) {
     s.diskBlocks = disk_->size();
     s.diskBytes = disk_->bytes();

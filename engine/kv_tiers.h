@@ -94,6 +94,7 @@ struct KvTierStats {
   // (demotion ahead of need did not keep up) since start.
   int64_t copiesInFlight = 0;
   uint64_t waitedEvictions = 0;
+  int64_t blockBytes = 0;  // one block in the lower tiers: every rank's share, every layer
 };
 
 class KvHostTier {
