@@ -98,36 +98,19 @@ class CudaKvBlockCopier final : public KvBlockCopier {
 
   Status copyOut(BlockId b, uint8_t* dst) override {
     PD_RETURN_IF_ERROR(checkBlock(b));
-    DeviceGuard guard;
     uint8_t* bounce = slotPtr(numSlots_);
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      PD_KVC_TRY(cudaSetDevice(ranks_[r].device));
-      PD_RETURN_IF_ERROR(enqueue(ranks_[r], b, bounce + r * rankStride_, cudaMemcpyDeviceToHost));
-    }
-    for (Rank& r : ranks_) {
-      PD_KVC_TRY(cudaSetDevice(r.device));
-      PD_KVC_TRY(cudaStreamSynchronize(r.stream));
-    }
+    PD_RETURN_IF_ERROR(copySync(b, bounce, cudaMemcpyDeviceToHost));
     std::memcpy(dst, bounce, stride_);
     return Status::ok();
   }
 
   Status copyIn(const uint8_t* src, BlockId b) override {
     PD_RETURN_IF_ERROR(checkBlock(b));
-    DeviceGuard guard;
     uint8_t* bounce = slotPtr(numSlots_);
     // The bounce buffer is free: every synchronous copy waited for its streams before its
-    // call returned (asynchronous copies use the other slots).
+    // call returned, on error too (asynchronous copies use the other slots).
     std::memcpy(bounce, src, stride_);
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      PD_KVC_TRY(cudaSetDevice(ranks_[r].device));
-      PD_RETURN_IF_ERROR(enqueue(ranks_[r], b, bounce + r * rankStride_, cudaMemcpyHostToDevice));
-    }
-    for (Rank& r : ranks_) {
-      PD_KVC_TRY(cudaSetDevice(r.device));
-      PD_KVC_TRY(cudaStreamSynchronize(r.stream));
-    }
-    return Status::ok();
+    return copySync(b, bounce, cudaMemcpyHostToDevice);
   }
 
   Result<int> startCopyOut(BlockId b) override {
@@ -190,6 +173,23 @@ class CudaKvBlockCopier final : public KvBlockCopier {
                              std::to_string(layout_.numBlocks) + " blocks");
     }
     return Status::ok();
+  }
+
+  // Block b between every rank's region and the bounce buffer, then every stream
+  // synchronized -- also after a failed enqueue, so no copy still uses the buffer.
+  Status copySync(BlockId b, uint8_t* bounce, cudaMemcpyKind kind) {
+    DeviceGuard guard;
+    Status st;
+    for (size_t r = 0; r < ranks_.size() && st.isOk(); ++r) {
+      const cudaError_t e = cudaSetDevice(ranks_[r].device);
+      st = e != cudaSuccess ? cudaFail("cudaSetDevice", e) : enqueue(ranks_[r], b, bounce + r * rankStride_, kind);
+    }
+    for (Rank& r : ranks_) {
+      cudaError_t e = cudaSetDevice(r.device);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(r.stream);
+      if (e != cudaSuccess && st.isOk()) st = cudaFail("cudaStreamSynchronize", e);
+    }
+    return st;
   }
 
   // Enqueues the copy of block b's layers between the rank's region and `host` (rankStride_
