@@ -429,6 +429,36 @@ Status KvCacheManager::cacheComputedBlocks(SeqId seq, std::span<const TokenId> t
 
 // ---- Lower tiers --------------------------------------------------------------------------
 
+std::optional<KvCacheManager::HeldBlock> KvCacheManager::evictAndHold() {
+  if (lru_.empty()) return std::nullopt;
+  const BlockId b = lru_.front();
+  lru_.pop_front();
+  BlockMeta& m = meta_[size_t(b)];
+  m.inLru = false;
+  HeldBlock h;
+  h.block = b;
+  h.hash = m.hash;
+  h.parentHash = m.parentHash;
+  const TokenId* toks = &blockTokens_[size_t(b) * size_t(layout_.blockSize)];
+  h.tokens.assign(toks, toks + layout_.blockSize);
+  byHash_.erase(m.hash);
+  m.hashed = false;
+  m.promotedFrom = KvTier::kRegion;
+  m.held = true;
+  ++numHeld_;
+  ++stats_.evictions;
+  if (recordEvents_) pushEvent({KvBlockEvent::Kind::kRemoved, m.hash, m.parentHash, {}});
+  return h;
+}
+
+bool KvCacheManager::releaseHeld(BlockId b) {
+  if (!isHeld(b)) return false;
+  meta_[size_t(b)].held = false;
+  --numHeld_;
+  freeUncached_.push_back(b);
+  return true;
+}
+
 int KvCacheManager::promote(std::span<const TokenId> tokens, int maxTokens, int maxNewBlocks,
                             const PromoteSource& source) {
   if (maxNewBlocks <= 0 || !source.has || !source.fill) return 0;
@@ -658,12 +688,18 @@ Status KvCacheManager::checkInvariants() const {
     }
     if (*lruPos_[size_t(b)] != b) return fail("block " + std::to_string(b) + " has a stale LRU position");
   }
+  int held = 0;
   for (int b = 0; b < n; ++b) {
     const BlockMeta& m = meta_[size_t(b)];
     const std::string name = "block " + std::to_string(b);
     if (m.ref != holders[size_t(b)]) {
       return fail(name + " has ref count " + std::to_string(m.ref) + " but " + std::to_string(holders[size_t(b)]) +
                   " tables hold it");
+    }
+    if (m.held) {
+      ++held;
+      if (m.ref != 0 || inFree[size_t(b)] || m.hashed) return fail(name + " is held but referenced, free or named");
+      continue;
     }
     if (m.ref == 0 && !inFree[size_t(b)]) return fail(name + " is neither free nor referenced");
     if (m.ref > 0 && inFree[size_t(b)]) return fail(name + " is referenced and also free");
@@ -681,8 +717,11 @@ Status KvCacheManager::checkInvariants() const {
       return fail("hash index entry for block " + std::to_string(b) + " is stale");
     }
   }
-  if (numFreeBlocks() + int(std::count_if(holders.begin(), holders.end(), [](int32_t h) { return h > 0; })) != n) {
-    return fail("free + referenced blocks do not add up to " + std::to_string(n));
+  if (held != numHeld_)
+    return fail(std::to_string(held) + " blocks are held but the count says " + std::to_string(numHeld_));
+  if (numFreeBlocks() + held + int(std::count_if(holders.begin(), holders.end(), [](int32_t h) { return h > 0; })) !=
+      n) {
+    return fail("free + held + referenced blocks do not add up to " + std::to_string(n));
   }
   return Status::ok();
 }

@@ -209,6 +209,22 @@ class KvCacheManager {
   // evict (and so demote) a cached block, never one of this prompt's prefix (pinned while
   // promoting). Returns the blocks promoted. Never fails: a block that cannot be had ends it.
   int promote(std::span<const TokenId> tokens, int maxTokens, int maxNewBlocks, const PromoteSource& source);
+  // Eviction ahead of need, for lower tiers whose copies complete later (the cuda backend's,
+  // docs/kv_cache.md "Tiers on cuda"): evicts the least recently freed cached block as a
+  // fresh allocation would (its name dropped, a Removed event) but without calling the lower
+  // tiers, and holds it: the block is neither free nor in any sequence, so nothing reuses
+  // (writes) it, until releaseHeld(). The caller copies it meanwhile. nullopt when no cached
+  // free block exists.
+  struct HeldBlock {
+    BlockId block = -1;
+    uint64_t hash = 0, parentHash = 0;
+    std::vector<TokenId> tokens;
+  };
+  std::optional<HeldBlock> evictAndHold();
+  // Returns a held block to the free pool (uncached). A block not held: no-op, false.
+  bool releaseHeld(BlockId b);
+  int numHeldBlocks() const { return numHeld_; }
+  bool isHeld(BlockId b) const { return b >= 0 && b < layout_.numBlocks && meta_[size_t(b)].held; }
   // Appends an event to the stream takeEvents() returns (a lower tier's change), in order
   // with the region's own; dropped when recording is off.
   void recordEvent(KvBlockEvent e) {
@@ -244,7 +260,7 @@ class KvCacheManager {
   // Verifies the bookkeeping: every block is either free (exactly once, in the right free
   // list) or referenced; ref counts equal the number of tables holding the block; no block
   // appears twice in one table; table lengths match token counts; the hash index and the
-  // blocks agree. Returns kInternal naming the first violation.
+  // blocks agree; a held block is unnamed, unreferenced and not free. Returns kInternal naming the first violation.
   Status checkInvariants() const;
 
  private:
@@ -263,6 +279,7 @@ class KvCacheManager {
     uint64_t hash = 0;
     uint64_t parentHash = 0;
     KvTier promotedFrom = KvTier::kRegion;  // a lower tier until its first attach
+    bool held = false;                      // evictAndHold() until releaseHeld()
   };
 
   KvCacheManager(const KvLayout& layout, void* base, size_t mappedBytes);
@@ -292,6 +309,7 @@ class KvCacheManager {
   std::vector<KvBlockEvent> events_;
   uint64_t oldestPendingUs_ = 0;
   KvLowerTiers* tiers_ = nullptr;
+  int numHeld_ = 0;
 };
 
 // layerSegments over any region with this layout (for instance a peer's region, whose

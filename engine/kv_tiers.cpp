@@ -500,11 +500,31 @@ Result<std::unique_ptr<KvTierStore>> KvTierStore::create(KvCacheManager& kv, con
   }
   if (kv.data() == nullptr || kv.region().kind != MemKind::kHost) {
     return failedPrecondition("kv tiers: the KV region is " + toString(kv.region()) +
-                              "; lower tiers are implemented for host regions (the cpu backend) only");
+                              "; a host copier copies host regions only (the cuda backend's tiers are made with "
+                              "its block copier, engine/cuda_kv_copier.h)");
+  }
+  return create(kv, options, identity, std::make_unique<HostKvBlockCopier>(kv));
+}
+
+Result<std::unique_ptr<KvTierStore>> KvTierStore::create(KvCacheManager& kv, const KvTierOptions& options,
+                                                         const std::string& identity,
+                                                         std::unique_ptr<KvBlockCopier> copier) {
+  if (options.hostBytes <= 0 && options.diskBytes <= 0) {
+    return invalidArgument("kv tiers: both the host and the disk tier are off (0 bytes)");
+  }
+  if (!copier) return invalidArgument("kv tiers: no block copier");
+  const size_t stride = copier->strideBytes();
+  if (stride == 0 || stride % kv.blockStrideBytes() != 0) {
+    return invalidArgument("kv tiers: the copier's block of " + std::to_string(stride) +
+                           " bytes is not whole blocks of the region's " + std::to_string(kv.blockStrideBytes()));
+  }
+  if (options.demoteAheadBlocks < 0) {
+    return invalidArgument("kv tiers: demoteAheadBlocks " + std::to_string(options.demoteAheadBlocks) + " is negative");
   }
   std::unique_ptr<KvTierStore> s(new KvTierStore(kv));
-  const size_t stride = kv.blockStrideBytes();
+  s->copier_ = std::move(copier);
   s->scratch_.resize(stride);
+  s->demoteAhead_ = options.demoteAheadBlocks > 0 ? options.demoteAheadBlocks : std::max(1, kv.numTotalBlocks() / 32);
   if (options.hostBytes > 0) {
     PD_ASSIGN_OR_RETURN(s->host_, KvHostTier::create(options.hostBytes, stride));
   }
@@ -516,7 +536,13 @@ Result<std::unique_ptr<KvTierStore>> KvTierStore::create(KvCacheManager& kv, con
   return s;
 }
 
-KvTierStore::~KvTierStore() { kv_.setLowerTiers(nullptr); }
+KvTierStore::~KvTierStore() {
+  // Every copy reads a block of the region: none may outlive the store (the region is freed
+  // after it), and every held block goes back to the manager.
+  if (copier_ && copier_->asynchronous()) takeCompletedCopies(true, false);
+  releaseDeferred();
+  kv_.setLowerTiers(nullptr);
+}
 
 void KvTierStore::record(const std::vector<KvDiskTier::Change>& changes) {
   for (const auto& c : changes) {
@@ -534,19 +560,29 @@ void KvTierStore::writeToDisk(uint64_t hash, uint64_t parentHash, std::span<cons
 
 void KvTierStore::onNamed(BlockId b, uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens) {
   if (!disk_ || disk_->knows(hash)) return;
-  kv_.copyBlockOut(b, scratch_.data());
+  if (copier_->asynchronous()) {
+    for (const InFlight& f : inFlight_) {
+      if (!f.demotion && f.hash == hash) return;  // already on its way to disk
+    }
+    if (copier_->freeSlots() == 0) return;  // skipped: the eviction is its last chance
+    auto slot = copier_->startCopyOut(b);
+    if (!slot.ok()) {
+      PD_LOG(kWarn, "kv_tiers") << "write-through of block " << hex16(hash)
+                                << " not started: " << slot.status().toString();
+      return;
+    }
+    inFlight_.push_back({*slot, b, false, hash, parentHash, std::vector<TokenId>(tokens.begin(), tokens.end())});
+    return;
+  }
+  if (Status st = copier_->copyOut(b, scratch_.data()); !st.isOk()) {
+    PD_LOG(kWarn, "kv_tiers") << "write-through of block " << hex16(hash) << " dropped: " << st.toString();
+    return;
+  }
   writeToDisk(hash, parentHash, tokens, scratch_);
 }
 
-void KvTierStore::onEvict(BlockId b, uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens) {
-  if (!host_) {
-    // The write-through may have been dropped (queue full): the eviction is its last chance.
-    if (disk_ && !disk_->knows(hash)) {
-      kv_.copyBlockOut(b, scratch_.data());
-      writeToDisk(hash, parentHash, tokens, scratch_);
-    }
-    return;
-  }
+void KvTierStore::demoteToHost(uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens,
+                               const uint8_t* bytes) {
   if (host_->contains(hash)) {  // promoted from here earlier: the copy is still good
     host_->touch(hash);
     return;
@@ -558,7 +594,7 @@ void KvTierStore::onEvict(BlockId b, uint64_t hash, uint64_t parentHash, std::sp
     writeToDisk(evicted->hash, evicted->parentHash, evicted->tokens,
                 std::span<const uint8_t>(slot, host_->strideBytes()));
   }
-  kv_.copyBlockOut(b, slot);
+  std::memcpy(slot, bytes, host_->strideBytes());
   ++demotionsToHost_;
   if (evicted) {
     ++hostEvictions_;
@@ -568,9 +604,131 @@ void KvTierStore::onEvict(BlockId b, uint64_t hash, uint64_t parentHash, std::sp
                    KvTier::kHost});
 }
 
+void KvTierStore::onEvict(BlockId b, uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens) {
+  const bool async = copier_->asynchronous();
+  bool waited = false;
+  if (async && !inFlight_.empty()) {
+    // b is reused as soon as this returns: no copy still reading it (a write-through) may be
+    // in flight. Held blocks go back to the manager at the next poll (we are inside it now).
+    waited = true;
+    takeCompletedCopies(true, true);
+  }
+  const bool needCopy = host_ ? !host_->contains(hash) : (disk_ && !disk_->knows(hash));
+  if (!needCopy) {
+    if (host_) host_->touch(hash);  // promoted from here earlier: the copy is still good
+    waitedEvictions_ += waited ? 1 : 0;
+    return;
+  }
+  if (host_ && !async) {
+    // A host region: copied straight into the host slot (a memcpy cannot fail).
+    std::optional<KvHostTier::Evicted> evicted;
+    uint8_t* slot = host_->insert(hash, parentHash, tokens, &evicted);
+    if (evicted && disk_ && !disk_->knows(evicted->hash)) {
+      // The slot's old bytes are still there: nothing was copied into it yet.
+      writeToDisk(evicted->hash, evicted->parentHash, evicted->tokens,
+                  std::span<const uint8_t>(slot, host_->strideBytes()));
+    }
+    (void)copier_->copyOut(b, slot);
+    ++demotionsToHost_;
+    if (evicted) {
+      ++hostEvictions_;
+      kv_.recordEvent({KvBlockEvent::Kind::kRemoved, evicted->hash, evicted->parentHash, {}, KvTier::kHost});
+    }
+    kv_.recordEvent({KvBlockEvent::Kind::kStored, hash, parentHash, std::vector<TokenId>(tokens.begin(), tokens.end()),
+                     KvTier::kHost});
+    return;
+  }
+  // A device region whose demotion ahead did not keep up (the loop waits for this copy), or
+  // no host tier: the write-through may have been dropped (queue full, no staging slot) and
+  // the eviction is its last chance.
+  waitedEvictions_ += async ? 1 : 0;
+  if (Status st = copier_->copyOut(b, scratch_.data()); !st.isOk()) {
+    PD_LOG(kWarn, "kv_tiers") << "demotion of block " << hex16(hash) << " dropped: " << st.toString();
+    return;
+  }
+  if (host_) {
+    demoteToHost(hash, parentHash, tokens, scratch_.data());
+  } else {
+    writeToDisk(hash, parentHash, tokens, scratch_);
+  }
+}
+
+void KvTierStore::takeCompletedCopies(bool wait, bool deferRelease) {
+  std::vector<KvBlockCopier::Done> done;
+  copier_->completed(wait, &done);
+  for (const KvBlockCopier::Done& d : done) {
+    auto it = std::find_if(inFlight_.begin(), inFlight_.end(), [&](const InFlight& f) { return f.slot == d.slot; });
+    if (it == inFlight_.end()) {
+      PD_LOG(kError, "kv_tiers") << "the copier reported slot " << d.slot << ", which has no copy in flight";
+      continue;
+    }
+    InFlight f = std::move(*it);
+    inFlight_.erase(it);
+    if (!d.status.isOk()) {
+      PD_LOG(kWarn, "kv_tiers") << (f.demotion ? "demotion" : "write-through") << " of block " << hex16(f.hash)
+                                << " dropped: " << d.status.toString();
+    } else {
+      const uint8_t* bytes = copier_->slotData(d.slot);
+      if (f.demotion && host_) demoteToHost(f.hash, f.parentHash, f.tokens, bytes);
+      if (!f.demotion && disk_ && !disk_->knows(f.hash)) {
+        writeToDisk(f.hash, f.parentHash, f.tokens, std::span<const uint8_t>(bytes, copier_->strideBytes()));
+      }
+    }
+    copier_->releaseSlot(d.slot);
+    if (f.demotion) {
+      if (deferRelease) {
+        releaseDeferred_.push_back(f.block);
+      } else {
+        kv_.releaseHeld(f.block);
+      }
+    }
+  }
+}
+
+void KvTierStore::releaseDeferred() {
+  for (BlockId b : releaseDeferred_) kv_.releaseHeld(b);
+  releaseDeferred_.clear();
+}
+
+void KvTierStore::demoteAhead() {
+  if (!host_ || !copier_->asynchronous()) return;
+  // Held blocks count: each becomes a free uncached block once its copy completed.
+  while (kv_.numFreeBlocks() - kv_.numCachedFreeBlocks() + kv_.numHeldBlocks() < demoteAhead_ &&
+         kv_.numCachedFreeBlocks() > 0 && copier_->freeSlots() > 0) {
+    std::optional<KvCacheManager::HeldBlock> h = kv_.evictAndHold();
+    if (!h) return;
+    if (host_->contains(h->hash)) {  // promoted from here earlier: nothing to copy
+      host_->touch(h->hash);
+      kv_.releaseHeld(h->block);
+      continue;
+    }
+    auto slot = copier_->startCopyOut(h->block);
+    if (!slot.ok()) {
+      PD_LOG(kWarn, "kv_tiers") << "demotion of block " << hex16(h->hash)
+                                << " not started: " << slot.status().toString();
+      kv_.releaseHeld(h->block);
+      return;
+    }
+    inFlight_.push_back({*slot, h->block, true, h->hash, h->parentHash, std::move(h->tokens)});
+  }
+}
+
+void KvTierStore::finishCopies() {
+  if (!copier_->asynchronous()) return;
+  takeCompletedCopies(true, false);
+  releaseDeferred();
+}
+
 int KvTierStore::promote(std::span<const TokenId> tokens, int maxTokens, int maxNewBlocks) {
   KvCacheManager::PromoteSource src;
   src.has = [this](uint64_t h, std::span<const TokenId> toks) -> std::optional<KvTier> {
+    // A block demoted ahead whose copy is still in flight: wait for the copies (microseconds)
+    // rather than recompute it. Inside the manager's promote(): held blocks are released at
+    // the next poll.
+    if (host_ &&
+        std::any_of(inFlight_.begin(), inFlight_.end(), [&](const InFlight& f) { return f.demotion && f.hash == h; })) {
+      takeCompletedCopies(true, true);
+    }
     if (host_ && host_->matches(h, toks)) {
       host_->touch(h);  // most recently used: a demotion during this promotion keeps it
       return KvTier::kHost;
@@ -578,22 +736,33 @@ int KvTierStore::promote(std::span<const TokenId> tokens, int maxTokens, int max
     if (disk_ && disk_->matches(h, toks)) return KvTier::kDisk;
     return std::nullopt;
   };
+  // Synchronous copies in: the block is named when fill returns, so a step or a KV transfer
+  // may read it right after promote(); and the source (a host slot a demotion may reuse, the
+  // one scratch block) changes after the call.
   src.fill = [this](uint64_t h, KvTier from, BlockId dst) {
     if (from == KvTier::kHost && host_ && host_->contains(h)) {
-      kv_.copyBlockIn(host_->data(h), dst);
-      return true;
+      Status st = copier_->copyIn(host_->data(h), dst);
+      if (!st.isOk()) PD_LOG(kWarn, "kv_tiers") << "promotion of block " << hex16(h) << " failed: " << st.toString();
+      return st.isOk();
     }
     if (!disk_) return false;
     std::vector<KvDiskTier::Change> changes;
     const bool ok = disk_->load(h, scratch_, &changes);
     record(changes);
-    if (ok) kv_.copyBlockIn(scratch_.data(), dst);
-    return ok;
+    if (!ok) return false;
+    Status st = copier_->copyIn(scratch_.data(), dst);
+    if (!st.isOk()) PD_LOG(kWarn, "kv_tiers") << "promotion of block " << hex16(h) << " failed: " << st.toString();
+    return st.isOk();
   };
   return kv_.promote(tokens, maxTokens, maxNewBlocks, src);
 }
 
 void KvTierStore::poll() {
+  if (copier_->asynchronous()) {
+    takeCompletedCopies(false, false);
+    releaseDeferred();
+    demoteAhead();
+  }
   if (!disk_) return;
   std::vector<KvDiskTier::Change> changes;
   disk_->poll(&changes);
@@ -621,6 +790,9 @@ KvTierStats KvTierStore::stats() const {
   }
   s.demotionsToHost = demotionsToHost_;
   s.hostEvictions = hostEvictions_;
+  s.copiesInFlight = int64_t(inFlight_.size());
+  s.waitedEvictions = waitedEvictions_;
+  s.blockBytes = int64_t(copier_->strideBytes());
   if (disk_) {
     s.diskBlocks = disk_->size();
     s.diskBytes = disk_->bytes();
@@ -638,6 +810,28 @@ KvTierStats KvTierStore::stats() const {
 Status KvTierStore::checkInvariants() const {
   if (host_) PD_RETURN_IF_ERROR(host_->checkInvariants());
   if (disk_) PD_RETURN_IF_ERROR(disk_->checkInvariants());
+  auto fail = [](const std::string& what) { return internalError("kv tier store invariant violated: " + what); };
+  int demotions = 0;
+  std::vector<int> slots;
+  for (const InFlight& f : inFlight_) {
+    slots.push_back(f.slot);
+    if (!f.demotion) continue;
+    ++demotions;
+    if (!kv_.isHeld(f.block)) return fail("block " + std::to_string(f.block) + " is demoted but not held");
+  }
+  for (BlockId b : releaseDeferred_) {
+    if (!kv_.isHeld(b)) return fail("block " + std::to_string(b) + " awaits release but is not held");
+  }
+  if (demotions + int(releaseDeferred_.size()) != kv_.numHeldBlocks()) {
+    return fail(std::to_string(kv_.numHeldBlocks()) + " blocks are held for " + std::to_string(demotions) +
+                " demotions in flight and " + std::to_string(releaseDeferred_.size()) + " awaiting release");
+  }
+  std::sort(slots.begin(), slots.end());
+  if (std::adjacent_find(slots.begin(), slots.end()) != slots.end()) return fail("two copies share a staging slot");
+  if (copier_->freeSlots() + int(inFlight_.size()) != copier_->numSlots()) {
+    return fail(std::to_string(inFlight_.size()) + " copies in flight and " + std::to_string(copier_->freeSlots()) +
+                " free slots do not add up to " + std::to_string(copier_->numSlots()));
+  }
   return kv_.checkInvariants();
 }
 

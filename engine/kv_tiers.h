@@ -13,6 +13,25 @@
 //                that does not fit the queue is dropped and counted, never waited for.
 //   KvTierStore  both, wired to one KvCacheManager (KvLowerTiers): demotes, writes through,
 //                promotes, and records the tiers' KV events in the manager's event stream.
+//                It moves bytes between the region and host memory through a KvBlockCopier
+//                (engine/kv_block_copier.h): a memcpy for a host region, CUDA copies for the
+//                cuda backend's device regions.
+//
+// Synchronous copier (host region): a block is demoted when the manager evicts it, written
+// through when it is named, promoted by a copy -- all inside the call.
+// Asynchronous copier (device region, docs/kv_cache.md "Tiers on cuda"): the store demotes
+// ahead of need from poll(): while the region has fewer than demoteAheadBlocks free uncached
+// blocks it evicts the least recently freed cached ones with KvCacheManager::evictAndHold()
+// (the block stays held: nothing reuses it) and starts copying each into a staging slot.
+// A later poll() sees the copy completed, puts the block into the host tier (Stored host
+// event) and releases it to the free pool. A write-through copies the named block into a
+// slot the same way (no slot free: skipped; the eviction is its last chance) and the disk
+// tier writes the slot's bytes. An eviction the manager cannot put off (a step needs more
+// blocks than were demoted ahead) first waits for the copies in flight and then copies the
+// block synchronously: that is the only place the loop waits for a device-to-host copy.
+// Promotion is a synchronous copy into the region block (KvBlockCopier::copyIn): the block
+// is attachable, and readable by a KV transfer, as soon as promote() returns. A promotion
+// that wants a block whose demotion is still in flight waits for the copies in flight.
 //
 // Block names are chained hashes of token ids (common/base/hash.h) and mean the same KV only
 // for the same weights and KV layout: the disk tier is keyed by the worker's identity
@@ -21,7 +40,8 @@
 //
 // Threads: everything here belongs to the worker loop thread that owns the KV cache manager,
 // except KvDiskTier's writer thread, which only writes and deletes files it is handed and
-// reports back through a mutex-guarded list that poll() drains.
+// reports back through a mutex-guarded list that poll() drains. The copier's copies run on
+// the device's copy engines; only the loop thread calls the copier.
 #pragma once
 
 #include <condition_variable>
@@ -39,6 +59,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "engine/kv_block_copier.h"
 #include "engine/kv_cache_manager.h"
 
 namespace pd::engine {
@@ -49,6 +70,9 @@ struct KvTierOptions {
   int64_t diskBytes = 0;
   std::string diskPath;  // needed when diskBytes > 0
   int64_t diskWriteQueueBytes = int64_t{64} << 20;
+  // Asynchronous copiers only: the free uncached region blocks poll() keeps by demoting
+  // ahead of need; 0 = max(1, region blocks / 32).
+  int demoteAheadBlocks = 0;
 };
 
 // A 64-bit checksum of `bytes` (four independent multiply-xorshift lanes, ~GB/s): detects a
@@ -66,6 +90,11 @@ struct KvTierStats {
   uint64_t diskWritesDropped[3] = {};  // [queue_full, disk_full, error]
   uint64_t diskFilesDropped[3] = {};   // [corrupt, truncated, foreign]
   uint64_t diskFilesLoaded = 0;        // files found valid at start
+  // Asynchronous copiers: copies in flight now, and evictions that had to wait for a copy
+  // (demotion ahead of need did not keep up) since start.
+  int64_t copiesInFlight = 0;
+  uint64_t waitedEvictions = 0;
+  int64_t blockBytes = 0;  // one block in the lower tiers: every rank's share, every layer
 };
 
 class KvHostTier {
@@ -233,21 +262,38 @@ class KvDiskTier {
 
 class KvTierStore : public KvLowerTiers {
  public:
-  // Tiers for `kv` (a host region: kFailedPrecondition otherwise, naming the region kind).
-  // Attaches itself to kv (setLowerTiers); detaches in the destructor. Errors as KvHostTier::
-  // create and KvDiskTier::open, and kInvalidArgument when both tiers are off.
+  // Tiers for `kv` (a host region, copied by a HostKvBlockCopier: kFailedPrecondition
+  // otherwise, naming the region kind). Attaches itself to kv (setLowerTiers); detaches in
+  // the destructor. Errors as KvHostTier::create and KvDiskTier::open, and kInvalidArgument
+  // when both tiers are off.
   static Result<std::unique_ptr<KvTierStore>> create(KvCacheManager& kv, const KvTierOptions& options,
                                                      const std::string& identity);
+  // Tiers for any region, its bytes moved by `copier` (owned; made for kv's region: the
+  // cuda backend's is createCudaKvBlockCopier, engine/cuda_kv_copier.h). Errors as above,
+  // kInvalidArgument for a null copier or one whose strideBytes is not a whole multiple of
+  // kv.blockStrideBytes() (one block of every rank's region).
+  static Result<std::unique_ptr<KvTierStore>> create(KvCacheManager& kv, const KvTierOptions& options,
+                                                     const std::string& identity,
+                                                     std::unique_ptr<KvBlockCopier> copier);
+  // Waits for the copies in flight, returns held blocks to the manager, detaches.
   ~KvTierStore() override;
 
   // Promotes the lower tiers' blocks that continue the region's cached prefix of `tokens`
   // (KvCacheManager::promote); returns the blocks promoted.
   int promote(std::span<const TokenId> tokens, int maxTokens, int maxNewBlocks);
-  // Drains the disk writer's results into KV events. Once per loop iteration.
+  // Drains the disk writer's results into KV events; with an asynchronous copier also takes
+  // the completed copies (host tier, disk, held blocks released) and demotes ahead of need.
+  // Once per loop iteration.
   void poll();
   KvTierStats stats() const;
   KvHostTier* host() { return host_.get(); }
   KvDiskTier* disk() { return disk_.get(); }
+  KvBlockCopier& copier() { return *copier_; }
+  // Waits (asynchronous copier) until every copy in flight completed and was taken as poll()
+  // takes it; for tests and shutdown.
+  void finishCopies();
+  // The host tier, disk tier and manager invariants, and: every held block is one demotion in
+  // flight; in-flight copies and free staging slots add up to the copier's slots.
   Status checkInvariants() const;
 
   void onNamed(BlockId b, uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens) override;
@@ -258,12 +304,34 @@ class KvTierStore : public KvLowerTiers {
   explicit KvTierStore(KvCacheManager& kv) : kv_(kv) {}
   void writeToDisk(uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens, std::span<const uint8_t> kv);
   void record(const std::vector<KvDiskTier::Change>& changes);
+  // Copies `bytes` into the host tier under `hash` (LRU insert, a slot's previous block
+  // written to disk first when the disk lacks it), with its events.
+  void demoteToHost(uint64_t hash, uint64_t parentHash, std::span<const TokenId> tokens, const uint8_t* bytes);
+  // Takes the copier's completed copies (all in flight with `wait`). Held blocks are released
+  // to the manager unless `deferRelease` (inside a manager callback): then at the next poll.
+  void takeCompletedCopies(bool wait, bool deferRelease);
+  void demoteAhead();
+  void releaseDeferred();
+
+  // One asynchronous copy out: a demotion (the block is held by the manager) or a
+  // write-through to disk (the block is named and final: nothing writes it).
+  struct InFlight {
+    int slot = -1;
+    BlockId block = -1;
+    bool demotion = false;
+    uint64_t hash = 0, parentHash = 0;
+    std::vector<TokenId> tokens;
+  };
 
   KvCacheManager& kv_;
+  std::unique_ptr<KvBlockCopier> copier_;
   std::unique_ptr<KvHostTier> host_;
   std::unique_ptr<KvDiskTier> disk_;
   std::vector<uint8_t> scratch_;  // one block, gathered from the region's layers
-  uint64_t demotionsToHost_ = 0, hostEvictions_ = 0;
+  uint64_t demotionsToHost_ = 0, hostEvictions_ = 0, waitedEvictions_ = 0;
+  int demoteAhead_ = 0;
+  std::vector<InFlight> inFlight_;        // in start order
+  std::vector<BlockId> releaseDeferred_;  // demoted, still held: released at the next poll
 };
 
 }  // namespace pd::engine

@@ -20,7 +20,10 @@
 #              against the CPU backend: logits, greedy ids, the latent KV region),
 #              KV sized by gpu_memory_utilization, graphs, layer KV
 #              events, device sampling,
-#              the backend factory, the worker's cuda engine set-up, GPU-memory transfers;
+#              the backend factory, the worker's cuda engine set-up, GPU-memory transfers,
+#              the KV tiers on cuda (blocks demoted from and promoted into device regions
+#              byte for byte at TP 1 and 2, a prompt served after eviction with the cold
+#              run's greedy ids);
 #   e2e-cuda   a cuda cluster end to end (tests/e2e/cluster_test.cpp "greedy ids are identical
 #              with cuda workers"): colocated, and disaggregated over tcp-staged GPU memory,
 #              greedy ids identical between the two cuda paths (and the CPU's);
@@ -100,7 +103,7 @@ build() {
   cmake -S . -B "$BUILD_DIR" -G Ninja -DPD_WITH_CUDA=ON -DPD_CUDA_ARCHITECTURES="$PD_CUDA_ARCHITECTURES" \
     -DCMAKE_BUILD_TYPE=Release || return 1
   cmake --build "$BUILD_DIR" -j "$JOBS" --target \
-    test_backend_factory test_cuda_kernels test_cuda_sampling test_cuda_backend test_kvt_gpu \
+    test_backend_factory test_cuda_kernels test_cuda_sampling test_cuda_backend test_cuda_kv_tiers test_kvt_gpu \
     test_worker_engine_setup cuda_bench test_e2e test_kvt_verbs test_kvt_conformance
 }
 run_phase build 300 build || finish

@@ -10,6 +10,7 @@
 #include "common/metrics/pdserve_metrics.h"
 #include "engine/cpu_backend.h"
 #include "engine/cuda_backend.h"
+#include "engine/cuda_kv_copier.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/kv_tiers.h"
 
@@ -75,6 +76,16 @@ Result<BackendAndKv> makeBackend(const config::ClusterConfig& config, std::share
   PD_ASSIGN_OR_RETURN(out.kv, engine::KvCacheManager::createOver(backend->rankKvLayout(), out.regions[0]));
   out.backend = std::move(backend);
   return out;
+}
+
+// The tier store over the bundle's KV cache: a host region is copied with memcpy; the cuda
+// backend's device regions (one per rank) by the CUDA block copier, which copies each
+// block's share of every rank down asynchronously (docs/kv_cache.md, "Tiers on cuda").
+Result<std::unique_ptr<engine::KvTierStore>> makeTierStore(EngineBundle& bundle, const engine::KvTierOptions& opts) {
+  engine::KvCacheManager& kv = bundle.engine->kv();
+  if (kv.region().kind != MemKind::kCuda) return engine::KvTierStore::create(kv, opts, bundle.fingerprint);
+  PD_ASSIGN_OR_RETURN(auto copier, engine::createCudaKvBlockCopier(kv.layout(), bundle.kvRegions));
+  return engine::KvTierStore::create(kv, opts, bundle.fingerprint, std::move(copier));
 }
 
 }  // namespace
@@ -185,7 +196,7 @@ Status attachKvTiers(const config::ClusterConfig& config, const std::string& wor
     }
     opts.diskPath = (std::filesystem::path(t.diskPath) / id).string();
   }
-  auto tiers = engine::KvTierStore::create(bundle.engine->kv(), opts, bundle.fingerprint);
+  auto tiers = makeTierStore(bundle, opts);
   if (!tiers.ok()) return tiers.status().withContext("engine.kv_tiers");
   const engine::KvTierStats s = (*tiers)->stats();
   PD_LOG(kInfo, "engine") << "KV tiers: host " << s.hostCapacityBlocks << " blocks (" << (t.hostBytes >> 20) << " MiB)"

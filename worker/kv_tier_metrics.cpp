@@ -38,6 +38,10 @@ KvTierMetrics::KvTierMetrics(metrics::Registry& r) {
   promoteDisk_ = {counter(r, "pdserve_kv_tier_promotions_total",
                           "Blocks copied back into the KV region from a lower tier instead of recomputed.", "from",
                           "disk")};
+  waitedEvictions_ = {r.counter("pdserve_kv_tier_waited_evictions_total",
+                                "Region evictions the worker loop waited for a device-to-host copy on (cuda: demotion "
+                                "ahead of need did not keep up).",
+                                {})};
   const char* writeWhy[3] = {"queue_full", "disk_full", "error"};
   const char* fileWhy[3] = {"corrupt", "truncated", "foreign"};
   for (int i = 0; i < 3; ++i) {
@@ -64,13 +68,14 @@ void KvTierMetrics::sync(const engine::KvCacheManager& kv, const engine::KvTierS
   if (tiers == nullptr) return;
   const engine::KvTierStats s = tiers->stats();
   blocks_[1].set(double(s.hostBlocks));
-  bytes_[1].set(double(s.hostBlocks) * stride);
+  bytes_[1].set(double(s.hostBlocks) * double(s.blockBytes));  // every rank's share
   blocks_[2].set(double(s.diskBlocks));
   bytes_[2].set(double(s.diskBytes));
   evictions_[1].to(s.hostEvictions);
   evictions_[2].to(s.diskEvictions);
   demoteHost_.to(s.demotionsToHost);
   demoteDisk_.to(s.diskWrites);
+  waitedEvictions_.to(s.waitedEvictions);
   for (int i = 0; i < 3; ++i) {
     writesDropped_[i].to(s.diskWritesDropped[i]);
     filesDropped_[i].to(s.diskFilesDropped[i]);

@@ -32,6 +32,7 @@ class KvTierMetrics {
   Delta hits_[engine::kNumKvTiers], evictions_[engine::kNumKvTiers];
   Delta demoteHost_, demoteDisk_, promoteHost_, promoteDisk_;
   Delta writesDropped_[3], filesDropped_[3];
+  Delta waitedEvictions_;
 };
 
 }  // namespace pd::worker

@@ -366,12 +366,6 @@ void readEngine(MapReader m, EngineConfig* c) {
       m.errors()->add(m.node(), "engine.kv_tiers.disk_path: '" + k.diskPath +
                                     "' is given but disk_bytes is 0 (the disk tier is off); give disk_bytes");
     }
-    if (k.on() && c->backend == Backend::kCuda) {
-      m.errors()->add(m.node(),
-                      "engine.kv_tiers: the host and disk tiers are implemented for backend cpu only "
-                      "(on cuda the device blocks are not copied down yet: docs/kv_cache.md, "
-                      "\"Not done\")");
-    }
   }
   m.readInt("drain_timeout_ms", &c->drainTimeoutMs, 0, 3600000);
   m.readBool("slo_sized_prefill_chunks", &c->sloSizedPrefillChunks);

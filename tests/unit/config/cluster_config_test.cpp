@@ -533,9 +533,9 @@ TEST_CASE("engine.kv_tiers: sizes, the disk path, and the errors naming what is 
   CHECK(
       errorOf("engine: {kv_tiers: {host_bytes: 1000}}").find("engine.kv_tiers.host_bytes: 1000 bytes is below 1 MiB") !=
       std::string::npos);
-  CHECK(errorOf("engine: {backend: cuda, kv_tiers: {host_bytes: 1073741824}}")
-            .find("engine.kv_tiers: the host and disk tiers are implemented for backend cpu only") !=
-        std::string::npos);
+  // The tiers work on cuda too: the device blocks are copied down (docs/kv_cache.md).
+  CHECK(parseOk("engine: {backend: cuda, kv_tiers: {host_bytes: 1073741824}}").engine.kvTiers.hostBytes == int64_t{1}
+                                                                                                               << 30);
   CHECK(errorOf("engine: {enable_prefix_caching: false, kv_tiers: {host_bytes: 1073741824}}")
             .find("need enable_prefix_caching: true") != std::string::npos);
   CHECK(errorOf("engine: {kv_tiers: {ssd_bytes: 1}}").find("engine.kv_tiers.ssd_bytes: unknown key") !=

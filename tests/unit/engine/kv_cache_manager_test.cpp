@@ -577,6 +577,7 @@ class KvCacheManagerTestPeer {
     auto& t = kv.seqs_[s];
     t.blocks.back() = t.blocks.front();
   }
+  static void miscountHeld(KvCacheManager& kv) { ++kv.numHeld_; }
 };
 }  // namespace pd::engine
 
@@ -624,4 +625,48 @@ TEST_CASE("checkInvariants names the first broken rule") {
     Peer::duplicateBlock(*kv, 1);
     expectViolation(*kv, "sequence 1 holds block 0 twice");
   }
+  {
+    auto kv = fresh();
+    Peer::miscountHeld(*kv);
+    expectViolation(*kv, "0 blocks are held but the count says 1");
+  }
+}
+
+TEST_CASE("evictAndHold takes the oldest cached block out of every list until it is released") {
+  auto kv = makeKv(smallLayout(4, 4));
+  kv->setEventRecording(true);
+  CHECK_FALSE(kv->evictAndHold().has_value());  // nothing cached
+  const std::vector<TokenId> a = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  REQUIRE_OK(kv->allocate(1, int(a.size())));
+  REQUIRE_OK(kv->cacheComputedBlocks(1, a, int(a.size())));
+  const std::vector<BlockId> table(kv->blockTable(1).begin(), kv->blockTable(1).end());
+  REQUIRE_OK(kv->free(1));
+  (void)kv->takeEvents();
+  REQUIRE(kv->numCachedFreeBlocks() == 2);
+  // Freed tail first: the second block is the least recently freed.
+  auto h = kv->evictAndHold();
+  REQUIRE(h.has_value());
+  CHECK(h->block == table[1]);
+  CHECK(h->tokens == std::vector<TokenId>{5, 6, 7, 8});
+  CHECK(h->parentHash == hashBlockTokens(kRootBlockHash, std::span(a).first(4)));
+  CHECK(h->hash == hashBlockTokens(h->parentHash, std::span(a).subspan(4, 4)));
+  CHECK(kv->isHeld(h->block));
+  CHECK(kv->numHeldBlocks() == 1);
+  CHECK(kv->numFreeBlocks() == 3);
+  CHECK(kv->findCachedPrefix(a, 8).numTokens == 4);  // its name is gone
+  auto ev = kv->takeEvents();
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].kind == KvBlockEvent::Kind::kRemoved);
+  REQUIRE_OK(kv->checkInvariants());
+  // Every free block taken: the held one is not among them.
+  REQUIRE_OK(kv->allocate(2, 3 * 4));
+  for (BlockId b : kv->blockTable(2)) CHECK(b != h->block);
+  CHECK(kv->allocate(3, 1).code() == StatusCode::kResourceExhausted);
+  REQUIRE_OK(kv->checkInvariants());
+  CHECK(kv->releaseHeld(h->block));
+  CHECK_FALSE(kv->releaseHeld(h->block));
+  CHECK(kv->numHeldBlocks() == 0);
+  REQUIRE_OK(kv->allocate(3, 1));
+  CHECK(kv->blockTable(3)[0] == h->block);
+  REQUIRE_OK(kv->checkInvariants());
 }

@@ -112,6 +112,75 @@ void waitWritten(KvTierStore& t, int blocks) {
   REQUIRE(t.disk()->size() == blocks);
 }
 
+// An asynchronous copier over a host region, as the cuda one behaves (kv_block_copier.h):
+// a copy out started now reads the region's block only when the test lets it complete (or a
+// caller waits), so a block reused and overwritten while its copy is in flight would put the
+// wrong bytes into the tiers -- which the byte checks then see.
+class FakeAsyncCopier final : public KvBlockCopier {
+ public:
+  FakeAsyncCopier(KvCacheManager& kv, int slots)
+      : kv_(kv), slots_(size_t(slots), std::vector<uint8_t>(kv.blockStrideBytes())) {
+    for (int i = slots - 1; i >= 0; --i) free_.push_back(i);
+  }
+  size_t strideBytes() const override { return kv_.blockStrideBytes(); }
+  Status copyOut(BlockId b, uint8_t* dst) override {
+    ++syncOut;
+    kv_.copyBlockOut(b, dst);
+    return Status::ok();
+  }
+  Status copyIn(const uint8_t* src, BlockId b) override {
+    kv_.copyBlockIn(src, b);
+    return Status::ok();
+  }
+  bool asynchronous() const override { return true; }
+  int numSlots() const override { return int(slots_.size()); }
+  int freeSlots() const override { return int(free_.size()); }
+  Result<int> startCopyOut(BlockId b) override {
+    if (free_.empty()) return resourceExhausted("no slot");
+    const int slot = free_.back();
+    free_.pop_back();
+    pending_.push_back({slot, b});
+    return slot;
+  }
+  void completed(bool wait, std::vector<Done>* done) override {
+    if (wait) {
+      ++waits;
+      allowed_ = pending_.size();
+    }
+    while (allowed_ > 0 && !pending_.empty()) {
+      --allowed_;
+      auto [slot, b] = pending_.front();
+      pending_.erase(pending_.begin());
+      kv_.copyBlockOut(b, slots_[size_t(slot)].data());
+      done->push_back({slot, Status::ok()});
+    }
+  }
+  const uint8_t* slotData(int slot) const override { return slots_[size_t(slot)].data(); }
+  void releaseSlot(int slot) override { free_.push_back(slot); }
+
+  // Lets the next n copies in flight complete (at the next completed()).
+  void allow(size_t n) { allowed_ += n; }
+  size_t inFlight() const { return pending_.size(); }
+  int syncOut = 0, waits = 0;
+
+ private:
+  KvCacheManager& kv_;
+  std::vector<std::vector<uint8_t>> slots_;
+  std::vector<int> free_;
+  std::vector<std::pair<int, BlockId>> pending_;
+  size_t allowed_ = 0;
+};
+
+// Writes garbage into every block of `seq` (a step reusing them).
+void clobber(KvCacheManager& kv, SeqId seq) {
+  const auto& l = kv.layout();
+  for (BlockId b : kv.blockTable(seq)) {
+    for (int layer = 0; layer < l.numLayers; ++layer) {
+      std::memset(static_cast<uint8_t*>(kv.data()) + l.blockOffset(layer, b), 0xA5, l.blockBytes());
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("kv tiers: an evicted named block demotes to host and promotes back byte for byte") {
@@ -365,6 +434,157 @@ TEST_CASE("kv tiers: configuration errors name the problem") {
   KvTierOptions host;
   host.hostBytes = 1 << 20;
   CHECK(KvTierStore::create(**accounting, host, identity()).status().code() == StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("kv tiers: a copier made for the region is required and its block size checked") {
+  auto kv = makeKv(4);
+  KvTierOptions o;
+  o.hostBytes = int64_t(kv->blockStrideBytes()) * 8;
+  CHECK(KvTierStore::create(*kv, o, identity(), nullptr).status().code() == StatusCode::kInvalidArgument);
+  // A copier whose block is not whole blocks of this region (another layout) is refused.
+  auto other = makeKv(4, KvDtype::kBF16);
+  auto r = KvTierStore::create(*kv, o, identity(), std::make_unique<HostKvBlockCopier>(*other));
+  REQUIRE(!r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("not whole blocks"));
+  // The host copier given explicitly is what create() without one uses: same demotion.
+  auto t = KvTierStore::create(*kv, o, identity(), std::make_unique<HostKvBlockCopier>(*kv));
+  REQUIRE(t.ok());
+  CHECK_FALSE((*t)->copier().asynchronous());
+  const auto a = prompt(100, 2);
+  computeAndFree(*kv, 1, a);
+  REQUIRE_OK(kv->allocate(2, 4 * kBs));
+  CHECK((*t)->host()->size() == 2);
+  (*t)->poll();  // a synchronous copier demotes nothing ahead
+  REQUIRE_OK((*t)->checkInvariants());
+  CHECK(kv->numHeldBlocks() == 0);
+  REQUIRE_OK(kv->free(2));
+  CHECK((*t)->promote(a, int(a.size()) - 1, 8) == 2);
+  CHECK(servedBlocks(*kv, a) == 2);
+}
+
+TEST_CASE("kv tiers: an asynchronous copier demotes ahead, holding each block until its copy completed") {
+  auto kv = makeKv(8);
+  KvTierOptions o;
+  o.hostBytes = int64_t(kv->blockStrideBytes()) * 16;
+  o.demoteAheadBlocks = 2;
+  auto owned = std::make_unique<FakeAsyncCopier>(*kv, 4);
+  FakeAsyncCopier& copier = *owned;
+  auto tiers = KvTierStore::create(*kv, o, identity(), std::move(owned));
+  REQUIRE(tiers.ok());
+  KvTierStore& t = **tiers;
+  const auto a = prompt(100, 2), b = prompt(500, 2);
+  computeAndFree(*kv, 1, a);
+  computeAndFree(*kv, 2, b);              // 4 named free blocks, 4 uncached free
+  REQUIRE_OK(kv->allocate(10, 4 * kBs));  // takes the 4 uncached ones
+  REQUIRE(kv->numFreeBlocks() - kv->numCachedFreeBlocks() == 0);
+  (void)kv->takeEvents();
+
+  // poll() demotes ahead: a's two blocks (least recently freed) leave the region, held.
+  t.poll();
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(kv->numHeldBlocks() == 2);
+  CHECK(copier.inFlight() == 2);
+  CHECK(t.stats().copiesInFlight == 2);
+  CHECK(t.host()->size() == 0);  // not in the host tier before the copy completed
+  CHECK(servedBlocks(*kv, a) == 0);
+  auto ev = kv->takeEvents();
+  CHECK(count(ev, KvBlockEvent::Kind::kRemoved, KvTier::kRegion) == 2);
+  CHECK(count(ev, KvBlockEvent::Kind::kStored, KvTier::kHost) == 0);
+  // Only b's blocks are free: a step reusing every free block never gets a held one. It
+  // overwrites what it gets; a's copies still read a's bytes.
+  REQUIRE(kv->numFreeBlocks() == 2);
+  copier.allow(1);  // the first copy completes before the step...
+  t.poll();
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(kv->numHeldBlocks() == 1);
+  CHECK(t.host()->size() == 1);
+  // ...which now takes b's two blocks and the one released: uncached first, no eviction
+  // waited for.
+  REQUIRE_OK(kv->allocate(11, 1 * kBs));
+  CHECK(copier.waits == 0);
+  for (BlockId blk : kv->blockTable(11)) CHECK_FALSE(kv->isHeld(blk));
+  clobber(*kv, 11);
+  // Evicting b's blocks cannot wait for poll(): the copy in flight is waited for first, then
+  // b's block copied synchronously (the fallback the demotion ahead avoids).
+  REQUIRE_OK(kv->allocate(12, 2 * kBs));
+  for (BlockId blk : kv->blockTable(12)) CHECK_FALSE(kv->isHeld(blk));
+  clobber(*kv, 12);
+  CHECK(copier.waits == 1);
+  CHECK(copier.syncOut == 2);
+  CHECK(t.stats().waitedEvictions == 2);
+  REQUIRE_OK(t.checkInvariants());  // a's last block: released at the next poll
+  CHECK(kv->numHeldBlocks() == 1);
+  t.poll();
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(kv->numHeldBlocks() == 0);
+  CHECK(t.host()->size() == 4);
+  CHECK(t.stats().demotionsToHost == 4);
+  ev = kv->takeEvents();
+  CHECK(count(ev, KvBlockEvent::Kind::kStored, KvTier::kHost) == 4);
+
+  // Everything freed: promotion brings a and b back byte for byte, though their region
+  // blocks were overwritten after the copies started.
+  for (SeqId s : {10, 11, 12}) REQUIRE_OK(kv->free(s));
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 2);
+  CHECK(t.promote(b, int(b.size()) - 1, 8) == 2);
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(servedBlocks(*kv, a) == 2);
+  CHECK(servedBlocks(*kv, b) == 2);
+}
+
+TEST_CASE("kv tiers: a promotion wanting a block whose demotion is in flight waits for it") {
+  auto kv = makeKv(6);
+  KvTierOptions o;
+  o.hostBytes = int64_t(kv->blockStrideBytes()) * 8;
+  o.demoteAheadBlocks = 2;
+  auto owned = std::make_unique<FakeAsyncCopier>(*kv, 4);
+  FakeAsyncCopier& copier = *owned;
+  auto tiers = KvTierStore::create(*kv, o, identity(), std::move(owned));
+  REQUIRE(tiers.ok());
+  KvTierStore& t = **tiers;
+  const auto a = prompt(100, 2);
+  computeAndFree(*kv, 1, a);             // 2 named, 4 uncached free
+  REQUIRE_OK(kv->allocate(2, 4 * kBs));  // no uncached block left
+  t.poll();                              // a's blocks held, copies in flight
+  REQUIRE(kv->numHeldBlocks() == 2);
+  REQUIRE_OK(kv->free(2));
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 2);  // not recomputed: waited for
+  CHECK(copier.waits == 1);
+  REQUIRE_OK(t.checkInvariants());
+  CHECK(servedBlocks(*kv, a) == 2);
+  t.poll();
+  CHECK(kv->numHeldBlocks() == 0);
+  REQUIRE_OK(t.checkInvariants());
+}
+
+TEST_CASE("kv tiers: an asynchronous copier writes through to disk from its staging slots") {
+  const fs::path dir = test::scratchDir() / "async-disk";
+  auto kv = makeKv(8);
+  KvTierOptions o;
+  o.diskBytes = int64_t(1) << 20;
+  o.diskPath = dir.string();
+  auto owned = std::make_unique<FakeAsyncCopier>(*kv, 2);
+  FakeAsyncCopier& copier = *owned;
+  auto tiers = KvTierStore::create(*kv, o, identity(), std::move(owned));
+  REQUIRE(tiers.ok());
+  KvTierStore& t = **tiers;
+  const auto a = prompt(100, 3);
+  // Three blocks named at once, two slots: the third write-through is skipped...
+  computeAndFree(*kv, 1, a);
+  CHECK(copier.inFlight() == 2);
+  REQUIRE_OK(t.checkInvariants());
+  copier.allow(2);
+  t.poll();
+  waitWritten(t, 2);
+  // ...and its eviction is its last chance: copied synchronously and written.
+  REQUIRE_OK(kv->allocate(2, 8 * kBs));
+  CHECK(copier.syncOut == 1);
+  waitWritten(t, 3);
+  REQUIRE_OK(t.checkInvariants());
+  REQUIRE_OK(kv->free(2));
+  CHECK(t.promote(a, int(a.size()) - 1, 8) == 3);
+  CHECK(servedBlocks(*kv, a) == 3);
+  REQUIRE_OK(t.checkInvariants());
 }
 
 TEST_CASE("kv tiers: the checksum sees one flipped bit anywhere") {

@@ -8,6 +8,7 @@
 
 #include "common/constraint/constraint.h"
 #include "engine/cuda_backend.h"
+#include "engine/kv_tiers.h"
 #include "engine/model_maker.h"
 #include "tests/unit/engine/model_test_util.h"
 #include "worker/proto_convert.h"
@@ -81,6 +82,28 @@ TEST_CASE("a cuda worker keeps its KV cache in device memory, or says why it can
   CHECK_THAT(b->fingerprint, Catch::Contains(".bf16/w"));
   REQUIRE(b->kvRegions.size() == 1);
   CHECK(b->kvRegions[0].addr == region.addr);
+}
+
+TEST_CASE("a cuda worker's KV tiers copy its device blocks with the CUDA copier") {
+  const config::ClusterConfig c = configFor("cuda", ", kv_tiers: {host_bytes: 16777216}");
+  auto b = worker::buildEngine(c, true);
+  const Status device = engine::cudaDeviceAvailable();
+  if (!device.isOk()) {
+    // The config takes tiers on cuda; without a device the worker refuses at the backend.
+    REQUIRE(!b.ok());
+    CHECK(b.status().message() == "engine.backend: cuda: " + device.message());
+    return;
+  }
+  REQUIRE(b.ok());
+  const Status st = worker::attachKvTiers(c, "w0", *b);
+  INFO(st.toString());
+  REQUIRE(st.isOk());
+  engine::KvTierStore* t = b->engine->kvTiers();
+  REQUIRE(t != nullptr);
+  CHECK(t->copier().asynchronous());
+  CHECK(t->copier().strideBytes() == b->engine->kv().blockStrideBytes());
+  CHECK(t->host()->capacity() == int((int64_t{16} << 20) / int64_t(b->engine->kv().blockStrideBytes())));
+  CHECK(t->checkInvariants().isOk());
 }
 
 TEST_CASE("a tensor-parallel cuda worker has one KV region per GPU, or says how many it needs") {
