@@ -382,7 +382,7 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   const int topK = mixtral ? 2 : 4;
   const int expertFfn = mixtral ? s.ffn / 2 : s.ffn / 4;
   std::vector<int> denseLayers;
-  if (qwen3Moe && o.preset == "tiny") denseLayers.push_back(0);
+  if (qwen3Moe && o.preset == "tiny" && !o.moeAllSparse) denseLayers.push_back(0);
   auto moeLayer = [&](int l) {
     return numExperts > 0 && std::find(denseLayers.begin(), denseLayers.end(), l) == denseLayers.end();
   };

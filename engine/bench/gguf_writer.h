@@ -1,6 +1,7 @@
-// A GGUF (version 3) writer for f32 tensors, and the conversion of a loaded Llama-shaped
-// model into llama.cpp's `llama` architecture: engine_bench uses it to hand llama-bench the
-// very weights it measures itself on (bench only; no serving code reads or writes GGUF).
+// A GGUF (version 3) writer for f32 tensors, and the conversion of a loaded model into
+// llama.cpp's architectures (`llama`, `qwen3`, `qwen3moe`): engine_bench uses it to hand
+// llama-bench the very weights it measures itself on (bench only; no serving code reads or
+// writes GGUF).
 //
 // Format (ggml's gguf.h, GGUF_VERSION 3), all little-endian:
 //   "GGUF" u32 version u64 n_tensors u64 n_kv
@@ -12,7 +13,7 @@
 // ne = {cols, rows}.
 //
 // Not thread-safe; a writer is used by one thread. Tensors are borrowed: the data passed to
-// addTensorF32 must outlive write().
+// addTensorF32 / addTensorF32Parts must outlive write().
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,9 @@ class GgufWriter {
   void addF32(const std::string& key, float value);
   // ne: ggml order (innermost first); data holds the product of ne floats.
   void addTensorF32(const std::string& name, std::vector<uint64_t> ne, const float* data);
+  // The same tensor held in parts.size() equal consecutive pieces (one per expert of a 3-D
+  // expert tensor, ne[2] = parts.size()), written back to back without a copy.
+  void addTensorF32Parts(const std::string& name, std::vector<uint64_t> ne, std::vector<const float*> parts);
 
   // Writes the file (replacing it). Errors name the path.
   Status write(const std::string& path) const;
@@ -52,22 +56,40 @@ class GgufWriter {
   struct Tensor {
     std::string name;
     std::vector<uint64_t> ne;
-    const float* data;
-    uint64_t count;
+    std::vector<const float*> parts;  // equal pieces, in order
+    uint64_t count;                   // floats in all the parts together
   };
   std::vector<Kv> kvs_;
   std::vector<Tensor> tensors_;
 };
 
-// Writes `model` (f32 host tensors) as a llama.cpp `llama` GGUF at `path`: token_embd,
-// blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_output,ffn_norm,ffn_gate,ffn_up,ffn_down},
-// output_norm and output (left out when the embeddings are tied: llama.cpp then reuses
-// token_embd), the llama.* hyper-parameters and `tokenizer.ggml.model` "no_vocab" with
-// llama.vocab_size (llama.cpp then runs on token ids alone; no tokenizer is written).
-// attn_q / attn_k rows are permuted from Hugging Face's rotate-half RoPE layout to ggml's
-// interleaved one, as llama.cpp's convert_hf_to_gguf.py does, so llama.cpp computes the same
-// function. Refused (invalidArgument naming the feature): attention biases, Llama 3 RoPE
-// scaling, a sliding window, and a model without host tensors.
+// The llama.cpp architecture `model` is written as: "llama" (Llama, Mistral, Mixtral), "qwen3"
+// or "qwen3moe"; an error naming what llama.cpp's GGUF cannot express for the others.
+Result<std::string> llamaCppArchitecture(const ModelConfig& config);
+
+// Writes `model` (f32 host tensors) as a llama.cpp GGUF at `path`, in the architecture
+// llamaCppArchitecture() names: token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v,
+// attn_output, ffn_norm} and, per family,
+//   dense layers:   blk.N.{ffn_gate, ffn_up, ffn_down}
+//   qwen3*:         blk.N.{attn_q_norm, attn_k_norm} ([head_dim], before RoPE)
+//   expert layers:  blk.N.ffn_gate_inp (the router, {hidden, experts}) and the 3-D
+//                   blk.N.{ffn_gate_exps, ffn_up_exps} {hidden, expert_ffn, experts} and
+//                   blk.N.ffn_down_exps {expert_ffn, hidden, experts}, expert e at ne[2] = e,
+//                   with ARCH.expert_count / expert_used_count (and for qwen3moe
+//                   expert_feed_forward_length; Mixtral's width is llama.feed_forward_length)
+// then output_norm and output (left out when the embeddings are tied: llama.cpp then reuses
+// token_embd), the ARCH.* hyper-parameters and `tokenizer.ggml.model` "no_vocab" with
+// ARCH.vocab_size (llama.cpp then runs on token ids alone; no tokenizer is written).
+// `llama` models' attn_q / attn_k rows are permuted from Hugging Face's rotate-half RoPE
+// layout to ggml's interleaved one (RoPE mode 0), as llama.cpp's convert_hf_to_gguf.py does;
+// qwen3 / qwen3moe use ggml's NEOX RoPE, which is the rotate-half layout, and are copied as
+// they are. llama.cpp's MoE graph for these architectures is softmax over all experts, top k,
+// the k weights renormalised: the same function as CpuMoe (engine/cpu_moe.h).
+// Refused (invalidArgument naming the feature): attention biases (Qwen2, attention_bias),
+// Llama 3 RoPE scaling, a sliding window, DeepSeek-V3 (multi-head latent attention),
+// Qwen3-MoE dense layers (mlp_only_layers, decoder_sparse_step > 1: llama.cpp's qwen3moe has
+// experts in every layer) and norm_topk_prob false (its qwen3moe always renormalises), and a
+// model without host tensors.
 Status writeLlamaGguf(const ModelWeights& model, const std::string& path);
 
 }  // namespace pd::engine
