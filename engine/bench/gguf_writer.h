@@ -30,6 +30,7 @@ inline constexpr uint64_t kGgufAlignment = 32;  // GGUF_DEFAULT_ALIGNMENT
 // gguf_type values (gguf.h) this writer emits.
 inline constexpr uint32_t kGgufTypeU32 = 4;
 inline constexpr uint32_t kGgufTypeF32 = 6;
+inline constexpr uint32_t kGgufTypeBool = 7;
 inline constexpr uint32_t kGgufTypeString = 8;
 inline constexpr uint32_t kGgmlTypeF32 = 0;  // ggml_type GGML_TYPE_F32
 
@@ -38,6 +39,7 @@ class GgufWriter {
   void addString(const std::string& key, const std::string& value);
   void addU32(const std::string& key, uint32_t value);
   void addF32(const std::string& key, float value);
+  void addBool(const std::string& key, bool value);
   // ne: ggml order (innermost first); data holds the product of ne floats.
   void addTensorF32(const std::string& name, std::vector<uint64_t> ne, const float* data);
   // The same tensor held in parts.size() equal consecutive pieces (one per expert of a 3-D
@@ -63,8 +65,9 @@ class GgufWriter {
   std::vector<Tensor> tensors_;
 };
 
-// The llama.cpp architecture `model` is written as: "llama" (Llama, Mistral, Mixtral), "qwen3"
-// or "qwen3moe"; an error naming what llama.cpp's GGUF cannot express for the others.
+// The llama.cpp architecture `model` is written as: "llama" (Llama, Mistral, Mixtral), "qwen3",
+// "qwen3moe" or "deepseek2" (DeepSeek-V3); an error naming what llama.cpp's GGUF cannot express
+// for the others.
 Result<std::string> llamaCppArchitecture(const ModelConfig& config);
 
 // Writes `model` (f32 host tensors) as a llama.cpp GGUF at `path`, in the architecture
@@ -77,19 +80,30 @@ Result<std::string> llamaCppArchitecture(const ModelConfig& config);
 //                   blk.N.ffn_down_exps {expert_ffn, hidden, experts}, expert e at ne[2] = e,
 //                   with ARCH.expert_count / expert_used_count (and for qwen3moe
 //                   expert_feed_forward_length; Mixtral's width is llama.feed_forward_length)
+//   deepseek2:      blk.N.{attn_q_a, attn_q_a_norm, attn_q_b} (or attn_q without q_lora_rank),
+//                   attn_kv_a_mqa, attn_kv_a_norm, and kv_b_proj split per head as llama.cpp's
+//                   converter does: attn_k_b {qk_nope, kv_lora, heads} (each head's k rows
+//                   transposed) and attn_v_b {kv_lora, v_head, heads}; the first
+//                   leading_dense_block_count layers dense, the others experts with
+//                   exp_probs_b.bias (e_score_correction_bias), the shared experts as
+//                   ffn_{gate,up,down}_shexp, expert_gating_func sigmoid, expert_group_count /
+//                   expert_group_used_count, expert_weights_scale and expert_weights_norm;
+//                   key_length_mla / value_length_mla the per-head q.k and v widths. The
+//                   multi-token-prediction layers are not written (ours never run them).
 // then output_norm and output (left out when the embeddings are tied: llama.cpp then reuses
 // token_embd), the ARCH.* hyper-parameters and `tokenizer.ggml.model` "no_vocab" with
 // ARCH.vocab_size (llama.cpp then runs on token ids alone; no tokenizer is written).
 // `llama` models' attn_q / attn_k rows are permuted from Hugging Face's rotate-half RoPE
 // layout to ggml's interleaved one (RoPE mode 0), as llama.cpp's convert_hf_to_gguf.py does;
 // qwen3 / qwen3moe use ggml's NEOX RoPE, which is the rotate-half layout, and are copied as
-// they are. llama.cpp's MoE graph for these architectures is softmax over all experts, top k,
-// the k weights renormalised: the same function as CpuMoe (engine/cpu_moe.h).
-// Refused (invalidArgument naming the feature): attention biases (Qwen2, attention_bias),
-// Llama 3 RoPE scaling, a sliding window, DeepSeek-V3 (multi-head latent attention),
-// Qwen3-MoE dense layers (mlp_only_layers, decoder_sparse_step > 1: llama.cpp's qwen3moe has
-// experts in every layer) and norm_topk_prob false (its qwen3moe always renormalises), and a
-// model without host tensors.
+// they are; DeepSeek-V3's rope dimensions are stored interleaved already (ggml's mode 0). llama.cpp's MoE graph for
+// these architectures is softmax over all experts, top k, the k weights renormalised: the same function as CpuMoe
+// (engine/cpu_moe.h). Refused (invalidArgument naming the feature): attention biases (Qwen2, attention_bias), Llama 3
+// RoPE scaling, YaRN (DeepSeek-V3's rope_scaling: llama.cpp's deepseek2 folds its magnitude scale differently; not
+// written until checked against it), a sliding window, DeepSeek-V3 with moe_layer_freq > 1, no shared expert, or one
+// routed expert renormalised (ours keeps its sigmoid weight there, llama.cpp would make it 1), Qwen3-MoE dense layers
+// (mlp_only_layers, decoder_sparse_step > 1: llama.cpp's qwen3moe has experts in every layer) and norm_topk_prob false
+// (its qwen3moe always renormalises), and a model without host tensors.
 Status writeLlamaGguf(const ModelWeights& model, const std::string& path);
 
 }  // namespace pd::engine

@@ -1,5 +1,5 @@
 // The GGUF writer (engine/bench/gguf_writer.h) against llama.cpp itself: for a tiny model of
-// each family it writes (llama, qwen3, mixtral, qwen3_moe; f32 weights), llama.cpp's greedy
+// each family it writes (llama, qwen3, mixtral, qwen3_moe, deepseek_v3; f32 weights), llama.cpp's greedy
 // continuation of a prompt must be ours token for token, and its logits after the prompt and
 // after every generated token must match ours (max |diff| / max |ours| under 1e-5: both f32
 // with an f32 KV cache and llama.cpp's flash attention off, so only the summation order
@@ -30,12 +30,18 @@ struct LlamaRun {
   std::vector<std::vector<float>> logits;  // kSteps + 1 rows
 };
 
-LlamaRun runLlamaCpp(const std::string& gguf, const std::vector<int32_t>& prompt, int vocab) {
+// pd_llama_greedy's path; skips the case (before any model is made) when it was not built.
+std::string llamaGreedy() {
   const std::string driver = PD_LLAMA_GREEDY;
   if (driver.empty())
     pd::test::skipTest(
         "pd_llama_greedy was not built: configure with -DPD_LLAMA_CPP_DIR=<llama.cpp source tree with "
         "build/bin/libllama.so> (or that in the PD_LLAMA_CPP_DIR environment variable) to compare with llama.cpp");
+  return driver;
+}
+
+LlamaRun runLlamaCpp(const std::string& driver, const std::string& gguf, const std::vector<int32_t>& prompt,
+                     int vocab) {
   std::string ids;
   for (size_t i = 0; i < prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(prompt[i]);
   const std::string logitsPath = gguf + ".logits", outPath = gguf + ".ids";
@@ -52,6 +58,7 @@ LlamaRun runLlamaCpp(const std::string& gguf, const std::vector<int32_t>& prompt
 }
 
 void compareWithLlamaCpp(const std::string& name, const MakeModelOptions& o, const std::string& arch) {
+  const std::string driver = llamaGreedy();
   auto loaded = loadModel(test::makeTestModel(name, o));
   REQUIRE(loaded.status().toString() == "OK");
   const std::shared_ptr<const ModelWeights> m = *loaded;
@@ -66,7 +73,7 @@ void compareWithLlamaCpp(const std::string& name, const MakeModelOptions& o, con
 
   const std::string gguf = std::string(PD_TEST_MODEL_DIR) + "/" + name + ".gguf";
   REQUIRE(writeLlamaGguf(*m, gguf).toString() == "OK");
-  const LlamaRun theirs = runLlamaCpp(gguf, prompt, c.vocabSize);
+  const LlamaRun theirs = runLlamaCpp(driver, gguf, prompt, c.vocabSize);
   std::filesystem::remove(gguf);
 
   CHECK(theirs.generated == ours);
@@ -98,6 +105,20 @@ TEST_CASE("gguf vs llama.cpp: qwen3_moe greedy continuation and logits match") {
   o.arch = "qwen3_moe";
   o.moeAllSparse = true;  // llama.cpp's qwen3moe has experts in every layer
   compareWithLlamaCpp("gguf_llama_qwen3moe", o, "qwen3moe");
+}
+
+TEST_CASE("gguf vs llama.cpp: deepseek_v3 greedy continuation and logits match") {
+  MakeModelOptions o;  // tiny: MLA with q and kv LoRA, 16 experts in 4 groups, layer 0 dense
+  o.arch = "deepseek_v3";
+  compareWithLlamaCpp("gguf_llama_deepseek", o, "deepseek2");
+}
+
+TEST_CASE("gguf vs llama.cpp: deepseek_v3 without q_lora_rank and with one group matches") {
+  MakeModelOptions o;
+  o.arch = "deepseek_v3";
+  o.mlaNoQLora = true;
+  o.moeGroups = 1;
+  compareWithLlamaCpp("gguf_llama_deepseek_noqlora", o, "deepseek2");
 }
 
 }  // namespace

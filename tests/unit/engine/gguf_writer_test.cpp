@@ -280,7 +280,11 @@ TEST_CASE("gguf: what llama.cpp cannot express is refused by name") {
   CHECK_THAT(refused("gguf_tiny_qwen3moe_dense0", qwen3Moe), Catch::Contains("mlp_only_layers"));
   MakeModelOptions deepseek;
   deepseek.arch = "deepseek_v3";
-  CHECK_THAT(refused("gguf_tiny_deepseek", deepseek), Catch::Contains("multi-head latent attention"));
+  deepseek.mlaYarn = 1;
+  CHECK_THAT(refused("gguf_tiny_deepseek_yarn", deepseek), Catch::Contains("yarn"));
+  MakeModelOptions qwen2;
+  qwen2.arch = "qwen2";
+  CHECK_THAT(refused("gguf_tiny_qwen2", qwen2), Catch::Contains("Qwen2ForCausalLM"));
   MakeModelOptions llama3;
   llama3.ropeLlama3 = true;
   CHECK_THAT(refused("gguf_tiny_llama3rope", llama3), Catch::Contains("llama3 rope_scaling"));
