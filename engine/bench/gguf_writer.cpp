@@ -112,6 +112,15 @@ Status writeDeepseek2(const ModelWeights& m, const std::string& path) {
   if (e.normTopkProb && e.expertsPerToken == 1)
     return invalidArgument(
         "gguf: norm_topk_prob with one routed expert is not written (llama.cpp renormalises it to 1)");
+  const RopeConfig& y = c.rope;
+  // llama.cpp's deepseek2 takes mscale to be mscale_all_dim (so cos and sin are unscaled) and
+  // reads neither beta: only configs where that holds are the same model there.
+  if (y.yarn && (y.mscaleAllDim <= 0 || y.mscale != y.mscaleAllDim))
+    return invalidArgument(
+        "gguf: yarn with mscale != mscale_all_dim (or no mscale_all_dim) is not written: llama.cpp's deepseek2 takes "
+        "them equal");
+  if (y.yarn && (y.betaFast != 32.0 || y.betaSlow != 1.0))
+    return invalidArgument("gguf: yarn beta_fast / beta_slow other than 32 / 1 are not written (llama.cpp's defaults)");
   if (e.numGroups > 1 && e.topkGroups >= e.numGroups)
     return invalidArgument("gguf: topk_group must be below n_group (llama.cpp's deepseek2)");
 
@@ -141,6 +150,13 @@ Status writeDeepseek2(const ModelWeights& m, const std::string& path) {
   w.addU32("deepseek2.rope.dimension_count", uint32_t(rope));
   w.addF32("deepseek2.rope.freq_base", float(c.rope.theta));
   w.addF32("deepseek2.attention.layer_norm_rms_epsilon", c.rmsNormEps);
+  if (y.yarn) {
+    w.addString("deepseek2.rope.scaling.type", "yarn");
+    w.addF32("deepseek2.rope.scaling.factor", float(y.factor));
+    w.addU32("deepseek2.rope.scaling.original_context_length", uint32_t(y.originalMaxPositionEmbeddings));
+    // 0.1 x mscale_all_dim, as llama.cpp's converter writes it (its loader divides by 0.1).
+    w.addF32("deepseek2.rope.scaling.yarn_log_multiplier", float(0.1 * y.mscaleAllDim));
+  }
   w.addU32("deepseek2.expert_feed_forward_length", uint32_t(ef));
   w.addU32("deepseek2.expert_count", uint32_t(ne));
   w.addU32("deepseek2.expert_used_count", uint32_t(e.expertsPerToken));
@@ -240,9 +256,9 @@ Status writeLlamaGguf(const ModelWeights& m, const std::string& path) {
   PD_ASSIGN_OR_RETURN(const std::string arch, llamaCppArchitecture(c));
   if (c.qkvBias || c.oBias) return invalidArgument("gguf: attention biases are not written (qkv/o bias)");
   if (c.rope.llama3) return invalidArgument("gguf: llama3 rope_scaling is not written");
-  if (c.rope.yarn) return invalidArgument("gguf: yarn rope_scaling is not written");
   if (c.slidingWindow > 0) return invalidArgument("gguf: sliding_window is not written");
   if (arch == "deepseek2") return writeDeepseek2(m, path);
+  if (c.rope.yarn) return invalidArgument("gguf: yarn rope_scaling is written for deepseek2 only");
   if (c.headDim % 2 != 0) return invalidArgument("gguf: head_dim must be even");
   const bool qwen3 = arch != "llama", moe = c.isMoe();
   if (c.qkNorm != qwen3) return invalidArgument("gguf: per-head q/k RMSNorm is written for qwen3 / qwen3moe only");

@@ -88,7 +88,9 @@ Result<std::string> llamaCppArchitecture(const ModelConfig& config);
 //                   exp_probs_b.bias (e_score_correction_bias), the shared experts as
 //                   ffn_{gate,up,down}_shexp, expert_gating_func sigmoid, expert_group_count /
 //                   expert_group_used_count, expert_weights_scale and expert_weights_norm;
-//                   key_length_mla / value_length_mla the per-head q.k and v widths. The
+//                   key_length_mla / value_length_mla the per-head q.k and v widths; YaRN
+//                   as rope.scaling.{type, factor, original_context_length,
+//                   yarn_log_multiplier (0.1 x mscale_all_dim)}. The
 //                   multi-token-prediction layers are not written (ours never run them).
 // then output_norm and output (left out when the embeddings are tied: llama.cpp then reuses
 // token_embd), the ARCH.* hyper-parameters and `tokenizer.ggml.model` "no_vocab" with

@@ -121,5 +121,12 @@ TEST_CASE("gguf vs llama.cpp: deepseek_v3 without q_lora_rank and with one group
   compareWithLlamaCpp("gguf_llama_deepseek_noqlora", o, "deepseek2");
 }
 
+TEST_CASE("gguf vs llama.cpp: deepseek_v3 with yarn rope_scaling matches") {
+  MakeModelOptions o;
+  o.arch = "deepseek_v3";
+  o.mlaYarn = 2;  // factor 4, mscale = mscale_all_dim = 1, as DeepSeek-V3's config
+  compareWithLlamaCpp("gguf_llama_deepseek_yarn", o, "deepseek2");
+}
+
 }  // namespace
 }  // namespace pd::engine
