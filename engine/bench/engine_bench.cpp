@@ -289,8 +289,9 @@ const char* ggufTypeName(const std::string& weightFormat) {
 }
 
 // The model as llama.cpp's GGUF at `path`: f32 as written by writeLlamaGguf; bf16 / q8_0
-// converted from it by llama-quantize to BF16 / Q8_0 with token_embd and output kept F32 (ours
-// keep the embedding and lm_head in f32 too, so both read the same bytes per step).
+// converted from it by llama-quantize to BF16 / Q8_0 with token_embd, output and any experts
+// kept F32 (ours keep the embedding, lm_head and experts in f32 too, so both read the same
+// bytes per step).
 pd::Status writeBenchGguf(const std::string& modelDir, const std::string& weightFormat,
                           const std::string& llamaQuantize, const std::string& path) {
   PD_ASSIGN_OR_RETURN(auto f32Model, loadModel(modelDir));
@@ -305,8 +306,15 @@ pd::Status writeBenchGguf(const std::string& modelDir, const std::string& weight
     return pd::invalidArgument("--llama-quantize: a path with a single quote is not supported");
   const std::string f32 = path + ".f32.gguf";
   PD_RETURN_IF_ERROR(writeLlamaGguf(model, f32));
-  const std::string cmd = "'" + llamaQuantize + "' --output-tensor-type f32 --token-embedding-type f32 '" + f32 +
-                          "' '" + path + "' " + ggufTypeName(weightFormat) + " >'" + path + ".quantize.log' 2>&1";
+  // Ours converts only the attention and dense-MLP projections (loadModel with a weight
+  // format): a mixture of experts keeps its experts (and router) in f32, so llama.cpp's do too.
+  const std::string keepExperts =
+      model.config.isMoe()
+          ? " --tensor-type ffn_gate_exps=f32 --tensor-type ffn_up_exps=f32 --tensor-type ffn_down_exps=f32"
+          : "";
+  const std::string cmd = "'" + llamaQuantize + "' --output-tensor-type f32 --token-embedding-type f32" + keepExperts +
+                          " '" + f32 + "' '" + path + "' " + ggufTypeName(weightFormat) + " >'" + path +
+                          ".quantize.log' 2>&1";
   const int rc = std::system(cmd.c_str());
   std::error_code ec;
   std::filesystem::remove(f32, ec);
