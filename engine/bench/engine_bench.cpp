@@ -15,14 +15,17 @@
 // --only context: prompt chunks after 0-2,048 cached tokens, their time a token against the
 // price SLO-sized chunks give them (1 + position / ModelConfig::attentionSpanTokens).
 // --llama-bench PATH: also runs that llama-bench binary on the same weights (written as an f32
-// GGUF to a temporary file) and prints its `tg128 @ d512` and `pp2048` next to ours, measured
-// the same way (mean over 5 repetitions of tokens / wall time), interleaved ours, theirs,
-// ours, theirs so the machine's noise hits both, each next to the same run's ceiling (read
-// bandwidth over the bytes a decode step reads; the FMA peak for the prefill's FLOPs).
+// GGUF to a temporary file by writeLlamaGguf: Llama, Mistral, Mixtral, Qwen3, Qwen3-MoE and
+// DeepSeek-V3, each as the llama.cpp architecture gguf_writer.h names) and prints its
+// `tg128 @ d512` and `pp2048` next to ours, measured the same way (mean over 5 repetitions of
+// tokens / wall time), interleaved ours, theirs, ours, theirs so the machine's noise hits
+// both, each next to the same run's ceiling (read bandwidth over the bytes a decode step
+// reads; the FMA peak for the prefill's FLOPs).
 // --weight-format bf16|q8_0 with --llama-quantize PATH: llama.cpp gets the same weights
-// converted by that llama-quantize to BF16 / Q8_0 (token_embd and output kept F32, as ours
-// stay f32), so both read the same bytes a step. --write-gguf PATH writes the GGUF (converted
-// the same way when --llama-quantize is given) and exits.
+// converted by that llama-quantize to BF16 / Q8_0 (token_embd, output and a mixture of
+// experts' experts kept F32, as ours stay f32), so both read the same bytes a step.
+// --write-gguf PATH writes the GGUF (converted the same way when --llama-quantize is given)
+// and exits.
 #include <cblas.h>
 #include <immintrin.h>
 #include <time.h>
