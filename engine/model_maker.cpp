@@ -225,6 +225,7 @@ Status makeDeepseek(const MakeModelOptions& o, const Shape& s, const std::string
   const int groups = o.moeGroups > 0 ? o.moeGroups : 4, topkGroups = std::max(1, groups / 2);
   const int firstDense = o.firstDenseLayers >= 0 ? o.firstDenseLayers : 1;
   const bool yarn = o.mlaYarn >= 0 ? o.mlaYarn >= 1 : !tiny;
+  const double mscaleAllDim = tiny && o.mlaYarn != 2 ? 0.8 : 1.0;
   if (numExperts % groups != 0 || numExperts / groups < 2)
     return invalidArgument("make-model: n_group " + std::to_string(groups) + " must divide the " +
                            std::to_string(numExperts) + " experts into groups of at least 2");
@@ -320,9 +321,13 @@ Status makeDeepseek(const MakeModelOptions& o, const Shape& s, const std::string
   cfg["use_cache"] = true;
   cfg["rope_theta"] = 10000.0;
   if (yarn)
-    cfg["rope_scaling"] = {
-        {"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", s.maxPos / 4},    {"beta_fast", 32},
-        {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", tiny && o.mlaYarn != 2 ? 0.8 : 1.0}};
+    cfg["rope_scaling"] = {{"type", "yarn"},
+                           {"factor", 4.0},
+                           {"original_max_position_embeddings", s.maxPos / 4},
+                           {"beta_fast", 32},
+                           {"beta_slow", 1},
+                           {"mscale", 1.0},
+                           {"mscale_all_dim", mscaleAllDim}};
   else
     cfg["rope_scaling"] = nullptr;
   cfg["attention_bias"] = false;
