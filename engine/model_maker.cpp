@@ -224,7 +224,8 @@ Status makeDeepseek(const MakeModelOptions& o, const Shape& s, const std::string
   const int numExperts = tiny ? 16 : 32, topK = 4, expertFfn = s.ffn / 4, shared = 1;
   const int groups = o.moeGroups > 0 ? o.moeGroups : 4, topkGroups = std::max(1, groups / 2);
   const int firstDense = o.firstDenseLayers >= 0 ? o.firstDenseLayers : 1;
-  const bool yarn = o.mlaYarn >= 0 ? o.mlaYarn == 1 : !tiny;
+  const bool yarn = o.mlaYarn >= 0 ? o.mlaYarn >= 1 : !tiny;
+  const double mscaleAllDim = tiny && o.mlaYarn != 2 ? 0.8 : 1.0;
   if (numExperts % groups != 0 || numExperts / groups < 2)
     return invalidArgument("make-model: n_group " + std::to_string(groups) + " must divide the " +
                            std::to_string(numExperts) + " experts into groups of at least 2");
@@ -326,7 +327,7 @@ Status makeDeepseek(const MakeModelOptions& o, const Shape& s, const std::string
                            {"beta_fast", 32},
                            {"beta_slow", 1},
                            {"mscale", 1.0},
-                           {"mscale_all_dim", tiny ? 0.8 : 1.0}};
+                           {"mscale_all_dim", mscaleAllDim}};
   else
     cfg["rope_scaling"] = nullptr;
   cfg["attention_bias"] = false;
@@ -382,7 +383,7 @@ Status makeModel(const MakeModelOptions& o, const std::string& dir) {
   const int topK = mixtral ? 2 : 4;
   const int expertFfn = mixtral ? s.ffn / 2 : s.ffn / 4;
   std::vector<int> denseLayers;
-  if (qwen3Moe && o.preset == "tiny") denseLayers.push_back(0);
+  if (qwen3Moe && o.preset == "tiny" && !o.moeAllSparse) denseLayers.push_back(0);
   auto moeLayer = [&](int l) {
     return numExperts > 0 && std::find(denseLayers.begin(), denseLayers.end(), l) == denseLayers.end();
   };

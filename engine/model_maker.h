@@ -38,12 +38,15 @@ struct MakeModelOptions {
   // quantization_config. "" (default): unquantized.
   std::string quantization;
   // Variants for tests (hidden CLI flags):
-  int numKvHeads = 0;       // 0 = the preset's value
-  bool ropeLlama3 = false;  // rope_scaling {rope_type: llama3, factor 8, 1, 4, 8192}
-  int shards = 1;           // > 1 writes model-0000i-of-0000n.safetensors + index
+  int numKvHeads = 0;         // 0 = the preset's value
+  bool ropeLlama3 = false;    // rope_scaling {rope_type: llama3, factor 8, 1, 4, 8192}
+  int shards = 1;             // > 1 writes model-0000i-of-0000n.safetensors + index
+  bool moeAllSparse = false;  // qwen3_moe on the tiny preset: experts in layer 0 too (no mlp_only_layers)
   // deepseek_v3 variants (tests):
-  bool mlaNoQLora = false;    // q_lora_rank null: a plain q_proj
-  int mlaYarn = -1;           // -1 = the preset's; 0 = rope_scaling null; 1 = yarn (factor 4, mscale_all_dim 0.8)
+  bool mlaNoQLora = false;  // q_lora_rank null: a plain q_proj
+  // -1 = the preset's; 0 = rope_scaling null; 1 = yarn (factor 4, mscale_all_dim 0.8 on the tiny
+  // preset); 2 = yarn with mscale_all_dim 1.0 = mscale (as DeepSeek-V3 and the small preset)
+  int mlaYarn = -1;
   int moeGroups = 0;          // n_group (topk_group = n_group / 2, at least 1); 0 = the preset's 4
   int firstDenseLayers = -1;  // first_k_dense_replace; -1 = the preset's 1
 };

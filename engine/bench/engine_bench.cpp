@@ -21,14 +21,17 @@
 // --only context: prompt chunks after 0-2,048 cached tokens, their time a token against the
 // price SLO-sized chunks give them (1 + position / ModelConfig::attentionSpanTokens).
 // --llama-bench PATH: also runs that llama-bench binary on the same weights (written as an f32
-// GGUF to a temporary file) and prints its `tg128 @ d512` and `pp2048` next to ours, measured
-// the same way (mean over 5 repetitions of tokens / wall time), interleaved ours, theirs,
-// ours, theirs so the machine's noise hits both, each next to the same run's ceiling (read
-// bandwidth over the bytes a decode step reads; the FMA peak for the prefill's FLOPs).
+// GGUF to a temporary file by writeLlamaGguf: Llama, Mistral, Mixtral, Qwen3, Qwen3-MoE and
+// DeepSeek-V3, each as the llama.cpp architecture gguf_writer.h names) and prints its
+// `tg128 @ d512` and `pp2048` next to ours, measured the same way (mean over 5 repetitions of
+// tokens / wall time), interleaved ours, theirs, ours, theirs so the machine's noise hits
+// both, each next to the same run's ceiling (read bandwidth over the bytes a decode step
+// reads; the FMA peak for the prefill's FLOPs).
 // --weight-format bf16|q8_0 with --llama-quantize PATH: llama.cpp gets the same weights
-// converted by that llama-quantize to BF16 / Q8_0 (token_embd and output kept F32, as ours
-// stay f32), so both read the same bytes a step. --write-gguf PATH writes the GGUF (converted
-// the same way when --llama-quantize is given) and exits.
+// converted by that llama-quantize to BF16 / Q8_0 (token_embd, output and a mixture of
+// experts' experts kept F32, as ours stay f32), so both read the same bytes a step.
+// --write-gguf PATH writes the GGUF (converted the same way when --llama-quantize is given)
+// and exits.
 #include <cblas.h>
 #include <immintrin.h>
 #include <time.h>
@@ -356,8 +359,9 @@ const char* ggufTypeName(const std::string& weightFormat) {
 }
 
 // The model as llama.cpp's GGUF at `path`: f32 as written by writeLlamaGguf; bf16 / q8_0
-// converted from it by llama-quantize to BF16 / Q8_0 with token_embd and output kept F32 (ours
-// keep the embedding and lm_head in f32 too, so both read the same bytes per step).
+// converted from it by llama-quantize to BF16 / Q8_0 with token_embd, output and any experts
+// kept F32 (ours keep the embedding, lm_head and experts in f32 too, so both read the same
+// bytes per step).
 pd::Status writeBenchGguf(const std::string& modelDir, const std::string& weightFormat,
                           const std::string& llamaQuantize, const std::string& path) {
   PD_ASSIGN_OR_RETURN(auto f32Model, loadModel(modelDir));
@@ -372,8 +376,15 @@ pd::Status writeBenchGguf(const std::string& modelDir, const std::string& weight
     return pd::invalidArgument("--llama-quantize: a path with a single quote is not supported");
   const std::string f32 = path + ".f32.gguf";
   PD_RETURN_IF_ERROR(writeLlamaGguf(model, f32));
-  const std::string cmd = "'" + llamaQuantize + "' --output-tensor-type f32 --token-embedding-type f32 '" + f32 +
-                          "' '" + path + "' " + ggufTypeName(weightFormat) + " >'" + path + ".quantize.log' 2>&1";
+  // Ours converts only the attention and dense-MLP projections (loadModel with a weight
+  // format): a mixture of experts keeps its experts (and router) in f32, so llama.cpp's do too.
+  const std::string keepExperts =
+      model.config.isMoe()
+          ? " --tensor-type ffn_gate_exps=f32 --tensor-type ffn_up_exps=f32 --tensor-type ffn_down_exps=f32"
+          : "";
+  const std::string cmd = "'" + llamaQuantize + "' --output-tensor-type f32 --token-embedding-type f32" + keepExperts +
+                          " '" + f32 + "' '" + path + "' " + ggufTypeName(weightFormat) + " >'" + path +
+                          ".quantize.log' 2>&1";
   const int rc = std::system(cmd.c_str());
   std::error_code ec;
   std::filesystem::remove(f32, ec);

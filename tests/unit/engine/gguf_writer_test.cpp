@@ -1,7 +1,8 @@
 // The GGUF writer (engine/bench/gguf_writer.h) read back by a small independent parser:
 // header, key/values, tensor infos (ggml dimension order, f32 type, aligned offsets) and the
-// tensor bytes against the loaded model, including the q/k RoPE row permutation. llama-bench
-// loading the file is exercised by engine_bench --llama-bench, not here (no llama.cpp in CI).
+// tensor bytes against the loaded model, including the q/k RoPE row permutation, the qwen3
+// q/k norms and the 3-D expert tensors. llama.cpp computing the same function from the file is
+// gguf_llama_test.cpp (test_engine_gguf_llama), which needs a llama.cpp build.
 #include "engine/bench/gguf_writer.h"
 
 #include <cstring>
@@ -211,6 +212,82 @@ TEST_CASE("gguf: a model with attention biases is refused by name") {
   const Status st = writeLlamaGguf(*m, std::string(PD_TEST_MODEL_DIR) + "/gguf_bias.gguf");
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(st.toString(), Catch::Contains("bias"));
+}
+
+TEST_CASE("gguf: qwen3_moe is written as qwen3moe with q/k norms and 3-D expert tensors") {
+  MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.moeAllSparse = true;
+  const auto m = loadTiny("gguf_tiny_qwen3moe", o);
+  const ModelConfig& c = m->config;
+  const std::string path = std::string(PD_TEST_MODEL_DIR) + "/gguf_tiny_qwen3moe.gguf";
+  REQUIRE(writeLlamaGguf(*m, path).toString() == "OK");
+  const ParsedGguf g = parse(path);
+  CHECK(g.str("general.architecture") == "qwen3moe");
+  CHECK(g.u32("qwen3moe.expert_count") == uint32_t(c.moe.numExperts));
+  CHECK(g.u32("qwen3moe.expert_used_count") == uint32_t(c.moe.expertsPerToken));
+  CHECK(g.u32("qwen3moe.expert_feed_forward_length") == uint32_t(c.moe.expertFfn));
+  CHECK(g.u32("qwen3moe.attention.key_length") == uint32_t(c.headDim));
+  CHECK(g.f32("qwen3moe.rope.freq_base") == float(c.rope.theta));
+  CHECK(g.tensors.count("blk.0.ffn_gate.weight") == 0);
+  const uint64_t h = uint64_t(c.hiddenSize), ne = uint64_t(c.moe.numExperts), ef = uint64_t(c.moe.expertFfn);
+  const uint64_t hd = uint64_t(c.headDim);
+  CHECK(g.tensors.at("blk.1.ffn_gate_inp.weight").ne == std::vector<uint64_t>{h, ne});
+  CHECK(g.tensors.at("blk.1.ffn_gate_exps.weight").ne == std::vector<uint64_t>{h, ef, ne});
+  CHECK(g.tensors.at("blk.1.ffn_up_exps.weight").ne == std::vector<uint64_t>{h, ef, ne});
+  CHECK(g.tensors.at("blk.1.ffn_down_exps.weight").ne == std::vector<uint64_t>{ef, h, ne});
+  CHECK(g.tensors.at("blk.1.attn_q_norm.weight").ne == std::vector<uint64_t>{hd});
+  const LayerWeights& L = m->layers[1];
+  // NEOX RoPE: q/k rows as they are; expert e's rows at e * rows-per-expert.
+  CHECK(g.row("blk.1.attn_q.weight", 1) == modelRow(L.qkv.data(), h, 1));
+  CHECK(g.row("blk.1.attn_q_norm.weight", 0) == modelRow(L.qNorm.data(), hd, 0));
+  CHECK(g.row("blk.1.attn_k_norm.weight", 0) == modelRow(L.kNorm.data(), hd, 0));
+  CHECK(g.row("blk.1.ffn_gate_inp.weight", ne - 1) == modelRow(L.router.data(), h, ne - 1));
+  const uint64_t e = ne - 1;
+  CHECK(g.row("blk.1.ffn_gate_exps.weight", e * ef + 2) == modelRow(L.experts[e].gateUp.data(), h, 2));
+  CHECK(g.row("blk.1.ffn_up_exps.weight", e * ef + 2) == modelRow(L.experts[e].gateUp.data(), h, ef + 2));
+  CHECK(g.row("blk.1.ffn_down_exps.weight", e * h + 3) == modelRow(L.experts[e].down.data(), ef, 3));
+  CHECK(g.row("blk.1.ffn_down_exps.weight", 3) == modelRow(L.experts[0].down.data(), ef, 3));
+}
+
+TEST_CASE("gguf: mixtral is written as llama with experts of feed_forward_length") {
+  MakeModelOptions o;
+  o.arch = "mixtral";
+  const auto m = loadTiny("gguf_tiny_mixtral", o);
+  const ModelConfig& c = m->config;
+  const std::string path = std::string(PD_TEST_MODEL_DIR) + "/gguf_tiny_mixtral.gguf";
+  REQUIRE(writeLlamaGguf(*m, path).toString() == "OK");
+  const ParsedGguf g = parse(path);
+  CHECK(g.str("general.architecture") == "llama");
+  CHECK(g.u32("llama.expert_count") == uint32_t(c.moe.numExperts));
+  CHECK(g.u32("llama.expert_used_count") == uint32_t(c.moe.expertsPerToken));
+  CHECK(g.u32("llama.feed_forward_length") == uint32_t(c.moe.expertFfn));
+  CHECK(g.tensors.count("blk.0.attn_q_norm.weight") == 0);
+  const uint64_t h = uint64_t(c.hiddenSize), hd = uint64_t(c.headDim);
+  // llama: q rows interleaved per head, as for the dense model.
+  CHECK(g.row("blk.0.attn_q.weight", 1) == modelRow(m->layers[0].qkv.data(), h, hd / 2));
+}
+
+TEST_CASE("gguf: what llama.cpp cannot express is refused by name") {
+  auto refused = [](const std::string& name, const MakeModelOptions& o) {
+    const auto m = loadTiny(name, o);
+    const Status st = writeLlamaGguf(*m, std::string(PD_TEST_MODEL_DIR) + "/" + name + ".gguf");
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    return st.toString();
+  };
+  MakeModelOptions qwen3Moe;
+  qwen3Moe.arch = "qwen3_moe";  // the tiny preset's layer 0 is dense (mlp_only_layers)
+  CHECK_THAT(refused("gguf_tiny_qwen3moe_dense0", qwen3Moe), Catch::Contains("mlp_only_layers"));
+  MakeModelOptions deepseek;
+  deepseek.arch = "deepseek_v3";
+  deepseek.mlaYarn = 1;
+  CHECK_THAT(refused("gguf_tiny_deepseek_yarn", deepseek), Catch::Contains("mscale_all_dim"));
+  MakeModelOptions qwen2;
+  qwen2.arch = "qwen2";
+  CHECK_THAT(refused("gguf_tiny_qwen2", qwen2), Catch::Contains("Qwen2ForCausalLM"));
+  MakeModelOptions llama3;
+  llama3.ropeLlama3 = true;
+  CHECK_THAT(refused("gguf_tiny_llama3rope", llama3), Catch::Contains("llama3 rope_scaling"));
 }
 
 }  // namespace
