@@ -97,11 +97,12 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
       engine::Request::create(id, std::move(prompt), params, SystemClock::instance(), engine.modelConfig().vocabSize);
   if (!request.ok()) return reject(decode, id, request.status());
   const int bs = engine.kv().blockSize();
-  if (pr.pull_tokens() > 0 && (pr.pull_tokens() % uint32_t(bs) != 0 || pr.pull_tokens() >= uint32_t(prompt.size()))) {
+  const auto promptTokens = uint32_t(pr.prompt_token_ids_size());
+  if (pr.pull_tokens() > 0 && (pr.pull_tokens() % uint32_t(bs) != 0 || pr.pull_tokens() >= promptTokens)) {
     return reject(decode, id,
                   invalidArgument("PrefillRequest.pull_tokens: " + std::to_string(pr.pull_tokens()) +
                                   " is not a multiple of the block size " + std::to_string(bs) +
-                                  " below the prompt's " + std::to_string(prompt.size()) + " tokens"));
+                                  " below the prompt's " + std::to_string(promptTokens) + " tokens"));
   }
   loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
   Job job;
