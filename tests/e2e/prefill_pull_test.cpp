@@ -179,17 +179,22 @@ TEST_CASE("e2e prefill pull: a source stopped mid-pull costs the pull deadline, 
   // The router named the pull (counted when it routed): else there is no pull to stop.
   const bool named = prefillPullRoutes(*c) >= 1;
   // The PrefillRequest leaves the decode worker's io thread for the stopped prefill worker's
-  // socket buffer before the decode worker stops too.
-  std::this_thread::sleep_for(300ms);
+  // socket buffer before the decode worker stops too (a second on a loaded machine; the
+  // decode worker's lease on the stopped prefill worker is 3 s).
+  std::this_thread::sleep_for(1s);
   REQUIRE(c->processes().signal(decode, SIGSTOP).isOk());
   REQUIRE(c->processes().signal(prefill, SIGCONT).isOk());
   const auto resumed = std::chrono::steady_clock::now();
+  // The prefill worker took the request (its job, pulling, counts as computing).
+  const bool accepted =
+      waitFor([&] { return metric(*c, prefill, "pdserve_remote_prefills{state=\"computing\"}") >= 1; }, 2s);
   const bool fellBack = waitFor([&] { return pulls(*c, "fell_back") >= 1; }, 2500ms);  // within the lease (3 s)
   const double waitedMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - resumed).count();
   REQUIRE(c->processes().signal(decode, SIGCONT).isOk());
   client.join();
   CHECK(requested);
   CHECK(named);
+  CHECK(accepted);
   CHECK(fellBack);
   CHECK(waitedMs < kPullDeadlineMs + 1500);  // the pull deadline, not kv_transfer.timeout_ms (10 s)
   CHECK(pulls(*c, "done") == 0);
