@@ -37,23 +37,26 @@ class DecodeRole final : public worker::RolePolicy {
   explicit DecodeRole(worker::WorkerLoop& loop)
       : loop_(loop),
         engine_(loop.engine()),
-        remote_(loop,
-                RemotePrefills::Callbacks{[this](uint64_t id, const proto::Timings& split, SteadyTime at,
-                                                 const std::vector<EngineEvent>& events) {
-                                            if (auto it = streams_.find(id); it != streams_.end()) {
-                                              it->second.remoteSplit = split;
-                                              it->second.kvReadyAt = at;
-                                            }
-                                            publish(events);
-                                          },
-                                          [this](uint64_t id, const Status& why) { sendErrorAndForget(id, why); },
-                                          [this](uint64_t id, int tokens, double ms, const std::string& transport) {
-                                            if (auto it = streams_.find(id); it != streams_.end()) {
-                                              it->second.pulledTokens = tokens;
-                                              it->second.pullMs = ms;
-                                              it->second.pullTransport = transport;
-                                            }
-                                          }}),
+        remote_(loop, RemotePrefills::Callbacks{
+                          [this](uint64_t id, const proto::Timings& split, SteadyTime at,
+                                 const std::vector<EngineEvent>& events) {
+                            if (auto it = streams_.find(id); it != streams_.end()) {
+                              it->second.remoteSplit = split;
+                              it->second.kvReadyAt = at;
+                            }
+                            publish(events);
+                          },
+                          [this](uint64_t id, const Status& why) { sendErrorAndForget(id, why); },
+                          [this](uint64_t id, int tokens, double ms, const std::string& transport) {
+                            if (auto it = streams_.find(id); it != streams_.end()) {
+                              it->second.pulledTokens = tokens;
+                              it->second.pullMs = ms;
+                              it->second.pullTransport = transport;
+                            }
+                          },
+                          [this](const net::ConnectionPtr& c, kvt::AgentPeer peer, const worker::KvTargetLayout& layout,
+                                 proto::Envelope&& env) { onLinkPull(c, peer, layout, std::move(env)); },
+                          [this](const net::ConnectionPtr& c, const Status& why) { sources_.dropConnection(c, why); }}),
         sources_(loop) {}
 
   // I/O threads post a peer's frame on the pull port here (docs/kv_cache.md, "Peer pulls").
@@ -70,6 +73,18 @@ class DecodeRole final : public worker::RolePolicy {
     }
   }
   void onPeerClosed(const net::ConnectionPtr& c, const Status& why) { sources_.dropConnection(c, why); }
+
+  // A prefill worker's pull over the link to it (docs/kv_cache.md, "Peer pulls", prefill side):
+  // served like a peer's on the pull port, the link's peer and the prefill worker's pool
+  // standing in for a KvConnect.
+  void onLinkPull(const net::ConnectionPtr& c, kvt::AgentPeer peer, const worker::KvTargetLayout& layout,
+                  proto::Envelope&& env) {
+    if (env.body_case() == proto::Envelope::kPullRequest) {
+      sources_.attach(c, peer, layout);
+      return sources_.accept(c, env.pull_request());
+    }
+    if (env.body_case() == proto::Envelope::kCancel) return sources_.cancel(c, env.cancel().request_id());
+  }
 
   void onRouterMessage(worker::RouterId from, proto::Envelope&& env) override {
     switch (env.body_case()) {
@@ -181,10 +196,12 @@ class DecodeRole final : public worker::RolePolicy {
     s.inboxS = inboxS;
     s.wantLogprobs = gen.sampling().return_logprobs() || gen.sampling().logprobs() > 0;
     s.remote = !gen.prefill_worker_address().empty();
-    s.pull = gen.pull_tokens() > 0;
-    if (s.pull) {
+    if (gen.pull_tokens() > 0) {
       if (Status ok = checkPull(gen); !ok.isOk()) return sendError(from, id, ok);
     }
+    // A disaggregated prompt's pull is the prefill worker's (RemotePrefills forwards it): the
+    // pull phase here is a colocated prompt's alone.
+    s.pull = gen.pull_tokens() > 0 && !s.remote;
     loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
     s.gen = gen;
     streams_.emplace(id, std::move(s));
@@ -193,8 +210,10 @@ class DecodeRole final : public worker::RolePolicy {
     if (Status st = engine_.submit(std::move(request).value()); !st.isOk()) sendErrorAndForget(id, st);
   }
 
-  // A Generate naming a peer pull: colocated (a pull and a remote prefill exclude each other),
-  // whole blocks short of the prompt's last token, a source address, and pulls on here.
+  // A Generate naming a peer pull: whole blocks short of the prompt's last token, a source
+  // address, and pulls on here. Colocated: this worker pulls from the source. Disaggregated:
+  // the prefill worker pulls, over the link this worker keeps to it, from this worker alone
+  // (docs/kv_cache.md, "Peer pulls").
   Status checkPull(const proto::Generate& gen) const {
     const int bs = engine_.kv().blockSize();
     const uint32_t n = gen.pull_tokens();
@@ -202,8 +221,10 @@ class DecodeRole final : public worker::RolePolicy {
       return failedPrecondition("Generate.pull_tokens: peer pulls are off on decode worker " + loop_.flags().workerId +
                                 " (kv_transfer.peer_pulls)");
     }
-    if (!gen.prefill_worker_address().empty()) {
-      return invalidArgument("Generate: pull_tokens with a prefill worker; a pull is for a colocated prompt");
+    if (!gen.prefill_worker_address().empty() && gen.pull_source_id() != loop_.flags().workerId) {
+      return invalidArgument("Generate: pull_tokens with a prefill worker names source '" + gen.pull_source_id() +
+                             "'; a prefill worker pulls only from its decode worker ('" + loop_.flags().workerId +
+                             "')");
     }
     if (gen.pull_source_address().empty()) return invalidArgument("Generate.pull_tokens without pull_source_address");
     if (n % uint32_t(bs) != 0 || int64_t(n) >= gen.prompt_token_ids_size()) {
@@ -321,11 +342,18 @@ class DecodeRole final : public worker::RolePolicy {
       // The engine counts the request out of its queue from the reservation, so its prefill
       // time holds the pull: that is its own phase.
       timings->set_prefill_ms(std::max(0.0, timings->prefill_ms() - s.pullMs));
-      fillPull(s, timings);
     }
+    fillPull(s, timings);  // a colocated pull's, or the prefill worker's
   }
 
   static void fillPull(const Stream& s, proto::Timings* timings) {
+    if (s.remoteSplit && s.remoteSplit->pull_ms() > 0) {
+      // The prefill worker's pull (PrefillDone.timings), part of its prefill.
+      timings->set_pull_ms(s.remoteSplit->pull_ms());
+      timings->set_pull_tokens(s.remoteSplit->pull_tokens());
+      timings->set_pull_transport(s.remoteSplit->pull_transport());
+      return;
+    }
     if (!s.pull) return;
     timings->set_pull_ms(s.pullMs);
     timings->set_pull_tokens(uint32_t(s.pulledTokens));

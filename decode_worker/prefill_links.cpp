@@ -41,6 +41,16 @@ kvt::AgentPeer PrefillLinks::kvPeer(const std::string& address) const {
   return l && l->kvReady ? l->kvPeer : 0;
 }
 
+net::ConnectionPtr PrefillLinks::connection(const std::string& address) const {
+  const Link* l = find(address);
+  return l ? l->conn : nullptr;
+}
+
+const worker::KvTargetLayout* PrefillLinks::replyLayout(const std::string& address) const {
+  const Link* l = find(address);
+  return l && l->conn && l->kvReady && l->replyLayout ? &*l->replyLayout : nullptr;
+}
+
 SteadyTime PrefillLinks::lastHeard(const std::string& address) const {
   const Link* l = find(address);
   return l ? l->lastHeard : SteadyTime{};
@@ -164,6 +174,15 @@ void PrefillLinks::onKvConnectReply(const std::string& address, proto::Envelope&
   }
   link.kvReady = true;
   link.kvPeer = *loaded;
+  link.replyLayout.reset();
+  if (env.kv_connect().num_blocks() > 0) {
+    // Its pool, for the pulls it may ask over this link; a malformed one only turns them off.
+    if (auto layout = worker::fromProto(env.kv_connect()); layout.ok()) {
+      link.replyLayout = std::move(layout).value();
+    } else {
+      PD_LOG(kWarn, kTag) << "prefill worker " << address << ": KvConnect reply's pool: " << layout.status().toString();
+    }
+  }
   link.redialDelay = milliseconds(0);
   loop_.cancelTimer(link.kvTimer);
   PD_LOG(kInfo, kTag) << "prefill worker " << address << ": KV over " << loop_.agent().peerTransport(*loaded).value();

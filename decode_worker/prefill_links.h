@@ -19,10 +19,12 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
 #include "common/net/framed.h"
+#include "worker/proto_convert.h"
 #include "worker/worker_loop.h"
 
 namespace pd::decode {
@@ -52,6 +54,12 @@ class PrefillLinks {
   bool handshaking(const std::string& address) const;
   // The prefill worker's kvtransfer peer; valid while ready().
   kvt::AgentPeer kvPeer(const std::string& address) const;
+  // The link's connection (null when none): pulls the prefill worker asks over it are served
+  // on it (PullSources::attach).
+  net::ConnectionPtr connection(const std::string& address) const;
+  // The prefill worker's own KV pool from its KvConnect reply; null while not ready or when
+  // the reply did not carry it (then it takes no pulls over this link).
+  const worker::KvTargetLayout* replyLayout(const std::string& address) const;
   // When the last message from `address` arrived on its current link (epoch when none);
   // PrefillProgress does not count (it says a request computes, not that the worker answers).
   SteadyTime lastHeard(const std::string& address) const;
@@ -66,8 +74,9 @@ class PrefillLinks {
     net::ConnectionPtr conn;
     bool connecting = false;
     bool kvReady = false;
-    worker::WorkerLoop::TimerId kvTimer = 0;  // KvConnect must be answered by then
-    kvt::AgentPeer kvPeer = 0;                // loaded from its KvConnect reply
+    worker::WorkerLoop::TimerId kvTimer = 0;            // KvConnect must be answered by then
+    kvt::AgentPeer kvPeer = 0;                          // loaded from its KvConnect reply
+    std::optional<worker::KvTargetLayout> replyLayout;  // the reply's pool, when it sent one
     SteadyTime lastHeard;
     SteadyTime redialAt{};
     std::chrono::milliseconds redialDelay{0};  // 0: no backoff running

@@ -58,6 +58,14 @@ void PullSources::connect(const net::ConnectionPtr& conn, const proto::KvConnect
   targets_[conn.get()] = std::move(target);
 }
 
+void PullSources::attach(const net::ConnectionPtr& conn, kvt::AgentPeer peer, const worker::KvTargetLayout& layout) {
+  Target& t = targets_[conn.get()];
+  t.peer = peer;
+  auto name = loop_.agent().peerName(peer);
+  t.peerName = name.ok() ? name.value() : std::string();
+  t.layout = layout;
+}
+
 engine::SeqId PullSources::find(const net::FramedConnection* target, uint64_t id) const {
   for (const auto& [holder, p] : pulls_)
     if (p.target.get() == target && p.requestId == id) return holder;

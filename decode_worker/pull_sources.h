@@ -46,6 +46,11 @@ class PullSources {
   explicit PullSources(worker::WorkerLoop& loop) : loop_(loop) {}
 
   void connect(const net::ConnectionPtr& target, const proto::KvConnect& offer);
+  // A prefill worker pulls over the link this worker dialled for remote prefills (docs/kv_cache.md,
+  // "Peer pulls", prefill side): the kvtransfer peer and the prefill worker's pool are already
+  // known from that link's KvConnect, so `target` takes PullRequests without a KvConnect of
+  // its own. Again for the same connection: updates it.
+  void attach(const net::ConnectionPtr& target, kvt::AgentPeer peer, const worker::KvTargetLayout& layout);
   void accept(const net::ConnectionPtr& target, const proto::PullRequest& request);
   void cancel(const net::ConnectionPtr& target, uint64_t id);
   void dropConnection(const net::ConnectionPtr& target, const Status& why);

@@ -48,7 +48,7 @@ void RemotePrefills::start(proto::Generate gen, engine::Request request) {
   const uint64_t id = gen.request_id();
   // A pull is worth it only now: with no blocks free for the prompt, it is computed here like
   // any colocated prompt (the engine queues it for blocks) instead of waiting to pull.
-  if (gen.pull_tokens() > 0 &&
+  if (gen.pull_tokens() > 0 && gen.prefill_worker_address().empty() &&
       loop_.engine().kv().blocksFor(request.numPromptTokens()) > loop_.engine().kv().numFreeBlocks()) {
     Remote skipped;
     skipped.pullTokens = int(gen.pull_tokens());
@@ -58,7 +58,7 @@ void RemotePrefills::start(proto::Generate gen, engine::Request request) {
     return;
   }
   Remote r;
-  r.pullTokens = int(gen.pull_tokens());
+  r.pullTokens = gen.prefill_worker_address().empty() ? int(gen.pull_tokens()) : 0;  // a prefill pull is forwarded
   r.address = r.pullTokens > 0 ? gen.pull_source_address() : gen.prefill_worker_address();
   r.gen = std::move(gen);
   const int tokens = request.numPromptTokens();
@@ -157,6 +157,12 @@ void RemotePrefills::sendPrefillRequest(uint64_t id) {
   *pr->mutable_sampling() = r.gen.sampling();
   pr->set_deadline_ms(static_cast<uint64_t>(loop_.config().kvTransfer.timeoutMs));
   *pr->mutable_kv_target() = worker::toProto(target);
+  if (r.gen.pull_tokens() > 0 && links_.replyLayout(r.address)) {
+    // The prefill worker pulls the prefix from this worker, over this link.
+    pr->set_pull_source_id(r.gen.pull_source_id());
+    pr->set_pull_source_address(r.gen.pull_source_address());
+    pr->set_pull_tokens(r.gen.pull_tokens());
+  }
   r.state = State::kRequested;
   r.requestedAt = steadyNow();
   if (Status s = links_.send(r.address, std::move(env)); !s.isOk()) failed(id, s);
@@ -178,6 +184,17 @@ void RemotePrefills::onLinkMessage(const std::string& address, proto::Envelope&&
   if (env.body_case() == proto::Envelope::kCancel && env.cancel().ack()) {
     return quarantine_.onCancelAck(address, id);
   }
+  if (env.body_case() == proto::Envelope::kPullRequest || env.body_case() == proto::Envelope::kCancel) {
+    // The prefill worker pulls (or stops pulling) a prefix from this worker.
+    const worker::KvTargetLayout* layout = links_.replyLayout(address);
+    net::ConnectionPtr conn = links_.connection(address);
+    if (!layout || !conn || !callbacks_.onLinkPull) return;
+    if (auto old = pullLinks_.find(address); old != pullLinks_.end() && old->second != conn) {
+      if (callbacks_.onLinkPullDown) callbacks_.onLinkPullDown(old->second, unavailable("link replaced"));
+    }
+    pullLinks_[address] = conn;
+    return callbacks_.onLinkPull(conn, links_.kvPeer(address), *layout, std::move(env));
+  }
   auto it = requests_.find(id);
   if (it == requests_.end() || it->second.state != State::kRequested || it->second.address != address) {
     return;
@@ -195,6 +212,11 @@ void RemotePrefills::onLinkMessage(const std::string& address, proto::Envelope&&
 
 // Every request that waits on or was sent over that link fails (and recomputes or not).
 void RemotePrefills::onLinkDown(const std::string& address, const Status& why) {
+  if (auto it = pullLinks_.find(address); it != pullLinks_.end()) {
+    net::ConnectionPtr conn = std::move(it->second);
+    pullLinks_.erase(it);
+    if (callbacks_.onLinkPullDown) callbacks_.onLinkPullDown(conn, why);
+  }
   std::vector<uint64_t> ids;
   for (const auto& [id, r] : requests_) {
     if (r.address == address && r.state != State::kWaitingBlocks) ids.push_back(id);
@@ -219,6 +241,9 @@ void RemotePrefills::onPrefillDone(uint64_t id, const proto::PrefillDone& done) 
   split.set_transfer_ms(done.timings().transfer_ms());
   split.set_transport(done.timings().transport());
   split.set_prefill_cached_tokens(done.cached_prompt_tokens());
+  split.set_pull_ms(done.timings().pull_ms());  // the prefill worker's own pull, if it pulled
+  split.set_pull_tokens(done.timings().pull_tokens());
+  split.set_pull_transport(done.timings().pull_transport());
   forget(id);
   loop_.metrics().remotePrefill("ok");
   callbacks_.onKvReady(id, split, arrived, events);
@@ -403,6 +428,7 @@ void RemotePrefills::shutdown(const Status& why) {
     callbacks_.onFailed(id, why);
   }
   links_.shutdown(why);
+  pullLinks_.clear();
   quarantine_.releaseAll("shutting down");
 }
 

@@ -26,6 +26,11 @@
 // "Remote prefill deadlines"). A prefill worker that is slow, stopped or unreachable delays
 // only the requests sent to it: nothing here waits on it.
 //
+// A disaggregated Generate that names a pull is the prefill worker's pull: the PrefillRequest
+// carries it (pull_source_*, pull_tokens) when the prefill worker's KvConnect reply said it
+// takes pulls (its pool), and the prefill worker's PullRequest comes back over this link, to
+// be served from this worker's region (Callbacks::onLinkPull -> PullSources).
+//
 // Peer pulls (docs/kv_cache.md, "Peer pulls") are the same lifecycle with a peer decode worker
 // as the writer: a Generate naming pull_source_address starts one. Its blocks are reserved
 // like a remote prefill's, the link (PrefillLinks: the same dial, authentication, KvConnect
@@ -70,6 +75,15 @@ class RemotePrefills {
     // A peer pull ended: `tokens` of the prompt were pulled (0: it fell back to computing
     // them) in `ms` (blocks reserved -> PullDone) over `transport`.
     std::function<void(uint64_t id, int tokens, double ms, const std::string& transport)> onPulled;
+    // A prefill worker pulls a prompt's prefix from this worker over the link to it (a
+    // PullRequest, or a Cancel that is not an acknowledgement): `conn` is the link, `peer` its
+    // kvtransfer peer, `layout` the prefill worker's pool from its KvConnect reply. Only
+    // delivered when the reply carried that pool.
+    std::function<void(const net::ConnectionPtr& conn, kvt::AgentPeer peer, const worker::KvTargetLayout& layout,
+                       proto::Envelope&& env)>
+        onLinkPull;
+    // A link that delivered pulls closed: they end (PullSources::dropConnection).
+    std::function<void(const net::ConnectionPtr& conn, const Status& why)> onLinkPullDown;
   };
   RemotePrefills(worker::WorkerLoop& loop, Callbacks callbacks);
 
@@ -147,6 +161,8 @@ class RemotePrefills {
   PrefillLinks links_;
   KvQuarantine quarantine_;
   std::unordered_map<uint64_t, Remote> requests_;
+  // Per prefill worker address, the link that delivered its pulls (onLinkPullDown on its end).
+  std::unordered_map<std::string, net::ConnectionPtr> pullLinks_;
   std::deque<Waiting> waiting_;
 };
 

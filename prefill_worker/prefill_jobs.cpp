@@ -11,6 +11,12 @@ namespace {
 constexpr const char* kTag = "prefill";
 }  // namespace
 
+PrefillJobs::PrefillJobs(worker::WorkerLoop& loop)
+    : loop_(loop),
+      pulls_(loop, [this](uint64_t id, int tokens, double ms, const std::string& transport, Status queued) {
+        pulled(id, tokens, ms, transport, queued);
+      }) {}
+
 void PrefillJobs::reject(const net::ConnectionPtr& decode, uint64_t id, const Status& why) {
   proto::Envelope env;
   env.set_request_id(id);
@@ -51,6 +57,11 @@ void PrefillJobs::connect(const net::ConnectionPtr& decode, const proto::KvConne
     return;
   }
   env.mutable_kv_connect()->set_metadata(std::move(reply).value());
+  // This worker's pool: the decode worker pushes the prefixes this worker pulls from it into it.
+  worker::KvTargetLayout mine;
+  mine.numBlocks = loop_.engine().kv().numTotalBlocks();
+  mine.regions = regions;
+  worker::toProto(mine, env.mutable_kv_connect());
   (void)decode->send(std::move(env));
   PD_LOG(kInfo, kTag) << "decode worker " << decode->peerHello().worker_id() << ": KV over "
                       << agent.peerTransport(target.peer).value();
@@ -85,8 +96,15 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   auto request =
       engine::Request::create(id, std::move(prompt), params, SystemClock::instance(), engine.modelConfig().vocabSize);
   if (!request.ok()) return reject(decode, id, request.status());
+  const int bs = engine.kv().blockSize();
+  const auto promptTokens = uint32_t(pr.prompt_token_ids_size());
+  if (pr.pull_tokens() > 0 && (pr.pull_tokens() % uint32_t(bs) != 0 || pr.pull_tokens() >= promptTokens)) {
+    return reject(decode, id,
+                  invalidArgument("PrefillRequest.pull_tokens: " + std::to_string(pr.pull_tokens()) +
+                                  " is not a multiple of the block size " + std::to_string(bs) +
+                                  " below the prompt's " + std::to_string(promptTokens) + " tokens"));
+  }
   loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
-  if (Status s = engine.submit(std::move(request).value()); !s.isOk()) return reject(decode, id, s);
   Job job;
   job.decode = decode;
   job.peer = target->second.peer;
@@ -98,6 +116,24 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   job.leaseMs = milliseconds(deadlineMs);
   job.progressAt = job.progressSentAt = job.received;
   jobs_.emplace(id, std::move(job));
+  bool pulling = false;
+  if (pr.pull_tokens() > 0) {
+    // The job exists first: a pull that cannot even be sent ends (pulled()) inside start().
+    jobs_.at(id).pulling = true;
+    auto started = pulls_.start(decode, target->second.peer, pr, request.value());
+    if (!started.ok()) {
+      jobs_.erase(id);
+      return reject(decode, id, started.status());
+    }
+    pulling = *started;
+    if (!pulling) jobs_.at(id).pulling = false;
+  }
+  if (!pulling) {
+    if (Status s = engine.submit(std::move(request).value()); !s.isOk()) {
+      jobs_.erase(id);
+      return reject(decode, id, s);
+    }
+  }
   auto expiry = [this, id] {
     auto it = jobs_.find(id);
     return it == jobs_.end() ? SteadyTime{} : it->second.progressAt + it->second.leaseMs;
@@ -111,6 +147,31 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
                          " ms"),
         /*reply=*/true);
   });
+}
+
+void PrefillJobs::pulled(uint64_t id, int tokens, double ms, const std::string& transport, const Status& queued) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  job.pulling = false;
+  job.pulledTokens = tokens;
+  job.pullMs = ms;
+  job.pullTransport = transport;
+  job.progressAt = steadyNow();  // the lease runs anew for the compute
+  if (!queued.isOk() && job.failed.isOk()) job.failed = queued.withContext("queueing after its pull");
+}
+
+void PrefillJobs::onPullReply(const net::ConnectionPtr& decode, const proto::Envelope& env) {
+  switch (env.body_case()) {
+    case proto::Envelope::kPullDone:
+      return pulls_.onPullDone(decode, env.pull_done());
+    case proto::Envelope::kError:
+      return pulls_.onError(decode, env.request_id(), net::fromProtoError(env.error()));
+    case proto::Envelope::kCancel:
+      return pulls_.onCancelAck(decode, env.cancel().request_id());
+    default:
+      return;
+  }
 }
 
 void PrefillJobs::onLayerDone(int layer, const engine::StepView& step) {
@@ -218,6 +279,7 @@ void PrefillJobs::exportStates() {
 }
 
 void PrefillJobs::settle() {
+  pulls_.poll();
   std::vector<uint64_t> done, failed;
   for (auto& [id, job] : jobs_) {
     pollInflight(job);
@@ -285,9 +347,16 @@ void PrefillJobs::finish(uint64_t id) {
   // token, and the KV push left after it (layers were posted while later ones computed, so
   // only the tail is exposed).
   t->set_ttft_split(true);
-  t->set_prefill_queue_ms(1e3 * (job.inboxS + job.queueS));
+  // The engine counts the queue from the pull's reservation: the pull is its own phase.
+  t->set_prefill_queue_ms(std::max(0.0, 1e3 * (job.inboxS + job.queueS) - job.pullMs));
   t->set_prefill_ms(1e3 * job.computeS);
   t->set_transfer_ms(1e3 * secondsBetween(*job.computedAt, steadyNow()));
+  if (job.pullMs > 0) {
+    // Its pull (inside prefill_queue_ms: the engine counts the queue from the reservation).
+    t->set_pull_ms(job.pullMs);
+    t->set_pull_tokens(uint32_t(job.pulledTokens));
+    t->set_pull_transport(job.pullTransport);
+  }
   if (auto name = loop_.agent().peerTransport(job.peer); name.ok()) t->set_transport(name.value());
   (void)job.decode->send(std::move(env));
   loop_.cancelTimer(job.deadlineTimer);
@@ -322,6 +391,7 @@ void PrefillJobs::end(uint64_t id, const Status& why, bool reply, net::Connectio
     reject(job.decode, id, why);
   }
   loop_.cancelTimer(job.deadlineTimer);
+  if (job.pulling) pulls_.end(id, why.isOk() ? "cancelled" : why.message());  // fenced or held first
   loop_.engine().cancel(id);
   loop_.engine().release(id);
   jobs_.erase(it);
@@ -342,12 +412,14 @@ void PrefillJobs::dropConnection(const net::ConnectionPtr& decode, const Status&
                         << "); dropping " << ids.size() << " request(s)";
   }
   for (uint64_t id : ids) end(id, why, /*reply=*/false);
+  pulls_.dropConnection(decode);
 }
 
 void PrefillJobs::shutdown(const Status& why) {
   std::vector<uint64_t> ids;
   for (auto& [id, job] : jobs_) ids.push_back(id);
   for (uint64_t id : ids) end(id, why, /*reply=*/true);
+  pulls_.shutdown();
   targets_.clear();
 }
 

@@ -3,6 +3,9 @@
 // admission to the PrefillDone (or Error) it sends back, and nothing else touches them.
 //
 //   accept() --> COMPUTING --(every chunk computed, first token sampled)--> PUSHING
+//   accept() of a request naming pull_tokens --> COMPUTING, pulling first (PrefillPulls: its
+//        prefix pulled from the decode worker, or computed here when the pull fails); the
+//        chunks then start after the pulled prefix
 //   COMPUTING / PUSHING --(all layers posted and confirmed at the target)--> DONE: PrefillDone
 //   COMPUTING / PUSHING --(transfer error | deadline | step failure)--> FAILED: Error to decode
 //   COMPUTING / PUSHING --(Cancel | decode connection closed | shutdown)--> ENDED: no reply,
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include "common/net/framed.h"
+#include "prefill_worker/prefill_pulls.h"
 #include "worker/proto_convert.h"
 #include "worker/worker_loop.h"
 
@@ -37,7 +41,7 @@ namespace pd::prefill {
 
 class PrefillJobs {
  public:
-  explicit PrefillJobs(worker::WorkerLoop& loop) : loop_(loop) {}
+  explicit PrefillJobs(worker::WorkerLoop& loop);
 
   // Step 2 of the kvtransfer exchange (KvConnect in pdserve.proto), once per decode
   // connection: checks where the decode worker's KV blocks live against this worker's layout
@@ -58,6 +62,9 @@ class PrefillJobs {
   // transfers are terminal. An unknown id is acknowledged at once (nothing of it is here).
   void cancel(const net::ConnectionPtr& decode, uint64_t id);
   void dropConnection(const net::ConnectionPtr& decode, const Status& why);
+  // The decode worker's answers to this worker's pulls (PrefillPulls): PullDone, an Error
+  // for a request, a Cancel{ack}.
+  void onPullReply(const net::ConnectionPtr& decode, const proto::Envelope& env);
   void shutdown(const Status& why);
 
   // Loop hooks.
@@ -99,6 +106,10 @@ class PrefillJobs {
     int cachedTokens = 0;             // the engine's prefix hit for the prompt (PrefillDone)
     double inboxS = 0;                // the PrefillRequest's wait for the loop before accept()
     uint64_t bytes = 0;
+    bool pulling = false;  // its prefix is being pulled (PrefillPulls); not in the engine's queue yet
+    int pulledTokens = 0;  // PrefillDone.timings: the pull, when one was asked
+    double pullMs = 0;
+    std::string pullTransport;
   };
 
   // An ended job's transfers, cancelled, polled to their terminal states by settle(); then
@@ -117,8 +128,11 @@ class PrefillJobs {
   void finish(uint64_t id);  // DONE
   // FAILED (reply) or ENDED; ackTo: the connection to acknowledge a Cancel on.
   void end(uint64_t id, const Status& why, bool reply, net::ConnectionPtr ackTo = nullptr);
+  // PrefillPulls' end of a pull: the job computes from here.
+  void pulled(uint64_t id, int tokens, double ms, const std::string& transport, const Status& queued);
 
   worker::WorkerLoop& loop_;
+  PrefillPulls pulls_;
   std::unordered_map<const net::FramedConnection*, Target> targets_;  // per decode connection
   std::unordered_map<uint64_t, Job> jobs_;
   std::unordered_map<uint64_t, Ending> ending_;

@@ -23,7 +23,12 @@ class PrefillRole final : public worker::RolePolicy {
       case proto::Envelope::kPrefillRequest:
         return jobs_.accept(c, env.prefill_request());
       case proto::Envelope::kCancel:
+        // An acknowledgement answers this worker's Cancel of a pull (PrefillPulls).
+        if (env.cancel().ack()) return jobs_.onPullReply(c, env);
         return jobs_.cancel(c, env.cancel().request_id());
+      case proto::Envelope::kPullDone:
+      case proto::Envelope::kError:
+        return jobs_.onPullReply(c, env);
       default:
         PD_LOG(kWarn, kTag) << "ignoring '" << net::bodyName(env) << "' from " << c->remoteAddress();
     }

@@ -330,6 +330,17 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
       }
     }
   }
+  if (p->route == Route::kDisaggregated && !blocks.empty()) {
+    // The prefill worker pulls the prefix a decode worker holds when that beats computing it
+    // (routing_policy.h planPrefillPull): the multi-turn history lives on a decode worker.
+    double fleetRate = 0;
+    std::string why;
+    if (planPrefillPull(*p, views, pullCandidates(views, &fleetRate), fleetRate, &why)) {
+      PD_LOG(kDebug, kTag) << "prefill worker " << p->prefillWorker << " pulls from " << p->pullSource << ": " << why;
+    } else {
+      PD_LOG(kDebug, kTag) << "no pull for prefill worker " << p->prefillWorker << ": " << why;
+    }
+  }
   const std::string& who = p->route == Route::kDisaggregated ? p->prefillWorker : p->decodeWorker;
   for (const auto& v : views) {
     if (v.id == who) {
@@ -342,8 +353,7 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
   return p;
 }
 
-std::unordered_map<std::string, PullChoice> RouterLoop::pullChoices(std::vector<WorkerView>& views) const {
-  std::unordered_map<std::string, PullChoice> out;
+std::vector<PullCandidate> RouterLoop::pullCandidates(const std::vector<WorkerView>& views, double* fleetRate) const {
   // The fleet's figures stand in for a worker's own until it has measured them: every worker
   // runs the same model on the same engine and transports (a decode worker that never pushed
   // KV has no lane figure; one that never prefilled, no rate).
@@ -365,9 +375,17 @@ std::unordered_map<std::string, PullChoice> RouterLoop::pullChoices(std::vector<
     }
     candidates.push_back(std::move(c));
   }
+  *fleetRate = rates ? rateSum / rates : 0;
+  return candidates;
+}
+
+std::unordered_map<std::string, PullChoice> RouterLoop::pullChoices(std::vector<WorkerView>& views) const {
+  std::unordered_map<std::string, PullChoice> out;
+  double fleetRate = 0;
+  const std::vector<PullCandidate> candidates = pullCandidates(views, &fleetRate);
   for (auto& v : views) {
     if (v.role != WorkerRole::kDecode || !v.healthy || !v.servesPulls) continue;
-    const double rate = v.prefillTokensPerS > 0 ? v.prefillTokensPerS : rates ? rateSum / rates : 0;
+    const double rate = v.prefillTokensPerS > 0 ? v.prefillTokensPerS : fleetRate;
     std::string rejected;
     auto c =
         choosePull(v.id, v.host, std::max<int64_t>(0, v.cachedTokens), rate, v.kvBytesPerToken, candidates, &rejected);
@@ -384,7 +402,9 @@ std::unordered_map<std::string, PullChoice> RouterLoop::pullChoices(std::vector<
 void RouterLoop::commit(const RoutePlan& p, const std::vector<uint64_t>& blocks) {
   metrics_.routeDecision(routeName(p.route), p.reason);
   if (!p.pullSource.empty()) {
-    PD_LOG(kDebug, kTag) << "decode worker " << p.decodeWorker << " pulls from " << p.pullSource << ": " << p.pullWhy;
+    PD_LOG(kDebug, kTag) << (p.route == Route::kDisaggregated ? "prefill worker " + p.prefillWorker
+                                                              : "decode worker " + p.decodeWorker)
+                         << " pulls from " << p.pullSource << ": " << p.pullWhy;
   }
   metrics_.predictedCachedTokens(p.cachedTokens);
   // Both workers hold the prompt's blocks afterwards (the decode worker caches what it

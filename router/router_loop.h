@@ -103,6 +103,9 @@ class RouterLoop final : public StreamOwner {
   // Per pull-serving decode worker, the peer pull predicted to serve it more of the prompt
   // (router/pull_cost.h); their cachedTokens grow by the pulled tokens.
   std::unordered_map<std::string, PullChoice> pullChoices(std::vector<WorkerView>& views) const;
+  // The decode workers as pull sources, each lane the fleet measured filled in where a worker
+  // has not measured its own; `fleetRate`: the fleet's mean prefill rate (0: none measured).
+  std::vector<PullCandidate> pullCandidates(const std::vector<WorkerView>& views, double* fleetRate) const;
   std::optional<RoutePlan> plan(int64_t promptTokens, const std::vector<uint64_t>& blocks, const std::string& exclude,
                                 WorkerView* prefilling, WorkerView* decoding);
   // The plan is taken: metrics and the prefix index learn it.

@@ -74,6 +74,41 @@ std::optional<RoutePlan> RoutingPolicy::select(int64_t promptTokens, const std::
   return colocatedOn(*colocated, std::move(plan.reason));
 }
 
+bool planPrefillPull(RoutePlan& plan, const std::vector<WorkerView>& views,
+                     const std::vector<PullCandidate>& candidates, double fallbackRate, std::string* why) {
+  if (plan.route != Route::kDisaggregated) {
+    if (why) *why = "not disaggregated";
+    return false;
+  }
+  const WorkerView* prefill = nullptr;
+  int64_t kvBytesPerToken = 0;
+  for (const auto& v : views) {
+    if (v.id == plan.prefillWorker) prefill = &v;
+    kvBytesPerToken = std::max(kvBytesPerToken, v.kvBytesPerToken);  // one model: the same everywhere
+  }
+  if (!prefill) {
+    if (why) *why = "prefill worker " + plan.prefillWorker + " not in the snapshot";
+    return false;
+  }
+  // The prefill worker's own hit: the exact index's figure when current, else the prediction.
+  const int64_t held = std::max<int64_t>(0, prefill->cachedTokens);
+  const double rate = prefill->prefillTokensPerS > 0 ? prefill->prefillTokensPerS : fallbackRate;
+  std::string rejected;
+  auto c = choosePull(prefill->id, prefill->host, held, rate, kvBytesPerToken, candidates, &rejected);
+  if (!c) {
+    if (why) *why = rejected;
+    return false;
+  }
+  plan.decodeWorker = c->source;
+  plan.pullSource = c->source;
+  plan.pullTokens = c->prefixTokens;
+  plan.pullWhy = c->decision.why;
+  plan.cachedTokens = c->prefixTokens;
+  plan.reason = "prefill_pull";
+  if (why) *why = c->decision.why;
+  return true;
+}
+
 bool RoutingPolicy::fitsBesideStreams(const WorkerView& w) const {
   if (config_.itlTargetMs <= 0 || w.streams() == 0) return true;
   const auto step = w.predictedDecodeStepMs(w.streams() + 1);

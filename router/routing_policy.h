@@ -100,10 +100,13 @@ struct RoutePlan {
   std::string decodeWorker;
   std::string prefillWorker;  // empty when colocated
   // "short_prompt", "cached_prefix", "long_prompt", "no_prefill_worker", "protect_itl",
-  // "prefill_overflow", "pull" (colocated, its prefix pulled from pullSource)
+  // "prefill_overflow", "pull" (colocated, its prefix pulled from pullSource), "prefill_pull"
+  // (disaggregated, the prefill worker pulls its prefix from pullSource, the decode worker)
   std::string reason;
   // A peer pull of the prompt's first pullTokens tokens (from its start, the blocks the target
-  // holds included) from worker pullSource (colocated only; router/pull_cost.h); empty: none.
+  // holds included) from worker pullSource (router/pull_cost.h); empty: none. Colocated: the
+  // decode worker pulls. Disaggregated: the prefill worker pulls, and pullSource is the
+  // decode worker (planPrefillPull).
   std::string pullSource;
   int64_t pullTokens = 0;
   std::string pullWhy;       // the cost comparison, for the log
@@ -118,6 +121,19 @@ struct RoutingConfig {
   int cacheLoadSlack = 4;
   double itlTargetMs = 0;  // 0: no "protect_itl" rule
 };
+
+// A disaggregated plan's prefill-side pull (docs/kv_cache.md, "Peer pulls"): when a decode
+// worker's KV region holds more of the prompt than the plan's prefill worker does, and pulling
+// that prefix into the prefill worker is predicted cheaper than computing it there
+// (router/pull_cost.h choosePull, at the prefill worker's measured rate, `fallbackRate` while
+// it has none), the plan names that decode worker as pullSource AND as its decode worker: the
+// prefill worker pulls over the connection the decode worker keeps to it (the kvtransfer peers
+// both already have), so a source is always the request's own decode worker. The reason
+// becomes "prefill_pull" and cachedTokens the pulled prefix. Returns false, the plan
+// unchanged, otherwise (not disaggregated, no candidate, or recomputing is cheaper); `why`,
+// when given, says why. Pure.
+bool planPrefillPull(RoutePlan& plan, const std::vector<WorkerView>& views,
+                     const std::vector<PullCandidate>& candidates, double fallbackRate, std::string* why = nullptr);
 
 class RoutingPolicy {
  public:

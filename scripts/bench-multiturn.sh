@@ -6,7 +6,8 @@
 #   off    prefix caching off                      (scripts/multiturn/off.yaml)
 #   cache  per-worker prefix caching               (scripts/multiturn/cache.yaml)
 #   tiers  + the host and disk tiers               (scripts/multiturn/tiers.yaml)
-#   pulls  + peer pulls between the decode workers (scripts/multiturn/pulls.yaml)
+#   pulls  + peer pulls (scripts/multiturn/pulls.yaml): between the decode workers, and a
+#          prefill worker pulling a disaggregated next turn's history from its decode worker
 #   PATH   any other config of the same shape
 # Prints one table: per configuration the fleet prefix hit rate (usage cached_tokens over
 # prompt tokens), the hit rate by tier (pdserve_kv_tier_hit_blocks_total; a pulled block is
@@ -199,10 +200,12 @@ for n in names:
                  f'{turns["next_turns"]}: {100 * turns["next_turn_cached_tokens"] / max(1, turns["next_turn_history_tokens"]):.0f}%',
                  " / ".join("%.0f" % routes.get('pdserve_route_decisions_total{reason="%s",route="%s"}' % rr, 0)
                             for rr in (("short_prompt", "colocated"), ("cached_prefix", "colocated"),
-                                       ("pull", "colocated"), ("long_prompt", "disaggregated")))])
+                                       ("pull", "colocated"), ("long_prompt", "disaggregated"),
+                                       ("prefill_pull", "disaggregated")))])
 head = ["config", "done", "failed", "fleet hit", "region/host/disk hit %", "pull hit",
         "pulls: done / fell_back / refused", "TTFT p50/p90/p99 ms", "goodput req/s", "pull ms: mean (p50 / p90)",
-        "ceiling (1 cache)", "next turns: history hit", "routes: short / cached_prefix / pull / disaggregated"]
+        "ceiling (1 cache)", "next turns: history hit",
+        "routes: short / cached_prefix / pull / disaggregated / prefill_pull"]
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
 for r in rows:

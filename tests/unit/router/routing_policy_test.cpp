@@ -157,3 +157,86 @@ TEST_CASE("prefill_overflow: the plan admission makes when the prefill pool cann
   d0.running = 0;  // no stream to protect
   CHECK(policy.fitsBesideStreams(d0));
 }
+
+// The prefill-side pull (docs/kv_cache.md, "Peer pulls"): a disaggregated prompt whose history a
+// decode worker holds is pulled into the prefill worker when the pull is predicted cheaper than
+// computing it at the prefill worker's rate; the decode worker holding it becomes the source and
+// the request's decode worker.
+namespace {
+PullCandidate source(std::string id, int64_t regionCached, double bytesPerS, double setupMs) {
+  PullCandidate c;
+  c.id = std::move(id);
+  c.healthy = true;
+  c.servesPulls = true;
+  c.host = "127.0.0.1";
+  c.cachedTokens = regionCached;
+  c.lanes = {{"tcp", bytesPerS, setupMs}};
+  return c;
+}
+RoutePlan disaggregated(const std::vector<WorkerView>& workers, int64_t promptTokens) {
+  RoutingPolicy policy({/*shortPromptTokens=*/64, /*cacheLoadSlack=*/4});
+  auto p = policy.select(promptTokens, workers);
+  REQUIRE(p);
+  REQUIRE(p->route == Route::kDisaggregated);
+  return *p;
+}
+}  // namespace
+
+TEST_CASE("prefill pull: a history on a decode worker is pulled by the prefill worker when that is cheaper") {
+  // d1 holds 512 tokens of the prompt, the prefill worker none; d0 has the most free blocks.
+  std::vector<WorkerView> w = {decode("d0", 0, 900), decode("d1", 0, 500), prefill("p0", 0)};
+  w[2].prefillTokensPerS = 2000;  // 512 tokens: 256 ms to compute
+  w[2].host = "127.0.0.1";
+  for (auto& v : w) v.kvBytesPerToken = 16 * 1024;  // 512 tokens: 8 MiB
+  RoutePlan p = disaggregated(w, 700);
+  CHECK(p.decodeWorker == "d0");
+  // 8 MiB over 1 GB/s + 2 ms: ~10 ms < 256 ms.
+  const std::vector<PullCandidate> c = {source("d0", 0, 1e9, 2), source("d1", 512, 1e9, 2)};
+  std::string why;
+  REQUIRE(planPrefillPull(p, w, c, /*fallbackRate=*/0, &why));
+  CHECK(p.route == Route::kDisaggregated);
+  CHECK(p.reason == "prefill_pull");
+  CHECK(p.prefillWorker == "p0");
+  CHECK(p.pullSource == "d1");
+  CHECK(p.decodeWorker == "d1");  // the pull rides the source's link to the prefill worker
+  CHECK(p.pullTokens == 512);
+  CHECK(p.cachedTokens == 512);
+  CHECK(why.find("pull") != std::string::npos);
+}
+
+TEST_CASE("prefill pull: none when recomputing at the prefill worker's rate is cheaper, or nothing is held") {
+  std::vector<WorkerView> w = {decode("d0", 0, 900), decode("d1", 0, 500), prefill("p0", 0)};
+  w[2].host = "127.0.0.1";
+  for (auto& v : w) v.kvBytesPerToken = 16 * 1024;
+  const RoutePlan before = disaggregated(w, 700);
+  SECTION("a fast prefill worker: computing 512 tokens (5 ms) beats an 8 MiB pull over a slow lane (84 ms)") {
+    w[2].prefillTokensPerS = 100000;
+    RoutePlan p = before;
+    std::string why;
+    CHECK_FALSE(planPrefillPull(p, w, {source("d1", 512, 1e8, 2)}, 0, &why));
+    CHECK(p.reason == before.reason);
+    CHECK(p.pullSource.empty());
+    CHECK(p.decodeWorker == before.decodeWorker);
+    CHECK(why.find(">= recompute") != std::string::npos);
+  }
+  SECTION("the prefill worker already holds as much as the decode worker") {
+    w[2].prefillTokensPerS = 2000;
+    w[2].cachedTokens = 512;
+    RoutePlan p = before;
+    CHECK_FALSE(planPrefillPull(p, w, {source("d1", 512, 1e9, 2)}, 0));
+    CHECK(p.pullSource.empty());
+  }
+  SECTION("no rate measured anywhere: no prediction, no pull; the fleet's rate stands in for its own") {
+    RoutePlan p = before;
+    CHECK_FALSE(planPrefillPull(p, w, {source("d1", 512, 1e9, 2)}, /*fallbackRate=*/0));
+    CHECK(planPrefillPull(p, w, {source("d1", 512, 1e9, 2)}, /*fallbackRate=*/2000));
+    CHECK(p.pullSource == "d1");
+  }
+  SECTION("a colocated plan is left alone") {
+    RoutingPolicy policy({64, 4});
+    auto p = policy.select(40, w);
+    REQUIRE(p);
+    CHECK_FALSE(planPrefillPull(*p, w, {source("d1", 32, 1e9, 2)}, 2000));
+    CHECK(p->pullSource.empty());
+  }
+}

@@ -632,3 +632,125 @@ TEST_CASE("pull source: pushes the blocks it holds, refuses what it does not hol
       [&] { return metric(port, "pdserve_kv_cache_free_blocks") == metric(port, "pdserve_kv_cache_num_blocks"); }, 5s));
   (*conn)->close(Status::ok());
 }
+
+// The prefill side of peer pulls (docs/kv_cache.md, "The prefill side"): a disaggregated
+// Generate naming this decode worker as the pull source is forwarded in the PrefillRequest
+// when the prefill worker's KvConnect reply carried its pool, and the PullRequest the prefill
+// worker sends back over the same connection is served from this worker's region into the
+// prefill worker's granted blocks; without the pool in the reply nothing is forwarded.
+TEST_CASE("prefill pull: the decode worker forwards the pull and serves it over the prefill link") {
+  const bool pool = GENERATE(true, false);
+  INFO("the reply carries the pool: " << pool);
+  Harness h(20000, "[tcp]", kPullKv);
+  const auto prompt = engine::test::testPrompt(40, 61);
+  {  // The prompt computed here first: its leading blocks are named in the region.
+    proto::Envelope env;
+    env.set_request_id(61);
+    auto* g = env.mutable_generate();
+    g->set_request_id(61);
+    for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
+    g->mutable_sampling()->set_max_tokens(2);
+    REQUIRE(h.router.conn->send(std::move(env)).isOk());
+  }
+  REQUIRE(h.finalChunk(61, 10s).has_value());
+  uint64_t bytesPerToken = 0;
+  REQUIRE(h.router.waitFor(
+      [&] {
+        for (const auto& e : h.router.got)
+          if (e.body_case() == proto::Envelope::kLoadReport) bytesPerToken = e.load_report().kv_bytes_per_token();
+        return bytesPerToken > 0;
+      },
+      5s));
+  // The fake prefill worker: a real agent over a 4-block pool, its pool in the KvConnect reply.
+  prometheus::Registry registry;
+  std::vector<uint8_t> kvBuf(4 * 16 * bytesPerToken, 0);
+  kvt::AgentOptions o;
+  o.name = "prefill-fake";
+  o.preference = {"tcp"};
+  auto made = kvt::TransferAgent::create(o, registry);
+  REQUIRE(made.ok());
+  std::unique_ptr<kvt::TransferAgent> agent = std::move(made).value();
+  const MemDesc region{reinterpret_cast<uintptr_t>(kvBuf.data()), kvBuf.size()};
+  REQUIRE(agent->registerMemory(region).ok());
+  std::mutex mu;
+  kvt::AgentPeer peer = 0;
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) {
+    if (env.body_case() != proto::Envelope::kKvConnect) return;
+    std::lock_guard<std::mutex> lock(mu);
+    auto p = agent->loadPeer(env.kv_connect().metadata());
+    REQUIRE(p.ok());
+    peer = *p;
+    proto::Envelope reply;
+    reply.set_request_id(0);
+    reply.mutable_kv_connect()->set_metadata(agent->peerMetadata(*p).value());
+    if (pool) {
+      reply.mutable_kv_connect()->set_num_blocks(4);
+      reply.mutable_kv_connect()->add_regions()->set_base(region.addr);
+    }
+    (void)c->send(std::move(reply));
+  });
+  {
+    proto::Envelope env;
+    env.set_request_id(62);
+    auto* g = env.mutable_generate();
+    g->set_request_id(62);
+    for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
+    g->mutable_sampling()->set_max_tokens(4);
+    g->set_prefill_worker_address("127.0.0.1:" + std::to_string(h.prefillServer->port()));
+    g->set_prefill_worker_id("prefill-fake");
+    g->set_pull_source_id("decode-t");
+    g->set_pull_source_address("127.0.0.1:1");  // not dialled: the pull rides the prefill link
+    g->set_pull_tokens(kPullTokens);
+    REQUIRE(h.router.conn->send(std::move(env)).isOk());
+  }
+  REQUIRE(h.prefill.waitFor([&] { return h.prefill.count(proto::Envelope::kPrefillRequest) == 1; }, 10s));
+  proto::PrefillRequest pr;
+  net::ConnectionPtr link;
+  {
+    std::lock_guard<std::mutex> lock(h.prefill.mu);
+    for (const auto& e : h.prefill.got)
+      if (e.body_case() == proto::Envelope::kPrefillRequest) pr = e.prefill_request();
+    link = h.prefill.conn;
+  }
+  if (!pool) {
+    CHECK(pr.pull_tokens() == 0);
+    CHECK(pr.pull_source_id().empty());
+    return;
+  }
+  CHECK(pr.pull_tokens() == uint32_t(kPullTokens));
+  CHECK(pr.pull_source_id() == "decode-t");
+  // The prefill worker's pull, back over the same connection, into its blocks 1 and 2.
+  std::string grant;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto g = agent->grantWrite(peer, {region});
+    REQUIRE(g.ok());
+    grant = std::move(g).value();
+  }
+  proto::Envelope env;
+  env.set_request_id(62);
+  auto* pull = env.mutable_pull_request();
+  pull->set_request_id(62);
+  for (int i = 0; i < kPullTokens; ++i) pull->add_prompt_token_ids(pr.prompt_token_ids(i));
+  auto* layer = pull->mutable_kv_target()->add_layers();
+  layer->add_block_ids(1);
+  layer->add_block_ids(2);
+  pull->mutable_kv_target()->set_write_grant(grant);
+  pull->set_deadline_ms(2000);
+  REQUIRE(link->send(std::move(env)).isOk());
+  REQUIRE(h.prefill.waitFor(
+      [&] { return h.prefill.count(proto::Envelope::kPullDone) + h.prefill.count(proto::Envelope::kError) >= 1; },
+      10s));
+  {
+    std::lock_guard<std::mutex> lock(h.prefill.mu);
+    for (const auto& e : h.prefill.got) {
+      if (e.body_case() != proto::Envelope::kPullDone && e.body_case() != proto::Envelope::kError) continue;
+      INFO(e.DebugString());
+      REQUIRE(e.body_case() == proto::Envelope::kPullDone);
+      CHECK(e.pull_done().tokens() == uint32_t(kPullTokens));
+      CHECK(e.pull_done().bytes_transferred() == kPullTokens * bytesPerToken);
+    }
+  }
+  // The pushed KV landed in the fake pool (it was all zero).
+  CHECK(std::any_of(kvBuf.begin(), kvBuf.end(), [](uint8_t b) { return b != 0; }));
+}
