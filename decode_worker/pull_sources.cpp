@@ -1,5 +1,7 @@
 #include "decode_worker/pull_sources.h"
 
+#include <algorithm>
+
 #include "common/base/log.h"
 #include "engine/kv_tiers.h"
 #include "kvtransfer/block_segments.h"
@@ -27,13 +29,13 @@ void PullSources::connect(const net::ConnectionPtr& conn, const proto::KvConnect
                       << loop_.agent().peerTransport(target->peer).value();
 }
 
-int PullSources::promoteForPull(std::span<const int32_t> tokens, int64_t deadlineMs) {
+int PullSources::promoteForPull(std::span<const int32_t> tokens, SteadyTime accepted, int64_t deadlineMs) {
   engine::KvTierStore* tiers = loop_.engine().kvTiers();
   if (!tiers) return 0;
   engine::KvCacheManager& kv = loop_.engine().kv();
   // Every sequence here may take one fresh block in its next step: those stay free.
   int budget = std::min(kv.numFreeBlocks() - kv.numSequences(), int(tokens.size()) / kv.blockSize());
-  const SteadyTime until = steadyNow() + std::min(milliseconds(kMaxPromoteMs), milliseconds(deadlineMs / 4));
+  const SteadyTime until = accepted + std::min(milliseconds(kMaxPromoteMs), milliseconds(deadlineMs / 4));
   int promoted = 0;
   while (budget > 0) {
     const int n = tiers->promote(tokens, int(tokens.size()), std::min(budget, kPromoteChunkBlocks));
@@ -79,7 +81,7 @@ void PullSources::accept(const net::ConnectionPtr& conn, const proto::PullReques
   const int64_t deadlineMs = pr.deadline_ms() ? int64_t(pr.deadline_ms()) : loop_.config().kvTransfer.pullTimeoutMs;
   // Blocks a lower tier holds past the region's prefix come back into the region first; they
   // are then cached blocks like any other (attached and pinned below).
-  const int promoted = promoteForPull(tokens, deadlineMs);
+  const int promoted = promoteForPull(tokens, accepted, deadlineMs);
   // Pinned from here: a sequence of our own holds the blocks' references.
   const engine::SeqId holder = nextHolder_++;
   auto held = kv.attachCachedPrefix(holder, tokens, int(tokens.size()));

@@ -98,7 +98,7 @@ class PullSources {
   void reject(const net::ConnectionPtr& target, uint64_t id, const Status& why);
   // Promotes lower-tier blocks continuing the region's prefix of `tokens` (bounded as the
   // header says); returns the blocks promoted.
-  int promoteForPull(std::span<const int32_t> tokens, int64_t deadlineMs);
+  int promoteForPull(std::span<const int32_t> tokens, SteadyTime accepted, int64_t deadlineMs);
   // The pull `id` of `target` (its holder), 0 when none.
   engine::SeqId find(const net::FramedConnection* target, uint64_t id) const;
   void finish(engine::SeqId holder);

@@ -20,51 +20,23 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tests/e2e/completions.h"
 #include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
 using namespace pd::tools;
 using nlohmann::json;
+using pd::test::complete;
+using pd::test::Completion;
+using pd::test::header;
+using pd::test::waitFor;
 using namespace std::chrono_literals;
 
 namespace {
 
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e";
 constexpr int kPullDeadlineMs = 1500;
-
-struct Completion {
-  std::vector<int32_t> ids;
-  int cachedTokens = -1;
-  std::string headers;
-  double seconds = 0;
-};
-
-Completion complete(LocalCluster& c, const std::vector<int32_t>& p, int maxTokens) {
-  json req{{"model", "small"}, {"prompt", p},        {"max_tokens", maxTokens},
-           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 120s);
-  REQUIRE(r.ok());
-  INFO(r->body);
-  REQUIRE(r->status == 200);
-  json body = json::parse(r->body);
-  Completion out;
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  out.ids = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-  if (body["usage"].contains("prompt_tokens_details"))
-    out.cachedTokens = body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
-  out.headers = r->headers;
-  return out;
-}
-
-std::string header(const std::string& headers, const std::string& name) {
-  const size_t at = headers.find(name + ": ");
-  if (at == std::string::npos) return "";
-  const size_t end = headers.find("\r\n", at);
-  return headers.substr(at + name.size() + 2,
-                        end == std::string::npos ? std::string::npos : end - at - name.size() - 2);
-}
 
 std::string yaml(const std::string& transport, int numBlocks = 128) {
   return "model: {path: " + pd::test::e2eModelDir() +
@@ -83,16 +55,6 @@ std::string yaml(const std::string& transport, int numBlocks = 128) {
 
 double decodeMetric(LocalCluster& c, const std::string& worker, const std::string& series) {
   return pd::test::workerMetric(c, worker, series);
-}
-
-// Waits until `pred` holds (or `timeout` passes); returns whether it held.
-template <typename F>
-bool waitFor(F pred, std::chrono::milliseconds timeout) {
-  for (const auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return pred();
 }
 
 struct Setup {
@@ -120,12 +82,7 @@ Setup prefix(LocalCluster& c, uint64_t seed, int pulled = 256, bool reference = 
     REQUIRE(s.cold.size() == 8);
   }
   // The router knows the source's blocks (exact index).
-  REQUIRE(waitFor(
-      [&] {
-        return pd::test::routerMetric(
-                   c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source + "\"}") >= pulled / 16;
-      },
-      10s));
+  REQUIRE(pd::test::waitIndexed(c, s.source, pulled / 16));
   return s;
 }
 
@@ -294,12 +251,7 @@ TEST_CASE("e2e peer pull: a multi-turn conversation's next turn pulls the histor
   history.insert(history.end(), t1.ids.begin(), t1.ids.end());
   const int historyBlocks = int(history.size() - 1) / 16;
   REQUIRE(historyBlocks * 16 > int(s.w.size()));  // at least one block of the answer is pulled
-  REQUIRE(waitFor(
-      [&] {
-        return pd::test::routerMetric(*c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source +
-                                              "\"}") >= historyBlocks;
-      },
-      10s));
+  REQUIRE(pd::test::waitIndexed(*c, s.source, historyBlocks));
   std::vector<int32_t> turn2 = history;
   const auto message = pd::test::randomPrompt(31, 4501);
   turn2.insert(turn2.end(), message.begin() + 1, message.end());
@@ -608,12 +560,7 @@ TEST_CASE("e2e peer pull: a prefix only its restarted source's disk tier holds i
   // A long prompt of its own, prefilled on prefill-0: the pushes give the fleet its lane figure.
   const Completion warm = complete(*c, pd::test::randomPrompt(100, 4710), 2);
   REQUIRE(header(warm.headers, "x-pdserve-route") == "disaggregated");
-  REQUIRE(waitFor(
-      [&] {
-        return pd::test::routerMetric(*c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source +
-                                              "\"}") >= kTierPulled / 16;
-      },
-      10s));
+  REQUIRE(pd::test::waitIndexed(*c, s.source, kTierPulled / 16));
   pullsFromTier(*c, s, "disk");
   c->stop();
 }
