@@ -299,10 +299,7 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
       v.predictedCachedTokens = prefixIndex_.cachedTokens(v.id, lookup);
       v.exactCachedTokens = exactIndex_.current(v.id, now) ? exactIndex_.cachedTokens(v.id, lookup) : -1;
       v.cachedTokens = v.exactCachedTokens >= 0 ? v.exactCachedTokens : v.predictedCachedTokens;
-      if (v.exactCachedTokens >= 0) {
-        v.regionCachedTokens = exactIndex_.regionCachedTokens(v.id, lookup);
-        v.diskCachedTokens = exactIndex_.diskOnlyTokens(v.id, lookup);
-      }
+      if (v.exactCachedTokens >= 0) v.diskCachedTokens = exactIndex_.diskOnlyTokens(v.id, lookup);
     }
   }
   // Peer pulls: a prefix some peer holds (in any tier) counts as cached on every pull-serving
