@@ -1,6 +1,9 @@
 #include "decode_worker/pull_sources.h"
 
+#include <algorithm>
+
 #include "common/base/log.h"
+#include "engine/kv_tiers.h"
 #include "kvtransfer/block_segments.h"
 
 namespace pd::decode {
@@ -18,52 +21,39 @@ void PullSources::reject(const net::ConnectionPtr& target, uint64_t id, const St
   (void)target->send(std::move(env));
 }
 
-// The same exchange and checks as a prefill worker's (PrefillJobs::connect): the target's
-// regions must match ours rank for rank, and one transfer peer belongs to one connection.
+// The same exchange and checks as a prefill worker's (worker/kv_connect_acceptor.h).
 void PullSources::connect(const net::ConnectionPtr& conn, const proto::KvConnect& offer) {
-  auto& agent = loop_.agent();
-  const auto& regions = loop_.bundle().kvRegions;
-  Target target;
-  Result<std::string> reply = [&]() -> Result<std::string> {
-    PD_ASSIGN_OR_RETURN(target.layout, worker::fromProto(offer));
-    if (target.layout.regions.size() != regions.size()) {
-      return invalidArgument("KvConnect: " + std::to_string(target.layout.regions.size()) +
-                             " KV regions, this worker has " + std::to_string(regions.size()) +
-                             " (one per tensor-parallel rank)");
-    }
-    PD_ASSIGN_OR_RETURN(target.peerName, kvt::TransferAgent::metadataName(offer.metadata()));
-    for (const auto& [c, other] : targets_) {
-      if (c != conn.get() && other.peerName == target.peerName) {
-        return failedPrecondition("KvConnect: transfer peer '" + target.peerName +
-                                  "' is already connected on another control connection");
-      }
-    }
-    PD_ASSIGN_OR_RETURN(target.peer, agent.loadPeer(offer.metadata()));
-    return agent.peerMetadata(target.peer);
-  }();
-  proto::Envelope env;
-  env.set_request_id(0);
-  if (!reply.ok()) {
-    Status why = reply.status().withContext("decode worker " + loop_.flags().workerId + ": pull KvConnect from " +
-                                            conn->peerHello().worker_id());
-    PD_LOG(kWarn, kTag) << why.toString();
-    *env.mutable_error() = net::toProtoError(why);
-    (void)conn->send(std::move(env));
-    return;
-  }
-  env.mutable_kv_connect()->set_metadata(std::move(reply).value());
-  (void)conn->send(std::move(env));
+  const worker::KvConnectTarget* target = targets_.accept(conn, offer);
+  if (!target) return;
   PD_LOG(kInfo, kTag) << "peer " << conn->peerHello().worker_id() << " pulls KV over "
-                      << agent.peerTransport(target.peer).value();
-  targets_[conn.get()] = std::move(target);
+                      << loop_.agent().peerTransport(target->peer).value();
+}
+
+int PullSources::promoteForPull(std::span<const int32_t> tokens, SteadyTime accepted, int64_t deadlineMs) {
+  engine::KvTierStore* tiers = loop_.engine().kvTiers();
+  if (!tiers) return 0;
+  engine::KvCacheManager& kv = loop_.engine().kv();
+  // Every sequence here may take one fresh block in its next step: those stay free.
+  int budget = std::min(kv.numFreeBlocks() - kv.numSequences(), int(tokens.size()) / kv.blockSize());
+  const SteadyTime until = accepted + std::min(milliseconds(kMaxPromoteMs), milliseconds(deadlineMs / 4));
+  int promoted = 0;
+  while (budget > 0) {
+    const int n = tiers->promote(tokens, int(tokens.size()), std::min(budget, kPromoteChunkBlocks));
+    if (n == 0) break;
+    promoted += n;
+    budget -= n;
+    if (steadyNow() >= until) break;
+  }
+  return promoted;
 }
 
 void PullSources::attach(const net::ConnectionPtr& conn, kvt::AgentPeer peer, const worker::KvTargetLayout& layout) {
-  Target& t = targets_[conn.get()];
+  worker::KvConnectTarget t;
   t.peer = peer;
   auto name = loop_.agent().peerName(peer);
   t.peerName = name.ok() ? name.value() : std::string();
   t.layout = layout;
+  targets_.attach(conn.get(), std::move(t));
 }
 
 engine::SeqId PullSources::find(const net::FramedConnection* target, uint64_t id) const {
@@ -74,8 +64,9 @@ engine::SeqId PullSources::find(const net::FramedConnection* target, uint64_t id
 
 void PullSources::accept(const net::ConnectionPtr& conn, const proto::PullRequest& pr) {
   const uint64_t id = pr.request_id();
-  auto target = targets_.find(conn.get());
-  if (target == targets_.end()) return reject(conn, id, failedPrecondition("PullRequest before KvConnect"));
+  const SteadyTime accepted = steadyNow();  // the deadline runs from here, promotion included
+  const worker::KvConnectTarget* target = targets_.find(conn.get());
+  if (!target) return reject(conn, id, failedPrecondition("PullRequest before KvConnect"));
   if (find(conn.get(), id)) {
     return reject(conn, id, failedPrecondition("pull " + std::to_string(id) + " is already running here"));
   }
@@ -88,7 +79,7 @@ void PullSources::accept(const net::ConnectionPtr& conn, const proto::PullReques
         invalidArgument("PullRequest: " + std::to_string(tokens.size()) +
                         " tokens is not a positive multiple of the block size " + std::to_string(layout.blockSize)));
   }
-  auto blocks = worker::fromProto(pr.kv_target(), target->second.layout.numBlocks);
+  auto blocks = worker::fromProto(pr.kv_target(), target->layout.numBlocks);
   if (!blocks.ok()) return reject(conn, id, blocks.status());
   const size_t wanted = tokens.size() / size_t(layout.blockSize);
   if (blocks->blockIds.size() < wanted) {
@@ -96,6 +87,10 @@ void PullSources::accept(const net::ConnectionPtr& conn, const proto::PullReques
                   invalidArgument("PullRequest: " + std::to_string(blocks->blockIds.size()) + " target blocks for " +
                                   std::to_string(wanted) + " blocks of tokens"));
   }
+  const int64_t deadlineMs = pr.deadline_ms() ? int64_t(pr.deadline_ms()) : loop_.config().kvTransfer.pullTimeoutMs;
+  // Blocks a lower tier holds past the region's prefix come back into the region first; they
+  // are then cached blocks like any other (attached and pinned below).
+  const int promoted = promoteForPull(tokens, accepted, deadlineMs);
   // Pinned from here: a sequence of our own holds the blocks' references.
   const engine::SeqId holder = nextHolder_++;
   auto held = kv.attachCachedPrefix(holder, tokens, int(tokens.size()));
@@ -109,21 +104,22 @@ void PullSources::accept(const net::ConnectionPtr& conn, const proto::PullReques
   Pull p;
   p.requestId = id;
   p.target = conn;
-  p.peer = target->second.peer;
+  p.peer = target->peer;
   p.holder = holder;
   p.tokens = *held;
   p.blocks = *held / layout.blockSize;
   p.started = steadyNow();
+  p.promoted = promoted;
   const auto table = kv.blockTable(holder);
   const std::span<const int> ours(table.data(), size_t(p.blocks));
   const std::span<const int> theirs(blocks->blockIds.data(), size_t(p.blocks));
   engine::KvLayout targetLayout = layout;
-  targetLayout.numBlocks = target->second.layout.numBlocks;
+  targetLayout.numBlocks = target->layout.numBlocks;
   const auto& regions = loop_.bundle().kvRegions;
   for (size_t r = 0; r < regions.size() && p.failed.isOk(); ++r) {
-    auto segments = kvt::blockSegments(worker::kvBlockPool(layout, regions[r]), ours,
-                                       worker::kvBlockPool(targetLayout, target->second.layout.regions[r]), theirs, 0,
-                                       layout.numLayers);
+    auto segments =
+        kvt::blockSegments(worker::kvBlockPool(layout, regions[r]), ours,
+                           worker::kvBlockPool(targetLayout, target->layout.regions[r]), theirs, 0, layout.numLayers);
     if (!segments.ok()) {
       p.failed = segments.status();
       break;
@@ -136,9 +132,8 @@ void PullSources::accept(const net::ConnectionPtr& conn, const proto::PullReques
     p.inflight.push_back(t.value());
     p.bytes += totalBytes(segments->local);
   }
-  const int64_t deadlineMs = pr.deadline_ms() ? int64_t(pr.deadline_ms()) : loop_.config().kvTransfer.pullTimeoutMs;
   pulls_.emplace(holder, std::move(p));
-  pulls_.at(holder).deadlineTimer = loop_.at(steadyNow() + milliseconds(deadlineMs), [this, holder, deadlineMs] {
+  pulls_.at(holder).deadlineTimer = loop_.at(accepted + milliseconds(deadlineMs), [this, holder, deadlineMs] {
     auto it = pulls_.find(holder);
     if (it == pulls_.end()) return;
     it->second.deadlineTimer = 0;
@@ -192,6 +187,10 @@ void PullSources::finish(engine::SeqId holder) {
   d->set_request_id(p.requestId);
   d->set_tokens(uint32_t(p.tokens));
   d->set_bytes_transferred(p.bytes);
+  if (p.promoted) {
+    PD_LOG(kDebug, kTag) << "pull " << p.requestId << ": " << p.tokens << " tokens, " << p.promoted
+                         << " block(s) of them promoted from a lower tier";
+  }
   if (auto name = loop_.agent().peerTransport(p.peer); name.ok()) d->set_transport(name.value());
   (void)p.target->send(std::move(env));
   loop_.cancelTimer(p.deadlineTimer);
@@ -248,7 +247,7 @@ void PullSources::cancel(const net::ConnectionPtr& target, uint64_t id) {
 }
 
 void PullSources::dropConnection(const net::ConnectionPtr& target, const Status& why) {
-  targets_.erase(target.get());
+  targets_.drop(target.get());
   std::vector<engine::SeqId> holders;
   for (auto& [h, p] : pulls_)
     if (p.target == target) holders.push_back(h);

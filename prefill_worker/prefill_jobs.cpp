@@ -13,9 +13,11 @@ constexpr const char* kTag = "prefill";
 
 PrefillJobs::PrefillJobs(worker::WorkerLoop& loop)
     : loop_(loop),
-      pulls_(loop, [this](uint64_t id, int tokens, double ms, const std::string& transport, Status queued) {
-        pulled(id, tokens, ms, transport, queued);
-      }) {}
+      pulls_(loop, [this](uint64_t id, int tokens, double ms, const std::string& transport,
+                          Status queued) { pulled(id, tokens, ms, transport, queued); }),
+      // The answer carries this worker's pool: the decode worker pushes the prefixes this
+      // worker pulls from it into it.
+      targets_(loop, "prefill worker", "KvConnect", "prefill", /*replyWithPool=*/true) {}
 
 void PrefillJobs::reject(const net::ConnectionPtr& decode, uint64_t id, const Status& why) {
   proto::Envelope env;
@@ -25,47 +27,10 @@ void PrefillJobs::reject(const net::ConnectionPtr& decode, uint64_t id, const St
 }
 
 void PrefillJobs::connect(const net::ConnectionPtr& decode, const proto::KvConnect& offer) {
-  auto& agent = loop_.agent();
-  const auto& regions = loop_.bundle().kvRegions;
-  Target target;
-  Result<std::string> reply = [&]() -> Result<std::string> {
-    PD_ASSIGN_OR_RETURN(target.layout, worker::fromProto(offer));
-    if (target.layout.regions.size() != regions.size()) {
-      return invalidArgument("KvConnect: " + std::to_string(target.layout.regions.size()) +
-                             " KV regions, this worker has " + std::to_string(regions.size()) +
-                             " (one per tensor-parallel rank)");
-    }
-    PD_ASSIGN_OR_RETURN(target.peerName, kvt::TransferAgent::metadataName(offer.metadata()));
-    for (const auto& [conn, other] : targets_) {
-      if (conn != decode.get() && other.peerName == target.peerName) {
-        return failedPrecondition("KvConnect: transfer peer '" + target.peerName +
-                                  "' is already connected on another control connection; a peer is replaced only "
-                                  "once that connection closes");
-      }
-    }
-    PD_ASSIGN_OR_RETURN(target.peer, agent.loadPeer(offer.metadata()));
-    return agent.peerMetadata(target.peer);
-  }();
-  proto::Envelope env;
-  env.set_request_id(0);
-  if (!reply.ok()) {
-    Status why = reply.status().withContext("prefill worker " + loop_.flags().workerId + ": KvConnect from " +
-                                            decode->peerHello().worker_id());
-    PD_LOG(kWarn, kTag) << why.toString();
-    *env.mutable_error() = net::toProtoError(why);
-    (void)decode->send(std::move(env));
-    return;
-  }
-  env.mutable_kv_connect()->set_metadata(std::move(reply).value());
-  // This worker's pool: the decode worker pushes the prefixes this worker pulls from it into it.
-  worker::KvTargetLayout mine;
-  mine.numBlocks = loop_.engine().kv().numTotalBlocks();
-  mine.regions = regions;
-  worker::toProto(mine, env.mutable_kv_connect());
-  (void)decode->send(std::move(env));
+  const worker::KvConnectTarget* target = targets_.accept(decode, offer);
+  if (!target) return;
   PD_LOG(kInfo, kTag) << "decode worker " << decode->peerHello().worker_id() << ": KV over "
-                      << agent.peerTransport(target.peer).value();
-  targets_[decode.get()] = std::move(target);
+                      << loop_.agent().peerTransport(target->peer).value();
 }
 
 void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillRequest& pr) {
@@ -79,11 +44,11 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   // report, so every PrefillRequest that still arrives was routed before, and is served; one
   // that comes after stop() meets a closed connection and the decode worker recomputes it
   // (docs/architecture.md, "Drain").
-  auto target = targets_.find(decode.get());
-  if (target == targets_.end()) {
+  const worker::KvConnectTarget* target = targets_.find(decode.get());
+  if (!target) {
     return reject(decode, id, failedPrecondition("PrefillRequest before KvConnect on this connection"));
   }
-  auto blocks = worker::fromProto(pr.kv_target(), target->second.layout.numBlocks);
+  auto blocks = worker::fromProto(pr.kv_target(), target->layout.numBlocks);
   if (!blocks.ok()) return reject(decode, id, blocks.status());
   std::vector<int32_t> prompt(pr.prompt_token_ids().begin(), pr.prompt_token_ids().end());
   if (int(blocks->blockIds.size()) < engine.kv().blocksFor(int(prompt.size()))) {
@@ -107,8 +72,8 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   loop_.metrics().promptTokens.inc(double(request->numPromptTokens()));
   Job job;
   job.decode = decode;
-  job.peer = target->second.peer;
-  job.target = target->second.layout;
+  job.peer = target->peer;
+  job.target = target->layout;
   job.blocks = std::move(blocks).value();
   job.received = steadyNow();
   job.inboxS = inboxS;
@@ -120,7 +85,7 @@ void PrefillJobs::accept(const net::ConnectionPtr& decode, const proto::PrefillR
   if (pr.pull_tokens() > 0) {
     // The job exists first: a pull that cannot even be sent ends (pulled()) inside start().
     jobs_.at(id).pulling = true;
-    auto started = pulls_.start(decode, target->second.peer, pr, request.value());
+    auto started = pulls_.start(decode, target->peer, pr, request.value());
     if (!started.ok()) {
       jobs_.erase(id);
       return reject(decode, id, started.status());
@@ -403,7 +368,7 @@ void PrefillJobs::cancel(const net::ConnectionPtr& decode, uint64_t id) {
 }
 
 void PrefillJobs::dropConnection(const net::ConnectionPtr& decode, const Status& why) {
-  targets_.erase(decode.get());
+  targets_.drop(decode.get());
   std::vector<uint64_t> ids;
   for (auto& [id, job] : jobs_)
     if (job.decode == decode) ids.push_back(id);

@@ -34,6 +34,7 @@
 
 #include "common/net/framed.h"
 #include "prefill_worker/prefill_pulls.h"
+#include "worker/kv_connect_acceptor.h"
 #include "worker/proto_convert.h"
 #include "worker/worker_loop.h"
 
@@ -44,15 +45,8 @@ class PrefillJobs {
   explicit PrefillJobs(worker::WorkerLoop& loop);
 
   // Step 2 of the kvtransfer exchange (KvConnect in pdserve.proto), once per decode
-  // connection: checks where the decode worker's KV blocks live against this worker's layout
-  // (one region per tensor-parallel rank), loads its offer and answers with what it needs to
-  // connect back; an Error with request_id 0 when any of that fails, so the decode worker
-  // fails its queued requests at once. The connection's target is kept until it closes.
-  // No other live connection may hold the transfer peer the offer names: the agent keys
-  // peers by name, so a second connection naming a connected decode worker (an
-  // unauthenticated one in open mode) would replace it and fail its transfers
-  // (docs/security.md, "KvConnect and peer names"). A repeat on the same connection is the
-  // same peer and reloads it as before.
+  // connection: worker::KvConnectAcceptor (worker/kv_connect_acceptor.h) checks the decode
+  // worker's KV layout and offer and answers; the connection's target is kept until it closes.
   void connect(const net::ConnectionPtr& decode, const proto::KvConnect& offer);
   // Validates the request's blocks against its connection's target and queues the prompt,
   // also while the worker drains (what still arrives was routed before the drain was known).
@@ -80,12 +74,6 @@ class PrefillJobs {
 
  private:
   enum class State { kComputing, kPushing };
-  // A decode connection's KV target, from its KvConnect: its transfer peer and block layout.
-  struct Target {
-    kvt::AgentPeer peer = 0;
-    std::string peerName;  // the transfer agent's name for it (its metadata's)
-    worker::KvTargetLayout layout;
-  };
   struct Job {
     State state = State::kComputing;
     net::ConnectionPtr decode;
@@ -133,7 +121,7 @@ class PrefillJobs {
 
   worker::WorkerLoop& loop_;
   PrefillPulls pulls_;
-  std::unordered_map<const net::FramedConnection*, Target> targets_;  // per decode connection
+  worker::KvConnectAcceptor targets_;  // per decode connection
   std::unordered_map<uint64_t, Job> jobs_;
   std::unordered_map<uint64_t, Ending> ending_;
 };

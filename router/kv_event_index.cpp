@@ -114,6 +114,19 @@ int64_t KvEventIndex::regionCachedTokens(const std::string& worker, std::span<co
   return int64_t(n) * blockSize_;
 }
 
+int64_t KvEventIndex::diskOnlyTokens(const std::string& worker, std::span<const uint64_t> hashes) const {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return 0;
+  const uint8_t fast = tierBit(proto::KvEvent::TIER_REGION) | tierBit(proto::KvEvent::TIER_HOST);
+  int64_t n = 0;
+  for (uint64_t h : hashes) {
+    auto b = it->second.blocks.find(h);
+    if (b == it->second.blocks.end()) break;  // the run ends
+    if (!(b->second & fast)) ++n;
+  }
+  return n * blockSize_;
+}
+
 size_t KvEventIndex::tierBlocks(const std::string& worker, int tier) const {
   auto it = workers_.find(worker);
   if (it == workers_.end()) return 0;

@@ -59,6 +59,10 @@ class KvEventIndex {
   int64_t cachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const;
   // The same counting only blocks in the KV region itself.
   int64_t regionCachedTokens(const std::string& worker, std::span<const uint64_t> hashes) const;
+  // Of cachedTokens()'s run, the tokens of blocks only the disk tier holds (neither the
+  // region nor the host tier; a tier this router does not know counts as disk): what a
+  // promotion would read from disk (router/pull_cost.h).
+  int64_t diskOnlyTokens(const std::string& worker, std::span<const uint64_t> hashes) const;
   size_t blocks(const std::string& worker) const;  // names held in any tier
   size_t tierBlocks(const std::string& worker, int tier) const;
   uint64_t appliedSeq(const std::string& worker) const;

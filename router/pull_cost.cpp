@@ -32,11 +32,13 @@ PullDecision decidePull(const PullInputs& in) {
     return d;
   }
   const double bytes = double(in.movedTokens > 0 ? in.movedTokens : in.pullTokens) * double(in.kvBytesPerToken);
-  d.pullMs = in.lane.setupMs + 1e3 * bytes / in.lane.bytesPerS;
+  const double diskBytes = double(std::max<int64_t>(0, in.diskTokens)) * double(in.kvBytesPerToken);
+  d.pullMs = in.lane.setupMs + 1e3 * bytes / in.lane.bytesPerS + 1e3 * diskBytes / kDiskReadBytesPerS;
   d.recomputeMs = 1e3 * double(in.pullTokens) / in.targetPrefillTokensPerS;
   d.pull = d.pullMs < d.recomputeMs;
-  d.why = std::to_string(in.pullTokens) + " tokens over " + in.lane.transport + ": pull " + fmtMs(d.pullMs) +
-          (d.pull ? " < " : " >= ") + "recompute " + fmtMs(d.recomputeMs);
+  d.why = std::to_string(in.pullTokens) + " tokens over " + in.lane.transport +
+          (in.diskTokens > 0 ? " (" + std::to_string(in.diskTokens) + " read from disk)" : "") + ": pull " +
+          fmtMs(d.pullMs) + (d.pull ? " < " : " >= ") + "recompute " + fmtMs(d.recomputeMs);
   return d;
 }
 
@@ -69,8 +71,9 @@ std::optional<PullChoice> choosePull(const std::string& target, const std::strin
     choice.prefixTokens = c.cachedTokens;
     const std::optional<LaneCost> lane = pullLane(c, targetHost);
     if (lane) choice.lane = *lane;
-    choice.decision = decidePull(PullInputs{choice.pullTokens, choice.prefixTokens, kvBytesPerToken,
-                                            targetPrefillTokensPerS, lane.value_or(LaneCost{"none", 0, 0})});
+    choice.decision =
+        decidePull(PullInputs{choice.pullTokens, choice.prefixTokens, kvBytesPerToken, targetPrefillTokensPerS,
+                              lane.value_or(LaneCost{"none", 0, 0}), std::min(c.diskTokens, c.cachedTokens)});
     if (!lane) choice.decision.why = "source " + c.id + " reported no measured lane to this host";
     if (choice.pullTokens > mostHeld) {
       mostHeld = choice.pullTokens;

@@ -6,7 +6,14 @@
 // time is below the predicted time to compute the same tokens on the target.
 //
 //   pull_ms      = lane.setupMs + movedTokens * kvBytesPerToken / lane.bytesPerS * 1e3
+//                  + diskTokens * kvBytesPerToken / kDiskReadBytesPerS * 1e3
 //   recompute_ms = pullTokens / targetPrefillTokensPerS * 1e3
+//
+// The source serves the prefix from whichever tier holds it (decode_worker/pull_sources.h
+// promotes its host and disk tiers' blocks into its region first). A host-tier block costs
+// what a region block does (a memcpy, far above any lane); a block only its disk tier holds
+// adds a read at kDiskReadBytesPerS, a conservative figure (workers do not report a disk
+// rate): a SATA SSD or a network volume, where an NVMe drive reads several GB/s.
 //
 // Only the tokens the pull would save are computed either way: the rest of the prompt is
 // computed on the target in both cases. A pull moves the prefix from its start (movedTokens),
@@ -29,12 +36,16 @@ struct LaneCost {
   double setupMs = 0;     // the fixed part of one pull: link set-up and a transfer's round trip
 };
 
+// The disk read rate a pull's cost assumes for blocks only a source's disk tier holds.
+inline constexpr double kDiskReadBytesPerS = 200e6;
+
 struct PullInputs {
   int64_t pullTokens = 0;       // prompt tokens the source holds beyond the target's own hit
   int64_t movedTokens = 0;      // tokens whose KV moves (the prefix from its start); 0: pullTokens
   int64_t kvBytesPerToken = 0;  // the model's KV bytes per token (every layer, every rank)
   double targetPrefillTokensPerS = 0;
   LaneCost lane;
+  int64_t diskTokens = 0;  // of movedTokens, those only the source's disk tier holds
 };
 
 struct PullDecision {
@@ -52,8 +63,9 @@ struct PullCandidate {
   bool healthy = false;
   bool servesPulls = false;   // it advertised a peer address (LoadReport/Hello)
   std::string host;           // the host part of its address (same host: cma)
-  int64_t cachedTokens = -1;  // of this prompt, from the exact index (-1: index not current)
+  int64_t cachedTokens = -1;  // of this prompt, in any tier, from the exact index (-1: index not current)
   std::vector<LaneCost> lanes;
+  int64_t diskTokens = 0;  // of cachedTokens, those only its disk tier holds
 };
 
 struct PullChoice {

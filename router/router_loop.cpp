@@ -299,10 +299,10 @@ std::optional<RoutePlan> RouterLoop::plan(int64_t promptTokens, const std::vecto
       v.predictedCachedTokens = prefixIndex_.cachedTokens(v.id, lookup);
       v.exactCachedTokens = exactIndex_.current(v.id, now) ? exactIndex_.cachedTokens(v.id, lookup) : -1;
       v.cachedTokens = v.exactCachedTokens >= 0 ? v.exactCachedTokens : v.predictedCachedTokens;
-      if (v.exactCachedTokens >= 0) v.regionCachedTokens = exactIndex_.regionCachedTokens(v.id, lookup);
+      if (v.exactCachedTokens >= 0) v.diskCachedTokens = exactIndex_.diskOnlyTokens(v.id, lookup);
     }
   }
-  // Peer pulls: a prefix some peer's region holds counts as cached on every pull-serving
+  // Peer pulls: a prefix some peer holds (in any tier) counts as cached on every pull-serving
   // decode worker that would pull it faster than compute it (router/pull_cost.h), so the
   // policy weighs it like its own cache.
   std::unordered_map<std::string, PullChoice> pulls;
@@ -368,7 +368,8 @@ std::vector<PullCandidate> RouterLoop::pullCandidates(const std::vector<WorkerVi
   std::vector<PullCandidate> candidates;
   for (const auto& v : views) {
     if (v.role != WorkerRole::kDecode) continue;
-    PullCandidate c{v.id, v.healthy, v.servesPulls, v.host, v.regionCachedTokens, v.lanes};
+    // Any tier's run: the source promotes its host and disk tiers' blocks for a pull.
+    PullCandidate c{v.id, v.healthy, v.servesPulls, v.host, v.exactCachedTokens, v.lanes, v.diskCachedTokens};
     for (const auto& [transport, lane] : fleetLanes) {
       if (std::none_of(c.lanes.begin(), c.lanes.end(), [&](const LaneCost& l) { return l.transport == transport; }))
         c.lanes.push_back(lane);

@@ -75,13 +75,14 @@ struct WorkerView {
   int64_t routedPrefillTokens = 0;
   int routedStreams = 0;
   // Peer pulls (router/pull_cost.h): it serves and takes pulls at `host` (its pull port's),
-  // its KV bytes per token and measured lanes, and of the prompt being routed the tokens its
-  // KV region holds by the exact index (-1: index not current).
+  // its KV bytes per token and measured lanes, and of the prompt being routed, of
+  // exactCachedTokens' run, the tokens only its disk tier holds (a pull reads them from disk
+  // first).
   bool servesPulls = false;
   std::string host;
   int64_t kvBytesPerToken = 0;
   std::vector<LaneCost> lanes;
-  int64_t regionCachedTokens = -1;
+  int64_t diskCachedTokens = 0;
 };
 
 // The longest prompt some healthy decode worker can ever run, from their reports' KV cache

@@ -10,49 +10,21 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/hash.h"
+#include "tests/e2e/completions.h"
 #include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
 using namespace pd::tools;
 using nlohmann::json;
+using pd::test::complete;
+using pd::test::Completion;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e";
-
-struct Completion {
-  std::vector<int32_t> ids;
-  int cachedTokens = -1;
-};
-
-Completion complete(LocalCluster& c, const std::vector<int32_t>& p, int maxTokens) {
-  json req{{"model", "small"}, {"prompt", p},        {"max_tokens", maxTokens},
-           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
-  auto r = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 120s);
-  REQUIRE(r.ok());
-  INFO(r->body);
-  REQUIRE(r->status == 200);
-  json body = json::parse(r->body);
-  Completion out;
-  out.ids = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-  if (body["usage"].contains("prompt_tokens_details"))
-    out.cachedTokens = body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
-  return out;
-}
-
-// Waits until the worker's series reaches `atLeast` (or 30 s pass); returns its last value.
-double waitMetric(LocalCluster& c, const std::string& worker, const std::string& series, double atLeast) {
-  double v = -1;
-  for (int i = 0; i < 300; ++i) {
-    v = pd::test::workerMetric(c, worker, series);
-    if (v >= atLeast) break;
-    std::this_thread::sleep_for(100ms);
-  }
-  return v;
-}
 
 std::string yaml(const std::string& diskPath) {
   return "model: {path: " + pd::test::e2eModelDir() +
@@ -82,7 +54,8 @@ TEST_CASE("e2e kv tiers: a restarted decode worker serves a repeated prompt from
     CHECK(first.ids == cold);
     CHECK(first.cachedTokens == 0);
     // Written through to disk off the loop: wait for the writer, then kill the worker hard.
-    CHECK(waitMetric(*c, "decode-0", "pdserve_kv_tier_blocks{tier=\"disk\"}", fullBlocks) >= fullBlocks);
+    CHECK(pd::test::waitWorkerMetric(*c, "decode-0", "pdserve_kv_tier_blocks{tier=\"disk\"}", fullBlocks) >=
+          fullBlocks);
     REQUIRE(c->kill("decode-0").isOk());
     c->stop();
   }
@@ -105,12 +78,7 @@ TEST_CASE("e2e kv tiers: a restarted decode worker serves a repeated prompt from
   auto c = pd::test::startLocalCluster(kWork, "kv_tiers_2", yaml(disk));
   CHECK(pd::test::workerMetric(*c, "decode-0", "pdserve_kv_tier_blocks{tier=\"disk\"}") >= fullBlocks);
   // ... and announced them: the router's exact index holds the blocks before any request.
-  double indexed = -1;
-  for (int i = 0; i < 100 && indexed < fullBlocks; ++i) {
-    indexed = pd::test::routerMetric(*c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"decode-0\"}");
-    if (indexed < fullBlocks) std::this_thread::sleep_for(100ms);
-  }
-  CHECK(indexed >= fullBlocks);
+  CHECK(pd::test::waitIndexed(*c, "decode-0", fullBlocks));
   const Completion again = complete(*c, prompt, 8);
   CHECK(again.ids == cold);
   CHECK(again.cachedTokens == 12 * 16);  // blocks 0-11 from disk; 12 corrupt: recomputed from there

@@ -11,12 +11,15 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tests/e2e/completions.h"
 #include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
 using namespace pd::tools;
 using nlohmann::json;
+using pd::test::complete;
+using pd::test::Completion;
 using namespace std::chrono_literals;
 
 namespace {
@@ -24,41 +27,10 @@ namespace {
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e";
 constexpr int kBlock = 16;
 
-struct Turn {
-  std::vector<int32_t> ids;
-  int cachedTokens = -1;
-};
-
-Turn complete(LocalCluster& c, const std::vector<int32_t>& prompt, int maxTokens) {
-  json req{{"model", "small"}, {"prompt", prompt},   {"max_tokens", maxTokens},
-           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
-  auto r = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 120s);
-  REQUIRE(r.ok());
-  INFO(r->body);
-  REQUIRE(r->status == 200);
-  json body = json::parse(r->body);
-  Turn out;
-  out.ids = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-  if (body["usage"].contains("prompt_tokens_details"))
-    out.cachedTokens = body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
-  return out;
-}
-
 double routed(LocalCluster& c, const std::string& route, const std::string& reason) {
   const double v =
       pd::test::routerMetric(c, "pdserve_route_decisions_total{reason=\"" + reason + "\",route=\"" + route + "\"}");
   return std::max(0.0, v);
-}
-
-// The router's exact index of `worker` holds at least `blocks` blocks (the KV events of a turn
-// travel ahead of its last token, docs/kv_events.md; this only bounds a lost batch).
-void waitIndexed(LocalCluster& c, const std::string& worker, int blocks) {
-  double n = -1;
-  for (int i = 0; i < 100 && n < blocks; ++i) {
-    n = pd::test::routerMetric(c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + worker + "\"}");
-    if (n < blocks) std::this_thread::sleep_for(50ms);
-  }
-  CHECK(n >= blocks);
 }
 
 }  // namespace
@@ -75,7 +47,7 @@ TEST_CASE("e2e multi-turn: the next turn hits the decode worker's prompt and ans
 
   // Turn 1: 400 prompt tokens, past short_prompt_tokens: disaggregated.
   const std::vector<int32_t> first = pd::test::randomPrompt(400, 41);
-  const Turn t1 = complete(*c, first, 40);
+  const Completion t1 = complete(*c, first, 40);
   CHECK(t1.ids == pd::test::generateCli(first, 40, 2));
   CHECK(t1.cachedTokens == 0);
   CHECK(routed(*c, "disaggregated", "long_prompt") == 1);
@@ -87,12 +59,14 @@ TEST_CASE("e2e multi-turn: the next turn hits the decode worker's prompt and ans
     // The history (prompts and answers; the last answer token's KV was never computed) and a
     // new message of 30 tokens: the decode worker holds every full block of the history.
     const int historyBlocks = int(history.size() - 1) / kBlock;
-    waitIndexed(*c, "decode-0", historyBlocks);
+    // The KV events of a turn travel ahead of its last token (docs/kv_events.md): this only
+    // bounds a lost batch.
+    CHECK(pd::test::waitIndexed(*c, "decode-0", historyBlocks));
     std::vector<int32_t> prompt = history;
     const auto message = pd::test::randomPrompt(31, 100 + turn);
     prompt.insert(prompt.end(), message.begin() + 1, message.end());
     const double colocatedBefore = routed(*c, "colocated", "cached_prefix");
-    const Turn t = complete(*c, prompt, 24);
+    const Completion t = complete(*c, prompt, 24);
     CHECK(routed(*c, "colocated", "cached_prefix") == colocatedBefore + 1);
     CHECK(t.cachedTokens == historyBlocks * kBlock);
     CHECK(t.ids == pd::test::generateCli(prompt, 24, 2));

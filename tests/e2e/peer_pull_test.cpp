@@ -14,56 +14,29 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tests/e2e/completions.h"
 #include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
 using namespace pd::tools;
 using nlohmann::json;
+using pd::test::complete;
+using pd::test::Completion;
+using pd::test::header;
+using pd::test::waitFor;
 using namespace std::chrono_literals;
 
 namespace {
 
 const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e";
 constexpr int kPullDeadlineMs = 1500;
-
-struct Completion {
-  std::vector<int32_t> ids;
-  int cachedTokens = -1;
-  std::string headers;
-  double seconds = 0;
-};
-
-Completion complete(LocalCluster& c, const std::vector<int32_t>& p, int maxTokens) {
-  json req{{"model", "small"}, {"prompt", p},        {"max_tokens", maxTokens},
-           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 120s);
-  REQUIRE(r.ok());
-  INFO(r->body);
-  REQUIRE(r->status == 200);
-  json body = json::parse(r->body);
-  Completion out;
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  out.ids = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-  if (body["usage"].contains("prompt_tokens_details"))
-    out.cachedTokens = body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
-  out.headers = r->headers;
-  return out;
-}
-
-std::string header(const std::string& headers, const std::string& name) {
-  const size_t at = headers.find(name + ": ");
-  if (at == std::string::npos) return "";
-  const size_t end = headers.find("\r\n", at);
-  return headers.substr(at + name.size() + 2,
-                        end == std::string::npos ? std::string::npos : end - at - name.size() - 2);
-}
 
 std::string yaml(const std::string& transport, int numBlocks = 128) {
   return "model: {path: " + pd::test::e2eModelDir() +
@@ -82,16 +55,6 @@ std::string yaml(const std::string& transport, int numBlocks = 128) {
 
 double decodeMetric(LocalCluster& c, const std::string& worker, const std::string& series) {
   return pd::test::workerMetric(c, worker, series);
-}
-
-// Waits until `pred` holds (or `timeout` passes); returns whether it held.
-template <typename F>
-bool waitFor(F pred, std::chrono::milliseconds timeout) {
-  for (const auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return pred();
 }
 
 struct Setup {
@@ -119,22 +82,20 @@ Setup prefix(LocalCluster& c, uint64_t seed, int pulled = 256, bool reference = 
     REQUIRE(s.cold.size() == 8);
   }
   // The router knows the source's blocks (exact index).
-  REQUIRE(waitFor(
-      [&] {
-        return pd::test::routerMetric(
-                   c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source + "\"}") >= pulled / 16;
-      },
-      10s));
+  REQUIRE(pd::test::waitIndexed(c, s.source, pulled / 16));
   return s;
 }
 
 // Runs `body` while a stream of W's first 256 tokens + 10 runs on the source (a cached prefix there), so
 // the router sends Q to the less loaded target.
+// `stream`, when given, is the stream's prompt instead (one whose cached prefix is on the source).
 template <typename F>
-void whileBusy(LocalCluster& c, const Setup& s, F body, bool sourceSurvives = true) {
+void whileBusy(LocalCluster& c, const Setup& s, F body, bool sourceSurvives = true, std::vector<int32_t> stream = {},
+               int streamTokens = 400) {
   std::vector<int32_t> r(s.w.begin(), s.w.begin() + std::min<size_t>(s.w.size(), 256));
   const auto more = pd::test::randomPrompt(10, 99);
   r.insert(r.end(), more.begin(), more.end());
+  if (!stream.empty()) r = std::move(stream);
   std::string decodeWorker;
   // Both idle in the router's eyes first (reports every 100 ms): a stale "running" on the
   // source would send the stream to the target instead.
@@ -146,7 +107,7 @@ void whileBusy(LocalCluster& c, const Setup& s, F body, bool sourceSurvives = tr
       20s));
   std::this_thread::sleep_for(300ms);
   std::thread busy([&] {
-    json req{{"model", "small"}, {"prompt", r}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}};
+    json req{{"model", "small"}, {"prompt", r}, {"max_tokens", streamTokens}, {"temperature", 0}, {"ignore_eos", true}};
     auto reply = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 180s);
     if (reply.ok()) decodeWorker = header(reply->headers, "x-pdserve-decode-worker");
   });
@@ -290,12 +251,7 @@ TEST_CASE("e2e peer pull: a multi-turn conversation's next turn pulls the histor
   history.insert(history.end(), t1.ids.begin(), t1.ids.end());
   const int historyBlocks = int(history.size() - 1) / 16;
   REQUIRE(historyBlocks * 16 > int(s.w.size()));  // at least one block of the answer is pulled
-  REQUIRE(waitFor(
-      [&] {
-        return pd::test::routerMetric(*c, "pdserve_router_prefix_index_blocks{index=\"exact\",worker=\"" + s.source +
-                                              "\"}") >= historyBlocks;
-      },
-      10s));
+  REQUIRE(pd::test::waitIndexed(*c, s.source, historyBlocks));
   std::vector<int32_t> turn2 = history;
   const auto message = pd::test::randomPrompt(31, 4501);
   turn2.insert(turn2.end(), message.begin() + 1, message.end());
@@ -493,4 +449,122 @@ TEST_CASE("bench peer pull: pulled vs recomputed prefix, by length and lane", "[
     }
     c->stop();
   }
+}
+
+namespace {
+
+// Both lower tiers on every worker, as the shipped configs have them; a 32-block region on the
+// decode workers so that one stream evicts a prompt from it.
+std::string tieredYaml(const std::string& disk) {
+  return "model: {path: " + pd::test::e2eModelDir() +
+         ", name: small}\n"
+         "router: {routing: {short_prompt_tokens: 64}, requests: {request_timeout_ms: 60000},\n"
+         "         workers: {worker_report_timeout_ms: 5000}}\n"
+         "pools: {prefill: {replicas: 1}, decode: {replicas: 2}}\n"
+         "engine: {backend: cpu, threads: 1, num_blocks: 32, max_batch_tokens: 512,\n"
+         "         kv_tiers: {host_bytes: 67108864, disk_bytes: 268435456, disk_path: " +
+         disk +
+         "}}\n"
+         "kv_transfer: {transports: [tcp], peer_pulls: true, pull_timeout_ms: " +
+         std::to_string(kPullDeadlineMs) +
+         "}\n"
+         "logging: {level: warn}\n";
+}
+
+constexpr int kTierPulled = 128;  // Q's prefix: W's first 8 blocks
+
+// W[0:16] and `n` tokens of its own: a short prompt whose only cached block (W's first) is on
+// the source, so the router sends it there, and which leaves W's other blocks alone.
+std::vector<int32_t> onSource(const Setup& s, int n, uint64_t seed) {
+  std::vector<int32_t> p(s.w.begin(), s.w.begin() + 16);
+  const auto more = pd::test::randomPrompt(n, seed);
+  p.insert(p.end(), more.begin(), more.end());
+  return p;
+}
+
+double promotions(LocalCluster& c, const std::string& worker, const std::string& tier) {
+  return std::max(0.0, decodeMetric(c, worker, "pdserve_kv_tier_promotions_total{from=\"" + tier + "\"}"));
+}
+
+// Q is served by a pull from `s.source`, whose region holds only W's first block and `tier`
+// the next 7 (the stream keeping the source busy attaches the first): route reason "pull",
+// cached_tokens 128, the greedy ids of a cold run, the 7 blocks promoted on the source.
+void pullsFromTier(LocalCluster& c, const Setup& s, const std::string& tier) {
+  const double pullRoutes =
+      std::max(0.0, pd::test::routerMetric(c, "pdserve_route_decisions_total{reason=\"pull\",route=\"colocated\"}"));
+  const double done = pulls(c, s.target, "done", "tcp");
+  Completion q;
+  double promotedBefore = 0;
+  whileBusy(
+      c, s,
+      [&] {
+        promotedBefore = promotions(c, s.source, tier);
+        q = complete(c, s.q, 8);
+      },
+      true, onSource(s, 10, 4650), 300);
+  INFO(q.headers);
+  CHECK(header(q.headers, "x-pdserve-decode-worker") == s.target);
+  CHECK(q.ids == s.cold);
+  CHECK(q.cachedTokens == kTierPulled);
+  CHECK(pd::test::routerMetric(c, "pdserve_route_decisions_total{reason=\"pull\",route=\"colocated\"}") ==
+        pullRoutes + 1);
+  CHECK(pulls(c, s.target, "done", "tcp") == done + 1);
+  CHECK(promotions(c, s.source, tier) == promotedBefore + kTierPulled / 16 - 1);
+  CHECK(decodeMetric(c, s.target, "pdserve_kv_blocks_quarantined") == 0);
+  // Nothing stays pinned on the source once idle.
+  CHECK(waitFor(
+      [&] {
+        return decodeMetric(c, s.source, "pdserve_kv_cache_free_blocks") ==
+               decodeMetric(c, s.source, "pdserve_kv_cache_num_blocks");
+      },
+      10s));
+}
+
+}  // namespace
+
+// The source's region is small: after W, a stream on the source that grows to fill its whole
+// region evicts W's blocks but the first to its host tier. Q (W's first 128 tokens and 30 of
+// its own) is then pulled from the source's host tier (docs/kv_cache.md, "Peer pulls").
+TEST_CASE("e2e peer pull: a prefix its source demoted to its host tier is pulled") {
+  const std::string disk = kWork + "/peer_pull_host.disk";
+  std::filesystem::remove_all(disk);
+  auto c = pd::test::startLocalCluster(kWork, "peer_pull_host", tieredYaml(disk));
+  const Setup s = prefix(*c, 4600, kTierPulled);
+  const double demoted = decodeMetric(*c, s.source, "pdserve_kv_tier_demotions_total{to=\"host\"}");
+  // 56 tokens and 450 generated: all 32 blocks of the source's region.
+  const Completion fill = complete(*c, onSource(s, 40, 4610), 450);
+  REQUIRE(header(fill.headers, "x-pdserve-decode-worker") == s.source);
+  CHECK(waitFor(
+      [&] { return decodeMetric(*c, s.source, "pdserve_kv_tier_demotions_total{to=\"host\"}") >= demoted + 7; }, 10s));
+  pullsFromTier(*c, s, "host");
+  c->stop();
+}
+
+// The source's disk tier holds W after the cluster restarted (its region and host tier empty):
+// Q is pulled from the source's disk tier.
+TEST_CASE("e2e peer pull: a prefix only its restarted source's disk tier holds is pulled") {
+  const std::string disk = kWork + "/peer_pull_disk.disk";
+  std::filesystem::remove_all(disk);
+  Setup s;
+  {
+    auto c = pd::test::startLocalCluster(kWork, "peer_pull_disk_1", tieredYaml(disk));
+    s = prefix(*c, 4700, kTierPulled);
+    // Written through to disk off the loop: wait for the writer before stopping.
+    REQUIRE(waitFor(
+        [&] { return decodeMetric(*c, s.source, "pdserve_kv_tier_blocks{tier=\"disk\"}") >= kTierPulled / 16; }, 30s));
+    c->stop();
+  }
+  auto c = pd::test::startLocalCluster(kWork, "peer_pull_disk_2", tieredYaml(disk));
+  REQUIRE(decodeMetric(*c, s.source, "pdserve_kv_tier_blocks{tier=\"disk\"}") >= kTierPulled / 16);
+  REQUIRE(decodeMetric(*c, s.source, "pdserve_kv_tier_blocks{tier=\"host\"}") <= 0);
+  // Long prompts of their own, prefilled on prefill-0: the pushes give the fleet its lane figure
+  // (the best of its samples: one push on a loaded machine can be slow enough that no pull pays
+  // with the disk read on top).
+  for (uint64_t seed = 4710; seed < 4713; ++seed) {
+    const Completion warm = complete(*c, pd::test::randomPrompt(200, seed), 2);
+    REQUIRE(header(warm.headers, "x-pdserve-route") == "disaggregated");
+  }
+  REQUIRE(pd::test::waitIndexed(*c, s.source, kTierPulled / 16));
+  pullsFromTier(*c, s, "disk");
+  c->stop();
 }

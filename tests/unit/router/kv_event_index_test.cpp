@@ -197,15 +197,22 @@ TEST_CASE("kv index: a block counts as cached while any tier holds it") {
   CHECK(idx.regionCachedTokens("w", h) == 1 * kBs);
   CHECK(idx.tierBlocks("w", proto::KvEvent::TIER_HOST) == 2);
   CHECK(idx.tierBlocks("w", proto::KvEvent::TIER_DISK) == 3);
+  CHECK(idx.diskOnlyTokens("w", h) == 0);  // every block in the region or the host tier
+  // The host tier drops block 2: only the disk holds it (a pull would read it from disk).
+  auto hostDrop = batch(4);
+  tiered(hostDrop, proto::KvEvent::BLOCK_REMOVED, std::span(h).subspan(2, 1), proto::KvEvent::TIER_HOST);
+  REQUIRE(idx.apply("w", hostDrop) == KvEventIndex::Applied::kApplied);
+  CHECK(idx.cachedTokens("w", h) == 3 * kBs);
+  CHECK(idx.diskOnlyTokens("w", h) == 1 * kBs);
   // The host drops block 1 and the disk too: the chain ends at block 0.
-  auto b4 = batch(4);
+  auto b4 = batch(5);
   tiered(b4, proto::KvEvent::BLOCK_REMOVED, std::span(h).subspan(1, 1), proto::KvEvent::TIER_HOST);
   tiered(b4, proto::KvEvent::BLOCK_REMOVED, std::span(h).subspan(1, 1), proto::KvEvent::TIER_DISK);
   REQUIRE(idx.apply("w", b4) == KvEventIndex::Applied::kApplied);
   CHECK(idx.cachedTokens("w", h) == 1 * kBs);
   CHECK(idx.blocks("w") == 2);
   // A Removed of a tier that does not hold the block changes nothing.
-  auto b5 = batch(5);
+  auto b5 = batch(6);
   tiered(b5, proto::KvEvent::BLOCK_REMOVED, std::span(h).subspan(2, 1), proto::KvEvent::TIER_REGION);
   REQUIRE(idx.apply("w", b5) == KvEventIndex::Applied::kApplied);
   CHECK(idx.blocks("w") == 2);

@@ -101,5 +101,34 @@ TEST_CASE("pull choice: the source saving the most, never the target, a sick or 
   CHECK(why.find("decode-1: 1024 tokens over cma: pull") != std::string::npos);
 }
 
+TEST_CASE("pull cost: blocks only a source's disk tier holds add a read at the documented rate") {
+  // 1,000 tokens = 16 MiB: 0.5 ms + 2.0 ms over cma at 8 GB/s, against 50 ms at 20,000 tok/s.
+  PullDecision host = decidePull({1000, 0, kBytesPerToken, 20000, cma(8)});
+  CHECK(host.pull);
+  CHECK(host.pullMs == Approx(0.5 + 1e3 * 1000.0 * kBytesPerToken / 8e9));
+  // The same prefix, all of it read from disk first: + 16 MiB / 200 MB/s = 81.9 ms: recomputed.
+  PullInputs in{1000, 0, kBytesPerToken, 20000, cma(8)};
+  in.diskTokens = 1000;
+  PullDecision disk = decidePull(in);
+  CHECK_FALSE(disk.pull);
+  CHECK(disk.pullMs == Approx(host.pullMs + 1e3 * 1000.0 * kBytesPerToken / kDiskReadBytesPerS));
+  CHECK(disk.why.find("(1000 read from disk)") != std::string::npos);
+  // Only its last 200 tokens on disk: 16.4 ms more, still a pull.
+  in.diskTokens = 200;
+  CHECK(decidePull(in).pull);
+  // The choice: a source holding the prompt in its region wins over one holding more of it
+  // only on disk when the disk read costs more than the extra tokens save.
+  std::vector<PullCandidate> peers = {peer("decode-0", 0, {cma(8)}), peer("decode-1", 1000, {cma(8)}),
+                                      peer("decode-2", 1500, {cma(8)})};
+  peers[2].diskTokens = 1500;
+  auto c = choosePull("decode-0", "127.0.0.1", 0, 20000, kBytesPerToken, peers);
+  REQUIRE(c);
+  CHECK(c->source == "decode-1");
+  peers[2].diskTokens = 100;  // its first 1,400 in its host tier: the extra 500 tokens pay
+  c = choosePull("decode-0", "127.0.0.1", 0, 20000, kBytesPerToken, peers);
+  REQUIRE(c);
+  CHECK(c->source == "decode-2");
+}
+
 }  // namespace
 }  // namespace pd::router

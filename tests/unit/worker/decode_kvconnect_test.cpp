@@ -22,6 +22,7 @@
 #include "decode_worker/decode_service.h"
 #include "kvtransfer/agent.h"
 #include "kvtransfer/kvt.pb.h"
+#include "tests/scratch_dir.h"
 #include "tests/test_skip.h"
 #include "tests/unit/engine/model_test_util.h"
 
@@ -75,7 +76,8 @@ struct Mailbox {
 };
 
 struct Harness {
-  explicit Harness(int64_t timeoutMs, const std::string& transports = "[tcp]", const std::string& moreKv = "") {
+  explicit Harness(int64_t timeoutMs, const std::string& transports = "[tcp]", const std::string& moreKv = "",
+                   const std::string& engine = "num_blocks: 64") {
     net::ConnectionOptions ro;
     ro.hello.set_role(proto::ROLE_ROUTER);
     ro.hello.set_worker_id("router-fake");
@@ -84,8 +86,8 @@ struct Harness {
     routerServer = std::move(r).value();
     const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
     auto config =
-        config::parseClusterConfig("model: {path: " + model +
-                                       "}\nengine: {backend: cpu, num_blocks: 64}\n"
+        config::parseClusterConfig("model: {path: " + model + "}\nengine: {backend: cpu, " + engine +
+                                       "}\n"
                                        "kv_transfer: {transports: " +
                                        transports + ", timeout_ms: " + std::to_string(timeoutMs) +
                                        ", on_remote_prefill_failure: fail" + moreKv + "}\nlogging: {level: warn}\n",
@@ -532,66 +534,80 @@ TEST_CASE("peer pull: a Generate naming a pull is refused by name when pulls are
 // port, with a real agent over tcp and a buffer as its KV region. A prefix the decode worker
 // computed is pushed into the target's blocks and PullDone says how many tokens; a prefix it
 // does not hold is refused (not found); nothing stays pinned afterwards.
-TEST_CASE("pull source: pushes the blocks it holds, refuses what it does not hold, unpins after") {
-  Harness h(20000, "[tcp]", kPullKv);
-  const std::string address = h.router.conn->peerHello().address();
-  REQUIRE(!address.empty());  // the pull port, in the hello
-  // The decode worker computes a 40-token prompt colocated: its first 2 blocks get names.
-  const auto prompt = engine::test::testPrompt(40, 51);
-  {
-    proto::Envelope env;
-    env.set_request_id(51);
-    auto* g = env.mutable_generate();
-    g->set_request_id(51);
-    for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
-    g->mutable_sampling()->set_max_tokens(2);
-    REQUIRE(h.router.conn->send(std::move(env)).isOk());
+namespace {
+
+// Computes `prompt` colocated on the harness's decode worker (its full blocks get names).
+void computeHere(Harness& h, uint64_t id, const std::vector<int32_t>& prompt) {
+  proto::Envelope env;
+  env.set_request_id(id);
+  auto* g = env.mutable_generate();
+  g->set_request_id(id);
+  for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
+  g->mutable_sampling()->set_max_tokens(2);
+  REQUIRE(h.router.conn->send(std::move(env)).isOk());
+  const auto last = h.finalChunk(id, 10s);
+  REQUIRE(last.has_value());
+  INFO(last->DebugString());
+  REQUIRE(last->finish_reason() == proto::FINISH_LENGTH);
+}
+
+// A fake pull target against the harness's decode worker (the source): `numBlocks` blocks of
+// KV in one host buffer, a real agent over tcp, dialled to the source's pull port, KvConnect
+// exchanged and a write grant made for the whole buffer.
+struct FakePullTarget {
+  FakePullTarget(Harness& h, int numBlocks) {
+    const std::string address = h.router.conn->peerHello().address();
+    REQUIRE(!address.empty());  // the pull port, in the hello
+    REQUIRE(h.router.waitFor(
+        [&] {
+          for (const auto& e : h.router.got)
+            if (e.body_case() == proto::Envelope::kLoadReport) bytesPerToken = e.load_report().kv_bytes_per_token();
+          return bytesPerToken > 0;
+        },
+        5s));
+    kvBuf.assign(size_t(numBlocks) * 16 * bytesPerToken, 0);
+    kvt::AgentOptions o;
+    o.name = "target-fake";
+    o.preference = {"tcp"};
+    auto a = kvt::TransferAgent::create(o, registry);
+    REQUIRE(a.ok());
+    agent = std::move(a).value();
+    const MemDesc region{reinterpret_cast<uintptr_t>(kvBuf.data()), kvBuf.size()};
+    REQUIRE(agent->registerMemory(region).ok());
+    net::ConnectionOptions co;
+    co.hello.set_role(proto::ROLE_DECODE);
+    co.hello.set_worker_id("target-fake");
+    co.hello.set_model_fingerprint(h.router.conn->peerHello().model_fingerprint());
+    const size_t colon = address.rfind(':');
+    auto c = net::FramedClient::connect(h.io, address.substr(0, colon), std::atoi(address.c_str() + colon + 1), co,
+                                        mail.callbacks(), 5s);
+    REQUIRE(c.ok());
+    conn = std::move(c).value();
+    proto::Envelope offer;
+    offer.set_request_id(0);
+    offer.mutable_kv_connect()->set_metadata(agent->localMetadata().value());
+    offer.mutable_kv_connect()->set_num_blocks(uint32_t(numBlocks));
+    offer.mutable_kv_connect()->add_regions()->set_base(region.addr);
+    REQUIRE(conn->send(std::move(offer)).isOk());
+    REQUIRE(mail.waitFor([&] { return mail.count(proto::Envelope::kKvConnect) == 1; }, 5s));
+    kvt::AgentPeer peer = 0;
+    {
+      std::lock_guard<std::mutex> lock(mail.mu);
+      auto p = agent->loadPeer(mail.got.back().kv_connect().metadata());
+      REQUIRE(p.ok());
+      peer = *p;
+    }
+    auto g = agent->grantWrite(peer, {region});
+    REQUIRE(g.ok());
+    grant = *g;
   }
-  REQUIRE(h.finalChunk(51, 10s).has_value());
-  uint64_t bytesPerToken = 0;
-  REQUIRE(h.router.waitFor(
-      [&] {
-        for (const auto& e : h.router.got)
-          if (e.body_case() == proto::Envelope::kLoadReport) bytesPerToken = e.load_report().kv_bytes_per_token();
-        return bytesPerToken > 0;
-      },
-      5s));
-  // The fake target: 4 blocks of KV in one host buffer, a real agent.
-  prometheus::Registry registry;
-  std::vector<uint8_t> kvBuf(4 * 16 * bytesPerToken, 0);
-  kvt::AgentOptions o;
-  o.name = "target-fake";
-  o.preference = {"tcp"};
-  auto agent = kvt::TransferAgent::create(o, registry);
-  REQUIRE(agent.ok());
-  const MemDesc region{reinterpret_cast<uintptr_t>(kvBuf.data()), kvBuf.size()};
-  REQUIRE((*agent)->registerMemory(region).ok());
-  Mailbox tgt;
-  net::ConnectionOptions co;
-  co.hello.set_role(proto::ROLE_DECODE);
-  co.hello.set_worker_id("target-fake");
-  co.hello.set_model_fingerprint(h.router.conn->peerHello().model_fingerprint());
-  const size_t colon = address.rfind(':');
-  auto conn = net::FramedClient::connect(h.io, address.substr(0, colon), std::atoi(address.c_str() + colon + 1), co,
-                                         tgt.callbacks(), 5s);
-  REQUIRE(conn.ok());
-  proto::Envelope offer;
-  offer.set_request_id(0);
-  offer.mutable_kv_connect()->set_metadata((*agent)->localMetadata().value());
-  offer.mutable_kv_connect()->set_num_blocks(4);
-  offer.mutable_kv_connect()->add_regions()->set_base(region.addr);
-  REQUIRE((*conn)->send(std::move(offer)).isOk());
-  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kKvConnect) == 1; }, 5s));
-  kvt::AgentPeer peer = 0;
-  {
-    std::lock_guard<std::mutex> lock(tgt.mu);
-    auto p = (*agent)->loadPeer(tgt.got.back().kv_connect().metadata());
-    REQUIRE(p.ok());
-    peer = *p;
+  ~FakePullTarget() {
+    if (conn) conn->close(Status::ok());
   }
-  auto grant = (*agent)->grantWrite(peer, {region});
-  REQUIRE(grant.ok());
-  auto pull = [&](uint64_t id, const std::vector<int32_t>& tokens, std::vector<uint32_t> blocks) {
+  // Sends PullRequest `id` for `tokens` into `blocks` and returns the source's answer
+  // (PullDone or Error).
+  proto::Envelope pull(uint64_t id, const std::vector<int32_t>& tokens, const std::vector<uint32_t>& blocks) {
+    const size_t before = mail.count(proto::Envelope::kPullDone) + mail.count(proto::Envelope::kError);
     proto::Envelope env;
     env.set_request_id(id);
     auto* pr = env.mutable_pull_request();
@@ -599,16 +615,39 @@ TEST_CASE("pull source: pushes the blocks it holds, refuses what it does not hol
     for (int32_t t : tokens) pr->add_prompt_token_ids(uint32_t(t));
     auto* layer = pr->mutable_kv_target()->add_layers();
     for (uint32_t b : blocks) layer->add_block_ids(b);
-    pr->mutable_kv_target()->set_write_grant(*grant);
+    pr->mutable_kv_target()->set_write_grant(grant);
     pr->set_deadline_ms(2000);
-    REQUIRE((*conn)->send(std::move(env)).isOk());
-  };
-  pull(1, std::vector<int32_t>(prompt.begin(), prompt.begin() + 32), {0, 1});
-  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kPullDone) + tgt.count(proto::Envelope::kError) == 1; },
-                      10s));
+    REQUIRE(conn->send(std::move(env)).isOk());
+    REQUIRE(mail.waitFor(
+        [&] { return mail.count(proto::Envelope::kPullDone) + mail.count(proto::Envelope::kError) > before; }, 10s));
+    std::lock_guard<std::mutex> lock(mail.mu);
+    return mail.got.back();
+  }
+  std::vector<uint8_t> block(int b) const {
+    const size_t bytes = 16 * bytesPerToken;
+    return std::vector<uint8_t>(kvBuf.begin() + long(size_t(b) * bytes), kvBuf.begin() + long(size_t(b + 1) * bytes));
+  }
+
+  uint64_t bytesPerToken = 0;
+  prometheus::Registry registry;
+  std::vector<uint8_t> kvBuf;
+  std::unique_ptr<kvt::TransferAgent> agent;
+  Mailbox mail;
+  net::ConnectionPtr conn;
+  std::string grant;
+};
+
+}  // namespace
+
+TEST_CASE("pull source: pushes the blocks it holds, refuses what it does not hold, unpins after") {
+  Harness h(20000, "[tcp]", kPullKv);
+  // The decode worker computes a 40-token prompt colocated: its first 2 blocks get names.
+  const auto prompt = engine::test::testPrompt(40, 51);
+  computeHere(h, 51, prompt);
+  FakePullTarget t(h, 4);
+  const uint64_t bytesPerToken = t.bytesPerToken;
   {
-    std::lock_guard<std::mutex> lock(tgt.mu);
-    const proto::Envelope& done = tgt.got.back();
+    const proto::Envelope done = t.pull(1, std::vector<int32_t>(prompt.begin(), prompt.begin() + 32), {0, 1});
     INFO(done.DebugString());
     REQUIRE(done.body_case() == proto::Envelope::kPullDone);
     CHECK(done.pull_done().tokens() == 32);
@@ -616,21 +655,75 @@ TEST_CASE("pull source: pushes the blocks it holds, refuses what it does not hol
     CHECK(done.pull_done().transport() == "tcp");
   }
   // The computed KV landed in the target's blocks 0 and 1 (not all zero), block 2 untouched.
-  const size_t blockBytes = 16 * bytesPerToken;
-  CHECK(std::any_of(kvBuf.begin(), kvBuf.begin() + long(blockBytes), [](uint8_t b) { return b != 0; }));
+  const auto b0 = t.block(0);
+  CHECK(std::any_of(b0.begin(), b0.end(), [](uint8_t b) { return b != 0; }));
   // A prefix it never computed: refused, by name.
-  pull(2, engine::test::testPrompt(32, 77), {2, 3});
-  REQUIRE(tgt.waitFor([&] { return tgt.count(proto::Envelope::kError) == 1; }, 10s));
   {
-    std::lock_guard<std::mutex> lock(tgt.mu);
-    CHECK(tgt.got.back().error().code() == proto::ERROR_NOT_FOUND);
-    CHECK_THAT(tgt.got.back().error().message(), Catch::Contains("holds none of the 32 pulled tokens"));
+    const proto::Envelope refused = t.pull(2, engine::test::testPrompt(32, 77), {2, 3});
+    REQUIRE(refused.body_case() == proto::Envelope::kError);
+    CHECK(refused.error().code() == proto::ERROR_NOT_FOUND);
+    CHECK_THAT(refused.error().message(), Catch::Contains("holds none of the 32 pulled tokens"));
   }
   // Nothing stays pinned: every block is free (cached) again.
   const int port = h.decode->metricsPort();
   CHECK(eventually(
       [&] { return metric(port, "pdserve_kv_cache_free_blocks") == metric(port, "pdserve_kv_cache_num_blocks"); }, 5s));
-  (*conn)->close(Status::ok());
+}
+
+namespace {
+
+// The source serves a prefix its region evicted to a lower tier (docs/kv_cache.md, "Peer
+// pulls"): a 40-token prompt computed, pulled once from the region, then evicted by a prompt
+// that needs the whole 8-block region; the same pull again (into the same target blocks,
+// zeroed) promotes the blocks from `tier` and pushes the same bytes.
+void pullFromTier(const std::string& tier, const std::string& tiers) {
+  Harness h(20000, "[tcp]", kPullKv, "num_blocks: 8, kv_tiers: {" + tiers + "}");
+  const int port = h.decode->metricsPort();
+  const auto prompt = engine::test::testPrompt(40, 61);
+  const std::vector<int32_t> pulled(prompt.begin(), prompt.begin() + 32);
+  computeHere(h, 61, prompt);
+  FakePullTarget t(h, 4);
+  {
+    const proto::Envelope done = t.pull(1, pulled, {0, 1});
+    INFO(done.DebugString());
+    REQUIRE(done.body_case() == proto::Envelope::kPullDone);
+    REQUIRE(done.pull_done().tokens() == 32);
+  }
+  const std::vector<uint8_t> servedFromRegion = t.kvBuf;
+  REQUIRE(std::any_of(servedFromRegion.begin(), servedFromRegion.end(), [](uint8_t b) { return b != 0; }));
+  std::fill(t.kvBuf.begin(), t.kvBuf.end(), 0);
+  // The disk tier's write-through lands off the loop: both blocks are on disk first.
+  if (tier == "disk") {
+    REQUIRE(eventually([&] { return metric(port, "pdserve_kv_tier_blocks", "tier=\"disk\"") >= 2; }, 5s));
+  }
+  // 112 tokens (the longest prompt 8 blocks take) and 2 generated: all 8 blocks, so both
+  // named blocks leave the region.
+  computeHere(h, 62, engine::test::testPrompt(112, 62));
+  const std::string from = "from=\"" + tier + "\"";
+  const double promotedBefore = std::max(0.0, metric(port, "pdserve_kv_tier_promotions_total", from));
+  {
+    const proto::Envelope done = t.pull(2, pulled, {0, 1});
+    INFO(done.DebugString());
+    REQUIRE(done.body_case() == proto::Envelope::kPullDone);
+    CHECK(done.pull_done().tokens() == 32);
+    CHECK(done.pull_done().bytes_transferred() == 32 * t.bytesPerToken);
+  }
+  // The same KV as the region served, byte for byte.
+  CHECK((t.kvBuf == servedFromRegion));
+  CHECK(eventually([&] { return metric(port, "pdserve_kv_tier_promotions_total", from) - promotedBefore == 2; }, 5s));
+  // Nothing stays pinned.
+  CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == 8; }, 5s));
+}
+
+}  // namespace
+
+TEST_CASE("pull source: a prefix its region demoted to the host tier is promoted and pushed") {
+  pullFromTier("host", "host_bytes: 8388608");
+}
+
+TEST_CASE("pull source: a prefix only its disk tier holds is promoted and pushed") {
+  const std::string dir = (pd::test::scratchDir() / "pull_disk").string();
+  pullFromTier("disk", "disk_bytes: 8388608, disk_path: " + dir);
 }
 
 // The prefill side of peer pulls (docs/kv_cache.md, "The prefill side"): a disaggregated
