@@ -93,8 +93,10 @@ class CpuBackend final : public Backend {
 
  private:
   using Compact = CompactWeight;  // bf16 set, or q8 and scales set
-  // y[n][out] = x[n][in] * W^T (+ beta * y); W is cw when not null, else w (f32).
-  void linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y, float beta);
+  // y[n][out] = x[n][in] * W^T (+ beta * y); W is cw when not null, else w (f32; in the rows8
+  // layout of pd/kernels/linear.h when rows8, as the experts' weights are).
+  void linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y, float beta,
+              bool rows8 = false);
   // Several products (beta 0): when every one has at most skinnyMaxRows rows, one fork-join
   // round streams all their weights (the chosen experts of a decode step); else one by one.
   void linearMany(const std::vector<CpuMoe::LinearJob>& jobs);
@@ -163,8 +165,8 @@ void CpuBackend::forRows(int n, int64_t workPerRow, Fn&& fn) {
   });
 }
 
-void CpuBackend::linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y,
-                        float beta) {
+void CpuBackend::linear(const float* x, int n, int in, const float* w, const Compact* cw, int out, float* y, float beta,
+                        bool rows8) {
   // Output columns are split over the pool; each task runs the GEMM on its own columns with
   // its thread's packing workspace. A few tasks per thread: tasks are claimed dynamically, so
   // when a worker is descheduled (a busy machine) the others absorb its share instead of
@@ -183,19 +185,25 @@ void CpuBackend::linear(const float* x, int n, int in, const float* w, const Com
       else if (cw)
         kc::gemmQ8(gemmKernel_, n, b, e, in, x, in, cw->q8.data(), cw->scales.data(), beta, y, out,
                    threadScratch_[thread].gemm);
+      else if (rows8)
+        kc::gemmRows8(gemmKernel_, n, b, e, out, in, x, in, w, beta, y, out, threadScratch_[thread].gemm);
       else
         kc::gemm(gemmKernel_, n, b, e, in, x, in, w, in, kc::GemmB::kNK, beta, y, out, threadScratch_[thread].gemm);
     });
     return;
   }
-  // Few rows (decode): stream W once, output columns split in multiples of 4.
+  // Few rows (decode): stream W once, output columns split in multiples of 4 (8 for rows8: one
+  // group of rows per unit).
   const int tasks = serial ? 1 : threads_ * 4;
-  const int quads = (out + 3) / 4;
+  const int unit = rows8 ? 8 : 4;
+  const int units = (out + unit - 1) / unit;
   pool_.run(tasks, [&](int t, int) {
-    const int b = std::min(out, int(int64_t(quads) * t / tasks) * 4);
-    const int e = std::min(out, int(int64_t(quads) * (t + 1) / tasks) * 4);
+    const int b = std::min(out, int(int64_t(units) * t / tasks) * unit);
+    const int e = std::min(out, int(int64_t(units) * (t + 1) / tasks) * unit);
     if (b >= e) return;
-    if (cw && !cw->bf16.empty())
+    if (rows8)
+      kc::linearSkinnyRows8(x, in, w, y, out, n, out, in, b, e, beta);
+    else if (cw && !cw->bf16.empty())
       kc::linearSkinnyBf16(bf16Kernel_, x, in, cw->bf16.data(), y, out, n, in, b, e, beta);
     else if (cw)
       kc::linearSkinnyQ8(q8Kernel_, x, in, cw->q8.data(), cw->scales.data(), y, out, n, in, b, e, beta);
@@ -208,16 +216,21 @@ void CpuBackend::linearMany(const std::vector<CpuMoe::LinearJob>& jobs) {
   bool skinny = threads_ > 1;
   for (const auto& j : jobs) skinny = skinny && j.n <= opt_.skinnyMaxRows;
   if (!skinny) {
-    for (const auto& j : jobs) linear(j.x, j.n, j.in, j.w, nullptr, j.out, j.y, 0.0f);
+    for (const auto& j : jobs) linear(j.x, j.n, j.in, j.w, nullptr, j.out, j.y, 0.0f, j.rows8);
     return;
   }
-  const int perJob = threads_ * 4;  // column slices of each job, multiples of 4
+  const int perJob = threads_ * 4;  // column slices of each job, multiples of 4 (8 for rows8)
   pool_.run(int(jobs.size()) * perJob, [&](int t, int) {
     const CpuMoe::LinearJob& j = jobs[t / perJob];
-    const int s = t % perJob, quads = (j.out + 3) / 4;
-    const int b = std::min(j.out, int(int64_t(quads) * s / perJob) * 4);
-    const int e = std::min(j.out, int(int64_t(quads) * (s + 1) / perJob) * 4);
-    if (b < e) kc::linearSkinny(j.x, j.in, j.w, j.y, j.out, j.n, j.in, b, e, 0.0f);
+    const int unit = j.rows8 ? 8 : 4;
+    const int s = t % perJob, units = (j.out + unit - 1) / unit;
+    const int b = std::min(j.out, int(int64_t(units) * s / perJob) * unit);
+    const int e = std::min(j.out, int(int64_t(units) * (s + 1) / perJob) * unit);
+    if (b >= e) return;
+    if (j.rows8)
+      kc::linearSkinnyRows8(j.x, j.in, j.w, j.y, j.out, j.n, j.out, j.in, b, e, 0.0f);
+    else
+      kc::linearSkinny(j.x, j.in, j.w, j.y, j.out, j.n, j.in, b, e, 0.0f);
   });
 }
 

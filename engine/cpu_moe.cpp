@@ -53,7 +53,7 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
   for (int e = 0; e < ne; ++e)
     if (rowsPerExpert_[e] > 0)  // an expert no token chose is never read
       jobs_.push_back({xe_.data() + size_t(start[e]) * h, rowsPerExpert_[e], h, w.experts[e].gateUp.data(), 2 * ef,
-                       gu_.data() + size_t(start[e]) * 2 * ef});
+                       gu_.data() + size_t(start[e]) * 2 * ef, true});
   if (sf > 0) jobs_.push_back({xn, T, h, w.gateUp.data(), 2 * sf, sgu_.data()});
   linearMany(jobs_);
   kc::swiGlu(gu_.data(), act_.data(), int(R), ef);
@@ -62,7 +62,7 @@ void CpuMoe::forward(const LayerWeights& w, const float* xn, int T, float* x, co
   for (int e = 0; e < ne; ++e)
     if (rowsPerExpert_[e] > 0)
       jobs_.push_back({act_.data() + size_t(start[e]) * ef, rowsPerExpert_[e], ef, w.experts[e].down.data(), h,
-                       ye_.data() + size_t(start[e]) * h});
+                       ye_.data() + size_t(start[e]) * h, true});
   if (sf > 0) jobs_.push_back({sact_.data(), T, sf, w.down.data(), h, sy_.data()});
   linearMany(jobs_);
   // Each token's experts' outputs in ascending expert order (its slots as planned).

@@ -37,6 +37,7 @@ class CpuMoe {
     const float* w;
     int out;
     float* y;
+    bool rows8 = false;  // w is in the rows8 layout (an expert's weight; ExpertWeights)
   };
   // Runs every job (beta 0); the backend runs few-row jobs together, in one fork-join round.
   using LinearManyFn = std::function<void(const std::vector<LinearJob>& jobs)>;

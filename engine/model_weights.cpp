@@ -7,6 +7,7 @@
 
 #include "common/base/log.h"
 #include "engine/checkpoint.h"
+#include "pd/kernels/linear.h"
 #include "pd/kernels/linear_bf16.h"
 #include "pd/kernels/linear_q8.h"
 
@@ -74,6 +75,13 @@ size_t ModelWeights::f32Bytes() const {
 
 namespace {
 
+// An expert's weight [n][k] rearranged into the rows8 GEMV layout (ExpertWeights).
+void toRows8(WeightBuffer& w, int64_t n, int64_t k) {
+  WeightBuffer out(w.size());
+  pd::kernels::cpu::rows8Interleave(w.data(), int(n), int(k), out.data());
+  w = std::move(out);
+}
+
 // DeepseekV3ForCausalLM: MLA attention; dense MLP in the first layers, then routed experts
 // with e_score_correction_bias and shared experts. The multi-token-prediction layers after
 // the last one (num_nextn_predict_layers) are not read.
@@ -127,6 +135,8 @@ Status loadDeepseekLayers(const Checkpoint& src, const ModelConfig& c, ModelWeig
       PD_RETURN_IF_ERROR(src.readF32(ep + "gate_proj.weight", {ef, h}, x.gateUp.data()));
       PD_RETURN_IF_ERROR(src.readF32(ep + "up_proj.weight", {ef, h}, x.gateUp.data() + ef * h));
       PD_RETURN_IF_ERROR(read(x.down, ep + "down_proj.weight", {h, ef}));
+      toRows8(x.gateUp, 2 * ef, h);
+      toRows8(x.down, h, ef);
     }
     if (c.moe.numSharedExperts > 0) {
       const int64_t sf = c.moe.sharedFfn();
@@ -215,6 +225,8 @@ Result<std::shared_ptr<const ModelWeights>> loadModelWeights(const std::string& 
             src.readF32(ep + (mixtral ? "w3.weight" : "up_proj.weight"), {ef, h}, x.gateUp.data() + ef * h));
         x.down = WeightBuffer(size_t(h * ef));
         PD_RETURN_IF_ERROR(src.readF32(ep + (mixtral ? "w2.weight" : "down_proj.weight"), {h, ef}, x.down.data()));
+        toRows8(x.gateUp, 2 * ef, h);
+        toRows8(x.down, h, ef);
       }
       continue;
     }

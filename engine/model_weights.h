@@ -59,10 +59,13 @@ struct CompactWeight {
   static CompactWeight convert(const float* w, int n, int k, const std::string& format);
 };
 
-// One expert of a mixture-of-experts layer: the same fused SwiGLU MLP as a dense layer's.
+// One expert of a mixture-of-experts layer: the same fused SwiGLU MLP as a dense layer's,
+// each weight stored in the rows8 layout (pd/kernels/linear.h: groups of 8 rows interleaved 8
+// columns at a time) so that a batch-1 decode reads it as one sequential stream; read them with
+// pd::kernels::cpu::rows8Index, linearSkinnyRows8 or gemmRows8, never as row-major.
 struct ExpertWeights {
-  WeightBuffer gateUp;  // [2*expertFfn][hidden]
-  WeightBuffer down;    // [hidden][expertFfn]
+  WeightBuffer gateUp;  // [2*expertFfn][hidden], rows8
+  WeightBuffer down;    // [hidden][expertFfn], rows8
 };
 
 struct LayerWeights {

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "pd/kernels/linear.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define PD_GEMM_X86 1
@@ -311,14 +313,25 @@ void packB(int nr, const float* b, int ldb, GemmB layout, int jc, int nc, int pc
   }
 }
 
-// A weight held in a compact form (bf16, or int8 with per-32-column scales), [n][ldb], kNK.
+// A weight held in a compact form (bf16, or int8 with per-32-column scales), [n][ldb], kNK; or
+// an f32 weight in the rows8 layout (pd/kernels/linear.h), [rows8N][ldb] logically.
 struct CompactB {
   const uint16_t* bf16 = nullptr;
   const int8_t* q8 = nullptr;
   const float* q8Scales = nullptr;  // [n][ceil(ldb / 32)]
+  const float* rows8 = nullptr;
+  int rows8N = 0;
   // Row j, columns [pc, pc + kc) widened to f32 into d.
   void row(int j, int ldb, int pc, int kc, float* d) const {
-    if (bf16) {
+    if (rows8) {
+      // Runs of 8 columns are contiguous in the layout, and so is a row's tail.
+      const int k8 = ldb / 8 * 8;
+      for (int p = pc; p < pc + kc;) {
+        const int end = p < k8 ? std::min(pc + kc, (p / 8 + 1) * 8) : pc + kc;
+        std::memcpy(d + (p - pc), rows8 + rows8Index(rows8N, ldb, j, p), sizeof(float) * (end - p));
+        p = end;
+      }
+    } else if (bf16) {
       const uint16_t* src = bf16 + size_t(j) * ldb + pc;
       for (int p = 0; p < kc; ++p) {
         const uint32_t u = uint32_t(src[p]) << 16;
@@ -461,6 +474,14 @@ void gemmQ8(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* 
   CompactB cb;
   cb.q8 = q;
   cb.q8Scales = scales;
+  runBlocked(kernel, m, nBegin, nEnd, k, a, lda, nullptr, k, GemmB::kNK, nullptr, 0, beta, c, ldc, ws, &cb);
+}
+
+void gemmRows8(GemmKernel kernel, int m, int nBegin, int nEnd, int n, int k, const float* a, int lda, const float* b,
+               float beta, float* c, int ldc, GemmWorkspace& ws) {
+  CompactB cb;
+  cb.rows8 = b;
+  cb.rows8N = n;
   runBlocked(kernel, m, nBegin, nEnd, k, a, lda, nullptr, k, GemmB::kNK, nullptr, 0, beta, c, ldc, ws, &cb);
 }
 

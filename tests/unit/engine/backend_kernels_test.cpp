@@ -190,3 +190,45 @@ TEST_CASE("linearSkinny gives one input row the same bits alone as beside anothe
     }
   }
 }
+
+#include "pd/kernels/gemm.h"
+
+// The experts' weights are stored in the rows8 layout: the decode GEMV and the prefill GEMM
+// over it must give the row-major kernels' bits, or a mixture-of-experts model's greedy ids
+// would change with the layout. Shapes with n % 8 rows past the last group and k % 8 tails.
+TEST_CASE("rows8 layout: the GEMV and the GEMM give the row-major kernels' bits") {
+  for (auto [n, k] : {std::pair{16, 32}, {44, 75}, {13, 8}, {24, 341}}) {
+    auto w = randomVec(size_t(n) * k, 31 + n), x = randomVec(size_t(40) * k, 32 + k);
+    std::vector<float> il(w.size(), 0.0f);
+    kc::rows8Interleave(w.data(), n, k, il.data());
+    // Every element lands in its own place: the layout is a permutation.
+    std::vector<int> hit(w.size(), 0);
+    for (int j = 0; j < n; ++j)
+      for (int p = 0; p < k; ++p) {
+        const size_t at = kc::rows8Index(n, k, j, p);
+        REQUIRE(at < il.size());
+        ++hit[at];
+        CHECK(il[at] == w[size_t(j) * k + p]);
+      }
+    for (int h : hit) CHECK(h == 1);
+    for (int m : {1, 2, 3}) {
+      for (float beta : {0.0f, 1.0f}) {
+        auto a = randomVec(size_t(m) * n, 33), b = a;
+        kc::linearSkinny(x.data(), k, w.data(), a.data(), n, m, k, 0, n, beta);
+        // Split as the backend does for rows8 (multiples of 8), plus a split inside a group.
+        const int cut = n > 8 ? 8 : n;
+        kc::linearSkinnyRows8(x.data(), k, il.data(), b.data(), n, m, n, k, 0, cut / 2, beta);
+        kc::linearSkinnyRows8(x.data(), k, il.data(), b.data(), n, m, n, k, cut / 2, cut, beta);
+        kc::linearSkinnyRows8(x.data(), k, il.data(), b.data(), n, m, n, k, cut, n, beta);
+        CHECK(a == b);
+      }
+    }
+    const auto kern = kc::gemmBestKernel();
+    const int m = 40;
+    std::vector<float> a(size_t(m) * n), b(size_t(m) * n);
+    kc::GemmWorkspace ws;
+    kc::gemm(kern, m, 0, n, k, x.data(), k, w.data(), k, kc::GemmB::kNK, 0.0f, a.data(), n, ws);
+    kc::gemmRows8(kern, m, 0, n, n, k, x.data(), k, il.data(), 0.0f, b.data(), n, ws);
+    CHECK(a == b);
+  }
+}

@@ -81,6 +81,12 @@ void gemmBf16(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float
 void gemmQ8(GemmKernel kernel, int m, int nBegin, int nEnd, int k, const float* a, int lda, const int8_t* q,
             const float* scales, float beta, float* c, int ldc, GemmWorkspace& ws);
 
+// gemm() with B an f32 weight [n][k] stored in the rows8 layout (pd/kernels/linear.h): each
+// block of B is gathered row by row while it is packed, so the result is gemm()'s on the
+// row-major weight, bit for bit.
+void gemmRows8(GemmKernel kernel, int m, int nBegin, int nEnd, int n, int k, const float* a, int lda, const float* b,
+               float beta, float* c, int ldc, GemmWorkspace& ws);
+
 // B packed once for several products: ceil(n / NR) panels of k rows of NR floats (NR is the
 // kernel's), zero-padded; dst holds gemmPackedBFloats(kernel, n, k) floats.
 size_t gemmPackedBFloats(GemmKernel kernel, int n, int k);
