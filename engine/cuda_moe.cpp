@@ -41,10 +41,14 @@ Status uploadCudaMoeLayer(const LayerWeights& w, const CudaUploadFn& upload, con
   out->router = static_cast<const float*>(p);
   out->routerBias.assign(w.routerBias.data(), w.routerBias.data() + w.routerBias.size());
   out->experts.resize(w.experts.size());
+  // The host experts are rows8 (model_weights.h); the device GEMMs take them row-major.
+  const int hidden = w.experts.empty() ? 0 : int(w.router.size() / w.experts.size());
   for (size_t e = 0; e < w.experts.size(); ++e) {
-    PD_RETURN_IF_ERROR(upload(w.experts[e].gateUp.data(), w.experts[e].gateUp.size(), false, &p));
+    const std::vector<float> gateUp = w.experts[e].gateUpRowMajor(hidden);
+    PD_RETURN_IF_ERROR(upload(gateUp.data(), gateUp.size(), false, &p));
     out->experts[e].gateUp = p;
-    PD_RETURN_IF_ERROR(upload(w.experts[e].down.data(), w.experts[e].down.size(), false, &p));
+    const std::vector<float> down = w.experts[e].downRowMajor(hidden);
+    PD_RETURN_IF_ERROR(upload(down.data(), down.size(), false, &p));
     out->experts[e].down = p;
   }
   out->sharedGateUp = w.gateUp.empty() ? nullptr : sharedGateUp;

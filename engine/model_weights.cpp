@@ -73,6 +73,18 @@ size_t ModelWeights::f32Bytes() const {
   return n * sizeof(float);
 }
 
+std::vector<float> ExpertWeights::gateUpRowMajor(int hidden) const {
+  std::vector<float> out(gateUp.size());
+  pd::kernels::cpu::rows8Deinterleave(gateUp.data(), int(gateUp.size() / size_t(hidden)), hidden, out.data());
+  return out;
+}
+
+std::vector<float> ExpertWeights::downRowMajor(int hidden) const {
+  std::vector<float> out(down.size());
+  pd::kernels::cpu::rows8Deinterleave(down.data(), hidden, int(down.size() / size_t(hidden)), out.data());
+  return out;
+}
+
 namespace {
 
 // An expert's weight [n][k] rearranged into the rows8 GEMV layout (ExpertWeights).

@@ -66,6 +66,11 @@ struct CompactWeight {
 struct ExpertWeights {
   WeightBuffer gateUp;  // [2*expertFfn][hidden], rows8
   WeightBuffer down;    // [hidden][expertFfn], rows8
+
+  // Row-major copies, for the readers that do not take rows8 (the CUDA upload, the GGUF
+  // writer, tests): gate|up [2*expertFfn][hidden], down [hidden][expertFfn].
+  std::vector<float> gateUpRowMajor(int hidden) const;
+  std::vector<float> downRowMajor(int hidden) const;
 };
 
 struct LayerWeights {

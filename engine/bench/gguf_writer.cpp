@@ -171,7 +171,8 @@ Status writeDeepseek2(const ModelWeights& m, const std::string& path) {
   w.addString("tokenizer.ggml.model", "no_vocab");
 
   w.addTensorF32("token_embd.weight", {h, uint64_t(c.vocabSize)}, m.embed.data());
-  std::vector<std::vector<float>> kB;  // transposed copies; alive until write()
+  std::vector<std::vector<float>> kB;        // transposed copies; alive until write()
+  std::vector<std::vector<float>> rowMajor;  // the experts' row-major copies; alive until write()
   kB.reserve(c.numLayers);
   for (int l = 0; l < c.numLayers; ++l) {
     const LayerWeights& L = m.layers[size_t(l)];
@@ -209,10 +210,11 @@ Status writeDeepseek2(const ModelWeights& m, const std::string& path) {
       continue;
     }
     std::vector<const float*> gate, up, down;
-    for (const ExpertWeights& x : L.experts) {
-      gate.push_back(x.gateUp.data());
-      up.push_back(x.gateUp.data() + ef * h);
-      down.push_back(x.down.data());
+    for (const ExpertWeights& x : L.experts) {  // rows8 in memory: row-major copies
+      const float* gu = rowMajor.emplace_back(x.gateUpRowMajor(int(h))).data();
+      gate.push_back(gu);
+      up.push_back(gu + ef * h);
+      down.push_back(rowMajor.emplace_back(x.downRowMajor(int(h))).data());
     }
     w.addTensorF32(p + "ffn_gate_inp.weight", {h, ne}, L.router.data());
     if (!L.routerBias.empty()) w.addTensorF32(p + "exp_probs_b.bias", {ne}, L.routerBias.data());
@@ -280,6 +282,7 @@ Status writeLlamaGguf(const ModelWeights& m, const std::string& path) {
   const uint64_t ne = uint64_t(c.moe.numExperts), ef = uint64_t(c.moe.expertFfn);
   const std::string a = arch + ".";
   GgufWriter w;
+  std::vector<std::vector<float>> rowMajor;  // the experts' row-major copies; alive until write()
   w.addString("general.architecture", arch);
   w.addString("general.name", "pdserve " + m.dir);
   w.addU32("general.file_type", 0);  // LLAMA_FTYPE_ALL_F32
@@ -330,10 +333,11 @@ Status writeLlamaGguf(const ModelWeights& m, const std::string& path) {
     if (moe) {
       // Each expert's gate|up is [2*ef][hidden], gate rows first; down [hidden][ef].
       std::vector<const float*> gate, up, down;
-      for (const ExpertWeights& e : L.experts) {
-        gate.push_back(e.gateUp.data());
-        up.push_back(e.gateUp.data() + ef * h);
-        down.push_back(e.down.data());
+      for (const ExpertWeights& e : L.experts) {  // rows8 in memory: row-major copies
+        const float* gu = rowMajor.emplace_back(e.gateUpRowMajor(int(h))).data();
+        gate.push_back(gu);
+        up.push_back(gu + ef * h);
+        down.push_back(rowMajor.emplace_back(e.downRowMajor(int(h))).data());
       }
       w.addTensorF32(p + "ffn_gate_inp.weight", {h, ne}, L.router.data());
       w.addTensorF32Parts(p + "ffn_gate_exps.weight", {h, ef, ne}, std::move(gate));

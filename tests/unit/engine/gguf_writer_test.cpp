@@ -244,10 +244,11 @@ TEST_CASE("gguf: qwen3_moe is written as qwen3moe with q/k norms and 3-D expert 
   CHECK(g.row("blk.1.attn_k_norm.weight", 0) == modelRow(L.kNorm.data(), hd, 0));
   CHECK(g.row("blk.1.ffn_gate_inp.weight", ne - 1) == modelRow(L.router.data(), h, ne - 1));
   const uint64_t e = ne - 1;
-  CHECK(g.row("blk.1.ffn_gate_exps.weight", e * ef + 2) == modelRow(L.experts[e].gateUp.data(), h, 2));
-  CHECK(g.row("blk.1.ffn_up_exps.weight", e * ef + 2) == modelRow(L.experts[e].gateUp.data(), h, ef + 2));
-  CHECK(g.row("blk.1.ffn_down_exps.weight", e * h + 3) == modelRow(L.experts[e].down.data(), ef, 3));
-  CHECK(g.row("blk.1.ffn_down_exps.weight", 3) == modelRow(L.experts[0].down.data(), ef, 3));
+  const std::vector<float> gateUp = L.experts[e].gateUpRowMajor(int(h)), down = L.experts[e].downRowMajor(int(h));
+  CHECK(g.row("blk.1.ffn_gate_exps.weight", e * ef + 2) == modelRow(gateUp.data(), h, 2));
+  CHECK(g.row("blk.1.ffn_up_exps.weight", e * ef + 2) == modelRow(gateUp.data(), h, ef + 2));
+  CHECK(g.row("blk.1.ffn_down_exps.weight", e * h + 3) == modelRow(down.data(), ef, 3));
+  CHECK(g.row("blk.1.ffn_down_exps.weight", 3) == modelRow(L.experts[0].downRowMajor(int(h)).data(), ef, 3));
 }
 
 TEST_CASE("gguf: mixtral is written as llama with experts of feed_forward_length") {

@@ -195,9 +195,11 @@ TEST_CASE("qwen3 norms and mixture-of-experts layers stream as the f32 loader re
         CHECK(dl.gateUp.data == nullptr);  // no shared experts
         REQUIRE(dl.experts.size() == size_t(c.moe.numExperts));
         for (int e = 0; e < c.moe.numExperts; ++e) {
-          const ExpertWeights& he = hl.experts[e];
-          checkBf16(dl.experts[e].gateUp, he.gateUp.data(), he.gateUp.size(), at + " expert gate|up");
-          checkBf16(dl.experts[e].down, he.down.data(), he.down.size(), at + " expert down");
+          // The loader keeps experts rows8 (model_weights.h); the stream row-major.
+          const auto gateUp = hl.experts[e].gateUpRowMajor(c.hiddenSize),
+                     down = hl.experts[e].downRowMajor(c.hiddenSize);
+          checkBf16(dl.experts[e].gateUp, gateUp.data(), gateUp.size(), at + " expert gate|up");
+          checkBf16(dl.experts[e].down, down.data(), down.size(), at + " expert down");
         }
       }
       CHECK(moeLayers == (std::string(arch) == "qwen3" ? 0 : std::string(arch) == "qwen3_moe" ? 1 : 2));
@@ -240,9 +242,10 @@ TEST_CASE("an fp8 mixtral keeps its attention fp8 and streams its experts dequan
     checkF32(dl.router, w.layers[l].router.data(), w.layers[l].router.size(), at + " router");
     REQUIRE(dl.experts.size() == size_t(c.moe.numExperts));
     for (int e = 0; e < c.moe.numExperts; ++e) {
-      const ExpertWeights& he = w.layers[l].experts[e];
-      checkBf16(dl.experts[e].gateUp, he.gateUp.data(), he.gateUp.size(), at + " expert gate|up");
-      checkBf16(dl.experts[e].down, he.down.data(), he.down.size(), at + " expert down");
+      const ExpertWeights& he = w.layers[l].experts[e];  // rows8 (model_weights.h): row-major copies
+      const auto gateUp = he.gateUpRowMajor(c.hiddenSize), down = he.downRowMajor(c.hiddenSize);
+      checkBf16(dl.experts[e].gateUp, gateUp.data(), gateUp.size(), at + " expert gate|up");
+      checkBf16(dl.experts[e].down, down.data(), down.size(), at + " expert down");
     }
   }
 }

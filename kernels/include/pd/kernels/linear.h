@@ -44,6 +44,15 @@ inline void rows8Interleave(const float* w, int n, int k, float* out) {
     }
 }
 
+// The inverse: out[j * k + p] = w[rows8Index(n, k, j, p)]; out must not overlap w.
+inline void rows8Deinterleave(const float* w, int n, int k, float* out) {
+  for (int j = 0; j < n; ++j)
+    for (int p = 0; p < k; p += 8) {
+      const int len = k - p < 8 ? k - p : 8;
+      std::memcpy(out + size_t(j) * k + p, w + rows8Index(n, k, j, p), sizeof(float) * len);
+    }
+}
+
 // linearSkinny() over a weight in the rows8 layout ([n][k] logically): the same sums in the
 // same order for every output column of a whole group of 8 rows, so it gives linearSkinny()'s
 // bits wherever that one runs its vector groups (column ranges starting at multiples of 4, n a
