@@ -65,6 +65,12 @@ void RouterLink::connectLoop() {
   while (!stopping_) {
     net::ConnectionOptions opts = options_;
     net::ConnectionCallbacks cb;
+    // Ours from the handshake on, before connect() returns here: the router may send a request
+    // at once, and the loop may answer it (send()) before this thread runs again.
+    cb.onOpen = [this](const net::ConnectionPtr& c) {
+      std::lock_guard<std::mutex> lock(mu_);
+      conn_ = c;
+    };
     cb.onMessage = [this](const net::ConnectionPtr& c, proto::Envelope&& env) {
       if (env.has_error()) {
         // The router refused the registration (router/worker_registry.h): keep why, and close
