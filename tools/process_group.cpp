@@ -9,6 +9,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 extern char** environ;
 
@@ -156,10 +159,35 @@ void ProcessGroup::stopAll(std::chrono::milliseconds grace) {
   children_.clear();
 }
 
+namespace {
+
+// Whether every thread of `pid` is stopped (state T in /proc/<pid>/task/<tid>/stat).
+bool allThreadsStopped(pid_t pid) {
+  std::error_code ec;
+  std::filesystem::directory_iterator tasks("/proc/" + std::to_string(pid) + "/task", ec);
+  if (ec) return true;  // gone: nothing runs
+  for (const auto& task : tasks) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(") ");
+    if (paren == std::string::npos || paren + 2 >= stat.size()) continue;  // exited meanwhile
+    const char state = stat[paren + 2];
+    if (state != 'T' && state != 't' && state != 'Z' && state != 'X') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status ProcessGroup::signal(const std::string& name, int sig) {
   for (auto& c : children_) {
     if (c.name == name && c.running) {
       ::kill(-c.pid, sig);
+      if (sig == SIGSTOP) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        while (!allThreadsStopped(c.pid) && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       return Status::ok();
     }
   }

@@ -48,7 +48,10 @@ class ProcessGroup {
   void stopAll(std::chrono::milliseconds grace = std::chrono::seconds(5));
 
   size_t running() const;
-  // Sends `sig` to the named running child's process group.
+  // Sends `sig` to the named running child's process group. SIGSTOP returns once every thread
+  // of the child is stopped (at most 2 s): kill() only queues the stop, and until one of its
+  // threads is scheduled to take it, the others run on -- on a loaded machine for long enough
+  // to answer a message the caller sends next.
   Status signal(const std::string& name, int sig);
   // The named running child's pid (kNotFound when there is none), e.g. to read its /proc.
   Result<pid_t> pidOf(const std::string& name) const;
