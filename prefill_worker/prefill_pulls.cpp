@@ -4,6 +4,7 @@
 
 #include "common/base/log.h"
 #include "kvtransfer/block_segments.h"
+#include "worker/pull_metrics.h"
 
 namespace pd::prefill {
 
@@ -204,18 +205,7 @@ void PrefillPulls::shutdown() {
 }
 
 void PrefillPulls::count(const std::string& outcome, uint64_t bytes, const std::string& transport, double seconds) {
-  metrics::Registry& reg = loop_.registry();
-  const std::string lane = transport.empty() ? "none" : transport;
-  reg.counter("pdserve_kv_pulls_total",
-              "Peer pulls by outcome (done, fell_back, refused) and lane (docs/kv_cache.md, \"Peer pulls\").",
-              {{"outcome", outcome}, {"transport", lane}})
-      .inc();
-  if (outcome != "done") return;
-  reg.counter("pdserve_kv_pull_bytes_total", "KV bytes received by peer pulls, by lane.", {{"transport", lane}})
-      .inc(double(bytes));
-  reg.histogram("pdserve_kv_pull_seconds", "Peer pulls that were done: blocks reserved -> PullDone, by lane.",
-                {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}, {{"transport", lane}})
-      .observe(seconds);
+  worker::countPeerPull(loop_.registry(), outcome, bytes, transport, seconds);
 }
 
 }  // namespace pd::prefill

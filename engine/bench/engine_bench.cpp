@@ -85,8 +85,23 @@ double onThreads(int threads, Fn&& fn) {
   return secondsSince(t0);
 }
 
-// Read bandwidth: `threads` threads each sum their share of a `bytes` buffer (loads only, 4
-// independent AVX accumulators); best of `reps` passes, GB/s.
+// The read loop of the bandwidth ceilings: sums p[lo, hi) (hi - lo a multiple of 32) with
+// loads only, 4 independent AVX accumulators; the result keeps the loads from being dropped.
+float readSum(const float* p, size_t lo, size_t hi) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = lo; i < hi; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return out[0] + out[7];
+}
+
+// Read bandwidth: `threads` threads each sum their share of a `bytes` buffer (readSum); best
+// of `reps` passes, GB/s.
 double readGBs(size_t bytes, int threads, int reps) {
   const size_t n = bytes / sizeof(float) / 32 * 32;
   WeightBuffer buf(n);
@@ -96,17 +111,7 @@ double readGBs(size_t bytes, int threads, int reps) {
   for (int r = 0; r < reps; ++r)
     best = std::min(best, onThreads(threads, [&](int t) {
                       const size_t lo = n * t / threads / 32 * 32, hi = n * (t + 1) / threads / 32 * 32;
-                      const float* p = buf.data();
-                      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                      for (size_t i = lo; i < hi; i += 32) {
-                        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-                        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-                        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-                        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-                      }
-                      alignas(32) float out[8];
-                      _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-                      sums[size_t(t)] = out[0] + out[7];
+                      sums[size_t(t)] = readSum(buf.data(), lo, hi);
                     }));
   volatile float sink = sums[0];
   (void)sink;
@@ -132,17 +137,7 @@ class InterleavedReadPasses {
       timespec c0, c1;
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
       const size_t lo = n_ * t / threads_ / 32 * 32, hi = n_ * (t + 1) / threads_ / 32 * 32;
-      const float* p = buf_.data();
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (size_t i = lo; i < hi; i += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-      }
-      alignas(32) float out[8];
-      _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-      sums[size_t(t)] = out[0] + out[7];
+      sums[size_t(t)] = readSum(buf_.data(), lo, hi);
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
       threadCpu[size_t(t)] = double(c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9;
     }));
