@@ -1,6 +1,7 @@
-// Requests and waits the e2e tests of the KV cache share (kv_tiers, multiturn, peer_pull): a
-// greedy completion over a token-id prompt with its ids, cached tokens and headers; a response
-// header; waiting for a condition, a worker metric or the router's exact index.
+// Requests and waits the e2e tests of the KV cache share (kv_tiers, multiturn, peer_pull,
+// prefill_pull): a greedy completion over a token-id prompt with its ids, cached tokens and
+// headers; a response header; waiting for a condition, a worker metric or the router's exact
+// index.
 #pragma once
 
 #include <chrono>

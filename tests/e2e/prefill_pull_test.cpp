@@ -14,14 +14,13 @@
 #include <thread>
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
+#include "tests/e2e/completions.h"
 #include "tests/e2e/e2e_util.h"
 #include "tools/local_cluster.h"
 
 using namespace pd;
 using namespace pd::tools;
-using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
@@ -30,44 +29,10 @@ const std::string kWork = std::string(PD_BINARY_DIR) + "/test_e2e";
 constexpr int kBlock = 16;
 constexpr int kPullDeadlineMs = 800;
 
-struct Completion {
-  std::vector<int32_t> ids;
-  int cachedTokens = -1;
-  std::string headers;
-};
-
-Completion complete(LocalCluster& c, const std::vector<int32_t>& p, int maxTokens) {
-  json req{{"model", "small"}, {"prompt", p},        {"max_tokens", maxTokens},
-           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
-  auto r = httpRequest(c.httpPort(), "POST", "/v1/completions", req.dump(), 120s);
-  REQUIRE(r.ok());
-  INFO(r->body);
-  REQUIRE(r->status == 200);
-  json body = json::parse(r->body);
-  Completion out;
-  out.ids = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-  if (body["usage"].contains("prompt_tokens_details"))
-    out.cachedTokens = body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
-  out.headers = r->headers;
-  return out;
-}
-
-std::string header(const std::string& headers, const std::string& name) {
-  const size_t at = headers.find(name + ": ");
-  if (at == std::string::npos) return "";
-  const size_t end = headers.find("\r\n", at);
-  return headers.substr(at + name.size() + 2,
-                        end == std::string::npos ? std::string::npos : end - at - name.size() - 2);
-}
-
-template <typename F>
-bool waitFor(F pred, std::chrono::milliseconds timeout) {
-  for (const auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
-}
+using pd::test::complete;
+using pd::test::Completion;
+using pd::test::header;
+using pd::test::waitFor;
 
 double metric(LocalCluster& c, const std::string& worker, const std::string& series) {
   return std::max(0.0, pd::test::workerMetric(c, worker, series));
