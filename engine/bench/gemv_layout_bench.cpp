@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/model_weights.h"
+#include "kernels/cpu/simd_avx2.h"
 #include "pd/kernels/linear.h"
 
 namespace {
@@ -32,16 +33,7 @@ double threadCpu() {
   return double(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-float hsum(__m256 v) {  // kernels/cpu/simd_avx2.h's reduction order
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
+using pd::kernels::cpu::detail::hsum;  // the kernels' reduction order: outputs compared bit for bit
 
 // Row-major [n][k] -> groups of R rows, each group [k/8][R][8] (k % 8 == 0 and n % R == 0 here).
 template <int R>
