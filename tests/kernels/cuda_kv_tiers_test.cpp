@@ -18,9 +18,11 @@
 #include "engine/model_maker.h"
 #include "engine/model_weights.h"
 #include "gpu_test_util.h"
+#include "tests/unit/engine/greedy_run.h"
 
 using namespace pd;
 using namespace pd::engine;
+using namespace pd::engine::test;
 using pd::kernels::cuda::test::haveGpu;
 
 namespace {
@@ -77,39 +79,6 @@ std::vector<uint8_t> deviceBlock(const KvLayout& rank, const std::vector<MemDesc
           cudaMemcpy(out.data() + (r * size_t(rank.numLayers) + size_t(l)) * bb, src, bb, cudaMemcpyDeviceToHost));
     }
   }
-  return out;
-}
-
-std::vector<int32_t> promptOf(int seed, int n) {
-  std::vector<int32_t> p(static_cast<size_t>(n), 0);
-  const int vocab = tinyModel()->config.vocabSize;
-  for (int i = 0; i < n; ++i) p[size_t(i)] = (seed * 131 + i * 37 + i * i) % vocab;
-  return p;
-}
-
-struct Run {
-  std::vector<int32_t> ids;
-  int cachedTokens = 0;
-};
-
-Run generate(Engine& engine, uint64_t id, const std::vector<int32_t>& prompt) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.maxTokens = 8;
-  p.ignoreEos = true;
-  auto r = Request::create(id, prompt, p, SystemClock::instance(), tinyModel()->config.vocabSize);
-  REQUIRE(r.ok());
-  REQUIRE(engine.submit(std::move(r).value()).isOk());
-  Run out;
-  for (int guard = 0; engine.hasWork() && guard < 10000; ++guard) {
-    std::vector<EngineEvent> events;
-    REQUIRE_OK(engine.step(&events));
-    for (auto& e : events) {
-      if (e.kind == EngineEvent::Kind::kToken && e.requestId == id) out.ids.push_back(e.token.id);
-      if (e.kind == EngineEvent::Kind::kFinished && e.requestId == id) out.cachedTokens = e.timings.cachedPromptTokens;
-    }
-  }
-  REQUIRE(out.ids.size() == 8);
   return out;
 }
 
@@ -208,9 +177,10 @@ TEST_CASE("cuda kv tiers: a prompt demoted to host and promoted back keeps its b
   if (!haveGpu()) return;
   for (int tp : {1, 2}) {
     DYNAMIC_SECTION("tp " << tp) {
-      const auto prompt = promptOf(1, 5 * 16 + 3);  // 5 full blocks
-      const auto other = promptOf(2, 8 * 16 + 5);
-      const Run cold = generate(*makeEngine(64, tp, {}), 1, prompt);
+      const int vocab = tinyModel()->config.vocabSize;
+      const auto prompt = tierPrompt(1, 5 * 16 + 3, vocab);  // 5 full blocks
+      const auto other = tierPrompt(2, 8 * 16 + 5, vocab);
+      const GreedyRun cold = generateGreedy(*makeEngine(64, tp, {}), 1, prompt, vocab);
       CHECK(cold.cachedTokens == 0);
 
       KvTierOptions o;
@@ -219,7 +189,7 @@ TEST_CASE("cuda kv tiers: a prompt demoted to host and promoted back keeps its b
       auto e = makeEngine(10, tp, o, &regions);  // room for one prompt at a time
       KvTierStore& t = *e->kvTiers();
       CHECK(t.copier().asynchronous());
-      CHECK(generate(*e, 1, prompt).ids == cold.ids);
+      CHECK(generateGreedy(*e, 1, prompt, vocab).ids == cold.ids);
       // The prompt's blocks as computed, by name.
       const KvLayout rank = e->kv().layout();
       const std::vector<uint64_t> names = blockHashChain(prompt, 16);
@@ -228,8 +198,8 @@ TEST_CASE("cuda kv tiers: a prompt demoted to host and promoted back keeps its b
       REQUIRE(before.blocks.size() == 5);
       for (size_t i = 0; i < 5; ++i) computed[names[i]] = deviceBlock(rank, regions, before.blocks[i]);
 
-      generate(*e, 2, other);  // evicts the prompt's later blocks (tail first): they demote to host
-      t.finishCopies();        // what a later poll() would see: every copy completed
+      generateGreedy(*e, 2, other, vocab);  // evicts the prompt's later blocks (tail first): they demote to host
+      t.finishCopies();                     // what a later poll() would see: every copy completed
       REQUIRE_OK(t.checkInvariants());
       CHECK(e->kv().numHeldBlocks() == 0);
       const int inRegion = e->kv().findCachedPrefix(prompt, int(prompt.size()) - 1).numTokens / 16;
@@ -244,7 +214,7 @@ TEST_CASE("cuda kv tiers: a prompt demoted to host and promoted back keeps its b
       INFO("demotions " << t.stats().demotionsToHost << ", evictions that waited for a copy "
                         << t.stats().waitedEvictions);
 
-      const Run warm = generate(*e, 3, prompt);
+      const GreedyRun warm = generateGreedy(*e, 3, prompt, vocab);
       CHECK(warm.ids == cold.ids);
       CHECK(warm.cachedTokens == 5 * 16);
       CHECK(e->kv().stats().promotedBlocks[int(KvTier::kHost)] == uint64_t(5 - inRegion));

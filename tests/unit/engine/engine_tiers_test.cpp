@@ -10,6 +10,7 @@
 #include "engine/kv_tiers.h"
 #include "model_test_util.h"
 #include "tests/scratch_dir.h"
+#include "tests/unit/engine/greedy_run.h"
 
 using namespace pd;
 using namespace pd::engine;
@@ -46,60 +47,27 @@ std::unique_ptr<Engine> makeEngine(int numBlocks, KvTierOptions tiers = {}) {
   return e;
 }
 
-std::vector<int32_t> promptOf(int seed, int n) {
-  std::vector<int32_t> p(static_cast<size_t>(n), 0);
-  const int vocab = model()->config.vocabSize;
-  for (int i = 0; i < n; ++i) p[size_t(i)] = (seed * 131 + i * 37 + i * i) % vocab;
-  return p;
-}
-
-struct Run {
-  std::vector<int32_t> ids;
-  int cachedTokens = 0;
-};
-
-Run generate(Engine& engine, uint64_t id, const std::vector<int32_t>& prompt) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.maxTokens = 8;
-  p.ignoreEos = true;
-  auto r = Request::create(id, prompt, p, SystemClock::instance(), model()->config.vocabSize);
-  REQUIRE(r.ok());
-  REQUIRE(engine.submit(std::move(r).value()).isOk());
-  Run out;
-  for (int guard = 0; engine.hasWork() && guard < 10000; ++guard) {
-    if (const Request* req = engine.find(id)) out.cachedTokens = req->numCachedPromptTokens();
-    std::vector<EngineEvent> events;
-    REQUIRE(engine.step(&events).isOk());
-    for (auto& e : events) {
-      if (e.kind == EngineEvent::Kind::kToken && e.requestId == id) out.ids.push_back(e.token.id);
-      if (e.kind == EngineEvent::Kind::kFinished && e.requestId == id) out.cachedTokens = e.timings.cachedPromptTokens;
-    }
-  }
-  REQUIRE(out.ids.size() == 8);
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE(
     "engine tiers: a demoted prefix promoted from host, and one restored from disk after a restart, "
     "generate the cold recompute's greedy ids") {
-  const auto prompt = promptOf(1, 5 * 16 + 3);  // 5 full blocks
-  const auto other = promptOf(2, 8 * 16 + 5);
-  const Run cold = generate(*makeEngine(64), 1, prompt);
+  const int vocab = model()->config.vocabSize;
+  const auto prompt = tierPrompt(1, 5 * 16 + 3, vocab);  // 5 full blocks
+  const auto other = tierPrompt(2, 8 * 16 + 5, vocab);
+  const GreedyRun cold = generateGreedy(*makeEngine(64), 1, prompt, vocab);
   CHECK(cold.cachedTokens == 0);
 
   SECTION("host tier") {
     KvTierOptions o;
     o.hostBytes = 64 << 20;
     auto e = makeEngine(10, o);  // room for one prompt at a time
-    CHECK(generate(*e, 1, prompt).ids == cold.ids);
-    generate(*e, 2, other);  // evicts the prompt's later blocks (tail first): they demote to host
+    CHECK(generateGreedy(*e, 1, prompt, vocab).ids == cold.ids);
+    generateGreedy(*e, 2, other, vocab);  // evicts the prompt's later blocks (tail first): they demote to host
     const int inRegion = e->kv().findCachedPrefix(prompt, int(prompt.size()) - 1).numTokens / 16;
     REQUIRE(inRegion < 4);
     REQUIRE(e->kvTiers()->host()->size() >= 5 - inRegion);
-    const Run warm = generate(*e, 3, prompt);
+    const GreedyRun warm = generateGreedy(*e, 3, prompt, vocab);
     CHECK(warm.ids == cold.ids);
     CHECK(warm.cachedTokens == 5 * 16);
     CHECK(e->kv().stats().promotedBlocks[int(KvTier::kHost)] == uint64_t(5 - inRegion));
@@ -112,14 +80,14 @@ TEST_CASE(
     o.diskPath = (pd::test::scratchDir() / "engine-disk").string();
     {
       auto e = makeEngine(16, o);
-      CHECK(generate(*e, 1, prompt).ids == cold.ids);
+      CHECK(generateGreedy(*e, 1, prompt, vocab).ids == cold.ids);
       REQUIRE(e->kvTiers()->disk()->drain(std::chrono::seconds(10)));
       e->pollKvTiers();
       CHECK(e->kvTiers()->disk()->size() >= 5);
     }  // the "worker" stops; its files stay
     auto e = makeEngine(16, o);
     CHECK(e->kvTiers()->disk()->size() >= 5);
-    const Run warm = generate(*e, 1, prompt);
+    const GreedyRun warm = generateGreedy(*e, 1, prompt, vocab);
     CHECK(warm.ids == cold.ids);
     CHECK(warm.cachedTokens == 5 * 16);
     CHECK(e->kv().stats().promotedBlocks[int(KvTier::kDisk)] == 5);

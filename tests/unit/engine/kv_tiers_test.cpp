@@ -171,6 +171,28 @@ class FakeAsyncCopier final : public KvBlockCopier {
   size_t allowed_ = 0;
 };
 
+// A tier store over `kv` with `o`'s tiers whose copier is a FakeAsyncCopier of `slots` staging
+// slots: the store owns the copier, the test drives it through `copier`.
+struct AsyncTiers {
+  AsyncTiers(KvCacheManager& kv, const KvTierOptions& o, int slots)
+      : AsyncTiers(kv, o, std::make_unique<FakeAsyncCopier>(kv, slots)) {}
+  AsyncTiers(KvCacheManager& kv, const KvTierOptions& o, std::unique_ptr<FakeAsyncCopier> owned) : copier(*owned) {
+    auto made = KvTierStore::create(kv, o, identity(), std::move(owned));
+    REQUIRE(made.ok());
+    store = std::move(made).value();
+  }
+  FakeAsyncCopier& copier;
+  std::unique_ptr<KvTierStore> store;
+};
+
+// A host tier of `blocks` blocks of `kv` that demotes `demoteAhead` blocks ahead of need.
+KvTierOptions hostTier(const KvCacheManager& kv, int blocks, int demoteAhead) {
+  KvTierOptions o;
+  o.hostBytes = int64_t(kv.blockStrideBytes()) * blocks;
+  o.demoteAheadBlocks = demoteAhead;
+  return o;
+}
+
 // Writes garbage into every block of `seq` (a step reusing them).
 void clobber(KvCacheManager& kv, SeqId seq) {
   const auto& l = kv.layout();
@@ -464,14 +486,8 @@ TEST_CASE("kv tiers: a copier made for the region is required and its block size
 
 TEST_CASE("kv tiers: an asynchronous copier demotes ahead, holding each block until its copy completed") {
   auto kv = makeKv(8);
-  KvTierOptions o;
-  o.hostBytes = int64_t(kv->blockStrideBytes()) * 16;
-  o.demoteAheadBlocks = 2;
-  auto owned = std::make_unique<FakeAsyncCopier>(*kv, 4);
-  FakeAsyncCopier& copier = *owned;
-  auto tiers = KvTierStore::create(*kv, o, identity(), std::move(owned));
-  REQUIRE(tiers.ok());
-  KvTierStore& t = **tiers;
+  AsyncTiers tiers(*kv, hostTier(*kv, 16, 2), 4);
+  KvTierStore& t = *tiers.store;
   const auto a = prompt(100, 2), b = prompt(500, 2);
   computeAndFree(*kv, 1, a);
   computeAndFree(*kv, 2, b);              // 4 named free blocks, 4 uncached free
@@ -483,7 +499,7 @@ TEST_CASE("kv tiers: an asynchronous copier demotes ahead, holding each block un
   t.poll();
   REQUIRE_OK(t.checkInvariants());
   CHECK(kv->numHeldBlocks() == 2);
-  CHECK(copier.inFlight() == 2);
+  CHECK(tiers.copier.inFlight() == 2);
   CHECK(t.stats().copiesInFlight == 2);
   CHECK(t.host()->size() == 0);  // not in the host tier before the copy completed
   CHECK(servedBlocks(*kv, a) == 0);
@@ -493,7 +509,7 @@ TEST_CASE("kv tiers: an asynchronous copier demotes ahead, holding each block un
   // Only b's blocks are free: a step reusing every free block never gets a held one. It
   // overwrites what it gets; a's copies still read a's bytes.
   REQUIRE(kv->numFreeBlocks() == 2);
-  copier.allow(1);  // the first copy completes before the step...
+  tiers.copier.allow(1);  // the first copy completes before the step...
   t.poll();
   REQUIRE_OK(t.checkInvariants());
   CHECK(kv->numHeldBlocks() == 1);
@@ -501,7 +517,7 @@ TEST_CASE("kv tiers: an asynchronous copier demotes ahead, holding each block un
   // ...which now takes b's two blocks and the one released: uncached first, no eviction
   // waited for.
   REQUIRE_OK(kv->allocate(11, 1 * kBs));
-  CHECK(copier.waits == 0);
+  CHECK(tiers.copier.waits == 0);
   for (BlockId blk : kv->blockTable(11)) CHECK_FALSE(kv->isHeld(blk));
   clobber(*kv, 11);
   // Evicting b's blocks cannot wait for poll(): the copy in flight is waited for first, then
@@ -509,8 +525,8 @@ TEST_CASE("kv tiers: an asynchronous copier demotes ahead, holding each block un
   REQUIRE_OK(kv->allocate(12, 2 * kBs));
   for (BlockId blk : kv->blockTable(12)) CHECK_FALSE(kv->isHeld(blk));
   clobber(*kv, 12);
-  CHECK(copier.waits == 1);
-  CHECK(copier.syncOut == 2);
+  CHECK(tiers.copier.waits == 1);
+  CHECK(tiers.copier.syncOut == 2);
   CHECK(t.stats().waitedEvictions == 2);
   REQUIRE_OK(t.checkInvariants());  // a's last block: released at the next poll
   CHECK(kv->numHeldBlocks() == 1);
@@ -534,14 +550,8 @@ TEST_CASE("kv tiers: an asynchronous copier demotes ahead, holding each block un
 
 TEST_CASE("kv tiers: a promotion wanting a block whose demotion is in flight waits for it") {
   auto kv = makeKv(6);
-  KvTierOptions o;
-  o.hostBytes = int64_t(kv->blockStrideBytes()) * 8;
-  o.demoteAheadBlocks = 2;
-  auto owned = std::make_unique<FakeAsyncCopier>(*kv, 4);
-  FakeAsyncCopier& copier = *owned;
-  auto tiers = KvTierStore::create(*kv, o, identity(), std::move(owned));
-  REQUIRE(tiers.ok());
-  KvTierStore& t = **tiers;
+  AsyncTiers tiers(*kv, hostTier(*kv, 8, 2), 4);
+  KvTierStore& t = *tiers.store;
   const auto a = prompt(100, 2);
   computeAndFree(*kv, 1, a);             // 2 named, 4 uncached free
   REQUIRE_OK(kv->allocate(2, 4 * kBs));  // no uncached block left
@@ -549,7 +559,7 @@ TEST_CASE("kv tiers: a promotion wanting a block whose demotion is in flight wai
   REQUIRE(kv->numHeldBlocks() == 2);
   REQUIRE_OK(kv->free(2));
   CHECK(t.promote(a, int(a.size()) - 1, 8) == 2);  // not recomputed: waited for
-  CHECK(copier.waits == 1);
+  CHECK(tiers.copier.waits == 1);
   REQUIRE_OK(t.checkInvariants());
   CHECK(servedBlocks(*kv, a) == 2);
   t.poll();
@@ -563,22 +573,19 @@ TEST_CASE("kv tiers: an asynchronous copier writes through to disk from its stag
   KvTierOptions o;
   o.diskBytes = int64_t(1) << 20;
   o.diskPath = dir.string();
-  auto owned = std::make_unique<FakeAsyncCopier>(*kv, 2);
-  FakeAsyncCopier& copier = *owned;
-  auto tiers = KvTierStore::create(*kv, o, identity(), std::move(owned));
-  REQUIRE(tiers.ok());
-  KvTierStore& t = **tiers;
+  AsyncTiers tiers(*kv, o, 2);
+  KvTierStore& t = *tiers.store;
   const auto a = prompt(100, 3);
   // Three blocks named at once, two slots: the third write-through is skipped...
   computeAndFree(*kv, 1, a);
-  CHECK(copier.inFlight() == 2);
+  CHECK(tiers.copier.inFlight() == 2);
   REQUIRE_OK(t.checkInvariants());
-  copier.allow(2);
+  tiers.copier.allow(2);
   t.poll();
   waitWritten(t, 2);
   // ...and its eviction is its last chance: copied synchronously and written.
   REQUIRE_OK(kv->allocate(2, 8 * kBs));
-  CHECK(copier.syncOut == 1);
+  CHECK(tiers.copier.syncOut == 1);
   waitWritten(t, 3);
   REQUIRE_OK(t.checkInvariants());
   REQUIRE_OK(kv->free(2));

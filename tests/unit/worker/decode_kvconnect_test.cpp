@@ -2,17 +2,10 @@
 // router and a fake prefill worker (real framed connections), a disaggregated request waits
 // for the prefill worker's KvConnect answer, never sends its PrefillRequest without one, and
 // fails through the remote-prefill failure path when the answer is a refusal or never comes.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <prometheus/registry.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <mutex>
-#include <sstream>
+#include <optional>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -25,82 +18,39 @@
 #include "tests/scratch_dir.h"
 #include "tests/test_skip.h"
 #include "tests/unit/engine/model_test_util.h"
+#include "tests/unit/worker/fake_peer.h"
 
 using namespace pd;
+using namespace pd::test;
 using namespace std::chrono_literals;
 
 namespace {
 
-// Envelopes and connections seen by a fake peer, from the io threads.
-struct Mailbox {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<proto::Envelope> got;
-  net::ConnectionPtr conn;
-  int closed = 0;
-
-  template <typename Pred>
-  bool waitFor(Pred pred, std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return pred(); });
-  }
-  net::ConnectionCallbacks callbacks(
-      std::function<void(const net::ConnectionPtr&, const proto::Envelope&)> reply = {}) {
-    net::ConnectionCallbacks cb;
-    cb.onOpen = [this](const net::ConnectionPtr& c) {
-      std::lock_guard<std::mutex> lock(mu);
-      conn = c;
-      cv.notify_all();
-    };
-    cb.onMessage = [this, reply](const net::ConnectionPtr& c, proto::Envelope&& env) {
-      // Recorded before the reply goes out: whoever sees the reply's effect sees this too.
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        got.push_back(env);
-        cv.notify_all();
-      }
-      if (reply) reply(c, env);
-    };
-    cb.onClose = [this](const net::ConnectionPtr&, const Status&) {
-      std::lock_guard<std::mutex> lock(mu);
-      ++closed;
-      cv.notify_all();
-    };
-    return cb;
-  }
-  size_t count(proto::Envelope::BodyCase body) {
-    size_t n = 0;
-    for (const auto& e : got) n += e.body_case() == body;
-    return n;
-  }
-};
+// A Generate of `prompt` for `maxTokens` tokens, as the router sends one; the caller adds
+// whatever disaggregates it.
+proto::Envelope generateOf(uint64_t id, const std::vector<int32_t>& prompt, uint32_t maxTokens) {
+  proto::Envelope env;
+  env.set_request_id(id);
+  auto* g = env.mutable_generate();
+  g->set_request_id(id);
+  for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
+  g->mutable_sampling()->set_max_tokens(maxTokens);
+  return env;
+}
 
 struct Harness {
   explicit Harness(int64_t timeoutMs, const std::string& transports = "[tcp]", const std::string& moreKv = "",
                    const std::string& engine = "num_blocks: 64") {
-    net::ConnectionOptions ro;
-    ro.hello.set_role(proto::ROLE_ROUTER);
-    ro.hello.set_worker_id("router-fake");
-    auto r = net::FramedServer::listen(io, "127.0.0.1", 0, ro, router.callbacks());
-    REQUIRE(r.ok());
-    routerServer = std::move(r).value();
+    routerServer = listenAsRouter(io, router);
     const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
-    auto config =
+    decode = startWorker<decode::DecodeService>(
         config::parseClusterConfig("model: {path: " + model + "}\nengine: {backend: cpu, " + engine +
                                        "}\n"
                                        "kv_transfer: {transports: " +
                                        transports + ", timeout_ms: " + std::to_string(timeoutMs) +
                                        ", on_remote_prefill_failure: fail" + moreKv + "}\nlogging: {level: warn}\n",
-                                   "test.yaml");
-    REQUIRE(config.ok());
-    worker::WorkerFlags flags;
-    flags.workerId = "decode-t";
-    flags.routers = {worker::RouterTarget{"127.0.0.1", routerServer->port()}};
-    auto d = decode::DecodeService::create(std::move(config).value(), flags);
-    REQUIRE(d.ok());
-    decode = std::move(d).value();
-    REQUIRE(decode->start().isOk());
-    REQUIRE(router.waitFor([&] { return router.conn != nullptr; }, 10s));
+                                   "test.yaml"),
+        "decode-t", routerServer->port(), router);
   }
   ~Harness() {
     if (decode) decode->stop();
@@ -119,16 +69,15 @@ struct Harness {
     prefillServer = std::move(p).value();
   }
 
+  // A disaggregated Generate of a 40-token prompt, prefilled by the fake prefill worker.
   void generate(uint64_t id) {
-    proto::Envelope env;
-    env.set_request_id(id);
-    auto* g = env.mutable_generate();
-    g->set_request_id(id);
-    for (int32_t t : engine::test::testPrompt(40, id)) g->add_prompt_token_ids(uint32_t(t));
-    g->mutable_sampling()->set_max_tokens(4);
-    g->set_prefill_worker_address("127.0.0.1:" + std::to_string(prefillServer->port()));
-    g->set_prefill_worker_id("prefill-fake");
+    proto::Envelope env = generateOf(id, engine::test::testPrompt(40, id), 4);
+    setPrefillWorker(env);
     REQUIRE(router.conn->send(std::move(env)).isOk());
+  }
+  void setPrefillWorker(proto::Envelope& env) const {
+    env.mutable_generate()->set_prefill_worker_address("127.0.0.1:" + std::to_string(prefillServer->port()));
+    env.mutable_generate()->set_prefill_worker_id("prefill-fake");
   }
 
   // The request's final TokenChunk, as the router received it.
@@ -209,69 +158,28 @@ TEST_CASE("decode KvConnect: a refusal fails the queued request at once with the
 // loads a real lane to it) and never pushes: the decode worker's deadline fails the request.
 namespace {
 
-// The decode worker's /metrics, by a plain HTTP/1.0 GET.
-std::string metricsText(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-    (void)::send(fd, req.data(), req.size(), 0);
-    char buf[8192];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
-  }
-  ::close(fd);
-  return out;
-}
-
-// The first series of `name` whose line contains `label` (or any, when empty); -1 if none.
-double metric(int port, const std::string& name, const std::string& label = "") {
-  std::istringstream in(metricsText(port));
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name, 0) != 0 || (line[name.size()] != ' ' && line[name.size()] != '{')) continue;
-    if (!label.empty() && line.find(label) == std::string::npos) continue;
-    return std::atof(line.c_str() + line.rfind(' ') + 1);
-  }
-  return -1;
-}
-
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
-}
-
-// The fake prefill worker's kvtransfer side: a real agent (driven under a mutex: io threads).
+// The fake prefill worker's kvtransfer side: a real agent over a pool of `bytes`, each `fill`
+// (driven under a mutex: io threads). With poolBlocks > 0 its KvConnect reply carries the
+// pool, that many blocks at its base, as a prefill worker that can pull does.
 struct FakePrefillKv {
-  explicit FakePrefillKv(std::vector<std::string> transports) : buf(1 << 16, 0x5A) {
-    kvt::AgentOptions o;
-    o.name = "prefill-fake";
-    o.preference = std::move(transports);
-    auto a = kvt::TransferAgent::create(o, registry);
-    REQUIRE(a.ok());
-    agent = std::move(a).value();
-    REQUIRE(agent->registerMemory(MemDesc{reinterpret_cast<uintptr_t>(buf.data()), buf.size()}).ok());
-  }
+  explicit FakePrefillKv(std::vector<std::string> transports, size_t bytes = 1 << 16, uint8_t fill = 0x5A,
+                         uint32_t poolBlocks = 0)
+      : pool("prefill-fake", std::move(transports), bytes, fill), poolBlocks(poolBlocks) {}
   // Answers KvConnect with the real reply; records the offer and the PrefillRequest's target.
   void handle(const net::ConnectionPtr& c, const proto::Envelope& env) {
     std::lock_guard<std::mutex> lock(mu);
     if (env.body_case() == proto::Envelope::kKvConnect) {
       offer = env.kv_connect();
-      auto p = agent->loadPeer(env.kv_connect().metadata());
+      auto p = pool.agent->loadPeer(env.kv_connect().metadata());
       REQUIRE(p.ok());
       peer = *p;
       proto::Envelope reply;
       reply.set_request_id(0);
-      reply.mutable_kv_connect()->set_metadata(agent->peerMetadata(*p).value());
+      reply.mutable_kv_connect()->set_metadata(pool.agent->peerMetadata(*p).value());
+      if (poolBlocks > 0) {
+        reply.mutable_kv_connect()->set_num_blocks(poolBlocks);
+        reply.mutable_kv_connect()->add_regions()->set_base(pool.region().addr);
+      }
       (void)c->send(std::move(reply));
     } else if (env.body_case() == proto::Envelope::kPrefillRequest) {
       target = env.prefill_request().kv_target();
@@ -280,23 +188,22 @@ struct FakePrefillKv {
   // A write of 64 bytes into the target's first region under the target's grant, waited for.
   Status staleWrite() {
     std::lock_guard<std::mutex> lock(mu);
-    MemDesc local{reinterpret_cast<uintptr_t>(buf.data()), 64};
+    MemDesc local{reinterpret_cast<uintptr_t>(pool.buf.data()), 64};
     MemDesc remote{uintptr_t(offer.regions(0).base()), 64};
-    auto id = agent->post({local}, {remote}, peer, target.write_grant());
+    auto id = pool.agent->post({local}, {remote}, peer, target.write_grant());
     if (!id.ok()) return id.status();
     const auto end = std::chrono::steady_clock::now() + 10s;
     while (std::chrono::steady_clock::now() < end) {
-      agent->progress();
-      Status st = agent->poll(*id);
+      pool.agent->progress();
+      Status st = pool.agent->poll(*id);
       if (!st.inProgress()) return st;
       std::this_thread::sleep_for(1ms);
     }
     return deadlineExceeded("test: stale write still pending");
   }
   std::mutex mu;
-  prometheus::Registry registry;
-  std::vector<uint8_t> buf;
-  std::unique_ptr<kvt::TransferAgent> agent;
+  FakeKvPool pool;
+  uint32_t poolBlocks = 0;
   kvt::AgentPeer peer = 0;
   proto::KvConnect offer;  // where the decode worker's blocks live (the connection's facts)
   proto::KvTarget target;  // the request's blocks and grant
@@ -404,12 +311,8 @@ namespace {
 constexpr int kPullTokens = 32;  // 2 blocks of the 40-token prompt
 
 void generatePull(Harness& h, uint64_t id) {
-  proto::Envelope env;
-  env.set_request_id(id);
+  proto::Envelope env = generateOf(id, engine::test::testPrompt(40, id), 4);
   auto* g = env.mutable_generate();
-  g->set_request_id(id);
-  for (int32_t t : engine::test::testPrompt(40, id)) g->add_prompt_token_ids(uint32_t(t));
-  g->mutable_sampling()->set_max_tokens(4);
   g->set_pull_source_id("decode-source");
   g->set_pull_source_address("127.0.0.1:" + std::to_string(h.prefillServer->port()));
   g->set_pull_tokens(kPullTokens);
@@ -442,11 +345,7 @@ TEST_CASE("peer pull: a source that no longer holds the blocks refuses; the prom
   Harness h(20000, "[tcp]", kPullKv);
   FakeSource src;
   src.answer = [](const net::ConnectionPtr& c, const proto::PullRequest& pr) {
-    proto::Envelope err;
-    err.set_request_id(pr.request_id());
-    err.mutable_error()->set_code(proto::ERROR_NOT_FOUND);
-    err.mutable_error()->set_message("fake source: holds none of the pulled tokens any more");
-    (void)c->send(std::move(err));
+    (void)c->send(pullRefused(pr, "fake source: holds none of the pulled tokens any more"));
   };
   h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
   const int port = h.decode->metricsPort();
@@ -497,13 +396,7 @@ TEST_CASE("peer pull: PullDone attaches the pulled blocks as a cached prefix and
   FakeSource src;
   src.answer = [](const net::ConnectionPtr& c, const proto::PullRequest& pr) {
     // (The fake writes nothing: the blocks hold whatever they held; this checks the lifecycle.)
-    proto::Envelope done;
-    done.set_request_id(pr.request_id());
-    done.mutable_pull_done()->set_request_id(pr.request_id());
-    done.mutable_pull_done()->set_tokens(uint32_t(pr.prompt_token_ids_size()));
-    done.mutable_pull_done()->set_bytes_transferred(12345);
-    done.mutable_pull_done()->set_transport("tcp");
-    (void)c->send(std::move(done));
+    (void)c->send(pullDone(pr, 12345));
   };
   h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
   const int port = h.decode->metricsPort();
@@ -538,17 +431,26 @@ namespace {
 
 // Computes `prompt` colocated on the harness's decode worker (its full blocks get names).
 void computeHere(Harness& h, uint64_t id, const std::vector<int32_t>& prompt) {
-  proto::Envelope env;
-  env.set_request_id(id);
-  auto* g = env.mutable_generate();
-  g->set_request_id(id);
-  for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
-  g->mutable_sampling()->set_max_tokens(2);
-  REQUIRE(h.router.conn->send(std::move(env)).isOk());
+  REQUIRE(h.router.conn->send(generateOf(id, prompt, 2)).isOk());
   const auto last = h.finalChunk(id, 10s);
   REQUIRE(last.has_value());
   INFO(last->DebugString());
   REQUIRE(last->finish_reason() == proto::FINISH_LENGTH);
+}
+
+// A PullRequest `id` for `tokens` into `blocks` (one layer's ids) under `grant`, deadline 2 s.
+proto::Envelope pullRequestOf(uint64_t id, const std::vector<int32_t>& tokens, const std::vector<uint32_t>& blocks,
+                              const std::string& grant) {
+  proto::Envelope env;
+  env.set_request_id(id);
+  auto* pr = env.mutable_pull_request();
+  pr->set_request_id(id);
+  for (int32_t t : tokens) pr->add_prompt_token_ids(uint32_t(t));
+  auto* layer = pr->mutable_kv_target()->add_layers();
+  for (uint32_t b : blocks) layer->add_block_ids(b);
+  pr->mutable_kv_target()->set_write_grant(grant);
+  pr->set_deadline_ms(2000);
+  return env;
 }
 
 // A fake pull target against the harness's decode worker (the source): `numBlocks` blocks of
@@ -558,22 +460,8 @@ struct FakePullTarget {
   FakePullTarget(Harness& h, int numBlocks) {
     const std::string address = h.router.conn->peerHello().address();
     REQUIRE(!address.empty());  // the pull port, in the hello
-    REQUIRE(h.router.waitFor(
-        [&] {
-          for (const auto& e : h.router.got)
-            if (e.body_case() == proto::Envelope::kLoadReport) bytesPerToken = e.load_report().kv_bytes_per_token();
-          return bytesPerToken > 0;
-        },
-        5s));
-    kvBuf.assign(size_t(numBlocks) * 16 * bytesPerToken, 0);
-    kvt::AgentOptions o;
-    o.name = "target-fake";
-    o.preference = {"tcp"};
-    auto a = kvt::TransferAgent::create(o, registry);
-    REQUIRE(a.ok());
-    agent = std::move(a).value();
-    const MemDesc region{reinterpret_cast<uintptr_t>(kvBuf.data()), kvBuf.size()};
-    REQUIRE(agent->registerMemory(region).ok());
+    bytesPerToken = kvBytesPerToken(h.router);
+    pool.emplace("target-fake", std::vector<std::string>{"tcp"}, size_t(numBlocks) * 16 * bytesPerToken);
     net::ConnectionOptions co;
     co.hello.set_role(proto::ROLE_DECODE);
     co.hello.set_worker_id("target-fake");
@@ -583,21 +471,8 @@ struct FakePullTarget {
                                         mail.callbacks(), 5s);
     REQUIRE(c.ok());
     conn = std::move(c).value();
-    proto::Envelope offer;
-    offer.set_request_id(0);
-    offer.mutable_kv_connect()->set_metadata(agent->localMetadata().value());
-    offer.mutable_kv_connect()->set_num_blocks(uint32_t(numBlocks));
-    offer.mutable_kv_connect()->add_regions()->set_base(region.addr);
-    REQUIRE(conn->send(std::move(offer)).isOk());
-    REQUIRE(mail.waitFor([&] { return mail.count(proto::Envelope::kKvConnect) == 1; }, 5s));
-    kvt::AgentPeer peer = 0;
-    {
-      std::lock_guard<std::mutex> lock(mail.mu);
-      auto p = agent->loadPeer(mail.got.back().kv_connect().metadata());
-      REQUIRE(p.ok());
-      peer = *p;
-    }
-    auto g = agent->grantWrite(peer, {region});
+    const KvConnected connected = offerKvPool(*pool, uint32_t(numBlocks), conn, mail);
+    auto g = pool->agent->grantWrite(connected.peer, {pool->region()});
     REQUIRE(g.ok());
     grant = *g;
   }
@@ -608,16 +483,7 @@ struct FakePullTarget {
   // (PullDone or Error).
   proto::Envelope pull(uint64_t id, const std::vector<int32_t>& tokens, const std::vector<uint32_t>& blocks) {
     const size_t before = mail.count(proto::Envelope::kPullDone) + mail.count(proto::Envelope::kError);
-    proto::Envelope env;
-    env.set_request_id(id);
-    auto* pr = env.mutable_pull_request();
-    pr->set_request_id(id);
-    for (int32_t t : tokens) pr->add_prompt_token_ids(uint32_t(t));
-    auto* layer = pr->mutable_kv_target()->add_layers();
-    for (uint32_t b : blocks) layer->add_block_ids(b);
-    pr->mutable_kv_target()->set_write_grant(grant);
-    pr->set_deadline_ms(2000);
-    REQUIRE(conn->send(std::move(env)).isOk());
+    REQUIRE(conn->send(pullRequestOf(id, tokens, blocks, grant)).isOk());
     REQUIRE(mail.waitFor(
         [&] { return mail.count(proto::Envelope::kPullDone) + mail.count(proto::Envelope::kError) > before; }, 10s));
     std::lock_guard<std::mutex> lock(mail.mu);
@@ -625,13 +491,12 @@ struct FakePullTarget {
   }
   std::vector<uint8_t> block(int b) const {
     const size_t bytes = 16 * bytesPerToken;
-    return std::vector<uint8_t>(kvBuf.begin() + long(size_t(b) * bytes), kvBuf.begin() + long(size_t(b + 1) * bytes));
+    const std::vector<uint8_t>& buf = pool->buf;
+    return std::vector<uint8_t>(buf.begin() + long(size_t(b) * bytes), buf.begin() + long(size_t(b + 1) * bytes));
   }
 
   uint64_t bytesPerToken = 0;
-  prometheus::Registry registry;
-  std::vector<uint8_t> kvBuf;
-  std::unique_ptr<kvt::TransferAgent> agent;
+  std::optional<FakeKvPool> pool;  // made once the worker reported its KV bytes per token
   Mailbox mail;
   net::ConnectionPtr conn;
   std::string grant;
@@ -689,9 +554,9 @@ void pullFromTier(const std::string& tier, const std::string& tiers) {
     REQUIRE(done.body_case() == proto::Envelope::kPullDone);
     REQUIRE(done.pull_done().tokens() == 32);
   }
-  const std::vector<uint8_t> servedFromRegion = t.kvBuf;
+  const std::vector<uint8_t> servedFromRegion = t.pool->buf;
   REQUIRE(std::any_of(servedFromRegion.begin(), servedFromRegion.end(), [](uint8_t b) { return b != 0; }));
-  std::fill(t.kvBuf.begin(), t.kvBuf.end(), 0);
+  std::fill(t.pool->buf.begin(), t.pool->buf.end(), 0);
   // The disk tier's write-through lands off the loop: both blocks are on disk first.
   if (tier == "disk") {
     REQUIRE(eventually([&] { return metric(port, "pdserve_kv_tier_blocks", "tier=\"disk\"") >= 2; }, 5s));
@@ -709,7 +574,7 @@ void pullFromTier(const std::string& tier, const std::string& tiers) {
     CHECK(done.pull_done().bytes_transferred() == 32 * t.bytesPerToken);
   }
   // The same KV as the region served, byte for byte.
-  CHECK((t.kvBuf == servedFromRegion));
+  CHECK((t.pool->buf == servedFromRegion));
   CHECK(eventually([&] { return metric(port, "pdserve_kv_tier_promotions_total", from) - promotedBefore == 2; }, 5s));
   // Nothing stays pinned.
   CHECK(eventually([&] { return metric(port, "pdserve_kv_cache_free_blocks") == 8; }, 5s));
@@ -736,61 +601,16 @@ TEST_CASE("prefill pull: the decode worker forwards the pull and serves it over 
   INFO("the reply carries the pool: " << pool);
   Harness h(20000, "[tcp]", kPullKv);
   const auto prompt = engine::test::testPrompt(40, 61);
-  {  // The prompt computed here first: its leading blocks are named in the region.
-    proto::Envelope env;
-    env.set_request_id(61);
-    auto* g = env.mutable_generate();
-    g->set_request_id(61);
-    for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
-    g->mutable_sampling()->set_max_tokens(2);
-    REQUIRE(h.router.conn->send(std::move(env)).isOk());
-  }
-  REQUIRE(h.finalChunk(61, 10s).has_value());
-  uint64_t bytesPerToken = 0;
-  REQUIRE(h.router.waitFor(
-      [&] {
-        for (const auto& e : h.router.got)
-          if (e.body_case() == proto::Envelope::kLoadReport) bytesPerToken = e.load_report().kv_bytes_per_token();
-        return bytesPerToken > 0;
-      },
-      5s));
-  // The fake prefill worker: a real agent over a 4-block pool, its pool in the KvConnect reply.
-  prometheus::Registry registry;
-  std::vector<uint8_t> kvBuf(4 * 16 * bytesPerToken, 0);
-  kvt::AgentOptions o;
-  o.name = "prefill-fake";
-  o.preference = {"tcp"};
-  auto made = kvt::TransferAgent::create(o, registry);
-  REQUIRE(made.ok());
-  std::unique_ptr<kvt::TransferAgent> agent = std::move(made).value();
-  const MemDesc region{reinterpret_cast<uintptr_t>(kvBuf.data()), kvBuf.size()};
-  REQUIRE(agent->registerMemory(region).ok());
-  std::mutex mu;
-  kvt::AgentPeer peer = 0;
-  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) {
-    if (env.body_case() != proto::Envelope::kKvConnect) return;
-    std::lock_guard<std::mutex> lock(mu);
-    auto p = agent->loadPeer(env.kv_connect().metadata());
-    REQUIRE(p.ok());
-    peer = *p;
-    proto::Envelope reply;
-    reply.set_request_id(0);
-    reply.mutable_kv_connect()->set_metadata(agent->peerMetadata(*p).value());
-    if (pool) {
-      reply.mutable_kv_connect()->set_num_blocks(4);
-      reply.mutable_kv_connect()->add_regions()->set_base(region.addr);
-    }
-    (void)c->send(std::move(reply));
-  });
+  computeHere(h, 61, prompt);  // its leading blocks are named in the region
+  const uint64_t bytesPerToken = kvBytesPerToken(h.router);
+  // The fake prefill worker: a real agent over a 4-block pool (all zero), in its KvConnect reply
+  // when `pool`.
+  FakePrefillKv kv({"tcp"}, 4 * 16 * bytesPerToken, 0, pool ? 4 : 0);
+  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { kv.handle(c, env); });
   {
-    proto::Envelope env;
-    env.set_request_id(62);
+    proto::Envelope env = generateOf(62, prompt, 4);
+    h.setPrefillWorker(env);
     auto* g = env.mutable_generate();
-    g->set_request_id(62);
-    for (int32_t t : prompt) g->add_prompt_token_ids(uint32_t(t));
-    g->mutable_sampling()->set_max_tokens(4);
-    g->set_prefill_worker_address("127.0.0.1:" + std::to_string(h.prefillServer->port()));
-    g->set_prefill_worker_id("prefill-fake");
     g->set_pull_source_id("decode-t");
     g->set_pull_source_address("127.0.0.1:1");  // not dialled: the pull rides the prefill link
     g->set_pull_tokens(kPullTokens);
@@ -815,22 +635,13 @@ TEST_CASE("prefill pull: the decode worker forwards the pull and serves it over 
   // The prefill worker's pull, back over the same connection, into its blocks 1 and 2.
   std::string grant;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    auto g = agent->grantWrite(peer, {region});
+    std::lock_guard<std::mutex> lock(kv.mu);
+    auto g = kv.pool.agent->grantWrite(kv.peer, {kv.pool.region()});
     REQUIRE(g.ok());
     grant = std::move(g).value();
   }
-  proto::Envelope env;
-  env.set_request_id(62);
-  auto* pull = env.mutable_pull_request();
-  pull->set_request_id(62);
-  for (int i = 0; i < kPullTokens; ++i) pull->add_prompt_token_ids(pr.prompt_token_ids(i));
-  auto* layer = pull->mutable_kv_target()->add_layers();
-  layer->add_block_ids(1);
-  layer->add_block_ids(2);
-  pull->mutable_kv_target()->set_write_grant(grant);
-  pull->set_deadline_ms(2000);
-  REQUIRE(link->send(std::move(env)).isOk());
+  const std::vector<int32_t> pulled(pr.prompt_token_ids().begin(), pr.prompt_token_ids().begin() + kPullTokens);
+  REQUIRE(link->send(pullRequestOf(62, pulled, {1, 2}, grant)).isOk());
   REQUIRE(h.prefill.waitFor(
       [&] { return h.prefill.count(proto::Envelope::kPullDone) + h.prefill.count(proto::Envelope::kError) >= 1; },
       10s));
@@ -845,5 +656,5 @@ TEST_CASE("prefill pull: the decode worker forwards the pull and serves it over 
     }
   }
   // The pushed KV landed in the fake pool (it was all zero).
-  CHECK(std::any_of(kvBuf.begin(), kvBuf.end(), [](uint8_t b) { return b != 0; }));
+  CHECK(std::any_of(kv.pool.buf.begin(), kv.pool.buf.end(), [](uint8_t b) { return b != 0; }));
 }

@@ -4,17 +4,9 @@
 // for exactly those tokens back over the same connection, with a grant and the pull deadline.
 // Whatever the decode worker answers -- PullDone, an Error, nothing -- the job is served
 // (PrefillDone), the pull is counted by outcome, and no block stays held.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <prometheus/registry.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <condition_variable>
 #include <mutex>
-#include <sstream>
-#include <thread>
+#include <optional>
 
 #include <catch2/catch.hpp>
 
@@ -23,8 +15,10 @@
 #include "kvtransfer/agent.h"
 #include "prefill_worker/prefill_service.h"
 #include "tests/unit/engine/model_test_util.h"
+#include "tests/unit/worker/fake_peer.h"
 
 using namespace pd;
+using namespace pd::test;
 using namespace std::chrono_literals;
 
 namespace {
@@ -32,131 +26,20 @@ namespace {
 constexpr int kPullTokens = 32;  // 2 blocks of the 40-token prompt
 constexpr int kPullDeadlineMs = 400;
 
-// Envelopes seen by a fake peer, from the io threads.
-struct Mailbox {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<proto::Envelope> got;
-  net::ConnectionPtr conn;
-
-  template <typename Pred>
-  bool waitFor(Pred pred, std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return pred(); });
-  }
-  net::ConnectionCallbacks callbacks(std::function<void(const net::ConnectionPtr&, const proto::Envelope&)> reply) {
-    net::ConnectionCallbacks cb;
-    cb.onOpen = [this](const net::ConnectionPtr& c) {
-      std::lock_guard<std::mutex> lock(mu);
-      conn = c;
-      cv.notify_all();
-    };
-    cb.onMessage = [this, reply](const net::ConnectionPtr& c, proto::Envelope&& env) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        got.push_back(env);
-        cv.notify_all();
-      }
-      if (reply) reply(c, env);
-    };
-    return cb;
-  }
-  size_t count(proto::Envelope::BodyCase body) {
-    size_t n = 0;
-    for (const auto& e : got) n += e.body_case() == body;
-    return n;
-  }
-  std::optional<proto::Envelope> last(proto::Envelope::BodyCase body) {
-    for (auto it = got.rbegin(); it != got.rend(); ++it)
-      if (it->body_case() == body) return *it;
-    return std::nullopt;
-  }
-};
-
-// A worker's /metrics, by a plain HTTP/1.0 GET.
-std::string metricsText(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-    (void)::send(fd, req.data(), req.size(), 0);
-    char buf[8192];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
-  }
-  ::close(fd);
-  return out;
-}
-
-// The first series of `name` whose line contains `label` (or any, when empty); -1 if none.
-double metric(int port, const std::string& name, const std::string& label = "") {
-  std::istringstream in(metricsText(port));
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name, 0) != 0 || (line[name.size()] != ' ' && line[name.size()] != '{')) continue;
-    if (!label.empty() && line.find(label) == std::string::npos) continue;
-    return std::atof(line.c_str() + line.rfind(' ') + 1);
-  }
-  return -1;
-}
-
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
-}
-
 struct Harness {
   // `answer` is how the fake decode worker answers a PullRequest (nothing when empty).
   explicit Harness(std::function<void(const net::ConnectionPtr&, const proto::PullRequest&)> answer) {
-    net::ConnectionOptions ro;
-    ro.hello.set_role(proto::ROLE_ROUTER);
-    ro.hello.set_worker_id("router-fake");
-    auto r = net::FramedServer::listen(io, "127.0.0.1", 0, ro, router.callbacks({}));
-    REQUIRE(r.ok());
-    routerServer = std::move(r).value();
+    routerServer = listenAsRouter(io, router);
     const std::string model = engine::test::makeTestModel("worker_tiny", engine::MakeModelOptions{});
-    auto config =
+    prefill = startWorker<prefill::PrefillService>(
         config::parseClusterConfig("model: {path: " + model +
                                        "}\nengine: {backend: cpu, num_blocks: 64}\n"
                                        "kv_transfer: {transports: [tcp], timeout_ms: 20000, pull_timeout_ms: " +
                                        std::to_string(kPullDeadlineMs) + "}\nlogging: {level: warn}\n",
-                                   "test.yaml");
-    REQUIRE(config.ok());
-    worker::WorkerFlags flags;
-    flags.workerId = "prefill-t";
-    flags.routers = {worker::RouterTarget{"127.0.0.1", routerServer->port()}};
-    auto p = prefill::PrefillService::create(std::move(config).value(), flags);
-    REQUIRE(p.ok());
-    prefill = std::move(p).value();
-    REQUIRE(prefill->start().isOk());
-    REQUIRE(router.waitFor([&] { return router.conn != nullptr; }, 10s));
-    uint64_t bytesPerToken = 0;
-    REQUIRE(router.waitFor(
-        [&] {
-          for (const auto& e : router.got)
-            if (e.body_case() == proto::Envelope::kLoadReport) bytesPerToken = e.load_report().kv_bytes_per_token();
-          return bytesPerToken > 0;
-        },
-        5s));
+                                   "test.yaml"),
+        "prefill-t", routerServer->port(), router);
     // The fake decode worker: 4 blocks of KV in one host buffer, a real agent.
-    kvBuf.assign(4 * 16 * bytesPerToken, 0);
-    kvt::AgentOptions o;
-    o.name = "decode-fake";
-    o.preference = {"tcp"};
-    auto a = kvt::TransferAgent::create(o, registry);
-    REQUIRE(a.ok());
-    agent = std::move(a).value();
-    region = MemDesc{reinterpret_cast<uintptr_t>(kvBuf.data()), kvBuf.size()};
-    REQUIRE(agent->registerMemory(region).ok());
+    pool.emplace("decode-fake", std::vector<std::string>{"tcp"}, 4 * 16 * kvBytesPerToken(router));
     net::ConnectionOptions co;
     co.hello.set_role(proto::ROLE_DECODE);
     co.hello.set_worker_id("decode-fake");
@@ -170,18 +53,9 @@ struct Harness {
                                    5s);
     REQUIRE(conn.ok());
     link = std::move(conn).value();
-    proto::Envelope offer;
-    offer.set_request_id(0);
-    offer.mutable_kv_connect()->set_metadata(agent->localMetadata().value());
-    offer.mutable_kv_connect()->set_num_blocks(4);
-    offer.mutable_kv_connect()->add_regions()->set_base(region.addr);
-    REQUIRE(link->send(std::move(offer)).isOk());
-    REQUIRE(decode.waitFor([&] { return decode.count(proto::Envelope::kKvConnect) == 1; }, 5s));
-    std::lock_guard<std::mutex> lock(decode.mu);
-    reply = decode.last(proto::Envelope::kKvConnect)->kv_connect();
-    auto loaded = agent->loadPeer(reply.metadata());
-    REQUIRE(loaded.ok());
-    peer = *loaded;
+    const KvConnected connected = offerKvPool(*pool, 4, link, decode);
+    reply = connected.reply;
+    peer = connected.peer;
   }
   ~Harness() {
     if (link) link->close(Status::ok());
@@ -192,7 +66,7 @@ struct Harness {
   // A PrefillRequest for a 40-token prompt into the fake's blocks 0..2, naming a pull of its
   // first kPullTokens tokens.
   void request(uint64_t id) {
-    auto grant = agent->grantWrite(peer, {region});
+    auto grant = pool->agent->grantWrite(peer, {pool->region()});
     REQUIRE(grant.ok());
     proto::Envelope env;
     env.set_request_id(id);
@@ -230,34 +104,19 @@ struct Harness {
   Mailbox router, decode;
   std::unique_ptr<net::FramedServer> routerServer;
   std::unique_ptr<prefill::PrefillService> prefill;
-  prometheus::Registry registry;
-  std::vector<uint8_t> kvBuf;
-  std::unique_ptr<kvt::TransferAgent> agent;
-  MemDesc region{};
+  std::optional<FakeKvPool> pool;  // made once the worker reported its KV bytes per token
   net::ConnectionPtr link;
   proto::KvConnect reply;
   kvt::AgentPeer peer = 0;
 };
 
 void answerError(const net::ConnectionPtr& c, const proto::PullRequest& pr) {
-  proto::Envelope env;
-  env.set_request_id(pr.request_id());
-  env.mutable_error()->set_code(proto::ERROR_NOT_FOUND);
-  env.mutable_error()->set_message("fake decode worker: holds none of the pulled tokens any more");
-  (void)c->send(std::move(env));
+  (void)c->send(pullRefused(pr, "fake decode worker: holds none of the pulled tokens any more"));
 }
 
 // PullDone without writing: the blocks hold whatever was there, which is all a test of the
 // naming needs (the ids are not compared here).
-void answerDone(const net::ConnectionPtr& c, const proto::PullRequest& pr) {
-  proto::Envelope env;
-  env.set_request_id(pr.request_id());
-  env.mutable_pull_done()->set_request_id(pr.request_id());
-  env.mutable_pull_done()->set_tokens(uint32_t(pr.prompt_token_ids_size()));
-  env.mutable_pull_done()->set_bytes_transferred(4321);
-  env.mutable_pull_done()->set_transport("tcp");
-  (void)c->send(std::move(env));
-}
+void answerDone(const net::ConnectionPtr& c, const proto::PullRequest& pr) { (void)c->send(pullDone(pr, 4321)); }
 
 }  // namespace
 
