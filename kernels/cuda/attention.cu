@@ -5,18 +5,21 @@
 // For each tile of kAttnKvTile key positions the block converts K and V of its kv head into
 // shared memory (K rows padded by one float so lanes reading different keys hit different
 // banks); then lane j of a warp computes the score of key j for a row, the warp updates the
-// row's online softmax, and every lane accumulates p_j * V[j] into its slice of the row.
+// row's online softmax, and every lane accumulates p_j * V[j] into its slice of the row
+// (the per-row state and tile update: online_softmax.cuh, shared with mla.cu).
 #include <cmath>
 #include <type_traits>
 
 #include "dtype_util.cuh"
+#include "online_softmax.cuh"
 #include "pd/kernels/cuda/attention.h"
 
 namespace pd::kernels::cuda {
 
 using detail::dispatchDtype;
-using detail::fromF32;
+using detail::forEachDtypePair;
 using detail::toF32;
+using detail::WarpRowsSoftmax;
 
 namespace {
 
@@ -30,15 +33,6 @@ size_t attnSharedBytes(int headDim) {
   return sizeof(float) * (size_t(kAttnRowsPerBlock) * headDim +  // q rows (pre-scaled)
                           size_t(kAttnKvTile) * (headDim + 1) +  // K tile, padded rows
                           size_t(kAttnKvTile) * headDim);        // V tile
-}
-
-__device__ __forceinline__ float warpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 // Launch: grid = (numWork, numKvHeads), block = kWarps * 32 threads,
@@ -74,17 +68,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kMaxDimPerLane];
-  int qpos[kRowsPerWarp];
-#pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    m[j] = -INFINITY;
-    l[j] = 0.0f;
-    const int r = warp + kWarps * j;
-    qpos[j] = r < rowsHere ? s.startPos + (w.rowBegin + r) / group : -1;
-#pragma unroll
-    for (int i = 0; i < kMaxDimPerLane; ++i) acc[j][i] = 0.0f;
-  }
+  WarpRowsSoftmax<kWarps, kRowsPerWarp, kMaxDimPerLane> rows;
+  rows.init(warp, rowsHere, w.rowBegin, group, s.startPos);
 
   const int32_t* table = blockTables + s.blockTableOffset;
   constexpr int kVec = int(16 / sizeof(KvT));  // elements per 16-byte load
@@ -145,51 +130,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
     __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-      if (qpos[j] < 0 || kv0 > qpos[j]) continue;  // warp-uniform: row absent or tile all masked
-      const int r = warp + kWarps * j;
-      float score = -INFINITY;
-      if (lane < n && kv0 + lane <= qpos[j]) {
-        const float* qr = qs + r * headDim;
-        const float* kr = ks + lane * kStride;
-        float dot = 0.0f;
-        for (int d = 0; d < headDim; ++d) dot = fmaf(qr[d], kr[d], dot);
-        score = dot;
-      }
-      const float tileMax = warpMax(score);  // finite: key kv0 <= qpos[j] is always visible
-      const float mNew = fmaxf(m[j], tileMax);
-      const float corr = expf(m[j] - mNew);  // m = -inf on the first tile gives 0
-      const float p = lane < n && kv0 + lane <= qpos[j] ? expf(score - mNew) : 0.0f;
-      l[j] = l[j] * corr + warpSum(p);
-#pragma unroll
-      for (int i = 0; i < kMaxDimPerLane; ++i) acc[j][i] *= corr;
-      for (int key = 0; key < n; ++key) {
-        const float pk = __shfl_sync(0xffffffffu, p, key);
-        const float* vr = vs + key * headDim;
-#pragma unroll
-        for (int i = 0; i < kMaxDimPerLane; ++i) {
-          const int d = lane + 32 * i;
-          if (d < headDim) acc[j][i] = fmaf(pk, vr[d], acc[j][i]);
-        }
-      }
-      m[j] = mNew;
-    }
+    rows.addTile(kv0, n, warp, lane, qs, headDim, ks, kStride, vs, headDim, headDim);
   }
 
-#pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    if (qpos[j] < 0) continue;
-    const int row = w.rowBegin + warp + kWarps * j;
+  rows.template store<OutT>(warp, lane, headDim, [&](int r) {
+    const int row = w.rowBegin + r;
     const int token = row / group, h = kvHead * group + row % group;
-    const float inv = 1.0f / l[j];
-    OutT* o = out + size_t(s.tokenStart + token) * outStride + size_t(h) * headDim;
-#pragma unroll
-    for (int i = 0; i < kMaxDimPerLane; ++i) {
-      const int d = lane + 32 * i;
-      if (d < headDim) o[d] = fromF32<OutT>(acc[j][i] * inv);
-    }
-  }
+    return out + size_t(s.tokenStart + token) * outStride + size_t(h) * headDim;
+  });
 }
 
 template <typename KvT, typename OutT>
@@ -219,15 +167,7 @@ cudaError_t pagedAttentionInit() {
         dispatchDtype(o, [&](auto oTag) { return allowLargeShared<__nv_fp8_e4m3, decltype(oTag)>(); });
     if (e != cudaSuccess) return e;
   }
-  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (DType o : {DType::kF32, DType::kF16, DType::kBF16}) {
-      const cudaError_t e = dispatchDtype(kv, [&](auto kvTag) {
-        return dispatchDtype(o, [&](auto oTag) { return allowLargeShared<decltype(kvTag), decltype(oTag)>(); });
-      });
-      if (e != cudaSuccess) return e;
-    }
-  }
-  return cudaSuccess;
+  return forEachDtypePair([](auto kvTag, auto oTag) { return allowLargeShared<decltype(kvTag), decltype(oTag)>(); });
 }
 
 cudaError_t pagedAttention(const float* q, int qStride, const void* layerKv, DType kvDtype, const int32_t* blockTables,

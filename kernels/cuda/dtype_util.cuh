@@ -1,5 +1,5 @@
 // Device-side helpers shared by the .cu files: f32 <-> storage type conversion and a
-// DType -> C++ type dispatch. Internal to kernels/cuda.
+// DType -> C++ type dispatch (one type, or every pair). Internal to kernels/cuda.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,6 +44,20 @@ inline cudaError_t dispatchDtype(DType d, Fn&& fn) {
       break;
   }
   return cudaErrorInvalidValue;
+}
+
+// Calls fn(A{}, B{}) for every pair of storage types A, B of f32, f16, bf16 (A outer, B inner,
+// in that order), stopping at the first error, which it returns.
+template <typename Fn>
+inline cudaError_t forEachDtypePair(Fn&& fn) {
+  for (DType a : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (DType b : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const cudaError_t e =
+          dispatchDtype(a, [&](auto aTag) { return dispatchDtype(b, [&](auto bTag) { return fn(aTag, bTag); }); });
+      if (e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
 }
 
 // Grid size for a grid-stride loop over n elements with `threads` per block.

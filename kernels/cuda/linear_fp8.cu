@@ -1,5 +1,6 @@
 // FP8-weight linear kernels (pd/kernels/cuda/linear_fp8.h).
 #include "kernels/cuda/dtype_util.cuh"
+#include "kernels/cuda/reduce.cuh"
 #include "pd/kernels/cuda/linear_fp8.h"
 
 namespace pd::kernels::cuda {
@@ -9,6 +10,7 @@ using detail::dispatchDtype;
 using detail::fromF32;
 using detail::gridFor;
 using detail::toF32;
+using detail::warpSum;
 
 __device__ __forceinline__ float e4m3(uint8_t code) {
   __nv_fp8_e4m3 v;
@@ -75,8 +77,7 @@ __global__ void gemvKernel(const XT* __restrict__ x, int n, const uint8_t* __res
 #pragma unroll
   for (int b = 0; b < kFp8GemvMaxRows; ++b) {
     if (b >= n) break;
-    float v = acc[b];
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    const float v = warpSum(acc[b]);
     if (lane == 0) {
       float* out = y + size_t(b) * rows + r;
       *out = beta == 0.0f ? v : v + beta * *out;  // beta 0 never reads y (it may hold NaN)

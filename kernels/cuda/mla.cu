@@ -6,18 +6,23 @@
 // pre-scaled [rows][L] and one tile of latent vectors [kMlaKvTile][L + 1] (odd row stride, so
 // lanes scoring different keys read different banks): 73.8 KiB at L = 576. Lane j scores key j
 // of a tile for a row, the warp updates the row's online softmax, then every lane accumulates
-// p_key * c_kv[key][d] for its d = lane + 32 i.
+// p_key * c_kv[key][d] for its d = lane + 32 i (online_softmax.cuh, shared with attention.cu).
 #include <cmath>
 
 #include "dtype_util.cuh"
+#include "online_softmax.cuh"
 #include "pd/kernels/cuda/mla.h"
+#include "reduce.cuh"
 
 namespace pd::kernels::cuda {
 
+using detail::blockInvRms;
 using detail::dispatchDtype;
+using detail::forEachDtypePair;
 using detail::fromF32;
 using detail::gridFor;
 using detail::toF32;
+using detail::WarpRowsSoftmax;
 
 namespace {
 
@@ -34,15 +39,6 @@ size_t mlaSharedBytes(int latentDim) {
                           size_t(kMlaKvTile) * (latentDim + 1));   // latent tile, padded rows
 }
 
-__device__ __forceinline__ float warpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Launch: grid = numTokens blocks, block = kThreads; one block per token.
 template <typename KvT>
 __global__ void mlaKvWriteKernel(const float* __restrict__ kva, int kvaStride, const float* __restrict__ normWeight,
@@ -55,18 +51,7 @@ __global__ void mlaKvWriteKernel(const float* __restrict__ kva, int kvaStride, c
   const float* x = kva + size_t(t) * kvaStride;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < R; i += blockDim.x) ss += x[i] * x[i];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  __shared__ float warpSums[kThreads / 32];
-  __shared__ float invRms;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warpSums[warp] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < int(blockDim.x / 32); ++w) total += warpSums[w];
-    invRms = rsqrtf(total / float(R) + eps);
-  }
-  __syncthreads();
+  const float invRms = blockInvRms<kThreads>(ss, R, eps);
   const int L = R + ropeDim, half = ropeDim / 2;
   KvT* dst = layerKv + size_t(slot) * L;
   for (int i = threadIdx.x; i < R; i += blockDim.x) dst[i] = fromF32<KvT>(x[i] * invRms * normWeight[i]);
@@ -131,17 +116,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = threadIdx.x; i < rowsHere * L; i += blockDim.x) qs[i] = qSrc[i] * scale;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kMaxRPerLane];
-  int qpos[kRowsPerWarp];
-#pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    m[j] = -INFINITY;
-    l[j] = 0.0f;
-    const int r = warp + kWarps * j;
-    qpos[j] = r < rowsHere ? s.startPos + (w.rowBegin + r) / numHeads : -1;
-#pragma unroll
-    for (int i = 0; i < kMaxRPerLane; ++i) acc[j][i] = 0.0f;
-  }
+  WarpRowsSoftmax<kWarps, kRowsPerWarp, kMaxRPerLane> rows;
+  rows.init(warp, rowsHere, w.rowBegin, numHeads, s.startPos);
 
   const int32_t* table = blockTables + s.blockTableOffset;
   constexpr int kVec = int(16 / sizeof(KvT));  // elements per 16-byte load
@@ -170,51 +146,11 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
     __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-      if (qpos[j] < 0 || kv0 > qpos[j]) continue;  // warp-uniform: row absent or tile all masked
-      const int r = warp + kWarps * j;
-      const bool visible = lane < n && kv0 + lane <= qpos[j];
-      float score = -INFINITY;
-      if (visible) {
-        const float* qr = qs + r * L;
-        const float* kr = ks + lane * kStride;
-        float dot = 0.0f;
-        for (int d = 0; d < L; ++d) dot = fmaf(qr[d], kr[d], dot);
-        score = dot;
-      }
-      const float tileMax = warpMax(score);  // finite: key kv0 <= qpos[j] is always visible
-      const float mNew = fmaxf(m[j], tileMax);
-      const float corr = expf(m[j] - mNew);  // m = -inf on the first tile gives 0
-      const float p = visible ? expf(score - mNew) : 0.0f;
-      l[j] = l[j] * corr + warpSum(p);
-#pragma unroll
-      for (int i = 0; i < kMaxRPerLane; ++i) acc[j][i] *= corr;
-      for (int key = 0; key < n; ++key) {
-        const float pk = __shfl_sync(0xffffffffu, p, key);
-        const float* vr = ks + key * kStride;  // c_kv: the first R values of the latent
-#pragma unroll
-        for (int i = 0; i < kMaxRPerLane; ++i) {
-          const int d = lane + 32 * i;
-          if (d < R) acc[j][i] = fmaf(pk, vr[d], acc[j][i]);
-        }
-      }
-      m[j] = mNew;
-    }
+    // The values are the keys' c_kv: the first R values of each latent.
+    rows.addTile(kv0, n, warp, lane, qs, L, ks, kStride, ks, kStride, R);
   }
 
-#pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    if (qpos[j] < 0) continue;
-    const int r = warp + kWarps * j;
-    const float inv = 1.0f / l[j];
-    OutT* o = out + (firstRow + r) * R;
-#pragma unroll
-    for (int i = 0; i < kMaxRPerLane; ++i) {
-      const int d = lane + 32 * i;
-      if (d < R) o[d] = fromF32<OutT>(acc[j][i] * inv);
-    }
-  }
+  rows.template store<OutT>(warp, lane, R, [&](int r) { return out + (firstRow + r) * R; });
 }
 
 template <typename KvT, typename OutT>
@@ -226,15 +162,7 @@ cudaError_t allowLargeShared() {
 }  // namespace
 
 cudaError_t mlaAttentionInit() {
-  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (DType o : {DType::kF32, DType::kF16, DType::kBF16}) {
-      const cudaError_t e = dispatchDtype(kv, [&](auto kvTag) {
-        return dispatchDtype(o, [&](auto oTag) { return allowLargeShared<decltype(kvTag), decltype(oTag)>(); });
-      });
-      if (e != cudaSuccess) return e;
-    }
-  }
-  return cudaSuccess;
+  return forEachDtypePair([](auto kvTag, auto oTag) { return allowLargeShared<decltype(kvTag), decltype(oTag)>(); });
 }
 
 cudaError_t mlaKvWrite(const float* kva, int kvaStride, const float* normWeight, float eps, int kvLoraRank, int ropeDim,

@@ -5,13 +5,17 @@
 
 #include "dtype_util.cuh"
 #include "pd/kernels/cuda/ops.h"
+#include "reduce.cuh"
 
 namespace pd::kernels::cuda {
 
+using detail::blockInvRms;
 using detail::dispatchDtype;
 using detail::fromF32;
 using detail::gridFor;
 using detail::toF32;
+using detail::warpMax;
+using detail::warpSum;
 
 namespace {
 
@@ -24,18 +28,7 @@ __global__ void rmsNormKernel(const float* __restrict__ x, int xStride, const fl
   const float* row = x + size_t(blockIdx.x) * xStride;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += row[i] * row[i];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  __shared__ float warpSums[kThreads / 32];
-  __shared__ float invRms;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warpSums[warp] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < int(blockDim.x / 32); ++w) total += warpSums[w];
-    invRms = rsqrtf(total / float(dim) + eps);
-  }
-  __syncthreads();
+  const float invRms = blockInvRms<kThreads>(ss, dim, eps);
   TOut* o = out + size_t(blockIdx.x) * outStride;
   // Read all of the row before any write: out may alias x (f32, same stride); each element
   // is read and written by the same thread, so the in-place case is safe.
@@ -54,8 +47,7 @@ __global__ void headRmsNormKernel(float* x, int rowStride, int numTokens, int nu
   float* v = x + t * rowStride + h * headDim;
   float ss = 0.0f;
   for (int i = lane; i < headDim; i += 32) ss += v[i] * v[i];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float invRms = rsqrtf(ss / float(headDim) + eps);
+  const float invRms = rsqrtf(warpSum(ss) / float(headDim) + eps);
   // Each lane writes only the elements it read, after the whole warp's reduction.
   for (int i = lane; i < headDim; i += 32) v[i] = v[i] * invRms * weight[i];
 }
@@ -148,7 +140,7 @@ __global__ void kvCacheWriteFp8Kernel(uint8_t* layerKv, const float* __restrict_
     const float* x = (isV ? v : k) + size_t(t) * rowStride + size_t(h) * headDim;
     float amax = 0.0f;
     for (int d = lane; d < headDim; d += 32) amax = fmaxf(amax, fabsf(x[d]));
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    amax = warpMax(amax);
     const bool zero = !(amax > 0.0f) || isinf(amax);
     const float inv = zero ? 0.0f : 448.0f / amax;
     const size_t block = size_t(slot / blockSize), off = size_t(slot % blockSize);

@@ -34,22 +34,28 @@ using pd::kernels::cuda::test::relError;
 
 namespace {
 
-std::shared_ptr<const ModelWeights> testModel(const std::string& preset, bool qkvBias) {
-  const std::string name = "cuda_" + preset + (qkvBias ? "_qwen2" : "");
+// The directory PD_TEST_MODEL_DIR/name holding make-model's checkpoint for `o`, written once per
+// build tree: made under a temporary name and renamed, so that test processes running at once
+// never read half a model (the loser of a race drops its copy).
+std::string madeModelDir(const std::string& name, const MakeModelOptions& o) {
   const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/" + name;
   if (!std::filesystem::exists(dir + "/config.json")) {
     std::filesystem::create_directories(PD_TEST_MODEL_DIR);
     const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
-    MakeModelOptions o;
-    o.preset = preset;
-    o.seed = 11;
-    o.qkvBias = qkvBias;
     REQUIRE(makeModel(o, tmp).toString() == "OK");
     std::error_code ec;
     std::filesystem::rename(tmp, dir, ec);
     if (ec) std::filesystem::remove_all(tmp);
   }
-  auto m = loadModel(dir);
+  return dir;
+}
+
+std::shared_ptr<const ModelWeights> testModel(const std::string& preset, bool qkvBias) {
+  MakeModelOptions o;
+  o.preset = preset;
+  o.seed = 11;
+  o.qkvBias = qkvBias;
+  auto m = loadModel(madeModelDir("cuda_" + preset + (qkvBias ? "_qwen2" : ""), o));
   REQUIRE(m.status().toString() == "OK");
   return m.value();
 }
@@ -58,21 +64,12 @@ std::shared_ptr<const ModelWeights> tinyModel() { return testModel("tiny", false
 // make-model's tiny preset of another architecture (qwen3, qwen3_moe, mixtral), the CPU
 // tests' generation (seed 11), written once per build tree; dtype "f32" or "bf16".
 std::string archModelDir(const std::string& arch, const std::string& dtype = "f32") {
-  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_tiny_" + arch + "_" + dtype;
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
-    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
-    MakeModelOptions o;
-    o.preset = "tiny";
-    o.seed = 11;
-    o.arch = arch;
-    o.dtype = dtype;
-    REQUIRE(makeModel(o, tmp).toString() == "OK");
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
-  return dir;
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.seed = 11;
+  o.arch = arch;
+  o.dtype = dtype;
+  return madeModelDir("cuda_tiny_" + arch + "_" + dtype, o);
 }
 std::shared_ptr<const ModelWeights> archModel(const std::string& arch) {
   auto m = loadModel(archModelDir(arch));
@@ -128,6 +125,57 @@ std::vector<std::vector<float>> runTwoSeqs(Backend& b, int steps, std::vector<in
   return rows;
 }
 
+// runTwoSeqs on a CPU backend of `model` over a fresh (zeroed) cache of `layout`: its logits rows,
+// its greedy ids in *tokens and, when kv is given, the cache it wrote in *kv (as f32 words).
+std::vector<std::vector<float>> cpuTwoSeqs(std::shared_ptr<const ModelWeights> model, const KvLayout& layout, int steps,
+                                           std::vector<int32_t>* tokens, std::vector<float>* kv = nullptr) {
+  std::vector<float> own;
+  std::vector<float>& cache = kv ? *kv : own;
+  cache.assign((layout.totalBytes() + 3) / 4, 0.0f);  // an fp8 cache need not be whole f32 words
+  auto cpu = createCpuBackend(std::move(model), layout, cache.data(), {});
+  REQUIRE(cpu.status().toString() == "OK");
+  return runTwoSeqs(**cpu, steps, tokens);
+}
+
+// Rows [0, rows) of got within relative error tol of want's, each checked on its own.
+void checkRowsNear(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want, size_t rows,
+                   double tol) {
+  for (size_t r = 0; r < rows; ++r) {
+    const double err = relError(got[r], want[r]);
+    INFO("row " << r << " rel error " << err);
+    CHECK(err < tol);
+  }
+}
+
+// runTwoSeqs' rows against a reference run's for as long as the inputs agree: rows 0-1 are the
+// prefill chunks (always compared); rows 2+2s and 3+2s are decode step s, fed tokens up to
+// [2s+1], compared while those are the reference's. At least the prefill rows are compared.
+void checkRowsWhileIdsAgree(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want,
+                            const std::vector<int32_t>& tokens, const std::vector<int32_t>& wantTokens, double tol) {
+  size_t compared = 0;
+  for (size_t r = 0; r < got.size(); ++r) {
+    if (r >= 2) {
+      const size_t fed = 2 * ((r - 2) / 2) + 2;  // tokens fed up to and including step s
+      if (!std::equal(tokens.begin(), tokens.begin() + long(fed), wantTokens.begin())) break;
+    }
+    const double err = relError(got[r], want[r]);
+    INFO("row " << r << " rel error " << err);
+    CHECK(err < tol);
+    ++compared;
+  }
+  CHECK(compared >= 2);
+}
+
+// Two backends that must compute the same thing bit for bit: the same ids and logits rows.
+void checkSameRuns(Backend& want, Backend& got, int steps) {
+  std::vector<int32_t> a, b;
+  const auto wantRows = runTwoSeqs(want, steps, &a);
+  const auto gotRows = runTwoSeqs(got, steps, &b);
+  CHECK(a == b);
+  REQUIRE(wantRows.size() == gotRows.size());
+  for (size_t i = 0; i < wantRows.size(); ++i) CHECK(wantRows[i] == gotRows[i]);
+}
+
 std::unique_ptr<CudaBackend> makeCuda(std::shared_ptr<const ModelWeights> m, KvDtype w, KvDtype kv, bool graphs,
                                       int numBlocks = 16) {
   CudaBackendOptions o;
@@ -137,6 +185,33 @@ std::unique_ptr<CudaBackend> makeCuda(std::shared_ptr<const ModelWeights> m, KvD
   auto b = createCudaBackend(std::move(m), layout, o);
   REQUIRE(b.status().toString() == "OK");
   return std::move(b).value();
+}
+
+// One 20-token prefill (block table {3, 9}) over KV regions first filled with NaN: the layer
+// callback comes once per layer, in order, and when layer l's comes, block 3 of layer l
+// (positions 0..15) of every region in `regions` (laid out as L) is written: all finite.
+// Returns the prefill's logits row.
+std::vector<float> forwardCheckingLayerReadiness(CudaBackend& gpu, const KvLayout& L,
+                                                 const std::vector<MemDesc>& regions, const ModelConfig& c) {
+  for (const MemDesc& d : regions) PD_CUDA_CHECK(cudaMemset(d.ptr(), 0xff, d.len));  // NaN everywhere
+  std::vector<int32_t> prompt(20, 65), table{3, 9};
+  SeqChunk chunk{prompt.data(), 20, 0, table.data(), 2, true};
+  std::vector<float> logits(c.vocabSize);
+  std::vector<int> seen;
+  const Status st = gpu.forward({&chunk, 1}, logits.data(), [&](int layer) {
+    seen.push_back(layer);
+    for (const MemDesc& d : regions) {
+      std::vector<float> blk(L.blockElems());
+      const char* src = static_cast<const char*>(d.ptr()) + L.blockOffset(layer, 3);
+      REQUIRE(cudaMemcpy(blk.data(), src, L.blockBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK(std::all_of(blk.begin(), blk.end(), [](float x) { return std::isfinite(x); }));
+    }
+  });
+  REQUIRE(st.toString() == "OK");
+  std::vector<int> all(c.numLayers);
+  std::iota(all.begin(), all.end(), 0);
+  CHECK(seen == all);
+  return logits;
 }
 
 }  // namespace
@@ -150,11 +225,8 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny and small model
   for (Which which : {Which{"tiny", false}, Which{"tiny", true}, Which{"small", false}}) {
     const bool bias = which.bias;
     auto model = testModel(which.preset, bias);
-    std::vector<float> cpuKv(kvLayoutFor(model->config, 16, 16).totalBytes() / 4, 0.0f);
-    auto cpuB = createCpuBackend(model, kvLayoutFor(model->config, 16, 16), cpuKv.data(), {});
-    REQUIRE(cpuB.status().toString() == "OK");
     std::vector<int32_t> cpuTokens;
-    const auto want = runTwoSeqs(**cpuB, 8, &cpuTokens);
+    const auto want = cpuTwoSeqs(model, kvLayoutFor(model->config, 16, 16), 8, &cpuTokens);
 
     struct Variant {
       KvDtype w, kv;
@@ -173,11 +245,7 @@ TEST_CASE("cuda backend logits match the CPU backend on the tiny and small model
         REQUIRE(got.size() == want.size());
         const size_t compareRows = v.w == KvDtype::kF32 ? got.size() : 2;
         if (v.w == KvDtype::kF32) CHECK(tokens == cpuTokens);
-        for (size_t r = 0; r < compareRows; ++r) {
-          const double err = relError(got[r], want[r]);
-          INFO("row " << r << " rel error " << err);
-          CHECK(err < v.tol);
-        }
+        checkRowsNear(got, want, compareRows, v.tol);
         CHECK(gpu->graphSteps() == 8);  // every batched decode step ran as a graph
       }
     }
@@ -209,11 +277,8 @@ TEST_CASE("cuda backend runs Qwen3 and the mixture-of-experts models as the CPU 
       REQUIRE(c.moe.routedScalingFactor != 1.0);
       REQUIRE_FALSE(model->layers.back().routerBias.empty());
     }
-    std::vector<float> cpuKv(kvLayoutFor(c, 16, 16).totalBytes() / 4, 0.0f);
-    auto cpuB = createCpuBackend(model, kvLayoutFor(c, 16, 16), cpuKv.data(), {});
-    REQUIRE(cpuB.status().toString() == "OK");
     std::vector<int32_t> cpuTokens;
-    const auto want = runTwoSeqs(**cpuB, 8, &cpuTokens);
+    const auto want = cpuTwoSeqs(model, kvLayoutFor(c, 16, 16), 8, &cpuTokens);
     struct Variant {
       KvDtype w;
       double tol;
@@ -243,11 +308,7 @@ TEST_CASE("cuda backend runs Qwen3 and the mixture-of-experts models as the CPU 
           agree = got.size();
         }
         INFO(arch << ": " << agree << " of " << got.size() << " rows with the same inputs as the CPU's");
-        for (size_t r = 0; r < agree; ++r) {
-          const double err = relError(got[r], want[r]);
-          INFO("row " << r << " rel error " << err);
-          CHECK(err < v.tol);
-        }
+        checkRowsNear(got, want, agree, v.tol);
         CHECK(gpu->graphSteps() == (c.isMoe() ? 0 : 8));
       }
     }
@@ -274,12 +335,7 @@ TEST_CASE("MoE and Qwen3 weights streamed from a bf16 checkpoint give the host-u
       REQUIRE(uploaded.status().toString() == "OK");
       auto streamed = createCudaBackend(*described, layout, o);
       REQUIRE(streamed.status().toString() == "OK");
-      std::vector<int32_t> a, b;
-      const auto want = runTwoSeqs(**uploaded, 6, &a);
-      const auto got = runTwoSeqs(**streamed, 6, &b);
-      CHECK(a == b);
-      REQUIRE(want.size() == got.size());
-      for (size_t i = 0; i < want.size(); ++i) CHECK(want[i] == got[i]);
+      checkSameRuns(**uploaded, **streamed, 6);
       if ((*host)->config.isMoe()) {
         o.tensorParallelSize = 2;
         o.tpRanksShareDevice = true;
@@ -303,14 +359,9 @@ TEST_CASE("cuda backend: an fp8 KV cache matches the CPU backend's fp8 cache", "
     auto model = testModel(preset, false);
     const KvLayout f32Layout = kvLayoutFor(model->config, 16, 16);
     const KvLayout fp8Layout = kvLayoutFor(model->config, 16, 16, KvDtype::kFp8);
-    std::vector<float> f32Kv(f32Layout.totalBytes() / 4, 0.0f), fp8Kv((fp8Layout.totalBytes() + 3) / 4, 0.0f);
-    auto cpuF32 = createCpuBackend(model, f32Layout, f32Kv.data(), {});
-    auto cpuFp8 = createCpuBackend(model, fp8Layout, fp8Kv.data(), {});
-    REQUIRE(cpuF32.status().toString() == "OK");
-    REQUIRE(cpuFp8.status().toString() == "OK");
     std::vector<int32_t> t32, t8, tg;
-    const auto want32 = runTwoSeqs(**cpuF32, 8, &t32);
-    const auto want8 = runTwoSeqs(**cpuFp8, 8, &t8);
+    const auto want32 = cpuTwoSeqs(model, f32Layout, 8, &t32);
+    const auto want8 = cpuTwoSeqs(model, fp8Layout, 8, &t8);
     auto gpu = makeCuda(model, KvDtype::kF32, KvDtype::kFp8, true);
     CHECK(gpu->kvLayout().fingerprint() == fp8Layout.fingerprint());
     const auto got = runTwoSeqs(*gpu, 8, &tg);
@@ -347,23 +398,8 @@ TEST_CASE("cuda backend reports each layer's KV once it is in device memory", "[
   const MemDesc region = gpu->kvRegion();
   CHECK(region.kind == MemKind::kCuda);
   CHECK(region.len == L.totalBytes());
-  PD_CUDA_CHECK(cudaMemset(region.ptr(), 0xff, region.len));  // NaN everywhere
-  std::vector<int32_t> prompt(20, 65), table{3, 9};
-  SeqChunk c{prompt.data(), 20, 0, table.data(), 2, true};
-  std::vector<float> logits(model->config.vocabSize);
-  std::vector<int> seen;
-  const Status st = gpu->forward({&c, 1}, logits.data(), [&](int layer) {
-    seen.push_back(layer);
-    // Block 3 of this layer (positions 0..15): K and V of every token must be written now.
-    std::vector<float> blk(L.blockElems());
-    const char* src = static_cast<const char*>(region.ptr()) + L.blockOffset(layer, 3);
-    REQUIRE(cudaMemcpy(blk.data(), src, L.blockBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
-    CHECK(std::all_of(blk.begin(), blk.end(), [](float x) { return std::isfinite(x); }));
-  });
-  REQUIRE(st.toString() == "OK");
-  std::vector<int> all(model->config.numLayers);
-  std::iota(all.begin(), all.end(), 0);
-  CHECK(seen == all);
+  // Block 3 of each layer: K and V of every token must be written by the layer's callback.
+  forwardCheckingLayerReadiness(*gpu, L, {region}, model->config);
   CHECK(gpu->graphSteps() == 0);  // steps with a layer callback are never graphed
 }
 
@@ -464,11 +500,7 @@ TEST_CASE("cuda backend: tensor parallel ranks sharing one GPU match tensor para
         const bool f32 = dt == KvDtype::kF32;
         const size_t compareRows = f32 ? got.size() : 2;
         if (f32) CHECK(tokTp == tokOne);
-        for (size_t r = 0; r < compareRows; ++r) {
-          const double err = relError(got[r], want[r]);
-          INFO("row " << r << " rel error " << err);
-          CHECK(err < (f32 ? 1e-4 : 2e-2));
-        }
+        checkRowsNear(got, want, compareRows, f32 ? 1e-4 : 2e-2);
         if (f32) CHECK(kvRegionsError(*tp, *one) < 1e-4);
         CHECK(tp->graphSteps() == 0);  // graphs are off at TP > 1
       }
@@ -480,26 +512,8 @@ TEST_CASE("cuda backend: tensor parallel layer readiness waits for every rank's 
   if (!haveGpu()) return;
   auto model = tinyModel();
   auto gpu = makeCudaTp(model, KvDtype::kF32, KvDtype::kF32, 2, true);
-  const KvLayout& L = gpu->rankKvLayout();
-  const std::vector<MemDesc> regions = gpu->kvRegions();
-  for (const MemDesc& d : regions) PD_CUDA_CHECK(cudaMemset(d.ptr(), 0xff, d.len));  // NaN
-  std::vector<int32_t> prompt(20, 65), table{3, 9};
-  SeqChunk c{prompt.data(), 20, 0, table.data(), 2, true};
-  std::vector<float> logits(model->config.vocabSize);
-  std::vector<int> seen;
-  const Status st = gpu->forward({&c, 1}, logits.data(), [&](int layer) {
-    seen.push_back(layer);
-    for (const MemDesc& d : regions) {
-      std::vector<float> blk(L.blockElems());
-      const char* src = static_cast<const char*>(d.ptr()) + L.blockOffset(layer, 3);
-      REQUIRE(cudaMemcpy(blk.data(), src, L.blockBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
-      CHECK(std::all_of(blk.begin(), blk.end(), [](float x) { return std::isfinite(x); }));
-    }
-  });
-  REQUIRE(st.toString() == "OK");
-  std::vector<int> all(model->config.numLayers);
-  std::iota(all.begin(), all.end(), 0);
-  CHECK(seen == all);
+  const std::vector<float> logits =
+      forwardCheckingLayerReadiness(*gpu, gpu->rankKvLayout(), gpu->kvRegions(), model->config);
   CHECK(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
 }
 
@@ -524,11 +538,7 @@ TEST_CASE("cuda backend: tensor parallel 2 over NCCL on two GPUs matches tensor 
   const auto got = runTwoSeqs(*tp, 8, &tokTp);
   REQUIRE(got.size() == want.size());
   CHECK(tokTp == tokOne);
-  for (size_t r = 0; r < got.size(); ++r) {
-    const double err = relError(got[r], want[r]);
-    INFO("row " << r << " rel error " << err);
-    CHECK(err < 1e-4);
-  }
+  checkRowsNear(got, want, got.size(), 1e-4);
   CHECK(kvRegionsError(*tp, *one) < 1e-4);
 }
 
@@ -617,20 +627,11 @@ TEST_CASE("cuda backend forwardAndSample returns the tokens sample() picks from 
 namespace {
 // A bf16 checkpoint (make-model --dtype bf16), as loadModel's f32 host copy or described only.
 std::string bf16ModelDir() {
-  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_small_bf16";
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
-    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
-    MakeModelOptions o;
-    o.preset = "small";
-    o.seed = 11;
-    o.dtype = "bf16";
-    REQUIRE(makeModel(o, tmp).toString() == "OK");
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
-  return dir;
+  MakeModelOptions o;
+  o.preset = "small";
+  o.seed = 11;
+  o.dtype = "bf16";
+  return madeModelDir("cuda_small_bf16", o);
 }
 }  // namespace
 
@@ -656,12 +657,7 @@ TEST_CASE("weights streamed from a bf16 checkpoint give the host-uploaded backen
     auto streamed = createCudaBackend(*described, layout, o);
     REQUIRE(streamed.status().toString() == "OK");
     CHECK((*streamed)->weightLoadSeconds() > 0);
-    std::vector<int32_t> a, b;
-    const auto want = runTwoSeqs(**uploaded, 6, &a);
-    const auto got = runTwoSeqs(**streamed, 6, &b);
-    CHECK(a == b);
-    REQUIRE(want.size() == got.size());
-    for (size_t i = 0; i < want.size(); ++i) CHECK(want[i] == got[i]);  // same bf16 weights: bit-exact
+    checkSameRuns(**uploaded, **streamed, 6);  // same bf16 weights: bit-exact
   }
 }
 
@@ -669,21 +665,12 @@ namespace {
 // An FP8 block-scaled checkpoint (make-model --dtype bf16 --quantization fp8: projections F8_E4M3
 // with 128x128 block scales, the rest bf16).
 std::string fp8ModelDir() {
-  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_small_fp8";
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
-    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
-    MakeModelOptions o;
-    o.preset = "small";
-    o.seed = 11;
-    o.dtype = "bf16";
-    o.quantization = "fp8";
-    REQUIRE(makeModel(o, tmp).toString() == "OK");
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
-  return dir;
+  MakeModelOptions o;
+  o.preset = "small";
+  o.seed = 11;
+  o.dtype = "bf16";
+  o.quantization = "fp8";
+  return madeModelDir("cuda_small_fp8", o);
 }
 }  // namespace
 
@@ -711,11 +698,8 @@ TEST_CASE("FP8 weights held on the device match the CPU backend on the same FP8 
   auto described = describeModel(dir);
   REQUIRE(described.status().toString() == "OK");
   const KvLayout layout = kvLayoutFor((*host)->config, 16, 16, KvDtype::kF32);
-  std::vector<float> cpuKv(layout.totalBytes() / 4, 0.0f);
-  auto cpu = createCpuBackend(*host, layout, cpuKv.data(), {});
-  REQUIRE(cpu.status().toString() == "OK");
   std::vector<int32_t> cpuTokens;
-  const auto want = runTwoSeqs(**cpu, 6, &cpuTokens);
+  const auto want = cpuTwoSeqs(*host, layout, 6, &cpuTokens);
   struct Variant {
     KvDtype w;
     double tol;
@@ -735,19 +719,7 @@ TEST_CASE("FP8 weights held on the device match the CPU backend on the same FP8 
         const auto got = runTwoSeqs(**gpu, 6, &tokens);
         REQUIRE(got.size() == want.size());
         if (v.w == KvDtype::kF32) CHECK(tokens == cpuTokens);
-        // Rows 0-1: the prefill chunks; rows 2+2s, 3+2s: decode step s, fed tokens[2s], [2s+1].
-        size_t compared = 0;
-        for (size_t r = 0; r < got.size(); ++r) {
-          if (r >= 2) {
-            const size_t fed = 2 * ((r - 2) / 2) + 2;  // tokens fed up to and including step s
-            if (!std::equal(tokens.begin(), tokens.begin() + long(fed), cpuTokens.begin())) break;
-          }
-          const double err = relError(got[r], want[r]);
-          INFO("row " << r << " rel error " << err);
-          CHECK(err < v.tol);
-          ++compared;
-        }
-        CHECK(compared >= 2);
+        checkRowsWhileIdsAgree(got, want, tokens, cpuTokens, v.tol);
         if (tp == 1) CHECK((*gpu)->graphSteps() == 6);  // fp8Gemv inside captured graphs
       }
     }
@@ -763,31 +735,20 @@ TEST_CASE("FP8 weights held on the device match the CPU backend on the same FP8 
 // the bf16 tolerance while the ids agree.
 TEST_CASE("an FP8 Mixtral checkpoint on the device matches the CPU backend", "[cuda][backend][stream][fp8][moe]") {
   if (!haveGpu()) return;
-  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/cuda_tiny_mixtral_fp8";
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
-    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
-    MakeModelOptions mo;
-    mo.preset = "tiny";
-    mo.seed = 11;
-    mo.arch = "mixtral";
-    mo.dtype = "bf16";
-    mo.quantization = "fp8";
-    REQUIRE(makeModel(mo, tmp).toString() == "OK");
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  mo.seed = 11;
+  mo.arch = "mixtral";
+  mo.dtype = "bf16";
+  mo.quantization = "fp8";
+  const std::string dir = madeModelDir("cuda_tiny_mixtral_fp8", mo);
   auto host = loadModel(dir);
   REQUIRE(host.status().toString() == "OK");
   auto described = describeModel(dir);
   REQUIRE(described.status().toString() == "OK");
   const KvLayout layout = kvLayoutFor((*host)->config, 16, 16, KvDtype::kF32);
-  std::vector<float> cpuKv(layout.totalBytes() / 4, 0.0f);
-  auto cpu = createCpuBackend(*host, layout, cpuKv.data(), {});
-  REQUIRE(cpu.status().toString() == "OK");
   std::vector<int32_t> cpuTokens;
-  const auto want = runTwoSeqs(**cpu, 6, &cpuTokens);
+  const auto want = cpuTwoSeqs(*host, layout, 6, &cpuTokens);
   for (KvDtype w : {KvDtype::kF32, KvDtype::kBF16}) {
     DYNAMIC_SECTION("activations " << kvDtypeName(w)) {
       CudaBackendOptions o;
@@ -799,16 +760,7 @@ TEST_CASE("an FP8 Mixtral checkpoint on the device matches the CPU backend", "[c
       const auto got = runTwoSeqs(**gpu, 6, &tokens);
       REQUIRE(got.size() == want.size());
       if (w == KvDtype::kF32) CHECK(tokens == cpuTokens);
-      size_t compared = 0;
-      for (size_t r = 0; r < got.size(); ++r) {
-        if (r >= 2 && !std::equal(tokens.begin(), tokens.begin() + long(2 * ((r - 2) / 2) + 2), cpuTokens.begin()))
-          break;
-        const double err = relError(got[r], want[r]);
-        INFO("row " << r << " rel error " << err);
-        CHECK(err < (w == KvDtype::kF32 ? 1e-4 : 5e-2));
-        ++compared;
-      }
-      CHECK(compared >= 2);
+      checkRowsWhileIdsAgree(got, want, tokens, cpuTokens, w == KvDtype::kF32 ? 1e-4 : 5e-2);
       CHECK((*gpu)->graphSteps() == 0);
     }
   }
@@ -881,24 +833,14 @@ TEST_CASE("gpu_memory_utilization sizes the KV cache from the device and serves 
 namespace {
 
 std::string denseDeepseekDir(const std::string& preset, bool qLora, bool yarn) {
-  const std::string name = "cuda_dsv3_dense_" + preset + (qLora ? "_qlora" : "_qproj") + (yarn ? "_yarn" : "");
-  const std::string dir = std::string(PD_TEST_MODEL_DIR) + "/" + name;
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    std::filesystem::create_directories(PD_TEST_MODEL_DIR);
-    const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
-    MakeModelOptions o;
-    o.preset = preset;
-    o.arch = "deepseek_v3";
-    o.seed = 13;
-    o.mlaNoQLora = !qLora;
-    o.mlaYarn = yarn ? 1 : 0;
-    o.firstDenseLayers = 64;  // more than either preset's layers: every layer dense
-    REQUIRE(makeModel(o, tmp).toString() == "OK");
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
-  return dir;
+  MakeModelOptions o;
+  o.preset = preset;
+  o.arch = "deepseek_v3";
+  o.seed = 13;
+  o.mlaNoQLora = !qLora;
+  o.mlaYarn = yarn ? 1 : 0;
+  o.firstDenseLayers = 64;  // more than either preset's layers: every layer dense
+  return madeModelDir("cuda_dsv3_dense_" + preset + (qLora ? "_qlora" : "_qproj") + (yarn ? "_yarn" : ""), o);
 }
 
 // The GPU's latent KV region as f32 values (f32 or bf16 cache).
@@ -941,17 +883,12 @@ TEST_CASE("cuda backend: DeepseekV3 multi-head latent attention matches the CPU 
     CHECK(cudaSupportsModel(c).isOk());
 
     const KvLayout cpuLayout = kvLayoutFor(c, 16, 16);  // the CPU keeps latents in f32
-    std::vector<float> cpuKv(cpuLayout.totalBytes() / 4, 0.0f);
-    auto cpuB = createCpuBackend(model, cpuLayout, cpuKv.data(), {});
-    REQUIRE(cpuB.status().toString() == "OK");
+    std::vector<float> cpuKv, cpuPrefillKv;
     std::vector<int32_t> cpuTokens;
-    const auto want = runTwoSeqs(**cpuB, 8, &cpuTokens);
+    const auto want = cpuTwoSeqs(model, cpuLayout, 8, &cpuTokens, &cpuKv);
     // The cache after the prefill alone (chunks 40 | 16 + 7): both sides wrote the same tokens.
-    std::vector<float> cpuPrefillKv(cpuKv.size(), 0.0f);
-    auto cpuPrefill = createCpuBackend(model, cpuLayout, cpuPrefillKv.data(), {});
-    REQUIRE(cpuPrefill.status().toString() == "OK");
     std::vector<int32_t> none;
-    runTwoSeqs(**cpuPrefill, 0, &none);
+    cpuTwoSeqs(model, cpuLayout, 0, &none, &cpuPrefillKv);
 
     struct Variant {
       KvDtype w, kv;
@@ -974,11 +911,7 @@ TEST_CASE("cuda backend: DeepseekV3 multi-head latent attention matches the CPU 
           CHECK(tokens == cpuTokens);
           CHECK(relError(latentKvOf(*gpu), cpuKv) < v.kvTol);
         }
-        for (size_t r = 0; r < compareRows; ++r) {
-          const double err = relError(got[r], want[r]);
-          INFO("row " << r << " rel error " << err);
-          CHECK(err < v.tol);
-        }
+        checkRowsNear(got, want, compareRows, v.tol);
         CHECK(gpu->graphSteps() == 8);
 
         auto prefill = makeCuda(model, v.w, v.kv, false);
@@ -1018,22 +951,7 @@ TEST_CASE("cuda backend reports each layer's latent KV once it is in device memo
   REQUIRE(L.latent);
   const MemDesc region = gpu->kvRegion();
   CHECK(region.len == L.totalBytes());
-  PD_CUDA_CHECK(cudaMemset(region.ptr(), 0xff, region.len));  // NaN everywhere
-  std::vector<int32_t> prompt(20, 65), table{3, 9};
-  SeqChunk c{prompt.data(), 20, 0, table.data(), 2, true};
-  std::vector<float> logits(model->config.vocabSize);
-  std::vector<int> seen;
-  const Status st = gpu->forward({&c, 1}, logits.data(), [&](int layer) {
-    seen.push_back(layer);
-    // Block 3 of this layer (positions 0..15): every token's [c_kv | k_pe] must be written now.
-    std::vector<float> blk(L.blockElems());
-    const char* src = static_cast<const char*>(region.ptr()) + L.blockOffset(layer, 3);
-    REQUIRE(cudaMemcpy(blk.data(), src, L.blockBytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
-    CHECK(std::all_of(blk.begin(), blk.end(), [](float x) { return std::isfinite(x); }));
-  });
-  REQUIRE(st.toString() == "OK");
-  std::vector<int> all(model->config.numLayers);
-  std::iota(all.begin(), all.end(), 0);
-  CHECK(seen == all);
+  // Block 3 of each layer: every token's [c_kv | k_pe] must be written by the layer's callback.
+  const std::vector<float> logits = forwardCheckingLayerReadiness(*gpu, L, {region}, model->config);
   CHECK(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
 }
