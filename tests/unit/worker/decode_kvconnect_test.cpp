@@ -221,8 +221,8 @@ void ackCancel(const net::ConnectionPtr& c, uint64_t id) {
 
 TEST_CASE(
     "decode KV fencing: over a receiver-fenced lane (tcp) the blocks are free at once, the revoked grant is refused") {
+  FakePrefillKv kv({"tcp"});  // declared first: the fake prefill server may call it until the worker stops
   Harness h(600, "[tcp]");
-  FakePrefillKv kv({"tcp"});
   h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { kv.handle(c, env); });
   const int port = h.decode->metricsPort();
   const double total = metric(port, "pdserve_kv_cache_num_blocks");
@@ -342,8 +342,8 @@ const std::string kPullKv = ", peer_pulls: true, pull_timeout_ms: 400";
 }  // namespace
 
 TEST_CASE("peer pull: a source that no longer holds the blocks refuses; the prompt is computed here") {
+  FakeSource src;  // declared first: the fake prefill server may call it until the worker stops
   Harness h(20000, "[tcp]", kPullKv);
-  FakeSource src;
   src.answer = [](const net::ConnectionPtr& c, const proto::PullRequest& pr) {
     (void)c->send(pullRefused(pr, "fake source: holds none of the pulled tokens any more"));
   };
@@ -373,8 +373,8 @@ TEST_CASE("peer pull: a source that no longer holds the blocks refuses; the prom
 }
 
 TEST_CASE("peer pull: a silent source costs the pull deadline, then the prompt is computed here") {
+  FakeSource src;  // answers KvConnect, never a PullRequest (declared first: it outlives the worker)
   Harness h(20000, "[tcp]", kPullKv);
-  FakeSource src;  // answers KvConnect, never a PullRequest
   h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
   const int port = h.decode->metricsPort();
   const auto start = std::chrono::steady_clock::now();
@@ -392,8 +392,8 @@ TEST_CASE("peer pull: a silent source costs the pull deadline, then the prompt i
 }
 
 TEST_CASE("peer pull: PullDone attaches the pulled blocks as a cached prefix and computes the rest") {
+  FakeSource src;  // declared first: the fake prefill server may call it until the worker stops
   Harness h(20000, "[tcp]", kPullKv);
-  FakeSource src;
   src.answer = [](const net::ConnectionPtr& c, const proto::PullRequest& pr) {
     // (The fake writes nothing: the blocks hold whatever they held; this checks the lifecycle.)
     (void)c->send(pullDone(pr, 12345));
@@ -413,8 +413,8 @@ TEST_CASE("peer pull: PullDone attaches the pulled blocks as a cached prefix and
 }
 
 TEST_CASE("peer pull: a Generate naming a pull is refused by name when pulls are off here") {
+  FakeSource src;  // declared first: the fake prefill server may call it until the worker stops
   Harness h(20000, "[tcp]");
-  FakeSource src;
   h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { src.handle(c, env); });
   generatePull(h, 44);
   auto chunk = h.finalChunk(44, 10s);
@@ -604,9 +604,11 @@ TEST_CASE("prefill pull: the decode worker forwards the pull and serves it over 
   computeHere(h, 61, prompt);  // its leading blocks are named in the region
   const uint64_t bytesPerToken = kvBytesPerToken(h.router);
   // The fake prefill worker: a real agent over a 4-block pool (all zero), in its KvConnect reply
-  // when `pool`.
-  FakePrefillKv kv({"tcp"}, 4 * 16 * bytesPerToken, 0, pool ? 4 : 0);
-  h.startPrefill([&](const net::ConnectionPtr& c, const proto::Envelope& env) { kv.handle(c, env); });
+  // when `pool`. Its handler owns it: the server may still call it while `h` stops the worker
+  // (a Cancel), after this scope's locals are gone.
+  auto fake = std::make_shared<FakePrefillKv>(std::vector<std::string>{"tcp"}, 4 * 16 * bytesPerToken, 0, pool ? 4 : 0);
+  FakePrefillKv& kv = *fake;
+  h.startPrefill([fake](const net::ConnectionPtr& c, const proto::Envelope& env) { fake->handle(c, env); });
   {
     proto::Envelope env = generateOf(62, prompt, 4);
     h.setPrefillWorker(env);
