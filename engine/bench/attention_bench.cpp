@@ -20,11 +20,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "common/base/cli.h"
 #include "kernels/cpu/simd_avx2.h"
 #include "pd/kernels/attention.h"
 
@@ -60,55 +60,29 @@ struct Options {
   bool inOrder = false;
 };
 
-bool parse(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    if (!std::strcmp(a, "--in-order")) {
-      o.inOrder = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "attention_bench: %s needs a value\n", a);
-      return false;
-    }
-    const char* v = argv[++i];
-    if (!std::strcmp(a, "--ctx"))
-      o.ctx = std::atoi(v);
-    else if (!std::strcmp(a, "--heads"))
-      o.heads = std::atoi(v);
-    else if (!std::strcmp(a, "--kv-heads"))
-      o.kvHeads = std::atoi(v);
-    else if (!std::strcmp(a, "--head-dim"))
-      o.headDim = std::atoi(v);
-    else if (!std::strcmp(a, "--layers"))
-      o.layers = std::atoi(v);
-    else if (!std::strcmp(a, "--block"))
-      o.block = std::atoi(v);
-    else if (!std::strcmp(a, "--passes"))
-      o.passes = std::atoi(v);
-    else if (!std::strcmp(a, "--evict-mb"))
-      o.evictMb = std::atof(v);
-    else {
-      std::fprintf(stderr,
-                   "attention_bench: unknown option %s (--ctx --heads --kv-heads --head-dim --layers --block "
-                   "--evict-mb --passes --in-order)\n",
-                   a);
-      return false;
-    }
-  }
-  if (o.ctx < 1 || o.kvHeads < 1 || o.heads < o.kvHeads || o.heads % o.kvHeads != 0 || o.headDim < 1 || o.layers < 1 ||
-      o.block < 1 || o.passes < 1 || o.evictMb < 0) {
-    std::fprintf(stderr, "attention_bench: sizes must be positive and --kv-heads must divide --heads\n");
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, o)) return 2;
+  CLI::App app{"attention_bench: a decode token's paged attention next to reads of the same KV", "attention_bench"};
+  pd::cli::configure(app);
+  const CLI::Range positive(1, 1 << 24);
+  app.add_option("--ctx", o.ctx, "positions of context")->check(positive)->capture_default_str();
+  app.add_option("--heads", o.heads, "query heads")->check(positive)->capture_default_str();
+  app.add_option("--kv-heads", o.kvHeads, "kv heads (divides --heads)")->check(positive)->capture_default_str();
+  app.add_option("--head-dim", o.headDim, "values a head")->check(positive)->capture_default_str();
+  app.add_option("--layers", o.layers, "layers, each its own pool")->check(positive)->capture_default_str();
+  app.add_option("--block", o.block, "positions a KV block")->check(positive)->capture_default_str();
+  app.add_option("--passes", o.passes, "alternated passes counted")->check(positive)->capture_default_str();
+  app.add_option("--evict-mb", o.evictMb, "MB read before each layer")
+      ->check(CLI::Range(0.0, 1e5))
+      ->capture_default_str();
+  app.add_flag("--in-order", o.inOrder, "the block table in order (default: shuffled)");
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (o.heads % o.kvHeads != 0) {
+    std::fprintf(stderr, "attention_bench: --kv-heads %d does not divide --heads %d\n", o.kvHeads, o.heads);
+    return pd::cli::kUsageExit;
+  }
   const int blocks = (o.ctx + o.block - 1) / o.block;
   const size_t tokenFloats = size_t(o.kvHeads) * o.headDim;      // one token's K (or V) row, every kv head
   const size_t blockFloats = 2 * size_t(o.block) * tokenFloats;  // [K rows][V rows]

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/cli.h"
 #include "engine/model_weights.h"
 #include "kernels/cpu/simd_avx2.h"
 #include "pd/kernels/linear.h"
@@ -84,20 +85,11 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   double mb = 94;
   int passes = 15;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--mb")) {
-      mb = std::atof(argv[i + 1]);
-    } else if (!std::strcmp(argv[i], "--passes")) {
-      passes = std::atoi(argv[i + 1]);
-    } else {
-      std::fprintf(stderr, "gemv_layout_bench: unknown option %s (--mb MB, --passes N)\n", argv[i]);
-      return 2;
-    }
-  }
-  if (mb <= 0 || passes < 1) {
-    std::fprintf(stderr, "gemv_layout_bench: --mb and --passes must be positive\n");
-    return 2;
-  }
+  CLI::App app{"gemv_layout_bench: batch-1 GEMV over the experts' shapes in two weight layouts", "gemv_layout_bench"};
+  pd::cli::configure(app);
+  app.add_option("--mb", mb, "MB of matrices a shape")->check(CLI::Range(0.1, 1e5))->capture_default_str();
+  app.add_option("--passes", passes, "alternated passes counted")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  if (int rc = pd::cli::parse(app, argc, argv); rc >= 0) return rc;
   struct Shape {
     const char* name;
     int n, k;
